@@ -1,0 +1,70 @@
+# fairshare: see README.md. `make` lists the targets.
+.DEFAULT_GOAL := help
+SHELL := /usr/bin/env bash
+
+GO        ?= go
+BIN       := bin/fairshare
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+TESTFLAGS ?=
+BPF_TOOLS := clang llvm-strip bpftool
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: check-go
+check-go: ## check that a Go toolchain >= 1.26 is on PATH
+	@command -v $(GO) >/dev/null || { echo "error: go is not on PATH; install Go 1.26 or later (https://go.dev/dl)"; exit 1; }
+	@$(GO) version | awk '{split($$3,v,"."); if (v[2]+0 < 26) {print "error: " $$3 " is too old; fairshare needs go1.26 or later"; exit 1}}'
+
+.PHONY: tools
+tools: ## make sure clang, llvm-strip and bpftool are installed (apt-get as root)
+	@missing=""; for t in $(BPF_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing clang llvm bpftool libbpf-dev (missing:$$missing)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang llvm bpftool libbpf-dev >/dev/null; \
+		else \
+			echo "error: missing$$missing; install them (Debian: apt-get install clang llvm bpftool libbpf-dev)"; exit 1; \
+		fi; \
+	fi
+
+.PHONY: vmlinux
+vmlinux: tools ## regenerate bpf/headers/vmlinux.h from the running kernel's BTF
+	@test -r /sys/kernel/btf/vmlinux || { echo "error: /sys/kernel/btf/vmlinux is missing; the kernel needs CONFIG_DEBUG_INFO_BTF=y"; exit 1; }
+	bpftool btf dump file /sys/kernel/btf/vmlinux format c > bpf/headers/vmlinux.h
+
+.PHONY: generate
+generate: check-go tools ## rebuild the BPF objects and their Go bindings (bpf2go)
+	$(GO) generate ./...
+
+.PHONY: check-generated
+check-generated: generate ## fail when the committed BPF objects differ from a fresh build
+	@git diff --exit-code --stat -- loader/ || { echo "error: generated BPF files are not up to date; run 'make generate' and commit"; exit 1; }
+
+.PHONY: build
+build: check-go ## build bin/fairshare
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/fairshare
+
+.PHONY: lint
+lint: check-go ## gofmt and go vet
+	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
+	$(GO) vet ./...
+
+.PHONY: test
+test: check-go lint check-generated ## run the whole suite (as root: the kernel tests run for real)
+	@[ "$$(id -u)" = 0 ] || echo "note: not root; tests that need BPF and cgroups will skip"
+	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) ./...
+
+.PHONY: bench
+bench: check-go ## run the benchmarks (as root for the BPF ones)
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./... | tee bench.txt
+
+.PHONY: demo
+demo: build ## run the fair-share drill on this host with embedded defaults
+	./$(BIN) drill
+
+.PHONY: clean
+clean: ## remove build output
+	rm -rf bin bench.txt coverage.out
