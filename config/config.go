@@ -1,0 +1,298 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package config
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+//go:embed default.yaml
+var defaultYAML []byte
+
+// ErrInvalid is wrapped by every validation error, so callers can tell a bad
+// configuration from an unreadable file.
+var ErrInvalid = errors.New("invalid configuration")
+
+// The pool names the product knows. They always exist: a file can resize them
+// but not remove them.
+const (
+	PoolRequests    = "requests"
+	PoolConnections = "connections"
+	PoolResidents   = "residents"
+	PoolFlights     = "flights"
+)
+
+// Config is the daemon's whole configuration. YAML keys are snake_case.
+type Config struct {
+	ProjectsRoot string          `yaml:"projects_root"`
+	PinDir       string          `yaml:"pin_dir"`
+	StateDir     string          `yaml:"state_dir"`
+	AdminSocket  string          `yaml:"admin_socket"`
+	Tick         time.Duration   `yaml:"tick"`
+	BPF          bool            `yaml:"bpf"`
+	Metrics      Metrics         `yaml:"metrics"`
+	Pools        map[string]Pool `yaml:"pools"`
+	Front        Front           `yaml:"front"`
+	Scheduler    Scheduler       `yaml:"scheduler"`
+}
+
+// Metrics configures the Prometheus endpoint.
+type Metrics struct {
+	Listen      string `yaml:"listen"`
+	MaxProjects int    `yaml:"max_projects"`
+}
+
+// Pool sizes one pool.
+type Pool struct {
+	Size   int           `yaml:"size"`
+	Floor  int           `yaml:"floor"`
+	Window time.Duration `yaml:"window"`
+}
+
+// Front configures the HTTP front (reverse proxy) for the requests pool.
+type Front struct {
+	Listen        string            `yaml:"listen"`
+	Upstream      string            `yaml:"upstream"`
+	ProjectHeader string            `yaml:"project_header"`
+	Routes        map[string]string `yaml:"routes"`
+	MaxInFlight   int               `yaml:"max_in_flight"`
+	CostHeader    string            `yaml:"cost_header"`
+	CostFromTime  bool              `yaml:"cost_from_time"`
+	CostUnit      time.Duration     `yaml:"cost_unit"`
+}
+
+// Scheduler configures the request-class scheduler's buckets.
+type Scheduler struct {
+	P1Rate        float64       `yaml:"p1_rate"`
+	P1Burst       float64       `yaml:"p1_burst"`
+	P2Rate        float64       `yaml:"p2_rate"`
+	P2Burst       float64       `yaml:"p2_burst"`
+	Poll          time.Duration `yaml:"poll"`
+	DefaultTier   string        `yaml:"default_tier"`
+	DefaultShares int           `yaml:"default_shares"`
+}
+
+// Default returns the embedded defaults. It panics only if the embedded file
+// is broken, which a unit test rules out.
+func Default() Config {
+	var c Config
+	if err := decode(bytes.NewReader(defaultYAML), &c); err != nil {
+		panic(fmt.Sprintf("embedded default config: %v", err))
+	}
+	return c
+}
+
+// DefaultYAML returns the embedded default file, comments included.
+func DefaultYAML() []byte { return bytes.Clone(defaultYAML) }
+
+// Load reads path on top of the defaults and validates the result. An empty
+// path returns the validated defaults.
+func Load(path string) (Config, error) {
+	c := Default()
+	if path == "" {
+		return c, c.Validate()
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("reading config: %w", err)
+	}
+	defer f.Close()
+	if err := Parse(f, &c); err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes YAML from r on top of c (keys absent from r keep c's values)
+// and validates the result.
+func Parse(r io.Reader, c *Config) error {
+	if err := decode(r, c); err != nil {
+		return err
+	}
+	return c.Validate()
+}
+
+func decode(r io.Reader, c *Config) error {
+	// Pools merge key by key: decoding into a fresh map and then copying lets a
+	// file change pools.requests.size without restating the other pools.
+	base := c.Pools
+	c.Pools = nil
+	dec := yaml.NewDecoder(r)
+	dec.KnownFields(true)
+	err := dec.Decode(c)
+	if errors.Is(err, io.EOF) {
+		err = nil // an empty file changes nothing
+	}
+	if err != nil {
+		c.Pools = base
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	merged := make(map[string]Pool, len(base)+len(c.Pools))
+	for k, v := range base {
+		merged[k] = v
+	}
+	for k, v := range c.Pools {
+		if old, ok := merged[k]; ok && v.Window == 0 {
+			// A file that resizes a pool need not restate its window.
+			v.Window = old.Window
+		}
+		merged[k] = v
+	}
+	c.Pools = merged
+	return nil
+}
+
+// poolName is the charset of pool names: they become label values and keys.
+var poolName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
+
+// Validate checks every field and returns the first problem, naming its field.
+func (c *Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+	}
+	if c.ProjectsRoot != "" && !filepath.IsAbs(c.ProjectsRoot) {
+		return bad("projects_root must be an absolute path, got %q", c.ProjectsRoot)
+	}
+	if !filepath.IsAbs(c.PinDir) {
+		return bad("pin_dir must be an absolute path, got %q", c.PinDir)
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		return bad("state_dir must be an absolute path, got %q", c.StateDir)
+	}
+	if !filepath.IsAbs(c.AdminSocket) {
+		return bad("admin_socket must be an absolute path, got %q", c.AdminSocket)
+	}
+	if len(c.AdminSocket) > 107 {
+		return bad("admin_socket is longer than a unix socket path may be (107 bytes)")
+	}
+	if c.Tick < 10*time.Millisecond || c.Tick > time.Minute {
+		return bad("tick must be between 10ms and 1m, got %s", c.Tick)
+	}
+	if c.Metrics.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Metrics.Listen); err != nil {
+			return bad("metrics.listen must be host:port, got %q", c.Metrics.Listen)
+		}
+	}
+	if c.Metrics.MaxProjects < 1 {
+		return bad("metrics.max_projects must be >= 1, got %d", c.Metrics.MaxProjects)
+	}
+	for _, name := range []string{PoolRequests, PoolConnections, PoolResidents, PoolFlights} {
+		if _, ok := c.Pools[name]; !ok {
+			return bad("pools.%s is missing; the four built-in pools cannot be removed", name)
+		}
+	}
+	for _, name := range c.PoolNames() {
+		p := c.Pools[name]
+		if !poolName.MatchString(name) {
+			return bad("pools.%s: a pool name is lowercase letters, digits and _, starting with a letter, at most 32 bytes", name)
+		}
+		if p.Size <= 0 {
+			return bad("pools.%s.size must be > 0, got %d", name, p.Size)
+		}
+		if p.Floor < 0 || p.Floor > p.Size {
+			return bad("pools.%s.floor must be between 0 and size (%d), got %d", name, p.Size, p.Floor)
+		}
+		if p.Window < 0 {
+			return bad("pools.%s.window must not be negative, got %s", name, p.Window)
+		}
+	}
+	if err := c.Front.validate(); err != nil {
+		return bad("%v", err)
+	}
+	if err := c.Scheduler.validate(); err != nil {
+		return bad("%v", err)
+	}
+	return nil
+}
+
+func (f *Front) validate() error {
+	if f.Listen == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(f.Listen); err != nil {
+		return fmt.Errorf("front.listen must be host:port, got %q", f.Listen)
+	}
+	if f.Upstream == "" {
+		return errors.New("front.upstream is required when front.listen is set")
+	}
+	u, err := url.Parse(f.Upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("front.upstream must be an http(s) URL, got %q", f.Upstream)
+	}
+	if f.ProjectHeader == "" {
+		return errors.New("front.project_header must not be empty")
+	}
+	for host, project := range f.Routes {
+		if host == "" || strings.TrimSpace(project) == "" {
+			return fmt.Errorf("front.routes: %q -> %q needs both a host and a project", host, project)
+		}
+	}
+	if f.MaxInFlight < 1 {
+		return fmt.Errorf("front.max_in_flight must be >= 1, got %d", f.MaxInFlight)
+	}
+	if f.CostUnit <= 0 {
+		return fmt.Errorf("front.cost_unit must be > 0, got %s", f.CostUnit)
+	}
+	return nil
+}
+
+func (s *Scheduler) validate() error {
+	for _, v := range []struct {
+		name string
+		val  float64
+	}{{"p1_rate", s.P1Rate}, {"p1_burst", s.P1Burst}, {"p2_rate", s.P2Rate}, {"p2_burst", s.P2Burst}} {
+		if v.val < 0 {
+			return fmt.Errorf("scheduler.%s must be >= 0, got %g", v.name, v.val)
+		}
+	}
+	if s.Poll < 0 {
+		return fmt.Errorf("scheduler.poll must not be negative, got %s", s.Poll)
+	}
+	switch s.DefaultTier {
+	case "pro", "lite", "none":
+	default:
+		return fmt.Errorf("scheduler.default_tier must be pro, lite or none, got %q", s.DefaultTier)
+	}
+	if s.DefaultShares < 1 {
+		return fmt.Errorf("scheduler.default_shares must be >= 1, got %d", s.DefaultShares)
+	}
+	return nil
+}
+
+// PoolNames returns the configured pool names, sorted.
+func (c *Config) PoolNames() []string {
+	names := make([]string, 0, len(c.Pools))
+	for n := range c.Pools {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Marshal renders c as YAML, for --print-config.
+func (c *Config) Marshal() ([]byte, error) {
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(c); err != nil {
+		return nil, fmt.Errorf("encoding config: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("encoding config: %w", err)
+	}
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaultIsValid(t *testing.T) {
+	c := Default()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("embedded defaults do not validate: %v", err)
+	}
+	if got := c.Pools[PoolConnections].Size; got != 4096 {
+		t.Errorf("connections size = %d, want 4096", got)
+	}
+	if c.Tick != time.Second || c.Front.CostUnit != 10*time.Millisecond {
+		t.Errorf("durations not decoded: tick %s cost_unit %s", c.Tick, c.Front.CostUnit)
+	}
+	if len(c.PoolNames()) != 4 {
+		t.Errorf("pools = %v, want the four built-in ones", c.PoolNames())
+	}
+}
+
+func TestParseOverlay(t *testing.T) {
+	c := Default()
+	in := `
+pools:
+  requests: {size: 8}
+  uploads: {size: 10, floor: 2}
+metrics: {listen: "127.0.0.1:0"}
+front: {listen: "127.0.0.1:8080", upstream: "http://127.0.0.1:9000", routes: {"a.example": alpha}}
+`
+	if err := Parse(strings.NewReader(in), &c); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Pools[PoolRequests]; got.Size != 8 || got.Window != time.Second {
+		t.Errorf("requests = %+v, want size 8 and the default window kept", got)
+	}
+	if got := c.Pools[PoolConnections].Size; got != 4096 {
+		t.Errorf("connections size = %d: an overlay must not drop pools it does not name", got)
+	}
+	if got := c.Pools["uploads"]; got.Size != 10 || got.Floor != 2 {
+		t.Errorf("uploads = %+v", got)
+	}
+	if c.Metrics.MaxProjects != 100 {
+		t.Errorf("metrics.max_projects = %d: sibling key of an overlaid one lost", c.Metrics.MaxProjects)
+	}
+	if c.Front.ProjectHeader != "Fairshare-Project" || c.Front.Routes["a.example"] != "alpha" {
+		t.Errorf("front = %+v", c.Front)
+	}
+}
+
+func TestParseRejects(t *testing.T) {
+	tests := []struct {
+		name, in, field string
+	}{
+		{"unknown top key", "bogus: 1", "bogus"},
+		{"unknown nested key", "metrics: {lisen: x}", "lisen"},
+		{"unknown pool key", "pools: {requests: {sise: 3}}", "sise"},
+		{"zero size", "pools: {requests: {size: 0}}", "pools.requests.size"},
+		{"negative size", "pools: {flights: {size: -1}}", "pools.flights.size"},
+		{"floor over size", "pools: {requests: {size: 4, floor: 5}}", "pools.requests.floor"},
+		{"negative floor", "pools: {requests: {size: 4, floor: -1}}", "pools.requests.floor"},
+		{"negative window", "pools: {requests: {size: 4, window: -1s}}", "pools.requests.window"},
+		{"bad pool name", "pools: {Big-Pool: {size: 4}}", "pools.Big-Pool"},
+		{"relative pin dir", "pin_dir: fs/bpf", "pin_dir"},
+		{"relative state dir", "state_dir: state", "state_dir"},
+		{"relative projects root", "projects_root: sys/fs", "projects_root"},
+		{"relative socket", "admin_socket: a.sock", "admin_socket"},
+		{"tick too small", "tick: 1ms", "tick"},
+		{"bad duration", "tick: soon", "line 1"},
+		{"metrics listen", "metrics: {listen: localhost}", "metrics.listen"},
+		{"metrics cap", "metrics: {max_projects: 0}", "metrics.max_projects"},
+		{"front without upstream", "front: {listen: '127.0.0.1:1'}", "front.upstream"},
+		{"front bad upstream", "front: {listen: '127.0.0.1:1', upstream: 'ftp://x'}", "front.upstream"},
+		{"front in flight", "front: {listen: '127.0.0.1:1', upstream: 'http://x', max_in_flight: 0}", "front.max_in_flight"},
+		{"front cost unit", "front: {listen: '127.0.0.1:1', upstream: 'http://x', cost_unit: 0s}", "front.cost_unit"},
+		{"front route", "front: {listen: '127.0.0.1:1', upstream: 'http://x', routes: {'a': ''}}", "front.routes"},
+		{"tier", "scheduler: {default_tier: gold}", "scheduler.default_tier"},
+		{"shares", "scheduler: {default_shares: 0}", "scheduler.default_shares"},
+		{"rate", "scheduler: {p1_rate: -1}", "scheduler.p1_rate"},
+		{"wrong type", "pools: {requests: {size: many}}", "line 1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Default()
+			err := Parse(strings.NewReader(tt.in), &c)
+			if err == nil {
+				t.Fatalf("accepted %q", tt.in)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %v does not wrap ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), tt.field) {
+				t.Errorf("error %q does not name %q", err, tt.field)
+			}
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil {
+		t.Error("a missing file loaded")
+	}
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(p, []byte("state_dir: /tmp/x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.StateDir != "/tmp/x" {
+		t.Errorf("state_dir = %q", c.StateDir)
+	}
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(p); err != nil {
+		t.Errorf("an empty file should mean the defaults: %v", err)
+	}
+}
+
+func TestMarshalRoundTrip(t *testing.T) {
+	c := Default()
+	c.Pools["extra"] = Pool{Size: 3, Window: 2 * time.Second}
+	out, err := c.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := Default()
+	if err := Parse(strings.NewReader(string(out)), &back); err != nil {
+		t.Fatalf("printed config does not parse back: %v\n%s", err, out)
+	}
+	if back.Pools["extra"] != c.Pools["extra"] || back.Tick != c.Tick {
+		t.Errorf("round trip changed the config:\n%s", out)
+	}
+}

@@ -1,0 +1,15 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package config reads, defaults and validates the daemon's YAML configuration.
+//
+// The defaults are embedded (default.yaml, documented key by key) and are what
+// Default returns; a user file is decoded on top of them, so a file only names
+// what it changes. Decoding is strict: an unknown key is an error, and every
+// validation error names the offending field by its YAML path
+// ("pools.requests.size must be > 0"). Flags and FAIRSHARE_* environment
+// variables override the file; that layering lives in cmd/fairshare, not here.
+//
+// Pools are named. The four the product knows (requests, connections, residents,
+// flights) exist by default; any other name under pools: adds a plain pool with
+// the same fair-share rule. "connections" is the pool the kernel enforces.
+package config
