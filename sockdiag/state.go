@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package sockdiag
+
+import "strconv"
+
+// State is a TCP state as the kernel numbers it (include/net/tcp_states.h).
+type State uint8
+
+// TCP states. StateNewSynRecv is never reported (the kernel reports request
+// sockets as StateSynRecv); StateBoundInactive is a socket that is bound to
+// a port but neither listening nor connected (kernels since 6.7 report it).
+const (
+	StateEstablished   State = 1
+	StateSynSent       State = 2
+	StateSynRecv       State = 3
+	StateFinWait1      State = 4
+	StateFinWait2      State = 5
+	StateTimeWait      State = 6
+	StateClose         State = 7
+	StateCloseWait     State = 8
+	StateLastAck       State = 9
+	StateListen        State = 10
+	StateClosing       State = 11
+	StateNewSynRecv    State = 12
+	StateBoundInactive State = 13
+)
+
+// AllStates is the mask of every state a dump can report; it is what a zero
+// Options.States means.
+const AllStates = 1<<(StateBoundInactive+1) - 1
+
+var stateNames = [...]string{
+	StateEstablished:   "ESTABLISHED",
+	StateSynSent:       "SYN_SENT",
+	StateSynRecv:       "SYN_RECV",
+	StateFinWait1:      "FIN_WAIT1",
+	StateFinWait2:      "FIN_WAIT2",
+	StateTimeWait:      "TIME_WAIT",
+	StateClose:         "CLOSE",
+	StateCloseWait:     "CLOSE_WAIT",
+	StateLastAck:       "LAST_ACK",
+	StateListen:        "LISTEN",
+	StateClosing:       "CLOSING",
+	StateNewSynRecv:    "NEW_SYN_RECV",
+	StateBoundInactive: "BOUND_INACTIVE",
+}
+
+// String returns the kernel's name of the state, or "STATE(n)" for a number
+// this package does not know.
+func (s State) String() string {
+	if int(s) < len(stateNames) && stateNames[s] != "" {
+		return stateNames[s]
+	}
+	return "STATE(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Mask returns the bit of s in an Options.States mask.
+func (s State) Mask() uint32 { return 1 << s }
+
+// StateMask returns the mask selecting exactly the given states.
+func StateMask(states ...State) uint32 {
+	var m uint32
+	for _, s := range states {
+		m |= s.Mask()
+	}
+	return m
+}
