@@ -4,14 +4,50 @@ package pools
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 )
 
-// Pool is one permit pool under the fair-share rule. It is safe for
-// concurrent use.
+// Pool is one permit pool under the fair-share rule (requests, connections,
+// flights or any configured pool). It is safe for concurrent use.
 type Pool struct {
-	cfg Config
-	clk Clock
+	clk    Clock
+	name   string
+	window time.Duration
+
+	mu      sync.Mutex // guards the fields below
+	l       ledger
+	slots   []slot  // one per permit ever outstanding at once
+	free    []int32 // free slots
+	queues  []waitQueue
+	waiting []int32 // projects with waiters (round-robin order)
+	cursor  int     // next position in waiting to serve
+}
+
+// slot backs one outstanding permit; gen changes on every release so that a
+// stale Permit value is recognized.
+type slot struct {
+	gen  uint32
+	proj int32
+	live bool
+}
+
+// waitQueue is one project's FIFO of blocked Acquire calls. It is indexed by
+// project slot, in step with ledger.projects.
+type waitQueue struct {
+	ws  []*waiter
+	pos int32 // position in Pool.waiting, -1 when not waiting
+}
+
+type waiter struct {
+	ch      chan struct{} // closed when granted
+	pm      Permit
+	granted bool
 }
 
 // New returns an empty pool.
@@ -20,14 +56,20 @@ func New(cfg Config, clk Clock) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Pool{cfg: cfg, clk: clockOrSystem(clk)}, nil
+	clk = clockOrSystem(clk)
+	return &Pool{
+		clk:    clk,
+		name:   cfg.Name,
+		window: cfg.Window,
+		l:      newLedger(cfg, clk.Now(), rand.Uint64()),
+	}, nil
 }
 
 // Name returns the pool's name.
-func (p *Pool) Name() string { return p.cfg.Name }
+func (p *Pool) Name() string { return p.name }
 
-// Permit is one held permit. It is a comparable value; the zero Permit is
-// not valid.
+// Permit is one held permit: a comparable value that must be released once
+// with Release. The zero Permit is not valid.
 type Permit struct {
 	pool    *Pool
 	project string
@@ -38,38 +80,223 @@ type Permit struct {
 // Project returns the project that holds the permit.
 func (pm Permit) Project() string { return pm.project }
 
-// Valid reports whether the permit was issued by a pool (it may already have
-// been released).
+// Valid reports whether the permit was issued by a pool. A released permit
+// stays Valid; releasing it again returns ErrDoubleRelease.
 func (pm Permit) Valid() bool { return pm.pool != nil }
 
-// TryAcquire takes a permit for project or refuses at once with a *Refusal.
+// TryAcquire takes a permit for project or refuses at once with a *Refusal
+// (errors.Is(err, ErrRefused)). It does not read the clock: the ask is stamped
+// with the pool's coarse time, advanced by Recompute.
 func (p *Pool) TryAcquire(project string) (Permit, error) {
-	return Permit{}, &Refusal{Pool: p.cfg.Name, Project: project, Reason: "not implemented"}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	idx := p.l.lookup(project)
+	p.l.seen(idx)
+	if p.l.admits(idx) {
+		return p.grantLocked(idx), nil
+	}
+	return Permit{}, p.l.refusal(idx)
 }
 
-// Acquire takes a permit, waiting (FIFO per project) until a release makes
-// room or ctx is done.
+// Acquire takes a permit, waiting until a release (or a recompute or resize)
+// makes room under the rule, or until ctx is done. Waiters of one project are
+// served in FIFO order. When ctx ends first, the error matches both ctx.Err()
+// and ErrRefused (errors.As gives the *Refusal with its retry estimate). A
+// permit granted while ctx was ending is returned with a nil error.
 func (p *Pool) Acquire(ctx context.Context, project string) (Permit, error) {
-	return p.TryAcquire(project)
+	p.mu.Lock()
+	idx := p.l.lookup(project)
+	p.l.seen(idx)
+	p.growQueuesLocked()
+	q := &p.queues[idx]
+	if len(q.ws) == 0 && p.l.admits(idx) {
+		pm := p.grantLocked(idx)
+		p.mu.Unlock()
+		return pm, nil
+	}
+	if err := ctx.Err(); err != nil {
+		r := p.l.refusal(idx)
+		p.mu.Unlock()
+		return Permit{}, fmt.Errorf("%w: %w", r, err)
+	}
+	w := &waiter{ch: make(chan struct{})}
+	q.ws = append(q.ws, w)
+	if q.pos < 0 {
+		q.pos = int32(len(p.waiting))
+		p.waiting = append(p.waiting, idx)
+	}
+	p.mu.Unlock()
+
+	select {
+	case <-w.ch:
+		return w.pm, nil
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if w.granted {
+		return w.pm, nil
+	}
+	p.l.advance(p.clk.Now().UnixNano())
+	q = &p.queues[idx]
+	if i := slices.Index(q.ws, w); i >= 0 {
+		q.ws = slices.Delete(q.ws, i, i+1)
+	}
+	if len(q.ws) == 0 {
+		p.unwaitLocked(idx)
+	}
+	r := p.l.refusal(idx)
+	return Permit{}, fmt.Errorf("%w: %w", r, ctx.Err())
 }
 
-// Release gives a permit back and wakes waiters.
-func (p *Pool) Release(pm Permit) error { return ErrDoubleRelease }
+// growQueuesLocked keeps queues as long as the project table.
+func (p *Pool) growQueuesLocked() {
+	for len(p.queues) < len(p.l.projects) {
+		p.queues = append(p.queues, waitQueue{pos: -1})
+	}
+}
 
-// Resize changes POOL and FLOOR (floor 0 = DefaultFloor(size)).
-func (p *Pool) Resize(size, floor int) error { return nil }
+// grantLocked takes a permit for project idx; the caller checked the rule.
+func (p *Pool) grantLocked(idx int32) Permit {
+	p.l.take(idx)
+	var s int32
+	if n := len(p.free); n > 0 {
+		s = p.free[n-1]
+		p.free = p.free[:n-1]
+	} else {
+		s = int32(len(p.slots))
+		p.slots = append(p.slots, slot{})
+	}
+	sl := &p.slots[s]
+	sl.live = true
+	sl.proj = idx
+	return Permit{pool: p, project: p.l.projects[idx].name, slot: s, gen: sl.gen}
+}
 
-// Recompute settles the active set and the share; call it once per second.
-func (p *Pool) Recompute() {}
+// Release gives a permit back and wakes the waiters it makes room for.
+// Releasing a permit twice, or one from another pool, returns
+// ErrDoubleRelease and changes nothing.
+func (p *Pool) Release(pm Permit) error {
+	if pm.pool != p {
+		return fmt.Errorf("pool %s: releasing a permit of project %q not issued here: %w", p.name, pm.project, ErrDoubleRelease)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if int(pm.slot) >= len(p.slots) || p.slots[pm.slot].gen != pm.gen || !p.slots[pm.slot].live {
+		return fmt.Errorf("pool %s: project %q: %w", p.name, pm.project, ErrDoubleRelease)
+	}
+	sl := &p.slots[pm.slot]
+	sl.live = false
+	sl.gen++
+	p.free = append(p.free, pm.slot)
+	p.l.give(sl.proj)
+	if len(p.waiting) > 0 {
+		p.wakeLocked()
+	}
+	return nil
+}
+
+// wakeLocked grants permits to the heads of the waiting projects' queues,
+// round-robin across projects, until a full pass admits nobody.
+func (p *Pool) wakeLocked() {
+	for len(p.waiting) > 0 && p.l.inUse < p.l.size {
+		progress := false
+		for n := len(p.waiting); n > 0 && len(p.waiting) > 0; n-- {
+			if p.cursor >= len(p.waiting) {
+				p.cursor = 0
+			}
+			idx := p.waiting[p.cursor]
+			if !p.l.admits(idx) {
+				p.cursor++
+				continue
+			}
+			q := &p.queues[idx]
+			w := q.ws[0]
+			q.ws[0] = nil
+			q.ws = q.ws[1:]
+			w.pm = p.grantLocked(idx)
+			w.granted = true
+			close(w.ch)
+			progress = true
+			if len(q.ws) == 0 {
+				p.unwaitLocked(idx) // the cursor now points at the next project
+			} else {
+				p.cursor++
+			}
+		}
+		if !progress {
+			return
+		}
+	}
+}
+
+// unwaitLocked removes project idx from the waiting list.
+func (p *Pool) unwaitLocked(idx int32) {
+	q := &p.queues[idx]
+	if q.pos < 0 {
+		return
+	}
+	i := int(q.pos)
+	p.waiting = slices.Delete(p.waiting, i, i+1)
+	for j := i; j < len(p.waiting); j++ {
+		p.queues[p.waiting[j]].pos = int32(j)
+	}
+	q.pos = -1
+	q.ws = nil
+	if p.cursor > i {
+		p.cursor--
+	}
+}
+
+// Resize changes POOL and FLOOR (floor 0 = DefaultFloor(size)). Permits
+// already held stay held; when the pool shrinks under its in_use, nobody is
+// admitted until releases bring in_use back under the new limits.
+func (p *Pool) Resize(size, floor int) error {
+	cfg, err := Config{Name: p.name, Size: size, Floor: floor}.normalize()
+	if err != nil {
+		return fmt.Errorf("resizing: %w", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.l.resize(cfg.Size, cfg.Floor)
+	p.wakeLocked()
+	return nil
+}
+
+// Recompute settles the active set and the share at the clock's now; the
+// owner calls it once per second. See recompute for its cost.
+func (p *Pool) Recompute() { p.recompute(p.clk.Now()) }
+
+func (p *Pool) recompute(now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.l.recompute(now.UnixNano(), p.hasWaitersLocked, nil, p.forgottenLocked)
+	p.wakeLocked()
+}
+
+func (p *Pool) hasWaitersLocked(idx int32) bool {
+	return int(idx) < len(p.queues) && len(p.queues[idx].ws) > 0
+}
+
+func (p *Pool) forgottenLocked(idx int32) {
+	if int(idx) < len(p.queues) {
+		p.queues[idx] = waitQueue{pos: -1}
+	}
+}
 
 // Snapshot returns the pool's state for metrics and status.
-func (p *Pool) Snapshot() Snapshot { return Snapshot{Name: p.cfg.Name} }
+func (p *Pool) Snapshot() Snapshot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.l.snapshot()
+}
 
 // Snapshot is a point-in-time view of a pool.
 type Snapshot struct {
 	Name                              string
 	Size, Floor, InUse, Active, Share int
-	// Projects is sorted by project.
+	// Projects is sorted by project; it lists every project with state
+	// (active ones and idle ones not yet forgotten).
 	Projects []ProjectStat
 }
 
@@ -87,4 +314,8 @@ type ProjectStat struct {
 	Active bool
 }
 
-var _ = time.Second
+func sortStats(s []ProjectStat) {
+	slices.SortFunc(s, func(a, b ProjectStat) int { return strings.Compare(a.Project, b.Project) })
+}
+
+var _ = errors.Is

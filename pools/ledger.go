@@ -1,0 +1,331 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package pools
+
+import (
+	"math"
+	"time"
+)
+
+// ledger is the state the rule needs, shared by Pool and Residents: the
+// projects, the active set, the share and the release-rate estimates. It is
+// not safe for concurrent use; its owner holds a mutex around every call, so
+// every method here is "Locked" in spirit.
+type ledger struct {
+	name   string
+	size   int
+	floor  int
+	window int64 // ns
+	forget int64 // ns
+
+	inUse int
+	share int
+
+	// now is the coarse clock: the latest time read by the owner (at
+	// Recompute, at a blocking wait, at Snapshot). The hot path stamps
+	// projects with it instead of reading the clock.
+	now           int64
+	lastRecompute int64
+
+	index    map[string]int32
+	projects []project
+	free     []int32 // recycled project slots
+	active   []int32 // the active set, unordered
+	idle     []idleEntry
+	idleHead int
+
+	released uint64  // releases since the last recompute
+	relRate  float64 // pool releases per second, smoothed
+
+	rng uint64 // splitmix64 state for jitter
+}
+
+// project is one project's bookkeeping. Slots are recycled when a project is
+// forgotten; gen tells a stale idle entry from the current occupant.
+type project struct {
+	name      string
+	gen       uint32
+	held      int
+	lastSeen  int64
+	idleSince int64
+	activePos int32 // position in ledger.active, -1 when inactive
+	admitted  uint64
+	refused   uint64
+	released  uint64  // own releases since the last recompute
+	relRate   float64 // own releases per second, smoothed
+}
+
+type idleEntry struct {
+	idx   int32
+	gen   uint32
+	since int64
+}
+
+func newLedger(cfg Config, now time.Time, seed uint64) ledger {
+	n := now.UnixNano()
+	l := ledger{
+		name:          cfg.Name,
+		size:          cfg.Size,
+		floor:         cfg.Floor,
+		window:        int64(cfg.Window),
+		forget:        int64(cfg.Forget),
+		now:           n,
+		lastRecompute: n,
+		index:         map[string]int32{},
+		rng:           seed,
+	}
+	l.share = Share(l.size, l.floor, 0)
+	return l
+}
+
+// advance moves the coarse clock forward; it never moves back, which keeps
+// out-of-order readings from concurrent callers harmless.
+func (l *ledger) advance(now int64) {
+	if now > l.now {
+		l.now = now
+	}
+}
+
+// lookup returns the slot of name, creating the project on first sight.
+func (l *ledger) lookup(name string) int32 {
+	if idx, ok := l.index[name]; ok {
+		return idx
+	}
+	var idx int32
+	if n := len(l.free); n > 0 {
+		idx = l.free[n-1]
+		l.free = l.free[:n-1]
+		gen := l.projects[idx].gen
+		l.projects[idx] = project{name: name, gen: gen, activePos: -1}
+	} else {
+		idx = int32(len(l.projects))
+		l.projects = append(l.projects, project{name: name, activePos: -1})
+	}
+	l.index[name] = idx
+	return idx
+}
+
+// seen records that the project held or asked now, entering the active set
+// at once: a newcomer shrinks the others' share without waiting for the next
+// recompute (leaving the set, in contrast, waits for Recompute).
+func (l *ledger) seen(idx int32) {
+	pr := &l.projects[idx]
+	pr.lastSeen = l.now
+	if pr.activePos < 0 {
+		pr.activePos = int32(len(l.active))
+		l.active = append(l.active, idx)
+		l.share = Share(l.size, l.floor, len(l.active))
+	}
+}
+
+// admits applies the rule to project idx.
+func (l *ledger) admits(idx int32) bool {
+	return Admits(l.inUse, l.projects[idx].held, l.size, l.floor, l.share)
+}
+
+func (l *ledger) take(idx int32) {
+	l.projects[idx].held++
+	l.projects[idx].admitted++
+	l.inUse++
+}
+
+func (l *ledger) give(idx int32) {
+	pr := &l.projects[idx]
+	pr.held--
+	pr.released++
+	pr.lastSeen = l.now
+	l.inUse--
+	l.released++
+}
+
+// refusal builds the refusal for project idx with its retry estimate.
+func (l *ledger) refusal(idx int32) *Refusal {
+	pr := &l.projects[idx]
+	pr.refused++
+	reason := ReasonFull
+	if pr.held >= l.share {
+		reason = ReasonOverShare
+	}
+	return &Refusal{
+		Pool:       l.name,
+		Project:    pr.name,
+		Reason:     reason,
+		Held:       pr.held,
+		Share:      l.share,
+		InUse:      l.inUse,
+		Size:       l.size,
+		RetryAfter: l.retryAfter(idx),
+	}
+}
+
+// Bounds of a retry estimate.
+const (
+	minRetry = time.Millisecond
+	maxRetry = time.Minute
+)
+
+// retryAfter estimates how long until project idx would be admitted; see
+// "Retry estimate" in doc.go.
+func (l *ledger) retryAfter(idx int32) time.Duration {
+	pr := &l.projects[idx]
+	est := math.Inf(1)
+	// Path 1: enough releases from anyone bring in_use under the limit that
+	// applies to the project as it stands.
+	limit := l.size
+	if pr.held >= l.share {
+		limit = l.size - l.floor
+	}
+	if l.relRate > 0 {
+		est = float64(l.inUse-limit+1) / l.relRate
+	}
+	// Path 2 (over share): the project's own releases bring it under its
+	// share; then it needs in_use < size, which those releases help reach.
+	if pr.held >= l.share && pr.relRate > 0 {
+		own := pr.held - l.share + 1
+		t := float64(own) / pr.relRate
+		if rest := l.inUse - own - l.size + 1; rest > 0 {
+			if l.relRate <= 0 {
+				t = math.Inf(1)
+			} else {
+				t = math.Max(t, float64(rest)/l.relRate)
+			}
+		}
+		est = math.Min(est, t)
+	}
+	// No release seen lately: nothing we know of frees a permit before the
+	// next recompute, where the share may grow.
+	if math.IsInf(est, 1) {
+		est = float64(l.window) / float64(time.Second)
+	}
+	d := time.Duration(est * float64(time.Second))
+	// Jitter: spread refused clients over [d, 1.5d) so they do not return
+	// together.
+	d += time.Duration(float64(d) * 0.5 * l.rand01())
+	return min(max(d, minRetry), maxRetry)
+}
+
+// rand01 returns a uniform float in [0, 1) (splitmix64).
+func (l *ledger) rand01() float64 {
+	l.rng += 0x9e3779b97f4a7c15
+	z := l.rng
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return float64(z>>11) / (1 << 53)
+}
+
+// ewma blends the rate of the last interval into the smoothed rate.
+func ewma(old, inst float64) float64 {
+	if old == 0 {
+		return inst
+	}
+	return 0.5*old + 0.5*inst
+}
+
+// recompute settles the active set at now, updates the release rates and
+// the share, and forgets long-idle projects. pinned(idx) keeps a project
+// active (waiters) and keep(idx) keeps an inactive project from being
+// forgotten (sleeping objects); either may be nil. forgotten(idx) is called
+// before a slot is recycled. Cost: O(active) plus O(expired idle entries).
+func (l *ledger) recompute(now int64, pinned, keep func(int32) bool, forgotten func(int32)) {
+	l.advance(now)
+	now = l.now
+	dt := float64(now-l.lastRecompute) / float64(time.Second)
+	l.lastRecompute = now
+	if dt > 0 {
+		l.relRate = ewma(l.relRate, float64(l.released)/dt)
+	}
+	l.released = 0
+	cutoff := now - l.window
+	for i := 0; i < len(l.active); {
+		idx := l.active[i]
+		pr := &l.projects[idx]
+		if pinned != nil && pinned(idx) {
+			pr.lastSeen = now
+		}
+		if dt > 0 {
+			pr.relRate = ewma(pr.relRate, float64(pr.released)/dt)
+		}
+		pr.released = 0
+		if pr.held > 0 || pr.lastSeen >= cutoff {
+			i++
+			continue
+		}
+		// Leave the active set: swap-remove.
+		last := len(l.active) - 1
+		moved := l.active[last]
+		l.active[i] = moved
+		l.projects[moved].activePos = int32(i)
+		l.active = l.active[:last]
+		pr.activePos = -1
+		pr.relRate = 0
+		pr.idleSince = now
+		l.idle = append(l.idle, idleEntry{idx: idx, gen: pr.gen, since: now})
+	}
+	l.forgetIdle(now, keep, forgotten)
+	l.share = Share(l.size, l.floor, len(l.active))
+}
+
+func (l *ledger) forgetIdle(now int64, keep func(int32) bool, forgotten func(int32)) {
+	cutoff := now - l.forget
+	for l.idleHead < len(l.idle) && l.idle[l.idleHead].since <= cutoff {
+		e := l.idle[l.idleHead]
+		l.idleHead++
+		pr := &l.projects[e.idx]
+		if pr.gen != e.gen || pr.activePos >= 0 || pr.idleSince != e.since || pr.held > 0 {
+			continue // reused, reactivated since, or busy: a later entry decides
+		}
+		if keep != nil && keep(e.idx) {
+			// Still referenced (sleeping objects): look again one period later.
+			pr.idleSince = now
+			l.idle = append(l.idle, idleEntry{idx: e.idx, gen: e.gen, since: now})
+			continue
+		}
+		if forgotten != nil {
+			forgotten(e.idx)
+		}
+		delete(l.index, pr.name)
+		gen := pr.gen + 1
+		*pr = project{gen: gen, activePos: -1}
+		l.free = append(l.free, e.idx)
+	}
+	// Compact the queue when its consumed head dominates.
+	if l.idleHead > 1024 && l.idleHead*2 > len(l.idle) {
+		n := copy(l.idle, l.idle[l.idleHead:])
+		l.idle = l.idle[:n]
+		l.idleHead = 0
+	}
+}
+
+// resize changes size and floor (already validated) and the share.
+func (l *ledger) resize(size, floor int) {
+	l.size, l.floor = size, floor
+	l.share = Share(l.size, l.floor, len(l.active))
+}
+
+// snapshot fills the pool-wide fields and the per-project stats (sorted by
+// the caller).
+func (l *ledger) snapshot() Snapshot {
+	s := Snapshot{
+		Name:   l.name,
+		Size:   l.size,
+		Floor:  l.floor,
+		InUse:  l.inUse,
+		Active: len(l.active),
+		Share:  l.share,
+	}
+	s.Projects = make([]ProjectStat, 0, len(l.index))
+	for _, idx := range l.index {
+		pr := &l.projects[idx]
+		s.Projects = append(s.Projects, ProjectStat{
+			Project:  pr.name,
+			Held:     pr.held,
+			Admitted: pr.admitted,
+			Refused:  pr.refused,
+			LastSeen: time.Unix(0, pr.lastSeen),
+			Active:   pr.activePos >= 0,
+		})
+	}
+	sortStats(s.Projects)
+	return s
+}
