@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package policy validates and stores per-project policies.
+//
+// A policy says what a project bought, not what it may hold: the tier (pro,
+// lite or none) and shares decide its request-class buckets in the scheduler,
+// and requests_per_sec / work_per_sec bound what it may spend per second (0 =
+// unbounded). What a project may hold on the node is never configured: that is
+// the fair-share rule in package pools.
+//
+// The store is one bbolt file, policies.db, in the state directory. A write
+// returns only after bbolt's commit has fsynced the file, so a policy that was
+// reported saved survives SIGKILL and power loss. bbolt holds an exclusive
+// flock while the file is open; a second opener waits up to Options.Timeout
+// and then fails with ErrLocked. The daemon keeps the store open for its whole
+// life, so while it runs the CLI goes through the admin API and the daemon does
+// the write; the CLI opens the file itself only when no daemon answers.
+//
+// Every write bumps a version counter in the same transaction, so a reader can
+// tell cheaply whether anything changed.
+//
+// Project names are cgroup directory names: 1 to 128 bytes of letters, digits,
+// '.', '_' and '-', not starting with '.', '-' or "cgroup.".
+package policy
