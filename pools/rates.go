@@ -2,33 +2,175 @@
 
 package pools
 
-import "time"
+import (
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
 
 // Limits is a project's rate policy. Zero means unbounded.
 type Limits struct{ RequestsPerSec, WorkPerSec float64 }
 
-// Rates holds per-project token buckets. It is safe for concurrent use.
+// Rates holds per-project token buckets for requests per second and work
+// units per second. Only projects with a limit have state, so memory is
+// bounded by the number of policies. It is safe for concurrent use.
 type Rates struct {
 	clk Clock
+
+	mu      sync.Mutex // guards the fields below
+	buckets map[string]*bucket
+}
+
+// bucket is one project's pair of token buckets, refilled lazily on access.
+type bucket struct {
+	limits  Limits
+	req     float64
+	work    float64
+	last    int64 // ns of the latest refill; never moves back
+	limited uint64
 }
 
 // NewRates returns an empty set of buckets.
-func NewRates(clk Clock) *Rates { return &Rates{clk: clockOrSystem(clk)} }
+func NewRates(clk Clock) *Rates {
+	return &Rates{clk: clockOrSystem(clk), buckets: map[string]*bucket{}}
+}
 
-// SetLimits sets a project's limits.
-func (r *Rates) SetLimits(project string, l Limits) {}
+// burst is one second's worth of rate, but at least one token so that a rate
+// below 1/s still admits.
+func burst(rate float64) float64 { return math.Max(rate, 1) }
 
-// Allow takes one request token.
-func (r *Rates) Allow(project string) (ok bool, retryAfter time.Duration) { return true, 0 }
+// SetLimits sets a project's limits. Both zero removes the project's
+// buckets (unbounded). A new bucket starts full; a changed one keeps its
+// balance, capped at the new burst.
+func (r *Rates) SetLimits(project string, l Limits) {
+	r.setLimits(project, l, r.clk.Now())
+}
 
-// Charge charges work units after the fact.
-func (r *Rates) Charge(project string, work float64) {}
+func (r *Rates) setLimits(project string, l Limits, now time.Time) {
+	l.RequestsPerSec = math.Max(l.RequestsPerSec, 0)
+	l.WorkPerSec = math.Max(l.WorkPerSec, 0)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l == (Limits{}) {
+		delete(r.buckets, project)
+		return
+	}
+	n := now.UnixNano()
+	b, ok := r.buckets[project]
+	if !ok {
+		r.buckets[project] = &bucket{limits: l, req: burst(l.RequestsPerSec), work: burst(l.WorkPerSec), last: n}
+		return
+	}
+	b.refill(n)
+	b.limits = l
+	b.req = math.Min(b.req, burst(l.RequestsPerSec))
+	b.work = math.Min(b.work, burst(l.WorkPerSec))
+}
 
-// State returns one project's buckets.
-func (r *Rates) State(project string) RateState { return RateState{Project: project} }
+// refill adds the tokens earned since last. A timestamp older than last (a
+// caller that read the clock before waiting for the lock) earns nothing and
+// does not move last back: moving it back would pay the same interval twice
+// (golang/go#71360).
+func (b *bucket) refill(now int64) {
+	if now <= b.last {
+		return
+	}
+	el := float64(now-b.last) / float64(time.Second)
+	b.last = now
+	if rt := b.limits.RequestsPerSec; rt > 0 {
+		b.req = math.Min(burst(rt), b.req+el*rt)
+	}
+	if rt := b.limits.WorkPerSec; rt > 0 {
+		b.work = math.Min(burst(rt), b.work+el*rt)
+	}
+}
+
+// Allow takes one request token for project. It refuses, with the time
+// until it would succeed, while the request bucket holds less than one token
+// or while the work bucket is in debt (below zero).
+func (r *Rates) Allow(project string) (ok bool, retryAfter time.Duration) {
+	return r.allow(project, r.clk.Now().UnixNano())
+}
+
+func (r *Rates) allow(project string, now int64) (bool, time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, ok := r.buckets[project]
+	if !ok {
+		return true, 0
+	}
+	b.refill(now)
+	if rt := b.limits.WorkPerSec; rt > 0 && b.work < 0 {
+		b.limited++
+		return false, secondsCeil(-b.work / rt)
+	}
+	if rt := b.limits.RequestsPerSec; rt > 0 {
+		if b.req < 1 {
+			b.limited++
+			return false, secondsCeil((1 - b.req) / rt)
+		}
+		b.req--
+	}
+	return true, 0
+}
+
+// secondsCeil converts seconds to a Duration, rounding up so that a client
+// waiting that long finds the token there.
+func secondsCeil(s float64) time.Duration {
+	return time.Duration(math.Ceil(s * float64(time.Second)))
+}
+
+// Charge takes work units from project's work bucket after the work is
+// done. The balance may go below zero: the project is then in debt and
+// Allow refuses until the refill brings it back to zero.
+func (r *Rates) Charge(project string, work float64) {
+	r.charge(project, work, r.clk.Now().UnixNano())
+}
+
+func (r *Rates) charge(project string, work float64, now int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, ok := r.buckets[project]
+	if !ok || b.limits.WorkPerSec <= 0 {
+		return
+	}
+	b.refill(now)
+	b.work -= work
+}
+
+// State returns one project's buckets, refilled to now. A project without
+// limits reports zero Limits and zero balances.
+func (r *Rates) State(project string) RateState {
+	now := r.clk.Now().UnixNano()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, ok := r.buckets[project]
+	if !ok {
+		return RateState{Project: project}
+	}
+	b.refill(now)
+	return b.state(project)
+}
 
 // Snapshot returns every project with limits, sorted by project.
-func (r *Rates) Snapshot() []RateState { return nil }
+func (r *Rates) Snapshot() []RateState {
+	now := r.clk.Now().UnixNano()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]RateState, 0, len(r.buckets))
+	for name, b := range r.buckets {
+		b.refill(now)
+		out = append(out, b.state(name))
+	}
+	slices.SortFunc(out, func(a, b RateState) int { return strings.Compare(a.Project, b.Project) })
+	return out
+}
+
+func (b *bucket) state(project string) RateState {
+	return RateState{Project: project, Limits: b.limits, RequestTokens: b.req, WorkTokens: b.work, Limited: b.limited}
+}
 
 // RateState is one project's buckets.
 type RateState struct {

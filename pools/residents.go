@@ -2,14 +2,64 @@
 
 package pools
 
-import "context"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Errors of the residents pool besides ErrTooManyResidents.
+var (
+	// ErrUnknownObject: the object was never spawned or has been removed.
+	ErrUnknownObject = errors.New("unknown object")
+	// ErrNotResident: the object exists but is asleep (it was put to sleep
+	// or named in an Eviction); wake it with Spawn.
+	ErrNotResident = errors.New("object is not resident")
+	// ErrObjectProject: Spawn named an existing object with another project.
+	ErrObjectProject = errors.New("object belongs to another project")
+)
 
 // Residents is the residents pool: the fair-share rule with eviction instead
-// of refusal. It is safe for concurrent use.
+// of refusal. A resident (awake) object holds one permit; a sleeping object
+// holds none but is remembered so that its project and counts stay exact. It
+// is safe for concurrent use.
 type Residents struct {
-	cfg Config
-	clk Clock
+	clk       Clock
+	name      string
+	evictWait time.Duration
+
+	mu      sync.Mutex // guards the fields below
+	l       ledger
+	objects map[string]int32
+	objs    []object
+	free    []int32
+	rp      []resProject  // in step with l.projects
+	heap    []int32       // max-heap of projects with held > 0, keyed on held
+	changed chan struct{} // closed (and replaced) when room may have appeared
 }
+
+// object is one known object; awake objects are linked in their project's
+// LRU list, most recently called at the head.
+type object struct {
+	name       string
+	proj       int32
+	prev, next int32
+	awake      bool
+}
+
+// resProject is the residents-only part of a project.
+type resProject struct {
+	head, tail int32 // LRU of awake objects, -1 when empty
+	heapPos    int32 // -1 when not in the heap
+	sleeping   int
+	waiting    int       // spawns blocked in Spawn
+	evicted    [2]uint64 // victims by reason: own-idlest, furthest-over-share
+}
+
+func newResProject() resProject { return resProject{head: -1, tail: -1, heapPos: -1} }
 
 // NewResidents returns an empty residents pool.
 func NewResidents(cfg Config, clk Clock) (*Residents, error) {
@@ -17,7 +67,15 @@ func NewResidents(cfg Config, clk Clock) (*Residents, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Residents{cfg: cfg, clk: clockOrSystem(clk)}, nil
+	clk = clockOrSystem(clk)
+	return &Residents{
+		clk:       clk,
+		name:      cfg.Name,
+		evictWait: cfg.EvictWait,
+		l:         newLedger(cfg, clk.Now(), rand.Uint64()),
+		objects:   map[string]int32{},
+		changed:   make(chan struct{}),
+	}, nil
 }
 
 // Eviction names the object the caller must put to sleep so that a spawn can
@@ -30,31 +88,372 @@ const (
 	EvictFurthestOverShare = "furthest-over-share"
 )
 
+var evictReasons = [2]string{EvictOwnIdlest, EvictFurthestOverShare}
+
 // ResidentsSnapshot is a Snapshot with the residents' own counters.
 type ResidentsSnapshot struct {
 	Snapshot
-	// Sleeping counts sleeping objects per project.
+	// Sleeping counts sleeping objects per project (projects with none are
+	// left out).
 	Sleeping map[string]int
 	// Evictions counts evicted objects: victim project -> reason -> count.
 	Evictions map[string]map[string]uint64
 }
 
-// Spawn makes object of project resident (spawned or woken).
+// Spawn makes object of project resident: a new object, or a sleeping one
+// woken by a call. When the rule says it cannot fit, Spawn evicts one object
+// instead of refusing (see the package documentation for who is evicted) and
+// returns it: the accounting already counts the victim as asleep and the
+// caller must put it to sleep. When no victim is eligible, Spawn waits up to
+// the eviction wait (1s by default) for room or a victim, honouring ctx, and
+// then refuses with a *Refusal that matches ErrTooManyResidents. Spawning an
+// object that is already resident only records a call.
 func (r *Residents) Spawn(ctx context.Context, project, object string) (Eviction, error) {
-	return Eviction{}, nil
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var timer *time.Timer
+	waiting := int32(-1)
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+		if waiting >= 0 {
+			r.rp[waiting].waiting--
+		}
+	}()
+	for {
+		ev, done, err := r.spawnLocked(project, object)
+		if done {
+			return ev, err
+		}
+		idx := r.l.index[project] // spawnLocked registered it
+		if timer == nil {
+			timer = time.NewTimer(r.evictWait)
+			waiting = idx
+			r.rp[idx].waiting++
+		}
+		ch := r.changed
+		r.mu.Unlock()
+		var cerr error
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			cerr = ctx.Err()
+		case <-timer.C:
+			cerr = errTimeout
+		}
+		r.mu.Lock()
+		r.l.advance(r.clk.Now().UnixNano())
+		if cerr != nil {
+			// One last look: room may have appeared together with the end.
+			if ev, done, err := r.spawnLocked(project, object); done {
+				return ev, err
+			}
+			rf := r.l.refusal(r.l.index[project])
+			rf.residents = true
+			rf.Reason = "no object could be evicted"
+			if cerr == errTimeout {
+				return Eviction{}, rf
+			}
+			return Eviction{}, fmt.Errorf("%w: %w", rf, cerr)
+		}
+	}
 }
 
-// Touch records a call on a resident object.
-func (r *Residents) Touch(object string) error { return nil }
+var errTimeout = errors.New("eviction wait over")
 
-// Sleep records that object went to sleep: its permit is freed.
-func (r *Residents) Sleep(object string) error { return nil }
+// spawnLocked tries once. done is false when the spawn must wait.
+func (r *Residents) spawnLocked(project, name string) (ev Eviction, done bool, err error) {
+	oi, exists := r.objects[name]
+	if exists {
+		o := &r.objs[oi]
+		if r.l.projects[o.proj].name != project {
+			return Eviction{}, true, fmt.Errorf("residents %s: spawning %q for %q: %w", r.name, name, project, ErrObjectProject)
+		}
+		if o.awake {
+			r.l.seen(o.proj)
+			r.toFrontLocked(oi)
+			return Eviction{}, true, nil
+		}
+	}
+	idx := r.l.lookup(project)
+	r.growLocked()
+	r.l.seen(idx)
+	if !r.l.admits(idx) {
+		victim, reason := r.victimLocked(idx)
+		if victim < 0 {
+			return Eviction{}, false, nil
+		}
+		v := &r.objs[victim]
+		vp := v.proj
+		ev = Eviction{Project: r.l.projects[vp].name, Object: v.name, Reason: evictReasons[reason]}
+		r.rp[vp].evicted[reason]++
+		r.sleepLocked(victim)
+	}
+	if !exists {
+		oi = r.newObjectLocked(name, idx)
+	} else {
+		r.rp[idx].sleeping--
+	}
+	r.wakeLocked(oi)
+	return ev, true, nil
+}
 
-// Remove forgets object entirely.
-func (r *Residents) Remove(object string) error { return nil }
+// victimLocked picks the object to evict for a spawn by project idx that the
+// rule cannot fit: the project's own idlest object when it is at or over its
+// share, else the idlest object of the project holding the most among those
+// at or over their share. It returns -1 when nobody is eligible.
+func (r *Residents) victimLocked(idx int32) (obj int32, reason int) {
+	if r.l.projects[idx].held >= r.l.share {
+		return r.rp[idx].tail, 0
+	}
+	if len(r.heap) == 0 {
+		return -1, 0
+	}
+	top := r.heap[0]
+	if top == idx || r.l.projects[top].held < r.l.share {
+		return -1, 0
+	}
+	return r.rp[top].tail, 1
+}
 
-// Recompute settles the active set and the share; call it once per second.
-func (r *Residents) Recompute() {}
+func (r *Residents) growLocked() {
+	for len(r.rp) < len(r.l.projects) {
+		r.rp = append(r.rp, newResProject())
+	}
+}
+
+func (r *Residents) newObjectLocked(name string, proj int32) int32 {
+	var oi int32
+	if n := len(r.free); n > 0 {
+		oi = r.free[n-1]
+		r.free = r.free[:n-1]
+	} else {
+		oi = int32(len(r.objs))
+		r.objs = append(r.objs, object{})
+	}
+	r.objs[oi] = object{name: name, proj: proj, prev: -1, next: -1}
+	r.objects[name] = oi
+	return oi
+}
+
+// wakeLocked makes a sleeping (or new) object resident; the rule was checked.
+func (r *Residents) wakeLocked(oi int32) {
+	o := &r.objs[oi]
+	o.awake = true
+	r.l.take(o.proj)
+	r.pushFrontLocked(oi)
+	r.heapFixLocked(o.proj)
+}
+
+// sleepLocked frees a resident object's permit.
+func (r *Residents) sleepLocked(oi int32) {
+	o := &r.objs[oi]
+	r.unlinkLocked(oi)
+	o.awake = false
+	r.l.give(o.proj)
+	r.rp[o.proj].sleeping++
+	r.heapFixLocked(o.proj)
+	r.notifyLocked()
+}
+
+func (r *Residents) notifyLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+func (r *Residents) pushFrontLocked(oi int32) {
+	o := &r.objs[oi]
+	p := &r.rp[o.proj]
+	o.prev, o.next = -1, p.head
+	if p.head >= 0 {
+		r.objs[p.head].prev = oi
+	} else {
+		p.tail = oi
+	}
+	p.head = oi
+}
+
+func (r *Residents) unlinkLocked(oi int32) {
+	o := &r.objs[oi]
+	p := &r.rp[o.proj]
+	if o.prev >= 0 {
+		r.objs[o.prev].next = o.next
+	} else {
+		p.head = o.next
+	}
+	if o.next >= 0 {
+		r.objs[o.next].prev = o.prev
+	} else {
+		p.tail = o.prev
+	}
+	o.prev, o.next = -1, -1
+}
+
+func (r *Residents) toFrontLocked(oi int32) {
+	if r.rp[r.objs[oi].proj].head == oi {
+		return
+	}
+	r.unlinkLocked(oi)
+	r.pushFrontLocked(oi)
+}
+
+// Touch records a call on a resident object: it becomes its project's most
+// recently used. It does not read the clock.
+func (r *Residents) Touch(object string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	oi, ok := r.objects[object]
+	if !ok {
+		return fmt.Errorf("residents %s: touching %q: %w", r.name, object, ErrUnknownObject)
+	}
+	if !r.objs[oi].awake {
+		return fmt.Errorf("residents %s: touching %q: %w", r.name, object, ErrNotResident)
+	}
+	r.l.seen(r.objs[oi].proj)
+	r.toFrontLocked(oi)
+	return nil
+}
+
+// Sleep records that a resident object went to sleep: its permit is freed.
+func (r *Residents) Sleep(object string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	oi, ok := r.objects[object]
+	if !ok {
+		return fmt.Errorf("residents %s: sleeping %q: %w", r.name, object, ErrUnknownObject)
+	}
+	if !r.objs[oi].awake {
+		return fmt.Errorf("residents %s: sleeping %q: %w", r.name, object, ErrNotResident)
+	}
+	r.sleepLocked(oi)
+	return nil
+}
+
+// Remove forgets an object entirely, resident or asleep.
+func (r *Residents) Remove(name string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	oi, ok := r.objects[name]
+	if !ok {
+		return fmt.Errorf("residents %s: removing %q: %w", r.name, name, ErrUnknownObject)
+	}
+	o := &r.objs[oi]
+	if o.awake {
+		r.sleepLocked(oi)
+	}
+	r.rp[o.proj].sleeping--
+	delete(r.objects, name)
+	*o = object{prev: -1, next: -1}
+	r.free = append(r.free, oi)
+	return nil
+}
+
+// Recompute settles the active set and the share at the clock's now; the
+// owner calls it once per second.
+func (r *Residents) Recompute() { r.recompute(r.clk.Now()) }
+
+func (r *Residents) recompute(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.l.recompute(now.UnixNano(),
+		func(idx int32) bool { return r.rp[idx].waiting > 0 },
+		func(idx int32) bool { return r.rp[idx].sleeping > 0 || r.rp[idx].waiting > 0 },
+		func(idx int32) { r.rp[idx] = newResProject() })
+	r.notifyLocked()
+}
 
 // Snapshot returns the residents pool's state.
-func (r *Residents) Snapshot() ResidentsSnapshot { return ResidentsSnapshot{} }
+func (r *Residents) Snapshot() ResidentsSnapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := ResidentsSnapshot{
+		Snapshot:  r.l.snapshot(),
+		Sleeping:  map[string]int{},
+		Evictions: map[string]map[string]uint64{},
+	}
+	for name, idx := range r.l.index {
+		rp := &r.rp[idx]
+		if rp.sleeping > 0 {
+			s.Sleeping[name] = rp.sleeping
+		}
+		for i, n := range rp.evicted {
+			if n == 0 {
+				continue
+			}
+			if s.Evictions[name] == nil {
+				s.Evictions[name] = map[string]uint64{}
+			}
+			s.Evictions[name][evictReasons[i]] = n
+		}
+	}
+	return s
+}
+
+// The heap orders projects by held, largest first, so that "the project
+// furthest over its share" is the root: every active project has the same
+// share, so the largest held is the furthest over it.
+
+func (r *Residents) heapFixLocked(idx int32) {
+	p := &r.rp[idx]
+	held := r.l.projects[idx].held
+	switch {
+	case p.heapPos < 0 && held > 0:
+		p.heapPos = int32(len(r.heap))
+		r.heap = append(r.heap, idx)
+		r.heapUpLocked(int(p.heapPos))
+	case p.heapPos >= 0 && held == 0:
+		i := int(p.heapPos)
+		last := len(r.heap) - 1
+		r.heapSwapLocked(i, last)
+		r.heap = r.heap[:last]
+		p.heapPos = -1
+		if i < last {
+			r.heapDownLocked(i)
+			r.heapUpLocked(i)
+		}
+	case p.heapPos >= 0:
+		i := int(p.heapPos)
+		r.heapDownLocked(i)
+		r.heapUpLocked(i)
+	}
+}
+
+func (r *Residents) heapLessLocked(i, j int) bool {
+	return r.l.projects[r.heap[i]].held > r.l.projects[r.heap[j]].held
+}
+
+func (r *Residents) heapSwapLocked(i, j int) {
+	r.heap[i], r.heap[j] = r.heap[j], r.heap[i]
+	r.rp[r.heap[i]].heapPos = int32(i)
+	r.rp[r.heap[j]].heapPos = int32(j)
+}
+
+func (r *Residents) heapUpLocked(i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !r.heapLessLocked(i, parent) {
+			return
+		}
+		r.heapSwapLocked(i, parent)
+		i = parent
+	}
+}
+
+func (r *Residents) heapDownLocked(i int) {
+	n := len(r.heap)
+	for {
+		best := i
+		if l := 2*i + 1; l < n && r.heapLessLocked(l, best) {
+			best = l
+		}
+		if rr := 2*i + 2; rr < n && r.heapLessLocked(rr, best) {
+			best = rr
+		}
+		if best == i {
+			return
+		}
+		r.heapSwapLocked(i, best)
+		i = best
+	}
+}
