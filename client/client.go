@@ -1,0 +1,569 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package client
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+)
+
+// DefaultSocket is the daemon's permit socket when Options.Socket is empty.
+const DefaultSocket = "/run/fairshare/permits.sock"
+
+var (
+	// ErrRefused matches an *Error whose pool refused by the fair-share rule.
+	ErrRefused = errors.New("permit refused")
+	// ErrTooManyResidents matches an *Error of a spawn that found no room
+	// and nothing put to sleep within a second.
+	ErrTooManyResidents = errors.New("too many residents")
+	// ErrClosed is returned by calls on a closed Client.
+	ErrClosed = errors.New("permit client closed")
+	// ErrDisconnected is returned by calls whose connection dropped before
+	// they were answered.
+	ErrDisconnected = errors.New("permit connection lost")
+)
+
+// Options configures a Client.
+type Options struct {
+	Socket string // default DefaultSocket
+	// OnEvict is called, each time in its own goroutine, when the daemon
+	// asks this runtime to put one of its objects to sleep. Return nil once
+	// the object is asleep; the client then confirms to the daemon, which
+	// lets the waiting spawn proceed. A non-nil error leaves the object
+	// resident (the spawn that needed the room will be refused). Without
+	// OnEvict evictions are confirmed at once.
+	OnEvict func(Eviction) error
+	// Reconnect makes the client redial after losing its connection and
+	// spawn its resident objects again.
+	Reconnect bool
+	// OnReconnect, if set, is called after a redial and re-registration,
+	// with the error of the re-registration (nil when all went back).
+	OnReconnect func(error)
+}
+
+// Lease is a permit held by this client's session.
+type Lease struct {
+	ID      uint64
+	Pool    string
+	Project string
+	Object  string // residents only
+}
+
+// Eviction asks the runtime to put Object (of Project) to sleep.
+type Eviction struct{ Project, Object, Reason string }
+
+// Refusal is the pool's account of a refusal.
+type Refusal struct {
+	Pool    string `json:"pool"`
+	Project string `json:"project"`
+	Reason  string `json:"reason"`
+	Held    int    `json:"held"`
+	Share   int    `json:"share"`
+	InUse   int    `json:"in_use"`
+	Size    int    `json:"size"`
+}
+
+// Error is a request the daemon answered with ok=false.
+type Error struct {
+	Code       string
+	Message    string
+	RetryAfter time.Duration // when to try again (REFUSED, TOO_MANY_RESIDENTS)
+	Refusal    *Refusal
+}
+
+func (e *Error) Error() string { return "permitd: " + e.Code + ": " + e.Message }
+
+// Is lets callers branch with errors.Is(err, ErrRefused) and the like.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case ErrRefused:
+		return e.Code == "REFUSED"
+	case ErrTooManyResidents:
+		return e.Code == "TOO_MANY_RESIDENTS"
+	}
+	return false
+}
+
+// reply is one line from the server: an answer, or an event when Event is set.
+type reply struct {
+	ID           uint64    `json:"id"`
+	OK           bool      `json:"ok"`
+	Lease        uint64    `json:"lease"`
+	Released     bool      `json:"released"`
+	Code         string    `json:"code"`
+	Error        string    `json:"error"`
+	Note         string    `json:"note"`
+	RetryAfterMS int64     `json:"retry_after_ms"`
+	Refusal      *Refusal  `json:"refusal"`
+	Evicted      *Eviction `json:"evicted"`
+	Session      uint64    `json:"session"`
+	Event        string    `json:"event"`
+	Project      string    `json:"project"`
+	Object       string    `json:"object"`
+	Reason       string    `json:"reason"`
+}
+
+func (r *reply) err() error {
+	if r.OK {
+		return nil
+	}
+	return &Error{Code: r.Code, Message: r.Error, RetryAfter: time.Duration(r.RetryAfterMS) * time.Millisecond, Refusal: r.Refusal}
+}
+
+// waiter is a call waiting for its answer. ch is nil once the caller gave
+// up; a late grant is then released rather than leaked.
+type waiter struct {
+	ch chan reply
+	op string
+}
+
+// objState is what the client remembers of an object so it can register it
+// again with a restarted daemon.
+type objState struct {
+	project  string
+	resident bool
+	touched  time.Time
+}
+
+// Client is one session with the permit daemon.
+type Client struct {
+	opts   Options
+	nextID atomic.Uint64
+
+	writers atomic.Int32 // callers between wanting to write and having written
+	wmu     sync.Mutex   // guards bw
+	bw      *bufio.Writer
+
+	mu      sync.Mutex // guards the fields below
+	conn    net.Conn
+	pending map[uint64]*waiter
+	objects map[string]*objState
+	closed  bool
+	done    chan struct{} // closed by Close
+}
+
+// Dial connects to the daemon's permit socket.
+func Dial(ctx context.Context, opts Options) (*Client, error) {
+	if opts.Socket == "" {
+		opts.Socket = DefaultSocket
+	}
+	c := &Client{opts: opts, pending: map[uint64]*waiter{}, objects: map[string]*objState{}, done: make(chan struct{})}
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.attach(conn)
+	return c, nil
+}
+
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.opts.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("dialing permit socket: %w", err)
+	}
+	return conn, nil
+}
+
+func (c *Client) attach(conn net.Conn) {
+	c.wmu.Lock()
+	c.bw = bufio.NewWriterSize(conn, 32<<10)
+	c.wmu.Unlock()
+	c.mu.Lock()
+	c.conn = conn
+	c.mu.Unlock()
+	go c.read(conn)
+}
+
+// Close ends the session; the daemon ends all its leases.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.done)
+	conn := c.conn
+	c.mu.Unlock()
+	return conn.Close()
+}
+
+// read delivers answers and events until conn ends, then fails the calls it
+// left unanswered and, with Reconnect, starts over on a new connection.
+func (c *Client) read(conn net.Conn) {
+	r := bufio.NewReaderSize(conn, 64<<10)
+	for {
+		line, err := r.ReadSlice('\n')
+		if err != nil {
+			break
+		}
+		var rp reply
+		if json.Unmarshal(line, &rp) != nil {
+			continue
+		}
+		if rp.Event != "" {
+			if rp.Event == "evict" {
+				go c.evicted(Eviction{Project: rp.Project, Object: rp.Object, Reason: rp.Reason})
+			}
+			continue
+		}
+		c.mu.Lock()
+		w := c.pending[rp.ID]
+		delete(c.pending, rp.ID)
+		var ch chan reply
+		if w != nil {
+			ch = w.ch
+		}
+		c.mu.Unlock()
+		switch {
+		case w == nil:
+		case ch != nil:
+			ch <- rp
+		case rp.OK && rp.Lease != 0 && w.op == "acquire":
+			// The caller gave up before the grant arrived.
+			go c.call(context.Background(), request{Op: "release", Lease: rp.Lease})
+		}
+	}
+	conn.Close()
+	c.mu.Lock()
+	if c.conn != conn {
+		c.mu.Unlock()
+		return
+	}
+	failed := c.pending
+	c.pending = map[uint64]*waiter{}
+	reconnect := c.opts.Reconnect && !c.closed
+	c.mu.Unlock()
+	for _, w := range failed {
+		if w.ch != nil {
+			w.ch <- reply{Code: "DISCONNECTED"}
+		}
+	}
+	if reconnect {
+		go c.reconnect()
+	}
+}
+
+func (c *Client) reconnect() {
+	backoff := 20 * time.Millisecond
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-time.After(backoff):
+		}
+		conn, err := c.dial(context.Background())
+		if err != nil {
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		c.attach(conn)
+		err = c.reregister()
+		if c.opts.OnReconnect != nil {
+			c.opts.OnReconnect(err)
+		}
+		return
+	}
+}
+
+// reregister spawns the resident objects again, least recently called first,
+// so the new daemon's idleness order matches the old one's.
+func (c *Client) reregister() error {
+	type item struct {
+		name string
+		objState
+	}
+	c.mu.Lock()
+	var items []item
+	for name, o := range c.objects {
+		if o.resident {
+			items = append(items, item{name, *o})
+		}
+	}
+	c.mu.Unlock()
+	sort.Slice(items, func(i, j int) bool { return items[i].touched.Before(items[j].touched) })
+	var errs []error
+	for _, it := range items {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := c.Spawn(ctx, it.project, it.name)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("re-registering %s: %w", it.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Client) evicted(ev Eviction) {
+	if c.opts.OnEvict != nil {
+		if err := c.opts.OnEvict(ev); err != nil {
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c.Sleep(ctx, ev.Object)
+}
+
+// request is one line to the server.
+type request struct {
+	ID      uint64
+	Op      string
+	Pool    string
+	Project string
+	Object  string
+	Lease   uint64
+	WaitMS  int64
+}
+
+func (rq *request) appendTo(b []byte) []byte {
+	b = append(b, `{"id":`...)
+	b = strconv.AppendUint(b, rq.ID, 10)
+	b = append(b, `,"op":`...)
+	b = appendString(b, rq.Op)
+	if rq.Pool != "" {
+		b = append(b, `,"pool":`...)
+		b = appendString(b, rq.Pool)
+	}
+	if rq.Project != "" {
+		b = append(b, `,"project":`...)
+		b = appendString(b, rq.Project)
+	}
+	if rq.Object != "" {
+		b = append(b, `,"object":`...)
+		b = appendString(b, rq.Object)
+	}
+	if rq.Lease != 0 {
+		b = append(b, `,"lease":`...)
+		b = strconv.AppendUint(b, rq.Lease, 10)
+	}
+	if rq.WaitMS > 0 {
+		b = append(b, `,"wait_ms":`...)
+		b = strconv.AppendInt(b, rq.WaitMS, 10)
+	}
+	return append(b, '}', '\n')
+}
+
+var chanPool = sync.Pool{New: func() any { return make(chan reply, 1) }}
+
+// call sends rq and waits for its answer. Concurrent callers share writes:
+// the last writer of a burst flushes, so pipelined calls cost one syscall
+// per burst rather than one per call.
+func (c *Client) call(ctx context.Context, rq request) (reply, error) {
+	rq.ID = c.nextID.Add(1)
+	ch := chanPool.Get().(chan reply)
+	w := &waiter{ch: ch, op: rq.Op}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		chanPool.Put(ch)
+		return reply{}, ErrClosed
+	}
+	c.pending[rq.ID] = w
+	c.mu.Unlock()
+
+	var buf [256]byte
+	line := rq.appendTo(buf[:0])
+	c.writers.Add(1)
+	c.wmu.Lock()
+	_, err := c.bw.Write(line)
+	if c.writers.Add(-1) == 0 && err == nil {
+		err = c.bw.Flush()
+	}
+	c.wmu.Unlock()
+	if err != nil {
+		c.forget(rq.ID)
+		return reply{}, fmt.Errorf("sending %s: %w: %w", rq.Op, ErrDisconnected, err)
+	}
+	select {
+	case rp := <-ch:
+		chanPool.Put(ch)
+		if rp.Code == "DISCONNECTED" {
+			return reply{}, fmt.Errorf("%s: %w", rq.Op, ErrDisconnected)
+		}
+		return rp, nil
+	case <-ctx.Done():
+		c.mu.Lock()
+		if _, ok := c.pending[rq.ID]; ok {
+			w.ch = nil
+			c.mu.Unlock()
+			return reply{}, ctx.Err()
+		}
+		c.mu.Unlock()
+		// The answer is already on its way; take it so the channel can be reused.
+		rp := <-ch
+		chanPool.Put(ch)
+		if rp.Code == "DISCONNECTED" {
+			return reply{}, fmt.Errorf("%s: %w", rq.Op, ErrDisconnected)
+		}
+		return rp, nil
+	}
+}
+
+func (c *Client) forget(id uint64) {
+	c.mu.Lock()
+	delete(c.pending, id)
+	c.mu.Unlock()
+}
+
+// Acquire takes a permit of pool for project now, or returns an *Error that
+// matches ErrRefused and says when to retry.
+func (c *Client) Acquire(ctx context.Context, pool, project string) (Lease, error) {
+	return c.AcquireWait(ctx, pool, project, 0)
+}
+
+// AcquireWait is Acquire that waits up to wait for a permit (woken by
+// releases, FIFO per project) before refusing.
+func (c *Client) AcquireWait(ctx context.Context, pool, project string, wait time.Duration) (Lease, error) {
+	rp, err := c.call(ctx, request{Op: "acquire", Pool: pool, Project: project, WaitMS: wait.Milliseconds()})
+	if err != nil {
+		return Lease{}, err
+	}
+	if err := rp.err(); err != nil {
+		return Lease{}, err
+	}
+	return Lease{ID: rp.Lease, Pool: pool, Project: project}, nil
+}
+
+// Release ends a lease. It reports whether this call ended it: false means
+// the lease had already ended (released before, or its connection dropped).
+// A resident's lease is released by putting the object to sleep.
+func (c *Client) Release(ctx context.Context, l Lease) (bool, error) {
+	rp, err := c.call(ctx, request{Op: "release", Lease: l.ID})
+	if err != nil {
+		return false, err
+	}
+	if err := rp.err(); err != nil {
+		return false, err
+	}
+	if l.Object != "" && rp.Released {
+		c.setResident(l.Object, "", false)
+	}
+	return rp.Released, nil
+}
+
+// Spawn makes object resident (a wake is a spawn). When the pool is full it
+// waits while the daemon has some runtime put an idle object to sleep, up to
+// a second, then fails with an *Error matching ErrTooManyResidents.
+func (c *Client) Spawn(ctx context.Context, project, object string) (Lease, error) {
+	rp, err := c.call(ctx, request{Op: "spawn", Project: project, Object: object})
+	if err != nil {
+		return Lease{}, err
+	}
+	if err := rp.err(); err != nil {
+		return Lease{}, err
+	}
+	c.setResident(object, project, true)
+	return Lease{ID: rp.Lease, Pool: "residents", Project: project, Object: object}, nil
+}
+
+// Touch records a call on a resident object; idleness is the time since.
+func (c *Client) Touch(ctx context.Context, object string) error {
+	rp, err := c.call(ctx, request{Op: "touch", Object: object})
+	if err != nil {
+		return err
+	}
+	if err := rp.err(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if o := c.objects[object]; o != nil {
+		o.touched = time.Now()
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// Sleep tells the daemon object went to sleep, freeing its permit.
+func (c *Client) Sleep(ctx context.Context, object string) error {
+	rp, err := c.call(ctx, request{Op: "sleep", Object: object})
+	if err != nil {
+		return err
+	}
+	if err := rp.err(); err != nil {
+		return err
+	}
+	c.setResident(object, "", false)
+	return nil
+}
+
+// Remove tells the daemon object is gone.
+func (c *Client) Remove(ctx context.Context, object string) error {
+	rp, err := c.call(ctx, request{Op: "remove", Object: object})
+	if err != nil {
+		return err
+	}
+	if err := rp.err(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	delete(c.objects, object)
+	c.mu.Unlock()
+	return nil
+}
+
+// Ping round-trips a no-op, to check the session.
+func (c *Client) Ping(ctx context.Context) error {
+	rp, err := c.call(ctx, request{Op: "ping"})
+	if err != nil {
+		return err
+	}
+	return rp.err()
+}
+
+func (c *Client) setResident(object, project string, resident bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	o := c.objects[object]
+	if o == nil {
+		if project == "" {
+			return
+		}
+		o = &objState{project: project}
+		c.objects[object] = o
+	}
+	o.resident = resident
+	if resident {
+		o.touched = time.Now()
+	}
+}
+
+// appendString writes s as a JSON string (see permitd's twin).
+func appendString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		ch := s[i]
+		if ch < utf8.RuneSelf {
+			switch {
+			case ch == '"' || ch == '\\':
+				b = append(b, '\\', ch)
+			case ch < 0x20:
+				b = append(b, '\\', 'u', '0', '0', hex[ch>>4], hex[ch&0xf])
+			default:
+				b = append(b, ch)
+			}
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			b = append(b, `\ufffd`...)
+		} else {
+			b = append(b, s[i:i+n]...)
+		}
+		i += n
+	}
+	return append(b, '"')
+}

@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package permitd serves the node's user-space pools (flights, residents and
+// any other configured pool) to local runtimes over a unix stream socket, as
+// leases that cannot outlive the connection that took them.
+//
+// # Transport and sessions
+//
+// The socket (default /run/fairshare/permits.sock, mode 0660, group
+// configurable) is separate from the admin socket. One connection is one
+// session. The server reads the peer's credentials (SO_PEERCRED) when the
+// connection is accepted, logs them, and refuses peers that are neither root,
+// the daemon's own uid, nor members of the configured group.
+//
+// # Framing
+//
+// Both directions carry newline-delimited JSON objects, one per line, at most
+// 64 KiB per line. A client may pipeline: it can send any number of requests
+// without waiting, and matches answers to requests by the id it chose.
+// Non-blocking operations are answered in the order they were sent; an
+// operation that waits (spawn, acquire with wait_ms) is answered when it
+// completes, possibly after later requests.
+//
+// Request fields:
+//
+//	id       unsigned integer chosen by the client, echoed in the answer
+//	op       hello | ping | acquire | release | spawn | touch | sleep | remove
+//	pool     pool name (acquire)
+//	project  project name (acquire, spawn)
+//	object   object name (spawn, touch, sleep, remove; acquire on the residents pool)
+//	lease    lease id (release)
+//	wait_ms  acquire: wait up to this long for a permit instead of refusing now
+//
+// Answer fields: id, ok, and when relevant lease, released (release: whether
+// this call ended the lease), evicted (spawn: the object that was put to sleep
+// to make room), code and error (when ok is false), retry_after_ms (with
+// REFUSED), refusal (the pool's numbers behind a refusal), session and
+// server (hello).
+//
+// The server may also send an event line, which has no id and an "event"
+// field. The only event is "evict": the session owns object and must put it
+// to sleep and then send sleep (or remove) for it; a spawn elsewhere waits for
+// that confirmation.
+//
+// # Error codes
+//
+//	BAD_REQUEST         the line is not a JSON object, a field has the wrong type,
+//	                    or a number is out of range (for example an id past 2^64-1);
+//	                    the answer's id is 0 when the id itself could not be read
+//	UNKNOWN_OP          op is missing or not one of the above
+//	UNKNOWN_POOL        no pool by that name is served
+//	MISSING_FIELD       a field the op needs is empty (project, object, pool, lease)
+//	REFUSED             the pool refused by the fair-share rule; retry_after_ms says when to retry
+//	TOO_MANY_RESIDENTS  the residents pool is full and nothing was put to sleep within a second
+//	UNKNOWN_OBJECT      touch/sleep/remove of an object this session does not own
+//	CONFLICT            spawn of an object that another session owns
+//	CANCELED            the wait ended because the session or the server closed
+//	LINE_TOO_LONG       a line exceeded 64 KiB; the server answers and closes the connection
+//
+// Every error except LINE_TOO_LONG leaves the connection usable: a line is a
+// frame, so a bad line cannot desynchronise the stream.
+//
+// # Leases
+//
+// acquire takes a permit with TryAcquire (or Acquire with a deadline when
+// wait_ms > 0) and answers a lease id. Lease ids are unique for the life of a
+// server and carry a random per-server epoch in their high bits, so an id from
+// before a daemon restart does not name a lease of the new daemon. release of
+// a lease this session holds ends it and answers released=true; release of any
+// other id (already released, ended by a disconnect, from an earlier
+// connection or daemon, or held by another session) answers ok with
+// released=false and never touches another session's lease. So a client that
+// reconnects may repeat its releases safely.
+//
+// A session's leases end when its connection closes, for whatever reason: a
+// runtime that crashes leaks nothing. When the server stops, it ends every
+// lease before Serve returns.
+//
+// # Residents
+//
+// spawn(project, object) asks the residents pool for room (a wake is a
+// spawn). If there is room it answers at once with a lease. If the pool is full
+// the pool names an object to put to sleep (the spawner's own idlest when it is
+// over its share, else the idlest object of the project furthest over its
+// share); the server sends an evict event to the session owning that object
+// and answers the spawn only after that session confirms with sleep (or
+// remove), or with TOO_MANY_RESIDENTS when nothing was put to sleep within a
+// second. touch records a call on a resident object (idleness is the time since
+// the last call). sleep frees the object's permit and keeps it known as
+// sleeping; remove forgets it. Releasing a resident's lease is a sleep.
+//
+// When a session ends, the objects it owns are removed: the runtime that owned
+// them is gone, and so are they.
+//
+// The daemon does not persist residents. The runtime is the authority on which
+// of its objects are in memory, so after a daemon restart (which drops every
+// connection) the runtime reconnects and spawns its resident objects again,
+// oldest call first so that idleness order is kept; package client does this
+// on its own when reconnecting. The re-registration goes through the same rule
+// as any spawn, so a pool that shrank across the restart evicts rather than
+// over-admits.
+package permitd

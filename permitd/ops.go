@@ -1,0 +1,373 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package permitd
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// Codes beyond those in wire.go that only the operations produce.
+const (
+	CodeNotResident = "NOT_RESIDENT"
+	CodeInternal    = "INTERNAL"
+)
+
+func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
+	if rq.Pool == "" {
+		resp.Code, resp.Error = CodeMissingField, "acquire needs pool"
+		return true
+	}
+	p := s.pools[rq.Pool]
+	if p == nil {
+		resp.Code, resp.Error = CodeUnknownPool, "unknown pool "+quote(rq.Pool)
+		return true
+	}
+	if rq.Project == "" {
+		resp.Code, resp.Error = CodeMissingField, "acquire needs project"
+		return true
+	}
+	pm, err := p.TryAcquire(rq.Project)
+	if err == nil {
+		s.grant(ss, p, pm, rq, resp)
+		return true
+	}
+	if rq.WaitMS <= 0 || !errors.Is(err, pools.ErrRefused) {
+		refuse(resp, err)
+		return true
+	}
+	wait := time.Duration(rq.WaitMS) * time.Millisecond
+	s.wg.Add(1)
+	go func(rq request) {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(ss.ctx, wait)
+		defer cancel()
+		resp := response{ID: rq.ID}
+		pm, err := p.Acquire(ctx, rq.Project)
+		if err != nil && ss.ctx.Err() == nil {
+			// The wait ran out: one last try gives either a permit or
+			// a refusal with the pool's current numbers and estimate.
+			pm, err = p.TryAcquire(rq.Project)
+		}
+		switch {
+		case err == nil:
+			s.grant(ss, p, pm, &rq, &resp)
+		case ss.ctx.Err() != nil:
+			resp.Code, resp.Error = CodeCanceled, "session closed while waiting"
+		default:
+			refuse(&resp, err)
+		}
+		ss.answerLate(&resp)
+	}(*rq)
+	return false
+}
+
+// grant turns a permit into a lease of the session, or gives it back when
+// the session closed meanwhile.
+func (s *Server) grant(ss *session, p *pools.Pool, pm pools.Permit, rq *request, resp *response) {
+	id := s.newLease()
+	if !ss.addLease(id, &lease{pool: p, permit: pm, project: rq.Project}) {
+		p.Release(pm)
+		resp.Code, resp.Error = CodeCanceled, "session closed"
+		return
+	}
+	resp.OK, resp.Lease = true, id
+}
+
+// refuse fills resp from a pool's error; a *pools.Refusal carries the
+// honest per-project retry estimate.
+func refuse(resp *response, err error) {
+	var rf *pools.Refusal
+	if !errors.As(err, &rf) {
+		resp.Code, resp.Error = CodeInternal, err.Error()
+		return
+	}
+	resp.Code = CodeRefused
+	if errors.Is(err, pools.ErrTooManyResidents) {
+		resp.Code = CodeTooManyResidents
+	}
+	resp.Error, resp.Refusal = rf.Error(), rf
+	// Round up: an answer of 0 would invite a retry loop.
+	resp.RetryAfterMS = int64((rf.RetryAfter + time.Millisecond - 1) / time.Millisecond)
+	if resp.RetryAfterMS < 1 {
+		resp.RetryAfterMS = 1
+	}
+}
+
+func (s *Server) release(ss *session, rq *request, resp *response) {
+	if rq.Lease == 0 {
+		resp.Code, resp.Error = CodeMissingField, "release needs lease"
+		return
+	}
+	resp.HasReleased = true
+	l := ss.takeLease(rq.Lease)
+	if l == nil {
+		resp.OK, resp.Note = true, "already released"
+		return
+	}
+	if l.pool == nil {
+		// A resident's lease is its residence: releasing it puts it to sleep.
+		s.leaveResidence(ss, l.object, false, resp)
+		resp.HasReleased, resp.Released = true, resp.OK
+		return
+	}
+	if err := l.pool.Release(l.permit); err != nil {
+		resp.Code, resp.Error = CodeInternal, "releasing lease: "+err.Error()
+		return
+	}
+	resp.OK, resp.Released = true, true
+}
+
+func (s *Server) touch(ss *session, rq *request, resp *response) {
+	if rq.Object == "" {
+		resp.Code, resp.Error = CodeMissingField, "touch needs object"
+		return
+	}
+	s.mu.Lock()
+	o := s.objects[rq.Object]
+	switch {
+	case o == nil || o.owner != ss:
+		s.mu.Unlock()
+		resp.Code, resp.Error = CodeUnknownObject, "object "+quote(rq.Object)+" is not owned by this session"
+		return
+	case !o.resident:
+		s.mu.Unlock()
+		resp.Code, resp.Error = CodeNotResident, "object "+quote(rq.Object)+" is not resident; spawn wakes it"
+		return
+	}
+	o.touched = time.Now()
+	err := s.residents.Touch(rq.Object)
+	s.mu.Unlock()
+	if err != nil {
+		resp.Code, resp.Error = CodeInternal, "touch: "+err.Error()
+		return
+	}
+	resp.OK = true
+}
+
+func (s *Server) sleep(ss *session, rq *request, resp *response, remove bool) {
+	if rq.Object == "" {
+		resp.Code, resp.Error = CodeMissingField, rq.Op+" needs object"
+		return
+	}
+	s.leaveResidence(ss, rq.Object, remove, resp)
+}
+
+// leaveResidence puts an object to sleep (or forgets it when remove) and
+// wakes the spawns waiting for room.
+func (s *Server) leaveResidence(ss *session, name string, remove bool, resp *response) {
+	s.mu.Lock()
+	o := s.objects[name]
+	switch {
+	case o == nil || o.owner != ss:
+		s.mu.Unlock()
+		resp.Code, resp.Error = CodeUnknownObject, "object "+quote(name)+" is not owned by this session"
+		return
+	case o.spawning:
+		s.mu.Unlock()
+		resp.Code, resp.Error = CodeConflict, "object "+quote(name)+" has a spawn in progress"
+		return
+	case !o.resident && !remove:
+		s.mu.Unlock()
+		resp.OK, resp.Note = true, "already sleeping"
+		return
+	}
+	leaseID := o.lease
+	o.lease, o.resident = 0, false
+	if remove {
+		delete(s.objects, name)
+	}
+	s.mu.Unlock()
+	if leaseID != 0 {
+		ss.takeLease(leaseID)
+	}
+	var err error
+	if remove {
+		err = s.residents.Remove(name)
+	} else {
+		err = s.residents.Sleep(name)
+	}
+	s.wakeSleepers(name)
+	if err != nil {
+		resp.Code, resp.Error = CodeInternal, "residents: "+err.Error()
+		return
+	}
+	resp.OK = true
+}
+
+func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
+	switch {
+	case s.residents == nil:
+		resp.Code, resp.Error = CodeUnknownPool, "no residents pool is served"
+		return true
+	case rq.Project == "":
+		resp.Code, resp.Error = CodeMissingField, "spawn needs project"
+		return true
+	case rq.Object == "":
+		resp.Code, resp.Error = CodeMissingField, "spawn needs object"
+		return true
+	}
+	s.mu.Lock()
+	o := s.objects[rq.Object]
+	switch {
+	case o != nil && o.owner != ss:
+		s.mu.Unlock()
+		resp.Code, resp.Error = CodeConflict, "object "+quote(rq.Object)+" is owned by another session"
+		return true
+	case o != nil && o.project != rq.Project:
+		s.mu.Unlock()
+		resp.Code, resp.Error = CodeConflict, "object "+quote(rq.Object)+" belongs to project "+quote(o.project)
+		return true
+	case o != nil && o.spawning:
+		s.mu.Unlock()
+		resp.Code, resp.Error = CodeConflict, "object "+quote(rq.Object)+" has a spawn in progress"
+		return true
+	case o != nil && o.resident:
+		// Spawning a resident object again is a call on it.
+		o.touched = time.Now()
+		err := s.residents.Touch(rq.Object)
+		s.mu.Unlock()
+		if err != nil {
+			resp.Code, resp.Error = CodeInternal, "touch: "+err.Error()
+			return true
+		}
+		resp.OK, resp.Lease, resp.Note = true, o.lease, "already resident"
+		return true
+	}
+	wasSleeping := o != nil
+	if o == nil {
+		o = &object{project: rq.Project, owner: ss}
+		s.objects[rq.Object] = o
+	}
+	o.spawning = true
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func(rq request) {
+		defer s.wg.Done()
+		resp := s.spawn(ss, &rq, o, wasSleeping)
+		ss.answerLate(&resp)
+	}(*rq)
+	return false
+}
+
+// spawn runs one spawn to its end: admitted, or refused after the eviction
+// wait. It loops because a confirmed sleep frees a permit that another
+// spawner may win; the pool then names the next object to put to sleep.
+func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool) response {
+	resp := response{ID: rq.ID}
+	ctx, cancel := context.WithTimeout(ss.ctx, EvictionWait)
+	defer cancel()
+	var evicted *pools.Eviction
+	var err error
+	for {
+		s.mu.Lock()
+		var changed <-chan struct{} = s.changed
+		s.mu.Unlock()
+		var ev pools.Eviction
+		ev, err = s.residents.Spawn(ctx, rq.Project, rq.Object)
+		if ev.Object != "" {
+			e := ev
+			evicted = &e
+		}
+		if err == nil {
+			if ev.Object != "" {
+				// The pool admitted and named what must make room.
+				s.evict(ev)
+			}
+			return s.admitted(ss, rq, o, evicted)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if ev.Object != "" {
+			changed = s.evict(ev)
+		}
+		// Without a victim the pool refused outright: wait for anything
+		// to leave residence, up to the one-second budget.
+		select {
+		case <-changed:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	s.mu.Lock()
+	o.spawning = false
+	drop := (!wasSleeping || ss.ctx.Err() != nil) && s.objects[rq.Object] == o
+	if drop {
+		delete(s.objects, rq.Object)
+	}
+	s.mu.Unlock()
+	if drop && wasSleeping {
+		s.residents.Remove(rq.Object)
+	}
+	switch {
+	case ss.ctx.Err() != nil:
+		resp.Code, resp.Error = CodeCanceled, "session closed during spawn"
+	case err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled):
+		refuse(&resp, err)
+		if resp.Code == CodeRefused {
+			resp.Code = CodeTooManyResidents
+		}
+	default:
+		resp.Code, resp.Error = CodeTooManyResidents, "residents pool full and nothing was put to sleep within "+EvictionWait.String()
+		resp.RetryAfterMS = 1000
+	}
+	resp.Evicted = evicted
+	return resp
+}
+
+func (s *Server) admitted(ss *session, rq *request, o *object, evicted *pools.Eviction) response {
+	resp := response{ID: rq.ID, Evicted: evicted}
+	id := s.newLease()
+	s.mu.Lock()
+	o.spawning, o.resident, o.lease, o.touched = false, true, id, time.Now()
+	s.mu.Unlock()
+	if ss.addLease(id, &lease{project: rq.Project, object: rq.Object}) {
+		resp.OK, resp.Lease = true, id
+		return resp
+	}
+	// The session closed while the spawn ran; its objects are leaving.
+	s.mu.Lock()
+	drop := s.objects[rq.Object] == o
+	if drop {
+		delete(s.objects, rq.Object)
+	}
+	s.mu.Unlock()
+	if drop {
+		s.residents.Remove(rq.Object)
+		s.wakeSleepers(rq.Object)
+	}
+	resp.Code, resp.Error = CodeCanceled, "session closed during spawn"
+	return resp
+}
+
+// evict tells the session owning ev.Object to put it to sleep and returns a
+// channel closed when it left residence (or when anything did, for an object
+// this server does not know and cannot ask anyone about).
+func (s *Server) evict(ev pools.Eviction) <-chan struct{} {
+	s.mu.Lock()
+	o := s.objects[ev.Object]
+	if o == nil || o.owner == nil {
+		ch := s.changed
+		s.mu.Unlock()
+		s.log.Warn("pool named an object no session owns", "object", ev.Object, "project", ev.Project)
+		return ch
+	}
+	ch := make(chan struct{})
+	if !o.resident {
+		s.mu.Unlock()
+		close(ch)
+		return ch
+	}
+	s.sleepers[ev.Object] = append(s.sleepers[ev.Object], ch)
+	s.evictions[ev.Reason]++
+	owner := o.owner
+	s.mu.Unlock()
+	owner.sendEvent(&ev)
+	return ch
+}

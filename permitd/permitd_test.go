@@ -1,0 +1,462 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package permitd_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/client"
+	"github.com/fairshare-dev/fairshare/permitd"
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// childEnv makes the test binary act as a runtime that takes leases and then
+// waits to be killed (TestCrashedRuntimeLeaksNothing).
+const childEnv = "PERMITD_TEST_CHILD_SOCKET"
+
+func TestMain(m *testing.M) {
+	if sock := os.Getenv(childEnv); sock != "" {
+		os.Exit(runChild(sock))
+	}
+	os.Exit(m.Run())
+}
+
+func runChild(sock string) int {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, client.Options{Socket: sock})
+	if err != nil {
+		fmt.Println("dial:", err)
+		return 1
+	}
+	for i := 0; i < 5; i++ {
+		if _, err := c.Acquire(ctx, "flights", "crashy"); err != nil {
+			fmt.Println("acquire:", err)
+			return 1
+		}
+	}
+	for i := 0; i < 3; i++ {
+		if _, err := c.Spawn(ctx, "crashy", fmt.Sprintf("obj-%d", i)); err != nil {
+			fmt.Println("spawn:", err)
+			return 1
+		}
+	}
+	fmt.Println("ready")
+	select {}
+}
+
+type fixture struct {
+	srv       *permitd.Server
+	flights   *pools.Pool
+	residents *pools.Residents
+	sock      string
+	stop      func()
+}
+
+// start serves a flights pool of size flights and a residents pool of size
+// residents on a fresh socket; everything is torn down at cleanup.
+func start(t testing.TB, flights, residents int) *fixture {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "permitd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return startAt(t, filepath.Join(dir, "permits.sock"), flights, residents)
+}
+
+func startAt(t testing.TB, sock string, flights, residents int) *fixture {
+	t.Helper()
+	fp, err := pools.New(pools.Config{Name: "flights", Size: flights}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp, err := pools.NewResidents(pools.Config{Name: "residents", Size: residents}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := permitd.New(permitd.Config{Socket: sock}, map[string]*pools.Pool{"flights": fp}, rp, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	var once sync.Once
+	f := &fixture{srv: srv, flights: fp, residents: rp, sock: sock}
+	f.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		})
+	}
+	t.Cleanup(f.stop)
+	return f
+}
+
+func dial(t testing.TB, f *fixture, opts client.Options) *client.Client {
+	t.Helper()
+	opts.Socket = f.sock
+	c, err := client.Dial(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// eventually polls cond; the deadline is generous because it only bounds a
+// failure, it is not a timing target.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestAcquireReleaseAndRefusal(t *testing.T) {
+	f := start(t, 4, 4)
+	c := dial(t, f, client.Options{})
+	ctx := context.Background()
+	var leases []client.Lease
+	for i := 0; i < 4; i++ {
+		l, err := c.Acquire(ctx, "flights", "alpha")
+		if err != nil {
+			t.Fatalf("acquire %d: %v", i, err)
+		}
+		leases = append(leases, l)
+	}
+	if got := f.flights.Snapshot().InUse; got != 4 {
+		t.Fatalf("in use = %d, want 4", got)
+	}
+	_, err := c.Acquire(ctx, "flights", "alpha")
+	var pe *client.Error
+	if !errors.As(err, &pe) || !errors.Is(err, client.ErrRefused) {
+		t.Fatalf("acquire on a full pool: %v, want a refusal", err)
+	}
+	if pe.RetryAfter <= 0 || pe.Refusal == nil || pe.Refusal.Size != 4 || pe.Refusal.Project != "alpha" {
+		t.Fatalf("refusal lacks its numbers: %+v %+v", pe, pe.Refusal)
+	}
+	snap := f.srv.Snapshot()
+	if fl := snap.Flights(); fl == nil || fl.Leases["alpha"] != 4 {
+		t.Fatalf("snapshot flights = %+v, want alpha:4", fl)
+	}
+	for _, l := range leases {
+		ok, err := c.Release(ctx, l)
+		if err != nil || !ok {
+			t.Fatalf("release %d: %v %v", l.ID, ok, err)
+		}
+	}
+	// A second release is idempotent and says nothing was released.
+	ok, err := c.Release(ctx, leases[0])
+	if err != nil || ok {
+		t.Fatalf("second release = %v, %v; want false, nil", ok, err)
+	}
+	if got := f.flights.Snapshot().InUse; got != 0 {
+		t.Fatalf("in use after releases = %d", got)
+	}
+}
+
+func TestReleaseOfAnotherSessionsLeaseIsRefusedQuietly(t *testing.T) {
+	f := start(t, 4, 4)
+	a := dial(t, f, client.Options{})
+	b := dial(t, f, client.Options{})
+	ctx := context.Background()
+	l, err := a.Acquire(ctx, "flights", "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, err := b.Release(ctx, l)
+	if err != nil || ok {
+		t.Fatalf("release by a stranger = %v, %v; want false, nil", ok, err)
+	}
+	if got := f.flights.Snapshot().InUse; got != 1 {
+		t.Fatalf("stranger's release freed the permit: in use %d", got)
+	}
+}
+
+func TestAcquireWaitIsWokenByRelease(t *testing.T) {
+	f := start(t, 1, 4)
+	c := dial(t, f, client.Options{})
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, "flights", "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := c.AcquireWait(ctx, "flights", "beta", 5*time.Second)
+		got <- err
+	}()
+	// The waiter must not be answered while the pool is full; ping on the
+	// same connection shows the session stays responsive meanwhile.
+	if err := c.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("wait answered before any release: %v", err)
+	default:
+	}
+	if _, err := c.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiting acquire: %v", err)
+	}
+}
+
+func TestConnectionDropEndsLeases(t *testing.T) {
+	f := start(t, 8, 4)
+	c := dial(t, f, client.Options{})
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		if _, err := c.Acquire(ctx, "flights", "alpha"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Spawn(ctx, "alpha", "o1"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	eventually(t, "leases to end", func() bool {
+		s := f.srv.Snapshot()
+		return f.flights.Snapshot().InUse == 0 && len(s.Sessions) == 0 && s.Residents.Resident["alpha"] == 0 && f.residents.Snapshot().InUse == 0
+	})
+}
+
+func TestCrashedRuntimeLeaksNothing(t *testing.T) {
+	f := start(t, 8, 8)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+f.sock)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		t.Fatalf("child said %q, %v", line, err)
+	}
+	snap := f.srv.Snapshot()
+	if len(snap.Sessions) != 1 || snap.Sessions[0].Peer.PID != int32(cmd.Process.Pid) {
+		t.Fatalf("sessions = %+v, want the child (pid %d)", snap.Sessions, cmd.Process.Pid)
+	}
+	if snap.Flights().Leases["crashy"] != 5 || snap.Residents.Resident["crashy"] != 3 {
+		t.Fatalf("before the kill: flights %v residents %v", snap.Flights().Leases, snap.Residents.Resident)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	eventually(t, "the killed runtime's leases to end", func() bool {
+		s := f.srv.Snapshot()
+		return len(s.Sessions) == 0 && f.flights.Snapshot().InUse == 0 && f.residents.Snapshot().InUse == 0 &&
+			len(s.Residents.Resident) == 0 && len(s.Residents.Sleeping) == 0
+	})
+}
+
+// rawSession speaks the wire protocol directly, to send what the client
+// package never would.
+type rawSession struct {
+	t    *testing.T
+	conn net.Conn
+	r    *bufio.Reader
+}
+
+func raw(t *testing.T, f *fixture) *rawSession {
+	conn, err := net.Dial("unix", f.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &rawSession{t: t, conn: conn, r: bufio.NewReader(conn)}
+}
+
+func (s *rawSession) roundTrip(line string) string {
+	s.t.Helper()
+	if _, err := io.WriteString(s.conn, line+"\n"); err != nil {
+		s.t.Fatal(err)
+	}
+	s.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	ans, err := s.r.ReadString('\n')
+	if err != nil {
+		s.t.Fatalf("reading answer to %q: %v", line, err)
+	}
+	return strings.TrimSpace(ans)
+}
+
+func TestBadInput(t *testing.T) {
+	f := start(t, 4, 4)
+	s := raw(t, f)
+	cases := []struct {
+		send string
+		want []string // substrings of the answer
+	}{
+		{`not json`, []string{`"id":0`, `"ok":false`, `"code":"BAD_REQUEST"`, `malformed JSON`}},
+		{`[1,2,3]`, []string{`"id":0`, `"code":"BAD_REQUEST"`}},
+		{"\x00\xff\xfe garbage", []string{`"id":0`, `"code":"BAD_REQUEST"`}},
+		{`{"id":1,"op":"ping"}`, []string{`{"id":1,"ok":true}`}},
+		{`{"id":99999999999999999999999,"op":"ping"}`, []string{`"id":0`, `"code":"BAD_REQUEST"`, `"id"`}},
+		{`{"id":-4,"op":"ping"}`, []string{`"id":0`, `"code":"BAD_REQUEST"`}},
+		{`{"id":2,"op":"release","lease":99999999999999999999}`, []string{`"id":2`, `"code":"BAD_REQUEST"`, `lease`}},
+		{`{"id":3,"op":"release","lease":9007199254740993}`, []string{`"id":3`, `"ok":true`, `"released":false`, `already released`}},
+		{`{"id":4,"op":"acquire","pool":"nope","project":"p"}`, []string{`"id":4`, `"code":"UNKNOWN_POOL"`, `nope`}},
+		{`{"id":5,"op":"acquire","pool":"flights","project":""}`, []string{`"id":5`, `"code":"MISSING_FIELD"`, `project`}},
+		{`{"id":6,"op":"acquire","project":"p"}`, []string{`"id":6`, `"code":"MISSING_FIELD"`, `pool`}},
+		{`{"id":7,"op":"frobnicate"}`, []string{`"id":7`, `"code":"UNKNOWN_OP"`, `frobnicate`}},
+		{`{"id":8}`, []string{`"id":8`, `"code":"UNKNOWN_OP"`, `missing op`}},
+		{`{"id":9,"op":"touch","object":"ghost"}`, []string{`"id":9`, `"code":"UNKNOWN_OBJECT"`}},
+		{`{"id":10,"op":"acquire","pool":"flights","project":"p","wait_ms":-1}`, []string{`"id":10`, `"code":"BAD_REQUEST"`, `wait_ms`}},
+		{`{"id":11,"op":"spawn","project":"p"}`, []string{`"id":11`, `"code":"MISSING_FIELD"`, `object`}},
+		{`{"id":12,"op":"release"}`, []string{`"id":12`, `"code":"MISSING_FIELD"`, `lease`}},
+		{`{"id":13,"op":"acquire","pool":"flights","project":"p\u0000\"x"}`, []string{`"id":13`, `"ok":true`, `"lease":`}},
+		{`{"id":14,"op":"ping"}`, []string{`{"id":14,"ok":true}`}},
+	}
+	for _, tc := range cases {
+		got := s.roundTrip(tc.send)
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("send %q: answer %s lacks %s", tc.send, got, w)
+			}
+		}
+	}
+	if got := f.srv.Snapshot().Counters.Errors[permitd.CodeBadRequest]; got != 7 {
+		t.Errorf("BAD_REQUEST count = %d, want 7", got)
+	}
+
+	// A line past the limit cannot be framed: answered, then closed.
+	if _, err := s.conn.Write([]byte(strings.Repeat("x", permitd.MaxLine+10) + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	ans, err := s.r.ReadString('\n')
+	if err != nil || !strings.Contains(ans, `"code":"LINE_TOO_LONG"`) {
+		t.Fatalf("long line answer %q, %v", ans, err)
+	}
+	if _, err := s.r.ReadString('\n'); !errors.Is(err, io.EOF) && !isReset(err) {
+		t.Fatalf("after a too-long line the connection stays open: %v", err)
+	}
+	// The garbage session's lease ended with it.
+	eventually(t, "the closed session's lease to end", func() bool { return f.flights.Snapshot().InUse == 0 })
+}
+
+func isReset(err error) bool { return errors.Is(err, syscall.ECONNRESET) }
+
+func TestPipelinedAnswersMatchIDs(t *testing.T) {
+	f := start(t, 2, 4)
+	s := raw(t, f)
+	var b strings.Builder
+	for i := 1; i <= 6; i++ {
+		fmt.Fprintf(&b, `{"id":%d,"op":"acquire","pool":"flights","project":"p"}`+"\n", i)
+	}
+	if _, err := io.WriteString(s.conn, b.String()); err != nil {
+		t.Fatal(err)
+	}
+	ok, refused := 0, 0
+	for i := 1; i <= 6; i++ {
+		ans, err := s.r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(ans, fmt.Sprintf(`{"id":%d,`, i)) {
+			t.Fatalf("answer %d out of order: %s", i, ans)
+		}
+		switch {
+		case strings.Contains(ans, `"ok":true`):
+			ok++
+		case strings.Contains(ans, `"code":"REFUSED"`) && strings.Contains(ans, `"retry_after_ms":`):
+			refused++
+		default:
+			t.Fatalf("unexpected answer %s", ans)
+		}
+	}
+	if ok != 2 || refused != 4 {
+		t.Fatalf("ok %d refused %d, want 2 and 4", ok, refused)
+	}
+}
+
+func TestSocketModeAndPeer(t *testing.T) {
+	f := start(t, 2, 2)
+	st, err := os.Stat(f.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != permitd.DefaultMode || st.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("socket mode %v, want socket %v", st.Mode(), permitd.DefaultMode)
+	}
+	c := dial(t, f, client.Options{})
+	if err := c.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s := f.srv.Snapshot()
+	if len(s.Sessions) != 1 || s.Sessions[0].Peer.PID != int32(os.Getpid()) || s.Sessions[0].Peer.UID != uint32(os.Getuid()) {
+		t.Fatalf("peer = %+v, want this process", s.Sessions)
+	}
+	// A second server on a live socket must not steal it.
+	_, err = permitd.New(permitd.Config{Socket: f.sock}, map[string]*pools.Pool{"flights": f.flights}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2, _ := permitd.New(permitd.Config{Socket: f.sock}, map[string]*pools.Pool{"flights": f.flights}, nil, nil)
+	if err := srv2.Listen(); !errors.Is(err, permitd.ErrSocketInUse) {
+		t.Fatalf("second listen = %v, want ErrSocketInUse", err)
+	}
+	// After the server stops, the socket is gone.
+	f.stop()
+	if _, err := os.Stat(f.sock); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket left after stop: %v", err)
+	}
+}
+
+func TestServeEndsLeasesOnStop(t *testing.T) {
+	f := start(t, 4, 4)
+	c := dial(t, f, client.Options{})
+	ctx := context.Background()
+	for i := 0; i < 2; i++ {
+		if _, err := c.Acquire(ctx, "flights", "alpha"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Spawn(ctx, "alpha", "o"); err != nil {
+		t.Fatal(err)
+	}
+	f.stop()
+	if got := f.flights.Snapshot().InUse; got != 0 {
+		t.Fatalf("flights in use after Serve returned: %d", got)
+	}
+	if got := f.residents.Snapshot().InUse; got != 0 {
+		t.Fatalf("residents after Serve returned: %d", got)
+	}
+}

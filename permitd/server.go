@@ -1,0 +1,352 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package permitd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// DefaultSocket is where the permit API listens when Config.Socket is empty.
+const DefaultSocket = "/run/fairshare/permits.sock"
+
+// DefaultMode is the socket's permission when Config.Mode is zero: owner and
+// group may connect, others may not.
+const DefaultMode os.FileMode = 0o660
+
+// EvictionWait is how long a spawn waits for an object to be put to sleep
+// before the pool refuses with TOO_MANY_RESIDENTS (the seed's one second).
+const EvictionWait = time.Second
+
+// writeTimeout bounds how long an answer may wait on a client that does not
+// read; such a client is disconnected rather than allowed to stall its reader.
+const writeTimeout = 10 * time.Second
+
+var (
+	// ErrSocketInUse is returned when another server already answers on the socket path.
+	ErrSocketInUse = errors.New("permit socket is in use by a live server")
+	// ErrNoPools is returned by New when there is nothing to serve.
+	ErrNoPools = errors.New("no pools to serve")
+	// ErrServing is returned by Serve when it is called a second time.
+	ErrServing = errors.New("server already served")
+)
+
+// Config configures the permit API's socket.
+type Config struct {
+	Socket string      // default DefaultSocket
+	Mode   os.FileMode // default DefaultMode
+	Group  string      // group allowed to connect (the runtime's); "" = root only
+}
+
+// Server serves pools over the permit protocol described in doc.go.
+type Server struct {
+	cfg       Config
+	gid       int // group allowed to connect; -1 when none
+	uid       int // the daemon's own uid, always allowed
+	pools     map[string]*pools.Pool
+	residents *pools.Residents
+	log       *slog.Logger
+	epoch     uint64 // high bits of every lease id, random per server
+
+	nextLease   atomic.Uint64
+	nextSession atomic.Uint64
+	wg          sync.WaitGroup // sessions and their waiting operations
+
+	mu        sync.Mutex // guards the fields below
+	ln        *net.UnixListener
+	served    bool
+	stopping  bool
+	sessions  map[uint64]*session
+	objects   map[string]*object
+	sleepers  map[string][]chan struct{} // object -> spawns waiting for it to leave residence
+	changed   chan struct{}              // closed and replaced whenever any object leaves residence
+	counters  Counters
+	byCode    map[string]uint64
+	evictions map[string]uint64 // reason -> evict events sent
+}
+
+// object is a resident or sleeping object known through this server.
+type object struct {
+	project  string
+	owner    *session
+	lease    uint64 // 0 while sleeping
+	resident bool
+	spawning bool
+	touched  time.Time
+}
+
+// New builds a server over the given pools. residents may be nil when the
+// node serves no residents pool; pools may be empty when it serves only
+// residents. A pool named ResidentsPool in pools is rejected, because that
+// name routes acquire to spawn.
+func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log *slog.Logger) (*Server, error) {
+	if len(pls) == 0 && residents == nil {
+		return nil, ErrNoPools
+	}
+	if cfg.Socket == "" {
+		cfg.Socket = DefaultSocket
+	}
+	if cfg.Mode == 0 {
+		cfg.Mode = DefaultMode
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{
+		cfg:       cfg,
+		gid:       -1,
+		uid:       os.Geteuid(),
+		pools:     make(map[string]*pools.Pool, len(pls)),
+		residents: residents,
+		log:       log,
+		sessions:  map[uint64]*session{},
+		objects:   map[string]*object{},
+		sleepers:  map[string][]chan struct{}{},
+		changed:   make(chan struct{}),
+		byCode:    map[string]uint64{},
+		evictions: map[string]uint64{},
+	}
+	for name, p := range pls {
+		if name == "" || p == nil {
+			return nil, fmt.Errorf("pool %q: empty name or nil pool", name)
+		}
+		if name == ResidentsPool {
+			return nil, fmt.Errorf("pool %q: name is reserved for the residents pool", name)
+		}
+		s.pools[name] = p
+	}
+	if cfg.Group != "" {
+		g, err := user.LookupGroup(cfg.Group)
+		if err != nil {
+			return nil, fmt.Errorf("looking up permit socket group %q: %w", cfg.Group, err)
+		}
+		gid, err := strconv.Atoi(g.Gid)
+		if err != nil {
+			return nil, fmt.Errorf("group %q has non-numeric gid %q: %w", cfg.Group, g.Gid, err)
+		}
+		s.gid = gid
+	}
+	var e [8]byte
+	if _, err := rand.Read(e[:]); err != nil {
+		return nil, fmt.Errorf("reading lease epoch: %w", err)
+	}
+	// 21 bits of epoch above a 32-bit counter keeps ids below 2^53, exact in
+	// every JSON implementation.
+	s.epoch = (binary.LittleEndian.Uint64(e[:])&(1<<21-1) | 1) << 32
+	return s, nil
+}
+
+// Socket is the path the server listens on.
+func (s *Server) Socket() string { return s.cfg.Socket }
+
+// Listen creates the socket with its mode and group. Serve calls it when it
+// was not called before; calling it first lets a caller know the socket is
+// ready before clients dial.
+func (s *Server) Listen() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln != nil {
+		return nil
+	}
+	path := s.cfg.Socket
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("creating permit socket dir: %w", err)
+	}
+	if _, err := os.Lstat(path); err == nil {
+		// A socket file with nobody behind it is a leftover of a killed
+		// daemon; one with a live server is someone else's.
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return fmt.Errorf("listening on %s: %w", path, ErrSocketInUse)
+		}
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("removing stale permit socket: %w", err)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, s.cfg.Mode); err != nil {
+		ln.Close()
+		return fmt.Errorf("setting permit socket mode: %w", err)
+	}
+	if s.gid >= 0 {
+		if err := os.Chown(path, -1, s.gid); err != nil {
+			ln.Close()
+			return fmt.Errorf("setting permit socket group: %w", err)
+		}
+	}
+	s.ln = ln
+	return nil
+}
+
+// Serve accepts sessions until ctx is done, then closes every session, ends
+// every lease and removes the socket before returning.
+func (s *Server) Serve(ctx context.Context) error {
+	if err := s.Listen(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.served {
+		s.mu.Unlock()
+		return ErrServing
+	}
+	s.served = true
+	ln := s.ln
+	s.mu.Unlock()
+	s.log.Info("permit api listening", "socket", s.cfg.Socket, "mode", s.cfg.Mode, "group", s.cfg.Group)
+
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	var acceptErr error
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if ctx.Err() == nil {
+				acceptErr = fmt.Errorf("accepting permit session: %w", err)
+			}
+			break
+		}
+		s.startSession(ctx, c)
+	}
+	ln.Close()
+	s.mu.Lock()
+	s.stopping = true
+	open := make([]*session, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		open = append(open, ss)
+	}
+	s.mu.Unlock()
+	for _, ss := range open {
+		ss.conn.Close()
+	}
+	s.wg.Wait()
+	return acceptErr
+}
+
+func (s *Server) startSession(ctx context.Context, c *net.UnixConn) {
+	cred, err := peerCred(c)
+	if err != nil {
+		s.log.Warn("permit session without peer credentials", "err", err)
+		c.Close()
+		return
+	}
+	ss := newSession(s, c, cred)
+	if !s.allowed(cred) {
+		s.log.Warn("permit session refused", "pid", cred.PID, "uid", cred.UID, "gid", cred.GID)
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		c.Write(appendResponse(nil, &response{Code: CodeForbidden, Error: "peer is not root, the daemon's user, or in the permit group"}))
+		c.Close()
+		return
+	}
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		c.Close()
+		return
+	}
+	s.sessions[ss.id] = ss
+	s.counters.Sessions++
+	s.mu.Unlock()
+	s.log.Info("permit session opened", "session", ss.id, "pid", cred.PID, "uid", cred.UID, "gid", cred.GID)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		ss.run(ctx)
+		s.endSession(ss)
+	}()
+}
+
+func (s *Server) allowed(c Cred) bool {
+	if c.UID == 0 || int(c.UID) == s.uid {
+		return true
+	}
+	if s.gid < 0 {
+		return false
+	}
+	return int(c.GID) == s.gid || inGroup(c.PID, s.gid)
+}
+
+// newLease returns a lease id unique for this server's life.
+func (s *Server) newLease() uint64 {
+	return s.epoch | s.nextLease.Add(1)&(1<<32-1)
+}
+
+// endSession ends everything the session held: its leases go back to their
+// pools and its objects leave the residents pool.
+func (s *Server) endSession(ss *session) {
+	leases := ss.close()
+	var released, removed int
+	for id, l := range leases {
+		if l.pool != nil {
+			if err := l.pool.Release(l.permit); err != nil {
+				s.log.Error("releasing lease of closed session", "session", ss.id, "lease", id, "err", err)
+			}
+			released++
+		}
+	}
+	s.mu.Lock()
+	delete(s.sessions, ss.id)
+	var gone []string
+	for name, o := range s.objects {
+		if o.owner == ss && !o.spawning {
+			gone = append(gone, name)
+			delete(s.objects, name)
+		}
+	}
+	s.mu.Unlock()
+	for _, name := range gone {
+		if err := s.residents.Remove(name); err != nil {
+			s.log.Error("removing object of closed session", "session", ss.id, "object", name, "err", err)
+		}
+		removed++
+		s.wakeSleepers(name)
+	}
+	s.log.Info("permit session closed", "session", ss.id, "pid", ss.cred.PID, "leases_released", released, "objects_removed", removed)
+}
+
+// wakeSleepers tells spawns waiting on object that it left residence.
+func (s *Server) wakeSleepers(object string) {
+	s.mu.Lock()
+	ws := s.sleepers[object]
+	delete(s.sleepers, object)
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+	for _, ch := range ws {
+		close(ch)
+	}
+}
+
+func (s *Server) countCode(code string) {
+	s.mu.Lock()
+	s.byCode[code]++
+	s.mu.Unlock()
+}
+
+// sortedKeys returns the keys of m in order, for stable snapshots.
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}

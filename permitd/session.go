@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package permitd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// lease is one permit held by a session. pool is nil for a resident's lease,
+// whose permit lives in the residents pool under object.
+type lease struct {
+	pool    *pools.Pool
+	permit  pools.Permit
+	project string
+	object  string
+}
+
+// session is one client connection and everything it holds.
+type session struct {
+	id     uint64
+	srv    *Server
+	conn   *net.UnixConn
+	cred   Cred
+	opened time.Time
+	ctx    context.Context // done when the connection closes
+	cancel context.CancelFunc
+
+	requests atomic.Uint64
+
+	wmu sync.Mutex // serialises writes of inline answers, late answers and events
+
+	mu     sync.Mutex // guards the fields below
+	leases map[uint64]*lease
+	closed bool
+}
+
+func newSession(s *Server, c *net.UnixConn, cred Cred) *session {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &session{
+		id:     s.nextSession.Add(1),
+		srv:    s,
+		conn:   c,
+		cred:   cred,
+		opened: time.Now(),
+		ctx:    ctx,
+		cancel: cancel,
+		leases: map[uint64]*lease{},
+	}
+}
+
+// run reads requests until the connection ends. Answers to non-blocking
+// requests are batched and written when the reader has nothing more buffered,
+// which is what makes a pipelining client cheap: one write per burst.
+func (ss *session) run(ctx context.Context) {
+	defer ss.cancel()
+	stop := context.AfterFunc(ctx, func() { ss.conn.Close() })
+	defer stop()
+	r := bufio.NewReaderSize(ss.conn, MaxLine)
+	var out []byte
+	var rq request
+	for {
+		line, err := r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			out = appendResponse(out, &response{Code: CodeLineTooLong, Error: "request line exceeds 64 KiB; closing"})
+			ss.srv.countCode(CodeLineTooLong)
+			ss.write(out)
+			return
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			ss.requests.Add(1)
+			var resp response
+			if ss.handle(line, &rq, &resp) {
+				if resp.Code != "" {
+					ss.srv.countCode(resp.Code)
+				}
+				out = appendResponse(out, &resp)
+			}
+		}
+		if err != nil {
+			ss.write(out)
+			return
+		}
+		if r.Buffered() == 0 || len(out) > 32<<10 {
+			if !ss.write(out) {
+				return
+			}
+			out = out[:0]
+		}
+	}
+}
+
+// write sends b whole; false means the connection is unusable.
+func (ss *session) write(b []byte) bool {
+	if len(b) == 0 {
+		return true
+	}
+	ss.wmu.Lock()
+	defer ss.wmu.Unlock()
+	ss.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if _, err := ss.conn.Write(b); err != nil {
+		ss.conn.Close()
+		return false
+	}
+	return true
+}
+
+// answerLate writes the answer of an operation that waited.
+func (ss *session) answerLate(resp *response) {
+	if resp.Code != "" {
+		ss.srv.countCode(resp.Code)
+	}
+	ss.write(appendResponse(nil, resp))
+}
+
+// handle decodes and runs one request. It returns false when the answer
+// will come later from another goroutine.
+func (ss *session) handle(line []byte, rq *request, resp *response) bool {
+	if err := parseRequest(line, rq); err != nil {
+		*resp = response{ID: rq.ID, Code: CodeBadRequest, Error: err.Error()}
+		return true
+	}
+	resp.ID = rq.ID
+	s := ss.srv
+	switch rq.Op {
+	case "acquire":
+		if rq.Pool == ResidentsPool {
+			return s.startSpawn(ss, rq, resp)
+		}
+		return s.acquire(ss, rq, resp)
+	case "release":
+		s.release(ss, rq, resp)
+	case "spawn":
+		return s.startSpawn(ss, rq, resp)
+	case "touch":
+		s.touch(ss, rq, resp)
+	case "sleep":
+		s.sleep(ss, rq, resp, false)
+	case "remove":
+		s.sleep(ss, rq, resp, true)
+	case "hello":
+		resp.OK, resp.Session, resp.Server = true, ss.id, "fairshare-permitd/1"
+	case "ping":
+		resp.OK = true
+	case "":
+		resp.Code, resp.Error = CodeUnknownOp, "missing op"
+	default:
+		resp.Code, resp.Error = CodeUnknownOp, "unknown op "+quote(rq.Op)
+	}
+	return true
+}
+
+// addLease records a lease unless the session already closed, in which case
+// the caller must give the permit back itself.
+func (ss *session) addLease(id uint64, l *lease) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return false
+	}
+	ss.leases[id] = l
+	return true
+}
+
+// takeLease removes and returns the lease, or nil when this session does not
+// hold it; whoever takes a lease is the one who ends it, exactly once.
+func (ss *session) takeLease(id uint64) *lease {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	l := ss.leases[id]
+	if l != nil {
+		delete(ss.leases, id)
+	}
+	return l
+}
+
+// close marks the session closed and hands back all its leases.
+func (ss *session) close() map[uint64]*lease {
+	ss.cancel()
+	ss.conn.Close()
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.closed = true
+	ls := ss.leases
+	ss.leases = map[uint64]*lease{}
+	return ls
+}
+
+func (ss *session) sendEvent(ev *pools.Eviction) {
+	ss.write(appendEvent(nil, ev))
+}
+
+func quote(s string) string {
+	return string(appendString(nil, s))
+}
