@@ -328,7 +328,7 @@ func TestActiveWindowTimeline(t *testing.T) {
 		{at: 0, op: "acq", project: "a", admit: true},
 		{at: 0, op: "acq", project: "b", admit: true},
 		{at: 0, op: "tick", active: 2, share: 5},
-		{at: 500 * time.Millisecond, op: "rel", project: "b"}, // b holds nothing now
+		{at: 500 * time.Millisecond, op: "rel", project: "b"},  // b holds nothing now
 		{at: 1 * time.Second, op: "tick", active: 2, share: 5}, // b asked within the window
 		{at: 2 * time.Second, op: "tick", active: 1, share: 10},
 		{at: 2500 * time.Millisecond, op: "acq", project: "c", admit: true}, // joins at once
