@@ -1,0 +1,690 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * fairshare connection limiter: TCP connection permits per project, taken at
+ * connect (outbound) and at the inbound SYN, released when the socket dies.
+ *
+ * A project is a cgroup directly below the projects root; its id is the
+ * cgroup id. The rule (see pools/doc.go) is applied here with the values the
+ * control plane writes into the config map once a second:
+ *
+ *   admit = in_use < POOL          when the project holds < share
+ *         = in_use < POOL - FLOOR  when the project holds >= share
+ *
+ * Node-wide in_use never exceeds POOL for admitted permits: both counters are
+ * taken with a fetch-add and rolled back when the check fails. A project's
+ * count can be looked at while another CPU is between its add and its
+ * roll-back, so a concurrent attempt may see the project one (per racing CPU)
+ * higher than it is: the error is a spurious refusal, never an overshoot.
+ *
+ * Programs (kept few: each one runs on a hot path):
+ *   cgroup/connect4, cgroup/connect6  outbound admission, process context
+ *   sk_lookup                          inbound admission at the SYN; a refusal
+ *                                      is SK_DROP, the kernel answers the SYN
+ *                                      with an RST, the client sees
+ *                                      ECONNREFUSED and accept() never sees it
+ *   tp_btf/inet_sock_set_state         listener bookkeeping, inbound permit
+ *                                      conversion at ESTABLISHED, release at
+ *                                      TCP_CLOSE
+ *   cgroup/sock_release                release when the fd is closed before
+ *                                      the socket reaches TCP_CLOSE
+ *   iter/tcp                           adoption of sockets that predate the
+ *                                      programs, and the reconcile dump
+ *   syscall                            atomic adjustments from user space
+ *                                      (expired reservations, drift repair)
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_tracing.h>
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define ECONNREFUSED 111
+#define AF_INET 2
+#define AF_INET6 10
+#define SOCK_STREAM 1
+
+/* Fixed when the programs are loaded: where projects live in the hierarchy. */
+volatile const __u32 root_level;      /* level of the projects root cgroup */
+volatile const __u64 root_cgroup_id;  /* its cgroup id */
+
+/* Run-time values, written by the control loop (loader.Tick, SetPool). */
+struct fs_settings {
+	__u32 pool;          /* POOL */
+	__u32 floor;         /* FLOOR */
+	__u32 share;         /* max(FLOOR, POOL/active) */
+	__u32 _pad;
+	__u64 netns_cookie;  /* the netns whose sk_lookup we own */
+	__u64 root_cgroup_id; /* copy of the constant, to check pins on reuse */
+};
+
+/* Node-wide permits held. One slot; atomics only. */
+struct fs_pool {
+	__s64 in_use;
+};
+
+/*
+ * Per project. The event counters are atomics here rather than per-CPU
+ * values: the admission already owns this cache line for the in_use
+ * fetch-add, so a second atomic on it is nearly free, while a per-CPU hash
+ * would cost another lookup on every connect.
+ */
+struct fs_project {
+	__s64 in_use;        /* permits held, reservations included */
+	__u64 last_seen_ns;  /* CLOCK_MONOTONIC of the last ask */
+	__u64 admitted;
+	__u64 refused;
+};
+
+/* Node-wide event counters, per CPU; summed at read time. */
+struct fs_counters {
+	__u64 admitted_out;
+	__u64 admitted_in;
+	__u64 refused_out;
+	__u64 refused_in;
+	__u64 released;
+	__u64 adopted;        /* pre-existing sockets counted by iter/tcp */
+	__u64 expired;        /* reservations whose handshake never finished */
+	__u64 unaccounted;    /* children admitted late and refused: not held */
+	__u64 map_full;       /* project or reservation map full: not held */
+};
+
+enum sock_kind {
+	KIND_OUT = 1,
+	KIND_IN = 2,
+	KIND_ADOPTED = 3,
+};
+
+/* Per socket, freed with the socket. held moves 1 -> 0 exactly once. */
+struct fs_sock {
+	__u64 project;
+	__u32 held;
+	__u32 kind;
+};
+
+/* A listening address. addr is IPv6 or v4-mapped; all zero = wildcard. */
+struct fs_listen_key {
+	__u64 netns;
+	__u32 port;  /* host order */
+	__u32 _pad;
+	__u8 addr[16];
+};
+
+struct fs_listener {
+	__u64 project;
+	__u64 cookie; /* socket cookie of the owner: only it may delete */
+};
+
+/* A handshake in flight, admitted at the SYN, keyed by its 4-tuple. */
+struct fs_resv_key {
+	__u8 laddr[16];
+	__u8 raddr[16];
+	__u32 lport; /* host order */
+	__u32 rport; /* host order */
+};
+
+struct fs_resv {
+	__u64 project;
+	__u64 since_ns;
+};
+
+/* Context of fs_adjust, run from user space with BPF_PROG_RUN. */
+enum adjust_op {
+	OP_EXPIRE = 1, /* delete reservation key; if we deleted it, release */
+	OP_ADD = 2,    /* add delta to project and node in_use (drift repair) */
+};
+
+struct fs_adjust_args {
+	__u32 op;
+	__u32 _pad;
+	__u64 project;
+	__s64 delta;
+	__s64 result;
+	struct fs_resv_key key;
+};
+
+/* One record per project-owned TCP socket, written by fs_dump. */
+struct fs_sock_record {
+	__u64 cookie;
+	__u64 project;
+	__u32 state;
+	__u32 held;
+	__u32 kind;
+	__u32 adopted; /* 1 if this dump adopted it */
+};
+
+/* Emits the record's BTF for bpf2go -type; lives in .rodata with the tunables. */
+volatile const struct fs_sock_record fs_record_layout;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* one node */
+	__type(key, __u32);
+	__type(value, struct fs_settings);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* one node */
+	__type(key, __u32);
+	__type(value, struct fs_pool);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_node SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1); /* one node */
+	__type(key, __u32);
+	__type(value, struct fs_counters);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096); /* projects on one node; beyond it, connects are not counted */
+	__type(key, __u64);
+	__type(value, struct fs_project);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_projects SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* required for sk_storage */
+	__type(key, int);
+	__type(value, struct fs_sock);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_socks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384); /* listening addresses of all projects */
+	__type(key, struct fs_listen_key);
+	__type(value, struct fs_listener);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_listeners SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536); /* handshakes in flight node-wide (SYN backlogs) */
+	__type(key, struct fs_resv_key);
+	__type(value, struct fs_resv);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_reservations SEC(".maps");
+
+static __always_inline struct fs_counters *counters(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&fs_stats, &zero);
+}
+
+#define COUNT(field)                                  \
+	do {                                          \
+		struct fs_counters *c__ = counters();    \
+		if (c__)                              \
+			c__->field++;                 \
+	} while (0)
+
+static __always_inline struct fs_project *project_get(__u64 id)
+{
+	struct fs_project *p = bpf_map_lookup_elem(&fs_projects, &id);
+	if (p)
+		return p;
+	struct fs_project zero = {};
+	/* A new cgroup is a new project at once: no registration. */
+	bpf_map_update_elem(&fs_projects, &id, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&fs_projects, &id);
+}
+
+/*
+ * admit applies the rule and, if it admits, takes the permit on both
+ * counters. Returns 1 admitted, 0 refused, -1 not counted (map full).
+ */
+static __always_inline int admit(__u64 id)
+{
+	__u32 zero = 0;
+	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);
+	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+	if (!cfg || !n)
+		return -1;
+	struct fs_project *p = project_get(id);
+	if (!p) {
+		COUNT(map_full);
+		return -1;
+	}
+	p->last_seen_ns = bpf_ktime_get_ns();
+
+	__s64 lim = cfg->pool;
+	__s64 held = __sync_fetch_and_add(&p->in_use, 1);
+	if (held >= cfg->share)
+		lim = cfg->floor < cfg->pool ? cfg->pool - cfg->floor : 0;
+	__s64 used = __sync_fetch_and_add(&n->in_use, 1);
+	if (used >= lim) {
+		__sync_fetch_and_add(&n->in_use, -1);
+		__sync_fetch_and_add(&p->in_use, -1);
+		__sync_fetch_and_add(&p->refused, 1);
+		return 0;
+	}
+	__sync_fetch_and_add(&p->admitted, 1);
+	return 1;
+}
+
+static __always_inline void release(__u64 id)
+{
+	__u32 zero = 0;
+	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+	struct fs_project *p = bpf_map_lookup_elem(&fs_projects, &id);
+	if (n)
+		__sync_fetch_and_add(&n->in_use, -1);
+	if (p) {
+		__sync_fetch_and_add(&p->in_use, -1);
+		/* Holding counts as asking: the project stays active until it lets go. */
+		p->last_seen_ns = bpf_ktime_get_ns();
+	}
+	COUNT(released);
+}
+
+/* force takes a permit without the rule: the connection already exists. */
+static __always_inline void force(__u64 id)
+{
+	__u32 zero = 0;
+	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+	struct fs_project *p = project_get(id);
+	if (n)
+		__sync_fetch_and_add(&n->in_use, 1);
+	if (p) {
+		__sync_fetch_and_add(&p->in_use, 1);
+		p->last_seen_ns = bpf_ktime_get_ns();
+	}
+}
+
+/*
+ * current_project is the project of the calling task: its ancestor one level
+ * below the root, or 0 when the task is not below the root (a socket created
+ * in a project and used by a task outside it is not counted).
+ */
+static __always_inline __u64 current_project(void)
+{
+	if (bpf_get_current_ancestor_cgroup_id(root_level) != root_cgroup_id)
+		return 0;
+	return bpf_get_current_ancestor_cgroup_id(root_level + 1);
+}
+
+/* cgroup_project is the project of a socket's cgroup, 0 if outside the root. */
+static __always_inline __u64 cgroup_project(struct cgroup *cg)
+{
+	if (!cg)
+		return 0;
+	int level = BPF_CORE_READ(cg, level);
+	if (level <= (int)root_level || level > 255)
+		return 0;
+	struct cgroup *anc = NULL;
+	bpf_probe_read_kernel(&anc, sizeof(anc), &cg->ancestors[root_level & 0xff]);
+	if (!anc || BPF_CORE_READ(anc, kn, id) != root_cgroup_id)
+		return 0;
+	anc = NULL;
+	bpf_probe_read_kernel(&anc, sizeof(anc), &cg->ancestors[(root_level + 1) & 0xff]);
+	if (!anc)
+		return 0;
+	return BPF_CORE_READ(anc, kn, id);
+}
+
+static __always_inline int connect_common(struct bpf_sock_addr *ctx)
+{
+	/* Cheapest filter first: UDP connect runs this hook too. */
+	if (ctx->type != SOCK_STREAM)
+		return 1;
+	__u64 id = current_project();
+	if (!id)
+		return 1;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 1;
+	struct fs_sock *s = bpf_sk_storage_get(&fs_socks, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!s) {
+		COUNT(map_full);
+		return 1;
+	}
+	/* connect() again on a socket that holds (EALREADY, retry): no second permit. */
+	if (s->held)
+		return 1;
+	int r = admit(id);
+	if (r < 0)
+		return 1;
+	if (r == 0) {
+		COUNT(refused_out);
+		bpf_set_retval(-ECONNREFUSED);
+		return 0;
+	}
+	s->project = id;
+	s->kind = KIND_OUT;
+	if (__sync_val_compare_and_swap(&s->held, 0, 1) != 0)
+		release(id);
+	COUNT(admitted_out);
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int fs_connect4(struct bpf_sock_addr *ctx)
+{
+	return connect_common(ctx);
+}
+
+SEC("cgroup/connect6")
+int fs_connect6(struct bpf_sock_addr *ctx)
+{
+	return connect_common(ctx);
+}
+
+static __always_inline void release_storage(struct fs_sock *s)
+{
+	if (s && __sync_val_compare_and_swap(&s->held, 1, 0) == 1)
+		release(s->project);
+}
+
+SEC("cgroup/sock_release")
+int fs_sock_release(struct bpf_sock *ctx)
+{
+	if (ctx->type != SOCK_STREAM)
+		return 1;
+	release_storage(bpf_sk_storage_get(&fs_socks, ctx, 0, 0));
+	return 1;
+}
+
+static __always_inline void v4mapped(__u8 *dst, __be32 a)
+{
+	__builtin_memset(dst, 0, 10);
+	dst[10] = 0xff;
+	dst[11] = 0xff;
+	__builtin_memcpy(dst + 12, &a, 4);
+}
+
+/* local_addr fills the listening/local address in normalised form. */
+static __always_inline void sock_local(struct sock *sk, __u8 *addr, bool wildcard_zero)
+{
+	if (sk->__sk_common.skc_family == AF_INET) {
+		__be32 a = sk->__sk_common.skc_rcv_saddr;
+		if (a == 0 && wildcard_zero)
+			__builtin_memset(addr, 0, 16);
+		else
+			v4mapped(addr, a);
+	} else {
+		BPF_CORE_READ_INTO(addr, sk, __sk_common.skc_v6_rcv_saddr.in6_u.u6_addr8);
+	}
+}
+
+static __always_inline void sock_remote(struct sock *sk, __u8 *addr)
+{
+	if (sk->__sk_common.skc_family == AF_INET)
+		v4mapped(addr, sk->__sk_common.skc_daddr);
+	else
+		BPF_CORE_READ_INTO(addr, sk, __sk_common.skc_v6_daddr.in6_u.u6_addr8);
+}
+
+static __always_inline __u64 sock_netns(struct sock *sk)
+{
+	return BPF_CORE_READ(sk, __sk_common.skc_net.net, net_cookie);
+}
+
+/* on_listen records a project's listening address for sk_lookup. */
+static __always_inline void on_listen(struct sock *sk)
+{
+	__u64 id = cgroup_project(sk->sk_cgrp_data.cgroup);
+	if (!id)
+		return;
+	struct fs_listen_key k = {};
+	k.netns = sock_netns(sk);
+	k.port = sk->__sk_common.skc_num;
+	sock_local(sk, k.addr, true);
+	struct fs_listener l = {.project = id, .cookie = bpf_get_socket_cookie(sk)};
+	/* SO_REUSEPORT across projects: the latest listener wins. */
+	bpf_map_update_elem(&fs_listeners, &k, &l, BPF_ANY);
+}
+
+static __always_inline void on_unlisten(struct sock *sk)
+{
+	struct fs_listen_key k = {};
+	k.netns = sock_netns(sk);
+	k.port = sk->__sk_common.skc_num;
+	sock_local(sk, k.addr, true);
+	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, &k);
+	if (l && l->cookie == bpf_get_socket_cookie(sk))
+		bpf_map_delete_elem(&fs_listeners, &k);
+}
+
+static __always_inline struct fs_listener *find_listener(struct fs_listen_key *k)
+{
+	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, k);
+	if (l)
+		return l;
+	__builtin_memset(k->addr, 0, 16);
+	return bpf_map_lookup_elem(&fs_listeners, k);
+}
+
+/*
+ * on_established converts the reservation made at the SYN into the child's
+ * permit. Without a reservation (it expired, the SYN came before the programs,
+ * or another netns) the rule is applied now; a refusal here cannot stop the
+ * connection, so it is left unheld and counted as unaccounted.
+ */
+static __always_inline void on_established(struct sock *sk)
+{
+	struct fs_resv_key rk = {};
+	sock_local(sk, rk.laddr, false);
+	sock_remote(sk, rk.raddr);
+	rk.lport = sk->__sk_common.skc_num;
+	rk.rport = bpf_ntohs(sk->__sk_common.skc_dport);
+
+	__u64 id = 0;
+	bool have = false;
+	struct fs_resv *r = bpf_map_lookup_elem(&fs_reservations, &rk);
+	if (r) {
+		id = r->project;
+		/* Only the one who deletes it owns its permit (see fs_adjust). */
+		have = bpf_map_delete_elem(&fs_reservations, &rk) == 0;
+	}
+	if (!have) {
+		struct fs_listen_key lk = {};
+		lk.netns = sock_netns(sk);
+		lk.port = rk.lport;
+		__builtin_memcpy(lk.addr, rk.laddr, 16);
+		struct fs_listener *l = find_listener(&lk);
+		if (!l)
+			return;
+		id = l->project;
+		int a = admit(id);
+		if (a < 0)
+			return;
+		if (a == 0) {
+			COUNT(unaccounted);
+			return;
+		}
+		COUNT(admitted_in);
+	}
+	struct fs_sock *s = bpf_sk_storage_get(&fs_socks, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!s) {
+		COUNT(map_full);
+		release(id);
+		return;
+	}
+	s->project = id;
+	s->kind = KIND_IN;
+	if (__sync_val_compare_and_swap(&s->held, 0, 1) != 0)
+		release(id);
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(fs_set_state, struct sock *sk, int oldstate, int newstate)
+{
+	if (sk->sk_protocol != IPPROTO_TCP)
+		return 0;
+	switch (newstate) {
+	case TCP_CLOSE:
+		/* Every end of a connection passes here, including RST, failed
+		 * connects, timeouts and children dropped with their listener. */
+		release_storage(bpf_sk_storage_get(&fs_socks, sk, 0, 0));
+		if (oldstate == TCP_LISTEN)
+			on_unlisten(sk);
+		break;
+	case TCP_ESTABLISHED:
+		if (oldstate == TCP_SYN_RECV)
+			on_established(sk);
+		break;
+	case TCP_LISTEN:
+		on_listen(sk);
+		break;
+	}
+	return 0;
+}
+
+SEC("sk_lookup")
+int fs_sk_lookup(struct bpf_sk_lookup *ctx)
+{
+	if (ctx->protocol != IPPROTO_TCP)
+		return SK_PASS;
+	__u32 zero = 0;
+	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);
+	if (!cfg)
+		return SK_PASS;
+
+	struct fs_resv_key rk = {};
+	if (ctx->family == AF_INET) {
+		v4mapped(rk.laddr, ctx->local_ip4);
+		v4mapped(rk.raddr, ctx->remote_ip4);
+	} else {
+		/* The context allows only aligned 4-byte loads of these. */
+		__u32 *la = (__u32 *)rk.laddr, *ra = (__u32 *)rk.raddr;
+		la[0] = ctx->local_ip6[0];
+		la[1] = ctx->local_ip6[1];
+		la[2] = ctx->local_ip6[2];
+		la[3] = ctx->local_ip6[3];
+		ra[0] = ctx->remote_ip6[0];
+		ra[1] = ctx->remote_ip6[1];
+		ra[2] = ctx->remote_ip6[2];
+		ra[3] = ctx->remote_ip6[3];
+	}
+	rk.lport = ctx->local_port;
+	rk.rport = bpf_ntohs(ctx->remote_port);
+
+	struct fs_listen_key lk = {};
+	lk.netns = cfg->netns_cookie;
+	lk.port = rk.lport;
+	__builtin_memcpy(lk.addr, rk.laddr, 16);
+	struct fs_listener *l = find_listener(&lk);
+	if (!l)
+		return SK_PASS;
+	/* A retransmitted SYN keeps the permit the first one reserved. */
+	if (bpf_map_lookup_elem(&fs_reservations, &rk))
+		return SK_PASS;
+	__u64 id = l->project;
+	int a = admit(id);
+	if (a < 0)
+		return SK_PASS;
+	if (a == 0) {
+		COUNT(refused_in);
+		return SK_DROP;
+	}
+	struct fs_resv r = {.project = id, .since_ns = bpf_ktime_get_ns()};
+	if (bpf_map_update_elem(&fs_reservations, &rk, &r, BPF_NOEXIST)) {
+		/* A concurrent SYN of the same tuple won, or the map is full:
+		 * the child is then admitted when it is established. */
+		release(id);
+		return SK_PASS;
+	}
+	COUNT(admitted_in);
+	return SK_PASS;
+}
+
+/*
+ * fs_dump walks the TCP sockets of the caller's netns. A socket of a project
+ * that holds no permit and is past its handshake is adopted (it predates the
+ * programs, or was left unaccounted); every project socket is written out for
+ * the reconcile report.
+ */
+SEC("iter/tcp")
+int fs_dump(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	if (!skc)
+		return 0;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
+	if (!tp)
+		return 0; /* TIME_WAIT and request socks: hold nothing */
+	struct sock *sk = (struct sock *)tp;
+	__u32 state = sk->__sk_common.skc_state;
+	__u64 id = cgroup_project(sk->sk_cgrp_data.cgroup);
+	if (!id)
+		return 0;
+	struct fs_sock_record rec = {
+		.cookie = bpf_get_socket_cookie(sk),
+		.project = id,
+		.state = state,
+	};
+	if (state == TCP_LISTEN) {
+		on_listen(sk);
+	} else if (state == TCP_ESTABLISHED || state == TCP_SYN_SENT || state == TCP_CLOSE_WAIT ||
+		   ((state == TCP_FIN_WAIT1 || state == TCP_FIN_WAIT2 || state == TCP_LAST_ACK ||
+		     state == TCP_CLOSING) && sk->sk_socket)) {
+		/* SYN_RECV children are converted from their reservation; a socket
+		 * the process closed (no struct socket) finishing its FIN exchange
+		 * released its permit at close. Keep in step with loader.ShouldHold. */
+		struct fs_sock *s = bpf_sk_storage_get(&fs_socks, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (s) {
+			if (!s->held) {
+				s->project = id;
+				s->kind = KIND_ADOPTED;
+				if (__sync_val_compare_and_swap(&s->held, 0, 1) == 0) {
+					force(id);
+					COUNT(adopted);
+					rec.adopted = 1;
+				}
+			}
+			rec.held = s->held;
+			rec.kind = s->kind;
+			rec.project = s->project;
+		}
+	}
+	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
+	return 0;
+}
+
+SEC("syscall")
+int fs_adjust(struct fs_adjust_args *a)
+{
+	if (a->op == OP_EXPIRE) {
+		struct fs_resv_key k = {};
+		__builtin_memcpy(&k, &a->key, sizeof(k));
+		struct fs_resv *r = bpf_map_lookup_elem(&fs_reservations, &k);
+		if (!r) {
+			a->result = 0;
+			return 0;
+		}
+		__u64 id = r->project;
+		if (bpf_map_delete_elem(&fs_reservations, &k) == 0) {
+			release(id);
+			COUNT(expired);
+			a->result = 1;
+		}
+		return 0;
+	}
+	if (a->op == OP_ADD) {
+		/* project 0 adjusts the node only (permits of vanished projects). */
+		__u32 zero = 0;
+		__u64 id = a->project;
+		__s64 delta = a->delta;
+		struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+		if (id) {
+			struct fs_project *p = bpf_map_lookup_elem(&fs_projects, &id);
+			if (!p) {
+				a->result = 0;
+				return 0;
+			}
+			__sync_fetch_and_add(&p->in_use, delta);
+		}
+		if (n)
+			__sync_fetch_and_add(&n->in_use, delta);
+		a->result = 1;
+	}
+	return 0;
+}

@@ -1,0 +1,343 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// Snapshot is what the maps say now. Counts include permits reserved for
+// inbound handshakes in flight.
+type Snapshot struct {
+	Size, Floor, InUse, Active, Share int
+	Admitted, Refused                 uint64
+	Projects                          []ProjectCounters // sorted by project, then cgroup id
+	// Reservations is the number of inbound handshakes holding a permit.
+	Reservations int
+	// Events are node-wide event counters (summed over CPUs).
+	Events Events
+}
+
+// ProjectCounters are one project's counters.
+type ProjectCounters struct {
+	Project           string // cgroup dir name under the root ("" if gone)
+	CgroupID          uint64
+	InUse             int
+	Admitted, Refused uint64
+	LastSeen          time.Time
+	Active            bool
+}
+
+// Events are node-wide counters of what the programs did.
+type Events struct {
+	AdmittedOut, AdmittedIn uint64 // permits granted at connect / at the SYN
+	RefusedOut, RefusedIn   uint64 // ECONNREFUSED at connect / RST at the SYN
+	Released                uint64 // permits given back
+	Adopted                 uint64 // existing sockets counted by reconcile
+	Expired                 uint64 // reservations whose handshake never completed
+	Unaccounted             uint64 // late handshakes refused: connection up, no permit
+	MapFull                 uint64 // a map was full: connection not counted
+}
+
+// monoNow is CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns.
+func monoNow() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}
+
+func (l *Limiter) checkOpen() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// SetPool changes POOL and FLOOR (0 = pools.DefaultFloor). The share is
+// recomputed at once from the current active set.
+func (l *Limiter) SetPool(size, floor uint32) error {
+	if size == 0 {
+		return fmt.Errorf("pool size 0: %w", ErrInvalidOptions)
+	}
+	if floor == 0 {
+		floor = uint32(pools.DefaultFloor(int(size)))
+	}
+	if floor > size {
+		return fmt.Errorf("floor %d above pool %d: %w", floor, size, ErrInvalidOptions)
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return ErrClosed
+	}
+	l.size, l.floor = size, floor
+	l.mu.Unlock()
+	return l.Tick(l.clock.Now())
+}
+
+type projectEntry struct {
+	id  uint64
+	val limiterFsProject
+}
+
+func (l *Limiter) readProjects() ([]projectEntry, error) {
+	var out []projectEntry
+	var id uint64
+	var v limiterFsProject
+	it := l.objs.FsProjects.Iterate()
+	for it.Next(&id, &v) {
+		out = append(out, projectEntry{id, v})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading projects map: %w", err)
+	}
+	return out, nil
+}
+
+func (l *Limiter) activeLocked(p limiterFsProject, mono uint64) bool {
+	return p.InUse > 0 || (p.LastSeenNs != 0 && mono-p.LastSeenNs < uint64(l.window))
+}
+
+// Tick is one step of the control loop, meant to run once a second: it counts
+// the active projects, writes POOL, FLOOR and the share into the config map,
+// gives back reservations older than the TTL and forgets removed projects.
+// now is unused by the kernel side, whose clock is CLOCK_MONOTONIC; it is
+// accepted so the loop's clock is the caller's.
+func (l *Limiter) Tick(now time.Time) error {
+	_ = now
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	projs, err := l.readProjects()
+	if err != nil {
+		return err
+	}
+	mono := monoNow()
+	active := 0
+	for _, p := range projs {
+		if l.activeLocked(p.val, mono) {
+			active++
+		}
+	}
+	share := pools.Share(int(l.size), int(l.floor), active)
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading config map: %w", err)
+	}
+	cfg.Pool, cfg.Floor, cfg.Share = l.size, l.floor, uint32(share)
+	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("writing config map: %w", err)
+	}
+	if err := l.expireLocked(mono); err != nil {
+		return err
+	}
+	return l.forgetLocked(projs, mono)
+}
+
+// expireLocked gives back reservations whose handshake did not complete in
+// the TTL. The BPF side deletes the entry and releases; whoever deletes a
+// reservation (this or the ESTABLISHED conversion) owns its permit.
+func (l *Limiter) expireLocked(mono uint64) error {
+	var k limiterFsResvKey
+	var v limiterFsResv
+	var old []limiterFsResvKey
+	it := l.objs.FsReservations.Iterate()
+	for it.Next(&k, &v) {
+		if mono > v.SinceNs && mono-v.SinceNs > uint64(l.ttl) {
+			old = append(old, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading reservations: %w", err)
+	}
+	for _, k := range old {
+		if _, err := l.adjust(limiterFsAdjustArgs{Op: opExpire, Key: k}); err != nil {
+			return fmt.Errorf("expiring reservation: %w", err)
+		}
+	}
+	return nil
+}
+
+// forgetLocked deletes the entries of projects whose cgroup is gone and that
+// hold nothing and asked for nothing for a while: no task can run in a removed
+// cgroup, so no connect can race with the delete.
+func (l *Limiter) forgetLocked(projs []projectEntry, mono uint64) error {
+	var names map[uint64]string
+	for _, p := range projs {
+		if p.val.InUse != 0 || mono-p.val.LastSeenNs < uint64(forgetAfter) {
+			continue
+		}
+		if names == nil {
+			var err error
+			if names, err = l.projectNames(); err != nil {
+				return err
+			}
+		}
+		if _, ok := names[p.id]; ok {
+			continue
+		}
+		if err := l.objs.FsProjects.Delete(p.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("forgetting project %d: %w", p.id, err)
+		}
+	}
+	return nil
+}
+
+const (
+	opExpire = 1
+	opAdd    = 2
+)
+
+// adjust runs fs_adjust, the syscall program that changes counters with the
+// same atomics as the hooks (a map update from user space would race them).
+func (l *Limiter) adjust(a limiterFsAdjustArgs) (int64, error) {
+	l.adjustM.Lock()
+	defer l.adjustM.Unlock()
+	buf, err := binary.Append(nil, binary.NativeEndian, &a)
+	if err != nil {
+		return 0, fmt.Errorf("encoding fs_adjust context: %w", err)
+	}
+	out := make([]byte, len(buf))
+	if _, err := l.objs.FsAdjust.Run(&ebpf.RunOptions{Context: buf, ContextOut: out}); err != nil {
+		return 0, fmt.Errorf("running fs_adjust: %w", err)
+	}
+	var res limiterFsAdjustArgs
+	if _, err := binary.Decode(out, binary.NativeEndian, &res); err != nil {
+		return 0, fmt.Errorf("decoding fs_adjust context: %w", err)
+	}
+	return res.Result, nil
+}
+
+// projectNames maps the cgroup id of each direct child of the root to its
+// name.
+func (l *Limiter) projectNames() (map[uint64]string, error) {
+	ents, err := os.ReadDir(l.root)
+	if err != nil {
+		return nil, fmt.Errorf("listing projects: %w", err)
+	}
+	names := make(map[uint64]string, len(ents))
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		id, err := inode(filepath.Join(l.root, e.Name()))
+		if err != nil {
+			continue // removed while listing
+		}
+		names[id] = e.Name()
+	}
+	return names, nil
+}
+
+func (l *Limiter) readEvents() (Events, error) {
+	var per []limiterFsCounters
+	if err := l.objs.FsStats.Lookup(uint32(0), &per); err != nil {
+		return Events{}, fmt.Errorf("reading counters: %w", err)
+	}
+	var e Events
+	for _, c := range per {
+		e.AdmittedOut += c.AdmittedOut
+		e.AdmittedIn += c.AdmittedIn
+		e.RefusedOut += c.RefusedOut
+		e.RefusedIn += c.RefusedIn
+		e.Released += c.Released
+		e.Adopted += c.Adopted
+		e.Expired += c.Expired
+		e.Unaccounted += c.Unaccounted
+		e.MapFull += c.MapFull
+	}
+	return e, nil
+}
+
+// Snapshot reads the maps.
+func (l *Limiter) Snapshot() (Snapshot, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return Snapshot{}, ErrClosed
+	}
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return Snapshot{}, fmt.Errorf("reading config map: %w", err)
+	}
+	var node limiterFsPool
+	if err := l.objs.FsNode.Lookup(uint32(0), &node); err != nil {
+		return Snapshot{}, fmt.Errorf("reading node map: %w", err)
+	}
+	ev, err := l.readEvents()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	projs, err := l.readProjects()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	names, err := l.projectNames()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	resv, err := l.reservationsByProject()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	now, mono := l.clock.Now(), monoNow()
+	s := Snapshot{
+		Size: int(cfg.Pool), Floor: int(cfg.Floor), Share: int(cfg.Share), InUse: int(node.InUse),
+		Admitted: ev.AdmittedIn + ev.AdmittedOut, Refused: ev.RefusedIn + ev.RefusedOut,
+		Events: ev,
+	}
+	for _, n := range resv {
+		s.Reservations += n
+	}
+	for _, p := range projs {
+		pc := ProjectCounters{
+			Project: names[p.id], CgroupID: p.id, InUse: int(p.val.InUse),
+			Admitted: p.val.Admitted, Refused: p.val.Refused,
+			Active: l.activeLocked(p.val, mono),
+		}
+		if p.val.LastSeenNs != 0 && p.val.LastSeenNs <= mono {
+			pc.LastSeen = now.Add(-time.Duration(mono - p.val.LastSeenNs))
+		}
+		if pc.Active {
+			s.Active++
+		}
+		s.Projects = append(s.Projects, pc)
+	}
+	sort.Slice(s.Projects, func(i, j int) bool {
+		a, b := s.Projects[i], s.Projects[j]
+		if a.Project != b.Project {
+			return a.Project < b.Project
+		}
+		return a.CgroupID < b.CgroupID
+	})
+	return s, nil
+}
+
+func (l *Limiter) reservationsByProject() (map[uint64]int, error) {
+	out := map[uint64]int{}
+	var k limiterFsResvKey
+	var v limiterFsResv
+	it := l.objs.FsReservations.Iterate()
+	for it.Next(&k, &v) {
+		out[v.Project]++
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading reservations: %w", err)
+	}
+	return out, nil
+}

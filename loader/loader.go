@@ -1,0 +1,487 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// DefaultPinDir is where the maps and links are pinned when Options.PinDir
+// is empty.
+const DefaultPinDir = "/sys/fs/bpf/fairshare"
+
+// DefaultReservationTTL is how long a permit reserved at an inbound SYN waits
+// for its handshake to finish before Tick gives it back. It covers a client
+// that retransmits its final ACK once or twice; a handshake slower than that
+// is admitted again when it completes.
+const DefaultReservationTTL = 3 * time.Second
+
+// forgetAfter is how long an idle, empty project of a removed cgroup keeps
+// its map entry (and counters) before Tick deletes it.
+const forgetAfter = time.Minute
+
+// Sentinel errors callers may branch on.
+var (
+	// ErrNoCgroup2 means no cgroup2 file system is mounted.
+	ErrNoCgroup2 = errors.New("cgroup2 is not mounted")
+	// ErrNotCgroup2 means the projects root is not a directory on cgroup2.
+	ErrNotCgroup2 = errors.New("projects root is not on cgroup2")
+	// ErrPinnedMismatch means the pin directory holds objects loaded for
+	// another projects root, or of an incompatible layout: run Cleanup.
+	ErrPinnedMismatch = errors.New("pinned objects do not match; run cleanup")
+	// ErrInvalidOptions reports options Open cannot work with.
+	ErrInvalidOptions = errors.New("invalid loader options")
+	// ErrClosed is returned by methods of a closed Limiter.
+	ErrClosed = errors.New("limiter is closed")
+)
+
+// Options configures Open.
+type Options struct {
+	// ProjectsRoot is an absolute cgroup2 directory; projects are its direct
+	// children. It is created if missing.
+	ProjectsRoot string
+	// PinDir is the bpffs directory for maps and links; default DefaultPinDir.
+	PinDir string
+	// PoolSize is POOL, the node-wide number of connection permits (> 0).
+	PoolSize uint32
+	// Floor is FLOOR; 0 means pools.DefaultFloor(PoolSize).
+	Floor uint32
+	// Logger receives what Open and Reconcile did; nil discards.
+	Logger *slog.Logger
+
+	// Window is the active window; 0 means one second.
+	Window time.Duration
+	// ReservationTTL bounds a reservation made at an inbound SYN; 0 means
+	// DefaultReservationTTL.
+	ReservationTTL time.Duration
+	// Clock stamps Snapshot.LastSeen; nil is the system clock.
+	Clock pools.Clock
+}
+
+// Limiter is a loaded, attached connection limiter. Its maps and links are
+// pinned, so closing it (or killing the process) leaves enforcement running.
+type Limiter struct {
+	root    string
+	rootID  uint64
+	level   uint32
+	pinDir  string
+	log     *slog.Logger
+	window  time.Duration
+	ttl     time.Duration
+	clock   pools.Clock
+	objs    limiterObjects
+	links   []link.Link
+	netns   uint64
+	reused  bool
+	adjustM sync.Mutex // serialises BPF_PROG_RUN of fs_adjust (one context buffer)
+
+	mu     sync.Mutex // guards the fields below
+	size   uint32
+	floor  uint32
+	closed bool
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Cgroup2Mount returns where the cgroup2 hierarchy is mounted (unified or
+// hybrid layout), read from /proc/self/mountinfo.
+func Cgroup2Mount() (string, error) {
+	m, err := cgroup2MountInfo()
+	if err != nil {
+		return "", err
+	}
+	return m.point, nil
+}
+
+type mountInfo struct {
+	root  string // the hierarchy path shown at point (not "/" inside a cgroup namespace)
+	point string
+}
+
+func cgroup2MountInfo() (mountInfo, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return mountInfo{}, fmt.Errorf("reading mounts: %w", err)
+	}
+	defer f.Close()
+	return parseMountInfo(f)
+}
+
+// parseMountInfo finds the first cgroup2 line of a mountinfo file.
+func parseMountInfo(r io.Reader) (mountInfo, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		fields, postFields := strings.Fields(pre), strings.Fields(post)
+		if len(fields) < 5 || len(postFields) < 1 || postFields[0] != "cgroup2" {
+			continue
+		}
+		return mountInfo{root: unescapeMount(fields[3]), point: unescapeMount(fields[4])}, nil
+	}
+	if err := sc.Err(); err != nil {
+		return mountInfo{}, fmt.Errorf("reading mounts: %w", err)
+	}
+	return mountInfo{}, ErrNoCgroup2
+}
+
+// unescapeMount undoes the octal escapes (\040 for a space) of mountinfo.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// cgroupLevel is the depth of dir in the cgroup2 hierarchy (the mount root
+// of the initial namespace is level 0), as the BPF cgroup helpers count it.
+func cgroupLevel(m mountInfo, dir string) (uint32, error) {
+	rel, err := filepath.Rel(m.point, dir)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return 0, fmt.Errorf("%s is not below the cgroup2 mount %s: %w", dir, m.point, ErrNotCgroup2)
+	}
+	level := 0
+	for _, p := range []string{m.root, rel} {
+		for _, e := range strings.Split(p, "/") {
+			if e != "" && e != "." {
+				level++
+			}
+		}
+	}
+	return uint32(level), nil
+}
+
+func inode(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return st.Ino, nil
+}
+
+// ensureBPFFS makes sure dir can hold pins: /sys/fs/bpf is mounted if it is
+// not yet, and dir is created.
+func ensureBPFFS(dir string) error {
+	parent := filepath.Dir(dir)
+	var st unix.Statfs_t
+	if err := unix.Statfs(parent, &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
+		if parent != "/sys/fs/bpf" && !strings.HasPrefix(parent, "/sys/fs/bpf/") {
+			return fmt.Errorf("pin directory %s is not on a bpf file system (mount -t bpf bpf %s)", dir, parent)
+		}
+		if err := unix.Statfs("/sys/fs/bpf", &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
+			if err := unix.Mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700"); err != nil {
+				return fmt.Errorf("mounting bpffs at /sys/fs/bpf (needs CAP_SYS_ADMIN): %w", err)
+			}
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating pin directory: %w", err)
+	}
+	return nil
+}
+
+// netnsCookie is the cookie of the calling thread's network namespace, the
+// value the kernel stores in struct net and sk_lookup keys use.
+func netnsCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("opening a socket for the netns cookie: %w", err)
+	}
+	defer unix.Close(fd)
+	v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("reading SO_NETNS_COOKIE (kernel 5.14+): %w", err)
+	}
+	return v, nil
+}
+
+// Open loads the programs (or reuses the ones pinned in PinDir by an earlier
+// run), attaches them to ProjectsRoot and the current network namespace, and
+// reconciles the maps with the kernel's socket table once.
+func Open(opts Options) (*Limiter, error) {
+	if opts.PoolSize == 0 {
+		return nil, fmt.Errorf("pool size 0: %w", ErrInvalidOptions)
+	}
+	if opts.Floor == 0 {
+		opts.Floor = uint32(pools.DefaultFloor(int(opts.PoolSize)))
+	}
+	if opts.Floor > opts.PoolSize {
+		return nil, fmt.Errorf("floor %d above pool %d: %w", opts.Floor, opts.PoolSize, ErrInvalidOptions)
+	}
+	if !filepath.IsAbs(opts.ProjectsRoot) {
+		return nil, fmt.Errorf("projects root %q is not absolute: %w", opts.ProjectsRoot, ErrInvalidOptions)
+	}
+	if opts.PinDir == "" {
+		opts.PinDir = DefaultPinDir
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Window <= 0 {
+		opts.Window = pools.DefaultWindow
+	}
+	if opts.ReservationTTL <= 0 {
+		opts.ReservationTTL = DefaultReservationTTL
+	}
+	if opts.Clock == nil {
+		opts.Clock = systemClock{}
+	}
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("loading BPF programs needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN): %w", os.ErrPermission)
+	}
+
+	mi, err := cgroup2MountInfo()
+	if err != nil {
+		return nil, err
+	}
+	root := filepath.Clean(opts.ProjectsRoot)
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, fmt.Errorf("creating projects root: %w", err)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(root, &sfs); err != nil {
+		return nil, fmt.Errorf("statfs %s: %w", root, err)
+	}
+	if sfs.Type != unix.CGROUP2_SUPER_MAGIC {
+		return nil, fmt.Errorf("%s (cgroup2 is at %s): %w", root, mi.point, ErrNotCgroup2)
+	}
+	level, err := cgroupLevel(mi, root)
+	if err != nil {
+		return nil, err
+	}
+	rootID, err := inode(root)
+	if err != nil {
+		return nil, err
+	}
+	if err := ensureBPFFS(opts.PinDir); err != nil {
+		return nil, err
+	}
+	cookie, err := netnsCookie()
+	if err != nil {
+		return nil, err
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("raising RLIMIT_MEMLOCK: %w", err)
+	}
+
+	l := &Limiter{
+		root: root, rootID: rootID, level: level, pinDir: opts.PinDir,
+		log: opts.Logger, window: opts.Window, ttl: opts.ReservationTTL, clock: opts.Clock,
+		netns: cookie, size: opts.PoolSize, floor: opts.Floor,
+	}
+	if err := l.load(); err != nil {
+		return nil, err
+	}
+	if err := l.checkAndWriteConfig(); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	if err := l.attach(); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	rep, err := l.reconcile()
+	if err != nil {
+		l.closeFDs()
+		return nil, fmt.Errorf("first reconcile: %w", err)
+	}
+	l.log.Info("connection limiter ready", "root", root, "pin_dir", l.pinDir, "reused", l.reused,
+		"pool", l.size, "floor", l.floor, "adopted", rep.Adopted)
+	return l, nil
+}
+
+func (l *Limiter) load() error {
+	spec, err := loadLimiter()
+	if err != nil {
+		return fmt.Errorf("reading the embedded BPF object: %w", err)
+	}
+	if err := spec.Variables["root_level"].Set(l.level); err != nil {
+		return fmt.Errorf("setting root_level: %w", err)
+	}
+	if err := spec.Variables["root_cgroup_id"].Set(l.rootID); err != nil {
+		return fmt.Errorf("setting root_cgroup_id: %w", err)
+	}
+	if _, err := os.Stat(filepath.Join(l.pinDir, "fs_config")); err == nil {
+		l.reused = true
+	}
+	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.pinDir}})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		switch {
+		case errors.As(err, &ve):
+			return fmt.Errorf("the kernel verifier rejected a program: %+v", ve)
+		case errors.Is(err, ebpf.ErrMapIncompatible):
+			return fmt.Errorf("maps pinned in %s have another layout: %w (%w)", l.pinDir, ErrPinnedMismatch, err)
+		case errors.Is(err, ebpf.ErrNotSupported):
+			return fmt.Errorf("the kernel lacks a BPF feature fairshare needs (5.18+ with BTF): %w", err)
+		case errors.Is(err, unix.EPERM):
+			return fmt.Errorf("loading BPF programs was refused; the process needs CAP_BPF and CAP_PERFMON: %w", err)
+		}
+		return fmt.Errorf("loading BPF programs: %w", err)
+	}
+	return nil
+}
+
+func (l *Limiter) checkAndWriteConfig() error {
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading config map: %w", err)
+	}
+	if cfg.RootCgroupId != 0 && cfg.RootCgroupId != l.rootID {
+		return fmt.Errorf("%s belongs to cgroup id %d, not %s (id %d): %w", l.pinDir, cfg.RootCgroupId, l.root, l.rootID, ErrPinnedMismatch)
+	}
+	if cfg.Share == 0 {
+		// Until the first Tick knows the active set, nobody is over its share.
+		cfg.Share = l.size
+	}
+	cfg.Pool, cfg.Floor = l.size, l.floor
+	cfg.NetnsCookie, cfg.RootCgroupId = l.netns, l.rootID
+	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("writing config map: %w", err)
+	}
+	return nil
+}
+
+// attachment is one link the limiter keeps pinned.
+type attachment struct {
+	name   string
+	attach func() (link.Link, error)
+}
+
+func (l *Limiter) attach() error {
+	cg := func(prog *ebpf.Program, typ ebpf.AttachType) func() (link.Link, error) {
+		return func() (link.Link, error) {
+			return link.AttachCgroup(link.CgroupOptions{Path: l.root, Attach: typ, Program: prog})
+		}
+	}
+	atts := []attachment{
+		{"link_connect4", cg(l.objs.FsConnect4, ebpf.AttachCGroupInet4Connect)},
+		{"link_connect6", cg(l.objs.FsConnect6, ebpf.AttachCGroupInet6Connect)},
+		{"link_sock_release", cg(l.objs.FsSockRelease, ebpf.AttachCgroupInetSockRelease)},
+		{"link_set_state", func() (link.Link, error) {
+			return link.AttachTracing(link.TracingOptions{Program: l.objs.FsSetState, AttachType: ebpf.AttachTraceRawTp})
+		}},
+		{"link_sk_lookup", func() (link.Link, error) {
+			ns, err := os.Open("/proc/self/ns/net")
+			if err != nil {
+				return nil, err
+			}
+			defer ns.Close()
+			return link.AttachNetNs(int(ns.Fd()), l.objs.FsSkLookup)
+		}},
+	}
+	for _, a := range atts {
+		path := filepath.Join(l.pinDir, a.name)
+		if lk, err := link.LoadPinnedLink(path, nil); err == nil {
+			l.links = append(l.links, lk)
+			continue
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("loading pinned link %s: %w", path, err)
+		}
+		lk, err := a.attach()
+		if err != nil {
+			if errors.Is(err, ebpf.ErrNotSupported) {
+				return fmt.Errorf("attaching %s: the kernel does not support this hook: %w", a.name, err)
+			}
+			return fmt.Errorf("attaching %s: %w", a.name, err)
+		}
+		if err := lk.Pin(path); err != nil {
+			lk.Close()
+			return fmt.Errorf("pinning %s: %w", a.name, err)
+		}
+		l.links = append(l.links, lk)
+	}
+	return nil
+}
+
+func (l *Limiter) closeFDs() {
+	for _, lk := range l.links {
+		lk.Close()
+	}
+	l.links = nil
+	l.objs.Close()
+}
+
+// Close closes the limiter's file descriptors. The pinned maps and links
+// stay, so the kernel keeps counting and refusing; a later Open reuses them.
+func (l *Limiter) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	l.closeFDs()
+	return nil
+}
+
+// Cleanup detaches and unpins everything under pinDir ("" means
+// DefaultPinDir) and removes the directory. Enforcement stops once no
+// process holds the links open. A missing directory is not an error.
+func Cleanup(pinDir string) error {
+	if pinDir == "" {
+		pinDir = DefaultPinDir
+	}
+	ents, err := os.ReadDir(pinDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading pin directory: %w", err)
+	}
+	var errs []error
+	for _, e := range ents {
+		path := filepath.Join(pinDir, e.Name())
+		if strings.HasPrefix(e.Name(), "link_") {
+			lk, err := link.LoadPinnedLink(path, nil)
+			if err == nil {
+				err = lk.Unpin()
+				lk.Close()
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("unpinning %s: %w", path, err))
+			}
+			continue
+		}
+		if err := os.Remove(path); err != nil {
+			errs = append(errs, fmt.Errorf("unpinning %s: %w", path, err))
+		}
+	}
+	if err := os.Remove(pinDir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("removing pin directory: %w", err))
+	}
+	return errors.Join(errs...)
+}
