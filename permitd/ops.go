@@ -137,6 +137,10 @@ func (s *Server) touch(ss *session, rq *request, resp *response) {
 		s.mu.Unlock()
 		resp.Code, resp.Error = CodeNotResident, "object "+quote(rq.Object)+" is not resident; spawn wakes it"
 		return
+	case o.evicting:
+		s.mu.Unlock()
+		resp.Code, resp.Error = CodeNotResident, "object "+quote(rq.Object)+" is being evicted; put it to sleep, or spawn to wake it"
+		return
 	}
 	o.touched = time.Now()
 	err := s.residents.Touch(rq.Object)
@@ -176,7 +180,10 @@ func (s *Server) leaveResidence(ss *session, name string, remove bool, resp *res
 		return
 	}
 	leaseID := o.lease
-	o.lease, o.resident = 0, false
+	// An evicted object is already asleep in the pool's accounting; this
+	// is its owner's confirmation.
+	poolAwake := o.resident && !o.evicting
+	o.lease, o.resident, o.evicting = 0, false, false
 	if remove {
 		delete(s.objects, name)
 	}
@@ -185,9 +192,10 @@ func (s *Server) leaveResidence(ss *session, name string, remove bool, resp *res
 		ss.takeLease(leaseID)
 	}
 	var err error
-	if remove {
+	switch {
+	case remove:
 		err = s.residents.Remove(name)
-	} else {
+	case poolAwake:
 		err = s.residents.Sleep(name)
 	}
 	s.wakeSleepers(name)
@@ -225,7 +233,7 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 		s.mu.Unlock()
 		resp.Code, resp.Error = CodeConflict, "object "+quote(rq.Object)+" has a spawn in progress"
 		return true
-	case o != nil && o.resident:
+	case o != nil && o.resident && !o.evicting:
 		// Spawning a resident object again is a call on it.
 		o.touched = time.Now()
 		err := s.residents.Touch(rq.Object)
@@ -237,6 +245,13 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 		resp.OK, resp.Lease, resp.Note = true, o.lease, "already resident"
 		return true
 	}
+	var endLease uint64
+	if o != nil && o.evicting {
+		// The owner wakes an object the pool already counts as asleep:
+		// its old residence is over, and the spawn waiting for it may go.
+		endLease = o.lease
+		o.lease, o.resident, o.evicting = 0, false, false
+	}
 	wasSleeping := o != nil
 	if o == nil {
 		o = &object{project: rq.Project, owner: ss}
@@ -244,6 +259,10 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 	}
 	o.spawning = true
 	s.mu.Unlock()
+	if endLease != 0 {
+		ss.takeLease(endLease)
+		s.wakeSleepers(rq.Object)
+	}
 	s.wg.Add(1)
 	go func(rq request) {
 		defer s.wg.Done()
@@ -253,72 +272,79 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 	return false
 }
 
-// spawn runs one spawn to its end: admitted, or refused after the eviction
-// wait. It loops because a confirmed sleep frees a permit that another
-// spawner may win; the pool then names the next object to put to sleep.
+// spawn runs one spawn to its end. The pool either admits at once, admits
+// by naming an object it already counts as asleep, or waits (up to its own
+// eviction wait) for room and then refuses. A named object's owner is asked
+// to put it to sleep, and the spawner is answered only when it confirms: if
+// it does not within EvictionWait, the spawner's permit is given back and it
+// is refused with TOO_MANY_RESIDENTS, because nothing was put to sleep.
 func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool) response {
 	resp := response{ID: rq.ID}
-	ctx, cancel := context.WithTimeout(ss.ctx, EvictionWait)
+	// The pool bounds its own wait; this deadline only backstops it.
+	ctx, cancel := context.WithTimeout(ss.ctx, 2*EvictionWait)
 	defer cancel()
-	var evicted *pools.Eviction
-	var err error
-	for {
-		s.mu.Lock()
-		var changed <-chan struct{} = s.changed
-		s.mu.Unlock()
-		var ev pools.Eviction
-		ev, err = s.residents.Spawn(ctx, rq.Project, rq.Object)
-		if ev.Object != "" {
-			e := ev
-			evicted = &e
-		}
-		if err == nil {
-			if ev.Object != "" {
-				// The pool admitted and named what must make room.
-				s.evict(ev)
+	ev, err := s.residents.Spawn(ctx, rq.Project, rq.Object)
+	if err != nil {
+		s.spawnFailed(ss, rq, o, wasSleeping, false)
+		switch {
+		case ss.ctx.Err() != nil:
+			resp.Code, resp.Error = CodeCanceled, "session closed during spawn"
+		case errors.Is(err, pools.ErrObjectProject):
+			resp.Code, resp.Error = CodeConflict, err.Error()
+		default:
+			refuse(&resp, err)
+			if resp.Code == CodeRefused || errors.Is(err, context.DeadlineExceeded) {
+				resp.Code = CodeTooManyResidents
 			}
-			return s.admitted(ss, rq, o, evicted)
 		}
-		if ctx.Err() != nil {
-			break
-		}
-		if ev.Object != "" {
-			changed = s.evict(ev)
-		}
-		// Without a victim the pool refused outright: wait for anything
-		// to leave residence, up to the one-second budget.
-		select {
-		case <-changed:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			break
-		}
+		return resp
 	}
+	if ev.Object == "" {
+		return s.admitted(ss, rq, o, nil)
+	}
+	confirmed := s.evict(ev)
+	t := time.NewTimer(EvictionWait)
+	defer t.Stop()
+	select {
+	case <-confirmed:
+		return s.admitted(ss, rq, o, &ev)
+	case <-t.C:
+	case <-ss.ctx.Done():
+	}
+	s.spawnFailed(ss, rq, o, wasSleeping, true)
+	resp.Evicted = &ev
+	if ss.ctx.Err() != nil {
+		resp.Code, resp.Error = CodeCanceled, "session closed during spawn"
+		return resp
+	}
+	resp.Code = CodeTooManyResidents
+	resp.Error = "residents pool full: " + quote(ev.Object) + " was not put to sleep within " + EvictionWait.String()
+	resp.RetryAfterMS = EvictionWait.Milliseconds()
+	return resp
+}
+
+// spawnFailed undoes a spawn's bookkeeping; admittedByPool says the pool
+// counted the object resident and must be told it is not.
+func (s *Server) spawnFailed(ss *session, rq *request, o *object, wasSleeping, admittedByPool bool) {
 	s.mu.Lock()
 	o.spawning = false
-	drop := (!wasSleeping || ss.ctx.Err() != nil) && s.objects[rq.Object] == o
-	if drop {
+	keep := wasSleeping && ss.ctx.Err() == nil
+	mine := s.objects[rq.Object] == o
+	if mine && !keep {
 		delete(s.objects, rq.Object)
 	}
 	s.mu.Unlock()
-	if drop && wasSleeping {
-		s.residents.Remove(rq.Object)
-	}
+	var err error
 	switch {
-	case ss.ctx.Err() != nil:
-		resp.Code, resp.Error = CodeCanceled, "session closed during spawn"
-	case err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled):
-		refuse(&resp, err)
-		if resp.Code == CodeRefused {
-			resp.Code = CodeTooManyResidents
-		}
-	default:
-		resp.Code, resp.Error = CodeTooManyResidents, "residents pool full and nothing was put to sleep within "+EvictionWait.String()
-		resp.RetryAfterMS = 1000
+	case !mine:
+	case !keep && (admittedByPool || wasSleeping):
+		err = s.residents.Remove(rq.Object)
+	case keep && admittedByPool:
+		err = s.residents.Sleep(rq.Object)
 	}
-	resp.Evicted = evicted
-	return resp
+	if err != nil {
+		s.log.Error("undoing a failed spawn", "object", rq.Object, "err", err)
+	}
 }
 
 func (s *Server) admitted(ss *session, rq *request, o *object, evicted *pools.Eviction) response {
@@ -346,24 +372,20 @@ func (s *Server) admitted(ss *session, rq *request, o *object, evicted *pools.Ev
 	return resp
 }
 
-// evict tells the session owning ev.Object to put it to sleep and returns a
-// channel closed when it left residence (or when anything did, for an object
-// this server does not know and cannot ask anyone about).
+// evict tells the session owning ev.Object to put it to sleep; the pool
+// already counts it asleep. The returned channel is closed when the owner
+// confirms (sleep or remove), or at once when there is nobody to ask.
 func (s *Server) evict(ev pools.Eviction) <-chan struct{} {
+	ch := make(chan struct{})
 	s.mu.Lock()
 	o := s.objects[ev.Object]
-	if o == nil || o.owner == nil {
-		ch := s.changed
+	if o == nil || o.owner == nil || !o.resident || o.spawning {
 		s.mu.Unlock()
-		s.log.Warn("pool named an object no session owns", "object", ev.Object, "project", ev.Project)
-		return ch
-	}
-	ch := make(chan struct{})
-	if !o.resident {
-		s.mu.Unlock()
+		s.log.Warn("pool evicted an object no session can put to sleep", "object", ev.Object, "project", ev.Project)
 		close(ch)
 		return ch
 	}
+	o.evicting = true
 	s.sleepers[ev.Object] = append(s.sleepers[ev.Object], ch)
 	s.evictions[ev.Reason]++
 	owner := o.owner

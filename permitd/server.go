@@ -74,7 +74,6 @@ type Server struct {
 	sessions  map[uint64]*session
 	objects   map[string]*object
 	sleepers  map[string][]chan struct{} // object -> spawns waiting for it to leave residence
-	changed   chan struct{}              // closed and replaced whenever any object leaves residence
 	counters  Counters
 	byCode    map[string]uint64
 	evictions map[string]uint64 // reason -> evict events sent
@@ -85,7 +84,8 @@ type object struct {
 	project  string
 	owner    *session
 	lease    uint64 // 0 while sleeping
-	resident bool
+	resident bool   // resident as far as its owner knows
+	evicting bool   // the pool counts it asleep; its owner was asked to confirm
 	spawning bool
 	touched  time.Time
 }
@@ -117,7 +117,6 @@ func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log
 		sessions:  map[uint64]*session{},
 		objects:   map[string]*object{},
 		sleepers:  map[string][]chan struct{}{},
-		changed:   make(chan struct{}),
 		byCode:    map[string]uint64{},
 		evictions: map[string]uint64{},
 	}
@@ -327,8 +326,6 @@ func (s *Server) wakeSleepers(object string) {
 	s.mu.Lock()
 	ws := s.sleepers[object]
 	delete(s.sleepers, object)
-	close(s.changed)
-	s.changed = make(chan struct{})
 	s.mu.Unlock()
 	for _, ch := range ws {
 		close(ch)

@@ -40,7 +40,8 @@ type PoolStat struct {
 type ResidentsStat struct {
 	Resident  map[string]int // project -> resident objects owned by sessions
 	Sleeping  map[string]int // project -> sleeping objects owned by sessions
-	Spawning  int            // spawns in progress (waiting for room)
+	Spawning  int            // spawns in progress (waiting for room or a confirmation)
+	Evicting  int            // objects asked to sleep, not yet confirmed by their owner
 	EvictSent map[string]uint64
 	Pool      pools.ResidentsSnapshot // the pool's own counts, evictions by reason
 }
@@ -85,6 +86,8 @@ func (s *Server) Snapshot() Snapshot {
 			switch {
 			case o.spawning:
 				rs.Spawning++
+			case o.evicting:
+				rs.Evicting++
 			case o.resident:
 				rs.Resident[o.project]++
 			default:
