@@ -1,0 +1,236 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/policy"
+)
+
+// With this variable set, the test binary is a client run as another user: it
+// prints the HTTP status it got for GET /v1/status, or "dial: <err>".
+const dialEnv = "FAIRSHARE_ADMIN_TEST_DIAL"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(dialEnv); path != "" {
+		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}}}
+		resp, err := hc.Get("http://x/v1/status")
+		if err != nil {
+			fmt.Println("dial:", err)
+			os.Exit(0)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		fmt.Printf("%d %s", resp.StatusCode, body)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// storeBackend is a Backend over a real policy store.
+type storeBackend struct {
+	s *policy.Store
+
+	mu      sync.Mutex // guards the fields below
+	applied map[string]policy.Policy
+}
+
+func (b *storeBackend) Status(context.Context) (Status, error) {
+	return Status{Version: "test", Pools: []Pool{{Name: "requests", Size: 8}}}, nil
+}
+func (b *storeBackend) Policies() ([]Entry, error) { return b.s.List() }
+func (b *storeBackend) Policy(p string) (policy.Policy, bool, error) {
+	return b.s.Get(p)
+}
+func (b *storeBackend) PatchPolicy(project string, pt policy.Patch) (policy.Policy, error) {
+	p, err := b.s.Patch(project, pt, policy.Default())
+	if err == nil {
+		b.mu.Lock()
+		b.applied[project] = p
+		b.mu.Unlock()
+	}
+	return p, err
+}
+func (b *storeBackend) DeletePolicy(p string) (bool, error) { return b.s.Delete(p) }
+
+func startServer(t *testing.T) (string, *storeBackend) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the admin api accepts only root; run the tests as root")
+	}
+	dir := t.TempDir()
+	st, err := policy.Open(filepath.Join(dir, "state"), policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	b := &storeBackend{s: st, applied: map[string]policy.Policy{}}
+	sock := filepath.Join(dir, "run", "admin.sock")
+	ln, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- NewServer(b, nil).Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return sock, b
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestAPI(t *testing.T) {
+	sock, b := startServer(t)
+	ctx := context.Background()
+	c := NewClient(sock)
+	fi, err := os.Stat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
+		t.Errorf("socket mode = %v, want a 0600 socket", fi.Mode())
+	}
+	if err := c.Health(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Status(ctx); err != nil || st.Version != "test" || st.Pools[0].Size != 8 {
+		t.Fatalf("status = %+v, %v", st, err)
+	}
+	if _, err := c.Policy(ctx, "alpha"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("missing policy: %v", err)
+	}
+	p, err := c.PatchPolicy(ctx, "alpha", policy.Patch{Tier: ptr("pro"), Shares: ptr(3)})
+	if err != nil || p != (policy.Policy{Tier: "pro", Shares: 3}) {
+		t.Fatalf("patch = %+v, %v", p, err)
+	}
+	if b.applied["alpha"] != p {
+		t.Errorf("backend applied %+v", b.applied["alpha"])
+	}
+	var apiErr *APIError
+	for _, bad := range []policy.Patch{{Shares: ptr(0)}, {Tier: ptr("gold")}, {WorkPerSec: ptr(-1.0)}} {
+		if _, err := c.PatchPolicy(ctx, "alpha", bad); !errors.As(err, &apiErr) || apiErr.Code != 400 {
+			t.Errorf("bad patch %+v: %v", bad, err)
+		}
+	}
+	if _, err := c.PatchPolicy(ctx, ".hidden", policy.Patch{Shares: ptr(2)}); !errors.As(err, &apiErr) || apiErr.Code != 400 || !strings.Contains(err.Error(), "project name") {
+		t.Errorf("bad project: %v", err)
+	}
+	if got, _ := c.Policy(ctx, "alpha"); got != p {
+		t.Errorf("bad patches changed the policy to %+v", got)
+	}
+	list, err := c.Policies(ctx)
+	if err != nil || len(list) != 1 || list[0].Project != "alpha" {
+		t.Errorf("list = %+v, %v", list, err)
+	}
+	if err := c.DeletePolicy(ctx, "alpha"); err != nil {
+		t.Error(err)
+	}
+	if err := c.DeletePolicy(ctx, "alpha"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second delete: %v", err)
+	}
+	// A second daemon must not steal the socket.
+	if _, err := Listen(sock); !errors.Is(err, ErrInUse) {
+		t.Errorf("listen on a live socket: %v", err)
+	}
+}
+
+func TestNoDaemon(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	if err := NewClient(sock).Health(context.Background()); !errors.Is(err, ErrNoDaemon) {
+		t.Errorf("missing socket: %v", err)
+	}
+	// A stale socket file: Listen replaces it, clients get ErrNoDaemon.
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	ln.Close()
+	if err := NewClient(sock).Health(context.Background()); !errors.Is(err, ErrNoDaemon) {
+		t.Errorf("stale socket: %v", err)
+	}
+	ln, err = Listen(sock)
+	if err != nil {
+		t.Fatalf("stale socket not replaced: %v", err)
+	}
+	ln.Close()
+}
+
+// runAsNobody runs this test binary as uid/gid 65534 dialling sock.
+func runAsNobody(t *testing.T, sock string) string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The go test binary lives in a 0700 build dir; copy it where nobody can run it.
+	bin := filepath.Join(t.TempDir(), "admin.test")
+	if err := os.Chmod(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "-test.run=^$")
+	cmd.Env = []string{dialEnv + "=" + sock}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper as nobody: %v: %s", err, out)
+	}
+	return string(out)
+}
+
+func TestRefusesNonRootPeer(t *testing.T) {
+	sock, _ := startServer(t)
+	// Open the path to others so the connection reaches the server (the
+	// directories from t.TempDir are 0700).
+	for d := filepath.Dir(sock); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// With the default 0600 mode the kernel refuses the connect itself.
+	if out := runAsNobody(t, sock); !strings.Contains(out, "permission denied") {
+		t.Errorf("nobody on a 0600 socket got %q, want permission denied", out)
+	}
+	// With the mode loosened, SO_PEERCRED still refuses.
+	if err := os.Chmod(sock, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	out := runAsNobody(t, sock)
+	if !strings.HasPrefix(out, "403 ") || !strings.Contains(out, "only root") {
+		t.Errorf("nobody on a 0666 socket got %q, want 403", out)
+	}
+	// And root still gets in.
+	if err := NewClient(sock).Health(context.Background()); err != nil {
+		t.Errorf("root after the refusals: %v", err)
+	}
+}

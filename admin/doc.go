@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package admin is the daemon's control API: HTTP/JSON over a unix socket.
+//
+// Nothing admin-like listens on TCP. The socket (default
+// /run/fairshare/admin.sock) is created mode 0600 in a 0700 directory, and on
+// top of the file mode every connection's peer is checked with SO_PEERCRED:
+// a peer whose uid is not root is answered 403 on every request. The file mode
+// keeps honest non-root users out; the credential check still holds if the
+// mode is loosened by mistake, and gives them a clear answer.
+//
+// Paths are versioned; v1 is:
+//
+//	GET    /v1/health              {"ok":true,"version":"..."}
+//	GET    /v1/status              Status: every pool with its projects, rates, scheduler
+//	GET    /v1/policies            [Entry...] sorted by project
+//	GET    /v1/policies/{project}  Entry, or 404 when none is stored
+//	PATCH  /v1/policies/{project}  body policy.Patch; fields left out are kept (or
+//	                               defaulted for a new project); answers the stored Entry
+//	DELETE /v1/policies/{project}  204, or 404 when none was stored
+//
+// Errors are JSON {"error": "one lowercase sentence"} with 400 for invalid
+// input (nothing was written), 403 for a non-root peer, 404 for a missing
+// policy and 500 for anything else. A policy write is acknowledged only after
+// the store has fsynced it and the running daemon has applied it.
+//
+// Client is the CLI's side. ErrNoDaemon tells the CLI nothing listens on the
+// socket, so it may open the policy store itself.
+package admin

@@ -1,0 +1,267 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/policy"
+	"golang.org/x/sys/unix"
+)
+
+// ErrInUse means another daemon already answers on the socket.
+var ErrInUse = errors.New("admin socket is in use by a running daemon")
+
+// ErrNotFound is what a Backend returns for a project with no stored policy.
+var ErrNotFound = errors.New("no policy stored for this project")
+
+// Backend is what the server exposes; the daemon implements it.
+type Backend interface {
+	Status(ctx context.Context) (Status, error)
+	Policies() ([]Entry, error)
+	Policy(project string) (policy.Policy, bool, error)
+	// PatchPolicy must store durably and apply before it returns.
+	PatchPolicy(project string, pt policy.Patch) (policy.Policy, error)
+	DeletePolicy(project string) (bool, error)
+}
+
+// Listen creates the socket at path: its directory 0700 if missing, the socket
+// 0600. A stale socket file (no one answers) is replaced; a live one is
+// ErrInUse, so two daemons never fight over one socket.
+func Listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("creating admin socket dir: %w", err)
+	}
+	if _, err := os.Lstat(path); err == nil {
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			c.Close()
+			return nil, fmt.Errorf("%w: %s", ErrInUse, path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("removing stale admin socket: %w", err)
+		}
+	}
+	// The umask makes the socket 0600 from its first moment, not after a
+	// chmod that a racing connect could precede.
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listening on admin socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("setting admin socket mode: %w", err)
+	}
+	return ln, nil
+}
+
+type peerKey struct{}
+
+// Peer is the credential of the process at the other end of a connection.
+type Peer struct{ PID, UID, GID int }
+
+// PeerCred reads SO_PEERCRED from a unix connection.
+func PeerCred(c net.Conn) (Peer, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return Peer{}, fmt.Errorf("peer credentials: %T is not a unix connection", c)
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return Peer{}, fmt.Errorf("peer credentials: %w", err)
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return Peer{}, fmt.Errorf("peer credentials: %w", err)
+	}
+	if cerr != nil {
+		return Peer{}, fmt.Errorf("peer credentials: %w", cerr)
+	}
+	return Peer{PID: int(cred.Pid), UID: int(cred.Uid), GID: int(cred.Gid)}, nil
+}
+
+// Server serves the v1 API for a Backend.
+type Server struct {
+	b   Backend
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// NewServer returns the API handler for b.
+func NewServer(b Backend, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{b: b, log: log, mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET /v1/health", s.health)
+	s.mux.HandleFunc("GET /v1/status", s.status)
+	s.mux.HandleFunc("GET /v1/policies", s.listPolicies)
+	s.mux.HandleFunc("GET /v1/policies/{project}", s.getPolicy)
+	s.mux.HandleFunc("PATCH /v1/policies/{project}", s.patchPolicy)
+	s.mux.HandleFunc("DELETE /v1/policies/{project}", s.deletePolicy)
+	return s
+}
+
+// ServeHTTP checks the peer recorded by Serve, then routes.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	peer, ok := r.Context().Value(peerKey{}).(Peer)
+	if !ok || peer.UID != 0 {
+		s.log.Warn("admin api refused a non-root peer", "uid", peer.UID, "pid", peer.PID, "known", ok)
+		writeError(w, http.StatusForbidden, "the admin api accepts only root")
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// Serve answers on ln until ctx is done, then shuts down gracefully.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 5 * time.Second,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			peer, err := PeerCred(c)
+			if err != nil {
+				s.log.Warn("admin api could not read peer credentials", "err", err)
+				return ctx // no Peer: ServeHTTP refuses
+			}
+			return context.WithValue(ctx, peerKey{}, peer)
+		},
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	done := make(chan error, 1)
+	go func() { done <- hs.Serve(ln) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("admin api: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		return fmt.Errorf("admin api shutdown: %w", err)
+	}
+	<-done
+	return nil
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	st, err := s.b.Status(r.Context())
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "version": st.Version})
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	st, err := s.b.Status(r.Context())
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) listPolicies(w http.ResponseWriter, _ *http.Request) {
+	list, err := s.b.Policies()
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if list == nil {
+		list = []Entry{}
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request) {
+	project := r.PathValue("project")
+	if err := policy.ValidateProject(project); err != nil {
+		s.fail(w, err)
+		return
+	}
+	p, found, err := s.b.Policy(project)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if !found {
+		s.fail(w, fmt.Errorf("%w: %s", ErrNotFound, project))
+		return
+	}
+	writeJSON(w, http.StatusOK, Entry{Project: project, Policy: p})
+}
+
+func (s *Server) patchPolicy(w http.ResponseWriter, r *http.Request) {
+	project := r.PathValue("project")
+	var pt policy.Patch
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&pt); err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("the request body is not a policy patch: %v", err))
+		return
+	}
+	p, err := s.b.PatchPolicy(project, pt)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	s.log.Info("policy set", "project", project, "tier", p.Tier, "shares", p.Shares,
+		"requests_per_sec", p.RequestsPerSec, "work_per_sec", p.WorkPerSec)
+	writeJSON(w, http.StatusOK, Entry{Project: project, Policy: p})
+}
+
+func (s *Server) deletePolicy(w http.ResponseWriter, r *http.Request) {
+	project := r.PathValue("project")
+	found, err := s.b.DeletePolicy(project)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if !found {
+		s.fail(w, fmt.Errorf("%w: %s", ErrNotFound, project))
+		return
+	}
+	s.log.Info("policy deleted", "project", project)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) fail(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, policy.ErrInvalid), errors.Is(err, policy.ErrBadProject):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	default:
+		s.log.Error("admin api", "err", err)
+		writeError(w, http.StatusInternalServerError, err.Error())
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v) // the peer hung up; nothing to do
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}

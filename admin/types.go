@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package admin
+
+import (
+	"time"
+
+	"github.com/fairshare-dev/fairshare/policy"
+)
+
+// Status is the daemon's whole view of the node at one moment. The metrics
+// collector reads the same structure, so `fairshare status` and /metrics agree.
+type Status struct {
+	Version string    `json:"version"`
+	Time    time.Time `json:"time"`
+	// Kernel is true when the connections pool is enforced by the BPF programs.
+	Kernel    bool       `json:"kernel"`
+	Pools     []Pool     `json:"pools"`
+	Rates     []Rate     `json:"rates"`
+	Scheduler *Scheduler `json:"scheduler,omitempty"`
+}
+
+// Pool is one pool and the projects it knows.
+type Pool struct {
+	Name string `json:"name"`
+	// Enforcer is "kernel" (BPF maps) or "daemon" (user-space permits).
+	Enforcer string    `json:"enforcer"`
+	Size     int       `json:"size"`
+	Floor    int       `json:"floor"`
+	InUse    int       `json:"in_use"`
+	Active   int       `json:"active"`
+	Share    int       `json:"share"`
+	Admitted uint64    `json:"admitted"`
+	Refused  uint64    `json:"refused"`
+	Projects []Project `json:"projects"`
+}
+
+// Project is one project's standing in one pool.
+type Project struct {
+	Project  string    `json:"project"`
+	Held     int       `json:"held"`
+	Admitted uint64    `json:"admitted"`
+	Refused  uint64    `json:"refused"`
+	Active   bool      `json:"active"`
+	LastSeen time.Time `json:"last_seen,omitzero"`
+	// Sleeping and Evictions are set for the residents pool only.
+	Sleeping  int               `json:"sleeping,omitempty"`
+	Evictions map[string]uint64 `json:"evictions,omitempty"`
+}
+
+// Rate is one project's rate buckets.
+type Rate struct {
+	Project        string  `json:"project"`
+	RequestsPerSec float64 `json:"requests_per_sec"`
+	WorkPerSec     float64 `json:"work_per_sec"`
+	RequestTokens  float64 `json:"request_tokens"`
+	// WorkTokens below zero is work debt.
+	WorkTokens float64 `json:"work_tokens"`
+	Limited    uint64  `json:"limited"`
+}
+
+// Scheduler is the request-class scheduler's state.
+type Scheduler struct {
+	InFlight     int               `json:"in_flight"`
+	Dispatched   map[string]uint64 `json:"dispatched"` // by class: P1, P2, P3
+	Participants []Participant     `json:"participants"`
+	Wait         Histogram         `json:"wait_seconds"`
+}
+
+// Participant is one scheduler queue.
+type Participant struct {
+	Participant string            `json:"participant"`
+	Tier        string            `json:"tier"`
+	Shares      int               `json:"shares"`
+	Queue       int               `json:"queue"`
+	P1          float64           `json:"p1"`
+	P2          float64           `json:"p2"`
+	LastClass   string            `json:"last_class,omitempty"`
+	Dispatched  map[string]uint64 `json:"dispatched"`
+}
+
+// Histogram is a distribution with per-bucket (not cumulative) counts:
+// Counts[i] counts values <= Bounds[i] and above the previous bound; the last
+// element of Counts, if len(Counts) == len(Bounds)+1, counts the rest.
+type Histogram struct {
+	Bounds []float64 `json:"bounds"`
+	Counts []uint64  `json:"counts"`
+	Count  uint64    `json:"count"`
+	Sum    float64   `json:"sum"`
+}
+
+// Entry is a stored policy as the API returns it.
+type Entry = policy.Entry
