@@ -1,0 +1,390 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// requireRoot skips tests that need BPF, cgroups and bpffs.
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN) to load BPF and create cgroups")
+	}
+}
+
+// newRoot creates a temporary projects root on cgroup2, removed (children
+// first) when the test ends.
+func newRoot(t testing.TB) string {
+	t.Helper()
+	mnt, err := Cgroup2Mount()
+	if err != nil {
+		t.Skipf("no cgroup2: %v", err)
+	}
+	root, err := os.MkdirTemp(mnt, "fairshare-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeCgroupTree(t, root) })
+	return root
+}
+
+func removeCgroupTree(t testing.TB, dir string) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.IsDir() {
+			removeCgroupTree(t, filepath.Join(dir, e.Name()))
+		}
+	}
+	// Killed helpers may take a moment to leave the cgroup.
+	for i := 0; ; i++ {
+		err := os.Remove(dir)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		if i == 100 {
+			t.Errorf("removing cgroup %s: %v", dir, err)
+			return
+		}
+		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// newPinDir returns a fresh pin directory under /sys/fs/bpf; Cleanup runs at
+// the end of the test.
+func newPinDir(t testing.TB) string {
+	t.Helper()
+	if err := ensureBPFFS("/sys/fs/bpf/fairshare-test-probe"); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove("/sys/fs/bpf/fairshare-test-probe")
+	dir, err := os.MkdirTemp("/sys/fs/bpf", "fairshare-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := Cleanup(dir); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return dir
+}
+
+func openLimiter(t testing.TB, root, pin string, pool, floor uint32) *Limiter {
+	t.Helper()
+	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: pool, Floor: floor, ReservationTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// mkProject creates a project cgroup below root.
+func mkProject(t testing.TB, root, name string) string {
+	t.Helper()
+	dir := filepath.Join(root, name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// helper is a child process (this test binary re-executed) running in a
+// project cgroup, driven by lines on its stdin.
+type helper struct {
+	t   testing.TB
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+// startHelper starts a helper in the cgroup dir; it is killed at the end of
+// the test.
+func startHelper(t testing.TB, dir string) *helper {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
+	cmd.Env = append(os.Environ(), "FAIRSHARE_LOADER_HELPER=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outp, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &helper{t: t, cmd: cmd, in: in, out: bufio.NewReader(outp)}
+	t.Cleanup(h.kill)
+	return h
+}
+
+func (h *helper) kill() {
+	if h.cmd.ProcessState == nil {
+		_ = h.cmd.Process.Kill()
+		_ = h.cmd.Wait()
+	}
+}
+
+// do sends one command and returns its one-line reply.
+func (h *helper) do(format string, args ...any) string {
+	h.t.Helper()
+	if _, err := fmt.Fprintf(h.in, format+"\n", args...); err != nil {
+		h.t.Fatalf("helper: %v", err)
+	}
+	line, err := h.out.ReadString('\n')
+	if err != nil {
+		h.t.Fatalf("helper: reading reply to %q: %v", fmt.Sprintf(format, args...), err)
+	}
+	line = strings.TrimSpace(line)
+	if strings.HasPrefix(line, "error") {
+		h.t.Fatalf("helper: %q: %s", fmt.Sprintf(format, args...), line)
+	}
+	return line
+}
+
+// dialResult is what a helper's dial command reports.
+type dialResult struct{ ok, refused, other int }
+
+func (h *helper) dial(network, addr string, n int) dialResult {
+	h.t.Helper()
+	var r dialResult
+	line := h.do("dial %s %s %d", network, addr, n)
+	if _, err := fmt.Sscanf(line, "dialed %d %d %d", &r.ok, &r.refused, &r.other); err != nil {
+		h.t.Fatalf("helper reply %q: %v", line, err)
+	}
+	return r
+}
+
+// TestHelperProcess is the helper's main; it does nothing in a normal run.
+func TestHelperProcess(t *testing.T) {
+	if os.Getenv("FAIRSHARE_LOADER_HELPER") != "1" {
+		t.Skip("helper process only")
+	}
+	runHelper(os.Stdin, os.Stdout)
+	os.Exit(0)
+}
+
+// runHelper serves commands:
+//
+//	dial <tcp|tcp4|tcp6|mapped> <addr> <n>  open n connections and keep them
+//	listen <addr>                           listen; accepted connections are
+//	                                        held until the peer closes
+//	held                                    connections accepted and open
+//	close                                   close every dialed connection
+//	rst                                     close them with an RST (SO_LINGER 0)
+//	unlisten                                close the listener
+//	exit
+func runHelper(in io.Reader, out io.Writer) {
+	var (
+		conns []net.Conn
+		ln    net.Listener
+		mu    sync.Mutex // guards held
+		held  int
+	)
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
+		}
+		switch f[0] {
+		case "dial":
+			n, _ := strconv.Atoi(f[3])
+			var r dialResult
+			for range n {
+				c, err := helperDial(f[1], f[2])
+				switch {
+				case err == nil:
+					conns = append(conns, c)
+					r.ok++
+				case errors.Is(err, syscall.ECONNREFUSED):
+					r.refused++
+				default:
+					fmt.Fprintln(os.Stderr, "helper dial:", err)
+					r.other++
+				}
+			}
+			fmt.Fprintf(out, "dialed %d %d %d\n", r.ok, r.refused, r.other)
+		case "listen":
+			var err error
+			ln, err = net.Listen("tcp", f[1])
+			if err != nil {
+				fmt.Fprintf(out, "error %v\n", err)
+				continue
+			}
+			go func(ln net.Listener) {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					held++
+					mu.Unlock()
+					go func() {
+						_, _ = io.Copy(io.Discard, c)
+						c.Close()
+						mu.Lock()
+						held--
+						mu.Unlock()
+					}()
+				}
+			}(ln)
+			fmt.Fprintf(out, "listening %s\n", ln.Addr())
+		case "held":
+			mu.Lock()
+			fmt.Fprintf(out, "held %d\n", held)
+			mu.Unlock()
+		case "close", "rst":
+			for _, c := range conns {
+				if f[0] == "rst" {
+					if tc, ok := c.(*net.TCPConn); ok {
+						_ = tc.SetLinger(0)
+					}
+				}
+				c.Close()
+			}
+			conns = nil
+			fmt.Fprintln(out, "closed")
+		case "unlisten":
+			if ln != nil {
+				ln.Close()
+			}
+			fmt.Fprintln(out, "unlistened")
+		case "exit":
+			return
+		default:
+			fmt.Fprintf(out, "error unknown command %q\n", f[0])
+		}
+	}
+}
+
+// helperDial dials; "mapped" dials an IPv4 address from an AF_INET6 socket
+// (::ffff:a.b.c.d), which Go's dialer would turn into an AF_INET one.
+func helperDial(network, addr string) (net.Conn, error) {
+	if network != "mapped" {
+		return net.DialTimeout(network, addr, 3*time.Second)
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	sa := &unix.SockaddrInet6{Port: int(ap.Port()), Addr: netip.AddrFrom16(ap.Addr().As16()).As16()}
+	if err := unix.Connect(fd, sa); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "mapped")
+	defer f.Close()
+	return net.FileConn(f)
+}
+
+// eventually polls cond until it is true or 10 s have passed: releases
+// happen in the kernel asynchronously to the close() that caused them.
+func eventually(t testing.TB, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ok, msg := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s", what, msg)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func snap(t testing.TB, l *Limiter) Snapshot {
+	t.Helper()
+	s, err := l.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func project(s Snapshot, name string) ProjectCounters {
+	for _, p := range s.Projects {
+		if p.Project == name {
+			return p
+		}
+	}
+	return ProjectCounters{Project: name}
+}
+
+// inUse waits until the node and the named project hold the given counts.
+func waitInUse(t testing.TB, l *Limiter, node int, proj map[string]int) {
+	t.Helper()
+	eventually(t, "in_use", func() (bool, string) {
+		s := snap(t, l)
+		ok := s.InUse == node
+		for name, n := range proj {
+			ok = ok && project(s, name).InUse == n
+		}
+		return ok, fmt.Sprintf("want node %d projects %v, have %+v", node, proj, s)
+	})
+}
+
+// sink is a listener outside every project that accepts and holds
+// connections until the peer closes them.
+func sink(t testing.TB, network, addr string) net.Listener {
+	t.Helper()
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(t.Context(), network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				_, _ = io.Copy(io.Discard, c)
+				c.Close()
+			}()
+		}
+	}()
+	return ln
+}
+
+func dialOutside(addr string) (net.Conn, error) {
+	return net.DialTimeout("tcp4", addr, 3*time.Second)
+}

@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// A lone project gets the whole pool, over IPv4, IPv6 and v4-mapped IPv6;
+// the next connect fails at once with ECONNREFUSED; every close gives the
+// permit back.
+func TestOutboundCountRefuseRelease(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 0)
+	ln4 := sink(t, "tcp4", "127.0.0.1:0")
+	ln6 := sink(t, "tcp6", "[::1]:0")
+	port := ln4.Addr().String()[strings.LastIndex(ln4.Addr().String(), ":")+1:]
+
+	h := startHelper(t, mkProject(t, root, "alpha"))
+	if r := h.dial("tcp4", ln4.Addr().String(), 4); r.ok != 4 {
+		t.Fatalf("ipv4: %+v", r)
+	}
+	if r := h.dial("tcp6", ln6.Addr().String(), 3); r.ok != 3 {
+		t.Fatalf("ipv6: %+v", r)
+	}
+	if r := h.dial("mapped", "[::ffff:127.0.0.1]:"+port, 3); r.ok != 3 {
+		t.Fatalf("v4-mapped: %+v", r)
+	}
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	s := snap(t, l)
+	if s.InUse != 10 || project(s, "alpha").InUse != 10 || s.Active != 1 || s.Share != 10 {
+		t.Fatalf("after 10 connects: %+v", s)
+	}
+	start := time.Now()
+	if r := h.dial("tcp4", ln4.Addr().String(), 2); r.refused != 2 || r.ok != 0 {
+		t.Fatalf("over the pool: %+v (want 2 refused with ECONNREFUSED)", r)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("refusal took %v; it must not wait for a timeout", d)
+	}
+	s = snap(t, l)
+	if p := project(s, "alpha"); p.Refused != 2 || p.Admitted != 10 || s.Events.RefusedOut != 2 {
+		t.Fatalf("counters: %+v %+v", p, s.Events)
+	}
+	h.do("close")
+	waitInUse(t, l, 0, map[string]int{"alpha": 0})
+	// Room again.
+	if r := h.dial("tcp6", ln6.Addr().String(), 1); r.ok != 1 {
+		t.Fatalf("after release: %+v", r)
+	}
+	h.do("rst")
+	waitInUse(t, l, 0, map[string]int{"alpha": 0})
+}
+
+// Processes outside the root are not limited, and UDP connects take nothing.
+func TestOutsideRootAndUDPNotCounted(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 1, 1)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, mkProject(t, root, "p"))
+	if r := h.dial("udp4", "127.0.0.1:9", 3); r.ok != 3 {
+		t.Fatalf("udp: %+v", r)
+	}
+	// This process is outside the root: several connections, pool of 1.
+	for range 3 {
+		c, err := dialOutside(ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	if s := snap(t, l); s.InUse != 0 {
+		t.Fatalf("counted outside connections: %+v", s)
+	}
+}
+
+// Two active projects: the one past its share stops a floor short of the
+// pool, and a late third project finds its floor at once.
+func TestFloorKeptForLateProject(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 2)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	big := startHelper(t, mkProject(t, root, "big"))
+	small := startHelper(t, mkProject(t, root, "small"))
+	if r := small.dial("tcp4", addr, 1); r.ok != 1 {
+		t.Fatalf("small: %+v", r)
+	}
+	small.do("close")
+	if r := big.dial("tcp4", addr, 1); r.ok != 1 {
+		t.Fatalf("big: %+v", r)
+	}
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if s := snap(t, l); s.Active != 2 || s.Share != 5 {
+		t.Fatalf("two active projects: %+v", s)
+	}
+	// share 5: big is admitted to in_use < 10 while under 5, then only while
+	// in_use < POOL-FLOOR = 8.
+	if r := big.dial("tcp4", addr, 11); r.ok != 7 || r.refused != 4 {
+		t.Fatalf("big past its share: %+v, want 8 admitted", r)
+	}
+	late := startHelper(t, mkProject(t, root, "late"))
+	if r := late.dial("tcp4", addr, 3); r.ok != 2 || r.refused != 1 {
+		t.Fatalf("late project: %+v, want its floor of 2", r)
+	}
+	s := snap(t, l)
+	if s.InUse != 10 || project(s, "big").InUse != 8 || project(s, "late").InUse != 2 {
+		t.Fatalf("%+v", s)
+	}
+	// Full node: big (over its share) is refused, late (under it) would not be.
+	if r := big.dial("tcp4", addr, 1); r.refused != 1 {
+		t.Fatalf("big on a full node: %+v", r)
+	}
+	big.do("close")
+	waitInUse(t, l, 2, map[string]int{"big": 0})
+}
+
+// A node with room refuses nothing, even to a project far over its share.
+func TestNodeWithRoomRefusesNothing(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	var hs []*helper
+	for _, name := range []string{"a", "b", "c"} {
+		h := startHelper(t, mkProject(t, root, name))
+		if r := h.dial("tcp4", addr, 1); r.ok != 1 {
+			t.Fatal(r)
+		}
+		hs = append(hs, h)
+	}
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if s := snap(t, l); s.Share != 33 || s.Active != 3 {
+		t.Fatalf("%+v", s)
+	}
+	if r := hs[0].dial("tcp4", addr, 60); r.ok != 60 {
+		t.Fatalf("a, over its share on a node with room: %+v", r)
+	}
+	if s := snap(t, l); s.InUse != 63 || s.Refused != 0 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// SIGKILL of a process holding connections gives its permits back.
+func TestReleaseOnSIGKILL(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 50, 0)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, mkProject(t, root, "k"))
+	if r := h.dial("tcp4", ln.Addr().String(), 20); r.ok != 20 {
+		t.Fatal(r)
+	}
+	waitInUse(t, l, 20, map[string]int{"k": 20})
+	h.kill()
+	waitInUse(t, l, 0, map[string]int{"k": 0})
+}
