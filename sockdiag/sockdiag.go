@@ -27,7 +27,8 @@ type Socket struct {
 type Options struct {
 	// Families to dump, unix.AF_INET and/or unix.AF_INET6; empty means both.
 	Families []uint8
-	// States is a mask of State.Mask bits; 0 means AllStates.
+	// States is a mask of State.Mask bits; 0 means AllStates. Add
+	// StateBoundInactive.Mask() to see sockets that are only bound.
 	States uint32
 }
 
