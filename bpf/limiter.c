@@ -410,7 +410,7 @@ static __always_inline void sock_local(struct sock *sk, __u8 *addr, bool wildcar
 		else
 			v4mapped(addr, a);
 	} else {
-		BPF_CORE_READ_INTO(addr, sk, __sk_common.skc_v6_rcv_saddr.in6_u.u6_addr8);
+		bpf_core_read(addr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
 	}
 }
 
@@ -419,7 +419,7 @@ static __always_inline void sock_remote(struct sock *sk, __u8 *addr)
 	if (sk->__sk_common.skc_family == AF_INET)
 		v4mapped(addr, sk->__sk_common.skc_daddr);
 	else
-		BPF_CORE_READ_INTO(addr, sk, __sk_common.skc_v6_daddr.in6_u.u6_addr8);
+		bpf_core_read(addr, 16, &sk->__sk_common.skc_v6_daddr);
 }
 
 static __always_inline __u64 sock_netns(struct sock *sk)

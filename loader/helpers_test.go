@@ -197,6 +197,7 @@ func TestHelperProcess(t *testing.T) {
 //	dial <tcp|tcp4|tcp6|mapped> <addr> <n>  open n connections and keep them
 //	listen <addr>                           listen; accepted connections are
 //	                                        held until the peer closes
+//	listen-noaccept <addr>                  listen, never accept
 //	held                                    connections accepted and open
 //	close                                   close every dialed connection
 //	rst                                     close them with an RST (SO_LINGER 0)
@@ -258,6 +259,15 @@ func runHelper(in io.Reader, out io.Writer) {
 					}()
 				}
 			}(ln)
+			fmt.Fprintf(out, "listening %s\n", ln.Addr())
+		case "listen-noaccept":
+			// Completed handshakes stay queued for accept().
+			var err error
+			ln, err = net.Listen("tcp", f[1])
+			if err != nil {
+				fmt.Fprintf(out, "error %v\n", err)
+				continue
+			}
 			fmt.Fprintf(out, "listening %s\n", ln.Addr())
 		case "held":
 			mu.Lock()

@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func listenAddr(t testing.TB, reply string) string {
+	t.Helper()
+	a, ok := strings.CutPrefix(reply, "listening ")
+	if !ok {
+		t.Fatalf("helper: %q", reply)
+	}
+	return a
+}
+
+func waitHeld(t testing.TB, h *helper, n int) {
+	t.Helper()
+	eventually(t, "server held", func() (bool, string) {
+		r := h.do("held")
+		return r == "held "+strconv.Itoa(n), r
+	})
+}
+
+
+// An accepted connection takes a permit for the listener's project (a Go
+// listener: MPTCP socket, TCP fallback). Over the pool, the SYN is answered
+// with an RST: the client's connect fails with ECONNREFUSED and the server's
+// accept() never sees it.
+func TestInboundCountRefuseRelease(t *testing.T) {
+	requireRoot(t)
+	for _, tc := range []struct{ name, listen, dial, network string }{
+		{"ipv4", "127.0.0.1:0", "", "tcp4"},
+		{"ipv6", "[::1]:0", "", "tcp6"},
+		{"dualstack-v4", ":0", "127.0.0.1", "tcp4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root, pin := newRoot(t), newPinDir(t)
+			l := openLimiter(t, root, pin, 5, 1)
+			srv := startHelper(t, mkProject(t, root, "srv"))
+			addr := listenAddr(t, srv.do("listen %s", tc.listen))
+			if tc.dial != "" {
+				_, port, _ := net.SplitHostPort(addr)
+				addr = net.JoinHostPort(tc.dial, port)
+			}
+			var conns []net.Conn
+			defer func() {
+				for _, c := range conns {
+					c.Close()
+				}
+			}()
+			for range 5 {
+				c, err := net.DialTimeout(tc.network, addr, 3*time.Second)
+				if err != nil {
+					t.Fatalf("%v; %+v", err, snap(t, l))
+				}
+				conns = append(conns, c)
+			}
+			waitHeld(t, srv, 5)
+			s := snap(t, l)
+			if s.InUse != 5 || project(s, "srv").InUse != 5 || s.Reservations != 0 || s.Events.AdmittedIn != 5 {
+				t.Fatalf("%+v", s)
+			}
+			start := time.Now()
+			_, err := net.DialTimeout(tc.network, addr, 3*time.Second)
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("sixth connection: %v, want ECONNREFUSED", err)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("refusal took %v", d)
+			}
+			waitHeld(t, srv, 5)
+			if s := snap(t, l); s.Events.RefusedIn != 1 || project(s, "srv").Refused != 1 || s.InUse != 5 {
+				t.Fatalf("%+v", s)
+			}
+			for _, c := range conns {
+				c.Close()
+			}
+			conns = nil
+			waitInUse(t, l, 0, map[string]int{"srv": 0})
+			waitHeld(t, srv, 0)
+		})
+	}
+}
+
+// Children still queued when their listener closes are reset and give their
+// permits back (they never get a sock_release).
+func TestInboundListenerClosedWithQueuedChildren(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 1)
+	srv := startHelper(t, mkProject(t, root, "q"))
+	addr := listenAddr(t, srv.do("listen-noaccept 127.0.0.1:0"))
+	for range 4 {
+		c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	waitInUse(t, l, 4, map[string]int{"q": 4})
+	srv.do("unlisten")
+	waitInUse(t, l, 0, map[string]int{"q": 0})
+}
+
+// Handshakes in flight hold a reservation: with half-open handshakes (a raw
+// SYN that is never completed), node-wide in_use stays within POOL, SYNs over
+// it are reset, and Tick gives the stale reservations back after the TTL.
+func TestInboundReservationsBoundAndExpire(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 3, 1)
+	srv := startHelper(t, mkProject(t, root, "syn"))
+	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
+
+	// A raw socket sees the SYN-ACKs; the kernel resets them (no socket), which
+	// drops the request socks, so the reservations are left to expire.
+	for i := range 6 {
+		sendSYN(t, addr, uint16(40000+i))
+	}
+	eventually(t, "reservations", func() (bool, string) {
+		s := snap(t, l)
+		return s.Reservations == 3 && s.InUse == 3 && s.Events.RefusedIn == 3, fmt.Sprintf("%+v", s)
+	})
+	// No more room: a real connect is refused.
+	if _, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("connect while reservations fill the pool: %v", err)
+	}
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if s := snap(t, l); s.Reservations != 3 {
+		t.Fatalf("expired before the TTL: %+v", s)
+	}
+	time.Sleep(2100 * time.Millisecond)
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	s := snap(t, l)
+	if s.Reservations != 0 || s.InUse != 0 || s.Events.Expired != 3 {
+		t.Fatalf("after the TTL: %+v", s)
+	}
+	c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	waitInUse(t, l, 0, nil)
+}
+
+// sendSYN sends one bare TCP SYN from 127.0.0.1:sport with a raw socket.
+func sendSYN(t testing.TB, dst netip.AddrPort, sport uint16) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	src := [4]byte{127, 0, 0, 1}
+	d := dst.Addr().As4()
+	seg := make([]byte, 20)
+	binary.BigEndian.PutUint16(seg[0:], sport)
+	binary.BigEndian.PutUint16(seg[2:], dst.Port())
+	binary.BigEndian.PutUint32(seg[4:], 12345)
+	seg[12] = 5 << 4 // data offset
+	seg[13] = 0x02   // SYN
+	binary.BigEndian.PutUint16(seg[14:], 65535)
+	// Checksum over the pseudo-header and the segment.
+	var sum uint32
+	pseudo := append(append(append([]byte{}, src[:]...), d[:]...), 0, unix.IPPROTO_TCP, 0, 20)
+	for _, b := range [][]byte{pseudo, seg} {
+		for i := 0; i+1 < len(b); i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(b[i:]))
+		}
+	}
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(seg[16:], ^uint16(sum))
+	if err := unix.Sendto(fd, seg, 0, &unix.SockaddrInet4{Addr: d}); err != nil {
+		t.Fatal(err)
+	}
+}
