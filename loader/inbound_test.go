@@ -34,7 +34,6 @@ func waitHeld(t testing.TB, h *helper, n int) {
 	})
 }
 
-
 // An accepted connection takes a permit for the listener's project (a Go
 // listener: MPTCP socket, TCP fallback). Over the pool, the SYN is answered
 // with an RST: the client's connect fails with ECONNREFUSED and the server's
