@@ -1,0 +1,247 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package metrics
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Other is the project label of the projects beyond the cardinality cap.
+const Other = "(other)"
+
+// Source returns the daemon's state at scrape time.
+type Source func(ctx context.Context) (admin.Status, error)
+
+// Collector is a prometheus.Collector over a Source.
+type Collector struct {
+	src         Source
+	maxProjects int
+	timeout     time.Duration
+	log         *slog.Logger
+
+	up, kernel                                *prometheus.Desc
+	poolSize, poolFloor, poolInUse, poolShare *prometheus.Desc
+	poolActive, poolAdmitted, poolRefused     *prometheus.Desc
+	held, admitted, refused                   *prometheus.Desc
+	sleeping, evictions                       *prometheus.Desc
+	rateLimited, workTokens                   *prometheus.Desc
+	inFlight, queue, dispatched, wait         *prometheus.Desc
+}
+
+// New returns a collector reading src, naming at most maxProjects projects
+// per pool (at least 1).
+func New(src Source, maxProjects int, log *slog.Logger) *Collector {
+	if maxProjects < 1 {
+		maxProjects = 1
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("fairshare_"+name, help, labels, nil)
+	}
+	return &Collector{
+		src: src, maxProjects: maxProjects, timeout: 5 * time.Second, log: log,
+		up:           d("up", "Whether the last read of the daemon's state worked."),
+		kernel:       d("kernel_enforcement", "Whether the connections pool is enforced by the BPF programs."),
+		poolSize:     d("pool_size", "Permits in the pool (POOL).", "pool"),
+		poolFloor:    d("pool_floor", "The pool's floor: the share no active project falls below.", "pool"),
+		poolInUse:    d("pool_in_use", "Permits held now.", "pool"),
+		poolShare:    d("pool_share", "The current share: max(floor, size / active projects).", "pool"),
+		poolActive:   d("pool_active_projects", "Projects that held or asked for a permit within the active window.", "pool"),
+		poolAdmitted: d("pool_admitted_total", "Permits granted.", "pool"),
+		poolRefused:  d("pool_refused_total", "Permit requests refused by the fair-share rule.", "pool"),
+		held:         d("project_permits_held", "Permits the project holds now.", "pool", "project"),
+		admitted:     d("project_admitted_total", "Permits granted to the project.", "pool", "project"),
+		refused:      d("project_refused_total", "Permit requests of the project refused.", "pool", "project"),
+		sleeping:     d("project_sleeping", "Resident objects of the project asleep.", "pool", "project"),
+		evictions:    d("project_evictions_total", "Resident objects of the project put to sleep to make room.", "pool", "project", "reason"),
+		rateLimited:  d("project_rate_limited_total", "Requests of the project refused by its rate buckets or work debt.", "project"),
+		workTokens:   d("project_work_tokens", "Work-unit bucket balance of the project; negative is debt.", "project"),
+		inFlight:     d("scheduler_in_flight", "Requests dispatched to the upstream and not done."),
+		queue:        d("scheduler_queue_length", "Requests waiting in the participant's queue.", "participant"),
+		dispatched:   d("scheduler_dispatched_total", "Requests dispatched, by class.", "class"),
+		wait:         d("scheduler_wait_seconds", "Time from submit to dispatch."),
+	}
+}
+
+// Describe sends every descriptor.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.up, c.kernel, c.poolSize, c.poolFloor, c.poolInUse, c.poolShare,
+		c.poolActive, c.poolAdmitted, c.poolRefused, c.held, c.admitted, c.refused, c.sleeping, c.evictions,
+		c.rateLimited, c.workTokens, c.inFlight, c.queue, c.dispatched, c.wait} {
+		ch <- d
+	}
+}
+
+// Collect reads the source once and sends the metrics.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	st, err := c.src(ctx)
+	if err != nil {
+		c.log.Warn("metrics: reading status", "err", err)
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
+	ch <- prometheus.MustNewConstMetric(c.kernel, prometheus.GaugeValue, b2f(st.Kernel))
+	for _, p := range st.Pools {
+		c.collectPool(ch, p)
+	}
+	c.collectRates(ch, st.Rates)
+	if st.Scheduler != nil {
+		c.collectScheduler(ch, st.Scheduler)
+	}
+}
+
+func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	counter := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
+	}
+	gauge(c.poolSize, float64(p.Size), p.Name)
+	gauge(c.poolFloor, float64(p.Floor), p.Name)
+	gauge(c.poolInUse, float64(p.InUse), p.Name)
+	gauge(c.poolShare, float64(p.Share), p.Name)
+	gauge(c.poolActive, float64(p.Active), p.Name)
+	counter(c.poolAdmitted, float64(p.Admitted), p.Name)
+	counter(c.poolRefused, float64(p.Refused), p.Name)
+	residents := false
+	for _, pr := range p.Projects {
+		if pr.Evictions != nil || pr.Sleeping != 0 {
+			residents = true
+		}
+	}
+	for _, pr := range capProjects(p.Projects, c.maxProjects) {
+		gauge(c.held, float64(pr.Held), p.Name, pr.Project)
+		counter(c.admitted, float64(pr.Admitted), p.Name, pr.Project)
+		counter(c.refused, float64(pr.Refused), p.Name, pr.Project)
+		if residents {
+			gauge(c.sleeping, float64(pr.Sleeping), p.Name, pr.Project)
+			reasons := make([]string, 0, len(pr.Evictions))
+			for r := range pr.Evictions {
+				reasons = append(reasons, r)
+			}
+			sort.Strings(reasons)
+			for _, r := range reasons {
+				counter(c.evictions, float64(pr.Evictions[r]), p.Name, pr.Project, r)
+			}
+		}
+	}
+}
+
+// capProjects keeps the n-1 busiest projects by name and sums the rest under
+// Other, so at most n label values are emitted (n when nothing is summed).
+func capProjects(in []admin.Project, n int) []admin.Project {
+	if len(in) <= n {
+		return in
+	}
+	ps := append([]admin.Project(nil), in...)
+	sort.SliceStable(ps, func(i, j int) bool {
+		a, b := ps[i], ps[j]
+		if a.Held != b.Held {
+			return a.Held > b.Held
+		}
+		if ta, tb := a.Admitted+a.Refused, b.Admitted+b.Refused; ta != tb {
+			return ta > tb
+		}
+		return a.Project < b.Project
+	})
+	out := ps[: n-1 : n-1]
+	other := admin.Project{Project: Other}
+	for _, p := range ps[n-1:] {
+		other.Held += p.Held
+		other.Admitted += p.Admitted
+		other.Refused += p.Refused
+		other.Sleeping += p.Sleeping
+		for r, v := range p.Evictions {
+			if other.Evictions == nil {
+				other.Evictions = map[string]uint64{}
+			}
+			other.Evictions[r] += v
+		}
+	}
+	return append(out, other)
+}
+
+func (c *Collector) collectRates(ch chan<- prometheus.Metric, rates []admin.Rate) {
+	if len(rates) > c.maxProjects {
+		rs := append([]admin.Rate(nil), rates...)
+		sort.SliceStable(rs, func(i, j int) bool {
+			if rs[i].Limited != rs[j].Limited {
+				return rs[i].Limited > rs[j].Limited
+			}
+			return rs[i].Project < rs[j].Project
+		})
+		other := admin.Rate{Project: Other}
+		for _, r := range rs[c.maxProjects-1:] {
+			other.Limited += r.Limited
+			other.WorkTokens += r.WorkTokens
+		}
+		rates = append(rs[:c.maxProjects-1:c.maxProjects-1], other)
+	}
+	for _, r := range rates {
+		ch <- prometheus.MustNewConstMetric(c.rateLimited, prometheus.CounterValue, float64(r.Limited), r.Project)
+		ch <- prometheus.MustNewConstMetric(c.workTokens, prometheus.GaugeValue, r.WorkTokens, r.Project)
+	}
+}
+
+func (c *Collector) collectScheduler(ch chan<- prometheus.Metric, s *admin.Scheduler) {
+	ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(s.InFlight))
+	parts := s.Participants
+	if len(parts) > c.maxProjects {
+		ps := append([]admin.Participant(nil), parts...)
+		sort.SliceStable(ps, func(i, j int) bool {
+			if ps[i].Queue != ps[j].Queue {
+				return ps[i].Queue > ps[j].Queue
+			}
+			return ps[i].Participant < ps[j].Participant
+		})
+		other := admin.Participant{Participant: Other}
+		for _, p := range ps[c.maxProjects-1:] {
+			other.Queue += p.Queue
+		}
+		parts = append(ps[:c.maxProjects-1:c.maxProjects-1], other)
+	}
+	for _, p := range parts {
+		ch <- prometheus.MustNewConstMetric(c.queue, prometheus.GaugeValue, float64(p.Queue), p.Participant)
+	}
+	for _, class := range []string{"P1", "P2", "P3"} {
+		ch <- prometheus.MustNewConstMetric(c.dispatched, prometheus.CounterValue, float64(s.Dispatched[class]), class)
+	}
+	// Prometheus buckets are cumulative; the status histogram is not.
+	buckets := make(map[float64]uint64, len(s.Wait.Bounds))
+	var cum uint64
+	for i, b := range s.Wait.Bounds {
+		if i < len(s.Wait.Counts) {
+			cum += s.Wait.Counts[i]
+		}
+		buckets[b] = cum
+	}
+	ch <- prometheus.MustNewConstHistogram(c.wait, s.Wait.Count, s.Wait.Sum, buckets)
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// NewRegistry returns a registry holding c plus the Go runtime and process
+// collectors, for the daemon's /metrics.
+func NewRegistry(c *Collector) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
