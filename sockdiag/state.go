@@ -8,8 +8,9 @@ import "strconv"
 type State uint8
 
 // TCP states. StateNewSynRecv is never reported (the kernel reports request
-// sockets as StateSynRecv); StateBoundInactive is a socket that is bound to
-// a port but neither listening nor connected (kernels since 6.7 report it).
+// sockets as StateSynRecv). StateBoundInactive is a request bit only
+// (Linux 6.7+): it asks for sockets that are bound to a port but neither
+// listening nor connected, which the kernel then reports as StateClose.
 const (
 	StateEstablished   State = 1
 	StateSynSent       State = 2
