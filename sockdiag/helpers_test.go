@@ -22,8 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// requireRoot skips tests that need CAP_NET_ADMIN-free but root-only things:
-// creating cgroups and moving processes into them.
+// requireRoot skips tests that create cgroups and move processes into them.
 func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {

@@ -34,27 +34,36 @@ const (
 // added about 30% to the CPU cost of a 10k-socket dump here (BenchmarkList).
 const AllStates = 1<<(StateNewSynRecv+1) - 2
 
-var stateNames = [...]string{
-	StateEstablished:   "ESTABLISHED",
-	StateSynSent:       "SYN_SENT",
-	StateSynRecv:       "SYN_RECV",
-	StateFinWait1:      "FIN_WAIT1",
-	StateFinWait2:      "FIN_WAIT2",
-	StateTimeWait:      "TIME_WAIT",
-	StateClose:         "CLOSE",
-	StateCloseWait:     "CLOSE_WAIT",
-	StateLastAck:       "LAST_ACK",
-	StateListen:        "LISTEN",
-	StateClosing:       "CLOSING",
-	StateNewSynRecv:    "NEW_SYN_RECV",
-	StateBoundInactive: "BOUND_INACTIVE",
-}
-
 // String returns the kernel's name of the state, or "STATE(n)" for a number
 // this package does not know.
 func (s State) String() string {
-	if int(s) < len(stateNames) && stateNames[s] != "" {
-		return stateNames[s]
+	switch s {
+	case StateEstablished:
+		return "ESTABLISHED"
+	case StateSynSent:
+		return "SYN_SENT"
+	case StateSynRecv:
+		return "SYN_RECV"
+	case StateFinWait1:
+		return "FIN_WAIT1"
+	case StateFinWait2:
+		return "FIN_WAIT2"
+	case StateTimeWait:
+		return "TIME_WAIT"
+	case StateClose:
+		return "CLOSE"
+	case StateCloseWait:
+		return "CLOSE_WAIT"
+	case StateLastAck:
+		return "LAST_ACK"
+	case StateListen:
+		return "LISTEN"
+	case StateClosing:
+		return "CLOSING"
+	case StateNewSynRecv:
+		return "NEW_SYN_RECV"
+	case StateBoundInactive:
+		return "BOUND_INACTIVE"
 	}
 	return "STATE(" + strconv.Itoa(int(s)) + ")"
 }
