@@ -140,9 +140,10 @@ type Client struct {
 	opts   Options
 	nextID atomic.Uint64
 
-	writers atomic.Int32 // callers between wanting to write and having written
-	wmu     sync.Mutex   // guards bw
-	bw      *bufio.Writer
+	flush chan struct{} // wakes the flusher; capacity 1, so wakes coalesce
+	wmu   sync.Mutex    // guards bw and werr
+	bw    *bufio.Writer
+	werr  error // the last flush error, reported to the next writers
 
 	mu      sync.Mutex // guards the fields below
 	conn    net.Conn
@@ -157,13 +158,32 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	if opts.Socket == "" {
 		opts.Socket = DefaultSocket
 	}
-	c := &Client{opts: opts, pending: map[uint64]*waiter{}, objects: map[string]*objState{}, done: make(chan struct{})}
+	c := &Client{opts: opts, pending: map[uint64]*waiter{}, objects: map[string]*objState{}, done: make(chan struct{}), flush: make(chan struct{}, 1)}
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
 	c.attach(conn)
+	go c.flusher()
 	return c, nil
+}
+
+// flusher writes buffered requests out. Callers only append and wake it, so
+// while it runs more callers append: under load one write carries a whole
+// burst, which is what makes pipelining cheap for both ends.
+func (c *Client) flusher() {
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-c.flush:
+		}
+		c.wmu.Lock()
+		if err := c.bw.Flush(); err != nil {
+			c.werr = err
+		}
+		c.wmu.Unlock()
+	}
 }
 
 func (c *Client) dial(ctx context.Context) (net.Conn, error) {
@@ -178,6 +198,7 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 func (c *Client) attach(conn net.Conn) {
 	c.wmu.Lock()
 	c.bw = bufio.NewWriterSize(conn, 32<<10)
+	c.werr = nil
 	c.wmu.Unlock()
 	c.mu.Lock()
 	c.conn = conn
@@ -357,9 +378,9 @@ func (rq *request) appendTo(b []byte) []byte {
 
 var chanPool = sync.Pool{New: func() any { return make(chan reply, 1) }}
 
-// call sends rq and waits for its answer. Concurrent callers share writes:
-// the last writer of a burst flushes, so pipelined calls cost one syscall
-// per burst rather than one per call.
+// call sends rq and waits for its answer. Concurrent callers share writes
+// through the flusher, so pipelined calls cost one syscall per burst rather
+// than one per call.
 func (c *Client) call(ctx context.Context, rq request) (reply, error) {
 	rq.ID = c.nextID.Add(1)
 	ch := chanPool.Get().(chan reply)
@@ -375,13 +396,16 @@ func (c *Client) call(ctx context.Context, rq request) (reply, error) {
 
 	var buf [256]byte
 	line := rq.appendTo(buf[:0])
-	c.writers.Add(1)
 	c.wmu.Lock()
 	_, err := c.bw.Write(line)
-	if c.writers.Add(-1) == 0 && err == nil {
-		err = c.bw.Flush()
+	if err == nil {
+		err = c.werr
 	}
 	c.wmu.Unlock()
+	select {
+	case c.flush <- struct{}{}:
+	default:
+	}
 	if err != nil {
 		c.forget(rq.ID)
 		return reply{}, fmt.Errorf("sending %s: %w: %w", rq.Op, ErrDisconnected, err)
