@@ -43,11 +43,20 @@ type Config struct {
 	StateDir     string          `yaml:"state_dir"`
 	AdminSocket  string          `yaml:"admin_socket"`
 	Tick         time.Duration   `yaml:"tick"`
+	Reconcile    time.Duration   `yaml:"reconcile"`
 	BPF          bool            `yaml:"bpf"`
+	Permits      Permits         `yaml:"permits"`
 	Metrics      Metrics         `yaml:"metrics"`
 	Pools        map[string]Pool `yaml:"pools"`
 	Front        Front           `yaml:"front"`
 	Scheduler    Scheduler       `yaml:"scheduler"`
+}
+
+// Permits configures the local permit API (package permitd) that serves the
+// flights, residents and any extra pool to runtimes on the node.
+type Permits struct {
+	Socket string `yaml:"socket"`
+	Group  string `yaml:"group"`
 }
 
 // Metrics configures the Prometheus endpoint.
@@ -181,6 +190,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Tick < 10*time.Millisecond || c.Tick > time.Minute {
 		return bad("tick must be between 10ms and 1m, got %s", c.Tick)
+	}
+	if c.Reconcile != 0 && c.Reconcile < time.Second {
+		return bad("reconcile must be 0 (off) or at least 1s, got %s", c.Reconcile)
+	}
+	if c.Permits.Socket != "" && !filepath.IsAbs(c.Permits.Socket) {
+		return bad("permits.socket must be an absolute path or empty, got %q", c.Permits.Socket)
+	}
+	if c.Permits.Socket != "" && c.Permits.Socket == c.AdminSocket {
+		return bad("permits.socket must differ from admin_socket")
 	}
 	if c.Metrics.Listen != "" {
 		if _, _, err := net.SplitHostPort(c.Metrics.Listen); err != nil {

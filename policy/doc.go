@@ -19,6 +19,7 @@
 // Every write bumps a version counter in the same transaction, so a reader can
 // tell cheaply whether anything changed.
 //
-// Project names are cgroup directory names: 1 to 128 bytes of letters, digits,
-// '.', '_' and '-', not starting with '.', '-' or "cgroup.".
+// Project names are cgroup directory names, header values and metric labels
+// at once: 1 to 64 bytes of letters, digits, '.', '_' and '-', starting with a
+// letter or digit and not with "cgroup." (the same rule as package front's).
 package policy

@@ -95,10 +95,11 @@ func (pt Patch) Apply(p Policy) (Policy, error) {
 // ErrBadProject is wrapped by ValidateProject's errors.
 var ErrBadProject = errors.New("invalid project name")
 
-// MaxProjectLen is the longest project name accepted.
-const MaxProjectLen = 128
+// MaxProjectLen is the longest project name accepted; the same bound as the
+// HTTP front's, since the name travels in headers and metric labels too.
+const MaxProjectLen = 64
 
-var projectName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]*$`)
+var projectName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // ValidateProject checks that name can be a project: a directory directly
 // below the projects root that cannot collide with cgroupfs's own files.
@@ -109,7 +110,7 @@ func ValidateProject(name string) error {
 	case len(name) > MaxProjectLen:
 		return fmt.Errorf("%w: the project name is longer than %d bytes", ErrBadProject, MaxProjectLen)
 	case !projectName.MatchString(name):
-		return fmt.Errorf("%w: %q may use only letters, digits, '.', '_' and '-', and must start with a letter, digit or '_'", ErrBadProject, name)
+		return fmt.Errorf("%w: %q may use only letters, digits, '.', '_' and '-', and must start with a letter or digit", ErrBadProject, name)
 	case strings.HasPrefix(name, "cgroup."):
 		return fmt.Errorf("%w: %q would collide with cgroupfs control files", ErrBadProject, name)
 	}

@@ -76,12 +76,12 @@ func TestValidate(t *testing.T) {
 }
 
 func TestValidateProject(t *testing.T) {
-	for _, name := range []string{"a", "alpha-1", "A_b.c", "_x", strings.Repeat("x", MaxProjectLen)} {
+	for _, name := range []string{"a", "alpha-1", "A_b.c", "9x", strings.Repeat("x", MaxProjectLen)} {
 		if err := ValidateProject(name); err != nil {
 			t.Errorf("%q: %v", name, err)
 		}
 	}
-	for _, name := range []string{"", ".", "..", ".hidden", "-flag", "a/b", "a b", "é", "cgroup.procs", "x\n", strings.Repeat("x", MaxProjectLen+1)} {
+	for _, name := range []string{"", ".", "..", ".hidden", "-flag", "a/b", "a b", "é", "cgroup.procs", "x\n", "_x", strings.Repeat("x", MaxProjectLen+1)} {
 		if err := ValidateProject(name); !errors.Is(err, ErrBadProject) {
 			t.Errorf("%q accepted (err %v)", name, err)
 		}
@@ -166,7 +166,7 @@ func TestStoreConcurrentWriters(t *testing.T) {
 			defer wg.Done()
 			var pt Patch
 			if i%2 == 0 {
-				pt.Shares = ptr(i + 1)
+				pt.Shares = ptr(i + 2) // never the default 1, so a lost patch shows
 			} else {
 				pt.RequestsPerSec = ptr(float64(i))
 			}
