@@ -175,8 +175,13 @@ type dialResult struct{ ok, refused, other int }
 
 func (h *helper) dial(network, addr string, n int) dialResult {
 	h.t.Helper()
+	return h.dialTimeout(network, addr, n, 3*time.Second)
+}
+
+func (h *helper) dialTimeout(network, addr string, n int, timeout time.Duration) dialResult {
+	h.t.Helper()
 	var r dialResult
-	line := h.do("dial %s %s %d", network, addr, n)
+	line := h.do("dial %s %s %d %d", network, addr, n, timeout.Milliseconds())
 	if _, err := fmt.Sscanf(line, "dialed %d %d %d", &r.ok, &r.refused, &r.other); err != nil {
 		h.t.Fatalf("helper reply %q: %v", line, err)
 	}
@@ -194,7 +199,8 @@ func TestHelperProcess(t *testing.T) {
 
 // runHelper serves commands:
 //
-//	dial <tcp|tcp4|tcp6|mapped> <addr> <n>  open n connections and keep them
+//	dial <tcp|tcp4|tcp6|mapped> <addr> <n> [timeout ms]
+//	                                        open n connections and keep them
 //	listen <addr>                           listen; accepted connections are
 //	                                        held until the peer closes
 //	listen-noaccept <addr>                  listen, never accept
@@ -219,9 +225,14 @@ func runHelper(in io.Reader, out io.Writer) {
 		switch f[0] {
 		case "dial":
 			n, _ := strconv.Atoi(f[3])
+			timeout := 3 * time.Second
+			if len(f) > 4 {
+				ms, _ := strconv.Atoi(f[4])
+				timeout = time.Duration(ms) * time.Millisecond
+			}
 			var r dialResult
 			for range n {
-				c, err := helperDial(f[1], f[2])
+				c, err := helperDial(f[1], f[2], timeout)
 				switch {
 				case err == nil:
 					conns = append(conns, c)
@@ -229,7 +240,6 @@ func runHelper(in io.Reader, out io.Writer) {
 				case errors.Is(err, syscall.ECONNREFUSED):
 					r.refused++
 				default:
-					fmt.Fprintln(os.Stderr, "helper dial:", err)
 					r.other++
 				}
 			}
@@ -299,9 +309,9 @@ func runHelper(in io.Reader, out io.Writer) {
 
 // helperDial dials; "mapped" dials an IPv4 address from an AF_INET6 socket
 // (::ffff:a.b.c.d), which Go's dialer would turn into an AF_INET one.
-func helperDial(network, addr string) (net.Conn, error) {
+func helperDial(network, addr string, timeout time.Duration) (net.Conn, error) {
 	if network != "mapped" {
-		return net.DialTimeout(network, addr, 3*time.Second)
+		return net.DialTimeout(network, addr, timeout)
 	}
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {

@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/sockdiag"
+)
+
+// The daemon dies (its Limiter is closed without Cleanup): the kernel keeps
+// counting and refusing; a new Open reuses the pinned maps and links with the
+// counts unchanged.
+func TestRestartKeepsCountsAndEnforcement(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	l1, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := startHelper(t, mkProject(t, root, "r"))
+	if r := h.dial("tcp4", ln.Addr().String(), 5); r.ok != 5 {
+		t.Fatal(r)
+	}
+	if err := l1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Nobody holds an fd now; the pins alone keep enforcing.
+	if r := h.dial("tcp4", ln.Addr().String(), 1); r.refused != 1 {
+		t.Fatalf("while the daemon is down: %+v, want refused", r)
+	}
+	l2 := openLimiter(t, root, pin, 5, 0)
+	if !l2.reused {
+		t.Fatal("second Open did not reuse the pinned objects")
+	}
+	s := snap(t, l2)
+	if s.InUse != 5 || project(s, "r").InUse != 5 || project(s, "r").Refused != 1 {
+		t.Fatalf("after restart: %+v", s)
+	}
+	rep, err := l2.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Drift) != 0 || rep.Held["r"] != 5 || rep.Kernel["r"] != 5 || rep.Adopted != 0 {
+		t.Fatalf("reconcile after restart: %+v", rep)
+	}
+	h.do("close")
+	waitInUse(t, l2, 0, map[string]int{"r": 0})
+
+	// Pins of another root are refused rather than silently shared.
+	other := newRoot(t)
+	if _, err := Open(Options{ProjectsRoot: other, PinDir: pin, PoolSize: 5}); err == nil {
+		t.Fatal("Open with another root on the same pins succeeded")
+	}
+}
+
+// Connections and listeners that predate the programs are adopted by the
+// first reconcile, and drift in the maps is repaired.
+func TestAdoptAndRepair(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	cli := startHelper(t, mkProject(t, root, "old"))
+	srv := startHelper(t, mkProject(t, root, "oldsrv"))
+	if r := cli.dial("tcp4", ln.Addr().String(), 3); r.ok != 3 {
+		t.Fatal(r)
+	}
+	addr := listenAddr(t, srv.do("listen 127.0.0.1:0"))
+
+	l := openLimiter(t, root, pin, 10, 0)
+	s := snap(t, l)
+	if s.InUse != 3 || project(s, "old").InUse != 3 || s.Events.Adopted != 3 {
+		t.Fatalf("after adoption: %+v", s)
+	}
+	// The pre-existing listener was found too: its connections count.
+	c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitInUse(t, l, 4, map[string]int{"oldsrv": 1})
+
+	// Invent drift: two permits nobody holds.
+	if _, err := l.adjust(limiterFsAdjustArgs{Op: opAdd, Project: project(s, "old").CgroupID, Delta: 2}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Repaired["old"] != -2 || rep.Drift["old"] != 2 {
+		t.Fatalf("repair: %+v", rep)
+	}
+	waitInUse(t, l, 4, map[string]int{"old": 3})
+	cli.do("close")
+	c.Close()
+	waitInUse(t, l, 0, map[string]int{"old": 0, "oldsrv": 0})
+}
+
+// Thousands of connections through every way a connection ends; afterwards
+// the maps, the sockets' own flags and the kernel's socket table agree on
+// zero.
+func TestNoLeakAcrossLifecycles(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 400, 0)
+	out := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	out6 := sink(t, "tcp6", "[::1]:0").Addr().String()
+	closed := closedPort(t)
+	full := fullBacklogListener(t)
+
+	cli := startHelper(t, mkProject(t, root, "cli"))
+	srv := startHelper(t, mkProject(t, root, "srv"))
+	srvAddr := listenAddr(t, srv.do("listen 127.0.0.1:0"))
+	total := 0
+	for round := range 5 {
+		// Outbound: orderly close and RST, both families.
+		total += cli.dial("tcp4", out, 150).ok
+		total += cli.dial("tcp6", out6, 50).ok
+		cli.do("close")
+		total += cli.dial("tcp4", out, 100).ok
+		cli.do("rst")
+		// Connect to a closed port (the kernel answers RST).
+		if r := cli.dial("tcp4", closed, 50); r.refused != 50 {
+			t.Fatalf("closed port: %+v", r)
+		}
+		// Refused by the limiter: more than the pool.
+		r := cli.dial("tcp4", out, 450)
+		if r.ok != 400 || r.refused != 50 {
+			t.Fatalf("round %d over the pool: %+v", round, r)
+		}
+		cli.do("close")
+		waitInUse(t, l, 0, nil)
+		// Inbound: the test process is the client; half closed by the client,
+		// half reset.
+		var conns []net.Conn
+		for range 100 {
+			c, err := net.DialTimeout("tcp4", srvAddr, 3*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, c)
+		}
+		for i, c := range conns {
+			if i%2 == 0 {
+				c.(*net.TCPConn).SetLinger(0)
+			}
+			c.Close()
+		}
+		total += 100
+	}
+	// Timeouts: SYNs to a full accept queue are dropped.
+	if r := cli.dialTimeout("tcp4", full, 5, 200*time.Millisecond); r.other != 5 {
+		t.Fatalf("timeouts: %+v", r)
+	}
+	// SIGKILL of a client and of a server holding connections.
+	if r := cli.dial("tcp4", out, 50); r.ok != 50 {
+		t.Fatal(r)
+	}
+	var conns []net.Conn
+	for range 50 {
+		c, err := net.DialTimeout("tcp4", srvAddr, 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	waitInUse(t, l, 100, nil)
+	cli.kill()
+	srv.kill()
+	// Listener closed with queued children.
+	q := startHelper(t, mkProject(t, root, "queue"))
+	qAddr := listenAddr(t, q.do("listen-noaccept 127.0.0.1:0"))
+	for range 20 {
+		c, err := net.DialTimeout("tcp4", qAddr, 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	waitInUse(t, l, 20, map[string]int{"queue": 20})
+	q.do("unlisten")
+	total += 1000 + 100
+
+	waitInUse(t, l, 0, map[string]int{"cli": 0, "srv": 0, "queue": 0})
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero := func(m map[string]int) bool {
+		for _, n := range m {
+			if n != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	if !zero(rep.Held) || !zero(rep.Kernel) || len(rep.Drift) != 0 || rep.Adopted != 0 {
+		t.Fatalf("after churn: %+v", rep)
+	}
+	// The kernel's own table: no project socket that should hold a permit.
+	socks, err := sockdiag.List(sockdiag.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := sockdiag.CgroupIndex(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range socks {
+		if _, ok := idx[s.CgroupID]; ok && ShouldHold(s) {
+			t.Errorf("project socket still holding: %+v", s)
+		}
+	}
+	s := snap(t, l)
+	t.Logf("%d connections; events %+v; reservations %d", total, s.Events, s.Reservations)
+	if s.Events.Unaccounted != 0 || s.Events.MapFull != 0 {
+		t.Errorf("events: %+v", s.Events)
+	}
+}
+
+// closedPort returns an address nothing listens on.
+func closedPort(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// fullBacklogListener returns the address of a listener (outside every
+// project) whose accept queue is full, so that further SYNs are dropped and
+// connects time out.
+func fullBacklogListener(t testing.TB) string {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := (&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: sa.(*unix.SockaddrInet4).Port}).String()
+	// Fill the queue (backlog 0 admits one).
+	for range 2 {
+		c, err := net.DialTimeout("tcp4", addr, 200*time.Millisecond)
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+	}
+	return addr
+}
