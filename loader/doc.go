@@ -1,5 +1,82 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package loader loads the fairshare BPF programs, attaches them to the
-// projects' cgroup v2 root, pins them under bpffs and reads their maps.
+// Package loader loads the fairshare BPF programs (bpf/limiter.c), attaches
+// them to the projects' cgroup v2 root and to the network namespace, pins
+// them under bpffs and reads and steers their maps.
+//
+// # Who is counted
+//
+// A project is a cgroup directly below Options.ProjectsRoot; its id in the
+// maps is the cgroup id (the directory's inode). A socket counts for the
+// project of the cgroup it was created in, at any depth below the project.
+// Tasks outside the root are not limited. A new directory is a new project
+// at once; nothing is registered.
+//
+// # What holds a permit
+//
+// An outbound TCP connection (IPv4, IPv6, v4-mapped IPv6; plain TCP or an
+// MPTCP subflow) holds one from connect() until the connection dies or the
+// process closes the socket, whichever comes first. An inbound connection
+// accepted by a project's listener holds one from its SYN (as a reservation)
+// through the handshake, while it waits in the accept queue, and until it
+// dies or is closed. Release happens exactly once per socket (a CAS on a flag
+// in socket storage) on the first of: the transition to TCP_CLOSE (RST,
+// failed or timed-out connect, end of the FIN exchange, children dropped
+// with their listener) or the close of the last file descriptor
+// (sock_release, which also covers SIGKILL).
+//
+// # The rule and its bound
+//
+// Admission applies the rule of package pools with the POOL, FLOOR and share
+// that Tick writes into the config map. Node-wide in_use is taken with a
+// fetch-add and rolled back on refusal, so admitted permits never exceed
+// POOL. Two concurrent attempts can each see the other's not-yet-rolled-back
+// add: the error is a spurious refusal (at most one per CPU racing at that
+// instant), never an overshoot. Adoption of sockets that predate the programs
+// (Reconcile) counts them without the rule and can take in_use above POOL;
+// new connections are then refused until it falls back.
+//
+// # What a refused client sees
+//
+// Outbound: connect() fails at once with ECONNREFUSED (the hook sets the
+// return value; no packet leaves). Inbound: the SYN is dropped by the
+// sk_lookup program, the kernel answers it with an RST, and the client's
+// connect() fails at once with ECONNREFUSED; the server's accept() never
+// sees the connection and no permit is held for it.
+//
+// # Handshakes in flight
+//
+// Inbound admission is decided at the SYN, but the accepted socket exists
+// only after the handshake. The SYN therefore takes the permit as a
+// reservation keyed by the 4-tuple; a retransmitted SYN finds it and takes
+// nothing more. When the child reaches ESTABLISHED the reservation becomes
+// the child's permit (whoever deletes the reservation owns the permit).
+// Reservations whose handshake never completes (a client gone, a half-open
+// scan) are given back by Tick after Options.ReservationTTL; until then they
+// count, which keeps in_use within POOL during a SYN burst. A handshake that
+// completes after its reservation expired is admitted again at ESTABLISHED;
+// if the rule refuses then, the connection cannot be stopped any more and is
+// left without a permit (counted as Events.Unaccounted; Reconcile adopts it).
+//
+// Inbound enforcement covers listeners in the network namespace Open ran in
+// (sk_lookup is attached per namespace); outbound covers every namespace.
+//
+// # Restarts
+//
+// Maps and links are pinned in Options.PinDir. Close only closes file
+// descriptors: the kernel keeps counting and refusing, and the next Open
+// reuses the pinned objects and their counts. Cleanup detaches and unpins.
+// While no control loop runs, the last share stays in force: a full node
+// still keeps a floor free and a node with room refuses nothing, but expired
+// reservations are not given back until Tick runs again.
+//
+// # Reconcile
+//
+// Reconcile walks the TCP sockets of the namespace with an iter/tcp program:
+// project sockets that hold no permit are adopted (connections older than
+// the daemon), listeners are recorded, and each socket's flag is reported.
+// Where a project's in_use differs from its holding sockets plus its
+// reservations in two consecutive reads, the difference is repaired with the
+// programs' own atomics and logged. sock_diag's view is returned alongside
+// (ReconcileReport.Kernel) for comparison.
 package loader

@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// moveSelf moves this process into the cgroup dir and back at the end.
+func moveSelf(b *testing.B, dir string) {
+	b.Helper()
+	f, err := os.Open("/proc/self/cgroup")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var orig string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if p, ok := strings.CutPrefix(sc.Text(), "0::"); ok {
+			orig = p
+		}
+	}
+	f.Close()
+	mnt, err := Cgroup2Mount()
+	if err != nil {
+		b.Fatal(err)
+	}
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := os.WriteFile(filepath.Join(mnt, orig, "cgroup.procs"), pid, 0); err != nil {
+			b.Errorf("moving back to %s: %v", orig, err)
+		}
+	})
+}
+
+// cycle is one loopback connect + accept + close of both ends, with raw
+// syscalls so that the Go runtime adds as little as possible around them.
+func cycle(b *testing.B, lfd int, sa unix.Sockaddr) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := unix.Connect(fd, sa); err != nil {
+		b.Fatal(err)
+	}
+	afd, _, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC)
+	if err != nil {
+		b.Fatal(err)
+	}
+	unix.Close(fd)
+	unix.Close(afd)
+}
+
+// BenchmarkConnectAcceptClose measures a loopback connect+accept+close cycle
+// (both ends in one project, so it runs the outbound and the inbound path)
+// with the programs attached and with nothing attached, interleaved in
+// rounds within one run, and reports the ratio of the medians. It then runs
+// with BPF run-time stats on and reports ns per program run.
+func BenchmarkConnectAcceptClose(b *testing.B) {
+	requireRoot(b)
+	root := newRoot(b)
+	pin := newPinDir(b)
+	proj := mkProject(b, root, "bench")
+	moveSelf(b, proj)
+
+	lfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Close(lfd)
+	_ = unix.SetsockoptInt(lfd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	if err := unix.Bind(lfd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		b.Fatal(err)
+	}
+	if err := unix.Listen(lfd, 128); err != nil {
+		b.Fatal(err)
+	}
+	sa, err := unix.Getsockname(lfd)
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	open := func() *Limiter {
+		l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 1 << 20})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return l
+	}
+	shut := func(l *Limiter) {
+		l.Close()
+		if err := Cleanup(pin); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	const rounds = 7
+	per := max(b.N/(2*rounds), 50)
+	var bare, attached []float64
+	for range rounds {
+		for _, on := range []bool{false, true} {
+			b.StopTimer()
+			var l *Limiter
+			if on {
+				l = open()
+			}
+			b.StartTimer()
+			start := time.Now()
+			for range per {
+				cycle(b, lfd, sa)
+			}
+			ns := float64(time.Since(start).Nanoseconds()) / float64(per)
+			b.StopTimer()
+			if on {
+				attached = append(attached, ns)
+				shut(l)
+			} else {
+				bare = append(bare, ns)
+			}
+			b.StartTimer()
+		}
+	}
+	b.StopTimer()
+	mb, ma := median(bare), median(attached)
+	b.ReportMetric(mb, "bare-ns/cycle")
+	b.ReportMetric(ma, "attached-ns/cycle")
+	b.ReportMetric(100*(ma-mb)/mb, "overhead-%")
+
+	// Run time per program, with stats on (they add ~20 ns per run).
+	l := open()
+	defer shut(l)
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		b.Logf("bpf stats unavailable: %v", err)
+		return
+	}
+	defer stats.Close()
+	progs := map[string]*ebpf.Program{
+		"connect4": l.objs.FsConnect4, "sock_release": l.objs.FsSockRelease,
+		"set_state": l.objs.FsSetState, "sk_lookup": l.objs.FsSkLookup,
+	}
+	type st struct{ runs, ns uint64 }
+	read := func() map[string]st {
+		out := map[string]st{}
+		for name, p := range progs {
+			ps, err := p.Stats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			out[name] = st{ps.RunCount, uint64(ps.Runtime)}
+		}
+		return out
+	}
+	before := read()
+	const n = 2000
+	for range n {
+		cycle(b, lfd, sa)
+	}
+	after := read()
+	var total float64
+	for name := range progs {
+		runs := after[name].runs - before[name].runs
+		ns := after[name].ns - before[name].ns
+		if runs == 0 {
+			continue
+		}
+		b.ReportMetric(float64(ns)/float64(runs), name+"-ns/run")
+		b.ReportMetric(float64(runs)/n, name+"-runs/cycle")
+		total += float64(ns) / n
+	}
+	b.ReportMetric(total, "bpf-ns/cycle")
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}

@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf/btf"
+)
+
+// The Go structs used to read and write the maps must match the C structs
+// byte for byte: compare them with the BTF of the embedded object.
+func TestGoCLayoutsAgree(t *testing.T) {
+	spec, err := loadLimiter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for c, goVal := range map[string]any{
+		"fs_settings":    limiterFsSettings{},
+		"fs_pool":        limiterFsPool{},
+		"fs_project":     limiterFsProject{},
+		"fs_counters":    limiterFsCounters{},
+		"fs_sock":        limiterFsSock{},
+		"fs_listen_key":  limiterFsListenKey{},
+		"fs_listener":    limiterFsListener{},
+		"fs_resv_key":    limiterFsResvKey{},
+		"fs_resv":        limiterFsResv{},
+		"fs_adjust_args": limiterFsAdjustArgs{},
+		"fs_sock_record": limiterFsSockRecord{},
+	} {
+		var st *btf.Struct
+		if err := spec.Types.TypeByName(c, &st); err != nil {
+			t.Fatalf("%s: %v", c, err)
+		}
+		gt := reflect.TypeOf(goVal)
+		if uintptr(st.Size) != gt.Size() {
+			t.Errorf("%s: C size %d, Go size %d", c, st.Size, gt.Size())
+		}
+		var fields []reflect.StructField
+		for i := range gt.NumField() {
+			if f := gt.Field(i); f.Name != "_" {
+				fields = append(fields, f)
+			}
+		}
+		if len(fields) != len(st.Members) {
+			t.Errorf("%s: C has %d members, Go %d fields", c, len(st.Members), len(fields))
+			continue
+		}
+		for i, m := range st.Members {
+			f := fields[i]
+			if uintptr(m.Offset.Bytes()) != f.Offset {
+				t.Errorf("%s.%s: C offset %d, Go %s offset %d", c, m.Name, m.Offset.Bytes(), f.Name, f.Offset)
+			}
+			want := strings.ReplaceAll(m.Name, "_", "")
+			if !strings.EqualFold(want, f.Name) {
+				t.Errorf("%s: member %d is %s in C, %s in Go", c, i, m.Name, f.Name)
+			}
+		}
+	}
+	var rec *btf.Struct
+	if err := spec.Types.TypeByName("fs_sock_record", &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Size != sockRecordSize {
+		t.Errorf("sockRecordSize %d, C %d", sockRecordSize, rec.Size)
+	}
+}
+
+func TestParseMountInfo(t *testing.T) {
+	const hybrid = `25 30 0:23 / /sys rw,nosuid shared:7 - sysfs sysfs rw
+33 25 0:28 / /sys/fs/cgroup ro shared:9 - tmpfs tmpfs ro,mode=755
+34 33 0:29 / /sys/fs/cgroup/unified rw shared:10 - cgroup2 cgroup2 rw,nsdelegate
+35 33 0:30 / /sys/fs/cgroup/cpu rw shared:11 - cgroup cgroup rw,cpu
+`
+	m, err := parseMountInfo(strings.NewReader(hybrid))
+	if err != nil || m.point != "/sys/fs/cgroup/unified" || m.root != "/" {
+		t.Fatalf("hybrid: %+v %v", m, err)
+	}
+	const ns = `40 30 0:29 /kubepods/pod\0401 /sys/fs/cgroup rw - cgroup2 cgroup2 rw
+`
+	m, err = parseMountInfo(strings.NewReader(ns))
+	if err != nil || m.point != "/sys/fs/cgroup" || m.root != "/kubepods/pod 1" {
+		t.Fatalf("namespaced: %+v %v", m, err)
+	}
+	if lvl, err := cgroupLevel(m, "/sys/fs/cgroup/fairshare"); err != nil || lvl != 3 {
+		t.Fatalf("level %d %v, want 3", lvl, err)
+	}
+	if _, err := cgroupLevel(m, "/tmp/x"); err == nil {
+		t.Fatal("a directory outside the mount has a level")
+	}
+	if _, err := parseMountInfo(strings.NewReader("25 30 0:23 / /sys rw - sysfs sysfs rw\n")); err != ErrNoCgroup2 {
+		t.Fatalf("no cgroup2: %v", err)
+	}
+}
