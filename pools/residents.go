@@ -39,6 +39,7 @@ type Residents struct {
 	rp      []resProject  // in step with l.projects
 	heap    []int32       // max-heap of projects with held > 0, keyed on held
 	changed chan struct{} // closed (and replaced) when room may have appeared
+	blocked int           // spawns waiting on changed
 }
 
 // object is one known object; awake objects are linked in their project's
@@ -119,6 +120,7 @@ func (r *Residents) Spawn(ctx context.Context, project, object string) (Eviction
 		}
 		if waiting >= 0 {
 			r.rp[waiting].waiting--
+			r.blocked--
 		}
 	}()
 	for {
@@ -131,6 +133,7 @@ func (r *Residents) Spawn(ctx context.Context, project, object string) (Eviction
 			timer = time.NewTimer(r.evictWait)
 			waiting = idx
 			r.rp[idx].waiting++
+			r.blocked++
 		}
 		ch := r.changed
 		r.mu.Unlock()
@@ -257,7 +260,12 @@ func (r *Residents) sleepLocked(oi int32) {
 	r.notifyLocked()
 }
 
+// notifyLocked wakes blocked spawns; with none it costs nothing (no channel
+// is allocated on the eviction path).
 func (r *Residents) notifyLocked() {
+	if r.blocked == 0 {
+		return
+	}
 	close(r.changed)
 	r.changed = make(chan struct{})
 }
