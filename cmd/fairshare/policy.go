@@ -1,0 +1,319 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/policy"
+	"github.com/urfave/cli/v2"
+)
+
+func policyCommand() *cli.Command {
+	jsonFlag := &cli.BoolFlag{Name: "json", Usage: "print JSON"}
+	return &cli.Command{
+		Name:  "policy",
+		Usage: "set, show or delete a project's policy (tier, shares, rates)",
+		Description: "A policy says what a project bought: its tier (pro, lite or none) and shares decide its\n" +
+			"request-class buckets, and requests/s and work units/s bound what it may spend\n" +
+			"(0 = unbounded). What a project may hold is never configured: that is the fair share.\n" +
+			"The running daemon stores and applies a change before this command returns; with no\n" +
+			"daemon running, the command writes the store in --state-dir itself.",
+		Subcommands: []*cli.Command{
+			{
+				Name:      "set",
+				Usage:     "set some fields of a project's policy; fields not given are kept (or defaulted)",
+				ArgsUsage: "PROJECT",
+				Flags: append(clientFlags(),
+					&cli.StringFlag{Name: "tier", Usage: "`TIER`: pro (P1 and P2 buckets), lite (P2) or none"},
+					&cli.StringFlag{Name: "shares", Usage: "`N` shares, a whole number >= 1: bigger, faster-refilling buckets"},
+					&cli.StringFlag{Name: "requests-per-sec", Usage: "requests per second `R` >= 0; 0 = unbounded"},
+					&cli.StringFlag{Name: "work-per-sec", Usage: "work units per second `W` >= 0; 0 = unbounded"},
+					jsonFlag),
+				Action: policySet,
+			},
+			{
+				Name: "get", Usage: "show a project's policy", ArgsUsage: "PROJECT",
+				Flags: append(clientFlags(), jsonFlag), Action: policyGet,
+			},
+			{
+				Name: "list", Usage: "list every stored policy",
+				Flags: append(clientFlags(), jsonFlag), Action: policyList,
+			},
+			{
+				Name: "delete", Usage: "delete a project's policy: it falls back to the default", ArgsUsage: "PROJECT",
+				Flags: clientFlags(), Action: policyDelete,
+			},
+		},
+	}
+}
+
+// oneProject returns the single PROJECT argument, validated.
+func oneProject(c *cli.Context) (string, error) {
+	for _, a := range c.Args().Tail() {
+		if strings.HasPrefix(a, "-") {
+			return "", cli.Exit(fmt.Sprintf("flags go before PROJECT: %s [flags] PROJECT (found %q after it)", c.Command.HelpName, a), 2)
+		}
+	}
+	if c.NArg() != 1 {
+		return "", cli.Exit(fmt.Sprintf("%s needs exactly one PROJECT argument, got %d", c.Command.HelpName, c.NArg()), 2)
+	}
+	p := c.Args().First()
+	if err := policy.ValidateProject(p); err != nil {
+		return "", cli.Exit(err.Error(), 2)
+	}
+	return p, nil
+}
+
+// parsePatch turns the flags into a patch, refusing anything malformed with
+// one sentence naming the flag.
+func parsePatch(c *cli.Context) (policy.Patch, error) {
+	var pt policy.Patch
+	if c.IsSet("tier") {
+		t := c.String("tier")
+		switch t {
+		case policy.TierPro, policy.TierLite, policy.TierNone:
+		default:
+			return pt, cli.Exit(fmt.Sprintf("--tier must be pro, lite or none, got %q", t), 2)
+		}
+		pt.Tier = &t
+	}
+	if c.IsSet("shares") {
+		raw := c.String("shares")
+		n, err := strconv.Atoi(strings.TrimSpace(raw))
+		if err != nil || n < 1 || n > policy.MaxShares {
+			return pt, cli.Exit(fmt.Sprintf("--shares must be a whole number from 1 to %d, got %q", policy.MaxShares, raw), 2)
+		}
+		pt.Shares = &n
+	}
+	rate := func(name string) (*float64, error) {
+		if !c.IsSet(name) {
+			return nil, nil
+		}
+		raw := c.String(name)
+		v, err := strconv.ParseFloat(strings.TrimSpace(raw), 64)
+		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > policy.MaxRate {
+			return nil, cli.Exit(fmt.Sprintf("--%s must be a number from 0 (unbounded) to %g, got %q", name, float64(policy.MaxRate), raw), 2)
+		}
+		return &v, nil
+	}
+	var err error
+	if pt.RequestsPerSec, err = rate("requests-per-sec"); err != nil {
+		return pt, err
+	}
+	if pt.WorkPerSec, err = rate("work-per-sec"); err != nil {
+		return pt, err
+	}
+	if pt.Empty() {
+		return pt, cli.Exit("policy set changes nothing: give at least one of --tier, --shares, --requests-per-sec, --work-per-sec", 2)
+	}
+	return pt, nil
+}
+
+// policyBackend is where policies live for this invocation: the daemon if one
+// answers, else the store file.
+type policyBackend interface {
+	get(project string) (policy.Policy, bool, error)
+	list() ([]policy.Entry, error)
+	patch(project string, pt policy.Patch) (policy.Policy, error)
+	delete(project string) (bool, error)
+	close() error
+}
+
+type viaDaemon struct {
+	ctx context.Context
+	c   *admin.Client
+}
+
+func (v viaDaemon) get(p string) (policy.Policy, bool, error) {
+	pol, err := v.c.Policy(v.ctx, p)
+	if errors.Is(err, admin.ErrNotFound) {
+		return policy.Policy{}, false, nil
+	}
+	return pol, err == nil, err
+}
+func (v viaDaemon) list() ([]policy.Entry, error) { return v.c.Policies(v.ctx) }
+func (v viaDaemon) patch(p string, pt policy.Patch) (policy.Policy, error) {
+	return v.c.PatchPolicy(v.ctx, p, pt)
+}
+func (v viaDaemon) delete(p string) (bool, error) {
+	err := v.c.DeletePolicy(v.ctx, p)
+	if errors.Is(err, admin.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+func (viaDaemon) close() error { return nil }
+
+type viaStore struct {
+	s   *policy.Store
+	def policy.Policy
+}
+
+func (v viaStore) get(p string) (policy.Policy, bool, error) { return v.s.Get(p) }
+func (v viaStore) list() ([]policy.Entry, error)             { return v.s.List() }
+func (v viaStore) patch(p string, pt policy.Patch) (policy.Policy, error) {
+	return v.s.Patch(p, pt, v.def)
+}
+func (v viaStore) delete(p string) (bool, error) { return v.s.Delete(p) }
+func (v viaStore) close() error                  { return v.s.Close() }
+
+// openPolicies finds the daemon, or opens the store when none answers.
+func openPolicies(c *cli.Context) (policyBackend, error) {
+	cfg, err := loadConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	cl := admin.NewClient(cfg.AdminSocket)
+	err = cl.Health(c.Context)
+	if err == nil {
+		return viaDaemon{ctx: c.Context, c: cl}, nil
+	}
+	if !errors.Is(err, admin.ErrNoDaemon) {
+		return nil, cli.Exit(fmt.Sprintf("the daemon at %s did not answer: %v", cfg.AdminSocket, err), 1)
+	}
+	st, err := policy.Open(cfg.StateDir, policy.Options{Timeout: 2 * time.Second})
+	if errors.Is(err, policy.ErrLocked) {
+		return nil, cli.Exit(fmt.Sprintf("the policy store in %s is held by a running daemon whose admin socket %s does not answer; "+
+			"pass that daemon's --admin-socket", cfg.StateDir, cfg.AdminSocket), 1)
+	}
+	if err != nil {
+		return nil, cli.Exit(fmt.Sprintf("no daemon answers and the policy store could not be opened: %v", err), 1)
+	}
+	return viaStore{s: st, def: defaultPolicy(cfg)}, nil
+}
+
+func defaultPolicy(cfg config.Config) policy.Policy {
+	return policy.Policy{Tier: cfg.Scheduler.DefaultTier, Shares: cfg.Scheduler.DefaultShares}
+}
+
+func policyErr(err error) error {
+	var apiErr *admin.APIError
+	if errors.Is(err, policy.ErrInvalid) || errors.Is(err, policy.ErrBadProject) ||
+		(errors.As(err, &apiErr) && apiErr.Code == 400) {
+		return cli.Exit(err.Error(), 2)
+	}
+	return cli.Exit(err.Error(), 1)
+}
+
+func policySet(c *cli.Context) error {
+	project, err := oneProject(c)
+	if err != nil {
+		return err
+	}
+	pt, err := parsePatch(c)
+	if err != nil {
+		return err
+	}
+	b, err := openPolicies(c)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	p, err := b.patch(project, pt)
+	if err != nil {
+		return policyErr(err)
+	}
+	return printPolicies(c, []policy.Entry{{Project: project, Policy: p}}, false)
+}
+
+func policyGet(c *cli.Context) error {
+	project, err := oneProject(c)
+	if err != nil {
+		return err
+	}
+	b, err := openPolicies(c)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	p, found, err := b.get(project)
+	if err != nil {
+		return policyErr(err)
+	}
+	if !found {
+		return cli.Exit(fmt.Sprintf("no policy is stored for %s; it runs on the default", project), 1)
+	}
+	return printPolicies(c, []policy.Entry{{Project: project, Policy: p}}, false)
+}
+
+func policyList(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return cli.Exit(fmt.Sprintf("policy list takes no arguments, got %q", c.Args().First()), 2)
+	}
+	b, err := openPolicies(c)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	list, err := b.list()
+	if err != nil {
+		return policyErr(err)
+	}
+	return printPolicies(c, list, true)
+}
+
+func policyDelete(c *cli.Context) error {
+	project, err := oneProject(c)
+	if err != nil {
+		return err
+	}
+	b, err := openPolicies(c)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	found, err := b.delete(project)
+	if err != nil {
+		return policyErr(err)
+	}
+	if !found {
+		return cli.Exit(fmt.Sprintf("no policy is stored for %s", project), 1)
+	}
+	fmt.Fprintf(c.App.Writer, "deleted the policy of %s\n", project)
+	return nil
+}
+
+func printPolicies(c *cli.Context, list []policy.Entry, asList bool) error {
+	w := c.App.Writer
+	if c.Bool("json") {
+		var v any = list
+		if !asList && len(list) == 1 {
+			v = list[0]
+		}
+		if list == nil {
+			v = []policy.Entry{}
+		}
+		return writeJSON(w, v)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROJECT\tTIER\tSHARES\tREQUESTS/S\tWORK/S")
+	for _, e := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", e.Project, e.Tier, e.Shares, rateText(e.RequestsPerSec), rateText(e.WorkPerSec))
+	}
+	return tw.Flush()
+}
+
+func rateText(v float64) string {
+	if v == 0 {
+		return "unbounded"
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64)
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

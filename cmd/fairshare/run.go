@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"os/signal"
+	"syscall"
+
+	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/daemon"
+	"github.com/fairshare-dev/fairshare/loader"
+	"github.com/urfave/cli/v2"
+)
+
+func runCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "run",
+		Usage: "run the daemon: attach the BPF programs, serve the admin API, /metrics and the HTTP front",
+		Description: "Needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_PERFMON). SIGINT or SIGTERM stops it;\n" +
+			"the BPF programs stay pinned and keep enforcing unless --detach-on-exit is given,\n" +
+			"so a restart loses neither counts nor enforcement.",
+		Flags: []cli.Flag{
+			configFlag(), adminSocketFlag(), stateDirFlag(), pinDirFlag(),
+			&cli.StringFlag{Name: flagProjectsRoot, Usage: "cgroup2 `DIR` whose children are the projects [default: <cgroup2 mount>/fairshare]", EnvVars: env(flagProjectsRoot)},
+			&cli.StringFlag{Name: flagMetrics, Usage: "`HOST:PORT` of /metrics, empty to disable [default from config: 127.0.0.1:9464]", EnvVars: env(flagMetrics)},
+			&cli.StringFlag{Name: flagFrontListen, Usage: "`HOST:PORT` of the HTTP front, empty to disable [default from config: disabled]", EnvVars: env(flagFrontListen)},
+			&cli.StringFlag{Name: flagFrontUp, Usage: "upstream base `URL` of the HTTP front", EnvVars: env(flagFrontUp)},
+			&cli.StringFlag{Name: flagPermits, Usage: "permit API unix socket `PATH` for runtimes, empty to disable [default from config: /run/fairshare/permits.sock]", EnvVars: env(flagPermits)},
+			&cli.BoolFlag{Name: flagNoBPF, Usage: "do not load BPF: connections are NOT enforced (for hosts without BPF)", EnvVars: env(flagNoBPF)},
+			&cli.BoolFlag{Name: "detach-on-exit", Usage: "detach and unpin the BPF programs on shutdown instead of leaving them enforcing", EnvVars: env("detach-on-exit")},
+			&cli.BoolFlag{Name: "check", Usage: "load, attach and verify the BPF programs, then exit 0 (ok) or 1"},
+			&cli.BoolFlag{Name: "print-config", Usage: "print the effective configuration as YAML and exit"},
+			&cli.StringFlag{Name: flagLogLevel, Value: "info", Usage: "`LEVEL`: debug, info, warn or error", EnvVars: env(flagLogLevel)},
+			&cli.StringFlag{Name: flagLogFormat, Value: "text", Usage: "`FORMAT`: text or json", EnvVars: env(flagLogFormat)},
+			&cli.StringFlag{Name: "ready-file", Hidden: true, Usage: "write a JSON file with the bound addresses once serving (tests)"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return cli.Exit(fmt.Sprintf("run takes no arguments, got %q", c.Args().First()), 2)
+			}
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			if c.Bool("print-config") {
+				out, err := cfg.Marshal()
+				if err != nil {
+					return cli.Exit(err.Error(), 1)
+				}
+				_, err = c.App.Writer.Write(out)
+				return err
+			}
+			log, err := newLogger(c)
+			if err != nil {
+				return err
+			}
+			if c.Bool("check") {
+				return check(c, cfg)
+			}
+			d, err := daemon.New(daemon.Options{Config: cfg, Version: version, Log: log,
+				ReadyFile: c.String("ready-file"), DetachOnExit: c.Bool("detach-on-exit")})
+			if err != nil {
+				return cli.Exit(fmt.Sprintf("the daemon could not start: %v", err), 1)
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if err := d.Run(ctx); err != nil {
+				return cli.Exit(fmt.Sprintf("the daemon stopped with an error: %v", err), 1)
+			}
+			return nil
+		},
+	}
+}
+
+// check loads and attaches the programs (reusing pinned ones), reads the maps
+// once and closes, leaving whatever was pinned pinned.
+func check(c *cli.Context, cfg config.Config) error {
+	if !cfg.BPF {
+		fmt.Fprintln(c.App.Writer, "configuration ok; bpf is disabled, so there is nothing to attach")
+		return nil
+	}
+	root, err := daemon.ProjectsRoot(cfg)
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("check failed: %v", err), 1)
+	}
+	conn := cfg.Pools[config.PoolConnections]
+	lim, err := loader.Open(loader.Options{ProjectsRoot: root, PinDir: cfg.PinDir,
+		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window})
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("check failed: %+v", err), 1)
+	}
+	s, err := lim.Snapshot()
+	cerr := lim.Close()
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("check failed reading the maps: %v", err), 1)
+	}
+	if cerr != nil {
+		return cli.Exit(fmt.Sprintf("check failed closing: %v", cerr), 1)
+	}
+	if s.Size != conn.Size {
+		return cli.Exit(fmt.Sprintf("check failed: the maps say pool size %d, the configuration %d", s.Size, conn.Size), 1)
+	}
+	fmt.Fprintf(c.App.Writer, "ok: programs attached to %s, pinned in %s; connections pool %d (floor %d), %d in use by %d projects\n",
+		root, cfg.PinDir, s.Size, s.Floor, s.InUse, len(s.Projects))
+	return nil
+}

@@ -1,0 +1,427 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/front"
+	"github.com/fairshare-dev/fairshare/loader"
+	"github.com/fairshare-dev/fairshare/metrics"
+	"github.com/fairshare-dev/fairshare/permitd"
+	"github.com/fairshare-dev/fairshare/policy"
+	"github.com/fairshare-dev/fairshare/pools"
+	"github.com/fairshare-dev/fairshare/scheduler"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+)
+
+// Options configure New.
+type Options struct {
+	Config  config.Config
+	Version string
+	Log     *slog.Logger
+	// ReadyFile, if set, is written once every listener is up, with the
+	// addresses actually bound (see Ready). Tests use it.
+	ReadyFile string
+	// DetachOnExit unpins and detaches the BPF programs on shutdown instead
+	// of leaving them enforcing.
+	DetachOnExit bool
+}
+
+// Ready is the JSON written to Options.ReadyFile.
+type Ready struct {
+	PID         int    `json:"pid"`
+	AdminSocket string `json:"admin_socket"`
+	Metrics     string `json:"metrics,omitempty"`
+	Front       string `json:"front,omitempty"`
+	Permits     string `json:"permits,omitempty"`
+	Kernel      bool   `json:"kernel"`
+}
+
+// Daemon is the running node daemon.
+type Daemon struct {
+	opts      Options
+	cfg       config.Config
+	log       *slog.Logger
+	defPolicy policy.Policy
+
+	store     *policy.Store
+	lim       *loader.Limiter // nil without BPF
+	root      string          // projects root in use
+	requests  *pools.Pool
+	others    map[string]*pools.Pool // flights and extra pools, served by permitd
+	residents *pools.Residents
+	rates     *pools.Rates
+	sched     *scheduler.Scheduler
+	front     *front.Front // nil when disabled
+	permits   *permitd.Server
+
+	mu   sync.Mutex        // guards the fields below
+	seen map[string][2]int // pool -> last logged {active, share}
+}
+
+// New opens the store, loads and attaches the BPF programs (unless
+// cfg.BPF is false), builds the pools and applies the stored policies.
+func New(opts Options) (*Daemon, error) {
+	cfg := opts.Config
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &Daemon{
+		opts: opts, cfg: cfg, log: log,
+		defPolicy: policy.Policy{Tier: cfg.Scheduler.DefaultTier, Shares: cfg.Scheduler.DefaultShares},
+		others:    map[string]*pools.Pool{},
+		rates:     pools.NewRates(nil),
+		seen:      map[string][2]int{},
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			d.closeParts()
+		}
+	}()
+
+	var err error
+	d.store, err = policy.Open(cfg.StateDir, policy.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("opening policy store: %w", err)
+	}
+
+	if cfg.BPF {
+		d.root, err = ProjectsRoot(cfg)
+		if err != nil {
+			return nil, err
+		}
+		conn := cfg.Pools[config.PoolConnections]
+		d.lim, err = loader.Open(loader.Options{
+			ProjectsRoot: d.root, PinDir: cfg.PinDir,
+			PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window,
+			Logger: log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("loading the bpf programs: %+v", err)
+		}
+		log.Info("connections enforced in the kernel", "projects_root", d.root, "pin_dir", cfg.PinDir,
+			"size", conn.Size, "floor", conn.Floor)
+	} else {
+		log.Warn("bpf disabled by configuration: connections are NOT enforced on this node")
+	}
+
+	for _, name := range cfg.PoolNames() {
+		pc := cfg.Pools[name]
+		pcfg := pools.Config{Name: name, Size: pc.Size, Floor: pc.Floor, Window: pc.Window}
+		switch name {
+		case config.PoolConnections:
+			continue // the kernel's
+		case config.PoolResidents:
+			d.residents, err = pools.NewResidents(pcfg, nil)
+		default:
+			var p *pools.Pool
+			p, err = pools.New(pcfg, nil)
+			if name == config.PoolRequests {
+				d.requests = p
+			} else {
+				d.others[name] = p
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("pool %s: %w", name, err)
+		}
+	}
+
+	tier, err := scheduler.ParseTier(cfg.Scheduler.DefaultTier)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler.default_tier: %w", err)
+	}
+	d.sched, err = scheduler.New(scheduler.Config{
+		P1Rate: cfg.Scheduler.P1Rate, P1Burst: cfg.Scheduler.P1Burst,
+		P2Rate: cfg.Scheduler.P2Rate, P2Burst: cfg.Scheduler.P2Burst,
+		MaxInFlight:   cfg.Front.MaxInFlight,
+		Poll:          cfg.Scheduler.Poll,
+		DefaultPolicy: scheduler.Policy{Tier: tier, Shares: cfg.Scheduler.DefaultShares},
+	}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+
+	if cfg.Front.Listen != "" {
+		d.front, err = front.New(front.Config{
+			Listen: cfg.Front.Listen, Upstream: cfg.Front.Upstream,
+			ProjectHeader: cfg.Front.ProjectHeader, Routes: cfg.Front.Routes,
+			MaxInFlight: cfg.Front.MaxInFlight, CostHeader: cfg.Front.CostHeader,
+			CostFromTime: cfg.Front.CostFromTime, CostUnit: cfg.Front.CostUnit,
+			MaxProjects: cfg.Metrics.MaxProjects,
+		}, front.Deps{Requests: d.requests, Rates: d.rates, Sched: d.sched, Log: log.With("part", "front")})
+		if err != nil {
+			return nil, fmt.Errorf("front: %w", err)
+		}
+	}
+
+	if cfg.Permits.Socket != "" {
+		d.permits, err = permitd.New(permitd.Config{Socket: cfg.Permits.Socket, Group: cfg.Permits.Group},
+			d.others, d.residents, log.With("part", "permits"))
+		if err != nil {
+			return nil, fmt.Errorf("permit api: %w", err)
+		}
+	}
+
+	list, err := d.store.List()
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range list {
+		d.apply(e.Project, e.Policy)
+	}
+	if len(list) > 0 {
+		log.Info("policies applied", "count", len(list))
+	}
+	ok = true
+	return d, nil
+}
+
+// ProjectsRoot returns cfg.ProjectsRoot, or <cgroup2 mount>/fairshare.
+func ProjectsRoot(cfg config.Config) (string, error) {
+	if cfg.ProjectsRoot != "" {
+		return cfg.ProjectsRoot, nil
+	}
+	mnt, err := loader.Cgroup2Mount()
+	if err != nil {
+		return "", fmt.Errorf("finding the projects root: %w", err)
+	}
+	return filepath.Join(mnt, "fairshare"), nil
+}
+
+// apply hands a policy to the scheduler and the rate buckets.
+func (d *Daemon) apply(project string, p policy.Policy) {
+	tier, err := scheduler.ParseTier(p.Tier)
+	if err != nil {
+		// The store validates tiers; a bad one here is a store from a newer
+		// version. Keep the project on the default rather than fail.
+		d.log.Warn("unknown tier in stored policy", "project", project, "tier", p.Tier)
+		tier, _ = scheduler.ParseTier(d.defPolicy.Tier)
+	}
+	d.sched.SetPolicy(project, scheduler.Policy{Tier: tier, Shares: p.Shares})
+	d.rates.SetLimits(project, pools.Limits{RequestsPerSec: p.RequestsPerSec, WorkPerSec: p.WorkPerSec})
+}
+
+// Run serves until ctx is done, then shuts down. It closes the daemon.
+func (d *Daemon) Run(ctx context.Context) (err error) {
+	defer func() {
+		if cerr := d.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	ready := Ready{PID: os.Getpid(), AdminSocket: d.cfg.AdminSocket, Kernel: d.lim != nil}
+
+	adminLn, err := admin.Listen(d.cfg.AdminSocket)
+	if err != nil {
+		return err
+	}
+	var metricsLn, frontLn net.Listener
+	closeAll := func() {
+		for _, ln := range []net.Listener{adminLn, metricsLn, frontLn} {
+			if ln != nil {
+				ln.Close()
+			}
+		}
+	}
+	if d.cfg.Metrics.Listen != "" {
+		if metricsLn, err = net.Listen("tcp", d.cfg.Metrics.Listen); err != nil {
+			closeAll()
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		ready.Metrics = metricsLn.Addr().String()
+	}
+	if d.front != nil {
+		if frontLn, err = net.Listen("tcp", d.cfg.Front.Listen); err != nil {
+			closeAll()
+			return fmt.Errorf("front listener: %w", err)
+		}
+		ready.Front = frontLn.Addr().String()
+	}
+	if d.permits != nil {
+		if err := d.permits.Listen(); err != nil {
+			closeAll()
+			return fmt.Errorf("permit api: %w", err)
+		}
+		ready.Permits = d.permits.Socket()
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return admin.NewServer(d, d.log.With("part", "admin")).Serve(gctx, adminLn) })
+	if metricsLn != nil {
+		reg := metrics.NewRegistry(metrics.New(d.Status, d.cfg.Metrics.MaxProjects, d.log))
+		if d.front != nil {
+			reg.MustRegister(d.front.Collector())
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}))
+		g.Go(func() error { return serveHTTP(gctx, metricsLn, mux) })
+	}
+	if frontLn != nil {
+		g.Go(func() error { return d.front.Serve(gctx, frontLn) })
+	}
+	if d.permits != nil {
+		g.Go(func() error { return d.permits.Serve(gctx) })
+	}
+	g.Go(func() error {
+		if err := d.sched.Run(gctx); err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("scheduler: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error { return d.loop(gctx) })
+
+	d.log.Info("serving", "admin", ready.AdminSocket, "metrics", ready.Metrics, "front", ready.Front,
+		"permits", ready.Permits, "kernel", ready.Kernel)
+	if d.opts.ReadyFile != "" {
+		buf, _ := json.Marshal(ready)
+		if err := writeFileAtomic(d.opts.ReadyFile, buf); err != nil {
+			d.log.Error("writing ready file", "err", err)
+		}
+	}
+	err = g.Wait()
+	d.log.Info("stopped", "err", err)
+	return err
+}
+
+// loop is the control loop.
+func (d *Daemon) loop(ctx context.Context) error {
+	t := time.NewTicker(d.cfg.Tick)
+	defer t.Stop()
+	var lastReconcile time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			d.tick(now)
+			if d.lim != nil && d.cfg.Reconcile > 0 && now.Sub(lastReconcile) >= d.cfg.Reconcile {
+				if !lastReconcile.IsZero() {
+					d.reconcile(ctx)
+				}
+				lastReconcile = now
+			}
+		}
+	}
+}
+
+func (d *Daemon) tick(now time.Time) {
+	if d.lim != nil {
+		if err := d.lim.Tick(now); err != nil {
+			d.log.Error("bpf tick", "err", err)
+		} else if s, err := d.lim.Snapshot(); err == nil {
+			d.note(config.PoolConnections, s.Active, s.Share)
+		}
+	}
+	if d.requests != nil {
+		d.requests.Recompute()
+		s := d.requests.Snapshot()
+		d.note(s.Name, s.Active, s.Share)
+	}
+	for _, p := range d.others {
+		p.Recompute()
+		s := p.Snapshot()
+		d.note(s.Name, s.Active, s.Share)
+	}
+	if d.residents != nil {
+		d.residents.Recompute()
+		s := d.residents.Snapshot()
+		d.note(s.Name, s.Active, s.Share)
+	}
+}
+
+// note logs a pool's active count or share when it changes.
+func (d *Daemon) note(pool string, active, share int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.noteLocked(pool, active, share)
+}
+
+func (d *Daemon) noteLocked(pool string, active, share int) {
+	if old, ok := d.seen[pool]; ok && old == [2]int{active, share} {
+		return
+	}
+	d.seen[pool] = [2]int{active, share}
+	d.log.Info("share changed", "pool", pool, "active", active, "share", share)
+}
+
+func (d *Daemon) reconcile(ctx context.Context) {
+	rep, err := d.lim.Reconcile(ctx)
+	if err != nil {
+		d.log.Error("reconcile", "err", err)
+		return
+	}
+	if rep.Adopted > 0 || len(rep.Repaired) > 0 {
+		d.log.Warn("reconcile repaired the connection counts", "adopted", rep.Adopted, "repaired", rep.Repaired)
+	}
+}
+
+// Close closes everything the daemon holds. Pinned BPF objects stay unless
+// DetachOnExit was set.
+func (d *Daemon) Close() error {
+	return d.closeParts()
+}
+
+func (d *Daemon) closeParts() error {
+	var errs []error
+	if d.front != nil {
+		d.front.CloseIdle()
+	}
+	if d.lim != nil {
+		errs = append(errs, d.lim.Close())
+		d.lim = nil
+		if d.opts.DetachOnExit {
+			errs = append(errs, loader.Cleanup(d.cfg.PinDir))
+			d.log.Info("bpf programs detached and unpinned", "pin_dir", d.cfg.PinDir)
+		} else {
+			d.log.Info("bpf programs left pinned and enforcing", "pin_dir", d.cfg.PinDir)
+		}
+	}
+	if d.store != nil {
+		errs = append(errs, d.store.Close())
+		d.store = nil
+	}
+	return errors.Join(errs...)
+}
+
+func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler) error {
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan error, 1)
+	go func() { done <- hs.Serve(ln) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("metrics server: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	hs.Shutdown(sctx)
+	<-done
+	return nil
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
