@@ -1,0 +1,460 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/daemon"
+	"github.com/fairshare-dev/fairshare/loader"
+	"github.com/fairshare-dev/fairshare/policy"
+)
+
+// binary is the fairshare binary built once by TestMain.
+var binary string
+
+// With connectEnv set to "ADDR N", the test binary is a project's process: it
+// opens N connections to ADDR, prints "ok <connected> <refused>", and holds
+// them until its stdin closes.
+const connectEnv = "FAIRSHARE_E2E_CONNECT"
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(connectEnv); spec != "" {
+		connectHelper(spec)
+		return
+	}
+	dir, err := os.MkdirTemp("", "fairshare-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "fairshare")
+	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building fairshare: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func connectHelper(spec string) {
+	addr, nStr, _ := strings.Cut(spec, " ")
+	n, _ := strconv.Atoi(nStr)
+	var conns []net.Conn
+	refused := 0
+	for range n {
+		c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			refused++
+			continue
+		}
+		if err != nil {
+			fmt.Println("error", err)
+			os.Exit(1)
+		}
+		conns = append(conns, c)
+	}
+	fmt.Printf("ok %d %d\n", len(conns), refused)
+	io.Copy(io.Discard, os.Stdin) // hold until the test closes stdin
+	for _, c := range conns {
+		c.Close()
+	}
+	os.Exit(0)
+}
+
+// runCLI runs the binary and returns stdout, stderr and the exit code.
+func runCLI(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.Env = cleanEnv()
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("running %v: %v", args, err)
+	}
+	return stdout.String(), stderr.String(), code
+}
+
+// cleanEnv drops FAIRSHARE_* so the host's environment cannot steer a test.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "FAIRSHARE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: BPF, cgroups and the admin socket")
+	}
+}
+
+// node is one test's daemon environment.
+type node struct {
+	t                                       *testing.T
+	dir, state, sock, pin, root, cfg, ready string
+	cmd                                     *exec.Cmd
+	done                                    chan error
+	log                                     *syncBuffer
+	r                                       daemon.Ready
+}
+
+func newNode(t *testing.T, poolYAML string) *node {
+	needRoot(t)
+	mnt, err := loader.Cgroup2Mount()
+	if err != nil {
+		t.Skipf("no cgroup2: %v", err)
+	}
+	dir := t.TempDir()
+	n := &node{t: t, dir: dir, state: filepath.Join(dir, "state"), sock: filepath.Join(dir, "run", "admin.sock"),
+		pin: filepath.Join("/sys/fs/bpf", "fairshare-e2e-"+filepath.Base(dir)), root: filepath.Join(mnt, "fairshare-e2e-"+filepath.Base(dir)),
+		cfg: filepath.Join(dir, "fairshare.yaml"), ready: filepath.Join(dir, "ready.json")}
+	cfg := fmt.Sprintf("state_dir: %s\nadmin_socket: %s\npin_dir: %s\nprojects_root: %s\npermits: {socket: %s}\nmetrics: {listen: '127.0.0.1:0'}\n%s",
+		n.state, n.sock, n.pin, n.root, filepath.Join(dir, "run", "permits.sock"), poolYAML)
+	if err := os.WriteFile(n.cfg, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.stop(syscall.SIGKILL)
+		if err := loader.Cleanup(n.pin); err != nil {
+			t.Errorf("cleanup of %s: %v", n.pin, err)
+		}
+		// Projects first, then the root; their processes are gone by now.
+		entries, _ := os.ReadDir(n.root)
+		for _, e := range entries {
+			if e.IsDir() {
+				os.Remove(filepath.Join(n.root, e.Name()))
+			}
+		}
+		os.Remove(n.root)
+	})
+	return n
+}
+
+func (n *node) start() {
+	t := n.t
+	t.Helper()
+	os.Remove(n.ready)
+	n.log = &syncBuffer{}
+	n.cmd = exec.Command(binary, "run", "--config", n.cfg, "--ready-file", n.ready, "--log-format", "json")
+	n.cmd.Env = cleanEnv()
+	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	n.done = make(chan error, 1)
+	go func(cmd *exec.Cmd, done chan error) { done <- cmd.Wait() }(n.cmd, n.done)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if raw, err := os.ReadFile(n.ready); err == nil {
+			if err := json.Unmarshal(raw, &n.r); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		select {
+		case err := <-n.done:
+			n.cmd = nil
+			t.Fatalf("daemon exited before it was ready: %v\n%s", err, n.log)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon not ready after 30s:\n%s", n.log)
+		}
+	}
+}
+
+// stop sends sig to the daemon and waits for it to exit.
+func (n *node) stop(sig syscall.Signal) error {
+	if n.cmd == nil {
+		return nil
+	}
+	n.cmd.Process.Signal(sig)
+	var err error
+	select {
+	case err = <-n.done:
+	case <-time.After(20 * time.Second):
+		n.cmd.Process.Kill()
+		err = <-n.done
+		n.t.Errorf("daemon ignored %v for 20s", sig)
+	}
+	n.cmd = nil
+	return err
+}
+
+// syncBuffer is a bytes.Buffer safe for the daemon's two output pipes.
+type syncBuffer struct {
+	mu  sync.Mutex // guards the fields below
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (n *node) cli(args ...string) (string, string, int) {
+	n.t.Helper()
+	words := 1 // the command's words come before its flags
+	if args[0] == "policy" {
+		words = 2
+	}
+	return runCLI(n.t, append(args[:words:words], append([]string{"--config", n.cfg}, args[words:]...)...)...)
+}
+
+func (n *node) status() admin.Status {
+	n.t.Helper()
+	out, errOut, code := runCLI(n.t, "status", "--config", n.cfg, "--json")
+	if code != 0 {
+		n.t.Fatalf("status: %d %s", code, errOut)
+	}
+	var st admin.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		n.t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	return st
+}
+
+func (n *node) metrics() string {
+	n.t.Helper()
+	resp, err := http.Get("http://" + n.r.Metrics + "/metrics")
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func pool(st admin.Status, name string) admin.Pool {
+	for _, p := range st.Pools {
+		if p.Name == name {
+			return p
+		}
+	}
+	return admin.Pool{}
+}
+
+func project(p admin.Pool, name string) admin.Project {
+	for _, pr := range p.Projects {
+		if pr.Project == name {
+			return pr
+		}
+	}
+	return admin.Project{}
+}
+
+// projectProc is a helper process inside a project's cgroup holding
+// connections.
+type projectProc struct {
+	cmd                *exec.Cmd
+	stdin              io.WriteCloser
+	connected, refused int
+}
+
+// connectFrom starts a process in project (a cgroup under the node's root,
+// created if missing) that opens n connections to addr.
+func (n *node) connectFrom(project, addr string, count int) *projectProc {
+	t := n.t
+	t.Helper()
+	cg := filepath.Join(n.root, project)
+	if err := os.MkdirAll(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Open(cg, syscall.O_DIRECTORY|syscall.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^$")
+	cmd.Env = append(cleanEnv(), connectEnv+"="+addr+" "+strconv.Itoa(count))
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &projectProc{cmd: cmd, stdin: stdin}
+	t.Cleanup(func() { p.cmd.Process.Kill(); p.cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if _, serr := fmt.Sscanf(line, "ok %d %d", &p.connected, &p.refused); err != nil || serr != nil {
+		t.Fatalf("project helper said %q (%v)", line, err)
+	}
+	return p
+}
+
+func (p *projectProc) close() {
+	p.stdin.Close()
+	p.cmd.Wait()
+}
+
+// eventually retries f until it returns nil or 10s pass.
+func eventually(t *testing.T, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestEndToEnd(t *testing.T) {
+	n := newNode(t, "pools: {connections: {size: 4}}\n")
+	n.start()
+	if !n.r.Kernel {
+		t.Fatal("the daemon runs without BPF")
+	}
+
+	// A policy through the CLI, which goes through the admin API.
+	if out, errOut, code := n.cli("policy", "set", "--tier", "pro", "--shares", "3", "--requests-per-sec", "50", "alpha"); code != 0 {
+		t.Fatalf("policy set: %d %s %s", code, out, errOut)
+	}
+
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+
+	// Alone on the node, alpha gets the whole pool of 4 and is refused past it.
+	a := n.connectFrom("alpha", ln.Addr().String(), 6)
+	if a.connected != 4 || a.refused != 2 {
+		t.Fatalf("alpha connected %d, refused %d; want 4 and 2 with a pool of 4", a.connected, a.refused)
+	}
+	eventually(t, func() error {
+		st := n.status()
+		c := pool(st, "connections")
+		pr := project(c, "alpha")
+		if c.Size != 4 || c.InUse != 4 || pr.Held != 4 || pr.Refused != 2 {
+			return fmt.Errorf("status: pool %+v", c)
+		}
+		return nil
+	})
+	m := n.metrics()
+	for _, want := range []string{
+		`fairshare_project_permits_held{pool="connections",project="alpha"} 4`,
+		`fairshare_project_refused_total{pool="connections",project="alpha"} 2`,
+		`fairshare_pool_size{pool="connections"} 4`,
+		`fairshare_kernel_enforcement 1`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	st := n.status()
+	if len(st.Rates) != 1 || st.Rates[0].Project != "alpha" || st.Rates[0].RequestsPerSec != 50 {
+		t.Errorf("policy not applied to the rates: %+v", st.Rates)
+	}
+
+	// SIGKILL the daemon: enforcement stays pinned, then a restart finds the
+	// policy and the counts where they were.
+	n.stop(syscall.SIGKILL)
+	b := n.connectFrom("beta", ln.Addr().String(), 1)
+	if b.connected != 0 || b.refused != 1 {
+		t.Errorf("with the daemon dead and the pool full, beta connected %d refused %d; want refused", b.connected, b.refused)
+	}
+	b.close()
+	n.start()
+	out, _, code := n.cli("policy", "get", "--json", "alpha")
+	var e policy.Entry
+	if code != 0 || json.Unmarshal([]byte(out), &e) != nil || e.Policy != (policy.Policy{Tier: "pro", Shares: 3, RequestsPerSec: 50}) {
+		t.Errorf("after restart: policy get = %d %q", code, out)
+	}
+	st = n.status()
+	if c := pool(st, "connections"); c.InUse != 4 || project(c, "alpha").Held != 4 {
+		t.Errorf("after restart the connections pool is %+v", c)
+	}
+	if len(st.Rates) != 1 || st.Rates[0].RequestsPerSec != 50 {
+		t.Errorf("after restart the rates are %+v", st.Rates)
+	}
+
+	// Closing alpha's connections frees its permits.
+	a.close()
+	eventually(t, func() error {
+		if c := pool(n.status(), "connections"); c.InUse != 0 {
+			return fmt.Errorf("after alpha closed, in_use = %d", c.InUse)
+		}
+		return nil
+	})
+
+	// A clean stop leaves the programs pinned; cleanup removes them.
+	if err := n.stop(syscall.SIGTERM); err != nil {
+		t.Errorf("SIGTERM: %v\n%s", err, n.log)
+	}
+	if _, err := os.Stat(n.pin); err != nil {
+		t.Errorf("pins gone after a plain stop: %v", err)
+	}
+	if out, errOut, code := runCLI(t, "cleanup", "--pin-dir", n.pin); code != 0 {
+		t.Errorf("cleanup: %d %s %s", code, out, errOut)
+	}
+	if _, err := os.Stat(n.pin); !os.IsNotExist(err) {
+		t.Errorf("pins still there after cleanup: %v", err)
+	}
+	if strings.Contains(n.log.String(), `"level":"ERROR"`) {
+		t.Errorf("the daemon logged errors:\n%s", n.log)
+	}
+}
