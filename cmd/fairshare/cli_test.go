@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Every invalid value of every policy flag is refused with one clear sentence
+// and a non-zero exit, and the store is left as it was. No daemon runs here,
+// so the CLI opens the store itself: the path that writes directly.
+func TestPolicyBadInput(t *testing.T) {
+	dir := t.TempDir()
+	flags := []string{"--state-dir", filepath.Join(dir, "state"), "--admin-socket", filepath.Join(dir, "none.sock")}
+	set := func(args ...string) (string, string, int) {
+		return runCLI(t, append(append([]string{"policy", "set"}, flags...), args...)...)
+	}
+	if _, errOut, code := set("--tier", "lite", "--shares", "2", "alpha"); code != 0 {
+		t.Fatalf("a good set failed: %s", errOut)
+	}
+	list := func() string {
+		out, errOut, code := runCLI(t, append([]string{"policy", "list", "--json"}, flags...)...)
+		if code != 0 {
+			t.Fatalf("list: %s", errOut)
+		}
+		return out
+	}
+	before := list()
+	if !strings.Contains(before, `"shares": 2`) {
+		t.Fatalf("the good set did not land: %s", before)
+	}
+	tests := []struct {
+		args []string
+		want string // in the message
+	}{
+		{[]string{"--tier", "gold", "alpha"}, "--tier must be pro, lite or none"},
+		{[]string{"--tier", "", "alpha"}, "--tier must be"},
+		{[]string{"--tier", "PRO", "alpha"}, "--tier must be"},
+		{[]string{"--shares", "0", "alpha"}, "--shares must be a whole number"},
+		{[]string{"--shares", "-1", "alpha"}, "--shares must be"},
+		{[]string{"--shares", "1.5", "alpha"}, "--shares must be"},
+		{[]string{"--shares", "many", "alpha"}, "--shares must be"},
+		{[]string{"--shares", "1000001", "alpha"}, "--shares must be"},
+		{[]string{"--requests-per-sec", "-1", "alpha"}, "--requests-per-sec must be a number"},
+		{[]string{"--requests-per-sec", "NaN", "alpha"}, "--requests-per-sec must be"},
+		{[]string{"--requests-per-sec", "Inf", "alpha"}, "--requests-per-sec must be"},
+		{[]string{"--requests-per-sec", "fast", "alpha"}, "--requests-per-sec must be"},
+		{[]string{"--work-per-sec", "-0.5", "alpha"}, "--work-per-sec must be a number"},
+		{[]string{"--work-per-sec", "1e10", "alpha"}, "--work-per-sec must be"},
+		{[]string{"--work-per-sec", "", "alpha"}, "--work-per-sec must be"},
+		{[]string{"alpha"}, "changes nothing"},
+		{[]string{"--tier", "pro"}, "exactly one PROJECT"},
+		{[]string{"--tier", "pro", "alpha", "beta"}, "exactly one PROJECT"},
+		{[]string{"alpha", "--tier", "pro"}, "flags go before PROJECT"},
+		{[]string{"--tier", "pro", ""}, "project name is empty"},
+		{[]string{"--tier", "pro", "../etc"}, "may use only"},
+		{[]string{"--tier", "pro", ".hidden"}, "may use only"},
+		{[]string{"--tier", "pro", "a b"}, "may use only"},
+		{[]string{"--tier", "pro", "cgroup.procs"}, "collide"},
+		{[]string{"--tier", "pro", strings.Repeat("x", 65)}, "longer than 64"},
+		{[]string{"--bogus", "1", "alpha"}, "flag provided but not defined"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			out, errOut, code := set(tt.args...)
+			if code == 0 {
+				t.Fatalf("accepted: %s", out)
+			}
+			if !strings.Contains(errOut, tt.want) {
+				t.Errorf("stderr %q lacks %q", errOut, tt.want)
+			}
+			if got := list(); got != before {
+				t.Errorf("a refused set changed the store:\n%s", got)
+			}
+		})
+	}
+	for _, args := range [][]string{{"get"}, {"delete"}, {"get", "a/b"}, {"delete", ".x"}, {"list", "extra"}} {
+		cmd := append([]string{"policy", args[0]}, flags...)
+		if _, errOut, code := runCLI(t, append(cmd, args[1:]...)...); code == 0 || errOut == "" {
+			t.Errorf("policy %v: exit %d, stderr %q", args, code, errOut)
+		}
+	}
+	if _, errOut, code := runCLI(t, append([]string{"policy", "get"}, append(flags, "nobody")...)...); code != 1 || !strings.Contains(errOut, "no policy is stored") {
+		t.Errorf("get of a project without a policy: %d %q", code, errOut)
+	}
+	if got := list(); got != before {
+		t.Errorf("reads changed the store:\n%s", got)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("pools: {requests: {size: 0}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"run", "--config", bad, "--print-config"},
+		{"run", "--config", filepath.Join(dir, "missing.yaml"), "--print-config"},
+		{"run", "--metrics-listen", "nohostport", "--print-config"},
+		{"run", "--pin-dir", "relative", "--print-config"},
+		{"status", "--admin-socket", "relative.sock"},
+		{"run", "--log-level", "loud", "--no-bpf", "--state-dir", dir},
+	} {
+		_, errOut, code := runCLI(t, args...)
+		if code != 2 || strings.Count(strings.TrimSpace(errOut), "\n") > 1 {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 and a short message", args, code, errOut)
+		}
+	}
+	out, errOut, code := runCLI(t, "run", "--print-config", "--metrics-listen", "127.0.0.1:9999", "--no-bpf")
+	if code != 0 || !strings.Contains(out, "listen: 127.0.0.1:9999") || !strings.Contains(out, "bpf: false") {
+		t.Errorf("print-config: %d %s %s", code, out, errOut)
+	}
+	if out, _, code := runCLI(t, "status", "--admin-socket", filepath.Join(dir, "none.sock")); code != 1 || out != "" {
+		t.Errorf("status with no daemon: exit %d", code)
+	}
+}
