@@ -1,5 +1,95 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package scheduler implements the request-class scheduler: one queue per
-// participant, P1/P2/P3 credit buckets and a round-robin cursor.
+// Package scheduler decides the order in which requests from many
+// participants (projects) reach one server, and the priority class each one
+// runs under. It decides order only: it never refuses, drops or interrupts a
+// request, and what a participant pays is not its concern.
+//
+// # Queues
+//
+// Submit appends a request to its participant's own FIFO queue. Arrival
+// decides nothing else: a queued request has no class until the moment it
+// is dispatched.
+//
+// # Buckets and tiers
+//
+// A participant's Policy names a Tier and a number of Shares. The tier
+// decides which credit buckets it holds:
+//
+//	TierPro   P1 and P2
+//	TierLite  P2
+//	TierNone  neither (its requests always go out as P3)
+//
+// Each bucket refills continuously at Rate*Shares credits per second up to
+// Burst*Shares (Config, with defaults DefaultP1Rate etc.). Refill depends on
+// the clock alone: not on the server, not on what anyone else spends. A new
+// participant starts with full buckets. Shares scale credits, never turns.
+//
+// # The decision
+//
+// Each step asks, in order: does any queue with work hold at least one P1
+// credit? Then this is a P1 pass over exactly those queues. Otherwise the
+// same question for P2. Otherwise a P3 pass, where every queue with work
+// qualifies whatever it holds: P3 is the credit test switched off, not a
+// separate queue. Because a queue is only eligible for a pass if it holds a
+// credit of that class, the request taken from it goes out under the
+// highest class its balances support at that moment.
+//
+// Within the chosen class a cursor takes one request from the queue it
+// points at and moves to the next eligible queue. Each class keeps its own
+// cursor, so the next pass of that class resumes where the last one stopped
+// and a long queue cannot hold the class because it arrived first. Turns
+// are per participant: ten shares get the same turns as one, with more
+// credit to spend on them.
+//
+// # Charging
+//
+// A P1 or P2 dispatch takes one credit, flat, from that class's bucket. On
+// Done(cost) the bucket that admitted the request is charged cost-1 (a
+// request lighter than average gets part of its credit back, a heavy one
+// drives the balance negative), even if the participant's class has changed
+// in between. Debt only delays the participant's own return to a higher
+// class; nothing dispatched is ever taken back and a heavy request is never
+// held back in advance.
+//
+// A P3 dispatch is charged to no bucket, neither the flat credit nor the
+// cost on completion. A P3 pass happens only when no queue on the server
+// holds a credit of any class, so it spends capacity nobody with priority
+// could use; charging it would delay a participant's return to priority for
+// work that displaced no one, and TierNone has no bucket to charge anyway.
+//
+// # Dropping and climbing
+//
+// Spending moves a queue down (P1 to P2 to P3) and refill moves it back up:
+// the same per-queue balance test seen at two moments. A queue still holding
+// work when its bucket reaches a credit is eligible at the higher class from
+// that instant. So a Pro participant's wait for P1 is bounded by its own P1
+// refill, whatever others do. A Lite participant additionally waits until no
+// queue on the server is eligible for P1. The longer the gaps between a
+// participant's turns (a busier server), the more its buckets refill in
+// between.
+//
+// # Room
+//
+// Run dispatches only while the server has room: fewer than MaxInFlight
+// tickets dispatched and not Done, and HasRoom (if set) agreeing. Without
+// room it waits Poll and asks again; it never waits for a particular
+// request to finish. Every queued request is eventually dispatched, because
+// a P3 pass serves every queue with work in turn. A ticket whose Wait
+// context ends before dispatch is withdrawn without moving anyone else.
+//
+// # Cost
+//
+// Each class keeps a ring of exactly the non-empty queues eligible for it,
+// with counters, so choosing the class and the queue is O(1). A queue that
+// drops below a credit is moved to a lower ring and parked on a timer for
+// the instant refill lifts it again (a 4-ary heap, O(log n)); balances are
+// refilled lazily when touched. A queue that enters a ring having had no
+// turn for a full round is served next (a sparse participant is not stuck
+// behind a whole round); one that just had a turn enters behind everyone.
+// A dispatch allocates nothing.
+//
+// Participants that are idle, with nothing queued or in flight and full
+// buckets, are forgotten once a second to bound memory; their Policy is
+// kept.
 package scheduler

@@ -27,6 +27,8 @@ var (
 	ErrRunning = errors.New("scheduler loop already running")
 	// ErrUnknownTier is wrapped by ParseTier.
 	ErrUnknownTier = errors.New("unknown tier")
+	// ErrWithdrawn is returned by Wait on a ticket already withdrawn.
+	ErrWithdrawn = errors.New("ticket withdrawn")
 )
 
 // Tier decides which credit buckets a participant holds.

@@ -1,0 +1,181 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package scheduler
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeClock is a settable clock; tests move it explicitly.
+type fakeClock struct {
+	mu sync.Mutex // guards the fields below
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// harness drives the deterministic core: no goroutines, explicit time.
+type harness struct {
+	t     testing.TB
+	s     *Scheduler
+	clk   *fakeClock
+	every int // check invariants every this many steps (1 = always)
+	steps int
+}
+
+func newHarness(t testing.TB, cfg Config) *harness {
+	t.Helper()
+	clk := newFakeClock()
+	s, err := New(cfg, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, s: s, clk: clk, every: 1}
+}
+
+// step makes one decision at the fake clock's now and returns who went out
+// under which class ("" if nothing did).
+func (h *harness) step() (string, Class, *Ticket) {
+	h.t.Helper()
+	tk := h.s.dispatch(h.s.now())
+	if h.steps++; h.steps%h.every == 0 {
+		checkInvariants(h.t, h.s)
+	}
+	if tk == nil {
+		return "", 0, nil
+	}
+	return h.name(tk), tk.class, tk
+}
+
+func (h *harness) name(tk *Ticket) string {
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	return h.s.parts[tk.pid].name
+}
+
+func (h *harness) submit(who string, n int) []*Ticket {
+	out := make([]*Ticket, n)
+	for i := range out {
+		out[i] = h.s.Submit(who)
+	}
+	if h.every == 1 {
+		checkInvariants(h.t, h.s)
+	}
+	return out
+}
+
+// balances returns who's P1 and P2 balances refilled to now.
+func (h *harness) balances(who string) (p1, p2 float64) {
+	for _, p := range h.s.Snapshot().Participants {
+		if p.Participant == who {
+			return p.P1, p.P2
+		}
+	}
+	h.t.Fatalf("participant %q unknown", who)
+	return 0, 0
+}
+
+// checkInvariants verifies the structural invariants the O(1) decision
+// relies on, against a naive recount.
+func checkInvariants(t testing.TB, s *Scheduler) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ringN [4]int
+	inFlight := 0
+	for pid := range s.parts {
+		q := &s.parts[pid]
+		if !q.live {
+			continue
+		}
+		if got := s.byName[q.name]; got != int32(pid) {
+			t.Fatalf("%s: byName %d, want %d", q.name, got, pid)
+		}
+		n := 0
+		var prev *Ticket
+		for tk := q.head; tk != nil; tk = tk.next {
+			if tk.prev != prev || tk.state != ticketQueued || tk.pid != int32(pid) {
+				t.Fatalf("%s: queue links broken at %d", q.name, n)
+			}
+			prev = tk
+			n++
+		}
+		if q.tail != prev || int(q.queue) != n {
+			t.Fatalf("%s: queue=%d, counted %d", q.name, q.queue, n)
+		}
+		inFlight += int(q.inflight)
+		if n == 0 {
+			if q.ring != 0 || q.heapIdx != none {
+				t.Fatalf("%s: empty queue in ring %d / heap %d", q.name, q.ring, q.heapIdx)
+			}
+			continue
+		}
+		if q.ring == 0 {
+			t.Fatalf("%s: queue with work in no ring", q.name)
+		}
+		ringN[q.ring]++
+		// Balances are as of q.last: the ring matches them exactly.
+		if c := classOf(q); c != q.ring {
+			t.Fatalf("%s: in ring %v but balances (%.3f,%.3f) support %v", q.name, q.ring, q.p1, q.p2, c)
+		}
+		due := s.riseAt(q, q.ring)
+		switch {
+		case due == none && q.heapIdx != none:
+			t.Fatalf("%s: parked but cannot rise", q.name)
+		case due != none && (q.heapIdx == none || s.timers[q.heapIdx].due != due):
+			t.Fatalf("%s: rise due %d not parked correctly", q.name, due)
+		}
+	}
+	if inFlight != s.inFlight {
+		t.Fatalf("inFlight %d, participants sum %d", s.inFlight, inFlight)
+	}
+	for c := P1; c <= P3; c++ {
+		r := s.rings[c]
+		if r.n != ringN[c] {
+			t.Fatalf("ring %v: n=%d, members %d", c, r.n, ringN[c])
+		}
+		if r.n == 0 {
+			if r.cursor != none {
+				t.Fatalf("ring %v empty with cursor", c)
+			}
+			continue
+		}
+		k, pid := 0, r.cursor
+		for {
+			q := &s.parts[pid]
+			if q.ring != c || s.parts[q.next].prev != pid {
+				t.Fatalf("ring %v links broken", c)
+			}
+			k++
+			pid = q.next
+			if pid == r.cursor || k > r.n {
+				break
+			}
+		}
+		if k != r.n {
+			t.Fatalf("ring %v: walked %d, n=%d", c, k, r.n)
+		}
+	}
+	for i, tm := range s.timers {
+		if s.parts[tm.pid].heapIdx != int32(i) {
+			t.Fatalf("timer %d: heapIdx mismatch", i)
+		}
+		if i > 0 && s.timers[(i-1)/4].due > tm.due {
+			t.Fatalf("timer heap order broken at %d", i)
+		}
+	}
+}
