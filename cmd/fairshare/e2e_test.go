@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -456,5 +457,56 @@ func TestEndToEnd(t *testing.T) {
 	}
 	if strings.Contains(n.log.String(), `"level":"ERROR"`) {
 		t.Errorf("the daemon logged errors:\n%s", n.log)
+	}
+}
+
+// The HTTP front runs inside the daemon with the requests pool, the rate
+// buckets and the scheduler the admin API feeds; /metrics carries both the
+// daemon's collector and the front's.
+func TestFrontThroughDaemon(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Fairshare-Work-Units", "2")
+		io.WriteString(w, "hello")
+	}))
+	t.Cleanup(up.Close)
+	n := newNode(t, fmt.Sprintf("front: {listen: '127.0.0.1:0', upstream: %q}\n", up.URL))
+	n.start()
+	if _, errOut, code := n.cli("policy", "set", "--tier", "pro", "--requests-per-sec", "2", "alpha"); code != 0 {
+		t.Fatalf("policy set: %s", errOut)
+	}
+	codes := map[int]int{}
+	for range 5 {
+		req, _ := http.NewRequest("GET", "http://"+n.r.Front+"/x", nil)
+		req.Header.Set("Fairshare-Project", "alpha")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		codes[resp.StatusCode]++
+		if resp.StatusCode == 200 && resp.Header.Get("Fairshare-Class") == "" {
+			t.Error("a proxied answer lacks Fairshare-Class")
+		}
+	}
+	// A burst of one second's worth at 2/s: 2 pass, the rest are refused.
+	if codes[200] != 2 || codes[429] != 3 {
+		t.Errorf("answers %v; want 2 x 200 and 3 x 429 at 2 requests/s", codes)
+	}
+	st := n.status()
+	if r := pool(st, "requests"); project(r, "alpha").Admitted != 2 {
+		t.Errorf("requests pool: %+v", r)
+	}
+	if len(st.Rates) != 1 || st.Rates[0].Limited != 3 {
+		t.Errorf("rates: %+v", st.Rates)
+	}
+	if s := st.Scheduler; s == nil || s.Dispatched["P1"]+s.Dispatched["P2"]+s.Dispatched["P3"] != 2 || len(s.Participants) != 1 || s.Participants[0].Tier != "pro" {
+		t.Errorf("scheduler: %+v", st.Scheduler)
+	}
+	m := n.metrics()
+	for _, want := range []string{`fairshare_project_rate_limited_total{project="alpha"} 3`, `fairshare_scheduler_wait_seconds_count 2`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
 	}
 }
