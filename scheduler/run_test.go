@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// startRun runs s.Run in a goroutine and stops it when the test ends.
+func startRun(t *testing.T, s *Scheduler) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Run returned %v, want context.Canceled", err)
+		}
+	})
+}
+
+func TestRunWithRealGoroutines(t *testing.T) {
+	const slots, workers, each = 3, 8, 200
+	s, err := New(Config{MaxInFlight: slots, P1Rate: 50, P1Burst: 5, P2Rate: 50, P2Burst: 5}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetPolicy("w0", pro(2))
+	s.SetPolicy("w1", lite(1))
+	startRun(t, s)
+	var inUse, maxInUse, served, withdrawn atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				tk := s.Submit(fmt.Sprint("w", w%5))
+				ctx, cancel := context.WithCancel(context.Background())
+				if i%17 == 0 {
+					cancel() // the client went away
+				}
+				c, err := tk.Wait(ctx)
+				cancel()
+				if err != nil {
+					withdrawn.Add(1)
+					continue
+				}
+				if c < P1 || c > P3 {
+					t.Errorf("class %v", c)
+				}
+				n := inUse.Add(1)
+				for m := maxInUse.Load(); n > m && !maxInUse.CompareAndSwap(m, n); m = maxInUse.Load() {
+				}
+				if i%5 == 0 {
+					time.Sleep(50 * time.Microsecond)
+				}
+				inUse.Add(-1)
+				tk.Done(float64(i%3) + 0.5)
+				served.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	snap := s.Snapshot()
+	total := snap.Dispatched[1] + snap.Dispatched[2] + snap.Dispatched[3]
+	if int64(total) != served.Load() || served.Load()+withdrawn.Load() != workers*each {
+		t.Fatalf("dispatched %d, served %d, withdrawn %d of %d", total, served.Load(), withdrawn.Load(), workers*each)
+	}
+	if snap.InFlight != 0 || maxInUse.Load() > slots {
+		t.Fatalf("in flight %d at end, max observed %d (bound %d)", snap.InFlight, maxInUse.Load(), slots)
+	}
+	for _, p := range snap.Participants {
+		if p.Queue != 0 {
+			t.Fatalf("%s: %d still queued", p.Participant, p.Queue)
+		}
+	}
+	checkInvariants(t, s)
+}
+
+func TestRunPollsWhileTheServerHasNoRoom(t *testing.T) {
+	var room atomic.Bool
+	var asked atomic.Int64
+	s, err := New(Config{Poll: 100 * time.Microsecond, HasRoom: func() bool {
+		asked.Add(1)
+		return room.Load()
+	}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRun(t, s)
+	tk := s.Submit("a")
+	// No room: the loop keeps asking and dispatches nothing.
+	for asked.Load() < 5 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if _, err := tk.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dispatched without room: %v", err)
+	}
+	// The withdrawn ticket is gone; a new one goes out once room appears.
+	tk = s.Submit("a")
+	room.Store(true)
+	if c, err := tk.Wait(context.Background()); err != nil || c != P3 {
+		t.Fatalf("after room: %v %v", c, err)
+	}
+	tk.Done(1)
+}
+
+func TestRunRefusesASecondLoop(t *testing.T) {
+	s, err := New(Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRun(t, s)
+	for !s.run.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	if err := s.Run(context.Background()); !errors.Is(err, ErrRunning) {
+		t.Fatalf("second Run: %v, want ErrRunning", err)
+	}
+}
