@@ -1,0 +1,391 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/pools"
+	"github.com/fairshare-dev/fairshare/scheduler"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultProjectHeader = "Fairshare-Project"
+	DefaultCostHeader    = "Fairshare-Work-Units"
+	DefaultCostUnit      = 10 * time.Millisecond
+	DefaultMaxProjects   = 100
+)
+
+// Response headers the front sets.
+const (
+	// HeaderClass carries the class a proxied request was dispatched under.
+	HeaderClass = "Fairshare-Class"
+	// HeaderQueueWait carries the seconds a proxied request waited for
+	// dispatch.
+	HeaderQueueWait = "Fairshare-Queue-Wait"
+	// HeaderRefused says why a 429 was given: rate, debt or share.
+	HeaderRefused = "Fairshare-Refused"
+)
+
+// ErrNoUpstream is returned by New when Config.Upstream is not an absolute
+// http(s) URL.
+var ErrNoUpstream = errors.New("no upstream")
+
+// Config configures a Front. The zero value of each field means its default.
+type Config struct {
+	Listen        string            // e.g. "127.0.0.1:8080"; "" = front disabled (the daemon decides)
+	Upstream      string            // upstream base URL
+	ProjectHeader string            // default "Fairshare-Project"
+	Routes        map[string]string // Host (or host/path-prefix) -> project
+	MaxInFlight   int               // upstream concurrency (the daemon feeds it to scheduler.Config.MaxInFlight)
+	CostHeader    string            // upstream response header carrying work units; default "Fairshare-Work-Units"
+	CostFromTime  bool              // no header: cost = service time in units of CostUnit
+	CostUnit      time.Duration     // default 10ms per work unit
+
+	// ForwardProject sets the project header on the upstream request to the
+	// resolved project. Off by default: the upstream then never sees the
+	// client's claim.
+	ForwardProject bool
+	// UpstreamH2C talks HTTP/2 over cleartext (prior knowledge) to the
+	// upstream instead of HTTP/1.1.
+	UpstreamH2C bool
+	// MaxProjects caps the distinct project label values in metrics; later
+	// projects are reported as "other". Default 100.
+	MaxProjects int
+}
+
+// Clock is the time source; nil means the system clock.
+type Clock interface{ Now() time.Time }
+
+// Deps are the shared parts the front works with. Requests, Rates and Sched
+// may each be nil, which skips that step (tests and benchmarks use this).
+type Deps struct {
+	Requests *pools.Pool
+	Rates    *pools.Rates
+	Sched    *scheduler.Scheduler
+	Log      *slog.Logger
+	Clock    Clock
+}
+
+// Front is the request front: an http.Handler that admits, schedules and
+// proxies requests to the upstream.
+type Front struct {
+	cfg      Config
+	deps     Deps
+	clk      Clock
+	log      *slog.Logger
+	upstream *url.URL
+	routes   routeTable
+	proxy    *httputil.ReverseProxy
+	tr       *http.Transport
+	stats    *stats
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// New checks cfg, fills in defaults and builds the front.
+func New(cfg Config, deps Deps) (*Front, error) {
+	if cfg.ProjectHeader == "" {
+		cfg.ProjectHeader = DefaultProjectHeader
+	}
+	if cfg.CostHeader == "" {
+		cfg.CostHeader = DefaultCostHeader
+	}
+	if cfg.CostUnit <= 0 {
+		cfg.CostUnit = DefaultCostUnit
+	}
+	if cfg.MaxProjects <= 0 {
+		cfg.MaxProjects = DefaultMaxProjects
+	}
+	u, err := url.Parse(cfg.Upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("upstream %q: %w", cfg.Upstream, ErrNoUpstream)
+	}
+	routes, err := newRouteTable(cfg.Routes)
+	if err != nil {
+		return nil, fmt.Errorf("routes: %w", err)
+	}
+	f := &Front{cfg: cfg, deps: deps, clk: deps.Clock, log: deps.Log, upstream: u, routes: routes}
+	if f.clk == nil {
+		f.clk = systemClock{}
+	}
+	if f.log == nil {
+		f.log = slog.New(slog.DiscardHandler)
+	}
+	f.stats = newStats(cfg.MaxProjects)
+	idle := max(64, 2*cfg.MaxInFlight)
+	f.tr = &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          idle,
+		MaxIdleConnsPerHost:   idle,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+	if cfg.UpstreamH2C {
+		f.tr.Protocols = new(http.Protocols)
+		f.tr.Protocols.SetUnencryptedHTTP2(true)
+	}
+	f.proxy = &httputil.ReverseProxy{
+		Rewrite:        f.rewrite,
+		Transport:      f.tr,
+		ModifyResponse: f.modifyResponse,
+		ErrorHandler:   f.proxyError,
+		ErrorLog:       slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
+	}
+	return f, nil
+}
+
+// Server returns an HTTP server for Config.Listen that serves f over
+// HTTP/1.1 and cleartext HTTP/2 (h2c with prior knowledge).
+func (f *Front) Server() *http.Server {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return &http.Server{
+		Addr:              f.cfg.Listen,
+		Handler:           f,
+		Protocols:         p,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
+	}
+}
+
+// Serve serves f on l until ctx is done, then shuts down gracefully (in-flight
+// requests get up to five seconds).
+func (f *Front) Serve(ctx context.Context, l net.Listener) error {
+	srv := f.Server()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving front: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	<-errc
+	f.CloseIdle()
+	if err != nil {
+		return fmt.Errorf("shutting down front: %w", err)
+	}
+	return nil
+}
+
+// CloseIdle closes idle upstream connections.
+func (f *Front) CloseIdle() { f.tr.CloseIdleConnections() }
+
+// Config returns the configuration in use, defaults filled in.
+func (f *Front) Config() Config { return f.cfg }
+
+// exchange is the state of one proxied request, shared between ServeHTTP and
+// the reverse proxy's callbacks, which all run on the request's goroutine.
+type exchange struct {
+	project string
+	class   scheduler.Class
+	waited  time.Duration
+	outcome outcome
+	cost    float64 // from the upstream's cost header; valid if hasCost
+	hasCost bool
+	status  int
+}
+
+type exchangeKey struct{}
+
+func exchangeOf(r *http.Request) *exchange {
+	x, _ := r.Context().Value(exchangeKey{}).(*exchange)
+	return x
+}
+
+// ServeHTTP admits, schedules and proxies one request.
+func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := f.clk.Now()
+	project, err := f.resolve(r)
+	if err != nil {
+		f.stats.badRequest()
+		http.Error(w, "fairshare: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if rates := f.deps.Rates; rates != nil {
+		if ok, retry := rates.Allow(project); !ok {
+			reason, oc := "rate", outcomeRefusedRate
+			if rates.State(project).WorkTokens < 0 {
+				reason, oc = "debt", outcomeRefusedDebt
+			}
+			msg := fmt.Sprintf("fairshare: project %s is over its requests/s rate", project)
+			if reason == "debt" {
+				msg = fmt.Sprintf("fairshare: project %s is in work-units debt", project)
+			}
+			f.refuse(w, reason, retry, msg)
+			f.stats.record(project, oc, 0, 0, false)
+			return
+		}
+	}
+	var permit pools.Permit
+	if pool := f.deps.Requests; pool != nil {
+		pm, err := pool.TryAcquire(project)
+		if err != nil {
+			var ref *pools.Refusal
+			if !errors.As(err, &ref) {
+				f.log.Error("requests pool", "project", project, "err", err)
+				http.Error(w, "fairshare: requests pool failed", http.StatusInternalServerError)
+				f.stats.record(project, outcomeError, 0, 0, false)
+				return
+			}
+			f.refuse(w, "share", ref.RetryAfter, fmt.Sprintf(
+				"fairshare: project %s holds %d requests, its share is %d: %s", project, ref.Held, ref.Share, ref.Reason))
+			f.stats.record(project, outcomeRefusedShare, 0, 0, false)
+			return
+		}
+		permit = pm
+	}
+	x := &exchange{project: project, outcome: outcomeCanceled}
+	var (
+		ticket     *scheduler.Ticket
+		dispatched time.Time
+	)
+	// One deferred exit for every path below, panics included: the reverse
+	// proxy aborts a response broken mid-body with panic(http.ErrAbortHandler),
+	// and the permit must still go back exactly once.
+	defer func() {
+		p := recover()
+		end := f.clk.Now()
+		if p != nil {
+			x.outcome = outcomeError
+			if r.Context().Err() != nil {
+				x.outcome = outcomeCanceled
+			}
+		}
+		var service time.Duration
+		if !dispatched.IsZero() {
+			service = end.Sub(dispatched)
+			cost := f.cost(x, service)
+			if ticket != nil {
+				ticket.Done(cost)
+			}
+			if f.deps.Rates != nil {
+				f.deps.Rates.Charge(project, cost)
+			}
+		}
+		if permit.Valid() {
+			if err := f.deps.Requests.Release(permit); err != nil {
+				f.log.Error("releasing request permit", "project", project, "err", err)
+			}
+		}
+		f.stats.record(project, x.outcome, end.Sub(start), x.waited, !dispatched.IsZero())
+		if p != nil {
+			panic(p)
+		}
+	}()
+	if s := f.deps.Sched; s != nil {
+		ticket = s.Submit(project)
+		class, err := ticket.Wait(r.Context())
+		x.waited = ticket.Waited()
+		if err != nil {
+			ticket = nil // withdrawn: nothing to complete
+			return
+		}
+		x.class = class
+	}
+	// Let the upstream's answer start while the client is still sending
+	// (HTTP/1 otherwise drains the request body first). HTTP/2 is always
+	// full duplex and reports an error here, which is fine.
+	_ = http.NewResponseController(w).EnableFullDuplex()
+	dispatched = f.clk.Now()
+	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
+}
+
+// cost is what a finished request is charged, in work units.
+func (f *Front) cost(x *exchange, service time.Duration) float64 {
+	switch {
+	case x.hasCost:
+		return x.cost
+	case f.cfg.CostFromTime:
+		return float64(service) / float64(f.cfg.CostUnit)
+	default:
+		return 1
+	}
+}
+
+// refuse answers 429 with an honest Retry-After: whole seconds, rounded up,
+// at least one (the header has no finer unit).
+func (f *Front) refuse(w http.ResponseWriter, reason string, retry time.Duration, msg string) {
+	h := w.Header()
+	h.Set("Retry-After", strconv.Itoa(RetryAfterSeconds(retry)))
+	h.Set(HeaderRefused, reason)
+	http.Error(w, msg, http.StatusTooManyRequests)
+}
+
+// RetryAfterSeconds converts an estimate to the value of a Retry-After
+// header: whole seconds, rounded up, at least 1.
+func RetryAfterSeconds(d time.Duration) int {
+	s := int(math.Ceil(d.Seconds()))
+	return max(s, 1)
+}
+
+func (f *Front) rewrite(pr *httputil.ProxyRequest) {
+	pr.SetURL(f.upstream)
+	pr.Out.Host = pr.In.Host
+	pr.SetXForwarded()
+	pr.Out.Header.Del(f.cfg.ProjectHeader)
+	if f.cfg.ForwardProject {
+		if x := exchangeOf(pr.In); x != nil {
+			pr.Out.Header.Set(f.cfg.ProjectHeader, x.project)
+		}
+	}
+}
+
+func (f *Front) modifyResponse(resp *http.Response) error {
+	x := exchangeOf(resp.Request)
+	if x == nil {
+		return nil
+	}
+	x.outcome = outcomeOK
+	x.status = resp.StatusCode
+	if v := resp.Header.Get(f.cfg.CostHeader); v != "" {
+		c, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err == nil && c >= 0 && !math.IsInf(c, 0) {
+			x.cost, x.hasCost = c, true
+		} else {
+			f.log.Warn("ignoring bad cost header", "project", x.project, "value", v)
+		}
+	}
+	resp.Header.Del(f.cfg.CostHeader)
+	resp.Header.Del(HeaderRefused)
+	if x.class != 0 {
+		resp.Header.Set(HeaderClass, x.class.String())
+	}
+	resp.Header.Set(HeaderQueueWait, strconv.FormatFloat(x.waited.Seconds(), 'f', 6, 64))
+	return nil
+}
+
+func (f *Front) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	x := exchangeOf(r)
+	if r.Context().Err() != nil {
+		// The client went away; there is nobody to answer.
+		if x != nil {
+			x.outcome = outcomeCanceled
+		}
+		return
+	}
+	if x != nil {
+		x.outcome = outcomeError
+		f.log.Warn("upstream error", "project", x.project, "err", err)
+	}
+	http.Error(w, "fairshare: upstream unavailable", http.StatusBadGateway)
+}

@@ -1,0 +1,729 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/pools"
+	"github.com/fairshare-dev/fairshare/scheduler"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// manualClock is a clock the test moves by hand.
+type manualClock struct {
+	mu sync.Mutex // guards the fields below
+	t  time.Time
+}
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// rig is a front with real pools, rates and scheduler in front of a real
+// upstream, served on loopback.
+type rig struct {
+	front    *Front
+	url      string
+	pool     *pools.Pool
+	rates    *pools.Rates
+	sched    *scheduler.Scheduler
+	upstream *httptest.Server
+	hits     atomic.Int64
+	client   *http.Client
+}
+
+type rigOpts struct {
+	poolSize int
+	cfg      Config
+	rateClk  pools.Clock
+}
+
+func newRig(t *testing.T, o rigOpts, upstream http.HandlerFunc) *rig {
+	t.Helper()
+	r := &rig{}
+	r.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.hits.Add(1)
+		upstream(w, req)
+	}))
+	t.Cleanup(r.upstream.Close)
+	if o.poolSize == 0 {
+		o.poolSize = 8
+	}
+	var err error
+	r.pool, err = pools.New(pools.Config{Name: "requests", Size: o.poolSize}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.rates = pools.NewRates(o.rateClk)
+	cfg := o.cfg
+	cfg.Upstream = r.upstream.URL
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = o.poolSize
+	}
+	r.sched, err = scheduler.New(scheduler.Config{MaxInFlight: cfg.MaxInFlight}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = r.sched.Run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	r.front, err = New(cfg, Deps{Requests: r.pool, Rates: r.rates, Sched: r.sched})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := r.front.Server()
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close(); r.front.CloseIdle() })
+	r.url = "http://" + l.Addr().String()
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	r.client = &http.Client{Transport: tr}
+	return r
+}
+
+func (r *rig) get(t *testing.T, project, path string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest("GET", r.url+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if project != "" {
+		req.Header.Set(DefaultProjectHeader, project)
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// waitInUse polls until the pool's in-use count is want. The deadline is only
+// there so a leak fails the test instead of hanging it.
+func waitInUse(t *testing.T, p *pools.Pool, want int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := p.Snapshot().InUse
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool in use = %d, want %d", got, want)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func ok(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") }
+
+func TestProjectResolution(t *testing.T) {
+	r := newRig(t, rigOpts{cfg: Config{Routes: map[string]string{
+		"api.example":          "routed",
+		"api.example/special":  "special",
+		"other.example:9000/x": "x",
+	}}}, func(w http.ResponseWriter, req *http.Request) {
+		_, _ = io.WriteString(w, req.Header.Get(DefaultProjectHeader))
+	})
+	for _, tc := range []struct {
+		name, header, host, path string
+		status                   int
+		body                     string
+	}{
+		{name: "no project", path: "/", status: 400, body: "no project"},
+		{name: "bad charset", header: "a/b", path: "/", status: 400, body: "invalid project name"},
+		{name: "leading dot", header: ".a", path: "/", status: 400, body: "invalid project name"},
+		{name: "too long", header: strings.Repeat("a", MaxProjectLen+1), path: "/", status: 400, body: "invalid project name"},
+		{name: "header", header: "alpha", path: "/", status: 200},
+		{name: "routed host", host: "api.example", path: "/", status: 200},
+		{name: "routed host ignores header", header: "alpha", host: "API.example:8080", path: "/", status: 200},
+		{name: "routed prefix", host: "api.example", path: "/special/y", status: 200},
+		{name: "prefix is whole segments", host: "other.example:9000", path: "/xy", status: 400, body: "no project"},
+		{name: "host with port", host: "other.example:9000", path: "/x/1", status: 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest("GET", r.url+tc.path, nil)
+			if tc.header != "" {
+				req.Header.Set(DefaultProjectHeader, tc.header)
+			}
+			if tc.host != "" {
+				req.Host = tc.host
+			}
+			resp, err := r.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := readAll(t, resp)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d (body %q)", resp.StatusCode, tc.status, body)
+			}
+			if tc.status == 400 {
+				if !strings.Contains(body, tc.body) || strings.Count(body, "\n") != 1 {
+					t.Errorf("body %q: want one line containing %q", body, tc.body)
+				}
+			}
+			if tc.status == 200 && body != "" {
+				t.Errorf("project header leaked upstream: %q", body)
+			}
+		})
+	}
+	if got := r.hits.Load(); got != 5 {
+		t.Errorf("upstream hits = %d, want 5 (400s must not reach it)", got)
+	}
+}
+
+func TestRouteLookup(t *testing.T) {
+	rt, err := newRouteTable(map[string]string{"h": "root", "h/a": "a", "h/a/b": "ab"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{"/": "root", "/a": "a", "/a/": "a", "/a/b/c": "ab", "/ab": "root"} {
+		if got := rt.lookup("h", path); got != want {
+			t.Errorf("lookup(h, %s) = %q, want %q", path, got, want)
+		}
+	}
+	if _, err := newRouteTable(map[string]string{"h": "bad name"}); !errors.Is(err, ErrBadProject) {
+		t.Errorf("bad route project: err = %v", err)
+	}
+}
+
+func TestForwardProject(t *testing.T) {
+	r := newRig(t, rigOpts{cfg: Config{ForwardProject: true, Routes: map[string]string{"r.example": "routed"}}},
+		func(w http.ResponseWriter, req *http.Request) {
+			_, _ = io.WriteString(w, req.Header.Get(DefaultProjectHeader))
+		})
+	if got := readAll(t, r.get(t, "alpha", "/")); got != "alpha" {
+		t.Errorf("upstream saw project %q, want alpha", got)
+	}
+	req, _ := http.NewRequest("GET", r.url, nil)
+	req.Host = "r.example"
+	req.Header.Set(DefaultProjectHeader, "spoofed")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, resp); got != "routed" {
+		t.Errorf("upstream saw project %q, want routed", got)
+	}
+}
+
+func TestHeadersAndHopByHop(t *testing.T) {
+	r := newRig(t, rigOpts{}, func(w http.ResponseWriter, req *http.Request) {
+		if req.Header.Get("X-Hop") != "" || req.Header.Get("Keep-Alive") != "" {
+			w.WriteHeader(500)
+			return
+		}
+		w.Header().Set("Connection", "X-Secret")
+		w.Header().Set("X-Secret", "hop")
+		w.Header().Set(DefaultCostHeader, "3")
+		_, _ = io.WriteString(w, "ok")
+	})
+	req, _ := http.NewRequest("GET", r.url, nil)
+	req.Header.Set(DefaultProjectHeader, "alpha")
+	req.Header.Set("Connection", "X-Hop")
+	req.Header.Set("X-Hop", "1")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: hop-by-hop request headers reached the upstream", resp.StatusCode)
+	}
+	if resp.Header.Get("X-Secret") != "" {
+		t.Error("hop-by-hop response header passed to the client")
+	}
+	if resp.Header.Get(DefaultCostHeader) != "" {
+		t.Error("cost header passed to the client")
+	}
+	if c := resp.Header.Get(HeaderClass); c != "P1" && c != "P2" && c != "P3" {
+		t.Errorf("%s = %q", HeaderClass, c)
+	}
+	if w, err := strconv.ParseFloat(resp.Header.Get(HeaderQueueWait), 64); err != nil || w < 0 {
+		t.Errorf("%s = %q (%v)", HeaderQueueWait, resp.Header.Get(HeaderQueueWait), err)
+	}
+}
+
+func TestRateRefusal(t *testing.T) {
+	clk := &manualClock{t: time.Unix(1000, 0)}
+	r := newRig(t, rigOpts{rateClk: clk}, ok)
+	r.rates.SetLimits("alpha", pools.Limits{RequestsPerSec: 2})
+	for i := range 2 {
+		if resp := r.get(t, "alpha", "/"); resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		} else {
+			readAll(t, resp)
+		}
+	}
+	resp := r.get(t, "alpha", "/")
+	body := readAll(t, resp)
+	if resp.StatusCode != 429 || resp.Header.Get(HeaderRefused) != "rate" {
+		t.Fatalf("status %d refused %q, want 429 rate", resp.StatusCode, resp.Header.Get(HeaderRefused))
+	}
+	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Errorf("Retry-After %q", resp.Header.Get("Retry-After"))
+	}
+	if !strings.Contains(body, "alpha") {
+		t.Errorf("body %q does not name the project", body)
+	}
+	if r.hits.Load() != 2 {
+		t.Errorf("upstream hits %d, want 2: a refused request reached it", r.hits.Load())
+	}
+	// Another project is not affected by alpha's bucket.
+	if resp := r.get(t, "beta", "/"); resp.StatusCode != 200 {
+		t.Errorf("beta: status %d", resp.StatusCode)
+	} else {
+		readAll(t, resp)
+	}
+	waitInUse(t, r.pool, 0)
+}
+
+func TestDebtRefusalAndCostFromHeader(t *testing.T) {
+	clk := &manualClock{t: time.Unix(1000, 0)}
+	r := newRig(t, rigOpts{rateClk: clk}, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set(DefaultCostHeader, "25")
+		_, _ = io.WriteString(w, "heavy")
+	})
+	r.rates.SetLimits("alpha", pools.Limits{WorkPerSec: 10})
+	resp := r.get(t, "alpha", "/")
+	readAll(t, resp)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	// The charge happens after the body is done; wait for the permit to go
+	// back, which happens in the same deferred step.
+	waitInUse(t, r.pool, 0)
+	if got := r.rates.State("alpha").WorkTokens; got != 10-25 {
+		t.Fatalf("work tokens %v, want %v (charged the header's 25 units)", got, 10-25)
+	}
+	resp = r.get(t, "alpha", "/")
+	readAll(t, resp)
+	if resp.StatusCode != 429 || resp.Header.Get(HeaderRefused) != "debt" {
+		t.Fatalf("status %d refused %q, want 429 debt", resp.StatusCode, resp.Header.Get(HeaderRefused))
+	}
+	// 15 units of debt plus one to admit at 10/s: two seconds, rounded up.
+	if ra, _ := strconv.Atoi(resp.Header.Get("Retry-After")); ra < 2 {
+		t.Errorf("Retry-After %q, want >= 2 for 1.6s of debt", resp.Header.Get("Retry-After"))
+	}
+}
+
+func TestCostFromTime(t *testing.T) {
+	clk := &manualClock{t: time.Unix(1000, 0)}
+	r := newRig(t, rigOpts{rateClk: clk, cfg: Config{CostFromTime: true, CostUnit: 10 * time.Millisecond}},
+		func(w http.ResponseWriter, _ *http.Request) {
+			time.Sleep(50 * time.Millisecond)
+			_, _ = io.WriteString(w, "slow")
+		})
+	r.rates.SetLimits("alpha", pools.Limits{WorkPerSec: 1000})
+	readAll(t, r.get(t, "alpha", "/"))
+	waitInUse(t, r.pool, 0)
+	// At least 50ms of service in 10ms units; the clock of the buckets is
+	// frozen, so nothing refills.
+	if got := r.rates.State("alpha").WorkTokens; got > 1000-5 {
+		t.Errorf("work tokens %v, want <= 995 (charged >= 5 units of service time)", got)
+	}
+	// With a header, the header wins over time.
+	r2 := newRig(t, rigOpts{rateClk: clk, cfg: Config{CostFromTime: true}}, func(w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(50 * time.Millisecond)
+		w.Header().Set(DefaultCostHeader, "0.5")
+	})
+	r2.rates.SetLimits("alpha", pools.Limits{WorkPerSec: 1000})
+	readAll(t, r2.get(t, "alpha", "/"))
+	waitInUse(t, r2.pool, 0)
+	if got := r2.rates.State("alpha").WorkTokens; got != 999.5 {
+		t.Errorf("work tokens %v, want 999.5", got)
+	}
+}
+
+// holdUpstream answers every request only when release is closed, and tells
+// entered about each arrival.
+func holdUpstream(entered chan<- struct{}, release <-chan struct{}) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-req.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, "done")
+	}
+}
+
+func TestShareRefusalAndRelease(t *testing.T) {
+	entered := make(chan struct{}, 16)
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open)
+	// Pool 4, floor 1. With two active projects the share is 2, and a project
+	// at or past its share may fill the pool only to POOL - FLOOR = 3.
+	r := newRig(t, rigOpts{poolSize: 4}, holdUpstream(entered, release))
+	var wg sync.WaitGroup
+	statuses := make(chan int, 4)
+	send := func(project string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := r.get(t, project, "/")
+			readAll(t, resp)
+			statuses <- resp.StatusCode
+		}()
+		<-entered
+	}
+	send("small")
+	send("big")
+	send("big")
+	r.pool.Recompute()
+	if s := r.pool.Snapshot(); s.Share != 2 || s.InUse != 3 {
+		t.Fatalf("share %d in use %d, want 2 and 3", s.Share, s.InUse)
+	}
+	resp := r.get(t, "big", "/")
+	body := readAll(t, resp)
+	if resp.StatusCode != 429 || resp.Header.Get(HeaderRefused) != "share" {
+		t.Fatalf("big's 3rd request: status %d refused %q, want 429 share", resp.StatusCode, resp.Header.Get(HeaderRefused))
+	}
+	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Errorf("Retry-After %q", resp.Header.Get("Retry-After"))
+	}
+	if !strings.Contains(body, "big") || strings.Contains(body, "small") || strings.Count(body, "\n") != 1 {
+		t.Errorf("body %q: want one line about big only", body)
+	}
+	// The floor stays free for the project under its share.
+	send("small")
+	if got := r.pool.Snapshot().InUse; got != 4 {
+		t.Errorf("in use %d with small's 2nd admitted, want 4", got)
+	}
+	open()
+	wg.Wait()
+	close(statuses)
+	for s := range statuses {
+		if s != 200 {
+			t.Errorf("held request: status %d", s)
+		}
+	}
+	waitInUse(t, r.pool, 0)
+	if got := r.hits.Load(); got != 4 {
+		t.Errorf("upstream hits %d, want 4", got)
+	}
+	waitOutcome(t, r.front, "big", "refused_share", 1)
+}
+
+func TestReleaseOnClientDisconnect(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	defer close(release)
+	r := newRig(t, rigOpts{}, holdUpstream(entered, release))
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", r.url, nil)
+	req.Header.Set(DefaultProjectHeader, "alpha")
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := r.client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-entered
+	if got := r.pool.Snapshot().InUse; got != 1 {
+		t.Fatalf("in use %d while the request is upstream, want 1", got)
+	}
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("request succeeded after cancel")
+	}
+	waitInUse(t, r.pool, 0)
+	waitOutcome(t, r.front, "alpha", "canceled", 1)
+}
+
+func TestReleaseOnUpstreamError(t *testing.T) {
+	r := newRig(t, rigOpts{}, func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path == "/midbody" {
+			w.Header().Set("Content-Length", "100")
+			_, _ = io.WriteString(w, "partial")
+			w.(http.Flusher).Flush()
+		}
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	})
+	resp := r.get(t, "alpha", "/")
+	body := readAll(t, resp)
+	if resp.StatusCode != http.StatusBadGateway || strings.Count(body, "\n") != 1 {
+		t.Errorf("status %d body %q, want 502 and one line", resp.StatusCode, body)
+	}
+	waitInUse(t, r.pool, 0)
+	// Cut mid-body: the client either gets no response at all or a body that
+	// ends in an error, never a complete-looking one.
+	req, _ := http.NewRequest("GET", r.url+"/midbody", nil)
+	req.Header.Set(DefaultProjectHeader, "alpha")
+	// A fresh connection: on a reused one the client would retry the GET.
+	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	if resp, err := fresh.Do(req); err == nil {
+		if _, err := io.ReadAll(resp.Body); err == nil {
+			t.Error("a body cut short upstream read as complete")
+		}
+		resp.Body.Close()
+	}
+	waitInUse(t, r.pool, 0)
+	waitOutcome(t, r.front, "alpha", "error", 2)
+}
+
+func TestUnreachableUpstream(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	pool, _ := pools.New(pools.Config{Name: "requests", Size: 4}, nil)
+	f, err := New(Config{Upstream: "http://" + addr}, Deps{Requests: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("GET", "/", nil)
+	req.Header.Set(DefaultProjectHeader, "alpha")
+	f.ServeHTTP(rec, req)
+	if rec.Code != http.StatusBadGateway {
+		t.Errorf("status %d, want 502", rec.Code)
+	}
+	if got := pool.Snapshot().InUse; got != 0 {
+		t.Errorf("in use %d, want 0", got)
+	}
+}
+
+func TestStreamingBody(t *testing.T) {
+	next := make(chan struct{})
+	r := newRig(t, rigOpts{}, func(w http.ResponseWriter, req *http.Request) {
+		// Echo the request body back line by line, flushing each line,
+		// and only write the second line after the client saw the first.
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		br := bufio.NewReader(req.Body)
+		line, _ := br.ReadString('\n')
+		_, _ = io.WriteString(w, "echo "+line)
+		w.(http.Flusher).Flush()
+		<-next
+		_, _ = io.WriteString(w, "second\n")
+	})
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest("POST", r.url, pr)
+	req.Header.Set(DefaultProjectHeader, "alpha")
+	respc := make(chan *http.Response, 1)
+	go func() {
+		resp, err := r.client.Do(req)
+		if err != nil {
+			t.Error(err)
+			close(respc)
+			return
+		}
+		respc <- resp
+	}()
+	// The upstream reads the first line while the client is still sending.
+	_, _ = io.WriteString(pw, "first\n")
+	resp := <-respc
+	if resp == nil {
+		t.FailNow()
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "echo first\n" {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	close(next)
+	_ = pw.Close()
+	rest, _ := io.ReadAll(br)
+	if string(rest) != "second\n" {
+		t.Errorf("rest %q", rest)
+	}
+	resp.Body.Close()
+	waitInUse(t, r.pool, 0)
+}
+
+func TestH2C(t *testing.T) {
+	r := newRig(t, rigOpts{}, func(w http.ResponseWriter, req *http.Request) {
+		_, _ = io.WriteString(w, req.Proto)
+	})
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	for i := range 3 {
+		req, _ := http.NewRequest("GET", r.url, nil)
+		req.Header.Set(DefaultProjectHeader, "alpha")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := readAll(t, resp)
+		if resp.ProtoMajor != 2 || resp.StatusCode != 200 {
+			t.Fatalf("request %d: proto %s status %d", i, resp.Proto, resp.StatusCode)
+		}
+		if body != "HTTP/1.1" {
+			t.Errorf("upstream saw %q, want HTTP/1.1", body)
+		}
+		if resp.Header.Get(HeaderClass) == "" {
+			t.Error("no class header over h2c")
+		}
+	}
+	waitInUse(t, r.pool, 0)
+}
+
+func TestUpstreamH2C(t *testing.T) {
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		_, _ = io.WriteString(w, req.Proto)
+	}))
+	up.Config.Protocols = new(http.Protocols)
+	up.Config.Protocols.SetHTTP1(true)
+	up.Config.Protocols.SetUnencryptedHTTP2(true)
+	up.Start()
+	defer up.Close()
+	f, err := New(Config{Upstream: up.URL, UpstreamH2C: true}, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.CloseIdle()
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("GET", "/", nil)
+	req.Header.Set(DefaultProjectHeader, "alpha")
+	f.ServeHTTP(rec, req)
+	if rec.Body.String() != "HTTP/2.0" {
+		t.Errorf("upstream saw %q, want HTTP/2.0", rec.Body.String())
+	}
+}
+
+func TestRetryAfterSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want int
+	}{{0, 1}, {time.Millisecond, 1}, {time.Second, 1}, {time.Second + 1, 2}, {2500 * time.Millisecond, 3}} {
+		if got := RetryAfterSeconds(tc.d); got != tc.want {
+			t.Errorf("RetryAfterSeconds(%v) = %d, want %d", tc.d, got, tc.want)
+		}
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	for _, up := range []string{"", "localhost:80", "ftp://x", "http://"} {
+		if _, err := New(Config{Upstream: up}, Deps{}); !errors.Is(err, ErrNoUpstream) {
+			t.Errorf("upstream %q: err %v, want ErrNoUpstream", up, err)
+		}
+	}
+}
+
+// outcomeCount reads fairshare_front_requests_total for project and outcome.
+func outcomeCount(t *testing.T, f *Front, project, oc string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(f.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "fairshare_front_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if labelsAre(m, project, oc) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+func labelsAre(m *dto.Metric, project, oc string) bool {
+	var p, o string
+	for _, l := range m.GetLabel() {
+		switch l.GetName() {
+		case "project":
+			p = l.GetValue()
+		case "outcome":
+			o = l.GetValue()
+		}
+	}
+	return p == project && o == oc
+}
+
+// waitOutcome polls: the outcome is recorded after the response has gone out.
+func waitOutcome(t *testing.T, f *Front, project, oc string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := outcomeCount(t, f, project, oc)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s %s = %v, want %v", project, oc, got, want)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	clk := &manualClock{t: time.Unix(1000, 0)}
+	r := newRig(t, rigOpts{rateClk: clk, cfg: Config{MaxProjects: 2}}, ok)
+	r.rates.SetLimits("alpha", pools.Limits{RequestsPerSec: 1})
+	for _, p := range []string{"alpha", "alpha", "beta", "gamma", "delta", ""} {
+		readAll(t, r.get(t, p, "/"))
+	}
+	waitInUse(t, r.pool, 0)
+	waitOutcome(t, r.front, "alpha", "ok", 1)
+	waitOutcome(t, r.front, "alpha", "refused_rate", 1)
+	waitOutcome(t, r.front, "beta", "ok", 1)
+	waitOutcome(t, r.front, OtherProject, "ok", 2)
+	if n := outcomeCount(t, r.front, "gamma", "ok"); n != 0 {
+		t.Errorf("gamma has its own series past the cap")
+	}
+	if problems, err := testutil.CollectAndLint(r.front.Collector()); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+	// 3 projects x 6 outcomes + 3 duration + 3 wait histograms + bad requests.
+	if n := testutil.CollectAndCount(r.front.Collector()); n != 3*6+3+3+1 {
+		t.Errorf("%d series", n)
+	}
+	want := fmt.Sprintf("# HELP %s %s\n# TYPE %s counter\n%s 1\n", "fairshare_front_bad_requests_total",
+		"Requests answered 400 because they named no valid project.", "fairshare_front_bad_requests_total", "fairshare_front_bad_requests_total")
+	if err := testutil.CollectAndCompare(r.front.Collector(), strings.NewReader(want), "fairshare_front_bad_requests_total"); err != nil {
+		t.Error(err)
+	}
+}
