@@ -88,6 +88,7 @@ struct fs_counters {
 	__u64 expired;        /* reservations whose handshake never finished */
 	__u64 unaccounted;    /* children admitted late and refused: not held */
 	__u64 map_full;       /* project or reservation map full: not held */
+	__u64 stray;          /* reservations of non-SYN packets, undone at the RST */
 };
 
 enum sock_kind {
@@ -204,6 +205,19 @@ struct {
 	__type(value, struct fs_listener);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_listeners SEC(".maps");
+
+/*
+ * Project listeners per local port: the cheap first filter of the inbound
+ * paths, which run for every SYN and every accepted child of the host. An
+ * array lookup is inlined by the verifier; the hash lookups behind it are not.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536); /* one slot per TCP port */
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_ports SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -438,8 +452,22 @@ static __always_inline void on_listen(struct sock *sk)
 	k.port = sk->__sk_common.skc_num;
 	sock_local(sk, k.addr, true);
 	struct fs_listener l = {.project = id, .cookie = bpf_get_socket_cookie(sk)};
-	/* SO_REUSEPORT across projects: the latest listener wins. */
-	bpf_map_update_elem(&fs_listeners, &k, &l, BPF_ANY);
+	if (bpf_map_update_elem(&fs_listeners, &k, &l, BPF_NOEXIST) == 0) {
+		__u32 port = k.port;
+		__u32 *n = bpf_map_lookup_elem(&fs_ports, &port);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		return;
+	}
+	/* Already known (a second SO_REUSEPORT listener, or the reconcile dump
+	 * seeing it again): the latest listener owns the entry. */
+	bpf_map_update_elem(&fs_listeners, &k, &l, BPF_EXIST);
+}
+
+static __always_inline bool port_listened(__u32 port)
+{
+	__u32 *n = bpf_map_lookup_elem(&fs_ports, &port);
+	return n && *n;
 }
 
 static __always_inline void on_unlisten(struct sock *sk)
@@ -449,8 +477,12 @@ static __always_inline void on_unlisten(struct sock *sk)
 	k.port = sk->__sk_common.skc_num;
 	sock_local(sk, k.addr, true);
 	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, &k);
-	if (l && l->cookie == bpf_get_socket_cookie(sk))
-		bpf_map_delete_elem(&fs_listeners, &k);
+	if (l && l->cookie == bpf_get_socket_cookie(sk) && bpf_map_delete_elem(&fs_listeners, &k) == 0) {
+		__u32 port = k.port;
+		__u32 *n = bpf_map_lookup_elem(&fs_ports, &port);
+		if (n && *n)
+			__sync_fetch_and_add(n, -1);
+	}
 }
 
 static __always_inline struct fs_listener *find_listener(struct fs_listen_key *k)
@@ -470,6 +502,8 @@ static __always_inline struct fs_listener *find_listener(struct fs_listen_key *k
  */
 static __always_inline void on_established(struct sock *sk)
 {
+	if (!port_listened(sk->__sk_common.skc_num))
+		return;
 	struct fs_resv_key rk = {};
 	sock_local(sk, rk.laddr, false);
 	sock_remote(sk, rk.raddr);
@@ -524,7 +558,7 @@ int BPF_PROG(fs_set_state, struct sock *sk, int oldstate, int newstate)
 		/* Every end of a connection passes here, including RST, failed
 		 * connects, timeouts and children dropped with their listener. */
 		release_storage(bpf_sk_storage_get(&fs_socks, sk, 0, 0));
-		if (oldstate == TCP_LISTEN)
+		if (oldstate == TCP_LISTEN && port_listened(sk->__sk_common.skc_num))
 			on_unlisten(sk);
 		break;
 	case TCP_ESTABLISHED:
@@ -538,10 +572,59 @@ int BPF_PROG(fs_set_state, struct sock *sk, int oldstate, int newstate)
 	return 0;
 }
 
+/*
+ * sk_lookup cannot see TCP flags, so a non-SYN packet that misses the
+ * established table (a segment racing the child's creation, a late FIN or
+ * ACK) also reserves. A listener answers such a packet with an RST: undo its
+ * reservation there instead of waiting for the TTL.
+ */
+SEC("tp_btf/tcp_send_reset")
+int BPF_PROG(fs_send_reset, const struct sock *sk, const struct sk_buff *skb, int reason)
+{
+	if (!sk || !skb || sk->__sk_common.skc_state != TCP_LISTEN ||
+	    !port_listened(sk->__sk_common.skc_num))
+		return 0;
+	unsigned char *head = BPF_CORE_READ(skb, head);
+	__u16 nh = BPF_CORE_READ(skb, network_header);
+	__u16 th_off = BPF_CORE_READ(skb, transport_header);
+	struct tcphdr th;
+	if (bpf_probe_read_kernel(&th, sizeof(th), head + th_off))
+		return 0;
+	if (th.syn)
+		return 0;
+	struct fs_resv_key rk = {};
+	__u8 version = 0;
+	bpf_probe_read_kernel(&version, 1, head + nh);
+	if ((version >> 4) == 4) {
+		struct iphdr ip;
+		if (bpf_probe_read_kernel(&ip, sizeof(ip), head + nh))
+			return 0;
+		v4mapped(rk.laddr, ip.daddr);
+		v4mapped(rk.raddr, ip.saddr);
+	} else {
+		struct ipv6hdr ip6;
+		if (bpf_probe_read_kernel(&ip6, sizeof(ip6), head + nh))
+			return 0;
+		__builtin_memcpy(rk.laddr, &ip6.daddr, 16);
+		__builtin_memcpy(rk.raddr, &ip6.saddr, 16);
+	}
+	rk.lport = bpf_ntohs(th.dest);
+	rk.rport = bpf_ntohs(th.source);
+	struct fs_resv *r = bpf_map_lookup_elem(&fs_reservations, &rk);
+	if (!r)
+		return 0;
+	__u64 id = r->project;
+	if (bpf_map_delete_elem(&fs_reservations, &rk) == 0) {
+		release(id);
+		COUNT(stray);
+	}
+	return 0;
+}
+
 SEC("sk_lookup")
 int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 {
-	if (ctx->protocol != IPPROTO_TCP)
+	if (ctx->protocol != IPPROTO_TCP || !port_listened(ctx->local_port))
 		return SK_PASS;
 	__u32 zero = 0;
 	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);

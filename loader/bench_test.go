@@ -69,19 +69,27 @@ func cycle(b *testing.B, lfd int, sa unix.Sockaddr) {
 // with the programs attached and with nothing attached, interleaved in
 // rounds within one run, and reports the ratio of the medians. It then runs
 // with BPF run-time stats on and reports ns per program run.
+//
+// "outbound": the listener is outside the projects, only the client side
+// takes a permit. "both": client and listener are in the project, the cycle
+// takes two permits (one per side).
 func BenchmarkConnectAcceptClose(b *testing.B) {
 	requireRoot(b)
-	root := newRoot(b)
-	pin := newPinDir(b)
-	proj := mkProject(b, root, "bench")
-	moveSelf(b, proj)
+	for _, both := range []bool{false, true} {
+		name := "outbound"
+		if both {
+			name = "both"
+		}
+		b.Run(name, func(b *testing.B) { benchCycle(b, both) })
+	}
+}
 
+func benchListener(b *testing.B) (int, unix.Sockaddr) {
 	lfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer unix.Close(lfd)
-	_ = unix.SetsockoptInt(lfd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	b.Cleanup(func() { unix.Close(lfd) })
 	if err := unix.Bind(lfd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		b.Fatal(err)
 	}
@@ -91,6 +99,22 @@ func BenchmarkConnectAcceptClose(b *testing.B) {
 	sa, err := unix.Getsockname(lfd)
 	if err != nil {
 		b.Fatal(err)
+	}
+	return lfd, sa
+}
+
+func benchCycle(b *testing.B, both bool) {
+	root := newRoot(b)
+	pin := newPinDir(b)
+	proj := mkProject(b, root, "bench")
+	var lfd int
+	var sa unix.Sockaddr
+	if !both {
+		lfd, sa = benchListener(b) // created outside the project
+	}
+	moveSelf(b, proj)
+	if both {
+		lfd, sa = benchListener(b)
 	}
 
 	open := func() *Limiter {

@@ -48,6 +48,7 @@ type Events struct {
 	Expired                 uint64 // reservations whose handshake never completed
 	Unaccounted             uint64 // late handshakes refused: connection up, no permit
 	MapFull                 uint64 // a map was full: connection not counted
+	Stray                   uint64 // reservations of non-SYN packets, undone when the listener reset them
 }
 
 // monoNow is CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns.
@@ -260,6 +261,7 @@ func (l *Limiter) readEvents() (Events, error) {
 		e.Expired += c.Expired
 		e.Unaccounted += c.Unaccounted
 		e.MapFull += c.MapFull
+		e.Stray += c.Stray
 	}
 	return e, nil
 }

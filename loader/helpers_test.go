@@ -375,7 +375,14 @@ func waitInUse(t testing.TB, l *Limiter, node int, proj map[string]int) {
 		for name, n := range proj {
 			ok = ok && project(s, name).InUse == n
 		}
-		return ok, fmt.Sprintf("want node %d projects %v, have %+v", node, proj, s)
+		var k limiterFsResvKey
+		var v limiterFsResv
+		var resv []string
+		it := l.objs.FsReservations.Iterate()
+		for it.Next(&k, &v) {
+			resv = append(resv, fmt.Sprintf("%v:%d<-%v:%d", k.Laddr[12:], k.Lport, k.Raddr[12:], k.Rport))
+		}
+		return ok, fmt.Sprintf("want node %d projects %v, have %+v; reservations %v", node, proj, s, resv)
 	})
 }
 

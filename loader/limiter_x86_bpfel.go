@@ -34,6 +34,7 @@ type limiterFsCounters struct {
 	Expired     uint64
 	Unaccounted uint64
 	MapFull     uint64
+	Stray       uint64
 }
 
 type limiterFsListenKey struct {
@@ -111,6 +112,7 @@ const (
 	limiterMapFsConfig       = "fs_config"
 	limiterMapFsListeners    = "fs_listeners"
 	limiterMapFsNode         = "fs_node"
+	limiterMapFsPorts        = "fs_ports"
 	limiterMapFsProjects     = "fs_projects"
 	limiterMapFsReservations = "fs_reservations"
 	limiterMapFsSocks        = "fs_socks"
@@ -119,6 +121,7 @@ const (
 	limiterProgFsConnect4    = "fs_connect4"
 	limiterProgFsConnect6    = "fs_connect6"
 	limiterProgFsDump        = "fs_dump"
+	limiterProgFsSendReset   = "fs_send_reset"
 	limiterProgFsSetState    = "fs_set_state"
 	limiterProgFsSkLookup    = "fs_sk_lookup"
 	limiterProgFsSockRelease = "fs_sock_release"
@@ -173,6 +176,7 @@ type limiterProgramSpecs struct {
 	FsConnect4    *ebpf.ProgramSpec `ebpf:"fs_connect4"`
 	FsConnect6    *ebpf.ProgramSpec `ebpf:"fs_connect6"`
 	FsDump        *ebpf.ProgramSpec `ebpf:"fs_dump"`
+	FsSendReset   *ebpf.ProgramSpec `ebpf:"fs_send_reset"`
 	FsSetState    *ebpf.ProgramSpec `ebpf:"fs_set_state"`
 	FsSkLookup    *ebpf.ProgramSpec `ebpf:"fs_sk_lookup"`
 	FsSockRelease *ebpf.ProgramSpec `ebpf:"fs_sock_release"`
@@ -185,6 +189,7 @@ type limiterMapSpecs struct {
 	FsConfig       *ebpf.MapSpec `ebpf:"fs_config"`
 	FsListeners    *ebpf.MapSpec `ebpf:"fs_listeners"`
 	FsNode         *ebpf.MapSpec `ebpf:"fs_node"`
+	FsPorts        *ebpf.MapSpec `ebpf:"fs_ports"`
 	FsProjects     *ebpf.MapSpec `ebpf:"fs_projects"`
 	FsReservations *ebpf.MapSpec `ebpf:"fs_reservations"`
 	FsSocks        *ebpf.MapSpec `ebpf:"fs_socks"`
@@ -223,6 +228,7 @@ type limiterMaps struct {
 	FsConfig       *ebpf.Map `ebpf:"fs_config"`
 	FsListeners    *ebpf.Map `ebpf:"fs_listeners"`
 	FsNode         *ebpf.Map `ebpf:"fs_node"`
+	FsPorts        *ebpf.Map `ebpf:"fs_ports"`
 	FsProjects     *ebpf.Map `ebpf:"fs_projects"`
 	FsReservations *ebpf.Map `ebpf:"fs_reservations"`
 	FsSocks        *ebpf.Map `ebpf:"fs_socks"`
@@ -234,6 +240,7 @@ func (m *limiterMaps) Close() error {
 		m.FsConfig,
 		m.FsListeners,
 		m.FsNode,
+		m.FsPorts,
 		m.FsProjects,
 		m.FsReservations,
 		m.FsSocks,
@@ -258,6 +265,7 @@ type limiterPrograms struct {
 	FsConnect4    *ebpf.Program `ebpf:"fs_connect4"`
 	FsConnect6    *ebpf.Program `ebpf:"fs_connect6"`
 	FsDump        *ebpf.Program `ebpf:"fs_dump"`
+	FsSendReset   *ebpf.Program `ebpf:"fs_send_reset"`
 	FsSetState    *ebpf.Program `ebpf:"fs_set_state"`
 	FsSkLookup    *ebpf.Program `ebpf:"fs_sk_lookup"`
 	FsSockRelease *ebpf.Program `ebpf:"fs_sock_release"`
@@ -269,6 +277,7 @@ func (p *limiterPrograms) Close() error {
 		p.FsConnect4,
 		p.FsConnect6,
 		p.FsDump,
+		p.FsSendReset,
 		p.FsSetState,
 		p.FsSkLookup,
 		p.FsSockRelease,

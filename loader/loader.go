@@ -394,6 +394,9 @@ func (l *Limiter) attach() error {
 		{"link_set_state", func() (link.Link, error) {
 			return link.AttachTracing(link.TracingOptions{Program: l.objs.FsSetState, AttachType: ebpf.AttachTraceRawTp})
 		}},
+		{"link_send_reset", func() (link.Link, error) {
+			return link.AttachTracing(link.TracingOptions{Program: l.objs.FsSendReset, AttachType: ebpf.AttachTraceRawTp})
+		}},
 		{"link_sk_lookup", func() (link.Link, error) {
 			ns, err := os.Open("/proc/self/ns/net")
 			if err != nil {
