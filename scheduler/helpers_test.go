@@ -3,6 +3,7 @@
 package scheduler
 
 import (
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -108,7 +109,7 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 		n := 0
 		var prev *Ticket
 		for tk := q.head; tk != nil; tk = tk.next {
-			if tk.prev != prev || tk.state != ticketQueued || tk.pid != int32(pid) {
+			if (prev != nil && tk.prev != prev) || tk.state != ticketQueued || tk.pid != int32(pid) {
 				t.Fatalf("%s: queue links broken at %d", q.name, n)
 			}
 			prev = tk
@@ -119,8 +120,8 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 		}
 		inFlight += int(q.inflight)
 		if n == 0 {
-			if q.ring != 0 || q.heapIdx != none {
-				t.Fatalf("%s: empty queue in ring %d / heap %d", q.name, q.ring, q.heapIdx)
+			if q.ring != 0 || q.due != none {
+				t.Fatalf("%s: empty queue in ring %d / parked until %d", q.name, q.ring, q.due)
 			}
 			continue
 		}
@@ -129,15 +130,14 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 		}
 		ringN[q.ring]++
 		// Balances are as of q.last: the ring matches them exactly.
-		if c := classOf(q); c != q.ring {
+		if c := classOf(q); c != Class(q.ring) {
 			t.Fatalf("%s: in ring %v but balances (%.3f,%.3f) support %v", q.name, q.ring, q.p1, q.p2, c)
 		}
-		due := s.riseAt(q, q.ring)
-		switch {
-		case due == none && q.heapIdx != none:
-			t.Fatalf("%s: parked but cannot rise", q.name)
-		case due != none && (q.heapIdx == none || s.timers[q.heapIdx].due != due):
-			t.Fatalf("%s: rise due %d not parked correctly", q.name, due)
+		if due := s.riseAt(q, Class(q.ring)); due != q.due {
+			t.Fatalf("%s: rises at %d, parked until %d", q.name, due, q.due)
+		}
+		if q.due != none && !slices.Contains(s.timers, timer{due: q.due, pid: int32(pid)}) {
+			t.Fatalf("%s: parked until %d with no heap entry", q.name, q.due)
 		}
 	}
 	if inFlight != s.inFlight {
@@ -157,7 +157,7 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 		k, pid := 0, r.cursor
 		for {
 			q := &s.parts[pid]
-			if q.ring != c || s.parts[q.next].prev != pid {
+			if Class(q.ring) != c || s.parts[q.next].prev != pid {
 				t.Fatalf("ring %v links broken", c)
 			}
 			k++
@@ -170,12 +170,18 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 			t.Fatalf("ring %v: walked %d, n=%d", c, k, r.n)
 		}
 	}
+	stale := 0
 	for i, tm := range s.timers {
-		if s.parts[tm.pid].heapIdx != int32(i) {
-			t.Fatalf("timer %d: heapIdx mismatch", i)
+		if q := &s.parts[tm.pid]; q.due != tm.due || !q.live {
+			stale++
 		}
 		if i > 0 && s.timers[(i-1)/4].due > tm.due {
 			t.Fatalf("timer heap order broken at %d", i)
 		}
+	}
+	// Duplicates of a live entry count once as live, so stale may be below
+	// the running count but never above it.
+	if stale > s.staleTimers {
+		t.Fatalf("%d stale timers, counted %d", stale, s.staleTimers)
 	}
 }

@@ -29,39 +29,48 @@ type Scheduler struct {
 	wake  chan struct{} // nudges Run after Submit and Done; capacity 1
 	run   atomic.Bool   // a Run loop is active
 
-	mu         sync.Mutex // guards the fields below
-	byName     map[string]int32
-	policies   map[string]Policy // kept when an idle participant is forgotten
-	parts      []participant     // dense handles; free slots listed in free
-	free       []int32
-	rings      [4]ring   // eligible non-empty queues by class, index 1..3
-	timers     []timer   // 4-ary min-heap: when a parked queue can climb
-	inFlight   int       // dispatched, not yet Done
-	seq        uint64    // dispatches so far, numbers turns for entry placement
-	dispatched [4]uint64 // by class
-	visits     uint64    // queues examined: the cursor's queue plus timer relinks
-	wait       waitHist
-	lastSweep  int64
+	mu          sync.Mutex // guards the fields below
+	byName      map[string]int32
+	policies    map[string]Policy // kept when an idle participant is forgotten
+	parts       []participant     // dense handles; free slots listed in free
+	free        []int32
+	rings       [4]ring   // eligible non-empty queues by class, index 1..3
+	timers      []timer   // 4-ary min-heap: when a parked queue can climb
+	staleTimers int       // entries in timers that no longer match participant.due
+	inFlight    int       // dispatched, not yet Done
+	seq         uint64    // dispatches so far, numbers turns for entry placement
+	dispatched  [4]uint64 // by class
+	visits      uint64    // queues examined: the cursor's queue plus timer relinks
+	wait        waitHist
+	lastSweep   int64
 }
 
-// participant is one queue and its buckets. Only the Scheduler's mu guards it.
+// participant is one queue and its buckets. Only the Scheduler's mu guards
+// it. The layout is 128 bytes, two cache lines: the fields every decision
+// reads come first, so at 100k participants a dispatch costs the misses on
+// this struct and the ticket, and nothing else.
 type participant struct {
-	name       string
-	head, tail *Ticket // FIFO, linked through Ticket.next/prev
+	head       *Ticket // FIFO, linked through Ticket.next/prev
 	p1, p2     float64 // balances as of last; may be negative
 	last       int64   // when p1/p2 were last refilled
-	lastSeq    uint64  // s.seq at this participant's last dispatch; 0 = never
-	shares     float64
+	due        int64   // when refill lifts the class: the live timer; none if not parked
+	next, prev int32   // ring links, valid while ring != 0
 	queue      int32
 	inflight   int32
-	next, prev int32 // ring links, valid while ring != 0
-	heapIdx    int32 // position in s.timers, none if not parked
-	tier       Tier
-	ring       Class // ring the queue is linked in, 0 = none
-	lastClass  Class
+	shares     float32
+	tier       uint8 // a Tier
+	ring       uint8 // Class of the ring the queue is linked in, 0 = none
+	lastClass  uint8 // a Class
 	live       bool
+	// Second cache line.
+	lastSeq    uint64 // s.seq at this participant's last dispatch; 0 = never
+	tail       *Ticket
 	dispatched [4]uint64
+	name       string
 }
+
+func (q *participant) holdsP1() bool { return Tier(q.tier).holdsP1() }
+func (q *participant) holdsP2() bool { return Tier(q.tier).holdsP2() }
 
 // ring is a circular doubly linked list of participants threaded through
 // participant.next/prev. cursor is the next queue to serve. Queues that
@@ -133,10 +142,11 @@ func New(cfg Config, clk Clock) (*Scheduler, error) {
 	return s, nil
 }
 
+// maxShares keeps shares exact in the float32 the hot struct stores.
+const maxShares = 1 << 24
+
 func normPolicy(p Policy) Policy {
-	if p.Shares < 1 {
-		p.Shares = 1
-	}
+	p.Shares = min(max(p.Shares, 1), maxShares)
 	if p.Tier < TierNone || p.Tier > TierPro {
 		p.Tier = TierNone
 	}
@@ -170,19 +180,19 @@ func (s *Scheduler) SetPolicy(participant string, p Policy) {
 	}
 	q := &s.parts[pid]
 	s.refillLocked(q, now)
-	had1, had2 := q.tier.holdsP1(), q.tier.holdsP2()
-	q.tier, q.shares = p.Tier, float64(p.Shares)
-	b1, b2 := s.cfg.P1Burst*q.shares, s.cfg.P2Burst*q.shares
+	had1, had2 := q.holdsP1(), q.holdsP2()
+	q.tier, q.shares = uint8(p.Tier), float32(p.Shares)
+	b1, b2 := s.cfg.P1Burst*float64(q.shares), s.cfg.P2Burst*float64(q.shares)
 	switch {
-	case q.tier.holdsP1() && !had1:
+	case q.holdsP1() && !had1:
 		q.p1 = b1
-	case !q.tier.holdsP1():
+	case !q.holdsP1():
 		q.p1 = 0
 	}
 	switch {
-	case q.tier.holdsP2() && !had2:
+	case q.holdsP2() && !had2:
 		q.p2 = b2
-	case !q.tier.holdsP2():
+	case !q.holdsP2():
 		q.p2 = 0
 	}
 	q.p1, q.p2 = min(q.p1, b1), min(q.p2, b2)
@@ -232,14 +242,14 @@ func (s *Scheduler) lookupLocked(name string, now int64) int32 {
 	}
 	q := &s.parts[pid]
 	*q = participant{
-		name: name, tier: pol.Tier, shares: float64(pol.Shares), last: now,
-		next: none, prev: none, heapIdx: none, live: true,
+		name: name, tier: uint8(pol.Tier), shares: float32(pol.Shares), last: now,
+		next: none, prev: none, due: none, live: true,
 	}
-	if q.tier.holdsP1() {
-		q.p1 = s.cfg.P1Burst * q.shares
+	if q.holdsP1() {
+		q.p1 = s.cfg.P1Burst * float64(q.shares)
 	}
-	if q.tier.holdsP2() {
-		q.p2 = s.cfg.P2Burst * q.shares
+	if q.holdsP2() {
+		q.p2 = s.cfg.P2Burst * float64(q.shares)
 	}
 	s.byName[name] = pid
 	return pid
@@ -254,11 +264,11 @@ func (s *Scheduler) refillLocked(q *participant, now int64) {
 		return
 	}
 	dt := float64(now-q.last) / 1e9
-	if q.tier.holdsP1() {
-		q.p1 = min(q.p1+s.cfg.P1Rate*q.shares*dt, s.cfg.P1Burst*q.shares)
+	if q.holdsP1() {
+		q.p1 = min(q.p1+s.cfg.P1Rate*float64(q.shares)*dt, s.cfg.P1Burst*float64(q.shares))
 	}
-	if q.tier.holdsP2() {
-		q.p2 = min(q.p2+s.cfg.P2Rate*q.shares*dt, s.cfg.P2Burst*q.shares)
+	if q.holdsP2() {
+		q.p2 = min(q.p2+s.cfg.P2Rate*float64(q.shares)*dt, s.cfg.P2Burst*float64(q.shares))
 	}
 	q.last = now
 }
@@ -266,9 +276,9 @@ func (s *Scheduler) refillLocked(q *participant, now int64) {
 // classOf is the highest class q's balances support right now.
 func classOf(q *participant) Class {
 	switch {
-	case q.tier.holdsP1() && q.p1 >= 1-eps:
+	case q.holdsP1() && q.p1 >= 1-eps:
 		return P1
-	case q.tier.holdsP2() && q.p2 >= 1-eps:
+	case q.holdsP2() && q.p2 >= 1-eps:
 		return P2
 	}
 	return P3
@@ -280,11 +290,11 @@ func (s *Scheduler) riseAt(q *participant, c Class) int64 {
 	at := func(b, rate float64) int64 {
 		return q.last + int64(math.Ceil((1-b)/rate*1e9))
 	}
-	if c > P1 && q.tier.holdsP1() {
-		due = at(q.p1, s.cfg.P1Rate*q.shares)
+	if c > P1 && q.holdsP1() {
+		due = at(q.p1, s.cfg.P1Rate*float64(q.shares))
 	}
-	if c > P2 && q.tier.holdsP2() {
-		if d := at(q.p2, s.cfg.P2Rate*q.shares); due == none || d < due {
+	if c > P2 && q.holdsP2() {
+		if d := at(q.p2, s.cfg.P2Rate*float64(q.shares)); due == none || d < due {
 			due = d
 		}
 	}
@@ -301,7 +311,7 @@ func (s *Scheduler) placeLocked(pid int32, now int64) {
 	if q.queue > 0 {
 		want = classOf(q)
 	}
-	if want != q.ring {
+	if want != Class(q.ring) {
 		if q.ring != 0 {
 			s.unlinkLocked(pid)
 		}
@@ -327,7 +337,7 @@ func (s *Scheduler) placeLocked(pid int32, now int64) {
 // so re-submitting after each dispatch cannot jump the ring.
 func (s *Scheduler) linkLocked(pid int32, c Class) {
 	r, q := &s.rings[c], &s.parts[pid]
-	q.ring = c
+	q.ring = uint8(c)
 	jump := q.lastSeq == 0 || s.seq-q.lastSeq >= uint64(r.n)
 	if r.cursor == none {
 		q.next, q.prev, r.cursor, r.n, r.lastJump = pid, pid, pid, 1, none
@@ -394,11 +404,11 @@ func (s *Scheduler) dispatchLocked(now int64) *Ticket {
 	s.visits++
 	s.refillLocked(q, now)
 	t := q.head
+	// The new head's prev is left stale, not cleared: the head's prev is
+	// never read, and not touching the next ticket saves a cache miss.
 	q.head = t.next
 	if q.head == nil {
 		q.tail = nil
-	} else {
-		q.head.prev = nil
 	}
 	t.next = nil
 	q.queue--
@@ -410,7 +420,7 @@ func (s *Scheduler) dispatchLocked(now int64) *Ticket {
 		q.p2--
 	}
 	s.seq++
-	q.lastSeq, q.lastClass = s.seq, c
+	q.lastSeq, q.lastClass = s.seq, uint8(c)
 	q.dispatched[c]++
 	q.inflight++
 	s.dispatched[c]++
@@ -430,9 +440,11 @@ func (s *Scheduler) dispatchLocked(now int64) *Ticket {
 
 // runTimersLocked relinks every parked queue whose climb is due.
 func (s *Scheduler) runTimersLocked(now int64) {
-	for len(s.timers) > 0 && s.timers[0].due <= now {
-		pid := s.timers[0].pid
-		s.timerDelLocked(pid)
+	for {
+		pid := s.popDueLocked(now)
+		if pid == none {
+			return
+		}
 		s.visits++
 		s.placeLocked(pid, now)
 	}
@@ -441,12 +453,12 @@ func (s *Scheduler) runTimersLocked(now int64) {
 // withdrawLocked removes a still-queued ticket without touching anyone else.
 func (s *Scheduler) withdrawLocked(t *Ticket, now int64) {
 	q := &s.parts[t.pid]
-	if t.prev == nil {
+	if q.head == t {
 		q.head = t.next
 	} else {
 		t.prev.next = t.next
 	}
-	if t.next == nil {
+	if q.tail == t {
 		q.tail = t.prev
 	} else {
 		t.next.prev = t.prev
@@ -471,9 +483,9 @@ func (s *Scheduler) doneLocked(t *Ticket, cost float64, now int64) {
 	adj := max(cost, 0) - 1
 	switch t.class {
 	case P1:
-		q.p1 = min(q.p1-adj, s.cfg.P1Burst*q.shares)
+		q.p1 = min(q.p1-adj, s.cfg.P1Burst*float64(q.shares))
 	case P2:
-		q.p2 = min(q.p2-adj, s.cfg.P2Burst*q.shares)
+		q.p2 = min(q.p2-adj, s.cfg.P2Burst*float64(q.shares))
 	}
 	q.inflight--
 	s.inFlight--
@@ -493,15 +505,15 @@ func (s *Scheduler) sweepLocked(now int64) {
 			continue
 		}
 		s.refillLocked(q, now)
-		if q.tier.holdsP1() && q.p1 < s.cfg.P1Burst*q.shares {
+		if q.holdsP1() && q.p1 < s.cfg.P1Burst*float64(q.shares) {
 			continue
 		}
-		if q.tier.holdsP2() && q.p2 < s.cfg.P2Burst*q.shares {
+		if q.holdsP2() && q.p2 < s.cfg.P2Burst*float64(q.shares) {
 			continue
 		}
 		s.timerDelLocked(int32(pid))
 		delete(s.byName, q.name)
-		*q = participant{next: none, prev: none, heapIdx: none}
+		*q = participant{next: none, prev: none, due: none}
 		s.free = append(s.free, int32(pid))
 	}
 }
@@ -585,11 +597,11 @@ func (s *Scheduler) Snapshot() Snapshot {
 		s.refillLocked(q, now)
 		snap.Participants = append(snap.Participants, ParticipantStat{
 			Participant: q.name,
-			Policy:      Policy{Tier: q.tier, Shares: int(q.shares)},
+			Policy:      Policy{Tier: Tier(q.tier), Shares: int(q.shares)},
 			Queue:       int(q.queue),
 			P1:          q.p1,
 			P2:          q.p2,
-			LastClass:   q.lastClass,
+			LastClass:   Class(q.lastClass),
 			Dispatched:  q.dispatched,
 		})
 	}
@@ -611,7 +623,7 @@ type Ticket struct {
 	s          *Scheduler
 	ready      chan struct{} // capacity 1, one send at dispatch (reusable, unlike close)
 	waited     atomic.Int64  // ns queued, set at dispatch or withdrawal
-	next, prev *Ticket       // the participant's queue; guarded by s.mu
+	next, prev *Ticket       // the participant's queue (prev unused at the head); guarded by s.mu
 	enq        int64         // guarded by s.mu
 	pid        int32         // guarded by s.mu
 	state      ticketState   // guarded by s.mu

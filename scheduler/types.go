@@ -103,7 +103,8 @@ func (c Class) String() string {
 type Policy struct {
 	Tier Tier
 	// Shares multiplies the refill rate and the size of every bucket the
-	// tier holds; it never multiplies turns. Values below 1 count as 1.
+	// tier holds; it never multiplies turns. Values below 1 count as 1,
+	// above 1<<24 as 1<<24.
 	Shares int
 }
 

@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// requeueLocked puts a completed ticket back at the tail of its queue, so a
+// benchmark keeps every queue backlogged without allocating tickets.
+func (s *Scheduler) requeueLocked(t *Ticket, now int64) {
+	select {
+	case <-t.ready:
+	default:
+	}
+	t.state, t.enq, t.class = ticketQueued, now, 0
+	q := &s.parts[t.pid]
+	if q.tail == nil {
+		q.head = t
+	} else {
+		q.tail.next, t.prev = t, q.tail
+	}
+	q.tail = t
+	q.queue++
+	if q.queue == 1 {
+		s.placeLocked(t.pid, now)
+	}
+}
+
+// backlogged returns a scheduler with n participants created in memory order
+// but queued in shuffled order (rings are then cache-hostile, as arrival
+// order is), each with two requests waiting.
+func backlogged(b *testing.B, n int, pol Policy) *Scheduler {
+	s, err := New(Config{DefaultPolicy: pol}, newFakeClock())
+	if err != nil {
+		b.Fatal(err)
+	}
+	names := make([]string, n)
+	s.mu.Lock()
+	for i := range names {
+		names[i] = fmt.Sprintf("project-%06d", i)
+		s.lookupLocked(names[i], 0)
+	}
+	s.mu.Unlock()
+	rng := rand.New(rand.NewPCG(1, 2))
+	rng.Shuffle(n, func(i, j int) { names[i], names[j] = names[j], names[i] })
+	for _, name := range names {
+		s.Submit(name)
+		s.Submit(name)
+	}
+	return s
+}
+
+// BenchmarkDispatch measures one dispatch decision plus the completion and
+// re-queue that keep the queue backlogged, with n participants waiting. The
+// clock advances so that each participant refills half a P1 credit and half
+// a P2 credit per round, whatever n: queues keep dropping between P1 and
+// P2 (buckets of one credit) and being relinked by their timers, the same
+// mix at every n.
+func BenchmarkDispatch(b *testing.B) {
+	for _, n := range []int{10, 1000, 100_000} {
+		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
+			s := backlogged(b, n, pro(1))
+			s.cfg.P1Burst, s.cfg.P2Burst = 1, 1
+			s.cfg.P1Rate, s.cfg.P2Rate = 10, 10
+			dt := int64(0.5 / (s.cfg.P1Rate * float64(n)) * 1e9)
+			now := int64(0)
+			// Reach the steady state before timing.
+			for range 4 * n {
+				now += dt
+				s.mu.Lock()
+				tk := s.dispatchLocked(now)
+				s.doneLocked(tk, 1, now)
+				s.requeueLocked(tk, now)
+				s.mu.Unlock()
+			}
+			v0, d0 := s.visits, s.dispatched
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				now += dt
+				s.mu.Lock()
+				tk := s.dispatchLocked(now)
+				s.doneLocked(tk, 1, now)
+				s.requeueLocked(tk, now)
+				s.mu.Unlock()
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(s.visits-v0)/float64(b.N), "visits/op")
+			b.ReportMetric(float64(s.dispatched[P1]-d0[P1])/float64(b.N), "P1-frac")
+			b.ReportMetric(float64(len(s.timers)), "parked")
+		})
+	}
+}
+
+// BenchmarkDispatchRingOnly is the decision with no class changes at all:
+// every bucket is spent and the clock stands still, so every dispatch is a
+// P3 turn on the ring.
+func BenchmarkDispatchRingOnly(b *testing.B) {
+	for _, n := range []int{10, 1000, 100_000} {
+		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
+			s := backlogged(b, n, Policy{Tier: TierNone})
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				s.mu.Lock()
+				tk := s.dispatchLocked(0)
+				s.doneLocked(tk, 1, 0)
+				s.requeueLocked(tk, 0)
+				s.mu.Unlock()
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(s.visits)/float64(b.N), "visits/op")
+		})
+	}
+}
+
+// BenchmarkDispatchStarved99 has 99% of n Pro queues deep in debt (parked in
+// P3 with timers far in the future) and 1% holding P1 credit, refilled fast
+// enough to stay there: each P1 decision must touch only the 1%.
+func BenchmarkDispatchStarved99(b *testing.B) {
+	for _, n := range []int{1000, 100_000} {
+		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
+			s := backlogged(b, n, pro(1))
+			rich := 0
+			s.mu.Lock()
+			for pid := range s.parts {
+				q := &s.parts[pid]
+				if pid%100 == 0 {
+					// A billion shares: a bucket that never runs dry in the run.
+					q.shares = 1e9
+					q.p1 = s.cfg.P1Burst * float64(q.shares)
+					rich++
+				} else {
+					q.p1, q.p2 = -1e9, -1e9
+				}
+				s.placeLocked(int32(pid), 0)
+			}
+			s.mu.Unlock()
+			now := int64(0)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				now += 1000
+				s.mu.Lock()
+				tk := s.dispatchLocked(now)
+				if tk.class != P1 {
+					b.Fatalf("class %v", tk.class)
+				}
+				s.doneLocked(tk, 1, now)
+				s.requeueLocked(tk, now)
+				s.mu.Unlock()
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(s.visits)/float64(b.N), "visits/op")
+			b.ReportMetric(float64(s.rings[P1].n), "P1-ring")
+			b.ReportMetric(float64(s.rings[P3].n), "P3-ring")
+		})
+	}
+}
+
+// BenchmarkNaiveScan is the O(n) reference the rings replace: scan every
+// queue to decide the class (the naive oracle of the tests), at 100k.
+func BenchmarkNaiveScan(b *testing.B) {
+	s := backlogged(b, 100_000, pro(1))
+	for range b.N {
+		if naiveClass(s, 0) == 0 {
+			b.Fatal("no work")
+		}
+	}
+}
+
+// BenchmarkSubmitWaitDone is the whole path through the public API and the
+// Run loop, one client goroutine: Submit, Wait, Done. It includes the ticket
+// allocation (one per request, not per dispatch) and the goroutine hand-off.
+func BenchmarkSubmitWaitDone(b *testing.B) {
+	for _, n := range []int{10, 100_000} {
+		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
+			s := backlogged(b, n, pro(1))
+			s.clk = systemClock{}
+			s.epoch = time.Now()
+			ctx, cancel := contextForBench()
+			defer cancel()
+			go s.Run(ctx) //nolint:errcheck // stops with ctx
+			// Drain the backlog so each iteration measures one request.
+			for s.Snapshot().Dispatched[1]+s.Snapshot().Dispatched[2]+s.Snapshot().Dispatched[3] < uint64(2*n) {
+				time.Sleep(time.Millisecond)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				tk := s.Submit(fmt.Sprintf("project-%06d", i%n))
+				if _, err := tk.Wait(ctx); err != nil {
+					b.Fatal(err)
+				}
+				tk.Done(1)
+			}
+		})
+	}
+}
+
+func contextForBench() (context.Context, context.CancelFunc) {
+	return context.WithCancel(context.Background())
+}
