@@ -70,8 +70,8 @@ func (l *Limiter) checkOpen() error {
 // SetPool changes POOL and FLOOR (0 = pools.DefaultFloor). The share is
 // recomputed at once from the current active set.
 func (l *Limiter) SetPool(size, floor uint32) error {
-	if size == 0 {
-		return fmt.Errorf("pool size 0: %w", ErrInvalidOptions)
+	if size == 0 || size > MaxPoolSize {
+		return fmt.Errorf("pool size %d not in 1..%d: %w", size, MaxPoolSize, ErrInvalidOptions)
 	}
 	if floor == 0 {
 		floor = uint32(pools.DefaultFloor(int(size)))

@@ -59,6 +59,9 @@ func TestGoCLayoutsAgree(t *testing.T) {
 			}
 		}
 	}
+	if n := spec.Maps["fs_held"].MaxEntries; n != MaxPoolSize {
+		t.Errorf("fs_held has %d entries, MaxPoolSize is %d", n, MaxPoolSize)
+	}
 	var rec *btf.Struct
 	if err := spec.Types.TypeByName("fs_sock_record", &rec); err != nil {
 		t.Fatal(err)

@@ -91,8 +91,8 @@ type limiterFsSettings struct {
 type limiterFsSock struct {
 	_       structs.HostLayout
 	Project uint64
-	Held    uint32
 	Kind    uint32
+	Pad     uint32
 }
 
 type limiterFsSockRecord struct {
@@ -110,12 +110,12 @@ type limiterFsSockRecord struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	limiterMapFsConfig       = "fs_config"
+	limiterMapFsHeld         = "fs_held"
 	limiterMapFsListeners    = "fs_listeners"
 	limiterMapFsNode         = "fs_node"
 	limiterMapFsPorts        = "fs_ports"
 	limiterMapFsProjects     = "fs_projects"
 	limiterMapFsReservations = "fs_reservations"
-	limiterMapFsSocks        = "fs_socks"
 	limiterMapFsStats        = "fs_stats"
 	limiterProgFsAdjust      = "fs_adjust"
 	limiterProgFsConnect4    = "fs_connect4"
@@ -187,12 +187,12 @@ type limiterProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type limiterMapSpecs struct {
 	FsConfig       *ebpf.MapSpec `ebpf:"fs_config"`
+	FsHeld         *ebpf.MapSpec `ebpf:"fs_held"`
 	FsListeners    *ebpf.MapSpec `ebpf:"fs_listeners"`
 	FsNode         *ebpf.MapSpec `ebpf:"fs_node"`
 	FsPorts        *ebpf.MapSpec `ebpf:"fs_ports"`
 	FsProjects     *ebpf.MapSpec `ebpf:"fs_projects"`
 	FsReservations *ebpf.MapSpec `ebpf:"fs_reservations"`
-	FsSocks        *ebpf.MapSpec `ebpf:"fs_socks"`
 	FsStats        *ebpf.MapSpec `ebpf:"fs_stats"`
 }
 
@@ -226,24 +226,24 @@ func (o *limiterObjects) Close() error {
 // It can be passed to loadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type limiterMaps struct {
 	FsConfig       *ebpf.Map `ebpf:"fs_config"`
+	FsHeld         *ebpf.Map `ebpf:"fs_held"`
 	FsListeners    *ebpf.Map `ebpf:"fs_listeners"`
 	FsNode         *ebpf.Map `ebpf:"fs_node"`
 	FsPorts        *ebpf.Map `ebpf:"fs_ports"`
 	FsProjects     *ebpf.Map `ebpf:"fs_projects"`
 	FsReservations *ebpf.Map `ebpf:"fs_reservations"`
-	FsSocks        *ebpf.Map `ebpf:"fs_socks"`
 	FsStats        *ebpf.Map `ebpf:"fs_stats"`
 }
 
 func (m *limiterMaps) Close() error {
 	return _LimiterClose(
 		m.FsConfig,
+		m.FsHeld,
 		m.FsListeners,
 		m.FsNode,
 		m.FsPorts,
 		m.FsProjects,
 		m.FsReservations,
-		m.FsSocks,
 		m.FsStats,
 	)
 }

@@ -33,6 +33,10 @@ const DefaultPinDir = "/sys/fs/bpf/fairshare"
 // is admitted again when it completes.
 const DefaultReservationTTL = 3 * time.Second
 
+// MaxPoolSize is the largest POOL: the number of entries of the map of held
+// permits (fs_held in bpf/limiter.c), which is preallocated.
+const MaxPoolSize = 262144
+
 // forgetAfter is how long an idle, empty project of a removed cgroup keeps
 // its map entry (and counters) before Tick deletes it.
 const forgetAfter = time.Minute
@@ -232,8 +236,8 @@ func netnsCookie() (uint64, error) {
 // run), attaches them to ProjectsRoot and the current network namespace, and
 // reconciles the maps with the kernel's socket table once.
 func Open(opts Options) (*Limiter, error) {
-	if opts.PoolSize == 0 {
-		return nil, fmt.Errorf("pool size 0: %w", ErrInvalidOptions)
+	if opts.PoolSize == 0 || opts.PoolSize > MaxPoolSize {
+		return nil, fmt.Errorf("pool size %d not in 1..%d: %w", opts.PoolSize, MaxPoolSize, ErrInvalidOptions)
 	}
 	if opts.Floor == 0 {
 		opts.Floor = uint32(pools.DefaultFloor(int(opts.PoolSize)))
