@@ -17,7 +17,9 @@
  * higher than it is: the error is a spurious refusal, never an overshoot.
  *
  * Programs (kept few: each one runs on a hot path):
- *   cgroup/connect4, cgroup/connect6  outbound admission, process context
+ *   cgroup/connect4, cgroup/connect6  outbound admission, process context;
+ *                                      a refusal makes connect() fail at
+ *                                      once with ECONNREFUSED
  *   sk_lookup                          inbound admission at the SYN; a refusal
  *                                      is SK_DROP, the kernel answers the SYN
  *                                      with an RST, the client sees
@@ -25,12 +27,19 @@
  *   tp_btf/inet_sock_set_state         listener bookkeeping, inbound permit
  *                                      conversion at ESTABLISHED, release at
  *                                      TCP_CLOSE
+ *   tp_btf/tcp_send_reset              undoes reservations made for non-SYN
+ *                                      packets (sk_lookup cannot see flags)
  *   cgroup/sock_release                release when the fd is closed before
  *                                      the socket reaches TCP_CLOSE
  *   iter/tcp                           adoption of sockets that predate the
  *                                      programs, and the reconcile dump
  *   syscall                            atomic adjustments from user space
  *                                      (expired reservations, drift repair)
+ *
+ * A held permit is an entry in fs_held keyed by the socket cookie. Every
+ * release path deletes the entry and only the caller whose delete succeeded
+ * gives the permit back, so a socket releases exactly once however many of
+ * the paths fire (an orderly close runs sock_release and then TCP_CLOSE).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>

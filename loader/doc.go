@@ -19,8 +19,9 @@
 // process closes the socket, whichever comes first. An inbound connection
 // accepted by a project's listener holds one from its SYN (as a reservation)
 // through the handshake, while it waits in the accept queue, and until it
-// dies or is closed. Release happens exactly once per socket (a CAS on a flag
-// in socket storage) on the first of: the transition to TCP_CLOSE (RST,
+// dies or is closed. Release happens exactly once per socket (the permit is
+// an entry keyed by the socket cookie; only the path whose delete succeeds
+// gives it back) on the first of: the transition to TCP_CLOSE (RST,
 // failed or timed-out connect, end of the FIN exchange, children dropped
 // with their listener) or the close of the last file descriptor
 // (sock_release, which also covers SIGKILL).
@@ -53,10 +54,14 @@
 // the child's permit (whoever deletes the reservation owns the permit).
 // Reservations whose handshake never completes (a client gone, a half-open
 // scan) are given back by Tick after Options.ReservationTTL; until then they
-// count, which keeps in_use within POOL during a SYN burst. A handshake that
-// completes after its reservation expired is admitted again at ESTABLISHED;
-// if the rule refuses then, the connection cannot be stopped any more and is
-// left without a permit (counted as Events.Unaccounted; Reconcile adopts it).
+// count, which keeps in_use within POOL during a SYN burst. sk_lookup cannot
+// see TCP flags, so a non-SYN segment that reaches the listener (one racing
+// the child's creation, a late FIN) reserves too; the listener answers it
+// with an RST, and that reservation is undone there (Events.Stray). A
+// handshake that completes after its reservation expired is admitted again at
+// ESTABLISHED; if the rule refuses then, the connection cannot be stopped any
+// more and is left without a permit (counted as Events.Unaccounted; Reconcile
+// adopts it).
 //
 // Inbound enforcement covers listeners in the network namespace Open ran in
 // (sk_lookup is attached per namespace); outbound covers every namespace.
