@@ -199,7 +199,7 @@ func TestHelperProcess(t *testing.T) {
 
 // runHelper serves commands:
 //
-//	dial <tcp|tcp4|tcp6|mapped> <addr> <n> [timeout ms]
+//	dial <tcp|tcp4|tcp6|mapped|mptcp> <addr> <n> [timeout ms]
 //	                                        open n connections and keep them
 //	listen <addr>                           listen; accepted connections are
 //	                                        held until the peer closes
@@ -310,6 +310,11 @@ func runHelper(in io.Reader, out io.Writer) {
 // helperDial dials; "mapped" dials an IPv4 address from an AF_INET6 socket
 // (::ffff:a.b.c.d), which Go's dialer would turn into an AF_INET one.
 func helperDial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	if network == "mptcp" {
+		d := net.Dialer{Timeout: timeout}
+		d.SetMultipathTCP(true)
+		return d.Dial("tcp", addr)
+	}
 	if network != "mapped" {
 		return net.DialTimeout(network, addr, timeout)
 	}

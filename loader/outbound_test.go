@@ -3,6 +3,9 @@
 package loader
 
 import (
+	"io"
+	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -166,4 +169,89 @@ func TestReleaseOnSIGKILL(t *testing.T) {
 	waitInUse(t, l, 20, map[string]int{"k": 20})
 	h.kill()
 	waitInUse(t, l, 0, map[string]int{"k": 0})
+}
+
+// A socket created anywhere below a project counts for the project, and a
+// full MPTCP connection (Go dialer with MPTCP on, to an MPTCP listener) takes
+// one permit and gives it back.
+func TestNestedCgroupAndMPTCP(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 0)
+	proj := mkProject(t, root, "nest")
+	deep := mkProject(t, proj, "workers")
+	deep = mkProject(t, deep, "1")
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(true)
+	ln, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	h := startHelper(t, deep)
+	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 2 {
+		t.Fatal(r)
+	}
+	if r := h.dial("mptcp", ln.Addr().String(), 3); r.ok != 3 {
+		t.Fatal(r)
+	}
+	waitInUse(t, l, 5, map[string]int{"nest": 5})
+	h.do("close")
+	waitInUse(t, l, 0, map[string]int{"nest": 0})
+
+	// A listener below the project counts its accepted connections for it.
+	srv := startHelper(t, deep)
+	addr := listenAddr(t, srv.do("listen 127.0.0.1:0"))
+	c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitInUse(t, l, 1, map[string]int{"nest": 1})
+	c.Close()
+	waitInUse(t, l, 0, map[string]int{"nest": 0})
+}
+
+// SetPool takes effect at once; Cleanup detaches: nothing is counted or
+// refused afterwards, and the pin directory is gone.
+func TestSetPoolAndCleanup(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, mkProject(t, root, "sp"))
+	if err := l.SetPool(3, 1); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.dial("tcp4", ln.Addr().String(), 4); r.ok != 3 || r.refused != 1 {
+		t.Fatalf("pool 3: %+v", r)
+	}
+	if err := l.SetPool(0, 0); err == nil {
+		t.Fatal("SetPool(0) accepted")
+	}
+	h.do("close")
+	l.Close()
+	if _, err := l.Snapshot(); err != ErrClosed {
+		t.Fatalf("snapshot after close: %v", err)
+	}
+	if err := Cleanup(pin); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(pin); !os.IsNotExist(err) {
+		t.Fatalf("pin dir after cleanup: %v", err)
+	}
+	if r := h.dial("tcp4", ln.Addr().String(), 6); r.ok != 6 {
+		t.Fatalf("after cleanup: %+v", r)
+	}
 }
