@@ -50,6 +50,7 @@
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define ECONNREFUSED 111
+#define EEXIST 17
 #define AF_INET 2
 #define AF_INET6 10
 #define SOCK_STREAM 1
@@ -383,8 +384,12 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx)
 		return 0;
 	}
 	struct fs_sock v = {.project = id, .kind = KIND_OUT};
-	if (bpf_map_update_elem(&fs_held, &cookie, &v, BPF_NOEXIST)) {
-		/* A concurrent connect on the same socket won, or the map is full. */
+	long err = bpf_map_update_elem(&fs_held, &cookie, &v, BPF_NOEXIST);
+	if (err) {
+		/* A concurrent connect on the same socket won (it holds the
+		 * permit), or the map is full (the connection goes uncounted). */
+		if (err != -EEXIST)
+			COUNT(map_full);
 		release(id);
 		return 1;
 	}
@@ -555,8 +560,11 @@ static __always_inline void on_established(struct sock *sk)
 	}
 	__u64 cookie = bpf_get_socket_cookie(sk);
 	struct fs_sock v = {.project = id, .kind = KIND_IN};
-	if (bpf_map_update_elem(&fs_held, &cookie, &v, BPF_NOEXIST)) {
+	long err = bpf_map_update_elem(&fs_held, &cookie, &v, BPF_NOEXIST);
+	if (err) {
 		/* Adopted meanwhile by the reconcile dump, or the map is full. */
+		if (err != -EEXIST)
+			COUNT(map_full);
 		release(id);
 	}
 }
@@ -682,9 +690,12 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 		return SK_DROP;
 	}
 	struct fs_resv r = {.project = id, .since_ns = bpf_ktime_get_ns()};
-	if (bpf_map_update_elem(&fs_reservations, &rk, &r, BPF_NOEXIST)) {
+	long err = bpf_map_update_elem(&fs_reservations, &rk, &r, BPF_NOEXIST);
+	if (err) {
 		/* A concurrent SYN of the same tuple won, or the map is full:
 		 * the child is then admitted when it is established. */
+		if (err != -EEXIST)
+			COUNT(map_full);
 		release(id);
 		return SK_PASS;
 	}
