@@ -255,3 +255,40 @@ func TestSetPoolAndCleanup(t *testing.T) {
 		t.Fatalf("after cleanup: %+v", r)
 	}
 }
+
+// Concurrent connects from several projects never take the node past POOL,
+// and every admitted connection is counted.
+func TestConcurrentNeverOverPool(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 20, 1)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	var hs []*helper
+	for _, name := range []string{"c1", "c2", "c3", "c4"} {
+		hs = append(hs, startHelper(t, mkProject(t, root, name)))
+	}
+	results := make(chan dialResult, len(hs))
+	for _, h := range hs {
+		go func() { results <- h.dial("tcp4", ln.Addr().String(), 30) }()
+	}
+	ok := 0
+	for range hs {
+		r := <-results
+		if r.other != 0 {
+			t.Errorf("unexpected dial errors: %+v", r)
+		}
+		ok += r.ok
+	}
+	s := snap(t, l)
+	if ok > 20 || s.InUse != ok {
+		t.Fatalf("admitted %d, node in_use %d, pool 20", ok, s.InUse)
+	}
+	sum := 0
+	for _, p := range s.Projects {
+		sum += p.InUse
+	}
+	if sum != ok {
+		t.Fatalf("projects hold %d, admitted %d", sum, ok)
+	}
+	t.Logf("admitted %d of 120 attempts on a pool of 20", ok)
+}
