@@ -114,6 +114,7 @@ enum sock_kind {
  */
 struct fs_sock {
 	__u64 project;
+	__u64 netns;  /* netns cookie: reconcile can only verify its own netns */
 	__u32 kind;
 	__u32 _pad;
 };
@@ -148,6 +149,7 @@ struct fs_resv {
 enum adjust_op {
 	OP_EXPIRE = 1, /* delete reservation key; if we deleted it, release */
 	OP_ADD = 2,    /* add delta to project and node in_use (drift repair) */
+	OP_DROP = 3,   /* release the permit held for socket cookie `project`: the socket is gone */
 };
 
 struct fs_adjust_args {
@@ -383,7 +385,7 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx)
 		bpf_set_retval(-ECONNREFUSED);
 		return 0;
 	}
-	struct fs_sock v = {.project = id, .kind = KIND_OUT};
+	struct fs_sock v = {.project = id, .netns = bpf_get_netns_cookie(ctx), .kind = KIND_OUT};
 	long err = bpf_map_update_elem(&fs_held, &cookie, &v, BPF_NOEXIST);
 	if (err) {
 		/* A concurrent connect on the same socket won (it holds the
@@ -559,7 +561,7 @@ static __always_inline void on_established(struct sock *sk)
 		COUNT(admitted_in);
 	}
 	__u64 cookie = bpf_get_socket_cookie(sk);
-	struct fs_sock v = {.project = id, .kind = KIND_IN};
+	struct fs_sock v = {.project = id, .netns = sock_netns(sk), .kind = KIND_IN};
 	long err = bpf_map_update_elem(&fs_held, &cookie, &v, BPF_NOEXIST);
 	if (err) {
 		/* Adopted meanwhile by the reconcile dump, or the map is full. */
@@ -736,7 +738,7 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		/* SYN_RECV children are converted from their reservation; a socket
 		 * the process closed (no struct socket) finishing its FIN exchange
 		 * released its permit at close. Keep in step with loader.ShouldHold. */
-		struct fs_sock v = {.project = id, .kind = KIND_ADOPTED};
+		struct fs_sock v = {.project = id, .netns = sock_netns(sk), .kind = KIND_ADOPTED};
 		if (bpf_map_update_elem(&fs_held, &rec.cookie, &v, BPF_NOEXIST) == 0) {
 			force(id);
 			COUNT(adopted);
@@ -769,6 +771,19 @@ int fs_adjust(struct fs_adjust_args *a)
 			release(id);
 			COUNT(expired);
 			a->result = 1;
+		}
+		return 0;
+	}
+	if (a->op == OP_DROP) {
+		__u64 cookie = a->project;
+		struct fs_sock *s = bpf_map_lookup_elem(&fs_held, &cookie);
+		a->result = 0;
+		if (s) {
+			__u64 id = s->project;
+			if (bpf_map_delete_elem(&fs_held, &cookie) == 0) {
+				release(id);
+				a->result = 1;
+			}
 		}
 		return 0;
 	}

@@ -202,6 +202,7 @@ func (l *Limiter) forgetLocked(projs []projectEntry, mono uint64) error {
 const (
 	opExpire = 1
 	opAdd    = 2
+	opDrop   = 3
 )
 
 // adjust runs fs_adjust, the syscall program that changes counters with the

@@ -77,11 +77,14 @@
 //
 // # Reconcile
 //
-// Reconcile walks the TCP sockets of the namespace with an iter/tcp program:
-// project sockets that hold no permit are adopted (connections older than
-// the daemon), listeners are recorded, and each socket's flag is reported.
-// Where a project's in_use differs from its holding sockets plus its
-// reservations in two consecutive reads, the difference is repaired with the
-// programs' own atomics and logged. sock_diag's view is returned alongside
+// Reconcile walks the TCP sockets of the caller's network namespace with an
+// iter/tcp program: project sockets that hold no permit are adopted
+// (connections older than the daemon), listeners are recorded, and permits
+// held for sockets of that namespace that no longer exist are released.
+// Where a project's in_use differs from its held permits plus its
+// reservations, the difference is repaired with the programs' own atomics.
+// Every repair needs the same finding in two consecutive reads and is
+// logged. Permits held in other namespaces are counted but not checked
+// against live sockets. sock_diag's view is returned alongside
 // (ReconcileReport.Kernel) for comparison.
 package loader

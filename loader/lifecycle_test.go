@@ -97,6 +97,30 @@ func TestAdoptAndRepair(t *testing.T) {
 		t.Fatalf("repair: %+v", rep)
 	}
 	waitInUse(t, l, 4, map[string]int{"old": 3})
+
+	// A permit held for a socket of this netns that no longer exists is
+	// released; one of another netns cannot be checked and is kept.
+	id := project(s, "old").CgroupID
+	for _, e := range []struct{ cookie, netns uint64 }{{1 << 62, l.netns}, {1<<62 + 1, l.netns + 1}} {
+		if err := l.objs.FsHeld.Put(e.cookie, limiterFsSock{Project: id, Netns: e.netns, Kind: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.adjust(limiterFsAdjustArgs{Op: opAdd, Project: id, Delta: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err = l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Orphans != 1 || len(rep.Repaired) != 0 || rep.Held["old"] != 4 {
+		t.Fatalf("orphans: %+v", rep)
+	}
+	waitInUse(t, l, 5, map[string]int{"old": 4})
+	if _, err := l.adjust(limiterFsAdjustArgs{Op: opDrop, Project: 1<<62 + 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitInUse(t, l, 4, map[string]int{"old": 3})
 	cli.do("close")
 	c.Close()
 	waitInUse(t, l, 0, map[string]int{"old": 0, "oldsrv": 0})

@@ -91,6 +91,7 @@ type limiterFsSettings struct {
 type limiterFsSock struct {
 	_       structs.HostLayout
 	Project uint64
+	Netns   uint64
 	Kind    uint32
 	Pad     uint32
 }

@@ -21,8 +21,8 @@ type ReconcileReport struct {
 	// Adopted is the number of project sockets that held no permit and now
 	// do: connections older than the programs, or admitted late and refused.
 	Adopted int
-	// Held counts the sockets holding a permit, read from the sockets
-	// themselves (iter/tcp).
+	// Held counts the permits held by sockets (entries of the held map, all
+	// network namespaces).
 	Held map[string]int
 	// Kernel counts, from sock_diag, the project sockets that should hold a
 	// permit: SYN_SENT, ESTABLISHED and CLOSE_WAIT, and the closing states
@@ -35,18 +35,23 @@ type ReconcileReport struct {
 	Drift map[string]int
 	// Repaired is the correction applied to in_use per project.
 	Repaired map[string]int
+	// Orphans is the number of permits released because their socket no
+	// longer exists (checked in the caller's network namespace only).
+	Orphans int
 }
 
 // sockRecordSize is sizeof(struct fs_sock_record), checked by a test.
 const sockRecordSize = 32
 
 // Reconcile compares the maps with the kernel's own socket table and repairs
-// drift. It adopts project sockets that hold no permit, then, for each
-// project whose in_use differs from the sockets that hold a permit plus its
-// reservations in two consecutive reads, adds the difference back with the
-// programs' own atomics. It sees the sockets of the caller's network
-// namespace only; projects with sockets in other namespaces must not be
-// repaired from here (their permits would look like drift).
+// drift, in three steps: it adopts project sockets of the caller's network
+// namespace that hold no permit; it releases permits held for sockets of that
+// namespace that no longer exist; and, for each project whose in_use differs
+// from its held permits plus its reservations, it adds the difference back
+// with the programs' own atomics. Each repair needs the same finding in two
+// consecutive reads, so that connections opening and closing meanwhile are
+// not mistaken for drift. Permits of sockets in other namespaces are counted
+// but cannot be checked against live sockets from here.
 func (l *Limiter) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	if err := l.checkOpen(); err != nil {
 		return ReconcileReport{}, err
@@ -58,14 +63,15 @@ func (l *Limiter) Reconcile(ctx context.Context) (ReconcileReport, error) {
 }
 
 type pass struct {
-	held    map[uint64]int
-	resv    map[uint64]int
-	inUse   map[uint64]int64
+	held    map[uint64]int   // permits per project, from fs_held
+	resv    map[uint64]int   // reservations per project
+	inUse   map[uint64]int64 // in_use per project, if it did not move during the pass
+	orphans map[uint64]uint64 // cookie -> project: held in our netns without a live socket
 	adopted int
 }
 
 func (l *Limiter) readPass() (pass, error) {
-	p := pass{held: map[uint64]int{}}
+	p := pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}}
 	before, err := l.readProjects()
 	if err != nil {
 		return p, err
@@ -84,18 +90,29 @@ func (l *Limiter) readPass() (pass, error) {
 	if err != nil {
 		return p, fmt.Errorf("reading the tcp iterator: %w", err)
 	}
+	live := map[uint64]bool{}
 	for len(buf) >= sockRecordSize {
 		var r limiterFsSockRecord
 		if _, err := binary.Decode(buf[:sockRecordSize], binary.NativeEndian, &r); err != nil {
 			return p, fmt.Errorf("decoding a socket record: %w", err)
 		}
 		buf = buf[sockRecordSize:]
-		if r.Held == 1 {
-			p.held[r.Project]++
-		}
+		live[r.Cookie] = true
 		if r.Adopted == 1 {
 			p.adopted++
 		}
+	}
+	var cookie uint64
+	var v limiterFsSock
+	hit := l.objs.FsHeld.Iterate()
+	for hit.Next(&cookie, &v) {
+		p.held[v.Project]++
+		if v.Netns == l.netns && !live[cookie] {
+			p.orphans[cookie] = v.Project
+		}
+	}
+	if err := hit.Err(); err != nil {
+		return p, fmt.Errorf("reading held permits: %w", err)
 	}
 	if p.resv, err = l.reservationsByProject(); err != nil {
 		return p, err
@@ -149,13 +166,29 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	rep.Adopted = first.adopted
 	d1 := first.drift()
 	last := first
-	if len(d1) > 0 {
+	if len(d1) > 0 || len(first.orphans) > 0 {
 		second, err := l.readPass()
 		if err != nil {
 			return rep, err
 		}
 		rep.Adopted += second.adopted
 		last = second
+		for cookie, id := range second.orphans {
+			if _, ok := first.orphans[cookie]; !ok {
+				continue
+			}
+			n, err := l.adjust(limiterFsAdjustArgs{Op: opDrop, Project: cookie})
+			if err != nil {
+				return rep, fmt.Errorf("releasing the permit of gone socket %d: %w", cookie, err)
+			}
+			rep.Orphans += int(n)
+			second.held[id] -= int(n)
+		}
+		if rep.Orphans > 0 {
+			l.log.Warn("released permits of sockets that no longer exist", "count", rep.Orphans)
+			// The releases changed in_use: compare again from scratch next time.
+			second.inUse = nil
+		}
 		for id, x := range second.drift() {
 			y, ok := d1[id]
 			if !ok || (x > 0) != (y > 0) {
