@@ -63,9 +63,9 @@ func (l *Limiter) Reconcile(ctx context.Context) (ReconcileReport, error) {
 }
 
 type pass struct {
-	held    map[uint64]int   // permits per project, from fs_held
-	resv    map[uint64]int   // reservations per project
-	inUse   map[uint64]int64 // in_use per project, if it did not move during the pass
+	held    map[uint64]int    // permits per project, from fs_held
+	resv    map[uint64]int    // reservations per project
+	inUse   map[uint64]int64  // in_use per project, if it did not move during the pass
 	orphans map[uint64]uint64 // cookie -> project: held in our netns without a live socket
 	adopted int
 }
