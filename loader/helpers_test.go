@@ -121,6 +121,13 @@ type helper struct {
 // the test.
 func startHelper(t testing.TB, dir string) *helper {
 	t.Helper()
+	return startHelperNS(t, dir, false)
+}
+
+// startHelperNS is startHelper, in a new network namespace (with lo up) when
+// newNet is set.
+func startHelperNS(t testing.TB, dir string, newNet bool) *helper {
+	t.Helper()
 	fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -129,6 +136,10 @@ func startHelper(t testing.TB, dir string) *helper {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
 	cmd.Env = append(os.Environ(), "FAIRSHARE_LOADER_HELPER=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	if newNet {
+		cmd.SysProcAttr.Cloneflags = unix.CLONE_NEWNET
+		cmd.Env = append(cmd.Env, "FAIRSHARE_LOADER_LOUP=1")
+	}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -192,6 +203,12 @@ func (h *helper) dialTimeout(network, addr string, n int, timeout time.Duration)
 func TestHelperProcess(t *testing.T) {
 	if os.Getenv("FAIRSHARE_LOADER_HELPER") != "1" {
 		t.Skip("helper process only")
+	}
+	if os.Getenv("FAIRSHARE_LOADER_LOUP") == "1" {
+		if err := loUp(); err != nil {
+			fmt.Fprintln(os.Stderr, "helper: lo up:", err)
+			os.Exit(1)
+		}
 	}
 	runHelper(os.Stdin, os.Stdout)
 	os.Exit(0)
@@ -419,4 +436,22 @@ func sink(t testing.TB, network, addr string) net.Listener {
 
 func dialOutside(addr string) (net.Conn, error) {
 	return net.DialTimeout("tcp4", addr, 3*time.Second)
+}
+
+// loUp brings the loopback interface of the current netns up.
+func loUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return err
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }

@@ -297,3 +297,30 @@ func fullBacklogListener(t testing.TB) string {
 	}
 	return addr
 }
+
+// A project working in its own network namespace: its connections are
+// counted both ways (inbound is admitted when the handshake completes, as
+// sk_lookup is attached to the daemon's namespace only), and reconcile from
+// the daemon's namespace neither drops nor "repairs" them.
+func TestOtherNetnsCountedAndKept(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 0)
+	h := startHelperNS(t, mkProject(t, root, "ns"), true)
+	addr := listenAddr(t, h.do("listen 127.0.0.1:0"))
+	if r := h.dial("tcp4", addr, 3); r.ok != 3 {
+		t.Fatal(r)
+	}
+	// 3 outbound + 3 accepted.
+	waitInUse(t, l, 6, map[string]int{"ns": 6})
+	rep, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Orphans != 0 || len(rep.Repaired) != 0 || rep.Held["ns"] != 6 || rep.Kernel["ns"] != 0 {
+		t.Fatalf("reconcile: %+v", rep)
+	}
+	waitInUse(t, l, 6, map[string]int{"ns": 6})
+	h.do("close")
+	waitInUse(t, l, 0, map[string]int{"ns": 0})
+}
