@@ -46,6 +46,10 @@ func moveSelf(b *testing.B, dir string) {
 	})
 }
 
+// benchPool is the connection pool of the benchmark: a large node's. The
+// size matters because the permit map is sized from it.
+const benchPool = 10000
+
 // cycle is one loopback connect + accept + close of both ends, with raw
 // syscalls so that the Go runtime adds as little as possible around them.
 func cycle(b *testing.B, lfd int, sa unix.Sockaddr) {
@@ -118,7 +122,7 @@ func benchCycle(b *testing.B, both bool) {
 	}
 
 	open := func() *Limiter {
-		l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: MaxPoolSize})
+		l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: benchPool})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -84,6 +84,10 @@ func (l *Limiter) SetPool(size, floor uint32) error {
 		l.mu.Unlock()
 		return ErrClosed
 	}
+	if size > l.held {
+		l.mu.Unlock()
+		return fmt.Errorf("pool %d, permit map of %d entries: %w", size, l.held, ErrPoolTooLarge)
+	}
 	l.size, l.floor = size, floor
 	l.mu.Unlock()
 	return l.Tick(l.clock.Now())

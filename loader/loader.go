@@ -33,9 +33,20 @@ const DefaultPinDir = "/sys/fs/bpf/fairshare"
 // is admitted again when it completes.
 const DefaultReservationTTL = 3 * time.Second
 
-// MaxPoolSize is the largest POOL: the number of entries of the map of held
-// permits (fs_held in bpf/limiter.c), which is preallocated.
+// MaxPoolSize is the largest POOL.
 const MaxPoolSize = 262144
+
+// heldCapacity sizes the preallocated map of held permits (fs_held) for a
+// pool: room for twice the pool (adopted connections can take in_use past
+// POOL), as a power of two, at least 1024. A smaller table is a faster one
+// (its cost is its cache footprint), hence no fixed maximum.
+func heldCapacity(pool uint32) uint32 {
+	c := uint32(1024)
+	for c < 2*pool {
+		c <<= 1
+	}
+	return c
+}
 
 // forgetAfter is how long an idle, empty project of a removed cgroup keeps
 // its map entry (and counters) before Tick deletes it.
@@ -54,6 +65,9 @@ var (
 	ErrInvalidOptions = errors.New("invalid loader options")
 	// ErrClosed is returned by methods of a closed Limiter.
 	ErrClosed = errors.New("limiter is closed")
+	// ErrPoolTooLarge means POOL does not fit the map of held permits, which
+	// was sized when the pins were created: run Cleanup and Open again.
+	ErrPoolTooLarge = errors.New("pool larger than the pinned permit map")
 )
 
 // Options configures Open.
@@ -94,6 +108,7 @@ type Limiter struct {
 	links   []link.Link
 	netns   uint64
 	reused  bool
+	held    uint32     // entries of fs_held: the largest POOL SetPool accepts
 	adjustM sync.Mutex // serialises BPF_PROG_RUN of fs_adjust (one context buffer)
 
 	mu     sync.Mutex // guards the fields below
@@ -341,6 +356,15 @@ func (l *Limiter) load() error {
 	if _, err := os.Stat(filepath.Join(l.pinDir, "fs_config")); err == nil {
 		l.reused = true
 	}
+	l.held = heldCapacity(l.size)
+	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_held"), nil); err == nil {
+		l.held = m.MaxEntries()
+		m.Close()
+	}
+	if l.size > l.held {
+		return fmt.Errorf("pool %d, permit map of %d entries in %s: %w", l.size, l.held, l.pinDir, ErrPoolTooLarge)
+	}
+	spec.Maps["fs_held"].MaxEntries = l.held
 	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.pinDir}})
 	if err != nil {
 		var ve *ebpf.VerifierError

@@ -3,6 +3,7 @@
 package loader
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -239,6 +240,10 @@ func TestSetPoolAndCleanup(t *testing.T) {
 	}
 	if err := l.SetPool(0, 0); err == nil {
 		t.Fatal("SetPool(0) accepted")
+	}
+	// Pool 100 sized the permit map at 1024 entries.
+	if err := l.SetPool(5000, 0); !errors.Is(err, ErrPoolTooLarge) {
+		t.Fatalf("SetPool beyond the permit map: %v", err)
 	}
 	h.do("close")
 	l.Close()
