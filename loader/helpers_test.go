@@ -221,6 +221,7 @@ func TestHelperProcess(t *testing.T) {
 //	listen <addr>                           listen; accepted connections are
 //	                                        held until the peer closes
 //	listen-noaccept <addr>                  listen, never accept
+//	reconnect <addr>                        connect() twice on one non-blocking socket
 //	held                                    connections accepted and open
 //	close                                   close every dialed connection
 //	rst                                     close them with an RST (SO_LINGER 0)
@@ -296,6 +297,10 @@ func runHelper(in io.Reader, out io.Writer) {
 				continue
 			}
 			fmt.Fprintf(out, "listening %s\n", ln.Addr())
+		case "reconnect":
+			// Non-blocking connect, then connect() again while the first is
+			// in progress: reports the second call's errno.
+			fmt.Fprintf(out, "reconnect %s\n", reconnect(f[1]))
 		case "held":
 			mu.Lock()
 			fmt.Fprintf(out, "held %d\n", held)
@@ -454,4 +459,29 @@ func loUp() error {
 	}
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
 	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
+}
+
+func reconnect(addr string) string {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return err.Error()
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err.Error()
+	}
+	// Left open: it keeps its permit until the helper exits.
+	sa := &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	first := unix.Connect(fd, sa)
+	second := unix.Connect(fd, sa)
+	name := func(err error) string {
+		if err == nil {
+			return "ok"
+		}
+		if e, ok := err.(unix.Errno); ok {
+			return unix.ErrnoName(e)
+		}
+		return err.Error()
+	}
+	return name(first) + " " + name(second)
 }

@@ -297,3 +297,22 @@ func TestConcurrentNeverOverPool(t *testing.T) {
 	}
 	t.Logf("admitted %d of 120 attempts on a pool of 20", ok)
 }
+
+// connect() called again on a socket that is still connecting (and holds
+// the last permit) reports EALREADY, not a refusal.
+func TestReconnectWhileConnectingKeepsPermit(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 1, 1)
+	full := fullBacklogListener(t)
+	h := startHelper(t, mkProject(t, root, "re"))
+	if r := h.do("reconnect %s", full); r != "reconnect EINPROGRESS EALREADY" {
+		t.Fatalf("%s; %+v", r, snap(t, l))
+	}
+	s := snap(t, l)
+	if s.InUse != 1 || project(s, "re").Refused != 0 {
+		t.Fatalf("%+v", s)
+	}
+	h.kill()
+	waitInUse(t, l, 0, nil)
+}
