@@ -585,13 +585,19 @@ int BPF_PROG(fs_set_state, struct sock *sk, int oldstate, int newstate)
 	if (sk->sk_protocol != IPPROTO_TCP)
 		return 0;
 	switch (newstate) {
-	case TCP_CLOSE:
+	case TCP_CLOSE: {
 		/* Every end of a connection passes here, including RST, failed
-		 * connects, timeouts and children dropped with their listener. */
-		release_cookie(bpf_get_socket_cookie(sk));
+		 * connects, timeouts and children dropped with their listener.
+		 * A socket that holds a permit has a cookie already; reading it
+		 * rather than calling the helper spares every other socket of
+		 * the host the generation of one. */
+		__u64 cookie = sk->__sk_common.skc_cookie.counter;
+		if (cookie)
+			release_cookie(cookie);
 		if (oldstate == TCP_LISTEN && port_listened(sk->__sk_common.skc_num))
 			on_unlisten(sk);
 		break;
+	}
 	case TCP_ESTABLISHED:
 		if (oldstate == TCP_SYN_RECV)
 			on_established(sk);
