@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package drill
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDrill runs the HTTP drill end to end with short phases and checks the
+// specification's verdicts. Phases stay longer than two seconds: small leaves
+// the active set one window plus one recompute period after it stops, and
+// only then may big take the whole pool.
+func TestDrill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for about 8 seconds")
+	}
+	rep, err := Run(context.Background(), Config{Phase: 2500 * time.Millisecond, Warmup: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	for _, name := range []string{VerdictSeedRatio, VerdictBigAtFloor, VerdictBigAlone} {
+		v := rep.Verdict(name)
+		if v == nil {
+			t.Fatalf("no verdict %q", name)
+		}
+		if !v.Pass {
+			t.Errorf("verdict %q failed: %s", name, v.Detail)
+		}
+	}
+	// Our 2x goal is reported, not asserted here: under -race on a shared
+	// two-core machine the test measures the race detector as much as the
+	// rule. `fairshare drill` exits non-zero when it fails.
+	if v := rep.Verdict(VerdictTargetRatio); v != nil && !v.Pass {
+		t.Logf("target verdict failed (not asserted in tests): %s", v.Detail)
+	}
+	for _, ph := range rep.Phases {
+		if ph.MaxInUse > rep.PoolSize {
+			t.Errorf("phase %s: in use %d > pool %d", ph.Name, ph.MaxInUse, rep.PoolSize)
+		}
+		for _, p := range ph.Projects {
+			if p.OK == 0 || p.Errors > 0 {
+				t.Errorf("phase %s project %s: ok %d errors %d", ph.Name, p.Project, p.OK, p.Errors)
+			}
+		}
+	}
+	if small := rep.Result(PhaseSolo, Small); small.Refused != 0 || small.MaxHeld > 2 {
+		t.Errorf("small alone: refused %d held %d; a node with room refuses nothing", small.Refused, small.MaxHeld)
+	}
+	checkOutputs(t, rep)
+}
+
+func checkOutputs(t *testing.T, rep *Report) {
+	t.Helper()
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Phases) != 3 || len(back.Verdicts) != len(rep.Verdicts) || back.Pass != rep.Pass {
+		t.Errorf("JSON round trip lost data: %+v", back)
+	}
+	var svg bytes.Buffer
+	if err := rep.WriteSVG(&svg); err != nil {
+		t.Fatal(err)
+	}
+	dec := xml.NewDecoder(&svg)
+	circles := 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("SVG is not well-formed XML: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "circle" {
+			circles++
+		}
+	}
+	if circles < 10 {
+		t.Errorf("SVG has %d circles", circles)
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var d []time.Duration
+	for i := 1; i <= 100; i++ {
+		d = append(d, time.Duration(i))
+	}
+	for _, tc := range []struct {
+		p    float64
+		want time.Duration
+	}{{.5, 50}, {.99, 99}, {1, 100}, {.001, 1}} {
+		if got := percentile(d, tc.p); got != tc.want {
+			t.Errorf("p%v = %v, want %v", tc.p, got, tc.want)
+		}
+	}
+	if percentile(nil, .5) != 0 || percentile(d[:1], .99) != 1 {
+		t.Error("edge cases")
+	}
+}
+
+func TestTimeline(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	tl := newTimeline(t0, time.Second, 2*time.Second)
+	for _, tc := range []struct {
+		at   time.Duration
+		want int
+	}{{0, -1}, {999 * time.Millisecond, -1}, {time.Second, 0}, {3 * time.Second, 1}, {5 * time.Second, 2}, {7 * time.Second, -1}} {
+		if got := tl.phaseAt(t0.Add(tc.at)); got != tc.want {
+			t.Errorf("phaseAt(+%v) = %d, want %d", tc.at, got, tc.want)
+		}
+	}
+}
+
+// TestVerdicts feeds the judge made-up numbers: it must fail what breaks the
+// rule, not only pass what keeps it.
+func TestVerdicts(t *testing.T) {
+	mk := func(soloP99, bothP99 float64, bigRefused, bigHeldBoth, bigHeldAlone int) *Report {
+		r := &Report{PoolSize: 8, Floor: 1, Phases: []Phase{
+			{Name: PhaseSolo, Projects: []ProjectResult{{Project: Small, OK: 10, P99Ms: soloP99}}},
+			{Name: PhaseBoth, Projects: []ProjectResult{{Project: Small, OK: 10, P99Ms: bothP99},
+				{Project: Big, OK: 10, Refused: bigRefused, MaxHeld: bigHeldBoth}}},
+			{Name: PhaseBigAlone, Projects: []ProjectResult{{Project: Big, OK: 10, MaxHeld: bigHeldAlone}}},
+		}}
+		r.judge(Config{TargetRatio: 2})
+		return r
+	}
+	if r := mk(20, 30, 5, 7, 8); !r.Pass {
+		t.Errorf("good run failed: %+v", r.Verdicts)
+	}
+	for name, r := range map[string]*Report{
+		VerdictSeedRatio:   mk(20, 61, 5, 7, 8),
+		VerdictTargetRatio: mk(20, 41, 5, 7, 8),
+		VerdictBigAtFloor:  mk(20, 30, 5, 8, 8),
+		VerdictBigAlone:    mk(20, 30, 5, 7, 7),
+	} {
+		if r.Pass || r.Verdict(name).Pass {
+			t.Errorf("%s: passed a run that breaks it", name)
+		}
+	}
+	if r := mk(20, 30, 0, 7, 8); r.Verdict(VerdictBigAtFloor).Pass {
+		t.Error("big never refused still passed")
+	}
+	var buf strings.Builder
+	if err := mk(20, 61, 5, 7, 8).WriteTable(&buf); err != nil || !strings.Contains(buf.String(), "FAIL") {
+		t.Errorf("table does not show the failure: %q", buf.String())
+	}
+}

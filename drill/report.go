@@ -1,0 +1,262 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package drill
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is what a drill measured, and its verdicts.
+type Report struct {
+	Scenario     string    `json:"scenario"` // "requests" or "connections"
+	PoolSize     int       `json:"pool_size"`
+	Floor        int       `json:"floor"`
+	ServiceMs    float64   `json:"service_ms"`
+	PhaseSeconds float64   `json:"phase_seconds"`
+	RetryPauseMs float64   `json:"retry_pause_ms"`
+	Phases       []Phase   `json:"phases"`
+	Verdicts     []Verdict `json:"verdicts"`
+	Pass         bool      `json:"pass"`
+	Timeline     []Bin     `json:"timeline"`
+
+	points []point // every admitted request, for the SVG
+}
+
+// Phase is one phase's numbers.
+type Phase struct {
+	Name     string          `json:"name"`
+	MaxInUse int             `json:"max_in_use"` // sampled
+	Projects []ProjectResult `json:"projects"`
+}
+
+// ProjectResult is one project's numbers in one phase.
+type ProjectResult struct {
+	Project   string  `json:"project"`
+	Writers   int     `json:"writers"`
+	OK        int     `json:"ok"`
+	Refused   int     `json:"refused"`
+	Errors    int     `json:"errors"`
+	PerSecond float64 `json:"ok_per_second"`
+	P50Ms     float64 `json:"p50_ms"`
+	P99Ms     float64 `json:"p99_ms"`
+	MaxMs     float64 `json:"max_ms"`
+	MaxHeld   int     `json:"max_held"` // sampled from pool snapshots
+}
+
+// Verdict is one pass/fail check.
+type Verdict struct {
+	Name   string `json:"name"`
+	Pass   bool   `json:"pass"`
+	Detail string `json:"detail"`
+}
+
+// Bin is one project's latency over one slice of the run.
+type Bin struct {
+	Project string  `json:"project"`
+	StartS  float64 `json:"start_s"`
+	N       int     `json:"n"`
+	P50Ms   float64 `json:"p50_ms"`
+	P99Ms   float64 `json:"p99_ms"`
+}
+
+type point struct {
+	project string
+	at      time.Duration // since the solo phase began
+	latency time.Duration
+}
+
+// Result returns the numbers of project in phase, or nil.
+func (r *Report) Result(phase, project string) *ProjectResult {
+	for i := range r.Phases {
+		if r.Phases[i].Name != phase {
+			continue
+		}
+		for j := range r.Phases[i].Projects {
+			if r.Phases[i].Projects[j].Project == project {
+				return &r.Phases[i].Projects[j]
+			}
+		}
+	}
+	return nil
+}
+
+// Verdict returns the verdict named name, or nil.
+func (r *Report) Verdict(name string) *Verdict {
+	for i := range r.Verdicts {
+		if r.Verdicts[i].Name == name {
+			return &r.Verdicts[i]
+		}
+	}
+	return nil
+}
+
+// Verdict names.
+const (
+	VerdictSeedRatio   = "small p99 within 3x solo"
+	VerdictTargetRatio = "small p99 within target of solo"
+	VerdictBigAtFloor  = "big refused at the floor"
+	VerdictBigAlone    = "big alone holds the pool"
+)
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// percentile is the nearest-rank percentile of sorted values.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(float64(len(sorted))*p+0.999999) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func buildReport(scenario string, cfg Config, tl timeline, hold *holdings, res map[string][]result) *Report {
+	rep := &Report{
+		Scenario: scenario, PoolSize: cfg.PoolSize, Floor: hold.floor,
+		ServiceMs: ms(cfg.ServiceTime), PhaseSeconds: cfg.Phase.Seconds(), RetryPauseMs: ms(cfg.RetryPause),
+	}
+	names := []string{PhaseSolo, PhaseBoth, PhaseBigAlone}
+	writers := map[string]int{Small: cfg.SmallWriters, Big: cfg.BigWriters}
+	present := [3][]string{{Small}, {Small, Big}, {Big}}
+	hold.mu.Lock()
+	defer hold.mu.Unlock()
+	for i, name := range names {
+		ph := Phase{Name: name, MaxInUse: hold.maxInUse[i]}
+		for _, project := range present[i] {
+			pr := ProjectResult{Project: project, Writers: writers[project], MaxHeld: hold.maxHeld[i][project]}
+			var lats []time.Duration
+			for _, r := range res[project] {
+				if tl.phaseAt(r.sent) != i {
+					continue
+				}
+				switch r.status {
+				case statusOK:
+					pr.OK++
+					lats = append(lats, r.latency)
+				case statusRefused:
+					pr.Refused++
+				default:
+					pr.Errors++
+				}
+			}
+			slices.Sort(lats)
+			pr.P50Ms, pr.P99Ms = ms(percentile(lats, .50)), ms(percentile(lats, .99))
+			if len(lats) > 0 {
+				pr.MaxMs = ms(lats[len(lats)-1])
+			}
+			pr.PerSecond = float64(pr.OK) / cfg.Phase.Seconds()
+			ph.Projects = append(ph.Projects, pr)
+		}
+		rep.Phases = append(rep.Phases, ph)
+	}
+	for _, project := range []string{Small, Big} {
+		for _, r := range res[project] {
+			if r.status == statusOK && tl.phaseAt(r.sent) >= 0 {
+				rep.points = append(rep.points, point{project: project, at: r.sent.Sub(tl.soloAt), latency: r.latency})
+			}
+		}
+	}
+	rep.Timeline = bins(rep.points, 250*time.Millisecond)
+	rep.judge(cfg)
+	return rep
+}
+
+// bins groups points per project into slices of width w.
+func bins(points []point, w time.Duration) []Bin {
+	type key struct {
+		project string
+		i       int
+	}
+	groups := map[key][]time.Duration{}
+	for _, p := range points {
+		k := key{p.project, int(p.at / w)}
+		groups[k] = append(groups[k], p.latency)
+	}
+	var out []Bin
+	for k, lats := range groups {
+		slices.Sort(lats)
+		out = append(out, Bin{Project: k.project, StartS: (time.Duration(k.i) * w).Seconds(), N: len(lats),
+			P50Ms: ms(percentile(lats, .5)), P99Ms: ms(percentile(lats, .99))})
+	}
+	slices.SortFunc(out, func(a, b Bin) int {
+		if c := strings.Compare(a.Project, b.Project); c != 0 {
+			return c
+		}
+		if a.StartS < b.StartS {
+			return -1
+		}
+		return 1
+	})
+	return out
+}
+
+func (r *Report) judge(cfg Config) {
+	solo, both := r.Result(PhaseSolo, Small), r.Result(PhaseBoth, Small)
+	bigBoth, bigAlone := r.Result(PhaseBoth, Big), r.Result(PhaseBigAlone, Big)
+	ratio := func(limit float64, name string) Verdict {
+		v := Verdict{Name: name}
+		if solo.OK == 0 || both.OK == 0 {
+			v.Detail = fmt.Sprintf("no admitted small requests (solo %d, both %d)", solo.OK, both.OK)
+			return v
+		}
+		q := both.P99Ms / solo.P99Ms
+		v.Pass = q <= limit
+		v.Detail = fmt.Sprintf("p99 %.1fms vs solo %.1fms = %.2fx (limit %.1fx)", both.P99Ms, solo.P99Ms, q, limit)
+		return v
+	}
+	atFloor := Verdict{Name: VerdictBigAtFloor}
+	limit := r.PoolSize - r.Floor
+	atFloor.Pass = bigBoth.Refused > 0 && bigBoth.MaxHeld <= limit
+	atFloor.Detail = fmt.Sprintf("big refused %d, held at most %d (POOL - FLOOR = %d)", bigBoth.Refused, bigBoth.MaxHeld, limit)
+	alone := Verdict{Name: VerdictBigAlone}
+	alone.Pass = bigAlone.MaxHeld == r.PoolSize
+	alone.Detail = fmt.Sprintf("big held at most %d of %d", bigAlone.MaxHeld, r.PoolSize)
+	r.Verdicts = []Verdict{ratio(SeedRatio, VerdictSeedRatio), ratio(cfg.TargetRatio, VerdictTargetRatio), atFloor, alone}
+	r.Pass = true
+	for _, v := range r.Verdicts {
+		r.Pass = r.Pass && v.Pass
+	}
+}
+
+// WriteTable prints the report as a table followed by the verdicts.
+func (r *Report) WriteTable(w io.Writer) error {
+	unit := "requests"
+	if r.Scenario == "connections" {
+		unit = "connections"
+	}
+	fmt.Fprintf(w, "fair-share drill (%s): pool %d, floor %d, service %.0fms, phases %.1fs, refused writers retry after %.0fms\n\n",
+		unit, r.PoolSize, r.Floor, r.ServiceMs, r.PhaseSeconds, r.RetryPauseMs)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "phase\tproject\twriters\tok\tok/s\trefused\terrors\tp50 ms\tp99 ms\tmax ms\tmax held\tmax in use\t")
+	for _, ph := range r.Phases {
+		for _, p := range ph.Projects {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%d\t%d\t%.1f\t%.1f\t%.1f\t%d\t%d\t\n", ph.Name, p.Project, p.Writers,
+				p.OK, p.PerSecond, p.Refused, p.Errors, p.P50Ms, p.P99Ms, p.MaxMs, p.MaxHeld, ph.MaxInUse)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	for _, v := range r.Verdicts {
+		mark := "PASS"
+		if !v.Pass {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(w, "%s  %s: %s\n", mark, v.Name, v.Detail)
+	}
+	_, err := fmt.Fprintln(w)
+	return err
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}

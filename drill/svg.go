@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package drill
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math"
+)
+
+// svg geometry, in user units.
+const (
+	svgW, svgH          = 960, 420
+	padL, padR          = 64, 150
+	padT, padB          = 36, 48
+	plotW, plotH        = svgW - padL - padR, svgH - padT - padB
+	svgPointsPerProject = 4000
+)
+
+var svgColors = map[string]string{Small: "#1f77b4", Big: "#d62728"}
+
+// WriteSVG draws the latency of every admitted request over time, per
+// project, with a line for each project's p99 per quarter second and the
+// phase boundaries. Hand-written SVG: no dependencies.
+func (r *Report) WriteSVG(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	total := 3 * r.PhaseSeconds
+	maxMs := 1.0
+	for _, p := range r.points {
+		maxMs = math.Max(maxMs, ms(p.latency))
+	}
+	maxMs = niceCeil(maxMs)
+	x := func(s float64) float64 { return padL + s/total*plotW }
+	y := func(v float64) float64 { return padT + plotH - v/maxMs*plotH }
+
+	fmt.Fprintf(bw, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", svgW, svgH, svgW, svgH)
+	fmt.Fprintf(bw, `<rect width="%d" height="%d" fill="white"/>`+"\n", svgW, svgH)
+	fmt.Fprintf(bw, `<text x="%d" y="20" font-size="14">fair-share drill (%s): latency of admitted work, pool %d</text>`+"\n", padL, r.Scenario, r.PoolSize)
+	// Axes and grid.
+	for i := 0; i <= 5; i++ {
+		v := maxMs * float64(i) / 5
+		fmt.Fprintf(bw, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", padL, padL+plotW, y(v), y(v))
+		fmt.Fprintf(bw, `<text x="%d" y="%.1f" text-anchor="end">%g</text>`+"\n", padL-6, y(v)+4, v)
+	}
+	fmt.Fprintf(bw, `<text x="16" y="%d" transform="rotate(-90 16 %d)" text-anchor="middle">latency (ms)</text>`+"\n", padT+plotH/2, padT+plotH/2)
+	for i, name := range []string{PhaseSolo, PhaseBoth, PhaseBigAlone} {
+		s := float64(i) * r.PhaseSeconds
+		fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#888" stroke-dasharray="4 3"/>`+"\n", x(s), x(s), padT, padT+plotH)
+		fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle" fill="#444">%s</text>`+"\n", x(s+r.PhaseSeconds/2), padT+12, name)
+	}
+	for s := 0.0; s <= total+1e-9; s += math.Max(1, math.Round(total/10)) {
+		fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle">%gs</text>`+"\n", x(s), padT+plotH+18, s)
+	}
+	fmt.Fprintf(bw, `<text x="%d" y="%d" text-anchor="middle">time since the solo phase began</text>`+"\n", padL+plotW/2, svgH-8)
+	fmt.Fprintf(bw, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#444"/>`+"\n", padL, padT, plotW, plotH)
+	// Dots, thinned evenly when there are very many.
+	for _, project := range []string{Big, Small} {
+		var pts []point
+		for _, p := range r.points {
+			if p.project == project {
+				pts = append(pts, p)
+			}
+		}
+		step := max(1, len(pts)/svgPointsPerProject)
+		fmt.Fprintf(bw, `<g fill="%s" fill-opacity="0.35">`+"\n", svgColors[project])
+		for i := 0; i < len(pts); i += step {
+			p := pts[i]
+			fmt.Fprintf(bw, `<circle cx="%.1f" cy="%.1f" r="1.6"/>`+"\n", x(p.at.Seconds()), y(ms(p.latency)))
+		}
+		fmt.Fprintln(bw, `</g>`)
+	}
+	// p99 lines.
+	for i, project := range []string{Small, Big} {
+		fmt.Fprintf(bw, `<polyline fill="none" stroke="%s" stroke-width="2" points="`, svgColors[project])
+		for _, b := range r.Timeline {
+			if b.Project == project {
+				fmt.Fprintf(bw, "%.1f,%.1f ", x(b.StartS+0.125), y(b.P99Ms))
+			}
+		}
+		fmt.Fprintln(bw, `"/>`)
+		ly := padT + 20 + i*36
+		fmt.Fprintf(bw, `<circle cx="%d" cy="%d" r="4" fill="%s"/>`+"\n", padL+plotW+16, ly, svgColors[project])
+		fmt.Fprintf(bw, `<text x="%d" y="%d">%s: requests</text>`+"\n", padL+plotW+26, ly+4, project)
+		fmt.Fprintf(bw, `<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"/>`+"\n", padL+plotW+10, padL+plotW+22, ly+16, ly+16, svgColors[project])
+		fmt.Fprintf(bw, `<text x="%d" y="%d">%s: p99 per 250ms</text>`+"\n", padL+plotW+26, ly+20, project)
+	}
+	fmt.Fprintln(bw, `</svg>`)
+	return bw.Flush()
+}
+
+// niceCeil rounds v up to 1, 2 or 5 times a power of ten.
+func niceCeil(v float64) float64 {
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if v <= m*p {
+			return m * p
+		}
+	}
+	return 10 * p
+}
