@@ -130,4 +130,3 @@ func finishDrill(c *cli.Context, rep *drill.Report) error {
 	}
 	return nil
 }
-

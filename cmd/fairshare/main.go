@@ -53,6 +53,7 @@ func newApp() *cli.App {
 			policyCommand(),
 			statusCommand(),
 			cleanupCommand(),
+			drillCommand(),
 			{
 				Name:  "version",
 				Usage: "print the version",
