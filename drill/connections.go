@@ -3,17 +3,333 @@
 package drill
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/loader"
 )
 
-// RunConnections runs the connections drill.
-func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (*Report, error) {
-	return nil, errors.New("not implemented yet")
+// LoopEnv is set in the environment of the load generator processes the
+// connections drill starts, so a test binary can recognise that it was
+// re-executed as one.
+const LoopEnv = "FAIRSHARE_DRILL_CONNECT_LOOP"
+
+// ErrNotRoot means the connections drill was started without root: it loads
+// BPF programs and creates cgroups.
+var ErrNotRoot = errors.New("the connections drill needs root (it loads BPF programs and creates cgroups); run it with sudo")
+
+// loopSpec is what the drill tells a load generator process on its stdin.
+type loopSpec struct {
+	Addr       string        `json:"addr"`
+	Writers    int           `json:"writers"`
+	Start      int64         `json:"start_unix_ns"`
+	Stop       int64         `json:"stop_unix_ns"`
+	RetryPause time.Duration `json:"retry_pause"`
 }
 
-// ConnectLoop is the load generator of the connections drill.
+// loopResult is one connection as the load generator saw it.
+type loopResult struct {
+	Sent    int64  `json:"t"` // unix ns
+	Latency int64  `json:"l"` // ns
+	Status  status `json:"s"`
+}
+
+// RunConnections runs the connections drill: the same phases as Run, but the
+// pool is the kernel's connection pool. It loads the BPF limiter with a
+// private pin directory and a private projects root, creates the two projects
+// as cgroups, starts one load generator process in each (loopCmd, e.g. the
+// fairshare binary with its hidden connect-loop subcommand) and removes all
+// of it before returning. Latency is connect, a one-byte exchange the server
+// answers after Config.ServiceTime, and close; a refusal is ECONNREFUSED from
+// connect.
+func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Report, err error) {
+	cfg = cfg.withDefaults()
+	if cfg.Sample < 5*time.Millisecond {
+		// A snapshot reads several maps; sampling faster only burns the
+		// cores the connect loops need.
+		cfg.Sample = 5 * time.Millisecond
+	}
+	if os.Geteuid() != 0 {
+		return nil, ErrNotRoot
+	}
+	if len(loopCmd) == 0 {
+		return nil, errors.New("no load generator command")
+	}
+	mount, err := loader.Cgroup2Mount()
+	if err != nil {
+		return nil, fmt.Errorf("finding cgroup2: %w", err)
+	}
+	tag := "fairshare-drill-" + strconv.Itoa(os.Getpid())
+	root := filepath.Join(mount, tag)
+	pinDir := filepath.Join("/sys/fs/bpf", tag)
+	// Cleanup in reverse order of setup, whatever failed: processes, then
+	// cgroups, then the pinned programs.
+	var cleanups []func() error
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			if cerr := cleanups[i](); cerr != nil && err == nil {
+				err = fmt.Errorf("cleaning up: %w", cerr)
+			}
+		}
+	}()
+	cleanups = append(cleanups, func() error {
+		if err := loader.Cleanup(pinDir); err != nil {
+			return fmt.Errorf("unpinning %s: %w", pinDir, err)
+		}
+		return nil
+	})
+	cleanups = append(cleanups, func() error { return removeCgroup(root) })
+	lim, err := loader.Open(loader.Options{ProjectsRoot: root, PinDir: pinDir, PoolSize: uint32(cfg.PoolSize), Logger: cfg.Log})
+	if err != nil {
+		return nil, fmt.Errorf("loading the limiter: %w", err)
+	}
+	cleanups = append(cleanups, lim.Close)
+	cgFDs := map[string]*os.File{}
+	for _, p := range []string{Small, Big} {
+		dir := filepath.Join(root, p)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("creating project cgroup: %w", err)
+		}
+		cleanups = append(cleanups, func() error { return removeCgroup(dir) })
+		fd, err := os.Open(dir)
+		if err != nil {
+			return nil, fmt.Errorf("opening project cgroup: %w", err)
+		}
+		cleanups = append(cleanups, fd.Close)
+		cgFDs[p] = fd
+	}
+
+	// The server: outside the projects root, so only the clients count.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("listening: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var bg sync.WaitGroup
+	cleanups = append(cleanups, func() error { cancel(); l.Close(); bg.Wait(); return nil })
+	bg.Add(1)
+	go func() { defer bg.Done(); serveHold(ctx, l, cfg.ServiceTime, &bg) }()
+
+	tl := newTimeline(time.Now().Add(200*time.Millisecond), cfg.Warmup, cfg.Phase)
+	hold := newHoldings()
+	// The kernel applies a new share when the control loop writes it, up to
+	// one period after big's first connect: judge the floor from then on.
+	hold.settle = cfg.Recompute + cfg.Sample
+	if s, err := lim.Snapshot(); err == nil {
+		hold.floor = s.Floor
+	} else {
+		return nil, fmt.Errorf("reading the limiter: %w", err)
+	}
+	type proc struct {
+		cmd *exec.Cmd
+		out []byte
+		err error
+		wg  sync.WaitGroup
+	}
+	procs := map[string]*proc{}
+	start := func(project string, writers int, from, to time.Time) error {
+		spec, _ := json.Marshal(loopSpec{Addr: l.Addr().String(), Writers: writers, Start: from.UnixNano(),
+			Stop: to.UnixNano(), RetryPause: cfg.RetryPause})
+		cmd := exec.CommandContext(ctx, loopCmd[0], loopCmd[1:]...)
+		cmd.Env = append(os.Environ(), LoopEnv+"=1")
+		cmd.Stdin = bytes.NewReader(spec)
+		cmd.Stderr = os.Stderr
+		// Born in the project's cgroup: its first connect already counts.
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgFDs[project].Fd())}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return fmt.Errorf("load generator pipe: %w", err)
+		}
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("starting the %s load generator: %w", project, err)
+		}
+		p := &proc{cmd: cmd}
+		procs[project] = p
+		cleanups = append(cleanups, func() error {
+			_ = cmd.Process.Kill()
+			p.wg.Wait()
+			return nil
+		})
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.out, p.err = io.ReadAll(stdout)
+			if werr := cmd.Wait(); p.err == nil {
+				p.err = werr
+			}
+		}()
+		return nil
+	}
+	if err := start(Small, cfg.SmallWriters, tl.start, tl.bigAloneAt); err != nil {
+		return nil, err
+	}
+	if err := start(Big, cfg.BigWriters, tl.bothAt, tl.endAt); err != nil {
+		return nil, err
+	}
+	var tickErr error
+	bg.Add(2)
+	go func() {
+		defer bg.Done()
+		every(ctx, cfg.Recompute, tl.endAt.Add(time.Second), func() {
+			if err := lim.Tick(time.Now()); err != nil && tickErr == nil {
+				tickErr = err
+			}
+		})
+	}()
+	go func() {
+		defer bg.Done()
+		every(ctx, cfg.Sample, tl.endAt, func() {
+			s, err := lim.Snapshot()
+			if err != nil {
+				return
+			}
+			held := make(map[string]int, len(s.Projects))
+			for _, p := range s.Projects {
+				held[p.Project] += p.InUse
+			}
+			hold.observe(tl, time.Now(), s.InUse, held)
+		})
+	}()
+	res := map[string][]result{}
+	for _, project := range []string{Small, Big} {
+		p := procs[project]
+		p.wg.Wait()
+		if p.err != nil {
+			return nil, fmt.Errorf("%s load generator: %w", project, p.err)
+		}
+		var lr []loopResult
+		if err := json.Unmarshal(p.out, &lr); err != nil {
+			return nil, fmt.Errorf("%s load generator output: %w", project, err)
+		}
+		for _, r := range lr {
+			res[project] = append(res[project], result{sent: time.Unix(0, r.Sent), latency: time.Duration(r.Latency), status: r.Status})
+		}
+	}
+	cancel()
+	l.Close()
+	bg.Wait()
+	if tickErr != nil {
+		return nil, fmt.Errorf("control loop: %w", tickErr)
+	}
+	return buildReport("connections", cfg, tl, hold, res), nil
+}
+
+// serveHold answers each connection's byte after hold, then closes it.
+func serveHold(ctx context.Context, l net.Listener, hold time.Duration, bg *sync.WaitGroup) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			defer c.Close()
+			var b [1]byte
+			if _, err := c.Read(b[:]); err != nil {
+				return
+			}
+			t := time.NewTimer(hold)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return
+			}
+			_, _ = c.Write(b[:])
+		}()
+	}
+}
+
+// removeCgroup removes a cgroup directory, waiting briefly for the kernel to
+// notice that its last task exited (rmdir fails with EBUSY until then).
+func removeCgroup(dir string) error {
+	var err error
+	for range 100 {
+		err = os.Remove(dir)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if !errors.Is(err, syscall.EBUSY) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("removing cgroup %s: %w", dir, err)
+}
+
+// ConnectLoop is the load generator of the connections drill, run in a
+// project's cgroup: it reads a spec from in, runs the writers' connect loops
+// and writes every connection's result to out as JSON.
 func ConnectLoop(ctx context.Context, in io.Reader, out io.Writer) error {
-	return errors.New("not implemented yet")
+	var spec loopSpec
+	if err := json.NewDecoder(in).Decode(&spec); err != nil {
+		return fmt.Errorf("reading the loop spec: %w", err)
+	}
+	start, stop := time.Unix(0, spec.Start), time.Unix(0, spec.Stop)
+	var (
+		mu  sync.Mutex // guards all
+		all []loopResult
+		wg  sync.WaitGroup
+	)
+	d := net.Dialer{Timeout: 5 * time.Second}
+	for range spec.Writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []loopResult
+			defer func() { mu.Lock(); all = append(all, mine...); mu.Unlock() }()
+			if !sleepUntil(ctx, start) {
+				return
+			}
+			for ctx.Err() == nil && time.Now().Before(stop) {
+				t0 := time.Now()
+				st := exchange(ctx, &d, spec.Addr)
+				mine = append(mine, loopResult{Sent: t0.UnixNano(), Latency: int64(time.Since(t0)), Status: st})
+				if st != statusOK {
+					sleepUntil(ctx, time.Now().Add(spec.RetryPause))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	bw := bufio.NewWriter(out)
+	if err := json.NewEncoder(bw).Encode(all); err != nil {
+		return fmt.Errorf("writing results: %w", err)
+	}
+	return bw.Flush()
+}
+
+// exchange connects, sends a byte, reads the server's answer and closes.
+func exchange(ctx context.Context, d *net.Dialer, addr string) status {
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return statusRefused
+	}
+	if err != nil {
+		return statusError
+	}
+	defer c.Close()
+	var b [1]byte
+	if _, err := c.Write(b[:]); err != nil {
+		return statusError
+	}
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return statusError
+	}
+	return statusOK
 }

@@ -122,6 +122,11 @@ func (tl timeline) phaseAt(t time.Time) int {
 	return -1
 }
 
+// phaseStart returns when phase i begins.
+func (tl timeline) phaseStart(i int) time.Time {
+	return [3]time.Time{tl.soloAt, tl.bothAt, tl.bigAloneAt}[i]
+}
+
 // result is one request (or connection) as a writer saw it.
 type result struct {
 	sent    time.Time
@@ -139,8 +144,15 @@ const (
 
 // holdings is the sampler's record of the pool, per phase.
 type holdings struct {
+	// settle is how long into a phase the rule takes to see the new set of
+	// active projects: 0 for the requests pool (a project joins the active
+	// set at its first ask), one control-loop period for the kernel's
+	// connection pool (the share in the maps is rewritten by Tick).
+	settle time.Duration
+
 	mu       sync.Mutex // guards the fields below
 	maxHeld  [3]map[string]int
+	settled  [3]map[string]int // maxHeld, counting only samples from settle into the phase on
 	maxInUse [3]int
 	floor    int
 }
@@ -149,19 +161,25 @@ func newHoldings() *holdings {
 	h := &holdings{}
 	for i := range h.maxHeld {
 		h.maxHeld[i] = map[string]int{}
+		h.settled[i] = map[string]int{}
 	}
 	return h
 }
 
-func (h *holdings) observe(phase int, inUse int, held map[string]int) {
+func (h *holdings) observe(tl timeline, at time.Time, inUse int, held map[string]int) {
+	phase := tl.phaseAt(at)
 	if phase < 0 {
 		return
 	}
+	settled := !at.Before(tl.phaseStart(phase).Add(h.settle))
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.maxInUse[phase] = max(h.maxInUse[phase], inUse)
 	for p, n := range held {
 		h.maxHeld[phase][p] = max(h.maxHeld[phase][p], n)
+		if settled {
+			h.settled[phase][p] = max(h.settled[phase][p], n)
+		}
 	}
 }
 
@@ -239,7 +257,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			for _, p := range s.Projects {
 				held[p.Project] = p.Held
 			}
-			hold.observe(tl.phaseAt(time.Now()), s.InUse, held)
+			hold.observe(tl, time.Now(), s.InUse, held)
 		})
 	}()
 

@@ -135,7 +135,7 @@ func TestVerdicts(t *testing.T) {
 		r := &Report{PoolSize: 8, Floor: 1, Phases: []Phase{
 			{Name: PhaseSolo, Projects: []ProjectResult{{Project: Small, OK: 10, P99Ms: soloP99}}},
 			{Name: PhaseBoth, Projects: []ProjectResult{{Project: Small, OK: 10, P99Ms: bothP99},
-				{Project: Big, OK: 10, Refused: bigRefused, MaxHeld: bigHeldBoth}}},
+				{Project: Big, OK: 10, Refused: bigRefused, MaxHeld: bigHeldBoth, SettledHeld: bigHeldBoth}}},
 			{Name: PhaseBigAlone, Projects: []ProjectResult{{Project: Big, OK: 10, MaxHeld: bigHeldAlone}}},
 		}}
 		r.judge(Config{TargetRatio: 2})

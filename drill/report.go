@@ -14,16 +14,20 @@ import (
 
 // Report is what a drill measured, and its verdicts.
 type Report struct {
-	Scenario     string    `json:"scenario"` // "requests" or "connections"
-	PoolSize     int       `json:"pool_size"`
-	Floor        int       `json:"floor"`
-	ServiceMs    float64   `json:"service_ms"`
-	PhaseSeconds float64   `json:"phase_seconds"`
-	RetryPauseMs float64   `json:"retry_pause_ms"`
-	Phases       []Phase   `json:"phases"`
-	Verdicts     []Verdict `json:"verdicts"`
-	Pass         bool      `json:"pass"`
-	Timeline     []Bin     `json:"timeline"`
+	Scenario     string  `json:"scenario"` // "requests" or "connections"
+	PoolSize     int     `json:"pool_size"`
+	Floor        int     `json:"floor"`
+	ServiceMs    float64 `json:"service_ms"`
+	PhaseSeconds float64 `json:"phase_seconds"`
+	RetryPauseMs float64 `json:"retry_pause_ms"`
+	// SettleMs is how long into a phase the share takes to follow the
+	// active projects: 0 for requests, one control-loop period for
+	// connections, where the kernel's share is rewritten once a period.
+	SettleMs float64   `json:"settle_ms"`
+	Phases   []Phase   `json:"phases"`
+	Verdicts []Verdict `json:"verdicts"`
+	Pass     bool      `json:"pass"`
+	Timeline []Bin     `json:"timeline"`
 
 	points []point // every admitted request, for the SVG
 }
@@ -47,6 +51,9 @@ type ProjectResult struct {
 	P99Ms     float64 `json:"p99_ms"`
 	MaxMs     float64 `json:"max_ms"`
 	MaxHeld   int     `json:"max_held"` // sampled from pool snapshots
+	// SettledHeld is MaxHeld over the part of the phase after the rule saw
+	// the phase's projects (see SettleMs).
+	SettledHeld int `json:"settled_held"`
 }
 
 // Verdict is one pass/fail check.
@@ -119,6 +126,7 @@ func buildReport(scenario string, cfg Config, tl timeline, hold *holdings, res m
 	rep := &Report{
 		Scenario: scenario, PoolSize: cfg.PoolSize, Floor: hold.floor,
 		ServiceMs: ms(cfg.ServiceTime), PhaseSeconds: cfg.Phase.Seconds(), RetryPauseMs: ms(cfg.RetryPause),
+		SettleMs: ms(hold.settle),
 	}
 	names := []string{PhaseSolo, PhaseBoth, PhaseBigAlone}
 	writers := map[string]int{Small: cfg.SmallWriters, Big: cfg.BigWriters}
@@ -128,7 +136,8 @@ func buildReport(scenario string, cfg Config, tl timeline, hold *holdings, res m
 	for i, name := range names {
 		ph := Phase{Name: name, MaxInUse: hold.maxInUse[i]}
 		for _, project := range present[i] {
-			pr := ProjectResult{Project: project, Writers: writers[project], MaxHeld: hold.maxHeld[i][project]}
+			pr := ProjectResult{Project: project, Writers: writers[project], MaxHeld: hold.maxHeld[i][project],
+				SettledHeld: hold.settled[i][project]}
 			var lats []time.Duration
 			for _, r := range res[project] {
 				if tl.phaseAt(r.sent) != i {
@@ -211,8 +220,11 @@ func (r *Report) judge(cfg Config) {
 	}
 	atFloor := Verdict{Name: VerdictBigAtFloor}
 	limit := r.PoolSize - r.Floor
-	atFloor.Pass = bigBoth.Refused > 0 && bigBoth.MaxHeld <= limit
-	atFloor.Detail = fmt.Sprintf("big refused %d, held at most %d (POOL - FLOOR = %d)", bigBoth.Refused, bigBoth.MaxHeld, limit)
+	atFloor.Pass = bigBoth.Refused > 0 && bigBoth.SettledHeld <= limit
+	atFloor.Detail = fmt.Sprintf("big refused %d, held at most %d (POOL - FLOOR = %d)", bigBoth.Refused, bigBoth.SettledHeld, limit)
+	if r.SettleMs > 0 {
+		atFloor.Detail += fmt.Sprintf(" from %.0fms into the phase, when the share had followed; %d before", r.SettleMs, bigBoth.MaxHeld)
+	}
 	alone := Verdict{Name: VerdictBigAlone}
 	alone.Pass = bigAlone.MaxHeld == r.PoolSize
 	alone.Detail = fmt.Sprintf("big held at most %d of %d", bigAlone.MaxHeld, r.PoolSize)

@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package drill
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/loader"
+)
+
+// TestMain lets the test binary serve as the connections drill's load
+// generator: RunConnections re-executes it with LoopEnv set.
+func TestMain(m *testing.M) {
+	if os.Getenv(LoopEnv) == "1" {
+		if err := ConnectLoop(context.Background(), os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestConnectionsDrill runs the drill through the BPF programs, with real
+// processes in real cgroups, and checks its verdicts and that nothing is left
+// behind.
+func TestConnectionsDrill(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loads BPF programs and creates cgroups")
+	}
+	if testing.Short() {
+		t.Skip("runs for about 8 seconds")
+	}
+	rep, err := RunConnections(context.Background(), Config{Phase: 2500 * time.Millisecond, Warmup: 300 * time.Millisecond},
+		[]string{os.Args[0], "-test.run=^$"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	for _, name := range []string{VerdictSeedRatio, VerdictBigAtFloor, VerdictBigAlone} {
+		if v := rep.Verdict(name); v == nil || !v.Pass {
+			t.Errorf("verdict %q failed: %+v", name, v)
+		}
+	}
+	for _, ph := range rep.Phases {
+		if ph.MaxInUse > rep.PoolSize {
+			t.Errorf("phase %s: in use %d > pool %d", ph.Name, ph.MaxInUse, rep.PoolSize)
+		}
+	}
+	// Nothing left: no pin directory, no cgroup of this process's drill.
+	tag := fmt.Sprintf("fairshare-drill-%d", os.Getpid())
+	if _, err := os.Stat(filepath.Join("/sys/fs/bpf", tag)); !os.IsNotExist(err) {
+		t.Errorf("pin directory left behind: %v", err)
+	}
+	mount, err := loader.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(mount)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), tag) {
+			t.Errorf("cgroup left behind: %s", e.Name())
+		}
+	}
+	checkOutputs(t, rep)
+}
+
+func TestConnectionsDrillNeedsRoot(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("only meaningful without root")
+	}
+	if _, err := RunConnections(context.Background(), Config{}, []string{"true"}); err != ErrNotRoot {
+		t.Errorf("err = %v, want ErrNotRoot", err)
+	}
+}
