@@ -31,6 +31,10 @@ func (r *Report) WriteSVG(w io.Writer) error {
 		maxMs = math.Max(maxMs, ms(p.latency))
 	}
 	maxMs = niceCeil(maxMs)
+	unit := "requests"
+	if r.Scenario == "connections" {
+		unit = "connections"
+	}
 	x := func(s float64) float64 { return padL + s/total*plotW }
 	y := func(v float64) float64 { return padT + plotH - v/maxMs*plotH }
 
@@ -81,9 +85,9 @@ func (r *Report) WriteSVG(w io.Writer) error {
 		fmt.Fprintln(bw, `"/>`)
 		ly := padT + 20 + i*36
 		fmt.Fprintf(bw, `<circle cx="%d" cy="%d" r="4" fill="%s"/>`+"\n", padL+plotW+16, ly, svgColors[project])
-		fmt.Fprintf(bw, `<text x="%d" y="%d">%s: requests</text>`+"\n", padL+plotW+26, ly+4, project)
+		fmt.Fprintf(bw, `<text x="%d" y="%d">%s: %s</text>`+"\n", padL+plotW+26, ly+4, project, unit)
 		fmt.Fprintf(bw, `<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"/>`+"\n", padL+plotW+10, padL+plotW+22, ly+16, ly+16, svgColors[project])
-		fmt.Fprintf(bw, `<text x="%d" y="%d">%s: p99 per 250ms</text>`+"\n", padL+plotW+26, ly+20, project)
+		fmt.Fprintf(bw, `<text x="%d" y="%d">%s: p99 / 250ms</text>`+"\n", padL+plotW+26, ly+20, project)
 	}
 	fmt.Fprintln(bw, `</svg>`)
 	return bw.Flush()
