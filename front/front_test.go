@@ -727,3 +727,49 @@ func TestMetrics(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestReleaseWhenCanceledInQueue(t *testing.T) {
+	entered := make(chan struct{}, 4)
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open)
+	// One upstream slot: the second request waits in the scheduler's queue.
+	r := newRig(t, rigOpts{cfg: Config{MaxInFlight: 1}}, holdUpstream(entered, release))
+	first := make(chan int, 1)
+	go func() {
+		resp := r.get(t, "alpha", "/")
+		readAll(t, resp)
+		first <- resp.StatusCode
+	}()
+	<-entered
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", r.url, nil)
+	req.Header.Set(DefaultProjectHeader, "alpha")
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := r.client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	waitInUse(t, r.pool, 2)
+	if q := r.sched.Snapshot(); q.InFlight != 1 {
+		t.Fatalf("scheduler in flight %d, want 1", q.InFlight)
+	}
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("queued request succeeded after cancel")
+	}
+	waitInUse(t, r.pool, 1)
+	waitOutcome(t, r.front, "alpha", "canceled", 1)
+	open()
+	if s := <-first; s != 200 {
+		t.Errorf("first request: status %d", s)
+	}
+	waitInUse(t, r.pool, 0)
+	if got := r.hits.Load(); got != 1 {
+		t.Errorf("upstream hits %d, want 1: the withdrawn request reached it", got)
+	}
+}
