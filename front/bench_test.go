@@ -97,23 +97,28 @@ func benchUpstream(b *testing.B, service time.Duration) string {
 	return "http://" + l.Addr().String()
 }
 
-// benchFront is the full front (pool, rates, scheduler) with a pool too big to
-// refuse anything, in front of upstream.
-func benchFront(b *testing.B, upstream string) string {
+// benchFront is the front with a pool too big to refuse anything, in front
+// of upstream; withSched adds the scheduler (the full front) or leaves it out
+// (pool and rate buckets only), to show what the scheduler's dispatch costs.
+func benchFront(b *testing.B, upstream string, withSched bool) string {
 	b.Helper()
 	pool, err := pools.New(pools.Config{Name: "requests", Size: 100000}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	sched, err := scheduler.New(scheduler.Config{MaxInFlight: 1024}, nil)
-	if err != nil {
-		b.Fatal(err)
+	deps := Deps{Requests: pool, Rates: pools.NewRates(nil)}
+	if withSched {
+		sched, err := scheduler.New(scheduler.Config{MaxInFlight: 1024}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = sched.Run(ctx) }()
+		b.Cleanup(func() { cancel(); <-done })
+		deps.Sched = sched
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = sched.Run(ctx) }()
-	b.Cleanup(func() { cancel(); <-done })
-	f, err := New(Config{Upstream: upstream, MaxInFlight: 1024}, Deps{Requests: pool, Rates: pools.NewRates(nil), Sched: sched})
+	f, err := New(Config{Upstream: upstream, MaxInFlight: 1024}, deps)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -215,8 +220,10 @@ http {
 //	moderate:   8 clients, an upstream with 5ms of service, so the cores are
 //	            not saturated (added p99, throughput should match direct)
 //
-// Reported: req/s and p99 per target, front/direct and nginx/direct
-// throughput ratios, and the p99 the front adds over direct.
+// Targets, one after the other for the same time: direct, front (pool, rates
+// and scheduler), nosched (the front without the scheduler), nginx. Reported:
+// req/s and p99 per target, each target's throughput as a ratio of direct,
+// front/nginx, and the p99 the front adds over direct.
 func BenchmarkOverhead(b *testing.B) {
 	dur := 2 * time.Second
 	if s := os.Getenv("FAIRSHARE_BENCH_SECONDS"); s != "" {
@@ -231,39 +238,38 @@ func BenchmarkOverhead(b *testing.B) {
 	}{{"saturating", 32, 0}, {"moderate", 8, 5 * time.Millisecond}} {
 		b.Run(lv.name, func(b *testing.B) {
 			up := benchUpstream(b, lv.service)
-			fr := benchFront(b, up)
-			ngx := benchNginx(b, up)
-			if ngx == "" {
+			targets := []struct{ name, url string }{
+				{"direct", up},
+				{"front", benchFront(b, up, true)},
+				{"nosched", benchFront(b, up, false)},
+			}
+			if ngx := benchNginx(b, up); ngx != "" {
+				targets = append(targets, struct{ name, url string }{"nginx", ngx})
+			} else {
 				b.Log("nginx is not installed (apt-get install -y nginx): skipping the nginx comparison")
 			}
 			// Warm connections and code paths.
-			closedLoop(up, lv.conc, 200*time.Millisecond)
-			closedLoop(fr, lv.conc, 200*time.Millisecond)
-			if ngx != "" {
-				closedLoop(ngx, lv.conc, 200*time.Millisecond)
+			for _, tg := range targets {
+				closedLoop(tg.url, lv.conc, 200*time.Millisecond)
 			}
 			b.ResetTimer()
 			for range b.N {
-				direct := closedLoop(up, lv.conc, dur)
-				front := closedLoop(fr, lv.conc, dur)
-				b.ReportMetric(direct.rps, "direct-req/s")
-				b.ReportMetric(front.rps, "front-req/s")
-				b.ReportMetric(front.rps/direct.rps, "front/direct")
-				b.ReportMetric(float64(direct.p99.Microseconds()), "direct-p99-us")
-				b.ReportMetric(float64(front.p99.Microseconds()), "front-p99-us")
-				b.ReportMetric(float64((front.p99 - direct.p99).Microseconds()), "added-p99-us")
-				if direct.errors+front.errors > 0 {
-					b.Errorf("errors: direct %d front %d", direct.errors, front.errors)
-				}
-				if ngx != "" {
-					n := closedLoop(ngx, lv.conc, dur)
-					b.ReportMetric(n.rps, "nginx-req/s")
-					b.ReportMetric(n.rps/direct.rps, "nginx/direct")
-					b.ReportMetric(front.rps/n.rps, "front/nginx")
-					b.ReportMetric(float64(n.p99.Microseconds()), "nginx-p99-us")
-					if n.errors > 0 {
-						b.Errorf("nginx errors: %d", n.errors)
+				res := map[string]loadResult{}
+				for _, tg := range targets {
+					r := closedLoop(tg.url, lv.conc, dur)
+					if r.errors > 0 {
+						b.Errorf("%s: %d errors", tg.name, r.errors)
 					}
+					res[tg.name] = r
+					b.ReportMetric(r.rps, tg.name+"-req/s")
+					b.ReportMetric(float64(r.p99.Microseconds()), tg.name+"-p99-us")
+					if tg.name != "direct" {
+						b.ReportMetric(r.rps/res["direct"].rps, tg.name+"/direct")
+					}
+				}
+				b.ReportMetric(float64((res["front"].p99 - res["direct"].p99).Microseconds()), "front-added-p99-us")
+				if n, ok := res["nginx"]; ok {
+					b.ReportMetric(res["front"].rps/n.rps, "front/nginx")
 				}
 			}
 			b.ReportMetric(0, "ns/op")
