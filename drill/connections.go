@@ -149,7 +149,8 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 		cmd.Stdin = bytes.NewReader(spec)
 		cmd.Stderr = os.Stderr
 		// Born in the project's cgroup: its first connect already counts.
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgFDs[project].Fd())}
+		// Pdeathsig: a drill killed outright does not leave its loops running.
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgFDs[project].Fd()), Pdeathsig: syscall.SIGKILL}
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
 			return fmt.Errorf("load generator pipe: %w", err)
