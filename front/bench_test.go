@@ -3,6 +3,7 @@
 package front
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,30 +29,45 @@ type loadResult struct {
 	errors   int
 }
 
-// closedLoop runs conc clients against url for dur, each sending the next
-// request as soon as the previous answer is read.
-func closedLoop(url string, conc int, dur time.Duration) loadResult {
+// loader is a closed-loop load generator for one target: conc clients, each
+// sending the next request as soon as the previous answer is read, over
+// keep-alive connections kept between runs. It accumulates over runs, so
+// targets can take turns in short slices and share whatever else the
+// machine is doing at the time.
+type loader struct {
+	url    string
+	conc   int
+	client *http.Client
+
+	mu      sync.Mutex // guards the fields below
+	lats    []time.Duration
+	errs    int
+	elapsed time.Duration
+}
+
+func newLoader(url string, conc int) *loader {
 	tr := &http.Transport{MaxIdleConnsPerHost: conc, MaxConnsPerHost: conc, DisableCompression: true}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr}
-	var (
-		mu   sync.Mutex // guards lats and errs
-		lats []time.Duration
-		errs int
-		wg   sync.WaitGroup
-	)
-	deadline := time.Now().Add(dur)
-	for range conc {
+	return &loader{url: url, conc: conc, client: &http.Client{Transport: tr}}
+}
+
+func (l *loader) close() { l.client.CloseIdleConnections() }
+
+// run loads the target for dur.
+func (l *loader) run(dur time.Duration) {
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(dur)
+	for range l.conc {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			mine := make([]time.Duration, 0, 4096)
+			mine := make([]time.Duration, 0, 1024)
 			bad := 0
 			for time.Now().Before(deadline) {
-				req, _ := http.NewRequest(http.MethodGet, url, nil)
+				req, _ := http.NewRequest(http.MethodGet, l.url, nil)
 				req.Header.Set(DefaultProjectHeader, "bench")
 				t0 := time.Now()
-				resp, err := client.Do(req)
+				resp, err := l.client.Do(req)
 				if err != nil {
 					bad++
 					continue
@@ -63,19 +80,29 @@ func closedLoop(url string, conc int, dur time.Duration) loadResult {
 				}
 				mine = append(mine, time.Since(t0))
 			}
-			mu.Lock()
-			lats = append(lats, mine...)
-			errs += bad
-			mu.Unlock()
+			l.mu.Lock()
+			l.lats = append(l.lats, mine...)
+			l.errs += bad
+			l.mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	slices.Sort(lats)
-	r := loadResult{rps: float64(len(lats)) / dur.Seconds(), errors: errs}
-	if len(lats) > 0 {
-		r.p50 = lats[len(lats)/2]
-		r.p99 = lats[min(len(lats)-1, len(lats)*99/100)]
+	l.mu.Lock()
+	l.elapsed += time.Since(start)
+	l.mu.Unlock()
+}
+
+// result summarises every run so far and starts afresh.
+func (l *loader) result() loadResult {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	slices.Sort(l.lats)
+	r := loadResult{rps: float64(len(l.lats)) / l.elapsed.Seconds(), errors: l.errs}
+	if len(l.lats) > 0 {
+		r.p50 = l.lats[len(l.lats)/2]
+		r.p99 = l.lats[min(len(l.lats)-1, len(l.lats)*99/100)]
 	}
+	l.lats, l.errs, l.elapsed = l.lats[:0], 0, 0
 	return r
 }
 
@@ -97,39 +124,85 @@ func benchUpstream(b *testing.B, service time.Duration) string {
 	return "http://" + l.Addr().String()
 }
 
-// benchFront is the front with a pool too big to refuse anything, in front
-// of upstream; withSched adds the scheduler (the full front) or leaves it out
-// (pool and rate buckets only), to show what the scheduler's dispatch costs.
-func benchFront(b *testing.B, upstream string, withSched bool) string {
-	b.Helper()
+// benchRoleEnv makes the test binary serve as a front process for the
+// benchmark (see TestMain): the front runs in its own process, as nginx
+// does, so neither shares the load generator's Go runtime.
+const benchRoleEnv = "FAIRSHARE_BENCH_FRONT"
+
+// TestMain runs the front process of the benchmark when asked to.
+func TestMain(m *testing.M) {
+	if up := os.Getenv(benchRoleEnv); up != "" {
+		if err := serveBenchFront(up, os.Getenv("FAIRSHARE_BENCH_SCHED") == "1"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// serveBenchFront serves the front with a pool too big to refuse anything in
+// front of upstream, prints its address and serves until stdin closes.
+// withSched adds the scheduler (the full front) or leaves it out (pool and
+// rate buckets only), to show what the scheduler's dispatch costs.
+func serveBenchFront(upstream string, withSched bool) error {
 	pool, err := pools.New(pools.Config{Name: "requests", Size: 100000}, nil)
 	if err != nil {
-		b.Fatal(err)
+		return err
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	deps := Deps{Requests: pool, Rates: pools.NewRates(nil)}
 	if withSched {
 		sched, err := scheduler.New(scheduler.Config{MaxInFlight: 1024}, nil)
 		if err != nil {
-			b.Fatal(err)
+			return err
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); _ = sched.Run(ctx) }()
-		b.Cleanup(func() { cancel(); <-done })
+		go func() { _ = sched.Run(ctx) }()
 		deps.Sched = sched
 	}
 	f, err := New(Config{Upstream: upstream, MaxInFlight: 1024}, deps)
 	if err != nil {
-		b.Fatal(err)
+		return err
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
+		return err
+	}
+	fmt.Println(l.Addr().String())
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
+	return f.Serve(ctx, l)
+}
+
+// benchFront starts a front process (the test binary again) and returns its
+// URL.
+func benchFront(b *testing.B, upstream string, withSched bool) string {
+	b.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), benchRoleEnv+"="+upstream, fmt.Sprintf("FAIRSHARE_BENCH_SCHED=%d", map[bool]int{false: 0, true: 1}[withSched]))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
 		b.Fatal(err)
 	}
-	srv := f.Server()
-	go func() { _ = srv.Serve(l) }()
-	b.Cleanup(func() { _ = srv.Close(); f.CloseIdle() })
-	return "http://" + l.Addr().String()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("starting the front process: %v", err)
+	}
+	b.Cleanup(func() {
+		stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			b.Errorf("front process: %v", err)
+		}
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		b.Fatalf("front process did not start: %v", err)
+	}
+	return "http://" + strings.TrimSpace(line)
 }
 
 // benchNginx starts nginx on loopback proxying upstream with keep-alive and a
@@ -213,8 +286,10 @@ http {
 // BenchmarkOverhead measures the front against going straight to the
 // upstream, and nginx doing the same proxying with limit_conn, in one run,
 // each target loaded by the same in-process closed-loop generator for the
-// same time (all of it on this machine's cores: generator, proxy and
-// upstream compete for CPU, as they would on a node).
+// same time, taking turns in 100ms slices (all of it on this machine's
+// cores: generator, proxy and upstream compete for CPU, as they would on a
+// node). The upstream and the load generator run in the benchmark's
+// process; the front and nginx each in their own. FAIRSHARE_BENCH_SECONDS sets each target's total time (default 2).
 //
 //	saturating: 32 clients, an upstream that answers at once (throughput)
 //	moderate:   8 clients, an upstream with 5ms of service, so the cores are
@@ -248,15 +323,26 @@ func BenchmarkOverhead(b *testing.B) {
 			} else {
 				b.Log("nginx is not installed (apt-get install -y nginx): skipping the nginx comparison")
 			}
-			// Warm connections and code paths.
-			for _, tg := range targets {
-				closedLoop(tg.url, lv.conc, 200*time.Millisecond)
+			loaders := make([]*loader, len(targets))
+			for i, tg := range targets {
+				loaders[i] = newLoader(tg.url, lv.conc)
+				defer loaders[i].close()
+				// Warm connections and code paths.
+				loaders[i].run(200 * time.Millisecond)
+				loaders[i].result()
 			}
 			b.ResetTimer()
 			for range b.N {
+				// Take turns in 100ms slices, so a burst of outside load
+				// hits every target alike.
+				for elapsed := time.Duration(0); elapsed < dur; elapsed += 100 * time.Millisecond {
+					for _, l := range loaders {
+						l.run(100 * time.Millisecond)
+					}
+				}
 				res := map[string]loadResult{}
-				for _, tg := range targets {
-					r := closedLoop(tg.url, lv.conc, dur)
+				for i, tg := range targets {
+					r := loaders[i].result()
 					if r.errors > 0 {
 						b.Errorf("%s: %d errors", tg.name, r.errors)
 					}
