@@ -202,7 +202,6 @@ type exchange struct {
 	outcome outcome
 	cost    float64 // from the upstream's cost header; valid if hasCost
 	hasCost bool
-	status  int
 }
 
 type exchangeKey struct{}
@@ -356,7 +355,6 @@ func (f *Front) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	x.outcome = outcomeOK
-	x.status = resp.StatusCode
 	if v := resp.Header.Get(f.cfg.CostHeader); v != "" {
 		c, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err == nil && c >= 0 && !math.IsInf(c, 0) {
