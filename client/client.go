@@ -121,7 +121,8 @@ func (r *reply) err() error {
 }
 
 // waiter is a call waiting for its answer. ch is nil once the caller gave
-// up; a late grant is then released rather than leaked.
+// up; a late grant is then released rather than leaked. It is kept by value
+// in pending so that a call allocates no waiter.
 type waiter struct {
 	ch chan reply
 	op string
@@ -147,7 +148,7 @@ type Client struct {
 
 	mu      sync.Mutex // guards the fields below
 	conn    net.Conn
-	pending map[uint64]*waiter
+	pending map[uint64]waiter
 	objects map[string]*objState
 	closed  bool
 	done    chan struct{} // closed by Close
@@ -158,7 +159,7 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	if opts.Socket == "" {
 		opts.Socket = DefaultSocket
 	}
-	c := &Client{opts: opts, pending: map[uint64]*waiter{}, objects: map[string]*objState{}, done: make(chan struct{}), flush: make(chan struct{}, 1)}
+	c := &Client{opts: opts, pending: map[uint64]waiter{}, objects: map[string]*objState{}, done: make(chan struct{}), flush: make(chan struct{}, 1)}
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -230,7 +231,7 @@ func (c *Client) read(conn net.Conn) {
 			break
 		}
 		var rp reply
-		if json.Unmarshal(line, &rp) != nil {
+		if !parseReply(line, &rp) && json.Unmarshal(line, &rp) != nil {
 			continue
 		}
 		if rp.Event != "" {
@@ -240,17 +241,13 @@ func (c *Client) read(conn net.Conn) {
 			continue
 		}
 		c.mu.Lock()
-		w := c.pending[rp.ID]
+		w, ok := c.pending[rp.ID]
 		delete(c.pending, rp.ID)
-		var ch chan reply
-		if w != nil {
-			ch = w.ch
-		}
 		c.mu.Unlock()
 		switch {
-		case w == nil:
-		case ch != nil:
-			ch <- rp
+		case !ok:
+		case w.ch != nil:
+			w.ch <- rp
 		case rp.OK && rp.Lease != 0 && w.op == "acquire":
 			// The caller gave up before the grant arrived.
 			go c.call(context.Background(), request{Op: "release", Lease: rp.Lease})
@@ -263,7 +260,7 @@ func (c *Client) read(conn net.Conn) {
 		return
 	}
 	failed := c.pending
-	c.pending = map[uint64]*waiter{}
+	c.pending = map[uint64]waiter{}
 	reconnect := c.opts.Reconnect && !c.closed
 	c.mu.Unlock()
 	for _, w := range failed {
@@ -384,14 +381,13 @@ var chanPool = sync.Pool{New: func() any { return make(chan reply, 1) }}
 func (c *Client) call(ctx context.Context, rq request) (reply, error) {
 	rq.ID = c.nextID.Add(1)
 	ch := chanPool.Get().(chan reply)
-	w := &waiter{ch: ch, op: rq.Op}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		chanPool.Put(ch)
 		return reply{}, ErrClosed
 	}
-	c.pending[rq.ID] = w
+	c.pending[rq.ID] = waiter{ch: ch, op: rq.Op}
 	c.mu.Unlock()
 
 	var buf [256]byte
@@ -420,7 +416,7 @@ func (c *Client) call(ctx context.Context, rq request) (reply, error) {
 	case <-ctx.Done():
 		c.mu.Lock()
 		if _, ok := c.pending[rq.ID]; ok {
-			w.ch = nil
+			c.pending[rq.ID] = waiter{op: rq.Op}
 			c.mu.Unlock()
 			return reply{}, ctx.Err()
 		}

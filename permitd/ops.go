@@ -69,7 +69,7 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 // the session closed meanwhile.
 func (s *Server) grant(ss *session, p *pools.Pool, pm pools.Permit, rq *request, resp *response) {
 	id := s.newLease()
-	if !ss.addLease(id, &lease{pool: p, permit: pm, project: rq.Project}) {
+	if !ss.addLease(id, lease{pool: p, permit: pm, project: rq.Project}) {
 		p.Release(pm)
 		resp.Code, resp.Error = CodeCanceled, "session closed"
 		return
@@ -103,8 +103,8 @@ func (s *Server) release(ss *session, rq *request, resp *response) {
 		return
 	}
 	resp.HasReleased = true
-	l := ss.takeLease(rq.Lease)
-	if l == nil {
+	l, ok := ss.takeLease(rq.Lease)
+	if !ok {
 		resp.OK, resp.Note = true, "already released"
 		return
 	}
@@ -353,7 +353,7 @@ func (s *Server) admitted(ss *session, rq *request, o *object, evicted *pools.Ev
 	s.mu.Lock()
 	o.spawning, o.resident, o.lease, o.touched = false, true, id, time.Now()
 	s.mu.Unlock()
-	if ss.addLease(id, &lease{project: rq.Project, object: rq.Object}) {
+	if ss.addLease(id, lease{project: rq.Project, object: rq.Object}) {
 		resp.OK, resp.Lease = true, id
 		return resp
 	}

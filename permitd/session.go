@@ -36,10 +36,12 @@ type session struct {
 
 	requests atomic.Uint64
 
+	names interner // used by the reader goroutine only
+
 	wmu sync.Mutex // serialises writes of inline answers, late answers and events
 
-	mu     sync.Mutex // guards the fields below
-	leases map[uint64]*lease
+	mu     sync.Mutex       // guards the fields below
+	leases map[uint64]lease // by value: a grant allocates no lease
 	closed bool
 }
 
@@ -53,7 +55,7 @@ func newSession(s *Server, c *net.UnixConn, cred Cred) *session {
 		opened: time.Now(),
 		ctx:    ctx,
 		cancel: cancel,
-		leases: map[uint64]*lease{},
+		leases: map[uint64]lease{},
 	}
 }
 
@@ -124,9 +126,11 @@ func (ss *session) answerLate(resp *response) {
 // handle decodes and runs one request. It returns false when the answer
 // will come later from another goroutine.
 func (ss *session) handle(line []byte, rq *request, resp *response) bool {
-	if err := parseRequest(line, rq); err != nil {
-		*resp = response{ID: rq.ID, Code: CodeBadRequest, Error: err.Error()}
-		return true
+	if !ss.names.parseFast(line, rq) {
+		if err := parseRequest(line, rq); err != nil {
+			*resp = response{ID: rq.ID, Code: CodeBadRequest, Error: err.Error()}
+			return true
+		}
 	}
 	resp.ID = rq.ID
 	s := ss.srv
@@ -160,7 +164,7 @@ func (ss *session) handle(line []byte, rq *request, resp *response) bool {
 
 // addLease records a lease unless the session already closed, in which case
 // the caller must give the permit back itself.
-func (ss *session) addLease(id uint64, l *lease) bool {
+func (ss *session) addLease(id uint64, l lease) bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.closed {
@@ -170,27 +174,27 @@ func (ss *session) addLease(id uint64, l *lease) bool {
 	return true
 }
 
-// takeLease removes and returns the lease, or nil when this session does not
-// hold it; whoever takes a lease is the one who ends it, exactly once.
-func (ss *session) takeLease(id uint64) *lease {
+// takeLease removes and returns the lease; ok is false when this session
+// does not hold it. Whoever takes a lease is the one who ends it, exactly once.
+func (ss *session) takeLease(id uint64) (l lease, ok bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	l := ss.leases[id]
-	if l != nil {
+	l, ok = ss.leases[id]
+	if ok {
 		delete(ss.leases, id)
 	}
-	return l
+	return l, ok
 }
 
 // close marks the session closed and hands back all its leases.
-func (ss *session) close() map[uint64]*lease {
+func (ss *session) close() map[uint64]lease {
 	ss.cancel()
 	ss.conn.Close()
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	ss.closed = true
 	ls := ss.leases
-	ss.leases = map[uint64]*lease{}
+	ss.leases = map[uint64]lease{}
 	return ls
 }
 
