@@ -48,11 +48,7 @@ func TestConnectionsDrill(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("\n%s", table.String())
-	for _, name := range []string{VerdictSeedRatio, VerdictBigAtFloor, VerdictBigAlone} {
-		if v := rep.Verdict(name); v == nil || !v.Pass {
-			t.Errorf("verdict %q failed: %+v", name, v)
-		}
-	}
+	assertVerdicts(t, rep)
 	for _, ph := range rep.Phases {
 		if ph.MaxInUse > rep.PoolSize {
 			t.Errorf("phase %s: in use %d > pool %d", ph.Name, ph.MaxInUse, rep.PoolSize)
