@@ -50,6 +50,22 @@ type Config struct {
 	Pools        map[string]Pool `yaml:"pools"`
 	Front        Front           `yaml:"front"`
 	Scheduler    Scheduler       `yaml:"scheduler"`
+	Connections  Connections     `yaml:"connections"`
+}
+
+// MaxExempt is the most cgroups connections.exempt may name (the size of the
+// BPF exempt map, loader.ExemptCap).
+const MaxExempt = 64
+
+// Connections configures the kernel side of the connections pool beyond its
+// size: the exempt class.
+type Connections struct {
+	// Exempt lists cgroups (relative to projects_root, or absolute below it)
+	// whose connections take exempt permits instead of pool permits.
+	Exempt []string `yaml:"exempt"`
+	// ExemptMax bounds the exempt permits held at a time node-wide; 0 means
+	// the pool's floor.
+	ExemptMax int `yaml:"exempt_max"`
 }
 
 // Permits configures the local permit API (package permitd) that serves the
@@ -227,6 +243,18 @@ func (c *Config) Validate() error {
 		if p.Window < 0 {
 			return bad("pools.%s.window must not be negative, got %s", name, p.Window)
 		}
+	}
+	if n := len(c.Connections.Exempt); n > MaxExempt {
+		return bad("connections.exempt names %d cgroups, at most %d", n, MaxExempt)
+	}
+	for _, e := range c.Connections.Exempt {
+		if strings.TrimSpace(e) == "" {
+			return bad("connections.exempt has an empty path")
+		}
+	}
+	if m := c.Connections.ExemptMax; m < 0 || m > c.Pools[PoolConnections].Size {
+		return bad("connections.exempt_max must be between 0 and pools.connections.size (%d), got %d",
+			c.Pools[PoolConnections].Size, m)
 	}
 	if err := c.Front.validate(); err != nil {
 		return bad("%v", err)

@@ -145,3 +145,28 @@ func TestMarshalRoundTrip(t *testing.T) {
 		t.Errorf("round trip changed the config:\n%s", out)
 	}
 }
+
+func TestConnectionsExempt(t *testing.T) {
+	c := Default()
+	if len(c.Connections.Exempt) != 0 || c.Connections.ExemptMax != 0 {
+		t.Fatalf("defaults: %+v", c.Connections)
+	}
+	good := "connections:\n  exempt: [ops, app/probes]\n  exempt_max: 7\n"
+	if err := Parse(strings.NewReader(good), &c); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Connections.Exempt) != 2 || c.Connections.ExemptMax != 7 {
+		t.Fatalf("parsed: %+v", c.Connections)
+	}
+	for _, bad := range []string{
+		"connections: {exempt_max: -1}\n",
+		"connections: {exempt_max: 5000}\n", // above the pool's 4096
+		"connections: {exempt: [\"\"]}\n",
+		"connections: {exempt: [" + strings.Repeat("a,", MaxExempt) + "a]}\n",
+	} {
+		c := Default()
+		if err := Parse(strings.NewReader(bad), &c); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%q: %v, want ErrInvalid", bad, err)
+		}
+	}
+}
