@@ -16,6 +16,12 @@
  * roll-back, so a concurrent attempt may see the project one (per racing CPU)
  * higher than it is: the error is a spurious refusal, never an overshoot.
  *
+ * Exempt sockets (their cgroup or their project is in fs_exempt) take a
+ * permit from a separate budget (exempt_max, fetch-add and roll-back like the
+ * pool) and are neither refused by the rule nor counted in in_use; over the
+ * budget they go under the rule like any socket of their project. So the
+ * exempt set adds at most exempt_max connections to POOL.
+ *
  * Programs (kept few: each one runs on a hot path):
  *   cgroup/connect4, cgroup/connect6  outbound admission, process context;
  *                                      a refusal makes connect() fail at
@@ -64,7 +70,7 @@ struct fs_settings {
 	__u32 pool;          /* POOL */
 	__u32 floor;         /* FLOOR */
 	__u32 share;         /* max(FLOOR, POOL/active) */
-	__u32 _pad;
+	__u32 exempt_max;    /* exempt budget; 0 while the exempt set is empty */
 	__u64 netns_cookie;  /* the netns whose sk_lookup we own */
 	__u64 root_cgroup_id; /* copy of the constant, to check pins on reuse */
 };
@@ -72,6 +78,7 @@ struct fs_settings {
 /* Node-wide permits held. One slot; atomics only. */
 struct fs_pool {
 	__s64 in_use;
+	__s64 exempt_in_use; /* exempt permits, never above exempt_max */
 };
 
 /*
@@ -99,13 +106,23 @@ struct fs_counters {
 	__u64 unaccounted;    /* children admitted late and refused: not held */
 	__u64 map_full;       /* project or reservation map full: not held */
 	__u64 stray;          /* reservations of non-SYN packets, undone at the RST */
+	__u64 exempt_admitted; /* exempt permits taken (either direction) */
+	__u64 exempt_over;     /* exempt sockets over the budget: put under the rule */
+	__u64 exempt_released;
 };
 
 enum sock_kind {
 	KIND_OUT = 1,
 	KIND_IN = 2,
 	KIND_ADOPTED = 3,
+	/* Exempt permits come from the exempt budget, not from the pool or
+	 * the project: releasing one gives it back there. */
+	KIND_EXEMPT_OUT = 4,
+	KIND_EXEMPT_IN = 5,
+	KIND_EXEMPT_ADOPTED = 6,
 };
+
+#define KIND_IS_EXEMPT(k) ((k) >= KIND_EXEMPT_OUT)
 
 /*
  * A permit held by a socket, keyed by its cookie. The entry exists exactly
@@ -130,6 +147,7 @@ struct fs_listen_key {
 struct fs_listener {
 	__u64 project;
 	__u64 cookie; /* socket cookie of the owner: only it may delete */
+	__u64 cgroup; /* the listener's own cgroup (exemption of nested cgroups) */
 };
 
 /* A handshake in flight, admitted at the SYN, keyed by its 4-tuple. */
@@ -143,6 +161,8 @@ struct fs_resv_key {
 struct fs_resv {
 	__u64 project;
 	__u64 since_ns;
+	__u32 kind; /* KIND_IN or KIND_EXEMPT_IN: which budget the permit came from */
+	__u32 _pad;
 };
 
 /* Context of fs_adjust, run from user space with BPF_PROG_RUN. */
@@ -244,11 +264,24 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536); /* handshakes in flight node-wide (SYN backlogs) */
+	__uint(max_entries, 1024); /* replaced at load like fs_held: reservations hold permits, so at most POOL plus races */
 	__type(key, struct fs_resv_key);
 	__type(value, struct fs_resv);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_reservations SEC(".maps");
+
+/*
+ * The exempt set: cgroup ids (a project, or a cgroup nested in one) whose
+ * sockets take exempt permits instead of pool permits. An operator's short
+ * list, not a tenant mechanism: 64 entries, checked by the loader too.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64); /* loader.ExemptCap */
+	__type(key, __u64);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_exempt SEC(".maps");
 
 static __always_inline struct fs_counters *counters(void)
 {
@@ -262,6 +295,25 @@ static __always_inline struct fs_counters *counters(void)
 		if (c__)                              \
 			c__->field++;                 \
 	} while (0)
+
+/*
+ * now_ns is CLOCK_MONOTONIC, at tick resolution where it is allowed. The
+ * stamps are compared with windows of a second (activity) and seconds
+ * (reservation TTL), so a tick is precise enough, and the coarse clock reads
+ * a variable where the precise one reads the clock source (kvm-clock here).
+ * Tracing programs (tp_btf, iter) may not call the coarse helper (it takes a
+ * seqcount that could deadlock from NMI), so they pass fine = true; the
+ * argument is a constant at every call site and the other call is compiled
+ * out. The coarse clock never runs ahead of the precise one, so user space
+ * subtracting a stamp from its own CLOCK_MONOTONIC never goes negative.
+ */
+#define CLK_COARSE false
+#define CLK_FINE true
+
+static __always_inline __u64 now_ns(bool fine)
+{
+	return fine ? bpf_ktime_get_ns() : bpf_ktime_get_coarse_ns();
+}
 
 static __always_inline struct fs_project *project_get(__u64 id)
 {
@@ -284,7 +336,7 @@ static __always_inline struct fs_project *project_get(__u64 id)
  * Looking that up only on the refusal path keeps the common path to one
  * hash operation on fs_held (the insert).
  */
-static __always_inline int admit(__u64 id, __u64 cookie)
+static __always_inline int admit(__u64 id, __u64 cookie, bool fine)
 {
 	__u32 zero = 0;
 	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);
@@ -296,7 +348,7 @@ static __always_inline int admit(__u64 id, __u64 cookie)
 		COUNT(map_full);
 		return -1;
 	}
-	p->last_seen_ns = bpf_ktime_get_ns();
+	p->last_seen_ns = now_ns(fine);
 
 	__s64 lim = cfg->pool;
 	__s64 held = __sync_fetch_and_add(&p->in_use, 1);
@@ -315,7 +367,7 @@ static __always_inline int admit(__u64 id, __u64 cookie)
 	return 1;
 }
 
-static __always_inline void release(__u64 id)
+static __always_inline void release(__u64 id, bool fine)
 {
 	__u32 zero = 0;
 	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
@@ -325,13 +377,13 @@ static __always_inline void release(__u64 id)
 	if (p) {
 		__sync_fetch_and_add(&p->in_use, -1);
 		/* Holding counts as asking: the project stays active until it lets go. */
-		p->last_seen_ns = bpf_ktime_get_ns();
+		p->last_seen_ns = now_ns(fine);
 	}
 	COUNT(released);
 }
 
 /* force takes a permit without the rule: the connection already exists. */
-static __always_inline void force(__u64 id)
+static __always_inline void force(__u64 id, bool fine)
 {
 	__u32 zero = 0;
 	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
@@ -340,8 +392,55 @@ static __always_inline void force(__u64 id)
 		__sync_fetch_and_add(&n->in_use, 1);
 	if (p) {
 		__sync_fetch_and_add(&p->in_use, 1);
-		p->last_seen_ns = bpf_ktime_get_ns();
+		p->last_seen_ns = now_ns(fine);
 	}
+}
+
+/*
+ * exempt_take takes an exempt permit for a socket of cgroup cg in project id
+ * if either is in the exempt set and the budget has room. Over the budget it
+ * returns false and the socket is treated like any other of its project: the
+ * exempt set can add at most exempt_max connections to the POOL the rule
+ * bounds. The budget is taken like the pool (fetch-add, roll back), so
+ * exempt_in_use never exceeds exempt_max either.
+ */
+static __always_inline bool exempt_take(__u64 cg, __u64 id)
+{
+	__u32 zero = 0;
+	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);
+	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+	/* exempt_max is 0 while the set is empty: no lookup on the common path. */
+	if (!cfg || !n || !cfg->exempt_max)
+		return false;
+	if (!bpf_map_lookup_elem(&fs_exempt, &id) && (cg == id || !bpf_map_lookup_elem(&fs_exempt, &cg)))
+		return false;
+	__s64 used = __sync_fetch_and_add(&n->exempt_in_use, 1);
+	if (used >= cfg->exempt_max) {
+		__sync_fetch_and_add(&n->exempt_in_use, -1);
+		COUNT(exempt_over);
+		return false;
+	}
+	return true;
+}
+
+/* exempt_undo gives an exempt permit back without counting a release. */
+static __always_inline void exempt_undo(void)
+{
+	__u32 zero = 0;
+	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+	if (n)
+		__sync_fetch_and_add(&n->exempt_in_use, -1);
+}
+
+/* give_back releases a permit of either budget. */
+static __always_inline void give_back(__u64 id, __u32 kind, bool fine)
+{
+	if (KIND_IS_EXEMPT(kind)) {
+		exempt_undo();
+		COUNT(exempt_released);
+		return;
+	}
+	release(id, fine);
 }
 
 /*
@@ -384,15 +483,20 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx)
 	if (!id)
 		return 1;
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	int r = admit(id, cookie);
-	if (r < 0 || r == ADMIT_HELD)
-		return 1;
-	if (r == 0) {
-		COUNT(refused_out);
-		bpf_set_retval(-ECONNREFUSED);
-		return 0;
+	__u32 kind = KIND_OUT;
+	if (exempt_take(bpf_get_current_cgroup_id(), id)) {
+		kind = KIND_EXEMPT_OUT;
+	} else {
+		int r = admit(id, cookie, CLK_COARSE);
+		if (r < 0 || r == ADMIT_HELD)
+			return 1;
+		if (r == 0) {
+			COUNT(refused_out);
+			bpf_set_retval(-ECONNREFUSED);
+			return 0;
+		}
 	}
-	struct fs_sock v = {.project = id, .netns = bpf_get_netns_cookie(ctx), .kind = KIND_OUT};
+	struct fs_sock v = {.project = id, .netns = bpf_get_netns_cookie(ctx), .kind = kind};
 	long err = bpf_map_update_elem(&fs_held, &cookie, &v, BPF_NOEXIST);
 	if (err) {
 		/* The socket already holds a permit (connect() again after
@@ -400,10 +504,16 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx)
 		 * (the connection goes uncounted). */
 		if (err != -EEXIST)
 			COUNT(map_full);
-		release(id);
+		if (kind == KIND_EXEMPT_OUT)
+			exempt_undo();
+		else
+			release(id, CLK_COARSE);
 		return 1;
 	}
-	COUNT(admitted_out);
+	if (kind == KIND_EXEMPT_OUT)
+		COUNT(exempt_admitted);
+	else
+		COUNT(admitted_out);
 	return 1;
 }
 
@@ -419,14 +529,15 @@ int fs_connect6(struct bpf_sock_addr *ctx)
 	return connect_common(ctx);
 }
 
-static __always_inline void release_cookie(__u64 cookie)
+static __always_inline void release_cookie(__u64 cookie, bool fine)
 {
 	struct fs_sock *s = bpf_map_lookup_elem(&fs_held, &cookie);
 	if (!s)
 		return;
 	__u64 id = s->project;
+	__u32 kind = s->kind;
 	if (bpf_map_delete_elem(&fs_held, &cookie) == 0)
-		release(id);
+		give_back(id, kind, fine);
 }
 
 SEC("cgroup/sock_release")
@@ -434,7 +545,7 @@ int fs_sock_release(struct bpf_sock *ctx)
 {
 	if (ctx->type != SOCK_STREAM)
 		return 1;
-	release_cookie(bpf_get_socket_cookie(ctx));
+	release_cookie(bpf_get_socket_cookie(ctx), CLK_COARSE);
 	return 1;
 }
 
@@ -476,14 +587,19 @@ static __always_inline __u64 sock_netns(struct sock *sk)
 /* on_listen records a project's listening address for sk_lookup. */
 static __always_inline void on_listen(struct sock *sk)
 {
-	__u64 id = cgroup_project(sk->sk_cgrp_data.cgroup);
+	struct cgroup *cg = sk->sk_cgrp_data.cgroup;
+	__u64 id = cgroup_project(cg);
 	if (!id)
 		return;
 	struct fs_listen_key k = {};
 	k.netns = sock_netns(sk);
 	k.port = sk->__sk_common.skc_num;
 	sock_local(sk, k.addr, true);
-	struct fs_listener l = {.project = id, .cookie = bpf_get_socket_cookie(sk)};
+	struct fs_listener l = {
+		.project = id,
+		.cookie = bpf_get_socket_cookie(sk),
+		.cgroup = BPF_CORE_READ(cg, kn, id),
+	};
 	if (bpf_map_update_elem(&fs_listeners, &k, &l, BPF_NOEXIST) == 0) {
 		__u32 port = k.port;
 		__u32 *n = bpf_map_lookup_elem(&fs_ports, &port);
@@ -543,10 +659,12 @@ static __always_inline void on_established(struct sock *sk)
 	rk.rport = bpf_ntohs(sk->__sk_common.skc_dport);
 
 	__u64 id = 0;
+	__u32 kind = KIND_IN;
 	bool have = false;
 	struct fs_resv *r = bpf_map_lookup_elem(&fs_reservations, &rk);
 	if (r) {
 		id = r->project;
+		kind = r->kind;
 		/* Only the one who deletes it owns its permit (see fs_adjust). */
 		have = bpf_map_delete_elem(&fs_reservations, &rk) == 0;
 	}
@@ -559,29 +677,41 @@ static __always_inline void on_established(struct sock *sk)
 		if (!l)
 			return;
 		id = l->project;
-		int a = admit(id, 0);
-		if (a < 0)
-			return;
-		if (a == 0) {
-			COUNT(unaccounted);
-			return;
+		if (exempt_take(l->cgroup, id)) {
+			kind = KIND_EXEMPT_IN;
+			COUNT(exempt_admitted);
+		} else {
+			kind = KIND_IN;
+			int a = admit(id, 0, CLK_FINE);
+			if (a < 0)
+				return;
+			if (a == 0) {
+				COUNT(unaccounted);
+				return;
+			}
+			COUNT(admitted_in);
 		}
-		COUNT(admitted_in);
 	}
 	__u64 cookie = bpf_get_socket_cookie(sk);
-	struct fs_sock v = {.project = id, .netns = sock_netns(sk), .kind = KIND_IN};
+	struct fs_sock v = {.project = id, .netns = sock_netns(sk), .kind = kind};
 	long err = bpf_map_update_elem(&fs_held, &cookie, &v, BPF_NOEXIST);
 	if (err) {
 		/* Adopted meanwhile by the reconcile dump, or the map is full. */
 		if (err != -EEXIST)
 			COUNT(map_full);
-		release(id);
+		give_back(id, kind, CLK_FINE);
 	}
 }
 
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(fs_set_state, struct sock *sk, int oldstate, int newstate)
 {
+	/* Most transitions (SYN_SENT, the FIN states, TIME_WAIT) concern us
+	 * not at all, and this program runs for every TCP socket of the host
+	 * about ten times per connection: look at the argument before touching
+	 * the socket. */
+	if (newstate != TCP_CLOSE && newstate != TCP_ESTABLISHED && newstate != TCP_LISTEN)
+		return 0;
 	if (sk->sk_protocol != IPPROTO_TCP)
 		return 0;
 	switch (newstate) {
@@ -593,7 +723,7 @@ int BPF_PROG(fs_set_state, struct sock *sk, int oldstate, int newstate)
 		 * the host the generation of one. */
 		__u64 cookie = sk->__sk_common.skc_cookie.counter;
 		if (cookie)
-			release_cookie(cookie);
+			release_cookie(cookie, CLK_FINE);
 		if (oldstate == TCP_LISTEN && port_listened(sk->__sk_common.skc_num))
 			on_unlisten(sk);
 		break;
@@ -651,8 +781,9 @@ int BPF_PROG(fs_send_reset, const struct sock *sk, const struct sk_buff *skb, in
 	if (!r)
 		return 0;
 	__u64 id = r->project;
+	__u32 kind = r->kind;
 	if (bpf_map_delete_elem(&fs_reservations, &rk) == 0) {
-		release(id);
+		give_back(id, kind, CLK_FINE);
 		COUNT(stray);
 	}
 	return 0;
@@ -694,28 +825,43 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	struct fs_listener *l = find_listener(&lk);
 	if (!l)
 		return SK_PASS;
-	/* A retransmitted SYN keeps the permit the first one reserved. */
-	if (bpf_map_lookup_elem(&fs_reservations, &rk))
-		return SK_PASS;
 	__u64 id = l->project;
-	int a = admit(id, 0);
+	__u32 kind = KIND_IN;
+	int a = 1;
+	if (exempt_take(l->cgroup, id))
+		kind = KIND_EXEMPT_IN;
+	else
+		a = admit(id, 0, CLK_COARSE);
 	if (a < 0)
 		return SK_PASS;
 	if (a == 0) {
+		/* A retransmitted SYN keeps the permit the first one reserved.
+		 * Looked up only here, on the refusal path: on the common path
+		 * the insert below finds it (EEXIST) and the permit just taken
+		 * is given back. */
+		if (bpf_map_lookup_elem(&fs_reservations, &rk))
+			return SK_PASS;
 		COUNT(refused_in);
 		return SK_DROP;
 	}
-	struct fs_resv r = {.project = id, .since_ns = bpf_ktime_get_ns()};
+	struct fs_resv r = {.project = id, .since_ns = now_ns(CLK_COARSE), .kind = kind};
 	long err = bpf_map_update_elem(&fs_reservations, &rk, &r, BPF_NOEXIST);
 	if (err) {
-		/* A concurrent SYN of the same tuple won, or the map is full:
-		 * the child is then admitted when it is established. */
+		/* A retransmitted SYN or a concurrent SYN of the same tuple
+		 * holds the reservation, or the map is full: the child is then
+		 * admitted when it is established. */
 		if (err != -EEXIST)
 			COUNT(map_full);
-		release(id);
+		if (kind == KIND_EXEMPT_IN)
+			exempt_undo();
+		else
+			release(id, CLK_COARSE);
 		return SK_PASS;
 	}
-	COUNT(admitted_in);
+	if (kind == KIND_EXEMPT_IN)
+		COUNT(exempt_admitted);
+	else
+		COUNT(admitted_in);
 	return SK_PASS;
 }
 
@@ -752,11 +898,21 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		/* SYN_RECV children are converted from their reservation; a socket
 		 * the process closed (no struct socket) finishing its FIN exchange
 		 * released its permit at close. Keep in step with loader.ShouldHold. */
-		struct fs_sock v = {.project = id, .netns = sock_netns(sk), .kind = KIND_ADOPTED};
+		/* An exempt socket is adopted into the exempt budget while it
+		 * has room, like a new one; the rest are adopted under the rule. */
+		struct cgroup *cg = sk->sk_cgrp_data.cgroup;
+		bool ex = !bpf_map_lookup_elem(&fs_held, &rec.cookie) && exempt_take(BPF_CORE_READ(cg, kn, id), id);
+		struct fs_sock v = {.project = id, .netns = sock_netns(sk),
+				    .kind = ex ? KIND_EXEMPT_ADOPTED : KIND_ADOPTED};
 		if (bpf_map_update_elem(&fs_held, &rec.cookie, &v, BPF_NOEXIST) == 0) {
-			force(id);
+			if (ex)
+				COUNT(exempt_admitted);
+			else
+				force(id, CLK_FINE);
 			COUNT(adopted);
 			rec.adopted = 1;
+		} else if (ex) {
+			exempt_undo();
 		}
 		struct fs_sock *s = bpf_map_lookup_elem(&fs_held, &rec.cookie);
 		if (s) {
@@ -781,8 +937,9 @@ int fs_adjust(struct fs_adjust_args *a)
 			return 0;
 		}
 		__u64 id = r->project;
+		__u32 kind = r->kind;
 		if (bpf_map_delete_elem(&fs_reservations, &k) == 0) {
-			release(id);
+			give_back(id, kind, CLK_FINE);
 			COUNT(expired);
 			a->result = 1;
 		}
@@ -794,8 +951,9 @@ int fs_adjust(struct fs_adjust_args *a)
 		a->result = 0;
 		if (s) {
 			__u64 id = s->project;
+			__u32 kind = s->kind;
 			if (bpf_map_delete_elem(&fs_held, &cookie) == 0) {
-				release(id);
+				give_back(id, kind, CLK_FINE);
 				a->result = 1;
 			}
 		}

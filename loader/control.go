@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 
@@ -27,6 +28,9 @@ type Snapshot struct {
 	Reservations int
 	// Events are node-wide event counters (summed over CPUs).
 	Events Events
+	// Exempt is the exempt budget; its permits are in none of the counts
+	// above.
+	Exempt Exempt
 }
 
 // ProjectCounters are one project's counters.
@@ -49,6 +53,9 @@ type Events struct {
 	Unaccounted             uint64 // late handshakes refused: connection up, no permit
 	MapFull                 uint64 // a map was full: connection not counted
 	Stray                   uint64 // reservations of non-SYN packets, undone when the listener reset them
+	ExemptAdmitted          uint64 // exempt permits taken
+	ExemptOver              uint64 // exempt sockets over the exempt budget, put under the rule
+	ExemptReleased          uint64 // exempt permits given back
 }
 
 // monoNow is CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns.
@@ -267,6 +274,9 @@ func (l *Limiter) readEvents() (Events, error) {
 		e.Unaccounted += c.Unaccounted
 		e.MapFull += c.MapFull
 		e.Stray += c.Stray
+		e.ExemptAdmitted += c.ExemptAdmitted
+		e.ExemptOver += c.ExemptOver
+		e.ExemptReleased += c.ExemptReleased
 	}
 	return e, nil
 }
@@ -307,9 +317,15 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 		Size: int(cfg.Pool), Floor: int(cfg.Floor), Share: int(cfg.Share), InUse: int(node.InUse),
 		Admitted: ev.AdmittedIn + ev.AdmittedOut, Refused: ev.RefusedIn + ev.RefusedOut,
 		Events: ev,
+		Exempt: Exempt{
+			Paths: slices.Clone(l.exempt), Max: int(l.exemptMax), InUse: int(node.ExemptInUse),
+			Admitted: ev.ExemptAdmitted, OverBudget: ev.ExemptOver, Released: ev.ExemptReleased,
+		},
 	}
-	for _, n := range resv {
-		s.Reservations += n
+	for id, n := range resv {
+		if id != 0 {
+			s.Reservations += n
+		}
 	}
 	for _, p := range projs {
 		pc := ProjectCounters{
@@ -335,12 +351,18 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 	return s, nil
 }
 
+// reservationsByProject counts the reservations of each project; exempt
+// ones (not in the project's in_use) are counted under id 0.
 func (l *Limiter) reservationsByProject() (map[uint64]int, error) {
 	out := map[uint64]int{}
 	var k limiterFsResvKey
 	var v limiterFsResv
 	it := l.objs.FsReservations.Iterate()
 	for it.Next(&k, &v) {
+		if isExemptKind(v.Kind) {
+			out[0]++
+			continue
+		}
 		out[v.Project]++
 	}
 	if err := it.Err(); err != nil {
@@ -348,3 +370,9 @@ func (l *Limiter) reservationsByProject() (map[uint64]int, error) {
 	}
 	return out, nil
 }
+
+// kindExemptOut is the first of the exempt kinds of fs_sock and fs_resv
+// (KIND_EXEMPT_OUT in bpf/limiter.c).
+const kindExemptOut = 4
+
+func isExemptKind(k uint32) bool { return k >= kindExemptOut }

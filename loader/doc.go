@@ -37,6 +37,27 @@
 // (Reconcile) counts them without the rule and can take in_use above POOL;
 // new connections are then refused until it falls back.
 //
+// # The exempt class
+//
+// Operator and probe traffic must get through a full node. Options.Exempt
+// (or SetExempt) names up to ExemptCap cgroups below the root: whole
+// projects, or cgroups nested in one (a project's "probes" cgroup). A socket
+// whose own cgroup or whose project is in the set takes its permit from a
+// separate exempt budget (Options.ExemptMax, default FLOOR) instead of the
+// pool: it is not refused by the rule and counted neither in the pool's nor
+// in its project's in_use, outbound (the task's cgroup at connect) and
+// inbound (the listener's cgroup at the SYN). The budget is taken with the
+// same fetch-add and roll-back as the pool, so at most ExemptMax exempt
+// permits are held at any instant; an exempt socket that finds it spent is
+// handled like any other socket of its project, under the rule. Hence the
+// bound: the connections of all projects together never exceed
+// POOL + ExemptMax (adoption aside, see below), whatever the set names, and
+// a tenant that gets itself exempted gains at most ExemptMax connections
+// beyond its share. Exempt permits are released by the same exactly-once
+// paths; each held permit records which budget it came from, so changing the
+// set never misdirects a release. Snapshot.Exempt reports the budget, its
+// use, and the exempt sockets sent back under the rule (OverBudget).
+//
 // # What a refused client sees
 //
 // Outbound: connect() fails at once with ECONNREFUSED (the hook sets the

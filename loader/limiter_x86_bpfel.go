@@ -24,17 +24,20 @@ type limiterFsAdjustArgs struct {
 }
 
 type limiterFsCounters struct {
-	_           structs.HostLayout
-	AdmittedOut uint64
-	AdmittedIn  uint64
-	RefusedOut  uint64
-	RefusedIn   uint64
-	Released    uint64
-	Adopted     uint64
-	Expired     uint64
-	Unaccounted uint64
-	MapFull     uint64
-	Stray       uint64
+	_              structs.HostLayout
+	AdmittedOut    uint64
+	AdmittedIn     uint64
+	RefusedOut     uint64
+	RefusedIn      uint64
+	Released       uint64
+	Adopted        uint64
+	Expired        uint64
+	Unaccounted    uint64
+	MapFull        uint64
+	Stray          uint64
+	ExemptAdmitted uint64
+	ExemptOver     uint64
+	ExemptReleased uint64
 }
 
 type limiterFsListenKey struct {
@@ -49,11 +52,13 @@ type limiterFsListener struct {
 	_       structs.HostLayout
 	Project uint64
 	Cookie  uint64
+	Cgroup  uint64
 }
 
 type limiterFsPool struct {
-	_     structs.HostLayout
-	InUse int64
+	_           structs.HostLayout
+	InUse       int64
+	ExemptInUse int64
 }
 
 type limiterFsProject struct {
@@ -68,6 +73,8 @@ type limiterFsResv struct {
 	_       structs.HostLayout
 	Project uint64
 	SinceNs uint64
+	Kind    uint32
+	Pad     uint32
 }
 
 type limiterFsResvKey struct {
@@ -83,7 +90,7 @@ type limiterFsSettings struct {
 	Pool         uint32
 	Floor        uint32
 	Share        uint32
-	Pad          uint32
+	ExemptMax    uint32
 	NetnsCookie  uint64
 	RootCgroupId uint64
 }
@@ -111,6 +118,7 @@ type limiterFsSockRecord struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	limiterMapFsConfig       = "fs_config"
+	limiterMapFsExempt       = "fs_exempt"
 	limiterMapFsHeld         = "fs_held"
 	limiterMapFsListeners    = "fs_listeners"
 	limiterMapFsNode         = "fs_node"
@@ -188,6 +196,7 @@ type limiterProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type limiterMapSpecs struct {
 	FsConfig       *ebpf.MapSpec `ebpf:"fs_config"`
+	FsExempt       *ebpf.MapSpec `ebpf:"fs_exempt"`
 	FsHeld         *ebpf.MapSpec `ebpf:"fs_held"`
 	FsListeners    *ebpf.MapSpec `ebpf:"fs_listeners"`
 	FsNode         *ebpf.MapSpec `ebpf:"fs_node"`
@@ -227,6 +236,7 @@ func (o *limiterObjects) Close() error {
 // It can be passed to loadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type limiterMaps struct {
 	FsConfig       *ebpf.Map `ebpf:"fs_config"`
+	FsExempt       *ebpf.Map `ebpf:"fs_exempt"`
 	FsHeld         *ebpf.Map `ebpf:"fs_held"`
 	FsListeners    *ebpf.Map `ebpf:"fs_listeners"`
 	FsNode         *ebpf.Map `ebpf:"fs_node"`
@@ -239,6 +249,7 @@ type limiterMaps struct {
 func (m *limiterMaps) Close() error {
 	return _LimiterClose(
 		m.FsConfig,
+		m.FsExempt,
 		m.FsHeld,
 		m.FsListeners,
 		m.FsNode,

@@ -68,7 +68,16 @@ var (
 	// ErrPoolTooLarge means POOL does not fit the map of held permits, which
 	// was sized when the pins were created: run Cleanup and Open again.
 	ErrPoolTooLarge = errors.New("pool larger than the pinned permit map")
+	// ErrBadExempt reports an exempt set SetExempt (or Open) cannot use: a
+	// path that is missing, not a cgroup below the projects root, or more
+	// paths than ExemptCap.
+	ErrBadExempt = errors.New("invalid exempt set")
 )
+
+// ExemptCap is the most cgroups the exempt set may name (the size of the
+// fs_exempt map). The set is an operator's list of probe and admin cgroups;
+// its budget, not its length, is what bounds the traffic it lets through.
+const ExemptCap = 64
 
 // Options configures Open.
 type Options struct {
@@ -91,6 +100,16 @@ type Options struct {
 	ReservationTTL time.Duration
 	// Clock stamps Snapshot.LastSeen; nil is the system clock.
 	Clock pools.Clock
+
+	// Exempt lists cgroups (relative to ProjectsRoot, or absolute below
+	// it: a project or a cgroup nested in one) whose sockets take exempt
+	// permits instead of pool permits: they are not refused by the rule and
+	// not counted in in_use, up to ExemptMax at a time node-wide. Beyond
+	// that they are treated like any other socket of their project. See
+	// SetExempt.
+	Exempt []string
+	// ExemptMax is the exempt budget; 0 means FLOOR.
+	ExemptMax uint32
 }
 
 // Limiter is a loaded, attached connection limiter. Its maps and links are
@@ -111,10 +130,13 @@ type Limiter struct {
 	held    uint32     // entries of fs_held: the largest POOL SetPool accepts
 	adjustM sync.Mutex // serialises BPF_PROG_RUN of fs_adjust (one context buffer)
 
-	mu     sync.Mutex // guards the fields below
-	size   uint32
-	floor  uint32
-	closed bool
+	mu        sync.Mutex // guards the fields below
+	size      uint32
+	floor     uint32
+	exempt    []string          // the exempt set, absolute paths, sorted
+	exemptIDs map[uint64]string // its cgroup ids
+	exemptMax uint32            // its budget
+	closed    bool
 }
 
 type systemClock struct{}
@@ -328,6 +350,11 @@ func Open(opts Options) (*Limiter, error) {
 		l.closeFDs()
 		return nil, err
 	}
+	// Before attaching: a reused pin keeps enforcing the old set until now.
+	if err := l.SetExempt(opts.Exempt, opts.ExemptMax); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
 	if err := l.attach(); err != nil {
 		l.closeFDs()
 		return nil, err
@@ -338,7 +365,7 @@ func Open(opts Options) (*Limiter, error) {
 		return nil, fmt.Errorf("first reconcile: %w", err)
 	}
 	l.log.Info("connection limiter ready", "root", root, "pin_dir", l.pinDir, "reused", l.reused,
-		"pool", l.size, "floor", l.floor, "adopted", rep.Adopted)
+		"pool", l.size, "floor", l.floor, "adopted", rep.Adopted, "exempt", l.exempt, "exempt_max", l.exemptMax)
 	return l, nil
 }
 
@@ -365,6 +392,13 @@ func (l *Limiter) load() error {
 		return fmt.Errorf("pool %d, permit map of %d entries in %s: %w", l.size, l.held, l.pinDir, ErrPoolTooLarge)
 	}
 	spec.Maps["fs_held"].MaxEntries = l.held
+	// Reservations hold permits too, so the same size bounds them; a pin
+	// made with another size is reused as it is.
+	spec.Maps["fs_reservations"].MaxEntries = l.held
+	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_reservations"), nil); err == nil {
+		spec.Maps["fs_reservations"].MaxEntries = m.MaxEntries()
+		m.Close()
+	}
 	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.pinDir}})
 	if err != nil {
 		var ve *ebpf.VerifierError

@@ -38,6 +38,9 @@ type ReconcileReport struct {
 	// Orphans is the number of permits released because their socket no
 	// longer exists (checked in the caller's network namespace only).
 	Orphans int
+	// Exempt counts exempt permits held and reserved (in none of the maps
+	// above: they come from the exempt budget, not the projects').
+	Exempt int
 }
 
 // sockRecordSize is sizeof(struct fs_sock_record), checked by a test.
@@ -63,8 +66,8 @@ func (l *Limiter) Reconcile(ctx context.Context) (ReconcileReport, error) {
 }
 
 type pass struct {
-	held    map[uint64]int    // permits per project, from fs_held
-	resv    map[uint64]int    // reservations per project
+	held    map[uint64]int    // permits per project, from fs_held (exempt ones under 0)
+	resv    map[uint64]int    // reservations per project (exempt ones under 0)
 	inUse   map[uint64]int64  // in_use per project, if it did not move during the pass
 	orphans map[uint64]uint64 // cookie -> project: held in our netns without a live socket
 	adopted int
@@ -106,9 +109,13 @@ func (l *Limiter) readPass() (pass, error) {
 	var v limiterFsSock
 	hit := l.objs.FsHeld.Iterate()
 	for hit.Next(&cookie, &v) {
-		p.held[v.Project]++
+		id := v.Project
+		if isExemptKind(v.Kind) {
+			id = 0
+		}
+		p.held[id]++
 		if v.Netns == l.netns && !live[cookie] {
-			p.orphans[cookie] = v.Project
+			p.orphans[cookie] = id
 		}
 	}
 	if err := hit.Err(); err != nil {
@@ -207,9 +214,17 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 		}
 	}
 	for id, n := range last.held {
+		if id == 0 {
+			rep.Exempt += n
+			continue
+		}
 		rep.Held[name(id)] += n
 	}
 	for id, n := range last.resv {
+		if id == 0 {
+			rep.Exempt += n
+			continue
+		}
 		rep.Reservations[name(id)] += n
 	}
 	if rep.Adopted > 0 {

@@ -1,0 +1,140 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// SetExempt replaces the exempt set and its budget (max 0 means FLOOR).
+// Each path names a cgroup relative to the projects root, or absolutely
+// below it: a whole project, or a cgroup nested in one such as
+// "<project>/probes". A socket is exempt when its own cgroup or its project
+// is in the set. The root itself cannot be exempt (that would exempt every
+// project). An empty set turns the exemption off.
+//
+// Exempt sockets take a permit from the exempt budget instead of the pool:
+// they are neither refused by the rule nor counted in the pool's or their
+// project's in_use. At most max are held at a time node-wide; an exempt
+// socket beyond that takes a pool permit under the rule like any other
+// socket of its project. So the connections of all projects together stay
+// within POOL + max, whatever the set names. Sockets already holding an
+// exempt permit keep it until they close when the set changes.
+func (l *Limiter) SetExempt(paths []string, max uint32) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	if max == 0 {
+		max = l.floor
+	}
+	if len(paths) > ExemptCap {
+		return fmt.Errorf("%d exempt cgroups, at most %d: %w", len(paths), ExemptCap, ErrBadExempt)
+	}
+	ids := make(map[uint64]string, len(paths))
+	for _, p := range paths {
+		abs, err := l.exemptPath(p)
+		if err != nil {
+			return err
+		}
+		id, err := inode(abs)
+		if err != nil {
+			return fmt.Errorf("exempt cgroup %q: %w (%w)", p, ErrBadExempt, err)
+		}
+		ids[id] = abs
+	}
+	// Add first, then turn on (or change) the budget, then drop the old
+	// entries: a socket sees either set, never a half-written one.
+	one := uint32(1)
+	for id := range ids {
+		if err := l.objs.FsExempt.Put(id, one); err != nil {
+			return fmt.Errorf("writing exempt map: %w", err)
+		}
+	}
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading config map: %w", err)
+	}
+	// 0 in the map tells the programs the set is empty: they skip the
+	// lookups on every connect.
+	cfg.ExemptMax = 0
+	if len(ids) > 0 {
+		cfg.ExemptMax = max
+	}
+	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("writing config map: %w", err)
+	}
+	var id uint64
+	var v uint32
+	var stale []uint64
+	it := l.objs.FsExempt.Iterate()
+	for it.Next(&id, &v) {
+		if _, ok := ids[id]; !ok {
+			stale = append(stale, id)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading exempt map: %w", err)
+	}
+	for _, id := range stale {
+		if err := l.objs.FsExempt.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting from exempt map: %w", err)
+		}
+	}
+	l.exemptIDs, l.exemptMax = ids, max
+	l.exempt = l.exempt[:0]
+	for _, p := range ids {
+		l.exempt = append(l.exempt, p)
+	}
+	slices.Sort(l.exempt)
+	return nil
+}
+
+// exemptPath resolves p against the root and checks that it is a cgroup
+// strictly below it.
+func (l *Limiter) exemptPath(p string) (string, error) {
+	if p == "" {
+		return "", fmt.Errorf("empty exempt path: %w", ErrBadExempt)
+	}
+	abs := p
+	if !filepath.IsAbs(p) {
+		abs = filepath.Join(l.root, p)
+	}
+	abs = filepath.Clean(abs)
+	rel, err := filepath.Rel(l.root, abs)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", fmt.Errorf("exempt cgroup %q is not below the projects root %s: %w", p, l.root, ErrBadExempt)
+	}
+	st, err := os.Stat(abs)
+	if err != nil {
+		return "", fmt.Errorf("exempt cgroup %q: %w (%w)", p, ErrBadExempt, err)
+	}
+	var sfs unix.Statfs_t
+	if !st.IsDir() || unix.Statfs(abs, &sfs) != nil || sfs.Type != unix.CGROUP2_SUPER_MAGIC {
+		return "", fmt.Errorf("exempt path %q is not a cgroup2 directory: %w", p, ErrBadExempt)
+	}
+	return abs, nil
+}
+
+// Exempt is the state of the exempt budget.
+type Exempt struct {
+	// Paths is the exempt set (absolute cgroup paths, sorted).
+	Paths []string
+	// Max is the budget: exempt permits held at most at a time.
+	Max int
+	// InUse is the exempt permits held now, reservations included.
+	InUse int
+	// Admitted counts exempt permits taken, OverBudget exempt sockets that
+	// found the budget spent and went under the rule, Released exempt
+	// permits given back.
+	Admitted, OverBudget, Released uint64
+}
