@@ -33,6 +33,22 @@ type Pool struct {
 	Admitted uint64    `json:"admitted"`
 	Refused  uint64    `json:"refused"`
 	Projects []Project `json:"projects"`
+	// Exempt is the pool's exempt class, if it has one.
+	Exempt *Exempt `json:"exempt,omitempty"`
+}
+
+// Exempt is a pool's exempt class: traffic that takes neither pool permits
+// nor refusals from the rule, within a budget of its own.
+type Exempt struct {
+	// Members names what is exempt (cgroup paths for connections).
+	Members []string `json:"members"`
+	// Max is the budget: exempt permits held at most at a time.
+	Max   int `json:"max"`
+	InUse int `json:"in_use"`
+	// Admitted counts exempt permits granted; OverBudget counts exempt
+	// asks that found the budget spent and went under the rule.
+	Admitted   uint64 `json:"admitted"`
+	OverBudget uint64 `json:"over_budget"`
 }
 
 // Project is one project's standing in one pool.

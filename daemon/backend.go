@@ -26,6 +26,10 @@ func (d *Daemon) Status(context.Context) (admin.Status, error) {
 		p := admin.Pool{Name: config.PoolConnections, Enforcer: "kernel", Size: s.Size, Floor: s.Floor,
 			InUse: s.InUse, Active: s.Active, Share: s.Share, Admitted: s.Admitted, Refused: s.Refused,
 			Projects: []admin.Project{}}
+		if len(s.Exempt.Paths) > 0 || s.Exempt.InUse > 0 || s.Exempt.Admitted > 0 {
+			p.Exempt = &admin.Exempt{Members: s.Exempt.Paths, Max: s.Exempt.Max, InUse: s.Exempt.InUse,
+				Admitted: s.Exempt.Admitted, OverBudget: s.Exempt.OverBudget}
+		}
 		for _, pc := range s.Projects {
 			name := pc.Project
 			if name == "" {

@@ -114,6 +114,7 @@ func New(opts Options) (*Daemon, error) {
 			ProjectsRoot: d.root, PinDir: cfg.PinDir,
 			PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window,
 			Logger: log,
+			Exempt: cfg.Connections.Exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("loading the bpf programs: %+v", err)

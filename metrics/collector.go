@@ -33,6 +33,8 @@ type Collector struct {
 	sleeping, evictions                       *prometheus.Desc
 	rateLimited, workTokens                   *prometheus.Desc
 	inFlight, queue, dispatched, wait         *prometheus.Desc
+	exemptMax, exemptInUse                    *prometheus.Desc
+	exemptAdmitted, exemptOver                *prometheus.Desc
 }
 
 // New returns a collector reading src, naming at most maxProjects projects
@@ -69,6 +71,12 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 		queue:        d("scheduler_queue_length", "Requests waiting in the participant's queue.", "participant"),
 		dispatched:   d("scheduler_dispatched_total", "Requests dispatched, by class.", "class"),
 		wait:         d("scheduler_wait_seconds", "Time from submit to dispatch."),
+		exemptMax:    d("pool_exempt_max", "The exempt budget: exempt permits held at most at a time.", "pool"),
+		exemptInUse:  d("pool_exempt_in_use", "Exempt permits held now; not in pool_in_use.", "pool"),
+		exemptAdmitted: d("pool_exempt_admitted_total",
+			"Exempt permits granted (outside the rule and the pool).", "pool"),
+		exemptOver: d("pool_exempt_over_budget_total",
+			"Exempt asks that found the exempt budget spent and went under the rule.", "pool"),
 	}
 }
 
@@ -76,7 +84,8 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.kernel, c.poolSize, c.poolFloor, c.poolInUse, c.poolShare,
 		c.poolActive, c.poolAdmitted, c.poolRefused, c.held, c.admitted, c.refused, c.sleeping, c.evictions,
-		c.rateLimited, c.workTokens, c.inFlight, c.queue, c.dispatched, c.wait} {
+		c.rateLimited, c.workTokens, c.inFlight, c.queue, c.dispatched, c.wait,
+		c.exemptMax, c.exemptInUse, c.exemptAdmitted, c.exemptOver} {
 		ch <- d
 	}
 }
@@ -116,6 +125,12 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 	gauge(c.poolActive, float64(p.Active), p.Name)
 	counter(c.poolAdmitted, float64(p.Admitted), p.Name)
 	counter(c.poolRefused, float64(p.Refused), p.Name)
+	if e := p.Exempt; e != nil {
+		gauge(c.exemptMax, float64(e.Max), p.Name)
+		gauge(c.exemptInUse, float64(e.InUse), p.Name)
+		counter(c.exemptAdmitted, float64(e.Admitted), p.Name)
+		counter(c.exemptOver, float64(e.OverBudget), p.Name)
+	}
 	residents := false
 	for _, pr := range p.Projects {
 		if pr.Evictions != nil || pr.Sleeping != 0 {

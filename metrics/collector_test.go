@@ -147,3 +147,39 @@ func TestCardinalityCap(t *testing.T) {
 		t.Errorf("the busiest project should be named first, got %+v", capped[0])
 	}
 }
+
+// A pool's exempt class is its own series, apart from pool_in_use; a pool
+// without one emits none.
+func TestCollectExempt(t *testing.T) {
+	st := sample()
+	st.Pools[0].Exempt = &admin.Exempt{Members: []string{"/sys/fs/cgroup/fairshare/ops"}, Max: 3, InUse: 2, Admitted: 9, OverBudget: 1}
+	c := New(fixed(st), 10, nil)
+	want := `
+# HELP fairshare_pool_exempt_admitted_total Exempt permits granted (outside the rule and the pool).
+# TYPE fairshare_pool_exempt_admitted_total counter
+fairshare_pool_exempt_admitted_total{pool="connections"} 9
+# HELP fairshare_pool_exempt_in_use Exempt permits held now; not in pool_in_use.
+# TYPE fairshare_pool_exempt_in_use gauge
+fairshare_pool_exempt_in_use{pool="connections"} 2
+# HELP fairshare_pool_exempt_max The exempt budget: exempt permits held at most at a time.
+# TYPE fairshare_pool_exempt_max gauge
+fairshare_pool_exempt_max{pool="connections"} 3
+# HELP fairshare_pool_exempt_over_budget_total Exempt asks that found the exempt budget spent and went under the rule.
+# TYPE fairshare_pool_exempt_over_budget_total counter
+fairshare_pool_exempt_over_budget_total{pool="connections"} 1
+# HELP fairshare_pool_in_use Permits held now.
+# TYPE fairshare_pool_in_use gauge
+fairshare_pool_in_use{pool="connections"} 7
+fairshare_pool_in_use{pool="residents"} 4
+`
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "fairshare_pool_exempt_admitted_total",
+		"fairshare_pool_exempt_in_use", "fairshare_pool_exempt_max", "fairshare_pool_exempt_over_budget_total",
+		"fairshare_pool_in_use"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(New(fixed(sample()), 10, nil), "fairshare_pool_exempt_in_use"); n != 0 {
+		t.Errorf("%d exempt series without an exempt class", n)
+	}
+}
