@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sort"
 	"strconv"
 	"sync"
@@ -179,6 +180,9 @@ func (c *Client) flusher() {
 			return
 		case <-c.flush:
 		}
+		// Let the callers that are ready to run append first: on two cores
+		// this turns one write per request into one write per burst.
+		runtime.Gosched()
 		c.wmu.Lock()
 		if err := c.bw.Flush(); err != nil {
 			c.werr = err
@@ -231,8 +235,14 @@ func (c *Client) read(conn net.Conn) {
 			break
 		}
 		var rp reply
-		if !parseReply(line, &rp) && json.Unmarshal(line, &rp) != nil {
-			continue
+		if !parseReply(line, &rp) {
+			// A separate variable, so that rp stays on the stack on the
+			// common path (encoding/json makes what it decodes into escape).
+			slow := new(reply)
+			if json.Unmarshal(line, slow) != nil {
+				continue
+			}
+			rp = *slow
 		}
 		if rp.Event != "" {
 			if rp.Event == "evict" {
@@ -390,10 +400,10 @@ func (c *Client) call(ctx context.Context, rq request) (reply, error) {
 	c.pending[rq.ID] = waiter{ch: ch, op: rq.Op}
 	c.mu.Unlock()
 
-	var buf [256]byte
-	line := rq.appendTo(buf[:0])
 	c.wmu.Lock()
-	_, err := c.bw.Write(line)
+	// Encoding into the writer's free space copies nothing and allocates
+	// nothing unless the line is longer than that space.
+	_, err := c.bw.Write(rq.appendTo(c.bw.AvailableBuffer()))
 	if err == nil {
 		err = c.werr
 	}
