@@ -5,6 +5,7 @@ package pools
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -265,5 +266,53 @@ func BenchmarkRatesAllow(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		r.Allow("p")
+	}
+}
+
+// BenchmarkPoolRefuseInto is the refused path with caller-owned storage
+// (TryAcquireInto); compare it with BenchmarkPoolTryAcquireRelease.
+func BenchmarkPoolRefuseInto(b *testing.B) {
+	p, err := New(Config{Name: "bench", Size: 1}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := p.TryAcquire("hog"); err != nil {
+		b.Fatal(err)
+	}
+	var rf Refusal
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := p.TryAcquireInto("other", &rf); ok {
+			b.Fatal("admitted")
+		}
+	}
+}
+
+// BenchmarkMapLookup100k is the reference for BenchmarkResidentsTouch: the
+// bare string-keyed lookup Touch starts with, same 100,000 keys, same
+// cache-hostile order. Touch cannot be cheaper than this.
+func BenchmarkMapLookup100k(b *testing.B) {
+	m := make(map[string]int32)
+	names := make([]string, 100_000)
+	for i := range names {
+		names[i] = fmt.Sprint("o", i)
+		m[names[i]] = int32(i)
+	}
+	b.ReportAllocs()
+	i := 0
+	var sink int32
+	for b.Loop() {
+		sink += m[names[i%len(names)]]
+		i += 7919
+	}
+	_ = sink
+}
+
+// BenchmarkAtomicAdd is the research note's "atomic add" anchor for Touch.
+func BenchmarkAtomicAdd(b *testing.B) {
+	var n atomic.Int64
+	b.ReportAllocs()
+	for b.Loop() {
+		n.Add(1)
 	}
 }

@@ -140,13 +140,21 @@ func (l *ledger) give(idx int32) {
 
 // refusal builds the refusal for project idx with its retry estimate.
 func (l *ledger) refusal(idx int32) *Refusal {
+	rf := new(Refusal)
+	l.fillRefusal(idx, rf)
+	return rf
+}
+
+// fillRefusal counts a refusal of project idx and writes it into rf, which
+// the caller owns (so the refused path need not allocate).
+func (l *ledger) fillRefusal(idx int32, rf *Refusal) {
 	pr := &l.projects[idx]
 	pr.refused++
 	reason := ReasonFull
 	if pr.held >= l.share {
 		reason = ReasonOverShare
 	}
-	return &Refusal{
+	*rf = Refusal{
 		Pool:       l.name,
 		Project:    pr.name,
 		Reason:     reason,

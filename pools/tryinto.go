@@ -1,0 +1,27 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package pools
+
+// TryAcquireInto is TryAcquire for callers that refuse often and want the
+// refused path free of allocation: on refusal it fills rf (owned by the
+// caller, never retained by the pool) and returns ok false; on admission rf
+// is left alone. rf must not be nil.
+//
+// Why a second method rather than a cheaper TryAcquire: TryAcquire's error is
+// a *Refusal, and a *Refusal that callers may keep (wrap with %w, hand to
+// another goroutine, read after the next refusal) must be a fresh
+// allocation. Reusing one per project would let a later refusal rewrite a
+// value an earlier caller still reads, a data race the type system cannot
+// flag; a non-pointer error value stored in an interface allocates as well.
+// Storage the caller provides is the only sound way to 0 allocs.
+func (p *Pool) TryAcquireInto(project string, rf *Refusal) (pm Permit, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	idx := p.l.lookup(project)
+	p.l.seen(idx)
+	if p.l.admits(idx) {
+		return p.grantLocked(idx), true
+	}
+	p.l.fillRefusal(idx, rf)
+	return Permit{}, false
+}
