@@ -13,18 +13,17 @@ import (
 // requeueLocked puts a completed ticket back at the tail of its queue, so a
 // benchmark keeps every queue backlogged without allocating tickets.
 func (s *Scheduler) requeueLocked(t *Ticket, now int64) {
-	select {
-	case <-t.ready:
-	default:
+	if t.ready != nil {
+		<-t.ready
 	}
 	t.state, t.enq, t.class = ticketQueued, now, 0
-	q := &s.parts[t.pid]
-	if q.tail == nil {
+	q, qc := &s.hot[t.pid], &s.cold[t.pid]
+	if qc.tail == nil {
 		q.head = t
 	} else {
-		q.tail.next, t.prev = t, q.tail
+		qc.tail.next, t.prev = t, qc.tail
 	}
-	q.tail = t
+	qc.tail = t
 	q.queue++
 	if q.queue == 1 {
 		s.placeLocked(t.pid, now)
@@ -55,46 +54,103 @@ func backlogged(b *testing.B, n int, pol Policy) *Scheduler {
 	return s
 }
 
-// BenchmarkDispatch measures one dispatch decision plus the completion and
-// re-queue that keep the queue backlogged, with n participants waiting. The
-// clock advances so that each participant refills half a P1 credit and half
-// a P2 credit per round, whatever n: queues keep dropping between P1 and
-// P2 (buckets of one credit) and being relinked by their timers, the same
+// The P1/P2 mix of BenchmarkDecision and BenchmarkDispatch: buckets of one
+// credit, and a clock that advances so that each participant refills half
+// a P1 credit and half a P2 credit per round, whatever n. Queues keep
+// dropping between P1 and P2 and being relinked by their timers, the same
 // mix at every n.
-func BenchmarkDispatch(b *testing.B) {
+func mixScheduler(b *testing.B, n int) (s *Scheduler, dt int64) {
+	s = backlogged(b, n, pro(1))
+	s.cfg.P1Burst, s.cfg.P2Burst = 1, 1
+	s.cfg.P1Rate, s.cfg.P2Rate = 10, 10
+	return s, int64(0.5 / (s.cfg.P1Rate * float64(n)) * 1e9)
+}
+
+// BenchmarkDecision measures the decision alone, with n participants
+// waiting: relink the due timers, choose the class and the queue at its
+// cursor, spend the flat credit, move the cursor and re-place the queue.
+// The queue keeps its tickets (nothing is taken off it), so no ticket and
+// no cold record is touched: this is the part whose cost depends on n.
+func BenchmarkDecision(b *testing.B) {
 	for _, n := range []int{10, 1000, 100_000} {
 		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
-			s := backlogged(b, n, pro(1))
-			s.cfg.P1Burst, s.cfg.P2Burst = 1, 1
-			s.cfg.P1Rate, s.cfg.P2Rate = 10, 10
-			dt := int64(0.5 / (s.cfg.P1Rate * float64(n)) * 1e9)
+			s, dt := mixScheduler(b, n)
 			now := int64(0)
-			// Reach the steady state before timing.
-			for range 4 * n {
+			decide := func() {
 				now += dt
 				s.mu.Lock()
-				tk := s.dispatchLocked(now)
-				s.doneLocked(tk, 1, now)
-				s.requeueLocked(tk, now)
+				pid, c := s.pickLocked(now)
+				s.chargeLocked(pid, c, now)
 				s.mu.Unlock()
+			}
+			for range 4 * n { // reach the steady state before timing
+				decide()
 			}
 			v0, d0 := s.visits, s.dispatched
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
-				now += dt
-				s.mu.Lock()
-				tk := s.dispatchLocked(now)
-				s.doneLocked(tk, 1, now)
-				s.requeueLocked(tk, now)
-				s.mu.Unlock()
+				decide()
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(s.visits-v0)/float64(b.N), "visits/op")
 			b.ReportMetric(float64(s.dispatched[P1]-d0[P1])/float64(b.N), "P1-frac")
-			b.ReportMetric(float64(len(s.timers)), "parked")
 		})
 	}
+}
+
+// BenchmarkDispatch measures one dispatch decision plus the completion and
+// re-queue that keep the queue backlogged, with n participants waiting, in
+// the mix of BenchmarkDecision. Nobody waits on the tickets, so no channel
+// is involved; BenchmarkDispatchNotify adds that.
+func BenchmarkDispatch(b *testing.B) {
+	for _, n := range []int{10, 1000, 100_000} {
+		b.Run(fmt.Sprint("n=", n), func(b *testing.B) { benchDispatch(b, n, false) })
+	}
+}
+
+// BenchmarkDispatchNotify is BenchmarkDispatch with a waiter's channel on
+// every ticket: the dispatch sends on it and the re-queue receives, as a
+// blocked Wait would.
+func BenchmarkDispatchNotify(b *testing.B) {
+	for _, n := range []int{10, 1000, 100_000} {
+		b.Run(fmt.Sprint("n=", n), func(b *testing.B) { benchDispatch(b, n, true) })
+	}
+}
+
+func benchDispatch(b *testing.B, n int, notify bool) {
+	s, dt := mixScheduler(b, n)
+	if notify {
+		s.mu.Lock()
+		for pid := range s.hot {
+			for t := s.hot[pid].head; t != nil; t = t.next {
+				t.ready = make(chan struct{}, 1)
+			}
+		}
+		s.mu.Unlock()
+	}
+	now := int64(0)
+	step := func() {
+		now += dt
+		s.mu.Lock()
+		tk := s.dispatchLocked(now)
+		s.doneLocked(tk, 1, now)
+		s.requeueLocked(tk, now)
+		s.mu.Unlock()
+	}
+	for range 4 * n { // reach the steady state before timing
+		step()
+	}
+	v0, d0 := s.visits, s.dispatched
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		step()
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(s.visits-v0)/float64(b.N), "visits/op")
+	b.ReportMetric(float64(s.dispatched[P1]-d0[P1])/float64(b.N), "P1-frac")
+	b.ReportMetric(float64(len(s.heapLocked())), "parked")
 }
 
 // BenchmarkDispatchRingOnly is the decision with no class changes at all:
@@ -128,8 +184,8 @@ func BenchmarkDispatchStarved99(b *testing.B) {
 			s := backlogged(b, n, pro(1))
 			rich := 0
 			s.mu.Lock()
-			for pid := range s.parts {
-				q := &s.parts[pid]
+			for pid := range s.hot {
+				q := &s.hot[pid]
 				if pid%100 == 0 {
 					// A billion shares: a bucket that never runs dry in the run.
 					q.shares = 1e9
@@ -190,10 +246,14 @@ func BenchmarkSubmitWaitDone(b *testing.B) {
 			for s.Snapshot().Dispatched[1]+s.Snapshot().Dispatched[2]+s.Snapshot().Dispatched[3] < uint64(2*n) {
 				time.Sleep(time.Millisecond)
 			}
+			names := make([]string, n)
+			for i := range names {
+				names[i] = fmt.Sprintf("project-%06d", i)
+			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
-				tk := s.Submit(fmt.Sprintf("project-%06d", i%n))
+				tk := s.Submit(names[i%n])
 				if _, err := tk.Wait(ctx); err != nil {
 					b.Fatal(err)
 				}

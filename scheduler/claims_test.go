@@ -540,7 +540,7 @@ func TestOutOfOrderClockReadingsDoNotRefillTwice(t *testing.T) {
 	tk.Done(10) // p1 = 10 - 1 - 9 = 0
 	now := h.s.now()
 	h.s.mu.Lock()
-	q := &h.s.parts[h.s.byName["a"]]
+	q := &h.s.hot[h.s.byName["a"]]
 	h.s.refillLocked(q, now+int64(time.Second))
 	h.s.refillLocked(q, now+int64(500*time.Millisecond)) // arrives late
 	h.s.refillLocked(q, now+int64(time.Second))

@@ -74,9 +74,40 @@
 // Run dispatches only while the server has room: fewer than MaxInFlight
 // tickets dispatched and not Done, and HasRoom (if set) agreeing. Without
 // room it waits Poll and asks again; it never waits for a particular
-// request to finish. Every queued request is eventually dispatched, because
-// a P3 pass serves every queue with work in turn. A ticket whose Wait
-// context ends before dispatch is withdrawn without moving anyone else.
+// request to finish. A ticket whose Wait context ends before dispatch is
+// withdrawn without moving anyone else.
+//
+// # Capacity: when every request runs
+//
+// Every queued request runs only under a condition the scheduler cannot
+// make true by itself: credits must be issued more slowly than the server
+// completes work. Measure both in credits (a cost of 1 is an average
+// request). Let I1 be the P1 refill of the participants with work queued
+// (P1Rate times the shares of every Pro participant among them) and I2 their
+// P2 refill (P2Rate times the shares of every Pro or Lite one), and C the
+// credits the server completes per second. Then:
+//
+//   - If I1 < C, P1 work runs out again and again, so P2 passes happen and
+//     Lite work runs, after at most the time it takes to drain the P1
+//     buckets (their bursts) at a net C-I1.
+//   - If I1+I2 < C, P2 work runs out too, P3 passes happen and every
+//     request runs, TierNone included, after at most the time it takes to
+//     drain the bursts at a net C-I1-I2.
+//   - Otherwise the lower classes wait for as long as the overload lasts.
+//     TierNone work (and with I1 >= C, Lite work) may then never run.
+//
+// Pro participants are never starved: each one's wait for P1 is bounded by
+// its own refill, whatever the load. Nothing inside the scheduler can
+// restore the guarantee without breaking another rule it implements: serving
+// P3 while some queue holds a P1 credit breaks "P1 whenever any queue
+// qualifies", and slowing refill when the server is busy breaks "refill
+// follows the clock and nobody else's spending". The safeguard belongs where
+// shares are sold: the shares placed on one server must keep I1+I2 below
+// its capacity (with the defaults, 50 credits/s per Pro share and 40 per
+// Lite share). A Snapshot lists every participant's policy and queue, which
+// is enough to compute I1 and I2 and alert on them. The test
+// TestEveryRequestRunsOnlyWhileIssuanceIsBelowCapacity shows all three
+// cases.
 //
 // # Cost
 //
@@ -87,6 +118,18 @@
 // refilled lazily when touched. A queue that enters a ring having had no
 // turn for a full round is served next (a sparse participant is not stuck
 // behind a whole round); one that just had a turn enters behind everyone.
+//
+// At 100k participants the cost of a decision is cache misses, not
+// instructions, so the layout counts them. What a decision reads and
+// writes (balances, ring links, timer, queue head) sits in one 64-byte
+// record per participant in a dense array; names, queue tails and
+// statistics sit in a second array that only Submit, completion and status
+// output touch. The four children of a timer heap node share a cache line.
+// Tickets are 64 bytes and allocated 64 at a time, and a ticket gets a
+// channel only when Wait has to block, so a dispatch touches the
+// participant's two records and one ticket line, and a channel only if
+// someone waits. After each decision the records the next one will most
+// likely need (the cursor's queue, the first timer's queue) are prefetched.
 // A dispatch allocates nothing.
 //
 // Participants that are idle, with nothing queued or in flight and full

@@ -65,7 +65,7 @@ func (h *harness) step() (string, Class, *Ticket) {
 func (h *harness) name(tk *Ticket) string {
 	h.s.mu.Lock()
 	defer h.s.mu.Unlock()
-	return h.s.parts[tk.pid].name
+	return h.s.cold[tk.pid].name
 }
 
 func (h *harness) submit(who string, n int) []*Ticket {
@@ -98,46 +98,46 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 	defer s.mu.Unlock()
 	var ringN [4]int
 	inFlight := 0
-	for pid := range s.parts {
-		q := &s.parts[pid]
-		if !q.live {
+	for pid := range s.hot {
+		q, qc := &s.hot[pid], &s.cold[pid]
+		if !q.live() {
 			continue
 		}
-		if got := s.byName[q.name]; got != int32(pid) {
-			t.Fatalf("%s: byName %d, want %d", q.name, got, pid)
+		if got := s.byName[qc.name]; got != int32(pid) {
+			t.Fatalf("%s: byName %d, want %d", qc.name, got, pid)
 		}
 		n := 0
 		var prev *Ticket
 		for tk := q.head; tk != nil; tk = tk.next {
 			if (prev != nil && tk.prev != prev) || tk.state != ticketQueued || tk.pid != int32(pid) {
-				t.Fatalf("%s: queue links broken at %d", q.name, n)
+				t.Fatalf("%s: queue links broken at %d", qc.name, n)
 			}
 			prev = tk
 			n++
 		}
-		if q.tail != prev || int(q.queue) != n {
-			t.Fatalf("%s: queue=%d, counted %d", q.name, q.queue, n)
+		if qc.tail != prev || int(q.queue) != n {
+			t.Fatalf("%s: queue=%d, counted %d", qc.name, q.queue, n)
 		}
-		inFlight += int(q.inflight)
+		inFlight += int(qc.inflight)
 		if n == 0 {
 			if q.ring != 0 || q.due != none {
-				t.Fatalf("%s: empty queue in ring %d / parked until %d", q.name, q.ring, q.due)
+				t.Fatalf("%s: empty queue in ring %d / parked until %d", qc.name, q.ring, q.due)
 			}
 			continue
 		}
 		if q.ring == 0 {
-			t.Fatalf("%s: queue with work in no ring", q.name)
+			t.Fatalf("%s: queue with work in no ring", qc.name)
 		}
 		ringN[q.ring]++
 		// Balances are as of q.last: the ring matches them exactly.
 		if c := classOf(q); c != Class(q.ring) {
-			t.Fatalf("%s: in ring %v but balances (%.3f,%.3f) support %v", q.name, q.ring, q.p1, q.p2, c)
+			t.Fatalf("%s: in ring %v but balances (%.3f,%.3f) support %v", qc.name, q.ring, q.p1, q.p2, c)
 		}
 		if due := s.riseAt(q, Class(q.ring)); due != q.due {
-			t.Fatalf("%s: rises at %d, parked until %d", q.name, due, q.due)
+			t.Fatalf("%s: rises at %d, parked until %d", qc.name, due, q.due)
 		}
-		if q.due != none && !slices.Contains(s.timers, timer{due: q.due, pid: int32(pid)}) {
-			t.Fatalf("%s: parked until %d with no heap entry", q.name, q.due)
+		if q.due != none && !slices.Contains(s.heapLocked(), timer{due: q.due, pid: int32(pid)}) {
+			t.Fatalf("%s: parked until %d with no heap entry", qc.name, q.due)
 		}
 	}
 	if inFlight != s.inFlight {
@@ -156,8 +156,8 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 		}
 		k, pid := 0, r.cursor
 		for {
-			q := &s.parts[pid]
-			if Class(q.ring) != c || s.parts[q.next].prev != pid {
+			q := &s.hot[pid]
+			if Class(q.ring) != c || s.hot[q.next].prev != pid {
 				t.Fatalf("ring %v links broken", c)
 			}
 			k++
@@ -171,11 +171,12 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 		}
 	}
 	stale := 0
-	for i, tm := range s.timers {
-		if q := &s.parts[tm.pid]; q.due != tm.due || !q.live {
+	heap := s.heapLocked()
+	for i, tm := range heap {
+		if q := &s.hot[tm.pid]; q.due != tm.due || !q.live() {
 			stale++
 		}
-		if i > 0 && s.timers[(i-1)/4].due > tm.due {
+		if i > 0 && heap[(i-1)/4].due > tm.due {
 			t.Fatalf("timer heap order broken at %d", i)
 		}
 	}

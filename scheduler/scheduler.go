@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // eps absorbs float rounding in "holds at least one credit": a timer computed
@@ -32,11 +33,13 @@ type Scheduler struct {
 	mu          sync.Mutex // guards the fields below
 	byName      map[string]int32
 	policies    map[string]Policy // kept when an idle participant is forgotten
-	parts       []participant     // dense handles; free slots listed in free
+	hot         []hot             // by handle: what a decision reads and writes
+	cold        []cold            // by handle: names, queue tails and statistics
 	free        []int32
 	rings       [4]ring   // eligible non-empty queues by class, index 1..3
-	timers      []timer   // 4-ary min-heap: when a parked queue can climb
-	staleTimers int       // entries in timers that no longer match participant.due
+	timers      []timer   // 4-ary min-heap after hpad padding entries: when a parked queue can climb
+	staleTimers int       // entries in timers that no longer match hot.due
+	tickets     []Ticket  // preallocated tickets handed out by Submit
 	inFlight    int       // dispatched, not yet Done
 	seq         uint64    // dispatches so far, numbers turns for entry placement
 	dispatched  [4]uint64 // by class
@@ -45,32 +48,42 @@ type Scheduler struct {
 	lastSweep   int64
 }
 
-// participant is one queue and its buckets. Only the Scheduler's mu guards
-// it. The layout is 128 bytes, two cache lines: the fields every decision
-// reads come first, so at 100k participants a dispatch costs the misses on
-// this struct and the ticket, and nothing else.
-type participant struct {
-	head       *Ticket // FIFO, linked through Ticket.next/prev
+// A participant is one queue and its buckets, split by how often it is
+// touched. Its handle indexes two dense arrays: hot holds everything the
+// decision reads or writes (one 64-byte cache line, so at 100k participants
+// the hot state is 6.4 MB and a decision costs one miss per queue it looks
+// at), cold holds what only Submit, completion and status output need.
+// Only the Scheduler's mu guards them.
+type hot struct {
 	p1, p2     float64 // balances as of last; may be negative
 	last       int64   // when p1/p2 were last refilled
 	due        int64   // when refill lifts the class: the live timer; none if not parked
+	head       *Ticket // oldest queued ticket, linked through Ticket.next/prev
 	next, prev int32   // ring links, valid while ring != 0
-	queue      int32
-	inflight   int32
-	shares     float32
-	tier       uint8 // a Tier
-	ring       uint8 // Class of the ring the queue is linked in, 0 = none
-	lastClass  uint8 // a Class
-	live       bool
-	// Second cache line.
-	lastSeq    uint64 // s.seq at this participant's last dispatch; 0 = never
-	tail       *Ticket
-	dispatched [4]uint64
-	name       string
+	queue      int32   // queued tickets
+	shares     float32 // 0 marks a free slot
+	// lastSeq is the low 32 bits of s.seq at this participant's last turn.
+	// Only the distance to s.seq is read, modulo 2^32: a participant idle
+	// for more than 2^31 turns (and not forgotten meanwhile) may enter a
+	// ring behind everyone instead of at the cursor. That costs it at most
+	// one round of waiting, never its turn.
+	lastSeq uint32
+	tier    uint8 // a Tier
+	ring    uint8 // Class of the ring the queue is linked in, 0 = none
+	_       [2]byte
 }
 
-func (q *participant) holdsP1() bool { return Tier(q.tier).holdsP1() }
-func (q *participant) holdsP2() bool { return Tier(q.tier).holdsP2() }
+type cold struct {
+	dispatched [4]uint64
+	tail       *Ticket
+	name       string
+	inflight   int32
+	lastClass  uint8 // a Class
+}
+
+func (q *hot) holdsP1() bool { return Tier(q.tier).holdsP1() }
+func (q *hot) holdsP2() bool { return Tier(q.tier).holdsP2() }
+func (q *hot) live() bool    { return q.shares > 0 }
 
 // ring is a circular doubly linked list of participants threaded through
 // participant.next/prev. cursor is the next queue to serve. Queues that
@@ -135,6 +148,7 @@ func New(cfg Config, clk Clock) (*Scheduler, error) {
 		byName:   make(map[string]int32),
 		policies: make(map[string]Policy),
 		wait:     newWaitHist(),
+		timers:   make([]timer, hpad),
 	}
 	for c := range s.rings {
 		s.rings[c].cursor, s.rings[c].lastJump = none, none
@@ -178,7 +192,7 @@ func (s *Scheduler) SetPolicy(participant string, p Policy) {
 	if !ok {
 		return
 	}
-	q := &s.parts[pid]
+	q := &s.hot[pid]
 	s.refillLocked(q, now)
 	had1, had2 := q.holdsP1(), q.holdsP2()
 	q.tier, q.shares = uint8(p.Tier), float32(p.Shares)
@@ -203,17 +217,17 @@ func (s *Scheduler) SetPolicy(participant string, p Policy) {
 // refuses: the ticket will be dispatched eventually unless withdrawn.
 func (s *Scheduler) Submit(participant string) *Ticket {
 	now := s.now()
-	t := &Ticket{s: s, ready: make(chan struct{}, 1)}
 	s.mu.Lock()
+	t := s.newTicketLocked()
 	pid := s.lookupLocked(participant, now)
-	q := &s.parts[pid]
+	q, qc := &s.hot[pid], &s.cold[pid]
 	t.pid, t.enq = pid, now
-	if q.tail == nil {
+	if qc.tail == nil {
 		q.head = t
 	} else {
-		q.tail.next, t.prev = t, q.tail
+		qc.tail.next, t.prev = t, qc.tail
 	}
-	q.tail = t
+	qc.tail = t
 	q.queue++
 	if q.queue == 1 {
 		s.placeLocked(pid, now)
@@ -237,14 +251,18 @@ func (s *Scheduler) lookupLocked(name string, now int64) int32 {
 	if n := len(s.free); n > 0 {
 		pid, s.free = s.free[n-1], s.free[:n-1]
 	} else {
-		s.parts = append(s.parts, participant{})
-		pid = int32(len(s.parts) - 1)
+		s.hot = append(s.hot, hot{})
+		s.cold = append(s.cold, cold{})
+		pid = int32(len(s.hot) - 1)
 	}
-	q := &s.parts[pid]
-	*q = participant{
-		name: name, tier: uint8(pol.Tier), shares: float32(pol.Shares), last: now,
-		next: none, prev: none, due: none, live: true,
+	q := &s.hot[pid]
+	*q = hot{
+		tier: uint8(pol.Tier), shares: float32(pol.Shares), last: now,
+		next: none, prev: none, due: none,
+		// Never dispatched: as long ago as the 32-bit distance can say.
+		lastSeq: uint32(s.seq) - 1<<31,
 	}
+	s.cold[pid] = cold{name: name}
 	if q.holdsP1() {
 		q.p1 = s.cfg.P1Burst * float64(q.shares)
 	}
@@ -259,7 +277,7 @@ func (s *Scheduler) lookupLocked(name string, now int64) int32 {
 // clock and q's own shares, never on the server or other participants. A
 // now earlier than the last refill (clock readings taken before the lock
 // arrive out of order) changes nothing.
-func (s *Scheduler) refillLocked(q *participant, now int64) {
+func (s *Scheduler) refillLocked(q *hot, now int64) {
 	if now <= q.last {
 		return
 	}
@@ -274,7 +292,7 @@ func (s *Scheduler) refillLocked(q *participant, now int64) {
 }
 
 // classOf is the highest class q's balances support right now.
-func classOf(q *participant) Class {
+func classOf(q *hot) Class {
 	switch {
 	case q.holdsP1() && q.p1 >= 1-eps:
 		return P1
@@ -285,7 +303,7 @@ func classOf(q *participant) Class {
 }
 
 // riseAt is when q's class next improves by refill alone, or none.
-func (s *Scheduler) riseAt(q *participant, c Class) int64 {
+func (s *Scheduler) riseAt(q *hot, c Class) int64 {
 	due := int64(none)
 	at := func(b, rate float64) int64 {
 		return q.last + int64(math.Ceil((1-b)/rate*1e9))
@@ -305,7 +323,7 @@ func (s *Scheduler) riseAt(q *participant, c Class) int64 {
 // queue with work is linked in the ring of exactly the class its balances
 // support, and parked on a timer if refill alone can lift it higher.
 func (s *Scheduler) placeLocked(pid int32, now int64) {
-	q := &s.parts[pid]
+	q := &s.hot[pid]
 	s.refillLocked(q, now)
 	var want Class
 	if q.queue > 0 {
@@ -336,9 +354,9 @@ func (s *Scheduler) placeLocked(pid int32, now int64) {
 // one that just had a turn enters behind everyone (just before the cursor),
 // so re-submitting after each dispatch cannot jump the ring.
 func (s *Scheduler) linkLocked(pid int32, c Class) {
-	r, q := &s.rings[c], &s.parts[pid]
+	r, q := &s.rings[c], &s.hot[pid]
 	q.ring = uint8(c)
-	jump := q.lastSeq == 0 || s.seq-q.lastSeq >= uint64(r.n)
+	jump := uint64(uint32(s.seq)-q.lastSeq) >= uint64(r.n)
 	if r.cursor == none {
 		q.next, q.prev, r.cursor, r.n, r.lastJump = pid, pid, pid, 1, none
 		if jump {
@@ -348,11 +366,11 @@ func (s *Scheduler) linkLocked(pid int32, c Class) {
 	}
 	at := r.cursor // insert before at
 	if jump && r.lastJump != none {
-		at = s.parts[r.lastJump].next
+		at = s.hot[r.lastJump].next
 	}
-	prev := s.parts[at].prev
+	prev := s.hot[at].prev
 	q.prev, q.next = prev, at
-	s.parts[prev].next, s.parts[at].prev = pid, pid
+	s.hot[prev].next, s.hot[at].prev = pid, pid
 	if jump {
 		if r.lastJump == none {
 			r.cursor = pid
@@ -363,7 +381,7 @@ func (s *Scheduler) linkLocked(pid int32, c Class) {
 }
 
 func (s *Scheduler) unlinkLocked(pid int32) {
-	q := &s.parts[pid]
+	q := &s.hot[pid]
 	r := &s.rings[q.ring]
 	if r.lastJump == pid {
 		r.lastJump = none
@@ -371,7 +389,7 @@ func (s *Scheduler) unlinkLocked(pid int32) {
 	if r.n == 1 {
 		r.cursor = none
 	} else {
-		s.parts[q.prev].next, s.parts[q.next].prev = q.next, q.prev
+		s.hot[q.prev].next, s.hot[q.next].prev = q.next, q.prev
 		if r.cursor == pid {
 			r.cursor = q.next
 		}
@@ -380,39 +398,73 @@ func (s *Scheduler) unlinkLocked(pid int32) {
 	q.ring, q.next, q.prev = 0, none, none
 }
 
-// dispatchLocked makes one decision at now and returns the ticket sent, or
-// nil when nothing waits or MaxInFlight is reached. It allocates nothing.
+// dispatchLocked makes one decision at now and sends the ticket at the
+// head of the chosen queue, or returns nil when nothing waits or MaxInFlight
+// is reached. It allocates nothing.
 func (s *Scheduler) dispatchLocked(now int64) *Ticket {
 	if s.cfg.MaxInFlight > 0 && s.inFlight >= s.cfg.MaxInFlight {
 		return nil
 	}
-	s.runTimersLocked(now)
-	var c Class
-	switch {
-	case s.rings[P1].n > 0:
-		c = P1
-	case s.rings[P2].n > 0:
-		c = P2
-	case s.rings[P3].n > 0:
-		c = P3
-	default:
+	pid, c := s.pickLocked(now)
+	if pid == none {
 		return nil
 	}
-	r := &s.rings[c]
-	pid := r.cursor
-	q := &s.parts[pid]
-	s.visits++
-	s.refillLocked(q, now)
+	q := &s.hot[pid]
 	t := q.head
 	// The new head's prev is left stale, not cleared: the head's prev is
 	// never read, and not touching the next ticket saves a cache miss.
 	q.head = t.next
-	if q.head == nil {
-		q.tail = nil
-	}
 	t.next = nil
 	q.queue--
-	// One credit, flat, from the bucket of the class it goes out under.
+	s.chargeLocked(pid, c, now)
+	qc := &s.cold[pid]
+	if q.head == nil {
+		qc.tail = nil
+	}
+	qc.lastClass = uint8(c)
+	qc.dispatched[c]++
+	qc.inflight++
+	s.inFlight++
+	w := max(now-t.enq, 0)
+	t.waited.Store(w)
+	s.wait.observe(w)
+	t.class, t.state = c, ticketDispatched
+	if t.ready != nil {
+		t.ready <- struct{}{} // never blocks: one send per ticket into capacity 1
+	}
+	return t
+}
+
+// pickLocked is the decision itself: it relinks the parked queues that are
+// due, takes the best class with an eligible queue and the queue at that
+// class's cursor, and moves the cursor past it, so the turn resumes after
+// this queue. It returns none if no queue has work. It reads and writes
+// only hot state: no ticket, no cold record.
+func (s *Scheduler) pickLocked(now int64) (int32, Class) {
+	s.runTimersLocked(now)
+	c := P1
+	for c <= P3 && s.rings[c].n == 0 {
+		c++
+	}
+	if c > P3 {
+		return none, 0
+	}
+	r := &s.rings[c]
+	pid := r.cursor
+	s.visits++
+	r.cursor = s.hot[pid].next
+	if r.lastJump == pid {
+		r.lastJump = none
+	}
+	return pid, c
+}
+
+// chargeLocked completes a class-c turn of pid once its queue has given up
+// the ticket: one credit, flat, from the bucket of the class it goes out
+// under, then the queue is placed where its new balances and queue put it.
+func (s *Scheduler) chargeLocked(pid int32, c Class, now int64) {
+	q := &s.hot[pid]
+	s.refillLocked(q, now)
 	switch c {
 	case P1:
 		q.p1--
@@ -420,22 +472,27 @@ func (s *Scheduler) dispatchLocked(now int64) *Ticket {
 		q.p2--
 	}
 	s.seq++
-	q.lastSeq, q.lastClass = s.seq, uint8(c)
-	q.dispatched[c]++
-	q.inflight++
+	q.lastSeq = uint32(s.seq)
 	s.dispatched[c]++
-	s.inFlight++
-	w := max(now-t.enq, 0)
-	t.waited.Store(w)
-	s.wait.observe(w)
-	t.class, t.state = c, ticketDispatched
-	r.cursor = q.next // the turn resumes after this queue
-	if r.lastJump == pid {
-		r.lastJump = none
-	}
 	s.placeLocked(pid, now)
-	t.ready <- struct{}{} // never blocks: one send per queued ticket into capacity 1
-	return t
+	s.prefetchNextLocked()
+}
+
+// prefetchNextLocked starts loading the hot records the next decision will
+// most likely read: the queue at the cursor of the best non-empty class and
+// the queue whose timer is due first. At 100k participants these are cache
+// misses; started now, they overlap with the rest of this dispatch and the
+// caller's work instead of stalling the next decision.
+func (s *Scheduler) prefetchNextLocked() {
+	for c := P1; c <= P3; c++ {
+		if r := &s.rings[c]; r.n > 0 {
+			prefetch(unsafe.Pointer(&s.hot[r.cursor]))
+			break
+		}
+	}
+	if len(s.timers) > hpad {
+		prefetch(unsafe.Pointer(&s.hot[s.timers[hpad].pid]))
+	}
 }
 
 // runTimersLocked relinks every parked queue whose climb is due.
@@ -450,16 +507,34 @@ func (s *Scheduler) runTimersLocked(now int64) {
 	}
 }
 
+// ticketChunk is how many tickets one allocation provides. Tickets are
+// 64 bytes, so a chunk is one 4 KiB allocation; a ticket a caller keeps
+// alive keeps its chunk alive, which bounds the cost of holding on to one.
+const ticketChunk = 64
+
+// newTicketLocked hands out a zeroed ticket from the current chunk, so
+// Submit allocates once per ticketChunk requests instead of every time.
+// Tickets are never recycled: a caller may hold one forever.
+func (s *Scheduler) newTicketLocked() *Ticket {
+	if len(s.tickets) == 0 {
+		s.tickets = make([]Ticket, ticketChunk)
+	}
+	t := &s.tickets[0]
+	s.tickets = s.tickets[1:]
+	t.s = s
+	return t
+}
+
 // withdrawLocked removes a still-queued ticket without touching anyone else.
 func (s *Scheduler) withdrawLocked(t *Ticket, now int64) {
-	q := &s.parts[t.pid]
+	q, qc := &s.hot[t.pid], &s.cold[t.pid]
 	if q.head == t {
 		q.head = t.next
 	} else {
 		t.prev.next = t.next
 	}
-	if q.tail == t {
-		q.tail = t.prev
+	if qc.tail == t {
+		qc.tail = t.prev
 	} else {
 		t.next.prev = t.prev
 	}
@@ -475,7 +550,7 @@ func (s *Scheduler) withdrawLocked(t *Ticket, now int64) {
 // doneLocked charges cost-1 back to the bucket that admitted t.
 func (s *Scheduler) doneLocked(t *Ticket, cost float64, now int64) {
 	t.state = ticketDone
-	q := &s.parts[t.pid]
+	q := &s.hot[t.pid]
 	s.refillLocked(q, now)
 	if math.IsNaN(cost) {
 		cost = 1
@@ -487,7 +562,7 @@ func (s *Scheduler) doneLocked(t *Ticket, cost float64, now int64) {
 	case P2:
 		q.p2 = min(q.p2-adj, s.cfg.P2Burst*float64(q.shares))
 	}
-	q.inflight--
+	s.cold[t.pid].inflight--
 	s.inFlight--
 	if q.queue > 0 {
 		s.placeLocked(t.pid, now)
@@ -499,9 +574,9 @@ func (s *Scheduler) doneLocked(t *Ticket, cost float64, now int64) {
 // remembering it buys nothing and memory stays bounded by the active set.
 func (s *Scheduler) sweepLocked(now int64) {
 	s.lastSweep = now
-	for pid := range s.parts {
-		q := &s.parts[pid]
-		if !q.live || q.queue > 0 || q.inflight > 0 {
+	for pid := range s.hot {
+		q := &s.hot[pid]
+		if !q.live() || q.queue > 0 || s.cold[pid].inflight > 0 {
 			continue
 		}
 		s.refillLocked(q, now)
@@ -512,8 +587,9 @@ func (s *Scheduler) sweepLocked(now int64) {
 			continue
 		}
 		s.timerDelLocked(int32(pid))
-		delete(s.byName, q.name)
-		*q = participant{next: none, prev: none, due: none}
+		delete(s.byName, s.cold[pid].name)
+		*q = hot{next: none, prev: none, due: none}
+		s.cold[pid] = cold{}
 		s.free = append(s.free, int32(pid))
 	}
 }
@@ -589,20 +665,20 @@ func (s *Scheduler) Snapshot() Snapshot {
 	defer s.mu.Unlock()
 	snap := Snapshot{InFlight: s.inFlight, Dispatched: s.dispatched, Wait: s.wait.export()}
 	snap.Participants = make([]ParticipantStat, 0, len(s.byName))
-	for pid := range s.parts {
-		q := &s.parts[pid]
-		if !q.live {
+	for pid := range s.hot {
+		q, qc := &s.hot[pid], &s.cold[pid]
+		if !q.live() {
 			continue
 		}
 		s.refillLocked(q, now)
 		snap.Participants = append(snap.Participants, ParticipantStat{
-			Participant: q.name,
+			Participant: qc.name,
 			Policy:      Policy{Tier: Tier(q.tier), Shares: int(q.shares)},
 			Queue:       int(q.queue),
 			P1:          q.p1,
 			P2:          q.p2,
-			LastClass:   Class(q.lastClass),
-			Dispatched:  q.dispatched,
+			LastClass:   Class(qc.lastClass),
+			Dispatched:  qc.dispatched,
 		})
 	}
 	slices.SortFunc(snap.Participants, func(a, b ParticipantStat) int { return strings.Compare(a.Participant, b.Participant) })
@@ -618,16 +694,20 @@ const (
 	ticketDone
 )
 
-// Ticket is one submitted request, from Submit until Done.
+// Ticket is one submitted request, from Submit until Done. Its 64 bytes
+// are one cache line, the only one of the ticket a dispatch touches.
 type Ticket struct {
 	s          *Scheduler
-	ready      chan struct{} // capacity 1, one send at dispatch (reusable, unlike close)
-	waited     atomic.Int64  // ns queued, set at dispatch or withdrawal
-	next, prev *Ticket       // the participant's queue (prev unused at the head); guarded by s.mu
-	enq        int64         // guarded by s.mu
-	pid        int32         // guarded by s.mu
-	state      ticketState   // guarded by s.mu
-	class      Class         // written before ready is closed
+	next, prev *Ticket // the participant's queue (prev unused at the head); guarded by s.mu
+	// ready is made by Wait when it has to block, and receives the one send
+	// at dispatch (capacity 1, so dispatch never blocks). A ticket nobody
+	// waits on never needs one, and dispatch then touches no channel.
+	ready  chan struct{} // guarded by s.mu
+	waited atomic.Int64  // ns queued, set at dispatch or withdrawal
+	enq    int64         // guarded by s.mu
+	pid    int32         // guarded by s.mu
+	state  ticketState   // guarded by s.mu
+	class  Class         // guarded by s.mu
 }
 
 // Wait blocks until the ticket is dispatched and returns the class it went
@@ -637,12 +717,20 @@ type Ticket struct {
 // the slot (call Done). Waiting on a withdrawn ticket returns ErrWithdrawn.
 func (t *Ticket) Wait(ctx context.Context) (Class, error) {
 	s := t.s
-	if c, ok, err := t.settled(); ok {
+	s.mu.Lock()
+	if t.state != ticketQueued {
+		c, err := t.settledLocked()
+		s.mu.Unlock()
 		return c, err
 	}
-	// A dispatch after settled looked is buffered in ready, not lost.
+	if t.ready == nil {
+		t.ready = make(chan struct{}, 1)
+	}
+	ready := t.ready
+	s.mu.Unlock()
+	// A dispatch after the check above is buffered in ready, not lost.
 	select {
-	case <-t.ready:
+	case <-ready:
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return t.class, nil
@@ -655,23 +743,15 @@ func (t *Ticket) Wait(ctx context.Context) (Class, error) {
 		s.withdrawLocked(t, now)
 		return 0, ctx.Err()
 	}
+	return t.settledLocked()
+}
+
+// settledLocked is the outcome of a ticket that has left its queue.
+func (t *Ticket) settledLocked() (Class, error) {
 	if t.state == ticketWithdrawn {
 		return 0, ErrWithdrawn
 	}
 	return t.class, nil
-}
-
-// settled reports the outcome if the ticket has already left its queue.
-func (t *Ticket) settled() (Class, bool, error) {
-	t.s.mu.Lock()
-	defer t.s.mu.Unlock()
-	switch t.state {
-	case ticketQueued:
-		return 0, false, nil
-	case ticketWithdrawn:
-		return 0, true, ErrWithdrawn
-	}
-	return t.class, true, nil
 }
 
 // Waited is how long the ticket was queued: submit to dispatch (or to

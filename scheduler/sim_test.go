@@ -31,8 +31,8 @@ func naiveClass(s *Scheduler, now int64) Class {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	best := Class(0)
-	for _, q := range s.parts {
-		if !q.live || q.queue == 0 {
+	for _, q := range s.hot {
+		if !q.live() || q.queue == 0 {
 			continue
 		}
 		cp := q
