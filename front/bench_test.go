@@ -4,6 +4,7 @@ package front
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -13,8 +14,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -176,7 +179,7 @@ func serveBenchFront(upstream string, withSched bool) error {
 
 // benchFront starts a front process (the test binary again) and returns its
 // URL.
-func benchFront(b *testing.B, upstream string, withSched bool) string {
+func benchFront(b *testing.B, upstream string, withSched bool) (string, int) {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), benchRoleEnv+"="+upstream, fmt.Sprintf("FAIRSHARE_BENCH_SCHED=%d", map[bool]int{false: 0, true: 1}[withSched]))
@@ -202,13 +205,13 @@ func benchFront(b *testing.B, upstream string, withSched bool) string {
 	if err != nil {
 		b.Fatalf("front process did not start: %v", err)
 	}
-	return "http://" + strings.TrimSpace(line)
+	return "http://" + strings.TrimSpace(line), cmd.Process.Pid
 }
 
 // benchNginx starts nginx on loopback proxying upstream with keep-alive and a
 // limit_conn per project that never bites, or returns "" when nginx is not
 // installed.
-func benchNginx(b *testing.B, upstream string) string {
+func benchNginx(b *testing.B, upstream string) (string, int) {
 	b.Helper()
 	bin, err := exec.LookPath("nginx")
 	if err != nil {
@@ -219,7 +222,7 @@ func benchNginx(b *testing.B, upstream string) string {
 		}
 	}
 	if bin == "" {
-		return ""
+		return "", 0
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -280,7 +283,56 @@ http {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return "http://" + addr
+	return "http://" + addr, cmd.Process.Pid
+}
+
+// selfCPU is the CPU time this process used so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// procCPU is the CPU time (user + system) used so far by the processes pids
+// and their direct children (nginx's workers), from /proc. It is what a
+// proxy costs per request regardless of how busy the rest of the machine is.
+func procCPU(pids ...int) time.Duration {
+	want := map[int]bool{}
+	for _, p := range pids {
+		want[p] = true
+	}
+	var ticks int64
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name, which may contain spaces.
+		i := bytes.LastIndexByte(raw, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(raw[i+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		if !want[pid] && !want[ppid] {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += ut + st
+	}
+	// USER_HZ is 100 on Linux for every architecture Go supports here.
+	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
 // BenchmarkOverhead measures the front against going straight to the
@@ -294,6 +346,11 @@ http {
 //	saturating: 32 clients, an upstream that answers at once (throughput)
 //	moderate:   8 clients, an upstream with 5ms of service, so the cores are
 //	            not saturated (added p99, throughput should match direct)
+//
+// Also reported: the CPU time each proxy process used per request, and for
+// direct the benchmark process's own (client and upstream together); read
+// from /proc and getrusage, this is robust to the rest of the machine being
+// busy, unlike req/s.
 //
 // Targets, one after the other for the same time: direct, front (pool, rates
 // and scheduler), nosched (the front without the scheduler), nginx. Reported:
@@ -313,13 +370,16 @@ func BenchmarkOverhead(b *testing.B) {
 	}{{"saturating", 32, 0}, {"moderate", 8, 5 * time.Millisecond}} {
 		b.Run(lv.name, func(b *testing.B) {
 			up := benchUpstream(b, lv.service)
-			targets := []struct{ name, url string }{
-				{"direct", up},
-				{"front", benchFront(b, up, true)},
-				{"nosched", benchFront(b, up, false)},
+			type target struct {
+				name, url string
+				pid       int // the proxy's process; 0 for direct
 			}
-			if ngx := benchNginx(b, up); ngx != "" {
-				targets = append(targets, struct{ name, url string }{"nginx", ngx})
+			targets := []target{{name: "direct", url: up}}
+			fr, frPID := benchFront(b, up, true)
+			ns, nsPID := benchFront(b, up, false)
+			targets = append(targets, target{"front", fr, frPID}, target{"nosched", ns, nsPID})
+			if ngx, pid := benchNginx(b, up); ngx != "" {
+				targets = append(targets, target{"nginx", ngx, pid})
 			} else {
 				b.Log("nginx is not installed (apt-get install -y nginx): skipping the nginx comparison")
 			}
@@ -335,9 +395,20 @@ func BenchmarkOverhead(b *testing.B) {
 			for range b.N {
 				// Take turns in 100ms slices, so a burst of outside load
 				// hits every target alike.
+				cpu := make([]time.Duration, len(targets))
 				for elapsed := time.Duration(0); elapsed < dur; elapsed += 100 * time.Millisecond {
-					for _, l := range loaders {
+					for i, l := range loaders {
+						if targets[i].pid == 0 {
+							// Direct: this process is the client and
+							// the upstream, nothing else runs in it now.
+							c0 := selfCPU()
+							l.run(100 * time.Millisecond)
+							cpu[i] += selfCPU() - c0
+							continue
+						}
+						c0 := procCPU(targets[i].pid)
 						l.run(100 * time.Millisecond)
+						cpu[i] += procCPU(targets[i].pid) - c0
 					}
 				}
 				res := map[string]loadResult{}
@@ -352,6 +423,8 @@ func BenchmarkOverhead(b *testing.B) {
 					if tg.name != "direct" {
 						b.ReportMetric(r.rps/res["direct"].rps, tg.name+"/direct")
 					}
+					reqs := r.rps * dur.Seconds()
+					b.ReportMetric(float64(cpu[i].Microseconds())/reqs, tg.name+"-cpu-us/req")
 				}
 				b.ReportMetric(float64((res["front"].p99 - res["direct"].p99).Microseconds()), "front-added-p99-us")
 				if n, ok := res["nginx"]; ok {

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/pools"
@@ -145,9 +146,25 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		ModifyResponse: f.modifyResponse,
 		ErrorHandler:   f.proxyError,
 		ErrorLog:       slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
+		// Without a pool the proxy allocates (and the GC clears and the
+		// scavenger returns) a 32 KiB copy buffer per request: a quarter of
+		// the front's CPU in the benchmark.
+		BufferPool: &bufferPool{},
 	}
 	return f, nil
 }
+
+// bufferPool recycles the reverse proxy's copy buffers.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, 32<<10)
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 
 // Server returns an HTTP server for Config.Listen that serves f over
 // HTTP/1.1 and cleartext HTTP/2 (h2c with prior knowledge).
