@@ -155,14 +155,15 @@ func (l *ledger) fillRefusal(idx int32, rf *Refusal) {
 		reason = ReasonOverShare
 	}
 	*rf = Refusal{
-		Pool:       l.name,
-		Project:    pr.name,
-		Reason:     reason,
-		Held:       pr.held,
-		Share:      l.share,
-		InUse:      l.inUse,
-		Size:       l.size,
-		RetryAfter: l.retryAfter(idx),
+		Pool:        l.name,
+		Project:     pr.name,
+		Reason:      reason,
+		Held:        pr.held,
+		Share:       l.share,
+		InUse:       l.inUse,
+		Size:        l.size,
+		RetryAfter:  l.retryAfter(idx),
+		ReleaseRate: l.relRate,
 	}
 }
 

@@ -431,6 +431,9 @@ func TestRetryAfterEstimate(t *testing.T) {
 	if r.RetryAfter < time.Second || r.RetryAfter >= 1500*time.Millisecond {
 		t.Fatalf("no history: %v", r.RetryAfter)
 	}
+	if r.ReleaseRate != 0 {
+		t.Fatalf("no history: release rate %v, want 0", r.ReleaseRate)
+	}
 	p.Recompute()
 	// 100 releases (and re-acquires) within one second: 100/s.
 	for i := 0; i < 100; i++ {
@@ -455,6 +458,9 @@ func TestRetryAfterEstimate(t *testing.T) {
 		t.Fatalf("no jitter: %v", seen)
 	}
 	ra := mustRefuse(t, p, "a")
+	if ra.ReleaseRate != 100 {
+		t.Fatalf("a: release rate %v, want the measured 100/s", ra.ReleaseRate)
+	}
 	if ra.RetryAfter < 20*time.Millisecond || ra.RetryAfter >= 30*time.Millisecond {
 		t.Fatalf("a: %v", ra.RetryAfter)
 	}

@@ -140,6 +140,11 @@ type Refusal struct {
 	// RetryAfter is the estimate of when this project could be admitted,
 	// jittered; see the package documentation for the estimator.
 	RetryAfter time.Duration
+	// ReleaseRate is the pool's smoothed release rate (permits per second)
+	// the estimate was made from; 0 when no release was seen lately. A caller
+	// that refuses many clients of one project at once can space their
+	// returns by it, so they come back at the rate permits free.
+	ReleaseRate float64
 
 	residents bool
 }
