@@ -224,7 +224,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	bg.Add(1)
 	go func() { defer bg.Done(); _ = sched.Run(ctx) }()
-	f, err := front.New(front.Config{Upstream: "http://" + upL.Addr().String(), MaxInFlight: cfg.PoolSize},
+	// The drill is its own edge: its load generators on loopback name
+	// their project in the header.
+	f, err := front.New(front.Config{Upstream: "http://" + upL.Addr().String(), MaxInFlight: cfg.PoolSize,
+		TrustedPeers: []string{"127.0.0.1"}},
 		front.Deps{Requests: pool, Rates: pools.NewRates(nil), Sched: sched, Log: cfg.Log})
 	if err != nil {
 		return nil, fmt.Errorf("front: %w", err)

@@ -164,7 +164,8 @@ func serveBenchFront(upstream string, withSched bool) error {
 		go func() { _ = sched.Run(ctx) }()
 		deps.Sched = sched
 	}
-	f, err := New(Config{Upstream: upstream, MaxInFlight: 1024}, deps)
+	// The load generator is on loopback and names its project in the header.
+	f, err := New(Config{Upstream: upstream, MaxInFlight: 1024, TrustedPeers: []string{"127.0.0.1"}}, deps)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/pools"
@@ -27,6 +29,7 @@ const (
 	DefaultCostHeader    = "Fairshare-Work-Units"
 	DefaultCostUnit      = 10 * time.Millisecond
 	DefaultMaxProjects   = 100
+	DefaultExemptMax     = 4
 )
 
 // Response headers the front sets.
@@ -40,9 +43,16 @@ const (
 	HeaderRefused = "Fairshare-Refused"
 )
 
+// ClassExempt is the value of HeaderClass on answers to exempt requests.
+const ClassExempt = "exempt"
+
 // ErrNoUpstream is returned by New when Config.Upstream is not an absolute
 // http(s) URL.
 var ErrNoUpstream = errors.New("no upstream")
+
+// ErrUnknownRoute is returned by New when Config.Exempt.Routes names a key
+// that is not in Config.Routes.
+var ErrUnknownRoute = errors.New("not a configured route")
 
 // Config configures a Front. The zero value of each field means its default.
 type Config struct {
@@ -65,6 +75,30 @@ type Config struct {
 	// MaxProjects caps the distinct project label values in metrics; later
 	// projects are reported as "other". Default 100.
 	MaxProjects int
+
+	// ProjectsRoot is the cgroup2 directory whose children are the
+	// projects. With it, a local client (unix socket, or TCP from a loopback
+	// address) is in the project of its cgroup. "" turns that off.
+	ProjectsRoot string
+	// TrustedPeers may name the project in the header: CIDRs or single
+	// addresses of TCP peers, and cgroups (absolute, or relative to
+	// ProjectsRoot) of local peers, with every cgroup below them. Empty (the
+	// default) trusts nobody.
+	TrustedPeers []string
+	// Exempt is the exempt class: requests that take no permit and are never
+	// refused or queued, within ExemptMax.
+	Exempt Exempt
+	// ExemptMax bounds the exempt requests in flight at once; past it an
+	// exempt request is treated like any request of its project. Default
+	// DefaultExemptMax.
+	ExemptMax int
+}
+
+// Exempt names the requests of the exempt class.
+type Exempt struct {
+	Projects []string // projects, however they were named
+	Routes   []string // keys of Config.Routes
+	Cgroups  []string // cgroups of local peers (absolute, or relative to ProjectsRoot), with those below
 }
 
 // Clock is the time source; nil means the system clock.
@@ -78,6 +112,8 @@ type Deps struct {
 	Sched    *scheduler.Scheduler
 	Log      *slog.Logger
 	Clock    Clock
+	// Seed seeds the Retry-After jitter; 0 picks a random seed.
+	Seed uint64
 }
 
 // Front is the request front: an http.Handler that admits, schedules and
@@ -92,6 +128,12 @@ type Front struct {
 	proxy    *httputil.ReverseProxy
 	tr       *http.Transport
 	stats    *stats
+	id       *identity
+	retry    *retryPacer
+
+	exemptProjects map[string]bool
+	exemptRoutes   map[string]bool
+	exemptInFlight atomic.Int64
 }
 
 type systemClock struct{}
@@ -112,6 +154,9 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	if cfg.MaxProjects <= 0 {
 		cfg.MaxProjects = DefaultMaxProjects
 	}
+	if cfg.ExemptMax <= 0 {
+		cfg.ExemptMax = DefaultExemptMax
+	}
 	u, err := url.Parse(cfg.Upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("upstream %q: %w", cfg.Upstream, ErrNoUpstream)
@@ -120,10 +165,31 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	if err != nil {
 		return nil, fmt.Errorf("routes: %w", err)
 	}
-	f := &Front{cfg: cfg, deps: deps, clk: deps.Clock, log: deps.Log, upstream: u, routes: routes}
+	f := &Front{cfg: cfg, deps: deps, clk: deps.Clock, log: deps.Log, upstream: u, routes: routes,
+		exemptProjects: map[string]bool{}, exemptRoutes: map[string]bool{}}
 	if f.clk == nil {
 		f.clk = systemClock{}
 	}
+	for _, p := range cfg.Exempt.Projects {
+		if err := ValidateProject(p); err != nil {
+			return nil, fmt.Errorf("exempt project: %w", err)
+		}
+		f.exemptProjects[p] = true
+	}
+	for _, k := range cfg.Exempt.Routes {
+		if _, ok := cfg.Routes[k]; !ok {
+			return nil, fmt.Errorf("exempt route %q: %w", k, ErrUnknownRoute)
+		}
+		f.exemptRoutes[k] = true
+	}
+	if f.id, err = newIdentity(cfg, f.clk); err != nil {
+		return nil, fmt.Errorf("peer identity: %w", err)
+	}
+	seed := deps.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	f.retry = newRetryPacer(seed)
 	if f.log == nil {
 		f.log = slog.New(slog.DiscardHandler)
 	}
@@ -176,6 +242,7 @@ func (f *Front) Server() *http.Server {
 		Addr:              f.cfg.Listen,
 		Handler:           f,
 		Protocols:         p,
+		ConnContext:       f.connContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
@@ -219,6 +286,7 @@ type exchange struct {
 	outcome outcome
 	cost    float64 // from the upstream's cost header; valid if hasCost
 	hasCost bool
+	exempt  bool
 }
 
 type exchangeKey struct{}
@@ -231,23 +299,33 @@ func exchangeOf(r *http.Request) *exchange {
 // ServeHTTP admits, schedules and proxies one request.
 func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := f.clk.Now()
-	project, err := f.resolve(r)
+	id, status, err := f.resolve(r)
 	if err != nil {
-		f.stats.badRequest()
-		http.Error(w, "fairshare: "+err.Error(), http.StatusBadRequest)
+		f.stats.badRequest(status)
+		http.Error(w, "fairshare: "+err.Error(), status)
 		return
+	}
+	project := id.project
+	if id.exempt {
+		if f.exemptInFlight.Add(1) <= int64(f.cfg.ExemptMax) {
+			f.serveExempt(w, r, project, start)
+			return
+		}
+		f.exemptInFlight.Add(-1)
+		f.stats.overBudget()
 	}
 	if rates := f.deps.Rates; rates != nil {
 		if ok, retry := rates.Allow(project); !ok {
-			reason, oc := "rate", outcomeRefusedRate
-			if rates.State(project).WorkTokens < 0 {
-				reason, oc = "debt", outcomeRefusedDebt
-			}
+			st := rates.State(project)
+			reason, oc, rate := "rate", outcomeRefusedRate, st.Limits.RequestsPerSec
 			msg := fmt.Sprintf("fairshare: project %s is over its requests/s rate", project)
-			if reason == "debt" {
+			if st.WorkTokens < 0 {
+				// Once out of debt, requests pass at the work refill rate
+				// divided by their cost; one unit each is the estimate.
+				reason, oc, rate = "debt", outcomeRefusedDebt, st.Limits.WorkPerSec
 				msg = fmt.Sprintf("fairshare: project %s is in work-units debt", project)
 			}
-			f.refuse(w, reason, retry, msg)
+			f.refuse(w, project, reason, retry, rate, msg)
 			f.stats.record(project, oc, 0, 0, false)
 			return
 		}
@@ -263,7 +341,7 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				f.stats.record(project, outcomeError, 0, 0, false)
 				return
 			}
-			f.refuse(w, "share", ref.RetryAfter, fmt.Sprintf(
+			f.refuse(w, project, "share", ref.RetryAfter, ref.ReleaseRate, fmt.Sprintf(
 				"fairshare: project %s holds %d requests, its share is %d: %s", project, ref.Held, ref.Share, ref.Reason))
 			f.stats.record(project, outcomeRefusedShare, 0, 0, false)
 			return
@@ -338,21 +416,35 @@ func (f *Front) cost(x *exchange, service time.Duration) float64 {
 	}
 }
 
-// refuse answers 429 with an honest Retry-After: whole seconds, rounded up,
-// at least one (the header has no finer unit).
-func (f *Front) refuse(w http.ResponseWriter, reason string, retry time.Duration, msg string) {
+// serveExempt proxies a request of the exempt class: no rate, no permit, no
+// queue. The caller took its place in the exempt budget; it is given back
+// here.
+func (f *Front) serveExempt(w http.ResponseWriter, r *http.Request, project string, start time.Time) {
+	x := &exchange{project: project, outcome: outcomeCanceled, exempt: true}
+	defer func() {
+		f.exemptInFlight.Add(-1)
+		oc := x.outcome
+		if oc == outcomeOK {
+			oc = outcomeExempt
+		}
+		f.stats.record(project, oc, f.clk.Now().Sub(start), 0, true)
+	}()
+	_ = http.NewResponseController(w).EnableFullDuplex()
+	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
+}
+
+// refuse answers 429 with a Retry-After for this project: the estimate,
+// spread over whole seconds at the rate the project can be admitted again
+// (see retryPacer).
+func (f *Front) refuse(w http.ResponseWriter, project, reason string, est time.Duration, rate float64, msg string) {
 	h := w.Header()
-	h.Set("Retry-After", strconv.Itoa(RetryAfterSeconds(retry)))
+	h.Set("Retry-After", strconv.Itoa(f.retry.seconds(project, f.clk.Now(), est, rate)))
 	h.Set(HeaderRefused, reason)
 	http.Error(w, msg, http.StatusTooManyRequests)
 }
 
-// RetryAfterSeconds converts an estimate to the value of a Retry-After
-// header: whole seconds, rounded up, at least 1.
-func RetryAfterSeconds(d time.Duration) int {
-	s := int(math.Ceil(d.Seconds()))
-	return max(s, 1)
-}
+// ExemptInFlight returns the exempt requests being served.
+func (f *Front) ExemptInFlight() int { return int(f.exemptInFlight.Load()) }
 
 func (f *Front) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(f.upstream)
@@ -382,7 +474,10 @@ func (f *Front) modifyResponse(resp *http.Response) error {
 	}
 	resp.Header.Del(f.cfg.CostHeader)
 	resp.Header.Del(HeaderRefused)
-	if x.class != 0 {
+	switch {
+	case x.exempt:
+		resp.Header.Set(HeaderClass, ClassExempt)
+	case x.class != 0:
 		resp.Header.Set(HeaderClass, x.class.String())
 	}
 	resp.Header.Set(HeaderQueueWait, strconv.FormatFloat(x.waited.Seconds(), 'f', 6, 64))

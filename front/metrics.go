@@ -3,6 +3,7 @@
 package front
 
 import (
+	"net/http"
 	"sort"
 	"sync"
 	"time"
@@ -23,10 +24,11 @@ const (
 	outcomeRefusedShare
 	outcomeError
 	outcomeCanceled
+	outcomeExempt
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"ok", "refused_rate", "refused_debt", "refused_share", "error", "canceled"}
+var outcomeNames = [numOutcomes]string{"ok", "refused_rate", "refused_debt", "refused_share", "error", "canceled", "exempt"}
 
 // latencyBounds are the histogram bucket upper bounds, in seconds.
 var latencyBounds = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
@@ -65,18 +67,32 @@ type projectStats struct {
 type stats struct {
 	maxProjects int
 
-	mu          sync.Mutex // guards the fields below
-	projects    map[string]*projectStats
-	badRequests uint64
+	mu               sync.Mutex // guards the fields below
+	projects         map[string]*projectStats
+	badRequests      uint64
+	untrusted        uint64
+	exemptOverBudget uint64
 }
 
 func newStats(maxProjects int) *stats {
 	return &stats{maxProjects: maxProjects, projects: map[string]*projectStats{}}
 }
 
-func (s *stats) badRequest() {
+// badRequest counts a request answered with status before it had a project:
+// 403 for a project header from an untrusted peer, 400 otherwise.
+func (s *stats) badRequest(status int) {
 	s.mu.Lock()
-	s.badRequests++
+	if status == http.StatusForbidden {
+		s.untrusted++
+	} else {
+		s.badRequests++
+	}
+	s.mu.Unlock()
+}
+
+func (s *stats) overBudget() {
+	s.mu.Lock()
+	s.exemptOverBudget++
 	s.mu.Unlock()
 }
 
@@ -119,25 +135,42 @@ var (
 		"Time admitted requests waited for the scheduler to dispatch them.", []string{"project"}, nil)
 	descBad = prometheus.NewDesc("fairshare_front_bad_requests_total",
 		"Requests answered 400 because they named no valid project.", nil, nil)
+	descUntrusted = prometheus.NewDesc("fairshare_front_untrusted_requests_total",
+		"Requests answered 403 because a peer not trusted to name the project sent the project header.", nil, nil)
+	descExemptInFlight = prometheus.NewDesc("fairshare_front_exempt_requests_in_flight",
+		"Exempt requests being served (outside the requests pool and the scheduler).", nil, nil)
+	descExemptMax = prometheus.NewDesc("fairshare_front_exempt_max",
+		"The most exempt requests served at once; more are treated like their project's requests.", nil, nil)
+	descExemptOver = prometheus.NewDesc("fairshare_front_exempt_over_budget_total",
+		"Exempt requests that found the exempt budget full and were treated like their project's requests.", nil, nil)
 )
 
-type collector struct{ s *stats }
+type collector struct{ f *Front }
 
 // Collector returns a Prometheus collector over the front's counters.
-func (f *Front) Collector() prometheus.Collector { return collector{f.stats} }
+func (f *Front) Collector() prometheus.Collector { return collector{f} }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRequests
 	ch <- descDuration
 	ch <- descWait
 	ch <- descBad
+	ch <- descUntrusted
+	ch <- descExemptInFlight
+	ch <- descExemptMax
+	ch <- descExemptOver
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	ch <- prometheus.MustNewConstMetric(descBad, prometheus.CounterValue, float64(c.s.badRequests))
-	for project, ps := range c.s.projects {
+	ch <- prometheus.MustNewConstMetric(descExemptInFlight, prometheus.GaugeValue, float64(c.f.ExemptInFlight()))
+	ch <- prometheus.MustNewConstMetric(descExemptMax, prometheus.GaugeValue, float64(c.f.cfg.ExemptMax))
+	s := c.f.stats
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(descBad, prometheus.CounterValue, float64(s.badRequests))
+	ch <- prometheus.MustNewConstMetric(descUntrusted, prometheus.CounterValue, float64(s.untrusted))
+	ch <- prometheus.MustNewConstMetric(descExemptOver, prometheus.CounterValue, float64(s.exemptOverBudget))
+	for project, ps := range s.projects {
 		for oc, n := range ps.outcomes {
 			ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(n), project, outcomeNames[oc])
 		}
