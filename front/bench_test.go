@@ -134,6 +134,9 @@ const benchRoleEnv = "FAIRSHARE_BENCH_FRONT"
 
 // TestMain runs the front process of the benchmark when asked to.
 func TestMain(m *testing.M) {
+	if target := os.Getenv(clientRoleEnv); target != "" {
+		os.Exit(runTestClient(target, os.Getenv(clientHeaderEnv)))
+	}
 	if up := os.Getenv(benchRoleEnv); up != "" {
 		if err := serveBenchFront(up, os.Getenv("FAIRSHARE_BENCH_SCHED") == "1"); err != nil {
 			fmt.Fprintln(os.Stderr, err)

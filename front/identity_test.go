@@ -1,0 +1,247 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+)
+
+// The test binary doubles as a client process that the tests start inside a
+// cgroup (TestMain dispatches on clientRoleEnv).
+const (
+	clientRoleEnv   = "FAIRSHARE_FRONT_TEST_CLIENT" // "tcp:<addr>" or "unix:<path>"
+	clientHeaderEnv = "FAIRSHARE_FRONT_TEST_HEADER" // project header to send, if any
+)
+
+// runTestClient sends one GET to the front and prints "<status> <body>".
+func runTestClient(target, header string) int {
+	network, addr, _ := strings.Cut(target, ":")
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}}
+	req, _ := http.NewRequest("GET", "http://front.test/", nil)
+	if header != "" {
+		req.Header.Set(DefaultProjectHeader, header)
+	}
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	fmt.Printf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
+	return 0
+}
+
+// clientIn runs the client process in cgroup dir (placed there by clone3,
+// so it never runs outside it) and returns its status and body.
+func clientIn(t *testing.T, dir, target, header string) (int, string) {
+	t.Helper()
+	cg, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), clientRoleEnv+"="+target, clientHeaderEnv+"="+header)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("client in %s: %v (%s)", dir, err, out)
+	}
+	var status int
+	var body string
+	if _, err := fmt.Sscanf(string(out), "%d", &status); err != nil {
+		t.Fatalf("client output %q", out)
+	}
+	_, body, _ = strings.Cut(string(out), " ")
+	return status, body
+}
+
+// cgroupMount returns the cgroup2 mount, skipping the test without one or
+// without the right to create cgroups.
+func cgroupMount(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create cgroups")
+	}
+	m, err := cgroup2Mount()
+	if err != nil {
+		t.Skip(err)
+	}
+	return m
+}
+
+// mkCgroup creates dir (a cgroup), removed in Cleanup once its processes
+// are gone (rmdir says EBUSY until the kernel has reaped them).
+func mkCgroup(t *testing.T, dir string) string {
+	t.Helper()
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			err := unix.Rmdir(dir)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				return
+			}
+			if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+				t.Errorf("removing cgroup %s: %v", dir, err)
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	return dir
+}
+
+// echoProject answers with the project the front forwarded.
+func echoProject(w http.ResponseWriter, req *http.Request) {
+	_, _ = io.WriteString(w, "project="+req.Header.Get(DefaultProjectHeader))
+}
+
+// TestHeaderTrust: by default nobody may name the project in the header; a
+// spoofed header from an untrusted peer is refused with 403 and never reaches
+// the upstream, while routes still work; a trusted address may name it.
+func TestHeaderTrust(t *testing.T) {
+	r := newRig(t, rigOpts{untrusted: true, cfg: Config{ForwardProject: true,
+		Routes: map[string]string{"routed.example": "routed"}}}, echoProject)
+	resp := r.get(t, "alpha", "/")
+	body := readAll(t, resp)
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "not accepted from this peer") {
+		t.Errorf("spoofed header from an untrusted peer: %d %q, want 403", resp.StatusCode, body)
+	}
+	req, _ := http.NewRequest("GET", r.url, nil)
+	req.Host = "routed.example"
+	req.Header.Set(DefaultProjectHeader, "alpha")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readAll(t, resp); resp.StatusCode != 200 || body != "project=routed" {
+		t.Errorf("routed host with a spoofed header: %d %q, want the route's project", resp.StatusCode, body)
+	}
+	if got := r.hits.Load(); got != 1 {
+		t.Errorf("upstream hits %d, want 1: the refused request reached it", got)
+	}
+	if n := metricValue(t, r.front, "fairshare_front_untrusted_requests_total"); n != 1 {
+		t.Errorf("untrusted requests counted %v, want 1", n)
+	}
+
+	trusted := newRig(t, rigOpts{cfg: Config{ForwardProject: true, TrustedPeers: []string{"127.0.0.1/32"}}}, echoProject)
+	if body := readAll(t, trusted.get(t, "alpha", "/")); body != "project=alpha" {
+		t.Errorf("trusted peer: %q, want project=alpha", body)
+	}
+	other := newRig(t, rigOpts{cfg: Config{TrustedPeers: []string{"10.0.0.0/8"}}}, echoProject)
+	if resp := other.get(t, "alpha", "/"); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("peer outside the trusted CIDR: %d, want 403", resp.StatusCode)
+	}
+}
+
+// TestCgroupIdentity runs clients in a project's cgroup below a projects
+// root and talks to the front over a unix socket and over TCP loopback: the
+// project comes from the client's cgroup, a header naming another project is
+// refused, and a trusted cgroup outside the root may name any project.
+func TestCgroupIdentity(t *testing.T) {
+	mount := cgroupMount(t)
+	root := mkCgroup(t, filepath.Join(mount, fmt.Sprintf("fairshare-front-test-%d", os.Getpid())))
+	web := mkCgroup(t, filepath.Join(root, "web"))
+	workers := mkCgroup(t, filepath.Join(web, "workers"))
+	edge := mkCgroup(t, filepath.Join(mount, fmt.Sprintf("fairshare-front-edge-%d", os.Getpid())))
+	outside := mkCgroup(t, filepath.Join(mount, fmt.Sprintf("fairshare-front-outside-%d", os.Getpid())))
+
+	r := newRig(t, rigOpts{untrusted: true, cfg: Config{ForwardProject: true, ProjectsRoot: root,
+		TrustedPeers: []string{edge}}}, echoProject)
+	sock := filepath.Join(t.TempDir(), "front.sock")
+	ul, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := r.front.Server()
+	go func() { _ = srv.Serve(ul) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	tcp := "tcp:" + strings.TrimPrefix(r.url, "http://")
+
+	for _, tc := range []struct {
+		name, cgroup, header string
+		status               int
+		body                 string
+	}{
+		{"project cgroup", web, "", 200, "project=web"},
+		{"nested cgroup", workers, "", 200, "project=web"},
+		{"own name in header", web, "web", 200, "project=web"},
+		{"spoofed header", web, "billing", 403, "belongs to project web"},
+		{"outside the root", outside, "", 400, "no project"},
+		{"outside the root, spoofed", outside, "web", 403, "only trusted peers"},
+		{"trusted cgroup", edge, "billing", 200, "project=billing"},
+	} {
+		for _, target := range []string{"unix:" + sock, tcp} {
+			t.Run(tc.name+"/"+target[:strings.Index(target, ":")], func(t *testing.T) {
+				status, body := clientIn(t, tc.cgroup, target, tc.header)
+				if status != tc.status || !strings.Contains(body, tc.body) {
+					t.Errorf("got %d %q, want %d %q", status, body, tc.status, tc.body)
+				}
+			})
+		}
+	}
+	// A project created after the index was built is found at its first
+	// connection (the index is rebuilt on a miss).
+	time.Sleep(minIndexRefresh)
+	late := mkCgroup(t, filepath.Join(root, "late"))
+	if status, body := clientIn(t, late, tcp, ""); status != 200 || body != "project=late" {
+		t.Errorf("new project cgroup: %d %q", status, body)
+	}
+}
+
+func TestParseCgroup2Mount(t *testing.T) {
+	const mi = "22 1 0:21 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n" +
+		"35 22 0:30 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+	if got, err := parseCgroup2Mount(strings.NewReader(mi)); err != nil || got != "/sys/fs/cgroup/unified" {
+		t.Errorf("got %q %v", got, err)
+	}
+	if _, err := parseCgroup2Mount(strings.NewReader("22 1 0:21 / /x rw - tmpfs tmpfs rw\n")); err == nil {
+		t.Error("no cgroup2 line: want an error")
+	}
+}
+
+// metricValue reads an unlabelled counter or gauge of the front.
+func metricValue(t *testing.T, f *Front, name string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(f.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name || len(mf.GetMetric()) != 1 {
+			continue
+		}
+		m := mf.GetMetric()[0]
+		if c := m.GetCounter(); c != nil {
+			return c.GetValue()
+		}
+		return m.GetGauge().GetValue()
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// herd is what happened to a crowd of clients refused at one instant that
+// then obeyed their Retry-After until admitted.
+type herd struct {
+	firstReturns map[int]int // second -> clients coming back for the first time
+	rerefused    int         // refusals after the first one
+	lastSecond   int         // when the last client got in
+}
+
+// maxShare is the largest fraction of the first returns in one second.
+func (h herd) maxShare() float64 {
+	var most, all int
+	for _, n := range h.firstReturns {
+		most = max(most, n)
+		all += n
+	}
+	return float64(most) / float64(all)
+}
+
+// simulateHerd sends n requests at t0 through ask (which returns 0 for
+// admitted, else the Retry-After in seconds) and then, second by second on
+// the manual clock, sends each refused client again when its Retry-After
+// says.
+func simulateHerd(t *testing.T, clk *manualClock, n int, ask func() int) herd {
+	t.Helper()
+	t0 := clk.Now()
+	h := herd{firstReturns: map[int]int{}}
+	due := map[int]int{} // second -> clients due
+	for range n {
+		if ra := ask(); ra > 0 {
+			due[ra]++
+			h.firstReturns[ra]++
+		}
+	}
+	for sec := 1; sec <= 300 && len(due) > 0; sec++ {
+		clk.mu.Lock()
+		clk.t = t0.Add(time.Duration(sec) * time.Second)
+		clk.mu.Unlock()
+		k := due[sec]
+		delete(due, sec)
+		for range k {
+			ra := ask()
+			if ra == 0 {
+				h.lastSecond = sec
+				continue
+			}
+			h.rerefused++
+			due[sec+ra]++
+		}
+	}
+	if len(due) > 0 {
+		t.Fatalf("clients still waiting after 300s: %v", due)
+	}
+	return h
+}
+
+// TestRetryAfterSpreadsHerd: 250 clients of one project at 50 requests/s
+// arrive at once; 50 pass and 200 are refused. Obeying the front's
+// Retry-After they come back spread over the seconds at about the rate the
+// bucket refills, and are rarely refused again. The baseline, a fixed
+// "Retry-After: 1" (what rounding any sub-second estimate up gives), brings
+// all 200 back in the same second, where 150 are refused again, and so on.
+func TestRetryAfterSpreadsHerd(t *testing.T) {
+	const n, rate = 250, 50
+	up := httptest.NewServer(http.HandlerFunc(ok))
+	t.Cleanup(up.Close)
+
+	clk := &manualClock{t: time.Unix(1000, 0)}
+	rates := pools.NewRates(clk)
+	rates.SetLimits("crowd", pools.Limits{RequestsPerSec: rate})
+	f, err := New(Config{Upstream: up.URL, TrustedPeers: []string{"192.0.2.1"}}, Deps{Rates: rates, Clock: clk, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.CloseIdle)
+	paced := simulateHerd(t, clk, n, func() int {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/", nil)
+		req.Header.Set(DefaultProjectHeader, "crowd")
+		f.ServeHTTP(rec, req)
+		if rec.Code == 200 {
+			return 0
+		}
+		if rec.Code != 429 {
+			t.Fatalf("status %d", rec.Code)
+		}
+		ra, err := strconv.Atoi(rec.Header().Get("Retry-After"))
+		if err != nil || ra < 1 {
+			t.Fatalf("Retry-After %q", rec.Header().Get("Retry-After"))
+		}
+		return ra
+	})
+
+	bclk := &manualClock{t: time.Unix(1000, 0)}
+	brates := pools.NewRates(bclk)
+	brates.SetLimits("crowd", pools.Limits{RequestsPerSec: rate})
+	fixed := simulateHerd(t, bclk, n, func() int {
+		if ok, _ := brates.Allow("crowd"); ok {
+			return 0
+		}
+		return 1
+	})
+
+	t.Logf("paced: first returns by second %v, max %.0f%% in one second, %d refused again, all in by %ds",
+		paced.firstReturns, 100*paced.maxShare(), paced.rerefused, paced.lastSecond)
+	t.Logf("fixed 1s: first returns by second %v, max %.0f%% in one second, %d refused again, all in by %ds",
+		fixed.firstReturns, 100*fixed.maxShare(), fixed.rerefused, fixed.lastSecond)
+	if fixed.maxShare() != 1 || fixed.rerefused < 250 {
+		t.Fatalf("baseline is not a herd: %+v", fixed)
+	}
+	if paced.maxShare() > 0.4 {
+		t.Errorf("paced: %.0f%% of the refused clients return in one second, want at most 40%%", 100*paced.maxShare())
+	}
+	if paced.rerefused*4 > fixed.rerefused {
+		t.Errorf("paced: %d refused again, want under a quarter of the baseline's %d", paced.rerefused, fixed.rerefused)
+	}
+	// Spreading must not slow the crowd down much: the bucket admits 50/s,
+	// so 200 need 4s whatever the order.
+	if paced.lastSecond > fixed.lastSecond+3 {
+		t.Errorf("paced crowd all in by %ds, baseline by %ds", paced.lastSecond, fixed.lastSecond)
+	}
+}
+
+// TestRetryPacer checks the pacer alone: slots follow the rate, start at
+// the estimate, stay within the cap, and projects do not share slots.
+func TestRetryPacer(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := newRetryPacer(7)
+	var sum float64
+	got := map[int]int{}
+	for range 100 {
+		s := p.seconds("a", now, 2*time.Second, 10)
+		got[s]++
+		sum += float64(s)
+		if s < 1 || s > maxRetrySeconds {
+			t.Fatalf("Retry-After %d out of bounds", s)
+		}
+	}
+	// Slots at 2s + i/10 for i < 100, each plus U[0, 1s): mean 2 + 4.95 + 0.5.
+	if mean := sum / 100; mean < 6.5 || mean > 8.5 {
+		t.Errorf("mean Retry-After %.2f, want about 7.45", mean)
+	}
+	if len(got) < 8 {
+		t.Errorf("Retry-After values %v: not spread", got)
+	}
+	for s := range got {
+		if s < 1 || s > 13 {
+			t.Errorf("value %d outside [1, 13]", s)
+		}
+	}
+	// Another project starts at its own estimate.
+	if s := p.seconds("b", now, 0, 10); s > 2 {
+		t.Errorf("b's first Retry-After %d, want 1 or 2", s)
+	}
+	// A project that never obeys pushes only itself out, to the cap.
+	for range 10000 {
+		p.seconds("greedy", now, 0, 1)
+	}
+	if s := p.seconds("greedy", now, 0, 1); s != maxRetrySeconds {
+		t.Errorf("greedy: %d, want the cap %d", s, maxRetrySeconds)
+	}
+	// Once slots are in the past, a refusal starts from the estimate again.
+	if s := p.seconds("a", now.Add(time.Minute), 0, 10); s > 2 {
+		t.Errorf("a a minute later: %d, want 1 or 2", s)
+	}
+}
