@@ -98,7 +98,28 @@ type Front struct {
 	CostHeader    string            `yaml:"cost_header"`
 	CostFromTime  bool              `yaml:"cost_from_time"`
 	CostUnit      time.Duration     `yaml:"cost_unit"`
+	// Socket is a unix socket the front also listens on; local clients
+	// reaching it are in the project of their process's cgroup.
+	Socket string `yaml:"socket"`
+	// TrustedPeers may set the project header: CIDRs or addresses of TCP
+	// peers, and cgroups (absolute, or relative to projects_root).
+	TrustedPeers []string `yaml:"trusted_peers"`
+	// Exempt names the exempt class of requests.
+	Exempt FrontExempt `yaml:"exempt"`
+	// ExemptMax bounds exempt requests in flight; 0 means the front's
+	// default (4).
+	ExemptMax int `yaml:"exempt_max"`
 }
+
+// FrontExempt names the requests of the front's exempt class.
+type FrontExempt struct {
+	Projects []string `yaml:"projects"`
+	Routes   []string `yaml:"routes"`
+	Cgroups  []string `yaml:"cgroups"`
+}
+
+// Enabled reports whether the front listens anywhere.
+func (f *Front) Enabled() bool { return f.Listen != "" || f.Socket != "" }
 
 // Scheduler configures the request-class scheduler's buckets.
 type Scheduler struct {
@@ -266,14 +287,39 @@ func (c *Config) Validate() error {
 }
 
 func (f *Front) validate() error {
-	if f.Listen == "" {
+	if !f.Enabled() {
 		return nil
 	}
-	if _, _, err := net.SplitHostPort(f.Listen); err != nil {
-		return fmt.Errorf("front.listen must be host:port, got %q", f.Listen)
+	if f.Listen != "" {
+		if _, _, err := net.SplitHostPort(f.Listen); err != nil {
+			return fmt.Errorf("front.listen must be host:port, got %q", f.Listen)
+		}
+	}
+	if f.Socket != "" && (!filepath.IsAbs(f.Socket) || len(f.Socket) > 107) {
+		return fmt.Errorf("front.socket must be an absolute path of at most 107 bytes, got %q", f.Socket)
 	}
 	if f.Upstream == "" {
-		return errors.New("front.upstream is required when front.listen is set")
+		return errors.New("front.upstream is required when front.listen or front.socket is set")
+	}
+	for _, p := range f.TrustedPeers {
+		if strings.TrimSpace(p) == "" {
+			return errors.New("front.trusted_peers has an empty entry")
+		}
+	}
+	for _, k := range f.Exempt.Routes {
+		if _, ok := f.Routes[k]; !ok {
+			return fmt.Errorf("front.exempt.routes: %q is not a key of front.routes", k)
+		}
+	}
+	for _, list := range [][]string{f.Exempt.Projects, f.Exempt.Cgroups} {
+		for _, e := range list {
+			if strings.TrimSpace(e) == "" {
+				return errors.New("front.exempt has an empty entry")
+			}
+		}
+	}
+	if f.ExemptMax < 0 || f.ExemptMax > f.MaxInFlight {
+		return fmt.Errorf("front.exempt_max must be between 0 and front.max_in_flight (%d), got %d", f.MaxInFlight, f.ExemptMax)
 	}
 	u, err := url.Parse(f.Upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

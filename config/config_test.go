@@ -54,6 +54,25 @@ front: {listen: "127.0.0.1:8080", upstream: "http://127.0.0.1:9000", routes: {"a
 	if c.Front.ProjectHeader != "Fairshare-Project" || c.Front.Routes["a.example"] != "alpha" {
 		t.Errorf("front = %+v", c.Front)
 	}
+	if len(c.Front.TrustedPeers) != 0 || c.Front.ExemptMax != 0 {
+		t.Errorf("front trusts %v, exempt_max %d by default; want nobody and 0", c.Front.TrustedPeers, c.Front.ExemptMax)
+	}
+	in = `
+front:
+  socket: /run/fairshare/front.sock
+  trusted_peers: [10.0.0.0/8, "::1", system.slice/edge.service]
+  routes: {"status.example": ops}
+  exempt: {projects: [probe], routes: [status.example], cgroups: [ops/probes]}
+  exempt_max: 2
+`
+	if err := Parse(strings.NewReader(in), &c); err != nil {
+		t.Fatal(err)
+	}
+	f := c.Front
+	if !f.Enabled() || f.Socket != "/run/fairshare/front.sock" || len(f.TrustedPeers) != 3 || f.ExemptMax != 2 ||
+		f.Exempt.Projects[0] != "probe" || f.Exempt.Routes[0] != "status.example" || f.Exempt.Cgroups[0] != "ops/probes" {
+		t.Errorf("front = %+v", f)
+	}
 }
 
 func TestParseRejects(t *testing.T) {
@@ -85,6 +104,13 @@ func TestParseRejects(t *testing.T) {
 		{"front in flight", "front: {listen: '127.0.0.1:1', upstream: 'http://x', max_in_flight: 0}", "front.max_in_flight"},
 		{"front cost unit", "front: {listen: '127.0.0.1:1', upstream: 'http://x', cost_unit: 0s}", "front.cost_unit"},
 		{"front route", "front: {listen: '127.0.0.1:1', upstream: 'http://x', routes: {'a': ''}}", "front.routes"},
+		{"front socket", "front: {socket: 'f.sock', upstream: 'http://x'}", "front.socket"},
+		{"front socket without upstream", "front: {socket: '/run/f.sock'}", "front.upstream"},
+		{"front trusted", "front: {listen: '127.0.0.1:1', upstream: 'http://x', trusted_peers: [' ']}", "front.trusted_peers"},
+		{"front exempt route", "front: {listen: '127.0.0.1:1', upstream: 'http://x', exempt: {routes: [nope]}}", "front.exempt.routes"},
+		{"front exempt entry", "front: {listen: '127.0.0.1:1', upstream: 'http://x', exempt: {projects: ['']}}", "front.exempt"},
+		{"front exempt max", "front: {listen: '127.0.0.1:1', upstream: 'http://x', exempt_max: -1}", "front.exempt_max"},
+		{"front exempt max over room", "front: {listen: '127.0.0.1:1', upstream: 'http://x', max_in_flight: 2, exempt_max: 3}", "front.exempt_max"},
 		{"tier", "scheduler: {default_tier: gold}", "scheduler.default_tier"},
 		{"shares", "scheduler: {default_shares: 0}", "scheduler.default_shares"},
 		{"rate", "scheduler: {p1_rate: -1}", "scheduler.p1_rate"},
