@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -47,6 +48,7 @@ type Ready struct {
 	AdminSocket string `json:"admin_socket"`
 	Metrics     string `json:"metrics,omitempty"`
 	Front       string `json:"front,omitempty"`
+	FrontSocket string `json:"front_socket,omitempty"`
 	Permits     string `json:"permits,omitempty"`
 	Kernel      bool   `json:"kernel"`
 }
@@ -162,13 +164,28 @@ func New(opts Options) (*Daemon, error) {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
 
-	if cfg.Front.Listen != "" {
+	if cfg.Front.Enabled() {
+		// Local clients are in the project of their cgroup. Without a
+		// cgroup2 hierarchy there is no such identity; routes and trusted
+		// peers still work.
+		root := d.root
+		if root == "" {
+			if root, err = ProjectsRoot(cfg); err != nil {
+				log.Warn("front: no projects root, local clients get no project from their cgroup", "err", err)
+				root = ""
+			}
+		}
 		d.front, err = front.New(front.Config{
 			Listen: cfg.Front.Listen, Upstream: cfg.Front.Upstream,
 			ProjectHeader: cfg.Front.ProjectHeader, Routes: cfg.Front.Routes,
 			MaxInFlight: cfg.Front.MaxInFlight, CostHeader: cfg.Front.CostHeader,
 			CostFromTime: cfg.Front.CostFromTime, CostUnit: cfg.Front.CostUnit,
-			MaxProjects: cfg.Metrics.MaxProjects,
+			MaxProjects:  cfg.Metrics.MaxProjects,
+			ProjectsRoot: root, TrustedPeers: cfg.Front.TrustedPeers,
+			Exempt: front.Exempt{
+				Projects: cfg.Front.Exempt.Projects, Routes: cfg.Front.Exempt.Routes, Cgroups: cfg.Front.Exempt.Cgroups,
+			},
+			ExemptMax: cfg.Front.ExemptMax,
 		}, front.Deps{Requests: d.requests, Rates: d.rates, Sched: d.sched, Log: log.With("part", "front")})
 		if err != nil {
 			return nil, fmt.Errorf("front: %w", err)
@@ -195,6 +212,27 @@ func New(opts Options) (*Daemon, error) {
 	}
 	ok = true
 	return d, nil
+}
+
+// listenUnixFront listens on the front's unix socket. Anyone on the node may
+// connect: what a client gets is decided by its cgroup, not by the socket's
+// mode.
+func listenUnixFront(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("front socket directory: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("removing stale front socket: %w", err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("front socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o666); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("front socket mode: %w", err)
+	}
+	return ln, nil
 }
 
 // ProjectsRoot returns cfg.ProjectsRoot, or <cgroup2 mount>/fairshare.
@@ -235,9 +273,9 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	var metricsLn, frontLn net.Listener
+	var metricsLn, frontLn, frontSock net.Listener
 	closeAll := func() {
-		for _, ln := range []net.Listener{adminLn, metricsLn, frontLn} {
+		for _, ln := range []net.Listener{adminLn, metricsLn, frontLn, frontSock} {
 			if ln != nil {
 				ln.Close()
 			}
@@ -250,12 +288,19 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		}
 		ready.Metrics = metricsLn.Addr().String()
 	}
-	if d.front != nil {
+	if d.front != nil && d.cfg.Front.Listen != "" {
 		if frontLn, err = net.Listen("tcp", d.cfg.Front.Listen); err != nil {
 			closeAll()
 			return fmt.Errorf("front listener: %w", err)
 		}
 		ready.Front = frontLn.Addr().String()
+	}
+	if d.front != nil && d.cfg.Front.Socket != "" {
+		if frontSock, err = listenUnixFront(d.cfg.Front.Socket); err != nil {
+			closeAll()
+			return err
+		}
+		ready.FrontSocket = d.cfg.Front.Socket
 	}
 	if d.permits != nil {
 		if err := d.permits.Listen(); err != nil {
@@ -278,6 +323,9 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	if frontLn != nil {
 		g.Go(func() error { return d.front.Serve(gctx, frontLn) })
+	}
+	if frontSock != nil {
+		g.Go(func() error { return d.front.Serve(gctx, frontSock) })
 	}
 	if d.permits != nil {
 		g.Go(func() error { return d.permits.Serve(gctx) })

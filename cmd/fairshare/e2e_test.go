@@ -469,8 +469,38 @@ func TestFrontThroughDaemon(t *testing.T) {
 		io.WriteString(w, "hello")
 	}))
 	t.Cleanup(up.Close)
-	n := newNode(t, fmt.Sprintf("front: {listen: '127.0.0.1:0', upstream: %q}\n", up.URL))
+	// The test is its own edge on loopback: it trusts 127.0.0.1 to name the
+	// project. The unix socket trusts nobody.
+	sock := filepath.Join(t.TempDir(), "front.sock")
+	n := newNode(t, fmt.Sprintf("front: {listen: '127.0.0.1:0', socket: %q, upstream: %q, trusted_peers: ['127.0.0.1'], exempt: {projects: [probe]}}\n", sock, up.URL))
 	n.start()
+	// The test process is outside the projects root: over the socket its
+	// header is a claim from an untrusted peer.
+	overSock := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	req, _ := http.NewRequest("GET", "http://front/x", nil)
+	req.Header.Set("Fairshare-Project", "alpha")
+	if resp, err := overSock.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("header from an untrusted unix peer: %d, want 403", resp.StatusCode)
+		}
+	}
+	req, _ = http.NewRequest("GET", "http://"+n.r.Front+"/x", nil)
+	req.Header.Set("Fairshare-Project", "probe")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("Fairshare-Class") != "exempt" {
+			t.Errorf("exempt probe: %d class %q", resp.StatusCode, resp.Header.Get("Fairshare-Class"))
+		}
+	}
 	if _, errOut, code := n.cli("policy", "set", "--tier", "pro", "--requests-per-sec", "2", "alpha"); code != 0 {
 		t.Fatalf("policy set: %s", errOut)
 	}
@@ -504,7 +534,9 @@ func TestFrontThroughDaemon(t *testing.T) {
 		t.Errorf("scheduler: %+v", st.Scheduler)
 	}
 	m := n.metrics()
-	for _, want := range []string{`fairshare_project_rate_limited_total{project="alpha"} 3`, `fairshare_scheduler_wait_seconds_count 2`} {
+	for _, want := range []string{`fairshare_project_rate_limited_total{project="alpha"} 3`, `fairshare_scheduler_wait_seconds_count 2`,
+		`fairshare_front_requests_total{outcome="exempt",project="probe"} 1`, `fairshare_front_untrusted_requests_total 1`,
+		`fairshare_front_exempt_requests_in_flight 0`} {
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
