@@ -6,6 +6,8 @@ import (
 	"bufio"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -134,6 +136,16 @@ func benchCycle(b *testing.B, both bool) {
 			b.Fatal(err)
 		}
 	}
+
+	// Run-time stats add ~20 ns to every program run: the ratio is only
+	// meaningful with them off (they are turned on below, after it).
+	if on, err := os.ReadFile("/proc/sys/kernel/bpf_stats_enabled"); err == nil && strings.TrimSpace(string(on)) != "0" {
+		b.Logf("kernel.bpf_stats_enabled is on: the overhead includes the stats' own cost")
+	}
+	// No collection during the rounds: the cycle allocates little, but a GC
+	// landing in one side of a pair would be counted as overhead.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	runtime.GC()
 
 	// Rounds alternate which side goes first, and the overhead is the median
 	// of the per-round ratios: the machine is shared, and pairing adjacent

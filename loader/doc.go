@@ -20,11 +20,11 @@
 // accepted by a project's listener holds one from its SYN (as a reservation)
 // through the handshake, while it waits in the accept queue, and until it
 // dies or is closed. Release happens exactly once per socket (the permit is
-// an entry keyed by the socket cookie; only the path whose delete succeeds
-// gives it back) on the first of: the transition to TCP_CLOSE (RST,
-// failed or timed-out connect, end of the FIN exchange, children dropped
-// with their listener) or the close of the last file descriptor
-// (sock_release, which also covers SIGKILL).
+// an entry keyed by the socket cookie; only the path whose compare-and-swap
+// or delete succeeds gives it back) on the first of: the transition to
+// TCP_CLOSE (RST, failed or timed-out connect, end of the FIN exchange,
+// children dropped with their listener) or the close of the last file
+// descriptor (sock_release, which also covers SIGKILL).
 //
 // # The rule and its bound
 //

@@ -226,6 +226,7 @@ func TestHelperProcess(t *testing.T) {
 //	close                                   close every dialed connection
 //	rst                                     close them with an RST (SO_LINGER 0)
 //	unlisten                                close the listener
+//	burn <n>                                make the kernel hand out n socket cookies
 //	exit
 func runHelper(in io.Reader, out io.Writer) {
 	var (
@@ -316,6 +317,13 @@ func runHelper(in io.Reader, out io.Writer) {
 			}
 			conns = nil
 			fmt.Fprintln(out, "closed")
+		case "burn":
+			n, _ := strconv.Atoi(f[1])
+			if err := burnCookies(n); err != nil {
+				fmt.Fprintf(out, "error %v\n", err)
+				continue
+			}
+			fmt.Fprintln(out, "burnt")
 		case "unlisten":
 			if ln != nil {
 				ln.Close()
@@ -484,4 +492,21 @@ func reconnect(addr string) string {
 		return err.Error()
 	}
 	return name(first) + " " + name(second)
+}
+
+// burnCookies makes the kernel generate n socket cookies (SO_COOKIE on fresh
+// UDP sockets), moving this CPU's cookie sequence on.
+func burnCookies(n int) error {
+	for range n {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		_, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

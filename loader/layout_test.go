@@ -23,6 +23,7 @@ func TestGoCLayoutsAgree(t *testing.T) {
 		"fs_project":     limiterFsProject{},
 		"fs_counters":    limiterFsCounters{},
 		"fs_sock":        limiterFsSock{},
+		"fs_slot":        limiterFsSlot{},
 		"fs_listen_key":  limiterFsListenKey{},
 		"fs_listener":    limiterFsListener{},
 		"fs_resv_key":    limiterFsResvKey{},

@@ -102,7 +102,14 @@ func TestAdoptAndRepair(t *testing.T) {
 	// released; one of another netns cannot be checked and is kept.
 	id := project(s, "old").CgroupID
 	for _, e := range []struct{ cookie, netns uint64 }{{1 << 62, l.netns}, {1<<62 + 1, l.netns + 1}} {
-		if err := l.objs.FsHeld.Put(e.cookie, limiterFsSock{Project: id, Netns: e.netns, Kind: 1}); err != nil {
+		// In the cookie's slot, as the programs would put it.
+		idx := uint32(e.cookie & uint64(l.held-1))
+		var old limiterFsSlot
+		if err := l.objs.FsSlots.Lookup(idx, &old); err != nil || old.Cookie != 0 {
+			t.Fatalf("slot %d: %+v %v", idx, old, err)
+		}
+		slot := limiterFsSlot{Cookie: e.cookie, Sock: limiterFsSock{Project: id, Netns: e.netns, Kind: 1}}
+		if err := l.objs.FsSlots.Put(idx, slot); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := l.adjust(limiterFsAdjustArgs{Op: opAdd, Project: id, Delta: 1}); err != nil {
@@ -323,4 +330,53 @@ func TestOtherNetnsCountedAndKept(t *testing.T) {
 	waitInUse(t, l, 6, map[string]int{"ns": 6})
 	h.do("close")
 	waitInUse(t, l, 0, map[string]int{"ns": 0})
+}
+
+// A permit whose cookie's slot is taken by a longer-lived socket goes to the
+// spill table; it is counted, released exactly once, and the spill count
+// returns to zero.
+func TestSpilledPermits(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	const pool = 500 // 1024 slots
+	l := openLimiter(t, root, pin, pool, 1)
+	if l.held != 1024 {
+		t.Fatalf("slots %d, want 1024", l.held)
+	}
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, mkProject(t, root, "spill"))
+	spilled := func() int64 {
+		var n limiterFsPool
+		if err := l.objs.FsNode.Lookup(uint32(0), &n); err != nil {
+			t.Fatal(err)
+		}
+		return n.Spilled
+	}
+	held := 0
+	for held < pool-50 && spilled() < 10 {
+		if r := h.dial("tcp4", ln.Addr().String(), 50); r.ok != 50 {
+			t.Fatalf("dial: %+v; %+v", r, snap(t, l))
+		}
+		held += 50
+		h.do("burn 300")
+	}
+	if spilled() == 0 {
+		t.Fatalf("no permit spilled with %d held", held)
+	}
+	if s := snap(t, l); s.InUse != held || project(s, "spill").InUse != held {
+		t.Fatalf("held %d: %+v", held, s)
+	}
+	rep, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Held["spill"] != held || len(rep.Repaired) != 0 || rep.Orphans != 0 {
+		t.Fatalf("reconcile with %d spilled: %+v", spilled(), rep)
+	}
+	t.Logf("%d held, %d spilled", held, spilled())
+	h.do("close")
+	waitInUse(t, l, 0, map[string]int{"spill": 0})
+	if n := spilled(); n != 0 {
+		t.Fatalf("spilled %d after close", n)
+	}
 }

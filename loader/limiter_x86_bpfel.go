@@ -59,6 +59,7 @@ type limiterFsPool struct {
 	_           structs.HostLayout
 	InUse       int64
 	ExemptInUse int64
+	Spilled     int64
 }
 
 type limiterFsProject struct {
@@ -95,6 +96,12 @@ type limiterFsSettings struct {
 	RootCgroupId uint64
 }
 
+type limiterFsSlot struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Sock   limiterFsSock
+}
+
 type limiterFsSock struct {
 	_       structs.HostLayout
 	Project uint64
@@ -125,6 +132,7 @@ const (
 	limiterMapFsPorts        = "fs_ports"
 	limiterMapFsProjects     = "fs_projects"
 	limiterMapFsReservations = "fs_reservations"
+	limiterMapFsSlots        = "fs_slots"
 	limiterMapFsStats        = "fs_stats"
 	limiterProgFsAdjust      = "fs_adjust"
 	limiterProgFsConnect4    = "fs_connect4"
@@ -137,6 +145,7 @@ const (
 	limiterVarFsRecordLayout = "fs_record_layout"
 	limiterVarRootCgroupId   = "root_cgroup_id"
 	limiterVarRootLevel      = "root_level"
+	limiterVarSlotMask       = "slot_mask"
 )
 
 // loadLimiter returns the embedded CollectionSpec for limiter.
@@ -203,6 +212,7 @@ type limiterMapSpecs struct {
 	FsPorts        *ebpf.MapSpec `ebpf:"fs_ports"`
 	FsProjects     *ebpf.MapSpec `ebpf:"fs_projects"`
 	FsReservations *ebpf.MapSpec `ebpf:"fs_reservations"`
+	FsSlots        *ebpf.MapSpec `ebpf:"fs_slots"`
 	FsStats        *ebpf.MapSpec `ebpf:"fs_stats"`
 }
 
@@ -213,6 +223,7 @@ type limiterVariableSpecs struct {
 	FsRecordLayout *ebpf.VariableSpec `ebpf:"fs_record_layout"`
 	RootCgroupId   *ebpf.VariableSpec `ebpf:"root_cgroup_id"`
 	RootLevel      *ebpf.VariableSpec `ebpf:"root_level"`
+	SlotMask       *ebpf.VariableSpec `ebpf:"slot_mask"`
 }
 
 // limiterObjects contains all objects after they have been loaded into the kernel.
@@ -243,6 +254,7 @@ type limiterMaps struct {
 	FsPorts        *ebpf.Map `ebpf:"fs_ports"`
 	FsProjects     *ebpf.Map `ebpf:"fs_projects"`
 	FsReservations *ebpf.Map `ebpf:"fs_reservations"`
+	FsSlots        *ebpf.Map `ebpf:"fs_slots"`
 	FsStats        *ebpf.Map `ebpf:"fs_stats"`
 }
 
@@ -256,6 +268,7 @@ func (m *limiterMaps) Close() error {
 		m.FsPorts,
 		m.FsProjects,
 		m.FsReservations,
+		m.FsSlots,
 		m.FsStats,
 	)
 }
@@ -267,6 +280,7 @@ type limiterVariables struct {
 	FsRecordLayout *ebpf.Variable `ebpf:"fs_record_layout"`
 	RootCgroupId   *ebpf.Variable `ebpf:"root_cgroup_id"`
 	RootLevel      *ebpf.Variable `ebpf:"root_level"`
+	SlotMask       *ebpf.Variable `ebpf:"slot_mask"`
 }
 
 // limiterPrograms contains all programs after they have been loaded into the kernel.

@@ -127,7 +127,7 @@ type Limiter struct {
 	links   []link.Link
 	netns   uint64
 	reused  bool
-	held    uint32     // entries of fs_held: the largest POOL SetPool accepts
+	held    uint32     // entries of fs_slots (a power of two): the largest POOL SetPool accepts
 	adjustM sync.Mutex // serialises BPF_PROG_RUN of fs_adjust (one context buffer)
 
 	mu        sync.Mutex // guards the fields below
@@ -384,14 +384,18 @@ func (l *Limiter) load() error {
 		l.reused = true
 	}
 	l.held = heldCapacity(l.size)
-	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_held"), nil); err == nil {
+	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_slots"), nil); err == nil {
 		l.held = m.MaxEntries()
 		m.Close()
 	}
 	if l.size > l.held {
 		return fmt.Errorf("pool %d, permit map of %d entries in %s: %w", l.size, l.held, l.pinDir, ErrPoolTooLarge)
 	}
+	spec.Maps["fs_slots"].MaxEntries = l.held
 	spec.Maps["fs_held"].MaxEntries = l.held
+	if err := spec.Variables["slot_mask"].Set(uint64(l.held - 1)); err != nil {
+		return fmt.Errorf("setting slot_mask: %w", err)
+	}
 	// Reservations hold permits too, so the same size bounds them; a pin
 	// made with another size is reused as it is.
 	spec.Maps["fs_reservations"].MaxEntries = l.held

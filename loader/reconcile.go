@@ -43,6 +43,9 @@ type ReconcileReport struct {
 	Exempt int
 }
 
+// slotBusy marks a slot of fs_slots being filled (SLOT_BUSY in the C).
+const slotBusy = 1 << 63
+
 // sockRecordSize is sizeof(struct fs_sock_record), checked by a test.
 const sockRecordSize = 32
 
@@ -105,10 +108,7 @@ func (l *Limiter) readPass() (pass, error) {
 			p.adopted++
 		}
 	}
-	var cookie uint64
-	var v limiterFsSock
-	hit := l.objs.FsHeld.Iterate()
-	for hit.Next(&cookie, &v) {
+	count := func(cookie uint64, v limiterFsSock) {
 		id := v.Project
 		if isExemptKind(v.Kind) {
 			id = 0
@@ -117,6 +117,23 @@ func (l *Limiter) readPass() (pass, error) {
 		if v.Netns == l.netns && !live[cookie] {
 			p.orphans[cookie] = id
 		}
+	}
+	var idx uint32
+	var slot limiterFsSlot
+	sit := l.objs.FsSlots.Iterate()
+	for sit.Next(&idx, &slot) {
+		if slot.Cookie != 0 && slot.Cookie&slotBusy == 0 {
+			count(slot.Cookie, slot.Sock)
+		}
+	}
+	if err := sit.Err(); err != nil {
+		return p, fmt.Errorf("reading held permit slots: %w", err)
+	}
+	var cookie uint64
+	var v limiterFsSock
+	hit := l.objs.FsHeld.Iterate()
+	for hit.Next(&cookie, &v) {
+		count(cookie, v)
 	}
 	if err := hit.Err(); err != nil {
 		return p, fmt.Errorf("reading held permits: %w", err)
