@@ -8,35 +8,79 @@
 //
 // # Naming the project
 //
-// Every request belongs to exactly one project. The front resolves it in this
-// order:
+// Every request belongs to exactly one project, and the project comes from
+// what the client cannot choose. The front resolves it in this order:
 //
 //  1. Config.Routes, written by the operator: a key "host" matches the request's
 //     Host (with or without its port, case-insensitive); a key
 //     "host/path-prefix" matches that host and a URL path under the prefix (the
 //     longest prefix wins over a bare host). A matching route decides the
-//     project and any project header the client sent is ignored, so a client
-//     cannot step out of the project its host is routed to.
-//  2. The project header (Config.ProjectHeader, default "Fairshare-Project").
+//     project and any project header is ignored.
+//  2. The project header (Config.ProjectHeader, default "Fairshare-Project"),
+//     but only from a trusted peer (Config.TrustedPeers): a TCP peer whose
+//     address is in one of the listed CIDRs, or a local peer whose cgroup is a
+//     listed cgroup or below one. An edge proxy that has already authenticated
+//     its clients is the intended trusted peer.
+//  3. The peer's cgroup, for a local peer when Config.ProjectsRoot is set: the
+//     project is the directory directly below the root that contains the
+//     client's cgroup (a client in root/web/workers is in "web"), the same
+//     project the kernel side counts its connections under. On a unix socket
+//     the client is the process SO_PEERCRED names and its cgroup is read from
+//     /proc/<pid>/cgroup; on TCP from a loopback address the client's own
+//     socket is found in the kernel's table (sockdiag.Lookup by the
+//     connection's two ends) and its cgroup id mapped through an index of the
+//     cgroups below the root, rebuilt on a miss (at most every 100ms).
 //
-// A request with neither, or with a name that is not a valid project name
-// (1 to 64 characters from [A-Za-z0-9._-], starting with a letter or digit, the
-// same names the cgroup projects use), is answered 400 with a one-line body.
-// There is no registration: any valid name is a project as soon as it sends.
+// The header from a peer that is not trusted is refused, never silently
+// believed: 403 when the peer's cgroup names another project ("the peer's
+// cgroup belongs to project web"), and 403 when the peer has no project of
+// its own. A local client may send the header with its own project's name.
+// Nothing named (no route, no trusted header, no cgroup project) is 400. The
+// default trusts nobody, so a front configured with nothing but an upstream
+// serves routes and local cgroup clients only. A name is valid when it is 1 to
+// 64 characters from [A-Za-z0-9._-] starting with a letter or digit; an invalid
+// one is 400. There is no registration: any valid name is a project as soon
+// as it sends.
+//
+// The peer's facts are found once per connection, at the first request that
+// needs them (a routed request needs none), and shared by the requests of the
+// connection. Addresses are the kernel's (the accepted socket's peer), never
+// a forwarded-for header. Known limits: the pid of SO_PEERCRED is the one at
+// connect time and the cgroup read is its current one (a process that moved
+// is seen where it is now; a pid reused after the client exited is not
+// detected); TCP peers on a non-loopback address of this host are treated as
+// remote; a handler mounted on another server (without Front.Server's
+// ConnContext) gets the address from http.Request.RemoteAddr and no cgroup.
 //
 // The project header is removed before the request goes upstream, because it is
 // the client's claim and not the front's decision. With Config.ForwardProject
-// the front sets it upstream to the project it resolved (routes included).
+// the front sets it upstream to the project it resolved.
+//
+// # Exempt class
+//
+// Operator and probe traffic must get through a full node. Config.Exempt names
+// it by project (however the project was named: a trusted header, a route or
+// a cgroup), by route key, or by the client's cgroup (and those below it). An
+// exempt request takes no requests-pool permit, skips the rate buckets and is
+// not queued by the scheduler: it goes straight to the upstream. Its answer
+// carries "Fairshare-Class: exempt".
+//
+// The bound: at most Config.ExemptMax exempt requests (default 4) are in
+// flight at once. Past that an exempt request is an ordinary request of its
+// project, under every rule. The upstream therefore never carries more than
+// MaxInFlight + ExemptMax requests, whatever exempt clients do, and being
+// exempt cannot be claimed by a client: it follows from an identity the
+// client cannot forge (a header is only believed from trusted peers).
 //
 // # Order of checks
 //
 // For each request, each step before any upstream work:
 //
+//  0. The exempt class, within its budget, skips the steps below.
 //  1. pools.Rates.Allow: the project's requests/s bucket and its work-units
 //     debt. Refused: 429, Retry-After, "Fairshare-Refused: rate" or "debt".
 //  2. pools.Pool.TryAcquire on the requests pool (the fair-share rule).
-//     Refused: 429, Retry-After from the refusal's own estimate (whole seconds,
-//     rounded up, at least 1), "Fairshare-Refused: share".
+//     Refused: 429, Retry-After, "Fairshare-Refused: share".
 //  3. scheduler.Scheduler.Submit and Ticket.Wait with the request's context: the
 //     request waits in its project's queue until the scheduler dispatches it.
 //
@@ -50,6 +94,27 @@
 // the measured service time in units of Config.CostUnit when
 // Config.CostFromTime is set, and 1 otherwise.
 //
+// # Retry-After
+//
+// Every 429 carries a Retry-After computed for the project from an estimate
+// and a rate: for "rate", the time until its request bucket holds a token and
+// its requests/s; for "debt", the time until its work debt is paid and its
+// work units/s (assuming a request costs one unit); for "share", the pool's
+// own jittered estimate from recent releases and the pool's release rate
+// (pools.Refusal.ReleaseRate; one per second when none was seen).
+//
+// Retry-After counts whole seconds, so a sub-second estimate rounded up sends
+// every refused client back in the same second, where most are refused again:
+// the herd a fixed "Retry-After: 1" causes. The front instead hands each
+// refusal of a project its own return slot: the first at now + estimate,
+// each later one 1/rate after the previous, so clients that obey return at
+// about the rate they can be admitted. A slot is then spread uniformly over
+// the next max(1/rate, 1s) and rounded to a whole second at random (up with
+// probability equal to the fraction), which keeps the expected value equal to
+// the slot. Values lie in [1, 60] seconds. A project whose clients ignore the
+// header pushes only its own slots out, up to the 60s cap; slots in the past
+// are forgotten. TestRetryAfterSpreadsHerd measures this against a fixed 1s.
+//
 // # What the client sees
 //
 // Proxied responses carry "Fairshare-Class" (P1, P2 or P3: the class the
@@ -62,16 +127,21 @@
 //
 // # Serving
 //
-// *Front is an http.Handler. Front.Server returns an *http.Server for
-// Config.Listen that speaks HTTP/1.1 with keep-alive and HTTP/2 over cleartext
+// *Front is an http.Handler. Front.Server returns an *http.Server (for
+// Config.Listen, or any listener given to Serve: TCP or a unix socket) that
+// records each connection's peer and speaks HTTP/1.1 with keep-alive and HTTP/2 over cleartext
 // (h2c, prior knowledge) through net/http's own support for unencrypted HTTP/2
 // (the x/net h2c package is deprecated in favour of it). The upstream side keeps
 // idle connections for reuse.
 //
 // # Metrics
 //
-// Front.Collector reports per-project request totals by outcome and per-project
-// latency histograms, read at scrape time. The number of project label values
-// is capped (Config.MaxProjects); projects past the cap are reported as
-// "other".
+// Front.Collector reports per-project request totals by outcome (ok,
+// refused_rate, refused_debt, refused_share, error, canceled, and exempt for
+// exempt requests answered by the upstream) and per-project latency
+// histograms, read at scrape time; the requests refused before they had a
+// project (400, and 403 for an untrusted header); the exempt requests in
+// flight, the exempt budget, and the exempt requests that found it spent. The
+// number of project label values is capped (Config.MaxProjects); projects
+// past the cap are reported as "other".
 package front

@@ -81,7 +81,9 @@
 // is sooner. When no release was seen lately the estimate is one window,
 // when the next Recompute may grow the share. The result is multiplied by a
 // uniform factor in [1, 1.5) so refused clients do not come back together,
-// and clamped to [1ms, 1min].
+// and clamped to [1ms, 1min]. The refusal also carries the pool release rate
+// the estimate used (ReleaseRate), so that a caller with a coarser unit (the
+// HTTP front's whole seconds) can space many refused clients at that rate.
 //
 // # Blocking and concurrency
 //
