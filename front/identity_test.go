@@ -245,3 +245,58 @@ func metricValue(t *testing.T, f *Front, name string) float64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+// BenchmarkPeerIdentity is the per-connection cost of naming a local
+// client's project from its cgroup (paid once per connection, not per
+// request): sock_diag lookup for TCP loopback, SO_PEERCRED + /proc + stat for
+// a unix socket, then the index.
+func BenchmarkPeerIdentity(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root to create cgroups")
+	}
+	mount, err := cgroup2Mount()
+	if err != nil {
+		b.Skip(err)
+	}
+	root := filepath.Join(mount, fmt.Sprintf("fairshare-front-bench-%d", os.Getpid()))
+	if err := os.Mkdir(root, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Rmdir(root)
+	f, err := New(Config{Upstream: "http://x", ProjectsRoot: root}, Deps{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, network := range []string{"tcp", "unix"} {
+		b.Run(network, func(b *testing.B) {
+			addr := "127.0.0.1:0"
+			if network == "unix" {
+				addr = filepath.Join(b.TempDir(), "s")
+			}
+			ln, err := net.Listen(network, addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			c, err := net.Dial(network, ln.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			s, err := ln.Accept()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			ctx := f.connContext(context.Background(), s)
+			b.ReportAllocs()
+			for b.Loop() {
+				p := &peer{conn: s, addr: ctx.Value(peerKey{}).(*peer).addr}
+				if f.cgroupOf(p) == 0 {
+					b.Fatal("no cgroup")
+				}
+				_ = f.id.projects.lookup(p.cgroup)
+			}
+		})
+	}
+}

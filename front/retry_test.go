@@ -177,3 +177,72 @@ func TestRetryPacer(t *testing.T) {
 		t.Errorf("a a minute later: %d, want 1 or 2", s)
 	}
 }
+
+// TestShareRetrySpread: a crowd refused by the requests pool at one instant
+// gets Retry-After values spaced at the pool's measured release rate, not one
+// shared value.
+func TestShareRetrySpread(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(ok))
+	t.Cleanup(up.Close)
+	clk := &manualClock{t: time.Unix(1000, 0)}
+	pool, err := pools.New(pools.Config{Name: "requests", Size: 10}, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 20 releases in one second: the pool frees 20 permits a second.
+	held := make([]pools.Permit, 0, 10)
+	for range 10 {
+		pm, err := pool.TryAcquire("other")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, pm)
+	}
+	pool.Recompute()
+	for range 20 {
+		if err := pool.Release(held[0]); err != nil {
+			t.Fatal(err)
+		}
+		if held[0], err = pool.TryAcquire("other"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.mu.Lock()
+	clk.t = clk.t.Add(time.Second)
+	clk.mu.Unlock()
+	pool.Recompute()
+
+	f, err := New(Config{Upstream: up.URL, TrustedPeers: []string{"192.0.2.1"}}, Deps{Requests: pool, Clock: clk, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.CloseIdle)
+	counts := map[int]int{}
+	const n = 100
+	for range n {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/", nil)
+		req.Header.Set(DefaultProjectHeader, "crowd")
+		f.ServeHTTP(rec, req)
+		if rec.Code != 429 || rec.Header().Get(HeaderRefused) != "share" {
+			t.Fatalf("status %d %q, want 429 share", rec.Code, rec.Header().Get(HeaderRefused))
+		}
+		ra, _ := strconv.Atoi(rec.Header().Get("Retry-After"))
+		counts[ra]++
+	}
+	most := 0
+	for _, c := range counts {
+		most = max(most, c)
+	}
+	t.Logf("Retry-After by second: %v", counts)
+	// 100 clients at 20/s span about 5s: no second should hold much more
+	// than a fifth of them.
+	if most > 40 || len(counts) < 4 {
+		t.Errorf("Retry-After by second %v: not spread at the release rate", counts)
+	}
+	for _, pm := range held {
+		if err := pool.Release(pm); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -72,3 +72,31 @@ func TestLookup(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkLookup is the front's cost per local TCP connection to learn the
+// client's cgroup: one exact sock_diag request.
+func BenchmarkLookup(b *testing.B) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	s, err := ln.Accept()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	client := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	server := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Lookup(client, server); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
