@@ -30,6 +30,9 @@ type Residents struct {
 	clk       Clock
 	name      string
 	evictWait time.Duration
+	// after starts Spawn's eviction wait; tests replace it with a timer they
+	// fire themselves, so that the wait costs no real time.
+	after func(time.Duration) (<-chan time.Time, func() bool)
 
 	mu      sync.Mutex // guards the fields below
 	l       ledger
@@ -73,6 +76,7 @@ func NewResidents(cfg Config, clk Clock) (*Residents, error) {
 		clk:       clk,
 		name:      cfg.Name,
 		evictWait: cfg.EvictWait,
+		after:     realAfter,
 		l:         newLedger(cfg, clk.Now(), rand.Uint64()),
 		objects:   map[string]int32{},
 		changed:   make(chan struct{}),
@@ -112,11 +116,12 @@ type ResidentsSnapshot struct {
 func (r *Residents) Spawn(ctx context.Context, project, object string) (Eviction, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var timer *time.Timer
+	var expired <-chan time.Time
+	var stop func() bool
 	waiting := int32(-1)
 	defer func() {
-		if timer != nil {
-			timer.Stop()
+		if stop != nil {
+			stop()
 		}
 		if waiting >= 0 {
 			r.rp[waiting].waiting--
@@ -129,8 +134,8 @@ func (r *Residents) Spawn(ctx context.Context, project, object string) (Eviction
 			return ev, err
 		}
 		idx := r.l.index[project] // spawnLocked registered it
-		if timer == nil {
-			timer = time.NewTimer(r.evictWait)
+		if expired == nil {
+			expired, stop = r.after(r.evictWait)
 			waiting = idx
 			r.rp[idx].waiting++
 			r.blocked++
@@ -142,7 +147,7 @@ func (r *Residents) Spawn(ctx context.Context, project, object string) (Eviction
 		case <-ch:
 		case <-ctx.Done():
 			cerr = ctx.Err()
-		case <-timer.C:
+		case <-expired:
 			cerr = errTimeout
 		}
 		r.mu.Lock()
@@ -164,6 +169,12 @@ func (r *Residents) Spawn(ctx context.Context, project, object string) (Eviction
 }
 
 var errTimeout = errors.New("eviction wait over")
+
+// realAfter is the eviction wait's timer outside tests.
+func realAfter(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
+}
 
 // spawnLocked tries once. done is false when the spawn must wait.
 func (r *Residents) spawnLocked(project, name string) (ev Eviction, done bool, err error) {
@@ -282,6 +293,18 @@ func (r *Residents) pushFrontLocked(oi int32) {
 	p.head = oi
 }
 
+func (r *Residents) pushBackLocked(oi int32) {
+	o := &r.objs[oi]
+	p := &r.rp[o.proj]
+	o.prev, o.next = p.tail, -1
+	if p.tail >= 0 {
+		r.objs[p.tail].next = oi
+	} else {
+		p.head = oi
+	}
+	p.tail = oi
+}
+
 func (r *Residents) unlinkLocked(oi int32) {
 	o := &r.objs[oi]
 	p := &r.rp[o.proj]
@@ -346,14 +369,68 @@ func (r *Residents) Remove(name string) error {
 	if !ok {
 		return fmt.Errorf("residents %s: removing %q: %w", r.name, name, ErrUnknownObject)
 	}
+	r.removeLocked(oi)
+	return nil
+}
+
+func (r *Residents) removeLocked(oi int32) {
 	o := &r.objs[oi]
 	if o.awake {
 		r.sleepLocked(oi)
 	}
 	r.rp[o.proj].sleeping--
-	delete(r.objects, name)
+	delete(r.objects, o.name)
 	*o = object{prev: -1, next: -1}
 	r.free = append(r.free, oi)
+}
+
+// Unevict undoes a Spawn of object that evicted ev: object leaves residence
+// (it is forgotten when forget, else it sleeps) and ev.Object is resident
+// again, as its project's idlest. Both happen under one lock, so no other
+// spawn can take the permit in between and in_use does not change.
+//
+// The caller uses it when the victim's owner did not put ev.Object to sleep:
+// the object is still awake, and counting it asleep would let the pool hold
+// more than its size. The victim's eviction is no longer counted. When the
+// victim is no longer an asleep object of ev.Project (it was woken or removed
+// meanwhile), only object's residence is undone and ErrNotResident or
+// ErrUnknownObject is returned with it.
+func (r *Residents) Unevict(ev Eviction, object string, forget bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	oi, ok := r.objects[object]
+	if !ok {
+		return fmt.Errorf("residents %s: unevicting for %q: %w", r.name, object, ErrUnknownObject)
+	}
+	if !r.objs[oi].awake {
+		return fmt.Errorf("residents %s: unevicting for %q: %w", r.name, object, ErrNotResident)
+	}
+	if forget {
+		r.removeLocked(oi)
+	} else {
+		r.sleepLocked(oi)
+	}
+	vi, ok := r.objects[ev.Object]
+	switch {
+	case !ok:
+		return fmt.Errorf("residents %s: unevicting %q: %w", r.name, ev.Object, ErrUnknownObject)
+	case r.objs[vi].awake || r.l.projects[r.objs[vi].proj].name != ev.Project:
+		return fmt.Errorf("residents %s: unevicting %q: %w", r.name, ev.Object, ErrNotResident)
+	}
+	v := &r.objs[vi]
+	rp := &r.rp[v.proj]
+	rp.sleeping--
+	for i, reason := range evictReasons {
+		if reason == ev.Reason && rp.evicted[i] > 0 {
+			rp.evicted[i]--
+		}
+	}
+	// The victim goes back as its project's idlest: it was chosen for
+	// being the least recently called, and nothing has called it since.
+	v.awake = true
+	r.l.take(v.proj)
+	r.pushBackLocked(vi)
+	r.heapFixLocked(v.proj)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 )
@@ -125,33 +126,161 @@ func TestResidentsUnderShareEvictsFurthestOver(t *testing.T) {
 	checkCounts(t, r, 12, map[string]int{"big": 6, "mid": 4, "small": 2}, map[string]int{"big": 1})
 }
 
+// manualTimer replaces a Residents' eviction wait: each Spawn that waits
+// asks it for a timer, and the test decides when the wait is over.
+type manualTimer struct {
+	mu      sync.Mutex // guards the fields below
+	asked   []time.Duration
+	fire    []chan time.Time
+	stopped int
+}
+
+func installManualTimer(r *Residents) *manualTimer {
+	m := &manualTimer{}
+	r.after = func(d time.Duration) (<-chan time.Time, func() bool) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		ch := make(chan time.Time, 1)
+		m.asked = append(m.asked, d)
+		m.fire = append(m.fire, ch)
+		return ch, func() bool {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			m.stopped++
+			return true
+		}
+	}
+	return m
+}
+
+// expire ends the i-th wait asked for.
+func (m *manualTimer) expire(i int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fire[i] <- time.Time{}
+}
+
+func (m *manualTimer) state() (asked []time.Duration, stopped int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]time.Duration(nil), m.asked...), m.stopped
+}
+
+func waitingSpawns(r *Residents, project string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	idx, ok := r.l.index[project]
+	if !ok || int(idx) >= len(r.rp) {
+		return 0
+	}
+	return r.rp[idx].waiting
+}
+
 func TestResidentsRefusesWhenNothingEvictable(t *testing.T) {
 	// POOL 4, FLOOR 2: four projects with one object each are all under
 	// their share (2), so nobody is an eligible victim.
-	r := mustResidents(t, Config{Name: "residents", Size: 4, Floor: 2})
+	r := mustResidents(t, Config{Name: "residents", Size: 4, Floor: 2, EvictWait: 750 * time.Millisecond})
+	tm := installManualTimer(r)
 	for _, p := range []string{"a", "b", "c", "d"} {
 		spawnN(t, r, p, 1)
 	}
-	start := time.Now()
-	_, err := r.Spawn(context.Background(), "e", "e/0")
-	waited := time.Since(start)
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Spawn(context.Background(), "e", "e/0")
+		done <- err
+	}()
+	waitFor(t, func() bool { return waitingSpawns(r, "e") == 1 })
+	select {
+	case err := <-done:
+		t.Fatalf("spawn answered before its eviction wait ended: %v", err)
+	default:
+	}
+	tm.expire(0)
+	err := <-done
 	var rf *Refusal
-	if !errors.Is(err, ErrTooManyResidents) || !errors.Is(err, ErrRefused) || !errors.As(err, &rf) {
+	if !errors.Is(err, ErrTooManyResidents) || !errors.Is(err, ErrRefused) || !errors.As(err, &rf) || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("want TOO_MANY_RESIDENTS, got %v", err)
 	}
-	if waited < DefaultEvictWait {
-		t.Fatalf("refused after %v, before the eviction wait", waited)
+	if asked, stopped := tm.state(); len(asked) != 1 || asked[0] != 750*time.Millisecond || stopped != 1 {
+		t.Fatalf("eviction waits asked %v (want one of the configured 750ms), stopped %d", asked, stopped)
 	}
 	if rf.RetryAfter <= 0 || rf.Project != "e" {
 		t.Fatalf("refusal %+v", rf)
 	}
+	if n := waitingSpawns(r, "e"); n != 0 {
+		t.Fatalf("%d spawns still counted waiting", n)
+	}
 	// ctx ending first: the error carries ctx.Err() too.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	defer cancel()
-	if _, err := r.Spawn(ctx, "e", "e/0"); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrTooManyResidents) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		_, err := r.Spawn(ctx, "e", "e/0")
+		done <- err
+	}()
+	waitFor(t, func() bool { return waitingSpawns(r, "e") == 1 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) || !errors.Is(err, ErrTooManyResidents) {
 		t.Fatalf("ctx: %v", err)
 	}
 	checkCounts(t, r, 4, map[string]int{"a": 1, "b": 1, "c": 1, "d": 1}, nil)
+}
+
+// An eviction whose victim stayed awake is undone in one step: the spawner
+// leaves and the victim is counted resident again, so in_use never exceeds
+// the size and never undercounts the awake objects.
+func TestResidentsUnevict(t *testing.T) {
+	r := mustResidents(t, Config{Name: "residents", Size: 4, Floor: 1})
+	big := spawnN(t, r, "big", 4)
+	if err := r.Touch(big[0]); err != nil { // big/1 is now the idlest
+		t.Fatal(err)
+	}
+	ev, err := r.Spawn(context.Background(), "small", "small/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Object != big[1] {
+		t.Fatalf("eviction %+v, want %s", ev, big[1])
+	}
+	checkCounts(t, r, 4, map[string]int{"big": 3, "small": 1}, map[string]int{"big": 1})
+	if err := r.Unevict(ev, "small/0", true); err != nil {
+		t.Fatal(err)
+	}
+	checkCounts(t, r, 4, map[string]int{"big": 4, "small": 0}, map[string]int{"big": 0})
+	if err := r.Touch(big[1]); err != nil {
+		t.Fatalf("victim is not resident again: %v", err)
+	}
+	if err := r.Touch("small/0"); !errors.Is(err, ErrUnknownObject) {
+		t.Fatalf("forgotten spawner: %v", err)
+	}
+	if n := r.Snapshot().Evictions["big"][ev.Reason]; n != 0 {
+		t.Fatalf("undone eviction still counted: %d", n)
+	}
+	// The victim went back as its project's idlest: the next spawn names it
+	// again (it was touched above, so big/2 is idlest now).
+	ev, err = r.Spawn(context.Background(), "small", "small/0")
+	if err != nil || ev.Object != big[2] {
+		t.Fatalf("next eviction %+v, %v; want %s", ev, err, big[2])
+	}
+	// Keeping the spawner asleep instead of forgetting it.
+	if err := r.Unevict(ev, "small/0", false); err != nil {
+		t.Fatal(err)
+	}
+	checkCounts(t, r, 4, map[string]int{"big": 4, "small": 0}, map[string]int{"big": 0, "small": 1})
+	ev, err = r.Spawn(context.Background(), "small", "small/0")
+	if err != nil || ev.Object != big[2] {
+		t.Fatalf("wake eviction %+v, %v; want %s again (unevicted as the idlest)", ev, err, big[2])
+	}
+	// A victim that its owner confirmed meanwhile (removed) is not woken:
+	// only the spawner's residence is undone.
+	if err := r.Remove(ev.Object); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Unevict(ev, "small/0", false); !errors.Is(err, ErrUnknownObject) {
+		t.Fatalf("unevicting a removed victim: %v", err)
+	}
+	checkCounts(t, r, 3, map[string]int{"big": 3, "small": 0}, map[string]int{"big": 0, "small": 1})
+	if err := r.Unevict(ev, "small/0", false); !errors.Is(err, ErrNotResident) {
+		t.Fatalf("unevicting for a sleeping spawner: %v", err)
+	}
 }
 
 func TestResidentsWaitingSpawnGetsRoom(t *testing.T) {
@@ -167,12 +296,7 @@ func TestResidentsWaitingSpawnGetsRoom(t *testing.T) {
 		}
 		done <- err
 	}()
-	waitFor(t, func() bool {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		idx, ok := r.l.index["e"]
-		return ok && int(idx) < len(r.rp) && r.rp[idx].waiting == 1
-	})
+	waitFor(t, func() bool { return waitingSpawns(r, "e") == 1 })
 	if err := r.Sleep("a/0"); err != nil {
 		t.Fatal(err)
 	}
