@@ -4,7 +4,6 @@ package pools
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -317,5 +316,3 @@ type ProjectStat struct {
 func sortStats(s []ProjectStat) {
 	slices.SortFunc(s, func(a, b ProjectStat) int { return strings.Compare(a.Project, b.Project) })
 }
-
-var _ = errors.Is
