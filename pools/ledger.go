@@ -37,6 +37,11 @@ type ledger struct {
 	released uint64  // releases since the last recompute
 	relRate  float64 // pool releases per second, smoothed
 
+	// admitted and refused count every ask since the pool was built. They
+	// are kept here, not summed over projects, because forgetting an idle
+	// project drops its counts and the pool's totals must never go down.
+	admitted, refused uint64
+
 	rng uint64 // splitmix64 state for jitter
 }
 
@@ -126,6 +131,7 @@ func (l *ledger) admits(idx int32) bool {
 func (l *ledger) take(idx int32) {
 	l.projects[idx].held++
 	l.projects[idx].admitted++
+	l.admitted++
 	l.inUse++
 }
 
@@ -150,6 +156,7 @@ func (l *ledger) refusal(idx int32) *Refusal {
 func (l *ledger) fillRefusal(idx int32, rf *Refusal) {
 	pr := &l.projects[idx]
 	pr.refused++
+	l.refused++
 	reason := ReasonFull
 	if pr.held >= l.share {
 		reason = ReasonOverShare
@@ -322,6 +329,9 @@ func (l *ledger) snapshot() Snapshot {
 		InUse:  l.inUse,
 		Active: len(l.active),
 		Share:  l.share,
+
+		Admitted: l.admitted,
+		Refused:  l.refused,
 	}
 	s.Projects = make([]ProjectStat, 0, len(l.index))
 	for _, idx := range l.index {

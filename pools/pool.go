@@ -294,6 +294,10 @@ func (p *Pool) Snapshot() Snapshot {
 type Snapshot struct {
 	Name                              string
 	Size, Floor, InUse, Active, Share int
+	// Admitted and Refused count the pool's asks since it was built; unlike
+	// the per-project counts they survive projects being forgotten, so they
+	// only grow.
+	Admitted, Refused uint64
 	// Projects is sorted by project; it lists every project with state
 	// (active ones and idle ones not yet forgotten).
 	Projects []ProjectStat

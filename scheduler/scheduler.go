@@ -188,10 +188,27 @@ func (s *Scheduler) SetPolicy(participant string, p Policy) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.policies[participant] = p
-	pid, ok := s.byName[participant]
-	if !ok {
-		return
+	if pid, ok := s.byName[participant]; ok {
+		s.applyPolicyLocked(pid, p, now)
 	}
+}
+
+// DeletePolicy forgets a participant's policy: it falls back to
+// Config.DefaultPolicy at once if known, and on its next arrival otherwise.
+// Without it a deleted policy would stay in force, and in memory, for as
+// long as the Scheduler lives.
+func (s *Scheduler) DeletePolicy(participant string) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.policies, participant)
+	if pid, ok := s.byName[participant]; ok {
+		s.applyPolicyLocked(pid, s.cfg.DefaultPolicy, now)
+	}
+}
+
+// applyPolicyLocked changes a known participant's tier and shares.
+func (s *Scheduler) applyPolicyLocked(pid int32, p Policy, now int64) {
 	q := &s.hot[pid]
 	s.refillLocked(q, now)
 	had1, had2 := q.holdsP1(), q.holdsP2()
