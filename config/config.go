@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -342,13 +343,25 @@ func (f *Front) validate() error {
 	return nil
 }
 
+// MinBurst is the smallest bucket a scheduler class may have: one credit pays
+// for one dispatch, so a smaller bucket could never admit anything. The
+// scheduler package applies the same bound.
+const MinBurst = 1
+
 func (s *Scheduler) validate() error {
+	// The same bounds as scheduler.New, so a file that validates here also
+	// starts the daemon: a rate is > 0, a burst >= MinBurst. Zero is refused
+	// too: scheduler.New would read it as "use the default", which a file
+	// that names the key did not ask for.
 	for _, v := range []struct {
-		name string
-		val  float64
-	}{{"p1_rate", s.P1Rate}, {"p1_burst", s.P1Burst}, {"p2_rate", s.P2Rate}, {"p2_burst", s.P2Burst}} {
-		if v.val < 0 {
-			return fmt.Errorf("scheduler.%s must be >= 0, got %g", v.name, v.val)
+		name     string
+		val, min float64
+	}{{"p1_rate", s.P1Rate, 0}, {"p1_burst", s.P1Burst, MinBurst}, {"p2_rate", s.P2Rate, 0}, {"p2_burst", s.P2Burst, MinBurst}} {
+		if math.IsNaN(v.val) || math.IsInf(v.val, 0) || v.val < v.min || (v.min == 0 && v.val <= 0) {
+			if v.min == 0 {
+				return fmt.Errorf("scheduler.%s must be a number > 0, got %g", v.name, v.val)
+			}
+			return fmt.Errorf("scheduler.%s must be a number >= %g, got %g", v.name, v.min, v.val)
 		}
 	}
 	if s.Poll < 0 {

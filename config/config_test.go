@@ -4,11 +4,16 @@ package config
 
 import (
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/front"
+	"github.com/fairshare-dev/fairshare/pools"
+	"github.com/fairshare-dev/fairshare/scheduler"
 )
 
 func TestDefaultIsValid(t *testing.T) {
@@ -114,6 +119,9 @@ func TestParseRejects(t *testing.T) {
 		{"tier", "scheduler: {default_tier: gold}", "scheduler.default_tier"},
 		{"shares", "scheduler: {default_shares: 0}", "scheduler.default_shares"},
 		{"rate", "scheduler: {p1_rate: -1}", "scheduler.p1_rate"},
+		{"zero rate", "scheduler: {p2_rate: 0}", "scheduler.p2_rate"},
+		{"burst below one credit", "scheduler: {p2_burst: 0.5}", "scheduler.p2_burst"},
+		{"nan burst", "scheduler: {p1_burst: .nan}", "scheduler.p1_burst"},
 		{"wrong type", "pools: {requests: {size: many}}", "line 1"},
 	}
 	for _, tt := range tests {
@@ -193,6 +201,78 @@ func TestConnectionsExempt(t *testing.T) {
 		c := Default()
 		if err := Parse(strings.NewReader(bad), &c); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%q: %v, want ErrInvalid", bad, err)
+		}
+	}
+}
+
+// The embedded defaults are the packages' defaults: one source of truth, so
+// the scheduler's capacity arithmetic (scheduler/doc.go) holds for a node
+// running the shipped configuration.
+func TestDefaultsAgreeWithPackages(t *testing.T) {
+	c := Default()
+	s := c.Scheduler
+	for _, v := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"p1_rate", s.P1Rate, scheduler.DefaultP1Rate}, {"p1_burst", s.P1Burst, scheduler.DefaultP1Burst},
+		{"p2_rate", s.P2Rate, scheduler.DefaultP2Rate}, {"p2_burst", s.P2Burst, scheduler.DefaultP2Burst},
+	} {
+		if v.got != v.want {
+			t.Errorf("scheduler.%s = %g in default.yaml, the scheduler package's default is %g", v.name, v.got, v.want)
+		}
+	}
+	if s.Poll != scheduler.DefaultPoll {
+		t.Errorf("scheduler.poll = %s, package default %s", s.Poll, scheduler.DefaultPoll)
+	}
+	for _, name := range c.PoolNames() {
+		if w := c.Pools[name].Window; w != pools.DefaultWindow {
+			t.Errorf("pools.%s.window = %s, package default %s", name, w, pools.DefaultWindow)
+		}
+	}
+	if c.Front.ProjectHeader != front.DefaultProjectHeader || c.Front.CostHeader != front.DefaultCostHeader ||
+		c.Front.CostUnit != front.DefaultCostUnit {
+		t.Errorf("front defaults %q %q %s disagree with package front", c.Front.ProjectHeader, c.Front.CostHeader, c.Front.CostUnit)
+	}
+	if c.Metrics.MaxProjects != front.DefaultMaxProjects {
+		t.Errorf("metrics.max_projects = %d, front's default %d", c.Metrics.MaxProjects, front.DefaultMaxProjects)
+	}
+}
+
+// Every scheduler value the configuration accepts, scheduler.New accepts,
+// and the other way round for the values a file can state (zero is the
+// package's "use the default" and is refused here, see validate).
+func TestSchedulerBoundsAgreeWithScheduler(t *testing.T) {
+	values := []float64{math.Inf(-1), -1, 0, 1e-9, 0.5, 0.999, 1, 1.5, 40, 1e6, math.Inf(1), math.NaN()}
+	for _, field := range []string{"p1_rate", "p1_burst", "p2_rate", "p2_burst"} {
+		for _, v := range values {
+			c := Default()
+			sc := scheduler.Config{P1Rate: c.Scheduler.P1Rate, P1Burst: c.Scheduler.P1Burst,
+				P2Rate: c.Scheduler.P2Rate, P2Burst: c.Scheduler.P2Burst}
+			switch field {
+			case "p1_rate":
+				c.Scheduler.P1Rate, sc.P1Rate = v, v
+			case "p1_burst":
+				c.Scheduler.P1Burst, sc.P1Burst = v, v
+			case "p2_rate":
+				c.Scheduler.P2Rate, sc.P2Rate = v, v
+			case "p2_burst":
+				c.Scheduler.P2Burst, sc.P2Burst = v, v
+			}
+			cfgErr := c.Validate()
+			_, schedErr := scheduler.New(sc, nil)
+			if v == 0 {
+				if cfgErr == nil {
+					t.Errorf("%s: 0 accepted; the scheduler would silently use its default", field)
+				}
+				continue
+			}
+			if (cfgErr == nil) != (schedErr == nil) {
+				t.Errorf("%s = %g: config says %v, scheduler.New says %v", field, v, cfgErr, schedErr)
+			}
+			if cfgErr != nil && !strings.Contains(cfgErr.Error(), "scheduler."+field) {
+				t.Errorf("%s = %g: error %q does not name the field", field, v, cfgErr)
+			}
 		}
 	}
 }

@@ -11,8 +11,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// OtherProject is the metric label for projects past Config.MaxProjects.
-const OtherProject = "other"
+// OtherProject is the metric label for projects past Config.MaxProjects. It
+// is the daemon's one overflow label (metrics.Other), and it cannot be a
+// project's name (policy.ValidateProject refuses parentheses), so a real
+// project called "other" is never summed with the overflow.
+const OtherProject = "(other)"
 
 // outcome is how a request ended, as counted in metrics.
 type outcome int

@@ -6,6 +6,8 @@ import (
 	"context"
 	"log/slog"
 	"sort"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/admin"
@@ -35,6 +37,9 @@ type Collector struct {
 	inFlight, queue, dispatched, wait         *prometheus.Desc
 	exemptMax, exemptInUse                    *prometheus.Desc
 	exemptAdmitted, exemptOver                *prometheus.Desc
+
+	mu   sync.Mutex           // guards the fields below
+	sets map[string]*labelSet // by group: "pool\x00<name>", "rates", "scheduler"
 }
 
 // New returns a collector reading src, naming at most maxProjects projects
@@ -51,6 +56,7 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 	}
 	return &Collector{
 		src: src, maxProjects: maxProjects, timeout: 5 * time.Second, log: log,
+		sets:         map[string]*labelSet{},
 		up:           d("up", "Whether the last read of the daemon's state worked."),
 		kernel:       d("kernel_enforcement", "Whether the connections pool is enforced by the BPF programs."),
 		poolSize:     d("pool_size", "Permits in the pool (POOL).", "pool"),
@@ -100,6 +106,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
 	}
+	// The label sets carry state from scrape to scrape; two scrapes at once
+	// take turns.
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
 	ch <- prometheus.MustNewConstMetric(c.kernel, prometheus.GaugeValue, b2f(st.Kernel))
 	for _, p := range st.Pools {
@@ -137,30 +147,68 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 			residents = true
 		}
 	}
-	for _, pr := range capProjects(p.Projects, c.maxProjects) {
-		gauge(c.held, float64(pr.Held), p.Name, pr.Project)
-		counter(c.admitted, float64(pr.Admitted), p.Name, pr.Project)
-		counter(c.refused, float64(pr.Refused), p.Name, pr.Project)
+	ls := c.set("pool\x00" + p.Name)
+	ls.assign(busiestProjects(p.Projects))
+	type gauges struct{ held, sleeping int }
+	byLabel := map[string]*gauges{}
+	var order []string
+	for _, pr := range p.Projects {
+		l := ls.label(pr.Project)
+		g := byLabel[l]
+		if g == nil {
+			g = &gauges{}
+			byLabel[l] = g
+			order = append(order, l)
+		}
+		g.held += pr.Held
+		g.sleeping += pr.Sleeping
+		ls.count(pr.Project, "admitted", pr.Admitted)
+		ls.count(pr.Project, "refused", pr.Refused)
+		for r, v := range pr.Evictions {
+			ls.count(pr.Project, "evictions\x00"+r, v)
+		}
+	}
+	if byLabel[Other] == nil && ls.otherUsed() {
+		byLabel[Other] = &gauges{}
+		order = append(order, Other)
+	}
+	for _, l := range order {
+		g := byLabel[l]
+		gauge(c.held, float64(g.held), p.Name, l)
+		counter(c.admitted, float64(ls.total(l, "admitted")), p.Name, l)
+		counter(c.refused, float64(ls.total(l, "refused")), p.Name, l)
 		if residents {
-			gauge(c.sleeping, float64(pr.Sleeping), p.Name, pr.Project)
-			reasons := make([]string, 0, len(pr.Evictions))
-			for r := range pr.Evictions {
-				reasons = append(reasons, r)
+			gauge(c.sleeping, float64(g.sleeping), p.Name, l)
+			var reasons []string
+			for k := range ls.counters(l) {
+				if r, ok := strings.CutPrefix(k, "evictions\x00"); ok {
+					reasons = append(reasons, r)
+				}
 			}
 			sort.Strings(reasons)
 			for _, r := range reasons {
-				counter(c.evictions, float64(pr.Evictions[r]), p.Name, pr.Project, r)
+				counter(c.evictions, float64(ls.total(l, "evictions\x00"+r)), p.Name, l, r)
 			}
 		}
 	}
 }
 
-// capProjects keeps the n-1 busiest projects by name and sums the rest under
-// Other, so at most n label values are emitted (n when nothing is summed).
-func capProjects(in []admin.Project, n int) []admin.Project {
-	if len(in) <= n {
-		return in
+// set returns the label set of one group, creating it on first use. Groups
+// are the configured pools, the rates and the scheduler, so few.
+func (c *Collector) set(group string) *labelSet {
+	ls := c.sets[group]
+	if ls == nil {
+		// One label value is kept for Other, so at most maxProjects are
+		// emitted.
+		ls = newLabelSet(c.maxProjects - 1)
+		c.sets[group] = ls
 	}
+	return ls
+}
+
+// busiestProjects orders projects for the labels that free up: the most
+// permits held, then the most traffic, then by name.
+func busiestProjects(in []admin.Project) []string {
 	ps := append([]admin.Project(nil), in...)
 	sort.SliceStable(ps, func(i, j int) bool {
 		a, b := ps[i], ps[j]
@@ -172,64 +220,73 @@ func capProjects(in []admin.Project, n int) []admin.Project {
 		}
 		return a.Project < b.Project
 	})
-	out := ps[: n-1 : n-1]
-	other := admin.Project{Project: Other}
-	for _, p := range ps[n-1:] {
-		other.Held += p.Held
-		other.Admitted += p.Admitted
-		other.Refused += p.Refused
-		other.Sleeping += p.Sleeping
-		for r, v := range p.Evictions {
-			if other.Evictions == nil {
-				other.Evictions = map[string]uint64{}
-			}
-			other.Evictions[r] += v
-		}
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Project
 	}
-	return append(out, other)
+	return out
 }
 
 func (c *Collector) collectRates(ch chan<- prometheus.Metric, rates []admin.Rate) {
-	if len(rates) > c.maxProjects {
-		rs := append([]admin.Rate(nil), rates...)
-		sort.SliceStable(rs, func(i, j int) bool {
-			if rs[i].Limited != rs[j].Limited {
-				return rs[i].Limited > rs[j].Limited
-			}
-			return rs[i].Project < rs[j].Project
-		})
-		other := admin.Rate{Project: Other}
-		for _, r := range rs[c.maxProjects-1:] {
-			other.Limited += r.Limited
-			other.WorkTokens += r.WorkTokens
+	rs := append([]admin.Rate(nil), rates...)
+	sort.SliceStable(rs, func(i, j int) bool {
+		if rs[i].Limited != rs[j].Limited {
+			return rs[i].Limited > rs[j].Limited
 		}
-		rates = append(rs[:c.maxProjects-1:c.maxProjects-1], other)
+		return rs[i].Project < rs[j].Project
+	})
+	names := make([]string, len(rs))
+	for i, r := range rs {
+		names[i] = r.Project
 	}
+	ls := c.set("rates")
+	ls.assign(names)
+	tokens := map[string]float64{}
+	var order []string
 	for _, r := range rates {
-		ch <- prometheus.MustNewConstMetric(c.rateLimited, prometheus.CounterValue, float64(r.Limited), r.Project)
-		ch <- prometheus.MustNewConstMetric(c.workTokens, prometheus.GaugeValue, r.WorkTokens, r.Project)
+		l := ls.label(r.Project)
+		if _, ok := tokens[l]; !ok {
+			order = append(order, l)
+		}
+		tokens[l] += r.WorkTokens
+		ls.count(r.Project, "limited", r.Limited)
+	}
+	if _, ok := tokens[Other]; !ok && ls.otherUsed() {
+		tokens[Other] = 0
+		order = append(order, Other)
+	}
+	for _, l := range order {
+		ch <- prometheus.MustNewConstMetric(c.rateLimited, prometheus.CounterValue, float64(ls.total(l, "limited")), l)
+		ch <- prometheus.MustNewConstMetric(c.workTokens, prometheus.GaugeValue, tokens[l], l)
 	}
 }
 
 func (c *Collector) collectScheduler(ch chan<- prometheus.Metric, s *admin.Scheduler) {
 	ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(s.InFlight))
-	parts := s.Participants
-	if len(parts) > c.maxProjects {
-		ps := append([]admin.Participant(nil), parts...)
-		sort.SliceStable(ps, func(i, j int) bool {
-			if ps[i].Queue != ps[j].Queue {
-				return ps[i].Queue > ps[j].Queue
-			}
-			return ps[i].Participant < ps[j].Participant
-		})
-		other := admin.Participant{Participant: Other}
-		for _, p := range ps[c.maxProjects-1:] {
-			other.Queue += p.Queue
+	ps := append([]admin.Participant(nil), s.Participants...)
+	sort.SliceStable(ps, func(i, j int) bool {
+		if ps[i].Queue != ps[j].Queue {
+			return ps[i].Queue > ps[j].Queue
 		}
-		parts = append(ps[:c.maxProjects-1:c.maxProjects-1], other)
+		return ps[i].Participant < ps[j].Participant
+	})
+	names := make([]string, len(ps))
+	for i, p := range ps {
+		names[i] = p.Participant
 	}
-	for _, p := range parts {
-		ch <- prometheus.MustNewConstMetric(c.queue, prometheus.GaugeValue, float64(p.Queue), p.Participant)
+	ls := c.set("scheduler")
+	ls.assign(names)
+	queues := map[string]int{}
+	var order []string
+	for _, p := range s.Participants {
+		l := ls.label(p.Participant)
+		if _, ok := queues[l]; !ok {
+			order = append(order, l)
+		}
+		queues[l] += p.Queue
+	}
+	for _, l := range order {
+		ch <- prometheus.MustNewConstMetric(c.queue, prometheus.GaugeValue, float64(queues[l]), l)
 	}
 	for _, class := range []string{"P1", "P2", "P3"} {
 		ch <- prometheus.MustNewConstMetric(c.dispatched, prometheus.CounterValue, float64(s.Dispatched[class]), class)

@@ -6,10 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
 	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/front"
+	"github.com/fairshare-dev/fairshare/policy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -121,11 +124,12 @@ func TestCardinalityCap(t *testing.T) {
 	pool := admin.Pool{Name: "requests", Size: 1000}
 	var rates []admin.Rate
 	sched := &admin.Scheduler{Dispatched: map[string]uint64{}}
-	var totalHeld int
+	var totalHeld, totalAdmitted int
 	for i := range n {
 		name := fmt.Sprintf("p%03d", i)
 		pool.Projects = append(pool.Projects, admin.Project{Project: name, Held: i % 7, Admitted: uint64(i)})
 		totalHeld += i % 7
+		totalAdmitted += i
 		rates = append(rates, admin.Rate{Project: name, Limited: uint64(i)})
 		sched.Participants = append(sched.Participants, admin.Participant{Participant: name, Queue: i % 3})
 	}
@@ -135,16 +139,193 @@ func TestCardinalityCap(t *testing.T) {
 			t.Errorf("%s: %d series, want %d", name, got, limit)
 		}
 	}
-	capped := capProjects(pool.Projects, limit)
-	var sum int
-	for _, p := range capped {
-		sum += p.Held
+	held, admitted := scrape(t, c, "fairshare_project_permits_held"), scrape(t, c, "fairshare_project_admitted_total")
+	var sumHeld, sumAdmitted float64
+	for k, v := range held {
+		sumHeld += v
+		sumAdmitted += admitted[k]
 	}
-	if sum != totalHeld || capped[limit-1].Project != Other {
-		t.Errorf("capped held sums to %d (want %d), last = %q", sum, totalHeld, capped[limit-1].Project)
+	if int(sumHeld) != totalHeld || int(sumAdmitted) != totalAdmitted {
+		t.Errorf("held sums to %v (want %d), admitted to %v (want %d)", sumHeld, totalHeld, sumAdmitted, totalAdmitted)
 	}
-	if capped[0].Held != 6 {
-		t.Errorf("the busiest project should be named first, got %+v", capped[0])
+	if _, ok := held[`pool="requests",project="(other)"`]; !ok {
+		t.Errorf("no (other) series: %v", held)
+	}
+	if _, ok := held[`pool="requests",project="p244"`]; !ok {
+		t.Errorf("the busiest project (holds 6, most traffic) is not named: %v", held)
+	}
+}
+
+// scrape collects one family into label text -> value.
+func scrape(t *testing.T, c prometheus.Collector, family string) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != family {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			v := m.GetGauge().GetValue()
+			if m.GetCounter() != nil {
+				v = m.GetCounter().GetValue()
+			}
+			out[strings.Join(ls, ",")] = v
+		}
+	}
+	return out
+}
+
+// The review's case: a named project is forgotten (idle a minute) and comes
+// back with counts from zero, a project moves from (other) to its own label,
+// a rate bucket is deleted. No counter series may go down.
+func TestCountersNeverGoDown(t *testing.T) {
+	var st admin.Status
+	c := New(func(context.Context) (admin.Status, error) { return st, nil }, 3, nil) // 2 named + (other)
+	pool := func(ps ...admin.Project) {
+		var adm uint64
+		for _, p := range ps {
+			adm += p.Admitted
+		}
+		st = admin.Status{Pools: []admin.Pool{{Name: "requests", Projects: ps}}}
+	}
+	const fam = "fairshare_project_admitted_total"
+	seen := map[string]float64{}
+	check := func(step string) map[string]float64 {
+		t.Helper()
+		got := scrape(t, c, fam)
+		for k, v := range got {
+			if old, ok := seen[k]; ok && v < old {
+				t.Errorf("%s: %s went down from %v to %v", step, k, old, v)
+			}
+			seen[k] = v
+		}
+		return got
+	}
+	other := `pool="requests",project="(other)"`
+	pool(admin.Project{Project: "a", Admitted: 10}, admin.Project{Project: "b", Admitted: 5},
+		admin.Project{Project: "c", Admitted: 3}, admin.Project{Project: "d", Admitted: 1})
+	if got := check("start"); got[other] != 4 || got[`pool="requests",project="a"`] != 10 {
+		t.Fatalf("start: %v", got)
+	}
+	// a is forgotten; c (busiest unnamed) takes its label; (other) keeps c's 3.
+	pool(admin.Project{Project: "b", Admitted: 5}, admin.Project{Project: "c", Admitted: 4}, admin.Project{Project: "d", Admitted: 2})
+	got := check("a forgotten")
+	if got[`pool="requests",project="c"`] != 4 || got[other] != 5 {
+		t.Fatalf("after a left: %v; want c=4 and (other)=5 (3 of c's and 2 of d's)", got)
+	}
+	// a comes back from zero: no room, so it is in (other).
+	pool(admin.Project{Project: "a", Admitted: 1}, admin.Project{Project: "b", Admitted: 6},
+		admin.Project{Project: "c", Admitted: 4}, admin.Project{Project: "d", Admitted: 2})
+	if got := check("a back"); got[other] != 6 {
+		t.Fatalf("a back: %v, want (other)=6", got)
+	}
+	// d is forgotten: (other) keeps what d added.
+	pool(admin.Project{Project: "a", Admitted: 2}, admin.Project{Project: "b", Admitted: 6}, admin.Project{Project: "c", Admitted: 4})
+	if got := check("d forgotten"); got[other] != 7 {
+		t.Fatalf("d forgotten: %v, want (other)=7", got)
+	}
+	// A named project's own count restarting (forgotten between scrapes).
+	pool(admin.Project{Project: "a", Admitted: 2}, admin.Project{Project: "b", Admitted: 1}, admin.Project{Project: "c", Admitted: 4})
+	if got := check("b reset"); got[`pool="requests",project="b"`] != 7 {
+		t.Fatalf("b reset: %v, want b=7", got)
+	}
+}
+
+// A random walk of many projects (counts growing, projects forgotten and
+// coming back from zero) never makes a counter series go down while it
+// exists, never exceeds the label cap, and invents no increase. A series
+// that vanished (its project forgotten, its label freed) and comes back
+// later starts at its project's count since the project came back: a real
+// restart, which rate() reads right.
+func TestCountersMonotonicRandomWalk(t *testing.T) {
+	const limit, projects, steps = 4, 12, 400
+	rng := rand.New(rand.NewPCG(1, 2))
+	raw := map[string]uint64{}
+	var st admin.Status
+	c := New(func(context.Context) (admin.Status, error) { return st, nil }, limit, nil)
+	seenPool, seenRates := map[string]float64{}, map[string]float64{}
+	var increases uint64
+	for step := range steps {
+		for i := range projects {
+			name := fmt.Sprintf("p%d", i)
+			switch r := rng.IntN(10); {
+			case r == 0:
+				delete(raw, name) // forgotten
+			case r < 6:
+				n := uint64(rng.IntN(5))
+				raw[name] += n
+				increases += n
+			}
+		}
+		var ps []admin.Project
+		var rates []admin.Rate
+		for name, v := range raw {
+			ps = append(ps, admin.Project{Project: name, Admitted: v, Held: int(v % 3)})
+			rates = append(rates, admin.Rate{Project: name, Limited: v})
+		}
+		st = admin.Status{Pools: []admin.Pool{{Name: "flights", Projects: ps}}, Rates: rates}
+		var sum float64
+		got := scrape(t, c, "fairshare_project_admitted_total")
+		if len(got) > limit {
+			t.Fatalf("step %d: %d series, cap %d", step, len(got), limit)
+		}
+		rl := scrape(t, c, "fairshare_project_rate_limited_total")
+		for _, fam := range []struct {
+			now, seen map[string]float64
+		}{{got, seenPool}, {rl, seenRates}} {
+			for k := range fam.seen {
+				if _, ok := fam.now[k]; !ok {
+					delete(fam.seen, k) // the series ended
+				}
+			}
+			for k, v := range fam.now {
+				if old, ok := fam.seen[k]; ok && v < old {
+					t.Fatalf("step %d: %s went down from %v to %v", step, k, old, v)
+				}
+				fam.seen[k] = v
+			}
+		}
+		for _, v := range got {
+			sum += v
+		}
+		if _, ok := got[`pool="flights",project="(other)"`]; !ok && step > 0 {
+			t.Fatalf("step %d: the (other) series vanished: %v", step, got)
+		}
+		// Named series that freed their label are gone from got; what they
+		// counted is not in sum, so sum can only fall short of increases.
+		if uint64(sum) > increases {
+			t.Fatalf("step %d: series sum to %v, more than the %d counted", step, sum, increases)
+		}
+	}
+}
+
+// One overflow label everywhere, and no project can be called that.
+func TestOverflowLabelIsOneAndNoProjectName(t *testing.T) {
+	if front.OtherProject != Other {
+		t.Errorf("front's overflow label %q, metrics' %q", front.OtherProject, Other)
+	}
+	if err := policy.ValidateProject(Other); err == nil {
+		t.Errorf("%q is a valid project name, so a project could be summed with the overflow", Other)
+	}
+	// A cgroup named like the overflow is summed with it, not emitted twice.
+	st := admin.Status{Pools: []admin.Pool{{Name: "connections", Projects: []admin.Project{
+		{Project: Other, Held: 1, Admitted: 2}, {Project: "a", Held: 1}, {Project: "b", Held: 1}, {Project: "c", Held: 1}}}}}
+	c := New(fixed(st), 2, nil)
+	if _, err := testutil.CollectAndLint(c); err != nil {
+		t.Fatal(err)
+	}
+	if got := scrape(t, c, "fairshare_project_permits_held"); len(got) != 2 {
+		t.Errorf("series %v, want 2", got)
 	}
 }
 

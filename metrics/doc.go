@@ -27,9 +27,20 @@
 //	fairshare_scheduler_wait_seconds                      histogram
 //
 // Cardinality is bounded by MaxProjects (metrics.max_projects in the config):
-// per pool, and for rates and scheduler queues, the projects holding the most
-// (then with the most traffic, then by name) keep their own label; the rest
-// are summed under project="(other)", a name no project can have. A project
-// moving in or out of the named set makes the "(other)" counters step, so
-// rate() over "(other)" is approximate; the per-pool totals are exact.
+// per pool, and for rates and scheduler queues, at most MaxProjects-1
+// projects have a label of their own and the rest are summed under
+// project="(other)", a name no project can have. Labels are sticky: a
+// project keeps its label while the daemon reports it, and a label frees
+// only when its project is forgotten (idle past the pool's forget period),
+// going then to the busiest unnamed project.
+//
+// Every counter series only grows while it exists. The daemon's own
+// per-project counts restart at zero when a forgotten project returns, and
+// a sum under "(other)" would drop whenever a member left it, so the
+// collector keeps each series as the sum of its members' increases between
+// scrapes (a count below the last one is a restart from zero). A named
+// series whose project was forgotten ends; if the project later gets a
+// label again, its series starts over at the project's new count, a real
+// restart that rate() handles. The per-pool totals come from the pools
+// themselves and never go down.
 package metrics
