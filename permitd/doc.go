@@ -57,6 +57,13 @@
 //	CANCELED            the wait ended because the session or the server closed
 //	LINE_TOO_LONG       a line exceeded 64 KiB; the server answers and closes the connection
 //
+// retry_after_ms (REFUSED, TOO_MANY_RESIDENTS) is computed for the refused
+// project: each refusal of a project gets its own return slot, the first at the
+// pool's estimate for that project, each later one spaced by the pool's release
+// rate (a second when no release was seen lately), plus a uniform jitter of one
+// slot. Clients that obey it come back at about the rate the pool can admit
+// them instead of all at once; see package internal/pace.
+//
 // Every error except LINE_TOO_LONG leaves the connection usable: a line is a
 // frame, so a bad line cannot desynchronise the stream.
 //
@@ -85,7 +92,13 @@
 // share); the server sends an evict event to the session owning that object
 // and answers the spawn only after that session confirms with sleep (or
 // remove), or with TOO_MANY_RESIDENTS when nothing was put to sleep within a
-// second. touch records a call on a resident object (idleness is the time since
+// second. That second is one deadline for the whole spawn, started when the
+// spawn is read: the wait for room and the wait for the owner's confirmation
+// share it. An owner that did not confirm in time still has the object in
+// memory, so the object is counted resident again and the spawner's permit
+// goes back; a confirmation that comes later is taken as an ordinary sleep.
+// (Ending the owner's session instead would end its leases in every pool
+// while the runtime may still be using them.) touch records a call on a resident object (idleness is the time since
 // the last call). sleep frees the object's permit and keeps it known as
 // sleeping; remove forgets it. Releasing a resident's lease is a sleep.
 //

@@ -5,6 +5,7 @@ package permitd
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/pools"
@@ -36,7 +37,7 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		return true
 	}
 	if rq.WaitMS <= 0 || !errors.Is(err, pools.ErrRefused) {
-		refuse(resp, err)
+		s.refuse(resp, err)
 		return true
 	}
 	wait := time.Duration(rq.WaitMS) * time.Millisecond
@@ -58,7 +59,7 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		case ss.ctx.Err() != nil:
 			resp.Code, resp.Error = CodeCanceled, "session closed while waiting"
 		default:
-			refuse(&resp, err)
+			s.refuse(&resp, err)
 		}
 		ss.answerLate(&resp)
 	}(*rq)
@@ -77,9 +78,11 @@ func (s *Server) grant(ss *session, p *pools.Pool, pm pools.Permit, rq *request,
 	resp.OK, resp.Lease = true, id
 }
 
-// refuse fills resp from a pool's error; a *pools.Refusal carries the
-// honest per-project retry estimate.
-func refuse(resp *response, err error) {
+// refuse fills resp from a pool's error. A *pools.Refusal gives the
+// project's estimate and the pool's release rate; retry_after_ms is the
+// project's next return slot from them (see retryMS), so the refused clients
+// of one project are told different times.
+func (s *Server) refuse(resp *response, err error) {
 	var rf *pools.Refusal
 	if !errors.As(err, &rf) {
 		resp.Code, resp.Error = CodeInternal, err.Error()
@@ -90,11 +93,18 @@ func refuse(resp *response, err error) {
 		resp.Code = CodeTooManyResidents
 	}
 	resp.Error, resp.Refusal = rf.Error(), rf
-	// Round up: an answer of 0 would invite a retry loop.
-	resp.RetryAfterMS = int64((rf.RetryAfter + time.Millisecond - 1) / time.Millisecond)
-	if resp.RetryAfterMS < 1 {
-		resp.RetryAfterMS = 1
-	}
+	resp.RetryAfterMS = s.retryMS(rf.Project, rf.RetryAfter, rf.ReleaseRate)
+}
+
+// retryMS is the retry hint for a refusal of project: its next return slot
+// (the first at est, each later one 1/rate after the previous; rate 0 means
+// unknown, one per second) plus a uniform jitter of one slot, so that clients
+// that obey come back at about the rate they can be admitted and not in step.
+// It is at least 1 ms: an answer of 0 would invite a retry loop.
+func (s *Server) retryMS(project string, est time.Duration, rate float64) int64 {
+	delay, gap := s.pacer.Slot(project, time.Now(), est, rate)
+	d := delay + time.Duration(rand.Int64N(int64(gap)))
+	return max(int64((d+time.Millisecond-1)/time.Millisecond), 1)
 }
 
 func (s *Server) release(ss *session, rq *request, resp *response) {
@@ -273,16 +283,27 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 }
 
 // spawn runs one spawn to its end. The pool either admits at once, admits
-// by naming an object it already counts as asleep, or waits (up to its own
-// eviction wait) for room and then refuses. A named object's owner is asked
-// to put it to sleep, and the spawner is answered only when it confirms: if
-// it does not within EvictionWait, the spawner's permit is given back and it
-// is refused with TOO_MANY_RESIDENTS, because nothing was put to sleep.
+// by naming an object it already counts as asleep, or waits for room. A named
+// object's owner is asked to put it to sleep, and the spawner is answered only
+// when it confirms.
+//
+// One deadline, EvictionWait after the spawn began, bounds both waits: the
+// pool's wait for room and the owner's confirmation. So a spawn for which
+// nothing was put to sleep is refused with TOO_MANY_RESIDENTS within that
+// second, however the second was split between the two.
 func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool) response {
 	resp := response{ID: rq.ID}
-	// The pool bounds its own wait; this deadline only backstops it.
-	ctx, cancel := context.WithTimeout(ss.ctx, 2*EvictionWait)
-	defer cancel()
+	expired, stop := s.after(EvictionWait)
+	defer stop()
+	ctx, cancel := context.WithCancelCause(ss.ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-expired:
+			cancel(errSpawnDeadline)
+		case <-ctx.Done():
+		}
+	}()
 	ev, err := s.residents.Spawn(ctx, rq.Project, rq.Object)
 	if err != nil {
 		s.spawnFailed(ss, rq, o, wasSleeping, false)
@@ -292,8 +313,8 @@ func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool) re
 		case errors.Is(err, pools.ErrObjectProject):
 			resp.Code, resp.Error = CodeConflict, err.Error()
 		default:
-			refuse(&resp, err)
-			if resp.Code == CodeRefused || errors.Is(err, context.DeadlineExceeded) {
+			s.refuse(&resp, err)
+			if resp.Code == CodeRefused || errors.Is(context.Cause(ctx), errSpawnDeadline) {
 				resp.Code = CodeTooManyResidents
 			}
 		}
@@ -303,24 +324,31 @@ func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool) re
 		return s.admitted(ss, rq, o, nil)
 	}
 	confirmed := s.evict(ev)
-	t := time.NewTimer(EvictionWait)
-	defer t.Stop()
 	select {
 	case <-confirmed:
 		return s.admitted(ss, rq, o, &ev)
-	case <-t.C:
-	case <-ss.ctx.Done():
+	case <-ctx.Done():
 	}
-	s.spawnFailed(ss, rq, o, wasSleeping, true)
+	s.evictionFailed(ss, rq, o, wasSleeping, ev)
 	resp.Evicted = &ev
 	if ss.ctx.Err() != nil {
 		resp.Code, resp.Error = CodeCanceled, "session closed during spawn"
 		return resp
 	}
 	resp.Code = CodeTooManyResidents
-	resp.Error = "residents pool full: " + quote(ev.Object) + " was not put to sleep within " + EvictionWait.String()
-	resp.RetryAfterMS = EvictionWait.Milliseconds()
+	resp.Error = "residents pool full: " + quote(ev.Object) + " was not put to sleep within " + EvictionWait.String() + "; it stays resident"
+	resp.RetryAfterMS = s.retryMS(rq.Project, EvictionWait, 0)
 	return resp
+}
+
+// errSpawnDeadline is the cause of a spawn's context ending at its deadline,
+// as opposed to its session closing.
+var errSpawnDeadline = errors.New("spawn deadline passed")
+
+// realAfter is the spawn deadline's timer outside tests.
+func realAfter(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
 }
 
 // spawnFailed undoes a spawn's bookkeeping; admittedByPool says the pool
@@ -344,6 +372,49 @@ func (s *Server) spawnFailed(ss *session, rq *request, o *object, wasSleeping, a
 	}
 	if err != nil {
 		s.log.Error("undoing a failed spawn", "object", rq.Object, "err", err)
+	}
+}
+
+// evictionFailed undoes a spawn that the pool admitted by evicting ev when
+// ev's owner did not confirm in time. The owner was asked and did not answer,
+// so as far as anyone knows the victim is still in memory: it is counted
+// resident again (and the spawner not), so the pool's count stays exact.
+//
+// Why not end the owner's session instead: that would end every lease of the
+// session, in every pool, while the runtime may still be using them (a slow
+// runtime is not a dead one), so those pools would undercount. An owner that
+// confirms late is handled as a sleep of a resident object.
+func (s *Server) evictionFailed(ss *session, rq *request, o *object, wasSleeping bool, ev pools.Eviction) {
+	s.mu.Lock()
+	o.spawning = false
+	keep := wasSleeping && ss.ctx.Err() == nil
+	mine := s.objects[rq.Object] == o
+	if mine && !keep {
+		delete(s.objects, rq.Object)
+	}
+	v := s.objects[ev.Object]
+	awake := v != nil && v.evicting // still unconfirmed: nobody put it to sleep
+	var err error
+	switch {
+	case mine && awake:
+		// Under s.mu, so that a confirmation arriving now sees the victim
+		// resident (and tells the pool) or came first (and v.evicting is
+		// false): the two cannot both count it.
+		v.evicting = false
+		delete(s.sleepers, ev.Object) // this spawn was the only one waiting
+		err = s.residents.Unevict(ev, rq.Object, !keep)
+	case mine && !keep:
+		err = s.residents.Remove(rq.Object)
+	case mine:
+		err = s.residents.Sleep(rq.Object)
+	case awake:
+		// Cannot happen while the spawning flag keeps the object ours;
+		// logged rather than guessed at.
+		err = errors.New("spawned object changed hands; victim left counted asleep")
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.log.Error("undoing a spawn whose eviction was not confirmed", "object", rq.Object, "victim", ev.Object, "err", err)
 	}
 }
 

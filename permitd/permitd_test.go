@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -79,17 +80,27 @@ func start(t testing.TB, flights, residents int) *fixture {
 
 func startAt(t testing.TB, sock string, flights, residents int) *fixture {
 	t.Helper()
-	fp, err := pools.New(pools.Config{Name: "flights", Size: flights}, nil)
+	return startWith(t, sock, pools.Config{Name: "flights", Size: flights}, pools.Config{Name: "residents", Size: residents}, nil)
+}
+
+// startWith is startAt with whole pool configs; setup, when not nil, runs
+// on the server before it serves (to install test hooks without a race).
+func startWith(t testing.TB, sock string, flights, residents pools.Config, setup func(*permitd.Server)) *fixture {
+	t.Helper()
+	fp, err := pools.New(flights, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rp, err := pools.NewResidents(pools.Config{Name: "residents", Size: residents}, nil)
+	rp, err := pools.NewResidents(residents, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv, err := permitd.New(permitd.Config{Socket: sock}, map[string]*pools.Pool{"flights": fp}, rp, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if setup != nil {
+		setup(srv)
 	}
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)
@@ -458,5 +469,55 @@ func TestServeEndsLeasesOnStop(t *testing.T) {
 	}
 	if got := f.residents.Snapshot().InUse; got != 0 {
 		t.Fatalf("residents after Serve returned: %d", got)
+	}
+}
+
+// Refused clients of one project are told different times to return, one
+// return slot each, so that clients obeying retry_after_ms come back spread
+// out rather than all together; another project's hints start from its own
+// estimate, not behind the first project's queue.
+func TestRetryHintsArePacedPerProject(t *testing.T) {
+	f := start(t, 4, 4)
+	hog := dial(t, f, client.Options{})
+	ctx := context.Background()
+	for range 4 {
+		if _, err := hog.Acquire(ctx, "flights", "hog"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 20
+	hint := func(c *client.Client, project string) time.Duration {
+		t.Helper()
+		_, err := c.Acquire(ctx, "flights", project)
+		var pe *client.Error
+		if !errors.As(err, &pe) || pe.Code != "REFUSED" || pe.RetryAfter <= 0 {
+			t.Fatalf("acquire on a full pool: %v", err)
+		}
+		return pe.RetryAfter
+	}
+	var returns []time.Duration
+	for range n {
+		returns = append(returns, hint(dial(t, f, client.Options{}), "crowd"))
+	}
+	// No release was seen, so the pool's rate is unknown and the slots are
+	// a second apart: the i-th client is told [est+i s, est+(i+1) s). Any
+	// one-second window then holds at most two returns; a constant or
+	// estimate-only hint puts all twenty in one.
+	slices.Sort(returns)
+	for i := range returns {
+		j := i
+		for j < len(returns) && returns[j]-returns[i] < time.Second {
+			j++
+		}
+		if j-i > 2 {
+			t.Fatalf("%d of %d refused clients return within one second: %v", j-i, n, returns)
+		}
+	}
+	if spread := returns[n-1] - returns[0]; spread < time.Duration(n-2)*time.Second {
+		t.Fatalf("returns spread over %v, want about %ds: %v", spread, n, returns)
+	}
+	// Another project is not queued behind the crowd.
+	if h := hint(hog, "other"); h > returns[0]+time.Second {
+		t.Fatalf("another project's first hint %v, the crowd's first %v", h, returns[0])
 	}
 }

@@ -6,10 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fairshare-dev/fairshare/client"
+	"github.com/fairshare-dev/fairshare/permitd"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -110,34 +113,160 @@ func TestEvictionBetweenTwoRuntimes(t *testing.T) {
 	}
 }
 
-// When the runtime owning the victim does not put it to sleep within a
-// second, the spawn is refused with TOO_MANY_RESIDENTS and its permit is
-// given back.
+// spawnTimers stands in for the server's spawn deadlines: every spawn asks
+// for one, and the test decides when each passes.
+type spawnTimers struct {
+	mu    sync.Mutex // guards the fields below
+	asked []time.Duration
+	fire  []chan time.Time
+}
+
+func (st *spawnTimers) after(d time.Duration) (<-chan time.Time, func() bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	st.asked = append(st.asked, d)
+	st.fire = append(st.fire, ch)
+	return ch, func() bool { return true }
+}
+
+func (st *spawnTimers) count() int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.asked)
+}
+
+// expireLast makes the most recent spawn's deadline pass.
+func (st *spawnTimers) expireLast(t *testing.T) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, d := range st.asked {
+		if d != permitd.EvictionWait {
+			t.Fatalf("a spawn asked for a deadline of %v, want %v", d, permitd.EvictionWait)
+		}
+	}
+	st.fire[len(st.fire)-1] <- time.Time{}
+}
+
+// startTimed serves a residents pool of size residents (and floor) whose own
+// eviction wait is an hour, with spawn deadlines under the test's control.
+func startTimed(t *testing.T, residents, floor int) (*fixture, *spawnTimers) {
+	st := &spawnTimers{}
+	sock := filepath.Join(t.TempDir(), "permits.sock")
+	f := startWith(t, sock, pools.Config{Name: "flights", Size: 4},
+		pools.Config{Name: "residents", Size: residents, Floor: floor, EvictWait: time.Hour},
+		func(s *permitd.Server) { permitd.SetSpawnTimer(s, st.after) })
+	return f, st
+}
+
+// When the runtime owning the victim does not put it to sleep by the
+// spawn's deadline, the spawn is refused with TOO_MANY_RESIDENTS, and the
+// victim, which its owner kept in memory, is counted resident again: the pool
+// never counts fewer residents than are awake, so it cannot exceed its size.
 func TestEvictionNotConfirmedRefuses(t *testing.T) {
-	f := start(t, 4, 4)
+	f, timers := startTimed(t, 4, 0)
 	big := newRuntime(t, f, true)
 	small := newRuntime(t, f, false)
 	ctx := context.Background()
 	spawnAll(t, big.Client, "big", "a1", "a2", "a3", "a4")
-	_, err := small.Spawn(ctx, "small", "b1")
+	done := make(chan error, 1)
+	go func() {
+		_, err := small.Spawn(ctx, "small", "b1")
+		done <- err
+	}()
+	eventually(t, "the evict event", func() bool { return len(big.evictions()) == 1 })
+	if got := big.evictions(); got[0].Object != "a1" {
+		t.Fatalf("evictions %+v, want a1", got)
+	}
+	if s := f.srv.Snapshot().Residents; s.Evicting != 1 || s.Spawning != 1 {
+		t.Fatalf("while waiting: evicting %d spawning %d", s.Evicting, s.Spawning)
+	}
+	// The deadline the spawn began with also ends the wait for the
+	// confirmation: no second timer is started for it.
+	if n := timers.count(); n != 5 {
+		t.Fatalf("%d spawn deadlines started, want one per spawn (5)", n)
+	}
+	timers.expireLast(t)
+	err := <-done
 	var pe *client.Error
 	if !errors.Is(err, client.ErrTooManyResidents) || !errors.As(err, &pe) || pe.RetryAfter <= 0 {
 		t.Fatalf("spawn with an uncooperative owner = %v, want TOO_MANY_RESIDENTS with retry", err)
 	}
-	if got := big.evictions(); len(got) != 1 || got[0].Object != "a1" {
-		t.Fatalf("evictions %+v, want a1", got)
-	}
 	s := f.srv.Snapshot().Residents
-	if s.Resident["small"] != 0 || s.Evicting != 1 || s.Spawning != 0 {
+	if s.Resident["big"] != 4 || s.Resident["small"] != 0 || s.Evicting != 0 || s.Spawning != 0 {
 		t.Fatalf("after refusal: resident %v evicting %d spawning %d", s.Resident, s.Evicting, s.Spawning)
 	}
-	// The late confirmation is accepted and settles the books.
+	if s.Pool.InUse != 4 || s.Pool.Sleeping["big"] != 0 || s.Pool.Evictions["big"] != nil {
+		t.Fatalf("pool after refusal: in use %d sleeping %v evictions %v", s.Pool.InUse, s.Pool.Sleeping, s.Pool.Evictions)
+	}
+	// The pool agrees a1 is awake: a call on it is accepted.
+	if err := big.Touch(ctx, "a1"); err != nil {
+		t.Fatalf("touch of the unconfirmed victim: %v", err)
+	}
+	// A late confirmation is a sleep of a resident object and settles the
+	// books.
 	if err := big.Sleep(ctx, "a1"); err != nil {
 		t.Fatalf("late sleep: %v", err)
 	}
 	s = f.srv.Snapshot().Residents
-	if s.Evicting != 0 || s.Sleeping["big"] != 1 || s.Pool.InUse != 3 {
+	if s.Evicting != 0 || s.Sleeping["big"] != 1 || s.Pool.InUse != 3 || s.Pool.Sleeping["big"] != 1 {
 		t.Fatalf("after late sleep: evicting %d sleeping %v in use %d", s.Evicting, s.Sleeping, s.Pool.InUse)
+	}
+	// Now there is room: the same spawn goes through without an eviction.
+	if _, err := small.Spawn(ctx, "small", "b1"); err != nil {
+		t.Fatalf("spawn after the late sleep: %v", err)
+	}
+}
+
+// A spawn that waits for room has one deadline: when it passes, the spawn
+// is refused even though the pool itself would wait much longer (an hour
+// here). Before, the pool's wait and a 2 s backstop applied.
+func TestSpawnDeadlineBoundsPoolWait(t *testing.T) {
+	f, timers := startTimed(t, 4, 2) // four projects of one each: nobody is over share 2
+	c := newRuntime(t, f, false)
+	for _, p := range []string{"a", "b", "c", "d"} {
+		spawnAll(t, c.Client, p, p+"1")
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Spawn(context.Background(), "e", "e1")
+		done <- err
+	}()
+	eventually(t, "the spawn to wait", func() bool { return f.srv.Snapshot().Residents.Spawning == 1 && timers.count() == 5 })
+	select {
+	case err := <-done:
+		t.Fatalf("spawn answered before its deadline: %v", err)
+	default:
+	}
+	timers.expireLast(t)
+	if err := <-done; !errors.Is(err, client.ErrTooManyResidents) {
+		t.Fatalf("spawn after the deadline: %v, want TOO_MANY_RESIDENTS", err)
+	}
+	s := f.srv.Snapshot().Residents
+	if s.Spawning != 0 || s.Pool.InUse != 4 || len(c.evictions()) != 0 {
+		t.Fatalf("after refusal: spawning %d in use %d evictions %v", s.Spawning, s.Pool.InUse, c.evictions())
+	}
+}
+
+// The same with the real timer: a pool that would wait an hour refuses a
+// spawn at the spawn's one-second deadline. The upper bound is generous (it
+// only catches a wait on the pool's own hour); the lower one is the rule.
+func TestSpawnRefusesWithinTheSecond(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "permits.sock")
+	f := startWith(t, sock, pools.Config{Name: "flights", Size: 4},
+		pools.Config{Name: "residents", Size: 4, Floor: 2, EvictWait: time.Hour}, nil)
+	c := newRuntime(t, f, false)
+	for _, p := range []string{"a", "b", "c", "d"} {
+		spawnAll(t, c.Client, p, p+"1")
+	}
+	begin := time.Now()
+	_, err := c.Spawn(context.Background(), "e", "e1")
+	took := time.Since(begin)
+	if !errors.Is(err, client.ErrTooManyResidents) {
+		t.Fatalf("spawn on a full pool: %v", err)
+	}
+	if took < permitd.EvictionWait-10*time.Millisecond || took > 30*time.Second {
+		t.Fatalf("refused after %v, want about %v", took, permitd.EvictionWait)
 	}
 }
 

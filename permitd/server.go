@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/pace"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -32,6 +33,10 @@ const DefaultMode os.FileMode = 0o660
 // EvictionWait is how long a spawn waits for an object to be put to sleep
 // before the pool refuses with TOO_MANY_RESIDENTS (the seed's one second).
 const EvictionWait = time.Second
+
+// maxRetry caps a retry hint: a project whose clients keep asking without
+// waiting pushes its own return slots out, but not past this.
+const maxRetry = time.Minute
 
 // writeTimeout bounds how long an answer may wait on a client that does not
 // read; such a client is disconnected rather than allowed to stall its reader.
@@ -62,6 +67,10 @@ type Server struct {
 	residents *pools.Residents
 	log       *slog.Logger
 	epoch     uint64 // high bits of every lease id, random per server
+	pacer     *pace.Pacer
+	// after starts a spawn's deadline; tests replace it with a timer they
+	// fire themselves.
+	after func(time.Duration) (<-chan time.Time, func() bool)
 
 	nextLease   atomic.Uint64
 	nextSession atomic.Uint64
@@ -114,6 +123,8 @@ func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log
 		pools:     make(map[string]*pools.Pool, len(pls)),
 		residents: residents,
 		log:       log,
+		pacer:     pace.New(maxRetry),
+		after:     realAfter,
 		sessions:  map[uint64]*session{},
 		objects:   map[string]*object{},
 		sleepers:  map[string][]chan struct{}{},
