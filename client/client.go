@@ -15,11 +15,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
+
+	"github.com/fairshare-dev/fairshare/internal/wire"
 )
 
-// DefaultSocket is the daemon's permit socket when Options.Socket is empty.
-const DefaultSocket = "/run/fairshare/permits.sock"
+// DefaultSocket is the daemon's permit socket when Options.Socket is empty
+// (the server's default: one definition, in internal/wire).
+const DefaultSocket = wire.DefaultSocket
 
 var (
 	// ErrRefused matches an *Error whose pool refused by the fair-share rule.
@@ -359,18 +361,18 @@ func (rq *request) appendTo(b []byte) []byte {
 	b = append(b, `{"id":`...)
 	b = strconv.AppendUint(b, rq.ID, 10)
 	b = append(b, `,"op":`...)
-	b = appendString(b, rq.Op)
+	b = wire.AppendString(b, rq.Op)
 	if rq.Pool != "" {
 		b = append(b, `,"pool":`...)
-		b = appendString(b, rq.Pool)
+		b = wire.AppendString(b, rq.Pool)
 	}
 	if rq.Project != "" {
 		b = append(b, `,"project":`...)
-		b = appendString(b, rq.Project)
+		b = wire.AppendString(b, rq.Project)
 	}
 	if rq.Object != "" {
 		b = append(b, `,"object":`...)
-		b = appendString(b, rq.Object)
+		b = wire.AppendString(b, rq.Object)
 	}
 	if rq.Lease != 0 {
 		b = append(b, `,"lease":`...)
@@ -567,33 +569,4 @@ func (c *Client) setResident(object, project string, resident bool) {
 	if resident {
 		o.touched = time.Now()
 	}
-}
-
-// appendString writes s as a JSON string (see permitd's twin).
-func appendString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); {
-		ch := s[i]
-		if ch < utf8.RuneSelf {
-			switch {
-			case ch == '"' || ch == '\\':
-				b = append(b, '\\', ch)
-			case ch < 0x20:
-				b = append(b, '\\', 'u', '0', '0', hex[ch>>4], hex[ch&0xf])
-			default:
-				b = append(b, ch)
-			}
-			i++
-			continue
-		}
-		r, n := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && n == 1 {
-			b = append(b, `\ufffd`...)
-		} else {
-			b = append(b, s[i:i+n]...)
-		}
-		i += n
-	}
-	return append(b, '"')
 }

@@ -2,7 +2,7 @@
 
 package client
 
-import "unicode/utf8"
+import "github.com/fairshare-dev/fairshare/internal/wire"
 
 // Answers are parsed by hand on the common path because encoding/json was
 // the largest user-space cost of a pipelined round trip.
@@ -16,27 +16,27 @@ import "unicode/utf8"
 // path never reads a line differently from encoding/json.
 func parseReply(line []byte, rp *reply) bool {
 	*rp = reply{}
-	i := skipSpace(line, 0)
+	i := wire.SkipSpace(line, 0)
 	if i >= len(line) || line[i] != '{' {
 		return false
 	}
-	i = skipSpace(line, i+1)
+	i = wire.SkipSpace(line, i+1)
 	if i < len(line) && line[i] == '}' {
-		return skipSpace(line, i+1) == len(line)
+		return wire.SkipSpace(line, i+1) == len(line)
 	}
 	for {
-		key, j, ok := scanString(line, i)
+		key, j, ok := wire.ScanString(line, i)
 		if !ok {
 			return false
 		}
-		j = skipSpace(line, j)
+		j = wire.SkipSpace(line, j)
 		if j >= len(line) || line[j] != ':' {
 			return false
 		}
-		j = skipSpace(line, j+1)
+		j = wire.SkipSpace(line, j+1)
 		switch string(key) {
 		case "id", "lease", "session", "retry_after_ms":
-			v, k, ok := scanUint(line, j)
+			v, k, ok := wire.ScanUint(line, j)
 			if !ok {
 				return false
 			}
@@ -55,7 +55,7 @@ func parseReply(line []byte, rp *reply) bool {
 			}
 			j = k
 		case "ok", "released":
-			v, k, ok := scanBool(line, j)
+			v, k, ok := wire.ScanBool(line, j)
 			if !ok {
 				return false
 			}
@@ -66,7 +66,7 @@ func parseReply(line []byte, rp *reply) bool {
 			}
 			j = k
 		case "code", "error", "note", "event", "project", "object", "reason":
-			s, k, ok := scanString(line, j)
+			s, k, ok := wire.ScanString(line, j)
 			if !ok {
 				return false
 			}
@@ -90,81 +90,17 @@ func parseReply(line []byte, rp *reply) bool {
 		default:
 			return false
 		}
-		j = skipSpace(line, j)
+		j = wire.SkipSpace(line, j)
 		if j >= len(line) {
 			return false
 		}
 		switch line[j] {
 		case ',':
-			i = skipSpace(line, j+1)
+			i = wire.SkipSpace(line, j+1)
 		case '}':
-			return skipSpace(line, j+1) == len(line)
+			return wire.SkipSpace(line, j+1) == len(line)
 		default:
 			return false
 		}
 	}
-}
-
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && isSpace(b[i]) {
-		i++
-	}
-	return i
-}
-
-func endsValue(b []byte, j int) bool {
-	return j >= len(b) || b[j] == ',' || b[j] == '}' || isSpace(b[j])
-}
-
-// scanString reads a JSON string without escapes starting at the opening
-// quote b[i]; it returns the contents and the index after the closing quote.
-func scanString(b []byte, i int) (s []byte, next int, ok bool) {
-	if i >= len(b) || b[i] != '"' {
-		return nil, 0, false
-	}
-	start := i + 1
-	high := false
-	for j := start; j < len(b); j++ {
-		c := b[j]
-		switch {
-		case c == '"':
-			s = b[start:j]
-			if high && !utf8.Valid(s) {
-				return nil, 0, false // encoding/json would replace bytes
-			}
-			return s, j + 1, true
-		case c == '\\' || c < 0x20:
-			return nil, 0, false
-		case c >= utf8.RuneSelf:
-			high = true
-		}
-	}
-	return nil, 0, false
-}
-
-// scanUint reads an unsigned decimal integer of at most 19 digits (so it
-// cannot overflow) without a leading zero.
-func scanUint(b []byte, i int) (v uint64, next int, ok bool) {
-	j := i
-	for j < len(b) && b[j] >= '0' && b[j] <= '9' {
-		v = v*10 + uint64(b[j]-'0')
-		j++
-	}
-	n := j - i
-	if n == 0 || n > 19 || (n > 1 && b[i] == '0') || !endsValue(b, j) {
-		return 0, 0, false
-	}
-	return v, j, true
-}
-
-func scanBool(b []byte, i int) (v bool, next int, ok bool) {
-	switch {
-	case len(b)-i >= 4 && string(b[i:i+4]) == "true" && endsValue(b, i+4):
-		return true, i + 4, true
-	case len(b)-i >= 5 && string(b[i:i+5]) == "false" && endsValue(b, i+5):
-		return false, i + 5, true
-	}
-	return false, 0, false
 }

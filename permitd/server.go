@@ -20,11 +20,13 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/pace"
+	"github.com/fairshare-dev/fairshare/internal/wire"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
-// DefaultSocket is where the permit API listens when Config.Socket is empty.
-const DefaultSocket = "/run/fairshare/permits.sock"
+// DefaultSocket is where the permit API listens when Config.Socket is empty;
+// it is the client's default too (one definition, in internal/wire).
+const DefaultSocket = wire.DefaultSocket
 
 // DefaultMode is the socket's permission when Config.Mode is zero: owner and
 // group may connect, others may not.

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/wire"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -203,5 +204,5 @@ func (ss *session) sendEvent(ev *pools.Eviction) {
 }
 
 func quote(s string) string {
-	return string(appendString(nil, s))
+	return string(wire.AppendString(nil, s))
 }

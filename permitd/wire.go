@@ -6,8 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
-	"unicode/utf8"
 
+	"github.com/fairshare-dev/fairshare/internal/wire"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -128,9 +128,9 @@ func appendResponse(b []byte, r *response) []byte {
 	}
 	if f := r.Refusal; f != nil {
 		b = append(b, `,"refusal":{`...)
-		b = appendString(b, "pool")
+		b = wire.AppendString(b, "pool")
 		b = append(b, ':')
-		b = appendString(b, f.Pool)
+		b = wire.AppendString(b, f.Pool)
 		b = appendField(b, "project", f.Project)
 		b = appendField(b, "reason", f.Reason)
 		b = appendInt(b, "held", f.Held)
@@ -156,7 +156,7 @@ func appendResponse(b []byte, r *response) []byte {
 // appendEvent encodes an evict event for the session that owns e.Object.
 func appendEvent(b []byte, e *pools.Eviction) []byte {
 	b = append(b, `{"event":"evict","project":`...)
-	b = appendString(b, e.Project)
+	b = wire.AppendString(b, e.Project)
 	b = appendField(b, "object", e.Object)
 	b = appendField(b, "reason", e.Reason)
 	return append(b, '}', '\n')
@@ -164,7 +164,7 @@ func appendEvent(b []byte, e *pools.Eviction) []byte {
 
 func appendEviction(b []byte, e *pools.Eviction) []byte {
 	b = append(b, `{"project":`...)
-	b = appendString(b, e.Project)
+	b = wire.AppendString(b, e.Project)
 	b = appendField(b, "object", e.Object)
 	b = appendField(b, "reason", e.Reason)
 	return append(b, '}')
@@ -172,45 +172,14 @@ func appendEviction(b []byte, e *pools.Eviction) []byte {
 
 func appendField(b []byte, k, v string) []byte {
 	b = append(b, ',')
-	b = appendString(b, k)
+	b = wire.AppendString(b, k)
 	b = append(b, ':')
-	return appendString(b, v)
+	return wire.AppendString(b, v)
 }
 
 func appendInt(b []byte, k string, v int) []byte {
 	b = append(b, ',')
-	b = appendString(b, k)
+	b = wire.AppendString(b, k)
 	b = append(b, ':')
 	return strconv.AppendInt(b, int64(v), 10)
-}
-
-// appendString writes s as a JSON string. Control characters and invalid
-// UTF-8 are escaped or replaced, because names and error texts may echo
-// whatever a client sent.
-func appendString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			switch {
-			case c == '"' || c == '\\':
-				b = append(b, '\\', c)
-			case c < 0x20:
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			default:
-				b = append(b, c)
-			}
-			i++
-			continue
-		}
-		r, n := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && n == 1 {
-			b = append(b, `\ufffd`...)
-		} else {
-			b = append(b, s[i:i+n]...)
-		}
-		i += n
-	}
-	return append(b, '"')
 }
