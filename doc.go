@@ -25,6 +25,8 @@
 //	            config/ (YAML), policy/ (bbolt store), admin/ (unix-socket
 //	            API) and metrics/ (Prometheus collector)
 //	drill/      the fair-share drill: the seed's experiment, run on this host
+//	internal/   pace (per-project Retry-After slots shared by the front and
+//	            the permit API) and wire (the permit protocol's line codec)
 //	cmd/        cmd/fairshare: the one binary (run, policy, status, cleanup,
 //	            drill, version)
 //
