@@ -285,15 +285,23 @@ struct {
 } fs_listeners SEC(".maps");
 
 /*
- * Project listeners per local port: the cheap first filter of the inbound
- * paths, which run for every SYN and every accepted child of the host. An
- * array lookup is inlined by the verifier; the hash lookups behind it are not.
+ * Project listening addresses per local port (all namespaces), split by
+ * kind: the cheap first filter of the inbound paths, which run for every SYN
+ * and every accepted child of the host, and a hint that spares the listener
+ * lookup that would miss (a wildcard listener, the usual server, is found
+ * with one lookup instead of two). An array lookup is inlined by the
+ * verifier; the hash lookups behind it are not.
  */
+struct fs_port {
+	__u32 specific; /* listeners on one address */
+	__u32 wildcard; /* listeners on 0.0.0.0 or :: */
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 65536); /* one slot per TCP port */
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct fs_port);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_ports SEC(".maps");
 
@@ -713,6 +721,12 @@ static __always_inline __u64 sock_netns(struct sock *sk)
 	return BPF_CORE_READ(sk, __sk_common.skc_net.net, net_cookie);
 }
 
+static __always_inline bool wild_addr(const __u8 *addr)
+{
+	const __u64 *a = (const __u64 *)addr;
+	return a[0] == 0 && a[1] == 0;
+}
+
 /* on_listen records a project's listening address for sk_lookup. */
 static __always_inline void on_listen(struct sock *sk)
 {
@@ -731,9 +745,9 @@ static __always_inline void on_listen(struct sock *sk)
 	};
 	if (bpf_map_update_elem(&fs_listeners, &k, &l, BPF_NOEXIST) == 0) {
 		__u32 port = k.port;
-		__u32 *n = bpf_map_lookup_elem(&fs_ports, &port);
+		struct fs_port *n = bpf_map_lookup_elem(&fs_ports, &port);
 		if (n)
-			__sync_fetch_and_add(n, 1);
+			__sync_fetch_and_add(wild_addr(k.addr) ? &n->wildcard : &n->specific, 1);
 		return;
 	}
 	/* Already known (a second SO_REUSEPORT listener, or the reconcile dump
@@ -743,8 +757,8 @@ static __always_inline void on_listen(struct sock *sk)
 
 static __always_inline bool port_listened(__u32 port)
 {
-	__u32 *n = bpf_map_lookup_elem(&fs_ports, &port);
-	return n && *n;
+	struct fs_port *n = bpf_map_lookup_elem(&fs_ports, &port);
+	return n && (n->specific || n->wildcard);
 }
 
 static __always_inline void on_unlisten(struct sock *sk)
@@ -756,17 +770,29 @@ static __always_inline void on_unlisten(struct sock *sk)
 	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, &k);
 	if (l && l->cookie == bpf_get_socket_cookie(sk) && bpf_map_delete_elem(&fs_listeners, &k) == 0) {
 		__u32 port = k.port;
-		__u32 *n = bpf_map_lookup_elem(&fs_ports, &port);
-		if (n && *n)
-			__sync_fetch_and_add(n, -1);
+		struct fs_port *n = bpf_map_lookup_elem(&fs_ports, &port);
+		if (!n)
+			return;
+		__u32 *c = wild_addr(k.addr) ? &n->wildcard : &n->specific;
+		if (*c)
+			__sync_fetch_and_add(c, -1);
 	}
 }
 
+/* find_listener looks k up, then its wildcard, skipping a kind the port lacks. */
 static __always_inline struct fs_listener *find_listener(struct fs_listen_key *k)
 {
-	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, k);
-	if (l)
-		return l;
+	__u32 port = k->port;
+	struct fs_port *n = bpf_map_lookup_elem(&fs_ports, &port);
+	if (!n)
+		return NULL;
+	if (n->specific) {
+		struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, k);
+		if (l)
+			return l;
+	}
+	if (!n->wildcard)
+		return NULL;
 	__builtin_memset(k->addr, 0, 16);
 	return bpf_map_lookup_elem(&fs_listeners, k);
 }

@@ -78,25 +78,26 @@ func cycle(b *testing.B, lfd int, sa unix.Sockaddr) {
 //
 // "outbound": the listener is outside the projects, only the client side
 // takes a permit. "both": client and listener are in the project, the cycle
-// takes two permits (one per side).
+// takes two permits (one per side). "both-wildcard": the same with the
+// listener on 0.0.0.0, as most servers listen.
 func BenchmarkConnectAcceptClose(b *testing.B) {
 	requireRoot(b)
-	for _, both := range []bool{false, true} {
-		name := "outbound"
-		if both {
-			name = "both"
-		}
-		b.Run(name, func(b *testing.B) { benchCycle(b, both) })
-	}
+	b.Run("outbound", func(b *testing.B) { benchCycle(b, false, false) })
+	b.Run("both", func(b *testing.B) { benchCycle(b, true, false) })
+	b.Run("both-wildcard", func(b *testing.B) { benchCycle(b, true, true) })
 }
 
-func benchListener(b *testing.B) (int, unix.Sockaddr) {
+func benchListener(b *testing.B, wildcard bool) (int, unix.Sockaddr) {
 	lfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { unix.Close(lfd) })
-	if err := unix.Bind(lfd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+	addr := [4]byte{127, 0, 0, 1}
+	if wildcard {
+		addr = [4]byte{}
+	}
+	if err := unix.Bind(lfd, &unix.SockaddrInet4{Addr: addr}); err != nil {
 		b.Fatal(err)
 	}
 	if err := unix.Listen(lfd, 128); err != nil {
@@ -106,21 +107,24 @@ func benchListener(b *testing.B) (int, unix.Sockaddr) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	if in4, ok := sa.(*unix.SockaddrInet4); ok && wildcard {
+		in4.Addr = [4]byte{127, 0, 0, 1}
+	}
 	return lfd, sa
 }
 
-func benchCycle(b *testing.B, both bool) {
+func benchCycle(b *testing.B, both, wildcard bool) {
 	root := newRoot(b)
 	pin := newPinDir(b)
 	proj := mkProject(b, root, "bench")
 	var lfd int
 	var sa unix.Sockaddr
 	if !both {
-		lfd, sa = benchListener(b) // created outside the project
+		lfd, sa = benchListener(b, wildcard) // created outside the project
 	}
 	moveSelf(b, proj)
 	if both {
-		lfd, sa = benchListener(b)
+		lfd, sa = benchListener(b, wildcard)
 	}
 
 	open := func() *Limiter {

@@ -26,6 +26,7 @@ func TestGoCLayoutsAgree(t *testing.T) {
 		"fs_slot":        limiterFsSlot{},
 		"fs_listen_key":  limiterFsListenKey{},
 		"fs_listener":    limiterFsListener{},
+		"fs_port":        limiterFsPort{},
 		"fs_resv_key":    limiterFsResvKey{},
 		"fs_resv":        limiterFsResv{},
 		"fs_adjust_args": limiterFsAdjustArgs{},

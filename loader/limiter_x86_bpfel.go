@@ -62,6 +62,12 @@ type limiterFsPool struct {
 	Spilled     int64
 }
 
+type limiterFsPort struct {
+	_        structs.HostLayout
+	Specific uint32
+	Wildcard uint32
+}
+
 type limiterFsProject struct {
 	_          structs.HostLayout
 	InUse      int64
