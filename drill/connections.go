@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -35,8 +36,7 @@ var ErrNotRoot = errors.New("the connections drill needs root (it loads BPF prog
 type loopSpec struct {
 	Addr       string        `json:"addr"`
 	Writers    int           `json:"writers"`
-	Start      int64         `json:"start_unix_ns"`
-	Stop       int64         `json:"stop_unix_ns"`
+	Sends      [][2]int64    `json:"sends_unix_ns"` // [from, to) intervals
 	RetryPause time.Duration `json:"retry_pause"`
 }
 
@@ -72,9 +72,14 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 	if err != nil {
 		return nil, fmt.Errorf("finding cgroup2: %w", err)
 	}
-	tag := "fairshare-drill-" + strconv.Itoa(os.Getpid())
+	if removed, err := RemoveStale(bpffsDir, mount); err != nil {
+		cfg.Log.Warn("could not remove what a killed drill left behind", "err", err)
+	} else if len(removed) > 0 {
+		cfg.Log.Warn("removed what a killed drill left behind", "paths", removed)
+	}
+	tag := stalePrefix + strconv.Itoa(os.Getpid())
 	root := filepath.Join(mount, tag)
-	pinDir := filepath.Join("/sys/fs/bpf", tag)
+	pinDir := filepath.Join(bpffsDir, tag)
 	// Cleanup in reverse order of setup, whatever failed: processes, then
 	// cgroups, then the pinned programs.
 	var cleanups []func() error
@@ -124,11 +129,14 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 	bg.Add(1)
 	go func() { defer bg.Done(); serveHold(ctx, l, cfg.ServiceTime, &bg) }()
 
-	tl := newTimeline(time.Now().Add(200*time.Millisecond), cfg.Warmup, cfg.Phase)
-	hold := newHoldings()
 	// The kernel applies a new share when the control loop writes it, up to
-	// one period after big's first connect: judge the floor from then on.
-	hold.settle = cfg.Recompute + cfg.Sample
+	// one period after big's first connect: judge the floor from then on,
+	// in slices long enough that most of each is settled.
+	settle := cfg.Recompute + cfg.Sample
+	cfg.Slices = max(1, min(cfg.Slices, int(cfg.Phase/(2*settle))))
+	tl := newTimeline(time.Now().Add(200*time.Millisecond), cfg.Warmup, cfg.Phase, cfg.Slices)
+	hold := newHoldings()
+	hold.settle = settle
 	if s, err := lim.Snapshot(); err == nil {
 		hold.floor = s.Floor
 	} else {
@@ -141,12 +149,15 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 		wg  sync.WaitGroup
 	}
 	procs := map[string]*proc{}
-	start := func(project string, writers int, from, to time.Time) error {
-		spec, _ := json.Marshal(loopSpec{Addr: l.Addr().String(), Writers: writers, Start: from.UnixNano(),
-			Stop: to.UnixNano(), RetryPause: cfg.RetryPause})
+	start := func(project string, writers int) error {
+		spec := loopSpec{Addr: l.Addr().String(), Writers: writers, RetryPause: cfg.RetryPause}
+		for _, iv := range tl.sends(project) {
+			spec.Sends = append(spec.Sends, [2]int64{iv.from.UnixNano(), iv.to.UnixNano()})
+		}
+		specJSON, _ := json.Marshal(spec)
 		cmd := exec.CommandContext(ctx, loopCmd[0], loopCmd[1:]...)
 		cmd.Env = append(os.Environ(), LoopEnv+"=1")
-		cmd.Stdin = bytes.NewReader(spec)
+		cmd.Stdin = bytes.NewReader(specJSON)
 		cmd.Stderr = os.Stderr
 		// Born in the project's cgroup: its first connect already counts.
 		// Pdeathsig: a drill killed outright does not leave its loops running.
@@ -175,10 +186,10 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 		}()
 		return nil
 	}
-	if err := start(Small, cfg.SmallWriters, tl.start, tl.bigAloneAt); err != nil {
+	if err := start(Small, cfg.SmallWriters); err != nil {
 		return nil, err
 	}
-	if err := start(Big, cfg.BigWriters, tl.bothAt, tl.endAt); err != nil {
+	if err := start(Big, cfg.BigWriters); err != nil {
 		return nil, err
 	}
 	var tickErr error
@@ -202,7 +213,7 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 			for _, p := range s.Projects {
 				held[p.Project] += p.InUse
 			}
-			hold.observe(tl, time.Now(), s.InUse, held)
+			hold.observe(time.Now(), s.InUse, held)
 		})
 	}()
 	res := map[string][]result{}
@@ -256,6 +267,77 @@ func serveHold(ctx context.Context, l net.Listener, hold time.Duration, bg *sync
 	}
 }
 
+// bpffsDir is where the connections drill pins its programs.
+const bpffsDir = "/sys/fs/bpf"
+
+// stalePrefix starts the names of the drill's pin directory and cgroup; the
+// drill's pid follows.
+const stalePrefix = "fairshare-drill-"
+
+// RemoveStale removes the pin directories under bpffs and the cgroups under
+// cgroupMount that a connections drill killed outright (SIGKILL: none of its
+// cleanup ran) left behind: those named after a pid that no longer runs. A
+// drill that is still running is left alone. It returns what it removed.
+func RemoveStale(bpffs, cgroupMount string) (removed []string, err error) {
+	var errs []error
+	for _, dir := range []string{bpffs, cgroupMount} {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listing %s: %w", dir, err))
+			continue
+		}
+		for _, e := range ents {
+			rest, ok := strings.CutPrefix(e.Name(), stalePrefix)
+			if !ok || !e.IsDir() {
+				continue
+			}
+			pid, err := strconv.Atoi(rest)
+			if err != nil || pid <= 0 || processAlive(pid) {
+				continue
+			}
+			path := filepath.Join(dir, e.Name())
+			if dir == bpffs {
+				err = loader.Cleanup(path)
+			} else {
+				err = removeCgroupTree(path)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("removing stale %s: %w", path, err))
+				continue
+			}
+			removed = append(removed, path)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// processAlive reports whether pid is a running process (signal 0 checks
+// without sending anything; EPERM still means it exists).
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// removeCgroupTree removes a cgroup and every cgroup below it, deepest first
+// (a cgroup with children cannot be removed).
+func removeCgroupTree(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("listing cgroup %s: %w", dir, err)
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			if err := removeCgroupTree(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return removeCgroup(dir)
+}
+
 // removeCgroup removes a cgroup directory, waiting briefly for the kernel to
 // notice that its last task exited (rmdir fails with EBUSY until then).
 func removeCgroup(dir string) error {
@@ -281,7 +363,6 @@ func ConnectLoop(ctx context.Context, in io.Reader, out io.Writer) error {
 	if err := json.NewDecoder(in).Decode(&spec); err != nil {
 		return fmt.Errorf("reading the loop spec: %w", err)
 	}
-	start, stop := time.Unix(0, spec.Start), time.Unix(0, spec.Stop)
 	var (
 		mu  sync.Mutex // guards all
 		all []loopResult
@@ -294,15 +375,18 @@ func ConnectLoop(ctx context.Context, in io.Reader, out io.Writer) error {
 			defer wg.Done()
 			var mine []loopResult
 			defer func() { mu.Lock(); all = append(all, mine...); mu.Unlock() }()
-			if !sleepUntil(ctx, start) {
-				return
-			}
-			for ctx.Err() == nil && time.Now().Before(stop) {
-				t0 := time.Now()
-				st := exchange(ctx, &d, spec.Addr)
-				mine = append(mine, loopResult{Sent: t0.UnixNano(), Latency: int64(time.Since(t0)), Status: st})
-				if st != statusOK {
-					sleepUntil(ctx, time.Now().Add(spec.RetryPause))
+			for _, iv := range spec.Sends {
+				if !sleepUntil(ctx, time.Unix(0, iv[0])) {
+					return
+				}
+				stop := time.Unix(0, iv[1])
+				for ctx.Err() == nil && time.Now().Before(stop) {
+					t0 := time.Now()
+					st := exchange(ctx, &d, spec.Addr)
+					mine = append(mine, loopResult{Sent: t0.UnixNano(), Latency: int64(time.Since(t0)), Status: st})
+					if st != statusOK {
+						sleepUntil(ctx, time.Now().Add(spec.RetryPause))
+					}
 				}
 			}
 		}()

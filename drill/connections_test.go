@@ -7,10 +7,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/fairshare-dev/fairshare/loader"
 )
@@ -78,5 +82,69 @@ func TestConnectionsDrillNeedsRoot(t *testing.T) {
 	}
 	if _, err := RunConnections(context.Background(), Config{}, []string{"true"}); err != ErrNotRoot {
 		t.Errorf("err = %v, want ErrNotRoot", err)
+	}
+}
+
+// TestRemoveStale leaves a drill killed outright would: a pin directory with a
+// pinned map and a project cgroup under the drill's cgroup, named after a pid
+// that has exited. The next drill removes them, and leaves alone those of a
+// drill still running.
+func TestRemoveStale(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: pins a map and creates cgroups")
+	}
+	mount, err := loader.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	mk := func(pid int) (pinDir, cg string) {
+		tag := fmt.Sprintf("%s%d", stalePrefix, pid)
+		pinDir, cg = filepath.Join(bpffsDir, tag), filepath.Join(mount, tag)
+		t.Cleanup(func() {
+			if err := loader.Cleanup(pinDir); err != nil {
+				t.Error(err)
+			}
+			if err := removeCgroupTree(cg); err != nil {
+				t.Error(err)
+			}
+		})
+		if err := os.MkdirAll(pinDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		if err := m.Pin(filepath.Join(pinDir, "some_map")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(cg, Small), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return pinDir, cg
+	}
+	stalePin, staleCg := mk(dead.Process.Pid)
+	livePin, liveCg := mk(os.Getpid())
+	removed, err := RemoveStale(bpffsDir, mount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{stalePin, staleCg} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("stale %s still there: %v", p, err)
+		}
+		if !slices.Contains(removed, p) {
+			t.Errorf("removed %v does not name %s", removed, p)
+		}
+	}
+	for _, p := range []string{livePin, liveCg} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("a running drill's %s was removed: %v", p, err)
+		}
 	}
 }

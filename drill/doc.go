@@ -14,6 +14,17 @@
 //	both       small and big together
 //	big-alone  big alone, after small stopped
 //
+// "solo" and "both" take turns in slices (Config.Slices, 10 by default: ten
+// half-second turns each with 5s phases), solo first, and "big-alone"
+// follows the last "both" slice. The p99 ratio compares two phases measured
+// on the same machine, and whatever else that machine is doing (other
+// processes, a compile, the drill's own garbage collection) changes over
+// seconds: run one after the other, a burst of outside load that falls on
+// one phase and not the other moves the ratio more than the rule does. Taking
+// turns puts such a burst on both sides alike. A solo slice after a both
+// slice counts from when big's last request of that slice ended, so "solo"
+// is small alone.
+//
 // A writer that is refused (429) pauses briefly (Config.RetryPause) and
 // tries again. It does not wait for Retry-After: the drill is about what the
 // admitted work holds and how fast it completes, and a writer sleeping a whole

@@ -49,13 +49,17 @@ type Config struct {
 	BigWriters   int           // 16
 	SmallWriters int           // 2
 	Phase        time.Duration // length of each phase; 5s
-	Warmup       time.Duration // small runs this long before the solo phase starts counting; 500ms
-	ServiceTime  time.Duration // the upstream's fixed cost per request (or connection hold time); 20ms
-	RetryPause   time.Duration // a refused writer's pause before it tries again; 10ms
-	Sample       time.Duration // pool snapshot interval for permits held; 1ms
-	Recompute    time.Duration // pool recompute period, as in the daemon; 1s
-	TargetRatio  float64       // our goal for small's p99 ratio; 2
-	Log          *slog.Logger
+	// Slices is how many turns "solo" and "both" take, alternating, each
+	// lasting Phase/Slices (see timeline); 10. RunConnections uses fewer
+	// when the kernel's share takes a control period to follow big.
+	Slices      int
+	Warmup      time.Duration // small runs this long before the solo phase starts counting; 500ms
+	ServiceTime time.Duration // the upstream's fixed cost per request (or connection hold time); 20ms
+	RetryPause  time.Duration // a refused writer's pause before it tries again; 10ms
+	Sample      time.Duration // pool snapshot interval for permits held; 1ms
+	Recompute   time.Duration // pool recompute period, as in the daemon; 1s
+	TargetRatio float64       // our goal for small's p99 ratio; 2
+	Log         *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
@@ -73,6 +77,9 @@ func (c Config) withDefaults() Config {
 	if c.SmallWriters <= 0 {
 		c.SmallWriters = 2
 	}
+	if c.Slices <= 0 {
+		c.Slices = 10
+	}
 	def(&c.Phase, 5*time.Second)
 	def(&c.Warmup, 500*time.Millisecond)
 	def(&c.ServiceTime, 20*time.Millisecond)
@@ -88,43 +95,130 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// timeline places the phases: small runs from 0 to the end of "both", big
-// from the start of "both" to the end.
+// timeline places the phases. Small runs from the warm-up to the end of the
+// last "both" slice; big runs in every "both" slice and then, without a
+// break, through "big-alone". With slices > 1, "solo" and "both" take turns
+// in that many slices each (solo first, both last), so that whatever else the
+// machine does while the drill runs (other processes, a compile, a GC of the
+// drill's own load generators) falls on both sides of the ratio alike, instead
+// of on whichever phase it happened to coincide with.
 type timeline struct {
-	start             time.Time
-	warmup, phase     time.Duration
-	soloAt, bothAt    time.Time
-	bigAloneAt, endAt time.Time
+	start      time.Time // small's warm-up begins
+	soloAt     time.Time // the first solo slice begins
+	bigAloneAt time.Time
+	endAt      time.Time
+	spans      []span // every slice and big-alone, in order
 }
 
-func newTimeline(start time.Time, warmup, phase time.Duration) timeline {
-	tl := timeline{start: start, warmup: warmup, phase: phase}
-	tl.soloAt = start.Add(warmup)
-	tl.bothAt = tl.soloAt.Add(phase)
-	tl.bigAloneAt = tl.bothAt.Add(phase)
-	tl.endAt = tl.bigAloneAt.Add(phase)
+// span is one slice of a phase.
+type span struct {
+	phase int // 0 solo, 1 both, 2 big-alone
+	from  time.Time
+	// count is when the slice starts counting: from, except in a solo
+	// slice after a both slice, where it is when big's last request of
+	// that slice ended (see settleGaps): small is not alone before.
+	count time.Time
+	to    time.Time
+}
+
+// interval is a time a project's writers send, [from, to).
+type interval struct{ from, to time.Time }
+
+func newTimeline(start time.Time, warmup, phase time.Duration, slices int) timeline {
+	slices = max(slices, 1)
+	tl := timeline{start: start, soloAt: start.Add(warmup)}
+	at := tl.soloAt
+	// Pair k of (solo, both) slices takes [2b(k), 2b(k+1)) after soloAt,
+	// where b(k) = phase*k/slices: the slices add up to phase exactly.
+	b := func(k int) time.Duration { return phase * time.Duration(k) / time.Duration(slices) }
+	for i := range 2 * slices {
+		k := i / 2
+		to := tl.soloAt.Add(2 * b(k+1))
+		if i%2 == 0 {
+			to = tl.soloAt.Add(b(k) + b(k+1))
+		}
+		tl.spans = append(tl.spans, span{phase: i % 2, from: at, count: at, to: to})
+		at = to
+	}
+	tl.bigAloneAt = at
+	tl.endAt = at.Add(phase)
+	tl.spans = append(tl.spans, span{phase: 2, from: at, count: at, to: tl.endAt})
 	return tl
 }
 
+// settleGaps moves the count time of each solo slice that follows a both
+// slice to when big's last request (or connection) sent in that both slice
+// ended, so "solo" holds only what small did alone. Under load that can be
+// far more than one service time.
+func (tl timeline) settleGaps(big []result) {
+	for i := 1; i < len(tl.spans); i++ {
+		sp, prev := &tl.spans[i], tl.spans[i-1]
+		if sp.phase != 0 || prev.phase != 1 {
+			continue
+		}
+		for _, r := range big {
+			if r.sent.Before(prev.from) || !r.sent.Before(prev.to) {
+				continue
+			}
+			if end := r.sent.Add(r.latency); end.After(sp.count) {
+				sp.count = end
+			}
+		}
+		if sp.count.After(sp.to) {
+			sp.count = sp.to
+		}
+	}
+}
+
+// spanAt returns the span t is in (counting small's requests from its count
+// time), or nil during warm-up, in a gap and after the end.
+func (tl timeline) spanAt(t time.Time) *span {
+	for i := range tl.spans {
+		sp := &tl.spans[i]
+		if !t.Before(sp.count) && t.Before(sp.to) {
+			return sp
+		}
+	}
+	return nil
+}
+
 // phaseAt returns the phase index (0 solo, 1 both, 2 big-alone) of t, or -1
-// during warm-up and after the end.
+// during warm-up, in a gap and after the end.
 func (tl timeline) phaseAt(t time.Time) int {
-	switch {
-	case t.Before(tl.soloAt):
-		return -1
-	case t.Before(tl.bothAt):
-		return 0
-	case t.Before(tl.bigAloneAt):
-		return 1
-	case t.Before(tl.endAt):
-		return 2
+	if sp := tl.spanAt(t); sp != nil {
+		return sp.phase
 	}
 	return -1
 }
 
-// phaseStart returns when phase i begins.
-func (tl timeline) phaseStart(i int) time.Time {
-	return [3]time.Time{tl.soloAt, tl.bothAt, tl.bigAloneAt}[i]
+// counted is how long phase i lasted, gaps excluded.
+func (tl timeline) counted(i int) time.Duration {
+	var d time.Duration
+	for _, sp := range tl.spans {
+		if sp.phase == i {
+			d += sp.to.Sub(sp.count)
+		}
+	}
+	return d
+}
+
+// sends returns when project's writers send.
+func (tl timeline) sends(project string) []interval {
+	if project == Small {
+		return []interval{{tl.start, tl.bigAloneAt}}
+	}
+	var out []interval
+	for _, sp := range tl.spans {
+		if sp.phase == 0 {
+			continue
+		}
+		if n := len(out); n > 0 && out[n-1].to.Equal(sp.from) {
+			out[n-1].to = sp.to
+			continue
+		}
+		out = append(out, interval{sp.from, sp.to})
+	}
+	return out
 }
 
 // result is one request (or connection) as a writer saw it.
@@ -142,45 +236,68 @@ const (
 	statusError
 )
 
-// holdings is the sampler's record of the pool, per phase.
+// holdings is the sampler's record of the pool. Samples are kept and sorted
+// into phases with the results, once the timeline's gaps are known.
 type holdings struct {
-	// settle is how long into a phase the rule takes to see the new set of
+	// settle is how long into a slice the rule takes to see the new set of
 	// active projects: 0 for the requests pool (a project joins the active
 	// set at its first ask), one control-loop period for the kernel's
 	// connection pool (the share in the maps is rewritten by Tick).
 	settle time.Duration
+	floor  int
 
-	mu       sync.Mutex // guards the fields below
+	mu      sync.Mutex // guards the fields below
+	samples []sample
+}
+
+// sample is the pool at one instant.
+type sample struct {
+	at    time.Time
+	inUse int
+	held  map[string]int
+}
+
+// holdingsByPhase is the samples sorted into phases.
+type holdingsByPhase struct {
 	maxHeld  [3]map[string]int
-	settled  [3]map[string]int // maxHeld, counting only samples from settle into the phase on
+	settled  [3]map[string]int // maxHeld, counting only samples from settle into a slice on
 	maxInUse [3]int
-	floor    int
 }
 
-func newHoldings() *holdings {
-	h := &holdings{}
-	for i := range h.maxHeld {
-		h.maxHeld[i] = map[string]int{}
-		h.settled[i] = map[string]int{}
-	}
-	return h
-}
+func newHoldings() *holdings { return &holdings{} }
 
-func (h *holdings) observe(tl timeline, at time.Time, inUse int, held map[string]int) {
-	phase := tl.phaseAt(at)
-	if phase < 0 {
-		return
-	}
-	settled := !at.Before(tl.phaseStart(phase).Add(h.settle))
+func (h *holdings) observe(at time.Time, inUse int, held map[string]int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.maxInUse[phase] = max(h.maxInUse[phase], inUse)
-	for p, n := range held {
-		h.maxHeld[phase][p] = max(h.maxHeld[phase][p], n)
-		if settled {
-			h.settled[phase][p] = max(h.settled[phase][p], n)
+	h.samples = append(h.samples, sample{at: at, inUse: inUse, held: held})
+}
+
+func (h *holdings) byPhase(tl timeline) holdingsByPhase {
+	var b holdingsByPhase
+	for i := range b.maxHeld {
+		b.maxHeld[i] = map[string]int{}
+		b.settled[i] = map[string]int{}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range h.samples {
+		sp := tl.spanAt(s.at)
+		if sp == nil {
+			continue
+		}
+		i := sp.phase
+		// A new set of projects takes settle to show in the share: from
+		// the start of each slice (big arrives anew in every "both" slice).
+		settled := !s.at.Before(sp.from.Add(h.settle))
+		b.maxInUse[i] = max(b.maxInUse[i], s.inUse)
+		for p, n := range s.held {
+			b.maxHeld[i][p] = max(b.maxHeld[i][p], n)
+			if settled {
+				b.settled[i][p] = max(b.settled[i][p], n)
+			}
 		}
 	}
+	return b
 }
 
 // Run runs the HTTP drill and returns its report. A failed verdict is in the
@@ -240,7 +357,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	go func() { defer bg.Done(); _ = f.Serve(ctx, frontL) }()
 	url := "http://" + frontL.Addr().String() + "/"
 
-	tl := newTimeline(time.Now(), cfg.Warmup, cfg.Phase)
+	tl := newTimeline(time.Now(), cfg.Warmup, cfg.Phase, cfg.Slices)
 	// A request that never comes back must not hang the drill: give the
 	// whole run a generous deadline.
 	watchdog := time.AfterFunc(time.Until(tl.endAt)+30*time.Second, func() { cancelCause(ErrOverran) })
@@ -260,7 +377,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			for _, p := range s.Projects {
 				held[p.Project] = p.Held
 			}
-			hold.observe(tl, time.Now(), s.InUse, held)
+			hold.observe(time.Now(), s.InUse, held)
 		})
 	}()
 
@@ -288,8 +405,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		return lat, statusError, fmt.Errorf("status %d", resp.StatusCode)
 	}
-	small := startWriters(ctx, cfg, Small, cfg.SmallWriters, tl.start, tl.bigAloneAt, send)
-	big := startWriters(ctx, cfg, Big, cfg.BigWriters, tl.bothAt, tl.endAt, send)
+	small := startWriters(ctx, cfg, Small, cfg.SmallWriters, tl.sends(Small), send)
+	big := startWriters(ctx, cfg, Big, cfg.BigWriters, tl.sends(Big), send)
 	smallRes, bigRes := small.wait(), big.wait()
 	overran := ctx.Err() != nil
 	cancel()
@@ -332,9 +449,10 @@ type writers struct {
 	res []result
 }
 
-// startWriters starts n closed-loop writers for project that send from
-// start until stop (a request sent before stop is completed).
-func startWriters(ctx context.Context, cfg Config, project string, n int, start, stop time.Time, send sendFunc) *writers {
+// startWriters starts n closed-loop writers for project that send during
+// each of the intervals (a request sent before an interval's end is
+// completed).
+func startWriters(ctx context.Context, cfg Config, project string, n int, when []interval, send sendFunc) *writers {
 	ws := &writers{}
 	tr := &http.Transport{MaxIdleConnsPerHost: n + 4, DisableCompression: true}
 	client := &http.Client{Transport: tr}
@@ -348,24 +466,23 @@ func startWriters(ctx context.Context, cfg Config, project string, n int, start,
 				ws.res = append(ws.res, mine...)
 				ws.mu.Unlock()
 			}()
-			if !sleepUntil(ctx, start) {
-				return
-			}
-			for ctx.Err() == nil {
-				now := time.Now()
-				if !now.Before(stop) {
+			for _, iv := range when {
+				if !sleepUntil(ctx, iv.from) {
 					return
 				}
-				lat, st, err := send(client, project)
-				if ctx.Err() != nil {
-					return
-				}
-				mine = append(mine, result{sent: now, latency: lat, status: st})
-				if st != statusOK {
-					if err != nil {
-						cfg.Log.Debug("drill request failed", "project", project, "err", err)
+				for ctx.Err() == nil && time.Now().Before(iv.to) {
+					now := time.Now()
+					lat, st, err := send(client, project)
+					if ctx.Err() != nil {
+						return
 					}
-					sleepUntil(ctx, time.Now().Add(cfg.RetryPause))
+					mine = append(mine, result{sent: now, latency: lat, status: st})
+					if st != statusOK {
+						if err != nil {
+							cfg.Log.Debug("drill request failed", "project", project, "err", err)
+						}
+						sleepUntil(ctx, time.Now().Add(cfg.RetryPause))
+					}
 				}
 			}
 		}()

@@ -136,14 +136,61 @@ func TestPercentile(t *testing.T) {
 
 func TestTimeline(t *testing.T) {
 	t0 := time.Unix(100, 0)
-	tl := newTimeline(t0, time.Second, 2*time.Second)
+	s := time.Second
+	// One slice: the phases one after the other.
+	tl := newTimeline(t0, s, 2*s, 1)
 	for _, tc := range []struct {
 		at   time.Duration
 		want int
-	}{{0, -1}, {999 * time.Millisecond, -1}, {time.Second, 0}, {3 * time.Second, 1}, {5 * time.Second, 2}, {7 * time.Second, -1}} {
+	}{{0, -1}, {999 * time.Millisecond, -1}, {s, 0}, {3 * s, 1}, {5 * s, 2}, {7 * s, -1}} {
 		if got := tl.phaseAt(t0.Add(tc.at)); got != tc.want {
-			t.Errorf("phaseAt(+%v) = %d, want %d", tc.at, got, tc.want)
+			t.Errorf("one slice: phaseAt(+%v) = %d, want %d", tc.at, got, tc.want)
 		}
+	}
+	// Two slices of 1s: solo [1,2) both [2,3) solo [3,4) both [4,5)
+	// big-alone [5,7). Big's last request of the first both slice ends at
+	// 3.1, so the second solo slice counts from then: small was not alone
+	// before.
+	tl = newTimeline(t0, s, 2*s, 2)
+	tl.settleGaps([]result{
+		{sent: t0.Add(2500 * time.Millisecond), latency: 600 * time.Millisecond},
+		{sent: t0.Add(2900 * time.Millisecond), latency: 50 * time.Millisecond},
+		{sent: t0.Add(4900 * time.Millisecond), latency: time.Second}, // into big-alone: no gap there
+	})
+	for _, tc := range []struct {
+		at   time.Duration
+		want int
+	}{{1500 * time.Millisecond, 0}, {2 * s, 1}, {3 * s, -1}, {3099 * time.Millisecond, -1}, {3100 * time.Millisecond, 0},
+		{4 * s, 1}, {4999 * time.Millisecond, 1}, {5 * s, 2}, {7 * s, -1}} {
+		if got := tl.phaseAt(t0.Add(tc.at)); got != tc.want {
+			t.Errorf("two slices: phaseAt(+%v) = %d, want %d", tc.at, got, tc.want)
+		}
+	}
+	if got := tl.counted(0); got != 1900*time.Millisecond {
+		t.Errorf("solo counted %v, want 1.9s", got)
+	}
+	if got := tl.counted(1); got != 2*s {
+		t.Errorf("both counted %v, want 2s", got)
+	}
+	want := map[string][]interval{
+		Small: {{t0, t0.Add(5 * s)}},
+		Big:   {{t0.Add(2 * s), t0.Add(3 * s)}, {t0.Add(4 * s), t0.Add(7 * s)}},
+	}
+	for p, w := range want {
+		got := tl.sends(p)
+		if len(got) != len(w) {
+			t.Fatalf("%s sends %v, want %v", p, got, w)
+		}
+		for i := range w {
+			if !got[i].from.Equal(w[i].from) || !got[i].to.Equal(w[i].to) {
+				t.Errorf("%s sends %v, want %v", p, got, w)
+			}
+		}
+	}
+	// Slices add up to the phase exactly even when it does not divide.
+	tl = newTimeline(t0, 0, 1000*time.Nanosecond, 3)
+	if tl.bigAloneAt != t0.Add(2000*time.Nanosecond) || tl.counted(0)+tl.counted(1) != 2000*time.Nanosecond {
+		t.Errorf("uneven slices: big alone at %v, counted %v + %v", tl.bigAloneAt.Sub(t0), tl.counted(0), tl.counted(1))
 	}
 }
 

@@ -20,6 +20,10 @@ type Report struct {
 	ServiceMs    float64 `json:"service_ms"`
 	PhaseSeconds float64 `json:"phase_seconds"`
 	RetryPauseMs float64 `json:"retry_pause_ms"`
+	// Slices is how many turns "solo" and "both" took, alternating; Spans
+	// places every slice and big-alone in time.
+	Slices int    `json:"slices"`
+	Spans  []Span `json:"spans"`
 	// SettleMs is how long into a phase the share takes to follow the
 	// active projects: 0 for requests, one control-loop period for
 	// connections, where the kernel's share is rewritten once a period.
@@ -30,6 +34,16 @@ type Report struct {
 	Timeline []Bin     `json:"timeline"`
 
 	points []point // every admitted request, for the SVG
+}
+
+// Span is one slice of a phase, in seconds since the first solo slice began.
+// The slice counts from CountS on: in a solo slice that follows a both slice,
+// from when big's last request of that slice ended.
+type Span struct {
+	Phase  string  `json:"phase"`
+	StartS float64 `json:"start_s"`
+	CountS float64 `json:"count_s"`
+	EndS   float64 `json:"end_s"`
 }
 
 // Phase is one phase's numbers.
@@ -123,21 +137,25 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 }
 
 func buildReport(scenario string, cfg Config, tl timeline, hold *holdings, res map[string][]result) *Report {
+	tl.settleGaps(res[Big])
+	hb := hold.byPhase(tl)
 	rep := &Report{
 		Scenario: scenario, PoolSize: cfg.PoolSize, Floor: hold.floor,
 		ServiceMs: ms(cfg.ServiceTime), PhaseSeconds: cfg.Phase.Seconds(), RetryPauseMs: ms(cfg.RetryPause),
-		SettleMs: ms(hold.settle),
+		SettleMs: ms(hold.settle), Slices: max(cfg.Slices, 1),
 	}
 	names := []string{PhaseSolo, PhaseBoth, PhaseBigAlone}
+	for _, sp := range tl.spans {
+		rep.Spans = append(rep.Spans, Span{Phase: names[sp.phase], StartS: sp.from.Sub(tl.soloAt).Seconds(),
+			CountS: sp.count.Sub(tl.soloAt).Seconds(), EndS: sp.to.Sub(tl.soloAt).Seconds()})
+	}
 	writers := map[string]int{Small: cfg.SmallWriters, Big: cfg.BigWriters}
 	present := [3][]string{{Small}, {Small, Big}, {Big}}
-	hold.mu.Lock()
-	defer hold.mu.Unlock()
 	for i, name := range names {
-		ph := Phase{Name: name, MaxInUse: hold.maxInUse[i]}
+		ph := Phase{Name: name, MaxInUse: hb.maxInUse[i]}
 		for _, project := range present[i] {
-			pr := ProjectResult{Project: project, Writers: writers[project], MaxHeld: hold.maxHeld[i][project],
-				SettledHeld: hold.settled[i][project]}
+			pr := ProjectResult{Project: project, Writers: writers[project], MaxHeld: hb.maxHeld[i][project],
+				SettledHeld: hb.settled[i][project]}
 			var lats []time.Duration
 			for _, r := range res[project] {
 				if tl.phaseAt(r.sent) != i {
@@ -158,7 +176,7 @@ func buildReport(scenario string, cfg Config, tl timeline, hold *holdings, res m
 			if len(lats) > 0 {
 				pr.MaxMs = ms(lats[len(lats)-1])
 			}
-			pr.PerSecond = float64(pr.OK) / cfg.Phase.Seconds()
+			pr.PerSecond = float64(pr.OK) / tl.counted(i).Seconds()
 			ph.Projects = append(ph.Projects, pr)
 		}
 		rep.Phases = append(rep.Phases, ph)
@@ -241,8 +259,13 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if r.Scenario == "connections" {
 		unit = "connections"
 	}
-	fmt.Fprintf(w, "fair-share drill (%s): pool %d, floor %d, service %.0fms, phases %.1fs, refused writers retry after %.0fms\n\n",
+	fmt.Fprintf(w, "fair-share drill (%s): pool %d, floor %d, service %.0fms, phases %.1fs, refused writers retry after %.0fms\n",
 		unit, r.PoolSize, r.Floor, r.ServiceMs, r.PhaseSeconds, r.RetryPauseMs)
+	if r.Slices > 1 {
+		fmt.Fprintf(w, "solo and both take turns in %d slices of %.2fs each, so the machine's other load weighs on both alike\n",
+			r.Slices, r.PhaseSeconds/float64(r.Slices))
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "phase\tproject\twriters\tok\tok/s\trefused\terrors\tp50 ms\tp99 ms\tmax ms\tmax held\tmax in use\t")
 	for _, ph := range r.Phases {

@@ -48,10 +48,26 @@ func (r *Report) WriteSVG(w io.Writer) error {
 		fmt.Fprintf(bw, `<text x="%d" y="%.1f" text-anchor="end">%g</text>`+"\n", padL-6, y(v)+4, v)
 	}
 	fmt.Fprintf(bw, `<text x="16" y="%d" transform="rotate(-90 16 %d)" text-anchor="middle">latency (ms)</text>`+"\n", padT+plotH/2, padT+plotH/2)
-	for i, name := range []string{PhaseSolo, PhaseBoth, PhaseBigAlone} {
-		s := float64(i) * r.PhaseSeconds
-		fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#888" stroke-dasharray="4 3"/>`+"\n", x(s), x(s), padT, padT+plotH)
-		fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle" fill="#444">%s</text>`+"\n", x(s+r.PhaseSeconds/2), padT+12, name)
+	// Phases: "both" slices shaded, a dashed line where each phase (or run
+	// of slices) begins, the phase named over it when there is room.
+	for _, sp := range r.Spans {
+		if sp.Phase == PhaseBoth {
+			fmt.Fprintf(bw, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="#f3e3e3"/>`+"\n", x(sp.StartS), padT, x(sp.EndS)-x(sp.StartS), plotH)
+		}
+	}
+	labels := []struct {
+		at, width float64
+		name      string
+	}{{0, 2 * r.PhaseSeconds, PhaseSolo + " / " + PhaseBoth + " (shaded), taking turns"}, {2 * r.PhaseSeconds, r.PhaseSeconds, PhaseBigAlone}}
+	if r.Slices <= 1 {
+		labels = []struct {
+			at, width float64
+			name      string
+		}{{0, r.PhaseSeconds, PhaseSolo}, {r.PhaseSeconds, r.PhaseSeconds, PhaseBoth}, {2 * r.PhaseSeconds, r.PhaseSeconds, PhaseBigAlone}}
+	}
+	for _, l := range labels {
+		fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#888" stroke-dasharray="4 3"/>`+"\n", x(l.at), x(l.at), padT, padT+plotH)
+		fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle" fill="#444">%s</text>`+"\n", x(l.at+l.width/2), padT+12, l.name)
 	}
 	for s := 0.0; s <= total+1e-9; s += math.Max(1, math.Round(total/10)) {
 		fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle">%gs</text>`+"\n", x(s), padT+plotH+18, s)

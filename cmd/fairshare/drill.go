@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -30,7 +31,13 @@ func drillFlags() []cli.Flag {
 }
 
 func drillConfig(c *cli.Context) drill.Config {
+	errw := c.App.ErrWriter
+	if errw == nil {
+		errw = os.Stderr
+	}
 	return drill.Config{
+		// Warnings only: what a killed drill left behind and was removed.
+		Log:          slog.New(slog.NewTextHandler(errw, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		PoolSize:     c.Int("pool"),
 		BigWriters:   c.Int("big"),
 		SmallWriters: c.Int("small"),
@@ -52,7 +59,8 @@ func drillCommand() *cli.Command {
 			"alone. Prints latency, refusals and permits held per phase and project, and the verdicts;\n" +
 			"exits non-zero when a verdict fails. 'fairshare drill connections' does the same through the\n" +
 			"BPF connection pool (root).",
-		Flags: drillFlags(),
+		Flags:           drillFlags(),
+		HideHelpCommand: true,
 		Action: func(c *cli.Context) error {
 			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 			defer stop()
