@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -132,16 +133,34 @@ func benchUpstream(b *testing.B, service time.Duration) string {
 // does, so neither shares the load generator's Go runtime.
 const benchRoleEnv = "FAIRSHARE_BENCH_FRONT"
 
+// benchProfileEnv names a file prefix: each front process of the benchmark
+// writes its CPU profile to PREFIX.front and PREFIX.nosched.
+const benchProfileEnv = "FAIRSHARE_BENCH_FRONT_CPUPROFILE"
+
+// benchBaselineEnv names another build of this test binary (go test -c of an
+// earlier commit) whose full front joins the benchmark as target "baseline",
+// so a change is measured before and after in one run, in the same turns.
+const benchBaselineEnv = "FAIRSHARE_BENCH_BASELINE"
+
 // TestMain runs the front process of the benchmark when asked to.
 func TestMain(m *testing.M) {
 	if target := os.Getenv(clientRoleEnv); target != "" {
 		os.Exit(runTestClient(target, os.Getenv(clientHeaderEnv)))
 	}
 	if up := os.Getenv(benchRoleEnv); up != "" {
+		if prof := os.Getenv(benchProfileEnv); prof != "" {
+			// The front runs in this process, not the benchmark's:
+			// -cpuprofile there would not see it.
+			f, err := os.Create(fmt.Sprintf("%s.%s", prof, map[bool]string{false: "nosched", true: "front"}[os.Getenv("FAIRSHARE_BENCH_SCHED") == "1"]))
+			if err == nil && pprof.StartCPUProfile(f) == nil {
+				defer func() { pprof.StopCPUProfile(); f.Close() }()
+			}
+		}
 		if err := serveBenchFront(up, os.Getenv("FAIRSHARE_BENCH_SCHED") == "1"); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
+		pprof.StopCPUProfile()
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
@@ -184,8 +203,13 @@ func serveBenchFront(upstream string, withSched bool) error {
 // benchFront starts a front process (the test binary again) and returns its
 // URL.
 func benchFront(b *testing.B, upstream string, withSched bool) (string, int) {
+	return benchFrontOf(b, os.Args[0], upstream, withSched)
+}
+
+// benchFrontOf starts the front process of test binary bin.
+func benchFrontOf(b *testing.B, bin, upstream string, withSched bool) (string, int) {
 	b.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), benchRoleEnv+"="+upstream, fmt.Sprintf("FAIRSHARE_BENCH_SCHED=%d", map[bool]int{false: 0, true: 1}[withSched]))
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -382,6 +406,10 @@ func BenchmarkOverhead(b *testing.B) {
 			fr, frPID := benchFront(b, up, true)
 			ns, nsPID := benchFront(b, up, false)
 			targets = append(targets, target{"front", fr, frPID}, target{"nosched", ns, nsPID})
+			if base := os.Getenv(benchBaselineEnv); base != "" {
+				u, pid := benchFrontOf(b, base, up, true)
+				targets = append(targets, target{"baseline", u, pid})
+			}
 			if ngx, pid := benchNginx(b, up); ngx != "" {
 				targets = append(targets, target{"nginx", ngx, pid})
 			} else {
@@ -431,6 +459,9 @@ func BenchmarkOverhead(b *testing.B) {
 					b.ReportMetric(float64(cpu[i].Microseconds())/reqs, tg.name+"-cpu-us/req")
 				}
 				b.ReportMetric(float64((res["front"].p99 - res["direct"].p99).Microseconds()), "front-added-p99-us")
+				if bl, ok := res["baseline"]; ok {
+					b.ReportMetric(res["front"].rps/bl.rps, "front/baseline")
+				}
 				if n, ok := res["nginx"]; ok {
 					b.ReportMetric(res["front"].rps/n.rps, "front/nginx")
 				}

@@ -127,9 +127,14 @@ type Front struct {
 	routes   routeTable
 	proxy    *httputil.ReverseProxy
 	tr       *http.Transport
-	stats    *stats
-	id       *identity
-	retry    *retryPacer
+	up       *directUpstream // nil: every request goes through proxy
+	bufs     *bufferPool
+	// projectKey is Config.ProjectHeader in canonical form, as keys of a
+	// parsed request's header map are.
+	projectKey string
+	stats      *stats
+	id         *identity
+	retry      *retryPacer
 
 	exemptProjects map[string]bool
 	exemptRoutes   map[string]bool
@@ -166,7 +171,8 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		return nil, fmt.Errorf("routes: %w", err)
 	}
 	f := &Front{cfg: cfg, deps: deps, clk: deps.Clock, log: deps.Log, upstream: u, routes: routes,
-		exemptProjects: map[string]bool{}, exemptRoutes: map[string]bool{}}
+		exemptProjects: map[string]bool{}, exemptRoutes: map[string]bool{}, bufs: &bufferPool{},
+		projectKey: http.CanonicalHeaderKey(cfg.ProjectHeader)}
 	if f.clk == nil {
 		f.clk = systemClock{}
 	}
@@ -195,8 +201,16 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	}
 	f.stats = newStats(cfg.MaxProjects)
 	idle := max(64, 2*cfg.MaxInFlight)
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	if u.Scheme == "http" && !cfg.UpstreamH2C && (u.Path == "" || u.Path == "/") && u.RawQuery == "" {
+		host := u.Host
+		if u.Port() == "" {
+			host = net.JoinHostPort(u.Hostname(), "80")
+		}
+		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, idleFor: 90 * time.Second, clk: f.clk}
+	}
 	f.tr = &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           dialer.DialContext,
 		MaxIdleConns:          idle,
 		MaxIdleConnsPerHost:   idle,
 		IdleConnTimeout:       90 * time.Second,
@@ -215,7 +229,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		// Without a pool the proxy allocates (and the GC clears and the
 		// scavenger returns) a 32 KiB copy buffer per request: a quarter of
 		// the front's CPU in the benchmark.
-		BufferPool: &bufferPool{},
+		BufferPool: f.bufs,
 	}
 	return f, nil
 }
@@ -272,7 +286,12 @@ func (f *Front) Serve(ctx context.Context, l net.Listener) error {
 }
 
 // CloseIdle closes idle upstream connections.
-func (f *Front) CloseIdle() { f.tr.CloseIdleConnections() }
+func (f *Front) CloseIdle() {
+	f.tr.CloseIdleConnections()
+	if f.up != nil {
+		f.up.closeIdle()
+	}
+}
 
 // Config returns the configuration in use, defaults filled in.
 func (f *Front) Config() Config { return f.cfg }
@@ -287,6 +306,7 @@ type exchange struct {
 	cost    float64 // from the upstream's cost header; valid if hasCost
 	hasCost bool
 	exempt  bool
+	w       http.ResponseWriter // the client's, for 1xx answers on the direct path
 }
 
 type exchangeKey struct{}
@@ -396,11 +416,21 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		x.class = class
 	}
+	dispatched = f.clk.Now()
+	f.forward(w, r, x)
+}
+
+// forward proxies an admitted request: on the direct path when it can take
+// it, through ReverseProxy otherwise.
+func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
+	if f.direct(r) {
+		f.serveDirect(w, r, x)
+		return
+	}
 	// Let the upstream's answer start while the client is still sending
 	// (HTTP/1 otherwise drains the request body first). HTTP/2 is always
 	// full duplex and reports an error here, which is fine.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	dispatched = f.clk.Now()
 	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
 }
 
@@ -429,8 +459,7 @@ func (f *Front) serveExempt(w http.ResponseWriter, r *http.Request, project stri
 		}
 		f.stats.record(project, oc, f.clk.Now().Sub(start), 0, true)
 	}()
-	_ = http.NewResponseController(w).EnableFullDuplex()
-	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
+	f.forward(w, r, x)
 }
 
 // refuse answers 429 with a Retry-After for this project: the estimate,
@@ -459,12 +488,17 @@ func (f *Front) rewrite(pr *httputil.ProxyRequest) {
 }
 
 func (f *Front) modifyResponse(resp *http.Response) error {
-	x := exchangeOf(resp.Request)
-	if x == nil {
-		return nil
+	if x := exchangeOf(resp.Request); x != nil {
+		f.annotate(x, resp.Header)
 	}
+	return nil
+}
+
+// annotate records the upstream's answer in x (it came, its cost) and sets
+// the front's headers on it.
+func (f *Front) annotate(x *exchange, h http.Header) {
 	x.outcome = outcomeOK
-	if v := resp.Header.Get(f.cfg.CostHeader); v != "" {
+	if v := h.Get(f.cfg.CostHeader); v != "" {
 		c, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err == nil && c >= 0 && !math.IsInf(c, 0) {
 			x.cost, x.hasCost = c, true
@@ -472,20 +506,24 @@ func (f *Front) modifyResponse(resp *http.Response) error {
 			f.log.Warn("ignoring bad cost header", "project", x.project, "value", v)
 		}
 	}
-	resp.Header.Del(f.cfg.CostHeader)
-	resp.Header.Del(HeaderRefused)
+	h.Del(f.cfg.CostHeader)
+	h.Del(HeaderRefused)
 	switch {
 	case x.exempt:
-		resp.Header.Set(HeaderClass, ClassExempt)
+		h.Set(HeaderClass, ClassExempt)
 	case x.class != 0:
-		resp.Header.Set(HeaderClass, x.class.String())
+		h.Set(HeaderClass, x.class.String())
 	}
-	resp.Header.Set(HeaderQueueWait, strconv.FormatFloat(x.waited.Seconds(), 'f', 6, 64))
-	return nil
+	h.Set(HeaderQueueWait, strconv.FormatFloat(x.waited.Seconds(), 'f', 6, 64))
 }
 
 func (f *Front) proxyError(w http.ResponseWriter, r *http.Request, err error) {
-	x := exchangeOf(r)
+	f.upstreamFailed(w, r, exchangeOf(r), err)
+}
+
+// upstreamFailed answers a request the upstream did not answer: 502, or
+// nothing when the client went away.
+func (f *Front) upstreamFailed(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
 	if r.Context().Err() != nil {
 		// The client went away; there is nobody to answer.
 		if x != nil {

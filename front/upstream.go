@@ -1,0 +1,365 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/textproto"
+	"strings"
+	"sync"
+	"time"
+)
+
+// errStaleConn means a reused upstream connection failed before any byte of
+// the answer arrived: the upstream most likely closed it while it was idle,
+// and the request (body-less, idempotent) may be sent again on a fresh one.
+var errStaleConn = errors.New("reused upstream connection failed before the answer")
+
+// directUpstream forwards body-less GET and HEAD requests to an http://
+// upstream over HTTP/1.1 keep-alive connections it owns, on the handler's own
+// goroutine: write the request, read the answer, copy it to the client.
+// http.Transport, under httputil.ReverseProxy, spends two goroutine hand-offs
+// per request (its write and read loops), a deep copy of the request and its
+// header map, and its connection bookkeeping; for the front's commonest
+// request that was a fifth of its CPU. Everything else (request bodies, which
+// need full-duplex streaming, upgrades, h2c to the upstream, an upstream
+// base path) keeps going through ReverseProxy.
+type directUpstream struct {
+	addr    string // host:port
+	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
+	maxIdle int
+	idleFor time.Duration
+	clk     Clock
+
+	mu   sync.Mutex // guards the fields below
+	idle []*upConn  // most recently used last
+}
+
+// upConn is one upstream connection with its buffers.
+type upConn struct {
+	c        net.Conn
+	br       *bufio.Reader
+	bw       *bufio.Writer
+	lastUsed time.Time
+}
+
+// get returns an idle connection (reused true) or dials a new one.
+func (d *directUpstream) get(ctx context.Context) (uc *upConn, reused bool, err error) {
+	now := d.clk.Now()
+	d.mu.Lock()
+	for len(d.idle) > 0 {
+		uc = d.idle[len(d.idle)-1]
+		d.idle = d.idle[:len(d.idle)-1]
+		if now.Sub(uc.lastUsed) < d.idleFor {
+			d.mu.Unlock()
+			return uc, true, nil
+		}
+		uc.c.Close()
+	}
+	d.mu.Unlock()
+	return d.dialNew(ctx)
+}
+
+func (d *directUpstream) dialNew(ctx context.Context) (*upConn, bool, error) {
+	c, err := d.dial(ctx, "tcp", d.addr)
+	if err != nil {
+		return nil, false, fmt.Errorf("dialing upstream: %w", err)
+	}
+	return &upConn{c: c, br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}, false, nil
+}
+
+// put keeps uc for the next request, or closes it when enough are idle.
+func (d *directUpstream) put(uc *upConn) {
+	uc.lastUsed = d.clk.Now()
+	d.mu.Lock()
+	if len(d.idle) < d.maxIdle {
+		d.idle = append(d.idle, uc)
+		uc = nil
+	}
+	d.mu.Unlock()
+	if uc != nil {
+		uc.c.Close()
+	}
+}
+
+// closeIdle closes every idle connection.
+func (d *directUpstream) closeIdle() {
+	d.mu.Lock()
+	idle := d.idle
+	d.idle = nil
+	d.mu.Unlock()
+	for _, uc := range idle {
+		uc.c.Close()
+	}
+}
+
+// hopByHop are the headers of one connection, never forwarded (RFC 9110
+// 7.6.1), as httputil.ReverseProxy strips them.
+var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// forwarded are the request headers the front sets itself (as
+// ReverseProxy.Rewrite with SetXForwarded does): the client's own are not
+// passed on.
+var forwarded = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// direct reports whether r can take the direct path: a GET or HEAD without
+// a body, not asking to upgrade or to expect 100-continue, and an upstream
+// that is plain HTTP/1.1 with no base path.
+func (f *Front) direct(r *http.Request) bool {
+	if f.up == nil || (r.Method != http.MethodGet && r.Method != http.MethodHead) {
+		return false
+	}
+	if r.ContentLength != 0 || len(r.TransferEncoding) > 0 || (r.Body != nil && r.Body != http.NoBody) {
+		return false
+	}
+	h := r.Header
+	if h["Upgrade"] != nil || h["Expect"] != nil || h["Te"] != nil {
+		return false
+	}
+	// ReverseProxy rewrites a query with semicolons; leave those to it.
+	return r.URL.Opaque == "" && !strings.Contains(r.URL.RawQuery, ";")
+}
+
+// connectionListed reports whether header key is named in the request's or
+// response's Connection header (and so is hop-by-hop too).
+func connectionListed(conn []string, key string) bool {
+	for _, v := range conn {
+		for f := range strings.SplitSeq(v, ",") {
+			if http.CanonicalHeaderKey(textproto.TrimString(f)) == key {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func isHopByHop(key string) bool {
+	for _, h := range hopByHop {
+		if key == h {
+			return true
+		}
+	}
+	return false
+}
+
+// writeRequest writes the upstream request for r: its method, URI, Host and
+// end-to-end headers, the project header only when configured, and
+// X-Forwarded-{For,Host,Proto} as ReverseProxy's SetXForwarded sets them.
+func (f *Front) writeRequest(bw *bufio.Writer, r *http.Request, x *exchange) error {
+	host := r.Host
+	if host == "" {
+		host = f.upstream.Host
+	}
+	bw.WriteString(r.Method)
+	bw.WriteByte(' ')
+	bw.WriteString(r.URL.RequestURI())
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.WriteString(host)
+	bw.WriteString("\r\n")
+	conn := r.Header["Connection"]
+	for k, vv := range r.Header {
+		if k == "Host" || isHopByHop(k) || k == f.projectKey || (len(conn) > 0 && connectionListed(conn, k)) {
+			continue
+		}
+		skip := false
+		for _, fw := range forwarded {
+			if k == fw {
+				skip = true
+				break
+			}
+		}
+		if skip {
+			continue
+		}
+		for _, v := range vv {
+			writeHeaderLine(bw, k, v)
+		}
+	}
+	if f.cfg.ForwardProject {
+		writeHeaderLine(bw, f.projectKey, x.project)
+	}
+	// The client's own X-Forwarded-For is not extended but replaced, as
+	// with ReverseProxy.Rewrite: the front does not vouch for it.
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		writeHeaderLine(bw, "X-Forwarded-For", ip)
+	}
+	writeHeaderLine(bw, "X-Forwarded-Host", r.Host)
+	proto := "http"
+	if r.TLS != nil {
+		proto = "https"
+	}
+	writeHeaderLine(bw, "X-Forwarded-Proto", proto)
+	bw.WriteString("\r\n")
+	return bw.Flush()
+}
+
+// writeHeaderLine writes "key: value". Values come from a request net/http
+// already parsed and checked, so they hold no line breaks.
+func writeHeaderLine(bw *bufio.Writer, k, v string) {
+	bw.WriteString(k)
+	bw.WriteString(": ")
+	bw.WriteString(v)
+	bw.WriteString("\r\n")
+}
+
+// roundTrip sends r upstream and reads the answer's head. A reused
+// connection that fails before the answer began is replaced by a fresh one,
+// once. stop ends the watch on the client (see exchangeOn); false means it
+// fired and the connection is not to be reused.
+func (f *Front) roundTrip(r *http.Request, x *exchange) (uc *upConn, resp *http.Response, stop func() bool, err error) {
+	ctx := r.Context()
+	for attempt := 0; ; attempt++ {
+		uc, reused, err := f.up.get(ctx)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		// The client going away aborts whatever waits on the upstream,
+		// the answer's head or its body.
+		stop := context.AfterFunc(ctx, func() { _ = uc.c.SetDeadline(time.Unix(1, 0)) })
+		resp, err := f.exchangeOn(uc, r, x, reused)
+		if err == nil {
+			return uc, resp, stop, nil
+		}
+		stop()
+		uc.c.Close()
+		if !errors.Is(err, errStaleConn) || attempt > 0 || ctx.Err() != nil {
+			return nil, nil, nil, err
+		}
+	}
+}
+
+// exchangeOn writes the request on uc and reads the answer's head, passing
+// informational 1xx answers on to the client.
+func (f *Front) exchangeOn(uc *upConn, r *http.Request, x *exchange, reused bool) (*http.Response, error) {
+	if err := f.writeRequest(uc.bw, r, x); err != nil {
+		if reused {
+			return nil, fmt.Errorf("%w: %w", errStaleConn, err)
+		}
+		return nil, fmt.Errorf("writing upstream request: %w", err)
+	}
+	if _, err := uc.br.Peek(1); err != nil {
+		if reused {
+			return nil, fmt.Errorf("%w: %w", errStaleConn, err)
+		}
+		return nil, fmt.Errorf("reading upstream answer: %w", err)
+	}
+	for {
+		resp, err := http.ReadResponse(uc.br, r)
+		if err != nil {
+			return nil, fmt.Errorf("reading upstream answer: %w", err)
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode < 100 {
+			return resp, nil
+		}
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			return nil, errors.New("upstream switched protocols unasked")
+		}
+		// As ReverseProxy does: pass the informational answer on, then
+		// forget its headers.
+		h := x.w.Header()
+		for k, vv := range resp.Header {
+			h[k] = vv
+		}
+		x.w.WriteHeader(resp.StatusCode)
+		for k := range resp.Header {
+			h.Del(k)
+		}
+	}
+}
+
+// serveDirect proxies r on the direct path.
+func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange) {
+	x.w = w
+	uc, resp, stop, err := f.roundTrip(r, x)
+	if err != nil {
+		f.upstreamFailed(w, r, x, err)
+		return
+	}
+	keep := false
+	defer func() {
+		if stop() && keep {
+			f.up.put(uc)
+		} else {
+			uc.c.Close()
+		}
+	}()
+	h := resp.Header
+	conn := h["Connection"]
+	for k := range h {
+		if isHopByHop(k) || (len(conn) > 0 && connectionListed(conn, k)) {
+			delete(h, k)
+		}
+	}
+	f.annotate(x, h)
+	dst := w.Header()
+	for k, vv := range h {
+		dst[k] = append(dst[k], vv...)
+	}
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		dst.Add("Trailer", strings.Join(keys, ", "))
+	}
+	w.WriteHeader(resp.StatusCode)
+	// A response of unknown length may be a stream (server-sent events, a
+	// long poll): pass each piece on as it arrives, as ReverseProxy does.
+	stream := resp.ContentLength < 0
+	if err := f.copyBody(w, resp.Body, stream); err != nil {
+		if r.Context().Err() != nil {
+			x.outcome = outcomeCanceled
+			return
+		}
+		f.log.Debug("upstream answer cut short", "project", x.project, "err", err)
+		// The head is out: abort the client's response so it cannot read
+		// as complete (ServeHTTP's deferred exit counts it as an error).
+		panic(http.ErrAbortHandler)
+	}
+	resp.Body.Close()
+	if len(resp.Trailer) > 0 {
+		for k, vv := range resp.Trailer {
+			if announced == 0 {
+				k = http.TrailerPrefix + k
+			}
+			dst[k] = append(dst[k], vv...)
+		}
+	}
+	keep = !resp.Close
+}
+
+// copyBody copies the upstream body to the client with a pooled buffer,
+// flushing after every read when stream is set.
+func (f *Front) copyBody(w http.ResponseWriter, body io.Reader, stream bool) error {
+	buf := f.bufs.Get()
+	defer f.bufs.Put(buf)
+	var fl http.Flusher
+	if stream {
+		fl, _ = w.(http.Flusher)
+	}
+	for {
+		n, rerr := body.Read(buf)
+		if n > 0 {
+			if _, err := w.Write(buf[:n]); err != nil {
+				return fmt.Errorf("writing to the client: %w", err)
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return fmt.Errorf("reading the upstream answer: %w", rerr)
+		}
+	}
+}
