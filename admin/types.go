@@ -18,6 +18,11 @@ type Status struct {
 	Pools     []Pool     `json:"pools"`
 	Rates     []Rate     `json:"rates"`
 	Scheduler *Scheduler `json:"scheduler,omitempty"`
+	// Policies lists every stored policy. A project not listed runs on
+	// DefaultPolicy. Tier and shares of a project are read here, not from
+	// Scheduler.Participants, which lists only projects with recent requests.
+	Policies      []Entry       `json:"policies"`
+	DefaultPolicy policy.Policy `json:"default_policy"`
 }
 
 // Pool is one pool and the projects it knows.

@@ -60,11 +60,16 @@ func (d *Daemon) Status(context.Context) (admin.Status, error) {
 	}
 	sort.SliceStable(st.Pools, func(i, j int) bool { return st.Pools[i].Name < st.Pools[j].Name })
 
-	st.Rates = []admin.Rate{}
-	for _, r := range d.rates.Snapshot() {
-		st.Rates = append(st.Rates, admin.Rate{Project: r.Project, RequestsPerSec: r.Limits.RequestsPerSec,
-			WorkPerSec: r.Limits.WorkPerSec, RequestTokens: r.RequestTokens, WorkTokens: r.WorkTokens, Limited: r.Limited})
+	st.Rates = d.rateStatus()
+	list, err := d.store.List()
+	if err != nil {
+		return admin.Status{}, fmt.Errorf("reading the policy store: %w", err)
 	}
+	st.Policies = list
+	if st.Policies == nil {
+		st.Policies = []admin.Entry{}
+	}
+	st.DefaultPolicy = d.defPolicy
 	ss := d.sched.Snapshot()
 	sch := &admin.Scheduler{InFlight: ss.InFlight, Dispatched: classes(ss.Dispatched),
 		Participants: []admin.Participant{},
@@ -81,6 +86,30 @@ func (d *Daemon) Status(context.Context) (admin.Status, error) {
 	return st, nil
 }
 
+// rateStatus lists every project with rate buckets, and those whose buckets
+// were deleted, with refusals counted over both (so they never go down).
+func (d *Daemon) rateStatus() []admin.Rate {
+	d.mu.Lock()
+	rs := d.rates.Snapshot()
+	gone := make(map[string]uint64, len(d.limitedGone))
+	for k, v := range d.limitedGone {
+		gone[k] = v
+	}
+	d.mu.Unlock()
+	out := make([]admin.Rate, 0, len(rs)+len(gone))
+	for _, r := range rs {
+		out = append(out, admin.Rate{Project: r.Project, RequestsPerSec: r.Limits.RequestsPerSec,
+			WorkPerSec: r.Limits.WorkPerSec, RequestTokens: r.RequestTokens, WorkTokens: r.WorkTokens,
+			Limited: r.Limited + gone[r.Project]})
+		delete(gone, r.Project)
+	}
+	for project, n := range gone {
+		out = append(out, admin.Rate{Project: project, Limited: n})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Project < out[j].Project })
+	return out
+}
+
 func classes(c [4]uint64) map[string]uint64 {
 	return map[string]uint64{scheduler.P1.String(): c[1], scheduler.P2.String(): c[2], scheduler.P3.String(): c[3]}
 }
@@ -95,10 +124,11 @@ func fromPool(s pools.Snapshot, rs *pools.ResidentsSnapshot) admin.Pool {
 			ap.Sleeping = rs.Sleeping[ps.Project]
 			ap.Evictions = rs.Evictions[ps.Project]
 		}
-		p.Admitted += ps.Admitted
-		p.Refused += ps.Refused
 		p.Projects = append(p.Projects, ap)
 	}
+	// The pool's own totals: a sum over projects would drop when an idle
+	// project is forgotten.
+	p.Admitted, p.Refused = s.Admitted, s.Refused
 	return p
 }
 
@@ -125,6 +155,6 @@ func (d *Daemon) DeletePolicy(project string) (bool, error) {
 	if err != nil || !found {
 		return found, err
 	}
-	d.apply(project, d.defPolicy)
+	d.unapply(project)
 	return true, nil
 }

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/front"
@@ -40,6 +41,52 @@ type Options struct {
 	// DetachOnExit unpins and detaches the BPF programs on shutdown instead
 	// of leaving them enforcing.
 	DetachOnExit bool
+	// Clock drives the user-space pools, rate buckets and scheduler; nil
+	// means the system clock. Tests move it to reach idle and forget periods.
+	Clock pools.Clock
+}
+
+// ErrStalePins means the pin directory holds BPF objects loaded for another
+// configuration (another map layout, or a pool larger than the pinned maps
+// hold). Only 'fairshare cleanup' (which drops enforcement and every count)
+// resolves it, so the daemon does not try on its own.
+var ErrStalePins = errors.New("pinned bpf objects are from another configuration")
+
+// stalePinsError names the pin directory and the remedy in one sentence and
+// keeps the loader's error for errors.Is.
+type stalePinsError struct {
+	dir string
+	err error
+}
+
+func (e *stalePinsError) Error() string {
+	return fmt.Sprintf("pins in %s are from another configuration; run 'fairshare cleanup' (%v)", e.dir, e.err)
+}
+
+func (e *stalePinsError) Unwrap() []error { return []error{ErrStalePins, e.err} }
+
+// verbose adds the verifier's log to an error's message: cilium/ebpf's
+// VerifierError prints the log only with %+v, which does not reach through
+// the wrapping around it, and an operator needs that log to see why a
+// program was refused. Callers still reach the error with errors.Is/As.
+type verbose struct{ err error }
+
+func (v verbose) Error() string {
+	var ve *ebpf.VerifierError
+	if errors.As(v.err, &ve) {
+		return fmt.Sprintf("%v\n%+v", v.err, ve)
+	}
+	return v.err.Error()
+}
+
+func (v verbose) Unwrap() error { return v.err }
+
+// loadError turns loader.Open's error into the daemon's.
+func loadError(pinDir string, err error) error {
+	if errors.Is(err, loader.ErrPinnedMismatch) || errors.Is(err, loader.ErrPoolTooLarge) {
+		return &stalePinsError{dir: pinDir, err: err}
+	}
+	return fmt.Errorf("loading the bpf programs: %w", verbose{err})
 }
 
 // Ready is the JSON written to Options.ReadyFile.
@@ -73,6 +120,10 @@ type Daemon struct {
 
 	mu   sync.Mutex        // guards the fields below
 	seen map[string][2]int // pool -> last logged {active, share}
+	// limitedGone keeps the rate refusals of buckets deleted when a policy
+	// dropped its limits, so the project's count never goes down. It holds
+	// one number per project that ever had limits.
+	limitedGone map[string]uint64
 }
 
 // New opens the store, loads and attaches the BPF programs (unless
@@ -90,8 +141,10 @@ func New(opts Options) (*Daemon, error) {
 		opts: opts, cfg: cfg, log: log,
 		defPolicy: policy.Policy{Tier: cfg.Scheduler.DefaultTier, Shares: cfg.Scheduler.DefaultShares},
 		others:    map[string]*pools.Pool{},
-		rates:     pools.NewRates(nil),
+		rates:     pools.NewRates(opts.Clock),
 		seen:      map[string][2]int{},
+
+		limitedGone: map[string]uint64{},
 	}
 	ok := false
 	defer func() {
@@ -119,10 +172,18 @@ func New(opts Options) (*Daemon, error) {
 			Exempt: cfg.Connections.Exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
 		})
 		if err != nil {
-			return nil, fmt.Errorf("loading the bpf programs: %+v", err)
+			return nil, loadError(cfg.PinDir, err)
+		}
+		// The floor in force, not the configured 0 ("5% of size").
+		floor := conn.Floor
+		if floor == 0 {
+			floor = pools.DefaultFloor(conn.Size)
+		}
+		if s, err := d.lim.Snapshot(); err == nil {
+			floor = s.Floor
 		}
 		log.Info("connections enforced in the kernel", "projects_root", d.root, "pin_dir", cfg.PinDir,
-			"size", conn.Size, "floor", conn.Floor)
+			"size", conn.Size, "floor", floor)
 	} else {
 		log.Warn("bpf disabled by configuration: connections are NOT enforced on this node")
 	}
@@ -134,10 +195,10 @@ func New(opts Options) (*Daemon, error) {
 		case config.PoolConnections:
 			continue // the kernel's
 		case config.PoolResidents:
-			d.residents, err = pools.NewResidents(pcfg, nil)
+			d.residents, err = pools.NewResidents(pcfg, opts.Clock)
 		default:
 			var p *pools.Pool
-			p, err = pools.New(pcfg, nil)
+			p, err = pools.New(pcfg, opts.Clock)
 			if name == config.PoolRequests {
 				d.requests = p
 			} else {
@@ -159,7 +220,7 @@ func New(opts Options) (*Daemon, error) {
 		MaxInFlight:   cfg.Front.MaxInFlight,
 		Poll:          cfg.Scheduler.Poll,
 		DefaultPolicy: scheduler.Policy{Tier: tier, Shares: cfg.Scheduler.DefaultShares},
-	}, nil)
+	}, schedClock(opts.Clock))
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
@@ -247,7 +308,16 @@ func ProjectsRoot(cfg config.Config) (string, error) {
 	return filepath.Join(mnt, "fairshare"), nil
 }
 
-// apply hands a policy to the scheduler and the rate buckets.
+// schedClock adapts the optional clock; a nil pools.Clock must stay a nil
+// interface for scheduler.New to use the system clock.
+func schedClock(c pools.Clock) scheduler.Clock {
+	if c == nil {
+		return nil
+	}
+	return c
+}
+
+// apply hands a stored policy to the scheduler and the rate buckets.
 func (d *Daemon) apply(project string, p policy.Policy) {
 	tier, err := scheduler.ParseTier(p.Tier)
 	if err != nil {
@@ -257,7 +327,28 @@ func (d *Daemon) apply(project string, p policy.Policy) {
 		tier, _ = scheduler.ParseTier(d.defPolicy.Tier)
 	}
 	d.sched.SetPolicy(project, scheduler.Policy{Tier: tier, Shares: p.Shares})
-	d.rates.SetLimits(project, pools.Limits{RequestsPerSec: p.RequestsPerSec, WorkPerSec: p.WorkPerSec})
+	d.setLimits(project, pools.Limits{RequestsPerSec: p.RequestsPerSec, WorkPerSec: p.WorkPerSec})
+}
+
+// unapply puts a project whose policy was deleted back on the default:
+// default tier and shares, unbounded rates.
+func (d *Daemon) unapply(project string) {
+	d.sched.DeletePolicy(project)
+	d.setLimits(project, pools.Limits{})
+}
+
+// setLimits sets a project's rate limits, keeping the refusals of a bucket
+// that unbounded limits delete. Status reads the buckets under the same
+// lock, so no reader sees the count between the delete and the carry.
+func (d *Daemon) setLimits(project string, l pools.Limits) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if l.RequestsPerSec <= 0 && l.WorkPerSec <= 0 {
+		if n := d.rates.State(project).Limited; n > 0 {
+			d.limitedGone[project] += n
+		}
+	}
+	d.rates.SetLimits(project, l)
 }
 
 // Run serves until ctx is done, then shuts down. It closes the daemon.
@@ -375,9 +466,15 @@ func (d *Daemon) loop(ctx context.Context) error {
 func (d *Daemon) tick(now time.Time) {
 	if d.lim != nil {
 		if err := d.lim.Tick(now); err != nil {
-			d.log.Error("bpf tick", "err", err)
-		} else if s, err := d.lim.Snapshot(); err == nil {
-			d.note(config.PoolConnections, s.Active, s.Share)
+			d.log.Error("bpf tick failed: connection shares not updated; the last share stays in force until a tick succeeds",
+				"pin_dir", d.cfg.PinDir, "err", err)
+		} else if d.log.Enabled(context.Background(), slog.LevelDebug) {
+			// loader.Tick does not return what it computed; reading the
+			// maps again every tick is paid only when the change log
+			// below is read.
+			if s, err := d.lim.Snapshot(); err == nil {
+				d.note(config.PoolConnections, s.Active, s.Share)
+			}
 		}
 	}
 	if d.requests != nil {
@@ -409,7 +506,9 @@ func (d *Daemon) noteLocked(pool string, active, share int) {
 		return
 	}
 	d.seen[pool] = [2]int{active, share}
-	d.log.Info("share changed", "pool", pool, "active", active, "share", share)
+	// Debug: on a busy node the share moves every few ticks, and Info would
+	// drown everything else. fairshare_pool_share has the history.
+	d.log.Debug("share changed", "pool", pool, "active", active, "share", share)
 }
 
 func (d *Daemon) reconcile(ctx context.Context) {

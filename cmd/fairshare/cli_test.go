@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/policy"
 )
 
 // Every invalid value of every policy flag is refused with one clear sentence
@@ -116,5 +119,73 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if out, _, code := runCLI(t, "status", "--admin-socket", filepath.Join(dir, "none.sock")); code != 1 || out != "" {
 		t.Errorf("status with no daemon: exit %d", code)
+	}
+}
+
+// What each command's --help promises is what it does: status has no
+// --state-dir (it never reads the store), run's --state-dir does not claim
+// the no-daemon fallback, the policy commands' does, and no command lists a
+// help subcommand the top level hides.
+func TestHelpMatchesBehaviour(t *testing.T) {
+	help := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := runCLI(t, append(args, "--help")...)
+		if code != 0 {
+			t.Fatalf("%v --help: exit %d: %s", args, code, errOut)
+		}
+		return out
+	}
+	if h := help("status"); strings.Contains(h, "--state-dir") || !strings.Contains(h, "exits 1") {
+		t.Errorf("status --help:\n%s", h)
+	}
+	if h := help("run"); strings.Contains(h, "when no daemon answers") || !strings.Contains(h, "3 when the objects pinned") {
+		t.Errorf("run --help:\n%s", h)
+	}
+	for _, sub := range []string{"set", "get", "list", "delete"} {
+		if h := help("policy", sub); !strings.Contains(h, "used directly when no daemon answers") {
+			t.Errorf("policy %s --help lacks the store fallback:\n%s", sub, h)
+		}
+	}
+	for _, args := range [][]string{{}, {"policy"}, {"drill"}} {
+		if h := help(args...); strings.Contains(h, "help, h") {
+			t.Errorf("%v --help lists a help subcommand:\n%s", args, h)
+		}
+	}
+	// The --state-dir status used to advertise is now refused, not ignored.
+	if _, errOut, code := runCLI(t, "status", "--state-dir", t.TempDir()); code == 0 || !strings.Contains(errOut, "state-dir") {
+		t.Errorf("status --state-dir: exit %d, %q", code, errOut)
+	}
+}
+
+// H4: the project table takes tier and shares from the stored policy (or the
+// default), not from the scheduler's live participants, which forget idle
+// projects; live columns say "-" for a project that is not live.
+func TestStatusProjectTableJoinsPolicies(t *testing.T) {
+	st := admin.Status{
+		Policies:      []admin.Entry{{Project: "quiet", Policy: policy.Policy{Tier: "pro", Shares: 4, RequestsPerSec: 5}}},
+		DefaultPolicy: policy.Policy{Tier: "none", Shares: 1},
+		Rates:         []admin.Rate{{Project: "quiet", RequestsPerSec: 5, RequestTokens: 5, Limited: 7}},
+		Scheduler: &admin.Scheduler{Dispatched: map[string]uint64{}, Participants: []admin.Participant{
+			{Participant: "busy", Tier: "none", Shares: 1, Queue: 2, LastClass: "P3"}}},
+	}
+	var buf strings.Builder
+	if err := printStatus(&buf, st); err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string][]string{}
+	for _, line := range strings.Split(buf.String(), "\n") {
+		if f := strings.Fields(line); len(f) == 13 {
+			rows[f[0]] = f
+		}
+	}
+	want := map[string]string{
+		"PROJECT": "PROJECT POLICY TIER SHARES REQUESTS/S WORK/S REQ_TOKENS WORK_TOKENS LIMITED QUEUE P1 P2 CLASS",
+		"quiet":   "quiet stored pro 4 5 unbounded 5.0 0.0 7 - - - -",
+		"busy":    "busy default none 1 unbounded unbounded - - 0 2 0.0 0.0 P3",
+	}
+	for k, w := range want {
+		if got := strings.Join(rows[k], " "); got != w {
+			t.Errorf("row %s:\n got %q\nwant %q\n%s", k, got, w, buf.String())
+		}
 	}
 }

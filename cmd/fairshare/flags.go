@@ -40,17 +40,21 @@ func adminSocketFlag() cli.Flag {
 	return &cli.StringFlag{Name: flagAdminSocket, Usage: "admin API unix socket `PATH` [default from config: /run/fairshare/admin.sock]", EnvVars: env(flagAdminSocket)}
 }
 
-func stateDirFlag() cli.Flag {
-	return &cli.StringFlag{Name: flagStateDir, Usage: "`DIR` of the policy store, used directly when no daemon answers [default from config: /var/lib/fairshare]", EnvVars: env(flagStateDir)}
+// stateDirFlag is --state-dir; what the directory is for differs between
+// the daemon (holds the store) and the policy commands (write it when no
+// daemon answers), and the help says which.
+func stateDirFlag(what string) cli.Flag {
+	return &cli.StringFlag{Name: flagStateDir, Usage: "`DIR` of the policy store, " + what + " [default from config: /var/lib/fairshare]", EnvVars: env(flagStateDir)}
 }
 
 func pinDirFlag() cli.Flag {
 	return &cli.StringFlag{Name: flagPinDir, Usage: "bpffs `DIR` of the pinned maps and links [default from config: /sys/fs/bpf/fairshare]", EnvVars: env(flagPinDir)}
 }
 
-// clientFlags are what every client command needs to find the daemon.
-func clientFlags() []cli.Flag {
-	return []cli.Flag{configFlag(), adminSocketFlag(), stateDirFlag()}
+// policyFlags are what the policy commands need to find the daemon, or the
+// store when no daemon answers.
+func policyFlags() []cli.Flag {
+	return []cli.Flag{configFlag(), adminSocketFlag(), stateDirFlag("used directly when no daemon answers")}
 }
 
 // loadConfig reads --config and lays every set flag over it; a flag is set

@@ -25,6 +25,8 @@ func policyCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "policy",
 		Usage: "set, show or delete a project's policy (tier, shares, rates)",
+		// As at the top level: --help is the one way to get help.
+		HideHelpCommand: true,
 		Description: "A policy says what a project bought: its tier (pro, lite or none) and shares decide its\n" +
 			"request-class buckets, and requests/s and work units/s bound what it may spend\n" +
 			"(0 = unbounded). What a project may hold is never configured: that is the fair share.\n" +
@@ -35,7 +37,7 @@ func policyCommand() *cli.Command {
 				Name:      "set",
 				Usage:     "set some fields of a project's policy; fields not given are kept (or defaulted)",
 				ArgsUsage: "PROJECT",
-				Flags: append(clientFlags(),
+				Flags: append(policyFlags(),
 					&cli.StringFlag{Name: "tier", Usage: "`TIER`: pro (P1 and P2 buckets), lite (P2) or none"},
 					&cli.StringFlag{Name: "shares", Usage: "`N` shares, a whole number >= 1: bigger, faster-refilling buckets"},
 					&cli.StringFlag{Name: "requests-per-sec", Usage: "requests per second `R` >= 0; 0 = unbounded"},
@@ -45,15 +47,15 @@ func policyCommand() *cli.Command {
 			},
 			{
 				Name: "get", Usage: "show a project's policy", ArgsUsage: "PROJECT",
-				Flags: append(clientFlags(), jsonFlag), Action: policyGet,
+				Flags: append(policyFlags(), jsonFlag), Action: policyGet,
 			},
 			{
 				Name: "list", Usage: "list every stored policy",
-				Flags: append(clientFlags(), jsonFlag), Action: policyList,
+				Flags: append(policyFlags(), jsonFlag), Action: policyList,
 			},
 			{
 				Name: "delete", Usage: "delete a project's policy: it falls back to the default", ArgsUsage: "PROJECT",
-				Flags: clientFlags(), Action: policyDelete,
+				Flags: policyFlags(), Action: policyDelete,
 			},
 		},
 	}

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/signal"
 	"syscall"
@@ -14,15 +15,23 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
+// exitStalePins is run's exit status when the pins are from another
+// configuration (daemon.ErrStalePins); dist/fairshare.service does not
+// restart on it.
+const exitStalePins = 3
+
 func runCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "run",
 		Usage: "run the daemon: attach the BPF programs, serve the admin API, /metrics and the HTTP front",
 		Description: "Needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_PERFMON). SIGINT or SIGTERM stops it;\n" +
 			"the BPF programs stay pinned and keep enforcing unless --detach-on-exit is given,\n" +
-			"so a restart loses neither counts nor enforcement.",
+			"so a restart loses neither counts nor enforcement.\n\n" +
+			"Exit status: 2 for an unusable configuration or flag, 3 when the objects pinned in\n" +
+			"--pin-dir were loaded for another configuration (run 'fairshare cleanup', which drops\n" +
+			"enforcement and the counts, then start again), 1 for any other failure.",
 		Flags: []cli.Flag{
-			configFlag(), adminSocketFlag(), stateDirFlag(), pinDirFlag(),
+			configFlag(), adminSocketFlag(), stateDirFlag("held open by the daemon (policy commands go through it)"), pinDirFlag(),
 			&cli.StringFlag{Name: flagProjectsRoot, Usage: "cgroup2 `DIR` whose children are the projects [default: <cgroup2 mount>/fairshare]", EnvVars: env(flagProjectsRoot)},
 			&cli.StringFlag{Name: flagMetrics, Usage: "`HOST:PORT` of /metrics, empty to disable [default from config: 127.0.0.1:9464]", EnvVars: env(flagMetrics)},
 			&cli.StringFlag{Name: flagFrontListen, Usage: "`HOST:PORT` of the HTTP front, empty to disable [default from config: disabled]", EnvVars: env(flagFrontListen)},
@@ -61,6 +70,11 @@ func runCommand() *cli.Command {
 			}
 			d, err := daemon.New(daemon.Options{Config: cfg, Version: version, Log: log,
 				ReadyFile: c.String("ready-file"), DetachOnExit: c.Bool("detach-on-exit")})
+			if errors.Is(err, daemon.ErrStalePins) {
+				// A restart cannot fix it (systemd's unit stops retrying on
+				// this status), and the sentence names the remedy.
+				return cli.Exit(fmt.Sprintf("the daemon could not start: %v", err), exitStalePins)
+			}
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("the daemon could not start: %v", err), 1)
 			}
@@ -74,8 +88,10 @@ func runCommand() *cli.Command {
 	}
 }
 
-// check loads and attaches the programs (reusing pinned ones), reads the maps
-// once and closes, leaving whatever was pinned pinned.
+// check runs loader.Check: the programs pass the verifier and every hook
+// attaches (on a temporary cgroup, with unpinned maps), and pins in the pin
+// directory, a running daemon's included, are verified without writing to
+// them: its counts, exempt set and programs are left as they are.
 func check(c *cli.Context, cfg config.Config) error {
 	if !cfg.BPF {
 		fmt.Fprintln(c.App.Writer, "configuration ok; bpf is disabled, so there is nothing to attach")
@@ -86,23 +102,25 @@ func check(c *cli.Context, cfg config.Config) error {
 		return cli.Exit(fmt.Sprintf("check failed: %v", err), 1)
 	}
 	conn := cfg.Pools[config.PoolConnections]
-	lim, err := loader.Open(loader.Options{ProjectsRoot: root, PinDir: cfg.PinDir,
+	rep, err := loader.Check(loader.Options{ProjectsRoot: root, PinDir: cfg.PinDir,
 		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window})
 	if err != nil {
 		return cli.Exit(fmt.Sprintf("check failed: %+v", err), 1)
 	}
-	s, err := lim.Snapshot()
-	cerr := lim.Close()
-	if err != nil {
-		return cli.Exit(fmt.Sprintf("check failed reading the maps: %v", err), 1)
+	w := c.App.Writer
+	fmt.Fprintf(w, "ok: the programs load and all %d hooks attach (tested on a temporary cgroup)\n", len(rep.Attached))
+	if !rep.Pinned {
+		fmt.Fprintf(w, "nothing pinned in %s: the daemon will load and attach to %s\n", cfg.PinDir, root)
+		return nil
 	}
-	if cerr != nil {
-		return cli.Exit(fmt.Sprintf("check failed closing: %v", cerr), 1)
+	fmt.Fprintf(w, "ok: pinned in %s for %s, left untouched: connections pool %d (floor %d), %d in use by %d projects, %d exempt cgroups\n",
+		cfg.PinDir, root, rep.Pool, rep.Floor, rep.InUse, rep.Projects, rep.Exempt)
+	if rep.Pool != conn.Size {
+		fmt.Fprintf(w, "note: the configuration's pool is %d; the daemon applies it when it starts (the pinned tables hold up to %d)\n",
+			conn.Size, rep.Capacity)
 	}
-	if s.Size != conn.Size {
-		return cli.Exit(fmt.Sprintf("check failed: the maps say pool size %d, the configuration %d", s.Size, conn.Size), 1)
+	if !rep.Current {
+		fmt.Fprintln(w, "note: the attached programs are not this binary's; restarting the daemon moves the links to them")
 	}
-	fmt.Fprintf(c.App.Writer, "ok: programs attached to %s, pinned in %s; connections pool %d (floor %d), %d in use by %d projects\n",
-		root, cfg.PinDir, s.Size, s.Floor, s.InUse, len(s.Projects))
 	return nil
 }

@@ -18,7 +18,10 @@ func statusCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "status",
 		Usage: "show each pool (size, floor, in use, active, share) and its projects",
-		Flags: append(clientFlags(),
+		Description: "Asks the running daemon over its admin socket. With no daemon answering it says so\n" +
+			"and exits 1: the counts live in the daemon and the kernel, not in a file.",
+		// No --state-dir: the store holds policies, not the node's state.
+		Flags: append([]cli.Flag{configFlag(), adminSocketFlag()},
 			&cli.BoolFlag{Name: "json", Usage: "print the daemon's status as JSON (the admin API's /v1/status)"},
 			&cli.BoolFlag{Name: "watch", Aliases: []string{"w"}, Usage: "redraw every second until interrupted"},
 		),
@@ -80,13 +83,30 @@ func printStatus(w io.Writer, st admin.Status) error {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%v\t%d\n", p.Name, pr.Project, pr.Held, pr.Admitted, pr.Refused, pr.Active, pr.Sleeping)
 		}
 	}
-	rates := map[string]admin.Rate{}
-	for _, r := range st.Rates {
-		rates[r.Project] = r
+	printProjects(tw, st)
+	if s := st.Scheduler; s != nil {
+		fmt.Fprintln(tw)
+		fmt.Fprintf(tw, "scheduler: in flight %d, dispatched P1 %d, P2 %d, P3 %d, waits %d (mean %s)\n", s.InFlight,
+			s.Dispatched["P1"], s.Dispatched["P2"], s.Dispatched["P3"], s.Wait.Count, meanText(s.Wait))
 	}
+	return tw.Flush()
+}
+
+// printProjects joins, per project, its policy (stored, else the default:
+// the scheduler forgets idle participants, so their live state cannot say
+// what a project bought), its rate buckets and its live scheduler state.
+// Projects with none of these are not listed. "-" marks what is not live.
+func printProjects(tw io.Writer, st admin.Status) {
+	stored := map[string]admin.Entry{}
+	rates := map[string]admin.Rate{}
 	parts := map[string]admin.Participant{}
 	names := map[string]bool{}
+	for _, e := range st.Policies {
+		stored[e.Project] = e
+		names[e.Project] = true
+	}
 	for _, r := range st.Rates {
+		rates[r.Project] = r
 		names[r.Project] = true
 	}
 	if st.Scheduler != nil {
@@ -95,25 +115,32 @@ func printStatus(w io.Writer, st admin.Status) error {
 			names[p.Participant] = true
 		}
 	}
-	if len(names) > 0 {
-		fmt.Fprintln(tw)
-		fmt.Fprintln(tw, "PROJECT\tREQUESTS/S\tWORK/S\tREQ_TOKENS\tWORK_TOKENS\tLIMITED\tTIER\tSHARES\tQUEUE\tP1\tP2\tCLASS")
-		for _, n := range sortedKeys(names) {
-			r, p := rates[n], parts[n]
-			class := p.LastClass
-			if class == "" {
-				class = "-"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%d\t%s\t%d\t%d\t%.1f\t%.1f\t%s\n", n, rateText(r.RequestsPerSec), rateText(r.WorkPerSec),
-				r.RequestTokens, r.WorkTokens, r.Limited, p.Tier, p.Shares, p.Queue, p.P1, p.P2, class)
+	if len(names) == 0 {
+		return
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "PROJECT\tPOLICY\tTIER\tSHARES\tREQUESTS/S\tWORK/S\tREQ_TOKENS\tWORK_TOKENS\tLIMITED\tQUEUE\tP1\tP2\tCLASS")
+	for _, n := range sortedKeys(names) {
+		pol, source := st.DefaultPolicy, "default"
+		if e, ok := stored[n]; ok {
+			pol, source = e.Policy, "stored"
 		}
+		r, hasRate := rates[n]
+		reqTok, workTok := "-", "-"
+		if hasRate && (r.RequestsPerSec > 0 || r.WorkPerSec > 0) {
+			reqTok, workTok = strconv.FormatFloat(r.RequestTokens, 'f', 1, 64), strconv.FormatFloat(r.WorkTokens, 'f', 1, 64)
+		}
+		queue, p1, p2, class := "-", "-", "-", "-"
+		if p, ok := parts[n]; ok {
+			queue = strconv.Itoa(p.Queue)
+			p1, p2 = strconv.FormatFloat(p.P1, 'f', 1, 64), strconv.FormatFloat(p.P2, 'f', 1, 64)
+			if p.LastClass != "" {
+				class = p.LastClass
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", n, source, pol.Tier, pol.Shares,
+			rateText(pol.RequestsPerSec), rateText(pol.WorkPerSec), reqTok, workTok, r.Limited, queue, p1, p2, class)
 	}
-	if s := st.Scheduler; s != nil {
-		fmt.Fprintln(tw)
-		fmt.Fprintf(tw, "scheduler: in flight %d, dispatched P1 %d, P2 %d, P3 %d, waits %d (mean %s)\n", s.InFlight,
-			s.Dispatched["P1"], s.Dispatched["P2"], s.Dispatched["P3"], s.Wait.Count, meanText(s.Wait))
-	}
-	return tw.Flush()
 }
 
 func meanText(h admin.Histogram) string {

@@ -1,0 +1,364 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/loader"
+	"github.com/fairshare-dev/fairshare/policy"
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// fakeClock is a settable clock for the pools, rates and scheduler.
+type fakeClock struct {
+	mu sync.Mutex // guards the fields below
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// records is a slog handler keeping every record, at every level.
+type records struct {
+	mu   sync.Mutex // guards the fields below
+	recs []slog.Record
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recs = append(r.recs, rec)
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+func (r *records) find(msg string) []slog.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []slog.Record
+	for _, rec := range r.recs {
+		if rec.Message == msg {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+// newTestDaemon builds a daemon with real pools, store and scheduler, BPF
+// off (its no-bpf mode), no listeners, and a settable clock.
+func newTestDaemon(t *testing.T, edit func(*config.Config)) (*Daemon, *fakeClock, *records) {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.BPF = false
+	cfg.StateDir = filepath.Join(dir, "state")
+	cfg.AdminSocket = filepath.Join(dir, "admin.sock")
+	cfg.Permits.Socket = ""
+	cfg.Metrics.Listen = ""
+	if edit != nil {
+		edit(&cfg)
+	}
+	clk := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	logs := &records{}
+	d, err := New(Options{Config: cfg, Version: "test", Log: slog.New(logs), Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d, clk, logs
+}
+
+func poolOf(t *testing.T, st admin.Status, name string) admin.Pool {
+	t.Helper()
+	for _, p := range st.Pools {
+		if p.Name == name {
+			return p
+		}
+	}
+	t.Fatalf("no pool %q in %+v", name, st.Pools)
+	return admin.Pool{}
+}
+
+func status(t *testing.T, d *Daemon) admin.Status {
+	t.Helper()
+	st, err := d.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// Status names every pool, says the kernel is off and shows the effective
+// connections floor (5% of 4096), not the configured 0.
+func TestStatusAssembly(t *testing.T) {
+	d, _, _ := newTestDaemon(t, nil)
+	st := status(t, d)
+	if st.Kernel || st.Version != "test" {
+		t.Errorf("kernel %v version %q", st.Kernel, st.Version)
+	}
+	var names []string
+	for _, p := range st.Pools {
+		names = append(names, p.Name)
+	}
+	if got := strings.Join(names, " "); got != "connections flights requests residents" {
+		t.Errorf("pools %q", got)
+	}
+	conn := poolOf(t, st, config.PoolConnections)
+	if conn.Enforcer != "off" || conn.Floor != pools.DefaultFloor(4096) || conn.Floor == 0 {
+		t.Errorf("connections %+v; want enforcer off and floor %d", conn, pools.DefaultFloor(4096))
+	}
+	if poolOf(t, st, config.PoolRequests).Enforcer != "daemon" {
+		t.Error("requests not enforced by the daemon")
+	}
+	if st.DefaultPolicy.Tier != "none" || st.DefaultPolicy.Shares != 1 || st.Policies == nil || st.Rates == nil {
+		t.Errorf("default policy %+v policies %v rates %v", st.DefaultPolicy, st.Policies, st.Rates)
+	}
+}
+
+// The tick recomputes the user-space pools: a second project halves the
+// share, and leaving the window gives it back. Share changes log at Debug.
+func TestTickRecomputesPools(t *testing.T) {
+	d, clk, logs := newTestDaemon(t, func(c *config.Config) {
+		c.Pools[config.PoolRequests] = config.Pool{Size: 10, Floor: 1, Window: time.Second}
+	})
+	a, err := d.requests.TryAcquire("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.requests.TryAcquire("b"); err != nil {
+		t.Fatal(err)
+	}
+	d.tick(clk.Now())
+	if p := poolOf(t, status(t, d), config.PoolRequests); p.Active != 2 || p.Share != 5 {
+		t.Fatalf("two projects: active %d share %d, want 2 and 5", p.Active, p.Share)
+	}
+	if err := d.requests.Release(a); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(2 * time.Second)
+	d.tick(clk.Now())
+	if p := poolOf(t, status(t, d), config.PoolRequests); p.Active != 1 || p.Share != 10 {
+		t.Fatalf("a idle: active %d share %d, want 1 and 10", p.Active, p.Share)
+	}
+	recs := logs.find("share changed")
+	if len(recs) == 0 {
+		t.Fatal("no share change logged")
+	}
+	for _, r := range recs {
+		if r.Level != slog.LevelDebug {
+			t.Errorf("share change logged at %s, want DEBUG", r.Level)
+		}
+	}
+	// A steady pool logs nothing more.
+	n := len(logs.find("share changed"))
+	d.tick(clk.Now())
+	if m := len(logs.find("share changed")); m != n {
+		t.Errorf("a steady tick logged %d share changes", m-n)
+	}
+}
+
+// H3: pool totals never go down when the pool forgets an idle project.
+func TestStatusPoolTotalsSurviveForgetting(t *testing.T) {
+	d, clk, _ := newTestDaemon(t, func(c *config.Config) {
+		c.Pools[config.PoolFlights] = config.Pool{Size: 1, Floor: 1, Window: time.Second}
+	})
+	fl := d.others[config.PoolFlights]
+	pm, err := fl.TryAcquire("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fl.TryAcquire("b"); err == nil {
+		t.Fatal("full pool admitted")
+	}
+	if err := fl.Release(pm); err != nil {
+		t.Fatal(err)
+	}
+	before := poolOf(t, status(t, d), config.PoolFlights)
+	if before.Admitted != 1 || before.Refused != 1 {
+		t.Fatalf("before: %+v", before)
+	}
+	clk.Add(2 * time.Second)
+	d.tick(clk.Now())
+	clk.Add(2 * pools.DefaultForget)
+	d.tick(clk.Now())
+	after := poolOf(t, status(t, d), config.PoolFlights)
+	if len(after.Projects) != 0 {
+		t.Fatalf("idle projects not forgotten: %+v", after.Projects)
+	}
+	if after.Admitted != 1 || after.Refused != 1 {
+		t.Fatalf("totals went from %d/%d to %d/%d when idle projects were forgotten",
+			before.Admitted, before.Refused, after.Admitted, after.Refused)
+	}
+}
+
+// apply: a stored policy reaches the scheduler and the rate buckets; a
+// deleted one puts the project back on the default, in both.
+func TestPolicyAppliedAndDeleted(t *testing.T) {
+	d, _, _ := newTestDaemon(t, nil)
+	pro, three, rps := policy.TierPro, 3, 2.0
+	if _, err := d.PatchPolicy("alpha", policy.Patch{Tier: &pro, Shares: &three, RequestsPerSec: &rps}); err != nil {
+		t.Fatal(err)
+	}
+	d.sched.Submit("alpha") // make it a live participant
+	participant := func() admin.Participant {
+		for _, p := range status(t, d).Scheduler.Participants {
+			if p.Participant == "alpha" {
+				return p
+			}
+		}
+		t.Fatal("alpha is not a participant")
+		return admin.Participant{}
+	}
+	if p := participant(); p.Tier != "pro" || p.Shares != 3 || p.P1 == 0 {
+		t.Fatalf("after set: %+v", p)
+	}
+	if l := d.rates.State("alpha").Limits; l.RequestsPerSec != 2 {
+		t.Fatalf("rate limits %+v", l)
+	}
+	// Spend the bucket (burst 2) so a refusal is counted.
+	for range 3 {
+		d.rates.Allow("alpha")
+	}
+	found, err := d.DeletePolicy("alpha")
+	if err != nil || !found {
+		t.Fatalf("delete: %v %v", found, err)
+	}
+	if p := participant(); p.Tier != "none" || p.Shares != 1 {
+		t.Fatalf("after delete: %+v, want the default none x1", p)
+	}
+	if ok, _ := d.rates.Allow("alpha"); !ok {
+		t.Fatal("still rate limited after its policy was deleted")
+	}
+	// L1: nothing of the deleted policy stays in the scheduler.
+	d.sched.DeletePolicy("alpha") // idempotent
+	if st := status(t, d); len(st.Policies) != 0 {
+		t.Fatalf("policies after delete: %+v", st.Policies)
+	}
+}
+
+// Rate refusals stay counted when a policy drops its limits (the bucket is
+// deleted) and keep adding up when limits return.
+func TestRateLimitedNeverGoesDown(t *testing.T) {
+	d, _, _ := newTestDaemon(t, nil)
+	limited := func() uint64 {
+		for _, r := range status(t, d).Rates {
+			if r.Project == "alpha" {
+				return r.Limited
+			}
+		}
+		return 0
+	}
+	one, zero := 1.0, 0.0
+	if _, err := d.PatchPolicy("alpha", policy.Patch{RequestsPerSec: &one}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		d.rates.Allow("alpha") // burst 1: one passes, two refused
+	}
+	if n := limited(); n != 2 {
+		t.Fatalf("limited %d, want 2", n)
+	}
+	if _, err := d.PatchPolicy("alpha", policy.Patch{RequestsPerSec: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	if n := limited(); n != 2 {
+		t.Fatalf("limited %d after the limits were dropped, want 2 still", n)
+	}
+	if _, err := d.PatchPolicy("alpha", policy.Patch{RequestsPerSec: &one}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		d.rates.Allow("alpha")
+	}
+	if n := limited(); n != 3 {
+		t.Fatalf("limited %d, want 3", n)
+	}
+	if _, err := d.DeletePolicy("alpha"); err != nil {
+		t.Fatal(err)
+	}
+	if n := limited(); n != 3 {
+		t.Fatalf("limited %d after delete, want 3", n)
+	}
+}
+
+// H4: a project with a stored policy that sent nothing lately (or ever)
+// still shows its policy in the status; the scheduler's live view is not
+// the source.
+func TestStatusListsStoredPoliciesOfIdleProjects(t *testing.T) {
+	d, clk, _ := newTestDaemon(t, nil)
+	lite, two := policy.TierLite, 2
+	if _, err := d.PatchPolicy("quiet", policy.Patch{Tier: &lite, Shares: &two}); err != nil {
+		t.Fatal(err)
+	}
+	d.sched.Submit("busy") // a live participant beside the idle one
+	st := status(t, d)
+	if len(st.Policies) != 1 || st.Policies[0].Project != "quiet" || st.Policies[0].Tier != "lite" || st.Policies[0].Shares != 2 {
+		t.Fatalf("policies %+v", st.Policies)
+	}
+	for _, p := range st.Scheduler.Participants {
+		if p.Participant == "quiet" {
+			t.Fatalf("quiet is live: %+v", p)
+		}
+	}
+	clk.Add(time.Minute)
+	if st := status(t, d); len(st.Policies) != 1 {
+		t.Fatalf("policies %+v after idling", st.Policies)
+	}
+}
+
+// The loader's "pins from another configuration" errors become one
+// sentence naming the directory and the remedy, told apart with
+// ErrStalePins; other load errors keep their full text.
+func TestLoadError(t *testing.T) {
+	for _, sentinel := range []error{loader.ErrPinnedMismatch, loader.ErrPoolTooLarge} {
+		err := loadError("/sys/fs/bpf/fs", fmt.Errorf("maps pinned differ: %w", sentinel))
+		if !errors.Is(err, ErrStalePins) || !errors.Is(err, sentinel) {
+			t.Errorf("%v: not ErrStalePins and %v", err, sentinel)
+		}
+		if !strings.HasPrefix(err.Error(), "pins in /sys/fs/bpf/fs are from another configuration; run 'fairshare cleanup'") {
+			t.Errorf("message %q", err)
+		}
+	}
+	// A real verifier refusal: its log must reach the message.
+	prog, verr := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SocketFilter, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Reg(asm.R0, asm.R2), asm.Return()}})
+	if verr == nil {
+		prog.Close()
+		t.Fatal("the kernel accepted a read of an uninitialised register")
+	}
+	var ve *ebpf.VerifierError
+	if !errors.As(verr, &ve) {
+		t.Skipf("no verifier error to test with (unprivileged?): %v", verr)
+	}
+	err := loadError("/x", fmt.Errorf("loading objects: program fs_connect: %w", verr))
+	if errors.Is(err, ErrStalePins) || !errors.As(err, &ve) {
+		t.Errorf("%v: wrong classification", err)
+	}
+	if !strings.Contains(err.Error(), "R2 !read_ok") {
+		t.Errorf("the verifier log is lost: %q", err)
+	}
+}
