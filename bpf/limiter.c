@@ -4,11 +4,20 @@
  * connect (outbound) and at the inbound SYN, released when the socket dies.
  *
  * A project is a cgroup directly below the projects root; its id is the
- * cgroup id. The rule (see pools/doc.go) is applied here with the values the
- * control plane writes into the config map once a second:
+ * cgroup id. The rule (see pools/doc.go) is applied here with POOL and FLOOR
+ * from the config map and share = max(FLOOR, POOL / active):
  *
  *   admit = in_use < POOL          when the project holds < share
  *         = in_use < POOL - FLOOR  when the project holds >= share
+ *
+ * active (fs_node) is the number of projects in the active window. A project
+ * asking for the first time in the window (a new entry, or its last ask older
+ * than the window while it holds nothing) bumps it here, so a newcomer
+ * shrinks everyone's share at its first ask, as in package pools, and not a
+ * tick later. Only the control loop (loader.Tick) lowers it, when projects
+ * leave the window. Without the control loop active can only grow, so the
+ * share can only shrink: a full node still keeps the floor free and a node
+ * with room refuses nothing.
  *
  * Node-wide in_use never exceeds POOL for admitted permits: both counters are
  * taken with a fetch-add and rolled back when the check fails. A project's
@@ -71,8 +80,9 @@ volatile const __u64 slot_mask;       /* entries of fs_slots - 1 (a power of two
 struct fs_settings {
 	__u32 pool;          /* POOL */
 	__u32 floor;         /* FLOOR */
-	__u32 share;         /* max(FLOOR, POOL/active) */
 	__u32 exempt_max;    /* exempt budget; 0 while the exempt set is empty */
+	__u32 _pad;
+	__u64 window_ns;     /* the active window; 0 leaves active to the control loop */
 	__u64 netns_cookie;  /* the netns whose sk_lookup we own */
 	__u64 root_cgroup_id; /* copy of the constant, to check pins on reuse */
 };
@@ -82,6 +92,7 @@ struct fs_pool {
 	__s64 in_use;
 	__s64 exempt_in_use; /* exempt permits, never above exempt_max */
 	__s64 spilled;       /* entries of fs_held (permits whose slot was taken) */
+	__s64 active;        /* projects in the active window (bumped here, lowered by Tick) */
 };
 
 /*
@@ -158,10 +169,16 @@ struct fs_listen_key {
 	__u8 addr[16];
 };
 
+/*
+ * Several sockets may listen on one address (SO_REUSEPORT): refs counts them,
+ * and the entry goes when the last one closes. project and cgroup are the
+ * latest listener's.
+ */
 struct fs_listener {
 	__u64 project;
-	__u64 cookie; /* socket cookie of the owner: only it may delete */
 	__u64 cgroup; /* the listener's own cgroup (exemption of nested cgroups) */
+	__u32 refs;   /* listening sockets on this address counted here */
+	__u32 _pad;
 };
 
 /* A handshake in flight, admitted at the SYN, keyed by its 4-tuple. */
@@ -184,6 +201,8 @@ enum adjust_op {
 	OP_EXPIRE = 1, /* delete reservation key; if we deleted it, release */
 	OP_ADD = 2,    /* add delta to project and node in_use (drift repair) */
 	OP_DROP = 3,   /* release the permit held for socket cookie `project`: the socket is gone */
+	OP_ACTIVE = 4, /* add delta to the node's active count (Tick's recount) */
+	OP_EXEMPT = 5, /* add delta to the node's exempt_in_use (drift repair) */
 };
 
 struct fs_adjust_args {
@@ -283,6 +302,20 @@ struct {
 	__type(value, struct fs_listener);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_listeners SEC(".maps");
+
+/*
+ * Listening sockets counted in the refs of fs_listeners, by cookie (the value
+ * is the address they are counted under). A socket is counted once however
+ * often it is seen (the TCP_LISTEN transition, then every reconcile dump),
+ * and uncounted once: only the close whose delete succeeds drops a ref.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384); /* as fs_listeners */
+	__type(key, __u64);
+	__type(value, struct fs_listen_key);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_listen_socks SEC(".maps");
 
 /*
  * Project listening addresses per local port (all namespaces), split by
@@ -466,6 +499,40 @@ static __always_inline struct fs_project *project_get(__u64 id)
 	return bpf_map_lookup_elem(&fs_projects, &id);
 }
 
+/*
+ * seen stamps the project's ask and, when this ask brings it into the active
+ * window (never seen, or last seen a window ago while holding nothing), adds
+ * it to the node's active count. The stamp is swapped in with a
+ * compare-and-swap, so of several CPUs asking for the same newcomer at once
+ * only one counts it. A project Tick already counted and that ages out
+ * before the next Tick is counted twice until then: the error only shrinks
+ * the share, the safe direction. A stamp ahead of now (the coarse clock lags
+ * the precise one by up to a tick) is recent, not a window old.
+ */
+static __always_inline void seen(struct fs_settings *cfg, struct fs_pool *n, struct fs_project *p, bool fine)
+{
+	__u64 now = now_ns(fine);
+	__u64 last = p->last_seen_ns;
+	__u64 window = cfg->window_ns;
+	if (window && p->in_use <= 0 && (last == 0 || (now > last && now - last >= window))) {
+		if (__sync_val_compare_and_swap(&p->last_seen_ns, last, now) == last)
+			__sync_fetch_and_add(&n->active, 1);
+		return;
+	}
+	p->last_seen_ns = now;
+}
+
+/* share is max(FLOOR, POOL / active), POOL while nobody is active. */
+static __always_inline __s64 share_of(struct fs_settings *cfg, struct fs_pool *n)
+{
+	__s64 active = n->active;
+	__s64 pool = cfg->pool;
+	if (active <= 1)
+		return pool;
+	__s64 s = pool / active;
+	return s < cfg->floor ? cfg->floor : s;
+}
+
 #define ADMIT_HELD 2 /* refused, but the socket already holds a permit */
 
 /*
@@ -488,11 +555,11 @@ static __always_inline int admit(__u64 id, __u64 cookie, bool fine)
 		COUNT(map_full);
 		return -1;
 	}
-	p->last_seen_ns = now_ns(fine);
+	seen(cfg, n, p, fine);
 
 	__s64 lim = cfg->pool;
 	__s64 held = __sync_fetch_and_add(&p->in_use, 1);
-	if (held >= cfg->share)
+	if (held >= share_of(cfg, n))
 		lim = cfg->floor < cfg->pool ? cfg->pool - cfg->floor : 0;
 	__s64 used = __sync_fetch_and_add(&n->in_use, 1);
 	if (used >= lim) {
@@ -526,14 +593,16 @@ static __always_inline void release(__u64 id, bool fine)
 static __always_inline void force(__u64 id, bool fine)
 {
 	__u32 zero = 0;
+	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);
 	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
 	struct fs_project *p = project_get(id);
-	if (n)
-		__sync_fetch_and_add(&n->in_use, 1);
-	if (p) {
+	if (!n)
+		return;
+	if (p && cfg)
+		seen(cfg, n, p, fine);
+	__sync_fetch_and_add(&n->in_use, 1);
+	if (p)
 		__sync_fetch_and_add(&p->in_use, 1);
-		p->last_seen_ns = now_ns(fine);
-	}
 }
 
 /*
@@ -727,7 +796,23 @@ static __always_inline bool wild_addr(const __u8 *addr)
 	return a[0] == 0 && a[1] == 0;
 }
 
-/* on_listen records a project's listening address for sk_lookup. */
+static __always_inline void port_add(struct fs_listen_key *k, int d)
+{
+	__u32 port = k->port;
+	struct fs_port *n = bpf_map_lookup_elem(&fs_ports, &port);
+	if (!n)
+		return;
+	__u32 *c = wild_addr(k->addr) ? &n->wildcard : &n->specific;
+	if (d > 0 || *c)
+		__sync_fetch_and_add(c, d);
+}
+
+/*
+ * on_listen counts a project's listening socket under its address for
+ * sk_lookup. A socket already counted (the reconcile dump sees every
+ * listener again) is not counted twice; if its address entry is missing
+ * (see on_unlisten), it is put back.
+ */
 static __always_inline void on_listen(struct sock *sk)
 {
 	struct cgroup *cg = sk->sk_cgrp_data.cgroup;
@@ -738,21 +823,31 @@ static __always_inline void on_listen(struct sock *sk)
 	k.netns = sock_netns(sk);
 	k.port = sk->__sk_common.skc_num;
 	sock_local(sk, k.addr, true);
-	struct fs_listener l = {
-		.project = id,
-		.cookie = bpf_get_socket_cookie(sk),
-		.cgroup = BPF_CORE_READ(cg, kn, id),
-	};
-	if (bpf_map_update_elem(&fs_listeners, &k, &l, BPF_NOEXIST) == 0) {
-		__u32 port = k.port;
-		struct fs_port *n = bpf_map_lookup_elem(&fs_ports, &port);
-		if (n)
-			__sync_fetch_and_add(wild_addr(k.addr) ? &n->wildcard : &n->specific, 1);
+	__u64 cookie = bpf_get_socket_cookie(sk);
+	struct fs_listener nl = {.project = id, .cgroup = BPF_CORE_READ(cg, kn, id), .refs = 1};
+	if (bpf_map_update_elem(&fs_listen_socks, &cookie, &k, BPF_NOEXIST)) {
+		if (!bpf_map_lookup_elem(&fs_listen_socks, &cookie))
+			return; /* map full: the listener goes uncounted */
+		if (!bpf_map_lookup_elem(&fs_listeners, &k) &&
+		    bpf_map_update_elem(&fs_listeners, &k, &nl, BPF_NOEXIST) == 0)
+			port_add(&k, 1);
 		return;
 	}
-	/* Already known (a second SO_REUSEPORT listener, or the reconcile dump
-	 * seeing it again): the latest listener owns the entry. */
-	bpf_map_update_elem(&fs_listeners, &k, &l, BPF_EXIST);
+	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, &k);
+	if (!l) {
+		if (bpf_map_update_elem(&fs_listeners, &k, &nl, BPF_NOEXIST) == 0) {
+			port_add(&k, 1);
+			return;
+		}
+		/* Another socket of the address won the insert. */
+		l = bpf_map_lookup_elem(&fs_listeners, &k);
+		if (!l)
+			return;
+	}
+	/* Another SO_REUSEPORT listener: the latest names the project. */
+	l->project = nl.project;
+	l->cgroup = nl.cgroup;
+	__sync_fetch_and_add(&l->refs, 1);
 }
 
 static __always_inline bool port_listened(__u32 port)
@@ -761,22 +856,27 @@ static __always_inline bool port_listened(__u32 port)
 	return n && (n->specific || n->wildcard);
 }
 
+/*
+ * on_unlisten drops the closing listener's ref; the last one deletes the
+ * address. A listener opened on the address in the instant between the last
+ * ref's drop and the delete loses its entry with it; the next reconcile dump
+ * puts it back (on_listen).
+ */
 static __always_inline void on_unlisten(struct sock *sk)
 {
+	__u64 cookie = bpf_get_socket_cookie(sk);
+	struct fs_listen_key *ck = bpf_map_lookup_elem(&fs_listen_socks, &cookie);
+	if (!ck)
+		return;
 	struct fs_listen_key k = {};
-	k.netns = sock_netns(sk);
-	k.port = sk->__sk_common.skc_num;
-	sock_local(sk, k.addr, true);
+	__builtin_memcpy(&k, ck, sizeof(k));
+	if (bpf_map_delete_elem(&fs_listen_socks, &cookie))
+		return; /* someone else uncounted it */
 	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, &k);
-	if (l && l->cookie == bpf_get_socket_cookie(sk) && bpf_map_delete_elem(&fs_listeners, &k) == 0) {
-		__u32 port = k.port;
-		struct fs_port *n = bpf_map_lookup_elem(&fs_ports, &port);
-		if (!n)
-			return;
-		__u32 *c = wild_addr(k.addr) ? &n->wildcard : &n->specific;
-		if (*c)
-			__sync_fetch_and_add(c, -1);
-	}
+	if (!l)
+		return;
+	if (__sync_fetch_and_add(&l->refs, -1) <= 1 && bpf_map_delete_elem(&fs_listeners, &k) == 0)
+		port_add(&k, -1);
 }
 
 /* find_listener looks k up, then its wildcard, skipping a kind the port lacks. */
@@ -879,7 +979,10 @@ int BPF_PROG(fs_set_state, struct sock *sk, int oldstate, int newstate)
 		__u64 cookie = sk->__sk_common.skc_cookie.counter;
 		if (cookie)
 			release_cookie(cookie, CLK_FINE);
-		if (oldstate == TCP_LISTEN && port_listened(sk->__sk_common.skc_num))
+		/* Not filtered by port: by now a listener bound to port 0 has
+		 * given its port back (skc_num is 0). Listeners close rarely;
+		 * on_unlisten finds the address by the socket's cookie. */
+		if (oldstate == TCP_LISTEN)
 			on_unlisten(sk);
 		break;
 	}
@@ -1106,6 +1209,16 @@ int fs_adjust(struct fs_adjust_args *a)
 		a->result = 0;
 		if (unhold(a->project, &id, &kind, true)) {
 			give_back(id, kind, CLK_FINE);
+			a->result = 1;
+		}
+		return 0;
+	}
+	if (a->op == OP_ACTIVE || a->op == OP_EXEMPT) {
+		__u32 zero = 0;
+		struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+		a->result = 0;
+		if (n) {
+			__sync_fetch_and_add(a->op == OP_ACTIVE ? &n->active : &n->exempt_in_use, a->delta);
 			a->result = 1;
 		}
 		return 0;

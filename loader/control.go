@@ -19,7 +19,10 @@ import (
 )
 
 // Snapshot is what the maps say now. Counts include permits reserved for
-// inbound handshakes in flight.
+// inbound handshakes in flight. Active is counted from the projects' entries;
+// Share is the one the programs apply, from their own count of active
+// projects, which takes in a newcomer at its first ask and lets go of a
+// project that left the window only at the next Tick.
 type Snapshot struct {
 	Size, Floor, InUse, Active, Share int
 	Admitted, Refused                 uint64
@@ -123,11 +126,13 @@ func (l *Limiter) activeLocked(p limiterFsProject, mono uint64) bool {
 	return p.InUse > 0 || (p.LastSeenNs != 0 && mono-p.LastSeenNs < uint64(l.window))
 }
 
-// Tick is one step of the control loop, meant to run once a second: it counts
-// the active projects, writes POOL, FLOOR and the share into the config map,
-// gives back reservations older than the TTL and forgets removed projects.
-// now is unused by the kernel side, whose clock is CLOCK_MONOTONIC; it is
-// accepted so the loop's clock is the caller's.
+// Tick is one step of the control loop, meant to run once a second: it
+// recounts the active projects (the programs only ever add newcomers to the
+// count; projects that left the window are taken out here), writes POOL and
+// FLOOR into the config map, gives back reservations older than the TTL and
+// forgets removed projects. now is unused by the kernel side, whose clock is
+// CLOCK_MONOTONIC (Options.Monotonic); it is accepted so the loop's clock is
+// the caller's.
 func (l *Limiter) Tick(now time.Time) error {
 	_ = now
 	l.mu.Lock()
@@ -135,25 +140,39 @@ func (l *Limiter) Tick(now time.Time) error {
 	if l.closed {
 		return ErrClosed
 	}
+	// The count is read before the projects: a newcomer the programs add
+	// in between is then in both, counted twice until the next Tick (a
+	// smaller share, the safe side), never missed.
+	var node limiterFsPool
+	if err := l.objs.FsNode.Lookup(uint32(0), &node); err != nil {
+		return fmt.Errorf("reading node map: %w", err)
+	}
 	projs, err := l.readProjects()
 	if err != nil {
 		return err
 	}
-	mono := monoNow()
+	mono := l.mono()
 	active := 0
 	for _, p := range projs {
 		if l.activeLocked(p.val, mono) {
 			active++
 		}
 	}
-	share := pools.Share(int(l.size), int(l.floor), active)
+	// An add, not a store: bumps made since the read above are kept.
+	if d := int64(active) - node.Active; d != 0 {
+		if _, err := l.adjust(limiterFsAdjustArgs{Op: opActive, Delta: d}); err != nil {
+			return fmt.Errorf("recounting active projects: %w", err)
+		}
+	}
 	var cfg limiterFsSettings
 	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("reading config map: %w", err)
 	}
-	cfg.Pool, cfg.Floor, cfg.Share = l.size, l.floor, uint32(share)
-	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("writing config map: %w", err)
+	if cfg.Pool != l.size || cfg.Floor != l.floor || cfg.WindowNs != uint64(l.window) {
+		cfg.Pool, cfg.Floor, cfg.WindowNs = l.size, l.floor, uint64(l.window)
+		if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+			return fmt.Errorf("writing config map: %w", err)
+		}
 	}
 	if err := l.expireLocked(mono); err != nil {
 		return err
@@ -214,6 +233,8 @@ const (
 	opExpire = 1
 	opAdd    = 2
 	opDrop   = 3
+	opActive = 4
+	opExempt = 5
 )
 
 // adjust runs fs_adjust, the syscall program that changes counters with the
@@ -312,9 +333,12 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, err
 	}
-	now, mono := l.clock.Now(), monoNow()
+	now, mono := l.clock.Now(), l.mono()
 	s := Snapshot{
-		Size: int(cfg.Pool), Floor: int(cfg.Floor), Share: int(cfg.Share), InUse: int(node.InUse),
+		Size: int(cfg.Pool), Floor: int(cfg.Floor), InUse: int(node.InUse),
+		// The share the programs apply now: from the kernel's active
+		// count, which may be ahead of Active below until the next Tick.
+		Share:    pools.Share(int(cfg.Pool), int(cfg.Floor), int(max(node.Active, 0))),
 		Admitted: ev.AdmittedIn + ev.AdmittedOut, Refused: ev.RefusedIn + ev.RefusedOut,
 		Events: ev,
 		Exempt: Exempt{

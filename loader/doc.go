@@ -28,8 +28,13 @@
 //
 // # The rule and its bound
 //
-// Admission applies the rule of package pools with the POOL, FLOOR and share
-// that Tick writes into the config map. Node-wide in_use is taken with a
+// Admission applies the rule of package pools with POOL and FLOOR from the
+// config map and share = max(FLOOR, POOL/active). The programs keep the
+// active count themselves: a project's first ask in the window (a new
+// project, or one idle and empty for a window) adds it at once, so a
+// newcomer's first connection already shrinks everyone's share, as in
+// package pools; Tick recounts and takes out the projects that left the
+// window. Node-wide in_use is taken with a
 // fetch-add and rolled back on refusal, so admitted permits never exceed
 // POOL. Two concurrent attempts can each see the other's not-yet-rolled-back
 // add: the error is a spurious refusal (at most one per CPU racing at that
@@ -84,6 +89,9 @@
 // more and is left without a permit (counted as Events.Unaccounted; Reconcile
 // adopts it).
 //
+// Several listeners on one address (SO_REUSEPORT) are counted: the address
+// stays known until the last of them closes.
+//
 // Inbound enforcement covers listeners in the network namespace Open ran in
 // (sk_lookup is attached per namespace); outbound covers every namespace.
 //
@@ -92,9 +100,13 @@
 // Maps and links are pinned in Options.PinDir. Close only closes file
 // descriptors: the kernel keeps counting and refusing, and the next Open
 // reuses the pinned objects and their counts. Cleanup detaches and unpins.
-// While no control loop runs, the last share stays in force: a full node
+// While no control loop runs, the active count can only grow (newcomers are
+// added, nobody is taken out), so the share can only shrink: a full node
 // still keeps a floor free and a node with room refuses nothing, but expired
-// reservations are not given back until Tick runs again.
+// reservations are not given back until Tick runs again. Open moves pinned
+// links to the programs it loaded, so a new version's programs take effect
+// on restart; maps of another layout are refused (ErrPinnedMismatch) with
+// the steps to take.
 //
 // # Reconcile
 //

@@ -4,6 +4,7 @@ package loader
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -96,6 +98,30 @@ func openLimiter(t testing.TB, root, pin string, pool, floor uint32) *Limiter {
 	}
 	t.Cleanup(func() { l.Close() })
 	return l
+}
+
+// fakeMono is a CLOCK_MONOTONIC that a test moves on (Options.Monotonic):
+// the kernel's reading plus an offset.
+type fakeMono struct{ off atomic.Int64 }
+
+func (m *fakeMono) now() time.Duration {
+	return time.Duration(monoNow()) + time.Duration(m.off.Load())
+}
+
+// advance moves the clock on by d.
+func (m *fakeMono) advance(d time.Duration) { m.off.Add(int64(d)) }
+
+// openLimiterMono is openLimiter with a movable monotonic clock and the
+// given reservation TTL.
+func openLimiterMono(t testing.TB, root, pin string, pool, floor uint32, ttl time.Duration) (*Limiter, *fakeMono) {
+	t.Helper()
+	m := &fakeMono{}
+	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: pool, Floor: floor, ReservationTTL: ttl, Monotonic: m.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l, m
 }
 
 // mkProject creates a project cgroup below root.
@@ -221,18 +247,21 @@ func TestHelperProcess(t *testing.T) {
 //	listen <addr>                           listen; accepted connections are
 //	                                        held until the peer closes
 //	listen-noaccept <addr>                  listen, never accept
+//	listen-reuseport <addr>                 listen with SO_REUSEPORT, accept as listen
+//	unlisten-first                          close the oldest SO_REUSEPORT listener
 //	reconnect <addr>                        connect() twice on one non-blocking socket
 //	held                                    connections accepted and open
 //	close                                   close every dialed connection
 //	rst                                     close them with an RST (SO_LINGER 0)
-//	unlisten                                close the listener
+//	unlisten                                close the listeners
 //	burn <n>                                make the kernel hand out n socket cookies
 //	exit
 func runHelper(in io.Reader, out io.Writer) {
 	var (
 		conns []net.Conn
 		ln    net.Listener
-		mu    sync.Mutex // guards held
+		lns   []net.Listener // SO_REUSEPORT listeners, oldest first
+		mu    sync.Mutex     // guards held
 		held  int
 	)
 	sc := bufio.NewScanner(in)
@@ -263,9 +292,24 @@ func runHelper(in io.Reader, out io.Writer) {
 				}
 			}
 			fmt.Fprintf(out, "dialed %d %d %d\n", r.ok, r.refused, r.other)
-		case "listen":
+		case "listen", "listen-reuseport":
 			var err error
-			ln, err = net.Listen("tcp", f[1])
+			if f[0] == "listen" {
+				ln, err = net.Listen("tcp", f[1])
+			} else {
+				lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+					var serr error
+					if err := c.Control(func(fd uintptr) {
+						serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+					}); err != nil {
+						return err
+					}
+					return serr
+				}}
+				if ln, err = lc.Listen(context.Background(), "tcp", f[1]); err == nil {
+					lns = append(lns, ln)
+				}
+			}
 			if err != nil {
 				fmt.Fprintf(out, "error %v\n", err)
 				continue
@@ -327,6 +371,16 @@ func runHelper(in io.Reader, out io.Writer) {
 		case "unlisten":
 			if ln != nil {
 				ln.Close()
+			}
+			for _, l := range lns {
+				l.Close()
+			}
+			lns = nil
+			fmt.Fprintln(out, "unlistened")
+		case "unlisten-first":
+			if len(lns) > 0 {
+				lns[0].Close()
+				lns = lns[1:]
 			}
 			fmt.Fprintln(out, "unlistened")
 		case "exit":

@@ -116,11 +116,14 @@ func TestInboundListenerClosedWithQueuedChildren(t *testing.T) {
 
 // Handshakes in flight hold a reservation: with half-open handshakes (a raw
 // SYN that is never completed), node-wide in_use stays within POOL, SYNs over
-// it are reset, and Tick gives the stale reservations back after the TTL.
+// it are reset, and Tick gives the stale reservations back after the TTL. The
+// TTL is an hour on a monotonic clock the test moves on, so a slow machine
+// cannot expire them early and the test does not sleep.
 func TestInboundReservationsBoundAndExpire(t *testing.T) {
 	requireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l := openLimiter(t, root, pin, 3, 1)
+	const ttl = time.Hour
+	l, mono := openLimiterMono(t, root, pin, 3, 1, ttl)
 	srv := startHelper(t, mkProject(t, root, "syn"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
 
@@ -137,13 +140,14 @@ func TestInboundReservationsBoundAndExpire(t *testing.T) {
 	if _, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("connect while reservations fill the pool: %v", err)
 	}
+	mono.advance(ttl - time.Minute)
 	if err := l.Tick(time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if s := snap(t, l); s.Reservations != 3 {
+	if s := snap(t, l); s.Reservations != 3 || s.Events.Expired != 0 {
 		t.Fatalf("expired before the TTL: %+v", s)
 	}
-	time.Sleep(2100 * time.Millisecond)
+	mono.advance(2 * time.Minute)
 	if err := l.Tick(time.Now()); err != nil {
 		t.Fatal(err)
 	}

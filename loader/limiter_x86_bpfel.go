@@ -51,8 +51,9 @@ type limiterFsListenKey struct {
 type limiterFsListener struct {
 	_       structs.HostLayout
 	Project uint64
-	Cookie  uint64
 	Cgroup  uint64
+	Refs    uint32
+	Pad     uint32
 }
 
 type limiterFsPool struct {
@@ -60,6 +61,7 @@ type limiterFsPool struct {
 	InUse       int64
 	ExemptInUse int64
 	Spilled     int64
+	Active      int64
 }
 
 type limiterFsPort struct {
@@ -96,8 +98,9 @@ type limiterFsSettings struct {
 	_            structs.HostLayout
 	Pool         uint32
 	Floor        uint32
-	Share        uint32
 	ExemptMax    uint32
+	Pad          uint32
+	WindowNs     uint64
 	NetnsCookie  uint64
 	RootCgroupId uint64
 }
@@ -133,6 +136,7 @@ const (
 	limiterMapFsConfig       = "fs_config"
 	limiterMapFsExempt       = "fs_exempt"
 	limiterMapFsHeld         = "fs_held"
+	limiterMapFsListenSocks  = "fs_listen_socks"
 	limiterMapFsListeners    = "fs_listeners"
 	limiterMapFsNode         = "fs_node"
 	limiterMapFsPorts        = "fs_ports"
@@ -213,6 +217,7 @@ type limiterMapSpecs struct {
 	FsConfig       *ebpf.MapSpec `ebpf:"fs_config"`
 	FsExempt       *ebpf.MapSpec `ebpf:"fs_exempt"`
 	FsHeld         *ebpf.MapSpec `ebpf:"fs_held"`
+	FsListenSocks  *ebpf.MapSpec `ebpf:"fs_listen_socks"`
 	FsListeners    *ebpf.MapSpec `ebpf:"fs_listeners"`
 	FsNode         *ebpf.MapSpec `ebpf:"fs_node"`
 	FsPorts        *ebpf.MapSpec `ebpf:"fs_ports"`
@@ -255,6 +260,7 @@ type limiterMaps struct {
 	FsConfig       *ebpf.Map `ebpf:"fs_config"`
 	FsExempt       *ebpf.Map `ebpf:"fs_exempt"`
 	FsHeld         *ebpf.Map `ebpf:"fs_held"`
+	FsListenSocks  *ebpf.Map `ebpf:"fs_listen_socks"`
 	FsListeners    *ebpf.Map `ebpf:"fs_listeners"`
 	FsNode         *ebpf.Map `ebpf:"fs_node"`
 	FsPorts        *ebpf.Map `ebpf:"fs_ports"`
@@ -269,6 +275,7 @@ func (m *limiterMaps) Close() error {
 		m.FsConfig,
 		m.FsExempt,
 		m.FsHeld,
+		m.FsListenSocks,
 		m.FsListeners,
 		m.FsNode,
 		m.FsPorts,

@@ -100,6 +100,11 @@ type Options struct {
 	ReservationTTL time.Duration
 	// Clock stamps Snapshot.LastSeen; nil is the system clock.
 	Clock pools.Clock
+	// Monotonic reads the clock the programs stamp with (CLOCK_MONOTONIC,
+	// bpf_ktime_get_ns), as time since boot; nil reads the kernel's. Tick
+	// measures the active window and the reservation TTL with it, so a test
+	// can move it on instead of sleeping.
+	Monotonic func() time.Duration
 
 	// Exempt lists cgroups (relative to ProjectsRoot, or absolute below
 	// it: a project or a cgroup nested in one) whose sockets take exempt
@@ -123,6 +128,7 @@ type Limiter struct {
 	window  time.Duration
 	ttl     time.Duration
 	clock   pools.Clock
+	mono    func() uint64 // CLOCK_MONOTONIC in ns (Options.Monotonic)
 	objs    limiterObjects
 	links   []link.Link
 	netns   uint64
@@ -300,6 +306,10 @@ func Open(opts Options) (*Limiter, error) {
 	if opts.Clock == nil {
 		opts.Clock = systemClock{}
 	}
+	mono := monoNow
+	if f := opts.Monotonic; f != nil {
+		mono = func() uint64 { return uint64(f()) }
+	}
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("loading BPF programs needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN): %w", os.ErrPermission)
 	}
@@ -340,7 +350,7 @@ func Open(opts Options) (*Limiter, error) {
 
 	l := &Limiter{
 		root: root, rootID: rootID, level: level, pinDir: opts.PinDir,
-		log: opts.Logger, window: opts.Window, ttl: opts.ReservationTTL, clock: opts.Clock,
+		log: opts.Logger, window: opts.Window, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
 		netns: cookie, size: opts.PoolSize, floor: opts.Floor,
 	}
 	if err := l.load(); err != nil {
@@ -369,19 +379,18 @@ func Open(opts Options) (*Limiter, error) {
 	return l, nil
 }
 
-func (l *Limiter) load() error {
+// spec is the embedded collection set up for this limiter: the root's level
+// and id, and the permit tables sized for POOL, or as the pinned ones are.
+func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	spec, err := loadLimiter()
 	if err != nil {
-		return fmt.Errorf("reading the embedded BPF object: %w", err)
+		return nil, fmt.Errorf("reading the embedded BPF object: %w", err)
 	}
 	if err := spec.Variables["root_level"].Set(l.level); err != nil {
-		return fmt.Errorf("setting root_level: %w", err)
+		return nil, fmt.Errorf("setting root_level: %w", err)
 	}
 	if err := spec.Variables["root_cgroup_id"].Set(l.rootID); err != nil {
-		return fmt.Errorf("setting root_cgroup_id: %w", err)
-	}
-	if _, err := os.Stat(filepath.Join(l.pinDir, "fs_config")); err == nil {
-		l.reused = true
+		return nil, fmt.Errorf("setting root_cgroup_id: %w", err)
 	}
 	l.held = heldCapacity(l.size)
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_slots"), nil); err == nil {
@@ -389,12 +398,12 @@ func (l *Limiter) load() error {
 		m.Close()
 	}
 	if l.size > l.held {
-		return fmt.Errorf("pool %d, permit map of %d entries in %s: %w", l.size, l.held, l.pinDir, ErrPoolTooLarge)
+		return nil, fmt.Errorf("pool %d, permit map of %d entries in %s: %w", l.size, l.held, l.pinDir, ErrPoolTooLarge)
 	}
 	spec.Maps["fs_slots"].MaxEntries = l.held
 	spec.Maps["fs_held"].MaxEntries = l.held
 	if err := spec.Variables["slot_mask"].Set(uint64(l.held - 1)); err != nil {
-		return fmt.Errorf("setting slot_mask: %w", err)
+		return nil, fmt.Errorf("setting slot_mask: %w", err)
 	}
 	// Reservations hold permits too, so the same size bounds them; a pin
 	// made with another size is reused as it is.
@@ -403,22 +412,40 @@ func (l *Limiter) load() error {
 		spec.Maps["fs_reservations"].MaxEntries = m.MaxEntries()
 		m.Close()
 	}
-	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.pinDir}})
+	return spec, nil
+}
+
+func (l *Limiter) load() error {
+	spec, err := l.spec()
 	if err != nil {
-		var ve *ebpf.VerifierError
-		switch {
-		case errors.As(err, &ve):
-			return fmt.Errorf("the kernel verifier rejected a program: %+v", ve)
-		case errors.Is(err, ebpf.ErrMapIncompatible):
-			return fmt.Errorf("maps pinned in %s have another layout: %w (%w)", l.pinDir, ErrPinnedMismatch, err)
-		case errors.Is(err, ebpf.ErrNotSupported):
-			return fmt.Errorf("the kernel lacks a BPF feature fairshare needs (5.18+ with BTF): %w", err)
-		case errors.Is(err, unix.EPERM):
-			return fmt.Errorf("loading BPF programs was refused; the process needs CAP_BPF and CAP_PERFMON: %w", err)
-		}
-		return fmt.Errorf("loading BPF programs: %w", err)
+		return err
 	}
-	return nil
+	if _, err := os.Stat(filepath.Join(l.pinDir, "fs_config")); err == nil {
+		l.reused = true
+	}
+	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.pinDir}})
+	return l.loadError(err)
+}
+
+// loadError names the cause of a failed load and what to do about it.
+func (l *Limiter) loadError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ve *ebpf.VerifierError
+	switch {
+	case errors.As(err, &ve):
+		return fmt.Errorf("the kernel verifier rejected a program: %+v", ve)
+	case errors.Is(err, ebpf.ErrMapIncompatible):
+		return fmt.Errorf("the maps pinned in %s have the layout of another fairshare version, which this one cannot reuse: "+
+			"stop the daemon, run 'fairshare cleanup --pin-dir %s' (enforcement stops and the connection counts are lost "+
+			"until the next start), then start it again: %w (%w)", l.pinDir, l.pinDir, ErrPinnedMismatch, err)
+	case errors.Is(err, ebpf.ErrNotSupported):
+		return fmt.Errorf("the kernel lacks a BPF feature fairshare needs (5.18+ with BTF): %w", err)
+	case errors.Is(err, unix.EPERM):
+		return fmt.Errorf("loading BPF programs was refused; the process needs CAP_BPF and CAP_PERFMON: %w", err)
+	}
+	return fmt.Errorf("loading BPF programs: %w", err)
 }
 
 func (l *Limiter) checkAndWriteConfig() error {
@@ -429,11 +456,7 @@ func (l *Limiter) checkAndWriteConfig() error {
 	if cfg.RootCgroupId != 0 && cfg.RootCgroupId != l.rootID {
 		return fmt.Errorf("%s belongs to cgroup id %d, not %s (id %d): %w", l.pinDir, cfg.RootCgroupId, l.root, l.rootID, ErrPinnedMismatch)
 	}
-	if cfg.Share == 0 {
-		// Until the first Tick knows the active set, nobody is over its share.
-		cfg.Share = l.size
-	}
-	cfg.Pool, cfg.Floor = l.size, l.floor
+	cfg.Pool, cfg.Floor, cfg.WindowNs = l.size, l.floor, uint64(l.window)
 	cfg.NetnsCookie, cfg.RootCgroupId = l.netns, l.rootID
 	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("writing config map: %w", err)
@@ -444,54 +467,121 @@ func (l *Limiter) checkAndWriteConfig() error {
 // attachment is one link the limiter keeps pinned.
 type attachment struct {
 	name   string
+	prog   *ebpf.Program
 	attach func() (link.Link, error)
+	// swap: the link type cannot change its program (tracing links): a new
+	// link is attached and pinned in the old one's place instead.
+	swap bool
 }
 
-func (l *Limiter) attach() error {
+// attachments lists the links in the order attach creates them: the release
+// paths before the admission hooks, so that no permit is ever taken by a
+// program whose release is not attached yet.
+func (l *Limiter) attachments(cgroup string, objs *limiterObjects) []attachment {
 	cg := func(prog *ebpf.Program, typ ebpf.AttachType) func() (link.Link, error) {
 		return func() (link.Link, error) {
-			return link.AttachCgroup(link.CgroupOptions{Path: l.root, Attach: typ, Program: prog})
+			return link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: typ, Program: prog})
 		}
 	}
-	atts := []attachment{
-		{"link_connect4", cg(l.objs.FsConnect4, ebpf.AttachCGroupInet4Connect)},
-		{"link_connect6", cg(l.objs.FsConnect6, ebpf.AttachCGroupInet6Connect)},
-		{"link_sock_release", cg(l.objs.FsSockRelease, ebpf.AttachCgroupInetSockRelease)},
-		{"link_set_state", func() (link.Link, error) {
-			return link.AttachTracing(link.TracingOptions{Program: l.objs.FsSetState, AttachType: ebpf.AttachTraceRawTp})
-		}},
-		{"link_send_reset", func() (link.Link, error) {
-			return link.AttachTracing(link.TracingOptions{Program: l.objs.FsSendReset, AttachType: ebpf.AttachTraceRawTp})
-		}},
-		{"link_sk_lookup", func() (link.Link, error) {
+	tracing := func(prog *ebpf.Program) func() (link.Link, error) {
+		return func() (link.Link, error) {
+			return link.AttachTracing(link.TracingOptions{Program: prog, AttachType: ebpf.AttachTraceRawTp})
+		}
+	}
+	return []attachment{
+		{"link_sock_release", objs.FsSockRelease, cg(objs.FsSockRelease, ebpf.AttachCgroupInetSockRelease), false},
+		{"link_set_state", objs.FsSetState, tracing(objs.FsSetState), true},
+		{"link_send_reset", objs.FsSendReset, tracing(objs.FsSendReset), true},
+		{"link_connect4", objs.FsConnect4, cg(objs.FsConnect4, ebpf.AttachCGroupInet4Connect), false},
+		{"link_connect6", objs.FsConnect6, cg(objs.FsConnect6, ebpf.AttachCGroupInet6Connect), false},
+		{"link_sk_lookup", objs.FsSkLookup, func() (link.Link, error) {
 			ns, err := os.Open("/proc/self/ns/net")
 			if err != nil {
 				return nil, err
 			}
 			defer ns.Close()
-			return link.AttachNetNs(int(ns.Fd()), l.objs.FsSkLookup)
-		}},
+			return link.AttachNetNs(int(ns.Fd()), objs.FsSkLookup)
+		}, false},
 	}
-	for _, a := range atts {
+}
+
+// attach attaches the loaded programs and pins their links. A link pinned by
+// an earlier run is moved to the program just loaded (its maps are the same
+// pinned ones), so new code takes effect on a restart; on an error, the links
+// this call created are detached again.
+func (l *Limiter) attach() (err error) {
+	var created []link.Link
+	defer func() {
+		if err == nil {
+			return
+		}
+		for _, lk := range created {
+			_ = lk.Unpin()
+		}
+	}()
+	var tags []any
+	for _, a := range l.attachments(l.root, &l.objs) {
 		path := filepath.Join(l.pinDir, a.name)
-		if lk, err := link.LoadPinnedLink(path, nil); err == nil {
-			l.links = append(l.links, lk)
-			continue
-		} else if !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("loading pinned link %s: %w", path, err)
-		}
-		lk, err := a.attach()
-		if err != nil {
-			if errors.Is(err, ebpf.ErrNotSupported) {
-				return fmt.Errorf("attaching %s: the kernel does not support this hook: %w", a.name, err)
+		old, lerr := link.LoadPinnedLink(path, nil)
+		switch {
+		case lerr == nil && !a.swap:
+			if err := old.Update(a.prog); err != nil {
+				old.Close()
+				return fmt.Errorf("moving pinned link %s to the new program: %w", path, err)
 			}
-			return fmt.Errorf("attaching %s: %w", a.name, err)
+			l.links = append(l.links, old)
+		case lerr == nil || errors.Is(lerr, os.ErrNotExist):
+			lk, err := a.attach()
+			if err != nil {
+				if old != nil {
+					old.Close()
+				}
+				if errors.Is(err, ebpf.ErrNotSupported) {
+					return fmt.Errorf("attaching %s: the kernel does not support this hook: %w", a.name, err)
+				}
+				return fmt.Errorf("attaching %s: %w", a.name, err)
+			}
+			if err := pinOver(lk, path, old != nil); err != nil {
+				lk.Close()
+				if old != nil {
+					old.Close()
+				}
+				return fmt.Errorf("pinning %s: %w", a.name, err)
+			}
+			if old != nil {
+				// Unpinned by the rename: closing the last fd detaches it.
+				// Until then both programs ran, which the exactly-once
+				// release and the listener refcount tolerate.
+				old.Close()
+			} else {
+				created = append(created, lk)
+			}
+			l.links = append(l.links, lk)
+		default:
+			return fmt.Errorf("loading pinned link %s: %w", path, lerr)
 		}
-		if err := lk.Pin(path); err != nil {
-			lk.Close()
-			return fmt.Errorf("pinning %s: %w", a.name, err)
+		if info, err := a.prog.Info(); err == nil {
+			tags = append(tags, a.name, info.Tag)
 		}
-		l.links = append(l.links, lk)
+	}
+	l.log.Info("bpf programs attached", tags...)
+	return nil
+}
+
+// pinOver pins lk at path; with replace, the pin there is replaced in one
+// rename, so the path never lacks a link.
+func pinOver(lk link.Link, path string, replace bool) error {
+	if !replace {
+		return lk.Pin(path)
+	}
+	tmp := path + "_new" // bpffs refuses dots in names
+	_ = os.Remove(tmp)
+	if err := lk.Pin(tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = lk.Unpin()
+		return fmt.Errorf("replacing the pinned link: %w", err)
 	}
 	return nil
 }

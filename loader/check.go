@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// CheckReport is what Check found.
+type CheckReport struct {
+	// Pinned says whether PinDir holds a limiter (a running or a stopped
+	// daemon's); the fields below up to Links describe it.
+	Pinned bool
+	// Pool, Floor, InUse and Projects are the pinned maps' values.
+	Pool, Floor, InUse, Projects int
+	// Capacity is the largest POOL the pinned permit tables hold.
+	Capacity int
+	// Exempt is the number of cgroups in the pinned exempt set, ExemptMax
+	// its budget (0 while the set is empty).
+	Exempt, ExemptMax int
+	// Links maps each pinned link to the tag of the program it runs.
+	Links map[string]string
+	// Current says whether every pinned link runs the programs of this
+	// binary; if not, the next Open (a daemon restart) moves them.
+	Current bool
+	// Attached lists the hooks the probe attached and detached again.
+	Attached []string
+}
+
+// Check verifies, without disturbing a running limiter, that Open would
+// work: the programs pass the kernel verifier; when PinDir holds a limiter,
+// its maps have this version's layout, it was made for ProjectsRoot and its
+// permit tables hold PoolSize, and its links are in place; and every hook
+// attaches. The attach test uses fresh, unpinned maps and a temporary empty
+// cgroup (removed again), so no pinned map is written, no link is replaced
+// and nothing is reconciled: the counts, the config and the exempt set of a
+// running daemon stay as they are. Options.Exempt and ExemptMax are not
+// looked at (the daemon applies them when it starts).
+func Check(opts Options) (CheckReport, error) {
+	var rep CheckReport
+	if opts.PoolSize == 0 || opts.PoolSize > MaxPoolSize {
+		return rep, fmt.Errorf("pool size %d not in 1..%d: %w", opts.PoolSize, MaxPoolSize, ErrInvalidOptions)
+	}
+	if opts.Floor == 0 {
+		opts.Floor = uint32(pools.DefaultFloor(int(opts.PoolSize)))
+	}
+	if opts.Floor > opts.PoolSize {
+		return rep, fmt.Errorf("floor %d above pool %d: %w", opts.Floor, opts.PoolSize, ErrInvalidOptions)
+	}
+	if !filepath.IsAbs(opts.ProjectsRoot) {
+		return rep, fmt.Errorf("projects root %q is not absolute: %w", opts.ProjectsRoot, ErrInvalidOptions)
+	}
+	if opts.PinDir == "" {
+		opts.PinDir = DefaultPinDir
+	}
+	if os.Geteuid() != 0 {
+		return rep, fmt.Errorf("loading BPF programs needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN): %w", os.ErrPermission)
+	}
+	mi, err := cgroup2MountInfo()
+	if err != nil {
+		return rep, err
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return rep, fmt.Errorf("raising RLIMIT_MEMLOCK: %w", err)
+	}
+	l := &Limiter{root: filepath.Clean(opts.ProjectsRoot), pinDir: opts.PinDir, size: opts.PoolSize,
+		floor: opts.Floor, log: slog.New(slog.DiscardHandler)}
+	// A root that does not exist yet is created by Open; its id is needed
+	// only to compare with pins, which then cannot be its own.
+	if st, err := os.Stat(l.root); err == nil && st.IsDir() {
+		if l.rootID, err = inode(l.root); err != nil {
+			return rep, err
+		}
+		if l.level, err = cgroupLevel(mi, l.root); err != nil {
+			return rep, err
+		}
+	}
+	if _, err := os.Stat(filepath.Join(opts.PinDir, "fs_config")); err == nil {
+		rep.Pinned = true
+		if err := l.checkPinned(&rep); err != nil {
+			return rep, err
+		}
+	}
+	if err := l.probeAttach(mi, &rep); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// checkPinned loads the programs against the pinned maps (the verifier and
+// the layout check of Open) without pinning or writing anything, and reads
+// the pinned config and links.
+func (l *Limiter) checkPinned(rep *CheckReport) error {
+	spec, err := l.spec()
+	if err != nil {
+		return err
+	}
+	repl := map[string]*ebpf.Map{}
+	defer func() {
+		for _, m := range repl {
+			m.Close()
+		}
+	}()
+	for name, ms := range spec.Maps {
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, name), nil)
+		if err != nil {
+			return fmt.Errorf("pinned map %s in %s: %w (the pin directory is incomplete: "+
+				"stop the daemon and run 'fairshare cleanup --pin-dir %s')", name, l.pinDir, err, l.pinDir)
+		}
+		repl[name] = m
+	}
+	var objs limiterObjects
+	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: repl})
+	if err != nil {
+		return l.loadError(err)
+	}
+	defer objs.Close()
+
+	var cfg limiterFsSettings
+	if err := objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading config map: %w", err)
+	}
+	if cfg.RootCgroupId != 0 && cfg.RootCgroupId != l.rootID {
+		return fmt.Errorf("%s belongs to cgroup id %d, not %s (id %d): %w", l.pinDir, cfg.RootCgroupId, l.root, l.rootID, ErrPinnedMismatch)
+	}
+	var node limiterFsPool
+	if err := objs.FsNode.Lookup(uint32(0), &node); err != nil {
+		return fmt.Errorf("reading node map: %w", err)
+	}
+	rep.Pool, rep.Floor, rep.InUse = int(cfg.Pool), int(cfg.Floor), int(node.InUse)
+	rep.Capacity, rep.ExemptMax = int(l.held), int(cfg.ExemptMax)
+	var id uint64
+	var pv limiterFsProject
+	for it := objs.FsProjects.Iterate(); it.Next(&id, &pv); {
+		rep.Projects++
+	}
+	var one uint32
+	for it := objs.FsExempt.Iterate(); it.Next(&id, &one); {
+		rep.Exempt++
+	}
+
+	rep.Links = map[string]string{}
+	rep.Current = true
+	var missing []error
+	for _, a := range l.attachments(l.root, &objs) {
+		path := filepath.Join(l.pinDir, a.name)
+		lk, err := link.LoadPinnedLink(path, nil)
+		if err != nil {
+			missing = append(missing, fmt.Errorf("pinned link %s: %w", path, err))
+			continue
+		}
+		tag, err := linkTag(lk)
+		lk.Close()
+		if err != nil {
+			return fmt.Errorf("reading pinned link %s: %w", path, err)
+		}
+		rep.Links[a.name] = tag
+		if info, err := a.prog.Info(); err != nil || info.Tag != tag {
+			rep.Current = false
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w (Open attaches what is missing)", errors.Join(missing...))
+	}
+	return nil
+}
+
+func linkTag(lk link.Link) (string, error) {
+	info, err := lk.Info()
+	if err != nil {
+		return "", err
+	}
+	p, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		return "", err
+	}
+	defer p.Close()
+	pi, err := p.Info()
+	if err != nil {
+		return "", err
+	}
+	return pi.Tag, nil
+}
+
+// probeAttach loads the programs with fresh unpinned maps, configured for a
+// temporary empty cgroup, attaches every hook (the cgroup hooks to that
+// cgroup) and detaches again. The probe's programs see no project (the
+// tracing ones run for every socket of the host, but no socket is in a
+// cgroup below the probe) and admit every SYN (their port map is empty).
+func (l *Limiter) probeAttach(mi mountInfo, rep *CheckReport) error {
+	dir, err := os.MkdirTemp(mi.point, "fairshare-check-")
+	if err != nil {
+		return fmt.Errorf("creating the probe cgroup: %w", err)
+	}
+	defer os.Remove(dir)
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(dir, &sfs); err != nil || sfs.Type != unix.CGROUP2_SUPER_MAGIC {
+		return fmt.Errorf("probe cgroup %s: %w", dir, ErrNotCgroup2)
+	}
+	p := &Limiter{root: dir, pinDir: filepath.Join(os.TempDir(), "fairshare-no-pins"), size: l.size, floor: l.floor}
+	if p.rootID, err = inode(dir); err != nil {
+		return err
+	}
+	if p.level, err = cgroupLevel(mi, dir); err != nil {
+		return err
+	}
+	spec, err := p.spec()
+	if err != nil {
+		return err
+	}
+	for _, ms := range spec.Maps {
+		ms.Pinning = ebpf.PinNone
+	}
+	var objs limiterObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return l.loadError(err)
+	}
+	defer objs.Close()
+	for _, a := range p.attachments(dir, &objs) {
+		lk, err := a.attach()
+		if err != nil {
+			if errors.Is(err, ebpf.ErrNotSupported) {
+				return fmt.Errorf("attaching %s: the kernel does not support this hook: %w", a.name, err)
+			}
+			return fmt.Errorf("attaching %s: %w", a.name, err)
+		}
+		lk.Close()
+		rep.Attached = append(rep.Attached, a.name)
+	}
+	return nil
+}

@@ -1,0 +1,337 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+// A newcomer shrinks the share at its first connect, as in package pools,
+// without waiting for a Tick: the incumbent, now over its share, is held to
+// POOL - FLOOR at once. Tick later takes out a project that left the window.
+func TestNewcomerShrinksShareWithoutTick(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, mono := openLimiterMono(t, root, pin, 10, 2, time.Hour)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	big := startHelper(t, mkProject(t, root, "big"))
+	small := startHelper(t, mkProject(t, root, "small"))
+
+	if r := big.dial("tcp4", ln.Addr().String(), 7); r.ok != 7 {
+		t.Fatalf("big alone: %+v", r)
+	}
+	if s := snap(t, l); s.Share != 10 {
+		t.Fatalf("one active project: share %d, want 10; %+v", s.Share, s)
+	}
+	if r := small.dial("tcp4", ln.Addr().String(), 1); r.ok != 1 {
+		t.Fatalf("newcomer: %+v", r)
+	}
+	if s := snap(t, l); s.Share != 5 {
+		t.Fatalf("after the newcomer's first connect: share %d, want 5; %+v", s.Share, s)
+	}
+	// in_use 8 = POOL - FLOOR, and big (7) is over its share of 5: refused,
+	// where the old share (10) would have let it fill the pool.
+	if r := big.dial("tcp4", ln.Addr().String(), 1); r.refused != 1 {
+		t.Fatalf("big over its new share with in_use at POOL-FLOOR: %+v; %+v", r, snap(t, l))
+	}
+	// small, under its share, still gets the floor.
+	if r := small.dial("tcp4", ln.Addr().String(), 2); r.ok != 2 {
+		t.Fatalf("small within the floor: %+v; %+v", r, snap(t, l))
+	}
+
+	// small lets go and leaves the window: Tick takes it out of the count.
+	small.do("close")
+	waitInUse(t, l, 7, map[string]int{"small": 0})
+	mono.advance(time.Minute)
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if s := snap(t, l); s.Share != 10 || s.Active != 1 {
+		t.Fatalf("after small left the window: %+v", s)
+	}
+	if r := big.dial("tcp4", ln.Addr().String(), 3); r.ok != 3 {
+		t.Fatalf("big alone again: %+v; %+v", r, snap(t, l))
+	}
+}
+
+// Several newcomers asking at once are each counted once, and a project
+// asking again within the window is not counted again.
+func TestActiveCountedOncePerWindow(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, _ := openLimiterMono(t, root, pin, 100, 1, time.Hour)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	var hs []*helper
+	for i := range 4 {
+		hs = append(hs, startHelper(t, mkProject(t, root, fmt.Sprintf("p%d", i))))
+	}
+	done := make(chan dialResult, len(hs))
+	for _, h := range hs {
+		go func() { done <- h.dial("tcp4", ln.Addr().String(), 5) }()
+	}
+	for range hs {
+		if r := <-done; r.ok != 5 {
+			t.Errorf("dial: %+v", r)
+		}
+	}
+	var n limiterFsPool
+	if err := l.objs.FsNode.Lookup(uint32(0), &n); err != nil {
+		t.Fatal(err)
+	}
+	if n.Active != 4 {
+		t.Fatalf("kernel active count %d, want 4", n.Active)
+	}
+	if s := snap(t, l); s.Share != 25 || s.Active != 4 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// Two SO_REUSEPORT listeners on one address, closed in the order they were
+// opened: the remaining one still has its connections counted and refused.
+func TestReuseportListenersRefcounted(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 3, 1)
+	srv := startHelper(t, mkProject(t, root, "rp"))
+	a := listenAddr(t, srv.do("listen-reuseport 127.0.0.1:0"))
+	if b := listenAddr(t, srv.do("listen-reuseport %s", a)); b != a {
+		t.Fatalf("second listener on %s, want %s", b, a)
+	}
+	refs := func() int {
+		var k limiterFsListenKey
+		var v limiterFsListener
+		n, it := 0, l.objs.FsListeners.Iterate()
+		for it.Next(&k, &v) {
+			n += int(v.Refs)
+		}
+		return n
+	}
+	eventually(t, "two refs", func() (bool, string) { return refs() == 2, fmt.Sprint(refs()) })
+	// The reconcile dump sees both listeners again: not counted twice.
+	if _, err := l.Reconcile(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := refs(); n != 2 {
+		t.Fatalf("after a reconcile: %d refs, want 2", n)
+	}
+	srv.do("unlisten-first")
+	eventually(t, "one ref", func() (bool, string) { return refs() == 1, fmt.Sprint(refs()) })
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for range 3 {
+		c, err := net.DialTimeout("tcp4", a, 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	waitInUse(t, l, 3, map[string]int{"rp": 3})
+	if _, err := net.DialTimeout("tcp4", a, 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("fourth connection to the remaining listener: %v, want ECONNREFUSED", err)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	conns = nil
+	waitInUse(t, l, 0, map[string]int{"rp": 0})
+	// The last listener closes: the address and its port count go.
+	srv.do("unlisten")
+	eventually(t, "address forgotten", func() (bool, string) {
+		var k limiterFsListenKey
+		var v limiterFsListener
+		n, it := 0, l.objs.FsListeners.Iterate()
+		for it.Next(&k, &v) {
+			n++
+		}
+		var port limiterFsPort
+		if err := l.objs.FsPorts.Lookup(k.Port, &port); err != nil {
+			return false, err.Error()
+		}
+		return n == 0 && port.Specific == 0, fmt.Sprintf("%d listener entries left, port %+v", n, port)
+	})
+}
+
+// A second Open over pinned links moves them to the programs it loaded (a
+// fixed limiter.c takes effect across a restart), and enforcement goes on.
+func TestReopenUpdatesPinnedLinks(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	l1 := openLimiter(t, root, pin, 3, 1)
+	h := startHelper(t, mkProject(t, root, "up"))
+	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 2 {
+		t.Fatal(r)
+	}
+	l2 := openLimiter(t, root, pin, 3, 1)
+	for _, a := range l2.attachments(root, &l2.objs) {
+		lk, err := link.LoadPinnedLink(filepath.Join(pin, a.name), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", a.name, err)
+		}
+		info, err := lk.Info()
+		lk.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", a.name, err)
+		}
+		want, old := progID(t, a.prog), progID(t, progByName(l1, a.name))
+		if info.Program != want || want == old {
+			t.Errorf("%s runs program %d, want the new %d (old %d)", a.name, info.Program, want, old)
+		}
+	}
+	l1.Close()
+	// Counts carried over; the new programs admit, refuse and release.
+	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 1 || r.refused != 1 {
+		t.Fatalf("after the update: %+v; %+v", r, snap(t, l2))
+	}
+	h.do("close")
+	waitInUse(t, l2, 0, map[string]int{"up": 0})
+}
+
+func progID(t testing.TB, p *ebpf.Program) ebpf.ProgramID {
+	t.Helper()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, ok := info.ID()
+	if !ok {
+		t.Fatal("program info without id")
+	}
+	return id
+}
+
+func progByName(l *Limiter, name string) *ebpf.Program {
+	for _, a := range l.attachments(l.root, &l.objs) {
+		if a.name == name {
+			return a.prog
+		}
+	}
+	return nil
+}
+
+// mapDump is every entry of a map, as bytes, for before/after comparisons.
+func mapDump(t testing.TB, m *ebpf.Map) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	var k, v []byte
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[string(k)] = string(v)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Check against a running limiter writes no map and moves no link: the
+// exempt set, the config, the counts and the programs in force are the same
+// afterwards, and enforcement goes on.
+func TestCheckLeavesRunningLimiterAlone(t *testing.T) {
+	requireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	app := mkProject(t, root, "app")
+	mkProject(t, app, "probes")
+	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 4, Floor: 1, Exempt: []string{"app/probes"}, ExemptMax: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	h := startHelper(t, app)
+	if r := h.dial("tcp4", ln.Addr().String(), 3); r.ok != 3 {
+		t.Fatal(r)
+	}
+	maps := map[string]*ebpf.Map{"fs_config": l.objs.FsConfig, "fs_node": l.objs.FsNode, "fs_exempt": l.objs.FsExempt,
+		"fs_projects": l.objs.FsProjects, "fs_listeners": l.objs.FsListeners, "fs_held": l.objs.FsHeld}
+	before := map[string]map[string]string{}
+	for name, m := range maps {
+		before[name] = mapDump(t, m)
+	}
+	links := func() map[string]ebpf.ProgramID {
+		out := map[string]ebpf.ProgramID{}
+		for _, a := range l.attachments(root, &l.objs) {
+			lk, err := link.LoadPinnedLink(filepath.Join(pin, a.name), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := lk.Info()
+			lk.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[a.name] = info.Program
+		}
+		return out
+	}
+	linksBefore := links()
+
+	// Another configured pool size and no exempt set: neither is applied.
+	rep, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Pinned || rep.Pool != 4 || rep.InUse != 3 || rep.Exempt != 1 || rep.ExemptMax != 2 ||
+		!rep.Current || len(rep.Links) != 6 || len(rep.Attached) != 6 {
+		t.Fatalf("report: %+v", rep)
+	}
+	for name, m := range maps {
+		if after := mapDump(t, m); fmt.Sprint(after) != fmt.Sprint(before[name]) {
+			t.Errorf("%s changed:\n before %q\n after  %q", name, before[name], after)
+		}
+	}
+	if after := links(); fmt.Sprint(after) != fmt.Sprint(linksBefore) {
+		t.Errorf("links moved: %v -> %v", linksBefore, after)
+	}
+	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 1 || r.refused != 1 {
+		t.Fatalf("after the check: %+v; %+v", r, snap(t, l))
+	}
+	if s := snap(t, l); len(s.Exempt.Paths) != 1 || s.Exempt.Max != 2 {
+		t.Fatalf("exempt set after the check: %+v", s.Exempt)
+	}
+
+	// Pins of another root, and a pool the pinned tables cannot hold, fail.
+	if _, err := Check(Options{ProjectsRoot: newRoot(t), PinDir: pin, PoolSize: 4}); !errors.Is(err, ErrPinnedMismatch) {
+		t.Errorf("check with another root: %v, want ErrPinnedMismatch", err)
+	}
+	if _, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 4096}); !errors.Is(err, ErrPoolTooLarge) {
+		t.Errorf("check with a pool over the pinned capacity: %v, want ErrPoolTooLarge", err)
+	}
+}
+
+// Without pins, Check loads and attaches every hook and leaves nothing
+// behind: no pin directory, no cgroup.
+func TestCheckWithoutPins(t *testing.T) {
+	requireRoot(t)
+	root := newRoot(t)
+	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("fairshare-check-test-%d", time.Now().UnixNano()))
+	rep, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Pinned || len(rep.Attached) != 6 {
+		t.Fatalf("%+v", rep)
+	}
+	if _, err := os.Stat(pin); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("check created %s: %v", pin, err)
+	}
+	mnt, _ := Cgroup2Mount()
+	left, _ := filepath.Glob(filepath.Join(mnt, "fairshare-check-*"))
+	if len(left) != 0 {
+		t.Errorf("probe cgroups left: %v", left)
+	}
+}
