@@ -6,10 +6,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -151,12 +154,12 @@ func TestMain(m *testing.M) {
 		if prof := os.Getenv(benchProfileEnv); prof != "" {
 			// The front runs in this process, not the benchmark's:
 			// -cpuprofile there would not see it.
-			f, err := os.Create(fmt.Sprintf("%s.%s", prof, map[bool]string{false: "nosched", true: "front"}[os.Getenv("FAIRSHARE_BENCH_SCHED") == "1"]))
+			f, err := os.Create(fmt.Sprintf("%s.%s", prof, map[string]string{"0": "nosched", "1": "front", "goproxy": "goproxy"}[os.Getenv("FAIRSHARE_BENCH_SCHED")]))
 			if err == nil && pprof.StartCPUProfile(f) == nil {
 				defer func() { pprof.StopCPUProfile(); f.Close() }()
 			}
 		}
-		if err := serveBenchFront(up, os.Getenv("FAIRSHARE_BENCH_SCHED") == "1"); err != nil {
+		if err := serveBenchFront(up, os.Getenv("FAIRSHARE_BENCH_SCHED")); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -167,10 +170,33 @@ func TestMain(m *testing.M) {
 }
 
 // serveBenchFront serves the front with a pool too big to refuse anything in
-// front of upstream, prints its address and serves until stdin closes.
-// withSched adds the scheduler (the full front) or leaves it out (pool and
-// rate buckets only), to show what the scheduler's dispatch costs.
-func serveBenchFront(upstream string, withSched bool) error {
+// front of upstream, prints its address and serves until stdin closes. mode
+// "1" adds the scheduler (the full front), "0" leaves it out (pool and rate
+// buckets only), to show what the scheduler's dispatch costs; "goproxy"
+// serves net/http's stock reverse proxy instead of the front, nothing else,
+// as the floor of a proxy built on net/http.
+func serveBenchFront(upstream, mode string) error {
+	withSched := mode == "1"
+	if mode == "goproxy" {
+		u, err := url.Parse(upstream)
+		if err != nil {
+			return err
+		}
+		rp := httputil.NewSingleHostReverseProxy(u)
+		rp.BufferPool = &bufferPool{}
+		rp.Transport = &http.Transport{MaxIdleConnsPerHost: 1024}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		fmt.Println(l.Addr().String())
+		srv := &http.Server{Handler: rp}
+		go func() { _, _ = io.Copy(io.Discard, os.Stdin); _ = srv.Close() }()
+		if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}
 	pool, err := pools.New(pools.Config{Name: "requests", Size: 100000}, nil)
 	if err != nil {
 		return err
@@ -203,14 +229,15 @@ func serveBenchFront(upstream string, withSched bool) error {
 // benchFront starts a front process (the test binary again) and returns its
 // URL.
 func benchFront(b *testing.B, upstream string, withSched bool) (string, int) {
-	return benchFrontOf(b, os.Args[0], upstream, withSched)
+	return benchFrontOf(b, os.Args[0], upstream, map[bool]string{false: "0", true: "1"}[withSched])
 }
 
-// benchFrontOf starts the front process of test binary bin.
-func benchFrontOf(b *testing.B, bin, upstream string, withSched bool) (string, int) {
+// benchFrontOf starts the front process of test binary bin in mode (see
+// serveBenchFront).
+func benchFrontOf(b *testing.B, bin, upstream, mode string) (string, int) {
 	b.Helper()
 	cmd := exec.Command(bin, "-test.run=^$")
-	cmd.Env = append(os.Environ(), benchRoleEnv+"="+upstream, fmt.Sprintf("FAIRSHARE_BENCH_SCHED=%d", map[bool]int{false: 0, true: 1}[withSched]))
+	cmd.Env = append(os.Environ(), benchRoleEnv+"="+upstream, "FAIRSHARE_BENCH_SCHED="+mode)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -381,7 +408,9 @@ func procCPU(pids ...int) time.Duration {
 // busy, unlike req/s.
 //
 // Targets, one after the other for the same time: direct, front (pool, rates
-// and scheduler), nosched (the front without the scheduler), nginx. Reported:
+// and scheduler), nosched (the front without the scheduler), baseline (the
+// front of another build, with FAIRSHARE_BENCH_BASELINE), goproxy (net/http's
+// stock httputil.ReverseProxy and nothing else), nginx. Reported:
 // req/s and p99 per target, each target's throughput as a ratio of direct,
 // front/nginx, and the p99 the front adds over direct.
 func BenchmarkOverhead(b *testing.B) {
@@ -407,9 +436,11 @@ func BenchmarkOverhead(b *testing.B) {
 			ns, nsPID := benchFront(b, up, false)
 			targets = append(targets, target{"front", fr, frPID}, target{"nosched", ns, nsPID})
 			if base := os.Getenv(benchBaselineEnv); base != "" {
-				u, pid := benchFrontOf(b, base, up, true)
+				u, pid := benchFrontOf(b, base, up, "1")
 				targets = append(targets, target{"baseline", u, pid})
 			}
+			gp, gpPID := benchFrontOf(b, os.Args[0], up, "goproxy")
+			targets = append(targets, target{"goproxy", gp, gpPID})
 			if ngx, pid := benchNginx(b, up); ngx != "" {
 				targets = append(targets, target{"nginx", ngx, pid})
 			} else {
@@ -459,6 +490,7 @@ func BenchmarkOverhead(b *testing.B) {
 					b.ReportMetric(float64(cpu[i].Microseconds())/reqs, tg.name+"-cpu-us/req")
 				}
 				b.ReportMetric(float64((res["front"].p99 - res["direct"].p99).Microseconds()), "front-added-p99-us")
+				b.ReportMetric(res["front"].rps/res["goproxy"].rps, "front/goproxy")
 				if bl, ok := res["baseline"]; ok {
 					b.ReportMetric(res["front"].rps/bl.rps, "front/baseline")
 				}

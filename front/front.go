@@ -207,7 +207,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		if u.Port() == "" {
 			host = net.JoinHostPort(u.Hostname(), "80")
 		}
-		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, idleFor: 90 * time.Second, clk: f.clk}
+		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, idleFor: 90 * time.Second}
 	}
 	f.tr = &http.Transport{
 		DialContext:           dialer.DialContext,
@@ -307,6 +307,7 @@ type exchange struct {
 	hasCost bool
 	exempt  bool
 	w       http.ResponseWriter // the client's, for 1xx answers on the direct path
+	at      time.Time           // when it was handed to the upstream
 }
 
 type exchangeKey struct{}
@@ -417,6 +418,7 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		x.class = class
 	}
 	dispatched = f.clk.Now()
+	x.at = dispatched
 	f.forward(w, r, x)
 }
 
@@ -450,7 +452,7 @@ func (f *Front) cost(x *exchange, service time.Duration) float64 {
 // queue. The caller took its place in the exempt budget; it is given back
 // here.
 func (f *Front) serveExempt(w http.ResponseWriter, r *http.Request, project string, start time.Time) {
-	x := &exchange{project: project, outcome: outcomeCanceled, exempt: true}
+	x := &exchange{project: project, outcome: outcomeCanceled, exempt: true, at: start}
 	defer func() {
 		f.exemptInFlight.Add(-1)
 		oc := x.outcome

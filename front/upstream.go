@@ -35,7 +35,6 @@ type directUpstream struct {
 	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
 	maxIdle int
 	idleFor time.Duration
-	clk     Clock
 
 	mu   sync.Mutex // guards the fields below
 	idle []*upConn  // most recently used last
@@ -49,9 +48,10 @@ type upConn struct {
 	lastUsed time.Time
 }
 
-// get returns an idle connection (reused true) or dials a new one.
-func (d *directUpstream) get(ctx context.Context) (uc *upConn, reused bool, err error) {
-	now := d.clk.Now()
+// get returns an idle connection (reused true) or dials a new one. now need
+// not be precise (the idle limit is long): callers pass a time they already
+// read, as reading the clock is a noticeable part of a request's cost.
+func (d *directUpstream) get(ctx context.Context, now time.Time) (uc *upConn, reused bool, err error) {
 	d.mu.Lock()
 	for len(d.idle) > 0 {
 		uc = d.idle[len(d.idle)-1]
@@ -75,8 +75,8 @@ func (d *directUpstream) dialNew(ctx context.Context) (*upConn, bool, error) {
 }
 
 // put keeps uc for the next request, or closes it when enough are idle.
-func (d *directUpstream) put(uc *upConn) {
-	uc.lastUsed = d.clk.Now()
+func (d *directUpstream) put(uc *upConn, now time.Time) {
+	uc.lastUsed = now
 	d.mu.Lock()
 	if len(d.idle) < d.maxIdle {
 		d.idle = append(d.idle, uc)
@@ -216,7 +216,7 @@ func writeHeaderLine(bw *bufio.Writer, k, v string) {
 func (f *Front) roundTrip(r *http.Request, x *exchange) (uc *upConn, resp *http.Response, stop func() bool, err error) {
 	ctx := r.Context()
 	for attempt := 0; ; attempt++ {
-		uc, reused, err := f.up.get(ctx)
+		uc, reused, err := f.up.get(ctx, x.at)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -285,7 +285,7 @@ func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange)
 	keep := false
 	defer func() {
 		if stop() && keep {
-			f.up.put(uc)
+			f.up.put(uc, x.at)
 		} else {
 			uc.c.Close()
 		}
@@ -300,6 +300,10 @@ func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange)
 	f.annotate(x, h)
 	dst := w.Header()
 	for k, vv := range h {
+		if dst[k] == nil {
+			dst[k] = vv // resp.Header is ours alone: no copy needed
+			continue
+		}
 		dst[k] = append(dst[k], vv...)
 	}
 	announced := len(resp.Trailer)
