@@ -240,3 +240,52 @@ func median(xs []float64) float64 {
 	slices.Sort(s)
 	return s[len(s)/2]
 }
+
+// BenchmarkReadSlots reads the held-permit slots as a reconcile pass does,
+// for a pool of 4096 and of 65536 (2 x POOL slots, half of them held), in
+// batches (readSlots) and, for comparison, one entry per lookup.
+func BenchmarkReadSlots(b *testing.B) {
+	requireRoot(b)
+	for _, pool := range []uint32{4096, 65536} {
+		root, pin := newRoot(b), newPinDir(b)
+		l := openLimiter(b, root, pin, pool, 0)
+		for i := uint32(0); i < l.held; i += 2 {
+			slot := limiterFsSlot{Cookie: uint64(i) | 1<<40, Sock: limiterFsSock{Project: 1, Kind: 1}}
+			if err := l.objs.FsSlots.Put(i, slot); err != nil {
+				b.Fatal(err)
+			}
+		}
+		want := int(l.held / 2)
+		b.Run("batch/pool="+strconv.Itoa(int(pool)), func(b *testing.B) {
+			for b.Loop() {
+				n := 0
+				if err := l.readSlots(func(uint64, limiterFsSock) { n++ }); err != nil {
+					b.Fatal(err)
+				}
+				if n != want {
+					b.Fatalf("read %d held slots, want %d", n, want)
+				}
+			}
+		})
+		b.Run("iterate/pool="+strconv.Itoa(int(pool)), func(b *testing.B) {
+			for b.Loop() {
+				n := 0
+				var idx uint32
+				var slot limiterFsSlot
+				it := l.objs.FsSlots.Iterate()
+				for it.Next(&idx, &slot) {
+					if slot.Cookie != 0 && slot.Cookie&slotBusy == 0 {
+						n++
+					}
+				}
+				if err := it.Err(); err != nil || n != want {
+					b.Fatalf("read %d held slots, want %d: %v", n, want, err)
+				}
+			}
+		})
+		// The slots are not real permits: clear them before Cleanup.
+		for i := uint32(0); i < l.held; i += 2 {
+			_ = l.objs.FsSlots.Put(i, limiterFsSlot{})
+		}
+	}
+}

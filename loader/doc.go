@@ -115,7 +115,10 @@
 // (connections older than the daemon), listeners are recorded, and permits
 // held for sockets of that namespace that no longer exist are released.
 // Where a project's in_use differs from its held permits plus its
-// reservations, the difference is repaired with the programs' own atomics.
+// reservations, the difference is repaired with the programs' own atomics;
+// so is the exempt budget's use against the exempt permits held and
+// reserved. The held-permit slots are read in batches (one system call per
+// 4096 slots).
 // Every repair needs the same finding in two consecutive reads and is
 // logged. Permits held in other namespaces are counted but not checked
 // against live sockets. sock_diag's view is returned alongside

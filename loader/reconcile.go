@@ -10,6 +10,7 @@ import (
 	"io"
 	"strconv"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
 	"github.com/fairshare-dev/fairshare/sockdiag"
@@ -41,6 +42,9 @@ type ReconcileReport struct {
 	// Exempt counts exempt permits held and reserved (in none of the maps
 	// above: they come from the exempt budget, not the projects').
 	Exempt int
+	// ExemptDrift is the budget's exempt_in_use minus Exempt, as seen twice
+	// in a row, before repair; ExemptRepaired the correction applied.
+	ExemptDrift, ExemptRepaired int
 }
 
 // slotBusy marks a slot of fs_slots being filled (SLOT_BUSY in the C).
@@ -54,7 +58,9 @@ const sockRecordSize = 32
 // namespace that hold no permit; it releases permits held for sockets of that
 // namespace that no longer exist; and, for each project whose in_use differs
 // from its held permits plus its reservations, it adds the difference back
-// with the programs' own atomics. Each repair needs the same finding in two
+// with the programs' own atomics; the exempt budget's use is compared with
+// the exempt permits held and reserved and repaired the same way. Each
+// repair needs the same finding in two
 // consecutive reads, so that connections opening and closing meanwhile are
 // not mistaken for drift. Permits of sockets in other namespaces are counted
 // but cannot be checked against live sockets from here.
@@ -69,15 +75,21 @@ func (l *Limiter) Reconcile(ctx context.Context) (ReconcileReport, error) {
 }
 
 type pass struct {
-	held    map[uint64]int    // permits per project, from fs_held (exempt ones under 0)
-	resv    map[uint64]int    // reservations per project (exempt ones under 0)
-	inUse   map[uint64]int64  // in_use per project, if it did not move during the pass
+	held    map[uint64]int   // permits per project, from fs_held (exempt ones under 0)
+	resv    map[uint64]int   // reservations per project (exempt ones under 0)
+	inUse   map[uint64]int64 // in_use per project, if it did not move during the pass
+	exempt  int64            // the node's exempt_in_use, if it did not move during the pass
+	exOK    bool
 	orphans map[uint64]uint64 // cookie -> project: held in our netns without a live socket
 	adopted int
 }
 
 func (l *Limiter) readPass() (pass, error) {
 	p := pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}}
+	var n0, n1 limiterFsPool
+	if err := l.objs.FsNode.Lookup(uint32(0), &n0); err != nil {
+		return p, fmt.Errorf("reading node map: %w", err)
+	}
 	before, err := l.readProjects()
 	if err != nil {
 		return p, err
@@ -118,16 +130,8 @@ func (l *Limiter) readPass() (pass, error) {
 			p.orphans[cookie] = id
 		}
 	}
-	var idx uint32
-	var slot limiterFsSlot
-	sit := l.objs.FsSlots.Iterate()
-	for sit.Next(&idx, &slot) {
-		if slot.Cookie != 0 && slot.Cookie&slotBusy == 0 {
-			count(slot.Cookie, slot.Sock)
-		}
-	}
-	if err := sit.Err(); err != nil {
-		return p, fmt.Errorf("reading held permit slots: %w", err)
+	if err := l.readSlots(count); err != nil {
+		return p, err
 	}
 	var cookie uint64
 	var v limiterFsSock
@@ -145,6 +149,10 @@ func (l *Limiter) readPass() (pass, error) {
 	if err != nil {
 		return p, err
 	}
+	if err := l.objs.FsNode.Lookup(uint32(0), &n1); err != nil {
+		return p, fmt.Errorf("reading node map: %w", err)
+	}
+	p.exempt, p.exOK = n1.ExemptInUse, n0.ExemptInUse == n1.ExemptInUse
 	// A project whose count moved while we looked is not comparable.
 	was := map[uint64]int64{}
 	for _, e := range before {
@@ -157,6 +165,39 @@ func (l *Limiter) readPass() (pass, error) {
 		}
 	}
 	return p, nil
+}
+
+// slotBatch is how many slots one batch lookup reads.
+const slotBatch = 4096
+
+// readSlots calls fn for every held permit in fs_slots. The array is read in
+// batches of slotBatch entries per system call: it has 2 x POOL entries, and
+// an entry-by-entry walk costs two system calls for each.
+func (l *Limiter) readSlots(fn func(cookie uint64, v limiterFsSock)) error {
+	n := int(min(l.objs.FsSlots.MaxEntries(), slotBatch))
+	keys := make([]uint32, n)
+	vals := make([]limiterFsSlot, n)
+	var cursor ebpf.MapBatchCursor
+	for {
+		got, err := l.objs.FsSlots.BatchLookup(&cursor, keys, vals, nil)
+		for _, slot := range vals[:got] {
+			if slot.Cookie != 0 && slot.Cookie&slotBusy == 0 {
+				fn(slot.Cookie, slot.Sock)
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading held permit slots: %w", err)
+		}
+	}
+}
+
+// exemptDrift is exempt_in_use minus the exempt permits held and reserved
+// (both under id 0), and whether the pass could tell.
+func (p pass) exemptDrift() (int64, bool) {
+	return p.exempt - int64(p.held[0]+p.resv[0]), p.exOK
 }
 
 func (p pass) drift() map[uint64]int64 {
@@ -190,7 +231,8 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	rep.Adopted = first.adopted
 	d1 := first.drift()
 	last := first
-	if len(d1) > 0 || len(first.orphans) > 0 {
+	e1, e1ok := first.exemptDrift()
+	if len(d1) > 0 || len(first.orphans) > 0 || (e1ok && e1 != 0) {
 		second, err := l.readPass()
 		if err != nil {
 			return rep, err
@@ -212,6 +254,20 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 			l.log.Warn("released permits of sockets that no longer exist", "count", rep.Orphans)
 			// The releases changed in_use: compare again from scratch next time.
 			second.inUse = nil
+			second.exOK = false
+		}
+		// The exempt budget is repaired like a project's count: the same
+		// finding twice, the smaller of the two corrections.
+		if e2, ok := second.exemptDrift(); ok && e1ok && e2 != 0 && (e1 > 0) == (e2 > 0) {
+			fix := min(abs(e1), abs(e2))
+			if e2 > 0 {
+				fix = -fix
+			}
+			if _, err := l.adjust(limiterFsAdjustArgs{Op: opExempt, Delta: fix}); err != nil {
+				return rep, fmt.Errorf("repairing the exempt budget: %w", err)
+			}
+			rep.ExemptDrift, rep.ExemptRepaired = int(e2), int(fix)
+			l.log.Warn("repaired exempt budget drift", "map_minus_sockets", e2, "applied", fix)
 		}
 		for id, x := range second.drift() {
 			y, ok := d1[id]
