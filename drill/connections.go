@@ -129,14 +129,11 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 	bg.Add(1)
 	go func() { defer bg.Done(); serveHold(ctx, l, cfg.ServiceTime, &bg) }()
 
-	// The kernel applies a new share when the control loop writes it, up to
-	// one period after big's first connect: judge the floor from then on,
-	// in slices long enough that most of each is settled.
-	settle := cfg.Recompute + cfg.Sample
-	cfg.Slices = max(1, min(cfg.Slices, int(cfg.Phase/(2*settle))))
+	// The kernel counts a newcomer into the active set at its first
+	// connect, so the share follows big at once in every slice, as in the
+	// requests pool: the floor is judged from the first sample.
 	tl := newTimeline(time.Now().Add(200*time.Millisecond), cfg.Warmup, cfg.Phase, cfg.Slices)
 	hold := newHoldings()
-	hold.settle = settle
 	if s, err := lim.Snapshot(); err == nil {
 		hold.floor = s.Floor
 	} else {

@@ -50,8 +50,7 @@ type Config struct {
 	SmallWriters int           // 2
 	Phase        time.Duration // length of each phase; 5s
 	// Slices is how many turns "solo" and "both" take, alternating, each
-	// lasting Phase/Slices (see timeline); 10. RunConnections uses fewer
-	// when the kernel's share takes a control period to follow big.
+	// lasting Phase/Slices (see timeline); 10.
 	Slices      int
 	Warmup      time.Duration // small runs this long before the solo phase starts counting; 500ms
 	ServiceTime time.Duration // the upstream's fixed cost per request (or connection hold time); 20ms
@@ -239,12 +238,7 @@ const (
 // holdings is the sampler's record of the pool. Samples are kept and sorted
 // into phases with the results, once the timeline's gaps are known.
 type holdings struct {
-	// settle is how long into a slice the rule takes to see the new set of
-	// active projects: 0 for the requests pool (a project joins the active
-	// set at its first ask), one control-loop period for the kernel's
-	// connection pool (the share in the maps is rewritten by Tick).
-	settle time.Duration
-	floor  int
+	floor int
 
 	mu      sync.Mutex // guards the fields below
 	samples []sample
@@ -260,7 +254,6 @@ type sample struct {
 // holdingsByPhase is the samples sorted into phases.
 type holdingsByPhase struct {
 	maxHeld  [3]map[string]int
-	settled  [3]map[string]int // maxHeld, counting only samples from settle into a slice on
 	maxInUse [3]int
 }
 
@@ -276,7 +269,6 @@ func (h *holdings) byPhase(tl timeline) holdingsByPhase {
 	var b holdingsByPhase
 	for i := range b.maxHeld {
 		b.maxHeld[i] = map[string]int{}
-		b.settled[i] = map[string]int{}
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -286,15 +278,9 @@ func (h *holdings) byPhase(tl timeline) holdingsByPhase {
 			continue
 		}
 		i := sp.phase
-		// A new set of projects takes settle to show in the share: from
-		// the start of each slice (big arrives anew in every "both" slice).
-		settled := !s.at.Before(sp.from.Add(h.settle))
 		b.maxInUse[i] = max(b.maxInUse[i], s.inUse)
 		for p, n := range s.held {
 			b.maxHeld[i][p] = max(b.maxHeld[i][p], n)
-			if settled {
-				b.settled[i][p] = max(b.settled[i][p], n)
-			}
 		}
 	}
 	return b

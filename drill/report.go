@@ -22,12 +22,8 @@ type Report struct {
 	RetryPauseMs float64 `json:"retry_pause_ms"`
 	// Slices is how many turns "solo" and "both" took, alternating; Spans
 	// places every slice and big-alone in time.
-	Slices int    `json:"slices"`
-	Spans  []Span `json:"spans"`
-	// SettleMs is how long into a phase the share takes to follow the
-	// active projects: 0 for requests, one control-loop period for
-	// connections, where the kernel's share is rewritten once a period.
-	SettleMs float64   `json:"settle_ms"`
+	Slices   int       `json:"slices"`
+	Spans    []Span    `json:"spans"`
 	Phases   []Phase   `json:"phases"`
 	Verdicts []Verdict `json:"verdicts"`
 	Pass     bool      `json:"pass"`
@@ -65,9 +61,6 @@ type ProjectResult struct {
 	P99Ms     float64 `json:"p99_ms"`
 	MaxMs     float64 `json:"max_ms"`
 	MaxHeld   int     `json:"max_held"` // sampled from pool snapshots
-	// SettledHeld is MaxHeld over the part of the phase after the rule saw
-	// the phase's projects (see SettleMs).
-	SettledHeld int `json:"settled_held"`
 }
 
 // Verdict is one pass/fail check.
@@ -142,7 +135,7 @@ func buildReport(scenario string, cfg Config, tl timeline, hold *holdings, res m
 	rep := &Report{
 		Scenario: scenario, PoolSize: cfg.PoolSize, Floor: hold.floor,
 		ServiceMs: ms(cfg.ServiceTime), PhaseSeconds: cfg.Phase.Seconds(), RetryPauseMs: ms(cfg.RetryPause),
-		SettleMs: ms(hold.settle), Slices: max(cfg.Slices, 1),
+		Slices: max(cfg.Slices, 1),
 	}
 	names := []string{PhaseSolo, PhaseBoth, PhaseBigAlone}
 	for _, sp := range tl.spans {
@@ -154,8 +147,7 @@ func buildReport(scenario string, cfg Config, tl timeline, hold *holdings, res m
 	for i, name := range names {
 		ph := Phase{Name: name, MaxInUse: hb.maxInUse[i]}
 		for _, project := range present[i] {
-			pr := ProjectResult{Project: project, Writers: writers[project], MaxHeld: hb.maxHeld[i][project],
-				SettledHeld: hb.settled[i][project]}
+			pr := ProjectResult{Project: project, Writers: writers[project], MaxHeld: hb.maxHeld[i][project]}
 			var lats []time.Duration
 			for _, r := range res[project] {
 				if tl.phaseAt(r.sent) != i {
@@ -238,11 +230,8 @@ func (r *Report) judge(cfg Config) {
 	}
 	atFloor := Verdict{Name: VerdictBigAtFloor}
 	limit := r.PoolSize - r.Floor
-	atFloor.Pass = bigBoth.Refused > 0 && bigBoth.SettledHeld <= limit
-	atFloor.Detail = fmt.Sprintf("big refused %d, held at most %d (POOL - FLOOR = %d)", bigBoth.Refused, bigBoth.SettledHeld, limit)
-	if r.SettleMs > 0 {
-		atFloor.Detail += fmt.Sprintf(" from %.0fms into the phase, when the share had followed; %d before", r.SettleMs, bigBoth.MaxHeld)
-	}
+	atFloor.Pass = bigBoth.Refused > 0 && bigBoth.MaxHeld <= limit
+	atFloor.Detail = fmt.Sprintf("big refused %d, held at most %d (POOL - FLOOR = %d)", bigBoth.Refused, bigBoth.MaxHeld, limit)
 	alone := Verdict{Name: VerdictBigAlone}
 	alone.Pass = bigAlone.MaxHeld == r.PoolSize
 	alone.Detail = fmt.Sprintf("big held at most %d of %d", bigAlone.MaxHeld, r.PoolSize)
