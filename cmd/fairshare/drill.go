@@ -19,6 +19,7 @@ import (
 func drillFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.DurationFlag{Name: "phase", Value: 5 * time.Second, Usage: "length of each of the three phases"},
+		&cli.IntFlag{Name: "slices", Value: 10, Usage: "turns solo and both take, alternating, so other load on the host weighs on both alike (1: one after the other)"},
 		&cli.IntFlag{Name: "pool", Value: 8, Usage: "pool size the drill cuts the pool to"},
 		&cli.IntFlag{Name: "big", Value: 16, Usage: "writers of the big project"},
 		&cli.IntFlag{Name: "small", Value: 2, Usage: "writers of the small project"},
@@ -42,6 +43,7 @@ func drillConfig(c *cli.Context) drill.Config {
 		BigWriters:   c.Int("big"),
 		SmallWriters: c.Int("small"),
 		Phase:        c.Duration("phase"),
+		Slices:       c.Int("slices"),
 		ServiceTime:  c.Duration("service"),
 		RetryPause:   c.Duration("retry-pause"),
 		TargetRatio:  c.Float64("target-ratio"),
@@ -55,10 +57,10 @@ func drillCommand() *cli.Command {
 		Name:  "drill",
 		Usage: "run the fair-share drill on this host (two projects, a small pool) and print what it measured",
 		Description: "Starts an upstream, a requests pool of 8, the scheduler and the front on loopback, then a\n" +
-			"small project (2 writers) alone, both together with a big one (16 writers), and the big one\n" +
-			"alone. Prints latency, refusals and permits held per phase and project, and the verdicts;\n" +
-			"exits non-zero when a verdict fails. 'fairshare drill connections' does the same through the\n" +
-			"BPF connection pool (root).",
+			"small project (2 writers) alone and together with a big one (16 writers), taking turns in\n" +
+			"slices, and the big one alone. Prints latency, refusals and permits held per phase and\n" +
+			"project, and the verdicts; exits non-zero when a verdict fails. 'fairshare drill connections'\n" +
+			"does the same through the BPF connection pool (root).",
 		Flags:           drillFlags(),
 		HideHelpCommand: true,
 		Action: func(c *cli.Context) error {
