@@ -88,8 +88,10 @@ func runCommand() *cli.Command {
 	}
 }
 
-// check loads and attaches the programs (reusing pinned ones), reads the maps
-// once and closes, leaving whatever was pinned pinned.
+// check runs loader.Check: the programs pass the verifier and every hook
+// attaches (on a temporary cgroup, with unpinned maps), and pins in the pin
+// directory, a running daemon's included, are verified without writing to
+// them: its counts, exempt set and programs are left as they are.
 func check(c *cli.Context, cfg config.Config) error {
 	if !cfg.BPF {
 		fmt.Fprintln(c.App.Writer, "configuration ok; bpf is disabled, so there is nothing to attach")
@@ -100,23 +102,28 @@ func check(c *cli.Context, cfg config.Config) error {
 		return cli.Exit(fmt.Sprintf("check failed: %v", err), 1)
 	}
 	conn := cfg.Pools[config.PoolConnections]
-	lim, err := loader.Open(loader.Options{ProjectsRoot: root, PinDir: cfg.PinDir,
+	rep, err := loader.Check(loader.Options{ProjectsRoot: root, PinDir: cfg.PinDir,
 		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window})
+	if errors.Is(err, loader.ErrPinnedMismatch) || errors.Is(err, loader.ErrPoolTooLarge) {
+		return cli.Exit(fmt.Sprintf("check failed: pins in %s are from another configuration; run 'fairshare cleanup' (%v)", cfg.PinDir, err), exitStalePins)
+	}
 	if err != nil {
 		return cli.Exit(fmt.Sprintf("check failed: %+v", err), 1)
 	}
-	s, err := lim.Snapshot()
-	cerr := lim.Close()
-	if err != nil {
-		return cli.Exit(fmt.Sprintf("check failed reading the maps: %v", err), 1)
+	w := c.App.Writer
+	fmt.Fprintf(w, "ok: the programs load and all %d hooks attach (tested on a temporary cgroup)\n", len(rep.Attached))
+	if !rep.Pinned {
+		fmt.Fprintf(w, "nothing pinned in %s: the daemon will load and attach to %s\n", cfg.PinDir, root)
+		return nil
 	}
-	if cerr != nil {
-		return cli.Exit(fmt.Sprintf("check failed closing: %v", cerr), 1)
+	fmt.Fprintf(w, "ok: pinned in %s for %s, left untouched: connections pool %d (floor %d), %d in use by %d projects, %d exempt cgroups\n",
+		cfg.PinDir, root, rep.Pool, rep.Floor, rep.InUse, rep.Projects, rep.Exempt)
+	if rep.Pool != conn.Size {
+		fmt.Fprintf(w, "note: the configuration's pool is %d; the daemon applies it when it starts (the pinned tables hold up to %d)\n",
+			conn.Size, rep.Capacity)
 	}
-	if s.Size != conn.Size {
-		return cli.Exit(fmt.Sprintf("check failed: the maps say pool size %d, the configuration %d", s.Size, conn.Size), 1)
+	if !rep.Current {
+		fmt.Fprintln(w, "note: the attached programs are not this binary's; restarting the daemon moves the links to them")
 	}
-	fmt.Fprintf(c.App.Writer, "ok: programs attached to %s, pinned in %s; connections pool %d (floor %d), %d in use by %d projects\n",
-		root, cfg.PinDir, s.Size, s.Floor, s.InUse, len(s.Projects))
 	return nil
 }

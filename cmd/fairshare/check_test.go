@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestCheckLeavesRunningDaemonAlone runs `fairshare run --check` beside a
+// running daemon: the check must verify the pinned objects without rewriting
+// them, so the daemon's exempt set, its budget and its counts survive.
+func TestCheckLeavesRunningDaemonAlone(t *testing.T) {
+	n := newNode(t, "pools: {connections: {size: 8}}\nconnections: {exempt: [alpha/probes], exempt_max: 3}\n")
+	if err := os.MkdirAll(filepath.Join(n.root, "alpha", "probes"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(filepath.Join(n.root, "alpha", "probes")) })
+	n.start()
+	// The listener is outside the projects root: only alpha's ends count.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	conns := n.connectFrom("alpha", ln.Addr().String(), 2)
+	defer conns.close()
+	before := pool(n.status(), "connections")
+	if before.Exempt == nil || before.Exempt.Max != 3 || len(before.Exempt.Members) != 1 {
+		t.Fatalf("daemon's exempt class before the check: %+v", before.Exempt)
+	}
+	if got := project(before, "alpha").Held; got != 2 {
+		t.Fatalf("alpha holds %d connections before the check, want 2", got)
+	}
+
+	out, errOut, code := runCLI(t, "run", "--config", n.cfg, "--check")
+	if code != 0 {
+		t.Fatalf("run --check: exit %d\n%s%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "left untouched") {
+		t.Errorf("run --check did not report the pinned objects as verified:\n%s", out)
+	}
+
+	after := pool(n.status(), "connections")
+	if !reflect.DeepEqual(before.Exempt.Members, after.Exempt.Members) || after.Exempt.Max != before.Exempt.Max {
+		t.Errorf("exempt class changed by --check: before %+v, after %+v", before.Exempt, after.Exempt)
+	}
+	if after.Size != before.Size || after.Floor != before.Floor {
+		t.Errorf("pool changed by --check: size %d->%d floor %d->%d", before.Size, after.Size, before.Floor, after.Floor)
+	}
+	if got := project(after, "alpha").Held; got != 2 {
+		t.Errorf("alpha holds %d connections after the check, want 2", got)
+	}
+
+	// What the kernel does is what counts: the probes cgroup must still be
+	// exempt, so its connections come from the exempt budget, not alpha's.
+	probes := n.connectFrom("alpha/probes", ln.Addr().String(), 3)
+	defer probes.close()
+	final := pool(n.status(), "connections")
+	if final.Exempt == nil || final.Exempt.InUse != 3 || project(final, "alpha").Held != 2 {
+		t.Errorf("after --check the kernel no longer treats alpha/probes as exempt: exempt %+v, alpha holds %d",
+			final.Exempt, project(final, "alpha").Held)
+	}
+}
