@@ -57,13 +57,17 @@
 //
 // # Active window and recompute
 //
-// Asks are stamped with a coarse time: the clock reading of the latest
-// Recompute (or of a blocking wait), so the hot path does not read the
-// clock. A project joins the active set at its first ask, at once (the share
-// shrinks immediately). It leaves at the first Recompute at time t where it
-// holds nothing, has no blocked Acquire and its stamp is older than t - W.
-// With Recompute every period P <= W, a project leaves between W and W + P
-// after its last ask or release, never earlier. Recompute costs
+// The hot path does not read the clock. An ask only marks the project as seen
+// in the current epoch (the interval since the latest Recompute); the
+// Recompute that closes the epoch stamps it with its own time, the earliest
+// moment the pool can vouch that the ask had happened. A project joins the
+// active set at its first ask, at once (the share shrinks immediately). It
+// leaves at the first Recompute at time t where it holds nothing, has no
+// blocked Acquire and its stamp is at least W old (stamp <= t - W). Because
+// the stamp is an upper bound of the real time of the ask, a project never
+// leaves early, even when recomputes come a little later than W apart (a
+// ticker's jitter); with Recompute every period P, it leaves between W and
+// W + 2P after its last ask or release. Recompute costs
 // O(active projects) plus O(projects that expired): inactive projects are
 // queued when they leave and their state (counters) is dropped after
 // Config.Forget (1 minute by default) of idleness, so memory is bounded by the

@@ -26,6 +26,12 @@ type ledger struct {
 	// projects with it instead of reading the clock.
 	now           int64
 	lastRecompute int64
+	// epoch counts recomputes. A project stamped in the current epoch asked
+	// after the last recompute, so the recompute that closes the epoch knows
+	// only an upper bound of when: its own time. Stamps are raised to that
+	// bound, which makes "left the active set" never early (a stamp taken
+	// from the coarse clock alone is a lower bound and would be).
+	epoch uint32
 
 	index    map[string]int32
 	projects []project
@@ -52,6 +58,7 @@ type project struct {
 	gen       uint32
 	held      int
 	lastSeen  int64
+	seenEpoch uint32 // ledger.epoch when lastSeen was stamped
 	idleSince int64
 	activePos int32 // position in ledger.active, -1 when inactive
 	admitted  uint64
@@ -115,7 +122,7 @@ func (l *ledger) lookup(name string) int32 {
 // recompute (leaving the set, in contrast, waits for Recompute).
 func (l *ledger) seen(idx int32) {
 	pr := &l.projects[idx]
-	pr.lastSeen = l.now
+	pr.lastSeen, pr.seenEpoch = l.now, l.epoch
 	if pr.activePos < 0 {
 		pr.activePos = int32(len(l.active))
 		l.active = append(l.active, idx)
@@ -139,7 +146,7 @@ func (l *ledger) give(idx int32) {
 	pr := &l.projects[idx]
 	pr.held--
 	pr.released++
-	pr.lastSeen = l.now
+	pr.lastSeen, pr.seenEpoch = l.now, l.epoch
 	l.inUse--
 	l.released++
 }
@@ -256,14 +263,14 @@ func (l *ledger) recompute(now int64, pinned, keep func(int32) bool, forgotten f
 	for i := 0; i < len(l.active); {
 		idx := l.active[i]
 		pr := &l.projects[idx]
-		if pinned != nil && pinned(idx) {
-			pr.lastSeen = now
+		if (pinned != nil && pinned(idx)) || pr.seenEpoch == l.epoch {
+			pr.lastSeen = now // an upper bound of its last ask (see epoch)
 		}
 		if dt > 0 {
 			pr.relRate = ewma(pr.relRate, float64(pr.released)/dt)
 		}
 		pr.released = 0
-		if pr.held > 0 || pr.lastSeen >= cutoff {
+		if pr.held > 0 || pr.lastSeen > cutoff {
 			i++
 			continue
 		}
@@ -278,6 +285,7 @@ func (l *ledger) recompute(now int64, pinned, keep func(int32) bool, forgotten f
 		pr.idleSince = now
 		l.idle = append(l.idle, idleEntry{idx: idx, gen: pr.gen, since: now})
 	}
+	l.epoch++
 	l.forgetIdle(now, keep, forgotten)
 	l.share = Share(l.size, l.floor, len(l.active))
 }

@@ -540,3 +540,51 @@ func TestConcurrentInvariants(t *testing.T) {
 		}
 	}
 }
+
+// TestActiveNeverLeavesEarlyWithLateTicks: recomputes a little more than the
+// window apart (a ticker's jitter) must not drop a project that asked inside
+// the last window, nor one that keeps asking.
+func TestActiveNeverLeavesEarlyWithLateTicks(t *testing.T) {
+	clk := newFakeClock()
+	p, err := New(Config{Name: "late", Size: 8}, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Recompute()
+	clk.Add(900 * time.Millisecond)
+	pm, err := p.TryAcquire("a") // asked 0.9 s after the recompute
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(pm); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(101 * time.Millisecond) // next tick 1.001 s after the last: the ask is 0.101 s old
+	p.Recompute()
+	if s := p.Snapshot(); s.Active != 1 || s.Share != 8 {
+		t.Fatalf("a project that asked 0.1 s ago left the active set: %+v", s)
+	}
+	// Keeps asking every 100 ms across late ticks: always active.
+	for tick := 0; tick < 5; tick++ {
+		for i := 0; i < 10; i++ {
+			clk.Add(105 * time.Millisecond)
+			pm, err := p.TryAcquire("a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Release(pm)
+		}
+		p.Recompute()
+		if s := p.Snapshot(); s.Active != 1 {
+			t.Fatalf("tick %d: a project asking every 105 ms left the active set", tick)
+		}
+	}
+	// Stops asking: gone once its last ask is surely a window old.
+	clk.Add(1050 * time.Millisecond)
+	p.Recompute()
+	clk.Add(1050 * time.Millisecond)
+	p.Recompute()
+	if s := p.Snapshot(); s.Active != 0 {
+		t.Fatalf("a project silent for 2.1 s is still active: %+v", s)
+	}
+}

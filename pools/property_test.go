@@ -11,14 +11,16 @@ import (
 )
 
 // oracle is a naive model of the rule: maps and full scans, no cleverness.
-// Asks are stamped with the time of the last recompute, as the pool does.
+// Asks are stamped with the time of the recompute that follows them (the
+// earliest moment the pool can vouch for), as the pool does, so a project
+// leaves the active set only when its last ask is surely a window old.
 type oracle struct {
 	size, floor int
 	window      time.Duration
 	held        map[string]int
 	stamp       map[string]time.Time
 	active      map[string]bool
-	coarse      time.Time
+	fresh       map[string]bool // asked or released since the last recompute
 }
 
 func (o *oracle) inUse() int {
@@ -32,7 +34,7 @@ func (o *oracle) inUse() int {
 func (o *oracle) share() int { return Share(o.size, o.floor, len(o.active)) }
 
 func (o *oracle) ask(p string) bool {
-	o.stamp[p] = o.coarse
+	o.fresh[p] = true
 	o.active[p] = true
 	if !Admits(o.inUse(), o.held[p], o.size, o.floor, o.share()) {
 		return false
@@ -43,13 +45,16 @@ func (o *oracle) ask(p string) bool {
 
 func (o *oracle) release(p string) {
 	o.held[p]--
-	o.stamp[p] = o.coarse
+	o.fresh[p] = true
 }
 
 func (o *oracle) recompute(now time.Time) {
-	o.coarse = now
+	for p := range o.fresh {
+		o.stamp[p] = now
+	}
+	clear(o.fresh)
 	for p := range o.active {
-		if o.held[p] == 0 && o.stamp[p].Before(now.Add(-o.window)) {
+		if o.held[p] == 0 && !o.stamp[p].After(now.Add(-o.window)) {
 			delete(o.active, p)
 		}
 	}
@@ -76,7 +81,7 @@ func runOps(t *testing.T, ops []byte) {
 		floor = DefaultFloor(size)
 	}
 	o := &oracle{size: size, floor: floor, window: time.Second, held: map[string]int{},
-		stamp: map[string]time.Time{}, active: map[string]bool{}, coarse: clk.Now()}
+		stamp: map[string]time.Time{}, active: map[string]bool{}, fresh: map[string]bool{}}
 	permits := map[string][]Permit{}
 	const nProjects = 6
 	newcomers := 0

@@ -40,7 +40,10 @@ func TestSnapshotTotalsSurviveForgetting(t *testing.T) {
 	if s.Admitted != 2 || s.Refused != 2 || len(s.Projects) != 2 {
 		t.Fatalf("before forgetting: admitted %d refused %d projects %d, want 2 2 2", s.Admitted, s.Refused, len(s.Projects))
 	}
-	// Idle past the window (leave the active set), then past Forget.
+	// Idle past the window (leave the active set: the recompute after the
+	// last ask vouches for it, the next one lets it go), then past Forget.
+	clk.Add(2 * time.Second)
+	p.Recompute()
 	clk.Add(2 * time.Second)
 	p.Recompute()
 	clk.Add(2 * time.Minute)
@@ -73,6 +76,8 @@ func TestResidentsTotalsSurviveForgetting(t *testing.T) {
 	if err := r.Remove("o1"); err != nil {
 		t.Fatal(err)
 	}
+	clk.Add(2 * time.Second)
+	r.Recompute()
 	clk.Add(2 * time.Second)
 	r.Recompute()
 	clk.Add(2 * time.Minute)
