@@ -19,11 +19,12 @@
  * share can only shrink: a full node still keeps the floor free and a node
  * with room refuses nothing.
  *
- * Node-wide in_use never exceeds POOL for admitted permits: both counters are
- * taken with a fetch-add and rolled back when the check fails. A project's
- * count can be looked at while another CPU is between its add and its
- * roll-back, so a concurrent attempt may see the project one (per racing CPU)
- * higher than it is: the error is a spurious refusal, never an overshoot.
+ * Node-wide in_use never exceeds POOL, not even transiently: it is taken with
+ * a bounded compare-and-swap loop that only moves it to a value the rule
+ * allows. A project's own count is read before and added after, so
+ * concurrent connects of one project (at most one per CPU) can all see it
+ * below its share and all use the POOL limit: the project can pass its share
+ * by at most (CPUs - 1) while the pool has room, never the pool itself.
  *
  * Exempt sockets (their cgroup or their project is in fs_exempt) take a
  * permit from a separate budget (exempt_max, fetch-add and roll-back like the
@@ -534,6 +535,7 @@ static __always_inline __s64 share_of(struct fs_settings *cfg, struct fs_pool *n
 }
 
 #define ADMIT_HELD 2 /* refused, but the socket already holds a permit */
+#define ADMIT_TRIES 8 /* compare-and-swap attempts on the node counter */
 
 /*
  * admit applies the rule and, if it admits, takes the permit on both
@@ -558,18 +560,33 @@ static __always_inline int admit(__u64 id, __u64 cookie, bool fine)
 	seen(cfg, n, p, fine);
 
 	__s64 lim = cfg->pool;
-	__s64 held = __sync_fetch_and_add(&p->in_use, 1);
-	if (held >= share_of(cfg, n))
+	if (*(volatile __s64 *)&p->in_use >= share_of(cfg, n))
 		lim = cfg->floor < cfg->pool ? cfg->pool - cfg->floor : 0;
-	__s64 used = __sync_fetch_and_add(&n->in_use, 1);
-	if (used >= lim) {
-		__sync_fetch_and_add(&n->in_use, -1);
-		__sync_fetch_and_add(&p->in_use, -1);
+	/*
+	 * Compare-and-swap, not fetch-add and roll back: in_use only ever
+	 * moves to a value the rule allows, so a reader (Snapshot, metrics)
+	 * never sees it above POOL, not even for an instant. Losing the race
+	 * ADMIT_TRIES times in a row (only under heavy contention on the one
+	 * counter) refuses: a spurious refusal, never an overshoot.
+	 */
+	bool ok = false;
+#pragma unroll
+	for (int i = 0; i < ADMIT_TRIES; i++) {
+		__s64 used = *(volatile __s64 *)&n->in_use;
+		if (used >= lim)
+			break;
+		if (__sync_val_compare_and_swap(&n->in_use, used, used + 1) == used) {
+			ok = true;
+			break;
+		}
+	}
+	if (!ok) {
 		if (cookie && held_find(cookie, false))
 			return ADMIT_HELD;
 		__sync_fetch_and_add(&p->refused, 1);
 		return 0;
 	}
+	__sync_fetch_and_add(&p->in_use, 1);
 	__sync_fetch_and_add(&p->admitted, 1);
 	return 1;
 }

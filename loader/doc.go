@@ -34,11 +34,13 @@
 // project, or one idle and empty for a window) adds it at once, so a
 // newcomer's first connection already shrinks everyone's share, as in
 // package pools; Tick recounts and takes out the projects that left the
-// window. Node-wide in_use is taken with a
-// fetch-add and rolled back on refusal, so admitted permits never exceed
-// POOL. Two concurrent attempts can each see the other's not-yet-rolled-back
-// add: the error is a spurious refusal (at most one per CPU racing at that
-// instant), never an overshoot. Adoption of sockets that predate the programs
+// window. Node-wide in_use is taken with a bounded compare-and-swap loop that
+// only moves it to a value the rule allows, so it never exceeds POOL, not even
+// for an instant a reader could see (losing the race eight times in a row
+// refuses: a spurious refusal, never an overshoot). A project's own count is
+// read before and added after: concurrent connects of one project (at most
+// one per CPU) can all see it under its share, so a project can pass its share
+// by at most CPUs - 1 while the pool has room, never the pool. Adoption of sockets that predate the programs
 // (Reconcile) counts them without the rule and can take in_use above POOL;
 // new connections are then refused until it falls back.
 //
