@@ -128,3 +128,32 @@ func TestRunRefusesASecondLoop(t *testing.T) {
 		t.Fatalf("second Run: %v, want ErrRunning", err)
 	}
 }
+
+// TestWithdrawHeadAfterDispatch: a dispatch leaves the new head's prev
+// pointing at the ticket that left; withdrawing that head, alone in its
+// queue, must leave the queue empty and usable (it once left the tail on the
+// dispatched ticket, and the next Submit vanished into it).
+func TestWithdrawHeadAfterDispatch(t *testing.T) {
+	clk := newFakeClock()
+	s, err := New(Config{}, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := s.Submit("a"), s.Submit("a")
+	s.mu.Lock()
+	got := s.dispatchLocked(s.now())
+	s.mu.Unlock()
+	if got != first {
+		t.Fatal("the first ticket was not dispatched first")
+	}
+	second.Done(1) // withdraws: still queued, now the head and the tail
+	first.Done(1)
+	third := s.Submit("a")
+	s.mu.Lock()
+	got = s.dispatchLocked(s.now())
+	s.mu.Unlock()
+	if got != third {
+		t.Fatalf("after withdrawing the head, the next submit was not dispatched (got %p, want %p)", got, third)
+	}
+	checkInvariants(t, s)
+}

@@ -545,15 +545,19 @@ func (s *Scheduler) newTicketLocked() *Ticket {
 // withdrawLocked removes a still-queued ticket without touching anyone else.
 func (s *Scheduler) withdrawLocked(t *Ticket, now int64) {
 	q, qc := &s.hot[t.pid], &s.cold[t.pid]
+	// A head's prev is stale (dispatch leaves it, see dispatchLocked): at
+	// the head, the ticket before it is nobody.
+	prev := t.prev
 	if q.head == t {
+		prev = nil
 		q.head = t.next
 	} else {
-		t.prev.next = t.next
+		prev.next = t.next
 	}
 	if qc.tail == t {
-		qc.tail = t.prev
+		qc.tail = prev
 	} else {
-		t.next.prev = t.prev
+		t.next.prev = prev
 	}
 	t.next, t.prev = nil, nil
 	t.state = ticketWithdrawn
