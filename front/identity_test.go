@@ -4,7 +4,6 @@ package front
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +18,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // The test binary doubles as a client process that the tests start inside a
@@ -53,16 +54,12 @@ func runTestClient(target, header string) int {
 // so it never runs outside it) and returns its status and body.
 func clientIn(t *testing.T, dir, target, header string) (int, string) {
 	t.Helper()
-	cg, err := os.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), clientRoleEnv+"="+target, clientHeaderEnv+"="+header)
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	testutil.InCgroup(t, cmd, dir)
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("client in %s: %v (%s)", dir, err, out)
@@ -80,38 +77,8 @@ func clientIn(t *testing.T, dir, target, header string) (int, string) {
 // without the right to create cgroups.
 func cgroupMount(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create cgroups")
-	}
-	m, err := cgroup2Mount()
-	if err != nil {
-		t.Skip(err)
-	}
-	return m
-}
-
-// mkCgroup creates dir (a cgroup), removed in Cleanup once its processes
-// are gone (rmdir says EBUSY until the kernel has reaped them).
-func mkCgroup(t *testing.T, dir string) string {
-	t.Helper()
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			err := unix.Rmdir(dir)
-			if err == nil || errors.Is(err, unix.ENOENT) {
-				return
-			}
-			if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-				t.Errorf("removing cgroup %s: %v", dir, err)
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
-	return dir
+	testutil.RequireRoot(t)
+	return testutil.Cgroup2Mount(t)
 }
 
 // echoProject answers with the project the front forwarded.
@@ -163,11 +130,11 @@ func TestHeaderTrust(t *testing.T) {
 // refused, and a trusted cgroup outside the root may name any project.
 func TestCgroupIdentity(t *testing.T) {
 	mount := cgroupMount(t)
-	root := mkCgroup(t, filepath.Join(mount, fmt.Sprintf("fairshare-front-test-%d", os.Getpid())))
-	web := mkCgroup(t, filepath.Join(root, "web"))
-	workers := mkCgroup(t, filepath.Join(web, "workers"))
-	edge := mkCgroup(t, filepath.Join(mount, fmt.Sprintf("fairshare-front-edge-%d", os.Getpid())))
-	outside := mkCgroup(t, filepath.Join(mount, fmt.Sprintf("fairshare-front-outside-%d", os.Getpid())))
+	root := testutil.MkCgroup(t, mount, fmt.Sprintf("fairshare-front-test-%d", os.Getpid()))
+	web := testutil.MkCgroup(t, root, "web")
+	workers := testutil.MkCgroup(t, web, "workers")
+	edge := testutil.MkCgroup(t, mount, fmt.Sprintf("fairshare-front-edge-%d", os.Getpid()))
+	outside := testutil.MkCgroup(t, mount, fmt.Sprintf("fairshare-front-outside-%d", os.Getpid()))
 
 	r := newRig(t, rigOpts{untrusted: true, cfg: Config{ForwardProject: true, ProjectsRoot: root,
 		TrustedPeers: []string{edge}}}, echoProject)
@@ -206,7 +173,7 @@ func TestCgroupIdentity(t *testing.T) {
 	// A project created after the index was built is found at its first
 	// connection (the index is rebuilt on a miss).
 	time.Sleep(minIndexRefresh)
-	late := mkCgroup(t, filepath.Join(root, "late"))
+	late := testutil.MkCgroup(t, root, "late")
 	if status, body := clientIn(t, late, tcp, ""); status != 200 || body != "project=late" {
 		t.Errorf("new project cgroup: %d %q", status, body)
 	}

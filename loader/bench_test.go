@@ -16,6 +16,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // moveSelf moves this process into the cgroup dir and back at the end.
@@ -81,7 +83,7 @@ func cycle(b *testing.B, lfd int, sa unix.Sockaddr) {
 // takes two permits (one per side). "both-wildcard": the same with the
 // listener on 0.0.0.0, as most servers listen.
 func BenchmarkConnectAcceptClose(b *testing.B) {
-	requireRoot(b)
+	testutil.RequireRoot(b)
 	b.Run("outbound", func(b *testing.B) { benchCycle(b, false, false) })
 	b.Run("both", func(b *testing.B) { benchCycle(b, true, false) })
 	b.Run("both-wildcard", func(b *testing.B) { benchCycle(b, true, true) })
@@ -245,7 +247,7 @@ func median(xs []float64) float64 {
 // for a pool of 4096 and of 65536 (2 x POOL slots, half of them held), in
 // batches (readSlots) and, for comparison, one entry per lookup.
 func BenchmarkReadSlots(b *testing.B) {
-	requireRoot(b)
+	testutil.RequireRoot(b)
 	for _, pool := range []uint32{4096, 65536} {
 		root, pin := newRoot(b), newPinDir(b)
 		l := openLimiter(b, root, pin, pool, 0)

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // fillNode has a helper in project "bulk" take the whole pool, and checks
@@ -28,7 +30,7 @@ func fillNode(t *testing.T, l *Limiter, root, addr string, pool int) *helper {
 // is under the rule like its project (refused: the node is full); its
 // non-exempt sibling is refused; closing gives the exempt permits back.
 func TestExemptOutboundOnFullNode(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	const pool = 4
 	l := openLimiter(t, root, pin, pool, 1)
@@ -91,7 +93,7 @@ func TestExemptOutboundOnFullNode(t *testing.T) {
 // connections back under the rule, while the ones it holds keep their
 // exempt permit until they close. Over IPv6 too.
 func TestExemptWholeProjectAndChange(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 2, Floor: 1,
 		Exempt: []string{filepath.Join(root, "ops")}, ExemptMax: 3})
@@ -138,7 +140,7 @@ func TestExemptWholeProjectAndChange(t *testing.T) {
 // A listener in an exempt cgroup accepts on a full node, up to the budget;
 // beyond it the SYN is refused like any of its project's.
 func TestExemptInbound(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	const pool = 3
 	l := openLimiter(t, root, pin, pool, 1)
@@ -185,7 +187,7 @@ func TestExemptInbound(t *testing.T) {
 }
 
 func TestSetExemptValidation(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 10, 1)
 	mkProject(t, root, "a")

@@ -22,52 +22,15 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-)
 
-// requireRoot skips tests that need BPF, cgroups and bpffs.
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN) to load BPF and create cgroups")
-	}
-}
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+)
 
 // newRoot creates a temporary projects root on cgroup2, removed (children
 // first) when the test ends.
 func newRoot(t testing.TB) string {
 	t.Helper()
-	mnt, err := Cgroup2Mount()
-	if err != nil {
-		t.Skipf("no cgroup2: %v", err)
-	}
-	root, err := os.MkdirTemp(mnt, "fairshare-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeCgroupTree(t, root) })
-	return root
-}
-
-func removeCgroupTree(t testing.TB, dir string) {
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		if e.IsDir() {
-			removeCgroupTree(t, filepath.Join(dir, e.Name()))
-		}
-	}
-	// Killed helpers may take a moment to leave the cgroup.
-	for i := 0; ; i++ {
-		err := os.Remove(dir)
-		if err == nil || errors.Is(err, os.ErrNotExist) {
-			return
-		}
-		if i == 100 {
-			t.Errorf("removing cgroup %s: %v", dir, err)
-			return
-		}
-		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
-		time.Sleep(20 * time.Millisecond)
-	}
+	return testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-test-")
 }
 
 // newPinDir returns a fresh pin directory under /sys/fs/bpf; Cleanup runs at
@@ -154,16 +117,10 @@ func startHelper(t testing.TB, dir string) *helper {
 // newNet is set.
 func startHelperNS(t testing.TB, dir string, newNet bool) *helper {
 	t.Helper()
-	fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
 	cmd.Env = append(os.Environ(), "FAIRSHARE_LOADER_HELPER=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
 	if newNet {
-		cmd.SysProcAttr.Cloneflags = unix.CLONE_NEWNET
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNET}
 		cmd.Env = append(cmd.Env, "FAIRSHARE_LOADER_LOUP=1")
 	}
 	cmd.Stderr = os.Stderr
@@ -175,20 +132,11 @@ func startHelperNS(t testing.TB, dir string, newNet bool) *helper {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	h := &helper{t: t, cmd: cmd, in: in, out: bufio.NewReader(outp)}
-	t.Cleanup(h.kill)
-	return h
+	testutil.StartInCgroup(t, cmd, dir)
+	return &helper{t: t, cmd: cmd, in: in, out: bufio.NewReader(outp)}
 }
 
-func (h *helper) kill() {
-	if h.cmd.ProcessState == nil {
-		_ = h.cmd.Process.Kill()
-		_ = h.cmd.Wait()
-	}
-}
+func (h *helper) kill() { testutil.Stop(h.cmd) }
 
 // do sends one command and returns its one-line reply.
 func (h *helper) do(format string, args ...any) string {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 func listenAddr(t testing.TB, reply string) string {
@@ -39,7 +41,7 @@ func waitHeld(t testing.TB, h *helper, n int) {
 // with an RST: the client's connect fails with ECONNREFUSED and the server's
 // accept() never sees it.
 func TestInboundCountRefuseRelease(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	for _, tc := range []struct{ name, listen, dial, network string }{
 		{"ipv4", "127.0.0.1:0", "", "tcp4"},
 		{"ipv6", "[::1]:0", "", "tcp6"},
@@ -97,7 +99,7 @@ func TestInboundCountRefuseRelease(t *testing.T) {
 // Children still queued when their listener closes are reset and give their
 // permits back (they never get a sock_release).
 func TestInboundListenerClosedWithQueuedChildren(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 10, 1)
 	srv := startHelper(t, mkProject(t, root, "q"))
@@ -120,7 +122,7 @@ func TestInboundListenerClosedWithQueuedChildren(t *testing.T) {
 // TTL is an hour on a monotonic clock the test moves on, so a slow machine
 // cannot expire them early and the test does not sleep.
 func TestInboundReservationsBoundAndExpire(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	const ttl = time.Hour
 	l, mono := openLimiterMono(t, root, pin, 3, 1, ttl)

@@ -10,13 +10,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/sockdiag"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // The daemon dies (its Limiter is closed without Cleanup): the kernel keeps
 // counting and refusing; a new Open reuses the pinned maps and links with the
 // counts unchanged.
 func TestRestartKeepsCountsAndEnforcement(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	l1, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 5})
@@ -62,7 +64,7 @@ func TestRestartKeepsCountsAndEnforcement(t *testing.T) {
 // Connections and listeners that predate the programs are adopted by the
 // first reconcile, and drift in the maps is repaired.
 func TestAdoptAndRepair(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	cli := startHelper(t, mkProject(t, root, "old"))
@@ -137,7 +139,7 @@ func TestAdoptAndRepair(t *testing.T) {
 // the maps, the sockets' own flags and the kernel's socket table agree on
 // zero.
 func TestNoLeakAcrossLifecycles(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l, mono := openLimiterMono(t, root, pin, 400, 0, 2*time.Second)
 	out := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
@@ -316,7 +318,7 @@ func fullBacklogListener(t testing.TB) string {
 // sk_lookup is attached to the daemon's namespace only), and reconcile from
 // the daemon's namespace neither drops nor "repairs" them.
 func TestOtherNetnsCountedAndKept(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 10, 0)
 	h := startHelperNS(t, mkProject(t, root, "ns"), true)
@@ -342,7 +344,7 @@ func TestOtherNetnsCountedAndKept(t *testing.T) {
 // spill table; it is counted, released exactly once, and the spill count
 // returns to zero.
 func TestSpilledPermits(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	const pool = 500 // 1024 slots
 	l := openLimiter(t, root, pin, pool, 1)

@@ -10,13 +10,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // A lone project gets the whole pool, over IPv4, IPv6 and v4-mapped IPv6;
 // the next connect fails at once with ECONNREFUSED; every close gives the
 // permit back.
 func TestOutboundCountRefuseRelease(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 10, 0)
 	ln4 := sink(t, "tcp4", "127.0.0.1:0")
@@ -63,7 +65,7 @@ func TestOutboundCountRefuseRelease(t *testing.T) {
 
 // Processes outside the root are not limited, and UDP connects take nothing.
 func TestOutsideRootAndUDPNotCounted(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 1, 1)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
@@ -87,7 +89,7 @@ func TestOutsideRootAndUDPNotCounted(t *testing.T) {
 // Two active projects: the one past its share stops a floor short of the
 // pool, and a late third project finds its floor at once.
 func TestFloorKeptForLateProject(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 10, 2)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
@@ -130,7 +132,7 @@ func TestFloorKeptForLateProject(t *testing.T) {
 
 // A node with room refuses nothing, even to a project far over its share.
 func TestNodeWithRoomRefusesNothing(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 100, 0)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
@@ -159,7 +161,7 @@ func TestNodeWithRoomRefusesNothing(t *testing.T) {
 
 // SIGKILL of a process holding connections gives its permits back.
 func TestReleaseOnSIGKILL(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 50, 0)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
@@ -176,7 +178,7 @@ func TestReleaseOnSIGKILL(t *testing.T) {
 // full MPTCP connection (Go dialer with MPTCP on, to an MPTCP listener) takes
 // one permit and gives it back.
 func TestNestedCgroupAndMPTCP(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 10, 0)
 	proj := mkProject(t, root, "nest")
@@ -224,7 +226,7 @@ func TestNestedCgroupAndMPTCP(t *testing.T) {
 // SetPool takes effect at once; Cleanup detaches: nothing is counted or
 // refused afterwards, and the pin directory is gone.
 func TestSetPoolAndCleanup(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 100})
 	if err != nil {
@@ -264,7 +266,7 @@ func TestSetPoolAndCleanup(t *testing.T) {
 // Concurrent connects from several projects never take the node past POOL,
 // and every admitted connection is counted.
 func TestConcurrentNeverOverPool(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 20, 1)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
@@ -301,7 +303,7 @@ func TestConcurrentNeverOverPool(t *testing.T) {
 // connect() called again on a socket that is still connecting (and holds
 // the last permit) reports EALREADY, not a refusal.
 func TestReconnectWhileConnectingKeepsPermit(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 1, 1)
 	full := fullBacklogListener(t)

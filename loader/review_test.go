@@ -14,13 +14,15 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // A newcomer shrinks the share at its first connect, as in package pools,
 // without waiting for a Tick: the incumbent, now over its share, is held to
 // POOL - FLOOR at once. Tick later takes out a project that left the window.
 func TestNewcomerShrinksShareWithoutTick(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l, mono := openLimiterMono(t, root, pin, 10, 2, time.Hour)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
@@ -67,7 +69,7 @@ func TestNewcomerShrinksShareWithoutTick(t *testing.T) {
 // Several newcomers asking at once are each counted once, and a project
 // asking again within the window is not counted again.
 func TestActiveCountedOncePerWindow(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l, _ := openLimiterMono(t, root, pin, 100, 1, time.Hour)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
@@ -99,7 +101,7 @@ func TestActiveCountedOncePerWindow(t *testing.T) {
 // Two SO_REUSEPORT listeners on one address, closed in the order they were
 // opened: the remaining one still has its connections counted and refused.
 func TestReuseportListenersRefcounted(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 3, 1)
 	srv := startHelper(t, mkProject(t, root, "rp"))
@@ -168,7 +170,7 @@ func TestReuseportListenersRefcounted(t *testing.T) {
 // A second Open over pinned links moves them to the programs it loaded (a
 // fixed limiter.c takes effect across a restart), and enforcement goes on.
 func TestReopenUpdatesPinnedLinks(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	l1 := openLimiter(t, root, pin, 3, 1)
@@ -242,7 +244,7 @@ func mapDump(t testing.TB, m *ebpf.Map) map[string]string {
 // exempt set, the config, the counts and the programs in force are the same
 // afterwards, and enforcement goes on.
 func TestCheckLeavesRunningLimiterAlone(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	app := mkProject(t, root, "app")
@@ -316,7 +318,7 @@ func TestCheckLeavesRunningLimiterAlone(t *testing.T) {
 // Without pins, Check loads and attaches every hook and leaves nothing
 // behind: no pin directory, no cgroup.
 func TestCheckWithoutPins(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root := newRoot(t)
 	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("fairshare-check-test-%d", time.Now().UnixNano()))
 	rep, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 10})
@@ -339,7 +341,7 @@ func TestCheckWithoutPins(t *testing.T) {
 // Reconcile repairs the exempt budget's use like a project's count: drift
 // seen twice is taken back, the permits really held stay.
 func TestReconcileRepairsExemptDrift(t *testing.T) {
-	requireRoot(t)
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 10, 1)
 	ln := sink(t, "tcp4", "127.0.0.1:0")

@@ -154,7 +154,7 @@ func BenchmarkPoolRecompute(b *testing.B) {
 			}
 			b.ReportAllocs()
 			for b.Loop() {
-				clk.Add(time.Second)
+				clk.Advance(time.Second)
 				p.Recompute()
 			}
 			if s := p.Snapshot(); s.Active != n {

@@ -346,7 +346,7 @@ func TestActiveWindowTimeline(t *testing.T) {
 	p := mustPool(t, 10, 0, clk)
 	held := map[string][]Permit{}
 	for i, s := range tl {
-		clk.Add(t0.Add(s.at).Sub(clk.Now()))
+		clk.Advance(t0.Add(s.at).Sub(clk.Now()))
 		switch s.op {
 		case "acq":
 			pm, err := p.TryAcquire(s.project)
@@ -387,7 +387,7 @@ func TestForgetIdleProjects(t *testing.T) {
 	}
 	keep := acquireN(t, p, "keeper", 1)
 	for i := 0; i < 10; i++ {
-		clk.Add(time.Second)
+		clk.Advance(time.Second)
 		p.Recompute()
 	}
 	s := p.Snapshot()
@@ -442,7 +442,7 @@ func TestRetryAfterEstimate(t *testing.T) {
 		}
 		a[0] = acquireN(t, p, "a", 1)[0]
 	}
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	p.Recompute()
 	// b is under share and needs one release: ~10ms. a (over share, at
 	// in_use 10, limit 9) needs two releases: ~20ms.
@@ -551,7 +551,7 @@ func TestActiveNeverLeavesEarlyWithLateTicks(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Recompute()
-	clk.Add(900 * time.Millisecond)
+	clk.Advance(900 * time.Millisecond)
 	pm, err := p.TryAcquire("a") // asked 0.9 s after the recompute
 	if err != nil {
 		t.Fatal(err)
@@ -559,7 +559,7 @@ func TestActiveNeverLeavesEarlyWithLateTicks(t *testing.T) {
 	if err := p.Release(pm); err != nil {
 		t.Fatal(err)
 	}
-	clk.Add(101 * time.Millisecond) // next tick 1.001 s after the last: the ask is 0.101 s old
+	clk.Advance(101 * time.Millisecond) // next tick 1.001 s after the last: the ask is 0.101 s old
 	p.Recompute()
 	if s := p.Snapshot(); s.Active != 1 || s.Share != 8 {
 		t.Fatalf("a project that asked 0.1 s ago left the active set: %+v", s)
@@ -567,7 +567,7 @@ func TestActiveNeverLeavesEarlyWithLateTicks(t *testing.T) {
 	// Keeps asking every 100 ms across late ticks: always active.
 	for tick := 0; tick < 5; tick++ {
 		for i := 0; i < 10; i++ {
-			clk.Add(105 * time.Millisecond)
+			clk.Advance(105 * time.Millisecond)
 			pm, err := p.TryAcquire("a")
 			if err != nil {
 				t.Fatal(err)
@@ -580,9 +580,9 @@ func TestActiveNeverLeavesEarlyWithLateTicks(t *testing.T) {
 		}
 	}
 	// Stops asking: gone once its last ask is surely a window old.
-	clk.Add(1050 * time.Millisecond)
+	clk.Advance(1050 * time.Millisecond)
 	p.Recompute()
-	clk.Add(1050 * time.Millisecond)
+	clk.Advance(1050 * time.Millisecond)
 	p.Recompute()
 	if s := p.Snapshot(); s.Active != 0 {
 		t.Fatalf("a project silent for 2.1 s is still active: %+v", s)

@@ -130,7 +130,7 @@ func runOps(t *testing.T, ops []byte) {
 			permits[pr] = append(permits[pr][:i], permits[pr][i+1:]...)
 			o.release(pr)
 		case 3: // time passes, recompute
-			clk.Add(time.Duration(next()) * 10 * time.Millisecond)
+			clk.Advance(time.Duration(next()) * 10 * time.Millisecond)
 			p.Recompute()
 			o.recompute(clk.Now())
 		case 4: // a newcomer probes for its floor, then leaves
@@ -176,7 +176,7 @@ func runOps(t *testing.T, ops []byte) {
 	}
 	// Long idle: every project is forgotten.
 	for i := 0; i < 70; i++ {
-		clk.Add(time.Second)
+		clk.Advance(time.Second)
 		p.Recompute()
 	}
 	if s := p.Snapshot(); len(s.Projects) != 0 || s.Active != 0 || s.Share != size {

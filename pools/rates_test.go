@@ -54,7 +54,7 @@ func TestRatesTimeline(t *testing.T) {
 	}
 	tl = append(tl, step{ok: false, retry: 100 * time.Millisecond})
 	for i, s := range tl {
-		clk.Add(s.advance)
+		clk.Advance(s.advance)
 		ok, retry := r.Allow("p")
 		if ok != s.ok || (!ok && (retry < s.retry-time.Microsecond || retry > s.retry+time.Microsecond)) {
 			t.Fatalf("step %d: ok %v retry %v, want %v %v", i, ok, retry, s.ok, s.retry)
@@ -95,12 +95,12 @@ func TestRatesDebt(t *testing.T) {
 	if ok || retry != 2500*time.Millisecond {
 		t.Fatalf("in debt: ok %v retry %v", ok, retry)
 	}
-	clk.Add(2 * time.Second)
+	clk.Advance(2 * time.Second)
 	ok, retry = r.Allow("p")
 	if ok || retry != 500*time.Millisecond {
 		t.Fatalf("still in debt: ok %v retry %v", ok, retry)
 	}
-	clk.Add(500 * time.Millisecond)
+	clk.Advance(500 * time.Millisecond)
 	if ok, _ := r.Allow("p"); !ok {
 		t.Fatal("refused at zero balance")
 	}
@@ -160,7 +160,7 @@ func TestRatesConcurrentBound(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 2000; i++ {
 				if i%100 == 0 {
-					clk.Add(time.Millisecond)
+					clk.Advance(time.Millisecond)
 				}
 				if ok, _ := r.Allow("p"); ok {
 					mu.Lock()

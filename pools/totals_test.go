@@ -42,11 +42,11 @@ func TestSnapshotTotalsSurviveForgetting(t *testing.T) {
 	}
 	// Idle past the window (leave the active set: the recompute after the
 	// last ask vouches for it, the next one lets it go), then past Forget.
-	clk.Add(2 * time.Second)
+	clk.Advance(2 * time.Second)
 	p.Recompute()
-	clk.Add(2 * time.Second)
+	clk.Advance(2 * time.Second)
 	p.Recompute()
-	clk.Add(2 * time.Minute)
+	clk.Advance(2 * time.Minute)
 	p.Recompute()
 	s = p.Snapshot()
 	if len(s.Projects) != 0 {
@@ -76,11 +76,11 @@ func TestResidentsTotalsSurviveForgetting(t *testing.T) {
 	if err := r.Remove("o1"); err != nil {
 		t.Fatal(err)
 	}
-	clk.Add(2 * time.Second)
+	clk.Advance(2 * time.Second)
 	r.Recompute()
-	clk.Add(2 * time.Second)
+	clk.Advance(2 * time.Second)
 	r.Recompute()
-	clk.Add(2 * time.Minute)
+	clk.Advance(2 * time.Minute)
 	r.Recompute()
 	s := r.Snapshot()
 	if len(s.Projects) != 0 || s.Admitted != 1 {

@@ -4,30 +4,15 @@ package scheduler
 
 import (
 	"slices"
-	"sync"
 	"testing"
-	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // fakeClock is a settable clock; tests move it explicitly.
-type fakeClock struct {
-	mu sync.Mutex // guards the fields below
-	t  time.Time
-}
+type fakeClock = testutil.FakeClock
 
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
+func newFakeClock() *fakeClock { return testutil.NewFakeClock() }
 
 // harness drives the deterministic core: no goroutines, explicit time.
 type harness struct {

@@ -13,87 +13,13 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
-
-// requireRoot skips tests that create cgroups and move processes into them.
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create cgroups")
-	}
-}
-
-// cgroup2Mount returns the mount point of the cgroup v2 hierarchy from
-// /proc/self/mountinfo.
-func cgroup2Mount(t testing.TB) string {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.Lines(string(b)) {
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		if f := strings.Fields(post); len(f) > 0 && f[0] == "cgroup2" {
-			if pf := strings.Fields(pre); len(pf) >= 5 {
-				return pf[4]
-			}
-		}
-	}
-	t.Skip("no cgroup2 mount in /proc/self/mountinfo")
-	return ""
-}
-
-// tempCgroup creates a cgroup directory below parent, removed in Cleanup
-// (after every process in it has gone, which the caller's cleanups ensure by
-// being registered later and so running first).
-func tempCgroup(t testing.TB, parent, pattern string) string {
-	t.Helper()
-	dir, err := os.MkdirTemp(parent, pattern)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeCgroup(t, dir) })
-	return dir
-}
-
-// mkCgroup creates a named cgroup below parent, removed in Cleanup.
-func mkCgroup(t testing.TB, parent, name string) string {
-	t.Helper()
-	dir := filepath.Join(parent, name)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeCgroup(t, dir) })
-	return dir
-}
-
-// removeCgroup removes a cgroup directory, retrying while its last processes
-// are still being reaped by the kernel (rmdir says EBUSY until then).
-func removeCgroup(t testing.TB, dir string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := unix.Rmdir(dir)
-		if err == nil || errors.Is(err, unix.ENOENT) {
-			return
-		}
-		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-			t.Errorf("removing cgroup %s: %v", dir, err)
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // cgroupID returns the id of a cgroup: the inode number of its directory.
 func cgroupID(t testing.TB, dir string) uint64 {
@@ -121,15 +47,8 @@ const helperEnv = "SOCKDIAG_TEST_HELPER"
 // Cleanup, which kills it and waits for it.
 func startHelper(t testing.TB, cgroupDir string) []helperSocket {
 	t.Helper()
-	cgfd, err := unix.Open(cgroupDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(cgfd)
-
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.v=false")
 	cmd.Env = append(os.Environ(), helperEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cgfd}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -139,14 +58,10 @@ func startHelper(t testing.TB, cgroupDir string) []helperSocket {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting helper in %s: %v", cgroupDir, err)
-	}
-	t.Cleanup(func() {
-		stdin.Close()
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
+	testutil.StartInCgroup(t, cmd, cgroupDir)
+	// Registered last, so it runs first: the helper holds its sockets until
+	// stdin closes (and the cleanup keeps the pipe reachable until then).
+	t.Cleanup(func() { stdin.Close() })
 
 	var socks []helperSocket
 	sc := bufio.NewScanner(stdout)

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // byCookie returns the listed sockets with the given cookie.
@@ -37,8 +39,8 @@ func mustList(t *testing.T, opts Options) []Socket {
 // client and the accepted end on 127.0.0.1 and on [::1], and checks that each
 // is listed exactly once with its cookie, cgroup, state and addresses.
 func TestListPlainTCP(t *testing.T) {
-	requireRoot(t)
-	cg := tempCgroup(t, cgroup2Mount(t), "sockdiag-test-")
+	testutil.RequireRoot(t)
+	cg := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "sockdiag-test-")
 	id := cgroupID(t, cg)
 	helper := startHelper(t, cg)
 
@@ -93,8 +95,8 @@ func TestListPlainTCP(t *testing.T) {
 
 // TestListFilters checks that Families and States select in the kernel.
 func TestListFilters(t *testing.T) {
-	requireRoot(t)
-	cg := tempCgroup(t, cgroup2Mount(t), "sockdiag-test-")
+	testutil.RequireRoot(t)
+	cg := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "sockdiag-test-")
 	id := cgroupID(t, cg)
 	startHelper(t, cg)
 
@@ -133,8 +135,8 @@ func TestListFilters(t *testing.T) {
 // MPTCP peer's connection shows up as one TCP subflow per end, again with
 // cookies the process never sees.
 func TestMPTCPListener(t *testing.T) {
-	requireRoot(t)
-	cg := tempCgroup(t, cgroup2Mount(t), "sockdiag-test-")
+	testutil.RequireRoot(t)
+	cg := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "sockdiag-test-")
 	id := cgroupID(t, cg)
 	helper := startHelper(t, cg)
 	socks := mustList(t, Options{})
@@ -242,11 +244,11 @@ func TestTimeWaitHasNoCgroup(t *testing.T) {
 // checks every id maps to its top-level project, and that a helper running
 // in a nested cgroup is counted for its project.
 func TestCgroupIndexNested(t *testing.T) {
-	requireRoot(t)
-	root := tempCgroup(t, cgroup2Mount(t), "sockdiag-root-")
+	testutil.RequireRoot(t)
+	root := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "sockdiag-root-")
 	want := map[string]string{} // relative path -> project
 	for _, p := range []string{"a", "a/x", "a/x/y", "a/z", "b", "b/w"} {
-		mkCgroup(t, root, p)
+		testutil.MkCgroup(t, root, p)
 		want[p], _, _ = strings.Cut(p, "/")
 	}
 	index, err := CgroupIndex(root)

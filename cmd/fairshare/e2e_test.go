@@ -25,6 +25,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/daemon"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/policy"
 )
@@ -301,18 +302,12 @@ func (n *node) connectFrom(project, addr string, count int) *projectProc {
 	if err := os.MkdirAll(cg, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	fd, err := syscall.Open(cg, syscall.O_DIRECTORY|syscall.O_RDONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Close(fd)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(cleanEnv(), connectEnv+"="+addr+" "+strconv.Itoa(count))
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -321,11 +316,8 @@ func (n *node) connectFrom(project, addr string, count int) *projectProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	testutil.StartInCgroup(t, cmd, cg)
 	p := &projectProc{cmd: cmd, stdin: stdin}
-	t.Cleanup(func() { p.cmd.Process.Kill(); p.cmd.Wait() })
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if _, serr := fmt.Sscanf(line, "ok %d %d", &p.connected, &p.refused); err != nil || serr != nil {
 		t.Fatalf("project helper said %q (%v)", line, err)

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package testutil
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// RequireRoot skips tests that create cgroups, move processes into them or
+// load BPF programs: all of these need root (CAP_SYS_ADMIN, CAP_BPF).
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN) to load BPF and create cgroups")
+	}
+}
+
+// Cgroup2Mount returns the mount point of the cgroup v2 hierarchy, read from
+// /proc/self/mountinfo; it skips the test when there is none.
+func Cgroup2Mount(t testing.TB) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
+		}
+		if f := strings.Fields(post); len(f) > 0 && f[0] == "cgroup2" {
+			if pf := strings.Fields(pre); len(pf) >= 5 {
+				return pf[4]
+			}
+		}
+	}
+	t.Skip("no cgroup2 mount in /proc/self/mountinfo")
+	return ""
+}
+
+// TempCgroup creates a cgroup directory below parent (os.MkdirTemp pattern)
+// and removes it with everything below it when the test ends, failed or not.
+func TempCgroup(t testing.TB, parent, pattern string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp(parent, pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { RemoveCgroup(t, dir) })
+	return dir
+}
+
+// MkCgroup creates the cgroup parent/name and removes it with everything
+// below it when the test ends, failed or not.
+func MkCgroup(t testing.TB, parent, name string) string {
+	t.Helper()
+	dir := filepath.Join(parent, name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { RemoveCgroup(t, dir) })
+	return dir
+}
+
+// removeTimeout bounds how long RemoveCgroup waits for one cgroup to empty.
+const removeTimeout = 5 * time.Second
+
+// RemoveCgroup removes the cgroup dir, children first. A cgroup cannot be
+// removed while it has processes (rmdir says EBUSY), and killed processes
+// take a moment to be reaped, so it retries for a while, killing what is
+// still inside (cgroup.kill) in case a helper outlived its test.
+func RemoveCgroup(t testing.TB, dir string) {
+	t.Helper()
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.IsDir() {
+			RemoveCgroup(t, filepath.Join(dir, e.Name()))
+		}
+	}
+	deadline := time.Now().Add(removeTimeout)
+	for {
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			t.Errorf("removing cgroup %s: %v", dir, err)
+			return
+		}
+		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// InCgroup makes cmd start inside the cgroup dir: clone3 places the child
+// there, so it never runs outside it. Other SysProcAttr fields are kept.
+// The directory descriptor is closed when the test ends, so cmd must be
+// started within the test.
+func InCgroup(t testing.TB, cmd *exec.Cmd, dir string) {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.UseCgroupFD = true
+	cmd.SysProcAttr.CgroupFD = fd
+}
+
+// StartInCgroup starts cmd inside the cgroup dir (see InCgroup) and kills
+// and reaps it when the test ends, unless it has been waited for already.
+// Pipes the caller needs must be set up before.
+func StartInCgroup(t testing.TB, cmd *exec.Cmd, dir string) {
+	t.Helper()
+	InCgroup(t, cmd, dir)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s in cgroup %s: %v", cmd.Path, dir, err)
+	}
+	t.Cleanup(func() { Stop(cmd) })
+}
+
+// Stop kills a started cmd and waits for it, unless it has been waited for
+// already.
+func Stop(cmd *exec.Cmd) {
+	if cmd.ProcessState == nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+}
