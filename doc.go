@@ -26,7 +26,8 @@
 //	            API) and metrics/ (Prometheus collector)
 //	drill/      the fair-share drill: the seed's experiment, run on this host
 //	internal/   pace (per-project Retry-After slots shared by the front and
-//	            the permit API) and wire (the permit protocol's line codec)
+//	            the permit API), wire (the permit protocol's line codec) and
+//	            testutil (temporary cgroups and helper processes for tests)
 //	cmd/        cmd/fairshare: the one binary (run, policy, status, cleanup,
 //	            drill, version)
 //
