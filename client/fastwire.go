@@ -16,29 +16,12 @@ import "github.com/fairshare-dev/fairshare/internal/wire"
 // path never reads a line differently from encoding/json.
 func parseReply(line []byte, rp *reply) bool {
 	*rp = reply{}
-	i := wire.SkipSpace(line, 0)
-	if i >= len(line) || line[i] != '{' {
-		return false
-	}
-	i = wire.SkipSpace(line, i+1)
-	if i < len(line) && line[i] == '}' {
-		return wire.SkipSpace(line, i+1) == len(line)
-	}
-	for {
-		key, j, ok := wire.ScanString(line, i)
-		if !ok {
-			return false
-		}
-		j = wire.SkipSpace(line, j)
-		if j >= len(line) || line[j] != ':' {
-			return false
-		}
-		j = wire.SkipSpace(line, j+1)
+	return wire.WalkObject(line, func(key []byte, j int) (int, bool) {
 		switch string(key) {
 		case "id", "lease", "session", "retry_after_ms":
 			v, k, ok := wire.ScanUint(line, j)
 			if !ok {
-				return false
+				return 0, false
 			}
 			switch string(key) {
 			case "id":
@@ -49,26 +32,26 @@ func parseReply(line []byte, rp *reply) bool {
 				rp.Session = v
 			default:
 				if v > 1<<62 {
-					return false
+					return 0, false
 				}
 				rp.RetryAfterMS = int64(v)
 			}
-			j = k
+			return k, true
 		case "ok", "released":
 			v, k, ok := wire.ScanBool(line, j)
 			if !ok {
-				return false
+				return 0, false
 			}
 			if string(key) == "ok" {
 				rp.OK = v
 			} else {
 				rp.Released = v
 			}
-			j = k
+			return k, true
 		case "code", "error", "note", "event", "project", "object", "reason":
 			s, k, ok := wire.ScanString(line, j)
 			if !ok {
-				return false
+				return 0, false
 			}
 			switch string(key) {
 			case "code":
@@ -86,21 +69,8 @@ func parseReply(line []byte, rp *reply) bool {
 			default:
 				rp.Reason = string(s)
 			}
-			j = k
-		default:
-			return false
+			return k, true
 		}
-		j = wire.SkipSpace(line, j)
-		if j >= len(line) {
-			return false
-		}
-		switch line[j] {
-		case ',':
-			i = wire.SkipSpace(line, j+1)
-		case '}':
-			return wire.SkipSpace(line, j+1) == len(line)
-		default:
-			return false
-		}
-	}
+		return 0, false
+	})
 }

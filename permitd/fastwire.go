@@ -75,29 +75,12 @@ func (in *interner) opName(b []byte) string {
 // On false rq is undefined and the caller must use parseRequest.
 func (in *interner) parseFast(line []byte, rq *request) bool {
 	*rq = request{}
-	i := wire.SkipSpace(line, 0)
-	if i >= len(line) || line[i] != '{' {
-		return false
-	}
-	i = wire.SkipSpace(line, i+1)
-	if i < len(line) && line[i] == '}' {
-		return wire.SkipSpace(line, i+1) == len(line)
-	}
-	for {
-		key, j, ok := wire.ScanString(line, i)
-		if !ok {
-			return false
-		}
-		j = wire.SkipSpace(line, j)
-		if j >= len(line) || line[j] != ':' {
-			return false
-		}
-		j = wire.SkipSpace(line, j+1)
+	return wire.WalkObject(line, func(key []byte, j int) (int, bool) {
 		switch string(key) {
 		case "id", "lease", "wait_ms":
 			v, k, ok := wire.ScanUint(line, j)
 			if !ok {
-				return false
+				return 0, false
 			}
 			switch string(key) {
 			case "id":
@@ -106,15 +89,15 @@ func (in *interner) parseFast(line []byte, rq *request) bool {
 				rq.Lease = v
 			default:
 				if v > 1<<62 {
-					return false // out of int64's range: encoding/json words the error
+					return 0, false // out of int64's range: encoding/json words the error
 				}
 				rq.WaitMS = int64(v)
 			}
-			j = k
+			return k, true
 		case "op", "pool", "project", "object":
 			s, k, ok := wire.ScanString(line, j)
 			if !ok {
-				return false
+				return 0, false
 			}
 			switch string(key) {
 			case "op":
@@ -126,21 +109,8 @@ func (in *interner) parseFast(line []byte, rq *request) bool {
 			default:
 				rq.Object = in.str(s)
 			}
-			j = k
-		default:
-			return false
+			return k, true
 		}
-		j = wire.SkipSpace(line, j)
-		if j >= len(line) {
-			return false
-		}
-		switch line[j] {
-		case ',':
-			i = wire.SkipSpace(line, j+1)
-		case '}':
-			return wire.SkipSpace(line, j+1) == len(line)
-		default:
-			return false
-		}
-	}
+		return 0, false
+	})
 }

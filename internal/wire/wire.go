@@ -109,3 +109,45 @@ func AppendString(b []byte, s string) []byte {
 	}
 	return append(b, '"')
 }
+
+// WalkObject walks one flat JSON object filling line: for each member it
+// calls field with the key and the index of its value, and field returns the
+// index after the value, or false to give up. It returns true when the line
+// is exactly one object (surrounded by space at most) whose members field
+// all accepted. field does not escape, so a closure passed here costs no
+// allocation.
+func WalkObject(line []byte, field func(key []byte, j int) (next int, ok bool)) bool {
+	i := SkipSpace(line, 0)
+	if i >= len(line) || line[i] != '{' {
+		return false
+	}
+	i = SkipSpace(line, i+1)
+	if i < len(line) && line[i] == '}' {
+		return SkipSpace(line, i+1) == len(line)
+	}
+	for {
+		key, j, ok := ScanString(line, i)
+		if !ok {
+			return false
+		}
+		j = SkipSpace(line, j)
+		if j >= len(line) || line[j] != ':' {
+			return false
+		}
+		if j, ok = field(key, SkipSpace(line, j+1)); !ok {
+			return false
+		}
+		j = SkipSpace(line, j)
+		if j >= len(line) {
+			return false
+		}
+		switch line[j] {
+		case ',':
+			i = SkipSpace(line, j+1)
+		case '}':
+			return SkipSpace(line, j+1) == len(line)
+		default:
+			return false
+		}
+	}
+}
