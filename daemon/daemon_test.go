@@ -17,28 +17,11 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/policy"
 	"github.com/fairshare-dev/fairshare/pools"
 )
-
-// fakeClock is a settable clock for the pools, rates and scheduler.
-type fakeClock struct {
-	mu sync.Mutex // guards the fields below
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // records is a slog handler keeping every record, at every level.
 type records struct {
@@ -70,7 +53,7 @@ func (r *records) find(msg string) []slog.Record {
 
 // newTestDaemon builds a daemon with real pools, store and scheduler, BPF
 // off (its no-bpf mode), no listeners, and a settable clock.
-func newTestDaemon(t *testing.T, edit func(*config.Config)) (*Daemon, *fakeClock, *records) {
+func newTestDaemon(t *testing.T, edit func(*config.Config)) (*Daemon, *testutil.FakeClock, *records) {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := config.Default()
@@ -82,7 +65,7 @@ func newTestDaemon(t *testing.T, edit func(*config.Config)) (*Daemon, *fakeClock
 	if edit != nil {
 		edit(&cfg)
 	}
-	clk := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	clk := testutil.NewFakeClock()
 	logs := &records{}
 	d, err := New(Options{Config: cfg, Version: "test", Log: slog.New(logs), Clock: clk})
 	if err != nil {
@@ -162,7 +145,7 @@ func TestTickRecomputesPools(t *testing.T) {
 	// The daemon ticks every second; the first tick after the release vouches
 	// for it, the next finds it a window old.
 	for i := 0; i < 2; i++ {
-		clk.Add(time.Second)
+		clk.Advance(time.Second)
 		d.tick(clk.Now())
 	}
 	if p := poolOf(t, status(t, d), config.PoolRequests); p.Active != 1 || p.Share != 10 {
@@ -208,10 +191,10 @@ func TestStatusPoolTotalsSurviveForgetting(t *testing.T) {
 	// The daemon ticks every second; the first tick after the release vouches
 	// for it, the next finds it a window old.
 	for i := 0; i < 2; i++ {
-		clk.Add(time.Second)
+		clk.Advance(time.Second)
 		d.tick(clk.Now())
 	}
-	clk.Add(2 * pools.DefaultForget)
+	clk.Advance(2 * pools.DefaultForget)
 	d.tick(clk.Now())
 	after := poolOf(t, status(t, d), config.PoolFlights)
 	if len(after.Projects) != 0 {
@@ -332,7 +315,7 @@ func TestStatusListsStoredPoliciesOfIdleProjects(t *testing.T) {
 			t.Fatalf("quiet is live: %+v", p)
 		}
 	}
-	clk.Add(time.Minute)
+	clk.Advance(time.Minute)
 	if st := status(t, d); len(st.Policies) != 1 {
 		t.Fatalf("policies %+v after idling", st.Policies)
 	}
