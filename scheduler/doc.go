@@ -77,6 +77,14 @@
 // request to finish. A ticket whose Wait context ends before dispatch is
 // withdrawn without moving anyone else.
 //
+// While Run is active, a request submitted when no other request waits and
+// the server has room is dispatched inside Submit: the loop's next decision
+// would pick it anyway, and making it there saves two goroutine wake-ups
+// (Submit to Run, Run to the waiter), so Wait returns at once. It is
+// accounted exactly like a loop dispatch (a wait of zero). A request that
+// finds another one waiting always queues, room or not, so none overtakes.
+// Done wakes the loop only when a request is waiting for the freed slot.
+//
 // # Capacity: when every request runs
 //
 // Every queued request runs only under a condition the scheduler cannot

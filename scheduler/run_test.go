@@ -157,3 +157,93 @@ func TestWithdrawHeadAfterDispatch(t *testing.T) {
 	}
 	checkInvariants(t, s)
 }
+
+// stallCtx is a context whose Err blocks once armed. Run calls Err at the
+// top of every turn of its loop, outside the lock, so arming it and nudging
+// the loop parks the Run goroutine where it can dispatch nothing while the
+// Scheduler still counts it as running.
+type stallCtx struct {
+	context.Context
+	armed   atomic.Bool
+	stalled chan struct{} // closed once the loop is parked
+	release chan struct{} // closing it lets the loop go on
+}
+
+func (c *stallCtx) Err() error {
+	if c.armed.CompareAndSwap(true, false) {
+		close(c.stalled)
+		<-c.release
+	}
+	return c.Context.Err()
+}
+
+// TestSubmitDispatchesInlineWhileNothingWaits: with the Run loop parked, a
+// request that finds nothing waiting and room goes out inside Submit, with
+// the accounting of a loop dispatch; one that finds another waiting queues
+// behind it even though there is room.
+func TestSubmitDispatchesInlineWhileNothingWaits(t *testing.T) {
+	s, err := New(Config{MaxInFlight: 1, DefaultPolicy: pro(1)}, newFakeClock())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, cancel := context.WithCancel(context.Background())
+	ctx := &stallCtx{Context: base, stalled: make(chan struct{}), release: make(chan struct{})}
+	var release sync.Once
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		release.Do(func() { close(ctx.release) })
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Run returned %v, want context.Canceled", err)
+		}
+	})
+	for !s.run.Load() {
+		time.Sleep(100 * time.Microsecond)
+	}
+	ctx.armed.Store(true)
+	s.nudge()
+	<-ctx.stalled
+
+	a := s.Submit("a")
+	wctx, wcancel := context.WithTimeout(context.Background(), time.Second)
+	defer wcancel()
+	if c, err := a.Wait(wctx); err != nil || c != P1 {
+		t.Fatalf("Wait with the loop parked: %v %v, want P1 dispatched by Submit", c, err)
+	}
+	snap := s.Snapshot()
+	if a.Waited() != 0 || snap.InFlight != 1 || snap.Dispatched != [4]uint64{0, 1, 0, 0} ||
+		snap.Wait.Count != 1 || snap.Wait.Sum != 0 || snap.Wait.Counts[0] != 1 {
+		t.Fatalf("inline dispatch accounting: waited %v, snapshot %+v", a.Waited(), snap)
+	}
+	if p := snap.Participants[0]; p.P1 != DefaultP1Burst-1 || p.LastClass != P1 || p.Dispatched != [4]uint64{0, 1, 0, 0} {
+		t.Fatalf("inline dispatch did not charge the flat P1 credit: %+v", p)
+	}
+
+	b := s.Submit("b") // no room: queues
+	a.Done(1)
+	c := s.Submit("c") // room, but b waits: queues behind it
+	s.mu.Lock()
+	bState, cState := b.state, c.state
+	s.mu.Unlock()
+	if bState != ticketQueued || cState != ticketQueued {
+		t.Fatalf("states b=%d c=%d, want both queued: c must not overtake b", bState, cState)
+	}
+	checkInvariants(t, s)
+
+	release.Do(func() { close(ctx.release) })
+	if cl, err := b.Wait(context.Background()); err != nil || cl != P1 {
+		t.Fatalf("b: %v %v", cl, err)
+	}
+	s.mu.Lock()
+	cState = c.state
+	s.mu.Unlock()
+	if cState != ticketQueued {
+		t.Fatal("c went out while b held the only slot")
+	}
+	b.Done(1)
+	if cl, err := c.Wait(context.Background()); err != nil || cl != P1 {
+		t.Fatalf("c: %v %v", cl, err)
+	}
+	c.Done(1)
+}

@@ -232,9 +232,15 @@ func (s *Scheduler) applyPolicyLocked(pid int32, p Policy, now int64) {
 
 // Submit queues one request at the tail of the participant's queue. It never
 // refuses: the ticket will be dispatched eventually unless withdrawn.
+//
+// While a Run loop is active, a request that finds nothing else waiting and
+// the server with room is dispatched before Submit returns: it is the
+// decision the loop would make next, made without waking the loop, so Wait
+// returns at once. With anything waiting it queues, so it never overtakes.
 func (s *Scheduler) Submit(participant string) *Ticket {
 	now := s.now()
 	s.mu.Lock()
+	idle := !s.workLocked()
 	t := s.newTicketLocked()
 	pid := s.lookupLocked(participant, now)
 	q, qc := &s.hot[pid], &s.cold[pid]
@@ -249,9 +255,29 @@ func (s *Scheduler) Submit(participant string) *Ticket {
 	if q.queue == 1 {
 		s.placeLocked(pid, now)
 	}
+	if idle && s.run.Load() && s.roomLocked() {
+		s.dispatchLocked(now) // t: its queue is the only one with work
+		s.mu.Unlock()
+		return t
+	}
 	s.mu.Unlock()
 	s.nudge()
 	return t
+}
+
+// workLocked reports whether any queue holds a request: every queue with
+// work is linked in exactly one ring.
+func (s *Scheduler) workLocked() bool {
+	return s.rings[P1].n+s.rings[P2].n+s.rings[P3].n > 0
+}
+
+// roomLocked is Run's room test for a dispatch made outside the loop:
+// MaxInFlight first, so a full server is not asked HasRoom.
+func (s *Scheduler) roomLocked() bool {
+	if s.cfg.MaxInFlight > 0 && s.inFlight >= s.cfg.MaxInFlight {
+		return false
+	}
+	return s.cfg.HasRoom == nil || s.cfg.HasRoom()
 }
 
 // lookupLocked returns the participant's handle, creating it with full
@@ -652,7 +678,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		if room {
 			t = s.dispatchLocked(now)
 		}
-		work := s.rings[P1].n+s.rings[P2].n+s.rings[P3].n > 0
+		work := s.workLocked()
 		s.mu.Unlock()
 		if t != nil {
 			continue
@@ -794,6 +820,11 @@ func (t *Ticket) Done(cost float64) {
 	case ticketDispatched:
 		s.doneLocked(t, cost, now)
 	}
+	// The freed slot matters to the loop only if a request waits for it;
+	// with none, waking the loop would cost a goroutine switch for nothing.
+	work := s.workLocked()
 	s.mu.Unlock()
-	s.nudge()
+	if work {
+		s.nudge()
+	}
 }

@@ -126,7 +126,8 @@ type Config struct {
 	// bound to HasRoom (and with neither, every request goes out at once).
 	MaxInFlight int
 	// HasRoom is an optional extra room check, asked before each dispatch.
-	// It must not call back into the Scheduler.
+	// Submit asks it with the Scheduler's lock held (see Submit), so it
+	// must not call back into the Scheduler and should be quick.
 	HasRoom func() bool
 	// Poll is how long the loop waits when the server has no room before
 	// asking again.
