@@ -120,25 +120,32 @@
 // # Cost
 //
 // Each class keeps a ring of exactly the non-empty queues eligible for it,
-// with counters, so choosing the class and the queue is O(1). A queue that
-// drops below a credit is moved to a lower ring and parked on a timer for
-// the instant refill lifts it again (a 4-ary heap, O(log n)); balances are
-// refilled lazily when touched. A queue that enters a ring having had no
-// turn for a full round is served next (a sparse participant is not stuck
+// with counters, so choosing the class and the queue is O(1). A ring is a
+// FIFO array of participant handles: a turn pops the head, and a queue that
+// stays in the class is pushed back at the tail. A queue that leaves a ring
+// from the middle leaves a tombstone that the head skips when it gets
+// there; a full array at least half tombstones is squeezed rather than
+// grown. A queue that drops below a credit is moved to a lower ring and
+// parked on a timer for the instant refill lifts it again (a 4-ary heap,
+// O(log n)); balances are refilled lazily when touched. A queue that enters
+// a ring having had no turn for a full round is served next, after any
+// that entered the same way before it (a sparse participant is not stuck
 // behind a whole round); one that just had a turn enters behind everyone.
 //
 // At 100k participants the cost of a decision is cache misses, not
 // instructions, so the layout counts them. What a decision reads and
-// writes (balances, ring links, timer, queue head) sits in one 64-byte
+// writes (balances, ring position, timer, queue head) sits in one 64-byte
 // record per participant in a dense array; names, queue tails and
 // statistics sit in a second array that only Submit, completion and status
 // output touch. The four children of a timer heap node share a cache line.
 // Tickets are 64 bytes and allocated 64 at a time, and a ticket gets a
 // channel only when Wait has to block, so a dispatch touches the
 // participant's two records and one ticket line, and a channel only if
-// someone waits. After each decision the records the next one will most
-// likely need (the cursor's queue, the first timer's queue) are prefetched.
-// A dispatch allocates nothing.
+// someone waits. Because a ring's array says who comes next, the records
+// of the queues up to eight turns ahead, and those of the first timers due,
+// are prefetched after each decision, so their misses overlap; below 4096
+// participants every record stays in cache and nothing is prefetched. A
+// dispatch allocates nothing.
 //
 // Participants that are idle, with nothing queued or in flight and full
 // buckets, are forgotten once a second to bound memory; their Policy is

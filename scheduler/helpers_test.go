@@ -133,26 +133,26 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 		if r.n != ringN[c] {
 			t.Fatalf("ring %v: n=%d, members %d", c, r.n, ringN[c])
 		}
-		if r.n == 0 {
-			if r.cursor != none {
-				t.Fatalf("ring %v empty with cursor", c)
+		k := 0
+		for w, f := range map[uint8]*fifo{inBack: &r.back, inFront: &r.front} {
+			live := 0
+			for p := f.head; p != f.tail; p++ {
+				pid := f.ids[p&f.mask()]
+				if pid == gone {
+					continue
+				}
+				if q := &s.hot[pid]; Class(q.ring) != c || q.where != w || q.slot != p {
+					t.Fatalf("ring %v: entry of %d at %d, record says ring %v fifo %d slot %d", c, pid, p, q.ring, q.where, q.slot)
+				}
+				live++
 			}
-			continue
-		}
-		k, pid := 0, r.cursor
-		for {
-			q := &s.hot[pid]
-			if Class(q.ring) != c || s.hot[q.next].prev != pid {
-				t.Fatalf("ring %v links broken", c)
+			if live != f.live {
+				t.Fatalf("ring %v fifo %d: %d live entries, counted %d", c, w, live, f.live)
 			}
-			k++
-			pid = q.next
-			if pid == r.cursor || k > r.n {
-				break
-			}
+			k += live
 		}
 		if k != r.n {
-			t.Fatalf("ring %v: walked %d, n=%d", c, k, r.n)
+			t.Fatalf("ring %v: %d entries, n=%d", c, k, r.n)
 		}
 	}
 	stale := 0

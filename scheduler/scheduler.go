@@ -11,14 +11,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 )
 
 // eps absorbs float rounding in "holds at least one credit": a timer computed
 // for the instant a bucket reaches 1.0 must find it there.
 const eps = 1e-9
 
-// none marks an absent ring link, cursor or heap position.
+// none marks an absent timer or handle.
 const none = -1
 
 // Scheduler orders requests from many participants onto one server. See the
@@ -44,6 +43,7 @@ type Scheduler struct {
 	seq         uint64    // dispatches so far, numbers turns for entry placement
 	dispatched  [4]uint64 // by class
 	visits      uint64    // queues examined: the cursor's queue plus timer relinks
+	skips       uint64    // ring tombstones passed over by the head
 	wait        waitHist
 	lastSweep   int64
 }
@@ -52,16 +52,16 @@ type Scheduler struct {
 // touched. Its handle indexes two dense arrays: hot holds everything the
 // decision reads or writes (one 64-byte cache line, so at 100k participants
 // the hot state is 6.4 MB and a decision costs one miss per queue it looks
-// at), cold holds what only Submit, completion and status output need.
-// Only the Scheduler's mu guards them.
+// at, prefetched turns ahead), cold holds what only Submit, completion and
+// status output need. Only the Scheduler's mu guards them.
 type hot struct {
-	p1, p2     float64 // balances as of last; may be negative
-	last       int64   // when p1/p2 were last refilled
-	due        int64   // when refill lifts the class: the live timer; none if not parked
-	head       *Ticket // oldest queued ticket, linked through Ticket.next/prev
-	next, prev int32   // ring links, valid while ring != 0
-	queue      int32   // queued tickets
-	shares     float32 // 0 marks a free slot
+	p1, p2 float64 // balances as of last; may be negative
+	last   int64   // when p1/p2 were last refilled
+	due    int64   // when refill lifts the class: the live timer; none if not parked
+	head   *Ticket // oldest queued ticket, linked through Ticket.next/prev
+	slot   uint32  // position of the ring entry, valid while where != inNone
+	queue  int32   // queued tickets
+	shares float32 // 0 marks a free slot
 	// lastSeq is the low 32 bits of s.seq at this participant's last turn.
 	// Only the distance to s.seq is read, modulo 2^32: a participant idle
 	// for more than 2^31 turns (and not forgotten meanwhile) may enter a
@@ -69,8 +69,8 @@ type hot struct {
 	// one round of waiting, never its turn.
 	lastSeq uint32
 	tier    uint8 // a Tier
-	ring    uint8 // Class of the ring the queue is linked in, 0 = none
-	_       [2]byte
+	ring    uint8 // Class of the ring the queue is a member of, 0 = none
+	where   uint8 // which of the ring's fifos holds its entry: inBack etc.
 }
 
 type cold struct {
@@ -84,17 +84,6 @@ type cold struct {
 func (q *hot) holdsP1() bool { return Tier(q.tier).holdsP1() }
 func (q *hot) holdsP2() bool { return Tier(q.tier).holdsP2() }
 func (q *hot) live() bool    { return q.shares > 0 }
-
-// ring is a circular doubly linked list of participants threaded through
-// participant.next/prev. cursor is the next queue to serve. Queues that
-// entered at the cursor and have not been served yet sit in a run starting
-// at the cursor; lastJump is the last of them, so later entrants line up
-// behind it in arrival order instead of overtaking it.
-type ring struct {
-	cursor   int32
-	lastJump int32
-	n        int
-}
 
 type timer struct {
 	due int64
@@ -149,9 +138,6 @@ func New(cfg Config, clk Clock) (*Scheduler, error) {
 		policies: make(map[string]Policy),
 		wait:     newWaitHist(),
 		timers:   make([]timer, hpad),
-	}
-	for c := range s.rings {
-		s.rings[c].cursor, s.rings[c].lastJump = none, none
 	}
 	return s, nil
 }
@@ -301,7 +287,7 @@ func (s *Scheduler) lookupLocked(name string, now int64) int32 {
 	q := &s.hot[pid]
 	*q = hot{
 		tier: uint8(pol.Tier), shares: float32(pol.Shares), last: now,
-		next: none, prev: none, due: none,
+		due: none,
 		// Never dispatched: as long ago as the 32-bit distance can say.
 		lastSeq: uint32(s.seq) - 1<<31,
 	}
@@ -372,13 +358,16 @@ func (s *Scheduler) placeLocked(pid int32, now int64) {
 	if q.queue > 0 {
 		want = classOf(q)
 	}
-	if want != Class(q.ring) {
+	switch {
+	case want != Class(q.ring):
 		if q.ring != 0 {
 			s.unlinkLocked(pid)
 		}
 		if want != 0 {
 			s.linkLocked(pid, want)
 		}
+	case want != 0 && q.where == inNone:
+		s.requeueAtTailLocked(pid) // just served, stays in its class
 	}
 	due := int64(none)
 	if want > P1 {
@@ -389,56 +378,6 @@ func (s *Scheduler) placeLocked(pid int32, now int64) {
 	} else {
 		s.timerSetLocked(pid, due)
 	}
-}
-
-// linkLocked enters q into ring c. A queue that has not had a turn since
-// every current member could have had one enters at the cursor and is
-// served next, so a sparse participant is not queued behind a whole round;
-// one that just had a turn enters behind everyone (just before the cursor),
-// so re-submitting after each dispatch cannot jump the ring.
-func (s *Scheduler) linkLocked(pid int32, c Class) {
-	r, q := &s.rings[c], &s.hot[pid]
-	q.ring = uint8(c)
-	jump := uint64(uint32(s.seq)-q.lastSeq) >= uint64(r.n)
-	if r.cursor == none {
-		q.next, q.prev, r.cursor, r.n, r.lastJump = pid, pid, pid, 1, none
-		if jump {
-			r.lastJump = pid
-		}
-		return
-	}
-	at := r.cursor // insert before at
-	if jump && r.lastJump != none {
-		at = s.hot[r.lastJump].next
-	}
-	prev := s.hot[at].prev
-	q.prev, q.next = prev, at
-	s.hot[prev].next, s.hot[at].prev = pid, pid
-	if jump {
-		if r.lastJump == none {
-			r.cursor = pid
-		}
-		r.lastJump = pid
-	}
-	r.n++
-}
-
-func (s *Scheduler) unlinkLocked(pid int32) {
-	q := &s.hot[pid]
-	r := &s.rings[q.ring]
-	if r.lastJump == pid {
-		r.lastJump = none
-	}
-	if r.n == 1 {
-		r.cursor = none
-	} else {
-		s.hot[q.prev].next, s.hot[q.next].prev = q.next, q.prev
-		if r.cursor == pid {
-			r.cursor = q.next
-		}
-	}
-	r.n--
-	q.ring, q.next, q.prev = 0, none, none
 }
 
 // dispatchLocked makes one decision at now and sends the ticket at the
@@ -479,10 +418,10 @@ func (s *Scheduler) dispatchLocked(now int64) *Ticket {
 }
 
 // pickLocked is the decision itself: it relinks the parked queues that are
-// due, takes the best class with an eligible queue and the queue at that
-// class's cursor, and moves the cursor past it, so the turn resumes after
-// this queue. It returns none if no queue has work. It reads and writes
-// only hot state: no ticket, no cold record.
+// due, takes the best class with an eligible queue and the queue at the
+// head of that class's ring, so the class's next turn resumes after this
+// queue. It returns none if no queue has work. It reads and writes only
+// hot state and ring arrays: no ticket, no cold record.
 func (s *Scheduler) pickLocked(now int64) (int32, Class) {
 	s.runTimersLocked(now)
 	c := P1
@@ -492,14 +431,8 @@ func (s *Scheduler) pickLocked(now int64) (int32, Class) {
 	if c > P3 {
 		return none, 0
 	}
-	r := &s.rings[c]
-	pid := r.cursor
 	s.visits++
-	r.cursor = s.hot[pid].next
-	if r.lastJump == pid {
-		r.lastJump = none
-	}
-	return pid, c
+	return s.takeTurnLocked(c), c
 }
 
 // chargeLocked completes a class-c turn of pid once its queue has given up
@@ -519,23 +452,6 @@ func (s *Scheduler) chargeLocked(pid int32, c Class, now int64) {
 	s.dispatched[c]++
 	s.placeLocked(pid, now)
 	s.prefetchNextLocked()
-}
-
-// prefetchNextLocked starts loading the hot records the next decision will
-// most likely read: the queue at the cursor of the best non-empty class and
-// the queue whose timer is due first. At 100k participants these are cache
-// misses; started now, they overlap with the rest of this dispatch and the
-// caller's work instead of stalling the next decision.
-func (s *Scheduler) prefetchNextLocked() {
-	for c := P1; c <= P3; c++ {
-		if r := &s.rings[c]; r.n > 0 {
-			prefetch(unsafe.Pointer(&s.hot[r.cursor]))
-			break
-		}
-	}
-	if len(s.timers) > hpad {
-		prefetch(unsafe.Pointer(&s.hot[s.timers[hpad].pid]))
-	}
 }
 
 // runTimersLocked relinks every parked queue whose climb is due.
@@ -635,7 +551,7 @@ func (s *Scheduler) sweepLocked(now int64) {
 		}
 		s.timerDelLocked(int32(pid))
 		delete(s.byName, s.cold[pid].name)
-		*q = hot{next: none, prev: none, due: none}
+		*q = hot{due: none}
 		s.cold[pid] = cold{}
 		s.free = append(s.free, int32(pid))
 	}

@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package scheduler
+
+import "unsafe"
+
+// A class's ring is two FIFO arrays of participant handles. Round robin
+// pops the head and pushes the queue back at the tail, so the order of the
+// next turns is written down in advance: the records of the queues a few
+// turns ahead can be prefetched while the current one is served, and at
+// 100k participants their cache misses overlap instead of following one
+// another as they did when the ring was a list threaded through the
+// records. Pushing and popping touch only the array, never a neighbour's
+// record.
+//
+// A queue leaves a ring from the middle (its class changed, its queue
+// emptied) by overwriting its entry with gone; the head skips such
+// tombstones when it reaches them, reading nothing but the array. A full
+// array that is at least half tombstones is squeezed instead of grown, so
+// an array never holds more than twice its ring's peak membership.
+type ring struct {
+	// front holds the queues that entered at the cursor (see linkLocked)
+	// in arrival order; they are served before back.
+	front fifo
+	// back holds everyone else in turn order: a queue just served goes to
+	// its tail.
+	back fifo
+	// n counts members, including the queue being served between its pop
+	// in pickLocked and its push back in placeLocked.
+	n int
+	// warm is the position in the fifo being served up to which records
+	// have been prefetched.
+	warm uint32
+}
+
+// fifo is a circular array of handles. Positions are absolute and only
+// grow (modulo 2^32): an entry's position never changes while the array
+// grows, so a member's hot.slot stays valid without touching its record.
+type fifo struct {
+	ids        []int32 // length a power of two, nil until the first push
+	head, tail uint32  // entries are ids[p&mask] for head <= p < tail
+	live       int     // entries that are not gone
+}
+
+// gone marks the entry of a queue that left the ring.
+const gone = -1
+
+// Where a ring member's entry is: hot.where.
+const (
+	inNone  = iota // not a member, or popped and being served
+	inBack         // ring.back at hot.slot
+	inFront        // ring.front at hot.slot
+)
+
+// prefetchAhead is how many turns ahead of the head records are
+// prefetched: enough that a miss started now completes before its turn at
+// a few tens of nanoseconds a decision, few enough to stay in L1.
+const prefetchAhead = 8
+
+// prefetchFrom is the participant count below which nothing is prefetched:
+// 256 KiB of records stay in cache, and a prefetch is a call that costs
+// more than the hit it would speed up.
+const prefetchFrom = 4096
+
+func (f *fifo) mask() uint32 { return uint32(len(f.ids) - 1) }
+
+// serving is the fifo the next turn of r comes from.
+func (r *ring) serving() *fifo {
+	if r.front.live > 0 {
+		return &r.front
+	}
+	return &r.back
+}
+
+// pushLocked appends pid at f's tail and returns its position.
+func (s *Scheduler) pushLocked(f *fifo, pid int32) uint32 {
+	if int(f.tail-f.head) == len(f.ids) {
+		s.makeRoomLocked(f)
+	}
+	p := f.tail
+	f.ids[p&f.mask()] = pid
+	f.tail++
+	f.live++
+	return p
+}
+
+// makeRoomLocked frees a slot in a full f: by squeezing out tombstones if
+// they are at least half of it (moving the entries behind them, whose
+// records learn their new positions: at most one record write per
+// tombstone), or else by doubling the array.
+func (s *Scheduler) makeRoomLocked(f *fifo) {
+	used := int(f.tail - f.head)
+	if used > 0 && f.live <= used/2 {
+		m, w := f.mask(), f.head
+		for p := f.head; p != f.tail; p++ {
+			pid := f.ids[p&m]
+			if pid == gone {
+				continue
+			}
+			if w != p {
+				f.ids[w&m] = pid
+				s.hot[pid].slot = w
+			}
+			w++
+		}
+		f.tail = w
+		return
+	}
+	ids := make([]int32, max(2*len(f.ids), 8))
+	m := uint32(len(ids) - 1)
+	for p := f.head; p != f.tail; p++ {
+		ids[p&m] = f.ids[p&f.mask()]
+	}
+	f.ids = ids
+}
+
+// popLocked takes the live entry nearest f's head; f must hold one.
+func (s *Scheduler) popLocked(f *fifo) int32 {
+	m := f.mask()
+	for f.ids[f.head&m] == gone {
+		f.head++
+		s.skips++
+	}
+	pid := f.ids[f.head&m]
+	f.head++
+	f.live--
+	return pid
+}
+
+// drop turns the entry at p into a tombstone.
+func (f *fifo) drop(p uint32) {
+	f.ids[p&f.mask()] = gone
+	if f.live--; f.live == 0 {
+		f.head = f.tail // nothing left to skip to
+	}
+}
+
+// linkLocked enters q into ring c. A queue that has not had a turn since
+// every current member could have had one enters at the cursor and is
+// served next, so a sparse participant is not queued behind a whole round;
+// several such queues are served in their arrival order. One that just had
+// a turn enters behind everyone, so re-submitting after each dispatch
+// cannot jump the ring.
+func (s *Scheduler) linkLocked(pid int32, c Class) {
+	r, q := &s.rings[c], &s.hot[pid]
+	q.ring = uint8(c)
+	if uint64(uint32(s.seq)-q.lastSeq) >= uint64(r.n) {
+		q.where, q.slot = inFront, s.pushLocked(&r.front, pid)
+	} else {
+		q.where, q.slot = inBack, s.pushLocked(&r.back, pid)
+	}
+	r.n++
+}
+
+// requeueAtTailLocked puts a member popped by pickLocked, which stays in
+// its ring, behind everyone.
+func (s *Scheduler) requeueAtTailLocked(pid int32) {
+	q := &s.hot[pid]
+	q.where, q.slot = inBack, s.pushLocked(&s.rings[q.ring].back, pid)
+}
+
+func (s *Scheduler) unlinkLocked(pid int32) {
+	q := &s.hot[pid]
+	r := &s.rings[q.ring]
+	switch q.where {
+	case inBack:
+		r.back.drop(q.slot)
+	case inFront:
+		r.front.drop(q.slot)
+	}
+	r.n--
+	q.ring, q.where = 0, inNone
+}
+
+// takeTurnLocked pops the queue whose turn it is in ring c, which must
+// have a member. The queue stays a member, entry-less, until placeLocked
+// pushes it back at the tail or moves it.
+func (s *Scheduler) takeTurnLocked(c Class) int32 {
+	pid := s.popLocked(s.rings[c].serving())
+	s.hot[pid].where = inNone
+	return pid
+}
+
+// prefetchNextLocked starts loading the records the next decisions will
+// most likely read: those of the queues up to prefetchAhead turns ahead in
+// every non-empty ring (the best class first, the others one entry a
+// decision so a switch of class finds them warm), and those of the queues
+// whose timers are due first. At 100k participants these are cache misses;
+// started now, they overlap with each other and with this dispatch
+// instead of stalling a later decision.
+func (s *Scheduler) prefetchNextLocked() {
+	if len(s.hot) < prefetchFrom {
+		return
+	}
+	budget := prefetchAhead
+	for c := P1; c <= P3; c++ {
+		r := &s.rings[c]
+		if r.n == 0 {
+			continue
+		}
+		f := r.serving()
+		if int32(r.warm-f.head) < 0 || int32(r.warm-f.tail) > 0 {
+			r.warm = f.head // the head moved past it, or to another fifo
+		}
+		m := f.mask()
+		for ; budget > 0 && r.warm != f.tail && r.warm-f.head < prefetchAhead; r.warm++ {
+			if pid := f.ids[r.warm&m]; pid != gone {
+				prefetch(unsafe.Pointer(&s.hot[pid]))
+			}
+			budget--
+		}
+		budget = min(budget, 1)
+	}
+	// The first timer due and its four children, among which is the
+	// second: their entries share one line, their records are misses.
+	h := s.heapLocked()
+	for i := range min(len(h), 5) {
+		prefetch(unsafe.Pointer(&s.hot[h[i].pid]))
+	}
+}
