@@ -390,29 +390,85 @@ func procCPU(pids ...int) time.Duration {
 	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
+// BenchmarkRequest is one request at a time through a front with pool,
+// rates and scheduler, in this process with its client and upstream. Its
+// allocs/op, unlike the time of a loopback round trip on a shared machine,
+// does not depend on what else runs: a change to the front's path shows up
+// as a difference in it (client and upstream are the same on both sides).
+func BenchmarkRequest(b *testing.B) {
+	r := newRig(b, rigOpts{poolSize: 1024}, ok)
+	b.ReportAllocs()
+	for b.Loop() {
+		if got := readAll(b, r.get(b, "bench", "/")); got != "ok\n" {
+			b.Fatalf("answer %q", got)
+		}
+	}
+}
+
+// benchTarget is one server the benchmark loads.
+type benchTarget struct {
+	name, url string
+	pid       int // the proxy's process; 0 for direct
+}
+
+// benchTargets starts the proxies in front of up: the front (pool, rates and
+// scheduler), nosched (the front without the scheduler), baseline (the front
+// of another build, with FAIRSHARE_BENCH_BASELINE), goproxy (net/http's
+// stock httputil.ReverseProxy and nothing else) and nginx when installed.
+func benchTargets(b *testing.B, up string) []benchTarget {
+	targets := []benchTarget{{name: "direct", url: up}}
+	fr, frPID := benchFront(b, up, true)
+	ns, nsPID := benchFront(b, up, false)
+	targets = append(targets, benchTarget{"front", fr, frPID}, benchTarget{"nosched", ns, nsPID})
+	if base := os.Getenv(benchBaselineEnv); base != "" {
+		u, pid := benchFrontOf(b, base, up, "1")
+		targets = append(targets, benchTarget{"baseline", u, pid})
+	}
+	gp, gpPID := benchFrontOf(b, os.Args[0], up, "goproxy")
+	targets = append(targets, benchTarget{"goproxy", gp, gpPID})
+	if ngx, pid := benchNginx(b, up); ngx != "" {
+		targets = append(targets, benchTarget{"nginx", ngx, pid})
+	} else {
+		b.Log("nginx is not installed (apt-get install -y nginx): skipping the nginx comparison")
+	}
+	return targets
+}
+
+// cpuOf returns the CPU time used so far by a target's process: for direct
+// the benchmark's own (client and upstream together, nothing else runs in
+// it while direct takes its turn).
+func cpuOf(tg benchTarget) time.Duration {
+	if tg.pid == 0 {
+		return selfCPU()
+	}
+	return procCPU(tg.pid)
+}
+
 // BenchmarkOverhead measures the front against going straight to the
-// upstream, and nginx doing the same proxying with limit_conn, in one run,
-// each target loaded by the same in-process closed-loop generator for the
-// same time, taking turns in 100ms slices (all of it on this machine's
-// cores: generator, proxy and upstream compete for CPU, as they would on a
-// node). The upstream and the load generator run in the benchmark's
-// process; the front and nginx each in their own. FAIRSHARE_BENCH_SECONDS sets each target's total time (default 2).
+// upstream, and against nginx doing the same proxying with limit_conn, in
+// one run: the same upstream, the same generator, the targets taking turns
+// in short slices so that a burst of outside load hits every target alike.
+// Generator, proxies and upstream share this machine's cores, as they would
+// on a node. The upstream and the generator run in the benchmark's process;
+// each proxy in its own. FAIRSHARE_BENCH_SECONDS sets each target's total
+// time (default 2).
 //
-//	saturating: 32 clients, an upstream that answers at once (throughput)
-//	moderate:   8 clients, an upstream with 5ms of service, so the cores are
-//	            not saturated (added p99, throughput should match direct)
+//	saturating: closed loop, 32 clients, an upstream that answers at once;
+//	            throughput of each target as a ratio of direct's, and the
+//	            CPU time each proxy process used per request (read from
+//	            /proc, so robust to the rest of the machine being busy,
+//	            unlike req/s; for direct, the benchmark process's own)
+//	moderate:   open loop at a fixed rate, a quarter of direct's saturating
+//	            throughput measured at the start of the level, to an
+//	            upstream with 5ms of service; the p50 and p99 each proxy
+//	            adds over direct, per round of slices, as the median over
+//	            rounds and its quartiles (the spread), and each target's
+//	            completed requests/s as a ratio of direct's
 //
-// Also reported: the CPU time each proxy process used per request, and for
-// direct the benchmark process's own (client and upstream together); read
-// from /proc and getrusage, this is robust to the rest of the machine being
-// busy, unlike req/s.
-//
-// Targets, one after the other for the same time: direct, front (pool, rates
-// and scheduler), nosched (the front without the scheduler), baseline (the
-// front of another build, with FAIRSHARE_BENCH_BASELINE), goproxy (net/http's
-// stock httputil.ReverseProxy and nothing else), nginx. Reported:
-// req/s and p99 per target, each target's throughput as a ratio of direct,
-// front/nginx, and the p99 the front adds over direct.
+// Targets, in turn: direct, front (pool, rates and scheduler), nosched (the
+// front without the scheduler), baseline (the front of another build, with
+// FAIRSHARE_BENCH_BASELINE), goproxy (net/http's stock
+// httputil.ReverseProxy alone), nginx.
 func BenchmarkOverhead(b *testing.B) {
 	dur := 2 * time.Second
 	if s := os.Getenv("FAIRSHARE_BENCH_SECONDS"); s != "" {
@@ -420,85 +476,219 @@ func BenchmarkOverhead(b *testing.B) {
 			dur = d
 		}
 	}
-	for _, lv := range []struct {
-		name    string
-		conc    int
-		service time.Duration
-	}{{"saturating", 32, 0}, {"moderate", 8, 5 * time.Millisecond}} {
-		b.Run(lv.name, func(b *testing.B) {
-			up := benchUpstream(b, lv.service)
-			type target struct {
-				name, url string
-				pid       int // the proxy's process; 0 for direct
-			}
-			targets := []target{{name: "direct", url: up}}
-			fr, frPID := benchFront(b, up, true)
-			ns, nsPID := benchFront(b, up, false)
-			targets = append(targets, target{"front", fr, frPID}, target{"nosched", ns, nsPID})
-			if base := os.Getenv(benchBaselineEnv); base != "" {
-				u, pid := benchFrontOf(b, base, up, "1")
-				targets = append(targets, target{"baseline", u, pid})
-			}
-			gp, gpPID := benchFrontOf(b, os.Args[0], up, "goproxy")
-			targets = append(targets, target{"goproxy", gp, gpPID})
-			if ngx, pid := benchNginx(b, up); ngx != "" {
-				targets = append(targets, target{"nginx", ngx, pid})
-			} else {
-				b.Log("nginx is not installed (apt-get install -y nginx): skipping the nginx comparison")
-			}
-			loaders := make([]*loader, len(targets))
-			for i, tg := range targets {
-				loaders[i] = newLoader(tg.url, lv.conc)
-				defer loaders[i].close()
-				// Warm connections and code paths.
-				loaders[i].run(200 * time.Millisecond)
-				loaders[i].result()
-			}
-			b.ResetTimer()
-			for range b.N {
-				// Take turns in 100ms slices, so a burst of outside load
-				// hits every target alike.
-				cpu := make([]time.Duration, len(targets))
-				for elapsed := time.Duration(0); elapsed < dur; elapsed += 100 * time.Millisecond {
-					for i, l := range loaders {
-						if targets[i].pid == 0 {
-							// Direct: this process is the client and
-							// the upstream, nothing else runs in it now.
-							c0 := selfCPU()
-							l.run(100 * time.Millisecond)
-							cpu[i] += selfCPU() - c0
-							continue
-						}
-						c0 := procCPU(targets[i].pid)
-						l.run(100 * time.Millisecond)
-						cpu[i] += procCPU(targets[i].pid) - c0
-					}
-				}
-				res := map[string]loadResult{}
-				for i, tg := range targets {
-					r := loaders[i].result()
-					if r.errors > 0 {
-						b.Errorf("%s: %d errors", tg.name, r.errors)
-					}
-					res[tg.name] = r
-					b.ReportMetric(r.rps, tg.name+"-req/s")
-					b.ReportMetric(float64(r.p99.Microseconds()), tg.name+"-p99-us")
-					if tg.name != "direct" {
-						b.ReportMetric(r.rps/res["direct"].rps, tg.name+"/direct")
-					}
-					reqs := r.rps * dur.Seconds()
-					b.ReportMetric(float64(cpu[i].Microseconds())/reqs, tg.name+"-cpu-us/req")
-				}
-				b.ReportMetric(float64((res["front"].p99 - res["direct"].p99).Microseconds()), "front-added-p99-us")
-				b.ReportMetric(res["front"].rps/res["goproxy"].rps, "front/goproxy")
-				if bl, ok := res["baseline"]; ok {
-					b.ReportMetric(res["front"].rps/bl.rps, "front/baseline")
-				}
-				if n, ok := res["nginx"]; ok {
-					b.ReportMetric(res["front"].rps/n.rps, "front/nginx")
-				}
-			}
-			b.ReportMetric(0, "ns/op")
-		})
+	b.Run("saturating", func(b *testing.B) { benchSaturating(b, dur) })
+	b.Run("moderate", func(b *testing.B) { benchModerate(b, dur) })
+}
+
+func benchSaturating(b *testing.B, dur time.Duration) {
+	const conc = 32
+	targets := benchTargets(b, benchUpstream(b, 0))
+	loaders := make([]*loader, len(targets))
+	for i, tg := range targets {
+		loaders[i] = newLoader(tg.url, conc)
+		defer loaders[i].close()
+		// Warm connections and code paths.
+		loaders[i].run(200 * time.Millisecond)
+		loaders[i].result()
 	}
+	b.ResetTimer()
+	for range b.N {
+		cpu := make([]time.Duration, len(targets))
+		for elapsed := time.Duration(0); elapsed < dur; elapsed += 100 * time.Millisecond {
+			for i, l := range loaders {
+				c0 := cpuOf(targets[i])
+				l.run(100 * time.Millisecond)
+				cpu[i] += cpuOf(targets[i]) - c0
+			}
+		}
+		res := map[string]loadResult{}
+		for i, tg := range targets {
+			r := loaders[i].result()
+			if r.errors > 0 {
+				b.Errorf("%s: %d errors", tg.name, r.errors)
+			}
+			res[tg.name] = r
+			b.ReportMetric(r.rps, tg.name+"-req/s")
+			b.ReportMetric(float64(r.p99.Microseconds()), tg.name+"-p99-us")
+			if tg.name != "direct" {
+				b.ReportMetric(r.rps/res["direct"].rps, tg.name+"/direct")
+			}
+			b.ReportMetric(float64(cpu[i].Microseconds())/(r.rps*dur.Seconds()), tg.name+"-cpu-us/req")
+		}
+		b.ReportMetric(res["front"].rps/res["goproxy"].rps, "front/goproxy")
+		if bl, ok := res["baseline"]; ok {
+			b.ReportMetric(res["front"].rps/bl.rps, "front/baseline")
+		}
+		if n, ok := res["nginx"]; ok {
+			b.ReportMetric(res["front"].rps/n.rps, "front/nginx")
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// moderateShare is the moderate level's rate as a share of direct's
+// saturating throughput: well below what the machine can serve, so a queue
+// forms nowhere and what a proxy adds is its own path, not waiting.
+const moderateShare = 0.25
+
+// moderateSlice is one target's turn at the moderate level: long enough for
+// a p99 of a few hundred requests, short enough for many rounds.
+const moderateSlice = 200 * time.Millisecond
+
+func benchModerate(b *testing.B, dur time.Duration) {
+	// The rate is set from this run's machine: direct's closed-loop
+	// saturating throughput on an upstream that answers at once, the
+	// median of five short runs (one may meet a burst of outside load).
+	sat := newLoader(benchUpstream(b, 0), 32)
+	sat.run(200 * time.Millisecond)
+	sat.result()
+	var runs []float64
+	for range 5 {
+		sat.run(200 * time.Millisecond)
+		runs = append(runs, sat.result().rps)
+	}
+	sat.close()
+	slices.Sort(runs)
+	rate := moderateShare * runs[len(runs)/2]
+
+	targets := benchTargets(b, benchUpstream(b, 5*time.Millisecond))
+	gens := make([]*openLoader, len(targets))
+	for i, tg := range targets {
+		gens[i] = newOpenLoader(tg.url, rate)
+		defer gens[i].close()
+		gens[i].run(200 * time.Millisecond) // warm connections and code paths
+	}
+	rounds := max(1, int(dur/moderateSlice))
+	b.ResetTimer()
+	for range b.N {
+		p50 := make([][]time.Duration, len(targets)) // [target][round]
+		p99 := make([][]time.Duration, len(targets))
+		done := make([]int, len(targets))
+		cpu := make([]time.Duration, len(targets))
+		var elapsed time.Duration
+		for r := range rounds {
+			// Each round starts with the next target, so none always
+			// follows the same one (a proxy's leftover work, or its GC).
+			for k := range gens {
+				i := (r + k) % len(gens)
+				c0 := cpuOf(targets[i])
+				s := gens[i].run(moderateSlice)
+				cpu[i] += cpuOf(targets[i]) - c0
+				if s.errors > 0 {
+					b.Errorf("%s: %d errors", targets[i].name, s.errors)
+				}
+				p50[i] = append(p50[i], s.quantile(0.50))
+				p99[i] = append(p99[i], s.quantile(0.99))
+				done[i] += len(s.lats)
+			}
+			elapsed += moderateSlice
+		}
+		b.ReportMetric(rate, "offered-req/s")
+		for i, tg := range targets {
+			rps := float64(done[i]) / elapsed.Seconds()
+			b.ReportMetric(rps, tg.name+"-req/s")
+			b.ReportMetric(float64(median(p99[i]).Microseconds()), tg.name+"-p99-us")
+			b.ReportMetric(float64(cpu[i].Microseconds())/float64(done[i]), tg.name+"-cpu-us/req")
+			if i == 0 {
+				continue
+			}
+			b.ReportMetric(rps*elapsed.Seconds()/float64(done[0]), tg.name+"/direct")
+			for _, q := range []struct {
+				name string
+				of   [][]time.Duration
+			}{{"p50", p50}, {"p99", p99}} {
+				added := make([]time.Duration, rounds)
+				for r := range rounds {
+					added[r] = q.of[i][r] - q.of[0][r]
+				}
+				slices.Sort(added)
+				b.ReportMetric(float64(added[rounds/2].Microseconds()), tg.name+"-added-"+q.name+"-us")
+				if q.name == "p99" {
+					b.ReportMetric(float64(added[rounds/4].Microseconds()), tg.name+"-added-p99-q1-us")
+					b.ReportMetric(float64(added[rounds*3/4].Microseconds()), tg.name+"-added-p99-q3-us")
+				}
+			}
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// median returns the middle of ds (sorted in place).
+func median(ds []time.Duration) time.Duration {
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+// openLoader is an open-loop load generator: requests start at a fixed rate
+// whether or not earlier ones were answered, each on its own goroutine, as
+// independent clients arrive. Unlike a closed loop, a slow answer does not
+// slow the arrivals, so latency is measured at the load named, not at
+// whatever load the target lets through.
+type openLoader struct {
+	url    string
+	every  time.Duration
+	client *http.Client
+}
+
+func newOpenLoader(url string, rate float64) *openLoader {
+	tr := &http.Transport{MaxIdleConnsPerHost: 1024, DisableCompression: true}
+	return &openLoader{url: url, every: time.Duration(float64(time.Second) / rate), client: &http.Client{Transport: tr}}
+}
+
+func (o *openLoader) close() { o.client.CloseIdleConnections() }
+
+// slice is one open-loop run's latencies (sorted) and failures.
+type slice struct {
+	lats   []time.Duration
+	errors int
+}
+
+func (s slice) quantile(q float64) time.Duration {
+	if len(s.lats) == 0 {
+		return 0
+	}
+	return s.lats[min(len(s.lats)-1, int(float64(len(s.lats))*q))]
+}
+
+// run starts requests at the rate for dur and waits for their answers. A
+// latency runs from the request's start to the end of its answer: if the
+// generator itself is late (the machine is busy), the requests due start
+// at once and the delay is not charged to the target.
+func (o *openLoader) run(dur time.Duration) slice {
+	var (
+		wg  sync.WaitGroup
+		mu  sync.Mutex
+		out slice
+	)
+	start := time.Now()
+	for n := time.Duration(0); n*o.every < dur; n++ {
+		if d := time.Until(start.Add(n * o.every)); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodGet, o.url, nil)
+			req.Header.Set(DefaultProjectHeader, "bench")
+			t0 := time.Now()
+			resp, err := o.client.Do(req)
+			ok := err == nil
+			if ok {
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				ok = err == nil && resp.StatusCode == http.StatusOK
+			}
+			lat := time.Since(t0)
+			mu.Lock()
+			if ok {
+				out.lats = append(out.lats, lat)
+			} else {
+				out.errors++
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	slices.Sort(out.lats)
+	return out
 }

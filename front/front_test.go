@@ -60,7 +60,7 @@ type rigOpts struct {
 	untrusted bool
 }
 
-func newRig(t *testing.T, o rigOpts, upstream http.HandlerFunc) *rig {
+func newRig(t testing.TB, o rigOpts, upstream http.HandlerFunc) *rig {
 	t.Helper()
 	r := &rig{}
 	r.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -114,7 +114,7 @@ func newRig(t *testing.T, o rigOpts, upstream http.HandlerFunc) *rig {
 	return r
 }
 
-func (r *rig) get(t *testing.T, project, path string) *http.Response {
+func (r *rig) get(t testing.TB, project, path string) *http.Response {
 	t.Helper()
 	req, err := http.NewRequest("GET", r.url+path, nil)
 	if err != nil {
@@ -130,7 +130,7 @@ func (r *rig) get(t *testing.T, project, path string) *http.Response {
 	return resp
 }
 
-func readAll(t *testing.T, resp *http.Response) string {
+func readAll(t testing.TB, resp *http.Response) string {
 	t.Helper()
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
