@@ -143,6 +143,20 @@
 // thirds of its CPU per request. Everything else (request bodies, upgrades,
 // Expect, an h2c upstream) goes through httputil.ReverseProxy.
 //
+// # Cost
+//
+// Of what a proxied request costs the front, its own steps (identity, rate
+// buckets, pool, scheduler, metrics, the front's headers) are a few
+// microseconds; the rest is net/http's HTTP/1.1 server (per request it starts
+// a background read of the connection and clones the handler's header map),
+// the parsing of the upstream's answer, the Go scheduler's wake-ups and, for
+// about two fifths of it, the system calls of the two connections.
+// BenchmarkOverhead measures the whole against going straight to the
+// upstream and against nginx in the same run: throughput and CPU per request
+// at saturation, and the p50 and p99 added at a moderate open-loop rate.
+// BenchmarkRequest counts the allocations of one request, a figure that does
+// not move with the load on the machine.
+//
 // # Metrics
 //
 // Front.Collector reports per-project request totals by outcome (ok,

@@ -234,15 +234,23 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	return f, nil
 }
 
-// bufferPool recycles the reverse proxy's copy buffers.
+// bufferPool recycles the copy buffers of the direct path (get and put)
+// and of the reverse proxy (Get and Put, httputil.BufferPool).
 type bufferPool struct{ p sync.Pool }
 
-func (b *bufferPool) Get() []byte {
+// get returns a buffer as the pointer the pool keeps, so that putting it
+// back allocates nothing (Put has to allocate one for the slice it is given).
+func (b *bufferPool) get() *[]byte {
 	if v, ok := b.p.Get().(*[]byte); ok {
-		return *v
+		return v
 	}
-	return make([]byte, 32<<10)
+	buf := make([]byte, 32<<10)
+	return &buf
 }
+
+func (b *bufferPool) put(buf *[]byte) { b.p.Put(buf) }
+
+func (b *bufferPool) Get() []byte { return *b.get() }
 
 func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 
@@ -510,14 +518,36 @@ func (f *Front) annotate(x *exchange, h http.Header) {
 	}
 	h.Del(f.cfg.CostHeader)
 	h.Del(HeaderRefused)
+	// The values are shared, read-only slices (net/http copies a header's
+	// values when it writes them; len == cap, so an append copies too): three
+	// fewer allocations per request than Set and formatting each time.
 	switch {
 	case x.exempt:
-		h.Set(HeaderClass, ClassExempt)
+		h[HeaderClass] = classExempt
+	case x.class >= scheduler.P1 && x.class <= scheduler.P3:
+		h[HeaderClass] = classValues[x.class]
 	case x.class != 0:
 		h.Set(HeaderClass, x.class.String())
 	}
-	h.Set(HeaderQueueWait, strconv.FormatFloat(x.waited.Seconds(), 'f', 6, 64))
+	if x.waited == 0 {
+		h[HeaderQueueWait] = noWait
+	} else {
+		h.Set(HeaderQueueWait, strconv.FormatFloat(x.waited.Seconds(), 'f', 6, 64))
+	}
 }
+
+// The values of HeaderClass and of HeaderQueueWait for a request that did
+// not wait, set by annotate. HeaderClass and HeaderQueueWait are already in
+// canonical form, as keys set directly in a header map must be.
+var (
+	classExempt = []string{ClassExempt}
+	classValues = [...][]string{
+		scheduler.P1: {scheduler.P1.String()},
+		scheduler.P2: {scheduler.P2.String()},
+		scheduler.P3: {scheduler.P3.String()},
+	}
+	noWait = []string{strconv.FormatFloat(0, 'f', 6, 64)}
+)
 
 func (f *Front) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	f.upstreamFailed(w, r, exchangeOf(r), err)

@@ -343,8 +343,9 @@ func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange)
 // copyBody copies the upstream body to the client with a pooled buffer,
 // flushing after every read when stream is set.
 func (f *Front) copyBody(w http.ResponseWriter, body io.Reader, stream bool) error {
-	buf := f.bufs.Get()
-	defer f.bufs.Put(buf)
+	bp := f.bufs.get()
+	defer f.bufs.put(bp)
+	buf := *bp
 	var fl http.Flusher
 	if stream {
 		fl, _ = w.(http.Flusher)
