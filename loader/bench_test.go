@@ -73,10 +73,10 @@ func cycle(b *testing.B, lfd int, sa unix.Sockaddr) {
 }
 
 // BenchmarkConnectAcceptClose measures a loopback connect+accept+close cycle
-// (both ends in one project, so it runs the outbound and the inbound path)
 // with the programs attached and with nothing attached, interleaved in
-// rounds within one run, and reports the ratio of the medians. It then runs
-// with BPF run-time stats on and reports ns per program run.
+// rounds within one run, and reports the overhead as the median of the
+// per-round ratios, with their quartiles as the spread. It then runs with BPF
+// run-time stats on and reports ns per program run.
 //
 // "outbound": the listener is outside the projects, only the client side
 // takes a permit. "both": client and listener are in the project, the cycle
@@ -115,10 +115,40 @@ func benchListener(b *testing.B, wildcard bool) (int, unix.Sockaddr) {
 	return lfd, sa
 }
 
+// pinCPU keeps the calling goroutine on its thread and the thread on one
+// CPU until the returned function runs. Both arms then run on the same core
+// with the same caches (loopback delivers on the sending CPU, so the whole
+// cycle stays there), and the scheduler cannot move one arm and not the
+// other to a core another process is using.
+func pinCPU(b *testing.B) func() {
+	runtime.LockOSThread()
+	var old, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		b.Fatal(err)
+	}
+	cpu := 0
+	for i := range runtime.NumCPU() {
+		if old.IsSet(i) {
+			cpu = i
+		}
+	}
+	one.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		if err := unix.SchedSetaffinity(0, &old); err != nil {
+			b.Errorf("restoring the CPU affinity: %v", err)
+		}
+		runtime.UnlockOSThread()
+	}
+}
+
 func benchCycle(b *testing.B, both, wildcard bool) {
 	root := newRoot(b)
 	pin := newPinDir(b)
 	proj := mkProject(b, root, "bench")
+	defer pinCPU(b)()
 	var lfd int
 	var sa unix.Sockaddr
 	if !both {
@@ -129,19 +159,38 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 		lfd, sa = benchListener(b, wildcard)
 	}
 
-	open := func() *Limiter {
-		l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: benchPool})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return l
+	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: benchPool})
+	if err != nil {
+		b.Fatal(err)
 	}
-	shut := func(l *Limiter) {
+	defer func() {
 		l.Close()
 		if err := Cleanup(pin); err != nil {
-			b.Fatal(err)
+			b.Error(err)
+		}
+	}()
+	// The sides differ only in the links: the programs and maps stay
+	// loaded, so a round costs an attach and a detach (milliseconds), not a
+	// load, and rounds can be short.
+	detach := func() {
+		for _, lk := range l.links {
+			if err := lk.Unpin(); err != nil {
+				b.Fatal(err)
+			}
+			lk.Close()
+		}
+		l.links = nil
+	}
+	attach := func() {
+		for _, a := range l.attachments(l.root, &l.objs) {
+			lk, err := a.attach()
+			if err != nil {
+				b.Fatalf("attaching %s: %v", a.name, err)
+			}
+			l.links = append(l.links, lk)
 		}
 	}
+	detach()
 
 	// Run-time stats add ~20 ns to every program run: the ratio is only
 	// meaningful with them off (they are turned on below, after it).
@@ -153,48 +202,74 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	runtime.GC()
 
-	// Rounds alternate which side goes first, and the overhead is the median
-	// of the per-round ratios: the machine is shared, and pairing adjacent
-	// measurements cancels most of its drift.
-	const rounds = 15
+	// Many short rounds, alternating which side goes first. The machine is
+	// shared: pairing adjacent measurements cancels its drift, and the
+	// median over rounds leaves out the rounds another process disturbed
+	// (a mean would take them in). Within a round each cycle is timed and
+	// the side's time is its median cycle: the programs' cost is paid by
+	// every cycle and moves the median, while a cycle preempted by another
+	// process is an outlier. overhead-mean-% is the same from each round's
+	// mean cycle instead, which also counts a cost only some cycles pay: the
+	// two agree unless the programs have such a cost, or the machine is
+	// busy. The quartiles over rounds are the spread. Each side starts with
+	// a pause and a few untimed cycles: an attach or a detach leaves the
+	// kernel deferred work (RCU callbacks, freed links) that would otherwise
+	// run during, and be charged to, the next side's first cycles, and the
+	// first connections after an attach find the programs and maps cold.
+	const rounds, warm, settle = 100, 10, 5 * time.Millisecond
 	per := max(b.N/(2*rounds), 50)
-	run := func(on bool) float64 {
+	times := make([]float64, per)
+	run := func(on bool) (med, mean float64) {
 		b.StopTimer()
-		var l *Limiter
 		if on {
-			l = open()
+			attach()
+		}
+		time.Sleep(settle)
+		for range warm {
+			cycle(b, lfd, sa)
 		}
 		b.StartTimer()
 		start := time.Now()
-		for range per {
+		for i := range per {
 			cycle(b, lfd, sa)
+			now := time.Now()
+			times[i], start = float64(now.Sub(start).Nanoseconds()), now
 		}
-		ns := float64(time.Since(start).Nanoseconds()) / float64(per)
 		b.StopTimer()
 		if on {
-			shut(l)
+			detach()
 		}
 		b.StartTimer()
-		return ns
-	}
-	var bare, attached, ratio []float64
-	for i := range rounds {
-		var nb, na float64
-		if i%2 == 0 {
-			nb, na = run(false), run(true)
-		} else {
-			na, nb = run(true), run(false)
+		var sum float64
+		for _, t := range times {
+			sum += t
 		}
-		bare, attached, ratio = append(bare, nb), append(attached, na), append(ratio, na/nb)
+		return median(times), sum / float64(per)
+	}
+	var bare, attached, ratio, ratioMean []float64
+	for i := range rounds {
+		var nb, na, mb, ma float64
+		if i%2 == 0 {
+			nb, mb = run(false)
+			na, ma = run(true)
+		} else {
+			na, ma = run(true)
+			nb, mb = run(false)
+		}
+		bare, attached = append(bare, nb), append(attached, na)
+		ratio, ratioMean = append(ratio, na/nb), append(ratioMean, ma/mb)
 	}
 	b.StopTimer()
 	b.ReportMetric(median(bare), "bare-ns/cycle")
 	b.ReportMetric(median(attached), "attached-ns/cycle")
 	b.ReportMetric(100*(median(ratio)-1), "overhead-%")
+	b.ReportMetric(100*(quantile(ratio, 0.25)-1), "overhead-q1-%")
+	b.ReportMetric(100*(quantile(ratio, 0.75)-1), "overhead-q3-%")
+	b.ReportMetric(100*(median(ratioMean)-1), "overhead-mean-%")
 
-	// Run time per program, with stats on (they add ~20 ns per run).
-	l := open()
-	defer shut(l)
+	// Run time per program, with stats on (they add ~20 ns per run): the
+	// median over rounds of each program's mean, for the same reason.
+	attach()
 	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 	if err != nil {
 		b.Logf("bpf stats unavailable: %v", err)
@@ -217,30 +292,41 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 		}
 		return out
 	}
-	before := read()
-	const n = 2000
-	for range n {
-		cycle(b, lfd, sa)
-	}
-	after := read()
-	var total float64
-	for name := range progs {
-		runs := after[name].runs - before[name].runs
-		ns := after[name].ns - before[name].ns
-		if runs == 0 {
-			continue
+	const statRounds, statPer = 8, 500
+	perRun := map[string][]float64{}
+	runs := map[string]uint64{}
+	for range statRounds {
+		before := read()
+		for range statPer {
+			cycle(b, lfd, sa)
 		}
-		b.ReportMetric(float64(ns)/float64(runs), name+"-ns/run")
-		b.ReportMetric(float64(runs)/n, name+"-runs/cycle")
-		total += float64(ns) / n
+		after := read()
+		for name := range progs {
+			n := after[name].runs - before[name].runs
+			if n == 0 {
+				continue
+			}
+			runs[name] += n
+			perRun[name] = append(perRun[name], float64(after[name].ns-before[name].ns)/float64(n))
+		}
+	}
+	var total float64
+	for name, xs := range perRun {
+		ns, rc := median(xs), float64(runs[name])/(statRounds*statPer)
+		b.ReportMetric(ns, name+"-ns/run")
+		b.ReportMetric(rc, name+"-runs/cycle")
+		total += ns * rc
 	}
 	b.ReportMetric(total, "bpf-ns/cycle")
 }
 
-func median(xs []float64) float64 {
+func median(xs []float64) float64 { return quantile(xs, 0.5) }
+
+// quantile is the q-quantile of xs, the nearest rank.
+func quantile(xs []float64, q float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
-	return s[len(s)/2]
+	return s[int(q*float64(len(s)-1)+0.5)]
 }
 
 // BenchmarkReadSlots reads the held-permit slots as a reconcile pass does,
