@@ -538,21 +538,21 @@ static __always_inline __s64 share_of(struct fs_settings *cfg, struct fs_pool *n
 #define ADMIT_TRIES 8 /* compare-and-swap attempts on the node counter */
 
 /*
- * admit applies the rule and, if it admits, takes the permit on both
- * counters. Returns 1 admitted, 0 refused, -1 not counted (map full), or
- * ADMIT_HELD when it would refuse a socket (cookie, nonzero) that already
- * holds a permit: connect() called again while connecting must not fail.
+ * admit applies the rule to project entry p (NULL: the project map is full)
+ * and, if it admits, takes the permit on both counters. Returns 1 admitted,
+ * 0 refused, -1 not counted (map full), or ADMIT_HELD when it would refuse a
+ * socket (cookie, nonzero) that already holds a permit: connect() called
+ * again while connecting must not fail.
  * Looking that up only on the refusal path keeps the common path to one
  * operation on the held tables (the insert).
  */
-static __always_inline int admit(__u64 id, __u64 cookie, bool fine)
+static __always_inline int admit(struct fs_project *p, __u64 cookie, bool fine)
 {
 	__u32 zero = 0;
 	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);
 	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
 	if (!cfg || !n)
 		return -1;
-	struct fs_project *p = project_get(id);
 	if (!p) {
 		COUNT(map_full);
 		return -1;
@@ -623,14 +623,15 @@ static __always_inline void force(__u64 id, bool fine)
 }
 
 /*
- * exempt_take takes an exempt permit for a socket of cgroup cg in project id
- * if either is in the exempt set and the budget has room. Over the budget it
- * returns false and the socket is treated like any other of its project: the
- * exempt set can add at most exempt_max connections to the POOL the rule
- * bounds. The budget is taken like the pool (fetch-add, roll back), so
+ * exempt_take takes an exempt permit for a socket of cgroup cg (with task:
+ * the calling task's cgroup, asked for only once the set is known to be
+ * non-empty) in project id if either is in the exempt set and the budget has
+ * room. Over the budget it returns false and the socket is treated like any
+ * other of its project: the exempt set can add at most exempt_max
+ * connections to the POOL the rule bounds. The budget is taken like the pool (fetch-add, roll back), so
  * exempt_in_use never exceeds exempt_max either.
  */
-static __always_inline bool exempt_take(__u64 cg, __u64 id)
+static __always_inline bool exempt_take(bool task, __u64 cg, __u64 id)
 {
 	__u32 zero = 0;
 	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);
@@ -638,6 +639,8 @@ static __always_inline bool exempt_take(__u64 cg, __u64 id)
 	/* exempt_max is 0 while the set is empty: no lookup on the common path. */
 	if (!cfg || !n || !cfg->exempt_max)
 		return false;
+	if (task)
+		cg = bpf_get_current_cgroup_id();
 	if (!bpf_map_lookup_elem(&fs_exempt, &id) && (cg == id || !bpf_map_lookup_elem(&fs_exempt, &cg)))
 		return false;
 	__s64 used = __sync_fetch_and_add(&n->exempt_in_use, 1);
@@ -670,15 +673,21 @@ static __always_inline void give_back(__u64 id, __u32 kind, bool fine)
 }
 
 /*
- * current_project is the project of the calling task: its ancestor one level
- * below the root, or 0 when the task is not below the root (a socket created
- * in a project and used by a task outside it is not counted).
+ * task_project finds the project of the calling task, its ancestor one level
+ * below the root: its id in *id, and its entry if it has one yet. *id is 0
+ * when the task is not below the root (a socket created in a project and
+ * used by a task outside it is not counted). The keys of fs_projects are only
+ * ever ids of projects (cgroup ids are not reused), so an entry found needs
+ * no check that the root is the ancestor: a connect of a known project costs
+ * one cgroup helper, not two.
  */
-static __always_inline __u64 current_project(void)
+static __always_inline struct fs_project *task_project(__u64 *id)
 {
-	if (bpf_get_current_ancestor_cgroup_id(root_level) != root_cgroup_id)
-		return 0;
-	return bpf_get_current_ancestor_cgroup_id(root_level + 1);
+	*id = bpf_get_current_ancestor_cgroup_id(root_level + 1);
+	struct fs_project *p = bpf_map_lookup_elem(&fs_projects, id);
+	if (!p && bpf_get_current_ancestor_cgroup_id(root_level) != root_cgroup_id)
+		*id = 0;
+	return p;
 }
 
 /* cgroup_project is the project of a socket's cgroup, 0 if outside the root. */
@@ -705,15 +714,16 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx)
 	/* Cheapest filter first: UDP connect runs this hook too. */
 	if (ctx->type != SOCK_STREAM)
 		return 1;
-	__u64 id = current_project();
+	__u64 id = 0;
+	struct fs_project *p = task_project(&id);
 	if (!id)
 		return 1;
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	__u32 kind = KIND_OUT;
-	if (exempt_take(bpf_get_current_cgroup_id(), id)) {
+	if (exempt_take(true, 0, id)) {
 		kind = KIND_EXEMPT_OUT;
 	} else {
-		int r = admit(id, cookie, CLK_COARSE);
+		int r = admit(p ? p : project_get(id), cookie, CLK_COARSE);
 		if (r < 0 || r == ADMIT_HELD)
 			return 1;
 		if (r == 0) {
@@ -867,10 +877,11 @@ static __always_inline void on_listen(struct sock *sk)
 	__sync_fetch_and_add(&l->refs, 1);
 }
 
-static __always_inline bool port_listened(__u32 port)
+/* listened returns the port's entry if a project listens on it, else NULL. */
+static __always_inline struct fs_port *listened(__u32 port)
 {
 	struct fs_port *n = bpf_map_lookup_elem(&fs_ports, &port);
-	return n && (n->specific || n->wildcard);
+	return n && (n->specific || n->wildcard) ? n : NULL;
 }
 
 /*
@@ -896,13 +907,12 @@ static __always_inline void on_unlisten(struct sock *sk)
 		port_add(&k, -1);
 }
 
-/* find_listener looks k up, then its wildcard, skipping a kind the port lacks. */
-static __always_inline struct fs_listener *find_listener(struct fs_listen_key *k)
+/*
+ * find_listener looks k up, then its wildcard, skipping a kind the port (its
+ * entry n) lacks.
+ */
+static __always_inline struct fs_listener *find_listener(struct fs_port *n, struct fs_listen_key *k)
 {
-	__u32 port = k->port;
-	struct fs_port *n = bpf_map_lookup_elem(&fs_ports, &port);
-	if (!n)
-		return NULL;
 	if (n->specific) {
 		struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, k);
 		if (l)
@@ -922,7 +932,8 @@ static __always_inline struct fs_listener *find_listener(struct fs_listen_key *k
  */
 static __always_inline void on_established(struct sock *sk)
 {
-	if (!port_listened(sk->__sk_common.skc_num))
+	struct fs_port *port = listened(sk->__sk_common.skc_num);
+	if (!port)
 		return;
 	struct fs_resv_key rk = {};
 	sock_local(sk, rk.laddr, false);
@@ -945,16 +956,16 @@ static __always_inline void on_established(struct sock *sk)
 		lk.netns = sock_netns(sk);
 		lk.port = rk.lport;
 		__builtin_memcpy(lk.addr, rk.laddr, 16);
-		struct fs_listener *l = find_listener(&lk);
+		struct fs_listener *l = find_listener(port, &lk);
 		if (!l)
 			return;
 		id = l->project;
-		if (exempt_take(l->cgroup, id)) {
+		if (exempt_take(false, l->cgroup, id)) {
 			kind = KIND_EXEMPT_IN;
 			COUNT(exempt_admitted);
 		} else {
 			kind = KIND_IN;
-			int a = admit(id, 0, CLK_FINE);
+			int a = admit(project_get(id), 0, CLK_FINE);
 			if (a < 0)
 				return;
 			if (a == 0) {
@@ -1024,7 +1035,7 @@ SEC("tp_btf/tcp_send_reset")
 int BPF_PROG(fs_send_reset, const struct sock *sk, const struct sk_buff *skb, int reason)
 {
 	if (!sk || !skb || sk->__sk_common.skc_state != TCP_LISTEN ||
-	    !port_listened(sk->__sk_common.skc_num))
+	    !listened(sk->__sk_common.skc_num))
 		return 0;
 	unsigned char *head = BPF_CORE_READ(skb, head);
 	__u16 nh = BPF_CORE_READ(skb, network_header);
@@ -1067,7 +1078,10 @@ int BPF_PROG(fs_send_reset, const struct sock *sk, const struct sk_buff *skb, in
 SEC("sk_lookup")
 int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 {
-	if (ctx->protocol != IPPROTO_TCP || !port_listened(ctx->local_port))
+	if (ctx->protocol != IPPROTO_TCP)
+		return SK_PASS;
+	struct fs_port *port = listened(ctx->local_port);
+	if (!port)
 		return SK_PASS;
 	__u32 zero = 0;
 	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);
@@ -1097,16 +1111,16 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	lk.netns = cfg->netns_cookie;
 	lk.port = rk.lport;
 	__builtin_memcpy(lk.addr, rk.laddr, 16);
-	struct fs_listener *l = find_listener(&lk);
+	struct fs_listener *l = find_listener(port, &lk);
 	if (!l)
 		return SK_PASS;
 	__u64 id = l->project;
 	__u32 kind = KIND_IN;
 	int a = 1;
-	if (exempt_take(l->cgroup, id))
+	if (exempt_take(false, l->cgroup, id))
 		kind = KIND_EXEMPT_IN;
 	else
-		a = admit(id, 0, CLK_COARSE);
+		a = admit(project_get(id), 0, CLK_COARSE);
 	if (a < 0)
 		return SK_PASS;
 	if (a == 0) {
@@ -1176,7 +1190,7 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		/* An exempt socket is adopted into the exempt budget while it
 		 * has room, like a new one; the rest are adopted under the rule. */
 		struct cgroup *cg = sk->sk_cgrp_data.cgroup;
-		bool ex = !held_find(rec.cookie, true) && exempt_take(BPF_CORE_READ(cg, kn, id), id);
+		bool ex = !held_find(rec.cookie, true) && exempt_take(false, BPF_CORE_READ(cg, kn, id), id);
 		struct fs_sock v = {.project = id, .netns = sock_netns(sk),
 				    .kind = ex ? KIND_EXEMPT_ADOPTED : KIND_ADOPTED};
 		if (hold(rec.cookie, &v) == 0) {
