@@ -158,7 +158,8 @@ func benchDispatch(b *testing.B, n int, notify bool) {
 	b.StopTimer()
 	reportVisits(b, s, v0, k0)
 	b.ReportMetric(float64(s.dispatched[P1]-d0[P1])/float64(b.N), "P1-frac")
-	b.ReportMetric(float64(len(s.heapLocked())), "parked")
+	b.ReportMetric(float64(len(s.heapLocked())+s.inOrder.live), "parked")
+	b.ReportMetric(float64(len(s.heapLocked())), "in-heap")
 }
 
 // BenchmarkDispatchRingOnly is the decision with no class changes at all:

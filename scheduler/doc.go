@@ -126,11 +126,13 @@
 // from the middle leaves a tombstone that the head skips when it gets
 // there; a full array at least half tombstones is squeezed rather than
 // grown. A queue that drops below a credit is moved to a lower ring and
-// parked on a timer for the instant refill lifts it again (a 4-ary heap,
-// O(log n)); balances are refilled lazily when touched. A queue that enters
-// a ring having had no turn for a full round is served next, after any
-// that entered the same way before it (a sparse participant is not stuck
-// behind a whole round); one that just had a turn enters behind everyone.
+// parked on a timer for the instant refill lifts it again; balances are
+// refilled lazily when touched. Timers set in due order, the usual case,
+// go to a FIFO (O(1)); the others to a 4-ary heap (O(log n)). A queue
+// that enters a ring having had no turn for a full round is served next,
+// after any that entered the same way before it (a sparse participant is
+// not stuck behind a whole round); one that just had a turn enters behind
+// everyone.
 //
 // At 100k participants the cost of a decision is cache misses, not
 // instructions, so the layout counts them. What a decision reads and

@@ -82,6 +82,10 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var ringN [4]int
+	timerSet := make(map[timer]bool)
+	for _, tm := range slices.Concat(s.heapLocked(), timersInOrder(s)) {
+		timerSet[tm] = true
+	}
 	inFlight := 0
 	for pid := range s.hot {
 		q, qc := &s.hot[pid], &s.cold[pid]
@@ -121,8 +125,8 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 		if due := s.riseAt(q, Class(q.ring)); due != q.due {
 			t.Fatalf("%s: rises at %d, parked until %d", qc.name, due, q.due)
 		}
-		if q.due != none && !slices.Contains(s.heapLocked(), timer{due: q.due, pid: int32(pid)}) {
-			t.Fatalf("%s: parked until %d with no heap entry", qc.name, q.due)
+		if q.due != none && !timerSet[timer{due: q.due, pid: int32(pid)}] {
+			t.Fatalf("%s: parked until %d with no timer entry", qc.name, q.due)
 		}
 	}
 	if inFlight != s.inFlight {
@@ -134,7 +138,7 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 			t.Fatalf("ring %v: n=%d, members %d", c, r.n, ringN[c])
 		}
 		k := 0
-		for w, f := range map[uint8]*fifo{inBack: &r.back, inFront: &r.front} {
+		for w, f := range map[uint8]*fifo[int32]{inBack: &r.back, inFront: &r.front} {
 			live := 0
 			for p := f.head; p != f.tail; p++ {
 				pid := f.ids[p&f.mask()]
@@ -156,6 +160,15 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 		}
 	}
 	stale := 0
+	inOrder := timersInOrder(s)
+	for i, tm := range inOrder {
+		if q := &s.hot[tm.pid]; q.due != tm.due || !q.live() {
+			stale++
+		}
+		if i > 0 && inOrder[i-1].due > tm.due {
+			t.Fatalf("timers set in due order out of order at %d", i)
+		}
+	}
 	heap := s.heapLocked()
 	for i, tm := range heap {
 		if q := &s.hot[tm.pid]; q.due != tm.due || !q.live() {
@@ -170,4 +183,14 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 	if stale > s.staleTimers {
 		t.Fatalf("%d stale timers, counted %d", stale, s.staleTimers)
 	}
+}
+
+// timersInOrder lists the FIFO of timers set in due order, head first.
+func timersInOrder(s *Scheduler) []timer {
+	r := &s.inOrder
+	out := make([]timer, 0, r.live)
+	for p := r.head; p != r.tail; p++ {
+		out = append(out, r.ids[p&r.mask()])
+	}
+	return out
 }

@@ -21,10 +21,10 @@ import "unsafe"
 type ring struct {
 	// front holds the queues that entered at the cursor (see linkLocked)
 	// in arrival order; they are served before back.
-	front fifo
+	front fifo[int32]
 	// back holds everyone else in turn order: a queue just served goes to
 	// its tail.
-	back fifo
+	back fifo[int32]
 	// n counts members, including the queue being served between its pop
 	// in pickLocked and its push back in placeLocked.
 	n int
@@ -33,13 +33,14 @@ type ring struct {
 	warm uint32
 }
 
-// fifo is a circular array of handles. Positions are absolute and only
-// grow (modulo 2^32): an entry's position never changes while the array
-// grows, so a member's hot.slot stays valid without touching its record.
-type fifo struct {
-	ids        []int32 // length a power of two, nil until the first push
-	head, tail uint32  // entries are ids[p&mask] for head <= p < tail
-	live       int     // entries that are not gone
+// fifo is a circular array: of handles for the rings, of timers for the
+// ones set in due order. Positions are absolute and only grow (modulo
+// 2^32): an entry's position never changes while the array grows, so a
+// ring member's hot.slot stays valid without touching its record.
+type fifo[T any] struct {
+	ids        []T    // length a power of two, nil until the first push
+	head, tail uint32 // entries are ids[p&mask] for head <= p < tail
+	live       int    // entries that are not gone (a ring's tombstones)
 }
 
 // gone marks the entry of a queue that left the ring.
@@ -62,73 +63,79 @@ const prefetchAhead = 8
 // more than the hit it would speed up.
 const prefetchFrom = 4096
 
-func (f *fifo) mask() uint32 { return uint32(len(f.ids) - 1) }
+func (f *fifo[T]) mask() uint32 { return uint32(len(f.ids) - 1) }
+
+func (f *fifo[T]) full() bool { return int(f.tail-f.head) == len(f.ids) }
+
+// push appends v at the tail, doubling the array if it is full, and
+// returns its position.
+func (f *fifo[T]) push(v T) uint32 {
+	if f.full() {
+		ids := make([]T, max(2*len(f.ids), 8))
+		m := uint32(len(ids) - 1)
+		for p := f.head; p != f.tail; p++ {
+			ids[p&m] = f.ids[p&f.mask()]
+		}
+		f.ids = ids
+	}
+	p := f.tail
+	f.ids[p&f.mask()] = v
+	f.tail++
+	f.live++
+	return p
+}
+
+// take removes and returns the entry at the head.
+func (f *fifo[T]) take() T {
+	v := f.ids[f.head&f.mask()]
+	f.head++
+	f.live--
+	return v
+}
 
 // serving is the fifo the next turn of r comes from.
-func (r *ring) serving() *fifo {
+func (r *ring) serving() *fifo[int32] {
 	if r.front.live > 0 {
 		return &r.front
 	}
 	return &r.back
 }
 
-// pushLocked appends pid at f's tail and returns its position.
-func (s *Scheduler) pushLocked(f *fifo, pid int32) uint32 {
-	if int(f.tail-f.head) == len(f.ids) {
-		s.makeRoomLocked(f)
-	}
-	p := f.tail
-	f.ids[p&f.mask()] = pid
-	f.tail++
-	f.live++
-	return p
-}
-
-// makeRoomLocked frees a slot in a full f: by squeezing out tombstones if
-// they are at least half of it (moving the entries behind them, whose
-// records learn their new positions: at most one record write per
-// tombstone), or else by doubling the array.
-func (s *Scheduler) makeRoomLocked(f *fifo) {
-	used := int(f.tail - f.head)
-	if used > 0 && f.live <= used/2 {
+// pushLocked appends pid at f's tail and returns its position. A full
+// array at least half tombstones is squeezed instead of grown: the entries
+// behind a tombstone move up and their records learn their new positions,
+// at most one record write per tombstone.
+func (s *Scheduler) pushLocked(f *fifo[int32], pid int32) uint32 {
+	if used := int(f.tail - f.head); f.full() && used > 0 && f.live <= used/2 {
 		m, w := f.mask(), f.head
 		for p := f.head; p != f.tail; p++ {
-			pid := f.ids[p&m]
-			if pid == gone {
+			id := f.ids[p&m]
+			if id == gone {
 				continue
 			}
 			if w != p {
-				f.ids[w&m] = pid
-				s.hot[pid].slot = w
+				f.ids[w&m] = id
+				s.hot[id].slot = w
 			}
 			w++
 		}
 		f.tail = w
-		return
 	}
-	ids := make([]int32, max(2*len(f.ids), 8))
-	m := uint32(len(ids) - 1)
-	for p := f.head; p != f.tail; p++ {
-		ids[p&m] = f.ids[p&f.mask()]
-	}
-	f.ids = ids
+	return f.push(pid)
 }
 
 // popLocked takes the live entry nearest f's head; f must hold one.
-func (s *Scheduler) popLocked(f *fifo) int32 {
+func (s *Scheduler) popLocked(f *fifo[int32]) int32 {
 	m := f.mask()
 	for f.ids[f.head&m] == gone {
 		f.head++
 		s.skips++
 	}
-	pid := f.ids[f.head&m]
-	f.head++
-	f.live--
-	return pid
+	return f.take()
 }
 
-// drop turns the entry at p into a tombstone.
-func (f *fifo) drop(p uint32) {
+// drop turns the entry at p of a ring's fifo into a tombstone.
+func drop(f *fifo[int32], p uint32) {
 	f.ids[p&f.mask()] = gone
 	if f.live--; f.live == 0 {
 		f.head = f.tail // nothing left to skip to
@@ -164,9 +171,9 @@ func (s *Scheduler) unlinkLocked(pid int32) {
 	r := &s.rings[q.ring]
 	switch q.where {
 	case inBack:
-		r.back.drop(q.slot)
+		drop(&r.back, q.slot)
 	case inFront:
-		r.front.drop(q.slot)
+		drop(&r.front, q.slot)
 	}
 	r.n--
 	q.ring, q.where = 0, inNone
@@ -211,10 +218,5 @@ func (s *Scheduler) prefetchNextLocked() {
 		}
 		budget = min(budget, 1)
 	}
-	// The first timer due and its four children, among which is the
-	// second: their entries share one line, their records are misses.
-	h := s.heapLocked()
-	for i := range min(len(h), 5) {
-		prefetch(unsafe.Pointer(&s.hot[h[i].pid]))
-	}
+	s.prefetchTimersLocked()
 }

@@ -35,15 +35,16 @@ type Scheduler struct {
 	hot         []hot             // by handle: what a decision reads and writes
 	cold        []cold            // by handle: names, queue tails and statistics
 	free        []int32
-	rings       [4]ring   // eligible non-empty queues by class, index 1..3
-	timers      []timer   // 4-ary min-heap after hpad padding entries: when a parked queue can climb
-	staleTimers int       // entries in timers that no longer match hot.due
-	tickets     []Ticket  // preallocated tickets handed out by Submit
-	inFlight    int       // dispatched, not yet Done
-	seq         uint64    // dispatches so far, numbers turns for entry placement
-	dispatched  [4]uint64 // by class
-	visits      uint64    // queues examined: the cursor's queue plus timer relinks
-	skips       uint64    // ring tombstones passed over by the head
+	rings       [4]ring     // eligible non-empty queues by class, index 1..3
+	timers      []timer     // 4-ary min-heap after hpad padding entries: when a parked queue can climb
+	inOrder     fifo[timer] // timers set in due order, earliest first; the others are in timers
+	staleTimers int         // entries in timers and inOrder that no longer match hot.due
+	tickets     []Ticket    // preallocated tickets handed out by Submit
+	inFlight    int         // dispatched, not yet Done
+	seq         uint64      // dispatches so far, numbers turns for entry placement
+	dispatched  [4]uint64   // by class
+	visits      uint64      // queues examined: the cursor's queue plus timer relinks
+	skips       uint64      // ring tombstones passed over by the head
 	wait        waitHist
 	lastSweep   int64
 }

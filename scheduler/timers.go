@@ -2,14 +2,25 @@
 
 package scheduler
 
-// The parked-queue timers: a 4-ary min-heap of (due, pid) with lazy
-// deletion. A participant's live timer is hot.due; a heap entry whose due
-// no longer matches is stale and is dropped when it reaches the top. Not
-// tracking heap positions in the participants means a sift touches only
-// the contiguous heap array, never a random participant: at 100k parked
-// queues that is the difference between a few cache misses per dispatch
-// and one per heap level. Stale entries are bounded by compacting when they
-// outnumber live ones.
+import "unsafe"
+
+// The parked-queue timers: a FIFO of the timers set in due order and a
+// 4-ary min-heap of the others, both of (due, pid), with lazy deletion.
+//
+// Timers are mostly set in due order: a queue parked now, short of a
+// credit by less than one, rises within about one refill interval, and
+// with similar policies after the queues parked before it. Those go to
+// the FIFO, where setting and taking a timer touch the two ends of an
+// array. In a heap of 100k parked queues every pop moves the last entry to
+// the root and sifts it down to a leaf, a cache miss at each level below
+// the cached top. A timer due before the FIFO's last goes to the heap; the
+// next timer due is the earlier of the two heads.
+//
+// A participant's live timer is hot.due; an entry whose due no longer
+// matches is stale and is dropped when it comes up. Not tracking entry
+// positions in the participants means setting a timer or sifting touches
+// only the timer arrays, never another participant's record. Stale
+// entries are bounded by compacting when they outnumber live ones.
 //
 // The heap starts hpad entries into s.timers. Entries are 16 bytes, so the
 // four children of heap node i (4i+1..4i+4, at slots 4i+4..4i+7) then share
@@ -30,10 +41,15 @@ func (s *Scheduler) timerSetLocked(pid int32, due int64) {
 		s.staleTimers++
 	}
 	q.due = due
-	s.timers = append(s.timers, timer{due: due, pid: pid})
-	h := s.heapLocked()
-	siftUp(h, len(h)-1)
-	if s.staleTimers > len(h)/2+64 {
+	t := timer{due: due, pid: pid}
+	if r := &s.inOrder; r.live == 0 || r.ids[(r.tail-1)&r.mask()].due <= due {
+		r.push(t)
+	} else {
+		s.timers = append(s.timers, t)
+		h := s.heapLocked()
+		siftUp(h, len(h)-1)
+	}
+	if s.staleTimers > (len(s.timers)-hpad+s.inOrder.live)/2+64 {
 		s.compactTimersLocked()
 	}
 }
@@ -49,17 +65,33 @@ func (s *Scheduler) timerDelLocked(pid int32) {
 // popDueLocked returns the next participant whose live timer is due at now,
 // dropping stale entries on the way, or none.
 func (s *Scheduler) popDueLocked(now int64) int32 {
-	for len(s.timers) > hpad && s.timers[hpad].due <= now {
-		top := s.timers[hpad]
-		s.popTopLocked()
-		q := &s.hot[top.pid]
-		if q.due == top.due {
+	for {
+		r, h := &s.inOrder, s.heapLocked()
+		var t timer
+		fromFIFO := r.live > 0 && (len(h) == 0 || r.ids[r.head&r.mask()].due <= h[0].due)
+		switch {
+		case fromFIFO:
+			t = r.ids[r.head&r.mask()]
+		case len(h) > 0:
+			t = h[0]
+		default:
+			return none
+		}
+		if t.due > now {
+			return none
+		}
+		if fromFIFO {
+			r.take()
+		} else {
+			s.popTopLocked()
+		}
+		q := &s.hot[t.pid]
+		if q.due == t.due {
 			q.due = none
-			return top.pid
+			return t.pid
 		}
 		s.staleTimers--
 	}
-	return none
 }
 
 func (s *Scheduler) popTopLocked() {
@@ -72,16 +104,38 @@ func (s *Scheduler) popTopLocked() {
 	}
 }
 
-// compactTimersLocked rebuilds the heap from the live timers: O(n), run
-// only when at least half the entries are stale, so O(1) amortized.
+// compactTimersLocked drops the stale entries of the FIFO (in place, in
+// order) and rebuilds the heap from its live ones: O(n), run only when at
+// least half the entries are stale, so O(1) amortized.
 func (s *Scheduler) compactTimersLocked() {
+	// keep marks an entry's participant taken, so a duplicate entry (in
+	// either structure) is dropped; the marks are undone below.
+	keep := func(t timer) bool {
+		q := &s.hot[t.pid]
+		if q.live() && q.due == t.due {
+			q.due = -2 - q.due
+			return true
+		}
+		return false
+	}
+	r := &s.inOrder
+	m, w := r.mask(), r.head
+	for p := r.head; p != r.tail; p++ {
+		if t := r.ids[p&m]; keep(t) {
+			r.ids[w&m] = t
+			w++
+		}
+	}
+	r.tail, r.live = w, int(w-r.head)
 	h := s.heapLocked()[:0]
 	for _, tm := range s.heapLocked() {
-		q := &s.hot[tm.pid]
-		if q.live() && q.due == tm.due {
+		if keep(tm) {
 			h = append(h, tm)
-			q.due = -2 - q.due // mark taken so a duplicate entry is dropped
 		}
+	}
+	for p := r.head; p != r.tail; p++ {
+		q := &s.hot[r.ids[p&m].pid]
+		q.due = -2 - q.due
 	}
 	for i := range h {
 		q := &s.hot[h[i].pid]
@@ -130,4 +184,26 @@ func siftDown(h []timer, i int) {
 		i = m
 	}
 	h[i] = x
+}
+
+// timerAhead is how many timers ahead of the FIFO's head records are
+// prefetched: the FIFO gives up about one a decision.
+const timerAhead = 4
+
+// prefetchTimersLocked starts loading the records of the queues whose
+// timers are due next: the FIFO's head and the entry timerAhead behind it
+// (which will be the head a few decisions from now), and the heap's top
+// and its four children, among which is the heap's second.
+func (s *Scheduler) prefetchTimersLocked() {
+	if r := &s.inOrder; r.live > 0 {
+		m := r.mask()
+		prefetch(unsafe.Pointer(&s.hot[r.ids[r.head&m].pid]))
+		if r.live > timerAhead {
+			prefetch(unsafe.Pointer(&s.hot[r.ids[(r.head+timerAhead)&m].pid]))
+		}
+	}
+	h := s.heapLocked()
+	for i := range min(len(h), 5) {
+		prefetch(unsafe.Pointer(&s.hot[h[i].pid]))
+	}
 }
