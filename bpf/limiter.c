@@ -57,6 +57,9 @@
  * and only the caller whose compare-and-swap or delete succeeded gives the
  * permit back, so a socket releases exactly once however many of
  * the paths fire (an orderly close runs sock_release and then TCP_CLOSE).
+ * A reservation is kept the same way, keyed by its 4-tuple (a slot of
+ * fs_resv_slots, or fs_reservations), and ended exactly once by the
+ * conversion at ESTABLISHED, the undo at an RST or the expiry.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -92,7 +95,7 @@ struct fs_settings {
 struct fs_pool {
 	__s64 in_use;
 	__s64 exempt_in_use; /* exempt permits, never above exempt_max */
-	__s64 spilled;       /* entries of fs_held (permits whose slot was taken) */
+	__s64 spilled;       /* entries of the spill tables fs_held and fs_reservations */
 	__s64 active;        /* projects in the active window (bumped here, lowered by Tick) */
 };
 
@@ -182,13 +185,17 @@ struct fs_listener {
 	__u32 _pad;
 };
 
-/* A handshake in flight, admitted at the SYN, keyed by its 4-tuple. */
+/*
+ * A handshake in flight, admitted at the SYN, keyed by its 4-tuple. Aligned
+ * so that it is hashed and compared as five 64-bit words (the verifier
+ * refuses misaligned stack access).
+ */
 struct fs_resv_key {
 	__u8 laddr[16];
 	__u8 raddr[16];
 	__u32 lport; /* host order */
 	__u32 rport; /* host order */
-};
+} __attribute__((aligned(8)));
 
 struct fs_resv {
 	__u64 project;
@@ -199,7 +206,7 @@ struct fs_resv {
 
 /* Context of fs_adjust, run from user space with BPF_PROG_RUN. */
 enum adjust_op {
-	OP_EXPIRE = 1, /* delete reservation key; if we deleted it, release */
+	OP_EXPIRE = 1, /* end reservation key; if we ended it, release */
 	OP_ADD = 2,    /* add delta to project and node in_use (drift repair) */
 	OP_DROP = 3,   /* release the permit held for socket cookie `project`: the socket is gone */
 	OP_ACTIVE = 4, /* add delta to the node's active count (Tick's recount) */
@@ -339,6 +346,32 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_ports SEC(".maps");
 
+/*
+ * Reservations, by 4-tuple, in two tables as held permits are. fs_resv_slots
+ * is an array indexed by a hash of the tuple; a slot is claimed and freed
+ * with a compare-and-swap of its tag (the hash, never 0; SLOT_BUSY while it
+ * is being filled). fs_reservations is the spill table for a tuple whose
+ * slot another handshake holds, looked at only while node spilled says it
+ * has entries. Measured here (bpf_stats, loopback connect loop): the hash
+ * insert at the SYN was ~220 ns of sk_lookup's ~500 and the delete at
+ * ESTABLISHED ~8 ns per run of the state program (~80 per connection); the
+ * slots take ~70 ns off sk_lookup and all of the delete (see resv_hash for
+ * why the slots are placed as they are).
+ */
+struct fs_resv_slot {
+	__u64 tag;
+	struct fs_resv_key key;
+	struct fs_resv resv;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024); /* replaced at load with the size of fs_slots (slot_mask) */
+	__type(key, __u32);
+	__type(value, struct fs_resv_slot);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_resv_slots SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1024); /* replaced at load like fs_held: reservations hold permits, so at most POOL plus races */
@@ -463,6 +496,130 @@ static __always_inline bool unhold(__u64 cookie, __u64 *id, __u32 *kind, bool al
 	*id = h->project;
 	*kind = h->kind;
 	if (bpf_map_delete_elem(&fs_held, &cookie))
+		return false;
+	struct fs_pool *n = node();
+	if (n)
+		__sync_fetch_and_add(&n->spilled, -1);
+	return true;
+}
+
+/*
+ * resv_hash places a tuple: a hash of everything but the remote port, plus
+ * the remote port. A client's connections to one address take ports close
+ * together (the kernel's ephemeral ports advance by two), so their
+ * reservations fill neighbouring slots, whose lines and pages are still warm,
+ * where a hash of the whole tuple sends each to a cold line of its own: a
+ * cache and TLB miss (the kernel's page tables are switched at every system
+ * call here), measured to cost sk_lookup as much as the hash-map insert did.
+ */
+static __always_inline __u64 resv_hash(const struct fs_resv_key *k)
+{
+	const __u64 *w = (const __u64 *)k;
+	__u64 h = 0;
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		h = (h ^ w[i]) * 0x9e3779b97f4a7c15ULL;
+	h = (h ^ k->lport) * 0x9e3779b97f4a7c15ULL;
+	/* A multiplication moves bits only upwards, and the index takes the
+	 * low ones: mix the high bits down (murmur3's finaliser). */
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdULL;
+	h ^= h >> 33;
+	h *= 0xc4ceb9fe1a85ec53ULL;
+	return (h ^ (h >> 33)) + k->rport;
+}
+
+/* resv_tagof is a slot's tag for hash h: nonzero, without SLOT_BUSY. */
+static __always_inline __u64 resv_tagof(__u64 h)
+{
+	return (h | 1) & ~SLOT_BUSY;
+}
+
+static __always_inline struct fs_resv_slot *resv_slot(__u64 h)
+{
+	__u32 i = h & slot_mask;
+	return bpf_map_lookup_elem(&fs_resv_slots, &i);
+}
+
+static __always_inline bool resv_key_eq(const struct fs_resv_key *a, const struct fs_resv_key *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+}
+
+/* resv_find returns the reservation of k, or NULL. */
+static __always_inline struct fs_resv *resv_find(struct fs_resv_key *k)
+{
+	__u64 h = resv_hash(k);
+	struct fs_resv_slot *s = resv_slot(h);
+	if (s && s->tag == resv_tagof(h) && resv_key_eq(&s->key, k))
+		return &s->resv;
+	if (spill_empty())
+		return NULL;
+	return bpf_map_lookup_elem(&fs_reservations, k);
+}
+
+/*
+ * resv_put records reservation r for k: 0, -EEXIST if k has one already (a
+ * retransmitted SYN, or a SYN of the same tuple on another CPU), another
+ * error if both tables are full.
+ */
+static __always_inline long resv_put(struct fs_resv_key *k, struct fs_resv *r)
+{
+	__u64 h = resv_hash(k), tag = resv_tagof(h);
+	struct fs_resv_slot *s = resv_slot(h);
+	if (!s)
+		return -1;
+	if (__sync_val_compare_and_swap(&s->tag, 0, tag | SLOT_BUSY) == 0) {
+		/* k may be in the spill table from before its slot was freed. */
+		if (!spill_empty() && bpf_map_lookup_elem(&fs_reservations, k)) {
+			__sync_lock_test_and_set(&s->tag, 0);
+			return -EEXIST;
+		}
+		s->key = *k;
+		s->resv = *r;
+		/* Publish: the exchange orders the stores above before it. */
+		__sync_lock_test_and_set(&s->tag, tag);
+		return 0;
+	}
+	__u64 cur = s->tag;
+	if (cur == (tag | SLOT_BUSY) || (cur == tag && resv_key_eq(&s->key, k)))
+		return -EEXIST;
+	struct fs_pool *n = node();
+	if (!n)
+		return -1;
+	/* Counted before the insert, as in hold. */
+	__sync_fetch_and_add(&n->spilled, 1);
+	long err = bpf_map_update_elem(&fs_reservations, k, r, BPF_NOEXIST);
+	if (err)
+		__sync_fetch_and_add(&n->spilled, -1);
+	return err;
+}
+
+/*
+ * resv_take ends the reservation of k. Only the caller whose
+ * compare-and-swap (or delete) succeeds gets true and the reservation's
+ * project and kind: its permit goes to exactly one of the conversion at
+ * ESTABLISHED, the undo at an RST and the expiry. The spill table is looked
+ * at only while it has entries, unless always (user-space paths).
+ */
+static __always_inline bool resv_take(struct fs_resv_key *k, __u64 *id, __u32 *kind, bool always)
+{
+	__u64 h = resv_hash(k), tag = resv_tagof(h);
+	struct fs_resv_slot *s = resv_slot(h);
+	if (s && s->tag == tag && resv_key_eq(&s->key, k)) {
+		*id = s->resv.project;
+		*kind = s->resv.kind;
+		return __sync_val_compare_and_swap(&s->tag, tag, 0) == tag;
+	}
+	if (!always && spill_empty())
+		return false;
+	struct fs_resv *r = bpf_map_lookup_elem(&fs_reservations, k);
+	if (!r)
+		return false;
+	*id = r->project;
+	*kind = r->kind;
+	if (bpf_map_delete_elem(&fs_reservations, k))
 		return false;
 	struct fs_pool *n = node();
 	if (n)
@@ -943,15 +1100,7 @@ static __always_inline void on_established(struct sock *sk)
 
 	__u64 id = 0;
 	__u32 kind = KIND_IN;
-	bool have = false;
-	struct fs_resv *r = bpf_map_lookup_elem(&fs_reservations, &rk);
-	if (r) {
-		id = r->project;
-		kind = r->kind;
-		/* Only the one who deletes it owns its permit (see fs_adjust). */
-		have = bpf_map_delete_elem(&fs_reservations, &rk) == 0;
-	}
-	if (!have) {
+	if (!resv_take(&rk, &id, &kind, false)) {
 		struct fs_listen_key lk = {};
 		lk.netns = sock_netns(sk);
 		lk.port = rk.lport;
@@ -1063,12 +1212,9 @@ int BPF_PROG(fs_send_reset, const struct sock *sk, const struct sk_buff *skb, in
 	}
 	rk.lport = bpf_ntohs(th.dest);
 	rk.rport = bpf_ntohs(th.source);
-	struct fs_resv *r = bpf_map_lookup_elem(&fs_reservations, &rk);
-	if (!r)
-		return 0;
-	__u64 id = r->project;
-	__u32 kind = r->kind;
-	if (bpf_map_delete_elem(&fs_reservations, &rk) == 0) {
+	__u64 id = 0;
+	__u32 kind = 0;
+	if (resv_take(&rk, &id, &kind, false)) {
 		give_back(id, kind, CLK_FINE);
 		COUNT(stray);
 	}
@@ -1128,13 +1274,13 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 		 * Looked up only here, on the refusal path: on the common path
 		 * the insert below finds it (EEXIST) and the permit just taken
 		 * is given back. */
-		if (bpf_map_lookup_elem(&fs_reservations, &rk))
+		if (resv_find(&rk))
 			return SK_PASS;
 		COUNT(refused_in);
 		return SK_DROP;
 	}
 	struct fs_resv r = {.project = id, .since_ns = now_ns(CLK_COARSE), .kind = kind};
-	long err = bpf_map_update_elem(&fs_reservations, &rk, &r, BPF_NOEXIST);
+	long err = resv_put(&rk, &r);
 	if (err) {
 		/* A retransmitted SYN or a concurrent SYN of the same tuple
 		 * holds the reservation, or the map is full: the child is then
@@ -1220,14 +1366,10 @@ int fs_adjust(struct fs_adjust_args *a)
 	if (a->op == OP_EXPIRE) {
 		struct fs_resv_key k = {};
 		__builtin_memcpy(&k, &a->key, sizeof(k));
-		struct fs_resv *r = bpf_map_lookup_elem(&fs_reservations, &k);
-		if (!r) {
-			a->result = 0;
-			return 0;
-		}
-		__u64 id = r->project;
-		__u32 kind = r->kind;
-		if (bpf_map_delete_elem(&fs_reservations, &k) == 0) {
+		__u64 id = 0;
+		__u32 kind = 0;
+		a->result = 0;
+		if (resv_take(&k, &id, &kind, true)) {
 			give_back(id, kind, CLK_FINE);
 			COUNT(expired);
 			a->result = 1;

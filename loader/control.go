@@ -184,17 +184,14 @@ func (l *Limiter) Tick(now time.Time) error {
 // the TTL. The BPF side deletes the entry and releases; whoever deletes a
 // reservation (this or the ESTABLISHED conversion) owns its permit.
 func (l *Limiter) expireLocked(mono uint64) error {
-	var k limiterFsResvKey
-	var v limiterFsResv
 	var old []limiterFsResvKey
-	it := l.objs.FsReservations.Iterate()
-	for it.Next(&k, &v) {
+	err := l.readResv(func(k limiterFsResvKey, v limiterFsResv) {
 		if mono > v.SinceNs && mono-v.SinceNs > uint64(l.ttl) {
 			old = append(old, k)
 		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading reservations: %w", err)
+	})
+	if err != nil {
+		return err
 	}
 	for _, k := range old {
 		if _, err := l.adjust(limiterFsAdjustArgs{Op: opExpire, Key: k}); err != nil {
@@ -379,18 +376,15 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 // ones (not in the project's in_use) are counted under id 0.
 func (l *Limiter) reservationsByProject() (map[uint64]int, error) {
 	out := map[uint64]int{}
-	var k limiterFsResvKey
-	var v limiterFsResv
-	it := l.objs.FsReservations.Iterate()
-	for it.Next(&k, &v) {
+	err := l.readResv(func(_ limiterFsResvKey, v limiterFsResv) {
 		if isExemptKind(v.Kind) {
 			out[0]++
-			continue
+			return
 		}
 		out[v.Project]++
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading reservations: %w", err)
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }

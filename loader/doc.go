@@ -79,7 +79,9 @@
 // only after the handshake. The SYN therefore takes the permit as a
 // reservation keyed by the 4-tuple; a retransmitted SYN finds it and takes
 // nothing more. When the child reaches ESTABLISHED the reservation becomes
-// the child's permit (whoever deletes the reservation owns the permit).
+// the child's permit (whoever ends the reservation owns the permit: it is
+// ended with a compare-and-swap on its slot, or a delete from the spill
+// table when another handshake held the slot).
 // Reservations whose handshake never completes (a client gone, a half-open
 // scan) are given back by Tick after Options.ReservationTTL; until then they
 // count, which keeps in_use within POOL during a SYN burst. sk_lookup cannot
@@ -108,7 +110,12 @@
 // reservations are not given back until Tick runs again. Open moves pinned
 // links to the programs it loaded, so a new version's programs take effect
 // on restart; maps of another layout are refused (ErrPinnedMismatch) with
-// the steps to take.
+// the steps to take. A map a version adds (fs_resv_slots) is created next to
+// the reused pins, and Check does not count it as missing. Handshakes the
+// version before fs_resv_slots reserved in its table are not found at
+// ESTABLISHED by the new programs: those children are admitted again and
+// their old reservations expire after the TTL, an over-count of at most the
+// handshakes in flight at the restart, for one TTL.
 //
 // # Reconcile
 //

@@ -245,15 +245,7 @@ func runHelper(in io.Reader, out io.Writer) {
 			if f[0] == "listen" {
 				ln, err = net.Listen("tcp", f[1])
 			} else {
-				lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-					var serr error
-					if err := c.Control(func(fd uintptr) {
-						serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
-					}); err != nil {
-						return err
-					}
-					return serr
-				}}
+				lc := net.ListenConfig{Control: sockOpt(unix.SO_REUSEPORT)}
 				if ln, err = lc.Listen(context.Background(), "tcp", f[1]); err == nil {
 					lns = append(lns, ln)
 				}
@@ -412,15 +404,39 @@ func waitInUse(t testing.TB, l *Limiter, node int, proj map[string]int) {
 		for name, n := range proj {
 			ok = ok && project(s, name).InUse == n
 		}
-		var k limiterFsResvKey
-		var v limiterFsResv
 		var resv []string
-		it := l.objs.FsReservations.Iterate()
-		for it.Next(&k, &v) {
+		err := l.readResv(func(k limiterFsResvKey, _ limiterFsResv) {
 			resv = append(resv, fmt.Sprintf("%v:%d<-%v:%d", k.Laddr[12:], k.Lport, k.Raddr[12:], k.Rport))
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 		return ok, fmt.Sprintf("want node %d projects %v, have %+v; reservations %v", node, proj, s, resv)
 	})
+}
+
+// sockOpt is a dialer's or listener's Control that turns the SOL_SOCKET
+// option opt on.
+func sockOpt(opt int) func(_, _ string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}
+}
+
+// nodeSpilled is the node's count of entries in the spill tables.
+func nodeSpilled(t testing.TB, l *Limiter) int64 {
+	t.Helper()
+	var n limiterFsPool
+	if err := l.objs.FsNode.Lookup(uint32(0), &n); err != nil {
+		t.Fatal(err)
+	}
+	return n.Spilled
 }
 
 // sink is a listener outside every project that accepts and holds

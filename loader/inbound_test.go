@@ -166,6 +166,83 @@ func TestInboundReservationsBoundAndExpire(t *testing.T) {
 }
 
 // sendSYN sends one bare TCP SYN from 127.0.0.1:sport with a raw socket.
+// A reservation whose slot another handshake holds goes to the spill table.
+// A tuple's slot is a hash of the rest of it plus the remote port, so with
+// 1024 slots a remote port 1024 (or 2048) higher lands in the same slot:
+// half-open handshakes from ports p take the slots, those from p+1024 spill,
+// and so do completed handshakes from p+2048. A retransmitted SYN finds its
+// reservation in either table and takes nothing more, a completed handshake
+// is converted from either, reconcile counts both, and the expiry gives
+// every one back exactly once.
+func TestInboundReservationsSpill(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	const ttl = time.Hour
+	const pool, first, spill, dials = 400, 200, 100, 50
+	const open = first + spill
+	l, mono := openLimiterMono(t, root, pin, pool, 1, ttl)
+	if l.held != 1024 {
+		t.Fatalf("slots %d, want 1024", l.held)
+	}
+	srv := startHelper(t, mkProject(t, root, "srv"))
+	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
+	const base = 20000
+	for range 2 { // the second round is the SYNs' retransmission
+		for i := range first {
+			sendSYN(t, addr, uint16(base+i))
+		}
+		for i := range spill {
+			sendSYN(t, addr, uint16(base+1024+i))
+		}
+		eventually(t, "reservations", func() (bool, string) {
+			s := snap(t, l)
+			return s.Reservations == open && s.InUse == open, fmt.Sprintf("%+v", s)
+		})
+	}
+	if n := nodeSpilled(t, l); n < spill {
+		t.Fatalf("%d reservations spilled, want %d", n, spill)
+	}
+	var conns []net.Conn
+	for i := range dials {
+		d := net.Dialer{
+			Timeout:   3 * time.Second,
+			LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: base + 2048 + i},
+			// The port may be in TIME_WAIT from an earlier run.
+			Control: sockOpt(unix.SO_REUSEADDR),
+		}
+		c, err := d.Dial("tcp4", addr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	waitHeld(t, srv, dials)
+	waitInUse(t, l, open+dials, map[string]int{"srv": open + dials})
+	rep, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Reservations["srv"] != open || rep.Held["srv"] != dials || len(rep.Repaired) != 0 {
+		t.Fatalf("reconcile: %+v", rep)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	waitInUse(t, l, open, map[string]int{"srv": open})
+	mono.advance(ttl + time.Minute)
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	s := snap(t, l)
+	// A non-SYN segment may reserve and be undone at its RST (Stray).
+	if s.Reservations != 0 || s.InUse != 0 || s.Events.Expired != open || s.Events.AdmittedIn-s.Events.Stray != open+dials {
+		t.Fatalf("after the TTL: %+v", s)
+	}
+	if n := nodeSpilled(t, l); n != 0 {
+		t.Fatalf("spilled %d after the expiry", n)
+	}
+}
+
 func sendSYN(t testing.TB, dst netip.AddrPort, sport uint16) {
 	t.Helper()
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)

@@ -29,6 +29,7 @@ func TestGoCLayoutsAgree(t *testing.T) {
 		"fs_port":        limiterFsPort{},
 		"fs_resv_key":    limiterFsResvKey{},
 		"fs_resv":        limiterFsResv{},
+		"fs_resv_slot":   limiterFsResvSlot{},
 		"fs_adjust_args": limiterFsAdjustArgs{},
 		"fs_sock_record": limiterFsSockRecord{},
 	} {

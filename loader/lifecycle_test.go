@@ -353,13 +353,7 @@ func TestSpilledPermits(t *testing.T) {
 	}
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	h := startHelper(t, mkProject(t, root, "spill"))
-	spilled := func() int64 {
-		var n limiterFsPool
-		if err := l.objs.FsNode.Lookup(uint32(0), &n); err != nil {
-			t.Fatal(err)
-		}
-		return n.Spilled
-	}
+	spilled := func() int64 { return nodeSpilled(t, l) }
 	held := 0
 	for held < pool-50 && spilled() < 10 {
 		if r := h.dial("tcp4", ln.Addr().String(), 50); r.ok != 50 {

@@ -94,6 +94,13 @@ type limiterFsResvKey struct {
 	Rport uint32
 }
 
+type limiterFsResvSlot struct {
+	_    structs.HostLayout
+	Tag  uint64
+	Key  limiterFsResvKey
+	Resv limiterFsResv
+}
+
 type limiterFsSettings struct {
 	_            structs.HostLayout
 	Pool         uint32
@@ -142,6 +149,7 @@ const (
 	limiterMapFsPorts        = "fs_ports"
 	limiterMapFsProjects     = "fs_projects"
 	limiterMapFsReservations = "fs_reservations"
+	limiterMapFsResvSlots    = "fs_resv_slots"
 	limiterMapFsSlots        = "fs_slots"
 	limiterMapFsStats        = "fs_stats"
 	limiterProgFsAdjust      = "fs_adjust"
@@ -223,6 +231,7 @@ type limiterMapSpecs struct {
 	FsPorts        *ebpf.MapSpec `ebpf:"fs_ports"`
 	FsProjects     *ebpf.MapSpec `ebpf:"fs_projects"`
 	FsReservations *ebpf.MapSpec `ebpf:"fs_reservations"`
+	FsResvSlots    *ebpf.MapSpec `ebpf:"fs_resv_slots"`
 	FsSlots        *ebpf.MapSpec `ebpf:"fs_slots"`
 	FsStats        *ebpf.MapSpec `ebpf:"fs_stats"`
 }
@@ -266,6 +275,7 @@ type limiterMaps struct {
 	FsPorts        *ebpf.Map `ebpf:"fs_ports"`
 	FsProjects     *ebpf.Map `ebpf:"fs_projects"`
 	FsReservations *ebpf.Map `ebpf:"fs_reservations"`
+	FsResvSlots    *ebpf.Map `ebpf:"fs_resv_slots"`
 	FsSlots        *ebpf.Map `ebpf:"fs_slots"`
 	FsStats        *ebpf.Map `ebpf:"fs_stats"`
 }
@@ -281,6 +291,7 @@ func (m *limiterMaps) Close() error {
 		m.FsPorts,
 		m.FsProjects,
 		m.FsReservations,
+		m.FsResvSlots,
 		m.FsSlots,
 		m.FsStats,
 	)

@@ -402,6 +402,7 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	}
 	spec.Maps["fs_slots"].MaxEntries = l.held
 	spec.Maps["fs_held"].MaxEntries = l.held
+	spec.Maps["fs_resv_slots"].MaxEntries = l.held // indexed with slot_mask too
 	if err := spec.Variables["slot_mask"].Set(uint64(l.held - 1)); err != nil {
 		return nil, fmt.Errorf("setting slot_mask: %w", err)
 	}

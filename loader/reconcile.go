@@ -174,24 +174,56 @@ const slotBatch = 4096
 // batches of slotBatch entries per system call: it has 2 x POOL entries, and
 // an entry-by-entry walk costs two system calls for each.
 func (l *Limiter) readSlots(fn func(cookie uint64, v limiterFsSock)) error {
-	n := int(min(l.objs.FsSlots.MaxEntries(), slotBatch))
+	return readArray(l.objs.FsSlots, func(slot limiterFsSlot) {
+		if slot.Cookie != 0 && slot.Cookie&slotBusy == 0 {
+			fn(slot.Cookie, slot.Sock)
+		}
+	})
+}
+
+// readArray calls fn for every value of the array m, read in batches of
+// slotBatch entries per system call.
+func readArray[V any](m *ebpf.Map, fn func(V)) error {
+	n := int(min(m.MaxEntries(), slotBatch))
 	keys := make([]uint32, n)
-	vals := make([]limiterFsSlot, n)
+	vals := make([]V, n)
 	var cursor ebpf.MapBatchCursor
 	for {
-		got, err := l.objs.FsSlots.BatchLookup(&cursor, keys, vals, nil)
-		for _, slot := range vals[:got] {
-			if slot.Cookie != 0 && slot.Cookie&slotBusy == 0 {
-				fn(slot.Cookie, slot.Sock)
-			}
+		got, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for _, v := range vals[:got] {
+			fn(v)
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("reading held permit slots: %w", err)
+			return fmt.Errorf("reading %s: %w", m, err)
 		}
 	}
+}
+
+// readResv calls fn for each reservation: those in their slot of
+// fs_resv_slots (read in batches, as readSlots does) and those in the spill
+// table fs_reservations. A slot being filled is skipped, as in readSlots.
+func (l *Limiter) readResv(fn func(k limiterFsResvKey, v limiterFsResv)) error {
+	err := readArray(l.objs.FsResvSlots, func(slot limiterFsResvSlot) {
+		if slot.Tag != 0 && slot.Tag&slotBusy == 0 {
+			fn(slot.Key, slot.Resv)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	var k limiterFsResvKey
+	var v limiterFsResv
+	it := l.objs.FsReservations.Iterate()
+	for it.Next(&k, &v) {
+		fn(k, v)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading reservations: %w", err)
+	}
+	return nil
 }
 
 // exemptDrift is exempt_in_use minus the exempt permits held and reserved

@@ -315,6 +315,42 @@ func TestCheckLeavesRunningLimiterAlone(t *testing.T) {
 	}
 }
 
+// A pin directory made by the version before fs_resv_slots lacks that map:
+// Check passes, and Open creates it and keeps the counts of the other pins.
+func TestCheckAndOpenCreateAddedMaps(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, mkProject(t, root, "app"))
+	l := openLimiter(t, root, pin, 10, 1)
+	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 2 {
+		t.Fatal(r)
+	}
+	l.Close()
+	if err := os.Remove(filepath.Join(pin, "fs_resv_slots")); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 10}); err != nil || !rep.Pinned || rep.InUse != 2 {
+		t.Fatalf("check without fs_resv_slots: %+v, %v", rep, err)
+	}
+	l = openLimiter(t, root, pin, 10, 1)
+	if _, err := os.Stat(filepath.Join(pin, "fs_resv_slots")); err != nil {
+		t.Fatalf("fs_resv_slots not pinned again: %v", err)
+	}
+	srv := startHelper(t, mkProject(t, root, "srv"))
+	addr := listenAddr(t, srv.do("listen 127.0.0.1:0"))
+	c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitInUse(t, l, 3, map[string]int{"app": 2, "srv": 1})
+	eventually(t, "the reservation converted", func() (bool, string) {
+		s := snap(t, l)
+		return s.Reservations == 0 && s.Events.AdmittedIn == 1, fmt.Sprintf("%+v", s)
+	})
+}
+
 // Without pins, Check loads and attaches every hook and leaves nothing
 // behind: no pin directory, no cgroup.
 func TestCheckWithoutPins(t *testing.T) {
