@@ -143,9 +143,10 @@
 // Tickets are 64 bytes and allocated 64 at a time, and a ticket gets a
 // channel only when Wait has to block, so a dispatch touches the
 // participant's two records and one ticket line, and a channel only if
-// someone waits. Because a ring's array says who comes next, the records
-// of the queues up to eight turns ahead, and those of the first timers due,
-// are prefetched after each decision, so their misses overlap; below 4096
+// someone waits. Because a ring's array and the timer FIFO say who comes
+// next, the records of the queues up to eight turns ahead and of the next
+// timers due, and the head tickets of the likeliest next dispatches, are
+// prefetched after each decision, so their misses overlap; below 4096
 // participants every record stays in cache and nothing is prefetched. A
 // dispatch allocates nothing.
 //

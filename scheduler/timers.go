@@ -2,8 +2,6 @@
 
 package scheduler
 
-import "unsafe"
-
 // The parked-queue timers: a FIFO of the timers set in due order and a
 // 4-ary min-heap of the others, both of (due, pid), with lazy deletion.
 //
@@ -191,19 +189,20 @@ func siftDown(h []timer, i int) {
 const timerAhead = 4
 
 // prefetchTimersLocked starts loading the records of the queues whose
-// timers are due next: the FIFO's head and the entry timerAhead behind it
-// (which will be the head a few decisions from now), and the heap's top
-// and its four children, among which is the heap's second.
+// timers are due next: the head ticket of the FIFO's head (its records
+// were prefetched when it was timerAhead behind), the records of the entry
+// timerAhead behind the head, and those of the heap's top and its four
+// children, among which is the heap's second.
 func (s *Scheduler) prefetchTimersLocked() {
 	if r := &s.inOrder; r.live > 0 {
 		m := r.mask()
-		prefetch(unsafe.Pointer(&s.hot[r.ids[r.head&m].pid]))
+		s.prefetchTurnLocked(r.ids[r.head&m].pid)
 		if r.live > timerAhead {
-			prefetch(unsafe.Pointer(&s.hot[r.ids[(r.head+timerAhead)&m].pid]))
+			s.prefetchRecordsLocked(r.ids[(r.head+timerAhead)&m].pid)
 		}
 	}
 	h := s.heapLocked()
 	for i := range min(len(h), 5) {
-		prefetch(unsafe.Pointer(&s.hot[h[i].pid]))
+		s.prefetchRecordsLocked(h[i].pid)
 	}
 }
