@@ -138,8 +138,11 @@
 // path, takes the direct path: the request is written and the answer read on
 // the handler's own goroutine over a kept-alive connection the front owns
 // (a connection the upstream closed while idle is replaced once, as the
-// request is idempotent). What reaches the upstream and the client is what
-// httputil.ReverseProxy would send (a test compares the two), at about two
+// request is idempotent). An answer to a GET whose head is plain (HTTP/1.1,
+// one Content-Length, no chunking, trailer or Connection field, no field
+// twice, all of it in the first read) is parsed straight into the client's
+// header; any other by http.ReadResponse. What reaches the upstream and the
+// client is what httputil.ReverseProxy would send (a test compares the two), at about two
 // thirds of its CPU per request. Everything else (request bodies, upgrades,
 // Expect, an h2c upstream) goes through httputil.ReverseProxy.
 //

@@ -251,6 +251,11 @@ func (f *Front) exchangeOn(uc *upConn, r *http.Request, x *exchange, reused bool
 		return nil, fmt.Errorf("reading upstream answer: %w", err)
 	}
 	for {
+		if status, n, ok := plainHead(uc.br, r.Method, x.w.Header()); ok {
+			// The fields are in the client's header already: no Header.
+			return &http.Response{StatusCode: status, ContentLength: n,
+				Body: &plainBody{io.LimitedReader{R: uc.br, N: n}}}, nil
+		}
 		resp, err := http.ReadResponse(uc.br, r)
 		if err != nil {
 			return nil, fmt.Errorf("reading upstream answer: %w", err)
@@ -290,21 +295,25 @@ func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange)
 			uc.c.Close()
 		}
 	}()
-	h := resp.Header
-	conn := h["Connection"]
-	for k := range h {
-		if isHopByHop(k) || (len(conn) > 0 && connectionListed(conn, k)) {
-			delete(h, k)
-		}
-	}
-	f.annotate(x, h)
 	dst := w.Header()
-	for k, vv := range h {
-		if dst[k] == nil {
-			dst[k] = vv // resp.Header is ours alone: no copy needed
-			continue
+	if h := resp.Header; h == nil {
+		// A plain head (see plainHead): its end-to-end fields are in dst.
+		f.annotate(x, dst)
+	} else {
+		conn := h["Connection"]
+		for k := range h {
+			if isHopByHop(k) || (len(conn) > 0 && connectionListed(conn, k)) {
+				delete(h, k)
+			}
 		}
-		dst[k] = append(dst[k], vv...)
+		f.annotate(x, h)
+		for k, vv := range h {
+			if dst[k] == nil {
+				dst[k] = vv // resp.Header is ours alone: no copy needed
+				continue
+			}
+			dst[k] = append(dst[k], vv...)
+		}
 	}
 	announced := len(resp.Trailer)
 	if announced > 0 {
