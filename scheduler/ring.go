@@ -60,31 +60,33 @@ const (
 // a few tens of nanoseconds a decision, few enough to stay in L1.
 const prefetchAhead = 8
 
-// prefetchFrom is the participant count below which nothing is prefetched:
-// 256 KiB of records stay in cache, and a prefetch is a call that costs
-// more than the hit it would speed up.
+// prefetchFrom is the participant count from which chargeLocked calls
+// prefetchNextLocked. Below it the records (256 KiB) stay in cache, and a
+// prefetch is a call that costs more than the hit it would speed up.
 const prefetchFrom = 4096
 
 func (f *fifo[T]) mask() uint32 { return uint32(len(f.ids) - 1) }
 
 func (f *fifo[T]) full() bool { return int(f.tail-f.head) == len(f.ids) }
 
-// push appends v at the tail, doubling the array if it is full, and
-// returns its position.
-func (f *fifo[T]) push(v T) uint32 {
+// push appends v at the tail, doubling the array if it is full.
+func (f *fifo[T]) push(v T) {
 	if f.full() {
-		ids := make([]T, max(2*len(f.ids), 8))
-		m := uint32(len(ids) - 1)
-		for p := f.head; p != f.tail; p++ {
-			ids[p&m] = f.ids[p&f.mask()]
-		}
-		f.ids = ids
+		f.grow()
 	}
-	p := f.tail
-	f.ids[p&f.mask()] = v
+	f.ids[f.tail&f.mask()] = v
 	f.tail++
 	f.live++
-	return p
+}
+
+// grow doubles the array, keeping every entry at its position.
+func (f *fifo[T]) grow() {
+	ids := make([]T, max(2*len(f.ids), 8))
+	m := uint32(len(ids) - 1)
+	for p := f.head; p != f.tail; p++ {
+		ids[p&m] = f.ids[p&f.mask()]
+	}
+	f.ids = ids
 }
 
 // take removes and returns the entry at the head.
@@ -103,12 +105,24 @@ func (r *ring) serving() *fifo[int32] {
 	return &r.back
 }
 
-// pushLocked appends pid at f's tail and returns its position. A full
-// array at least half tombstones is squeezed instead of grown: the entries
-// behind a tombstone move up and their records learn their new positions,
-// at most one record write per tombstone.
+// pushLocked appends pid at f's tail and returns its position.
 func (s *Scheduler) pushLocked(f *fifo[int32], pid int32) uint32 {
-	if used := int(f.tail - f.head); f.full() && used > 0 && f.live <= used/2 {
+	if f.full() {
+		s.makeRoomLocked(f)
+	}
+	p := f.tail
+	f.ids[p&f.mask()] = pid
+	f.tail++
+	f.live++
+	return p
+}
+
+// makeRoomLocked makes room in a full f. An array at least half
+// tombstones is squeezed instead of grown: the entries behind a tombstone
+// move up and their records learn their new positions, at most one record
+// write per tombstone.
+func (s *Scheduler) makeRoomLocked(f *fifo[int32]) {
+	if used := int(f.tail - f.head); used > 0 && f.live <= used/2 {
 		m, w := f.mask(), f.head
 		for p := f.head; p != f.tail; p++ {
 			id := f.ids[p&m]
@@ -122,8 +136,9 @@ func (s *Scheduler) pushLocked(f *fifo[int32], pid int32) uint32 {
 			w++
 		}
 		f.tail = w
+		return
 	}
-	return f.push(pid)
+	f.grow()
 }
 
 // popLocked takes the live entry nearest f's head; f must hold one.
@@ -161,13 +176,6 @@ func (s *Scheduler) linkLocked(pid int32, c Class) {
 	r.n++
 }
 
-// requeueAtTailLocked puts a member popped by pickLocked, which stays in
-// its ring, behind everyone.
-func (s *Scheduler) requeueAtTailLocked(pid int32) {
-	q := &s.hot[pid]
-	q.where, q.slot = inBack, s.pushLocked(&s.rings[q.ring].back, pid)
-}
-
 func (s *Scheduler) unlinkLocked(pid int32) {
 	q := &s.hot[pid]
 	r := &s.rings[q.ring]
@@ -198,9 +206,6 @@ func (s *Scheduler) takeTurnLocked(c Class) int32 {
 // started now, they overlap with each other and with this dispatch
 // instead of stalling a later decision.
 func (s *Scheduler) prefetchNextLocked() {
-	if len(s.hot) < prefetchFrom {
-		return
-	}
 	budget := prefetchAhead
 	for c := P1; c <= P3; c++ {
 		r := &s.rings[c]

@@ -367,8 +367,8 @@ func (s *Scheduler) placeLocked(pid int32, now int64) {
 		if want != 0 {
 			s.linkLocked(pid, want)
 		}
-	case want != 0 && q.where == inNone:
-		s.requeueAtTailLocked(pid) // just served, stays in its class
+	case want != 0 && q.where == inNone: // just served, stays in its class: behind everyone
+		q.where, q.slot = inBack, s.pushLocked(&s.rings[want].back, pid)
 	}
 	due := int64(none)
 	if want > P1 {
@@ -452,12 +452,14 @@ func (s *Scheduler) chargeLocked(pid int32, c Class, now int64) {
 	q.lastSeq = uint32(s.seq)
 	s.dispatched[c]++
 	s.placeLocked(pid, now)
-	s.prefetchNextLocked()
+	if len(s.hot) >= prefetchFrom {
+		s.prefetchNextLocked()
+	}
 }
 
 // runTimersLocked relinks every parked queue whose climb is due.
 func (s *Scheduler) runTimersLocked(now int64) {
-	for {
+	for s.inOrder.live > 0 || len(s.timers) > hpad {
 		pid := s.popDueLocked(now)
 		if pid == none {
 			return
