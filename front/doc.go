@@ -141,8 +141,11 @@
 // request is idempotent). An answer to a GET whose head is plain (HTTP/1.1,
 // one Content-Length, no chunking, trailer or Connection field, no field
 // twice, all of it in the first read) is parsed straight into the client's
-// header; any other by http.ReadResponse. What reaches the upstream and the
-// client is what httputil.ReverseProxy would send (a test compares the two), at about two
+// header; any other by http.ReadResponse. A client that goes away aborts
+// the exchange: under Front.Serve, HTTP/1 clients are heard from their own
+// connection (net/http's background read of it fails); HTTP/2 streams and
+// connections of another server through the request's context. What reaches
+// the upstream and the client is what httputil.ReverseProxy would send (a test compares the two), at about two
 // thirds of its CPU per request. Everything else (request bodies, upgrades,
 // Expect, an h2c upstream) goes through httputil.ReverseProxy.
 //

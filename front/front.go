@@ -276,7 +276,7 @@ func (f *Front) Server() *http.Server {
 func (f *Front) Serve(ctx context.Context, l net.Listener) error {
 	srv := f.Server()
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(l) }()
+	go func() { errc <- srv.Serve(clientListener{l}) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serving front: %w", err)

@@ -58,6 +58,10 @@ type rigOpts struct {
 	// trusts loopback, as the tests' clients name their project in the
 	// header.
 	untrusted bool
+	// anyServer serves the front on the listener as given, as a server
+	// other than Front.Serve would: the direct path then watches for the
+	// client going away through the request's context.
+	anyServer bool
 }
 
 func newRig(t testing.TB, o rigOpts, upstream http.HandlerFunc) *rig {
@@ -105,6 +109,9 @@ func newRig(t testing.TB, o rigOpts, upstream http.HandlerFunc) *rig {
 		t.Fatal(err)
 	}
 	srv := r.front.Server()
+	if !o.anyServer {
+		l = clientListener{l} // as Front.Serve serves
+	}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { _ = srv.Close(); r.front.CloseIdle() })
 	r.url = "http://" + l.Addr().String()
@@ -451,11 +458,20 @@ func TestShareRefusalAndRelease(t *testing.T) {
 	waitOutcome(t, r.front, "big", "refused_share", 1)
 }
 
+// TestReleaseOnClientDisconnect ends a request whose client went away while
+// the upstream works on it, on the front's own connections and under another
+// server (the request's context tells).
 func TestReleaseOnClientDisconnect(t *testing.T) {
+	for _, anyServer := range []bool{false, true} {
+		t.Run(fmt.Sprintf("anyServer=%v", anyServer), func(t *testing.T) { testReleaseOnClientDisconnect(t, anyServer) })
+	}
+}
+
+func testReleaseOnClientDisconnect(t *testing.T, anyServer bool) {
 	entered := make(chan struct{}, 1)
 	release := make(chan struct{})
 	defer close(release)
-	r := newRig(t, rigOpts{}, holdUpstream(entered, release))
+	r := newRig(t, rigOpts{anyServer: anyServer}, holdUpstream(entered, release))
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "GET", r.url, nil)
 	req.Header.Set(DefaultProjectHeader, "alpha")

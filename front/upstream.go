@@ -211,28 +211,60 @@ func writeHeaderLine(bw *bufio.Writer, k, v string) {
 
 // roundTrip sends r upstream and reads the answer's head. A reused
 // connection that fails before the answer began is replaced by a fresh one,
-// once. stop ends the watch on the client (see exchangeOn); false means it
-// fired and the connection is not to be reused.
-func (f *Front) roundTrip(r *http.Request, x *exchange) (uc *upConn, resp *http.Response, stop func() bool, err error) {
+// once. The watch on the client it returns is to be ended (clientWatch.end);
+// if it fired, the connection is not to be reused.
+func (f *Front) roundTrip(r *http.Request, x *exchange) (uc *upConn, resp *http.Response, w clientWatch, err error) {
 	ctx := r.Context()
+	cc := peerOf(r).cc
+	if r.ProtoMajor != 1 {
+		// HTTP/2 streams share the connection and end on their own: only
+		// the request's context knows.
+		cc = nil
+	}
 	for attempt := 0; ; attempt++ {
 		uc, reused, err := f.up.get(ctx, x.at)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, clientWatch{}, err
 		}
 		// The client going away aborts whatever waits on the upstream,
 		// the answer's head or its body.
-		stop := context.AfterFunc(ctx, func() { _ = uc.c.SetDeadline(time.Unix(1, 0)) })
+		w := clientWatch{cc: cc}
+		if cc != nil {
+			cc.watch(uc.c)
+		} else {
+			w.stop = context.AfterFunc(ctx, func() { abortUpstream(uc.c) })
+		}
 		resp, err := f.exchangeOn(uc, r, x, reused)
 		if err == nil {
-			return uc, resp, stop, nil
+			return uc, resp, w, nil
 		}
-		stop()
+		fired := !w.end()
 		uc.c.Close()
-		if !errors.Is(err, errStaleConn) || attempt > 0 || ctx.Err() != nil {
-			return nil, nil, nil, err
+		if !errors.Is(err, errStaleConn) || attempt > 0 || fired || ctx.Err() != nil {
+			return nil, nil, clientWatch{}, err
 		}
 	}
+}
+
+// abortUpstream ends whatever waits on an upstream connection: the client
+// it was working for went away.
+func abortUpstream(c net.Conn) { _ = c.SetDeadline(time.Unix(1, 0)) }
+
+// clientWatch is the watch on the client during one upstream exchange:
+// on the front's own connection (see clientConn) or, for HTTP/2 and
+// connections served by another server, on the request's context.
+type clientWatch struct {
+	cc   *clientConn
+	stop func() bool // context.AfterFunc's, when cc is nil
+}
+
+// end ends the watch and reports whether it had not fired (the client is
+// still there), as context.AfterFunc's stop does.
+func (w clientWatch) end() bool {
+	if w.cc != nil {
+		return w.cc.unwatch()
+	}
+	return w.stop()
 }
 
 // exchangeOn writes the request on uc and reads the answer's head, passing
@@ -282,14 +314,14 @@ func (f *Front) exchangeOn(uc *upConn, r *http.Request, x *exchange, reused bool
 // serveDirect proxies r on the direct path.
 func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange) {
 	x.w = w
-	uc, resp, stop, err := f.roundTrip(r, x)
+	uc, resp, watch, err := f.roundTrip(r, x)
 	if err != nil {
 		f.upstreamFailed(w, r, x, err)
 		return
 	}
 	keep := false
 	defer func() {
-		if stop() && keep {
+		if watch.end() && keep {
 			f.up.put(uc, x.at)
 		} else {
 			uc.c.Close()
