@@ -189,15 +189,6 @@ func (s *Scheduler) unlinkLocked(pid int32) {
 	q.ring, q.where = 0, inNone
 }
 
-// takeTurnLocked pops the queue whose turn it is in ring c, which must
-// have a member. The queue stays a member, entry-less, until placeLocked
-// pushes it back at the tail or moves it.
-func (s *Scheduler) takeTurnLocked(c Class) int32 {
-	pid := s.popLocked(s.rings[c].serving())
-	s.hot[pid].where = inNone
-	return pid
-}
-
 // prefetchNextLocked starts loading the records the next decisions will
 // most likely read: those of the queues up to prefetchAhead turns ahead in
 // every non-empty ring (the best class first, the others one entry a

@@ -433,7 +433,11 @@ func (s *Scheduler) pickLocked(now int64) (int32, Class) {
 		return none, 0
 	}
 	s.visits++
-	return s.takeTurnLocked(c), c
+	// The queue stays a member, entry-less, until placeLocked pushes it
+	// back at the tail or moves it.
+	pid := s.popLocked(s.rings[c].serving())
+	s.hot[pid].where = inNone
+	return pid, c
 }
 
 // chargeLocked completes a class-c turn of pid once its queue has given up
