@@ -141,7 +141,7 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 		for w, f := range map[uint8]*fifo[int32]{inBack: &r.back, inFront: &r.front} {
 			live := 0
 			for p := f.head; p != f.tail; p++ {
-				pid := f.ids[p&f.mask()]
+				pid := f.buf[p&f.mask()]
 				if pid == gone {
 					continue
 				}
@@ -190,7 +190,7 @@ func timersInOrder(s *Scheduler) []timer {
 	r := &s.inOrder
 	out := make([]timer, 0, r.live)
 	for p := r.head; p != r.tail; p++ {
-		out = append(out, r.ids[p&r.mask()])
+		out = append(out, r.buf[p&r.mask()])
 	}
 	return out
 }

@@ -17,7 +17,8 @@ import "unsafe"
 // emptied) by overwriting its entry with gone; the head skips such
 // tombstones when it reaches them, reading nothing but the array. A full
 // array that is at least half tombstones is squeezed instead of grown, so
-// an array never holds more than twice its ring's peak membership.
+// an array only grows when more than half of it is members, and is never
+// more than four times its ring's peak membership.
 type ring struct {
 	// front holds the queues that entered at the cursor (see linkLocked)
 	// in arrival order; they are served before back.
@@ -40,8 +41,8 @@ type ring struct {
 // 2^32): an entry's position never changes while the array grows, so a
 // ring member's hot.slot stays valid without touching its record.
 type fifo[T any] struct {
-	ids        []T    // length a power of two, nil until the first push
-	head, tail uint32 // entries are ids[p&mask] for head <= p < tail
+	buf        []T    // length a power of two, nil until the first push
+	head, tail uint32 // entries are buf[p&mask] for head <= p < tail
 	live       int    // entries that are not gone (a ring's tombstones)
 }
 
@@ -65,33 +66,33 @@ const prefetchAhead = 8
 // prefetch is a call that costs more than the hit it would speed up.
 const prefetchFrom = 4096
 
-func (f *fifo[T]) mask() uint32 { return uint32(len(f.ids) - 1) }
+func (f *fifo[T]) mask() uint32 { return uint32(len(f.buf) - 1) }
 
-func (f *fifo[T]) full() bool { return int(f.tail-f.head) == len(f.ids) }
+func (f *fifo[T]) full() bool { return int(f.tail-f.head) == len(f.buf) }
 
-// push appends v at the tail, doubling the array if it is full.
-func (f *fifo[T]) push(v T) {
-	if f.full() {
-		f.grow()
-	}
-	f.ids[f.tail&f.mask()] = v
+// add appends v at the tail of an f that is not full and returns its
+// position.
+func (f *fifo[T]) add(v T) uint32 {
+	p := f.tail
+	f.buf[p&f.mask()] = v
 	f.tail++
 	f.live++
+	return p
 }
 
 // grow doubles the array, keeping every entry at its position.
 func (f *fifo[T]) grow() {
-	ids := make([]T, max(2*len(f.ids), 8))
-	m := uint32(len(ids) - 1)
+	buf := make([]T, max(2*len(f.buf), 8))
+	m := uint32(len(buf) - 1)
 	for p := f.head; p != f.tail; p++ {
-		ids[p&m] = f.ids[p&f.mask()]
+		buf[p&m] = f.buf[p&f.mask()]
 	}
-	f.ids = ids
+	f.buf = buf
 }
 
 // take removes and returns the entry at the head.
 func (f *fifo[T]) take() T {
-	v := f.ids[f.head&f.mask()]
+	v := f.buf[f.head&f.mask()]
 	f.head++
 	f.live--
 	return v
@@ -110,11 +111,7 @@ func (s *Scheduler) pushLocked(f *fifo[int32], pid int32) uint32 {
 	if f.full() {
 		s.makeRoomLocked(f)
 	}
-	p := f.tail
-	f.ids[p&f.mask()] = pid
-	f.tail++
-	f.live++
-	return p
+	return f.add(pid)
 }
 
 // makeRoomLocked makes room in a full f. An array at least half
@@ -125,12 +122,12 @@ func (s *Scheduler) makeRoomLocked(f *fifo[int32]) {
 	if used := int(f.tail - f.head); used > 0 && f.live <= used/2 {
 		m, w := f.mask(), f.head
 		for p := f.head; p != f.tail; p++ {
-			id := f.ids[p&m]
+			id := f.buf[p&m]
 			if id == gone {
 				continue
 			}
 			if w != p {
-				f.ids[w&m] = id
+				f.buf[w&m] = id
 				s.hot[id].slot = w
 			}
 			w++
@@ -144,7 +141,7 @@ func (s *Scheduler) makeRoomLocked(f *fifo[int32]) {
 // popLocked takes the live entry nearest f's head; f must hold one.
 func (s *Scheduler) popLocked(f *fifo[int32]) int32 {
 	m := f.mask()
-	for f.ids[f.head&m] == gone {
+	for f.buf[f.head&m] == gone {
 		f.head++
 		s.skips++
 	}
@@ -153,7 +150,7 @@ func (s *Scheduler) popLocked(f *fifo[int32]) int32 {
 
 // drop turns the entry at p of a ring's fifo into a tombstone.
 func drop(f *fifo[int32], p uint32) {
-	f.ids[p&f.mask()] = gone
+	f.buf[p&f.mask()] = gone
 	if f.live--; f.live == 0 {
 		f.head = f.tail // nothing left to skip to
 	}
@@ -208,12 +205,12 @@ func (s *Scheduler) prefetchNextLocked() {
 			r.warm = f.head // the head moved past it, or to another fifo
 		}
 		m := f.mask()
-		if pid := f.ids[f.head&m]; budget == prefetchAhead && pid != r.turn && pid != gone {
+		if pid := f.buf[f.head&m]; budget == prefetchAhead && pid != r.turn && pid != gone {
 			s.prefetchTurnLocked(pid) // the best class's next turn, once
 			r.turn = pid
 		}
 		for ; budget > 0 && r.warm != f.tail && r.warm-f.head < prefetchAhead; r.warm++ {
-			if pid := f.ids[r.warm&m]; pid != gone {
+			if pid := f.buf[r.warm&m]; pid != gone {
 				s.prefetchRecordsLocked(pid)
 			}
 			budget--

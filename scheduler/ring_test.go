@@ -20,8 +20,8 @@ func TestRingSqueezesTombstonesAndKeepsTurnOrder(t *testing.T) {
 		first = append(first, h.submit(fmt.Sprintf("a%02d", i), 1)[0])
 	}
 	front := &h.s.rings[P3].front
-	if len(front.ids) != 64 || front.live != 64 {
-		t.Fatalf("setup: %d new queues in a front array of %d with %d live", 64, len(front.ids), front.live)
+	if len(front.buf) != 64 || front.live != 64 {
+		t.Fatalf("setup: %d new queues in a front array of %d with %d live", 64, len(front.buf), front.live)
 	}
 	var want []string
 	for i, tk := range first {
@@ -36,8 +36,8 @@ func TestRingSqueezesTombstonesAndKeepsTurnOrder(t *testing.T) {
 		h.submit(fmt.Sprintf("b%02d", i), 1)
 		want = append(want, fmt.Sprintf("b%02d:P3", i))
 	}
-	if len(front.ids) != 64 || int(front.tail-front.head) != 64 {
-		t.Fatalf("array of %d holding %d entries, want the 64 squeezed in place", len(front.ids), front.tail-front.head)
+	if len(front.buf) != 64 || int(front.tail-front.head) != 64 {
+		t.Fatalf("array of %d holding %d entries, want the 64 squeezed in place", len(front.buf), front.tail-front.head)
 	}
 	if got := h.drain(64); !slices.Equal(got, want) {
 		t.Fatalf("turns after squeezing:\ngot  %v\nwant %v", got, want)

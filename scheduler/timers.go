@@ -40,8 +40,11 @@ func (s *Scheduler) timerSetLocked(pid int32, due int64) {
 	}
 	q.due = due
 	t := timer{due: due, pid: pid}
-	if r := &s.inOrder; r.live == 0 || r.ids[(r.tail-1)&r.mask()].due <= due {
-		r.push(t)
+	if r := &s.inOrder; r.live == 0 || r.buf[(r.tail-1)&r.mask()].due <= due {
+		if r.full() {
+			r.grow()
+		}
+		r.add(t)
 	} else {
 		s.timers = append(s.timers, t)
 		h := s.heapLocked()
@@ -66,10 +69,10 @@ func (s *Scheduler) popDueLocked(now int64) int32 {
 	for {
 		r, h := &s.inOrder, s.heapLocked()
 		var t timer
-		fromFIFO := r.live > 0 && (len(h) == 0 || r.ids[r.head&r.mask()].due <= h[0].due)
+		fromFIFO := r.live > 0 && (len(h) == 0 || r.buf[r.head&r.mask()].due <= h[0].due)
 		switch {
 		case fromFIFO:
-			t = r.ids[r.head&r.mask()]
+			t = r.buf[r.head&r.mask()]
 		case len(h) > 0:
 			t = h[0]
 		default:
@@ -119,8 +122,8 @@ func (s *Scheduler) compactTimersLocked() {
 	r := &s.inOrder
 	m, w := r.mask(), r.head
 	for p := r.head; p != r.tail; p++ {
-		if t := r.ids[p&m]; keep(t) {
-			r.ids[w&m] = t
+		if t := r.buf[p&m]; keep(t) {
+			r.buf[w&m] = t
 			w++
 		}
 	}
@@ -132,7 +135,7 @@ func (s *Scheduler) compactTimersLocked() {
 		}
 	}
 	for p := r.head; p != r.tail; p++ {
-		q := &s.hot[r.ids[p&m].pid]
+		q := &s.hot[r.buf[p&m].pid]
 		q.due = -2 - q.due
 	}
 	for i := range h {
@@ -196,9 +199,9 @@ const timerAhead = 4
 func (s *Scheduler) prefetchTimersLocked() {
 	if r := &s.inOrder; r.live > 0 {
 		m := r.mask()
-		s.prefetchTurnLocked(r.ids[r.head&m].pid)
+		s.prefetchTurnLocked(r.buf[r.head&m].pid)
 		if r.live > timerAhead {
-			s.prefetchRecordsLocked(r.ids[(r.head+timerAhead)&m].pid)
+			s.prefetchRecordsLocked(r.buf[(r.head+timerAhead)&m].pid)
 		}
 	}
 	h := s.heapLocked()
