@@ -331,12 +331,34 @@ struct {
  * and every accepted child of the host, and a hint that spares the listener
  * lookup that would miss (a wildcard listener, the usual server, is found
  * with one lookup instead of two). An array lookup is inlined by the
- * verifier; the hash lookups behind it are not.
+ * verifier; the hash lookups behind it are not. A port with one listening
+ * address (the usual case) also names its listener here, so sk_lookup does
+ * not look in fs_listeners at all: measured here (bpf_stats, loopback
+ * connect loop) that takes sk_lookup from ~450-570 to ~360-380 ns/run.
  */
 struct fs_port {
-	__u32 specific; /* listeners on one address */
-	__u32 wildcard; /* listeners on 0.0.0.0 or :: */
-};
+	/* specific, wildcard and version are one 64-bit word (port_state),
+	 * changed with one fetch-add: whoever changes the port's addresses
+	 * learns their counts and the version the change made, atomically. */
+	__u16 specific; /* addresses of the port's listeners that are one address */
+	__u16 wildcard; /* addresses that are 0.0.0.0 or :: */
+	__u32 version;  /* bumped by every change of the addresses or of their owner */
+	/*
+	 * The owner: the port's only listening address and its listener,
+	 * valid while tag equals the port's state word (one address, the
+	 * version it was written at). sk_lookup then admits without the
+	 * fs_listeners lookup, whose 32-byte key costs a jhash and two more
+	 * cache lines (and pages) per SYN. tag is 0 while the owner is being
+	 * written; lock admits one writer at a time.
+	 */
+	__u64 tag;
+	__u32 lock;
+	__u32 _pad;
+	__u64 netns;
+	__u64 project;
+	__u64 cgroup;
+	__u8 addr[16];
+} __attribute__((aligned(8)));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -980,15 +1002,83 @@ static __always_inline bool wild_addr(const __u8 *addr)
 	return a[0] == 0 && a[1] == 0;
 }
 
-static __always_inline void port_add(struct fs_listen_key *k, int d)
+#define PORT_SPECIFIC 1ULL
+#define PORT_WILDCARD (1ULL << 16)
+#define PORT_VERSION (1ULL << 32)
+
+static __always_inline __u64 *port_state(struct fs_port *n)
+{
+	return (__u64 *)n;
+}
+
+/* port_addrs is the number of listening addresses a port state word counts. */
+static __always_inline __u32 port_addrs(__u64 w)
+{
+	return (w & 0xffff) + ((w >> 16) & 0xffff);
+}
+
+/*
+ * port_change records a change of k's port: d = 1 address k added, -1
+ * removed, 0 its listener (the owner) replaced. A change that leaves k the
+ * port's only address writes k's listener, as the hash holds it after the
+ * change, as the owner tagged with the new state. Every change bumps the
+ * version, so an owner written for an earlier state is never taken for the
+ * current one; a writer that finds the state moved on or the lock held
+ * writes nothing, and sk_lookup falls back to the hash until the port's next
+ * first address.
+ */
+static __always_inline void port_change(struct fs_listen_key *k, int d)
 {
 	__u32 port = k->port;
 	struct fs_port *n = bpf_map_lookup_elem(&fs_ports, &port);
 	if (!n)
 		return;
-	__u32 *c = wild_addr(k->addr) ? &n->wildcard : &n->specific;
-	if (d > 0 || *c)
-		__sync_fetch_and_add(c, d);
+	bool wild = wild_addr(k->addr);
+	__u64 one = wild ? PORT_WILDCARD : PORT_SPECIFIC;
+	if (d < 0 && !(wild ? n->wildcard : n->specific))
+		return;
+	__u64 delta = PORT_VERSION + (d > 0 ? one : d < 0 ? -one : 0);
+	__u64 w = __sync_fetch_and_add(port_state(n), delta) + delta;
+	if (d < 0 || port_addrs(w) != 1)
+		return;
+	/* Looked up after the change: a delete of k that this change did not
+	 * see has already taken k out of the hash. */
+	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, k);
+	if (!l || __sync_val_compare_and_swap(&n->lock, 0, 1) != 0)
+		return;
+	if (*(volatile __u64 *)port_state(n) == w) {
+		__sync_lock_test_and_set(&n->tag, 0);
+		n->netns = k->netns;
+		__builtin_memcpy(n->addr, k->addr, 16);
+		n->project = l->project;
+		n->cgroup = l->cgroup;
+		/* Publish: the exchange orders the stores above before it. */
+		__sync_lock_test_and_set(&n->tag, w);
+	}
+	__sync_lock_test_and_set(&n->lock, 0);
+}
+
+/*
+ * port_owner finds the listener of the SYN's address (netns, addr) from the
+ * port's owner: 1 found (*id, *cg), 0 no listener there, -1 the owner is not
+ * valid (look in the hash). The tag is read before and after the owner, as
+ * a seqlock's sequence: port_change zeroes it before writing.
+ */
+static __always_inline int port_owner(struct fs_port *n, __u64 netns, const __u8 *addr, __u64 *id, __u64 *cg)
+{
+	__u64 w = *(volatile __u64 *)port_state(n);
+	if (port_addrs(w) != 1 || *(volatile __u64 *)&n->tag != w)
+		return -1;
+	const __u64 *oa = (const __u64 *)n->addr, *a = (const __u64 *)addr;
+	__u64 on = n->netns, o0 = oa[0], o1 = oa[1];
+	*id = n->project;
+	*cg = n->cgroup;
+	asm volatile("" ::: "memory");
+	if (*(volatile __u64 *)&n->tag != w)
+		return -1;
+	if (on != netns || ((o0 || o1) && (o0 != a[0] || o1 != a[1])))
+		return 0;
+	return 1;
 }
 
 /*
@@ -1014,13 +1104,13 @@ static __always_inline void on_listen(struct sock *sk)
 			return; /* map full: the listener goes uncounted */
 		if (!bpf_map_lookup_elem(&fs_listeners, &k) &&
 		    bpf_map_update_elem(&fs_listeners, &k, &nl, BPF_NOEXIST) == 0)
-			port_add(&k, 1);
+			port_change(&k, 1);
 		return;
 	}
 	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, &k);
 	if (!l) {
 		if (bpf_map_update_elem(&fs_listeners, &k, &nl, BPF_NOEXIST) == 0) {
-			port_add(&k, 1);
+			port_change(&k, 1);
 			return;
 		}
 		/* Another socket of the address won the insert. */
@@ -1032,6 +1122,7 @@ static __always_inline void on_listen(struct sock *sk)
 	l->project = nl.project;
 	l->cgroup = nl.cgroup;
 	__sync_fetch_and_add(&l->refs, 1);
+	port_change(&k, 0);
 }
 
 /* listened returns the port's entry if a project listens on it, else NULL. */
@@ -1061,7 +1152,7 @@ static __always_inline void on_unlisten(struct sock *sk)
 	if (!l)
 		return;
 	if (__sync_fetch_and_add(&l->refs, -1) <= 1 && bpf_map_delete_elem(&fs_listeners, &k) == 0)
-		port_add(&k, -1);
+		port_change(&k, -1);
 }
 
 /*
@@ -1253,17 +1344,24 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	rk.lport = ctx->local_port;
 	rk.rport = bpf_ntohs(ctx->remote_port);
 
-	struct fs_listen_key lk = {};
-	lk.netns = cfg->netns_cookie;
-	lk.port = rk.lport;
-	__builtin_memcpy(lk.addr, rk.laddr, 16);
-	struct fs_listener *l = find_listener(port, &lk);
-	if (!l)
+	__u64 id = 0, cg = 0;
+	int own = port_owner(port, cfg->netns_cookie, rk.laddr, &id, &cg);
+	if (own == 0)
 		return SK_PASS;
-	__u64 id = l->project;
+	if (own < 0) {
+		struct fs_listen_key lk = {};
+		lk.netns = cfg->netns_cookie;
+		lk.port = rk.lport;
+		__builtin_memcpy(lk.addr, rk.laddr, 16);
+		struct fs_listener *l = find_listener(port, &lk);
+		if (!l)
+			return SK_PASS;
+		id = l->project;
+		cg = l->cgroup;
+	}
 	__u32 kind = KIND_IN;
 	int a = 1;
-	if (exempt_take(false, l->cgroup, id))
+	if (exempt_take(false, cg, id))
 		kind = KIND_EXEMPT_IN;
 	else
 		a = admit(project_get(id), 0, CLK_COARSE);

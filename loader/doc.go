@@ -115,7 +115,9 @@
 // version before fs_resv_slots reserved in its table are not found at
 // ESTABLISHED by the new programs: those children are admitted again and
 // their old reservations expire after the TTL, an over-count of at most the
-// handshakes in flight at the restart, for one TTL.
+// handshakes in flight at the restart, for one TTL. The version that made
+// fs_ports name a port's only listener changed that map's layout: a pin
+// directory of an earlier version is refused as above.
 //
 // # Reconcile
 //

@@ -275,3 +275,101 @@ func sendSYN(t testing.TB, dst netip.AddrPort, sport uint16) {
 		t.Fatal(err)
 	}
 }
+
+// portOwned says whether sk_lookup finds port's listener in the port entry
+// (its owner is valid) rather than in the listener hash.
+func portOwned(t testing.TB, l *Limiter, port uint16) bool {
+	t.Helper()
+	var p limiterFsPort
+	if err := l.objs.FsPorts.Lookup(uint32(port), &p); err != nil {
+		t.Fatal(err)
+	}
+	state := uint64(p.Specific) | uint64(p.Wildcard)<<16 | uint64(p.Version)<<32
+	return p.Tag != 0 && p.Tag == state
+}
+
+// The port entry names the listener of a port with one listening address;
+// a SYN to another address of that port is not the listener's. With two
+// addresses on one port (two projects), sk_lookup falls back to the hash:
+// each connection counts, and is refused, for the project listening on its
+// address, also after one of them closes.
+func TestInboundOneAddressOwnerAndFallback(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 3, 1)
+	a := startHelper(t, mkProject(t, root, "a"))
+	b := startHelper(t, mkProject(t, root, "b"))
+	addrA := netip.MustParseAddrPort(listenAddr(t, a.do("listen 127.0.0.1:0")))
+	port := addrA.Port()
+	if !portOwned(t, l, port) {
+		t.Fatal("a port with one listening address has no owner")
+	}
+	// Another address of the port, outside the projects: not a's.
+	addrB := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), port)
+	other := sink(t, "tcp4", addrB.String())
+	c, err := net.DialTimeout("tcp4", addrB.String(), 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if s := snap(t, l); s.Events.AdmittedIn != 0 || project(s, "a").InUse != 0 {
+		t.Fatalf("a connection to another address counted for the listener: %+v", s)
+	}
+	other.Close()
+
+	if got := listenAddr(t, b.do("listen %s", addrB)); got != addrB.String() {
+		t.Fatalf("b listens on %s, want %s", got, addrB)
+	}
+	if portOwned(t, l, port) {
+		t.Fatal("a port with two listening addresses has an owner")
+	}
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	dial := func(addr netip.AddrPort) error {
+		c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+		if err == nil {
+			conns = append(conns, c)
+		}
+		return err
+	}
+	// POOL 3: a takes two while alone, b one as the second active project.
+	for _, to := range []netip.AddrPort{addrA, addrA, addrB} {
+		if err := dial(to); err != nil {
+			t.Fatalf("dial %s: %v; %+v", to, err, snap(t, l))
+		}
+	}
+	waitInUse(t, l, 3, map[string]int{"a": 2, "b": 1})
+	for i, to := range []netip.AddrPort{addrA, addrB} {
+		if err := dial(to); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("dial %s over the pool: %v, want ECONNREFUSED", to, err)
+		}
+		s := snap(t, l)
+		if ra, rb := project(s, "a").Refused, project(s, "b").Refused; ra != 1 || rb != uint64(i) {
+			t.Fatalf("after refusing %s: refused a %d b %d", to, ra, rb)
+		}
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	conns = nil
+	waitInUse(t, l, 0, map[string]int{"a": 0, "b": 0})
+
+	// b closes: a's address is the port's only one again, found in the hash.
+	b.do("unlisten")
+	eventually(t, "b's address forgotten", func() (bool, string) {
+		var p limiterFsPort
+		err := l.objs.FsPorts.Lookup(uint32(port), &p)
+		return err == nil && p.Specific == 1, fmt.Sprintf("%+v %v", p, err)
+	})
+	if err := dial(addrB); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial %s with nobody listening: %v", addrB, err)
+	}
+	if err := dial(addrA); err != nil {
+		t.Fatal(err)
+	}
+	waitInUse(t, l, 1, map[string]int{"a": 1, "b": 0})
+}

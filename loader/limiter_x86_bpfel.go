@@ -66,8 +66,16 @@ type limiterFsPool struct {
 
 type limiterFsPort struct {
 	_        structs.HostLayout
-	Specific uint32
-	Wildcard uint32
+	Specific uint16
+	Wildcard uint16
+	Version  uint32
+	Tag      uint64
+	Lock     uint32
+	Pad      uint32
+	Netns    uint64
+	Project  uint64
+	Cgroup   uint64
+	Addr     [16]uint8
 }
 
 type limiterFsProject struct {

@@ -163,7 +163,7 @@ func TestReuseportListenersRefcounted(t *testing.T) {
 		if err := l.objs.FsPorts.Lookup(k.Port, &port); err != nil {
 			return false, err.Error()
 		}
-		return n == 0 && port.Specific == 0, fmt.Sprintf("%d listener entries left, port %+v", n, port)
+		return n == 0 && port.Specific == 0 && port.Wildcard == 0, fmt.Sprintf("%d listener entries left, port %+v", n, port)
 	})
 }
 
