@@ -62,8 +62,9 @@ const (
 const prefetchAhead = 8
 
 // prefetchFrom is the participant count from which chargeLocked calls
-// prefetchNextLocked. Below it the records (256 KiB) stay in cache, and a
-// prefetch is a call that costs more than the hit it would speed up.
+// prefetchNextLocked, and the ring size from which it prefetches a ring's
+// members. Below it their records (256 KiB) stay in cache, and a prefetch
+// is a call that costs more than the hit it would speed up.
 const prefetchFrom = 4096
 
 func (f *fifo[T]) mask() uint32 { return uint32(len(f.buf) - 1) }
@@ -197,7 +198,7 @@ func (s *Scheduler) prefetchNextLocked() {
 	budget := prefetchAhead
 	for c := P1; c <= P3; c++ {
 		r := &s.rings[c]
-		if r.n == 0 {
+		if r.n < prefetchFrom { // empty, or its members' records fit in cache
 			continue
 		}
 		f := r.serving()

@@ -39,14 +39,20 @@ type Scheduler struct {
 	timers      []timer     // 4-ary min-heap after hpad padding entries: when a parked queue can climb
 	inOrder     fifo[timer] // timers set in due order, earliest first; the others are in timers
 	staleTimers int         // entries in timers and inOrder that no longer match hot.due
-	tickets     []Ticket    // preallocated tickets handed out by Submit
-	inFlight    int         // dispatched, not yet Done
-	seq         uint64      // dispatches so far, numbers turns for entry placement
-	dispatched  [4]uint64   // by class
-	visits      uint64      // queues examined: the cursor's queue plus timer relinks
-	skips       uint64      // ring tombstones passed over by the head
-	wait        waitHist
-	lastSweep   int64
+	// timerPrefetched is what prefetchTimersLocked prefetched last: the
+	// FIFO's head position and the heap's top.
+	timerPrefetched struct {
+		head uint32
+		top  timer
+	}
+	tickets    []Ticket  // preallocated tickets handed out by Submit
+	inFlight   int       // dispatched, not yet Done
+	seq        uint64    // dispatches so far, numbers turns for entry placement
+	dispatched [4]uint64 // by class
+	visits     uint64    // queues examined: the cursor's queue plus timer relinks
+	skips      uint64    // ring tombstones passed over by the head
+	wait       waitHist
+	lastSweep  int64
 }
 
 // A participant is one queue and its buckets, split by how often it is

@@ -195,17 +195,23 @@ const timerAhead = 4
 // timers are due next: the head ticket of the FIFO's head (its records
 // were prefetched when it was timerAhead behind), the records of the entry
 // timerAhead behind the head, and those of the heap's top and its four
-// children, among which is the heap's second.
+// children, among which is the heap's second. What did not change since
+// the last decision is not prefetched again: with no timer due, these
+// would be calls for lines already in cache.
 func (s *Scheduler) prefetchTimersLocked() {
-	if r := &s.inOrder; r.live > 0 {
+	pf := &s.timerPrefetched
+	if r := &s.inOrder; r.live > 0 && r.head != pf.head {
 		m := r.mask()
 		s.prefetchTurnLocked(r.buf[r.head&m].pid)
 		if r.live > timerAhead {
 			s.prefetchRecordsLocked(r.buf[(r.head+timerAhead)&m].pid)
 		}
+		pf.head = r.head
 	}
-	h := s.heapLocked()
-	for i := range min(len(h), 5) {
-		s.prefetchRecordsLocked(h[i].pid)
+	if h := s.heapLocked(); len(h) > 0 && h[0] != pf.top {
+		for i := range min(len(h), 5) {
+			s.prefetchRecordsLocked(h[i].pid)
+		}
+		pf.top = h[0]
 	}
 }
