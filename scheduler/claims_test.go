@@ -663,7 +663,13 @@ func TestTierAndClassNames(t *testing.T) {
 	if _, err := ParseTier("gold"); !errors.Is(err, ErrUnknownTier) {
 		t.Errorf("ParseTier(gold) = %v", err)
 	}
-	if P1.String() != "P1" || P3.String() != "P3" || Class(0).String() != "-" {
-		t.Error("class names")
+	for c, want := range map[Class]string{0: "-", P1: "P1", P2: "P2", P3: "P3", 4: "Class(4)"} {
+		if got := c.String(); got != want {
+			t.Errorf("Class(%d).String() = %q, want %q", int(c), got, want)
+		}
+	}
+	// Logs and status name classes often: naming one must not allocate.
+	if n := testing.AllocsPerRun(100, func() { _ = P2.String() }); n != 0 {
+		t.Errorf("Class.String allocates %v times", n)
 	}
 }

@@ -93,8 +93,12 @@ func (c Class) String() string {
 	switch c {
 	case 0:
 		return "-"
-	case P1, P2, P3:
-		return "P" + string(rune('0'+int(c)))
+	case P1:
+		return "P1"
+	case P2:
+		return "P2"
+	case P3:
+		return "P3"
 	}
 	return fmt.Sprintf("Class(%d)", int(c))
 }
