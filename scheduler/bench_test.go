@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -115,6 +116,72 @@ func BenchmarkDispatch(b *testing.B) {
 	for _, n := range []int{10, 1000, 100_000} {
 		b.Run(fmt.Sprint("n=", n), func(b *testing.B) { benchDispatch(b, n, false) })
 	}
+}
+
+// BenchmarkFlat is the flatness claim measured as a ratio in one run:
+// schedulers of 10, 1k and 100k participants in the mix of
+// BenchmarkDecision and BenchmarkDispatch take turns, one slice of
+// decisions (or dispatches) each per round, so the machine's load moves
+// every size alike. It reports each size's ns per operation and the
+// 100k/10 ratio, as medians over rounds, with the ratio's quartiles.
+func BenchmarkFlat(b *testing.B) {
+	for _, op := range []string{"decision", "dispatch"} {
+		b.Run(op, func(b *testing.B) {
+			sizes := []int{10, 1000, 100_000}
+			steps := make([]func(), len(sizes))
+			for i, n := range sizes {
+				s, dt := mixScheduler(b, n)
+				now := int64(0)
+				steps[i] = func() {
+					now += dt
+					s.mu.Lock()
+					if op == "decision" {
+						pid, c := s.pickLocked(now)
+						s.chargeLocked(pid, c, now)
+					} else {
+						tk := s.dispatchLocked(now)
+						s.doneLocked(tk, 1, now)
+						s.requeueLocked(tk, now)
+					}
+					s.mu.Unlock()
+				}
+				for range 4 * n { // reach the steady state before timing
+					steps[i]()
+				}
+			}
+			const slice = 20_000
+			per := make([][]float64, len(sizes))
+			for i := range per {
+				per[i] = make([]float64, 0, b.N)
+			}
+			ratios := make([]float64, 0, b.N)
+			b.ResetTimer()
+			for range b.N {
+				for i, step := range steps {
+					start := time.Now()
+					for range slice {
+						step()
+					}
+					per[i] = append(per[i], float64(time.Since(start).Nanoseconds())/slice)
+				}
+				ratios = append(ratios, per[len(sizes)-1][len(per[0])-1]/per[0][len(per[0])-1])
+			}
+			b.StopTimer()
+			for i, n := range sizes {
+				b.ReportMetric(quantile(per[i], 0.5), fmt.Sprintf("ns/op@%d", n))
+			}
+			b.ReportMetric(quantile(ratios, 0.25), "ratio-q1")
+			b.ReportMetric(quantile(ratios, 0.5), "ratio-median")
+			b.ReportMetric(quantile(ratios, 0.75), "ratio-q3")
+			b.ReportMetric(0, "ns/op") // a round is not an operation
+		})
+	}
+}
+
+// quantile returns the q-quantile of xs (nearest rank), sorting xs.
+func quantile(xs []float64, q float64) float64 {
+	slices.Sort(xs)
+	return xs[min(int(q*float64(len(xs))), len(xs)-1)]
 }
 
 // BenchmarkDispatchNotify is BenchmarkDispatch with a waiter's channel on
