@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
@@ -75,8 +76,11 @@ func cycle(b *testing.B, lfd int, sa unix.Sockaddr) {
 // BenchmarkConnectAcceptClose measures a loopback connect+accept+close cycle
 // with the programs attached and with nothing attached, interleaved in
 // rounds within one run, and reports the overhead as the median of the
-// per-round ratios, with their quartiles as the spread. It then runs with BPF
-// run-time stats on and reports ns per program run.
+// per-round ratios, with their quartiles as the spread. A third side in
+// every round attaches, at the same hooks, programs that return at once
+// (floor-%): what the hooks cost on this kernel before a program does
+// anything, a cost no program can go under. It then runs with BPF run-time
+// stats on and reports ns per program run.
 //
 // "outbound": the listener is outside the projects, only the client side
 // takes a permit. "both": client and listener are in the project, the cycle
@@ -181,8 +185,10 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 		}
 		l.links = nil
 	}
-	attach := func() {
-		for _, a := range l.attachments(l.root, &l.objs) {
+	floor := emptyPrograms(b)
+	defer floor.Close()
+	attach := func(objs *limiterObjects) {
+		for _, a := range l.attachments(l.root, objs) {
 			lk, err := a.attach()
 			if err != nil {
 				b.Fatalf("attaching %s: %v", a.name, err)
@@ -219,10 +225,14 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 	const rounds, warm, settle = 100, 10, 5 * time.Millisecond
 	per := max(b.N/(2*rounds), 50)
 	times := make([]float64, per)
-	run := func(on bool) (med, mean float64) {
+	const bare, floored, attached = 0, 1, 2
+	run := func(side int) (med, mean float64) {
 		b.StopTimer()
-		if on {
-			attach()
+		switch side {
+		case floored:
+			attach(floor)
+		case attached:
+			attach(&l.objs)
 		}
 		time.Sleep(settle)
 		for range warm {
@@ -236,7 +246,7 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 			times[i], start = float64(now.Sub(start).Nanoseconds()), now
 		}
 		b.StopTimer()
-		if on {
+		if side != bare {
 			detach()
 		}
 		b.StartTimer()
@@ -246,30 +256,33 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 		}
 		return median(times), sum / float64(per)
 	}
-	var bare, attached, ratio, ratioMean []float64
+	var cycles [3][]float64
+	var ratio, ratioMean, floorRatio []float64
 	for i := range rounds {
-		var nb, na, mb, ma float64
-		if i%2 == 0 {
-			nb, mb = run(false)
-			na, ma = run(true)
-		} else {
-			na, ma = run(true)
-			nb, mb = run(false)
+		var med, mean [3]float64
+		for k := range 3 { // each side goes first, second and third in turn
+			side := (i + k) % 3
+			med[side], mean[side] = run(side)
 		}
-		bare, attached = append(bare, nb), append(attached, na)
-		ratio, ratioMean = append(ratio, na/nb), append(ratioMean, ma/mb)
+		for side := range cycles {
+			cycles[side] = append(cycles[side], med[side])
+		}
+		ratio = append(ratio, med[attached]/med[bare])
+		ratioMean = append(ratioMean, mean[attached]/mean[bare])
+		floorRatio = append(floorRatio, med[floored]/med[bare])
 	}
 	b.StopTimer()
-	b.ReportMetric(median(bare), "bare-ns/cycle")
-	b.ReportMetric(median(attached), "attached-ns/cycle")
+	b.ReportMetric(median(cycles[bare]), "bare-ns/cycle")
+	b.ReportMetric(median(cycles[attached]), "attached-ns/cycle")
 	b.ReportMetric(100*(median(ratio)-1), "overhead-%")
 	b.ReportMetric(100*(quantile(ratio, 0.25)-1), "overhead-q1-%")
 	b.ReportMetric(100*(quantile(ratio, 0.75)-1), "overhead-q3-%")
 	b.ReportMetric(100*(median(ratioMean)-1), "overhead-mean-%")
+	b.ReportMetric(100*(median(floorRatio)-1), "floor-%")
 
 	// Run time per program, with stats on (they add ~20 ns per run): the
 	// median over rounds of each program's mean, for the same reason.
-	attach()
+	attach(&l.objs)
 	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 	if err != nil {
 		b.Logf("bpf stats unavailable: %v", err)
@@ -318,6 +331,43 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 		total += ns * rc
 	}
 	b.ReportMetric(total, "bpf-ns/cycle")
+}
+
+// emptyPrograms loads, for each program the limiter attaches, one of the
+// same type and attach point that returns at once and lets everything
+// through: the floor side of BenchmarkConnectAcceptClose.
+func emptyPrograms(b *testing.B) *limiterObjects {
+	spec, err := loadLimiter()
+	if err != nil {
+		b.Fatal(err)
+	}
+	pass := map[ebpf.ProgramType]int32{
+		ebpf.CGroupSockAddr: 1, // allow the connect
+		ebpf.CGroupSock:     1, // allow the release
+		ebpf.SkLookup:       1, // SK_PASS: the usual socket lookup
+		ebpf.Tracing:        0,
+	}
+	load := func(name string) *ebpf.Program {
+		ps := spec.Programs[name].Copy()
+		ret, ok := pass[ps.Type]
+		if !ok {
+			b.Fatalf("%s: no pass value for program type %s", name, ps.Type)
+		}
+		ps.Instructions = asm.Instructions{asm.Mov.Imm(asm.R0, ret), asm.Return()}
+		p, err := ebpf.NewProgram(ps)
+		if err != nil {
+			b.Fatalf("loading an empty %s: %v", name, err)
+		}
+		return p
+	}
+	return &limiterObjects{limiterPrograms: limiterPrograms{
+		FsConnect4:    load("fs_connect4"),
+		FsConnect6:    load("fs_connect6"),
+		FsSendReset:   load("fs_send_reset"),
+		FsSetState:    load("fs_set_state"),
+		FsSkLookup:    load("fs_sk_lookup"),
+		FsSockRelease: load("fs_sock_release"),
+	}}
 }
 
 func median(xs []float64) float64 { return quantile(xs, 0.5) }
