@@ -206,7 +206,7 @@ struct fs_resv {
 
 /* Context of fs_adjust, run from user space with BPF_PROG_RUN. */
 enum adjust_op {
-	OP_EXPIRE = 1, /* end reservation key; if we ended it, release */
+	OP_EXPIRE = 1, /* end reservation key if it still has since_ns; if we ended it, release */
 	OP_ADD = 2,    /* add delta to project and node in_use (drift repair) */
 	OP_DROP = 3,   /* release the permit held for socket cookie `project`: the socket is gone */
 	OP_ACTIVE = 4, /* add delta to the node's active count (Tick's recount) */
@@ -219,6 +219,13 @@ struct fs_adjust_args {
 	__u64 project;
 	__s64 delta;
 	__s64 result;
+	/*
+	 * OP_EXPIRE: the reservation's since_ns as the caller read it. A
+	 * reservation of the same tuple made after that read (the handshake
+	 * completed, the connection closed and a new SYN came) has another
+	 * stamp and is left alone.
+	 */
+	__u64 since_ns;
 	struct fs_resv_key key;
 };
 
@@ -623,13 +630,16 @@ static __always_inline long resv_put(struct fs_resv_key *k, struct fs_resv *r)
  * compare-and-swap (or delete) succeeds gets true and the reservation's
  * project and kind: its permit goes to exactly one of the conversion at
  * ESTABLISHED, the undo at an RST and the expiry. The spill table is looked
- * at only while it has entries, unless always (user-space paths).
+ * at only while it has entries, unless always (user-space paths). A
+ * non-zero since ends only a reservation stamped since (the expiry's).
  */
-static __always_inline bool resv_take(struct fs_resv_key *k, __u64 *id, __u32 *kind, bool always)
+static __always_inline bool resv_take(struct fs_resv_key *k, __u64 *id, __u32 *kind, bool always, __u64 since)
 {
 	__u64 h = resv_hash(k), tag = resv_tagof(h);
 	struct fs_resv_slot *s = resv_slot(h);
 	if (s && s->tag == tag && resv_key_eq(&s->key, k)) {
+		if (since && s->resv.since_ns != since)
+			return false;
 		*id = s->resv.project;
 		*kind = s->resv.kind;
 		return __sync_val_compare_and_swap(&s->tag, tag, 0) == tag;
@@ -637,7 +647,7 @@ static __always_inline bool resv_take(struct fs_resv_key *k, __u64 *id, __u32 *k
 	if (!always && spill_empty())
 		return false;
 	struct fs_resv *r = bpf_map_lookup_elem(&fs_reservations, k);
-	if (!r)
+	if (!r || (since && r->since_ns != since))
 		return false;
 	*id = r->project;
 	*kind = r->kind;
@@ -1191,7 +1201,7 @@ static __always_inline void on_established(struct sock *sk)
 
 	__u64 id = 0;
 	__u32 kind = KIND_IN;
-	if (!resv_take(&rk, &id, &kind, false)) {
+	if (!resv_take(&rk, &id, &kind, false, 0)) {
 		struct fs_listen_key lk = {};
 		lk.netns = sock_netns(sk);
 		lk.port = rk.lport;
@@ -1305,7 +1315,7 @@ int BPF_PROG(fs_send_reset, const struct sock *sk, const struct sk_buff *skb, in
 	rk.rport = bpf_ntohs(th.source);
 	__u64 id = 0;
 	__u32 kind = 0;
-	if (resv_take(&rk, &id, &kind, false)) {
+	if (resv_take(&rk, &id, &kind, false, 0)) {
 		give_back(id, kind, CLK_FINE);
 		COUNT(stray);
 	}
@@ -1467,7 +1477,7 @@ int fs_adjust(struct fs_adjust_args *a)
 		__u64 id = 0;
 		__u32 kind = 0;
 		a->result = 0;
-		if (resv_take(&k, &id, &kind, true)) {
+		if (resv_take(&k, &id, &kind, true, a->since_ns)) {
 			give_back(id, kind, CLK_FINE);
 			COUNT(expired);
 			a->result = 1;

@@ -182,19 +182,22 @@ func (l *Limiter) Tick(now time.Time) error {
 
 // expireLocked gives back reservations whose handshake did not complete in
 // the TTL. The BPF side deletes the entry and releases; whoever deletes a
-// reservation (this or the ESTABLISHED conversion) owns its permit.
+// reservation (this or the ESTABLISHED conversion) owns its permit. It
+// names the stamp it read with the tuple, so a reservation the tuple made
+// after the read (or a slot read while another tuple was taking it) is not
+// ended for the one it saw.
 func (l *Limiter) expireLocked(mono uint64) error {
-	var old []limiterFsResvKey
+	var old []limiterFsAdjustArgs
 	err := l.readResv(func(k limiterFsResvKey, v limiterFsResv) {
 		if mono > v.SinceNs && mono-v.SinceNs > uint64(l.ttl) {
-			old = append(old, k)
+			old = append(old, limiterFsAdjustArgs{Op: opExpire, Key: k, SinceNs: v.SinceNs})
 		}
 	})
 	if err != nil {
 		return err
 	}
-	for _, k := range old {
-		if _, err := l.adjust(limiterFsAdjustArgs{Op: opExpire, Key: k}); err != nil {
+	for _, a := range old {
+		if _, err := l.adjust(a); err != nil {
 			return fmt.Errorf("expiring reservation: %w", err)
 		}
 	}

@@ -149,6 +149,28 @@ func TestInboundReservationsBoundAndExpire(t *testing.T) {
 	if s := snap(t, l); s.Reservations != 3 || s.Events.Expired != 0 {
 		t.Fatalf("expired before the TTL: %+v", s)
 	}
+	// An expiry names the stamp it read: a reservation the tuple made since
+	// (another stamp) is left alone, the one read is ended.
+	var seen []limiterFsAdjustArgs
+	if err := l.readResv(func(k limiterFsResvKey, v limiterFsResv) {
+		seen = append(seen, limiterFsAdjustArgs{Op: opExpire, Key: k, SinceNs: v.SinceNs})
+	}); err != nil || len(seen) != 3 {
+		t.Fatalf("reading reservations: %d, %v", len(seen), err)
+	}
+	stale := seen[0]
+	stale.SinceNs--
+	if r, err := l.adjust(stale); err != nil || r != 0 {
+		t.Fatalf("expiry with another stamp: result %d, %v; want 0 (left alone)", r, err)
+	}
+	if s := snap(t, l); s.Reservations != 3 || s.InUse != 3 || s.Events.Expired != 0 {
+		t.Fatalf("a reservation with another stamp was ended: %+v", s)
+	}
+	if r, err := l.adjust(seen[0]); err != nil || r != 1 {
+		t.Fatalf("expiry with the stamp read: result %d, %v; want 1", r, err)
+	}
+	if s := snap(t, l); s.Reservations != 2 || s.InUse != 2 || s.Events.Expired != 1 {
+		t.Fatalf("after one expiry: %+v", s)
+	}
 	mono.advance(2 * time.Minute)
 	if err := l.Tick(time.Now()); err != nil {
 		t.Fatal(err)

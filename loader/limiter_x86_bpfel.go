@@ -20,6 +20,7 @@ type limiterFsAdjustArgs struct {
 	Project uint64
 	Delta   int64
 	Result  int64
+	SinceNs uint64
 	Key     limiterFsResvKey
 }
 
