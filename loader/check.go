@@ -98,11 +98,6 @@ func Check(opts Options) (CheckReport, error) {
 	return rep, nil
 }
 
-// addedMaps are maps an earlier version did not have: its pin directory
-// lacks them and Open creates them, so their absence is not an incomplete
-// pin directory.
-var addedMaps = map[string]bool{"fs_resv_slots": true}
-
 // checkPinned loads the programs against the pinned maps (the verifier and
 // the layout check of Open) without pinning or writing anything, and reads
 // the pinned config and links.
@@ -122,10 +117,6 @@ func (l *Limiter) checkPinned(rep *CheckReport) error {
 			continue
 		}
 		m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, name), nil)
-		if errors.Is(err, os.ErrNotExist) && addedMaps[name] {
-			ms.Pinning = ebpf.PinNone // loaded fresh, as Open would create it
-			continue
-		}
 		if err != nil {
 			return fmt.Errorf("pinned map %s in %s: %w (the pin directory is incomplete: "+
 				"stop the daemon and run 'fairshare cleanup --pin-dir %s')", name, l.pinDir, err, l.pinDir)

@@ -110,14 +110,9 @@
 // reservations are not given back until Tick runs again. Open moves pinned
 // links to the programs it loaded, so a new version's programs take effect
 // on restart; maps of another layout are refused (ErrPinnedMismatch) with
-// the steps to take. A map a version adds (fs_resv_slots) is created next to
-// the reused pins, and Check does not count it as missing. Handshakes the
-// version before fs_resv_slots reserved in its table are not found at
-// ESTABLISHED by the new programs: those children are admitted again and
-// their old reservations expire after the TTL, an over-count of at most the
-// handshakes in flight at the restart, for one TTL. The version that made
-// fs_ports name a port's only listener changed that map's layout: a pin
-// directory of an earlier version is refused as above.
+// the steps to take. The version that made fs_ports name a port's only
+// listener changed that map's layout, so every pin directory made before
+// it (including those from before fs_resv_slots existed) is refused so.
 //
 // # Reconcile
 //

@@ -423,6 +423,18 @@ func (l *Limiter) load() error {
 	}
 	if _, err := os.Stat(filepath.Join(l.pinDir, "fs_config")); err == nil {
 		l.reused = true
+		// A pinned map missing from a used directory would be created
+		// empty next to the others and disagree with them (a lost
+		// reservation table leaks its permits): refuse, as Check does.
+		for name, ms := range spec.Maps {
+			if ms.Pinning != ebpf.PinByName {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(l.pinDir, name)); errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("the pin directory %s is incomplete (no %s): stop the daemon, run "+
+					"'fairshare cleanup --pin-dir %s', then start it again: %w", l.pinDir, name, l.pinDir, ErrPinnedMismatch)
+			}
+		}
 	}
 	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.pinDir}})
 	return l.loadError(err)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -315,9 +316,11 @@ func TestCheckLeavesRunningLimiterAlone(t *testing.T) {
 	}
 }
 
-// A pin directory made by the version before fs_resv_slots lacks that map:
-// Check passes, and Open creates it and keeps the counts of the other pins.
-func TestCheckAndOpenCreateAddedMaps(t *testing.T) {
+// A pin directory missing one of its maps (here the reservation slots) is
+// incomplete: Check says so, and Open refuses it with the cleanup hint
+// instead of creating the map empty next to the others, and leaves the
+// directory as it was.
+func TestCheckAndOpenRefuseIncompletePins(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
@@ -327,28 +330,24 @@ func TestCheckAndOpenCreateAddedMaps(t *testing.T) {
 		t.Fatal(r)
 	}
 	l.Close()
-	if err := os.Remove(filepath.Join(pin, "fs_resv_slots")); err != nil {
+	missing := filepath.Join(pin, "fs_resv_slots")
+	if err := os.Remove(missing); err != nil {
 		t.Fatal(err)
 	}
-	if rep, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 10}); err != nil || !rep.Pinned || rep.InUse != 2 {
-		t.Fatalf("check without fs_resv_slots: %+v, %v", rep, err)
+	if _, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 10}); err == nil || !strings.Contains(err.Error(), "incomplete") {
+		t.Fatalf("check without fs_resv_slots: %v, want the directory called incomplete", err)
 	}
-	l = openLimiter(t, root, pin, 10, 1)
-	if _, err := os.Stat(filepath.Join(pin, "fs_resv_slots")); err != nil {
-		t.Fatalf("fs_resv_slots not pinned again: %v", err)
+	l2, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 10, Floor: 1})
+	if err == nil {
+		l2.Close()
+		t.Fatal("open without fs_resv_slots succeeded")
 	}
-	srv := startHelper(t, mkProject(t, root, "srv"))
-	addr := listenAddr(t, srv.do("listen 127.0.0.1:0"))
-	c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
-	if err != nil {
-		t.Fatal(err)
+	if !errors.Is(err, ErrPinnedMismatch) || !strings.Contains(err.Error(), "fs_resv_slots") || !strings.Contains(err.Error(), "cleanup") {
+		t.Fatalf("open without fs_resv_slots: %v, want ErrPinnedMismatch naming the map and the cleanup", err)
 	}
-	defer c.Close()
-	waitInUse(t, l, 3, map[string]int{"app": 2, "srv": 1})
-	eventually(t, "the reservation converted", func() (bool, string) {
-		s := snap(t, l)
-		return s.Reservations == 0 && s.Events.AdmittedIn == 1, fmt.Sprintf("%+v", s)
-	})
+	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("open recreated the missing map: %v", err)
+	}
 }
 
 // Without pins, Check loads and attaches every hook and leaves nothing
