@@ -32,8 +32,6 @@ type ring struct {
 	// warm is the position in the fifo being served up to which records
 	// have been prefetched.
 	warm uint32
-	// turn is the queue whose head ticket was prefetched last.
-	turn int32
 }
 
 // fifo is a circular array: of handles for the rings, of timers for the
@@ -206,10 +204,6 @@ func (s *Scheduler) prefetchNextLocked() {
 			r.warm = f.head // the head moved past it, or to another fifo
 		}
 		m := f.mask()
-		if pid := f.buf[f.head&m]; budget == prefetchAhead && pid != r.turn && pid != gone {
-			s.prefetchTurnLocked(pid) // the best class's next turn, once
-			r.turn = pid
-		}
 		for ; budget > 0 && r.warm != f.tail && r.warm-f.head < prefetchAhead; r.warm++ {
 			if pid := f.buf[r.warm&m]; pid != gone {
 				s.prefetchRecordsLocked(pid)
@@ -226,13 +220,4 @@ func (s *Scheduler) prefetchNextLocked() {
 func (s *Scheduler) prefetchRecordsLocked(pid int32) {
 	prefetch(unsafe.Pointer(&s.hot[pid]))
 	prefetch(unsafe.Pointer(&s.cold[pid]))
-}
-
-// prefetchTurnLocked starts loading the head ticket of a queue that will
-// likely be dispatched next. Its hot record was prefetched turns ago, so
-// reading the ticket's address from it should not wait.
-func (s *Scheduler) prefetchTurnLocked(pid int32) {
-	if t := s.hot[pid].head; t != nil {
-		prefetch(unsafe.Pointer(t))
-	}
 }
