@@ -211,6 +211,7 @@ enum adjust_op {
 	OP_DROP = 3,   /* release the permit held for socket cookie `project`: the socket is gone */
 	OP_ACTIVE = 4, /* add delta to the node's active count (Tick's recount) */
 	OP_EXEMPT = 5, /* add delta to the node's exempt_in_use (drift repair) */
+	OP_UNLISTEN = 6, /* uncount the listener counted under socket cookie `project`: it is gone */
 };
 
 struct fs_adjust_args {
@@ -1143,26 +1144,33 @@ static __always_inline struct fs_port *listened(__u32 port)
 }
 
 /*
- * on_unlisten drops the closing listener's ref; the last one deletes the
- * address. A listener opened on the address in the instant between the last
- * ref's drop and the delete loses its entry with it; the next reconcile dump
- * puts it back (on_listen).
+ * unlisten uncounts the listening socket counted under cookie: it drops the
+ * socket's ref; the last one deletes the address. A listener opened on the
+ * address in the instant between the last ref's drop and the delete loses
+ * its entry with it; the next reconcile dump puts it back (on_listen). It
+ * returns whether this call uncounted it: the close of the listener, or
+ * reconcile (OP_UNLISTEN) for a socket whose close the programs missed.
  */
-static __always_inline void on_unlisten(struct sock *sk)
+static __always_inline bool unlisten(__u64 cookie)
 {
-	__u64 cookie = bpf_get_socket_cookie(sk);
 	struct fs_listen_key *ck = bpf_map_lookup_elem(&fs_listen_socks, &cookie);
 	if (!ck)
-		return;
+		return false;
 	struct fs_listen_key k = {};
 	__builtin_memcpy(&k, ck, sizeof(k));
 	if (bpf_map_delete_elem(&fs_listen_socks, &cookie))
-		return; /* someone else uncounted it */
+		return false; /* someone else uncounted it */
 	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, &k);
 	if (!l)
-		return;
+		return true;
 	if (__sync_fetch_and_add(&l->refs, -1) <= 1 && bpf_map_delete_elem(&fs_listeners, &k) == 0)
 		port_change(&k, -1);
+	return true;
+}
+
+static __always_inline void on_unlisten(struct sock *sk)
+{
+	unlisten(bpf_get_socket_cookie(sk));
 }
 
 /*
@@ -1412,7 +1420,8 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
  * fs_dump walks the TCP sockets of the caller's netns. A socket of a project
  * that holds no permit and is past its handshake is adopted (it predates the
  * programs, or was left unaccounted); every project socket is written out for
- * the reconcile report.
+ * the reconcile report, and so is every listening socket, project or not:
+ * a counted listener missing from the dump is gone (OP_UNLISTEN).
  */
 SEC("iter/tcp")
 int fs_dump(struct bpf_iter__tcp *ctx)
@@ -1426,7 +1435,7 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 	struct sock *sk = (struct sock *)tp;
 	__u32 state = sk->__sk_common.skc_state;
 	__u64 id = cgroup_project(sk->sk_cgrp_data.cgroup);
-	if (!id)
+	if (!id && state != TCP_LISTEN)
 		return 0;
 	struct fs_sock_record rec = {
 		.cookie = bpf_get_socket_cookie(sk),
@@ -1434,7 +1443,8 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		.state = state,
 	};
 	if (state == TCP_LISTEN) {
-		on_listen(sk);
+		if (id)
+			on_listen(sk);
 	} else if (state == TCP_ESTABLISHED || state == TCP_SYN_SENT || state == TCP_CLOSE_WAIT ||
 		   ((state == TCP_FIN_WAIT1 || state == TCP_FIN_WAIT2 || state == TCP_LAST_ACK ||
 		     state == TCP_CLOSING) && sk->sk_socket)) {
@@ -1482,6 +1492,10 @@ int fs_adjust(struct fs_adjust_args *a)
 			COUNT(expired);
 			a->result = 1;
 		}
+		return 0;
+	}
+	if (a->op == OP_UNLISTEN) {
+		a->result = unlisten(a->project);
 		return 0;
 	}
 	if (a->op == OP_DROP) {

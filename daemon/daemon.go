@@ -517,8 +517,9 @@ func (d *Daemon) reconcile(ctx context.Context) {
 		d.log.Error("reconcile", "err", err)
 		return
 	}
-	if rep.Adopted > 0 || len(rep.Repaired) > 0 {
-		d.log.Warn("reconcile repaired the connection counts", "adopted", rep.Adopted, "repaired", rep.Repaired)
+	if rep.Adopted > 0 || len(rep.Repaired) > 0 || rep.StaleListeners > 0 {
+		d.log.Warn("reconcile repaired the connection counts", "adopted", rep.Adopted, "repaired", rep.Repaired,
+			"stale_listeners", rep.StaleListeners)
 	}
 }
 

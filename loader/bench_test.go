@@ -176,26 +176,10 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 	// The sides differ only in the links: the programs and maps stay
 	// loaded, so a round costs an attach and a detach (milliseconds), not a
 	// load, and rounds can be short.
-	detach := func() {
-		for _, lk := range l.links {
-			if err := lk.Unpin(); err != nil {
-				b.Fatal(err)
-			}
-			lk.Close()
-		}
-		l.links = nil
-	}
 	floor := emptyPrograms(b)
 	defer floor.Close()
-	attach := func(objs *limiterObjects) {
-		for _, a := range l.attachments(l.root, objs) {
-			lk, err := a.attach()
-			if err != nil {
-				b.Fatalf("attaching %s: %v", a.name, err)
-			}
-			l.links = append(l.links, lk)
-		}
-	}
+	detach := func() { detachLinks(b, l) }
+	attach := func(objs *limiterObjects) { attachLinks(b, l, objs) }
 	detach()
 
 	// Run-time stats add ~20 ns to every program run: the ratio is only

@@ -230,11 +230,12 @@ func (l *Limiter) forgetLocked(projs []projectEntry, mono uint64) error {
 }
 
 const (
-	opExpire = 1
-	opAdd    = 2
-	opDrop   = 3
-	opActive = 4
-	opExempt = 5
+	opExpire   = 1
+	opAdd      = 2
+	opDrop     = 3
+	opActive   = 4
+	opExempt   = 5
+	opUnlisten = 6
 )
 
 // adjust runs fs_adjust, the syscall program that changes counters with the

@@ -119,7 +119,13 @@
 // Reconcile walks the TCP sockets of the caller's network namespace with an
 // iter/tcp program: project sockets that hold no permit are adopted
 // (connections older than the daemon), listeners are recorded, and permits
-// held for sockets of that namespace that no longer exist are released.
+// held for sockets of that namespace that no longer exist are released. A
+// listener still counted for its port although it no longer exists (its
+// close came while the programs were detached, as while a restart swaps the
+// tracepoint link) would keep its port its project's: SYNs to that port
+// would take that project's permits. Listeners counted before the walk and
+// missing from it are uncounted (ReconcileReport.StaleListeners); a socket
+// cookie is never reused, so a live one is never taken for a gone one.
 // Where a project's in_use differs from its held permits plus its
 // reservations, the difference is repaired with the programs' own atomics;
 // so is the exempt budget's use against the exempt permits held and

@@ -528,3 +528,29 @@ func burnCookies(n int) error {
 	}
 	return nil
 }
+
+// detachLinks detaches every link of l, as if the programs were not there:
+// the maps and their counts stay.
+func detachLinks(tb testing.TB, l *Limiter) {
+	tb.Helper()
+	for _, lk := range l.links {
+		if err := lk.Unpin(); err != nil {
+			tb.Fatal(err)
+		}
+		lk.Close()
+	}
+	l.links = nil
+}
+
+// attachLinks attaches the programs of objs where l attaches its own (not
+// pinned: detachLinks or l.Close undoes it).
+func attachLinks(tb testing.TB, l *Limiter, objs *limiterObjects) {
+	tb.Helper()
+	for _, a := range l.attachments(l.root, objs) {
+		lk, err := a.attach()
+		if err != nil {
+			tb.Fatalf("attaching %s: %v", a.name, err)
+		}
+		l.links = append(l.links, lk)
+	}
+}

@@ -395,3 +395,61 @@ func TestInboundOneAddressOwnerAndFallback(t *testing.T) {
 	}
 	waitInUse(t, l, 1, map[string]int{"a": 1, "b": 0})
 }
+
+// A listener whose close the programs missed (they were detached, as while
+// a restart into a new version swaps the tracepoint link) stays counted for
+// its port and project. Reconcile finds it missing from the kernel's socket
+// table and uncounts it, once, and leaves a live listener counted.
+func TestReconcileUncountsGoneListeners(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 1)
+	gone := startHelper(t, mkProject(t, root, "gone"))
+	kept := startHelper(t, mkProject(t, root, "kept"))
+	gonePort := netip.MustParseAddrPort(listenAddr(t, gone.do("listen 127.0.0.1:0"))).Port()
+	keptAddr := listenAddr(t, kept.do("listen 127.0.0.1:0"))
+	counted := func() int {
+		cookies, err := l.countedListeners()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(cookies)
+	}
+	eventually(t, "both listeners counted", func() (bool, string) {
+		return counted() == 2, fmt.Sprint(counted())
+	})
+
+	detachLinks(t, l)
+	if r := gone.do("unlisten"); r != "unlistened" {
+		t.Fatal(r)
+	}
+	attachLinks(t, l, &l.objs)
+	if n := counted(); n != 2 {
+		t.Fatalf("%d listeners counted after a close the programs missed, want 2 (the test needs the stale one)", n)
+	}
+	var port limiterFsPort
+	if err := l.objs.FsPorts.Lookup(uint32(gonePort), &port); err != nil || port.Specific != 1 {
+		t.Fatalf("port %d before reconcile: %+v, %v; want one address counted", gonePort, port, err)
+	}
+
+	rep, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.StaleListeners != 1 || counted() != 1 {
+		t.Fatalf("reconcile: %d stale listeners uncounted, %d still counted; want 1 and 1", rep.StaleListeners, counted())
+	}
+	if err := l.objs.FsPorts.Lookup(uint32(gonePort), &port); err != nil || port.Specific != 0 || port.Wildcard != 0 {
+		t.Fatalf("port %d after reconcile: %+v, %v; want no address counted", gonePort, port, err)
+	}
+	if rep, err := l.Reconcile(t.Context()); err != nil || rep.StaleListeners != 0 {
+		t.Fatalf("second reconcile: %d stale, %v; want none", rep.StaleListeners, err)
+	}
+	// The live listener still counts its connections for its project.
+	c, err := net.DialTimeout("tcp4", keptAddr, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitInUse(t, l, 1, map[string]int{"kept": 1})
+}

@@ -45,6 +45,11 @@ type ReconcileReport struct {
 	// ExemptDrift is the budget's exempt_in_use minus Exempt, as seen twice
 	// in a row, before repair; ExemptRepaired the correction applied.
 	ExemptDrift, ExemptRepaired int
+	// StaleListeners is the number of listening sockets of the caller's
+	// network namespace that were still counted for their port and project
+	// although they no longer exist (their close came while the programs
+	// were detached, as during an upgrade), and are now uncounted.
+	StaleListeners int
 }
 
 // slotBusy marks a slot of fs_slots being filled (SLOT_BUSY in the C).
@@ -54,9 +59,10 @@ const slotBusy = 1 << 63
 const sockRecordSize = 32
 
 // Reconcile compares the maps with the kernel's own socket table and repairs
-// drift, in three steps: it adopts project sockets of the caller's network
-// namespace that hold no permit; it releases permits held for sockets of that
-// namespace that no longer exist; and, for each project whose in_use differs
+// drift, in four steps: it adopts project sockets of the caller's network
+// namespace that hold no permit; it uncounts listeners of that namespace that
+// no longer exist; it releases permits held for sockets of that namespace
+// that no longer exist; and, for each project whose in_use differs
 // from its held permits plus its reservations, it adds the difference back
 // with the programs' own atomics; the exempt budget's use is compared with
 // the exempt permits held and reserved and repaired the same way. Each
@@ -82,6 +88,7 @@ type pass struct {
 	exOK    bool
 	orphans map[uint64]uint64 // cookie -> project: held in our netns without a live socket
 	adopted int
+	live    map[uint64]bool // cookies of the sockets the dump wrote out
 }
 
 func (l *Limiter) readPass() (pass, error) {
@@ -109,6 +116,7 @@ func (l *Limiter) readPass() (pass, error) {
 		return p, fmt.Errorf("reading the tcp iterator: %w", err)
 	}
 	live := map[uint64]bool{}
+	p.live = live
 	for len(buf) >= sockRecordSize {
 		var r limiterFsSockRecord
 		if _, err := binary.Decode(buf[:sockRecordSize], binary.NativeEndian, &r); err != nil {
@@ -165,6 +173,25 @@ func (l *Limiter) readPass() (pass, error) {
 		}
 	}
 	return p, nil
+}
+
+// countedListeners returns the cookies of the listening sockets of the
+// caller's network namespace counted in fs_listen_socks. Those of other
+// namespaces cannot be checked against the dump, which walks this one.
+func (l *Limiter) countedListeners() ([]uint64, error) {
+	var out []uint64
+	var cookie uint64
+	var k limiterFsListenKey
+	it := l.objs.FsListenSocks.Iterate()
+	for it.Next(&cookie, &k) {
+		if k.Netns == l.netns {
+			out = append(out, cookie)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading counted listeners: %w", err)
+	}
+	return out, nil
 }
 
 // slotBatch is how many slots one batch lookup reads.
@@ -256,11 +283,32 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	rep := ReconcileReport{Held: map[string]int{}, Kernel: map[string]int{}, Reservations: map[string]int{},
 		Drift: map[string]int{}, Repaired: map[string]int{}}
 
+	// Read before the dump: a listener counted now and not in the dump
+	// closed before the dump reached it (cookies are never reused), while
+	// one that starts listening after this read is not a candidate.
+	listening, err := l.countedListeners()
+	if err != nil {
+		return rep, err
+	}
 	first, err := l.readPass()
 	if err != nil {
 		return rep, err
 	}
 	rep.Adopted = first.adopted
+	for _, cookie := range listening {
+		if first.live[cookie] {
+			continue
+		}
+		n, err := l.adjust(limiterFsAdjustArgs{Op: opUnlisten, Project: cookie})
+		if err != nil {
+			return rep, fmt.Errorf("uncounting gone listener %d: %w", cookie, err)
+		}
+		rep.StaleListeners += int(n)
+	}
+	if rep.StaleListeners > 0 {
+		l.log.Warn("uncounted listening sockets that no longer exist (their close was missed while the programs were detached)",
+			"count", rep.StaleListeners)
+	}
 	d1 := first.drift()
 	last := first
 	e1, e1ok := first.exemptDrift()
