@@ -556,7 +556,7 @@ func (f *Front) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 // upstreamFailed answers a request the upstream did not answer: 502, or
 // nothing when the client went away.
 func (f *Front) upstreamFailed(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
-	if r.Context().Err() != nil {
+	if r.Context().Err() != nil || errors.Is(err, errClientGone) {
 		// The client went away; there is nobody to answer.
 		if x != nil {
 			x.outcome = outcomeCanceled

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -493,6 +494,40 @@ func testReleaseOnClientDisconnect(t *testing.T, anyServer bool) {
 	}
 	waitInUse(t, r.pool, 0)
 	waitOutcome(t, r.front, "alpha", "canceled", 1)
+}
+
+// Under Front.Serve the watch hears the client go away from the failed read
+// itself, before net/http cancels the request's context: an upstream
+// failure the watch caused, or a body cut while the client's connection is
+// known gone, is the client's cancel, not an upstream error (no 502 to
+// nobody, no error logged). The race this pins down failed
+// TestReleaseOnClientDisconnect about once in 2000 runs.
+func TestClientGoneBeforeContextCancel(t *testing.T) {
+	f, err := New(Config{Upstream: "http://127.0.0.1:1"}, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest("GET", "/", nil) // its context is live
+	x := &exchange{project: "alpha"}
+	rec := httptest.NewRecorder()
+	f.upstreamFailed(rec, req, x, fmt.Errorf("%w: %w", errClientGone, os.ErrDeadlineExceeded))
+	if x.outcome != outcomeCanceled || rec.Code != http.StatusOK || rec.Body.Len() != 0 {
+		t.Errorf("upstream aborted for a gone client: outcome %v, answered %d %q; want canceled and no answer",
+			x.outcome, rec.Code, rec.Body.String())
+	}
+
+	a, b := net.Pipe()
+	cc := &clientConn{Conn: a}
+	b.Close()
+	if _, err := cc.Read(make([]byte, 1)); err == nil {
+		t.Fatal("read of a closed pipe succeeded")
+	}
+	if w := (clientWatch{cc: cc}); !w.clientGone(context.Background()) {
+		t.Error("a failed read of the client's connection does not count as the client gone")
+	}
+	if w := (clientWatch{cc: &clientConn{Conn: b}}); w.clientGone(context.Background()) {
+		t.Error("a connection never read counts as gone")
+	}
 }
 
 func TestReleaseOnUpstreamError(t *testing.T) {

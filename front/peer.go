@@ -411,6 +411,13 @@ func (c *clientConn) watch(up net.Conn) {
 	}
 }
 
+// isGone reports whether a read of the connection failed.
+func (c *clientConn) isGone() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gone
+}
+
 // unwatch ends the watch and reports whether it had not fired.
 func (c *clientConn) unwatch() bool {
 	c.mu.Lock()

@@ -21,6 +21,12 @@ import (
 // and the request (body-less, idempotent) may be sent again on a fresh one.
 var errStaleConn = errors.New("reused upstream connection failed before the answer")
 
+// errClientGone marks an upstream failure caused by the client going away:
+// the watch aborted the upstream exchange. Under Front.Serve the watch
+// fires from the failed read itself, a moment before net/http cancels the
+// request's context, so the context alone cannot tell yet.
+var errClientGone = errors.New("the client went away")
+
 // directUpstream forwards body-less GET and HEAD requests to an http://
 // upstream over HTTP/1.1 keep-alive connections it owns, on the handler's own
 // goroutine: write the request, read the answer, copy it to the client.
@@ -240,7 +246,10 @@ func (f *Front) roundTrip(r *http.Request, x *exchange) (uc *upConn, resp *http.
 		}
 		fired := !w.end()
 		uc.c.Close()
-		if !errors.Is(err, errStaleConn) || attempt > 0 || fired || ctx.Err() != nil {
+		if fired {
+			return nil, nil, clientWatch{}, fmt.Errorf("%w: %w", errClientGone, err)
+		}
+		if !errors.Is(err, errStaleConn) || attempt > 0 || ctx.Err() != nil {
 			return nil, nil, clientWatch{}, err
 		}
 	}
@@ -256,6 +265,12 @@ func abortUpstream(c net.Conn) { _ = c.SetDeadline(time.Unix(1, 0)) }
 type clientWatch struct {
 	cc   *clientConn
 	stop func() bool // context.AfterFunc's, when cc is nil
+}
+
+// clientGone reports whether the client went away: a read of its
+// connection failed (Front.Serve), or the request's context ended.
+func (w clientWatch) clientGone(ctx context.Context) bool {
+	return (w.cc != nil && w.cc.isGone()) || ctx.Err() != nil
 }
 
 // end ends the watch and reports whether it had not fired (the client is
@@ -360,7 +375,7 @@ func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange)
 	// long poll): pass each piece on as it arrives, as ReverseProxy does.
 	stream := resp.ContentLength < 0
 	if err := f.copyBody(w, resp.Body, stream); err != nil {
-		if r.Context().Err() != nil {
+		if watch.clientGone(r.Context()) {
 			x.outcome = outcomeCanceled
 			return
 		}
