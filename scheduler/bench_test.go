@@ -157,14 +157,18 @@ func BenchmarkFlat(b *testing.B) {
 			ratios := make([]float64, 0, b.N)
 			b.ResetTimer()
 			for range b.N {
-				for i, step := range steps {
+				var ns []float64 // this round's ns/op, by size
+				for _, step := range steps {
 					start := time.Now()
 					for range slice {
 						step()
 					}
-					per[i] = append(per[i], float64(time.Since(start).Nanoseconds())/slice)
+					ns = append(ns, float64(time.Since(start).Nanoseconds())/slice)
 				}
-				ratios = append(ratios, per[len(sizes)-1][len(per[0])-1]/per[0][len(per[0])-1])
+				for i := range ns {
+					per[i] = append(per[i], ns[i])
+				}
+				ratios = append(ratios, ns[len(ns)-1]/ns[0])
 			}
 			b.StopTimer()
 			for i, n := range sizes {
