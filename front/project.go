@@ -9,38 +9,26 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+
+	"github.com/fairshare-dev/fairshare/internal/project"
 )
 
-// MaxProjectLen bounds a project name; cgroup directory names are far longer
-// in principle, but a name that appears in headers and metric labels must stay
-// short.
-const MaxProjectLen = 64
+// MaxProjectLen bounds a project name (project.MaxLen): the name appears in
+// headers and metric labels too.
+const MaxProjectLen = project.MaxLen
 
 var (
 	// ErrNoProject means the request named no project: no route matched its
 	// host and it carried no project header.
 	ErrNoProject = errors.New("no project")
 	// ErrBadProject means the name given is not a valid project name.
-	ErrBadProject = errors.New("invalid project name")
+	ErrBadProject = project.ErrInvalid
 )
 
-// ValidateProject reports whether name can be a project: 1 to MaxProjectLen
-// characters from [A-Za-z0-9._-], starting with a letter or digit. The set is
-// what a cgroup directory, a header value and a metric label all accept
-// without escaping.
-func ValidateProject(name string) error {
-	if name == "" || len(name) > MaxProjectLen {
-		return fmt.Errorf("%w: length %d not in 1..%d", ErrBadProject, len(name), MaxProjectLen)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
-			return fmt.Errorf("%w: character %q at %d", ErrBadProject, c, i)
-		}
-	}
-	return nil
-}
+// ValidateProject reports whether name can be a project, by the one rule of
+// package internal/project that the policy store, the permit API and the
+// configuration apply too.
+func ValidateProject(name string) error { return project.Validate(name) }
 
 // route maps one path prefix on a host to a project; prefix "" is the bare
 // host.

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"regexp"
-	"strings"
+
+	"github.com/fairshare-dev/fairshare/internal/project"
 )
 
 // ErrInvalid is wrapped by every validation error.
@@ -93,26 +93,12 @@ func (pt Patch) Apply(p Policy) (Policy, error) {
 }
 
 // ErrBadProject is wrapped by ValidateProject's errors.
-var ErrBadProject = errors.New("invalid project name")
+var ErrBadProject = project.ErrInvalid
 
-// MaxProjectLen is the longest project name accepted; the same bound as the
-// HTTP front's, since the name travels in headers and metric labels too.
-const MaxProjectLen = 64
+// MaxProjectLen is the longest project name accepted (project.MaxLen).
+const MaxProjectLen = project.MaxLen
 
-var projectName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
-
-// ValidateProject checks that name can be a project: a directory directly
-// below the projects root that cannot collide with cgroupfs's own files.
-func ValidateProject(name string) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("%w: the project name is empty", ErrBadProject)
-	case len(name) > MaxProjectLen:
-		return fmt.Errorf("%w: the project name is longer than %d bytes", ErrBadProject, MaxProjectLen)
-	case !projectName.MatchString(name):
-		return fmt.Errorf("%w: %q may use only letters, digits, '.', '_' and '-', and must start with a letter or digit", ErrBadProject, name)
-	case strings.HasPrefix(name, "cgroup."):
-		return fmt.Errorf("%w: %q would collide with cgroupfs control files", ErrBadProject, name)
-	}
-	return nil
-}
+// ValidateProject checks that name can be a project: the rule of package
+// internal/project, which every entry point applies (a directory directly
+// below the projects root that cannot collide with cgroupfs's own files).
+func ValidateProject(name string) error { return project.Validate(name) }
