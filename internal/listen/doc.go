@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package listen is how every listener of the daemon (the HTTP front on TCP
+// and on its unix socket, the permit API, the admin API and /metrics)
+// accepts connections when the peers may be hostile. A local user must not
+// be able to stop the daemon, or lock the operator out, by opening
+// connections.
+//
+// # Accept errors
+//
+// Listener.Accept never hands a transient error to the server behind it:
+// running out of file descriptors (EMFILE, ENFILE), of memory, or a
+// connection aborted before it was accepted are waited out with a backoff
+// (5ms doubling to 1s) while the connection stays in the kernel's backlog,
+// and the server keeps serving. The first error of a run is logged, the
+// rest of the run is counted, and the recovery is logged with the count and
+// how long it lasted (a run longer than a minute is logged again each
+// minute). Only a closed listener ends Accept.
+//
+// # Caps
+//
+// Options.MaxConns bounds the connections open through a listener at once,
+// and Options.MaxPerUID the connections of one peer uid on a unix socket
+// (read with SO_PEERCRED when accepted). A connection past a cap is
+// accepted, told why when the listener says how (Options.Refuse: a 503 for
+// HTTP, an error line for the permit protocol) and closed at once, so the
+// daemon never holds more descriptors for a listener than its cap. The caps
+// of all listeners together stay below the process's open-files limit
+// (RaiseFileLimit raises it to the hard limit first), which is what keeps a
+// flood from starving anything else: the control loop, the BPF maps, the
+// upstream connections, and above all the admin socket.
+//
+// Options.Reserve keeps the last connections of a listener's cap for
+// privileged peers (Options.Privileged; on the admin socket, root): however
+// many connections other users hold, the operator's CLI gets in. Privileged
+// peers are not subject to MaxPerUID.
+//
+// Idle timeouts belong to the protocols (the HTTP servers set theirs; the
+// permit protocol's sessions carry leases and have none), so Listener does
+// not set deadlines.
+//
+// # Unix socket paths
+//
+// Unix creates a unix socket: it never removes anything at the path but a
+// socket nobody answers on (a live one is ErrInUse; any other kind of file
+// is ErrNotSocket, named in the error), creates a missing directory with
+// mode 0711 (anyone may reach a socket whose name they know, nobody but the
+// owner may list it), and gives the socket its mode and group from the
+// first moment. If the directory does not let the socket's intended users
+// through, the returned warning says which directory and why.
+package listen

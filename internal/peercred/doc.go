@@ -1,0 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package peercred reads who is at the other end of a local unix socket
+// connection, as the kernel recorded it when the peer connected
+// (SO_PEERCRED): pid, uid and primary gid, which the peer cannot forge.
+//
+// Of sees through connection wrappers that expose the connection they wrap
+// with a NetConn method (the convention of crypto/tls, followed by package
+// internal/listen), so a listener's accounting can wrap connections without
+// hiding their credentials from the servers behind it.
+package peercred
