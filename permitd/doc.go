@@ -7,10 +7,19 @@
 // # Transport and sessions
 //
 // The socket (default /run/fairshare/permits.sock, mode 0660, group
-// configurable) is separate from the admin socket. One connection is one
-// session. The server reads the peer's credentials (SO_PEERCRED) when the
-// connection is accepted, logs them, and refuses peers that are neither root,
-// the daemon's own uid, nor members of the configured group.
+// configurable by name or gid) is separate from the admin socket; its
+// directory is created 0711 so that members of the group can reach it. One
+// connection is one session. The server reads the peer's credentials
+// (SO_PEERCRED) when the connection is accepted, logs them, and refuses peers
+// that are neither root, the daemon's own uid, nor members of the configured
+// group (primary or supplementary).
+//
+// The socket is served through package internal/listen: sessions are capped
+// in number (Config.MaxConns) and per peer uid (Config.MaxConnsPerUID); a
+// connection past a cap gets one TOO_MANY_SESSIONS line and is closed, and
+// running out of descriptors is waited out rather than ending the server.
+// Sessions have no idle timeout: a session's leases end with it, so only the
+// client decides when it is over.
 //
 // # Framing
 //
@@ -30,6 +39,13 @@
 //	object   object name (spawn, touch, sleep, remove; acquire on the residents pool)
 //	lease    lease id (release)
 //	wait_ms  acquire: wait up to this long for a permit instead of refusing now
+//	         (a value above MaxWaitMS, ten minutes, waits ten minutes)
+//
+// A project is named by the rule every entry point of fairshare applies
+// (package internal/project: 1 to 64 bytes of letters, digits, '.', '_' and
+// '-', starting with a letter or digit, not "cgroup."); any other name is
+// BAD_REQUEST and is not counted anywhere. An object name is 1 to
+// MaxObjectLen (1024) bytes of anything.
 //
 // Answer fields: id, ok, and when relevant lease, released (release: whether
 // this call ended the lease), evicted (spawn: the object that was put to sleep
@@ -40,13 +56,17 @@
 // The server may also send an event line, which has no id and an "event"
 // field. The only event is "evict": the session owns object and must put it
 // to sleep and then send sleep (or remove) for it; a spawn elsewhere waits for
-// that confirmation.
+// that confirmation. The event is written by a goroutine of its own: an
+// owner that does not read delays only its own events (and is disconnected
+// after ten seconds of not reading), never the spawn that evicted from it.
 //
 // # Error codes
 //
 //	BAD_REQUEST         the line is not a JSON object, a field has the wrong type,
-//	                    or a number is out of range (for example an id past 2^64-1);
-//	                    the answer's id is 0 when the id itself could not be read
+//	                    a number is out of range (for example an id past 2^64-1),
+//	                    the project is not a valid project name or the object name
+//	                    is too long; the answer's id is 0 when the id itself could
+//	                    not be read
 //	UNKNOWN_OP          op is missing or not one of the above
 //	UNKNOWN_POOL        no pool by that name is served
 //	MISSING_FIELD       a field the op needs is empty (project, object, pool, lease)
@@ -56,6 +76,15 @@
 //	CONFLICT            spawn of an object that another session owns
 //	CANCELED            the wait ended because the session or the server closed
 //	LINE_TOO_LONG       a line exceeded 64 KiB; the server answers and closes the connection
+//	TOO_MANY_WAITING    the operation would wait (acquire with wait_ms, spawn) but the
+//	                    session already has Config.MaxWaitingPerSession operations
+//	                    waiting (512 by default), or the server Config.MaxWaiting
+//	                    (4096); the error says which. Retry when one has ended, or
+//	                    acquire without wait_ms
+//	TOO_MANY_SESSIONS   sent once, with id 0, to a connection past the socket's caps,
+//	                    which is then closed
+//	FORBIDDEN           sent once, with id 0, to a peer that may not use the API,
+//	                    which is then closed
 //
 // retry_after_ms (REFUSED, TOO_MANY_RESIDENTS) is computed for the refused
 // project: each refusal of a project gets its own return slot, the first at the

@@ -9,3 +9,8 @@ import "time"
 func SetSpawnTimer(s *Server, after func(time.Duration) (<-chan time.Time, func() bool)) {
 	s.after = after
 }
+
+// SetWaitLimits changes the bounds of waiting operations before Serve.
+func SetWaitLimits(s *Server, total, perSession int) {
+	s.cfg.MaxWaiting, s.cfg.MaxWaitingPerSession = total, perSession
+}

@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/project"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -31,6 +33,10 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		resp.Code, resp.Error = CodeMissingField, "acquire needs project"
 		return true
 	}
+	if err := project.Validate(rq.Project); err != nil {
+		resp.Code, resp.Error = CodeBadRequest, err.Error()
+		return true
+	}
 	pm, err := p.TryAcquire(rq.Project)
 	if err == nil {
 		s.grant(ss, p, pm, rq, resp)
@@ -40,10 +46,17 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		s.refuse(resp, err)
 		return true
 	}
-	wait := time.Duration(rq.WaitMS) * time.Millisecond
+	if why := s.startWait(ss); why != "" {
+		resp.Code, resp.Error = CodeTooManyWaiting, why
+		return true
+	}
+	// Capped before the multiplication, which would overflow past about
+	// 292 years of milliseconds into a negative wait.
+	wait := time.Duration(min(rq.WaitMS, MaxWaitMS)) * time.Millisecond
 	s.wg.Add(1)
 	go func(rq request) {
 		defer s.wg.Done()
+		defer s.endWait(ss)
 		ctx, cancel := context.WithTimeout(ss.ctx, wait)
 		defer cancel()
 		resp := response{ID: rq.ID}
@@ -227,7 +240,24 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 	case rq.Object == "":
 		resp.Code, resp.Error = CodeMissingField, "spawn needs object"
 		return true
+	case len(rq.Object) > MaxObjectLen:
+		resp.Code, resp.Error = CodeBadRequest, "object name longer than "+strconv.Itoa(MaxObjectLen)+" bytes"
+		return true
 	}
+	if err := project.Validate(rq.Project); err != nil {
+		resp.Code, resp.Error = CodeBadRequest, err.Error()
+		return true
+	}
+	if why := s.startWait(ss); why != "" {
+		resp.Code, resp.Error = CodeTooManyWaiting, why
+		return true
+	}
+	async := false
+	defer func() {
+		if !async {
+			s.endWait(ss)
+		}
+	}()
 	s.mu.Lock()
 	o := s.objects[rq.Object]
 	switch {
@@ -273,9 +303,11 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 		ss.takeLease(endLease)
 		s.wakeSleepers(rq.Object)
 	}
+	async = true
 	s.wg.Add(1)
 	go func(rq request) {
 		defer s.wg.Done()
+		defer s.endWait(ss)
 		resp := s.spawn(ss, &rq, o, wasSleeping)
 		ss.answerLate(&resp)
 	}(*rq)
@@ -461,6 +493,13 @@ func (s *Server) evict(ev pools.Eviction) <-chan struct{} {
 	s.evictions[ev.Reason]++
 	owner := o.owner
 	s.mu.Unlock()
-	owner.sendEvent(&ev)
+	// Written by its own goroutine: an owner that does not read holds up
+	// only this notice (up to writeTimeout, then its session is closed),
+	// never the spawn, whose one-second deadline runs meanwhile.
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		owner.sendEvent(&ev)
+	}()
 	return ch
 }

@@ -353,7 +353,7 @@ func TestBadInput(t *testing.T) {
 		{`{"id":10,"op":"acquire","pool":"flights","project":"p","wait_ms":-1}`, []string{`"id":10`, `"code":"BAD_REQUEST"`, `wait_ms`}},
 		{`{"id":11,"op":"spawn","project":"p"}`, []string{`"id":11`, `"code":"MISSING_FIELD"`, `object`}},
 		{`{"id":12,"op":"release"}`, []string{`"id":12`, `"code":"MISSING_FIELD"`, `lease`}},
-		{`{"id":13,"op":"acquire","pool":"flights","project":"p\u0000\"x"}`, []string{`"id":13`, `"ok":true`, `"lease":`}},
+		{`{"id":13,"op":"acquire","pool":"flights","project":"p\u0000\"x"}`, []string{`"id":13`, `"code":"BAD_REQUEST"`, `invalid project name`}},
 		{`{"id":14,"op":"ping"}`, []string{`{"id":14,"ok":true}`}},
 	}
 	for _, tc := range cases {
@@ -364,8 +364,8 @@ func TestBadInput(t *testing.T) {
 			}
 		}
 	}
-	if got := f.srv.Snapshot().Counters.Errors[permitd.CodeBadRequest]; got != 7 {
-		t.Errorf("BAD_REQUEST count = %d, want 7", got)
+	if got := f.srv.Snapshot().Counters.Errors[permitd.CodeBadRequest]; got != 8 {
+		t.Errorf("BAD_REQUEST count = %d, want 8", got)
 	}
 
 	// A line past the limit cannot be framed: answered, then closed.

@@ -8,18 +8,20 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/user"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/internal/pace"
+	"github.com/fairshare-dev/fairshare/internal/peercred"
 	"github.com/fairshare-dev/fairshare/internal/wire"
 	"github.com/fairshare-dev/fairshare/pools"
 )
@@ -44,6 +46,21 @@ const maxRetry = time.Minute
 // read; such a client is disconnected rather than allowed to stall its reader.
 const writeTimeout = 10 * time.Second
 
+// Bounds of the operations that wait (acquire with wait_ms, spawn), each of
+// which holds a goroutine and a timer until it ends: past them an operation
+// is answered TOO_MANY_WAITING at once. A runtime rarely needs more waiting
+// at once than a pool has permits.
+const (
+	DefaultMaxWaiting           = 4096
+	DefaultMaxWaitingPerSession = 512
+)
+
+// MaxWaitMS caps wait_ms: a longer wait is taken as this one (ten minutes).
+const MaxWaitMS = 10 * 60 * 1000
+
+// MaxObjectLen bounds an object name, in bytes.
+const MaxObjectLen = 1024
+
 var (
 	// ErrSocketInUse is returned when another server already answers on the socket path.
 	ErrSocketInUse = errors.New("permit socket is in use by a live server")
@@ -57,7 +74,16 @@ var (
 type Config struct {
 	Socket string      // default DefaultSocket
 	Mode   os.FileMode // default DefaultMode
-	Group  string      // group allowed to connect (the runtime's); "" = root only
+	// Group may connect besides root and the daemon's user (the runtime's
+	// group): a group name, or a numeric gid; "" = nobody else.
+	Group string
+	// MaxConns bounds the sessions open at once and MaxConnsPerUID those of
+	// one peer uid (package internal/listen); 0 means no bound.
+	MaxConns, MaxConnsPerUID int
+	// MaxWaiting bounds the operations waiting at once over all sessions,
+	// MaxWaitingPerSession those of one session; 0 means
+	// DefaultMaxWaiting and DefaultMaxWaitingPerSession.
+	MaxWaiting, MaxWaitingPerSession int
 }
 
 // Server serves pools over the permit protocol described in doc.go.
@@ -76,10 +102,11 @@ type Server struct {
 
 	nextLease   atomic.Uint64
 	nextSession atomic.Uint64
-	wg          sync.WaitGroup // sessions and their waiting operations
+	waiting     atomic.Int64   // operations waiting, all sessions
+	wg          sync.WaitGroup // sessions, their waiting operations and eviction notices
 
 	mu        sync.Mutex // guards the fields below
-	ln        *net.UnixListener
+	ln        *listen.Listener
 	served    bool
 	stopping  bool
 	sessions  map[uint64]*session
@@ -115,6 +142,12 @@ func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log
 	if cfg.Mode == 0 {
 		cfg.Mode = DefaultMode
 	}
+	if cfg.MaxWaiting <= 0 {
+		cfg.MaxWaiting = DefaultMaxWaiting
+	}
+	if cfg.MaxWaitingPerSession <= 0 {
+		cfg.MaxWaitingPerSession = DefaultMaxWaitingPerSession
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -143,13 +176,9 @@ func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log
 		s.pools[name] = p
 	}
 	if cfg.Group != "" {
-		g, err := user.LookupGroup(cfg.Group)
+		gid, err := LookupGroup(cfg.Group)
 		if err != nil {
-			return nil, fmt.Errorf("looking up permit socket group %q: %w", cfg.Group, err)
-		}
-		gid, err := strconv.Atoi(g.Gid)
-		if err != nil {
-			return nil, fmt.Errorf("group %q has non-numeric gid %q: %w", cfg.Group, g.Gid, err)
+			return nil, err
 		}
 		s.gid = gid
 	}
@@ -161,6 +190,25 @@ func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log
 	// every JSON implementation.
 	s.epoch = (binary.LittleEndian.Uint64(e[:])&(1<<21-1) | 1) << 32
 	return s, nil
+}
+
+// LookupGroup returns the gid of a group given by name or as a number.
+func LookupGroup(name string) (int, error) {
+	if gid, err := strconv.Atoi(name); err == nil {
+		if gid < 0 {
+			return 0, fmt.Errorf("permit socket group %q: a gid is not negative", name)
+		}
+		return gid, nil
+	}
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return 0, fmt.Errorf("looking up permit socket group %q: %w", name, err)
+	}
+	gid, err := strconv.Atoi(g.Gid)
+	if err != nil {
+		return 0, fmt.Errorf("group %q has non-numeric gid %q: %w", name, g.Gid, err)
+	}
+	return gid, nil
 }
 
 // Socket is the path the server listens on.
@@ -176,35 +224,18 @@ func (s *Server) Listen() error {
 		return nil
 	}
 	path := s.cfg.Socket
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("creating permit socket dir: %w", err)
+	ul, warn, err := listen.Unix(path, s.cfg.Mode, s.gid)
+	if errors.Is(err, listen.ErrInUse) {
+		return fmt.Errorf("listening on %s: %w", path, ErrSocketInUse)
 	}
-	if _, err := os.Lstat(path); err == nil {
-		// A socket file with nobody behind it is a leftover of a killed
-		// daemon; one with a live server is someone else's.
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return fmt.Errorf("listening on %s: %w", path, ErrSocketInUse)
-		}
-		if err := os.Remove(path); err != nil {
-			return fmt.Errorf("removing stale permit socket: %w", err)
-		}
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
-		return fmt.Errorf("listening on %s: %w", path, err)
+		return fmt.Errorf("permit socket: %w", err)
 	}
-	ln.SetUnlinkOnClose(true)
-	if err := os.Chmod(path, s.cfg.Mode); err != nil {
-		ln.Close()
-		return fmt.Errorf("setting permit socket mode: %w", err)
+	if warn != "" {
+		s.log.Warn("the permit socket's intended users may not reach it", "socket", path, "problem", warn)
 	}
-	if s.gid >= 0 {
-		if err := os.Chown(path, -1, s.gid); err != nil {
-			ln.Close()
-			return fmt.Errorf("setting permit socket group: %w", err)
-		}
-	}
+	ln := listen.Wrap(ul, listen.Options{Name: "permits", MaxConns: s.cfg.MaxConns, MaxPerUID: s.cfg.MaxConnsPerUID,
+		Refuse: refuseSession, Log: s.log})
 	s.ln = ln
 	return nil
 }
@@ -227,11 +258,13 @@ func (s *Server) Serve(ctx context.Context) error {
 
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
+	// The listener waits out accept errors (out of descriptors, say) by
+	// itself: Accept fails only once the listener is closed.
 	var acceptErr error
 	for {
-		c, err := ln.AcceptUnix()
+		c, err := ln.Accept()
 		if err != nil {
-			if ctx.Err() == nil {
+			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
 				acceptErr = fmt.Errorf("accepting permit session: %w", err)
 			}
 			break
@@ -253,8 +286,29 @@ func (s *Server) Serve(ctx context.Context) error {
 	return acceptErr
 }
 
-func (s *Server) startSession(ctx context.Context, c *net.UnixConn) {
-	cred, err := peerCred(c)
+// refuseSession tells a connection past the listener's caps why it is
+// closed, in the protocol's own words.
+func refuseSession(c net.Conn, reason string) {
+	msg := "too many permit sessions are open"
+	if reason == listen.ReasonUIDFull {
+		msg = "too many permit sessions are open for this user"
+	}
+	io.WriteString(c, string(appendResponse(nil, &response{Code: CodeTooManySessions, Error: msg + "; closing"})))
+}
+
+// ListenerStats returns the socket's connection counters.
+func (s *Server) ListenerStats() (listen.Stats, bool) {
+	s.mu.Lock()
+	ln := s.ln
+	s.mu.Unlock()
+	if ln == nil {
+		return listen.Stats{}, false
+	}
+	return ln.Stats(), true
+}
+
+func (s *Server) startSession(ctx context.Context, c net.Conn) {
+	cred, err := peercred.Of(c)
 	if err != nil {
 		s.log.Warn("permit session without peer credentials", "err", err)
 		c.Close()
@@ -343,6 +397,28 @@ func (s *Server) wakeSleepers(object string) {
 	for _, ch := range ws {
 		close(ch)
 	}
+}
+
+// startWait takes a place for a waiting operation of ss, or says why there
+// is none.
+func (s *Server) startWait(ss *session) string {
+	if n := ss.waiting.Add(1); n > int64(s.cfg.MaxWaitingPerSession) {
+		ss.waiting.Add(-1)
+		return fmt.Sprintf("this session already has %d operations waiting (at most %d); retry when one has ended",
+			n-1, s.cfg.MaxWaitingPerSession)
+	}
+	if n := s.waiting.Add(1); n > int64(s.cfg.MaxWaiting) {
+		s.waiting.Add(-1)
+		ss.waiting.Add(-1)
+		return fmt.Sprintf("the server already has %d operations waiting (at most %d); retry later", n-1, s.cfg.MaxWaiting)
+	}
+	return ""
+}
+
+// endWait gives back a place taken by startWait.
+func (s *Server) endWait(ss *session) {
+	ss.waiting.Add(-1)
+	s.waiting.Add(-1)
 }
 
 func (s *Server) countCode(code string) {

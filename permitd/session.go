@@ -29,13 +29,14 @@ type lease struct {
 type session struct {
 	id     uint64
 	srv    *Server
-	conn   *net.UnixConn
+	conn   net.Conn
 	cred   Cred
 	opened time.Time
 	ctx    context.Context // done when the connection closes
 	cancel context.CancelFunc
 
 	requests atomic.Uint64
+	waiting  atomic.Int64 // operations of this session waiting (Server.startWait)
 
 	names interner // used by the reader goroutine only
 
@@ -46,7 +47,7 @@ type session struct {
 	closed bool
 }
 
-func newSession(s *Server, c *net.UnixConn, cred Cred) *session {
+func newSession(s *Server, c net.Conn, cred Cred) *session {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &session{
 		id:     s.nextSession.Add(1),

@@ -29,6 +29,8 @@ const (
 	CodeCanceled         = "CANCELED"
 	CodeLineTooLong      = "LINE_TOO_LONG"
 	CodeForbidden        = "FORBIDDEN"
+	CodeTooManyWaiting   = "TOO_MANY_WAITING"
+	CodeTooManySessions  = "TOO_MANY_SESSIONS"
 )
 
 // ResidentsPool is the pool name under which the residents pool is served to
