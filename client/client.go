@@ -29,6 +29,14 @@ var (
 	// ErrTooManyResidents matches an *Error of a spawn that found no room
 	// and nothing put to sleep within a second.
 	ErrTooManyResidents = errors.New("too many residents")
+	// ErrTooManyWaiting matches an *Error of an operation that would have
+	// waited (AcquireWait, Spawn) while the session or the daemon already
+	// had its bound of waiting operations (TOO_MANY_WAITING): retry once
+	// some of the caller's waits have ended.
+	ErrTooManyWaiting = errors.New("too many operations waiting")
+	// ErrBadRequest matches an *Error of a request the daemon could not
+	// take as it was (BAD_REQUEST), for instance an invalid project name.
+	ErrBadRequest = errors.New("bad request")
 	// ErrClosed is returned by calls on a closed Client.
 	ErrClosed = errors.New("permit client closed")
 	// ErrDisconnected is returned by calls whose connection dropped before
@@ -93,6 +101,10 @@ func (e *Error) Is(target error) bool {
 		return e.Code == "REFUSED"
 	case ErrTooManyResidents:
 		return e.Code == "TOO_MANY_RESIDENTS"
+	case ErrTooManyWaiting:
+		return e.Code == "TOO_MANY_WAITING"
+	case ErrBadRequest:
+		return e.Code == "BAD_REQUEST"
 	}
 	return false
 }
@@ -456,7 +468,9 @@ func (c *Client) Acquire(ctx context.Context, pool, project string) (Lease, erro
 }
 
 // AcquireWait is Acquire that waits up to wait for a permit (woken by
-// releases, FIFO per project) before refusing.
+// releases, FIFO per project) before refusing. The daemon waits at most ten
+// minutes, and refuses with ErrTooManyWaiting while the session already has
+// its bound of operations waiting (512 by default).
 func (c *Client) AcquireWait(ctx context.Context, pool, project string, wait time.Duration) (Lease, error) {
 	rp, err := c.call(ctx, request{Op: "acquire", Pool: pool, Project: project, WaitMS: wait.Milliseconds()})
 	if err != nil {
