@@ -5,7 +5,8 @@
 // A policy says what a project bought, not what it may hold: the tier (pro,
 // lite or none) and shares decide its request-class buckets in the scheduler,
 // and requests_per_sec / work_per_sec bound what it may spend per second (0 =
-// unbounded). What a project may hold on the node is never configured: that is
+// unbounded; otherwise from MinRate, one per 1000 seconds, to MaxRate, a
+// billion per second). What a project may hold on the node is never configured: that is
 // the fair-share rule in package pools.
 //
 // The store is one bbolt file, policies.db, in the state directory. A write
@@ -21,5 +22,6 @@
 //
 // Project names are cgroup directory names, header values and metric labels
 // at once: 1 to 64 bytes of letters, digits, '.', '_' and '-', starting with a
-// letter or digit and not with "cgroup." (the same rule as package front's).
+// letter or digit and not with "cgroup." (the one rule of package
+// internal/project, which every entry point applies).
 package policy

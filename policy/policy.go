@@ -8,6 +8,7 @@ import (
 	"math"
 
 	"github.com/fairshare-dev/fairshare/internal/project"
+	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // ErrInvalid is wrapped by every validation error.
@@ -20,9 +21,14 @@ const (
 	TierNone = "none"
 )
 
-// MaxRate bounds requests_per_sec and work_per_sec; anything above it is a typo
-// rather than a limit.
-const MaxRate = 1e9
+// MinRate and MaxRate bound a non-zero requests_per_sec or work_per_sec (0
+// means unbounded): one per 1000 seconds up to a billion per second. Below
+// the minimum a limit is a block, above the maximum a typo; both are
+// pools.MinRate and pools.MaxRate, where the buckets explain why.
+const (
+	MinRate = pools.MinRate
+	MaxRate = pools.MaxRate
+)
 
 // MaxShares bounds shares for the same reason.
 const MaxShares = 1_000_000
@@ -56,8 +62,9 @@ func (p Policy) Validate() error {
 }
 
 func checkRate(what string, v float64) error {
-	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > MaxRate {
-		return fmt.Errorf("%w: %s must be a number from 0 (unbounded) to %g, got %v", ErrInvalid, what, float64(MaxRate), v)
+	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > MaxRate || (v > 0 && v < MinRate) {
+		return fmt.Errorf("%w: %s must be 0 (unbounded) or a number from %g to %g, got %v",
+			ErrInvalid, what, float64(MinRate), float64(MaxRate), v)
 	}
 	return nil
 }

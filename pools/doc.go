@@ -131,7 +131,12 @@
 //
 // Rates keeps two token buckets per project with a policy: requests per
 // second and work units per second, each with a burst of one second's worth
-// (but at least one token); 0 means unbounded and keeps no state. Buckets
+// (but at least one token); 0 means unbounded and keeps no state. A rate is
+// otherwise between MinRate (one per 1000 s) and MaxRate (1e9 per second);
+// SetLimits moves a rate outside into the bounds, and package policy refuses
+// it. The time until a token (or until debt is paid) is exact up to
+// MaxRetry (a day) and MaxRetry beyond: no debt is large enough to overflow
+// it into an immediate retry. Buckets
 // refill lazily on access. Allow takes one request token, or refuses with the
 // time until a token is there. Charge takes work after the fact and may drive
 // the work bucket below zero (debt); while in debt Allow refuses with the time

@@ -47,6 +47,10 @@ type ledger struct {
 	// are kept here, not summed over projects, because forgetting an idle
 	// project drops its counts and the pool's totals must never go down.
 	admitted, refused uint64
+	// forgotten sums the counts of the projects forgotten so far, so that
+	// at every instant admitted (refused) is the sum over the projects
+	// known plus forgotten's.
+	forgotten ForgottenStat
 
 	rng uint64 // splitmix64 state for jitter
 }
@@ -308,6 +312,9 @@ func (l *ledger) forgetIdle(now int64, keep func(int32) bool, forgotten func(int
 		if forgotten != nil {
 			forgotten(e.idx)
 		}
+		l.forgotten.Projects++
+		l.forgotten.Admitted += pr.admitted
+		l.forgotten.Refused += pr.refused
 		delete(l.index, pr.name)
 		gen := pr.gen + 1
 		*pr = project{gen: gen, activePos: -1}
@@ -338,8 +345,9 @@ func (l *ledger) snapshot() Snapshot {
 		Active: len(l.active),
 		Share:  l.share,
 
-		Admitted: l.admitted,
-		Refused:  l.refused,
+		Admitted:  l.admitted,
+		Refused:   l.refused,
+		Forgotten: l.forgotten,
 	}
 	s.Projects = make([]ProjectStat, 0, len(l.index))
 	for _, idx := range l.index {

@@ -296,11 +296,20 @@ type Snapshot struct {
 	Size, Floor, InUse, Active, Share int
 	// Admitted and Refused count the pool's asks since it was built; unlike
 	// the per-project counts they survive projects being forgotten, so they
-	// only grow.
+	// only grow. They equal the sums over Projects plus Forgotten's, in
+	// every snapshot.
 	Admitted, Refused uint64
 	// Projects is sorted by project; it lists every project with state
 	// (active ones and idle ones not yet forgotten).
 	Projects []ProjectStat
+	// Forgotten sums the projects whose state was dropped after idling.
+	Forgotten ForgottenStat
+}
+
+// ForgottenStat is what the projects a pool forgot had been counted for.
+type ForgottenStat struct {
+	Projects          uint64 // projects forgotten (a project forgotten twice counts twice)
+	Admitted, Refused uint64
 }
 
 // ProjectStat is one project's view in a Snapshot.

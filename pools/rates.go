@@ -13,6 +13,38 @@ import (
 // Limits is a project's rate policy. Zero means unbounded.
 type Limits struct{ RequestsPerSec, WorkPerSec float64 }
 
+// Bounds of a rate, per second: 0 (unbounded), or from MinRate to MaxRate.
+// MinRate is one request (work unit) per 1000 s: a slower limit is a typo or
+// a block, and a block is not what a rate is for. MaxRate is far above what
+// one node serves: anything above it is a typo too. package policy refuses
+// rates outside the bounds; SetLimits takes a rate in (0, MinRate) as
+// MinRate and one above MaxRate as MaxRate, so the bucket's arithmetic stays
+// far inside float64 and time.Duration.
+const (
+	MinRate = 1e-3
+	MaxRate = 1e9
+)
+
+// MaxRetry bounds the retry times Allow returns. At MinRate a token is at
+// most 1000 s away, but work debt can be any size: a charge of a million
+// units at 0.001/s is 31 years of debt, which overflowed the conversion to
+// a Duration (and came out as an immediate retry). Callers cap the hint they
+// give clients further (the HTTP front: 60 s).
+const MaxRetry = 24 * time.Hour
+
+// clampRate applies the bounds to one rate (0 and below: unbounded).
+func clampRate(r float64) float64 {
+	switch {
+	case math.IsNaN(r) || r <= 0:
+		return 0
+	case r < MinRate:
+		return MinRate
+	case r > MaxRate || math.IsInf(r, 1):
+		return MaxRate
+	}
+	return r
+}
+
 // Rates holds per-project token buckets for requests per second and work
 // units per second. Only projects with a limit have state, so memory is
 // bounded by the number of policies. It is safe for concurrent use.
@@ -49,8 +81,8 @@ func (r *Rates) SetLimits(project string, l Limits) {
 }
 
 func (r *Rates) setLimits(project string, l Limits, now time.Time) {
-	l.RequestsPerSec = math.Max(l.RequestsPerSec, 0)
-	l.WorkPerSec = math.Max(l.WorkPerSec, 0)
+	l.RequestsPerSec = clampRate(l.RequestsPerSec)
+	l.WorkPerSec = clampRate(l.WorkPerSec)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if l == (Limits{}) {
@@ -117,9 +149,13 @@ func (r *Rates) allow(project string, now int64) (bool, time.Duration) {
 }
 
 // secondsCeil converts seconds to a Duration, rounding up so that a client
-// waiting that long finds the token there.
+// waiting that long finds the token there, and saturating at MaxRetry.
 func secondsCeil(s float64) time.Duration {
-	return time.Duration(math.Ceil(s * float64(time.Second)))
+	ns := math.Ceil(s * float64(time.Second))
+	if !(ns < float64(MaxRetry)) { // NaN included
+		return MaxRetry
+	}
+	return max(time.Duration(ns), time.Nanosecond)
 }
 
 // Charge takes work units from project's work bucket after the work is
@@ -130,6 +166,10 @@ func (r *Rates) Charge(project string, work float64) {
 }
 
 func (r *Rates) charge(project string, work float64, now int64) {
+	if math.IsNaN(work) || work <= 0 {
+		return
+	}
+	work = math.Min(work, MaxRate*float64(MaxRetry/time.Second)) // a day of debt at the highest rate
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b, ok := r.buckets[project]

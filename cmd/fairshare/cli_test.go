@@ -53,6 +53,8 @@ func TestPolicyBadInput(t *testing.T) {
 		{[]string{"--requests-per-sec", "fast", "alpha"}, "--requests-per-sec must be"},
 		{[]string{"--work-per-sec", "-0.5", "alpha"}, "--work-per-sec must be a number"},
 		{[]string{"--work-per-sec", "1e10", "alpha"}, "--work-per-sec must be"},
+		{[]string{"--work-per-sec", "1e-12", "alpha"}, "from 0.001 to 1e+09"},
+		{[]string{"--requests-per-sec", "1e-9", "alpha"}, "--requests-per-sec must be 0 (unbounded) or a number from 0.001"},
 		{[]string{"--work-per-sec", "", "alpha"}, "--work-per-sec must be"},
 		{[]string{"alpha"}, "changes nothing"},
 		{[]string{"--tier", "pro"}, "exactly one PROJECT"},

@@ -40,8 +40,8 @@ func policyCommand() *cli.Command {
 				Flags: append(policyFlags(),
 					&cli.StringFlag{Name: "tier", Usage: "`TIER`: pro (P1 and P2 buckets), lite (P2) or none"},
 					&cli.StringFlag{Name: "shares", Usage: "`N` shares, a whole number >= 1: bigger, faster-refilling buckets"},
-					&cli.StringFlag{Name: "requests-per-sec", Usage: "requests per second `R` >= 0; 0 = unbounded"},
-					&cli.StringFlag{Name: "work-per-sec", Usage: "work units per second `W` >= 0; 0 = unbounded"},
+					&cli.StringFlag{Name: "requests-per-sec", Usage: "requests per second `R`: 0 = unbounded, else 0.001 to 1e9"},
+					&cli.StringFlag{Name: "work-per-sec", Usage: "work units per second `W`: 0 = unbounded, else 0.001 to 1e9"},
 					jsonFlag),
 				Action: policySet,
 			},
@@ -105,8 +105,9 @@ func parsePatch(c *cli.Context) (policy.Patch, error) {
 		}
 		raw := c.String(name)
 		v, err := strconv.ParseFloat(strings.TrimSpace(raw), 64)
-		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > policy.MaxRate {
-			return nil, cli.Exit(fmt.Sprintf("--%s must be a number from 0 (unbounded) to %g, got %q", name, float64(policy.MaxRate), raw), 2)
+		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > policy.MaxRate || (v > 0 && v < policy.MinRate) {
+			return nil, cli.Exit(fmt.Sprintf("--%s must be 0 (unbounded) or a number from %g to %g, got %q",
+				name, float64(policy.MinRate), float64(policy.MaxRate), raw), 2)
 		}
 		return &v, nil
 	}

@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package pools
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+// The time to the next token is right at every rate a policy accepts, from
+// MinRate to MaxRate: positive, one token's time (1/rate, rounded up to the
+// nanosecond), and never wrapped around. A rate below MinRate (1e-12 was
+// accepted and overflowed to a retry of 1s) is taken as MinRate.
+func TestRetryAtEveryAcceptedRate(t *testing.T) {
+	clk := newFakeClock()
+	r := NewRates(clk)
+	for e := math.Log10(MinRate); e <= math.Log10(MaxRate)+1e-9; e += 0.25 {
+		rate := math.Pow(10, e)
+		r.SetLimits("p", Limits{RequestsPerSec: rate})
+		r.buckets["p"].req = 0 // spent (a loop of Allow would take a billion calls at MaxRate)
+		ok, retry := r.Allow("p")
+		want := time.Duration(math.Ceil(float64(time.Second) / rate))
+		if ok || retry <= 0 || retry > want+time.Nanosecond || float64(retry) < 0.999*float64(want) {
+			t.Errorf("rate %g: retry %v, want about %v", rate, retry, want)
+		}
+		r.SetLimits("p", Limits{})
+	}
+	for _, tiny := range []float64{1e-12, 1e-9, 1e-300, math.SmallestNonzeroFloat64} {
+		r.SetLimits("q", Limits{RequestsPerSec: tiny})
+		r.Allow("q")
+		if ok, retry := r.Allow("q"); ok || retry != 1000*time.Second {
+			t.Errorf("rate %g: ok %v retry %v, want the 1000s of MinRate", tiny, ok, retry)
+		}
+		r.SetLimits("q", Limits{})
+	}
+}
+
+// Work debt of any size gives a retry of at most MaxRetry, never one that
+// overflowed into the past.
+func TestDebtRetrySaturates(t *testing.T) {
+	clk := newFakeClock()
+	r := NewRates(clk)
+	r.SetLimits("p", Limits{WorkPerSec: MinRate})
+	last := time.Duration(0)
+	for _, debt := range []float64{2, 1e3, 1e6, 1e9, 1e15, 1e30, 1e300, math.Inf(1), math.NaN(), -5} {
+		r.Charge("p", debt)
+		ok, retry := r.Allow("p")
+		if ok || retry <= 0 || retry > MaxRetry || retry < last {
+			t.Errorf("after a charge of %g: ok %v retry %v (before %v)", debt, ok, retry, last)
+		}
+		last = retry
+	}
+	if last != MaxRetry {
+		t.Errorf("a huge debt gives %v, want MaxRetry", last)
+	}
+}
