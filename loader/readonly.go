@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// ErrNotPinned means the pin directory holds no limiter.
+var ErrNotPinned = errors.New("no limiter is pinned there")
+
+// ReadOnly is the counting side of a pinned limiter opened read-only: the
+// maps a daemon left pinned keep counting and refusing in the kernel while
+// no daemon runs, and `fairshare status` reads them from here. Every map is
+// opened with BPF_F_RDONLY, so nothing written through a ReadOnly can change
+// what the programs do; no program is loaded and no link is touched.
+type ReadOnly struct{ l *Limiter }
+
+// OpenReadOnly opens the maps pinned in pinDir. projectsRoot names the
+// projects (cgroup directory names by cgroup id); a project whose directory
+// is not found there is shown by id, as Snapshot does for a removed cgroup.
+func OpenReadOnly(pinDir, projectsRoot string) (*ReadOnly, error) {
+	if pinDir == "" {
+		pinDir = DefaultPinDir
+	}
+	if _, err := os.Stat(filepath.Join(pinDir, "fs_config")); errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w", pinDir, ErrNotPinned)
+	} else if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", pinDir, err)
+	}
+	l := &Limiter{root: filepath.Clean(projectsRoot), pinDir: pinDir, clock: systemClock{}, mono: monoNow,
+		log: slog.New(slog.DiscardHandler)}
+	ok := false
+	defer func() {
+		if !ok {
+			l.objs.Close()
+		}
+	}()
+	for _, m := range []struct {
+		name string
+		dst  **ebpf.Map
+	}{
+		{"fs_config", &l.objs.FsConfig}, {"fs_node", &l.objs.FsNode}, {"fs_projects", &l.objs.FsProjects},
+		{"fs_stats", &l.objs.FsStats}, {"fs_resv_slots", &l.objs.FsResvSlots}, {"fs_reservations", &l.objs.FsReservations},
+	} {
+		mp, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, m.name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			if errors.Is(err, os.ErrPermission) {
+				return nil, fmt.Errorf("opening the pinned map %s needs root (CAP_BPF): %w", m.name, err)
+			}
+			return nil, fmt.Errorf("opening the pinned map %s in %s: %w", m.name, pinDir, err)
+		}
+		*m.dst = mp
+	}
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return nil, fmt.Errorf("reading the pinned config: %w", err)
+	}
+	l.size, l.floor, l.exemptMax = cfg.Pool, cfg.Floor, cfg.ExemptMax
+	l.window = time.Duration(cfg.WindowNs)
+	if l.window <= 0 {
+		l.window = time.Second
+	}
+	ok = true
+	return &ReadOnly{l: l}, nil
+}
+
+// Snapshot reads the pinned maps, as Limiter.Snapshot does.
+func (r *ReadOnly) Snapshot() (Snapshot, error) { return r.l.Snapshot() }
+
+// KernelActive is the active count the programs compute the share from.
+func (r *ReadOnly) KernelActive() (int, error) { return r.l.KernelActive() }
+
+// Close closes the maps; the pins stay.
+func (r *ReadOnly) Close() error {
+	r.l.mu.Lock()
+	r.l.closed = true
+	r.l.mu.Unlock()
+	return r.l.objs.Close()
+}
+
+// KernelActive reads the active count the programs keep and apply the share
+// from (Snapshot.Share is computed from it). The programs add a newcomer at
+// its first ask and only Tick takes out a project that left the window, so
+// it can be ahead of the projects Snapshot marks active, for up to a tick
+// while a daemon runs and indefinitely while none does. Reported with the
+// share, it is the pair the kernel enforces.
+func (l *Limiter) KernelActive() (int, error) {
+	if err := l.checkOpen(); err != nil {
+		return 0, err
+	}
+	var node limiterFsPool
+	if err := l.objs.FsNode.Lookup(uint32(0), &node); err != nil {
+		return 0, fmt.Errorf("reading node map: %w", err)
+	}
+	return int(max(node.Active, 0)), nil
+}
