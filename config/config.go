@@ -52,6 +52,7 @@ type Config struct {
 	Front        Front           `yaml:"front"`
 	Scheduler    Scheduler       `yaml:"scheduler"`
 	Connections  Connections     `yaml:"connections"`
+	Listeners    Listeners       `yaml:"listeners"`
 }
 
 // MaxExempt is the most cgroups connections.exempt may name (the size of the
@@ -73,7 +74,12 @@ type Connections struct {
 // flights, residents and any extra pool to runtimes on the node.
 type Permits struct {
 	Socket string `yaml:"socket"`
-	Group  string `yaml:"group"`
+	// Group may connect besides root: a group name or a numeric gid.
+	Group string `yaml:"group"`
+	// MaxWaiting and MaxWaitingPerSession bound the permit operations
+	// waiting at once (package permitd); 0 means its defaults.
+	MaxWaiting           int `yaml:"max_waiting"`
+	MaxWaitingPerSession int `yaml:"max_waiting_per_session"`
 }
 
 // Metrics configures the Prometheus endpoint.
@@ -277,6 +283,9 @@ func (c *Config) Validate() error {
 	if m := c.Connections.ExemptMax; m < 0 || m > c.Pools[PoolConnections].Size {
 		return bad("connections.exempt_max must be between 0 and pools.connections.size (%d), got %d",
 			c.Pools[PoolConnections].Size, m)
+	}
+	if err := c.checkValues(); err != nil {
+		return bad("%v", err)
 	}
 	if err := c.Front.validate(); err != nil {
 		return bad("%v", err)
