@@ -37,6 +37,10 @@ type Collector struct {
 	inFlight, queue, dispatched, wait         *prometheus.Desc
 	exemptMax, exemptInUse                    *prometheus.Desc
 	exemptAdmitted, exemptOver                *prometheus.Desc
+	recPasses, recFailures, recRepairs        *prometheus.Desc
+	recLast, recSockets, recHeld              *prometheus.Desc
+	lnOpen, lnMax, lnAccepted, lnRefused      *prometheus.Desc
+	lnErrors                                  *prometheus.Desc
 
 	mu   sync.Mutex           // guards the fields below
 	sets map[string]*labelSet // by group: "pool\x00<name>", "rates", "scheduler"
@@ -83,6 +87,17 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 			"Exempt permits granted (outside the rule and the pool).", "pool"),
 		exemptOver: d("pool_exempt_over_budget_total",
 			"Exempt asks that found the exempt budget spent and went under the rule.", "pool"),
+		recPasses:   d("reconcile_passes_total", "Reconcile passes of the kernel's counts against its socket table that completed."),
+		recFailures: d("reconcile_failures_total", "Reconcile passes that failed."),
+		recRepairs:  d("reconcile_repairs_total", "Corrections made by reconcile passes (adopted sockets, released orphans, uncounted listeners, in_use corrections)."),
+		recLast:     d("reconcile_last_pass_timestamp_seconds", "When the last reconcile pass ended, as a Unix time."),
+		recSockets:  d("reconcile_sockets", "Project sockets the kernel's table listed at the last reconcile pass."),
+		recHeld:     d("reconcile_held", "Permits held in the maps at the last reconcile pass."),
+		lnOpen:      d("listener_open_connections", "Connections open through the listener.", "listener"),
+		lnMax:       d("listener_max_connections", "The listener's cap on open connections; 0 is none.", "listener"),
+		lnAccepted:  d("listener_accepted_total", "Connections accepted within the caps.", "listener"),
+		lnRefused:   d("listener_refused_total", "Connections closed at once for a cap, by reason.", "listener", "reason"),
+		lnErrors:    d("listener_accept_errors_total", "Accept errors waited out (out of descriptors, say).", "listener"),
 	}
 }
 
@@ -91,7 +106,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.kernel, c.poolSize, c.poolFloor, c.poolInUse, c.poolShare,
 		c.poolActive, c.poolAdmitted, c.poolRefused, c.held, c.admitted, c.refused, c.sleeping, c.evictions,
 		c.rateLimited, c.workTokens, c.inFlight, c.queue, c.dispatched, c.wait,
-		c.exemptMax, c.exemptInUse, c.exemptAdmitted, c.exemptOver} {
+		c.exemptMax, c.exemptInUse, c.exemptAdmitted, c.exemptOver,
+		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld,
+		c.lnOpen, c.lnMax, c.lnAccepted, c.lnRefused, c.lnErrors} {
 		ch <- d
 	}
 }
@@ -118,6 +135,23 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.collectRates(ch, st.Rates)
 	if st.Scheduler != nil {
 		c.collectScheduler(ch, st.Scheduler)
+	}
+	if r := st.Reconcile; r != nil {
+		ch <- prometheus.MustNewConstMetric(c.recPasses, prometheus.CounterValue, float64(r.Passes))
+		ch <- prometheus.MustNewConstMetric(c.recFailures, prometheus.CounterValue, float64(r.Failures))
+		ch <- prometheus.MustNewConstMetric(c.recRepairs, prometheus.CounterValue, float64(r.RepairsTotal))
+		ch <- prometheus.MustNewConstMetric(c.recLast, prometheus.GaugeValue, float64(r.Time.UnixNano())/1e9)
+		ch <- prometheus.MustNewConstMetric(c.recSockets, prometheus.GaugeValue, float64(r.Sockets))
+		ch <- prometheus.MustNewConstMetric(c.recHeld, prometheus.GaugeValue, float64(r.Held))
+	}
+	for _, l := range st.Listeners {
+		ch <- prometheus.MustNewConstMetric(c.lnOpen, prometheus.GaugeValue, float64(l.Open), l.Name)
+		ch <- prometheus.MustNewConstMetric(c.lnMax, prometheus.GaugeValue, float64(l.MaxConns), l.Name)
+		ch <- prometheus.MustNewConstMetric(c.lnAccepted, prometheus.CounterValue, float64(l.Accepted), l.Name)
+		ch <- prometheus.MustNewConstMetric(c.lnErrors, prometheus.CounterValue, float64(l.AcceptErrors), l.Name)
+		for _, reason := range []string{"listener_full", "uid_full"} {
+			ch <- prometheus.MustNewConstMetric(c.lnRefused, prometheus.CounterValue, float64(l.Refused[reason]), l.Name, reason)
+		}
 	}
 }
 
@@ -168,15 +202,23 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 			ls.count(pr.Project, "evictions\x00"+r, v)
 		}
 	}
-	if byLabel[Other] == nil && ls.otherUsed() {
+	// Other also carries the counts of projects gone from the pool (or from
+	// their label), so it exists whenever the named series do not add up
+	// to the pool's totals.
+	if byLabel[Other] == nil && (ls.otherUsed() || ls.remainder("admitted", p.Admitted) > 0 || ls.remainder("refused", p.Refused) > 0) {
 		byLabel[Other] = &gauges{}
 		order = append(order, Other)
 	}
 	for _, l := range order {
 		g := byLabel[l]
 		gauge(c.held, float64(g.held), p.Name, l)
-		counter(c.admitted, float64(ls.total(l, "admitted")), p.Name, l)
-		counter(c.refused, float64(ls.total(l, "refused")), p.Name, l)
+		adm, ref := ls.total(l, "admitted"), ls.total(l, "refused")
+		if l == Other {
+			adm, ref = ls.remainder("admitted", p.Admitted), ls.remainder("refused", p.Refused)
+			ls.markOther()
+		}
+		counter(c.admitted, float64(adm), p.Name, l)
+		counter(c.refused, float64(ref), p.Name, l)
 		if residents {
 			gauge(c.sleeping, float64(g.sleeping), p.Name, l)
 			var reasons []string

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/front"
@@ -37,6 +38,28 @@ func sample() admin.Status {
 			Participants: []admin.Participant{{Participant: "alpha", Tier: "pro", Shares: 1, Queue: 4}},
 			Wait:         admin.Histogram{Bounds: []float64{0.01, 0.1}, Counts: []uint64{2, 1, 1}, Count: 4, Sum: 2.5},
 		},
+		Reconcile: &admin.Reconcile{Time: time.Unix(1700000000, 0), Sockets: 7, Held: 7, Repairs: 1, Passes: 3, RepairsTotal: 2},
+		Listeners: []admin.Listener{{Name: "front", Open: 3, MaxConns: 100, Accepted: 50, Refused: map[string]uint64{"listener_full": 4}}},
+	}
+}
+
+func TestCollectReconcileAndListeners(t *testing.T) {
+	c := New(fixed(sample()), 10, nil)
+	want := `
+# HELP fairshare_listener_refused_total Connections closed at once for a cap, by reason.
+# TYPE fairshare_listener_refused_total counter
+fairshare_listener_refused_total{listener="front",reason="listener_full"} 4
+fairshare_listener_refused_total{listener="front",reason="uid_full"} 0
+# HELP fairshare_reconcile_last_pass_timestamp_seconds When the last reconcile pass ended, as a Unix time.
+# TYPE fairshare_reconcile_last_pass_timestamp_seconds gauge
+fairshare_reconcile_last_pass_timestamp_seconds 1.7e+09
+# HELP fairshare_reconcile_passes_total Reconcile passes of the kernel's counts against its socket table that completed.
+# TYPE fairshare_reconcile_passes_total counter
+fairshare_reconcile_passes_total 3
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "fairshare_listener_refused_total",
+		"fairshare_reconcile_last_pass_timestamp_seconds", "fairshare_reconcile_passes_total"); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -133,6 +156,7 @@ func TestCardinalityCap(t *testing.T) {
 		rates = append(rates, admin.Rate{Project: name, Limited: uint64(i)})
 		sched.Participants = append(sched.Participants, admin.Participant{Participant: name, Queue: i % 3})
 	}
+	pool.Admitted = uint64(totalAdmitted)
 	c := New(fixed(admin.Status{Pools: []admin.Pool{pool}, Rates: rates, Scheduler: sched}), limit, nil)
 	for _, name := range []string{"fairshare_project_permits_held", "fairshare_project_rate_limited_total", "fairshare_scheduler_queue_length"} {
 		if got := testutil.CollectAndCount(c, name); got != limit {
@@ -187,27 +211,36 @@ func scrape(t *testing.T, c prometheus.Collector, family string) map[string]floa
 
 // The review's case: a named project is forgotten (idle a minute) and comes
 // back with counts from zero, a project moves from (other) to its own label,
-// a rate bucket is deleted. No counter series may go down.
+// a rate bucket is deleted. No counter series goes down, and at every scrape
+// the series of the pool add up to its total: (other) is the total less the
+// named series, so it carries the counts of projects that left their label.
 func TestCountersNeverGoDown(t *testing.T) {
 	var st admin.Status
 	c := New(func(context.Context) (admin.Status, error) { return st, nil }, 3, nil) // 2 named + (other)
+	var forgotten uint64
 	pool := func(ps ...admin.Project) {
-		var adm uint64
+		adm := forgotten
 		for _, p := range ps {
 			adm += p.Admitted
 		}
-		st = admin.Status{Pools: []admin.Pool{{Name: "requests", Projects: ps}}}
+		st = admin.Status{Pools: []admin.Pool{{Name: "requests", Projects: ps, Admitted: adm,
+			Forgotten: admin.Forgotten{Admitted: forgotten}}}}
 	}
 	const fam = "fairshare_project_admitted_total"
 	seen := map[string]float64{}
 	check := func(step string) map[string]float64 {
 		t.Helper()
 		got := scrape(t, c, fam)
+		var sum float64
 		for k, v := range got {
 			if old, ok := seen[k]; ok && v < old {
 				t.Errorf("%s: %s went down from %v to %v", step, k, old, v)
 			}
 			seen[k] = v
+			sum += v
+		}
+		if want := float64(st.Pools[0].Admitted); sum != want {
+			t.Errorf("%s: series sum to %v, the pool's total is %v: %v", step, sum, want, got)
 		}
 		return got
 	}
@@ -217,24 +250,29 @@ func TestCountersNeverGoDown(t *testing.T) {
 	if got := check("start"); got[other] != 4 || got[`pool="requests",project="a"`] != 10 {
 		t.Fatalf("start: %v", got)
 	}
-	// a is forgotten; c (busiest unnamed) takes its label; (other) keeps c's 3.
+	// a is forgotten; c (busiest unnamed) takes its label from zero, and
+	// counts c's one new admission; (other) has a's 10, c's first 3, d's 2.
+	forgotten = 10
 	pool(admin.Project{Project: "b", Admitted: 5}, admin.Project{Project: "c", Admitted: 4}, admin.Project{Project: "d", Admitted: 2})
 	got := check("a forgotten")
-	if got[`pool="requests",project="c"`] != 4 || got[other] != 5 {
-		t.Fatalf("after a left: %v; want c=4 and (other)=5 (3 of c's and 2 of d's)", got)
+	if got[`pool="requests",project="c"`] != 1 || got[other] != 15 {
+		t.Fatalf("after a left: %v; want c=1 and (other)=15", got)
 	}
 	// a comes back from zero: no room, so it is in (other).
 	pool(admin.Project{Project: "a", Admitted: 1}, admin.Project{Project: "b", Admitted: 6},
 		admin.Project{Project: "c", Admitted: 4}, admin.Project{Project: "d", Admitted: 2})
-	if got := check("a back"); got[other] != 6 {
-		t.Fatalf("a back: %v, want (other)=6", got)
+	if got := check("a back"); got[other] != 16 {
+		t.Fatalf("a back: %v, want (other)=16", got)
 	}
-	// d is forgotten: (other) keeps what d added.
+	// d is forgotten: (other) keeps what d counted.
+	forgotten += 2
 	pool(admin.Project{Project: "a", Admitted: 2}, admin.Project{Project: "b", Admitted: 6}, admin.Project{Project: "c", Admitted: 4})
-	if got := check("d forgotten"); got[other] != 7 {
-		t.Fatalf("d forgotten: %v, want (other)=7", got)
+	if got := check("d forgotten"); got[other] != 17 {
+		t.Fatalf("d forgotten: %v, want (other)=17", got)
 	}
-	// A named project's own count restarting (forgotten between scrapes).
+	// A named project's own count restarting (forgotten between scrapes):
+	// its 6 went to forgotten, its new 1 is new.
+	forgotten += 6
 	pool(admin.Project{Project: "a", Admitted: 2}, admin.Project{Project: "b", Admitted: 1}, admin.Project{Project: "c", Admitted: 4})
 	if got := check("b reset"); got[`pool="requests",project="b"`] != 7 {
 		t.Fatalf("b reset: %v, want b=7", got)
@@ -243,10 +281,10 @@ func TestCountersNeverGoDown(t *testing.T) {
 
 // A random walk of many projects (counts growing, projects forgotten and
 // coming back from zero) never makes a counter series go down while it
-// exists, never exceeds the label cap, and invents no increase. A series
+// exists, never exceeds the label cap, and the pool's series always add up
+// to its total (the projects' counts plus the forgotten ones'). A series
 // that vanished (its project forgotten, its label freed) and comes back
-// later starts at its project's count since the project came back: a real
-// restart, which rate() reads right.
+// later starts from zero: a real restart, which rate() reads right.
 func TestCountersMonotonicRandomWalk(t *testing.T) {
 	const limit, projects, steps = 4, 12, 400
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -254,12 +292,13 @@ func TestCountersMonotonicRandomWalk(t *testing.T) {
 	var st admin.Status
 	c := New(func(context.Context) (admin.Status, error) { return st, nil }, limit, nil)
 	seenPool, seenRates := map[string]float64{}, map[string]float64{}
-	var increases uint64
+	var increases, forgotten uint64
 	for step := range steps {
 		for i := range projects {
 			name := fmt.Sprintf("p%d", i)
 			switch r := rng.IntN(10); {
 			case r == 0:
+				forgotten += raw[name]
 				delete(raw, name) // forgotten
 			case r < 6:
 				n := uint64(rng.IntN(5))
@@ -273,7 +312,8 @@ func TestCountersMonotonicRandomWalk(t *testing.T) {
 			ps = append(ps, admin.Project{Project: name, Admitted: v, Held: int(v % 3)})
 			rates = append(rates, admin.Rate{Project: name, Limited: v})
 		}
-		st = admin.Status{Pools: []admin.Pool{{Name: "flights", Projects: ps}}, Rates: rates}
+		st = admin.Status{Pools: []admin.Pool{{Name: "flights", Projects: ps, Admitted: increases,
+			Forgotten: admin.Forgotten{Admitted: forgotten}}}, Rates: rates}
 		var sum float64
 		got := scrape(t, c, "fairshare_project_admitted_total")
 		if len(got) > limit {
@@ -301,10 +341,8 @@ func TestCountersMonotonicRandomWalk(t *testing.T) {
 		if _, ok := got[`pool="flights",project="(other)"`]; !ok && step > 0 {
 			t.Fatalf("step %d: the (other) series vanished: %v", step, got)
 		}
-		// Named series that freed their label are gone from got; what they
-		// counted is not in sum, so sum can only fall short of increases.
-		if uint64(sum) > increases {
-			t.Fatalf("step %d: series sum to %v, more than the %d counted", step, sum, increases)
+		if uint64(sum) != increases {
+			t.Fatalf("step %d: series sum to %v, the pool's total is %d", step, sum, increases)
 		}
 	}
 }

@@ -25,6 +25,12 @@
 //	fairshare_scheduler_queue_length{participant}
 //	fairshare_scheduler_dispatched_total{class}
 //	fairshare_scheduler_wait_seconds                      histogram
+//	fairshare_reconcile_passes_total|failures_total|repairs_total
+//	fairshare_reconcile_last_pass_timestamp_seconds
+//	fairshare_reconcile_sockets|held                      at the last pass
+//	fairshare_listener_open_connections|max_connections{listener}
+//	fairshare_listener_accepted_total|accept_errors_total{listener}
+//	fairshare_listener_refused_total{listener,reason}     reason: listener_full, uid_full
 //
 // Cardinality is bounded by MaxProjects (metrics.max_projects in the config):
 // per pool, and for rates and scheduler queues, at most MaxProjects-1

@@ -14,18 +14,22 @@ package metrics
 // The daemon's per-project counts are not counters in Prometheus's sense:
 // they restart at zero when an idle project is forgotten and comes back, and
 // a sum over the unnamed projects would lose a member whenever one is
-// forgotten or moves to its own label. So each series is kept here as the
-// sum of the increases of its members between scrapes; it only grows.
+// forgotten or moves to its own label. So each named series is kept here as
+// the sum of its project's increases between scrapes, from zero when it got
+// its label; it only grows. Where the pool gives its own total (admitted,
+// refused), Other is that total less the named series (remainder), so the
+// series of a pool always add up to its total.
 type labelSet struct {
-	max   int                          // named labels at most; the rest share Other
-	named map[string]bool              // projects with a label of their own
-	last  map[string]map[string]uint64 // project -> counter -> raw value at the last scrape
-	acc   map[string]map[string]uint64 // label -> counter -> value emitted
+	max      int                          // named labels at most; the rest share Other
+	named    map[string]bool              // projects with a label of their own
+	last     map[string]map[string]uint64 // project -> counter -> raw value at the last scrape
+	acc      map[string]map[string]uint64 // label -> counter -> value emitted
+	otherMax map[string]uint64            // counter -> the largest remainder emitted for Other
 }
 
 func newLabelSet(max int) *labelSet {
 	return &labelSet{max: max, named: map[string]bool{}, last: map[string]map[string]uint64{},
-		acc: map[string]map[string]uint64{}}
+		acc: map[string]map[string]uint64{}, otherMax: map[string]uint64{}}
 }
 
 // assign takes the projects the daemon reports now, busiest first: it frees
@@ -60,15 +64,30 @@ func (s *labelSet) assign(present []string) {
 			continue
 		}
 		s.named[p] = true
-		// A newly named series starts at the project's own count (what it
-		// would have shown had it been named all along); its earlier
-		// increases stay counted in Other, which keeps them.
-		acc := make(map[string]uint64, len(s.last[p]))
-		for k, v := range s.last[p] {
-			acc[k] = v
-		}
-		s.acc[p] = acc
+		// A newly named series starts at zero: the project's earlier
+		// increases stay counted in Other, which keeps them, so nothing is
+		// counted twice.
+		s.acc[p] = map[string]uint64{}
 	}
+}
+
+// remainder is Other's value of a counter the group's pool totals itself:
+// total less every named series. Named series only count increases their
+// projects really made, so it never goes down while total does not; a
+// named series that ends (its project forgotten) moves its value into
+// Other. The guard keeps it monotonic should a caller's totals not be.
+func (s *labelSet) remainder(counter string, total uint64) uint64 {
+	var named uint64
+	for p := range s.named {
+		named += s.acc[p][counter]
+	}
+	r := uint64(0)
+	if total > named {
+		r = total - named
+	}
+	r = max(r, s.otherMax[counter])
+	s.otherMax[counter] = r
+	return r
 }
 
 // label is the label value of project.
@@ -113,3 +132,11 @@ func (s *labelSet) counters(label string) map[string]uint64 { return s.acc[label
 // otherUsed reports whether the Other series exist: once they do, they are
 // emitted on every scrape, so they do not vanish and come back.
 func (s *labelSet) otherUsed() bool { return s.acc[Other] != nil }
+
+// markOther records that the Other series exist, so they keep being
+// emitted.
+func (s *labelSet) markOther() {
+	if s.acc[Other] == nil {
+		s.acc[Other] = map[string]uint64{}
+	}
+}
