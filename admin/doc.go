@@ -3,11 +3,19 @@
 // Package admin is the daemon's control API: HTTP/JSON over a unix socket.
 //
 // Nothing admin-like listens on TCP. The socket (default
-// /run/fairshare/admin.sock) is created mode 0600 in a 0700 directory, and on
-// top of the file mode every connection's peer is checked with SO_PEERCRED:
-// a peer whose uid is not root is answered 403 on every request. The file mode
-// keeps honest non-root users out; the credential check still holds if the
-// mode is loosened by mistake, and gives them a clear answer.
+// /run/fairshare/admin.sock) is created mode 0600 (in a directory created
+// 0711, which the permit socket shares: others may reach a socket by name but
+// not list the directory), and on top of the file mode every connection's
+// peer is checked with SO_PEERCRED: a peer whose uid is not root is answered
+// 403 on every request. The file mode keeps honest non-root users out; the
+// credential check still holds if the mode is loosened by mistake, and gives
+// them a clear answer. A file at the socket path that is not a socket is never
+// removed: Listen refuses it, naming it.
+//
+// The daemon serves the socket through package internal/listen with a small
+// cap of which half is reserved for root, so however many connections other
+// users open anywhere, the operator's CLI gets in; the server closes a
+// connection idle for 30s.
 //
 // Paths are versioned; v1 is:
 //

@@ -11,13 +11,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
-	"syscall"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/listen"
+	"github.com/fairshare-dev/fairshare/internal/peercred"
 	"github.com/fairshare-dev/fairshare/policy"
-	"golang.org/x/sys/unix"
 )
 
 // ErrInUse means another daemon already answers on the socket.
@@ -36,34 +34,19 @@ type Backend interface {
 	DeletePolicy(project string) (bool, error)
 }
 
-// Listen creates the socket at path: its directory 0700 if missing, the socket
-// 0600. A stale socket file (no one answers) is replaced; a live one is
-// ErrInUse, so two daemons never fight over one socket.
+// Listen creates the socket at path, mode 0600 from its first moment. A
+// missing directory is created 0711 (package internal/listen: the permit and
+// front sockets may share it). A stale socket file (no one answers) is
+// replaced; a live one is ErrInUse, so two daemons never fight over one
+// socket; any other file at the path is left alone and refused, named in
+// the error.
 func Listen(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("creating admin socket dir: %w", err)
+	ln, _, err := listen.Unix(path, 0o600, -1)
+	if errors.Is(err, listen.ErrInUse) {
+		return nil, fmt.Errorf("%w: %s", ErrInUse, path)
 	}
-	if _, err := os.Lstat(path); err == nil {
-		c, err := net.DialTimeout("unix", path, time.Second)
-		if err == nil {
-			c.Close()
-			return nil, fmt.Errorf("%w: %s", ErrInUse, path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("removing stale admin socket: %w", err)
-		}
-	}
-	// The umask makes the socket 0600 from its first moment, not after a
-	// chmod that a racing connect could precede.
-	old := syscall.Umask(0o177)
-	ln, err := net.Listen("unix", path)
-	syscall.Umask(old)
 	if err != nil {
-		return nil, fmt.Errorf("listening on admin socket: %w", err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("setting admin socket mode: %w", err)
+		return nil, fmt.Errorf("admin socket: %w", err)
 	}
 	return ln, nil
 }
@@ -73,27 +56,13 @@ type peerKey struct{}
 // Peer is the credential of the process at the other end of a connection.
 type Peer struct{ PID, UID, GID int }
 
-// PeerCred reads SO_PEERCRED from a unix connection.
+// PeerCred reads SO_PEERCRED from a unix connection (or one wrapping it).
 func PeerCred(c net.Conn) (Peer, error) {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return Peer{}, fmt.Errorf("peer credentials: %T is not a unix connection", c)
-	}
-	raw, err := uc.SyscallConn()
+	cr, err := peercred.Of(c)
 	if err != nil {
-		return Peer{}, fmt.Errorf("peer credentials: %w", err)
+		return Peer{}, err
 	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return Peer{}, fmt.Errorf("peer credentials: %w", err)
-	}
-	if cerr != nil {
-		return Peer{}, fmt.Errorf("peer credentials: %w", cerr)
-	}
-	return Peer{PID: int(cred.Pid), UID: int(cred.Uid), GID: int(cred.Gid)}, nil
+	return Peer{PID: int(cr.PID), UID: int(cr.UID), GID: int(cr.GID)}, nil
 }
 
 // Server serves the v1 API for a Backend.
@@ -131,9 +100,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // Serve answers on ln until ctx is done, then shuts down gracefully.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	// Timeouts: the CLI sends one small request per connection and reads
+	// one answer; a peer that holds a connection open without doing so is
+	// closed, so idle connections cannot pile up against the listener's cap.
 	hs := &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       30 * time.Second,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			peer, err := PeerCred(c)
 			if err != nil {

@@ -23,21 +23,84 @@ type Status struct {
 	// Scheduler.Participants, which lists only projects with recent requests.
 	Policies      []Entry       `json:"policies"`
 	DefaultPolicy policy.Policy `json:"default_policy"`
+	// Source is "daemon" when the running daemon answered, "pins" when no
+	// daemon runs and the connections pool was read from the maps it left
+	// pinned (the kernel keeps enforcing them; nothing else is served).
+	Source string `json:"source,omitempty"`
+	// Reconcile is the last reconcile pass of the kernel's counts against
+	// its socket table (nil without BPF, or before the first pass).
+	Reconcile *Reconcile `json:"reconcile,omitempty"`
+	// Listeners are the daemon's listeners and their connection counters.
+	Listeners []Listener `json:"listeners,omitempty"`
 }
 
-// Pool is one pool and the projects it knows.
+// Reconcile describes the reconcile passes: the last one's findings, and
+// totals since the daemon started.
+type Reconcile struct {
+	Time time.Time `json:"time"` // when the last pass ended
+	// Sockets is the number of project sockets the kernel's table listed
+	// that should hold a permit; Held the permits held in the maps.
+	Sockets int `json:"sockets"`
+	Held    int `json:"held"`
+	// Repairs is the number of corrections the last pass made: sockets
+	// adopted, permits of gone sockets released, stale listeners uncounted
+	// and the size of every in_use correction.
+	Repairs        int    `json:"repairs"`
+	Adopted        int    `json:"adopted"`
+	Orphans        int    `json:"orphans"`
+	StaleListeners int    `json:"stale_listeners"`
+	Error          string `json:"error,omitempty"` // the last pass failed
+	Passes         uint64 `json:"passes"`
+	RepairsTotal   uint64 `json:"repairs_total"`
+	Failures       uint64 `json:"failures"`
+}
+
+// Listener is one of the daemon's listeners (package internal/listen).
+type Listener struct {
+	Name string `json:"name"`
+	// Open connections now, and the caps: MaxConns for the listener,
+	// MaxPerUID for one local user (unix sockets); 0 is no cap.
+	Open      int    `json:"open"`
+	MaxConns  int    `json:"max_conns"`
+	MaxPerUID int    `json:"max_per_uid,omitempty"`
+	Accepted  uint64 `json:"accepted"`
+	// Refused counts connections closed at once for a cap, by reason
+	// (listener_full, uid_full).
+	Refused map[string]uint64 `json:"refused,omitempty"`
+	// AcceptErrors counts accept errors waited out (out of descriptors, say).
+	AcceptErrors uint64 `json:"accept_errors"`
+}
+
+// Forgotten sums the projects a pool dropped after they idled: with it, a
+// pool's Admitted and Refused are the sums over its Projects plus these.
+type Forgotten struct {
+	Projects uint64 `json:"projects"`
+	Admitted uint64 `json:"admitted"`
+	Refused  uint64 `json:"refused"`
+}
+
+// Pool is one pool and the projects it knows, read as one snapshot: InUse
+// is the sum of the projects' Held, Admitted and Refused the sums of theirs
+// plus Forgotten's, and Share = max(Floor, Size/Active).
 type Pool struct {
 	Name string `json:"name"`
 	// Enforcer is "kernel" (BPF maps) or "daemon" (user-space permits).
-	Enforcer string    `json:"enforcer"`
-	Size     int       `json:"size"`
-	Floor    int       `json:"floor"`
-	InUse    int       `json:"in_use"`
+	Enforcer string `json:"enforcer"`
+	Size     int    `json:"size"`
+	Floor    int    `json:"floor"`
+	InUse    int    `json:"in_use"`
+	// Active is the count the share is computed from. In the kernel's pool
+	// it is the programs' own count, which takes a newcomer in at its first
+	// ask and lets a project that left the window go at the daemon's next
+	// tick (never while no daemon runs), so it can exceed the projects
+	// marked active.
 	Active   int       `json:"active"`
 	Share    int       `json:"share"`
 	Admitted uint64    `json:"admitted"`
 	Refused  uint64    `json:"refused"`
 	Projects []Project `json:"projects"`
+	// Forgotten is what projects dropped after idling had been counted.
+	Forgotten Forgotten `json:"forgotten"`
 	// Exempt is the pool's exempt class, if it has one.
 	Exempt *Exempt `json:"exempt,omitempty"`
 }

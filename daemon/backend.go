@@ -10,6 +10,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/policy"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
@@ -17,37 +18,25 @@ import (
 
 // Status implements admin.Backend: the whole node, read now.
 func (d *Daemon) Status(context.Context) (admin.Status, error) {
-	st := admin.Status{Version: d.opts.Version, Time: time.Now(), Kernel: d.lim != nil}
+	st := admin.Status{Version: d.opts.Version, Time: time.Now(), Kernel: d.lim != nil, Source: "daemon"}
 	if d.lim != nil {
-		s, err := d.lim.Snapshot()
+		p, err := d.kernelStatus()
 		if err != nil {
-			return admin.Status{}, fmt.Errorf("reading the bpf maps: %w", err)
-		}
-		p := admin.Pool{Name: config.PoolConnections, Enforcer: "kernel", Size: s.Size, Floor: s.Floor,
-			InUse: s.InUse, Active: s.Active, Share: s.Share, Admitted: s.Admitted, Refused: s.Refused,
-			Projects: []admin.Project{}}
-		if len(s.Exempt.Paths) > 0 || s.Exempt.InUse > 0 || s.Exempt.Admitted > 0 {
-			p.Exempt = &admin.Exempt{Members: s.Exempt.Paths, Max: s.Exempt.Max, InUse: s.Exempt.InUse,
-				Admitted: s.Exempt.Admitted, OverBudget: s.Exempt.OverBudget}
-		}
-		for _, pc := range s.Projects {
-			name := pc.Project
-			if name == "" {
-				name = fmt.Sprintf("#%d", pc.CgroupID) // its cgroup is gone
-			}
-			p.Projects = append(p.Projects, admin.Project{Project: name, Held: pc.InUse,
-				Admitted: pc.Admitted, Refused: pc.Refused, Active: pc.Active, LastSeen: pc.LastSeen})
+			return admin.Status{}, err
 		}
 		st.Pools = append(st.Pools, p)
+		d.mu.Lock()
+		if d.rec.Passes > 0 || d.rec.Failures > 0 {
+			rec := d.rec
+			st.Reconcile = &rec
+		}
+		d.mu.Unlock()
 	} else {
 		c := d.cfg.Pools[config.PoolConnections]
-		floor := c.Floor
-		if floor == 0 {
-			floor = pools.DefaultFloor(c.Size)
-		}
 		st.Pools = append(st.Pools, admin.Pool{Name: config.PoolConnections, Enforcer: "off", Size: c.Size,
-			Floor: floor, Share: c.Size, Projects: []admin.Project{}})
+			Floor: c.EffectiveFloor(), Share: c.Size, Projects: []admin.Project{}})
 	}
+	st.Listeners = d.listenerStatus()
 	if d.requests != nil {
 		st.Pools = append(st.Pools, fromPool(d.requests.Snapshot(), nil))
 	}
@@ -126,10 +115,35 @@ func fromPool(s pools.Snapshot, rs *pools.ResidentsSnapshot) admin.Pool {
 		}
 		p.Projects = append(p.Projects, ap)
 	}
-	// The pool's own totals: a sum over projects would drop when an idle
-	// project is forgotten.
+	// The pool's own totals, the sums over the projects plus the forgotten
+	// ones' (one snapshot, under the pool's lock).
 	p.Admitted, p.Refused = s.Admitted, s.Refused
+	p.Forgotten = admin.Forgotten{Projects: s.Forgotten.Projects, Admitted: s.Forgotten.Admitted, Refused: s.Forgotten.Refused}
 	return p
+}
+
+// listenerStatus lists the listeners serving, by name; the permit API's
+// socket is its own server's.
+func (d *Daemon) listenerStatus() []admin.Listener {
+	d.mu.Lock()
+	ls := append([]*listen.Listener(nil), d.listeners...)
+	d.mu.Unlock()
+	var stats []listen.Stats
+	for _, l := range ls {
+		stats = append(stats, l.Stats())
+	}
+	if d.permits != nil {
+		if s, ok := d.permits.ListenerStats(); ok {
+			stats = append(stats, s)
+		}
+	}
+	out := make([]admin.Listener, 0, len(stats))
+	for _, s := range stats {
+		out = append(out, admin.Listener{Name: s.Name, Open: s.Open, MaxConns: s.MaxConns, MaxPerUID: s.MaxPerUID,
+			Accepted: s.Accepted, Refused: s.Refused, AcceptErrors: s.AcceptErrors})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
 }
 
 // Policies implements admin.Backend.

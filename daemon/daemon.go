@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -20,6 +19,8 @@ import (
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/front"
+	"github.com/fairshare-dev/fairshare/internal/listen"
+	"github.com/fairshare-dev/fairshare/internal/logrl"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/metrics"
 	"github.com/fairshare-dev/fairshare/permitd"
@@ -86,6 +87,9 @@ func loadError(pinDir string, err error) error {
 	if errors.Is(err, loader.ErrPinnedMismatch) || errors.Is(err, loader.ErrPoolTooLarge) {
 		return &stalePinsError{dir: pinDir, err: err}
 	}
+	if errors.Is(err, loader.ErrBadExempt) {
+		return fmt.Errorf("%w: connections.exempt: %w", config.ErrInvalid, err)
+	}
 	return fmt.Errorf("loading the bpf programs: %w", verbose{err})
 }
 
@@ -117,6 +121,8 @@ type Daemon struct {
 	sched     *scheduler.Scheduler
 	front     *front.Front // nil when disabled
 	permits   *permitd.Server
+	logrl     *logrl.Handler
+	caps      Caps
 
 	mu   sync.Mutex        // guards the fields below
 	seen map[string][2]int // pool -> last logged {active, share}
@@ -124,6 +130,13 @@ type Daemon struct {
 	// dropped its limits, so the project's count never goes down. It holds
 	// one number per project that ever had limits.
 	limitedGone map[string]uint64
+	// kernel is what the kernel's project entries were last seen holding,
+	// and what the entries the loader forgot had counted.
+	kernel kernelBook
+	// rec is the reconcile passes' record.
+	rec admin.Reconcile
+	// listeners are the listeners serving, for status and metrics.
+	listeners []*listen.Listener
 }
 
 // New opens the store, loads and attaches the BPF programs (unless
@@ -133,18 +146,29 @@ func New(opts Options) (*Daemon, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg, _ = Effective(cfg)
 	log := opts.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	// Every part logs through one limiter of repeated lines: an outage or a
+	// flood repeats one line per request or connection.
+	rl := logrl.New(log.Handler(), logrl.Options{})
+	log = slog.New(rl)
+	nofile, err := listen.RaiseFileLimit()
+	if err != nil {
+		log.Warn("could not raise the open-files limit", "err", err)
+		nofile, _ = hardFileLimit()
+	}
 	d := &Daemon{
-		opts: opts, cfg: cfg, log: log,
+		opts: opts, cfg: cfg, log: log, logrl: rl, caps: BudgetCaps(cfg, nofile),
 		defPolicy: policy.Policy{Tier: cfg.Scheduler.DefaultTier, Shares: cfg.Scheduler.DefaultShares},
 		others:    map[string]*pools.Pool{},
 		rates:     pools.NewRates(opts.Clock),
 		seen:      map[string][2]int{},
 
 		limitedGone: map[string]uint64{},
+		kernel:      kernelBook{last: map[uint64]kernelCounts{}},
 	}
 	ok := false
 	defer func() {
@@ -153,7 +177,6 @@ func New(opts Options) (*Daemon, error) {
 		}
 	}()
 
-	var err error
 	d.store, err = policy.Open(cfg.StateDir, policy.Options{Timeout: 2 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("opening policy store: %w", err)
@@ -174,13 +197,13 @@ func New(opts Options) (*Daemon, error) {
 		if err != nil {
 			return nil, loadError(cfg.PinDir, err)
 		}
-		// The floor in force, not the configured 0 ("5% of size").
-		floor := conn.Floor
-		if floor == 0 {
-			floor = pools.DefaultFloor(conn.Size)
-		}
+		// The floor in force, as the maps say.
+		floor := conn.EffectiveFloor()
 		if s, err := d.lim.Snapshot(); err == nil {
 			floor = s.Floor
+			// Before the first Tick may forget an entry, so its counts
+			// are kept (see kernelBook).
+			d.noteKernel(s)
 		}
 		log.Info("connections enforced in the kernel", "projects_root", d.root, "pin_dir", cfg.PinDir,
 			"size", conn.Size, "floor", floor)
@@ -249,13 +272,18 @@ func New(opts Options) (*Daemon, error) {
 			ExemptMax: cfg.Front.ExemptMax,
 		}, front.Deps{Requests: d.requests, Rates: d.rates, Sched: d.sched, Log: log.With("part", "front")})
 		if err != nil {
-			return nil, fmt.Errorf("front: %w", err)
+			// Everything front.New checks comes from the front's keys.
+			return nil, fmt.Errorf("%w: front: %w", config.ErrInvalid, err)
 		}
 	}
 
 	if cfg.Permits.Socket != "" {
-		d.permits, err = permitd.New(permitd.Config{Socket: cfg.Permits.Socket, Group: cfg.Permits.Group},
-			d.others, d.residents, log.With("part", "permits"))
+		if cfg.Permits.Group != "" {
+			if _, err := permitd.LookupGroup(cfg.Permits.Group); err != nil {
+				return nil, fmt.Errorf("%w: permits.group: %w", config.ErrInvalid, err)
+			}
+		}
+		d.permits, err = permitd.New(permitsConfig(cfg, d.caps), d.others, d.residents, log.With("part", "permits"))
 		if err != nil {
 			return nil, fmt.Errorf("permit api: %w", err)
 		}
@@ -277,21 +305,14 @@ func New(opts Options) (*Daemon, error) {
 
 // listenUnixFront listens on the front's unix socket. Anyone on the node may
 // connect: what a client gets is decided by its cgroup, not by the socket's
-// mode.
-func listenUnixFront(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("front socket directory: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("removing stale front socket: %w", err)
-	}
-	ln, err := net.Listen("unix", path)
+// mode. A file at the path that is not a socket is left alone and refused.
+func (d *Daemon) listenUnixFront(path string) (net.Listener, error) {
+	ln, warn, err := listen.Unix(path, 0o666, -1)
 	if err != nil {
 		return nil, fmt.Errorf("front socket: %w", err)
 	}
-	if err := os.Chmod(path, 0o666); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("front socket mode: %w", err)
+	if warn != "" {
+		d.log.Warn("local clients may not reach the front socket", "socket", path, "problem", warn)
 	}
 	return ln, nil
 }
@@ -359,11 +380,15 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		}
 	}()
 	ready := Ready{PID: os.Getpid(), AdminSocket: d.cfg.AdminSocket, Kernel: d.lim != nil}
+	d.log.Info("connection caps", "open_files", d.caps.NoFile, "per_listener", d.caps.PerListener,
+		"per_uid", d.caps.PerUID, "admin", d.caps.Admin, "admin_root_reserve", adminReserve, "metrics", d.caps.Metrics)
 
 	adminLn, err := admin.Listen(d.cfg.AdminSocket)
 	if err != nil {
-		return err
+		return pathError("admin_socket", err)
 	}
+	adminLn = d.wrap(adminLn, listen.Options{Name: "admin", MaxConns: d.caps.Admin, Reserve: adminReserve,
+		MaxPerUID: adminPerUID, Privileged: func(uid uint32) bool { return uid == 0 }, Refuse: refuseHTTP})
 	var metricsLn, frontLn, frontSock net.Listener
 	closeAll := func() {
 		for _, ln := range []net.Listener{adminLn, metricsLn, frontLn, frontSock} {
@@ -377,6 +402,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 			closeAll()
 			return fmt.Errorf("metrics listener: %w", err)
 		}
+		metricsLn = d.wrap(metricsLn, listen.Options{Name: "metrics", MaxConns: d.caps.Metrics, Refuse: refuseHTTP})
 		ready.Metrics = metricsLn.Addr().String()
 	}
 	if d.front != nil && d.cfg.Front.Listen != "" {
@@ -384,19 +410,22 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 			closeAll()
 			return fmt.Errorf("front listener: %w", err)
 		}
+		frontLn = d.wrap(frontLn, listen.Options{Name: "front", MaxConns: d.caps.PerListener, Refuse: refuseHTTP})
 		ready.Front = frontLn.Addr().String()
 	}
 	if d.front != nil && d.cfg.Front.Socket != "" {
-		if frontSock, err = listenUnixFront(d.cfg.Front.Socket); err != nil {
+		if frontSock, err = d.listenUnixFront(d.cfg.Front.Socket); err != nil {
 			closeAll()
-			return err
+			return pathError("front.socket", err)
 		}
+		frontSock = d.wrap(frontSock, listen.Options{Name: "front_socket", MaxConns: d.caps.PerListener,
+			MaxPerUID: d.caps.PerUID, Refuse: refuseHTTP})
 		ready.FrontSocket = d.cfg.Front.Socket
 	}
 	if d.permits != nil {
 		if err := d.permits.Listen(); err != nil {
 			closeAll()
-			return fmt.Errorf("permit api: %w", err)
+			return pathError("permits.socket", fmt.Errorf("permit api: %w", err))
 		}
 		ready.Permits = d.permits.Socket()
 	}
@@ -439,25 +468,55 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	err = g.Wait()
 	d.log.Info("stopped", "err", err)
+	d.logrl.Flush()
 	return err
+}
+
+// pathError marks a socket path holding something other than a socket as
+// a configuration error (a restart cannot fix it), naming the key.
+func pathError(key string, err error) error {
+	if errors.Is(err, listen.ErrNotSocket) {
+		return fmt.Errorf("%w: %s: %w", config.ErrInvalid, key, err)
+	}
+	return err
+}
+
+// wrap puts ln behind the accept backoff and caps of package listen and
+// keeps it for status and metrics.
+func (d *Daemon) wrap(ln net.Listener, o listen.Options) net.Listener {
+	o.Log = d.log.With("part", "listen")
+	l := listen.Wrap(ln, o)
+	d.mu.Lock()
+	d.listeners = append(d.listeners, l)
+	d.mu.Unlock()
+	return l
 }
 
 // loop is the control loop.
 func (d *Daemon) loop(ctx context.Context) error {
 	t := time.NewTicker(d.cfg.Tick)
 	defer t.Stop()
-	var lastReconcile time.Time
+	var lastReconcile, lastKernel time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case now := <-t.C:
 			d.tick(now)
-			if d.lim != nil && d.cfg.Reconcile > 0 && now.Sub(lastReconcile) >= d.cfg.Reconcile {
-				if !lastReconcile.IsZero() {
-					d.reconcile(ctx)
-				}
+			// Open reconciled; the first pass of the loop runs at its first
+			// tick anyway, so status shows a pass from the start.
+			if d.lim != nil && (lastReconcile.IsZero() || d.cfg.Reconcile > 0 && now.Sub(lastReconcile) >= d.cfg.Reconcile) {
+				d.reconcile(ctx)
 				lastReconcile = now
+			}
+			// The loader forgets a removed project's entry after a minute
+			// idle; reading them more often than that keeps their final
+			// counts (kernelBook).
+			if d.lim != nil && now.Sub(lastKernel) >= kernelReadEvery {
+				if s, err := d.lim.Snapshot(); err == nil {
+					d.noteKernel(s)
+				}
+				lastKernel = now
 			}
 		}
 	}
@@ -512,15 +571,46 @@ func (d *Daemon) noteLocked(pool string, active, share int) {
 }
 
 func (d *Daemon) reconcile(ctx context.Context) {
+	start := time.Now()
 	rep, err := d.lim.Reconcile(ctx)
+	d.mu.Lock()
+	d.rec.Time = time.Now()
 	if err != nil {
-		d.log.Error("reconcile", "err", err)
+		d.rec.Failures++
+		d.rec.Error = err.Error()
+		d.mu.Unlock()
+		d.log.Error("reconcile failed: the connection counts were not checked against the kernel's socket table", "err", err)
 		return
 	}
-	if rep.Adopted > 0 || len(rep.Repaired) > 0 || rep.StaleListeners > 0 {
-		d.log.Warn("reconcile repaired the connection counts", "adopted", rep.Adopted, "repaired", rep.Repaired,
-			"stale_listeners", rep.StaleListeners)
+	sum := func(m map[string]int) (n int) {
+		for _, v := range m {
+			n += v
+		}
+		return n
 	}
+	repairs := rep.Adopted + rep.Orphans + rep.StaleListeners + abs(rep.ExemptRepaired)
+	for _, v := range rep.Repaired {
+		repairs += abs(v)
+	}
+	d.rec.Passes++
+	d.rec.RepairsTotal += uint64(repairs)
+	d.rec.Error = ""
+	d.rec.Sockets, d.rec.Held, d.rec.Repairs = sum(rep.Kernel), sum(rep.Held), repairs
+	d.rec.Adopted, d.rec.Orphans, d.rec.StaleListeners = rep.Adopted, rep.Orphans, rep.StaleListeners
+	d.mu.Unlock()
+	d.log.Debug("reconcile pass", "sockets", sum(rep.Kernel), "held", sum(rep.Held), "reservations", sum(rep.Reservations),
+		"repairs", repairs, "took", time.Since(start).Round(time.Microsecond))
+	if repairs > 0 {
+		d.log.Warn("reconcile repaired the connection counts", "adopted", rep.Adopted, "repaired", rep.Repaired,
+			"orphans", rep.Orphans, "stale_listeners", rep.StaleListeners, "exempt_repaired", rep.ExemptRepaired)
+	}
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }
 
 // Close closes everything the daemon holds. Pinned BPF objects stay unless
@@ -552,7 +642,8 @@ func (d *Daemon) closeParts() error {
 }
 
 func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler) error {
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
 	done := make(chan error, 1)
 	go func() { done <- hs.Serve(ln) }()
 	select {

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/peercred"
 	"github.com/fairshare-dev/fairshare/sockdiag"
 	"golang.org/x/sys/unix"
 )
@@ -49,6 +50,9 @@ func (f *Front) connContext(ctx context.Context, c net.Conn) context.Context {
 	if cc, ok := c.(*clientConn); ok {
 		p.conn, p.cc = cc.Conn, cc
 	}
+	// The daemon's listeners wrap their connections (internal/listen); the
+	// socket the peer lookups need is behind NetConn.
+	p.conn = peercred.Unwrap(p.conn)
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		p.addr = ta.AddrPort().Addr().Unmap()
 	}
