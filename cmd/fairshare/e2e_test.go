@@ -43,6 +43,14 @@ func TestMain(m *testing.M) {
 		connectHelper(spec)
 		return
 	}
+	if spec := os.Getenv(floodEnv); spec != "" {
+		floodHelper(spec)
+		return
+	}
+	if spec := os.Getenv(churnEnv); spec != "" {
+		churnHelper(spec)
+		return
+	}
 	dir, err := os.MkdirTemp("", "fairshare-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -131,6 +139,8 @@ type node struct {
 	done                                    chan error
 	log                                     *syncBuffer
 	r                                       daemon.Ready
+	// prefix, if set, runs the daemon through another command (prlimit).
+	prefix []string
 }
 
 func newNode(t *testing.T, poolYAML string) *node {
@@ -170,7 +180,8 @@ func (n *node) start() {
 	t.Helper()
 	os.Remove(n.ready)
 	n.log = &syncBuffer{}
-	n.cmd = exec.Command(binary, "run", "--config", n.cfg, "--ready-file", n.ready, "--log-format", "json")
+	args := append(append([]string{}, n.prefix...), binary, "run", "--config", n.cfg, "--ready-file", n.ready, "--log-format", "json")
+	n.cmd = exec.Command(args[0], args[1:]...)
 	n.cmd.Env = cleanEnv()
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {

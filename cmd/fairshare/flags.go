@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/urfave/cli/v2"
 )
 
@@ -26,6 +28,12 @@ const (
 	flagNoBPF        = "no-bpf"
 	flagLogLevel     = "log-level"
 	flagLogFormat    = "log-format"
+	flagPool         = "pool"
+	flagPermitsGroup = "permits-group"
+	flagFrontSocket  = "front-socket"
+	flagMaxInFlight  = "front-max-in-flight"
+	flagReconcile    = "reconcile"
+	flagMaxConns     = "max-conns"
 )
 
 func env(name string) []string {
@@ -77,13 +85,69 @@ func loadConfig(c *cli.Context) (config.Config, error) {
 	set(flagFrontListen, &cfg.Front.Listen)
 	set(flagFrontUp, &cfg.Front.Upstream)
 	set(flagPermits, &cfg.Permits.Socket)
+	set(flagPermitsGroup, &cfg.Permits.Group)
+	set(flagFrontSocket, &cfg.Front.Socket)
 	if c.IsSet(flagNoBPF) {
 		cfg.BPF = !c.Bool(flagNoBPF)
+	}
+	if c.IsSet(flagMaxInFlight) {
+		cfg.Front.MaxInFlight = c.Int(flagMaxInFlight)
+	}
+	if c.IsSet(flagMaxConns) {
+		cfg.Listeners.MaxConns = c.Int(flagMaxConns)
+	}
+	if c.IsSet(flagReconcile) {
+		cfg.Reconcile = c.Duration(flagReconcile)
+	}
+	if c.IsSet(flagPool) {
+		for _, v := range c.StringSlice(flagPool) {
+			if err := setPool(&cfg, v); err != nil {
+				return config.Config{}, cli.Exit(fmt.Sprintf("the configuration is not usable: --%s %s: %v", flagPool, v, err), 2)
+			}
+		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return config.Config{}, cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), 2)
 	}
 	return cfg, nil
+}
+
+// setPool applies one --pool value: NAME=SIZE or NAME=SIZE/FLOOR. A name
+// not configured adds a pool, as a file would.
+func setPool(cfg *config.Config, v string) error {
+	name, spec, ok := strings.Cut(strings.TrimSpace(v), "=")
+	if !ok || name == "" {
+		return fmt.Errorf("want NAME=SIZE or NAME=SIZE/FLOOR")
+	}
+	sizeStr, floorStr, hasFloor := strings.Cut(spec, "/")
+	size, err := strconv.Atoi(sizeStr)
+	if err != nil {
+		return fmt.Errorf("SIZE %q is not a whole number", sizeStr)
+	}
+	p := cfg.Pools[name]
+	p.Size = size
+	if hasFloor {
+		if p.Floor, err = strconv.Atoi(floorStr); err != nil {
+			return fmt.Errorf("FLOOR %q is not a whole number", floorStr)
+		}
+	}
+	if p.Window == 0 {
+		p.Window = pools.DefaultWindow
+	}
+	cfg.Pools[name] = p
+	return nil
+}
+
+// runFlags are the daemon's settings beyond what every command shares.
+func runFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringSliceFlag{Name: flagPool, Usage: "resize or add a pool: `NAME=SIZE[/FLOOR]`, repeatable (FAIRSHARE_POOL takes a comma-separated list)", EnvVars: env(flagPool)},
+		&cli.StringFlag{Name: flagPermitsGroup, Usage: "`GROUP` (name or gid) that may use the permit socket besides root [default from config: none]", EnvVars: env(flagPermitsGroup)},
+		&cli.StringFlag{Name: flagFrontSocket, Usage: "unix socket `PATH` the HTTP front also listens on [default from config: none]", EnvVars: env(flagFrontSocket)},
+		&cli.IntFlag{Name: flagMaxInFlight, Usage: "`N` requests at most in flight to the upstream [default from config: 64]", EnvVars: env(flagMaxInFlight)},
+		&cli.DurationFlag{Name: flagReconcile, Usage: "period `D` of the reconcile pass, 0 for only the one at start [default from config: 1m]", EnvVars: env(flagReconcile)},
+		&cli.IntFlag{Name: flagMaxConns, Usage: "connections `N` at most per listener (0: from the open-files limit) [default from config: 0]", EnvVars: env(flagMaxConns)},
+	}
 }
 
 func newLogger(c *cli.Context) (*slog.Logger, error) {

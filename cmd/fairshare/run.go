@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/fairshare-dev/fairshare/config"
@@ -30,7 +31,7 @@ func runCommand() *cli.Command {
 			"Exit status: 2 for an unusable configuration or flag, 3 when the objects pinned in\n" +
 			"--pin-dir were loaded for another configuration (run 'fairshare cleanup', which drops\n" +
 			"enforcement and the counts, then start again), 1 for any other failure.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			configFlag(), adminSocketFlag(), stateDirFlag("held open by the daemon (policy commands go through it)"), pinDirFlag(),
 			&cli.StringFlag{Name: flagProjectsRoot, Usage: "cgroup2 `DIR` whose children are the projects [default: <cgroup2 mount>/fairshare]", EnvVars: env(flagProjectsRoot)},
 			&cli.StringFlag{Name: flagMetrics, Usage: "`HOST:PORT` of /metrics, empty to disable [default from config: 127.0.0.1:9464]", EnvVars: env(flagMetrics)},
@@ -40,11 +41,11 @@ func runCommand() *cli.Command {
 			&cli.BoolFlag{Name: flagNoBPF, Usage: "do not load BPF: connections are NOT enforced (for hosts without BPF)", EnvVars: env(flagNoBPF)},
 			&cli.BoolFlag{Name: "detach-on-exit", Usage: "detach and unpin the BPF programs on shutdown instead of leaving them enforcing", EnvVars: env("detach-on-exit")},
 			&cli.BoolFlag{Name: "check", Usage: "load, attach and verify the BPF programs, then exit 0 (ok) or 1"},
-			&cli.BoolFlag{Name: "print-config", Usage: "print the effective configuration as YAML and exit"},
+			&cli.BoolFlag{Name: "print-config", Usage: "check the configuration and print it as the daemon would run it (defaults resolved) as YAML, then exit"},
 			&cli.StringFlag{Name: flagLogLevel, Value: "info", Usage: "`LEVEL`: debug, info, warn or error", EnvVars: env(flagLogLevel)},
 			&cli.StringFlag{Name: flagLogFormat, Value: "text", Usage: "`FORMAT`: text or json", EnvVars: env(flagLogFormat)},
 			&cli.StringFlag{Name: "ready-file", Hidden: true, Usage: "write a JSON file with the bound addresses once serving (tests)"},
-		},
+		}, runFlags()...),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return cli.Exit(fmt.Sprintf("run takes no arguments, got %q", c.Args().First()), 2)
@@ -54,11 +55,17 @@ func runCommand() *cli.Command {
 				return err
 			}
 			if c.Bool("print-config") {
-				out, err := cfg.Marshal()
+				eff, notes := daemon.Effective(cfg)
+				out, err := eff.Marshal()
 				if err != nil {
 					return cli.Exit(err.Error(), 1)
 				}
-				_, err = c.App.Writer.Write(out)
+				w := c.App.Writer
+				fmt.Fprintln(w, "# fairshare: the effective configuration (file, FAIRSHARE_* and flags, validated, defaults resolved)")
+				for _, n := range notes {
+					fmt.Fprintf(w, "# not resolved: %s\n", strings.ReplaceAll(n, "\n", " "))
+				}
+				_, err = w.Write(out)
 				return err
 			}
 			log, err := newLogger(c)
@@ -70,6 +77,11 @@ func runCommand() *cli.Command {
 			}
 			d, err := daemon.New(daemon.Options{Config: cfg, Version: version, Log: log,
 				ReadyFile: c.String("ready-file"), DetachOnExit: c.Bool("detach-on-exit")})
+			if errors.Is(err, config.ErrInvalid) {
+				// Found only when the parts were built (a group that does not
+				// exist, a cgroup outside the mount): still the configuration.
+				return cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), 2)
+			}
 			if errors.Is(err, daemon.ErrStalePins) {
 				// A restart cannot fix it (systemd's unit stops retrying on
 				// this status), and the sentence names the remedy.
@@ -81,6 +93,9 @@ func runCommand() *cli.Command {
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			if err := d.Run(ctx); err != nil {
+				if errors.Is(err, config.ErrInvalid) {
+					return cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), 2)
+				}
 				return cli.Exit(fmt.Sprintf("the daemon stopped with an error: %v", err), 1)
 			}
 			return nil

@@ -11,6 +11,10 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/daemon"
+	projectname "github.com/fairshare-dev/fairshare/internal/project"
+	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/urfave/cli/v2"
 )
 
@@ -18,10 +22,12 @@ func statusCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "status",
 		Usage: "show each pool (size, floor, in use, active, share) and its projects",
-		Description: "Asks the running daemon over its admin socket. With no daemon answering it says so\n" +
-			"and exits 1: the counts live in the daemon and the kernel, not in a file.",
+		Description: "Asks the running daemon over its admin socket. With no daemon answering, it reads the\n" +
+			"connections pool from the BPF maps the daemon left pinned (read-only; root), which the\n" +
+			"kernel keeps enforcing, and says so; it exits 1 only when neither answers. Names that\n" +
+			"are not plain project names (a cgroup may be named anything) are printed quoted.",
 		// No --state-dir: the store holds policies, not the node's state.
-		Flags: append([]cli.Flag{configFlag(), adminSocketFlag()},
+		Flags: append([]cli.Flag{configFlag(), adminSocketFlag(), pinDirFlag()},
 			&cli.BoolFlag{Name: "json", Usage: "print the daemon's status as JSON (the admin API's /v1/status)"},
 			&cli.BoolFlag{Name: "watch", Aliases: []string{"w"}, Usage: "redraw every second until interrupted"},
 		),
@@ -37,7 +43,7 @@ func statusCommand() *cli.Command {
 			show := func() error {
 				st, err := cl.Status(c.Context)
 				if errors.Is(err, admin.ErrNoDaemon) {
-					return cli.Exit(fmt.Sprintf("no daemon answers on %s; is 'fairshare run' running?", cfg.AdminSocket), 1)
+					st, err = pinnedStatus(cfg)
 				}
 				if err != nil {
 					return cli.Exit(fmt.Sprintf("reading the status failed: %v", err), 1)
@@ -69,18 +75,61 @@ func statusCommand() *cli.Command {
 	}
 }
 
+// pinnedStatus is the status while no daemon answers: the connections pool
+// from the maps pinned in cfg.PinDir, read-only.
+func pinnedStatus(cfg config.Config) (admin.Status, error) {
+	noDaemon := fmt.Sprintf("no daemon answers on %s", cfg.AdminSocket)
+	if !cfg.BPF {
+		return admin.Status{}, fmt.Errorf("%s, and bpf is off in the configuration, so nothing is pinned to read; is 'fairshare run' running?", noDaemon)
+	}
+	root, err := daemon.ProjectsRoot(cfg)
+	if err != nil {
+		return admin.Status{}, fmt.Errorf("%s, and the pinned maps cannot be named: %v", noDaemon, err)
+	}
+	ro, err := loader.OpenReadOnly(cfg.PinDir, root)
+	if errors.Is(err, loader.ErrNotPinned) {
+		return admin.Status{}, fmt.Errorf("%s, and nothing is pinned in %s: connections are not enforced; is 'fairshare run' running?", noDaemon, cfg.PinDir)
+	}
+	if err != nil {
+		return admin.Status{}, fmt.Errorf("%s; reading the pinned maps: %v", noDaemon, err)
+	}
+	defer ro.Close()
+	s, err := ro.Snapshot()
+	if err != nil {
+		return admin.Status{}, fmt.Errorf("%s; reading the pinned maps: %v", noDaemon, err)
+	}
+	active, err := ro.KernelActive()
+	if err != nil {
+		return admin.Status{}, fmt.Errorf("%s; reading the pinned maps: %v", noDaemon, err)
+	}
+	return admin.Status{Version: version, Time: time.Now(), Kernel: true, Source: "pins",
+		Pools: []admin.Pool{daemon.KernelPool(s, active, admin.Forgotten{})}}, nil
+}
+
 func printStatus(w io.Writer, st admin.Status) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "fairshare %s at %s; connections enforced in the kernel: %v\n\n", st.Version, st.Time.Format(time.RFC3339), st.Kernel)
+	if st.Source == "pins" {
+		fmt.Fprintf(tw, "fairshare: no daemon is running. The connections pool below is read from the maps it left pinned\n"+
+			"(read-only, at %s); the kernel keeps counting and refusing with them. Requests, residents,\n"+
+			"flights and policies are not served until 'fairshare run' starts again; until then the kernel's\n"+
+			"active count only grows, so the share only shrinks.\n\n", st.Time.Format(time.RFC3339))
+	} else {
+		fmt.Fprintf(tw, "fairshare %s at %s; connections enforced in the kernel: %v\n\n", st.Version, st.Time.Format(time.RFC3339), st.Kernel)
+	}
 	fmt.Fprintln(tw, "POOL\tENFORCER\tSIZE\tFLOOR\tIN_USE\tACTIVE\tSHARE\tADMITTED\tREFUSED")
 	for _, p := range st.Pools {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Name, p.Enforcer, p.Size, p.Floor, p.InUse, p.Active, p.Share, p.Admitted, p.Refused)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", projectname.Display(p.Name), p.Enforcer, p.Size, p.Floor, p.InUse, p.Active, p.Share, p.Admitted, p.Refused)
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "POOL\tPROJECT\tHELD\tADMITTED\tREFUSED\tACTIVE\tSLEEPING")
 	for _, p := range st.Pools {
 		for _, pr := range p.Projects {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%v\t%d\n", p.Name, pr.Project, pr.Held, pr.Admitted, pr.Refused, pr.Active, pr.Sleeping)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%v\t%d\n", projectname.Display(p.Name), projectname.Display(pr.Project), pr.Held, pr.Admitted, pr.Refused, pr.Active, pr.Sleeping)
+		}
+		// What forgotten projects had been counted, so the rows add up to
+		// the pool's totals.
+		if f := p.Forgotten; f.Admitted > 0 || f.Refused > 0 {
+			fmt.Fprintf(tw, "%s\t(forgotten: %d)\t0\t%d\t%d\tfalse\t0\n", projectname.Display(p.Name), f.Projects, f.Admitted, f.Refused)
 		}
 	}
 	printProjects(tw, st)
@@ -88,6 +137,29 @@ func printStatus(w io.Writer, st admin.Status) error {
 		fmt.Fprintln(tw)
 		fmt.Fprintf(tw, "scheduler: in flight %d, dispatched P1 %d, P2 %d, P3 %d, waits %d (mean %s)\n", s.InFlight,
 			s.Dispatched["P1"], s.Dispatched["P2"], s.Dispatched["P3"], s.Wait.Count, meanText(s.Wait))
+	}
+	if r := st.Reconcile; r != nil {
+		fmt.Fprintln(tw)
+		if r.Error != "" {
+			fmt.Fprintf(tw, "reconcile: the last pass, at %s, failed: %s (%d passes, %d failed)\n",
+				r.Time.Format(time.RFC3339), r.Error, r.Passes, r.Failures)
+		} else {
+			fmt.Fprintf(tw, "reconcile: last pass at %s (%s ago): %d project sockets in the kernel's table, %d permits held, %d repairs"+
+				" (adopted %d, orphans %d, stale listeners %d); %d passes, %d repairs in all\n",
+				r.Time.Format(time.RFC3339), time.Since(r.Time).Round(time.Second), r.Sockets, r.Held, r.Repairs,
+				r.Adopted, r.Orphans, r.StaleListeners, r.Passes, r.RepairsTotal)
+		}
+	}
+	if len(st.Listeners) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "LISTENER\tOPEN\tMAX\tMAX_PER_UID\tACCEPTED\tREFUSED\tACCEPT_ERRORS")
+		for _, l := range st.Listeners {
+			var refused uint64
+			for _, n := range l.Refused {
+				refused += n
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\n", l.Name, l.Open, l.MaxConns, l.MaxPerUID, l.Accepted, refused, l.AcceptErrors)
+		}
 	}
 	return tw.Flush()
 }
@@ -138,7 +210,7 @@ func printProjects(tw io.Writer, st admin.Status) {
 				class = p.LastClass
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", n, source, pol.Tier, pol.Shares,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", projectname.Display(n), source, pol.Tier, pol.Shares,
 			rateText(pol.RequestsPerSec), rateText(pol.WorkPerSec), reqTok, workTok, r.Limited, queue, p1, p2, class)
 	}
 }
