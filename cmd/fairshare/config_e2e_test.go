@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/client"
+	"github.com/fairshare-dev/fairshare/internal/listen"
+	"golang.org/x/sys/unix"
+)
+
+// With permitEnv set to a socket path, the test binary is a runtime: it
+// takes one flights permit and prints "ok", or "error <why>".
+const permitEnv = "FAIRSHARE_E2E_PERMIT"
+
+func permitHelper(sock string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, client.Options{Socket: sock})
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(0)
+	}
+	if _, err := c.Acquire(ctx, "flights", "alpha"); err != nil {
+		fmt.Println("error", err)
+		os.Exit(0)
+	}
+	fmt.Println("ok")
+	os.Exit(0)
+}
+
+// runAs runs the test binary's permit helper as uid 65534 with the given
+// supplementary groups.
+func runAs(t *testing.T, bin, sock string, groups ...uint32) string {
+	t.Helper()
+	cmd := exec.Command(bin, "-test.run=^$")
+	cmd.Env = append(cleanEnv(), permitEnv+"="+sock, "GORACE=atexit_sleep_ms=0")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: groups}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper: %v: %s", err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// permits.group works end to end: the daemon makes the socket directory
+// 0711 and the socket 0660 in the group (given here as a gid with no name),
+// and a real non-root process with the group as a supplementary group takes
+// a permit; the same user without the group is kept out by the socket's
+// mode. Before, the directory was made 0700 (and the unit's
+// RuntimeDirectoryMode was 0700): the member got EACCES.
+func TestPermitsGroupMember(t *testing.T) {
+	needRoot(t)
+	pub, err := os.MkdirTemp("", "fairshare-group-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(pub) })
+	os.Chmod(pub, 0o711)
+	gid := 47000 + os.Getpid()%1000
+	run := filepath.Join(pub, "run")
+	sock := filepath.Join(run, "permits.sock")
+	n := newNode(t, "")
+	cfg := fmt.Sprintf("state_dir: %s\nadmin_socket: %s\npin_dir: %s\nprojects_root: %s\nbpf: false\n"+
+		"permits: {socket: %s, group: '%d'}\nmetrics: {listen: ''}\n",
+		n.state, filepath.Join(run, "admin.sock"), n.pin, n.root, sock, gid)
+	if err := os.WriteFile(n.cfg, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n.start()
+	var st unix.Stat_t
+	if err := unix.Stat(run, &st); err != nil || st.Mode&0o777 != uint32(listen.DirMode) {
+		t.Errorf("socket directory mode %04o (%v), want %04o", st.Mode&0o777, err, listen.DirMode)
+	}
+	if err := unix.Stat(sock, &st); err != nil || st.Mode&0o777 != 0o660 || int(st.Gid) != gid {
+		t.Errorf("socket mode %04o group %d (%v), want 0660 in %d", st.Mode&0o777, st.Gid, err, gid)
+	}
+	bin := publicCopy(t, pub)
+	if out := runAs(t, bin, sock, uint32(gid)); out != "ok" {
+		t.Errorf("a member of the permit group: %s\n%s", out, n.log)
+	}
+	if out := runAs(t, bin, sock); !strings.Contains(out, "permission denied") {
+		t.Errorf("the same user outside the group: %s", out)
+	}
+}
+
+// The systemd unit lets permits.group's members through the runtime
+// directory, as the daemon does when it creates it.
+func TestUnitRuntimeDirectoryMode(t *testing.T) {
+	b, err := os.ReadFile("../../dist/fairshare.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("RuntimeDirectoryMode=%04o", listen.DirMode)
+	if !strings.Contains(string(b), "\n"+want+"\n") {
+		t.Errorf("dist/fairshare.service lacks %s", want)
+	}
+}
+
+// runFor runs the binary for at most d and returns its stderr and exit code
+// (-1 when it was still running).
+func runFor(t *testing.T, d time.Duration, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = cleanEnv()
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return string(out), ee.ExitCode()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), 0
+}
+
+// A socket path that holds anything but a socket is never removed: the
+// daemon refuses to start, naming the file, with exit status 2 (a restart
+// cannot fix it). Before, --admin-socket pointed at a regular file deleted
+// the file.
+func TestSocketPathKeepsOtherFiles(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	for _, flag := range []string{"--admin-socket", "--permits-socket", "--front-socket"} {
+		file := filepath.Join(dir, strings.TrimPrefix(flag, "--")+".conf")
+		if err := os.WriteFile(file, []byte("precious"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"run", "--no-bpf", "--state-dir", filepath.Join(dir, "state"), "--metrics-listen", "",
+			"--admin-socket", filepath.Join(dir, "admin.sock"), "--permits-socket", filepath.Join(dir, "permits.sock"),
+			flag, file}
+		if flag == "--front-socket" {
+			args = append(args, "--front-upstream", "http://127.0.0.1:1")
+		}
+		out, code := runFor(t, 10*time.Second, args...)
+		if code != 2 || !strings.Contains(out, file) || !strings.Contains(out, "not a socket") {
+			t.Errorf("%s at a regular file: exit %d: %s", flag, code, out)
+		}
+		if b, err := os.ReadFile(file); err != nil || string(b) != "precious" {
+			t.Errorf("%s: the file at the socket path was touched: %q %v", flag, b, err)
+		}
+	}
+}
+
+// --print-config prints what the daemon runs on, defaults resolved, after
+// validating; pool sizes and other common settings come from flags and
+// FAIRSHARE_* variables too.
+func TestPrintConfigIsEffective(t *testing.T) {
+	out, errOut, code := runCLI(t, "run", "--print-config")
+	if code != 0 {
+		t.Fatalf("print-config: %d %s", code, errOut)
+	}
+	for _, want := range []string{"floor: 204", "exempt_max: 204", "exempt_max: 4", "max_waiting: 4096", "max_conns: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("print-config lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "floor: 0") || strings.Contains(out, "max_conns: 0\n") {
+		t.Errorf("print-config shows unresolved values:\n%s", out)
+	}
+	if strings.Contains(out, `projects_root: ""`) && !strings.Contains(out, "# not resolved: projects_root") {
+		t.Errorf("projects root neither resolved nor explained:\n%s", out)
+	}
+	// Flags and the environment, pool sizes included (a flag given beats
+	// its variable).
+	for _, tt := range []struct {
+		args, env, want []string
+	}{
+		{[]string{"--pool", "connections=1000/7", "--pool", "requests=40", "--front-max-in-flight", "8",
+			"--front-listen", "127.0.0.1:8080", "--front-upstream", "http://127.0.0.1:9000"},
+			[]string{"FAIRSHARE_PERMITS_GROUP=4242", "FAIRSHARE_RECONCILE=30s"},
+			[]string{"size: 1000\n    floor: 7", "size: 40\n    floor: 2", "max_in_flight: 8", "group: \"4242\"", "reconcile: 30s",
+				"exempt_max: 7"}},
+		{nil, []string{"FAIRSHARE_POOL=requests=40,uploads=10/3", "FAIRSHARE_MAX_CONNS=77"},
+			[]string{"size: 40\n    floor: 2", "uploads:\n    size: 10\n    floor: 3", "max_conns: 77\n  max_conns_per_uid: 19"}},
+	} {
+		cmd := exec.Command(binary, append([]string{"run", "--print-config"}, tt.args...)...)
+		cmd.Env = append(cleanEnv(), tt.env...)
+		b, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("print-config %v %v: %v", tt.args, tt.env, err)
+		}
+		for _, want := range tt.want {
+			if !strings.Contains(string(b), want) {
+				t.Errorf("print-config %v %v lacks %q:\n%s", tt.args, tt.env, want, b)
+			}
+		}
+	}
+	// Invalid values exit 2 naming the key or flag.
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--pool", "connections=many"}, "--pool connections=many"},
+		{[]string{"--pool", "requests=0"}, "pools.requests.size"},
+		{[]string{"--front-listen", "127.0.0.1:1", "--front-upstream", "http://x", "--front-max-in-flight", "-1"}, "front.max_in_flight must be >= 1"},
+		{[]string{"--max-conns", "-3"}, "listeners.max_conns"},
+	} {
+		_, errOut, code := runCLI(t, append([]string{"run", "--print-config"}, tt.args...)...)
+		if code != 2 || !strings.Contains(errOut, tt.want) {
+			t.Errorf("%v: exit %d %q, want 2 naming %q", tt.args, code, errOut, tt.want)
+		}
+	}
+}
