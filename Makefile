@@ -61,9 +61,21 @@ test: check-go lint check-generated ## run the whole suite (as root: the kernel 
 bench: check-go ## run the benchmarks (as root for the BPF ones)
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./... | tee bench.txt
 
+# DEMO_RUN runs the drills (tests replace it); DEMO_UID decides whether the
+# kernel's drill can run.
+DEMO_RUN ?= ./$(BIN)
+DEMO_UID ?= $(shell id -u)
+
 .PHONY: demo
-demo: build ## run the fair-share drill on this host with embedded defaults
-	./$(BIN) drill
+demo: build ## run the fair-share drills on this host: requests, then connections through the kernel (root)
+	$(DEMO_RUN) drill
+	@if [ "$(DEMO_UID)" = 0 ]; then \
+		echo; echo "the same drill for TCP connections, counted and refused by the BPF programs in the kernel:"; \
+		$(DEMO_RUN) drill connections; \
+	else \
+		echo; echo "SKIPPED: the connections drill, the kernel path (BPF counts and refuses connect and accept), needs root;"; \
+		echo "         run 'sudo make demo', or 'sudo ./$(BIN) drill connections'."; \
+	fi
 
 .PHONY: clean
 clean: ## remove build output

@@ -7,6 +7,7 @@ import (
 	"go/token"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -86,5 +87,30 @@ func TestSPDXHeaders(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// make demo runs the kernel's drill too when it can (as root), and says
+// plainly that it skipped it otherwise. The drills are replaced by echo and
+// the build is taken as done, so the test runs no drill.
+func TestMakeDemo(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("no make")
+	}
+	demo := func(uid string) string {
+		t.Helper()
+		out, err := exec.Command("make", "--no-print-directory", "-o", "build", "demo", "DEMO_RUN=echo fairshare", "DEMO_UID="+uid).CombinedOutput()
+		if err != nil {
+			t.Fatalf("make demo (uid %s): %v\n%s", uid, err, out)
+		}
+		return string(out)
+	}
+	if out := demo("0"); !strings.Contains(out, "fairshare drill\n") || !strings.Contains(out, "fairshare drill connections\n") {
+		t.Errorf("as root, make demo does not run both drills:\n%s", out)
+	}
+	out := demo("1000")
+	if !strings.Contains(out, "fairshare drill\n") || strings.Contains(out, "drill connections\n") ||
+		!strings.Contains(out, "SKIPPED: the connections drill") || !strings.Contains(out, "needs root") {
+		t.Errorf("as another user, make demo does not say what it skipped:\n%s", out)
 	}
 }
