@@ -6,7 +6,11 @@
 // Default returns; a user file is decoded on top of them, so a file only names
 // what it changes. Decoding is strict: an unknown key is an error, and every
 // validation error names the offending field by its YAML path
-// ("pools.requests.size must be > 0"). Flags and FAIRSHARE_* environment
+// ("pools.requests.size must be > 0", "front.trusted_peers[1]: ..."). Every
+// value is checked here, not when the daemon builds its parts: addresses and
+// CIDRs parse, project names follow the one rule of internal/project, cgroup
+// paths are clean, numbers have their signs. Pool.EffectiveFloor is the one
+// place the default floor (5% of the size) is resolved. Flags and FAIRSHARE_* environment
 // variables override the file; that layering lives in cmd/fairshare, not here.
 //
 // Pools are named. The four the product knows (requests, connections, residents,

@@ -19,6 +19,34 @@
 // A failed BPF tick is logged with its consequence: the kernel keeps the last
 // share it was given until a tick succeeds.
 //
+// Every listener (admin, /metrics, the front on TCP and on its unix socket,
+// the permit API) is served through package internal/listen: accept errors
+// are waited out, and connections are capped from the open-files limit,
+// which New raises to the hard limit (BudgetCaps: the daemon keeps 256
+// descriptors for itself, room for the upstream, 32 for /metrics and 32 for
+// the admin socket, half of them root's alone, and divides the rest among
+// the other listeners; listeners.max_conns overrides). So a local user's
+// flood cannot take the descriptors the operator's CLI needs. Every part
+// logs through one internal/logrl handler, which turns a flood of one line
+// into five lines and a count.
+//
+// Effective resolves every default of the configuration (projects root,
+// floors, exempt budgets, caps) once; the daemon runs on what it returns and
+// 'run --print-config' prints it. Problems only building the parts finds (a
+// permit group that does not exist, a trusted cgroup outside the mount, a
+// file at a socket path) wrap config.ErrInvalid.
+//
+// Status reads each pool as one snapshot whose rows add up: a user-space
+// pool under its lock, with the counts of forgotten projects in
+// Pool.Forgotten; the kernel's pool from one pass over its entries (in_use
+// and the totals are the sums over that pass, not the node counters read
+// apart from it), with the counts of entries the loader forgot kept by the
+// daemon (kernelBook, read every 15 s, well inside the minute an entry idles
+// before it is deleted), and with the programs' own active count and the
+// share it gives. The last reconcile pass (time, project sockets in the
+// kernel's table, permits held, repairs) is in Status too, and each pass is
+// a debug line.
+//
 // Status joins three sources per project: the stored policy (or the default,
 // for projects without one), the rate buckets, and the scheduler's live
 // participants, which it forgets when idle; tier and shares therefore come
