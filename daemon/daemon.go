@@ -382,6 +382,11 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	ready := Ready{PID: os.Getpid(), AdminSocket: d.cfg.AdminSocket, Kernel: d.lim != nil}
 	d.log.Info("connection caps", "open_files", d.caps.NoFile, "per_listener", d.caps.PerListener,
 		"per_uid", d.caps.PerUID, "admin", d.caps.Admin, "admin_root_reserve", adminReserve, "metrics", d.caps.Metrics)
+	if d.caps.Over {
+		d.log.Warn("listeners.max_conns promises more connections than the open-files limit holds beside the daemon's own: "+
+			"a flood of connections can exhaust the descriptors the admin socket needs; lower it or raise LimitNOFILE",
+			"per_listener", d.caps.PerListener, "open_files", d.caps.NoFile)
+	}
 
 	adminLn, err := admin.Listen(d.cfg.AdminSocket)
 	if err != nil {

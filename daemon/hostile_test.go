@@ -224,3 +224,22 @@ func TestPartErrorsAreConfigErrors(t *testing.T) {
 		t.Errorf("trusted cgroup outside the mount: %v", err)
 	}
 }
+
+// The caps fit the open-files limit with room for the daemon, the upstream,
+// /metrics and the admin socket, whichever listeners are on; a configured
+// cap beyond that is flagged.
+func TestBudgetCapsFit(t *testing.T) {
+	cfg := config.Default()
+	cfg.Front.Listen, cfg.Front.Socket, cfg.Front.Upstream = "127.0.0.1:0", "/run/f.sock", "http://x"
+	for _, nofile := range []uint64{1024, 20000, 524288} {
+		c := BudgetCaps(cfg, nofile)
+		used := 3*c.PerListener + c.Admin + c.Metrics + fdOwn
+		if c.Over || uint64(used) > nofile || c.PerUID > c.PerListener/4 || c.PerUID < 1 {
+			t.Errorf("nofile %d: %+v uses %d", nofile, c, used)
+		}
+	}
+	cfg.Listeners.MaxConns = 5000
+	if c := BudgetCaps(cfg, 1024); !c.Over || c.PerListener != 5000 {
+		t.Errorf("a configured cap past the limit: %+v", c)
+	}
+}

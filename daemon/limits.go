@@ -40,6 +40,10 @@ type Caps struct {
 	// sockets.
 	PerListener, PerUID int
 	Admin, Metrics      int
+	// Over is true when configured caps (listeners.max_conns) promise more
+	// connections than the limit holds beside the daemon's own descriptors:
+	// a flood can then exhaust them, and the admin socket with them.
+	Over bool
 }
 
 // BudgetCaps divides nofile among the listeners cfg enables. A configured
@@ -74,6 +78,7 @@ func BudgetCaps(cfg config.Config, nofile uint64) Caps {
 	if cfg.Listeners.MaxConnsPerUID > 0 {
 		c.PerUID = cfg.Listeners.MaxConnsPerUID
 	}
+	c.Over = n*c.PerListener > rest
 	return c
 }
 
