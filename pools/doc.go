@@ -135,10 +135,10 @@
 // otherwise between MinRate (one per 1000 s) and MaxRate (1e9 per second);
 // SetLimits moves a rate outside into the bounds, and package policy refuses
 // it. The time until a token (or until debt is paid) is exact up to
-// MaxRetry (a day) and MaxRetry beyond: no debt is large enough to overflow
-// it into an immediate retry. Buckets
-// refill lazily on access. Allow takes one request token, or refuses with the
-// time until a token is there. Charge takes work after the fact and may drive
+// MaxRateRetry (a day) and MaxRateRetry beyond: no debt is large enough to
+// overflow it into an immediate retry. Buckets refill lazily on access.
+// Allow takes one request token, or refuses with the time until a token is
+// there. Charge takes work after the fact and may drive
 // the work bucket below zero (debt); while in debt Allow refuses with the time
 // until the balance is back at zero. A timestamp older than the bucket's last
 // refill earns nothing and does not move the bucket back in time, so callers

@@ -36,7 +36,7 @@ func TestRetryAtEveryAcceptedRate(t *testing.T) {
 	}
 }
 
-// Work debt of any size gives a retry of at most MaxRetry, never one that
+// Work debt of any size gives a retry of at most MaxRateRetry, never one that
 // overflowed into the past.
 func TestDebtRetrySaturates(t *testing.T) {
 	clk := newFakeClock()
@@ -46,12 +46,12 @@ func TestDebtRetrySaturates(t *testing.T) {
 	for _, debt := range []float64{2, 1e3, 1e6, 1e9, 1e15, 1e30, 1e300, math.Inf(1), math.NaN(), -5} {
 		r.Charge("p", debt)
 		ok, retry := r.Allow("p")
-		if ok || retry <= 0 || retry > MaxRetry || retry < last {
+		if ok || retry <= 0 || retry > MaxRateRetry || retry < last {
 			t.Errorf("after a charge of %g: ok %v retry %v (before %v)", debt, ok, retry, last)
 		}
 		last = retry
 	}
-	if last != MaxRetry {
-		t.Errorf("a huge debt gives %v, want MaxRetry", last)
+	if last != MaxRateRetry {
+		t.Errorf("a huge debt gives %v, want MaxRateRetry", last)
 	}
 }

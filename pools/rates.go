@@ -25,12 +25,12 @@ const (
 	MaxRate = 1e9
 )
 
-// MaxRetry bounds the retry times Allow returns. At MinRate a token is at
+// MaxRateRetry bounds the retry times Allow returns. At MinRate a token is at
 // most 1000 s away, but work debt can be any size: a charge of a million
 // units at 0.001/s is 31 years of debt, which overflowed the conversion to
 // a Duration (and came out as an immediate retry). Callers cap the hint they
 // give clients further (the HTTP front: 60 s).
-const MaxRetry = 24 * time.Hour
+const MaxRateRetry = 24 * time.Hour
 
 // clampRate applies the bounds to one rate (0 and below: unbounded).
 func clampRate(r float64) float64 {
@@ -149,11 +149,11 @@ func (r *Rates) allow(project string, now int64) (bool, time.Duration) {
 }
 
 // secondsCeil converts seconds to a Duration, rounding up so that a client
-// waiting that long finds the token there, and saturating at MaxRetry.
+// waiting that long finds the token there, and saturating at MaxRateRetry.
 func secondsCeil(s float64) time.Duration {
 	ns := math.Ceil(s * float64(time.Second))
-	if !(ns < float64(MaxRetry)) { // NaN included
-		return MaxRetry
+	if !(ns < float64(MaxRateRetry)) { // NaN included
+		return MaxRateRetry
 	}
 	return max(time.Duration(ns), time.Nanosecond)
 }
@@ -169,7 +169,7 @@ func (r *Rates) charge(project string, work float64, now int64) {
 	if math.IsNaN(work) || work <= 0 {
 		return
 	}
-	work = math.Min(work, MaxRate*float64(MaxRetry/time.Second)) // a day of debt at the highest rate
+	work = math.Min(work, MaxRate*float64(MaxRateRetry/time.Second)) // a day of debt at the highest rate
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b, ok := r.buckets[project]
