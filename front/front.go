@@ -11,7 +11,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -30,6 +32,13 @@ const (
 	DefaultCostUnit      = 10 * time.Millisecond
 	DefaultMaxProjects   = 100
 	DefaultExemptMax     = 4
+
+	DefaultMaxUpstreamHead     = 1 << 20
+	DefaultMaxInformational    = 8
+	DefaultMaxRequestHead      = 64 << 10
+	DefaultReadHeaderTimeout   = 10 * time.Second
+	DefaultIdleTimeout         = 2 * time.Minute
+	DefaultUpstreamIdleTimeout = 90 * time.Second
 )
 
 // Response headers the front sets.
@@ -92,6 +101,15 @@ type Config struct {
 	// exempt request is treated like any request of its project. Default
 	// DefaultExemptMax.
 	ExemptMax int
+
+	// Limits on what a client or the upstream can make the front hold (see
+	// "Limits" in the package documentation); zero means the default.
+	MaxUpstreamHead     int64         // bytes of the upstream's answer heads, 1xx included: past it 502
+	MaxInformational    int           // 1xx answers per request: past it 502
+	MaxRequestHead      int           // bytes of a client's request head: past it 431
+	ReadHeaderTimeout   time.Duration // to read a client's request head: past it the connection is closed
+	IdleTimeout         time.Duration // a client's keep-alive connection between requests
+	UpstreamIdleTimeout time.Duration // an upstream connection kept for reuse
 }
 
 // Exempt names the requests of the exempt class.
@@ -162,6 +180,12 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	if cfg.ExemptMax <= 0 {
 		cfg.ExemptMax = DefaultExemptMax
 	}
+	setDefault(&cfg.MaxUpstreamHead, DefaultMaxUpstreamHead)
+	setDefault(&cfg.MaxInformational, DefaultMaxInformational)
+	setDefault(&cfg.MaxRequestHead, DefaultMaxRequestHead)
+	setDefault(&cfg.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	setDefault(&cfg.IdleTimeout, DefaultIdleTimeout)
+	setDefault(&cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
 	u, err := url.Parse(cfg.Upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("upstream %q: %w", cfg.Upstream, ErrNoUpstream)
@@ -207,14 +231,16 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		if u.Port() == "" {
 			host = net.JoinHostPort(u.Hostname(), "80")
 		}
-		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, idleFor: 90 * time.Second}
+		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, idleFor: cfg.UpstreamIdleTimeout,
+			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, unasked: f.unasked}
 	}
 	f.tr = &http.Transport{
-		DialContext:           dialer.DialContext,
-		MaxIdleConns:          idle,
-		MaxIdleConnsPerHost:   idle,
-		IdleConnTimeout:       90 * time.Second,
-		ExpectContinueTimeout: time.Second,
+		DialContext:            dialer.DialContext,
+		MaxIdleConns:           idle,
+		MaxIdleConnsPerHost:    idle,
+		IdleConnTimeout:        cfg.UpstreamIdleTimeout,
+		ExpectContinueTimeout:  time.Second,
+		MaxResponseHeaderBytes: cfg.MaxUpstreamHead,
 	}
 	if cfg.UpstreamH2C {
 		f.tr.Protocols = new(http.Protocols)
@@ -232,6 +258,19 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		BufferPool: f.bufs,
 	}
 	return f, nil
+}
+
+// setDefault sets *v to def when it is zero or less.
+func setDefault[T int | int64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
+// unasked logs an upstream that sent what nobody asked for; the connection
+// it came on is closed.
+func (f *Front) unasked(why string) {
+	f.log.Warn("upstream sent an answer nobody asked for; closing its connection", "why", why)
 }
 
 // bufferPool recycles the copy buffers of the direct path (get and put)
@@ -265,8 +304,9 @@ func (f *Front) Server() *http.Server {
 		Handler:           f,
 		Protocols:         p,
 		ConnContext:       f.connContext,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: f.cfg.ReadHeaderTimeout,
+		IdleTimeout:       f.cfg.IdleTimeout,
+		MaxHeaderBytes:    f.cfg.MaxRequestHead,
 		ErrorLog:          slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
 	}
 }
@@ -316,6 +356,11 @@ type exchange struct {
 	exempt  bool
 	w       http.ResponseWriter // the client's, for 1xx answers on the direct path
 	at      time.Time           // when it was handed to the upstream
+
+	// On the ReverseProxy path: the upstream connection (to close it after
+	// an answer the front refuses) and the informational answers so far.
+	upConn net.Conn
+	n1xx   int
 }
 
 type exchangeKey struct{}
@@ -441,7 +486,18 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	// (HTTP/1 otherwise drains the request body first). HTTP/2 is always
 	// full duplex and reports an error here, which is fine.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
+	ctx := context.WithValue(r.Context(), exchangeKey{}, x)
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) { x.upConn = i.Conn },
+		Got1xxResponse: func(int, textproto.MIMEHeader) error {
+			// ReverseProxy has passed it on by now; the next is refused.
+			if x.n1xx++; x.n1xx > f.cfg.MaxInformational {
+				return fmt.Errorf("upstream sent more than %d informational answers", f.cfg.MaxInformational)
+			}
+			return nil
+		},
+	})
+	f.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
 // cost is what a finished request is charged, in work units.
@@ -498,7 +554,16 @@ func (f *Front) rewrite(pr *httputil.ProxyRequest) {
 }
 
 func (f *Front) modifyResponse(resp *http.Response) error {
-	if x := exchangeOf(resp.Request); x != nil {
+	x := exchangeOf(resp.Request)
+	if resp.StatusCode < 100 || resp.StatusCode > 599 {
+		// net/http reads any three digits; the client is answered 502 and
+		// the connection that spoke them is not used again.
+		if x != nil && x.upConn != nil {
+			x.upConn.Close()
+		}
+		return fmt.Errorf("upstream status %d outside 100-599", resp.StatusCode)
+	}
+	if x != nil {
 		f.annotate(x, resp.Header)
 	}
 	return nil

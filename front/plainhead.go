@@ -5,6 +5,8 @@ package front
 import (
 	"bufio"
 	"bytes"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/textproto"
@@ -15,7 +17,7 @@ import (
 const maxPlainFields = 32
 
 // plainHead reads the upstream's answer to a GET from br when its head is
-// plain, as most are: HTTP/1.1, a status of 200 or more other than 204 and
+// plain, as most are: HTTP/1.1, a status of 200 to 599 other than 204 and
 // 304, exactly one Content-Length, no Transfer-Encoding, Connection or
 // Trailer field, no field twice, no line folding, no control characters, and
 // the whole head already in br's buffer. Its fields go straight into dst,
@@ -113,7 +115,7 @@ func plainStatus(line []byte) (int, bool) {
 		}
 		code = code*10 + int(c-'0')
 	}
-	if code < 200 || code == http.StatusNoContent || code == http.StatusNotModified {
+	if code < 200 || code > 599 || code == http.StatusNoContent || code == http.StatusNotModified {
 		return 0, false
 	}
 	return code, true
@@ -170,3 +172,86 @@ func (b *plainBody) Read(p []byte) (int, error) {
 }
 
 func (*plainBody) Close() error { return nil }
+
+// strictHead checks a whole answer head (status line, fields, the empty
+// line) that http.ReadResponse accepted, for what a proxy must not pass on
+// or guess at (RFC 9112 sections 2.2, 5.2, 6.1 and 6.3): every line ends in
+// CRLF, no line is folded, field names are tokens followed at once by the
+// colon, values hold no control character but tab, there is at most one
+// Content-Length and it is digits only, and not both Content-Length and
+// Transfer-Encoding. The status is in 100-599. net/http tolerates some of
+// these (bare LF, folding, a repeated Content-Length of one value, both
+// framings, a status like 000); the front answers 502 and closes the
+// connection instead, as a disagreement about framing is how one answer's
+// bytes end up in another's.
+func strictHead(raw []byte) error {
+	line, rest, ok := bytes.Cut(raw, []byte("\r\n"))
+	if !ok || bytes.IndexByte(line, '\n') >= 0 {
+		return errors.New("upstream status line not ended by CRLF")
+	}
+	proto, code, _ := bytes.Cut(line, []byte(" "))
+	if !bytes.Equal(proto, []byte("HTTP/1.1")) && !bytes.Equal(proto, []byte("HTTP/1.0")) {
+		return fmt.Errorf("upstream protocol %q", proto)
+	}
+	if len(code) > 3 && code[3] != ' ' || len(code) < 3 || !plainValue(code) {
+		return fmt.Errorf("upstream status line %q", line)
+	}
+	status := 0
+	for _, c := range code[:3] {
+		if c < '0' || c > '9' {
+			return fmt.Errorf("upstream status %q", code[:3])
+		}
+		status = status*10 + int(c-'0')
+	}
+	if status < 100 || status > 599 {
+		return fmt.Errorf("upstream status %d outside 100-599", status)
+	}
+	lengths, encodings := 0, 0
+	for len(rest) > 0 {
+		line, rest, ok = bytes.Cut(rest, []byte("\r\n"))
+		if !ok {
+			return errors.New("upstream head not ended by CRLF")
+		}
+		if len(line) == 0 {
+			if len(rest) > 0 {
+				return errors.New("bytes after the end of the upstream head")
+			}
+			break
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			return errors.New("folded line in the upstream head")
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon <= 0 || !plainKey(line[:colon]) {
+			return fmt.Errorf("bad upstream field %q", truncate(line))
+		}
+		v := bytes.Trim(line[colon+1:], " \t")
+		if !plainValue(v) {
+			return fmt.Errorf("control character in upstream field %q", line[:colon])
+		}
+		switch textproto.CanonicalMIMEHeaderKey(string(line[:colon])) {
+		case "Content-Length":
+			lengths++
+			if _, ok := plainLength(string(v)); !ok {
+				return fmt.Errorf("upstream Content-Length %q", truncate(v))
+			}
+		case "Transfer-Encoding":
+			encodings++
+		}
+	}
+	if lengths > 1 {
+		return errors.New("upstream sent Content-Length more than once")
+	}
+	if lengths > 0 && encodings > 0 {
+		return errors.New("upstream sent both Content-Length and Transfer-Encoding")
+	}
+	return nil
+}
+
+// truncate shortens a field for an error message.
+func truncate(b []byte) string {
+	if len(b) > 64 {
+		return string(b[:64]) + "..."
+	}
+	return string(b)
+}

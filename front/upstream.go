@@ -13,7 +13,9 @@ import (
 	"net/textproto"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+	"unsafe"
 )
 
 // errStaleConn means a reused upstream connection failed before any byte of
@@ -36,40 +38,129 @@ var errClientGone = errors.New("the client went away")
 // request that was a fifth of its CPU. Everything else (request bodies, which
 // need full-duplex streaming, upgrades, h2c to the upstream, an upstream
 // base path) keeps going through ReverseProxy.
+//
+// A connection goes back to the pool only when its answer ended exactly at
+// its framing with nothing more buffered, and it is checked again when taken
+// out: anything the upstream sent while the connection was idle (a late or
+// second answer, a body longer than its Content-Length, a body after HEAD)
+// is an answer nobody asked for, and the connection is closed instead of
+// handing those bytes to the next request. A sweep every idleSweep closes
+// the idle connections that spoke, hung up or outlived idleFor.
 type directUpstream struct {
 	addr    string // host:port
 	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
 	maxIdle int
 	idleFor time.Duration
+	maxHead int64 // bytes of answer heads (1xx included) per request
+	max1xx  int   // informational answers per request
+	unasked func(why string)
 
-	mu   sync.Mutex // guards the fields below
-	idle []*upConn  // most recently used last
+	mu    sync.Mutex  // guards the fields below
+	idle  []*upConn   // most recently used last
+	sweep *time.Timer // pending sweep of idle, nil when none
+	gen   int         // closeIdle calls so far
 }
+
+// idleSweep is how often idle upstream connections are checked while some
+// are pooled. The check at reuse is what keeps bytes from reaching the
+// wrong request; the sweep only frees the connections sooner.
+const idleSweep = time.Second
 
 // upConn is one upstream connection with its buffers.
 type upConn struct {
 	c        net.Conn
+	rc       syscall.RawConn // for the idle check; nil when c has none
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	lastUsed time.Time
+
+	// While headLeft >= 0 reads are counted against it: the bound on an
+	// answer's head. rec, while non-nil, records what is read (see
+	// readHead).
+	headLeft int64
+	rec      []byte
+
+	peekN   int
+	peekErr syscall.Errno
+	peekFn  func(fd uintptr)
+}
+
+// errHeadTooLarge: the upstream's answer head passed Config.MaxUpstreamHead.
+var errHeadTooLarge = errors.New("upstream answer head too large")
+
+func (uc *upConn) Read(p []byte) (int, error) {
+	if uc.headLeft >= 0 {
+		if uc.headLeft == 0 {
+			return 0, errHeadTooLarge
+		}
+		if int64(len(p)) > uc.headLeft {
+			p = p[:uc.headLeft]
+		}
+	}
+	n, err := uc.c.Read(p)
+	if uc.headLeft >= 0 {
+		uc.headLeft -= int64(n)
+		if uc.rec != nil {
+			uc.rec = append(uc.rec, p[:n]...)
+		}
+	}
+	return n, err
+}
+
+// quiet reports whether nothing arrived on an idle connection: no byte and
+// no end of stream. It peeks without blocking, so it costs one system call.
+func (uc *upConn) quiet() bool {
+	if uc.rc == nil || uc.br.Buffered() > 0 {
+		return false
+	}
+	if err := uc.rc.Control(uc.peekFn); err != nil {
+		return false
+	}
+	return uc.peekN < 0 && (uc.peekErr == syscall.EAGAIN || uc.peekErr == syscall.EWOULDBLOCK)
+}
+
+func (uc *upConn) peek(fd uintptr) {
+	var b [1]byte
+	n, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	uc.peekN, uc.peekErr = int(n), e
+	if e != 0 {
+		uc.peekN = -1
+	}
 }
 
 // get returns an idle connection (reused true) or dials a new one. now need
 // not be precise (the idle limit is long): callers pass a time they already
 // read, as reading the clock is a noticeable part of a request's cost.
 func (d *directUpstream) get(ctx context.Context, now time.Time) (uc *upConn, reused bool, err error) {
-	d.mu.Lock()
-	for len(d.idle) > 0 {
+	for {
+		d.mu.Lock()
+		if len(d.idle) == 0 {
+			d.mu.Unlock()
+			return d.dialNew(ctx)
+		}
 		uc = d.idle[len(d.idle)-1]
 		d.idle = d.idle[:len(d.idle)-1]
-		if now.Sub(uc.lastUsed) < d.idleFor {
-			d.mu.Unlock()
-			return uc, true, nil
+		d.mu.Unlock()
+		if now.Sub(uc.lastUsed) >= d.idleFor {
+			uc.c.Close()
+			continue
 		}
-		uc.c.Close()
+		if !uc.quiet() {
+			d.spoke(uc)
+			continue
+		}
+		return uc, true, nil
 	}
-	d.mu.Unlock()
-	return d.dialNew(ctx)
+}
+
+// spoke closes an idle connection on which the upstream sent something
+// (or hung up), and says so when it was more than a hang-up.
+func (d *directUpstream) spoke(uc *upConn) {
+	if uc.peekN > 0 || uc.br.Buffered() > 0 {
+		d.unasked("bytes arrived on an idle upstream connection")
+	}
+	uc.c.Close()
 }
 
 func (d *directUpstream) dialNew(ctx context.Context) (*upConn, bool, error) {
@@ -77,16 +168,33 @@ func (d *directUpstream) dialNew(ctx context.Context) (*upConn, bool, error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("dialing upstream: %w", err)
 	}
-	return &upConn{c: c, br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}, false, nil
+	uc := &upConn{c: c, headLeft: -1, bw: bufio.NewWriterSize(c, 4<<10)}
+	uc.br = bufio.NewReaderSize(uc, 4<<10)
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			uc.rc = rc
+			uc.peekFn = uc.peek
+		}
+	}
+	return uc, false, nil
 }
 
-// put keeps uc for the next request, or closes it when enough are idle.
+// put keeps uc for the next request, or closes it when enough are idle or
+// its answer left bytes behind.
 func (d *directUpstream) put(uc *upConn, now time.Time) {
+	if uc.br.Buffered() > 0 {
+		d.unasked("bytes after the end of an upstream answer")
+		uc.c.Close()
+		return
+	}
 	uc.lastUsed = now
 	d.mu.Lock()
 	if len(d.idle) < d.maxIdle {
 		d.idle = append(d.idle, uc)
 		uc = nil
+		if d.sweep == nil {
+			d.sweep = time.AfterFunc(idleSweep, d.sweepIdle)
+		}
 	}
 	d.mu.Unlock()
 	if uc != nil {
@@ -94,11 +202,53 @@ func (d *directUpstream) put(uc *upConn, now time.Time) {
 	}
 }
 
+// sweepIdle closes the idle connections that spoke, hung up or were idle
+// too long, and comes back while any are left.
+func (d *directUpstream) sweepIdle() {
+	now := time.Now()
+	d.mu.Lock()
+	idle, gen := d.idle, d.gen
+	d.idle = nil
+	d.mu.Unlock()
+	kept := idle[:0]
+	for _, uc := range idle {
+		switch {
+		case now.Sub(uc.lastUsed) >= d.idleFor:
+			uc.c.Close()
+		case !uc.quiet():
+			d.spoke(uc)
+		default:
+			kept = append(kept, uc)
+		}
+	}
+	d.mu.Lock()
+	if gen != d.gen {
+		// closeIdle ran meanwhile: it could not see these.
+		for _, uc := range kept {
+			uc.c.Close()
+		}
+		kept = kept[:0]
+	}
+	// Connections put back meanwhile are the most recent: they go last.
+	d.idle = append(kept, d.idle...)
+	if len(d.idle) > 0 {
+		d.sweep = time.AfterFunc(idleSweep, d.sweepIdle)
+	} else {
+		d.sweep = nil
+	}
+	d.mu.Unlock()
+}
+
 // closeIdle closes every idle connection.
 func (d *directUpstream) closeIdle() {
 	d.mu.Lock()
 	idle := d.idle
 	d.idle = nil
+	d.gen++
+	if d.sweep != nil {
+		d.sweep.Stop()
+		d.sweep = nil
+	}
 	d.mu.Unlock()
 	for _, uc := range idle {
 		uc.c.Close()
@@ -283,7 +433,9 @@ func (w clientWatch) end() bool {
 }
 
 // exchangeOn writes the request on uc and reads the answer's head, passing
-// informational 1xx answers on to the client.
+// informational 1xx answers on to the client. The heads together may take
+// at most maxHead bytes and there may be at most max1xx informational ones;
+// a head that is not plain (see plainHead) must pass strictHead.
 func (f *Front) exchangeOn(uc *upConn, r *http.Request, x *exchange, reused bool) (*http.Response, error) {
 	if err := f.writeRequest(uc.bw, r, x); err != nil {
 		if reused {
@@ -291,27 +443,32 @@ func (f *Front) exchangeOn(uc *upConn, r *http.Request, x *exchange, reused bool
 		}
 		return nil, fmt.Errorf("writing upstream request: %w", err)
 	}
+	uc.headLeft = max(0, f.up.maxHead-int64(uc.br.Buffered()))
+	defer func() { uc.headLeft, uc.rec = -1, nil }()
 	if _, err := uc.br.Peek(1); err != nil {
-		if reused {
+		if reused && !errors.Is(err, errHeadTooLarge) {
 			return nil, fmt.Errorf("%w: %w", errStaleConn, err)
 		}
 		return nil, fmt.Errorf("reading upstream answer: %w", err)
 	}
-	for {
+	for informational := 0; ; informational++ {
 		if status, n, ok := plainHead(uc.br, r.Method, x.w.Header()); ok {
 			// The fields are in the client's header already: no Header.
 			return &http.Response{StatusCode: status, ContentLength: n,
 				Body: &plainBody{io.LimitedReader{R: uc.br, N: n}}}, nil
 		}
-		resp, err := http.ReadResponse(uc.br, r)
+		resp, err := readHead(uc, r)
 		if err != nil {
 			return nil, fmt.Errorf("reading upstream answer: %w", err)
 		}
-		if resp.StatusCode >= 200 || resp.StatusCode < 100 {
+		if resp.StatusCode >= 200 {
 			return resp, nil
 		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
 			return nil, errors.New("upstream switched protocols unasked")
+		}
+		if informational == f.up.max1xx {
+			return nil, fmt.Errorf("upstream sent more than %d informational answers", f.up.max1xx)
 		}
 		// As ReverseProxy does: pass the informational answer on, then
 		// forget its headers.
@@ -324,6 +481,29 @@ func (f *Front) exchangeOn(uc *upConn, r *http.Request, x *exchange, reused bool
 			h.Del(k)
 		}
 	}
+}
+
+// readHead reads an answer head that is not plain with http.ReadResponse,
+// and then checks the bytes it read with strictHead: what net/http would
+// tolerate but a proxy should not pass on (a folded line, a bare LF, both
+// Content-Length and Transfer-Encoding, a status outside 100-599) is an
+// error, and the connection is closed.
+func readHead(uc *upConn, r *http.Request) (*http.Response, error) {
+	// What ReadResponse reads is what was buffered plus what it reads
+	// from the connection, less what it leaves buffered.
+	before, _ := uc.br.Peek(uc.br.Buffered())
+	uc.rec = append(make([]byte, 0, max(512, 2*len(before))), before...)
+	resp, err := http.ReadResponse(uc.br, r)
+	raw := uc.rec[:len(uc.rec)-uc.br.Buffered()]
+	uc.rec = nil
+	if err != nil {
+		return nil, err
+	}
+	if err := strictHead(raw); err != nil {
+		resp.Body.Close()
+		return nil, err
+	}
+	return resp, nil
 }
 
 // serveDirect proxies r on the direct path.

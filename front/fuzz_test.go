@@ -1,0 +1,241 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// FuzzUpstreamHead compares the front's readers of an upstream answer head
+// with http.ReadResponse: a head plainHead takes must be one ReadResponse
+// takes too, with the same status, length, fields (less the hop-by-hop
+// ones) and the same bytes left for the body; a head strictHead passes
+// must be one whose framing ReadResponse reads as written. The seeds are
+// the hostile-upstream cases and run with the tests; run it longer with
+// go test ./front -run '^$' -fuzz FuzzUpstreamHead -fuzztime 60s.
+func FuzzUpstreamHead(f *testing.F) {
+	for _, tc := range hostileCases {
+		raw, _ := tc.answer("1")
+		f.Add([]byte(raw[:min(len(raw), 4096)]))
+	}
+	f.Add([]byte("HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nx-lower: v\r\nContent-Length: 2\r\n\r\nok"))
+	f.Add([]byte("HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+	f.Add([]byte("HTTP/1.1 200 OK\r\nContent-Length: 00\r\n\r\n"))
+	f.Add([]byte("HTTP/1.1 200\r\nContent-Length: 1\r\n\r\nx"))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		rr := bytes.NewReader(raw)
+		rbr := bufio.NewReaderSize(rr, 16)
+		resp, rerr := http.ReadResponse(rbr, req)
+		consumed := len(raw) - rr.Len() - rbr.Buffered()
+
+		br := bufio.NewReaderSize(bytes.NewReader(raw), len(raw)+16)
+		_, _ = br.Peek(len(raw))
+		dst := http.Header{}
+		status, n, ok := plainHead(br, http.MethodGet, dst)
+		if ok {
+			if rerr != nil {
+				t.Fatalf("plainHead took a head ReadResponse refuses (%v)", rerr)
+			}
+			if status != resp.StatusCode || n != resp.ContentLength {
+				t.Fatalf("plainHead: %d length %d; ReadResponse: %d length %d", status, n, resp.StatusCode, resp.ContentLength)
+			}
+			if left := len(raw) - br.Buffered(); left != consumed {
+				t.Fatalf("plainHead read %d bytes of head, ReadResponse %d", left, consumed)
+			}
+			want := resp.Header.Clone()
+			for _, k := range hopByHop {
+				want.Del(k)
+			}
+			if !equalHeader(dst, want) {
+				t.Fatalf("plainHead fields %v, ReadResponse's %v", dst, want)
+			}
+			if err := strictHead(raw[:consumed]); err != nil {
+				t.Fatalf("a plain head fails strictHead: %v", err)
+			}
+		}
+		if rerr != nil || strictHead(raw[:consumed]) != nil {
+			return
+		}
+		if resp.StatusCode < 100 || resp.StatusCode > 599 {
+			t.Fatalf("strictHead passed status %d", resp.StatusCode)
+		}
+		// The framing as written is the framing read.
+		head := string(raw[:consumed])
+		lower := strings.ToLower(head)
+		if strings.Contains(lower, "\ncontent-length:") && strings.Contains(lower, "\ntransfer-encoding:") {
+			t.Fatal("strictHead passed both framings")
+		}
+		if strings.Count(lower, "\ncontent-length:") == 1 && resp.StatusCode >= 200 && resp.StatusCode != 204 && resp.StatusCode != 304 {
+			_, v, _ := strings.Cut(lower, "\ncontent-length:")
+			v, _, _ = strings.Cut(v, "\r\n")
+			want, err := strconv.ParseInt(strings.Trim(v, " \t"), 10, 64)
+			if err != nil || want != resp.ContentLength {
+				t.Fatalf("Content-Length %q read as %d", v, resp.ContentLength)
+			}
+		}
+	})
+}
+
+// FuzzPooledExchanges plays whole exchanges on the direct path's pooled
+// connections against an upstream that answers each request with bytes
+// from the fuzzer: one of the hostile cases, then anything at all. Each
+// client gets its own answer (X-Id and body), a 502 or a cut answer, never
+// another's. The connections are socket pairs (real sockets, so the idle
+// check is the real one), served by a goroutine per connection.
+func FuzzPooledExchanges(f *testing.F) {
+	for i := range hostileCases {
+		if hostileCases[i].method == http.MethodPost {
+			continue
+		}
+		f.Add([]byte{byte(i), 0, byte(i + 1), 0, 0, 0}, []byte(forged))
+		f.Add([]byte{0, 1, byte(i), 1, byte(i), 0}, []byte(""))
+	}
+	f.Add([]byte{0, 2, 0, 2, 0, 2}, []byte("HTTP/1.1 200 OK\r\nX-Id: x2\r\nContent-Length: 5\r\n\r\nown-x2"))
+	f.Fuzz(func(t *testing.T, plan []byte, extra []byte) {
+		if len(plan) > 12 || len(extra) > 8<<10 {
+			return
+		}
+		type step struct {
+			tc    int
+			extra string
+			head  bool
+		}
+		var steps []step
+		for i := 0; i+1 < len(plan); i += 2 {
+			tc := int(plan[i]) % len(hostileCases)
+			if hostileCases[tc].method == http.MethodPost {
+				tc = 0
+			}
+			s := step{tc: tc, head: hostileCases[tc].method == http.MethodHead}
+			switch plan[i+1] % 4 {
+			case 1:
+				s.extra = string(extra)
+			case 2:
+				s.extra = string(extra[:len(extra)/2])
+			}
+			steps = append(steps, s)
+		}
+		fr, err := New(Config{Upstream: "http://upstream.test", TrustedPeers: []string{"192.0.2.1"},
+			MaxUpstreamHead: 64 << 10}, Deps{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer fr.CloseIdle()
+		fr.up.dial = func(context.Context, string, string) (net.Conn, error) {
+			front, up, err := socketPair()
+			if err != nil {
+				return nil, err
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer up.Close()
+				br := bufio.NewReader(up)
+				for {
+					_ = up.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					j, _ := strconv.Atoi(strings.TrimPrefix(req.URL.Path, "/"))
+					s := steps[j]
+					raw, hangUp := hostileCases[s.tc].answer(fuzzID(j))
+					_ = up.SetWriteDeadline(time.Now().Add(time.Second))
+					if _, err := io.WriteString(up, raw+s.extra); err != nil || hangUp {
+						return
+					}
+				}
+			}()
+			return front, nil
+		}
+		for j, s := range steps {
+			method := http.MethodGet
+			if s.head {
+				method = http.MethodHead
+			}
+			req := httptest.NewRequest(method, "/"+strconv.Itoa(j), nil)
+			req.Header.Set(DefaultProjectHeader, []string{"alpha", "beta"}[j%2])
+			rec := httptest.NewRecorder()
+			cut := serveCatching(fr, finalRecorder{rec}, req)
+			id := fuzzID(j)
+			b := rec.Body.String()
+			switch {
+			case rec.Code == http.StatusBadGateway && rec.Header().Get("X-Id") == "":
+			case rec.Header().Get("X-Id") != id:
+				t.Fatalf("request %d (%s): answer of X-Id %q (%d %q)", j, hostileCases[s.tc].name, rec.Header().Get("X-Id"), rec.Code, b)
+			case cut && strings.HasPrefix(ownBody(id), b):
+			case b == ownBody(id) || b == "":
+			default:
+				t.Fatalf("request %d (%s): body %q", j, hostileCases[s.tc].name, b)
+			}
+		}
+	})
+}
+
+// fuzzID is the id of request j of a fuzzed run: one no other request's
+// body or id contains.
+func fuzzID(j int) string { return fmt.Sprintf("x%dy", j) }
+
+// serveCatching serves req, reporting whether the handler aborted the
+// answer (panic(http.ErrAbortHandler), which net/http turns into a cut
+// connection).
+func serveCatching(f *Front, w http.ResponseWriter, req *http.Request) (cut bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			if p != http.ErrAbortHandler {
+				panic(p)
+			}
+			cut = true
+		}
+	}()
+	f.ServeHTTP(w, req)
+	return false
+}
+
+// socketPair returns two connected unix stream sockets as net.Conns.
+func socketPair() (net.Conn, net.Conn, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	conns := make([]net.Conn, 2)
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			return nil, nil, err
+		}
+		conns[i] = c
+	}
+	return conns[0], conns[1], nil
+}
+
+// finalRecorder records the final answer only: httptest.ResponseRecorder
+// would keep a 1xx as the status.
+type finalRecorder struct{ *httptest.ResponseRecorder }
+
+func (r finalRecorder) WriteHeader(code int) {
+	if code >= 100 && code < 200 {
+		return
+	}
+	r.ResponseRecorder.WriteHeader(code)
+}

@@ -1,0 +1,440 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A hostile upstream: a raw socket that answers each request as its case
+// says, lying about lengths, framing and timing. Every honest answer
+// carries the request's id in X-Id and in its body ("own-<id>"); every
+// forged one says "forged". A client must get exactly its own answer, a
+// 502, or an answer cut short (its head came, the body broke off), never
+// another request's bytes.
+
+// hostileCase is one way of answering request id. lateBytes, when set, is
+// written delay after the answer, on the same connection.
+type hostileCase struct {
+	name   string
+	method string // GET unless set
+	// answer returns what the upstream writes for request id; close says
+	// whether it then hangs up.
+	answer func(id string) (raw string, close bool)
+	late   func(id string) string
+	// front is the outcome the front must give (and ReverseProxy may give
+	// a weaker one: see outcomeRank).
+	front outcome2
+}
+
+// outcome2 is what a client saw.
+type outcome2 string
+
+const (
+	gotOwn   outcome2 = "own"   // its own answer, whole
+	gotCut   outcome2 = "cut"   // its own head, then the body broke off (or no answer)
+	got502   outcome2 = "502"   // the front's 502
+	gotWrong outcome2 = "WRONG" // anything else: another request's bytes, a forged answer
+)
+
+// outcomeRank orders outcomes from the most to the least accepting: the
+// front must be at least as strict (rank at least as high) as ReverseProxy.
+func outcomeRank(o outcome2) int {
+	switch o {
+	case gotOwn:
+		return 0
+	case gotCut:
+		return 1
+	case got502:
+		return 2
+	}
+	return -1
+}
+
+func ownBody(id string) string { return "own-" + id }
+
+// honest is a well-formed answer for id with extra fields in the head.
+func honest(id string, fields ...string) string {
+	b := ownBody(id)
+	return "HTTP/1.1 200 OK\r\nX-Id: " + id + "\r\n" + strings.Join(fields, "") +
+		"Content-Length: " + strconv.Itoa(len(b)) + "\r\n\r\n" + b
+}
+
+// forged is a complete, well-formed answer that belongs to nobody.
+const forged = "HTTP/1.1 200 OK\r\nX-Id: forged\r\nContent-Length: 6\r\n\r\nforged"
+
+func chunked(s string) string { return fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(s), s) }
+
+var hostileCases = []hostileCase{
+	{name: "honest", answer: func(id string) (string, bool) { return honest(id), false }, front: gotOwn},
+	{name: "body longer than Content-Length", answer: func(id string) (string, bool) {
+		return honest(id) + forged, false
+	}, front: gotOwn},
+	{name: "second answer later", answer: func(id string) (string, bool) { return honest(id), false },
+		late: func(string) string { return forged }, front: gotOwn},
+	{name: "HEAD answered with a body", method: http.MethodHead, answer: func(id string) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nX-Id: " + id + "\r\nContent-Length: " + strconv.Itoa(len(forged)) + "\r\n\r\n" + forged, false
+	}, front: gotOwn},
+	{name: "204 with a body", answer: func(id string) (string, bool) {
+		return "HTTP/1.1 204 No Content\r\nX-Id: " + id + "\r\n\r\n" + forged, false
+	}, front: gotOwn},
+	{name: "304 with a body", answer: func(id string) (string, bool) {
+		return "HTTP/1.1 304 Not Modified\r\nX-Id: " + id + "\r\nContent-Length: 6\r\n\r\n" + forged, false
+	}, front: gotOwn},
+	{name: "chunked then more", answer: func(id string) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nX-Id: " + id + "\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(ownBody(id)) + forged, false
+	}, front: gotOwn},
+	{name: "body shorter than Content-Length", answer: func(id string) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nX-Id: " + id + "\r\nContent-Length: 100\r\n\r\n" + ownBody(id), true
+	}, front: gotCut},
+	{name: "Transfer-Encoding and Content-Length", answer: func(id string) (string, bool) {
+		c := chunked(ownBody(id))
+		return "HTTP/1.1 200 OK\r\nX-Id: " + id + "\r\nTransfer-Encoding: chunked\r\nContent-Length: " +
+			strconv.Itoa(len(c)) + "\r\n\r\n" + c + forged, false
+	}, front: got502},
+	{name: "Content-Length twice, same value", answer: func(id string) (string, bool) {
+		return honest(id, "Content-Length: "+strconv.Itoa(len(ownBody(id)))+"\r\n"), false
+	}, front: got502},
+	{name: "Content-Length twice, two values", answer: func(id string) (string, bool) {
+		return honest(id, "Content-Length: 3\r\n") + forged, false
+	}, front: got502},
+	{name: "signed Content-Length", answer: func(id string) (string, bool) {
+		b := ownBody(id)
+		return "HTTP/1.1 200 OK\r\nX-Id: " + id + "\r\nContent-Length: +" + strconv.Itoa(len(b)) + "\r\n\r\n" + b, false
+	}, front: got502},
+	{name: "bare LF", answer: func(id string) (string, bool) {
+		return strings.ReplaceAll(honest(id), "\r\n", "\n"), false
+	}, front: got502},
+	{name: "folded line", answer: func(id string) (string, bool) {
+		return honest(id, "X-Fold: a\r\n b\r\n"), false
+	}, front: got502},
+	{name: "NUL in a value", answer: func(id string) (string, bool) {
+		return honest(id, "X-Nul: a\x00b\r\n"), false
+	}, front: got502},
+	{name: "CR in a value", answer: func(id string) (string, bool) {
+		return honest(id, "X-Cr: a\rb\r\n"), false
+	}, front: got502},
+	{name: "1xx flood", answer: func(id string) (string, bool) {
+		return strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n", 1000) + honest(id), false
+	}, front: got502},
+	{name: "close mid-head", answer: func(id string) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nX-Id: " + id + "\r\nContent-Le", true
+	}, front: got502},
+	{name: "close mid-body", answer: func(id string) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nX-Id: " + id + "\r\nContent-Length: 50\r\n\r\n" + ownBody(id)[:3], true
+	}, front: gotCut},
+	{name: "head over the limit", answer: func(id string) (string, bool) {
+		return honest(id, "X-Big: "+strings.Repeat("a", 2<<20)+"\r\n"), false
+	}, front: got502},
+	{name: "status 000", answer: func(id string) (string, bool) {
+		return "HTTP/1.1 000 Zero\r\nX-Id: " + id + "\r\nContent-Length: 0\r\n\r\n", false
+	}, front: got502},
+	{name: "status 099", answer: func(id string) (string, bool) {
+		return "HTTP/1.1 099 Low\r\nX-Id: " + id + "\r\nContent-Length: 0\r\n\r\n", false
+	}, front: got502},
+	{name: "status 600", answer: func(id string) (string, bool) {
+		return "HTTP/1.1 600 High\r\nX-Id: " + id + "\r\nContent-Length: 0\r\n\r\n", false
+	}, front: got502},
+	{name: "101 unasked", answer: func(id string) (string, bool) {
+		return "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n" + forged, false
+	}, front: got502},
+	{name: "answer before the request body", method: http.MethodPost, answer: func(id string) (string, bool) {
+		return honest(id), false
+	}, front: gotOwn},
+}
+
+// hostileUpstream serves hostileCases: the request's path is /<case index>/<id>.
+type hostileUpstream struct {
+	l     net.Listener
+	conns atomic.Int64 // connections accepted
+	mu    sync.Mutex   // guards open
+	open  map[net.Conn]bool
+}
+
+func newHostileUpstream(t testing.TB) *hostileUpstream {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &hostileUpstream{l: l, open: map[net.Conn]bool{}}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		l.Close()
+		u.mu.Lock()
+		for c := range u.open {
+			c.Close()
+		}
+		u.mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			u.conns.Add(1)
+			u.mu.Lock()
+			u.open[c] = true
+			u.mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				u.serve(c)
+				u.mu.Lock()
+				delete(u.open, c)
+				u.mu.Unlock()
+				c.Close()
+			}()
+		}
+	}()
+	return u
+}
+
+func (u *hostileUpstream) openConns() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.open)
+}
+
+func (u *hostileUpstream) serve(c net.Conn) {
+	br := bufio.NewReader(c)
+	var wmu sync.Mutex // the late writes and the next answer
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		parts := strings.Split(strings.TrimPrefix(req.URL.Path, "/"), "/")
+		i, err := strconv.Atoi(parts[0])
+		if err != nil || len(parts) != 2 || i < 0 || i >= len(hostileCases) {
+			return
+		}
+		tc, id := hostileCases[i], parts[1]
+		raw, hangUp := tc.answer(id)
+		wmu.Lock()
+		_, err = io.WriteString(c, raw)
+		wmu.Unlock()
+		if err != nil || hangUp {
+			return
+		}
+		// Read the body only after answering (the case of answering
+		// first); then the next request.
+		if _, err := io.Copy(io.Discard, req.Body); err != nil {
+			return
+		}
+		if tc.late != nil {
+			late := tc.late(id)
+			time.AfterFunc(lateDelay, func() {
+				wmu.Lock()
+				_, _ = io.WriteString(c, late)
+				wmu.Unlock()
+			})
+		}
+	}
+}
+
+// lateDelay is when a late answer comes; the next request waits for it.
+const lateDelay = 30 * time.Millisecond
+
+// hostileSend sends case i as request id through target from a fresh
+// client connection and classifies what came back.
+func hostileSend(t testing.TB, target string, i int, id, project string) (outcome2, string) {
+	tc := hostileCases[i]
+	method := tc.method
+	var body io.Reader
+	switch method {
+	case "":
+		method = http.MethodGet
+	case http.MethodPost:
+		body = strings.NewReader(strings.Repeat("b", 256<<10))
+	}
+	req, _ := http.NewRequest(method, fmt.Sprintf("%s/%d/%s", target, i, id), body)
+	req.Header.Set(DefaultProjectHeader, project)
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := (&http.Client{Transport: tr}).Do(req.WithContext(ctx))
+	if err != nil {
+		return gotCut, "no answer: " + err.Error()
+	}
+	b, rerr := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	got := fmt.Sprintf("%d X-Id=%q body=%q", resp.StatusCode, resp.Header.Get("X-Id"), b)
+	if len(got) > 200 {
+		got = got[:200]
+	}
+	switch {
+	case resp.StatusCode == http.StatusBadGateway && resp.Header.Get("X-Id") == "":
+		return got502, got
+	case resp.Header.Get("X-Id") != id:
+		return gotWrong, got
+	case rerr != nil:
+		if strings.Contains(string(b), "forged") || (len(b) > 0 && !strings.HasPrefix(ownBody(id), string(b))) {
+			return gotWrong, got
+		}
+		return gotCut, got + " " + rerr.Error()
+	case method == http.MethodHead || resp.StatusCode == 204 || resp.StatusCode == 304 || resp.ContentLength == 0:
+		if len(b) != 0 {
+			return gotWrong, got
+		}
+		return gotOwn, got
+	case string(b) == ownBody(id):
+		return gotOwn, got
+	}
+	return gotWrong, got
+}
+
+// hostileFronts returns the front and, as the reference, net/http's stock
+// ReverseProxy, both in front of u. Clients take turns, so each reuses the
+// one pooled upstream connection while it lives.
+func hostileFronts(t testing.TB, u *hostileUpstream) (front, stock string, f *Front) {
+	t.Helper()
+	up := "http://" + u.l.Addr().String()
+	f, err := New(Config{Upstream: up, TrustedPeers: []string{"127.0.0.1"}}, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = f.Serve(ctx, l) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	target, _ := url.Parse(up)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = &http.Transport{}
+	rp.ErrorLog = log.New(io.Discard, "", 0)
+	sl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: rp, ErrorLog: log.New(io.Discard, "", 0)}
+	go func() { _ = srv.Serve(sl) }()
+	t.Cleanup(func() { _ = srv.Close(); rp.Transport.(*http.Transport).CloseIdleConnections() })
+	return "http://" + l.Addr().String(), "http://" + sl.Addr().String(), f
+}
+
+// TestHostileUpstream sends each case alone, then followed by an honest
+// request on what would be the same pooled connection, through the front
+// and through ReverseProxy: the front gives the case's outcome, never
+// weaker than ReverseProxy's, and the honest request after it its own
+// answer.
+func TestHostileUpstream(t *testing.T) {
+	u := newHostileUpstream(t)
+	front, twin, _ := hostileFronts(t, u)
+	var n atomic.Int64
+	next := func() string { return strconv.FormatInt(n.Add(1), 10) }
+	for i, tc := range hostileCases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, detail := hostileSend(t, front, i, next(), "alpha")
+			rp, rpDetail := hostileSend(t, twin, i, next(), "alpha")
+			t.Logf("front %s (%s); ReverseProxy %s (%s)", got, detail, rp, rpDetail)
+			if got != tc.front {
+				t.Errorf("front: %s (%s), want %s", got, detail, tc.front)
+			}
+			if outcomeRank(got) < outcomeRank(rp) {
+				t.Errorf("front %s is less strict than ReverseProxy's %s", got, rp)
+			}
+			if tc.late != nil {
+				time.Sleep(3 * lateDelay)
+			}
+			// The next client, of another project, gets its own answer.
+			for _, target := range []string{front, twin} {
+				if got, detail := hostileSend(t, target, 0, next(), "beta"); got != gotOwn {
+					t.Errorf("honest request after the case via %s: %s (%s)", map[bool]string{true: "front", false: "ReverseProxy"}[target == front], got, detail)
+				}
+			}
+		})
+	}
+}
+
+// TestHostileSequences runs random sequences of the cases, one client
+// after another, through the front: each gets its case's outcome, whatever
+// came before it on the pooled connection.
+func TestHostileSequences(t *testing.T) {
+	u := newHostileUpstream(t)
+	front, _, _ := hostileFronts(t, u)
+	rng := rand.New(rand.NewPCG(1, 2))
+	id := 0
+	for seq := range 4 {
+		order := rng.Perm(len(hostileCases))
+		for _, i := range order {
+			id++
+			got, detail := hostileSend(t, front, i, strconv.Itoa(id), []string{"alpha", "beta"}[id%2])
+			if got != hostileCases[i].front {
+				t.Errorf("sequence %d, %s: %s (%s), want %s", seq, hostileCases[i].name, got, detail, hostileCases[i].front)
+			}
+			if hostileCases[i].late != nil && seq%2 == 0 {
+				time.Sleep(3 * lateDelay)
+			}
+		}
+	}
+	t.Logf("%d requests on %d upstream connections", id, u.conns.Load())
+}
+
+// TestIdleUpstreamWatched: a pooled connection on which the upstream
+// speaks unasked is closed by the front within a few sweeps, with no
+// request to find it.
+func TestIdleUpstreamWatched(t *testing.T) {
+	u := newHostileUpstream(t)
+	front, _, f := hostileFronts(t, u)
+	late := -1
+	for i, tc := range hostileCases {
+		if tc.late != nil {
+			late = i
+		}
+	}
+	if got, detail := hostileSend(t, front, late, "1", "alpha"); got != gotOwn {
+		t.Fatalf("late case: %s (%s)", got, detail)
+	}
+	time.Sleep(3 * lateDelay)
+	if got, _ := hostileSend(t, front, 0, "2", "alpha"); got != gotOwn {
+		t.Fatal("honest answer")
+	}
+	// Two connections were used (the first closed when the late bytes
+	// were found): the second is idle now and quiet.
+	deadline := time.Now().Add(5 * time.Second)
+	for u.openConns() > 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d upstream connections open", u.openConns())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Now it speaks while idle: a sweep closes it.
+	if got, _ := hostileSend(t, front, late, "3", "alpha"); got != gotOwn {
+		t.Fatal("late case again")
+	}
+	for u.openConns() > 0 {
+		if time.Now().After(deadline.Add(5 * time.Second)) {
+			f.up.mu.Lock()
+			n := len(f.up.idle)
+			_ = f
+			f.up.mu.Unlock()
+			t.Fatalf("the idle connection that spoke is still open (%d pooled)", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
