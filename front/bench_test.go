@@ -148,6 +148,9 @@ const benchBaselineEnv = "FAIRSHARE_BENCH_BASELINE"
 // TestMain runs the front process of the benchmark when asked to.
 func TestMain(m *testing.M) {
 	if target := os.Getenv(clientRoleEnv); target != "" {
+		if raw := os.Getenv(clientRawEnv); raw != "" {
+			os.Exit(runRawClient(target, raw))
+		}
 		os.Exit(runTestClient(target, os.Getenv(clientHeaderEnv)))
 	}
 	if up := os.Getenv(benchRoleEnv); up != "" {

@@ -150,9 +150,11 @@ type Front struct {
 	// projectKey is Config.ProjectHeader in canonical form, as keys of a
 	// parsed request's header map are.
 	projectKey string
-	stats      *stats
-	id         *identity
-	retry      *retryPacer
+	// claimProject is Config.ProjectHeader as claimKey folds it.
+	claimProject string
+	stats        *stats
+	id           *identity
+	retry        *retryPacer
 
 	exemptProjects map[string]bool
 	exemptRoutes   map[string]bool
@@ -196,7 +198,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	}
 	f := &Front{cfg: cfg, deps: deps, clk: deps.Clock, log: deps.Log, upstream: u, routes: routes,
 		exemptProjects: map[string]bool{}, exemptRoutes: map[string]bool{}, bufs: &bufferPool{},
-		projectKey: http.CanonicalHeaderKey(cfg.ProjectHeader)}
+		projectKey: http.CanonicalHeaderKey(cfg.ProjectHeader), claimProject: claimKey(cfg.ProjectHeader)}
 	if f.clk == nil {
 		f.clk = systemClock{}
 	}
@@ -546,6 +548,11 @@ func (f *Front) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.Host = pr.In.Host
 	pr.SetXForwarded()
 	pr.Out.Header.Del(f.cfg.ProjectHeader)
+	for k := range pr.Out.Header {
+		if f.isClaim(k) {
+			delete(pr.Out.Header, k)
+		}
+	}
 	if f.cfg.ForwardProject {
 		if x := exchangeOf(pr.In); x != nil {
 			pr.Out.Header.Set(f.cfg.ProjectHeader, x.project)

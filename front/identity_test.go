@@ -3,6 +3,7 @@
 package front
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // The test binary doubles as a client process that the tests start inside a
@@ -27,7 +29,33 @@ import (
 const (
 	clientRoleEnv   = "FAIRSHARE_FRONT_TEST_CLIENT" // "tcp:<addr>" or "unix:<path>"
 	clientHeaderEnv = "FAIRSHARE_FRONT_TEST_HEADER" // project header to send, if any
+	clientRawEnv    = "FAIRSHARE_FRONT_TEST_RAW"    // a raw request to send instead
 )
+
+// runRawClient sends one raw request and prints "<status> <class>|<body>".
+func runRawClient(target, raw string) int {
+	network, addr, _ := strings.Cut(target, ":")
+	c, err := net.DialTimeout(network, addr, 10*time.Second)
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	fmt.Printf("%d %s|%s", resp.StatusCode, resp.Header.Get(HeaderClass), strings.TrimSpace(string(b)))
+	return 0
+}
 
 // runTestClient sends one GET to the front and prints "<status> <body>".
 func runTestClient(target, header string) int {
@@ -54,10 +82,22 @@ func runTestClient(target, header string) int {
 // so it never runs outside it) and returns its status and body.
 func clientIn(t *testing.T, dir, target, header string) (int, string) {
 	t.Helper()
+	return clientInEnv(t, dir, target, clientHeaderEnv+"="+header)
+}
+
+// rawClientIn is clientIn for a raw request; the body it returns is
+// "<Fairshare-Class>|<body>".
+func rawClientIn(t *testing.T, dir, target, raw string) (int, string) {
+	t.Helper()
+	return clientInEnv(t, dir, target, clientRawEnv+"="+raw)
+}
+
+func clientInEnv(t *testing.T, dir, target, env string) (int, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), clientRoleEnv+"="+target, clientHeaderEnv+"="+header)
+	cmd.Env = append(os.Environ(), clientRoleEnv+"="+target, env)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	testutil.InCgroup(t, cmd, dir)
 	out, err := cmd.Output()
@@ -176,6 +216,80 @@ func TestCgroupIdentity(t *testing.T) {
 	late := testutil.MkCgroup(t, root, "late")
 	if status, body := clientIn(t, late, tcp, ""); status != 200 || body != "project=late" {
 		t.Errorf("new project cgroup: %d %q", status, body)
+	}
+}
+
+// TestIdentityUnclaimable: a client in project beta's cgroup sends every
+// way a request can name a host, a project or a forwarder: Host (any case,
+// with a port), the absolute-form URI, Forwarded, X-Forwarded-*, the
+// project header in other cases and with underscores. None makes it count
+// as another project or as exempt: each request is beta's (or refused 403
+// when it names another project in the header), project alpha's rate bucket
+// (one request) is untouched, and the upstream sees no spelling of the
+// project header but the front's own.
+func TestIdentityUnclaimable(t *testing.T) {
+	mount := cgroupMount(t)
+	root := testutil.MkCgroup(t, mount, fmt.Sprintf("fairshare-front-claim-%d", os.Getpid()))
+	alpha := testutil.MkCgroup(t, root, "alpha")
+	beta := testutil.MkCgroup(t, root, "beta")
+
+	r := newRig(t, rigOpts{untrusted: true, cfg: Config{ForwardProject: true, ProjectsRoot: root,
+		Routes: map[string]string{"routed.example": "alpha", "exempt.example": "ops"},
+		Exempt: Exempt{Routes: []string{"exempt.example"}, Projects: []string{"ops"}},
+	}}, func(w http.ResponseWriter, req *http.Request) {
+		// Every spelling of the project header that reached the upstream.
+		var seen []string
+		for k, vv := range req.Header {
+			if claimKey(k) == "fairshare-project" {
+				seen = append(seen, k+"="+strings.Join(vv, ","))
+			}
+		}
+		_, _ = io.WriteString(w, strings.Join(seen, ";"))
+	})
+	r.rates.SetLimits("alpha", pools.Limits{RequestsPerSec: 1})
+	sock := filepath.Join(t.TempDir(), "front.sock")
+	ul, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := r.front.Server()
+	go func() { _ = srv.Serve(clientListener{ul}) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	tcp := "tcp:" + strings.TrimPrefix(r.url, "http://")
+
+	const own = "200 beta" // any class but exempt; the upstream saw only the front's header
+	for _, tc := range []struct{ name, raw, want string }{
+		{"routed Host", "GET / HTTP/1.1\r\nHost: routed.example\r\n\r\n", own},
+		{"routed Host, other case and port", "GET / HTTP/1.1\r\nHost: ROUTED.Example:80\r\n\r\n", own},
+		{"exempt Host", "GET / HTTP/1.1\r\nHost: exempt.example\r\n\r\n", own},
+		{"absolute-form URI", "GET http://exempt.example/ HTTP/1.1\r\nHost: front.test\r\n\r\n", own},
+		{"absolute-form URI, routed", "GET http://routed.example/x HTTP/1.1\r\nHost: routed.example\r\n\r\n", own},
+		{"Forwarded", "GET / HTTP/1.1\r\nHost: front.test\r\nForwarded: for=10.0.0.1;host=exempt.example\r\n\r\n", own},
+		{"X-Forwarded-*", "GET / HTTP/1.1\r\nHost: front.test\r\nX-Forwarded-Host: routed.example\r\nX-Forwarded-For: 10.0.0.1\r\nX-Forwarded-Proto: https\r\n\r\n", own},
+		{"header, lower case", "GET / HTTP/1.1\r\nHost: front.test\r\nfairshare-project: alpha\r\n\r\n", "403 |"},
+		{"header, upper case, exempt project", "GET / HTTP/1.1\r\nHost: front.test\r\nFAIRSHARE-PROJECT: ops\r\n\r\n", "403 |"},
+		{"header with underscores", "GET / HTTP/1.1\r\nHost: front.test\r\nFairshare_Project: alpha\r\n\r\n", own},
+		{"underscores and a routed Host", "GET / HTTP/1.1\r\nHost: exempt.example\r\nfairshare_project: ops\r\n\r\n", own},
+		{"own name, routed Host", "GET / HTTP/1.1\r\nHost: routed.example\r\nFairshare-Project: beta\r\n\r\n", own},
+	} {
+		for _, target := range []string{tcp, "unix:" + sock} {
+			t.Run(tc.name+"/"+target[:strings.Index(target, ":")], func(t *testing.T) {
+				status, body := rawClientIn(t, beta, target, tc.raw)
+				class, echo, _ := strings.Cut(body, "|")
+				if tc.want == own {
+					if status != 200 || class == ClassExempt || echo != "Fairshare-Project=beta" {
+						t.Errorf("got %d %q, want 200 as beta, not exempt, the upstream seeing only the front's header", status, body)
+					}
+				} else if got := fmt.Sprintf("%d %s", status, body); !strings.HasPrefix(got, tc.want) {
+					t.Errorf("got %q, want %q", got, tc.want)
+				}
+			})
+		}
+	}
+	// alpha's bucket was not spent by any of that: its own client passes.
+	status, body := rawClientIn(t, alpha, tcp, "GET / HTTP/1.1\r\nHost: front.test\r\n\r\n")
+	if status != 200 || !strings.HasSuffix(body, "|Fairshare-Project=alpha") {
+		t.Errorf("alpha's own client: %d %q, want 200 as alpha", status, body)
 	}
 }
 

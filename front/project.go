@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"sort"
 	"strings"
 
@@ -91,62 +90,4 @@ func (t routeTable) match(host, path string) *route {
 		}
 	}
 	return nil
-}
-
-// who is the front's decision about a request: its project and whether it
-// belongs to the exempt class.
-type who struct {
-	project string
-	exempt  bool
-}
-
-// resolve names the project of r and decides whether it is exempt (see the
-// package documentation for the order). An error is answered with status.
-func (f *Front) resolve(r *http.Request) (_ who, status int, _ error) {
-	p := peerOf(r)
-	if rt := f.routes.lookup(r.Host, r.URL.Path); rt != nil {
-		return who{rt.project, f.exemptRoutes[rt.key] || f.isExempt(rt.project, p)}, 0, nil
-	}
-	name := r.Header.Get(f.cfg.ProjectHeader)
-	if name != "" && f.trusted(p) {
-		if err := ValidateProject(name); err != nil {
-			return who{}, http.StatusBadRequest, err
-		}
-		return who{name, f.isExempt(name, p)}, 0, nil
-	}
-	var own string
-	if f.id.projects != nil {
-		own = f.id.projects.lookup(f.cgroupOf(p))
-	}
-	switch {
-	case own != "" && (name == "" || name == own):
-		if err := ValidateProject(own); err != nil {
-			return who{}, http.StatusForbidden, fmt.Errorf("cgroup project: %w", err)
-		}
-		return who{own, f.isExempt(own, p)}, 0, nil
-	case own != "":
-		return who{}, http.StatusForbidden, fmt.Errorf("%w: the peer's cgroup belongs to project %s", ErrUntrusted, own)
-	case name != "":
-		return who{}, http.StatusForbidden, fmt.Errorf("%w: only trusted peers may set %s", ErrUntrusted, f.cfg.ProjectHeader)
-	}
-	return who{}, http.StatusBadRequest, fmt.Errorf("%w: use a routed host, connect from a project's cgroup, or send %s through a trusted peer",
-		ErrNoProject, f.cfg.ProjectHeader)
-}
-
-// trusted reports whether p may name the project in the header.
-func (f *Front) trusted(p *peer) bool {
-	if p.addr.IsValid() {
-		for _, n := range f.id.trustedNets {
-			if n.Contains(p.addr) {
-				return true
-			}
-		}
-	}
-	return f.id.trustedCgs != nil && f.id.trustedCgs.lookup(f.cgroupOf(p)) != ""
-}
-
-// isExempt reports whether a request of project from p is in the exempt
-// class (before the exempt budget is checked).
-func (f *Front) isExempt(project string, p *peer) bool {
-	return f.exemptProjects[project] || (f.id.exemptCgs != nil && f.id.exemptCgs.lookup(f.cgroupOf(p)) != "")
 }

@@ -321,7 +321,7 @@ func (f *Front) writeRequest(bw *bufio.Writer, r *http.Request, x *exchange) err
 	bw.WriteString("\r\n")
 	conn := r.Header["Connection"]
 	for k, vv := range r.Header {
-		if k == "Host" || isHopByHop(k) || k == f.projectKey || (len(conn) > 0 && connectionListed(conn, k)) {
+		if k == "Host" || isHopByHop(k) || k == f.projectKey || (len(conn) > 0 && connectionListed(conn, k)) || f.isClaim(k) {
 			continue
 		}
 		skip := false
