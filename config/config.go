@@ -116,6 +116,49 @@ type Front struct {
 	// ExemptMax bounds exempt requests in flight; 0 means the front's
 	// default (4).
 	ExemptMax int `yaml:"exempt_max"`
+	// Limits bound what one client or the upstream can make the front hold.
+	Limits FrontLimits `yaml:"limits"`
+}
+
+// FrontLimits are the front's bounds on heads and idle time; each is
+// required (the embedded defaults set them) and checked against a range.
+type FrontLimits struct {
+	UpstreamHeadBytes   int64         `yaml:"upstream_head_bytes"`
+	Informational       int           `yaml:"informational"`
+	RequestHeadBytes    int           `yaml:"request_head_bytes"`
+	ReadHeaderTimeout   time.Duration `yaml:"read_header_timeout"`
+	IdleTimeout         time.Duration `yaml:"idle_timeout"`
+	UpstreamIdleTimeout time.Duration `yaml:"upstream_idle_timeout"`
+}
+
+func (l *FrontLimits) validate() error {
+	for _, v := range []struct {
+		name     string
+		val, min int64
+		max      int64
+	}{
+		{"upstream_head_bytes", l.UpstreamHeadBytes, 4 << 10, 64 << 20},
+		{"informational", int64(l.Informational), 1, 100},
+		{"request_head_bytes", int64(l.RequestHeadBytes), 1 << 10, 16 << 20},
+	} {
+		if v.val < v.min || v.val > v.max {
+			return fmt.Errorf("front.limits.%s must be between %d and %d, got %d", v.name, v.min, v.max, v.val)
+		}
+	}
+	for _, v := range []struct {
+		name     string
+		val, min time.Duration
+		max      time.Duration
+	}{
+		{"read_header_timeout", l.ReadHeaderTimeout, 100 * time.Millisecond, 10 * time.Minute},
+		{"idle_timeout", l.IdleTimeout, time.Second, time.Hour},
+		{"upstream_idle_timeout", l.UpstreamIdleTimeout, time.Second, time.Hour},
+	} {
+		if v.val < v.min || v.val > v.max {
+			return fmt.Errorf("front.limits.%s must be between %s and %s, got %s", v.name, v.min, v.max, v.val)
+		}
+	}
+	return nil
 }
 
 // FrontExempt names the requests of the front's exempt class.
@@ -349,7 +392,7 @@ func (f *Front) validate() error {
 	if f.CostUnit <= 0 {
 		return fmt.Errorf("front.cost_unit must be > 0, got %s", f.CostUnit)
 	}
-	return nil
+	return f.Limits.validate()
 }
 
 // MinBurst is the smallest bucket a scheduler class may have: one credit pays

@@ -116,6 +116,14 @@ func TestParseRejects(t *testing.T) {
 		{"front exempt entry", "front: {listen: '127.0.0.1:1', upstream: 'http://x', exempt: {projects: ['']}}", "front.exempt"},
 		{"front exempt max", "front: {listen: '127.0.0.1:1', upstream: 'http://x', exempt_max: -1}", "front.exempt_max"},
 		{"front exempt max over room", "front: {listen: '127.0.0.1:1', upstream: 'http://x', max_in_flight: 2, exempt_max: 3}", "front.exempt_max"},
+		{"front upstream head", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {upstream_head_bytes: 100}}", "front.limits.upstream_head_bytes"},
+		{"front upstream head huge", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {upstream_head_bytes: 1099511627776}}", "front.limits.upstream_head_bytes"},
+		{"front informational", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {informational: 0}}", "front.limits.informational"},
+		{"front request head", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {request_head_bytes: -1}}", "front.limits.request_head_bytes"},
+		{"front read header timeout", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {read_header_timeout: 0s}}", "front.limits.read_header_timeout"},
+		{"front idle timeout", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {idle_timeout: 2h}}", "front.limits.idle_timeout"},
+		{"front upstream idle", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {upstream_idle_timeout: 1ms}}", "front.limits.upstream_idle_timeout"},
+		{"front limits key", "front: {limits: {head: 1}}", "head"},
 		{"tier", "scheduler: {default_tier: gold}", "scheduler.default_tier"},
 		{"shares", "scheduler: {default_shares: 0}", "scheduler.default_shares"},
 		{"rate", "scheduler: {p1_rate: -1}", "scheduler.p1_rate"},
@@ -233,6 +241,11 @@ func TestDefaultsAgreeWithPackages(t *testing.T) {
 	if c.Front.ProjectHeader != front.DefaultProjectHeader || c.Front.CostHeader != front.DefaultCostHeader ||
 		c.Front.CostUnit != front.DefaultCostUnit {
 		t.Errorf("front defaults %q %q %s disagree with package front", c.Front.ProjectHeader, c.Front.CostHeader, c.Front.CostUnit)
+	}
+	if l := c.Front.Limits; l.UpstreamHeadBytes != front.DefaultMaxUpstreamHead || l.Informational != front.DefaultMaxInformational ||
+		l.RequestHeadBytes != front.DefaultMaxRequestHead || l.ReadHeaderTimeout != front.DefaultReadHeaderTimeout ||
+		l.IdleTimeout != front.DefaultIdleTimeout || l.UpstreamIdleTimeout != front.DefaultUpstreamIdleTimeout {
+		t.Errorf("front.limits %+v disagree with package front's defaults", l)
 	}
 	if c.Metrics.MaxProjects != front.DefaultMaxProjects {
 		t.Errorf("metrics.max_projects = %d, front's default %d", c.Metrics.MaxProjects, front.DefaultMaxProjects)

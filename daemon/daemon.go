@@ -269,7 +269,13 @@ func New(opts Options) (*Daemon, error) {
 			Exempt: front.Exempt{
 				Projects: cfg.Front.Exempt.Projects, Routes: cfg.Front.Exempt.Routes, Cgroups: cfg.Front.Exempt.Cgroups,
 			},
-			ExemptMax: cfg.Front.ExemptMax,
+			ExemptMax:           cfg.Front.ExemptMax,
+			MaxUpstreamHead:     cfg.Front.Limits.UpstreamHeadBytes,
+			MaxInformational:    cfg.Front.Limits.Informational,
+			MaxRequestHead:      cfg.Front.Limits.RequestHeadBytes,
+			ReadHeaderTimeout:   cfg.Front.Limits.ReadHeaderTimeout,
+			IdleTimeout:         cfg.Front.Limits.IdleTimeout,
+			UpstreamIdleTimeout: cfg.Front.Limits.UpstreamIdleTimeout,
 		}, front.Deps{Requests: d.requests, Rates: d.rates, Sched: d.sched, Log: log.With("part", "front")})
 		if err != nil {
 			// Everything front.New checks comes from the front's keys.

@@ -438,3 +438,52 @@ func TestIdleUpstreamWatched(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestClientLimits: a request head over MaxRequestHead is answered 431; a
+// client that does not finish its head within ReadHeaderTimeout, or leaves
+// its kept-alive connection idle past IdleTimeout, is disconnected.
+func TestClientLimits(t *testing.T) {
+	r := newRig(t, rigOpts{cfg: Config{MaxRequestHead: 4 << 10, ReadHeaderTimeout: 200 * time.Millisecond,
+		IdleTimeout: 300 * time.Millisecond}}, ok)
+	addr := strings.TrimPrefix(r.url, "http://")
+	dial := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		return c, bufio.NewReader(c)
+	}
+	c, br := dial()
+	big := "GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nX-Big: " + strings.Repeat("a", 16<<10) + "\r\n\r\n"
+	_, _ = io.WriteString(c, big)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("16 KiB head: %v %v, want 431", resp, err)
+	}
+
+	c, br = dial()
+	start := time.Now()
+	_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n")
+	if _, err := br.ReadByte(); err == nil {
+		t.Error("a half-sent head got an answer")
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("a half-sent head held the connection %v", d)
+	}
+
+	c, br = dial()
+	_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("request: %v %v", resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	start = time.Now()
+	if _, err := br.ReadByte(); err == nil {
+		t.Error("an idle connection got bytes")
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("an idle connection stayed open %v", d)
+	}
+}
