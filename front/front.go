@@ -535,9 +535,16 @@ func (f *Front) serveExempt(w http.ResponseWriter, r *http.Request, project stri
 // (see retryPacer).
 func (f *Front) refuse(w http.ResponseWriter, project, reason string, est time.Duration, rate float64, msg string) {
 	h := w.Header()
-	h.Set("Retry-After", strconv.Itoa(f.retry.seconds(project, f.clk.Now(), est, rate)))
+	h.Set("Retry-After", strconv.Itoa(f.hint(project, est, rate)))
 	h.Set(HeaderRefused, reason)
 	http.Error(w, msg, http.StatusTooManyRequests)
+}
+
+// hint is the Retry-After, in seconds, of a refusal of project now: the
+// refusal's estimate est and the rate at which the project can be admitted
+// again.
+func (f *Front) hint(project string, est time.Duration, rate float64) int {
+	return f.retry.seconds(project, f.clk.Now(), est, rate)
 }
 
 // ExemptInFlight returns the exempt requests being served.

@@ -11,11 +11,12 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/pace"
 )
 
-// Bounds of a Retry-After, in seconds.
-const (
-	minRetrySeconds = 1
-	maxRetrySeconds = 60
-)
+// minRetrySeconds is the smallest Retry-After: 0 would invite a retry loop.
+const minRetrySeconds = 1
+
+// retryHorizon bounds how far a project's backlog can push its slots; 0 is
+// no bound (see the package documentation, Retry-After).
+var retryHorizon = time.Minute
 
 // retryPacer turns a refusal's estimate into a Retry-After in whole seconds
 // that spreads the refused clients of one project over time; the slots come
@@ -29,7 +30,7 @@ const (
 // previous, where rate is how fast the project can be admitted again (its
 // requests/s, its work refill, or the pool's release rate). Clients that obey
 // thus return at about the rate they can be served. A uniform jitter of one
-// slot, but at least a second, and a random rounding to whole seconds
+// slot centred on it (pace.Spread) and a random rounding to whole seconds
 // (up with probability equal to the fraction) keep the expected value equal
 // to the slot while no two projects or clients line up on a second boundary.
 type retryPacer struct {
@@ -40,7 +41,7 @@ type retryPacer struct {
 }
 
 func newRetryPacer(seed uint64) *retryPacer {
-	return &retryPacer{slots: pace.New(maxRetrySeconds * time.Second), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	return &retryPacer{slots: pace.New(retryHorizon), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 }
 
 // seconds returns the Retry-After for a refusal of project at now, admitted
@@ -50,10 +51,10 @@ func (p *retryPacer) seconds(project string, now time.Time, est time.Duration, r
 	p.mu.Lock()
 	jitter, round := p.rng.Float64(), p.rng.Float64()
 	p.mu.Unlock()
-	x := delay.Seconds() + jitter*max(gap, time.Second).Seconds()
+	x := pace.Spread(delay, gap, jitter).Seconds()
 	s := math.Floor(x)
 	if round < x-s {
 		s++
 	}
-	return int(min(max(s, minRetrySeconds), maxRetrySeconds))
+	return int(min(max(s, minRetrySeconds), retryHorizon.Seconds()))
 }

@@ -3,6 +3,7 @@
 package front
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -145,13 +146,13 @@ func TestRetryPacer(t *testing.T) {
 		s := p.seconds("a", now, 2*time.Second, 10)
 		got[s]++
 		sum += float64(s)
-		if s < 1 || s > maxRetrySeconds {
+		if s < 1 {
 			t.Fatalf("Retry-After %d out of bounds", s)
 		}
 	}
-	// Slots at 2s + i/10 for i < 100, each plus U[0, 1s): mean 2 + 4.95 + 0.5.
-	if mean := sum / 100; mean < 6.5 || mean > 8.5 {
-		t.Errorf("mean Retry-After %.2f, want about 7.45", mean)
+	// Slots at 2s + i/10 for i < 100, each plus U[0, 0.1s): mean 2 + 4.95 + 0.05.
+	if mean := sum / 100; mean < 6.5 || mean > 7.5 {
+		t.Errorf("mean Retry-After %.2f, want about 7", mean)
 	}
 	if len(got) < 8 {
 		t.Errorf("Retry-After values %v: not spread", got)
@@ -165,12 +166,15 @@ func TestRetryPacer(t *testing.T) {
 	if s := p.seconds("b", now, 0, 10); s > 2 {
 		t.Errorf("b's first Retry-After %d, want 1 or 2", s)
 	}
-	// A project that never obeys pushes only itself out, to the cap.
-	for range 10000 {
-		p.seconds("greedy", now, 0, 1)
+	// A project that never obeys pushes only itself out, to the bound.
+	for range 1000 {
+		p.seconds("greedy", now, 0, 10)
 	}
-	if s := p.seconds("greedy", now, 0, 1); s != maxRetrySeconds {
-		t.Errorf("greedy: %d, want the cap %d", s, maxRetrySeconds)
+	if s := p.seconds("greedy", now, 0, 10); s != int(retryHorizon.Seconds()) {
+		t.Errorf("greedy after 1000 refusals at 10/s: %d, want the bound %v", s, retryHorizon)
+	}
+	if s := p.seconds("c", now, 0, 10); s > 1 {
+		t.Errorf("another project beside greedy: %d, want 1", s)
 	}
 	// Once slots are in the past, a refusal starts from the estimate again.
 	if s := p.seconds("a", now.Add(time.Minute), 0, 10); s > 2 {
@@ -244,5 +248,166 @@ func TestShareRetrySpread(t *testing.T) {
 		if err := pool.Release(pm); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// simClient is one client of the Retry-After simulation.
+type simClient struct {
+	project string
+	left    int  // requests still to make
+	obeys   bool // sleeps its Retry-After; otherwise retries after retryEvery
+	waiting bool // refused and not yet admitted
+}
+
+// simResult is what simulateObeying measured.
+type simResult struct {
+	finish    map[string]time.Duration // per project: when its last client finished
+	worst     map[string]float64       // per project: the largest hint / true wait
+	maxHint   map[string]int           // per project: the largest hint
+	refusals  map[string]int
+	completed int
+}
+
+// simulateObeying plays clients against a real requests pool on a virtual
+// clock: an admitted request holds its permit for service, a refused one
+// gets the Retry-After the front computes for the refusal (Front.hint,
+// which refuse sends) and, if its client obeys, comes back then. The pool
+// is recomputed every second, as the daemon's tick does. A refusal's true
+// wait is how long the project's clients then waiting (this one included)
+// need at the pool's capacity, size/service, and at least the header's
+// resolution of one second; its hint may be at most twice that.
+func simulateObeying(t *testing.T, size int, service, retryEvery time.Duration, clients []*simClient) simResult {
+	t.Helper()
+	clk := &manualClock{t: time.Unix(1000, 0)}
+	t0 := clk.t
+	pool, err := pools.New(pools.Config{Name: "requests", Size: size}, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := New(Config{Upstream: "http://upstream.test"}, Deps{Requests: pool, Clock: clk, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	capacity := float64(size) / service.Seconds()
+	res := simResult{finish: map[string]time.Duration{}, worst: map[string]float64{}, maxHint: map[string]int{}, refusals: map[string]int{}}
+	type event struct {
+		at      time.Duration
+		client  int
+		release *pools.Permit
+	}
+	var queue []event // kept sorted by at, releases first
+	push := func(e event) {
+		i := len(queue)
+		for i > 0 && (queue[i-1].at > e.at || queue[i-1].at == e.at && e.release != nil && queue[i-1].release == nil) {
+			i--
+		}
+		queue = append(queue[:i], append([]event{e}, queue[i:]...)...)
+	}
+	for i := range clients {
+		push(event{at: time.Duration(i) * time.Millisecond, client: i})
+	}
+	var tick time.Duration
+	for len(queue) > 0 {
+		e := queue[0]
+		queue = queue[1:]
+		for tick+time.Second <= e.at {
+			tick += time.Second
+			clk.mu.Lock()
+			clk.t = t0.Add(tick)
+			clk.mu.Unlock()
+			pool.Recompute()
+		}
+		clk.mu.Lock()
+		clk.t = t0.Add(e.at)
+		clk.mu.Unlock()
+		if e.at > 2*time.Hour {
+			t.Fatalf("still running after 2 virtual hours")
+		}
+		if e.release != nil {
+			if err := pool.Release(*e.release); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		c := clients[e.client]
+		pm, err := pool.TryAcquire(c.project)
+		if err == nil {
+			c.waiting = false
+			res.completed++
+			push(event{at: e.at + service, release: &pm})
+			if c.left--; c.left > 0 {
+				push(event{at: e.at + service, client: e.client})
+			} else {
+				res.finish[c.project] = max(res.finish[c.project], e.at+service)
+			}
+			continue
+		}
+		var ref *pools.Refusal
+		if !errors.As(err, &ref) {
+			t.Fatal(err)
+		}
+		c.waiting = true
+		hint := f.hint(c.project, ref.RetryAfter, ref.ReleaseRate)
+		q := 0
+		for _, o := range clients {
+			if o.project == c.project && o.waiting {
+				q++
+			}
+		}
+		truth := max(1, float64(q)/capacity)
+		res.refusals[c.project]++
+		res.maxHint[c.project] = max(res.maxHint[c.project], hint)
+		if c.obeys {
+			res.worst[c.project] = max(res.worst[c.project], float64(hint)/truth)
+			push(event{at: e.at + time.Duration(hint)*time.Second, client: e.client})
+		} else {
+			push(event{at: e.at + retryEvery, client: e.client})
+		}
+	}
+	return res
+}
+
+// TestRetryAfterHonest: clients that obey their Retry-After are done about
+// when the pool's capacity allows, and no hint is more than twice the true
+// wait; a flood of clients that ignore it pushes only their own project's
+// hints out.
+func TestRetryAfterHonest(t *testing.T) {
+	// 16 clients of one project, 5 requests each, a pool of 4 serving each
+	// in 500ms: 8 requests/s, 10s of work.
+	const n, k, size, service = 16, 5, 4, 500 * time.Millisecond
+	var clients []*simClient
+	for range n {
+		clients = append(clients, &simClient{project: "crowd", left: k, obeys: true})
+	}
+	res := simulateObeying(t, size, service, 0, clients)
+	ideal := time.Duration(n*k) * service / size
+	t.Logf("obeying crowd: done in %v (capacity %v), %d refusals, worst hint/true wait %.2f, largest hint %ds",
+		res.finish["crowd"], ideal, res.refusals["crowd"], res.worst["crowd"], res.maxHint["crowd"])
+	if res.finish["crowd"] > ideal*3/2 {
+		t.Errorf("obeying crowd done in %v, want within 1.5x of the capacity time %v", res.finish["crowd"], ideal)
+	}
+	if res.worst["crowd"] > 2 {
+		t.Errorf("a hint was %.2fx its true wait, want at most 2x", res.worst["crowd"])
+	}
+
+	// A flood of 32 clients retrying every 10ms at once, beside a light
+	// project of 2 obeying clients.
+	clients = nil
+	for range 32 {
+		clients = append(clients, &simClient{project: "flood", left: 20})
+	}
+	for range 2 {
+		clients = append(clients, &simClient{project: "light", left: 10, obeys: true})
+	}
+	// One client of the flooding project obeys.
+	clients = append(clients, &simClient{project: "flood", left: 10, obeys: true})
+	res = simulateObeying(t, size, service, 10*time.Millisecond, clients)
+	t.Logf("flood beside a light project: flood's largest hint %ds over %d refusals (its obeying client: worst hint/true wait %.2f); light's largest %ds, worst hint/true wait %.2f, done at %v",
+		res.maxHint["flood"], res.refusals["flood"], res.worst["flood"], res.maxHint["light"], res.worst["light"], res.finish["light"])
+	if res.worst["light"] > 2 {
+		t.Errorf("light project: a hint was %.2fx its true wait", res.worst["light"])
+	}
+	if res.maxHint["light"] > 2 || res.maxHint["flood"] != int(retryHorizon.Seconds()) {
+		t.Errorf("the flood's hints (up to %ds) were not pushed past the light project's (%ds)", res.maxHint["flood"], res.maxHint["light"])
 	}
 }

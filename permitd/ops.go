@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/pace"
 	"github.com/fairshare-dev/fairshare/internal/project"
 	"github.com/fairshare-dev/fairshare/pools"
 )
@@ -109,14 +110,14 @@ func (s *Server) refuse(resp *response, err error) {
 	resp.RetryAfterMS = s.retryMS(rf.Project, rf.RetryAfter, rf.ReleaseRate)
 }
 
-// retryMS is the retry hint for a refusal of project: its next return slot
-// (the first at est, each later one 1/rate after the previous; rate 0 means
-// unknown, one per second) plus a uniform jitter of one slot, so that clients
-// that obey come back at about the rate they can be admitted and not in step.
-// It is at least 1 ms: an answer of 0 would invite a retry loop.
+// retryMS is the retry hint for a refusal of project: its return slot (est
+// plus one 1/rate for each of the project's refused clients still due back;
+// see pace.Pacer.Slot) spread over one slot's width (pace.Spread), so that
+// clients that obey come back at about the rate they can be admitted and not
+// in step. It is at least 1 ms: an answer of 0 would invite a retry loop.
 func (s *Server) retryMS(project string, est time.Duration, rate float64) int64 {
 	delay, gap := s.pacer.Slot(project, time.Now(), est, rate)
-	d := delay + time.Duration(rand.Int64N(int64(gap)))
+	d := pace.Spread(delay, gap, rand.Float64())
 	return max(int64((d+time.Millisecond-1)/time.Millisecond), 1)
 }
 

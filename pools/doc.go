@@ -83,9 +83,10 @@
 // POOL - FLOOR at or over it; for a project at or over its share it is also
 // the time for its own (held - share + 1) releases at its own rate, whichever
 // is sooner. When no release was seen lately the estimate is one window,
-// when the next Recompute may grow the share. The result is multiplied by a
-// uniform factor in [1, 1.5) so refused clients do not come back together,
-// and clamped to [1ms, 1min]. The refusal also carries the pool release rate
+// when the next Recompute may grow the share. The result is clamped to [1ms,
+// 1min] and not jittered: spreading many refused clients of one project is
+// the caller's (the front and the permit API give each its own return slot
+// at the release rate, package internal/pace). The refusal also carries the pool release rate
 // the estimate used (ReleaseRate), so that a caller with a coarser unit (the
 // HTTP front's whole seconds) can space many refused clients at that rate.
 //

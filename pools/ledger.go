@@ -51,8 +51,6 @@ type ledger struct {
 	// at every instant admitted (refused) is the sum over the projects
 	// known plus forgotten's.
 	forgotten ForgottenStat
-
-	rng uint64 // splitmix64 state for jitter
 }
 
 // project is one project's bookkeeping. Slots are recycled when a project is
@@ -77,7 +75,7 @@ type idleEntry struct {
 	since int64
 }
 
-func newLedger(cfg Config, now time.Time, seed uint64) ledger {
+func newLedger(cfg Config, now time.Time) ledger {
 	n := now.UnixNano()
 	l := ledger{
 		name:          cfg.Name,
@@ -88,7 +86,6 @@ func newLedger(cfg Config, now time.Time, seed uint64) ledger {
 		now:           n,
 		lastRecompute: n,
 		index:         map[string]int32{},
-		rng:           seed,
 	}
 	l.share = Share(l.size, l.floor, 0)
 	return l
@@ -224,21 +221,13 @@ func (l *ledger) retryAfter(idx int32) time.Duration {
 	if math.IsInf(est, 1) {
 		est = float64(l.window) / float64(time.Second)
 	}
+	// No jitter here: spreading the refused clients of a project is the
+	// caller's (package internal/pace gives each its own slot). Stretching
+	// the estimate by up to half, as this did, made a hint up to 2.5 times
+	// the wait of the first client in line once the slot's own jitter was
+	// added.
 	d := time.Duration(est * float64(time.Second))
-	// Jitter: spread refused clients over [d, 1.5d) so they do not return
-	// together.
-	d += time.Duration(float64(d) * 0.5 * l.rand01())
 	return min(max(d, minRetry), maxRetry)
-}
-
-// rand01 returns a uniform float in [0, 1) (splitmix64).
-func (l *ledger) rand01() float64 {
-	l.rng += 0x9e3779b97f4a7c15
-	z := l.rng
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	z ^= z >> 31
-	return float64(z>>11) / (1 << 53)
 }
 
 // ewma blends the rate of the last interval into the smoothed rate.
@@ -259,7 +248,11 @@ func (l *ledger) recompute(now int64, pinned, keep func(int32) bool, forgotten f
 	now = l.now
 	dt := float64(now-l.lastRecompute) / float64(time.Second)
 	l.lastRecompute = now
-	if dt > 0 {
+	// An interval with nothing held and nothing released says nothing about
+	// how fast permits free: an idle pool keeps the rate it last measured.
+	// Decaying it (halving each idle second) made the first crowd after a
+	// quiet spell be told to come back 1/rate apart at a rate near zero.
+	if dt > 0 && (l.released > 0 || l.inUse > 0) {
 		l.relRate = ewma(l.relRate, float64(l.released)/dt)
 	}
 	l.released = 0
@@ -270,7 +263,7 @@ func (l *ledger) recompute(now int64, pinned, keep func(int32) bool, forgotten f
 		if (pinned != nil && pinned(idx)) || pr.seenEpoch == l.epoch {
 			pr.lastSeen = now // an upper bound of its last ask (see epoch)
 		}
-		if dt > 0 {
+		if dt > 0 && (pr.released > 0 || pr.held > 0) {
 			pr.relRate = ewma(pr.relRate, float64(pr.released)/dt)
 		}
 		pr.released = 0

@@ -5,7 +5,6 @@ package pools
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -60,7 +59,7 @@ func New(cfg Config, clk Clock) (*Pool, error) {
 		clk:    clk,
 		name:   cfg.Name,
 		window: cfg.Window,
-		l:      newLedger(cfg, clk.Now(), rand.Uint64()),
+		l:      newLedger(cfg, clk.Now()),
 	}, nil
 }
 

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -77,7 +76,7 @@ func NewResidents(cfg Config, clk Clock) (*Residents, error) {
 		name:      cfg.Name,
 		evictWait: cfg.EvictWait,
 		after:     realAfter,
-		l:         newLedger(cfg, clk.Now(), rand.Uint64()),
+		l:         newLedger(cfg, clk.Now()),
 		objects:   map[string]int32{},
 		changed:   make(chan struct{}),
 	}, nil

@@ -137,8 +137,8 @@ type Refusal struct {
 	// Held and Share are the project's, InUse and Size the pool's, at the
 	// moment of the refusal.
 	Held, Share, InUse, Size int
-	// RetryAfter is the estimate of when this project could be admitted,
-	// jittered; see the package documentation for the estimator.
+	// RetryAfter is the estimate of when this project could be admitted
+	// (not jittered); see the package documentation for the estimator.
 	RetryAfter time.Duration
 	// ReleaseRate is the pool's smoothed release rate (permits per second)
 	// the estimate was made from; 0 when no release was seen lately. A caller

@@ -15,71 +15,105 @@ const (
 	maxGap = 10 * time.Second
 )
 
-// sweepMin is the smallest map size at which stale slots are swept.
+// sweepMin is the smallest map size at which stale backlogs are swept.
 const sweepMin = 1024
 
 // Pacer hands out return slots per project. It is safe for concurrent use.
 type Pacer struct {
 	horizon time.Duration
 
-	mu      sync.Mutex           // guards the fields below
-	next    map[string]time.Time // per project: the earliest slot not handed out
-	sweepAt int                  // len(next) at which stale slots are dropped
+	mu      sync.Mutex         // guards the fields below
+	queue   map[string]backlog // per project: refused clients still due back
+	sweepAt int                // len(queue) at which stale backlogs are dropped
+}
+
+// backlog is a project's refused clients that were given a slot still
+// ahead: n of them as of at, served at one per gap; none left after until.
+type backlog struct {
+	n     float64
+	at    time.Time
+	until time.Time
 }
 
 // New returns a Pacer whose slots are never more than horizon after the
-// refusal.
+// refusal; 0 means no bound.
 func New(horizon time.Duration) *Pacer {
-	return &Pacer{horizon: horizon, next: map[string]time.Time{}, sweepAt: sweepMin}
+	return &Pacer{horizon: horizon, queue: map[string]backlog{}, sweepAt: sweepMin}
 }
 
 // Slot gives a refusal of project at now its return slot. est is the
-// refusal's own estimate (the earliest slot), rate how many of the project's
-// clients can be admitted per second (0 or less: unknown, one per second). It
-// returns the delay from now to the slot, at most the horizon, and the gap
-// between this project's slots, which callers use to size their jitter.
+// refusal's own estimate (when the first waiting client can get in), rate
+// how many of the project's clients can be admitted per second. The slot is
+// est plus one gap (1/rate) for each
+// client refused before and still due back: the backlog is kept as a count
+// that drains at the rate, not as a time, so a rate that changes moves
+// every later slot at once and an early estimate that was too slow is not
+// carried forward. It returns the delay from now to the slot (at most the
+// horizon) and the gap, which callers use to size their jitter.
+//
+// An unknown rate (0 or less: no release measured yet, as in a pool's first
+// second) gives the estimate alone and no place in the backlog: assuming a
+// rate (one a second was the old guess) told a busy pool's first crowd to
+// come back as many seconds apart as it had clients, where coming back
+// together once, when the rate is known, costs one more refusal each.
 func (p *Pacer) Slot(project string, now time.Time, est time.Duration, rate float64) (delay, gap time.Duration) {
-	gap = time.Second
-	if rate > 0 {
-		gap = time.Duration(float64(time.Second) / rate)
+	est = max(est, 0)
+	if rate <= 0 {
+		return min(est, p.horizonOr(est)), time.Second
 	}
-	gap = min(max(gap, minGap), maxGap)
-	horizon := now.Add(p.horizon)
+	gap = min(max(time.Duration(float64(time.Second)/rate), minGap), maxGap)
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	slot := now.Add(max(est, 0))
-	if n, ok := p.next[project]; ok && n.After(slot) {
-		slot = n
+	b := p.queue[project]
+	if b.n > 0 {
+		b.n = max(0, b.n-float64(now.Sub(b.at))/float64(gap))
 	}
-	if slot.After(horizon) {
-		slot = horizon
+	delay = est + time.Duration(b.n*float64(gap))
+	if p.horizon > 0 && delay > p.horizon {
+		delay = p.horizon
+	} else {
+		b.n++
 	}
-	next := slot.Add(gap)
-	if next.After(horizon) {
-		next = horizon
-	}
-	p.next[project] = next
-	if len(p.next) >= p.sweepAt {
+	b.at = now
+	b.until = now.Add(time.Duration(b.n * float64(gap)))
+	p.queue[project] = b
+	if len(p.queue) >= p.sweepAt {
 		p.sweepLocked(now)
 	}
-	return slot.Sub(now), gap
+	return delay, gap
 }
 
-// Len returns how many projects have slots pending (for tests and metrics).
+// Spread places a slot's delay at random within its gap, centred on the
+// slot: delay - gap/2 + u*gap for u uniform in [0, 1), never below zero.
+// Slots are already one gap apart; centring rather than adding the jitter
+// keeps the first client in line within one and a half gaps of its slot.
+func Spread(delay, gap time.Duration, u float64) time.Duration {
+	return max(0, delay-gap/2+time.Duration(u*float64(gap)))
+}
+
+// horizonOr returns the horizon, or d when there is none.
+func (p *Pacer) horizonOr(d time.Duration) time.Duration {
+	if p.horizon > 0 {
+		return p.horizon
+	}
+	return d
+}
+
+// Len returns how many projects have a backlog (for tests and metrics).
 func (p *Pacer) Len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.next)
+	return len(p.queue)
 }
 
-// sweepLocked drops the slots already in the past: those projects have no
-// refused client still waiting.
+// sweepLocked drops the backlogs already drained: those projects have no
+// refused client still due back.
 func (p *Pacer) sweepLocked(now time.Time) {
-	for k, t := range p.next {
-		if !t.After(now) {
-			delete(p.next, k)
+	for k, b := range p.queue {
+		if !b.until.After(now) {
+			delete(p.queue, k)
 		}
 	}
-	p.sweepAt = max(sweepMin, 2*len(p.next))
+	p.sweepAt = max(sweepMin, 2*len(p.queue))
 }

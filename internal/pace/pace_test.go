@@ -25,8 +25,8 @@ func TestSlotsFollowTheRate(t *testing.T) {
 	if _, gap := p.Slot("c", now, 0, 0); gap != time.Second {
 		t.Fatalf("gap at unknown rate %v", gap)
 	}
-	// A later estimate than the queue moves the slot to the estimate.
-	if d, _ := p.Slot("a", now, 30*time.Second, 10); d != 30*time.Second {
+	// A later estimate comes before the project's backlog of 20 slots.
+	if d, _ := p.Slot("a", now, 30*time.Second, 10); d != 32*time.Second {
 		t.Fatalf("late estimate: %v", d)
 	}
 	// Once the slots are past, a refusal starts from its estimate again.
@@ -64,5 +64,47 @@ func TestStaleSlotsAreSwept(t *testing.T) {
 	p.Slot("last", now.Add(time.Second), 0, 1000)
 	if n := p.Len(); n != 1 {
 		t.Fatalf("%d projects kept after the sweep, want 1", n)
+	}
+}
+
+func TestUnknownRateIsNotQueued(t *testing.T) {
+	p := New(time.Minute)
+	now := time.Unix(1000, 0)
+	for range 20 {
+		if d, _ := p.Slot("a", now, time.Second, 0); d != time.Second {
+			t.Fatalf("unknown rate: %v, want the estimate", d)
+		}
+	}
+	// Once the rate is known, the line starts from the estimate.
+	if d, _ := p.Slot("a", now, 10*time.Millisecond, 100); d != 10*time.Millisecond {
+		t.Fatalf("first slot at a known rate after unknown ones: %v", d)
+	}
+}
+
+func TestBacklogFollowsTheRate(t *testing.T) {
+	p := New(0)
+	now := time.Unix(1000, 0)
+	for range 10 {
+		p.Slot("a", now, 0, 10)
+	}
+	// Ten due back at 10/s; the rate doubles: they now take half a second.
+	if d, _ := p.Slot("a", now, 0, 20); d != 500*time.Millisecond {
+		t.Fatalf("after the rate doubled: %v, want 500ms", d)
+	}
+	// A second later at 20/s the eleven have drained.
+	if d, _ := p.Slot("a", now.Add(time.Second), 0, 20); d != 0 {
+		t.Fatalf("a second later: %v", d)
+	}
+}
+
+func TestSpread(t *testing.T) {
+	for _, u := range []float64{0, 0.25, 0.5, 0.999} {
+		d := Spread(time.Second, 100*time.Millisecond, u)
+		if d < 950*time.Millisecond || d >= 1050*time.Millisecond {
+			t.Fatalf("Spread(1s, 100ms, %v) = %v", u, d)
+		}
+	}
+	if d := Spread(10*time.Millisecond, time.Second, 0); d != 0 {
+		t.Fatalf("Spread below zero: %v", d)
 	}
 }
