@@ -113,23 +113,38 @@ func (l *loader) result() loadResult {
 	return r
 }
 
-// benchUpstream serves a two-byte body after service (0 = at once).
-func benchUpstream(b *testing.B, service time.Duration) string {
+// benchUpstream starts the upstream of the benchmark in its own process (the
+// test binary again, see TestMain), so that its CPU time per request can be
+// read behind each target, and returns its URL and pid.
+func benchUpstream(b *testing.B, service time.Duration) (string, int) {
 	b.Helper()
+	return benchChild(b, os.Args[0], benchUpstreamEnv+"="+service.String())
+}
+
+// serveBenchUpstream serves a two-byte body after service (0 = at once),
+// prints its address and serves until stdin closes.
+func serveBenchUpstream(service time.Duration) error {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		b.Fatal(err)
+		return err
 	}
+	fmt.Println(l.Addr().String())
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if service > 0 {
 			time.Sleep(service)
 		}
 		_, _ = io.WriteString(w, "ok")
 	})}
-	go func() { _ = srv.Serve(l) }()
-	b.Cleanup(func() { _ = srv.Close() })
-	return "http://" + l.Addr().String()
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); _ = srv.Close() }()
+	if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
 }
+
+// benchUpstreamEnv makes the test binary serve as the benchmark's upstream,
+// its value the service time.
+const benchUpstreamEnv = "FAIRSHARE_BENCH_UPSTREAM"
 
 // benchRoleEnv makes the test binary serve as a front process for the
 // benchmark (see TestMain): the front runs in its own process, as nginx
@@ -153,11 +168,22 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(runTestClient(target, os.Getenv(clientHeaderEnv)))
 	}
+	if svc := os.Getenv(benchUpstreamEnv); svc != "" {
+		d, err := time.ParseDuration(svc)
+		if err == nil {
+			err = serveBenchUpstream(d)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if up := os.Getenv(benchRoleEnv); up != "" {
 		if prof := os.Getenv(benchProfileEnv); prof != "" {
 			// The front runs in this process, not the benchmark's:
 			// -cpuprofile there would not see it.
-			f, err := os.Create(fmt.Sprintf("%s.%s", prof, map[string]string{"0": "nosched", "1": "front", "goproxy": "goproxy"}[os.Getenv("FAIRSHARE_BENCH_SCHED")]))
+			f, err := os.Create(fmt.Sprintf("%s.%s", prof, map[string]string{"0": "nosched", "1": "front", "goproxy": "goproxy", "transport": "transport"}[os.Getenv("FAIRSHARE_BENCH_SCHED")]))
 			if err == nil && pprof.StartCPUProfile(f) == nil {
 				defer func() { pprof.StopCPUProfile(); f.Close() }()
 			}
@@ -179,7 +205,7 @@ func TestMain(m *testing.M) {
 // serves net/http's stock reverse proxy instead of the front, nothing else,
 // as the floor of a proxy built on net/http.
 func serveBenchFront(upstream, mode string) error {
-	withSched := mode == "1"
+	withSched := mode == "1" || mode == "transport"
 	if mode == "goproxy" {
 		u, err := url.Parse(upstream)
 		if err != nil {
@@ -220,6 +246,9 @@ func serveBenchFront(upstream, mode string) error {
 	if err != nil {
 		return err
 	}
+	if mode == "transport" {
+		f.up = nil // every request through ReverseProxy and http.Transport
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -239,8 +268,15 @@ func benchFront(b *testing.B, upstream string, withSched bool) (string, int) {
 // serveBenchFront).
 func benchFrontOf(b *testing.B, bin, upstream, mode string) (string, int) {
 	b.Helper()
+	return benchChild(b, bin, benchRoleEnv+"="+upstream, "FAIRSHARE_BENCH_SCHED="+mode)
+}
+
+// benchChild starts test binary bin with env added, reads the address it
+// prints and returns its URL and pid; it ends when the benchmark does.
+func benchChild(b *testing.B, bin string, env ...string) (string, int) {
+	b.Helper()
 	cmd := exec.Command(bin, "-test.run=^$")
-	cmd.Env = append(os.Environ(), benchRoleEnv+"="+upstream, "FAIRSHARE_BENCH_SCHED="+mode)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -251,17 +287,17 @@ func benchFrontOf(b *testing.B, bin, upstream, mode string) (string, int) {
 		b.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
-		b.Fatalf("starting the front process: %v", err)
+		b.Fatalf("starting %v: %v", env, err)
 	}
 	b.Cleanup(func() {
 		stdin.Close()
 		if err := cmd.Wait(); err != nil {
-			b.Errorf("front process: %v", err)
+			b.Errorf("process %v: %v", env, err)
 		}
 	})
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
-		b.Fatalf("front process did not start: %v", err)
+		b.Fatalf("process %v did not start: %v", env, err)
 	}
 	return "http://" + strings.TrimSpace(line), cmd.Process.Pid
 }
@@ -415,14 +451,17 @@ type benchTarget struct {
 }
 
 // benchTargets starts the proxies in front of up: the front (pool, rates and
-// scheduler), nosched (the front without the scheduler), baseline (the front
+// scheduler), nosched (the front without the scheduler), transport (the
+// front with its direct path off: every request through ReverseProxy and
+// http.Transport), baseline (the front
 // of another build, with FAIRSHARE_BENCH_BASELINE), goproxy (net/http's
 // stock httputil.ReverseProxy and nothing else) and nginx when installed.
 func benchTargets(b *testing.B, up string) []benchTarget {
 	targets := []benchTarget{{name: "direct", url: up}}
 	fr, frPID := benchFront(b, up, true)
 	ns, nsPID := benchFront(b, up, false)
-	targets = append(targets, benchTarget{"front", fr, frPID}, benchTarget{"nosched", ns, nsPID})
+	tr, trPID := benchFrontOf(b, os.Args[0], up, "transport")
+	targets = append(targets, benchTarget{"front", fr, frPID}, benchTarget{"nosched", ns, nsPID}, benchTarget{"transport", tr, trPID})
 	if base := os.Getenv(benchBaselineEnv); base != "" {
 		u, pid := benchFrontOf(b, base, up, "1")
 		targets = append(targets, benchTarget{"baseline", u, pid})
@@ -487,41 +526,61 @@ func BenchmarkOverhead(b *testing.B) {
 // benchSaturating runs the saturating level and returns direct's req/s.
 func benchSaturating(b *testing.B, dur time.Duration) float64 {
 	const conc = 32
-	targets := benchTargets(b, benchUpstream(b, 0))
-	loaders := make([]*loader, len(targets))
+	up, upPID := benchUpstream(b, 0)
+	targets := benchTargets(b, up)
+	gens := make([]generator, len(targets))
+	for _, tg := range targets {
+		b.Logf("target %s: pid %d (upstream pid %d)", tg.name, tg.pid, upPID)
+	}
+	wrk, _ := exec.LookPath("wrk")
+	if wrk == "" {
+		b.Log("wrk is not installed (apt-get install -y wrk): the load comes from the Go generator in this process, which competes with the proxies for the CPU")
+	}
 	for i, tg := range targets {
-		loaders[i] = newLoader(tg.url, conc)
-		defer loaders[i].close()
-		// Warm connections and code paths.
-		loaders[i].run(200 * time.Millisecond)
-		loaders[i].result()
+		if wrk != "" {
+			gens[i] = &wrkGen{bin: wrk, url: tg.url, conc: conc}
+		} else {
+			gens[i] = newLoader(tg.url, conc)
+		}
+		defer gens[i].close()
+		gens[i].run(time.Second) // warm connections and code paths
+		gens[i].result()
+	}
+	slice := time.Second // wrk's unit
+	if wrk == "" {
+		slice = 100 * time.Millisecond
 	}
 	var direct float64
 	b.ResetTimer()
 	for range b.N {
 		cpu := make([]time.Duration, len(targets))
-		for elapsed := time.Duration(0); elapsed < dur; elapsed += 100 * time.Millisecond {
-			for i, l := range loaders {
-				c0 := cpuOf(targets[i])
-				l.run(100 * time.Millisecond)
+		upCPU := make([]time.Duration, len(targets))
+		for elapsed := time.Duration(0); elapsed < dur; elapsed += slice {
+			for i, g := range gens {
+				c0, u0 := cpuOf(targets[i]), procCPU(upPID)
+				g.run(slice)
 				cpu[i] += cpuOf(targets[i]) - c0
+				upCPU[i] += procCPU(upPID) - u0
 			}
 		}
 		res := map[string]loadResult{}
 		for i, tg := range targets {
-			r := loaders[i].result()
+			r := gens[i].result()
 			if r.errors > 0 {
 				b.Errorf("%s: %d errors", tg.name, r.errors)
 			}
 			res[tg.name] = r
+			n := r.rps * dur.Seconds()
 			b.ReportMetric(r.rps, tg.name+"-req/s")
 			b.ReportMetric(float64(r.p99.Microseconds()), tg.name+"-p99-us")
 			if tg.name != "direct" {
 				b.ReportMetric(r.rps/res["direct"].rps, tg.name+"/direct")
+				b.ReportMetric(float64(cpu[i].Microseconds())/n, tg.name+"-cpu-us/req")
 			}
-			b.ReportMetric(float64(cpu[i].Microseconds())/(r.rps*dur.Seconds()), tg.name+"-cpu-us/req")
+			b.ReportMetric(float64(upCPU[i].Microseconds())/n, tg.name+"-upstream-cpu-us/req")
 		}
 		b.ReportMetric(res["front"].rps/res["goproxy"].rps, "front/goproxy")
+		b.ReportMetric(res["front"].rps/res["transport"].rps, "front/transport")
 		if bl, ok := res["baseline"]; ok {
 			b.ReportMetric(res["front"].rps/bl.rps, "front/baseline")
 		}
@@ -533,6 +592,73 @@ func benchSaturating(b *testing.B, dur time.Duration) float64 {
 	b.ReportMetric(0, "ns/op")
 	return direct
 }
+
+// generator is a closed-loop load generator for one target that
+// accumulates over runs (see loader).
+type generator interface {
+	run(dur time.Duration)
+	result() loadResult
+	close()
+}
+
+// wrkGen drives a target with wrk, one run per call (whole seconds), with
+// conc keep-alive connections on one thread, naming the project in the
+// header as the Go generator does.
+type wrkGen struct {
+	bin, url string
+	conc     int
+
+	reqs, errs int
+	elapsed    time.Duration
+	p50, p99   []time.Duration // per run
+}
+
+func (w *wrkGen) run(dur time.Duration) {
+	secs := max(1, int(dur.Round(time.Second)/time.Second))
+	out, err := exec.Command(w.bin, "-t1", "-c"+strconv.Itoa(w.conc), "-d"+strconv.Itoa(secs)+"s", "--latency",
+		"-H", DefaultProjectHeader+": bench", w.url).CombinedOutput()
+	if err != nil {
+		w.errs++
+		return
+	}
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 4 && f[1] == "requests" && f[2] == "in":
+			n, _ := strconv.Atoi(f[0])
+			d, _ := time.ParseDuration(strings.TrimSuffix(f[3], ","))
+			w.reqs += n
+			w.elapsed += d
+		case len(f) == 5 && f[0] == "Non-2xx":
+			n, _ := strconv.Atoi(f[4])
+			w.errs += n
+		case len(f) >= 2 && f[0] == "Socket" && f[1] == "errors:":
+			w.errs++
+		case len(f) == 2 && f[0] == "50%":
+			d, _ := time.ParseDuration(f[1])
+			w.p50 = append(w.p50, d)
+		case len(f) == 2 && f[0] == "99%":
+			d, _ := time.ParseDuration(f[1])
+			w.p99 = append(w.p99, d)
+		}
+	}
+}
+
+// result summarises the runs so far (latencies as the median over runs)
+// and starts afresh.
+func (w *wrkGen) result() loadResult {
+	r := loadResult{errors: w.errs}
+	if w.elapsed > 0 {
+		r.rps = float64(w.reqs) / w.elapsed.Seconds()
+	}
+	if len(w.p50) > 0 {
+		r.p50, r.p99 = median(w.p50), median(w.p99)
+	}
+	w.reqs, w.errs, w.elapsed, w.p50, w.p99 = 0, 0, 0, nil, nil
+	return r
+}
+
+func (*wrkGen) close() {}
 
 // moderateShare is the moderate level's rate as a share of direct's
 // saturating throughput: well below what the machine can serve, so a queue
@@ -555,7 +681,8 @@ func benchModerate(b *testing.B, dur time.Duration, direct float64) {
 	if direct == 0 {
 		// The saturating level's measure of direct, without the other
 		// targets' turns in between (so it may come out higher).
-		sat := newLoader(benchUpstream(b, 0), 32)
+		up, _ := benchUpstream(b, 0)
+		sat := newLoader(up, 32)
 		sat.run(200 * time.Millisecond)
 		sat.result()
 		for range 10 {
@@ -566,7 +693,8 @@ func benchModerate(b *testing.B, dur time.Duration, direct float64) {
 	}
 	rate := moderateShare * direct
 
-	targets := benchTargets(b, benchUpstream(b, 5*time.Millisecond))
+	up, _ := benchUpstream(b, 5*time.Millisecond)
+	targets := benchTargets(b, up)
 	gens := make([]*openLoader, len(targets))
 	for i, tg := range targets {
 		gens[i] = newOpenLoader(tg.url, rate)
