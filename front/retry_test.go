@@ -4,9 +4,12 @@ package front
 
 import (
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -410,4 +413,77 @@ func TestRetryAfterHonest(t *testing.T) {
 	if res.maxHint["light"] > 2 || res.maxHint["flood"] != int(retryHorizon.Seconds()) {
 		t.Errorf("the flood's hints (up to %ds) were not pushed past the light project's (%ds)", res.maxHint["flood"], res.maxHint["light"])
 	}
+}
+
+// BenchmarkRetryObeying: 16 clients of one project that obey Retry-After,
+// 5 requests each, through the front to an upstream that takes 250ms, with a
+// requests pool of 4 (16 requests a second, 5s of work) recomputed every
+// second as the daemon does. It reports done/capacity (target at most 1.5)
+// and the largest Retry-After given. A benchmark, not a test: it takes
+// seconds of real time and moves with the machine's load; TestRetryAfterHonest
+// is the same scenario on a virtual clock.
+func BenchmarkRetryObeying(b *testing.B) {
+	const n, k, size, service = 16, 5, 4, 250 * time.Millisecond
+	r := newRig(b, rigOpts{poolSize: size}, func(w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(service)
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(time.Second)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+				r.pool.Recompute()
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	ideal := time.Duration(n*k) * service / size
+	var (
+		ratios  []float64
+		mu      sync.Mutex
+		maxHint int
+		refused int
+	)
+	for b.Loop() {
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for left := k; left > 0; {
+					resp := r.get(b, "crowd", "/")
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == http.StatusOK {
+						left--
+						continue
+					}
+					ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+					if resp.StatusCode != http.StatusTooManyRequests || err != nil {
+						b.Errorf("status %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+						return
+					}
+					mu.Lock()
+					maxHint, refused = max(maxHint, ra), refused+1
+					mu.Unlock()
+					time.Sleep(time.Duration(ra) * time.Second)
+				}
+			}()
+		}
+		wg.Wait()
+		ratios = append(ratios, time.Since(start).Seconds()/ideal.Seconds())
+	}
+	slices.Sort(ratios)
+	b.ReportMetric(ratios[len(ratios)/2], "done/capacity")
+	b.ReportMetric(float64(maxHint), "max-retry-after-s")
+	b.ReportMetric(float64(refused)/float64(len(ratios)), "refusals/run")
+	b.ReportMetric(0, "ns/op")
 }
