@@ -218,10 +218,11 @@
 // microseconds; the rest is net/http's HTTP/1.1 server (per request it starts
 // a background read of the connection and clones the handler's header map),
 // the parsing of the upstream's answer, and above all the kernel: under wrk
-// at saturation half of the front's CPU time is in the kernel (perf), a fifth
-// of it switching and waking threads, and a request costs about 8 system
-// calls where nginx needs about 4: Go's netpoller reads before it waits, so
-// the read of the client's next request and of the upstream's answer each
+// at saturation half of the front's CPU samples are in the kernel (perf), a
+// fifth of all of them switching and waking threads, and a request costs 8.2
+// system calls where nginx needs 4.4 (perf stat): Go's netpoller reads
+// before it waits, so the read of the client's next request and of the
+// upstream's answer each
 // return EAGAIN once before the data is there, net/http's background read of
 // the client adds one more, and the idle check of the upstream connection
 // one (a non-blocking peek).
