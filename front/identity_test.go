@@ -32,29 +32,33 @@ const (
 	clientRawEnv    = "FAIRSHARE_FRONT_TEST_RAW"    // a raw request to send instead
 )
 
-// runRawClient sends one raw request and prints "<status> <class>|<body>".
-func runRawClient(target, raw string) int {
+// runRawClient sends each raw request (separated by RS, 0x1e) on its own connection
+// and prints a line "<status> <class>|<body>" for each.
+func runRawClient(target, raws string) int {
 	network, addr, _ := strings.Cut(target, ":")
+	for raw := range strings.SplitSeq(raws, "\x1e") {
+		fmt.Println(rawExchange(network, addr, raw))
+	}
+	return 0
+}
+
+func rawExchange(network, addr, raw string) string {
 	c, err := net.DialTimeout(network, addr, 10*time.Second)
 	if err != nil {
-		fmt.Println("error", err)
-		return 1
+		return "0 error " + err.Error()
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := io.WriteString(c, raw); err != nil {
-		fmt.Println("error", err)
-		return 1
+		return "0 error " + err.Error()
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
-		fmt.Println("error", err)
-		return 1
+		return "0 error " + err.Error()
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	fmt.Printf("%d %s|%s", resp.StatusCode, resp.Header.Get(HeaderClass), strings.TrimSpace(string(b)))
-	return 0
+	return fmt.Sprintf("%d %s|%s", resp.StatusCode, resp.Header.Get(HeaderClass), strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", " "))
 }
 
 // runTestClient sends one GET to the front and prints "<status> <body>".
@@ -85,14 +89,33 @@ func clientIn(t *testing.T, dir, target, header string) (int, string) {
 	return clientInEnv(t, dir, target, clientHeaderEnv+"="+header)
 }
 
-// rawClientIn is clientIn for a raw request; the body it returns is
-// "<Fairshare-Class>|<body>".
-func rawClientIn(t *testing.T, dir, target, raw string) (int, string) {
+// rawClientIn sends raw requests from a client in cgroup dir, each on its
+// own connection, and returns a line "<status> <Fairshare-Class>|<body>"
+// for each.
+func rawClientIn(t *testing.T, dir, target string, raws ...string) []string {
 	t.Helper()
-	return clientInEnv(t, dir, target, clientRawEnv+"="+raw)
+	out := clientOutput(t, dir, target, clientRawEnv+"="+strings.Join(raws, "\x1e"))
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != len(raws) {
+		t.Fatalf("client in %s: %d answers to %d requests: %q", dir, len(lines), len(raws), out)
+	}
+	return lines
 }
 
 func clientInEnv(t *testing.T, dir, target, env string) (int, string) {
+	t.Helper()
+	out := clientOutput(t, dir, target, env)
+	var status int
+	if _, err := fmt.Sscanf(out, "%d", &status); err != nil {
+		t.Fatalf("client output %q", out)
+	}
+	_, body, _ := strings.Cut(out, " ")
+	return status, body
+}
+
+// clientOutput runs the client process in cgroup dir with env and returns
+// what it printed.
+func clientOutput(t *testing.T, dir, target, env string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -104,13 +127,7 @@ func clientInEnv(t *testing.T, dir, target, env string) (int, string) {
 	if err != nil {
 		t.Fatalf("client in %s: %v (%s)", dir, err, out)
 	}
-	var status int
-	var body string
-	if _, err := fmt.Sscanf(string(out), "%d", &status); err != nil {
-		t.Fatalf("client output %q", out)
-	}
-	_, body, _ = strings.Cut(string(out), " ")
-	return status, body
+	return string(out)
 }
 
 // cgroupMount returns the cgroup2 mount, skipping the test without one or
@@ -258,7 +275,7 @@ func TestIdentityUnclaimable(t *testing.T) {
 	tcp := "tcp:" + strings.TrimPrefix(r.url, "http://")
 
 	const own = "200 beta" // any class but exempt; the upstream saw only the front's header
-	for _, tc := range []struct{ name, raw, want string }{
+	cases := []struct{ name, raw, want string }{
 		{"routed Host", "GET / HTTP/1.1\r\nHost: routed.example\r\n\r\n", own},
 		{"routed Host, other case and port", "GET / HTTP/1.1\r\nHost: ROUTED.Example:80\r\n\r\n", own},
 		{"exempt Host", "GET / HTTP/1.1\r\nHost: exempt.example\r\n\r\n", own},
@@ -271,25 +288,34 @@ func TestIdentityUnclaimable(t *testing.T) {
 		{"header with underscores", "GET / HTTP/1.1\r\nHost: front.test\r\nFairshare_Project: alpha\r\n\r\n", own},
 		{"underscores and a routed Host", "GET / HTTP/1.1\r\nHost: exempt.example\r\nfairshare_project: ops\r\n\r\n", own},
 		{"own name, routed Host", "GET / HTTP/1.1\r\nHost: routed.example\r\nFairshare-Project: beta\r\n\r\n", own},
-	} {
-		for _, target := range []string{tcp, "unix:" + sock} {
-			t.Run(tc.name+"/"+target[:strings.Index(target, ":")], func(t *testing.T) {
-				status, body := rawClientIn(t, beta, target, tc.raw)
-				class, echo, _ := strings.Cut(body, "|")
-				if tc.want == own {
-					if status != 200 || class == ClassExempt || echo != "Fairshare-Project=beta" {
-						t.Errorf("got %d %q, want 200 as beta, not exempt, the upstream seeing only the front's header", status, body)
-					}
-				} else if got := fmt.Sprintf("%d %s", status, body); !strings.HasPrefix(got, tc.want) {
-					t.Errorf("got %q, want %q", got, tc.want)
+	}
+	var raws []string
+	for _, tc := range cases {
+		raws = append(raws, tc.raw)
+	}
+	// One client process per transport sends every case, each on its own
+	// connection (a process per case took 25s under the race detector).
+	for _, target := range []string{tcp, "unix:" + sock} {
+		got := rawClientIn(t, beta, target, raws...)
+		for i, tc := range cases {
+			var status int
+			_, _ = fmt.Sscanf(got[i], "%d", &status)
+			_, body, _ := strings.Cut(got[i], " ")
+			class, echo, _ := strings.Cut(body, "|")
+			where := tc.name + "/" + target[:strings.Index(target, ":")]
+			if tc.want == own {
+				if status != 200 || class == ClassExempt || echo != "Fairshare-Project=beta" {
+					t.Errorf("%s: got %q, want 200 as beta, not exempt, the upstream seeing only the front's header", where, got[i])
 				}
-			})
+			} else if !strings.HasPrefix(got[i], tc.want) {
+				t.Errorf("%s: got %q, want %q", where, got[i], tc.want)
+			}
 		}
 	}
 	// alpha's bucket was not spent by any of that: its own client passes.
-	status, body := rawClientIn(t, alpha, tcp, "GET / HTTP/1.1\r\nHost: front.test\r\n\r\n")
-	if status != 200 || !strings.HasSuffix(body, "|Fairshare-Project=alpha") {
-		t.Errorf("alpha's own client: %d %q, want 200 as alpha", status, body)
+	if got := rawClientIn(t, alpha, tcp, "GET / HTTP/1.1\r\nHost: front.test\r\n\r\n")[0]; !strings.HasPrefix(got, "200 ") ||
+		!strings.HasSuffix(got, "|Fairshare-Project=alpha") {
+		t.Errorf("alpha's own client: %q, want 200 as alpha", got)
 	}
 }
 
