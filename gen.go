@@ -6,4 +6,4 @@ package fairshare
 // and go test need no clang. `make generate` reruns this; CI reruns it and
 // fails when the committed output differs. -mcpu=v3 is needed for the atomics
 // that return a value (fetch-add, compare-and-swap).
-//go:generate go tool bpf2go -tags linux -target amd64 -output-dir loader -go-package loader -type fs_settings -type fs_pool -type fs_project -type fs_counters -type fs_sock -type fs_slot -type fs_listen_key -type fs_listener -type fs_port -type fs_resv_key -type fs_resv -type fs_resv_slot -type fs_adjust_args limiter bpf/limiter.c -- -I bpf/headers -mcpu=v3 -Wall -Werror
+//go:generate go tool bpf2go -tags linux -target amd64 -output-dir loader -go-package loader -type fs_settings -type fs_pool -type fs_project -type fs_counters -type fs_sock -type fs_slot -type fs_listen_key -type fs_listener -type fs_port -type fs_resv_key -type fs_resv -type fs_resv_slot -type fs_adjust_args -type fs_selftest_args limiter bpf/limiter.c -- -I bpf/headers -mcpu=v3 -Wall -Werror

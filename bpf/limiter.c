@@ -43,23 +43,49 @@
  *   tp_btf/inet_sock_set_state         listener bookkeeping, inbound permit
  *                                      conversion at ESTABLISHED, release at
  *                                      TCP_CLOSE
- *   tp_btf/tcp_send_reset              undoes reservations made for non-SYN
- *                                      packets (sk_lookup cannot see flags)
+ *   tp_btf/tcp_send_reset              undoes the reservation of a packet the
+ *                                      kernel answers with an RST: a non-SYN
+ *                                      segment (sk_lookup cannot see flags),
+ *                                      a SYN no listener took, a bad SYN that
+ *                                      kills its request socket
+ *   tp_btf/kfree_skb                   undoes the reservation of a request
+ *                                      socket the client reset (runs for
+ *                                      every dropped packet; looks at RSTs
+ *                                      dropped by a project's listener only)
  *   cgroup/sock_release                release when the fd is closed before
  *                                      the socket reaches TCP_CLOSE
  *   iter/tcp                           adoption of sockets that predate the
  *                                      programs, and the reconcile dump
  *   syscall                            atomic adjustments from user space
- *                                      (expired reservations, drift repair)
+ *                                      (expired reservations, drift repair),
+ *                                      and single steps of the slot and port
+ *                                      protocols for the tests (fs_selftest)
  *
  * A held permit is an entry keyed by the socket cookie (a slot of fs_slots,
  * or fs_held when the slot is taken). Every release path clears the entry
  * and only the caller whose compare-and-swap or delete succeeded gives the
  * permit back, so a socket releases exactly once however many of
  * the paths fire (an orderly close runs sock_release and then TCP_CLOSE).
- * A reservation is kept the same way, keyed by its 4-tuple (a slot of
- * fs_resv_slots, or fs_reservations), and ended exactly once by the
- * conversion at ESTABLISHED, the undo at an RST or the expiry.
+ *
+ * A permit taken at a SYN is a reservation until the child socket exists. It
+ * exists only while the handshake can still become an accepted connection,
+ * that is while the kernel keeps a request socket for it: sk_lookup looks at
+ * the listener's queues (through the socket itself, see fs_port) and takes
+ * none for a SYN the kernel will drop (the accept queue is full) or answer
+ * with a SYN cookie (no request socket; the cookie's ACK is admitted by the
+ * rule without a reservation and the child takes its permit when it is
+ * established). A reservation is kept keyed by its 4-tuple (a slot of
+ * fs_resv_slots, or fs_reservations) and ended exactly once by the
+ * conversion at ESTABLISHED, the undo when the kernel resets the handshake
+ * (tcp_send_reset, kfree_skb) or the expiry after the reservation TTL (a
+ * client that vanished without a word, a request socket the kernel timed
+ * out, or a SYN dropped by a race with the queue check).
+ *
+ * Memory order: fs_port's owner is one 64-bit word checked against the
+ * socket it names (correct on any architecture). The slot protocols below
+ * (fs_slots, fs_resv_slots) read a slot's fields after its tag with plain
+ * loads, which x86-64 keeps in order; the object is built for amd64 only
+ * (gen.go; loader.TestObjectIsAmd64Only).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -74,6 +100,15 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define AF_INET 2
 #define AF_INET6 10
 #define SOCK_STREAM 1
+
+/*
+ * A kernel pointer read as a number (fs_port's owner) made into a typed,
+ * read-only pointer: loads through it are checked by the kernel and read 0
+ * from an address that is not mapped, and the kfunc costs nothing (the
+ * verifier replaces the call by a move).
+ */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+#define CAST(type, p) ((type *)bpf_rdonly_cast((const void *)(p), bpf_core_type_id_kernel(type)))
 
 /* Fixed when the programs are loaded: where projects live in the hierarchy. */
 volatile const __u32 root_level;      /* level of the projects root cgroup */
@@ -127,6 +162,9 @@ struct fs_counters {
 	__u64 exempt_admitted; /* exempt permits taken (either direction) */
 	__u64 exempt_over;     /* exempt sockets over the budget: put under the rule */
 	__u64 exempt_released;
+	__u64 overflow;       /* SYNs to a full accept queue: passed unreserved, the kernel drops them */
+	__u64 cookie;         /* SYNs and cookie ACKs admitted without a reservation (SYN cookies) */
+	__u64 dropped;        /* reservations undone because the kernel reset the handshake */
 };
 
 enum sock_kind {
@@ -165,37 +203,47 @@ struct fs_slot {
 
 #define SLOT_BUSY (1ULL << 63)
 
-/* A listening address. addr is IPv6 or v4-mapped; all zero = wildcard. */
+/* Which SYNs a listening address takes: IPv4, IPv6 or both. */
+#define SCOPE_V4 1
+#define SCOPE_V6 2
+
+/*
+ * A listening address. addr is IPv6 or v4-mapped, all zero for a wildcard.
+ * scope keeps apart the wildcards that take different families: 0.0.0.0
+ * (SCOPE_V4), [::] with IPV6_V6ONLY (SCOPE_V6) and a dual-stack [::] (both);
+ * for a specific address it is the address's own family.
+ */
 struct fs_listen_key {
 	__u64 netns;
 	__u32 port;  /* host order */
-	__u32 _pad;
+	__u32 scope; /* SCOPE_V4 | SCOPE_V6 */
 	__u8 addr[16];
 };
 
 /*
  * Several sockets may listen on one address (SO_REUSEPORT): refs counts them,
- * and the entry goes when the last one closes. project and cgroup are the
- * latest listener's.
+ * and the entry goes when the last one closes. project, cgroup, sk and cookie
+ * are the latest listener's.
  */
 struct fs_listener {
 	__u64 project;
 	__u64 cgroup; /* the listener's own cgroup (exemption of nested cgroups) */
+	__u64 sk;     /* the listener's struct sock (a kernel address, see fs_port) */
+	__u64 cookie; /* its socket cookie, which authenticates sk */
 	__u32 refs;   /* listening sockets on this address counted here */
 	__u32 _pad;
 };
 
 /*
- * A handshake in flight, admitted at the SYN, keyed by its 4-tuple. Aligned
- * so that it is hashed and compared as five 64-bit words (the verifier
- * refuses misaligned stack access).
+ * A handshake in flight, admitted at the SYN, keyed by its 4-tuple (36
+ * bytes: kept in a 64-byte slot with its reservation).
  */
 struct fs_resv_key {
 	__u8 laddr[16];
 	__u8 raddr[16];
-	__u32 lport; /* host order */
-	__u32 rport; /* host order */
-} __attribute__((aligned(8)));
+	__u16 lport; /* host order */
+	__u16 rport; /* host order */
+};
 
 struct fs_resv {
 	__u64 project;
@@ -339,34 +387,34 @@ struct {
  * and every accepted child of the host, and a hint that spares the listener
  * lookup that would miss (a wildcard listener, the usual server, is found
  * with one lookup instead of two). An array lookup is inlined by the
- * verifier; the hash lookups behind it are not. A port with one listening
- * address (the usual case) also names its listener here, so sk_lookup does
- * not look in fs_listeners at all: measured here (bpf_stats, loopback
- * connect loop) that takes sk_lookup from ~450-570 to ~360-380 ns/run.
+ * verifier; the hash lookups behind it are not.
+ *
+ * A port with one listening address (the usual case) also names its
+ * listening socket, the owner, so that sk_lookup finds it without the
+ * fs_listeners lookup and reads the listener's queues, address, namespace
+ * and cgroup from the socket itself. The owner is the socket's address and
+ * its cookie, each one aligned 64-bit word: a reader that gets them from two
+ * different writes sees a cookie that is not the socket's and falls back to
+ * the hash, and a socket that closed (or whose memory was reused) no longer
+ * listens or has another cookie. No sequence lock, no reliance on the order
+ * in which the CPU makes loads visible. The socket is freed an RCU grace
+ * period after it stopped listening, and sk_lookup runs under RCU, so a
+ * socket named by an owner it read stays readable while it looks.
  */
 struct fs_port {
 	/* specific, wildcard and version are one 64-bit word (port_state),
 	 * changed with one fetch-add: whoever changes the port's addresses
-	 * learns their counts and the version the change made, atomically. */
+	 * learns their counts and the version the change made, atomically.
+	 * The counts are one number in effect: a decrement that comes before
+	 * its increment borrows from the next field and the increment gives
+	 * it back, so a count never gets stuck (it only looks odd, and the
+	 * port not owned, in between). */
 	__u16 specific; /* addresses of the port's listeners that are one address */
 	__u16 wildcard; /* addresses that are 0.0.0.0 or :: */
 	__u32 version;  /* bumped by every change of the addresses or of their owner */
-	/*
-	 * The owner: the port's only listening address and its listener,
-	 * valid while tag equals the port's state word (one address, the
-	 * version it was written at). sk_lookup then admits without the
-	 * fs_listeners lookup, whose 32-byte key costs a jhash and two more
-	 * cache lines (and pages) per SYN. tag is 0 while the owner is being
-	 * written; lock admits one writer at a time.
-	 */
-	__u64 tag;
-	__u32 lock;
-	__u32 _pad;
-	__u64 netns;
-	__u64 project;
-	__u64 cgroup;
-	__u8 addr[16];
-} __attribute__((aligned(8)));
+	__u64 sk;       /* the owner: struct sock of the port's only listening address, or 0 */
+	__u64 cookie;   /* the owner's socket cookie */
+};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -378,25 +426,30 @@ struct {
 
 /*
  * Reservations, by 4-tuple, in two tables as held permits are. fs_resv_slots
- * is an array indexed by a hash of the tuple; a slot is claimed and freed
- * with a compare-and-swap of its tag (the hash, never 0; SLOT_BUSY while it
- * is being filled). fs_reservations is the spill table for a tuple whose
- * slot another handshake holds, looked at only while node spilled says it
- * has entries. Measured here (bpf_stats, loopback connect loop): the hash
- * insert at the SYN was ~220 ns of sk_lookup's ~500 and the delete at
- * ESTABLISHED ~8 ns per run of the state program (~80 per connection); the
- * slots take ~70 ns off sk_lookup and all of the delete (see resv_hash for
- * why the slots are placed as they are).
+ * is a small array indexed by a hash of the tuple; a slot is claimed and
+ * freed with a compare-and-swap of its tag (the hash, never 0; SLOT_BUSY
+ * while it is being filled). fs_reservations is the spill table for a tuple
+ * whose slot another handshake holds, looked at only while node spilled says
+ * it has entries. Handshakes in flight are few (a reservation lives one round
+ * trip), so 256 slots of 64 bytes, 16 KiB in all, stay in the cache and in a
+ * page the TLB keeps: measured here (bpf_stats, loopback connect loop), a
+ * slot in a table sized from POOL, a cold line per SYN, cost sk_lookup ~190
+ * of its ~260 ns above the empty program's. A SYN flood spills into the hash
+ * table and pays a cold line there.
  */
+#define RESV_SLOTS 256 /* a power of two */
+
 struct fs_resv_slot {
 	__u64 tag;
 	struct fs_resv_key key;
-	struct fs_resv resv;
+	__u32 kind;
+	__u64 project;
+	__u64 since_ns;
 };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1024); /* replaced at load with the size of fs_slots (slot_mask) */
+	__uint(max_entries, RESV_SLOTS);
 	__type(key, __u32);
 	__type(value, struct fs_resv_slot);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -440,6 +493,12 @@ static __always_inline struct fs_pool *node(void)
 {
 	__u32 zero = 0;
 	return bpf_map_lookup_elem(&fs_node, &zero);
+}
+
+static __always_inline struct fs_settings *settings(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&fs_config, &zero);
 }
 
 static __always_inline struct fs_slot *slot_of(__u64 cookie)
@@ -495,7 +554,10 @@ static __always_inline long hold(__u64 cookie, struct fs_sock *v)
 	if (!n)
 		return -1;
 	/* Counted before the insert, so that a reader who finds the count at
-	 * zero cannot miss an entry already in. */
+	 * zero cannot miss an entry already in. Two holds of one cookie never
+	 * race (the socket's lock serialises connect(), the child is
+	 * established once), so the slot and the spill table cannot both take
+	 * it as fs_resv_slots could (see resv_put). */
 	__sync_fetch_and_add(&n->spilled, 1);
 	long err = bpf_map_update_elem(&fs_held, &cookie, v, BPF_NOEXIST);
 	if (err)
@@ -533,15 +595,7 @@ static __always_inline bool unhold(__u64 cookie, __u64 *id, __u32 *kind, bool al
 	return true;
 }
 
-/*
- * resv_hash places a tuple: a hash of everything but the remote port, plus
- * the remote port. A client's connections to one address take ports close
- * together (the kernel's ephemeral ports advance by two), so their
- * reservations fill neighbouring slots, whose lines and pages are still warm,
- * where a hash of the whole tuple sends each to a cold line of its own: a
- * cache and TLB miss (the kernel's page tables are switched at every system
- * call here), measured to cost sk_lookup as much as the hash-map insert did.
- */
+/* resv_hash mixes a tuple (murmur3's finaliser after multiplicative steps). */
 static __always_inline __u64 resv_hash(const struct fs_resv_key *k)
 {
 	const __u64 *w = (const __u64 *)k;
@@ -549,14 +603,14 @@ static __always_inline __u64 resv_hash(const struct fs_resv_key *k)
 #pragma unroll
 	for (int i = 0; i < 4; i++)
 		h = (h ^ w[i]) * 0x9e3779b97f4a7c15ULL;
-	h = (h ^ k->lport) * 0x9e3779b97f4a7c15ULL;
+	h = (h ^ ((__u64)k->lport << 16 | k->rport)) * 0x9e3779b97f4a7c15ULL;
 	/* A multiplication moves bits only upwards, and the index takes the
-	 * low ones: mix the high bits down (murmur3's finaliser). */
+	 * low ones: mix the high bits down. */
 	h ^= h >> 33;
 	h *= 0xff51afd7ed558ccdULL;
 	h ^= h >> 33;
 	h *= 0xc4ceb9fe1a85ec53ULL;
-	return (h ^ (h >> 33)) + k->rport;
+	return h ^ (h >> 33);
 }
 
 /* resv_tagof is a slot's tag for hash h: nonzero, without SLOT_BUSY. */
@@ -567,26 +621,100 @@ static __always_inline __u64 resv_tagof(__u64 h)
 
 static __always_inline struct fs_resv_slot *resv_slot(__u64 h)
 {
-	__u32 i = h & slot_mask;
+	__u32 i = (h >> 1) & (RESV_SLOTS - 1); /* bit 0 is always set in the tag */
 	return bpf_map_lookup_elem(&fs_resv_slots, &i);
 }
 
 static __always_inline bool resv_key_eq(const struct fs_resv_key *a, const struct fs_resv_key *b)
 {
 	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
-	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+	const __u32 *xp = (const __u32 *)&a->lport, *yp = (const __u32 *)&b->lport;
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && *xp == *yp;
 }
 
-/* resv_find returns the reservation of k, or NULL. */
-static __always_inline struct fs_resv *resv_find(struct fs_resv_key *k)
+static __always_inline void resv_key_copy(struct fs_resv_key *dst, const struct fs_resv_key *src)
+{
+	__u64 *d = (__u64 *)dst;
+	const __u64 *s = (const __u64 *)src;
+	d[0] = s[0];
+	d[1] = s[1];
+	d[2] = s[2];
+	d[3] = s[3];
+	*(__u32 *)&dst->lport = *(const __u32 *)&src->lport;
+}
+
+/* resv_find returns whether k holds a reservation. */
+static __always_inline bool resv_find(struct fs_resv_key *k)
 {
 	__u64 h = resv_hash(k);
 	struct fs_resv_slot *s = resv_slot(h);
 	if (s && s->tag == resv_tagof(h) && resv_key_eq(&s->key, k))
-		return &s->resv;
+		return true;
 	if (spill_empty())
-		return NULL;
-	return bpf_map_lookup_elem(&fs_reservations, k);
+		return false;
+	return bpf_map_lookup_elem(&fs_reservations, k) != NULL;
+}
+
+/*
+ * resv_slot_put is the first half of resv_put: claim k's slot if it is free.
+ * 0 done, -EEXIST k has a reservation (in the slot, or in the spill table
+ * from before the slot was freed), 1 the slot holds another tuple: spill.
+ */
+static __always_inline long resv_slot_put(struct fs_resv_slot *s, __u64 tag, struct fs_resv_key *k, struct fs_resv *r)
+{
+	if (__sync_val_compare_and_swap(&s->tag, 0, tag | SLOT_BUSY) == 0) {
+		/* After the claim (a full barrier): a spill insert of k that
+		 * this lookup misses sees the claim in resv_spill_put and backs
+		 * off. */
+		if (!spill_empty() && bpf_map_lookup_elem(&fs_reservations, k)) {
+			__sync_lock_test_and_set(&s->tag, 0);
+			return -EEXIST;
+		}
+		resv_key_copy(&s->key, k);
+		s->kind = r->kind;
+		s->project = r->project;
+		s->since_ns = r->since_ns;
+		/* Publish: the exchange orders the stores above before it. */
+		__sync_lock_test_and_set(&s->tag, tag);
+		return 0;
+	}
+	__u64 cur = s->tag;
+	if (cur == (tag | SLOT_BUSY) || (cur == tag && resv_key_eq(&s->key, k)))
+		return -EEXIST;
+	return 1;
+}
+
+/*
+ * resv_spill_put is the second half of resv_put: k's slot held another tuple
+ * when resv_slot_put looked, so k goes to the spill table. The slot may have
+ * been freed since and claimed for k by another CPU (a retransmitted or
+ * duplicated SYN) whose look into the spill table came before this insert:
+ * k would then be reserved twice, two permits for one handshake. So the slot
+ * is read again after the insert, with a compare-and-swap that changes
+ * nothing but orders the read after it, and if it is being filled with k's
+ * tag or holds k, this insert backs off. (Both may back off; k then goes
+ * unreserved and its child is admitted when it is established.)
+ */
+static __always_inline long resv_spill_put(struct fs_resv_slot *s, __u64 tag, struct fs_resv_key *k, struct fs_resv *r)
+{
+	struct fs_pool *n = node();
+	if (!n)
+		return -1;
+	/* Counted before the insert, so that a reader who finds the count at
+	 * zero cannot miss an entry already in. */
+	__sync_fetch_and_add(&n->spilled, 1);
+	long err = bpf_map_update_elem(&fs_reservations, k, r, BPF_NOEXIST);
+	if (err) {
+		__sync_fetch_and_add(&n->spilled, -1);
+		return err;
+	}
+	__u64 cur = __sync_val_compare_and_swap(&s->tag, 0, 0);
+	if (cur != (tag | SLOT_BUSY) && !(cur == tag && resv_key_eq(&s->key, k)))
+		return 0;
+	if (bpf_map_delete_elem(&fs_reservations, k))
+		return 0; /* already ended (converted, undone or expired): it was used */
+	__sync_fetch_and_add(&n->spilled, -1);
+	return -EEXIST;
 }
 
 /*
@@ -600,30 +728,10 @@ static __always_inline long resv_put(struct fs_resv_key *k, struct fs_resv *r)
 	struct fs_resv_slot *s = resv_slot(h);
 	if (!s)
 		return -1;
-	if (__sync_val_compare_and_swap(&s->tag, 0, tag | SLOT_BUSY) == 0) {
-		/* k may be in the spill table from before its slot was freed. */
-		if (!spill_empty() && bpf_map_lookup_elem(&fs_reservations, k)) {
-			__sync_lock_test_and_set(&s->tag, 0);
-			return -EEXIST;
-		}
-		s->key = *k;
-		s->resv = *r;
-		/* Publish: the exchange orders the stores above before it. */
-		__sync_lock_test_and_set(&s->tag, tag);
-		return 0;
-	}
-	__u64 cur = s->tag;
-	if (cur == (tag | SLOT_BUSY) || (cur == tag && resv_key_eq(&s->key, k)))
-		return -EEXIST;
-	struct fs_pool *n = node();
-	if (!n)
-		return -1;
-	/* Counted before the insert, as in hold. */
-	__sync_fetch_and_add(&n->spilled, 1);
-	long err = bpf_map_update_elem(&fs_reservations, k, r, BPF_NOEXIST);
-	if (err)
-		__sync_fetch_and_add(&n->spilled, -1);
-	return err;
+	long err = resv_slot_put(s, tag, k, r);
+	if (err <= 0)
+		return err;
+	return resv_spill_put(s, tag, k, r);
 }
 
 /*
@@ -639,10 +747,10 @@ static __always_inline bool resv_take(struct fs_resv_key *k, __u64 *id, __u32 *k
 	__u64 h = resv_hash(k), tag = resv_tagof(h);
 	struct fs_resv_slot *s = resv_slot(h);
 	if (s && s->tag == tag && resv_key_eq(&s->key, k)) {
-		if (since && s->resv.since_ns != since)
+		if (since && s->since_ns != since)
 			return false;
-		*id = s->resv.project;
-		*kind = s->resv.kind;
+		*id = s->project;
+		*kind = s->kind;
 		return __sync_val_compare_and_swap(&s->tag, tag, 0) == tag;
 	}
 	if (!always && spill_empty())
@@ -727,6 +835,14 @@ static __always_inline __s64 share_of(struct fs_settings *cfg, struct fs_pool *n
 #define ADMIT_HELD 2 /* refused, but the socket already holds a permit */
 #define ADMIT_TRIES 8 /* compare-and-swap attempts on the node counter */
 
+/* limit_for is the in_use the rule lets project p take a permit under. */
+static __always_inline __s64 limit_for(struct fs_settings *cfg, struct fs_pool *n, struct fs_project *p)
+{
+	if (*(volatile __s64 *)&p->in_use < share_of(cfg, n))
+		return cfg->pool;
+	return cfg->floor < cfg->pool ? cfg->pool - cfg->floor : 0;
+}
+
 /*
  * admit applies the rule to project entry p (NULL: the project map is full)
  * and, if it admits, takes the permit on both counters. Returns 1 admitted,
@@ -738,9 +854,8 @@ static __always_inline __s64 share_of(struct fs_settings *cfg, struct fs_pool *n
  */
 static __always_inline int admit(struct fs_project *p, __u64 cookie, bool fine)
 {
-	__u32 zero = 0;
-	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);
-	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+	struct fs_settings *cfg = settings();
+	struct fs_pool *n = node();
 	if (!cfg || !n)
 		return -1;
 	if (!p) {
@@ -749,9 +864,7 @@ static __always_inline int admit(struct fs_project *p, __u64 cookie, bool fine)
 	}
 	seen(cfg, n, p, fine);
 
-	__s64 lim = cfg->pool;
-	if (*(volatile __s64 *)&p->in_use >= share_of(cfg, n))
-		lim = cfg->floor < cfg->pool ? cfg->pool - cfg->floor : 0;
+	__s64 lim = limit_for(cfg, n, p);
 	/*
 	 * Compare-and-swap, not fetch-add and roll back: in_use only ever
 	 * moves to a value the rule allows, so a reader (Snapshot, metrics)
@@ -781,10 +894,27 @@ static __always_inline int admit(struct fs_project *p, __u64 cookie, bool fine)
 	return 1;
 }
 
+/*
+ * would_admit applies the rule without taking a permit: for a SYN the kernel
+ * will answer with a SYN cookie (no request socket, nothing to reserve for)
+ * and a cookie's ACK, whose child takes its permit when it is established.
+ */
+static __always_inline int would_admit(struct fs_project *p, bool fine)
+{
+	struct fs_settings *cfg = settings();
+	struct fs_pool *n = node();
+	if (!cfg || !n || !p)
+		return -1;
+	seen(cfg, n, p, fine);
+	if (*(volatile __s64 *)&n->in_use < limit_for(cfg, n, p))
+		return 1;
+	__sync_fetch_and_add(&p->refused, 1);
+	return 0;
+}
+
 static __always_inline void release(__u64 id, bool fine)
 {
-	__u32 zero = 0;
-	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+	struct fs_pool *n = node();
 	struct fs_project *p = bpf_map_lookup_elem(&fs_projects, &id);
 	if (n)
 		__sync_fetch_and_add(&n->in_use, -1);
@@ -799,9 +929,8 @@ static __always_inline void release(__u64 id, bool fine)
 /* force takes a permit without the rule: the connection already exists. */
 static __always_inline void force(__u64 id, bool fine)
 {
-	__u32 zero = 0;
-	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);
-	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+	struct fs_settings *cfg = settings();
+	struct fs_pool *n = node();
 	struct fs_project *p = project_get(id);
 	if (!n)
 		return;
@@ -810,6 +939,12 @@ static __always_inline void force(__u64 id, bool fine)
 	__sync_fetch_and_add(&n->in_use, 1);
 	if (p)
 		__sync_fetch_and_add(&p->in_use, 1);
+}
+
+/* exempt_listed says whether cgroup cg or project id is in the exempt set. */
+static __always_inline bool exempt_listed(__u64 cg, __u64 id)
+{
+	return bpf_map_lookup_elem(&fs_exempt, &id) || (cg != id && bpf_map_lookup_elem(&fs_exempt, &cg));
 }
 
 /*
@@ -823,15 +958,14 @@ static __always_inline void force(__u64 id, bool fine)
  */
 static __always_inline bool exempt_take(bool task, __u64 cg, __u64 id)
 {
-	__u32 zero = 0;
-	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);
-	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+	struct fs_settings *cfg = settings();
+	struct fs_pool *n = node();
 	/* exempt_max is 0 while the set is empty: no lookup on the common path. */
 	if (!cfg || !n || !cfg->exempt_max)
 		return false;
 	if (task)
 		cg = bpf_get_current_cgroup_id();
-	if (!bpf_map_lookup_elem(&fs_exempt, &id) && (cg == id || !bpf_map_lookup_elem(&fs_exempt, &cg)))
+	if (!exempt_listed(cg, id))
 		return false;
 	__s64 used = __sync_fetch_and_add(&n->exempt_in_use, 1);
 	if (used >= cfg->exempt_max) {
@@ -845,8 +979,7 @@ static __always_inline bool exempt_take(bool task, __u64 cg, __u64 id)
 /* exempt_undo gives an exempt permit back without counting a release. */
 static __always_inline void exempt_undo(void)
 {
-	__u32 zero = 0;
-	struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+	struct fs_pool *n = node();
 	if (n)
 		__sync_fetch_and_add(&n->exempt_in_use, -1);
 }
@@ -880,23 +1013,42 @@ static __always_inline struct fs_project *task_project(__u64 *id)
 	return p;
 }
 
-/* cgroup_project is the project of a socket's cgroup, 0 if outside the root. */
+/*
+ * cgroup_ancestor is cg->ancestors[level] (level <= cg's own). The verifier
+ * does not walk a flexible array of pointers, so the entry is read as the
+ * first member (->cgroup) of a struct cgroup_subsys_state placed at its
+ * address: a plain load the kernel checks, where bpf_probe_read_kernel
+ * would be a helper call.
+ */
+static __always_inline struct cgroup *cgroup_ancestor(struct cgroup *cg, __u32 level)
+{
+	__u64 at = (__u64)cg + bpf_core_field_offset(struct cgroup, ancestors) + 8 * (level & 0xff);
+	return CAST(struct cgroup_subsys_state, at)->cgroup;
+}
+
+/*
+ * cgroup_project is the project of a cgroup, 0 if it is not below the root.
+ * The loads go straight through the kernel's pointers (a tracing program's
+ * or one made by CAST), no helper calls.
+ */
 static __always_inline __u64 cgroup_project(struct cgroup *cg)
 {
 	if (!cg)
 		return 0;
-	int level = BPF_CORE_READ(cg, level);
+	int level = cg->level;
 	if (level <= (int)root_level || level > 255)
 		return 0;
-	struct cgroup *anc = NULL;
-	bpf_probe_read_kernel(&anc, sizeof(anc), &cg->ancestors[root_level & 0xff]);
-	if (!anc || BPF_CORE_READ(anc, kn, id) != root_cgroup_id)
+	struct cgroup *anc = cgroup_ancestor(cg, root_level);
+	if (!anc || anc->kn->id != root_cgroup_id)
 		return 0;
-	anc = NULL;
-	bpf_probe_read_kernel(&anc, sizeof(anc), &cg->ancestors[(root_level + 1) & 0xff]);
-	if (!anc)
-		return 0;
-	return BPF_CORE_READ(anc, kn, id);
+	anc = cgroup_ancestor(cg, root_level + 1);
+	return anc ? anc->kn->id : 0;
+}
+
+/* cgroup_id is the id of cgroup cg (a kernel pointer), 0 for none. */
+static __always_inline __u64 cgroup_id(struct cgroup *cg)
+{
+	return cg ? cg->kn->id : 0;
 }
 
 static __always_inline int connect_common(struct bpf_sock_addr *ctx)
@@ -922,7 +1074,11 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx)
 			return 0;
 		}
 	}
-	struct fs_sock v = {.project = id, .netns = bpf_get_netns_cookie(ctx), .kind = kind};
+	/* The netns cookie read from the socket: two loads where the helper
+	 * is a call. */
+	struct bpf_sock *bs = ctx->sk;
+	__u64 netns = bs ? CAST(struct sock, bs)->__sk_common.skc_net.net->net_cookie : 0;
+	struct fs_sock v = {.project = id, .netns = netns, .kind = kind};
 	long err = hold(cookie, &v);
 	if (err) {
 		/* The socket already holds a permit (connect() again after
@@ -968,30 +1124,52 @@ int fs_sock_release(struct bpf_sock *ctx)
 {
 	if (ctx->type != SOCK_STREAM)
 		return 1;
-	release_cookie(bpf_get_socket_cookie(ctx), CLK_COARSE);
+	/* A socket that holds a permit has a cookie already: read it rather
+	 * than have the helper generate one for every other socket. */
+	__u64 cookie = CAST(struct sock, ctx)->__sk_common.skc_cookie.counter;
+	if (cookie)
+		release_cookie(cookie, CLK_COARSE);
 	return 1;
 }
 
 static __always_inline void v4mapped(__u8 *dst, __be32 a)
 {
-	__builtin_memset(dst, 0, 10);
-	dst[10] = 0xff;
-	dst[11] = 0xff;
-	__builtin_memcpy(dst + 12, &a, 4);
+	__u32 *d = (__u32 *)dst;
+	d[0] = 0;
+	d[1] = 0;
+	d[2] = bpf_htonl(0xffff);
+	d[3] = a;
 }
 
-/* local_addr fills the listening/local address in normalised form. */
-static __always_inline void sock_local(struct sock *sk, __u8 *addr, bool wildcard_zero)
+static __always_inline bool is_v4mapped(const __u8 *addr)
 {
-	if (sk->__sk_common.skc_family == AF_INET) {
-		__be32 a = sk->__sk_common.skc_rcv_saddr;
-		if (a == 0 && wildcard_zero)
-			__builtin_memset(addr, 0, 16);
-		else
-			v4mapped(addr, a);
-	} else {
-		bpf_core_read(addr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
-	}
+	const __u32 *a = (const __u32 *)addr;
+	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
+}
+
+static __always_inline bool wild_addr(const __u8 *addr)
+{
+	const __u64 *a = (const __u64 *)addr;
+	return a[0] == 0 && a[1] == 0;
+}
+
+/* in6_load copies an IPv6 address from a kernel pointer, four loads. */
+static __always_inline void in6_load(__u8 *dst, const struct in6_addr *a)
+{
+	__u32 *d = (__u32 *)dst;
+	d[0] = a->in6_u.u6_addr32[0];
+	d[1] = a->in6_u.u6_addr32[1];
+	d[2] = a->in6_u.u6_addr32[2];
+	d[3] = a->in6_u.u6_addr32[3];
+}
+
+/* sock_local fills the local address in normalised form (v4-mapped). */
+static __always_inline void sock_local(struct sock *sk, __u8 *addr)
+{
+	if (sk->__sk_common.skc_family == AF_INET)
+		v4mapped(addr, sk->__sk_common.skc_rcv_saddr);
+	else
+		in6_load(addr, &sk->__sk_common.skc_v6_rcv_saddr);
 }
 
 static __always_inline void sock_remote(struct sock *sk, __u8 *addr)
@@ -999,18 +1177,33 @@ static __always_inline void sock_remote(struct sock *sk, __u8 *addr)
 	if (sk->__sk_common.skc_family == AF_INET)
 		v4mapped(addr, sk->__sk_common.skc_daddr);
 	else
-		bpf_core_read(addr, 16, &sk->__sk_common.skc_v6_daddr);
+		in6_load(addr, &sk->__sk_common.skc_v6_daddr);
 }
 
 static __always_inline __u64 sock_netns(struct sock *sk)
 {
-	return BPF_CORE_READ(sk, __sk_common.skc_net.net, net_cookie);
+	return sk->__sk_common.skc_net.net->net_cookie;
 }
 
-static __always_inline bool wild_addr(const __u8 *addr)
+/*
+ * listen_addr fills the listening address of sk as fs_listen_key keeps it
+ * (all zero for a wildcard) and returns its scope: the families of the SYNs
+ * it takes.
+ */
+static __always_inline __u32 listen_addr(struct sock *sk, __u8 *addr)
 {
-	const __u64 *a = (const __u64 *)addr;
-	return a[0] == 0 && a[1] == 0;
+	if (sk->__sk_common.skc_family == AF_INET) {
+		__be32 a = sk->__sk_common.skc_rcv_saddr;
+		if (a == 0)
+			__builtin_memset(addr, 0, 16);
+		else
+			v4mapped(addr, a);
+		return SCOPE_V4;
+	}
+	in6_load(addr, &sk->__sk_common.skc_v6_rcv_saddr);
+	if (!wild_addr(addr))
+		return is_v4mapped(addr) ? SCOPE_V4 : SCOPE_V6;
+	return BPF_CORE_READ_BITFIELD(sk, __sk_common.skc_ipv6only) ? SCOPE_V6 : SCOPE_V4 | SCOPE_V6;
 }
 
 #define PORT_SPECIFIC 1ULL
@@ -1030,13 +1223,14 @@ static __always_inline __u32 port_addrs(__u64 w)
 
 /*
  * port_change records a change of k's port: d = 1 address k added, -1
- * removed, 0 its listener (the owner) replaced. A change that leaves k the
- * port's only address writes k's listener, as the hash holds it after the
- * change, as the owner tagged with the new state. Every change bumps the
- * version, so an owner written for an earlier state is never taken for the
- * current one; a writer that finds the state moved on or the lock held
- * writes nothing, and sk_lookup falls back to the hash until the port's next
- * first address.
+ * removed, 0 its listener (the owner) replaced. The counts are changed
+ * whatever they are (see fs_port): a removal that comes before its addition
+ * (an on_listen and a close racing) leaves them right once both are done.
+ * A change that leaves k the port's only address names k's listener, as the
+ * hash holds it after the change, as the owner, unless the port changed
+ * again meanwhile (the later change names its own). Readers check the owner
+ * against the socket, so a stale or half-written one costs them a hash
+ * lookup, never a wrong answer.
  */
 static __always_inline void port_change(struct fs_listen_key *k, int d)
 {
@@ -1044,10 +1238,7 @@ static __always_inline void port_change(struct fs_listen_key *k, int d)
 	struct fs_port *n = bpf_map_lookup_elem(&fs_ports, &port);
 	if (!n)
 		return;
-	bool wild = wild_addr(k->addr);
-	__u64 one = wild ? PORT_WILDCARD : PORT_SPECIFIC;
-	if (d < 0 && !(wild ? n->wildcard : n->specific))
-		return;
+	__u64 one = wild_addr(k->addr) ? PORT_WILDCARD : PORT_SPECIFIC;
 	__u64 delta = PORT_VERSION + (d > 0 ? one : d < 0 ? -one : 0);
 	__u64 w = __sync_fetch_and_add(port_state(n), delta) + delta;
 	if (d < 0 || port_addrs(w) != 1)
@@ -1055,48 +1246,17 @@ static __always_inline void port_change(struct fs_listen_key *k, int d)
 	/* Looked up after the change: a delete of k that this change did not
 	 * see has already taken k out of the hash. */
 	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, k);
-	if (!l || __sync_val_compare_and_swap(&n->lock, 0, 1) != 0)
+	if (!l || *(volatile __u64 *)port_state(n) != w)
 		return;
-	if (*(volatile __u64 *)port_state(n) == w) {
-		__sync_lock_test_and_set(&n->tag, 0);
-		n->netns = k->netns;
-		__builtin_memcpy(n->addr, k->addr, 16);
-		n->project = l->project;
-		n->cgroup = l->cgroup;
-		/* Publish: the exchange orders the stores above before it. */
-		__sync_lock_test_and_set(&n->tag, w);
-	}
-	__sync_lock_test_and_set(&n->lock, 0);
-}
-
-/*
- * port_owner finds the listener of the SYN's address (netns, addr) from the
- * port's owner: 1 found (*id, *cg), 0 no listener there, -1 the owner is not
- * valid (look in the hash). The tag is read before and after the owner, as
- * a seqlock's sequence: port_change zeroes it before writing.
- */
-static __always_inline int port_owner(struct fs_port *n, __u64 netns, const __u8 *addr, __u64 *id, __u64 *cg)
-{
-	__u64 w = *(volatile __u64 *)port_state(n);
-	if (port_addrs(w) != 1 || *(volatile __u64 *)&n->tag != w)
-		return -1;
-	const __u64 *oa = (const __u64 *)n->addr, *a = (const __u64 *)addr;
-	__u64 on = n->netns, o0 = oa[0], o1 = oa[1];
-	*id = n->project;
-	*cg = n->cgroup;
-	asm volatile("" ::: "memory");
-	if (*(volatile __u64 *)&n->tag != w)
-		return -1;
-	if (on != netns || ((o0 || o1) && (o0 != a[0] || o1 != a[1])))
-		return 0;
-	return 1;
+	__sync_lock_test_and_set(&n->sk, l->sk);
+	__sync_lock_test_and_set(&n->cookie, l->cookie);
 }
 
 /*
  * on_listen counts a project's listening socket under its address for
  * sk_lookup. A socket already counted (the reconcile dump sees every
  * listener again) is not counted twice; if its address entry is missing
- * (see on_unlisten), it is put back.
+ * (see unlisten), it is put back.
  */
 static __always_inline void on_listen(struct sock *sk)
 {
@@ -1107,9 +1267,9 @@ static __always_inline void on_listen(struct sock *sk)
 	struct fs_listen_key k = {};
 	k.netns = sock_netns(sk);
 	k.port = sk->__sk_common.skc_num;
-	sock_local(sk, k.addr, true);
+	k.scope = listen_addr(sk, k.addr);
 	__u64 cookie = bpf_get_socket_cookie(sk);
-	struct fs_listener nl = {.project = id, .cgroup = BPF_CORE_READ(cg, kn, id), .refs = 1};
+	struct fs_listener nl = {.project = id, .cgroup = cgroup_id(cg), .sk = (__u64)sk, .cookie = cookie, .refs = 1};
 	if (bpf_map_update_elem(&fs_listen_socks, &cookie, &k, BPF_NOEXIST)) {
 		if (!bpf_map_lookup_elem(&fs_listen_socks, &cookie))
 			return; /* map full: the listener goes uncounted */
@@ -1132,6 +1292,8 @@ static __always_inline void on_listen(struct sock *sk)
 	/* Another SO_REUSEPORT listener: the latest names the project. */
 	l->project = nl.project;
 	l->cgroup = nl.cgroup;
+	l->sk = nl.sk;
+	l->cookie = nl.cookie;
 	__sync_fetch_and_add(&l->refs, 1);
 	port_change(&k, 0);
 }
@@ -1168,14 +1330,68 @@ static __always_inline bool unlisten(__u64 cookie)
 	return true;
 }
 
-static __always_inline void on_unlisten(struct sock *sk)
+/*
+ * A listener as sk_lookup sees it: its project and cgroup id, and the
+ * socket (NULL when it cannot be checked: its queues are then unknown).
+ */
+struct lview {
+	__u64 project;
+	__u64 cgroup;
+	struct sock *sk;
+};
+
+/*
+ * listening_sock makes the socket address p, named by an owner or a
+ * listener entry with the given cookie, into a socket pointer if it is that
+ * socket and it still listens; else NULL.
+ */
+static __always_inline struct sock *listening_sock(__u64 p, __u64 cookie)
 {
-	unlisten(bpf_get_socket_cookie(sk));
+	if (!p)
+		return NULL;
+	struct sock *sk = CAST(struct sock, p);
+	if (sk->__sk_common.skc_cookie.counter != cookie || sk->__sk_common.skc_state != TCP_LISTEN)
+		return NULL;
+	return sk;
+}
+
+/* Outcomes of port_owner. */
+#define OWNER_UNKNOWN -1 /* no valid owner: look in the hash */
+#define OWNER_OTHER 0    /* the port's only listener does not take this SYN */
+#define OWNER_TAKES 1    /* it does: *v */
+
+/*
+ * port_owner checks whether the port's only listening socket takes a SYN of
+ * family fam to laddr (v4-mapped for IPv4) in netns, reading the socket's
+ * own address, scope and namespace.
+ */
+static __always_inline int port_owner(struct fs_port *n, __u64 w, __u64 netns, __u16 fam, const __u8 *laddr, struct lview *v)
+{
+	if (port_addrs(w) != 1)
+		return OWNER_UNKNOWN;
+	struct sock *sk = listening_sock(*(volatile __u64 *)&n->sk, *(volatile __u64 *)&n->cookie);
+	if (!sk)
+		return OWNER_UNKNOWN;
+	if (sock_netns(sk) != netns)
+		return OWNER_OTHER;
+	__u8 addr[16] __attribute__((aligned(8)));
+	__u32 scope = listen_addr(sk, addr);
+	if (!(scope & (fam == AF_INET ? SCOPE_V4 : SCOPE_V6)))
+		return OWNER_OTHER;
+	const __u64 *a = (const __u64 *)addr, *b = (const __u64 *)laddr;
+	if ((a[0] || a[1]) && (a[0] != b[0] || a[1] != b[1]))
+		return OWNER_OTHER;
+	struct cgroup *cg = sk->sk_cgrp_data.cgroup;
+	v->sk = sk;
+	v->project = cgroup_project(cg);
+	v->cgroup = cgroup_id(cg);
+	return v->project ? OWNER_TAKES : OWNER_OTHER;
 }
 
 /*
- * find_listener looks k up, then its wildcard, skipping a kind the port (its
- * entry n) lacks.
+ * find_listener looks k (the SYN's address, scope of its family) up, then
+ * the wildcards that take its family, skipping a kind the port (its entry n)
+ * lacks.
  */
 static __always_inline struct fs_listener *find_listener(struct fs_port *n, struct fs_listen_key *k)
 {
@@ -1187,22 +1403,27 @@ static __always_inline struct fs_listener *find_listener(struct fs_port *n, stru
 	if (!n->wildcard)
 		return NULL;
 	__builtin_memset(k->addr, 0, 16);
+	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, k);
+	if (l)
+		return l;
+	k->scope = SCOPE_V4 | SCOPE_V6;
 	return bpf_map_lookup_elem(&fs_listeners, k);
 }
 
 /*
  * on_established converts the reservation made at the SYN into the child's
- * permit. Without a reservation (it expired, the SYN came before the programs,
- * or another netns) the rule is applied now; a refusal here cannot stop the
- * connection, so it is left unheld and counted as unaccounted.
+ * permit. Without a reservation (a SYN cookie's child, one whose reservation
+ * expired, a SYN before the programs, another netns) the rule is applied now
+ * to the project of the child's cgroup (the listener's); a refusal here
+ * cannot stop the connection, so it is left unheld and counted as
+ * unaccounted.
  */
 static __always_inline void on_established(struct sock *sk)
 {
-	struct fs_port *port = listened(sk->__sk_common.skc_num);
-	if (!port)
+	if (!listened(sk->__sk_common.skc_num))
 		return;
-	struct fs_resv_key rk = {};
-	sock_local(sk, rk.laddr, false);
+	struct fs_resv_key rk __attribute__((aligned(8))) = {};
+	sock_local(sk, rk.laddr);
 	sock_remote(sk, rk.raddr);
 	rk.lport = sk->__sk_common.skc_num;
 	rk.rport = bpf_ntohs(sk->__sk_common.skc_dport);
@@ -1210,15 +1431,11 @@ static __always_inline void on_established(struct sock *sk)
 	__u64 id = 0;
 	__u32 kind = KIND_IN;
 	if (!resv_take(&rk, &id, &kind, false, 0)) {
-		struct fs_listen_key lk = {};
-		lk.netns = sock_netns(sk);
-		lk.port = rk.lport;
-		__builtin_memcpy(lk.addr, rk.laddr, 16);
-		struct fs_listener *l = find_listener(port, &lk);
-		if (!l)
+		struct cgroup *cg = sk->sk_cgrp_data.cgroup;
+		id = cgroup_project(cg);
+		if (!id)
 			return;
-		id = l->project;
-		if (exempt_take(false, l->cgroup, id)) {
+		if (exempt_take(false, cgroup_id(cg), id)) {
 			kind = KIND_EXEMPT_IN;
 			COUNT(exempt_admitted);
 		} else {
@@ -1249,14 +1466,13 @@ int BPF_PROG(fs_set_state, struct sock *sk, int oldstate, int newstate)
 {
 	/* Most transitions (SYN_SENT, the FIN states, TIME_WAIT) concern us
 	 * not at all, and this program runs for every TCP socket of the host
-	 * about ten times per connection: look at the argument before touching
-	 * the socket. */
-	if (newstate != TCP_CLOSE && newstate != TCP_ESTABLISHED && newstate != TCP_LISTEN)
-		return 0;
-	if (sk->sk_protocol != IPPROTO_TCP)
-		return 0;
+	 * about ten times per connection: look at the arguments before
+	 * touching the socket. Of the transitions to ESTABLISHED only a
+	 * child's (from SYN_RECV) matters. */
 	switch (newstate) {
 	case TCP_CLOSE: {
+		if (sk->sk_protocol != IPPROTO_TCP)
+			return 0;
 		/* Every end of a connection passes here, including RST, failed
 		 * connects, timeouts and children dropped with their listener.
 		 * A socket that holds a permit has a cookie already; reading it
@@ -1267,67 +1483,157 @@ int BPF_PROG(fs_set_state, struct sock *sk, int oldstate, int newstate)
 			release_cookie(cookie, CLK_FINE);
 		/* Not filtered by port: by now a listener bound to port 0 has
 		 * given its port back (skc_num is 0). Listeners close rarely;
-		 * on_unlisten finds the address by the socket's cookie. */
-		if (oldstate == TCP_LISTEN)
-			on_unlisten(sk);
-		break;
+		 * unlisten finds the address by the socket's cookie. */
+		if (oldstate == TCP_LISTEN && cookie)
+			unlisten(cookie);
+		return 0;
 	}
 	case TCP_ESTABLISHED:
-		if (oldstate == TCP_SYN_RECV)
+		if (oldstate == TCP_SYN_RECV && sk->sk_protocol == IPPROTO_TCP)
 			on_established(sk);
-		break;
+		return 0;
 	case TCP_LISTEN:
-		on_listen(sk);
-		break;
+		if (sk->sk_protocol == IPPROTO_TCP)
+			on_listen(sk);
+		return 0;
 	}
 	return 0;
 }
 
 /*
- * sk_lookup cannot see TCP flags, so a non-SYN packet that misses the
- * established table (a segment racing the child's creation, a late FIN or
- * ACK) also reserves. A listener answers such a packet with an RST: undo its
- * reservation there instead of waiting for the TTL.
+ * skb_tuple reads the 4-tuple of an incoming TCP segment (local = its
+ * destination) and its flags byte: 0, or -1 if it cannot be read.
  */
-SEC("tp_btf/tcp_send_reset")
-int BPF_PROG(fs_send_reset, const struct sock *sk, const struct sk_buff *skb, int reason)
+static __always_inline int skb_tuple(const struct sk_buff *skb, struct fs_resv_key *rk, __u8 *flags)
 {
-	if (!sk || !skb || sk->__sk_common.skc_state != TCP_LISTEN ||
-	    !listened(sk->__sk_common.skc_num))
-		return 0;
-	unsigned char *head = BPF_CORE_READ(skb, head);
-	__u16 nh = BPF_CORE_READ(skb, network_header);
-	__u16 th_off = BPF_CORE_READ(skb, transport_header);
+	unsigned char *head = skb->head;
+	__u16 nh = skb->network_header;
+	__u16 th_off = skb->transport_header;
 	struct tcphdr th;
 	if (bpf_probe_read_kernel(&th, sizeof(th), head + th_off))
-		return 0;
-	if (th.syn)
-		return 0;
-	struct fs_resv_key rk = {};
+		return -1;
 	__u8 version = 0;
 	bpf_probe_read_kernel(&version, 1, head + nh);
 	if ((version >> 4) == 4) {
 		struct iphdr ip;
 		if (bpf_probe_read_kernel(&ip, sizeof(ip), head + nh))
-			return 0;
-		v4mapped(rk.laddr, ip.daddr);
-		v4mapped(rk.raddr, ip.saddr);
+			return -1;
+		v4mapped(rk->laddr, ip.daddr);
+		v4mapped(rk->raddr, ip.saddr);
 	} else {
 		struct ipv6hdr ip6;
 		if (bpf_probe_read_kernel(&ip6, sizeof(ip6), head + nh))
-			return 0;
-		__builtin_memcpy(rk.laddr, &ip6.daddr, 16);
-		__builtin_memcpy(rk.raddr, &ip6.saddr, 16);
+			return -1;
+		__builtin_memcpy(rk->laddr, &ip6.daddr, 16);
+		__builtin_memcpy(rk->raddr, &ip6.saddr, 16);
 	}
-	rk.lport = bpf_ntohs(th.dest);
-	rk.rport = bpf_ntohs(th.source);
+	rk->lport = bpf_ntohs(th.dest);
+	rk->rport = bpf_ntohs(th.source);
+	*flags = ((__u8 *)&th)[13];
+	return 0;
+}
+
+#define TH_RST 0x04
+#define TH_SYN 0x02
+
+/* undo gives back the reservation of k, if it has one. */
+static __always_inline bool undo(struct fs_resv_key *k)
+{
 	__u64 id = 0;
 	__u32 kind = 0;
-	if (resv_take(&rk, &id, &kind, false, 0)) {
-		give_back(id, kind, CLK_FINE);
+	if (!resv_take(k, &id, &kind, false, 0))
+		return false;
+	give_back(id, kind, CLK_FINE);
+	return true;
+}
+
+/*
+ * The kernel answers with an RST a segment it will not take: a non-SYN
+ * segment that reached a listener (sk_lookup cannot see TCP flags, so one
+ * racing the child's creation, or a late FIN or ACK, reserves too), a SYN no
+ * listener took (sk is NULL: the port's owner outlived its listener, which
+ * was unhashed before its close reached us), and a SYN of the tuple of a
+ * request socket that it resets and drops. Whatever the packet reserved is
+ * given back here rather than after the TTL.
+ */
+SEC("tp_btf/tcp_send_reset")
+int BPF_PROG(fs_send_reset, const struct sock *sk, const struct sk_buff *skb, int reason)
+{
+	if (!skb || (sk && sk->__sk_common.skc_state != TCP_LISTEN))
+		return 0;
+	struct fs_resv_key rk __attribute__((aligned(8))) = {};
+	__u8 flags = 0;
+	if (skb_tuple(skb, &rk, &flags) || !listened(rk.lport) || !undo(&rk))
+		return 0;
+	if (flags & TH_SYN)
+		COUNT(dropped);
+	else
 		COUNT(stray);
-	}
 	return 0;
+}
+
+/*
+ * A client that gives up on its handshake (its connect() timed out, it was
+ * killed) answers the SYN-ACK with an RST, and the kernel drops the request
+ * socket with that RST, which is then freed as a drop (reason
+ * NOT_SPECIFIED, the listener as rx_sk). An RST that reaches a listener
+ * without a request socket is dropped with TCP_RESET. Either way the
+ * handshake is over: its reservation goes back now. This program runs for
+ * every dropped packet of the host, so its first tests are on the
+ * arguments, then on the socket the packet reached.
+ */
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(fs_drop, struct sk_buff *skb, void *location, enum skb_drop_reason reason, struct sock *rx_sk)
+{
+	if (!rx_sk || (reason != bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED) &&
+		       reason != bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_TCP_RESET)))
+		return 0;
+	if (rx_sk->__sk_common.skc_state != TCP_LISTEN || rx_sk->sk_protocol != IPPROTO_TCP ||
+	    !listened(rx_sk->__sk_common.skc_num))
+		return 0;
+	struct fs_resv_key rk __attribute__((aligned(8))) = {};
+	__u8 flags = 0;
+	if (skb_tuple(skb, &rk, &flags) || !(flags & TH_RST))
+		return 0;
+	if (undo(&rk))
+		COUNT(dropped);
+	return 0;
+}
+
+/*
+ * accept_state says what the kernel will do with a SYN that reaches
+ * listener sk, as tcp_conn_request decides: drop it (the accept queue is
+ * full, or the SYN queue is and cookies are off), answer it with a SYN
+ * cookie and keep no request socket (the SYN queue is full, or cookies are
+ * always on), or queue a request socket. A race with another CPU filling or
+ * draining a queue between here and there is possible: a SYN reserved for
+ * and then dropped keeps its reservation until the TTL, one admitted here
+ * without a reservation is admitted again when its child is established.
+ */
+#define SYN_QUEUED 0
+#define SYN_DROPPED 1
+#define SYN_COOKIE 2
+
+static __always_inline int accept_state(struct sock *sk)
+{
+	__u32 max = sk->sk_max_ack_backlog;
+	if (sk->sk_ack_backlog > max)
+		return SYN_DROPPED;
+	struct inet_connection_sock *icsk = CAST(struct inet_connection_sock, sk);
+	__u32 qlen = icsk->icsk_accept_queue.qlen.counter;
+	__u8 cookies = sk->__sk_common.skc_net.net->ipv4.sysctl_tcp_syncookies;
+	if (cookies == 2)
+		return SYN_COOKIE;
+	if (qlen > max)
+		return cookies ? SYN_COOKIE : SYN_DROPPED;
+	if (!cookies) {
+		/* Without cookies the kernel also drops SYNs of unproven peers
+		 * once the queue is three quarters of tcp_max_syn_backlog. */
+		__s32 msb = sk->__sk_common.skc_net.net->ipv4.sysctl_max_syn_backlog;
+		if (msb - (__s32)qlen < (msb >> 2))
+			return SYN_DROPPED;
+	}
+	return SYN_QUEUED;
 }
 
 SEC("sk_lookup")
@@ -1335,16 +1641,20 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 {
 	if (ctx->protocol != IPPROTO_TCP)
 		return SK_PASS;
-	struct fs_port *port = listened(ctx->local_port);
+	__u32 lport = ctx->local_port;
+	struct fs_port *port = bpf_map_lookup_elem(&fs_ports, &lport);
 	if (!port)
 		return SK_PASS;
-	__u32 zero = 0;
-	struct fs_settings *cfg = bpf_map_lookup_elem(&fs_config, &zero);
+	__u64 w = *(volatile __u64 *)port_state(port);
+	if (!(w & 0xffffffff))
+		return SK_PASS;
+	struct fs_settings *cfg = settings();
 	if (!cfg)
 		return SK_PASS;
 
-	struct fs_resv_key rk = {};
-	if (ctx->family == AF_INET) {
+	struct fs_resv_key rk __attribute__((aligned(8))) = {};
+	__u16 fam = ctx->family;
+	if (fam == AF_INET) {
 		v4mapped(rk.laddr, ctx->local_ip4);
 		v4mapped(rk.raddr, ctx->remote_ip4);
 	} else {
@@ -1359,30 +1669,59 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 		ra[2] = ctx->remote_ip6[2];
 		ra[3] = ctx->remote_ip6[3];
 	}
-	rk.lport = ctx->local_port;
+	rk.lport = lport;
 	rk.rport = bpf_ntohs(ctx->remote_port);
 
-	__u64 id = 0, cg = 0;
-	int own = port_owner(port, cfg->netns_cookie, rk.laddr, &id, &cg);
-	if (own == 0)
+	struct lview v = {};
+	int own = port_owner(port, w, cfg->netns_cookie, fam, rk.laddr, &v);
+	if (own == OWNER_OTHER)
 		return SK_PASS;
-	if (own < 0) {
+	if (own == OWNER_UNKNOWN) {
 		struct fs_listen_key lk = {};
 		lk.netns = cfg->netns_cookie;
-		lk.port = rk.lport;
+		lk.port = lport;
+		lk.scope = fam == AF_INET ? SCOPE_V4 : SCOPE_V6;
 		__builtin_memcpy(lk.addr, rk.laddr, 16);
 		struct fs_listener *l = find_listener(port, &lk);
 		if (!l)
 			return SK_PASS;
-		id = l->project;
-		cg = l->cgroup;
+		v.project = l->project;
+		v.cgroup = l->cgroup;
+		v.sk = listening_sock(l->sk, l->cookie);
+		/* The address's only listener no longer listens (its close is on
+		 * its way, or was missed): nobody will take the SYN. With
+		 * SO_REUSEPORT the entry names the latest listener only, and the
+		 * others may still listen. */
+		if (!v.sk && l->refs <= 1)
+			return SK_PASS;
+	}
+
+	int syn = v.sk ? accept_state(v.sk) : SYN_QUEUED;
+	if (syn == SYN_DROPPED) {
+		/* Nothing will become of it: no permit, no refusal. */
+		COUNT(overflow);
+		return SK_PASS;
 	}
 	__u32 kind = KIND_IN;
 	int a = 1;
-	if (exempt_take(false, cg, id))
+	if (syn == SYN_COOKIE) {
+		/* No request socket to hold a reservation: check the rule, and
+		 * let the child take its permit when it is established. */
+		if (!(cfg->exempt_max && exempt_listed(v.cgroup, v.project)))
+			a = would_admit(project_get(v.project), CLK_COARSE);
+		if (a < 0)
+			return SK_PASS;
+		if (a == 0) {
+			COUNT(refused_in);
+			return SK_DROP;
+		}
+		COUNT(cookie);
+		return SK_PASS;
+	}
+	if (exempt_take(false, v.cgroup, v.project))
 		kind = KIND_EXEMPT_IN;
 	else
-		a = admit(project_get(id), 0, CLK_COARSE);
+		a = admit(project_get(v.project), 0, CLK_COARSE);
 	if (a < 0)
 		return SK_PASS;
 	if (a == 0) {
@@ -1395,7 +1734,7 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 		COUNT(refused_in);
 		return SK_DROP;
 	}
-	struct fs_resv r = {.project = id, .since_ns = now_ns(CLK_COARSE), .kind = kind};
+	struct fs_resv r = {.project = v.project, .since_ns = now_ns(CLK_COARSE), .kind = kind};
 	long err = resv_put(&rk, &r);
 	if (err) {
 		/* A retransmitted SYN or a concurrent SYN of the same tuple
@@ -1406,7 +1745,7 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 		if (kind == KIND_EXEMPT_IN)
 			exempt_undo();
 		else
-			release(id, CLK_COARSE);
+			release(v.project, CLK_COARSE);
 		return SK_PASS;
 	}
 	if (kind == KIND_EXEMPT_IN)
@@ -1434,7 +1773,8 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		return 0; /* TIME_WAIT and request socks: hold nothing */
 	struct sock *sk = (struct sock *)tp;
 	__u32 state = sk->__sk_common.skc_state;
-	__u64 id = cgroup_project(sk->sk_cgrp_data.cgroup);
+	struct cgroup *cg = sk->sk_cgrp_data.cgroup;
+	__u64 id = cgroup_project(cg);
 	if (!id && state != TCP_LISTEN)
 		return 0;
 	struct fs_sock_record rec = {
@@ -1453,8 +1793,7 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		 * released its permit at close. Keep in step with loader.ShouldHold. */
 		/* An exempt socket is adopted into the exempt budget while it
 		 * has room, like a new one; the rest are adopted under the rule. */
-		struct cgroup *cg = sk->sk_cgrp_data.cgroup;
-		bool ex = !held_find(rec.cookie, true) && exempt_take(false, BPF_CORE_READ(cg, kn, id), id);
+		bool ex = !held_find(rec.cookie, true) && exempt_take(false, cgroup_id(cg), id);
 		struct fs_sock v = {.project = id, .netns = sock_netns(sk),
 				    .kind = ex ? KIND_EXEMPT_ADOPTED : KIND_ADOPTED};
 		if (hold(rec.cookie, &v) == 0) {
@@ -1482,7 +1821,7 @@ SEC("syscall")
 int fs_adjust(struct fs_adjust_args *a)
 {
 	if (a->op == OP_EXPIRE) {
-		struct fs_resv_key k = {};
+		struct fs_resv_key k __attribute__((aligned(8))) = {};
 		__builtin_memcpy(&k, &a->key, sizeof(k));
 		__u64 id = 0;
 		__u32 kind = 0;
@@ -1509,8 +1848,7 @@ int fs_adjust(struct fs_adjust_args *a)
 		return 0;
 	}
 	if (a->op == OP_ACTIVE || a->op == OP_EXEMPT) {
-		__u32 zero = 0;
-		struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+		struct fs_pool *n = node();
 		a->result = 0;
 		if (n) {
 			__sync_fetch_and_add(a->op == OP_ACTIVE ? &n->active : &n->exempt_in_use, a->delta);
@@ -1520,10 +1858,9 @@ int fs_adjust(struct fs_adjust_args *a)
 	}
 	if (a->op == OP_ADD) {
 		/* project 0 adjusts the node only (permits of vanished projects). */
-		__u32 zero = 0;
 		__u64 id = a->project;
 		__s64 delta = a->delta;
-		struct fs_pool *n = bpf_map_lookup_elem(&fs_node, &zero);
+		struct fs_pool *n = node();
 		if (id) {
 			struct fs_project *p = bpf_map_lookup_elem(&fs_projects, &id);
 			if (!p) {
@@ -1535,6 +1872,46 @@ int fs_adjust(struct fs_adjust_args *a)
 		if (n)
 			__sync_fetch_and_add(&n->in_use, delta);
 		a->result = 1;
+	}
+	return 0;
+}
+
+/*
+ * fs_selftest runs one step of a protocol on its own, so that a test can
+ * interleave steps as two CPUs could and check the outcome. Never attached;
+ * only the loader's tests run it.
+ */
+enum selftest_op {
+	ST_RESV_SPILL = 1, /* resv_spill_put of key with resv (as if its slot had been held by another tuple) */
+	ST_PORT_CHANGE = 2, /* port_change(lkey, delta) */
+};
+
+struct fs_selftest_args {
+	__u32 op;
+	__s32 delta;
+	__s64 result;
+	struct fs_resv resv;
+	struct fs_resv_key key;
+	struct fs_listen_key lkey;
+};
+
+SEC("syscall")
+int fs_selftest(struct fs_selftest_args *a)
+{
+	if (a->op == ST_RESV_SPILL) {
+		struct fs_resv_key k __attribute__((aligned(8))) = {};
+		__builtin_memcpy(&k, &a->key, sizeof(k));
+		struct fs_resv r = a->resv;
+		__u64 h = resv_hash(&k);
+		struct fs_resv_slot *s = resv_slot(h);
+		a->result = s ? resv_spill_put(s, resv_tagof(h), &k, &r) : -1;
+		return 0;
+	}
+	if (a->op == ST_PORT_CHANGE) {
+		struct fs_listen_key k = {};
+		__builtin_memcpy(&k, &a->lkey, sizeof(k));
+		port_change(&k, a->delta);
+		a->result = 0;
 	}
 	return 0;
 }

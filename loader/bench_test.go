@@ -22,7 +22,7 @@ import (
 )
 
 // moveSelf moves this process into the cgroup dir and back at the end.
-func moveSelf(b *testing.B, dir string) {
+func moveSelf(b testing.TB, dir string) {
 	b.Helper()
 	f, err := os.Open("/proc/self/cgroup")
 	if err != nil {
@@ -57,7 +57,7 @@ const benchPool = 10000
 
 // cycle is one loopback connect + accept + close of both ends, with raw
 // syscalls so that the Go runtime adds as little as possible around them.
-func cycle(b *testing.B, lfd int, sa unix.Sockaddr) {
+func cycle(b testing.TB, lfd int, sa unix.Sockaddr) {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		b.Fatal(err)
@@ -93,7 +93,7 @@ func BenchmarkConnectAcceptClose(b *testing.B) {
 	b.Run("both-wildcard", func(b *testing.B) { benchCycle(b, true, true) })
 }
 
-func benchListener(b *testing.B, wildcard bool) (int, unix.Sockaddr) {
+func benchListener(b testing.TB, wildcard bool) (int, unix.Sockaddr) {
 	lfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		b.Fatal(err)
@@ -124,7 +124,7 @@ func benchListener(b *testing.B, wildcard bool) (int, unix.Sockaddr) {
 // with the same caches (loopback delivers on the sending CPU, so the whole
 // cycle stays there), and the scheduler cannot move one arm and not the
 // other to a core another process is using.
-func pinCPU(b *testing.B) func() {
+func pinCPU(b testing.TB) func() {
 	runtime.LockOSThread()
 	var old, one unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &old); err != nil {
@@ -320,7 +320,7 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 // emptyPrograms loads, for each program the limiter attaches, one of the
 // same type and attach point that returns at once and lets everything
 // through: the floor side of BenchmarkConnectAcceptClose.
-func emptyPrograms(b *testing.B) *limiterObjects {
+func emptyPrograms(b testing.TB) *limiterObjects {
 	spec, err := loadLimiter()
 	if err != nil {
 		b.Fatal(err)
@@ -348,6 +348,7 @@ func emptyPrograms(b *testing.B) *limiterObjects {
 		FsConnect4:    load("fs_connect4"),
 		FsConnect6:    load("fs_connect6"),
 		FsSendReset:   load("fs_send_reset"),
+		FsDrop:        load("fs_drop"),
 		FsSetState:    load("fs_set_state"),
 		FsSkLookup:    load("fs_sk_lookup"),
 		FsSockRelease: load("fs_sock_release"),

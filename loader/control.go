@@ -59,6 +59,19 @@ type Events struct {
 	ExemptAdmitted          uint64 // exempt permits taken
 	ExemptOver              uint64 // exempt sockets over the exempt budget, put under the rule
 	ExemptReleased          uint64 // exempt permits given back
+	// Overflow counts SYNs to a project listener whose accept queue was
+	// full: the kernel drops them, so they were let through without a
+	// permit (the client retries, or gives up).
+	Overflow uint64
+	// Cookie counts SYNs (and their ACKs) admitted by the rule without a
+	// reservation because the kernel answered them with a SYN cookie and
+	// keeps no request socket; the child takes its permit when it is
+	// established.
+	Cookie uint64
+	// Dropped counts reservations given back because the kernel dropped
+	// their handshake: the client reset it (a connect() that timed out, a
+	// killed client), a SYN no listener took, a bad SYN.
+	Dropped uint64
 }
 
 // monoNow is CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns.
@@ -299,6 +312,9 @@ func (l *Limiter) readEvents() (Events, error) {
 		e.ExemptAdmitted += c.ExemptAdmitted
 		e.ExemptOver += c.ExemptOver
 		e.ExemptReleased += c.ExemptReleased
+		e.Overflow += c.Overflow
+		e.Cookie += c.Cookie
+		e.Dropped += c.Dropped
 	}
 	return e, nil
 }

@@ -76,25 +76,45 @@
 // # Handshakes in flight
 //
 // Inbound admission is decided at the SYN, but the accepted socket exists
-// only after the handshake. The SYN therefore takes the permit as a
-// reservation keyed by the 4-tuple; a retransmitted SYN finds it and takes
-// nothing more. When the child reaches ESTABLISHED the reservation becomes
-// the child's permit (whoever ends the reservation owns the permit: it is
-// ended with a compare-and-swap on its slot, or a delete from the spill
-// table when another handshake held the slot).
-// Reservations whose handshake never completes (a client gone, a half-open
-// scan) are given back by Tick after Options.ReservationTTL; until then they
-// count, which keeps in_use within POOL during a SYN burst. sk_lookup cannot
-// see TCP flags, so a non-SYN segment that reaches the listener (one racing
-// the child's creation, a late FIN) reserves too; the listener answers it
-// with an RST, and that reservation is undone there (Events.Stray). A
-// handshake that completes after its reservation expired is admitted again at
-// ESTABLISHED; if the rule refuses then, the connection cannot be stopped any
-// more and is left without a permit (counted as Events.Unaccounted; Reconcile
-// adopts it).
+// only after the handshake. A SYN the kernel keeps a request socket for
+// therefore takes the permit as a reservation keyed by the 4-tuple; a
+// retransmitted SYN finds it and takes nothing more. When the child reaches
+// ESTABLISHED the reservation becomes the child's permit (whoever ends the
+// reservation owns the permit: it is ended with a compare-and-swap on its
+// slot, or a delete from the spill table when another handshake held the
+// slot).
 //
-// Several listeners on one address (SO_REUSEPORT) are counted: the address
-// stays known until the last of them closes.
+// A permit exists only while the handshake can still become an accepted
+// connection. sk_lookup reads the listener's queues from the socket itself
+// and, as the kernel will decide a moment later: takes nothing for a SYN to
+// a full accept queue (the kernel drops it; Events.Overflow); applies the
+// rule without reserving to a SYN answered with a SYN cookie, which leaves
+// no request socket behind, and to its ACK (Events.Cookie), whose child then
+// takes its permit when it is established, or nothing if the accept queue
+// has filled and the ACK is dropped. A handshake the kernel resets gives its
+// reservation back at once (Events.Dropped): a client that gave up answers
+// the SYN-ACK with an RST, and so does the kernel to a SYN no listener
+// takes. What is left, a client that vanished without a word, a request
+// socket the kernel timed out, a SYN dropped after a race with another CPU
+// filling the queue, is given back by Tick after Options.ReservationTTL
+// (100ms..2m, default 3s): such a permit is held at most the TTL plus one
+// Tick period. Under a flood of SYNs from spoofed addresses that never
+// answer, a listener's reservations are bounded by its SYN queue (its
+// listen backlog); beyond it the kernel uses cookies and nothing is
+// reserved. sk_lookup cannot see TCP flags, so a non-SYN segment that
+// reaches the listener (one racing the child's creation, a late FIN)
+// reserves too; the listener answers it with an RST, and that reservation is
+// undone there (Events.Stray). A handshake that completes after its
+// reservation expired is admitted again at ESTABLISHED; if the rule refuses
+// then, the connection cannot be stopped any more and is left without a
+// permit (counted as Events.Unaccounted; Reconcile adopts it).
+//
+// A listening address takes the families it takes in the kernel: 0.0.0.0
+// IPv4, [::] with IPV6_V6ONLY IPv6, a dual-stack [::] both; listeners of
+// different projects on one port (0.0.0.0 and a v6-only [::], or two
+// addresses) each get their own connections. Several listeners on one
+// address (SO_REUSEPORT) are counted: the address stays known until the last
+// of them closes, and the latest names the project and the queues looked at.
 //
 // Inbound enforcement covers listeners in the network namespace Open ran in
 // (sk_lookup is attached per namespace); outbound covers every namespace.
@@ -110,9 +130,10 @@
 // reservations are not given back until Tick runs again. Open moves pinned
 // links to the programs it loaded, so a new version's programs take effect
 // on restart; maps of another layout are refused (ErrPinnedMismatch) with
-// the steps to take. The version that made fs_ports name a port's only
-// listener changed that map's layout, so every pin directory made before
-// it (including those from before fs_resv_slots existed) is refused so.
+// the steps to take. The version that keys listening addresses by the
+// families they take and names a port's listener by its socket changed the
+// layouts of fs_ports, fs_listeners and the reservation tables, so every pin
+// directory made before it is refused so.
 //
 // # Reconcile
 //

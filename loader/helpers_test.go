@@ -5,6 +5,7 @@ package loader
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
@@ -195,6 +197,7 @@ func TestHelperProcess(t *testing.T) {
 //	listen <addr>                           listen; accepted connections are
 //	                                        held until the peer closes
 //	listen-noaccept <addr>                  listen, never accept
+//	listen-backlog <addr> <n> [v6only]      listen(n) on a plain TCP socket, never accept
 //	listen-reuseport <addr>                 listen with SO_REUSEPORT, accept as listen
 //	unlisten-first                          close the oldest SO_REUSEPORT listener
 //	reconnect <addr>                        connect() twice on one non-blocking socket
@@ -211,6 +214,8 @@ func runHelper(in io.Reader, out io.Writer) {
 		lns   []net.Listener // SO_REUSEPORT listeners, oldest first
 		mu    sync.Mutex     // guards held
 		held  int
+		// listen-backlog sockets, closed by unlisten
+		rawLns []int
 	)
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
@@ -282,6 +287,15 @@ func runHelper(in io.Reader, out io.Writer) {
 				continue
 			}
 			fmt.Fprintf(out, "listening %s\n", ln.Addr())
+		case "listen-backlog":
+			n, _ := strconv.Atoi(f[2])
+			fd, a, err := listenBacklog(f[1], n, len(f) > 3 && f[3] == "v6only")
+			if err != nil {
+				fmt.Fprintf(out, "error %v\n", err)
+				continue
+			}
+			rawLns = append(rawLns, fd)
+			fmt.Fprintf(out, "listening %s\n", a)
 		case "reconnect":
 			// Non-blocking connect, then connect() again while the first is
 			// in progress: reports the second call's errno.
@@ -316,6 +330,10 @@ func runHelper(in io.Reader, out io.Writer) {
 				l.Close()
 			}
 			lns = nil
+			for _, fd := range rawLns {
+				unix.Close(fd)
+			}
+			rawLns = nil
 			fmt.Fprintln(out, "unlistened")
 		case "unlisten-first":
 			if len(lns) > 0 {
@@ -554,3 +572,134 @@ func attachLinks(tb testing.TB, l *Limiter, objs *limiterObjects) {
 		l.links = append(l.links, lk)
 	}
 }
+
+// listenBacklog listens on addr with a plain TCP socket (not MPTCP, as Go's
+// listeners are) and the given backlog, optionally IPV6_V6ONLY, and returns
+// the socket and the address it got.
+func listenBacklog(addr string, backlog int, v6only bool) (int, string, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return -1, "", err
+	}
+	family := unix.AF_INET6
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+	if ap.Addr().Is4() {
+		family = unix.AF_INET
+		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, "", err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			unix.Close(fd)
+		}
+	}()
+	if family == unix.AF_INET6 {
+		v := 0
+		if v6only {
+			v = 1
+		}
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, v); err != nil {
+			return -1, "", err
+		}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		return -1, "", err
+	}
+	if err := unix.Listen(fd, backlog); err != nil {
+		return -1, "", err
+	}
+	got, err := unix.Getsockname(fd)
+	if err != nil {
+		return -1, "", err
+	}
+	ok = true
+	switch g := got.(type) {
+	case *unix.SockaddrInet4:
+		return fd, netip.AddrPortFrom(netip.AddrFrom4(g.Addr), uint16(g.Port)).String(), nil
+	case *unix.SockaddrInet6:
+		return fd, netip.AddrPortFrom(netip.AddrFrom16(g.Addr), uint16(g.Port)).String(), nil
+	}
+	return fd, addr, nil
+}
+
+// silence makes the clients on 127.0.0.1 ports lo..hi vanish without a word,
+// as a client host that went away does: the resets the kernel sends from
+// those ports (in answer to a SYN-ACK for a bare SYN sent with sendSYN) are
+// dropped, so the server keeps the request sockets and retransmits. Needs
+// nft; the table goes when the test ends.
+func silence(t testing.TB, lo, hi uint16) {
+	t.Helper()
+	testutil.NftTable(t, fmt.Sprintf(`chain out {
+	type filter hook output priority 0; policy accept;
+	ip saddr 127.0.0.1 tcp sport %d-%d tcp flags & rst == rst drop
+}`, lo, hi))
+}
+
+// resvSlot is the slot of fs_resv_slots the programs give tuple k
+// (resv_slot in bpf/limiter.c).
+func resvSlot(k limiterFsResvKey) uint32 {
+	return uint32(resvHash(k)>>1) & (resvSlots - 1)
+}
+
+// resvTag is the tag of k's slot while it holds k (resv_tagof).
+func resvTag(k limiterFsResvKey) uint64 {
+	return (resvHash(k) | 1) &^ slotBusy
+}
+
+// resvHash is resv_hash in bpf/limiter.c.
+func resvHash(k limiterFsResvKey) uint64 {
+	var b [32]byte
+	copy(b[:16], k.Laddr[:])
+	copy(b[16:], k.Raddr[:])
+	const k1, k2, k3 = 0x9e3779b97f4a7c15, 0xff51afd7ed558ccd, 0xc4ceb9fe1a85ec53
+	var h uint64
+	for i := range 4 {
+		h = (h ^ binary.LittleEndian.Uint64(b[8*i:])) * k1
+	}
+	h = (h ^ (uint64(k.Lport)<<16 | uint64(k.Rport))) * k1
+	h ^= h >> 33
+	h *= k2
+	h ^= h >> 33
+	h *= k3
+	h ^= h >> 33
+	return h
+}
+
+// resvSlots is RESV_SLOTS in bpf/limiter.c.
+const resvSlots = 256
+
+// loopKey is the reservation key of a connection from 127.0.0.1:rport to
+// 127.0.0.1:lport.
+func loopKey(lport, rport uint16) limiterFsResvKey {
+	k := limiterFsResvKey{Lport: lport, Rport: rport}
+	mapped := [16]byte{10: 0xff, 11: 0xff, 12: 127, 15: 1}
+	k.Laddr, k.Raddr = mapped, mapped
+	return k
+}
+
+// selftest runs one step of fs_selftest (bpf/limiter.c).
+func (l *Limiter) selftest(a limiterFsSelftestArgs) (int64, error) {
+	buf, err := binary.Append(nil, binary.NativeEndian, &a)
+	if err != nil {
+		return 0, err
+	}
+	out := make([]byte, len(buf))
+	if _, err := l.objs.FsSelftest.Run(&ebpf.RunOptions{Context: buf, ContextOut: out}); err != nil {
+		return 0, err
+	}
+	var res limiterFsSelftestArgs
+	if _, err := binary.Decode(out, binary.NativeEndian, &res); err != nil {
+		return 0, err
+	}
+	return res.Result, nil
+}
+
+// Steps of fs_selftest (enum selftest_op in bpf/limiter.c).
+const (
+	stResvSpill  = 1
+	stPortChange = 2
+)

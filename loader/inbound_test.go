@@ -117,20 +117,24 @@ func TestInboundListenerClosedWithQueuedChildren(t *testing.T) {
 }
 
 // Handshakes in flight hold a reservation: with half-open handshakes (a raw
-// SYN that is never completed), node-wide in_use stays within POOL, SYNs over
-// it are reset, and Tick gives the stale reservations back after the TTL. The
-// TTL is an hour on a monotonic clock the test moves on, so a slow machine
-// cannot expire them early and the test does not sleep.
+// SYN from a client that then vanishes without a word), node-wide in_use
+// stays within POOL, SYNs over it are reset, and Tick gives the stale
+// reservations back after the TTL (the kernel keeps the request sockets
+// longer). The TTL is the longest allowed, on a monotonic clock the test
+// moves on, so a slow machine cannot expire them early and the test does not
+// sleep.
 func TestInboundReservationsBoundAndExpire(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	const ttl = time.Hour
+	const ttl = MaxReservationTTL
 	l, mono := openLimiterMono(t, root, pin, 3, 1, ttl)
 	srv := startHelper(t, mkProject(t, root, "syn"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
 
-	// A raw socket sees the SYN-ACKs; the kernel resets them (no socket), which
-	// drops the request socks, so the reservations are left to expire.
+	// The kernel would answer the SYN-ACKs with resets (no socket), which
+	// drop the request sockets and their reservations at once
+	// (TestInboundClientGoneGivesBack); silenced, the clients look gone.
+	silence(t, 40000, 40005)
 	for i := range 6 {
 		sendSYN(t, addr, uint16(40000+i))
 	}
@@ -187,48 +191,70 @@ func TestInboundReservationsBoundAndExpire(t *testing.T) {
 	waitInUse(t, l, 0, nil)
 }
 
-// sendSYN sends one bare TCP SYN from 127.0.0.1:sport with a raw socket.
 // A reservation whose slot another handshake holds goes to the spill table.
-// A tuple's slot is a hash of the rest of it plus the remote port, so with
-// 1024 slots a remote port 1024 (or 2048) higher lands in the same slot:
-// half-open handshakes from ports p take the slots, those from p+1024 spill,
-// and so do completed handshakes from p+2048. A retransmitted SYN finds its
-// reservation in either table and takes nothing more, a completed handshake
-// is converted from either, reconcile counts both, and the expiry gives
-// every one back exactly once.
+// The test places tuples with the programs' own hash (resvSlot): half-open
+// handshakes (silent clients) fill distinct slots, more from other ports land
+// on slots already taken and spill, and so do completed handshakes. A
+// retransmitted SYN finds its reservation in either table and takes nothing
+// more, a completed handshake is converted from either, reconcile counts
+// both, and the expiry gives every one back exactly once.
 func TestInboundReservationsSpill(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	const ttl = time.Hour
+	const ttl = MaxReservationTTL
 	const pool, first, spill, dials = 400, 200, 100, 50
 	const open = first + spill
 	l, mono := openLimiterMono(t, root, pin, pool, 1, ttl)
-	if l.held != 1024 {
-		t.Fatalf("slots %d, want 1024", l.held)
-	}
 	srv := startHelper(t, mkProject(t, root, "srv"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
 	const base = 20000
-	for range 2 { // the second round is the SYNs' retransmission
-		for i := range first {
-			sendSYN(t, addr, uint16(base+i))
+	silence(t, base, base+1999)
+	// Source ports: first in distinct slots, spill and dials on taken ones.
+	used := map[uint32]uint16{}
+	var firstPorts, spillPorts, dialPorts []uint16
+	for p := uint16(base); len(firstPorts) < first; p++ {
+		if s := resvSlot(loopKey(addr.Port(), p)); used[s] == 0 {
+			used[s] = p
+			firstPorts = append(firstPorts, p)
 		}
-		for i := range spill {
-			sendSYN(t, addr, uint16(base+1024+i))
+	}
+	for p := uint16(base + 1000); len(spillPorts) < spill; p++ {
+		if used[resvSlot(loopKey(addr.Port(), p))] != 0 {
+			spillPorts = append(spillPorts, p)
+		}
+	}
+	for p := uint16(base + 2000); len(dialPorts) < dials; p++ {
+		if used[resvSlot(loopKey(addr.Port(), p))] != 0 {
+			dialPorts = append(dialPorts, p)
+		}
+	}
+	for range 2 { // the second round is the SYNs' retransmission
+		for _, p := range append(firstPorts, spillPorts...) {
+			sendSYN(t, addr, p)
 		}
 		eventually(t, "reservations", func() (bool, string) {
 			s := snap(t, l)
 			return s.Reservations == open && s.InUse == open, fmt.Sprintf("%+v", s)
 		})
 	}
+	// The slots hold the first tuples where resvSlot says they go.
+	for s, p := range used {
+		var slot limiterFsResvSlot
+		if err := l.objs.FsResvSlots.Lookup(s, &slot); err != nil {
+			t.Fatal(err)
+		}
+		if slot.Key != loopKey(addr.Port(), p) {
+			t.Fatalf("slot %d holds %+v, want the tuple from port %d", s, slot.Key, p)
+		}
+	}
 	if n := nodeSpilled(t, l); n < spill {
 		t.Fatalf("%d reservations spilled, want %d", n, spill)
 	}
 	var conns []net.Conn
-	for i := range dials {
+	for _, p := range dialPorts {
 		d := net.Dialer{
 			Timeout:   3 * time.Second,
-			LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: base + 2048 + i},
+			LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: int(p)},
 			// The port may be in TIME_WAIT from an earlier run.
 			Control: sockOpt(unix.SO_REUSEADDR),
 		}
@@ -265,6 +291,7 @@ func TestInboundReservationsSpill(t *testing.T) {
 	}
 }
 
+// sendSYN sends one bare TCP SYN from 127.0.0.1:sport with a raw socket.
 func sendSYN(t testing.TB, dst netip.AddrPort, sport uint16) {
 	t.Helper()
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
@@ -306,8 +333,18 @@ func portOwned(t testing.TB, l *Limiter, port uint16) bool {
 	if err := l.objs.FsPorts.Lookup(uint32(port), &p); err != nil {
 		t.Fatal(err)
 	}
-	state := uint64(p.Specific) | uint64(p.Wildcard)<<16 | uint64(p.Version)<<32
-	return p.Tag != 0 && p.Tag == state
+	if p.Specific+p.Wildcard != 1 || p.Sk == 0 {
+		return false
+	}
+	var k limiterFsListenKey
+	var v limiterFsListener
+	it := l.objs.FsListeners.Iterate()
+	for it.Next(&k, &v) {
+		if k.Port == uint32(port) && v.Sk == p.Sk && v.Cookie == p.Cookie {
+			return true
+		}
+	}
+	return false
 }
 
 // The port entry names the listener of a port with one listening address;

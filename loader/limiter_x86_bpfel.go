@@ -22,6 +22,7 @@ type limiterFsAdjustArgs struct {
 	Result  int64
 	SinceNs uint64
 	Key     limiterFsResvKey
+	_       [4]byte
 }
 
 type limiterFsCounters struct {
@@ -39,13 +40,16 @@ type limiterFsCounters struct {
 	ExemptAdmitted uint64
 	ExemptOver     uint64
 	ExemptReleased uint64
+	Overflow       uint64
+	Cookie         uint64
+	Dropped        uint64
 }
 
 type limiterFsListenKey struct {
 	_     structs.HostLayout
 	Netns uint64
 	Port  uint32
-	Pad   uint32
+	Scope uint32
 	Addr  [16]uint8
 }
 
@@ -53,6 +57,8 @@ type limiterFsListener struct {
 	_       structs.HostLayout
 	Project uint64
 	Cgroup  uint64
+	Sk      uint64
+	Cookie  uint64
 	Refs    uint32
 	Pad     uint32
 }
@@ -70,13 +76,8 @@ type limiterFsPort struct {
 	Specific uint16
 	Wildcard uint16
 	Version  uint32
-	Tag      uint64
-	Lock     uint32
-	Pad      uint32
-	Netns    uint64
-	Project  uint64
-	Cgroup   uint64
-	Addr     [16]uint8
+	Sk       uint64
+	Cookie   uint64
 }
 
 type limiterFsProject struct {
@@ -99,15 +100,28 @@ type limiterFsResvKey struct {
 	_     structs.HostLayout
 	Laddr [16]uint8
 	Raddr [16]uint8
-	Lport uint32
-	Rport uint32
+	Lport uint16
+	Rport uint16
 }
 
 type limiterFsResvSlot struct {
-	_    structs.HostLayout
-	Tag  uint64
-	Key  limiterFsResvKey
-	Resv limiterFsResv
+	_       structs.HostLayout
+	Tag     uint64
+	Key     limiterFsResvKey
+	Kind    uint32
+	Project uint64
+	SinceNs uint64
+}
+
+type limiterFsSelftestArgs struct {
+	_      structs.HostLayout
+	Op     uint32
+	Delta  int32
+	Result int64
+	Resv   limiterFsResv
+	Key    limiterFsResvKey
+	_      [4]byte
+	Lkey   limiterFsListenKey
 }
 
 type limiterFsSettings struct {
@@ -164,7 +178,9 @@ const (
 	limiterProgFsAdjust      = "fs_adjust"
 	limiterProgFsConnect4    = "fs_connect4"
 	limiterProgFsConnect6    = "fs_connect6"
+	limiterProgFsDrop        = "fs_drop"
 	limiterProgFsDump        = "fs_dump"
+	limiterProgFsSelftest    = "fs_selftest"
 	limiterProgFsSendReset   = "fs_send_reset"
 	limiterProgFsSetState    = "fs_set_state"
 	limiterProgFsSkLookup    = "fs_sk_lookup"
@@ -220,7 +236,9 @@ type limiterProgramSpecs struct {
 	FsAdjust      *ebpf.ProgramSpec `ebpf:"fs_adjust"`
 	FsConnect4    *ebpf.ProgramSpec `ebpf:"fs_connect4"`
 	FsConnect6    *ebpf.ProgramSpec `ebpf:"fs_connect6"`
+	FsDrop        *ebpf.ProgramSpec `ebpf:"fs_drop"`
 	FsDump        *ebpf.ProgramSpec `ebpf:"fs_dump"`
+	FsSelftest    *ebpf.ProgramSpec `ebpf:"fs_selftest"`
 	FsSendReset   *ebpf.ProgramSpec `ebpf:"fs_send_reset"`
 	FsSetState    *ebpf.ProgramSpec `ebpf:"fs_set_state"`
 	FsSkLookup    *ebpf.ProgramSpec `ebpf:"fs_sk_lookup"`
@@ -323,7 +341,9 @@ type limiterPrograms struct {
 	FsAdjust      *ebpf.Program `ebpf:"fs_adjust"`
 	FsConnect4    *ebpf.Program `ebpf:"fs_connect4"`
 	FsConnect6    *ebpf.Program `ebpf:"fs_connect6"`
+	FsDrop        *ebpf.Program `ebpf:"fs_drop"`
 	FsDump        *ebpf.Program `ebpf:"fs_dump"`
+	FsSelftest    *ebpf.Program `ebpf:"fs_selftest"`
 	FsSendReset   *ebpf.Program `ebpf:"fs_send_reset"`
 	FsSetState    *ebpf.Program `ebpf:"fs_set_state"`
 	FsSkLookup    *ebpf.Program `ebpf:"fs_sk_lookup"`
@@ -335,7 +355,9 @@ func (p *limiterPrograms) Close() error {
 		p.FsAdjust,
 		p.FsConnect4,
 		p.FsConnect6,
+		p.FsDrop,
 		p.FsDump,
+		p.FsSelftest,
 		p.FsSendReset,
 		p.FsSetState,
 		p.FsSkLookup,

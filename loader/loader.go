@@ -31,7 +31,24 @@ const DefaultPinDir = "/sys/fs/bpf/fairshare"
 // for its handshake to finish before Tick gives it back. It covers a client
 // that retransmits its final ACK once or twice; a handshake slower than that
 // is admitted again when it completes.
+//
+// Handshakes the kernel drops (a full accept queue, a SYN cookie whose ACK
+// finds no room, a client that resets) never take a permit or give it back
+// at once; the TTL bounds the rest: a client that vanished without a word, a
+// request socket the kernel timed out, a SYN lost to a race with the queue
+// check. Such a permit is held at most ReservationTTL plus one Tick period.
 const DefaultReservationTTL = 3 * time.Second
+
+// MinReservationTTL and MaxReservationTTL bound Options.ReservationTTL.
+// Below the minimum a handshake across a slow network would lose its permit
+// before it completes (and be admitted again at completion, possibly over
+// its share); above the maximum a reservation would outlive the request
+// socket itself, which the kernel keeps about a minute (tcp_synack_retries
+// = 5: 63 s).
+const (
+	MinReservationTTL = 100 * time.Millisecond
+	MaxReservationTTL = 2 * time.Minute
+)
 
 // MaxPoolSize is the largest POOL.
 const MaxPoolSize = 262144
@@ -95,8 +112,8 @@ type Options struct {
 
 	// Window is the active window; 0 means one second.
 	Window time.Duration
-	// ReservationTTL bounds a reservation made at an inbound SYN; 0 means
-	// DefaultReservationTTL.
+	// ReservationTTL bounds a reservation made at an inbound SYN, within
+	// MinReservationTTL..MaxReservationTTL; 0 means DefaultReservationTTL.
 	ReservationTTL time.Duration
 	// Clock stamps Snapshot.LastSeen; nil is the system clock.
 	Clock pools.Clock
@@ -300,8 +317,12 @@ func Open(opts Options) (*Limiter, error) {
 	if opts.Window <= 0 {
 		opts.Window = pools.DefaultWindow
 	}
-	if opts.ReservationTTL <= 0 {
+	if opts.ReservationTTL == 0 {
 		opts.ReservationTTL = DefaultReservationTTL
+	}
+	if opts.ReservationTTL < MinReservationTTL || opts.ReservationTTL > MaxReservationTTL {
+		return nil, fmt.Errorf("reservation TTL %s not in %s..%s: %w", opts.ReservationTTL,
+			MinReservationTTL, MaxReservationTTL, ErrInvalidOptions)
 	}
 	if opts.Clock == nil {
 		opts.Clock = systemClock{}
@@ -402,7 +423,6 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	}
 	spec.Maps["fs_slots"].MaxEntries = l.held
 	spec.Maps["fs_held"].MaxEntries = l.held
-	spec.Maps["fs_resv_slots"].MaxEntries = l.held // indexed with slot_mask too
 	if err := spec.Variables["slot_mask"].Set(uint64(l.held - 1)); err != nil {
 		return nil, fmt.Errorf("setting slot_mask: %w", err)
 	}
@@ -454,7 +474,7 @@ func (l *Limiter) loadError(err error) error {
 			"stop the daemon, run 'fairshare cleanup --pin-dir %s' (enforcement stops and the connection counts are lost "+
 			"until the next start), then start it again: %w (%w)", l.pinDir, l.pinDir, ErrPinnedMismatch, err)
 	case errors.Is(err, ebpf.ErrNotSupported):
-		return fmt.Errorf("the kernel lacks a BPF feature fairshare needs (5.18+ with BTF): %w", err)
+		return fmt.Errorf("the kernel lacks a BPF feature fairshare needs (6.11+ with BTF): %w", err)
 	case errors.Is(err, unix.EPERM):
 		return fmt.Errorf("loading BPF programs was refused; the process needs CAP_BPF and CAP_PERFMON: %w", err)
 	}
@@ -505,6 +525,7 @@ func (l *Limiter) attachments(cgroup string, objs *limiterObjects) []attachment 
 		{"link_sock_release", objs.FsSockRelease, cg(objs.FsSockRelease, ebpf.AttachCgroupInetSockRelease), false},
 		{"link_set_state", objs.FsSetState, tracing(objs.FsSetState), true},
 		{"link_send_reset", objs.FsSendReset, tracing(objs.FsSendReset), true},
+		{"link_drop", objs.FsDrop, tracing(objs.FsDrop), true},
 		{"link_connect4", objs.FsConnect4, cg(objs.FsConnect4, ebpf.AttachCGroupInet4Connect), false},
 		{"link_connect6", objs.FsConnect6, cg(objs.FsConnect6, ebpf.AttachCGroupInet6Connect), false},
 		{"link_sk_lookup", objs.FsSkLookup, func() (link.Link, error) {

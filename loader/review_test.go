@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
@@ -25,7 +27,7 @@ import (
 func TestNewcomerShrinksShareWithoutTick(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l, mono := openLimiterMono(t, root, pin, 10, 2, time.Hour)
+	l, mono := openLimiterMono(t, root, pin, 10, 2, MaxReservationTTL)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	big := startHelper(t, mkProject(t, root, "big"))
 	small := startHelper(t, mkProject(t, root, "small"))
@@ -72,7 +74,7 @@ func TestNewcomerShrinksShareWithoutTick(t *testing.T) {
 func TestActiveCountedOncePerWindow(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l, _ := openLimiterMono(t, root, pin, 100, 1, time.Hour)
+	l, _ := openLimiterMono(t, root, pin, 100, 1, MaxReservationTTL)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	var hs []*helper
 	for i := range 4 {
@@ -289,7 +291,7 @@ func TestCheckLeavesRunningLimiterAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !rep.Pinned || rep.Pool != 4 || rep.InUse != 3 || rep.Exempt != 1 || rep.ExemptMax != 2 ||
-		!rep.Current || len(rep.Links) != 6 || len(rep.Attached) != 6 {
+		!rep.Current || len(rep.Links) != 7 || len(rep.Attached) != 7 {
 		t.Fatalf("report: %+v", rep)
 	}
 	for name, m := range maps {
@@ -360,7 +362,7 @@ func TestCheckWithoutPins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Pinned || len(rep.Attached) != 6 {
+	if rep.Pinned || len(rep.Attached) != 7 {
 		t.Fatalf("%+v", rep)
 	}
 	if _, err := os.Stat(pin); !errors.Is(err, os.ErrNotExist) {
@@ -413,4 +415,282 @@ func TestReconcileRepairsExemptDrift(t *testing.T) {
 		s := snap(t, l)
 		return s.Exempt.InUse == 0, fmt.Sprintf("%+v", s.Exempt)
 	})
+}
+
+// Review finding: resv_put could store one tuple in the slot array and in the
+// spill table when two CPUs raced on a freed slot. CPU A found k's slot held
+// by another tuple and went to insert k into the spill table; meanwhile the
+// slot was freed and CPU B, with the same tuple (a retransmitted SYN),
+// claimed it, looked into the spill table before A's insert, and published
+// k: two permits for one handshake until the TTL. Here B's claim and publish
+// are the slot's contents, written as B leaves them, and A's insert is run
+// on its own (fs_selftest): it must see the slot and back off.
+func TestResvSpillBacksOffFromClaimedSlot(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 1)
+	k := loopKey(8080, 40123)
+	r := limiterFsResv{Project: 4242, SinceNs: 1, Kind: 2}
+	count := func() int {
+		n := 0
+		if err := l.readResv(func(rk limiterFsResvKey, _ limiterFsResv) {
+			if rk == k {
+				n++
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, c := range []struct {
+		name string
+		tag  uint64
+	}{
+		{"published", resvTag(k)},
+		{"being filled", resvTag(k) | slotBusy},
+	} {
+		slot := limiterFsResvSlot{Tag: c.tag, Key: k, Kind: r.Kind, Project: r.Project, SinceNs: r.SinceNs}
+		if err := l.objs.FsResvSlots.Put(resvSlot(k), slot); err != nil {
+			t.Fatal(err)
+		}
+		res, err := l.selftest(limiterFsSelftestArgs{Op: stResvSpill, Resv: r, Key: k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		if c.tag&slotBusy == 0 {
+			want = 1
+		}
+		if res != -int64(unix.EEXIST) || count() != want || nodeSpilled(t, l) != 0 {
+			t.Errorf("%s slot: spill insert returned %d with %d reservations of the tuple, spilled %d; want -EEXIST, %d, 0",
+				c.name, res, count(), nodeSpilled(t, l), want)
+		}
+	}
+	// A slot that holds another tuple does not stop the spill.
+	other := limiterFsResvSlot{Tag: resvTag(k) ^ 2, Key: loopKey(8080, 1), Project: 1, Kind: 2}
+	if err := l.objs.FsResvSlots.Put(resvSlot(k), other); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := l.selftest(limiterFsSelftestArgs{Op: stResvSpill, Resv: r, Key: k}); err != nil || res != 0 || count() != 1 {
+		t.Fatalf("spill beside another tuple: %d %v, %d reservations", res, err, count())
+	}
+	// Not real permits: clear them before the cleanup reconciles anything.
+	if err := l.objs.FsReservations.Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.objs.FsResvSlots.Put(resvSlot(k), limiterFsResvSlot{}); err != nil {
+		t.Fatal(err)
+	}
+	var n limiterFsPool
+	if err := l.objs.FsNode.Lookup(uint32(0), &n); err != nil {
+		t.Fatal(err)
+	}
+	n.Spilled = 0
+	if err := l.objs.FsNode.Put(uint32(0), n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Review finding: the port's owner could outlive its listener, so a SYN to
+// the port was reserved for a listener that no longer took it and the
+// reservation sat out the TTL. The kernel unhashes a listener before its
+// close reaches the state tracepoint; here the close is missed altogether
+// (the programs are detached while it happens), which keeps the stale owner
+// until a reconcile. A SYN to the port is reset by the kernel and must leave
+// nothing reserved.
+func TestStaleOwnerReservesNothing(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, _ := openLimiterMono(t, root, pin, 5, 1, MaxReservationTTL)
+	srv := startHelper(t, mkProject(t, root, "gone"))
+	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen-backlog 127.0.0.1:0 16")))
+	eventually(t, "owner", func() (bool, string) { return portOwned(t, l, addr.Port()), "no owner" })
+	detachLinks(t, l)
+	srv.do("unlisten")
+	attachLinks(t, l, &l.objs)
+	var p limiterFsPort
+	if err := l.objs.FsPorts.Lookup(uint32(addr.Port()), &p); err != nil || p.Specific != 1 || p.Sk == 0 {
+		t.Fatalf("port after the missed close: %+v %v; the test needs the stale owner", p, err)
+	}
+	_, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial with no listener: %v, want ECONNREFUSED", err)
+	}
+	if s := snap(t, l); s.InUse != 0 || s.Reservations != 0 || s.Events.AdmittedIn != 0 {
+		t.Fatalf("a SYN to a closed listener's port was reserved: %+v", s)
+	}
+}
+
+// Review finding: port_change skipped a decrement that came before its
+// increment (an on_listen and the listener's close racing: the close's
+// unlisten deletes the address and decrements between on_listen's insert
+// and its increment). The port then stayed "listened" for good and never got
+// an owner again. The two steps are run in that order here (fs_selftest);
+// afterwards the port counts nothing, and a listener opened on it is its
+// owner and has its connections counted.
+func TestPortCountsSurviveEarlyDecrement(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 5, 1)
+	free, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := uint16(free.Addr().(*net.TCPAddr).Port)
+	free.Close()
+	k := limiterFsListenKey{Netns: l.netns, Port: uint32(port), Scope: 1, Addr: [16]byte{10: 0xff, 11: 0xff, 12: 127, 15: 1}}
+	for _, d := range []int32{-1, 1} {
+		if _, err := l.selftest(limiterFsSelftestArgs{Op: stPortChange, Delta: d, Lkey: k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var p limiterFsPort
+	if err := l.objs.FsPorts.Lookup(uint32(port), &p); err != nil || p.Specific != 0 || p.Wildcard != 0 {
+		t.Fatalf("port %d after a removal and its addition: %+v %v; want no address counted", port, p, err)
+	}
+	srv := startHelper(t, mkProject(t, root, "late"))
+	a := listenAddr(t, srv.do("listen 127.0.0.1:%d", port))
+	eventually(t, "owner", func() (bool, string) { return portOwned(t, l, port), "no owner" })
+	c, err := net.DialTimeout("tcp4", a, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitInUse(t, l, 1, map[string]int{"late": 1})
+}
+
+// Review finding: 0.0.0.0 and [::] shared the all-zero listener key, so an
+// IPv4 SYN to a v6-only [::] listener's port (or IPv6 to a 0.0.0.0 one) was
+// reserved for that listener's project, though the kernel resets it, and the
+// reservation sat out the TTL; and two such listeners of two projects on one
+// port were counted as one. The key carries the families an address takes.
+func TestWildcardScopes(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, _ := openLimiterMono(t, root, pin, 10, 1, MaxReservationTTL)
+	v6 := startHelper(t, mkProject(t, root, "v6"))
+	addr6 := netip.MustParseAddrPort(listenAddr(t, v6.do("listen-backlog [::]:0 16 v6only")))
+	port := addr6.Port()
+	v4addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+	if _, err := net.DialTimeout("tcp4", v4addr.String(), 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("IPv4 to a v6-only listener's port: %v, want ECONNREFUSED", err)
+	}
+	if s := snap(t, l); s.InUse != 0 || s.Reservations != 0 || s.Events.AdmittedIn != 0 {
+		t.Fatalf("an IPv4 SYN was reserved for the v6-only listener: %+v", s)
+	}
+	// An IPv4 listener of another project on the same port.
+	v4 := startHelper(t, mkProject(t, root, "v4"))
+	listenAddr(t, v4.do("listen-backlog 0.0.0.0:%d 16", port))
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for _, d := range []struct{ network, addr string }{
+		{"tcp4", v4addr.String()}, {"tcp6", netip.AddrPortFrom(netip.IPv6Loopback(), port).String()},
+		{"tcp6", netip.AddrPortFrom(netip.IPv6Loopback(), port).String()},
+	} {
+		c, err := net.DialTimeout(d.network, d.addr, 3*time.Second)
+		if err != nil {
+			t.Fatalf("%s %s: %v", d.network, d.addr, err)
+		}
+		conns = append(conns, c)
+	}
+	waitInUse(t, l, 3, map[string]int{"v4": 1, "v6": 2})
+	if s := snap(t, l); s.Reservations != 0 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// Review finding: the port's owner was several words under a sequence lock
+// whose reads relied on x86 keeping loads in order; elsewhere a reader could
+// mix two owners' fields (one's address, the other's project). The owner is
+// now the socket's address and its cookie, checked against the socket: a
+// mix of two writes is seen as such and the SYN goes to the hash. Here such
+// mixes are written into the port entry (claiming one address, naming one
+// listener with the other's cookie), and each connection still counts for
+// the project listening on its address.
+func TestOwnerCheckedAgainstSocket(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 1)
+	a := startHelper(t, mkProject(t, root, "a"))
+	b := startHelper(t, mkProject(t, root, "b"))
+	addrA := netip.MustParseAddrPort(listenAddr(t, a.do("listen-backlog 127.0.0.1:0 16")))
+	port := addrA.Port()
+	addrB := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), port)
+	listenAddr(t, b.do("listen-backlog %s 16", addrB))
+	type owner struct{ sk, cookie uint64 }
+	by := map[byte]owner{}
+	eventually(t, "two listeners", func() (bool, string) {
+		var k limiterFsListenKey
+		var v limiterFsListener
+		it := l.objs.FsListeners.Iterate()
+		for it.Next(&k, &v) {
+			if k.Port == uint32(port) {
+				by[k.Addr[15]] = owner{v.Sk, v.Cookie}
+			}
+		}
+		return len(by) == 2, fmt.Sprint(by)
+	})
+	var orig limiterFsPort
+	if err := l.objs.FsPorts.Lookup(uint32(port), &orig); err != nil || orig.Specific != 2 {
+		t.Fatalf("port %+v %v", orig, err)
+	}
+	t.Cleanup(func() { _ = l.objs.FsPorts.Put(uint32(port), orig) })
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for i, c := range []struct {
+		sk, cookie uint64
+		to         netip.AddrPort
+		want       map[string]int
+	}{
+		{by[2].sk, by[1].cookie, addrB, map[string]int{"a": 0, "b": 1}},
+		{by[1].sk, by[2].cookie, addrA, map[string]int{"a": 1, "b": 1}},
+		{by[2].sk, by[1].cookie, addrA, map[string]int{"a": 2, "b": 1}},
+	} {
+		torn := limiterFsPort{Specific: 1, Version: orig.Version, Sk: c.sk, Cookie: c.cookie}
+		if err := l.objs.FsPorts.Put(uint32(port), torn); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := net.DialTimeout("tcp4", c.to.String(), 3*time.Second)
+		if err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		conns = append(conns, conn)
+		waitInUse(t, l, i+1, c.want)
+	}
+}
+
+// The slot protocols read a slot's fields after its tag with plain loads,
+// which only x86 keeps in order (bpf/limiter.c, "Memory order"): the object
+// is generated for x86 alone, and adding another target has to come with
+// acquire loads there first.
+func TestObjectIsX86Only(t *testing.T) {
+	gen, err := os.ReadFile("../gen.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(gen), " -target amd64 ") {
+		t.Errorf("gen.go does not generate for amd64 alone")
+	}
+	objs, err := filepath.Glob("limiter_*_bpf*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 1 || objs[0] != "limiter_x86_bpfel.go" {
+		t.Fatalf("generated bindings %v, want limiter_x86_bpfel.go alone", objs)
+	}
+	b, err := os.ReadFile(objs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "\n//go:build (386 || amd64) && linux\n") {
+		t.Errorf("%s builds for more than x86", objs[0])
+	}
 }

@@ -1,0 +1,257 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/sockdiag"
+)
+
+// liveSockets counts the sockets that may hold a permit: project sockets the
+// kernel says should hold one (ShouldHold, by cgroup), and the request
+// sockets (SYN_RECV) of the given project listening ports, which hold their
+// reservation until the handshake ends.
+func liveSockets(t testing.TB, l *Limiter, ports ...uint16) int {
+	t.Helper()
+	socks, err := sockdiag.List(sockdiag.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	index, err := sockdiag.CgroupIndex(l.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, s := range socks {
+		if _, ok := index[s.CgroupID]; ok && ShouldHold(s) {
+			n++
+			continue
+		}
+		for _, p := range ports {
+			if s.State == sockdiag.StateSynRecv && s.Src.Port() == p {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// within polls until in_use equals the live sockets and returns how long
+// that took, or fails after d.
+func inUseMatchesLive(t testing.TB, l *Limiter, d time.Duration, ports ...uint16) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		s := snap(t, l)
+		live := liveSockets(t, l, ports...)
+		if s.InUse == live {
+			return time.Since(start)
+		}
+		if time.Since(start) > d {
+			t.Fatalf("%v after the flood: in_use %d, live sockets %d; %+v", time.Since(start), s.InUse, live, s)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The reproduction of the phantom permits (pool 64, floor 3): a project's
+// server listens with listen(0) and never accepts, and a process in no
+// project floods it with connect()s that give up after 20 ms. The kernel
+// drops those SYNs (its accept queue is full), so none of them may hold a
+// permit: during the flood another project under its share is admitted, and
+// within 100 ms of the flood's end the node's in_use equals the sockets
+// that exist. (Before: the listener's project held all 64 permits with no
+// socket behind them and the other project was refused until the TTL.)
+func TestFloodNeverAcceptingListener(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 64, 3)
+	gamma := startHelper(t, mkProject(t, root, "gamma"))
+	alpha := startHelper(t, mkProject(t, root, "alpha"))
+	target := netip.MustParseAddrPort(listenAddr(t, gamma.do("listen-backlog 127.0.0.1:0 0")))
+	other := sink(t, "tcp4", "127.0.0.1:0")
+
+	// The flood comes from this process (in no project): 4 workers of 100
+	// connect()s each, 20 ms timeout, connections that succeed kept open
+	// until the end.
+	const workers, per = 4, 100
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		conns    []net.Conn
+		ok, fail int
+	)
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	started := make(chan struct{})
+	var once sync.Once
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range per {
+				if i == per/4 {
+					once.Do(func() { close(started) })
+				}
+				c, err := net.DialTimeout("tcp4", target.String(), 20*time.Millisecond)
+				mu.Lock()
+				if err == nil {
+					conns = append(conns, c)
+					ok++
+				} else {
+					fail++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	<-started
+	// Mid-flood: alpha, under its share, is admitted every time.
+	maxGamma := 0
+	for range 4 {
+		if r := alpha.dial("tcp4", other.Addr().String(), 2); r.ok != 2 {
+			t.Errorf("alpha during the flood: %+v; %+v", r, snap(t, l))
+		}
+		maxGamma = max(maxGamma, project(snap(t, l), "gamma").InUse)
+	}
+	wg.Wait()
+	took := inUseMatchesLive(t, l, 100*time.Millisecond, target.Port())
+	s := snap(t, l)
+	t.Logf("flood: %d connects ok, %d failed; gamma held at most %d during it; in_use %d = live after %v; events %+v",
+		ok, fail, maxGamma, s.InUse, took, s.Events)
+	if g := project(s, "gamma").InUse; g > 2 {
+		t.Errorf("gamma holds %d permits for a listener that can queue 1 connection", g)
+	}
+	if s.Events.Overflow == 0 {
+		t.Errorf("no SYN was seen to a full accept queue: %+v", s.Events)
+	}
+}
+
+// A client that gives up on its handshake resets it (here the kernel answers
+// the SYN-ACKs to a bare SYN from a raw socket): the request sockets are
+// dropped and so are their reservations, at once rather than after the TTL.
+func TestInboundClientGoneGivesBack(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, _ := openLimiterMono(t, root, pin, 10, 1, MaxReservationTTL)
+	srv := startHelper(t, mkProject(t, root, "srv"))
+	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
+	const n = 8
+	for i := range n {
+		sendSYN(t, addr, uint16(42000+i))
+	}
+	start := time.Now()
+	eventually(t, "reservations dropped", func() (bool, string) {
+		s := snap(t, l)
+		return s.Events.AdmittedIn == n && s.Events.Dropped == n && s.InUse == 0 && s.Reservations == 0, fmt.Sprintf("%+v", s)
+	})
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Errorf("the reservations went back after %v, want within 100 ms", d)
+	}
+	// The listener still admits.
+	c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	waitInUse(t, l, 0, map[string]int{"srv": 0})
+}
+
+// With SYN cookies (tcp_syncookies = 1) a listener whose SYN queue is full
+// answers SYNs with a cookie and keeps no request socket: such a SYN takes no
+// permit, the rule is still applied to it, and the child takes its permit
+// when its ACK makes it; once the accept queue is full too, SYNs and cookie
+// ACKs are dropped and take nothing. Throughout, in_use is the request
+// sockets plus the children.
+func TestInboundSynCookies(t *testing.T) {
+	testutil.RequireRoot(t)
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_syncookies"); err != nil || strings.TrimSpace(string(b)) != "1" {
+		t.Skipf("needs net.ipv4.tcp_syncookies = 1 (%q, %v)", b, err)
+	}
+	root, pin := newRoot(t), newPinDir(t)
+	l, _ := openLimiterMono(t, root, pin, 10, 1, MaxReservationTTL)
+	srv := startHelper(t, mkProject(t, root, "srv"))
+	// backlog 1: the SYN queue takes 2 request sockets, the accept queue 2
+	// children.
+	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen-backlog 127.0.0.1:0 1")))
+	silence(t, 43000, 43001)
+	sendSYN(t, addr, 43000)
+	sendSYN(t, addr, 43001)
+	eventually(t, "two request sockets", func() (bool, string) {
+		s := snap(t, l)
+		return s.Reservations == 2 && s.InUse == 2, fmt.Sprintf("%+v", s)
+	})
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for i := range 2 {
+		c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+		if err != nil {
+			t.Fatalf("cookie connection %d: %v; %+v", i, err, snap(t, l))
+		}
+		conns = append(conns, c)
+	}
+	waitInUse(t, l, 4, map[string]int{"srv": 4})
+	// The accept queue is full: the SYN is dropped, the client gives up.
+	if c, err := net.DialTimeout("tcp4", addr.String(), 200*time.Millisecond); err == nil {
+		c.Close()
+		t.Fatal("a connection got through a full accept queue")
+	}
+	inUseMatchesLive(t, l, 100*time.Millisecond, addr.Port())
+	s := snap(t, l)
+	if s.InUse != 4 || s.Reservations != 2 || s.Events.Cookie < 2 || s.Events.Overflow < 1 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// A refusal at the SYN is still an RST, also in cookie mode: with the pool
+// full, a SYN cookie is not sent for a project over its share.
+func TestInboundSynCookieRefused(t *testing.T) {
+	testutil.RequireRoot(t)
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_syncookies"); err != nil || strings.TrimSpace(string(b)) != "1" {
+		t.Skipf("needs net.ipv4.tcp_syncookies = 1 (%q, %v)", b, err)
+	}
+	root, pin := newRoot(t), newPinDir(t)
+	l, _ := openLimiterMono(t, root, pin, 2, 1, MaxReservationTTL)
+	srv := startHelper(t, mkProject(t, root, "srv"))
+	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen-backlog 127.0.0.1:0 1")))
+	silence(t, 43100, 43101)
+	sendSYN(t, addr, 43100)
+	sendSYN(t, addr, 43101)
+	waitInUse(t, l, 2, map[string]int{"srv": 2})
+	_, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("a SYN over the pool in cookie mode: %v, want ECONNREFUSED; %+v", err, snap(t, l))
+	}
+	if s := snap(t, l); s.InUse != 2 || s.Events.RefusedIn != 1 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// The reservation TTL is bounded: Open refuses one outside
+// MinReservationTTL..MaxReservationTTL before touching the kernel.
+func TestReservationTTLBounds(t *testing.T) {
+	for _, ttl := range []time.Duration{-time.Second, MinReservationTTL - 1, MaxReservationTTL + 1} {
+		_, err := Open(Options{ProjectsRoot: "/sys/fs/cgroup/x", PoolSize: 10, ReservationTTL: ttl})
+		if !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), "reservation TTL") {
+			t.Errorf("TTL %s: %v, want ErrInvalidOptions naming the TTL", ttl, err)
+		}
+	}
+}
