@@ -68,7 +68,18 @@ type Connections struct {
 	// ExemptMax bounds the exempt permits held at a time node-wide; 0 means
 	// the pool's floor.
 	ExemptMax int `yaml:"exempt_max"`
+	// ReservationTTL bounds how long an inbound handshake that has not
+	// completed holds its permit: between MinReservationTTL and
+	// MaxReservationTTL, 0 for the kernel side's default (3s).
+	ReservationTTL time.Duration `yaml:"reservation_ttl"`
 }
+
+// MinReservationTTL and MaxReservationTTL bound connections.reservation_ttl
+// (loader.MinReservationTTL and loader.MaxReservationTTL).
+const (
+	MinReservationTTL = 100 * time.Millisecond
+	MaxReservationTTL = 2 * time.Minute
+)
 
 // Permits configures the local permit API (package permitd) that serves the
 // flights, residents and any extra pool to runtimes on the node.
@@ -329,6 +340,10 @@ func (c *Config) Validate() error {
 	}
 	if err := c.checkValues(); err != nil {
 		return bad("%v", err)
+	}
+	if ttl := c.Connections.ReservationTTL; ttl != 0 && (ttl < MinReservationTTL || ttl > MaxReservationTTL) {
+		return bad("connections.reservation_ttl must be 0 (the default) or between %s and %s, got %s",
+			MinReservationTTL, MaxReservationTTL, ttl)
 	}
 	if err := c.Front.validate(); err != nil {
 		return bad("%v", err)

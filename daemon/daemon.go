@@ -193,6 +193,7 @@ func New(opts Options) (*Daemon, error) {
 			PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window,
 			Logger: log,
 			Exempt: cfg.Connections.Exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
+			ReservationTTL: cfg.Connections.ReservationTTL,
 		})
 		if err != nil {
 			return nil, loadError(cfg.PinDir, err)
