@@ -42,7 +42,7 @@ type ProjectCounters struct {
 	CgroupID          uint64
 	InUse             int
 	Admitted, Refused uint64
-	LastSeen          time.Time
+	LastSeen          time.Time // the last ask or release; now while it holds permits
 	Active            bool
 }
 
@@ -374,7 +374,12 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 			Admitted: p.val.Admitted, Refused: p.val.Refused,
 			Active: l.activeLocked(p.val, mono),
 		}
-		if p.val.LastSeenNs != 0 && p.val.LastSeenNs <= mono {
+		switch {
+		case p.val.InUse > 0:
+			// Holding counts as asking; the programs stamp a project
+			// only when it asks holding nothing and when it lets go.
+			pc.LastSeen = now
+		case p.val.LastSeenNs != 0 && p.val.LastSeenNs <= mono:
 			pc.LastSeen = now.Add(-time.Duration(mono - p.val.LastSeenNs))
 		}
 		if pc.Active {

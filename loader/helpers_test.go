@@ -642,7 +642,7 @@ func silence(t testing.TB, lo, hi uint16) {
 // resvSlot is the slot of fs_resv_slots the programs give tuple k
 // (resv_slot in bpf/limiter.c).
 func resvSlot(k limiterFsResvKey) uint32 {
-	return uint32(resvHash(k)>>1) & (resvSlots - 1)
+	return uint32(resvHash(k) >> 56)
 }
 
 // resvTag is the tag of k's slot while it holds k (resv_tagof).
@@ -655,18 +655,12 @@ func resvHash(k limiterFsResvKey) uint64 {
 	var b [32]byte
 	copy(b[:16], k.Laddr[:])
 	copy(b[16:], k.Raddr[:])
-	const k1, k2, k3 = 0x9e3779b97f4a7c15, 0xff51afd7ed558ccd, 0xc4ceb9fe1a85ec53
-	var h uint64
+	var f uint64
 	for i := range 4 {
-		h = (h ^ binary.LittleEndian.Uint64(b[8*i:])) * k1
+		f ^= binary.LittleEndian.Uint64(b[8*i:])
 	}
-	h = (h ^ (uint64(k.Lport)<<16 | uint64(k.Rport))) * k1
-	h ^= h >> 33
-	h *= k2
-	h ^= h >> 33
-	h *= k3
-	h ^= h >> 33
-	return h
+	f ^= uint64(k.Lport)<<16 | uint64(k.Rport)<<40
+	return f * 0x9e3779b97f4a7c15
 }
 
 // resvSlots is RESV_SLOTS in bpf/limiter.c.
