@@ -4,7 +4,9 @@ package loader
 
 import (
 	"bufio"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -79,8 +81,14 @@ func cycle(b testing.TB, lfd int, sa unix.Sockaddr) {
 // per-round ratios, with their quartiles as the spread. A third side in
 // every round attaches, at the same hooks, programs that return at once
 // (floor-%): what the hooks cost on this kernel before a program does
-// anything, a cost no program can go under. It then runs with BPF run-time
-// stats on and reports ns per program run.
+// anything, a cost no program can go under; above-floor-% is the median
+// over rounds of what ours add to it. A fourth side is what an operator
+// would write instead: an nftables rule per cgroup, "socket cgroupv2 level
+// N <path> ct count over K reject with tcp reset" at output and input
+// (nft-%), with fairshare's overhead reported as a ratio to it
+// (fairshare/nft); it is left out, with a message, where nft is not
+// installed. It then runs with BPF run-time stats on and reports ns per
+// program run, ours and the empty programs'.
 //
 // "outbound": the listener is outside the projects, only the client side
 // takes a permit. "both": client and listener are in the project, the cycle
@@ -148,6 +156,98 @@ func pinCPU(b testing.TB) func() {
 	}
 }
 
+// nftPeer is the nftables side of the benchmark: a table whose rules limit
+// the connections of one cgroup, added for a side and deleted after it (its
+// conntrack hooks go with it, so the other sides do not pay for them).
+type nftPeer struct {
+	nft, table string
+	level      uint32
+	path       string // the cgroup as nft names it
+}
+
+// newNftPeer prepares the rules for the cgroup dir, or returns nil with the
+// reason when nft is not installed. nft resolves a cgroupv2 path below
+// /sys/fs/cgroup (on a hybrid host it starts with unified/); the level is
+// the cgroup's in the v2 hierarchy.
+func newNftPeer(b testing.TB, dir string) (*nftPeer, string) {
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		return nil, "nft is not installed (Debian: apt-get install nftables)"
+	}
+	mi, err := cgroup2MountInfo()
+	if err != nil {
+		b.Fatal(err)
+	}
+	level, err := cgroupLevel(mi, dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rel, err := filepath.Rel("/sys/fs/cgroup", dir)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return nil, fmt.Sprintf("%s is not below /sys/fs/cgroup, where nft looks for cgroups", dir)
+	}
+	return &nftPeer{nft: nft, table: fmt.Sprintf("fairshare_bench_%d", os.Getpid()), level: level, path: rel}, ""
+}
+
+// rules is the table with the limit k at the given hooks (output, input).
+func (p *nftPeer) rules(k int, hooks ...string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table inet %s {\n", p.table)
+	for _, h := range hooks {
+		fmt.Fprintf(&b, "\tchain %s { type filter hook %s priority 0; policy accept; "+
+			"socket cgroupv2 level %d %q ct count over %d reject with tcp reset; }\n", h, h, p.level, p.path, k)
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+func (p *nftPeer) add(b testing.TB, rules string) {
+	if err := testutil.NftRun(p.nft, rules); err != nil {
+		b.Fatalf("loading the nftables rules: %v\n%s", err, rules)
+	}
+}
+
+func (p *nftPeer) del(b testing.TB) {
+	if err := testutil.NftRun(p.nft, "delete table inet "+p.table+"\n"); err != nil {
+		b.Fatalf("deleting the nftables table: %v", err)
+	}
+}
+
+// effective checks that the rule at hook matches the benchmark's
+// connections: with "over 0" for the limit, at that hook alone, a connect
+// on fd is reset. The input rule is checked with a client created outside
+// the cgroup: one inside would have the reset dropped at input in turn (so,
+// with both rules in place, a refused client times out instead).
+func (p *nftPeer) effective(b testing.TB, sa unix.Sockaddr, hook string, fd int) {
+	p.add(b, p.rules(0, hook))
+	defer p.del(b)
+	err := unix.Connect(fd, sa)
+	if err == unix.EINPROGRESS {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		if n, perr := unix.Poll(pfd, 2000); perr == nil && n == 1 {
+			var e int
+			if e, err = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err == nil {
+				err = unix.Errno(e)
+			}
+		} else {
+			err = unix.ETIMEDOUT
+		}
+	}
+	if err != unix.ECONNREFUSED {
+		b.Fatalf("with \"ct count over 0\" at %s a connect gave %v, want ECONNREFUSED: the rule does not match", hook, err)
+	}
+}
+
+// clientSocket is a non-blocking TCP socket, closed when the test ends.
+func clientSocket(b testing.TB) int {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
 func benchCycle(b *testing.B, both, wildcard bool) {
 	root := newRoot(b)
 	pin := newPinDir(b)
@@ -158,6 +258,7 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 	if !both {
 		lfd, sa = benchListener(b, wildcard) // created outside the project
 	}
+	outside := clientSocket(b) // to check the nftables input rule
 	moveSelf(b, proj)
 	if both {
 		lfd, sa = benchListener(b, wildcard)
@@ -181,6 +282,17 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 	detach := func() { detachLinks(b, l) }
 	attach := func(objs *limiterObjects) { attachLinks(b, l, objs) }
 	detach()
+	nft, why := newNftPeer(b, proj)
+	var nftRules string
+	if nft == nil {
+		b.Logf("no nftables side: %s", why)
+	} else {
+		nft.effective(b, sa, "output", clientSocket(b))
+		if both {
+			nft.effective(b, sa, "input", outside)
+		}
+		nftRules = nft.rules(benchPool, "output", "input")
+	}
 
 	// Run-time stats add ~20 ns to every program run: the ratio is only
 	// meaningful with them off (they are turned on below, after it).
@@ -192,7 +304,7 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	runtime.GC()
 
-	// Many short rounds, alternating which side goes first. The machine is
+	// Many short rounds, rotating which side goes first. The machine is
 	// shared: pairing adjacent measurements cancels its drift, and the
 	// median over rounds leaves out the rounds another process disturbed
 	// (a mean would take them in). Within a round each cycle is timed and
@@ -207,9 +319,13 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 	// run during, and be charged to, the next side's first cycles, and the
 	// first connections after an attach find the programs and maps cold.
 	const rounds, warm, settle = 100, 10, 5 * time.Millisecond
-	per := max(b.N/(2*rounds), 50)
+	const bare, floored, attached, nftables = 0, 1, 2, 3
+	sides := 3
+	if nft != nil {
+		sides = 4
+	}
+	per := max(b.N/(sides*rounds), 50)
 	times := make([]float64, per)
-	const bare, floored, attached = 0, 1, 2
 	run := func(side int) (med, mean float64) {
 		b.StopTimer()
 		switch side {
@@ -217,6 +333,8 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 			attach(floor)
 		case attached:
 			attach(&l.objs)
+		case nftables:
+			nft.add(b, nftRules)
 		}
 		time.Sleep(settle)
 		for range warm {
@@ -230,8 +348,11 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 			times[i], start = float64(now.Sub(start).Nanoseconds()), now
 		}
 		b.StopTimer()
-		if side != bare {
+		switch side {
+		case floored, attached:
 			detach()
+		case nftables:
+			nft.del(b)
 		}
 		b.StartTimer()
 		var sum float64
@@ -240,20 +361,25 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 		}
 		return median(times), sum / float64(per)
 	}
-	var cycles [3][]float64
-	var ratio, ratioMean, floorRatio []float64
+	var cycles [4][]float64
+	var ratio, ratioMean, floorRatio, above, nftRatio, vsNft []float64
 	for i := range rounds {
-		var med, mean [3]float64
-		for k := range 3 { // each side goes first, second and third in turn
-			side := (i + k) % 3
+		var med, mean [4]float64
+		for k := range sides { // each side goes first, second, ... in turn
+			side := (i + k) % sides
 			med[side], mean[side] = run(side)
 		}
-		for side := range cycles {
+		for side := range sides {
 			cycles[side] = append(cycles[side], med[side])
 		}
 		ratio = append(ratio, med[attached]/med[bare])
 		ratioMean = append(ratioMean, mean[attached]/mean[bare])
 		floorRatio = append(floorRatio, med[floored]/med[bare])
+		above = append(above, (med[attached]-med[floored])/med[bare])
+		if nft != nil {
+			nftRatio = append(nftRatio, med[nftables]/med[bare])
+			vsNft = append(vsNft, (med[attached]-med[bare])/(med[nftables]-med[bare]))
+		}
 	}
 	b.StopTimer()
 	b.ReportMetric(median(cycles[bare]), "bare-ns/cycle")
@@ -263,19 +389,46 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 	b.ReportMetric(100*(quantile(ratio, 0.75)-1), "overhead-q3-%")
 	b.ReportMetric(100*(median(ratioMean)-1), "overhead-mean-%")
 	b.ReportMetric(100*(median(floorRatio)-1), "floor-%")
+	b.ReportMetric(100*median(above), "above-floor-%")
+	if nft != nil {
+		b.ReportMetric(100*(median(nftRatio)-1), "nft-%")
+		b.ReportMetric(median(vsNft), "fairshare/nft")
+	}
 
-	// Run time per program, with stats on (they add ~20 ns per run): the
-	// median over rounds of each program's mean, for the same reason.
-	attach(&l.objs)
+	// Run time per program, with stats on (they add ~20 ns to every run):
+	// the median over rounds of each program's mean, ours and the empty
+	// ones' at the same hooks.
 	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 	if err != nil {
 		b.Logf("bpf stats unavailable: %v", err)
 		return
 	}
 	defer stats.Close()
+	ours := progStats(b, &l.objs, lfd, sa, attach, detach)
+	empty := progStats(b, floor, lfd, sa, attach, detach)
+	var total, totalAbove float64
+	for name, o := range ours {
+		b.ReportMetric(o.ns, name+"-ns/run")
+		b.ReportMetric(o.ns-empty[name].ns, name+"-above-ns/run")
+		b.ReportMetric(o.perCycle, name+"-runs/cycle")
+		total += o.ns * o.perCycle
+		totalAbove += (o.ns - empty[name].ns) * o.perCycle
+	}
+	b.ReportMetric(total, "bpf-ns/cycle")
+	b.ReportMetric(totalAbove, "bpf-above-ns/cycle")
+}
+
+// progStat is a program's run time per run and its runs per cycle.
+type progStat struct{ ns, perCycle float64 }
+
+// progStats attaches objs, runs cycles with run-time stats on and returns
+// the median over rounds of each program's mean run time.
+func progStats(b *testing.B, objs *limiterObjects, lfd int, sa unix.Sockaddr, attach func(*limiterObjects), detach func()) map[string]progStat {
+	attach(objs)
+	defer detach()
 	progs := map[string]*ebpf.Program{
-		"connect4": l.objs.FsConnect4, "sock_release": l.objs.FsSockRelease,
-		"set_state": l.objs.FsSetState, "sk_lookup": l.objs.FsSkLookup,
+		"connect4": objs.FsConnect4, "sock_release": objs.FsSockRelease,
+		"set_state": objs.FsSetState, "sk_lookup": objs.FsSkLookup,
 	}
 	type st struct{ runs, ns uint64 }
 	read := func() map[string]st {
@@ -288,6 +441,9 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 			out[name] = st{ps.RunCount, uint64(ps.Runtime)}
 		}
 		return out
+	}
+	for range 100 {
+		cycle(b, lfd, sa)
 	}
 	const statRounds, statPer = 8, 500
 	perRun := map[string][]float64{}
@@ -307,14 +463,11 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 			perRun[name] = append(perRun[name], float64(after[name].ns-before[name].ns)/float64(n))
 		}
 	}
-	var total float64
+	out := map[string]progStat{}
 	for name, xs := range perRun {
-		ns, rc := median(xs), float64(runs[name])/(statRounds*statPer)
-		b.ReportMetric(ns, name+"-ns/run")
-		b.ReportMetric(rc, name+"-runs/cycle")
-		total += ns * rc
+		out[name] = progStat{median(xs), float64(runs[name]) / (statRounds * statPer)}
 	}
-	b.ReportMetric(total, "bpf-ns/cycle")
+	return out
 }
 
 // emptyPrograms loads, for each program the limiter attaches, one of the
