@@ -391,15 +391,19 @@ struct {
  *
  * A port with one listening address (the usual case) also names its
  * listening socket, the owner, so that sk_lookup finds it without the
- * fs_listeners lookup and reads the listener's queues, address, namespace
- * and cgroup from the socket itself. The owner is the socket's address and
- * its cookie, each one aligned 64-bit word: a reader that gets them from two
- * different writes sees a cookie that is not the socket's and falls back to
- * the hash, and a socket that closed (or whose memory was reused) no longer
- * listens or has another cookie. No sequence lock, no reliance on the order
- * in which the CPU makes loads visible. The socket is freed an RCU grace
- * period after it stopped listening, and sk_lookup runs under RCU, so a
- * socket named by an owner it read stays readable while it looks.
+ * fs_listeners lookup and reads the listener's queues, address and
+ * namespace from the socket itself. The owner is the socket's address, its
+ * cookie, its project and cgroup (from the listener entry) and a check word
+ * mixed from the four, written last. A reader recomputes the check from the
+ * words it read: words of two different writes do not match it, so the
+ * reader falls back to the hash, and it then checks the socket itself,
+ * which no longer listens or has another cookie if it closed (or its memory
+ * was reused). No sequence lock, no reliance on the order in which the CPU
+ * makes stores or loads visible. The socket is freed an RCU grace period
+ * after it stopped listening, and sk_lookup runs under RCU, so a socket named
+ * by an owner it read stays readable while it looks. (The project is kept
+ * here because finding it from the socket's cgroup is a chain of six
+ * dependent loads, ~25 ns of sk_lookup.)
  */
 struct fs_port {
 	/* specific, wildcard and version are one 64-bit word (port_state),
@@ -414,6 +418,10 @@ struct fs_port {
 	__u32 version;  /* bumped by every change of the addresses or of their owner */
 	__u64 sk;       /* the owner: struct sock of the port's only listening address, or 0 */
 	__u64 cookie;   /* the owner's socket cookie */
+	__u64 project;  /* its project */
+	__u64 cgroup;   /* its own cgroup */
+	__u64 check;    /* owner_check of the four above */
+	__u64 _pad;     /* a cache line per port */
 };
 
 struct {
@@ -1242,6 +1250,19 @@ static __always_inline __u32 port_addrs(__u64 w)
 }
 
 /*
+ * owner_check mixes the words of a port's owner: a reader that got them from
+ * different writes recomputes another value (but for a chance of 2^-64).
+ */
+static __always_inline __u64 owner_check(__u64 sk, __u64 cookie, __u64 id, __u64 cg)
+{
+	__u64 h = (sk ^ 0x5bd1e9955bd1e995ULL) * 0x9e3779b97f4a7c15ULL;
+	h = (h ^ (h >> 29) ^ cookie) * 0xbf58476d1ce4e5b9ULL;
+	h = (h ^ (h >> 31) ^ id) * 0x94d049bb133111ebULL;
+	h = (h ^ (h >> 29) ^ cg) * 0x9e3779b97f4a7c15ULL;
+	return h ^ (h >> 32);
+}
+
+/*
  * port_change records a change of k's port: d = 1 address k added, -1
  * removed, 0 its listener (the owner) replaced. The counts are changed
  * whatever they are (see fs_port): a removal that comes before its addition
@@ -1268,8 +1289,12 @@ static __always_inline void port_change(struct fs_listen_key *k, int d)
 	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, k);
 	if (!l || *(volatile __u64 *)port_state(n) != w)
 		return;
-	__sync_lock_test_and_set(&n->sk, l->sk);
-	__sync_lock_test_and_set(&n->cookie, l->cookie);
+	__u64 sk = l->sk, cookie = l->cookie, id = l->project, cg = l->cgroup;
+	n->sk = sk;
+	n->cookie = cookie;
+	n->project = id;
+	n->cgroup = cg;
+	*(volatile __u64 *)&n->check = owner_check(sk, cookie, id, cg);
 }
 
 /*
@@ -1389,7 +1414,10 @@ static __always_inline int port_owner(struct fs_port *n, __u64 w, __u64 netns, _
 {
 	if (port_addrs(w) != 1)
 		return OWNER_UNKNOWN;
-	struct sock *sk = listening_sock(*(volatile __u64 *)&n->sk, *(volatile __u64 *)&n->cookie);
+	__u64 p = n->sk, cookie = n->cookie, id = n->project, cg = n->cgroup;
+	if (owner_check(p, cookie, id, cg) != *(volatile __u64 *)&n->check)
+		return OWNER_UNKNOWN;
+	struct sock *sk = listening_sock(p, cookie);
 	if (!sk)
 		return OWNER_UNKNOWN;
 	if (sock_netns(sk) != netns)
@@ -1401,11 +1429,10 @@ static __always_inline int port_owner(struct fs_port *n, __u64 w, __u64 netns, _
 	const __u64 *a = (const __u64 *)addr, *b = (const __u64 *)laddr;
 	if ((a[0] || a[1]) && (a[0] != b[0] || a[1] != b[1]))
 		return OWNER_OTHER;
-	struct cgroup *cg = sk->sk_cgrp_data.cgroup;
 	v->sk = sk;
-	v->project = cgroup_project(cg);
-	v->cgroup = cgroup_id(cg);
-	return v->project ? OWNER_TAKES : OWNER_OTHER;
+	v->project = id;
+	v->cgroup = cg;
+	return OWNER_TAKES;
 }
 
 /*
@@ -1683,24 +1710,33 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 		return SK_PASS;
 
 	struct fs_resv_key rk __attribute__((aligned(8))) = {};
+	/* The verifier takes only loads at a constant offset from the
+	 * context itself: keep the compiler from computing a field's address
+	 * ahead (barrier_var), as it otherwise may. */
+	barrier_var(ctx);
 	__u16 fam = ctx->family;
+	barrier_var(ctx);
+	rk.rport = bpf_ntohs(ctx->remote_port);
 	if (fam == AF_INET) {
+		barrier_var(ctx);
 		v4mapped(rk.laddr, ctx->local_ip4);
+		barrier_var(ctx);
 		v4mapped(rk.raddr, ctx->remote_ip4);
 	} else {
 		/* The context allows only aligned 4-byte loads of these. */
 		__u32 *la = (__u32 *)rk.laddr, *ra = (__u32 *)rk.raddr;
+		barrier_var(ctx);
 		la[0] = ctx->local_ip6[0];
 		la[1] = ctx->local_ip6[1];
 		la[2] = ctx->local_ip6[2];
 		la[3] = ctx->local_ip6[3];
+		barrier_var(ctx);
 		ra[0] = ctx->remote_ip6[0];
 		ra[1] = ctx->remote_ip6[1];
 		ra[2] = ctx->remote_ip6[2];
 		ra[3] = ctx->remote_ip6[3];
 	}
 	rk.lport = lport;
-	rk.rport = bpf_ntohs(ctx->remote_port);
 
 	struct lview v = {};
 	int own = port_owner(port, w, cfg->netns_cookie, fam, rk.laddr, &v);

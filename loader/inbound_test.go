@@ -333,14 +333,14 @@ func portOwned(t testing.TB, l *Limiter, port uint16) bool {
 	if err := l.objs.FsPorts.Lookup(uint32(port), &p); err != nil {
 		t.Fatal(err)
 	}
-	if p.Specific+p.Wildcard != 1 || p.Sk == 0 {
+	if p.Specific+p.Wildcard != 1 || p.Sk == 0 || p.Check != ownerCheck(p.Sk, p.Cookie, p.Project, p.Cgroup) {
 		return false
 	}
 	var k limiterFsListenKey
 	var v limiterFsListener
 	it := l.objs.FsListeners.Iterate()
 	for it.Next(&k, &v) {
-		if k.Port == uint32(port) && v.Sk == p.Sk && v.Cookie == p.Cookie {
+		if k.Port == uint32(port) && v.Sk == p.Sk && v.Cookie == p.Cookie && v.Project == p.Project {
 			return true
 		}
 	}

@@ -78,6 +78,10 @@ type limiterFsPort struct {
 	Version  uint32
 	Sk       uint64
 	Cookie   uint64
+	Project  uint64
+	Cgroup   uint64
+	Check    uint64
+	Pad      uint64
 }
 
 type limiterFsProject struct {

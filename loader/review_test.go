@@ -605,12 +605,13 @@ func TestWildcardScopes(t *testing.T) {
 
 // Review finding: the port's owner was several words under a sequence lock
 // whose reads relied on x86 keeping loads in order; elsewhere a reader could
-// mix two owners' fields (one's address, the other's project). The owner is
-// now the socket's address and its cookie, checked against the socket: a
-// mix of two writes is seen as such and the SYN goes to the hash. Here such
-// mixes are written into the port entry (claiming one address, naming one
-// listener with the other's cookie), and each connection still counts for
-// the project listening on its address.
+// mix two owners' fields (one's address, the other's project). The owner's
+// words now carry a check word mixed from them, and the socket they name is
+// checked against its cookie: words of two writes fail the first, a socket
+// that is not the one named fails the second, and either way the SYN goes to
+// the hash. Here such mixes are written into the port entry (claiming one
+// address), and each connection still counts for the project listening on
+// its address.
 func TestOwnerCheckedAgainstSocket(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
@@ -621,19 +622,19 @@ func TestOwnerCheckedAgainstSocket(t *testing.T) {
 	port := addrA.Port()
 	addrB := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), port)
 	listenAddr(t, b.do("listen-backlog %s 16", addrB))
-	type owner struct{ sk, cookie uint64 }
-	by := map[byte]owner{}
+	by := map[byte]limiterFsListener{}
 	eventually(t, "two listeners", func() (bool, string) {
 		var k limiterFsListenKey
 		var v limiterFsListener
 		it := l.objs.FsListeners.Iterate()
 		for it.Next(&k, &v) {
 			if k.Port == uint32(port) {
-				by[k.Addr[15]] = owner{v.Sk, v.Cookie}
+				by[k.Addr[15]] = v
 			}
 		}
 		return len(by) == 2, fmt.Sprint(by)
 	})
+	la, lb := by[1], by[2]
 	var orig limiterFsPort
 	if err := l.objs.FsPorts.Lookup(uint32(port), &orig); err != nil || orig.Specific != 2 {
 		t.Fatalf("port %+v %v", orig, err)
@@ -645,26 +646,47 @@ func TestOwnerCheckedAgainstSocket(t *testing.T) {
 			c.Close()
 		}
 	})
+	owner := func(sk, cookie, project, cgroup uint64, check bool) limiterFsPort {
+		p := limiterFsPort{Specific: 1, Version: orig.Version, Sk: sk, Cookie: cookie, Project: project, Cgroup: cgroup}
+		p.Check = ownerCheck(lb.Sk, lb.Cookie, lb.Project, lb.Cgroup) // b's, as b's write left it
+		if check {
+			p.Check = ownerCheck(sk, cookie, project, cgroup)
+		}
+		return p
+	}
 	for i, c := range []struct {
-		sk, cookie uint64
-		to         netip.AddrPort
-		want       map[string]int
+		name string
+		port limiterFsPort
+		to   netip.AddrPort
+		want map[string]int
 	}{
-		{by[2].sk, by[1].cookie, addrB, map[string]int{"a": 0, "b": 1}},
-		{by[1].sk, by[2].cookie, addrA, map[string]int{"a": 1, "b": 1}},
-		{by[2].sk, by[1].cookie, addrA, map[string]int{"a": 2, "b": 1}},
+		// b's address and cookie, a's project, b's check: torn words.
+		{"torn", owner(lb.Sk, lb.Cookie, la.Project, la.Cgroup, false), addrB, map[string]int{"a": 0, "b": 1}},
+		// a's project with a check that matches, over b's socket and a's
+		// cookie: not the socket it names.
+		{"wrong socket", owner(lb.Sk, la.Cookie, la.Project, la.Cgroup, true), addrB, map[string]int{"a": 0, "b": 2}},
+		// The words of a consistent owner (a) are taken for a's address.
+		{"consistent", owner(la.Sk, la.Cookie, la.Project, la.Cgroup, true), addrA, map[string]int{"a": 1, "b": 2}},
 	} {
-		torn := limiterFsPort{Specific: 1, Version: orig.Version, Sk: c.sk, Cookie: c.cookie}
-		if err := l.objs.FsPorts.Put(uint32(port), torn); err != nil {
+		if err := l.objs.FsPorts.Put(uint32(port), c.port); err != nil {
 			t.Fatal(err)
 		}
 		conn, err := net.DialTimeout("tcp4", c.to.String(), 3*time.Second)
 		if err != nil {
-			t.Fatalf("case %d: %v", i, err)
+			t.Fatalf("%s: %v", c.name, err)
 		}
 		conns = append(conns, conn)
 		waitInUse(t, l, i+1, c.want)
 	}
+}
+
+// ownerCheck is owner_check in bpf/limiter.c.
+func ownerCheck(sk, cookie, id, cg uint64) uint64 {
+	h := (sk ^ 0x5bd1e9955bd1e995) * 0x9e3779b97f4a7c15
+	h = (h ^ (h >> 29) ^ cookie) * 0xbf58476d1ce4e5b9
+	h = (h ^ (h >> 31) ^ id) * 0x94d049bb133111eb
+	h = (h ^ (h >> 29) ^ cg) * 0x9e3779b97f4a7c15
+	return h ^ (h >> 32)
 }
 
 // The slot protocols read a slot's fields after its tag with plain loads,
