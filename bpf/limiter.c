@@ -81,11 +81,14 @@
  * client that vanished without a word, a request socket the kernel timed
  * out, or a SYN dropped by a race with the queue check).
  *
- * Memory order: fs_port's owner is one 64-bit word checked against the
- * socket it names (correct on any architecture). The slot protocols below
- * (fs_slots, fs_resv_slots) read a slot's fields after its tag with plain
- * loads, which x86-64 keeps in order; the object is built for amd64 only
- * (gen.go; loader.TestObjectIsAmd64Only).
+ * Memory order: fs_port's owner needs none: its words carry a check word
+ * and name a socket that is checked in turn (see fs_port), so it is read
+ * right on any architecture. The slot protocols (fs_slots, fs_resv_slots)
+ * do rely on x86: a slot's fields are published by a plain store of its tag
+ * after them and read with plain loads after it, which x86 keeps in order
+ * (stores after stores, loads after loads). The object is built for x86
+ * alone (gen.go), which loader.TestObjectIsX86Only checks: another target
+ * needs release stores and acquire loads there first.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
