@@ -165,7 +165,7 @@ struct fs_counters {
 	__u64 exempt_admitted; /* exempt permits taken (either direction) */
 	__u64 exempt_over;     /* exempt sockets over the budget: put under the rule */
 	__u64 exempt_released;
-	__u64 overflow;       /* SYNs to a full accept queue: passed unreserved, the kernel drops them */
+	__u64 overflow;       /* SYNs (and cookie ACKs) to a full accept queue: passed unreserved, the kernel drops them */
 	__u64 cookie;         /* SYNs and cookie ACKs admitted without a reservation (SYN cookies) */
 	__u64 dropped;        /* reservations undone because the kernel reset the handshake */
 };

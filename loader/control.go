@@ -59,9 +59,9 @@ type Events struct {
 	ExemptAdmitted          uint64 // exempt permits taken
 	ExemptOver              uint64 // exempt sockets over the exempt budget, put under the rule
 	ExemptReleased          uint64 // exempt permits given back
-	// Overflow counts SYNs to a project listener whose accept queue was
-	// full: the kernel drops them, so they were let through without a
-	// permit (the client retries, or gives up).
+	// Overflow counts SYNs (and SYN cookies' ACKs) to a project listener
+	// whose accept queue was full: the kernel drops them, so they were let
+	// through without a permit (the client retries, or gives up).
 	Overflow uint64
 	// Cookie counts SYNs (and their ACKs) admitted by the rule without a
 	// reservation because the kernel answered them with a SYN cookie and
