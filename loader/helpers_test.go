@@ -697,3 +697,36 @@ const (
 	stResvSpill  = 1
 	stPortChange = 2
 )
+
+// freePort returns a TCP port that 0.0.0.0 and [::] can both be bound to now,
+// below the ephemeral range (32768 and up by default), so that no connect()
+// on the host takes it as its local port before a test listens on it.
+func freePort(t testing.TB) uint16 {
+	t.Helper()
+	for p := 24000 + os.Getpid()%4000; ; p++ {
+		if p >= 32000 {
+			p = 24000
+		}
+		ok := true
+		for _, family := range []int{unix.AF_INET, unix.AF_INET6} {
+			fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sa unix.Sockaddr = &unix.SockaddrInet4{Port: p}
+			if family == unix.AF_INET6 {
+				_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0)
+				sa = &unix.SockaddrInet6{Port: p}
+			}
+			err = unix.Bind(fd, sa)
+			unix.Close(fd)
+			if err != nil {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return uint16(p)
+		}
+	}
+}

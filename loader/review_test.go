@@ -532,12 +532,7 @@ func TestPortCountsSurviveEarlyDecrement(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 5, 1)
-	free, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := uint16(free.Addr().(*net.TCPAddr).Port)
-	free.Close()
+	port := freePort(t)
 	k := limiterFsListenKey{Netns: l.netns, Port: uint32(port), Scope: 1, Addr: [16]byte{10: 0xff, 11: 0xff, 12: 127, 15: 1}}
 	for _, d := range []int32{-1, 1} {
 		if _, err := l.selftest(limiterFsSelftestArgs{Op: stPortChange, Delta: d, Lkey: k}); err != nil {
@@ -569,8 +564,8 @@ func TestWildcardScopes(t *testing.T) {
 	root, pin := newRoot(t), newPinDir(t)
 	l, _ := openLimiterMono(t, root, pin, 10, 1, MaxReservationTTL)
 	v6 := startHelper(t, mkProject(t, root, "v6"))
-	addr6 := netip.MustParseAddrPort(listenAddr(t, v6.do("listen-backlog [::]:0 16 v6only")))
-	port := addr6.Port()
+	port := freePort(t)
+	listenAddr(t, v6.do("listen-backlog [::]:%d 16 v6only", port))
 	v4addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
 	if _, err := net.DialTimeout("tcp4", v4addr.String(), 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("IPv4 to a v6-only listener's port: %v, want ECONNREFUSED", err)
