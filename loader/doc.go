@@ -71,7 +71,10 @@
 // return value; no packet leaves). Inbound: the SYN is dropped by the
 // sk_lookup program, the kernel answers it with an RST, and the client's
 // connect() fails at once with ECONNREFUSED; the server's accept() never
-// sees the connection and no permit is held for it.
+// sees the connection and no permit is held for it. A listener answering
+// with SYN cookies is no different, except that the rule is applied again to
+// the cookie's ACK: one the pool has filled for meanwhile is reset, and the
+// client, whose connect() had succeeded, sees its connection reset.
 //
 // # Handshakes in flight
 //
