@@ -361,11 +361,16 @@ func TestHostileUpstream(t *testing.T) {
 			if tc.late != nil {
 				time.Sleep(3 * lateDelay)
 			}
-			// The next client, of another project, gets its own answer.
-			for _, target := range []string{front, twin} {
-				if got, detail := hostileSend(t, target, 0, next(), "beta"); got != gotOwn {
-					t.Errorf("honest request after the case via %s: %s (%s)", map[bool]string{true: "front", false: "ReverseProxy"}[target == front], got, detail)
-				}
+			// The next client, of another project, gets its own answer
+			// from the front. ReverseProxy's is only logged: net/http
+			// finds an unsolicited answer with a background read that
+			// races the next request (it gave another request's bytes
+			// now and then), and the test is of the front.
+			if got, detail := hostileSend(t, front, 0, next(), "beta"); got != gotOwn {
+				t.Errorf("honest request after the case via the front: %s (%s)", got, detail)
+			}
+			if got, detail := hostileSend(t, twin, 0, next(), "beta"); got != gotOwn {
+				t.Logf("honest request after the case via ReverseProxy: %s (%s)", got, detail)
 			}
 		})
 	}
