@@ -19,6 +19,7 @@ import (
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/front"
+	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/internal/logrl"
 	"github.com/fairshare-dev/fairshare/loader"
@@ -44,7 +45,7 @@ type Options struct {
 	DetachOnExit bool
 	// Clock drives the user-space pools, rate buckets and scheduler; nil
 	// means the system clock. Tests move it to reach idle and forget periods.
-	Clock pools.Clock
+	Clock clock.Clock
 }
 
 // ErrStalePins means the pin directory holds BPF objects loaded for another
@@ -244,7 +245,7 @@ func New(opts Options) (*Daemon, error) {
 		MaxInFlight:   cfg.Front.MaxInFlight,
 		Poll:          cfg.Scheduler.Poll,
 		DefaultPolicy: scheduler.Policy{Tier: tier, Shares: cfg.Scheduler.DefaultShares},
-	}, schedClock(opts.Clock))
+	}, opts.Clock)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
@@ -334,15 +335,6 @@ func ProjectsRoot(cfg config.Config) (string, error) {
 		return "", fmt.Errorf("finding the projects root: %w", err)
 	}
 	return filepath.Join(mnt, "fairshare"), nil
-}
-
-// schedClock adapts the optional clock; a nil pools.Clock must stay a nil
-// interface for scheduler.New to use the system clock.
-func schedClock(c pools.Clock) scheduler.Clock {
-	if c == nil {
-		return nil
-	}
-	return c
 }
 
 // apply hands a stored policy to the scheduler and the rate buckets.

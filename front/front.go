@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
 )
@@ -119,9 +120,6 @@ type Exempt struct {
 	Cgroups  []string // cgroups of local peers (absolute, or relative to ProjectsRoot), with those below
 }
 
-// Clock is the time source; nil means the system clock.
-type Clock interface{ Now() time.Time }
-
 // Deps are the shared parts the front works with. Requests, Rates and Sched
 // may each be nil, which skips that step (tests and benchmarks use this).
 type Deps struct {
@@ -129,7 +127,7 @@ type Deps struct {
 	Rates    *pools.Rates
 	Sched    *scheduler.Scheduler
 	Log      *slog.Logger
-	Clock    Clock
+	Clock    clock.Clock // nil means the system clock
 	// Seed seeds the Retry-After jitter; 0 picks a random seed.
 	Seed uint64
 }
@@ -139,7 +137,7 @@ type Deps struct {
 type Front struct {
 	cfg      Config
 	deps     Deps
-	clk      Clock
+	clk      clock.Clock
 	log      *slog.Logger
 	upstream *url.URL
 	routes   routeTable
@@ -160,10 +158,6 @@ type Front struct {
 	exemptRoutes   map[string]bool
 	exemptInFlight atomic.Int64
 }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 // New checks cfg, fills in defaults and builds the front.
 func New(cfg Config, deps Deps) (*Front, error) {
@@ -196,12 +190,9 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	if err != nil {
 		return nil, fmt.Errorf("routes: %w", err)
 	}
-	f := &Front{cfg: cfg, deps: deps, clk: deps.Clock, log: deps.Log, upstream: u, routes: routes,
+	f := &Front{cfg: cfg, deps: deps, clk: clock.Or(deps.Clock), log: deps.Log, upstream: u, routes: routes,
 		exemptProjects: map[string]bool{}, exemptRoutes: map[string]bool{}, bufs: &bufferPool{},
 		projectKey: http.CanonicalHeaderKey(cfg.ProjectHeader), claimProject: claimKey(cfg.ProjectHeader)}
-	if f.clk == nil {
-		f.clk = systemClock{}
-	}
 	for _, p := range cfg.Exempt.Projects {
 		if err := ValidateProject(p); err != nil {
 			return nil, fmt.Errorf("exempt project: %w", err)

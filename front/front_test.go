@@ -19,24 +19,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/clock"
+	fsutil "github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 )
-
-// manualClock is a clock the test moves by hand.
-type manualClock struct {
-	mu sync.Mutex // guards the fields below
-	t  time.Time
-}
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
 
 // rig is a front with real pools, rates and scheduler in front of a real
 // upstream, served on loopback.
@@ -54,7 +44,7 @@ type rig struct {
 type rigOpts struct {
 	poolSize int
 	cfg      Config
-	rateClk  pools.Clock
+	rateClk  clock.Clock
 	// untrusted keeps cfg.TrustedPeers as given; otherwise an empty list
 	// trusts loopback, as the tests' clients name their project in the
 	// header.
@@ -295,7 +285,7 @@ func TestHeadersAndHopByHop(t *testing.T) {
 }
 
 func TestRateRefusal(t *testing.T) {
-	clk := &manualClock{t: time.Unix(1000, 0)}
+	clk := fsutil.NewFakeClock()
 	r := newRig(t, rigOpts{rateClk: clk}, ok)
 	r.rates.SetLimits("alpha", pools.Limits{RequestsPerSec: 2})
 	for i := range 2 {
@@ -329,7 +319,7 @@ func TestRateRefusal(t *testing.T) {
 }
 
 func TestDebtRefusalAndCostFromHeader(t *testing.T) {
-	clk := &manualClock{t: time.Unix(1000, 0)}
+	clk := fsutil.NewFakeClock()
 	r := newRig(t, rigOpts{rateClk: clk}, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set(DefaultCostHeader, "25")
 		_, _ = io.WriteString(w, "heavy")
@@ -359,7 +349,7 @@ func TestDebtRefusalAndCostFromHeader(t *testing.T) {
 }
 
 func TestCostFromTime(t *testing.T) {
-	clk := &manualClock{t: time.Unix(1000, 0)}
+	clk := fsutil.NewFakeClock()
 	r := newRig(t, rigOpts{rateClk: clk, cfg: Config{CostFromTime: true, CostUnit: 10 * time.Millisecond}},
 		func(w http.ResponseWriter, _ *http.Request) {
 			time.Sleep(50 * time.Millisecond)
@@ -763,7 +753,7 @@ func waitOutcome(t *testing.T, f *Front, project, oc string, want float64) {
 }
 
 func TestMetrics(t *testing.T) {
-	clk := &manualClock{t: time.Unix(1000, 0)}
+	clk := fsutil.NewFakeClock()
 	r := newRig(t, rigOpts{rateClk: clk, cfg: Config{MaxProjects: 2}}, ok)
 	r.rates.SetLimits("alpha", pools.Limits{RequestsPerSec: 1})
 	for _, p := range []string{"alpha", "alpha", "beta", "gamma", "delta", ""} {

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/internal/peercred"
 	"github.com/fairshare-dev/fairshare/sockdiag"
 	"golang.org/x/sys/unix"
@@ -112,7 +113,7 @@ type identity struct {
 	needsCgroups bool // some rule depends on a peer's cgroup
 }
 
-func newIdentity(cfg Config, clk Clock) (*identity, error) {
+func newIdentity(cfg Config, clk clock.Clock) (*identity, error) {
 	id := &identity{}
 	var cgPaths []string
 	for _, e := range cfg.TrustedPeers {
@@ -278,7 +279,7 @@ const minIndexRefresh = 100 * time.Millisecond
 type cgroupIndex struct {
 	dirs      []string
 	byProject bool
-	clk       Clock
+	clk       clock.Clock
 
 	mu    sync.Mutex // guards the fields below
 	ids   map[uint64]string
@@ -286,7 +287,7 @@ type cgroupIndex struct {
 	err   error
 }
 
-func newCgroupIndex(dirs []string, byProject bool, clk Clock) *cgroupIndex {
+func newCgroupIndex(dirs []string, byProject bool, clk clock.Clock) *cgroupIndex {
 	return &cgroupIndex{dirs: dirs, byProject: byProject, clk: clk}
 }
 

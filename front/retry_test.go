@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -38,7 +39,7 @@ func (h herd) maxShare() float64 {
 // admitted, else the Retry-After in seconds) and then, second by second on
 // the manual clock, sends each refused client again when its Retry-After
 // says.
-func simulateHerd(t *testing.T, clk *manualClock, n int, ask func() int) herd {
+func simulateHerd(t *testing.T, clk *testutil.FakeClock, n int, ask func() int) herd {
 	t.Helper()
 	t0 := clk.Now()
 	h := herd{firstReturns: map[int]int{}}
@@ -50,9 +51,7 @@ func simulateHerd(t *testing.T, clk *manualClock, n int, ask func() int) herd {
 		}
 	}
 	for sec := 1; sec <= 300 && len(due) > 0; sec++ {
-		clk.mu.Lock()
-		clk.t = t0.Add(time.Duration(sec) * time.Second)
-		clk.mu.Unlock()
+		clk.Set(t0.Add(time.Duration(sec) * time.Second))
 		k := due[sec]
 		delete(due, sec)
 		for range k {
@@ -82,7 +81,7 @@ func TestRetryAfterSpreadsHerd(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(ok))
 	t.Cleanup(up.Close)
 
-	clk := &manualClock{t: time.Unix(1000, 0)}
+	clk := testutil.NewFakeClock()
 	rates := pools.NewRates(clk)
 	rates.SetLimits("crowd", pools.Limits{RequestsPerSec: rate})
 	f, err := New(Config{Upstream: up.URL, TrustedPeers: []string{"192.0.2.1"}}, Deps{Rates: rates, Clock: clk, Seed: 1})
@@ -108,7 +107,7 @@ func TestRetryAfterSpreadsHerd(t *testing.T) {
 		return ra
 	})
 
-	bclk := &manualClock{t: time.Unix(1000, 0)}
+	bclk := testutil.NewFakeClock()
 	brates := pools.NewRates(bclk)
 	brates.SetLimits("crowd", pools.Limits{RequestsPerSec: rate})
 	fixed := simulateHerd(t, bclk, n, func() int {
@@ -191,7 +190,7 @@ func TestRetryPacer(t *testing.T) {
 func TestShareRetrySpread(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(ok))
 	t.Cleanup(up.Close)
-	clk := &manualClock{t: time.Unix(1000, 0)}
+	clk := testutil.NewFakeClock()
 	pool, err := pools.New(pools.Config{Name: "requests", Size: 10}, clk)
 	if err != nil {
 		t.Fatal(err)
@@ -214,9 +213,7 @@ func TestShareRetrySpread(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	clk.mu.Lock()
-	clk.t = clk.t.Add(time.Second)
-	clk.mu.Unlock()
+	clk.Advance(time.Second)
 	pool.Recompute()
 
 	f, err := New(Config{Upstream: up.URL, TrustedPeers: []string{"192.0.2.1"}}, Deps{Requests: pool, Clock: clk, Seed: 3})
@@ -281,8 +278,8 @@ type simResult struct {
 // resolution of one second; its hint may be at most twice that.
 func simulateObeying(t *testing.T, size int, service, retryEvery time.Duration, clients []*simClient) simResult {
 	t.Helper()
-	clk := &manualClock{t: time.Unix(1000, 0)}
-	t0 := clk.t
+	clk := testutil.NewFakeClock()
+	t0 := clk.Now()
 	pool, err := pools.New(pools.Config{Name: "requests", Size: size}, clk)
 	if err != nil {
 		t.Fatal(err)
@@ -315,14 +312,10 @@ func simulateObeying(t *testing.T, size int, service, retryEvery time.Duration, 
 		queue = queue[1:]
 		for tick+time.Second <= e.at {
 			tick += time.Second
-			clk.mu.Lock()
-			clk.t = t0.Add(tick)
-			clk.mu.Unlock()
+			clk.Set(t0.Add(tick))
 			pool.Recompute()
 		}
-		clk.mu.Lock()
-		clk.t = t0.Add(e.at)
-		clk.mu.Unlock()
+		clk.Set(t0.Add(e.at))
 		if e.at > 2*time.Hour {
 			t.Fatalf("still running after 2 virtual hours")
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 
+	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -116,7 +117,7 @@ type Options struct {
 	// MinReservationTTL..MaxReservationTTL; 0 means DefaultReservationTTL.
 	ReservationTTL time.Duration
 	// Clock stamps Snapshot.LastSeen; nil is the system clock.
-	Clock pools.Clock
+	Clock clock.Clock
 	// Monotonic reads the clock the programs stamp with (CLOCK_MONOTONIC,
 	// bpf_ktime_get_ns), as time since boot; nil reads the kernel's. Tick
 	// measures the active window and the reservation TTL with it, so a test
@@ -144,7 +145,7 @@ type Limiter struct {
 	log     *slog.Logger
 	window  time.Duration
 	ttl     time.Duration
-	clock   pools.Clock
+	clock   clock.Clock
 	mono    func() uint64 // CLOCK_MONOTONIC in ns (Options.Monotonic)
 	objs    limiterObjects
 	links   []link.Link
@@ -161,10 +162,6 @@ type Limiter struct {
 	exemptMax uint32            // its budget
 	closed    bool
 }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 // Cgroup2Mount returns where the cgroup2 hierarchy is mounted (unified or
 // hybrid layout), read from /proc/self/mountinfo.
@@ -324,9 +321,6 @@ func Open(opts Options) (*Limiter, error) {
 		return nil, fmt.Errorf("reservation TTL %s not in %s..%s: %w", opts.ReservationTTL,
 			MinReservationTTL, MaxReservationTTL, ErrInvalidOptions)
 	}
-	if opts.Clock == nil {
-		opts.Clock = systemClock{}
-	}
 	mono := monoNow
 	if f := opts.Monotonic; f != nil {
 		mono = func() uint64 { return uint64(f()) }
@@ -371,7 +365,7 @@ func Open(opts Options) (*Limiter, error) {
 
 	l := &Limiter{
 		root: root, rootID: rootID, level: level, pinDir: opts.PinDir,
-		log: opts.Logger, window: opts.Window, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
+		log: opts.Logger, window: opts.Window, ttl: opts.ReservationTTL, clock: clock.Or(opts.Clock), mono: mono,
 		netns: cookie, size: opts.PoolSize, floor: opts.Floor,
 	}
 	if err := l.load(); err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/fairshare-dev/fairshare/internal/clock"
 )
 
 // ErrNotPinned means the pin directory holds no limiter.
@@ -36,7 +37,7 @@ func OpenReadOnly(pinDir, projectsRoot string) (*ReadOnly, error) {
 	} else if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", pinDir, err)
 	}
-	l := &Limiter{root: filepath.Clean(projectsRoot), pinDir: pinDir, clock: systemClock{}, mono: monoNow,
+	l := &Limiter{root: filepath.Clean(projectsRoot), pinDir: pinDir, clock: clock.System{}, mono: monoNow,
 		log: slog.New(slog.DiscardHandler)}
 	ok := false
 	defer func() {

@@ -9,12 +9,14 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/clock"
 )
 
 // Pool is one permit pool under the fair-share rule (requests, connections,
 // flights or any configured pool). It is safe for concurrent use.
 type Pool struct {
-	clk    Clock
+	clk    clock.Clock
 	name   string
 	window time.Duration
 
@@ -48,13 +50,13 @@ type waiter struct {
 	granted bool
 }
 
-// New returns an empty pool.
-func New(cfg Config, clk Clock) (*Pool, error) {
+// New returns an empty pool; a nil clk means the system clock.
+func New(cfg Config, clk clock.Clock) (*Pool, error) {
 	cfg, err := cfg.normalize()
 	if err != nil {
 		return nil, err
 	}
-	clk = clockOrSystem(clk)
+	clk = clock.Or(clk)
 	return &Pool{
 		clk:    clk,
 		name:   cfg.Name,

@@ -8,9 +8,11 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/clock"
 )
 
-func mustPool(t testing.TB, size, floor int, clk Clock) *Pool {
+func mustPool(t testing.TB, size, floor int, clk clock.Clock) *Pool {
 	t.Helper()
 	p, err := New(Config{Name: "test", Size: size, Floor: floor}, clk)
 	if err != nil {

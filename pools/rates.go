@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/clock"
 )
 
 // Limits is a project's rate policy. Zero means unbounded.
@@ -49,7 +51,7 @@ func clampRate(r float64) float64 {
 // units per second. Only projects with a limit have state, so memory is
 // bounded by the number of policies. It is safe for concurrent use.
 type Rates struct {
-	clk Clock
+	clk clock.Clock
 
 	mu      sync.Mutex // guards the fields below
 	buckets map[string]*bucket
@@ -64,9 +66,9 @@ type bucket struct {
 	limited uint64
 }
 
-// NewRates returns an empty set of buckets.
-func NewRates(clk Clock) *Rates {
-	return &Rates{clk: clockOrSystem(clk), buckets: map[string]*bucket{}}
+// NewRates returns an empty set of buckets; a nil clk means the system clock.
+func NewRates(clk clock.Clock) *Rates {
+	return &Rates{clk: clock.Or(clk), buckets: map[string]*bucket{}}
 }
 
 // burst is one second's worth of rate, but at least one token so that a rate

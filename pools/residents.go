@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/clock"
 )
 
 // Errors of the residents pool besides ErrTooManyResidents.
@@ -26,7 +28,7 @@ var (
 // holds none but is remembered so that its project and counts stay exact. It
 // is safe for concurrent use.
 type Residents struct {
-	clk       Clock
+	clk       clock.Clock
 	name      string
 	evictWait time.Duration
 	// after starts Spawn's eviction wait; tests replace it with a timer they
@@ -64,13 +66,14 @@ type resProject struct {
 
 func newResProject() resProject { return resProject{head: -1, tail: -1, heapPos: -1} }
 
-// NewResidents returns an empty residents pool.
-func NewResidents(cfg Config, clk Clock) (*Residents, error) {
+// NewResidents returns an empty residents pool; a nil clk means the system
+// clock.
+func NewResidents(cfg Config, clk clock.Clock) (*Residents, error) {
 	cfg, err := cfg.normalize()
 	if err != nil {
 		return nil, err
 	}
-	clk = clockOrSystem(clk)
+	clk = clock.Or(clk)
 	return &Residents{
 		clk:       clk,
 		name:      cfg.Name,

@@ -8,21 +8,6 @@ import (
 	"time"
 )
 
-// Clock is the source of time for a pool. A nil Clock means the system clock;
-// tests pass a fake one so that timelines are deterministic.
-type Clock interface{ Now() time.Time }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
-func clockOrSystem(c Clock) Clock {
-	if c == nil {
-		return systemClock{}
-	}
-	return c
-}
-
 // DefaultWindow is the active window used when Config.Window is zero.
 const DefaultWindow = time.Second
 

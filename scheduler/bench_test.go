@@ -9,6 +9,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/clock"
 )
 
 // requeueLocked puts a completed ticket back at the tail of its queue, so a
@@ -317,7 +319,7 @@ func BenchmarkSubmitWaitDone(b *testing.B) {
 	for _, n := range []int{10, 100_000} {
 		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
 			s := backlogged(b, n, pro(1))
-			s.clk = systemClock{}
+			s.clk = clock.System{}
 			s.epoch = time.Now()
 			ctx, cancel := contextForBench()
 			defer cancel()

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/clock"
 )
 
 // eps absorbs float rounding in "holds at least one credit": a timer computed
@@ -23,7 +25,7 @@ const none = -1
 // Scheduler orders requests from many participants onto one server. See the
 // package documentation for the rule it implements.
 type Scheduler struct {
-	clk   Clock
+	clk   clock.Clock
 	cfg   Config
 	epoch time.Time     // internal times are nanoseconds since epoch
 	wake  chan struct{} // nudges Run after Submit and Done; capacity 1
@@ -98,11 +100,10 @@ type timer struct {
 }
 
 // New returns a Scheduler. Zero Config fields take the package defaults; a
-// nil clk means the system clock.
-func New(cfg Config, clk Clock) (*Scheduler, error) {
-	if clk == nil {
-		clk = systemClock{}
-	}
+// nil clk means the system clock. The scheduler reads clk once per decision,
+// so a fake clock makes every decision reproducible.
+func New(cfg Config, clk clock.Clock) (*Scheduler, error) {
+	clk = clock.Or(clk)
 	def := func(v *float64, d float64) {
 		if *v == 0 {
 			*v = d

@@ -9,15 +9,6 @@ import (
 	"time"
 )
 
-// Clock is the time source. The scheduler reads it once per decision, so a
-// fake clock makes every decision reproducible. A nil Clock means the system
-// clock.
-type Clock interface{ Now() time.Time }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // Sentinel errors callers can branch on.
 var (
 	// ErrInvalidConfig is wrapped by New when a Config field is out of range.

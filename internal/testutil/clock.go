@@ -25,6 +25,13 @@ func (c *FakeClock) Now() time.Time {
 	return c.t
 }
 
+// Set moves the clock to t.
+func (c *FakeClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
 // Advance moves the clock on by d.
 func (c *FakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
