@@ -19,6 +19,7 @@ import (
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/front"
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/internal/logrl"
@@ -330,11 +331,11 @@ func ProjectsRoot(cfg config.Config) (string, error) {
 	if cfg.ProjectsRoot != "" {
 		return cfg.ProjectsRoot, nil
 	}
-	mnt, err := loader.Cgroup2Mount()
+	mnt, err := cgroup.FindMount()
 	if err != nil {
 		return "", fmt.Errorf("finding the projects root: %w", err)
 	}
-	return filepath.Join(mnt, "fairshare"), nil
+	return filepath.Join(mnt.Point, "fairshare"), nil
 }
 
 // apply hands a stored policy to the scheduler and the rate buckets.

@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/loader"
 )
 
@@ -68,10 +69,11 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 	if len(loopCmd) == 0 {
 		return nil, errors.New("no load generator command")
 	}
-	mount, err := loader.Cgroup2Mount()
+	mnt, err := cgroup.FindMount()
 	if err != nil {
 		return nil, fmt.Errorf("finding cgroup2: %w", err)
 	}
+	mount := mnt.Point
 	if removed, err := RemoveStale(bpffsDir, mount); err != nil {
 		cfg.Log.Warn("could not remove what a killed drill left behind", "err", err)
 	} else if len(removed) > 0 {
@@ -96,7 +98,7 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 		}
 		return nil
 	})
-	cleanups = append(cleanups, func() error { return removeCgroup(root) })
+	cleanups = append(cleanups, func() error { return cgroup.RemoveTree(root) })
 	lim, err := loader.Open(loader.Options{ProjectsRoot: root, PinDir: pinDir, PoolSize: uint32(cfg.PoolSize), Logger: cfg.Log})
 	if err != nil {
 		return nil, fmt.Errorf("loading the limiter: %w", err)
@@ -108,7 +110,7 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("creating project cgroup: %w", err)
 		}
-		cleanups = append(cleanups, func() error { return removeCgroup(dir) })
+		cleanups = append(cleanups, func() error { return cgroup.RemoveTree(dir) })
 		fd, err := os.Open(dir)
 		if err != nil {
 			return nil, fmt.Errorf("opening project cgroup: %w", err)
@@ -273,8 +275,9 @@ const stalePrefix = "fairshare-drill-"
 
 // RemoveStale removes the pin directories under bpffs and the cgroups under
 // cgroupMount that a connections drill killed outright (SIGKILL: none of its
-// cleanup ran) left behind: those named after a pid that no longer runs. A
-// drill that is still running is left alone. It returns what it removed.
+// cleanup ran) left behind: those named after a pid that no longer runs
+// (load generators of that drill still running in its cgroups are killed).
+// A drill that is still running is left alone. It returns what it removed.
 func RemoveStale(bpffs, cgroupMount string) (removed []string, err error) {
 	var errs []error
 	for _, dir := range []string{bpffs, cgroupMount} {
@@ -296,7 +299,7 @@ func RemoveStale(bpffs, cgroupMount string) (removed []string, err error) {
 			if dir == bpffs {
 				err = loader.Cleanup(path)
 			} else {
-				err = removeCgroupTree(path)
+				err = cgroup.RemoveTree(path)
 			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("removing stale %s: %w", path, err))
@@ -313,43 +316,6 @@ func RemoveStale(bpffs, cgroupMount string) (removed []string, err error) {
 func processAlive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
-}
-
-// removeCgroupTree removes a cgroup and every cgroup below it, deepest first
-// (a cgroup with children cannot be removed).
-func removeCgroupTree(dir string) error {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("listing cgroup %s: %w", dir, err)
-	}
-	for _, e := range ents {
-		if e.IsDir() {
-			if err := removeCgroupTree(filepath.Join(dir, e.Name())); err != nil {
-				return err
-			}
-		}
-	}
-	return removeCgroup(dir)
-}
-
-// removeCgroup removes a cgroup directory, waiting briefly for the kernel to
-// notice that its last task exited (rmdir fails with EBUSY until then).
-func removeCgroup(dir string) error {
-	var err error
-	for range 100 {
-		err = os.Remove(dir)
-		if err == nil || errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if !errors.Is(err, syscall.EBUSY) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("removing cgroup %s: %w", dir, err)
 }
 
 // ConnectLoop is the load generator of the connections drill, run in a

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader"
 )
 
@@ -63,11 +64,7 @@ func TestConnectionsDrill(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("/sys/fs/bpf", tag)); !os.IsNotExist(err) {
 		t.Errorf("pin directory left behind: %v", err)
 	}
-	mount, err := loader.Cgroup2Mount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ents, _ := os.ReadDir(mount)
+	ents, _ := os.ReadDir(testutil.Cgroup2Mount(t))
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), tag) {
 			t.Errorf("cgroup left behind: %s", e.Name())
@@ -93,10 +90,7 @@ func TestRemoveStale(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: pins a map and creates cgroups")
 	}
-	mount, err := loader.Cgroup2Mount()
-	if err != nil {
-		t.Fatal(err)
-	}
+	mount := testutil.Cgroup2Mount(t)
 	dead := exec.Command("true")
 	if err := dead.Run(); err != nil {
 		t.Fatal(err)
@@ -108,9 +102,7 @@ func TestRemoveStale(t *testing.T) {
 			if err := loader.Cleanup(pinDir); err != nil {
 				t.Error(err)
 			}
-			if err := removeCgroupTree(cg); err != nil {
-				t.Error(err)
-			}
+			testutil.RemoveCgroup(t, cg)
 		})
 		if err := os.MkdirAll(pinDir, 0o700); err != nil {
 			t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader"
 )
 
@@ -126,10 +127,7 @@ func TestDrillBinary(t *testing.T) {
 // pinned its programs and created its cgroups, and returns those two paths.
 func killedDrill(t *testing.T, bin string) (pinDir, cgroup string) {
 	t.Helper()
-	mount, err := loader.Cgroup2Mount()
-	if err != nil {
-		t.Fatal(err)
-	}
+	mount := testutil.Cgroup2Mount(t)
 	cmd := exec.Command(bin, "drill", "connections", "--phase", "10s")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -139,7 +137,7 @@ func killedDrill(t *testing.T, bin string) (pinDir, cgroup string) {
 	// Should this test fail before the next drill ran, leave nothing behind.
 	t.Cleanup(func() {
 		_ = loader.Cleanup(pinDir)
-		_ = removeCgroupTree(cgroup)
+		testutil.RemoveCgroup(t, cgroup)
 	})
 	deadline := time.Now().Add(20 * time.Second)
 	for {

@@ -319,17 +319,6 @@ func TestIdentityUnclaimable(t *testing.T) {
 	}
 }
 
-func TestParseCgroup2Mount(t *testing.T) {
-	const mi = "22 1 0:21 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n" +
-		"35 22 0:30 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
-	if got, err := parseCgroup2Mount(strings.NewReader(mi)); err != nil || got != "/sys/fs/cgroup/unified" {
-		t.Errorf("got %q %v", got, err)
-	}
-	if _, err := parseCgroup2Mount(strings.NewReader("22 1 0:21 / /x rw - tmpfs tmpfs rw\n")); err == nil {
-		t.Error("no cgroup2 line: want an error")
-	}
-}
-
 // metricValue reads an unlabelled counter or gauge of the front.
 func metricValue(t *testing.T, f *Front, name string) float64 {
 	t.Helper()
@@ -361,11 +350,7 @@ func BenchmarkPeerIdentity(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root to create cgroups")
 	}
-	mount, err := cgroup2Mount()
-	if err != nil {
-		b.Skip(err)
-	}
-	root := filepath.Join(mount, fmt.Sprintf("fairshare-front-bench-%d", os.Getpid()))
+	root := filepath.Join(testutil.Cgroup2Mount(b), fmt.Sprintf("fairshare-front-bench-%d", os.Getpid()))
 	if err := os.Mkdir(root, 0o755); err != nil {
 		b.Fatal(err)
 	}

@@ -3,26 +3,22 @@
 package front
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/internal/peercred"
 	"github.com/fairshare-dev/fairshare/sockdiag"
-	"golang.org/x/sys/unix"
 )
 
 // ErrUntrusted means a request named its project in the header from a peer
@@ -105,7 +101,7 @@ func (f *Front) cgroupOf(p *peer) uint64 {
 // that turn a peer's cgroup id into a project, a trusted cgroup or an exempt
 // one.
 type identity struct {
-	mount        string // cgroup2 mount point; "" when none (no cgroup identity)
+	mount        cgroup.Mount // Point "" when none (no cgroup identity)
 	projects     *cgroupIndex
 	trustedNets  []netip.Prefix
 	trustedCgs   *cgroupIndex
@@ -127,7 +123,7 @@ func newIdentity(cfg Config, clk clock.Clock) (*identity, error) {
 	if !needMount {
 		return id, nil
 	}
-	mount, err := cgroup2Mount()
+	mount, err := cgroup.FindMount()
 	if err != nil {
 		return nil, err
 	}
@@ -141,8 +137,8 @@ func newIdentity(cfg Config, clk clock.Clock) (*identity, error) {
 			p = filepath.Join(cfg.ProjectsRoot, p)
 		}
 		p = filepath.Clean(p)
-		if p != mount && !strings.HasPrefix(p, mount+"/") {
-			return "", fmt.Errorf("%s %q: not below the cgroup2 mount %s", key, p, mount)
+		if !mount.Contains(p) {
+			return "", fmt.Errorf("%s %q: not below the cgroup2 mount %s", key, p, mount.Point)
 		}
 		return p, nil
 	}
@@ -192,78 +188,24 @@ func parseNet(s string) (netip.Prefix, bool) {
 
 // unixPeerCgroup reads the cgroup of the process at the other end of a unix
 // socket: SO_PEERCRED gives the pid the kernel recorded at connect time, and
-// /proc/<pid>/cgroup its cgroup2 path now.
-func (id *identity) unixPeerCgroup(c *net.UnixConn) (uint64, error) {
-	if id.mount == "" {
+// /proc/<pid>/cgroup its cgroup now.
+func (id *identity) unixPeerCgroup(c net.Conn) (uint64, error) {
+	if id.mount.Point == "" {
 		return 0, nil
 	}
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return 0, fmt.Errorf("raw conn: %w", err)
-	}
-	var uc *unix.Ucred
-	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		uc, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, fmt.Errorf("raw conn control: %w", err)
-	}
-	if serr != nil {
-		return 0, fmt.Errorf("reading SO_PEERCRED: %w", serr)
-	}
-	rel, err := procCgroup(int(uc.Pid))
+	cr, err := peercred.Of(c)
 	if err != nil {
 		return 0, err
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(filepath.Join(id.mount, rel), &st); err != nil {
-		return 0, fmt.Errorf("stat cgroup of pid %d: %w", uc.Pid, err)
-	}
-	return st.Ino, nil
-}
-
-// procCgroup returns the cgroup2 path of pid ("0::/path" in /proc/pid/cgroup).
-func procCgroup(pid int) (string, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	dir, err := id.mount.OfPID(int(cr.PID))
 	if err != nil {
-		return "", fmt.Errorf("reading cgroup of pid %d: %w", pid, err)
+		return 0, err
 	}
-	for line := range strings.Lines(string(b)) {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "0::"); ok {
-			return rest, nil
-		}
-	}
-	return "", fmt.Errorf("pid %d: no cgroup2 line in /proc/%d/cgroup", pid, pid)
-}
-
-// cgroup2Mount finds the cgroup2 mount point in /proc/self/mountinfo.
-func cgroup2Mount() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	cg, err := cgroup.ID(dir)
 	if err != nil {
-		return "", fmt.Errorf("reading mounts: %w", err)
+		return 0, fmt.Errorf("cgroup of pid %d: %w", cr.PID, err)
 	}
-	defer f.Close()
-	return parseCgroup2Mount(f)
-}
-
-func parseCgroup2Mount(r io.Reader) (string, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		if f := strings.Fields(post); len(f) > 0 && f[0] == "cgroup2" {
-			if pf := strings.Fields(pre); len(pf) >= 5 {
-				return pf[4], nil
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("reading mounts: %w", err)
-	}
-	return "", errors.New("no cgroup2 mount")
+	return cg, nil
 }
 
 // minIndexRefresh bounds how often a miss rebuilds a cgroup index: peers in
@@ -272,8 +214,8 @@ func parseCgroup2Mount(r io.Reader) (string, error) {
 const minIndexRefresh = 100 * time.Millisecond
 
 // cgroupIndex maps the ids of the cgroups in and below some directories to a
-// name: with byProject, the first path element below the (single) root, as
-// sockdiag.CgroupIndex does; otherwise the directory itself. It is rebuilt on
+// name: with byProject, the project (cgroup.ProjectIndex); otherwise the
+// directory itself. It is rebuilt on
 // a miss, so a cgroup created after the last walk is found at its first
 // connection.
 type cgroupIndex struct {
@@ -313,35 +255,16 @@ func (c *cgroupIndex) buildLocked(now time.Time) {
 	ids := make(map[uint64]string)
 	var firstErr error
 	for _, d := range c.dirs {
+		var err error
 		if c.byProject {
-			m, err := sockdiag.CgroupIndex(d)
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
-			for k, v := range m {
-				ids[k] = v
-			}
-			continue
+			var m map[uint64]string
+			m, err = cgroup.ProjectIndex(d)
+			maps.Copy(ids, m)
+		} else {
+			err = cgroup.Walk(d, func(_ string, id uint64) { ids[id] = d })
 		}
-		err := filepath.WalkDir(d, func(path string, e fs.DirEntry, err error) error {
-			if err != nil {
-				if errors.Is(err, fs.ErrNotExist) {
-					return fs.SkipDir
-				}
-				return err
-			}
-			if !e.IsDir() {
-				return nil
-			}
-			var st unix.Stat_t
-			if err := unix.Lstat(path, &st); err != nil {
-				return fs.SkipDir
-			}
-			ids[st.Ino] = d
-			return nil
-		})
 		if err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("indexing cgroups below %s: %w", d, err)
+			firstErr = err
 		}
 	}
 	c.ids, c.built, c.err = ids, now, firstErr

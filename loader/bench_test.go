@@ -20,6 +20,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
@@ -38,10 +39,7 @@ func moveSelf(b testing.TB, dir string) {
 		}
 	}
 	f.Close()
-	mnt, err := Cgroup2Mount()
-	if err != nil {
-		b.Fatal(err)
-	}
+	mnt := testutil.Cgroup2Mount(b)
 	pid := []byte(strconv.Itoa(os.Getpid()))
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0); err != nil {
 		b.Fatal(err)
@@ -174,11 +172,11 @@ func newNftPeer(b testing.TB, dir string) (*nftPeer, string) {
 	if err != nil {
 		return nil, "nft is not installed (Debian: apt-get install nftables)"
 	}
-	mi, err := cgroup2MountInfo()
+	mi, err := cgroup.FindMount()
 	if err != nil {
 		b.Fatal(err)
 	}
-	level, err := cgroupLevel(mi, dir)
+	level, err := mi.Level(dir)
 	if err != nil {
 		b.Fatal(err)
 	}

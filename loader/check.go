@@ -12,8 +12,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
-	"golang.org/x/sys/unix"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -67,7 +67,7 @@ func Check(opts Options) (CheckReport, error) {
 	if os.Geteuid() != 0 {
 		return rep, fmt.Errorf("loading BPF programs needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN): %w", os.ErrPermission)
 	}
-	mi, err := cgroup2MountInfo()
+	mi, err := cgroup.FindMount()
 	if err != nil {
 		return rep, err
 	}
@@ -79,10 +79,10 @@ func Check(opts Options) (CheckReport, error) {
 	// A root that does not exist yet is created by Open; its id is needed
 	// only to compare with pins, which then cannot be its own.
 	if st, err := os.Stat(l.root); err == nil && st.IsDir() {
-		if l.rootID, err = inode(l.root); err != nil {
+		if l.rootID, err = cgroup.ID(l.root); err != nil {
 			return rep, err
 		}
-		if l.level, err = cgroupLevel(mi, l.root); err != nil {
+		if l.level, err = mi.Level(l.root); err != nil {
 			return rep, err
 		}
 	}
@@ -201,21 +201,20 @@ func linkTag(lk link.Link) (string, error) {
 // cgroup) and detaches again. The probe's programs see no project (the
 // tracing ones run for every socket of the host, but no socket is in a
 // cgroup below the probe) and admit every SYN (their port map is empty).
-func (l *Limiter) probeAttach(mi mountInfo, rep *CheckReport) error {
-	dir, err := os.MkdirTemp(mi.point, "fairshare-check-")
+func (l *Limiter) probeAttach(mi cgroup.Mount, rep *CheckReport) error {
+	dir, err := os.MkdirTemp(mi.Point, "fairshare-check-")
 	if err != nil {
 		return fmt.Errorf("creating the probe cgroup: %w", err)
 	}
 	defer os.Remove(dir)
-	var sfs unix.Statfs_t
-	if err := unix.Statfs(dir, &sfs); err != nil || sfs.Type != unix.CGROUP2_SUPER_MAGIC {
-		return fmt.Errorf("probe cgroup %s: %w", dir, ErrNotCgroup2)
+	if err := cgroup.OnCgroup2(dir); err != nil {
+		return fmt.Errorf("probe cgroup %w", err)
 	}
 	p := &Limiter{root: dir, pinDir: filepath.Join(os.TempDir(), "fairshare-no-pins"), size: l.size, floor: l.floor}
-	if p.rootID, err = inode(dir); err != nil {
+	if p.rootID, err = cgroup.ID(dir); err != nil {
 		return err
 	}
-	if p.level, err = cgroupLevel(mi, dir); err != nil {
+	if p.level, err = mi.Level(dir); err != nil {
 		return err
 	}
 	spec, err := p.spec()

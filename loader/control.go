@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -283,7 +284,7 @@ func (l *Limiter) projectNames() (map[uint64]string, error) {
 		if !e.IsDir() {
 			continue
 		}
-		id, err := inode(filepath.Join(l.root, e.Name()))
+		id, err := cgroup.ID(filepath.Join(l.root, e.Name()))
 		if err != nil {
 			continue // removed while listing
 		}

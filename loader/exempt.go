@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,7 +47,7 @@ func (l *Limiter) SetExempt(paths []string, max uint32) error {
 		if err != nil {
 			return err
 		}
-		id, err := inode(abs)
+		id, err := cgroup.ID(abs)
 		if err != nil {
 			return fmt.Errorf("exempt cgroup %q: %w (%w)", p, ErrBadExempt, err)
 		}

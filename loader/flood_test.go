@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/sockdiag"
 )
@@ -28,7 +29,7 @@ func liveSockets(t testing.TB, l *Limiter, ports ...uint16) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	index, err := sockdiag.CgroupIndex(l.root)
+	index, err := cgroup.ProjectIndex(l.root)
 	if err != nil {
 		t.Fatal(err)
 	}

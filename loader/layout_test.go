@@ -71,33 +71,6 @@ func TestGoCLayoutsAgree(t *testing.T) {
 	}
 }
 
-func TestParseMountInfo(t *testing.T) {
-	const hybrid = `25 30 0:23 / /sys rw,nosuid shared:7 - sysfs sysfs rw
-33 25 0:28 / /sys/fs/cgroup ro shared:9 - tmpfs tmpfs ro,mode=755
-34 33 0:29 / /sys/fs/cgroup/unified rw shared:10 - cgroup2 cgroup2 rw,nsdelegate
-35 33 0:30 / /sys/fs/cgroup/cpu rw shared:11 - cgroup cgroup rw,cpu
-`
-	m, err := parseMountInfo(strings.NewReader(hybrid))
-	if err != nil || m.point != "/sys/fs/cgroup/unified" || m.root != "/" {
-		t.Fatalf("hybrid: %+v %v", m, err)
-	}
-	const ns = `40 30 0:29 /kubepods/pod\0401 /sys/fs/cgroup rw - cgroup2 cgroup2 rw
-`
-	m, err = parseMountInfo(strings.NewReader(ns))
-	if err != nil || m.point != "/sys/fs/cgroup" || m.root != "/kubepods/pod 1" {
-		t.Fatalf("namespaced: %+v %v", m, err)
-	}
-	if lvl, err := cgroupLevel(m, "/sys/fs/cgroup/fairshare"); err != nil || lvl != 3 {
-		t.Fatalf("level %d %v, want 3", lvl, err)
-	}
-	if _, err := cgroupLevel(m, "/tmp/x"); err == nil {
-		t.Fatal("a directory outside the mount has a level")
-	}
-	if _, err := parseMountInfo(strings.NewReader("25 30 0:23 / /sys rw - sysfs sysfs rw\n")); err != ErrNoCgroup2 {
-		t.Fatalf("no cgroup2: %v", err)
-	}
-}
-
 func TestHeldCapacity(t *testing.T) {
 	for _, c := range []struct{ pool, want uint32 }{
 		{1, 1024}, {512, 1024}, {513, 2048}, {5000, 16384}, {MaxPoolSize, 2 * MaxPoolSize},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/sockdiag"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
@@ -254,7 +255,7 @@ func TestNoLeakAcrossLifecycles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx, err := sockdiag.CgroupIndex(root)
+	idx, err := cgroup.ProjectIndex(root)
 	if err != nil {
 		t.Fatal(err)
 	}

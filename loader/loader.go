@@ -3,14 +3,11 @@
 package loader
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -20,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/pools"
 )
@@ -73,9 +71,9 @@ const forgetAfter = time.Minute
 // Sentinel errors callers may branch on.
 var (
 	// ErrNoCgroup2 means no cgroup2 file system is mounted.
-	ErrNoCgroup2 = errors.New("cgroup2 is not mounted")
+	ErrNoCgroup2 = cgroup.ErrNoCgroup2
 	// ErrNotCgroup2 means the projects root is not a directory on cgroup2.
-	ErrNotCgroup2 = errors.New("projects root is not on cgroup2")
+	ErrNotCgroup2 = cgroup.ErrNotCgroup2
 	// ErrPinnedMismatch means the pin directory holds objects loaded for
 	// another projects root, or of an incompatible layout: run Cleanup.
 	ErrPinnedMismatch = errors.New("pinned objects do not match; run cleanup")
@@ -163,96 +161,6 @@ type Limiter struct {
 	closed    bool
 }
 
-// Cgroup2Mount returns where the cgroup2 hierarchy is mounted (unified or
-// hybrid layout), read from /proc/self/mountinfo.
-func Cgroup2Mount() (string, error) {
-	m, err := cgroup2MountInfo()
-	if err != nil {
-		return "", err
-	}
-	return m.point, nil
-}
-
-type mountInfo struct {
-	root  string // the hierarchy path shown at point (not "/" inside a cgroup namespace)
-	point string
-}
-
-func cgroup2MountInfo() (mountInfo, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return mountInfo{}, fmt.Errorf("reading mounts: %w", err)
-	}
-	defer f.Close()
-	return parseMountInfo(f)
-}
-
-// parseMountInfo finds the first cgroup2 line of a mountinfo file.
-func parseMountInfo(r io.Reader) (mountInfo, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		fields, postFields := strings.Fields(pre), strings.Fields(post)
-		if len(fields) < 5 || len(postFields) < 1 || postFields[0] != "cgroup2" {
-			continue
-		}
-		return mountInfo{root: unescapeMount(fields[3]), point: unescapeMount(fields[4])}, nil
-	}
-	if err := sc.Err(); err != nil {
-		return mountInfo{}, fmt.Errorf("reading mounts: %w", err)
-	}
-	return mountInfo{}, ErrNoCgroup2
-}
-
-// unescapeMount undoes the octal escapes (\040 for a space) of mountinfo.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// cgroupLevel is the depth of dir in the cgroup2 hierarchy (the mount root
-// of the initial namespace is level 0), as the BPF cgroup helpers count it.
-func cgroupLevel(m mountInfo, dir string) (uint32, error) {
-	rel, err := filepath.Rel(m.point, dir)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
-		return 0, fmt.Errorf("%s is not below the cgroup2 mount %s: %w", dir, m.point, ErrNotCgroup2)
-	}
-	level := 0
-	for _, p := range []string{m.root, rel} {
-		for _, e := range strings.Split(p, "/") {
-			if e != "" && e != "." {
-				level++
-			}
-		}
-	}
-	return uint32(level), nil
-}
-
-func inode(path string) (uint64, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return 0, fmt.Errorf("stat %s: %w", path, err)
-	}
-	return st.Ino, nil
-}
-
 // ensureBPFFS makes sure dir can hold pins: /sys/fs/bpf is mounted if it is
 // not yet, and dir is created.
 func ensureBPFFS(dir string) error {
@@ -329,7 +237,7 @@ func Open(opts Options) (*Limiter, error) {
 		return nil, fmt.Errorf("loading BPF programs needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN): %w", os.ErrPermission)
 	}
 
-	mi, err := cgroup2MountInfo()
+	mnt, err := cgroup.FindMount()
 	if err != nil {
 		return nil, err
 	}
@@ -337,18 +245,14 @@ func Open(opts Options) (*Limiter, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("creating projects root: %w", err)
 	}
-	var sfs unix.Statfs_t
-	if err := unix.Statfs(root, &sfs); err != nil {
-		return nil, fmt.Errorf("statfs %s: %w", root, err)
+	if err := cgroup.OnCgroup2(root); err != nil {
+		return nil, fmt.Errorf("projects root %w (cgroup2 is at %s)", err, mnt.Point)
 	}
-	if sfs.Type != unix.CGROUP2_SUPER_MAGIC {
-		return nil, fmt.Errorf("%s (cgroup2 is at %s): %w", root, mi.point, ErrNotCgroup2)
-	}
-	level, err := cgroupLevel(mi, root)
+	level, err := mnt.Level(root)
 	if err != nil {
 		return nil, err
 	}
-	rootID, err := inode(root)
+	rootID, err := cgroup.ID(root)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/sockdiag"
 )
 
@@ -388,7 +389,7 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("listing kernel sockets: %w", err)
 	}
-	index, err := sockdiag.CgroupIndex(l.root)
+	index, err := cgroup.ProjectIndex(l.root)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return rep, err
 	}

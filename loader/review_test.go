@@ -368,7 +368,7 @@ func TestCheckWithoutPins(t *testing.T) {
 	if _, err := os.Stat(pin); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("check created %s: %v", pin, err)
 	}
-	mnt, _ := Cgroup2Mount()
+	mnt := testutil.Cgroup2Mount(t)
 	left, _ := filepath.Glob(filepath.Join(mnt, "fairshare-check-*"))
 	if len(left) != 0 {
 		t.Errorf("probe cgroups left: %v", left)

@@ -37,7 +37,6 @@
 // cookie.) TestMPTCPListener pins these observations down. Dumping the MPTCP
 // sockets themselves (IPPROTO_MPTCP, mptcp_diag) is not implemented.
 //
-// CgroupIndex and CountByCgroup turn a list into per-project counts: a project
-// is a directory directly below a projects root, and a socket created in any
-// cgroup below that directory belongs to it.
+// CountByCgroup and CountByProject turn a list into per-project counts, with
+// the index of cgroup ids to projects that cgroup.ProjectIndex builds.
 package sockdiag

@@ -18,17 +18,18 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // cgroupID returns the id of a cgroup: the inode number of its directory.
 func cgroupID(t testing.TB, dir string) uint64 {
 	t.Helper()
-	var st unix.Stat_t
-	if err := unix.Stat(dir, &st); err != nil {
+	id, err := cgroup.ID(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return st.Ino
+	return id
 }
 
 // helperSocket is what the helper process reports about one of its sockets.

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
@@ -241,8 +242,8 @@ func TestTimeWaitHasNoCgroup(t *testing.T) {
 }
 
 // TestCgroupIndexNested builds projects root/{a,b} with nested children and
-// checks every id maps to its top-level project, and that a helper running
-// in a nested cgroup is counted for its project.
+// checks every id maps to its top-level project (cgroup.ProjectIndex), and
+// that a helper running in a nested cgroup is counted for its project.
 func TestCgroupIndexNested(t *testing.T) {
 	testutil.RequireRoot(t)
 	root := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "sockdiag-root-")
@@ -251,7 +252,7 @@ func TestCgroupIndexNested(t *testing.T) {
 		testutil.MkCgroup(t, root, p)
 		want[p], _, _ = strings.Cut(p, "/")
 	}
-	index, err := CgroupIndex(root)
+	index, err := cgroup.ProjectIndex(root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,13 +275,6 @@ func TestCgroupIndexNested(t *testing.T) {
 	// Four plain TCP ends, two fallback ends and two MPTCP subflows.
 	if byProject["a"] != 8 || byProject["b"] != 0 {
 		t.Errorf("established sockets by project: %v; want a: 8 and no b", byProject)
-	}
-}
-
-func TestCgroupIndexMissingRoot(t *testing.T) {
-	_, err := CgroupIndex(filepath.Join(t.TempDir(), "nope"))
-	if !errors.Is(err, unix.ENOENT) {
-		t.Errorf("CgroupIndex(missing) = %v, want ENOENT", err)
 	}
 }
 

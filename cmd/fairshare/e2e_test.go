@@ -149,10 +149,7 @@ type node struct {
 
 func newNode(t *testing.T, poolYAML string) *node {
 	needRoot(t)
-	mnt, err := loader.Cgroup2Mount()
-	if err != nil {
-		t.Skipf("no cgroup2: %v", err)
-	}
+	mnt := testutil.Cgroup2Mount(t)
 	dir := t.TempDir()
 	n := &node{t: t, dir: dir, state: filepath.Join(dir, "state"), sock: filepath.Join(dir, "run", "admin.sock"),
 		pin: filepath.Join("/sys/fs/bpf", "fairshare-e2e-"+filepath.Base(dir)), root: filepath.Join(mnt, "fairshare-e2e-"+filepath.Base(dir)),

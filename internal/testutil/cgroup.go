@@ -7,11 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
-	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,27 +23,18 @@ func RequireRoot(t testing.TB) {
 	}
 }
 
-// Cgroup2Mount returns the mount point of the cgroup v2 hierarchy, read from
-// /proc/self/mountinfo; it skips the test when there is none.
+// Cgroup2Mount returns the mount point of the cgroup v2 hierarchy
+// (cgroup.FindMount); it skips the test when there is none.
 func Cgroup2Mount(t testing.TB) string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	m, err := cgroup.FindMount()
+	if errors.Is(err, cgroup.ErrNoCgroup2) {
+		t.Skip("no cgroup2 mount in /proc/self/mountinfo")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	for line := range strings.Lines(string(b)) {
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		if f := strings.Fields(post); len(f) > 0 && f[0] == "cgroup2" {
-			if pf := strings.Fields(pre); len(pf) >= 5 {
-				return pf[4]
-			}
-		}
-	}
-	t.Skip("no cgroup2 mount in /proc/self/mountinfo")
-	return ""
+	return m.Point
 }
 
 // TempCgroup creates a cgroup directory below parent (os.MkdirTemp pattern)
@@ -71,33 +61,13 @@ func MkCgroup(t testing.TB, parent, name string) string {
 	return dir
 }
 
-// removeTimeout bounds how long RemoveCgroup waits for one cgroup to empty.
-const removeTimeout = 5 * time.Second
-
-// RemoveCgroup removes the cgroup dir, children first. A cgroup cannot be
-// removed while it has processes (rmdir says EBUSY), and killed processes
-// take a moment to be reaped, so it retries for a while, killing what is
-// still inside (cgroup.kill) in case a helper outlived its test.
+// RemoveCgroup removes the cgroup dir with everything below it, killing
+// what still runs inside (cgroup.RemoveTree), and fails the test if it
+// cannot.
 func RemoveCgroup(t testing.TB, dir string) {
 	t.Helper()
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		if e.IsDir() {
-			RemoveCgroup(t, filepath.Join(dir, e.Name()))
-		}
-	}
-	deadline := time.Now().Add(removeTimeout)
-	for {
-		err := unix.Rmdir(dir)
-		if err == nil || errors.Is(err, unix.ENOENT) {
-			return
-		}
-		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-			t.Errorf("removing cgroup %s: %v", dir, err)
-			return
-		}
-		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
-		time.Sleep(20 * time.Millisecond)
+	if err := cgroup.RemoveTree(dir); err != nil {
+		t.Error(err)
 	}
 }
 

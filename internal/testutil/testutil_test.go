@@ -44,31 +44,6 @@ func TestCgroupHelperAndCleanup(t *testing.T) {
 	}
 }
 
-// TestRemoveCgroupKillsLeftovers: a process nobody stopped does not keep its
-// cgroup from being removed.
-func TestRemoveCgroupKillsLeftovers(t *testing.T) {
-	RequireRoot(t)
-	root := TempCgroup(t, Cgroup2Mount(t), "fairshare-testutil-")
-	child := MkCgroup(t, root, "child")
-	cmd := exec.Command("sleep", "60")
-	InCgroup(t, cmd, child)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	RemoveCgroup(t, root)
-	if _, err := os.Stat(root); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("cgroup %s left behind: %v", root, err)
-	}
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the leftover process still runs")
-	}
-}
-
-// TestFakeClock: the clock stands still until advanced, by exactly d.
 func TestFakeClock(t *testing.T) {
 	c := NewFakeClock()
 	t0 := c.Now()

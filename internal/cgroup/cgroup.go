@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package cgroup
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+var (
+	// ErrNoCgroup2 means no cgroup2 file system is mounted.
+	ErrNoCgroup2 = errors.New("cgroup2 is not mounted")
+	// ErrNotCgroup2 means a directory is not on the cgroup2 hierarchy.
+	ErrNotCgroup2 = errors.New("not a directory on cgroup2")
+)
+
+// Mount is where the cgroup2 hierarchy is mounted.
+type Mount struct {
+	// Point is the mount point: /sys/fs/cgroup (unified layout) or
+	// /sys/fs/cgroup/unified (hybrid).
+	Point string
+	// Root is the hierarchy's path shown at Point: "/", except inside a
+	// cgroup namespace, where it is the namespace's root.
+	Root string
+}
+
+// FindMount reads the first cgroup2 mount of /proc/self/mountinfo.
+func FindMount() (Mount, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return Mount{}, fmt.Errorf("reading mounts: %w", err)
+	}
+	defer f.Close()
+	return ParseMountInfo(f)
+}
+
+// ParseMountInfo finds the first cgroup2 line of a mountinfo file.
+func ParseMountInfo(r io.Reader) (Mount, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		fields, postFields := strings.Fields(pre), strings.Fields(post)
+		if len(fields) < 5 || len(postFields) < 1 || postFields[0] != "cgroup2" {
+			continue
+		}
+		return Mount{Root: unescape(fields[3]), Point: unescape(fields[4])}, nil
+	}
+	if err := sc.Err(); err != nil {
+		return Mount{}, fmt.Errorf("reading mounts: %w", err)
+	}
+	return Mount{}, ErrNoCgroup2
+}
+
+// unescape undoes the octal escapes (\040 for a space) of mountinfo.
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// Contains reports whether dir (absolute, clean) is the mount point or below
+// it.
+func (m Mount) Contains(dir string) bool {
+	return dir == m.Point || strings.HasPrefix(dir, strings.TrimSuffix(m.Point, "/")+"/")
+}
+
+// Level is the depth of dir in the cgroup2 hierarchy as the BPF cgroup
+// helpers count it: the root of the initial namespace is level 0, so a
+// namespaced mount adds the depth of its Root.
+func (m Mount) Level(dir string) (uint32, error) {
+	rel, err := filepath.Rel(m.Point, dir)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return 0, fmt.Errorf("%s is not below the cgroup2 mount %s: %w", dir, m.Point, ErrNotCgroup2)
+	}
+	level := 0
+	for _, p := range []string{m.Root, rel} {
+		for _, e := range strings.Split(p, "/") {
+			if e != "" && e != "." {
+				level++
+			}
+		}
+	}
+	return uint32(level), nil
+}
+
+// OfPID returns the directory of the cgroup process pid is in now, below
+// Point ("0::/path" in /proc/<pid>/cgroup).
+func (m Mount) OfPID(pid int) (string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return "", fmt.Errorf("reading cgroup of pid %d: %w", pid, err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "0::"); ok {
+			return filepath.Join(m.Point, rest), nil
+		}
+	}
+	return "", fmt.Errorf("pid %d: no cgroup2 line in /proc/%d/cgroup", pid, pid)
+}
+
+// ID returns the id of the cgroup at path: its directory's inode number.
+func ID(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return st.Ino, nil
+}
+
+// OnCgroup2 returns nil when dir is a directory on a cgroup2 file system.
+func OnCgroup2(dir string) error {
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(dir, &sfs); err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
+	}
+	if sfs.Type != unix.CGROUP2_SUPER_MAGIC {
+		return fmt.Errorf("%s: %w", dir, ErrNotCgroup2)
+	}
+	return nil
+}
+
+// Walk calls fn with the path and id of dir and of every cgroup below it,
+// parents before their children. Cgroups removed while the walk runs are
+// skipped: what it sees is only as fresh as the walk. A dir that does not
+// exist is an error.
+func Walk(dir string, fn func(path string, id uint64)) error {
+	dir = filepath.Clean(dir)
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && path != dir {
+				return fs.SkipDir // removed under our feet
+			}
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) && path != dir {
+				return fs.SkipDir
+			}
+			return fmt.Errorf("stat %s: %w", path, err)
+		}
+		fn(path, st.Ino)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("indexing cgroups below %s: %w", dir, err)
+	}
+	return nil
+}
+
+// ProjectIndex maps the id of every cgroup below root to its project: the
+// name of the first path element below root. A socket created in
+// root/web/workers/1 thus belongs to "web". root itself is not a project and
+// is left out.
+func ProjectIndex(root string) (map[uint64]string, error) {
+	root = filepath.Clean(root)
+	index := make(map[uint64]string)
+	err := Walk(root, func(path string, id uint64) {
+		if path == root {
+			return
+		}
+		rel := strings.TrimPrefix(path, root+string(filepath.Separator))
+		project, _, _ := strings.Cut(rel, string(filepath.Separator))
+		index[id] = project
+	})
+	if err != nil {
+		return nil, err
+	}
+	return index, nil
+}
+
+// removeWait bounds how long RemoveTree waits for one cgroup to empty.
+const removeWait = 5 * time.Second
+
+// RemoveTree removes the cgroup dir and every cgroup below it, deepest
+// first (a cgroup with children cannot be removed). A cgroup that still has
+// processes cannot be removed either (rmdir says EBUSY), and a killed
+// process takes a moment to be reaped, so it retries for a while, killing
+// what is still inside (cgroup.kill): whoever removes a tree is done with
+// everything in it. A dir that does not exist is not an error.
+func RemoveTree(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("listing cgroup %s: %w", dir, err)
+	}
+	var errs []error
+	for _, e := range ents {
+		if e.IsDir() {
+			errs = append(errs, RemoveTree(filepath.Join(dir, e.Name())))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(removeWait)
+	for {
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return fmt.Errorf("removing cgroup %s: %w", dir, err)
+		}
+		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package cgroup holds what the daemon reads about the cgroup v2 hierarchy,
+// one function each: where it is mounted (FindMount, from mountinfo, octal
+// escapes decoded), how deep a directory is in it as the BPF helpers count
+// (Mount.Level), the id of a cgroup (ID: its directory's inode number, the
+// value of bpf_get_current_cgroup_id and of sock_diag's INET_DIAG_CGROUP_ID),
+// the cgroup of a process (Mount.OfPID), the tree below a directory by id
+// (Walk), the default rule that places a cgroup in a project (ProjectIndex)
+// and removing a tree (RemoveTree).
+//
+// ProjectIndex is the one user-space statement of project membership: a
+// project is a directory child of the projects root, and every cgroup below
+// it is in it. The front's peer identity and the kernel side's reconcile
+// both ask it, so a new source of membership (registered cgroups at any
+// depth) replaces it here.
+package cgroup
