@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/fairshare-dev/fairshare/internal/project"
-	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // Listeners bounds the connections the daemon's listeners hold (package
@@ -21,15 +20,6 @@ import (
 type Listeners struct {
 	MaxConns       int `yaml:"max_conns"`
 	MaxConnsPerUID int `yaml:"max_conns_per_uid"`
-}
-
-// EffectiveFloor is the pool's floor in force: Floor, or 5% of Size (at
-// least 1) when Floor is 0. It is the one place the default is resolved.
-func (p Pool) EffectiveFloor() int {
-	if p.Floor == 0 {
-		return pools.DefaultFloor(p.Size)
-	}
-	return p.Floor
 }
 
 // checkValues checks what Validate's older checks let through: names,

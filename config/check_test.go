@@ -50,11 +50,3 @@ func TestValuesCheckedAtLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
-func TestEffectiveFloor(t *testing.T) {
-	for _, tt := range []struct{ size, floor, want int }{{4096, 0, 204}, {10, 0, 1}, {8, 3, 3}, {1, 0, 1}} {
-		if got := (Pool{Size: tt.size, Floor: tt.floor}).EffectiveFloor(); got != tt.want {
-			t.Errorf("size %d floor %d: %d, want %d", tt.size, tt.floor, got, tt.want)
-		}
-	}
-}

@@ -9,9 +9,10 @@
 // ("pools.requests.size must be > 0", "front.trusted_peers[1]: ..."). Every
 // value is checked here, not when the daemon builds its parts: addresses and
 // CIDRs parse, project names follow the one rule of internal/project, cgroup
-// paths are clean, numbers have their signs. Pool.EffectiveFloor is the one
-// place the default floor (5% of the size) is resolved. Flags and FAIRSHARE_* environment
-// variables override the file; that layering lives in cmd/fairshare, not here.
+// paths are clean, numbers have their signs. A floor of 0 stands for the
+// default (5% of the size), which pools.EffectiveFloor resolves. Flags and
+// FAIRSHARE_* environment variables override the file; that layering lives
+// in cmd/fairshare, not here.
 //
 // Pools are named. The four the product knows (requests, connections, residents,
 // flights) exist by default; any other name under pools: adds a plain pool with

@@ -34,7 +34,7 @@ func (d *Daemon) Status(context.Context) (admin.Status, error) {
 	} else {
 		c := d.cfg.Pools[config.PoolConnections]
 		st.Pools = append(st.Pools, admin.Pool{Name: config.PoolConnections, Enforcer: "off", Size: c.Size,
-			Floor: c.EffectiveFloor(), Share: c.Size, Projects: []admin.Project{}})
+			Floor: pools.EffectiveFloor(c.Size, c.Floor), Share: c.Size, Projects: []admin.Project{}})
 	}
 	st.Listeners = d.listenerStatus()
 	if d.requests != nil {

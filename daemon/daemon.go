@@ -201,7 +201,7 @@ func New(opts Options) (*Daemon, error) {
 			return nil, loadError(cfg.PinDir, err)
 		}
 		// The floor in force, as the maps say.
-		floor := conn.EffectiveFloor()
+		floor := pools.EffectiveFloor(conn.Size, conn.Floor)
 		if s, err := d.lim.Snapshot(); err == nil {
 			floor = s.Floor
 			// Before the first Tick may forget an entry, so its counts

@@ -28,7 +28,7 @@ func Effective(cfg config.Config) (_ config.Config, notes []string) {
 		notes = append(notes, "projects_root: "+err.Error())
 	}
 	for name, p := range cfg.Pools {
-		p.Floor = p.EffectiveFloor()
+		p.Floor = pools.EffectiveFloor(p.Size, p.Floor)
 		if p.Window == 0 {
 			p.Window = pools.DefaultWindow
 		}

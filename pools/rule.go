@@ -49,9 +49,7 @@ func (c Config) normalize() (Config, error) {
 	if c.Floor < 0 || c.Floor > c.Size {
 		return c, fmt.Errorf("pool %q: floor %d must be in [0, %d]: %w", c.Name, c.Floor, c.Size, ErrInvalidConfig)
 	}
-	if c.Floor == 0 {
-		c.Floor = DefaultFloor(c.Size)
-	}
+	c.Floor = EffectiveFloor(c.Size, c.Floor)
 	if c.Window < 0 || c.EvictWait < 0 || c.Forget < 0 {
 		return c, fmt.Errorf("pool %q: negative duration: %w", c.Name, ErrInvalidConfig)
 	}
@@ -77,6 +75,17 @@ func DefaultFloor(size int) int {
 		f = 1
 	}
 	return f
+}
+
+// EffectiveFloor is the floor in force for a pool of size configured with
+// floor: floor, or DefaultFloor(size) when floor is 0. Every part that takes
+// a configured floor (the pools, the kernel side, the configuration's
+// effective values and the daemon's status) resolves it here.
+func EffectiveFloor(size, floor int) int {
+	if floor == 0 {
+		return DefaultFloor(size)
+	}
+	return floor
 }
 
 // Share is max(floor, size/active) with integer division. With no active

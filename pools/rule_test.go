@@ -17,6 +17,14 @@ func TestDefaultFloor(t *testing.T) {
 	}
 }
 
+func TestEffectiveFloor(t *testing.T) {
+	for _, tt := range []struct{ size, floor, want int }{{4096, 0, 204}, {10, 0, 1}, {8, 3, 3}, {1, 0, 1}} {
+		if got := EffectiveFloor(tt.size, tt.floor); got != tt.want {
+			t.Errorf("size %d floor %d: %d, want %d", tt.size, tt.floor, got, tt.want)
+		}
+	}
+}
+
 func TestShare(t *testing.T) {
 	for _, tc := range []struct{ size, floor, active, want int }{
 		{100, 5, 0, 100},
