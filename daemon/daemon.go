@@ -444,7 +444,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}))
-		g.Go(func() error { return serveHTTP(gctx, metricsLn, mux) })
+		g.Go(func() error { return serveMetrics(gctx, metricsLn, mux) })
 	}
 	if frontLn != nil {
 		g.Go(func() error { return d.front.Serve(gctx, frontLn) })
@@ -646,20 +646,12 @@ func (d *Daemon) closeParts() error {
 	return errors.Join(errs...)
 }
 
-func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler) error {
+func serveMetrics(ctx context.Context, ln net.Listener, h http.Handler) error {
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
-	done := make(chan error, 1)
-	go func() { done <- hs.Serve(ln) }()
-	select {
-	case err := <-done:
+	if err := listen.ServeHTTP(ctx, hs, ln, 2*time.Second); err != nil {
 		return fmt.Errorf("metrics server: %w", err)
-	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	hs.Shutdown(sctx)
-	<-done
 	return nil
 }
 

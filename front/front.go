@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/clock"
+	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
 )
@@ -307,21 +308,10 @@ func (f *Front) Server() *http.Server {
 // Serve serves f on l until ctx is done, then shuts down gracefully (in-flight
 // requests get up to five seconds).
 func (f *Front) Serve(ctx context.Context, l net.Listener) error {
-	srv := f.Server()
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(clientListener{l}) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serving front: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	err := srv.Shutdown(sctx)
-	<-errc
+	err := listen.ServeHTTP(ctx, f.Server(), clientListener{l}, 5*time.Second)
 	f.CloseIdle()
 	if err != nil {
-		return fmt.Errorf("shutting down front: %w", err)
+		return fmt.Errorf("front: %w", err)
 	}
 	return nil
 }

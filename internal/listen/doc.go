@@ -39,6 +39,12 @@
 // permit protocol's sessions carry leases and have none), so Listener does
 // not set deadlines.
 //
+// # Serving
+//
+// ServeHTTP is the one serve-then-shut-down loop of the daemon's HTTP
+// servers (admin API, /metrics, the front): serve until the context ends,
+// then stop accepting and give the requests in flight a grace period.
+//
 // # Unix socket paths
 //
 // Unix creates a unix socket: it never removes anything at the path but a
