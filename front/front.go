@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -133,6 +134,23 @@ type Deps struct {
 	Seed uint64
 }
 
+// upstreamClient is the front's own HTTP/1.1 client to the upstream
+// (directUpstream), as far as the front uses it: which requests it takes,
+// one exchange, and the end of it.
+type upstreamClient interface {
+	// takes reports whether r can go this way; the others go through
+	// ReverseProxy.
+	takes(r *http.Request) bool
+	// roundTrip sends r upstream and reads the answer's head, passing
+	// informational answers on to x.w, and watches the client meanwhile.
+	roundTrip(r *http.Request, x *exchange) (upAnswer, error)
+	// done ends an answer: its connection is kept for the next request
+	// when keep is true (its body was read to its end) and the client
+	// did not go away.
+	done(a upAnswer, keep bool, now time.Time)
+	closeIdle()
+}
+
 // Front is the request front: an http.Handler that admits, schedules and
 // proxies requests to the upstream.
 type Front struct {
@@ -144,7 +162,7 @@ type Front struct {
 	routes   routeTable
 	proxy    *httputil.ReverseProxy
 	tr       *http.Transport
-	up       *directUpstream // nil: every request goes through proxy
+	up       upstreamClient // nil: every request goes through proxy
 	bufs     *bufferPool
 	// projectKey is Config.ProjectHeader in canonical form, as keys of a
 	// parsed request's header map are.
@@ -226,7 +244,8 @@ func New(cfg Config, deps Deps) (*Front, error) {
 			host = net.JoinHostPort(u.Hostname(), "80")
 		}
 		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, idleFor: cfg.UpstreamIdleTimeout,
-			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, unasked: f.unasked}
+			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, unasked: f.unasked,
+			host: u.Host, projectKey: f.projectKey, forwardProject: cfg.ForwardProject, isClaim: f.isClaim}
 	}
 	f.tr = &http.Transport{
 		DialContext:            dialer.DialContext,
@@ -461,7 +480,7 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // forward proxies an admitted request: on the direct path when it can take
 // it, through ReverseProxy otherwise.
 func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
-	if f.direct(r) {
+	if f.up != nil && f.up.takes(r) {
 		f.serveDirect(w, r, x)
 		return
 	}
@@ -481,6 +500,100 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		},
 	})
 	f.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// serveDirect proxies r on the direct path.
+func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange) {
+	x.w = w
+	a, err := f.up.roundTrip(r, x)
+	if err != nil {
+		f.upstreamFailed(w, r, x, err)
+		return
+	}
+	keep := false
+	defer func() { f.up.done(a, keep, x.at) }()
+	resp := a.Response
+	dst := w.Header()
+	if h := resp.Header; h == nil {
+		// A plain head (see plainHead): its end-to-end fields are in dst.
+		f.annotate(x, dst)
+	} else {
+		conn := h["Connection"]
+		for k := range h {
+			if isHopByHop(k) || (len(conn) > 0 && connectionListed(conn, k)) {
+				delete(h, k)
+			}
+		}
+		f.annotate(x, h)
+		for k, vv := range h {
+			if dst[k] == nil {
+				dst[k] = vv // resp.Header is ours alone: no copy needed
+				continue
+			}
+			dst[k] = append(dst[k], vv...)
+		}
+	}
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		dst.Add("Trailer", strings.Join(keys, ", "))
+	}
+	w.WriteHeader(resp.StatusCode)
+	// A response of unknown length may be a stream (server-sent events, a
+	// long poll): pass each piece on as it arrives, as ReverseProxy does.
+	stream := resp.ContentLength < 0
+	if err := f.copyBody(w, resp.Body, stream); err != nil {
+		if a.watch.clientGone(r.Context()) {
+			x.outcome = outcomeCanceled
+			return
+		}
+		f.log.Debug("upstream answer cut short", "project", x.project, "err", err)
+		// The head is out: abort the client's response so it cannot read
+		// as complete (ServeHTTP's deferred exit counts it as an error).
+		panic(http.ErrAbortHandler)
+	}
+	resp.Body.Close()
+	if len(resp.Trailer) > 0 {
+		for k, vv := range resp.Trailer {
+			if announced == 0 {
+				k = http.TrailerPrefix + k
+			}
+			dst[k] = append(dst[k], vv...)
+		}
+	}
+	keep = !resp.Close
+}
+
+// copyBody copies the upstream body to the client with a pooled buffer,
+// flushing after every read when stream is set.
+func (f *Front) copyBody(w http.ResponseWriter, body io.Reader, stream bool) error {
+	bp := f.bufs.get()
+	defer f.bufs.put(bp)
+	buf := *bp
+	var fl http.Flusher
+	if stream {
+		fl, _ = w.(http.Flusher)
+	}
+	for {
+		n, rerr := body.Read(buf)
+		if n > 0 {
+			if _, err := w.Write(buf[:n]); err != nil {
+				return fmt.Errorf("writing to the client: %w", err)
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return fmt.Errorf("reading the upstream answer: %w", rerr)
+		}
+	}
 }
 
 // cost is what a finished request is charged, in work units.

@@ -143,7 +143,7 @@ func FuzzPooledExchanges(f *testing.F) {
 		)
 		defer wg.Wait()
 		defer fr.CloseIdle()
-		fr.up.dial = func(context.Context, string, string) (net.Conn, error) {
+		fr.up.(*directUpstream).dial = func(context.Context, string, string) (net.Conn, error) {
 			front, up, err := socketPair()
 			if err != nil {
 				return nil, err

@@ -434,10 +434,10 @@ func TestIdleUpstreamWatched(t *testing.T) {
 	}
 	for u.openConns() > 0 {
 		if time.Now().After(deadline.Add(5 * time.Second)) {
-			f.up.mu.Lock()
-			n := len(f.up.idle)
-			_ = f
-			f.up.mu.Unlock()
+			d := f.up.(*directUpstream)
+			d.mu.Lock()
+			n := len(d.idle)
+			d.mu.Unlock()
 			t.Fatalf("the idle connection that spoke is still open (%d pooled)", n)
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -3,10 +3,24 @@
 package front
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"net/netip"
+	"path/filepath"
 	"strings"
+	"sync"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
+	"github.com/fairshare-dev/fairshare/internal/clock"
 )
+
+// ErrUntrusted means a request named its project in the header from a peer
+// the operator did not mark trusted (Config.TrustedPeers), and the front had
+// no identity of its own for it, or one that disagrees.
+var ErrUntrusted = errors.New("project header not accepted from this peer")
 
 // who is the front's decision about a request: its project and whether it
 // belongs to the exempt class.
@@ -114,4 +128,155 @@ func (f *Front) isClaim(k string) bool {
 		}
 	}
 	return false
+}
+
+// identity holds the operator's trust and exempt sets and the cgroup indexes
+// that turn a peer's cgroup id into a project, a trusted cgroup or an exempt
+// one.
+type identity struct {
+	mount        cgroup.Mount // Point "" when none (no cgroup identity)
+	projects     *cgroupIndex
+	trustedNets  []netip.Prefix
+	trustedCgs   *cgroupIndex
+	exemptCgs    *cgroupIndex
+	needsCgroups bool // some rule depends on a peer's cgroup
+}
+
+func newIdentity(cfg Config, clk clock.Clock) (*identity, error) {
+	id := &identity{}
+	var cgPaths []string
+	for _, e := range cfg.TrustedPeers {
+		if pfx, ok := parseNet(e); ok {
+			id.trustedNets = append(id.trustedNets, pfx)
+			continue
+		}
+		cgPaths = append(cgPaths, e)
+	}
+	needMount := cfg.ProjectsRoot != "" || len(cgPaths) > 0 || len(cfg.Exempt.Cgroups) > 0
+	if !needMount {
+		return id, nil
+	}
+	mount, err := cgroup.FindMount()
+	if err != nil {
+		return nil, err
+	}
+	id.mount = mount
+	id.needsCgroups = true
+	abs := func(key, p string) (string, error) {
+		if !filepath.IsAbs(p) {
+			if cfg.ProjectsRoot == "" {
+				return "", fmt.Errorf("%s %q: a relative cgroup needs a projects root", key, p)
+			}
+			p = filepath.Join(cfg.ProjectsRoot, p)
+		}
+		p = filepath.Clean(p)
+		if !mount.Contains(p) {
+			return "", fmt.Errorf("%s %q: not below the cgroup2 mount %s", key, p, mount.Point)
+		}
+		return p, nil
+	}
+	if cfg.ProjectsRoot != "" {
+		root, err := abs("projects root", cfg.ProjectsRoot)
+		if err != nil {
+			return nil, err
+		}
+		id.projects = newCgroupIndex([]string{root}, true, clk)
+	}
+	var dirs []string
+	for _, p := range cgPaths {
+		d, err := abs("trusted peer", p)
+		if err != nil {
+			return nil, err
+		}
+		dirs = append(dirs, d)
+	}
+	if len(dirs) > 0 {
+		id.trustedCgs = newCgroupIndex(dirs, false, clk)
+	}
+	dirs = nil
+	for _, p := range cfg.Exempt.Cgroups {
+		d, err := abs("exempt cgroup", p)
+		if err != nil {
+			return nil, err
+		}
+		dirs = append(dirs, d)
+	}
+	if len(dirs) > 0 {
+		id.exemptCgs = newCgroupIndex(dirs, false, clk)
+	}
+	return id, nil
+}
+
+// parseNet reads a trusted-peer entry as a CIDR or a single address.
+func parseNet(s string) (netip.Prefix, bool) {
+	if pfx, err := netip.ParsePrefix(s); err == nil {
+		return pfx.Masked(), true
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		a = a.Unmap()
+		return netip.PrefixFrom(a, a.BitLen()), true
+	}
+	return netip.Prefix{}, false
+}
+
+// minIndexRefresh bounds how often a miss rebuilds a cgroup index: peers in
+// cgroups outside every indexed tree miss every time, and must not turn
+// every connection into a walk of the tree.
+const minIndexRefresh = 100 * time.Millisecond
+
+// cgroupIndex maps the ids of the cgroups in and below some directories to a
+// name: with byProject, the project (cgroup.ProjectIndex); otherwise the
+// directory itself. It is rebuilt on
+// a miss, so a cgroup created after the last walk is found at its first
+// connection.
+type cgroupIndex struct {
+	dirs      []string
+	byProject bool
+	clk       clock.Clock
+
+	mu    sync.Mutex // guards the fields below
+	ids   map[uint64]string
+	built time.Time
+	err   error
+}
+
+func newCgroupIndex(dirs []string, byProject bool, clk clock.Clock) *cgroupIndex {
+	return &cgroupIndex{dirs: dirs, byProject: byProject, clk: clk}
+}
+
+// lookup returns the name of cgroup id, or "" when it is in none of the
+// directories.
+func (c *cgroupIndex) lookup(id uint64) string {
+	if c == nil || id == 0 {
+		return ""
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if name, ok := c.ids[id]; ok {
+		return name
+	}
+	if now := c.clk.Now(); c.ids == nil || now.Sub(c.built) >= minIndexRefresh {
+		c.buildLocked(now)
+		return c.ids[id]
+	}
+	return ""
+}
+
+func (c *cgroupIndex) buildLocked(now time.Time) {
+	ids := make(map[uint64]string)
+	var firstErr error
+	for _, d := range c.dirs {
+		var err error
+		if c.byProject {
+			var m map[uint64]string
+			m, err = cgroup.ProjectIndex(d)
+			maps.Copy(ids, m)
+		} else {
+			err = cgroup.Walk(d, func(_ string, id uint64) { ids[id] = d })
+		}
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	c.ids, c.built, c.err = ids, now, firstErr
 }

@@ -23,12 +23,6 @@ import (
 // and the request (body-less, idempotent) may be sent again on a fresh one.
 var errStaleConn = errors.New("reused upstream connection failed before the answer")
 
-// errClientGone marks an upstream failure caused by the client going away:
-// the watch aborted the upstream exchange. Under Front.Serve the watch
-// fires from the failed read itself, a moment before net/http cancels the
-// request's context, so the context alone cannot tell yet.
-var errClientGone = errors.New("the client went away")
-
 // directUpstream forwards body-less GET and HEAD requests to an http://
 // upstream over HTTP/1.1 keep-alive connections it owns, on the handler's own
 // goroutine: write the request, read the answer, copy it to the client.
@@ -54,6 +48,15 @@ type directUpstream struct {
 	maxHead int64 // bytes of answer heads (1xx included) per request
 	max1xx  int   // informational answers per request
 	unasked func(why string)
+
+	// What the front changes in the requests it forwards (as its rewrite
+	// does on the ReverseProxy path): the Host when the client sent none,
+	// the project header (canonical), set to the request's project only
+	// with forwardProject, and the claims (isClaim) that are dropped.
+	host           string
+	projectKey     string
+	forwardProject bool
+	isClaim        func(key string) bool
 
 	mu    sync.Mutex  // guards the fields below
 	idle  []*upConn   // most recently used last
@@ -265,11 +268,12 @@ var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-A
 // passed on.
 var forwarded = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
-// direct reports whether r can take the direct path: a GET or HEAD without
-// a body, not asking to upgrade or to expect 100-continue, and an upstream
-// that is plain HTTP/1.1 with no base path.
-func (f *Front) direct(r *http.Request) bool {
-	if f.up == nil || (r.Method != http.MethodGet && r.Method != http.MethodHead) {
+// takes reports whether r can take the direct path: a GET or HEAD without
+// a body, not asking to upgrade or to expect 100-continue. (The front uses
+// the direct path only for an upstream that is plain HTTP/1.1 with no base
+// path.)
+func (d *directUpstream) takes(r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return false
 	}
 	if r.ContentLength != 0 || len(r.TransferEncoding) > 0 || (r.Body != nil && r.Body != http.NoBody) {
@@ -308,10 +312,10 @@ func isHopByHop(key string) bool {
 // writeRequest writes the upstream request for r: its method, URI, Host and
 // end-to-end headers, the project header only when configured, and
 // X-Forwarded-{For,Host,Proto} as ReverseProxy's SetXForwarded sets them.
-func (f *Front) writeRequest(bw *bufio.Writer, r *http.Request, x *exchange) error {
+func (d *directUpstream) writeRequest(bw *bufio.Writer, r *http.Request, x *exchange) error {
 	host := r.Host
 	if host == "" {
-		host = f.upstream.Host
+		host = d.host
 	}
 	bw.WriteString(r.Method)
 	bw.WriteByte(' ')
@@ -321,7 +325,7 @@ func (f *Front) writeRequest(bw *bufio.Writer, r *http.Request, x *exchange) err
 	bw.WriteString("\r\n")
 	conn := r.Header["Connection"]
 	for k, vv := range r.Header {
-		if k == "Host" || isHopByHop(k) || k == f.projectKey || (len(conn) > 0 && connectionListed(conn, k)) || f.isClaim(k) {
+		if k == "Host" || isHopByHop(k) || k == d.projectKey || (len(conn) > 0 && connectionListed(conn, k)) || d.isClaim(k) {
 			continue
 		}
 		skip := false
@@ -338,8 +342,8 @@ func (f *Front) writeRequest(bw *bufio.Writer, r *http.Request, x *exchange) err
 			writeHeaderLine(bw, k, v)
 		}
 	}
-	if f.cfg.ForwardProject {
-		writeHeaderLine(bw, f.projectKey, x.project)
+	if d.forwardProject {
+		writeHeaderLine(bw, d.projectKey, x.project)
 	}
 	// The client's own X-Forwarded-For is not extended but replaced, as
 	// with ReverseProxy.Rewrite: the front does not vouch for it.
@@ -365,11 +369,18 @@ func writeHeaderLine(bw *bufio.Writer, k, v string) {
 	bw.WriteString("\r\n")
 }
 
+// upAnswer is an upstream answer on the direct path: its head, with the
+// body to read, the connection it came on and the watch on the client.
+type upAnswer struct {
+	*http.Response
+	conn  *upConn
+	watch clientWatch
+}
+
 // roundTrip sends r upstream and reads the answer's head. A reused
 // connection that fails before the answer began is replaced by a fresh one,
-// once. The watch on the client it returns is to be ended (clientWatch.end);
-// if it fired, the connection is not to be reused.
-func (f *Front) roundTrip(r *http.Request, x *exchange) (uc *upConn, resp *http.Response, w clientWatch, err error) {
+// once. The answer is to be ended with done.
+func (d *directUpstream) roundTrip(r *http.Request, x *exchange) (upAnswer, error) {
 	ctx := r.Context()
 	cc := peerOf(r).cc
 	if r.ProtoMajor != 1 {
@@ -378,9 +389,9 @@ func (f *Front) roundTrip(r *http.Request, x *exchange) (uc *upConn, resp *http.
 		cc = nil
 	}
 	for attempt := 0; ; attempt++ {
-		uc, reused, err := f.up.get(ctx, x.at)
+		uc, reused, err := d.get(ctx, x.at)
 		if err != nil {
-			return nil, nil, clientWatch{}, err
+			return upAnswer{}, err
 		}
 		// The client going away aborts whatever waits on the upstream,
 		// the answer's head or its body.
@@ -390,60 +401,43 @@ func (f *Front) roundTrip(r *http.Request, x *exchange) (uc *upConn, resp *http.
 		} else {
 			w.stop = context.AfterFunc(ctx, func() { abortUpstream(uc.c) })
 		}
-		resp, err := f.exchangeOn(uc, r, x, reused)
+		resp, err := d.exchangeOn(uc, r, x, reused)
 		if err == nil {
-			return uc, resp, w, nil
+			return upAnswer{Response: resp, conn: uc, watch: w}, nil
 		}
 		fired := !w.end()
 		uc.c.Close()
 		if fired {
-			return nil, nil, clientWatch{}, fmt.Errorf("%w: %w", errClientGone, err)
+			return upAnswer{}, fmt.Errorf("%w: %w", errClientGone, err)
 		}
 		if !errors.Is(err, errStaleConn) || attempt > 0 || ctx.Err() != nil {
-			return nil, nil, clientWatch{}, err
+			return upAnswer{}, err
 		}
 	}
 }
 
-// abortUpstream ends whatever waits on an upstream connection: the client
-// it was working for went away.
-func abortUpstream(c net.Conn) { _ = c.SetDeadline(time.Unix(1, 0)) }
-
-// clientWatch is the watch on the client during one upstream exchange:
-// on the front's own connection (see clientConn) or, for HTTP/2 and
-// connections served by another server, on the request's context.
-type clientWatch struct {
-	cc   *clientConn
-	stop func() bool // context.AfterFunc's, when cc is nil
-}
-
-// clientGone reports whether the client went away: a read of its
-// connection failed (Front.Serve), or the request's context ended.
-func (w clientWatch) clientGone(ctx context.Context) bool {
-	return (w.cc != nil && w.cc.isGone()) || ctx.Err() != nil
-}
-
-// end ends the watch and reports whether it had not fired (the client is
-// still there), as context.AfterFunc's stop does.
-func (w clientWatch) end() bool {
-	if w.cc != nil {
-		return w.cc.unwatch()
+// done ends the watch on the client and keeps a's connection for the next
+// request, if keep and the client is still there; otherwise it closes it.
+func (d *directUpstream) done(a upAnswer, keep bool, now time.Time) {
+	if a.watch.end() && keep {
+		d.put(a.conn, now)
+	} else {
+		a.conn.c.Close()
 	}
-	return w.stop()
 }
 
 // exchangeOn writes the request on uc and reads the answer's head, passing
 // informational 1xx answers on to the client. The heads together may take
 // at most maxHead bytes and there may be at most max1xx informational ones;
 // a head that is not plain (see plainHead) must pass strictHead.
-func (f *Front) exchangeOn(uc *upConn, r *http.Request, x *exchange, reused bool) (*http.Response, error) {
-	if err := f.writeRequest(uc.bw, r, x); err != nil {
+func (d *directUpstream) exchangeOn(uc *upConn, r *http.Request, x *exchange, reused bool) (*http.Response, error) {
+	if err := d.writeRequest(uc.bw, r, x); err != nil {
 		if reused {
 			return nil, fmt.Errorf("%w: %w", errStaleConn, err)
 		}
 		return nil, fmt.Errorf("writing upstream request: %w", err)
 	}
-	uc.headLeft = max(0, f.up.maxHead-int64(uc.br.Buffered()))
+	uc.headLeft = max(0, d.maxHead-int64(uc.br.Buffered()))
 	defer func() { uc.headLeft, uc.rec = -1, nil }()
 	if _, err := uc.br.Peek(1); err != nil {
 		if reused && !errors.Is(err, errHeadTooLarge) {
@@ -467,8 +461,8 @@ func (f *Front) exchangeOn(uc *upConn, r *http.Request, x *exchange, reused bool
 		if resp.StatusCode == http.StatusSwitchingProtocols {
 			return nil, errors.New("upstream switched protocols unasked")
 		}
-		if informational == f.up.max1xx {
-			return nil, fmt.Errorf("upstream sent more than %d informational answers", f.up.max1xx)
+		if informational == d.max1xx {
+			return nil, fmt.Errorf("upstream sent more than %d informational answers", d.max1xx)
 		}
 		// As ReverseProxy does: pass the informational answer on, then
 		// forget its headers.
@@ -504,103 +498,4 @@ func readHead(uc *upConn, r *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	return resp, nil
-}
-
-// serveDirect proxies r on the direct path.
-func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange) {
-	x.w = w
-	uc, resp, watch, err := f.roundTrip(r, x)
-	if err != nil {
-		f.upstreamFailed(w, r, x, err)
-		return
-	}
-	keep := false
-	defer func() {
-		if watch.end() && keep {
-			f.up.put(uc, x.at)
-		} else {
-			uc.c.Close()
-		}
-	}()
-	dst := w.Header()
-	if h := resp.Header; h == nil {
-		// A plain head (see plainHead): its end-to-end fields are in dst.
-		f.annotate(x, dst)
-	} else {
-		conn := h["Connection"]
-		for k := range h {
-			if isHopByHop(k) || (len(conn) > 0 && connectionListed(conn, k)) {
-				delete(h, k)
-			}
-		}
-		f.annotate(x, h)
-		for k, vv := range h {
-			if dst[k] == nil {
-				dst[k] = vv // resp.Header is ours alone: no copy needed
-				continue
-			}
-			dst[k] = append(dst[k], vv...)
-		}
-	}
-	announced := len(resp.Trailer)
-	if announced > 0 {
-		keys := make([]string, 0, announced)
-		for k := range resp.Trailer {
-			keys = append(keys, k)
-		}
-		dst.Add("Trailer", strings.Join(keys, ", "))
-	}
-	w.WriteHeader(resp.StatusCode)
-	// A response of unknown length may be a stream (server-sent events, a
-	// long poll): pass each piece on as it arrives, as ReverseProxy does.
-	stream := resp.ContentLength < 0
-	if err := f.copyBody(w, resp.Body, stream); err != nil {
-		if watch.clientGone(r.Context()) {
-			x.outcome = outcomeCanceled
-			return
-		}
-		f.log.Debug("upstream answer cut short", "project", x.project, "err", err)
-		// The head is out: abort the client's response so it cannot read
-		// as complete (ServeHTTP's deferred exit counts it as an error).
-		panic(http.ErrAbortHandler)
-	}
-	resp.Body.Close()
-	if len(resp.Trailer) > 0 {
-		for k, vv := range resp.Trailer {
-			if announced == 0 {
-				k = http.TrailerPrefix + k
-			}
-			dst[k] = append(dst[k], vv...)
-		}
-	}
-	keep = !resp.Close
-}
-
-// copyBody copies the upstream body to the client with a pooled buffer,
-// flushing after every read when stream is set.
-func (f *Front) copyBody(w http.ResponseWriter, body io.Reader, stream bool) error {
-	bp := f.bufs.get()
-	defer f.bufs.put(bp)
-	buf := *bp
-	var fl http.Flusher
-	if stream {
-		fl, _ = w.(http.Flusher)
-	}
-	for {
-		n, rerr := body.Read(buf)
-		if n > 0 {
-			if _, err := w.Write(buf[:n]); err != nil {
-				return fmt.Errorf("writing to the client: %w", err)
-			}
-			if fl != nil {
-				fl.Flush()
-			}
-		}
-		if rerr == io.EOF {
-			return nil
-		}
-		if rerr != nil {
-			return fmt.Errorf("reading the upstream answer: %w", rerr)
-		}
-	}
 }

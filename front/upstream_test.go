@@ -151,9 +151,10 @@ func testDirectMatchesReverseProxy(t *testing.T, upstream http.HandlerFunc) {
 		t.Errorf("direct answer announced a trailer and sent %v", direct.trailer)
 	}
 	// The direct path kept its connection for the next request.
-	r.front.up.mu.Lock()
-	conns := len(r.front.up.idle)
-	r.front.up.mu.Unlock()
+	d := r.front.up.(*directUpstream)
+	d.mu.Lock()
+	conns := len(d.idle)
+	d.mu.Unlock()
 	if conns != 1 {
 		t.Errorf("%d idle upstream connections after one request, want 1", conns)
 	}
