@@ -240,6 +240,9 @@
 // histograms, read at scrape time; the requests refused before they had a
 // project (400, and 403 for an untrusted header); the exempt requests in
 // flight, the exempt budget, and the exempt requests that found it spent. The
-// number of project label values is capped (Config.MaxProjects); projects
-// past the cap are reported as "other".
+// number of project label values is capped (Config.MaxProjects, "(other)"
+// included) by the daemon's one label policy (package internal/labels): the
+// busiest projects keep a label of their own while they ask, and a label
+// frees when its project has had no request for a minute (the pools' forget
+// period), when the front forgets the project's counts.
 package front

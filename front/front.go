@@ -84,8 +84,9 @@ type Config struct {
 	// UpstreamH2C talks HTTP/2 over cleartext (prior knowledge) to the
 	// upstream instead of HTTP/1.1.
 	UpstreamH2C bool
-	// MaxProjects caps the distinct project label values in metrics; later
-	// projects are reported as "other". Default 100.
+	// MaxProjects caps the project label values of the front's metrics,
+	// "(other)" included, by the policy of package internal/labels (the
+	// daemon's metrics.max_projects). Default 100.
 	MaxProjects int
 
 	// ProjectsRoot is the cgroup2 directory whose children are the
@@ -402,7 +403,7 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				msg = fmt.Sprintf("fairshare: project %s is in work-units debt", project)
 			}
 			f.refuse(w, project, reason, retry, rate, msg)
-			f.stats.record(project, oc, 0, 0, false)
+			f.stats.record(project, oc, 0, 0, false, start)
 			return
 		}
 	}
@@ -414,12 +415,12 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if !errors.As(err, &ref) {
 				f.log.Error("requests pool", "project", project, "err", err)
 				http.Error(w, "fairshare: requests pool failed", http.StatusInternalServerError)
-				f.stats.record(project, outcomeError, 0, 0, false)
+				f.stats.record(project, outcomeError, 0, 0, false, start)
 				return
 			}
 			f.refuse(w, project, "share", ref.RetryAfter, ref.ReleaseRate, fmt.Sprintf(
 				"fairshare: project %s holds %d requests, its share is %d: %s", project, ref.Held, ref.Share, ref.Reason))
-			f.stats.record(project, outcomeRefusedShare, 0, 0, false)
+			f.stats.record(project, outcomeRefusedShare, 0, 0, false, start)
 			return
 		}
 		permit = pm
@@ -457,7 +458,7 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				f.log.Error("releasing request permit", "project", project, "err", err)
 			}
 		}
-		f.stats.record(project, x.outcome, end.Sub(start), x.waited, !dispatched.IsZero())
+		f.stats.record(project, x.outcome, end.Sub(start), x.waited, !dispatched.IsZero(), end)
 		if p != nil {
 			panic(p)
 		}
@@ -619,7 +620,8 @@ func (f *Front) serveExempt(w http.ResponseWriter, r *http.Request, project stri
 		if oc == outcomeOK {
 			oc = outcomeExempt
 		}
-		f.stats.record(project, oc, f.clk.Now().Sub(start), 0, true)
+		end := f.clk.Now()
+		f.stats.record(project, oc, end.Sub(start), 0, true, end)
 	}()
 	f.forward(w, r, x)
 }

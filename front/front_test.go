@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/clock"
+	"github.com/fairshare-dev/fairshare/internal/labels"
 	fsutil "github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
@@ -754,7 +755,8 @@ func waitOutcome(t *testing.T, f *Front, project, oc string, want float64) {
 
 func TestMetrics(t *testing.T) {
 	clk := fsutil.NewFakeClock()
-	r := newRig(t, rigOpts{rateClk: clk, cfg: Config{MaxProjects: 2}}, ok)
+	// Three label values: the two busiest projects and labels.Other.
+	r := newRig(t, rigOpts{rateClk: clk, cfg: Config{MaxProjects: 3}}, ok)
 	r.rates.SetLimits("alpha", pools.Limits{RequestsPerSec: 1})
 	for _, p := range []string{"alpha", "alpha", "beta", "gamma", "delta", ""} {
 		readAll(t, r.get(t, p, "/"))
@@ -763,7 +765,7 @@ func TestMetrics(t *testing.T) {
 	waitOutcome(t, r.front, "alpha", "ok", 1)
 	waitOutcome(t, r.front, "alpha", "refused_rate", 1)
 	waitOutcome(t, r.front, "beta", "ok", 1)
-	waitOutcome(t, r.front, OtherProject, "ok", 2)
+	waitOutcome(t, r.front, labels.Other, "ok", 2)
 	if n := outcomeCount(t, r.front, "gamma", "ok"); n != 0 {
 		t.Errorf("gamma has its own series past the cap")
 	}
@@ -779,6 +781,37 @@ func TestMetrics(t *testing.T) {
 		"Requests answered 400 because they named no valid project.", "fairshare_front_bad_requests_total", "fairshare_front_bad_requests_total")
 	if err := testutil.CollectAndCompare(r.front.Collector(), strings.NewReader(want), "fairshare_front_bad_requests_total"); err != nil {
 		t.Error(err)
+	}
+}
+
+// The front's project labels follow the one policy of internal/labels, as
+// the daemon's collector's do: a project's label frees when the front forgets
+// it (no request for pools.DefaultForget) and goes to a project that asks
+// later; the forgotten project's counts stay in the family's sum. The front
+// kept its first projects' labels forever before, and gamma below was counted
+// under (other).
+func TestMetricsLabelFreesWhenForgotten(t *testing.T) {
+	clk := fsutil.NewFakeClock()
+	f, err := New(Config{Upstream: "http://upstream.test", MaxProjects: 2}, Deps{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.stats.record("alpha", outcomeOK, time.Millisecond, 0, true, clk.Now())
+	f.stats.record("beta", outcomeOK, time.Millisecond, 0, true, clk.Now())
+	f.stats.record("alpha", outcomeOK, time.Millisecond, 0, true, clk.Now())
+	if a, o := outcomeCount(t, f, "alpha", "ok"), outcomeCount(t, f, labels.Other, "ok"); a != 2 || o != 1 {
+		t.Fatalf("alpha %v, other %v; want 2 and 1", a, o)
+	}
+	clk.Advance(pools.DefaultForget)
+	f.stats.record("gamma", outcomeOK, time.Millisecond, 0, true, clk.Now())
+	if g, a := outcomeCount(t, f, "gamma", "ok"), outcomeCount(t, f, "alpha", "ok"); g != 1 || a != 0 {
+		t.Errorf("gamma %v, alpha %v: want gamma's own series and alpha's gone", g, a)
+	}
+	if o := outcomeCount(t, f, labels.Other, "ok"); o != 1 {
+		t.Errorf("other %v, want 1 (beta's, which stays counted)", o)
+	}
+	if n := len(f.stats.projects); n != 1 {
+		t.Errorf("%d projects' counts kept, want gamma's only", n)
 	}
 }
 

@@ -5,17 +5,14 @@ package front
 import (
 	"net/http"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/labels"
+	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// OtherProject is the metric label for projects past Config.MaxProjects. It
-// is the daemon's one overflow label (metrics.Other), and it cannot be a
-// project's name (policy.ValidateProject refuses parentheses), so a real
-// project called "other" is never summed with the overflow.
-const OtherProject = "(other)"
 
 // outcome is how a request ended, as counted in metrics.
 type outcome int
@@ -34,51 +31,91 @@ const (
 var outcomeNames = [numOutcomes]string{"ok", "refused_rate", "refused_debt", "refused_share", "error", "canceled", "exempt"}
 
 // latencyBounds are the histogram bucket upper bounds, in seconds.
-var latencyBounds = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+var latencyBounds = [...]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 // histogram counts observations per bucket (not cumulative); the last count
-// is the +Inf bucket.
+// is the +Inf bucket. The sum is in nanoseconds, a count like the others.
 type histogram struct {
-	counts [15]uint64
-	sum    float64
+	counts [len(latencyBounds) + 1]uint64
+	sumNs  uint64
 }
 
-func (h *histogram) observe(v float64) {
-	i := sort.SearchFloat64s(latencyBounds, v)
+func (h *histogram) observe(d time.Duration) {
+	i := sort.SearchFloat64s(latencyBounds[:], d.Seconds())
 	h.counts[i]++
-	h.sum += v
+	h.sumNs += uint64(max(d, 0))
 }
 
-func (h *histogram) constHistogram(d *prometheus.Desc, labels ...string) prometheus.Metric {
+// count hands the histogram's counts to the label set as counters named
+// after keys.
+func (h *histogram) count(ls *labels.Set, project string, keys *histogramKeys) {
+	for i, n := range h.counts {
+		ls.Count(project, keys.buckets[i], n)
+	}
+	ls.Count(project, keys.sum, h.sumNs)
+}
+
+// histogramKeys name a histogram's counts in a label set.
+type histogramKeys struct {
+	buckets [len(latencyBounds) + 1]string
+	sum     string
+}
+
+func newHistogramKeys(name string) *histogramKeys {
+	k := &histogramKeys{sum: name + "\x00sum"}
+	for i := range k.buckets {
+		k.buckets[i] = name + "\x00" + strconv.Itoa(i)
+	}
+	return k
+}
+
+var durationKeys, waitKeys = newHistogramKeys("duration"), newHistogramKeys("wait")
+
+// constHistogram is label's histogram series from the label set's totals.
+func constHistogram(d *prometheus.Desc, ls *labels.Set, label string, keys *histogramKeys) prometheus.Metric {
 	cum := make(map[float64]uint64, len(latencyBounds))
 	var n uint64
 	for i, b := range latencyBounds {
-		n += h.counts[i]
+		n += ls.Total(label, keys.buckets[i])
 		cum[b] = n
 	}
-	n += h.counts[len(latencyBounds)]
-	return prometheus.MustNewConstHistogram(d, n, h.sum, cum, labels...)
+	n += ls.Total(label, keys.buckets[len(latencyBounds)])
+	return prometheus.MustNewConstHistogram(d, n, float64(ls.Total(label, keys.sum))/1e9, cum, label)
 }
 
 type projectStats struct {
 	outcomes [numOutcomes]uint64
 	duration histogram // arrival to completion, dispatched requests only
 	wait     histogram // time waiting for dispatch
+	last     time.Time // when a request of the project last ended
 }
+
+// total is the project's requests, for the order of the labels.
+func (ps *projectStats) total() (n uint64) {
+	for _, v := range ps.outcomes {
+		n += v
+	}
+	return n
+}
+
+// forgetAfter is how long the front keeps the counts of a project with no
+// request, as the pools keep an idle project's (pools.DefaultForget): its
+// metric label frees then (package internal/labels).
+const forgetAfter = pools.DefaultForget
 
 // stats are the front's counters, read by the collector at scrape time.
 type stats struct {
-	maxProjects int
-
 	mu               sync.Mutex // guards the fields below
 	projects         map[string]*projectStats
+	swept            time.Time   // when idle projects were last forgotten
+	labels           *labels.Set // the projects' label values (at most Config.MaxProjects)
 	badRequests      uint64
 	untrusted        uint64
 	exemptOverBudget uint64
 }
 
 func newStats(maxProjects int) *stats {
-	return &stats{maxProjects: maxProjects, projects: map[string]*projectStats{}}
+	return &stats{projects: map[string]*projectStats{}, labels: labels.NewSet(maxProjects)}
 }
 
 // badRequest counts a request answered with status before it had a project:
@@ -99,34 +136,36 @@ func (s *stats) overBudget() {
 	s.mu.Unlock()
 }
 
-func (s *stats) record(project string, oc outcome, total, waited time.Duration, dispatched bool) {
+// record counts a request of project that ended now.
+func (s *stats) record(project string, oc outcome, total, waited time.Duration, dispatched bool, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ps := s.projectLocked(project)
+	ps := s.projects[project]
+	if ps == nil {
+		ps = &projectStats{}
+		s.projects[project] = ps
+	}
+	ps.last = now
 	ps.outcomes[oc]++
 	if dispatched {
-		ps.duration.observe(total.Seconds())
+		ps.duration.observe(total)
 	}
 	if waited > 0 || dispatched {
-		ps.wait.observe(waited.Seconds())
+		ps.wait.observe(waited)
+	}
+	if now.Sub(s.swept) >= forgetAfter {
+		s.forgetLocked(now)
 	}
 }
 
-// projectLocked returns the stats of project, folding it into OtherProject
-// once maxProjects label values exist.
-func (s *stats) projectLocked(project string) *projectStats {
-	if ps, ok := s.projects[project]; ok {
-		return ps
-	}
-	if len(s.projects) >= s.maxProjects {
-		project = OtherProject
-		if ps, ok := s.projects[project]; ok {
-			return ps
+// forgetLocked drops the projects with no request for forgetAfter.
+func (s *stats) forgetLocked(now time.Time) {
+	for p, ps := range s.projects {
+		if now.Sub(ps.last) >= forgetAfter {
+			delete(s.projects, p)
 		}
 	}
-	ps := &projectStats{}
-	s.projects[project] = ps
-	return ps
+	s.swept = now
 }
 
 var (
@@ -173,11 +212,41 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBad, prometheus.CounterValue, float64(s.badRequests))
 	ch <- prometheus.MustNewConstMetric(descUntrusted, prometheus.CounterValue, float64(s.untrusted))
 	ch <- prometheus.MustNewConstMetric(descExemptOver, prometheus.CounterValue, float64(s.exemptOverBudget))
-	for project, ps := range s.projects {
-		for oc, n := range ps.outcomes {
-			ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(n), project, outcomeNames[oc])
+	s.forgetLocked(c.f.clk.Now())
+	// The busiest first, for the labels that free up.
+	names := make([]string, 0, len(s.projects))
+	for p := range s.projects {
+		names = append(names, p)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		a, b := s.projects[names[i]].total(), s.projects[names[j]].total()
+		if a != b {
+			return a > b
 		}
-		ch <- ps.duration.constHistogram(descDuration, project)
-		ch <- ps.wait.constHistogram(descWait, project)
+		return names[i] < names[j]
+	})
+	ls := s.labels
+	ls.Assign(names)
+	var emit []string
+	for _, p := range names {
+		ps := s.projects[p]
+		for oc, n := range ps.outcomes {
+			ls.Count(p, outcomeNames[oc], n)
+		}
+		ps.duration.count(ls, p, durationKeys)
+		ps.wait.count(ls, p, waitKeys)
+		if ls.Label(p) == p {
+			emit = append(emit, p)
+		}
+	}
+	if ls.OtherUsed() {
+		emit = append(emit, labels.Other)
+	}
+	for _, l := range emit {
+		for oc := range numOutcomes {
+			ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(ls.Total(l, outcomeNames[oc])), l, outcomeNames[oc])
+		}
+		ch <- constHistogram(descDuration, ls, l, durationKeys)
+		ch <- constHistogram(descWait, ls, l, waitKeys)
 	}
 }

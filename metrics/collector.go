@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/internal/labels"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// Other is the project label of the projects beyond the cardinality cap.
-const Other = "(other)"
+// Other is the project label of the projects beyond the cardinality cap
+// (package internal/labels holds the policy).
+const Other = labels.Other
 
 // Source returns the daemon's state at scrape time.
 type Source func(ctx context.Context) (admin.Status, error)
@@ -42,8 +44,8 @@ type Collector struct {
 	lnOpen, lnMax, lnAccepted, lnRefused      *prometheus.Desc
 	lnErrors                                  *prometheus.Desc
 
-	mu   sync.Mutex           // guards the fields below
-	sets map[string]*labelSet // by group: "pool\x00<name>", "rates", "scheduler"
+	mu   sync.Mutex             // guards the fields below
+	sets map[string]*labels.Set // by group: "pool\x00<name>", "rates", "scheduler"
 }
 
 // New returns a collector reading src, naming at most maxProjects projects
@@ -60,7 +62,7 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 	}
 	return &Collector{
 		src: src, maxProjects: maxProjects, timeout: 5 * time.Second, log: log,
-		sets:         map[string]*labelSet{},
+		sets:         map[string]*labels.Set{},
 		up:           d("up", "Whether the last read of the daemon's state worked."),
 		kernel:       d("kernel_enforcement", "Whether the connections pool is enforced by the BPF programs."),
 		poolSize:     d("pool_size", "Permits in the pool (POOL).", "pool"),
@@ -182,12 +184,12 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 		}
 	}
 	ls := c.set("pool\x00" + p.Name)
-	ls.assign(busiestProjects(p.Projects))
+	ls.Assign(busiestProjects(p.Projects))
 	type gauges struct{ held, sleeping int }
 	byLabel := map[string]*gauges{}
 	var order []string
 	for _, pr := range p.Projects {
-		l := ls.label(pr.Project)
+		l := ls.Label(pr.Project)
 		g := byLabel[l]
 		if g == nil {
 			g = &gauges{}
@@ -196,40 +198,40 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 		}
 		g.held += pr.Held
 		g.sleeping += pr.Sleeping
-		ls.count(pr.Project, "admitted", pr.Admitted)
-		ls.count(pr.Project, "refused", pr.Refused)
+		ls.Count(pr.Project, "admitted", pr.Admitted)
+		ls.Count(pr.Project, "refused", pr.Refused)
 		for r, v := range pr.Evictions {
-			ls.count(pr.Project, "evictions\x00"+r, v)
+			ls.Count(pr.Project, "evictions\x00"+r, v)
 		}
 	}
 	// Other also carries the counts of projects gone from the pool (or from
 	// their label), so it exists whenever the named series do not add up
 	// to the pool's totals.
-	if byLabel[Other] == nil && (ls.otherUsed() || ls.remainder("admitted", p.Admitted) > 0 || ls.remainder("refused", p.Refused) > 0) {
+	if byLabel[Other] == nil && (ls.OtherUsed() || ls.Remainder("admitted", p.Admitted) > 0 || ls.Remainder("refused", p.Refused) > 0) {
 		byLabel[Other] = &gauges{}
 		order = append(order, Other)
 	}
 	for _, l := range order {
 		g := byLabel[l]
 		gauge(c.held, float64(g.held), p.Name, l)
-		adm, ref := ls.total(l, "admitted"), ls.total(l, "refused")
+		adm, ref := ls.Total(l, "admitted"), ls.Total(l, "refused")
 		if l == Other {
-			adm, ref = ls.remainder("admitted", p.Admitted), ls.remainder("refused", p.Refused)
-			ls.markOther()
+			adm, ref = ls.Remainder("admitted", p.Admitted), ls.Remainder("refused", p.Refused)
+			ls.MarkOther()
 		}
 		counter(c.admitted, float64(adm), p.Name, l)
 		counter(c.refused, float64(ref), p.Name, l)
 		if residents {
 			gauge(c.sleeping, float64(g.sleeping), p.Name, l)
 			var reasons []string
-			for k := range ls.counters(l) {
+			for k := range ls.Counters(l) {
 				if r, ok := strings.CutPrefix(k, "evictions\x00"); ok {
 					reasons = append(reasons, r)
 				}
 			}
 			sort.Strings(reasons)
 			for _, r := range reasons {
-				counter(c.evictions, float64(ls.total(l, "evictions\x00"+r)), p.Name, l, r)
+				counter(c.evictions, float64(ls.Total(l, "evictions\x00"+r)), p.Name, l, r)
 			}
 		}
 	}
@@ -237,12 +239,10 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 
 // set returns the label set of one group, creating it on first use. Groups
 // are the configured pools, the rates and the scheduler, so few.
-func (c *Collector) set(group string) *labelSet {
+func (c *Collector) set(group string) *labels.Set {
 	ls := c.sets[group]
 	if ls == nil {
-		// One label value is kept for Other, so at most maxProjects are
-		// emitted.
-		ls = newLabelSet(c.maxProjects - 1)
+		ls = labels.NewSet(c.maxProjects)
 		c.sets[group] = ls
 	}
 	return ls
@@ -282,23 +282,23 @@ func (c *Collector) collectRates(ch chan<- prometheus.Metric, rates []admin.Rate
 		names[i] = r.Project
 	}
 	ls := c.set("rates")
-	ls.assign(names)
+	ls.Assign(names)
 	tokens := map[string]float64{}
 	var order []string
 	for _, r := range rates {
-		l := ls.label(r.Project)
+		l := ls.Label(r.Project)
 		if _, ok := tokens[l]; !ok {
 			order = append(order, l)
 		}
 		tokens[l] += r.WorkTokens
-		ls.count(r.Project, "limited", r.Limited)
+		ls.Count(r.Project, "limited", r.Limited)
 	}
-	if _, ok := tokens[Other]; !ok && ls.otherUsed() {
+	if _, ok := tokens[Other]; !ok && ls.OtherUsed() {
 		tokens[Other] = 0
 		order = append(order, Other)
 	}
 	for _, l := range order {
-		ch <- prometheus.MustNewConstMetric(c.rateLimited, prometheus.CounterValue, float64(ls.total(l, "limited")), l)
+		ch <- prometheus.MustNewConstMetric(c.rateLimited, prometheus.CounterValue, float64(ls.Total(l, "limited")), l)
 		ch <- prometheus.MustNewConstMetric(c.workTokens, prometheus.GaugeValue, tokens[l], l)
 	}
 }
@@ -317,11 +317,11 @@ func (c *Collector) collectScheduler(ch chan<- prometheus.Metric, s *admin.Sched
 		names[i] = p.Participant
 	}
 	ls := c.set("scheduler")
-	ls.assign(names)
+	ls.Assign(names)
 	queues := map[string]int{}
 	var order []string
 	for _, p := range s.Participants {
-		l := ls.label(p.Participant)
+		l := ls.Label(p.Participant)
 		if _, ok := queues[l]; !ok {
 			order = append(order, l)
 		}

@@ -32,9 +32,10 @@
 //	fairshare_listener_accepted_total|accept_errors_total{listener}
 //	fairshare_listener_refused_total{listener,reason}     reason: listener_full, uid_full
 //
-// Cardinality is bounded by MaxProjects (metrics.max_projects in the config):
-// per pool, and for rates and scheduler queues, at most MaxProjects-1
-// projects have a label of their own and the rest are summed under
+// Cardinality is bounded by MaxProjects (metrics.max_projects in the config),
+// by the one policy of package internal/labels, which the front's request
+// families follow too: per pool, and for rates and scheduler queues, at most
+// MaxProjects-1 projects have a label of their own and the rest are summed under
 // project="(other)", a name no project can have. Labels are sticky: a
 // project keeps its label while the daemon reports it, and a label frees
 // only when its project is forgotten (idle past the pool's forget period),
