@@ -9,45 +9,25 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/admin"
-	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/policy"
-	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
 )
 
 // Status implements admin.Backend: the whole node, read now.
 func (d *Daemon) Status(context.Context) (admin.Status, error) {
-	st := admin.Status{Version: d.opts.Version, Time: time.Now(), Kernel: d.lim != nil, Source: "daemon"}
-	if d.lim != nil {
-		p, err := d.kernelStatus()
+	st := admin.Status{Version: d.opts.Version, Time: time.Now(), Kernel: d.kernel != nil, Source: "daemon"}
+	for _, p := range d.pools {
+		ps, err := p.status()
 		if err != nil {
 			return admin.Status{}, err
 		}
-		st.Pools = append(st.Pools, p)
-		d.mu.Lock()
-		if d.rec.Passes > 0 || d.rec.Failures > 0 {
-			rec := d.rec
-			st.Reconcile = &rec
-		}
-		d.mu.Unlock()
-	} else {
-		c := d.cfg.Pools[config.PoolConnections]
-		st.Pools = append(st.Pools, admin.Pool{Name: config.PoolConnections, Enforcer: "off", Size: c.Size,
-			Floor: pools.EffectiveFloor(c.Size, c.Floor), Share: c.Size, Projects: []admin.Project{}})
+		st.Pools = append(st.Pools, ps)
+	}
+	if d.kernel != nil {
+		st.Reconcile = d.kernel.record()
 	}
 	st.Listeners = d.listenerStatus()
-	if d.requests != nil {
-		st.Pools = append(st.Pools, fromPool(d.requests.Snapshot(), nil))
-	}
-	if d.residents != nil {
-		rs := d.residents.Snapshot()
-		st.Pools = append(st.Pools, fromPool(rs.Snapshot, &rs))
-	}
-	for _, p := range d.others {
-		st.Pools = append(st.Pools, fromPool(p.Snapshot(), nil))
-	}
-	sort.SliceStable(st.Pools, func(i, j int) bool { return st.Pools[i].Name < st.Pools[j].Name })
 
 	st.Rates = d.rateStatus()
 	list, err := d.store.List()
@@ -101,25 +81,6 @@ func (d *Daemon) rateStatus() []admin.Rate {
 
 func classes(c [4]uint64) map[string]uint64 {
 	return map[string]uint64{scheduler.P1.String(): c[1], scheduler.P2.String(): c[2], scheduler.P3.String(): c[3]}
-}
-
-func fromPool(s pools.Snapshot, rs *pools.ResidentsSnapshot) admin.Pool {
-	p := admin.Pool{Name: s.Name, Enforcer: "daemon", Size: s.Size, Floor: s.Floor, InUse: s.InUse,
-		Active: s.Active, Share: s.Share, Projects: []admin.Project{}}
-	for _, ps := range s.Projects {
-		ap := admin.Project{Project: ps.Project, Held: ps.Held, Admitted: ps.Admitted, Refused: ps.Refused,
-			Active: ps.Active, LastSeen: ps.LastSeen}
-		if rs != nil {
-			ap.Sleeping = rs.Sleeping[ps.Project]
-			ap.Evictions = rs.Evictions[ps.Project]
-		}
-		p.Projects = append(p.Projects, ap)
-	}
-	// The pool's own totals, the sums over the projects plus the forgotten
-	// ones' (one snapshot, under the pool's lock).
-	p.Admitted, p.Refused = s.Admitted, s.Refused
-	p.Forgotten = admin.Forgotten{Projects: s.Forgotten.Projects, Admitted: s.Forgotten.Admitted, Refused: s.Forgotten.Refused}
-	return p
 }
 
 // listenerStatus lists the listeners serving, by name; the permit API's

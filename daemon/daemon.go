@@ -15,7 +15,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/front"
@@ -23,7 +22,6 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/internal/logrl"
-	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/metrics"
 	"github.com/fairshare-dev/fairshare/permitd"
 	"github.com/fairshare-dev/fairshare/policy"
@@ -49,52 +47,6 @@ type Options struct {
 	Clock clock.Clock
 }
 
-// ErrStalePins means the pin directory holds BPF objects loaded for another
-// configuration (another map layout, or a pool larger than the pinned maps
-// hold). Only 'fairshare cleanup' (which drops enforcement and every count)
-// resolves it, so the daemon does not try on its own.
-var ErrStalePins = errors.New("pinned bpf objects are from another configuration")
-
-// stalePinsError names the pin directory and the remedy in one sentence and
-// keeps the loader's error for errors.Is.
-type stalePinsError struct {
-	dir string
-	err error
-}
-
-func (e *stalePinsError) Error() string {
-	return fmt.Sprintf("pins in %s are from another configuration; run 'fairshare cleanup' (%v)", e.dir, e.err)
-}
-
-func (e *stalePinsError) Unwrap() []error { return []error{ErrStalePins, e.err} }
-
-// verbose adds the verifier's log to an error's message: cilium/ebpf's
-// VerifierError prints the log only with %+v, which does not reach through
-// the wrapping around it, and an operator needs that log to see why a
-// program was refused. Callers still reach the error with errors.Is/As.
-type verbose struct{ err error }
-
-func (v verbose) Error() string {
-	var ve *ebpf.VerifierError
-	if errors.As(v.err, &ve) {
-		return fmt.Sprintf("%v\n%+v", v.err, ve)
-	}
-	return v.err.Error()
-}
-
-func (v verbose) Unwrap() error { return v.err }
-
-// loadError turns loader.Open's error into the daemon's.
-func loadError(pinDir string, err error) error {
-	if errors.Is(err, loader.ErrPinnedMismatch) || errors.Is(err, loader.ErrPoolTooLarge) {
-		return &stalePinsError{dir: pinDir, err: err}
-	}
-	if errors.Is(err, loader.ErrBadExempt) {
-		return fmt.Errorf("%w: connections.exempt: %w", config.ErrInvalid, err)
-	}
-	return fmt.Errorf("loading the bpf programs: %w", verbose{err})
-}
-
 // Ready is the JSON written to Options.ReadyFile.
 type Ready struct {
 	PID         int    `json:"pid"`
@@ -114,8 +66,8 @@ type Daemon struct {
 	defPolicy policy.Policy
 
 	store     *policy.Store
-	lim       *loader.Limiter // nil without BPF
-	root      string          // projects root in use
+	kernel    *kernelSide // the connections pool in the kernel; nil without BPF
+	pools     []pool      // every pool, by name, for the control loop and Status
 	requests  *pools.Pool
 	others    map[string]*pools.Pool // flights and extra pools, served by permitd
 	residents *pools.Residents
@@ -132,17 +84,14 @@ type Daemon struct {
 	// dropped its limits, so the project's count never goes down. It holds
 	// one number per project that ever had limits.
 	limitedGone map[string]uint64
-	// kernel is what the kernel's project entries were last seen holding,
-	// and what the entries the loader forgot had counted.
-	kernel kernelBook
-	// rec is the reconcile passes' record.
-	rec admin.Reconcile
 	// listeners are the listeners serving, for status and metrics.
 	listeners []*listen.Listener
 }
 
-// New opens the store, loads and attaches the BPF programs (unless
-// cfg.BPF is false), builds the pools and applies the stored policies.
+// New opens the store and builds the parts in order: the kernel's
+// connections pool (unless cfg.BPF is false), the user-space pools and the
+// scheduler, the front, the permit API; then it applies the stored
+// policies.
 func New(opts Options) (*Daemon, error) {
 	cfg := opts.Config
 	if err := cfg.Validate(); err != nil {
@@ -170,7 +119,6 @@ func New(opts Options) (*Daemon, error) {
 		seen:      map[string][2]int{},
 
 		limitedGone: map[string]uint64{},
-		kernel:      kernelBook{last: map[uint64]kernelCounts{}},
 	}
 	ok := false
 	defer func() {
@@ -183,118 +131,27 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening policy store: %w", err)
 	}
-
 	if cfg.BPF {
-		d.root, err = ProjectsRoot(cfg)
-		if err != nil {
+		if d.kernel, err = openKernel(cfg, log); err != nil {
 			return nil, err
 		}
-		conn := cfg.Pools[config.PoolConnections]
-		d.lim, err = loader.Open(loader.Options{
-			ProjectsRoot: d.root, PinDir: cfg.PinDir,
-			PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window,
-			Logger: log,
-			Exempt: cfg.Connections.Exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
-			ReservationTTL: cfg.Connections.ReservationTTL,
-		})
-		if err != nil {
-			return nil, loadError(cfg.PinDir, err)
-		}
-		// The floor in force, as the maps say.
-		floor := pools.EffectiveFloor(conn.Size, conn.Floor)
-		if s, err := d.lim.Snapshot(); err == nil {
-			floor = s.Floor
-			// Before the first Tick may forget an entry, so its counts
-			// are kept (see kernelBook).
-			d.noteKernel(s)
-		}
-		log.Info("connections enforced in the kernel", "projects_root", d.root, "pin_dir", cfg.PinDir,
-			"size", conn.Size, "floor", floor)
 	} else {
 		log.Warn("bpf disabled by configuration: connections are NOT enforced on this node")
 	}
-
-	for _, name := range cfg.PoolNames() {
-		pc := cfg.Pools[name]
-		pcfg := pools.Config{Name: name, Size: pc.Size, Floor: pc.Floor, Window: pc.Window}
-		switch name {
-		case config.PoolConnections:
-			continue // the kernel's
-		case config.PoolResidents:
-			d.residents, err = pools.NewResidents(pcfg, opts.Clock)
-		default:
-			var p *pools.Pool
-			p, err = pools.New(pcfg, opts.Clock)
-			if name == config.PoolRequests {
-				d.requests = p
-			} else {
-				d.others[name] = p
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("pool %s: %w", name, err)
-		}
+	if err := d.buildPools(); err != nil {
+		return nil, err
 	}
-
-	tier, err := scheduler.ParseTier(cfg.Scheduler.DefaultTier)
-	if err != nil {
-		return nil, fmt.Errorf("scheduler.default_tier: %w", err)
+	if err := d.buildScheduler(); err != nil {
+		return nil, err
 	}
-	d.sched, err = scheduler.New(scheduler.Config{
-		P1Rate: cfg.Scheduler.P1Rate, P1Burst: cfg.Scheduler.P1Burst,
-		P2Rate: cfg.Scheduler.P2Rate, P2Burst: cfg.Scheduler.P2Burst,
-		MaxInFlight:   cfg.Front.MaxInFlight,
-		Poll:          cfg.Scheduler.Poll,
-		DefaultPolicy: scheduler.Policy{Tier: tier, Shares: cfg.Scheduler.DefaultShares},
-	}, opts.Clock)
-	if err != nil {
-		return nil, fmt.Errorf("scheduler: %w", err)
-	}
-
 	if cfg.Front.Enabled() {
-		// Local clients are in the project of their cgroup. Without a
-		// cgroup2 hierarchy there is no such identity; routes and trusted
-		// peers still work.
-		root := d.root
-		if root == "" {
-			if root, err = ProjectsRoot(cfg); err != nil {
-				log.Warn("front: no projects root, local clients get no project from their cgroup", "err", err)
-				root = ""
-			}
-		}
-		d.front, err = front.New(front.Config{
-			Listen: cfg.Front.Listen, Upstream: cfg.Front.Upstream,
-			ProjectHeader: cfg.Front.ProjectHeader, Routes: cfg.Front.Routes,
-			MaxInFlight: cfg.Front.MaxInFlight, CostHeader: cfg.Front.CostHeader,
-			CostFromTime: cfg.Front.CostFromTime, CostUnit: cfg.Front.CostUnit,
-			MaxProjects:  cfg.Metrics.MaxProjects,
-			ProjectsRoot: root, TrustedPeers: cfg.Front.TrustedPeers,
-			Exempt: front.Exempt{
-				Projects: cfg.Front.Exempt.Projects, Routes: cfg.Front.Exempt.Routes, Cgroups: cfg.Front.Exempt.Cgroups,
-			},
-			ExemptMax:           cfg.Front.ExemptMax,
-			MaxUpstreamHead:     cfg.Front.Limits.UpstreamHeadBytes,
-			MaxInformational:    cfg.Front.Limits.Informational,
-			MaxRequestHead:      cfg.Front.Limits.RequestHeadBytes,
-			ReadHeaderTimeout:   cfg.Front.Limits.ReadHeaderTimeout,
-			IdleTimeout:         cfg.Front.Limits.IdleTimeout,
-			UpstreamIdleTimeout: cfg.Front.Limits.UpstreamIdleTimeout,
-		}, front.Deps{Requests: d.requests, Rates: d.rates, Sched: d.sched, Log: log.With("part", "front")})
-		if err != nil {
-			// Everything front.New checks comes from the front's keys.
-			return nil, fmt.Errorf("%w: front: %w", config.ErrInvalid, err)
+		if err := d.buildFront(); err != nil {
+			return nil, err
 		}
 	}
-
 	if cfg.Permits.Socket != "" {
-		if cfg.Permits.Group != "" {
-			if _, err := permitd.LookupGroup(cfg.Permits.Group); err != nil {
-				return nil, fmt.Errorf("%w: permits.group: %w", config.ErrInvalid, err)
-			}
-		}
-		d.permits, err = permitd.New(permitsConfig(cfg, d.caps), d.others, d.residents, log.With("part", "permits"))
-		if err != nil {
-			return nil, fmt.Errorf("permit api: %w", err)
+		if err := d.buildPermits(); err != nil {
+			return nil, err
 		}
 	}
 
@@ -310,6 +167,84 @@ func New(opts Options) (*Daemon, error) {
 	}
 	ok = true
 	return d, nil
+}
+
+func (d *Daemon) buildScheduler() error {
+	sc := d.cfg.Scheduler
+	tier, err := scheduler.ParseTier(sc.DefaultTier)
+	if err != nil {
+		return fmt.Errorf("scheduler.default_tier: %w", err)
+	}
+	d.sched, err = scheduler.New(scheduler.Config{
+		P1Rate: sc.P1Rate, P1Burst: sc.P1Burst,
+		P2Rate: sc.P2Rate, P2Burst: sc.P2Burst,
+		MaxInFlight:   d.cfg.Front.MaxInFlight,
+		Poll:          sc.Poll,
+		DefaultPolicy: scheduler.Policy{Tier: tier, Shares: sc.DefaultShares},
+	}, d.opts.Clock)
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	return nil
+}
+
+// buildFront builds the HTTP front over the requests pool, the rate buckets
+// and the scheduler.
+func (d *Daemon) buildFront() error {
+	// Local clients are in the project of their cgroup. Without a cgroup2
+	// hierarchy there is no such identity; routes and trusted peers still
+	// work.
+	root := ""
+	if d.kernel != nil {
+		root = d.kernel.root
+	} else if r, err := ProjectsRoot(d.cfg); err == nil {
+		root = r
+	} else {
+		d.log.Warn("front: no projects root, local clients get no project from their cgroup", "err", err)
+	}
+	var err error
+	d.front, err = front.New(frontConfig(d.cfg, root),
+		front.Deps{Requests: d.requests, Rates: d.rates, Sched: d.sched, Log: d.log.With("part", "front")})
+	if err != nil {
+		// Everything front.New checks comes from the front's keys.
+		return fmt.Errorf("%w: front: %w", config.ErrInvalid, err)
+	}
+	return nil
+}
+
+// frontConfig is the front's configuration from the daemon's.
+func frontConfig(cfg config.Config, projectsRoot string) front.Config {
+	fc, lim := cfg.Front, cfg.Front.Limits
+	return front.Config{
+		Listen: fc.Listen, Upstream: fc.Upstream,
+		ProjectHeader: fc.ProjectHeader, Routes: fc.Routes,
+		MaxInFlight: fc.MaxInFlight, CostHeader: fc.CostHeader,
+		CostFromTime: fc.CostFromTime, CostUnit: fc.CostUnit,
+		MaxProjects:  cfg.Metrics.MaxProjects,
+		ProjectsRoot: projectsRoot, TrustedPeers: fc.TrustedPeers,
+		Exempt:    front.Exempt(fc.Exempt),
+		ExemptMax: fc.ExemptMax,
+
+		MaxUpstreamHead: lim.UpstreamHeadBytes, MaxInformational: lim.Informational,
+		MaxRequestHead: lim.RequestHeadBytes, ReadHeaderTimeout: lim.ReadHeaderTimeout,
+		IdleTimeout: lim.IdleTimeout, UpstreamIdleTimeout: lim.UpstreamIdleTimeout,
+	}
+}
+
+// buildPermits builds the permit API over the flights, residents and extra
+// pools.
+func (d *Daemon) buildPermits() error {
+	if g := d.cfg.Permits.Group; g != "" {
+		if _, err := permitd.LookupGroup(g); err != nil {
+			return fmt.Errorf("%w: permits.group: %w", config.ErrInvalid, err)
+		}
+	}
+	var err error
+	d.permits, err = permitd.New(permitsConfig(d.cfg, d.caps), d.others, d.residents, d.log.With("part", "permits"))
+	if err != nil {
+		return fmt.Errorf("permit api: %w", err)
+	}
+	return nil
 }
 
 // listenUnixFront listens on the front's unix socket. Anyone on the node may
@@ -379,7 +314,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 			err = cerr
 		}
 	}()
-	ready := Ready{PID: os.Getpid(), AdminSocket: d.cfg.AdminSocket, Kernel: d.lim != nil}
+	ready := Ready{PID: os.Getpid(), AdminSocket: d.cfg.AdminSocket, Kernel: d.kernel != nil}
 	d.log.Info("connection caps", "open_files", d.caps.NoFile, "per_listener", d.caps.PerListener,
 		"per_uid", d.caps.PerUID, "admin", d.caps.Admin, "admin_root_reserve", adminReserve, "metrics", d.caps.Metrics)
 	if d.caps.Over {
@@ -501,60 +436,36 @@ func (d *Daemon) wrap(ln net.Listener, o listen.Options) net.Listener {
 func (d *Daemon) loop(ctx context.Context) error {
 	t := time.NewTicker(d.cfg.Tick)
 	defer t.Stop()
-	var lastReconcile, lastKernel time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case now := <-t.C:
 			d.tick(now)
-			// Open reconciled; the first pass of the loop runs at its first
-			// tick anyway, so status shows a pass from the start.
-			if d.lim != nil && (lastReconcile.IsZero() || d.cfg.Reconcile > 0 && now.Sub(lastReconcile) >= d.cfg.Reconcile) {
-				d.reconcile(ctx)
-				lastReconcile = now
-			}
-			// The loader forgets a removed project's entry after a minute
-			// idle; reading them more often than that keeps their final
-			// counts (kernelBook).
-			if d.lim != nil && now.Sub(lastKernel) >= kernelReadEvery {
-				if s, err := d.lim.Snapshot(); err == nil {
-					d.noteKernel(s)
-				}
-				lastKernel = now
+			if d.kernel != nil {
+				d.kernel.maintain(ctx, now)
 			}
 		}
 	}
 }
 
+// tick settles every pool's share. A pool whose share could not be updated
+// keeps the last one; for the kernel's, the programs keep enforcing it.
 func (d *Daemon) tick(now time.Time) {
-	if d.lim != nil {
-		if err := d.lim.Tick(now); err != nil {
-			d.log.Error("bpf tick failed: connection shares not updated; the last share stays in force until a tick succeeds",
-				"pin_dir", d.cfg.PinDir, "err", err)
-		} else if d.log.Enabled(context.Background(), slog.LevelDebug) {
-			// loader.Tick does not return what it computed; reading the
-			// maps again every tick is paid only when the change log
-			// below is read.
-			if s, err := d.lim.Snapshot(); err == nil {
-				d.note(config.PoolConnections, s.Active, s.Share)
+	// Reading a pool back costs a snapshot (for the kernel's, the maps):
+	// paid only when the change log below is read.
+	debug := d.log.Enabled(context.Background(), slog.LevelDebug)
+	for _, p := range d.pools {
+		if err := p.recompute(now); err != nil {
+			d.log.Error("share not updated: the last share stays in force until a recompute succeeds",
+				"pool", p.name(), "err", err)
+			continue
+		}
+		if debug {
+			if s, err := p.status(); err == nil {
+				d.note(s.Name, s.Active, s.Share)
 			}
 		}
-	}
-	if d.requests != nil {
-		d.requests.Recompute()
-		s := d.requests.Snapshot()
-		d.note(s.Name, s.Active, s.Share)
-	}
-	for _, p := range d.others {
-		p.Recompute()
-		s := p.Snapshot()
-		d.note(s.Name, s.Active, s.Share)
-	}
-	if d.residents != nil {
-		d.residents.Recompute()
-		s := d.residents.Snapshot()
-		d.note(s.Name, s.Active, s.Share)
 	}
 }
 
@@ -562,10 +473,6 @@ func (d *Daemon) tick(now time.Time) {
 func (d *Daemon) note(pool string, active, share int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.noteLocked(pool, active, share)
-}
-
-func (d *Daemon) noteLocked(pool string, active, share int) {
 	if old, ok := d.seen[pool]; ok && old == [2]int{active, share} {
 		return
 	}
@@ -573,49 +480,6 @@ func (d *Daemon) noteLocked(pool string, active, share int) {
 	// Debug: on a busy node the share moves every few ticks, and Info would
 	// drown everything else. fairshare_pool_share has the history.
 	d.log.Debug("share changed", "pool", pool, "active", active, "share", share)
-}
-
-func (d *Daemon) reconcile(ctx context.Context) {
-	start := time.Now()
-	rep, err := d.lim.Reconcile(ctx)
-	d.mu.Lock()
-	d.rec.Time = time.Now()
-	if err != nil {
-		d.rec.Failures++
-		d.rec.Error = err.Error()
-		d.mu.Unlock()
-		d.log.Error("reconcile failed: the connection counts were not checked against the kernel's socket table", "err", err)
-		return
-	}
-	sum := func(m map[string]int) (n int) {
-		for _, v := range m {
-			n += v
-		}
-		return n
-	}
-	repairs := rep.Adopted + rep.Orphans + rep.StaleListeners + abs(rep.ExemptRepaired)
-	for _, v := range rep.Repaired {
-		repairs += abs(v)
-	}
-	d.rec.Passes++
-	d.rec.RepairsTotal += uint64(repairs)
-	d.rec.Error = ""
-	d.rec.Sockets, d.rec.Held, d.rec.Repairs = sum(rep.Kernel), sum(rep.Held), repairs
-	d.rec.Adopted, d.rec.Orphans, d.rec.StaleListeners = rep.Adopted, rep.Orphans, rep.StaleListeners
-	d.mu.Unlock()
-	d.log.Debug("reconcile pass", "sockets", sum(rep.Kernel), "held", sum(rep.Held), "reservations", sum(rep.Reservations),
-		"repairs", repairs, "took", time.Since(start).Round(time.Microsecond))
-	if repairs > 0 {
-		d.log.Warn("reconcile repaired the connection counts", "adopted", rep.Adopted, "repaired", rep.Repaired,
-			"orphans", rep.Orphans, "stale_listeners", rep.StaleListeners, "exempt_repaired", rep.ExemptRepaired)
-	}
-}
-
-func abs(x int) int {
-	if x < 0 {
-		return -x
-	}
-	return x
 }
 
 // Close closes everything the daemon holds. Pinned BPF objects stay unless
@@ -629,15 +493,9 @@ func (d *Daemon) closeParts() error {
 	if d.front != nil {
 		d.front.CloseIdle()
 	}
-	if d.lim != nil {
-		errs = append(errs, d.lim.Close())
-		d.lim = nil
-		if d.opts.DetachOnExit {
-			errs = append(errs, loader.Cleanup(d.cfg.PinDir))
-			d.log.Info("bpf programs detached and unpinned", "pin_dir", d.cfg.PinDir)
-		} else {
-			d.log.Info("bpf programs left pinned and enforcing", "pin_dir", d.cfg.PinDir)
-		}
+	if d.kernel != nil {
+		errs = append(errs, d.kernel.close(d.opts.DetachOnExit))
+		d.kernel = nil
 	}
 	if d.store != nil {
 		errs = append(errs, d.store.Close())

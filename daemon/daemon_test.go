@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -351,5 +352,49 @@ func TestLoadError(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "R2 !read_ok") {
 		t.Errorf("the verifier log is lost: %q", err)
+	}
+}
+
+// frontConfig passes every front key on: with each key of the daemon's
+// front section set, no field of front.Config is left at its zero value
+// but the two the daemon does not offer.
+func TestFrontConfigCopiesEveryKey(t *testing.T) {
+	cfg := config.Default()
+	fill(t, reflect.ValueOf(&cfg.Front).Elem())
+	cfg.Metrics.MaxProjects = 7
+	fc := reflect.ValueOf(frontConfig(cfg, "/sys/fs/cgroup/fairshare"))
+	for i := range fc.NumField() {
+		name := fc.Type().Field(i).Name
+		if name == "ForwardProject" || name == "UpstreamH2C" {
+			continue
+		}
+		if fc.Field(i).IsZero() {
+			t.Errorf("front.Config.%s is not set from the configuration", name)
+		}
+	}
+}
+
+// fill sets every field of v, recursively, to a value that is not zero.
+func fill(t *testing.T, v reflect.Value) {
+	t.Helper()
+	switch v.Kind() {
+	case reflect.Struct:
+		for i := range v.NumField() {
+			fill(t, v.Field(i))
+		}
+	case reflect.String:
+		v.SetString("x")
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int, reflect.Int64:
+		v.SetInt(7)
+	case reflect.Slice:
+		v.Set(reflect.MakeSlice(v.Type(), 1, 1))
+		fill(t, v.Index(0))
+	case reflect.Map:
+		v.Set(reflect.MakeMap(v.Type()))
+		v.SetMapIndex(reflect.ValueOf("k").Convert(v.Type().Key()), reflect.ValueOf("x").Convert(v.Type().Elem()))
+	default:
+		t.Fatalf("fill: %s", v.Kind())
 	}
 }

@@ -9,15 +9,23 @@
 // extra pool for the local permit API), the per-project rate buckets and the
 // request-class scheduler.
 //
+// New builds the parts in steps: the kernel's connections pool (kernelSide,
+// the one place the daemon talks to package loader), the user-space pools
+// and the scheduler, the front, the permit API. Every pool, whoever enforces
+// it, is one small view (pool: name, recompute, status), so the control loop
+// and Status go over one list.
+//
 // Run serves the admin API, /metrics, the HTTP front and the permit API, and
-// runs the control loop: every tick it calls loader.Tick (active set and share
-// into the BPF maps) and Recompute on each user-space pool, and every
-// reconcile period it compares the BPF counts with the kernel's socket table.
-// The loop logs changes, not ticks: a repair at Warn, a pool's active count or
-// share moving at Debug (on a busy node it moves every few ticks; the
+// runs the control loop: every tick it recomputes each pool (for the
+// kernel's, loader.Tick writes the active set and share into the BPF maps),
+// and every reconcile period it compares the BPF counts with the kernel's
+// socket table. The loop logs changes, not ticks: a repair at Warn (the
+// loader's line, one per kind of repair), a pool's active count or share
+// moving at Debug (on a busy node it moves every few ticks; the
 // fairshare_pool_share metric keeps the history), so a steady node is quiet.
-// A failed BPF tick is logged with its consequence: the kernel keeps the last
-// share it was given until a tick succeeds.
+// A failed recompute is logged with its consequence: the pool keeps the last
+// share (for the kernel's, the programs keep enforcing it) until one
+// succeeds.
 //
 // Every listener (admin, /metrics, the front on TCP and on its unix socket,
 // the permit API) is served through package internal/listen: accept errors

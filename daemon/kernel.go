@@ -3,9 +3,14 @@
 package daemon
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/loader"
@@ -16,6 +21,224 @@ import (
 // entries for kernelBook: well under the minute after which the loader
 // forgets an idle entry of a removed cgroup.
 const kernelReadEvery = 15 * time.Second
+
+// ErrStalePins means the pin directory holds BPF objects loaded for another
+// configuration (another map layout, or a pool larger than the pinned maps
+// hold). Only 'fairshare cleanup' (which drops enforcement and every count)
+// resolves it, so the daemon does not try on its own.
+var ErrStalePins = errors.New("pinned bpf objects are from another configuration")
+
+// stalePinsError names the pin directory and the remedy in one sentence and
+// keeps the loader's error for errors.Is.
+type stalePinsError struct {
+	dir string
+	err error
+}
+
+func (e *stalePinsError) Error() string {
+	return fmt.Sprintf("pins in %s are from another configuration; run 'fairshare cleanup' (%v)", e.dir, e.err)
+}
+
+func (e *stalePinsError) Unwrap() []error { return []error{ErrStalePins, e.err} }
+
+// verbose adds the verifier's log to an error's message: cilium/ebpf's
+// VerifierError prints the log only with %+v, which does not reach through
+// the wrapping around it, and an operator needs that log to see why a
+// program was refused. Callers still reach the error with errors.Is/As.
+type verbose struct{ err error }
+
+func (v verbose) Error() string {
+	var ve *ebpf.VerifierError
+	if errors.As(v.err, &ve) {
+		return fmt.Sprintf("%v\n%+v", v.err, ve)
+	}
+	return v.err.Error()
+}
+
+func (v verbose) Unwrap() error { return v.err }
+
+// loadError turns loader.Open's error into the daemon's.
+func loadError(pinDir string, err error) error {
+	if errors.Is(err, loader.ErrPinnedMismatch) || errors.Is(err, loader.ErrPoolTooLarge) {
+		return &stalePinsError{dir: pinDir, err: err}
+	}
+	if errors.Is(err, loader.ErrBadExempt) {
+		return fmt.Errorf("%w: connections.exempt: %w", config.ErrInvalid, err)
+	}
+	return fmt.Errorf("loading the bpf programs: %w", verbose{err})
+}
+
+// kernelSide is the connections pool enforced in the kernel: the limiter,
+// the counts of the entries it forgot (kernelBook) and the reconcile
+// passes' record. It is the daemon's pool view of the kernel (see pool), and
+// the one place the daemon talks to the loader.
+type kernelSide struct {
+	lim       *loader.Limiter
+	root      string // the projects root
+	pinDir    string
+	reconcile time.Duration // config.Reconcile: between passes; 0 only at start
+	log       *slog.Logger
+
+	mu   sync.Mutex // guards the fields below
+	book kernelBook
+	rec  admin.Reconcile
+	// When the loop last reconciled and read the entries; zero: never.
+	lastReconcile, lastRead time.Time
+}
+
+// openKernel loads and attaches the BPF programs for the connections pool
+// of cfg (Open reconciles once) and reads the entries they keep.
+func openKernel(cfg config.Config, log *slog.Logger) (*kernelSide, error) {
+	root, err := ProjectsRoot(cfg)
+	if err != nil {
+		return nil, err
+	}
+	conn := cfg.Pools[config.PoolConnections]
+	lim, err := loader.Open(loader.Options{
+		ProjectsRoot: root, PinDir: cfg.PinDir,
+		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window,
+		Logger: log,
+		Exempt: cfg.Connections.Exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
+		ReservationTTL: cfg.Connections.ReservationTTL,
+	})
+	if err != nil {
+		return nil, loadError(cfg.PinDir, err)
+	}
+	k := &kernelSide{lim: lim, root: root, pinDir: cfg.PinDir, reconcile: cfg.Reconcile, log: log,
+		book: kernelBook{last: map[uint64]kernelCounts{}}}
+	// The floor in force, as the maps say.
+	floor := pools.EffectiveFloor(conn.Size, conn.Floor)
+	if s, err := lim.Snapshot(); err == nil {
+		floor = s.Floor
+		// Before the first Tick may forget an entry, so its counts are
+		// kept (see kernelBook).
+		k.note(s)
+	}
+	log.Info("connections enforced in the kernel", "projects_root", root, "pin_dir", cfg.PinDir,
+		"size", conn.Size, "floor", floor)
+	return k, nil
+}
+
+func (k *kernelSide) name() string { return config.PoolConnections }
+
+// recompute writes the active set and the share into the maps.
+func (k *kernelSide) recompute(now time.Time) error {
+	if err := k.lim.Tick(now); err != nil {
+		return fmt.Errorf("bpf tick (pin dir %s): %w", k.pinDir, err)
+	}
+	return nil
+}
+
+// status reads the kernel's pool from one pass over its entries.
+func (k *kernelSide) status() (admin.Pool, error) {
+	s, err := k.lim.Snapshot()
+	if err != nil {
+		return admin.Pool{}, fmt.Errorf("reading the bpf maps: %w", err)
+	}
+	active, err := k.lim.KernelActive()
+	if err != nil {
+		return admin.Pool{}, fmt.Errorf("reading the bpf maps: %w", err)
+	}
+	k.mu.Lock()
+	k.book.note(s)
+	forgotten := k.book.forgotten
+	k.mu.Unlock()
+	return KernelPool(s, active, forgotten), nil
+}
+
+// maintain runs what is due at the control loop's tick: a reconcile pass
+// (the first at the loop's first tick, so status shows one from the start;
+// Open reconciled too), and a read of the entries for kernelBook.
+func (k *kernelSide) maintain(ctx context.Context, now time.Time) {
+	k.mu.Lock()
+	reconcile := k.lastReconcile.IsZero() || k.reconcile > 0 && now.Sub(k.lastReconcile) >= k.reconcile
+	if reconcile {
+		k.lastReconcile = now
+	}
+	read := now.Sub(k.lastRead) >= kernelReadEvery
+	if read {
+		k.lastRead = now
+	}
+	k.mu.Unlock()
+	if reconcile {
+		k.reconcilePass(ctx)
+	}
+	// The loader forgets a removed project's entry after a minute idle;
+	// reading them more often than that keeps their final counts.
+	if read {
+		if s, err := k.lim.Snapshot(); err == nil {
+			k.mu.Lock()
+			k.book.note(s)
+			k.mu.Unlock()
+		}
+	}
+}
+
+// reconcilePass compares the maps with the kernel's socket table and
+// repairs drift. The loader logs each repair; the pass is a debug line and
+// the record Status shows.
+func (k *kernelSide) reconcilePass(ctx context.Context) {
+	start := time.Now()
+	rep, err := k.lim.Reconcile(ctx)
+	k.mu.Lock()
+	k.rec.Time = time.Now()
+	if err != nil {
+		k.rec.Failures++
+		k.rec.Error = err.Error()
+		k.mu.Unlock()
+		k.log.Error("reconcile failed: the connection counts were not checked against the kernel's socket table", "err", err)
+		return
+	}
+	sum := func(m map[string]int) (n int) {
+		for _, v := range m {
+			n += v
+		}
+		return n
+	}
+	repairs := rep.Adopted + rep.Orphans + rep.StaleListeners + abs(rep.ExemptRepaired)
+	for _, v := range rep.Repaired {
+		repairs += abs(v)
+	}
+	k.rec.Passes++
+	k.rec.RepairsTotal += uint64(repairs)
+	k.rec.Error = ""
+	k.rec.Sockets, k.rec.Held, k.rec.Repairs = sum(rep.Kernel), sum(rep.Held), repairs
+	k.rec.Adopted, k.rec.Orphans, k.rec.StaleListeners = rep.Adopted, rep.Orphans, rep.StaleListeners
+	k.mu.Unlock()
+	k.log.Debug("reconcile pass", "sockets", sum(rep.Kernel), "held", sum(rep.Held), "reservations", sum(rep.Reservations),
+		"repairs", repairs, "took", time.Since(start).Round(time.Microsecond))
+}
+
+// record is the reconcile passes' record, nil before the first pass.
+func (k *kernelSide) record() *admin.Reconcile {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.rec.Passes == 0 && k.rec.Failures == 0 {
+		return nil
+	}
+	rec := k.rec
+	return &rec
+}
+
+// close closes the limiter's descriptors; with detach it also unpins and
+// detaches the programs, which otherwise keep enforcing.
+func (k *kernelSide) close(detach bool) error {
+	err := k.lim.Close()
+	if !detach {
+		k.log.Info("bpf programs left pinned and enforcing", "pin_dir", k.pinDir)
+		return err
+	}
+	err = errors.Join(err, loader.Cleanup(k.pinDir))
+	k.log.Info("bpf programs detached and unpinned", "pin_dir", k.pinDir)
+	return err
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
 
 type kernelCounts struct{ admitted, refused uint64 }
 
@@ -30,11 +253,11 @@ type kernelBook struct {
 	forgotten admin.Forgotten
 }
 
-// noteKernel records a snapshot's entries and moves those gone to forgotten.
-func (d *Daemon) noteKernel(s loader.Snapshot) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.kernel.note(s)
+// note records a snapshot's entries and moves those gone to forgotten.
+func (k *kernelSide) note(s loader.Snapshot) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.book.note(s)
 }
 
 func (b *kernelBook) note(s loader.Snapshot) {
@@ -81,21 +304,4 @@ func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) 
 		p.Refused += pc.Refused
 	}
 	return p
-}
-
-// kernelStatus reads the kernel's pool for Status.
-func (d *Daemon) kernelStatus() (admin.Pool, error) {
-	s, err := d.lim.Snapshot()
-	if err != nil {
-		return admin.Pool{}, fmt.Errorf("reading the bpf maps: %w", err)
-	}
-	active, err := d.lim.KernelActive()
-	if err != nil {
-		return admin.Pool{}, fmt.Errorf("reading the bpf maps: %w", err)
-	}
-	d.mu.Lock()
-	d.kernel.note(s)
-	forgotten := d.kernel.forgotten
-	d.mu.Unlock()
-	return KernelPool(s, active, forgotten), nil
 }
