@@ -27,6 +27,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
+	"net/http/httptest"
 )
 
 // loadResult is one closed-loop load run.
@@ -876,4 +877,31 @@ func (o *openLoader) run(dur time.Duration) slice {
 	wg.Wait()
 	slices.Sort(out.lats)
 	return out
+}
+
+// BenchmarkRefusedShare is one request refused by the requests pool (a
+// pool of one, held by another project), served in this goroutine without
+// a network: what a flood over its share costs the front per request.
+func BenchmarkRefusedShare(b *testing.B) {
+	pool, err := pools.New(pools.Config{Name: "requests", Size: 1}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.TryAcquire("hog"); err != nil {
+		b.Fatal(err)
+	}
+	f, err := New(Config{Upstream: "http://upstream.test", TrustedPeers: []string{"192.0.2.1"}}, Deps{Requests: pool})
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := httptest.NewRequest("GET", "http://front.test/", nil)
+	req.Header.Set(DefaultProjectHeader, "flood")
+	b.ReportAllocs()
+	for b.Loop() {
+		w := httptest.NewRecorder()
+		f.ServeHTTP(w, req)
+		if w.Code != http.StatusTooManyRequests {
+			b.Fatalf("status %d", w.Code)
+		}
+	}
 }

@@ -409,15 +409,11 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var permit pools.Permit
 	if pool := f.deps.Requests; pool != nil {
-		pm, err := pool.TryAcquire(project)
-		if err != nil {
-			var ref *pools.Refusal
-			if !errors.As(err, &ref) {
-				f.log.Error("requests pool", "project", project, "err", err)
-				http.Error(w, "fairshare: requests pool failed", http.StatusInternalServerError)
-				f.stats.record(project, outcomeError, 0, 0, false, start)
-				return
-			}
+		// A flood is refused here, request after request: the refusal is
+		// written into storage of this call, not allocated.
+		var ref pools.Refusal
+		pm, ok := pool.TryAcquireInto(project, &ref)
+		if !ok {
 			f.refuse(w, project, "share", ref.RetryAfter, ref.ReleaseRate, fmt.Sprintf(
 				"fairshare: project %s holds %d requests, its share is %d: %s", project, ref.Held, ref.Share, ref.Reason))
 			f.stats.record(project, outcomeRefusedShare, 0, 0, false, start)
