@@ -213,18 +213,13 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descUntrusted, prometheus.CounterValue, float64(s.untrusted))
 	ch <- prometheus.MustNewConstMetric(descExemptOver, prometheus.CounterValue, float64(s.exemptOverBudget))
 	s.forgetLocked(c.f.clk.Now())
-	// The busiest first, for the labels that free up.
 	names := make([]string, 0, len(s.projects))
 	for p := range s.projects {
 		names = append(names, p)
 	}
-	sort.Slice(names, func(i, j int) bool {
-		a, b := s.projects[names[i]].total(), s.projects[names[j]].total()
-		if a != b {
-			return a > b
-		}
-		return names[i] < names[j]
-	})
+	// The most requests first, for the labels that free up.
+	names = labels.Busiest(names, func(p string) string { return p },
+		func(p string) [2]uint64 { return [2]uint64{s.projects[p].total()} })
 	ls := s.labels
 	ls.Assign(names)
 	var emit []string

@@ -184,7 +184,9 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 		}
 	}
 	ls := c.set("pool\x00" + p.Name)
-	ls.Assign(busiestProjects(p.Projects))
+	// The most permits held, then the most traffic.
+	ls.Assign(labels.Busiest(p.Projects, func(p admin.Project) string { return p.Project },
+		func(p admin.Project) [2]uint64 { return [2]uint64{uint64(max(p.Held, 0)), p.Admitted + p.Refused} }))
 	type gauges struct{ held, sleeping int }
 	byLabel := map[string]*gauges{}
 	var order []string
@@ -248,41 +250,10 @@ func (c *Collector) set(group string) *labels.Set {
 	return ls
 }
 
-// busiestProjects orders projects for the labels that free up: the most
-// permits held, then the most traffic, then by name.
-func busiestProjects(in []admin.Project) []string {
-	ps := append([]admin.Project(nil), in...)
-	sort.SliceStable(ps, func(i, j int) bool {
-		a, b := ps[i], ps[j]
-		if a.Held != b.Held {
-			return a.Held > b.Held
-		}
-		if ta, tb := a.Admitted+a.Refused, b.Admitted+b.Refused; ta != tb {
-			return ta > tb
-		}
-		return a.Project < b.Project
-	})
-	out := make([]string, len(ps))
-	for i, p := range ps {
-		out[i] = p.Project
-	}
-	return out
-}
-
 func (c *Collector) collectRates(ch chan<- prometheus.Metric, rates []admin.Rate) {
-	rs := append([]admin.Rate(nil), rates...)
-	sort.SliceStable(rs, func(i, j int) bool {
-		if rs[i].Limited != rs[j].Limited {
-			return rs[i].Limited > rs[j].Limited
-		}
-		return rs[i].Project < rs[j].Project
-	})
-	names := make([]string, len(rs))
-	for i, r := range rs {
-		names[i] = r.Project
-	}
 	ls := c.set("rates")
-	ls.Assign(names)
+	ls.Assign(labels.Busiest(rates, func(r admin.Rate) string { return r.Project },
+		func(r admin.Rate) [2]uint64 { return [2]uint64{r.Limited} }))
 	tokens := map[string]float64{}
 	var order []string
 	for _, r := range rates {
@@ -305,19 +276,9 @@ func (c *Collector) collectRates(ch chan<- prometheus.Metric, rates []admin.Rate
 
 func (c *Collector) collectScheduler(ch chan<- prometheus.Metric, s *admin.Scheduler) {
 	ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(s.InFlight))
-	ps := append([]admin.Participant(nil), s.Participants...)
-	sort.SliceStable(ps, func(i, j int) bool {
-		if ps[i].Queue != ps[j].Queue {
-			return ps[i].Queue > ps[j].Queue
-		}
-		return ps[i].Participant < ps[j].Participant
-	})
-	names := make([]string, len(ps))
-	for i, p := range ps {
-		names[i] = p.Participant
-	}
 	ls := c.set("scheduler")
-	ls.Assign(names)
+	ls.Assign(labels.Busiest(s.Participants, func(p admin.Participant) string { return p.Participant },
+		func(p admin.Participant) [2]uint64 { return [2]uint64{uint64(max(p.Queue, 0))} }))
 	queues := map[string]int{}
 	var order []string
 	for _, p := range s.Participants {

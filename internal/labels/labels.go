@@ -2,6 +2,8 @@
 
 package labels
 
+import "sort"
+
 // Other is the label value of the projects beyond a group's cap.
 const Other = "(other)"
 
@@ -131,4 +133,33 @@ func (s *Set) MarkOther() {
 	if s.acc[Other] == nil {
 		s.acc[Other] = map[string]uint64{}
 	}
+}
+
+// Busiest lists the projects of items in the order Assign takes them:
+// busiest first, by load (compared key by key, the larger first), then by
+// name.
+func Busiest[T any](items []T, name func(T) string, load func(T) [2]uint64) []string {
+	type entry struct {
+		name string
+		load [2]uint64
+	}
+	es := make([]entry, len(items))
+	for i, it := range items {
+		es[i] = entry{name(it), load(it)}
+	}
+	sort.Slice(es, func(i, j int) bool {
+		a, b := es[i], es[j]
+		if a.load[0] != b.load[0] {
+			return a.load[0] > b.load[0]
+		}
+		if a.load[1] != b.load[1] {
+			return a.load[1] > b.load[1]
+		}
+		return a.name < b.name
+	})
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = e.name
+	}
+	return out
 }

@@ -2,7 +2,11 @@
 
 package labels
 
-import "testing"
+import (
+	"testing"
+
+	"slices"
+)
 
 // A cap of three values: two projects are named, the rest share Other; a
 // name sticks while its project is reported, frees when it is not, and goes
@@ -36,5 +40,17 @@ func TestSetPolicy(t *testing.T) {
 	one.Assign([]string{"a"})
 	if one.Label("a") != Other {
 		t.Error("a cap below one names a project")
+	}
+}
+
+func TestBusiest(t *testing.T) {
+	type p struct {
+		name string
+		a, b uint64
+	}
+	got := Busiest([]p{{"d", 1, 9}, {"c", 2, 0}, {"b", 1, 9}, {"a", 1, 1}}, func(x p) string { return x.name },
+		func(x p) [2]uint64 { return [2]uint64{x.a, x.b} })
+	if want := []string{"c", "b", "d", "a"}; !slices.Equal(got, want) {
+		t.Errorf("Busiest = %v, want %v", got, want)
 	}
 }
