@@ -3,9 +3,11 @@
 package admin
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/policy"
+	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // Status is the daemon's whole view of the node at one moment. The metrics
@@ -103,6 +105,28 @@ type Pool struct {
 	Forgotten Forgotten `json:"forgotten"`
 	// Exempt is the pool's exempt class, if it has one.
 	Exempt *Exempt `json:"exempt,omitempty"`
+}
+
+// Consistent checks what Status promises of a pool: its rows add up to its
+// numbers, and (unless the pool is not enforced) its share is the one its
+// active count gives.
+func (p Pool) Consistent() error {
+	held := 0
+	adm, ref := p.Forgotten.Admitted, p.Forgotten.Refused
+	for _, pr := range p.Projects {
+		held += pr.Held
+		adm += pr.Admitted
+		ref += pr.Refused
+	}
+	switch {
+	case held != p.InUse:
+		return fmt.Errorf("pool %s: projects hold %d, in_use %d", p.Name, held, p.InUse)
+	case adm != p.Admitted || ref != p.Refused:
+		return fmt.Errorf("pool %s: projects admitted %d refused %d, the pool %d %d", p.Name, adm, ref, p.Admitted, p.Refused)
+	case p.Enforcer != "off" && p.Share != pools.Share(p.Size, p.Floor, p.Active):
+		return fmt.Errorf("pool %s: share %d with %d active (size %d, floor %d)", p.Name, p.Share, p.Active, p.Size, p.Floor)
+	}
+	return nil
 }
 
 // Exempt is a pool's exempt class: traffic that takes neither pool permits

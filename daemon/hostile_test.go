@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/metrics"
@@ -126,7 +125,7 @@ func TestStatusAndMetricsAddUpUnderChurn(t *testing.T) {
 		}
 		st := status(t, d)
 		for _, p := range st.Pools {
-			if err := addsUp(p); err != nil {
+			if err := p.Consistent(); err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
 		}
@@ -159,25 +158,6 @@ func TestStatusAndMetricsAddUpUnderChurn(t *testing.T) {
 	}
 }
 
-func addsUp(p admin.Pool) error {
-	held := 0
-	adm, ref := p.Forgotten.Admitted, p.Forgotten.Refused
-	for _, pr := range p.Projects {
-		held += pr.Held
-		adm += pr.Admitted
-		ref += pr.Refused
-	}
-	switch {
-	case held != p.InUse:
-		return fmt.Errorf("pool %s: projects hold %d, in_use %d", p.Name, held, p.InUse)
-	case adm != p.Admitted || ref != p.Refused:
-		return fmt.Errorf("pool %s: projects admitted %d refused %d, the pool %d %d", p.Name, adm, ref, p.Admitted, p.Refused)
-	case p.Enforcer != "off" && p.Share != pools.Share(p.Size, p.Floor, p.Active):
-		return fmt.Errorf("pool %s: share %d with %d active", p.Name, p.Share, p.Active)
-	}
-	return nil
-}
-
 // The kernel's pool keeps what entries the loader forgot had counted, and
 // its rows add up within one read; active and share are the kernel's pair.
 func TestKernelPoolAddsUp(t *testing.T) {
@@ -191,7 +171,7 @@ func TestKernelPoolAddsUp(t *testing.T) {
 	s2 := snap(loader.ProjectCounters{Project: "a", CgroupID: 1, InUse: 3, Admitted: 11, Refused: 1})
 	b.note(s2)
 	p := KernelPool(s2, 2, b.forgotten)
-	if err := addsUp(p); err != nil {
+	if err := p.Consistent(); err != nil {
 		t.Fatal(err)
 	}
 	if p.Admitted != 16 || p.Refused != 5 || p.InUse != 3 || p.Active != 2 || p.Share != 32 || p.Forgotten.Projects != 1 {

@@ -20,7 +20,6 @@ import (
 
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
-	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // With churnEnv set to "ADDR WRITERS", the test binary connects to ADDR and
@@ -70,27 +69,6 @@ func sink(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// consistent checks what status promises of every pool: the rows add up to
-// the pool's numbers, and the share is the one its active count gives.
-func consistent(p admin.Pool) error {
-	held := 0
-	adm, ref := p.Forgotten.Admitted, p.Forgotten.Refused
-	for _, pr := range p.Projects {
-		held += pr.Held
-		adm += pr.Admitted
-		ref += pr.Refused
-	}
-	switch {
-	case held != p.InUse:
-		return fmt.Errorf("pool %s: projects hold %d, in_use %d", p.Name, held, p.InUse)
-	case adm != p.Admitted || ref != p.Refused:
-		return fmt.Errorf("pool %s: projects admitted %d refused %d, pool %d %d", p.Name, adm, ref, p.Admitted, p.Refused)
-	case p.Enforcer != "off" && p.Share != pools.Share(p.Size, p.Floor, p.Active):
-		return fmt.Errorf("pool %s: share %d with %d active (size %d, floor %d)", p.Name, p.Share, p.Active, p.Size, p.Floor)
-	}
-	return nil
-}
-
 // Under churn (three projects opening and closing connections as fast as
 // they can on a pool of 12), every status is one consistent snapshot per
 // pool: before, the kernel pool's in_use came from the node counter read
@@ -127,7 +105,7 @@ func TestStatusConsistentUnderChurn(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, p := range st.Pools {
-			if err := consistent(p); err != nil {
+			if err := p.Consistent(); err != nil {
 				t.Fatalf("status %d: %v", i, err)
 			}
 		}
@@ -204,7 +182,7 @@ func TestStatusWithoutDaemonReadsPins(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(js), &st) != nil || st.Source != "pins" {
 		t.Fatalf("status --json without a daemon: %d %s", code, js)
 	}
-	if err := consistent(pool(st, "connections")); err != nil {
+	if err := pool(st, "connections").Consistent(); err != nil {
 		t.Error(err)
 	}
 	// Nothing pinned and no daemon: exit 1, saying both.
