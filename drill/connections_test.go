@@ -3,7 +3,6 @@
 package drill
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -48,17 +47,7 @@ func TestConnectionsDrill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var table bytes.Buffer
-	if err := rep.WriteTable(&table); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("\n%s", table.String())
-	assertVerdicts(t, rep)
-	for _, ph := range rep.Phases {
-		if ph.MaxInUse > rep.PoolSize {
-			t.Errorf("phase %s: in use %d > pool %d", ph.Name, ph.MaxInUse, rep.PoolSize)
-		}
-	}
+	assertReport(t, rep)
 	// Nothing left: no pin directory, no cgroup of this process's drill.
 	tag := fmt.Sprintf("fairshare-drill-%d", os.Getpid())
 	if _, err := os.Stat(filepath.Join("/sys/fs/bpf", tag)); !os.IsNotExist(err) {

@@ -31,16 +31,8 @@ func TestDrill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var table bytes.Buffer
-	if err := rep.WriteTable(&table); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("\n%s", table.String())
-	assertVerdicts(t, rep)
+	assertReport(t, rep)
 	for _, ph := range rep.Phases {
-		if ph.MaxInUse > rep.PoolSize {
-			t.Errorf("phase %s: in use %d > pool %d", ph.Name, ph.MaxInUse, rep.PoolSize)
-		}
 		for _, p := range ph.Projects {
 			if p.OK == 0 || p.Errors > 0 {
 				t.Errorf("phase %s project %s: ok %d errors %d", ph.Name, p.Project, p.OK, p.Errors)
@@ -55,6 +47,23 @@ func TestDrill(t *testing.T) {
 
 // strictEnv makes the tests assert the latency verdicts too.
 const strictEnv = "FAIRSHARE_DRILL_STRICT"
+
+// assertReport logs the report's table and fails where a phase had more in
+// use than the pool and on the verdicts (assertVerdicts).
+func assertReport(t *testing.T, rep *Report) {
+	t.Helper()
+	var table bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	assertVerdicts(t, rep)
+	for _, ph := range rep.Phases {
+		if ph.MaxInUse > rep.PoolSize {
+			t.Errorf("phase %s: in use %d > pool %d", ph.Name, ph.MaxInUse, rep.PoolSize)
+		}
+	}
+}
 
 // assertVerdicts fails on the verdicts about what the rule admits, which hold
 // on any machine. The latency verdicts (small's p99 against its solo p99) are

@@ -370,23 +370,10 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("policy set: %d %s %s", code, out, errOut)
 	}
 
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	addr := sink(t)
 
 	// Alone on the node, alpha gets the whole pool of 4 and is refused past it.
-	a := n.connectFrom("alpha", ln.Addr().String(), 6)
+	a := n.connectFrom("alpha", addr, 6)
 	if a.connected != 4 || a.refused != 2 {
 		t.Fatalf("alpha connected %d, refused %d; want 4 and 2 with a pool of 4", a.connected, a.refused)
 	}
@@ -418,7 +405,7 @@ func TestEndToEnd(t *testing.T) {
 	// SIGKILL the daemon: enforcement stays pinned, then a restart finds the
 	// policy and the counts where they were.
 	n.stop(syscall.SIGKILL)
-	b := n.connectFrom("beta", ln.Addr().String(), 1)
+	b := n.connectFrom("beta", addr, 1)
 	if b.connected != 0 || b.refused != 1 {
 		t.Errorf("with the daemon dead and the pool full, beta connected %d refused %d; want refused", b.connected, b.refused)
 	}
