@@ -467,20 +467,7 @@ func sink(t testing.TB, network, addr string) net.Listener {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				_, _ = io.Copy(io.Discard, c)
-				c.Close()
-			}()
-		}
-	}()
-	return ln
+	return testutil.Sink(t, ln)
 }
 
 func dialOutside(addr string) (net.Conn, error) {

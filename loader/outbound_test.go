@@ -4,7 +4,6 @@ package loader
 
 import (
 	"errors"
-	"io"
 	"net"
 	"os"
 	"strings"
@@ -190,16 +189,7 @@ func TestNestedCgroupAndMPTCP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	testutil.Sink(t, ln)
 	h := startHelper(t, deep)
 	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 2 {
 		t.Fatal(r)

@@ -3,8 +3,6 @@
 package main
 
 import (
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -23,21 +21,8 @@ func TestCheckLeavesRunningDaemonAlone(t *testing.T) {
 	t.Cleanup(func() { os.Remove(filepath.Join(n.root, "alpha", "probes")) })
 	n.start()
 	// The listener is outside the projects root: only alpha's ends count.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
-	conns := n.connectFrom("alpha", ln.Addr().String(), 2)
+	addr := sink(t)
+	conns := n.connectFrom("alpha", addr, 2)
 	defer conns.close()
 	before := pool(n.status(), "connections")
 	if before.Exempt == nil || before.Exempt.Max != 3 || len(before.Exempt.Members) != 1 {
@@ -68,7 +53,7 @@ func TestCheckLeavesRunningDaemonAlone(t *testing.T) {
 
 	// What the kernel does is what counts: the probes cgroup must still be
 	// exempt, so its connections come from the exempt budget, not alpha's.
-	probes := n.connectFrom("alpha/probes", ln.Addr().String(), 3)
+	probes := n.connectFrom("alpha/probes", addr, 3)
 	defer probes.close()
 	final := pool(n.status(), "connections")
 	if final.Exempt == nil || final.Exempt.InUse != 3 || project(final, "alpha").Held != 2 {

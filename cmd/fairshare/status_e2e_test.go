@@ -56,17 +56,7 @@ func sink(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
-	return ln.Addr().String()
+	return testutil.Sink(t, ln).Addr().String()
 }
 
 // Under churn (three projects opening and closing connections as fast as
