@@ -53,18 +53,6 @@ func Listen(path string) (net.Listener, error) {
 
 type peerKey struct{}
 
-// Peer is the credential of the process at the other end of a connection.
-type Peer struct{ PID, UID, GID int }
-
-// PeerCred reads SO_PEERCRED from a unix connection (or one wrapping it).
-func PeerCred(c net.Conn) (Peer, error) {
-	cr, err := peercred.Of(c)
-	if err != nil {
-		return Peer{}, err
-	}
-	return Peer{PID: int(cr.PID), UID: int(cr.UID), GID: int(cr.GID)}, nil
-}
-
 // Server serves the v1 API for a Backend.
 type Server struct {
 	b   Backend
@@ -89,7 +77,7 @@ func NewServer(b Backend, log *slog.Logger) *Server {
 
 // ServeHTTP checks the peer recorded by Serve, then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	peer, ok := r.Context().Value(peerKey{}).(Peer)
+	peer, ok := r.Context().Value(peerKey{}).(peercred.Cred)
 	if !ok || peer.UID != 0 {
 		s.log.Warn("admin api refused a non-root peer", "uid", peer.UID, "pid", peer.PID, "known", ok)
 		writeError(w, http.StatusForbidden, "the admin api accepts only root")
@@ -110,10 +98,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       30 * time.Second,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			peer, err := PeerCred(c)
+			peer, err := peercred.Of(c)
 			if err != nil {
 				s.log.Warn("admin api could not read peer credentials", "err", err)
-				return ctx // no Peer: ServeHTTP refuses
+				return ctx // no credentials: ServeHTTP refuses
 			}
 			return context.WithValue(ctx, peerKey{}, peer)
 		},
