@@ -25,9 +25,14 @@
 //	            config/ (YAML), policy/ (bbolt store), admin/ (unix-socket
 //	            API) and metrics/ (Prometheus collector)
 //	drill/      the fair-share drill: the seed's experiment, run on this host
-//	internal/   pace (per-project Retry-After slots shared by the front and
-//	            the permit API), wire (the permit protocol's line codec) and
-//	            testutil (temporary cgroups and helper processes for tests)
+//	internal/   one home each for what several parts share: cgroup (the
+//	            cgroup v2 mount, ids, levels, the tree and the project of a
+//	            cgroup), clock (the time source), labels (the metric label
+//	            policy), listen (accepting, caps, serving), logrl (repeated
+//	            log lines), pace (per-project Retry-After slots), peercred
+//	            (SO_PEERCRED), project (the project-name rule), wire (the
+//	            permit protocol's line codec) and testutil (temporary
+//	            cgroups, helper processes and a fake clock for tests)
 //	cmd/        cmd/fairshare: the one binary (run, policy, status, cleanup,
 //	            drill, version)
 //
