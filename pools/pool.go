@@ -88,14 +88,12 @@ func (pm Permit) Valid() bool { return pm.pool != nil }
 // (errors.Is(err, ErrRefused)). It does not read the clock: the ask is stamped
 // with the pool's coarse time, advanced by Recompute.
 func (p *Pool) TryAcquire(project string) (Permit, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	idx := p.l.lookup(project)
-	p.l.seen(idx)
-	if p.l.admits(idx) {
-		return p.grantLocked(idx), nil
+	var rf Refusal
+	if pm, ok := p.TryAcquireInto(project, &rf); ok {
+		return pm, nil
 	}
-	return Permit{}, p.l.refusal(idx)
+	r := rf // a refusal the caller may keep is its own allocation
+	return Permit{}, &r
 }
 
 // Acquire takes a permit, waiting until a release (or a recompute or resize)
