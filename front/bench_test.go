@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
 	"net/http/httptest"
@@ -279,14 +280,7 @@ func benchChild(b *testing.B, bin string, env ...string) (string, int) {
 	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
+	stdin, stdout := testutil.Pipes(b, cmd)
 	if err := cmd.Start(); err != nil {
 		b.Fatalf("starting %v: %v", env, err)
 	}

@@ -51,14 +51,7 @@ func startHelper(t testing.TB, cgroupDir string) []helperSocket {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.v=false")
 	cmd.Env = append(os.Environ(), helperEnv+"=1")
 	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
+	stdin, stdout := testutil.Pipes(t, cmd)
 	testutil.StartInCgroup(t, cmd, cgroupDir)
 	// Registered last, so it runs first: the helper holds its sockets until
 	// stdin closes (and the cleanup keeps the pipe reachable until then).

@@ -320,14 +320,7 @@ func (n *node) connectFrom(project, addr string, count int) *projectProc {
 	}
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(cleanEnv(), connectEnv+"="+addr+" "+strconv.Itoa(count))
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
+	stdin, out := testutil.Pipes(t, cmd)
 	testutil.StartInCgroup(t, cmd, cg)
 	p := &projectProc{cmd: cmd, stdin: stdin}
 	line, err := bufio.NewReader(out).ReadString('\n')

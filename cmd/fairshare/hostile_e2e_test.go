@@ -22,6 +22,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/client"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // With floodEnv set to "NETWORK ADDR N", the test binary opens up to N
@@ -71,14 +72,7 @@ func flood(t *testing.T, bin, network, addr string, n int) (open int, stop func(
 	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(cleanEnv(), floodEnv+"="+network+" "+addr+" "+strconv.Itoa(n), "GORACE=atexit_sleep_ms=0")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
+	in, out := testutil.Pipes(t, cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
