@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/listen"
+	"github.com/fairshare-dev/fairshare/internal/logrl"
 	"github.com/fairshare-dev/fairshare/internal/peercred"
 	"github.com/fairshare-dev/fairshare/policy"
 )
@@ -176,7 +177,7 @@ func (s *Server) patchPolicy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("policy set", "project", project, "tier", p.Tier, "shares", p.Shares,
-		"requests_per_sec", p.RequestsPerSec, "work_per_sec", p.WorkPerSec)
+		"requests_per_sec", p.RequestsPerSec, "work_per_sec", p.WorkPerSec, logrl.Audit())
 	writeJSON(w, http.StatusOK, Entry{Project: project, Policy: p})
 }
 
@@ -191,7 +192,7 @@ func (s *Server) deletePolicy(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, fmt.Errorf("%w: %s", ErrNotFound, project))
 		return
 	}
-	s.log.Info("policy deleted", "project", project)
+	s.log.Info("policy deleted", "project", project, logrl.Audit())
 	w.WriteHeader(http.StatusNoContent)
 }
 

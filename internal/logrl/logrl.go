@@ -4,9 +4,15 @@ package logrl
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -14,8 +20,23 @@ import (
 const (
 	DefaultBurst     = 5
 	DefaultWindow    = 10 * time.Second
-	DefaultMaxGroups = 4096
+	DefaultMaxGroups = 1024
 )
+
+// DefaultKeyAttrs are the record attributes that tell one kind of line from
+// another: which listener, why it refused, which pool, which protocol code,
+// and the class of an error (see Options.KeyAttrs).
+var DefaultKeyAttrs = []string{"listener", "reason", "pool", "code", "err", "error"}
+
+// AuditKey is the attribute that marks an audit record (Audit).
+const AuditKey = "audit"
+
+// Audit marks a record as an audit event (a policy changed, a session
+// opened): such records are always written and never counted.
+func Audit() slog.Attr { return slog.Bool(AuditKey, true) }
+
+// maxClassLen bounds the text of an error class in a group key.
+const maxClassLen = 96
 
 // Options tune New; zero values take the defaults.
 type Options struct {
@@ -29,6 +50,10 @@ type Options struct {
 	// MaxGroups bounds the groups tracked at once (at least 2); past it,
 	// new kinds of line share one group.
 	MaxGroups int
+	// KeyAttrs name the record attributes whose values split a group
+	// (nil: DefaultKeyAttrs). An error's value counts by its class (ErrClass),
+	// not its text, which carries addresses and ports.
+	KeyAttrs []string
 	// Now is the clock; nil means time.Now. Tests set it together with
 	// After.
 	Now func() time.Time
@@ -73,6 +98,9 @@ func New(h slog.Handler, opts Options) *Handler {
 	if opts.MaxGroups < 2 {
 		opts.MaxGroups = DefaultMaxGroups
 	}
+	if opts.KeyAttrs == nil {
+		opts.KeyAttrs = DefaultKeyAttrs
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -114,7 +142,10 @@ func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 	if r.Level < st.opts.MinLevel {
 		return h.inner.Handle(ctx, r)
 	}
-	key := h.scope + "\x00" + r.Level.String() + "\x00" + r.Message
+	key, audit := st.keyOf(h.scope, r)
+	if audit {
+		return h.inner.Handle(ctx, r)
+	}
 	now := st.opts.Now()
 	st.mu.Lock()
 	g := st.groups[key]
@@ -182,6 +213,91 @@ func (st *state) flush(key string, g *group) {
 	st.mu.Unlock()
 	rec.AddAttrs(slog.Int("suppressed", n), slog.Duration("window", st.opts.Window))
 	_ = h.Handle(context.Background(), rec)
+}
+
+// keyOf returns the group key of r, and whether r is an audit record.
+func (st *state) keyOf(scope string, r slog.Record) (string, bool) {
+	var b strings.Builder
+	b.WriteString(scope)
+	b.WriteByte(0)
+	b.WriteString(r.Level.String())
+	b.WriteByte(0)
+	b.WriteString(r.Message)
+	audit := false
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == AuditKey && a.Value.Kind() == slog.KindBool && a.Value.Bool() {
+			audit = true
+			return false
+		}
+		for _, k := range st.opts.KeyAttrs {
+			if a.Key == k {
+				b.WriteByte(0)
+				b.WriteString(k)
+				b.WriteByte('=')
+				b.WriteString(valueClass(a.Value))
+				break
+			}
+		}
+		return true
+	})
+	return b.String(), audit
+}
+
+// valueClass is what a key attribute's value contributes to a group key.
+func valueClass(v slog.Value) string {
+	v = v.Resolve()
+	if v.Kind() == slog.KindAny {
+		if err, ok := v.Any().(error); ok {
+			return ErrClass(err)
+		}
+	}
+	s := v.String()
+	if len(s) > maxClassLen {
+		s = s[:maxClassLen]
+	}
+	return s
+}
+
+// ErrClass names the kind of an error for grouping log lines: the system
+// error number when there is one (connection refused, too many open
+// files), a timeout, the end of a stream, a cancellation; otherwise the
+// type of the innermost error and its text without digits (which carry
+// addresses, ports and counts), at most 96 bytes.
+func ErrClass(err error) string {
+	var errno syscall.Errno
+	var ne net.Error
+	switch {
+	case err == nil:
+		return "nil"
+	case errors.As(err, &errno):
+		return "errno:" + errno.Error()
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
+		errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "eof"
+	}
+	inner := err
+	for {
+		u := errors.Unwrap(inner)
+		if u == nil {
+			break
+		}
+		inner = u
+	}
+	msg := strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' {
+			return -1
+		}
+		return r
+	}, inner.Error())
+	s := fmt.Sprintf("%T:%s", inner, msg)
+	if len(s) > maxClassLen {
+		s = s[:maxClassLen]
+	}
+	return s
 }
 
 // sweepLocked drops groups whose window is over with nothing pending.
