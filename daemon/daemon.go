@@ -155,7 +155,7 @@ func New(opts Options) (*Daemon, error) {
 		}
 	}
 
-	list, err := d.store.List()
+	list, err := d.storedPolicies()
 	if err != nil {
 		return nil, err
 	}

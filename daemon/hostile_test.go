@@ -19,8 +19,10 @@ import (
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/metrics"
+	"github.com/fairshare-dev/fairshare/policy"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/prometheus/client_golang/prometheus"
+	bolt "go.etcd.io/bbolt"
 )
 
 // deadAddr is a loopback address nothing listens on.
@@ -221,5 +223,46 @@ func TestBudgetCapsFit(t *testing.T) {
 	cfg.Listeners.MaxConns = 5000
 	if c := BudgetCaps(cfg, 1024); !c.Over || c.PerListener != 5000 {
 		t.Errorf("a configured cap past the limit: %+v", c)
+	}
+}
+
+// A rate an older version stored below today's minimum (1e-12 passed
+// validation once) is written back at the minimum the buckets enforce, with
+// a warning naming the project, and a later 'policy set' of another field
+// works. Before, the store kept showing 1e-12 while 0.001 was enforced, and
+// every patch of the project failed validation on the rate it did not touch.
+func TestStoredRatesBroughtInBounds(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	st, err := policy.Open(state, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	db, err := bolt.Open(filepath.Join(state, policy.FileName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("policies")).Put([]byte("slow"), []byte(`{"tier":"pro","shares":2,"requests_per_sec":1e-12,"work_per_sec":5e12}`))
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _, logs := newTestDaemon(t, func(c *config.Config) { c.StateDir = state })
+	want := policy.Policy{Tier: "pro", Shares: 2, RequestsPerSec: policy.MinRate, WorkPerSec: policy.MaxRate}
+	if p, _, err := d.store.Get("slow"); err != nil || p != want {
+		t.Errorf("stored %+v (%v), want %+v", p, err, want)
+	}
+	if r := d.rates.State("slow"); r.Limits.RequestsPerSec != policy.MinRate {
+		t.Errorf("enforced %+v", r.Limits)
+	}
+	if w := logs.find("stored policy was out of bounds; stored and enforced within them"); len(w) != 1 {
+		t.Errorf("%d warnings, want 1", len(w))
+	}
+	shares := 3
+	if _, err := d.PatchPolicy("slow", policy.Patch{Shares: &shares}); err != nil {
+		t.Errorf("policy set --shares after the repair: %v", err)
 	}
 }

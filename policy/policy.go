@@ -69,6 +69,35 @@ func checkRate(what string, v float64) error {
 	return nil
 }
 
+// InBounds returns p with every number brought within the bounds Validate
+// checks, as the daemon enforces it: a rate as pools.ClampRate takes it,
+// shares to 1..MaxShares, and an unknown tier to "none". changed says
+// what was brought in ("requests_per_sec 1e-12 -> 0.001"), empty when p
+// was within bounds. A store written by an older version may hold values
+// out of today's bounds: the daemon writes them back in bounds (saying so)
+// so that what the store shows is what is enforced.
+func (p Policy) InBounds() (_ Policy, changed []string) {
+	rate := func(name string, v *float64) {
+		if c := pools.ClampRate(*v); c != *v {
+			changed = append(changed, fmt.Sprintf("%s %v -> %v", name, *v, c))
+			*v = c
+		}
+	}
+	rate("requests_per_sec", &p.RequestsPerSec)
+	rate("work_per_sec", &p.WorkPerSec)
+	if s := min(max(p.Shares, 1), MaxShares); s != p.Shares {
+		changed = append(changed, fmt.Sprintf("shares %d -> %d", p.Shares, s))
+		p.Shares = s
+	}
+	switch p.Tier {
+	case TierPro, TierLite, TierNone:
+	default:
+		changed = append(changed, fmt.Sprintf("tier %q -> %q", p.Tier, TierNone))
+		p.Tier = TierNone
+	}
+	return p, changed
+}
+
 // Patch changes some fields of a policy; nil fields are kept.
 type Patch struct {
 	Tier           *string  `json:"tier,omitempty"`

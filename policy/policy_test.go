@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // When this variable is set the test binary acts as a separate writer process:
@@ -231,5 +233,46 @@ func TestStoreLockAndSIGKILL(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, FileName)); err != nil {
 		t.Error(err)
+	}
+}
+
+// A policy an older version stored out of today's bounds does not make a
+// patch of another field fail (the CLI writes the store itself when no
+// daemon runs), and Repair writes every such policy back within bounds,
+// saying what changed. Before, 'policy set --shares 3' failed on a stored
+// rate of 1e-12 it did not touch.
+func TestOutOfBoundsStored(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	put := func(project, raw string) {
+		t.Helper()
+		if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPolicies).Put([]byte(project), []byte(raw)) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("a", `{"tier":"pro","shares":1,"requests_per_sec":1e-12,"work_per_sec":0}`)
+	put("b", `{"tier":"gold","shares":0,"requests_per_sec":5,"work_per_sec":2e10}`)
+	put("c", `{"tier":"lite","shares":4,"requests_per_sec":5,"work_per_sec":0}`)
+	shares := 3
+	p, err := s.Patch("a", Patch{Shares: &shares}, Default())
+	if err != nil || p != (Policy{Tier: "pro", Shares: 3, RequestsPerSec: MinRate}) {
+		t.Fatalf("patch of shares over a stored 1e-12: %+v %v", p, err)
+	}
+	fixed, err := s.Repair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fixed) != 1 || len(fixed["b"]) != 3 || !strings.Contains(strings.Join(fixed["b"], ";"), "work_per_sec 2e+10 -> 1e+09") {
+		t.Fatalf("repaired %v", fixed)
+	}
+	if p, _, _ := s.Get("b"); p != (Policy{Tier: "none", Shares: 1, RequestsPerSec: 5, WorkPerSec: MaxRate}) {
+		t.Fatalf("b after repair: %+v", p)
+	}
+	if fixed, err := s.Repair(); err != nil || len(fixed) != 0 {
+		t.Fatalf("a second repair: %v %v", fixed, err)
 	}
 }

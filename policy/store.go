@@ -3,6 +3,7 @@
 package policy
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -159,6 +160,9 @@ func (s *Store) Update(project string, fn func(old Policy, found bool) (Policy, 
 			if err := json.Unmarshal(v, &old); err != nil {
 				return fmt.Errorf("decoding stored policy: %w", err)
 			}
+			// A value stored out of today's bounds is taken as it is
+			// enforced, so a patch of another field is not refused for it.
+			old, _ = old.InBounds()
 		}
 		p, err := fn(old, v != nil)
 		if err != nil {
@@ -179,6 +183,49 @@ func (s *Store) Update(project string, fn func(old Policy, found bool) (Policy, 
 	})
 	if err != nil {
 		return Policy{}, fmt.Errorf("saving policy of %s: %w", project, err)
+	}
+	return out, nil
+}
+
+// Repair writes every stored policy that is out of bounds back within them
+// (Policy.InBounds), in one transaction, and returns what it changed by
+// project.
+func (s *Store) Repair() (map[string][]string, error) {
+	out := map[string][]string{}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketPolicies)
+		type fix struct {
+			key []byte
+			p   Policy
+		}
+		var fixes []fix
+		err := b.ForEach(func(k, v []byte) error {
+			var p Policy
+			if err := json.Unmarshal(v, &p); err != nil {
+				return fmt.Errorf("decoding %s: %w", k, err)
+			}
+			if q, changed := p.InBounds(); len(changed) > 0 {
+				fixes = append(fixes, fix{bytes.Clone(k), q})
+				out[string(k)] = changed
+			}
+			return nil
+		})
+		if err != nil || len(fixes) == 0 {
+			return err
+		}
+		for _, f := range fixes {
+			buf, err := json.Marshal(f.p)
+			if err != nil {
+				return err
+			}
+			if err := b.Put(f.key, buf); err != nil {
+				return err
+			}
+		}
+		return bumpVersion(tx)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("repairing stored policies: %w", err)
 	}
 	return out, nil
 }

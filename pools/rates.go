@@ -34,8 +34,9 @@ const (
 // give clients further (the HTTP front: 60 s).
 const MaxRateRetry = 24 * time.Hour
 
-// clampRate applies the bounds to one rate (0 and below: unbounded).
-func clampRate(r float64) float64 {
+// ClampRate applies the bounds to one rate as SetLimits does: 0, below or
+// NaN is unbounded (0), (0, MinRate) is MinRate, above MaxRate is MaxRate.
+func ClampRate(r float64) float64 {
 	switch {
 	case math.IsNaN(r) || r <= 0:
 		return 0
@@ -83,8 +84,8 @@ func (r *Rates) SetLimits(project string, l Limits) {
 }
 
 func (r *Rates) setLimits(project string, l Limits, now time.Time) {
-	l.RequestsPerSec = clampRate(l.RequestsPerSec)
-	l.WorkPerSec = clampRate(l.WorkPerSec)
+	l.RequestsPerSec = ClampRate(l.RequestsPerSec)
+	l.WorkPerSec = ClampRate(l.WorkPerSec)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if l == (Limits{}) {
