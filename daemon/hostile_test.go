@@ -11,18 +11,24 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/metrics"
 	"github.com/fairshare-dev/fairshare/policy"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 )
 
 // deadAddr is a loopback address nothing listens on.
@@ -160,24 +166,138 @@ func TestStatusAndMetricsAddUpUnderChurn(t *testing.T) {
 	}
 }
 
-// The kernel's pool keeps what entries the loader forgot had counted, and
-// its rows add up within one read; active and share are the kernel's pair.
-func TestKernelPoolAddsUp(t *testing.T) {
-	b := kernelBook{last: map[uint64]kernelCounts{}}
-	snap := func(ps ...loader.ProjectCounters) loader.Snapshot {
-		return loader.Snapshot{Size: 64, Floor: 3, InUse: 999, Share: 1, Projects: ps}
+// A daemon that starts after the loader forgot a project's entry (the
+// daemon before it saw the entry go, or no daemon ran) keeps the entry's
+// counts in the pool's totals: the kernel's node-wide counters say how
+// many admissions and refusals the entries left unexplained. Real BPF, a
+// real project cgroup whose process connects past the pool, the entry
+// forgotten by the loader's own rule (cgroup removed, a minute idle on the
+// programs' clock). Before, the totals after such a restart were the sums
+// of the remaining entries: fairshare_pool_admitted_total went down (a
+// counter reset) and status read from the pins showed the same.
+func TestKernelTotalsSurviveRestart(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-kt-")
+	pin := filepath.Join("/sys/fs/bpf", filepath.Base(root))
+	t.Cleanup(func() { loader.Cleanup(pin) })
+	var skew atomic.Int64 // added to CLOCK_MONOTONIC: the forget minute passes at once
+	mono := func() time.Duration {
+		var ts unix.Timespec
+		unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+		return time.Duration(ts.Nano() + skew.Load())
 	}
-	s1 := snap(loader.ProjectCounters{Project: "a", CgroupID: 1, InUse: 2, Admitted: 10, Refused: 1},
-		loader.ProjectCounters{CgroupID: 2, Admitted: 5, Refused: 4})
-	b.note(s1)
-	s2 := snap(loader.ProjectCounters{Project: "a", CgroupID: 1, InUse: 3, Admitted: 11, Refused: 1})
-	b.note(s2)
-	p := KernelPool(s2, 2, b.forgotten)
-	if err := p.Consistent(); err != nil {
+	lim, err := loader.Open(loader.Options{ProjectsRoot: root, PinDir: pin, PoolSize: 4, Monotonic: mono})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Admitted != 16 || p.Refused != 5 || p.InUse != 3 || p.Active != 2 || p.Share != 32 || p.Forgotten.Projects != 1 {
-		t.Fatalf("pool %+v", p)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := testutil.Sink(t, ln).Addr().(*net.TCPAddr).Port
+	// connect runs a process in project that opens n connections at once
+	// and exits.
+	connect := func(project string, n int) {
+		cg := filepath.Join(root, project)
+		os.Mkdir(cg, 0o755)
+		script := fmt.Sprintf("for i in $(seq %d); do exec {fd}<>/dev/tcp/127.0.0.1/%d || true; done 2>/dev/null", n, port)
+		cmd := exec.Command("bash", "-c", script)
+		testutil.InCgroup(t, cmd, cg)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v %s", project, err, out)
+		}
+	}
+	connect("gone", 6) // 4 admitted, 2 refused by the pool of 4
+	connect("kept", 1)
+	testutil.RemoveCgroup(t, filepath.Join(root, "gone"))
+	var before loader.Snapshot
+	eventually(t, func() error {
+		skew.Add(int64(2 * time.Minute))
+		if err := lim.Tick(time.Now()); err != nil {
+			return err
+		}
+		if before, err = lim.Snapshot(); err != nil {
+			return err
+		}
+		if len(before.Projects) != 1 || before.Admitted != 5 || before.Refused != 2 {
+			return fmt.Errorf("the entry of the removed cgroup is not forgotten: %+v", before)
+		}
+		return nil
+	})
+	lim.Close()
+
+	// Status read from the pins, with no daemon.
+	ro, err := loader.OpenReadOnly(pin, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ro.Snapshot()
+	ro.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := KernelPool(s, 0, admin.Forgotten{}); p.Admitted != 5 || p.Refused != 2 || p.Consistent() != nil {
+		t.Errorf("status from the pins: admitted %d refused %d (want 5 and 2): %v", p.Admitted, p.Refused, p.Consistent())
+	}
+	// A daemon starting on those pins.
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.StateDir, cfg.AdminSocket = filepath.Join(dir, "state"), filepath.Join(dir, "admin.sock")
+	cfg.Permits.Socket, cfg.Metrics.Listen = "", ""
+	cfg.ProjectsRoot, cfg.PinDir = root, pin
+	cfg.Pools[config.PoolConnections] = config.Pool{Size: 4, Window: time.Second}
+	d, err := New(Options{Config: cfg, Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	p := poolOf(t, status(t, d), config.PoolConnections)
+	if p.Admitted != 5 || p.Refused != 2 || p.Consistent() != nil {
+		t.Errorf("after a restart: admitted %d refused %d, want 5 and 2 as before it (%v)", p.Admitted, p.Refused, p.Consistent())
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics.New(d.Status, 4, nil))
+	if got := counterValue(t, reg, "fairshare_pool_admitted_total", config.PoolConnections); got != 5 {
+		t.Errorf("fairshare_pool_admitted_total{pool=connections} = %v after the restart, want 5", got)
+	}
+}
+
+// counterValue returns the counter name{pool=pool} gathered from reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, pool string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "pool" && l.GetValue() == pool {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{pool=%q}", name, pool)
+	return 0
+}
+
+// eventually retries f until it returns nil or 10s pass.
+func eventually(t *testing.T, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

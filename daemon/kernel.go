@@ -278,12 +278,31 @@ func (b *kernelBook) note(s loader.Snapshot) {
 
 // KernelPool is the connections pool as status shows it, from one read of
 // the maps: InUse is the sum of what the projects hold in that read, and the
-// totals the sums of their counts plus forgotten's, so the rows add up
-// (the node-wide counters are read apart from the entries and can be a
-// connection ahead or behind under churn); Active is the programs' own
-// count (kernelActive) and Share the share it gives, the pair the kernel
-// enforces.
+// totals the sums of their counts plus forgotten's, so the rows add up;
+// Active is the programs' own count (kernelActive) and Share the share it
+// gives, the pair the kernel enforces.
+//
+// forgotten is what the daemon saw of the entries the loader forgot. A
+// daemon that started after some were forgotten (or status reading the
+// pins with no daemon) never saw them; the node-wide counters, which the
+// programs keep pinned and which count every admission and refusal, say
+// how much the entries in the read leave unexplained, and forgotten is
+// raised to that. So the pool's totals are never below the kernel's own
+// counters, and never go down across a daemon restart. (Under churn the
+// node counters are read just before the entries and may be a connection
+// behind them, which the raise ignores; they are never used to lower.)
 func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) admin.Pool {
+	var adm, ref uint64
+	for _, pc := range s.Projects {
+		adm += pc.Admitted
+		ref += pc.Refused
+	}
+	if s.Admitted > adm {
+		forgotten.Admitted = max(forgotten.Admitted, s.Admitted-adm)
+	}
+	if s.Refused > ref {
+		forgotten.Refused = max(forgotten.Refused, s.Refused-ref)
+	}
 	p := admin.Pool{Name: config.PoolConnections, Enforcer: "kernel", Size: s.Size, Floor: s.Floor,
 		Active: kernelActive, Share: pools.Share(s.Size, s.Floor, kernelActive),
 		Projects: []admin.Project{}, Forgotten: forgotten}
