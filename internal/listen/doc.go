@@ -49,9 +49,13 @@
 //
 // Unix creates a unix socket: it never removes anything at the path but a
 // socket nobody answers on (a live one is ErrInUse; any other kind of file
-// is ErrNotSocket, named in the error), creates a missing directory with
-// mode 0711 (anyone may reach a socket whose name they know, nobody but the
-// owner may list it), and gives the socket its mode and group from the
-// first moment. If the directory does not let the socket's intended users
-// through, the returned warning says which directory and why.
+// is ErrNotSocket, named in the error), creates missing directories with
+// mode 0711 whatever the umask (anyone may reach a socket whose name they
+// know, nobody but the owner may list it), and gives the socket its mode
+// from the first moment (through the umask) and its group with lchown, so
+// nothing done by path can follow a link someone put there. Every directory
+// on the way must be root's (or the process's user's) and writable by
+// nobody else unless sticky, like /tmp (ErrUnsafeDir): another user could
+// otherwise swap the socket. If a directory does not let the socket's
+// intended users through, the returned warning says which and why.
 package listen

@@ -22,12 +22,24 @@ var (
 	// ErrNotSocket means the path holds something other than a socket,
 	// which Unix does not remove.
 	ErrNotSocket = errors.New("path exists and is not a socket")
+	// ErrUnsafeDir means a directory on the way to the socket could be
+	// changed by a user other than root (or the daemon's own), who could
+	// then swap the socket, or a directory, for a link to another file.
+	ErrUnsafeDir = errors.New("socket directory is writable by another user")
 )
 
 // DirMode is the mode of a socket directory Unix creates: anyone may reach
 // a socket in it by name (the socket's own mode and the server's credential
 // check decide who may connect), nobody but its owner may list it.
 const DirMode os.FileMode = 0o711
+
+// MaxPathLen is the longest unix socket path: sun_path holds 108 bytes with
+// the terminating NUL.
+const MaxPathLen = 107
+
+// testHookAfterBind, if set, runs between the bind and the checks after
+// it: tests swap the socket there.
+var testHookAfterBind func(path string)
 
 // umaskMu serialises the umask dance of Unix (the umask is per process).
 var umaskMu sync.Mutex
@@ -40,13 +52,18 @@ func Unix(path string, mode os.FileMode, gid int) (ln *net.UnixListener, warning
 	if !filepath.IsAbs(path) {
 		return nil, "", fmt.Errorf("socket path %q is not absolute", path)
 	}
+	if len(path) > MaxPathLen {
+		return nil, "", fmt.Errorf("socket path %q is %d bytes, longer than a unix socket path may be (%d)", path, len(path), MaxPathLen)
+	}
 	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, DirMode); err != nil {
-		return nil, "", fmt.Errorf("creating socket directory %s: %w", dir, err)
+	if err := makeDir(dir); err != nil {
+		return nil, "", err
 	}
 	if err := clearPath(path); err != nil {
 		return nil, "", err
 	}
+	// The umask gives the socket its exact mode from the first moment: no
+	// chmod by path afterwards, which would follow a link put there.
 	umaskMu.Lock()
 	old := syscall.Umask(int(0o777 &^ mode.Perm()))
 	ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
@@ -56,18 +73,119 @@ func Unix(path string, mode os.FileMode, gid int) (ln *net.UnixListener, warning
 		return nil, "", fmt.Errorf("listening on %s: %w", path, err)
 	}
 	ln.SetUnlinkOnClose(true)
-	// The umask can only take bits away; set the exact mode and group.
-	if err := os.Chmod(path, mode.Perm()); err != nil {
+	if testHookAfterBind != nil {
+		testHookAfterBind(path)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		ln.Close()
-		return nil, "", fmt.Errorf("setting the mode of %s: %w", path, err)
+		return nil, "", fmt.Errorf("%s changed under the listener (%v); refusing it", path, err)
+	}
+	if os.FileMode(st.Mode&0o777) != mode.Perm() {
+		// A default ACL on the directory overrides the umask. The
+		// directories up to here are root's alone (makeDir), so nobody
+		// can have swapped the socket for a link meanwhile.
+		if err := os.Chmod(path, mode.Perm()); err != nil {
+			ln.Close()
+			return nil, "", fmt.Errorf("setting the mode of %s: %w", path, err)
+		}
 	}
 	if gid >= 0 {
-		if err := os.Chown(path, -1, gid); err != nil {
+		// Lchown: a link at the path is changed, never what it points to.
+		if err := os.Lchown(path, -1, gid); err != nil {
 			ln.Close()
 			return nil, "", fmt.Errorf("setting the group of %s to %d: %w", path, gid, err)
 		}
 	}
 	return ln, reachable(path, mode, gid), nil
+}
+
+// makeDir makes sure dir exists and that only root (or the process's own
+// user) can change it or any directory above it: creating what is missing
+// with exactly DirMode (whatever the umask), refusing a directory someone
+// else could write (ErrUnsafeDir). A world-writable directory with the
+// sticky bit (/tmp) is accepted: nobody can rename or remove what others
+// made in it.
+func makeDir(dir string) error {
+	dir = filepath.Clean(dir)
+	// The deepest directory that exists, and what is missing below it.
+	existing, missing := dir, []string(nil)
+	for {
+		_, err := os.Lstat(existing)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("checking socket directory %s: %w", existing, err)
+		}
+		missing = append(missing, existing)
+		parent := filepath.Dir(existing)
+		if parent == existing {
+			break
+		}
+		existing = parent
+	}
+	if err := safeDirs(existing); err != nil {
+		return err
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		d := missing[i]
+		if err := os.Mkdir(d, DirMode); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("creating socket directory %s: %w", d, err)
+		}
+		// The umask may have taken bits away (UMask=0077 gives 0700,
+		// which keeps a socket's group out).
+		if err := os.Chmod(d, DirMode); err != nil {
+			return fmt.Errorf("setting the mode of socket directory %s: %w", d, err)
+		}
+	}
+	if len(missing) > 0 {
+		// Made by someone else between the checks, perhaps: check again.
+		return safeDirs(dir)
+	}
+	return nil
+}
+
+// safeDirs checks dir and every directory above it, both as written and
+// with symbolic links resolved; a link on the way must be root's (or
+// ours) too.
+func safeDirs(dir string) error {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return fmt.Errorf("checking socket directory %s: %w", dir, err)
+	}
+	if err := safeChain(dir); err != nil {
+		return err
+	}
+	if real != dir {
+		return safeChain(real)
+	}
+	return nil
+}
+
+func safeChain(dir string) error {
+	euid := uint32(os.Geteuid())
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		var st unix.Stat_t
+		if err := unix.Lstat(d, &st); err != nil {
+			return fmt.Errorf("checking socket directory %s: %w", d, err)
+		}
+		m := st.Mode & 0o7777
+		link := st.Mode&unix.S_IFMT == unix.S_IFLNK
+		switch {
+		case st.Mode&unix.S_IFMT != unix.S_IFDIR && !link:
+			return fmt.Errorf("%s is not a directory", d)
+		case st.Uid != 0 && st.Uid != euid:
+			return fmt.Errorf("%s (mode %04o) belongs to uid %d, who could swap the socket; use a directory of root's: %w",
+				d, m, st.Uid, ErrUnsafeDir)
+		case !link && m&0o022 != 0 && m&unix.S_ISVTX == 0:
+			return fmt.Errorf("%s (mode %04o) is writable by its group or by others, who could swap the socket; "+
+				"use a directory only root can write (0755 or 0711): %w", d, m, ErrUnsafeDir)
+		}
+		if d == "/" || d == "." {
+			return nil
+		}
+	}
 }
 
 // clearPath makes room for the socket: nothing there, or a stale socket
