@@ -60,14 +60,16 @@ type Reconcile struct {
 // Listener is one of the daemon's listeners (package internal/listen).
 type Listener struct {
 	Name string `json:"name"`
-	// Open connections now, and the caps: MaxConns for the listener,
-	// MaxPerUID for one local user (unix sockets); 0 is no cap.
-	Open      int    `json:"open"`
-	MaxConns  int    `json:"max_conns"`
-	MaxPerUID int    `json:"max_per_uid,omitempty"`
-	Accepted  uint64 `json:"accepted"`
+	// Open connections now, the peers holding them (a local user, a
+	// project, a remote address), and the caps: MaxConns for the
+	// listener, MaxPerPeer for one peer; 0 is no cap.
+	Open       int    `json:"open"`
+	Peers      int    `json:"peers"`
+	MaxConns   int    `json:"max_conns"`
+	MaxPerPeer int    `json:"max_per_peer,omitempty"`
+	Accepted   uint64 `json:"accepted"`
 	// Refused counts connections closed at once for a cap, by reason
-	// (listener_full, uid_full).
+	// (listener_full, peer_full).
 	Refused map[string]uint64 `json:"refused,omitempty"`
 	// AcceptErrors counts accept errors waited out (out of descriptors, say).
 	AcceptErrors uint64 `json:"accept_errors"`

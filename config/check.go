@@ -14,12 +14,16 @@ import (
 
 // Listeners bounds the connections the daemon's listeners hold (package
 // internal/listen): each of the front's TCP listener, the front's unix
-// socket and the permit socket holds at most MaxConns, and one local user
-// (peer uid) at most MaxConnsPerUID of a unix socket's. 0 derives the
-// numbers from the open-files limit (see the daemon package).
+// socket and the permit socket holds at most MaxConns, and one peer (a
+// local user, a project on the front, a remote address) at most
+// MaxConnsPerPeer of each. 0 derives the numbers from the open-files limit
+// and a memory budget (see the daemon package). SubUID is the file of
+// subordinate uid ranges folded onto their owners when counting peers;
+// "" is /etc/subuid.
 type Listeners struct {
-	MaxConns       int `yaml:"max_conns"`
-	MaxConnsPerUID int `yaml:"max_conns_per_uid"`
+	MaxConns        int    `yaml:"max_conns"`
+	MaxConnsPerPeer int    `yaml:"max_conns_per_peer"`
+	SubUID          string `yaml:"subuid"`
 }
 
 // checkValues checks what Validate's older checks let through: names,
@@ -28,8 +32,11 @@ func (c *Config) checkValues() error {
 	if c.Listeners.MaxConns < 0 {
 		return fmt.Errorf("listeners.max_conns must be 0 (derived from the open-files limit) or more, got %d", c.Listeners.MaxConns)
 	}
-	if c.Listeners.MaxConnsPerUID < 0 {
-		return fmt.Errorf("listeners.max_conns_per_uid must be 0 (a quarter of max_conns) or more, got %d", c.Listeners.MaxConnsPerUID)
+	if c.Listeners.MaxConnsPerPeer < 0 {
+		return fmt.Errorf("listeners.max_conns_per_peer must be 0 (a 64th of max_conns, at least 4) or more, got %d", c.Listeners.MaxConnsPerPeer)
+	}
+	if f := c.Listeners.SubUID; f != "" && !filepath.IsAbs(f) {
+		return fmt.Errorf("listeners.subuid must be an absolute path or empty (/etc/subuid), got %q", f)
 	}
 	if c.Permits.MaxWaiting < 0 || c.Permits.MaxWaitingPerSession < 0 {
 		return fmt.Errorf("permits.max_waiting and permits.max_waiting_per_session must be 0 (the default) or more, got %d and %d",

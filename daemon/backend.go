@@ -100,7 +100,7 @@ func (d *Daemon) listenerStatus() []admin.Listener {
 	}
 	out := make([]admin.Listener, 0, len(stats))
 	for _, s := range stats {
-		out = append(out, admin.Listener{Name: s.Name, Open: s.Open, MaxConns: s.MaxConns, MaxPerUID: s.MaxPerUID,
+		out = append(out, admin.Listener{Name: s.Name, Open: s.Open, MaxConns: s.MaxConns, MaxPerPeer: s.MaxPerPeer, Peers: s.Peers,
 			Accepted: s.Accepted, Refused: s.Refused, AcceptErrors: s.AcceptErrors})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

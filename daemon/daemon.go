@@ -22,6 +22,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/internal/logrl"
+	"github.com/fairshare-dev/fairshare/internal/peercred"
 	"github.com/fairshare-dev/fairshare/metrics"
 	"github.com/fairshare-dev/fairshare/permitd"
 	"github.com/fairshare-dev/fairshare/policy"
@@ -77,6 +78,7 @@ type Daemon struct {
 	permits   *permitd.Server
 	logrl     *logrl.Handler
 	caps      Caps
+	owners    *peercred.Owners // subordinate uids, for the per-peer caps
 
 	mu   sync.Mutex        // guards the fields below
 	seen map[string][2]int // pool -> last logged {active, share}
@@ -112,7 +114,7 @@ func New(opts Options) (*Daemon, error) {
 		nofile, _ = hardFileLimit()
 	}
 	d := &Daemon{
-		opts: opts, cfg: cfg, log: log, logrl: rl, caps: BudgetCaps(cfg, nofile),
+		opts: opts, cfg: cfg, log: log, logrl: rl, caps: BudgetCaps(cfg, nofile), owners: newOwners(cfg),
 		defPolicy: policy.Policy{Tier: cfg.Scheduler.DefaultTier, Shares: cfg.Scheduler.DefaultShares},
 		others:    map[string]*pools.Pool{},
 		rates:     pools.NewRates(opts.Clock),
@@ -240,7 +242,7 @@ func (d *Daemon) buildPermits() error {
 		}
 	}
 	var err error
-	d.permits, err = permitd.New(permitsConfig(d.cfg, d.caps), d.others, d.residents, d.log.With("part", "permits"))
+	d.permits, err = permitd.New(permitsConfig(d.cfg, d.caps, d.owners), d.others, d.residents, d.log.With("part", "permits"))
 	if err != nil {
 		return fmt.Errorf("permit api: %w", err)
 	}
@@ -315,8 +317,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		}
 	}()
 	ready := Ready{PID: os.Getpid(), AdminSocket: d.cfg.AdminSocket, Kernel: d.kernel != nil}
-	d.log.Info("connection caps", "open_files", d.caps.NoFile, "per_listener", d.caps.PerListener,
-		"per_uid", d.caps.PerUID, "admin", d.caps.Admin, "admin_root_reserve", adminReserve, "metrics", d.caps.Metrics)
+	d.logCaps()
 	if d.caps.Over {
 		d.log.Warn("listeners.max_conns promises more connections than the open-files limit holds beside the daemon's own: "+
 			"a flood of connections can exhaust the descriptors the admin socket needs; lower it or raise LimitNOFILE",
@@ -327,8 +328,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return pathError("admin_socket", err)
 	}
-	adminLn = d.wrap(adminLn, listen.Options{Name: "admin", MaxConns: d.caps.Admin, Reserve: adminReserve,
-		MaxPerUID: adminPerUID, Privileged: func(uid uint32) bool { return uid == 0 }, Refuse: refuseHTTP})
+	adminLn = d.wrap(adminLn, d.listenOptions("admin"))
 	var metricsLn, frontLn, frontSock net.Listener
 	closeAll := func() {
 		for _, ln := range []net.Listener{adminLn, metricsLn, frontLn, frontSock} {
@@ -342,7 +342,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 			closeAll()
 			return fmt.Errorf("metrics listener: %w", err)
 		}
-		metricsLn = d.wrap(metricsLn, listen.Options{Name: "metrics", MaxConns: d.caps.Metrics, Refuse: refuseHTTP})
+		metricsLn = d.wrap(metricsLn, d.listenOptions("metrics"))
 		ready.Metrics = metricsLn.Addr().String()
 	}
 	if d.front != nil && d.cfg.Front.Listen != "" {
@@ -350,7 +350,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 			closeAll()
 			return fmt.Errorf("front listener: %w", err)
 		}
-		frontLn = d.wrap(frontLn, listen.Options{Name: "front", MaxConns: d.caps.PerListener, Refuse: refuseHTTP})
+		frontLn = d.wrap(frontLn, d.listenOptions("front"))
 		ready.Front = frontLn.Addr().String()
 	}
 	if d.front != nil && d.cfg.Front.Socket != "" {
@@ -358,8 +358,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 			closeAll()
 			return pathError("front.socket", err)
 		}
-		frontSock = d.wrap(frontSock, listen.Options{Name: "front_socket", MaxConns: d.caps.PerListener,
-			MaxPerUID: d.caps.PerUID, Refuse: refuseHTTP})
+		frontSock = d.wrap(frontSock, d.listenOptions("front_socket"))
 		ready.FrontSocket = d.cfg.Front.Socket
 	}
 	if d.permits != nil {
@@ -505,8 +504,8 @@ func (d *Daemon) closeParts() error {
 }
 
 func serveMetrics(ctx context.Context, ln net.Listener, h http.Handler) error {
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 2 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: metricsIdle}
 	if err := listen.ServeHTTP(ctx, hs, ln, 2*time.Second); err != nil {
 		return fmt.Errorf("metrics server: %w", err)
 	}

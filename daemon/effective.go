@@ -51,7 +51,7 @@ func Effective(cfg config.Config) (_ config.Config, notes []string) {
 	}
 	if nofile, err := hardFileLimit(); err == nil {
 		caps := BudgetCaps(cfg, nofile)
-		cfg.Listeners.MaxConns, cfg.Listeners.MaxConnsPerUID = caps.PerListener, caps.PerUID
+		cfg.Listeners.MaxConns, cfg.Listeners.MaxConnsPerPeer = caps.PerListener, caps.PerPeer
 	} else {
 		notes = append(notes, "listeners: "+err.Error())
 	}

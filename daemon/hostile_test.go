@@ -21,6 +21,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/front"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/metrics"
@@ -327,19 +328,48 @@ func TestPartErrorsAreConfigErrors(t *testing.T) {
 	}
 }
 
-// The caps fit the open-files limit with room for the daemon, the upstream,
-// /metrics and the admin socket, whichever listeners are on; a configured
-// cap beyond that is flagged.
+// The caps fit the open-files limit with room for the daemon, the
+// upstream (the front's own bound on the connections it holds, both idle
+// pools included), /metrics and the admin socket, whichever listeners are
+// on; and however high the limit, a listener holds no more connections than
+// its memory budget, each peer a 64th of them. A configured cap beyond the
+// limit is flagged. Before, the upstream was left out of this check, and a
+// limit of 524,288 gave each listener about 174,000 connections (2.7 GiB of
+// permit sessions from one group member). TestFDFloodByUnprivilegedUser
+// fills the listeners to these caps under a real limit of 1,024.
 func TestBudgetCapsFit(t *testing.T) {
-	cfg := config.Default()
-	cfg.Front.Listen, cfg.Front.Socket, cfg.Front.Upstream = "127.0.0.1:0", "/run/f.sock", "http://x"
-	for _, nofile := range []uint64{1024, 20000, 524288} {
-		c := BudgetCaps(cfg, nofile)
-		used := 3*c.PerListener + c.Admin + c.Metrics + fdOwn
-		if c.Over || uint64(used) > nofile || c.PerUID > c.PerListener/4 || c.PerUID < 1 {
-			t.Errorf("nofile %d: %+v uses %d", nofile, c, used)
+	full := config.Default()
+	full.Front.Listen, full.Front.Socket, full.Front.Upstream = "127.0.0.1:0", "/run/f.sock", "http://x"
+	busy := full
+	busy.Front.MaxInFlight = 2000
+	permitsOnly := config.Default()
+	for _, cfg := range []config.Config{full, busy, permitsOnly} {
+		listeners := 1
+		if cfg.Front.Enabled() {
+			listeners = 3
+		}
+		for _, nofile := range []uint64{1024, 4096, 20000, 524288, 1 << 40} {
+			c := BudgetCaps(cfg, nofile)
+			used := listeners*c.PerListener + c.Admin + c.Metrics + fdOwn
+			if cfg.Front.Enabled() {
+				used += front.MaxUpstreamConns(cfg.Front.MaxInFlight, cfg.Front.ExemptMax)
+			}
+			if uint64(used-listeners*c.PerListener+listeners*minConns) > nofile {
+				// Not even the least caps fit beside this upstream: flagged.
+				if !c.Over {
+					t.Errorf("max_in_flight %d, nofile %d: %+v uses %d and is not flagged", cfg.Front.MaxInFlight, nofile, c, used)
+				}
+				continue
+			}
+			if c.Over || uint64(used) > nofile || c.PerListener > 4096 || c.PerPeer < 4 || c.PerPeer > max(c.PerListener/64, 4) {
+				t.Errorf("max_in_flight %d, %d listeners, nofile %d: %+v uses %d", cfg.Front.MaxInFlight, listeners, nofile, c, used)
+			}
 		}
 	}
+	if c := BudgetCaps(full, 524288); c.PerListener != 4096 || c.PerPeer != 64 {
+		t.Errorf("the default caps at the unit's limit: %+v, want 4096 and 64", c)
+	}
+	cfg := full
 	cfg.Listeners.MaxConns = 5000
 	if c := BudgetCaps(cfg, 1024); !c.Over || c.PerListener != 5000 {
 		t.Errorf("a configured cap past the limit: %+v", c)

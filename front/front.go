@@ -237,7 +237,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		f.log = slog.New(slog.DiscardHandler)
 	}
 	f.stats = newStats(cfg.MaxProjects)
-	idle := max(64, 2*cfg.MaxInFlight)
+	idle := idleUpstream(cfg.MaxInFlight)
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	if u.Scheme == "http" && !cfg.UpstreamH2C && (u.Path == "" || u.Path == "/") && u.RawQuery == "" {
 		host := u.Host
@@ -342,6 +342,20 @@ func (f *Front) CloseIdle() {
 	if f.up != nil {
 		f.up.closeIdle()
 	}
+}
+
+// idleUpstream is how many idle upstream connections the front keeps, in
+// each of its two pools (the direct path's and the transport's).
+func idleUpstream(maxInFlight int) int { return max(64, 2*maxInFlight) }
+
+// MaxUpstreamConns bounds the upstream connections a front with these
+// limits holds at once: one per request in flight (exempt ones included)
+// and the idle ones of both pools. The daemon budgets descriptors with it.
+func MaxUpstreamConns(maxInFlight, exemptMax int) int {
+	if exemptMax <= 0 {
+		exemptMax = DefaultExemptMax
+	}
+	return maxInFlight + exemptMax + 2*idleUpstream(maxInFlight)
 }
 
 // Config returns the configuration in use, defaults filled in.

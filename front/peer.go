@@ -36,8 +36,15 @@ func (f *Front) connContext(ctx context.Context, c net.Conn) context.Context {
 	if cc, ok := c.(*clientConn); ok {
 		p.conn, p.cc = cc.Conn, cc
 	}
-	// The daemon's listeners wrap their connections (internal/listen); the
-	// socket the peer lookups need is behind NetConn.
+	// The daemon's listeners wrap their connections (internal/listen) and
+	// have looked a loopback client's socket up already: its cgroup is
+	// taken from there rather than asked for again.
+	if lc, ok := p.conn.(interface{ PeerCgroup() uint64 }); ok {
+		if id := lc.PeerCgroup(); id != 0 {
+			p.once.Do(func() { p.cgroup = id })
+		}
+	}
+	// The socket the peer lookups need is behind NetConn.
 	p.conn = peercred.Unwrap(p.conn)
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		p.addr = ta.AddrPort().Addr().Unmap()
@@ -106,4 +113,24 @@ func unixPeerCgroup(mount cgroup.Mount, c net.Conn) (uint64, error) {
 		return 0, fmt.Errorf("cgroup of pid %d: %w", cr.PID, err)
 	}
 	return cg, nil
+}
+
+// PeerClass says who a newly accepted connection's client is, as the front
+// will see it, for the daemon's per-peer connection caps: the project of its
+// cgroup (the process's cgroup for a unix socket peer; cgroupID, found by
+// the listener's own socket lookup, for a loopback TCP peer, looked up here
+// when 0), and whether it is a trusted peer (by address or cgroup). Only the
+// kernel's facts are read, nothing the client sends.
+func (f *Front) PeerClass(c net.Conn, cgroupID uint64) (project string, trusted bool) {
+	p := &peer{conn: peercred.Unwrap(c)}
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		p.addr = ta.AddrPort().Addr().Unmap()
+	}
+	if cgroupID != 0 {
+		p.once.Do(func() { p.cgroup = cgroupID })
+	}
+	if f.id.projects != nil {
+		project = f.id.projects.lookup(f.cgroupOf(p))
+	}
+	return project, f.trusted(p)
 }

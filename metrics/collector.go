@@ -151,7 +151,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.lnMax, prometheus.GaugeValue, float64(l.MaxConns), l.Name)
 		ch <- prometheus.MustNewConstMetric(c.lnAccepted, prometheus.CounterValue, float64(l.Accepted), l.Name)
 		ch <- prometheus.MustNewConstMetric(c.lnErrors, prometheus.CounterValue, float64(l.AcceptErrors), l.Name)
-		for _, reason := range []string{"listener_full", "uid_full"} {
+		for _, reason := range []string{"listener_full", "peer_full"} {
 			ch <- prometheus.MustNewConstMetric(c.lnRefused, prometheus.CounterValue, float64(l.Refused[reason]), l.Name, reason)
 		}
 	}

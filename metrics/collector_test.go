@@ -48,7 +48,7 @@ func TestCollectReconcileAndListeners(t *testing.T) {
 # HELP fairshare_listener_refused_total Connections closed at once for a cap, by reason.
 # TYPE fairshare_listener_refused_total counter
 fairshare_listener_refused_total{listener="front",reason="listener_full"} 4
-fairshare_listener_refused_total{listener="front",reason="uid_full"} 0
+fairshare_listener_refused_total{listener="front",reason="peer_full"} 0
 # HELP fairshare_reconcile_last_pass_timestamp_seconds When the last reconcile pass ended, as a Unix time.
 # TYPE fairshare_reconcile_last_pass_timestamp_seconds gauge
 fairshare_reconcile_last_pass_timestamp_seconds 1.7e+09

@@ -30,7 +30,7 @@
 //	fairshare_reconcile_sockets|held                      at the last pass
 //	fairshare_listener_open_connections|max_connections{listener}
 //	fairshare_listener_accepted_total|accept_errors_total{listener}
-//	fairshare_listener_refused_total{listener,reason}     reason: listener_full, uid_full
+//	fairshare_listener_refused_total{listener,reason}     reason: listener_full, peer_full
 //
 // Cardinality is bounded by MaxProjects (metrics.max_projects in the config),
 // by the one policy of package internal/labels, which the front's request

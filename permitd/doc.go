@@ -15,7 +15,8 @@
 // group (primary or supplementary).
 //
 // The socket is served through package internal/listen: sessions are capped
-// in number (Config.MaxConns) and per peer uid (Config.MaxConnsPerUID); a
+// in number (Config.MaxConns) and per peer user (Config.MaxConnsPerPeer; a
+// subordinate uid of /etc/subuid counts as its owner, Config.Owners); a
 // connection past a cap gets one TOO_MANY_SESSIONS line and is closed, and
 // running out of descriptors is waited out rather than ending the server.
 // Sessions have no idle timeout: a session's leases end with it, so only the

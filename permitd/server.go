@@ -77,9 +77,12 @@ type Config struct {
 	// Group may connect besides root and the daemon's user (the runtime's
 	// group): a group name, or a numeric gid; "" = nobody else.
 	Group string
-	// MaxConns bounds the sessions open at once and MaxConnsPerUID those of
+	// MaxConns bounds the sessions open at once and MaxConnsPerPeer those of
 	// one peer uid (package internal/listen); 0 means no bound.
-	MaxConns, MaxConnsPerUID int
+	MaxConns, MaxConnsPerPeer int
+	// Owners folds subordinate uids onto their owner for the per-peer
+	// bounds; nil folds nothing.
+	Owners *peercred.Owners
 	// MaxWaiting bounds the operations waiting at once over all sessions,
 	// MaxWaitingPerSession those of one session; 0 means
 	// DefaultMaxWaiting and DefaultMaxWaitingPerSession.
@@ -234,8 +237,8 @@ func (s *Server) Listen() error {
 	if warn != "" {
 		s.log.Warn("the permit socket's intended users may not reach it", "socket", path, "problem", warn)
 	}
-	ln := listen.Wrap(ul, listen.Options{Name: "permits", MaxConns: s.cfg.MaxConns, MaxPerUID: s.cfg.MaxConnsPerUID,
-		Refuse: refuseSession, Log: s.log})
+	ln := listen.Wrap(ul, listen.Options{Name: "permits", MaxConns: s.cfg.MaxConns, MaxPerPeer: s.cfg.MaxConnsPerPeer,
+		Owners: s.cfg.Owners, Refuse: refuseSession, Log: s.log})
 	s.ln = ln
 	return nil
 }
@@ -290,7 +293,7 @@ func (s *Server) Serve(ctx context.Context) error {
 // closed, in the protocol's own words.
 func refuseSession(c net.Conn, reason string) {
 	msg := "too many permit sessions are open"
-	if reason == listen.ReasonUIDFull {
+	if reason == listen.ReasonPeerFull {
 		msg = "too many permit sessions are open for this user"
 	}
 	io.WriteString(c, string(appendResponse(nil, &response{Code: CodeTooManySessions, Error: msg + "; closing"})))

@@ -184,7 +184,7 @@ func TestPrintConfigIsEffective(t *testing.T) {
 			[]string{"size: 1000\n    floor: 7", "size: 40\n    floor: 2", "max_in_flight: 8", "group: \"4242\"", "reconcile: 30s",
 				"exempt_max: 7"}},
 		{nil, []string{"FAIRSHARE_POOL=requests=40,uploads=10/3", "FAIRSHARE_MAX_CONNS=77"},
-			[]string{"size: 40\n    floor: 2", "uploads:\n    size: 10\n    floor: 3", "max_conns: 77\n  max_conns_per_uid: 19"}},
+			[]string{"size: 40\n    floor: 2", "uploads:\n    size: 10\n    floor: 3", "max_conns: 77\n  max_conns_per_peer: 4"}},
 	} {
 		cmd := exec.Command(binary, append([]string{"run", "--print-config"}, tt.args...)...)
 		cmd.Env = append(cleanEnv(), tt.env...)

@@ -152,13 +152,13 @@ func printStatus(w io.Writer, st admin.Status) error {
 	}
 	if len(st.Listeners) > 0 {
 		fmt.Fprintln(tw)
-		fmt.Fprintln(tw, "LISTENER\tOPEN\tMAX\tMAX_PER_UID\tACCEPTED\tREFUSED\tACCEPT_ERRORS")
+		fmt.Fprintln(tw, "LISTENER\tOPEN\tPEERS\tMAX\tMAX_PER_PEER\tACCEPTED\tREFUSED\tACCEPT_ERRORS")
 		for _, l := range st.Listeners {
 			var refused uint64
 			for _, n := range l.Refused {
 				refused += n
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\n", l.Name, l.Open, l.MaxConns, l.MaxPerUID, l.Accepted, refused, l.AcceptErrors)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", l.Name, l.Open, l.Peers, l.MaxConns, l.MaxPerPeer, l.Accepted, refused, l.AcceptErrors)
 		}
 	}
 	return tw.Flush()

@@ -20,20 +20,37 @@
 // # Caps
 //
 // Options.MaxConns bounds the connections open through a listener at once,
-// and Options.MaxPerUID the connections of one peer uid on a unix socket
-// (read with SO_PEERCRED when accepted). A connection past a cap is
-// accepted, told why when the listener says how (Options.Refuse: a 503 for
-// HTTP, an error line for the permit protocol) and closed at once, so the
-// daemon never holds more descriptors for a listener than its cap. The caps
-// of all listeners together stay below the process's open-files limit
-// (RaiseFileLimit raises it to the hard limit first), which is what keeps a
-// flood from starving anything else: the control loop, the BPF maps, the
-// upstream connections, and above all the admin socket.
+// and Options.MaxPerPeer the connections of one peer. A connection past a
+// cap is accepted, told why when the listener says how (Options.Refuse: a
+// 503 for HTTP, an error line for the permit protocol) and closed at once,
+// so the daemon never holds more descriptors for a listener than its cap.
+// The caps of all listeners together stay below the process's open-files
+// limit (RaiseFileLimit raises it to the hard limit first), which is what
+// keeps a flood from starving anything else: the control loop, the BPF
+// maps, the upstream connections, and above all the admin socket.
+//
+// # Peers
+//
+// A peer is what the kernel says about the other end, never what it says
+// about itself (Peer):
+//
+//   - on a unix socket, the uid from SO_PEERCRED;
+//   - on TCP from loopback, the owner of the client's socket, looked up in
+//     the kernel's socket table (sock_diag) when the connection is
+//     accepted;
+//   - on TCP from elsewhere, the address (an IPv6 address's /64).
+//
+// A uid is folded onto its owner when it lies in a subordinate range of
+// /etc/subuid (Options.Owners): a user who can map 65,536 uids into a user
+// namespace is still one peer. Options.Classify may name the peer
+// otherwise: the daemon keys a client in a project's cgroup by its project,
+// so that tenants running as one uid do not share one share.
 //
 // Options.Reserve keeps the last connections of a listener's cap for
-// privileged peers (Options.Privileged; on the admin socket, root): however
-// many connections other users hold, the operator's CLI gets in. Privileged
-// peers are not subject to MaxPerUID.
+// privileged peers (Options.Privileged, asked about the uid the kernel
+// reported, never a folded one; on the admin socket and /metrics, root):
+// however many connections other users hold, the operator's CLI gets in.
+// Privileged peers are not subject to MaxPerPeer.
 //
 // Idle timeouts belong to the protocols (the HTTP servers set theirs; the
 // permit protocol's sessions carry leases and have none), so Listener does

@@ -7,16 +7,19 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/peercred"
+	"github.com/fairshare-dev/fairshare/sockdiag"
 )
 
 // Refusal reasons, as counted in Stats.Refused.
 const (
-	ReasonFull    = "listener_full" // MaxConns (less the reserve) reached
-	ReasonUIDFull = "uid_full"      // the peer's uid holds MaxPerUID
+	ReasonFull     = "listener_full" // MaxConns (less the reserve) reached
+	ReasonPeerFull = "peer_full"     // the peer (Peer.Key) holds MaxPerPeer
 )
 
 // Backoff bounds of Accept after an error.
@@ -34,14 +37,21 @@ type Options struct {
 	Name string
 	// MaxConns bounds the connections open at once; 0 means no bound.
 	MaxConns int
-	// MaxPerUID bounds the connections open at once per peer uid, on unix
-	// sockets; 0 means no bound.
-	MaxPerUID int
+	// MaxPerPeer bounds the connections open at once per peer (Peer.Key);
+	// 0 means no bound.
+	MaxPerPeer int
 	// Reserve is how many of MaxConns only privileged peers may use.
 	Reserve int
-	// Privileged reports whether a peer uid may use the reserve and is free
-	// of MaxPerUID; nil means nobody is.
+	// Privileged reports whether a peer uid, as the kernel reported it (not
+	// folded), may use the reserve and is free of MaxPerPeer; nil means
+	// nobody is.
 	Privileged func(uid uint32) bool
+	// Owners folds subordinate uids onto their owner in Peer.Key; nil
+	// folds nothing.
+	Owners *peercred.Owners
+	// Classify, if set, may change a peer's key after the default
+	// identification (see Peer), say to the peer's project.
+	Classify func(c net.Conn, p *Peer)
 	// Refuse, if set, writes a short explanation to a connection past a
 	// cap before it is closed. It runs with a write deadline of 100ms.
 	Refuse func(c net.Conn, reason string)
@@ -49,12 +59,33 @@ type Options struct {
 	Log *slog.Logger
 }
 
+// Peer is who a connection comes from, as far as the caps are concerned.
+type Peer struct {
+	// Key names the peer's share of MaxPerPeer: "uid:N" for a local user
+	// (N its uid, a subordinate uid folded onto its owner), "net:P" for a
+	// remote TCP peer (P its address, an IPv6 peer's /64), or what
+	// Options.Classify made of it. "" leaves the connection under MaxConns
+	// only.
+	Key string
+	// UID is the peer's uid as the kernel reports it: SO_PEERCRED on a
+	// unix socket, the owner of the client's socket (sock_diag) for a
+	// loopback TCP peer. HasUID says whether it is known.
+	UID    uint32
+	HasUID bool
+	// Cgroup is the cgroup id of a loopback TCP peer's socket; 0 when
+	// unknown or not a loopback TCP peer.
+	Cgroup uint64
+	// Privileged peers may use Options.Reserve and are free of MaxPerPeer.
+	Privileged bool
+}
+
 // Stats are a listener's counters.
 type Stats struct {
 	Name         string
 	Open         int // connections open now
+	Peers        int // distinct peers (Peer.Key) holding them
 	MaxConns     int
-	MaxPerUID    int
+	MaxPerPeer   int
 	Accepted     uint64
 	Refused      map[string]uint64 // by reason
 	AcceptErrors uint64            // transient accept errors waited out
@@ -71,7 +102,7 @@ type Listener struct {
 
 	mu        sync.Mutex // guards the fields below
 	open      int
-	perUID    map[uint32]int
+	perPeer   map[string]int
 	accepted  uint64
 	refused   map[string]uint64
 	errTotal  uint64
@@ -89,7 +120,7 @@ func Wrap(ln net.Listener, opts Options) *Listener {
 		opts.Reserve = opts.MaxConns
 	}
 	return &Listener{Listener: ln, opts: opts, done: make(chan struct{}),
-		perUID: map[uint32]int{}, refused: map[string]uint64{}}
+		perPeer: map[string]int{}, refused: map[string]uint64{}}
 }
 
 // Close closes the listener; a pending Accept returns.
@@ -173,46 +204,95 @@ func (l *Listener) noteRecovery() {
 // admit applies the caps to a freshly accepted connection: it returns it
 // wrapped, or refuses and closes it and returns nil.
 func (l *Listener) admit(c net.Conn) *Conn {
-	var uid uint32
-	hasUID := false
-	if cr, err := peercred.Of(c); err == nil {
-		uid, hasUID = cr.UID, true
-	}
-	priv := hasUID && l.opts.Privileged != nil && l.opts.Privileged(uid)
+	p := l.identify(c)
 	l.mu.Lock()
 	limit := l.opts.MaxConns
-	if !priv {
+	if !p.Privileged {
 		limit -= l.opts.Reserve
 	}
 	reason := ""
 	switch {
 	case l.opts.MaxConns > 0 && l.open >= limit:
 		reason = ReasonFull
-	case hasUID && !priv && l.opts.MaxPerUID > 0 && l.perUID[uid] >= l.opts.MaxPerUID:
-		reason = ReasonUIDFull
+	case p.Key != "" && !p.Privileged && l.opts.MaxPerPeer > 0 && l.perPeer[p.Key] >= l.opts.MaxPerPeer:
+		reason = ReasonPeerFull
 	}
 	if reason != "" {
 		l.refused[reason]++
-		open, perUID := l.open, l.perUID[uid]
+		open, held := l.open, l.perPeer[p.Key]
 		l.mu.Unlock()
-		l.refuse(c, reason, uid, hasUID, open, perUID)
+		l.refuse(c, reason, p, open, held)
 		return nil
 	}
 	l.open++
-	if hasUID {
-		l.perUID[uid]++
+	if p.Key != "" {
+		l.perPeer[p.Key]++
 	}
 	l.accepted++
 	l.mu.Unlock()
-	return &Conn{Conn: c, l: l, uid: uid, hasUID: hasUID}
+	return &Conn{Conn: c, l: l, peer: p}
 }
 
-func (l *Listener) refuse(c net.Conn, reason string, uid uint32, hasUID bool, open, perUID int) {
+// identify finds who c is from: see Peer.
+func (l *Listener) identify(c net.Conn) Peer {
+	var p Peer
+	switch nc := peercred.Unwrap(c).(type) {
+	case *net.UnixConn:
+		if cr, err := peercred.Of(nc); err == nil {
+			p.UID, p.HasUID = cr.UID, true
+		}
+	case *net.TCPConn:
+		ra, ok1 := nc.RemoteAddr().(*net.TCPAddr)
+		la, ok2 := nc.LocalAddr().(*net.TCPAddr)
+		if !ok1 || !ok2 {
+			break
+		}
+		addr := ra.AddrPort().Addr().Unmap()
+		if !addr.IsLoopback() {
+			p.Key = "net:" + remoteKey(addr)
+			break
+		}
+		// The client's socket has our ends the other way round; the
+		// kernel knows who made it.
+		if s, err := sockdiag.Lookup(ra.AddrPort(), la.AddrPort()); err == nil {
+			p.UID, p.HasUID, p.Cgroup = s.UID, true, s.CgroupID
+		} else {
+			// Gone already, or sock_diag unusable: such peers share one
+			// place rather than none.
+			p.Key = "net:" + addr.String()
+		}
+	}
+	if p.HasUID {
+		p.Key = UIDKey(l.opts.Owners.Owner(p.UID))
+		p.Privileged = l.opts.Privileged != nil && l.opts.Privileged(p.UID)
+	}
+	if l.opts.Classify != nil {
+		l.opts.Classify(c, &p)
+	}
+	return p
+}
+
+// UIDKey is the Peer.Key of a local user whose uid (folded) is owner.
+func UIDKey(owner uint32) string { return "uid:" + strconv.FormatUint(uint64(owner), 10) }
+
+// remoteKey is what counts as one remote peer: its address, or for IPv6 the
+// /64 a host is usually given whole.
+func remoteKey(a netip.Addr) string {
+	if a = a.Unmap(); a.Is6() {
+		return netip.PrefixFrom(a, 64).Masked().String()
+	}
+	return a.String()
+}
+
+func (l *Listener) refuse(c net.Conn, reason string, p Peer, open, held int) {
 	args := []any{"listener", l.opts.Name, "reason", reason, "open", open, "max_conns", l.opts.MaxConns}
-	if hasUID {
-		args = append(args, "uid", uid, "uid_open", perUID, "max_per_uid", l.opts.MaxPerUID)
-	} else if a := c.RemoteAddr(); a != nil {
-		args = append(args, "peer", a.String())
+	if p.Key != "" {
+		args = append(args, "peer", p.Key, "peer_open", held, "max_per_peer", l.opts.MaxPerPeer)
+	}
+	if p.HasUID {
+		args = append(args, "uid", p.UID)
+	} else if a := c.RemoteAddr(); a != nil && a.String() != "" {
+		args = append(args, "addr", a.String())
 	}
 	l.opts.Log.Warn("connection refused: too many open connections", args...)
 	if l.opts.Refuse != nil {
@@ -226,11 +306,11 @@ func (l *Listener) release(c *Conn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.open--
-	if c.hasUID {
-		if n := l.perUID[c.uid] - 1; n > 0 {
-			l.perUID[c.uid] = n
+	if k := c.peer.Key; k != "" {
+		if n := l.perPeer[k] - 1; n > 0 {
+			l.perPeer[k] = n
 		} else {
-			delete(l.perUID, c.uid)
+			delete(l.perPeer, k)
 		}
 	}
 }
@@ -239,7 +319,7 @@ func (l *Listener) release(c *Conn) {
 func (l *Listener) Stats() Stats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := Stats{Name: l.opts.Name, Open: l.open, MaxConns: l.opts.MaxConns, MaxPerUID: l.opts.MaxPerUID,
+	s := Stats{Name: l.opts.Name, Open: l.open, Peers: len(l.perPeer), MaxConns: l.opts.MaxConns, MaxPerPeer: l.opts.MaxPerPeer,
 		Accepted: l.accepted, AcceptErrors: l.errTotal, Refused: make(map[string]uint64, len(l.refused))}
 	for k, v := range l.refused {
 		s.Refused[k] = v
@@ -252,10 +332,9 @@ func (l *Listener) Stats() Stats {
 // (SO_PEERCRED, sock_diag) still reach the socket.
 type Conn struct {
 	net.Conn
-	l      *Listener
-	uid    uint32
-	hasUID bool
-	once   sync.Once
+	l    *Listener
+	peer Peer
+	once sync.Once
 }
 
 // Close closes the connection and frees its place under the caps.
@@ -277,5 +356,10 @@ func (c *Conn) CloseWrite() error {
 	return nil
 }
 
-// PeerUID returns the peer's uid on a unix socket.
-func (c *Conn) PeerUID() (uint32, bool) { return c.uid, c.hasUID }
+// Peer returns who the connection is from, as the caps counted it.
+func (c *Conn) Peer() Peer { return c.peer }
+
+// PeerCgroup is the cgroup id of a loopback TCP client's socket as the
+// listener found it (0 when it did not look or found none), so the server
+// behind need not look again.
+func (c *Conn) PeerCgroup() uint64 { return c.peer.Cgroup }

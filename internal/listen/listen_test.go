@@ -24,18 +24,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// dialEnv makes the test binary a client: "PATH N" dials N connections to
-// the unix socket PATH, prints for each the first line the server sent
-// ("open" from serve, or the refusal), and holds them until stdin closes.
+// dialEnv makes the test binary a client: "NETWORK ADDR N" dials N
+// connections to ADDR (a unix socket path or a TCP address), prints for
+// each the first line the server sent ("open" from serve, or the refusal),
+// and holds them until stdin closes.
 const dialEnv = "LISTEN_TEST_DIAL"
 
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(dialEnv); spec != "" {
-		path, nStr, _ := strings.Cut(spec, " ")
-		n, _ := strconv.Atoi(nStr)
+		f := strings.Fields(spec)
+		network, addr := f[0], f[1]
+		n, _ := strconv.Atoi(f[2])
 		var conns []net.Conn
 		for range n {
-			c, err := net.Dial("unix", path)
+			c, err := net.Dial(network, addr)
 			if err != nil {
 				fmt.Println("dial-error", err)
 				continue
@@ -69,9 +71,14 @@ type holder struct {
 
 func dialAs(t *testing.T, path string, n int, uid uint32) *holder {
 	t.Helper()
+	return dialNetAs(t, "unix", path, n, uid)
+}
+
+func dialNetAs(t *testing.T, network, addr string, n int, uid uint32) *holder {
+	t.Helper()
 	cmd := exec.Command(publicBinary(t), "-test.run=^$")
 	// No second of race-detector sleep at the helper's exit.
-	cmd.Env = append(os.Environ(), dialEnv+"="+path+" "+strconv.Itoa(n), "GORACE=atexit_sleep_ms=0")
+	cmd.Env = append(os.Environ(), dialEnv+"="+network+" "+addr+" "+strconv.Itoa(n), "GORACE=atexit_sleep_ms=0")
 	if uid != 0 {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
 	}
@@ -172,25 +179,25 @@ func publicDir(t *testing.T) string {
 	return dir
 }
 
-// Real clients of two users: nobody is held to its per-uid cap, root (the
+// Real clients of two users: nobody is held to its per-peer cap, root (the
 // privileged uid) uses the reserve nobody may touch, and a refused client
 // is told why before it is closed.
-func TestCapsPerListenerAndUID(t *testing.T) {
+func TestCapsPerListenerAndPeer(t *testing.T) {
 	needRoot(t)
 	path := filepath.Join(publicDir(t), "s.sock")
 	ul, warn, err := Unix(path, 0o666, -1)
 	if err != nil || warn != "" {
 		t.Fatalf("Unix: %v %q", err, warn)
 	}
-	l := Wrap(ul, Options{Name: "test", MaxConns: 6, Reserve: 2, MaxPerUID: 3,
+	l := Wrap(ul, Options{Name: "test", MaxConns: 6, Reserve: 2, MaxPerPeer: 3,
 		Privileged: func(uid uint32) bool { return uid == 0 },
 		Refuse:     func(c net.Conn, reason string) { io.WriteString(c, "refused "+reason+"\n") }})
 	defer l.Close()
 	done := serve(l)
 
 	nobody := dialAs(t, path, 5, 65534)
-	if nobody.count("open") != 3 || nobody.count("refused uid_full") != 2 {
-		t.Fatalf("nobody: %q; want 3 open and 2 refused uid_full", nobody.lines)
+	if nobody.count("open") != 3 || nobody.count("refused peer_full") != 2 {
+		t.Fatalf("nobody: %q; want 3 open and 2 refused peer_full", nobody.lines)
 	}
 	// Another unprivileged user gets one more (4 = 6 - reserve), then the
 	// listener is full for everyone but root.
@@ -203,7 +210,7 @@ func TestCapsPerListenerAndUID(t *testing.T) {
 		t.Fatalf("root: %q; want the 2 reserved places, then refused", root.lines)
 	}
 	st := l.Stats()
-	if st.Open != 6 || st.Refused[ReasonUIDFull] != 2 || st.Refused[ReasonFull] != 2 || st.Accepted != 6 {
+	if st.Open != 6 || st.Peers != 3 || st.Refused[ReasonPeerFull] != 2 || st.Refused[ReasonFull] != 2 || st.Accepted != 6 {
 		t.Fatalf("stats %+v", st)
 	}
 	// Closing frees places.

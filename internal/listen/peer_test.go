@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package listen
+
+import (
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/fairshare-dev/fairshare/internal/peercred"
+)
+
+func refuseLine(c net.Conn, reason string) { io.WriteString(c, "refused "+reason+"\n") }
+
+// A user with a subordinate uid range (newuidmap lets it run processes as
+// any of 65,536 host uids) is one peer: nobody and three of its subordinate
+// uids share nobody's three places, while a uid outside every range has its
+// own. Before, each uid was a peer of its own, and one user could take a
+// whole listener.
+func TestSubordinateUIDsAreOnePeer(t *testing.T) {
+	needRoot(t)
+	subuid := filepath.Join(t.TempDir(), "subuid")
+	if err := os.WriteFile(subuid, []byte("nobody:200000:65536\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(publicDir(t), "s.sock")
+	ul, _, err := Unix(path, 0o666, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := Wrap(ul, Options{Name: "test", MaxConns: 100, MaxPerPeer: 3, Owners: peercred.NewOwners(subuid), Refuse: refuseLine})
+	defer l.Close()
+	serve(l)
+	open := 0
+	for _, uid := range []uint32{200000, 200001, 265535, 65534} {
+		h := dialAs(t, path, 2, uid)
+		open += h.count("open")
+		if h.count("open")+h.count("refused peer_full") != 2 {
+			t.Fatalf("uid %d: %q", uid, h.lines)
+		}
+	}
+	if open != 3 {
+		t.Errorf("nobody and its subordinate uids hold %d connections, want 3 (one peer)", open)
+	}
+	if h := dialAs(t, path, 2, 265536); h.count("open") != 2 {
+		t.Errorf("a uid just past the range: %q, want both open", h.lines)
+	}
+	if st := l.Stats(); st.Peers != 2 || st.Open != 5 {
+		t.Errorf("stats %+v; want 5 open by 2 peers", st)
+	}
+}
+
+// Over TCP on loopback the kernel's socket table names the client's user:
+// nobody is held to its per-peer cap, another user has its own, and root
+// alone gets the reserve. Before, TCP peers had no per-peer cap at all, so
+// one local user could hold every place of /metrics or the front's port.
+func TestLoopbackTCPPeers(t *testing.T) {
+	needRoot(t)
+	tl, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []Peer
+	l := Wrap(tl, Options{Name: "tcp", MaxConns: 6, Reserve: 2, MaxPerPeer: 2,
+		Privileged: func(uid uint32) bool { return uid == 0 }, Refuse: refuseLine,
+		Classify: func(c net.Conn, p *Peer) { got = append(got, *p) }})
+	defer l.Close()
+	serve(l)
+	addr := tl.Addr().String()
+	if h := dialNetAs(t, "tcp4", addr, 4, 65534); h.count("open") != 2 || h.count("refused peer_full") != 2 {
+		t.Fatalf("nobody: %q; want 2 open, 2 refused peer_full", h.lines)
+	}
+	if h := dialNetAs(t, "tcp4", addr, 3, 65533); h.count("open") != 2 || h.count("refused listener_full") != 1 {
+		t.Fatalf("uid 65533: %q; want 2 open, then the listener full but for root", h.lines)
+	}
+	if h := dialNetAs(t, "tcp4", addr, 3, 0); h.count("open") != 2 || h.count("refused listener_full") != 1 {
+		t.Fatalf("root: %q; want the 2 reserved places", h.lines)
+	}
+	for _, p := range got {
+		if !p.HasUID || p.Key != "uid:"+itoa(p.UID) || p.Cgroup == 0 || p.Privileged != (p.UID == 0) {
+			t.Errorf("peer %+v: want its uid and cgroup from sock_diag", p)
+		}
+	}
+}
+
+func itoa(u uint32) string { return strconv.FormatUint(uint64(u), 10) }
+
+func TestRemoteKey(t *testing.T) {
+	for in, want := range map[string]string{
+		"192.0.2.7":            "192.0.2.7",
+		"2001:db8:1:2:3:4:5:6": "2001:db8:1:2::/64",
+		"2001:db8:1:2:ffff::1": "2001:db8:1:2::/64",
+		"::ffff:192.0.2.7":     "192.0.2.7",
+		"2001:db8:1:3:3:4:5:6": "2001:db8:1:3::/64",
+	} {
+		if got := remoteKey(netip.MustParseAddr(in)); got != want {
+			t.Errorf("remoteKey(%s) = %s, want %s", in, got, want)
+		}
+	}
+}
