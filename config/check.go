@@ -38,9 +38,14 @@ func (c *Config) checkValues() error {
 	if f := c.Listeners.SubUID; f != "" && !filepath.IsAbs(f) {
 		return fmt.Errorf("listeners.subuid must be an absolute path or empty (/etc/subuid), got %q", f)
 	}
-	if c.Permits.MaxWaiting < 0 || c.Permits.MaxWaitingPerSession < 0 {
-		return fmt.Errorf("permits.max_waiting and permits.max_waiting_per_session must be 0 (the default) or more, got %d and %d",
-			c.Permits.MaxWaiting, c.Permits.MaxWaitingPerSession)
+	for _, v := range []struct {
+		key string
+		n   int
+	}{{"max_waiting", c.Permits.MaxWaiting}, {"max_waiting_per_uid", c.Permits.MaxWaitingPerUID},
+		{"max_waiting_per_session", c.Permits.MaxWaitingPerSession}} {
+		if v.n < 0 {
+			return fmt.Errorf("permits.%s must be 0 (the default) or more, got %d", v.key, v.n)
+		}
 	}
 	if g := c.Permits.Group; g != "" {
 		if strings.ContainsFunc(g, func(r rune) bool { return r <= ' ' || r == ':' || r == 0x7f }) {

@@ -32,6 +32,7 @@ func TestValuesCheckedAtLoad(t *testing.T) {
 		{"listeners: {max_conns: -1}", `listeners.max_conns`},
 		{"listeners: {max_conns_per_peer: -1}", `listeners.max_conns_per_peer`},
 		{"listeners: {subuid: etc/subuid}", `listeners.subuid`},
+		{"permits: {max_waiting_per_uid: -2}", `permits.max_waiting_per_uid`},
 		{"permits: {group: 'a b'}", `permits.group`},
 		{"permits: {group: '-5'}", `permits.group`},
 		{"permits: {max_waiting: -1}", `permits.max_waiting`},

@@ -87,9 +87,11 @@ type Permits struct {
 	Socket string `yaml:"socket"`
 	// Group may connect besides root: a group name or a numeric gid.
 	Group string `yaml:"group"`
-	// MaxWaiting and MaxWaitingPerSession bound the permit operations
-	// waiting at once (package permitd); 0 means its defaults.
+	// MaxWaiting, MaxWaitingPerUID and MaxWaitingPerSession bound the
+	// permit operations waiting at once, over all sessions, per peer user
+	// and per session (package permitd); 0 means its defaults.
 	MaxWaiting           int `yaml:"max_waiting"`
+	MaxWaitingPerUID     int `yaml:"max_waiting_per_uid"`
 	MaxWaitingPerSession int `yaml:"max_waiting_per_session"`
 }
 

@@ -49,6 +49,9 @@ func Effective(cfg config.Config) (_ config.Config, notes []string) {
 	if cfg.Permits.MaxWaitingPerSession == 0 {
 		cfg.Permits.MaxWaitingPerSession = permitd.DefaultMaxWaitingPerSession
 	}
+	if cfg.Permits.MaxWaitingPerUID == 0 {
+		cfg.Permits.MaxWaitingPerUID = permitd.DefaultMaxWaitingPerUID
+	}
 	if nofile, err := hardFileLimit(); err == nil {
 		caps := BudgetCaps(cfg, nofile)
 		cfg.Listeners.MaxConns, cfg.Listeners.MaxConnsPerPeer = caps.PerListener, caps.PerPeer

@@ -179,5 +179,6 @@ func newOwners(cfg config.Config) *peercred.Owners {
 func permitsConfig(cfg config.Config, caps Caps, owners *peercred.Owners) permitd.Config {
 	return permitd.Config{Socket: cfg.Permits.Socket, Group: cfg.Permits.Group,
 		MaxConns: caps.PerListener, MaxConnsPerPeer: caps.PerPeer, Owners: owners,
-		MaxWaiting: cfg.Permits.MaxWaiting, MaxWaitingPerSession: cfg.Permits.MaxWaitingPerSession}
+		MaxWaiting: cfg.Permits.MaxWaiting, MaxWaitingPerUID: cfg.Permits.MaxWaitingPerUID,
+		MaxWaitingPerSession: cfg.Permits.MaxWaitingPerSession}
 }

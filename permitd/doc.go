@@ -28,8 +28,8 @@
 // 64 KiB per line. A client may pipeline: it can send any number of requests
 // without waiting, and matches answers to requests by the id it chose.
 // Non-blocking operations are answered in the order they were sent; an
-// operation that waits (spawn, acquire with wait_ms) is answered when it
-// completes, possibly after later requests.
+// operation that waits (a spawn the pool cannot admit at once, acquire with
+// wait_ms) is answered when it completes, possibly after later requests.
 //
 // Request fields:
 //
@@ -77,11 +77,14 @@
 //	CONFLICT            spawn of an object that another session owns
 //	CANCELED            the wait ended because the session or the server closed
 //	LINE_TOO_LONG       a line exceeded 64 KiB; the server answers and closes the connection
-//	TOO_MANY_WAITING    the operation would wait (acquire with wait_ms, spawn) but the
-//	                    session already has Config.MaxWaitingPerSession operations
-//	                    waiting (512 by default), or the server Config.MaxWaiting
+//	TOO_MANY_WAITING    the operation would wait (acquire with wait_ms refused at once,
+//	                    a spawn that must wait for room or for a victim's owner) but
+//	                    the session already has Config.MaxWaitingPerSession operations
+//	                    waiting (512 by default), the peer's user over all its sessions
+//	                    Config.MaxWaitingPerUID (512), or the server Config.MaxWaiting
 //	                    (4096); the error says which. Retry when one has ended, or
-//	                    acquire without wait_ms
+//	                    acquire without wait_ms. A spawn the pool admits at once never
+//	                    gets it
 //	TOO_MANY_SESSIONS   sent once, with id 0, to a connection past the socket's caps,
 //	                    which is then closed
 //	FORBIDDEN           sent once, with id 0, to a peer that may not use the API,

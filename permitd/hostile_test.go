@@ -131,15 +131,29 @@ func TestWaitersBoundedPerServer(t *testing.T) {
 	for i := range 4 {
 		wait(b, i+1)
 	}
-	if got := b.roundTrip(`{"id":5,"op":"spawn","project":"beta","object":"o"}`); !strings.Contains(got, "TOO_MANY_WAITING") || !strings.Contains(got, "server") {
+	if got := b.roundTrip(`{"id":5,"op":"acquire","pool":"flights","project":"beta","wait_ms":60000}`); !strings.Contains(got, "TOO_MANY_WAITING") || !strings.Contains(got, "server") {
 		t.Fatalf("13th wait of the server: %s", got)
+	}
+	// A spawn the pool admits at once does not wait, so it needs no place:
+	// before, every spawn took one, and whoever filled them blocked every
+	// spawn on the node.
+	if got := b.roundTrip(`{"id":6,"op":"spawn","project":"beta","object":"o"}`); !strings.Contains(got, `"ok":true`) {
+		t.Fatalf("a spawn with room, all waiting places taken: %s", got)
+	}
+	// A spawn that would wait (the pool of one is full and nobody is over
+	// share) is refused for want of a place, and leaves nothing behind.
+	if got := raw(t, f).roundTrip(`{"id":7,"op":"spawn","project":"gamma","object":"g"}`); !strings.Contains(got, "TOO_MANY_WAITING") {
+		t.Fatalf("a spawn that must wait, all places taken: %s", got)
+	}
+	if s := f.srv.Snapshot().Residents; s.Spawning != 0 || s.Pool.InUse != 1 {
+		t.Fatalf("after the refused spawn: spawning %d, in use %d", s.Spawning, s.Pool.InUse)
 	}
 	// When waits end, places come back.
 	a.conn.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		got := b.roundTrip(`{"id":6,"op":"spawn","project":"beta","object":"o"}`)
-		if strings.Contains(got, `"ok":true`) {
+		got := b.roundTrip(`{"id":8,"op":"acquire","pool":"flights","project":"beta","wait_ms":1}`)
+		if !strings.Contains(got, "TOO_MANY_WAITING") {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -249,16 +249,6 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 		resp.Code, resp.Error = CodeBadRequest, err.Error()
 		return true
 	}
-	if why := s.startWait(ss); why != "" {
-		resp.Code, resp.Error = CodeTooManyWaiting, why
-		return true
-	}
-	async := false
-	defer func() {
-		if !async {
-			s.endWait(ss)
-		}
-	}()
 	s.mu.Lock()
 	o := s.objects[rq.Object]
 	switch {
@@ -304,12 +294,37 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 		ss.takeLease(endLease)
 		s.wakeSleepers(rq.Object)
 	}
-	async = true
+	// Room now, or an error, is answered here; only a spawn that must
+	// wait (for room, or for a victim's owner to confirm) takes a waiting
+	// place and a goroutine, so however many places others hold, a spawn
+	// the pool admits at once is admitted.
+	ev, done, err := s.residents.TrySpawn(rq.Project, rq.Object)
+	switch {
+	case done && err != nil:
+		*resp = s.spawnError(ss, rq, o, wasSleeping, err, nil)
+		return true
+	case done && ev.Object == "":
+		*resp = s.admitted(ss, rq, o, nil)
+		return true
+	}
+	if why := s.startWait(ss); why != "" {
+		if done {
+			s.evictionUndone(ss, rq, o, wasSleeping, ev)
+		} else {
+			s.spawnFailed(ss, rq, o, wasSleeping, false)
+		}
+		resp.Code, resp.Error = CodeTooManyWaiting, why
+		return true
+	}
 	s.wg.Add(1)
 	go func(rq request) {
 		defer s.wg.Done()
 		defer s.endWait(ss)
-		resp := s.spawn(ss, &rq, o, wasSleeping)
+		var first *pools.Eviction
+		if done {
+			first = &ev
+		}
+		resp := s.spawn(ss, &rq, o, wasSleeping, first)
 		ss.answerLate(&resp)
 	}(*rq)
 	return false
@@ -323,8 +338,9 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 // One deadline, EvictionWait after the spawn began, bounds both waits: the
 // pool's wait for room and the owner's confirmation. So a spawn for which
 // nothing was put to sleep is refused with TOO_MANY_RESIDENTS within that
-// second, however the second was split between the two.
-func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool) response {
+// second, however the second was split between the two. first, if not nil,
+// is the eviction the pool already made for this spawn (TrySpawn).
+func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool, first *pools.Eviction) response {
 	resp := response{ID: rq.ID}
 	expired, stop := s.after(EvictionWait)
 	defer stop()
@@ -337,21 +353,15 @@ func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool) re
 		case <-ctx.Done():
 		}
 	}()
-	ev, err := s.residents.Spawn(ctx, rq.Project, rq.Object)
+	var ev pools.Eviction
+	var err error
+	if first != nil {
+		ev = *first
+	} else {
+		ev, err = s.residents.Spawn(ctx, rq.Project, rq.Object)
+	}
 	if err != nil {
-		s.spawnFailed(ss, rq, o, wasSleeping, false)
-		switch {
-		case ss.ctx.Err() != nil:
-			resp.Code, resp.Error = CodeCanceled, "session closed during spawn"
-		case errors.Is(err, pools.ErrObjectProject):
-			resp.Code, resp.Error = CodeConflict, err.Error()
-		default:
-			s.refuse(&resp, err)
-			if resp.Code == CodeRefused || errors.Is(context.Cause(ctx), errSpawnDeadline) {
-				resp.Code = CodeTooManyResidents
-			}
-		}
-		return resp
+		return s.spawnError(ss, rq, o, wasSleeping, err, ctx)
 	}
 	if ev.Object == "" {
 		return s.admitted(ss, rq, o, nil)
@@ -372,6 +382,42 @@ func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool) re
 	resp.Error = "residents pool full: " + quote(ev.Object) + " was not put to sleep within " + EvictionWait.String() + "; it stays resident"
 	resp.RetryAfterMS = s.retryMS(rq.Project, EvictionWait, 0)
 	return resp
+}
+
+// spawnError undoes a spawn the pool refused and says why; ctx is the
+// spawn's context when it waited.
+func (s *Server) spawnError(ss *session, rq *request, o *object, wasSleeping bool, err error, ctx context.Context) response {
+	resp := response{ID: rq.ID}
+	s.spawnFailed(ss, rq, o, wasSleeping, false)
+	switch {
+	case ss.ctx.Err() != nil:
+		resp.Code, resp.Error = CodeCanceled, "session closed during spawn"
+	case errors.Is(err, pools.ErrObjectProject):
+		resp.Code, resp.Error = CodeConflict, err.Error()
+	default:
+		s.refuse(&resp, err)
+		if resp.Code == CodeRefused || ctx != nil && errors.Is(context.Cause(ctx), errSpawnDeadline) {
+			resp.Code = CodeTooManyResidents
+		}
+	}
+	return resp
+}
+
+// evictionUndone undoes a spawn the pool admitted by counting ev asleep,
+// before anyone was asked to put it to sleep: ev is counted resident
+// again, the spawner not.
+func (s *Server) evictionUndone(ss *session, rq *request, o *object, wasSleeping bool, ev pools.Eviction) {
+	s.mu.Lock()
+	o.spawning = false
+	keep := wasSleeping && ss.ctx.Err() == nil
+	if s.objects[rq.Object] == o && !keep {
+		delete(s.objects, rq.Object)
+	}
+	err := s.residents.Unevict(ev, rq.Object, !keep)
+	s.mu.Unlock()
+	if err != nil {
+		s.log.Error("undoing a spawn that could not wait", "object", rq.Object, "victim", ev.Object, "err", err)
+	}
 }
 
 // errSpawnDeadline is the cause of a spawn's context ending at its deadline,

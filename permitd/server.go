@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/listen"
+	"github.com/fairshare-dev/fairshare/internal/logrl"
 	"github.com/fairshare-dev/fairshare/internal/pace"
 	"github.com/fairshare-dev/fairshare/internal/peercred"
 	"github.com/fairshare-dev/fairshare/internal/wire"
@@ -46,12 +47,17 @@ const maxRetry = time.Minute
 // read; such a client is disconnected rather than allowed to stall its reader.
 const writeTimeout = 10 * time.Second
 
-// Bounds of the operations that wait (acquire with wait_ms, spawn), each of
-// which holds a goroutine and a timer until it ends: past them an operation
-// is answered TOO_MANY_WAITING at once. A runtime rarely needs more waiting
-// at once than a pool has permits.
+// Bounds of the operations that wait (acquire with wait_ms, a spawn that
+// must wait for room or for a victim's owner), each of which holds a
+// goroutine and a timer until it ends: past them an operation is answered
+// TOO_MANY_WAITING at once. A runtime rarely needs more waiting at once than
+// a pool has permits. The bound per user (the peer uid, subordinate uids
+// folded onto their owner) is an eighth of the server's, so one member of
+// the permit group, whatever number of sessions it opens, leaves most of
+// the places to the others.
 const (
 	DefaultMaxWaiting           = 4096
+	DefaultMaxWaitingPerUID     = 512
 	DefaultMaxWaitingPerSession = 512
 )
 
@@ -84,9 +90,11 @@ type Config struct {
 	// bounds; nil folds nothing.
 	Owners *peercred.Owners
 	// MaxWaiting bounds the operations waiting at once over all sessions,
-	// MaxWaitingPerSession those of one session; 0 means
-	// DefaultMaxWaiting and DefaultMaxWaitingPerSession.
-	MaxWaiting, MaxWaitingPerSession int
+	// MaxWaitingPerUID those of one peer (as MaxConnsPerPeer counts
+	// them), MaxWaitingPerSession those of one session; 0 means
+	// DefaultMaxWaiting, DefaultMaxWaitingPerUID and
+	// DefaultMaxWaitingPerSession.
+	MaxWaiting, MaxWaitingPerUID, MaxWaitingPerSession int
 }
 
 // Server serves pools over the permit protocol described in doc.go.
@@ -105,7 +113,6 @@ type Server struct {
 
 	nextLease   atomic.Uint64
 	nextSession atomic.Uint64
-	waiting     atomic.Int64   // operations waiting, all sessions
 	wg          sync.WaitGroup // sessions, their waiting operations and eviction notices
 
 	mu        sync.Mutex // guards the fields below
@@ -118,6 +125,8 @@ type Server struct {
 	counters  Counters
 	byCode    map[string]uint64
 	evictions map[string]uint64 // reason -> evict events sent
+	waiting   int               // operations waiting, all sessions
+	waitingBy map[string]int    // operations waiting by peer (session.peer)
 }
 
 // object is a resident or sleeping object known through this server.
@@ -151,6 +160,9 @@ func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log
 	if cfg.MaxWaitingPerSession <= 0 {
 		cfg.MaxWaitingPerSession = DefaultMaxWaitingPerSession
 	}
+	if cfg.MaxWaitingPerUID <= 0 {
+		cfg.MaxWaitingPerUID = DefaultMaxWaitingPerUID
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -168,6 +180,7 @@ func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log
 		sleepers:  map[string][]chan struct{}{},
 		byCode:    map[string]uint64{},
 		evictions: map[string]uint64{},
+		waitingBy: map[string]int{},
 	}
 	for name, p := range pls {
 		if name == "" || p == nil {
@@ -318,6 +331,10 @@ func (s *Server) startSession(ctx context.Context, c net.Conn) {
 		return
 	}
 	ss := newSession(s, c, cred)
+	ss.peer = listen.UIDKey(s.cfg.Owners.Owner(cred.UID))
+	if lc, ok := c.(*listen.Conn); ok && lc.Peer().Key != "" {
+		ss.peer = lc.Peer().Key
+	}
 	if !s.allowed(cred) {
 		s.log.Warn("permit session refused", "pid", cred.PID, "uid", cred.UID, "gid", cred.GID)
 		c.SetWriteDeadline(time.Now().Add(time.Second))
@@ -334,7 +351,7 @@ func (s *Server) startSession(ctx context.Context, c net.Conn) {
 	s.sessions[ss.id] = ss
 	s.counters.Sessions++
 	s.mu.Unlock()
-	s.log.Info("permit session opened", "session", ss.id, "pid", cred.PID, "uid", cred.UID, "gid", cred.GID)
+	s.log.Info("permit session opened", "session", ss.id, "pid", cred.PID, "uid", cred.UID, "gid", cred.GID, logrl.Audit())
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -388,7 +405,8 @@ func (s *Server) endSession(ss *session) {
 		removed++
 		s.wakeSleepers(name)
 	}
-	s.log.Info("permit session closed", "session", ss.id, "pid", ss.cred.PID, "leases_released", released, "objects_removed", removed)
+	s.log.Info("permit session closed", "session", ss.id, "pid", ss.cred.PID, "leases_released", released, "objects_removed", removed,
+		logrl.Audit())
 }
 
 // wakeSleepers tells spawns waiting on object that it left residence.
@@ -410,18 +428,33 @@ func (s *Server) startWait(ss *session) string {
 		return fmt.Sprintf("this session already has %d operations waiting (at most %d); retry when one has ended",
 			n-1, s.cfg.MaxWaitingPerSession)
 	}
-	if n := s.waiting.Add(1); n > int64(s.cfg.MaxWaiting) {
-		s.waiting.Add(-1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := s.waitingBy[ss.peer]; n >= s.cfg.MaxWaitingPerUID {
 		ss.waiting.Add(-1)
-		return fmt.Sprintf("the server already has %d operations waiting (at most %d); retry later", n-1, s.cfg.MaxWaiting)
+		return fmt.Sprintf("your user already has %d operations waiting over all its sessions (at most %d); retry when one has ended",
+			n, s.cfg.MaxWaitingPerUID)
 	}
+	if s.waiting >= s.cfg.MaxWaiting {
+		ss.waiting.Add(-1)
+		return fmt.Sprintf("the server already has %d operations waiting (at most %d); retry later", s.waiting, s.cfg.MaxWaiting)
+	}
+	s.waitingBy[ss.peer]++
+	s.waiting++
 	return ""
 }
 
 // endWait gives back a place taken by startWait.
 func (s *Server) endWait(ss *session) {
 	ss.waiting.Add(-1)
-	s.waiting.Add(-1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waiting--
+	if n := s.waitingBy[ss.peer] - 1; n > 0 {
+		s.waitingBy[ss.peer] = n
+	} else {
+		delete(s.waitingBy, ss.peer)
+	}
 }
 
 func (s *Server) countCode(code string) {

@@ -31,6 +31,7 @@ type session struct {
 	srv    *Server
 	conn   net.Conn
 	cred   Cred
+	peer   string // the peer as the listener's caps count it (listen.Peer.Key)
 	opened time.Time
 	ctx    context.Context // done when the connection closes
 	cancel context.CancelFunc

@@ -178,6 +178,15 @@ func realAfter(d time.Duration) (<-chan time.Time, func() bool) {
 	return t.C, t.Stop
 }
 
+// TrySpawn is Spawn without the wait: done is false, and nothing changed
+// but the project's being seen, when the pool has neither room nor an
+// object to evict now.
+func (r *Residents) TrySpawn(project, object string) (ev Eviction, done bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.spawnLocked(project, object)
+}
+
 // spawnLocked tries once. done is false when the spawn must wait.
 func (r *Residents) spawnLocked(project, name string) (ev Eviction, done bool, err error) {
 	oi, exists := r.objects[name]
