@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -896,6 +897,48 @@ func BenchmarkRefusedShare(b *testing.B) {
 		f.ServeHTTP(w, req)
 		if w.Code != http.StatusTooManyRequests {
 			b.Fatalf("status %d", w.Code)
+		}
+	}
+}
+
+// BenchmarkIdleConnMemory measures what an open client connection costs the
+// front: heap and goroutine stacks per connection, with 1,000 keep-alive
+// connections each idle after one request. The daemon budgets its
+// connection caps with it (package daemon, connCost). The client ends are in
+// the same process; their share (a net.Conn and a bufio buffer each) is
+// counted too, so the number is an upper bound.
+//
+//	go test -run '^$' -bench IdleConnMemory -count 5 ./front
+func BenchmarkIdleConnMemory(b *testing.B) {
+	const n = 1000
+	r := newRig(b, rigOpts{poolSize: 8}, func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	addr := strings.TrimPrefix(r.url, "http://")
+	for range b.N {
+		runtime.GC()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		conns := make([]net.Conn, 0, n)
+		for range n {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			conns = append(conns, c)
+			io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: p\r\n\r\n")
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		used := (after.HeapInuse + after.StackInuse) - (before.HeapInuse + before.StackInuse)
+		b.ReportMetric(float64(used)/n, "B/conn")
+		for _, c := range conns {
+			c.Close()
 		}
 	}
 }

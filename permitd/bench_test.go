@@ -3,7 +3,11 @@
 package permitd_test
 
 import (
+	"bufio"
 	"context"
+	"io"
+	"net"
+	goruntime "runtime"
 	"sort"
 	"sync"
 	"testing"
@@ -64,5 +68,43 @@ func BenchmarkRoundTrip(b *testing.B) {
 			b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
 			b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
 		})
+	}
+}
+
+// BenchmarkIdleSessionMemory measures what an open, idle session costs the
+// daemon: heap and goroutine stacks per session, with 2,000 sessions open.
+// It is the number the daemon's default connection caps are budgeted with
+// (package daemon, connCost).
+//
+//	go test -run '^$' -bench IdleSessionMemory -count 5 ./permitd
+func BenchmarkIdleSessionMemory(b *testing.B) {
+	const n = 2000
+	for range b.N {
+		f := start(b, 4, 4)
+		goruntime.GC()
+		var before goruntime.MemStats
+		goruntime.ReadMemStats(&before)
+		conns := make([]net.Conn, 0, n)
+		for range n {
+			c, err := net.Dial("unix", f.sock)
+			if err != nil {
+				b.Fatal(err)
+			}
+			conns = append(conns, c)
+			io.WriteString(c, `{"id":1,"op":"ping"}`+"\n")
+		}
+		for _, c := range conns {
+			if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+				b.Fatal(err)
+			}
+		}
+		goruntime.GC()
+		var after goruntime.MemStats
+		goruntime.ReadMemStats(&after)
+		used := (after.HeapInuse + after.StackInuse) - (before.HeapInuse + before.StackInuse)
+		b.ReportMetric(float64(used)/n, "B/session")
+		for _, c := range conns {
+			c.Close()
+		}
 	}
 }

@@ -20,7 +20,8 @@
 // connection past a cap gets one TOO_MANY_SESSIONS line and is closed, and
 // running out of descriptors is waited out rather than ending the server.
 // Sessions have no idle timeout: a session's leases end with it, so only the
-// client decides when it is over.
+// client decides when it is over. An idle session holds a 4 KiB read buffer;
+// it grows, up to 64 KiB, only while a longer line is read.
 //
 // # Framing
 //
