@@ -36,6 +36,13 @@ func TestValuesCheckedAtLoad(t *testing.T) {
 		{"permits: {group: 'a b'}", `permits.group`},
 		{"permits: {group: '-5'}", `permits.group`},
 		{"permits: {max_waiting: -1}", `permits.max_waiting`},
+		// Ports out of range and socket paths too long for sun_path were
+		// found only when the daemon bound them (exit 1, directories made).
+		{"metrics: {listen: '127.0.0.1:99999'}", `metrics.listen: "127.0.0.1:99999": the port must be a number from 0 to 65535`},
+		{"metrics: {listen: '127.0.0.1:-1'}", `metrics.listen`},
+		{"front: {listen: '[::1]:70000', upstream: 'http://x'}", `front.listen: "[::1]:70000"`},
+		{"permits: {socket: /run/" + strings.Repeat("p", 110) + "}", `permits.socket is 115 bytes, longer than a unix socket path may be (107)`},
+		{"admin_socket: /run/" + strings.Repeat("a", 110), `admin_socket is 115 bytes`},
 	}
 	for _, tt := range tests {
 		c := Default()

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -265,6 +266,26 @@ func decode(r io.Reader, c *Config) error {
 	return nil
 }
 
+// MaxSocketPath is the longest unix socket path (listen.MaxPathLen: 108
+// bytes of sun_path with the terminating NUL).
+const MaxSocketPath = 107
+
+// checkHostPort accepts host:port with a port from 0 to 65535 (0: any free
+// port), a host that is empty (every address), an IP address or a name.
+func checkHostPort(hp string) error {
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %v", hp, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("%q: the port must be a number from 0 to 65535, got %q", hp, port)
+	}
+	if strings.ContainsAny(host, " \t\r\n/") {
+		return fmt.Errorf("%q: %q is not a host", hp, host)
+	}
+	return nil
+}
+
 // poolName is the charset of pool names: they become label values and keys.
 var poolName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
 
@@ -285,8 +306,8 @@ func (c *Config) Validate() error {
 	if !filepath.IsAbs(c.AdminSocket) {
 		return bad("admin_socket must be an absolute path, got %q", c.AdminSocket)
 	}
-	if len(c.AdminSocket) > 107 {
-		return bad("admin_socket is longer than a unix socket path may be (107 bytes)")
+	if len(c.AdminSocket) > MaxSocketPath {
+		return bad("admin_socket is %d bytes, longer than a unix socket path may be (%d)", len(c.AdminSocket), MaxSocketPath)
 	}
 	if c.Tick < 10*time.Millisecond || c.Tick > time.Minute {
 		return bad("tick must be between 10ms and 1m, got %s", c.Tick)
@@ -297,12 +318,15 @@ func (c *Config) Validate() error {
 	if c.Permits.Socket != "" && !filepath.IsAbs(c.Permits.Socket) {
 		return bad("permits.socket must be an absolute path or empty, got %q", c.Permits.Socket)
 	}
+	if len(c.Permits.Socket) > MaxSocketPath {
+		return bad("permits.socket is %d bytes, longer than a unix socket path may be (%d)", len(c.Permits.Socket), MaxSocketPath)
+	}
 	if c.Permits.Socket != "" && c.Permits.Socket == c.AdminSocket {
 		return bad("permits.socket must differ from admin_socket")
 	}
 	if c.Metrics.Listen != "" {
-		if _, _, err := net.SplitHostPort(c.Metrics.Listen); err != nil {
-			return bad("metrics.listen must be host:port, got %q", c.Metrics.Listen)
+		if err := checkHostPort(c.Metrics.Listen); err != nil {
+			return bad("metrics.listen: %v", err)
 		}
 	}
 	if c.Metrics.MaxProjects < 1 {
@@ -361,12 +385,12 @@ func (f *Front) validate() error {
 		return nil
 	}
 	if f.Listen != "" {
-		if _, _, err := net.SplitHostPort(f.Listen); err != nil {
-			return fmt.Errorf("front.listen must be host:port, got %q", f.Listen)
+		if err := checkHostPort(f.Listen); err != nil {
+			return fmt.Errorf("front.listen: %v", err)
 		}
 	}
-	if f.Socket != "" && (!filepath.IsAbs(f.Socket) || len(f.Socket) > 107) {
-		return fmt.Errorf("front.socket must be an absolute path of at most 107 bytes, got %q", f.Socket)
+	if f.Socket != "" && (!filepath.IsAbs(f.Socket) || len(f.Socket) > MaxSocketPath) {
+		return fmt.Errorf("front.socket must be an absolute path of at most %d bytes, got %q", MaxSocketPath, f.Socket)
 	}
 	if f.Upstream == "" {
 		return errors.New("front.upstream is required when front.listen or front.socket is set")

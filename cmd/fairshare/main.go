@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 )
@@ -36,7 +38,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 }
 
 func newApp() *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:    "fairshare",
 		Usage:   "divide a node's connections, requests and other pools fairly among its projects",
 		Version: version,
@@ -64,4 +66,33 @@ func newApp() *cli.App {
 			},
 		},
 	}
+	// A flag or FAIRSHARE_* value that does not parse is a usage error,
+	// which urfave returns as a plain error (exit 1: systemd would restart
+	// the daemon in a loop); it is exit 2, like every unusable setting.
+	app.OnUsageError = usageError
+	var walk func([]*cli.Command)
+	walk = func(cs []*cli.Command) {
+		for _, c := range cs {
+			c.OnUsageError = usageError
+			walk(c.Subcommands)
+		}
+	}
+	walk(app.Commands)
+	return app
+}
+
+// exitUsage is the exit status of a flag or variable that does not parse.
+const exitUsage = 2
+
+func usageError(c *cli.Context, err error, _ bool) error {
+	var words []string
+	if c != nil {
+		for _, cc := range c.Lineage() {
+			if cc.Command != nil && cc.Command.Name != "" && cc.Command.Name != c.App.Name {
+				words = append([]string{cc.Command.Name}, words...)
+			}
+		}
+	}
+	what := strings.Join(append([]string{"fairshare"}, slices.Compact(words)...), " ")
+	return cli.Exit(fmt.Sprintf("%v (see '%s --help')", err, what), exitUsage)
 }
