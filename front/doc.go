@@ -76,7 +76,8 @@
 // not queued by the scheduler: it goes straight to the upstream. Its answer
 // carries "Fairshare-Class: exempt".
 //
-// The bound: at most Config.ExemptMax exempt requests (default 4) are in
+// The bound: at most Config.ExemptMax exempt requests (default 4, or
+// MaxInFlight when that is smaller) are in
 // flight at once. Past that an exempt request is an ordinary request of its
 // project, under every rule. The upstream therefore never carries more than
 // MaxInFlight + ExemptMax requests, whatever exempt clients do, and being

@@ -103,7 +103,7 @@ type Config struct {
 	Exempt Exempt
 	// ExemptMax bounds the exempt requests in flight at once; past it an
 	// exempt request is treated like any request of its project. Default
-	// DefaultExemptMax.
+	// DefaultExemptMax, or MaxInFlight if smaller (ExemptMaxFor).
 	ExemptMax int
 
 	// Limits on what a client or the upstream can make the front hold (see
@@ -193,9 +193,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	if cfg.MaxProjects <= 0 {
 		cfg.MaxProjects = DefaultMaxProjects
 	}
-	if cfg.ExemptMax <= 0 {
-		cfg.ExemptMax = DefaultExemptMax
-	}
+	cfg.ExemptMax = ExemptMaxFor(cfg.MaxInFlight, cfg.ExemptMax)
 	setDefault(&cfg.MaxUpstreamHead, DefaultMaxUpstreamHead)
 	setDefault(&cfg.MaxInformational, DefaultMaxInformational)
 	setDefault(&cfg.MaxRequestHead, DefaultMaxRequestHead)
@@ -352,10 +350,20 @@ func idleUpstream(maxInFlight int) int { return max(64, 2*maxInFlight) }
 // limits holds at once: one per request in flight (exempt ones included)
 // and the idle ones of both pools. The daemon budgets descriptors with it.
 func MaxUpstreamConns(maxInFlight, exemptMax int) int {
-	if exemptMax <= 0 {
-		exemptMax = DefaultExemptMax
+	return maxInFlight + ExemptMaxFor(maxInFlight, exemptMax) + 2*idleUpstream(maxInFlight)
+}
+
+// ExemptMaxFor is the exempt budget in force: exemptMax when set, else
+// DefaultExemptMax but no more than maxInFlight (the configuration bounds
+// the budget by it, so a front of max_in_flight 2 has 2).
+func ExemptMaxFor(maxInFlight, exemptMax int) int {
+	switch {
+	case exemptMax > 0:
+		return exemptMax
+	case maxInFlight > 0:
+		return min(DefaultExemptMax, maxInFlight)
 	}
-	return maxInFlight + exemptMax + 2*idleUpstream(maxInFlight)
+	return DefaultExemptMax
 }
 
 // Config returns the configuration in use, defaults filled in.

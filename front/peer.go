@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
+	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/internal/peercred"
 	"github.com/fairshare-dev/fairshare/sockdiag"
 )
@@ -133,4 +134,14 @@ func (f *Front) PeerClass(c net.Conn, cgroupID uint64) (project string, trusted 
 		project = f.id.projects.lookup(f.cgroupOf(p))
 	}
 	return project, f.trusted(p)
+}
+
+// CheckIdentity checks cfg's projects root, trusted peers and exempt
+// cgroups against the host's cgroup2 mount as New does, without building
+// a front: 'run --print-config' refuses what the daemon would.
+func CheckIdentity(cfg Config) error {
+	if _, err := newIdentity(cfg, clock.System{}); err != nil {
+		return fmt.Errorf("peer identity: %w", err)
+	}
+	return nil
 }

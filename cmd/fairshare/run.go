@@ -55,6 +55,11 @@ func runCommand() *cli.Command {
 				return err
 			}
 			if c.Bool("print-config") {
+				// What run would refuse when it builds its parts is refused
+				// here too, with the same status.
+				if err := daemon.CheckHost(cfg); err != nil {
+					return cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), 2)
+				}
 				eff, notes := daemon.Effective(cfg)
 				out, err := eff.Marshal()
 				if err != nil {
