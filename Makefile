@@ -61,17 +61,19 @@ test: check-go lint check-generated ## run the whole suite (as root: the kernel 
 bench: check-go ## run the benchmarks (as root for the BPF ones)
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./... | tee bench.txt
 
-# DEMO_RUN runs the drills (tests replace it); DEMO_UID decides whether the
-# kernel's drill can run.
+# DEMO_RUN is the binary that runs the drills and DEMO_FLAGS their flags
+# (the test runs a fresh binary with short phases); DEMO_UID decides whether
+# the kernel's drill can run.
 DEMO_RUN ?= ./$(BIN)
+DEMO_FLAGS ?=
 DEMO_UID ?= $(shell id -u)
 
 .PHONY: demo
 demo: build ## run the fair-share drills on this host: requests, then connections through the kernel (root)
-	$(DEMO_RUN) drill
+	$(DEMO_RUN) drill $(DEMO_FLAGS)
 	@if [ "$(DEMO_UID)" = 0 ]; then \
 		echo; echo "the same drill for TCP connections, counted and refused by the BPF programs in the kernel:"; \
-		$(DEMO_RUN) drill connections; \
+		$(DEMO_RUN) drill connections $(DEMO_FLAGS); \
 	else \
 		echo; echo "SKIPPED: the connections drill, the kernel path (BPF counts and refuses connect and accept), needs root;"; \
 		echo "         run 'sudo make demo', or 'sudo ./$(BIN) drill connections'."; \
