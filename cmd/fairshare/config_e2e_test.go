@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,15 +21,34 @@ import (
 )
 
 // With permitEnv set to a socket path, the test binary is a runtime: it
-// takes one flights permit and prints "ok", or "error <why>".
+// takes one flights permit and prints "ok", or "error <why>". With "PATH
+// wait" it instead waits up to 300ms for a flights permit of alpha and
+// spawns a resident of alpha, printing "acquire <ok|CODE> spawn <ok|CODE>".
 const permitEnv = "FAIRSHARE_E2E_PERMIT"
 
-func permitHelper(sock string) {
+func permitHelper(spec string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	sock, mode, _ := strings.Cut(spec, " ")
 	c, err := client.Dial(ctx, client.Options{Socket: sock})
 	if err != nil {
 		fmt.Println("error", err)
+		os.Exit(0)
+	}
+	if mode == "wait" {
+		code := func(err error) string {
+			var pe *client.Error
+			switch {
+			case err == nil:
+				return "ok"
+			case errors.As(err, &pe):
+				return pe.Code
+			}
+			return err.Error()
+		}
+		_, aerr := c.AcquireWait(ctx, "flights", "alpha", 300*time.Millisecond)
+		_, serr := c.Spawn(ctx, "alpha", "obj")
+		fmt.Println("acquire", code(aerr), "spawn", code(serr))
 		os.Exit(0)
 	}
 	if _, err := c.Acquire(ctx, "flights", "alpha"); err != nil {
@@ -53,58 +73,109 @@ func runAs(t *testing.T, bin, sock string, groups ...uint32) string {
 	return strings.TrimSpace(string(out))
 }
 
-// permits.group works end to end: the daemon makes the socket directory
-// 0711 and the socket 0660 in the group (given here as a gid with no name),
-// and a real non-root process with the group as a supplementary group takes
-// a permit; the same user without the group is kept out by the socket's
-// mode. Before, the directory was made 0700 (and the unit's
-// RuntimeDirectoryMode was 0700): the member got EACCES.
+// permits.group works end to end: a real non-root process with the group
+// as a supplementary group takes a permit, the same user without the group
+// is kept out by the socket's mode (0660 in the group, given here as a gid
+// with no name). Three ways the socket directory comes about:
+//
+//   - the daemon makes it, under the usual umask 0022;
+//   - the daemon makes it under UMask=0077: before, MkdirAll gave 0700 and
+//     the member got EACCES (the daemon only warned);
+//   - systemd makes it from the unit's RuntimeDirectory= settings, read
+//     from dist/fairshare.service (RuntimeDirectoryMode, UMask), and the
+//     daemon runs under the unit's umask: before, the unit said 0700.
 func TestPermitsGroupMember(t *testing.T) {
 	needRoot(t)
-	pub, err := os.MkdirTemp("", "fairshare-group-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(pub) })
-	os.Chmod(pub, 0o711)
-	gid := 47000 + os.Getpid()%1000
-	run := filepath.Join(pub, "run")
-	sock := filepath.Join(run, "permits.sock")
-	n := newNode(t, "")
-	cfg := fmt.Sprintf("state_dir: %s\nadmin_socket: %s\npin_dir: %s\nprojects_root: %s\nbpf: false\n"+
-		"permits: {socket: %s, group: '%d'}\nmetrics: {listen: ''}\n",
-		n.state, filepath.Join(run, "admin.sock"), n.pin, n.root, sock, gid)
-	if err := os.WriteFile(n.cfg, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	n.start()
-	var st unix.Stat_t
-	if err := unix.Stat(run, &st); err != nil || st.Mode&0o777 != uint32(listen.DirMode) {
-		t.Errorf("socket directory mode %04o (%v), want %04o", st.Mode&0o777, err, listen.DirMode)
-	}
-	if err := unix.Stat(sock, &st); err != nil || st.Mode&0o777 != 0o660 || int(st.Gid) != gid {
-		t.Errorf("socket mode %04o group %d (%v), want 0660 in %d", st.Mode&0o777, st.Gid, err, gid)
-	}
-	bin := publicCopy(t, pub)
-	if out := runAs(t, bin, sock, uint32(gid)); out != "ok" {
-		t.Errorf("a member of the permit group: %s\n%s", out, n.log)
-	}
-	if out := runAs(t, bin, sock); !strings.Contains(out, "permission denied") {
-		t.Errorf("the same user outside the group: %s", out)
+	unit := unitSettings(t)
+	for _, tt := range []struct {
+		name    string
+		umask   string
+		premake os.FileMode // 0: the daemon makes the directory
+	}{
+		{"daemon makes it", "0022", 0},
+		{"daemon makes it under UMask=0077", "0077", 0},
+		{"the unit's RuntimeDirectory", unit.umask, unit.dirMode},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			pub, err := os.MkdirTemp("", "fairshare-group-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(pub) })
+			os.Chmod(pub, 0o711)
+			gid := 47000 + os.Getpid()%1000
+			run := filepath.Join(pub, "run")
+			if tt.premake != 0 {
+				if err := os.Mkdir(run, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				os.Chmod(run, tt.premake)
+			}
+			sock := filepath.Join(run, "permits.sock")
+			n := newNode(t, "")
+			cfg := fmt.Sprintf("state_dir: %s\nadmin_socket: %s\npin_dir: %s\nprojects_root: %s\nbpf: false\n"+
+				"permits: {socket: %s, group: '%d'}\nmetrics: {listen: ''}\n",
+				n.state, filepath.Join(run, "admin.sock"), n.pin, n.root, sock, gid)
+			if err := os.WriteFile(n.cfg, []byte(cfg), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			n.prefix = []string{"sh", "-c", "umask " + tt.umask + ` && exec "$0" "$@"`}
+			n.start()
+			var st unix.Stat_t
+			if tt.premake == 0 {
+				if err := unix.Stat(run, &st); err != nil || st.Mode&0o777 != uint32(listen.DirMode) {
+					t.Errorf("socket directory mode %04o (%v), want %04o", st.Mode&0o777, err, listen.DirMode)
+				}
+			}
+			if err := unix.Stat(sock, &st); err != nil || st.Mode&0o777 != 0o660 || int(st.Gid) != gid {
+				t.Errorf("socket mode %04o group %d (%v), want 0660 in %d", st.Mode&0o777, st.Gid, err, gid)
+			}
+			bin := publicCopy(t, pub)
+			if out := runAs(t, bin, sock, uint32(gid)); out != "ok" {
+				t.Errorf("a member of the permit group: %s\n%s", out, n.log)
+			}
+			if out := runAs(t, bin, sock); !strings.Contains(out, "permission denied") {
+				t.Errorf("the same user outside the group: %s", out)
+			}
+		})
 	}
 }
 
-// The systemd unit lets permits.group's members through the runtime
-// directory, as the daemon does when it creates it.
-func TestUnitRuntimeDirectoryMode(t *testing.T) {
+// unitDirs are the unit's settings for its runtime directory.
+type unitDirs struct {
+	dirMode os.FileMode
+	umask   string
+}
+
+// unitSettings reads RuntimeDirectoryMode and UMask (systemd's default
+// 0022 when absent) from dist/fairshare.service.
+func unitSettings(t *testing.T) unitDirs {
+	t.Helper()
 	b, err := os.ReadFile("../../dist/fairshare.service")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("RuntimeDirectoryMode=%04o", listen.DirMode)
-	if !strings.Contains(string(b), "\n"+want+"\n") {
-		t.Errorf("dist/fairshare.service lacks %s", want)
+	u := unitDirs{umask: "0022"}
+	for line := range strings.Lines(string(b)) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "RuntimeDirectoryMode":
+			m, err := strconv.ParseUint(v, 8, 32)
+			if err != nil {
+				t.Fatalf("RuntimeDirectoryMode=%s", v)
+			}
+			u.dirMode = os.FileMode(m)
+		case "UMask":
+			u.umask = v
+		}
 	}
+	if u.dirMode == 0 {
+		t.Fatal("dist/fairshare.service sets no RuntimeDirectoryMode")
+	}
+	return u
 }
 
 // runFor runs the binary for at most d and returns its stderr and exit code

@@ -51,6 +51,10 @@ func TestMain(m *testing.M) {
 		churnHelper(spec)
 		return
 	}
+	if spec := os.Getenv(waitFloodEnv); spec != "" {
+		waitFloodHelper(spec)
+		return
+	}
 	if sock := os.Getenv(permitEnv); sock != "" {
 		permitHelper(sock)
 		return
@@ -151,8 +155,12 @@ func newNode(t *testing.T, poolYAML string) *node {
 	needRoot(t)
 	mnt := testutil.Cgroup2Mount(t)
 	dir := t.TempDir()
+	// The temporary directory's parent is named after the test with a
+	// random suffix (its own name is 001, 002...): pins and cgroups must
+	// not collide with another test's, or another run's on this machine.
+	unique := "fairshare-e2e-" + filepath.Base(filepath.Dir(dir)) + "-" + filepath.Base(dir)
 	n := &node{t: t, dir: dir, state: filepath.Join(dir, "state"), sock: filepath.Join(dir, "run", "admin.sock"),
-		pin: filepath.Join("/sys/fs/bpf", "fairshare-e2e-"+filepath.Base(dir)), root: filepath.Join(mnt, "fairshare-e2e-"+filepath.Base(dir)),
+		pin: filepath.Join("/sys/fs/bpf", unique), root: filepath.Join(mnt, unique),
 		cfg: filepath.Join(dir, "fairshare.yaml"), ready: filepath.Join(dir, "ready.json")}
 	cfg := fmt.Sprintf("state_dir: %s\nadmin_socket: %s\npin_dir: %s\nprojects_root: %s\npermits: {socket: %s}\nmetrics: {listen: '127.0.0.1:0'}\n%s",
 		n.state, n.sock, n.pin, n.root, filepath.Join(dir, "run", "permits.sock"), poolYAML)
