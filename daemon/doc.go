@@ -30,13 +30,16 @@
 // Every listener (admin, /metrics, the front on TCP and on its unix socket,
 // the permit API) is served through package internal/listen: accept errors
 // are waited out, and connections are capped from the open-files limit,
-// which New raises to the hard limit (BudgetCaps: the daemon keeps 256
-// descriptors for itself, room for the upstream, 32 for /metrics and 32 for
-// the admin socket, half of them root's alone, and divides the rest among
-// the other listeners; listeners.max_conns overrides). So a local user's
-// flood cannot take the descriptors the operator's CLI needs. Every part
-// logs through one internal/logrl handler, which turns a flood of one line
-// into five lines and a count.
+// which New raises to the hard limit, and a memory budget (BudgetCaps: the
+// daemon keeps 256 descriptors for itself, room for the front's upstream,
+// 32 for /metrics and 32 for the admin socket, some of each root's alone,
+// and divides the rest among the other listeners, at most 4096 each;
+// listeners.max_conns overrides). One peer (listenOptions: a user with its
+// subordinate uids, a project on the front, a remote address) holds at
+// most a 64th of a listener. So a local user's flood cannot take the
+// descriptors the operator's CLI needs. Every part logs through one
+// internal/logrl handler, which turns a flood of one line into five lines
+// and a count.
 //
 // Effective resolves every default of the configuration (projects root,
 // floors, exempt budgets, caps) once; the daemon runs on what it returns and
