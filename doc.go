@@ -28,9 +28,10 @@
 //	internal/   one home each for what several parts share: cgroup (the
 //	            cgroup v2 mount, ids, levels, the tree and the project of a
 //	            cgroup), clock (the time source), labels (the metric label
-//	            policy), listen (accepting, caps, serving), logrl (repeated
-//	            log lines), pace (per-project Retry-After slots), peercred
-//	            (SO_PEERCRED), project (the project-name rule), wire (the
+//	            policy), listen (accepting, caps, who a peer is, serving),
+//	            logrl (repeated log lines), pace (per-project Retry-After
+//	            slots), peercred (SO_PEERCRED, /etc/subuid's owners),
+//	            project (the project-name rule), wire (the
 //	            permit protocol's line codec) and testutil (temporary
 //	            cgroups, helper processes and a fake clock for tests)
 //	cmd/        cmd/fairshare: the one binary (run, policy, status, cleanup,
