@@ -1,0 +1,56 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package deploy
+
+import (
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"helm.sh/helm/v4/pkg/chart/common"
+	"helm.sh/helm/v4/pkg/chart/common/util"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	"helm.sh/helm/v4/pkg/engine"
+)
+
+// ChartDir is the chart, relative to this package.
+const ChartDir = "helm/fairshare"
+
+// Render renders the chart in dir as release name in namespace, with values
+// on top of the chart's own, and returns its manifests (NOTES.txt left out)
+// as one YAML stream, in a stable order.
+func Render(dir, name, namespace string, values map[string]any) (string, error) {
+	ch, err := loader.Load(dir)
+	if err != nil {
+		return "", fmt.Errorf("loading chart %s: %w", dir, err)
+	}
+	vals, err := util.ToRenderValues(ch, values, common.ReleaseOptions{
+		Name: name, Namespace: namespace, Revision: 1, IsInstall: true,
+	}, common.DefaultCapabilities)
+	if err != nil {
+		return "", fmt.Errorf("chart values: %w", err)
+	}
+	files, err := engine.Render(ch, vals)
+	if err != nil {
+		return "", fmt.Errorf("rendering chart %s: %w", dir, err)
+	}
+	names := make([]string, 0, len(files))
+	for n := range files {
+		if strings.HasSuffix(n, ".yaml") && !strings.HasPrefix(filepath.Base(n), "_") {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, n := range names {
+		for _, doc := range strings.Split(files[n], "\n---") {
+			doc = strings.TrimSpace(doc)
+			if doc == "" || doc == "---" {
+				continue
+			}
+			fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", strings.TrimPrefix(n, ch.Name()+"/"), strings.TrimPrefix(doc, "---\n"))
+		}
+	}
+	return b.String(), nil
+}
