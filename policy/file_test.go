@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package policy
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParseFile(t *testing.T) {
+	def := Default()
+	for _, c := range []struct {
+		name, in string
+		want     map[string]Policy
+		err      string
+	}{
+		{"empty", "", map[string]Policy{}, ""},
+		{"empty map", "{}\n", map[string]Policy{}, ""},
+		{"comment only", "# nothing yet\n", map[string]Policy{}, ""},
+		{"full", "team-a: {tier: pro, shares: 2, requests_per_sec: 100, work_per_sec: 5.5}\n",
+			map[string]Policy{"team-a": {Tier: "pro", Shares: 2, RequestsPerSec: 100, WorkPerSec: 5.5}}, ""},
+		{"defaults fill", "team-a: {tier: lite}\nteam-b:\n", map[string]Policy{"team-a": {Tier: "lite", Shares: 1}, "team-b": def}, ""},
+		{"unknown field", "team-a: {tier: pro, sharez: 2}\n", nil, "field sharez not found"},
+		{"bad tier", "team-a: {tier: gold}\n", nil, "project team-a: invalid policy: tier"},
+		{"negative rate", "team-a: {requests_per_sec: -1}\n", nil, "requests per second"},
+		{"bad name", "\"(other)\": {tier: pro}\n", nil, "invalid project name"},
+		{"duplicate", "a: {}\na: {}\n", nil, "named twice"},
+		{"not a map", "- a\n- b\n", nil, "must map project names"},
+		{"policy not a map", "a: pro\n", nil, "must be a mapping"},
+		{"syntax", "a: {tier: pro\n", nil, "invalid policy"},
+	} {
+		got, err := ParseFile([]byte(c.in), def)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: error %v, want one containing %q", c.name, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if len(got) != len(c.want) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+		for k, v := range c.want {
+			if got[k] != v {
+				t.Errorf("%s: %s = %+v, want %+v", c.name, k, got[k], v)
+			}
+		}
+	}
+	if _, err := ParseFile(make([]byte, MaxFileSize+1), def); !errors.Is(err, ErrInvalid) {
+		t.Errorf("oversize file: %v", err)
+	}
+}
+
+// configMapDir lays out a directory as kubelet mounts a ConfigMap: the keys
+// are symlinks through ..data to a timestamped directory, and an update
+// writes a new directory and swaps ..data atomically.
+type configMapDir struct {
+	t   *testing.T
+	dir string
+	gen int
+}
+
+func (c *configMapDir) write(content string) {
+	c.t.Helper()
+	c.gen++
+	ts := filepath.Join(c.dir, "..2026_12_03_10_00_00."+strings.Repeat("x", c.gen))
+	if err := os.Mkdir(ts, 0o755); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ts, "policies.yaml"), []byte(content), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	tmp := filepath.Join(c.dir, "..data_tmp")
+	if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(c.dir, "..data")); err != nil {
+		c.t.Fatal(err)
+	}
+	key := filepath.Join(c.dir, "policies.yaml")
+	if _, err := os.Lstat(key); os.IsNotExist(err) {
+		if err := os.Symlink("..data/policies.yaml", key); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+}
+
+// TestFileFollowsConfigMap: Poll sees kubelet's atomic swap, keeps quiet
+// while nothing changed, refuses a bad file once and sees the next good one.
+func TestFileFollowsConfigMap(t *testing.T) {
+	cm := &configMapDir{t: t, dir: t.TempDir()}
+	f := NewFile(filepath.Join(cm.dir, "policies.yaml"), Default())
+
+	p, changed, err := f.Poll()
+	if err != nil || !changed || len(p) != 0 {
+		t.Fatalf("missing file: %v %v %v; want no policies, changed", p, changed, err)
+	}
+	cm.write("a: {tier: pro}\n")
+	if p, changed, err = f.Poll(); err != nil || !changed || p["a"].Tier != "pro" {
+		t.Fatalf("first version: %v %v %v", p, changed, err)
+	}
+	if _, changed, err = f.Poll(); err != nil || changed {
+		t.Fatalf("unchanged: changed %v, %v", changed, err)
+	}
+	cm.write("a: {tier: pro}\n") // new files, same content
+	if _, changed, err = f.Poll(); err != nil || changed {
+		t.Fatalf("same content rewritten: changed %v, %v", changed, err)
+	}
+	cm.write("a: {tier: gold}\n")
+	if _, changed, err = f.Poll(); err == nil || changed || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("bad file: changed %v, %v", changed, err)
+	}
+	if _, changed, err = f.Poll(); err != nil || changed {
+		t.Fatalf("bad file again: reported twice (%v) or changed %v", err, changed)
+	}
+	cm.write("a: {tier: lite}\nb: {shares: 3}\n")
+	if p, changed, err = f.Poll(); err != nil || !changed || p["a"].Tier != "lite" || p["b"].Shares != 3 {
+		t.Fatalf("fixed file: %v %v %v", p, changed, err)
+	}
+}
