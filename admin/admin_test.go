@@ -55,8 +55,9 @@ func (b *storeBackend) Status(context.Context) (Status, error) {
 	return Status{Version: "test", Pools: []Pool{{Name: "requests", Size: 8}}}, nil
 }
 func (b *storeBackend) Policies() ([]Entry, error) { return b.s.List() }
-func (b *storeBackend) Policy(p string) (policy.Policy, bool, error) {
-	return b.s.Get(p)
+func (b *storeBackend) Policy(p string) (Entry, bool, error) {
+	pol, found, err := b.s.Get(p)
+	return Entry{Project: p, Policy: pol}, found, err
 }
 func (b *storeBackend) PatchPolicy(project string, pt policy.Patch) (policy.Policy, error) {
 	p, err := b.s.Patch(project, pt, policy.Default())
@@ -136,7 +137,7 @@ func TestAPI(t *testing.T) {
 	if _, err := c.PatchPolicy(ctx, ".hidden", policy.Patch{Shares: ptr(2)}); !errors.As(err, &apiErr) || apiErr.Code != 400 || !strings.Contains(err.Error(), "project name") {
 		t.Errorf("bad project: %v", err)
 	}
-	if got, _ := c.Policy(ctx, "alpha"); got != p {
+	if got, _ := c.Policy(ctx, "alpha"); got.Policy != p {
 		t.Errorf("bad patches changed the policy to %+v", got)
 	}
 	list, err := c.Policies(ctx)

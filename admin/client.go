@@ -73,10 +73,10 @@ func (c *Client) Policies(ctx context.Context) ([]Entry, error) {
 }
 
 // Policy fetches one project's policy; a missing one is ErrNotFound.
-func (c *Client) Policy(ctx context.Context, project string) (policy.Policy, error) {
+func (c *Client) Policy(ctx context.Context, project string) (Entry, error) {
 	var e Entry
 	err := c.do(ctx, http.MethodGet, "/v1/policies/"+url.PathEscape(project), nil, &e)
-	return e.Policy, err
+	return e, err
 }
 
 // PatchPolicy changes one project's policy and returns what is stored.

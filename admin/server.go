@@ -29,7 +29,8 @@ var ErrNotFound = errors.New("no policy stored for this project")
 type Backend interface {
 	Status(ctx context.Context) (Status, error)
 	Policies() ([]Entry, error)
-	Policy(project string) (policy.Policy, bool, error)
+	// Policy is the project's policy in force, and where it comes from.
+	Policy(project string) (Entry, bool, error)
 	// PatchPolicy must store durably and apply before it returns.
 	PatchPolicy(project string, pt policy.Patch) (policy.Policy, error)
 	DeletePolicy(project string) (bool, error)
@@ -150,7 +151,7 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	p, found, err := s.b.Policy(project)
+	e, found, err := s.b.Policy(project)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -159,7 +160,7 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, fmt.Errorf("%w: %s", ErrNotFound, project))
 		return
 	}
-	writeJSON(w, http.StatusOK, Entry{Project: project, Policy: p})
+	writeJSON(w, http.StatusOK, e)
 }
 
 func (s *Server) patchPolicy(w http.ResponseWriter, r *http.Request) {
@@ -202,6 +203,8 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusBadRequest, err.Error())
 	case errors.Is(err, ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, policy.ErrFromFile):
+		writeError(w, http.StatusConflict, err.Error())
 	default:
 		s.log.Error("admin api", "err", err)
 		writeError(w, http.StatusInternalServerError, err.Error())

@@ -34,6 +34,20 @@ type Status struct {
 	Reconcile *Reconcile `json:"reconcile,omitempty"`
 	// Listeners are the daemon's listeners and their connection counters.
 	Listeners []Listener `json:"listeners,omitempty"`
+	// PoliciesFile is the policies file the daemon follows, if any.
+	PoliciesFile *PoliciesFile `json:"policies_file,omitempty"`
+}
+
+// PoliciesFile is what the daemon's policies file holds.
+type PoliciesFile struct {
+	Path string `json:"path"`
+	// Projects is how many projects the file names (and owns).
+	Projects int `json:"projects"`
+	// LoadedAt is when the policies in force were read from it.
+	LoadedAt time.Time `json:"loaded_at"`
+	// Error is why the file's current content was refused; the policies
+	// read at LoadedAt stay in force meanwhile.
+	Error string `json:"error,omitempty"`
 }
 
 // Reconcile describes the reconcile passes: the last one's findings, and

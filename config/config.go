@@ -40,9 +40,12 @@ const (
 
 // Config is the daemon's whole configuration. YAML keys are snake_case.
 type Config struct {
-	ProjectsRoot string          `yaml:"projects_root"`
-	PinDir       string          `yaml:"pin_dir"`
-	StateDir     string          `yaml:"state_dir"`
+	ProjectsRoot string `yaml:"projects_root"`
+	PinDir       string `yaml:"pin_dir"`
+	StateDir     string `yaml:"state_dir"`
+	// PoliciesFile, if set, is a YAML file of policies (project -> policy)
+	// that the daemon follows: it owns the projects it names.
+	PoliciesFile string          `yaml:"policies_file"`
 	AdminSocket  string          `yaml:"admin_socket"`
 	Tick         time.Duration   `yaml:"tick"`
 	Reconcile    time.Duration   `yaml:"reconcile"`
@@ -299,6 +302,9 @@ func (c *Config) Validate() error {
 	}
 	if !filepath.IsAbs(c.PinDir) {
 		return bad("pin_dir must be an absolute path, got %q", c.PinDir)
+	}
+	if c.PoliciesFile != "" && !filepath.IsAbs(c.PoliciesFile) {
+		return bad("policies_file must be an absolute path or empty, got %q", c.PoliciesFile)
 	}
 	if !filepath.IsAbs(c.StateDir) {
 		return bad("state_dir must be an absolute path, got %q", c.StateDir)

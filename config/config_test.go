@@ -95,6 +95,7 @@ func TestParseRejects(t *testing.T) {
 		{"bad pool name", "pools: {Big-Pool: {size: 4}}", "pools.Big-Pool"},
 		{"relative pin dir", "pin_dir: fs/bpf", "pin_dir"},
 		{"relative state dir", "state_dir: state", "state_dir"},
+		{"relative policies file", "policies_file: policies.yaml", "policies_file"},
 		{"relative projects root", "projects_root: sys/fs", "projects_root"},
 		{"relative socket", "admin_socket: a.sock", "admin_socket"},
 		{"relative permits socket", "permits: {socket: p.sock}", "permits.socket"},

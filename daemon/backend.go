@@ -30,11 +30,12 @@ func (d *Daemon) Status(context.Context) (admin.Status, error) {
 	st.Listeners = d.listenerStatus()
 
 	st.Rates = d.rateStatus()
-	list, err := d.store.List()
+	list, err := d.Policies()
 	if err != nil {
 		return admin.Status{}, fmt.Errorf("reading the policy store: %w", err)
 	}
 	st.Policies = list
+	st.PoliciesFile = d.file.status()
 	if st.Policies == nil {
 		st.Policies = []admin.Entry{}
 	}
@@ -107,14 +108,33 @@ func (d *Daemon) listenerStatus() []admin.Listener {
 	return out
 }
 
-// Policies implements admin.Backend.
-func (d *Daemon) Policies() ([]admin.Entry, error) { return d.store.List() }
+// Policies implements admin.Backend: the policies in force, from the
+// store and the policies file (which wins for the projects it names).
+func (d *Daemon) Policies() ([]admin.Entry, error) {
+	list, err := d.store.List()
+	if err != nil {
+		return nil, err
+	}
+	return d.file.merge(list), nil
+}
 
 // Policy implements admin.Backend.
-func (d *Daemon) Policy(project string) (policy.Policy, bool, error) { return d.store.Get(project) }
+func (d *Daemon) Policy(project string) (admin.Entry, bool, error) {
+	if p, ok := d.file.owns(project); ok {
+		return admin.Entry{Project: project, Policy: p, Source: policy.SourceFile}, true, nil
+	}
+	p, found, err := d.store.Get(project)
+	return admin.Entry{Project: project, Policy: p}, found, err
+}
 
-// PatchPolicy implements admin.Backend: store (fsynced), then apply.
+// PatchPolicy implements admin.Backend: store (fsynced), then apply. A
+// project the policies file names is refused: the file owns it.
 func (d *Daemon) PatchPolicy(project string, pt policy.Patch) (policy.Policy, error) {
+	d.polMu.Lock()
+	defer d.polMu.Unlock()
+	if err := d.file.refuse(project); err != nil {
+		return policy.Policy{}, err
+	}
 	p, err := d.store.Patch(project, pt, d.defPolicy)
 	if err != nil {
 		return policy.Policy{}, err
@@ -124,8 +144,14 @@ func (d *Daemon) PatchPolicy(project string, pt policy.Patch) (policy.Policy, er
 }
 
 // DeletePolicy implements admin.Backend: the project falls back to the
-// default policy and unbounded rates.
+// default policy and unbounded rates. A project the policies file names is
+// refused, as in PatchPolicy.
 func (d *Daemon) DeletePolicy(project string) (bool, error) {
+	d.polMu.Lock()
+	defer d.polMu.Unlock()
+	if err := d.file.refuse(project); err != nil {
+		return false, err
+	}
 	found, err := d.store.Delete(project)
 	if err != nil || !found {
 		return found, err

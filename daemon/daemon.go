@@ -80,6 +80,11 @@ type Daemon struct {
 	caps      Caps
 	owners    *peercred.Owners // subordinate uids, for the per-peer caps
 
+	// polMu serializes changes of the policies in force (the admin API's
+	// and the policies file's), so that a check of who owns a project and
+	// the change it allows are one step.
+	polMu sync.Mutex
+
 	mu   sync.Mutex        // guards the fields below
 	seen map[string][2]int // pool -> last logged {active, share}
 	// limitedGone keeps the rate refusals of buckets deleted when a policy
@@ -88,6 +93,9 @@ type Daemon struct {
 	limitedGone map[string]uint64
 	// listeners are the listeners serving, for status and metrics.
 	listeners []*listen.Listener
+
+	// file follows the policies file (nil: none configured).
+	file *policyFile
 }
 
 // New opens the store and builds the parts in order: the kernel's
@@ -166,6 +174,10 @@ func New(opts Options) (*Daemon, error) {
 	}
 	if len(list) > 0 {
 		log.Info("policies applied", "count", len(list))
+	}
+	if cfg.PoliciesFile != "" {
+		d.file = newPolicyFile(cfg.PoliciesFile, d.defPolicy)
+		d.followPolicies()
 	}
 	ok = true
 	return d, nil
@@ -441,6 +453,7 @@ func (d *Daemon) loop(ctx context.Context) error {
 			return nil
 		case now := <-t.C:
 			d.tick(now)
+			d.followPolicies()
 			if d.kernel != nil {
 				d.kernel.maintain(ctx, now)
 			}

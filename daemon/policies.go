@@ -3,7 +3,14 @@
 package daemon
 
 import (
+	"fmt"
+	"sort"
 	"strings"
+	"sync"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/internal/clock"
 
 	"github.com/fairshare-dev/fairshare/policy"
 )
@@ -25,4 +32,119 @@ func (d *Daemon) storedPolicies() ([]policy.Entry, error) {
 			"changed", strings.Join(changed, ", "), "bounds", "rates 0 or 0.001..1e9, shares 1..1000000")
 	}
 	return d.store.List()
+}
+
+// policyFile follows the policies file (config policies_file) for the
+// daemon. A nil *policyFile is a daemon without one: every method is a
+// no-op then.
+type policyFile struct {
+	f *policy.File
+
+	mu sync.Mutex // guards the fields below
+	// owned is the file's policies in force: the projects it owns.
+	owned    map[string]policy.Policy
+	loadedAt time.Time
+	lastErr  string
+}
+
+func newPolicyFile(path string, def policy.Policy) *policyFile {
+	return &policyFile{f: policy.NewFile(path, def), owned: map[string]policy.Policy{}}
+}
+
+// owns returns the file's policy for project, if the file names it.
+func (pf *policyFile) owns(project string) (policy.Policy, bool) {
+	if pf == nil {
+		return policy.Policy{}, false
+	}
+	pf.mu.Lock()
+	defer pf.mu.Unlock()
+	p, ok := pf.owned[project]
+	return p, ok
+}
+
+// refuse is the error for a change of a project the file owns, or nil.
+func (pf *policyFile) refuse(project string) error {
+	if _, ok := pf.owns(project); !ok {
+		return nil
+	}
+	return fmt.Errorf("%w %s: %s's policy is set there; edit the file to change it", policy.ErrFromFile, pf.f.Path(), project)
+}
+
+// merge returns the stored list with the file's policies in place of the
+// stored ones of the projects it owns, sorted by project.
+func (pf *policyFile) merge(stored []policy.Entry) []policy.Entry {
+	if pf == nil {
+		return stored
+	}
+	pf.mu.Lock()
+	defer pf.mu.Unlock()
+	out := make([]policy.Entry, 0, len(stored)+len(pf.owned))
+	for _, e := range stored {
+		if _, ok := pf.owned[e.Project]; !ok {
+			out = append(out, e)
+		}
+	}
+	for name, p := range pf.owned {
+		out = append(out, policy.Entry{Project: name, Policy: p, Source: policy.SourceFile})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Project < out[j].Project })
+	return out
+}
+
+// status says what the file holds, for admin.Status.
+func (pf *policyFile) status() *admin.PoliciesFile {
+	if pf == nil {
+		return nil
+	}
+	pf.mu.Lock()
+	defer pf.mu.Unlock()
+	return &admin.PoliciesFile{Path: pf.f.Path(), Projects: len(pf.owned), LoadedAt: pf.loadedAt, Error: pf.lastErr}
+}
+
+// followPolicies reads the policies file if it changed and puts what it
+// says in force: a project it now names gets the file's policy, a project
+// it no longer names goes back to its stored policy (or the default). A
+// file that does not validate changes nothing; its error is logged once
+// and shown in status until a good file replaces it.
+func (d *Daemon) followPolicies() {
+	pf := d.file
+	if pf == nil {
+		return
+	}
+	d.polMu.Lock()
+	defer d.polMu.Unlock()
+	next, changed, err := pf.f.Poll()
+	if err != nil {
+		pf.mu.Lock()
+		pf.lastErr = err.Error()
+		pf.mu.Unlock()
+		d.log.Error("policies file refused; the policies in force stay", "path", pf.f.Path(), "err", err)
+		return
+	}
+	if !changed {
+		return
+	}
+	pf.mu.Lock()
+	prev := pf.owned
+	pf.owned, pf.loadedAt, pf.lastErr = next, clock.Or(d.opts.Clock).Now(), ""
+	pf.mu.Unlock()
+	var set, released int
+	for name, p := range next {
+		if old, ok := prev[name]; !ok || old != p {
+			d.apply(name, p)
+			set++
+		}
+	}
+	for name := range prev {
+		if _, ok := next[name]; ok {
+			continue
+		}
+		released++
+		if p, found, err := d.store.Get(name); err == nil && found {
+			d.apply(name, p)
+		} else {
+			d.unapply(name)
+		}
+	}
+	d.log.Info("policies file applied", "path", pf.f.Path(), "projects", len(next), "changed", set, "released", released)
 }

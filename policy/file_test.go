@@ -4,10 +4,10 @@ package policy
 
 import (
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 func TestParseFile(t *testing.T) {
@@ -57,69 +57,36 @@ func TestParseFile(t *testing.T) {
 	}
 }
 
-// configMapDir lays out a directory as kubelet mounts a ConfigMap: the keys
-// are symlinks through ..data to a timestamped directory, and an update
-// writes a new directory and swaps ..data atomically.
-type configMapDir struct {
-	t   *testing.T
-	dir string
-	gen int
-}
-
-func (c *configMapDir) write(content string) {
-	c.t.Helper()
-	c.gen++
-	ts := filepath.Join(c.dir, "..2026_12_03_10_00_00."+strings.Repeat("x", c.gen))
-	if err := os.Mkdir(ts, 0o755); err != nil {
-		c.t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(ts, "policies.yaml"), []byte(content), 0o644); err != nil {
-		c.t.Fatal(err)
-	}
-	tmp := filepath.Join(c.dir, "..data_tmp")
-	if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
-		c.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(c.dir, "..data")); err != nil {
-		c.t.Fatal(err)
-	}
-	key := filepath.Join(c.dir, "policies.yaml")
-	if _, err := os.Lstat(key); os.IsNotExist(err) {
-		if err := os.Symlink("..data/policies.yaml", key); err != nil {
-			c.t.Fatal(err)
-		}
-	}
-}
-
 // TestFileFollowsConfigMap: Poll sees kubelet's atomic swap, keeps quiet
 // while nothing changed, refuses a bad file once and sees the next good one.
 func TestFileFollowsConfigMap(t *testing.T) {
-	cm := &configMapDir{t: t, dir: t.TempDir()}
-	f := NewFile(filepath.Join(cm.dir, "policies.yaml"), Default())
+	cm := testutil.NewConfigMapDir(t)
+	f := NewFile(cm.Path("policies.yaml"), Default())
 
+	write := func(content string) { cm.Write(map[string]string{"policies.yaml": content}) }
 	p, changed, err := f.Poll()
 	if err != nil || !changed || len(p) != 0 {
 		t.Fatalf("missing file: %v %v %v; want no policies, changed", p, changed, err)
 	}
-	cm.write("a: {tier: pro}\n")
+	write("a: {tier: pro}\n")
 	if p, changed, err = f.Poll(); err != nil || !changed || p["a"].Tier != "pro" {
 		t.Fatalf("first version: %v %v %v", p, changed, err)
 	}
 	if _, changed, err = f.Poll(); err != nil || changed {
 		t.Fatalf("unchanged: changed %v, %v", changed, err)
 	}
-	cm.write("a: {tier: pro}\n") // new files, same content
+	write("a: {tier: pro}\n") // new files, same content
 	if _, changed, err = f.Poll(); err != nil || changed {
 		t.Fatalf("same content rewritten: changed %v, %v", changed, err)
 	}
-	cm.write("a: {tier: gold}\n")
+	write("a: {tier: gold}\n")
 	if _, changed, err = f.Poll(); err == nil || changed || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("bad file: changed %v, %v", changed, err)
 	}
 	if _, changed, err = f.Poll(); err != nil || changed {
 		t.Fatalf("bad file again: reported twice (%v) or changed %v", err, changed)
 	}
-	cm.write("a: {tier: lite}\nb: {shares: 3}\n")
+	write("a: {tier: lite}\nb: {shares: 3}\n")
 	if p, changed, err = f.Poll(); err != nil || !changed || p["a"].Tier != "lite" || p["b"].Shares != 3 {
 		t.Fatalf("fixed file: %v %v %v", p, changed, err)
 	}

@@ -128,7 +128,7 @@ func TestStoreCRUD(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Entry{{"alpha", Policy{Tier: "pro", Shares: 1, RequestsPerSec: 5}}, {"beta", Policy{Tier: "lite", Shares: 3}}}
+	want := []Entry{{Project: "alpha", Policy: Policy{Tier: "pro", Shares: 1, RequestsPerSec: 5}}, {Project: "beta", Policy: Policy{Tier: "lite", Shares: 3}}}
 	if fmt.Sprint(list) != fmt.Sprint(want) {
 		t.Errorf("list = %+v, want %+v", list, want)
 	}

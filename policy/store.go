@@ -49,7 +49,17 @@ type Store struct {
 type Entry struct {
 	Project string `json:"project"`
 	Policy
+	// Source says where the policy in force comes from: "" (the store,
+	// set with the CLI) or "file" (the policies file).
+	Source string `json:"source,omitempty"`
 }
+
+// SourceFile marks an Entry of the policies file.
+const SourceFile = "file"
+
+// ErrFromFile means a project's policy comes from the policies file, which
+// owns it: change it there.
+var ErrFromFile = errors.New("the project's policy comes from the policies file")
 
 // Open opens (creating if needed) the store in dir.
 func Open(dir string, opts Options) (*Store, error) {

@@ -127,7 +127,7 @@ func parsePatch(c *cli.Context) (policy.Patch, error) {
 // policyBackend is where policies live for this invocation: the daemon if one
 // answers, else the store file.
 type policyBackend interface {
-	get(project string) (policy.Policy, bool, error)
+	get(project string) (policy.Entry, bool, error)
 	list() ([]policy.Entry, error)
 	patch(project string, pt policy.Patch) (policy.Policy, error)
 	delete(project string) (bool, error)
@@ -139,12 +139,12 @@ type viaDaemon struct {
 	c   *admin.Client
 }
 
-func (v viaDaemon) get(p string) (policy.Policy, bool, error) {
-	pol, err := v.c.Policy(v.ctx, p)
+func (v viaDaemon) get(p string) (policy.Entry, bool, error) {
+	e, err := v.c.Policy(v.ctx, p)
 	if errors.Is(err, admin.ErrNotFound) {
-		return policy.Policy{}, false, nil
+		return policy.Entry{}, false, nil
 	}
-	return pol, err == nil, err
+	return e, err == nil, err
 }
 func (v viaDaemon) list() ([]policy.Entry, error) { return v.c.Policies(v.ctx) }
 func (v viaDaemon) patch(p string, pt policy.Patch) (policy.Policy, error) {
@@ -164,8 +164,11 @@ type viaStore struct {
 	def policy.Policy
 }
 
-func (v viaStore) get(p string) (policy.Policy, bool, error) { return v.s.Get(p) }
-func (v viaStore) list() ([]policy.Entry, error)             { return v.s.List() }
+func (v viaStore) get(p string) (policy.Entry, bool, error) {
+	pol, found, err := v.s.Get(p)
+	return policy.Entry{Project: p, Policy: pol}, found, err
+}
+func (v viaStore) list() ([]policy.Entry, error) { return v.s.List() }
 func (v viaStore) patch(p string, pt policy.Patch) (policy.Policy, error) {
 	return v.s.Patch(p, pt, v.def)
 }
@@ -241,14 +244,14 @@ func policyGet(c *cli.Context) error {
 		return err
 	}
 	defer b.close()
-	p, found, err := b.get(project)
+	e, found, err := b.get(project)
 	if err != nil {
 		return policyErr(err)
 	}
 	if !found {
 		return cli.Exit(fmt.Sprintf("no policy is stored for %s; it runs on the default", project), 1)
 	}
-	return printPolicies(c, []policy.Entry{{Project: project, Policy: p}}, false)
+	return printPolicies(c, []policy.Entry{e}, false)
 }
 
 func policyList(c *cli.Context) error {
@@ -301,9 +304,13 @@ func printPolicies(c *cli.Context, list []policy.Entry, asList bool) error {
 		return writeJSON(w, v)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROJECT\tTIER\tSHARES\tREQUESTS/S\tWORK/S")
+	fmt.Fprintln(tw, "PROJECT\tTIER\tSHARES\tREQUESTS/S\tWORK/S\tFROM")
 	for _, e := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", e.Project, e.Tier, e.Shares, rateText(e.RequestsPerSec), rateText(e.WorkPerSec))
+		from := "cli"
+		if e.Source == policy.SourceFile {
+			from = "file"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", e.Project, e.Tier, e.Shares, rateText(e.RequestsPerSec), rateText(e.WorkPerSec), from)
 	}
 	return tw.Flush()
 }

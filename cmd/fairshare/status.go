@@ -150,6 +150,18 @@ func printStatus(w io.Writer, st admin.Status) error {
 				r.Adopted, r.Orphans, r.StaleListeners, r.Passes, r.RepairsTotal)
 		}
 	}
+	if f := st.PoliciesFile; f != nil {
+		fmt.Fprintln(tw)
+		if f.LoadedAt.IsZero() {
+			fmt.Fprintf(tw, "policies file %s: not read yet", f.Path)
+		} else {
+			fmt.Fprintf(tw, "policies file %s: %d projects, read at %s", f.Path, f.Projects, f.LoadedAt.Format(time.RFC3339))
+		}
+		if f.Error != "" {
+			fmt.Fprintf(tw, "; its current content is REFUSED (%s), the policies read before stay in force", f.Error)
+		}
+		fmt.Fprintln(tw)
+	}
 	if len(st.Listeners) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "LISTENER\tOPEN\tPEERS\tMAX\tMAX_PER_PEER\tACCEPTED\tREFUSED\tACCEPT_ERRORS")
