@@ -51,11 +51,21 @@ build: check-go ## build bin/fairshare
 lint: check-go ## gofmt and go vet
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
+	cd deploy && $(GO) vet ./...
 
 .PHONY: test
+# Tools some tests need besides root; a test that lacks one skips and says so
+# (go test -v), and make test says here which will skip.
+TEST_TOOLS := nft containerd runc ctr
+TEST_PACKAGES := nftables containerd runc busybox-static containernetworking-plugins
+
 test: check-go lint check-generated ## run the whole suite (as root: the kernel tests run for real)
 	@[ "$$(id -u)" = 0 ] || echo "note: not root; tests that need BPF and cgroups will skip"
+	@missing=""; for t in $(TEST_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	[ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || missing="$$missing busybox-static"; \
+	[ -z "$$missing" ] || echo "note: missing$$missing: the nftables and container-runtime tests will skip (Debian: apt-get install $(TEST_PACKAGES))"
 	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) ./...
+	cd deploy && $(GO) test -count=1 ./...
 
 .PHONY: bench
 bench: check-go ## run the benchmarks (as root for the BPF ones)
