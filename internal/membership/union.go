@@ -4,7 +4,6 @@ package membership
 
 import (
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -29,6 +28,9 @@ type Refusal struct {
 type Result struct {
 	Accepted []Entry   `json:"accepted"` // sorted by Compare
 	Refused  []Refusal `json:"refused"`  // sorted by Compare of their entries
+	// Tree indexes Accepted: which member a cgroup is in, and whether a
+	// newcomer would be refused.
+	Tree *Tree `json:"-"`
 }
 
 // Resolve unions the inputs' members. A member is refused when its project
@@ -45,7 +47,7 @@ type Result struct {
 // tick and can be reported once.
 //
 // Cost: O(n log n) for the order and O(n * depth) map operations for the
-// checks, n the members of all inputs.
+// checks, n the members of all inputs (BenchmarkResolve).
 func Resolve(inputs []Input, prev []Entry) Result {
 	type candidate struct {
 		Entry
@@ -81,22 +83,17 @@ func Resolve(inputs []Input, prev []Entry) Result {
 		return Compare(a.Entry, b.Entry)
 	})
 
-	taken := make(map[string]Entry, len(cands))    // cgroup -> its member
-	below := make(map[string]examples, len(cands)) // cgroup -> members below it
+	t := &Tree{nodes: make(map[string]*node, n)}
+	res.Accepted = make([]Entry, 0, n)
 	for i, c := range cands {
 		if i > 0 && c.Entry == cands[i-1].Entry {
 			continue // the same member twice in one source
 		}
-		if reason := check(c.Entry, taken, below); reason != "" {
+		if reason := t.Check(c.Entry); reason != "" {
 			res.Refused = append(res.Refused, Refusal{c.Entry, reason})
 			continue
 		}
-		taken[c.Cgroup] = c.Entry
-		for a := range ancestors(c.Cgroup) {
-			ex := below[a]
-			ex.add(c.Entry)
-			below[a] = ex
-		}
+		t.add(c.Entry)
 		res.Accepted = append(res.Accepted, c.Entry)
 	}
 	slices.SortFunc(res.Accepted, Compare)
@@ -106,32 +103,8 @@ func Resolve(inputs []Input, prev []Entry) Result {
 		}
 		return strings.Compare(a.Reason, b.Reason)
 	})
+	res.Tree = t
 	return res
-}
-
-// check returns why e cannot join the members taken so far, or "".
-func check(e Entry, taken map[string]Entry, below map[string]examples) string {
-	if err := project.Validate(e.Project); err != nil {
-		return err.Error()
-	}
-	if err := ValidCgroup(e.Cgroup); err != nil {
-		return err.Error()
-	}
-	if t, ok := taken[e.Cgroup]; ok {
-		if t.Project == e.Project {
-			return fmt.Sprintf("also registered for project %s by source %s", t.Project, t.Source)
-		}
-		return fmt.Sprintf("registered to project %s by source %s", t.Project, t.Source)
-	}
-	for a := range ancestors(e.Cgroup) {
-		if t, ok := taken[a]; ok && t.Project != e.Project {
-			return fmt.Sprintf("below %s, registered to project %s by source %s", t.Cgroup, t.Project, t.Source)
-		}
-	}
-	if t, ok := below[e.Cgroup].other(e.Project); ok {
-		return fmt.Sprintf("above %s, registered to project %s by source %s", t.Cgroup, t.Project, t.Source)
-	}
-	return ""
 }
 
 // ValidCgroup checks the form of a member's cgroup: an absolute, clean path
@@ -141,12 +114,26 @@ func ValidCgroup(p string) error {
 	switch {
 	case p == "":
 		return fmt.Errorf("the cgroup path is empty")
-	case !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/":
+	case !clean(p):
 		return fmt.Errorf("the cgroup path %q is not an absolute, clean directory path", p)
 	case len(p) > 4096:
 		return fmt.Errorf("the cgroup path is longer than 4096 bytes")
 	}
 	return nil
+}
+
+// clean reports whether p is absolute, clean (filepath.Clean(p) == p) and
+// not "/", without building the cleaned copy.
+func clean(p string) bool {
+	if len(p) < 2 || p[0] != '/' || p[len(p)-1] == '/' {
+		return false
+	}
+	for elem := range strings.SplitSeq(p[1:], "/") {
+		if elem == "" || elem == "." || elem == ".." {
+			return false
+		}
+	}
+	return true
 }
 
 // examples keeps two members below a cgroup, of different projects if
@@ -157,13 +144,17 @@ type examples struct {
 	a, b Entry
 }
 
-func (x *examples) add(e Entry) {
+// add records e and reports whether the examples changed.
+func (x *examples) add(e Entry) bool {
 	switch {
 	case x.n == 0:
 		x.a, x.n = e, 1
 	case x.n == 1 && e.Project != x.a.Project:
 		x.b, x.n = e, 2
+	default:
+		return false
 	}
+	return true
 }
 
 // other returns a member of a project other than p, if any.
@@ -194,33 +185,98 @@ func ancestors(p string) func(func(string) bool) {
 	}
 }
 
-// Tree finds the member a cgroup belongs to: the registered cgroup at or
-// nearest above it. It is read-only once built and safe for concurrent use.
+// Tree indexes an accepted set: it finds the member a cgroup is in (the
+// registered cgroup at or nearest above it) and tells whether a newcomer
+// could join. It is read-only once built (Resolve, NewTree) and then safe
+// for concurrent use.
 type Tree struct {
-	byCgroup map[string]Entry
+	// nodes holds every member's cgroup and every ancestor of one.
+	nodes map[string]*node
+	n     int
 }
 
-// NewTree indexes an accepted set (Result.Accepted).
+// node is one cgroup of a Tree: the member registered at it, if any, and
+// examples of the members below it.
+type node struct {
+	member Entry
+	taken  bool
+	below  examples
+}
+
+// NewTree indexes an accepted set (Result.Accepted: no conflicts).
 func NewTree(es []Entry) *Tree {
-	t := &Tree{byCgroup: make(map[string]Entry, len(es))}
+	t := &Tree{nodes: make(map[string]*node, len(es))}
 	for _, e := range es {
-		t.byCgroup[e.Cgroup] = e
+		t.add(e)
 	}
 	return t
 }
 
+// add puts e in the tree, which must not refuse it.
+func (t *Tree) add(e Entry) {
+	n := t.nodes[e.Cgroup]
+	if n == nil {
+		n = &node{}
+		t.nodes[e.Cgroup] = n
+	}
+	n.member, n.taken = e, true
+	t.n++
+	for a := range ancestors(e.Cgroup) {
+		an := t.nodes[a]
+		if an == nil {
+			an = &node{}
+			t.nodes[a] = an
+		}
+		if !an.below.add(e) {
+			// This ancestor's examples already had e's project (or two
+			// projects), and so do those of every cgroup above it, which
+			// hold everything below it.
+			break
+		}
+	}
+}
+
+// Check returns why e could not join the tree's members, or "" if it
+// could: an invalid name or path, its cgroup taken, or a member of another
+// project above it or below it.
+func (t *Tree) Check(e Entry) string {
+	if err := project.Validate(e.Project); err != nil {
+		return err.Error()
+	}
+	if err := ValidCgroup(e.Cgroup); err != nil {
+		return err.Error()
+	}
+	if n := t.nodes[e.Cgroup]; n != nil {
+		if n.taken {
+			if n.member.Project == e.Project {
+				return fmt.Sprintf("also registered for project %s by source %s", n.member.Project, n.member.Source)
+			}
+			return fmt.Sprintf("registered to project %s by source %s", n.member.Project, n.member.Source)
+		}
+		if o, ok := n.below.other(e.Project); ok {
+			return fmt.Sprintf("above %s, registered to project %s by source %s", o.Cgroup, o.Project, o.Source)
+		}
+	}
+	for a := range ancestors(e.Cgroup) {
+		if n := t.nodes[a]; n != nil && n.taken && n.member.Project != e.Project {
+			return fmt.Sprintf("below %s, registered to project %s by source %s", a, n.member.Project, n.member.Source)
+		}
+	}
+	return ""
+}
+
 // Find returns the member whose cgroup is path or its nearest registered
-// ancestor. Its cost is one map lookup per level of path.
+// ancestor. Its cost is one map lookup per level of path (BenchmarkFind).
 func (t *Tree) Find(path string) (Entry, bool) {
 	if t == nil {
 		return Entry{}, false
 	}
-	if e, ok := t.byCgroup[path]; ok {
-		return e, true
+	if n := t.nodes[path]; n != nil && n.taken {
+		return n.member, true
 	}
 	for a := range ancestors(path) {
-		if e, ok := t.byCgroup[a]; ok {
-			return e, true
+		if n := t.nodes[a]; n != nil && n.taken {
+			return n.member, true
 		}
 	}
 	return Entry{}, false
@@ -231,7 +287,7 @@ func (t *Tree) Len() int {
 	if t == nil {
 		return 0
 	}
-	return len(t.byCgroup)
+	return t.n
 }
 
 // Move is a cgroup whose project or source changed.

@@ -89,10 +89,11 @@ func TestResolve(t *testing.T) {
 	}, {
 		name: "invalid names and paths",
 		inputs: []Input{in("directory", m("ok", "/cg/ok"), m("bad name", "/cg/bad name"), m("x", "relative"),
-			m("y", "/cg/../etc"), m("z", "/"), m("", "/cg/empty"))},
+			m("y", "/cg/../etc"), m("z", "/"), m("", "/cg/empty"), m("w", "/cg//w"), m("v", "/cg/v/"), m("u", "/cg/."))},
 		accepted: []string{"ok@/cg/ok(directory)"},
 		refused: []string{`@/cg/empty(directory): invalid project name`, `bad name@/cg/bad name(directory): invalid project name`,
-			`z@/(directory): the cgroup path "/" is not`, `y@/cg/../etc(directory): the cgroup path`, `x@relative(directory): the cgroup path`},
+			`z@/(directory): the cgroup path "/" is not`, `y@/cg/../etc(directory): the cgroup path`, `x@relative(directory): the cgroup path`,
+			`w@/cg//w(directory): the cgroup path`, `v@/cg/v/(directory): the cgroup path`, `u@/cg/.(directory): the cgroup path`},
 	}, {
 		name:     "the same member twice in one source is one member",
 		inputs:   []Input{in("registered", m("a", "/cg/a"), m("a", "/cg/a"))},
