@@ -17,6 +17,11 @@
 // life, so while it runs the CLI goes through the admin API and the daemon does
 // the write; the CLI opens the file itself only when no daemon answers.
 //
+// The same file holds the operator's registrations of cgroups to projects
+// ('fairshare project add'), the "registered" source of package
+// internal/membership: a bucket keyed by cgroup path, so a cgroup is
+// registered once; AddMembers writes a batch all or nothing.
+//
 // Every write bumps a version counter in the same transaction, so a reader can
 // tell cheaply whether anything changed.
 //

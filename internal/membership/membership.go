@@ -5,9 +5,15 @@ package membership
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"sync"
 )
+
+// ErrRefused is wrapped by the error of a registration that would be
+// refused: its cgroup is registered already, or nested in another
+// project's.
+var ErrRefused = errors.New("registration refused")
 
 // Member is one registered cgroup: every process in it, or in a cgroup below
 // it, belongs to Project.
