@@ -1,0 +1,26 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package netnsscan finds the network namespaces that processes of the
+// registered cgroups are in: every cgroup.procs of each member's cgroup
+// and of the cgroups below it, then /proc/<pid>/ns/net of each process,
+// deduplicated by the namespace's inode; the daemon's own namespace (the
+// host's) is left out. These are the namespaces where the kernel side
+// attaches inbound admission (sk_lookup is per network namespace), so a
+// pod's listener is counted and refused like a host process's.
+//
+// The work is bounded per Step, for big nodes: members new since the last
+// SetMembers are read at every step for their first Options.Fresh steps
+// (a pod's containers start after its cgroup is registered, so a new pod's
+// namespace is found in the step after), oldest first, at most
+// Options.Budget directories per step; and all members are swept in cgroup
+// order, at most Options.Budget directories per step again, each step
+// going on where the last stopped. The first members a scanner is given
+// are not new: its first sweep reads them. A namespace that a whole sweep did not see is
+// reported gone. A leaf cgroup costs a stat and a read of cgroup.procs
+// (kernfs gives a directory 2 + its subdirectories links, so leaves are not
+// listed), a process one stat of its namespace file.
+//
+// What it reports is as fresh as its reads: a process that joins a
+// namespace of its own after its cgroup was last read is found in the next
+// sweep at the latest (one step on a small node).
+package netnsscan

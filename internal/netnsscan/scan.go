@@ -1,0 +1,433 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package netnsscan
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/membership"
+	"golang.org/x/sys/unix"
+)
+
+// Defaults of Options.
+const (
+	// DefaultBudget is how many cgroup directories a Step reads beyond
+	// those of fresh members: about 60 ms of work on the development
+	// machines (BenchmarkStep), so a sweep of 50,000 registered pods of
+	// two containers each (150,000 directories) takes 37 steps.
+	DefaultBudget = 4096
+	// DefaultFresh is how many steps a new member is read at every step:
+	// a pod's containers start after its cgroup is registered.
+	DefaultFresh = 10
+)
+
+// Options configure New.
+type Options struct {
+	// Budget bounds the cgroup directories a Step reads for fresh members,
+	// and again for the sweep; 0 means DefaultBudget. A member's tree is
+	// read whole, so each reads at least one member.
+	Budget int
+	// Fresh is how many steps in a row a new member is read; 0 means
+	// DefaultFresh.
+	Fresh int
+	// Proc is where procfs is mounted; "" means /proc.
+	Proc string
+}
+
+// Namespace is a network namespace that a registered cgroup's process is
+// in (other than the daemon's own).
+type Namespace struct {
+	// Inode is the namespace's inode number on nsfs: its identity.
+	Inode uint64 `json:"inode"`
+	// Path opens it while the process PID lives: <proc>/<pid>/ns/net.
+	Path string `json:"path"`
+	PID  int    `json:"pid"`
+	// Projects whose processes were seen in it in the last sweep (or the
+	// current one, for a namespace first seen there), sorted.
+	Projects []string `json:"projects"`
+	// Since is when it was first seen.
+	Since time.Time `json:"since"`
+}
+
+// Changes is what one Step found.
+type Changes struct {
+	// New are the namespaces seen for the first time.
+	New []Namespace
+	// Gone are the namespaces a whole sweep did not see: no process of a
+	// registered cgroup is in them any more.
+	Gone []Namespace
+	// Swept says a sweep over every member ended at this step.
+	Swept bool
+	// Dirs is how many cgroup directories the step read, Procs how many
+	// processes' namespaces.
+	Dirs, Procs int
+}
+
+// Stats describe the scanner's work.
+type Stats struct {
+	Members    int           `json:"members"`
+	Namespaces int           `json:"namespaces"`
+	Sweeps     uint64        `json:"sweeps"`      // sweeps completed
+	SweepSteps int           `json:"sweep_steps"` // steps the last sweep took
+	SweepTime  time.Duration `json:"sweep_time"`  // CPU-ish: the sum of its steps' durations
+	StepDirs   int           `json:"step_dirs"`   // directories the last step read
+	StepTime   time.Duration `json:"step_time"`   // how long the last step took
+	Budget     int           `json:"budget"`
+	Errors     uint64        `json:"errors"` // cgroups or processes that could not be read, other than gone
+	LastError  string        `json:"last_error,omitempty"`
+}
+
+// Scanner finds the network namespaces of the registered cgroups'
+// processes. It is not safe for concurrent use: one loop owns it.
+type Scanner struct {
+	opts Options
+	host uint64 // the daemon's own namespace: never reported
+	now  func() time.Time
+	buf  []byte
+
+	members map[string]*member // by cgroup
+	order   []string           // the members' cgroups, sorted
+	fresh   []string           // members read at every step for now, oldest first
+	started bool               // SetMembers was called
+	cursor  string             // the sweep's next member: the first >= cursor
+	sweep   uint64             // the sweep in progress (from 1)
+
+	ns map[uint64]*nsState
+
+	stats      Stats
+	sweepSteps int
+	sweepTime  time.Duration
+}
+
+type member struct {
+	project string
+	fresh   int // reads left at every step
+}
+
+type nsState struct {
+	Namespace
+	seen     uint64            // the last sweep it was seen in
+	projects map[string]uint64 // project -> the last sweep it was seen in
+}
+
+// New returns a scanner; the namespace it runs in is the host's, which it
+// never reports.
+func New(o Options) (*Scanner, error) {
+	if o.Budget <= 0 {
+		o.Budget = DefaultBudget
+	}
+	if o.Fresh <= 0 {
+		o.Fresh = DefaultFresh
+	}
+	if o.Proc == "" {
+		o.Proc = "/proc"
+	}
+	host, err := nsInode(filepath.Join(o.Proc, "self/ns/net"))
+	if err != nil {
+		return nil, fmt.Errorf("reading the daemon's own network namespace: %w", err)
+	}
+	return &Scanner{opts: o, host: host, now: time.Now, buf: make([]byte, 64<<10),
+		members: map[string]*member{}, ns: map[uint64]*nsState{}, sweep: 1,
+		stats: Stats{Budget: o.Budget}}, nil
+}
+
+// nsInode reads the inode of a namespace file (readlink: "net:[4026531833]").
+func nsInode(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return st.Ino, nil
+}
+
+// SetMembers replaces the members (an accepted set, sorted by cgroup, as
+// membership.Resolve returns it). Members new since the last call are read
+// at each of the next Options.Fresh steps (oldest first, within the
+// budget), so a pod's namespace is found in the step after its cgroup is
+// registered, or its containers start. The first call's members are not
+// new: the first sweep reads them.
+func (s *Scanner) SetMembers(es []membership.Entry) {
+	next := make(map[string]*member, len(es))
+	order := make([]string, 0, len(es))
+	for _, e := range es {
+		if m, ok := s.members[e.Cgroup]; ok {
+			m.project = e.Project
+			next[e.Cgroup] = m
+		} else if s.started {
+			next[e.Cgroup] = &member{project: e.Project, fresh: s.opts.Fresh}
+			s.fresh = append(s.fresh, e.Cgroup)
+		} else {
+			// The first members are no news: the first sweep reads them.
+			next[e.Cgroup] = &member{project: e.Project}
+		}
+		order = append(order, e.Cgroup)
+	}
+	if !slices.IsSorted(order) {
+		slices.Sort(order)
+	}
+	s.members, s.order, s.started = next, order, true
+	s.stats.Members = len(order)
+}
+
+// Step reads the fresh members, then sweeps on from where the last step
+// stopped until it has read Options.Budget directories. When the sweep
+// passes the last member, namespaces no step of the sweep saw are gone.
+func (s *Scanner) Step() Changes {
+	start := s.now()
+	var c Changes
+	// visited: the fresh members read in this step, by the sweep they
+	// were read in (one that ends in this step does not count for the next).
+	var visited map[string]uint64
+	keep := s.fresh[:0]
+	for i, cg := range s.fresh {
+		m := s.members[cg]
+		if m == nil || m.fresh == 0 || visited[cg] != 0 {
+			continue // gone, done, or listed twice
+		}
+		if c.Dirs >= s.opts.Budget {
+			keep = append(keep, s.fresh[i:]...) // their turn comes next step
+			break
+		}
+		if visited == nil {
+			visited = map[string]uint64{}
+		}
+		s.visit(cg, m.project, start, &c)
+		visited[cg] = s.sweep
+		if m.fresh--; m.fresh > 0 {
+			keep = append(keep, cg)
+		}
+	}
+	s.fresh = keep
+	spent, wrapped := 0, false
+	for spent < s.opts.Budget {
+		i := sort.SearchStrings(s.order, s.cursor)
+		if i == len(s.order) {
+			if wrapped {
+				break // one sweep ends per step at most
+			}
+			s.endSweep(&c)
+			s.cursor, wrapped = "", true
+			continue
+		}
+		cg := s.order[i]
+		s.cursor = cg + "\x00" // the next member after cg
+		if visited[cg] == s.sweep {
+			continue // read as fresh in this step and this sweep
+		}
+		before := c.Dirs
+		s.visit(cg, s.members[cg].project, start, &c)
+		spent += c.Dirs - before
+	}
+	took := s.now().Sub(start)
+	s.sweepSteps++
+	s.sweepTime += took
+	s.stats.StepDirs, s.stats.StepTime, s.stats.Namespaces = c.Dirs, took, len(s.ns)
+	return c
+}
+
+// endSweep closes the sweep in progress: what it did not see is gone.
+func (s *Scanner) endSweep(c *Changes) {
+	for ino, n := range s.ns {
+		if n.seen < s.sweep {
+			c.Gone = append(c.Gone, n.Namespace)
+			delete(s.ns, ino)
+			continue
+		}
+		for p, seen := range n.projects {
+			if seen < s.sweep {
+				delete(n.projects, p)
+			}
+		}
+		n.Projects = sortedKeys(n.projects)
+	}
+	slices.SortFunc(c.Gone, func(a, b Namespace) int { return cmpUint(a.Inode, b.Inode) })
+	s.sweep++
+	c.Swept = true
+	s.stats.Sweeps++
+	s.stats.SweepSteps, s.stats.SweepTime = s.sweepSteps, s.sweepTime
+	s.sweepSteps, s.sweepTime = 0, 0
+}
+
+// visit reads the processes of the cgroup dir and of every cgroup below it.
+func (s *Scanner) visit(dir, project string, now time.Time, c *Changes) {
+	c.Dirs++
+	s.procs(dir, project, now, c)
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		s.fail(dir, err)
+		return
+	}
+	// On cgroupfs (kernfs) a directory's link count is 2 + its
+	// subdirectories: a leaf needs no listing.
+	if st.Nlink <= 2 {
+		return
+	}
+	names, err := subdirs(dir)
+	if err != nil {
+		s.fail(dir, err)
+		return
+	}
+	for _, n := range names {
+		s.visit(dir+"/"+n, project, now, c)
+	}
+}
+
+// procs reads dir's cgroup.procs and the namespace of each process.
+func (s *Scanner) procs(dir, project string, now time.Time, c *Changes) {
+	data, err := readFile(dir+"/cgroup.procs", &s.buf)
+	if err != nil {
+		s.fail(dir, err)
+		return
+	}
+	for len(data) > 0 {
+		var line []byte
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i], data[i+1:]
+		} else {
+			line, data = data, nil
+		}
+		pid, err := strconv.Atoi(string(line))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		c.Procs++
+		path := s.opts.Proc + "/" + strconv.Itoa(pid) + "/ns/net"
+		ino, err := nsInode(path)
+		if err != nil {
+			s.fail(path, err)
+			continue
+		}
+		if ino == s.host {
+			continue
+		}
+		n, ok := s.ns[ino]
+		if !ok {
+			n = &nsState{Namespace: Namespace{Inode: ino, Since: now}, projects: map[string]uint64{}}
+			s.ns[ino] = n
+		}
+		n.Path, n.PID, n.seen = path, pid, s.sweep
+		if _, had := n.projects[project]; !had {
+			n.projects[project] = s.sweep
+			n.Projects = sortedKeys(n.projects)
+		}
+		n.projects[project] = s.sweep
+		if !ok {
+			c.New = append(c.New, n.Namespace)
+		}
+	}
+}
+
+// fail counts an error other than the cgroup or process having gone, which
+// is the normal race with the node's churn.
+func (s *Scanner) fail(what string, err error) {
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENODEV) {
+		return
+	}
+	s.stats.Errors++
+	s.stats.LastError = fmt.Sprintf("%s: %v", what, err)
+}
+
+// Namespaces lists the namespaces found and not gone, by inode.
+func (s *Scanner) Namespaces() []Namespace {
+	out := make([]Namespace, 0, len(s.ns))
+	for _, n := range s.ns {
+		ns := n.Namespace
+		ns.Projects = slices.Clone(ns.Projects)
+		out = append(out, ns)
+	}
+	slices.SortFunc(out, func(a, b Namespace) int { return cmpUint(a.Inode, b.Inode) })
+	return out
+}
+
+// Stats returns the scanner's counters.
+func (s *Scanner) Stats() Stats { return s.stats }
+
+// Host is the inode of the daemon's own network namespace.
+func (s *Scanner) Host() uint64 { return s.host }
+
+func sortedKeys(m map[string]uint64) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// readFile reads a small file into *buf, growing it if needed; what it
+// returns is valid until the next read into *buf.
+func readFile(path string, buf *[]byte) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	n := 0
+	for {
+		if n == len(*buf) {
+			*buf = append(*buf, make([]byte, len(*buf))...)
+		}
+		m, err := unix.Read(fd, (*buf)[n:])
+		if err != nil {
+			return nil, err
+		}
+		if m == 0 {
+			return (*buf)[:n], nil
+		}
+		n += m
+	}
+}
+
+// subdirs lists the directories in dir.
+func subdirs(dir string) ([]string, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var names []string
+	buf := make([]byte, 8192)
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			return nil, err
+		}
+		if n <= 0 {
+			return names, nil
+		}
+		for b := buf[:n]; len(b) > 0; {
+			// struct linux_dirent64: ino u64, off s64, reclen u16, type u8, name.
+			reclen := int(b[16]) | int(b[17])<<8
+			if reclen == 0 || reclen > len(b) {
+				return names, nil
+			}
+			if b[18] == unix.DT_DIR {
+				name := b[19:reclen]
+				if i := bytes.IndexByte(name, 0); i >= 0 {
+					name = name[:i]
+				}
+				if s := string(name); s != "." && s != ".." {
+					names = append(names, s)
+				}
+			}
+			b = b[reclen:]
+		}
+	}
+}

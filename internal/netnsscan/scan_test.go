@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package netnsscan_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"syscall"
+	"testing"
+
+	"github.com/fairshare-dev/fairshare/internal/membership"
+	"github.com/fairshare-dev/fairshare/internal/netnsscan"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"golang.org/x/sys/unix"
+)
+
+// inNewNetns starts sleep in the cgroup dir and in a network namespace of
+// its own (as a pod's sandbox is).
+func inNewNetns(t *testing.T, dir string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	testutil.StartInCgroup(t, cmd, dir)
+	return cmd
+}
+
+// joining starts sleep in the cgroup dir, in the network namespace of pid
+// (a second container of the pod).
+func joining(t *testing.T, dir string, pid int) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("nsenter", "--net=/proc/"+strconv.Itoa(pid)+"/ns/net", "sleep", "60")
+	testutil.StartInCgroup(t, cmd, dir)
+	return cmd
+}
+
+func inode(t *testing.T, pid int) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+func inodes(ns []netnsscan.Namespace) []uint64 {
+	var out []uint64
+	for _, n := range ns {
+		out = append(out, n.Inode)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func sorted(xs ...uint64) []uint64 { slices.Sort(xs); return xs }
+
+// TestScan lays out four pods as kubelet's cgroupfs driver does: two with a
+// network namespace of their own (one with two containers in it), one
+// whose namespace is a named one (ip netns), and a host-network pod. The
+// scanner finds the three namespaces, each once, with its project, and not
+// the host's; when a pod's processes end, the next sweep reports its
+// namespace gone.
+func TestScan(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-netns-")
+	pods := testutil.KubeletCgroupfs(t, top, []string{"guaranteed", "burstable", "besteffort", "burstable"}, 2)
+	a := inNewNetns(t, pods[0].Containers[0])
+	b := inNewNetns(t, pods[1].Containers[0])
+	b2 := joining(t, pods[1].Containers[1], b.Process.Pid)
+	name := fmt.Sprintf("fairshare-test-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	c := exec.Command("ip", "netns", "exec", name, "sleep", "60")
+	testutil.StartInCgroup(t, c, pods[2].Containers[1])
+	host := exec.Command("sleep", "60")
+	testutil.StartInCgroup(t, host, pods[3].Containers[0])
+
+	s, err := netnsscan.New(netnsscan.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var es []membership.Entry
+	for i, p := range pods {
+		es = append(es, membership.Entry{Member: membership.Member{Project: fmt.Sprintf("team-%d", i), Cgroup: p.Cgroup}, Source: "registered"})
+	}
+	slices.SortFunc(es, membership.Compare)
+	s.SetMembers(es)
+	ch := s.Step()
+	want := sorted(inode(t, a.Process.Pid), inode(t, b.Process.Pid), inode(t, c.Process.Pid))
+	if got := inodes(ch.New); !slices.Equal(got, want) {
+		t.Fatalf("new %v, want %v", got, want)
+	}
+	if inode(t, b2.Process.Pid) != inode(t, b.Process.Pid) || inode(t, host.Process.Pid) != s.Host() {
+		t.Fatal("the test's namespaces are not laid out as meant")
+	}
+	for _, n := range s.Namespaces() {
+		var want string
+		switch n.Inode {
+		case inode(t, a.Process.Pid):
+			want = "team-0"
+		case inode(t, b.Process.Pid):
+			want = "team-1"
+		case inode(t, c.Process.Pid):
+			want = "team-2"
+		}
+		if !slices.Equal(n.Projects, []string{want}) || n.PID == 0 {
+			t.Errorf("namespace %d: projects %v pid %d, want %s", n.Inode, n.Projects, n.PID, want)
+		}
+		if got := inodeOf(t, n.Path); got != n.Inode {
+			t.Errorf("namespace %d: its path %s opens %d", n.Inode, n.Path, got)
+		}
+	}
+	if ch := s.Step(); len(ch.New) != 0 || len(ch.Gone) != 0 {
+		t.Fatalf("a step with nothing new: %+v", ch)
+	}
+
+	// Pod 0 ends; pod 1 loses one of its two containers (its namespace
+	// stays); the named namespace outlives its process but no registered
+	// process is in it any more.
+	gone := sorted(inode(t, a.Process.Pid), inode(t, c.Process.Pid))
+	testutil.Stop(a)
+	testutil.Stop(b2)
+	testutil.Stop(c)
+	var got []netnsscan.Namespace
+	for range 3 {
+		ch := s.Step()
+		got = append(got, ch.Gone...)
+		if ch.Swept && len(got) > 0 {
+			break
+		}
+	}
+	if !slices.Equal(inodes(got), gone) {
+		t.Fatalf("gone %v, want %v", inodes(got), gone)
+	}
+	if left := inodes(s.Namespaces()); !slices.Equal(left, []uint64{inode(t, b.Process.Pid)}) {
+		t.Fatalf("left %v", left)
+	}
+
+	// Members that leave take their namespaces with them at the end of
+	// the next sweep.
+	s.SetMembers(es[:0])
+	got = nil
+	for range 2 {
+		got = append(got, s.Step().Gone...)
+	}
+	if !slices.Equal(inodes(got), []uint64{inode(t, b.Process.Pid)}) || len(s.Namespaces()) != 0 {
+		t.Fatalf("members gone: gone %v, left %v", inodes(got), s.Namespaces())
+	}
+}
+
+func inodeOf(t *testing.T, path string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// TestBudget: with more members than a step's budget reads, a step reads at
+// most the budget (whole members, so at most one member's tree more), a
+// sweep takes several steps, a new member is read at its first step
+// wherever the sweep is, and a namespace appearing in any member is found
+// within one sweep.
+func TestBudget(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-netns-")
+	var es []membership.Entry
+	for i := range 40 {
+		dir := testutil.MkCgroup(t, top, fmt.Sprintf("m%02d", i))
+		testutil.MkCgroup(t, dir, "ctr") // two directories per member
+		es = append(es, membership.Entry{Member: membership.Member{Project: "p", Cgroup: dir}, Source: "registered"})
+	}
+	s, err := netnsscan.New(netnsscan.Options{Budget: 10, Fresh: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetMembers(es) // the first members: no fresh reads
+	steps := 0
+	for {
+		ch := s.Step()
+		steps++
+		if ch.Dirs > 10+1 {
+			// One member's tree past the budget at most.
+			t.Fatalf("a step read %d directories, budget 10", ch.Dirs)
+		}
+		if ch.Swept || steps > 20 {
+			break
+		}
+	}
+	// A sweep from the start: 80 directories at 10 a step.
+	steps = 0
+	for {
+		steps++
+		if s.Step().Swept {
+			break
+		}
+	}
+	if steps < 8 || steps > 9 {
+		t.Errorf("a sweep of 80 directories at 10 a step took %d steps", steps)
+	}
+
+	// A new member is read at once.
+	dir := testutil.MkCgroup(t, top, "new")
+	p := inNewNetns(t, dir)
+	s.SetMembers(append(slices.Clone(es), membership.Entry{Member: membership.Member{Project: "q", Cgroup: dir}, Source: "registered"}))
+	if ch := s.Step(); !slices.Equal(inodes(ch.New), []uint64{inode(t, p.Process.Pid)}) {
+		t.Fatalf("a new member's namespace not found at once: %+v", ch)
+	}
+	// Many new at once (a restart of the source): fresh reads stay within
+	// the budget too, the rest wait their turn.
+	more := slices.Clone(es)
+	more = append(more, membership.Entry{Member: membership.Member{Project: "q", Cgroup: dir}, Source: "registered"})
+	for i := range 20 {
+		d := testutil.MkCgroup(t, top, fmt.Sprintf("n%02d", i))
+		testutil.MkCgroup(t, d, "ctr")
+		more = append(more, membership.Entry{Member: membership.Member{Project: "p", Cgroup: d}, Source: "registered"})
+	}
+	slices.SortFunc(more, membership.Compare)
+	s.SetMembers(more)
+	if ch := s.Step(); ch.Dirs > 2*(10+2) {
+		t.Fatalf("a step with 20 new members read %d directories, budget 10 (fresh) + 10 (sweep)", ch.Dirs)
+	}
+	es = more
+	// A process that enters a new namespace in an old member is found
+	// within a sweep.
+	late := inNewNetns(t, filepath.Join(es[37].Cgroup, "ctr"))
+	found := false
+	for range 20 {
+		if slices.Contains(inodes(s.Step().New), inode(t, late.Process.Pid)) {
+			found = true
+			break
+		}
+	}
+	if !found {
+		t.Fatal("a namespace in an old member was not found within a sweep")
+	}
+	if st := s.Stats(); st.Members != 61 || st.Namespaces != 2 || st.Sweeps < 2 || st.Errors != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestFreshThenSwept: a member read as new in a step where a sweep ends and
+// the next begins is seen in both sweeps, so its namespace is not reported
+// gone while its process lives (a small node sweeps every member at every
+// step).
+func TestFreshThenSwept(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-netns-")
+	dir := testutil.MkCgroup(t, top, "pod")
+	p := inNewNetns(t, dir)
+	s, err := netnsscan.New(netnsscan.Options{Fresh: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetMembers(nil)
+	s.Step()
+	// Registered now: new.
+	s.SetMembers([]membership.Entry{{Member: membership.Member{Project: "p", Cgroup: dir}, Source: "registered"}})
+	for i := range 4 {
+		ch := s.Step()
+		if len(ch.Gone) != 0 {
+			t.Fatalf("step %d: %v reported gone while its process lives", i, inodes(ch.Gone))
+		}
+	}
+	if got := inodes(s.Namespaces()); !slices.Equal(got, []uint64{inode(t, p.Process.Pid)}) {
+		t.Fatalf("namespaces %v", got)
+	}
+}
