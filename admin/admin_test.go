@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/policy"
 )
 
@@ -69,6 +70,41 @@ func (b *storeBackend) PatchPolicy(project string, pt policy.Patch) (policy.Poli
 	return p, err
 }
 func (b *storeBackend) DeletePolicy(p string) (bool, error) { return b.s.Delete(p) }
+
+// The registrations go to the store as they are: the daemon's path
+// resolution and conflict checks are its own tests'.
+func (b *storeBackend) Projects(context.Context) (Membership, error) {
+	ms, err := b.s.Members()
+	m := Membership{Members: []Member{}}
+	for _, mb := range ms {
+		m.Members = append(m.Members, Member{Member: mb, Source: membership.SourceRegistered})
+	}
+	return m, err
+}
+func (b *storeBackend) Register(_ context.Context, p string, cgs []string) (Registration, error) {
+	if len(cgs) == 0 {
+		return Registration{}, fmt.Errorf("%w: no cgroup", ErrInvalid)
+	}
+	var ms []membership.Member
+	for _, cg := range cgs {
+		ms = append(ms, membership.Member{Project: p, Cgroup: cg})
+	}
+	if _, err := b.s.AddMembers(ms, nil); err != nil {
+		return Registration{}, err
+	}
+	return Registration{Project: p, Cgroups: cgs, Added: cgs}, nil
+}
+func (b *storeBackend) Unregister(_ context.Context, p string, cgs []string) (Registration, error) {
+	rm, err := b.s.RemoveMembers(p, cgs)
+	if errors.Is(err, policy.ErrNotRegistered) {
+		return Registration{}, fmt.Errorf("%w: %w", ErrNotFound, err)
+	}
+	reg := Registration{Project: p}
+	for _, m := range rm {
+		reg.Removed = append(reg.Removed, m.Cgroup)
+	}
+	return reg, err
+}
 
 func startServer(t *testing.T) (string, *storeBackend) {
 	t.Helper()
@@ -149,6 +185,29 @@ func TestAPI(t *testing.T) {
 	}
 	if err := c.DeletePolicy(ctx, "alpha"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("second delete: %v", err)
+	}
+	// Registrations: stored, listed, a conflict is 409 and bad input 400,
+	// removal by cgroup (a repeated query parameter) and a missing one 404.
+	if reg, err := c.Register(ctx, "web", []string{"/cg/a", "/cg/b c"}); err != nil || len(reg.Added) != 2 {
+		t.Fatalf("register = %+v, %v", reg, err)
+	}
+	if _, err := c.Register(ctx, "db", []string{"/cg/a"}); !errors.As(err, &apiErr) || apiErr.Code != 409 {
+		t.Errorf("a cgroup of another project: %v", err)
+	}
+	if _, err := c.Register(ctx, "db", nil); !errors.As(err, &apiErr) || apiErr.Code != 400 {
+		t.Errorf("no cgroup: %v", err)
+	}
+	if _, err := c.Register(ctx, "bad name", []string{"/cg/x"}); !errors.As(err, &apiErr) || apiErr.Code != 400 {
+		t.Errorf("a bad project: %v", err)
+	}
+	if m, err := c.Projects(ctx); err != nil || len(m.Members) != 2 || m.Members[1].Cgroup != "/cg/b c" {
+		t.Errorf("projects = %+v, %v", m, err)
+	}
+	if reg, err := c.Unregister(ctx, "web", []string{"/cg/b c", "/cg/a"}); err != nil || len(reg.Removed) != 2 {
+		t.Errorf("unregister = %+v, %v", reg, err)
+	}
+	if _, err := c.Unregister(ctx, "web", []string{"/cg/a"}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unregister again: %v", err)
 	}
 	// A second daemon must not steal the socket.
 	if _, err := Listen(sock); !errors.Is(err, ErrInUse) {

@@ -91,6 +91,34 @@ func (c *Client) DeletePolicy(ctx context.Context, project string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/policies/"+url.PathEscape(project), nil, nil)
 }
 
+// Projects fetches the membership.
+func (c *Client) Projects(ctx context.Context) (Membership, error) {
+	var m Membership
+	err := c.do(ctx, http.MethodGet, "/v1/projects", nil, &m)
+	return m, err
+}
+
+// Register registers cgroups for project. A refusal is an *APIError with
+// Code 409.
+func (c *Client) Register(ctx context.Context, project string, cgroups []string) (Registration, error) {
+	var reg Registration
+	err := c.do(ctx, http.MethodPost, "/v1/projects/"+url.PathEscape(project), RegisterRequest{Cgroups: cgroups}, &reg)
+	return reg, err
+}
+
+// Unregister removes registrations of project: those of cgroups, or all
+// with none given. A cgroup not registered for it is ErrNotFound.
+func (c *Client) Unregister(ctx context.Context, project string, cgroups []string) (Registration, error) {
+	q := url.Values{"cgroup": cgroups}
+	path := "/v1/projects/" + url.PathEscape(project)
+	if len(cgroups) > 0 {
+		path += "?" + q.Encode()
+	}
+	var reg Registration
+	err := c.do(ctx, http.MethodDelete, path, nil, &reg)
+	return reg, err
+}
+
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {

@@ -26,10 +26,17 @@
 //	PATCH  /v1/policies/{project}  body policy.Patch; fields left out are kept (or
 //	                               defaulted for a new project); answers the stored Entry
 //	DELETE /v1/policies/{project}  204, or 404 when none was stored
+//	GET    /v1/projects            Membership: members by source, refusals, namespaces
+//	POST   /v1/projects/{project}  body {"cgroups": [...]}: registers them, answers the
+//	                               Registration once it is in force (or Pending)
+//	DELETE /v1/projects/{project}  ?cgroup=PATH repeated, or none for all: removes
+//	                               registrations, answers the Registration
 //
 // Errors are JSON {"error": "one lowercase sentence"} with 400 for invalid
 // input (nothing was written), 403 for a non-root peer, 404 for a missing
-// policy and 500 for anything else. A policy write is acknowledged only after
+// policy or registration, 409 for a registration refused (its cgroup is
+// registered already, or nested in another project's) and 500 for anything
+// else. A policy write is acknowledged only after
 // the store has fsynced it and the running daemon has applied it.
 //
 // Client is the CLI's side. ErrNoDaemon tells the CLI nothing listens on the

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/internal/logrl"
+	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/peercred"
 	"github.com/fairshare-dev/fairshare/policy"
 )
@@ -34,7 +35,19 @@ type Backend interface {
 	// PatchPolicy must store durably and apply before it returns.
 	PatchPolicy(project string, pt policy.Patch) (policy.Policy, error)
 	DeletePolicy(project string) (bool, error)
+	// Projects is the membership: members by source, refusals, namespaces.
+	Projects(ctx context.Context) (Membership, error)
+	// Register registers cgroups for project (stored, then applied; see
+	// Registration.Pending); Unregister removes some, or all with none
+	// given. Refused registrations wrap membership.ErrRefused, bad input
+	// ErrInvalid, a cgroup not registered ErrNotFound.
+	Register(ctx context.Context, project string, cgroups []string) (Registration, error)
+	Unregister(ctx context.Context, project string, cgroups []string) (Registration, error)
 }
+
+// ErrInvalid is what a Backend wraps for a request it cannot take as
+// given: a cgroup path that is no cgroup, say. It is answered 400.
+var ErrInvalid = errors.New("invalid request")
 
 // Listen creates the socket at path, mode 0600 from its first moment. A
 // missing directory is created 0711 (package internal/listen: the permit and
@@ -74,6 +87,9 @@ func NewServer(b Backend, log *slog.Logger) *Server {
 	s.mux.HandleFunc("GET /v1/policies/{project}", s.getPolicy)
 	s.mux.HandleFunc("PATCH /v1/policies/{project}", s.patchPolicy)
 	s.mux.HandleFunc("DELETE /v1/policies/{project}", s.deletePolicy)
+	s.mux.HandleFunc("GET /v1/projects", s.projects)
+	s.mux.HandleFunc("POST /v1/projects/{project}", s.register)
+	s.mux.HandleFunc("DELETE /v1/projects/{project}", s.unregister)
 	return s
 }
 
@@ -197,10 +213,54 @@ func (s *Server) deletePolicy(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+func (s *Server) projects(w http.ResponseWriter, r *http.Request) {
+	m, err := s.b.Projects(r.Context())
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, m)
+}
+
+func (s *Server) register(w http.ResponseWriter, r *http.Request) {
+	project := r.PathValue("project")
+	var req RegisterRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("the request body is not a registration: %v", err))
+		return
+	}
+	reg, err := s.b.Register(r.Context(), project, req.Cgroups)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if len(reg.Added) > 0 {
+		s.log.Info("cgroups registered", "project", project, "cgroups", reg.Added, "pending", reg.Pending)
+	}
+	writeJSON(w, http.StatusOK, reg)
+}
+
+// unregister takes the cgroups to remove as repeated ?cgroup= parameters;
+// none removes every registration of the project.
+func (s *Server) unregister(w http.ResponseWriter, r *http.Request) {
+	project := r.PathValue("project")
+	reg, err := s.b.Unregister(r.Context(), project, r.URL.Query()["cgroup"])
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	s.log.Info("registrations removed", "project", project, "cgroups", reg.Removed, "pending", reg.Pending)
+	writeJSON(w, http.StatusOK, reg)
+}
+
 func (s *Server) fail(w http.ResponseWriter, err error) {
 	switch {
-	case errors.Is(err, policy.ErrInvalid), errors.Is(err, policy.ErrBadProject):
+	case errors.Is(err, policy.ErrInvalid), errors.Is(err, policy.ErrBadProject), errors.Is(err, ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, membership.ErrRefused):
+		writeError(w, http.StatusConflict, err.Error())
 	case errors.Is(err, ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, policy.ErrFromFile):

@@ -36,6 +36,9 @@ type Status struct {
 	Listeners []Listener `json:"listeners,omitempty"`
 	// PoliciesFile is the policies file the daemon follows, if any.
 	PoliciesFile *PoliciesFile `json:"policies_file,omitempty"`
+	// Membership is which cgroups are in which project (nil when no daemon
+	// answered).
+	Membership *Membership `json:"membership,omitempty"`
 }
 
 // PoliciesFile is what the daemon's policies file holds.

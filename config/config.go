@@ -57,6 +57,7 @@ type Config struct {
 	Scheduler    Scheduler       `yaml:"scheduler"`
 	Connections  Connections     `yaml:"connections"`
 	Listeners    Listeners       `yaml:"listeners"`
+	Projects     Projects        `yaml:"projects"`
 }
 
 // MaxExempt is the most cgroups connections.exempt may name (the size of the
@@ -381,6 +382,9 @@ func (c *Config) Validate() error {
 		return bad("%v", err)
 	}
 	if err := c.Scheduler.validate(); err != nil {
+		return bad("%v", err)
+	}
+	if err := c.Projects.validate(); err != nil {
 		return bad("%v", err)
 	}
 	return nil

@@ -16,11 +16,15 @@ import (
 
 // Status implements admin.Backend: the whole node, read now.
 func (d *Daemon) Status(context.Context) (admin.Status, error) {
-	st := admin.Status{Version: d.opts.Version, Time: time.Now(), Kernel: d.kernel != nil, Source: "daemon"}
+	st := admin.Status{Version: d.opts.Version, Time: time.Now(), Kernel: d.kernel != nil, Source: "daemon",
+		Membership: d.projects.membership()}
 	for _, p := range d.pools {
 		ps, err := p.status()
 		if err != nil {
 			return admin.Status{}, err
+		}
+		if ps.Enforcer == "kernel" {
+			d.projects.nameKernelRows(&ps)
 		}
 		st.Pools = append(st.Pools, ps)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/internal/logrl"
+	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/peercred"
 	"github.com/fairshare-dev/fairshare/metrics"
 	"github.com/fairshare-dev/fairshare/permitd"
@@ -67,6 +68,7 @@ type Daemon struct {
 	defPolicy policy.Policy
 
 	store     *policy.Store
+	projects  *projects   // the membership: which cgroups are in which project
 	kernel    *kernelSide // the connections pool in the kernel; nil without BPF
 	pools     []pool      // every pool, by name, for the control loop and Status
 	requests  *pools.Pool
@@ -141,13 +143,18 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening policy store: %w", err)
 	}
+	if d.projects, err = newProjects(cfg, d.store, cfg.BPF, log); err != nil {
+		return nil, err
+	}
 	if cfg.BPF {
 		if d.kernel, err = openKernel(cfg, log); err != nil {
 			return nil, err
 		}
+		d.projects.kernel = d.kernel.members()
 	} else {
 		log.Warn("bpf disabled by configuration: connections are NOT enforced on this node")
 	}
+	d.projects.apply(context.Background(), time.Now(), false)
 	if err := d.buildPools(); err != nil {
 		return nil, err
 	}
@@ -275,7 +282,8 @@ func (d *Daemon) listenUnixFront(path string) (net.Listener, error) {
 	return ln, nil
 }
 
-// ProjectsRoot returns cfg.ProjectsRoot, or <cgroup2 mount>/fairshare.
+// ProjectsRoot returns cfg.ProjectsRoot, or <cgroup2 mount>/fairshare
+// (fairshare.slice with the systemd source).
 func ProjectsRoot(cfg config.Config) (string, error) {
 	if cfg.ProjectsRoot != "" {
 		return cfg.ProjectsRoot, nil
@@ -283,6 +291,9 @@ func ProjectsRoot(cfg config.Config) (string, error) {
 	mnt, err := cgroup.FindMount()
 	if err != nil {
 		return "", fmt.Errorf("finding the projects root: %w", err)
+	}
+	if cfg.Projects.Has(membership.SourceSystemd) {
+		return filepath.Join(mnt.Point, "fairshare.slice"), nil
 	}
 	return filepath.Join(mnt.Point, "fairshare"), nil
 }
@@ -447,11 +458,17 @@ func (d *Daemon) wrap(ln net.Listener, o listen.Options) net.Listener {
 func (d *Daemon) loop(ctx context.Context) error {
 	t := time.NewTicker(d.cfg.Tick)
 	defer t.Stop()
+	d.projects.watch(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-d.projects.wake:
+			// A source changed, or a registration waits: members now, the
+			// namespaces at the tick.
+			d.projects.apply(ctx, time.Now(), false)
 		case now := <-t.C:
+			d.projects.apply(ctx, now, true)
 			d.tick(now)
 			d.followPolicies()
 			if d.kernel != nil {
@@ -508,6 +525,9 @@ func (d *Daemon) closeParts() error {
 	if d.kernel != nil {
 		errs = append(errs, d.kernel.close(d.opts.DetachOnExit))
 		d.kernel = nil
+	}
+	if d.projects != nil {
+		errs = append(errs, d.projects.close())
 	}
 	if d.store != nil {
 		errs = append(errs, d.store.Close())

@@ -54,7 +54,7 @@ func (r *records) find(msg string) []slog.Record {
 
 // newTestDaemon builds a daemon with real pools, store and scheduler, BPF
 // off (its no-bpf mode), no listeners, and a settable clock.
-func newTestDaemon(t *testing.T, edit func(*config.Config)) (*Daemon, *testutil.FakeClock, *records) {
+func newTestDaemon(t testing.TB, edit func(*config.Config)) (*Daemon, *testutil.FakeClock, *records) {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := config.Default()

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/pools"
 )
@@ -324,3 +325,32 @@ func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) 
 	}
 	return p
 }
+
+// memberKernel is what the membership (projects) needs of the kernel side:
+// the loader's SetMembers, AttachNetns and DetachGone (design17). Until the
+// loader has them, kernelSide.members is nil and the programs place a
+// socket by the child of projects_root it is below, as before: the
+// directory source's members, and the systemd source's slices.
+type memberKernel interface {
+	SetMembers(ms []membership.Member) (membersReport, error)
+	AttachNetns(nsPath string) (netnsInfo, error)
+	DetachGone() ([]netnsInfo, error)
+}
+
+// membersReport is the loader's MembersReport.
+type membersReport struct {
+	Added, Removed, Kept int
+	Refused              []membership.Refusal // Source empty: the kernel side's
+}
+
+// netnsInfo is the loader's NetnsInfo.
+type netnsInfo struct {
+	Cookie, Inode uint64
+	Path          string
+}
+
+// members is the kernel side as the membership's memberKernel, or nil while
+// the loader takes no members. Wiring it is three methods on kernelSide
+// that call k.lim.SetMembers, AttachNetns and DetachGone and convert their
+// results, and a nil check here.
+func (k *kernelSide) members() memberKernel { return nil }

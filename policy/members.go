@@ -3,10 +3,12 @@
 package policy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	bolt "go.etcd.io/bbolt"
@@ -73,11 +75,11 @@ func (s *Store) AddMembers(ms []membership.Member, check func(stored []membershi
 	}
 	added := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		stored, err := members(tx)
-		if err != nil {
-			return err
-		}
 		if check != nil {
+			stored, err := members(tx)
+			if err != nil {
+				return err
+			}
 			if err := check(stored); err != nil {
 				return err
 			}
@@ -127,24 +129,54 @@ func (s *Store) RemoveMembers(project string, cgroups []string) ([]membership.Me
 	}
 	var removed []membership.Member
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		stored, err := members(tx)
-		if err != nil {
-			return err
-		}
-		for _, m := range stored {
-			if m.Project == project && (len(cgroups) == 0 || slices.Contains(cgroups, m.Cgroup)) {
-				removed = append(removed, m)
+		b := tx.Bucket(bucketMembers)
+		if b == nil {
+			if len(cgroups) > 0 {
+				return fmt.Errorf("%w: %s is not registered for project %s", ErrNotRegistered, cgroups[0], project)
 			}
+			return nil
 		}
-		for _, cg := range cgroups {
-			if !slices.ContainsFunc(removed, func(m membership.Member) bool { return m.Cgroup == cg }) {
-				return fmt.Errorf("%w: %s is not registered for project %s", ErrNotRegistered, cg, project)
+		projectOf := func(v []byte) (string, error) {
+			var sm storedMember
+			err := json.Unmarshal(v, &sm)
+			return sm.Project, err
+		}
+		if len(cgroups) > 0 {
+			for _, cg := range cgroups {
+				v := b.Get([]byte(cg))
+				p, err := projectOf(v)
+				if v == nil || err != nil || p != project {
+					return fmt.Errorf("%w: %s is not registered for project %s", ErrNotRegistered, cg, project)
+				}
+				if !slices.ContainsFunc(removed, func(m membership.Member) bool { return m.Cgroup == cg }) {
+					removed = append(removed, membership.Member{Project: project, Cgroup: cg})
+				}
+			}
+			slices.SortFunc(removed, func(a, b membership.Member) int { return strings.Compare(a.Cgroup, b.Cgroup) })
+		} else {
+			// Every registration of the project: decode only the values
+			// that can be its.
+			quoted, _ := json.Marshal(project)
+			err := b.ForEach(func(k, v []byte) error {
+				if !bytes.Contains(v, quoted) {
+					return nil
+				}
+				p, err := projectOf(v)
+				if err != nil {
+					return fmt.Errorf("decoding the registration of %s: %w", k, err)
+				}
+				if p == project {
+					removed = append(removed, membership.Member{Project: project, Cgroup: string(k)})
+				}
+				return nil
+			})
+			if err != nil {
+				return err
 			}
 		}
 		if len(removed) == 0 {
 			return nil
 		}
-		b := tx.Bucket(bucketMembers)
 		for _, m := range removed {
 			if err := b.Delete([]byte(m.Cgroup)); err != nil {
 				return err

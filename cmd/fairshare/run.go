@@ -33,7 +33,7 @@ func runCommand() *cli.Command {
 			"enforcement and the counts, then start again), 1 for any other failure.",
 		Flags: append([]cli.Flag{
 			configFlag(), adminSocketFlag(), stateDirFlag("held open by the daemon (policy commands go through it)"), pinDirFlag(),
-			&cli.StringFlag{Name: flagProjectsRoot, Usage: "cgroup2 `DIR` whose children are the projects [default: <cgroup2 mount>/fairshare]", EnvVars: env(flagProjectsRoot)},
+			&cli.StringFlag{Name: flagProjectsRoot, Usage: "cgroup2 `DIR` whose children are the projects (sources directory and systemd) [default: <cgroup2 mount>/fairshare, or fairshare.slice with systemd]", EnvVars: env(flagProjectsRoot)},
 			&cli.StringFlag{Name: flagMetrics, Usage: "`HOST:PORT` of /metrics, empty to disable [default from config: 127.0.0.1:9464]", EnvVars: env(flagMetrics)},
 			&cli.StringFlag{Name: flagFrontListen, Usage: "`HOST:PORT` of the HTTP front, empty to disable [default from config: disabled]", EnvVars: env(flagFrontListen)},
 			&cli.StringFlag{Name: flagFrontUp, Usage: "upstream base `URL` of the HTTP front", EnvVars: env(flagFrontUp)},

@@ -15,11 +15,12 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 )
 
-// Names of the sources of this package, as configuration and status spell
-// them.
+// Names of the sources, as configuration and status spell them
+// (registered is the daemon's Static source of stored registrations).
 const (
-	SourceDirectory = "directory"
-	SourceSystemd   = "systemd"
+	SourceDirectory  = "directory"
+	SourceSystemd    = "systemd"
+	SourceRegistered = "registered"
 )
 
 // Children is a source whose members are the child cgroups of one root,

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/netnsscan"
@@ -32,9 +33,23 @@ func inNewNetns(t *testing.T, dir string) *exec.Cmd {
 // (a second container of the pod).
 func joining(t *testing.T, dir string, pid int) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command("nsenter", "--net=/proc/"+strconv.Itoa(pid)+"/ns/net", "sleep", "60")
+	ns := "/proc/" + strconv.Itoa(pid) + "/ns/net"
+	cmd := exec.Command("nsenter", "--net="+ns, "sleep", "60")
 	testutil.StartInCgroup(t, cmd, dir)
+	waitIn(t, cmd.Process.Pid, ns)
 	return cmd
+}
+
+// waitIn waits until process pid has entered the namespace at ns (nsenter
+// and ip netns exec enter it after they start).
+func waitIn(t *testing.T, pid int, ns string) {
+	t.Helper()
+	want := inodeOf(t, ns)
+	for deadline := time.Now().Add(10 * time.Second); inode(t, pid) != want; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d did not enter %s", pid, ns)
+		}
+	}
 }
 
 func inode(t *testing.T, pid int) uint64 {
@@ -77,6 +92,7 @@ func TestScan(t *testing.T) {
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
 	c := exec.Command("ip", "netns", "exec", name, "sleep", "60")
 	testutil.StartInCgroup(t, c, pods[2].Containers[1])
+	waitIn(t, c.Process.Pid, "/run/netns/"+name)
 	host := exec.Command("sleep", "60")
 	testutil.StartInCgroup(t, host, pods[3].Containers[0])
 

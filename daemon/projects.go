@@ -1,0 +1,461 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
+	"github.com/fairshare-dev/fairshare/internal/membership"
+	"github.com/fairshare-dev/fairshare/internal/netnsscan"
+	"github.com/fairshare-dev/fairshare/policy"
+)
+
+// logEach bounds the lines one apply logs per kind of change (members
+// added, removed, refused); the rest are one summary line.
+const logEach = 20
+
+// applyWait bounds how long a registration waits for the apply that puts
+// it in force before it answers Pending.
+const applyWait = 5 * time.Second
+
+// projects is the daemon's membership: the sources, their union in force,
+// the network namespaces of the members' processes, and the view Status
+// and the admin API read. The control loop applies it: at each tick (the
+// sources read again, the union, the kernel's members, one step of the
+// namespace scan) and at once when a source reports a change (without the
+// scan step). Registrations through the admin API are stored, then wait
+// for the next apply.
+type projects struct {
+	log     *slog.Logger
+	mount   cgroup.Mount // Point "" without cgroup2
+	root    string       // projects_root of the directory or systemd source, "" without one
+	sources []membership.Source
+	reg     *membership.Static // the registered source; nil when not configured
+	store   *policy.Store
+	scan    *netnsscan.Scanner // nil when the scan could not start
+	kernel  memberKernel       // nil until the kernel takes members (kernel.go)
+	wake    chan struct{}
+	closers []io.Closer
+
+	regMu   sync.Mutex // serialises registrations; guards the fields below
+	regs    []membership.Member
+	pending []membership.Entry // stored, and not read by an apply yet
+
+	waitMu  sync.Mutex      // guards the field below
+	waiters []chan struct{} // closed when the next apply ends
+
+	applyMu  sync.Mutex // serialises apply; guards the fields below
+	found    map[string]*sourceState
+	applied  bool // an apply ran
+	inForce  membership.Result
+	changed  time.Time
+	logged   map[membership.Refusal]bool // refusals reported, so each is logged once
+	kRefused []membership.Refusal        // refused by the kernel side
+	kErr     string
+	attached map[uint64]admin.Namespace // by inode: attach attempts and results
+
+	view atomic.Pointer[admin.Membership]
+	tree atomic.Pointer[membership.Tree]
+}
+
+type sourceState struct {
+	found   membership.Found
+	err     string
+	scanned time.Time
+}
+
+// newProjects builds the sources of cfg.Projects. A projects root that is
+// not on cgroup2 or cannot be made is the configuration's error. With create
+// (BPF on: the daemon owns the root, as the kernel side used to), the
+// directory source makes a missing root.
+func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.Logger) (*projects, error) {
+	p := &projects{log: log.With("part", "projects"), store: store, wake: make(chan struct{}, 1),
+		found: map[string]*sourceState{}, logged: map[membership.Refusal]bool{}, attached: map[uint64]admin.Namespace{}}
+	mount, err := cgroup.FindMount()
+	if err != nil {
+		p.log.Warn("no cgroup2 mount: no project has members, so nothing is placed in a project by its cgroup", "err", err)
+	}
+	p.mount = mount
+	for _, name := range cfg.Projects.Sources {
+		switch name {
+		case membership.SourceDirectory, membership.SourceSystemd:
+			if mount.Point == "" {
+				continue
+			}
+			root, err := ProjectsRoot(cfg)
+			if err != nil {
+				return nil, err
+			}
+			var src *membership.Children
+			if name == membership.SourceDirectory {
+				src, err = membership.NewDirectory(root, create)
+			} else {
+				src, err = membership.NewSystemd(root)
+			}
+			if err != nil {
+				p.close()
+				return nil, fmt.Errorf("%w: projects_root: %w", config.ErrInvalid, err)
+			}
+			if name == membership.SourceDirectory && filepath.Ext(root) == ".slice" {
+				p.log.Warn("projects_root is a systemd slice but the source is directory: projects are named fairshare-<name>.slice; "+
+					"use projects.sources [systemd, registered] to name them <name>", "projects_root", root)
+			}
+			p.root = root
+			p.sources = append(p.sources, src)
+			p.closers = append(p.closers, src)
+		case membership.SourceRegistered:
+			p.reg = membership.NewStatic(membership.SourceRegistered)
+			regs, err := store.Members()
+			if err != nil {
+				p.close()
+				return nil, err
+			}
+			p.regs = regs
+			p.reg.Set(regs)
+			p.sources = append(p.sources, p.reg)
+		}
+	}
+	if p.scan, err = netnsscan.New(netnsscan.Options{}); err != nil {
+		p.log.Warn("network namespaces of the projects are not looked for", "err", err)
+	}
+	p.publish()
+	return p, nil
+}
+
+func (p *projects) close() error {
+	var errs []error
+	for _, c := range p.closers {
+		errs = append(errs, c.Close())
+	}
+	p.closers = nil
+	return errors.Join(errs...)
+}
+
+// watch forwards the sources' change notifications to the loop's wake
+// channel until ctx is done.
+func (p *projects) watch(ctx context.Context) {
+	for _, s := range p.sources {
+		n, ok := s.(membership.Notifier)
+		if !ok || s == membership.Source(p.reg) {
+			continue // the registered source wakes the loop itself
+		}
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-n.Changed():
+					p.kick()
+				}
+			}
+		}()
+	}
+}
+
+// kick asks the loop for an apply.
+func (p *projects) kick() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// applied returns a channel closed when an apply that begins after the
+// call has ended, and asks the loop for one.
+func (p *projects) nextApply() <-chan struct{} {
+	ch := make(chan struct{})
+	p.waitMu.Lock()
+	p.waiters = append(p.waiters, ch)
+	p.waitMu.Unlock()
+	p.kick()
+	return ch
+}
+
+// apply reads the sources, and when what they say changed, unions them and
+// hands the members in force to the kernel side and the namespace scan.
+// With tick, it also gives the kernel its members again (a cgroup made
+// again at the same path has a new id) and runs one step of the scan.
+func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
+	p.waitMu.Lock()
+	waiters := p.waiters
+	p.waiters = nil
+	p.waitMu.Unlock()
+	defer func() {
+		for _, w := range waiters {
+			close(w)
+		}
+	}()
+	p.regMu.Lock()
+	covered := len(p.pending) // the pending registrations this apply reads
+	p.regMu.Unlock()
+
+	p.applyMu.Lock()
+	defer p.applyMu.Unlock()
+	changed := !p.applied
+	p.applied = true
+	inputs := make([]membership.Input, 0, len(p.sources))
+	for _, s := range p.sources {
+		st := p.found[s.Name()]
+		if st == nil {
+			st = &sourceState{}
+			p.found[s.Name()] = st
+		}
+		f, err := s.Scan(ctx)
+		st.scanned = now
+		switch {
+		case err != nil:
+			if st.err != err.Error() {
+				p.log.Warn("a source of members could not be read; its last members stay in force", "source", s.Name(), "err", err)
+			}
+			st.err = err.Error()
+		default:
+			if st.err != "" {
+				p.log.Info("a source of members is read again", "source", s.Name())
+				st.err = ""
+				changed = true
+			}
+			if !foundEqual(st.found, f) {
+				st.found = f
+				changed = true
+			}
+		}
+		inputs = append(inputs, membership.Input{Source: s.Name(), Found: st.found})
+	}
+	if changed {
+		res := membership.Resolve(inputs, p.inForce.Accepted)
+		ch := membership.Diff(p.inForce.Accepted, res.Accepted)
+		p.logChanges(ch, len(res.Accepted))
+		p.logRefusals(res.Refused)
+		p.inForce = res
+		p.tree.Store(res.Tree)
+		if !ch.Empty() {
+			p.changed = now
+		}
+		if p.scan != nil {
+			p.scan.SetMembers(res.Accepted)
+		}
+	}
+	if p.kernel != nil && (changed || tick) {
+		p.setKernelMembers()
+	}
+	p.regMu.Lock()
+	p.pending = p.pending[covered:]
+	p.regMu.Unlock()
+	if tick && p.scan != nil {
+		p.stepNetns()
+	}
+	p.publish()
+}
+
+// foundEqual compares two scans.
+func foundEqual(a, b membership.Found) bool {
+	return slices.Equal(a.Members, b.Members) && slices.Equal(a.Skipped, b.Skipped)
+}
+
+// logChanges logs what the union changed: each member added, removed or
+// moved at Info up to logEach of each, the rest counted in one line.
+func (p *projects) logChanges(ch membership.Changes, total int) {
+	for i, e := range ch.Added {
+		if i == logEach {
+			p.log.Info("more members added", "count", len(ch.Added)-logEach)
+			break
+		}
+		p.log.Info("member added", "project", e.Project, "cgroup", e.Cgroup, "source", e.Source)
+	}
+	for i, e := range ch.Removed {
+		if i == logEach {
+			p.log.Info("more members removed", "count", len(ch.Removed)-logEach)
+			break
+		}
+		p.log.Info("member removed", "project", e.Project, "cgroup", e.Cgroup, "source", e.Source)
+	}
+	for i, m := range ch.Moved {
+		if i == logEach {
+			p.log.Info("more members moved", "count", len(ch.Moved)-logEach)
+			break
+		}
+		p.log.Info("member moved", "cgroup", m.To.Cgroup, "from", m.From.Project, "to", m.To.Project,
+			"from_source", m.From.Source, "to_source", m.To.Source)
+	}
+	if !ch.Empty() {
+		p.log.Debug("members in force", "count", total)
+	}
+}
+
+// logRefusals logs each refusal once, when it first appears, and says when
+// one is no more.
+func (p *projects) logRefusals(rs []membership.Refusal) {
+	now := make(map[membership.Refusal]bool, len(rs))
+	fresh := 0
+	for _, r := range rs {
+		now[r] = true
+		if p.logged[r] {
+			continue
+		}
+		if fresh++; fresh <= logEach {
+			p.log.Warn("member refused", "project", r.Project, "cgroup", r.Cgroup, "source", r.Source, "reason", r.Reason)
+		}
+	}
+	if fresh > logEach {
+		p.log.Warn("more members refused; 'fairshare project list' shows them all", "count", fresh-logEach)
+	}
+	for r := range p.logged {
+		if !now[r] {
+			p.log.Info("member no longer refused", "project", r.Project, "cgroup", r.Cgroup, "source", r.Source)
+		}
+	}
+	p.logged = now
+}
+
+// setKernelMembers makes the kernel's members those in force.
+func (p *projects) setKernelMembers() {
+	rep, err := p.kernel.SetMembers(membership.Members(p.inForce.Accepted))
+	if err != nil {
+		if p.kErr != err.Error() {
+			p.log.Error("the kernel's members were not updated: the last ones stay in force", "err", err)
+		}
+		p.kErr = err.Error()
+		return
+	}
+	if p.kErr != "" {
+		p.log.Info("the kernel's members are updated again")
+	}
+	p.kErr = ""
+	if !slices.Equal(p.kRefused, rep.Refused) {
+		for _, r := range rep.Refused {
+			if !slices.Contains(p.kRefused, r) {
+				p.log.Warn("member refused by the kernel side", "project", r.Project, "cgroup", r.Cgroup, "reason", r.Reason)
+			}
+		}
+		p.kRefused = rep.Refused
+	}
+	if rep.Added+rep.Removed > 0 {
+		p.log.Debug("kernel members", "added", rep.Added, "removed", rep.Removed, "kept", rep.Kept)
+	}
+}
+
+// stepNetns runs one step of the namespace scan, attaches inbound admission
+// in the namespaces found and detaches it from those gone.
+func (p *projects) stepNetns() {
+	ch := p.scan.Step()
+	for _, n := range ch.New {
+		a := admin.Namespace{Namespace: n}
+		if p.kernel != nil {
+			info, err := p.kernel.AttachNetns(n.Path)
+			switch {
+			case err != nil:
+				a.Error = err.Error()
+				p.log.Warn("inbound admission not attached in a network namespace", "inode", n.Inode, "path", n.Path,
+					"projects", n.Projects, "err", err)
+			case info.Inode != n.Inode:
+				// The process left, and its pid was reused, between the scan
+				// and the attach: another namespace got the link (harmless:
+				// admission there counts project listeners only). Try again
+				// at the next sweep.
+				a.Error = fmt.Sprintf("process %d left its namespace before the attach", n.PID)
+			default:
+				a.Attached, a.Cookie = true, info.Cookie
+				p.log.Info("inbound admission attached in a network namespace", "inode", n.Inode, "cookie", info.Cookie,
+					"projects", n.Projects)
+			}
+		}
+		p.attached[n.Inode] = a
+	}
+	for _, n := range ch.Gone {
+		delete(p.attached, n.Inode)
+		p.log.Debug("network namespace without project processes", "inode", n.Inode)
+	}
+	if p.kernel != nil {
+		gone, err := p.kernel.DetachGone()
+		if err != nil {
+			p.log.Warn("detaching from gone network namespaces failed", "err", err)
+		}
+		for _, g := range gone {
+			p.log.Info("inbound admission detached from a gone network namespace", "inode", g.Inode, "cookie", g.Cookie)
+		}
+	}
+	for ino, a := range p.attached {
+		if !a.Attached && a.Error != "" && ch.Swept {
+			delete(p.attached, ino) // attached again when the scan finds it anew
+		}
+	}
+}
+
+// publish rebuilds the view Status and the admin API read. It holds the
+// slices of the union in force, which are not changed after.
+func (p *projects) publish() {
+	m := &admin.Membership{Members: p.inForce.Accepted, Refused: []admin.Refused{}, Changed: p.changed, Kernel: p.kernel != nil}
+	if m.Members == nil {
+		m.Members = []admin.Member{}
+	}
+	counts := map[string][2]int{}
+	for _, e := range p.inForce.Accepted {
+		c := counts[e.Source]
+		c[0]++
+		counts[e.Source] = c
+	}
+	for _, r := range p.inForce.Refused {
+		m.Refused = append(m.Refused, admin.Refused{Refusal: r, By: "sources"})
+		c := counts[r.Source]
+		c[1]++
+		counts[r.Source] = c
+	}
+	for _, r := range p.kRefused {
+		m.Refused = append(m.Refused, admin.Refused{Refusal: r, By: "kernel"})
+	}
+	for _, s := range p.sources {
+		ms := admin.MemberSource{Name: s.Name(), Members: counts[s.Name()][0], Refused: counts[s.Name()][1]}
+		if st := p.found[s.Name()]; st != nil {
+			ms.Error, ms.Scanned = st.err, st.scanned
+		}
+		m.Sources = append(m.Sources, ms)
+	}
+	if m.Sources == nil {
+		m.Sources = []admin.MemberSource{}
+	}
+	if p.scan != nil {
+		nets := &admin.Netns{Scan: p.scan.Stats(), Namespaces: []admin.Namespace{}}
+		for _, n := range p.scan.Namespaces() {
+			a := p.attached[n.Inode]
+			a.Namespace = n
+			nets.Namespaces = append(nets.Namespaces, a)
+		}
+		m.Netns = nets
+	}
+	p.view.Store(m)
+}
+
+// membership returns the view.
+func (p *projects) membership() *admin.Membership { return p.view.Load() }
+
+// find returns the member a cgroup (a path below the mount) is in.
+func (p *projects) find(path string) (membership.Entry, bool) {
+	return p.tree.Load().Find(path)
+}
+
+// nameKernelRows names the kernel pool's rows by project. While the kernel
+// takes no members, the loader names an entry by its cgroup's directory
+// below projects_root: the project's name for the directory source, but
+// fairshare-<name>.slice for the systemd source.
+func (p *projects) nameKernelRows(pool *admin.Pool) {
+	if p.root == "" || p.kernel != nil {
+		return
+	}
+	for i, r := range pool.Projects {
+		if e, ok := p.find(filepath.Join(p.root, r.Project)); ok && filepath.Dir(e.Cgroup) == p.root {
+			pool.Projects[i].Project = e.Project
+		}
+	}
+}

@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
+	"github.com/fairshare-dev/fairshare/internal/membership"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+)
+
+// runLoop runs the daemon's control loop until the test ends.
+func runLoop(t testing.TB, d *Daemon) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.loop(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// members renders the members in force as "project@cgroup(source)", the
+// cgroups relative to top.
+func members(d *Daemon, top string) []string {
+	var out []string
+	for _, e := range d.projects.membership().Members {
+		out = append(out, fmt.Sprintf("%s@%s(%s)", e.Project, strings.TrimPrefix(e.Cgroup, top+"/"), e.Source))
+	}
+	return out
+}
+
+// waitFor polls cond until it holds, or fails after 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRegistrations registers pods laid out as kubelet's cgroupfs driver
+// does beside the directory source's projects: each registration is in
+// force when Register returns, conflicts are refused with why (and nothing
+// stored), paths are taken as directories or as /proc/<pid>/cgroup shows
+// them, removal takes a project's cgroups out, and the registrations
+// survive a restart of the daemon.
+func TestRegistrations(t *testing.T) {
+	testutil.RequireRoot(t)
+	mount := testutil.Cgroup2Mount(t)
+	top := testutil.TempCgroup(t, mount, "fairshare-projects-")
+	root := testutil.MkCgroup(t, top, "fairshare")
+	testutil.MkCgroup(t, root, "web")
+	pods := testutil.KubeletCgroupfs(t, top, []string{"guaranteed", "burstable", "besteffort"}, 2)
+	state := t.TempDir()
+	edit := func(c *config.Config) {
+		c.ProjectsRoot = root
+		c.StateDir = state
+		c.Tick = time.Minute // only a registration or inotify applies
+	}
+	d, _, _ := newTestDaemon(t, edit)
+	runLoop(t, d)
+	ctx := t.Context()
+	if got := members(d, top); !slices.Equal(got, []string{"web@fairshare/web(directory)"}) {
+		t.Fatalf("members %v", got)
+	}
+	reg, err := d.Register(ctx, "team-a", []string{pods[0].Cgroup, strings.TrimPrefix(pods[1].Cgroup, mount)})
+	if err != nil || reg.Pending || len(reg.Added) != 2 || len(reg.Cgroups) != 2 {
+		t.Fatalf("register = %+v, %v", reg, err)
+	}
+	rel := func(p testutil.Pod) string { return strings.TrimPrefix(p.Cgroup, top+"/") }
+	want := []string{"web@fairshare/web(directory)", "team-a@" + rel(pods[1]) + "(registered)", "team-a@" + rel(pods[0]) + "(registered)"}
+	slices.SortFunc(want, func(a, b string) int {
+		return strings.Compare(a[strings.IndexByte(a, '@'):], b[strings.IndexByte(b, '@'):])
+	})
+	if got := members(d, top); !slices.Equal(got, want) {
+		t.Fatalf("members %v\nwant    %v", got, want)
+	}
+	// Again: nothing new, nothing refused.
+	if reg, err := d.Register(ctx, "team-a", []string{pods[0].Cgroup}); err != nil || len(reg.Added) != 0 {
+		t.Fatalf("registering again: %+v %v", reg, err)
+	}
+
+	// Conflicts: a container of team-a's pod for team-b (below), the QoS
+	// cgroup above team-a's burstable pod, a project's directory; and bad
+	// paths. None is stored.
+	for _, tc := range []struct {
+		cgroups []string
+		code    error
+		want    string
+	}{
+		{[]string{pods[2].Cgroup, pods[0].Containers[1]}, membership.ErrRefused, "below " + pods[0].Cgroup + ", registered to project team-a"},
+		{[]string{filepath.Dir(pods[1].Cgroup)}, membership.ErrRefused, "above " + pods[1].Cgroup},
+		{[]string{filepath.Join(root, "web")}, membership.ErrRefused, "registered to project web by source directory"},
+		{[]string{filepath.Join(top, "nope")}, admin.ErrInvalid, "is not a cgroup"},
+		{[]string{"/etc"}, admin.ErrInvalid, "is not a cgroup"},
+		{[]string{mount}, admin.ErrInvalid, "the root of the cgroup2 hierarchy"},
+		{nil, admin.ErrInvalid, "name 1 to"},
+	} {
+		_, err := d.Register(ctx, "team-b", tc.cgroups)
+		if !errors.Is(err, tc.code) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("register %v: %v, want %v naming %q", tc.cgroups, err, tc.code, tc.want)
+		}
+	}
+	if _, err := d.Register(ctx, "bad name", []string{pods[2].Cgroup}); err == nil {
+		t.Error("a bad project name was registered")
+	}
+	if regs, _ := d.store.Members(); len(regs) != 2 {
+		t.Fatalf("refused registrations were stored: %v", regs)
+	}
+	if reg, err := d.Register(ctx, "team-b", []string{pods[2].Cgroup}); err != nil || reg.Pending {
+		t.Fatalf("team-b: %+v %v", reg, err)
+	}
+
+	// A process in a container is in its pod's project.
+	cmd := exec.Command("sleep", "60")
+	testutil.StartInCgroup(t, cmd, pods[2].Containers[0])
+	m, _ := cgroup.FindMount()
+	cg, _ := m.OfPID(cmd.Process.Pid)
+	if e, ok := d.projects.find(cg); !ok || e.Project != "team-b" {
+		t.Fatalf("a process of team-b's pod is in %v %v", e, ok)
+	}
+
+	// Removing one cgroup, then a cgroup not registered (404).
+	if reg, err := d.Unregister(ctx, "team-a", []string{pods[1].Cgroup}); err != nil || len(reg.Removed) != 1 || len(reg.Cgroups) != 1 {
+		t.Fatalf("unregister = %+v, %v", reg, err)
+	}
+	if _, err := d.Unregister(ctx, "team-a", []string{pods[1].Cgroup}); !errors.Is(err, admin.ErrNotFound) {
+		t.Fatalf("unregister again: %v", err)
+	}
+	if e, ok := d.projects.find(pods[1].Containers[0]); ok {
+		t.Fatalf("an unregistered pod's container is still in %v", e)
+	}
+	before := members(d, top)
+
+	// A restart keeps the registrations.
+	d.Close()
+	d2, _, _ := newTestDaemon(t, edit)
+	if got := members(d2, top); !slices.Equal(got, before) {
+		t.Fatalf("after a restart: %v\nbefore:          %v", got, before)
+	}
+	runLoop(t, d2)
+	if reg, err := d2.Unregister(ctx, "team-b", nil); err != nil || len(reg.Removed) != 1 || len(reg.Cgroups) != 0 {
+		t.Fatalf("unregister all of team-b: %+v %v", reg, err)
+	}
+	if _, err := d2.Unregister(ctx, "team-b", nil); !errors.Is(err, admin.ErrNotFound) {
+		t.Fatalf("unregister all again: %v", err)
+	}
+}
+
+// TestDirectoryAtOnce: a directory made in the projects root is a project
+// before any tick (inotify wakes the loop), and goes when removed.
+func TestDirectoryAtOnce(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-projects-")
+	d, _, _ := newTestDaemon(t, func(c *config.Config) { c.ProjectsRoot, c.Tick = top, time.Minute })
+	runLoop(t, d)
+	dir := testutil.MkCgroup(t, top, "fresh")
+	waitFor(t, "the new directory as a project", func() bool {
+		e, ok := d.projects.find(filepath.Join(dir, "x"))
+		return ok && e.Project == "fresh"
+	})
+	testutil.RemoveCgroup(t, dir)
+	waitFor(t, "the removed directory to go", func() bool { return len(d.projects.membership().Members) == 0 })
+}
+
+// TestSystemdProjects: with the systemd source, status and the membership
+// name projects as the slices say (web-api for fairshare-web\x2dapi.slice),
+// list the unit directly in the slice as refused with why, and a
+// conflicting registration names the slice's project.
+func TestSystemdProjects(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-projects-")
+	units, slice := testutil.SystemdSlices(t, top, "fairshare.slice", map[string][]string{
+		`fairshare-web\x2dapi.slice`: {"api.service"}, "fairshare-batch.slice": {"run-u7.scope"},
+	})
+	testutil.MkCgroup(t, slice, "stray.service")
+	d, _, _ := newTestDaemon(t, func(c *config.Config) {
+		c.ProjectsRoot = slice
+		c.Projects.Sources = []string{"systemd", "registered"}
+	})
+	runLoop(t, d)
+	m := d.projects.membership()
+	var names []string
+	for _, e := range m.Members {
+		names = append(names, e.Project)
+	}
+	if !slices.Equal(names, []string{"batch", "web-api"}) {
+		t.Fatalf("projects %v", names)
+	}
+	if len(m.Refused) != 1 || !strings.Contains(m.Refused[0].Reason, "Slice=fairshare-<name>.slice") || m.Refused[0].By != "sources" {
+		t.Fatalf("refused %+v", m.Refused)
+	}
+	if len(m.Sources) != 2 || m.Sources[0].Name != "systemd" || m.Sources[0].Members != 2 || m.Sources[0].Refused != 1 {
+		t.Fatalf("sources %+v", m.Sources)
+	}
+	_, err := d.Register(t.Context(), "other", []string{units[`fairshare-web\x2dapi.slice/api.service`]})
+	if !errors.Is(err, membership.ErrRefused) || !strings.Contains(err.Error(), "registered to project web-api by source systemd") {
+		t.Fatalf("a unit of web-api registered for another project: %v", err)
+	}
+	// The kernel pool's rows name the slice's project (the loader names
+	// them by directory until it takes members).
+	pool := admin.Pool{Enforcer: "kernel", Projects: []admin.Project{{Project: `fairshare-web\x2dapi.slice`}, {Project: "stray.service"}, {Project: "#42"}}}
+	d.projects.nameKernelRows(&pool)
+	if got := []string{pool.Projects[0].Project, pool.Projects[1].Project, pool.Projects[2].Project}; !slices.Equal(got, []string{"web-api", "stray.service", "#42"}) {
+		t.Fatalf("kernel rows %v", got)
+	}
+}
+
+// TestNetnsOfMembers: the daemon finds the network namespace of a pod
+// registered with it (a process in a namespace of its own in a container
+// of the pod) at the next tick, lists it with its project in the
+// membership, and forgets it when the pod's process ends.
+func TestNetnsOfMembers(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-projects-")
+	pods := testutil.KubeletSystemd(t, top, []string{"burstable"}, 1)
+	d, _, _ := newTestDaemon(t, func(c *config.Config) { c.ProjectsRoot, c.Tick = filepath.Join(top, "none"), 20*time.Millisecond })
+	runLoop(t, d)
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	testutil.StartInCgroup(t, cmd, pods[0].Containers[0])
+	if _, err := d.Register(t.Context(), "tenant", []string{pods[0].Cgroup}); err != nil {
+		t.Fatal(err)
+	}
+	var ino uint64
+	waitFor(t, "the pod's namespace", func() bool {
+		ns := d.projects.membership().Netns.Namespaces
+		if len(ns) == 1 && slices.Equal(ns[0].Projects, []string{"tenant"}) {
+			ino = ns[0].Inode
+			return true
+		}
+		return false
+	})
+	var st syscall.Stat_t
+	if err := syscall.Stat(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid), &st); err != nil || st.Ino != ino {
+		t.Fatalf("found namespace %d, the pod's is %d (%v)", ino, st.Ino, err)
+	}
+	testutil.Stop(cmd)
+	waitFor(t, "the namespace to be forgotten", func() bool { return len(d.projects.membership().Netns.Namespaces) == 0 })
+}
+
+// TestRegisterConcurrently: registrations arriving together are applied
+// together (each waits for one apply, not one each) and none is lost.
+func TestRegisterConcurrently(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-projects-")
+	d, _, _ := newTestDaemon(t, func(c *config.Config) { c.ProjectsRoot, c.Tick = filepath.Join(top, "none"), time.Minute })
+	runLoop(t, d)
+	const n = 100
+	dirs := make([]string, n)
+	for i := range n {
+		dirs[i] = testutil.MkCgroup(t, top, fmt.Sprintf("c%03d", i))
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			reg, err := d.Register(context.Background(), fmt.Sprintf("p%02d", i%10), []string{dirs[i]})
+			if err == nil && reg.Pending {
+				err = fmt.Errorf("%s still pending", dirs[i])
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := len(d.projects.membership().Members); got != n {
+		t.Fatalf("%d members in force, want %d", got, n)
+	}
+}
