@@ -333,6 +333,11 @@ func (p *projects) setKernelMembers() {
 		p.log.Info("the kernel's members are updated again")
 	}
 	p.kErr = ""
+	for i, r := range rep.Refused {
+		if e, ok := p.inForce.Tree.Find(r.Cgroup); ok && e.Cgroup == r.Cgroup && r.Source == "" {
+			rep.Refused[i].Source = e.Source
+		}
+	}
 	if !slices.Equal(p.kRefused, rep.Refused) {
 		for _, r := range rep.Refused {
 			if !slices.Contains(p.kRefused, r) {

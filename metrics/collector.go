@@ -43,6 +43,9 @@ type Collector struct {
 	recLast, recSockets, recHeld              *prometheus.Desc
 	lnOpen, lnMax, lnAccepted, lnRefused      *prometheus.Desc
 	lnErrors                                  *prometheus.Desc
+	memMembers, memRefused, memSourceUp       *prometheus.Desc
+	nsFound, nsAttached, nsSweeps, nsSweep    *prometheus.Desc
+	nsErrors                                  *prometheus.Desc
 
 	mu   sync.Mutex             // guards the fields below
 	sets map[string]*labels.Set // by group: "pool\x00<name>", "rates", "scheduler"
@@ -100,6 +103,15 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 		lnAccepted:  d("listener_accepted_total", "Connections accepted within the caps.", "listener"),
 		lnRefused:   d("listener_refused_total", "Connections closed at once for a cap, by reason.", "listener", "reason"),
 		lnErrors:    d("listener_accept_errors_total", "Accept errors waited out (out of descriptors, say).", "listener"),
+		memMembers:  d("membership_members", "Registered cgroups in force, by the source that registered them.", "source"),
+		memRefused: d("membership_refused", "Registered cgroups not in force (a conflict, an invalid name or path, "+
+			"or refused by the kernel side), and cgroups a source could not make members.", "source", "by"),
+		memSourceUp: d("membership_source_up", "Whether the last read of the source of members worked.", "source"),
+		nsFound:     d("netns_namespaces", "Network namespaces the members' processes are in (the host's not counted)."),
+		nsAttached:  d("netns_attached", "Of those, the namespaces inbound admission is attached in."),
+		nsSweeps:    d("netns_sweeps_total", "Sweeps of the network namespace scan over every member."),
+		nsSweep:     d("netns_sweep_seconds", "How long the last sweep's steps took, summed."),
+		nsErrors:    d("netns_scan_errors_total", "Cgroups or processes the namespace scan could not read (other than gone)."),
 	}
 }
 
@@ -110,7 +122,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.rateLimited, c.workTokens, c.inFlight, c.queue, c.dispatched, c.wait,
 		c.exemptMax, c.exemptInUse, c.exemptAdmitted, c.exemptOver,
 		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld,
-		c.lnOpen, c.lnMax, c.lnAccepted, c.lnRefused, c.lnErrors} {
+		c.lnOpen, c.lnMax, c.lnAccepted, c.lnRefused, c.lnErrors,
+		c.memMembers, c.memRefused, c.memSourceUp, c.nsFound, c.nsAttached, c.nsSweeps, c.nsSweep, c.nsErrors} {
 		ch <- d
 	}
 }
@@ -145,6 +158,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.recLast, prometheus.GaugeValue, float64(r.Time.UnixNano())/1e9)
 		ch <- prometheus.MustNewConstMetric(c.recSockets, prometheus.GaugeValue, float64(r.Sockets))
 		ch <- prometheus.MustNewConstMetric(c.recHeld, prometheus.GaugeValue, float64(r.Held))
+	}
+	if m := st.Membership; m != nil {
+		c.collectMembership(ch, m)
 	}
 	for _, l := range st.Listeners {
 		ch <- prometheus.MustNewConstMetric(c.lnOpen, prometheus.GaugeValue, float64(l.Open), l.Name)
@@ -304,6 +320,37 @@ func (c *Collector) collectScheduler(ch chan<- prometheus.Metric, s *admin.Sched
 		buckets[b] = cum
 	}
 	ch <- prometheus.MustNewConstHistogram(c.wait, s.Wait.Count, s.Wait.Sum, buckets)
+}
+
+// collectMembership sends the members and refusals by source, and the
+// namespace scan's findings.
+func (c *Collector) collectMembership(ch chan<- prometheus.Metric, m *admin.Membership) {
+	type key struct{ source, by string }
+	refused := map[key]int{}
+	for _, s := range m.Sources {
+		ch <- prometheus.MustNewConstMetric(c.memMembers, prometheus.GaugeValue, float64(s.Members), s.Name)
+		ch <- prometheus.MustNewConstMetric(c.memSourceUp, prometheus.GaugeValue, b2f(s.Error == ""), s.Name)
+		refused[key{s.Name, "sources"}] += 0
+	}
+	for _, r := range m.Refused {
+		refused[key{r.Source, r.By}]++
+	}
+	for k, n := range refused {
+		ch <- prometheus.MustNewConstMetric(c.memRefused, prometheus.GaugeValue, float64(n), k.source, k.by)
+	}
+	if ns := m.Netns; ns != nil {
+		attached := 0
+		for _, n := range ns.Namespaces {
+			if n.Attached {
+				attached++
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(c.nsFound, prometheus.GaugeValue, float64(len(ns.Namespaces)))
+		ch <- prometheus.MustNewConstMetric(c.nsAttached, prometheus.GaugeValue, float64(attached))
+		ch <- prometheus.MustNewConstMetric(c.nsSweeps, prometheus.CounterValue, float64(ns.Scan.Sweeps))
+		ch <- prometheus.MustNewConstMetric(c.nsSweep, prometheus.GaugeValue, ns.Scan.SweepTime.Seconds())
+		ch <- prometheus.MustNewConstMetric(c.nsErrors, prometheus.CounterValue, float64(ns.Scan.Errors))
+	}
 }
 
 func b2f(b bool) float64 {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/internal/membership"
+	"github.com/fairshare-dev/fairshare/internal/netnsscan"
 	"github.com/fairshare-dev/fairshare/policy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -397,5 +399,57 @@ fairshare_pool_in_use{pool="residents"} 4
 	}
 	if n := testutil.CollectAndCount(New(fixed(sample()), 10, nil), "fairshare_pool_exempt_in_use"); n != 0 {
 		t.Errorf("%d exempt series without an exempt class", n)
+	}
+}
+
+func TestCollectMembership(t *testing.T) {
+	st := sample()
+	ref := func(src, by string) admin.Refused {
+		return admin.Refused{Refusal: membership.Refusal{Entry: membership.Entry{Source: src}}, By: by}
+	}
+	st.Membership = &admin.Membership{
+		Sources: []admin.MemberSource{{Name: "directory", Members: 3, Refused: 1}, {Name: "registered", Members: 5, Error: "boom"}},
+		Refused: []admin.Refused{ref("directory", "sources"), ref("registered", "kernel"), ref("registered", "kernel")},
+		Netns:   &admin.Netns{Namespaces: []admin.Namespace{{Attached: true}, {}}, Scan: netnsscan.Stats{Sweeps: 7, SweepTime: 1500 * time.Millisecond}},
+	}
+	want := `
+# HELP fairshare_membership_members Registered cgroups in force, by the source that registered them.
+# TYPE fairshare_membership_members gauge
+fairshare_membership_members{source="directory"} 3
+fairshare_membership_members{source="registered"} 5
+# HELP fairshare_membership_refused Registered cgroups not in force (a conflict, an invalid name or path, or refused by the kernel side), and cgroups a source could not make members.
+# TYPE fairshare_membership_refused gauge
+fairshare_membership_refused{by="kernel",source="registered"} 2
+fairshare_membership_refused{by="sources",source="directory"} 1
+fairshare_membership_refused{by="sources",source="registered"} 0
+# HELP fairshare_membership_source_up Whether the last read of the source of members worked.
+# TYPE fairshare_membership_source_up gauge
+fairshare_membership_source_up{source="directory"} 1
+fairshare_membership_source_up{source="registered"} 0
+# HELP fairshare_netns_attached Of those, the namespaces inbound admission is attached in.
+# TYPE fairshare_netns_attached gauge
+fairshare_netns_attached 1
+# HELP fairshare_netns_namespaces Network namespaces the members' processes are in (the host's not counted).
+# TYPE fairshare_netns_namespaces gauge
+fairshare_netns_namespaces 2
+# HELP fairshare_netns_sweep_seconds How long the last sweep's steps took, summed.
+# TYPE fairshare_netns_sweep_seconds gauge
+fairshare_netns_sweep_seconds 1.5
+# HELP fairshare_netns_sweeps_total Sweeps of the network namespace scan over every member.
+# TYPE fairshare_netns_sweeps_total counter
+fairshare_netns_sweeps_total 7
+`
+	c := New(fixed(st), 10, nil)
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "fairshare_membership_members",
+		"fairshare_membership_refused", "fairshare_membership_source_up", "fairshare_netns_attached", "fairshare_netns_namespaces",
+		"fairshare_netns_sweep_seconds", "fairshare_netns_sweeps_total"); err != nil {
+		t.Error(err)
+	}
+	problems, err := testutil.CollectAndLint(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
 }

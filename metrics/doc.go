@@ -31,6 +31,12 @@
 //	fairshare_listener_open_connections|max_connections{listener}
 //	fairshare_listener_accepted_total|accept_errors_total{listener}
 //	fairshare_listener_refused_total{listener,reason}     reason: listener_full, peer_full
+//	fairshare_membership_members{source}                  registered cgroups in force
+//	fairshare_membership_refused{source,by}               by: sources or kernel
+//	fairshare_membership_source_up{source}                1 if its last read worked
+//	fairshare_netns_namespaces|attached                   the members' network namespaces
+//	fairshare_netns_sweeps_total|scan_errors_total
+//	fairshare_netns_sweep_seconds                         the last sweep's steps, summed
 //
 // Cardinality is bounded by MaxProjects (metrics.max_projects in the config),
 // by the one policy of package internal/labels, which the front's request
