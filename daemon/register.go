@@ -187,11 +187,9 @@ func (p *projects) waitApply(ctx context.Context) bool {
 	return false
 }
 
-// resolve turns a cgroup as the operator wrote it into a member's path:
-// a directory below the cgroup2 mount as it is, anything else as a path
-// below the mount (the form /proc/<pid>/cgroup shows: /system.slice/x.service,
-// kubepods/burstable/pod<uid>). With exist, it must be a cgroup2 directory
-// now (registering a typo would register nothing).
+// resolve turns a cgroup as the operator wrote it into a member's path
+// (cgroup.Mount.Path). With exist, it must be a cgroup2 directory now
+// (registering a typo would register nothing).
 func (p *projects) resolve(raw string, exist bool) (string, error) {
 	if p.mount.Point == "" {
 		return "", fmt.Errorf("%w: there is no cgroup2 mount on this node", admin.ErrInvalid)
@@ -200,13 +198,7 @@ func (p *projects) resolve(raw string, exist bool) (string, error) {
 		return "", fmt.Errorf("%w: an empty cgroup path", admin.ErrInvalid)
 	}
 	mnt := p.mount.Point
-	var cg string
-	switch {
-	case filepath.IsAbs(raw) && p.mount.Contains(filepath.Clean(raw)):
-		cg = filepath.Clean(raw)
-	default:
-		cg = filepath.Join(mnt, filepath.Clean("/"+raw))
-	}
+	cg := p.mount.Path(raw)
 	if cg == filepath.Clean(mnt) {
 		return "", fmt.Errorf("%w: %q is the root of the cgroup2 hierarchy, which holds every process of the node", admin.ErrInvalid, raw)
 	}

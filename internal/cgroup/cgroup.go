@@ -90,6 +90,18 @@ func (m Mount) Contains(dir string) bool {
 	return dir == m.Point || strings.HasPrefix(dir, strings.TrimSuffix(m.Point, "/")+"/")
 }
 
+// Path turns a cgroup as an operator writes it into its directory: a
+// directory below the mount point as it is, anything else as a path below
+// the mount (the form /proc/<pid>/cgroup shows: /system.slice/x.service,
+// or kubepods/burstable/pod<uid>). The result is clean and below Point, the
+// mount point itself included.
+func (m Mount) Path(raw string) string {
+	if filepath.IsAbs(raw) && m.Contains(filepath.Clean(raw)) {
+		return filepath.Clean(raw)
+	}
+	return filepath.Join(m.Point, filepath.Clean("/"+raw))
+}
+
 // Level is the depth of dir in the cgroup2 hierarchy as the BPF cgroup
 // helpers count it: the root of the initial namespace is level 0, so a
 // namespaced mount adds the depth of its Root.

@@ -51,6 +51,25 @@ func TestParseMountInfo(t *testing.T) {
 	}
 }
 
+func TestPath(t *testing.T) {
+	m := cgroup.Mount{Point: "/sys/fs/cgroup/unified", Root: "/"}
+	for raw, want := range map[string]string{
+		"/sys/fs/cgroup/unified/kubepods/pod1": "/sys/fs/cgroup/unified/kubepods/pod1",
+		"/sys/fs/cgroup/unified/a/../b/":       "/sys/fs/cgroup/unified/b",
+		"/system.slice/x.service":              "/sys/fs/cgroup/unified/system.slice/x.service",
+		"kubepods/burstable/pod1":              "/sys/fs/cgroup/unified/kubepods/burstable/pod1",
+		"/sys/fs/cgroup/system.slice":          "/sys/fs/cgroup/unified/sys/fs/cgroup/system.slice",
+		"../../etc":                            "/sys/fs/cgroup/unified/etc",
+		"/sys/fs/cgroup/unified/../../../etc":  "/sys/fs/cgroup/unified/sys/etc",
+		"/":                                    "/sys/fs/cgroup/unified",
+		"/sys/fs/cgroup/unified":               "/sys/fs/cgroup/unified",
+	} {
+		if got := m.Path(raw); got != want {
+			t.Errorf("Path(%q) = %s, want %s", raw, got, want)
+		}
+	}
+}
+
 func TestContains(t *testing.T) {
 	m := cgroup.Mount{Point: "/sys/fs/cgroup", Root: "/"}
 	for dir, want := range map[string]bool{

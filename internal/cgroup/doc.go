@@ -5,13 +5,14 @@
 // escapes decoded), how deep a directory is in it as the BPF helpers count
 // (Mount.Level), the id of a cgroup (ID: its directory's inode number, the
 // value of bpf_get_current_cgroup_id and of sock_diag's INET_DIAG_CGROUP_ID),
-// the cgroup of a process (Mount.OfPID), the tree below a directory by id
-// (Walk), the default rule that places a cgroup in a project (ProjectIndex)
-// and removing a tree (RemoveTree).
+// the cgroup of a process (Mount.OfPID), a cgroup as an operator writes it
+// (Mount.Path), the tree below a directory by id (Walk), the default rule
+// that places a cgroup in a project (ProjectIndex) and removing a tree
+// (RemoveTree).
 //
-// ProjectIndex is the one user-space statement of project membership: a
-// project is a directory child of the projects root, and every cgroup below
-// it is in it. The front's peer identity and the kernel side's reconcile
-// both ask it, so a new source of membership (registered cgroups at any
-// depth) replaces it here.
+// ProjectIndex is the one user-space statement of project membership for
+// the directory layout: a project is a directory child of the projects
+// root, and every cgroup below it is in it. Membership at any depth, from
+// any source, is package internal/membership's (Tree.Find); the kernel
+// side's reconcile still asks ProjectIndex until the kernel takes members.
 package cgroup
