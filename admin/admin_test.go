@@ -96,9 +96,6 @@ func (b *storeBackend) Register(_ context.Context, p string, cgs []string) (Regi
 }
 func (b *storeBackend) Unregister(_ context.Context, p string, cgs []string) (Registration, error) {
 	rm, err := b.s.RemoveMembers(p, cgs)
-	if errors.Is(err, policy.ErrNotRegistered) {
-		return Registration{}, fmt.Errorf("%w: %w", ErrNotFound, err)
-	}
 	reg := Registration{Project: p}
 	for _, m := range rm {
 		reg.Removed = append(reg.Removed, m.Cgroup)

@@ -40,7 +40,7 @@ type Backend interface {
 	// Register registers cgroups for project (stored, then applied; see
 	// Registration.Pending); Unregister removes some, or all with none
 	// given. Refused registrations wrap membership.ErrRefused, bad input
-	// ErrInvalid, a cgroup not registered ErrNotFound.
+	// ErrInvalid, a cgroup not registered policy.ErrNotRegistered.
 	Register(ctx context.Context, project string, cgroups []string) (Registration, error)
 	Unregister(ctx context.Context, project string, cgroups []string) (Registration, error)
 }
@@ -261,7 +261,7 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusBadRequest, err.Error())
 	case errors.Is(err, membership.ErrRefused):
 		writeError(w, http.StatusConflict, err.Error())
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, ErrNotFound), errors.Is(err, policy.ErrNotRegistered):
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, policy.ErrFromFile):
 		writeError(w, http.StatusConflict, err.Error())

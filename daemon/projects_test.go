@@ -20,6 +20,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/policy"
 )
 
 // runLoop runs the daemon's control loop until the test ends.
@@ -139,7 +140,7 @@ func TestRegistrations(t *testing.T) {
 	if reg, err := d.Unregister(ctx, "team-a", []string{pods[1].Cgroup}); err != nil || len(reg.Removed) != 1 || len(reg.Cgroups) != 1 {
 		t.Fatalf("unregister = %+v, %v", reg, err)
 	}
-	if _, err := d.Unregister(ctx, "team-a", []string{pods[1].Cgroup}); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := d.Unregister(ctx, "team-a", []string{pods[1].Cgroup}); !errors.Is(err, policy.ErrNotRegistered) {
 		t.Fatalf("unregister again: %v", err)
 	}
 	if e, ok := d.projects.find(pods[1].Containers[0]); ok {
@@ -157,7 +158,7 @@ func TestRegistrations(t *testing.T) {
 	if reg, err := d2.Unregister(ctx, "team-b", nil); err != nil || len(reg.Removed) != 1 || len(reg.Cgroups) != 0 {
 		t.Fatalf("unregister all of team-b: %+v %v", reg, err)
 	}
-	if _, err := d2.Unregister(ctx, "team-b", nil); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := d2.Unregister(ctx, "team-b", nil); !errors.Is(err, policy.ErrNotRegistered) {
 		t.Fatalf("unregister all again: %v", err)
 	}
 }

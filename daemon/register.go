@@ -4,7 +4,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -133,14 +132,11 @@ func (d *Daemon) Unregister(ctx context.Context, project string, paths []string)
 		p.reg.Set(p.regs)
 	}
 	p.regMu.Unlock()
-	if errors.Is(err, policy.ErrNotRegistered) {
-		return admin.Registration{}, fmt.Errorf("%w: %w", admin.ErrNotFound, err)
-	}
 	if err != nil {
 		return admin.Registration{}, err
 	}
 	if len(paths) == 0 && len(removed) == 0 {
-		return admin.Registration{}, fmt.Errorf("%w: project %s has no registered cgroups", admin.ErrNotFound, project)
+		return admin.Registration{}, fmt.Errorf("%w: project %s has no registered cgroups", policy.ErrNotRegistered, project)
 	}
 	reg := admin.Registration{Project: project}
 	for _, m := range removed {

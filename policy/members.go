@@ -25,7 +25,7 @@ type storedMember struct {
 
 // ErrNotRegistered means a removal named a cgroup that is not registered
 // for the project.
-var ErrNotRegistered = errors.New("not registered")
+var ErrNotRegistered = errors.New("no such registration")
 
 // Members returns the stored registrations, sorted by cgroup.
 func (s *Store) Members() ([]membership.Member, error) {

@@ -53,6 +53,7 @@ func newApp() *cli.App {
 		Commands: []*cli.Command{
 			runCommand(),
 			policyCommand(),
+			projectCommand(),
 			statusCommand(),
 			cleanupCommand(),
 			drillCommand(),

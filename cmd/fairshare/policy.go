@@ -176,7 +176,10 @@ func (v viaStore) delete(p string) (bool, error) { return v.s.Delete(p) }
 func (v viaStore) close() error                  { return v.s.Close() }
 
 // openPolicies finds the daemon, or opens the store when none answers.
-func openPolicies(c *cli.Context) (policyBackend, error) {
+func openPolicies(c *cli.Context) (policyBackend, error) { return openPoliciesMode(c, false) }
+
+// openPoliciesMode is openPolicies, opening the store read-only if asked.
+func openPoliciesMode(c *cli.Context, readOnly bool) (policyBackend, error) {
 	cfg, err := loadConfig(c)
 	if err != nil {
 		return nil, err
@@ -189,7 +192,7 @@ func openPolicies(c *cli.Context) (policyBackend, error) {
 	if !errors.Is(err, admin.ErrNoDaemon) {
 		return nil, cli.Exit(fmt.Sprintf("the daemon at %s did not answer: %v", cfg.AdminSocket, err), 1)
 	}
-	st, err := policy.Open(cfg.StateDir, policy.Options{Timeout: 2 * time.Second})
+	st, err := policy.Open(cfg.StateDir, policy.Options{Timeout: 2 * time.Second, ReadOnly: readOnly})
 	if errors.Is(err, policy.ErrLocked) {
 		return nil, cli.Exit(fmt.Sprintf("the policy store in %s is held by a running daemon whose admin socket %s does not answer; "+
 			"pass that daemon's --admin-socket", cfg.StateDir, cfg.AdminSocket), 1)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -173,7 +174,47 @@ func printStatus(w io.Writer, st admin.Status) error {
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", l.Name, l.Open, l.Peers, l.MaxConns, l.MaxPerPeer, l.Accepted, refused, l.AcceptErrors)
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if m := st.Membership; m != nil {
+		fmt.Fprintln(w)
+		return printMembership(w, m, st.Kernel)
+	}
+	return nil
+}
+
+// printMembership prints the sources, the members by project and source
+// (a row each, its cgroups counted: 'fairshare project list' lists them
+// all), the refused ones with why, and the members' network namespaces.
+func printMembership(w io.Writer, m *admin.Membership, enforced bool) error {
+	var parts []string
+	for _, s := range m.Sources {
+		p := fmt.Sprintf("%s %d", s.Name, s.Members)
+		if s.Refused > 0 {
+			p += fmt.Sprintf(" (%d refused)", s.Refused)
+		}
+		if s.Error != "" {
+			p += " (last read failed: " + s.Error + ")"
+		}
+		parts = append(parts, p)
+	}
+	kernel := "connections are not enforced in the kernel (bpf off)"
+	switch {
+	case m.Kernel:
+		kernel = "the kernel places sockets by these members"
+	case enforced:
+		kernel = "the kernel places sockets by the children of projects_root (it takes no members yet)"
+	}
+	fmt.Fprintf(w, "members by source: %s; %s\n", strings.Join(parts, ", "), kernel)
+	if err := printMembers(w, *m, false); err != nil {
+		return err
+	}
+	if m.Netns != nil {
+		fmt.Fprintln(w)
+		return printNetns(w, m.Netns, m.Kernel)
+	}
+	return nil
 }
 
 // printProjects joins, per project, its policy (stored, else the default:
