@@ -29,13 +29,16 @@
 //	            cgroup v2 mount, ids, levels, the tree and the project of a
 //	            cgroup), clock (the time source), labels (the metric label
 //	            policy), listen (accepting, caps, who a peer is, serving),
-//	            logrl (repeated log lines), pace (per-project Retry-After
-//	            slots), peercred (SO_PEERCRED, /etc/subuid's owners),
-//	            project (the project-name rule), wire (the
-//	            permit protocol's line codec) and testutil (temporary
-//	            cgroups, helper processes and a fake clock for tests)
-//	cmd/        cmd/fairshare: the one binary (run, policy, status, cleanup,
-//	            drill, version)
+//	            logrl (repeated log lines), membership (which cgroups are in
+//	            which project: members, the sources, their union and
+//	            conflicts), netnsscan (the network namespaces of the members'
+//	            processes), pace (per-project Retry-After slots), peercred
+//	            (SO_PEERCRED, /etc/subuid's owners), project (the
+//	            project-name rule), wire (the permit protocol's line codec)
+//	            and testutil (temporary cgroups, kubelet and systemd
+//	            layouts, helper processes and a fake clock for tests)
+//	cmd/        cmd/fairshare: the one binary (run, policy, project, status,
+//	            cleanup, drill, version)
 //
 // The rule itself is specified in the package documentation of pools.
 package fairshare

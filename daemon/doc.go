@@ -41,6 +41,21 @@
 // internal/logrl handler, which turns a flood of one line into five lines
 // and a count.
 //
+// Membership (projects.go) is which cgroups are in which project. The
+// sources of projects.sources (the children of projects_root as directories
+// or as systemd slices, and the operator's registrations, kept in the
+// store) are read at every tick and at once when one reports a change
+// (inotify on the root, a registration); their union (package
+// internal/membership: conflicts refused the same way every time, each
+// logged once) goes to the kernel side (kernelSide.members, nil until the
+// loader takes members) and to the network namespace scan (package
+// internal/netnsscan), one bounded step per tick, whose new namespaces get
+// inbound admission attached. A registration through the admin API is
+// checked against the members in force and those pending, stored, and
+// answered once an apply has put it in force; concurrent registrations share
+// one apply. Status carries the membership as one immutable view rebuilt
+// when it changes, so a scrape costs nothing for it.
+//
 // Effective resolves every default of the configuration (projects root,
 // floors, exempt budgets, caps) once; the daemon runs on what it returns and
 // 'run --print-config' prints it. Problems only building the parts finds (a
