@@ -454,19 +454,31 @@ func (d *Daemon) wrap(ln net.Listener, o listen.Options) net.Listener {
 	return l
 }
 
+// wakeGap is the least time between two applies of the membership outside
+// the tick.
+const wakeGap = 20 * time.Millisecond
+
 // loop is the control loop.
 func (d *Daemon) loop(ctx context.Context) error {
 	t := time.NewTicker(d.cfg.Tick)
 	defer t.Stop()
 	d.projects.watch(ctx)
+	// A source changed, or a registration waits: members now (the
+	// namespaces at the tick), but at most one such apply per wakeGap, so
+	// a storm of mkdir in the projects root coalesces.
+	var wakeC <-chan time.Time
+	var lastWake time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-d.projects.wake:
-			// A source changed, or a registration waits: members now, the
-			// namespaces at the tick.
-			d.projects.apply(ctx, time.Now(), false)
+			if wakeC == nil {
+				wakeC = time.After(max(0, wakeGap-time.Since(lastWake)))
+			}
+		case <-wakeC:
+			wakeC, lastWake = nil, time.Now()
+			d.projects.apply(ctx, lastWake, false)
 		case now := <-t.C:
 			d.projects.apply(ctx, now, true)
 			d.tick(now)

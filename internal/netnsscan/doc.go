@@ -15,10 +15,14 @@
 // Options.Budget directories per step; and all members are swept in cgroup
 // order, at most Options.Budget directories per step again, each step
 // going on where the last stopped. The first members a scanner is given
-// are not new: its first sweep reads them. A namespace that a whole sweep did not see is
-// reported gone. A leaf cgroup costs a stat and a read of cgroup.procs
-// (kernfs gives a directory 2 + its subdirectories links, so leaves are not
-// listed), a process one stat of its namespace file.
+// are not new: its first sweep reads them. A namespace that a whole sweep
+// did not see is reported gone. One member's tree is read up to
+// Options.Budget directories: a bigger one (a tenant with a delegated
+// subtree can make thousands of cgroups) is read in part and counted in
+// Stats.Truncated, so no member stalls a step. A leaf cgroup costs a stat
+// and a read of cgroup.procs (kernfs gives a directory 2 + its
+// subdirectories links, so leaves are not listed), a process one stat of
+// its namespace file.
 //
 // What it reports is as fresh as its reads: a process that joins a
 // namespace of its own after its cgroup was last read is found in the next

@@ -82,6 +82,10 @@ type Stats struct {
 	Budget     int           `json:"budget"`
 	Errors     uint64        `json:"errors"` // cgroups or processes that could not be read, other than gone
 	LastError  string        `json:"last_error,omitempty"`
+	// Truncated counts the members whose tree was bigger than the budget
+	// and was read in part.
+	Truncated     uint64 `json:"truncated"`
+	LastTruncated string `json:"last_truncated,omitempty"`
 }
 
 // Scanner finds the network namespaces of the registered cgroups'
@@ -198,7 +202,7 @@ func (s *Scanner) Step() Changes {
 		if visited == nil {
 			visited = map[string]uint64{}
 		}
-		s.visit(cg, m.project, start, &c)
+		s.visitMember(cg, m.project, start, &c)
 		visited[cg] = s.sweep
 		if m.fresh--; m.fresh > 0 {
 			keep = append(keep, cg)
@@ -222,7 +226,7 @@ func (s *Scanner) Step() Changes {
 			continue // read as fresh in this step and this sweep
 		}
 		before := c.Dirs
-		s.visit(cg, s.members[cg].project, start, &c)
+		s.visitMember(cg, s.members[cg].project, start, &c)
 		spent += c.Dirs - before
 	}
 	took := s.now().Sub(start)
@@ -255,8 +259,28 @@ func (s *Scanner) endSweep(c *Changes) {
 	s.sweepSteps, s.sweepTime = 0, 0
 }
 
-// visit reads the processes of the cgroup dir and of every cgroup below it.
-func (s *Scanner) visit(dir, project string, now time.Time, c *Changes) {
+// visitMember reads the processes of a member's cgroup and of the cgroups
+// below it, at most Options.Budget directories: a member whose tree is
+// bigger (someone with a delegated subtree made thousands of cgroups) is
+// read in part, and counted in Stats.Truncated, rather than let it stall
+// the step.
+func (s *Scanner) visitMember(dir, project string, now time.Time, c *Changes) {
+	left := s.opts.Budget
+	s.visit(dir, project, now, c, &left)
+	if left < 0 {
+		s.stats.Truncated++
+		s.stats.LastTruncated = dir
+	}
+}
+
+// visit reads the processes of the cgroup dir and of every cgroup below it
+// while *left, the directories it may still read, is positive.
+func (s *Scanner) visit(dir, project string, now time.Time, c *Changes, left *int) {
+	if *left <= 0 {
+		*left = -1
+		return
+	}
+	*left--
 	c.Dirs++
 	s.procs(dir, project, now, c)
 	var st unix.Stat_t
@@ -275,7 +299,7 @@ func (s *Scanner) visit(dir, project string, now time.Time, c *Changes) {
 		return
 	}
 	for _, n := range names {
-		s.visit(dir+"/"+n, project, now, c)
+		s.visit(dir+"/"+n, project, now, c, left)
 	}
 }
 

@@ -288,3 +288,26 @@ func TestFreshThenSwept(t *testing.T) {
 		t.Fatalf("namespaces %v", got)
 	}
 }
+
+// TestTruncated: a member with more cgroups below it than the budget (as a
+// tenant with a delegated subtree can make) is read in part and counted,
+// and the step stays within its budget.
+func TestTruncated(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-netns-")
+	big := testutil.MkCgroup(t, top, "big")
+	for i := range 30 {
+		testutil.MkCgroup(t, big, fmt.Sprintf("c%02d", i))
+	}
+	s, err := netnsscan.New(netnsscan.Options{Budget: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetMembers([]membership.Entry{{Member: membership.Member{Project: "p", Cgroup: big}, Source: "registered"}})
+	if ch := s.Step(); ch.Dirs > 10 {
+		t.Fatalf("a step read %d directories of a 31-cgroup member, budget 10", ch.Dirs)
+	}
+	if st := s.Stats(); st.Truncated != 1 || st.LastTruncated != big {
+		t.Fatalf("stats %+v", st)
+	}
+}
