@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
+	"github.com/fairshare-dev/fairshare/internal/project"
 )
 
 // Names of the sources, as configuration and status spell them
@@ -125,7 +126,7 @@ func (c *Children) Scan(context.Context) (Found, error) {
 
 // sliceProject names the project of child, a cgroup directly in the slice
 // unit whose children are named prefix<name>.slice, or says why it has none.
-func sliceProject(unit, prefix, child string) (project, skip string) {
+func sliceProject(unit, prefix, child string) (name, skip string) {
 	mid, ok := strings.CutSuffix(child, ".slice")
 	if !ok {
 		return "", fmt.Sprintf("a unit directly in %s is in no project: give it Slice=%s<name>.slice", unit, prefix)
@@ -138,7 +139,7 @@ func sliceProject(unit, prefix, child string) (project, skip string) {
 		// systemd itself puts a-b.slice inside a.slice; this one was made
 		// by hand.
 		return "", fmt.Sprintf("a dash nests in systemd, so this slice belongs inside %s%s.slice; "+
-			"a project name with a dash is written \\x2d (systemd-escape)", prefix, mid[:strings.IndexByte(mid, '-')])
+			"a project name with a dash is written \\x2d (systemd-escape)", prefix, project.Display(mid[:strings.IndexByte(mid, '-')]))
 	}
 	name, err := Unescape(mid)
 	if err != nil {

@@ -238,7 +238,8 @@ func (t *Tree) add(e Entry) {
 
 // Check returns why e could not join the tree's members, or "" if it
 // could: an invalid name or path, its cgroup taken, or a member of another
-// project above it or below it.
+// project above it or below it. The sentence is safe to print (a cgroup
+// path with a control character is quoted).
 func (t *Tree) Check(e Entry) string {
 	if err := project.Validate(e.Project); err != nil {
 		return err.Error()
@@ -254,12 +255,12 @@ func (t *Tree) Check(e Entry) string {
 			return fmt.Sprintf("registered to project %s by source %s", n.member.Project, n.member.Source)
 		}
 		if o, ok := n.below.other(e.Project); ok {
-			return fmt.Sprintf("above %s, registered to project %s by source %s", o.Cgroup, o.Project, o.Source)
+			return fmt.Sprintf("above %s, registered to project %s by source %s", project.Display(o.Cgroup), o.Project, o.Source)
 		}
 	}
 	for a := range ancestors(e.Cgroup) {
 		if n := t.nodes[a]; n != nil && n.taken && n.member.Project != e.Project {
-			return fmt.Sprintf("below %s, registered to project %s by source %s", a, n.member.Project, n.member.Source)
+			return fmt.Sprintf("below %s, registered to project %s by source %s", project.Display(a), n.member.Project, n.member.Source)
 		}
 	}
 	return ""

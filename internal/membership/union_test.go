@@ -64,6 +64,11 @@ func TestResolve(t *testing.T) {
 		accepted: []string{"a@/cg/a/x(directory)"},
 		refused:  []string{"b@/cg/a(registered): above /cg/a/x, registered to project a by source directory"},
 	}, {
+		name:     "a path with a control character is quoted in the reason",
+		inputs:   []Input{in("directory", m("a", "/cg/a/x\x1b[2J")), in("registered", m("b", "/cg/a"))},
+		accepted: []string{"a@/cg/a/x\x1b[2J(directory)"},
+		refused:  []string{`b@/cg/a(registered): above "/cg/a/x\x1b[2J", registered to project a`},
+	}, {
 		name:     "nesting within one project is allowed",
 		inputs:   []Input{in("directory", m("a", "/cg/a")), in("registered", m("a", "/cg/a/x"), m("a", "/cg"))},
 		accepted: []string{"a@/cg(registered)", "a@/cg/a(directory)", "a@/cg/a/x(registered)"},
