@@ -4,6 +4,7 @@ package cgroup
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -143,6 +144,37 @@ func ID(path string) (uint64, error) {
 		return 0, fmt.Errorf("stat %s: %w", path, err)
 	}
 	return st.Ino, nil
+}
+
+// fileidKernfs is the file handle type of cgroupfs (kernfs): the handle is
+// the cgroup's 64-bit id, little-endian.
+const fileidKernfs = 0xfe
+
+// PathOf returns the directory of the cgroup whose id is id (the way back
+// from ID, bpf_get_current_cgroup_id or sock_diag's INET_DIAG_CGROUP_ID):
+// the cgroup opened by its file handle, and the path the kernel reports for
+// it. It needs CAP_DAC_READ_SEARCH; a cgroup removed since is an error.
+func (m Mount) PathOf(id uint64) (string, error) {
+	mfd, err := unix.Open(m.Point, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("opening the cgroup2 mount: %w", err)
+	}
+	defer unix.Close(mfd)
+	var h [8]byte
+	binary.LittleEndian.PutUint64(h[:], id)
+	fd, err := unix.OpenByHandleAt(mfd, unix.NewFileHandle(fileidKernfs, h[:]), unix.O_PATH|unix.O_CLOEXEC)
+	if err != nil {
+		return "", fmt.Errorf("opening cgroup %d: %w", id, err)
+	}
+	defer unix.Close(fd)
+	path, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return "", fmt.Errorf("reading the path of cgroup %d: %w", id, err)
+	}
+	if !m.Contains(path) {
+		return "", fmt.Errorf("cgroup %d is at %s, not below the mount %s", id, path, m.Point)
+	}
+	return path, nil
 }
 
 // OnCgroup2 returns nil when dir is a directory on a cgroup2 file system.

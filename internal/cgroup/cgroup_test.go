@@ -124,6 +124,11 @@ func TestTree(t *testing.T) {
 			t.Errorf("%s (id %d) -> %q, %v; want %q", rel, id, got, ok, project)
 		}
 	}
+	for dir, id := range walked {
+		if got, err := mountOf(t).PathOf(id); err != nil || got != dir {
+			t.Errorf("PathOf(%d) = %q, %v; want %s", id, got, err, dir)
+		}
+	}
 	if id, _ := cgroup.ID(root); walked[root] != id || index[id] != "" {
 		t.Errorf("root: walked id %d, ID %d, project %q", walked[root], id, index[id])
 	}
@@ -177,5 +182,29 @@ func TestRemoveTreeKillsLeftovers(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the leftover process still runs")
+	}
+}
+
+func mountOf(t *testing.T) cgroup.Mount {
+	t.Helper()
+	m, err := cgroup.FindMount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestPathOfGone: the id of a removed cgroup finds nothing.
+func TestPathOfGone(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-cgroup-")
+	dir := testutil.MkCgroup(t, root, "gone")
+	id, err := cgroup.ID(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.RemoveCgroup(t, dir)
+	if p, err := mountOf(t).PathOf(id); err == nil {
+		t.Fatalf("a removed cgroup's id found %s", p)
 	}
 }

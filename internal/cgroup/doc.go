@@ -4,8 +4,8 @@
 // one function each: where it is mounted (FindMount, from mountinfo, octal
 // escapes decoded), how deep a directory is in it as the BPF helpers count
 // (Mount.Level), the id of a cgroup (ID: its directory's inode number, the
-// value of bpf_get_current_cgroup_id and of sock_diag's INET_DIAG_CGROUP_ID),
-// the cgroup of a process (Mount.OfPID), a cgroup as an operator writes it
+// value of bpf_get_current_cgroup_id and of sock_diag's INET_DIAG_CGROUP_ID)
+// and back (Mount.PathOf), the cgroup of a process (Mount.OfPID), a cgroup as an operator writes it
 // (Mount.Path), the tree below a directory by id (Walk), the default rule
 // that places a cgroup in a project (ProjectIndex) and removing a tree
 // (RemoveTree).
