@@ -18,6 +18,10 @@ type Membership struct {
 	Members []Member `json:"members"`
 	// Refused are the members not in force, with why, sorted by cgroup.
 	Refused []Refused `json:"refused"`
+	// Missing are members in force whose cgroup did not exist when the
+	// namespace scan last read it: a registration that outlived its pod or
+	// service, or one made for a cgroup not made yet.
+	Missing []Member `json:"missing,omitempty"`
 	// Changed is when the members in force last changed.
 	Changed time.Time `json:"changed,omitzero"`
 	// Kernel says the kernel's programs place sockets by these members

@@ -438,6 +438,11 @@ func (p *projects) publish() {
 			nets.Namespaces = append(nets.Namespaces, a)
 		}
 		m.Netns = nets
+		for _, cg := range p.scan.Missing() {
+			if e, ok := p.inForce.Tree.Find(cg); ok && e.Cgroup == cg {
+				m.Missing = append(m.Missing, e)
+			}
+		}
 	}
 	p.view.Store(m)
 }

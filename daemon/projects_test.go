@@ -253,6 +253,13 @@ func TestNetnsOfMembers(t *testing.T) {
 	}
 	testutil.Stop(cmd)
 	waitFor(t, "the namespace to be forgotten", func() bool { return len(d.projects.membership().Netns.Namespaces) == 0 })
+
+	// The pod goes; its registration stays, listed as missing.
+	testutil.RemoveCgroup(t, pods[0].Cgroup)
+	waitFor(t, "the pod's cgroup listed missing", func() bool {
+		m := d.projects.membership().Missing
+		return len(m) == 1 && m[0].Cgroup == pods[0].Cgroup && m[0].Project == "tenant"
+	})
 }
 
 // TestRegisterConcurrently: registrations arriving together are applied

@@ -343,6 +343,7 @@ func projectList(c *cli.Context) error {
 	if project != "" {
 		m.Members = slices.DeleteFunc(m.Members, func(e admin.Member) bool { return e.Project != project })
 		m.Refused = slices.DeleteFunc(m.Refused, func(r admin.Refused) bool { return r.Project != project })
+		m.Missing = slices.DeleteFunc(m.Missing, func(e admin.Member) bool { return e.Project != project })
 	}
 	if asJSON {
 		return writeJSON(c.App.Writer, m)
@@ -376,6 +377,12 @@ func printMembers(w io.Writer, m admin.Membership, each bool) error {
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", projectname.Display(ms[i].Project), ms[i].Source, j-i, projectname.Display(ms[i].Cgroup))
 			i = j
+		}
+	}
+	if len(m.Missing) > 0 {
+		fmt.Fprintf(tw, "\nMISSING\tSOURCE\tCGROUP (registered, but no such cgroup now)\n")
+		for _, e := range m.Missing {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", projectname.Display(e.Project), e.Source, projectname.Display(e.Cgroup))
 		}
 	}
 	if len(m.Refused) > 0 {

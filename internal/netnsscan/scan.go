@@ -103,7 +103,8 @@ type Scanner struct {
 	cursor  string             // the sweep's next member: the first >= cursor
 	sweep   uint64             // the sweep in progress (from 1)
 
-	ns map[uint64]*nsState
+	ns      map[uint64]*nsState
+	missing map[string]bool // members whose cgroup did not exist when last read
 
 	stats      Stats
 	sweepSteps int
@@ -138,7 +139,7 @@ func New(o Options) (*Scanner, error) {
 		return nil, fmt.Errorf("reading the daemon's own network namespace: %w", err)
 	}
 	return &Scanner{opts: o, host: host, now: time.Now, buf: make([]byte, 64<<10),
-		members: map[string]*member{}, ns: map[uint64]*nsState{}, sweep: 1,
+		members: map[string]*member{}, ns: map[uint64]*nsState{}, missing: map[string]bool{}, sweep: 1,
 		stats: Stats{Budget: o.Budget}}, nil
 }
 
@@ -177,6 +178,11 @@ func (s *Scanner) SetMembers(es []membership.Entry) {
 		slices.Sort(order)
 	}
 	s.members, s.order, s.started = next, order, true
+	for cg := range s.missing {
+		if next[cg] == nil {
+			delete(s.missing, cg)
+		}
+	}
 	s.stats.Members = len(order)
 }
 
@@ -266,7 +272,11 @@ func (s *Scanner) endSweep(c *Changes) {
 // the step.
 func (s *Scanner) visitMember(dir, project string, now time.Time, c *Changes) {
 	left := s.opts.Budget
-	s.visit(dir, project, now, c, &left)
+	if err := s.visit(dir, project, now, c, &left); errors.Is(err, unix.ENOENT) {
+		s.missing[dir] = true
+	} else {
+		delete(s.missing, dir)
+	}
 	if left < 0 {
 		s.stats.Truncated++
 		s.stats.LastTruncated = dir
@@ -275,10 +285,11 @@ func (s *Scanner) visitMember(dir, project string, now time.Time, c *Changes) {
 
 // visit reads the processes of the cgroup dir and of every cgroup below it
 // while *left, the directories it may still read, is positive.
-func (s *Scanner) visit(dir, project string, now time.Time, c *Changes, left *int) {
+// It returns the error of dir's own stat (ENOENT: it does not exist).
+func (s *Scanner) visit(dir, project string, now time.Time, c *Changes, left *int) error {
 	if *left <= 0 {
 		*left = -1
-		return
+		return nil
 	}
 	*left--
 	c.Dirs++
@@ -286,21 +297,22 @@ func (s *Scanner) visit(dir, project string, now time.Time, c *Changes, left *in
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
 		s.fail(dir, err)
-		return
+		return err
 	}
 	// On cgroupfs (kernfs) a directory's link count is 2 + its
 	// subdirectories: a leaf needs no listing.
 	if st.Nlink <= 2 {
-		return
+		return nil
 	}
 	names, err := subdirs(dir)
 	if err != nil {
 		s.fail(dir, err)
-		return
+		return nil
 	}
 	for _, n := range names {
 		s.visit(dir+"/"+n, project, now, c, left)
 	}
+	return nil
 }
 
 // procs reads dir's cgroup.procs and the namespace of each process.
@@ -367,6 +379,17 @@ func (s *Scanner) Namespaces() []Namespace {
 		out = append(out, ns)
 	}
 	slices.SortFunc(out, func(a, b Namespace) int { return cmpUint(a.Inode, b.Inode) })
+	return out
+}
+
+// Missing lists the members whose cgroup did not exist when last read (a
+// registration that outlived its pod, say), sorted.
+func (s *Scanner) Missing() []string {
+	out := make([]string, 0, len(s.missing))
+	for cg := range s.missing {
+		out = append(out, cg)
+	}
+	slices.Sort(out)
 	return out
 }
 

@@ -311,3 +311,35 @@ func TestTruncated(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestMissing: a member whose cgroup does not exist (a registration that
+// outlived its pod) is listed, and no longer once it exists or leaves.
+func TestMissing(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-netns-")
+	gone := filepath.Join(top, "gone")
+	s, err := netnsscan.New(netnsscan.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := []membership.Entry{{Member: membership.Member{Project: "p", Cgroup: gone}, Source: "registered"}}
+	s.SetMembers(es)
+	s.Step()
+	if got := s.Missing(); !slices.Equal(got, []string{gone}) {
+		t.Fatalf("missing %v", got)
+	}
+	testutil.MkCgroup(t, top, "gone")
+	s.Step()
+	if got := s.Missing(); len(got) != 0 {
+		t.Fatalf("missing %v after the cgroup was made", got)
+	}
+	testutil.RemoveCgroup(t, gone)
+	s.Step()
+	s.SetMembers(nil)
+	if got := s.Missing(); len(got) != 0 {
+		t.Fatalf("missing %v after the member left", got)
+	}
+	if st := s.Stats(); st.Errors != 0 {
+		t.Fatalf("a missing cgroup counted as an error: %+v", st)
+	}
+}
