@@ -332,6 +332,9 @@ func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) 
 // socket by the child of projects_root it is below, as before: the
 // directory source's members, and the systemd source's slices.
 type memberKernel interface {
+	// Members are the kernel's members now: after a restart, the members
+	// in force, which win conflicts over newcomers.
+	Members() ([]membership.Member, error)
 	SetMembers(ms []membership.Member) (membersReport, error)
 	AttachNetns(nsPath string) (netnsInfo, error)
 	DetachGone() ([]netnsInfo, error)
@@ -350,7 +353,7 @@ type netnsInfo struct {
 }
 
 // members is the kernel side as the membership's memberKernel, or nil while
-// the loader takes no members. Wiring it is three methods on kernelSide
-// that call k.lim.SetMembers, AttachNetns and DetachGone and convert their
-// results, and a nil check here.
+// the loader takes no members. Wiring it is four methods on kernelSide
+// that call k.lim.Members, SetMembers, AttachNetns and DetachGone and
+// convert their results, and returning k here.
 func (k *kernelSide) members() memberKernel { return nil }

@@ -204,6 +204,18 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	p.applyMu.Lock()
 	defer p.applyMu.Unlock()
 	changed := !p.applied
+	if !p.applied && p.kernel != nil {
+		// After a restart the kernel's members are the ones in force: a
+		// newcomer that conflicts with one loses, as it did before.
+		if ms, err := p.kernel.Members(); err == nil {
+			for _, m := range ms {
+				p.inForce.Accepted = append(p.inForce.Accepted, membership.Entry{Member: m})
+			}
+			slices.SortFunc(p.inForce.Accepted, membership.Compare)
+		} else {
+			p.log.Warn("the kernel's members could not be read; conflicts are settled by source order", "err", err)
+		}
+	}
 	p.applied = true
 	inputs := make([]membership.Input, 0, len(p.sources))
 	for _, s := range p.sources {
@@ -281,6 +293,11 @@ func (p *projects) logChanges(ch membership.Changes, total int) {
 		}
 		p.log.Info("member removed", "project", e.Project, "cgroup", e.Cgroup, "source", e.Source)
 	}
+	// A member the kernel had (no source) now named by its source is no
+	// change to speak of.
+	ch.Moved = slices.DeleteFunc(ch.Moved, func(m membership.Move) bool {
+		return m.From.Source == "" && m.From.Member == m.To.Member
+	})
 	for i, m := range ch.Moved {
 		if i == logEach {
 			p.log.Info("more members moved", "count", len(ch.Moved)-logEach)

@@ -41,8 +41,10 @@ type Result struct {
 //
 // Which of two conflicting members wins does not depend on the order the
 // sources listed them in: first the one in prev (the accepted set in force,
-// so a newcomer never evicts a registration that was enforced), then the
-// one of the earlier input, then the smaller by Compare. The result is a
+// so a newcomer never evicts a registration that was enforced), from the
+// same source before another (prev matches by project and cgroup, so the
+// kernel's members, which name no source, seed it after a restart), then
+// the one of the earlier input, then the smaller by Compare. The result is a
 // function of its arguments, so a conflict is refused the same way at every
 // tick and can be reported once.
 //
@@ -51,11 +53,11 @@ type Result struct {
 func Resolve(inputs []Input, prev []Entry) Result {
 	type candidate struct {
 		Entry
-		rank int // 0: in prev; then 1 + the input's index
+		rank int // 0: in prev from this source, 1: from another; then 2 + the input's index
 	}
-	inPrev := make(map[Entry]bool, len(prev))
+	inPrev := make(map[Member]string, len(prev)) // member -> its source in prev
 	for _, e := range prev {
-		inPrev[e] = true
+		inPrev[e.Member] = e.Source
 	}
 	var res Result
 	n := 0
@@ -66,9 +68,11 @@ func Resolve(inputs []Input, prev []Entry) Result {
 	for i, in := range inputs {
 		for _, m := range in.Members {
 			e := Entry{Member: m, Source: in.Source}
-			r := 1 + i
-			if inPrev[e] {
+			r := 2 + i
+			if src, ok := inPrev[m]; ok && src == in.Source {
 				r = 0
+			} else if ok {
+				r = 1
 			}
 			cands = append(cands, candidate{e, r})
 		}

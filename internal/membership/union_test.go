@@ -80,6 +80,13 @@ func TestResolve(t *testing.T) {
 		accepted: []string{"b@/cg/a/x(registered)"},
 		refused:  []string{"a@/cg/a(directory): above /cg/a/x, registered to project b by source registered"},
 	}, {
+		name: "the members in force by project and cgroup, whatever their source (the kernel's after a restart)",
+		inputs: []Input{in("directory", m("a", "/cg/a")),
+			in("registered", m("b", "/cg/a/x"))},
+		prev:     []Entry{{m("b", "/cg/a/x"), ""}},
+		accepted: []string{"b@/cg/a/x(registered)"},
+		refused:  []string{"a@/cg/a(directory): above /cg/a/x"},
+	}, {
 		name:     "same rank: the smaller cgroup wins",
 		inputs:   []Input{in("registered", m("b", "/cg/a/x"), m("a", "/cg/a"))},
 		accepted: []string{"a@/cg/a(registered)"},
@@ -198,6 +205,18 @@ func TestResolveRandom(t *testing.T) {
 		for _, e := range r.Accepted {
 			if !slices.Contains(r3.Accepted, e) {
 				t.Fatalf("round %d: %v was in force and lost to a newcomer", round, e)
+			}
+		}
+		// Seeded with the members only (the kernel's, after a restart):
+		// the same members stay.
+		var seed []Entry
+		for _, e := range r.Accepted {
+			seed = append(seed, Entry{Member: e.Member})
+		}
+		r4 := Resolve(more, seed)
+		for _, e := range r.Accepted {
+			if !slices.ContainsFunc(r4.Accepted, func(a Entry) bool { return a.Member == e.Member }) {
+				t.Fatalf("round %d: %v was in force (seeded without sources) and lost to a newcomer", round, e.Member)
 			}
 		}
 		// Diff takes the old set to the new.
