@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -294,5 +295,102 @@ func TestRegisterConcurrently(t *testing.T) {
 	}
 	if got := len(d.projects.membership().Members); got != n {
 		t.Fatalf("%d members in force, want %d", got, n)
+	}
+}
+
+// handOff records what the membership hands the kernel side: a stand-in
+// for the loader's membership API (design17) until the loader has it. The
+// kernel itself is tested with the loader.
+type handOff struct {
+	mu       sync.Mutex // guards the fields below
+	seed     []membership.Member
+	sets     [][]membership.Member
+	refuse   string // a cgroup SetMembers refuses
+	attached []string
+}
+
+func (h *handOff) Members() ([]membership.Member, error) { return h.seed, nil }
+func (h *handOff) SetMembers(ms []membership.Member) (membersReport, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sets = append(h.sets, ms)
+	rep := membersReport{Kept: len(ms)}
+	for _, m := range ms {
+		if m.Cgroup == h.refuse {
+			rep.Refused = append(rep.Refused, membership.Refusal{Entry: membership.Entry{Member: m}, Reason: "cgroup does not exist"})
+		}
+	}
+	return rep, nil
+}
+func (h *handOff) AttachNetns(path string) (netnsInfo, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.attached = append(h.attached, path)
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return netnsInfo{}, err
+	}
+	return netnsInfo{Cookie: 7, Inode: st.Ino, Path: path}, nil
+}
+func (h *handOff) DetachGone() ([]netnsInfo, error) { return nil, nil }
+
+// TestKernelHandOff: the kernel's members seed the members in force (a
+// newcomer above one of them loses, though its source comes first), the
+// union goes to SetMembers at once and at every tick, the kernel's refusals
+// show in the membership with their source, and a member's new network
+// namespace is attached by a path that opens it.
+func TestKernelHandOff(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-projects-")
+	root := testutil.MkCgroup(t, top, "root")
+	web := testutil.MkCgroup(t, root, "web")
+	inner := testutil.MkCgroup(t, web, "inner")
+	gone := filepath.Join(top, "gone")
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.ProjectsRoot, cfg.StateDir = root, dir
+	st, err := policy.Open(dir, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.AddMembers([]membership.Member{{Project: "inner", Cgroup: inner}, {Project: "ghost", Cgroup: gone}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	h := &handOff{seed: []membership.Member{{Project: "inner", Cgroup: inner}}, refuse: gone}
+	p.kernel = h
+	p.apply(t.Context(), time.Now(), false)
+	m := p.membership()
+	var got []string
+	for _, e := range m.Members {
+		got = append(got, e.Project+"@"+e.Source)
+	}
+	if !slices.Equal(got, []string{"ghost@registered", "inner@registered"}) {
+		t.Fatalf("members %v: the kernel's member did not win over the directory source's web", got)
+	}
+	if len(m.Refused) != 2 || m.Refused[0].By != "sources" || m.Refused[1].By != "kernel" || m.Refused[1].Source != "registered" {
+		t.Fatalf("refused %+v", m.Refused)
+	}
+	if len(h.sets) != 1 || len(h.sets[0]) != 2 {
+		t.Fatalf("SetMembers calls %v", h.sets)
+	}
+	p.apply(t.Context(), time.Now(), false) // nothing changed, not a tick
+	p.apply(t.Context(), time.Now(), true)  // a tick: again (cgroups made again keep their path, not their id)
+	if len(h.sets) != 2 {
+		t.Fatalf("SetMembers calls %d, want 2", len(h.sets))
+	}
+
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	testutil.StartInCgroup(t, cmd, inner)
+	p.apply(t.Context(), time.Now(), true)
+	ns := p.membership().Netns.Namespaces
+	if len(ns) != 1 || !ns[0].Attached || ns[0].Cookie != 7 || len(h.attached) != 1 {
+		t.Fatalf("namespaces %+v, attached %v", ns, h.attached)
 	}
 }
