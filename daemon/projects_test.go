@@ -43,16 +43,13 @@ func members(d *Daemon, top string) []string {
 	return out
 }
 
-// waitFor polls cond until it holds, or fails after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+// holds is what an eventually condition returns: nil when ok, else what
+// is awaited.
+func holds(ok bool, what string) error {
+	if ok {
+		return nil
 	}
+	return errors.New("timed out waiting for " + what)
 }
 
 // TestRegistrations registers pods laid out as kubelet's cgroupfs driver
@@ -172,12 +169,12 @@ func TestDirectoryAtOnce(t *testing.T) {
 	d, _, _ := newTestDaemon(t, func(c *config.Config) { c.ProjectsRoot, c.Tick = top, time.Minute })
 	runLoop(t, d)
 	dir := testutil.MkCgroup(t, top, "fresh")
-	waitFor(t, "the new directory as a project", func() bool {
+	eventually(t, func() error {
 		e, ok := d.projects.find(filepath.Join(dir, "x"))
-		return ok && e.Project == "fresh"
+		return holds(ok && e.Project == "fresh", "the new directory as a project")
 	})
 	testutil.RemoveCgroup(t, dir)
-	waitFor(t, "the removed directory to go", func() bool { return len(d.projects.membership().Members) == 0 })
+	eventually(t, func() error { return holds(len(d.projects.membership().Members) == 0, "the removed directory to go") })
 }
 
 // TestSystemdProjects: with the systemd source, status and the membership
@@ -240,26 +237,28 @@ func TestNetnsOfMembers(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ino uint64
-	waitFor(t, "the pod's namespace", func() bool {
+	eventually(t, func() error {
 		ns := d.projects.membership().Netns.Namespaces
 		if len(ns) == 1 && slices.Equal(ns[0].Projects, []string{"tenant"}) {
 			ino = ns[0].Inode
-			return true
+			return nil
 		}
-		return false
+		return holds(false, "the pod's namespace")
 	})
 	var st syscall.Stat_t
 	if err := syscall.Stat(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid), &st); err != nil || st.Ino != ino {
 		t.Fatalf("found namespace %d, the pod's is %d (%v)", ino, st.Ino, err)
 	}
 	testutil.Stop(cmd)
-	waitFor(t, "the namespace to be forgotten", func() bool { return len(d.projects.membership().Netns.Namespaces) == 0 })
+	eventually(t, func() error {
+		return holds(len(d.projects.membership().Netns.Namespaces) == 0, "the namespace to be forgotten")
+	})
 
 	// The pod goes; its registration stays, listed as missing.
 	testutil.RemoveCgroup(t, pods[0].Cgroup)
-	waitFor(t, "the pod's cgroup listed missing", func() bool {
+	eventually(t, func() error {
 		m := d.projects.membership().Missing
-		return len(m) == 1 && m[0].Cgroup == pods[0].Cgroup && m[0].Project == "tenant"
+		return holds(len(m) == 1 && m[0].Cgroup == pods[0].Cgroup && m[0].Project == "tenant", "the pod's cgroup listed missing")
 	})
 }
 
