@@ -72,14 +72,18 @@ func Effective(cfg config.Config) (_ config.Config, notes []string) {
 }
 
 // CheckHost checks what the configuration names on this host, as the
-// daemon does when it builds its parts: the permit group exists, and the
-// front's cgroups are below the cgroup2 mount. An error wraps
+// daemon does when it builds its parts: the permit group exists, the
+// projects root suits its source, and the front's cgroups are below the
+// cgroup2 mount. An error wraps
 // config.ErrInvalid and names the key.
 func CheckHost(cfg config.Config) error {
 	if cfg.Permits.Socket != "" && cfg.Permits.Group != "" {
 		if _, err := permitd.LookupGroup(cfg.Permits.Group); err != nil {
 			return fmt.Errorf("%w: permits.group: %w", config.ErrInvalid, err)
 		}
+	}
+	if err := checkProjects(cfg); err != nil {
+		return err
 	}
 	if cfg.Front.Enabled() {
 		root, _ := ProjectsRoot(cfg)

@@ -323,6 +323,7 @@ func TestPartErrorsAreConfigErrors(t *testing.T) {
 	cfg.Front.Listen, cfg.Front.Upstream = "127.0.0.1:0", "http://127.0.0.1:1"
 	cfg.Front.TrustedPeers = []string{"/not/under/the/cgroup/mount"}
 	cfg.ProjectsRoot = "/sys/fs/cgroup/fairshare"
+	cfg.Projects.Sources = []string{"registered"} // the root is the front's here, not a source's
 	if _, err := New(Options{Config: cfg}); !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "front") {
 		t.Errorf("trusted cgroup outside the mount: %v", err)
 	}

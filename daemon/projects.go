@@ -81,6 +81,9 @@ type sourceState struct {
 // (BPF on: the daemon owns the root, as the kernel side used to), the
 // directory source makes a missing root.
 func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.Logger) (*projects, error) {
+	if err := checkProjects(cfg); err != nil {
+		return nil, err // before the directory source makes a missing root
+	}
 	p := &projects{log: log.With("part", "projects"), store: store, wake: make(chan struct{}, 1),
 		found: map[string]*sourceState{}, logged: map[membership.Refusal]bool{}, attached: map[uint64]admin.Namespace{}}
 	mount, err := cgroup.FindMount()
@@ -132,6 +135,34 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 	}
 	p.publish()
 	return p, nil
+}
+
+// checkProjects checks the projects root as newProjects will take it,
+// without making it: a slice for the systemd source, and on cgroup2 (or
+// below the cgroup2 mount, if it is not made yet).
+func checkProjects(cfg config.Config) error {
+	dirs := cfg.Projects.Has(membership.SourceDirectory)
+	slice := cfg.Projects.Has(membership.SourceSystemd)
+	if !dirs && !slice {
+		return nil
+	}
+	mount, err := cgroup.FindMount()
+	if err != nil {
+		return nil // newProjects runs without these sources, and says so
+	}
+	root, err := ProjectsRoot(cfg)
+	if err != nil {
+		return err
+	}
+	if slice {
+		if _, err := membership.SliceRoot(root); err != nil {
+			return fmt.Errorf("%w: projects_root: %w", config.ErrInvalid, err)
+		}
+	}
+	if err := cgroup.OnCgroup2(root); errors.Is(err, cgroup.ErrNotCgroup2) || err != nil && !mount.Contains(root) {
+		return fmt.Errorf("%w: projects_root: %s is not a directory below the cgroup2 mount %s", config.ErrInvalid, root, mount.Point)
+	}
+	return nil
 }
 
 func (p *projects) close() error {

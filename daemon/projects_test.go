@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -391,5 +392,36 @@ func TestKernelHandOff(t *testing.T) {
 	ns := p.membership().Netns.Namespaces
 	if len(ns) != 1 || !ns[0].Attached || ns[0].Cookie != 7 || len(h.attached) != 1 {
 		t.Fatalf("namespaces %+v, attached %v", ns, h.attached)
+	}
+}
+
+// TestProjectsRootChecked: a projects root that does not suit its source is
+// the configuration's error, found before anything is made: the systemd
+// source at a directory that is no slice, a root off the cgroup2 mount (not
+// created).
+func TestProjectsRootChecked(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-projects-")
+	off := filepath.Join(t.TempDir(), "projects")
+	for _, tc := range []struct {
+		root    string
+		sources []string
+		want    string
+	}{
+		{filepath.Join(top, "fairshare"), []string{"systemd"}, "needs projects_root at a slice's cgroup"},
+		{off, []string{"directory"}, "is not a directory below the cgroup2 mount"},
+	} {
+		cfg := config.Default()
+		cfg.ProjectsRoot, cfg.Projects.Sources, cfg.BPF = tc.root, tc.sources, true
+		if err := CheckHost(cfg); !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckHost %s %v: %v", tc.root, tc.sources, err)
+		}
+		if _, err := newProjects(cfg, nil, true, slog.New(slog.DiscardHandler)); !errors.Is(err, config.ErrInvalid) ||
+			!strings.Contains(err.Error(), tc.want) {
+			t.Errorf("newProjects %s %v: %v", tc.root, tc.sources, err)
+		}
+	}
+	if _, err := os.Stat(off); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a root off the mount was made: %v", err)
 	}
 }

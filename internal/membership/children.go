@@ -58,15 +58,25 @@ func NewDirectory(root string, create bool) (*Children, error) {
 // Found.Skipped. systemd creates the slice when a unit first uses it, so a
 // missing root is not an error: it has no members yet.
 func NewSystemd(root string) (*Children, error) {
-	unit := filepath.Base(root)
-	base, ok := strings.CutSuffix(unit, ".slice")
-	if !ok || base == "" || base == "-" {
-		return nil, fmt.Errorf("the systemd source needs projects_root at a slice's cgroup such as <cgroup2>/fairshare.slice, got %s", root)
+	unit, err := SliceRoot(root)
+	if err != nil {
+		return nil, err
 	}
-	prefix := base + "-"
+	prefix := strings.TrimSuffix(unit, ".slice") + "-"
 	return newChildren(SourceSystemd, root, func(child string) (string, string) {
 		return sliceProject(unit, prefix, child)
 	})
+}
+
+// SliceRoot checks that root can be the systemd source's root, a slice's
+// cgroup, and returns the slice's unit name (fairshare.slice).
+func SliceRoot(root string) (string, error) {
+	unit := filepath.Base(root)
+	base, ok := strings.CutSuffix(unit, ".slice")
+	if !ok || base == "" || base == "-" {
+		return "", fmt.Errorf("the systemd source needs projects_root at a slice's cgroup such as <cgroup2>/fairshare.slice, got %s", root)
+	}
+	return unit, nil
 }
 
 func newChildren(name, root string, rule func(string) (string, string)) (*Children, error) {
