@@ -91,6 +91,8 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 		p.log.Warn("no cgroup2 mount: no project has members, so nothing is placed in a project by its cgroup", "err", err)
 	}
 	p.mount = mount
+	// A source is a case here and a name in config.ProjectSources; the
+	// order of the list is its priority in a conflict.
 	for _, name := range cfg.Projects.Sources {
 		switch name {
 		case membership.SourceDirectory, membership.SourceSystemd:
