@@ -122,13 +122,7 @@ fairshare_up 1
 	if err != nil {
 		t.Error(err)
 	}
-	problems, err := testutil.CollectAndLint(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("lint: %s: %s", p.Metric, p.Text)
-	}
+	lint(t, c)
 }
 
 func TestCollectSourceError(t *testing.T) {
@@ -445,6 +439,12 @@ fairshare_netns_sweeps_total 7
 		"fairshare_netns_sweep_seconds", "fairshare_netns_sweeps_total"); err != nil {
 		t.Error(err)
 	}
+	lint(t, c)
+}
+
+// lint fails t for every problem promlint finds in what c exposes.
+func lint(t *testing.T, c prometheus.Collector) {
+	t.Helper()
 	problems, err := testutil.CollectAndLint(c)
 	if err != nil {
 		t.Fatal(err)
