@@ -150,7 +150,9 @@ func New(opts Options) (*Daemon, error) {
 		if d.kernel, err = openKernel(cfg, log); err != nil {
 			return nil, err
 		}
-		d.projects.kernel = d.kernel.members()
+		if d.projects.kernel = d.kernel.members(); d.projects.kernel == nil {
+			d.projects.kernelRoot = d.kernel.root
+		}
 	} else {
 		log.Warn("bpf disabled by configuration: connections are NOT enforced on this node")
 	}

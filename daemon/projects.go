@@ -46,8 +46,11 @@ type projects struct {
 	store   *policy.Store
 	scan    *netnsscan.Scanner // nil when the scan could not start
 	kernel  memberKernel       // nil until the kernel takes members (kernel.go)
-	wake    chan struct{}
-	closers []io.Closer
+	// kernelRoot is the projects root the kernel's programs count the
+	// children of, while they take no members (kernel nil); "" otherwise.
+	kernelRoot string
+	wake       chan struct{}
+	closers    []io.Closer
 
 	regMu   sync.Mutex // serialises registrations; guards the fields below
 	regs    []membership.Member
@@ -454,6 +457,14 @@ func (p *projects) publish() {
 	m := &admin.Membership{Members: p.inForce.Accepted, Refused: []admin.Refused{}, Changed: p.changed, Kernel: p.kernel != nil}
 	if m.Members == nil {
 		m.Members = []admin.Member{}
+	}
+	if p.kernel == nil && p.kernelRoot != "" {
+		m.KernelRoot = p.kernelRoot
+		for _, e := range m.Members {
+			if !m.KernelCounts(e.Cgroup) {
+				m.Unenforced++
+			}
+		}
 	}
 	counts := map[string][2]int{}
 	for _, e := range p.inForce.Accepted {

@@ -351,22 +351,35 @@ func projectList(c *cli.Context) error {
 	if !daemon {
 		fmt.Fprintln(c.App.Writer, "no daemon answers: these are the registrations stored in --state-dir; the daemon reads the other sources")
 	}
-	return printMembers(c.App.Writer, m, true)
+	return printMembers(c.App.Writer, m, true, daemon)
 }
 
 // printMembers prints the members by project, then the refused ones. With
-// each, every cgroup has a row; without, a project has one row per source
-// (its cgroups counted, the first one shown).
-func printMembers(w io.Writer, m admin.Membership, each bool) error {
+// each, every cgroup has a row, and with kernel (a daemon said what its
+// kernel side takes) whether the kernel limits it; without each, a project
+// has one row per source (its cgroups counted, the first one shown).
+func printMembers(w io.Writer, m admin.Membership, each, kernel bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	ms := slices.Clone(m.Members)
 	slices.SortStableFunc(ms, func(a, b admin.Member) int {
 		return cmp.Or(cmp.Compare(a.Project, b.Project), cmp.Compare(a.Source, b.Source), cmp.Compare(a.Cgroup, b.Cgroup))
 	})
 	if each {
-		fmt.Fprintln(tw, "PROJECT\tSOURCE\tCGROUP")
+		// KERNEL says whether the kernel limits the member's connections
+		// (admin.Membership.KernelCounts).
+		head, col := "PROJECT\tSOURCE\tCGROUP", func(admin.Member) string { return "" }
+		if kernel {
+			head = "PROJECT\tSOURCE\tKERNEL\tCGROUP"
+			col = func(e admin.Member) string {
+				if m.KernelCounts(e.Cgroup) {
+					return "yes\t"
+				}
+				return "no\t"
+			}
+		}
+		fmt.Fprintln(tw, head)
 		for _, e := range ms {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", projectname.Display(e.Project), e.Source, projectname.Display(e.Cgroup))
+			fmt.Fprintf(tw, "%s\t%s\t%s%s\n", projectname.Display(e.Project), e.Source, col(e), projectname.Display(e.Cgroup))
 		}
 	} else {
 		fmt.Fprintln(tw, "PROJECT\tSOURCE\tCGROUPS\tFIRST")

@@ -72,9 +72,19 @@ func TestProjectCommands(t *testing.T) {
 		st.Membership.Sources[1].Members != 2 {
 		t.Fatalf("status membership %+v", st.Membership)
 	}
+	// The kernel takes no members yet: registered pods outside the
+	// projects root are shown, and said not to be limited in the kernel.
+	if st.Membership.Kernel || st.Membership.KernelRoot == "" || st.Membership.Unenforced != 2 {
+		t.Errorf("status says the kernel limits what it does not: kernel %v, kernel root %q, unenforced %d",
+			st.Membership.Kernel, st.Membership.KernelRoot, st.Membership.Unenforced)
+	}
 	text, _, _ := runCLI(t, "status", "--config", n.cfg)
-	if !strings.Contains(text, "members by source: directory 0, registered 2") || !strings.Contains(text, "team-a   registered  2") {
+	if !strings.Contains(text, "members by source: directory 0, registered 2") || !strings.Contains(text, "team-a   registered  2") ||
+		!strings.Contains(text, "2 of 2 members are elsewhere and are NOT limited in the kernel") {
 		t.Errorf("status text:\n%s", text)
+	}
+	if out, _, _ := n.project("list"); !strings.Contains(out, "team-a   registered  no      "+pods[0].Cgroup) {
+		t.Errorf("project list does not say the kernel leaves team-a's pods alone:\n%s", out)
 	}
 	if met := n.metrics(); !strings.Contains(met, `fairshare_membership_members{source="registered"} 2`) {
 		t.Errorf("metrics lack the members:\n%s", met)

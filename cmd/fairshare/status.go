@@ -199,15 +199,26 @@ func printMembership(w io.Writer, m *admin.Membership, enforced bool) error {
 		}
 		parts = append(parts, p)
 	}
-	kernel := "connections are not enforced in the kernel (bpf off)"
+	fmt.Fprintf(w, "members by source: %s\n", strings.Join(parts, ", "))
 	switch {
 	case m.Kernel:
-		kernel = "the kernel places sockets by these members"
+		fmt.Fprintln(w, "the kernel limits connections by these members")
+	case m.KernelRoot != "":
+		// Say exactly what the kernel enforces while it takes no members.
+		fmt.Fprintf(w, "the kernel takes no members yet: it limits connections by the child of %s a socket's cgroup is in, "+
+			"as the project of that directory's name, whatever the sources say of it",
+			projectname.Display(m.KernelRoot))
+		if m.Unenforced > 0 {
+			fmt.Fprintf(w, "; %d of %d members are elsewhere and are NOT limited in the kernel ('fairshare project list' marks them)",
+				m.Unenforced, len(m.Members))
+		}
+		fmt.Fprintln(w)
 	case enforced:
-		kernel = "the kernel places sockets by the children of projects_root (it takes no members yet)"
+		fmt.Fprintln(w, "the kernel takes no members")
+	default:
+		fmt.Fprintln(w, "connections are not limited in the kernel (bpf off)")
 	}
-	fmt.Fprintf(w, "members by source: %s; %s\n", strings.Join(parts, ", "), kernel)
-	if err := printMembers(w, *m, false); err != nil {
+	if err := printMembers(w, *m, false, true); err != nil {
 		return err
 	}
 	if m.Netns != nil {
