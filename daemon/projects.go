@@ -95,7 +95,10 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 	}
 	p.mount = mount
 	// A source is a case here and a name in config.ProjectSources; the
-	// order of the list is its priority in a conflict.
+	// order of the list is its priority in a conflict. A source that polls
+	// something slow (the Kubernetes source: kube.CRI.Pods, then kube.Rules
+	// for each pod's project) is a membership.Polled appended to p.sources
+	// and p.closers, so the loop's Scan never waits on the runtime.
 	for _, name := range cfg.Projects.Sources {
 		switch name {
 		case membership.SourceDirectory, membership.SourceSystemd:
@@ -264,7 +267,7 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 		st.scanned = now
 		switch {
 		case err != nil:
-			if st.err != err.Error() {
+			if st.err != err.Error() && !errors.Is(err, membership.ErrNotRead) {
 				p.log.Warn("a source of members could not be read; its last members stay in force", "source", s.Name(), "err", err)
 			}
 			st.err = err.Error()

@@ -20,8 +20,13 @@
 //     writes it: project web-api is fairshare-web\x2dapi.slice (SliceName).
 //   - registered (Static): the operator's explicit registrations, which the
 //     daemon keeps in its store.
-//   - (the Kubernetes source, a container runtime's pods, is another
-//     implementation of Source.)
+//   - a source read by polling something slow, such as the Kubernetes
+//     source (a container runtime's pods), is a Polled: its fetch runs on
+//     its own schedule, bounded, and Scan returns the last result or error
+//     without waiting.
+//
+// A source's Scan error means it could not be read; the caller keeps the
+// members of its last good scan in force and shows the error.
 //
 // Resolve unions the sources' scans into one accepted set and the refused
 // rest, with why: an invalid name or path, a cgroup claimed twice, or a

@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package membership
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// ErrNotRead is Scan's error from a Polled source whose first fetch has not
+// ended yet.
+var ErrNotRead = errors.New("not read yet")
+
+// Polled is a source read by polling something slow or remote, such as a
+// container runtime over its API (the Kubernetes source): the caller's
+// Scan, which runs in the daemon's control loop at every tick and every
+// wake, must not wait on it. A goroutine calls fetch at once and then every
+// interval, each call bounded by the interval; Scan returns the last result
+// without waiting, and Changed receives when a fetch found other members
+// than the one before (or succeeded after an error). While fetch fails, Scan
+// returns its error, and the caller keeps the members of the last good
+// fetch in force and shows the error (status, the source_up metric).
+type Polled struct {
+	name    string
+	fetch   func(context.Context) (Found, error)
+	every   time.Duration
+	changed chan struct{}
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	mu    sync.Mutex // guards the fields below
+	found Found
+	err   error
+}
+
+// NewPolled starts polling fetch every interval for the source named name;
+// Close stops it.
+func NewPolled(name string, every time.Duration, fetch func(context.Context) (Found, error)) *Polled {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Polled{name: name, fetch: fetch, every: every, changed: make(chan struct{}, 1),
+		cancel: cancel, done: make(chan struct{}), err: ErrNotRead}
+	go p.run(ctx)
+	return p
+}
+
+func (p *Polled) run(ctx context.Context) {
+	defer close(p.done)
+	t := time.NewTicker(p.every)
+	defer t.Stop()
+	for {
+		p.poll(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// poll runs one fetch and keeps its result.
+func (p *Polled) poll(ctx context.Context) {
+	fctx, cancel := context.WithTimeout(ctx, p.every)
+	f, err := p.fetch(fctx)
+	late := errors.Is(fctx.Err(), context.DeadlineExceeded)
+	cancel()
+	if ctx.Err() != nil {
+		return // closing: the fetch was cut short, not failed
+	}
+	if err != nil && late {
+		err = fmt.Errorf("no answer within %s: %w", p.every, err)
+	}
+	p.mu.Lock()
+	changed := false
+	switch {
+	case err != nil:
+		p.err = err
+	default:
+		changed = p.err != nil || !slices.Equal(p.found.Members, f.Members) || !slices.Equal(p.found.Skipped, f.Skipped)
+		p.found, p.err = f, nil
+	}
+	p.mu.Unlock()
+	if changed {
+		select {
+		case p.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Name implements Source.
+func (p *Polled) Name() string { return p.name }
+
+// Scan implements Source: the last fetch's members, or its error.
+func (p *Polled) Scan(context.Context) (Found, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err != nil {
+		return Found{}, p.err
+	}
+	return Found{Members: slices.Clone(p.found.Members), Skipped: slices.Clone(p.found.Skipped)}, nil
+}
+
+// Changed implements Notifier.
+func (p *Polled) Changed() <-chan struct{} { return p.changed }
+
+// Close stops polling, cancelling a fetch under way, and waits for it.
+func (p *Polled) Close() error {
+	p.cancel()
+	<-p.done
+	return nil
+}

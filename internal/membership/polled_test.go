@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package membership
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestPolled: a polled source (the shape of the Kubernetes source) answers
+// Scan without waiting on its fetch, says "not read yet" before the first,
+// reports a change only when the members differ, returns a failed fetch's
+// error (the caller keeps the last members), cuts a fetch that does not
+// answer within its interval, and Close stops it mid-fetch.
+func TestPolled(t *testing.T) {
+	type step struct {
+		found Found
+		err   error
+		hang  bool // wait for the fetch's deadline
+	}
+	steps := make(chan step)
+	began := make(chan struct{}, 16)
+	fetch := func(ctx context.Context) (Found, error) {
+		began <- struct{}{}
+		s := <-steps
+		if s.hang {
+			<-ctx.Done()
+			return Found{}, ctx.Err()
+		}
+		return s.found, s.err
+	}
+	p := NewPolled("kubernetes", 100*time.Millisecond, fetch)
+	<-began
+	if _, err := p.Scan(context.Background()); !errors.Is(err, ErrNotRead) {
+		t.Fatalf("Scan before the first fetch: %v, want ErrNotRead", err)
+	}
+	a := Found{Members: []Member{{Project: "team-a", Cgroup: "/sys/fs/cgroup/kubepods/pod1"}}}
+	changed := func() bool {
+		select {
+		case <-p.Changed():
+			return true
+		case <-time.After(time.Second):
+			return false
+		}
+	}
+	steps <- step{found: a}
+	if !changed() {
+		t.Fatal("no change after the first fetch")
+	}
+	if f, err := p.Scan(context.Background()); err != nil || len(f.Members) != 1 || f.Members[0] != a.Members[0] {
+		t.Fatalf("Scan = %+v, %v", f, err)
+	}
+	<-began
+	steps <- step{found: a} // the same members
+	<-began                 // the fetch before ended: any change was sent
+	select {
+	case <-p.Changed():
+		t.Error("a change reported for the same members")
+	default:
+	}
+	steps <- step{err: errors.New("connection refused")}
+	<-began
+	if _, err := p.Scan(context.Background()); err == nil || err.Error() != "connection refused" {
+		t.Errorf("Scan after a failed fetch: %v", err)
+	}
+	steps <- step{hang: true}
+	<-began
+	if _, err := p.Scan(context.Background()); err == nil || !strings.Contains(err.Error(), "no answer within 100ms") {
+		t.Errorf("Scan after a fetch that did not answer: %v", err)
+	}
+	steps <- step{found: a}
+	if !changed() {
+		t.Error("no change when the source is read again after errors")
+	}
+	<-began
+	closed := make(chan error)
+	go func() { closed <- p.Close() }()
+	steps <- step{hang: true} // Close cancels it
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	select {
+	case <-began:
+		t.Error("a fetch after Close")
+	case <-time.After(250 * time.Millisecond):
+	}
+}
