@@ -519,6 +519,27 @@ func (p *projects) find(path string) (membership.Entry, bool) {
 	return p.tree.Load().Find(path)
 }
 
+// projectOf is the project of the cgroup whose id is id (a peer's, as the
+// front finds it: sock_diag's cgroup id, or the cgroup of the process
+// SO_PEERCRED names): the member it is in, at any depth, whatever the
+// source; "" when it is in none, or its cgroup is gone. It costs one
+// open_by_handle_at and a walk up the path (~3 us, cgroup.Mount.PathOf), so
+// it is meant once per connection, not per request. This is what the front's
+// identity is to use instead of its own index of projects_root's children.
+func (p *projects) projectOf(id uint64) string {
+	if id == 0 || p.mount.Point == "" {
+		return ""
+	}
+	path, err := p.mount.PathOf(id)
+	if err != nil {
+		return ""
+	}
+	if e, ok := p.find(path); ok {
+		return e.Project
+	}
+	return ""
+}
+
 // nameKernelRows names the kernel pool's rows by project. While the kernel
 // takes no members, the loader names an entry by its cgroup's directory
 // below projects_root: the project's name for the directory source, but

@@ -134,6 +134,18 @@ func TestRegistrations(t *testing.T) {
 	if e, ok := d.projects.find(cg); !ok || e.Project != "team-b" {
 		t.Fatalf("a process of team-b's pod is in %v %v", e, ok)
 	}
+	// The front's question, by cgroup id: a container of a registered
+	// pod, a directory project's child, and a cgroup in no member.
+	for dir, want := range map[string]string{pods[2].Containers[0]: "team-b", testutil.MkCgroup(t, filepath.Join(root, "web"), "workers"): "web",
+		top: "", filepath.Dir(pods[2].Cgroup): ""} {
+		id, err := cgroup.ID(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.projects.projectOf(id); got != want {
+			t.Errorf("projectOf(%s) = %q, want %q", dir, got, want)
+		}
+	}
 
 	// Removing one cgroup, then a cgroup not registered (404).
 	if reg, err := d.Unregister(ctx, "team-a", []string{pods[1].Cgroup}); err != nil || len(reg.Removed) != 1 || len(reg.Cgroups) != 1 {
@@ -211,6 +223,11 @@ func TestSystemdProjects(t *testing.T) {
 	_, err := d.Register(t.Context(), "other", []string{units[`fairshare-web\x2dapi.slice/api.service`]})
 	if !errors.Is(err, membership.ErrRefused) || !strings.Contains(err.Error(), "registered to project web-api by source systemd") {
 		t.Fatalf("a unit of web-api registered for another project: %v", err)
+	}
+	// A process of a unit in a project slice is in the project by its
+	// name, not the slice's directory (the front's question).
+	if id, err := cgroup.ID(units[`fairshare-web\x2dapi.slice/api.service`]); err != nil || d.projects.projectOf(id) != "web-api" {
+		t.Errorf("projectOf(api.service) = %q (%v), want web-api", d.projects.projectOf(id), err)
 	}
 	// The kernel pool's rows name the slice's project (the loader names
 	// them by directory until it takes members).
