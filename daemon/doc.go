@@ -53,7 +53,9 @@
 // inbound admission attached. A registration through the admin API is
 // checked against the members in force and those pending, stored, and
 // answered once an apply has put it in force; concurrent registrations share
-// one apply. Status carries the membership as one immutable view rebuilt
+// one apply. After a restart the kernel's members are in force until every
+// source has been read once (at most unreadHold), so a source slow to answer
+// (a polled container runtime) does not take its members out meanwhile. Status carries the membership as one immutable view rebuilt
 // when it changes, so a scrape costs nothing for it.
 //
 // Effective resolves every default of the configuration (projects root,

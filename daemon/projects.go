@@ -26,6 +26,13 @@ import (
 // added, removed, refused); the rest are one summary line.
 const logEach = 20
 
+// unreadHold bounds how long, after the daemon starts with a kernel that
+// holds members, those members are left as they are while a source has not
+// been read once (a container runtime that is slow to answer): the union
+// without that source would take its members out of the kernel until it
+// answers. Past it the sources read are applied.
+const unreadHold = 30 * time.Second
+
 // applyWait bounds how long a registration waits for the apply that puts
 // it in force before it answers Pending.
 const applyWait = 5 * time.Second
@@ -61,7 +68,9 @@ type projects struct {
 
 	applyMu  sync.Mutex // serialises apply; guards the fields below
 	found    map[string]*sourceState
-	applied  bool // an apply ran
+	applied  bool      // an apply ran
+	first    time.Time // the first apply's time
+	holding  bool      // the kernel's members are held for an unread source
 	inForce  membership.Result
 	changed  time.Time
 	logged   map[membership.Refusal]bool // refusals reported, so each is logged once
@@ -77,6 +86,7 @@ type sourceState struct {
 	found   membership.Found
 	err     string
 	scanned time.Time
+	read    bool // a scan succeeded
 }
 
 // newProjects builds the sources of cfg.Projects. A projects root that is
@@ -246,17 +256,24 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	if !p.applied && p.kernel != nil {
 		// After a restart the kernel's members are the ones in force: a
 		// newcomer that conflicts with one loses, as it did before.
+		// They carry no source (Source ""); their tree places peers while
+		// an unread source holds them (unreadHold).
 		if ms, err := p.kernel.Members(); err == nil {
-			for _, m := range ms {
-				p.inForce.Accepted = append(p.inForce.Accepted, membership.Entry{Member: m})
+			p.inForce = membership.Resolve([]membership.Input{{Found: membership.Found{Members: ms}}}, nil)
+			p.tree.Store(p.inForce.Tree)
+			if p.scan != nil {
+				p.scan.SetMembers(p.inForce.Accepted)
 			}
-			slices.SortFunc(p.inForce.Accepted, membership.Compare)
 		} else {
 			p.log.Warn("the kernel's members could not be read; conflicts are settled by source order", "err", err)
 		}
 	}
+	if !p.applied {
+		p.first = now
+	}
 	p.applied = true
 	inputs := make([]membership.Input, 0, len(p.sources))
+	var unread []string
 	for _, s := range p.sources {
 		st := p.found[s.Name()]
 		if st == nil {
@@ -272,6 +289,7 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 			}
 			st.err = err.Error()
 		default:
+			st.read = true
 			if st.err != "" {
 				p.log.Info("a source of members is read again", "source", s.Name())
 				st.err = ""
@@ -283,6 +301,25 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 			}
 		}
 		inputs = append(inputs, membership.Input{Source: s.Name(), Found: st.found})
+		if !st.read {
+			unread = append(unread, s.Name())
+		}
+	}
+	// After a restart, the kernel's members stay as they are (and the
+	// members in force are those) until every source has been read once, or
+	// unreadHold passes.
+	hold := p.kernel != nil && len(unread) > 0 && now.Sub(p.first) < unreadHold
+	switch {
+	case hold && !p.holding:
+		p.log.Info("the kernel's members are kept as they are until every source has been read once",
+			"unread", unread, "at_most", unreadHold)
+	case !hold && p.holding:
+		p.log.Info("every source has been read, or the wait is over: applying the members", "unread", unread)
+		changed = true
+	}
+	p.holding = hold
+	if hold {
+		changed = false
 	}
 	if changed {
 		res := membership.Resolve(inputs, p.inForce.Accepted)
@@ -298,7 +335,7 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 			p.scan.SetMembers(res.Accepted)
 		}
 	}
-	if p.kernel != nil && (changed || tick) {
+	if p.kernel != nil && !hold && (changed || tick) {
 		p.setKernelMembers()
 	}
 	p.regMu.Lock()

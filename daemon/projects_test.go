@@ -412,6 +412,73 @@ func TestKernelHandOff(t *testing.T) {
 	}
 }
 
+// TestUnreadSourceHoldsKernel: after a restart, a polled source that has
+// not answered yet (a container runtime slow to start) does not take its
+// members out of the kernel: the kernel's members stay in force, and place
+// peers, until it answers, or until unreadHold passes.
+func TestUnreadSourceHoldsKernel(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-projects-")
+	pod := testutil.MkCgroup(t, top, "pod1")
+	ctr := testutil.MkCgroup(t, pod, "ctr")
+	cfg := config.Default()
+	cfg.StateDir = t.TempDir()
+	cfg.Projects.Sources = []string{membership.SourceRegistered}
+	st, err := policy.Open(cfg.StateDir, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	pods := []membership.Member{{Project: "team-k", Cgroup: pod}}
+	for _, expire := range []bool{false, true} {
+		answer := make(chan struct{})
+		src := membership.NewPolled("kubernetes", time.Minute, func(ctx context.Context) (membership.Found, error) {
+			select {
+			case <-answer:
+				return membership.Found{Members: pods}, nil
+			case <-ctx.Done():
+				return membership.Found{}, ctx.Err()
+			}
+		})
+		p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.sources = append(p.sources, src)
+		p.closers = append(p.closers, src)
+		h := &handOff{seed: pods}
+		p.kernel = h
+		start := time.Now()
+		p.apply(t.Context(), start, false)
+		p.apply(t.Context(), start.Add(time.Second), true)
+		id, _ := cgroup.ID(ctr)
+		if len(h.sets) != 0 || p.projectOf(id) != "team-k" || len(p.membership().Members) != 1 {
+			t.Fatalf("with the source unread: SetMembers %v, a pod's container in %q, members %+v",
+				h.sets, p.projectOf(id), p.membership().Members)
+		}
+		if expire {
+			p.apply(t.Context(), start.Add(unreadHold), true)
+			if len(h.sets) != 1 || len(h.sets[0]) != 0 {
+				t.Fatalf("past the hold: SetMembers %v, want the unread source's members out", h.sets)
+			}
+			p.close()
+			continue
+		}
+		close(answer)
+		select {
+		case <-src.Changed():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the source never answered")
+		}
+		p.apply(t.Context(), start.Add(2*time.Second), false)
+		m := p.membership()
+		if len(h.sets) != 1 || !slices.Equal(h.sets[0], pods) || len(m.Members) != 1 || m.Members[0].Source != "kubernetes" {
+			t.Fatalf("once read: SetMembers %v, members %+v", h.sets, m.Members)
+		}
+		p.close()
+	}
+}
+
 // TestProjectsRootChecked: a projects root that does not suit its source is
 // the configuration's error, found before anything is made: the systemd
 // source at a directory that is no slice, a root off the cgroup2 mount (not
