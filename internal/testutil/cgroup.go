@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 
@@ -99,6 +100,15 @@ func StartInCgroup(t testing.TB, cmd *exec.Cmd, dir string) {
 		t.Fatalf("starting %s in cgroup %s: %v", cmd.Path, dir, err)
 	}
 	t.Cleanup(func() { Stop(cmd) })
+}
+
+// MoveToCgroup moves the running process pid into the cgroup dir, as a
+// runtime does (a write of its pid to cgroup.procs).
+func MoveToCgroup(t testing.TB, pid int, dir string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		t.Fatalf("moving pid %d to %s: %v", pid, dir, err)
+	}
 }
 
 // Stop kills a started cmd and waits for it, unless it has been waited for

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -95,15 +94,6 @@ func SystemdSlices(t testing.TB, root, parent string, units map[string][]string)
 		}
 	}
 	return out, top
-}
-
-// MoveToCgroup moves the running process pid into the cgroup dir, as a
-// runtime does (a write of its pid to cgroup.procs).
-func MoveToCgroup(t testing.TB, pid int, dir string) {
-	t.Helper()
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-		t.Fatalf("moving pid %d to %s: %v", pid, dir, err)
-	}
 }
 
 // mkdirAll makes parent/name unless it exists, removing it at the end of
