@@ -60,7 +60,7 @@ func projectCommand() *cli.Command {
 			},
 			{
 				Name:      "list",
-				Usage:     "list the members of every project (or of PROJECT), by source, and the refused ones with why",
+				Usage:     "list the members of every project (or of PROJECT), by source, whether the kernel limits each, and the refused ones with why",
 				ArgsUsage: "[PROJECT]",
 				Flags:     append(policyFlags(), jsonFlag),
 				Action:    projectList,
