@@ -219,3 +219,45 @@ func TestSetExemptValidation(t *testing.T) {
 		t.Fatalf("duplicates or default budget: %+v", s.Exempt)
 	}
 }
+
+// Reconcile repairs the exempt budget's use like a project's count: drift
+// seen twice is taken back, the permits really held stay.
+func TestReconcileRepairsExemptDrift(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 1)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	dir := mkProject(t, root, "ops")
+	if err := l.SetExempt([]string{"ops"}, 5); err != nil {
+		t.Fatal(err)
+	}
+	h := startHelper(t, dir)
+	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 2 {
+		t.Fatal(r)
+	}
+	if _, err := l.adjust(limiterFsAdjustArgs{Op: opExempt, Delta: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if s := snap(t, l); s.Exempt.InUse != 5 {
+		t.Fatalf("invented drift: %+v", s.Exempt)
+	}
+	rep, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.ExemptDrift != 3 || rep.ExemptRepaired != -3 || rep.Exempt != 2 {
+		t.Fatalf("report: %+v", rep)
+	}
+	if s := snap(t, l); s.Exempt.InUse != 2 {
+		t.Fatalf("after repair: %+v", s.Exempt)
+	}
+	// Nothing left to repair.
+	if rep, err = l.Reconcile(t.Context()); err != nil || rep.ExemptRepaired != 0 {
+		t.Fatalf("second reconcile: %+v %v", rep, err)
+	}
+	h.do("close")
+	eventually(t, "exempt released", func() (bool, string) {
+		s := snap(t, l)
+		return s.Exempt.InUse == 0, fmt.Sprintf("%+v", s.Exempt)
+	})
+}

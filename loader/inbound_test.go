@@ -325,168 +325,76 @@ func sendSYN(t testing.TB, dst netip.AddrPort, sport uint16) {
 	}
 }
 
-// portOwned says whether sk_lookup finds port's listener in the port entry
-// (its owner is valid) rather than in the listener hash.
-func portOwned(t testing.TB, l *Limiter, port uint16) bool {
-	t.Helper()
-	var p limiterFsPort
-	if err := l.objs.FsPorts.Lookup(uint32(port), &p); err != nil {
-		t.Fatal(err)
-	}
-	if p.Specific+p.Wildcard != 1 || p.Sk == 0 || p.Check != ownerCheck(p.Sk, p.Cookie, p.Project, p.Cgroup) {
-		return false
-	}
-	var k limiterFsListenKey
-	var v limiterFsListener
-	it := l.objs.FsListeners.Iterate()
-	for it.Next(&k, &v) {
-		if k.Port == uint32(port) && v.Sk == p.Sk && v.Cookie == p.Cookie && v.Project == p.Project {
-			return true
-		}
-	}
-	return false
-}
-
-// The port entry names the listener of a port with one listening address;
-// a SYN to another address of that port is not the listener's. With two
-// addresses on one port (two projects), sk_lookup falls back to the hash:
-// each connection counts, and is refused, for the project listening on its
-// address, also after one of them closes.
-func TestInboundOneAddressOwnerAndFallback(t *testing.T) {
-	testutil.RequireRoot(t)
-	root, pin := newRoot(t), newPinDir(t)
-	l := openLimiter(t, root, pin, 3, 1)
-	a := startHelper(t, mkProject(t, root, "a"))
-	b := startHelper(t, mkProject(t, root, "b"))
-	addrA := netip.MustParseAddrPort(listenAddr(t, a.do("listen 127.0.0.1:0")))
-	port := addrA.Port()
-	if !portOwned(t, l, port) {
-		t.Fatal("a port with one listening address has no owner")
-	}
-	// Another address of the port, outside the projects: not a's.
-	addrB := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), port)
-	other := sink(t, "tcp4", addrB.String())
-	c, err := net.DialTimeout("tcp4", addrB.String(), 3*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	if s := snap(t, l); s.Events.AdmittedIn != 0 || project(s, "a").InUse != 0 {
-		t.Fatalf("a connection to another address counted for the listener: %+v", s)
-	}
-	other.Close()
-
-	if got := listenAddr(t, b.do("listen %s", addrB)); got != addrB.String() {
-		t.Fatalf("b listens on %s, want %s", got, addrB)
-	}
-	if portOwned(t, l, port) {
-		t.Fatal("a port with two listening addresses has an owner")
-	}
-	var conns []net.Conn
-	t.Cleanup(func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	dial := func(addr netip.AddrPort) error {
-		c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
-		if err == nil {
-			conns = append(conns, c)
-		}
-		return err
-	}
-	// POOL 3: a takes two while alone, b one as the second active project.
-	for _, to := range []netip.AddrPort{addrA, addrA, addrB} {
-		if err := dial(to); err != nil {
-			t.Fatalf("dial %s: %v; %+v", to, err, snap(t, l))
-		}
-	}
-	waitInUse(t, l, 3, map[string]int{"a": 2, "b": 1})
-	for i, to := range []netip.AddrPort{addrA, addrB} {
-		if err := dial(to); !errors.Is(err, syscall.ECONNREFUSED) {
-			t.Fatalf("dial %s over the pool: %v, want ECONNREFUSED", to, err)
-		}
-		s := snap(t, l)
-		if ra, rb := project(s, "a").Refused, project(s, "b").Refused; ra != 1 || rb != uint64(i) {
-			t.Fatalf("after refusing %s: refused a %d b %d", to, ra, rb)
-		}
-	}
-	for _, c := range conns {
-		c.Close()
-	}
-	conns = nil
-	waitInUse(t, l, 0, map[string]int{"a": 0, "b": 0})
-
-	// b closes: a's address is the port's only one again, found in the hash.
-	b.do("unlisten")
-	eventually(t, "b's address forgotten", func() (bool, string) {
-		var p limiterFsPort
-		err := l.objs.FsPorts.Lookup(uint32(port), &p)
-		return err == nil && p.Specific == 1, fmt.Sprintf("%+v %v", p, err)
-	})
-	if err := dial(addrB); !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Fatalf("dial %s with nobody listening: %v", addrB, err)
-	}
-	if err := dial(addrA); err != nil {
-		t.Fatal(err)
-	}
-	waitInUse(t, l, 1, map[string]int{"a": 1, "b": 0})
-}
-
-// A listener whose close the programs missed (they were detached, as while
-// a restart into a new version swaps the tracepoint link) stays counted for
-// its port and project. Reconcile finds it missing from the kernel's socket
-// table and uncounts it, once, and leaves a live listener counted.
-func TestReconcileUncountsGoneListeners(t *testing.T) {
+// Regression: resv_put could store one tuple in the slot array and in the
+// spill table when two CPUs raced on a freed slot. CPU A found k's slot held
+// by another tuple and went to insert k into the spill table; meanwhile the
+// slot was freed and CPU B, with the same tuple (a retransmitted SYN),
+// claimed it, looked into the spill table before A's insert, and published
+// k: two permits for one handshake until the TTL. Here B's claim and publish
+// are the slot's contents, written as B leaves them, and A's insert is run
+// on its own (fs_selftest): it must see the slot and back off.
+func TestResvSpillBacksOffFromClaimedSlot(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 10, 1)
-	gone := startHelper(t, mkProject(t, root, "gone"))
-	kept := startHelper(t, mkProject(t, root, "kept"))
-	gonePort := netip.MustParseAddrPort(listenAddr(t, gone.do("listen 127.0.0.1:0"))).Port()
-	keptAddr := listenAddr(t, kept.do("listen 127.0.0.1:0"))
-	counted := func() int {
-		cookies, err := l.countedListeners()
+	k := loopKey(8080, 40123)
+	r := limiterFsResv{Project: 4242, SinceNs: 1, Kind: 2}
+	count := func() int {
+		n := 0
+		if err := l.readResv(func(rk limiterFsResvKey, _ limiterFsResv) {
+			if rk == k {
+				n++
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, c := range []struct {
+		name string
+		tag  uint64
+	}{
+		{"published", resvTag(k)},
+		{"being filled", resvTag(k) | slotBusy},
+	} {
+		slot := limiterFsResvSlot{Tag: c.tag, Key: k, Kind: r.Kind, Project: r.Project, SinceNs: r.SinceNs}
+		if err := l.objs.FsResvSlots.Put(resvSlot(k), slot); err != nil {
+			t.Fatal(err)
+		}
+		res, err := l.selftest(limiterFsSelftestArgs{Op: stResvSpill, Resv: r, Key: k})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return len(cookies)
+		want := 0
+		if c.tag&slotBusy == 0 {
+			want = 1
+		}
+		if res != -int64(unix.EEXIST) || count() != want || nodeSpilled(t, l) != 0 {
+			t.Errorf("%s slot: spill insert returned %d with %d reservations of the tuple, spilled %d; want -EEXIST, %d, 0",
+				c.name, res, count(), nodeSpilled(t, l), want)
+		}
 	}
-	eventually(t, "both listeners counted", func() (bool, string) {
-		return counted() == 2, fmt.Sprint(counted())
-	})
-
-	detachLinks(t, l)
-	if r := gone.do("unlisten"); r != "unlistened" {
-		t.Fatal(r)
-	}
-	attachLinks(t, l, &l.objs)
-	if n := counted(); n != 2 {
-		t.Fatalf("%d listeners counted after a close the programs missed, want 2 (the test needs the stale one)", n)
-	}
-	var port limiterFsPort
-	if err := l.objs.FsPorts.Lookup(uint32(gonePort), &port); err != nil || port.Specific != 1 {
-		t.Fatalf("port %d before reconcile: %+v, %v; want one address counted", gonePort, port, err)
-	}
-
-	rep, err := l.Reconcile(t.Context())
-	if err != nil {
+	// A slot that holds another tuple does not stop the spill.
+	other := limiterFsResvSlot{Tag: resvTag(k) ^ 2, Key: loopKey(8080, 1), Project: 1, Kind: 2}
+	if err := l.objs.FsResvSlots.Put(resvSlot(k), other); err != nil {
 		t.Fatal(err)
 	}
-	if rep.StaleListeners != 1 || counted() != 1 {
-		t.Fatalf("reconcile: %d stale listeners uncounted, %d still counted; want 1 and 1", rep.StaleListeners, counted())
+	if res, err := l.selftest(limiterFsSelftestArgs{Op: stResvSpill, Resv: r, Key: k}); err != nil || res != 0 || count() != 1 {
+		t.Fatalf("spill beside another tuple: %d %v, %d reservations", res, err, count())
 	}
-	if err := l.objs.FsPorts.Lookup(uint32(gonePort), &port); err != nil || port.Specific != 0 || port.Wildcard != 0 {
-		t.Fatalf("port %d after reconcile: %+v, %v; want no address counted", gonePort, port, err)
-	}
-	if rep, err := l.Reconcile(t.Context()); err != nil || rep.StaleListeners != 0 {
-		t.Fatalf("second reconcile: %d stale, %v; want none", rep.StaleListeners, err)
-	}
-	// The live listener still counts its connections for its project.
-	c, err := net.DialTimeout("tcp4", keptAddr, 3*time.Second)
-	if err != nil {
+	// Not real permits: clear them before the cleanup reconciles anything.
+	if err := l.objs.FsReservations.Delete(k); err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	waitInUse(t, l, 1, map[string]int{"kept": 1})
+	if err := l.objs.FsResvSlots.Put(resvSlot(k), limiterFsResvSlot{}); err != nil {
+		t.Fatal(err)
+	}
+	var n limiterFsPool
+	if err := l.objs.FsNode.Lookup(uint32(0), &n); err != nil {
+		t.Fatal(err)
+	}
+	n.Spilled = 0
+	if err := l.objs.FsNode.Put(uint32(0), n); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -3,6 +3,8 @@
 package loader
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -78,5 +80,33 @@ func TestHeldCapacity(t *testing.T) {
 		if got := heldCapacity(c.pool); got != c.want {
 			t.Errorf("heldCapacity(%d) = %d, want %d", c.pool, got, c.want)
 		}
+	}
+}
+
+// The slot protocols read a slot's fields after its tag with plain loads,
+// which only x86 keeps in order (bpf/limiter.c, "Memory order"): the object
+// is generated for x86 alone, and adding another target has to come with
+// acquire loads there first.
+func TestObjectIsX86Only(t *testing.T) {
+	gen, err := os.ReadFile("../gen.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(gen), " -target amd64 ") {
+		t.Errorf("gen.go does not generate for amd64 alone")
+	}
+	objs, err := filepath.Glob("limiter_*_bpf*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 1 || objs[0] != "limiter_x86_bpfel.go" {
+		t.Fatalf("generated bindings %v, want limiter_x86_bpfel.go alone", objs)
+	}
+	b, err := os.ReadFile(objs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "\n//go:build (386 || amd64) && linux\n") {
+		t.Errorf("%s builds for more than x86", objs[0])
 	}
 }

@@ -4,11 +4,14 @@ package loader
 
 import (
 	"net"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/fairshare-dev/fairshare/sockdiag"
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
@@ -382,4 +385,62 @@ func TestSpilledPermits(t *testing.T) {
 	if n := spilled(); n != 0 {
 		t.Fatalf("spilled %d after close", n)
 	}
+}
+
+// A second Open over pinned links moves them to the programs it loaded (a
+// fixed limiter.c takes effect across a restart), and enforcement goes on.
+func TestReopenUpdatesPinnedLinks(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	l1 := openLimiter(t, root, pin, 3, 1)
+	h := startHelper(t, mkProject(t, root, "up"))
+	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 2 {
+		t.Fatal(r)
+	}
+	l2 := openLimiter(t, root, pin, 3, 1)
+	for _, a := range l2.attachments(root, &l2.objs) {
+		lk, err := link.LoadPinnedLink(filepath.Join(pin, a.name), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", a.name, err)
+		}
+		info, err := lk.Info()
+		lk.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", a.name, err)
+		}
+		want, old := progID(t, a.prog), progID(t, progByName(l1, a.name))
+		if info.Program != want || want == old {
+			t.Errorf("%s runs program %d, want the new %d (old %d)", a.name, info.Program, want, old)
+		}
+	}
+	l1.Close()
+	// Counts carried over; the new programs admit, refuse and release.
+	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 1 || r.refused != 1 {
+		t.Fatalf("after the update: %+v; %+v", r, snap(t, l2))
+	}
+	h.do("close")
+	waitInUse(t, l2, 0, map[string]int{"up": 0})
+}
+
+func progID(t testing.TB, p *ebpf.Program) ebpf.ProgramID {
+	t.Helper()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, ok := info.ID()
+	if !ok {
+		t.Fatal("program info without id")
+	}
+	return id
+}
+
+func progByName(l *Limiter, name string) *ebpf.Program {
+	for _, a := range l.attachments(l.root, &l.objs) {
+		if a.name == name {
+			return a.prog
+		}
+	}
+	return nil
 }

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+)
+
+// mapDump is every entry of a map, as bytes, for before/after comparisons.
+func mapDump(t testing.TB, m *ebpf.Map) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	var k, v []byte
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[string(k)] = string(v)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Check against a running limiter writes no map and moves no link: the
+// exempt set, the config, the counts and the programs in force are the same
+// afterwards, and enforcement goes on.
+func TestCheckLeavesRunningLimiterAlone(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	app := mkProject(t, root, "app")
+	mkProject(t, app, "probes")
+	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 4, Floor: 1, Exempt: []string{"app/probes"}, ExemptMax: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	h := startHelper(t, app)
+	if r := h.dial("tcp4", ln.Addr().String(), 3); r.ok != 3 {
+		t.Fatal(r)
+	}
+	maps := map[string]*ebpf.Map{"fs_config": l.objs.FsConfig, "fs_node": l.objs.FsNode, "fs_exempt": l.objs.FsExempt,
+		"fs_projects": l.objs.FsProjects, "fs_listeners": l.objs.FsListeners, "fs_held": l.objs.FsHeld}
+	before := map[string]map[string]string{}
+	for name, m := range maps {
+		before[name] = mapDump(t, m)
+	}
+	links := func() map[string]ebpf.ProgramID {
+		out := map[string]ebpf.ProgramID{}
+		for _, a := range l.attachments(root, &l.objs) {
+			lk, err := link.LoadPinnedLink(filepath.Join(pin, a.name), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := lk.Info()
+			lk.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[a.name] = info.Program
+		}
+		return out
+	}
+	linksBefore := links()
+
+	// Another configured pool size and no exempt set: neither is applied.
+	rep, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Pinned || rep.Pool != 4 || rep.InUse != 3 || rep.Exempt != 1 || rep.ExemptMax != 2 ||
+		!rep.Current || len(rep.Links) != 7 || len(rep.Attached) != 7 {
+		t.Fatalf("report: %+v", rep)
+	}
+	for name, m := range maps {
+		if after := mapDump(t, m); fmt.Sprint(after) != fmt.Sprint(before[name]) {
+			t.Errorf("%s changed:\n before %q\n after  %q", name, before[name], after)
+		}
+	}
+	if after := links(); fmt.Sprint(after) != fmt.Sprint(linksBefore) {
+		t.Errorf("links moved: %v -> %v", linksBefore, after)
+	}
+	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 1 || r.refused != 1 {
+		t.Fatalf("after the check: %+v; %+v", r, snap(t, l))
+	}
+	if s := snap(t, l); len(s.Exempt.Paths) != 1 || s.Exempt.Max != 2 {
+		t.Fatalf("exempt set after the check: %+v", s.Exempt)
+	}
+
+	// Pins of another root, and a pool the pinned tables cannot hold, fail.
+	if _, err := Check(Options{ProjectsRoot: newRoot(t), PinDir: pin, PoolSize: 4}); !errors.Is(err, ErrPinnedMismatch) {
+		t.Errorf("check with another root: %v, want ErrPinnedMismatch", err)
+	}
+	if _, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 4096}); !errors.Is(err, ErrPoolTooLarge) {
+		t.Errorf("check with a pool over the pinned capacity: %v, want ErrPoolTooLarge", err)
+	}
+}
+
+// A pin directory missing one of its maps (here the reservation slots) is
+// incomplete: Check says so, and Open refuses it with the cleanup hint
+// instead of creating the map empty next to the others, and leaves the
+// directory as it was.
+func TestCheckAndOpenRefuseIncompletePins(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, mkProject(t, root, "app"))
+	l := openLimiter(t, root, pin, 10, 1)
+	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 2 {
+		t.Fatal(r)
+	}
+	l.Close()
+	missing := filepath.Join(pin, "fs_resv_slots")
+	if err := os.Remove(missing); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 10}); err == nil || !strings.Contains(err.Error(), "incomplete") {
+		t.Fatalf("check without fs_resv_slots: %v, want the directory called incomplete", err)
+	}
+	l2, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 10, Floor: 1})
+	if err == nil {
+		l2.Close()
+		t.Fatal("open without fs_resv_slots succeeded")
+	}
+	if !errors.Is(err, ErrPinnedMismatch) || !strings.Contains(err.Error(), "fs_resv_slots") || !strings.Contains(err.Error(), "cleanup") {
+		t.Fatalf("open without fs_resv_slots: %v, want ErrPinnedMismatch naming the map and the cleanup", err)
+	}
+	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("open recreated the missing map: %v", err)
+	}
+}
+
+// Without pins, Check loads and attaches every hook and leaves nothing
+// behind: no pin directory, no cgroup.
+func TestCheckWithoutPins(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := newRoot(t)
+	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("fairshare-check-test-%d", time.Now().UnixNano()))
+	rep, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Pinned || len(rep.Attached) != 7 {
+		t.Fatalf("%+v", rep)
+	}
+	if _, err := os.Stat(pin); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("check created %s: %v", pin, err)
+	}
+	mnt := testutil.Cgroup2Mount(t)
+	left, _ := filepath.Glob(filepath.Join(mnt, "fairshare-check-*"))
+	if len(left) != 0 {
+		t.Errorf("probe cgroups left: %v", left)
+	}
+}
