@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/fairshare-dev/fairshare/loader/limits"
 )
 
 //go:embed default.yaml
@@ -60,10 +62,6 @@ type Config struct {
 	Projects     Projects        `yaml:"projects"`
 }
 
-// MaxExempt is the most cgroups connections.exempt may name (the size of the
-// BPF exempt map, loader.ExemptCap).
-const MaxExempt = 64
-
 // Connections configures the kernel side of the connections pool beyond its
 // size: the exempt class.
 type Connections struct {
@@ -74,17 +72,10 @@ type Connections struct {
 	// the pool's floor.
 	ExemptMax int `yaml:"exempt_max"`
 	// ReservationTTL bounds how long an inbound handshake that has not
-	// completed holds its permit: between MinReservationTTL and
-	// MaxReservationTTL, 0 for the kernel side's default (3s).
+	// completed holds its permit: between limits.MinReservationTTL and
+	// limits.MaxReservationTTL, 0 for the kernel side's default (3s).
 	ReservationTTL time.Duration `yaml:"reservation_ttl"`
 }
-
-// MinReservationTTL and MaxReservationTTL bound connections.reservation_ttl
-// (loader.MinReservationTTL and loader.MaxReservationTTL).
-const (
-	MinReservationTTL = 100 * time.Millisecond
-	MaxReservationTTL = 2 * time.Minute
-)
 
 // Permits configures the local permit API (package permitd) that serves the
 // flights, residents and any extra pool to runtimes on the node.
@@ -359,8 +350,13 @@ func (c *Config) Validate() error {
 			return bad("pools.%s.window must not be negative, got %s", name, p.Window)
 		}
 	}
-	if n := len(c.Connections.Exempt); n > MaxExempt {
-		return bad("connections.exempt names %d cgroups, at most %d", n, MaxExempt)
+	// The kernel side's bounds (package limits), checked here so that a
+	// file the loader would refuse fails now, naming its key.
+	if n := c.Pools[PoolConnections].Size; n > limits.MaxPoolSize {
+		return bad("pools.connections.size must be at most %d (the kernel side's limit), got %d", limits.MaxPoolSize, n)
+	}
+	if n := len(c.Connections.Exempt); n > limits.ExemptCap {
+		return bad("connections.exempt names %d cgroups, at most %d", n, limits.ExemptCap)
 	}
 	for _, e := range c.Connections.Exempt {
 		if strings.TrimSpace(e) == "" {
@@ -374,9 +370,9 @@ func (c *Config) Validate() error {
 	if err := c.checkValues(); err != nil {
 		return bad("%v", err)
 	}
-	if ttl := c.Connections.ReservationTTL; ttl != 0 && (ttl < MinReservationTTL || ttl > MaxReservationTTL) {
+	if ttl := c.Connections.ReservationTTL; ttl != 0 && (ttl < limits.MinReservationTTL || ttl > limits.MaxReservationTTL) {
 		return bad("connections.reservation_ttl must be 0 (the default) or between %s and %s, got %s",
-			MinReservationTTL, MaxReservationTTL, ttl)
+			limits.MinReservationTTL, limits.MaxReservationTTL, ttl)
 	}
 	if err := c.Front.validate(); err != nil {
 		return bad("%v", err)

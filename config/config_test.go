@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/front"
+	"github.com/fairshare-dev/fairshare/loader/limits"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
 )
@@ -205,7 +206,7 @@ func TestConnectionsExempt(t *testing.T) {
 		"connections: {exempt_max: -1}\n",
 		"connections: {exempt_max: 5000}\n", // above the pool's 4096
 		"connections: {exempt: [\"\"]}\n",
-		"connections: {exempt: [" + strings.Repeat("a,", MaxExempt) + "a]}\n",
+		"connections: {exempt: [" + strings.Repeat("a,", limits.ExemptCap) + "a]}\n",
 	} {
 		c := Default()
 		if err := Parse(strings.NewReader(bad), &c); !errors.Is(err, ErrInvalid) {

@@ -5,7 +5,6 @@ package loader
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -14,7 +13,6 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
-	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // CheckReport is what Check found.
@@ -49,23 +47,12 @@ type CheckReport struct {
 // looked at (the daemon applies them when it starts).
 func Check(opts Options) (CheckReport, error) {
 	var rep CheckReport
-	if opts.PoolSize == 0 || opts.PoolSize > MaxPoolSize {
-		return rep, fmt.Errorf("pool size %d not in 1..%d: %w", opts.PoolSize, MaxPoolSize, ErrInvalidOptions)
+	opts, err := opts.normalize()
+	if err != nil {
+		return rep, err
 	}
-	if opts.Floor == 0 {
-		opts.Floor = uint32(pools.DefaultFloor(int(opts.PoolSize)))
-	}
-	if opts.Floor > opts.PoolSize {
-		return rep, fmt.Errorf("floor %d above pool %d: %w", opts.Floor, opts.PoolSize, ErrInvalidOptions)
-	}
-	if !filepath.IsAbs(opts.ProjectsRoot) {
-		return rep, fmt.Errorf("projects root %q is not absolute: %w", opts.ProjectsRoot, ErrInvalidOptions)
-	}
-	if opts.PinDir == "" {
-		opts.PinDir = DefaultPinDir
-	}
-	if os.Geteuid() != 0 {
-		return rep, fmt.Errorf("loading BPF programs needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN): %w", os.ErrPermission)
+	if err := needRoot(); err != nil {
+		return rep, err
 	}
 	mi, err := cgroup.FindMount()
 	if err != nil {
@@ -74,8 +61,7 @@ func Check(opts Options) (CheckReport, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return rep, fmt.Errorf("raising RLIMIT_MEMLOCK: %w", err)
 	}
-	l := &Limiter{root: filepath.Clean(opts.ProjectsRoot), pinDir: opts.PinDir, size: opts.PoolSize,
-		floor: opts.Floor, log: slog.New(slog.DiscardHandler)}
+	l := &Limiter{root: opts.ProjectsRoot, pinDir: opts.PinDir, size: opts.PoolSize, floor: opts.Floor, log: opts.Logger}
 	// A root that does not exist yet is created by Open; its id is needed
 	// only to compare with pins, which then cannot be its own.
 	if st, err := os.Stat(l.root); err == nil && st.IsDir() {

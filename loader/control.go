@@ -91,32 +91,6 @@ func (l *Limiter) checkOpen() error {
 	return nil
 }
 
-// SetPool changes POOL and FLOOR (0 = pools.DefaultFloor). The share is
-// recomputed at once from the current active set.
-func (l *Limiter) SetPool(size, floor uint32) error {
-	if size == 0 || size > MaxPoolSize {
-		return fmt.Errorf("pool size %d not in 1..%d: %w", size, MaxPoolSize, ErrInvalidOptions)
-	}
-	if floor == 0 {
-		floor = uint32(pools.DefaultFloor(int(size)))
-	}
-	if floor > size {
-		return fmt.Errorf("floor %d above pool %d: %w", floor, size, ErrInvalidOptions)
-	}
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return ErrClosed
-	}
-	if size > l.held {
-		l.mu.Unlock()
-		return fmt.Errorf("pool %d, permit map of %d entries: %w", size, l.held, ErrPoolTooLarge)
-	}
-	l.size, l.floor = size, floor
-	l.mu.Unlock()
-	return l.Tick(l.clock.Now())
-}
-
 type projectEntry struct {
 	id  uint64
 	val limiterFsProject

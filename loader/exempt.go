@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/loader/limits"
 )
 
 // SetExempt replaces the exempt set and its budget (max 0 means FLOOR).
@@ -38,8 +40,8 @@ func (l *Limiter) SetExempt(paths []string, max uint32) error {
 	if max == 0 {
 		max = l.floor
 	}
-	if len(paths) > ExemptCap {
-		return fmt.Errorf("%d exempt cgroups, at most %d: %w", len(paths), ExemptCap, ErrBadExempt)
+	if len(paths) > limits.ExemptCap {
+		return fmt.Errorf("%d exempt cgroups, at most %d: %w", len(paths), limits.ExemptCap, ErrBadExempt)
 	}
 	ids := make(map[uint64]string, len(paths))
 	for _, p := range paths {
@@ -53,30 +55,9 @@ func (l *Limiter) SetExempt(paths []string, max uint32) error {
 		}
 		ids[id] = abs
 	}
-	// Add first, then turn on (or change) the budget, then drop the old
-	// entries: a socket sees either set, never a half-written one.
-	one := uint32(1)
-	for id := range ids {
-		if err := l.objs.FsExempt.Put(id, one); err != nil {
-			return fmt.Errorf("writing exempt map: %w", err)
-		}
-	}
-	var cfg limiterFsSettings
-	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("reading config map: %w", err)
-	}
-	// 0 in the map tells the programs the set is empty: they skip the
-	// lookups on every connect.
-	cfg.ExemptMax = 0
-	if len(ids) > 0 {
-		cfg.ExemptMax = max
-	}
-	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("writing config map: %w", err)
-	}
+	var stale []uint64 // entries of the old set (a restart's too) not in the new
 	var id uint64
 	var v uint32
-	var stale []uint64
 	it := l.objs.FsExempt.Iterate()
 	for it.Next(&id, &v) {
 		if _, ok := ids[id]; !ok {
@@ -86,9 +67,38 @@ func (l *Limiter) SetExempt(paths []string, max uint32) error {
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("reading exempt map: %w", err)
 	}
-	for _, id := range stale {
-		if err := l.objs.FsExempt.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("deleting from exempt map: %w", err)
+	// 0 in the map tells the programs the set is empty: they skip the
+	// lookups on every connect.
+	budget := uint32(0)
+	if len(ids) > 0 {
+		budget = max
+	}
+	// Add first, then turn on (or change) the budget, then drop the old
+	// entries: a socket sees either set, never a half-written one. A new
+	// set that does not fit in the map beside the old one is written with
+	// the exemption off meanwhile: for that instant exempt sockets go under
+	// the rule, and still see no mixed set.
+	off := len(ids)+len(stale) > int(l.objs.FsExempt.MaxEntries())
+	if off {
+		if err := l.setExemptMax(0); err != nil {
+			return err
+		}
+		if err := l.deleteExempt(stale); err != nil {
+			return err
+		}
+	}
+	one := uint32(1)
+	for id := range ids {
+		if err := l.objs.FsExempt.Put(id, one); err != nil {
+			return fmt.Errorf("writing exempt map: %w", err)
+		}
+	}
+	if err := l.setExemptMax(budget); err != nil {
+		return err
+	}
+	if !off {
+		if err := l.deleteExempt(stale); err != nil {
+			return err
 		}
 	}
 	l.exemptIDs, l.exemptMax = ids, max
@@ -97,6 +107,29 @@ func (l *Limiter) SetExempt(paths []string, max uint32) error {
 		l.exempt = append(l.exempt, p)
 	}
 	slices.Sort(l.exempt)
+	return nil
+}
+
+// setExemptMax writes the exempt budget into the config map.
+func (l *Limiter) setExemptMax(v uint32) error {
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading config map: %w", err)
+	}
+	cfg.ExemptMax = v
+	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("writing config map: %w", err)
+	}
+	return nil
+}
+
+// deleteExempt deletes ids from the exempt map.
+func (l *Limiter) deleteExempt(ids []uint64) error {
+	for _, id := range ids {
+		if err := l.objs.FsExempt.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting from exempt map: %w", err)
+		}
+	}
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/loader/limits"
 )
 
 // fillNode has a helper in project "bulk" take the whole pool, and checks
@@ -192,7 +193,7 @@ func TestSetExemptValidation(t *testing.T) {
 	l := openLimiter(t, root, pin, 10, 1)
 	mkProject(t, root, "a")
 	outside := t.TempDir()
-	too := make([]string, ExemptCap+1)
+	too := make([]string, limits.ExemptCap+1)
 	for i := range too {
 		too[i] = "a"
 	}
@@ -217,6 +218,17 @@ func TestSetExemptValidation(t *testing.T) {
 	}
 	if s := snap(t, l); len(s.Exempt.Paths) != 1 || s.Exempt.Max != 1 {
 		t.Fatalf("duplicates or default budget: %+v", s.Exempt)
+	}
+	// The map is made to hold limits.ExemptCap: a full set fits.
+	full := make([]string, limits.ExemptCap)
+	for i := range full {
+		full[i] = mkProject(t, filepath.Join(root, "a"), fmt.Sprintf("e%d", i))
+	}
+	if err := l.SetExempt(full, 0); err != nil {
+		t.Fatalf("%d exempt cgroups: %v", len(full), err)
+	}
+	if s := snap(t, l); len(s.Exempt.Paths) != limits.ExemptCap {
+		t.Fatalf("%d exempt paths, want %d", len(s.Exempt.Paths), limits.ExemptCap)
 	}
 }
 

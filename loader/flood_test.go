@@ -16,6 +16,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/loader/limits"
 	"github.com/fairshare-dev/fairshare/sockdiag"
 )
 
@@ -148,7 +149,7 @@ func TestFloodNeverAcceptingListener(t *testing.T) {
 func TestInboundClientGoneGivesBack(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l, _ := openLimiterMono(t, root, pin, 10, 1, MaxReservationTTL)
+	l, _ := openLimiterMono(t, root, pin, 10, 1, limits.MaxReservationTTL)
 	srv := startHelper(t, mkProject(t, root, "srv"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
 	const n = 8
@@ -184,7 +185,7 @@ func TestInboundSynCookies(t *testing.T) {
 		t.Skipf("needs net.ipv4.tcp_syncookies = 1 (%q, %v)", b, err)
 	}
 	root, pin := newRoot(t), newPinDir(t)
-	l, _ := openLimiterMono(t, root, pin, 10, 1, MaxReservationTTL)
+	l, _ := openLimiterMono(t, root, pin, 10, 1, limits.MaxReservationTTL)
 	srv := startHelper(t, mkProject(t, root, "srv"))
 	// backlog 1: the SYN queue takes 2 request sockets, the accept queue 2
 	// children.
@@ -230,7 +231,7 @@ func TestInboundSynCookieRefused(t *testing.T) {
 		t.Skipf("needs net.ipv4.tcp_syncookies = 1 (%q, %v)", b, err)
 	}
 	root, pin := newRoot(t), newPinDir(t)
-	l, _ := openLimiterMono(t, root, pin, 2, 1, MaxReservationTTL)
+	l, _ := openLimiterMono(t, root, pin, 2, 1, limits.MaxReservationTTL)
 	srv := startHelper(t, mkProject(t, root, "srv"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen-backlog 127.0.0.1:0 1")))
 	silence(t, 43100, 43101)
@@ -247,9 +248,9 @@ func TestInboundSynCookieRefused(t *testing.T) {
 }
 
 // The reservation TTL is bounded: Open refuses one outside
-// MinReservationTTL..MaxReservationTTL before touching the kernel.
+// limits.MinReservationTTL..MaxReservationTTL before touching the kernel.
 func TestReservationTTLBounds(t *testing.T) {
-	for _, ttl := range []time.Duration{-time.Second, MinReservationTTL - 1, MaxReservationTTL + 1} {
+	for _, ttl := range []time.Duration{-time.Second, limits.MinReservationTTL - 1, limits.MaxReservationTTL + 1} {
 		_, err := Open(Options{ProjectsRoot: "/sys/fs/cgroup/x", PoolSize: 10, ReservationTTL: ttl})
 		if !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), "reservation TTL") {
 			t.Errorf("TTL %s: %v, want ErrInvalidOptions naming the TTL", ttl, err)

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/loader/limits"
 )
 
 func listenAddr(t testing.TB, reply string) string {
@@ -126,7 +127,7 @@ func TestInboundListenerClosedWithQueuedChildren(t *testing.T) {
 func TestInboundReservationsBoundAndExpire(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	const ttl = MaxReservationTTL
+	const ttl = limits.MaxReservationTTL
 	l, mono := openLimiterMono(t, root, pin, 3, 1, ttl)
 	srv := startHelper(t, mkProject(t, root, "syn"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
@@ -201,7 +202,7 @@ func TestInboundReservationsBoundAndExpire(t *testing.T) {
 func TestInboundReservationsSpill(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	const ttl = MaxReservationTTL
+	const ttl = limits.MaxReservationTTL
 	const pool, first, spill, dials = 400, 200, 100, 50
 	const open = first + spill
 	l, mono := openLimiterMono(t, root, pin, pool, 1, ttl)

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf/btf"
+
+	"github.com/fairshare-dev/fairshare/loader/limits"
 )
 
 // The Go structs used to read and write the maps must match the C structs
@@ -75,7 +77,7 @@ func TestGoCLayoutsAgree(t *testing.T) {
 
 func TestHeldCapacity(t *testing.T) {
 	for _, c := range []struct{ pool, want uint32 }{
-		{1, 1024}, {512, 1024}, {513, 2048}, {5000, 16384}, {MaxPoolSize, 2 * MaxPoolSize},
+		{1, 1024}, {512, 1024}, {513, 2048}, {5000, 16384}, {limits.MaxPoolSize, 2 * limits.MaxPoolSize},
 	} {
 		if got := heldCapacity(c.pool); got != c.want {
 			t.Errorf("heldCapacity(%d) = %d, want %d", c.pool, got, c.want)

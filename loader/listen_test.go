@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/loader/limits"
 )
 
 // portOwned says whether sk_lookup finds port's listener in the port entry
@@ -259,7 +260,7 @@ func TestReuseportListenersRefcounted(t *testing.T) {
 func TestStaleOwnerReservesNothing(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l, _ := openLimiterMono(t, root, pin, 5, 1, MaxReservationTTL)
+	l, _ := openLimiterMono(t, root, pin, 5, 1, limits.MaxReservationTTL)
 	srv := startHelper(t, mkProject(t, root, "gone"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen-backlog 127.0.0.1:0 16")))
 	eventually(t, "owner", func() (bool, string) { return portOwned(t, l, addr.Port()), "no owner" })
@@ -320,7 +321,7 @@ func TestPortCountsSurviveEarlyDecrement(t *testing.T) {
 func TestWildcardScopes(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l, _ := openLimiterMono(t, root, pin, 10, 1, MaxReservationTTL)
+	l, _ := openLimiterMono(t, root, pin, 10, 1, limits.MaxReservationTTL)
 	v6 := startHelper(t, mkProject(t, root, "v6"))
 	port := freePort(t)
 	listenAddr(t, v6.do("listen-backlog [::]:%d 16 v6only", port))

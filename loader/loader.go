@@ -19,38 +19,13 @@ import (
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/clock"
+	"github.com/fairshare-dev/fairshare/loader/limits"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // DefaultPinDir is where the maps and links are pinned when Options.PinDir
 // is empty.
 const DefaultPinDir = "/sys/fs/bpf/fairshare"
-
-// DefaultReservationTTL is how long a permit reserved at an inbound SYN waits
-// for its handshake to finish before Tick gives it back. It covers a client
-// that retransmits its final ACK once or twice; a handshake slower than that
-// is admitted again when it completes.
-//
-// Handshakes the kernel drops (a full accept queue, a SYN cookie whose ACK
-// finds no room, a client that resets) never take a permit or give it back
-// at once; the TTL bounds the rest: a client that vanished without a word, a
-// request socket the kernel timed out, a SYN lost to a race with the queue
-// check. Such a permit is held at most ReservationTTL plus one Tick period.
-const DefaultReservationTTL = 3 * time.Second
-
-// MinReservationTTL and MaxReservationTTL bound Options.ReservationTTL.
-// Below the minimum a handshake across a slow network would lose its permit
-// before it completes (and be admitted again at completion, possibly over
-// its share); above the maximum a reservation would outlive the request
-// socket itself, which the kernel keeps about a minute (tcp_synack_retries
-// = 5: 63 s).
-const (
-	MinReservationTTL = 100 * time.Millisecond
-	MaxReservationTTL = 2 * time.Minute
-)
-
-// MaxPoolSize is the largest POOL.
-const MaxPoolSize = 262144
 
 // heldCapacity sizes the preallocated map of held permits (fs_held) for a
 // pool: room for twice the pool (adopted connections can take in_use past
@@ -86,14 +61,9 @@ var (
 	ErrPoolTooLarge = errors.New("pool larger than the pinned permit map")
 	// ErrBadExempt reports an exempt set SetExempt (or Open) cannot use: a
 	// path that is missing, not a cgroup below the projects root, or more
-	// paths than ExemptCap.
+	// paths than limits.ExemptCap.
 	ErrBadExempt = errors.New("invalid exempt set")
 )
-
-// ExemptCap is the most cgroups the exempt set may name (the size of the
-// fs_exempt map). The set is an operator's list of probe and admin cgroups;
-// its budget, not its length, is what bounds the traffic it lets through.
-const ExemptCap = 64
 
 // Options configures Open.
 type Options struct {
@@ -102,7 +72,8 @@ type Options struct {
 	ProjectsRoot string
 	// PinDir is the bpffs directory for maps and links; default DefaultPinDir.
 	PinDir string
-	// PoolSize is POOL, the node-wide number of connection permits (> 0).
+	// PoolSize is POOL, the node-wide number of connection permits, in
+	// 1..limits.MaxPoolSize.
 	PoolSize uint32
 	// Floor is FLOOR; 0 means pools.DefaultFloor(PoolSize).
 	Floor uint32
@@ -112,7 +83,8 @@ type Options struct {
 	// Window is the active window; 0 means one second.
 	Window time.Duration
 	// ReservationTTL bounds a reservation made at an inbound SYN, within
-	// MinReservationTTL..MaxReservationTTL; 0 means DefaultReservationTTL.
+	// limits.MinReservationTTL..MaxReservationTTL; 0 means
+	// limits.DefaultReservationTTL.
 	ReservationTTL time.Duration
 	// Clock stamps Snapshot.LastSeen; nil is the system clock.
 	Clock clock.Clock
@@ -126,8 +98,8 @@ type Options struct {
 	// it: a project or a cgroup nested in one) whose sockets take exempt
 	// permits instead of pool permits: they are not refused by the rule and
 	// not counted in in_use, up to ExemptMax at a time node-wide. Beyond
-	// that they are treated like any other socket of their project. See
-	// SetExempt.
+	// that they are treated like any other socket of their project. At most
+	// limits.ExemptCap. See SetExempt.
 	Exempt []string
 	// ExemptMax is the exempt budget; 0 means FLOOR.
 	ExemptMax uint32
@@ -149,7 +121,7 @@ type Limiter struct {
 	links   []link.Link
 	netns   uint64
 	reused  bool
-	held    uint32     // entries of fs_slots (a power of two): the largest POOL SetPool accepts
+	held    uint32     // entries of fs_slots (a power of two): the largest POOL they hold
 	adjustM sync.Mutex // serialises BPF_PROG_RUN of fs_adjust (one context buffer)
 
 	mu        sync.Mutex // guards the fields below
@@ -197,51 +169,69 @@ func netnsCookie() (uint64, error) {
 	return v, nil
 }
 
+// normalize checks the options Open and Check share and fills in their
+// defaults.
+func (o Options) normalize() (Options, error) {
+	if o.PoolSize == 0 || o.PoolSize > limits.MaxPoolSize {
+		return o, fmt.Errorf("pool size %d not in 1..%d: %w", o.PoolSize, limits.MaxPoolSize, ErrInvalidOptions)
+	}
+	o.Floor = uint32(pools.EffectiveFloor(int(o.PoolSize), int(o.Floor)))
+	if o.Floor > o.PoolSize {
+		return o, fmt.Errorf("floor %d above pool %d: %w", o.Floor, o.PoolSize, ErrInvalidOptions)
+	}
+	if !filepath.IsAbs(o.ProjectsRoot) {
+		return o, fmt.Errorf("projects root %q is not absolute: %w", o.ProjectsRoot, ErrInvalidOptions)
+	}
+	o.ProjectsRoot = filepath.Clean(o.ProjectsRoot)
+	if o.PinDir == "" {
+		o.PinDir = DefaultPinDir
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Window <= 0 {
+		o.Window = pools.DefaultWindow
+	}
+	if o.ReservationTTL == 0 {
+		o.ReservationTTL = limits.DefaultReservationTTL
+	}
+	if o.ReservationTTL < limits.MinReservationTTL || o.ReservationTTL > limits.MaxReservationTTL {
+		return o, fmt.Errorf("reservation TTL %s not in %s..%s: %w", o.ReservationTTL,
+			limits.MinReservationTTL, limits.MaxReservationTTL, ErrInvalidOptions)
+	}
+	o.Clock = clock.Or(o.Clock)
+	return o, nil
+}
+
+// needRoot says why the process cannot load BPF programs, if it cannot.
+func needRoot() error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("loading BPF programs needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN): %w", os.ErrPermission)
+	}
+	return nil
+}
+
 // Open loads the programs (or reuses the ones pinned in PinDir by an earlier
 // run), attaches them to ProjectsRoot and the current network namespace, and
 // reconciles the maps with the kernel's socket table once.
 func Open(opts Options) (*Limiter, error) {
-	if opts.PoolSize == 0 || opts.PoolSize > MaxPoolSize {
-		return nil, fmt.Errorf("pool size %d not in 1..%d: %w", opts.PoolSize, MaxPoolSize, ErrInvalidOptions)
-	}
-	if opts.Floor == 0 {
-		opts.Floor = uint32(pools.DefaultFloor(int(opts.PoolSize)))
-	}
-	if opts.Floor > opts.PoolSize {
-		return nil, fmt.Errorf("floor %d above pool %d: %w", opts.Floor, opts.PoolSize, ErrInvalidOptions)
-	}
-	if !filepath.IsAbs(opts.ProjectsRoot) {
-		return nil, fmt.Errorf("projects root %q is not absolute: %w", opts.ProjectsRoot, ErrInvalidOptions)
-	}
-	if opts.PinDir == "" {
-		opts.PinDir = DefaultPinDir
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opts.Window <= 0 {
-		opts.Window = pools.DefaultWindow
-	}
-	if opts.ReservationTTL == 0 {
-		opts.ReservationTTL = DefaultReservationTTL
-	}
-	if opts.ReservationTTL < MinReservationTTL || opts.ReservationTTL > MaxReservationTTL {
-		return nil, fmt.Errorf("reservation TTL %s not in %s..%s: %w", opts.ReservationTTL,
-			MinReservationTTL, MaxReservationTTL, ErrInvalidOptions)
+	opts, err := opts.normalize()
+	if err != nil {
+		return nil, err
 	}
 	mono := monoNow
 	if f := opts.Monotonic; f != nil {
 		mono = func() uint64 { return uint64(f()) }
 	}
-	if os.Geteuid() != 0 {
-		return nil, fmt.Errorf("loading BPF programs needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN): %w", os.ErrPermission)
+	if err := needRoot(); err != nil {
+		return nil, err
 	}
 
 	mnt, err := cgroup.FindMount()
 	if err != nil {
 		return nil, err
 	}
-	root := filepath.Clean(opts.ProjectsRoot)
+	root := opts.ProjectsRoot
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("creating projects root: %w", err)
 	}
@@ -269,7 +259,7 @@ func Open(opts Options) (*Limiter, error) {
 
 	l := &Limiter{
 		root: root, rootID: rootID, level: level, pinDir: opts.PinDir,
-		log: opts.Logger, window: opts.Window, ttl: opts.ReservationTTL, clock: clock.Or(opts.Clock), mono: mono,
+		log: opts.Logger, window: opts.Window, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
 		netns: cookie, size: opts.PoolSize, floor: opts.Floor,
 	}
 	if err := l.load(); err != nil {
@@ -299,7 +289,8 @@ func Open(opts Options) (*Limiter, error) {
 }
 
 // spec is the embedded collection set up for this limiter: the root's level
-// and id, and the permit tables sized for POOL, or as the pinned ones are.
+// and id, the exempt set's size, and the permit tables sized for POOL, or as
+// the pinned ones are.
 func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	spec, err := loadLimiter()
 	if err != nil {
@@ -319,6 +310,7 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	if l.size > l.held {
 		return nil, fmt.Errorf("pool %d, permit map of %d entries in %s: %w", l.size, l.held, l.pinDir, ErrPoolTooLarge)
 	}
+	spec.Maps["fs_exempt"].MaxEntries = limits.ExemptCap
 	spec.Maps["fs_slots"].MaxEntries = l.held
 	spec.Maps["fs_held"].MaxEntries = l.held
 	if err := spec.Variables["slot_mask"].Set(uint64(l.held - 1)); err != nil {

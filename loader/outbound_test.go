@@ -213,9 +213,11 @@ func TestNestedCgroupAndMPTCP(t *testing.T) {
 	waitInUse(t, l, 0, map[string]int{"nest": 0})
 }
 
-// SetPool takes effect at once; Cleanup detaches: nothing is counted or
-// refused afterwards, and the pin directory is gone.
-func TestSetPoolAndCleanup(t *testing.T) {
+// A restart with another pool size applies it at once, over the pinned
+// counts; a size of 0, or one beyond the permit map the pins were made with,
+// is refused. Cleanup detaches: nothing is counted or refused afterwards,
+// and the pin directory is gone.
+func TestPoolSizeAndCleanup(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 100})
@@ -224,18 +226,19 @@ func TestSetPoolAndCleanup(t *testing.T) {
 	}
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	h := startHelper(t, mkProject(t, root, "sp"))
-	if err := l.SetPool(3, 1); err != nil {
+	l.Close()
+	if l, err = Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 3, Floor: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if r := h.dial("tcp4", ln.Addr().String(), 4); r.ok != 3 || r.refused != 1 {
 		t.Fatalf("pool 3: %+v", r)
 	}
-	if err := l.SetPool(0, 0); err == nil {
-		t.Fatal("SetPool(0) accepted")
+	if _, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 0}); !errors.Is(err, ErrInvalidOptions) {
+		t.Fatalf("pool 0: %v, want ErrInvalidOptions", err)
 	}
 	// Pool 100 sized the permit map at 1024 entries.
-	if err := l.SetPool(5000, 0); !errors.Is(err, ErrPoolTooLarge) {
-		t.Fatalf("SetPool beyond the permit map: %v", err)
+	if _, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 5000}); !errors.Is(err, ErrPoolTooLarge) {
+		t.Fatalf("pool beyond the permit map: %v, want ErrPoolTooLarge", err)
 	}
 	h.do("close")
 	l.Close()

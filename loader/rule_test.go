@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/loader/limits"
 )
 
 // A newcomer shrinks the share at its first connect, as in package pools,
@@ -16,7 +17,7 @@ import (
 func TestNewcomerShrinksShareWithoutTick(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l, mono := openLimiterMono(t, root, pin, 10, 2, MaxReservationTTL)
+	l, mono := openLimiterMono(t, root, pin, 10, 2, limits.MaxReservationTTL)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	big := startHelper(t, mkProject(t, root, "big"))
 	small := startHelper(t, mkProject(t, root, "small"))
@@ -63,7 +64,7 @@ func TestNewcomerShrinksShareWithoutTick(t *testing.T) {
 func TestActiveCountedOncePerWindow(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l, _ := openLimiterMono(t, root, pin, 100, 1, MaxReservationTTL)
+	l, _ := openLimiterMono(t, root, pin, 100, 1, limits.MaxReservationTTL)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	var hs []*helper
 	for i := range 4 {

@@ -4,22 +4,20 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/fairshare-dev/fairshare/loader"
+	"github.com/fairshare-dev/fairshare/loader/limits"
 )
 
 // connections.reservation_ttl: the shipped default is the loader's, its
 // bounds are the loader's, and a value outside them is refused naming the key.
 func TestReservationTTL(t *testing.T) {
 	c := Default()
-	if c.Connections.ReservationTTL != loader.DefaultReservationTTL {
-		t.Errorf("default reservation_ttl %s, loader's default %s", c.Connections.ReservationTTL, loader.DefaultReservationTTL)
-	}
-	if MinReservationTTL != loader.MinReservationTTL || MaxReservationTTL != loader.MaxReservationTTL {
-		t.Errorf("bounds %s..%s, loader's %s..%s", MinReservationTTL, MaxReservationTTL, loader.MinReservationTTL, loader.MaxReservationTTL)
+	if c.Connections.ReservationTTL != limits.DefaultReservationTTL {
+		t.Errorf("default reservation_ttl %s, loader's default %s", c.Connections.ReservationTTL, limits.DefaultReservationTTL)
 	}
 	for _, good := range []string{"0s", "100ms", "2m"} {
 		c := Default()
@@ -36,6 +34,25 @@ func TestReservationTTL(t *testing.T) {
 		err := Parse(strings.NewReader("connections: {reservation_ttl: "+bad+"}\n"), &c)
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "connections.reservation_ttl") {
 			t.Errorf("%s: %v, want ErrInvalid naming connections.reservation_ttl", bad, err)
+		}
+	}
+}
+
+// pools.connections.size is checked against the loader's limit when the
+// file is read, not when the loader opens: a size the loader would refuse
+// is refused here, naming the key.
+func TestConnectionsPoolLimit(t *testing.T) {
+	for _, c := range []struct {
+		size int
+		ok   bool
+	}{{limits.MaxPoolSize, true}, {limits.MaxPoolSize + 1, false}} {
+		cfg := Default()
+		err := Parse(strings.NewReader(fmt.Sprintf("pools: {connections: {size: %d}}\n", c.size)), &cfg)
+		if c.ok && err != nil {
+			t.Errorf("size %d: %v", c.size, err)
+		}
+		if !c.ok && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "pools.connections.size")) {
+			t.Errorf("size %d: %v, want ErrInvalid naming pools.connections.size", c.size, err)
 		}
 	}
 }
