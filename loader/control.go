@@ -390,7 +390,7 @@ func (l *Limiter) reservationsByProject() (map[uint64]int, error) {
 }
 
 // kindExemptOut is the first of the exempt kinds of fs_sock and fs_resv
-// (KIND_EXEMPT_OUT in bpf/limiter.c).
+// (KIND_EXEMPT_OUT in bpf/lib/types.h).
 const kindExemptOut = 4
 
 func isExemptKind(k uint32) bool { return k >= kindExemptOut }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package loader loads the fairshare BPF programs (bpf/limiter.c), attaches
-// them to the projects' cgroup v2 root and to the network namespace, pins
-// them under bpffs and reads and steers their maps.
+// Package loader loads the fairshare BPF programs (bpf/limiter.c and its
+// headers in bpf/lib), attaches them to the projects' cgroup v2 root and to
+// the network namespace, pins them under bpffs and reads and steers their
+// maps.
 //
 // # Who is counted
 //
@@ -47,14 +48,14 @@
 // # The exempt class
 //
 // Operator and probe traffic must get through a full node. Options.Exempt
-// (or SetExempt) names up to ExemptCap cgroups below the root: whole
+// (or SetExempt) names up to limits.ExemptCap cgroups below the root: whole
 // projects, or cgroups nested in one (a project's "probes" cgroup). A socket
 // whose own cgroup or whose project is in the set takes its permit from a
 // separate exempt budget (Options.ExemptMax, default FLOOR) instead of the
 // pool: it is not refused by the rule and counted neither in the pool's nor
 // in its project's in_use, outbound (the task's cgroup at connect) and
-// inbound (the listener's cgroup at the SYN). The budget is taken with the
-// same fetch-add and roll-back as the pool, so at most ExemptMax exempt
+// inbound (the listener's cgroup at the SYN). The budget is taken with a
+// fetch-add, rolled back when it went over, so at most ExemptMax exempt
 // permits are held at any instant; an exempt socket that finds it spent is
 // handled like any other socket of its project, under the rule. Hence the
 // bound: the connections of all projects together never exceed

@@ -627,7 +627,7 @@ func silence(t testing.TB, lo, hi uint16) {
 }
 
 // resvSlot is the slot of fs_resv_slots the programs give tuple k
-// (resv_slot in bpf/limiter.c).
+// (resv_slot in bpf/lib/resv.h).
 func resvSlot(k limiterFsResvKey) uint32 {
 	return uint32(resvHash(k) >> 56)
 }
@@ -637,7 +637,7 @@ func resvTag(k limiterFsResvKey) uint64 {
 	return (resvHash(k) | 1) &^ slotBusy
 }
 
-// resvHash is resv_hash in bpf/limiter.c.
+// resvHash is resv_hash in bpf/lib/resv.h.
 func resvHash(k limiterFsResvKey) uint64 {
 	var b [32]byte
 	copy(b[:16], k.Laddr[:])
@@ -649,9 +649,6 @@ func resvHash(k limiterFsResvKey) uint64 {
 	f ^= uint64(k.Lport)<<16 | uint64(k.Rport)<<40
 	return f * 0x9e3779b97f4a7c15
 }
-
-// resvSlots is RESV_SLOTS in bpf/limiter.c.
-const resvSlots = 256
 
 // loopKey is the reservation key of a connection from 127.0.0.1:rport to
 // 127.0.0.1:lport.
@@ -679,10 +676,21 @@ func (l *Limiter) selftest(a limiterFsSelftestArgs) (int64, error) {
 	return res.Result, nil
 }
 
-// Steps of fs_selftest (enum selftest_op in bpf/limiter.c).
+// Steps of fs_selftest (enum selftest_op in bpf/lib/types.h).
 const (
 	stResvSpill  = 1
 	stPortChange = 2
+	stTake       = 3
+)
+
+// Places and outcomes of take_permit (bpf/lib/rule.h).
+const (
+	atSyn   = 2
+	atChild = 3
+
+	refused  = 0
+	taken    = 1
+	notTaken = 2
 )
 
 // freePort returns a TCP port that 0.0.0.0 and [::] can both be bound to now,

@@ -126,6 +126,8 @@ type limiterFsSelftestArgs struct {
 	Key    limiterFsResvKey
 	_      [4]byte
 	Lkey   limiterFsListenKey
+	Cookie uint64
+	Cg     uint64
 }
 
 type limiterFsSettings struct {

@@ -434,7 +434,7 @@ func TestOwnerCheckedAgainstSocket(t *testing.T) {
 	}
 }
 
-// ownerCheck is owner_check in bpf/limiter.c.
+// ownerCheck is owner_check in bpf/lib/listen.h.
 func ownerCheck(sk, cookie, id, cg uint64) uint64 {
 	h := (sk ^ 0x5bd1e9955bd1e995) * 0x9e3779b97f4a7c15
 	h = (h ^ (h >> 29) ^ cookie) * 0xbf58476d1ce4e5b9

@@ -53,7 +53,8 @@ type ReconcileReport struct {
 	StaleListeners int
 }
 
-// slotBusy marks a slot of fs_slots being filled (SLOT_BUSY in the C).
+// slotBusy marks a slot of fs_slots or fs_resv_slots being filled (SLOT_BUSY
+// in bpf/lib/types.h).
 const slotBusy = 1 << 63
 
 // sockRecordSize is sizeof(struct fs_sock_record), checked by a test.

@@ -11,6 +11,91 @@ import (
 	"github.com/fairshare-dev/fairshare/loader/limits"
 )
 
+// take_permit (bpf/lib/rule.h), run on its own in the kernel (fs_selftest)
+// for a handshake (AT_SYN) and a child admitted late (AT_CHILD), from the
+// pool and from the exempt budget. A permit taken is recorded and counted
+// once. Taking again for a holder that has its permit takes nothing: the
+// permit just taken goes back without a release counted (the node never
+// counted it admitted; the project's admitted, bumped at the admission,
+// did), and with the pool full it is no refusal. A refusal is counted where
+// the rule says: refused_in at the SYN, unaccounted for a child.
+func TestTakePermit(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, at := range []int32{atSyn, atChild} {
+		t.Run(map[int32]string{atSyn: "syn", atChild: "child"}[at], func(t *testing.T) {
+			root, pin := newRoot(t), newPinDir(t)
+			l := openLimiter(t, root, pin, 2, 1)
+			mkProject(t, root, "ex")
+			if err := l.SetExempt([]string{"ex"}, 1); err != nil {
+				t.Fatal(err)
+			}
+			var ex uint64
+			for id := range l.exemptIDs {
+				ex = id
+			}
+			const proj = 1<<40 + 7 // any id: take_permit makes the project's entry
+			take := func(project uint64, holder uint16) int64 {
+				t.Helper()
+				res, err := l.selftest(limiterFsSelftestArgs{Op: stTake, Delta: at,
+					Resv: limiterFsResv{Project: project}, Key: loopKey(9000, holder), Cookie: 1<<50 + uint64(holder), Cg: project})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			for i, s := range []struct {
+				project uint64
+				holder  uint16
+				want    int64
+			}{
+				{proj, 1, taken}, {proj, 1, notTaken}, {proj, 2, taken},
+				{proj, 3, refused}, {proj, 1, notTaken}, // the pool is full
+				{ex, 4, taken}, {ex, 4, notTaken},
+			} {
+				if got := take(s.project, s.holder); got != s.want {
+					t.Fatalf("step %d (project %d, holder %d): %d, want %d; %+v", i, s.project, s.holder, got, s.want, snap(t, l))
+				}
+			}
+			s := snap(t, l)
+			var p ProjectCounters
+			for _, pc := range s.Projects {
+				if pc.CgroupID == proj {
+					p = pc
+				}
+			}
+			e := s.Events
+			refusedAt := map[int32]uint64{atSyn: e.RefusedIn, atChild: e.Unaccounted}[at]
+			if s.InUse != 2 || p.InUse != 2 || p.Admitted != 3 || p.Refused != 1 || e.AdmittedIn != 2 || refusedAt != 1 ||
+				e.Released != 0 || s.Exempt.InUse != 1 || e.ExemptAdmitted != 1 || e.ExemptReleased != 0 || e.MapFull != 0 {
+				t.Fatalf("after the takes: %+v", s)
+			}
+			// Give the permits back through the programs' own paths.
+			if at == atSyn {
+				var ends []limiterFsAdjustArgs
+				if err := l.readResv(func(k limiterFsResvKey, v limiterFsResv) {
+					ends = append(ends, limiterFsAdjustArgs{Op: opExpire, Key: k, SinceNs: v.SinceNs})
+				}); err != nil {
+					t.Fatal(err)
+				}
+				for _, a := range ends {
+					if _, err := l.adjust(a); err != nil {
+						t.Fatal(err)
+					}
+				}
+			} else {
+				for _, h := range []uint64{1, 2, 4} {
+					if _, err := l.adjust(limiterFsAdjustArgs{Op: opDrop, Project: 1<<50 + h}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if s := snap(t, l); s.InUse != 0 || s.Exempt.InUse != 0 || s.Events.Released != 2 || s.Events.ExemptReleased != 1 {
+				t.Fatalf("after the releases: %+v", s)
+			}
+		})
+	}
+}
+
 // A newcomer shrinks the share at its first connect, as in package pools,
 // without waiting for a Tick: the incumbent, now over its share, is held to
 // POOL - FLOOR at once. Tick later takes out a project that left the window.

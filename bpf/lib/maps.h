@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Every map of the limiter. All are pinned by name in the loader's pin
+ * directory, so that a restart keeps counting: their sizes and value types
+ * (types.h) are the pinned format. The maps sized by the loader say so;
+ * their max_entries here is a placeholder.
+ */
+#pragma once
+
+#include "types.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* one node */
+	__type(key, __u32);
+	__type(value, struct fs_settings);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* one node */
+	__type(key, __u32);
+	__type(value, struct fs_pool);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_node SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1); /* one node */
+	__type(key, __u32);
+	__type(value, struct fs_counters);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096); /* projects on one node; beyond it, connects are not counted */
+	__type(key, __u64);
+	__type(value, struct fs_project);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_projects SEC(".maps");
+
+/*
+ * The exempt set (rule.h): cgroup ids (a project, or a cgroup nested in one)
+ * whose sockets take exempt permits instead of pool permits. An operator's
+ * short list, not a tenant mechanism.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1); /* set at load: limits.ExemptCap (package loader/limits) */
+	__type(key, __u64);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_exempt SEC(".maps");
+
+/* Held permits by socket cookie (held.h): the slots, then the spill table. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024); /* set at load: 2 x POOL rounded up to a power of two (loader.heldCapacity) */
+	__type(key, __u32);
+	__type(value, struct fs_slot);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024); /* set at load: as fs_slots */
+	__type(key, __u64);
+	__type(value, struct fs_sock);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_held SEC(".maps");
+
+/* Reservations by 4-tuple (resv.h): the slots, then the spill table. */
+#define RESV_SLOTS 256 /* 2^8: the top 8 bits of resv_hash pick the slot */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RESV_SLOTS);
+	__type(key, __u32);
+	__type(value, struct fs_resv_slot);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_resv_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024); /* set at load like fs_held: reservations hold permits, so at most POOL plus races */
+	__type(key, struct fs_resv_key);
+	__type(value, struct fs_resv);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_reservations SEC(".maps");
+
+/* Listening addresses of the projects (listen.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384); /* listening addresses of all projects */
+	__type(key, struct fs_listen_key);
+	__type(value, struct fs_listener);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_listeners SEC(".maps");
+
+/*
+ * Listening sockets counted in the refs of fs_listeners, by cookie (the value
+ * is the address they are counted under).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384); /* as fs_listeners */
+	__type(key, __u64);
+	__type(value, struct fs_listen_key);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_listen_socks SEC(".maps");
+
+/* Project listening addresses per local port, and the port's owner. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536); /* one slot per TCP port */
+	__type(key, __u32);
+	__type(value, struct fs_port);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_ports SEC(".maps");
+
+static __always_inline struct fs_settings *settings(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&fs_config, &zero);
+}
+
+static __always_inline struct fs_pool *node(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&fs_node, &zero);
+}
+
+static __always_inline struct fs_counters *counters(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&fs_stats, &zero);
+}
+
+#define COUNT(field)                                  \
+	do {                                          \
+		struct fs_counters *c__ = counters();    \
+		if (c__)                              \
+			c__->field++;                 \
+	} while (0)

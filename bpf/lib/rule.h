@@ -1,0 +1,370 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The rule (pools/doc.go) and the permits it hands out: admission under
+ * POOL and FLOOR with share = max(FLOOR, POOL / active), the exempt budget,
+ * and take_permit, the one sequence every admission path runs (take a
+ * permit, record it, undo it if it cannot be recorded). The end of a
+ * permit's life is here too: give_back, and end_held and end_resv, which end
+ * a table entry and give its permit back to the budget it came from.
+ */
+#pragma once
+
+#include "project.h"
+#include "addr.h"
+#include "held.h"
+#include "resv.h"
+
+/*
+ * seen stamps the project's ask and, when this ask brings it into the active
+ * window (never seen, or last seen a window ago while holding nothing), adds
+ * it to the node's active count. It stamps only asks made while holding
+ * nothing. The stamp is swapped in with a compare-and-swap, so of several
+ * CPUs asking for the same newcomer at once only one counts it. A project
+ * Tick already counted and that ages out before the next Tick is counted
+ * twice until then: the error only shrinks the share, the safe direction. A
+ * stamp ahead of now (the coarse clock lags the precise one by up to a tick)
+ * is recent, not a window old.
+ */
+static __always_inline void seen(struct fs_settings *cfg, struct fs_pool *n, struct fs_project *p, bool fine)
+{
+	/* A project that holds permits is active whatever its stamp, and the
+	 * release of its last one stamps it (unadmit): no clock read, no
+	 * store, on the common path. */
+	if (*(volatile __s64 *)&p->in_use > 0)
+		return;
+	__u64 now = now_ns(fine);
+	__u64 last = p->last_seen_ns;
+	__u64 window = cfg->window_ns;
+	if (window && p->in_use <= 0 && (last == 0 || (now > last && now - last >= window))) {
+		if (__sync_val_compare_and_swap(&p->last_seen_ns, last, now) == last)
+			__sync_fetch_and_add(&n->active, 1);
+		return;
+	}
+	p->last_seen_ns = now;
+}
+
+/*
+ * under_share says whether a project holding held permits holds less than
+ * its share, max(FLOOR, POOL / active) (POOL while at most one project is
+ * active). held < POOL / active (integer division) is (held + 1) * active <=
+ * POOL: a multiplication where the division took some 40 cycles.
+ */
+static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool *n, __s64 held)
+{
+	__s64 active = n->active;
+	__s64 pool = cfg->pool;
+	if (held < (__s64)cfg->floor)
+		return true;
+	if (active <= 1)
+		return held < pool;
+	return (held + 1) * active <= pool;
+}
+
+/* limit_for is the in_use the rule lets project p take a permit under. */
+static __always_inline __s64 limit_for(struct fs_settings *cfg, struct fs_pool *n, struct fs_project *p)
+{
+	if (under_share(cfg, n, *(volatile __s64 *)&p->in_use))
+		return cfg->pool;
+	return cfg->floor < cfg->pool ? cfg->pool - cfg->floor : 0;
+}
+
+#define ADMIT_TRIES 8 /* compare-and-swap attempts on the node counter */
+
+/*
+ * admit applies the rule to project entry p (NULL: the project map is full)
+ * and, if it admits, takes the permit on the node's and the project's
+ * in_use and counts it in the project's admitted. Returns 1 admitted, 0
+ * refused, -1 not counted (no config, or no entry: counted as map_full).
+ * The project's admitted is bumped here, on the line the admission holds
+ * already, even for a permit take_permit then undoes (a race only): bumped
+ * after the record instead, its locked add waited for the record's stores
+ * to the slot and cost connect4 ~25 ns (loopback benchmark, medians of 6).
+ */
+static __always_inline int admit(struct fs_project *p, bool fine)
+{
+	struct fs_settings *cfg = settings();
+	struct fs_pool *n = node();
+	if (!cfg || !n)
+		return -1;
+	if (!p) {
+		COUNT(map_full);
+		return -1;
+	}
+	seen(cfg, n, p, fine);
+
+	__s64 lim = limit_for(cfg, n, p);
+	/*
+	 * Compare-and-swap, not fetch-add and roll back: in_use only ever
+	 * moves to a value the rule allows, so a reader (Snapshot, metrics)
+	 * never sees it above POOL, not even for an instant. Losing the race
+	 * ADMIT_TRIES times in a row (only under heavy contention on the one
+	 * counter) refuses: a spurious refusal, never an overshoot.
+	 */
+	bool ok = false;
+#pragma unroll
+	for (int i = 0; i < ADMIT_TRIES; i++) {
+		__s64 used = *(volatile __s64 *)&n->in_use;
+		if (used >= lim)
+			break;
+		if (__sync_val_compare_and_swap(&n->in_use, used, used + 1) == used) {
+			ok = true;
+			break;
+		}
+	}
+	if (!ok)
+		return 0;
+	__sync_fetch_and_add(&p->in_use, 1);
+	__sync_fetch_and_add(&p->admitted, 1);
+	return 1;
+}
+
+/*
+ * would_admit applies the rule without taking a permit: for a SYN the kernel
+ * will answer with a SYN cookie (no request socket, nothing to reserve for)
+ * and a cookie's ACK, whose child takes its permit when it is established.
+ */
+static __always_inline int would_admit(struct fs_project *p, bool fine)
+{
+	struct fs_settings *cfg = settings();
+	struct fs_pool *n = node();
+	if (!cfg || !n || !p)
+		return -1;
+	seen(cfg, n, p, fine);
+	if (*(volatile __s64 *)&n->in_use < limit_for(cfg, n, p))
+		return 1;
+	__sync_fetch_and_add(&p->refused, 1);
+	return 0;
+}
+
+/*
+ * unadmit gives a pool permit back to the node's in_use and to project
+ * entry p's (NULL: gone). Holding counts as asking: the project stays
+ * active a window after it lets go of its last permit.
+ */
+static __always_inline void unadmit(struct fs_project *p, bool fine)
+{
+	struct fs_pool *n = node();
+	if (n)
+		__sync_fetch_and_add(&n->in_use, -1);
+	if (p && __sync_fetch_and_add(&p->in_use, -1) <= 1)
+		p->last_seen_ns = now_ns(fine);
+}
+
+/* release gives back a pool permit of project id that was held. */
+static __always_inline void release(__u64 id, bool fine)
+{
+	unadmit(bpf_map_lookup_elem(&fs_projects, &id), fine);
+	COUNT(released);
+}
+
+/* force takes a permit without the rule: the connection already exists. */
+static __always_inline void force(__u64 id, bool fine)
+{
+	struct fs_settings *cfg = settings();
+	struct fs_pool *n = node();
+	struct fs_project *p = project_get(id);
+	if (!n)
+		return;
+	if (p && cfg)
+		seen(cfg, n, p, fine);
+	__sync_fetch_and_add(&n->in_use, 1);
+	if (p)
+		__sync_fetch_and_add(&p->in_use, 1);
+}
+
+/* exempt_listed says whether cgroup cg or project id is in the exempt set. */
+static __always_inline bool exempt_listed(__u64 cg, __u64 id)
+{
+	return bpf_map_lookup_elem(&fs_exempt, &id) || (cg != id && bpf_map_lookup_elem(&fs_exempt, &cg));
+}
+
+/*
+ * exempt_take takes an exempt permit for a socket of cgroup cg (with task:
+ * the calling task's cgroup, asked for only once the set is known to be
+ * non-empty) in project id if either is in the exempt set and the budget has
+ * room. Over the budget it returns false and the socket is treated like any
+ * other of its project: the exempt set can add at most exempt_max
+ * connections to the POOL the rule bounds. The budget is taken with a
+ * fetch-add, rolled back when it went over: the exempt permits held never
+ * exceed exempt_max, though the counter may for the instant between a
+ * losing add and its roll-back (the pool's in_use, which readers compare
+ * with POOL, is taken with a compare-and-swap so that it never does).
+ */
+static __always_inline bool exempt_take(bool task, __u64 cg, __u64 id)
+{
+	struct fs_settings *cfg = settings();
+	struct fs_pool *n = node();
+	/* exempt_max is 0 while the set is empty: no lookup on the common path. */
+	if (!cfg || !n || !cfg->exempt_max)
+		return false;
+	if (task)
+		cg = bpf_get_current_cgroup_id();
+	if (!exempt_listed(cg, id))
+		return false;
+	__s64 used = __sync_fetch_and_add(&n->exempt_in_use, 1);
+	if (used >= cfg->exempt_max) {
+		__sync_fetch_and_add(&n->exempt_in_use, -1);
+		COUNT(exempt_over);
+		return false;
+	}
+	return true;
+}
+
+/* exempt_undo gives an exempt permit back without counting a release. */
+static __always_inline void exempt_undo(void)
+{
+	struct fs_pool *n = node();
+	if (n)
+		__sync_fetch_and_add(&n->exempt_in_use, -1);
+}
+
+/* give_back releases a held permit or a reservation of either budget. */
+static __always_inline void give_back(__u64 id, __u32 kind, bool fine)
+{
+	if (KIND_IS_EXEMPT(kind)) {
+		exempt_undo();
+		COUNT(exempt_released);
+		return;
+	}
+	release(id, fine);
+}
+
+/* Where take_permit takes a permit: where it is recorded, what is counted. */
+#define AT_CONNECT 1 /* connect(): held by the socket; admitted_out, refused_out */
+#define AT_SYN 2     /* an inbound SYN: reserved for its 4-tuple; admitted_in, refused_in */
+#define AT_CHILD 3   /* a child at ESTABLISHED without a reservation: held by it;
+		      * admitted_in, and unaccounted when refused (it exists already) */
+
+/* Who a permit is for: a socket or a handshake. */
+struct holder {
+	__u64 cookie;           /* AT_CONNECT, AT_CHILD: the socket's cookie */
+	struct sock *sk;        /* AT_CONNECT, AT_CHILD: the socket (its netns is
+				 * read only once the permit is taken), or NULL */
+	struct fs_resv_key *rk; /* AT_SYN: the handshake's 4-tuple */
+};
+
+/* Outcomes of take_permit. */
+#define REFUSED 0   /* the rule refused: nothing is held */
+#define TAKEN 1     /* a permit is taken and recorded */
+#define NOT_TAKEN 2 /* nothing taken and no refusal: the holder has its permit
+		     * already, or a table is full (uncounted; map_full) */
+
+/*
+ * record keeps a permit of project id and kind for h, as a reservation at
+ * AT_SYN (stamped with now_ns(fine)), else in the held-permit table: 0,
+ * -EEXIST if h has one already, another error if the table is full (counted
+ * as map_full).
+ */
+static __always_inline long record(int at, bool fine, struct holder *h, __u64 id, __u32 kind)
+{
+	long err;
+	if (at == AT_SYN) {
+		struct fs_resv r = {.project = id, .since_ns = now_ns(fine), .kind = kind};
+		err = resv_put(h->rk, &r);
+	} else {
+		struct fs_sock v = {.project = id, .netns = h->sk ? sock_netns(h->sk) : 0, .kind = kind};
+		err = hold(h->cookie, &v);
+	}
+	if (err && err != -EEXIST)
+		COUNT(map_full);
+	return err;
+}
+
+/* recorded says whether h has a permit recorded already. */
+static __always_inline bool recorded(int at, struct holder *h)
+{
+	return at == AT_SYN ? resv_find(h->rk) : held_find(h->cookie, false) != NULL;
+}
+
+/*
+ * take_permit is every admission: a permit for h, of project id (its entry
+ * p, or NULL to look it up and create it) and of cgroup cg (at AT_CONNECT
+ * the calling task's, read only when the exempt set is not empty), taken at
+ * at, with the clock now_ns(fine) (both constants at every call: the code
+ * of the other places and clock is compiled out).
+ *
+ *   take    from the exempt budget if cg or id is exempt and the budget has
+ *           room, else under the rule (admit);
+ *   record  it for h (record);
+ *   undo    it if it cannot be recorded: h has a permit already (connect()
+ *           again while connecting, a retransmitted SYN, a child adopted by
+ *           the reconcile dump), or the table is full.
+ *
+ * TAKEN counts admitted_out (AT_CONNECT) or admitted_in, or exempt_admitted
+ * for an exempt permit. REFUSED counts refused_out, refused_in or
+ * unaccounted (AT_CHILD), and the project's refused; a holder that has its
+ * permit already is NOT_TAKEN, not refused. An undone permit goes back
+ * without a release counted: the node never counted it admitted (the
+ * project's admitted did, see admit).
+ */
+static __always_inline int take_permit(int at, bool fine, struct holder *h, __u64 id, struct fs_project *p, __u64 cg)
+{
+	bool ex = exempt_take(at == AT_CONNECT, cg, id);
+	if (!ex) {
+		if (!p)
+			p = project_get(id);
+		int a = admit(p, fine);
+		if (a < 0)
+			return NOT_TAKEN;
+		if (a == 0) {
+			/* Looked up only here, on the refusal path: on the
+			 * common path record finds it (EEXIST). */
+			if (recorded(at, h))
+				return NOT_TAKEN;
+			__sync_fetch_and_add(&p->refused, 1);
+			if (at == AT_CONNECT)
+				COUNT(refused_out);
+			else if (at == AT_SYN)
+				COUNT(refused_in);
+			else
+				COUNT(unaccounted);
+			return REFUSED;
+		}
+	}
+	__u32 kind = at == AT_CONNECT ? (ex ? KIND_EXEMPT_OUT : KIND_OUT) : (ex ? KIND_EXEMPT_IN : KIND_IN);
+	if (record(at, fine, h, id, kind)) {
+		if (ex)
+			exempt_undo();
+		else
+			unadmit(p, fine);
+		return NOT_TAKEN;
+	}
+	if (ex) {
+		COUNT(exempt_admitted);
+		return TAKEN;
+	}
+	if (at == AT_CONNECT)
+		COUNT(admitted_out);
+	else
+		COUNT(admitted_in);
+	return TAKEN;
+}
+
+/*
+ * end_held ends the permit held for cookie and gives it back: true if this
+ * call ended it (unhold). The spill table is looked at only while it has
+ * entries, unless always (user-space paths).
+ */
+static __always_inline bool end_held(__u64 cookie, bool fine, bool always)
+{
+	__u64 id = 0;
+	__u32 kind = 0;
+	if (!unhold(cookie, &id, &kind, always))
+		return false;
+	give_back(id, kind, fine);
+	return true;
+}
+
+/*
+ * end_resv ends the reservation of k and gives its permit back: true if
+ * this call ended it (resv_take, with its always and since).
+ */
+static __always_inline bool end_resv(struct fs_resv_key *k, bool fine, bool always, __u64 since)
+{
+	__u64 id = 0;
+	__u32 kind = 0;
+	if (!resv_take(k, &id, &kind, always, since))
+		return false;
+	give_back(id, kind, fine);
+	return true;
+}

@@ -1,0 +1,242 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The types the loader shares: the values of the pinned maps (maps.h) and
+ * the contexts of the syscall programs. bpf2go generates their Go twins
+ * (gen.go lists them with -type), loader.TestGoCLayoutsAgree compares the
+ * two byte for byte, and a pinned map whose value changed layout is refused
+ * on reuse (loader.ErrPinnedMismatch): a change here is a change of the
+ * pinned format.
+ */
+#pragma once
+
+#include "common.h"
+
+/* Run-time values, written by the loader (Open, Tick, SetExempt). */
+struct fs_settings {
+	__u32 pool;          /* POOL */
+	__u32 floor;         /* FLOOR */
+	__u32 exempt_max;    /* exempt budget; 0 while the exempt set is empty */
+	__u32 _pad;
+	__u64 window_ns;     /* the active window; 0 leaves active to the control loop */
+	__u64 netns_cookie;  /* the netns whose sk_lookup we own */
+	__u64 root_cgroup_id; /* copy of the constant, to check pins on reuse */
+};
+
+/* Node-wide permits held. One slot; atomics only. */
+struct fs_pool {
+	__s64 in_use;
+	__s64 exempt_in_use; /* exempt permits held, at most exempt_max (see exempt_take) */
+	__s64 spilled;       /* entries of the spill tables fs_held and fs_reservations */
+	__s64 active;        /* projects in the active window (bumped here, lowered by Tick) */
+};
+
+/*
+ * Per project. The event counters are atomics here rather than per-CPU
+ * values: the admission already owns this cache line for the in_use
+ * compare-and-swap, so a second atomic on it is nearly free, while a per-CPU
+ * hash would cost another lookup on every connect.
+ */
+struct fs_project {
+	__s64 in_use;        /* permits held, reservations included */
+	__u64 last_seen_ns;  /* CLOCK_MONOTONIC of the last ask */
+	__u64 admitted;
+	__u64 refused;
+};
+
+/* Node-wide event counters, per CPU; summed at read time. */
+struct fs_counters {
+	__u64 admitted_out;
+	__u64 admitted_in;
+	__u64 refused_out;
+	__u64 refused_in;
+	__u64 released;
+	__u64 adopted;        /* pre-existing sockets counted by iter/tcp */
+	__u64 expired;        /* reservations whose handshake never finished */
+	__u64 unaccounted;    /* children admitted late and refused: not held */
+	__u64 map_full;       /* project or reservation map full: not held */
+	__u64 stray;          /* reservations of non-SYN packets, undone at the RST */
+	__u64 exempt_admitted; /* exempt permits taken (either direction) */
+	__u64 exempt_over;     /* exempt sockets over the budget: put under the rule */
+	__u64 exempt_released;
+	__u64 overflow;       /* SYNs (and cookie ACKs) to a full accept queue: passed unreserved, the kernel drops them */
+	__u64 cookie;         /* SYNs and cookie ACKs admitted without a reservation (SYN cookies) */
+	__u64 dropped;        /* reservations undone because the kernel reset the handshake */
+};
+
+/* Where a held permit or a reservation came from (loader.isExemptKind). */
+enum sock_kind {
+	KIND_OUT = 1,
+	KIND_IN = 2,
+	KIND_ADOPTED = 3,
+	/* Exempt permits come from the exempt budget, not from the pool or
+	 * the project: releasing one gives it back there. */
+	KIND_EXEMPT_OUT = 4,
+	KIND_EXEMPT_IN = 5,
+	KIND_EXEMPT_ADOPTED = 6,
+};
+
+#define KIND_IS_EXEMPT(k) ((k) >= KIND_EXEMPT_OUT)
+
+/*
+ * A permit held by a socket, keyed by its cookie (held.h). The entry exists
+ * exactly while the permit is held: whoever ends it (the first of the
+ * release paths) gives the permit back, so it is released exactly once.
+ */
+struct fs_sock {
+	__u64 project;
+	__u64 netns;  /* netns cookie: reconcile can only verify its own netns */
+	__u32 kind;
+	__u32 _pad;
+};
+
+/*
+ * A held permit in its slot of fs_slots (index: cookie & slot_mask). cookie
+ * 0 is a free slot; SLOT_BUSY | cookie is a slot being filled. The tags of
+ * fs_resv_slots use SLOT_BUSY alike (loader.slotBusy).
+ */
+struct fs_slot {
+	__u64 cookie;
+	struct fs_sock sock;
+};
+
+#define SLOT_BUSY (1ULL << 63)
+
+/* Which SYNs a listening address takes: IPv4, IPv6 or both. */
+#define SCOPE_V4 1
+#define SCOPE_V6 2
+
+/*
+ * A listening address. addr is IPv6 or v4-mapped, all zero for a wildcard.
+ * scope keeps apart the wildcards that take different families: 0.0.0.0
+ * (SCOPE_V4), [::] with IPV6_V6ONLY (SCOPE_V6) and a dual-stack [::] (both);
+ * for a specific address it is the address's own family. Only listen.h
+ * fills one: listen_key_of for a listening socket, syn_key for a SYN.
+ */
+struct fs_listen_key {
+	__u64 netns;
+	__u32 port;  /* host order */
+	__u32 scope; /* SCOPE_V4 | SCOPE_V6 */
+	__u8 addr[16];
+};
+
+/*
+ * Several sockets may listen on one address (SO_REUSEPORT): refs counts them,
+ * and the entry goes when the last one closes. project, cgroup, sk and cookie
+ * are the latest listener's.
+ */
+struct fs_listener {
+	__u64 project;
+	__u64 cgroup; /* the listener's own cgroup (exemption of nested cgroups) */
+	__u64 sk;     /* the listener's struct sock (a kernel address, see fs_port) */
+	__u64 cookie; /* its socket cookie, which authenticates sk */
+	__u32 refs;   /* listening sockets on this address counted here */
+	__u32 _pad;
+};
+
+/*
+ * Project listening addresses on one local port, and the port's owner: its
+ * listening socket while it has one address (listen.h says how the owner is
+ * written and checked).
+ */
+struct fs_port {
+	/* specific, wildcard and version are one 64-bit word (port_state),
+	 * changed with one fetch-add: whoever changes the port's addresses
+	 * learns their counts and the version the change made, atomically.
+	 * The counts are one number in effect: a decrement that comes before
+	 * its increment borrows from the next field and the increment gives
+	 * it back, so a count never gets stuck (it only looks odd, and the
+	 * port not owned, in between). */
+	__u16 specific; /* addresses of the port's listeners that are one address */
+	__u16 wildcard; /* addresses that are 0.0.0.0 or :: */
+	__u32 version;  /* bumped by every change of the addresses or of their owner */
+	__u64 sk;       /* the owner: struct sock of the port's only listening address, or 0 */
+	__u64 cookie;   /* the owner's socket cookie */
+	__u64 project;  /* its project */
+	__u64 cgroup;   /* its own cgroup */
+	__u64 check;    /* owner_check of the four above */
+	__u64 _pad;     /* a cache line per port */
+};
+
+/*
+ * A handshake in flight, admitted at the SYN, keyed by its 4-tuple (36
+ * bytes: kept in a 64-byte slot with its reservation).
+ */
+struct fs_resv_key {
+	__u8 laddr[16];
+	__u8 raddr[16];
+	__u16 lport; /* host order */
+	__u16 rport; /* host order */
+};
+
+struct fs_resv {
+	__u64 project;
+	__u64 since_ns;
+	__u32 kind; /* KIND_IN or KIND_EXEMPT_IN: which budget the permit came from */
+	__u32 _pad;
+};
+
+/* A reservation in its slot of fs_resv_slots: tag 0 is a free slot (resv.h). */
+struct fs_resv_slot {
+	__u64 tag;
+	struct fs_resv_key key;
+	__u32 kind;
+	__u64 project;
+	__u64 since_ns;
+};
+
+/* Context of fs_adjust, run from user space with BPF_PROG_RUN. */
+enum adjust_op {
+	OP_EXPIRE = 1, /* end reservation key if it still has since_ns; if we ended it, release */
+	OP_ADD = 2,    /* add delta to project and node in_use (drift repair) */
+	OP_DROP = 3,   /* release the permit held for socket cookie `project`: the socket is gone */
+	OP_ACTIVE = 4, /* add delta to the node's active count (Tick's recount) */
+	OP_EXEMPT = 5, /* add delta to the node's exempt_in_use (drift repair) */
+	OP_UNLISTEN = 6, /* uncount the listener counted under socket cookie `project`: it is gone */
+};
+
+struct fs_adjust_args {
+	__u32 op;
+	__u32 _pad;
+	__u64 project;
+	__s64 delta;
+	__s64 result;
+	/*
+	 * OP_EXPIRE: the reservation's since_ns as the caller read it. A
+	 * reservation of the same tuple made after that read (the handshake
+	 * completed, the connection closed and a new SYN came) has another
+	 * stamp and is left alone.
+	 */
+	__u64 since_ns;
+	struct fs_resv_key key;
+};
+
+/* One record per project-owned TCP socket, written by fs_dump. */
+struct fs_sock_record {
+	__u64 cookie;
+	__u64 project;
+	__u32 state;
+	__u32 held;
+	__u32 kind;
+	__u32 adopted; /* 1 if this dump adopted it */
+};
+
+/* Emits the record's BTF for bpf2go -type; lives in .rodata with the tunables. */
+volatile const struct fs_sock_record fs_record_layout;
+
+/* Context of fs_selftest: one step of a protocol, run on its own. */
+enum selftest_op {
+	ST_RESV_SPILL = 1, /* resv_spill_put of key with resv (as if its slot had been held by another tuple) */
+	ST_PORT_CHANGE = 2, /* port_change(lkey, delta) */
+	ST_TAKE = 3,        /* take_permit at delta (AT_SYN: for key, AT_CHILD: for cookie) of project resv.project, cgroup cg */
+};
+
+struct fs_selftest_args {
+	__u32 op;
+	__s32 delta;
+	__s64 result;
+	struct fs_resv resv;
+	struct fs_resv_key key;
+	struct fs_listen_key lkey;
+	__u64 cookie;
+	__u64 cg;
+};
