@@ -131,7 +131,7 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx)
 	 * loads where the helper is a call. */
 	struct bpf_sock *bs = ctx->sk;
 	struct holder h = {.cookie = bpf_get_socket_cookie(ctx), .sk = bs ? CAST(struct sock, bs) : NULL};
-	if (take_permit(AT_CONNECT, CLK_COARSE, &h, id, p, 0) != REFUSED)
+	if (take_permit(AT_CONNECT, CLK_COARSE, &h, id, p, 0, 0) != REFUSED)
 		return 1;
 	bpf_set_retval(-ECONNREFUSED);
 	return 0;
@@ -219,7 +219,7 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	 * keeps the permit the first one reserved; a full table leaves the
 	 * child to be admitted when it is established. */
 	struct holder h = {.rk = &rk};
-	if (take_permit(AT_SYN, CLK_COARSE, &h, v.project, NULL, v.cgroup) == REFUSED)
+	if (take_permit(AT_SYN, CLK_COARSE, &h, v.project, NULL, v.cgroup, 0) == REFUSED)
 		return SK_DROP;
 	return SK_PASS;
 }
@@ -239,19 +239,18 @@ static __noinline void on_established(struct sock *sk)
 	struct fs_resv_key rk __attribute__((aligned(8))) = {};
 	sock_tuple(sk, &rk);
 	struct holder h = {.cookie = bpf_get_socket_cookie(sk), .sk = sk};
-	__u64 id = 0;
-	__u32 kind = 0;
-	if (resv_take(&rk, &id, &kind, false, 0)) {
-		/* Adopted meanwhile by the reconcile dump, or the table is
-		 * full: the reservation's permit goes back. */
-		if (record(AT_CHILD, CLK_FINE, &h, id, kind))
-			give_back(id, kind, CLK_FINE);
-		return;
+	__u64 id = 0, cg = 0;
+	__u32 moved = 0;
+	/* The reservation's permit moves to the child, or the child takes one
+	 * now: one call either way, so that the child's permit is recorded
+	 * (a hold, inlined) in one place. */
+	if (!resv_take(&rk, &id, &moved, false, 0)) {
+		moved = 0;
+		id = sock_project(sk, &cg);
+		if (!id)
+			return;
 	}
-	__u64 cg = 0;
-	id = sock_project(sk, &cg);
-	if (id)
-		take_permit(AT_CHILD, CLK_FINE, &h, id, NULL, cg);
+	take_permit(AT_CHILD, CLK_FINE, &h, id, NULL, cg, moved);
 }
 
 /*
@@ -507,9 +506,9 @@ int fs_selftest(struct fs_selftest_args *a)
 		__builtin_memcpy(&k, &a->key, sizeof(k));
 		struct holder h = {.cookie = a->cookie, .rk = &k};
 		if (a->delta == AT_SYN)
-			a->result = take_permit(AT_SYN, CLK_FINE, &h, a->resv.project, NULL, a->cg);
+			a->result = take_permit(AT_SYN, CLK_FINE, &h, a->resv.project, NULL, a->cg, 0);
 		else if (a->delta == AT_CHILD)
-			a->result = take_permit(AT_CHILD, CLK_FINE, &h, a->resv.project, NULL, a->cg);
+			a->result = take_permit(AT_CHILD, CLK_FINE, &h, a->resv.project, NULL, a->cg, 0);
 	}
 	return 0;
 }

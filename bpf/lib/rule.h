@@ -296,10 +296,20 @@ static __always_inline bool recorded(int at, struct holder *h)
  * permit already is NOT_TAKEN, not refused. An undone permit goes back
  * without a release counted: the node never counted it admitted (the
  * project's admitted did, see admit).
+ *
+ * moved, nonzero, is the kind of a reservation's permit moving to its child
+ * (AT_CHILD; a reservation's kind is never 0): nothing is taken, the permit
+ * is recorded for h, counted nowhere (its SYN counted it), and given back as
+ * an ended permit (give_back, counted released) if it cannot be recorded.
+ * Taking it here rather than recording it in on_established keeps one
+ * record, so one inlined hold, in fs_set_state (818 -> 750 instructions).
  */
-static __always_inline int take_permit(int at, bool fine, struct holder *h, __u64 id, struct fs_project *p, __u64 cg)
+static __always_inline int take_permit(int at, bool fine, struct holder *h, __u64 id, struct fs_project *p, __u64 cg, __u32 moved)
 {
-	bool ex = exempt_take(at == AT_CONNECT, cg, id);
+	bool ex = false;
+	if (moved)
+		goto keep;
+	ex = exempt_take(at == AT_CONNECT, cg, id);
 	if (!ex) {
 		if (!p)
 			p = project_get(id);
@@ -322,13 +332,22 @@ static __always_inline int take_permit(int at, bool fine, struct holder *h, __u6
 		}
 	}
 	__u32 kind = at == AT_CONNECT ? (ex ? KIND_EXEMPT_OUT : KIND_OUT) : (ex ? KIND_EXEMPT_IN : KIND_IN);
+keep:
+	if (moved)
+		kind = moved;
 	if (record(at, fine, h, id, kind)) {
+		if (moved) {
+			give_back(id, kind, fine);
+			return NOT_TAKEN;
+		}
 		if (ex)
 			exempt_undo();
 		else
 			unadmit(p, fine);
 		return NOT_TAKEN;
 	}
+	if (moved)
+		return TAKEN;
 	if (ex) {
 		COUNT(exempt_admitted);
 		return TAKEN;
