@@ -74,8 +74,7 @@ func (l *loader) run(dur time.Duration) {
 			mine := make([]time.Duration, 0, 1024)
 			bad := 0
 			for time.Now().Before(deadline) {
-				req, _ := http.NewRequest(http.MethodGet, l.url, nil)
-				req.Header.Set(DefaultProjectHeader, "bench")
+				req := benchRequest(l.url)
 				t0 := time.Now()
 				resp, err := l.client.Do(req)
 				if err != nil {
@@ -124,7 +123,30 @@ func benchUpstream(b *testing.B, service time.Duration) (string, int) {
 	return benchChild(b, os.Args[0], benchUpstreamEnv+"="+service.String())
 }
 
-// serveBenchUpstream serves a two-byte body after service (0 = at once),
+// benchBodyEnv, set to a size in bytes, makes the benchmark's generators
+// send POSTs with a body of that size instead of GETs: the path of requests
+// with bodies (FAIRSHARE_BENCH_BODY=1024).
+const benchBodyEnv = "FAIRSHARE_BENCH_BODY"
+
+// benchBodySize is the request body size of the generated load: 0 for GETs.
+func benchBodySize() int {
+	n, _ := strconv.Atoi(os.Getenv(benchBodyEnv))
+	return max(0, n)
+}
+
+// benchRequest is one request of the generated load (see benchBodyEnv).
+func benchRequest(url string) *http.Request {
+	var req *http.Request
+	if n := benchBodySize(); n > 0 {
+		req, _ = http.NewRequest(http.MethodPost, url, bytes.NewReader(bytes.Repeat([]byte("b"), n)))
+	} else {
+		req, _ = http.NewRequest(http.MethodGet, url, nil)
+	}
+	req.Header.Set(DefaultProjectHeader, "bench")
+	return req
+}
+
+// serveBenchUpstream reads the request body and serves a two-byte one after service (0 = at once),
 // prints its address and serves until stdin closes.
 func serveBenchUpstream(service time.Duration) error {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -132,7 +154,10 @@ func serveBenchUpstream(service time.Duration) error {
 		return err
 	}
 	fmt.Println(l.Addr().String())
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			return
+		}
 		if service > 0 {
 			time.Sleep(service)
 		}
@@ -440,6 +465,29 @@ func BenchmarkRequest(b *testing.B) {
 	}
 }
 
+// BenchmarkRequestBody is BenchmarkRequest with a POST of 1 KiB, which the
+// upstream reads: the path of requests with bodies.
+func BenchmarkRequestBody(b *testing.B) {
+	r := newRig(b, rigOpts{poolSize: 1024}, func(w http.ResponseWriter, req *http.Request) {
+		if _, err := io.Copy(io.Discard, req.Body); err == nil {
+			ok(w, req)
+		}
+	})
+	body := bytes.Repeat([]byte("b"), 1<<10)
+	b.ReportAllocs()
+	for b.Loop() {
+		req, _ := http.NewRequest(http.MethodPost, r.url+"/", bytes.NewReader(body))
+		req.Header.Set(DefaultProjectHeader, "bench")
+		resp, err := r.client.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got := readAll(b, resp); got != "ok\n" {
+			b.Fatalf("answer %q", got)
+		}
+	}
+}
+
 // benchTarget is one server the benchmark loads.
 type benchTarget struct {
 	name, url string
@@ -532,9 +580,17 @@ func benchSaturating(b *testing.B, dur time.Duration) float64 {
 	if wrk == "" {
 		b.Log("wrk is not installed (apt-get install -y wrk): the load comes from the Go generator in this process, which competes with the proxies for the CPU")
 	}
+	var script string
+	if n := benchBodySize(); n > 0 && wrk != "" {
+		script = filepath.Join(b.TempDir(), "post.lua")
+		lua := fmt.Sprintf("wrk.method = \"POST\"\nwrk.body = string.rep(\"b\", %d)\n", n)
+		if err := os.WriteFile(script, []byte(lua), 0o600); err != nil {
+			b.Fatal(err)
+		}
+	}
 	for i, tg := range targets {
 		if wrk != "" {
-			gens[i] = &wrkGen{bin: wrk, url: tg.url, conc: conc}
+			gens[i] = &wrkGen{bin: wrk, url: tg.url, conc: conc, script: script}
 		} else {
 			gens[i] = newLoader(tg.url, conc)
 		}
@@ -603,6 +659,7 @@ type generator interface {
 type wrkGen struct {
 	bin, url string
 	conc     int
+	script   string // a wrk script making the requests POSTs (see benchBodyEnv), or ""
 
 	reqs, errs int
 	elapsed    time.Duration
@@ -611,8 +668,12 @@ type wrkGen struct {
 
 func (w *wrkGen) run(dur time.Duration) {
 	secs := max(1, int(dur.Round(time.Second)/time.Second))
-	out, err := exec.Command(w.bin, "-t1", "-c"+strconv.Itoa(w.conc), "-d"+strconv.Itoa(secs)+"s", "--latency",
-		"-H", DefaultProjectHeader+": bench", w.url).CombinedOutput()
+	args := []string{"-t1", "-c" + strconv.Itoa(w.conc), "-d" + strconv.Itoa(secs) + "s", "--latency",
+		"-H", DefaultProjectHeader + ": bench"}
+	if w.script != "" {
+		args = append(args, "-s", w.script)
+	}
+	out, err := exec.Command(w.bin, append(args, w.url)...).CombinedOutput()
 	if err != nil {
 		w.errs++
 		return
@@ -849,8 +910,7 @@ func (o *openLoader) run(dur time.Duration) slice {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			req, _ := http.NewRequest(http.MethodGet, o.url, nil)
-			req.Header.Set(DefaultProjectHeader, "bench")
+			req := benchRequest(o.url)
 			t0 := time.Now()
 			resp, err := o.client.Do(req)
 			ok := err == nil
