@@ -257,6 +257,14 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	if cfg.UpstreamH2C {
 		f.tr.Protocols = new(http.Protocols)
 		f.tr.Protocols.SetUnencryptedHTTP2(true)
+	} else {
+		// http.Transport looks for bytes the upstream sent unasked in a
+		// background read that races the next request on the connection:
+		// under concurrency it handed one client's (or a forged) answer to
+		// another (TestHostileConcurrent). Over HTTP/1 the fallback
+		// therefore uses each connection for one request; HTTP/2 frames
+		// its answers by stream and keeps its connection.
+		f.tr.DisableKeepAlives = true
 	}
 	f.proxy = &httputil.ReverseProxy{
 		Rewrite:        f.rewrite,
