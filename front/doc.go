@@ -153,26 +153,36 @@
 //
 // An upstream is not trusted to frame its answers. On the direct path (see
 // Serving) a connection goes back to the pool only when its answer ended
-// exactly at its framing with nothing more buffered, and it is checked again
-// when taken out: anything the upstream sent while it was idle (a second or
-// late answer, a body longer than its Content-Length, a body after HEAD, 204
-// or 304) is an answer nobody asked for, and the connection is closed rather
-// than handing those bytes to the next request (a check with a non-blocking
-// peek, one system call; a sweep every second closes idle connections that
-// spoke or hung up). An answer head that is not plain must also pass a
-// strict check (every line ended by CRLF, no folded line, no control
-// character in a value, at most one Content-Length of digits only, not both
-// Content-Length and Transfer-Encoding, a status in 100-599) or the client
-// gets 502 and the connection is closed; net/http would accept several of
-// these. A body that breaks off mid-way is cut on the client's side too (its
-// connection is aborted, so the answer cannot read as complete), and the
-// upstream connection is closed. Through ReverseProxy (requests with bodies)
-// http.Transport applies its own framing rules, the head bound and the 1xx
-// count, and a status outside 100-599 is 502 with its connection closed.
-// TestHostileUpstream sends 25 such upstream behaviours, one by one and in
-// random sequences on one pooled connection, through the front and through
-// net/http's own ReverseProxy: the front is never less strict, and no client
-// gets another's bytes.
+// exactly at its framing with nothing more buffered and, for a request with
+// a body, when the whole body had gone out before the answer began (an
+// upstream that answers early may leave the rest unread, to be taken for the
+// next request); it is checked again when taken out: anything the upstream
+// sent while it was idle (a second or late answer, a body longer than its
+// Content-Length, a body after HEAD, 204 or 304) is an answer nobody asked
+// for, and the connection is closed rather than handing those bytes to the
+// next request (a check with a non-blocking peek, one system call; a sweep
+// every second closes idle connections that spoke or hung up). An answer
+// head that is not plain must also pass a strict check (every line ended by
+// CRLF, no folded line, no control character in a value, at most one
+// Content-Length of digits only, not both Content-Length and
+// Transfer-Encoding, a status in 100-599) or the client gets 502 and the
+// connection is closed; net/http would accept several of these. A body that
+// breaks off mid-way is cut on the client's side too (its connection is
+// aborted, so the answer cannot read as complete), and the upstream
+// connection is closed. What no HTTP/1.1 client can do is tell an answer the
+// upstream sends only after the next request went out on the connection
+// from that request's own answer; against an upstream that does that, only
+// a connection per request helps. On the fallback (ReverseProxy, see
+// Serving) http.Transport applies its own framing rules, the head bound and
+// the 1xx count, a status outside 100-599 is 502 with its connection closed,
+// and an HTTP/1 connection carries one request: Transport looks for unasked
+// bytes in a background read that races the next request, and under
+// concurrency it gave clients each other's answers. TestHostileUpstream sends
+// 25 such upstream behaviours, one by one and in random sequences on one
+// pooled connection, through the front and through net/http's own
+// ReverseProxy: the front is never less strict, and no client gets another's
+// bytes; TestHostileConcurrent sends them from clients of two projects at
+// once, with honest requests between them, on both paths.
 //
 // # What the client sees
 //
@@ -193,24 +203,36 @@
 // (the x/net h2c package is deprecated in favour of it). The upstream side keeps
 // idle connections for reuse.
 //
-// A GET or HEAD without a body, to a plain HTTP/1.1 upstream with no base
-// path, takes the direct path: the request is written and the answer read on
-// the handler's own goroutine over a kept-alive connection the front owns
-// (a connection the upstream closed while idle is replaced once, as the
-// request is idempotent; see "What the upstream may not do" for when one is
-// reused). An answer to a GET whose head is plain (HTTP/1.1,
-// one Content-Length, no chunking, trailer or Connection field, no field
-// twice, all of it in the first read) is parsed straight into the client's
-// header; any other by http.ReadResponse. A client that goes away aborts
-// the exchange: under Front.Serve, HTTP/1 clients are heard from their own
-// connection (net/http's background read of it fails); HTTP/2 streams and
-// connections of another server through the request's context. What reaches
-// the upstream and the client is what httputil.ReverseProxy would send (a
-// test compares the two), at about half of its CPU per request: in
-// BenchmarkOverhead with wrk, the front with the direct path served 1.6 times
-// the requests of the same front with it off, at 24 against 45 µs of CPU per
-// request. Everything else (request bodies, upgrades, Expect, an h2c
-// upstream) goes through httputil.ReverseProxy.
+// Every request but a tunnel (Upgrade, CONNECT), to a plain HTTP/1.1
+// upstream (http://, no base path), takes the direct path: the request is
+// written and the answer read on the handler's own goroutine over a
+// kept-alive connection the front owns. A request body goes upstream on a
+// goroutine of its own while the answer is read, each piece as the client
+// sends it (an upstream may answer before it read all of it), with its
+// Content-Length, or chunked (with the client's trailer) when its length is
+// unknown; Expect: 100-continue is answered by the front's server when the
+// body is first read, that is once the request was admitted, and not passed
+// on. A connection the upstream closed while idle is replaced once for a
+// request that may be sent again (no body; GET, HEAD, OPTIONS, TRACE or an
+// Idempotency-Key), as http.Transport does; see "What the upstream may not
+// do" for when one is reused. An answer whose head is plain (HTTP/1.1, one
+// Content-Length, no chunking, trailer or Connection field, no field twice,
+// all of it in the first read) is parsed straight into the client's header;
+// any other by http.ReadResponse. A client that goes away aborts the
+// exchange: under Front.Serve, HTTP/1 clients are heard from their own
+// connection (net/http's read of it fails); HTTP/2 streams and connections
+// of another server through the request's context. What reaches the
+// upstream and the client is what httputil.ReverseProxy would send (a test
+// compares the two) but for Expect and a client's trailer, whose values
+// ReverseProxy drops, at about half of its CPU per request: in
+// BenchmarkOverhead with wrk, the front with the direct path served 1.6
+// times the GETs of the same front with it off, at 24 against 45 µs of CPU
+// per request; for POSTs of 1 KiB, 1.55 times the requests of the front that
+// sent bodies through ReverseProxy over kept-alive connections, at 32
+// against 57 µs, and 2.9 times those of ReverseProxy with a connection per
+// request (113 µs). Tunnels, an h2c or https upstream and an upstream with a
+// base path go through httputil.ReverseProxy (the fallback); over HTTP/1 it
+// opens a connection per request (see "What the upstream may not do").
 //
 // # Cost
 //

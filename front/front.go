@@ -243,7 +243,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 			host = net.JoinHostPort(u.Hostname(), "80")
 		}
 		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, idleFor: cfg.UpstreamIdleTimeout,
-			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, unasked: f.unasked,
+			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, unasked: f.unasked, bufs: f.bufs,
 			host: u.Host, projectKey: f.projectKey, forwardProject: cfg.ForwardProject, isClaim: f.isClaim}
 	}
 	f.tr = &http.Transport{
@@ -507,14 +507,21 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // forward proxies an admitted request: on the direct path when it can take
 // it, through ReverseProxy otherwise.
 func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
+	if hasBody(r) {
+		// Let the upstream's answer start while the client is still
+		// sending (HTTP/1 otherwise drains the request body first).
+		// HTTP/2 is always full duplex and reports an error here, which
+		// is fine. A body left unread is closed here, before the handler
+		// returns: in full duplex the HTTP/1 server would otherwise read
+		// it to its end after the handler and then panic on the next
+		// request (golang/go#68560).
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		defer r.Body.Close()
+	}
 	if f.up != nil && f.up.takes(r) {
 		f.serveDirect(w, r, x)
 		return
 	}
-	// Let the upstream's answer start while the client is still sending
-	// (HTTP/1 otherwise drains the request body first). HTTP/2 is always
-	// full duplex and reports an error here, which is fine.
-	_ = http.NewResponseController(w).EnableFullDuplex()
 	ctx := context.WithValue(r.Context(), exchangeKey{}, x)
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(i httptrace.GotConnInfo) { x.upConn = i.Conn },

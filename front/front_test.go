@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -33,6 +34,7 @@ import (
 // upstream, served on loopback.
 type rig struct {
 	front    *Front
+	logs     *logBuffer // what the front logged
 	url      string
 	pool     *pools.Pool
 	rates    *pools.Rates
@@ -54,6 +56,31 @@ type rigOpts struct {
 	// other than Front.Serve would: the direct path then watches for the
 	// client going away through the request's context.
 	anyServer bool
+	// tweak changes the front before it serves.
+	tweak func(*Front)
+}
+
+// logBuffer records what a front logs (Debug and up), its server's errors
+// included.
+type logBuffer struct {
+	mu  sync.Mutex // guards buf
+	buf strings.Builder
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *logBuffer) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 func newRig(t testing.TB, o rigOpts, upstream http.HandlerFunc) *rig {
@@ -92,9 +119,13 @@ func newRig(t testing.TB, o rigOpts, upstream http.HandlerFunc) *rig {
 		_ = r.sched.Run(ctx)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	r.front, err = New(cfg, Deps{Requests: r.pool, Rates: r.rates, Sched: r.sched})
+	r.logs = &logBuffer{}
+	r.front, err = New(cfg, Deps{Requests: r.pool, Rates: r.rates, Sched: r.sched, Log: r.logs.logger()})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.tweak != nil {
+		o.tweak(r.front)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -600,6 +631,7 @@ func TestStreamingBody(t *testing.T) {
 		// Echo the request body back line by line, flushing each line,
 		// and only write the second line after the client saw the first.
 		_ = http.NewResponseController(w).EnableFullDuplex()
+		defer req.Body.Close() // golang/go#68560
 		br := bufio.NewReader(req.Body)
 		line, _ := br.ReadString('\n')
 		_, _ = io.WriteString(w, "echo "+line)

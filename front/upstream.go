@@ -11,11 +11,16 @@ import (
 	"net"
 	"net/http"
 	"net/textproto"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // errStaleConn means a reused upstream connection failed before any byte of
@@ -48,6 +53,10 @@ type directUpstream struct {
 	maxHead int64 // bytes of answer heads (1xx included) per request
 	max1xx  int   // informational answers per request
 	unasked func(why string)
+	bufs    *bufferPool // for request bodies
+	// sentHook, when set (tests), runs when a request body has gone out,
+	// before its sender reports it.
+	sentHook func()
 
 	// What the front changes in the requests it forwards (as its rewrite
 	// does on the ReverseProxy path): the Host when the client sent none,
@@ -86,6 +95,11 @@ type upConn struct {
 	peekN   int
 	peekErr syscall.Errno
 	peekFn  func(fd uintptr)
+
+	// For received, on the goroutine that sends a request body.
+	recvd  uint64
+	recvOK bool
+	infoFn func(fd uintptr)
 }
 
 // errHeadTooLarge: the upstream's answer head passed Config.MaxUpstreamHead.
@@ -132,6 +146,25 @@ func (uc *upConn) peek(fd uintptr) {
 	}
 }
 
+// received returns the bytes the connection has received since it opened
+// (the kernel's count, whether read yet or not), for TCP connections.
+func (uc *upConn) received() (uint64, bool) {
+	if uc.rc == nil || uc.rc.Control(uc.infoFn) != nil {
+		return 0, false
+	}
+	return uc.recvd, uc.recvOK
+}
+
+func (uc *upConn) tcpInfo(fd uintptr) {
+	var info unix.TCPInfo
+	size := uint32(unsafe.Sizeof(info))
+	_, _, e := syscall.Syscall6(syscall.SYS_GETSOCKOPT, fd, unix.IPPROTO_TCP, unix.TCP_INFO,
+		uintptr(unsafe.Pointer(&info)), uintptr(unsafe.Pointer(&size)), 0)
+	// Bytes_received came with Linux 4.1; a shorter answer lacks it.
+	uc.recvOK = e == 0 && uintptr(size) >= unsafe.Offsetof(info.Bytes_received)+8
+	uc.recvd = info.Bytes_received
+}
+
 // get returns an idle connection (reused true) or dials a new one. now need
 // not be precise (the idle limit is long): callers pass a time they already
 // read, as reading the clock is a noticeable part of a request's cost.
@@ -176,7 +209,7 @@ func (d *directUpstream) dialNew(ctx context.Context) (*upConn, bool, error) {
 	if sc, ok := c.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			uc.rc = rc
-			uc.peekFn = uc.peek
+			uc.peekFn, uc.infoFn = uc.peek, uc.tcpInfo
 		}
 	}
 	return uc, false, nil
@@ -268,23 +301,76 @@ var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-A
 // passed on.
 var forwarded = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
-// takes reports whether r can take the direct path: a GET or HEAD without
-// a body, not asking to upgrade or to expect 100-continue. (The front uses
-// the direct path only for an upstream that is plain HTTP/1.1 with no base
-// path.)
+// takes reports whether r can take the direct path: any request but a
+// tunnel (Upgrade, CONNECT), whose bytes after the head are not HTTP, and
+// an opaque request URI. (The front uses the direct path only for an
+// upstream that is plain HTTP/1.1 with no base path.)
 func (d *directUpstream) takes(r *http.Request) bool {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+	return r.Method != http.MethodConnect && r.Header["Upgrade"] == nil && r.URL.Opaque == ""
+}
+
+// hasBody reports whether r has a body to send upstream.
+func hasBody(r *http.Request) bool {
+	return r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody
+}
+
+// replayable reports whether r may be sent again on a fresh connection when
+// a reused one failed before any answer: no body, and a method that does not
+// change anything or a request that says it may be repeated, as
+// http.Transport decides.
+func replayable(r *http.Request) bool {
+	if hasBody(r) {
 		return false
 	}
-	if r.ContentLength != 0 || len(r.TransferEncoding) > 0 || (r.Body != nil && r.Body != http.NoBody) {
-		return false
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
 	}
-	h := r.Header
-	if h["Upgrade"] != nil || h["Expect"] != nil || h["Te"] != nil {
-		return false
+	return r.Header["Idempotency-Key"] != nil || r.Header["X-Idempotency-Key"] != nil
+}
+
+// cleanQuery is the query ReverseProxy sends upstream: as the client wrote
+// it, unless net/url would not parse it as written (a ';', a bad escape,
+// too many parameters), when it is re-encoded from what parses.
+func cleanQuery(q string) string {
+	reencode := func() string {
+		v, _ := url.ParseQuery(q)
+		return v.Encode()
 	}
-	// ReverseProxy rewrites a query with semicolons; leave those to it.
-	return r.URL.Opaque == "" && !strings.Contains(r.URL.RawQuery, ";")
+	if strings.Count(q, "&")+1 > 10000 { // net/url's limit
+		return reencode()
+	}
+	for i := 0; i < len(q); {
+		switch q[i] {
+		case ';':
+			return reencode()
+		case '%':
+			if i+2 >= len(q) || !isHex(q[i+1]) || !isHex(q[i+2]) {
+				return reencode()
+			}
+			i += 3
+		default:
+			i++
+		}
+	}
+	return q
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// hasToken reports whether the comma-separated values vv name token (case
+// does not count), as in Te: trailers.
+func hasToken(vv []string, token string) bool {
+	for _, v := range vv {
+		for f := range strings.SplitSeq(v, ",") {
+			if f, _, _ = strings.Cut(f, ";"); strings.EqualFold(textproto.TrimString(f), token) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // connectionListed reports whether header key is named in the request's or
@@ -309,23 +395,34 @@ func isHopByHop(key string) bool {
 	return false
 }
 
-// writeRequest writes the upstream request for r: its method, URI, Host and
-// end-to-end headers, the project header only when configured, and
-// X-Forwarded-{For,Host,Proto} as ReverseProxy's SetXForwarded sets them.
-func (d *directUpstream) writeRequest(bw *bufio.Writer, r *http.Request, x *exchange) error {
+// writeHead writes the head of the upstream request for r into bw (not
+// flushed): its method, URI, Host and end-to-end headers, the project
+// header only when configured, X-Forwarded-{For,Host,Proto} as
+// ReverseProxy's SetXForwarded sets them, and the body's framing: its
+// Content-Length, or chunked when its length is unknown. Expect is not
+// passed on: the client's 100-continue is answered by the front's server
+// when the body is first read, after the request was admitted.
+func (d *directUpstream) writeHead(bw *bufio.Writer, r *http.Request, x *exchange) {
 	host := r.Host
 	if host == "" {
 		host = d.host
 	}
 	bw.WriteString(r.Method)
 	bw.WriteByte(' ')
-	bw.WriteString(r.URL.RequestURI())
+	if q := r.URL.RawQuery; q != "" && cleanQuery(q) != q {
+		u := *r.URL
+		u.RawQuery = cleanQuery(q)
+		bw.WriteString(u.RequestURI())
+	} else {
+		bw.WriteString(r.URL.RequestURI())
+	}
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
 	bw.WriteString(host)
 	bw.WriteString("\r\n")
 	conn := r.Header["Connection"]
 	for k, vv := range r.Header {
-		if k == "Host" || isHopByHop(k) || k == d.projectKey || (len(conn) > 0 && connectionListed(conn, k)) || d.isClaim(k) {
+		if k == "Host" || isHopByHop(k) || k == "Content-Length" || k == "Expect" || k == d.projectKey ||
+			(len(conn) > 0 && connectionListed(conn, k)) || d.isClaim(k) {
 			continue
 		}
 		skip := false
@@ -356,8 +453,28 @@ func (d *directUpstream) writeRequest(bw *bufio.Writer, r *http.Request, x *exch
 		proto = "https"
 	}
 	writeHeaderLine(bw, "X-Forwarded-Proto", proto)
+	// Te is hop-by-hop, but an upstream may want to know that trailers
+	// reach the client (ReverseProxy says so too).
+	if te := r.Header["Te"]; te != nil && hasToken(te, "trailers") {
+		writeHeaderLine(bw, "Te", "trailers")
+	}
+	switch {
+	case hasBody(r) && r.ContentLength > 0:
+		writeHeaderLine(bw, "Content-Length", strconv.FormatInt(r.ContentLength, 10))
+	case hasBody(r):
+		writeHeaderLine(bw, "Transfer-Encoding", "chunked")
+		if len(r.Trailer) > 0 {
+			keys := make([]string, 0, len(r.Trailer))
+			for k := range r.Trailer {
+				keys = append(keys, k)
+			}
+			writeHeaderLine(bw, "Trailer", strings.Join(keys, ", "))
+		}
+	case r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch:
+		// As http.Transport does: these methods say their empty body.
+		writeHeaderLine(bw, "Content-Length", "0")
+	}
 	bw.WriteString("\r\n")
-	return bw.Flush()
 }
 
 // writeHeaderLine writes "key: value". Values come from a request net/http
@@ -370,16 +487,19 @@ func writeHeaderLine(bw *bufio.Writer, k, v string) {
 }
 
 // upAnswer is an upstream answer on the direct path: its head, with the
-// body to read, the connection it came on and the watch on the client.
+// body to read, the connection it came on, the watch on the client and the
+// request body still being sent, if any.
 type upAnswer struct {
 	*http.Response
 	conn  *upConn
 	watch clientWatch
+	send  *bodySend
 }
 
 // roundTrip sends r upstream and reads the answer's head. A reused
 // connection that fails before the answer began is replaced by a fresh one,
-// once. The answer is to be ended with done.
+// once, when r may be sent again (see replayable). The answer is to be
+// ended with done.
 func (d *directUpstream) roundTrip(r *http.Request, x *exchange) (upAnswer, error) {
 	ctx := r.Context()
 	cc := peerOf(r).cc
@@ -388,6 +508,7 @@ func (d *directUpstream) roundTrip(r *http.Request, x *exchange) (upAnswer, erro
 		// the request's context knows.
 		cc = nil
 	}
+	retry := replayable(r)
 	for attempt := 0; ; attempt++ {
 		uc, reused, err := d.get(ctx, x.at)
 		if err != nil {
@@ -401,42 +522,219 @@ func (d *directUpstream) roundTrip(r *http.Request, x *exchange) (upAnswer, erro
 		} else {
 			w.stop = context.AfterFunc(ctx, func() { abortUpstream(uc.c) })
 		}
-		resp, err := d.exchangeOn(uc, r, x, reused)
+		d.writeHead(uc.bw, r, x)
+		var send *bodySend
+		if hasBody(r) {
+			// The body goes on its own goroutine while the answer is
+			// read: an upstream may answer before it has read all of it.
+			send = d.sendBody(uc, r, x)
+		} else if err = uc.bw.Flush(); err != nil {
+			err = fmt.Errorf("writing upstream request: %w", err)
+			if reused {
+				err = fmt.Errorf("%w: %w", errStaleConn, err)
+			}
+		}
+		var resp *http.Response
 		if err == nil {
-			return upAnswer{Response: resp, conn: uc, watch: w}, nil
+			resp, err = d.readAnswer(uc, r, x, reused)
+		}
+		if err == nil {
+			return upAnswer{Response: resp, conn: uc, watch: w, send: send}, nil
 		}
 		fired := !w.end()
+		if send != nil {
+			// The client's body failing is the cause of what followed.
+			if serr := send.end(uc); errors.Is(serr, errClientBody) {
+				err = serr
+			}
+		}
 		uc.c.Close()
 		if fired {
 			return upAnswer{}, fmt.Errorf("%w: %w", errClientGone, err)
 		}
-		if !errors.Is(err, errStaleConn) || attempt > 0 || ctx.Err() != nil {
+		if !retry || !errors.Is(err, errStaleConn) || attempt > 0 || ctx.Err() != nil {
 			return upAnswer{}, err
 		}
 	}
 }
 
 // done ends the watch on the client and keeps a's connection for the next
-// request, if keep and the client is still there; otherwise it closes it.
+// request, if keep, the client is still there and the whole request body
+// went out; otherwise it closes it.
 func (d *directUpstream) done(a upAnswer, keep bool, now time.Time) {
-	if a.watch.end() && keep {
+	if !a.watch.end() {
+		keep = false
+	}
+	if a.send != nil && a.send.end(a.conn) != nil {
+		keep = false
+	}
+	if keep {
 		d.put(a.conn, now)
 	} else {
 		a.conn.c.Close()
 	}
 }
 
-// exchangeOn writes the request on uc and reads the answer's head, passing
-// informational 1xx answers on to the client. The heads together may take
-// at most maxHead bytes and there may be at most max1xx informational ones;
-// a head that is not plain (see plainHead) must pass strictHead.
-func (d *directUpstream) exchangeOn(uc *upConn, r *http.Request, x *exchange, reused bool) (*http.Response, error) {
-	if err := d.writeRequest(uc.bw, r, x); err != nil {
-		if reused {
-			return nil, fmt.Errorf("%w: %w", errStaleConn, err)
-		}
-		return nil, fmt.Errorf("writing upstream request: %w", err)
+// errClientBody marks an exchange that failed because the client's request
+// body could not be read (the client went away, or broke off its body).
+var errClientBody = errors.New("reading the client's request body")
+
+// bodySend is a request body on its way upstream, sent by its own goroutine
+// (see sendBody).
+type bodySend struct {
+	src     io.Reader
+	eof     atomic.Bool // the client's body was read to its end
+	readErr error       // a read of the client's body failed; the sender's until done
+	done    chan error  // the sender's result
+	// unblock ends a read of the client's body that waits, for an HTTP/2
+	// stream; nil for HTTP/1, where the end of the body starts net/http's
+	// read of the next request on the connection and a deadline set from
+	// here could fail that read instead (the read of the body has its own
+	// deadline).
+	unblock func()
+	// early: the answer began to arrive before the whole body went out
+	// (or the front cannot tell). The upstream may not have read all of
+	// it, and what it left unread would be taken for the next request on
+	// the connection: it is not reused. The sender's until done.
+	early bool
+	err   error // the result, once ended
+	ended bool
+}
+
+// errEarlyAnswer: the upstream answered before the request body was sent.
+var errEarlyAnswer = errors.New("the upstream answered before the request body was sent")
+
+func (s *bodySend) Read(p []byte) (int, error) {
+	n, err := s.src.Read(p)
+	if err == io.EOF {
+		s.eof.Store(true)
+	} else if err != nil {
+		s.readErr = err
 	}
+	return n, err
+}
+
+// sendBody starts sending r's body on uc, after the head writeHead left in
+// uc.bw: as it is, or chunked when its length is unknown. When the client's
+// body fails the reading of the answer is aborted: an upstream waiting for
+// the rest of the body would not answer.
+func (d *directUpstream) sendBody(uc *upConn, r *http.Request, x *exchange) *bodySend {
+	s := &bodySend{src: r.Body, done: make(chan error, 1)}
+	if r.ProtoMajor >= 2 {
+		rc := http.NewResponseController(x.w)
+		s.unblock = func() { _ = rc.SetReadDeadline(time.Unix(1, 0)) }
+	}
+	go func() {
+		// What the connection received before the last byte of the body
+		// went out can only be an answer that came early: the kernel's
+		// count of received bytes tells, read or not.
+		base, ok := uc.received()
+		err := d.writeBody(uc.bw, s, r)
+		if err == nil {
+			err = uc.bw.Flush()
+		}
+		if err == nil {
+			n, ok2 := uc.received()
+			s.early = !ok || !ok2 || n != base
+			if d.sentHook != nil {
+				d.sentHook()
+			}
+		}
+		if s.readErr != nil {
+			err = fmt.Errorf("%w: %w", errClientBody, s.readErr)
+			abortUpstream(uc.c)
+		} else if err != nil {
+			err = fmt.Errorf("writing upstream request body: %w", err)
+		}
+		s.done <- err
+	}()
+	return s
+}
+
+// writeBody copies the request body from s to bw, each piece as it comes: as
+// it is when its length is known (net/http's reader ends it there), else in
+// chunks and then the trailer the client sent.
+func (d *directUpstream) writeBody(bw *bufio.Writer, s *bodySend, r *http.Request) error {
+	bp := d.bufs.get()
+	defer d.bufs.put(bp)
+	buf := *bp
+	var sent int64
+	var size [16]byte
+	for {
+		n, rerr := s.Read(buf)
+		if n > 0 {
+			sent += int64(n)
+			if r.ContentLength < 0 {
+				bw.Write(strconv.AppendInt(size[:0], int64(n), 16))
+				bw.WriteString("\r\n")
+			}
+			if _, err := bw.Write(buf[:n]); err != nil {
+				return err
+			}
+			if r.ContentLength < 0 {
+				bw.WriteString("\r\n")
+			}
+			// What the client sent goes on at once: a body may be a
+			// stream the upstream answers piece by piece.
+			if err := bw.Flush(); err != nil {
+				return err
+			}
+		}
+		switch {
+		case rerr == io.EOF && r.ContentLength >= 0:
+			if sent != r.ContentLength {
+				s.readErr = fmt.Errorf("body of %d bytes, not its Content-Length %d", sent, r.ContentLength)
+				return s.readErr
+			}
+			return nil
+		case rerr == io.EOF:
+			bw.WriteString("0\r\n")
+			for k, vv := range r.Trailer {
+				for _, v := range vv {
+					writeHeaderLine(bw, k, v)
+				}
+			}
+			_, err := bw.WriteString("\r\n")
+			return err
+		case rerr != nil:
+			return rerr
+		}
+	}
+}
+
+// end waits for the sender and returns its result: nil when the whole body
+// went out before the answer came, and the connection may be reused. A
+// sender still at work when the answer is over (the upstream answered
+// without reading all of the body) is stopped: the upstream connection is
+// aborted and, on HTTP/2, a read of the client's body that waits is ended.
+func (s *bodySend) end(uc *upConn) error {
+	if s.ended {
+		return s.err
+	}
+	select {
+	case s.err = <-s.done:
+	default:
+		abortUpstream(uc.c)
+		if s.unblock != nil && !s.eof.Load() {
+			s.unblock()
+		}
+		// Even if the sender was done by now, the connection is aborted.
+		if s.err = <-s.done; s.err == nil {
+			s.err = errEarlyAnswer
+		}
+	}
+	if s.err == nil && s.early {
+		s.err = errEarlyAnswer
+	}
+	s.ended = true
+	return s.err
+}
+
+// readAnswer reads the answer's head from uc, passing informational 1xx
+// answers on to the client. The heads together may take at most maxHead
+// bytes and there may be at most max1xx informational ones; a head that is
+// not plain (see plainHead) must pass strictHead.
+func (d *directUpstream) readAnswer(uc *upConn, r *http.Request, x *exchange, reused bool) (*http.Response, error) {
 	uc.headLeft = max(0, d.maxHead-int64(uc.br.Buffered()))
 	defer func() { uc.headLeft, uc.rec = -1, nil }()
 	if _, err := uc.br.Peek(1); err != nil {

@@ -4,6 +4,7 @@ package front
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"maps"
 	"net"
@@ -22,6 +23,9 @@ import (
 type seen struct {
 	method, uri, host string
 	header            http.Header
+	body              string
+	length            int64 // the request's ContentLength: -1 for chunked
+	trailer           http.Header
 }
 
 // trailedAnswer is an upstream answer with a Connection field and a
@@ -50,29 +54,65 @@ func plainAnswer(w http.ResponseWriter, _ *http.Request) {
 	_, _ = io.WriteString(w, "body\n")
 }
 
-// TestDirectMatchesReverseProxy sends the same GET through the direct path
-// and through ReverseProxy (a twin front with the direct path off) and
+// TestDirectMatchesReverseProxy sends the same requests through the direct
+// path and through ReverseProxy (a twin front with the direct path off) and
 // compares what the upstream received and what the client got back:
 // hop-by-hop headers stripped both ways, X-Forwarded-*, the project header
-// withheld, trailers, the front's own headers; for an answer parsed by
-// http.ReadResponse and for a plain one.
+// withheld, trailers, the front's own headers, bodies of known and unknown
+// length (with a trailer), Te: trailers, queries net/url re-encodes; for an
+// answer parsed by http.ReadResponse and for a plain one. The one
+// differences: Expect: 100-continue is answered by the front (its server
+// sends 100 Continue when the body is first read) and not passed on, and
+// the values of a client's trailer are sent (ReverseProxy sends its names
+// only).
 func TestDirectMatchesReverseProxy(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		answer http.HandlerFunc
 	}{{"trailed", trailedAnswer}, {"plain", plainAnswer}} {
-		t.Run(tc.name, func(t *testing.T) { testDirectMatchesReverseProxy(t, tc.answer) })
+		for _, rq := range []struct {
+			name string
+			make func(url string) *http.Request
+		}{
+			{"GET", func(url string) *http.Request {
+				req, _ := http.NewRequest("GET", url+"/a/b%2Fc?q=1&r=2", nil)
+				return req
+			}},
+			{"POST", func(url string) *http.Request {
+				req, _ := http.NewRequest("POST", url+"/p", strings.NewReader(strings.Repeat("x", 70<<10)))
+				req.Header.Set("Expect", "100-continue")
+				return req
+			}},
+			{"chunked PUT with a trailer", func(url string) *http.Request {
+				req, _ := http.NewRequest("PUT", url+"/c", io.MultiReader(strings.NewReader("piece one, "), strings.NewReader("piece two")))
+				req.ContentLength = -1
+				req.Trailer = http.Header{"X-Check": {"7"}}
+				return req
+			}},
+			{"empty POST, Te: trailers", func(url string) *http.Request {
+				req, _ := http.NewRequest("POST", url+"/e", nil)
+				req.Header.Set("Te", "trailers, deflate")
+				return req
+			}},
+			{"DELETE, query to re-encode", func(url string) *http.Request {
+				req, _ := http.NewRequest("DELETE", url+"/d?a=1;b=2&c=%zz&d=%41", nil)
+				return req
+			}},
+		} {
+			t.Run(tc.name+"/"+rq.name, func(t *testing.T) { testDirectMatchesReverseProxy(t, tc.answer, rq.make) })
+		}
 	}
 }
 
-func testDirectMatchesReverseProxy(t *testing.T, upstream http.HandlerFunc) {
+func testDirectMatchesReverseProxy(t *testing.T, upstream http.HandlerFunc, newReq func(url string) *http.Request) {
 	var (
 		mu  sync.Mutex
 		got []seen
 	)
 	r := newRig(t, rigOpts{}, func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
 		mu.Lock()
-		got = append(got, seen{req.Method, req.RequestURI, req.Host, req.Header.Clone()})
+		got = append(got, seen{req.Method, req.RequestURI, req.Host, req.Header.Clone(), string(body), req.ContentLength, req.Trailer})
 		mu.Unlock()
 		upstream(w, req)
 	})
@@ -99,7 +139,7 @@ func testDirectMatchesReverseProxy(t *testing.T, upstream http.HandlerFunc) {
 		body            string
 	}
 	do := func(base string) answer {
-		req, _ := http.NewRequest("GET", base+"/a/b%2Fc?q=1&r=2", nil)
+		req := newReq(base)
 		req.Header.Set(DefaultProjectHeader, "alpha")
 		req.Header.Set("Connection", "X-Hop")
 		req.Header.Set("X-Hop", "1")
@@ -131,6 +171,18 @@ func testDirectMatchesReverseProxy(t *testing.T, upstream http.HandlerFunc) {
 	if got[0].method != got[1].method || got[0].uri != got[1].uri || got[0].host != got[1].host {
 		t.Errorf("request line: direct %+v, proxy %+v", got[0], got[1])
 	}
+	// ReverseProxy announces the client's trailer and sends it empty; the
+	// direct path sends its values.
+	if got[0].body != got[1].body || got[0].length != got[1].length ||
+		!slices.Equal(slices.Sorted(maps.Keys(got[0].trailer)), slices.Sorted(maps.Keys(got[1].trailer))) ||
+		(got[0].trailer != nil && got[0].trailer.Get("X-Check") != "7") {
+		t.Errorf("request body: direct %d bytes (length %d, trailer %v), proxy %d (length %d, trailer %v)",
+			len(got[0].body), got[0].length, got[0].trailer, len(got[1].body), got[1].length, got[1].trailer)
+	}
+	if v := got[0].header.Get("Expect"); v != "" {
+		t.Errorf("direct path passed Expect: %q", v)
+	}
+	got[1].header.Del("Expect")
 	if !equalHeader(got[0].header, got[1].header) {
 		t.Errorf("upstream saw\n direct %v\n proxy  %v", got[0].header, got[1].header)
 	}
@@ -368,4 +420,164 @@ func TestPlainHead(t *testing.T) {
 func peekAll(br *bufio.Reader) string {
 	b, _ := br.Peek(br.Buffered())
 	return string(b)
+}
+
+// TestDirectBodies: requests with bodies on the direct path. An upstream
+// that answers before reading a large body has its answer passed on, and
+// its connection is not reused, nor is it when the answer began before the
+// whole body went out (what the upstream left unread of it would be taken
+// for the next request); a client that asks Expect: 100-continue is
+// told to go on by the front once its request is admitted, and its body
+// arrives; a client that breaks off its body frees its permit and the
+// upstream connection is not reused for another request.
+func TestDirectBodies(t *testing.T) {
+	var (
+		mu  sync.Mutex
+		seq []string // path@connection of each request the upstream saw
+	)
+	entered := make(chan struct{})
+	r := newRig(t, rigOpts{}, func(w http.ResponseWriter, req *http.Request) {
+		mu.Lock()
+		seq = append(seq, req.URL.Path+"@"+req.RemoteAddr)
+		mu.Unlock()
+		switch req.URL.Path {
+		case "/refuse":
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			_, _ = io.WriteString(w, "too big\n")
+		case "/close":
+			// An answer, and the connection closed with the body unread.
+			w.Header().Set("Connection", "close")
+			_, _ = io.WriteString(w, "closed\n")
+		case "/early":
+			// The head goes out before the rest of the body comes.
+			_ = http.NewResponseController(w).EnableFullDuplex()
+			defer req.Body.Close() // golang/go#68560
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			close(entered)
+			_, _ = io.Copy(io.Discard, req.Body)
+			_, _ = io.WriteString(w, "early\n")
+		default:
+			b, err := io.ReadAll(req.Body)
+			if err != nil {
+				return
+			}
+			_, _ = fmt.Fprintf(w, "got %d\n", len(b))
+		}
+	})
+	post := func(path string, body io.Reader, expect bool) (int, string, error) {
+		req, _ := http.NewRequest("POST", r.url+path, body)
+		req.Header.Set(DefaultProjectHeader, "alpha")
+		if expect {
+			req.Header.Set("Expect", "100-continue")
+		}
+		tr := &http.Transport{ExpectContinueTimeout: 10 * time.Second}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b), err
+	}
+
+	if status, body, err := post("/", strings.NewReader("warm"), false); status != 200 || body != "got 4\n" {
+		t.Fatalf("POST: %d %q %v", status, body, err)
+	}
+	// 8 MiB the upstream never reads: more than the sockets hold.
+	status, body, err := post("/refuse", strings.NewReader(strings.Repeat("b", 8<<20)), false)
+	if status != http.StatusRequestEntityTooLarge || body != "too big\n" {
+		t.Errorf("upstream that answers first: %d %q %v", status, body, err)
+	}
+	waitInUse(t, r.pool, 0)
+	start := time.Now()
+	if status, body, err := post("/", strings.NewReader("after"), true); status != 200 || body != "got 5\n" {
+		t.Errorf("POST with Expect: %d %q %v", status, body, err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Expect: 100-continue took %v: the front did not send 100 Continue", d)
+	}
+	mu.Lock()
+	if n := len(seq); seq[n-1][strings.Index(seq[n-1], "@"):] == seq[n-2][strings.Index(seq[n-2], "@"):] {
+		t.Errorf("the connection of an answer that came before its body was reused: %q", seq)
+	}
+	mu.Unlock()
+
+	// An upstream that answers and hangs up on a body of 200 KiB: the
+	// client still sends all of it, the front stops reading it.
+	for range 5 {
+		if status, body, err := post("/close", strings.NewReader(strings.Repeat("c", 200<<10)), false); status != 200 || body != "closed\n" {
+			t.Logf("upstream that hangs up: %d %q %v", status, body, err)
+		}
+	}
+	if logs := r.logs.String(); strings.Contains(logs, "panic") {
+		t.Errorf("the front's server panicked: %s", logs)
+	}
+
+	// An answer that began before the body was all sent.
+	c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "POST /early HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nContent-Length: 10\r\n\r\n01234")
+	<-entered
+	_, _ = io.WriteString(c, "56789")
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != 200 || readAll(t, resp) != "early\n" {
+		t.Errorf("early answer: %v %v", resp, err)
+	}
+	if status, body, err := post("/", strings.NewReader("next"), false); status != 200 || body != "got 4\n" {
+		t.Errorf("POST after an early answer: %d %q %v", status, body, err)
+	}
+	mu.Lock()
+	if n := len(seq); seq[n-1][strings.Index(seq[n-1], "@"):] == seq[n-2][strings.Index(seq[n-2], "@"):] {
+		t.Errorf("the connection of an answer that began before its body was sent was reused: %q", seq)
+	}
+	mu.Unlock()
+
+	// A body broken off: Content-Length 1000, 10 bytes, then a close.
+	c, err = net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nContent-Length: 1000\r\n\r\n0123456789")
+	waitInUse(t, r.pool, 1)
+	c.Close()
+	waitInUse(t, r.pool, 0)
+	if status, body, err := post("/", strings.NewReader("next"), false); status != 200 || body != "got 4\n" {
+		t.Errorf("POST after a broken one: %d %q %v", status, body, err)
+	}
+	mu.Lock()
+	if n := len(seq); seq[n-1][strings.Index(seq[n-1], "@"):] == seq[n-2][strings.Index(seq[n-2], "@"):] {
+		t.Errorf("the connection of a broken body was reused: %q", seq)
+	}
+	mu.Unlock()
+}
+
+// TestDirectBodySentLate: a sender that reports its body sent only after
+// the answer is over (the upstream read the body and answered while the
+// sender was not yet back) has its connection aborted to be stopped; that
+// connection is never reused, whatever the sender reports then (it was, and
+// the next request failed on a connection past its deadline: 3 in 70,000
+// POSTs under wrk).
+func TestDirectBodySentLate(t *testing.T) {
+	r := newRig(t, rigOpts{tweak: func(f *Front) {
+		f.up.(*directUpstream).sentHook = func() { time.Sleep(20 * time.Millisecond) }
+	}}, func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(req.Body)
+		_, _ = fmt.Fprintf(w, "got %d\n", len(b))
+	})
+	for i := range 3 {
+		req, _ := http.NewRequest("POST", r.url, strings.NewReader("body"))
+		req.Header.Set(DefaultProjectHeader, "alpha")
+		resp, err := r.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := readAll(t, resp); resp.StatusCode != 200 || body != "got 4\n" {
+			t.Errorf("POST %d: %d %q", i, resp.StatusCode, body)
+		}
+	}
 }
