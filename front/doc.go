@@ -187,8 +187,12 @@
 // # What the client sees
 //
 // Proxied responses carry "Fairshare-Class" (P1, P2 or P3: the class the
-// scheduler dispatched the request under) and "Fairshare-Queue-Wait" (seconds
-// spent waiting for dispatch). Refusals carry "Fairshare-Refused" and
+// scheduler dispatched the request under; none without a scheduler) and
+// "Fairshare-Queue-Wait" (seconds spent waiting for dispatch). These, the
+// refusal's field and the cost header are the front's: an upstream that sends
+// them in its head, in an informational answer or in its trailer does not
+// get them to the client. Informational answers (1xx) reach HTTP/1.1 and
+// HTTP/2 clients only; an HTTP/1.0 client gets the final answer alone. Refusals carry "Fairshare-Refused" and
 // Retry-After, with a one-line body that states only the project's own numbers
 // (what it holds and its share), never another project's. Hop-by-hop headers
 // are removed in both directions. Bodies stream both ways: a response of

@@ -170,9 +170,11 @@ type Front struct {
 	projectKey string
 	// claimProject is Config.ProjectHeader as claimKey folds it.
 	claimProject string
-	stats        *stats
-	id           *identity
-	retry        *retryPacer
+	// costKey is Config.CostHeader in canonical form.
+	costKey string
+	stats   *stats
+	id      *identity
+	retry   *retryPacer
 
 	exemptProjects map[string]bool
 	exemptRoutes   map[string]bool
@@ -210,7 +212,8 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	}
 	f := &Front{cfg: cfg, deps: deps, clk: clock.Or(deps.Clock), log: deps.Log, upstream: u, routes: routes,
 		exemptProjects: map[string]bool{}, exemptRoutes: map[string]bool{}, bufs: &bufferPool{},
-		projectKey: http.CanonicalHeaderKey(cfg.ProjectHeader), claimProject: claimKey(cfg.ProjectHeader)}
+		projectKey: http.CanonicalHeaderKey(cfg.ProjectHeader), claimProject: claimKey(cfg.ProjectHeader),
+		costKey: http.CanonicalHeaderKey(cfg.CostHeader)}
 	for _, p := range cfg.Exempt.Projects {
 		if err := ValidateProject(p); err != nil {
 			return nil, fmt.Errorf("exempt project: %w", err)
@@ -243,7 +246,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 			host = net.JoinHostPort(u.Hostname(), "80")
 		}
 		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, idleFor: cfg.UpstreamIdleTimeout,
-			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, unasked: f.unasked, bufs: f.bufs,
+			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, unasked: f.unasked, stripOwn: f.stripOwn, bufs: f.bufs,
 			host: u.Host, projectKey: f.projectKey, forwardProject: cfg.ForwardProject, isClaim: f.isClaim}
 	}
 	f.tr = &http.Transport{
@@ -533,7 +536,7 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			return nil
 		},
 	})
-	f.proxy.ServeHTTP(w, r.WithContext(ctx))
+	f.proxy.ServeHTTP(&proxyWriter{w, f, r}, r.WithContext(ctx))
 }
 
 // serveDirect proxies r on the direct path.
@@ -567,6 +570,7 @@ func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange)
 			dst[k] = append(dst[k], vv...)
 		}
 	}
+	f.stripOwn(resp.Trailer)
 	announced := len(resp.Trailer)
 	if announced > 0 {
 		keys := make([]string, 0, announced)
@@ -591,6 +595,8 @@ func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange)
 	}
 	resp.Body.Close()
 	if len(resp.Trailer) > 0 {
+		// The values came with the end of the body, under any name.
+		f.stripOwn(resp.Trailer)
 		for k, vv := range resp.Trailer {
 			if announced == 0 {
 				k = http.TrailerPrefix + k
@@ -709,6 +715,10 @@ func (f *Front) modifyResponse(resp *http.Response) error {
 	if x != nil {
 		f.annotate(x, resp.Header)
 	}
+	if len(resp.Trailer) > 0 {
+		f.stripOwn(resp.Trailer) // not announced
+		resp.Body = &ownTrailer{resp.Body, f, resp}
+	}
 	return nil
 }
 
@@ -724,8 +734,8 @@ func (f *Front) annotate(x *exchange, h http.Header) {
 			f.log.Warn("ignoring bad cost header", "project", x.project, "value", v)
 		}
 	}
-	h.Del(f.cfg.CostHeader)
-	h.Del(HeaderRefused)
+	delete(h, f.costKey)
+	delete(h, HeaderRefused)
 	// The values are shared, read-only slices (net/http copies a header's
 	// values when it writes them; len == cap, so an append copies too): three
 	// fewer allocations per request than Set and formatting each time.
@@ -736,6 +746,9 @@ func (f *Front) annotate(x *exchange, h http.Header) {
 		h[HeaderClass] = classValues[x.class]
 	case x.class != 0:
 		h.Set(HeaderClass, x.class.String())
+	default:
+		// No scheduler: no class, and none from the upstream either.
+		delete(h, HeaderClass)
 	}
 	if x.waited == 0 {
 		h[HeaderQueueWait] = noWait
@@ -756,6 +769,64 @@ var (
 	}
 	noWait = []string{strconv.FormatFloat(0, 'f', 6, 64)}
 )
+
+// stripOwn deletes from h, an upstream's informational head or trailer,
+// the fields the front sets itself or consumes (its class, queue wait and
+// refusal, the cost header): the upstream does not speak for the front.
+func (f *Front) stripOwn(h http.Header) {
+	if len(h) == 0 {
+		return
+	}
+	for _, k := range [...]string{HeaderClass, HeaderQueueWait, HeaderRefused, f.costKey} {
+		delete(h, k)
+	}
+}
+
+// may1xx reports whether an informational answer may be passed to
+// the client of r: not to an HTTP/1.0 client, which does not know them
+// (RFC 9110 15.2).
+func may1xx(r *http.Request) bool { return r.ProtoAtLeast(1, 1) }
+
+// proxyWriter is the client's ResponseWriter as ReverseProxy sees it: an
+// informational answer reaches only a client that may have one, and without
+// the front's own fields.
+type proxyWriter struct {
+	http.ResponseWriter
+	f *Front
+	r *http.Request
+}
+
+func (w *proxyWriter) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		if !may1xx(w.r) {
+			clear(w.Header()) // ReverseProxy copied the answer's fields in
+			return
+		}
+		w.f.stripOwn(w.Header())
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController (ReverseProxy's flushes, hijacks
+// and deadlines) reach the server's writer.
+func (w *proxyWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// ownTrailer removes the front's own fields from an answer's trailer when
+// its body ends: the values only come then, and would be passed on by
+// ReverseProxy under whatever names the upstream chose.
+type ownTrailer struct {
+	io.ReadCloser
+	f    *Front
+	resp *http.Response
+}
+
+func (b *ownTrailer) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.f.stripOwn(b.resp.Trailer)
+	}
+	return n, err
+}
 
 func (f *Front) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	f.upstreamFailed(w, r, exchangeOf(r), err)

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -436,8 +437,13 @@ func TestHostileSequences(t *testing.T) {
 // answer in the review; here, dozens per run). Cases whose bytes come late,
 // after the next request went out, are left out: no HTTP/1.1 client can
 // tell those from the next answer (the check at reuse and the sweep are
-// for them, TestIdleUpstreamWatched).
+// for them, TestIdleUpstreamWatched). Nor does net/http write a line to
+// the standard logger per unasked answer (it did, with no limit, through
+// the fallback's kept-alive connections).
 func TestHostileConcurrent(t *testing.T) {
+	var stdlog logBuffer
+	log.SetOutput(&stdlog)
+	t.Cleanup(func() { log.SetOutput(os.Stderr) })
 	var hostile []int
 	head := -1
 	for i, tc := range hostileCases {
@@ -514,6 +520,9 @@ func TestHostileConcurrent(t *testing.T) {
 			wg.Wait()
 			t.Logf("%d honest and %d hostile requests on %d upstream connections: %d got another's bytes, %d honest not their own answer",
 				honestN.Load(), other.Load(), u.conns.Load(), len(wrong), len(notOwn))
+			if n := strings.Count(stdlog.String(), "Unsolicited response"); n > 0 {
+				t.Errorf("net/http logged %d unasked answers to the standard logger", n)
+			}
 			for i, w := range wrong {
 				if i == 5 {
 					break

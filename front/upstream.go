@@ -46,14 +46,15 @@ var errStaleConn = errors.New("reused upstream connection failed before the answ
 // handing those bytes to the next request. A sweep every idleSweep closes
 // the idle connections that spoke, hung up or outlived idleFor.
 type directUpstream struct {
-	addr    string // host:port
-	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
-	maxIdle int
-	idleFor time.Duration
-	maxHead int64 // bytes of answer heads (1xx included) per request
-	max1xx  int   // informational answers per request
-	unasked func(why string)
-	bufs    *bufferPool // for request bodies
+	addr     string // host:port
+	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
+	maxIdle  int
+	idleFor  time.Duration
+	maxHead  int64 // bytes of answer heads (1xx included) per request
+	max1xx   int   // informational answers per request
+	unasked  func(why string)
+	stripOwn func(http.Header) // Front.stripOwn
+	bufs     *bufferPool       // for request bodies
 	// sentHook, when set (tests), runs when a request body has gone out,
 	// before its sender reports it.
 	sentHook func()
@@ -762,8 +763,13 @@ func (d *directUpstream) readAnswer(uc *upConn, r *http.Request, x *exchange, re
 		if informational == d.max1xx {
 			return nil, fmt.Errorf("upstream sent more than %d informational answers", d.max1xx)
 		}
-		// As ReverseProxy does: pass the informational answer on, then
-		// forget its headers.
+		// As ReverseProxy does: pass the informational answer on (not to
+		// an HTTP/1.0 client; still counted), then forget its fields. The
+		// front's own fields are not the upstream's to send.
+		if !may1xx(r) {
+			continue
+		}
+		d.stripOwn(resp.Header)
 		h := x.w.Header()
 		for k, vv := range resp.Header {
 			h[k] = vv

@@ -4,6 +4,7 @@ package front
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"maps"
@@ -580,4 +581,124 @@ func TestDirectBodySentLate(t *testing.T) {
 			t.Errorf("POST %d: %d %q", i, resp.StatusCode, body)
 		}
 	}
+}
+
+// paths runs fn for the direct path and for the fallback (ReverseProxy),
+// with the tweak that sends every request through the latter.
+func paths(t *testing.T, fn func(t *testing.T, tweak func(*Front))) {
+	t.Run("direct", func(t *testing.T) { fn(t, nil) })
+	t.Run("fallback", func(t *testing.T) { fn(t, func(f *Front) { f.up = nil }) })
+}
+
+// rawRoundTrip sends raw on a fresh connection to addr and returns what
+// came back until the connection closed or went quiet.
+func rawRoundTrip(t *testing.T, addr, raw string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		n, err := c.Read(buf)
+		out.Write(buf[:n])
+		if err != nil {
+			return out.String()
+		}
+	}
+}
+
+// TestInformationalAnswers: an informational answer (103 Early Hints)
+// reaches an HTTP/1.1 client without the front's own fields the upstream
+// put in it, and never an HTTP/1.0 client (RFC 9110 15.2), on both paths.
+func TestInformationalAnswers(t *testing.T) {
+	paths(t, func(t *testing.T, tweak func(*Front)) {
+		r := newRig(t, rigOpts{tweak: tweak}, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Link", "</style.css>; rel=preload")
+			w.Header().Set(HeaderClass, "forged")
+			w.Header().Set(HeaderQueueWait, "forged")
+			w.WriteHeader(http.StatusEarlyHints)
+			w.Header().Del("Link")
+			w.Header().Del(HeaderClass)
+			w.Header().Del(HeaderQueueWait)
+			_, _ = io.WriteString(w, "ok\n")
+		})
+		addr := strings.TrimPrefix(r.url, "http://")
+		got := rawRoundTrip(t, addr, "GET / HTTP/1.0\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\n")
+		if !strings.HasPrefix(got, "HTTP/1.0 200") && !strings.HasPrefix(got, "HTTP/1.1 200") {
+			t.Errorf("HTTP/1.0 client got %q, want the final answer first", got)
+		}
+		got = rawRoundTrip(t, addr, "GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nConnection: close\r\n\r\n")
+		hints, final, _ := strings.Cut(got, "\r\n\r\n")
+		if !strings.HasPrefix(hints, "HTTP/1.1 103") || !strings.Contains(hints, "Link: </style.css>") {
+			t.Errorf("HTTP/1.1 client got %q, want 103 with its Link first", got)
+		}
+		if strings.Contains(got, "forged") || !strings.Contains(final, "HTTP/1.1 200") {
+			t.Errorf("the upstream's front fields reached the client: %q", got)
+		}
+	})
+}
+
+// TestOwnFieldsNotFromUpstream: the front's own fields (class, queue
+// wait, refusal, the cost header) come from the front or not at all: not
+// from an upstream's head when the front has no class to give (no
+// scheduler), nor from its trailer, announced or not, on both paths.
+func TestOwnFieldsNotFromUpstream(t *testing.T) {
+	paths(t, func(t *testing.T, tweak func(*Front)) {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set(HeaderClass, "forged")
+			w.Header().Set("Trailer", HeaderClass+", X-Sum")
+			_, _ = io.WriteString(w, "body\n")
+			w.Header().Set(HeaderClass, "forged")
+			w.Header().Set("X-Sum", "42")
+			w.Header().Set(http.TrailerPrefix+HeaderQueueWait, "forged")
+			w.Header().Set(http.TrailerPrefix+DefaultCostHeader, "9")
+			w.Header().Set(http.TrailerPrefix+HeaderRefused, "forged")
+		}))
+		t.Cleanup(up.Close)
+		f, err := New(Config{Upstream: up.URL, TrustedPeers: []string{"127.0.0.1"}}, Deps{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tweak != nil {
+			tweak(f)
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = f.Serve(ctx, l) }()
+		t.Cleanup(func() { cancel(); <-done })
+		req, _ := http.NewRequest("GET", "http://"+l.Addr().String()+"/", nil)
+		req.Header.Set(DefaultProjectHeader, "alpha")
+		req.Header.Set("Te", "trailers")
+		tr := &http.Transport{}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := readAll(t, resp)
+		if body != "body\n" || resp.Trailer.Get("X-Sum") != "42" {
+			t.Errorf("answer %q, trailer %v: want the body and X-Sum", body, resp.Trailer)
+		}
+		for _, h := range []http.Header{resp.Header, resp.Trailer} {
+			for _, k := range []string{HeaderClass, HeaderQueueWait, HeaderRefused, DefaultCostHeader} {
+				if v := h.Get(k); v != "" && (k != HeaderQueueWait || v == "forged") {
+					t.Errorf("%s: %q reached the client (header %v, trailer %v)", k, v, resp.Header, resp.Trailer)
+				}
+			}
+		}
+		if strings.Contains(resp.Header.Get("Trailer"), HeaderClass) {
+			t.Errorf("announced trailer %q", resp.Header.Get("Trailer"))
+		}
+	})
 }
