@@ -138,6 +138,10 @@ type FrontLimits struct {
 	ReadHeaderTimeout   time.Duration `yaml:"read_header_timeout"`
 	IdleTimeout         time.Duration `yaml:"idle_timeout"`
 	UpstreamIdleTimeout time.Duration `yaml:"upstream_idle_timeout"`
+	BodyReadTimeout     time.Duration `yaml:"body_read_timeout"`
+	WriteTimeout        time.Duration `yaml:"write_timeout"`
+	UpstreamHeadTimeout time.Duration `yaml:"upstream_head_timeout"`
+	TunnelTimeout       time.Duration `yaml:"tunnel_timeout"`
 }
 
 func (l *FrontLimits) validate() error {
@@ -162,6 +166,10 @@ func (l *FrontLimits) validate() error {
 		{"read_header_timeout", l.ReadHeaderTimeout, 100 * time.Millisecond, 10 * time.Minute},
 		{"idle_timeout", l.IdleTimeout, time.Second, time.Hour},
 		{"upstream_idle_timeout", l.UpstreamIdleTimeout, time.Second, time.Hour},
+		{"body_read_timeout", l.BodyReadTimeout, 100 * time.Millisecond, 10 * time.Minute},
+		{"write_timeout", l.WriteTimeout, 100 * time.Millisecond, 10 * time.Minute},
+		{"upstream_head_timeout", l.UpstreamHeadTimeout, 100 * time.Millisecond, time.Hour},
+		{"tunnel_timeout", l.TunnelTimeout, time.Second, 24 * time.Hour},
 	} {
 		if v.val < v.min || v.val > v.max {
 			return fmt.Errorf("front.limits.%s must be between %s and %s, got %s", v.name, v.min, v.max, v.val)

@@ -145,6 +145,17 @@
 //	ReadHeaderTimeout    10s    a client that has not sent its whole head by then: connection closed, no answer
 //	IdleTimeout          2m     a client's kept-alive connection idle this long: closed
 //	UpstreamIdleTimeout  90s    an upstream connection kept for reuse, idle this long: closed
+//	BodyReadTimeout      30s    one read of a request body waiting this long: 408, connection closed
+//	WriteTimeout         30s    a piece of an answer the client does not take this long: connection closed
+//	UpstreamHeadTimeout  1m     no answer head this long after the whole request went out: 504
+//	TunnelTimeout        10m    an upgraded connection (a tunnel) this old: both ends closed
+//
+// The last four bound how long an admitted request holds its permit against
+// a client or an upstream that stops: a request whose peers keep moving is
+// not cut short (a long download, a slow upload, a long poll), but one that
+// waits on a silent peer gives its permit back within the bound. A tunnel
+// is cut at TunnelTimeout whether it is busy or not, as one admission
+// could otherwise carry any number of requests over it.
 //
 // The accepting side (connection caps, accept-error backoff) is the
 // listener's, not the front's.

@@ -16,6 +16,7 @@ import (
 	"net/http/httputil"
 	"net/textproto"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,6 +43,10 @@ const (
 	DefaultReadHeaderTimeout   = 10 * time.Second
 	DefaultIdleTimeout         = 2 * time.Minute
 	DefaultUpstreamIdleTimeout = 90 * time.Second
+	DefaultBodyReadTimeout     = 30 * time.Second
+	DefaultWriteTimeout        = 30 * time.Second
+	DefaultUpstreamHeadTimeout = time.Minute
+	DefaultTunnelTimeout       = 10 * time.Minute
 )
 
 // Response headers the front sets.
@@ -114,6 +119,10 @@ type Config struct {
 	ReadHeaderTimeout   time.Duration // to read a client's request head: past it the connection is closed
 	IdleTimeout         time.Duration // a client's keep-alive connection between requests
 	UpstreamIdleTimeout time.Duration // an upstream connection kept for reuse
+	BodyReadTimeout     time.Duration // each read of a client's request body: past it 408
+	WriteTimeout        time.Duration // each write to a client: past it the connection is closed
+	UpstreamHeadTimeout time.Duration // the upstream's answer head, from when the request is all out: past it 504
+	TunnelTimeout       time.Duration // an upgraded connection (a tunnel) holding its request's permit
 }
 
 // Exempt names the requests of the exempt class.
@@ -202,6 +211,10 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	setDefault(&cfg.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	setDefault(&cfg.IdleTimeout, DefaultIdleTimeout)
 	setDefault(&cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
+	setDefault(&cfg.BodyReadTimeout, DefaultBodyReadTimeout)
+	setDefault(&cfg.WriteTimeout, DefaultWriteTimeout)
+	setDefault(&cfg.UpstreamHeadTimeout, DefaultUpstreamHeadTimeout)
+	setDefault(&cfg.TunnelTimeout, DefaultTunnelTimeout)
 	u, err := url.Parse(cfg.Upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("upstream %q: %w", cfg.Upstream, ErrNoUpstream)
@@ -246,7 +259,8 @@ func New(cfg Config, deps Deps) (*Front, error) {
 			host = net.JoinHostPort(u.Hostname(), "80")
 		}
 		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, idleFor: cfg.UpstreamIdleTimeout,
-			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, unasked: f.unasked, stripOwn: f.stripOwn, bufs: f.bufs,
+			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, headFor: cfg.UpstreamHeadTimeout,
+			unasked: f.unasked, stripOwn: f.stripOwn, bufs: f.bufs,
 			host: u.Host, projectKey: f.projectKey, forwardProject: cfg.ForwardProject, isClaim: f.isClaim}
 	}
 	f.tr = &http.Transport{
@@ -256,6 +270,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		IdleConnTimeout:        cfg.UpstreamIdleTimeout,
 		ExpectContinueTimeout:  time.Second,
 		MaxResponseHeaderBytes: cfg.MaxUpstreamHead,
+		ResponseHeaderTimeout:  cfg.UpstreamHeadTimeout,
 	}
 	if cfg.UpstreamH2C {
 		f.tr.Protocols = new(http.Protocols)
@@ -397,6 +412,8 @@ type exchange struct {
 	// an answer the front refuses) and the informational answers so far.
 	upConn net.Conn
 	n1xx   int
+	// body is the request body with its read deadline, when there is one.
+	body *timedBody
 }
 
 type exchangeKey struct{}
@@ -520,12 +537,22 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		// request (golang/go#68560).
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		defer r.Body.Close()
+		x.body = f.timedBody(w, r)
+		r.Body = x.body
 	}
 	if f.up != nil && f.up.takes(r) {
 		f.serveDirect(w, r, x)
 		return
 	}
 	ctx := context.WithValue(r.Context(), exchangeKey{}, x)
+	if r.Header["Upgrade"] != nil {
+		// A tunnel holds its request's permit while it lasts: it is
+		// closed, both ends, after Config.TunnelTimeout (ReverseProxy
+		// closes the upstream end when the request's context ends).
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, f.cfg.TunnelTimeout)
+		defer cancel()
+	}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(i httptrace.GotConnInfo) { x.upConn = i.Conn },
 		Got1xxResponse: func(int, textproto.MIMEHeader) error {
@@ -584,7 +611,8 @@ func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange)
 	// long poll): pass each piece on as it arrives, as ReverseProxy does.
 	stream := resp.ContentLength < 0
 	if err := f.copyBody(w, resp.Body, stream); err != nil {
-		if a.watch.clientGone(r.Context()) {
+		if a.watch.clientGone(r.Context()) || errors.Is(err, errClientWrite) {
+			// Nobody reads the rest: the server closes the connection.
 			x.outcome = outcomeCanceled
 			return
 		}
@@ -607,6 +635,10 @@ func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange)
 	keep = !resp.Close
 }
 
+// errClientWrite: a write of the answer to the client failed (it went away,
+// or did not read within Config.WriteTimeout).
+var errClientWrite = errors.New("writing to the client")
+
 // copyBody copies the upstream body to the client with a pooled buffer,
 // flushing after every read when stream is set.
 func (f *Front) copyBody(w http.ResponseWriter, body io.Reader, stream bool) error {
@@ -621,7 +653,7 @@ func (f *Front) copyBody(w http.ResponseWriter, body io.Reader, stream bool) err
 		n, rerr := body.Read(buf)
 		if n > 0 {
 			if _, err := w.Write(buf[:n]); err != nil {
-				return fmt.Errorf("writing to the client: %w", err)
+				return fmt.Errorf("%w: %w", errClientWrite, err)
 			}
 			if fl != nil {
 				fl.Flush()
@@ -832,9 +864,20 @@ func (f *Front) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	f.upstreamFailed(w, r, exchangeOf(r), err)
 }
 
-// upstreamFailed answers a request the upstream did not answer: 502, or
-// nothing when the client went away.
+// upstreamFailed answers a request the upstream did not answer: 408 when
+// the client's body stalled past Config.BodyReadTimeout, 400 when it broke
+// off, 504 when the upstream's head did not come within
+// Config.UpstreamHeadTimeout, 502 otherwise, or nothing when the client
+// went away.
 func (f *Front) upstreamFailed(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
+	if x != nil && x.body != nil && x.body.timedOut.Load() {
+		// The client's own stall; its connection cannot be trusted to be
+		// in step, and the server's read of it failed.
+		x.outcome = outcomeCanceled
+		w.Header().Set("Connection", "close")
+		http.Error(w, "fairshare: the request body stalled", http.StatusRequestTimeout)
+		return
+	}
 	if r.Context().Err() != nil || errors.Is(err, errClientGone) {
 		// The client went away; there is nobody to answer.
 		if x != nil {
@@ -842,9 +885,71 @@ func (f *Front) upstreamFailed(w http.ResponseWriter, r *http.Request, x *exchan
 		}
 		return
 	}
+	if errors.Is(err, errClientBody) {
+		if x != nil {
+			x.outcome = outcomeCanceled
+		}
+		w.Header().Set("Connection", "close")
+		http.Error(w, "fairshare: bad request body", http.StatusBadRequest)
+		return
+	}
+	status, msg := http.StatusBadGateway, "fairshare: upstream unavailable"
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		status, msg = http.StatusGatewayTimeout, "fairshare: the upstream did not answer in time"
+	}
 	if x != nil {
 		x.outcome = outcomeError
-		f.log.Warn("upstream error", "project", x.project, "err", err)
+		f.log.Warn("upstream error", "project", x.project, "status", status, "err", err)
 	}
-	http.Error(w, "fairshare: upstream unavailable", http.StatusBadGateway)
+	http.Error(w, msg, status)
+}
+
+// timedBody is a client's request body each read of which must return
+// within Config.BodyReadTimeout: a client that stops sending does not hold
+// its request, and its permit, for longer.
+type timedBody struct {
+	io.ReadCloser
+	d    time.Duration
+	conn net.Conn                 // the client's connection, HTTP/1 under Front.Serve
+	rc   *http.ResponseController // otherwise
+	// timedOut: a read failed on the deadline.
+	timedOut atomic.Bool
+}
+
+func (f *Front) timedBody(w http.ResponseWriter, r *http.Request) *timedBody {
+	b := &timedBody{ReadCloser: r.Body, d: f.cfg.BodyReadTimeout}
+	if cc := peerOf(r).cc; cc != nil && r.ProtoMajor == 1 {
+		b.conn = cc.Conn
+	} else {
+		b.rc = http.NewResponseController(w)
+	}
+	return b
+}
+
+func (b *timedBody) setDeadline(t time.Time) {
+	if b.conn != nil {
+		_ = b.conn.SetReadDeadline(t)
+	} else {
+		_ = b.rc.SetReadDeadline(t)
+	}
+}
+
+// Read reads within the deadline, and lifts it after: at the end of an
+// HTTP/1 body net/http starts reading the connection for the next request,
+// which must not fail on it.
+func (b *timedBody) Read(p []byte) (int, error) {
+	start := time.Now()
+	b.setDeadline(start.Add(b.d))
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && (errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) >= b.d) {
+		// The deadline stays in the past: the server's own read of the
+		// rest of the body, when the handler closes it, fails at once
+		// too rather than wait for a client that stopped.
+		b.timedOut.Store(true)
+		b.setDeadline(time.Unix(1, 0))
+		return n, err
+	}
+	b.setDeadline(time.Time{})
+	return n, err
 }

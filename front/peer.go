@@ -36,6 +36,7 @@ func (f *Front) connContext(ctx context.Context, c net.Conn) context.Context {
 	p := &peer{conn: c}
 	if cc, ok := c.(*clientConn); ok {
 		p.conn, p.cc = cc.Conn, cc
+		cc.writeFor = f.cfg.WriteTimeout
 	}
 	// The daemon's listeners wrap their connections (internal/listen) and
 	// have looked a loopback client's socket up already: its cgroup is

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,15 +29,15 @@ import (
 // and the request (body-less, idempotent) may be sent again on a fresh one.
 var errStaleConn = errors.New("reused upstream connection failed before the answer")
 
-// directUpstream forwards body-less GET and HEAD requests to an http://
-// upstream over HTTP/1.1 keep-alive connections it owns, on the handler's own
-// goroutine: write the request, read the answer, copy it to the client.
-// http.Transport, under httputil.ReverseProxy, spends two goroutine hand-offs
+// directUpstream forwards requests to an http:// upstream over HTTP/1.1
+// keep-alive connections it owns, on the handler's own goroutine (and the
+// request body on one of its own): write the request, read the answer, copy
+// it to the client. http.Transport, under httputil.ReverseProxy, spends two goroutine hand-offs
 // per request (its write and read loops), a deep copy of the request and its
 // header map, and its connection bookkeeping; for the front's commonest
-// request that was a fifth of its CPU. Everything else (request bodies, which
-// need full-duplex streaming, upgrades, h2c to the upstream, an upstream
-// base path) keeps going through ReverseProxy.
+// request that was a fifth of its CPU. Tunnels (Upgrade, CONNECT), h2c or
+// https to the upstream and an upstream base path keep going through
+// ReverseProxy.
 //
 // A connection goes back to the pool only when its answer ended exactly at
 // its framing with nothing more buffered, and it is checked again when taken
@@ -46,12 +47,15 @@ var errStaleConn = errors.New("reused upstream connection failed before the answ
 // handing those bytes to the next request. A sweep every idleSweep closes
 // the idle connections that spoke, hung up or outlived idleFor.
 type directUpstream struct {
-	addr     string // host:port
-	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
-	maxIdle  int
-	idleFor  time.Duration
-	maxHead  int64 // bytes of answer heads (1xx included) per request
-	max1xx   int   // informational answers per request
+	addr    string // host:port
+	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
+	maxIdle int
+	idleFor time.Duration
+	maxHead int64 // bytes of answer heads (1xx included) per request
+	max1xx  int   // informational answers per request
+	// headFor bounds the wait for an answer's head once the whole request
+	// went out (Config.UpstreamHeadTimeout).
+	headFor  time.Duration
 	unasked  func(why string)
 	stripOwn func(http.Header) // Front.stripOwn
 	bufs     *bufferPool       // for request bodies
@@ -101,6 +105,53 @@ type upConn struct {
 	recvd  uint64
 	recvOK bool
 	infoFn func(fd uintptr)
+
+	// aborted: the exchange on the connection was ended from outside (the
+	// client went away, its body failed, the answer was over before the
+	// body); every deadline set after it is the past too.
+	aborted atomic.Bool
+	headMu  sync.Mutex // guards awaiting and the read deadline while it is set
+	// awaiting: the request is being sent or its answer's head awaited;
+	// the read deadline bounds the wait for the head once the request is
+	// all out, and is lifted when the head comes.
+	awaiting bool
+}
+
+// abort ends whatever waits on the connection, for good: the exchange on it
+// is over.
+func (uc *upConn) abort() {
+	uc.aborted.Store(true)
+	_ = uc.c.SetDeadline(time.Unix(1, 0))
+}
+
+// setReadDeadline sets the read deadline unless the connection was
+// aborted.
+func (uc *upConn) setReadDeadline(t time.Time) {
+	_ = uc.c.SetReadDeadline(t)
+	if uc.aborted.Load() {
+		_ = uc.c.SetDeadline(time.Unix(1, 0))
+	}
+}
+
+// sent starts the wait for the answer's head, bounded by d, now that the
+// whole request went out; unless the head came already.
+func (uc *upConn) sent(d time.Duration) {
+	uc.headMu.Lock()
+	if uc.awaiting {
+		uc.setReadDeadline(time.Now().Add(d))
+	}
+	uc.headMu.Unlock()
+}
+
+// gotHead ends the wait for the head: the body of the answer is read
+// without a deadline (it may be a long stream).
+func (uc *upConn) gotHead() {
+	uc.headMu.Lock()
+	if uc.awaiting {
+		uc.awaiting = false
+		uc.setReadDeadline(time.Time{})
+	}
+	uc.headMu.Unlock()
 }
 
 // errHeadTooLarge: the upstream's answer head passed Config.MaxUpstreamHead.
@@ -519,10 +570,11 @@ func (d *directUpstream) roundTrip(r *http.Request, x *exchange) (upAnswer, erro
 		// the answer's head or its body.
 		w := clientWatch{cc: cc}
 		if cc != nil {
-			cc.watch(uc.c)
+			cc.watch(uc)
 		} else {
-			w.stop = context.AfterFunc(ctx, func() { abortUpstream(uc.c) })
+			w.stop = context.AfterFunc(ctx, uc.abort)
 		}
+		uc.awaiting = true
 		d.writeHead(uc.bw, r, x)
 		var send *bodySend
 		if hasBody(r) {
@@ -534,11 +586,14 @@ func (d *directUpstream) roundTrip(r *http.Request, x *exchange) (upAnswer, erro
 			if reused {
 				err = fmt.Errorf("%w: %w", errStaleConn, err)
 			}
+		} else {
+			uc.sent(d.headFor)
 		}
 		var resp *http.Response
 		if err == nil {
 			resp, err = d.readAnswer(uc, r, x, reused)
 		}
+		uc.gotHead()
 		if err == nil {
 			return upAnswer{Response: resp, conn: uc, watch: w, send: send}, nil
 		}
@@ -602,6 +657,11 @@ type bodySend struct {
 	ended bool
 }
 
+// senderGrace is how long the end of an answer waits for a sender that
+// read the whole request body to be done with it, before giving up the
+// connection (see bodySend.end).
+const senderGrace = 100 * time.Millisecond
+
 // errEarlyAnswer: the upstream answered before the request body was sent.
 var errEarlyAnswer = errors.New("the upstream answered before the request body was sent")
 
@@ -637,13 +697,14 @@ func (d *directUpstream) sendBody(uc *upConn, r *http.Request, x *exchange) *bod
 		if err == nil {
 			n, ok2 := uc.received()
 			s.early = !ok || !ok2 || n != base
+			uc.sent(d.headFor)
 			if d.sentHook != nil {
 				d.sentHook()
 			}
 		}
 		if s.readErr != nil {
 			err = fmt.Errorf("%w: %w", errClientBody, s.readErr)
-			abortUpstream(uc.c)
+			uc.abort()
 		} else if err != nil {
 			err = fmt.Errorf("writing upstream request body: %w", err)
 		}
@@ -712,10 +773,29 @@ func (s *bodySend) end(uc *upConn) error {
 	if s.ended {
 		return s.err
 	}
+	var done bool
 	select {
 	case s.err = <-s.done:
+		done = true
 	default:
-		abortUpstream(uc.c)
+		if s.eof.Load() {
+			// The sender has the whole body and is writing its end out
+			// (and then asking the kernel what came meanwhile): an
+			// upstream that read it all answers that fast, over
+			// loopback before the sender is done. A moment for it keeps
+			// the connection; an upstream that does not read does not
+			// hold the request for longer than that.
+			t := time.NewTimer(senderGrace)
+			select {
+			case s.err = <-s.done:
+				done = true
+			case <-t.C:
+			}
+			t.Stop()
+		}
+	}
+	if !done {
+		uc.abort()
 		if s.unblock != nil && !s.eof.Load() {
 			s.unblock()
 		}
@@ -739,7 +819,7 @@ func (d *directUpstream) readAnswer(uc *upConn, r *http.Request, x *exchange, re
 	uc.headLeft = max(0, d.maxHead-int64(uc.br.Buffered()))
 	defer func() { uc.headLeft, uc.rec = -1, nil }()
 	if _, err := uc.br.Peek(1); err != nil {
-		if reused && !errors.Is(err, errHeadTooLarge) {
+		if reused && !errors.Is(err, errHeadTooLarge) && !errors.Is(err, os.ErrDeadlineExceeded) {
 			return nil, fmt.Errorf("%w: %w", errStaleConn, err)
 		}
 		return nil, fmt.Errorf("reading upstream answer: %w", err)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -38,10 +39,17 @@ func (l clientListener) Accept() (net.Conn, error) {
 // request's context: five allocations and a fortieth of the front's CPU.
 type clientConn struct {
 	net.Conn
+	// writeFor bounds each write to the client (Config.WriteTimeout), set
+	// before the connection is served; 0 leaves writes unbounded.
+	writeFor time.Duration
+	// wdlNext is when the write deadline is next moved on (unix ns): it is
+	// moved at most every writeFor/4, so a write that starts has between
+	// 3/4 of writeFor and all of it.
+	wdlNext atomic.Int64
 
 	mu   sync.Mutex // guards the fields below
 	gone bool       // a read failed: the client will not read an answer
-	up   net.Conn   // the upstream connection being watched for, or nil
+	up   *upConn    // the upstream connection being watched for, or nil
 	shot bool       // the watch fired: up was aborted
 }
 
@@ -56,10 +64,22 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		}
 		c.mu.Unlock()
 		if up != nil {
-			abortUpstream(up)
+			up.abort()
 		}
 	}
 	return n, err
+}
+
+// Write writes to the client within writeFor: a client that stops reading
+// its answer does not hold the request (and its permit) for longer.
+func (c *clientConn) Write(p []byte) (int, error) {
+	if c.writeFor > 0 {
+		if now := time.Now(); now.UnixNano() >= c.wdlNext.Load() {
+			_ = c.Conn.SetWriteDeadline(now.Add(c.writeFor))
+			c.wdlNext.Store(now.Add(c.writeFor / 4).UnixNano())
+		}
+	}
+	return c.Conn.Write(p)
 }
 
 // CloseWrite half-closes a TCP connection, as net/http does before closing
@@ -72,7 +92,7 @@ func (c *clientConn) CloseWrite() error {
 }
 
 // watch aborts up when the client goes away, at once if it already has.
-func (c *clientConn) watch(up net.Conn) {
+func (c *clientConn) watch(up *upConn) {
 	c.mu.Lock()
 	gone := c.gone
 	if gone {
@@ -82,7 +102,7 @@ func (c *clientConn) watch(up net.Conn) {
 	}
 	c.mu.Unlock()
 	if gone {
-		abortUpstream(up)
+		up.abort()
 	}
 }
 
@@ -100,10 +120,6 @@ func (c *clientConn) unwatch() bool {
 	c.up = nil
 	return !c.shot
 }
-
-// abortUpstream ends whatever waits on an upstream connection: the client
-// it was working for went away.
-func abortUpstream(c net.Conn) { _ = c.SetDeadline(time.Unix(1, 0)) }
 
 // clientWatch is the watch on the client during one upstream exchange:
 // on the front's own connection (see clientConn) or, for HTTP/2 and

@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The bounds these tests set are small; what they check is that a request
+// ends within a few of them, with a deadline that only stops a hang from
+// hanging the suite.
+const limitsDeadline = 10 * time.Second
+
+// TestSlowBodyFreesPool (the review's case): two requests of beta that send
+// one byte of a 100-byte body and stall hold the whole pool of 2; once a
+// read of their body has waited BodyReadTimeout they are answered 408 and
+// their permits go back, so alpha, refused meanwhile, is served. On both
+// paths.
+func TestSlowBodyFreesPool(t *testing.T) {
+	paths(t, func(t *testing.T, tweak func(*Front)) {
+		r := newRig(t, rigOpts{poolSize: 2, tweak: tweak, cfg: Config{BodyReadTimeout: 300 * time.Millisecond}},
+			func(w http.ResponseWriter, req *http.Request) {
+				if _, err := io.Copy(io.Discard, req.Body); err == nil {
+					_, _ = io.WriteString(w, "ok")
+				}
+			})
+		addr := strings.TrimPrefix(r.url, "http://")
+		answers := make(chan string, 2)
+		for range 2 {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nFairshare-Project: beta\r\nContent-Length: 100\r\n\r\nx")
+			go func() {
+				_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					answers <- err.Error()
+					return
+				}
+				answers <- resp.Status
+			}()
+		}
+		waitInUse(t, r.pool, 2)
+		start := time.Now()
+		if resp := r.get(t, "alpha", "/"); resp.StatusCode != http.StatusTooManyRequests {
+			t.Errorf("alpha while beta holds the pool: %d, want 429", resp.StatusCode)
+		}
+		waitInUse(t, r.pool, 0)
+		if resp := r.get(t, "alpha", "/"); resp.StatusCode != http.StatusOK {
+			t.Errorf("alpha after beta's bodies stalled: %d, want 200", resp.StatusCode)
+		}
+		t.Logf("the pool was free %v after alpha's refusal", time.Since(start))
+		for range 2 {
+			if got := <-answers; !strings.HasPrefix(got, "408") {
+				t.Errorf("a stalled body was answered %q, want 408", got)
+			}
+		}
+	})
+}
+
+// TestSlowReaderFreesPool: a client that does not read a large answer holds
+// its request only until a write to it has waited WriteTimeout: then its
+// connection is closed and its permit goes back. On both paths.
+func TestSlowReaderFreesPool(t *testing.T) {
+	paths(t, func(t *testing.T, tweak func(*Front)) {
+		chunk := strings.Repeat("a", 64<<10)
+		r := newRig(t, rigOpts{poolSize: 2, tweak: tweak, cfg: Config{WriteTimeout: 300 * time.Millisecond}},
+			func(w http.ResponseWriter, req *http.Request) {
+				for i := 0; i < 1024 && req.Context().Err() == nil; i++ { // 64 MiB at most
+					if _, err := io.WriteString(w, chunk); err != nil {
+						return
+					}
+				}
+			})
+		c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: beta\r\n\r\n")
+		waitInUse(t, r.pool, 1)
+		start := time.Now()
+		waitInUse(t, r.pool, 0)
+		t.Logf("permit back %v after the request was admitted", time.Since(start))
+	})
+}
+
+// TestUpstreamHeadTimeout: an upstream that has not begun its answer
+// UpstreamHeadTimeout after the whole request went out costs the client a
+// 504, on both paths, for a GET and for a POST whose body takes longer
+// than the bound to arrive (the wait starts when it is all out).
+func TestUpstreamHeadTimeout(t *testing.T) {
+	paths(t, func(t *testing.T, tweak func(*Front)) {
+		release := make(chan struct{})
+		t.Cleanup(func() { close(release) })
+		r := newRig(t, rigOpts{tweak: tweak, cfg: Config{UpstreamHeadTimeout: 300 * time.Millisecond}},
+			func(w http.ResponseWriter, req *http.Request) {
+				b, _ := io.ReadAll(req.Body)
+				if string(b) == "slow" {
+					_, _ = io.WriteString(w, "ok")
+					return
+				}
+				select {
+				case <-release:
+				case <-req.Context().Done():
+				}
+			})
+		r.client.Timeout = limitsDeadline
+		start := time.Now()
+		resp := r.get(t, "alpha", "/")
+		if resp.StatusCode != http.StatusGatewayTimeout {
+			t.Errorf("silent upstream: %d, want 504", resp.StatusCode)
+		}
+		if d := time.Since(start); d > limitsDeadline/2 {
+			t.Errorf("504 after %v", d)
+		}
+		waitInUse(t, r.pool, 0)
+		// A body that takes 600ms to arrive, then a prompt answer.
+		pr, pw := io.Pipe()
+		go func() {
+			_, _ = io.WriteString(pw, "sl")
+			time.Sleep(600 * time.Millisecond)
+			_, _ = io.WriteString(pw, "ow")
+			pw.Close()
+		}()
+		req, _ := http.NewRequest("POST", r.url, pr)
+		req.Header.Set(DefaultProjectHeader, "alpha")
+		resp, err := r.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := readAll(t, resp); resp.StatusCode != 200 || body != "ok" {
+			t.Errorf("slow body, prompt answer: %d %q", resp.StatusCode, body)
+		}
+	})
+}
+
+// TestTunnelBounded: an upgraded connection (the upstream switches
+// protocols and echoes) holds its request's permit for TunnelTimeout at
+// most, then both ends are closed and the permit goes back.
+func TestTunnelBounded(t *testing.T) {
+	r := newRig(t, rigOpts{cfg: Config{TunnelTimeout: 400 * time.Millisecond}}, func(w http.ResponseWriter, req *http.Request) {
+		if req.Header.Get("Upgrade") != "echo" {
+			http.Error(w, "no", http.StatusBadRequest)
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		_, _ = io.Copy(c, brw)
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(limitsDeadline))
+	_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	start := time.Now()
+	_, _ = io.WriteString(c, "ping\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "ping\n" {
+		t.Fatalf("echo through the tunnel: %q %v", line, err)
+	}
+	if n := r.pool.Snapshot().InUse; n != 1 {
+		t.Errorf("the tunnel holds %d permits, want 1", n)
+	}
+	// It keeps talking; the tunnel closes all the same.
+	for {
+		if _, err := io.WriteString(c, "ping\n"); err != nil {
+			break
+		}
+		if _, err := br.ReadString('\n'); err != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	d := time.Since(start)
+	waitInUse(t, r.pool, 0)
+	if d > limitsDeadline/2 {
+		t.Errorf("the tunnel lasted %v", d)
+	}
+	t.Logf("the tunnel closed after %v", d)
+}
