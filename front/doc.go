@@ -25,11 +25,23 @@
 //     apply to it: a local client cannot spend another project's budget, or
 //     be exempt by route, by naming a host. On a unix socket the client is
 //     the process SO_PEERCRED names and its cgroup is read from
-//     /proc/<pid>/cgroup; on TCP from a loopback address the client's own
-//     socket is found in the kernel's table (sockdiag.Lookup by the
-//     connection's two ends) and its cgroup id mapped through an index of
-//     the cgroups below the root, rebuilt on a miss (at most every 100ms).
-//  3. Any other peer (remote, or local in no project): a route, else nothing.
+//     /proc/<pid>/cgroup while the process is held by a pidfd
+//     (SO_PEERPIDFD); on TCP the client's own socket is found in the
+//     kernel's table (sockdiag.Lookup by the connection's two ends), from
+//     any address, and its cgroup id mapped through an index of the
+//     cgroups below the root, walked again at once on the first miss of an
+//     id (a sub-cgroup created a moment ago is found; an id outside every
+//     tree is remembered and costs one walk).
+//  3. Any other peer (remote, or local in a known cgroup outside every
+//     project): a route, else nothing.
+//
+// A local client whose cgroup the kernel cannot give is refused 403 ("the
+// front cannot tell which cgroup this local client is in"), never taken for
+// a peer outside every project: a unix peer whose connecting process exited
+// (its socket passed to another process) or a TCP client of this node (its
+// address is loopback or one of the node's) whose socket is already gone
+// (reset or closed right after its request). A TCP peer whose socket is not
+// in the kernel's table and whose address is not the node's is remote.
 //
 // A route is written by the operator: a key "host" matches the request's Host
 // (with or without its port, case-insensitive; for an absolute-form request
@@ -57,9 +69,7 @@
 // sets, none does), and shared by the requests of the connection. Addresses are the kernel's (the accepted socket's peer), never
 // a forwarded-for header. Known limits: the pid of SO_PEERCRED is the one at
 // connect time and the cgroup read is its current one (a process that moved
-// is seen where it is now; a pid reused after the client exited is not
-// detected); TCP peers on a non-loopback address of this host are treated as
-// remote; a handler mounted on another server (without Front.Server's
+// is seen where it is now); a handler mounted on another server (without Front.Server's
 // ConnContext) gets the address from http.Request.RemoteAddr and no cgroup.
 //
 // The project header is removed before the request goes upstream, because it is

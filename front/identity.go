@@ -22,6 +22,11 @@ import (
 // no identity of its own for it, or one that disagrees.
 var ErrUntrusted = errors.New("project header not accepted from this peer")
 
+// ErrUnknownPeer means the client is a process of this node whose cgroup
+// the front could not learn; it is refused (403) rather than served as a
+// peer outside every project.
+var ErrUnknownPeer = errors.New("the front cannot tell which cgroup this local client is in")
+
 // who is the front's decision about a request: its project and whether it
 // belongs to the exempt class.
 type who struct {
@@ -59,9 +64,17 @@ func (f *Front) resolve(r *http.Request) (_ who, status int, _ error) {
 			return who{name, f.isExempt(name, p)}, 0, nil
 		}
 	}
+	cg := f.cgroupOf(p)
+	if p.local && p.err != nil {
+		// A client of this node whose cgroup the kernel could not give
+		// (it closed or reset its connection, or the process that
+		// connected is gone and another holds its socket): not a peer
+		// outside every project, whom routes would serve.
+		return who{}, http.StatusForbidden, fmt.Errorf("%w: %w", ErrUnknownPeer, p.err)
+	}
 	var own string
 	if f.id.projects != nil {
-		own = f.id.projects.lookup(f.cgroupOf(p))
+		own = f.id.projects.lookup(cg)
 	}
 	if own != "" {
 		if name != "" && name != own {
@@ -219,11 +232,6 @@ func parseNet(s string) (netip.Prefix, bool) {
 	return netip.Prefix{}, false
 }
 
-// minIndexRefresh bounds how often a miss rebuilds a cgroup index: peers in
-// cgroups outside every indexed tree miss every time, and must not turn
-// every connection into a walk of the tree.
-const minIndexRefresh = 100 * time.Millisecond
-
 // cgroupIndex maps the ids of the cgroups in and below some directories to a
 // name: with byProject, the project (cgroup.ProjectIndex); otherwise the
 // directory itself. It is rebuilt on
@@ -238,7 +246,15 @@ type cgroupIndex struct {
 	ids   map[uint64]string
 	built time.Time
 	err   error
+	// outside: ids that missed after a walk that began after they were
+	// first asked about: cgroups outside every indexed tree, which need
+	// no walk again (a cgroup's id is not reused while the index lives:
+	// cgroup2 ids are 64-bit and only grow). At most maxOutside.
+	outside map[uint64]struct{}
 }
+
+// maxOutside bounds cgroupIndex.outside; past it the set starts again.
+const maxOutside = 4096
 
 func newCgroupIndex(dirs []string, byProject bool, clk clock.Clock) *cgroupIndex {
 	return &cgroupIndex{dirs: dirs, byProject: byProject, clk: clk}
@@ -255,10 +271,21 @@ func (c *cgroupIndex) lookup(id uint64) string {
 	if name, ok := c.ids[id]; ok {
 		return name
 	}
-	if now := c.clk.Now(); c.ids == nil || now.Sub(c.built) >= minIndexRefresh {
-		c.buildLocked(now)
-		return c.ids[id]
+	if _, ok := c.outside[id]; ok {
+		return ""
 	}
+	// A cgroup not seen before: created since the last walk (a new
+	// sub-cgroup of a project), or outside every tree. Walk now rather
+	// than answer "outside" from a stale index; each cgroup outside costs
+	// one walk, not one per connection.
+	c.buildLocked(c.clk.Now())
+	if name, ok := c.ids[id]; ok {
+		return name
+	}
+	if len(c.outside) >= maxOutside || c.outside == nil {
+		c.outside = make(map[uint64]struct{})
+	}
+	c.outside[id] = struct{}{}
 	return ""
 }
 

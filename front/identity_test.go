@@ -227,12 +227,18 @@ func TestCgroupIdentity(t *testing.T) {
 			})
 		}
 	}
-	// A project created after the index was built is found at its first
-	// connection (the index is rebuilt on a miss).
-	time.Sleep(minIndexRefresh)
+	// A project, or a sub-cgroup of one, created just after the index was
+	// built (the connections above rebuilt it) is found at its first
+	// connection: a miss walks the tree at once.
 	late := testutil.MkCgroup(t, root, "late")
 	if status, body := clientIn(t, late, tcp, ""); status != 200 || body != "project=late" {
 		t.Errorf("new project cgroup: %d %q", status, body)
+	}
+	for _, target := range []string{"unix:" + sock, tcp} {
+		sub := testutil.MkCgroup(t, web, fmt.Sprintf("sub-%d", len(target)))
+		if status, body := clientIn(t, sub, target, ""); status != 200 || body != "project=web" {
+			t.Errorf("new sub-cgroup of web via %s: %d %q", target, status, body)
+		}
 	}
 }
 

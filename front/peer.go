@@ -4,11 +4,15 @@ package front
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/clock"
@@ -27,6 +31,11 @@ type peer struct {
 	once   sync.Once
 	cgroup uint64 // cgroup id of the client: 0 when unknown
 	err    error  // why cgroup is unknown, for the log
+	// local: the client is a process of this node (a unix socket peer, or
+	// a TCP peer at one of the node's own addresses), so it has a cgroup
+	// the front must know: when the lookup fails it is refused rather
+	// than taken for a peer outside every project.
+	local bool
 }
 
 type peerKey struct{}
@@ -77,16 +86,33 @@ func (f *Front) cgroupOf(p *peer) uint64 {
 	p.once.Do(func() {
 		switch c := p.conn.(type) {
 		case *net.UnixConn:
+			p.local = true
 			p.cgroup, p.err = unixPeerCgroup(f.id.mount, c)
 		case *net.TCPConn:
-			if !p.addr.IsLoopback() {
-				return
+			if f.id.mount.Point == "" {
+				return // no rule looks at cgroups
 			}
 			remote := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 			local := c.LocalAddr().(*net.TCPAddr).AddrPort()
 			var s sockdiag.Socket
+			// Every TCP peer is looked up, not only loopback ones: a
+			// local client may reach the front at any of the node's
+			// addresses. A remote peer's socket is not in this kernel.
 			s, p.err = sockdiag.Lookup(remote, local)
 			p.cgroup = s.CgroupID
+			switch {
+			case p.err == nil:
+				p.local = true
+				if p.cgroup == 0 {
+					p.err = errors.New("the client's socket has no cgroup (closed)")
+				}
+			case errors.Is(p.err, sockdiag.ErrNotFound) && !isLocalAddr(remote.Addr().Unmap(), local.Addr().Unmap()):
+				p.err = nil // remote: no cgroup on this node
+			default:
+				// Gone already (closed, reset) or the lookup failed:
+				// still a local client, of a cgroup nobody knows.
+				p.local = true
+			}
 		}
 		if p.err != nil {
 			f.log.Debug("peer cgroup unknown", "peer", p.conn.RemoteAddr(), "err", p.err)
@@ -95,15 +121,47 @@ func (f *Front) cgroupOf(p *peer) uint64 {
 	return p.cgroup
 }
 
+// isLocalAddr reports whether a is an address of this node: loopback, the
+// address the connection reached (a client of the node that connects to its
+// own address gets it as its source too), or one of its interfaces'.
+func isLocalAddr(a, reached netip.Addr) bool {
+	if a.IsLoopback() || a == reached {
+		return true
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return true // cannot tell: not taken for remote
+	}
+	for _, ia := range addrs {
+		if n, ok := ia.(*net.IPNet); ok {
+			if b, ok := netip.AddrFromSlice(n.IP); ok && b.Unmap() == a {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // unixPeerCgroup reads the cgroup of the process at the other end of a unix
 // socket: SO_PEERCRED gives the pid the kernel recorded at connect time, and
-// /proc/<pid>/cgroup its cgroup now.
+// /proc/<pid>/cgroup its cgroup now. The pid is held through a pidfd
+// (SO_PEERPIDFD) while it is read: a connecting process that exited (its
+// socket passed on to another), or whose pid was reused, is an error, not
+// whatever process has that pid now.
 func unixPeerCgroup(mount cgroup.Mount, c net.Conn) (uint64, error) {
 	if mount.Point == "" {
 		return 0, nil
 	}
 	cr, err := peercred.Of(c)
 	if err != nil {
+		return 0, err
+	}
+	pidfd, err := peerPidfd(c)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(pidfd)
+	if err := pidAlive(pidfd, cr.PID); err != nil {
 		return 0, err
 	}
 	dir, err := mount.OfPID(int(cr.PID))
@@ -113,6 +171,11 @@ func unixPeerCgroup(mount cgroup.Mount, c net.Conn) (uint64, error) {
 	cg, err := cgroup.ID(dir)
 	if err != nil {
 		return 0, fmt.Errorf("cgroup of pid %d: %w", cr.PID, err)
+	}
+	// Still the same process (alive, so its pid was not reused) after
+	// its cgroup was read.
+	if err := pidAlive(pidfd, cr.PID); err != nil {
+		return 0, err
 	}
 	return cg, nil
 }
@@ -143,6 +206,36 @@ func (f *Front) PeerClass(c net.Conn, cgroupID uint64) (project string, trusted 
 func CheckIdentity(cfg Config) error {
 	if _, err := newIdentity(cfg, clock.System{}); err != nil {
 		return fmt.Errorf("peer identity: %w", err)
+	}
+	return nil
+}
+
+// peerPidfd returns a pidfd of the process that connected c (SO_PEERPIDFD).
+func peerPidfd(c net.Conn) (int, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return -1, fmt.Errorf("pidfd of peer: %T has no file descriptor", c)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	pidfd, serr := -1, error(nil)
+	if err := rc.Control(func(fd uintptr) {
+		pidfd, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+	}); err != nil {
+		return -1, err
+	}
+	if serr != nil {
+		return -1, fmt.Errorf("SO_PEERPIDFD: %w", serr)
+	}
+	return pidfd, nil
+}
+
+// pidAlive returns an error when the process of pidfd has exited.
+func pidAlive(pidfd int, pid int32) error {
+	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
+		return fmt.Errorf("the process that connected (pid %d) is gone: %w", pid, err)
 	}
 	return nil
 }
