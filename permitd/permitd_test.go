@@ -685,6 +685,7 @@ func TestRetryHintsHonest(t *testing.T) {
 	clk.Advance(time.Second)
 	fp.Recompute()
 	var hints []time.Duration
+	start := time.Now()
 	for range 12 {
 		_, err := dial(t, f, client.Options{}).Acquire(ctx, "flights", "crowd")
 		var pe *client.Error
@@ -694,13 +695,18 @@ func TestRetryHintsHonest(t *testing.T) {
 		hints = append(hints, pe.RetryAfter)
 	}
 	// The line drains in real time while the refusals are made (a few ms
-	// each under the race detector), so a hint may be below its place; it
-	// is never more than half a release above it.
+	// each under the race detector), so a hint may be below its place, by
+	// at most the time the refusals took and half a release, and never
+	// below half a release; it is never more than half a release above it.
+	drained := time.Since(start)
 	slices.Sort(hints)
 	for i, h := range hints {
 		place := time.Duration(i+1) * 10 * time.Millisecond
 		if h > place+6*time.Millisecond || h > 2*place {
 			t.Errorf("client %d in line (%v at 100/s): hint %v; all %v", i+1, place, h, hints)
+		}
+		if h < 5*time.Millisecond || h < place-drained-6*time.Millisecond {
+			t.Errorf("client %d in line (%v at 100/s, %v drained): hint %v too soon; all %v", i+1, place, drained, h, hints)
 		}
 	}
 	if last := hints[len(hints)-1]; last < 60*time.Millisecond {
