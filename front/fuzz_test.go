@@ -93,17 +93,19 @@ func FuzzUpstreamHead(f *testing.F) {
 }
 
 // FuzzPooledExchanges plays whole exchanges on the direct path's pooled
-// connections against an upstream that answers each request with bytes
-// from the fuzzer: one of the hostile cases, then anything at all. Each
+// connections, and on the fallback (ReverseProxy), against an upstream that
+// answers each request with bytes from the fuzzer: one of the hostile cases,
+// then anything at all, every '@' in it replaced by the request's id. Each
 // client gets its own answer (X-Id and body), a 502 or a cut answer, never
-// another's. The connections are socket pairs (real sockets, so the idle
-// check is the real one), served by a goroutine per connection.
+// another's: no body holds another request's id. The connections are socket
+// pairs (real sockets, so the idle check is the real one), served by a
+// goroutine per connection.
 func FuzzPooledExchanges(f *testing.F) {
+	tagged := "HTTP/1.1 200 OK\r\nX-Id: @\r\nContent-Length: 8\r\n\r\nforged@"
 	for i := range hostileCases {
-		if hostileCases[i].method == http.MethodPost {
-			continue
-		}
 		f.Add([]byte{byte(i), 0, byte(i + 1), 0, 0, 0}, []byte(forged))
+		f.Add([]byte{byte(i), 1, byte(i + 1), 1, 0, 1}, []byte(tagged))
+		f.Add([]byte{byte(i), 5, byte(i), 1, byte(i), 4}, []byte(tagged))
 		f.Add([]byte{0, 1, byte(i), 1, byte(i), 0}, []byte(""))
 	}
 	f.Add([]byte{0, 2, 0, 2, 0, 2}, []byte("HTTP/1.1 200 OK\r\nX-Id: x2\r\nContent-Length: 5\r\n\r\nown-x2"))
@@ -112,22 +114,24 @@ func FuzzPooledExchanges(f *testing.F) {
 			return
 		}
 		type step struct {
-			tc    int
-			extra string
-			head  bool
+			tc       int
+			extra    string
+			method   string
+			fallback bool // through ReverseProxy, not the direct path
 		}
 		var steps []step
 		for i := 0; i+1 < len(plan); i += 2 {
 			tc := int(plan[i]) % len(hostileCases)
-			if hostileCases[tc].method == http.MethodPost {
-				tc = 0
+			s := step{tc: tc, method: hostileCases[tc].method, fallback: plan[i+1]&4 != 0}
+			if s.method == "" {
+				s.method = http.MethodGet
 			}
-			s := step{tc: tc, head: hostileCases[tc].method == http.MethodHead}
+			id := fuzzID(len(steps))
 			switch plan[i+1] % 4 {
 			case 1:
-				s.extra = string(extra)
+				s.extra = strings.ReplaceAll(string(extra), "@", id)
 			case 2:
-				s.extra = string(extra[:len(extra)/2])
+				s.extra = strings.ReplaceAll(string(extra[:len(extra)/2]), "@", id)
 			}
 			steps = append(steps, s)
 		}
@@ -143,7 +147,8 @@ func FuzzPooledExchanges(f *testing.F) {
 		)
 		defer wg.Wait()
 		defer fr.CloseIdle()
-		fr.up.(*directUpstream).dial = func(context.Context, string, string) (net.Conn, error) {
+		direct := fr.up
+		dial := func(context.Context, string, string) (net.Conn, error) {
 			front, up, err := socketPair()
 			if err != nil {
 				return nil, err
@@ -169,18 +174,28 @@ func FuzzPooledExchanges(f *testing.F) {
 					if _, err := io.WriteString(up, raw+s.extra); err != nil || hangUp {
 						return
 					}
+					// The body (a POST's) is read after the answer.
+					if _, err := io.Copy(io.Discard, req.Body); err != nil {
+						return
+					}
 				}
 			}()
 			return front, nil
 		}
+		direct.(*directUpstream).dial = dial
+		fr.tr.DialContext = dial
 		for j, s := range steps {
-			method := http.MethodGet
-			if s.head {
-				method = http.MethodHead
+			var body io.Reader
+			if s.method == http.MethodPost {
+				body = strings.NewReader(strings.Repeat("b", 1+j*37%2048))
 			}
-			req := httptest.NewRequest(method, "/"+strconv.Itoa(j), nil)
+			req := httptest.NewRequest(s.method, "/"+strconv.Itoa(j), body)
 			req.Header.Set(DefaultProjectHeader, []string{"alpha", "beta"}[j%2])
 			rec := httptest.NewRecorder()
+			fr.up = direct
+			if s.fallback {
+				fr.up = nil
+			}
 			cut := serveCatching(fr, finalRecorder{rec}, req)
 			// The answer is the front's 502, or came from what the
 			// upstream sent for this request: its X-Id, and a body
@@ -198,6 +213,12 @@ func FuzzPooledExchanges(f *testing.F) {
 				t.Fatalf("request %d (%s): body %q is not from its own answer %q", j, hostileCases[s.tc].name, b, mine)
 			case !cut && b != ownBody(id) && b != "" && !strings.Contains(mine, "\r\n\r\n"+b):
 				t.Fatalf("request %d (%s): whole body %q", j, hostileCases[s.tc].name, b)
+			}
+			for k := range steps {
+				if k != j && strings.Contains(b, fuzzID(k)) {
+					t.Fatalf("request %d (%s, fallback %v): body %q holds request %d's id",
+						j, hostileCases[s.tc].name, s.fallback, b, k)
+				}
 			}
 		}
 	})
