@@ -363,12 +363,14 @@ func hostileFront(t testing.TB, u *hostileUpstream, tweak func(*Front)) (string,
 
 // TestHostileUpstream sends each case alone, then followed by an honest
 // request on what would be the same pooled connection, through the front
-// and through ReverseProxy: the front gives the case's outcome, never
-// weaker than ReverseProxy's, and the honest request after it its own
-// answer.
+// (its direct path, and its fallback: ReverseProxy over the front's own
+// Transport) and through net/http's stock ReverseProxy: the front gives the
+// case's outcome, never weaker than ReverseProxy's, and the honest request
+// after it its own answer, on both of its paths.
 func TestHostileUpstream(t *testing.T) {
 	u := newHostileUpstream(t)
 	front, twin, _ := hostileFronts(t, u)
+	fallback, _ := hostileFront(t, u, func(f *Front) { f.up = nil })
 	var n atomic.Int64
 	next := func() string { return strconv.FormatInt(n.Add(1), 10) }
 	for i, tc := range hostileCases {
@@ -382,6 +384,9 @@ func TestHostileUpstream(t *testing.T) {
 			if outcomeRank(got) < outcomeRank(rp) {
 				t.Errorf("front %s is less strict than ReverseProxy's %s", got, rp)
 			}
+			if fb, fbDetail := hostileSend(t, fallback, i, next(), "alpha"); outcomeRank(fb) < outcomeRank(rp) || fb == gotWrong {
+				t.Errorf("the front's fallback: %s (%s), less strict than ReverseProxy's %s", fb, fbDetail, rp)
+			}
 			if tc.late != nil {
 				time.Sleep(3 * lateDelay)
 			}
@@ -392,6 +397,9 @@ func TestHostileUpstream(t *testing.T) {
 			// now and then), and the test is of the front.
 			if got, detail := hostileSend(t, front, 0, next(), "beta"); got != gotOwn {
 				t.Errorf("honest request after the case via the front: %s (%s)", got, detail)
+			}
+			if got, detail := hostileSend(t, fallback, 0, next(), "beta"); got != gotOwn {
+				t.Errorf("honest request after the case via the front's fallback: %s (%s)", got, detail)
 			}
 			if got, detail := hostileSend(t, twin, 0, next(), "beta"); got != gotOwn {
 				t.Logf("honest request after the case via ReverseProxy: %s (%s)", got, detail)
