@@ -184,6 +184,7 @@ func newNftPeer(b testing.TB, dir string) (*nftPeer, string) {
 	if err != nil || strings.HasPrefix(rel, "..") {
 		return nil, fmt.Sprintf("%s is not below /sys/fs/cgroup, where nft looks for cgroups", dir)
 	}
+	testutil.NftSweep(nft)
 	return &nftPeer{nft: nft, table: fmt.Sprintf("fairshare_bench_%d", os.Getpid()), level: level, path: rel}, ""
 }
 
