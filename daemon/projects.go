@@ -559,22 +559,24 @@ func (p *projects) find(path string) (membership.Entry, bool) {
 // projectOf is the project of the cgroup whose id is id (a peer's, as the
 // front finds it: sock_diag's cgroup id, or the cgroup of the process
 // SO_PEERCRED names): the member it is in, at any depth, whatever the
-// source; "" when it is in none, or its cgroup is gone. It costs one
+// source; "" when it is in none. It costs one
 // open_by_handle_at and a walk up the path (~3 us, cgroup.Mount.PathOf), so
-// it is meant once per connection, not per request. This is what the front's
-// identity is to use instead of its own index of projects_root's children.
-func (p *projects) projectOf(id uint64) string {
+// it is meant once per connection, not per request. The front's identity
+// uses it (front.Deps.ProjectOf): a cgroup that cannot be placed (gone
+// since the client connected) is an error, which the front refuses for a
+// local peer rather than take it for one outside every project.
+func (p *projects) projectOf(id uint64) (string, error) {
 	if id == 0 || p.mount.Point == "" {
-		return ""
+		return "", nil
 	}
 	path, err := p.mount.PathOf(id)
 	if err != nil {
-		return ""
+		return "", fmt.Errorf("placing cgroup %d: %w", id, err)
 	}
 	if e, ok := p.find(path); ok {
-		return e.Project
+		return e.Project, nil
 	}
-	return ""
+	return "", nil
 }
 
 // nameKernelRows names the kernel pool's rows by project. While the kernel

@@ -142,8 +142,8 @@ func TestRegistrations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := d.projects.projectOf(id); got != want {
-			t.Errorf("projectOf(%s) = %q, want %q", dir, got, want)
+		if got, err := d.projects.projectOf(id); got != want || err != nil {
+			t.Errorf("projectOf(%s) = %q, %v; want %q", dir, got, err, want)
 		}
 	}
 
@@ -226,8 +226,8 @@ func TestSystemdProjects(t *testing.T) {
 	}
 	// A process of a unit in a project slice is in the project by its
 	// name, not the slice's directory (the front's question).
-	if id, err := cgroup.ID(units[`fairshare-web\x2dapi.slice/api.service`]); err != nil || d.projects.projectOf(id) != "web-api" {
-		t.Errorf("projectOf(api.service) = %q (%v), want web-api", d.projects.projectOf(id), err)
+	if id, err := cgroup.ID(units[`fairshare-web\x2dapi.slice/api.service`]); err != nil || first(d.projects.projectOf(id)) != "web-api" {
+		t.Errorf("projectOf(api.service) = %q (%v), want web-api", first(d.projects.projectOf(id)), err)
 	}
 	// The kernel pool's rows name the slice's project (the loader names
 	// them by directory until it takes members).
@@ -452,9 +452,9 @@ func TestUnreadSourceHoldsKernel(t *testing.T) {
 		p.apply(t.Context(), start, false)
 		p.apply(t.Context(), start.Add(time.Second), true)
 		id, _ := cgroup.ID(ctr)
-		if len(h.sets) != 0 || p.projectOf(id) != "team-k" || len(p.membership().Members) != 1 {
+		if len(h.sets) != 0 || first(p.projectOf(id)) != "team-k" || len(p.membership().Members) != 1 {
 			t.Fatalf("with the source unread: SetMembers %v, a pod's container in %q, members %+v",
-				h.sets, p.projectOf(id), p.membership().Members)
+				h.sets, first(p.projectOf(id)), p.membership().Members)
 		}
 		if expire {
 			p.apply(t.Context(), start.Add(unreadHold), true)
@@ -509,3 +509,6 @@ func TestProjectsRootChecked(t *testing.T) {
 		t.Errorf("a root off the mount was made: %v", err)
 	}
 }
+
+// first is a project name without its error, for messages.
+func first(name string, _ error) string { return name }

@@ -142,6 +142,13 @@ type Deps struct {
 	Clock    clock.Clock // nil means the system clock
 	// Seed seeds the Retry-After jitter; 0 picks a random seed.
 	Seed uint64
+	// ProjectOf, when set, names the project of a client's cgroup id from
+	// the daemon's membership (a registered cgroup at any depth, a systemd
+	// slice, a pod): "" for a cgroup in no project, an error when the
+	// cgroup could not be placed (gone, unreadable), which the front
+	// treats as an unknown local peer. Nil: the children of
+	// Config.ProjectsRoot are the projects.
+	ProjectOf func(cgroupID uint64) (string, error)
 }
 
 // upstreamClient is the front's own HTTP/1.1 client to the upstream
@@ -239,7 +246,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		}
 		f.exemptRoutes[k] = true
 	}
-	if f.id, err = newIdentity(cfg, f.clk); err != nil {
+	if f.id, err = newIdentity(cfg, f.clk, deps.ProjectOf != nil); err != nil {
 		return nil, fmt.Errorf("peer identity: %w", err)
 	}
 	seed := deps.Seed

@@ -72,9 +72,9 @@ func (f *Front) resolve(r *http.Request) (_ who, status int, _ error) {
 		// outside every project, whom routes would serve.
 		return who{}, http.StatusForbidden, fmt.Errorf("%w: %w", ErrUnknownPeer, p.err)
 	}
-	var own string
-	if f.id.projects != nil {
-		own = f.id.projects.lookup(cg)
+	own, err := f.projectOf(cg)
+	if err != nil && p.local {
+		return who{}, http.StatusForbidden, fmt.Errorf("%w: %w", ErrUnknownPeer, err)
 	}
 	if own != "" {
 		if name != "" && name != own {
@@ -95,6 +95,22 @@ func (f *Front) resolve(r *http.Request) (_ who, status int, _ error) {
 	}
 	return who{}, http.StatusBadRequest, fmt.Errorf("%w: use a routed host, connect from a project's cgroup, or send %s through a trusted peer",
 		ErrNoProject, f.cfg.ProjectHeader)
+}
+
+// projectOf is the project of cgroup id cg: the daemon's membership when
+// it gave one (Deps.ProjectOf), else the index of the projects root's
+// children.
+func (f *Front) projectOf(cg uint64) (string, error) {
+	if f.deps.ProjectOf != nil {
+		if cg == 0 {
+			return "", nil
+		}
+		return f.deps.ProjectOf(cg)
+	}
+	if f.id.projects != nil {
+		return f.id.projects.lookup(cg), nil
+	}
+	return "", nil
 }
 
 // trusted reports whether p may name the project in the header or by a
@@ -155,7 +171,9 @@ type identity struct {
 	needsCgroups bool // some rule depends on a peer's cgroup
 }
 
-func newIdentity(cfg Config, clk clock.Clock) (*identity, error) {
+// membership says that the daemon's membership names projects
+// (Deps.ProjectOf), so peers' cgroups are needed without a projects root.
+func newIdentity(cfg Config, clk clock.Clock, membership bool) (*identity, error) {
 	id := &identity{}
 	var cgPaths []string
 	for _, e := range cfg.TrustedPeers {
@@ -165,7 +183,7 @@ func newIdentity(cfg Config, clk clock.Clock) (*identity, error) {
 		}
 		cgPaths = append(cgPaths, e)
 	}
-	needMount := cfg.ProjectsRoot != "" || len(cgPaths) > 0 || len(cfg.Exempt.Cgroups) > 0
+	needMount := membership || cfg.ProjectsRoot != "" || len(cgPaths) > 0 || len(cfg.Exempt.Cgroups) > 0
 	if !needMount {
 		return id, nil
 	}

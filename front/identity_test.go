@@ -5,6 +5,7 @@ package front
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -20,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/pools"
 )
@@ -238,6 +240,72 @@ func TestCgroupIdentity(t *testing.T) {
 		sub := testutil.MkCgroup(t, web, fmt.Sprintf("sub-%d", len(target)))
 		if status, body := clientIn(t, sub, target, ""); status != 200 || body != "project=web" {
 			t.Errorf("new sub-cgroup of web via %s: %d %q", target, status, body)
+		}
+	}
+}
+
+// TestMembershipIdentity: with the daemon's membership (Deps.ProjectOf) the
+// project of a client is the member its cgroup is in at any depth (a pod's
+// container, not a child of the projects root), a cgroup in no member has
+// none, and one the membership cannot place is an unknown local peer (403),
+// never one outside every project whom routes would serve.
+func TestMembershipIdentity(t *testing.T) {
+	mount := cgroupMount(t)
+	top := testutil.MkCgroup(t, mount, fmt.Sprintf("fairshare-front-members-%d", os.Getpid()))
+	root := testutil.MkCgroup(t, top, "projects")
+	testutil.MkCgroup(t, root, "web")
+	pod := testutil.MkCgroup(t, testutil.MkCgroup(t, testutil.MkCgroup(t, top, "kubepods"), "burstable"), "pod1")
+	ctr := testutil.MkCgroup(t, pod, "ctr")
+	broken := testutil.MkCgroup(t, top, "broken")
+	outside := testutil.MkCgroup(t, top, "outside")
+	id := func(dir string) uint64 {
+		v, err := cgroup.ID(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	members := map[uint64]string{id(pod): "team-a", id(ctr): "team-a"}
+	brokenID := id(broken)
+	projectOf := func(cg uint64) (string, error) {
+		if cg == brokenID {
+			return "", errors.New("cgroup gone")
+		}
+		return members[cg], nil
+	}
+	r := newRig(t, rigOpts{untrusted: true, cfg: Config{ForwardProject: true, ProjectsRoot: root,
+		Routes: map[string]string{"routed.example": "web"}},
+		tweak: func(f *Front) { f.deps.ProjectOf = projectOf }}, echoProject)
+	sock := filepath.Join(t.TempDir(), "front.sock")
+	ul, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := r.front.Server()
+	go func() { _ = srv.Serve(ul) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	tcp := "tcp:" + strings.TrimPrefix(r.url, "http://")
+	routed := "GET / HTTP/1.1\r\nHost: routed.example\r\nConnection: close\r\n\r\n"
+	plain := "GET / HTTP/1.1\r\nHost: front.test\r\nConnection: close\r\n\r\n"
+	for _, tc := range []struct {
+		name, cgroup, raw, want string
+	}{
+		{"pod container", ctr, plain, "200|project=team-a"},
+		{"pod container, routed host", ctr, routed, "200|project=team-a"},
+		{"not placed", broken, routed, "403|"},
+		{"outside every member", outside, plain, "400|"},
+		{"outside every member, routed host", outside, routed, "200|project=web"},
+	} {
+		for _, target := range []string{"unix:" + sock, tcp} {
+			t.Run(tc.name+"/"+target[:strings.Index(target, ":")], func(t *testing.T) {
+				// "<status> <class>|<body>": the status and the body's start.
+				got := rawClientIn(t, tc.cgroup, target, tc.raw)[0]
+				status, _, _ := strings.Cut(got, " ")
+				_, body, _ := strings.Cut(got, "|")
+				if !strings.HasPrefix(status+"|"+body, tc.want) {
+					t.Errorf("got %q, want %q...", got, tc.want)
+				}
+			})
 		}
 	}
 }

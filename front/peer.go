@@ -194,9 +194,7 @@ func (f *Front) PeerClass(c net.Conn, cgroupID uint64) (project string, trusted 
 	if cgroupID != 0 {
 		p.once.Do(func() { p.cgroup = cgroupID })
 	}
-	if f.id.projects != nil {
-		project = f.id.projects.lookup(f.cgroupOf(p))
-	}
+	project, _ = f.projectOf(f.cgroupOf(p))
 	return project, f.trusted(p)
 }
 
@@ -204,7 +202,7 @@ func (f *Front) PeerClass(c net.Conn, cgroupID uint64) (project string, trusted 
 // cgroups against the host's cgroup2 mount as New does, without building
 // a front: 'run --print-config' refuses what the daemon would.
 func CheckIdentity(cfg Config) error {
-	if _, err := newIdentity(cfg, clock.System{}); err != nil {
+	if _, err := newIdentity(cfg, clock.System{}, false); err != nil {
 		return fmt.Errorf("peer identity: %w", err)
 	}
 	return nil
