@@ -132,6 +132,21 @@ func clientOutput(t *testing.T, dir, target, env string) string {
 	return string(out)
 }
 
+// targets serves the rig's front on a unix socket too and returns both
+// targets of the test client: "unix:<path>" and "tcp:<addr>".
+func (r *rig) targets(t *testing.T) (unixTarget, tcpTarget string) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "front.sock")
+	ul, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := r.front.Server()
+	go func() { _ = srv.Serve(ul) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "unix:" + sock, "tcp:" + strings.TrimPrefix(r.url, "http://")
+}
+
 // cgroupMount returns the cgroup2 mount, skipping the test without one or
 // without the right to create cgroups.
 func cgroupMount(t *testing.T) string {
@@ -197,15 +212,7 @@ func TestCgroupIdentity(t *testing.T) {
 
 	r := newRig(t, rigOpts{untrusted: true, cfg: Config{ForwardProject: true, ProjectsRoot: root,
 		TrustedPeers: []string{edge}}}, echoProject)
-	sock := filepath.Join(t.TempDir(), "front.sock")
-	ul, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := r.front.Server()
-	go func() { _ = srv.Serve(ul) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	tcp := "tcp:" + strings.TrimPrefix(r.url, "http://")
+	sock, tcp := r.targets(t)
 
 	for _, tc := range []struct {
 		name, cgroup, header string
@@ -220,7 +227,7 @@ func TestCgroupIdentity(t *testing.T) {
 		{"outside the root, spoofed", outside, "web", 403, "only trusted peers"},
 		{"trusted cgroup", edge, "billing", 200, "project=billing"},
 	} {
-		for _, target := range []string{"unix:" + sock, tcp} {
+		for _, target := range []string{sock, tcp} {
 			t.Run(tc.name+"/"+target[:strings.Index(target, ":")], func(t *testing.T) {
 				status, body := clientIn(t, tc.cgroup, target, tc.header)
 				if status != tc.status || !strings.Contains(body, tc.body) {
@@ -236,7 +243,7 @@ func TestCgroupIdentity(t *testing.T) {
 	if status, body := clientIn(t, late, tcp, ""); status != 200 || body != "project=late" {
 		t.Errorf("new project cgroup: %d %q", status, body)
 	}
-	for _, target := range []string{"unix:" + sock, tcp} {
+	for _, target := range []string{sock, tcp} {
 		sub := testutil.MkCgroup(t, web, fmt.Sprintf("sub-%d", len(target)))
 		if status, body := clientIn(t, sub, target, ""); status != 200 || body != "project=web" {
 			t.Errorf("new sub-cgroup of web via %s: %d %q", target, status, body)
@@ -276,15 +283,7 @@ func TestMembershipIdentity(t *testing.T) {
 	r := newRig(t, rigOpts{untrusted: true, cfg: Config{ForwardProject: true, ProjectsRoot: root,
 		Routes: map[string]string{"routed.example": "web"}},
 		tweak: func(f *Front) { f.deps.ProjectOf = projectOf }}, echoProject)
-	sock := filepath.Join(t.TempDir(), "front.sock")
-	ul, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := r.front.Server()
-	go func() { _ = srv.Serve(ul) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	tcp := "tcp:" + strings.TrimPrefix(r.url, "http://")
+	sock, tcp := r.targets(t)
 	routed := "GET / HTTP/1.1\r\nHost: routed.example\r\nConnection: close\r\n\r\n"
 	plain := "GET / HTTP/1.1\r\nHost: front.test\r\nConnection: close\r\n\r\n"
 	for _, tc := range []struct {
@@ -296,7 +295,7 @@ func TestMembershipIdentity(t *testing.T) {
 		{"outside every member", outside, plain, "400|"},
 		{"outside every member, routed host", outside, routed, "200|project=web"},
 	} {
-		for _, target := range []string{"unix:" + sock, tcp} {
+		for _, target := range []string{sock, tcp} {
 			t.Run(tc.name+"/"+target[:strings.Index(target, ":")], func(t *testing.T) {
 				// "<status> <class>|<body>": the status and the body's start.
 				got := rawClientIn(t, tc.cgroup, target, tc.raw)[0]
