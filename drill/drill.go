@@ -286,6 +286,36 @@ func (h *holdings) byPhase(tl timeline) holdingsByPhase {
 	return b
 }
 
+// bins returns, per project and per slice of width w from the first solo
+// slice on, the most permits the project held in the samples of the slice.
+// A project with no sample above zero in a slice is shown holding 0.
+func (h *holdings) bins(tl timeline, w time.Duration, projects []string) []HeldBin {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	most := map[string]map[int]int{}
+	last := 0
+	for _, p := range projects {
+		most[p] = map[int]int{}
+	}
+	for _, s := range h.samples {
+		if s.at.Before(tl.soloAt) || tl.spanAt(s.at) == nil {
+			continue
+		}
+		i := int(s.at.Sub(tl.soloAt) / w)
+		last = max(last, i)
+		for _, p := range projects {
+			most[p][i] = max(most[p][i], s.held[p])
+		}
+	}
+	var out []HeldBin
+	for _, p := range projects {
+		for i := 0; i <= last; i++ {
+			out = append(out, HeldBin{Project: p, StartS: (time.Duration(i) * w).Seconds(), Held: most[p][i]})
+		}
+	}
+	return out
+}
+
 // Run runs the HTTP drill and returns its report. A failed verdict is in the
 // report (Report.Pass), not an error; errors are for a drill that could not
 // run.

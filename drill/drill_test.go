@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/xml"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -108,6 +109,7 @@ func checkOutputs(t *testing.T, rep *Report) {
 	if err := rep.WriteSVG(&svg); err != nil {
 		t.Fatal(err)
 	}
+	text := svg.String()
 	dec := xml.NewDecoder(&svg)
 	circles := 0
 	for {
@@ -124,6 +126,41 @@ func checkOutputs(t *testing.T, rep *Report) {
 	}
 	if circles < 10 {
 		t.Errorf("SVG has %d circles", circles)
+	}
+	if want := fmt.Sprintf("POOL - FLOOR = %d", rep.PoolSize-rep.Floor); !strings.Contains(text, want) {
+		t.Errorf("SVG has no %q line", want)
+	}
+	checkHeld(t, rep)
+}
+
+// checkHeld checks the held series the SVG plots against the rule: big
+// never above POOL - FLOOR while small is there, all of POOL once alone.
+func checkHeld(t *testing.T, rep *Report) {
+	t.Helper()
+	phaseAt := func(s float64) string {
+		for _, sp := range rep.Spans {
+			if s >= sp.StartS && s+heldBin.Seconds() <= sp.EndS {
+				return sp.Phase
+			}
+		}
+		return "" // a bin across a boundary
+	}
+	most := map[string]map[string]int{}
+	for _, b := range rep.Held {
+		ph := phaseAt(b.StartS)
+		if most[ph] == nil {
+			most[ph] = map[string]int{}
+		}
+		most[ph][b.Project] = max(most[ph][b.Project], b.Held)
+	}
+	if n := most[PhaseBoth][Big]; n == 0 || n > rep.PoolSize-rep.Floor {
+		t.Errorf("held series: big held up to %d in %s, want 1..%d", n, PhaseBoth, rep.PoolSize-rep.Floor)
+	}
+	if n := most[PhaseBigAlone][Big]; n != rep.PoolSize {
+		t.Errorf("held series: big held up to %d alone, want %d", n, rep.PoolSize)
+	}
+	if most[PhaseSolo][Small] == 0 || most[PhaseSolo][Big] != 0 {
+		t.Errorf("held series in %s: %v", PhaseSolo, most[PhaseSolo])
 	}
 }
 

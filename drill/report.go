@@ -28,9 +28,24 @@ type Report struct {
 	Verdicts []Verdict `json:"verdicts"`
 	Pass     bool      `json:"pass"`
 	Timeline []Bin     `json:"timeline"`
+	// Held is the permits each project held over the run, the most seen
+	// in each heldBin, in time order.
+	Held []HeldBin `json:"held"`
 
 	points []point // every admitted request, for the SVG
 }
+
+// HeldBin is the most permits one project held during one slice of the run
+// (the sampler's snapshots in it), and the most in use node-wide.
+type HeldBin struct {
+	Project string  `json:"project"`
+	StartS  float64 `json:"start_s"`
+	Held    int     `json:"held"`
+}
+
+// heldBin is the width of a HeldBin: fine enough to show the big project
+// stopping at POOL - FLOOR and taking the pool once alone.
+const heldBin = 50 * time.Millisecond
 
 // Span is one slice of a phase, in seconds since the first solo slice began.
 // The slice counts from CountS on: in a solo slice that follows a both slice,
@@ -181,6 +196,7 @@ func buildReport(scenario string, cfg Config, tl timeline, hold *holdings, res m
 		}
 	}
 	rep.Timeline = bins(rep.points, 250*time.Millisecond)
+	rep.Held = hold.bins(tl, heldBin, []string{Small, Big})
 	rep.judge(cfg)
 	return rep
 }

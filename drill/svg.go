@@ -11,18 +11,25 @@ import (
 
 // svg geometry, in user units.
 const (
-	svgW, svgH          = 960, 420
+	svgW                = 960
 	padL, padR          = 64, 150
 	padT, padB          = 36, 48
-	plotW, plotH        = svgW - padL - padR, svgH - padT - padB
+	plotW, plotH        = svgW - padL - padR, 336
 	svgPointsPerProject = 4000
+	// The second panel, permits held, sits below the first.
+	heldT, heldH = padT + plotH + padB + 28, 220
+	svgH         = heldT + heldH + padB
 )
 
 var svgColors = map[string]string{Small: "#1f77b4", Big: "#d62728"}
 
-// WriteSVG draws the latency of every admitted request over time, per
-// project, with a line for each project's p99 per quarter second and the
-// phase boundaries. Hand-written SVG: no dependencies.
+// WriteSVG draws two panels over the same time axis. The first has the
+// latency of every admitted request, per project, with a line for each
+// project's p99 per quarter second and the phase boundaries. The second has
+// the permits each project held, with lines at POOL and POOL - FLOOR: the
+// rule's claim made visible, the big project stopping one floor short of
+// the pool while the small one is active and taking all of it once alone.
+// Hand-written SVG: no dependencies.
 func (r *Report) WriteSVG(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	total := 3 * r.PhaseSeconds
@@ -105,8 +112,55 @@ func (r *Report) WriteSVG(w io.Writer) error {
 		fmt.Fprintf(bw, `<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"/>`+"\n", padL+plotW+10, padL+plotW+22, ly+16, ly+16, svgColors[project])
 		fmt.Fprintf(bw, `<text x="%d" y="%d">%s: p99 / 250ms</text>`+"\n", padL+plotW+26, ly+20, project)
 	}
+	r.writeHeldPanel(bw, x)
 	fmt.Fprintln(bw, `</svg>`)
 	return bw.Flush()
+}
+
+// writeHeldPanel draws permits held per project over time (x maps seconds
+// to the shared time axis).
+func (r *Report) writeHeldPanel(bw *bufio.Writer, x func(float64) float64) {
+	top := float64(r.PoolSize) + math.Max(1, float64(r.PoolSize)/8)
+	y := func(v float64) float64 { return heldT + heldH - v/top*heldH }
+	fmt.Fprintf(bw, `<text x="%d" y="%d" font-size="14">permits held per project (sampled every few ms, most in each %s)</text>`+"\n",
+		padL, heldT-10, heldBin)
+	for _, sp := range r.Spans {
+		if sp.Phase == PhaseBoth {
+			fmt.Fprintf(bw, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="#f3e3e3"/>`+"\n", x(sp.StartS), heldT, x(sp.EndS)-x(sp.StartS), heldH)
+		}
+	}
+	step := math.Max(1, niceCeil(float64(r.PoolSize)/5))
+	for v := 0.0; v <= top; v += step {
+		fmt.Fprintf(bw, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eee"/>`+"\n", padL, padL+plotW, y(v), y(v))
+		fmt.Fprintf(bw, `<text x="%d" y="%.1f" text-anchor="end">%g</text>`+"\n", padL-6, y(v)+4, v)
+	}
+	fmt.Fprintf(bw, `<text x="16" y="%d" transform="rotate(-90 16 %d)" text-anchor="middle">permits held</text>`+"\n", heldT+heldH/2, heldT+heldH/2)
+	for _, l := range []struct {
+		v    int
+		name string
+		dash string
+	}{{r.PoolSize, "POOL", ""}, {r.PoolSize - r.Floor, "POOL - FLOOR", ` stroke-dasharray="6 4"`}} {
+		fmt.Fprintf(bw, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#333"%s/>`+"\n", padL, padL+plotW, y(float64(l.v)), y(float64(l.v)), l.dash)
+		fmt.Fprintf(bw, `<text x="%d" y="%.1f" fill="#333">%s = %d</text>`+"\n", padL+plotW+10, y(float64(l.v))+4, l.name, l.v)
+	}
+	w := heldBin.Seconds()
+	for i, project := range []string{Small, Big} {
+		fmt.Fprintf(bw, `<polyline fill="none" stroke="%s" stroke-width="1.6" points="`, svgColors[project])
+		for _, b := range r.Held {
+			if b.Project == project {
+				fmt.Fprintf(bw, "%.1f,%.1f %.1f,%.1f ", x(b.StartS), y(float64(b.Held)), x(b.StartS+w), y(float64(b.Held)))
+			}
+		}
+		fmt.Fprintln(bw, `"/>`)
+		ly := heldT + heldH - 40 + i*18
+		fmt.Fprintf(bw, `<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"/>`+"\n", padL+plotW+10, padL+plotW+22, ly, ly, svgColors[project])
+		fmt.Fprintf(bw, `<text x="%d" y="%d">%s: held</text>`+"\n", padL+plotW+26, ly+4, project)
+	}
+	total := 3 * r.PhaseSeconds
+	for s := 0.0; s <= total+1e-9; s += math.Max(1, math.Round(total/10)) {
+		fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle">%gs</text>`+"\n", x(s), heldT+heldH+18, s)
+	}
+	fmt.Fprintf(bw, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#444"/>`+"\n", padL, heldT, plotW, heldH)
 }
 
 // niceCeil rounds v up to 1, 2 or 5 times a power of ten.
