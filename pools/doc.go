@@ -55,6 +55,18 @@
 //     blocking Acquire is woken by that release, under the pool lock, before
 //     any other caller can take the permit.
 //
+// # Dry-run
+//
+// SetDryRun puts a whole pool, or one project of it, in dry-run: every ask
+// goes through the rule and is counted as usual, but an ask the rule refuses
+// is admitted instead and counted in WouldRefuse (it counts as admitted too;
+// Refused counts only real refusals). TryAcquireInto says so with the
+// refusal it would have been (Refusal.WouldRefuse). In dry-run in_use may
+// pass POOL: that is the point, an operator watches what enforcement would
+// do before turning it on. A project's dry-run survives the pool forgetting
+// its state. Residents have no dry-run: a full residents pool evicts rather
+// than refuses.
+//
 // # Active window and recompute
 //
 // The hot path does not read the clock. An ask only marks the project as seen

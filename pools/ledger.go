@@ -46,7 +46,13 @@ type ledger struct {
 	// admitted and refused count every ask since the pool was built. They
 	// are kept here, not summed over projects, because forgetting an idle
 	// project drops its counts and the pool's totals must never go down.
-	admitted, refused uint64
+	// wouldRefuse counts the asks admitted in dry-run that the rule refused
+	// (they are in admitted too).
+	admitted, refused, wouldRefuse uint64
+	// dryRun admits every ask of the pool, counting what the rule refused;
+	// dryProjects does so for the projects it names (see doc.go, Dry-run).
+	dryRun      bool
+	dryProjects map[string]bool
 	// forgotten sums the counts of the projects forgotten so far, so that
 	// at every instant admitted (refused) is the sum over the projects
 	// known plus forgotten's.
@@ -65,6 +71,8 @@ type project struct {
 	activePos int32 // position in ledger.active, -1 when inactive
 	admitted  uint64
 	refused   uint64
+	would     uint64  // asks admitted in dry-run that the rule refused
+	dryRun    bool    // the project is in dry-run (ledger.dryProjects)
 	released  uint64  // own releases since the last recompute
 	relRate   float64 // own releases per second, smoothed
 }
@@ -109,10 +117,10 @@ func (l *ledger) lookup(name string) int32 {
 		idx = l.free[n-1]
 		l.free = l.free[:n-1]
 		gen := l.projects[idx].gen
-		l.projects[idx] = project{name: name, gen: gen, activePos: -1}
+		l.projects[idx] = project{name: name, gen: gen, activePos: -1, dryRun: l.dryProjects[name]}
 	} else {
 		idx = int32(len(l.projects))
-		l.projects = append(l.projects, project{name: name, activePos: -1})
+		l.projects = append(l.projects, project{name: name, activePos: -1, dryRun: l.dryProjects[name]})
 	}
 	l.index[name] = idx
 	return idx
@@ -134,6 +142,31 @@ func (l *ledger) seen(idx int32) {
 // admits applies the rule to project idx.
 func (l *ledger) admits(idx int32) bool {
 	return Admits(l.inUse, l.projects[idx].held, l.size, l.floor, l.share)
+}
+
+// dry reports whether a refusal of project idx is to be admitted instead
+// (the pool or the project in dry-run).
+func (l *ledger) dry(idx int32) bool {
+	return l.dryRun || l.projects[idx].dryRun
+}
+
+// setDryRun puts the pool (project "") or one project in dry-run, or back.
+func (l *ledger) setDryRun(project string, on bool) {
+	if project == "" {
+		l.dryRun = on
+		return
+	}
+	if on {
+		if l.dryProjects == nil {
+			l.dryProjects = map[string]bool{}
+		}
+		l.dryProjects[project] = true
+	} else {
+		delete(l.dryProjects, project)
+	}
+	if idx, ok := l.index[project]; ok {
+		l.projects[idx].dryRun = on
+	}
 }
 
 func (l *ledger) take(idx int32) {
@@ -165,6 +198,22 @@ func (l *ledger) fillRefusal(idx int32, rf *Refusal) {
 	pr := &l.projects[idx]
 	pr.refused++
 	l.refused++
+	l.describe(idx, rf)
+}
+
+// fillWould counts an ask of project idx that the rule refused and dry-run
+// admits, and writes the refusal it would have been into rf. The caller
+// then grants the permit.
+func (l *ledger) fillWould(idx int32, rf *Refusal) {
+	l.projects[idx].would++
+	l.wouldRefuse++
+	l.describe(idx, rf)
+	rf.WouldRefuse = true
+}
+
+// describe writes the refusal of project idx, as the rule stands, into rf.
+func (l *ledger) describe(idx int32, rf *Refusal) {
+	pr := &l.projects[idx]
 	reason := ReasonFull
 	if pr.held >= l.share {
 		reason = ReasonOverShare
@@ -308,6 +357,7 @@ func (l *ledger) forgetIdle(now int64, keep func(int32) bool, forgotten func(int
 		l.forgotten.Projects++
 		l.forgotten.Admitted += pr.admitted
 		l.forgotten.Refused += pr.refused
+		l.forgotten.WouldRefuse += pr.would
 		delete(l.index, pr.name)
 		gen := pr.gen + 1
 		*pr = project{gen: gen, activePos: -1}
@@ -338,20 +388,24 @@ func (l *ledger) snapshot() Snapshot {
 		Active: len(l.active),
 		Share:  l.share,
 
-		Admitted:  l.admitted,
-		Refused:   l.refused,
-		Forgotten: l.forgotten,
+		Admitted:    l.admitted,
+		Refused:     l.refused,
+		WouldRefuse: l.wouldRefuse,
+		DryRun:      l.dryRun,
+		Forgotten:   l.forgotten,
 	}
 	s.Projects = make([]ProjectStat, 0, len(l.index))
 	for _, idx := range l.index {
 		pr := &l.projects[idx]
 		s.Projects = append(s.Projects, ProjectStat{
-			Project:  pr.name,
-			Held:     pr.held,
-			Admitted: pr.admitted,
-			Refused:  pr.refused,
-			LastSeen: time.Unix(0, pr.lastSeen),
-			Active:   pr.activePos >= 0,
+			Project:     pr.name,
+			Held:        pr.held,
+			Admitted:    pr.admitted,
+			Refused:     pr.refused,
+			WouldRefuse: pr.would,
+			DryRun:      pr.dryRun,
+			LastSeen:    time.Unix(0, pr.lastSeen),
+			Active:      pr.activePos >= 0,
 		})
 	}
 	sortStats(s.Projects)

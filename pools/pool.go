@@ -112,6 +112,13 @@ func (p *Pool) Acquire(ctx context.Context, project string) (Permit, error) {
 		p.mu.Unlock()
 		return pm, nil
 	}
+	if p.l.dry(idx) {
+		var rf Refusal
+		p.l.fillWould(idx, &rf)
+		pm := p.grantLocked(idx)
+		p.mu.Unlock()
+		return pm, nil
+	}
 	if err := ctx.Err(); err != nil {
 		r := p.l.refusal(idx)
 		p.mu.Unlock()
@@ -261,6 +268,17 @@ func (p *Pool) Resize(size, floor int) error {
 	return nil
 }
 
+// SetDryRun puts the pool (project "") or one project in dry-run (on) or
+// back under enforcement: in dry-run an ask the rule refuses is admitted
+// and counted in WouldRefuse. A project's setting is kept while the pool
+// forgets its state. Waiters already blocked in Acquire keep waiting for
+// the rule.
+func (p *Pool) SetDryRun(project string, on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.l.setDryRun(project, on)
+}
+
 // Recompute settles the active set and the share at the clock's now; the
 // owner calls it once per second. See recompute for its cost.
 func (p *Pool) Recompute() { p.recompute(p.clk.Now()) }
@@ -296,8 +314,11 @@ type Snapshot struct {
 	// Admitted and Refused count the pool's asks since it was built; unlike
 	// the per-project counts they survive projects being forgotten, so they
 	// only grow. They equal the sums over Projects plus Forgotten's, in
-	// every snapshot.
-	Admitted, Refused uint64
+	// every snapshot. WouldRefuse counts the asks dry-run admitted that the
+	// rule refused (they are in Admitted too), summing the same way.
+	Admitted, Refused, WouldRefuse uint64
+	// DryRun reports the pool in dry-run (SetDryRun).
+	DryRun bool
 	// Projects is sorted by project; it lists every project with state
 	// (active ones and idle ones not yet forgotten).
 	Projects []ProjectStat
@@ -307,8 +328,8 @@ type Snapshot struct {
 
 // ForgottenStat is what the projects a pool forgot had been counted for.
 type ForgottenStat struct {
-	Projects          uint64 // projects forgotten (a project forgotten twice counts twice)
-	Admitted, Refused uint64
+	Projects                       uint64 // projects forgotten (a project forgotten twice counts twice)
+	Admitted, Refused, WouldRefuse uint64
 }
 
 // ProjectStat is one project's view in a Snapshot.
@@ -316,8 +337,11 @@ type ProjectStat struct {
 	Project string
 	// Held is the number of permits (resident objects) the project holds.
 	Held int
-	// Admitted and Refused count asks since the project's state was created.
-	Admitted, Refused uint64
+	// Admitted and Refused count asks since the project's state was created;
+	// WouldRefuse the admitted ones dry-run let through.
+	Admitted, Refused, WouldRefuse uint64
+	// DryRun reports the project in dry-run (SetDryRun).
+	DryRun bool
 	// LastSeen is the last time the project held or asked, at the
 	// resolution of the recompute period.
 	LastSeen time.Time

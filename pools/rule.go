@@ -139,6 +139,9 @@ type Refusal struct {
 	// that refuses many clients of one project at once can space their
 	// returns by it, so they come back at the rate permits free.
 	ReleaseRate float64
+	// WouldRefuse marks the refusal dry-run turned into an admission
+	// (TryAcquireInto's ok is true).
+	WouldRefuse bool
 
 	residents bool
 }

@@ -5,7 +5,9 @@ package pools
 // TryAcquireInto is TryAcquire for callers that refuse often and want the
 // refused path free of allocation: on refusal it fills rf (owned by the
 // caller, never retained by the pool) and returns ok false; on admission rf
-// is left alone. rf must not be nil.
+// is left alone, except in dry-run: an ask the rule refuses is admitted, and
+// rf holds the refusal it would have been, with WouldRefuse set. rf must not
+// be nil.
 //
 // Why a second method rather than a cheaper TryAcquire: TryAcquire's error is
 // a *Refusal, and a *Refusal that callers may keep (wrap with %w, hand to
@@ -20,6 +22,10 @@ func (p *Pool) TryAcquireInto(project string, rf *Refusal) (pm Permit, ok bool) 
 	idx := p.l.lookup(project)
 	p.l.seen(idx)
 	if p.l.admits(idx) {
+		return p.grantLocked(idx), true
+	}
+	if p.l.dry(idx) {
+		p.l.fillWould(idx, rf)
 		return p.grantLocked(idx), true
 	}
 	p.l.fillRefusal(idx, rf)
