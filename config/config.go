@@ -60,7 +60,32 @@ type Config struct {
 	Connections  Connections     `yaml:"connections"`
 	Listeners    Listeners       `yaml:"listeners"`
 	Projects     Projects        `yaml:"projects"`
+	Events       Events          `yaml:"events"`
 }
+
+// Events configures the stream of refusals and repairs (package events).
+type Events struct {
+	// Log, if set, is a file every event is appended to as a JSON line,
+	// rotated when it would pass LogMaxBytes, keeping LogKeep old files.
+	Log         string `yaml:"log"`
+	LogMaxBytes int64  `yaml:"log_max_bytes"`
+	LogKeep     int    `yaml:"log_keep"`
+	// Recent is how many events the daemon keeps for 'fairshare events'
+	// without --follow.
+	Recent int `yaml:"recent"`
+	// KernelPerSec bounds the refusal events the BPF programs write per
+	// project and second (a burst of as many); the rest are counted as
+	// dropped.
+	KernelPerSec int `yaml:"kernel_per_sec"`
+}
+
+// Bounds of the events keys.
+const (
+	MinEventsLogBytes = 4 << 10
+	MaxEventsLogKeep  = 100
+	MaxEventsRecent   = 100_000
+	MaxEventsPerSec   = 100_000
+)
 
 // Connections configures the kernel side of the connections pool beyond its
 // size: the exempt class.
@@ -102,7 +127,13 @@ type Pool struct {
 	Size   int           `yaml:"size"`
 	Floor  int           `yaml:"floor"`
 	Window time.Duration `yaml:"window"`
+	// Enforce false puts the pool in dry-run: what the rule would refuse
+	// is admitted and counted as would_refuse. Unset means true.
+	Enforce *bool `yaml:"enforce,omitempty"`
 }
+
+// Enforced reports whether the pool enforces its rule (not dry-run).
+func (p Pool) Enforced() bool { return p.Enforce == nil || *p.Enforce }
 
 // Front configures the HTTP front (reverse proxy) for the requests pool.
 type Front struct {
@@ -289,6 +320,30 @@ func checkHostPort(hp string) error {
 	return nil
 }
 
+func (e Events) validate() error {
+	if e.Log != "" {
+		if !filepath.IsAbs(e.Log) {
+			return fmt.Errorf("events.log must be an absolute path or empty, got %q", e.Log)
+		}
+		if st, err := os.Stat(e.Log); err == nil && !st.Mode().IsRegular() {
+			return fmt.Errorf("events.log: %s exists and is not a regular file", e.Log)
+		}
+	}
+	if e.LogMaxBytes < MinEventsLogBytes {
+		return fmt.Errorf("events.log_max_bytes must be at least %d, got %d", MinEventsLogBytes, e.LogMaxBytes)
+	}
+	if e.LogKeep < 1 || e.LogKeep > MaxEventsLogKeep {
+		return fmt.Errorf("events.log_keep must be from 1 to %d, got %d", MaxEventsLogKeep, e.LogKeep)
+	}
+	if e.Recent < 1 || e.Recent > MaxEventsRecent {
+		return fmt.Errorf("events.recent must be from 1 to %d, got %d", MaxEventsRecent, e.Recent)
+	}
+	if e.KernelPerSec < 1 || e.KernelPerSec > MaxEventsPerSec {
+		return fmt.Errorf("events.kernel_per_sec must be from 1 to %d, got %d", MaxEventsPerSec, e.KernelPerSec)
+	}
+	return nil
+}
+
 // poolName is the charset of pool names: they become label values and keys.
 var poolName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
 
@@ -357,6 +412,12 @@ func (c *Config) Validate() error {
 		if p.Window < 0 {
 			return bad("pools.%s.window must not be negative, got %s", name, p.Window)
 		}
+		if name == PoolResidents && !p.Enforced() {
+			return bad("pools.residents.enforce: false is not supported: a full residents pool evicts rather than refuses, so there is nothing to dry-run")
+		}
+	}
+	if err := c.Events.validate(); err != nil {
+		return bad("%v", err)
 	}
 	// The kernel side's bounds (package limits), checked here so that a
 	// file the loader would refuse fails now, naming its key.
