@@ -20,7 +20,7 @@ const MaxFileSize = 4 << 20
 
 // ParseFile decodes a policies file: a YAML mapping from project name to
 // policy, each with the fields of Policy (tier, shares, requests_per_sec,
-// work_per_sec); a field left out takes its value from def. An empty file,
+// work_per_sec, enforce); a field left out takes its value from def. An empty file,
 // or `{}`, holds no policies. The file is refused as a whole, with the first
 // error naming the project and field, if any name or policy is invalid or a
 // key is unknown.
@@ -83,6 +83,7 @@ func decodeStrict(n *yaml.Node, p *Policy) error {
 		Shares         *int     `yaml:"shares"`
 		RequestsPerSec *float64 `yaml:"requests_per_sec"`
 		WorkPerSec     *float64 `yaml:"work_per_sec"`
+		Enforce        *bool    `yaml:"enforce"`
 	}
 	b, err := yaml.Marshal(n)
 	if err != nil {
@@ -93,7 +94,8 @@ func decodeStrict(n *yaml.Node, p *Policy) error {
 	if err := dec.Decode(&fields); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
-	pt := Patch{Tier: fields.Tier, Shares: fields.Shares, RequestsPerSec: fields.RequestsPerSec, WorkPerSec: fields.WorkPerSec}
+	pt := Patch{Tier: fields.Tier, Shares: fields.Shares, RequestsPerSec: fields.RequestsPerSec, WorkPerSec: fields.WorkPerSec,
+		Enforce: fields.Enforce}
 	np, _ := pt.Apply(*p)
 	*p = np
 	return nil

@@ -3,6 +3,7 @@
 package policy
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -39,7 +40,33 @@ type Policy struct {
 	Shares         int     `json:"shares"`
 	RequestsPerSec float64 `json:"requests_per_sec"`
 	WorkPerSec     float64 `json:"work_per_sec"`
+	// DryRun is `enforce: false`: the project's asks are decided and
+	// counted as usual, but what would be refused (fair share, rates) is
+	// admitted and counted as would_refuse. Omitted while enforced, so
+	// policies stored before the field existed enforce.
+	DryRun DryRun `json:"enforce,omitempty"`
 }
+
+// DryRun is a project's dry-run switch, written in JSON as its opposite,
+// "enforce": true while false (the zero value, enforced). A value type keeps
+// Policy comparable.
+type DryRun bool
+
+// MarshalJSON writes "enforce".
+func (d DryRun) MarshalJSON() ([]byte, error) { return json.Marshal(!bool(d)) }
+
+// UnmarshalJSON reads "enforce".
+func (d *DryRun) UnmarshalJSON(b []byte) error {
+	var enforce bool
+	if err := json.Unmarshal(b, &enforce); err != nil {
+		return fmt.Errorf("enforce must be true or false: %w", err)
+	}
+	*d = DryRun(!enforce)
+	return nil
+}
+
+// Enforced reports whether the project's policy enforces (not dry-run).
+func (p Policy) Enforced() bool { return !bool(p.DryRun) }
 
 // Default is the policy of a project nobody set one for, unless the daemon's
 // configuration says otherwise.
@@ -104,11 +131,13 @@ type Patch struct {
 	Shares         *int     `json:"shares,omitempty"`
 	RequestsPerSec *float64 `json:"requests_per_sec,omitempty"`
 	WorkPerSec     *float64 `json:"work_per_sec,omitempty"`
+	// Enforce false puts the project in dry-run, true takes it out.
+	Enforce *bool `json:"enforce,omitempty"`
 }
 
 // Empty reports whether the patch changes nothing.
 func (pt Patch) Empty() bool {
-	return pt.Tier == nil && pt.Shares == nil && pt.RequestsPerSec == nil && pt.WorkPerSec == nil
+	return pt.Tier == nil && pt.Shares == nil && pt.RequestsPerSec == nil && pt.WorkPerSec == nil && pt.Enforce == nil
 }
 
 // Apply returns p with the patch's fields set, validated.
@@ -124,6 +153,9 @@ func (pt Patch) Apply(p Policy) (Policy, error) {
 	}
 	if pt.WorkPerSec != nil {
 		p.WorkPerSec = *pt.WorkPerSec
+	}
+	if pt.Enforce != nil {
+		p.DryRun = DryRun(!*pt.Enforce)
 	}
 	return p, p.Validate()
 }
