@@ -31,6 +31,17 @@
 //	                               Registration once it is in force (or Pending)
 //	DELETE /v1/projects/{project}  ?cgroup=PATH repeated, or none for all: removes
 //	                               registrations, answers the Registration
+//	GET    /v1/events?project=P&pool=NAME[&follow=1]
+//	                               the kept events (package events) that match, one JSON
+//	                               object a line (application/x-ndjson); with follow, the
+//	                               new ones as they come until the client hangs up
+//
+// An events stream is bounded: StreamBuffer events may wait for a reader,
+// past that it loses events and receives a "dropped" event with the count;
+// a write that takes streamWrite ends the stream; at most MaxStreams streams
+// are open at once (503 past it), so followers never take the places the
+// CLI needs. The stream is exempt from the 10s read and 30s write timeouts
+// of the one-shot requests.
 //
 // Errors are JSON {"error": "one lowercase sentence"} with 400 for invalid
 // input (nothing was written), 403 for a non-root peer, 404 for a missing

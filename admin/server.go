@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/listen"
@@ -73,6 +74,8 @@ type Server struct {
 	b   Backend
 	log *slog.Logger
 	mux *http.ServeMux
+
+	streams atomic.Int32 // open streams of GET /v1/events
 }
 
 // NewServer returns the API handler for b.
@@ -90,6 +93,7 @@ func NewServer(b Backend, log *slog.Logger) *Server {
 	s.mux.HandleFunc("GET /v1/projects", s.projects)
 	s.mux.HandleFunc("POST /v1/projects/{project}", s.register)
 	s.mux.HandleFunc("DELETE /v1/projects/{project}", s.unregister)
+	s.mux.HandleFunc("GET /v1/events", s.events)
 	return s
 }
 
@@ -194,7 +198,7 @@ func (s *Server) patchPolicy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("policy set", "project", project, "tier", p.Tier, "shares", p.Shares,
-		"requests_per_sec", p.RequestsPerSec, "work_per_sec", p.WorkPerSec, logrl.Audit())
+		"requests_per_sec", p.RequestsPerSec, "work_per_sec", p.WorkPerSec, "enforce", p.Enforced(), logrl.Audit())
 	writeJSON(w, http.StatusOK, Entry{Project: project, Policy: p})
 }
 

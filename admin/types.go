@@ -39,6 +39,25 @@ type Status struct {
 	// Membership is which cgroups are in which project (nil when no daemon
 	// answered).
 	Membership *Membership `json:"membership,omitempty"`
+	// Events are the counters of the daemon's events (nil from pins).
+	Events *Events `json:"events,omitempty"`
+}
+
+// Events counts the daemon's events (package events) since it started.
+type Events struct {
+	Published uint64 `json:"published"`
+	// WouldRefuse counts the would_refuse events published (dry-run).
+	WouldRefuse uint64 `json:"would_refuse"`
+	// Dropped counts events over the per-project bound in the daemon,
+	// KernelDropped those the BPF programs dropped over theirs; StreamLost
+	// the deliveries lost by streams that did not keep up.
+	Dropped       uint64 `json:"dropped"`
+	KernelDropped uint64 `json:"kernel_dropped"`
+	StreamLost    uint64 `json:"stream_lost"`
+	Subscribers   int    `json:"subscribers"`
+	// Log is events.log, if configured, and LogErrors its failed writes.
+	Log       string `json:"log,omitempty"`
+	LogErrors uint64 `json:"log_errors"`
 }
 
 // PoliciesFile is what the daemon's policies file holds.
@@ -95,9 +114,10 @@ type Listener struct {
 // Forgotten sums the projects a pool dropped after they idled: with it, a
 // pool's Admitted and Refused are the sums over its Projects plus these.
 type Forgotten struct {
-	Projects uint64 `json:"projects"`
-	Admitted uint64 `json:"admitted"`
-	Refused  uint64 `json:"refused"`
+	Projects    uint64 `json:"projects"`
+	Admitted    uint64 `json:"admitted"`
+	Refused     uint64 `json:"refused"`
+	WouldRefuse uint64 `json:"would_refuse,omitempty"`
 }
 
 // Pool is one pool and the projects it knows, read as one snapshot: InUse
@@ -115,11 +135,16 @@ type Pool struct {
 	// ask and lets a project that left the window go at the daemon's next
 	// tick (never while no daemon runs), so it can exceed the projects
 	// marked active.
-	Active   int       `json:"active"`
-	Share    int       `json:"share"`
-	Admitted uint64    `json:"admitted"`
-	Refused  uint64    `json:"refused"`
-	Projects []Project `json:"projects"`
+	Active   int    `json:"active"`
+	Share    int    `json:"share"`
+	Admitted uint64 `json:"admitted"`
+	Refused  uint64 `json:"refused"`
+	// WouldRefuse counts asks admitted in dry-run that the rule refused
+	// (they are in Admitted too). DryRun is set while the pool is in
+	// dry-run (enforce: false); a project may be in dry-run alone.
+	WouldRefuse uint64    `json:"would_refuse"`
+	DryRun      bool      `json:"dry_run,omitempty"`
+	Projects    []Project `json:"projects"`
 	// Forgotten is what projects dropped after idling had been counted.
 	Forgotten Forgotten `json:"forgotten"`
 	// Exempt is the pool's exempt class, if it has one.
@@ -131,17 +156,20 @@ type Pool struct {
 // active count gives.
 func (p Pool) Consistent() error {
 	held := 0
-	adm, ref := p.Forgotten.Admitted, p.Forgotten.Refused
+	adm, ref, would := p.Forgotten.Admitted, p.Forgotten.Refused, p.Forgotten.WouldRefuse
 	for _, pr := range p.Projects {
 		held += pr.Held
 		adm += pr.Admitted
 		ref += pr.Refused
+		would += pr.WouldRefuse
 	}
 	switch {
 	case held != p.InUse:
 		return fmt.Errorf("pool %s: projects hold %d, in_use %d", p.Name, held, p.InUse)
 	case adm != p.Admitted || ref != p.Refused:
 		return fmt.Errorf("pool %s: projects admitted %d refused %d, the pool %d %d", p.Name, adm, ref, p.Admitted, p.Refused)
+	case would != p.WouldRefuse:
+		return fmt.Errorf("pool %s: projects would refuse %d, the pool %d", p.Name, would, p.WouldRefuse)
 	case p.Enforcer != "off" && p.Share != pools.Share(p.Size, p.Floor, p.Active):
 		return fmt.Errorf("pool %s: share %d with %d active (size %d, floor %d)", p.Name, p.Share, p.Active, p.Size, p.Floor)
 	}
@@ -164,12 +192,16 @@ type Exempt struct {
 
 // Project is one project's standing in one pool.
 type Project struct {
-	Project  string    `json:"project"`
-	Held     int       `json:"held"`
-	Admitted uint64    `json:"admitted"`
-	Refused  uint64    `json:"refused"`
-	Active   bool      `json:"active"`
-	LastSeen time.Time `json:"last_seen,omitzero"`
+	Project  string `json:"project"`
+	Held     int    `json:"held"`
+	Admitted uint64 `json:"admitted"`
+	Refused  uint64 `json:"refused"`
+	// WouldRefuse counts the project's asks dry-run admitted; DryRun is
+	// set while the project is in dry-run by its policy (enforce: false).
+	WouldRefuse uint64    `json:"would_refuse,omitempty"`
+	DryRun      bool      `json:"dry_run,omitempty"`
+	Active      bool      `json:"active"`
+	LastSeen    time.Time `json:"last_seen,omitzero"`
 	// Sleeping and Evictions are set for the residents pool only.
 	Sleeping  int               `json:"sleeping,omitempty"`
 	Evictions map[string]uint64 `json:"evictions,omitempty"`

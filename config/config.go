@@ -73,10 +73,10 @@ type Events struct {
 	// Recent is how many events the daemon keeps for 'fairshare events'
 	// without --follow.
 	Recent int `yaml:"recent"`
-	// KernelPerSec bounds the refusal events the BPF programs write per
-	// project and second (a burst of as many); the rest are counted as
-	// dropped.
-	KernelPerSec int `yaml:"kernel_per_sec"`
+	// PerSec bounds the events of one project per second, in the kernel
+	// (the BPF programs' refusals) and in the daemon alike; the rest are
+	// counted as dropped and the stream says how many.
+	PerSec int `yaml:"per_sec"`
 }
 
 // Bounds of the events keys.
@@ -338,8 +338,8 @@ func (e Events) validate() error {
 	if e.Recent < 1 || e.Recent > MaxEventsRecent {
 		return fmt.Errorf("events.recent must be from 1 to %d, got %d", MaxEventsRecent, e.Recent)
 	}
-	if e.KernelPerSec < 1 || e.KernelPerSec > MaxEventsPerSec {
-		return fmt.Errorf("events.kernel_per_sec must be from 1 to %d, got %d", MaxEventsPerSec, e.KernelPerSec)
+	if e.PerSec < 1 || e.PerSec > MaxEventsPerSec {
+		return fmt.Errorf("events.per_sec must be from 1 to %d, got %d", MaxEventsPerSec, e.PerSec)
 	}
 	return nil
 }

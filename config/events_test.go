@@ -41,7 +41,7 @@ func TestEventsAndEnforce(t *testing.T) {
 		"events: {log_max_bytes: 100}\n":                   "events.log_max_bytes",
 		"events: {log_keep: 0}\n":                          "events.log_keep",
 		"events: {recent: 0}\n":                            "events.recent",
-		"events: {kernel_per_sec: 0}\n":                    "events.kernel_per_sec",
+		"events: {per_sec: 0}\n":                           "events.per_sec",
 		"pools: {residents: {size: 4, enforce: false}}\n":  "pools.residents.enforce",
 	} {
 		c := Default()

@@ -32,6 +32,7 @@ func (d *Daemon) Status(context.Context) (admin.Status, error) {
 		st.Reconcile = d.kernel.record()
 	}
 	st.Listeners = d.listenerStatus()
+	st.Events = d.events.status()
 
 	st.Rates = d.rateStatus()
 	list, err := d.Policies()

@@ -81,6 +81,7 @@ type Daemon struct {
 	logrl     *logrl.Handler
 	caps      Caps
 	owners    *peercred.Owners // subordinate uids, for the per-peer caps
+	events    *eventSink       // every part's refusals, evictions and repairs
 
 	// polMu serializes changes of the policies in force (the admin API's
 	// and the policies file's), so that a check of who owns a project and
@@ -93,6 +94,8 @@ type Daemon struct {
 	// dropped its limits, so the project's count never goes down. It holds
 	// one number per project that ever had limits.
 	limitedGone map[string]uint64
+	// dryProjects are the projects in dry-run by their policy.
+	dryProjects map[string]bool
 	// listeners are the listeners serving, for status and metrics.
 	listeners []*listen.Listener
 
@@ -131,6 +134,7 @@ func New(opts Options) (*Daemon, error) {
 		seen:      map[string][2]int{},
 
 		limitedGone: map[string]uint64{},
+		dryProjects: map[string]bool{},
 	}
 	ok := false
 	defer func() {
@@ -139,6 +143,9 @@ func New(opts Options) (*Daemon, error) {
 		}
 	}()
 
+	if d.events, err = newEventSink(cfg.Events, log.With("part", "events")); err != nil {
+		return nil, err
+	}
 	d.store, err = policy.Open(cfg.StateDir, policy.Options{Timeout: 2 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("opening policy store: %w", err)
@@ -147,7 +154,7 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	if cfg.BPF {
-		if d.kernel, err = openKernel(cfg, log); err != nil {
+		if d.kernel, err = openKernel(cfg, log, d.events); err != nil {
 			return nil, err
 		}
 		if d.projects.kernel = d.kernel.members(); d.projects.kernel == nil {
@@ -159,6 +166,12 @@ func New(opts Options) (*Daemon, error) {
 	d.projects.apply(context.Background(), time.Now(), false)
 	if err := d.buildPools(); err != nil {
 		return nil, err
+	}
+	for _, name := range cfg.PoolNames() {
+		if !cfg.Pools[name].Enforced() {
+			log.Warn("pool in dry-run (enforce: false): what the rule would refuse is admitted and counted as would_refuse",
+				"pool", name)
+		}
 	}
 	if err := d.buildScheduler(); err != nil {
 		return nil, err
@@ -228,7 +241,9 @@ func (d *Daemon) buildFront() error {
 	var err error
 	d.front, err = front.New(frontConfig(d.cfg, root),
 		front.Deps{Requests: d.requests, Rates: d.rates, Sched: d.sched, Log: d.log.With("part", "front"),
-			ProjectOf: d.projects.projectOf})
+			ProjectOf: d.projects.projectOf,
+
+			Events: d.events.publish, DryRun: d.dryRun})
 	if err != nil {
 		// Everything front.New checks comes from the front's keys.
 		return fmt.Errorf("%w: front: %w", config.ErrInvalid, err)
@@ -266,7 +281,9 @@ func (d *Daemon) buildPermits() error {
 		}
 	}
 	var err error
-	d.permits, err = permitd.New(permitsConfig(d.cfg, d.caps, d.owners), d.others, d.residents, d.log.With("part", "permits"))
+	pc := permitsConfig(d.cfg, d.caps, d.owners)
+	pc.Events = d.events.publish
+	d.permits, err = permitd.New(pc, d.others, d.residents, d.log.With("part", "permits"))
 	if err != nil {
 		return fmt.Errorf("permit api: %w", err)
 	}
@@ -314,6 +331,32 @@ func (d *Daemon) apply(project string, p policy.Policy) {
 	}
 	d.sched.SetPolicy(project, scheduler.Policy{Tier: tier, Shares: p.Shares})
 	d.setLimits(project, pools.Limits{RequestsPerSec: p.RequestsPerSec, WorkPerSec: p.WorkPerSec})
+	d.setDryRun(project, !p.Enforced())
+}
+
+// setDryRun puts a project in dry-run in every pool that refuses (not
+// residents, which evict), and in the front's rate checks (dryRun).
+func (d *Daemon) setDryRun(project string, on bool) {
+	if d.requests != nil {
+		d.requests.SetDryRun(project, on)
+	}
+	for _, p := range d.others {
+		p.SetDryRun(project, on)
+	}
+	d.mu.Lock()
+	if on {
+		d.dryProjects[project] = true
+	} else {
+		delete(d.dryProjects, project)
+	}
+	d.mu.Unlock()
+}
+
+// dryRun reports whether project is in dry-run by its policy.
+func (d *Daemon) dryRun(project string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dryProjects[project]
 }
 
 // unapply puts a project whose policy was deleted back on the default:
@@ -321,6 +364,7 @@ func (d *Daemon) apply(project string, p policy.Policy) {
 func (d *Daemon) unapply(project string) {
 	d.sched.DeletePolicy(project)
 	d.setLimits(project, pools.Limits{})
+	d.setDryRun(project, false)
 }
 
 // setLimits sets a project's rate limits, keeping the refusals of a bucket
@@ -491,6 +535,7 @@ func (d *Daemon) loop(ctx context.Context) error {
 			if d.kernel != nil {
 				d.kernel.maintain(ctx, now)
 			}
+			d.events.flush()
 		}
 	}
 }
@@ -549,6 +594,11 @@ func (d *Daemon) closeParts() error {
 	if d.store != nil {
 		errs = append(errs, d.store.Close())
 		d.store = nil
+	}
+	if d.events != nil {
+		// Left in place: a part still finishing may publish; the log then
+		// refuses the write and says so.
+		errs = append(errs, d.events.close())
 	}
 	return errors.Join(errs...)
 }

@@ -90,6 +90,21 @@
 // 'fairshare cleanup'. There is no other writer while the daemon
 // runs, because bbolt's file lock keeps the CLI out of the store.
 //
+// Events: the daemon owns one eventSink (events.go) that every part
+// publishes to: the front (share, rate, debt and identity refusals), the
+// permit API (refusals, evictions), reconcile (adoptions, repairs) and the
+// kernel's refusals. It bounds each project's events per second
+// (events.per_sec; the BPF programs apply the same bound in the kernel),
+// numbers them, keeps the last events.recent for 'fairshare events', appends
+// them to events.log if configured, and fans them out to the admin API's
+// streams through an events.Hub; a dropped event says what the bound cut.
+// None of it blocks a decision.
+//
+// Dry-run: a pool's enforce: false (configuration) or a project's (its
+// policy, live) puts the user-space pools in dry-run (pools.Pool.SetDryRun)
+// and the front's rate checks for the project (dryRun): what the rule would
+// refuse is admitted, counted as would_refuse and published as such.
+//
 // Shutdown (ctx done) stops the servers, closes the limiter's descriptors and
 // leaves the pinned programs enforcing, unless DetachOnExit is set, which
 // unpins and detaches everything (loader.Cleanup).

@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/events"
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/pools"
@@ -79,6 +81,7 @@ type kernelSide struct {
 	pinDir    string
 	reconcile time.Duration // config.Reconcile: between passes; 0 only at start
 	log       *slog.Logger
+	events    *eventSink
 
 	mu   sync.Mutex // guards the fields below
 	book kernelBook
@@ -89,7 +92,7 @@ type kernelSide struct {
 
 // openKernel loads and attaches the BPF programs for the connections pool
 // of cfg (Open reconciles once) and reads the entries they keep.
-func openKernel(cfg config.Config, log *slog.Logger) (*kernelSide, error) {
+func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink) (*kernelSide, error) {
 	root, err := ProjectsRoot(cfg)
 	if err != nil {
 		return nil, err
@@ -105,7 +108,7 @@ func openKernel(cfg config.Config, log *slog.Logger) (*kernelSide, error) {
 	if err != nil {
 		return nil, loadError(cfg.PinDir, err)
 	}
-	k := &kernelSide{lim: lim, root: root, pinDir: cfg.PinDir, reconcile: cfg.Reconcile, log: log,
+	k := &kernelSide{lim: lim, root: root, pinDir: cfg.PinDir, reconcile: cfg.Reconcile, log: log, events: sink,
 		book: kernelBook{last: map[uint64]kernelCounts{}}}
 	// The floor in force, as the maps say.
 	floor := pools.EffectiveFloor(conn.Size, conn.Floor)
@@ -206,8 +209,34 @@ func (k *kernelSide) reconcilePass(ctx context.Context) {
 	k.rec.Sockets, k.rec.Held, k.rec.Repairs = sum(rep.Kernel), sum(rep.Held), repairs
 	k.rec.Adopted, k.rec.Orphans, k.rec.StaleListeners = rep.Adopted, rep.Orphans, rep.StaleListeners
 	k.mu.Unlock()
+	k.publishRepairs(rep)
 	k.log.Debug("reconcile pass", "sockets", sum(rep.Kernel), "held", sum(rep.Held), "reservations", sum(rep.Reservations),
 		"repairs", repairs, "took", time.Since(start).Round(time.Microsecond))
+}
+
+// publishRepairs makes an event of each repair of a pass: sockets adopted,
+// permits of gone sockets released, stale listeners uncounted, in_use
+// corrected (per project), the exempt count corrected.
+func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
+	pub := func(kind, project string, n int, detail string) {
+		if n != 0 {
+			k.events.publish(events.Event{Source: events.SourceReconcile, Kind: kind, Pool: config.PoolConnections,
+				Project: project, Count: uint64(abs(n)), Detail: detail})
+		}
+	}
+	pub(events.KindAdopted, "", rep.Adopted, "project sockets that held no permit now do")
+	pub(events.KindRepaired, "", rep.Orphans, "permits of sockets that no longer exist released")
+	pub(events.KindRepaired, "", rep.StaleListeners, "listeners that no longer exist uncounted")
+	pub(events.KindRepaired, "", rep.ExemptRepaired, fmt.Sprintf("exempt in_use corrected by %+d", rep.ExemptRepaired))
+	projects := make([]string, 0, len(rep.Repaired))
+	for p := range rep.Repaired {
+		projects = append(projects, p)
+	}
+	sort.Strings(projects)
+	for _, p := range projects {
+		v := rep.Repaired[p]
+		pub(events.KindRepaired, p, v, fmt.Sprintf("in_use corrected by %+d", v))
+	}
 }
 
 // record is the reconcile passes' record, nil before the first pass.

@@ -77,6 +77,7 @@ func (d *Daemon) buildPools() error {
 			var p *pools.Pool
 			p, err = pools.New(pcfg, d.opts.Clock)
 			if err == nil {
+				p.SetDryRun("", !pc.Enforced())
 				d.pools = append(d.pools, userPool{p})
 			}
 			if name == config.PoolRequests {
@@ -97,7 +98,7 @@ func fromPool(s pools.Snapshot, rs *pools.ResidentsSnapshot) admin.Pool {
 		Active: s.Active, Share: s.Share, Projects: []admin.Project{}}
 	for _, ps := range s.Projects {
 		ap := admin.Project{Project: ps.Project, Held: ps.Held, Admitted: ps.Admitted, Refused: ps.Refused,
-			Active: ps.Active, LastSeen: ps.LastSeen}
+			WouldRefuse: ps.WouldRefuse, DryRun: ps.DryRun, Active: ps.Active, LastSeen: ps.LastSeen}
 		if rs != nil {
 			ap.Sleeping = rs.Sleeping[ps.Project]
 			ap.Evictions = rs.Evictions[ps.Project]
@@ -106,7 +107,8 @@ func fromPool(s pools.Snapshot, rs *pools.ResidentsSnapshot) admin.Pool {
 	}
 	// The pool's own totals, the sums over the projects plus the forgotten
 	// ones' (one snapshot, under the pool's lock).
-	p.Admitted, p.Refused = s.Admitted, s.Refused
-	p.Forgotten = admin.Forgotten{Projects: s.Forgotten.Projects, Admitted: s.Forgotten.Admitted, Refused: s.Forgotten.Refused}
+	p.Admitted, p.Refused, p.WouldRefuse, p.DryRun = s.Admitted, s.Refused, s.WouldRefuse, s.DryRun
+	p.Forgotten = admin.Forgotten{Projects: s.Forgotten.Projects, Admitted: s.Forgotten.Admitted, Refused: s.Forgotten.Refused,
+		WouldRefuse: s.Forgotten.WouldRefuse}
 	return p
 }

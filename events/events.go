@@ -30,19 +30,25 @@ const (
 
 // Reasons for a refusal.
 const (
-	ReasonShare    = "share"         // over its share on a full node (the pool keeps a floor for others)
-	ReasonPoolFull = "pool_full"     // the pool is full and the project is under its share
-	ReasonExempt   = "exempt_budget" // exempt traffic past its budget, refused under the rule
-	ReasonRate     = "rate"          // the project's requests or connections per second
-	ReasonDebt     = "debt"          // the project's work units per second, spent ahead
-	ReasonNoIdent  = "no_project"    // the front could not tell the request's project (400)
-	ReasonUntrust  = "untrusted"     // the front refused a project header from an untrusted peer (403)
-	ReasonWaiting  = "too_many_waiting"
+	ReasonShare       = "share"              // over its share on a full node (the pool keeps a floor for others)
+	ReasonPoolFull    = "pool_full"          // the pool is full and the project is under its share
+	ReasonExempt      = "exempt_budget"      // exempt traffic past its budget, refused under the rule
+	ReasonRate        = "rate"               // the project's requests or connections per second
+	ReasonDebt        = "debt"               // the project's work units per second, spent ahead
+	ReasonNoIdent     = "no_project"         // the front could not tell the request's project (400)
+	ReasonUntrust     = "untrusted"          // the front refused a project header from an untrusted peer (403)
+	ReasonWaiting     = "too_many_waiting"   // the permit API's bound on waiting operations
+	ReasonResidents   = "too_many_residents" // nothing could be evicted in time
+	ReasonRateLimited = "rate_limited"       // the kernel's per-project connection rate (#20)
 )
 
 // Event is one decision that matters to an operator. Fields that do not
 // apply are left out of the JSON.
 type Event struct {
+	// Seq numbers the daemon's events in the order it published them (so a
+	// stream that starts with the recent ones can skip what it already
+	// sent); 0 until published.
+	Seq     uint64    `json:"seq,omitempty"`
 	Time    time.Time `json:"time"`
 	Source  string    `json:"source"`
 	Kind    string    `json:"kind"`

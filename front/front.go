@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairshare-dev/fairshare/events"
 	"io"
 	"log/slog"
 	"math"
@@ -149,6 +150,13 @@ type Deps struct {
 	// treats as an unknown local peer. Nil: the children of
 	// Config.ProjectsRoot are the projects.
 	ProjectOf func(cgroupID uint64) (string, error)
+	// Events, if set, receives the front's refusals (share, rate, debt,
+	// identity) and would-be refusals; it must not block.
+	Events func(events.Event)
+	// DryRun, if set, reports a project in dry-run: its rate and debt
+	// refusals are admitted and published as would_refuse (the requests
+	// pool handles the share itself, pools.Pool.SetDryRun).
+	DryRun func(project string) bool
 }
 
 // upstreamClient is the front's own HTTP/1.1 client to the upstream
@@ -436,6 +444,14 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, status, err := f.resolve(r)
 	if err != nil {
 		f.stats.badRequest(status)
+		if f.deps.Events != nil {
+			reason := events.ReasonNoIdent
+			if status == http.StatusForbidden {
+				reason = events.ReasonUntrust
+			}
+			f.deps.Events(events.Event{Source: events.SourceFront, Kind: events.KindRefused, Pool: poolRequests,
+				Reason: reason, Remote: peerText(r), Detail: strconv.Itoa(status) + ": " + err.Error()})
+		}
 		http.Error(w, "fairshare: "+err.Error(), status)
 		return
 	}
@@ -459,9 +475,15 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				reason, oc, rate = "debt", outcomeRefusedDebt, st.Limits.WorkPerSec
 				msg = fmt.Sprintf("fairshare: project %s is in work-units debt", project)
 			}
-			f.refuse(w, project, reason, retry, rate, msg)
-			f.stats.record(project, oc, 0, 0, false, start)
-			return
+			if f.deps.DryRun != nil && f.deps.DryRun(project) {
+				f.stats.wouldRefuse(reason)
+				f.event(r, events.KindWouldRefuse, project, reason, nil)
+			} else {
+				f.event(r, events.KindRefused, project, reason, nil)
+				f.refuse(w, project, reason, retry, rate, msg)
+				f.stats.record(project, oc, 0, 0, false, start)
+				return
+			}
 		}
 	}
 	var permit pools.Permit
@@ -470,7 +492,12 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// written into storage of this call, not allocated.
 		var ref pools.Refusal
 		pm, ok := pool.TryAcquireInto(project, &ref)
+		if ok && ref.WouldRefuse {
+			f.stats.wouldRefuse("share")
+			f.event(r, events.KindWouldRefuse, project, events.ReasonShare, &ref)
+		}
 		if !ok {
+			f.event(r, events.KindRefused, project, events.ReasonShare, &ref)
 			f.refuse(w, project, "share", ref.RetryAfter, ref.ReleaseRate, fmt.Sprintf(
 				"fairshare: project %s holds %d requests, its share is %d: %s", project, ref.Held, ref.Share, ref.Reason))
 			f.stats.record(project, outcomeRefusedShare, 0, 0, false, start)
@@ -712,6 +739,34 @@ func (f *Front) refuse(w http.ResponseWriter, project, reason string, est time.D
 	h.Set("Retry-After", strconv.Itoa(f.hint(project, est, rate)))
 	h.Set(HeaderRefused, reason)
 	http.Error(w, msg, http.StatusTooManyRequests)
+}
+
+// poolRequests is the name of the front's pool (config.PoolRequests).
+const poolRequests = "requests"
+
+// event publishes a decision about r of project (rf: the rule's numbers,
+// for a share refusal).
+func (f *Front) event(r *http.Request, kind, project, reason string, rf *pools.Refusal) {
+	if f.deps.Events == nil {
+		return
+	}
+	e := events.Event{Source: events.SourceFront, Kind: kind, Pool: poolRequests, Project: project, Reason: reason, Remote: peerText(r)}
+	if rf != nil {
+		if rf.Reason == pools.ReasonFull {
+			e.Reason = events.ReasonPoolFull
+		}
+		e.Held, e.InUse, e.Share, e.PoolSize = rf.Held, rf.InUse, rf.Share, rf.Size
+	}
+	f.deps.Events(e)
+}
+
+// peerText is the client as an event names it: its address, or "unix" on
+// the front's socket.
+func peerText(r *http.Request) string {
+	if r.RemoteAddr == "" || r.RemoteAddr == "@" {
+		return "unix"
+	}
+	return r.RemoteAddr
 }
 
 // hint is the Retry-After, in seconds, of a refusal of project now: the

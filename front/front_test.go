@@ -805,8 +805,9 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("lint: %v %v", problems, err)
 	}
 	// 3 projects x 7 outcomes + 3 duration + 3 wait histograms + bad and
-	// untrusted requests + exempt in flight, max and over budget.
-	if n := testutil.CollectAndCount(r.front.Collector()); n != 3*7+3+3+5 {
+	// untrusted requests + exempt in flight, max and over budget + would
+	// refuse by share, rate and debt.
+	if n := testutil.CollectAndCount(r.front.Collector()); n != 3*7+3+3+5+3 {
 		t.Errorf("%d series", n)
 	}
 	want := fmt.Sprintf("# HELP %s %s\n# TYPE %s counter\n%s 1\n", "fairshare_front_bad_requests_total",

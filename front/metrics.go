@@ -112,6 +112,9 @@ type stats struct {
 	badRequests      uint64
 	untrusted        uint64
 	exemptOverBudget uint64
+	// would counts the refusals dry-run admitted, by reason (share, rate,
+	// debt).
+	would map[string]uint64
 }
 
 func newStats(maxProjects int) *stats {
@@ -127,6 +130,15 @@ func (s *stats) badRequest(status int) {
 	} else {
 		s.badRequests++
 	}
+	s.mu.Unlock()
+}
+
+func (s *stats) wouldRefuse(reason string) {
+	s.mu.Lock()
+	if s.would == nil {
+		s.would = map[string]uint64{}
+	}
+	s.would[reason]++
 	s.mu.Unlock()
 }
 
@@ -185,6 +197,8 @@ var (
 		"The most exempt requests served at once; more are treated like their project's requests.", nil, nil)
 	descExemptOver = prometheus.NewDesc("fairshare_front_exempt_over_budget_total",
 		"Exempt requests that found the exempt budget full and were treated like their project's requests.", nil, nil)
+	descWould = prometheus.NewDesc("fairshare_front_would_refuse_total",
+		"Requests of projects in dry-run that would have been refused, by reason (share, rate, debt), and were admitted.", []string{"reason"}, nil)
 )
 
 type collector struct{ f *Front }
@@ -201,6 +215,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descExemptInFlight
 	ch <- descExemptMax
 	ch <- descExemptOver
+	ch <- descWould
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -212,6 +227,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBad, prometheus.CounterValue, float64(s.badRequests))
 	ch <- prometheus.MustNewConstMetric(descUntrusted, prometheus.CounterValue, float64(s.untrusted))
 	ch <- prometheus.MustNewConstMetric(descExemptOver, prometheus.CounterValue, float64(s.exemptOverBudget))
+	for _, reason := range []string{"share", "rate", "debt"} {
+		ch <- prometheus.MustNewConstMetric(descWould, prometheus.CounterValue, float64(s.would[reason]), reason)
+	}
 	s.forgetLocked(c.f.clk.Now())
 	names := make([]string, 0, len(s.projects))
 	for p := range s.projects {

@@ -46,6 +46,8 @@ type Collector struct {
 	memMembers, memRefused, memSourceUp       *prometheus.Desc
 	nsFound, nsAttached, nsSweeps, nsSweep    *prometheus.Desc
 	nsErrors                                  *prometheus.Desc
+	poolWould, poolEnforced, would            *prometheus.Desc
+	evPublished, evDropped, evLost            *prometheus.Desc
 
 	mu   sync.Mutex             // guards the fields below
 	sets map[string]*labels.Set // by group: "pool\x00<name>", "rates", "scheduler"
@@ -112,6 +114,14 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 		nsSweeps:    d("netns_sweeps_total", "Sweeps of the network namespace scan over every member."),
 		nsSweep:     d("netns_sweep_seconds", "How long the last sweep's steps took, summed."),
 		nsErrors:    d("netns_scan_errors_total", "Cgroups or processes the namespace scan could not read (other than gone)."),
+		poolWould: d("pool_would_refuse_total",
+			"Asks admitted in dry-run (the pool's or the project's enforce: false) that the rule refused; in pool_admitted_total too.", "pool"),
+		poolEnforced: d("pool_enforced", "1 while the pool enforces its rule, 0 while it is in dry-run (enforce: false).", "pool"),
+		would:        d("project_would_refuse_total", "Asks of the project admitted in dry-run that the rule refused.", "pool", "project"),
+		evPublished:  d("events_published_total", "Events published (refusals, would-be refusals, evictions, repairs)."),
+		evDropped: d("events_dropped_total",
+			"Events dropped over the per-project bound (events.per_sec), where: kernel (in the BPF programs) or daemon.", "where"),
+		evLost: d("events_stream_lost_total", "Events lost by 'fairshare events' streams that did not keep up."),
 	}
 }
 
@@ -123,7 +133,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.exemptMax, c.exemptInUse, c.exemptAdmitted, c.exemptOver,
 		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld,
 		c.lnOpen, c.lnMax, c.lnAccepted, c.lnRefused, c.lnErrors,
-		c.memMembers, c.memRefused, c.memSourceUp, c.nsFound, c.nsAttached, c.nsSweeps, c.nsSweep, c.nsErrors} {
+		c.memMembers, c.memRefused, c.memSourceUp, c.nsFound, c.nsAttached, c.nsSweeps, c.nsSweep, c.nsErrors,
+
+		c.poolWould, c.poolEnforced, c.would, c.evPublished, c.evDropped, c.evLost} {
 		ch <- d
 	}
 }
@@ -162,6 +174,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if m := st.Membership; m != nil {
 		c.collectMembership(ch, m)
 	}
+	if e := st.Events; e != nil {
+		ch <- prometheus.MustNewConstMetric(c.evPublished, prometheus.CounterValue, float64(e.Published))
+		ch <- prometheus.MustNewConstMetric(c.evDropped, prometheus.CounterValue, float64(e.Dropped), "daemon")
+		ch <- prometheus.MustNewConstMetric(c.evDropped, prometheus.CounterValue, float64(e.KernelDropped), "kernel")
+		ch <- prometheus.MustNewConstMetric(c.evLost, prometheus.CounterValue, float64(e.StreamLost))
+	}
 	for _, l := range st.Listeners {
 		ch <- prometheus.MustNewConstMetric(c.lnOpen, prometheus.GaugeValue, float64(l.Open), l.Name)
 		ch <- prometheus.MustNewConstMetric(c.lnMax, prometheus.GaugeValue, float64(l.MaxConns), l.Name)
@@ -187,6 +205,8 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 	gauge(c.poolActive, float64(p.Active), p.Name)
 	counter(c.poolAdmitted, float64(p.Admitted), p.Name)
 	counter(c.poolRefused, float64(p.Refused), p.Name)
+	counter(c.poolWould, float64(p.WouldRefuse), p.Name)
+	gauge(c.poolEnforced, b2f(!p.DryRun), p.Name)
 	if e := p.Exempt; e != nil {
 		gauge(c.exemptMax, float64(e.Max), p.Name)
 		gauge(c.exemptInUse, float64(e.InUse), p.Name)
@@ -218,6 +238,7 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 		g.sleeping += pr.Sleeping
 		ls.Count(pr.Project, "admitted", pr.Admitted)
 		ls.Count(pr.Project, "refused", pr.Refused)
+		ls.Count(pr.Project, "would", pr.WouldRefuse)
 		for r, v := range pr.Evictions {
 			ls.Count(pr.Project, "evictions\x00"+r, v)
 		}
@@ -225,20 +246,22 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 	// Other also carries the counts of projects gone from the pool (or from
 	// their label), so it exists whenever the named series do not add up
 	// to the pool's totals.
-	if byLabel[Other] == nil && (ls.OtherUsed() || ls.Remainder("admitted", p.Admitted) > 0 || ls.Remainder("refused", p.Refused) > 0) {
+	if byLabel[Other] == nil && (ls.OtherUsed() || ls.Remainder("admitted", p.Admitted) > 0 || ls.Remainder("refused", p.Refused) > 0 ||
+		ls.Remainder("would", p.WouldRefuse) > 0) {
 		byLabel[Other] = &gauges{}
 		order = append(order, Other)
 	}
 	for _, l := range order {
 		g := byLabel[l]
 		gauge(c.held, float64(g.held), p.Name, l)
-		adm, ref := ls.Total(l, "admitted"), ls.Total(l, "refused")
+		adm, ref, would := ls.Total(l, "admitted"), ls.Total(l, "refused"), ls.Total(l, "would")
 		if l == Other {
-			adm, ref = ls.Remainder("admitted", p.Admitted), ls.Remainder("refused", p.Refused)
+			adm, ref, would = ls.Remainder("admitted", p.Admitted), ls.Remainder("refused", p.Refused), ls.Remainder("would", p.WouldRefuse)
 			ls.MarkOther()
 		}
 		counter(c.admitted, float64(adm), p.Name, l)
 		counter(c.refused, float64(ref), p.Name, l)
+		counter(c.would, float64(would), p.Name, l)
 		if residents {
 			gauge(c.sleeping, float64(g.sleeping), p.Name, l)
 			var reasons []string

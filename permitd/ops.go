@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/events"
 	"github.com/fairshare-dev/fairshare/internal/pace"
 	"github.com/fairshare-dev/fairshare/internal/project"
 	"github.com/fairshare-dev/fairshare/pools"
@@ -38,16 +39,22 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		resp.Code, resp.Error = CodeBadRequest, err.Error()
 		return true
 	}
-	pm, err := p.TryAcquire(rq.Project)
-	if err == nil {
+	var rf pools.Refusal
+	if pm, ok := p.TryAcquireInto(rq.Project, &rf); ok {
+		if rf.WouldRefuse {
+			s.refusalEvent(ss, events.KindWouldRefuse, &rf)
+		}
 		s.grant(ss, p, pm, rq, resp)
 		return true
 	}
-	if rq.WaitMS <= 0 || !errors.Is(err, pools.ErrRefused) {
-		s.refuse(resp, err)
+	if rq.WaitMS <= 0 {
+		r := rf // the refusal the answer keeps is its own allocation, on this path only
+		s.refuse(ss, resp, &r)
 		return true
 	}
 	if why := s.startWait(ss); why != "" {
+		s.publish(events.Event{Kind: events.KindRefused, Pool: rq.Pool, Project: rq.Project,
+			Reason: events.ReasonWaiting, Remote: peerText(ss), Detail: why})
 		resp.Code, resp.Error = CodeTooManyWaiting, why
 		return true
 	}
@@ -73,7 +80,7 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		case ss.ctx.Err() != nil:
 			resp.Code, resp.Error = CodeCanceled, "session closed while waiting"
 		default:
-			s.refuse(&resp, err)
+			s.refuse(ss, &resp, err)
 		}
 		ss.answerLate(&resp)
 	}(*rq)
@@ -96,12 +103,13 @@ func (s *Server) grant(ss *session, p *pools.Pool, pm pools.Permit, rq *request,
 // project's estimate and the pool's release rate; retry_after_ms is the
 // project's next return slot from them (see retryMS), so the refused clients
 // of one project are told different times.
-func (s *Server) refuse(resp *response, err error) {
+func (s *Server) refuse(ss *session, resp *response, err error) {
 	var rf *pools.Refusal
 	if !errors.As(err, &rf) {
 		resp.Code, resp.Error = CodeInternal, err.Error()
 		return
 	}
+	s.refusalEvent(ss, events.KindRefused, rf)
 	resp.Code = CodeRefused
 	if errors.Is(err, pools.ErrTooManyResidents) {
 		resp.Code = CodeTooManyResidents
@@ -366,7 +374,7 @@ func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool, fi
 	if ev.Object == "" {
 		return s.admitted(ss, rq, o, nil)
 	}
-	confirmed := s.evict(ev)
+	confirmed := s.evict(ev, rq.Project)
 	select {
 	case <-confirmed:
 		return s.admitted(ss, rq, o, &ev)
@@ -395,7 +403,7 @@ func (s *Server) spawnError(ss *session, rq *request, o *object, wasSleeping boo
 	case errors.Is(err, pools.ErrObjectProject):
 		resp.Code, resp.Error = CodeConflict, err.Error()
 	default:
-		s.refuse(&resp, err)
+		s.refuse(ss, &resp, err)
 		if resp.Code == CodeRefused || ctx != nil && errors.Is(context.Cause(ctx), errSpawnDeadline) {
 			resp.Code = CodeTooManyResidents
 		}
@@ -525,7 +533,7 @@ func (s *Server) admitted(ss *session, rq *request, o *object, evicted *pools.Ev
 // evict tells the session owning ev.Object to put it to sleep; the pool
 // already counts it asleep. The returned channel is closed when the owner
 // confirms (sleep or remove), or at once when there is nobody to ask.
-func (s *Server) evict(ev pools.Eviction) <-chan struct{} {
+func (s *Server) evict(ev pools.Eviction, spawner string) <-chan struct{} {
 	ch := make(chan struct{})
 	s.mu.Lock()
 	o := s.objects[ev.Object]
@@ -540,6 +548,8 @@ func (s *Server) evict(ev pools.Eviction) <-chan struct{} {
 	s.evictions[ev.Reason]++
 	owner := o.owner
 	s.mu.Unlock()
+	s.publish(events.Event{Kind: events.KindEvicted, Pool: ResidentsPool, Project: ev.Project, Reason: ev.Reason,
+		Victim: ev.Object, Owner: peerText(owner), Spawner: spawner})
 	// Written by its own goroutine: an owner that does not read holds up
 	// only this notice (up to writeTimeout, then its session is closed),
 	// never the spawn, whose one-second deadline runs meanwhile.

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/events"
 	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/internal/logrl"
 	"github.com/fairshare-dev/fairshare/internal/pace"
@@ -95,6 +96,9 @@ type Config struct {
 	// DefaultMaxWaiting, DefaultMaxWaitingPerUID and
 	// DefaultMaxWaitingPerSession.
 	MaxWaiting, MaxWaitingPerUID, MaxWaitingPerSession int
+	// Events, if set, receives the refusals, would-be refusals (dry-run)
+	// and evictions; it must not block.
+	Events func(events.Event)
 }
 
 // Server serves pools over the permit protocol described in doc.go.

@@ -55,6 +55,7 @@ func newApp() *cli.App {
 			policyCommand(),
 			projectCommand(),
 			statusCommand(),
+			eventsCommand(),
 			cleanupCommand(),
 			drillCommand(),
 			{

@@ -42,6 +42,8 @@ func policyCommand() *cli.Command {
 					&cli.StringFlag{Name: "shares", Usage: "`N` shares, a whole number >= 1: bigger, faster-refilling buckets"},
 					&cli.StringFlag{Name: "requests-per-sec", Usage: "requests per second `R`: 0 = unbounded, else 0.001 to 1e9"},
 					&cli.StringFlag{Name: "work-per-sec", Usage: "work units per second `W`: 0 = unbounded, else 0.001 to 1e9"},
+					&cli.StringFlag{Name: "enforce", Usage: "`BOOL`: false puts the project in dry-run (what would be refused is admitted " +
+						"and counted as would_refuse, see 'fairshare events'), true enforces again"},
 					jsonFlag),
 				Action: policySet,
 			},
@@ -118,8 +120,16 @@ func parsePatch(c *cli.Context) (policy.Patch, error) {
 	if pt.WorkPerSec, err = rate("work-per-sec"); err != nil {
 		return pt, err
 	}
+	if c.IsSet("enforce") {
+		raw := c.String("enforce")
+		v, err := strconv.ParseBool(strings.TrimSpace(raw))
+		if err != nil {
+			return pt, cli.Exit(fmt.Sprintf("--enforce must be true or false, got %q", raw), 2)
+		}
+		pt.Enforce = &v
+	}
 	if pt.Empty() {
-		return pt, cli.Exit("policy set changes nothing: give at least one of --tier, --shares, --requests-per-sec, --work-per-sec", 2)
+		return pt, cli.Exit("policy set changes nothing: give at least one of --tier, --shares, --requests-per-sec, --work-per-sec, --enforce", 2)
 	}
 	return pt, nil
 }
@@ -307,15 +317,24 @@ func printPolicies(c *cli.Context, list []policy.Entry, asList bool) error {
 		return writeJSON(w, v)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROJECT\tTIER\tSHARES\tREQUESTS/S\tWORK/S\tFROM")
+	fmt.Fprintln(tw, "PROJECT\tTIER\tSHARES\tREQUESTS/S\tWORK/S\tENFORCE\tFROM")
 	for _, e := range list {
 		from := "cli"
 		if e.Source == policy.SourceFile {
 			from = "file"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", e.Project, e.Tier, e.Shares, rateText(e.RequestsPerSec), rateText(e.WorkPerSec), from)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", e.Project, e.Tier, e.Shares, rateText(e.RequestsPerSec), rateText(e.WorkPerSec),
+			enforceText(e.Enforced()), from)
 	}
 	return tw.Flush()
+}
+
+// enforceText is a dry-run switch as the tables show it.
+func enforceText(on bool) string {
+	if on {
+		return "yes"
+	}
+	return "dry-run"
 }
 
 func rateText(v float64) string {

@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/events"
+)
+
+// eventSink is where every part of the daemon sends its events: it bounds
+// each project's events per second (config events.per_sec, as the kernel
+// does), numbers them, keeps the most recent for 'fairshare events' without
+// --follow, appends them to events.log if configured, and fans them out
+// through the Hub to the streams of the admin API. Publishing never blocks
+// and never fails the decision that made the event.
+type eventSink struct {
+	hub    *events.Hub
+	file   *events.Log // nil: no events.log
+	perSec int
+	log    *slog.Logger
+
+	mu  sync.Mutex // guards the fields below
+	seq uint64
+	// ring holds the last len(ring) events; next is where the next goes.
+	ring []events.Event
+	next int
+	n    int
+	// sec is the second the counts are for; counts the events of each
+	// project in it (so memory is the projects of one second).
+	sec    int64
+	counts map[string]int
+	// dropped counts, per source and project, events over the per-second
+	// bound since the last notice (flush).
+	dropped map[[2]string]uint64
+	stats   admin.Events
+}
+
+func newEventSink(cfg config.Events, log *slog.Logger) (*eventSink, error) {
+	s := &eventSink{
+		hub: events.NewHub(nil), perSec: cfg.PerSec, log: log,
+		ring: make([]events.Event, cfg.Recent), counts: map[string]int{}, dropped: map[[2]string]uint64{},
+	}
+	if cfg.Log != "" {
+		f, err := events.OpenLog(cfg.Log, cfg.LogMaxBytes, cfg.LogKeep)
+		if err != nil {
+			return nil, pathError("events.log", err)
+		}
+		s.file = f
+		s.stats.Log = cfg.Log
+	}
+	return s, nil
+}
+
+// publish records e; see eventSink.
+func (s *eventSink) publish(e events.Event) {
+	if s == nil {
+		return
+	}
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	s.mu.Lock()
+	if e.Kind != events.KindDropped {
+		if sec := e.Time.Unix(); sec != s.sec {
+			s.sec = sec
+			clear(s.counts)
+		}
+		if s.counts[e.Project] >= s.perSec {
+			s.dropped[[2]string{e.Source, e.Project}]++
+			s.stats.Dropped++
+			s.mu.Unlock()
+			return
+		}
+		s.counts[e.Project]++
+	}
+	s.seq++
+	e.Seq = s.seq
+	s.ring[s.next] = e
+	s.next = (s.next + 1) % len(s.ring)
+	s.n = min(s.n+1, len(s.ring))
+	s.stats.Published++
+	if e.Kind == events.KindWouldRefuse {
+		s.stats.WouldRefuse++
+	}
+	s.mu.Unlock()
+	if s.file != nil {
+		if err := s.file.Write(e); err != nil {
+			s.mu.Lock()
+			s.stats.LogErrors++
+			s.mu.Unlock()
+			s.log.Error("events.log: event not written", "err", err)
+		}
+	}
+	s.hub.Publish(e)
+}
+
+// countKernelDropped adds the refusal events the BPF programs dropped over
+// their per-project bound (read from the maps at each tick).
+func (s *eventSink) countKernelDropped(project string, n uint64) {
+	if s == nil || n == 0 {
+		return
+	}
+	s.mu.Lock()
+	s.dropped[[2]string{events.SourceKernel, project}] += n
+	s.stats.KernelDropped += n
+	s.mu.Unlock()
+}
+
+// flush, at each tick of the control loop, publishes one dropped notice
+// per source and project that lost events to the bound, and writes the
+// log's buffer to its file.
+func (s *eventSink) flush() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	keys := make([][2]string, 0, len(s.dropped))
+	for k := range s.dropped {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i][0] < keys[j][0] || keys[i][0] == keys[j][0] && keys[i][1] < keys[j][1]
+	})
+	notices := make([]events.Event, 0, len(keys))
+	for _, k := range keys {
+		notices = append(notices, events.Event{Source: k[0], Kind: events.KindDropped, Project: k[1], Count: s.dropped[k],
+			Detail: "over the bound of events per project and second (events.per_sec)"})
+	}
+	clear(s.dropped)
+	s.mu.Unlock()
+	for _, e := range notices {
+		s.publish(e)
+	}
+	if s.file != nil {
+		if err := s.file.Flush(); err != nil {
+			s.log.Error("events.log: flush", "err", err)
+		}
+	}
+}
+
+// recent returns the kept events that match f, oldest first.
+func (s *eventSink) recent(f events.Filter) []events.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]events.Event, 0, s.n)
+	start := (s.next - s.n + len(s.ring)) % len(s.ring)
+	for i := range s.n {
+		if e := s.ring[(start+i)%len(s.ring)]; f.Match(e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// status is the sink's counters.
+func (s *eventSink) status() *admin.Events {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	st := s.stats
+	s.mu.Unlock()
+	hs := s.hub.Stats()
+	st.StreamLost, st.Subscribers = hs.Lost, hs.Subscribers
+	return &st
+}
+
+func (s *eventSink) close() error {
+	if s == nil || s.file == nil {
+		return nil
+	}
+	return s.file.Close()
+}
+
+// RecentEvents implements admin.EventSource.
+func (d *Daemon) RecentEvents(f events.Filter) []events.Event { return d.events.recent(f) }
+
+// SubscribeEvents implements admin.EventSource.
+func (d *Daemon) SubscribeEvents(f events.Filter, buf int) *events.Sub {
+	return d.events.hub.Subscribe(f, buf)
+}
