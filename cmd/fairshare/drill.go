@@ -27,7 +27,7 @@ func drillFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "retry-pause", Value: 10 * time.Millisecond, Usage: "pause of a refused writer before it tries again (Retry-After is not obeyed, on purpose)"},
 		&cli.Float64Flag{Name: "target-ratio", Value: 2, Usage: "our goal for small's p99 under contention, as a multiple of its solo p99 (the specification's bound, 3x, is always checked)"},
 		&cli.StringFlag{Name: "json", Usage: "also write the report as JSON to `FILE`"},
-		&cli.StringFlag{Name: "svg", Usage: "draw latency over time per project as SVG to `FILE`"},
+		&cli.StringFlag{Name: "svg", Usage: "draw latency and permits held over time per project (held against lines at POOL and POOL - FLOOR) as SVG to `FILE`"},
 	}
 }
 
