@@ -76,6 +76,14 @@ func statusCommand() *cli.Command {
 	}
 }
 
+// wouldText is a WOULD_REFUSE cell: the count, marked while in dry-run.
+func wouldText(n uint64, dryRun bool) string {
+	if dryRun {
+		return strconv.FormatUint(n, 10) + " (dry-run)"
+	}
+	return strconv.FormatUint(n, 10)
+}
+
 // pinnedStatus is the status while no daemon answers: the connections pool
 // from the maps pinned in cfg.PinDir, read-only.
 func pinnedStatus(cfg config.Config) (admin.Status, error) {
@@ -117,20 +125,24 @@ func printStatus(w io.Writer, st admin.Status) error {
 	} else {
 		fmt.Fprintf(tw, "fairshare %s at %s; connections enforced in the kernel: %v\n\n", st.Version, st.Time.Format(time.RFC3339), st.Kernel)
 	}
-	fmt.Fprintln(tw, "POOL\tENFORCER\tSIZE\tFLOOR\tIN_USE\tACTIVE\tSHARE\tADMITTED\tREFUSED")
+	// WOULD_REFUSE: asks dry-run admitted that the rule refused (in
+	// ADMITTED too); "(dry-run)" marks a pool or project in dry-run.
+	fmt.Fprintln(tw, "POOL\tENFORCER\tSIZE\tFLOOR\tIN_USE\tACTIVE\tSHARE\tADMITTED\tREFUSED\tWOULD_REFUSE")
 	for _, p := range st.Pools {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", projectname.Display(p.Name), p.Enforcer, p.Size, p.Floor, p.InUse, p.Active, p.Share, p.Admitted, p.Refused)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", projectname.Display(p.Name), p.Enforcer, p.Size, p.Floor, p.InUse,
+			p.Active, p.Share, p.Admitted, p.Refused, wouldText(p.WouldRefuse, p.DryRun))
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "POOL\tPROJECT\tHELD\tADMITTED\tREFUSED\tACTIVE\tSLEEPING")
+	fmt.Fprintln(tw, "POOL\tPROJECT\tHELD\tADMITTED\tREFUSED\tACTIVE\tSLEEPING\tWOULD_REFUSE")
 	for _, p := range st.Pools {
 		for _, pr := range p.Projects {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%v\t%d\n", projectname.Display(p.Name), projectname.Display(pr.Project), pr.Held, pr.Admitted, pr.Refused, pr.Active, pr.Sleeping)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%v\t%d\t%s\n", projectname.Display(p.Name), projectname.Display(pr.Project), pr.Held,
+				pr.Admitted, pr.Refused, pr.Active, pr.Sleeping, wouldText(pr.WouldRefuse, pr.DryRun))
 		}
 		// What forgotten projects had been counted, so the rows add up to
 		// the pool's totals.
-		if f := p.Forgotten; f.Admitted > 0 || f.Refused > 0 {
-			fmt.Fprintf(tw, "%s\t(forgotten: %d)\t0\t%d\t%d\tfalse\t0\n", projectname.Display(p.Name), f.Projects, f.Admitted, f.Refused)
+		if f := p.Forgotten; f.Admitted > 0 || f.Refused > 0 || f.WouldRefuse > 0 {
+			fmt.Fprintf(tw, "%s\t(forgotten: %d)\t0\t%d\t%d\tfalse\t0\t%d\n", projectname.Display(p.Name), f.Projects, f.Admitted, f.Refused, f.WouldRefuse)
 		}
 	}
 	printProjects(tw, st)
