@@ -105,10 +105,23 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	if !follow {
 		return
 	}
+	// A loss is reported with the next event; the ticker reports one that
+	// no event followed.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	for {
 		select {
 		case <-r.Context().Done():
 			return
+		case now := <-tick.C:
+			if len(sub.C) > 0 {
+				continue
+			}
+			if n := sub.TakeLost(); n > 0 {
+				if !send(events.DroppedNotice(now, n)) || rc.Flush() != nil {
+					return
+				}
+			}
 		case e, ok := <-sub.C:
 			if !ok {
 				return

@@ -146,6 +146,20 @@ func (s *Sub) Close() {
 	close(s.C)
 }
 
+// TakeLost returns how many events the stream lost since it was last told
+// and counts them as told: a reader that drained its stream calls it so
+// that a loss is reported even when no event follows it.
+func (s *Sub) TakeLost() uint64 {
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	return s.lost.Swap(0)
+}
+
+// DroppedNotice is the event that tells a stream it lost n events.
+func DroppedNotice(t time.Time, n uint64) Event {
+	return Event{Time: t, Source: "events", Kind: KindDropped, Count: n, Detail: "this stream fell behind and lost events"}
+}
+
 // Publish sends e to every subscriber whose filter matches.
 func (h *Hub) Publish(e Event) {
 	if e.Time.IsZero() {
@@ -160,8 +174,7 @@ func (h *Hub) Publish(e Event) {
 		}
 		if n := s.lost.Load(); n > 0 {
 			select {
-			case s.C <- Event{Time: e.Time, Source: "events", Kind: KindDropped, Count: n,
-				Detail: "this stream fell behind and lost events"}:
+			case s.C <- DroppedNotice(e.Time, n):
 				s.lost.Store(0)
 			default:
 				s.lost.Add(1)

@@ -136,3 +136,24 @@ func TestLogRotates(t *testing.T) {
 		t.Fatal("a directory taken as the log file")
 	}
 }
+
+// TestTakeLost: a stream that lost events and then drained is told how
+// many even when no event follows, and only once.
+func TestTakeLost(t *testing.T) {
+	h := NewHub(nil)
+	s := h.Subscribe(Filter{}, 1)
+	for range 4 {
+		h.Publish(Event{Kind: KindRefused})
+	}
+	<-s.C
+	if n := s.TakeLost(); n != 3 {
+		t.Fatalf("lost %d, want 3", n)
+	}
+	if n := s.TakeLost(); n != 0 {
+		t.Fatalf("told twice: %d", n)
+	}
+	h.Publish(Event{Kind: KindRefused})
+	if e := <-s.C; e.Kind != KindRefused {
+		t.Fatalf("after TakeLost the next event is %+v, want no second notice", e)
+	}
+}
