@@ -9,6 +9,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/events"
+	"github.com/fairshare-dev/fairshare/loader"
 )
 
 // TestEventSinkBounds: a flood of one project's events is cut at per_sec
@@ -58,5 +59,41 @@ func TestEventSinkBounds(t *testing.T) {
 	}
 	if r := s.recent(events.Filter{Project: "calm"}); len(r) != 1 {
 		t.Fatalf("recent of calm: %+v", r)
+	}
+}
+
+// TestReconcileEvents: each repair of a reconcile pass is an event:
+// adoptions, orphans, stale listeners, the exempt count and each project's
+// in_use correction, with its size.
+func TestReconcileEvents(t *testing.T) {
+	s, err := newEventSink(config.Default().Events, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &kernelSide{events: s}
+	k.publishRepairs(loader.ReconcileReport{Adopted: 3, Orphans: 1, Repaired: map[string]int{"beta": -2, "alpha": 1, "calm": 0}})
+	got := s.recent(events.Filter{})
+	type row struct {
+		kind, project string
+		count         uint64
+	}
+	var rows []row
+	for _, e := range got {
+		if e.Source != events.SourceReconcile || e.Pool != config.PoolConnections {
+			t.Fatalf("event %+v", e)
+		}
+		rows = append(rows, row{e.Kind, e.Project, e.Count})
+	}
+	want := []row{{events.KindAdopted, "", 3}, {events.KindRepaired, "", 1}, {events.KindRepaired, "alpha", 1}, {events.KindRepaired, "beta", 2}}
+	if len(rows) != len(want) {
+		t.Fatalf("events %+v, want %+v", rows, want)
+	}
+	for i := range want {
+		if rows[i] != want[i] {
+			t.Fatalf("events %+v, want %+v", rows, want)
+		}
+	}
+	if e := got[3]; e.Detail != "in_use corrected by -2" {
+		t.Errorf("detail %q", e.Detail)
 	}
 }
