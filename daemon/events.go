@@ -14,8 +14,8 @@ import (
 )
 
 // eventSink is where every part of the daemon sends its events: it bounds
-// each project's events per second (config events.per_sec, as the kernel
-// does), numbers them, keeps the most recent for 'fairshare events' without
+// each project's events per second (config events.per_sec; the kernel's are
+// bounded by the programs), numbers them, keeps the most recent for 'fairshare events' without
 // --follow, appends them to events.log if configured, and fans them out
 // through the Hub to the streams of the admin API. Publishing never blocks
 // and never fails the decision that made the event.
@@ -66,7 +66,8 @@ func (s *eventSink) publish(e events.Event) {
 		e.Time = time.Now()
 	}
 	s.mu.Lock()
-	if e.Kind != events.KindDropped {
+	// The kernel's events come bounded by the programs already.
+	if e.Kind != events.KindDropped && e.Source != events.SourceKernel {
 		if sec := e.Time.Unix(); sec != s.sec {
 			s.sec = sec
 			clear(s.counts)
