@@ -56,6 +56,8 @@ func TestPolicyBadInput(t *testing.T) {
 		{[]string{"--work-per-sec", "1e-12", "alpha"}, "from 0.001 to 1e+09"},
 		{[]string{"--requests-per-sec", "1e-9", "alpha"}, "--requests-per-sec must be 0 (unbounded) or a number from 0.001"},
 		{[]string{"--work-per-sec", "", "alpha"}, "--work-per-sec must be"},
+		{[]string{"--enforce", "maybe", "alpha"}, "--enforce must be true or false"},
+		{[]string{"--enforce", "", "alpha"}, "--enforce must be"},
 		{[]string{"alpha"}, "changes nothing"},
 		{[]string{"--tier", "pro"}, "exactly one PROJECT"},
 		{[]string{"--tier", "pro", "alpha", "beta"}, "exactly one PROJECT"},
@@ -189,5 +191,31 @@ func TestStatusProjectTableJoinsPolicies(t *testing.T) {
 		if got := strings.Join(rows[k], " "); got != w {
 			t.Errorf("row %s:\n got %q\nwant %q\n%s", k, got, w, buf.String())
 		}
+	}
+}
+
+// TestPolicyEnforce: 'policy set --enforce=false' stores a dry-run that
+// 'policy list' shows, and --enforce=true takes it back (through the store,
+// with no daemon).
+func TestPolicyEnforce(t *testing.T) {
+	dir := t.TempDir()
+	flags := []string{"--state-dir", filepath.Join(dir, "state"), "--admin-socket", filepath.Join(dir, "none.sock")}
+	run := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := runCLI(t, append(append(args[:2:2], flags...), args[2:]...)...)
+		if code != 0 {
+			t.Fatalf("%v: %d %s", args, code, errOut)
+		}
+		return out
+	}
+	if out := run("policy", "set", "--enforce=false", "alpha"); !strings.Contains(out, "dry-run") {
+		t.Fatalf("set --enforce=false printed %q", out)
+	}
+	if out := run("policy", "list", "--json"); !strings.Contains(out, `"enforce": false`) {
+		t.Fatalf("stored: %s", out)
+	}
+	run("policy", "set", "--enforce=true", "alpha")
+	if out := run("policy", "list"); !strings.Contains(out, "ENFORCE") || strings.Contains(out, "dry-run") {
+		t.Fatalf("after --enforce=true: %s", out)
 	}
 }
