@@ -13,4 +13,4 @@ package fairshare
 // (bpf/limiter.c, bpf/lib, bpf/headers) and the output (loader/) are paths
 // below it, with bpf2go pinned as a tool in the go.mod beside it. It is the
 // one file to look at for what is generated and how.
-//go:generate go tool bpf2go -tags linux -target amd64 -output-dir loader -go-package loader -type fs_settings -type fs_pool -type fs_project -type fs_counters -type fs_sock -type fs_slot -type fs_listen_key -type fs_listener -type fs_port -type fs_resv_key -type fs_resv -type fs_resv_slot -type fs_adjust_args -type fs_selftest_args limiter bpf/limiter.c -- -I bpf/headers -mcpu=v3 -Wall -Werror
+//go:generate go tool bpf2go -tags linux -target amd64 -output-dir loader -go-package loader -type fs_settings -type fs_pool -type fs_project -type fs_counters -type fs_sock -type fs_slot -type fs_listen_key -type fs_listener -type fs_port -type fs_resv_key -type fs_resv -type fs_resv_slot -type fs_adjust_args -type fs_selftest_args -type fs_event -type fs_evcfg -type fs_evproj -type fs_evstats limiter bpf/limiter.c -- -I bpf/headers -mcpu=v3 -Wall -Werror

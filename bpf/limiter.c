@@ -103,6 +103,7 @@
  *   lib/held.h     the held-permit table (by socket cookie)
  *   lib/resv.h     the reservation table (by 4-tuple)
  *   lib/rule.h     the rule, the exempt budget, take_permit, give_back
+ *   lib/events.h   refusal events (a ring buffer, bounded per project) and dry-run
  *   lib/listen.h   listener bookkeeping: addresses, ports, owners, queues
  * The programs follow here in the order of the table above.
  */
@@ -118,7 +119,7 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-static __always_inline int connect_common(struct bpf_sock_addr *ctx)
+static __always_inline int connect_common(struct bpf_sock_addr *ctx, bool v6)
 {
 	/* Cheapest filter first: UDP connect runs this hook too. */
 	if (ctx->type != SOCK_STREAM)
@@ -131,7 +132,11 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx)
 	 * loads where the helper is a call. */
 	struct bpf_sock *bs = ctx->sk;
 	struct holder h = {.cookie = bpf_get_socket_cookie(ctx), .sk = bs ? CAST(struct sock, bs) : NULL};
-	if (take_permit(AT_CONNECT, CLK_COARSE, &h, id, p, 0, 0) != REFUSED)
+	int r = take_permit(AT_CONNECT, CLK_COARSE, &h, id, p, 0, 0);
+	if (r == TAKEN || r == NOT_TAKEN)
+		return 1;
+	refused_connect(ctx, v6, id, p, r == WOULD);
+	if (r == WOULD)
 		return 1;
 	bpf_set_retval(-ECONNREFUSED);
 	return 0;
@@ -140,13 +145,13 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx)
 SEC("cgroup/connect4")
 int fs_connect4(struct bpf_sock_addr *ctx)
 {
-	return connect_common(ctx);
+	return connect_common(ctx, false);
 }
 
 SEC("cgroup/connect6")
 int fs_connect6(struct bpf_sock_addr *ctx)
 {
-	return connect_common(ctx);
+	return connect_common(ctx, true);
 }
 
 SEC("sk_lookup")
@@ -204,13 +209,24 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 		/* No request socket to hold a reservation: check the rule, and
 		 * let the child take its permit when it is established. */
 		int a = 1;
-		if (!(cfg->exempt_max && exempt_listed(v.cgroup, v.project)))
-			a = would_admit(project_get(v.project), CLK_COARSE);
+		struct fs_project *cp = NULL;
+		if (!(cfg->exempt_max && exempt_listed(v.cgroup, v.project))) {
+			cp = project_get(v.project);
+			a = would_admit(cp, CLK_COARSE);
+		}
 		if (a < 0)
 			return SK_PASS;
-		if (a == 0) {
-			COUNT(refused_in);
-			return SK_DROP;
+		if (a == 0 && cp) {
+			bool would = dry_run(v.project);
+			if (would) {
+				count_would(v.project, FS_DIR_SYN);
+			} else {
+				__sync_fetch_and_add(&cp->refused, 1);
+				COUNT(refused_in);
+			}
+			refused_syn(v.project, v.cgroup, &rk, would, false);
+			if (!would)
+				return SK_DROP;
 		}
 		COUNT(cookie);
 		return SK_PASS;
@@ -219,9 +235,11 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	 * keeps the permit the first one reserved; a full table leaves the
 	 * child to be admitted when it is established. */
 	struct holder h = {.rk = &rk};
-	if (take_permit(AT_SYN, CLK_COARSE, &h, v.project, NULL, v.cgroup, 0) == REFUSED)
-		return SK_DROP;
-	return SK_PASS;
+	int r = take_permit(AT_SYN, CLK_COARSE, &h, v.project, NULL, v.cgroup, 0);
+	if (r == TAKEN || r == NOT_TAKEN)
+		return SK_PASS;
+	refused_syn(v.project, v.cgroup, &rk, r == WOULD, r == WOULD);
+	return r == WOULD ? SK_PASS : SK_DROP;
 }
 
 /*

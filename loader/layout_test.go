@@ -36,6 +36,10 @@ func TestGoCLayoutsAgree(t *testing.T) {
 		"fs_resv_slot":   limiterFsResvSlot{},
 		"fs_adjust_args": limiterFsAdjustArgs{},
 		"fs_sock_record": limiterFsSockRecord{},
+		"fs_event":       limiterFsEvent{},
+		"fs_evcfg":       limiterFsEvcfg{},
+		"fs_evproj":      limiterFsEvproj{},
+		"fs_evstats":     limiterFsEvstats{},
 	} {
 		var st *btf.Struct
 		if err := spec.Types.TypeByName(c, &st); err != nil {

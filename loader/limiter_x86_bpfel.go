@@ -45,6 +45,45 @@ type limiterFsCounters struct {
 	Dropped        uint64
 }
 
+type limiterFsEvcfg struct {
+	_      structs.HostLayout
+	PerSec uint32
+	DryRun uint32
+}
+
+type limiterFsEvent struct {
+	_       structs.HostLayout
+	Project uint64
+	TimeNs  uint64
+	Tuple   limiterFsResvKey
+	Pad0    uint32
+	Held    int64
+	InUse   int64
+	Share   uint32
+	Pool    uint32
+	Dir     uint8
+	Reason  uint8
+	Flags   uint8
+	Pad     [5]uint8
+}
+
+type limiterFsEvproj struct {
+	_       structs.HostLayout
+	Sec     uint64
+	N       uint64
+	Dropped uint64
+	Would   uint64
+}
+
+type limiterFsEvstats struct {
+	_        structs.HostLayout
+	Emitted  uint64
+	Dropped  uint64
+	Lost     uint64
+	WouldOut uint64
+	WouldIn  uint64
+}
+
 type limiterFsListenKey struct {
 	_     structs.HostLayout
 	Netns uint64
@@ -170,6 +209,11 @@ type limiterFsSockRecord struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	limiterMapFsConfig       = "fs_config"
+	limiterMapFsDryrun       = "fs_dryrun"
+	limiterMapFsEvConfig     = "fs_ev_config"
+	limiterMapFsEvProjects   = "fs_ev_projects"
+	limiterMapFsEvStats      = "fs_ev_stats"
+	limiterMapFsEvents       = "fs_events"
 	limiterMapFsExempt       = "fs_exempt"
 	limiterMapFsHeld         = "fs_held"
 	limiterMapFsListenSocks  = "fs_listen_socks"
@@ -195,6 +239,7 @@ const (
 	limiterVarRootCgroupId   = "root_cgroup_id"
 	limiterVarRootLevel      = "root_level"
 	limiterVarSlotMask       = "slot_mask"
+	limiterVarUnusedFsEvent  = "unused_fs_event"
 )
 
 // loadLimiter returns the embedded CollectionSpec for limiter.
@@ -256,6 +301,11 @@ type limiterProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type limiterMapSpecs struct {
 	FsConfig       *ebpf.MapSpec `ebpf:"fs_config"`
+	FsDryrun       *ebpf.MapSpec `ebpf:"fs_dryrun"`
+	FsEvConfig     *ebpf.MapSpec `ebpf:"fs_ev_config"`
+	FsEvProjects   *ebpf.MapSpec `ebpf:"fs_ev_projects"`
+	FsEvStats      *ebpf.MapSpec `ebpf:"fs_ev_stats"`
+	FsEvents       *ebpf.MapSpec `ebpf:"fs_events"`
 	FsExempt       *ebpf.MapSpec `ebpf:"fs_exempt"`
 	FsHeld         *ebpf.MapSpec `ebpf:"fs_held"`
 	FsListenSocks  *ebpf.MapSpec `ebpf:"fs_listen_socks"`
@@ -277,6 +327,7 @@ type limiterVariableSpecs struct {
 	RootCgroupId   *ebpf.VariableSpec `ebpf:"root_cgroup_id"`
 	RootLevel      *ebpf.VariableSpec `ebpf:"root_level"`
 	SlotMask       *ebpf.VariableSpec `ebpf:"slot_mask"`
+	UnusedFsEvent  *ebpf.VariableSpec `ebpf:"unused_fs_event"`
 }
 
 // limiterObjects contains all objects after they have been loaded into the kernel.
@@ -300,6 +351,11 @@ func (o *limiterObjects) Close() error {
 // It can be passed to loadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type limiterMaps struct {
 	FsConfig       *ebpf.Map `ebpf:"fs_config"`
+	FsDryrun       *ebpf.Map `ebpf:"fs_dryrun"`
+	FsEvConfig     *ebpf.Map `ebpf:"fs_ev_config"`
+	FsEvProjects   *ebpf.Map `ebpf:"fs_ev_projects"`
+	FsEvStats      *ebpf.Map `ebpf:"fs_ev_stats"`
+	FsEvents       *ebpf.Map `ebpf:"fs_events"`
 	FsExempt       *ebpf.Map `ebpf:"fs_exempt"`
 	FsHeld         *ebpf.Map `ebpf:"fs_held"`
 	FsListenSocks  *ebpf.Map `ebpf:"fs_listen_socks"`
@@ -316,6 +372,11 @@ type limiterMaps struct {
 func (m *limiterMaps) Close() error {
 	return _LimiterClose(
 		m.FsConfig,
+		m.FsDryrun,
+		m.FsEvConfig,
+		m.FsEvProjects,
+		m.FsEvStats,
+		m.FsEvents,
 		m.FsExempt,
 		m.FsHeld,
 		m.FsListenSocks,
@@ -338,6 +399,7 @@ type limiterVariables struct {
 	RootCgroupId   *ebpf.Variable `ebpf:"root_cgroup_id"`
 	RootLevel      *ebpf.Variable `ebpf:"root_level"`
 	SlotMask       *ebpf.Variable `ebpf:"slot_mask"`
+	UnusedFsEvent  *ebpf.Variable `ebpf:"unused_fs_event"`
 }
 
 // limiterPrograms contains all programs after they have been loaded into the kernel.

@@ -326,6 +326,12 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	return spec, nil
 }
 
+// newMaps are maps that a pin directory made by an earlier version lacks
+// and that may start empty beside the others: they hold nothing the other
+// maps must agree with (the refusal events, bpf/lib/events.h; the daemon
+// writes their settings at start and the dry-run projects every tick).
+var newMaps = map[string]bool{"fs_events": true, "fs_ev_config": true, "fs_dryrun": true, "fs_ev_projects": true, "fs_ev_stats": true}
+
 func (l *Limiter) load() error {
 	spec, err := l.spec()
 	if err != nil {
@@ -337,7 +343,7 @@ func (l *Limiter) load() error {
 		// empty next to the others and disagree with them (a lost
 		// reservation table leaks its permits): refuse, as Check does.
 		for name, ms := range spec.Maps {
-			if ms.Pinning != ebpf.PinByName {
+			if ms.Pinning != ebpf.PinByName || newMaps[name] {
 				continue
 			}
 			if _, err := os.Stat(filepath.Join(l.pinDir, name)); errors.Is(err, os.ErrNotExist) {

@@ -13,6 +13,7 @@
 #include "addr.h"
 #include "held.h"
 #include "resv.h"
+#include "events.h"
 
 /*
  * seen stamps the project's ask and, when this ask brings it into the active
@@ -132,8 +133,7 @@ static __always_inline int would_admit(struct fs_project *p, bool fine)
 	seen(cfg, n, p, fine);
 	if (*(volatile __s64 *)&n->in_use < limit_for(cfg, n, p))
 		return 1;
-	__sync_fetch_and_add(&p->refused, 1);
-	return 0;
+	return 0; /* the caller counts the refusal, or dry-run's admission */
 }
 
 /*
@@ -248,6 +248,8 @@ struct holder {
 #define TAKEN 1     /* a permit is taken and recorded */
 #define NOT_TAKEN 2 /* nothing taken and no refusal: the holder has its permit
 		     * already, or a table is full (uncounted; map_full) */
+#define WOULD 3     /* dry-run (events.h): the rule refused, the permit was
+		     * taken and recorded past it; the caller emits and admits */
 
 /*
  * record keeps a permit of project id and kind for h, as a reservation at
@@ -306,7 +308,7 @@ static __always_inline bool recorded(int at, struct holder *h)
  */
 static __always_inline int take_permit(int at, bool fine, struct holder *h, __u64 id, struct fs_project *p, __u64 cg, __u32 moved)
 {
-	bool ex = false;
+	bool ex = false, would = false;
 	if (moved)
 		goto keep;
 	ex = exempt_take(at == AT_CONNECT, cg, id);
@@ -321,6 +323,11 @@ static __always_inline int take_permit(int at, bool fine, struct holder *h, __u6
 			 * common path record finds it (EEXIST). */
 			if (recorded(at, h))
 				return NOT_TAKEN;
+			if (dry_run(id)) {
+				take_past_rule(p);
+				would = true;
+				goto kind;
+			}
 			__sync_fetch_and_add(&p->refused, 1);
 			if (at == AT_CONNECT)
 				COUNT(refused_out);
@@ -331,7 +338,9 @@ static __always_inline int take_permit(int at, bool fine, struct holder *h, __u6
 			return REFUSED;
 		}
 	}
-	__u32 kind = at == AT_CONNECT ? (ex ? KIND_EXEMPT_OUT : KIND_OUT) : (ex ? KIND_EXEMPT_IN : KIND_IN);
+	__u32 kind;
+kind:
+	kind = at == AT_CONNECT ? (ex ? KIND_EXEMPT_OUT : KIND_OUT) : (ex ? KIND_EXEMPT_IN : KIND_IN);
 keep:
 	if (moved)
 		kind = moved;
@@ -356,6 +365,10 @@ keep:
 		COUNT(admitted_out);
 	else
 		COUNT(admitted_in);
+	if (would) {
+		count_would(id, at == AT_CONNECT ? FS_DIR_CONNECT : FS_DIR_SYN);
+		return WOULD;
+	}
 	return TAKEN;
 }
 

@@ -1,0 +1,321 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Refusal events and dry-run. A refused connect() looks like a closed port,
+ * so every refusal (and, in dry-run, every refusal turned into an admission)
+ * is written to the fs_events ring buffer with what an operator needs: the
+ * project, the direction, the 4-tuple, the rule's inputs (the project's and
+ * the node's in_use, share, POOL) and the reason. Only the refusal path
+ * writes: the admitted path does not reach this file.
+ *
+ * A flood of refusals costs bounded CPU: each project may write per_sec
+ * events a second (fs_ev_config, from the daemon's events.per_sec); the rest
+ * are counted (fs_ev_projects, fs_ev_stats) and the daemon reports them as one
+ * "dropped" event per project and tick. The window is a whole second of
+ * CLOCK_MONOTONIC, counted with one atomic add on the project's entry.
+ *
+ * Dry-run (enforce: false, the pool's in fs_ev_config, a project's in
+ * fs_dryrun, both written by the control loop): take_permit (rule.h) asks
+ * dry_run on its refusal branch only, and takes the permit past the rule
+ * instead, counting it as would_refuse; the caller then emits the event
+ * with FS_EV_WOULD and admits.
+ *
+ * The API other refusals use (issue #20's rate limit): emit_refusal with a
+ * reason of enum fs_reason; see /work/coord/events-api.md.
+ */
+#pragma once
+
+#include "maps.h"
+#include "project.h"
+#include "addr.h"
+
+/* Why a connection was refused. Add new reasons at the end (and their name
+ * in loader/events.go, reasonNames); 0 is never sent. */
+enum fs_reason {
+	FS_REASON_OVER_SHARE = 1,    /* holds >= share, in_use >= POOL - FLOOR */
+	FS_REASON_POOL_FULL = 2,     /* holds < share, in_use >= POOL */
+	FS_REASON_EXEMPT_BUDGET = 3, /* exempt, exempt_max spent, then refused under the rule */
+	FS_REASON_RATE_LIMITED = 4,  /* the project's connections per second (#20) */
+};
+
+#define FS_DIR_CONNECT 1 /* outbound connect() */
+#define FS_DIR_SYN 2     /* inbound SYN */
+
+#define FS_EV_WOULD 1 /* dry-run: refused by the rule, admitted */
+#define FS_EV_TAKEN 2 /* the ask's permit is counted already: report the counts before it */
+
+/* One event in fs_events. */
+struct fs_event {
+	__u64 project;            /* cgroup id */
+	__u64 time_ns;            /* CLOCK_MONOTONIC */
+	struct fs_resv_key tuple; /* local and remote (at connect the local side may be unset) */
+	__u32 _pad0;
+	__s64 held;   /* the project's in_use at the decision */
+	__s64 in_use; /* the node's */
+	__u32 share;
+	__u32 pool;
+	__u8 dir;
+	__u8 reason;
+	__u8 flags;
+	__u8 _pad[5];
+};
+
+/* Keeps struct fs_event in the BTF for bpf2go: the ring buffer has no
+ * value type to name it. */
+const struct fs_event *unused_fs_event __attribute__((unused));
+
+/* Written by the loader (SetEvents). */
+struct fs_evcfg {
+	__u32 per_sec; /* events per project and second; 0 writes none */
+	__u32 dry_run; /* 1: the pool is in dry-run */
+};
+
+/* Per project, on the refusal path only. */
+struct fs_evproj {
+	__u64 sec;     /* the second n counts in */
+	__u64 n;       /* events written in it */
+	__u64 dropped; /* events over the bound, ever */
+	__u64 would;   /* refusals dry-run admitted, ever */
+};
+
+/* Node-wide, per CPU. */
+struct fs_evstats {
+	__u64 emitted;   /* events written */
+	__u64 dropped;   /* over a project's bound (or its entry could not be made) */
+	__u64 lost;      /* the ring buffer was full */
+	__u64 would_out; /* connects dry-run admitted */
+	__u64 would_in;  /* SYNs dry-run admitted */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024); /* 2900 events: a second of a busy node's refusals at 100 per project */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* one node */
+	__type(key, __u32);
+	__type(value, struct fs_evcfg);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_ev_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096); /* as fs_projects */
+	__type(key, __u64);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_dryrun SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096); /* as fs_projects: the projects that were refused lately */
+	__type(key, __u64);
+	__type(value, struct fs_evproj);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_ev_projects SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1); /* one node */
+	__type(key, __u32);
+	__type(value, struct fs_evstats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_ev_stats SEC(".maps");
+
+#define EVCOUNT(field)                                        \
+	do {                                                  \
+		__u32 zero__ = 0;                             \
+		struct fs_evstats *s__ = bpf_map_lookup_elem(&fs_ev_stats, &zero__); \
+		if (s__)                                      \
+			s__->field++;                         \
+	} while (0)
+
+static __always_inline struct fs_evcfg *evcfg(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&fs_ev_config, &zero);
+}
+
+/* evproj returns project id's entry, made on its first refusal. */
+static __always_inline struct fs_evproj *evproj(__u64 id)
+{
+	struct fs_evproj *e = bpf_map_lookup_elem(&fs_ev_projects, &id);
+	if (e)
+		return e;
+	struct fs_evproj zero = {};
+	bpf_map_update_elem(&fs_ev_projects, &id, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&fs_ev_projects, &id);
+}
+
+/* dry_run says whether a refusal of project id is to be admitted instead. */
+static __always_inline bool dry_run(__u64 id)
+{
+	struct fs_evcfg *c = evcfg();
+	if (c && c->dry_run)
+		return true;
+	return bpf_map_lookup_elem(&fs_dryrun, &id) != NULL;
+}
+
+/* count_would counts a refusal dry-run admitted at dir. */
+static __always_inline void count_would(__u64 id, __u8 dir)
+{
+	struct fs_evproj *e = evproj(id);
+	if (e)
+		__sync_fetch_and_add(&e->would, 1);
+	if (dir == FS_DIR_CONNECT)
+		EVCOUNT(would_out);
+	else
+		EVCOUNT(would_in);
+}
+
+/* take_past_rule takes a permit for project entry p (not NULL) without the
+ * rule: dry-run admits what the rule refused. */
+static __always_inline void take_past_rule(struct fs_project *p)
+{
+	struct fs_pool *n = node();
+	if (n)
+		__sync_fetch_and_add(&n->in_use, 1);
+	__sync_fetch_and_add(&p->in_use, 1);
+	__sync_fetch_and_add(&p->admitted, 1);
+}
+
+/* Defined in rule.h, which includes this file first. */
+static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool *n, __s64 held);
+static __always_inline bool exempt_listed(__u64 cg, __u64 id);
+
+/*
+ * refusal_reason is why the rule refused project id (entry p) of cgroup cg
+ * now: exempt over its budget, over its share, or the pool full. taken: the
+ * ask's permit is counted already (dry-run), and does not count here.
+ */
+static __always_inline __u8 refusal_reason(__u64 cg, __u64 id, struct fs_project *p, bool taken)
+{
+	struct fs_settings *cfg = settings();
+	struct fs_pool *n = node();
+	if (!cfg || !n)
+		return FS_REASON_POOL_FULL;
+	if (cfg->exempt_max && exempt_listed(cg, id))
+		return FS_REASON_EXEMPT_BUDGET;
+	__s64 held = p ? *(volatile __s64 *)&p->in_use - (taken ? 1 : 0) : 0;
+	return under_share(cfg, n, held) ? FS_REASON_POOL_FULL : FS_REASON_OVER_SHARE;
+}
+
+/* tuple_connect fills t for a connect() of connect4 (v6 false) or connect6
+ * (remote: the address connected to; local: the socket's, unset unless it
+ * was bound, as the kernel picks it after this hook). */
+static __always_inline void tuple_connect(struct bpf_sock_addr *ctx, bool v6, struct fs_resv_key *t)
+{
+	/* The local side through the kernel's socket (a read-only cast, as
+	 * connect_common's holder): bpf_sock's fields would need arithmetic
+	 * on its pointer that the verifier refuses. */
+	struct bpf_sock *bs = ctx->sk;
+	struct sock *sk = bs ? CAST(struct sock, bs) : NULL;
+	/* v6 is a constant (connect4 or connect6): connect4 may not even
+	 * read user_ip6. */
+	if (!v6) {
+		v4mapped(t->raddr, ctx->user_ip4);
+		if (sk)
+			v4mapped(t->laddr, sk->__sk_common.skc_rcv_saddr);
+	} else {
+		__u32 *r = (__u32 *)t->raddr;
+		r[0] = ctx->user_ip6[0];
+		r[1] = ctx->user_ip6[1];
+		r[2] = ctx->user_ip6[2];
+		r[3] = ctx->user_ip6[3];
+		if (sk)
+			in6_load(t->laddr, &sk->__sk_common.skc_v6_rcv_saddr);
+	}
+	t->rport = bpf_ntohs(ctx->user_port);
+	if (sk)
+		t->lport = sk->__sk_common.skc_num;
+}
+
+/*
+ * emit_refusal writes the event of a refusal (flags 0) or of a refusal
+ * dry-run admitted (FS_EV_WOULD, its permit already taken) of project id
+ * (entry p, or NULL) at dir, for the 4-tuple t, within the project's bound
+ * per second. It never fails the caller.
+ */
+static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 dir, __u8 reason,
+					 const struct fs_resv_key *t, __u8 flags)
+{
+	struct fs_evcfg *c = evcfg();
+	if (!c || !c->per_sec)
+		return;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 sec = now / 1000000000ULL;
+	struct fs_evproj *e = evproj(id);
+	if (!e) {
+		EVCOUNT(dropped);
+		return;
+	}
+	/* A new second: the first CPU to see it starts the count again. */
+	__u64 old = *(volatile __u64 *)&e->sec;
+	if (old != sec && __sync_val_compare_and_swap(&e->sec, old, sec) == old)
+		e->n = 0;
+	if (__sync_fetch_and_add(&e->n, 1) >= c->per_sec) {
+		__sync_fetch_and_add(&e->dropped, 1);
+		EVCOUNT(dropped);
+		return;
+	}
+	struct fs_event *ev = bpf_ringbuf_reserve(&fs_events, sizeof(*ev), 0);
+	if (!ev) {
+		EVCOUNT(lost);
+		return;
+	}
+	struct fs_settings *cfg = settings();
+	struct fs_pool *n = node();
+	__s64 taken = (flags & FS_EV_TAKEN) ? 1 : 0;
+	ev->project = id;
+	ev->time_ns = now;
+	__builtin_memcpy(&ev->tuple, t, sizeof(ev->tuple));
+	ev->_pad0 = 0;
+	ev->held = p ? *(volatile __s64 *)&p->in_use - taken : 0;
+	ev->in_use = n ? *(volatile __s64 *)&n->in_use - taken : 0;
+	ev->share = 0;
+	ev->pool = 0;
+	if (cfg && n) {
+		__s64 active = n->active;
+		__u32 share = cfg->pool;
+		if (active > 1)
+			share = cfg->pool / (__u32)active;
+		if (share < cfg->floor)
+			share = cfg->floor;
+		ev->share = share;
+		ev->pool = cfg->pool;
+	}
+	ev->dir = dir;
+	ev->reason = reason;
+	ev->flags = flags;
+	__builtin_memset(ev->_pad, 0, sizeof(ev->_pad));
+	bpf_ringbuf_submit(ev, 0);
+	EVCOUNT(emitted);
+}
+
+/*
+ * refused_connect reports a connect() of project id (entry p, or NULL)
+ * that take_permit refused (would false) or admitted in dry-run (would).
+ */
+static __always_inline void refused_connect(struct bpf_sock_addr *ctx, bool v6, __u64 id, struct fs_project *p, bool would)
+{
+	if (!p)
+		p = bpf_map_lookup_elem(&fs_projects, &id);
+	struct fs_resv_key t __attribute__((aligned(8))) = {};
+	tuple_connect(ctx, v6, &t);
+	__u8 flags = would ? FS_EV_WOULD | FS_EV_TAKEN : 0;
+	emit_refusal(id, p, FS_DIR_CONNECT, refusal_reason(bpf_get_current_cgroup_id(), id, p, would), &t, flags);
+}
+
+/*
+ * refused_syn reports a SYN for project id (listener cgroup cg) with tuple
+ * rk that the rule refused (would false) or dry-run admitted (would; taken:
+ * its permit is reserved already, not at a SYN cookie).
+ */
+static __always_inline void refused_syn(__u64 id, __u64 cg, struct fs_resv_key *rk, bool would, bool taken)
+{
+	struct fs_project *p = bpf_map_lookup_elem(&fs_projects, &id);
+	__u8 flags = (would ? FS_EV_WOULD : 0) | (taken ? FS_EV_TAKEN : 0);
+	emit_refusal(id, p, FS_DIR_SYN, refusal_reason(cg, id, p, taken), rk, flags);
+}

@@ -1,0 +1,316 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"runtime"
+	"runtime/debug"
+	"sort"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"golang.org/x/sys/unix"
+)
+
+// refusals reads the limiter's refusal events into a channel until the
+// test ends.
+func refusals(t *testing.T, l *Limiter) <-chan Refusal {
+	t.Helper()
+	ch := make(chan Refusal, 1024)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.ReadRefusals(ctx, func(r Refusal) { ch <- r }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("ReadRefusals: %v", err)
+		}
+	})
+	return ch
+}
+
+func nextRefusal(t *testing.T, ch <-chan Refusal) Refusal {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(5 * time.Second):
+		t.Fatal("no refusal event in 5s")
+	}
+	return Refusal{}
+}
+
+func TestEventLayout(t *testing.T) {
+	if n := unsafe.Sizeof(limiterFsEvent{}); n != eventSize {
+		t.Fatalf("struct fs_event is %d bytes in Go, %d expected", n, eventSize)
+	}
+}
+
+// TestRefusalEvents: a refused connect and a refused SYN each write one
+// event with the project, direction, both ends, the rule's inputs at the
+// decision and the reason, read from the ring buffer.
+func TestRefusalEvents(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 2, 1)
+	if err := l.SetEvents(100, false); err != nil {
+		t.Fatal(err)
+	}
+	ch := refusals(t, l)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	dst := netip.MustParseAddrPort(ln.Addr().String())
+	alpha := startHelper(t, mkProject(t, root, "alpha"))
+	if r := alpha.dial("tcp4", dst.String(), 3); r.ok != 2 || r.refused != 1 {
+		t.Fatalf("dials: %+v", r)
+	}
+	e := nextRefusal(t, ch)
+	if e.Project != "alpha" || e.Direction != "connect" || e.Remote != dst || e.Local.Port() != 0 ||
+		e.Held != 2 || e.InUse != 2 || e.Share != 2 || e.Pool != 2 || e.Reason != ReasonOverShare || e.Would ||
+		time.Since(e.Time) > 10*time.Second || time.Since(e.Time) < 0 {
+		t.Errorf("connect refusal: %+v", e)
+	}
+
+	// A SYN to a project's listener while alpha fills the pool: srv holds
+	// nothing (under its share), the pool is full.
+	srv := startHelper(t, mkProject(t, root, "srv"))
+	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
+	c, err := dialOutside(addr.String())
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("SYN to a full pool: %v, want ECONNREFUSED", err)
+	}
+	e = nextRefusal(t, ch)
+	if e.Project != "srv" || e.Direction != "syn" || e.Local != addr || e.Remote.Addr() != netip.MustParseAddr("127.0.0.1") ||
+		e.Remote.Port() == 0 || e.Held != 0 || e.InUse != 2 || e.Pool != 2 || e.Reason != ReasonPoolFull || e.Would {
+		t.Errorf("SYN refusal: %+v", e)
+	}
+	st, err := l.RefusalStats()
+	if err != nil || st.Emitted != 2 || st.Dropped != 0 || st.Lost != 0 {
+		t.Errorf("stats %+v %v", st, err)
+	}
+}
+
+// TestRefusalEventsBounded: a flood of refused connects writes at most
+// per_sec events a second for the project; every other refusal is counted
+// as dropped, node-wide and for the project.
+func TestRefusalEventsBounded(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 1, 1)
+	const perSec, flood = 5, 200
+	if err := l.SetEvents(perSec, false); err != nil {
+		t.Fatal(err)
+	}
+	ch := refusals(t, l)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, mkProject(t, root, "flood"))
+	start := time.Now()
+	if r := h.dial("tcp4", ln.Addr().String(), 1+flood); r.ok != 1 || r.refused != flood {
+		t.Fatalf("dials: %+v", r)
+	}
+	secs := int(time.Since(start)/time.Second) + 1 // the seconds the flood touched
+	st, err := l.RefusalStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each refusal is written or dropped; a second's bound may be passed by
+	// at most one event per CPU racing at its start.
+	bound := uint64((secs + 1) * (perSec + runtime.NumCPU()))
+	if st.Emitted+st.Dropped != flood || st.Emitted > bound || st.Emitted < perSec || st.Lost != 0 {
+		t.Fatalf("%d refusals in %d s: emitted %d, dropped %d, lost %d (bound %d)", flood, secs, st.Emitted, st.Dropped, st.Lost, bound)
+	}
+	var id uint64
+	for k := range st.Projects {
+		id = k
+	}
+	if len(st.Projects) != 1 || st.Projects[id].Dropped != st.Dropped {
+		t.Fatalf("per project: %+v", st.Projects)
+	}
+	for i := range st.Emitted {
+		if e := nextRefusal(t, ch); e.Project != "flood" {
+			t.Fatalf("event %d: %+v", i, e)
+		}
+	}
+	select {
+	case e := <-ch:
+		t.Fatalf("more events than emitted: %+v", e)
+	case <-time.After(100 * time.Millisecond):
+	}
+	t.Logf("%d refusals in %d s: %d events, %d dropped", flood, secs, st.Emitted, st.Dropped)
+}
+
+// TestKernelDryRun: a pool in dry-run admits connects and SYNs past POOL,
+// counting each would-be refusal and writing its event; back under
+// enforcement it refuses again; a project alone in dry-run is admitted
+// while another is refused.
+func TestKernelDryRun(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 2, 1)
+	if err := l.SetEvents(100, true); err != nil {
+		t.Fatal(err)
+	}
+	ch := refusals(t, l)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	alpha := startHelper(t, mkProject(t, root, "alpha"))
+	if r := alpha.dial("tcp4", ln.Addr().String(), 4); r.ok != 4 {
+		t.Fatalf("dry-run pool of 2: %+v, want 4 admitted", r)
+	}
+	s := snap(t, l)
+	if s.InUse != 4 || project(s, "alpha").InUse != 4 || project(s, "alpha").Refused != 0 || s.Events.RefusedOut != 0 {
+		t.Fatalf("dry-run counts: %+v", s)
+	}
+	for i, want := range []int64{2, 3} {
+		e := nextRefusal(t, ch)
+		if !e.Would || e.Held != want || e.InUse != want || e.Reason != ReasonOverShare || e.Direction != "connect" {
+			t.Errorf("would-refuse event %d: %+v", i, e)
+		}
+	}
+	// A SYN to a listener of another project, past POOL, is admitted too.
+	srv := startHelper(t, mkProject(t, root, "srv"))
+	addr := listenAddr(t, srv.do("listen 127.0.0.1:0"))
+	c, err := dialOutside(addr)
+	if err != nil {
+		t.Fatalf("SYN in dry-run: %v", err)
+	}
+	defer c.Close()
+	if e := nextRefusal(t, ch); !e.Would || e.Direction != "syn" || e.Project != "srv" || e.Reason != ReasonPoolFull {
+		t.Errorf("SYN would-refuse event: %+v", e)
+	}
+	st, err := l.RefusalStats()
+	if err != nil || st.WouldOut != 2 || st.WouldIn != 1 {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+
+	// Enforced again: refused.
+	if err := l.SetEvents(100, false); err != nil {
+		t.Fatal(err)
+	}
+	if r := alpha.dial("tcp4", ln.Addr().String(), 1); r.refused != 1 {
+		t.Fatalf("enforced: %+v", r)
+	}
+	if e := nextRefusal(t, ch); e.Would {
+		t.Errorf("a real refusal marked would: %+v", e)
+	}
+	// alpha alone in dry-run.
+	if err := l.SetDryRunProjects(map[string]bool{"alpha": true, "not-yet": true}); err != nil {
+		t.Fatal(err)
+	}
+	beta := startHelper(t, mkProject(t, root, "beta"))
+	if r := beta.dial("tcp4", ln.Addr().String(), 1); r.refused != 1 {
+		t.Fatalf("beta, enforced: %+v", r)
+	}
+	if r := alpha.dial("tcp4", ln.Addr().String(), 1); r.ok != 1 {
+		t.Fatalf("alpha in dry-run: %+v", r)
+	}
+	if err := l.SetDryRunProjects(nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := alpha.dial("tcp4", ln.Addr().String(), 1); r.refused != 1 {
+		t.Fatalf("alpha out of dry-run: %+v", r)
+	}
+}
+
+// BenchmarkRefusalEvent measures what one refusal event costs the refused
+// connect(): a connect of a project over its share, refused in the
+// connect4 program, with the events on (every refusal written to the ring
+// buffer, a reader draining it) and off (events.per_sec 0), interleaved in
+// rounds within one run. event-ns is the median over rounds of the
+// difference of the sides' median connect; refused-ns is a refused
+// connect without the event (socket, connect, close).
+func BenchmarkRefusalEvent(b *testing.B) {
+	testutil.RequireRoot(b)
+	root, pin := newRoot(b), newPinDir(b)
+	proj := mkProject(b, root, "bench")
+	defer pinCPU(b)()
+	_, sa := benchListener(b, false) // outside the project
+	moveSelf(b, proj)
+	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 1, Floor: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		l.Close()
+		if err := Cleanup(pin); err != nil {
+			b.Error(err)
+		}
+	}()
+	hold, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Close(hold)
+	if err := unix.Connect(hold, sa); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var read atomic.Uint64
+	done := make(chan error, 1)
+	go func() { done <- l.ReadRefusals(ctx, func(Refusal) { read.Add(1) }) }()
+	defer func() { cancel(); <-done }()
+	refuse := func() {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := unix.Connect(fd, sa); err != unix.ECONNREFUSED {
+			b.Fatalf("connect over the share: %v, want ECONNREFUSED", err)
+		}
+		unix.Close(fd)
+	}
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	const rounds = 50
+	per := max(b.N/(2*rounds), 50)
+	times := make([]float64, per)
+	side := func(perSec uint32) float64 {
+		if err := l.SetEvents(perSec, false); err != nil {
+			b.Fatal(err)
+		}
+		for range 5 {
+			refuse()
+		}
+		for i := range times {
+			t0 := time.Now()
+			refuse()
+			times[i] = float64(time.Since(t0).Nanoseconds())
+		}
+		sort.Float64s(times)
+		return times[len(times)/2]
+	}
+	var diffs, offs []float64
+	b.ResetTimer()
+	for r := range rounds {
+		var on, off float64
+		if r%2 == 0 {
+			on, off = side(1<<30), side(0)
+		} else {
+			off, on = side(0), side(1<<30)
+		}
+		diffs = append(diffs, on-off)
+		offs = append(offs, off)
+	}
+	b.StopTimer()
+	sort.Float64s(diffs)
+	sort.Float64s(offs)
+	st, err := l.RefusalStats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if st.Emitted == 0 || st.Dropped != 0 {
+		b.Fatalf("events: %+v", st)
+	}
+	b.ReportMetric(diffs[len(diffs)/2], "event-ns")
+	b.ReportMetric(diffs[len(diffs)/4], "event-ns-q1")
+	b.ReportMetric(diffs[3*len(diffs)/4], "event-ns-q3")
+	b.ReportMetric(offs[len(offs)/2], "refused-ns")
+	b.ReportMetric(0, "ns/op")
+}
