@@ -343,6 +343,9 @@ func (d *Daemon) setDryRun(project string, on bool) {
 	for _, p := range d.others {
 		p.SetDryRun(project, on)
 	}
+	if d.kernel != nil {
+		d.kernel.setDryRun(project, on)
+	}
 	d.mu.Lock()
 	if on {
 		d.dryProjects[project] = true
@@ -468,6 +471,9 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		return nil
 	})
 	g.Go(func() error { return d.loop(gctx) })
+	if d.kernel != nil {
+		g.Go(func() error { return d.kernel.readRefusals(gctx, d.events) })
+	}
 
 	d.log.Info("serving", "admin", ready.AdminSocket, "metrics", ready.Metrics, "front", ready.Front,
 		"permits", ready.Permits, "kernel", ready.Kernel)

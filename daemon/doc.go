@@ -100,10 +100,19 @@
 // streams through an events.Hub; a dropped event says what the bound cut.
 // None of it blocks a decision.
 //
+// The kernel's refusals come from the programs' ring buffer
+// (kernel_events.go: loader.ReadRefusals, one goroutine of Run; a reader
+// that fails is logged, enforcement goes on), and what the programs dropped
+// over their bound is read from the maps each tick and becomes the sink's
+// dropped notices.
+//
 // Dry-run: a pool's enforce: false (configuration) or a project's (its
-// policy, live) puts the user-space pools in dry-run (pools.Pool.SetDryRun)
-// and the front's rate checks for the project (dryRun): what the rule would
-// refuse is admitted, counted as would_refuse and published as such.
+// policy, live) puts the user-space pools in dry-run (pools.Pool.SetDryRun),
+// the front's rate checks for the project (dryRun), and the kernel: the
+// pool's flag and the projects' set go into the maps (SetEvents at start,
+// SetDryRunProjects when a policy changes and every tick, for a project
+// whose cgroup came later). What the rule would refuse is admitted, counted
+// as would_refuse and published as such.
 //
 // Shutdown (ctx done) stops the servers, closes the limiter's descriptors and
 // leaves the pinned programs enforcing, unless DetachOnExit is set, which

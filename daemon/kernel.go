@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"sync"
 	"time"
@@ -82,12 +83,20 @@ type kernelSide struct {
 	reconcile time.Duration // config.Reconcile: between passes; 0 only at start
 	log       *slog.Logger
 	events    *eventSink
+	dryPool   bool // the pool is in dry-run (pools.connections.enforce: false)
 
 	mu   sync.Mutex // guards the fields below
 	book kernelBook
 	rec  admin.Reconcile
 	// When the loop last reconciled and read the entries; zero: never.
 	lastReconcile, lastRead time.Time
+	// dry are the projects in dry-run by their policy, written into the
+	// maps (SetDryRunProjects) when they change and at each tick.
+	dry map[string]bool
+	// dropped and lost are the programs' event counters last read (per
+	// project id, and the ring buffer's), for the sink's dropped notices.
+	dropped map[uint64]uint64
+	lost    uint64
 }
 
 // openKernel loads and attaches the BPF programs for the connections pool
@@ -109,7 +118,11 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink) (*kernelSi
 		return nil, loadError(cfg.PinDir, err)
 	}
 	k := &kernelSide{lim: lim, root: root, pinDir: cfg.PinDir, reconcile: cfg.Reconcile, log: log, events: sink,
-		book: kernelBook{last: map[uint64]kernelCounts{}}}
+		book: kernelBook{last: map[uint64]kernelCounts{}}, dry: map[string]bool{}, dropped: map[uint64]uint64{}}
+	if err := k.setEvents(cfg); err != nil {
+		lim.Close()
+		return nil, err
+	}
 	// The floor in force, as the maps say.
 	floor := pools.EffectiveFloor(conn.Size, conn.Floor)
 	if s, err := lim.Snapshot(); err == nil {
@@ -147,7 +160,14 @@ func (k *kernelSide) status() (admin.Pool, error) {
 	k.book.note(s)
 	forgotten := k.book.forgotten
 	k.mu.Unlock()
-	return KernelPool(s, active, forgotten), nil
+	would, err := k.refusalStats()
+	if err != nil {
+		return admin.Pool{}, fmt.Errorf("reading the bpf maps: %w", err)
+	}
+	k.mu.Lock()
+	dry := maps.Clone(k.dry)
+	k.mu.Unlock()
+	return withWould(KernelPool(s, active, forgotten), would, k.dryPool, dry), nil
 }
 
 // maintain runs what is due at the control loop's tick: a reconcile pass
@@ -166,6 +186,12 @@ func (k *kernelSide) maintain(ctx context.Context, now time.Time) {
 	k.mu.Unlock()
 	if reconcile {
 		k.reconcilePass(ctx)
+	}
+	// A project's dry-run reaches a cgroup made since; the events the
+	// programs dropped become the sink's notices.
+	k.syncDryRun()
+	if _, err := k.refusalStats(); err != nil {
+		k.log.Warn("reading the kernel's event counters", "err", err)
 	}
 	// The loader forgets a removed project's entry after a minute idle;
 	// reading them more often than that keeps their final counts.

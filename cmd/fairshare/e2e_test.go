@@ -55,6 +55,10 @@ func TestMain(m *testing.M) {
 		waitFloodHelper(spec)
 		return
 	}
+	if os.Getenv(listenEnv) != "" {
+		listenHelper()
+		return
+	}
 	if sock := os.Getenv(permitEnv); sock != "" {
 		permitHelper(sock)
 		return
