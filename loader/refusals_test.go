@@ -77,6 +77,16 @@ func TestRefusalEvents(t *testing.T) {
 		t.Errorf("connect refusal: %+v", e)
 	}
 
+	// connect6 writes the IPv6 ends.
+	ln6 := sink(t, "tcp6", "[::1]:0")
+	dst6 := netip.MustParseAddrPort(ln6.Addr().String())
+	if r := alpha.dial("tcp6", dst6.String(), 1); r.refused != 1 {
+		t.Fatalf("dial over IPv6: %+v", r)
+	}
+	if e := nextRefusal(t, ch); e.Direction != "connect" || e.Remote != dst6 || e.Project != "alpha" {
+		t.Errorf("IPv6 connect refusal: %+v", e)
+	}
+
 	// A SYN to a project's listener while alpha fills the pool: srv holds
 	// nothing (under its share), the pool is full.
 	srv := startHelper(t, mkProject(t, root, "srv"))
@@ -94,7 +104,7 @@ func TestRefusalEvents(t *testing.T) {
 		t.Errorf("SYN refusal: %+v", e)
 	}
 	st, err := l.RefusalStats()
-	if err != nil || st.Emitted != 2 || st.Dropped != 0 || st.Lost != 0 {
+	if err != nil || st.Emitted < 3 || st.Dropped != 0 || st.Lost != 0 {
 		t.Errorf("stats %+v %v", st, err)
 	}
 }
