@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -79,12 +80,14 @@ func holdingUpstream(t *testing.T) (url string, release func()) {
 // project in dry-run, and it is admitted past the pool while each would-be
 // refusal is counted (status, /metrics, events). The flights pool, in
 // dry-run by configuration, does the same for the permit API; events.log
-// holds the same events.
+// holds the same events; a 403 from an untrusted peer and a rate refusal name
+// the peer and the reason.
 func TestFrontEventsAndDryRun(t *testing.T) {
 	upURL, release := holdingUpstream(t)
 	logPath := filepath.Join(t.TempDir(), "events.log")
+	sock := filepath.Join(t.TempDir(), "front.sock")
 	n := newNode(t, fmt.Sprintf("pools: {requests: {size: 4, floor: 1}, flights: {size: 2, floor: 1, enforce: false}}\n"+
-		"front: {listen: '127.0.0.1:0', upstream: %q, trusted_peers: ['127.0.0.1']}\nevents: {log: %s}\n", upURL, logPath))
+		"front: {listen: '127.0.0.1:0', socket: %q, upstream: %q, trusted_peers: ['127.0.0.1']}\nevents: {log: %s}\n", sock, upURL, logPath))
 	n.start()
 	get := func(project string) chan int {
 		done := make(chan int, 1)
@@ -172,6 +175,38 @@ func TestFrontEventsAndDryRun(t *testing.T) {
 		}
 	}
 
+	// A project header from an untrusted peer (the unix socket trusts
+	// nobody) is a 403 with the peer named; a rate refusal names its reason.
+	overSock := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	req, _ := http.NewRequest("GET", "http://front/x", nil)
+	req.Header.Set("Fairshare-Project", "alpha")
+	if resp, err := overSock.Do(req); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("a header over the unix socket: %v %v, want 403", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if _, errOut, code := n.cli("policy", "set", "--requests-per-sec", "1", "rl"); code != 0 {
+		t.Fatalf("policy set: %s", errOut)
+	}
+	codes := []int{<-get("rl"), <-get("rl")}
+	if codes[1] != 429 {
+		t.Fatalf("rl at 1 request/s: %v, want the second refused", codes)
+	}
+	var untrusted, rate int
+	for _, e := range ofKind(n.events(), events.SourceFront, events.KindRefused) {
+		switch {
+		case e.Reason == events.ReasonUntrust && e.Remote == "unix" && strings.HasPrefix(e.Detail, "403"):
+			untrusted++
+		case e.Reason == events.ReasonRate && e.Project == "rl" && strings.HasPrefix(e.Remote, "127.0.0.1:"):
+			rate++
+		}
+	}
+	if untrusted != 1 || rate != 1 {
+		t.Errorf("front refusals: %d untrusted (403), %d rate; want 1 and 1", untrusted, rate)
+	}
+
 	// The flights pool is in dry-run by configuration: a third permit on a
 	// pool of 2 is admitted and counted.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -209,7 +244,7 @@ func TestFrontEventsAndDryRun(t *testing.T) {
 			}
 			kinds[e.Source+"/"+e.Kind]++
 		}
-		if kinds["front/refused"] != 3 || kinds["front/would_refuse"] != 2 || kinds["permits/would_refuse"] != 1 {
+		if kinds["front/refused"] != 5 || kinds["front/would_refuse"] != 2 || kinds["permits/would_refuse"] != 1 {
 			return fmt.Errorf("events.log: %v", kinds)
 		}
 		return nil
