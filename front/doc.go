@@ -293,4 +293,15 @@
 // busiest projects keep a label of their own while they ask, and a label
 // frees when its project has had no request for a minute (the pools' forget
 // period), when the front forgets the project's counts.
+//
+// # Events and dry-run
+//
+// Deps.Events, if set, receives each refusal (share, with the rule's
+// numbers; rate; debt; 400 and 403 with the peer) as an events.Event; it
+// must not block. A project for which Deps.DryRun reports true is admitted
+// where its rate or debt would refuse it, and the requests pool admits it
+// past its share (pools.Pool.SetDryRun): each such request is published as
+// would_refuse and counted in fairshare_front_would_refuse_total{reason}.
+// The rate buckets count it in their own refusals as well, as the decision
+// was made.
 package front

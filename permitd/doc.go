@@ -146,4 +146,10 @@
 // on its own when reconnecting. The re-registration goes through the same rule
 // as any spawn, so a pool that shrank across the restart evicts rather than
 // over-admits.
+//
+// Config.Events, if set, receives the refusals (with the rule's numbers and
+// the peer's uid and pid), the would-be refusals a pool in dry-run admitted
+// (pools.Pool.SetDryRun; acquire reads them with TryAcquireInto), the
+// TOO_MANY_WAITING answers, and each eviction: the victim, its project, its
+// owner's session and the spawner's project.
 package permitd
