@@ -24,6 +24,9 @@
 //	daemon/     the running daemon: control loop, wiring, status; with
 //	            config/ (YAML), policy/ (bbolt store), admin/ (unix-socket
 //	            API) and metrics/ (Prometheus collector)
+//	events/     the decisions worth a look (refusals, would-be refusals in
+//	            dry-run, evictions, repairs): one Event type, the Hub that
+//	            fans them out to 'fairshare events', the rotated JSON log
 //	drill/      the fair-share drill: the seed's experiment, run on this host
 //	internal/   one home each for what several parts share: cgroup (the
 //	            cgroup v2 mount, ids, levels, the tree and the project of a
@@ -38,7 +41,7 @@
 //	            and testutil (temporary cgroups, kubelet and systemd
 //	            layouts, helper processes and a fake clock for tests)
 //	cmd/        cmd/fairshare: the one binary (run, policy, project, status,
-//	            cleanup, drill, version)
+//	            events, cleanup, drill, version)
 //
 // The rule itself is specified in the package documentation of pools.
 package fairshare
