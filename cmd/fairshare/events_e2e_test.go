@@ -294,3 +294,50 @@ func TestEventsFollow(t *testing.T) {
 		t.Errorf("events --follow after SIGINT: %v", err)
 	}
 }
+
+// TestFrontDryRunPool: the requests pool in dry-run by configuration
+// admits requests past POOL through the front, counting each would-be
+// refusal in status and /metrics.
+func TestFrontDryRunPool(t *testing.T) {
+	upURL, release := holdingUpstream(t)
+	n := newNode(t, fmt.Sprintf("pools: {requests: {size: 2, floor: 1, enforce: false}}\n"+
+		"front: {listen: '127.0.0.1:0', upstream: %q, trusted_peers: ['127.0.0.1']}\n", upURL))
+	n.start()
+	var done []chan int
+	for range 4 {
+		ch := make(chan int, 1)
+		done = append(done, ch)
+		go func() {
+			req, _ := http.NewRequest("GET", "http://"+n.r.Front+"/x", nil)
+			req.Header.Set("Fairshare-Project", "alpha")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				ch <- -1
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			ch <- resp.StatusCode
+		}()
+	}
+	eventually(t, func() error {
+		p := pool(n.status(), "requests")
+		if p.InUse != 4 || p.WouldRefuse != 2 || p.Refused != 0 || !p.DryRun {
+			return fmt.Errorf("requests in dry-run: %+v", p)
+		}
+		return nil
+	})
+	m := n.metrics()
+	for _, want := range []string{`fairshare_pool_would_refuse_total{pool="requests"} 2`, `fairshare_pool_enforced{pool="requests"} 0`,
+		`fairshare_front_would_refuse_total{reason="share"} 2`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	release()
+	for _, ch := range done {
+		if code := <-ch; code != 200 {
+			t.Errorf("a request in dry-run ended %d", code)
+		}
+	}
+}
