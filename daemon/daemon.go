@@ -241,9 +241,7 @@ func (d *Daemon) buildFront() error {
 	var err error
 	d.front, err = front.New(frontConfig(d.cfg, root),
 		front.Deps{Requests: d.requests, Rates: d.rates, Sched: d.sched, Log: d.log.With("part", "front"),
-			ProjectOf: d.projects.projectOf,
-
-			Events: d.events.publish, DryRun: d.dryRun})
+			ProjectOf: d.projects.projectOf, Events: d.events.publish, DryRun: d.dryRun})
 	if err != nil {
 		// Everything front.New checks comes from the front's keys.
 		return fmt.Errorf("%w: front: %w", config.ErrInvalid, err)
