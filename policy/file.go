@@ -20,7 +20,7 @@ const MaxFileSize = 4 << 20
 
 // ParseFile decodes a policies file: a YAML mapping from project name to
 // policy, each with the fields of Policy (tier, shares, requests_per_sec,
-// work_per_sec, enforce); a field left out takes its value from def. An empty file,
+// work_per_sec, connections_per_sec, enforce); a field left out takes its value from def. An empty file,
 // or `{}`, holds no policies. The file is refused as a whole, with the first
 // error naming the project and field, if any name or policy is invalid or a
 // key is unknown.
@@ -84,6 +84,7 @@ func decodeStrict(n *yaml.Node, p *Policy) error {
 		RequestsPerSec *float64 `yaml:"requests_per_sec"`
 		WorkPerSec     *float64 `yaml:"work_per_sec"`
 		Enforce        *bool    `yaml:"enforce"`
+		ConnPerSec     *float64 `yaml:"connections_per_sec"`
 	}
 	b, err := yaml.Marshal(n)
 	if err != nil {
@@ -95,7 +96,7 @@ func decodeStrict(n *yaml.Node, p *Policy) error {
 		return err
 	}
 	pt := Patch{Tier: fields.Tier, Shares: fields.Shares, RequestsPerSec: fields.RequestsPerSec, WorkPerSec: fields.WorkPerSec,
-		Enforce: fields.Enforce}
+		ConnectionsPerSec: fields.ConnPerSec, Enforce: fields.Enforce}
 	np, _ := pt.Apply(*p)
 	*p = np
 	return nil

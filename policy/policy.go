@@ -22,8 +22,8 @@ const (
 	TierNone = "none"
 )
 
-// MinRate and MaxRate bound a non-zero requests_per_sec or work_per_sec (0
-// means unbounded): one per 1000 seconds up to a billion per second. Below
+// MinRate and MaxRate bound a non-zero requests_per_sec, work_per_sec or
+// connections_per_sec (0 means unbounded): one per 1000 seconds up to a billion per second. Below
 // the minimum a limit is a block, above the maximum a typo; both are
 // pools.MinRate and pools.MaxRate, where the buckets explain why.
 const (
@@ -40,6 +40,11 @@ type Policy struct {
 	Shares         int     `json:"shares"`
 	RequestsPerSec float64 `json:"requests_per_sec"`
 	WorkPerSec     float64 `json:"work_per_sec"`
+	// ConnectionsPerSec bounds the new TCP connections the project opens
+	// (connect) and accepts (at the SYN) per second, enforced in the kernel
+	// with a burst of one second's worth; 0 is unbounded. A policy stored
+	// before the field existed has none: unbounded.
+	ConnectionsPerSec float64 `json:"connections_per_sec"`
 	// DryRun is `enforce: false`: the project's asks are decided and
 	// counted as usual, but what would be refused (fair share, rates) is
 	// admitted and counted as would_refuse. Omitted while enforced, so
@@ -85,7 +90,10 @@ func (p Policy) Validate() error {
 	if err := checkRate("requests per second", p.RequestsPerSec); err != nil {
 		return err
 	}
-	return checkRate("work units per second", p.WorkPerSec)
+	if err := checkRate("work units per second", p.WorkPerSec); err != nil {
+		return err
+	}
+	return checkRate("connections per second", p.ConnectionsPerSec)
 }
 
 func checkRate(what string, v float64) error {
@@ -112,6 +120,7 @@ func (p Policy) InBounds() (_ Policy, changed []string) {
 	}
 	rate("requests_per_sec", &p.RequestsPerSec)
 	rate("work_per_sec", &p.WorkPerSec)
+	rate("connections_per_sec", &p.ConnectionsPerSec)
 	if s := min(max(p.Shares, 1), MaxShares); s != p.Shares {
 		changed = append(changed, fmt.Sprintf("shares %d -> %d", p.Shares, s))
 		p.Shares = s
@@ -131,13 +140,16 @@ type Patch struct {
 	Shares         *int     `json:"shares,omitempty"`
 	RequestsPerSec *float64 `json:"requests_per_sec,omitempty"`
 	WorkPerSec     *float64 `json:"work_per_sec,omitempty"`
+	// ConnectionsPerSec sets Policy.ConnectionsPerSec.
+	ConnectionsPerSec *float64 `json:"connections_per_sec,omitempty"`
 	// Enforce false puts the project in dry-run, true takes it out.
 	Enforce *bool `json:"enforce,omitempty"`
 }
 
 // Empty reports whether the patch changes nothing.
 func (pt Patch) Empty() bool {
-	return pt.Tier == nil && pt.Shares == nil && pt.RequestsPerSec == nil && pt.WorkPerSec == nil && pt.Enforce == nil
+	return pt.Tier == nil && pt.Shares == nil && pt.RequestsPerSec == nil && pt.WorkPerSec == nil &&
+		pt.ConnectionsPerSec == nil && pt.Enforce == nil
 }
 
 // Apply returns p with the patch's fields set, validated.
@@ -153,6 +165,9 @@ func (pt Patch) Apply(p Policy) (Policy, error) {
 	}
 	if pt.WorkPerSec != nil {
 		p.WorkPerSec = *pt.WorkPerSec
+	}
+	if pt.ConnectionsPerSec != nil {
+		p.ConnectionsPerSec = *pt.ConnectionsPerSec
 	}
 	if pt.Enforce != nil {
 		p.DryRun = DryRun(!*pt.Enforce)

@@ -48,6 +48,8 @@ func TestValidate(t *testing.T) {
 		{Tier: "pro", Shares: 1},
 		{Tier: "lite", Shares: 10, RequestsPerSec: 100, WorkPerSec: 0.5},
 		{Tier: "none", Shares: MaxShares, RequestsPerSec: MaxRate},
+		{Tier: "none", Shares: 1, ConnectionsPerSec: 50},
+		{Tier: "none", Shares: 1, ConnectionsPerSec: MinRate},
 	}
 	for _, p := range good {
 		if err := p.Validate(); err != nil {
@@ -68,6 +70,9 @@ func TestValidate(t *testing.T) {
 		{Policy{Tier: "pro", Shares: 1, RequestsPerSec: math.NaN()}, "requests per second"},
 		{Policy{Tier: "pro", Shares: 1, WorkPerSec: math.Inf(1)}, "work units per second"},
 		{Policy{Tier: "pro", Shares: 1, WorkPerSec: 2e9}, "work units per second"},
+		{Policy{Tier: "pro", Shares: 1, ConnectionsPerSec: -1}, "connections per second"},
+		{Policy{Tier: "pro", Shares: 1, ConnectionsPerSec: 1e-4}, "connections per second"},
+		{Policy{Tier: "pro", Shares: 1, ConnectionsPerSec: math.NaN()}, "connections per second"},
 	}
 	for _, tt := range bad {
 		err := tt.p.Validate()
@@ -274,5 +279,46 @@ func TestOutOfBoundsStored(t *testing.T) {
 	}
 	if fixed, err := s.Repair(); err != nil || len(fixed) != 0 {
 		t.Fatalf("a second repair: %v %v", fixed, err)
+	}
+}
+
+// A policy stored before connections_per_sec existed keeps working: it reads
+// as unbounded, a patch of another field keeps it so, and a patch of the new
+// field keeps the old ones; an out-of-bounds stored rate is repaired as the
+// others are.
+func TestConnectionsPerSecStored(t *testing.T) {
+	s, err := Open(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	put := func(project, raw string) {
+		t.Helper()
+		if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPolicies).Put([]byte(project), []byte(raw)) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("old", `{"tier":"pro","shares":2,"requests_per_sec":5,"work_per_sec":0}`)
+	put("tiny", `{"tier":"pro","shares":1,"requests_per_sec":0,"work_per_sec":0,"connections_per_sec":1e-9}`)
+	if p, found, err := s.Get("old"); err != nil || !found || p != (Policy{Tier: "pro", Shares: 2, RequestsPerSec: 5}) {
+		t.Fatalf("old policy: %+v %v %v", p, found, err)
+	}
+	p, err := s.Patch("old", Patch{ConnectionsPerSec: ptr(50.0)}, Default())
+	if err != nil || p != (Policy{Tier: "pro", Shares: 2, RequestsPerSec: 5, ConnectionsPerSec: 50}) {
+		t.Fatalf("patch connections_per_sec: %+v %v", p, err)
+	}
+	if p, err = s.Patch("old", Patch{Shares: ptr(3)}, Default()); err != nil || p.ConnectionsPerSec != 50 {
+		t.Fatalf("patch of shares lost connections_per_sec: %+v %v", p, err)
+	}
+	if _, err := s.Patch("old", Patch{ConnectionsPerSec: ptr(-2.0)}, Default()); !errors.Is(err, ErrInvalid) ||
+		!strings.Contains(err.Error(), "connections per second") {
+		t.Fatalf("negative connections_per_sec: %v", err)
+	}
+	fixed, err := s.Repair()
+	if err != nil || !strings.Contains(strings.Join(fixed["tiny"], ";"), "connections_per_sec 1e-09 -> 0.001") {
+		t.Fatalf("repair: %v %v", fixed, err)
+	}
+	if p, _, _ = s.Get("old"); p.ConnectionsPerSec != 50 {
+		t.Fatalf("after repair: %+v", p)
 	}
 }

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -58,6 +59,10 @@ func TestPolicyBadInput(t *testing.T) {
 		{[]string{"--work-per-sec", "", "alpha"}, "--work-per-sec must be"},
 		{[]string{"--enforce", "maybe", "alpha"}, "--enforce must be true or false"},
 		{[]string{"--enforce", "", "alpha"}, "--enforce must be"},
+		{[]string{"--connections-per-sec", "-1", "alpha"}, "--connections-per-sec must be 0 (unbounded) or a number from 0.001 to 1e+09"},
+		{[]string{"--connections-per-sec", "1e-4", "alpha"}, "--connections-per-sec must be"},
+		{[]string{"--connections-per-sec", "2e9", "alpha"}, "--connections-per-sec must be"},
+		{[]string{"--connections-per-sec", "many", "alpha"}, "--connections-per-sec must be"},
 		{[]string{"alpha"}, "changes nothing"},
 		{[]string{"--tier", "pro"}, "exactly one PROJECT"},
 		{[]string{"--tier", "pro", "alpha", "beta"}, "exactly one PROJECT"},
@@ -217,5 +222,38 @@ func TestPolicyEnforce(t *testing.T) {
 	run("policy", "set", "--enforce=true", "alpha")
 	if out := run("policy", "list"); !strings.Contains(out, "ENFORCE") || strings.Contains(out, "dry-run") {
 		t.Fatalf("after --enforce=true: %s", out)
+	}
+}
+
+// --connections-per-sec is set, kept by a patch of another field, listed in
+// its own column, and set back to unbounded with 0; the other rates are
+// untouched by it.
+func TestPolicyConnectionsPerSec(t *testing.T) {
+	dir := t.TempDir()
+	flags := []string{"--state-dir", filepath.Join(dir, "state"), "--admin-socket", filepath.Join(dir, "none.sock")}
+	run := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := runCLI(t, append(append([]string{"policy", args[0]}, flags...), args[1:]...)...)
+		if code != 0 {
+			t.Fatalf("policy %v: exit %d: %s", args, code, errOut)
+		}
+		return out
+	}
+	run("set", "--requests-per-sec", "7", "--connections-per-sec", "50", "alpha")
+	run("set", "--shares", "3", "alpha")
+	var got []policy.Entry
+	if err := json.Unmarshal([]byte(run("list", "--json")), &got); err != nil {
+		t.Fatal(err)
+	}
+	if want := (policy.Policy{Tier: "none", Shares: 3, RequestsPerSec: 7, ConnectionsPerSec: 50}); len(got) != 1 || got[0].Policy != want {
+		t.Fatalf("list = %+v, want alpha %+v", got, want)
+	}
+	table := run("list")
+	if !strings.Contains(table, "CONNECTIONS/S") || !strings.Contains(strings.Join(strings.Fields(table), " "), "alpha none 3 7 unbounded 50 yes cli") {
+		t.Errorf("list table:\n%s", table)
+	}
+	run("set", "--connections-per-sec", "0", "alpha")
+	if out := run("get", "--json", "alpha"); !strings.Contains(out, `"connections_per_sec": 0`) || !strings.Contains(out, `"requests_per_sec": 7`) {
+		t.Errorf("after --connections-per-sec 0: %s", out)
 	}
 }

@@ -28,8 +28,10 @@ func policyCommand() *cli.Command {
 		// As at the top level: --help is the one way to get help.
 		HideHelpCommand: true,
 		Description: "A policy says what a project bought: its tier (pro, lite or none) and shares decide its\n" +
-			"request-class buckets, and requests/s and work units/s bound what it may spend\n" +
-			"(0 = unbounded). What a project may hold is never configured: that is the fair share.\n" +
+			"request-class buckets, requests/s and work units/s bound what it may spend in the HTTP\n" +
+			"front, and connections/s the new TCP connections it may open or accept, refused in the\n" +
+			"kernel with ECONNREFUSED beyond a burst of one second's worth (0 = unbounded). What a\n" +
+			"project may hold is never configured: that is the fair share.\n" +
 			"The running daemon stores and applies a change before this command returns; with no\n" +
 			"daemon running, the command writes the store in --state-dir itself.",
 		Subcommands: []*cli.Command{
@@ -44,6 +46,7 @@ func policyCommand() *cli.Command {
 					&cli.StringFlag{Name: "work-per-sec", Usage: "work units per second `W`: 0 = unbounded, else 0.001 to 1e9"},
 					&cli.StringFlag{Name: "enforce", Usage: "`BOOL`: false puts the project in dry-run (what would be refused is admitted " +
 						"and counted as would_refuse, see 'fairshare events'), true enforces again"},
+					&cli.StringFlag{Name: "connections-per-sec", Usage: "new TCP connections per second `C`, opened or accepted, enforced in the kernel: 0 = unbounded, else 0.001 to 1e9"},
 					jsonFlag),
 				Action: policySet,
 			},
@@ -128,8 +131,11 @@ func parsePatch(c *cli.Context) (policy.Patch, error) {
 		}
 		pt.Enforce = &v
 	}
+	if pt.ConnectionsPerSec, err = rate("connections-per-sec"); err != nil {
+		return pt, err
+	}
 	if pt.Empty() {
-		return pt, cli.Exit("policy set changes nothing: give at least one of --tier, --shares, --requests-per-sec, --work-per-sec, --enforce", 2)
+		return pt, cli.Exit("policy set changes nothing: give at least one of --tier, --shares, --requests-per-sec, --work-per-sec, --connections-per-sec, --enforce", 2)
 	}
 	return pt, nil
 }
@@ -317,14 +323,14 @@ func printPolicies(c *cli.Context, list []policy.Entry, asList bool) error {
 		return writeJSON(w, v)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROJECT\tTIER\tSHARES\tREQUESTS/S\tWORK/S\tENFORCE\tFROM")
+	fmt.Fprintln(tw, "PROJECT\tTIER\tSHARES\tREQUESTS/S\tWORK/S\tCONNECTIONS/S\tENFORCE\tFROM")
 	for _, e := range list {
 		from := "cli"
 		if e.Source == policy.SourceFile {
 			from = "file"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", e.Project, e.Tier, e.Shares, rateText(e.RequestsPerSec), rateText(e.WorkPerSec),
-			enforceText(e.Enforced()), from)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", e.Project, e.Tier, e.Shares, rateText(e.RequestsPerSec), rateText(e.WorkPerSec),
+			rateText(e.ConnectionsPerSec), enforceText(e.Enforced()), from)
 	}
 	return tw.Flush()
 }
