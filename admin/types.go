@@ -118,11 +118,12 @@ type Forgotten struct {
 	Admitted    uint64 `json:"admitted"`
 	Refused     uint64 `json:"refused"`
 	WouldRefuse uint64 `json:"would_refuse,omitempty"`
+	RateLimited uint64 `json:"rate_limited,omitempty"`
 }
 
 // Pool is one pool and the projects it knows, read as one snapshot: InUse
-// is the sum of the projects' Held, Admitted and Refused the sums of theirs
-// plus Forgotten's, and Share = max(Floor, Size/Active).
+// is the sum of the projects' Held, Admitted, Refused and RateLimited the
+// sums of theirs plus Forgotten's, and Share = max(Floor, Size/Active).
 type Pool struct {
 	Name string `json:"name"`
 	// Enforcer is "kernel" (BPF maps) or "daemon" (user-space permits).
@@ -142,8 +143,11 @@ type Pool struct {
 	// WouldRefuse counts asks admitted in dry-run that the rule refused
 	// (they are in Admitted too). DryRun is set while the pool is in
 	// dry-run (enforce: false); a project may be in dry-run alone.
-	WouldRefuse uint64    `json:"would_refuse"`
-	DryRun      bool      `json:"dry_run,omitempty"`
+	WouldRefuse uint64 `json:"would_refuse"`
+	DryRun      bool   `json:"dry_run,omitempty"`
+	// RateLimited counts asks refused by their project's rate (the
+	// connections pool: the policy's connections_per_sec), not in Refused.
+	RateLimited uint64    `json:"rate_limited"`
 	Projects    []Project `json:"projects"`
 	// Forgotten is what projects dropped after idling had been counted.
 	Forgotten Forgotten `json:"forgotten"`
@@ -156,12 +160,13 @@ type Pool struct {
 // active count gives.
 func (p Pool) Consistent() error {
 	held := 0
-	adm, ref, would := p.Forgotten.Admitted, p.Forgotten.Refused, p.Forgotten.WouldRefuse
+	adm, ref, would, lim := p.Forgotten.Admitted, p.Forgotten.Refused, p.Forgotten.WouldRefuse, p.Forgotten.RateLimited
 	for _, pr := range p.Projects {
 		held += pr.Held
 		adm += pr.Admitted
 		ref += pr.Refused
 		would += pr.WouldRefuse
+		lim += pr.RateLimited
 	}
 	switch {
 	case held != p.InUse:
@@ -170,6 +175,8 @@ func (p Pool) Consistent() error {
 		return fmt.Errorf("pool %s: projects admitted %d refused %d, the pool %d %d", p.Name, adm, ref, p.Admitted, p.Refused)
 	case would != p.WouldRefuse:
 		return fmt.Errorf("pool %s: projects would refuse %d, the pool %d", p.Name, would, p.WouldRefuse)
+	case lim != p.RateLimited:
+		return fmt.Errorf("pool %s: projects rate limited %d, the pool %d", p.Name, lim, p.RateLimited)
 	case p.Enforcer != "off" && p.Share != pools.Share(p.Size, p.Floor, p.Active):
 		return fmt.Errorf("pool %s: share %d with %d active (size %d, floor %d)", p.Name, p.Share, p.Active, p.Size, p.Floor)
 	}
@@ -202,6 +209,12 @@ type Project struct {
 	DryRun      bool      `json:"dry_run,omitempty"`
 	Active      bool      `json:"active"`
 	LastSeen    time.Time `json:"last_seen,omitzero"`
+	// RateLimited counts the project's asks refused by its rate, not in
+	// Refused; ConnectionsPerSec is the rate in force in the kernel (the
+	// connections pool; 0 unbounded) and RateTokens its bucket's tokens.
+	RateLimited       uint64  `json:"rate_limited,omitempty"`
+	ConnectionsPerSec float64 `json:"connections_per_sec,omitempty"`
+	RateTokens        float64 `json:"rate_tokens,omitempty"`
 	// Sleeping and Evictions are set for the residents pool only.
 	Sleeping  int               `json:"sleeping,omitempty"`
 	Evictions map[string]uint64 `json:"evictions,omitempty"`

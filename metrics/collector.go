@@ -33,6 +33,7 @@ type Collector struct {
 	up, kernel                                *prometheus.Desc
 	poolSize, poolFloor, poolInUse, poolShare *prometheus.Desc
 	poolActive, poolAdmitted, poolRefused     *prometheus.Desc
+	poolRateLimited, permitsRateLimited       *prometheus.Desc
 	held, admitted, refused                   *prometheus.Desc
 	sleeping, evictions                       *prometheus.Desc
 	rateLimited, workTokens                   *prometheus.Desc
@@ -77,19 +78,23 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 		poolActive:   d("pool_active_projects", "Projects that held or asked for a permit within the active window.", "pool"),
 		poolAdmitted: d("pool_admitted_total", "Permits granted.", "pool"),
 		poolRefused:  d("pool_refused_total", "Permit requests refused by the fair-share rule.", "pool"),
-		held:         d("project_permits_held", "Permits the project holds now.", "pool", "project"),
-		admitted:     d("project_admitted_total", "Permits granted to the project.", "pool", "project"),
-		refused:      d("project_refused_total", "Permit requests of the project refused.", "pool", "project"),
-		sleeping:     d("project_sleeping", "Resident objects of the project asleep.", "pool", "project"),
-		evictions:    d("project_evictions_total", "Resident objects of the project put to sleep to make room.", "pool", "project", "reason"),
-		rateLimited:  d("project_rate_limited_total", "Requests of the project refused by its rate buckets or work debt.", "project"),
-		workTokens:   d("project_work_tokens", "Work-unit bucket balance of the project; negative is debt.", "project"),
-		inFlight:     d("scheduler_in_flight", "Requests dispatched to the upstream and not done."),
-		queue:        d("scheduler_queue_length", "Requests waiting in the participant's queue.", "participant"),
-		dispatched:   d("scheduler_dispatched_total", "Requests dispatched, by class.", "class"),
-		wait:         d("scheduler_wait_seconds", "Time from submit to dispatch."),
-		exemptMax:    d("pool_exempt_max", "The exempt budget: exempt permits held at most at a time.", "pool"),
-		exemptInUse:  d("pool_exempt_in_use", "Exempt permits held now; not in pool_in_use.", "pool"),
+		poolRateLimited: d("pool_rate_limited_total",
+			"Permit requests refused by their project's rate (connections: the policy's connections_per_sec); not in refused_total.", "pool"),
+		permitsRateLimited: d("project_permits_rate_limited_total",
+			"Permit requests of the project refused by its rate (connections: connections_per_sec); not in refused_total.", "pool", "project"),
+		held:        d("project_permits_held", "Permits the project holds now.", "pool", "project"),
+		admitted:    d("project_admitted_total", "Permits granted to the project.", "pool", "project"),
+		refused:     d("project_refused_total", "Permit requests of the project refused.", "pool", "project"),
+		sleeping:    d("project_sleeping", "Resident objects of the project asleep.", "pool", "project"),
+		evictions:   d("project_evictions_total", "Resident objects of the project put to sleep to make room.", "pool", "project", "reason"),
+		rateLimited: d("project_rate_limited_total", "Requests of the project refused by its rate buckets or work debt.", "project"),
+		workTokens:  d("project_work_tokens", "Work-unit bucket balance of the project; negative is debt.", "project"),
+		inFlight:    d("scheduler_in_flight", "Requests dispatched to the upstream and not done."),
+		queue:       d("scheduler_queue_length", "Requests waiting in the participant's queue.", "participant"),
+		dispatched:  d("scheduler_dispatched_total", "Requests dispatched, by class.", "class"),
+		wait:        d("scheduler_wait_seconds", "Time from submit to dispatch."),
+		exemptMax:   d("pool_exempt_max", "The exempt budget: exempt permits held at most at a time.", "pool"),
+		exemptInUse: d("pool_exempt_in_use", "Exempt permits held now; not in pool_in_use.", "pool"),
 		exemptAdmitted: d("pool_exempt_admitted_total",
 			"Exempt permits granted (outside the rule and the pool).", "pool"),
 		exemptOver: d("pool_exempt_over_budget_total",
@@ -128,7 +133,7 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 // Describe sends every descriptor.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.kernel, c.poolSize, c.poolFloor, c.poolInUse, c.poolShare,
-		c.poolActive, c.poolAdmitted, c.poolRefused, c.held, c.admitted, c.refused, c.sleeping, c.evictions,
+		c.poolActive, c.poolAdmitted, c.poolRefused, c.poolRateLimited, c.permitsRateLimited, c.held, c.admitted, c.refused, c.sleeping, c.evictions,
 		c.rateLimited, c.workTokens, c.inFlight, c.queue, c.dispatched, c.wait,
 		c.exemptMax, c.exemptInUse, c.exemptAdmitted, c.exemptOver,
 		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld,
@@ -207,6 +212,12 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 	counter(c.poolRefused, float64(p.Refused), p.Name)
 	counter(c.poolWould, float64(p.WouldRefuse), p.Name)
 	gauge(c.poolEnforced, b2f(!p.DryRun), p.Name)
+	// Only the kernel's pool has rates per project: the family is left
+	// out for the others rather than a column of zeros.
+	rated := p.Enforcer == "kernel"
+	if rated {
+		counter(c.poolRateLimited, float64(p.RateLimited), p.Name)
+	}
 	if e := p.Exempt; e != nil {
 		gauge(c.exemptMax, float64(e.Max), p.Name)
 		gauge(c.exemptInUse, float64(e.InUse), p.Name)
@@ -239,6 +250,7 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 		ls.Count(pr.Project, "admitted", pr.Admitted)
 		ls.Count(pr.Project, "refused", pr.Refused)
 		ls.Count(pr.Project, "would", pr.WouldRefuse)
+		ls.Count(pr.Project, "rate_limited", pr.RateLimited)
 		for r, v := range pr.Evictions {
 			ls.Count(pr.Project, "evictions\x00"+r, v)
 		}
@@ -247,7 +259,7 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 	// their label), so it exists whenever the named series do not add up
 	// to the pool's totals.
 	if byLabel[Other] == nil && (ls.OtherUsed() || ls.Remainder("admitted", p.Admitted) > 0 || ls.Remainder("refused", p.Refused) > 0 ||
-		ls.Remainder("would", p.WouldRefuse) > 0) {
+		ls.Remainder("would", p.WouldRefuse) > 0 || (rated && ls.Remainder("rate_limited", p.RateLimited) > 0)) {
 		byLabel[Other] = &gauges{}
 		order = append(order, Other)
 	}
@@ -255,13 +267,18 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 		g := byLabel[l]
 		gauge(c.held, float64(g.held), p.Name, l)
 		adm, ref, would := ls.Total(l, "admitted"), ls.Total(l, "refused"), ls.Total(l, "would")
+		lim := ls.Total(l, "rate_limited")
 		if l == Other {
 			adm, ref, would = ls.Remainder("admitted", p.Admitted), ls.Remainder("refused", p.Refused), ls.Remainder("would", p.WouldRefuse)
+			lim = ls.Remainder("rate_limited", p.RateLimited)
 			ls.MarkOther()
 		}
 		counter(c.admitted, float64(adm), p.Name, l)
 		counter(c.refused, float64(ref), p.Name, l)
 		counter(c.would, float64(would), p.Name, l)
+		if rated {
+			counter(c.permitsRateLimited, float64(lim), p.Name, l)
+		}
 		if residents {
 			gauge(c.sleeping, float64(g.sleeping), p.Name, l)
 			var reasons []string

@@ -27,8 +27,9 @@ func sample() admin.Status {
 	return admin.Status{
 		Kernel: true,
 		Pools: []admin.Pool{
-			{Name: "connections", Enforcer: "kernel", Size: 20, Floor: 1, InUse: 7, Active: 2, Share: 10, Admitted: 30, Refused: 4,
-				Projects: []admin.Project{{Project: "alpha", Held: 5, Admitted: 20, Refused: 4, Active: true}, {Project: "beta", Held: 2, Admitted: 10, Active: true}}},
+			{Name: "connections", Enforcer: "kernel", Size: 20, Floor: 1, InUse: 7, Active: 2, Share: 10, Admitted: 30, Refused: 4, RateLimited: 9,
+				Projects: []admin.Project{{Project: "alpha", Held: 5, Admitted: 20, Refused: 4, Active: true}, {Project: "beta", Held: 2, Admitted: 10, Active: true,
+					RateLimited: 9, ConnectionsPerSec: 50}}},
 			{Name: "residents", Enforcer: "daemon", Size: 4, Floor: 1, InUse: 4, Active: 1, Share: 4, Admitted: 9,
 				Projects: []admin.Project{{Project: "alpha", Held: 4, Admitted: 9, Sleeping: 2, Evictions: map[string]uint64{"own idlest": 2}}}},
 		},
@@ -123,6 +124,32 @@ fairshare_up 1
 		t.Error(err)
 	}
 	lint(t, c)
+}
+
+// The kernel pool's refusals by a project's connections_per_sec are their
+// own families, apart from refused_total; the user-space pools have none.
+func TestCollectRateLimited(t *testing.T) {
+	c := New(fixed(sample()), 10, nil)
+	want := `
+# HELP fairshare_pool_rate_limited_total Permit requests refused by their project's rate (connections: the policy's connections_per_sec); not in refused_total.
+# TYPE fairshare_pool_rate_limited_total counter
+fairshare_pool_rate_limited_total{pool="connections"} 9
+# HELP fairshare_project_permits_rate_limited_total Permit requests of the project refused by its rate (connections: connections_per_sec); not in refused_total.
+# TYPE fairshare_project_permits_rate_limited_total counter
+fairshare_project_permits_rate_limited_total{pool="connections",project="alpha"} 0
+fairshare_project_permits_rate_limited_total{pool="connections",project="beta"} 9
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "fairshare_pool_rate_limited_total",
+		"fairshare_project_permits_rate_limited_total"); err != nil {
+		t.Error(err)
+	}
+	problems, err := testutil.CollectAndLint(c, "fairshare_pool_rate_limited_total", "fairshare_project_permits_rate_limited_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
 }
 
 func TestCollectSourceError(t *testing.T) {
