@@ -105,6 +105,7 @@
  *   lib/rule.h     the rule, the exempt budget, take_permit, give_back
  *   lib/events.h   refusal events (a ring buffer, bounded per project) and dry-run
  *   lib/listen.h   listener bookkeeping: addresses, ports, owners, queues
+ *   lib/rate.h     a project's rate of new connections (token buckets)
  * The programs follow here in the order of the table above.
  */
 #include "lib/common.h"
@@ -116,6 +117,7 @@
 #include "lib/resv.h"
 #include "lib/rule.h"
 #include "lib/listen.h"
+#include "lib/rate.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -132,12 +134,23 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx, bool v6)
 	 * loads where the helper is a call. */
 	struct bpf_sock *bs = ctx->sk;
 	struct holder h = {.cookie = bpf_get_socket_cookie(ctx), .sk = bs ? CAST(struct sock, bs) : NULL};
-	int r = take_permit(AT_CONNECT, CLK_COARSE, &h, id, p, 0, 0);
+	/* The project's rate first (rate.h): a refusal by it never touches
+	 * the pool's counters, and its token goes back unless a permit is
+	 * taken. */
+	struct rate_ticket t;
+	if (!rate_gate(AT_CONNECT, &h, id, 0, &t)) {
+		rate_event_connect(ctx, v6, id, false);
+		goto refuse;
+	}
+	if (t.would)
+		rate_event_connect(ctx, v6, id, true);
+	int r = rate_settle(&t, take_permit(AT_CONNECT, CLK_COARSE, &h, id, p, 0, 0));
 	if (r == TAKEN || r == NOT_TAKEN)
 		return 1;
 	refused_connect(ctx, v6, id, p, r == WOULD);
 	if (r == WOULD)
 		return 1;
+refuse:
 	bpf_set_retval(-ECONNREFUSED);
 	return 0;
 }
@@ -207,7 +220,16 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	}
 	if (syn == SYN_COOKIE) {
 		/* No request socket to hold a reservation: check the rule, and
-		 * let the child take its permit when it is established. */
+		 * let the child take its permit when it is established. The
+		 * project's rate takes a token here for the SYN and again for
+		 * the cookie's ACK, which comes here too (rate.h). */
+		struct rate_ticket rt;
+		if (!rate_gate(AT_SYN, NULL, v.project, v.cgroup, &rt)) {
+			rate_event_syn(v.project, &rk, false);
+			return SK_DROP;
+		}
+		if (rt.would)
+			rate_event_syn(v.project, &rk, true);
 		int a = 1;
 		struct fs_project *cp = NULL;
 		if (!(cfg->exempt_max && exempt_listed(v.cgroup, v.project))) {
@@ -225,8 +247,10 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 				COUNT(refused_in);
 			}
 			refused_syn(v.project, v.cgroup, &rk, would, false);
-			if (!would)
+			if (!would) {
+				rate_undo(&rt);
 				return SK_DROP;
+			}
 		}
 		COUNT(cookie);
 		return SK_PASS;
@@ -235,7 +259,14 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	 * keeps the permit the first one reserved; a full table leaves the
 	 * child to be admitted when it is established. */
 	struct holder h = {.rk = &rk};
-	int r = take_permit(AT_SYN, CLK_COARSE, &h, v.project, NULL, v.cgroup, 0);
+	struct rate_ticket t;
+	if (!rate_gate(AT_SYN, &h, v.project, v.cgroup, &t)) {
+		rate_event_syn(v.project, &rk, false);
+		return SK_DROP;
+	}
+	if (t.would)
+		rate_event_syn(v.project, &rk, true);
+	int r = rate_settle(&t, take_permit(AT_SYN, CLK_COARSE, &h, v.project, NULL, v.cgroup, 0));
 	if (r == TAKEN || r == NOT_TAKEN)
 		return SK_PASS;
 	refused_syn(v.project, v.cgroup, &rk, r == WOULD, r == WOULD);

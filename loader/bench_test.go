@@ -91,13 +91,27 @@ func cycle(b testing.TB, lfd int, sa unix.Sockaddr) {
 // "outbound": the listener is outside the projects, only the client side
 // takes a permit. "both": client and listener are in the project, the cycle
 // takes two permits (one per side). "both-wildcard": the same with the
-// listener on 0.0.0.0, as most servers listen.
+// listener on 0.0.0.0, as most servers listen. The "-rated" variants give
+// the project a rate of new connections (SetRate) it never reaches (1e9/s):
+// every connect and SYN takes a token, the cost a limited project pays;
+// "-other-rated" gives the rate to another project, the cost to a project
+// without one on a node where some have one.
 func BenchmarkConnectAcceptClose(b *testing.B) {
 	testutil.RequireRoot(b)
-	b.Run("outbound", func(b *testing.B) { benchCycle(b, false, false) })
-	b.Run("both", func(b *testing.B) { benchCycle(b, true, false) })
-	b.Run("both-wildcard", func(b *testing.B) { benchCycle(b, true, true) })
+	b.Run("outbound", func(b *testing.B) { benchCycle(b, false, false, rateNone) })
+	b.Run("both", func(b *testing.B) { benchCycle(b, true, false, rateNone) })
+	b.Run("both-wildcard", func(b *testing.B) { benchCycle(b, true, true, rateNone) })
+	b.Run("outbound-rated", func(b *testing.B) { benchCycle(b, false, false, rateOwn) })
+	b.Run("both-rated", func(b *testing.B) { benchCycle(b, true, false, rateOwn) })
+	b.Run("both-other-rated", func(b *testing.B) { benchCycle(b, true, false, rateOther) })
 }
+
+// Which project of benchCycle has a rate of new connections.
+const (
+	rateNone  = iota // none
+	rateOwn          // the benchmark's project
+	rateOther        // another project
+)
 
 func benchListener(b testing.TB, wildcard bool) (int, unix.Sockaddr) {
 	lfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
@@ -247,7 +261,7 @@ func clientSocket(b testing.TB) int {
 	return fd
 }
 
-func benchCycle(b *testing.B, both, wildcard bool) {
+func benchCycle(b *testing.B, both, wildcard bool, rated int) {
 	root := newRoot(b)
 	pin := newPinDir(b)
 	proj := mkProject(b, root, "bench")
@@ -273,6 +287,16 @@ func benchCycle(b *testing.B, both, wildcard bool) {
 			b.Error(err)
 		}
 	}()
+	switch rated {
+	case rateOwn:
+		err = l.SetRate("bench", 1e9)
+	case rateOther:
+		mkProject(b, root, "other")
+		err = l.SetRate("other", 1e9)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
 	// The sides differ only in the links: the programs and maps stay
 	// loaded, so a round costs an attach and a detach (milliseconds), not a
 	// load, and rounds can be short.

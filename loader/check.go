@@ -103,6 +103,10 @@ func (l *Limiter) checkPinned(rep *CheckReport) error {
 			continue
 		}
 		m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, name), nil)
+		if errors.Is(err, os.ErrNotExist) && addedMaps[name] {
+			ms.Pinning = ebpf.PinNone // Open creates it (see addedMaps)
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("pinned map %s in %s: %w (the pin directory is incomplete: "+
 				"stop the daemon and run 'fairshare cleanup --pin-dir %s')", name, l.pinDir, err, l.pinDir)

@@ -45,6 +45,13 @@ type ProjectCounters struct {
 	Admitted, Refused uint64
 	LastSeen          time.Time // the last ask or release; now while it holds permits
 	Active            bool
+	// ConnectionsPerSec is the project's rate of new connections in force
+	// in the kernel (SetRate; 0 unbounded), RateTokens its bucket's tokens
+	// now, and RateLimitedOut and RateLimitedIn the connects and SYNs its
+	// rate refused (not in Refused).
+	ConnectionsPerSec             float64
+	RateTokens                    float64
+	RateLimitedOut, RateLimitedIn uint64
 }
 
 // Events are node-wide counters of what the programs did.
@@ -73,6 +80,9 @@ type Events struct {
 	// their handshake: the client reset it (a connect() that timed out, a
 	// killed client), a SYN no listener took, a bad SYN.
 	Dropped uint64
+	// RateLimitedOut and RateLimitedIn count connects and SYNs refused by
+	// their project's rate (SetRate), not in RefusedOut and RefusedIn.
+	RateLimitedOut, RateLimitedIn uint64
 }
 
 // monoNow is CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns.
@@ -165,7 +175,10 @@ func (l *Limiter) Tick(now time.Time) error {
 	if err := l.expireLocked(mono); err != nil {
 		return err
 	}
-	return l.forgetLocked(projs, mono)
+	if err := l.forgetLocked(projs, mono); err != nil {
+		return err
+	}
+	return l.syncRatesLocked(projs)
 }
 
 // expireLocked gives back reservations whose handshake did not complete in
@@ -212,6 +225,10 @@ func (l *Limiter) forgetLocked(projs []projectEntry, mono uint64) error {
 		}
 		if err := l.objs.FsProjects.Delete(p.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("forgetting project %d: %w", p.id, err)
+		}
+		// Its bucket goes with it (its refusals stay in the node's).
+		if _, err := l.rateSetLocked(limiterFsRateArgs{Op: rateOpDelete, Project: p.id}); err != nil {
+			return fmt.Errorf("forgetting the connection rate of project %d: %w", p.id, err)
 		}
 	}
 	return nil
@@ -291,6 +308,10 @@ func (l *Limiter) readEvents() (Events, error) {
 		e.Cookie += c.Cookie
 		e.Dropped += c.Dropped
 	}
+	var err error
+	if e.RateLimitedOut, e.RateLimitedIn, err = l.readRateStats(); err != nil {
+		return Events{}, err
+	}
 	return e, nil
 }
 
@@ -325,6 +346,10 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, err
 	}
+	rates, err := l.readRates()
+	if err != nil {
+		return Snapshot{}, err
+	}
 	now, mono := l.clock.Now(), l.mono()
 	s := Snapshot{
 		Size: int(cfg.Pool), Floor: int(cfg.Floor), InUse: int(node.InUse),
@@ -348,6 +373,10 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 			Project: names[p.id], CgroupID: p.id, InUse: int(p.val.InUse),
 			Admitted: p.val.Admitted, Refused: p.val.Refused,
 			Active: l.activeLocked(p.val, mono),
+		}
+		if r, ok := rates[p.id]; ok {
+			pc.ConnectionsPerSec, pc.RateTokens = rateView(r, mono)
+			pc.RateLimitedOut, pc.RateLimitedIn = r.LimitedOut, r.LimitedIn
 		}
 		switch {
 		case p.val.InUse > 0:

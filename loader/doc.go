@@ -123,6 +123,25 @@
 // Inbound enforcement covers listeners in the network namespace Open ran in
 // (sk_lookup is attached per namespace); outbound covers every namespace.
 //
+// # A rate of new connections
+//
+// SetRate gives a project a rate of new connections per second (the
+// policy's connections_per_sec), opened and accepted together: a token
+// bucket per project in fs_rates (bpf/lib/rate.h), refilled at the rate from
+// the programs' clock and holding one second's worth (at least one token).
+// connect4/6 and sk_lookup take a token before the rule; an empty bucket
+// refuses as the rule does (ECONNREFUSED at connect, an RST to the SYN) and
+// is counted apart (ProjectCounters.RateLimitedOut/In, Events.RateLimited*),
+// and a token taken for a connection the rule refuses, or one that has its
+// permit already, is given back. A SYN answered with a SYN cookie and its
+// ACK take one each. Exempt sockets take none. The take is one
+// compare-and-swap; the rate is written in place by a syscall program
+// (fs_rate_set), which keeps the bucket's tokens (at most the new burst).
+// SetRate writes it at once if the project's cgroup exists; Tick writes
+// every rate again (a project whose cgroup appeared or was made again),
+// makes unbounded the buckets of projects SetRate no longer names, and
+// forgets a bucket with its project entry.
+//
 // # Restarts
 //
 // Maps and links are pinned in Options.PinDir. Close only closes file

@@ -200,6 +200,7 @@ func TestHelperProcess(t *testing.T) {
 //	listen-backlog <addr> <n> [v6only]      listen(n) on a plain TCP socket, never accept
 //	listen-reuseport <addr>                 listen with SO_REUSEPORT, accept as listen
 //	unlisten-first                          close the oldest SO_REUSEPORT listener
+//	churn <network> <addr> <ms> <pace us>   connect and reset in a loop for ms (rate_test.go)
 //	reconnect <addr>                        connect() twice on one non-blocking socket
 //	held                                    connections accepted and open
 //	close                                   close every dialed connection
@@ -296,6 +297,10 @@ func runHelper(in io.Reader, out io.Writer) {
 			}
 			rawLns = append(rawLns, fd)
 			fmt.Fprintf(out, "listening %s\n", a)
+		case "churn":
+			ms, _ := strconv.Atoi(f[3])
+			us, _ := strconv.Atoi(f[4])
+			fmt.Fprintln(out, churnLine(f[1], f[2], time.Duration(ms)*time.Millisecond, time.Duration(us)*time.Microsecond))
 		case "reconnect":
 			// Non-blocking connect, then connect() again while the first is
 			// in progress: reports the second call's errno.

@@ -131,6 +131,38 @@ type limiterFsProject struct {
 	Refused    uint64
 }
 
+type limiterFsRate struct {
+	_          structs.HostLayout
+	Tat        uint64
+	IntervalNs uint64
+	BurstNs    uint64
+	LimitedOut uint64
+	LimitedIn  uint64
+	Pad        [3]uint64
+}
+
+type limiterFsRateArgs struct {
+	_          structs.HostLayout
+	Op         uint32
+	Pad        uint32
+	Project    uint64
+	IntervalNs uint64
+	BurstNs    uint64
+	Result     int64
+}
+
+type limiterFsRateCounters struct {
+	_          structs.HostLayout
+	LimitedOut uint64
+	LimitedIn  uint64
+}
+
+type limiterFsRated struct {
+	_       structs.HostLayout
+	Limited int64
+	Pad     uint64
+}
+
 type limiterFsResv struct {
 	_       structs.HostLayout
 	Project uint64
@@ -221,6 +253,9 @@ const (
 	limiterMapFsNode         = "fs_node"
 	limiterMapFsPorts        = "fs_ports"
 	limiterMapFsProjects     = "fs_projects"
+	limiterMapFsRateNode     = "fs_rate_node"
+	limiterMapFsRateStats    = "fs_rate_stats"
+	limiterMapFsRates        = "fs_rates"
 	limiterMapFsReservations = "fs_reservations"
 	limiterMapFsResvSlots    = "fs_resv_slots"
 	limiterMapFsSlots        = "fs_slots"
@@ -230,6 +265,7 @@ const (
 	limiterProgFsConnect6    = "fs_connect6"
 	limiterProgFsDrop        = "fs_drop"
 	limiterProgFsDump        = "fs_dump"
+	limiterProgFsRateSet     = "fs_rate_set"
 	limiterProgFsSelftest    = "fs_selftest"
 	limiterProgFsSendReset   = "fs_send_reset"
 	limiterProgFsSetState    = "fs_set_state"
@@ -289,6 +325,7 @@ type limiterProgramSpecs struct {
 	FsConnect6    *ebpf.ProgramSpec `ebpf:"fs_connect6"`
 	FsDrop        *ebpf.ProgramSpec `ebpf:"fs_drop"`
 	FsDump        *ebpf.ProgramSpec `ebpf:"fs_dump"`
+	FsRateSet     *ebpf.ProgramSpec `ebpf:"fs_rate_set"`
 	FsSelftest    *ebpf.ProgramSpec `ebpf:"fs_selftest"`
 	FsSendReset   *ebpf.ProgramSpec `ebpf:"fs_send_reset"`
 	FsSetState    *ebpf.ProgramSpec `ebpf:"fs_set_state"`
@@ -313,6 +350,9 @@ type limiterMapSpecs struct {
 	FsNode         *ebpf.MapSpec `ebpf:"fs_node"`
 	FsPorts        *ebpf.MapSpec `ebpf:"fs_ports"`
 	FsProjects     *ebpf.MapSpec `ebpf:"fs_projects"`
+	FsRateNode     *ebpf.MapSpec `ebpf:"fs_rate_node"`
+	FsRateStats    *ebpf.MapSpec `ebpf:"fs_rate_stats"`
+	FsRates        *ebpf.MapSpec `ebpf:"fs_rates"`
 	FsReservations *ebpf.MapSpec `ebpf:"fs_reservations"`
 	FsResvSlots    *ebpf.MapSpec `ebpf:"fs_resv_slots"`
 	FsSlots        *ebpf.MapSpec `ebpf:"fs_slots"`
@@ -363,6 +403,9 @@ type limiterMaps struct {
 	FsNode         *ebpf.Map `ebpf:"fs_node"`
 	FsPorts        *ebpf.Map `ebpf:"fs_ports"`
 	FsProjects     *ebpf.Map `ebpf:"fs_projects"`
+	FsRateNode     *ebpf.Map `ebpf:"fs_rate_node"`
+	FsRateStats    *ebpf.Map `ebpf:"fs_rate_stats"`
+	FsRates        *ebpf.Map `ebpf:"fs_rates"`
 	FsReservations *ebpf.Map `ebpf:"fs_reservations"`
 	FsResvSlots    *ebpf.Map `ebpf:"fs_resv_slots"`
 	FsSlots        *ebpf.Map `ebpf:"fs_slots"`
@@ -384,6 +427,9 @@ func (m *limiterMaps) Close() error {
 		m.FsNode,
 		m.FsPorts,
 		m.FsProjects,
+		m.FsRateNode,
+		m.FsRateStats,
+		m.FsRates,
 		m.FsReservations,
 		m.FsResvSlots,
 		m.FsSlots,
@@ -411,6 +457,7 @@ type limiterPrograms struct {
 	FsConnect6    *ebpf.Program `ebpf:"fs_connect6"`
 	FsDrop        *ebpf.Program `ebpf:"fs_drop"`
 	FsDump        *ebpf.Program `ebpf:"fs_dump"`
+	FsRateSet     *ebpf.Program `ebpf:"fs_rate_set"`
 	FsSelftest    *ebpf.Program `ebpf:"fs_selftest"`
 	FsSendReset   *ebpf.Program `ebpf:"fs_send_reset"`
 	FsSetState    *ebpf.Program `ebpf:"fs_set_state"`
@@ -425,6 +472,7 @@ func (p *limiterPrograms) Close() error {
 		p.FsConnect6,
 		p.FsDrop,
 		p.FsDump,
+		p.FsRateSet,
 		p.FsSelftest,
 		p.FsSendReset,
 		p.FsSetState,

@@ -43,6 +43,17 @@ func heldCapacity(pool uint32) uint32 {
 // its map entry (and counters) before Tick deletes it.
 const forgetAfter = time.Minute
 
+// addedMaps are pinned maps a pin directory of an earlier version lacks and
+// that the programs may find empty beside the others (they hold nothing the
+// other maps must agree with): Open creates them in a used directory. The
+// rates (bpf/lib/rate.h) are written again at the next Tick; the refusal
+// events' settings (bpf/lib/events.h) at start and the dry-run projects
+// every tick.
+var addedMaps = map[string]bool{
+	"fs_rates": true, "fs_rate_node": true, "fs_rate_stats": true,
+	"fs_events": true, "fs_ev_config": true, "fs_dryrun": true, "fs_ev_projects": true, "fs_ev_stats": true,
+}
+
 // Sentinel errors callers may branch on.
 var (
 	// ErrNoCgroup2 means no cgroup2 file system is mounted.
@@ -130,7 +141,10 @@ type Limiter struct {
 	exempt    []string          // the exempt set, absolute paths, sorted
 	exemptIDs map[uint64]string // its cgroup ids
 	exemptMax uint32            // its budget
-	closed    bool
+	// rates are the projects' rates of new connections (SetRate), by
+	// project name; a project without one is unbounded.
+	rates  map[string]float64
+	closed bool
 }
 
 // ensureBPFFS makes sure dir can hold pins: /sys/fs/bpf is mounted if it is
@@ -326,12 +340,6 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	return spec, nil
 }
 
-// newMaps are maps that a pin directory made by an earlier version lacks
-// and that may start empty beside the others: they hold nothing the other
-// maps must agree with (the refusal events, bpf/lib/events.h; the daemon
-// writes their settings at start and the dry-run projects every tick).
-var newMaps = map[string]bool{"fs_events": true, "fs_ev_config": true, "fs_dryrun": true, "fs_ev_projects": true, "fs_ev_stats": true}
-
 func (l *Limiter) load() error {
 	spec, err := l.spec()
 	if err != nil {
@@ -342,8 +350,9 @@ func (l *Limiter) load() error {
 		// A pinned map missing from a used directory would be created
 		// empty next to the others and disagree with them (a lost
 		// reservation table leaks its permits): refuse, as Check does.
+		// The maps of newer parts that start empty are created.
 		for name, ms := range spec.Maps {
-			if ms.Pinning != ebpf.PinByName || newMaps[name] {
+			if ms.Pinning != ebpf.PinByName || addedMaps[name] {
 				continue
 			}
 			if _, err := os.Stat(filepath.Join(l.pinDir, name)); errors.Is(err, os.ErrNotExist) {

@@ -61,6 +61,20 @@ func OpenReadOnly(pinDir, projectsRoot string) (*ReadOnly, error) {
 		}
 		*m.dst = mp
 	}
+	// The rate maps are missing from the pins of a version without rates.
+	for _, m := range []struct {
+		name string
+		dst  **ebpf.Map
+	}{{"fs_rates", &l.objs.FsRates}, {"fs_rate_stats", &l.objs.FsRateStats}} {
+		mp, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, m.name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("opening the pinned map %s in %s: %w", m.name, pinDir, err)
+		}
+		*m.dst = mp
+	}
 	var cfg limiterFsSettings
 	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
 		return nil, fmt.Errorf("reading the pinned config: %w", err)

@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+)
+
+// churnResult is what a connection loop got: the connections admitted in
+// each second of it, and the attempts refused with ECONNREFUSED or failed
+// otherwise.
+type churnResult struct {
+	okPerSec       []int
+	refused, other int
+}
+
+func (r churnResult) ok() (n int) {
+	for _, v := range r.okPerSec {
+		n += v
+	}
+	return n
+}
+
+func (r churnResult) String() string {
+	return fmt.Sprintf("ok per second %v, refused %d, other %d", r.okPerSec, r.refused, r.other)
+}
+
+// churn opens connections to addr one after the other for d, each closed at
+// once with an RST (no TIME_WAIT, so a loop of thousands a second does not
+// run out of ports), pausing pace after each (0: a tight loop).
+func churn(network, addr string, d, pace time.Duration) churnResult {
+	r := churnResult{okPerSec: make([]int, int((d+time.Second-1)/time.Second))}
+	dl := net.Dialer{Timeout: 2 * time.Second}
+	dl.SetMultipathTCP(false)
+	start := time.Now()
+	for {
+		el := time.Since(start)
+		if el >= d {
+			return r
+		}
+		c, err := dl.Dial(network, addr)
+		switch {
+		case err == nil:
+			r.okPerSec[int(el/time.Second)]++
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetLinger(0)
+			}
+			c.Close()
+		case errors.Is(err, syscall.ECONNREFUSED):
+			r.refused++
+		default:
+			r.other++
+		}
+		if pace > 0 {
+			time.Sleep(pace)
+		}
+	}
+}
+
+// churnLine is churn as the helper's reply: "churned refused other ok1 ok2 ...".
+func churnLine(network, addr string, d, pace time.Duration) string {
+	r := churn(network, addr, d, pace)
+	s := fmt.Sprintf("churned %d %d", r.refused, r.other)
+	for _, v := range r.okPerSec {
+		s += " " + strconv.Itoa(v)
+	}
+	return s
+}
+
+// churn has the helper run churn and returns what it got.
+func (h *helper) churn(network, addr string, d, pace time.Duration) churnResult {
+	h.t.Helper()
+	line := h.do("churn %s %s %d %d", network, addr, d.Milliseconds(), pace.Microseconds())
+	f := strings.Fields(line)
+	if len(f) < 3 || f[0] != "churned" {
+		h.t.Fatalf("helper reply %q", line)
+	}
+	var r churnResult
+	r.refused, _ = strconv.Atoi(f[1])
+	r.other, _ = strconv.Atoi(f[2])
+	for _, v := range f[3:] {
+		n, _ := strconv.Atoi(v)
+		r.okPerSec = append(r.okPerSec, n)
+	}
+	return r
+}
+
+// checkRate checks a loop of 3 s against a rate of 50/s and its burst of
+// 50, starting from a full bucket: the first second admits the burst and
+// a second's refill (100), each later second the rate (50), the whole loop
+// rate x 3 s + burst (200); the rest is refused with ECONNREFUSED. The
+// bucket refills in steps of the coarse clock's tick, and the loop's
+// seconds are cut in user space: each count may be off by a couple.
+func checkRate(t *testing.T, what string, r churnResult) {
+	t.Helper()
+	const rate, burst, tol = 50, 50, 3
+	if r.other != 0 || r.refused == 0 {
+		t.Errorf("%s: %v; want the connections over the rate refused with ECONNREFUSED, none failing otherwise", what, r)
+	}
+	if n := r.ok(); n < rate*3+burst-tol || n > rate*3+burst+tol {
+		t.Errorf("%s: %d admitted in 3 s (%v), want %d ± %d", what, n, r, rate*3+burst, tol)
+	}
+	if len(r.okPerSec) != 3 {
+		t.Fatalf("%s: %v", what, r)
+	}
+	if v := r.okPerSec[0]; v < rate+burst-tol || v > rate+burst+tol {
+		t.Errorf("%s: %d admitted in the first second (%v), want rate + burst %d ± %d", what, v, r, rate+burst, tol)
+	}
+	for i, v := range r.okPerSec[1:] {
+		if v < rate-tol || v > rate+tol {
+			t.Errorf("%s: %d admitted in second %d (%v), want %d ± %d", what, v, i+2, r, rate, tol)
+		}
+	}
+}
+
+// A project limited to 50 new connections a second, opening them in a tight
+// loop for 3 s, gets 50 a second after a burst of 50 and the rest refused at
+// connect with ECONNREFUSED, counted as rate limited (not as refused by the
+// rule); an unlimited project beside it, opening up to 2000 a second, is
+// refused nothing and gets more than the limit would allow. (Its loop is paced: two tight loops of thousands of
+// connections a second reuse the ephemeral ports so fast that now and then
+// a SYN meets the peer's socket of the port's last connection and waits a
+// second for its retransmission, which no limiter causes.)
+func TestRateOutbound(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 4096, 0)
+	addr := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	lim := startHelper(t, mkProject(t, root, "limited"))
+	free := startHelper(t, mkProject(t, root, "free"))
+	if err := l.SetRate("limited", 50); err != nil {
+		t.Fatal(err)
+	}
+	var fr churnResult
+	var wg sync.WaitGroup
+	wg.Go(func() { fr = free.churn("tcp4", addr, 3*time.Second, 500*time.Microsecond) })
+	lr := lim.churn("tcp4", addr, 3*time.Second, 0)
+	wg.Wait()
+	checkRate(t, "limited project, outbound", lr)
+	if fr.refused != 0 || fr.other != 0 || fr.ok() <= 300 {
+		t.Errorf("unlimited project beside it: %v; want nothing refused", fr)
+	}
+	t.Logf("limited: %v; unlimited: %d admitted in 3 s", lr, fr.ok())
+	s := snap(t, l)
+	lp, fp := project(s, "limited"), project(s, "free")
+	if lp.RateLimitedOut != uint64(lr.refused) || lp.RateLimitedIn != 0 || lp.Refused != 0 || lp.ConnectionsPerSec != 50 {
+		t.Errorf("limited project's counters: %+v; want %d rate limited out, nothing refused by the rule", lp, lr.refused)
+	}
+	if fp.RateLimitedOut != 0 || fp.ConnectionsPerSec != 0 {
+		t.Errorf("unlimited project's counters: %+v", fp)
+	}
+	if s.Events.RateLimitedOut != uint64(lr.refused) || s.Events.RefusedOut != 0 {
+		t.Errorf("node counters: %+v; want %d rate limited out", s.Events, lr.refused)
+	}
+	waitInUse(t, l, 0, nil)
+}
+
+// Inbound, a listener of a project limited to 50/s accepts 50 a second
+// after the burst; the other SYNs are refused at once (the client's connect
+// fails with ECONNREFUSED) and counted as rate limited in; an unlimited
+// project's listener beside it refuses nothing.
+func TestRateInbound(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 4096, 0)
+	lim := startHelper(t, mkProject(t, root, "limited"))
+	free := startHelper(t, mkProject(t, root, "free"))
+	limAddr := strings.TrimPrefix(lim.do("listen 127.0.0.1:0"), "listening ")
+	freeAddr := strings.TrimPrefix(free.do("listen 127.0.0.1:0"), "listening ")
+	if err := l.SetRate("limited", 50); err != nil {
+		t.Fatal(err)
+	}
+	var fr churnResult
+	var wg sync.WaitGroup
+	wg.Go(func() { fr = churn("tcp4", freeAddr, 3*time.Second, 500*time.Microsecond) })
+	lr := churn("tcp4", limAddr, 3*time.Second, 0)
+	wg.Wait()
+	checkRate(t, "limited project, inbound", lr)
+	if fr.refused != 0 || fr.other != 0 || fr.ok() <= 300 {
+		t.Errorf("unlimited listener beside it: %v; want nothing refused", fr)
+	}
+	t.Logf("limited: %v; unlimited: %d accepted in 3 s", lr, fr.ok())
+	// sk_lookup sees a few more SYNs than the client counts connects:
+	// measured here, 1 to 8% more for the rule's refusals as for the
+	// rate's (a pool of 1 held full: 21983 refused in, 20377 connects
+	// refused); so the kernel's count is at least the client's.
+	s := snap(t, l)
+	lp := project(s, "limited")
+	if n := lp.RateLimitedIn; n < uint64(lr.refused) || n > uint64(lr.refused)*11/10 || lp.RateLimitedOut != 0 || lp.Refused != 0 {
+		t.Errorf("limited project's counters: %+v; want about %d rate limited in, nothing refused by the rule", lp, lr.refused)
+	}
+	if fp := project(s, "free"); fp.RateLimitedIn != 0 {
+		t.Errorf("unlimited project's counters: %+v", fp)
+	}
+	if s.Events.RateLimitedIn != lp.RateLimitedIn || s.Events.RefusedIn != 0 {
+		t.Errorf("node counters: %+v", s.Events)
+	}
+	waitInUse(t, l, 0, nil)
+}
+
+// A rate removed stops limiting at once: the next connect after SetRate(0)
+// returns is admitted, though the bucket was empty; a rate set again is in
+// force at once, from a full bucket. The project's refusals so far stay.
+func TestRateRemovedAtOnce(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 4096, 0)
+	addr := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	h := startHelper(t, mkProject(t, root, "p"))
+	if err := l.SetRate("p", 2); err != nil {
+		t.Fatal(err)
+	}
+	// Two at once (the burst), then refused: the bucket is empty.
+	if r := h.dial("tcp4", addr, 5); r.ok != 2 || r.refused != 3 {
+		t.Fatalf("5 connects at 2/s: %+v; want 2 admitted, 3 refused", r)
+	}
+	h.do("close")
+	if err := l.SetRate("p", 0); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.dial("tcp4", addr, 20); r.ok != 20 {
+		t.Fatalf("after the rate was removed: %+v; want all 20 admitted", r)
+	}
+	h.do("close")
+	if err := l.SetRate("p", 3); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.dial("tcp4", addr, 5); r.ok != 3 || r.refused != 2 {
+		t.Fatalf("5 connects at 3/s set again: %+v; want 3 admitted, 2 refused", r)
+	}
+	h.do("close")
+	if p := project(snap(t, l), "p"); p.RateLimitedOut != 5 || math.Abs(p.ConnectionsPerSec-3) > 1e-6 {
+		t.Fatalf("counters: %+v; want 5 rate limited in all, rate 3", p)
+	}
+}
+
+// Exempt sockets are not rate limited: a nested exempt cgroup of a project
+// limited to 1/s connects 10 times at once, while its sibling in the same
+// project gets its one token and is refused the rest.
+func TestRateExempt(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 4096, 0)
+	addr := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	app := mkProject(t, root, "app")
+	probes := mkProject(t, app, "probes")
+	if err := l.SetExempt([]string{"app/probes"}, 64); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetRate("app", 1); err != nil {
+		t.Fatal(err)
+	}
+	p := startHelper(t, probes)
+	if r := p.dial("tcp4", addr, 10); r.ok != 10 {
+		t.Fatalf("exempt connects of a project at 1/s: %+v; want all 10", r)
+	}
+	sib := startHelper(t, app)
+	if r := sib.dial("tcp4", addr, 5); r.ok != 1 || r.refused != 4 {
+		t.Fatalf("its non-exempt sibling: %+v; want 1 admitted, 4 refused", r)
+	}
+	if a := project(snap(t, l), "app"); a.RateLimitedOut != 4 {
+		t.Fatalf("counters: %+v; want 4 rate limited", a)
+	}
+}
+
+// A project whose cgroup appears after its rate was set is limited from the
+// next Tick; a cgroup removed and made again (another id) is limited again.
+func TestRateFollowsCgroup(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 4096, 0)
+	addr := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	if err := l.SetRate("late", 1); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		dir := mkProject(t, root, "late")
+		if err := l.Tick(time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		h := startHelper(t, dir)
+		if r := h.dial("tcp4", addr, 3); r.ok != 1 || r.refused != 2 {
+			t.Fatalf("round %d: 3 connects at 1/s: %+v; want 1 admitted, 2 refused", round, r)
+		}
+		h.do("close")
+		h.kill()
+		testutil.RemoveCgroup(t, dir)
+	}
+}
+
+// A pin directory of a version without rates (no rate maps) is reused, as
+// Check and Open say: Open creates the rate maps, the counts pinned before
+// stay, and a rate set then is enforced.
+func TestRatePinsFromEarlierVersion(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	addr := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	h := startHelper(t, mkProject(t, root, "p"))
+	l := openLimiter(t, root, pin, 64, 0)
+	if r := h.dial("tcp4", addr, 2); r.ok != 2 {
+		t.Fatalf("dial: %+v", r)
+	}
+	l.Close()
+	for name := range addedMaps {
+		if err := os.Remove(filepath.Join(pin, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 64}); err != nil {
+		t.Fatalf("check of a pin directory without the rate maps: %v", err)
+	}
+	l = openLimiter(t, root, pin, 64, 0)
+	if n := project(snap(t, l), "p").InUse; n != 2 {
+		t.Fatalf("the pinned counts were lost: p holds %d, want 2", n)
+	}
+	if err := l.SetRate("p", 1); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.dial("tcp4", addr, 3); r.ok != 1 || r.refused != 2 {
+		t.Fatalf("3 connects at 1/s: %+v; want 1 admitted, 2 refused", r)
+	}
+	h.do("close")
+}
