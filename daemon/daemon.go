@@ -318,7 +318,8 @@ func ProjectsRoot(cfg config.Config) (string, error) {
 	return filepath.Join(mnt.Point, "fairshare"), nil
 }
 
-// apply hands a stored policy to the scheduler and the rate buckets.
+// apply hands a stored policy to the scheduler, the rate buckets and the
+// kernel's connection rates.
 func (d *Daemon) apply(project string, p policy.Policy) {
 	tier, err := scheduler.ParseTier(p.Tier)
 	if err != nil {
@@ -329,6 +330,9 @@ func (d *Daemon) apply(project string, p policy.Policy) {
 	}
 	d.sched.SetPolicy(project, scheduler.Policy{Tier: tier, Shares: p.Shares})
 	d.setLimits(project, pools.Limits{RequestsPerSec: p.RequestsPerSec, WorkPerSec: p.WorkPerSec})
+	if d.kernel != nil {
+		d.kernel.setRate(project, p.ConnectionsPerSec)
+	}
 	d.setDryRun(project, !p.Enforced())
 }
 
@@ -361,10 +365,13 @@ func (d *Daemon) dryRun(project string) bool {
 }
 
 // unapply puts a project whose policy was deleted back on the default:
-// default tier and shares, unbounded rates.
+// default tier and shares, unbounded rates (in the kernel too, at once).
 func (d *Daemon) unapply(project string) {
 	d.sched.DeletePolicy(project)
 	d.setLimits(project, pools.Limits{})
+	if d.kernel != nil {
+		d.kernel.setRate(project, 0)
+	}
 	d.setDryRun(project, false)
 }
 

@@ -276,6 +276,16 @@ func (k *kernelSide) record() *admin.Reconcile {
 	return &rec
 }
 
+// setRate puts project's rate of new connections (0: unbounded) in force
+// in the kernel: at once if its cgroup exists, else from the tick after it
+// appears (the loader keeps the rate and writes it every tick).
+func (k *kernelSide) setRate(project string, perSec float64) {
+	if err := k.lim.SetRate(project, perSec); err != nil {
+		k.log.Error("connection rate not set in the kernel; the control loop tries again every tick",
+			"project", project, "connections_per_sec", perSec, "err", err)
+	}
+}
+
 // close closes the limiter's descriptors; with detach it also unpins and
 // detaches the programs, which otherwise keep enforcing.
 func (k *kernelSide) close(detach bool) error {
@@ -296,7 +306,7 @@ func abs(x int) int {
 	return x
 }
 
-type kernelCounts struct{ admitted, refused uint64 }
+type kernelCounts struct{ admitted, refused, rateLimited uint64 }
 
 // kernelBook keeps the connections pool's totals equal to the sums over its
 // projects after the loader forgets an entry. An entry is deleted only after
@@ -320,13 +330,14 @@ func (b *kernelBook) note(s loader.Snapshot) {
 	now := make(map[uint64]bool, len(s.Projects))
 	for _, p := range s.Projects {
 		now[p.CgroupID] = true
-		b.last[p.CgroupID] = kernelCounts{p.Admitted, p.Refused}
+		b.last[p.CgroupID] = kernelCounts{p.Admitted, p.Refused, p.RateLimitedOut + p.RateLimitedIn}
 	}
 	for id, c := range b.last {
 		if !now[id] {
 			b.forgotten.Projects++
 			b.forgotten.Admitted += c.admitted
 			b.forgotten.Refused += c.refused
+			b.forgotten.RateLimited += c.rateLimited
 			delete(b.last, id)
 		}
 	}
@@ -348,16 +359,22 @@ func (b *kernelBook) note(s loader.Snapshot) {
 // node counters are read just before the entries and may be a connection
 // behind them, which the raise ignores; they are never used to lower.)
 func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) admin.Pool {
-	var adm, ref uint64
+	var adm, ref, lim uint64
 	for _, pc := range s.Projects {
 		adm += pc.Admitted
 		ref += pc.Refused
+		lim += pc.RateLimitedOut + pc.RateLimitedIn
 	}
 	if s.Admitted > adm {
 		forgotten.Admitted = max(forgotten.Admitted, s.Admitted-adm)
 	}
 	if s.Refused > ref {
 		forgotten.Refused = max(forgotten.Refused, s.Refused-ref)
+	}
+	// Refusals by rate of a bucket without a project entry (none while
+	// the project held nothing yet) are in the node's count only.
+	if n := s.Events.RateLimitedOut + s.Events.RateLimitedIn; n > lim {
+		forgotten.RateLimited = max(forgotten.RateLimited, n-lim)
 	}
 	p := admin.Pool{Name: config.PoolConnections, Enforcer: "kernel", Size: s.Size, Floor: s.Floor,
 		Active: kernelActive, Share: pools.Share(s.Size, s.Floor, kernelActive),
@@ -366,17 +383,20 @@ func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) 
 		p.Exempt = &admin.Exempt{Members: s.Exempt.Paths, Max: s.Exempt.Max, InUse: s.Exempt.InUse,
 			Admitted: s.Exempt.Admitted, OverBudget: s.Exempt.OverBudget}
 	}
-	p.Admitted, p.Refused = forgotten.Admitted, forgotten.Refused
+	p.Admitted, p.Refused, p.RateLimited = forgotten.Admitted, forgotten.Refused, forgotten.RateLimited
 	for _, pc := range s.Projects {
 		name := pc.Project
 		if name == "" {
 			name = fmt.Sprintf("#%d", pc.CgroupID) // its cgroup is gone
 		}
+		lim := pc.RateLimitedOut + pc.RateLimitedIn
 		p.Projects = append(p.Projects, admin.Project{Project: name, Held: pc.InUse,
-			Admitted: pc.Admitted, Refused: pc.Refused, Active: pc.Active, LastSeen: pc.LastSeen})
+			Admitted: pc.Admitted, Refused: pc.Refused, Active: pc.Active, LastSeen: pc.LastSeen,
+			RateLimited: lim, ConnectionsPerSec: pc.ConnectionsPerSec, RateTokens: pc.RateTokens})
 		p.InUse += pc.InUse
 		p.Admitted += pc.Admitted
 		p.Refused += pc.Refused
+		p.RateLimited += lim
 	}
 	return p
 }

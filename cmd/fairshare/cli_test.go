@@ -171,7 +171,7 @@ func TestHelpMatchesBehaviour(t *testing.T) {
 // projects; live columns say "-" for a project that is not live.
 func TestStatusProjectTableJoinsPolicies(t *testing.T) {
 	st := admin.Status{
-		Policies:      []admin.Entry{{Project: "quiet", Policy: policy.Policy{Tier: "pro", Shares: 4, RequestsPerSec: 5}}},
+		Policies:      []admin.Entry{{Project: "quiet", Policy: policy.Policy{Tier: "pro", Shares: 4, RequestsPerSec: 5, ConnectionsPerSec: 40}}},
 		DefaultPolicy: policy.Policy{Tier: "none", Shares: 1},
 		Rates:         []admin.Rate{{Project: "quiet", RequestsPerSec: 5, RequestTokens: 5, Limited: 7}},
 		Scheduler: &admin.Scheduler{Dispatched: map[string]uint64{}, Participants: []admin.Participant{
@@ -183,14 +183,14 @@ func TestStatusProjectTableJoinsPolicies(t *testing.T) {
 	}
 	rows := map[string][]string{}
 	for _, line := range strings.Split(buf.String(), "\n") {
-		if f := strings.Fields(line); len(f) == 13 {
+		if f := strings.Fields(line); len(f) == 14 {
 			rows[f[0]] = f
 		}
 	}
 	want := map[string]string{
-		"PROJECT": "PROJECT POLICY TIER SHARES REQUESTS/S WORK/S REQ_TOKENS WORK_TOKENS LIMITED QUEUE P1 P2 CLASS",
-		"quiet":   "quiet stored pro 4 5 unbounded 5.0 0.0 7 - - - -",
-		"busy":    "busy default none 1 unbounded unbounded - - 0 2 0.0 0.0 P3",
+		"PROJECT": "PROJECT POLICY TIER SHARES REQUESTS/S WORK/S CONNECTIONS/S REQ_TOKENS WORK_TOKENS LIMITED QUEUE P1 P2 CLASS",
+		"quiet":   "quiet stored pro 4 5 unbounded 40 5.0 0.0 7 - - - -",
+		"busy":    "busy default none 1 unbounded unbounded unbounded - - 0 2 0.0 0.0 P3",
 	}
 	for k, w := range want {
 		if got := strings.Join(rows[k], " "); got != w {

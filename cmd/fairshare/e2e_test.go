@@ -51,6 +51,10 @@ func TestMain(m *testing.M) {
 		churnHelper(spec)
 		return
 	}
+	if addr := os.Getenv(rateEnv); addr != "" {
+		rateHelper(addr)
+		return
+	}
 	if spec := os.Getenv(waitFloodEnv); spec != "" {
 		waitFloodHelper(spec)
 		return

@@ -125,24 +125,26 @@ func printStatus(w io.Writer, st admin.Status) error {
 	} else {
 		fmt.Fprintf(tw, "fairshare %s at %s; connections enforced in the kernel: %v\n\n", st.Version, st.Time.Format(time.RFC3339), st.Kernel)
 	}
-	// WOULD_REFUSE: asks dry-run admitted that the rule refused (in
-	// ADMITTED too); "(dry-run)" marks a pool or project in dry-run.
-	fmt.Fprintln(tw, "POOL\tENFORCER\tSIZE\tFLOOR\tIN_USE\tACTIVE\tSHARE\tADMITTED\tREFUSED\tWOULD_REFUSE")
+	// RATE_LIMITED: asks refused by their project's own rate (not in
+	// REFUSED). WOULD_REFUSE: asks dry-run admitted that the rule refused
+	// (in ADMITTED too); "(dry-run)" marks a pool or project in dry-run.
+	fmt.Fprintln(tw, "POOL\tENFORCER\tSIZE\tFLOOR\tIN_USE\tACTIVE\tSHARE\tADMITTED\tREFUSED\tRATE_LIMITED\tWOULD_REFUSE")
 	for _, p := range st.Pools {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", projectname.Display(p.Name), p.Enforcer, p.Size, p.Floor, p.InUse,
-			p.Active, p.Share, p.Admitted, p.Refused, wouldText(p.WouldRefuse, p.DryRun))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", projectname.Display(p.Name), p.Enforcer, p.Size, p.Floor, p.InUse,
+			p.Active, p.Share, p.Admitted, p.Refused, p.RateLimited, wouldText(p.WouldRefuse, p.DryRun))
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "POOL\tPROJECT\tHELD\tADMITTED\tREFUSED\tACTIVE\tSLEEPING\tWOULD_REFUSE")
+	fmt.Fprintln(tw, "POOL\tPROJECT\tHELD\tADMITTED\tREFUSED\tRATE_LIMITED\tACTIVE\tSLEEPING\tWOULD_REFUSE")
 	for _, p := range st.Pools {
 		for _, pr := range p.Projects {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%v\t%d\t%s\n", projectname.Display(p.Name), projectname.Display(pr.Project), pr.Held,
-				pr.Admitted, pr.Refused, pr.Active, pr.Sleeping, wouldText(pr.WouldRefuse, pr.DryRun))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%v\t%d\t%s\n", projectname.Display(p.Name), projectname.Display(pr.Project), pr.Held,
+				pr.Admitted, pr.Refused, pr.RateLimited, pr.Active, pr.Sleeping, wouldText(pr.WouldRefuse, pr.DryRun))
 		}
 		// What forgotten projects had been counted, so the rows add up to
 		// the pool's totals.
-		if f := p.Forgotten; f.Admitted > 0 || f.Refused > 0 || f.WouldRefuse > 0 {
-			fmt.Fprintf(tw, "%s\t(forgotten: %d)\t0\t%d\t%d\tfalse\t0\t%d\n", projectname.Display(p.Name), f.Projects, f.Admitted, f.Refused, f.WouldRefuse)
+		if f := p.Forgotten; f.Admitted > 0 || f.Refused > 0 || f.RateLimited > 0 || f.WouldRefuse > 0 {
+			fmt.Fprintf(tw, "%s\t(forgotten: %d)\t0\t%d\t%d\t%d\tfalse\t0\t%d\n", projectname.Display(p.Name), f.Projects, f.Admitted, f.Refused,
+				f.RateLimited, f.WouldRefuse)
 		}
 	}
 	printProjects(tw, st)
@@ -267,7 +269,7 @@ func printProjects(tw io.Writer, st admin.Status) {
 		return
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "PROJECT\tPOLICY\tTIER\tSHARES\tREQUESTS/S\tWORK/S\tREQ_TOKENS\tWORK_TOKENS\tLIMITED\tQUEUE\tP1\tP2\tCLASS")
+	fmt.Fprintln(tw, "PROJECT\tPOLICY\tTIER\tSHARES\tREQUESTS/S\tWORK/S\tCONNECTIONS/S\tREQ_TOKENS\tWORK_TOKENS\tLIMITED\tQUEUE\tP1\tP2\tCLASS")
 	for _, n := range sortedKeys(names) {
 		pol, source := st.DefaultPolicy, "default"
 		if e, ok := stored[n]; ok {
@@ -286,8 +288,8 @@ func printProjects(tw io.Writer, st admin.Status) {
 				class = p.LastClass
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", projectname.Display(n), source, pol.Tier, pol.Shares,
-			rateText(pol.RequestsPerSec), rateText(pol.WorkPerSec), reqTok, workTok, r.Limited, queue, p1, p2, class)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", projectname.Display(n), source, pol.Tier, pol.Shares,
+			rateText(pol.RequestsPerSec), rateText(pol.WorkPerSec), rateText(pol.ConnectionsPerSec), reqTok, workTok, r.Limited, queue, p1, p2, class)
 	}
 }
 
