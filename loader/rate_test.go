@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -334,4 +335,78 @@ func TestRatePinsFromEarlierVersion(t *testing.T) {
 		t.Fatalf("3 connects at 1/s: %+v; want 1 admitted, 2 refused", r)
 	}
 	h.do("close")
+}
+
+// TestRateEventsAndDryRun: a connect and a SYN refused by their project's
+// rate are reported as refusal events with reason rate_limited (the rule's
+// own refusals keep theirs); with the project in dry-run, connects past its
+// rate are admitted, counted as would-refuse (not rate limited) and
+// reported as would-be refusals, and the rule's token accounting is kept.
+func TestRateEventsAndDryRun(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 4096, 0)
+	if err := l.SetEvents(100, false); err != nil {
+		t.Fatal(err)
+	}
+	ch := refusals(t, l)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	dst := netip.MustParseAddrPort(ln.Addr().String())
+	h := startHelper(t, mkProject(t, root, "p"))
+	if err := l.SetRate("p", 1); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.dial("tcp4", dst.String(), 2); r.ok != 1 || r.refused != 1 {
+		t.Fatalf("2 connects at 1/s: %+v; want 1 admitted, 1 refused", r)
+	}
+	if e := nextRefusal(t, ch); e.Project != "p" || e.Direction != "connect" || e.Remote != dst ||
+		e.Reason != ReasonRateLimited || e.Would {
+		t.Errorf("rate refusal at connect: %+v", e)
+	}
+
+	// Inbound: a listener of project srv limited to 1/s takes one SYN, and
+	// the next is refused at the SYN with reason rate_limited.
+	srv := startHelper(t, mkProject(t, root, "srv"))
+	addr := listenAddr(t, srv.do("listen 127.0.0.1:0"))
+	if err := l.SetRate("srv", 1); err != nil {
+		t.Fatal(err)
+	}
+	c, err := dialOutside(addr)
+	if err != nil {
+		t.Fatalf("first SYN at 1/s: %v", err)
+	}
+	c.Close()
+	if c, err := dialOutside(addr); !errors.Is(err, syscall.ECONNREFUSED) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("second SYN at 1/s: %v, want ECONNREFUSED", err)
+	}
+	// An nftables socket rule elsewhere on the host can run sk_lookup twice
+	// for one SYN: the first event is the one checked.
+	if e := nextRefusal(t, ch); e.Project != "srv" || e.Direction != "syn" || e.Reason != ReasonRateLimited || e.Would {
+		t.Errorf("rate refusal at the SYN: %+v", e)
+	}
+
+	// p in dry-run: past its rate, admitted and reported as would-be.
+	h.do("close")
+	if err := l.SetDryRunProjects(map[string]bool{"p": true}); err != nil {
+		t.Fatal(err)
+	}
+	before := project(snap(t, l), "p").RateLimitedOut
+	if r := h.dial("tcp4", dst.String(), 3); r.ok != 3 {
+		t.Fatalf("dry-run past the rate: %+v, want 3 admitted", r)
+	}
+	for range 2 { // the bucket's one token, then two over it
+		if e := nextRefusal(t, ch); e.Project != "p" || e.Reason != ReasonRateLimited || !e.Would {
+			t.Errorf("dry-run rate event: %+v", e)
+		}
+	}
+	st, err := l.RefusalStats()
+	if err != nil || st.WouldOut < 2 {
+		t.Errorf("stats %+v %v; want 2 would-refuse out", st, err)
+	}
+	if p := project(snap(t, l), "p"); p.RateLimitedOut != before {
+		t.Errorf("dry-run counted as rate limited: %d, was %d", p.RateLimitedOut, before)
+	}
 }
