@@ -51,7 +51,9 @@ type Runtime struct {
 	dir    string
 	bridge string
 	conn   *grpc.ClientConn
+	cfg    string // containerd's config file
 	cmd    *exec.Cmd
+	waited chan struct{} // closed when cmd has exited
 	// parents are the cgroup parents of the pods run, removed at the end
 	// in every hierarchy (containerd leaves them behind).
 	parents map[string]bool
@@ -123,36 +125,14 @@ func Start(t testing.TB) *Runtime {
 	if err := os.WriteFile(cfg, []byte(r.config(cniDir)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logf, err := os.Create(filepath.Join(dir, "containerd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	r.cmd = exec.Command("containerd", "--config", cfg)
-	r.cmd.Stdout, r.cmd.Stderr = logf, logf
-	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := r.cmd.Start(); err != nil {
-		t.Fatalf("starting containerd: %v", err)
-	}
-
+	r.cfg = cfg
+	r.up(t)
 	r.conn, err = grpc.NewClient("unix://"+r.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.Client = rt.NewRuntimeServiceClient(r.conn)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := r.Client.Version(ctx, &rt.VersionRequest{})
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("containerd did not answer within 30s: %v\n%s", err, r.Log())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	r.waitUp(t)
 
 	img := filepath.Join(dir, "image.tar")
 	f, err := os.Create(img)
@@ -171,6 +151,76 @@ func Start(t testing.TB) *Runtime {
 		t.Fatalf("importing the test image: %v\n%s", err, out)
 	}
 	return r
+}
+
+// up starts containerd, its output appended to containerd.log.
+func (r *Runtime) up(t testing.TB) {
+	t.Helper()
+	logf, err := os.OpenFile(filepath.Join(r.dir, "containerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	r.cmd = exec.Command("containerd", "--config", r.cfg)
+	r.cmd.Stdout, r.cmd.Stderr = logf, logf
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := r.cmd.Start(); err != nil {
+		t.Fatalf("starting containerd: %v", err)
+	}
+	r.waited = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(r.cmd, r.waited)
+}
+
+// waitUp waits until containerd answers.
+func (r *Runtime) waitUp(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := r.Client.Version(ctx, &rt.VersionRequest{})
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("containerd did not answer within 30s: %v\n%s", err, r.Log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Down stops containerd and leaves its pods running (their shims outlive
+// it, as on a node where containerd restarts): the CRI socket is gone
+// until Up.
+func (r *Runtime) Down(t testing.TB) {
+	t.Helper()
+	r.halt()
+	if err := os.Remove(r.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+}
+
+// Up starts containerd again after Down; it finds the pods it ran.
+func (r *Runtime) Up(t testing.TB) {
+	t.Helper()
+	r.up(t)
+	r.waitUp(t)
+}
+
+// halt stops the containerd process (not the shims): SIGTERM, SIGKILL
+// after 10s.
+func (r *Runtime) halt() {
+	if r.cmd == nil || r.cmd.Process == nil {
+		return
+	}
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.waited:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+		<-r.waited
+	}
+	r.cmd = nil
 }
 
 // Log returns containerd's log so far, for failure messages.
@@ -368,6 +418,9 @@ func (r *Runtime) Exec(p *Pod, timeout time.Duration, cmd ...string) (string, er
 // behind. Removing a removed pod does nothing.
 func (r *Runtime) RemovePod(t testing.TB, p *Pod) {
 	t.Helper()
+	if r.cmd == nil {
+		r.Up(t) // a test that took it down and failed before Up
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if _, err := r.Client.StopPodSandbox(ctx, &rt.StopPodSandboxRequest{PodSandboxId: p.ID}); err != nil && !notFound(err) {
@@ -387,6 +440,10 @@ func notFound(err error) bool {
 // they left mounted below the runtime's directory and removes it, the CNI
 // bridge and the cgroup parents.
 func (r *Runtime) stop(t testing.TB) {
+	if r.cmd == nil && r.Client != nil {
+		r.up(t)
+		r.waitUp(t)
+	}
 	if r.Client != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		if l, err := r.Client.ListPodSandbox(ctx, &rt.ListPodSandboxRequest{}); err == nil {
@@ -400,17 +457,7 @@ func (r *Runtime) stop(t testing.TB) {
 	if r.conn != nil {
 		r.conn.Close()
 	}
-	if r.cmd != nil && r.cmd.Process != nil {
-		_ = r.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = r.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
-	}
+	r.halt()
 	killShims(r.Socket)
 	unmountBelow(r.dir)
 	for parent := range r.parents {

@@ -22,6 +22,9 @@ const (
 	SourceDirectory  = "directory"
 	SourceSystemd    = "systemd"
 	SourceRegistered = "registered"
+	// SourceKubernetes is the pods of a node's container runtime (package
+	// kube): each pod's cgroup in the project of its namespace or label.
+	SourceKubernetes = "kubernetes"
 )
 
 // Children is a source whose members are the child cgroups of one root,

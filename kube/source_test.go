@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package kube
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/crtest"
+	"github.com/fairshare-dev/fairshare/internal/membership"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/policy"
+)
+
+// waitChanged waits for the source's notification.
+func waitChanged(t *testing.T, s *Source, what string) {
+	t.Helper()
+	select {
+	case <-s.Changed():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no change notified after %s", what)
+	}
+}
+
+func scanMembers(t *testing.T, s *Source) []membership.Member {
+	t.Helper()
+	f, err := s.Scan(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.Members
+}
+
+// TestSource runs pods on a real containerd and reads them as members: the
+// namespace's project, the label's, none for kube-system; a removed pod's
+// member goes at the next poll; a runtime that goes away is one error,
+// notified once, while the last members stay with the caller; it is read
+// again when the runtime is back.
+func TestSource(t *testing.T) {
+	r := crtest.Start(t)
+	mount := testutil.Cgroup2Mount(t)
+	a := r.RunPod(t, crtest.PodSpec{Namespace: "team-a", Name: "a", HostNetwork: true})
+	b := r.RunPod(t, crtest.PodSpec{Namespace: "team-b", Name: "b"})
+	l := r.RunPod(t, crtest.PodSpec{Namespace: "team-a", Name: "l", HostNetwork: true, Labels: map[string]string{DefaultProjectLabel: "billing"}})
+	sys := r.RunPod(t, crtest.PodSpec{Namespace: "kube-system", Name: "dns", HostNetwork: true})
+	bad := r.RunPod(t, crtest.PodSpec{Namespace: "team-b", Name: "bad", HostNetwork: true, Labels: map[string]string{DefaultProjectLabel: "../x"}})
+
+	cri, err := DialCRI(r.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: mount, Every: 50 * time.Millisecond})
+	defer s.Close()
+	cg := func(p *crtest.Pod) string { return filepath.Join(mount, p.CgroupParent) }
+	want := []membership.Member{{Project: "team-a", Cgroup: cg(a)}, {Project: "team-b", Cgroup: cg(b)},
+		{Project: "billing", Cgroup: cg(l)}, {Project: "team-b", Cgroup: cg(bad)}}
+	slices.SortFunc(want, func(x, y membership.Member) int { return strings.Compare(x.Cgroup, y.Cgroup) })
+	if got := scanMembers(t, s); !slices.Equal(got, want) {
+		t.Fatalf("members %v\nwant %v", got, want)
+	}
+	if s.System() != 1 {
+		t.Errorf("%d pods of system namespaces, want 1 (%s)", s.System(), sys.ID)
+	}
+	ns := s.Netns()
+	if len(ns) != 1 || ns[0].Project != "team-b" || ns[0].Pod != "team-b/b" {
+		t.Fatalf("network namespaces %+v, want team-b/b's only", ns)
+	}
+	st1, err1 := os.Stat(ns[0].Path)
+	st2, err2 := os.Stat(filepath.Join("/proc", strconv.Itoa(b.Pid), "ns/net"))
+	if err1 != nil || err2 != nil || !os.SameFile(st1, st2) {
+		t.Errorf("netns %s is not the pod's (%v %v)", ns[0].Path, err1, err2)
+	}
+
+	for len(s.Changed()) > 0 {
+		<-s.Changed()
+	}
+	r.RemovePod(t, l)
+	waitChanged(t, s, "a pod was removed")
+	want = slices.DeleteFunc(want, func(m membership.Member) bool { return m.Project == "billing" })
+	if got := scanMembers(t, s); !slices.Equal(got, want) {
+		t.Fatalf("after removing a pod: %v\nwant %v", got, want)
+	}
+
+	r.Down(t)
+	waitChanged(t, s, "the runtime went away")
+	_, err = s.Scan(context.Background())
+	if !errors.Is(err, ErrRuntime) || !strings.Contains(err.Error(), r.Socket+" is not answering") {
+		t.Fatalf("scan without the runtime: %v", err)
+	}
+	// The same cause is the same error: notified once.
+	time.Sleep(300 * time.Millisecond)
+	if _, err2 := s.Scan(context.Background()); err2 == nil || err2.Error() != err.Error() {
+		t.Errorf("the error changed from %v to %v", err, err2)
+	}
+	select {
+	case <-s.Changed():
+		t.Errorf("notified again while the runtime stays away")
+	default:
+	}
+	r.Up(t)
+	waitChanged(t, s, "the runtime came back")
+	if got := scanMembers(t, s); !slices.Equal(got, want) {
+		t.Fatalf("after the runtime came back: %v\nwant %v", got, want)
+	}
+}
+
+// TestSourceAbsent: a runtime that is not there at start is the first
+// scan's error, not a hang, and Close returns.
+func TestSourceAbsent(t *testing.T) {
+	cri, err := DialCRI(filepath.Join(t.TempDir(), "none.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/sys/fs/cgroup", Timeout: time.Second})
+	if _, err := s.Scan(context.Background()); !errors.Is(err, ErrRuntime) || !strings.Contains(err.Error(), "no such file or directory") {
+		t.Errorf("first scan: %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("NewSource took %s without a runtime", d)
+	}
+	if err := s.Close(); err != nil {
+		t.Error(err)
+	}
+}
