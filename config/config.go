@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/membership"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/fairshare-dev/fairshare/loader/limits"
@@ -61,6 +62,7 @@ type Config struct {
 	Listeners    Listeners       `yaml:"listeners"`
 	Projects     Projects        `yaml:"projects"`
 	Events       Events          `yaml:"events"`
+	Kubernetes   Kubernetes      `yaml:"kubernetes"`
 }
 
 // Events configures the stream of refusals and repairs (package events).
@@ -450,6 +452,9 @@ func (c *Config) Validate() error {
 		return bad("%v", err)
 	}
 	if err := c.Projects.validate(); err != nil {
+		return bad("%v", err)
+	}
+	if err := c.Kubernetes.validate(c.Projects.Has(membership.SourceKubernetes)); err != nil {
 		return bad("%v", err)
 	}
 	return nil

@@ -21,7 +21,7 @@ type Projects struct {
 }
 
 // ProjectSources are the source names projects.sources accepts.
-var ProjectSources = []string{membership.SourceDirectory, membership.SourceSystemd, membership.SourceRegistered}
+var ProjectSources = []string{membership.SourceDirectory, membership.SourceSystemd, membership.SourceRegistered, membership.SourceKubernetes}
 
 // Has reports whether source is configured.
 func (p *Projects) Has(source string) bool { return slices.Contains(p.Sources, source) }

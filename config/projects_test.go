@@ -13,7 +13,7 @@ func TestProjectSources(t *testing.T) {
 	if got := Default().Projects.Sources; !slices.Equal(got, []string{"directory", "registered"}) {
 		t.Fatalf("default sources %v", got)
 	}
-	for _, ok := range []string{"[directory]", "[systemd, registered]", "[registered]", "[registered, directory]"} {
+	for _, ok := range []string{"[directory]", "[systemd, registered]", "[registered]", "[registered, directory]", "[kubernetes, registered]"} {
 		c := Default()
 		if err := Parse(strings.NewReader("projects: {sources: "+ok+"}\n"), &c); err != nil {
 			t.Errorf("%s: %v", ok, err)
@@ -21,7 +21,7 @@ func TestProjectSources(t *testing.T) {
 	}
 	for bad, want := range map[string]string{
 		"[]":                     "projects.sources must name at least one",
-		"[kubernetes]":           `projects.sources: "kubernetes" is not a source`,
+		"[kube]":                 `projects.sources: "kube" is not a source`,
 		"[directory, directory]": "projects.sources names directory twice",
 		"[directory, systemd]":   "choose one",
 		"[Directory]":            `"Directory" is not a source`,

@@ -19,6 +19,8 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/netnsscan"
+	"github.com/fairshare-dev/fairshare/internal/project"
+	"github.com/fairshare-dev/fairshare/kube"
 	"github.com/fairshare-dev/fairshare/policy"
 )
 
@@ -50,6 +52,7 @@ type projects struct {
 	root    string       // projects_root of the directory or systemd source, "" without one
 	sources []membership.Source
 	reg     *membership.Static // the registered source; nil when not configured
+	kube    *kube.Source       // the kubernetes source; nil when not configured
 	store   *policy.Store
 	scan    *netnsscan.Scanner // nil when the scan could not start
 	kernel  memberKernel       // nil until the kernel takes members (kernel.go)
@@ -77,6 +80,7 @@ type projects struct {
 	kRefused []membership.Refusal        // refused by the kernel side
 	kErr     string
 	attached map[uint64]admin.Namespace // by inode: attach attempts and results
+	podNetns map[uint64]bool            // attached by the kubernetes source's word, by inode
 
 	view atomic.Pointer[admin.Membership]
 	tree atomic.Pointer[membership.Tree]
@@ -98,7 +102,8 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 		return nil, err // before the directory source makes a missing root
 	}
 	p := &projects{log: log.With("part", "projects"), store: store, wake: make(chan struct{}, 1),
-		found: map[string]*sourceState{}, logged: map[membership.Refusal]bool{}, attached: map[uint64]admin.Namespace{}}
+		found: map[string]*sourceState{}, logged: map[membership.Refusal]bool{}, attached: map[uint64]admin.Namespace{},
+		podNetns: map[uint64]bool{}}
 	mount, err := cgroup.FindMount()
 	if err != nil {
 		p.log.Warn("no cgroup2 mount: no project has members, so nothing is placed in a project by its cgroup", "err", err)
@@ -146,6 +151,18 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 			p.regs = regs
 			p.reg.Set(regs)
 			p.sources = append(p.sources, p.reg)
+		case membership.SourceKubernetes:
+			if mount.Point == "" {
+				continue
+			}
+			src, err := newKube(cfg, mount.Point, p.log)
+			if err != nil {
+				p.close()
+				return nil, err
+			}
+			p.kube = src
+			p.sources = append(p.sources, src)
+			p.closers = append(p.closers, src)
 		}
 	}
 	if p.scan, err = netnsscan.New(netnsscan.Options{}); err != nil {
@@ -341,10 +358,78 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	p.regMu.Lock()
 	p.pending = p.pending[covered:]
 	p.regMu.Unlock()
+	if p.kube != nil && p.kernel != nil {
+		p.attachPodNetns(now)
+	}
 	if tick && p.scan != nil {
 		p.stepNetns()
 	}
 	p.publish()
+}
+
+// newKube starts the kubernetes source: the pods of the runtime at
+// kubernetes.runtime_endpoint, polled each tick. A runtime that is not
+// there is no error here: the source reports it, and is read when it comes.
+func newKube(cfg config.Config, mount string, log *slog.Logger) (*kube.Source, error) {
+	k := cfg.Kubernetes
+	cri, err := kube.DialCRI(k.Endpoint())
+	if err != nil {
+		return nil, fmt.Errorf("%w: kubernetes.runtime_endpoint: %w", config.ErrInvalid, err)
+	}
+	rules := kube.Rules{ProjectLabel: k.ProjectLabel, Namespaces: k.NamespaceProjects, System: k.SystemNamespaces, Validate: project.Validate}
+	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: rules, Mount: mount, Every: cfg.Tick, Log: log.With("source", membership.SourceKubernetes)})
+	if f, err := src.Scan(context.Background()); err == nil {
+		version, _ := cri.Ping(context.Background())
+		log.Info("pods are read from the container runtime over the CRI, polled each tick", "runtime", version,
+			"endpoint", cri.Endpoint(), "pods_in_projects", len(f.Members), "pods_of_system_namespaces", src.System(),
+			"project_label", k.ProjectLabel, "namespace_projects", k.NamespaceProjects, "system_namespaces", k.SystemNamespaces)
+	}
+	return src, nil
+}
+
+// attachPodNetns attaches inbound admission in the network namespaces of
+// the kubernetes source's pods as soon as the source lists them (the scan
+// would find them at its next step, from the pods' processes), and forgets
+// those of pods gone; the kernel side detaches a link whose namespace is
+// gone (DetachGone).
+func (p *projects) attachPodNetns(now time.Time) {
+	hints := p.kube.Netns()
+	live := make(map[uint64]bool, len(hints))
+	for _, h := range hints {
+		ino, err := netnsscan.Inode(h.Path)
+		if err != nil {
+			continue // the pod went: the next poll says so
+		}
+		live[ino] = true
+		if _, ok := p.attached[ino]; ok {
+			continue
+		}
+		a := admin.Namespace{Namespace: netnsscan.Namespace{Inode: ino, Path: h.Path, Projects: []string{h.Project}, Since: now}}
+		info, err := p.kernel.AttachNetns(h.Path)
+		switch {
+		case err != nil:
+			a.Error = err.Error()
+			p.log.Warn("inbound admission not attached in a pod's network namespace", "pod", h.Pod, "project", h.Project,
+				"inode", ino, "err", err)
+		case info.Inode != ino:
+			a.Error = "the pod's sandbox left its namespace before the attach"
+		default:
+			a.Attached, a.Cookie = true, info.Cookie
+			p.log.Info("inbound admission attached in a pod's network namespace", "pod", h.Pod, "project", h.Project,
+				"inode", ino, "cookie", info.Cookie)
+		}
+		p.attached[ino] = a
+		p.podNetns[ino] = true
+	}
+	for ino := range p.podNetns {
+		if live[ino] {
+			continue
+		}
+		delete(p.podNetns, ino)
+		if p.scan == nil || !slices.ContainsFunc(p.scan.Namespaces(), func(n netnsscan.Namespace) bool { return n.Inode == ino }) {
+			delete(p.attached, ino)
+		}
+	}
 }
 
 // foundEqual compares two scans.
@@ -449,6 +534,11 @@ func (p *projects) setKernelMembers() {
 func (p *projects) stepNetns() {
 	ch := p.scan.Step()
 	for _, n := range ch.New {
+		if a, ok := p.attached[n.Inode]; ok && a.Attached {
+			a.Namespace = n // attached already, by the kubernetes source's word
+			p.attached[n.Inode] = a
+			continue
+		}
 		a := admin.Namespace{Namespace: n}
 		if p.kernel != nil {
 			info, err := p.kernel.AttachNetns(n.Path)

@@ -188,6 +188,11 @@ func TestChartDefaults(t *testing.T) {
 	if k["runtime_endpoint"] != cri.MountPath || k["project_label"] != "fairshare.io/project" {
 		t.Errorf("kubernetes config %v does not match the mounts", k)
 	}
+	// The kubernetes source is on by projects.sources, its one switch
+	// (config.Load of this file is config's TestChartConfigLoads).
+	if p, _ := conf["projects"].(map[string]any); fmt.Sprint(p["sources"]) != "[kubernetes registered]" {
+		t.Errorf("projects %v: the kubernetes source is not on", p)
+	}
 	if _, ok := o.configMaps["fs-policies"]; !ok {
 		t.Error("no policies ConfigMap")
 	}

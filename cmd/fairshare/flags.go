@@ -150,7 +150,7 @@ func runFlags() []cli.Flag {
 		&cli.StringFlag{Name: flagFrontSocket, Usage: "unix socket `PATH` the HTTP front also listens on [default from config: none]", EnvVars: env(flagFrontSocket)},
 		&cli.IntFlag{Name: flagMaxInFlight, Usage: "`N` requests at most in flight to the upstream [default from config: 64]", EnvVars: env(flagMaxInFlight)},
 		&cli.DurationFlag{Name: flagReconcile, Usage: "period `D` of the reconcile pass, 0 for only the one at start [default from config: 1m]", EnvVars: env(flagReconcile)},
-		&cli.StringSliceFlag{Name: flagSources, Usage: "sources of project membership, earlier first in a conflict: `SOURCE` is directory, systemd or registered; repeatable or comma-separated [default from config: directory,registered]", EnvVars: env(flagSources)},
+		&cli.StringSliceFlag{Name: flagSources, Usage: "sources of project membership, earlier first in a conflict: `SOURCE` is directory, systemd, registered or kubernetes; repeatable or comma-separated [default from config: directory,registered]", EnvVars: env(flagSources)},
 		&cli.IntFlag{Name: flagMaxConns, Usage: "connections `N` at most per listener (0: from the open-files limit) [default from config: 0]", EnvVars: env(flagMaxConns)},
 	}
 }

@@ -143,6 +143,10 @@ func New(o Options) (*Scanner, error) {
 		stats: Stats{Budget: o.Budget}}, nil
 }
 
+// Inode is the identity of the namespace a path opens (/proc/<pid>/ns/net,
+// or a bind mount of it): its inode on nsfs, as Namespace.Inode.
+func Inode(path string) (uint64, error) { return nsInode(path) }
+
 // nsInode reads the inode of a namespace file (readlink: "net:[4026531833]").
 func nsInode(path string) (uint64, error) {
 	var st unix.Stat_t

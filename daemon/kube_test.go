@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/internal/crtest"
+	"github.com/fairshare-dev/fairshare/internal/membership"
+	"github.com/fairshare-dev/fairshare/internal/netnsscan"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/policy"
+)
+
+// TestKubernetesSource: with projects.sources [kubernetes], a real
+// containerd's pods are the members (kube-system's none), a pod's own
+// network namespace is handed to the kernel side in the apply that
+// registers the pod, before any scan step, and only once; a removed pod's
+// member and namespace go.
+func TestKubernetesSource(t *testing.T) {
+	r := crtest.Start(t)
+	mount := testutil.Cgroup2Mount(t)
+	a := r.RunPod(t, crtest.PodSpec{Namespace: "team-a", Name: "a", HostNetwork: true})
+	b := r.RunPod(t, crtest.PodSpec{Namespace: "team-b", Name: "b"})
+	r.RunPod(t, crtest.PodSpec{Namespace: "kube-system", Name: "dns"})
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.StateDir, cfg.Projects.Sources, cfg.Tick = dir, []string{membership.SourceKubernetes}, 100*time.Millisecond
+	cfg.Kubernetes.RuntimeEndpoint = r.Socket
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := policy.Open(dir, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	h := &handOff{}
+	p.kernel = h
+	p.apply(t.Context(), time.Now(), false)
+	members := func() []string {
+		var got []string
+		for _, e := range p.membership().Members {
+			got = append(got, e.Project+"@"+e.Source+":"+e.Cgroup)
+		}
+		return got
+	}
+	want := []string{"team-a@kubernetes:" + filepath.Join(mount, a.CgroupParent), "team-b@kubernetes:" + filepath.Join(mount, b.CgroupParent)}
+	slices.Sort(want)
+	if got := members(); !slices.Equal(got, want) {
+		t.Fatalf("members %v, want %v", got, want)
+	}
+	bNetns := "/proc/" + strconv.Itoa(b.Pid) + "/ns/net"
+	ino, err := netnsscan.Inode(bNetns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	attached := slices.Clone(h.attached)
+	h.mu.Unlock()
+	if len(attached) != 1 {
+		t.Fatalf("attached %v at the first apply, want team-b/b's namespace", attached)
+	}
+	if got, _ := netnsscan.Inode(attached[0]); got != ino {
+		t.Fatalf("attached %s, not team-b/b's namespace %s", attached[0], bNetns)
+	}
+	// The scan finds the same namespace from the pod's processes: not
+	// attached twice, and shown attached.
+	for range 3 {
+		p.apply(t.Context(), time.Now(), true)
+	}
+	h.mu.Lock()
+	n := len(h.attached)
+	h.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d attaches, want 1", n)
+	}
+	if ns := p.membership().Netns.Namespaces; len(ns) != 1 || ns[0].Inode != ino || !ns[0].Attached {
+		t.Errorf("namespaces %+v, want team-b/b's attached", ns)
+	}
+
+	r.RemovePod(t, b)
+	eventually(t, func() error {
+		p.apply(t.Context(), time.Now(), true)
+		if got := members(); !slices.Equal(got, want[:1]) {
+			return fmt.Errorf("members %v after team-b/b was removed", got)
+		}
+		if len(p.podNetns) != 0 {
+			return fmt.Errorf("pod namespaces %v after team-b/b was removed", p.podNetns)
+		}
+		return nil
+	})
+}
