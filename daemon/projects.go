@@ -86,6 +86,12 @@ type projects struct {
 	tree atomic.Pointer[membership.Tree]
 }
 
+// lastFound is a source that keeps its last good scan across restarts
+// (kube.Source).
+type lastFound interface {
+	Last() (membership.Found, bool)
+}
+
 type sourceState struct {
 	found   membership.Found
 	err     string
@@ -295,6 +301,11 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 		st := p.found[s.Name()]
 		if st == nil {
 			st = &sourceState{}
+			if l, ok := s.(lastFound); ok {
+				// Until it is read, the source's members of the last run
+				// stay in force (a runtime away while the daemon restarts).
+				st.found, _ = l.Last()
+			}
 			p.found[s.Name()] = st
 		}
 		f, err := s.Scan(ctx)
@@ -367,6 +378,10 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	p.publish()
 }
 
+// kubeCache is the file in state_dir where the kubernetes source keeps the
+// pods it last read.
+const kubeCache = "kubernetes-pods.json"
+
 // newKube starts the kubernetes source: the pods of the runtime at
 // kubernetes.runtime_endpoint, polled each tick. A runtime that is not
 // there is no error here: the source reports it, and is read when it comes.
@@ -377,7 +392,8 @@ func newKube(cfg config.Config, mount string, log *slog.Logger) (*kube.Source, e
 		return nil, fmt.Errorf("%w: kubernetes.runtime_endpoint: %w", config.ErrInvalid, err)
 	}
 	rules := kube.Rules{ProjectLabel: k.ProjectLabel, Namespaces: k.NamespaceProjects, System: k.SystemNamespaces, Validate: project.Validate}
-	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: rules, Mount: mount, Every: cfg.Tick, Log: log.With("source", membership.SourceKubernetes)})
+	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: rules, Mount: mount, Every: cfg.Tick,
+		Log: log.With("source", membership.SourceKubernetes), Cache: filepath.Join(cfg.StateDir, kubeCache)})
 	if f, err := src.Scan(context.Background()); err == nil {
 		version, _ := cri.Ping(context.Background())
 		log.Info("pods are read from the container runtime over the CRI, polled each tick", "runtime", version,

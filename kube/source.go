@@ -5,8 +5,10 @@ package kube
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -37,6 +39,10 @@ type SourceOptions struct {
 	Timeout time.Duration
 	// Log receives a line per pod label that is not a project name.
 	Log *slog.Logger
+	// Cache, if set, is a file where each changed good poll is kept, so a
+	// daemon that restarts while the runtime is away starts from the pods
+	// it last saw (Last) instead of from none.
+	Cache string
 }
 
 // PodNetns is the network namespace of a pod that is in a project and has
@@ -69,8 +75,18 @@ type Source struct {
 	found  membership.Found
 	netns  []PodNetns
 	err    error
-	system int             // pods of system namespaces in the last good poll
-	warned map[string]bool // pod ids whose bad label was logged
+	system int               // pods of system namespaces in the last good poll
+	warned map[string]bool   // pod ids whose bad label was logged
+	last   *membership.Found // what Cache held at start
+	polled bool              // a poll succeeded
+	// keepFailed says a write of the cache failed (logged once).
+	keepFailed bool
+}
+
+// cached is the content of SourceOptions.Cache.
+type cached struct {
+	Found membership.Found `json:"found"`
+	Netns []PodNetns       `json:"netns,omitempty"`
 }
 
 // NewSource polls the runtime once (so the first Scan has the pods, or the
@@ -87,6 +103,16 @@ func NewSource(o SourceOptions) *Source {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Source{o: o, changed: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), warned: map[string]bool{}}
+	if o.Cache != "" {
+		if raw, err := os.ReadFile(o.Cache); err == nil {
+			var c cached
+			if err := json.Unmarshal(raw, &c); err == nil {
+				s.last = &c.Found
+			} else {
+				o.Log.Warn("the pods kept from the last run are unreadable; starting from the runtime's", "file", o.Cache, "err", err)
+			}
+		}
+	}
 	s.poll(ctx)
 	go s.loop(ctx)
 	return s
@@ -103,6 +129,16 @@ func (s *Source) Scan(context.Context) (membership.Found, error) {
 		return membership.Found{}, s.err
 	}
 	return membership.Found{Members: slices.Clone(s.found.Members), Skipped: slices.Clone(s.found.Skipped)}, nil
+}
+
+// Last returns the members of the last good poll of an earlier run (from
+// SourceOptions.Cache), for a caller that has no scan yet because the
+// runtime does not answer.
+func (s *Source) Last() (membership.Found, bool) {
+	if s.last == nil {
+		return membership.Found{}, false
+	}
+	return *s.last, true
 }
 
 // Changed implements membership.Notifier: a poll found other pods, or the
@@ -164,10 +200,33 @@ func (s *Source) poll(ctx context.Context) {
 		return
 	}
 	f, netns, system := s.members(pods)
-	if s.err != nil || !slices.Equal(f.Members, s.found.Members) || !slices.Equal(f.Skipped, s.found.Skipped) || !slices.Equal(netns, s.netns) {
+	same := slices.Equal(f.Members, s.found.Members) && slices.Equal(f.Skipped, s.found.Skipped) && slices.Equal(netns, s.netns)
+	if s.err != nil || !same {
 		s.notify()
 	}
-	s.err, s.found, s.netns, s.system = nil, f, netns, system
+	first := !s.polled
+	s.err, s.found, s.netns, s.system, s.polled = nil, f, netns, system, true
+	if s.o.Cache != "" && (first || !same) {
+		kerr := s.keep()
+		if kerr != nil && !s.keepFailed {
+			s.o.Log.Warn("the pods could not be kept for a restart while the runtime is away", "file", s.o.Cache, "err", kerr)
+		}
+		s.keepFailed = kerr != nil
+	}
+}
+
+// keep writes the last good poll to the cache file (a new file renamed
+// over the old, so a crash leaves one or the other). Called with s.mu held.
+func (s *Source) keep() error {
+	raw, err := json.Marshal(cached{Found: s.found, Netns: s.netns})
+	if err != nil {
+		return err
+	}
+	tmp := s.o.Cache + ".new"
+	if err := os.WriteFile(tmp, raw, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, s.o.Cache)
 }
 
 func (s *Source) notify() {

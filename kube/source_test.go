@@ -56,7 +56,8 @@ func TestSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: mount, Every: 50 * time.Millisecond})
+	cache := filepath.Join(t.TempDir(), "pods.json")
+	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: mount, Every: 50 * time.Millisecond, Cache: cache})
 	defer s.Close()
 	cg := func(p *crtest.Pod) string { return filepath.Join(mount, p.CgroupParent) }
 	want := []membership.Member{{Project: "team-a", Cgroup: cg(a)}, {Project: "team-b", Cgroup: cg(b)},
@@ -90,6 +91,16 @@ func TestSource(t *testing.T) {
 
 	r.Down(t)
 	waitChanged(t, s, "the runtime went away")
+	// The next run starts from the members last read.
+	cri2, err := DialCRI(r.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := NewSource(SourceOptions{CRI: cri2, Rules: DefaultRules(policy.ValidateProject), Mount: mount, Cache: cache})
+	if last, ok := s2.Last(); !ok || !slices.Equal(last.Members, want) {
+		t.Errorf("the next run's Last: %v %v\nwant %v", last.Members, ok, want)
+	}
+	s2.Close()
 	_, err = s.Scan(context.Background())
 	if !errors.Is(err, ErrRuntime) || !strings.Contains(err.Error(), r.Socket+" is not answering") {
 		t.Fatalf("scan without the runtime: %v", err)

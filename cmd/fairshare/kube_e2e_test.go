@@ -57,9 +57,10 @@ func kubeSource(m admin.Membership) admin.MemberSource {
 // team-b, a labelled pod of its label's project, a kube-system pod of none;
 // a new pod is in force within a tick or so (the time is logged), a removed
 // pod is not; a runtime that goes away is reported once (log, status,
-// fairshare_membership_source_up 0) while the pods stay members, and read
-// again when it is back; after SIGKILL the restarted daemon has the same
-// members from its first status on.
+// fairshare_membership_source_up 0) while the pods stay members, even
+// across a restart of the daemon, and read again when it is back; after
+// SIGKILL the restarted daemon has the same members from its first status
+// on.
 func TestKubernetesPods(t *testing.T) {
 	r := crtest.Start(t)
 	mnt := testutil.Cgroup2Mount(t)
@@ -128,6 +129,16 @@ func TestKubernetesPods(t *testing.T) {
 	}
 	if k := strings.Count(n.log.String(), "a source of members could not be read"); k != 1 {
 		t.Errorf("the runtime's absence logged %d times, want once:\n%s", k, n.log)
+	}
+	// A restart while the runtime is away starts from the pods last read.
+	n.stop(syscall.SIGKILL)
+	n.start()
+	m = n.members()
+	if got := kubeMembers(m, mnt); !slices.Equal(got, want) {
+		t.Errorf("members after a restart with the runtime away %v\nwant %v (the last ones)", got, want)
+	}
+	if s := kubeSource(m); !strings.Contains(s.Error, "is not answering") {
+		t.Errorf("kubernetes source after a restart with the runtime away: %+v", s)
 	}
 	r.Up(t)
 	eventually(t, func() error {
