@@ -117,9 +117,9 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 	p.mount = mount
 	// A source is a case here and a name in config.ProjectSources; the
 	// order of the list is its priority in a conflict. A source that polls
-	// something slow (the Kubernetes source: kube.CRI.Pods, then kube.Rules
-	// for each pod's project) is a membership.Polled appended to p.sources
-	// and p.closers, so the loop's Scan never waits on the runtime.
+	// something slow is a membership.Polled appended to p.sources and
+	// p.closers, so the loop's Scan never waits on it (the kubernetes
+	// source, kube.Source, is one).
 	for _, name := range cfg.Projects.Sources {
 		switch name {
 		case membership.SourceDirectory, membership.SourceSystemd:
@@ -394,12 +394,9 @@ func newKube(cfg config.Config, mount string, log *slog.Logger) (*kube.Source, e
 	rules := kube.Rules{ProjectLabel: k.ProjectLabel, Namespaces: k.NamespaceProjects, System: k.SystemNamespaces, Validate: project.Validate}
 	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: rules, Mount: mount, Every: cfg.Tick,
 		Log: log.With("source", membership.SourceKubernetes), Cache: filepath.Join(cfg.StateDir, kubeCache)})
-	if f, err := src.Scan(context.Background()); err == nil {
-		version, _ := cri.Ping(context.Background())
-		log.Info("pods are read from the container runtime over the CRI, polled each tick", "runtime", version,
-			"endpoint", cri.Endpoint(), "pods_in_projects", len(f.Members), "pods_of_system_namespaces", src.System(),
-			"project_label", k.ProjectLabel, "namespace_projects", k.NamespaceProjects, "system_namespaces", k.SystemNamespaces)
-	}
+	log.Info("pods are read from the container runtime over the CRI, polled each tick (containerd 1.6 has no container events)",
+		"endpoint", cri.Endpoint(), "project_label", k.ProjectLabel, "namespace_projects", k.NamespaceProjects,
+		"system_namespaces", k.SystemNamespaces)
 	return src, nil
 }
 

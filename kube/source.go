@@ -30,14 +30,13 @@ type SourceOptions struct {
 	// Mount is the cgroup2 mount point: a pod's member cgroup is its
 	// cgroup's directory below it.
 	Mount string
-	// Every is the poll period (the daemon's tick); 0 means 1s. containerd
-	// 1.6 has no container events (GetContainerEvents came with 1.7), so the
-	// pods are listed again each period; a list costs one call, plus one
-	// status call per sandbox not seen before.
+	// Every is the poll period (the daemon's tick), which also bounds one
+	// poll; 0 means 1s. containerd 1.6 has no container events
+	// (GetContainerEvents came with 1.7), so the pods are listed again each
+	// period: one call, plus one status call per sandbox not seen before.
 	Every time.Duration
-	// Timeout bounds one poll; 0 means 5s.
-	Timeout time.Duration
-	// Log receives a line per pod label that is not a project name.
+	// Log receives the runtime's first answer and each pod label that is
+	// not a project name.
 	Log *slog.Logger
 	// Cache, if set, is a file where each changed good poll is kept, so a
 	// daemon that restarts while the runtime is away starts from the pods
@@ -50,37 +49,32 @@ type SourceOptions struct {
 type PodNetns struct {
 	// Path opens it: /proc/<pid>/ns/net of the sandbox's process (the
 	// daemon runs with the host's pids), else the runtime's bind mount.
-	Path    string
-	Project string
+	Path    string `json:"path"`
+	Project string `json:"project"`
 	// Pod is namespace/name, for logs.
-	Pod string
+	Pod string `json:"pod"`
 }
 
-// Source is the kubernetes source of members (membership.Source and
-// membership.Notifier): each ready pod's cgroup is a member of the project
-// its Rules give; pods of system namespaces are in no project, so like host
-// processes they are neither counted nor refused anywhere. It polls the
-// runtime in a goroutine of its own, so a runtime that hangs never stalls
-// the caller's loop: Scan returns the last poll's result at once. While the
-// runtime does not answer, Scan returns the error (one text per cause, so a
-// caller that reports changes reports it once) and the caller keeps the
-// members of the last good poll.
+// Source is the kubernetes source of members: each ready pod's cgroup is a
+// member of the project its Rules give; pods of system namespaces are in no
+// project, so like host processes they are neither counted nor refused
+// anywhere. It is a membership.Polled (Name, Scan, Changed): the runtime is
+// asked in a goroutine of its own, so one that hangs never stalls the
+// caller's loop. While the runtime does not answer, Scan returns why (one
+// text per cause, so a caller that reports each new error reports it once)
+// and the caller keeps the members of the last good poll.
 type Source struct {
-	o       SourceOptions
-	changed chan struct{}
-	cancel  context.CancelFunc
-	done    chan struct{}
+	*membership.Polled
+	o SourceOptions
 
-	mu     sync.Mutex // guards the fields below
-	found  membership.Found
-	netns  []PodNetns
-	err    error
-	system int               // pods of system namespaces in the last good poll
-	warned map[string]bool   // pod ids whose bad label was logged
-	last   *membership.Found // what Cache held at start
-	polled bool              // a poll succeeded
-	// keepFailed says a write of the cache failed (logged once).
-	keepFailed bool
+	mu         sync.Mutex // guards the fields below
+	found      membership.Found
+	netns      []PodNetns
+	system     int               // pods of system namespaces in the last good poll
+	warned     map[string]bool   // pod ids whose bad label was logged
+	polled     bool              // a poll succeeded
+	keepFailed bool              // a write of the cache failed (logged once)
+	last       *membership.Found // what Cache held at start
 }
 
 // cached is the content of SourceOptions.Cache.
@@ -89,20 +83,16 @@ type cached struct {
 	Netns []PodNetns       `json:"netns,omitempty"`
 }
 
-// NewSource polls the runtime once (so the first Scan has the pods, or the
-// reason there are none), then every o.Every until Close.
+// NewSource starts polling the runtime, at once and then every o.Every,
+// until Close.
 func NewSource(o SourceOptions) *Source {
 	if o.Every <= 0 {
 		o.Every = time.Second
 	}
-	if o.Timeout <= 0 {
-		o.Timeout = 5 * time.Second
-	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &Source{o: o, changed: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), warned: map[string]bool{}}
+	s := &Source{o: o, warned: map[string]bool{}}
 	if o.Cache != "" {
 		if raw, err := os.ReadFile(o.Cache); err == nil {
 			var c cached
@@ -113,22 +103,8 @@ func NewSource(o SourceOptions) *Source {
 			}
 		}
 	}
-	s.poll(ctx)
-	go s.loop(ctx)
+	s.Polled = membership.NewPolled(membership.SourceKubernetes, o.Every, s.fetch)
 	return s
-}
-
-// Name implements membership.Source.
-func (s *Source) Name() string { return membership.SourceKubernetes }
-
-// Scan implements membership.Source: the last poll's members, or its error.
-func (s *Source) Scan(context.Context) (membership.Found, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.err != nil {
-		return membership.Found{}, s.err
-	}
-	return membership.Found{Members: slices.Clone(s.found.Members), Skipped: slices.Clone(s.found.Skipped)}, nil
 }
 
 // Last returns the members of the last good poll of an earlier run (from
@@ -140,10 +116,6 @@ func (s *Source) Last() (membership.Found, bool) {
 	}
 	return *s.last, true
 }
-
-// Changed implements membership.Notifier: a poll found other pods, or the
-// runtime stopped or started answering.
-func (s *Source) Changed() <-chan struct{} { return s.changed }
 
 // Netns returns the network namespaces of the last good poll's pods that
 // are in a project and not on the host's network, by path.
@@ -162,57 +134,35 @@ func (s *Source) System() int {
 
 // Close stops the polls and closes the runtime's client.
 func (s *Source) Close() error {
-	s.cancel()
-	<-s.done
+	s.Polled.Close()
 	return s.o.CRI.Close()
 }
 
-func (s *Source) loop(ctx context.Context) {
-	defer close(s.done)
-	t := time.NewTicker(s.o.Every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.poll(ctx)
-		}
-	}
-}
-
-// poll lists the pods once and notifies when the result changed.
-func (s *Source) poll(ctx context.Context) {
-	pctx, cancel := context.WithTimeout(ctx, s.o.Timeout)
-	pods, err := s.o.CRI.Pods(pctx)
-	cancel()
-	if err != nil && ctx.Err() != nil {
-		return // closing
+// fetch is one poll: the pods, through the rules.
+func (s *Source) fetch(ctx context.Context) (membership.Found, error) {
+	pods, err := s.o.CRI.Pods(ctx)
+	if err != nil {
+		return membership.Found{}, s.runtimeError(err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err != nil {
-		err = s.runtimeError(err)
-		if s.err == nil || s.err.Error() != err.Error() {
-			s.err = err
-			s.notify()
-		}
-		return
-	}
 	f, netns, system := s.members(pods)
 	same := slices.Equal(f.Members, s.found.Members) && slices.Equal(f.Skipped, s.found.Skipped) && slices.Equal(netns, s.netns)
-	if s.err != nil || !same {
-		s.notify()
-	}
 	first := !s.polled
-	s.err, s.found, s.netns, s.system, s.polled = nil, f, netns, system, true
-	if s.o.Cache != "" && (first || !same) {
-		kerr := s.keep()
-		if kerr != nil && !s.keepFailed {
-			s.o.Log.Warn("the pods could not be kept for a restart while the runtime is away", "file", s.o.Cache, "err", kerr)
-		}
-		s.keepFailed = kerr != nil
+	s.found, s.netns, s.system, s.polled = f, netns, system, true
+	if first {
+		version, _ := s.o.CRI.Ping(ctx)
+		s.o.Log.Info("the container runtime answers", "runtime", version, "endpoint", s.o.CRI.Endpoint(),
+			"pods_in_projects", len(f.Members), "pods_of_system_namespaces", system)
 	}
+	if s.o.Cache != "" && (first || !same) {
+		err := s.keep()
+		if err != nil && !s.keepFailed {
+			s.o.Log.Warn("the pods could not be kept for a restart while the runtime is away", "file", s.o.Cache, "err", err)
+		}
+		s.keepFailed = err != nil
+	}
+	return f, nil
 }
 
 // keep writes the last good poll to the cache file (a new file renamed
@@ -227,13 +177,6 @@ func (s *Source) keep() error {
 		return err
 	}
 	return os.Rename(tmp, s.o.Cache)
-}
-
-func (s *Source) notify() {
-	select {
-	case s.changed <- struct{}{}:
-	default:
-	}
 }
 
 // members applies the rules to the pods. Called with s.mu held.
@@ -300,7 +243,7 @@ func (s *Source) runtimeError(err error) error {
 		}
 		return fmt.Errorf("%w at %s is not answering: %s", ErrRuntime, ep, strings.Trim(cause, `"`))
 	case codes.DeadlineExceeded:
-		return fmt.Errorf("%w at %s did not answer within %s", ErrRuntime, ep, s.o.Timeout)
+		return fmt.Errorf("%w at %s did not answer in time", ErrRuntime, ep)
 	case codes.Unimplemented:
 		return fmt.Errorf("%w at %s does not serve the CRI v1 runtime service: %s", ErrRuntime, ep, st.Message())
 	}

@@ -19,30 +19,29 @@ import (
 	"github.com/fairshare-dev/fairshare/policy"
 )
 
-// waitChanged waits for the source's notification.
-func waitChanged(t *testing.T, s *Source, what string) {
+// scanUntil scans until ok says the result is the one waited for.
+func scanUntil(t *testing.T, s *Source, what string, ok func(membership.Found, error) bool) (membership.Found, error) {
 	t.Helper()
-	select {
-	case <-s.Changed():
-	case <-time.After(10 * time.Second):
-		t.Fatalf("no change notified after %s", what)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f, err := s.Scan(context.Background())
+		if ok(f, err) {
+			return f, err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: scan %v, %v", what, f.Members, err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-func scanMembers(t *testing.T, s *Source) []membership.Member {
-	t.Helper()
-	f, err := s.Scan(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return f.Members
-}
+func read(f membership.Found, err error) bool { return err == nil }
 
 // TestSource runs pods on a real containerd and reads them as members: the
 // namespace's project, the label's, none for kube-system; a removed pod's
-// member goes at the next poll; a runtime that goes away is one error,
-// notified once, while the last members stay with the caller; it is read
-// again when the runtime is back.
+// member goes at the next poll; a runtime that goes away is one error
+// whatever the attempt, and the members last read are the next run's Last;
+// it is read again when the runtime is back.
 func TestSource(t *testing.T) {
 	r := crtest.Start(t)
 	mount := testutil.Cgroup2Mount(t)
@@ -63,8 +62,8 @@ func TestSource(t *testing.T) {
 	want := []membership.Member{{Project: "team-a", Cgroup: cg(a)}, {Project: "team-b", Cgroup: cg(b)},
 		{Project: "billing", Cgroup: cg(l)}, {Project: "team-b", Cgroup: cg(bad)}}
 	slices.SortFunc(want, func(x, y membership.Member) int { return strings.Compare(x.Cgroup, y.Cgroup) })
-	if got := scanMembers(t, s); !slices.Equal(got, want) {
-		t.Fatalf("members %v\nwant %v", got, want)
+	if f, _ := scanUntil(t, s, "the first poll", read); !slices.Equal(f.Members, want) {
+		t.Fatalf("members %v\nwant %v", f.Members, want)
 	}
 	if s.System() != 1 {
 		t.Errorf("%d pods of system namespaces, want 1 (%s)", s.System(), sys.ID)
@@ -79,63 +78,45 @@ func TestSource(t *testing.T) {
 		t.Errorf("netns %s is not the pod's (%v %v)", ns[0].Path, err1, err2)
 	}
 
-	for len(s.Changed()) > 0 {
-		<-s.Changed()
-	}
 	r.RemovePod(t, l)
-	waitChanged(t, s, "a pod was removed")
 	want = slices.DeleteFunc(want, func(m membership.Member) bool { return m.Project == "billing" })
-	if got := scanMembers(t, s); !slices.Equal(got, want) {
-		t.Fatalf("after removing a pod: %v\nwant %v", got, want)
-	}
+	scanUntil(t, s, "the removed pod gone", func(f membership.Found, err error) bool { return err == nil && slices.Equal(f.Members, want) })
 
 	r.Down(t)
-	waitChanged(t, s, "the runtime went away")
+	_, err = scanUntil(t, s, "the runtime's absence", func(_ membership.Found, err error) bool { return err != nil })
 	// The next run starts from the members last read.
-	cri2, err := DialCRI(r.Socket)
-	if err != nil {
-		t.Fatal(err)
+	cri2, err2 := DialCRI(r.Socket)
+	if err2 != nil {
+		t.Fatal(err2)
 	}
 	s2 := NewSource(SourceOptions{CRI: cri2, Rules: DefaultRules(policy.ValidateProject), Mount: mount, Cache: cache})
 	if last, ok := s2.Last(); !ok || !slices.Equal(last.Members, want) {
 		t.Errorf("the next run's Last: %v %v\nwant %v", last.Members, ok, want)
 	}
 	s2.Close()
-	_, err = s.Scan(context.Background())
 	if !errors.Is(err, ErrRuntime) || !strings.Contains(err.Error(), r.Socket+" is not answering") {
 		t.Fatalf("scan without the runtime: %v", err)
 	}
-	// The same cause is the same error: notified once.
+	// The same cause is the same error, poll after poll: reported once.
 	time.Sleep(300 * time.Millisecond)
 	if _, err2 := s.Scan(context.Background()); err2 == nil || err2.Error() != err.Error() {
 		t.Errorf("the error changed from %v to %v", err, err2)
 	}
-	select {
-	case <-s.Changed():
-		t.Errorf("notified again while the runtime stays away")
-	default:
-	}
 	r.Up(t)
-	waitChanged(t, s, "the runtime came back")
-	if got := scanMembers(t, s); !slices.Equal(got, want) {
-		t.Fatalf("after the runtime came back: %v\nwant %v", got, want)
-	}
+	scanUntil(t, s, "the runtime back", func(f membership.Found, err error) bool { return err == nil && slices.Equal(f.Members, want) })
 }
 
 // TestSourceAbsent: a runtime that is not there at start is the first
-// scan's error, not a hang, and Close returns.
+// poll's error, naming why, and Close returns.
 func TestSourceAbsent(t *testing.T) {
 	cri, err := DialCRI(filepath.Join(t.TempDir(), "none.sock"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/sys/fs/cgroup", Timeout: time.Second})
-	if _, err := s.Scan(context.Background()); !errors.Is(err, ErrRuntime) || !strings.Contains(err.Error(), "no such file or directory") {
+	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/sys/fs/cgroup"})
+	_, err = scanUntil(t, s, "the first poll", func(_ membership.Found, err error) bool { return !errors.Is(err, membership.ErrNotRead) })
+	if !errors.Is(err, ErrRuntime) || !strings.Contains(err.Error(), "no such file or directory") {
 		t.Errorf("first scan: %v", err)
-	}
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("NewSource took %s without a runtime", d)
 	}
 	if err := s.Close(); err != nil {
 		t.Error(err)

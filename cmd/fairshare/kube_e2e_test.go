@@ -74,10 +74,14 @@ func TestKubernetesPods(t *testing.T) {
 
 	want := []string{podMember("team-a", a1), podMember("team-a", a2), podMember("team-b", b), podMember("billing", l)}
 	slices.Sort(want)
-	m := n.members()
-	if got := kubeMembers(m, mnt); !slices.Equal(got, want) {
-		t.Fatalf("members at start %v\nwant %v", got, want)
-	}
+	var m admin.Membership
+	eventually(t, func() error { // the first poll
+		m = n.members()
+		if got := kubeMembers(m, mnt); !slices.Equal(got, want) {
+			return fmt.Errorf("members at start %v\nwant %v", got, want)
+		}
+		return nil
+	})
 	if s := kubeSource(m); s.Members != 4 || s.Error != "" {
 		t.Errorf("kubernetes source %+v", s)
 	}
@@ -242,9 +246,12 @@ func TestKubernetesConnections(t *testing.T) {
 	sys := r.RunPod(t, crtest.PodSpec{Namespace: "kube-system", Name: "dns", HostNetwork: true})
 	n := kubeNode(t, r, "pools: {connections: {size: 12, floor: 1}}\n")
 	n.start()
-	if len(n.members().Members) != 3 {
-		t.Fatalf("members %+v", n.members().Members)
-	}
+	eventually(t, func() error {
+		if m := n.members().Members; len(m) != 3 {
+			return fmt.Errorf("members %+v, want 3", m)
+		}
+		return nil
+	})
 	kernel := n.members().Kernel
 
 	// The pods reach the host: on its network and through the bridge.
