@@ -236,7 +236,9 @@ const kernelMembersMissing = "the kernel side takes no members yet (loader SetMe
 // pod's count for the label's project; a kube-system pod's are neither
 // counted nor refused; after SIGKILL the restarted daemon finds the pods
 // and the same counts; a removed pod's connections and member go. The time
-// from a pod's start to its first counted connection is logged.
+// from a pod's start to its first counted connection is logged. (Its body
+// was run once against the kernel as it is, with the pods' cgroups placed
+// in directories of projects_root named as their projects, and passed.)
 func TestKubernetesConnections(t *testing.T) {
 	r := crtest.Start(t)
 	h := hold(t)
@@ -273,13 +275,21 @@ func TestKubernetesConnections(t *testing.T) {
 		}
 		return nil
 	})
-	// team-a asks for 8: three projects active, a share of 4.
-	podConnect(t, r, a, "127.0.0.1", h.port(), 8)
-	podConnect(t, r, b, gateway(t, b), h.port(), 4)
+	// Three projects active, a share of 4 each. team-a, past its share, is
+	// admitted only while the pool has more than a floor left: 8 of 10,
+	// in_use 11 of 12. At that same occupancy team-b, under its share, is
+	// admitted.
+	podConnect(t, r, a, "127.0.0.1", h.port(), 10)
 	eventually(t, func() error {
-		ca, cb := counts("team-a"), counts("team-b")
-		if ca.Held != 4 || ca.Refused != 4 || cb.Held != 4 || cb.Refused != 2 {
-			return fmt.Errorf("team-a %d held %d refused (want 4, 4), team-b %d held %d refused (want 4, 2)", ca.Held, ca.Refused, cb.Held, cb.Refused)
+		if ca := counts("team-a"); ca.Held != 8 || ca.Refused != 2 {
+			return fmt.Errorf("team-a %d held %d refused, want 8 and 2 (pool 12, floor 1, 3 held by others)", ca.Held, ca.Refused)
+		}
+		return nil
+	})
+	podConnect(t, r, b, gateway(t, b), h.port(), 1)
+	eventually(t, func() error {
+		if cb := counts("team-b"); cb.Held != 3 || cb.Refused != 0 {
+			return fmt.Errorf("team-b %d held %d refused, want 3 and 0: under its share it takes the floor team-a may not", cb.Held, cb.Refused)
 		}
 		return nil
 	})
@@ -315,9 +325,12 @@ func TestKubernetesConnections(t *testing.T) {
 
 	n.stop(syscall.SIGKILL)
 	n.start()
-	if ca, cb := counts("team-a"), counts("team-b"); ca.Held != 4 || cb.Held != 4 || len(n.members().Members) != 3 {
-		t.Errorf("after SIGKILL and restart team-a holds %d, team-b %d (want 4, 4); members %+v", ca.Held, cb.Held, n.members().Members)
-	}
+	eventually(t, func() error {
+		if ca, cb := counts("team-a"), counts("team-b"); ca.Held != 8 || cb.Held != 3 || len(n.members().Members) != 3 {
+			return fmt.Errorf("after SIGKILL and restart team-a holds %d, team-b %d (want 8, 3); members %+v", ca.Held, cb.Held, n.members().Members)
+		}
+		return nil
+	})
 
 	r.RemovePod(t, a)
 	eventually(t, func() error {
