@@ -391,13 +391,51 @@ func newKube(cfg config.Config, mount string, log *slog.Logger) (*kube.Source, e
 	if err != nil {
 		return nil, fmt.Errorf("%w: kubernetes.runtime_endpoint: %w", config.ErrInvalid, err)
 	}
-	rules := kube.Rules{ProjectLabel: k.ProjectLabel, Namespaces: k.NamespaceProjects, System: k.SystemNamespaces, Validate: project.Validate}
-	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: rules, Mount: mount, Every: cfg.Tick,
+	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: kubeRules(k), Mount: mount, Every: cfg.Tick,
 		Log: log.With("source", membership.SourceKubernetes), Cache: filepath.Join(cfg.StateDir, kubeCache)})
 	log.Info("pods are read from the container runtime over the CRI, polled each tick (containerd 1.6 has no container events)",
 		"endpoint", cri.Endpoint(), "project_label", k.ProjectLabel, "namespace_projects", k.NamespaceProjects,
 		"system_namespaces", k.SystemNamespaces)
 	return src, nil
+}
+
+// kubeRules are the project rules of the kubernetes section.
+func kubeRules(k config.Kubernetes) kube.Rules {
+	return kube.Rules{ProjectLabel: k.ProjectLabel, Namespaces: k.NamespaceProjects, System: k.SystemNamespaces, Validate: project.Validate}
+}
+
+// CheckKubernetes asks the runtime of the kubernetes source for its pods,
+// for 'run --check': what it found, or why it does not answer (an error the
+// daemon would run with: it reads the pods once the runtime answers).
+func CheckKubernetes(ctx context.Context, cfg config.Config) (string, error) {
+	k := cfg.Kubernetes
+	cri, err := kube.DialCRI(k.Endpoint())
+	if err != nil {
+		return "", err
+	}
+	defer cri.Close()
+	version, err := cri.Ping(ctx)
+	if err != nil {
+		return "", err
+	}
+	pods, err := cri.Pods(ctx)
+	if err != nil {
+		return "", err
+	}
+	rules := kubeRules(k)
+	projects := map[string]bool{}
+	in, system := 0, 0
+	for _, p := range pods {
+		switch name, _ := rules.Project(p); {
+		case name != "":
+			in++
+			projects[name] = true
+		case slices.Contains(k.SystemNamespaces, p.Namespace):
+			system++
+		}
+	}
+	return fmt.Sprintf("the container runtime at %s answers (%s): %d ready pods, %d of them in %d projects, %d of system namespaces",
+		cri.Endpoint(), version, len(pods), in, len(projects), system), nil
 }
 
 // attachPodNetns attaches inbound admission in the network namespaces of

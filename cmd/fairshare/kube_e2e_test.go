@@ -85,6 +85,11 @@ func TestKubernetesPods(t *testing.T) {
 	if s := kubeSource(m); s.Members != 4 || s.Error != "" {
 		t.Errorf("kubernetes source %+v", s)
 	}
+	out, errOut, code := runCLI(t, "run", "--check", "--config", n.cfg)
+	if w := "ok: the container runtime at " + r.Socket + " answers (containerd"; code != 0 || !strings.Contains(out, w) ||
+		!strings.Contains(out, "5 ready pods, 4 of them in 3 projects, 1 of system namespaces") {
+		t.Errorf("run --check: exit %d, want a line %q and the pods counted\n%s%s", code, w, out, errOut)
+	}
 	met := n.metrics()
 	for _, w := range []string{`fairshare_membership_members{source="kubernetes"} 4`, `fairshare_membership_source_up{source="kubernetes"} 1`} {
 		if !strings.Contains(met, w) {
@@ -133,6 +138,10 @@ func TestKubernetesPods(t *testing.T) {
 	}
 	if k := strings.Count(n.log.String(), "a source of members could not be read"); k != 1 {
 		t.Errorf("the runtime's absence logged %d times, want once:\n%s", k, n.log)
+	}
+	if out, errOut, code := runCLI(t, "run", "--check", "--config", n.cfg); code != 0 || !strings.Contains(out, "note: kubernetes: ") ||
+		!strings.Contains(out, "the daemon starts anyway") {
+		t.Errorf("run --check with the runtime away: exit %d\n%s%s", code, out, errOut)
 	}
 	// A restart while the runtime is away starts from the pods last read.
 	n.stop(syscall.SIGKILL)

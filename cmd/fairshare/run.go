@@ -9,9 +9,11 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/daemon"
+	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/urfave/cli/v2"
 )
@@ -40,7 +42,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: flagPermits, Usage: "permit API unix socket `PATH` for runtimes, empty to disable [default from config: /run/fairshare/permits.sock]", EnvVars: env(flagPermits)},
 			&cli.BoolFlag{Name: flagNoBPF, Usage: "do not load BPF: connections are NOT enforced (for hosts without BPF)", EnvVars: env(flagNoBPF)},
 			&cli.BoolFlag{Name: "detach-on-exit", Usage: "detach and unpin the BPF programs on shutdown instead of leaving them enforcing", EnvVars: env("detach-on-exit")},
-			&cli.BoolFlag{Name: "check", Usage: "load, attach and verify the BPF programs, then exit 0 (ok) or 1"},
+			&cli.BoolFlag{Name: "check", Usage: "load, attach and verify the BPF programs (and ask the container runtime for its pods, with the kubernetes source), then exit 0 (ok) or 1"},
 			&cli.BoolFlag{Name: "print-config", Usage: "check the configuration and print it as the daemon would run it (defaults resolved) as YAML, then exit"},
 			&cli.StringFlag{Name: flagLogLevel, Value: "info", Usage: "`LEVEL`: debug, info, warn or error", EnvVars: env(flagLogLevel)},
 			&cli.StringFlag{Name: flagLogFormat, Value: "text", Usage: "`FORMAT`: text or json", EnvVars: env(flagLogFormat)},
@@ -113,6 +115,19 @@ func runCommand() *cli.Command {
 // directory, a running daemon's included, are verified without writing to
 // them: its counts, exempt set and programs are left as they are.
 func check(c *cli.Context, cfg config.Config) error {
+	if cfg.Projects.Has(membership.SourceKubernetes) {
+		// Not a failure: the daemon runs without the runtime, and reads the
+		// pods once it answers.
+		ctx, cancel := context.WithTimeout(c.Context, 5*time.Second)
+		line, err := daemon.CheckKubernetes(ctx, cfg)
+		cancel()
+		if err != nil {
+			line = fmt.Sprintf("note: kubernetes: %v; the daemon starts anyway and reads the pods once it answers", err)
+		} else {
+			line = "ok: " + line
+		}
+		fmt.Fprintln(c.App.Writer, line)
+	}
 	if !cfg.BPF {
 		fmt.Fprintln(c.App.Writer, "configuration ok; bpf is disabled, so there is nothing to attach")
 		return nil
