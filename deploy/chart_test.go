@@ -158,8 +158,10 @@ func TestChartDefaults(t *testing.T) {
 		t.Errorf("bpffs volume %+v", v.HostPath)
 	}
 	mount(t, c, "/sys/fs/cgroup")
-	cri := mount(t, c, "/run/fairshare-cri/containerd.sock")
-	if v := volume(t, ds, cri.Name); v.HostPath == nil || v.HostPath.Path != "/run/containerd/containerd.sock" || *v.HostPath.Type != corev1.HostPathSocket {
+	// The socket's directory: a bind mount of the socket itself would keep
+	// the old one when the runtime restarts.
+	cri := mount(t, c, "/run/fairshare-cri")
+	if v := volume(t, ds, cri.Name); v.HostPath == nil || v.HostPath.Path != "/run/containerd" || *v.HostPath.Type != corev1.HostPathDirectory {
 		t.Errorf("runtime socket volume %+v", v.HostPath)
 	}
 	// The policies must be a directory mount: a subPath mount never sees
@@ -185,7 +187,7 @@ func TestChartDefaults(t *testing.T) {
 		t.Errorf("policies_file %s is not where the ConfigMap is mounted", got)
 	}
 	k, _ := conf["kubernetes"].(map[string]any)
-	if k["runtime_endpoint"] != cri.MountPath || k["project_label"] != "fairshare.io/project" {
+	if k["runtime_endpoint"] != cri.MountPath+"/containerd.sock" || k["project_label"] != "fairshare.io/project" {
 		t.Errorf("kubernetes config %v does not match the mounts", k)
 	}
 	// The kubernetes source is on by projects.sources, its one switch
@@ -251,7 +253,7 @@ func TestChartValues(t *testing.T) {
 	if c.Ports[0].ContainerPort != 9100 {
 		t.Errorf("metrics port %d", c.Ports[0].ContainerPort)
 	}
-	if v := volume(t, o.daemonSet, "cri"); v.HostPath.Path != "/run/k3s/containerd/containerd.sock" {
+	if v := volume(t, o.daemonSet, "cri"); v.HostPath.Path != "/run/k3s/containerd" {
 		t.Errorf("runtime socket %s", v.HostPath.Path)
 	}
 }
