@@ -54,6 +54,7 @@ func TestKubernetesSource(t *testing.T) {
 		for _, e := range p.membership().Members {
 			got = append(got, e.Project+"@"+e.Source+":"+e.Cgroup)
 		}
+		slices.Sort(got) // the membership's order is the cgroups'
 		return got
 	}
 	want := []string{"team-a@kubernetes:" + filepath.Join(mount, a.CgroupParent), "team-b@kubernetes:" + filepath.Join(mount, b.CgroupParent)}
