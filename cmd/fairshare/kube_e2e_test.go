@@ -29,11 +29,12 @@ func kubeNode(t *testing.T, r *crtest.Runtime, extra string) *node {
 }
 
 // kubeMembers are the kubernetes source's members: "project cgroup"
-// (the cgroup relative to the cgroup2 mount), sorted.
+// (the cgroup relative to the cgroup2 mount), sorted. Members of no source
+// are the kernel's, held after a restart until every source is read.
 func kubeMembers(m admin.Membership, mnt string) []string {
 	var out []string
 	for _, e := range m.Members {
-		if e.Source == "kubernetes" {
+		if e.Source == "kubernetes" || e.Source == "" {
 			out = append(out, e.Project+" "+strings.TrimPrefix(e.Cgroup, mnt))
 		}
 	}
