@@ -43,14 +43,17 @@
 //
 // Membership (projects.go) is which cgroups are in which project. The
 // sources of projects.sources (the children of projects_root as directories
-// or as systemd slices, and the operator's registrations, kept in the
-// store) are read at every tick and at once when one reports a change
-// (inotify on the root, a registration); their union (package
+// or as systemd slices, the operator's registrations, kept in the store,
+// and the pods of the node's container runtime, package kube) are read at
+// every tick and at once when one reports a change (inotify on the root, a
+// registration, a poll of the runtime that found other pods); their union (package
 // internal/membership: conflicts refused the same way every time, each
 // logged once) goes to the kernel side (kernelSide.members, nil until the
 // loader takes members) and to the network namespace scan (package
 // internal/netnsscan), one bounded step per tick, whose new namespaces get
-// inbound admission attached. A registration through the admin API is
+// inbound admission attached; a pod's own namespace is attached in the
+// apply that makes the pod a member, from the runtime's word
+// (attachPodNetns), before the scan finds it. A registration through the admin API is
 // checked against the members in force and those pending, stored, and
 // answered once an apply has put it in force; concurrent registrations share
 // one apply. After a restart the kernel's members are in force until every

@@ -12,4 +12,12 @@
 // replicas share one project instead of each taking a share), overridden by
 // the pod label fairshare.io/project; pods of system namespaces (kube-system)
 // are no project and are never limited.
+//
+// Source is the daemon's kubernetes source of members (projects.sources):
+// a membership.Polled that lists the pods each tick (containerd 1.6 has no
+// container events), makes each pod's cgroup a member of its project, gives
+// the network namespaces of pods not on the host's network to the daemon for
+// inbound admission, reports a runtime that does not answer with one error
+// per cause, and keeps its last good poll in a file so that a daemon
+// restarted while the runtime is away starts from the pods it last saw.
 package kube
