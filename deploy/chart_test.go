@@ -286,3 +286,18 @@ func TestStaticManifests(t *testing.T) {
 		t.Fatal("template text left in the manifests")
 	}
 }
+
+// TestChartRefusesNoProjects: values under which no pod would be in a
+// project fail at install, with the daemon's reason, rather than give a
+// DaemonSet whose daemons exit at start.
+func TestChartRefusesNoProjects(t *testing.T) {
+	_, err := Render(ChartDir, "fs", "ops", map[string]any{
+		"kubernetes": map[string]any{"projectLabel": "", "namespaceProjects": false},
+	})
+	if err == nil || !strings.Contains(err.Error(), "no pod is in a project") {
+		t.Fatalf("render: %v", err)
+	}
+	if _, err := Render(ChartDir, "fs", "ops", map[string]any{"kubernetes": map[string]any{"projectLabel": ""}}); err != nil {
+		t.Fatalf("namespaces only: %v", err)
+	}
+}
