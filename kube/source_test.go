@@ -5,6 +5,7 @@ package kube
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -120,5 +121,43 @@ func TestSourceAbsent(t *testing.T) {
 	}
 	if err := s.Close(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestSourceMembers: the rules applied to listed pods, without a runtime:
+// with namespaces off, an unlabelled pod is in no project and one whose
+// label is no project name is skipped with why; a pod's namespace is opened
+// through its sandbox's pid, else the runtime's path, and host-network pods
+// have none of their own.
+func TestSourceMembers(t *testing.T) {
+	s := &Source{o: SourceOptions{Mount: "/mnt", Log: slog.New(slog.DiscardHandler),
+		Rules: Rules{ProjectLabel: DefaultProjectLabel, System: []string{"kube-system"}, Validate: policy.ValidateProject}},
+		warned: map[string]bool{}}
+	pods := []Pod{
+		{ID: "1", Namespace: "team-a", Name: "plain", Cgroup: "/kubepods/pod1", Pid: 10},
+		{ID: "2", Namespace: "team-a", Name: "bad", Cgroup: "/kubepods/pod2", Labels: map[string]string{DefaultProjectLabel: "a b"}},
+		{ID: "3", Namespace: "team-a", Name: "pid", Cgroup: "/kubepods/pod3", Pid: 30, NetNS: "/var/run/netns/cni-3",
+			Labels: map[string]string{DefaultProjectLabel: "web"}},
+		{ID: "4", Namespace: "team-a", Name: "path", Cgroup: "/kubepods/pod4", NetNS: "/var/run/netns/cni-4",
+			Labels: map[string]string{DefaultProjectLabel: "web"}},
+		{ID: "5", Namespace: "team-b", Name: "host", Cgroup: "/kubepods/pod5", HostNetwork: true, Pid: 50,
+			Labels: map[string]string{DefaultProjectLabel: "db"}},
+		{ID: "6", Namespace: "kube-system", Name: "dns", Cgroup: "/kubepods/pod6", Labels: map[string]string{DefaultProjectLabel: "web"}},
+	}
+	f, netns, system := s.members(pods)
+	want := []membership.Member{{Project: "web", Cgroup: "/mnt/kubepods/pod3"}, {Project: "web", Cgroup: "/mnt/kubepods/pod4"},
+		{Project: "db", Cgroup: "/mnt/kubepods/pod5"}}
+	if !slices.Equal(f.Members, want) {
+		t.Errorf("members %v\nwant %v", f.Members, want)
+	}
+	if len(f.Skipped) != 1 || f.Skipped[0].Cgroup != "/mnt/kubepods/pod2" || !strings.Contains(f.Skipped[0].Reason, "team-a/bad: label fairshare.io/project") {
+		t.Errorf("skipped %+v", f.Skipped)
+	}
+	wantNS := []PodNetns{{Path: "/proc/30/ns/net", Project: "web", Pod: "team-a/pid"}, {Path: "/var/run/netns/cni-4", Project: "web", Pod: "team-a/path"}}
+	if !slices.Equal(netns, wantNS) {
+		t.Errorf("netns %+v\nwant %+v", netns, wantNS)
+	}
+	if system != 1 {
+		t.Errorf("%d pods of system namespaces, want 1", system)
 	}
 }
