@@ -46,6 +46,11 @@ type Pod struct {
 	// Pid is the sandbox's process, whose /proc/<pid>/ns/net is the pod's
 	// network namespace too.
 	Pid int
+	// Unusable says why the runtime's account of the pod cannot be used
+	// (no cgroup in its status, a status that does not decode); the other
+	// pods are listed all the same. Only ID, the identity and Labels are
+	// set then.
+	Unusable string
 }
 
 // ErrRuntime wraps errors of the container runtime (not there, gone, or
@@ -104,11 +109,15 @@ func (c *CRI) Pods(ctx context.Context) ([]Pod, error) {
 	for _, s := range l.Items {
 		live[s.Id] = true
 		p, err := c.detail(ctx, s.Id)
-		if err != nil {
+		switch {
+		case errors.Is(err, errSandboxGone):
 			// Gone between the list and the status: not a pod any more.
-			if errors.Is(err, errSandboxGone) {
-				continue
-			}
+			continue
+		case errors.Is(err, errUnusable):
+			// One odd sandbox (another runtime's, a VM's) must not hide
+			// the others: it is listed with why.
+			p = Pod{ID: s.Id, Unusable: err.Error()}
+		case err != nil:
 			return nil, err
 		}
 		p.Labels = s.Labels
@@ -137,7 +146,10 @@ func (c *CRI) Pods(ctx context.Context) ([]Pod, error) {
 	return pods, nil
 }
 
-var errSandboxGone = errors.New("sandbox gone")
+var (
+	errSandboxGone = errors.New("sandbox gone")
+	errUnusable    = errors.New("unusable sandbox status")
+)
 
 // sandboxInfo is the part of containerd's verbose sandbox status read here.
 type sandboxInfo struct {
@@ -185,7 +197,7 @@ func (c *CRI) detail(ctx context.Context, id string) (Pod, error) {
 	var info sandboxInfo
 	if raw := st.Info["info"]; raw != "" {
 		if err := json.Unmarshal([]byte(raw), &info); err != nil {
-			return Pod{}, fmt.Errorf("%w at %s: sandbox %s: reading its verbose status: %w", ErrRuntime, c.endpoint, id, err)
+			return Pod{}, fmt.Errorf("%w: sandbox %s: reading its verbose status: %v", errUnusable, id, err)
 		}
 	}
 	p.Pid = info.Pid
@@ -203,7 +215,7 @@ func (c *CRI) detail(ctx context.Context, id string) (Pod, error) {
 		cg, err = CgroupDir(cg)
 	}
 	if err != nil || cg == "" || cg == "/" {
-		return Pod{}, fmt.Errorf("%w at %s: sandbox %s: no usable cgroup (%q): %v", ErrRuntime, c.endpoint, id, info.Config.Linux.CgroupParent, err)
+		return Pod{}, fmt.Errorf("%w: sandbox %s: no usable cgroup (%q): %v", errUnusable, id, info.Config.Linux.CgroupParent, err)
 	}
 	p.Cgroup = cg
 	if !p.HostNetwork {

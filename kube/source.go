@@ -187,6 +187,10 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 	live := make(map[string]bool, len(pods))
 	for _, p := range pods {
 		live[p.ID] = true
+		if p.Unusable != "" {
+			f.Skipped = append(f.Skipped, membership.Skipped{Reason: fmt.Sprintf("pod %s/%s: %s", p.Namespace, p.Name, p.Unusable)})
+			continue
+		}
 		cg := filepath.Join(s.o.Mount, p.Cgroup)
 		project, err := s.o.Rules.Project(p)
 		switch {
@@ -221,7 +225,9 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 	slices.SortFunc(f.Members, func(a, b membership.Member) int {
 		return cmp.Or(cmp.Compare(a.Cgroup, b.Cgroup), cmp.Compare(a.Project, b.Project))
 	})
-	slices.SortFunc(f.Skipped, func(a, b membership.Skipped) int { return cmp.Compare(a.Cgroup, b.Cgroup) })
+	slices.SortFunc(f.Skipped, func(a, b membership.Skipped) int {
+		return cmp.Or(cmp.Compare(a.Cgroup, b.Cgroup), cmp.Compare(a.Reason, b.Reason))
+	})
 	slices.SortFunc(netns, func(a, b PodNetns) int { return cmp.Compare(a.Path, b.Path) })
 	return f, netns, system
 }

@@ -126,7 +126,8 @@ func TestSourceAbsent(t *testing.T) {
 
 // TestSourceMembers: the rules applied to listed pods, without a runtime:
 // with namespaces off, an unlabelled pod is in no project and one whose
-// label is no project name is skipped with why; a pod's namespace is opened
+// label is no project name is skipped with why, as is a pod whose status
+// the runtime could not give usably (the others stay); a pod's namespace is opened
 // through its sandbox's pid, else the runtime's path, and host-network pods
 // have none of their own.
 func TestSourceMembers(t *testing.T) {
@@ -143,6 +144,7 @@ func TestSourceMembers(t *testing.T) {
 		{ID: "5", Namespace: "team-b", Name: "host", Cgroup: "/kubepods/pod5", HostNetwork: true, Pid: 50,
 			Labels: map[string]string{DefaultProjectLabel: "db"}},
 		{ID: "6", Namespace: "kube-system", Name: "dns", Cgroup: "/kubepods/pod6", Labels: map[string]string{DefaultProjectLabel: "web"}},
+		{ID: "7", Namespace: "team-c", Name: "vm", Unusable: "unusable sandbox status: sandbox 7: no usable cgroup"},
 	}
 	f, netns, system := s.members(pods)
 	want := []membership.Member{{Project: "web", Cgroup: "/mnt/kubepods/pod3"}, {Project: "web", Cgroup: "/mnt/kubepods/pod4"},
@@ -150,7 +152,8 @@ func TestSourceMembers(t *testing.T) {
 	if !slices.Equal(f.Members, want) {
 		t.Errorf("members %v\nwant %v", f.Members, want)
 	}
-	if len(f.Skipped) != 1 || f.Skipped[0].Cgroup != "/mnt/kubepods/pod2" || !strings.Contains(f.Skipped[0].Reason, "team-a/bad: label fairshare.io/project") {
+	if len(f.Skipped) != 2 || f.Skipped[0].Cgroup != "" || f.Skipped[0].Reason != "pod team-c/vm: unusable sandbox status: sandbox 7: no usable cgroup" ||
+		f.Skipped[1].Cgroup != "/mnt/kubepods/pod2" || !strings.Contains(f.Skipped[1].Reason, "team-a/bad: label fairshare.io/project") {
 		t.Errorf("skipped %+v", f.Skipped)
 	}
 	wantNS := []PodNetns{{Path: "/proc/30/ns/net", Project: "web", Pod: "team-a/pid"}, {Path: "/var/run/netns/cni-4", Project: "web", Pod: "team-a/path"}}
