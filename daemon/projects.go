@@ -424,8 +424,12 @@ func CheckKubernetes(ctx context.Context, cfg config.Config) (string, error) {
 	}
 	rules := kubeRules(k)
 	projects := map[string]bool{}
-	in, system := 0, 0
+	in, system, unusable := 0, 0, 0
 	for _, p := range pods {
+		if p.Unusable != "" {
+			unusable++
+			continue
+		}
 		switch name, _ := rules.Project(p); {
 		case name != "":
 			in++
@@ -434,8 +438,12 @@ func CheckKubernetes(ctx context.Context, cfg config.Config) (string, error) {
 			system++
 		}
 	}
-	return fmt.Sprintf("the container runtime at %s answers (%s): %d ready pods, %d of them in %d projects, %d of system namespaces",
-		cri.Endpoint(), version, len(pods), in, len(projects), system), nil
+	line := fmt.Sprintf("the container runtime at %s answers (%s): %d ready pods, %d of them in %d projects, %d of system namespaces",
+		cri.Endpoint(), version, len(pods), in, len(projects), system)
+	if unusable > 0 {
+		line += fmt.Sprintf(", %d whose status has no usable cgroup ('fairshare project list' says why)", unusable)
+	}
+	return line, nil
 }
 
 // attachPodNetns attaches inbound admission in the network namespaces of
