@@ -378,6 +378,11 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	p.publish()
 }
 
+// kubePollMin bounds how often the runtime is asked for its pods, whatever
+// the tick: a poll may take as long as the period between two (Polled), and
+// a list of a hundred sandboxes needs more than the 10ms the tick can be.
+const kubePollMin = 200 * time.Millisecond
+
 // kubeCache is the file in state_dir where the kubernetes source keeps the
 // pods it last read.
 const kubeCache = "kubernetes-pods.json"
@@ -391,7 +396,7 @@ func newKube(cfg config.Config, mount string, log *slog.Logger) (*kube.Source, e
 	if err != nil {
 		return nil, fmt.Errorf("%w: kubernetes.runtime_endpoint: %w", config.ErrInvalid, err)
 	}
-	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: kubeRules(k), Mount: mount, Every: cfg.Tick,
+	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: kubeRules(k), Mount: mount, Every: max(cfg.Tick, kubePollMin),
 		Log: log.With("source", membership.SourceKubernetes), Cache: filepath.Join(cfg.StateDir, kubeCache)})
 	log.Info("pods are read from the container runtime over the CRI, polled each tick (containerd 1.6 has no container events)",
 		"endpoint", cri.Endpoint(), "project_label", k.ProjectLabel, "namespace_projects", k.NamespaceProjects,
