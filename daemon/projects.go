@@ -451,6 +451,12 @@ func CheckKubernetes(ctx context.Context, cfg config.Config) (string, error) {
 	return line, nil
 }
 
+// podNetnsPerApply bounds the pods' namespaces attached in one apply: an
+// attach loads a program (tens of milliseconds), and a node whose hundred
+// pods are all new (the daemon's first start) must not stall the loop for
+// seconds; the rest follow at the next applies, or from the scan.
+const podNetnsPerApply = 8
+
 // attachPodNetns attaches inbound admission in the network namespaces of
 // the kubernetes source's pods as soon as the source lists them (the scan
 // would find them at its next step, from the pods' processes), and forgets
@@ -459,15 +465,17 @@ func CheckKubernetes(ctx context.Context, cfg config.Config) (string, error) {
 func (p *projects) attachPodNetns(now time.Time) {
 	hints := p.kube.Netns()
 	live := make(map[uint64]bool, len(hints))
+	budget := podNetnsPerApply
 	for _, h := range hints {
 		ino, err := netnsscan.Inode(h.Path)
 		if err != nil {
 			continue // the pod went: the next poll says so
 		}
 		live[ino] = true
-		if _, ok := p.attached[ino]; ok {
+		if _, ok := p.attached[ino]; ok || budget == 0 {
 			continue
 		}
+		budget--
 		a := admin.Namespace{Namespace: netnsscan.Namespace{Inode: ino, Path: h.Path, Projects: []string{h.Project}, Since: now}}
 		info, err := p.kernel.AttachNetns(h.Path)
 		switch {
