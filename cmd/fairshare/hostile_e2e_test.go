@@ -229,9 +229,12 @@ func hostileNode(t *testing.T, gid int, listeners string) (n *node, pub, frontSo
 	}
 	frontSock, permSock = filepath.Join(pub, "front.sock"), filepath.Join(pub, "run", "permits.sock")
 	n = newNode(t, "")
+	// The floods hold connections that never send a request: the front's
+	// read_header_timeout (10s by default) would close the first ones
+	// before a slow run (a loaded machine) checks the listeners are full.
 	cfg := fmt.Sprintf("state_dir: %s\nadmin_socket: %s\npin_dir: %s\nprojects_root: %s\n"+
 		"permits: {socket: %s, group: '%d', max_waiting: 1024}\nmetrics: {listen: '127.0.0.1:0'}\n"+
-		"front: {listen: '127.0.0.1:0', socket: %s, upstream: %q}\n"+
+		"front: {listen: '127.0.0.1:0', socket: %s, upstream: %q, limits: {read_header_timeout: 1m}}\n"+
 		"pools: {flights: {size: 2}, residents: {size: 8}}\n"+
 		"listeners: {subuid: %s%s}\n",
 		n.state, n.sock, n.pin, n.root, permSock, gid, frontSock, up.URL, subuid, listeners)
