@@ -5,7 +5,10 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -55,7 +58,8 @@ func kubeSource(m admin.Membership) admin.MemberSource {
 
 // TestKubernetesPods runs the daemon binary on a real containerd: the pods
 // of namespaces team-a and team-b are members of projects team-a and
-// team-b, a labelled pod of its label's project, a kube-system pod of none;
+// team-b, a labelled pod of its label's project, a kube-system pod of none,
+// and the front places their requests so;
 // a new pod is in force within a tick or so (the time is logged), a removed
 // pod is not; a runtime that goes away is reported once (log, status,
 // fairshare_membership_source_up 0) while the pods stay members, even
@@ -70,7 +74,9 @@ func TestKubernetesPods(t *testing.T) {
 	b := r.RunPod(t, crtest.PodSpec{Namespace: "team-b", Name: "b", HostNetwork: true})
 	l := r.RunPod(t, crtest.PodSpec{Namespace: "team-a", Name: "l", HostNetwork: true, Labels: map[string]string{"fairshare.io/project": "billing"}})
 	r.RunPod(t, crtest.PodSpec{Namespace: "kube-system", Name: "dns", HostNetwork: true})
-	n := kubeNode(t, r, "")
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer up.Close()
+	n := kubeNode(t, r, fmt.Sprintf("front: {listen: '127.0.0.1:0', upstream: %q}\n", up.URL))
 	n.start()
 
 	want := []string{podMember("team-a", a1), podMember("team-a", a2), podMember("team-b", b), podMember("billing", l)}
@@ -85,6 +91,16 @@ func TestKubernetesPods(t *testing.T) {
 	})
 	if s := kubeSource(m); s.Members != 4 || s.Error != "" {
 		t.Errorf("kubernetes source %+v", s)
+	}
+	// The front places a pod's request by the pod's cgroup: the label's
+	// project for l, the namespace's for a1.
+	for _, p := range []*crtest.Pod{a1, l} {
+		if out, err := r.Exec(p, 10*time.Second, "/bin/busybox", "wget", "-q", "-O-", "http://"+n.r.Front+"/"); err != nil || out != "ok" {
+			t.Fatalf("a request from %s/%s through the front: %q %v", p.Namespace, p.Name, out, err)
+		}
+	}
+	if rq := pool(n.status(), "requests"); project(rq, "team-a").Admitted != 1 || project(rq, "billing").Admitted != 1 {
+		t.Errorf("the front did not place the pods' requests in their projects: %+v", rq.Projects)
 	}
 	out, errOut, code := runCLI(t, "run", "--check", "--config", n.cfg)
 	if w := "ok: the container runtime at " + r.Socket + " answers (containerd"; code != 0 || !strings.Contains(out, w) ||
