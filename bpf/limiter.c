@@ -142,9 +142,9 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx, bool v6)
 		rate_event_connect(ctx, v6, id, false);
 		goto refuse;
 	}
-	if (t.would)
+	int r = rate_settle(&t, AT_CONNECT, &h, take_permit(AT_CONNECT, CLK_COARSE, &h, id, p, 0, 0));
+	if (rate_would(&t, id, FS_DIR_CONNECT, r))
 		rate_event_connect(ctx, v6, id, true);
-	int r = rate_settle(&t, take_permit(AT_CONNECT, CLK_COARSE, &h, id, p, 0, 0));
 	if (r == TAKEN || r == NOT_TAKEN)
 		return 1;
 	refused_connect(ctx, v6, id, p, r == WOULD);
@@ -228,8 +228,6 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 			rate_event_syn(v.project, &rk, false);
 			return SK_DROP;
 		}
-		if (rt.would)
-			rate_event_syn(v.project, &rk, true);
 		int a = 1;
 		struct fs_project *cp = NULL;
 		if (!(cfg->exempt_max && exempt_listed(v.cgroup, v.project))) {
@@ -252,6 +250,10 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 				return SK_DROP;
 			}
 		}
+		/* Past the rate in dry-run: counted once, here unless the rule's
+		 * dry-run counted it above. */
+		if (rate_would(&rt, v.project, FS_DIR_SYN, a == 0 && cp ? WOULD : TAKEN))
+			rate_event_syn(v.project, &rk, true);
 		COUNT(cookie);
 		return SK_PASS;
 	}
@@ -264,9 +266,9 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 		rate_event_syn(v.project, &rk, false);
 		return SK_DROP;
 	}
-	if (t.would)
+	int r = rate_settle(&t, AT_SYN, &h, take_permit(AT_SYN, CLK_COARSE, &h, v.project, NULL, v.cgroup, 0));
+	if (rate_would(&t, v.project, FS_DIR_SYN, r))
 		rate_event_syn(v.project, &rk, true);
-	int r = rate_settle(&t, take_permit(AT_SYN, CLK_COARSE, &h, v.project, NULL, v.cgroup, 0));
 	if (r == TAKEN || r == NOT_TAKEN)
 		return SK_PASS;
 	refused_syn(v.project, v.cgroup, &rk, r == WOULD, r == WOULD);

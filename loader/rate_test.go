@@ -17,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
@@ -408,5 +411,38 @@ func TestRateEventsAndDryRun(t *testing.T) {
 	}
 	if p := project(snap(t, l), "p"); p.RateLimitedOut != before {
 		t.Errorf("dry-run counted as rate limited: %d, was %d", p.RateLimitedOut, before)
+	}
+}
+
+// TestRateBucketHeals: a bucket whose theoretical arrival time is further
+// ahead than any take can put it (what a token given back while the control
+// loop reset the bucket to full made of it: tat wrapped to 2^64 - interval
+// in a hostile review's run, and every connect of the project was refused
+// until its rate changed again) is taken as full, not as empty for good.
+// The give-back now saturates (rate_undo), and a take repairs such a state.
+func TestRateBucketHeals(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 4096, 0)
+	addr := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	dir := mkProject(t, root, "p")
+	if err := l.SetRate("p", 1000); err != nil {
+		t.Fatal(err)
+	}
+	id, err := cgroup.ID(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r limiterFsRate
+	if err := l.objs.FsRates.Lookup(id, &r); err != nil {
+		t.Fatal(err)
+	}
+	r.Tat = -r.IntervalNs // 2^64 - interval
+	if err := l.objs.FsRates.Update(id, &r, ebpf.UpdateExist); err != nil {
+		t.Fatal(err)
+	}
+	h := startHelper(t, dir)
+	if res := h.dial("tcp4", addr, 3); res.ok != 3 {
+		t.Fatalf("connects of a project whose bucket wrapped: %+v; want 3 admitted", res)
 	}
 }

@@ -146,11 +146,17 @@ static __always_inline __u64 rate_take(struct fs_rate *r)
 	__u64 now = now_ns(CLK_COARSE);
 #pragma unroll
 	for (int i = 0; i < RATE_TRIES; i++) {
-		__u64 tat = *(volatile __u64 *)&r->tat;
+		__u64 seen = *(volatile __u64 *)&r->tat, tat = seen;
+		/* Further ahead than a full burst can put it is no bucket's
+		 * state (a refund that raced a rate change, a take lost to
+		 * fs_rate_set's store): start from a full bucket rather than
+		 * refuse the project for good. */
+		if (tat > now && tat - now > burst + iv)
+			tat = now;
 		__u64 next = (tat > now ? tat : now) + iv;
 		if (next - now > burst)
 			return 0;
-		if (__sync_val_compare_and_swap(&r->tat, tat, next) == tat)
+		if (__sync_val_compare_and_swap(&r->tat, seen, next) == seen)
 			return iv;
 	}
 	return 0;
@@ -192,10 +198,9 @@ static __always_inline bool rate_gate(int at, struct holder *h, __u64 id, __u64 
 	}
 	if (h && recorded(at, h))
 		return true;
-	/* Dry-run (events.h): counted as a would-be refusal, and admitted;
-	 * the caller reports it. */
+	/* Dry-run (events.h): admitted; the caller counts and reports it as
+	 * a would-be refusal unless the rule's own dry-run did (rate_would). */
 	if (dry_run(id)) {
-		count_would(id, at == AT_CONNECT ? FS_DIR_CONNECT : FS_DIR_SYN);
 		t->would = true;
 		return true;
 	}
@@ -218,20 +223,46 @@ static __always_inline bool rate_gate(int at, struct holder *h, __u64 id, __u64 
  */
 static __always_inline void rate_undo(struct rate_ticket *t)
 {
-	if (t->r)
-		__sync_fetch_and_add(&t->r->tat, -t->iv);
+	if (!t->r)
+		return;
+	/* Saturating: fs_rate_set may have set tat to 0 (a full bucket)
+	 * since the token was taken, and tat - iv would wrap. */
+#pragma unroll
+	for (int i = 0; i < RATE_TRIES; i++) {
+		__u64 tat = *(volatile __u64 *)&t->r->tat;
+		__u64 next = tat > t->iv ? tat - t->iv : 0;
+		if (__sync_val_compare_and_swap(&t->r->tat, tat, next) == tat)
+			return;
+	}
 }
 
 /*
- * rate_settle gives the token of t back unless res, the outcome of the
- * take_permit it gated, took a permit (TAKEN, or WOULD in dry-run), and
- * returns res.
+ * rate_settle gives the token of t back when res, the outcome of the
+ * take_permit it gated for holder h at at, admitted nothing new: REFUSED,
+ * or NOT_TAKEN for a holder that has its permit already (a connect()
+ * called again, a retransmitted SYN). NOT_TAKEN for a full table admits
+ * the connection without a permit: its token stays taken, so the rate
+ * holds when the tables are full. Returns res.
  */
-static __always_inline int rate_settle(struct rate_ticket *t, int res)
+static __always_inline int rate_settle(struct rate_ticket *t, int at, struct holder *h, int res)
 {
-	if (res != TAKEN && res != WOULD)
+	if (t->r && (res == REFUSED || (res == NOT_TAKEN && recorded(at, h))))
 		rate_undo(t);
 	return res;
+}
+
+/*
+ * rate_would counts a connection of project id admitted past its rate in
+ * dry-run (t->would) as a would-be refusal at dir, unless res says the
+ * rule's dry-run counted it already (WOULD): one connection, one count.
+ * true: the caller reports the event.
+ */
+static __always_inline bool rate_would(struct rate_ticket *t, __u64 id, __u8 dir, int res)
+{
+	if (!t->would || res == WOULD)
+		return false;
+	count_would(id, dir);
+	return true;
 }
 
 /*
