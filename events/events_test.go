@@ -157,3 +157,19 @@ func TestTakeLost(t *testing.T) {
 		t.Fatalf("after TakeLost the next event is %+v, want no second notice", e)
 	}
 }
+
+// TestTextEscapes: a field a client chose (a permit object's name is up to
+// 1 KiB of anything) cannot forge a second line or drive the terminal in
+// 'fairshare events': control characters and non-ASCII are quoted.
+func TestTextEscapes(t *testing.T) {
+	e := Event{Time: time.Unix(0, 0), Source: "permits", Kind: KindEvicted, Pool: "residents", Project: "team-a",
+		Victim: "x\n00:00:00.000 kernel refused connections team-b reason=share\x1b[2J", Owner: "team-a", Spawner: "team-b",
+		Detail: "a plain detail"}
+	got := e.Text()
+	if strings.ContainsAny(got, "\n\x1b") {
+		t.Fatalf("Text() = %q: a control character passed", got)
+	}
+	if !strings.Contains(got, `victim="x\n00:00`) || !strings.Contains(got, "(a plain detail)") {
+		t.Errorf("Text() = %q", got)
+	}
+}

@@ -4,6 +4,7 @@ package events
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -12,27 +13,27 @@ import (
 // inputs, the victim of an eviction, a count).
 func (e Event) Text() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %-9s %-12s %-11s %s", e.Time.UTC().Format("15:04:05.000"), e.Source, e.Kind, dash(e.Pool), dash(e.Project))
+	fmt.Fprintf(&b, "%s %-9s %-12s %-11s %s", e.Time.UTC().Format("15:04:05.000"), safe(e.Source), safe(e.Kind), dash(e.Pool), dash(e.Project))
 	if e.Direction != "" {
-		fmt.Fprintf(&b, " %s", e.Direction)
+		fmt.Fprintf(&b, " %s", safe(e.Direction))
 	}
 	if e.Local != "" || e.Remote != "" {
 		fmt.Fprintf(&b, " %s -> %s", dash(e.Local), dash(e.Remote))
 	}
 	if e.Reason != "" {
-		fmt.Fprintf(&b, " reason=%s", e.Reason)
+		fmt.Fprintf(&b, " reason=%s", safe(e.Reason))
 	}
 	if e.PoolSize > 0 {
 		fmt.Fprintf(&b, " held=%d share=%d in_use=%d/%d", e.Held, e.Share, e.InUse, e.PoolSize)
 	}
 	if e.Victim != "" {
-		fmt.Fprintf(&b, " victim=%s owner=%s spawner=%s", e.Victim, dash(e.Owner), dash(e.Spawner))
+		fmt.Fprintf(&b, " victim=%s owner=%s spawner=%s", safe(e.Victim), dash(e.Owner), dash(e.Spawner))
 	}
 	if e.Count > 0 {
 		fmt.Fprintf(&b, " count=%d", e.Count)
 	}
 	if e.Detail != "" {
-		fmt.Fprintf(&b, " (%s)", e.Detail)
+		fmt.Fprintf(&b, " (%s)", safe(e.Detail))
 	}
 	return b.String()
 }
@@ -40,6 +41,19 @@ func (e Event) Text() string {
 func dash(s string) string {
 	if s == "" {
 		return "-"
+	}
+	return safe(s)
+}
+
+// safe is s as it may be printed on a terminal: unchanged when it is
+// printable ASCII, else quoted with Go escapes, so a name a client chose (a
+// permit object's, up to 1 KiB of anything) cannot forge a line or drive
+// the terminal.
+func safe(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' || c >= 0x7f {
+			return strconv.QuoteToASCII(s)
+		}
 	}
 	return s
 }
