@@ -172,6 +172,7 @@ type FrontLimits struct {
 	IdleTimeout         time.Duration `yaml:"idle_timeout"`
 	UpstreamIdleTimeout time.Duration `yaml:"upstream_idle_timeout"`
 	BodyReadTimeout     time.Duration `yaml:"body_read_timeout"`
+	BodyMinRate         int64         `yaml:"body_min_rate"`
 	WriteTimeout        time.Duration `yaml:"write_timeout"`
 	UpstreamHeadTimeout time.Duration `yaml:"upstream_head_timeout"`
 	TunnelTimeout       time.Duration `yaml:"tunnel_timeout"`
@@ -186,6 +187,7 @@ func (l *FrontLimits) validate() error {
 		{"upstream_head_bytes", l.UpstreamHeadBytes, 4 << 10, 64 << 20},
 		{"informational", int64(l.Informational), 1, 100},
 		{"request_head_bytes", int64(l.RequestHeadBytes), 1 << 10, 16 << 20},
+		{"body_min_rate", l.BodyMinRate, 0, 1 << 30},
 	} {
 		if v.val < v.min || v.val > v.max {
 			return fmt.Errorf("front.limits.%s must be between %d and %d, got %d", v.name, v.min, v.max, v.val)

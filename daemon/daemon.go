@@ -265,7 +265,7 @@ func frontConfig(cfg config.Config, projectsRoot string) front.Config {
 		MaxUpstreamHead: lim.UpstreamHeadBytes, MaxInformational: lim.Informational,
 		MaxRequestHead: lim.RequestHeadBytes, ReadHeaderTimeout: lim.ReadHeaderTimeout,
 		IdleTimeout: lim.IdleTimeout, UpstreamIdleTimeout: lim.UpstreamIdleTimeout,
-		BodyReadTimeout: lim.BodyReadTimeout, WriteTimeout: lim.WriteTimeout,
+		BodyReadTimeout: lim.BodyReadTimeout, BodyMinRate: lim.BodyMinRate, WriteTimeout: lim.WriteTimeout,
 		UpstreamHeadTimeout: lim.UpstreamHeadTimeout, TunnelTimeout: lim.TunnelTimeout,
 	}
 }

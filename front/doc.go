@@ -156,6 +156,7 @@
 //	IdleTimeout          2m     a client's kept-alive connection idle this long: closed
 //	UpstreamIdleTimeout  90s    an upstream connection kept for reuse, idle this long: closed
 //	BodyReadTimeout      30s    one read of a request body waiting this long: 408, connection closed
+//	BodyMinRate          1 KiB/s a body averaging less, counted from BodyReadTimeout after admission: 408
 //	WriteTimeout         30s    a piece of an answer the client does not take this long: connection closed
 //	UpstreamHeadTimeout  1m     no answer head this long after the whole request went out: 504
 //	TunnelTimeout        10m    an upgraded connection (a tunnel) this old: both ends closed

@@ -121,6 +121,7 @@ type Config struct {
 	IdleTimeout         time.Duration // a client's keep-alive connection between requests
 	UpstreamIdleTimeout time.Duration // an upstream connection kept for reuse
 	BodyReadTimeout     time.Duration // each read of a client's request body: past it 408
+	BodyMinRate         int64         // bytes/s a request body must average after BodyReadTimeout: slower 408; 0 off
 	WriteTimeout        time.Duration // each write to a client: past it the connection is closed
 	UpstreamHeadTimeout time.Duration // the upstream's answer head, from when the request is all out: past it 504
 	TunnelTimeout       time.Duration // an upgraded connection (a tunnel) holding its request's permit
@@ -972,15 +973,20 @@ func (f *Front) upstreamFailed(w http.ResponseWriter, r *http.Request, x *exchan
 // its request, and its permit, for longer.
 type timedBody struct {
 	io.ReadCloser
-	d    time.Duration
-	conn net.Conn                 // the client's connection, HTTP/1 under Front.Serve
-	rc   *http.ResponseController // otherwise
+	d time.Duration
+	// minRate (bytes/s, 0 none) bounds the whole body: by start + d +
+	// read/minRate the client must have sent read bytes and more.
+	minRate int64
+	start   time.Time
+	read    int64
+	conn    net.Conn                 // the client's connection, HTTP/1 under Front.Serve
+	rc      *http.ResponseController // otherwise
 	// timedOut: a read failed on the deadline.
 	timedOut atomic.Bool
 }
 
 func (f *Front) timedBody(w http.ResponseWriter, r *http.Request) *timedBody {
-	b := &timedBody{ReadCloser: r.Body, d: f.cfg.BodyReadTimeout}
+	b := &timedBody{ReadCloser: r.Body, d: f.cfg.BodyReadTimeout, minRate: f.cfg.BodyMinRate, start: time.Now()}
 	if cc := peerOf(r).cc; cc != nil && r.ProtoMajor == 1 {
 		b.conn = cc.Conn
 	} else {
@@ -1002,9 +1008,16 @@ func (b *timedBody) setDeadline(t time.Time) {
 // which must not fail on it.
 func (b *timedBody) Read(p []byte) (int, error) {
 	start := time.Now()
-	b.setDeadline(start.Add(b.d))
+	deadline := start.Add(b.d)
+	if b.minRate > 0 {
+		// The whole body's bound: a client trickling a byte before each
+		// read's deadline still has to keep the average rate.
+		deadline = minTime(deadline, b.start.Add(b.d+time.Duration(float64(b.read+1)/float64(b.minRate)*float64(time.Second))))
+	}
+	b.setDeadline(deadline)
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF && (errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) >= b.d) {
+	b.read += int64(n)
+	if err != nil && err != io.EOF && (errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(deadline)) {
 		// The deadline stays in the past: the server's own read of the
 		// rest of the body, when the handler closes it, fails at once
 		// too rather than wait for a client that stopped.
@@ -1014,4 +1027,11 @@ func (b *timedBody) Read(p []byte) (int, error) {
 	}
 	b.setDeadline(time.Time{})
 	return n, err
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

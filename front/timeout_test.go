@@ -67,6 +67,68 @@ func TestSlowBodyFreesPool(t *testing.T) {
 	})
 }
 
+// TestTrickledBodyFreesPool: a client that sends one byte of its body just
+// before each read's timeout holds its permit only until its body falls
+// below BodyMinRate on average (counted from BodyReadTimeout after
+// admission): a hostile review held a pool of 2 for good with a byte every
+// 200 ms under a 300 ms read timeout. On both paths.
+func TestTrickledBodyFreesPool(t *testing.T) {
+	paths(t, func(t *testing.T, tweak func(*Front)) {
+		r := newRig(t, rigOpts{poolSize: 2, tweak: tweak,
+			cfg: Config{BodyReadTimeout: 300 * time.Millisecond, BodyMinRate: 100}},
+			func(w http.ResponseWriter, req *http.Request) {
+				if _, err := io.Copy(io.Discard, req.Body); err == nil {
+					_, _ = io.WriteString(w, "ok")
+				}
+			})
+		addr := strings.TrimPrefix(r.url, "http://")
+		answers := make(chan string, 2)
+		stop := make(chan struct{})
+		t.Cleanup(func() { close(stop) })
+		for range 2 {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nFairshare-Project: beta\r\nContent-Length: 1000\r\n\r\nx")
+			go func() { // a byte every 200 ms: never a read's timeout, 5 bytes/s
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(200 * time.Millisecond):
+						if _, err := io.WriteString(c, "x"); err != nil {
+							return
+						}
+					}
+				}
+			}()
+			go func() {
+				_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					answers <- err.Error()
+					return
+				}
+				answers <- resp.Status
+			}()
+		}
+		waitInUse(t, r.pool, 2)
+		start := time.Now()
+		waitInUse(t, r.pool, 0)
+		t.Logf("the pool was free %v after the trickles began", time.Since(start))
+		if resp := r.get(t, "alpha", "/"); resp.StatusCode != http.StatusOK {
+			t.Errorf("alpha after beta's bodies trickled: %d, want 200", resp.StatusCode)
+		}
+		for range 2 {
+			if got := <-answers; !strings.HasPrefix(got, "408") {
+				t.Errorf("a trickled body was answered %q, want 408", got)
+			}
+		}
+	})
+}
+
 // TestSlowReaderFreesPool: a client that does not read a large answer holds
 // its request only until a write to it has waited WriteTimeout: then its
 // connection is closed and its permit goes back. On both paths.
