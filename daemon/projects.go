@@ -396,7 +396,7 @@ func newKube(cfg config.Config, mount string, log *slog.Logger) (*kube.Source, e
 	if err != nil {
 		return nil, fmt.Errorf("%w: kubernetes.runtime_endpoint: %w", config.ErrInvalid, err)
 	}
-	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: kubeRules(k), Mount: mount, Every: max(cfg.Tick, kubePollMin),
+	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: kubeRules(cfg), Mount: mount, Every: max(cfg.Tick, kubePollMin),
 		Log: log.With("source", membership.SourceKubernetes), Cache: filepath.Join(cfg.StateDir, kubeCache)})
 	log.Info("pods are read from the container runtime over the CRI, polled each tick (containerd 1.6 has no container events)",
 		"endpoint", cri.Endpoint(), "project_label", k.ProjectLabel, "namespace_projects", k.NamespaceProjects,
@@ -404,9 +404,12 @@ func newKube(cfg config.Config, mount string, log *slog.Logger) (*kube.Source, e
 	return src, nil
 }
 
-// kubeRules are the project rules of the kubernetes section.
-func kubeRules(k config.Kubernetes) kube.Rules {
-	return kube.Rules{ProjectLabel: k.ProjectLabel, Namespaces: k.NamespaceProjects, System: k.SystemNamespaces, Validate: project.Validate}
+// kubeRules are the project rules of the kubernetes section; the front's
+// exempt projects are reserved: a pod label may not name one.
+func kubeRules(cfg config.Config) kube.Rules {
+	k := cfg.Kubernetes
+	return kube.Rules{ProjectLabel: k.ProjectLabel, Namespaces: k.NamespaceProjects, System: k.SystemNamespaces,
+		Validate: project.Validate, Reserved: cfg.Front.Exempt.Projects}
 }
 
 // CheckKubernetes asks the runtime of the kubernetes source for its pods,
@@ -427,7 +430,7 @@ func CheckKubernetes(ctx context.Context, cfg config.Config) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	rules := kubeRules(k)
+	rules := kubeRules(cfg)
 	projects := map[string]bool{}
 	in, system, unusable := 0, 0, 0
 	for _, p := range pods {

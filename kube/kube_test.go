@@ -74,6 +74,12 @@ func TestRulesProject(t *testing.T) {
 		{"label only", Rules{ProjectLabel: DefaultProjectLabel, Validate: policy.ValidateProject}, pod("team-a", nil), "", false},
 		{"label only, labelled", Rules{ProjectLabel: DefaultProjectLabel, Validate: policy.ValidateProject}, pod("team-a", map[string]string{DefaultProjectLabel: "x"}), "x", false},
 		{"label off", Rules{Namespaces: true, Validate: policy.ValidateProject}, pod("team-a", map[string]string{DefaultProjectLabel: "x"}), "team-a", false},
+		// A label may not make a pod exempt by naming an exempt project; its
+		// namespace may be one (the operator's choice).
+		{"label names a reserved project", Rules{ProjectLabel: DefaultProjectLabel, Namespaces: true, Reserved: []string{"ops"}},
+			pod("team-a", map[string]string{DefaultProjectLabel: "ops"}), "team-a", true},
+		{"namespace is a reserved project", Rules{ProjectLabel: DefaultProjectLabel, Namespaces: true, Reserved: []string{"ops"}},
+			pod("ops", nil), "ops", false},
 	} {
 		got, err := c.rules.Project(c.pod)
 		if got != c.want || (err != nil) != c.wantErr {

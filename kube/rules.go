@@ -26,6 +26,11 @@ type Rules struct {
 	System []string
 	// Validate checks a project name (policy.ValidateProject).
 	Validate func(string) error
+	// Reserved are projects a label may not name (the front's exempt
+	// projects: whoever may label a pod must not thereby make it exempt);
+	// a pod labelled with one counts for its namespace. Its namespace may
+	// still be one: that is the operator's choice.
+	Reserved []string
 }
 
 // DefaultRules: the namespace is the project, the label overrides it,
@@ -44,10 +49,13 @@ func (r Rules) Project(p Pod) (project string, err error) {
 	}
 	if r.ProjectLabel != "" {
 		if v, ok := p.Labels[r.ProjectLabel]; ok {
-			if r.Validate == nil {
-				return v, nil
+			var verr error
+			if slices.Contains(r.Reserved, v) {
+				verr = fmt.Errorf("%q is an exempt project, which only an operator's configuration may name", v)
+			} else if r.Validate != nil {
+				verr = r.Validate(v)
 			}
-			if verr := r.Validate(v); verr == nil {
+			if verr == nil {
 				return v, nil
 			} else {
 				err = fmt.Errorf("pod %s/%s: label %s: %w", p.Namespace, p.Name, r.ProjectLabel, verr)
