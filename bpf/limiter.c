@@ -3,8 +3,8 @@
  * fairshare connection limiter: TCP connection permits per project, taken at
  * connect (outbound) and at the inbound SYN, released when the socket dies.
  *
- * A project is a cgroup directly below the projects root; its id is the
- * cgroup id (lib/project.h). The rule (see pools/doc.go) is applied here
+ * A project is a compact id whose members are registered cgroups at any
+ * depth (lib/project.h). The rule (see pools/doc.go) is applied here
  * with POOL and FLOOR from the config map and share = max(FLOOR, POOL /
  * active):
  *
@@ -27,7 +27,7 @@
  * below its share and all use the POOL limit: the project can pass its share
  * by at most (CPUs - 1) while the pool has room, never the pool itself.
  *
- * Exempt sockets (their cgroup or their project is in fs_exempt) take a
+ * Exempt sockets (their cgroup, or the registered cgroup they are in, is in fs_exempt) take a
  * permit from a separate budget (exempt_max, taken with a fetch-add rolled
  * back when it went over) and are neither refused by the rule nor counted in
  * in_use; over the budget they go under the rule like any socket of their
@@ -126,13 +126,13 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx, bool v6)
 	/* Cheapest filter first: UDP connect runs this hook too. */
 	if (ctx->type != SOCK_STREAM)
 		return 1;
-	__u64 id = 0;
-	struct fs_project *p = task_project(&id);
+	struct bpf_sock *bs = ctx->sk;
+	__u64 id = 0, cg = 0;
+	struct fs_project *p = task_project(bs, &id, &cg);
 	if (!id)
 		return 1;
 	/* The socket's netns is read from the socket itself (record): two
 	 * loads where the helper is a call. */
-	struct bpf_sock *bs = ctx->sk;
 	struct holder h = {.cookie = bpf_get_socket_cookie(ctx), .sk = bs ? CAST(struct sock, bs) : NULL};
 	/* The project's rate first (rate.h): a refusal by it never touches
 	 * the pool's counters, and its token goes back unless a permit is
@@ -142,7 +142,7 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx, bool v6)
 		rate_event_connect(ctx, v6, id, false);
 		goto refuse;
 	}
-	int r = rate_settle(&t, AT_CONNECT, &h, take_permit(AT_CONNECT, CLK_COARSE, &h, id, p, 0, 0));
+	int r = rate_settle(&t, AT_CONNECT, &h, take_permit(AT_CONNECT, CLK_COARSE, &h, id, p, cg, 0));
 	if (rate_would(&t, id, FS_DIR_CONNECT, r))
 		rate_event_connect(ctx, v6, id, true);
 	if (r == TAKEN || r == NOT_TAKEN)
@@ -158,14 +158,30 @@ refuse:
 SEC("cgroup/connect4")
 int fs_connect4(struct bpf_sock_addr *ctx)
 {
-	return connect_common(ctx, false);
+	/* 0 or 1 as the verifier sees it: clang may return a spilled copy
+	 * of what it knows is 0 or 1, which the verifier cannot bound. */
+	int ret = connect_common(ctx, false);
+	barrier_var(ret);
+	return ret & 1;
 }
 
 SEC("cgroup/connect6")
 int fs_connect6(struct bpf_sock_addr *ctx)
 {
-	return connect_common(ctx, true);
+	/* 0 or 1 as the verifier sees it: clang may return a spilled copy
+	 * of what it knows is 0 or 1, which the verifier cannot bound. */
+	int ret = connect_common(ctx, true);
+	barrier_var(ret);
+	return ret & 1;
 }
+
+/*
+ * The network namespace this instance of fs_sk_lookup is attached to: an
+ * sk_lookup program cannot ask (bpf_get_netns_cookie is refused to it), so
+ * the loader loads one instance per namespace with its cookie here, all
+ * sharing the pinned maps (loader/netns.go).
+ */
+volatile const __u64 lookup_netns;
 
 SEC("sk_lookup")
 int fs_sk_lookup(struct bpf_sk_lookup *ctx)
@@ -192,12 +208,12 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	 * one, else the listener entries. (Written out here: the same steps in
 	 * a function of their own cost sk_lookup ~9 ns, loopback benchmark.) */
 	struct lview v = {};
-	int own = port_owner(port, w, cfg->netns_cookie, fam, rk.laddr, &v);
+	int own = port_owner(port, w, lookup_netns, fam, rk.laddr, &v);
 	if (own == OWNER_OTHER)
 		return SK_PASS;
 	if (own == OWNER_UNKNOWN) {
 		struct fs_listen_key lk = {};
-		syn_key(&lk, cfg->netns_cookie, lport, fam, rk.laddr);
+		syn_key(&lk, lookup_netns, lport, fam, rk.laddr);
 		struct fs_listener *l = find_listener(port, &lk);
 		if (!l)
 			return SK_PASS;
@@ -516,7 +532,7 @@ int fs_adjust(struct fs_adjust_args *a)
 		__s64 delta = a->delta;
 		struct fs_pool *n = node();
 		if (id) {
-			struct fs_project *p = bpf_map_lookup_elem(&fs_projects, &id);
+			struct fs_project *p = project_get(id);
 			if (!p)
 				return 0;
 			__sync_fetch_and_add(&p->in_use, delta);

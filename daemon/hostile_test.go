@@ -22,6 +22,7 @@ import (
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/front"
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/metrics"
@@ -187,9 +188,30 @@ func TestKernelTotalsSurviveRestart(t *testing.T) {
 		unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 		return time.Duration(ts.Nano() + skew.Load())
 	}
-	lim, err := loader.Open(loader.Options{ProjectsRoot: root, PinDir: pin, PoolSize: 4, Monotonic: mono})
+	mnt, err := cgroup.FindMount()
 	if err != nil {
 		t.Fatal(err)
+	}
+	level, err := mnt.Level(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := loader.Open(loader.Options{BaseLevel: level + 1, PinDir: pin, PoolSize: 4, Monotonic: mono})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The root's children are its projects, as the daemon makes them.
+	members := func() {
+		var ms []loader.Member
+		ents, _ := os.ReadDir(root)
+		for _, e := range ents {
+			if e.IsDir() {
+				ms = append(ms, loader.Member{Project: e.Name(), Cgroup: filepath.Join(root, e.Name())})
+			}
+		}
+		if _, err := lim.SetMembers(ms); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
@@ -201,6 +223,7 @@ func TestKernelTotalsSurviveRestart(t *testing.T) {
 	connect := func(project string, n int) {
 		cg := filepath.Join(root, project)
 		os.Mkdir(cg, 0o755)
+		members()
 		script := fmt.Sprintf("for i in $(seq %d); do exec {fd}<>/dev/tcp/127.0.0.1/%d || true; done 2>/dev/null", n, port)
 		cmd := exec.Command("bash", "-c", script)
 		testutil.InCgroup(t, cmd, cg)
@@ -211,6 +234,7 @@ func TestKernelTotalsSurviveRestart(t *testing.T) {
 	connect("gone", 6) // 4 admitted, 2 refused by the pool of 4
 	connect("kept", 1)
 	testutil.RemoveCgroup(t, filepath.Join(root, "gone"))
+	members()
 	var before loader.Snapshot
 	eventually(t, func() error {
 		skew.Add(int64(2 * time.Minute))
@@ -228,7 +252,7 @@ func TestKernelTotalsSurviveRestart(t *testing.T) {
 	lim.Close()
 
 	// Status read from the pins, with no daemon.
-	ro, err := loader.OpenReadOnly(pin, root)
+	ro, err := loader.OpenReadOnly(pin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/events"
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/pools"
@@ -107,18 +110,45 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink) (*kernelSi
 		return nil, err
 	}
 	conn := cfg.Pools[config.PoolConnections]
+	mnt, err := cgroup.FindMount()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, fmt.Errorf("creating projects root: %w", err)
+	}
+	level, err := mnt.Level(root)
+	if err != nil {
+		return nil, fmt.Errorf("projects root %s: %w", root, err)
+	}
+	// The exempt paths of the config are relative to the projects root;
+	// the loader's to the cgroup2 mount.
+	exempt := make([]string, len(cfg.Connections.Exempt))
+	for i, p := range cfg.Connections.Exempt {
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(root, p)
+		}
+		exempt[i] = p
+	}
+	// The programs look for a socket's member from the level of the
+	// projects root's children down (a registration above it is refused
+	// by SetMembers), or from the top without a root.
+	base := uint32(1)
+	if cfg.Projects.Has(membership.SourceDirectory) || cfg.Projects.Has(membership.SourceSystemd) {
+		base = level + 1
+	}
 	lim, err := loader.Open(loader.Options{
-		ProjectsRoot: root, PinDir: cfg.PinDir,
+		PinDir: cfg.PinDir, BaseLevel: base,
 		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window,
 		Logger: log,
-		Exempt: cfg.Connections.Exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
+		Exempt: exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
 		ReservationTTL: cfg.Connections.ReservationTTL,
 	})
 	if err != nil {
 		return nil, loadError(cfg.PinDir, err)
 	}
 	k := &kernelSide{lim: lim, root: root, pinDir: cfg.PinDir, reconcile: cfg.Reconcile, log: log, events: sink,
-		book: kernelBook{last: map[uint64]kernelCounts{}}, dry: map[string]bool{}, dropped: map[uint64]uint64{}}
+		book: kernelBook{last: map[uint32]kernelCounts{}}, dry: map[string]bool{}, dropped: map[uint64]uint64{}}
 	if err := k.setEvents(cfg); err != nil {
 		lim.Close()
 		return nil, err
@@ -315,7 +345,7 @@ type kernelCounts struct{ admitted, refused, rateLimited uint64 }
 // they go into forgotten. The book lives in the daemon; a restarted daemon
 // starts it again from the entries it finds (the kernel keeps those).
 type kernelBook struct {
-	last      map[uint64]kernelCounts // cgroup id -> counts last seen
+	last      map[uint32]kernelCounts // project id -> counts last seen
 	forgotten admin.Forgotten
 }
 
@@ -327,10 +357,10 @@ func (k *kernelSide) note(s loader.Snapshot) {
 }
 
 func (b *kernelBook) note(s loader.Snapshot) {
-	now := make(map[uint64]bool, len(s.Projects))
+	now := make(map[uint32]bool, len(s.Projects))
 	for _, p := range s.Projects {
-		now[p.CgroupID] = true
-		b.last[p.CgroupID] = kernelCounts{p.Admitted, p.Refused, p.RateLimitedOut + p.RateLimitedIn}
+		now[p.ID] = true
+		b.last[p.ID] = kernelCounts{p.Admitted, p.Refused, p.RateLimitedOut + p.RateLimitedIn}
 	}
 	for id, c := range b.last {
 		if !now[id] {
@@ -387,7 +417,7 @@ func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) 
 	for _, pc := range s.Projects {
 		name := pc.Project
 		if name == "" {
-			name = fmt.Sprintf("#%d", pc.CgroupID) // its cgroup is gone
+			name = fmt.Sprintf("#%d", pc.ID) // no name: a bug of the kernel side
 		}
 		lim := pc.RateLimitedOut + pc.RateLimitedIn
 		p.Projects = append(p.Projects, admin.Project{Project: name, Held: pc.InUse,
@@ -427,8 +457,33 @@ type netnsInfo struct {
 	Path          string
 }
 
-// members is the kernel side as the membership's memberKernel, or nil while
-// the loader takes no members. Wiring it is four methods on kernelSide
-// that call k.lim.Members, SetMembers, AttachNetns and DetachGone and
-// convert their results, and returning k here.
-func (k *kernelSide) members() memberKernel { return nil }
+// members is the kernel side as the membership's memberKernel.
+func (k *kernelSide) members() memberKernel { return kernelMembers{k.lim} }
+
+// kernelMembers is the loader's membership API as memberKernel.
+type kernelMembers struct{ lim *loader.Limiter }
+
+func (m kernelMembers) Members() ([]membership.Member, error) { return m.lim.Members() }
+
+func (m kernelMembers) SetMembers(ms []membership.Member) (membersReport, error) {
+	rep, err := m.lim.SetMembers(ms)
+	out := membersReport{Added: rep.Added, Removed: rep.Removed, Kept: rep.Kept}
+	for _, r := range rep.Refused {
+		out.Refused = append(out.Refused, membership.Refusal{Entry: membership.Entry{Member: r.Member}, Reason: r.Reason})
+	}
+	return out, err
+}
+
+func (m kernelMembers) AttachNetns(nsPath string) (netnsInfo, error) {
+	i, err := m.lim.AttachNetns(nsPath)
+	return netnsInfo(i), err
+}
+
+func (m kernelMembers) DetachGone() ([]netnsInfo, error) {
+	gone, err := m.lim.DetachGone()
+	out := make([]netnsInfo, len(gone))
+	for i, g := range gone {
+		out[i] = netnsInfo(g)
+	}
+	return out, err
+}

@@ -99,12 +99,22 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 		return nil
 	})
 	cleanups = append(cleanups, func() error { return cgroup.RemoveTree(root) })
-	lim, err := loader.Open(loader.Options{ProjectsRoot: root, PinDir: pinDir, PoolSize: uint32(cfg.PoolSize), Logger: cfg.Log})
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return nil, fmt.Errorf("creating the projects root: %w", err)
+	}
+	level, err := mnt.Level(root)
+	if err != nil {
+		return nil, err
+	}
+	// The projects are the root's children: the walk looks at that level only.
+	lim, err := loader.Open(loader.Options{PinDir: pinDir, PoolSize: uint32(cfg.PoolSize), Logger: cfg.Log,
+		BaseLevel: level + 1, MaxDepth: 1})
 	if err != nil {
 		return nil, fmt.Errorf("loading the limiter: %w", err)
 	}
 	cleanups = append(cleanups, lim.Close)
 	cgFDs := map[string]*os.File{}
+	var members []loader.Member
 	for _, p := range []string{Small, Big} {
 		dir := filepath.Join(root, p)
 		if err := os.Mkdir(dir, 0o755); err != nil {
@@ -117,6 +127,10 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 		}
 		cleanups = append(cleanups, fd.Close)
 		cgFDs[p] = fd
+		members = append(members, loader.Member{Project: p, Cgroup: dir})
+	}
+	if rep, err := lim.SetMembers(members); err != nil || len(rep.Refused) > 0 {
+		return nil, fmt.Errorf("registering the projects: %v %v", rep.Refused, err)
 	}
 
 	// The server: outside the projects root, so only the clients count.

@@ -277,7 +277,7 @@ func benchCycle(b *testing.B, both, wildcard bool, rated int) {
 		lfd, sa = benchListener(b, wildcard)
 	}
 
-	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: benchPool})
+	l, err := openRoot(b, root, Options{PinDir: pin, PoolSize: benchPool})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -586,5 +586,64 @@ func BenchmarkReadSlots(b *testing.B) {
 		for i := uint32(0); i < l.held; i += 2 {
 			_ = l.objs.FsSlots.Put(i, limiterFsSlot{})
 		}
+	}
+}
+
+// BenchmarkConnectDepth is the cost of finding a socket's project by the
+// walk (bpf/lib/project.h): the project registered 1, 2 and 3 levels below
+// the base level, the connecting process in a leaf below it, and the
+// programs' run time per run with BPF stats on (medians over rounds; the
+// stats add ~20 ns to every run). connect4 and sock_release walk once per
+// cycle, set_state for the closing socket (the listener is outside the
+// projects). The extra cost per level is the difference between depths.
+func BenchmarkConnectDepth(b *testing.B) {
+	testutil.RequireRoot(b)
+	for depth := 1; depth <= 3; depth++ {
+		b.Run("depth="+strconv.Itoa(depth), func(b *testing.B) {
+			root := newRoot(b)
+			pin := newPinDir(b)
+			rel := ""
+			for i := range depth {
+				rel = filepath.Join(rel, "l"+strconv.Itoa(i+1))
+			}
+			member := mkdirs(b, root, rel)[0]
+			leaf := mkdirs(b, member, "ctr")[0]
+			defer pinCPU(b)()
+			lfd, sa := benchListener(b, false) // outside the projects
+			moveSelf(b, leaf)
+			o := rootOptions(b, root, Options{PinDir: pin, PoolSize: benchPool})
+			o.MaxDepth = DefaultMaxDepth
+			l, err := Open(o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() {
+				l.Close()
+				if err := Cleanup(pin); err != nil {
+					b.Error(err)
+				}
+			}()
+			if rep, err := l.SetMembers([]Member{{Project: "bench", Cgroup: member}}); err != nil || len(rep.Refused) > 0 {
+				b.Fatalf("%+v %v", rep, err)
+			}
+			stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+			if err != nil {
+				b.Skipf("bpf stats unavailable: %v", err)
+			}
+			defer stats.Close()
+			detachLinks(b, l)
+			b.ResetTimer()
+			var st map[string]progStat
+			for range max(b.N/4000, 1) {
+				st = progStats(b, &l.objs, lfd, sa, func(o *limiterObjects) { attachLinks(b, l, o) }, func() { detachLinks(b, l) })
+			}
+			b.StopTimer()
+			for _, name := range []string{"connect4", "sock_release", "set_state"} {
+				b.ReportMetric(st[name].ns, name+"-ns/run")
+			}
+			if s := snap(b, l); s.Admitted == 0 || len(s.Projects) != 1 || s.Projects[0].Project != "bench" {
+				b.Fatalf("the connections did not count for the project: %+v", s)
+			}
+		})
 	}
 }

@@ -38,8 +38,7 @@ type CheckReport struct {
 
 // Check verifies, without disturbing a running limiter, that Open would
 // work: the programs pass the kernel verifier; when PinDir holds a limiter,
-// its maps have this version's layout, it was made for ProjectsRoot and its
-// permit tables hold PoolSize, and its links are in place; and every hook
+// its maps have this version's layout and its permit tables hold PoolSize, and its links are in place; and every hook
 // attaches. The attach test uses fresh, unpinned maps and a temporary empty
 // cgroup (removed again), so no pinned map is written, no link is replaced
 // and nothing is reconciled: the counts, the config and the exempt set of a
@@ -61,17 +60,8 @@ func Check(opts Options) (CheckReport, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return rep, fmt.Errorf("raising RLIMIT_MEMLOCK: %w", err)
 	}
-	l := &Limiter{root: opts.ProjectsRoot, pinDir: opts.PinDir, size: opts.PoolSize, floor: opts.Floor, log: opts.Logger}
-	// A root that does not exist yet is created by Open; its id is needed
-	// only to compare with pins, which then cannot be its own.
-	if st, err := os.Stat(l.root); err == nil && st.IsDir() {
-		if l.rootID, err = cgroup.ID(l.root); err != nil {
-			return rep, err
-		}
-		if l.level, err = mi.Level(l.root); err != nil {
-			return rep, err
-		}
-	}
+	l := &Limiter{root: mi.Point, mnt: mi, base: opts.BaseLevel, depth: opts.MaxDepth, maxProj: opts.MaxProjects,
+		maxMemb: opts.MaxMembers, pinDir: opts.PinDir, size: opts.PoolSize, floor: opts.Floor, log: opts.Logger}
 	if _, err := os.Stat(filepath.Join(opts.PinDir, "fs_config")); err == nil {
 		rep.Pinned = true
 		if err := l.checkPinned(&rep); err != nil {
@@ -123,9 +113,6 @@ func (l *Limiter) checkPinned(rep *CheckReport) error {
 	var cfg limiterFsSettings
 	if err := objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("reading config map: %w", err)
-	}
-	if cfg.RootCgroupId != 0 && cfg.RootCgroupId != l.rootID {
-		return fmt.Errorf("%s belongs to cgroup id %d, not %s (id %d): %w", l.pinDir, cfg.RootCgroupId, l.root, l.rootID, ErrPinnedMismatch)
 	}
 	var node limiterFsPool
 	if err := objs.FsNode.Lookup(uint32(0), &node); err != nil {
@@ -200,13 +187,8 @@ func (l *Limiter) probeAttach(mi cgroup.Mount, rep *CheckReport) error {
 	if err := cgroup.OnCgroup2(dir); err != nil {
 		return fmt.Errorf("probe cgroup %w", err)
 	}
-	p := &Limiter{root: dir, pinDir: filepath.Join(os.TempDir(), "fairshare-no-pins"), size: l.size, floor: l.floor}
-	if p.rootID, err = cgroup.ID(dir); err != nil {
-		return err
-	}
-	if p.level, err = mi.Level(dir); err != nil {
-		return err
-	}
+	p := &Limiter{root: dir, mnt: mi, base: l.base, depth: l.depth, maxProj: l.maxProj, maxMemb: l.maxMemb,
+		pinDir: filepath.Join(os.TempDir(), "fairshare-no-pins"), size: l.size, floor: l.floor}
 	spec, err := p.spec()
 	if err != nil {
 		return err

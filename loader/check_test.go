@@ -40,7 +40,7 @@ func TestCheckLeavesRunningLimiterAlone(t *testing.T) {
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	app := mkProject(t, root, "app")
 	mkProject(t, app, "probes")
-	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 4, Floor: 1, Exempt: []string{"app/probes"}, ExemptMax: 2})
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 4, Floor: 1, Exempt: []string{filepath.Join(root, "app/probes")}, ExemptMax: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestCheckLeavesRunningLimiterAlone(t *testing.T) {
 	linksBefore := links()
 
 	// Another configured pool size and no exempt set: neither is applied.
-	rep, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 6})
+	rep, err := Check(Options{PinDir: pin, PoolSize: 6})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,11 +97,8 @@ func TestCheckLeavesRunningLimiterAlone(t *testing.T) {
 		t.Fatalf("exempt set after the check: %+v", s.Exempt)
 	}
 
-	// Pins of another root, and a pool the pinned tables cannot hold, fail.
-	if _, err := Check(Options{ProjectsRoot: newRoot(t), PinDir: pin, PoolSize: 4}); !errors.Is(err, ErrPinnedMismatch) {
-		t.Errorf("check with another root: %v, want ErrPinnedMismatch", err)
-	}
-	if _, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 4096}); !errors.Is(err, ErrPoolTooLarge) {
+	// A pool the pinned tables cannot hold fails.
+	if _, err := Check(Options{PinDir: pin, PoolSize: 4096}); !errors.Is(err, ErrPoolTooLarge) {
 		t.Errorf("check with a pool over the pinned capacity: %v, want ErrPoolTooLarge", err)
 	}
 }
@@ -124,10 +121,10 @@ func TestCheckAndOpenRefuseIncompletePins(t *testing.T) {
 	if err := os.Remove(missing); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 10}); err == nil || !strings.Contains(err.Error(), "incomplete") {
+	if _, err := Check(Options{PinDir: pin, PoolSize: 10}); err == nil || !strings.Contains(err.Error(), "incomplete") {
 		t.Fatalf("check without fs_resv_slots: %v, want the directory called incomplete", err)
 	}
-	l2, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 10, Floor: 1})
+	l2, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 10, Floor: 1})
 	if err == nil {
 		l2.Close()
 		t.Fatal("open without fs_resv_slots succeeded")
@@ -144,9 +141,8 @@ func TestCheckAndOpenRefuseIncompletePins(t *testing.T) {
 // behind: no pin directory, no cgroup.
 func TestCheckWithoutPins(t *testing.T) {
 	testutil.RequireRoot(t)
-	root := newRoot(t)
 	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("fairshare-check-test-%d", time.Now().UnixNano()))
-	rep, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 10})
+	rep, err := Check(Options{PinDir: pin, PoolSize: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,10 +4,7 @@ package loader
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"time"
@@ -15,7 +12,6 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
-	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -27,7 +23,7 @@ import (
 type Snapshot struct {
 	Size, Floor, InUse, Active, Share int
 	Admitted, Refused                 uint64
-	Projects                          []ProjectCounters // sorted by project, then cgroup id
+	Projects                          []ProjectCounters // sorted by project, then id
 	// Reservations is the number of inbound handshakes holding a permit.
 	Reservations int
 	// Events are node-wide event counters (summed over CPUs).
@@ -39,8 +35,8 @@ type Snapshot struct {
 
 // ProjectCounters are one project's counters.
 type ProjectCounters struct {
-	Project           string // cgroup dir name under the root ("" if gone)
-	CgroupID          uint64
+	Project           string // its name ("" for counters of an id with no name, which only a bug leaves)
+	ID                uint32 // its compact id in the maps
 	InUse             int
 	Admitted, Refused uint64
 	LastSeen          time.Time // the last ask or release; now while it holds permits
@@ -106,15 +102,19 @@ type projectEntry struct {
 	val limiterFsProject
 }
 
-func (l *Limiter) readProjects() ([]projectEntry, error) {
+// readProjects reads the projects table, in batches: the entries of the ids
+// named in names, and of any other id whose counters are not all zero.
+func (l *Limiter) readProjects(names []string) ([]projectEntry, error) {
 	var out []projectEntry
-	var id uint64
-	var v limiterFsProject
-	it := l.objs.FsProjects.Iterate()
-	for it.Next(&id, &v) {
-		out = append(out, projectEntry{id, v})
-	}
-	if err := it.Err(); err != nil {
+	id := uint64(0)
+	err := readArray(l.objs.FsProjects, func(v limiterFsProject) {
+		named := id < uint64(len(names)) && names[id] != ""
+		if id != 0 && (named || v != (limiterFsProject{})) {
+			out = append(out, projectEntry{id, v})
+		}
+		id++
+	})
+	if err != nil {
 		return nil, fmt.Errorf("reading projects map: %w", err)
 	}
 	return out, nil
@@ -145,7 +145,7 @@ func (l *Limiter) Tick(now time.Time) error {
 	if err := l.objs.FsNode.Lookup(uint32(0), &node); err != nil {
 		return fmt.Errorf("reading node map: %w", err)
 	}
-	projs, err := l.readProjects()
+	projs, err := l.readProjects(l.memb.names)
 	if err != nil {
 		return err
 	}
@@ -205,30 +205,45 @@ func (l *Limiter) expireLocked(mono uint64) error {
 	return nil
 }
 
-// forgetLocked deletes the entries of projects whose cgroup is gone and that
-// hold nothing and asked for nothing for a while: no task can run in a removed
-// cgroup, so no connect can race with the delete.
+// forgetLocked frees the ids of projects that have no member and hold
+// nothing and asked for nothing for a while (forgetAfter): no new socket can
+// count for them, and their counters have stopped moving. A project a
+// listening socket still names (its registration went while it listened)
+// keeps its id, so a connection it accepts later is not counted for a
+// project the id is given to next.
 func (l *Limiter) forgetLocked(projs []projectEntry, mono uint64) error {
-	var names map[uint64]string
+	has := l.hasMember()
+	var idle []uint32
 	for _, p := range projs {
-		if p.val.InUse != 0 || mono-p.val.LastSeenNs < uint64(forgetAfter) {
+		id := uint32(p.id)
+		if has[id] || p.val.InUse != 0 || mono-p.val.LastSeenNs < uint64(forgetAfter) {
 			continue
 		}
-		if names == nil {
-			var err error
-			if names, err = l.projectNames(); err != nil {
-				return err
-			}
-		}
-		if _, ok := names[p.id]; ok {
+		idle = append(idle, id)
+	}
+	if len(idle) == 0 {
+		return nil
+	}
+	listening := map[uint64]bool{}
+	var k limiterFsListenKey
+	var v limiterFsListener
+	it := l.objs.FsListeners.Iterate()
+	for it.Next(&k, &v) {
+		listening[v.Project] = true
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading listeners: %w", err)
+	}
+	for _, id := range idle {
+		if listening[uint64(id)] {
 			continue
 		}
-		if err := l.objs.FsProjects.Delete(p.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("forgetting project %d: %w", p.id, err)
+		if err := l.freeLocked(id); err != nil {
+			return err
 		}
 		// Its bucket goes with it (its refusals stay in the node's).
-		if _, err := l.rateSetLocked(limiterFsRateArgs{Op: rateOpDelete, Project: p.id}); err != nil {
-			return fmt.Errorf("forgetting the connection rate of project %d: %w", p.id, err)
+		if _, err := l.rateSetLocked(limiterFsRateArgs{Op: rateOpDelete, Project: uint64(id)}); err != nil {
+			return fmt.Errorf("forgetting the connection rate of project %d: %w", id, err)
 		}
 	}
 	return nil
@@ -261,27 +276,6 @@ func (l *Limiter) adjust(a limiterFsAdjustArgs) (int64, error) {
 		return 0, fmt.Errorf("decoding fs_adjust context: %w", err)
 	}
 	return res.Result, nil
-}
-
-// projectNames maps the cgroup id of each direct child of the root to its
-// name.
-func (l *Limiter) projectNames() (map[uint64]string, error) {
-	ents, err := os.ReadDir(l.root)
-	if err != nil {
-		return nil, fmt.Errorf("listing projects: %w", err)
-	}
-	names := make(map[uint64]string, len(ents))
-	for _, e := range ents {
-		if !e.IsDir() {
-			continue
-		}
-		id, err := cgroup.ID(filepath.Join(l.root, e.Name()))
-		if err != nil {
-			continue // removed while listing
-		}
-		names[id] = e.Name()
-	}
-	return names, nil
 }
 
 func (l *Limiter) readEvents() (Events, error) {
@@ -334,11 +328,14 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, err
 	}
-	projs, err := l.readProjects()
-	if err != nil {
-		return Snapshot{}, err
+	names := l.memb.names
+	if l.readOnly {
+		// No SetMembers here: the names as the pins have them now.
+		if names, err = readNames(l.objs.FsNames, l.objs.FsNames.MaxEntries()); err != nil {
+			return Snapshot{}, err
+		}
 	}
-	names, err := l.projectNames()
+	projs, err := l.readProjects(names)
 	if err != nil {
 		return Snapshot{}, err
 	}
@@ -370,7 +367,7 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 	}
 	for _, p := range projs {
 		pc := ProjectCounters{
-			Project: names[p.id], CgroupID: p.id, InUse: int(p.val.InUse),
+			Project: names[p.id], ID: uint32(p.id), InUse: int(p.val.InUse),
 			Admitted: p.val.Admitted, Refused: p.val.Refused,
 			Active: l.activeLocked(p.val, mono),
 		}
@@ -396,7 +393,7 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 		if a.Project != b.Project {
 			return a.Project < b.Project
 		}
-		return a.CgroupID < b.CgroupID
+		return a.ID < b.ID
 	})
 	return s, nil
 }

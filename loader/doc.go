@@ -1,17 +1,44 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package loader loads the fairshare BPF programs (bpf/limiter.c and its
-// headers in bpf/lib), attaches them to the projects' cgroup v2 root and to
-// the network namespace, pins them under bpffs and reads and steers their
-// maps.
+// headers in bpf/lib), attaches them to the cgroup2 root, to the daemon's
+// network namespace and to every namespace AttachNetns names, pins them
+// under bpffs and reads and steers their maps.
 //
 // # Who is counted
 //
-// A project is a cgroup directly below Options.ProjectsRoot; its id in the
-// maps is the cgroup id (the directory's inode). A socket counts for the
-// project of the cgroup it was created in, at any depth below the project.
-// Tasks outside the root are not limited. A new directory is a new project
-// at once; nothing is registered.
+// Membership is data. A project is a name with a compact id (1..MaxProjects-1,
+// an index into the per-project array fs_projects; the name is pinned in
+// fs_names, so a restarted daemon and a read-only status name it). Its
+// members are registered cgroups at any depth (fs_members: cgroup id ->
+// project id), which SetMembers keeps exactly as the caller's sources say.
+// A socket counts for the project of the first registered cgroup found
+// walking its cgroup's ancestors from Options.BaseLevel down, at most
+// MaxDepth levels: one hash lookup per level, with no helper call
+// (BenchmarkConnectDepth: about 6-9 ns per level here). The walk was chosen
+// over an exact map of every cgroup kept in step by user space: that map
+// costs the same as a walk that hits at its first level, and it misses every
+// cgroup made between two scans (a container that starts and connects at
+// once). Sockets of no registered cgroup are not counted and not limited.
+// Registrations of different projects never nest (SetMembers refuses both),
+// so the first hit is the only one. A member removed releases nothing: the
+// permits its sockets hold end with them; its new connections stop counting
+// at once. A project with no member, holding nothing and idle for a minute
+// frees its id at Tick (not while a listening socket still names it).
+//
+// # Network namespaces
+//
+// The cgroup programs and the tracepoints see every namespace; inbound
+// admission (sk_lookup) is per namespace, and an sk_lookup program cannot
+// learn its namespace (bpf_get_netns_cookie is refused to it). So Open
+// attaches the program with the daemon's namespace cookie as a load-time
+// constant, and AttachNetns loads one more instance per namespace with that
+// namespace's cookie, sharing the pinned maps, its link pinned as
+// netns/<cookie> in the pin directory (BenchmarkAttachNetns: ~30 ms of
+// verifier time and 20 KiB of kernel memory per namespace here). A restart
+// takes the links up again (moved to the new program); DetachGone unpins
+// those whose namespace died (the kernel reports it in the link's info).
+// Reconcile enters every attached namespace it has a path for.
 //
 // # What holds a permit
 //
@@ -48,9 +75,10 @@
 // # The exempt class
 //
 // Operator and probe traffic must get through a full node. Options.Exempt
-// (or SetExempt) names up to limits.ExemptCap cgroups below the root: whole
-// projects, or cgroups nested in one (a project's "probes" cgroup). A socket
-// whose own cgroup or whose project is in the set takes its permit from a
+// (or SetExempt) names up to limits.ExemptCap cgroups: registered ones,
+// which exempt everything below them, or others, such as a project's
+// "probes" cgroup, which exempt their own sockets. A socket whose own cgroup
+// or whose registered cgroup is in the set takes its permit from a
 // separate exempt budget (Options.ExemptMax, default FLOOR) instead of the
 // pool: it is not refused by the rule and counted neither in the pool's nor
 // in its project's in_use, outbound (the task's cgroup at connect) and

@@ -18,11 +18,11 @@ import (
 )
 
 // SetExempt replaces the exempt set and its budget (max 0 means FLOOR).
-// Each path names a cgroup relative to the projects root, or absolutely
-// below it: a whole project, or a cgroup nested in one such as
-// "<project>/probes". A socket is exempt when its own cgroup or its project
-// is in the set. The root itself cannot be exempt (that would exempt every
-// project). An empty set turns the exemption off.
+// Each path names a cgroup, absolute or relative to the cgroup2 mount: a
+// registered cgroup (a member), which exempts every socket below it, or any
+// other cgroup, which exempts the sockets made in it exactly (a probe's
+// cgroup nested in a member, say). The cgroup2 root cannot be exempt. An
+// empty set turns the exemption off.
 //
 // Exempt sockets take a permit from the exempt budget instead of the pool:
 // they are neither refused by the rule nor counted in the pool's or their
@@ -102,6 +102,22 @@ func (l *Limiter) SetExempt(paths []string, max uint32) error {
 		}
 	}
 	l.exemptIDs, l.exemptMax = ids, max
+	// A registered cgroup in the set exempts everything below it: its
+	// member entry says so (MEMBER_EXEMPT), so the programs need one lookup.
+	for cg, r := range l.memb.members {
+		flags := uint32(0)
+		if _, ok := ids[cg]; ok {
+			flags = memberExempt
+		}
+		if r.flags == flags {
+			continue
+		}
+		if err := l.objs.FsMembers.Put(cg, limiterFsMember{Project: r.project, Flags: flags}); err != nil {
+			return fmt.Errorf("writing member %s: %w", r.path, err)
+		}
+		r.flags = flags
+		l.memb.members[cg] = r
+	}
 	l.exempt = l.exempt[:0]
 	for _, p := range ids {
 		l.exempt = append(l.exempt, p)
@@ -133,8 +149,8 @@ func (l *Limiter) deleteExempt(ids []uint64) error {
 	return nil
 }
 
-// exemptPath resolves p against the root and checks that it is a cgroup
-// strictly below it.
+// exemptPath resolves p against the cgroup2 mount and checks that it is a
+// cgroup strictly below it.
 func (l *Limiter) exemptPath(p string) (string, error) {
 	if p == "" {
 		return "", fmt.Errorf("empty exempt path: %w", ErrBadExempt)
@@ -146,7 +162,7 @@ func (l *Limiter) exemptPath(p string) (string, error) {
 	abs = filepath.Clean(abs)
 	rel, err := filepath.Rel(l.root, abs)
 	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
-		return "", fmt.Errorf("exempt cgroup %q is not below the projects root %s: %w", p, l.root, ErrBadExempt)
+		return "", fmt.Errorf("exempt cgroup %q is not below the cgroup2 mount %s: %w", p, l.root, ErrBadExempt)
 	}
 	st, err := os.Stat(abs)
 	if err != nil {

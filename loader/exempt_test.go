@@ -38,7 +38,7 @@ func TestExemptOutboundOnFullNode(t *testing.T) {
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	app := mkProject(t, root, "app")
 	probes := mkProject(t, app, "probes")
-	if err := l.SetExempt([]string{"app/probes"}, 2); err != nil {
+	if err := l.SetExempt([]string{filepath.Join(root, "app/probes")}, 2); err != nil {
 		t.Fatal(err)
 	}
 	bulk := fillNode(t, l, root, ln.Addr().String(), pool)
@@ -96,7 +96,7 @@ func TestExemptOutboundOnFullNode(t *testing.T) {
 func TestExemptWholeProjectAndChange(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 2, Floor: 1,
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 2, Floor: 1,
 		Exempt: []string{filepath.Join(root, "ops")}, ExemptMax: 3})
 	if err == nil {
 		l.Close()
@@ -106,7 +106,7 @@ func TestExemptWholeProjectAndChange(t *testing.T) {
 		t.Fatalf("missing exempt cgroup: %v, want ErrBadExempt", err)
 	}
 	ops := mkProject(t, root, "ops")
-	l, err = Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 2, Floor: 1,
+	l, err = openRoot(t, root, Options{PinDir: pin, PoolSize: 2, Floor: 1,
 		Exempt: []string{ops}, ExemptMax: 3})
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +148,7 @@ func TestExemptInbound(t *testing.T) {
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	web := mkProject(t, root, "web")
 	health := mkProject(t, web, "health")
-	if err := l.SetExempt([]string{"web/health"}, 2); err != nil {
+	if err := l.SetExempt([]string{filepath.Join(root, "web/health")}, 2); err != nil {
 		t.Fatal(err)
 	}
 	fillNode(t, l, root, ln.Addr().String(), pool)
@@ -202,7 +202,7 @@ func TestSetExemptValidation(t *testing.T) {
 		paths []string
 	}{
 		{"missing", []string{"nope"}},
-		{"root itself", []string{root}},
+		{"cgroup2 root", []string{testutil.Cgroup2Mount(t)}},
 		{"dot", []string{"."}},
 		{"escapes", []string{"../x"}},
 		{"not cgroup2", []string{outside}},
@@ -213,7 +213,7 @@ func TestSetExemptValidation(t *testing.T) {
 			t.Errorf("%s: %v, want ErrBadExempt", c.name, err)
 		}
 	}
-	if err := l.SetExempt([]string{"a", filepath.Join(root, "a")}, 0); err != nil {
+	if err := l.SetExempt([]string{filepath.Join(root, "a"), filepath.Join(root, "a", ".")}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if s := snap(t, l); len(s.Exempt.Paths) != 1 || s.Exempt.Max != 1 {
@@ -240,7 +240,7 @@ func TestReconcileRepairsExemptDrift(t *testing.T) {
 	l := openLimiter(t, root, pin, 10, 1)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	dir := mkProject(t, root, "ops")
-	if err := l.SetExempt([]string{"ops"}, 5); err != nil {
+	if err := l.SetExempt([]string{filepath.Join(root, "ops")}, 5); err != nil {
 		t.Fatal(err)
 	}
 	h := startHelper(t, dir)

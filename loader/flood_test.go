@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader/limits"
 	"github.com/fairshare-dev/fairshare/sockdiag"
@@ -30,10 +29,7 @@ func liveSockets(t testing.TB, l *Limiter, ports ...uint16) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	index, err := cgroup.ProjectIndex(l.root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	index := memberIndex(t, l)
 	n := 0
 	for _, s := range socks {
 		if _, ok := index[s.CgroupID]; ok && ShouldHold(s) {
@@ -251,7 +247,7 @@ func TestInboundSynCookieRefused(t *testing.T) {
 // limits.MinReservationTTL..MaxReservationTTL before touching the kernel.
 func TestReservationTTLBounds(t *testing.T) {
 	for _, ttl := range []time.Duration{-time.Second, limits.MinReservationTTL - 1, limits.MaxReservationTTL + 1} {
-		_, err := Open(Options{ProjectsRoot: "/sys/fs/cgroup/x", PoolSize: 10, ReservationTTL: ttl})
+		_, err := Open(Options{PoolSize: 10, ReservationTTL: ttl})
 		if !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), "reservation TTL") {
 			t.Errorf("TTL %s: %v, want ErrInvalidOptions naming the TTL", ttl, err)
 		}

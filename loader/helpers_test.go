@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
@@ -57,7 +59,7 @@ func newPinDir(t testing.TB) string {
 
 func openLimiter(t testing.TB, root, pin string, pool, floor uint32) *Limiter {
 	t.Helper()
-	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: pool, Floor: floor, ReservationTTL: 2 * time.Second})
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: pool, Floor: floor, ReservationTTL: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +83,7 @@ func (m *fakeMono) advance(d time.Duration) { m.off.Add(int64(d)) }
 func openLimiterMono(t testing.TB, root, pin string, pool, floor uint32, ttl time.Duration) (*Limiter, *fakeMono) {
 	t.Helper()
 	m := &fakeMono{}
-	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: pool, Floor: floor, ReservationTTL: ttl, Monotonic: m.now})
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: pool, Floor: floor, ReservationTTL: ttl, Monotonic: m.now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,14 +91,99 @@ func openLimiterMono(t testing.TB, root, pin string, pool, floor uint32, ttl tim
 	return l, m
 }
 
-// mkProject creates a project cgroup below root.
+// mkProject creates a project cgroup below root, and registers it with the
+// limiters open on root.
 func mkProject(t testing.TB, root, name string) string {
 	t.Helper()
 	dir := filepath.Join(root, name)
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	testLimiters.Lock()
+	ls := slices.Clone(testLimiters.m[root])
+	testLimiters.Unlock()
+	for _, l := range ls {
+		syncDir(t, l, root)
+	}
 	return dir
+}
+
+// testLimiters are the open limiters of each test projects root, which
+// mkProject keeps in step with the root's children: the directory source
+// of the daemon, as these tests used to get from the loader itself.
+var testLimiters = struct {
+	sync.Mutex
+	m map[string][]*Limiter
+}{m: map[string][]*Limiter{}}
+
+// dirMembers makes every child of root a project of its name.
+func dirMembers(t testing.TB, root string) []Member {
+	t.Helper()
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []Member
+	for _, e := range ents {
+		if e.IsDir() {
+			ms = append(ms, Member{Project: e.Name(), Cgroup: filepath.Join(root, e.Name())})
+		}
+	}
+	return ms
+}
+
+// syncDir sets l's members to root's children.
+func syncDir(t testing.TB, l *Limiter, root string) {
+	t.Helper()
+	rep, err := l.SetMembers(dirMembers(t, root))
+	if err != nil && !errors.Is(err, ErrClosed) {
+		t.Fatal(err)
+	}
+	if len(rep.Refused) > 0 {
+		t.Fatalf("members refused: %+v", rep.Refused)
+	}
+}
+
+// rootOptions sets o up for projects that are the children of root: the
+// programs look at the level below it only.
+func rootOptions(t testing.TB, root string, o Options) Options {
+	t.Helper()
+	mnt, err := cgroup.FindMount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	level, err := mnt.Level(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.BaseLevel, o.MaxDepth = level+1, 1
+	return o
+}
+
+// openRoot opens a limiter whose projects are the children of root, kept in
+// step by mkProject until the test ends.
+func openRoot(t testing.TB, root string, o Options) (*Limiter, error) {
+	t.Helper()
+	l, err := Open(rootOptions(t, root, o))
+	if err != nil {
+		return nil, err
+	}
+	syncDir(t, l, root)
+	// As the daemon's first tick does after its first SetMembers: adopt
+	// what the members had before the programs.
+	if _, err := l.Reconcile(context.Background()); err != nil {
+		l.Close()
+		return nil, err
+	}
+	testLimiters.Lock()
+	testLimiters.m[root] = append(testLimiters.m[root], l)
+	testLimiters.Unlock()
+	t.Cleanup(func() {
+		testLimiters.Lock()
+		testLimiters.m[root] = slices.DeleteFunc(testLimiters.m[root], func(x *Limiter) bool { return x == l })
+		testLimiters.Unlock()
+	})
+	return l, nil
 }
 
 // helper is a child process (this test binary re-executed) running in a
@@ -729,4 +816,39 @@ func freePort(t testing.TB) uint16 {
 			return uint16(p)
 		}
 	}
+}
+
+// memberIndex maps every cgroup at or below a member of l to its project.
+func memberIndex(t testing.TB, l *Limiter) map[uint64]string {
+	t.Helper()
+	ms, err := l.Members()
+	if err != nil {
+		t.Fatal(err)
+	}
+	index := map[uint64]string{}
+	for _, m := range ms {
+		if err := cgroup.Walk(m.Cgroup, func(_ string, id uint64) { index[id] = m.Project }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return index
+}
+
+// startHelperAt is startHelper in the existing network namespace nsPath
+// (entered by nsenter before the helper starts).
+func startHelperAt(t testing.TB, dir, nsPath string) *helper {
+	t.Helper()
+	cmd := exec.Command("nsenter", "--net="+nsPath, "--", os.Args[0], "-test.run=^TestHelperProcess$")
+	cmd.Env = append(os.Environ(), "FAIRSHARE_LOADER_HELPER=1")
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outp, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.StartInCgroup(t, cmd, dir)
+	return &helper{t: t, cmd: cmd, in: in, out: bufio.NewReader(outp)}
 }

@@ -25,7 +25,7 @@ func TestRestartKeepsCountsAndEnforcement(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
-	l1, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 5})
+	l1, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,12 +57,6 @@ func TestRestartKeepsCountsAndEnforcement(t *testing.T) {
 	}
 	h.do("close")
 	waitInUse(t, l2, 0, map[string]int{"r": 0})
-
-	// Pins of another root are refused rather than silently shared.
-	other := newRoot(t)
-	if _, err := Open(Options{ProjectsRoot: other, PinDir: pin, PoolSize: 5}); err == nil {
-		t.Fatal("Open with another root on the same pins succeeded")
-	}
 }
 
 // Connections and listeners that predate the programs are adopted by the
@@ -92,7 +86,7 @@ func TestAdoptAndRepair(t *testing.T) {
 	waitInUse(t, l, 4, map[string]int{"oldsrv": 1})
 
 	// Invent drift: two permits nobody holds.
-	if _, err := l.adjust(limiterFsAdjustArgs{Op: opAdd, Project: project(s, "old").CgroupID, Delta: 2}); err != nil {
+	if _, err := l.adjust(limiterFsAdjustArgs{Op: opAdd, Project: uint64(project(s, "old").ID), Delta: 2}); err != nil {
 		t.Fatal(err)
 	}
 	rep, err := l.Reconcile(t.Context())
@@ -106,7 +100,7 @@ func TestAdoptAndRepair(t *testing.T) {
 
 	// A permit held for a socket of this netns that no longer exists is
 	// released; one of another netns cannot be checked and is kept.
-	id := project(s, "old").CgroupID
+	id := uint64(project(s, "old").ID)
 	for _, e := range []struct{ cookie, netns uint64 }{{1 << 62, l.netns}, {1<<62 + 1, l.netns + 1}} {
 		// In the cookie's slot, as the programs would put it.
 		idx := uint32(e.cookie & uint64(l.held-1))

@@ -102,6 +102,17 @@ type limiterFsListener struct {
 	Pad     uint32
 }
 
+type limiterFsMember struct {
+	_       structs.HostLayout
+	Project uint32
+	Flags   uint32
+}
+
+type limiterFsName struct {
+	_    structs.HostLayout
+	Name [64]int8
+}
+
 type limiterFsPool struct {
 	_           structs.HostLayout
 	InUse       int64
@@ -202,14 +213,15 @@ type limiterFsSelftestArgs struct {
 }
 
 type limiterFsSettings struct {
-	_            structs.HostLayout
-	Pool         uint32
-	Floor        uint32
-	ExemptMax    uint32
-	Pad          uint32
-	WindowNs     uint64
-	NetnsCookie  uint64
-	RootCgroupId uint64
+	_           structs.HostLayout
+	Pool        uint32
+	Floor       uint32
+	ExemptMax   uint32
+	Pad         uint32
+	WindowNs    uint64
+	NetnsCookie uint64
+	BaseLevel   uint32
+	MaxDepth    uint32
 }
 
 type limiterFsSlot struct {
@@ -250,6 +262,8 @@ const (
 	limiterMapFsHeld         = "fs_held"
 	limiterMapFsListenSocks  = "fs_listen_socks"
 	limiterMapFsListeners    = "fs_listeners"
+	limiterMapFsMembers      = "fs_members"
+	limiterMapFsNames        = "fs_names"
 	limiterMapFsNode         = "fs_node"
 	limiterMapFsPorts        = "fs_ports"
 	limiterMapFsProjects     = "fs_projects"
@@ -271,9 +285,10 @@ const (
 	limiterProgFsSetState    = "fs_set_state"
 	limiterProgFsSkLookup    = "fs_sk_lookup"
 	limiterProgFsSockRelease = "fs_sock_release"
+	limiterVarBaseLevel      = "base_level"
 	limiterVarFsRecordLayout = "fs_record_layout"
-	limiterVarRootCgroupId   = "root_cgroup_id"
-	limiterVarRootLevel      = "root_level"
+	limiterVarLookupNetns    = "lookup_netns"
+	limiterVarMaxDepth       = "max_depth"
 	limiterVarSlotMask       = "slot_mask"
 	limiterVarUnusedFsEvent  = "unused_fs_event"
 )
@@ -347,6 +362,8 @@ type limiterMapSpecs struct {
 	FsHeld         *ebpf.MapSpec `ebpf:"fs_held"`
 	FsListenSocks  *ebpf.MapSpec `ebpf:"fs_listen_socks"`
 	FsListeners    *ebpf.MapSpec `ebpf:"fs_listeners"`
+	FsMembers      *ebpf.MapSpec `ebpf:"fs_members"`
+	FsNames        *ebpf.MapSpec `ebpf:"fs_names"`
 	FsNode         *ebpf.MapSpec `ebpf:"fs_node"`
 	FsPorts        *ebpf.MapSpec `ebpf:"fs_ports"`
 	FsProjects     *ebpf.MapSpec `ebpf:"fs_projects"`
@@ -363,9 +380,10 @@ type limiterMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type limiterVariableSpecs struct {
+	BaseLevel      *ebpf.VariableSpec `ebpf:"base_level"`
 	FsRecordLayout *ebpf.VariableSpec `ebpf:"fs_record_layout"`
-	RootCgroupId   *ebpf.VariableSpec `ebpf:"root_cgroup_id"`
-	RootLevel      *ebpf.VariableSpec `ebpf:"root_level"`
+	LookupNetns    *ebpf.VariableSpec `ebpf:"lookup_netns"`
+	MaxDepth       *ebpf.VariableSpec `ebpf:"max_depth"`
 	SlotMask       *ebpf.VariableSpec `ebpf:"slot_mask"`
 	UnusedFsEvent  *ebpf.VariableSpec `ebpf:"unused_fs_event"`
 }
@@ -400,6 +418,8 @@ type limiterMaps struct {
 	FsHeld         *ebpf.Map `ebpf:"fs_held"`
 	FsListenSocks  *ebpf.Map `ebpf:"fs_listen_socks"`
 	FsListeners    *ebpf.Map `ebpf:"fs_listeners"`
+	FsMembers      *ebpf.Map `ebpf:"fs_members"`
+	FsNames        *ebpf.Map `ebpf:"fs_names"`
 	FsNode         *ebpf.Map `ebpf:"fs_node"`
 	FsPorts        *ebpf.Map `ebpf:"fs_ports"`
 	FsProjects     *ebpf.Map `ebpf:"fs_projects"`
@@ -424,6 +444,8 @@ func (m *limiterMaps) Close() error {
 		m.FsHeld,
 		m.FsListenSocks,
 		m.FsListeners,
+		m.FsMembers,
+		m.FsNames,
 		m.FsNode,
 		m.FsPorts,
 		m.FsProjects,
@@ -441,9 +463,10 @@ func (m *limiterMaps) Close() error {
 //
 // It can be passed to loadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type limiterVariables struct {
+	BaseLevel      *ebpf.Variable `ebpf:"base_level"`
 	FsRecordLayout *ebpf.Variable `ebpf:"fs_record_layout"`
-	RootCgroupId   *ebpf.Variable `ebpf:"root_cgroup_id"`
-	RootLevel      *ebpf.Variable `ebpf:"root_level"`
+	LookupNetns    *ebpf.Variable `ebpf:"lookup_netns"`
+	MaxDepth       *ebpf.Variable `ebpf:"max_depth"`
 	SlotMask       *ebpf.Variable `ebpf:"slot_mask"`
 	UnusedFsEvent  *ebpf.Variable `ebpf:"unused_fs_event"`
 }

@@ -140,7 +140,7 @@ func TestReconcileUncountsGoneListeners(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return len(cookies)
+		return len(cookies[l.netns])
 	}
 	eventually(t, "both listeners counted", func() (bool, string) {
 		return counted() == 2, fmt.Sprint(counted())

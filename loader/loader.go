@@ -70,17 +70,47 @@ var (
 	// ErrPoolTooLarge means POOL does not fit the map of held permits, which
 	// was sized when the pins were created: run Cleanup and Open again.
 	ErrPoolTooLarge = errors.New("pool larger than the pinned permit map")
+	// ErrNetnsFull is returned by AttachNetns with Options.MaxNetns
+	// namespaces attached.
+	ErrNetnsFull = errors.New("too many network namespaces attached")
 	// ErrBadExempt reports an exempt set SetExempt (or Open) cannot use: a
 	// path that is missing, not a cgroup below the projects root, or more
 	// paths than limits.ExemptCap.
 	ErrBadExempt = errors.New("invalid exempt set")
 )
 
+// Defaults and bounds of the membership options.
+const (
+	DefaultMaxProjects = 16384
+	DefaultMaxMembers  = 65536
+	DefaultMaxDepth    = 8
+	// DefaultMaxNetns bounds the namespaces AttachNetns attaches: each
+	// costs a program instance (BenchmarkAttachNetns), and a tenant can
+	// make namespaces.
+	DefaultMaxNetns = 4096
+	// MaxDepth bounds Options.MaxDepth (MAX_DEPTH in bpf/lib/project.h).
+	MaxDepth = 16
+)
+
 // Options configures Open.
 type Options struct {
-	// ProjectsRoot is an absolute cgroup2 directory; projects are its direct
-	// children. It is created if missing.
-	ProjectsRoot string
+	// MaxProjects sizes the projects table: ids 1..MaxProjects-1; 0 means
+	// DefaultMaxProjects. A pinned table keeps its size.
+	MaxProjects uint32
+	// MaxMembers sizes the membership table (registered cgroups); 0 means
+	// DefaultMaxMembers. A pinned table keeps its size.
+	MaxMembers uint32
+	// BaseLevel is the cgroup level where the programs start looking for a
+	// socket's registered cgroup (1: the children of the cgroup2 root; 0
+	// means 1), and MaxDepth the number of levels they look at from there
+	// (0 means DefaultMaxDepth, at most MaxDepth): a registration must be
+	// at a level in BaseLevel..BaseLevel+MaxDepth-1 (SetMembers refuses the
+	// others), and each level above it costs every connection of its
+	// project one map lookup.
+	BaseLevel, MaxDepth uint32
+	// MaxNetns is the most network namespaces AttachNetns attaches besides
+	// the daemon's own; 0 means DefaultMaxNetns.
+	MaxNetns int
 	// PinDir is the bpffs directory for maps and links; default DefaultPinDir.
 	PinDir string
 	// PoolSize is POOL, the node-wide number of connection permits, in
@@ -105,12 +135,11 @@ type Options struct {
 	// can move it on instead of sleeping.
 	Monotonic func() time.Duration
 
-	// Exempt lists cgroups (relative to ProjectsRoot, or absolute below
-	// it: a project or a cgroup nested in one) whose sockets take exempt
-	// permits instead of pool permits: they are not refused by the rule and
-	// not counted in in_use, up to ExemptMax at a time node-wide. Beyond
-	// that they are treated like any other socket of their project. At most
-	// limits.ExemptCap. See SetExempt.
+	// Exempt lists cgroups (absolute, or relative to the cgroup2 mount)
+	// whose sockets take exempt permits instead of pool permits: they are
+	// not refused by the rule and not counted in in_use, up to ExemptMax at
+	// a time node-wide. Beyond that they are treated like any other socket
+	// of their project. At most limits.ExemptCap. See SetExempt.
 	Exempt []string
 	// ExemptMax is the exempt budget; 0 means FLOOR.
 	ExemptMax uint32
@@ -119,21 +148,26 @@ type Options struct {
 // Limiter is a loaded, attached connection limiter. Its maps and links are
 // pinned, so closing it (or killing the process) leaves enforcement running.
 type Limiter struct {
-	root    string
-	rootID  uint64
-	level   uint32
-	pinDir  string
-	log     *slog.Logger
-	window  time.Duration
-	ttl     time.Duration
-	clock   clock.Clock
-	mono    func() uint64 // CLOCK_MONOTONIC in ns (Options.Monotonic)
-	objs    limiterObjects
-	links   []link.Link
-	netns   uint64
-	reused  bool
-	held    uint32     // entries of fs_slots (a power of two): the largest POOL they hold
-	adjustM sync.Mutex // serialises BPF_PROG_RUN of fs_adjust (one context buffer)
+	root     string // the cgroup the cgroup programs attach to: the cgroup2 mount
+	mnt      cgroup.Mount
+	base     uint32 // Options.BaseLevel
+	depth    uint32 // Options.MaxDepth
+	maxProj  uint32 // Options.MaxProjects
+	maxMemb  uint32 // Options.MaxMembers
+	maxNetns int    // Options.MaxNetns
+	pinDir   string
+	log      *slog.Logger
+	window   time.Duration
+	ttl      time.Duration
+	clock    clock.Clock
+	mono     func() uint64 // CLOCK_MONOTONIC in ns (Options.Monotonic)
+	objs     limiterObjects
+	links    []link.Link
+	netns    uint64 // the cookie of the daemon's own network namespace
+	netnsIno uint64 // and its inode
+	reused   bool
+	held     uint32     // entries of fs_slots (a power of two): the largest POOL they hold
+	adjustM  sync.Mutex // serialises BPF_PROG_RUN of fs_adjust (one context buffer)
 
 	mu        sync.Mutex // guards the fields below
 	size      uint32
@@ -145,6 +179,18 @@ type Limiter struct {
 	// project name; a project without one is unbounded.
 	rates  map[string]float64
 	closed bool
+	// nameMap is the projects' names by id for the readers that do not
+	// hold mu (the event reader): what allocIDs and freeLocked wrote.
+	namesMu  sync.Mutex
+	nameMap  map[uint64]string
+	readOnly bool                  // OpenReadOnly's: names are read from the pins
+	memb     kernelMembership      // what SetMembers wrote (members.go)
+	nets     map[uint64]*netnsLink // per-netns sk_lookup instances by cookie (netns.go)
+	// The sk_lookup program alone and the maps it shares, made once;
+	// attachM serialises AttachNetns and guards them after Open.
+	attachM     sync.Mutex
+	lookupCache *ebpf.CollectionSpec
+	lookupReps  map[string]*ebpf.Map
 }
 
 // ensureBPFFS makes sure dir can hold pins: /sys/fs/bpf is mounted if it is
@@ -193,10 +239,27 @@ func (o Options) normalize() (Options, error) {
 	if o.Floor > o.PoolSize {
 		return o, fmt.Errorf("floor %d above pool %d: %w", o.Floor, o.PoolSize, ErrInvalidOptions)
 	}
-	if !filepath.IsAbs(o.ProjectsRoot) {
-		return o, fmt.Errorf("projects root %q is not absolute: %w", o.ProjectsRoot, ErrInvalidOptions)
+	if o.MaxProjects == 0 {
+		o.MaxProjects = DefaultMaxProjects
 	}
-	o.ProjectsRoot = filepath.Clean(o.ProjectsRoot)
+	if o.MaxMembers == 0 {
+		o.MaxMembers = DefaultMaxMembers
+	}
+	if o.MaxProjects < 2 || o.MaxProjects > 1<<20 || o.MaxMembers > 1<<22 {
+		return o, fmt.Errorf("max projects %d (2..%d), max members %d (..%d): %w", o.MaxProjects, 1<<20, o.MaxMembers, 1<<22, ErrInvalidOptions)
+	}
+	if o.BaseLevel == 0 {
+		o.BaseLevel = 1
+	}
+	if o.MaxDepth == 0 {
+		o.MaxDepth = DefaultMaxDepth
+	}
+	if o.MaxNetns <= 0 {
+		o.MaxNetns = DefaultMaxNetns
+	}
+	if o.MaxDepth > MaxDepth || o.BaseLevel > 255 {
+		return o, fmt.Errorf("max depth %d (at most %d), base level %d: %w", o.MaxDepth, MaxDepth, o.BaseLevel, ErrInvalidOptions)
+	}
 	if o.PinDir == "" {
 		o.PinDir = DefaultPinDir
 	}
@@ -226,8 +289,10 @@ func needRoot() error {
 }
 
 // Open loads the programs (or reuses the ones pinned in PinDir by an earlier
-// run), attaches them to ProjectsRoot and the current network namespace, and
-// reconciles the maps with the kernel's socket table once.
+// run), attaches them to the cgroup2 root and the current network namespace
+// (and again to the namespaces an earlier run attached with AttachNetns),
+// and reconciles the maps with the kernel's socket table once. The
+// membership is what the pins hold (none at first): SetMembers sets it.
 func Open(opts Options) (*Limiter, error) {
 	opts, err := opts.normalize()
 	if err != nil {
@@ -245,21 +310,7 @@ func Open(opts Options) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	root := opts.ProjectsRoot
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return nil, fmt.Errorf("creating projects root: %w", err)
-	}
-	if err := cgroup.OnCgroup2(root); err != nil {
-		return nil, fmt.Errorf("projects root %w (cgroup2 is at %s)", err, mnt.Point)
-	}
-	level, err := mnt.Level(root)
-	if err != nil {
-		return nil, err
-	}
-	rootID, err := cgroup.ID(root)
-	if err != nil {
-		return nil, err
-	}
+	root := mnt.Point
 	if err := ensureBPFFS(opts.PinDir); err != nil {
 		return nil, err
 	}
@@ -272,7 +323,8 @@ func Open(opts Options) (*Limiter, error) {
 	}
 
 	l := &Limiter{
-		root: root, rootID: rootID, level: level, pinDir: opts.PinDir,
+		root: root, mnt: mnt, base: opts.BaseLevel, depth: opts.MaxDepth,
+		maxProj: opts.MaxProjects, maxMemb: opts.MaxMembers, maxNetns: opts.MaxNetns, pinDir: opts.PinDir,
 		log: opts.Logger, window: opts.Window, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
 		netns: cookie, size: opts.PoolSize, floor: opts.Floor,
 	}
@@ -280,6 +332,10 @@ func Open(opts Options) (*Limiter, error) {
 		return nil, err
 	}
 	if err := l.checkAndWriteConfig(); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	if err := l.loadMembership(); err != nil {
 		l.closeFDs()
 		return nil, err
 	}
@@ -292,30 +348,49 @@ func Open(opts Options) (*Limiter, error) {
 		l.closeFDs()
 		return nil, err
 	}
+	if err := l.reattachNetns(); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
 	rep, err := l.reconcile()
 	if err != nil {
 		l.closeFDs()
 		return nil, fmt.Errorf("first reconcile: %w", err)
 	}
-	l.log.Info("connection limiter ready", "root", root, "pin_dir", l.pinDir, "reused", l.reused,
+	l.log.Info("connection limiter ready", "cgroup2", root, "base_level", l.base, "max_depth", l.depth,
+		"members", len(l.memb.members), "projects", len(l.memb.ids), "netns", len(l.nets), "pin_dir", l.pinDir, "reused", l.reused,
 		"pool", l.size, "floor", l.floor, "adopted", rep.Adopted, "exempt", l.exempt, "exempt_max", l.exemptMax)
 	return l, nil
 }
 
-// spec is the embedded collection set up for this limiter: the root's level
-// and id, the exempt set's size, and the permit tables sized for POOL, or as
-// the pinned ones are.
+// spec is the embedded collection set up for this limiter: where the walk
+// runs, the exempt set's size, the membership tables as Options size them
+// and the permit tables for POOL, or as the pinned ones are.
 func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	spec, err := loadLimiter()
 	if err != nil {
 		return nil, fmt.Errorf("reading the embedded BPF object: %w", err)
 	}
-	if err := spec.Variables["root_level"].Set(l.level); err != nil {
-		return nil, fmt.Errorf("setting root_level: %w", err)
+	if err := spec.Variables["base_level"].Set(l.base); err != nil {
+		return nil, fmt.Errorf("setting base_level: %w", err)
 	}
-	if err := spec.Variables["root_cgroup_id"].Set(l.rootID); err != nil {
-		return nil, fmt.Errorf("setting root_cgroup_id: %w", err)
+	if err := spec.Variables["max_depth"].Set(l.depth); err != nil {
+		return nil, fmt.Errorf("setting max_depth: %w", err)
 	}
+	if err := spec.Variables["lookup_netns"].Set(l.netns); err != nil {
+		return nil, fmt.Errorf("setting lookup_netns: %w", err)
+	}
+	spec.Maps["fs_projects"].MaxEntries = l.maxProj
+	spec.Maps["fs_names"].MaxEntries = l.maxProj
+	spec.Maps["fs_members"].MaxEntries = l.maxMemb
+	for _, name := range []string{"fs_projects", "fs_names", "fs_members"} {
+		if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, name), nil); err == nil {
+			spec.Maps[name].MaxEntries = m.MaxEntries()
+			m.Close()
+		}
+	}
+	l.maxProj = min(spec.Maps["fs_projects"].MaxEntries, spec.Maps["fs_names"].MaxEntries)
+	l.maxMemb = spec.Maps["fs_members"].MaxEntries
 	l.held = heldCapacity(l.size)
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_slots"), nil); err == nil {
 		l.held = m.MaxEntries()
@@ -391,11 +466,8 @@ func (l *Limiter) checkAndWriteConfig() error {
 	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("reading config map: %w", err)
 	}
-	if cfg.RootCgroupId != 0 && cfg.RootCgroupId != l.rootID {
-		return fmt.Errorf("%s belongs to cgroup id %d, not %s (id %d): %w", l.pinDir, cfg.RootCgroupId, l.root, l.rootID, ErrPinnedMismatch)
-	}
 	cfg.Pool, cfg.Floor, cfg.WindowNs = l.size, l.floor, uint64(l.window)
-	cfg.NetnsCookie, cfg.RootCgroupId = l.netns, l.rootID
+	cfg.NetnsCookie, cfg.BaseLevel, cfg.MaxDepth = l.netns, l.base, l.depth
 	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("writing config map: %w", err)
 	}
@@ -526,6 +598,7 @@ func pinOver(lk link.Link, path string, replace bool) error {
 }
 
 func (l *Limiter) closeFDs() {
+	l.closeNetns()
 	for _, lk := range l.links {
 		lk.Close()
 	}
@@ -560,9 +633,12 @@ func Cleanup(pinDir string) error {
 	if err != nil {
 		return fmt.Errorf("reading pin directory: %w", err)
 	}
-	var errs []error
+	errs := []error{cleanupNetns(pinDir)}
 	for _, e := range ents {
 		path := filepath.Join(pinDir, e.Name())
+		if e.Name() == netnsDir {
+			continue
+		}
 		if strings.HasPrefix(e.Name(), "link_") {
 			lk, err := link.LoadPinnedLink(path, nil)
 			if err == nil {

@@ -220,24 +220,24 @@ func TestNestedCgroupAndMPTCP(t *testing.T) {
 func TestPoolSizeAndCleanup(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 100})
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	h := startHelper(t, mkProject(t, root, "sp"))
 	l.Close()
-	if l, err = Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 3, Floor: 1}); err != nil {
+	if l, err = openRoot(t, root, Options{PinDir: pin, PoolSize: 3, Floor: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if r := h.dial("tcp4", ln.Addr().String(), 4); r.ok != 3 || r.refused != 1 {
 		t.Fatalf("pool 3: %+v", r)
 	}
-	if _, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 0}); !errors.Is(err, ErrInvalidOptions) {
+	if _, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 0}); !errors.Is(err, ErrInvalidOptions) {
 		t.Fatalf("pool 0: %v, want ErrInvalidOptions", err)
 	}
 	// Pool 100 sized the permit map at 1024 entries.
-	if _, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 5000}); !errors.Is(err, ErrPoolTooLarge) {
+	if _, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 5000}); !errors.Is(err, ErrPoolTooLarge) {
 		t.Fatalf("pool beyond the permit map: %v, want ErrPoolTooLarge", err)
 	}
 	h.do("close")

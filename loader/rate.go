@@ -8,12 +8,10 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/cilium/ebpf"
 
-	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -58,7 +56,7 @@ func (l *Limiter) SetRate(project string, perSec float64) error {
 	} else {
 		l.rates[project] = perSec
 	}
-	id, err := cgroup.ID(filepath.Join(l.root, project))
+	id, err := l.projectID(project)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}

@@ -262,7 +262,7 @@ func TestRateExempt(t *testing.T) {
 	addr := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
 	app := mkProject(t, root, "app")
 	probes := mkProject(t, app, "probes")
-	if err := l.SetExempt([]string{"app/probes"}, 64); err != nil {
+	if err := l.SetExempt([]string{filepath.Join(root, "app/probes")}, 64); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.SetRate("app", 1); err != nil {
@@ -282,7 +282,8 @@ func TestRateExempt(t *testing.T) {
 }
 
 // A project whose cgroup appears after its rate was set is limited from the
-// next Tick; a cgroup removed and made again (another id) is limited again.
+// next Tick; a cgroup removed and made again (another cgroup id) is the same
+// project, limited again by the same bucket (a project is a name).
 func TestRateFollowsCgroup(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
@@ -297,8 +298,8 @@ func TestRateFollowsCgroup(t *testing.T) {
 			t.Fatal(err)
 		}
 		h := startHelper(t, dir)
-		if r := h.dial("tcp4", addr, 3); r.ok != 1 || r.refused != 2 {
-			t.Fatalf("round %d: 3 connects at 1/s: %+v; want 1 admitted, 2 refused", round, r)
+		if r := h.dial("tcp4", addr, 3); r.ok > 1 || r.ok+r.refused != 3 || round == 0 && r.ok != 1 {
+			t.Fatalf("round %d: 3 connects at 1/s: %+v; want at most 1 admitted (1 in the first round), the rest refused", round, r)
 		}
 		h.do("close")
 		h.kill()
@@ -324,7 +325,7 @@ func TestRatePinsFromEarlierVersion(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := Check(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 64}); err != nil {
+	if _, err := Check(Options{PinDir: pin, PoolSize: 64}); err != nil {
 		t.Fatalf("check of a pin directory without the rate maps: %v", err)
 	}
 	l = openLimiter(t, root, pin, 64, 0)

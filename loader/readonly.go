@@ -25,10 +25,9 @@ var ErrNotPinned = errors.New("no limiter is pinned there")
 // what the programs do; no program is loaded and no link is touched.
 type ReadOnly struct{ l *Limiter }
 
-// OpenReadOnly opens the maps pinned in pinDir. projectsRoot names the
-// projects (cgroup directory names by cgroup id); a project whose directory
-// is not found there is shown by id, as Snapshot does for a removed cgroup.
-func OpenReadOnly(pinDir, projectsRoot string) (*ReadOnly, error) {
+// OpenReadOnly opens the maps pinned in pinDir. The projects are named from
+// the pinned names map, as the daemon named them.
+func OpenReadOnly(pinDir string) (*ReadOnly, error) {
 	if pinDir == "" {
 		pinDir = DefaultPinDir
 	}
@@ -37,7 +36,7 @@ func OpenReadOnly(pinDir, projectsRoot string) (*ReadOnly, error) {
 	} else if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", pinDir, err)
 	}
-	l := &Limiter{root: filepath.Clean(projectsRoot), pinDir: pinDir, clock: clock.System{}, mono: monoNow,
+	l := &Limiter{readOnly: true, pinDir: pinDir, clock: clock.System{}, mono: monoNow,
 		log: slog.New(slog.DiscardHandler)}
 	ok := false
 	defer func() {
@@ -49,7 +48,7 @@ func OpenReadOnly(pinDir, projectsRoot string) (*ReadOnly, error) {
 		name string
 		dst  **ebpf.Map
 	}{
-		{"fs_config", &l.objs.FsConfig}, {"fs_node", &l.objs.FsNode}, {"fs_projects", &l.objs.FsProjects},
+		{"fs_config", &l.objs.FsConfig}, {"fs_node", &l.objs.FsNode}, {"fs_projects", &l.objs.FsProjects}, {"fs_names", &l.objs.FsNames},
 		{"fs_stats", &l.objs.FsStats}, {"fs_resv_slots", &l.objs.FsResvSlots}, {"fs_reservations", &l.objs.FsReservations},
 	} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, m.name), &ebpf.LoadPinOptions{ReadOnly: true})

@@ -24,10 +24,10 @@ func TestReadOnlyWhileNoDaemon(t *testing.T) {
 	want := snap(t, l)
 	l.Close()
 
-	if _, err := OpenReadOnly(t.TempDir(), root); !errors.Is(err, ErrNotPinned) {
+	if _, err := OpenReadOnly(t.TempDir()); !errors.Is(err, ErrNotPinned) {
 		t.Fatalf("an empty directory: %v", err)
 	}
-	ro, err := OpenReadOnly(pin, root)
+	ro, err := OpenReadOnly(pin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -51,6 +55,59 @@ type ReconcileReport struct {
 	// although they no longer exist (their close came while the programs
 	// were detached, as during an upgrade), and are now uncounted.
 	StaleListeners int
+	// Netns says, per network namespace the pass looked into (the
+	// daemon's own and each attached one it could enter), how many project
+	// sockets sock_diag found there that should hold a permit. Adoption,
+	// orphans and stale listeners above are checked in each of them.
+	Netns map[uint64]int
+	// NetnsSkipped lists the attached namespaces the pass could not enter
+	// (attached by a path that is gone or now names another namespace, or
+	// found pinned at a restart and not attached again since), by cookie,
+	// with why: their permits are counted but not checked.
+	NetnsSkipped map[uint64]string
+}
+
+// dumpTarget is a network namespace a reconcile pass looks into.
+type dumpTarget struct {
+	cookie uint64
+	host   bool   // the daemon's own: entered by staying
+	path   string // an attached one's, "" if not known (found pinned at Open)
+	ino    uint64
+}
+
+// targets lists the namespaces to look into: the daemon's own first.
+func (l *Limiter) targets() []dumpTarget {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := []dumpTarget{{cookie: l.netns, host: true}}
+	for c, n := range l.nets {
+		out = append(out, dumpTarget{cookie: c, path: n.info.Path, ino: n.info.Inode})
+	}
+	return out
+}
+
+// enter runs f in t's namespace (on the calling thread for the daemon's
+// own), after checking that t's path still names it.
+func (t dumpTarget) enter(f func() error) error {
+	if t.host {
+		return f()
+	}
+	if t.path == "" {
+		return errors.New("attached before a restart and not attached again since: no path to enter it by")
+	}
+	ns, err := netns.GetFromPath(t.path)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", t.path, err)
+	}
+	defer ns.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(ns), &st); err != nil {
+		return fmt.Errorf("reading %s: %w", t.path, err)
+	}
+	if st.Ino != t.ino {
+		return fmt.Errorf("%s is another network namespace now", t.path)
+	}
+	return inNetns(ns, f)
 }
 
 // slotBusy marks a slot of fs_slots or fs_resv_slots being filled (SLOT_BUSY
@@ -83,23 +140,25 @@ func (l *Limiter) Reconcile(ctx context.Context) (ReconcileReport, error) {
 }
 
 type pass struct {
-	held    map[uint64]int   // permits per project, from fs_held (exempt ones under 0)
-	resv    map[uint64]int   // reservations per project (exempt ones under 0)
-	inUse   map[uint64]int64 // in_use per project, if it did not move during the pass
-	exempt  int64            // the node's exempt_in_use, if it did not move during the pass
+	checked map[uint64]bool   // netns cookies dumped
+	skipped map[uint64]string // netns cookies not dumped, and why
+	held    map[uint64]int    // permits per project, from fs_held (exempt ones under 0)
+	resv    map[uint64]int    // reservations per project (exempt ones under 0)
+	inUse   map[uint64]int64  // in_use per project, if it did not move during the pass
+	exempt  int64             // the node's exempt_in_use, if it did not move during the pass
 	exOK    bool
 	orphans map[uint64]uint64 // cookie -> project: held in our netns without a live socket
 	adopted int
 	live    map[uint64]bool // cookies of the sockets the dump wrote out
 }
 
-func (l *Limiter) readPass() (pass, error) {
-	p := pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}}
+func (l *Limiter) readPass(targets []dumpTarget, names []string) (pass, error) {
+	p := pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}, checked: map[uint64]bool{}, skipped: map[uint64]string{}}
 	var n0, n1 limiterFsPool
 	if err := l.objs.FsNode.Lookup(uint32(0), &n0); err != nil {
 		return p, fmt.Errorf("reading node map: %w", err)
 	}
-	before, err := l.readProjects()
+	before, err := l.readProjects(names)
 	if err != nil {
 		return p, err
 	}
@@ -108,26 +167,40 @@ func (l *Limiter) readPass() (pass, error) {
 		return p, fmt.Errorf("attaching the tcp iterator: %w", err)
 	}
 	defer it.Close()
-	rd, err := it.Open()
-	if err != nil {
-		return p, fmt.Errorf("opening the tcp iterator: %w", err)
-	}
-	buf, err := io.ReadAll(rd)
-	rd.Close()
-	if err != nil {
-		return p, fmt.Errorf("reading the tcp iterator: %w", err)
-	}
 	live := map[uint64]bool{}
 	p.live = live
-	for len(buf) >= sockRecordSize {
-		var r limiterFsSockRecord
-		if _, err := binary.Decode(buf[:sockRecordSize], binary.NativeEndian, &r); err != nil {
-			return p, fmt.Errorf("decoding a socket record: %w", err)
+	for _, t := range targets {
+		// The iterator walks the namespace of the thread that opens it.
+		var buf []byte
+		err := t.enter(func() error {
+			rd, err := it.Open()
+			if err != nil {
+				return fmt.Errorf("opening the tcp iterator: %w", err)
+			}
+			defer rd.Close()
+			if buf, err = io.ReadAll(rd); err != nil {
+				return fmt.Errorf("reading the tcp iterator: %w", err)
+			}
+			return nil
+		})
+		if err != nil {
+			if t.host {
+				return p, err
+			}
+			p.skipped[t.cookie] = err.Error()
+			continue
 		}
-		buf = buf[sockRecordSize:]
-		live[r.Cookie] = true
-		if r.Adopted == 1 {
-			p.adopted++
+		p.checked[t.cookie] = true
+		for len(buf) >= sockRecordSize {
+			var r limiterFsSockRecord
+			if _, err := binary.Decode(buf[:sockRecordSize], binary.NativeEndian, &r); err != nil {
+				return p, fmt.Errorf("decoding a socket record: %w", err)
+			}
+			buf = buf[sockRecordSize:]
+			live[r.Cookie] = true
+			if r.Adopted == 1 {
+				p.adopted++
+			}
 		}
 	}
 	count := func(cookie uint64, v limiterFsSock) {
@@ -136,7 +209,7 @@ func (l *Limiter) readPass() (pass, error) {
 			id = 0
 		}
 		p.held[id]++
-		if v.Netns == l.netns && !live[cookie] {
+		if p.checked[v.Netns] && !live[cookie] {
 			p.orphans[cookie] = id
 		}
 	}
@@ -155,7 +228,7 @@ func (l *Limiter) readPass() (pass, error) {
 	if p.resv, err = l.reservationsByProject(); err != nil {
 		return p, err
 	}
-	after, err := l.readProjects()
+	after, err := l.readProjects(names)
 	if err != nil {
 		return p, err
 	}
@@ -177,18 +250,15 @@ func (l *Limiter) readPass() (pass, error) {
 	return p, nil
 }
 
-// countedListeners returns the cookies of the listening sockets of the
-// caller's network namespace counted in fs_listen_socks. Those of other
-// namespaces cannot be checked against the dump, which walks this one.
-func (l *Limiter) countedListeners() ([]uint64, error) {
-	var out []uint64
+// countedListeners returns the cookies of the listening sockets counted in
+// fs_listen_socks, by the cookie of their network namespace.
+func (l *Limiter) countedListeners() (map[uint64][]uint64, error) {
+	out := map[uint64][]uint64{}
 	var cookie uint64
 	var k limiterFsListenKey
 	it := l.objs.FsListenSocks.Iterate()
 	for it.Next(&cookie, &k) {
-		if k.Netns == l.netns {
-			out = append(out, cookie)
-		}
+		out[k.Netns] = append(out[k.Netns], cookie)
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("reading counted listeners: %w", err)
@@ -272,18 +342,24 @@ func (p pass) drift() map[uint64]int64 {
 }
 
 func (l *Limiter) reconcile() (ReconcileReport, error) {
-	names, err := l.projectNames()
-	if err != nil {
-		return ReconcileReport{}, err
+	l.mu.Lock()
+	names := slices.Clone(l.memb.names)
+	members := make(map[string]string, len(l.memb.members)) // path -> project
+	for _, r := range l.memb.members {
+		if r.path != "" {
+			members[r.path] = l.memb.names[r.project]
+		}
 	}
+	l.mu.Unlock()
+	targets := l.targets()
 	name := func(id uint64) string {
-		if n, ok := names[id]; ok {
-			return n
+		if id < uint64(len(names)) && names[id] != "" {
+			return names[id]
 		}
 		return "#" + strconv.FormatUint(id, 10)
 	}
 	rep := ReconcileReport{Held: map[string]int{}, Kernel: map[string]int{}, Reservations: map[string]int{},
-		Drift: map[string]int{}, Repaired: map[string]int{}}
+		Drift: map[string]int{}, Repaired: map[string]int{}, Netns: map[uint64]int{}}
 
 	// Read before the dump: a listener counted now and not in the dump
 	// closed before the dump reached it (cookies are never reused), while
@@ -292,20 +368,28 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	first, err := l.readPass()
+	first, err := l.readPass(targets, names)
 	if err != nil {
 		return rep, err
 	}
 	rep.Adopted = first.adopted
-	for _, cookie := range listening {
-		if first.live[cookie] {
+	if len(first.skipped) > 0 {
+		rep.NetnsSkipped = first.skipped
+	}
+	for ns, cookies := range listening {
+		if !first.checked[ns] {
 			continue
 		}
-		n, err := l.adjust(limiterFsAdjustArgs{Op: opUnlisten, Project: cookie})
-		if err != nil {
-			return rep, fmt.Errorf("uncounting gone listener %d: %w", cookie, err)
+		for _, cookie := range cookies {
+			if first.live[cookie] {
+				continue
+			}
+			n, err := l.adjust(limiterFsAdjustArgs{Op: opUnlisten, Project: cookie})
+			if err != nil {
+				return rep, fmt.Errorf("uncounting gone listener %d: %w", cookie, err)
+			}
+			rep.StaleListeners += int(n)
 		}
-		rep.StaleListeners += int(n)
 	}
 	if rep.StaleListeners > 0 {
 		l.log.Warn("uncounted listening sockets that no longer exist (their close was missed while the programs were detached)",
@@ -315,7 +399,7 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	last := first
 	e1, e1ok := first.exemptDrift()
 	if len(d1) > 0 || len(first.orphans) > 0 || (e1ok && e1 != 0) {
-		second, err := l.readPass()
+		second, err := l.readPass(targets, names)
 		if err != nil {
 			return rep, err
 		}
@@ -386,20 +470,40 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 		l.log.Info("adopted connections that held no permit", "count", rep.Adopted)
 	}
 
-	socks, err := sockdiag.List(sockdiag.Options{})
-	if err != nil {
-		return rep, fmt.Errorf("listing kernel sockets: %w", err)
+	// The kernel's own count: every cgroup below a member, by project.
+	index := map[uint64]string{}
+	for path, proj := range members {
+		_ = cgroup.Walk(path, func(_ string, id uint64) { index[id] = proj })
 	}
-	index, err := cgroup.ProjectIndex(l.root)
-	if err != nil && !errors.Is(err, context.Canceled) {
-		return rep, err
-	}
-	for _, s := range socks {
-		proj, ok := index[s.CgroupID]
-		if !ok || !ShouldHold(s) {
+	for _, t := range targets {
+		if !last.checked[t.cookie] {
 			continue
 		}
-		rep.Kernel[proj]++
+		var socks []sockdiag.Socket
+		if t.host {
+			socks, err = sockdiag.List(sockdiag.Options{})
+		} else {
+			var h *sockdiag.Handle
+			if h, err = sockdiag.NewHandleAtPath(t.path); err == nil {
+				socks, err = h.List(sockdiag.Options{})
+				h.Close()
+			}
+		}
+		if err != nil {
+			if t.host {
+				return rep, fmt.Errorf("listing kernel sockets: %w", err)
+			}
+			continue // gone since the dump
+		}
+		rep.Netns[t.cookie] = 0
+		for _, s := range socks {
+			proj, ok := index[s.CgroupID]
+			if !ok || !ShouldHold(s) {
+				continue
+			}
+			rep.Kernel[proj]++
+			rep.Netns[t.cookie]++
+		}
 	}
 	return rep, nil
 }

@@ -10,13 +10,11 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
-	"github.com/fairshare-dev/fairshare/internal/cgroup"
 )
 
 // Refusal is one refusal event of the programs (bpf/lib/events.h): a
@@ -88,7 +86,7 @@ func (l *Limiter) SetDryRunProjects(names map[string]bool) error {
 	}
 	want := map[uint64]bool{}
 	for name := range names {
-		id, err := cgroup.ID(filepath.Join(l.root, name))
+		id, err := l.projectID(name)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
 				continue

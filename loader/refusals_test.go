@@ -246,7 +246,7 @@ func BenchmarkRefusalEvent(b *testing.B) {
 	defer pinCPU(b)()
 	_, sa := benchListener(b, false) // outside the project
 	moveSelf(b, proj)
-	l, err := Open(Options{ProjectsRoot: root, PinDir: pin, PoolSize: 1, Floor: 1})
+	l, err := openRoot(b, root, Options{PinDir: pin, PoolSize: 1, Floor: 1})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,6 +4,7 @@ package loader
 
 import (
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -26,18 +27,23 @@ func TestTakePermit(t *testing.T) {
 			root, pin := newRoot(t), newPinDir(t)
 			l := openLimiter(t, root, pin, 2, 1)
 			mkProject(t, root, "ex")
-			if err := l.SetExempt([]string{"ex"}, 1); err != nil {
+			if err := l.SetExempt([]string{filepath.Join(root, "ex")}, 1); err != nil {
 				t.Fatal(err)
 			}
 			var ex uint64
 			for id := range l.exemptIDs {
 				ex = id
 			}
-			const proj = 1<<40 + 7 // any id: take_permit makes the project's entry
+			const proj = 7 // any id in range: take_permit needs no name
+			exProj := uint64(l.memb.ids["ex"])
 			take := func(project uint64, holder uint16) int64 {
 				t.Helper()
+				cg := project
+				if project == ex {
+					project, cg = exProj, ex // the exempt set names cgroups
+				}
 				res, err := l.selftest(limiterFsSelftestArgs{Op: stTake, Delta: at,
-					Resv: limiterFsResv{Project: project}, Key: loopKey(9000, holder), Cookie: 1<<50 + uint64(holder), Cg: project})
+					Resv: limiterFsResv{Project: project}, Key: loopKey(9000, holder), Cookie: 1<<50 + uint64(holder), Cg: cg})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -59,7 +65,7 @@ func TestTakePermit(t *testing.T) {
 			s := snap(t, l)
 			var p ProjectCounters
 			for _, pc := range s.Projects {
-				if pc.CgroupID == proj {
+				if pc.ID == proj {
 					p = pc
 				}
 			}

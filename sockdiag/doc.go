@@ -8,10 +8,18 @@
 //
 // Contract:
 //
-//   - List dumps the sockets of the network namespace of the calling OS thread
-//     at the time of the call (a netlink socket belongs to the namespace it was
-//     created in). A caller that wants another namespace locks its goroutine to
-//     a thread that has entered it.
+//   - List and Lookup read the sockets of the network namespace of the calling
+//     OS thread at the time of the call (a netlink socket belongs to the
+//     namespace it was created in). A Handle (NewHandleAt, NewHandleAtPath)
+//     is a netlink socket made once in another namespace, a pod's, whose List
+//     and Lookup read that namespace from any thread.
+//   - The netlink framing is github.com/vishvananda/netlink's nl package (the
+//     request, multipart dumps, NLMSG_DONE and NLMSG_ERROR). netlink.Handle
+//     itself cannot be used: its SocketDiagTCP drops the INET_DIAG_CGROUP_ID
+//     attribute and it does not expose its sockets for a request of our own,
+//     so Handle is built the way it builds one (nl.GetNetlinkSocketAt and an
+//     nl.SocketHandle). This package encodes inet_diag_req_v2 and decodes
+//     inet_diag_msg and the cgroup-id attribute, nothing else.
 //   - Socket.CgroupID is the id of the cgroup the socket was created in (the
 //     inode number of its cgroup2 directory), as the kernel reports it in the
 //     INET_DIAG_CGROUP_ID attribute. Full sockets carry it; TIME_WAIT and

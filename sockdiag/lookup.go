@@ -3,10 +3,10 @@
 package sockdiag
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,7 +22,58 @@ var ErrNotFound = errors.New("sockdiag: no such socket")
 // address as its local end. IPv4 addresses (plain or IPv4-mapped) are looked
 // up in the IPv4 table, which also holds dual-stack sockets connected over
 // IPv4.
+//
+// Lookup keeps one netlink socket for the namespace it is called from most
+// (the process's own, where the front runs), checked against the calling
+// thread's namespace on each call: BenchmarkLookup measured 12 us with a
+// socket per call, 8.5 us with the kept socket and the check (a stat of
+// /proc/thread-self/ns/net), 5 us on a Handle.
 func Lookup(src, dst netip.AddrPort) (Socket, error) {
+	h, release := hostHandle()
+	defer release()
+	return lookup(h, src, dst)
+}
+
+// host is the Handle Lookup keeps, for the network namespace whose inode is
+// ino. Lookups on it take turns (the Handle serialises them): the kernel
+// answers an exact request at once.
+var host struct {
+	sync.Mutex
+	ino uint64
+	h   *Handle
+}
+
+// hostHandle returns the kept Handle if the calling thread is in its
+// namespace (made at the first call), or nil (a socket for this call only)
+// if it is not or the namespace cannot be told. A goroutine that is not
+// locked to its thread may move to another between the check and the
+// request, but only to a thread of the process's shared pool: a thread that
+// entered another namespace is locked to the goroutine that did so.
+func hostHandle() (*Handle, func()) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return nil, func() {}
+	}
+	host.Lock()
+	if host.h == nil {
+		h, err := NewHandle()
+		if err != nil {
+			host.Unlock()
+			return nil, func() {}
+		}
+		host.h, host.ino = h, st.Ino
+	}
+	if host.ino != st.Ino {
+		host.Unlock()
+		return nil, func() {}
+	}
+	return host.h, host.Unlock
+}
+
+// Lookup is the package's Lookup in h's network namespace.
+func (h *Handle) Lookup(src, dst netip.AddrPort) (Socket, error) { return lookup(h, src, dst) }
+
+func lookup(h *Handle, src, dst netip.AddrPort) (Socket, error) {
 	src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
 	family := uint8(unix.AF_INET6)
@@ -32,73 +83,35 @@ func Lookup(src, dst netip.AddrPort) (Socket, error) {
 		src = netip.AddrPortFrom(netip.AddrFrom16(src.Addr().As16()), src.Port())
 		dst = netip.AddrPortFrom(netip.AddrFrom16(dst.Addr().As16()), dst.Port())
 	}
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+	// Exact: no NLM_F_DUMP. The kernel answers with the socket or an error.
+	req, err := h.request(0, &diagReq{family: family, states: AllStates, src: src, dst: dst})
 	if err != nil {
-		return Socket{}, fmt.Errorf("opening sock_diag netlink socket: %w", err)
+		return Socket{}, err
 	}
-	defer unix.Close(fd)
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return Socket{}, fmt.Errorf("binding sock_diag netlink socket: %w", err)
+	var (
+		s     Socket
+		found bool
+		perr  error
+	)
+	err = req.ExecuteIter(unix.NETLINK_SOCK_DIAG, unix.SOCK_DIAG_BY_FAMILY, func(msg []byte) bool {
+		s, perr = parseMsg(msg)
+		found = perr == nil
+		return false
+	})
+	if errors.Is(err, unix.ENOENT) || (err == nil && perr == nil && !found) {
+		return Socket{}, fmt.Errorf("tcp %v -> %v: %w", src, dst, ErrNotFound)
 	}
-	sa, err := unix.Getsockname(fd)
+	if err == nil {
+		err = perr
+	}
 	if err != nil {
-		return Socket{}, fmt.Errorf("reading netlink port id: %w", err)
+		return Socket{}, fmt.Errorf("looking up tcp %v -> %v: %w", src, dst, err)
 	}
-	nlsa, ok := sa.(*unix.SockaddrNetlink)
-	if !ok {
-		return Socket{}, fmt.Errorf("netlink socket bound to %T: %w", sa, ErrMalformed)
+	// The kernel's lookup falls back to a listener on the local port;
+	// only the exact connection is an answer.
+	if s.Src.Addr().Unmap() != src.Addr().Unmap() || s.Src.Port() != src.Port() ||
+		s.Dst.Addr().Unmap() != dst.Addr().Unmap() || s.Dst.Port() != dst.Port() {
+		return Socket{}, fmt.Errorf("tcp %v -> %v: kernel answered %v -> %v: %w", src, dst, s.Src, s.Dst, ErrNotFound)
 	}
-	req := buildLookup(family, src, dst)
-	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return Socket{}, fmt.Errorf("sending lookup: %w", err)
-	}
-	buf := make([]byte, 4096)
-	for {
-		n, _, err := unix.Recvfrom(fd, buf, 0)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return Socket{}, fmt.Errorf("receiving lookup reply: %w", err)
-		}
-		// An exact request is answered by one message: the socket or an error.
-		socks, _, err := parseReplies(nil, buf[:n], 1, nlsa.Pid)
-		if errors.Is(err, unix.ENOENT) {
-			return Socket{}, fmt.Errorf("tcp %v -> %v: %w", src, dst, ErrNotFound)
-		}
-		if err != nil {
-			return Socket{}, fmt.Errorf("looking up tcp %v -> %v: %w", src, dst, err)
-		}
-		if len(socks) == 0 {
-			continue
-		}
-		s := socks[0]
-		// The kernel's lookup falls back to a listener on the local port;
-		// only the exact connection is an answer.
-		if s.Src.Addr().Unmap() != src.Addr().Unmap() || s.Src.Port() != src.Port() ||
-			s.Dst.Addr().Unmap() != dst.Addr().Unmap() || s.Dst.Port() != dst.Port() {
-			return Socket{}, fmt.Errorf("tcp %v -> %v: kernel answered %v -> %v: %w", src, dst, s.Src, s.Dst, ErrNotFound)
-		}
-		return s, nil
-	}
-}
-
-// buildLookup encodes an exact SOCK_DIAG_BY_FAMILY request for one socket.
-func buildLookup(family uint8, src, dst netip.AddrPort) []byte {
-	b := buildRequest(family, AllStates, 1)
-	ne := binary.NativeEndian
-	ne.PutUint16(b[6:], unix.NLM_F_REQUEST) // exact: no NLM_F_DUMP
-	id := b[sizeofNlMsghdr+8:]
-	binary.BigEndian.PutUint16(id[0:], src.Port())
-	binary.BigEndian.PutUint16(id[2:], dst.Port())
-	if family == unix.AF_INET {
-		a, d := src.Addr().As4(), dst.Addr().As4()
-		copy(id[4:], a[:])
-		copy(id[20:], d[:])
-	} else {
-		a, d := src.Addr().As16(), dst.Addr().As16()
-		copy(id[4:], a[:])
-		copy(id[20:], d[:])
-	}
-	return b
+	return s, nil
 }

@@ -93,10 +93,25 @@ func BenchmarkLookup(b *testing.B) {
 	defer s.Close()
 	client := c.LocalAddr().(*net.TCPAddr).AddrPort()
 	server := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := Lookup(client, server); err != nil {
+	b.Run("socket-per-call", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := Lookup(client, server); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("handle", func(b *testing.B) {
+		h, err := NewHandle()
+		if err != nil {
 			b.Fatal(err)
 		}
-	}
+		defer h.Close()
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := h.Lookup(client, server); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -3,6 +3,7 @@
 package sockdiag
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"net/netip"
@@ -50,101 +51,72 @@ func appendAttr(b []byte, typ uint16, v []byte) []byte {
 	return b
 }
 
-func nlMsg(typ uint16, seq, pid uint32, body []byte) []byte {
-	h := make([]byte, sizeofNlMsghdr)
-	ne.PutUint32(h[0:], uint32(sizeofNlMsghdr+len(body)))
-	ne.PutUint16(h[4:], typ)
-	ne.PutUint32(h[8:], seq)
-	ne.PutUint32(h[12:], pid)
-	b := append(h, body...)
-	for len(b)%unix.NLMSG_ALIGNTO != 0 {
-		b = append(b, 0)
-	}
-	return b
-}
-
-func errBody(errno int32) []byte {
-	b := make([]byte, 4+sizeofNlMsghdr)
-	ne.PutUint32(b, uint32(errno))
-	return b
-}
-
 func TestBuildRequest(t *testing.T) {
-	b := buildRequest(unix.AF_INET6, StateMask(StateListen, StateEstablished), 7)
-	if len(b) != 16+56 {
-		t.Fatalf("request is %d bytes, want 72", len(b))
+	r := (&diagReq{family: unix.AF_INET6, states: StateMask(StateListen, StateEstablished)}).Serialize()
+	if len(r) != 56 {
+		t.Fatalf("inet_diag_req_v2 is %d bytes, want 56", len(r))
 	}
-	if l, typ, fl, seq := ne.Uint32(b), ne.Uint16(b[4:]), ne.Uint16(b[6:]), ne.Uint32(b[8:]); l != 72 || typ != unix.SOCK_DIAG_BY_FAMILY ||
-		fl != unix.NLM_F_REQUEST|unix.NLM_F_DUMP || seq != 7 {
-		t.Errorf("header len %d type %d flags %#x seq %d", l, typ, fl, seq)
-	}
-	r := b[16:]
 	if r[0] != unix.AF_INET6 || r[1] != unix.IPPROTO_TCP || r[2] != 0 || ne.Uint32(r[4:]) != 1<<10|1<<1 {
 		t.Errorf("inet_diag_req_v2 head % x", r[:8])
 	}
 	if ne.Uint64(r[48:]) != ^uint64(0) {
 		t.Errorf("cookie % x, want INET_DIAG_NOCOOKIE", r[48:])
 	}
+	if !bytes.Equal(r[8:48], make([]byte, 40)) {
+		t.Errorf("dump request carries a socket id: % x", r[8:48])
+	}
+
+	src, dst := netip.MustParseAddrPort("10.1.2.3:80"), netip.MustParseAddrPort("10.9.8.7:54321")
+	r = (&diagReq{family: unix.AF_INET, states: AllStates, src: src, dst: dst}).Serialize()
+	if binary.BigEndian.Uint16(r[8:]) != 80 || binary.BigEndian.Uint16(r[10:]) != 54321 ||
+		!bytes.Equal(r[12:16], []byte{10, 1, 2, 3}) || !bytes.Equal(r[28:32], []byte{10, 9, 8, 7}) {
+		t.Errorf("lookup socket id % x", r[8:48])
+	}
 }
 
-func TestParseReplies(t *testing.T) {
+func TestParseMsg(t *testing.T) {
 	v4s, v4d := netip.MustParseAddrPort("10.1.2.3:80"), netip.MustParseAddrPort("10.9.8.7:54321")
 	v6s, v6d := netip.MustParseAddrPort("[2001:db8::1]:443"), netip.MustParseAddrPort("[::ffff:10.0.0.1]:1")
-	const seq, pid = 3, 99
-	var dgram []byte
-	dgram = append(dgram, nlMsg(unix.SOCK_DIAG_BY_FAMILY, seq, pid, diagMsg(unix.AF_INET, StateEstablished, v4s, v4d, 0x1_0000_0002, 77))...)
-	dgram = append(dgram, nlMsg(unix.SOCK_DIAG_BY_FAMILY, seq-1, pid, diagMsg(unix.AF_INET, StateListen, v4s, v4d, 5, 5))...) // stale: dropped
-	dgram = append(dgram, nlMsg(unix.SOCK_DIAG_BY_FAMILY, seq, pid, diagMsg(unix.AF_INET6, StateTimeWait, v6s, v6d, 9, 0))...)
-	socks, done, err := parseReplies(nil, dgram, seq, pid)
-	if err != nil || done {
-		t.Fatalf("parseReplies: done %v err %v", done, err)
-	}
-	want := []Socket{
-		{Family: unix.AF_INET, State: StateEstablished, Src: v4s, Dst: v4d, Cookie: 0x1_0000_0002, CgroupID: 77, Inode: 4242, UID: 1000},
-		{Family: unix.AF_INET6, State: StateTimeWait, Src: v6s, Dst: v6d, Cookie: 9, Inode: 4242, UID: 1000},
-	}
-	if len(socks) != len(want) {
-		t.Fatalf("parsed %d sockets, want %d: %+v", len(socks), len(want), socks)
-	}
-	for i := range want {
-		if socks[i] != want[i] {
-			t.Errorf("socket %d = %+v, want %+v", i, socks[i], want[i])
+	for _, tc := range []struct {
+		msg  []byte
+		want Socket
+	}{
+		{diagMsg(unix.AF_INET, StateEstablished, v4s, v4d, 0x1_0000_0002, 77),
+			Socket{Family: unix.AF_INET, State: StateEstablished, Src: v4s, Dst: v4d, Cookie: 0x1_0000_0002, CgroupID: 77, Inode: 4242, UID: 1000}},
+		{diagMsg(unix.AF_INET6, StateTimeWait, v6s, v6d, 9, 0),
+			Socket{Family: unix.AF_INET6, State: StateTimeWait, Src: v6s, Dst: v6d, Cookie: 9, Inode: 4242, UID: 1000}},
+	} {
+		s, err := parseMsg(tc.msg)
+		if err != nil || s != tc.want {
+			t.Errorf("parseMsg = %+v, %v; want %+v", s, err, tc.want)
 		}
-	}
-
-	socks, done, err = parseReplies(socks, nlMsg(unix.NLMSG_DONE, seq, pid, []byte{0, 0, 0, 0}), seq, pid)
-	if err != nil || !done || len(socks) != 2 {
-		t.Errorf("NLMSG_DONE: done %v err %v, %d sockets", done, err, len(socks))
 	}
 }
 
 func TestParseErrors(t *testing.T) {
-	const seq, pid = 1, 2
 	good := diagMsg(unix.AF_INET, StateListen, netip.MustParseAddrPort("1.2.3.4:5"), netip.MustParseAddrPort("0.0.0.0:0"), 1, 1)
 	badAttr := append([]byte(nil), good...)
 	ne.PutUint16(badAttr[sizeofInetDiagMsg:], 200) // attribute longer than the message
 	badFamily := append([]byte(nil), good...)
 	badFamily[0] = unix.AF_UNIX
-	truncated := nlMsg(unix.SOCK_DIAG_BY_FAMILY, seq, pid, good)
-	ne.PutUint32(truncated, uint32(len(truncated)+8))
-
 	for _, tc := range []struct {
-		name  string
-		dgram []byte
-		want  error
+		name string
+		msg  []byte
 	}{
-		{"short inet_diag_msg", nlMsg(unix.SOCK_DIAG_BY_FAMILY, seq, pid, good[:40]), ErrMalformed},
-		{"attribute overruns", nlMsg(unix.SOCK_DIAG_BY_FAMILY, seq, pid, badAttr), ErrMalformed},
-		{"unknown family", nlMsg(unix.SOCK_DIAG_BY_FAMILY, seq, pid, badFamily), ErrMalformed},
-		{"message overruns datagram", truncated, ErrMalformed},
-		{"kernel error", nlMsg(unix.NLMSG_ERROR, seq, pid, errBody(-int32(unix.EINVAL))), unix.EINVAL},
-		{"dump ends in error", nlMsg(unix.NLMSG_DONE, seq, pid, errBody(-int32(unix.ENOBUFS))[:4]), unix.ENOBUFS},
+		{"short inet_diag_msg", good[:40]},
+		{"attribute overruns", badAttr},
+		{"unknown family", badFamily},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, _, err := parseReplies(nil, tc.dgram, seq, pid); !errors.Is(err, tc.want) {
-				t.Errorf("err = %v, want %v", err, tc.want)
+			if _, err := parseMsg(tc.msg); !errors.Is(err, ErrMalformed) {
+				t.Errorf("err = %v, want %v", err, ErrMalformed)
 			}
 		})
+	}
+	// An unpadded last attribute is read, not run off.
+	unpadded := appendAttr(diagMsg(unix.AF_INET, StateListen, netip.MustParseAddrPort("1.2.3.4:5"), netip.MustParseAddrPort("0.0.0.0:0"), 1, 3), 9, []byte{1})
+	if s, err := parseMsg(unpadded[:len(unpadded)-3]); err != nil || s.CgroupID != 3 {
+		t.Errorf("unpadded end: %+v, %v", s, err)
 	}
 }
 

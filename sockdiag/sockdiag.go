@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -38,22 +41,83 @@ var (
 	ErrFamily = errors.New("sockdiag: unsupported address family")
 	// ErrMalformed reports a reply the parser does not understand.
 	ErrMalformed = errors.New("sockdiag: malformed netlink reply")
+	// ErrClosed reports the use of a closed Handle.
+	ErrClosed = errors.New("sockdiag: handle is closed")
 )
 
 // Layout of the kernel structures (include/uapi/linux/inet_diag.h). The
 // native byte order is little-endian on every architecture fairshare builds
 // for; the port and address fields are big-endian (network order).
 const (
-	sizeofNlMsghdr      = unix.SizeofNlMsghdr // 16
-	sizeofInetDiagReqV2 = 56                  // family, protocol, ext, pad, states u32, sockid (48)
-	sizeofInetDiagMsg   = 72                  // family, state, timer, retrans, sockid (48), expires, rqueue, wqueue, uid, inode
-	inetDiagCgroupID    = 21                  // INET_DIAG_CGROUP_ID, not in x/sys/unix
-	recvBufSize         = 64 << 10            // larger reads mean fewer round trips; the kernel sizes its dump skbs by them
+	sizeofInetDiagReqV2 = 56 // family, protocol, ext, pad, states u32, sockid (48)
+	sizeofInetDiagMsg   = 72 // family, state, timer, retrans, sockid (48), expires, rqueue, wqueue, uid, inode
+	inetDiagCgroupID    = 21 // INET_DIAG_CGROUP_ID: netlink v1.3.1 names it but never parses it
+	handleTimeout       = 10 * time.Second
 )
 
+// Handle is a sock_diag netlink socket that belongs to one network namespace
+// for its whole life, whichever thread later uses it: the way to read the
+// socket table of a namespace the caller is not in (a pod's) without
+// entering it per call. A Handle may be used by several goroutines; their
+// requests take turns on the one socket. The framing (requests, multipart
+// dumps, NLMSG_DONE and NLMSG_ERROR, sequence and port checks) is the
+// vishvananda/netlink nl package's; this package adds only the
+// inet_diag_req_v2 request and the decoding of the replies, for the
+// cgroup-id attribute netlink.Handle does not expose.
+type Handle struct {
+	sh *nl.SocketHandle
+}
+
+// NewHandle opens a Handle in the calling thread's network namespace.
+func NewHandle() (*Handle, error) { return NewHandleAt(netns.None()) }
+
+// NewHandleAt opens a Handle in the network namespace ns (netns.None() for the
+// calling thread's). The calling goroutine's thread enters ns only while the
+// socket is created, and comes back.
+func NewHandleAt(ns netns.NsHandle) (*Handle, error) {
+	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_SOCK_DIAG)
+	if err != nil {
+		return nil, fmt.Errorf("opening sock_diag netlink socket in %v: %w", ns, err)
+	}
+	tv := unix.NsecToTimeval(handleTimeout.Nanoseconds())
+	if err := s.SetReceiveTimeout(&tv); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("setting sock_diag receive timeout: %w", err)
+	}
+	if err := s.SetSendTimeout(&tv); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("setting sock_diag send timeout: %w", err)
+	}
+	return &Handle{sh: &nl.SocketHandle{Socket: s}}, nil
+}
+
+// NewHandleAtPath opens a Handle in the network namespace file at path
+// (/proc/<pid>/ns/net, /var/run/netns/<name>).
+func NewHandleAtPath(path string) (*Handle, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening network namespace %s: %w", path, err)
+	}
+	defer ns.Close()
+	return NewHandleAt(ns)
+}
+
+// Close releases the netlink socket. A closed Handle must not be used again.
+func (h *Handle) Close() {
+	if h != nil && h.sh != nil {
+		h.sh.Close()
+		h.sh = nil
+	}
+}
+
 // List dumps the TCP sockets of the calling thread's network namespace (see
-// the package documentation) that match opts.
-func List(opts Options) ([]Socket, error) {
+// the package documentation) that match opts, on a netlink socket of its own.
+func List(opts Options) ([]Socket, error) { return list(nil, opts) }
+
+// List dumps the TCP sockets of h's network namespace that match opts.
+func (h *Handle) List(opts Options) ([]Socket, error) { return list(h, opts) }
+
+func list(h *Handle, opts Options) ([]Socket, error) {
 	families := opts.Families
 	if len(families) == 0 {
 		families = []uint8{unix.AF_INET, unix.AF_INET6}
@@ -67,130 +131,85 @@ func List(opts Options) ([]Socket, error) {
 	if states == 0 {
 		states = AllStates
 	}
-
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
-	if err != nil {
-		return nil, fmt.Errorf("opening sock_diag netlink socket: %w", err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, fmt.Errorf("binding sock_diag netlink socket: %w", err)
-	}
-	sa, err := unix.Getsockname(fd)
-	if err != nil {
-		return nil, fmt.Errorf("reading netlink port id: %w", err)
-	}
-	nlsa, ok := sa.(*unix.SockaddrNetlink)
-	if !ok {
-		return nil, fmt.Errorf("netlink socket bound to %T: %w", sa, ErrMalformed)
-	}
-
-	d := dumper{fd: fd, pid: nlsa.Pid, buf: make([]byte, recvBufSize)}
 	var socks []Socket
-	for i, f := range families {
-		seq := uint32(i + 1)
-		socks, err = d.dump(socks, f, states, seq)
+	for _, f := range families {
+		req, err := h.request(unix.NLM_F_DUMP, &diagReq{family: f, states: states})
 		if err != nil {
+			return nil, err
+		}
+		var perr error
+		err = req.ExecuteIter(unix.NETLINK_SOCK_DIAG, unix.SOCK_DIAG_BY_FAMILY, func(msg []byte) bool {
+			s, err := parseMsg(msg)
+			if err != nil {
+				perr = err
+				return false
+			}
+			socks = append(socks, s)
+			return true
+		})
+		// A dump is never a snapshot (see the package documentation); an
+		// interrupted one says so explicitly and is as good as any.
+		if err != nil && !errors.Is(err, nl.ErrDumpInterrupted) {
 			return nil, fmt.Errorf("dumping TCP sockets of family %d: %w", f, err)
+		}
+		if perr != nil {
+			return nil, fmt.Errorf("dumping TCP sockets of family %d: %w", f, perr)
 		}
 	}
 	return socks, nil
 }
 
-// dumper runs dump requests on one netlink socket.
-type dumper struct {
-	fd  int
-	pid uint32 // our netlink port id, to drop replies meant for someone else
-	buf []byte
+// request makes a netlink request on h's socket, or on a socket of its own
+// in the calling thread's namespace when h is nil.
+func (h *Handle) request(flags int, data *diagReq) (*nl.NetlinkRequest, error) {
+	req := nl.NewNetlinkRequest(unix.SOCK_DIAG_BY_FAMILY, flags)
+	if h != nil {
+		if h.sh == nil {
+			// A request without a socket would run in the caller's namespace.
+			return nil, ErrClosed
+		}
+		req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_SOCK_DIAG: h.sh}
+	}
+	req.AddData(data)
+	return req, nil
 }
 
-// dump sends one SOCK_DIAG_BY_FAMILY dump request and appends its replies to
-// socks.
-func (d *dumper) dump(socks []Socket, family uint8, states, seq uint32) ([]Socket, error) {
-	req := buildRequest(family, states, seq)
-	if err := unix.Sendto(d.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return socks, fmt.Errorf("sending request: %w", err)
-	}
-	for {
-		n, _, err := unix.Recvfrom(d.fd, d.buf, 0)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return socks, fmt.Errorf("receiving reply: %w", err)
-		}
-		var done bool
-		socks, done, err = parseReplies(socks, d.buf[:n], seq, d.pid)
-		if err != nil || done {
-			return socks, err
-		}
-	}
+// diagReq is an inet_diag_req_v2 for TCP, as nl request data.
+type diagReq struct {
+	family   uint8
+	states   uint32
+	src, dst netip.AddrPort // exact lookups only; zero for dumps
 }
 
-// buildRequest encodes the netlink header and inet_diag_req_v2 of a dump.
-func buildRequest(family uint8, states, seq uint32) []byte {
-	b := make([]byte, sizeofNlMsghdr+sizeofInetDiagReqV2)
-	ne := binary.NativeEndian
-	ne.PutUint32(b[0:], uint32(len(b)))                     // nlmsg_len
-	ne.PutUint16(b[4:], unix.SOCK_DIAG_BY_FAMILY)           // nlmsg_type
-	ne.PutUint16(b[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP) // nlmsg_flags
-	ne.PutUint32(b[8:], seq)                                // nlmsg_seq; pid 0 lets the kernel fill it in
-	r := b[sizeofNlMsghdr:]
-	r[0] = family
-	r[1] = unix.IPPROTO_TCP
-	// r[2] idiag_ext: no extension is needed, the cgroup id comes unasked.
-	ne.PutUint32(r[4:], states)
-	// sockid at r[8:56], cookie at r[48:56]: all zero except the cookie, which is
-	// INET_DIAG_NOCOOKIE (all ones) so it never matches a socket by accident.
-	ne.PutUint64(r[48:], ^uint64(0))
+func (r *diagReq) Len() int { return sizeofInetDiagReqV2 }
+
+func (r *diagReq) Serialize() []byte {
+	b := make([]byte, sizeofInetDiagReqV2)
+	b[0] = r.family
+	b[1] = unix.IPPROTO_TCP
+	// b[2] idiag_ext: no extension is needed, the cgroup id comes unasked.
+	binary.NativeEndian.PutUint32(b[4:], r.states)
+	id := b[8:]
+	binary.BigEndian.PutUint16(id[0:], r.src.Port())
+	binary.BigEndian.PutUint16(id[2:], r.dst.Port())
+	if r.src.IsValid() {
+		if r.family == unix.AF_INET {
+			a, d := r.src.Addr().As4(), r.dst.Addr().As4()
+			copy(id[4:], a[:])
+			copy(id[20:], d[:])
+		} else {
+			a, d := r.src.Addr().As16(), r.dst.Addr().As16()
+			copy(id[4:], a[:])
+			copy(id[20:], d[:])
+		}
+	}
+	// The cookie is INET_DIAG_NOCOOKIE (all ones) so it never matches a
+	// socket by accident.
+	binary.NativeEndian.PutUint64(id[40:], ^uint64(0))
 	return b
 }
 
-// parseReplies appends the sockets in one datagram of a dump to socks. done
-// is true once the dump's NLMSG_DONE has been seen.
-func parseReplies(socks []Socket, b []byte, seq, pid uint32) (_ []Socket, done bool, _ error) {
-	ne := binary.NativeEndian
-	for len(b) >= sizeofNlMsghdr {
-		l := ne.Uint32(b[0:])
-		typ := ne.Uint16(b[4:])
-		mseq := ne.Uint32(b[8:])
-		mpid := ne.Uint32(b[12:])
-		if l < sizeofNlMsghdr || int(l) > len(b) {
-			return socks, false, fmt.Errorf("message length %d of %d bytes: %w", l, len(b), ErrMalformed)
-		}
-		body := b[sizeofNlMsghdr:l]
-		b = b[min(nlmAlign(l), uint32(len(b))):]
-		if mseq != seq || (mpid != 0 && mpid != pid) {
-			continue // a stale reply of an earlier request
-		}
-		switch typ {
-		case unix.NLMSG_DONE:
-			// A dump may end with a negative errno in place of the count.
-			if len(body) >= 4 {
-				if e := int32(ne.Uint32(body)); e < 0 {
-					return socks, true, fmt.Errorf("dump ended with: %w", unix.Errno(-e))
-				}
-			}
-			return socks, true, nil
-		case unix.NLMSG_ERROR:
-			if len(body) < 4 {
-				return socks, true, fmt.Errorf("short NLMSG_ERROR: %w", ErrMalformed)
-			}
-			if e := int32(ne.Uint32(body)); e != 0 {
-				return socks, true, fmt.Errorf("kernel refused request: %w", unix.Errno(-e))
-			}
-		case unix.SOCK_DIAG_BY_FAMILY:
-			s, err := parseMsg(body)
-			if err != nil {
-				return socks, false, err
-			}
-			socks = append(socks, s)
-		}
-	}
-	return socks, false, nil
-}
-
-// parseMsg decodes one inet_diag_msg and its attributes.
+// parseMsg decodes one inet_diag_msg and its cgroup-id attribute.
 func parseMsg(b []byte) (Socket, error) {
 	if len(b) < sizeofInetDiagMsg {
 		return Socket{}, fmt.Errorf("inet_diag_msg of %d bytes: %w", len(b), ErrMalformed)
@@ -216,19 +235,20 @@ func parseMsg(b []byte) (Socket, error) {
 	default:
 		return Socket{}, fmt.Errorf("socket family %d: %w", s.Family, ErrMalformed)
 	}
-	for a := b[sizeofInetDiagMsg:]; len(a) >= unix.SizeofRtAttr; {
-		l := ne.Uint16(a[0:])
-		typ := ne.Uint16(a[2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
-		if l < unix.SizeofRtAttr || int(l) > len(a) {
-			return Socket{}, fmt.Errorf("attribute length %d of %d bytes: %w", l, len(a), ErrMalformed)
+	a := b[sizeofInetDiagMsg:]
+	if pad := len(a) % unix.RTA_ALIGNTO; pad != 0 {
+		// nl.ParseRouteAttr steps by the aligned length and would run off an
+		// unpadded end.
+		a = append(a[:len(a):len(a)], make([]byte, unix.RTA_ALIGNTO-pad)...)
+	}
+	attrs, err := nl.ParseRouteAttr(a)
+	if err != nil {
+		return Socket{}, fmt.Errorf("attributes: %v: %w", err, ErrMalformed)
+	}
+	for _, a := range attrs {
+		if a.Attr.Type&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER) == inetDiagCgroupID && len(a.Value) == 8 {
+			s.CgroupID = ne.Uint64(a.Value)
 		}
-		if typ == inetDiagCgroupID && l == unix.SizeofRtAttr+8 {
-			s.CgroupID = ne.Uint64(a[unix.SizeofRtAttr:])
-		}
-		a = a[min(int(rtaAlign(l)), len(a)):]
 	}
 	return s, nil
 }
-
-func nlmAlign(l uint32) uint32 { return (l + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1) }
-func rtaAlign(l uint16) uint16 { return (l + unix.RTA_ALIGNTO - 1) &^ (unix.RTA_ALIGNTO - 1) }

@@ -301,7 +301,7 @@ static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 di
 static __always_inline void refused_connect(struct bpf_sock_addr *ctx, bool v6, __u64 id, struct fs_project *p, bool would)
 {
 	if (!p)
-		p = bpf_map_lookup_elem(&fs_projects, &id);
+		p = project_get(id);
 	struct fs_resv_key t __attribute__((aligned(8))) = {};
 	tuple_connect(ctx, v6, &t);
 	__u8 flags = would ? FS_EV_WOULD | FS_EV_TAKEN : 0;
@@ -315,7 +315,7 @@ static __always_inline void refused_connect(struct bpf_sock_addr *ctx, bool v6, 
  */
 static __always_inline void refused_syn(__u64 id, __u64 cg, struct fs_resv_key *rk, bool would, bool taken)
 {
-	struct fs_project *p = bpf_map_lookup_elem(&fs_projects, &id);
+	struct fs_project *p = project_get(id);
 	__u8 flags = (would ? FS_EV_WOULD : 0) | (taken ? FS_EV_TAKEN : 0);
 	emit_refusal(id, p, FS_DIR_SYN, refusal_reason(cg, id, p, taken), rk, flags);
 }

@@ -33,17 +33,46 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_stats SEC(".maps");
 
+/*
+ * Projects by compact id (project.h): 1..max_entries-1, 0 is "none". An
+ * array, so a project's entry is one inlined load, no hashing; the loader
+ * hands ids out and frees them (loader/members.go).
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096); /* projects on one node; beyond it, connects are not counted */
-	__type(key, __u64);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 16384); /* set at load: Options.MaxProjects */
+	__type(key, __u32);
 	__type(value, struct fs_project);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_projects SEC(".maps");
 
+/* Membership (project.h): registered cgroup id -> its project. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536); /* set at load: Options.MaxMembers */
+	__type(key, __u64);
+	__type(value, struct fs_member);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} fs_members SEC(".maps");
+
 /*
- * The exempt set (rule.h): cgroup ids (a project, or a cgroup nested in one)
- * whose sockets take exempt permits instead of pool permits. An operator's
+ * Project names by id, written by the loader before the id is used: no
+ * program reads it. It is pinned with the rest so that a restarted daemon
+ * and a read-only status name the projects the maps count.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 16384); /* set at load: as fs_projects */
+	__type(key, __u32);
+	__type(value, struct fs_name);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_names SEC(".maps");
+
+/*
+ * The exempt set (rule.h): cgroup ids whose own sockets, and project ids
+ * (EXEMPT_PROJECT | id) whose sockets, take exempt permits instead of pool
+ * permits. An operator's
  * short list, not a tenant mechanism.
  */
 struct {

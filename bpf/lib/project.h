@@ -1,39 +1,35 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Which project a task or a socket counts for: the one place that knows
- * what a project is. Today a project is a cgroup directly below the
- * projects root (a fixed ancestor level), its id the cgroup id, and a new
- * cgroup is a new project at its first connection, with no registration.
- * The programs ask task_project (process context: connect) and sock_project
- * (a socket: the tracepoints, the dump; a listener's project is recorded
- * from it in listen.h, where sk_lookup, which has no cgroup, finds it), and
- * create a project's counters with project_get.
+ * Which project a socket counts for: the one place that knows what a
+ * project is. A project is a compact id (1.., an index of fs_projects) with
+ * a name (fs_names); its members are registered cgroups at any depth
+ * (fs_members: cgroup id -> project id), kept by the loader (SetMembers). A
+ * socket belongs to the project of the first registered cgroup found
+ * walking its cgroup's ancestors from base_level down, at most max_depth
+ * levels: a registration may sit anywhere from base_level to
+ * base_level + max_depth - 1 (the loader refuses the others), and
+ * everything below it counts for it. A socket of no registered cgroup is not
+ * counted. Registrations of different projects never nest (the loader
+ * refuses it), so the first hit is the only one.
+ *
+ * The programs ask task_project (connect: the connecting socket, whose
+ * cgroup is the task's that made it) and sock_project (a socket: the
+ * tracepoints, the dump; a listener's project is recorded from it in
+ * listen.h, where sk_lookup, which has no cgroup, finds it), and reach a
+ * project's counters with project_get.
  */
 #pragma once
 
 #include "maps.h"
 
-/* Fixed when the programs are loaded: where projects live in the hierarchy. */
-volatile const __u32 root_level;      /* level of the projects root cgroup */
-volatile const __u64 root_cgroup_id;  /* its cgroup id */
+/* Fixed when the programs are loaded (loader.Options): where the walk runs. */
+volatile const __u32 base_level = 1; /* cgroup level of the walk's first step */
+volatile const __u32 max_depth = 8;  /* levels walked, 1..MAX_DEPTH */
 
-/*
- * task_project finds the project of the calling task, its ancestor one level
- * below the root: its id in *id, and its entry if it has one yet. *id is 0
- * when the task is not below the root (a socket created in a project and
- * used by a task outside it is not counted). The keys of fs_projects are only
- * ever ids of projects (cgroup ids are not reused), so an entry found needs
- * no check that the root is the ancestor: a connect of a known project costs
- * one cgroup helper, not two.
- */
-static __always_inline struct fs_project *task_project(__u64 *id)
-{
-	*id = bpf_get_current_ancestor_cgroup_id(root_level + 1);
-	struct fs_project *p = bpf_map_lookup_elem(&fs_projects, id);
-	if (!p && bpf_get_current_ancestor_cgroup_id(root_level) != root_cgroup_id)
-		*id = 0;
-	return p;
-}
+#define MAX_DEPTH 16 /* loader.MaxDepth */
+
+/* fs_member.flags: the registered cgroup is in the exempt set (rule.h). */
+#define MEMBER_EXEMPT 1
 
 /*
  * cgroup_ancestor is cg->ancestors[level] (level <= cg's own). The verifier
@@ -49,39 +45,68 @@ static __always_inline struct cgroup *cgroup_ancestor(struct cgroup *cg, __u32 l
 }
 
 /*
- * sock_project is the project of socket sk (the project of the cgroup it was
- * created in; an accepted child's is its listener's), 0 if it is not below
- * the root; for a project's socket *cg is the id of the socket's own cgroup
- * (the exempt set may name a cgroup nested in a project). The loads go
- * straight through the kernel's pointers (a tracing program's or one made by
- * CAST), no helper calls.
+ * cgroup_project is the project of cgroup c, 0 if none: one hash lookup per
+ * level walked, the loads straight through the kernel's pointers (no helper
+ * calls). For a project's socket *cg is the id of c itself (the exempt set
+ * may name a cgroup nested in a project), or of the registered cgroup when
+ * that one is exempt: the exempt check (rule.h) is then one lookup.
  */
-static __always_inline __u64 sock_project(struct sock *sk, __u64 *cg)
+static __always_inline __u64 cgroup_project(struct cgroup *c, __u64 *cg)
 {
-	struct cgroup *c = sk->sk_cgrp_data.cgroup;
 	if (!c)
 		return 0;
 	int level = c->level;
-	if (level <= (int)root_level || level > 255)
+	if (level < (int)base_level || level > 255)
 		return 0;
-	struct cgroup *anc = cgroup_ancestor(c, root_level);
-	if (!anc || anc->kn->id != root_cgroup_id)
-		return 0;
-	anc = cgroup_ancestor(c, root_level + 1);
-	if (!anc)
-		return 0;
-	*cg = c->kn->id;
-	return anc->kn->id;
+	__u32 last = level - base_level;
+	/* Read before the walk: a select between it and aid below would
+	 * otherwise load through a pointer to either, which the verifier
+	 * refuses (stack vs kernel). */
+	__u64 own = c->kn->id;
+	for (__u32 i = 0; i < MAX_DEPTH; i++) {
+		if (i > last || i >= max_depth)
+			break;
+		struct cgroup *anc = cgroup_ancestor(c, base_level + i);
+		if (!anc)
+			break;
+		__u64 aid = anc->kn->id;
+		struct fs_member *m = bpf_map_lookup_elem(&fs_members, &aid);
+		if (m) {
+			*cg = (m->flags & MEMBER_EXEMPT) ? aid : own;
+			return m->project;
+		}
+	}
+	return 0;
 }
 
-/* project_get is project id's entry, created if it has none (NULL: the map is full). */
+/*
+ * sock_project is the project of socket sk (the project of the cgroup it was
+ * created in; an accepted child's is its listener's), 0 if none.
+ */
+static __always_inline __u64 sock_project(struct sock *sk, __u64 *cg)
+{
+	return cgroup_project(sk->sk_cgrp_data.cgroup, cg);
+}
+
+/* project_get is project id's entry (NULL for an id out of range). */
 static __always_inline struct fs_project *project_get(__u64 id)
 {
-	struct fs_project *p = bpf_map_lookup_elem(&fs_projects, &id);
-	if (p)
-		return p;
-	struct fs_project zero = {};
-	/* A new cgroup is a new project at once: no registration. */
-	bpf_map_update_elem(&fs_projects, &id, &zero, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&fs_projects, &id);
+	__u32 k = id;
+	return bpf_map_lookup_elem(&fs_projects, &k);
+}
+
+/*
+ * task_project finds the project of a connecting socket bs (its cgroup is
+ * that of the task that made it): its id in *id (0: none), *cg as
+ * sock_project's, and its entry.
+ */
+static __always_inline struct fs_project *task_project(struct bpf_sock *bs, __u64 *id, __u64 *cg)
+{
+	*id = 0;
+	if (!bs)
+		return NULL;
+	*id = sock_project(CAST(struct sock, bs), cg);
+	if (!*id)
+		return NULL;
+	return project_get(*id);
 }

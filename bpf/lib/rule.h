@@ -153,7 +153,7 @@ static __always_inline void unadmit(struct fs_project *p, bool fine)
 /* release gives back a pool permit of project id that was held. */
 static __always_inline void release(__u64 id, bool fine)
 {
-	unadmit(bpf_map_lookup_elem(&fs_projects, &id), fine);
+	unadmit(project_get(id), fine);
 	COUNT(released);
 }
 
@@ -172,10 +172,15 @@ static __always_inline void force(__u64 id, bool fine)
 		__sync_fetch_and_add(&p->in_use, 1);
 }
 
-/* exempt_listed says whether cgroup cg or project id is in the exempt set. */
+/*
+ * exempt_listed says whether cgroup cg is in the exempt set. cg is what
+ * sock_project gave: the socket's own cgroup, or the registered cgroup it is
+ * in when that one is exempt (MEMBER_EXEMPT), so a registered cgroup in the
+ * set exempts everything below it. id is unused.
+ */
 static __always_inline bool exempt_listed(__u64 cg, __u64 id)
 {
-	return bpf_map_lookup_elem(&fs_exempt, &id) || (cg != id && bpf_map_lookup_elem(&fs_exempt, &cg));
+	return bpf_map_lookup_elem(&fs_exempt, &cg);
 }
 
 /*
@@ -197,7 +202,7 @@ static __always_inline bool exempt_take(bool task, __u64 cg, __u64 id)
 	/* exempt_max is 0 while the set is empty: no lookup on the common path. */
 	if (!cfg || !n || !cfg->exempt_max)
 		return false;
-	if (task)
+	if (task && !cg)
 		cg = bpf_get_current_cgroup_id();
 	if (!exempt_listed(cg, id))
 		return false;

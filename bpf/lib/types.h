@@ -18,8 +18,9 @@ struct fs_settings {
 	__u32 exempt_max;    /* exempt budget; 0 while the exempt set is empty */
 	__u32 _pad;
 	__u64 window_ns;     /* the active window; 0 leaves active to the control loop */
-	__u64 netns_cookie;  /* the netns whose sk_lookup we own */
-	__u64 root_cgroup_id; /* copy of the constant, to check pins on reuse */
+	__u64 netns_cookie;  /* the daemon's own netns (the sk_lookup instances have theirs as a constant) */
+	__u32 base_level;    /* copies of the constants of project.h, for status */
+	__u32 max_depth;
 };
 
 /* Node-wide permits held. One slot; atomics only. */
@@ -41,6 +42,17 @@ struct fs_project {
 	__u64 last_seen_ns;  /* CLOCK_MONOTONIC of the last ask */
 	__u64 admitted;
 	__u64 refused;
+};
+
+/* A registered cgroup's entry in fs_members. */
+struct fs_member {
+	__u32 project; /* compact project id, 1.. */
+	__u32 flags;   /* none yet */
+};
+
+/* A project's name in fs_names (internal/project.MaxLen bytes, NUL-padded). */
+struct fs_name {
+	char name[64];
 };
 
 /* Node-wide event counters, per CPU; summed at read time. */

@@ -63,6 +63,10 @@ func TestMain(m *testing.M) {
 		listenHelper()
 		return
 	}
+	if addr := os.Getenv(podListenEnv); addr != "" {
+		podListenHelper(addr)
+		return
+	}
 	if sock := os.Getenv(permitEnv); sock != "" {
 		permitHelper(sock)
 		return
@@ -323,13 +327,39 @@ type projectProc struct {
 
 // connectFrom starts a process in project (a cgroup under the node's root,
 // created if missing) that opens n connections to addr.
-func (n *node) connectFrom(project, addr string, count int) *projectProc {
+// mkProject makes the project's cgroup below the projects root and, with
+// the daemon running, waits until the daemon has made it (or a cgroup above
+// it) a member: the
+// kernel counts a cgroup once the daemon registered it, within a tick of
+// the mkdir (at once with inotify), not at the mkdir itself.
+func (n *node) mkProject(project string) string {
 	t := n.t
 	t.Helper()
 	cg := filepath.Join(n.root, project)
 	if err := os.MkdirAll(cg, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if n.cmd == nil {
+		return cg
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, m := range n.members().Members {
+			if m.Cgroup == cg || strings.HasPrefix(cg, m.Cgroup+"/") {
+				return cg
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is not a member after 10s: %+v", cg, n.members())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (n *node) connectFrom(project, addr string, count int) *projectProc {
+	t := n.t
+	t.Helper()
+	cg := n.mkProject(project)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -411,8 +441,10 @@ func TestEndToEnd(t *testing.T) {
 		t.Errorf("policy not applied to the rates: %+v", st.Rates)
 	}
 
-	// SIGKILL the daemon: enforcement stays pinned, then a restart finds the
-	// policy and the counts where they were.
+	// SIGKILL the daemon: enforcement stays pinned (for the members it had
+	// registered), then a restart finds the policy and the counts where
+	// they were.
+	n.mkProject("beta")
 	n.stop(syscall.SIGKILL)
 	b := n.connectFrom("beta", addr, 1)
 	if b.connected != 0 || b.refused != 1 {

@@ -51,10 +51,7 @@ func listenHelper() {
 func (n *node) listenIn(project string) netip.AddrPort {
 	t := n.t
 	t.Helper()
-	cg := filepath.Join(n.root, project)
-	if err := os.MkdirAll(cg, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	cg := n.mkProject(project) // a member before it listens
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

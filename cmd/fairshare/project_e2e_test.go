@@ -3,11 +3,19 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
@@ -72,19 +80,19 @@ func TestProjectCommands(t *testing.T) {
 		st.Membership.Sources[1].Members != 2 {
 		t.Fatalf("status membership %+v", st.Membership)
 	}
-	// The kernel takes no members yet: registered pods outside the
-	// projects root are shown, and said not to be limited in the kernel.
-	if st.Membership.Kernel || st.Membership.KernelRoot == "" || st.Membership.Unenforced != 2 {
-		t.Errorf("status says the kernel limits what it does not: kernel %v, kernel root %q, unenforced %d",
+	// The kernel takes the members: registered pods outside the projects
+	// root are limited in the kernel like the root's children.
+	if !st.Membership.Kernel || st.Membership.KernelRoot != "" || st.Membership.Unenforced != 0 {
+		t.Errorf("status: kernel %v, kernel root %q, unenforced %d; want the kernel to take every member",
 			st.Membership.Kernel, st.Membership.KernelRoot, st.Membership.Unenforced)
 	}
 	text, _, _ := runCLI(t, "status", "--config", n.cfg)
 	if !strings.Contains(text, "members by source: directory 0, registered 2") || !strings.Contains(text, "team-a   registered  2") ||
-		!strings.Contains(text, "2 of 2 members are elsewhere and are NOT limited in the kernel") {
+		strings.Contains(text, "NOT limited") {
 		t.Errorf("status text:\n%s", text)
 	}
-	if out, _, _ := n.project("list"); !strings.Contains(out, "team-a   registered  no      "+pods[0].Cgroup) {
-		t.Errorf("project list does not say the kernel leaves team-a's pods alone:\n%s", out)
+	if out, _, _ := n.project("list"); !strings.Contains(out, "team-a   registered  yes     "+pods[0].Cgroup) {
+		t.Errorf("project list does not say the kernel limits team-a's pods:\n%s", out)
 	}
 	if met := n.metrics(); !strings.Contains(met, `fairshare_membership_members{source="registered"} 2`) {
 		t.Errorf("metrics lack the members:\n%s", met)
@@ -134,4 +142,109 @@ func TestProjectSourcesFlag(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "sources:\n    - systemd\n    - registered") || !strings.Contains(out, "fairshare.slice") {
 		t.Errorf("--project-sources systemd,registered: exit %d %s\n%s", code, errOut, out)
 	}
+}
+
+// podListenEnv makes the test binary a pod's server: "<addr>": bring lo up
+// (it runs in a network namespace of its own), listen on addr, print the
+// address, accept and hold every connection until stdin closes.
+const podListenEnv = "FAIRSHARE_E2E_POD_LISTEN"
+
+func podListenHelper(addr string) {
+	if err := exec.Command("ip", "link", "set", "lo", "up").Run(); err != nil {
+		fmt.Println("error lo up:", err)
+		os.Exit(1)
+	}
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(context.Background(), "tcp4", addr)
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	fmt.Println("listening", ln.Addr())
+	go func() {
+		var held []net.Conn
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	io.Copy(io.Discard, os.Stdin)
+	os.Exit(0)
+}
+
+// A registered pod whose server listens in its own network namespace (as a
+// pod does) is limited inbound through the daemon: the daemon finds the
+// namespace from the pod's processes, attaches inbound admission there
+// within a tick, and a client in that namespace is refused at the SYN past
+// the pool.
+func TestPodNetnsEnforced(t *testing.T) {
+	n := newNode(t, "pools: {connections: {size: 4}}\n")
+	mnt := testutil.Cgroup2Mount(t)
+	top := testutil.TempCgroup(t, mnt, "fairshare-e2e-netns-")
+	pods := testutil.KubeletCgroupfs(t, top, []string{"burstable"}, 1)
+	clients := testutil.MkCgroup(t, top, "clients")
+	n.start()
+	if out, errOut, code := n.project("add", "team-a", "--cgroup", pods[0].Cgroup); code != 0 {
+		t.Fatalf("add: exit %d\n%s%s", code, out, errOut)
+	}
+
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := exec.Command(self, "-test.run=^$")
+	srv.Env = append(cleanEnv(), podListenEnv+"=127.0.0.1:0")
+	srv.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	stdin, out := testutil.Pipes(t, srv)
+	testutil.StartInCgroup(t, srv, pods[0].Containers[0])
+	defer stdin.Close()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
+	if err != nil || !ok {
+		t.Fatalf("server said %q (%v)", line, err)
+	}
+	nsPath := fmt.Sprintf("/proc/%d/ns/net", srv.Process.Pid)
+
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		m := n.members()
+		attached := false
+		if m.Netns != nil {
+			for _, ns := range m.Netns.Namespaces {
+				attached = attached || ns.PID == srv.Process.Pid && ns.Attached
+			}
+		}
+		if attached {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pod's namespace was not attached: %+v", m.Netns)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	cli := exec.Command("nsenter", "--net="+nsPath, "--", self, "-test.run=^$")
+	cli.Env = append(cleanEnv(), connectEnv+"="+addr+" 6")
+	cin, cout := testutil.Pipes(t, cli)
+	testutil.StartInCgroup(t, cli, clients)
+	defer cin.Close()
+	var ok4, refused int
+	line, err = bufio.NewReader(cout).ReadString('\n')
+	if _, serr := fmt.Sscanf(line, "ok %d %d", &ok4, &refused); err != nil || serr != nil {
+		t.Fatalf("client said %q (%v)", line, err)
+	}
+	if ok4 != 4 || refused != 2 {
+		t.Fatalf("client in the pod's namespace: %d connected, %d refused; want 4 and 2 with a pool of 4", ok4, refused)
+	}
+	eventually(t, func() error {
+		c := pool(n.status(), "connections")
+		if pr := project(c, "team-a"); pr.Held != 4 || pr.Refused != 2 {
+			return fmt.Errorf("status: %+v", c)
+		}
+		return nil
+	})
 }

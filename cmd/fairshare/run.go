@@ -137,7 +137,7 @@ func check(c *cli.Context, cfg config.Config) error {
 		return cli.Exit(fmt.Sprintf("check failed: %v", err), 1)
 	}
 	conn := cfg.Pools[config.PoolConnections]
-	rep, err := loader.Check(loader.Options{ProjectsRoot: root, PinDir: cfg.PinDir,
+	rep, err := loader.Check(loader.Options{PinDir: cfg.PinDir,
 		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window})
 	if errors.Is(err, loader.ErrPinnedMismatch) || errors.Is(err, loader.ErrPoolTooLarge) {
 		return cli.Exit(fmt.Sprintf("check failed: pins in %s are from another configuration; run 'fairshare cleanup' (%v)", cfg.PinDir, err), exitStalePins)
@@ -148,11 +148,11 @@ func check(c *cli.Context, cfg config.Config) error {
 	w := c.App.Writer
 	fmt.Fprintf(w, "ok: the programs load and all %d hooks attach (tested on a temporary cgroup)\n", len(rep.Attached))
 	if !rep.Pinned {
-		fmt.Fprintf(w, "nothing pinned in %s: the daemon will load and attach to %s\n", cfg.PinDir, root)
+		fmt.Fprintf(w, "nothing pinned in %s: the daemon will load the programs and attach them to the cgroup2 root (projects from %s)\n", cfg.PinDir, root)
 		return nil
 	}
-	fmt.Fprintf(w, "ok: pinned in %s for %s, left untouched: connections pool %d (floor %d), %d in use by %d projects, %d exempt cgroups\n",
-		cfg.PinDir, root, rep.Pool, rep.Floor, rep.InUse, rep.Projects, rep.Exempt)
+	fmt.Fprintf(w, "ok: pinned in %s, left untouched: connections pool %d (floor %d), %d in use by %d projects, %d exempt cgroups\n",
+		cfg.PinDir, rep.Pool, rep.Floor, rep.InUse, rep.Projects, rep.Exempt)
 	if rep.Pool != conn.Size {
 		fmt.Fprintf(w, "note: the configuration's pool is %d; the daemon applies it when it starts (the pinned tables hold up to %d)\n",
 			conn.Size, rep.Capacity)

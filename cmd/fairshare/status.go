@@ -91,11 +91,7 @@ func pinnedStatus(cfg config.Config) (admin.Status, error) {
 	if !cfg.BPF {
 		return admin.Status{}, fmt.Errorf("%s, and bpf is off in the configuration, so nothing is pinned to read; is 'fairshare run' running?", noDaemon)
 	}
-	root, err := daemon.ProjectsRoot(cfg)
-	if err != nil {
-		return admin.Status{}, fmt.Errorf("%s, and the pinned maps cannot be named: %v", noDaemon, err)
-	}
-	ro, err := loader.OpenReadOnly(cfg.PinDir, root)
+	ro, err := loader.OpenReadOnly(cfg.PinDir)
 	if errors.Is(err, loader.ErrNotPinned) {
 		return admin.Status{}, fmt.Errorf("%s, and nothing is pinned in %s: connections are not enforced; is 'fairshare run' running?", noDaemon, cfg.PinDir)
 	}

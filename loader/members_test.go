@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+)
+
+// mkdirs makes the cgroups root/rel (and their parents), removed with root.
+func mkdirs(t testing.TB, root string, rels ...string) []string {
+	t.Helper()
+	var out []string
+	for _, rel := range rels {
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// openMembers opens a limiter whose walk starts below root and looks
+// MaxDepth levels down, with the given members.
+func openMembers(t testing.TB, root, pin string, pool uint32, ms []Member) *Limiter {
+	t.Helper()
+	o := rootOptions(t, root, Options{PinDir: pin, PoolSize: pool, Floor: 1})
+	o.MaxDepth = DefaultMaxDepth
+	l, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	rep, err := l.SetMembers(ms)
+	if err != nil || len(rep.Refused) > 0 {
+		t.Fatalf("SetMembers: %+v %v", rep, err)
+	}
+	return l
+}
+
+// Layouts as kubelet (cgroupfs and systemd drivers) and systemd lay them
+// out (testutil's, made with mkdir): the pods (or project slices) are
+// registered, two to a project, at several depths, and the processes run in
+// the leaves below them. Their connections count for the right project and
+// the pool is enforced on them; a process in a cgroup outside every
+// registration is neither counted nor limited.
+func TestMembersLayouts(t *testing.T) {
+	testutil.RequireRoot(t)
+	qos := []string{"guaranteed", "burstable", "besteffort", "burstable"}
+	for _, lay := range []struct {
+		name string
+		// make lays the node out below root and returns each project's
+		// registered cgroups and a leaf below each of them.
+		make func(t *testing.T, root string) (members []Member, leaves map[string][]string)
+	}{
+		{"kubelet-cgroupfs", func(t *testing.T, root string) ([]Member, map[string][]string) {
+			return podMembers(testutil.KubeletCgroupfs(t, root, qos, 2))
+		}},
+		{"kubelet-systemd", func(t *testing.T, root string) ([]Member, map[string][]string) {
+			return podMembers(testutil.KubeletSystemd(t, root, qos, 2))
+		}},
+		{"systemd-slices", func(t *testing.T, root string) ([]Member, map[string][]string) {
+			units, top := testutil.SystemdSlices(t, root, "fairshare.slice", map[string][]string{
+				"fairshare-alpha.slice":      {"web.service", "run-r1.scope"},
+				"fairshare-beta-team1.slice": {"db.service"},
+			})
+			alpha := filepath.Join(top, "fairshare-alpha.slice")
+			beta := filepath.Join(top, "fairshare-beta.slice", "fairshare-beta-team1.slice")
+			return []Member{{Project: "alpha", Cgroup: alpha}, {Project: "beta-team1", Cgroup: beta}},
+				map[string][]string{
+					"alpha":      {units["fairshare-alpha.slice/web.service"], mkdirs(t, units["fairshare-alpha.slice/run-r1.scope"], "inner")[0]},
+					"beta-team1": {units["fairshare-beta-team1.slice/db.service"]},
+				}
+		}},
+	} {
+		t.Run(lay.name, func(t *testing.T) {
+			root, pin := newRoot(t), newPinDir(t)
+			ms, leaves := lay.make(t, root)
+			outside := mkdirs(t, root, "system.slice/sshd.service")[0]
+			l := openMembers(t, root, pin, 4, ms)
+			if got, _ := l.Members(); len(got) != len(ms) {
+				t.Fatalf("members %+v, want %d", got, len(ms))
+			}
+			ln := sink(t, "tcp4", "127.0.0.1:0")
+			projects := slices.Sorted(maps.Keys(leaves))
+			// The first project alone on the node: the whole pool, no more.
+			first := projects[0]
+			h := startHelper(t, leaves[first][0])
+			if r := h.dial("tcp4", ln.Addr().String(), 6); r.ok != 4 || r.refused != 2 {
+				t.Fatalf("%s from %s: %+v; %+v", first, leaves[first][0], r, snap(t, l))
+			}
+			waitInUse(t, l, 4, map[string]int{first: 4})
+			// Outside every registration: neither counted nor refused.
+			o := startHelper(t, outside)
+			if r := o.dial("tcp4", ln.Addr().String(), 6); r.ok != 6 {
+				t.Fatalf("outside: %+v; %+v", r, snap(t, l))
+			}
+			waitInUse(t, l, 4, map[string]int{first: 4})
+			h.do("close")
+			waitInUse(t, l, 0, map[string]int{first: 0})
+			// Every leaf counts for its project.
+			for _, proj := range projects {
+				for _, leaf := range leaves[proj] {
+					h := startHelper(t, leaf)
+					if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 2 {
+						t.Fatalf("%s from %s: %+v", proj, leaf, r)
+					}
+					waitInUse(t, l, 2, map[string]int{proj: 2})
+					h.do("close")
+					waitInUse(t, l, 0, map[string]int{proj: 0})
+				}
+			}
+		})
+	}
+}
+
+// podMembers registers pods two to a project (team-0: pods 0 and 1, team-1:
+// pods 2 and 3), with the containers of each as its leaves.
+func podMembers(pods []testutil.Pod) ([]Member, map[string][]string) {
+	var ms []Member
+	leaves := map[string][]string{}
+	for i, p := range pods {
+		proj := fmt.Sprintf("team-%d", i/2)
+		ms = append(ms, Member{Project: proj, Cgroup: p.Cgroup})
+		leaves[proj] = append(leaves[proj], p.Containers...)
+	}
+	return ms, leaves
+}
+
+// SetMembers refuses, with a reason each, what the programs could not apply
+// or would apply ambiguously, and applies the rest; it moves a member to
+// another project, and a member it removes stops counting new connections
+// while the permits its sockets hold end with them.
+func TestSetMembersRules(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	dirs := mkdirs(t, root, "a", "a/b", "c", "c/d", "e/f/g/h/i/j/k/l/m/n", "x")
+	a, ab, c, cd, x := dirs[0], dirs[1], dirs[2], dirs[3], dirs[5]
+	deep := dirs[4] + "/o"
+	mkdirs(t, root, "e/f/g/h/i/j/k/l/m/n/o")
+	l := openMembers(t, root, pin, 10, nil)
+
+	rep, err := l.SetMembers([]Member{
+		{Project: "p1", Cgroup: a}, {Project: "p2", Cgroup: ab}, // nested across projects: both refused
+		{Project: "p3", Cgroup: c}, {Project: "p3", Cgroup: cd}, // nested in one project: fine
+		{Project: "p4", Cgroup: filepath.Join(root, "missing")},
+		{Project: "bad name!", Cgroup: x},
+		{Project: "p5", Cgroup: deep}, // below the levels the walk looks at
+		{Project: "p6", Cgroup: "relative/path"},
+		{Project: "p7", Cgroup: t.TempDir()}, // not cgroup2
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Added != 2 || len(rep.Refused) != 7 {
+		t.Fatalf("%+v", rep)
+	}
+	reasons := map[string]string{}
+	for _, r := range rep.Refused {
+		reasons[r.Member.Project] = r.Reason
+	}
+	for proj, want := range map[string]string{"p1": "has", "p2": "nested in", "p4": "no such cgroup", "bad name!": "",
+		"p5": "outside the levels", "p6": "below the cgroup2 mount", "p7": "below the cgroup2 mount"} {
+		if r, ok := reasons[proj]; !ok || !strings.Contains(r, want) {
+			t.Errorf("%s: refused %v %q, want a reason with %q", proj, ok, r, want)
+		}
+	}
+
+	// Idempotent and cheap when nothing changed.
+	ms := []Member{{Project: "p3", Cgroup: c}, {Project: "p3", Cgroup: cd}, {Project: "p1", Cgroup: x}}
+	if rep, err = l.SetMembers(ms); err != nil || rep.Added != 1 || rep.Kept != 2 || len(rep.Refused) != 0 {
+		t.Fatalf("%+v %v", rep, err)
+	}
+	if rep, err = l.SetMembers(ms); err != nil || rep.Added != 0 || rep.Kept != 3 || rep.Removed != 0 {
+		t.Fatalf("again: %+v %v", rep, err)
+	}
+
+	// Counting, then a move: new connections count for the new project.
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, cd)
+	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 2 {
+		t.Fatal(r)
+	}
+	waitInUse(t, l, 2, map[string]int{"p3": 2})
+	if rep, err = l.SetMembers([]Member{{Project: "p9", Cgroup: c}, {Project: "p9", Cgroup: cd}, {Project: "p1", Cgroup: x}}); err != nil || rep.Moved != 2 {
+		t.Fatalf("move: %+v %v", rep, err)
+	}
+	if r := h.dial("tcp4", ln.Addr().String(), 1); r.ok != 1 {
+		t.Fatal(r)
+	}
+	waitInUse(t, l, 3, map[string]int{"p3": 2, "p9": 1})
+
+	// Removed: a new connection is not counted; those held end with their
+	// sockets.
+	if rep, err = l.SetMembers([]Member{{Project: "p1", Cgroup: x}}); err != nil || rep.Removed != 2 {
+		t.Fatalf("remove: %+v %v", rep, err)
+	}
+	if r := h.dial("tcp4", ln.Addr().String(), 1); r.ok != 1 {
+		t.Fatal(r)
+	}
+	waitInUse(t, l, 3, map[string]int{"p3": 2, "p9": 1})
+	h.do("close")
+	waitInUse(t, l, 0, map[string]int{"p3": 0, "p9": 0})
+	if got, err := l.Members(); err != nil || len(got) != 1 || got[0] != (Member{Project: "p1", Cgroup: x}) {
+		t.Fatalf("members %+v %v", got, err)
+	}
+}
+
+// A project with no member left keeps its id and counters while it is
+// recent (one that never asked is not: it is freed at the next Tick), and
+// frees them once idle past the forget period: its name is gone
+// from the pins and the id is given to the next new project.
+func TestProjectIDsFreed(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	dirs := mkdirs(t, root, "a", "b")
+	mono := &fakeMono{}
+	o := rootOptions(t, root, Options{PinDir: pin, PoolSize: 10, Floor: 1, Monotonic: mono.now})
+	l, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.SetMembers([]Member{{Project: "old", Cgroup: dirs[0]}}); err != nil {
+		t.Fatal(err)
+	}
+	id := l.memb.ids["old"]
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, dirs[0])
+	if r := h.dial("tcp4", ln.Addr().String(), 1); r.ok != 1 {
+		t.Fatal(r)
+	}
+	h.do("close")
+	waitInUse(t, l, 0, map[string]int{"old": 0})
+	if _, err := l.SetMembers(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Tick(l.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.memb.ids["old"]; !ok {
+		t.Fatal("a project without members was freed before it was idle")
+	}
+	mono.advance(2 * forgetAfter)
+	if err := l.Tick(l.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.memb.ids["old"]; ok {
+		t.Fatal("an idle project without members kept its id")
+	}
+	names, err := readNames(l.objs.FsNames, l.maxProj)
+	if err != nil || names[id] != "" {
+		t.Fatalf("pinned name of the freed id: %q %v", names[id], err)
+	}
+	if _, err := l.SetMembers([]Member{{Project: "new", Cgroup: dirs[1]}}); err != nil {
+		t.Fatal(err)
+	}
+	if l.memb.ids["new"] != id {
+		t.Fatalf("new project got id %d, want the freed %d", l.memb.ids["new"], id)
+	}
+	if s := snap(t, l); len(s.Projects) != 1 || s.Projects[0].Project != "new" || s.Projects[0].Admitted != 0 {
+		t.Fatalf("%+v", s)
+	}
+}
