@@ -19,7 +19,6 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
@@ -430,7 +429,7 @@ func TestRateBucketHeals(t *testing.T) {
 	if err := l.SetRate("p", 1000); err != nil {
 		t.Fatal(err)
 	}
-	id, err := cgroup.ID(dir)
+	id, err := l.projectID("p")
 	if err != nil {
 		t.Fatal(err)
 	}
