@@ -218,6 +218,10 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 	go func() {
 		defer bg.Done()
 		every(ctx, cfg.Sample, tl.endAt, func() {
+			// The sample is the kernel's state when the read began: a
+			// snapshot takes ~2 ms, and stamping it at its end put a
+			// slice's last state into the next slice.
+			at := time.Now()
 			s, err := lim.Snapshot()
 			if err != nil {
 				return
@@ -226,7 +230,7 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 			for _, p := range s.Projects {
 				held[p.Project] += p.InUse
 			}
-			hold.observe(time.Now(), s.InUse, held)
+			hold.observe(at, s.InUse, held)
 		})
 	}()
 	res := map[string][]result{}
