@@ -249,12 +249,10 @@ func gateway(t *testing.T, p *crtest.Pod) string {
 	return ip.String()
 }
 
-// kernelMembersMissing is why the kernel-side tests of pods skip: until the
-// loader takes members (SetMembers) and attaches in other namespaces
-// (AttachNetns), the kernel counts only the children of projects_root, and
-// a pod's cgroup is none of them.
-const kernelMembersMissing = "the kernel side takes no members yet (loader SetMembers and AttachNetns, #17, not on main): " +
-	"the kernel counts only projects_root's children, so pods' connections are not counted"
+// kernelMembersMissing fails the kernel-side tests of pods when the daemon
+// reports that its kernel side takes no members (SetMembers, AttachNetns):
+// pods' connections would not be counted.
+const kernelMembersMissing = "the daemon's kernel side takes no members: pods' connections are not counted"
 
 // TestKubernetesConnections: connections from the containers of pods count
 // for their projects in the kernel and the fair-share rule holds between
@@ -292,7 +290,7 @@ func TestKubernetesConnections(t *testing.T) {
 		return nil
 	})
 	if !kernel {
-		t.Skip(kernelMembersMissing)
+		t.Fatal(kernelMembersMissing)
 	}
 	counts := func(name string) admin.Project { return project(pool(n.status(), "connections"), name) }
 	eventually(t, func() error {
@@ -386,7 +384,7 @@ func TestKubernetesPodListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !n.members().Kernel {
-		t.Skip(kernelMembersMissing)
+		t.Fatal(kernelMembersMissing)
 	}
 	eventually(t, func() error {
 		nets := n.members().Netns
