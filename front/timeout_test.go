@@ -30,25 +30,7 @@ func TestSlowBodyFreesPool(t *testing.T) {
 					_, _ = io.WriteString(w, "ok")
 				}
 			})
-		addr := strings.TrimPrefix(r.url, "http://")
-		answers := make(chan string, 2)
-		for range 2 {
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Close() })
-			_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nFairshare-Project: beta\r\nContent-Length: 100\r\n\r\nx")
-			go func() {
-				_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
-				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-				if err != nil {
-					answers <- err.Error()
-					return
-				}
-				answers <- resp.Status
-			}()
-		}
+		answers := slowPosts(t, r, 0)
 		waitInUse(t, r.pool, 2)
 		start := time.Now()
 		if resp := r.get(t, "alpha", "/"); resp.StatusCode != http.StatusTooManyRequests {
@@ -81,39 +63,7 @@ func TestTrickledBodyFreesPool(t *testing.T) {
 					_, _ = io.WriteString(w, "ok")
 				}
 			})
-		addr := strings.TrimPrefix(r.url, "http://")
-		answers := make(chan string, 2)
-		stop := make(chan struct{})
-		t.Cleanup(func() { close(stop) })
-		for range 2 {
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Close() })
-			_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nFairshare-Project: beta\r\nContent-Length: 1000\r\n\r\nx")
-			go func() { // a byte every 200 ms: never a read's timeout, 5 bytes/s
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(200 * time.Millisecond):
-						if _, err := io.WriteString(c, "x"); err != nil {
-							return
-						}
-					}
-				}
-			}()
-			go func() {
-				_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
-				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-				if err != nil {
-					answers <- err.Error()
-					return
-				}
-				answers <- resp.Status
-			}()
-		}
+		answers := slowPosts(t, r, 200*time.Millisecond) // 5 bytes/s: never a read's timeout
 		waitInUse(t, r.pool, 2)
 		start := time.Now()
 		waitInUse(t, r.pool, 0)
@@ -127,6 +77,48 @@ func TestTrickledBodyFreesPool(t *testing.T) {
 			}
 		}
 	})
+}
+
+// slowPosts sends two POSTs of beta's with a body of 1000 bytes of which
+// one is sent at once, then one byte every trickle (0: none), and returns
+// the status lines (or errors) they get.
+func slowPosts(t *testing.T, r *rig, trickle time.Duration) <-chan string {
+	t.Helper()
+	answers := make(chan string, 2)
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	for range 2 {
+		c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nFairshare-Project: beta\r\nContent-Length: 1000\r\n\r\nx")
+		if trickle > 0 {
+			go func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(trickle):
+						if _, err := io.WriteString(c, "x"); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+		go func() {
+			_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				answers <- err.Error()
+				return
+			}
+			answers <- resp.Status
+		}()
+	}
+	return answers
 }
 
 // TestSlowReaderFreesPool: a client that does not read a large answer holds

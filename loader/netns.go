@@ -3,6 +3,7 @@
 package loader
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -214,18 +215,8 @@ func (l *Limiter) Netns() ([]NetnsInfo, error) {
 	for _, n := range l.nets {
 		out = append(out, n.info)
 	}
-	slices.SortFunc(out[1:], func(a, b NetnsInfo) int { return compareU64(a.Cookie, b.Cookie) })
+	slices.SortFunc(out[1:], func(a, b NetnsInfo) int { return cmp.Compare(a.Cookie, b.Cookie) })
 	return out, nil
-}
-
-func compareU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // DetachGone detaches and unpins the links of attached namespaces that no
@@ -256,7 +247,7 @@ func (l *Limiter) DetachGone() ([]NetnsInfo, error) {
 		gone = append(gone, n.info)
 		l.log.Info("network namespace gone: its inbound admission detached", "netns", n.info.Path, "cookie", cookie)
 	}
-	slices.SortFunc(gone, func(a, b NetnsInfo) int { return compareU64(a.Cookie, b.Cookie) })
+	slices.SortFunc(gone, func(a, b NetnsInfo) int { return cmp.Compare(a.Cookie, b.Cookie) })
 	return gone, errors.Join(errs...)
 }
 

@@ -4,6 +4,7 @@ package netnsscan
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -261,7 +262,7 @@ func (s *Scanner) endSweep(c *Changes) {
 		}
 		n.Projects = sortedKeys(n.projects)
 	}
-	slices.SortFunc(c.Gone, func(a, b Namespace) int { return cmpUint(a.Inode, b.Inode) })
+	slices.SortFunc(c.Gone, func(a, b Namespace) int { return cmp.Compare(a.Inode, b.Inode) })
 	s.sweep++
 	c.Swept = true
 	s.stats.Sweeps++
@@ -382,7 +383,7 @@ func (s *Scanner) Namespaces() []Namespace {
 		ns.Projects = slices.Clone(ns.Projects)
 		out = append(out, ns)
 	}
-	slices.SortFunc(out, func(a, b Namespace) int { return cmpUint(a.Inode, b.Inode) })
+	slices.SortFunc(out, func(a, b Namespace) int { return cmp.Compare(a.Inode, b.Inode) })
 	return out
 }
 
@@ -410,16 +411,6 @@ func sortedKeys(m map[string]uint64) []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // readFile reads a small file into *buf, growing it if needed; what it
