@@ -108,7 +108,7 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 	}
 	// The projects are the root's children: the walk looks at that level only.
 	lim, err := loader.Open(loader.Options{PinDir: pinDir, PoolSize: uint32(cfg.PoolSize), Logger: cfg.Log,
-		BaseLevel: level + 1, MaxDepth: 1})
+		BaseLevel: level + 1, MaxDepth: 1, MaxProjects: 16})
 	if err != nil {
 		return nil, fmt.Errorf("loading the limiter: %w", err)
 	}
