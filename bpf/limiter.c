@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
  * fairshare connection limiter: TCP connection permits per project, taken at
- * connect (outbound) and at the inbound SYN, released when the socket dies.
+ * connect (outbound) and when the kernel makes an inbound handshake's request
+ * socket, released when the socket dies.
  *
  * A project is a compact id whose members are registered cgroups at any
  * depth (lib/project.h). The rule (see pools/doc.go) is applied here
@@ -32,29 +33,27 @@
  * back when it went over) and are neither refused by the rule nor counted in
  * in_use; over the budget they go under the rule like any socket of their
  * project. So the exempt set adds at most exempt_max connections to POOL.
- * Every admission (connect, SYN, a child admitted late) runs take_permit
- * (lib/rule.h): take, record, undo if it cannot be recorded.
+ * Every admission (connect, request socket, a child admitted late) runs
+ * take_permit (lib/rule.h): take, record, undo if it cannot be recorded.
  *
  * Programs (kept few: each one runs on a hot path):
  *   cgroup/connect4, cgroup/connect6  outbound admission, process context;
  *                                      a refusal makes connect() fail at
  *                                      once with ECONNREFUSED
- *   sk_lookup                          inbound admission at the SYN; a refusal
- *                                      is SK_DROP, the kernel answers the SYN
- *                                      with an RST, the client sees
- *                                      ECONNREFUSED and accept() never sees it
+ *   sk_lookup                          inbound admission: the rule alone, for
+ *                                      every segment no socket of the host
+ *                                      took yet (a SYN, a stray segment, a
+ *                                      SYN cookie's ACK); a refusal is
+ *                                      SK_DROP, the kernel answers with an
+ *                                      RST, the client sees ECONNREFUSED (a
+ *                                      refused cookie ACK resets a
+ *                                      connection the client already has)
+ *                                      and accept() never sees it
+ *   sockops (TIMEOUT_INIT)             the inbound permit, taken when the
+ *                                      kernel makes a request socket
  *   tp_btf/inet_sock_set_state         listener bookkeeping, inbound permit
  *                                      conversion at ESTABLISHED, release at
  *                                      TCP_CLOSE
- *   tp_btf/tcp_send_reset              undoes the reservation of a packet the
- *                                      kernel answers with an RST: a non-SYN
- *                                      segment (sk_lookup cannot see flags),
- *                                      a SYN no listener took, a bad SYN that
- *                                      kills its request socket
- *   tp_btf/kfree_skb                   undoes the reservation of a request
- *                                      socket the client reset (runs for
- *                                      every dropped packet; looks at RSTs
- *                                      dropped by a project's listener only)
  *   cgroup/sock_release                release when the fd is closed before
  *                                      the socket reaches TCP_CLOSE
  *   iter/tcp                           adoption of sockets that predate the
@@ -70,19 +69,23 @@
  * permit back, so a socket releases exactly once however many of
  * the paths fire (an orderly close runs sock_release and then TCP_CLOSE).
  *
- * A permit taken at a SYN is a reservation until the child socket exists. It
- * exists only while the handshake can still become an accepted connection,
- * that is while the kernel keeps a request socket for it: sk_lookup looks at
- * the listener's queues (through the socket itself, see lib/listen.h) and takes
- * none for a SYN the kernel will drop (the accept queue is full) or answer
- * with a SYN cookie (no request socket; the cookie's ACK is admitted by the
- * rule without a reservation and the child takes its permit when it is
- * established). A reservation is kept keyed by its 4-tuple (lib/resv.h: a
- * slot of fs_resv_slots, or fs_reservations) and ended exactly once by the
- * conversion at ESTABLISHED, the undo when the kernel resets the handshake
- * (tcp_send_reset, kfree_skb) or the expiry after the reservation TTL (a
- * client that vanished without a word, a request socket the kernel timed
- * out, or a SYN dropped by a race with the queue check).
+ * An inbound permit is taken as a reservation when the kernel makes the
+ * handshake's request socket, and exists while that socket or its child
+ * does: while the handshake can still become an accepted connection. Only
+ * the kernel decides that, so no packet is trusted: sk_lookup, which cannot
+ * see TCP flags, applies the rule and takes nothing; fs_sockops runs at
+ * BPF_SOCK_OPS_TIMEOUT_INIT, which tcp_conn_request runs only for a request
+ * socket it is about to queue: never for a segment that is not a SYN, a SYN
+ * the kernel drops (a full accept queue, whichever SO_REUSEPORT member it
+ * was steered to) or answers with a SYN cookie (no request socket: the
+ * child takes its permit when it is established). The reservation is keyed
+ * by the request socket's cookie (lib/resv.h: a slot of fs_resv_slots, or
+ * fs_reservations), which the kernel copies to the child, and is ended
+ * exactly once: by the conversion at ESTABLISHED (the child's cookie), or
+ * by the expiry from user space (loader.Tick) past the reservation TTL once
+ * sock_diag no longer lists the request socket (the client reset it, the
+ * kernel timed it out); a reservation of another network namespace, which
+ * the daemon cannot list, expires after the TTL as it is.
  *
  * Memory order: a port's owner needs none: its words carry a check word
  * and name a socket that is checked in turn (see lib/listen.h), so it is read
@@ -99,12 +102,12 @@
  *   lib/types.h    the types the loader shares (the pinned format)
  *   lib/maps.h     every map, and the node's config, counts and counters
  *   lib/project.h  which project a task or a socket counts for
- *   lib/addr.h     addresses and 4-tuples as the keys keep them
+ *   lib/addr.h     addresses as the keys keep them
  *   lib/held.h     the held-permit table (by socket cookie)
- *   lib/resv.h     the reservation table (by 4-tuple)
+ *   lib/resv.h     the reservation table (by request socket cookie)
  *   lib/rule.h     the rule, the exempt budget, take_permit, give_back
  *   lib/events.h   refusal events (a ring buffer, bounded per project) and dry-run
- *   lib/listen.h   listener bookkeeping: addresses, ports, owners, queues
+ *   lib/listen.h   listener bookkeeping: addresses, ports, owners
  *   lib/rate.h     a project's rate of new connections (token buckets)
  * The programs follow here in the order of the table above.
  */
@@ -199,123 +202,123 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	if (!cfg)
 		return SK_PASS;
 
-	struct fs_resv_key rk __attribute__((aligned(8))) = {};
-	barrier_var(ctx);
+	addr_buf laddr;
 	__u16 fam = ctx->family;
-	syn_tuple(ctx, fam, lport, &rk);
-
-	/* The listener that takes the SYN: the port's owner if it has a valid
-	 * one, else the listener entries. (Written out here: the same steps in
-	 * a function of their own cost sk_lookup ~9 ns, loopback benchmark.) */
+	CTX_LADDR(ctx, fam, laddr);
 	struct lview v = {};
-	int own = port_owner(port, w, lookup_netns, fam, rk.laddr, &v);
-	if (own == OWNER_OTHER)
+	if (!syn_listener(port, w, lookup_netns, lport, fam, laddr, &v))
 		return SK_PASS;
-	if (own == OWNER_UNKNOWN) {
-		struct fs_listen_key lk = {};
-		syn_key(&lk, lookup_netns, lport, fam, rk.laddr);
-		struct fs_listener *l = find_listener(port, &lk);
-		if (!l)
-			return SK_PASS;
-		v.project = l->project;
-		v.cgroup = l->cgroup;
-		v.sk = listening_sock(l->sk, l->cookie);
-		/* The address's only listener no longer listens (its close is on
-		 * its way, or was missed): nobody will take the SYN. With
-		 * SO_REUSEPORT the entry names the latest listener only, and the
-		 * others may still listen. */
-		if (!v.sk && l->refs <= 1)
-			return SK_PASS;
-	}
-
-	int syn = v.sk ? accept_state(v.sk) : SYN_QUEUED;
-	if (syn == SYN_DROPPED) {
-		/* Nothing will become of it: no permit, no refusal. */
-		COUNT(overflow);
-		return SK_PASS;
-	}
-	if (syn == SYN_COOKIE) {
-		/* No request socket to hold a reservation: check the rule, and
-		 * let the child take its permit when it is established. The
-		 * project's rate takes a token here for the SYN and again for
-		 * the cookie's ACK, which comes here too (rate.h). */
-		struct rate_ticket rt;
-		if (!rate_gate(AT_SYN, NULL, v.project, v.cgroup, &rt)) {
-			rate_event_syn(v.project, &rk, false);
-			return SK_DROP;
-		}
-		int a = 1;
-		struct fs_project *cp = NULL;
-		if (!(cfg->exempt_max && exempt_listed(v.cgroup, v.project))) {
-			cp = project_get(v.project);
-			a = would_admit(cp, CLK_COARSE);
-		}
-		if (a < 0)
-			return SK_PASS;
-		if (a == 0 && cp) {
-			bool would = dry_run(v.project);
-			if (would) {
-				count_would(v.project, FS_DIR_SYN);
-			} else {
-				__sync_fetch_and_add(&cp->refused, 1);
-				COUNT(refused_in);
-			}
-			refused_syn(v.project, v.cgroup, &rk, would, false);
-			if (!would) {
-				rate_undo(&rt);
-				return SK_DROP;
-			}
-		}
-		/* Past the rate in dry-run: counted once, here unless the rule's
-		 * dry-run counted it above. */
-		if (rate_would(&rt, v.project, FS_DIR_SYN, a == 0 && cp ? WOULD : TAKEN))
-			rate_event_syn(v.project, &rk, true);
-		COUNT(cookie);
-		return SK_PASS;
-	}
-	/* A retransmitted SYN, or a SYN of the same tuple on another CPU,
-	 * keeps the permit the first one reserved; a full table leaves the
-	 * child to be admitted when it is established. */
-	struct holder h = {.rk = &rk};
+	/*
+	 * Only the rule, no permit: this program cannot see TCP flags, and a
+	 * segment is not a handshake. The permit is taken when the kernel makes
+	 * a request socket for a SYN (fs_sockops), or when the child of a SYN
+	 * cookie is established (on_established); a segment the kernel drops
+	 * takes nothing. A refusal is SK_DROP: the kernel answers with an RST.
+	 * The project's rate (rate.h) takes a token first, for whatever segment
+	 * gets here (a SYN, a cookie's ACK; a retransmitted SYN finds its
+	 * request socket before any lookup of a listener), given back when the
+	 * rule refuses.
+	 */
 	struct rate_ticket t;
-	if (!rate_gate(AT_SYN, &h, v.project, v.cgroup, &t)) {
-		rate_event_syn(v.project, &rk, false);
+	if (!rate_gate(AT_SYN, NULL, v.project, v.cgroup, &t)) {
+		struct fs_tuple tu __attribute__((aligned(8))) = {};
+		syn_tuple(ctx, fam, lport, laddr, &tu);
+		rate_event_syn(v.project, &tu, false);
 		return SK_DROP;
 	}
-	int r = rate_settle(&t, AT_SYN, &h, take_permit(AT_SYN, CLK_COARSE, &h, v.project, NULL, v.cgroup, 0));
-	if (rate_would(&t, v.project, FS_DIR_SYN, r))
-		rate_event_syn(v.project, &rk, true);
-	if (r == TAKEN || r == NOT_TAKEN)
+	int a = 1;
+	struct fs_project *cp = NULL;
+	if (!exempt_room(cfg, v.cgroup, v.project)) {
+		cp = project_get(v.project);
+		a = would_admit(cp, CLK_COARSE);
+	}
+	if (a < 0)
 		return SK_PASS;
-	refused_syn(v.project, v.cgroup, &rk, r == WOULD, r == WOULD);
-	return r == WOULD ? SK_PASS : SK_DROP;
+	bool would = false;
+	if (a == 0 && cp) {
+		would = dry_run(v.project);
+		if (would) {
+			count_would(v.project, FS_DIR_SYN);
+		} else {
+			__sync_fetch_and_add(&cp->refused, 1);
+			COUNT(refused_in);
+		}
+		struct fs_tuple tu __attribute__((aligned(8))) = {};
+		syn_tuple(ctx, fam, lport, laddr, &tu);
+		refused_syn(v.project, v.cgroup, &tu, would, false);
+		if (!would) {
+			/* The rule refused: the SYN's rate token goes back. */
+			rate_undo(&t);
+			return SK_DROP;
+		}
+	}
+	/* Past the rate in dry-run: counted once, here unless the rule's
+	 * dry-run counted it above. */
+	if (rate_would(&t, v.project, FS_DIR_SYN, would ? WOULD : TAKEN)) {
+		struct fs_tuple tu __attribute__((aligned(8))) = {};
+		syn_tuple(ctx, fam, lport, laddr, &tu);
+		rate_event_syn(v.project, &tu, true);
+	}
+	return SK_PASS;
 }
 
 /*
- * on_established converts the reservation made at the SYN into the child's
- * permit. Without a reservation (a SYN cookie's child, one whose reservation
- * expired, a SYN before the programs, another netns) the rule is applied now
- * to the project of the child's cgroup (the listener's); a refusal here
- * cannot stop the connection, so it is left unheld and counted as
- * unaccounted.
+ * fs_sockops takes the permit of an inbound handshake when the kernel makes
+ * its request socket: BPF_SOCK_OPS_TIMEOUT_INIT for a socket that is not a
+ * full socket runs from tcp_conn_request only for a request socket it is
+ * about to queue (not for a SYN it drops, nor for one it answers with a SYN
+ * cookie), in the listener's cgroup (the program is attached with the other
+ * cgroup programs, at the cgroup2 root: a listener that is no project's
+ * member finds its port unlisted and takes nothing). The permit is a reservation
+ * keyed by the request socket's cookie, which the child inherits. reply is
+ * left 0: the kernel's own timeout.
+ */
+SEC("sockops")
+int fs_sockops(struct bpf_sock_ops *ctx)
+{
+	if (ctx->op != BPF_SOCK_OPS_TIMEOUT_INIT || ctx->is_fullsock)
+		return 1;
+	__u32 lport = ctx->local_port;
+	struct fs_port *port = listened(lport);
+	if (!port)
+		return 1;
+	__u64 w = *(volatile __u64 *)port_state(port);
+	addr_buf laddr;
+	__u16 fam = ctx->family;
+	CTX_LADDR(ctx, fam, laddr);
+	__u64 netns = bpf_get_netns_cookie(ctx);
+	struct lview v = {};
+	if (!syn_listener(port, w, netns, lport, fam, laddr, &v))
+		return 1;
+	struct holder h = {.cookie = bpf_get_socket_cookie(ctx), .netns = netns};
+	take_permit(AT_SYN, CLK_COARSE, &h, v.project, NULL, v.cgroup, 0);
+	return 1;
+}
+
+/*
+ * on_established converts the reservation made for the request socket into
+ * the child's permit: the child has the request socket's cookie. Without a
+ * reservation (a SYN cookie's child, one whose reservation was given back, a
+ * handshake begun before the programs) the rule is applied now to the
+ * project of the child's cgroup (the listener's); a refusal here cannot
+ * stop the connection, so it is left unheld and counted as unaccounted.
  */
 static __noinline void on_established(struct sock *sk)
 {
 	if (!listened(sk->__sk_common.skc_num))
 		return;
-	struct fs_resv_key rk __attribute__((aligned(8))) = {};
-	sock_tuple(sk, &rk);
 	struct holder h = {.cookie = bpf_get_socket_cookie(sk), .sk = sk};
 	__u64 id = 0, cg = 0;
 	__u32 moved = 0;
 	/* The reservation's permit moves to the child, or the child takes one
 	 * now: one call either way, so that the child's permit is recorded
 	 * (a hold, inlined) in one place. */
-	if (!resv_take(&rk, &id, &moved, false, 0)) {
+	if (!resv_take(h.cookie, &id, &moved, false, 0)) {
 		moved = 0;
 		id = sock_project(sk, &cg);
 		if (!id)
 			return;
+		COUNT(late);
 	}
 	take_permit(AT_CHILD, CLK_FINE, &h, id, NULL, cg, moved);
 }
@@ -366,59 +369,6 @@ int BPF_PROG(fs_set_state, struct sock *sk, int oldstate, int newstate)
 			on_listen(sk);
 		return 0;
 	}
-	return 0;
-}
-
-/*
- * The kernel answers with an RST a segment it will not take: a non-SYN
- * segment that reached a listener (sk_lookup cannot see TCP flags, so one
- * racing the child's creation, or a late FIN or ACK, reserves too), a SYN no
- * listener took (sk is NULL: the port's owner outlived its listener, which
- * was unhashed before its close reached us), and a SYN of the tuple of a
- * request socket that it resets and drops. Whatever the packet reserved is
- * given back here rather than after the TTL.
- */
-SEC("tp_btf/tcp_send_reset")
-int BPF_PROG(fs_send_reset, const struct sock *sk, const struct sk_buff *skb, int reason)
-{
-	if (!skb || (sk && sk->__sk_common.skc_state != TCP_LISTEN))
-		return 0;
-	struct fs_resv_key rk __attribute__((aligned(8))) = {};
-	__u8 flags = 0;
-	if (skb_tuple(skb, &rk, &flags) || !listened(rk.lport) || !end_resv(&rk, CLK_FINE, false, 0))
-		return 0;
-	if (flags & TH_SYN)
-		COUNT(dropped);
-	else
-		COUNT(stray);
-	return 0;
-}
-
-/*
- * A client that gives up on its handshake (its connect() timed out, it was
- * killed) answers the SYN-ACK with an RST, and the kernel drops the request
- * socket with that RST, which is then freed as a drop (reason
- * NOT_SPECIFIED, the listener as rx_sk). An RST that reaches a listener
- * without a request socket is dropped with TCP_RESET. Either way the
- * handshake is over: its reservation goes back now. This program runs for
- * every dropped packet of the host, so its first tests are on the
- * arguments, then on the socket the packet reached.
- */
-SEC("tp_btf/kfree_skb")
-int BPF_PROG(fs_drop, struct sk_buff *skb, void *location, enum skb_drop_reason reason, struct sock *rx_sk)
-{
-	if (!rx_sk || (reason != bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED) &&
-		       reason != bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_TCP_RESET)))
-		return 0;
-	if (rx_sk->__sk_common.skc_state != TCP_LISTEN || rx_sk->sk_protocol != IPPROTO_TCP ||
-	    !listened(rx_sk->__sk_common.skc_num))
-		return 0;
-	struct fs_resv_key rk __attribute__((aligned(8))) = {};
-	__u8 flags = 0;
-	if (skb_tuple(skb, &rk, &flags) || !(flags & TH_RST))
-		return 0;
-	if (end_resv(&rk, CLK_FINE, false, 0))
-		COUNT(dropped);
 	return 0;
 }
 
@@ -502,9 +452,7 @@ int fs_adjust(struct fs_adjust_args *a)
 {
 	a->result = 0;
 	if (a->op == OP_EXPIRE) {
-		struct fs_resv_key k __attribute__((aligned(8))) = {};
-		__builtin_memcpy(&k, &a->key, sizeof(k));
-		if (end_resv(&k, CLK_FINE, true, a->since_ns)) {
+		if (end_resv(a->key.cookie, CLK_FINE, true, a->since_ns)) {
 			COUNT(expired);
 			a->result = 1;
 		}
@@ -553,15 +501,6 @@ SEC("syscall")
 int fs_selftest(struct fs_selftest_args *a)
 {
 	a->result = 0;
-	if (a->op == ST_RESV_SPILL) {
-		struct fs_resv_key k __attribute__((aligned(8))) = {};
-		__builtin_memcpy(&k, &a->key, sizeof(k));
-		struct fs_resv r = a->resv;
-		__u64 h = resv_hash(&k);
-		struct fs_resv_slot *s = resv_slot(h);
-		a->result = s ? resv_spill_put(s, resv_tagof(h), &k, &r) : -1;
-		return 0;
-	}
 	if (a->op == ST_PORT_CHANGE) {
 		struct fs_listen_key k = {};
 		__builtin_memcpy(&k, &a->lkey, sizeof(k));
@@ -569,9 +508,7 @@ int fs_selftest(struct fs_selftest_args *a)
 		return 0;
 	}
 	if (a->op == ST_TAKE) {
-		struct fs_resv_key k __attribute__((aligned(8))) = {};
-		__builtin_memcpy(&k, &a->key, sizeof(k));
-		struct holder h = {.cookie = a->cookie, .rk = &k};
+		struct holder h = {.cookie = a->cookie};
 		if (a->delta == AT_SYN)
 			a->result = take_permit(AT_SYN, CLK_FINE, &h, a->resv.project, NULL, a->cg, 0);
 		else if (a->delta == AT_CHILD)

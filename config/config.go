@@ -98,9 +98,10 @@ type Connections struct {
 	// ExemptMax bounds the exempt permits held at a time node-wide; 0 means
 	// the pool's floor.
 	ExemptMax int `yaml:"exempt_max"`
-	// ReservationTTL bounds how long an inbound handshake that has not
-	// completed holds its permit: between limits.MinReservationTTL and
-	// limits.MaxReservationTTL, 0 for the kernel side's default (3s).
+	// ReservationTTL bounds how long an inbound handshake whose request
+	// socket is gone (reset, timed out) keeps its permit: between
+	// limits.MinReservationTTL and limits.MaxReservationTTL, 0 for the
+	// kernel side's default (3s). See limits.DefaultReservationTTL.
 	ReservationTTL time.Duration `yaml:"reservation_ttl"`
 }
 

@@ -451,7 +451,7 @@ func progStats(b *testing.B, objs *limiterObjects, lfd int, sa unix.Sockaddr, at
 	defer detach()
 	progs := map[string]*ebpf.Program{
 		"connect4": objs.FsConnect4, "sock_release": objs.FsSockRelease,
-		"set_state": objs.FsSetState, "sk_lookup": objs.FsSkLookup,
+		"set_state": objs.FsSetState, "sk_lookup": objs.FsSkLookup, "sockops": objs.FsSockops,
 	}
 	type st struct{ runs, ns uint64 }
 	read := func() map[string]st {
@@ -505,6 +505,7 @@ func emptyPrograms(b testing.TB) *limiterObjects {
 		ebpf.CGroupSockAddr: 1, // allow the connect
 		ebpf.CGroupSock:     1, // allow the release
 		ebpf.SkLookup:       1, // SK_PASS: the usual socket lookup
+		ebpf.SockOps:        1, // the kernel's defaults
 		ebpf.Tracing:        0,
 	}
 	load := func(name string) *ebpf.Program {
@@ -523,8 +524,7 @@ func emptyPrograms(b testing.TB) *limiterObjects {
 	return &limiterObjects{limiterPrograms: limiterPrograms{
 		FsConnect4:    load("fs_connect4"),
 		FsConnect6:    load("fs_connect6"),
-		FsSendReset:   load("fs_send_reset"),
-		FsDrop:        load("fs_drop"),
+		FsSockops:     load("fs_sockops"),
 		FsSetState:    load("fs_set_state"),
 		FsSkLookup:    load("fs_sk_lookup"),
 		FsSockRelease: load("fs_sock_release"),

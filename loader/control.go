@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/pools"
+	"github.com/fairshare-dev/fairshare/sockdiag"
 )
 
 // Snapshot is what the maps say now. Counts include permits reserved for
@@ -52,30 +53,21 @@ type ProjectCounters struct {
 
 // Events are node-wide counters of what the programs did.
 type Events struct {
-	AdmittedOut, AdmittedIn uint64 // permits granted at connect / at the SYN
+	AdmittedOut, AdmittedIn uint64 // permits granted at connect / for a request socket or a late child
 	RefusedOut, RefusedIn   uint64 // ECONNREFUSED at connect / RST at the SYN
 	Released                uint64 // permits given back
 	Adopted                 uint64 // existing sockets counted by reconcile
-	Expired                 uint64 // reservations whose handshake never completed
+	Expired                 uint64 // reservations given back after the TTL: their request socket was gone
 	Unaccounted             uint64 // late handshakes refused: connection up, no permit
 	MapFull                 uint64 // a map was full: connection not counted
-	Stray                   uint64 // reservations of non-SYN packets, undone when the listener reset them
 	ExemptAdmitted          uint64 // exempt permits taken
 	ExemptOver              uint64 // exempt sockets over the exempt budget, put under the rule
 	ExemptReleased          uint64 // exempt permits given back
-	// Overflow counts SYNs (and SYN cookies' ACKs) to a project listener
-	// whose accept queue was full: the kernel drops them, so they were let
-	// through without a permit (the client retries, or gives up).
-	Overflow uint64
-	// Cookie counts SYNs (and their ACKs) admitted by the rule without a
-	// reservation because the kernel answered them with a SYN cookie and
-	// keeps no request socket; the child takes its permit when it is
-	// established.
-	Cookie uint64
-	// Dropped counts reservations given back because the kernel dropped
-	// their handshake: the client reset it (a connect() that timed out, a
-	// killed client), a SYN no listener took, a bad SYN.
-	Dropped uint64
+	// Late counts children established without a reservation, admitted
+	// by the rule at ESTABLISHED: their handshake left no request socket
+	// (a SYN cookie's), or began before the programs, or its reservation
+	// was given back. One the rule refuses then is also Unaccounted.
+	Late uint64
 	// RateLimitedOut and RateLimitedIn count connects and SYNs refused by
 	// their project's rate (SetRate), not in RefusedOut and RefusedIn.
 	RateLimitedOut, RateLimitedIn uint64
@@ -181,24 +173,50 @@ func (l *Limiter) Tick(now time.Time) error {
 	return l.syncRatesLocked(projs)
 }
 
-// expireLocked gives back reservations whose handshake did not complete in
-// the TTL. The BPF side deletes the entry and releases; whoever deletes a
-// reservation (this or the ESTABLISHED conversion) owns its permit. It
-// names the stamp it read with the tuple, so a reservation the tuple made
-// after the read (or a slot read while another tuple was taking it) is not
-// ended for the one it saw.
+// expireLocked gives back the reservations older than the TTL whose
+// request socket is gone: the client reset the handshake, the kernel timed
+// it out, or dropped it. A reservation of this network namespace whose
+// request socket still exists (sock_diag lists its cookie in SYN_RECV) is
+// kept: the handshake can still complete, and its permit is given back by
+// the child's close, or here once the kernel lets go of the request socket
+// (after its SYN-ACK retries, tcp_synack_retries). One of another namespace,
+// which this process cannot list, is given back after the TTL as it is; if
+// its handshake completes later the child is admitted again at ESTABLISHED.
+// The BPF side ends the entry and releases; whoever ends a reservation
+// (this or the ESTABLISHED conversion) owns its permit. It names the stamp
+// it read, so a reservation made after the read is not ended for it.
 func (l *Limiter) expireLocked(mono uint64) error {
-	var old []limiterFsAdjustArgs
+	type candidate struct {
+		a    limiterFsAdjustArgs
+		mine bool // of this netns: checked against its socket table
+	}
+	var old []candidate
+	mine := false
 	err := l.readResv(func(k limiterFsResvKey, v limiterFsResv) {
 		if mono > v.SinceNs && mono-v.SinceNs > uint64(l.ttl) {
-			old = append(old, limiterFsAdjustArgs{Op: opExpire, Key: k, SinceNs: v.SinceNs})
+			old = append(old, candidate{limiterFsAdjustArgs{Op: opExpire, Key: k, SinceNs: v.SinceNs}, v.Netns == l.netns})
+			mine = mine || v.Netns == l.netns
 		}
 	})
 	if err != nil {
 		return err
 	}
-	for _, a := range old {
-		if _, err := l.adjust(a); err != nil {
+	var alive map[uint64]bool
+	if mine {
+		socks, err := sockdiag.List(sockdiag.Options{States: sockdiag.StateSynRecv.Mask()})
+		if err != nil {
+			return fmt.Errorf("listing request sockets for the reservation expiry: %w", err)
+		}
+		alive = make(map[uint64]bool, len(socks))
+		for _, s := range socks {
+			alive[s.Cookie] = true
+		}
+	}
+	for _, c := range old {
+		if c.mine && alive[c.a.Key.Cookie] {
+			continue
+		}
+		if _, err := l.adjust(c.a); err != nil {
 			return fmt.Errorf("expiring reservation: %w", err)
 		}
 	}
@@ -294,13 +312,10 @@ func (l *Limiter) readEvents() (Events, error) {
 		e.Expired += c.Expired
 		e.Unaccounted += c.Unaccounted
 		e.MapFull += c.MapFull
-		e.Stray += c.Stray
 		e.ExemptAdmitted += c.ExemptAdmitted
 		e.ExemptOver += c.ExemptOver
 		e.ExemptReleased += c.ExemptReleased
-		e.Overflow += c.Overflow
-		e.Cookie += c.Cookie
-		e.Dropped += c.Dropped
+		e.Late += c.Late
 	}
 	var err error
 	if e.RateLimitedOut, e.RateLimitedIn, err = l.readRateStats(); err != nil {

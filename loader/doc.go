@@ -45,14 +45,15 @@
 // An outbound TCP connection (IPv4, IPv6, v4-mapped IPv6; plain TCP or an
 // MPTCP subflow) holds one from connect() until the connection dies or the
 // process closes the socket, whichever comes first. An inbound connection
-// accepted by a project's listener holds one from its SYN (as a reservation)
-// through the handshake, while it waits in the accept queue, and until it
-// dies or is closed. Release happens exactly once per socket (the permit is
-// an entry keyed by the socket cookie; only the path whose compare-and-swap
-// or delete succeeds gives it back) on the first of: the transition to
-// TCP_CLOSE (RST, failed or timed-out connect, end of the FIN exchange,
-// children dropped with their listener) or the close of the last file
-// descriptor (sock_release, which also covers SIGKILL).
+// accepted by a project's listener holds one from the kernel's request
+// socket for it (as a reservation) through the handshake, while it waits in
+// the accept queue, and until it dies or is closed. Release happens exactly
+// once per socket (the permit is an entry keyed by the socket cookie; only
+// the path whose compare-and-swap or delete succeeds gives it back) on the
+// first of: the transition to TCP_CLOSE (RST, failed or timed-out connect,
+// end of the FIN exchange, children dropped with their listener) or the
+// close of the last file descriptor (sock_release, which also covers
+// SIGKILL).
 //
 // # The rule and its bound
 //
@@ -82,7 +83,7 @@
 // separate exempt budget (Options.ExemptMax, default FLOOR) instead of the
 // pool: it is not refused by the rule and counted neither in the pool's nor
 // in its project's in_use, outbound (the task's cgroup at connect) and
-// inbound (the listener's cgroup at the SYN). The budget is taken with a
+// inbound (the listener's cgroup). The budget is taken with a
 // fetch-add, rolled back when it went over, so at most ExemptMax exempt
 // permits are held at any instant; an exempt socket that finds it spent is
 // handled like any other socket of its project, under the rule. Hence the
@@ -108,48 +109,48 @@
 // # Handshakes in flight
 //
 // Inbound admission is decided at the SYN, but the accepted socket exists
-// only after the handshake. A SYN the kernel keeps a request socket for
-// therefore takes the permit as a reservation keyed by the 4-tuple; a
-// retransmitted SYN finds it and takes nothing more. When the child reaches
-// ESTABLISHED the reservation becomes the child's permit (whoever ends the
-// reservation owns the permit: it is ended with a compare-and-swap on its
-// slot, or a delete from the spill table when another handshake held the
-// slot).
+// only after the handshake. A permit exists only while the handshake can
+// still become an accepted connection, and only the kernel knows when that
+// is: no packet is trusted. sk_lookup, which sees every segment no socket of
+// the host took yet (SYNs, but also stray segments of any flags and the ACK
+// of a SYN cookie) and cannot see TCP flags, applies the rule and takes
+// nothing. The permit is taken when the kernel makes the handshake's request
+// socket (a sockops program at BPF_SOCK_OPS_TIMEOUT_INIT, attached with the
+// cgroup programs at the cgroup2 root, which tcp_conn_request runs in the
+// listener's cgroup only for a request socket it queues), as a reservation
+// keyed by that socket's cookie. A segment that is not a SYN, a SYN the
+// kernel drops (a full accept queue, of whichever SO_REUSEPORT member the
+// kernel steered it to) and a SYN answered with a SYN cookie take nothing. When the child reaches
+// ESTABLISHED it has the request socket's cookie, and the reservation
+// becomes its permit (whoever ends the reservation owns the permit: it is
+// ended with a compare-and-swap on its slot, whose tag is the cookie, or a
+// delete from the spill table). A child without a reservation (a SYN
+// cookie's, one whose reservation was given back) takes its permit at
+// ESTABLISHED under the rule (Events.Late); if the rule refuses then, the
+// connection cannot be stopped any more and is left without a permit
+// (Events.Unaccounted; Reconcile adopts it).
 //
-// A permit exists only while the handshake can still become an accepted
-// connection. sk_lookup reads the listener's queues from the socket itself
-// and, as the kernel will decide a moment later: takes nothing for a SYN to
-// a full accept queue (the kernel drops it; Events.Overflow); applies the
-// rule without reserving to a SYN answered with a SYN cookie, which leaves
-// no request socket behind, and to its ACK (Events.Cookie), whose child then
-// takes its permit when it is established, or nothing if the accept queue
-// has filled and the ACK is dropped. A handshake the kernel resets gives its
-// reservation back at once (Events.Dropped): a client that gave up answers
-// the SYN-ACK with an RST, and so does the kernel to a SYN no listener
-// takes. What is left, a client that vanished without a word, a request
-// socket the kernel timed out, a SYN dropped after a race with another CPU
-// filling the queue, is given back by Tick after Options.ReservationTTL
-// (100ms..2m, default 3s): such a permit is held at most the TTL plus one
-// Tick period. Under a flood of SYNs from spoofed addresses that never
-// answer, a listener's reservations are bounded by its SYN queue (its
-// listen backlog); beyond it the kernel uses cookies and nothing is
-// reserved. sk_lookup cannot see TCP flags, so a non-SYN segment that
-// reaches the listener (one racing the child's creation, a late FIN)
-// reserves too; the listener answers it with an RST, and that reservation is
-// undone there (Events.Stray). A handshake that completes after its
-// reservation expired is admitted again at ESTABLISHED; if the rule refuses
-// then, the connection cannot be stopped any more and is left without a
-// permit (counted as Events.Unaccounted; Reconcile adopts it).
+// A reservation is given back by Tick once it is older than
+// Options.ReservationTTL (100ms..2m, default 3s) and its request socket is
+// gone (sock_diag lists no request socket with its cookie): a client that
+// reset its handshake, one that vanished and whose request socket the kernel
+// timed out. Such a permit is held at most the TTL plus one Tick period; a
+// request socket that still exists keeps its permit (its handshake can still
+// complete). A listener's reservations are bounded by its SYN queue (its
+// listen backlog); beyond it the kernel answers with cookies. Reservations
+// of listeners in other network namespaces, whose sockets this process
+// cannot list, are given back after the TTL as they are.
 //
 // A listening address takes the families it takes in the kernel: 0.0.0.0
 // IPv4, [::] with IPV6_V6ONLY IPv6, a dual-stack [::] both; listeners of
 // different projects on one port (0.0.0.0 and a v6-only [::], or two
 // addresses) each get their own connections. Several listeners on one
 // address (SO_REUSEPORT) are counted: the address stays known until the last
-// of them closes, and the latest names the project and the queues looked at.
+// of them closes, and the latest names the project.
 //
-// Inbound enforcement covers listeners in the network namespace Open ran in
-// (sk_lookup is attached per namespace); outbound covers every namespace.
+// Inbound refusal covers listeners in the network namespace Open ran in
+// (sk_lookup is attached per namespace); inbound counting (the sockops
+// program, by cgroup) and outbound enforcement cover every namespace.
 //
 // # A rate of new connections
 //
@@ -160,9 +161,13 @@
 // connect4/6 and sk_lookup take a token before the rule; an empty bucket
 // refuses as the rule does (ECONNREFUSED at connect, an RST to the SYN) and
 // is counted apart (ProjectCounters.RateLimitedOut/In, Events.RateLimited*),
-// and a token taken for a connection the rule refuses, or one that has its
-// permit already, is given back. A SYN answered with a SYN cookie and its
-// ACK take one each. Exempt sockets take none. The take is one
+// and a token taken for a connection the rule refuses, or (at connect) one
+// that has its permit already, is given back. sk_lookup cannot tell a SYN
+// from another segment: each segment that reaches a project's listener with
+// no socket of its own takes a token (a SYN, a SYN cookie's ACK, a stray
+// segment; a retransmitted SYN finds its request socket first), so a SYN
+// answered with a SYN cookie and its ACK take one each. Exempt sockets take
+// none. The take is one
 // compare-and-swap; the rate is written in place by a syscall program
 // (fs_rate_set), which keeps the bucket's tokens (at most the new burst).
 // SetRate writes it at once if the project's cgroup exists; Tick writes
@@ -183,8 +188,11 @@
 // on restart; maps of another layout are refused (ErrPinnedMismatch) with
 // the steps to take. The version that keys listening addresses by the
 // families they take and names a port's listener by its socket changed the
-// layouts of fs_ports, fs_listeners and the reservation tables, so every pin
-// directory made before it is refused so.
+// layouts of fs_ports, fs_listeners and the reservation tables, and the one
+// that keys reservations by the request socket's cookie changed the
+// reservation tables and the counters again, so every pin directory made
+// before them is refused so. Links of programs a version no longer has
+// (link_send_reset, link_drop) are detached on the next Open.
 //
 // # Reconcile
 //

@@ -284,7 +284,10 @@ func TestHelperProcess(t *testing.T) {
 //	listen <addr>                           listen; accepted connections are
 //	                                        held until the peer closes
 //	listen-noaccept <addr>                  listen, never accept
-//	listen-backlog <addr> <n> [v6only]      listen(n) on a plain TCP socket, never accept
+//	listen-backlog <addr> <n> [v6only] [reuseport] [accept]
+//	                                        listen(n) on a plain TCP socket; never accept,
+//	                                        or accept and keep the connections
+//	dialfrom <network> <local> <addr>       one connection from a given local address, kept
 //	listen-reuseport <addr>                 listen with SO_REUSEPORT, accept as listen
 //	unlisten-first                          close the oldest SO_REUSEPORT listener
 //	churn <network> <addr> <ms> <pace us>   connect and reset in a loop for ms (rate_test.go)
@@ -303,7 +306,8 @@ func runHelper(in io.Reader, out io.Writer) {
 		mu    sync.Mutex     // guards held
 		held  int
 		// listen-backlog sockets, closed by unlisten
-		rawLns []int
+		rawLns   []int
+		rawConns []int // accepted by listen-backlog ... accept, kept open
 	)
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
@@ -377,17 +381,43 @@ func runHelper(in io.Reader, out io.Writer) {
 			fmt.Fprintf(out, "listening %s\n", ln.Addr())
 		case "listen-backlog":
 			n, _ := strconv.Atoi(f[2])
-			fd, a, err := listenBacklog(f[1], n, len(f) > 3 && f[3] == "v6only")
+			fd, a, err := listenBacklog(f[1], n, slices.Contains(f[3:], "v6only"), slices.Contains(f[3:], "reuseport"))
 			if err != nil {
 				fmt.Fprintf(out, "error %v\n", err)
 				continue
 			}
 			rawLns = append(rawLns, fd)
+			if slices.Contains(f[3:], "accept") {
+				go func() {
+					for {
+						nfd, _, err := unix.Accept(fd)
+						if err != nil {
+							return
+						}
+						mu.Lock()
+						held++
+						rawConns = append(rawConns, nfd)
+						mu.Unlock()
+					}
+				}()
+			}
 			fmt.Fprintf(out, "listening %s\n", a)
 		case "churn":
 			ms, _ := strconv.Atoi(f[3])
 			us, _ := strconv.Atoi(f[4])
 			fmt.Fprintln(out, churnLine(f[1], f[2], time.Duration(ms)*time.Millisecond, time.Duration(us)*time.Microsecond))
+		case "dialfrom":
+			// dialfrom <network> <local addr:port> <addr>: one connection
+			// from a given local address, kept.
+			d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.MustParseAddrPort(f[2])),
+				Control: sockOpt(unix.SO_REUSEADDR)}
+			c, err := d.Dial(f[1], f[3])
+			if err != nil {
+				fmt.Fprintf(out, "dialed %v\n", err)
+				continue
+			}
+			conns = append(conns, c)
+			fmt.Fprintf(out, "dialed ok\n")
 		case "reconnect":
 			// Non-blocking connect, then connect() again while the first is
 			// in progress: reports the second call's errno.
@@ -515,8 +545,8 @@ func waitInUse(t testing.TB, l *Limiter, node int, proj map[string]int) {
 			ok = ok && project(s, name).InUse == n
 		}
 		var resv []string
-		err := l.readResv(func(k limiterFsResvKey, _ limiterFsResv) {
-			resv = append(resv, fmt.Sprintf("%v:%d<-%v:%d", k.Laddr[12:], k.Lport, k.Raddr[12:], k.Rport))
+		err := l.readResv(func(k limiterFsResvKey, v limiterFsResv) {
+			resv = append(resv, fmt.Sprintf("%d:%d", k.Cookie, v.Project))
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -655,7 +685,7 @@ func attachLinks(tb testing.TB, l *Limiter, objs *limiterObjects) {
 // listenBacklog listens on addr with a plain TCP socket (not MPTCP, as Go's
 // listeners are) and the given backlog, optionally IPV6_V6ONLY, and returns
 // the socket and the address it got.
-func listenBacklog(addr string, backlog int, v6only bool) (int, string, error) {
+func listenBacklog(addr string, backlog int, v6only, reuseport bool) (int, string, error) {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
 		return -1, "", err
@@ -682,6 +712,11 @@ func listenBacklog(addr string, backlog int, v6only bool) (int, string, error) {
 			v = 1
 		}
 		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, v); err != nil {
+			return -1, "", err
+		}
+	}
+	if reuseport {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
 			return -1, "", err
 		}
 	}
@@ -714,42 +749,12 @@ func silence(t testing.TB, lo, hi uint16) {
 	t.Helper()
 	testutil.NftTable(t, fmt.Sprintf(`chain out {
 	type filter hook output priority 0; policy accept;
-	ip saddr 127.0.0.1 tcp sport %d-%d tcp flags & rst == rst drop
-}`, lo, hi))
+	ip saddr 127.0.0.1 tcp sport %d-%d tcp flags & rst == rst meta mark != %d drop
+}`, lo, hi, rawMark))
 }
 
-// resvSlot is the slot of fs_resv_slots the programs give tuple k
-// (resv_slot in bpf/lib/resv.h).
-func resvSlot(k limiterFsResvKey) uint32 {
-	return uint32(resvHash(k) >> 56)
-}
-
-// resvTag is the tag of k's slot while it holds k (resv_tagof).
-func resvTag(k limiterFsResvKey) uint64 {
-	return (resvHash(k) | 1) &^ slotBusy
-}
-
-// resvHash is resv_hash in bpf/lib/resv.h.
-func resvHash(k limiterFsResvKey) uint64 {
-	var b [32]byte
-	copy(b[:16], k.Laddr[:])
-	copy(b[16:], k.Raddr[:])
-	var f uint64
-	for i := range 4 {
-		f ^= binary.LittleEndian.Uint64(b[8*i:])
-	}
-	f ^= uint64(k.Lport)<<16 | uint64(k.Rport)<<40
-	return f * 0x9e3779b97f4a7c15
-}
-
-// loopKey is the reservation key of a connection from 127.0.0.1:rport to
-// 127.0.0.1:lport.
-func loopKey(lport, rport uint16) limiterFsResvKey {
-	k := limiterFsResvKey{Lport: lport, Rport: rport}
-	mapped := [16]byte{10: 0xff, 11: 0xff, 12: 127, 15: 1}
-	k.Laddr, k.Raddr = mapped, mapped
-	return k
-}
+// rawMark marks the segments sendSeg sends, which silence lets through.
+const rawMark = 0x7a11
 
 // selftest runs one step of fs_selftest (bpf/limiter.c).
 func (l *Limiter) selftest(a limiterFsSelftestArgs) (int64, error) {
@@ -770,7 +775,6 @@ func (l *Limiter) selftest(a limiterFsSelftestArgs) (int64, error) {
 
 // Steps of fs_selftest (enum selftest_op in bpf/lib/types.h).
 const (
-	stResvSpill  = 1
 	stPortChange = 2
 	stTake       = 3
 )

@@ -3,7 +3,6 @@
 package loader
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -13,8 +12,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader/limits"
@@ -84,7 +81,10 @@ func TestInboundCountRefuseRelease(t *testing.T) {
 				t.Errorf("refusal took %v", d)
 			}
 			waitHeld(t, srv, 5)
-			if s := snap(t, l); s.Events.RefusedIn != 1 || project(s, "srv").Refused != 1 || s.InUse != 5 {
+			// At least once: an nftables rule with a socket expression at
+			// input (as BenchmarkConnectAcceptClose's peer installs while it
+			// runs) looks the SYN up again, sk_lookup included.
+			if s := snap(t, l); s.Events.RefusedIn < 1 || project(s, "srv").Refused < 1 || s.InUse != 5 {
 				t.Fatalf("%+v", s)
 			}
 			for _, c := range conns {
@@ -118,12 +118,13 @@ func TestInboundListenerClosedWithQueuedChildren(t *testing.T) {
 }
 
 // Handshakes in flight hold a reservation: with half-open handshakes (a raw
-// SYN from a client that then vanishes without a word), node-wide in_use
-// stays within POOL, SYNs over it are reset, and Tick gives the stale
-// reservations back after the TTL (the kernel keeps the request sockets
-// longer). The TTL is the longest allowed, on a monotonic clock the test
-// moves on, so a slow machine cannot expire them early and the test does not
-// sleep.
+// SYN from a client that then goes silent), node-wide in_use stays within
+// POOL and SYNs over it are reset. A reservation is given back only when its
+// request socket is gone: Tick past the TTL keeps the reservations of
+// request sockets that still exist (the handshake can still complete), and
+// gives back those the client reset. The TTL is the longest allowed, on a
+// monotonic clock the test moves on, so a slow machine cannot expire them
+// early and the test does not sleep.
 func TestInboundReservationsBoundAndExpire(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
@@ -133,15 +134,14 @@ func TestInboundReservationsBoundAndExpire(t *testing.T) {
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
 
 	// The kernel would answer the SYN-ACKs with resets (no socket), which
-	// drop the request sockets and their reservations at once
-	// (TestInboundClientGoneGivesBack); silenced, the clients look gone.
+	// drop the request sockets; silenced, the clients look gone.
 	silence(t, 40000, 40005)
 	for i := range 6 {
 		sendSYN(t, addr, uint16(40000+i))
 	}
 	eventually(t, "reservations", func() (bool, string) {
 		s := snap(t, l)
-		return s.Reservations == 3 && s.InUse == 3 && s.Events.RefusedIn == 3, fmt.Sprintf("%+v", s)
+		return s.Reservations == 3 && s.InUse == 3 && s.Events.RefusedIn >= 3, fmt.Sprintf("%+v", s)
 	})
 	// No more room: a real connect is refused.
 	if _, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
@@ -154,8 +154,8 @@ func TestInboundReservationsBoundAndExpire(t *testing.T) {
 	if s := snap(t, l); s.Reservations != 3 || s.Events.Expired != 0 {
 		t.Fatalf("expired before the TTL: %+v", s)
 	}
-	// An expiry names the stamp it read: a reservation the tuple made since
-	// (another stamp) is left alone, the one read is ended.
+	// An expiry names the stamp it read: a reservation stamped otherwise is
+	// left alone, the one read is ended.
 	var seen []limiterFsAdjustArgs
 	if err := l.readResv(func(k limiterFsResvKey, v limiterFsResv) {
 		seen = append(seen, limiterFsAdjustArgs{Op: opExpire, Key: k, SinceNs: v.SinceNs})
@@ -176,13 +176,28 @@ func TestInboundReservationsBoundAndExpire(t *testing.T) {
 	if s := snap(t, l); s.Reservations != 2 || s.InUse != 2 || s.Events.Expired != 1 {
 		t.Fatalf("after one expiry: %+v", s)
 	}
+	// Past the TTL: the request sockets still exist, so do the reservations.
 	mono.advance(2 * time.Minute)
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if s := snap(t, l); s.Reservations != 2 || s.InUse != 2 || s.Events.Expired != 1 {
+		t.Fatalf("reservations of live request sockets given back: %+v", s)
+	}
+	// The clients reset their handshakes: the next Tick gives back.
+	for i := range 3 {
+		resetHandshake(t, addr, uint16(40000+i))
+	}
+	eventually(t, "request sockets gone", func() (bool, string) {
+		n := synRecv(t, addr.Port())
+		return n == 0, fmt.Sprintf("%d left", n)
+	})
 	if err := l.Tick(time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	s := snap(t, l)
 	if s.Reservations != 0 || s.InUse != 0 || s.Events.Expired != 3 {
-		t.Fatalf("after the TTL: %+v", s)
+		t.Fatalf("after the request sockets went: %+v", s)
 	}
 	c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
 	if err != nil {
@@ -193,73 +208,37 @@ func TestInboundReservationsBoundAndExpire(t *testing.T) {
 }
 
 // A reservation whose slot another handshake holds goes to the spill table.
-// The test places tuples with the programs' own hash (resvSlot): half-open
-// handshakes (silent clients) fill distinct slots, more from other ports land
-// on slots already taken and spill, and so do completed handshakes. A
-// retransmitted SYN finds its reservation in either table and takes nothing
-// more, a completed handshake is converted from either, reconcile counts
-// both, and the expiry gives every one back exactly once.
+// More half-open handshakes (silent clients) than fs_resv_slots has slots
+// fill every slot and spill the rest; completed handshakes are converted
+// from either table, reconcile counts both, a request socket that still
+// exists keeps its reservation past the TTL, and once the request sockets
+// are gone (reset by their clients) the expiry gives every one back exactly
+// once.
 func TestInboundReservationsSpill(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	const ttl = limits.MaxReservationTTL
-	const pool, first, spill, dials = 400, 200, 100, 50
-	const open = first + spill
+	const pool, open, dials = 400, 300, 50 // open > RESV_SLOTS (256)
 	l, mono := openLimiterMono(t, root, pin, pool, 1, ttl)
 	srv := startHelper(t, mkProject(t, root, "srv"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
 	const base = 20000
-	silence(t, base, base+1999)
-	// Source ports: first in distinct slots, spill and dials on taken ones.
-	used := map[uint32]uint16{}
-	var firstPorts, spillPorts, dialPorts []uint16
-	for p := uint16(base); len(firstPorts) < first; p++ {
-		if s := resvSlot(loopKey(addr.Port(), p)); used[s] == 0 {
-			used[s] = p
-			firstPorts = append(firstPorts, p)
-		}
-	}
-	for p := uint16(base + 1000); len(spillPorts) < spill; p++ {
-		if used[resvSlot(loopKey(addr.Port(), p))] != 0 {
-			spillPorts = append(spillPorts, p)
-		}
-	}
-	for p := uint16(base + 2000); len(dialPorts) < dials; p++ {
-		if used[resvSlot(loopKey(addr.Port(), p))] != 0 {
-			dialPorts = append(dialPorts, p)
-		}
-	}
+	silence(t, base, base+open-1)
 	for range 2 { // the second round is the SYNs' retransmission
-		for _, p := range append(firstPorts, spillPorts...) {
-			sendSYN(t, addr, p)
+		for p := range uint16(open) {
+			sendSYN(t, addr, base+p)
 		}
 		eventually(t, "reservations", func() (bool, string) {
 			s := snap(t, l)
 			return s.Reservations == open && s.InUse == open, fmt.Sprintf("%+v", s)
 		})
 	}
-	// The slots hold the first tuples where resvSlot says they go.
-	for s, p := range used {
-		var slot limiterFsResvSlot
-		if err := l.objs.FsResvSlots.Lookup(s, &slot); err != nil {
-			t.Fatal(err)
-		}
-		if slot.Key != loopKey(addr.Port(), p) {
-			t.Fatalf("slot %d holds %+v, want the tuple from port %d", s, slot.Key, p)
-		}
-	}
-	if n := nodeSpilled(t, l); n < spill {
-		t.Fatalf("%d reservations spilled, want %d", n, spill)
+	if n := nodeSpilled(t, l); n < open-256 {
+		t.Fatalf("%d reservations spilled, want at least %d", n, open-256)
 	}
 	var conns []net.Conn
-	for _, p := range dialPorts {
-		d := net.Dialer{
-			Timeout:   3 * time.Second,
-			LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: int(p)},
-			// The port may be in TIME_WAIT from an earlier run.
-			Control: sockOpt(unix.SO_REUSEADDR),
-		}
-		c, err := d.Dial("tcp4", addr.String())
+	for range dials {
+		c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,14 +257,27 @@ func TestInboundReservationsSpill(t *testing.T) {
 		c.Close()
 	}
 	waitInUse(t, l, open, map[string]int{"srv": open})
+	// Past the TTL, but every request socket still exists: kept.
 	mono.advance(ttl + time.Minute)
 	if err := l.Tick(time.Now()); err != nil {
 		t.Fatal(err)
 	}
+	if s := snap(t, l); s.Reservations != open || s.Events.Expired != 0 {
+		t.Fatalf("reservations of live request sockets expired: %+v", s)
+	}
+	for p := range uint16(open) {
+		resetHandshake(t, addr, base+p)
+	}
+	eventually(t, "request sockets gone", func() (bool, string) {
+		n := synRecv(t, addr.Port())
+		return n == 0, fmt.Sprintf("%d left", n)
+	})
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
 	s := snap(t, l)
-	// A non-SYN segment may reserve and be undone at its RST (Stray).
-	if s.Reservations != 0 || s.InUse != 0 || s.Events.Expired != open || s.Events.AdmittedIn-s.Events.Stray != open+dials {
-		t.Fatalf("after the TTL: %+v", s)
+	if s.Reservations != 0 || s.InUse != 0 || s.Events.Expired != open || s.Events.AdmittedIn != open+dials {
+		t.Fatalf("after the request sockets went: %+v", s)
 	}
 	if n := nodeSpilled(t, l); n != 0 {
 		t.Fatalf("spilled %d after the expiry", n)
@@ -295,107 +287,5 @@ func TestInboundReservationsSpill(t *testing.T) {
 // sendSYN sends one bare TCP SYN from 127.0.0.1:sport with a raw socket.
 func sendSYN(t testing.TB, dst netip.AddrPort, sport uint16) {
 	t.Helper()
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	src := [4]byte{127, 0, 0, 1}
-	d := dst.Addr().As4()
-	seg := make([]byte, 20)
-	binary.BigEndian.PutUint16(seg[0:], sport)
-	binary.BigEndian.PutUint16(seg[2:], dst.Port())
-	binary.BigEndian.PutUint32(seg[4:], 12345)
-	seg[12] = 5 << 4 // data offset
-	seg[13] = 0x02   // SYN
-	binary.BigEndian.PutUint16(seg[14:], 65535)
-	// Checksum over the pseudo-header and the segment.
-	var sum uint32
-	pseudo := append(append(append([]byte{}, src[:]...), d[:]...), 0, unix.IPPROTO_TCP, 0, 20)
-	for _, b := range [][]byte{pseudo, seg} {
-		for i := 0; i+1 < len(b); i += 2 {
-			sum += uint32(binary.BigEndian.Uint16(b[i:]))
-		}
-	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	binary.BigEndian.PutUint16(seg[16:], ^uint16(sum))
-	if err := unix.Sendto(fd, seg, 0, &unix.SockaddrInet4{Addr: d}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// Regression: resv_put could store one tuple in the slot array and in the
-// spill table when two CPUs raced on a freed slot. CPU A found k's slot held
-// by another tuple and went to insert k into the spill table; meanwhile the
-// slot was freed and CPU B, with the same tuple (a retransmitted SYN),
-// claimed it, looked into the spill table before A's insert, and published
-// k: two permits for one handshake until the TTL. Here B's claim and publish
-// are the slot's contents, written as B leaves them, and A's insert is run
-// on its own (fs_selftest): it must see the slot and back off.
-func TestResvSpillBacksOffFromClaimedSlot(t *testing.T) {
-	testutil.RequireRoot(t)
-	root, pin := newRoot(t), newPinDir(t)
-	l := openLimiter(t, root, pin, 10, 1)
-	k := loopKey(8080, 40123)
-	r := limiterFsResv{Project: 4242, SinceNs: 1, Kind: 2}
-	count := func() int {
-		n := 0
-		if err := l.readResv(func(rk limiterFsResvKey, _ limiterFsResv) {
-			if rk == k {
-				n++
-			}
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	for _, c := range []struct {
-		name string
-		tag  uint64
-	}{
-		{"published", resvTag(k)},
-		{"being filled", resvTag(k) | slotBusy},
-	} {
-		slot := limiterFsResvSlot{Tag: c.tag, Key: k, Kind: r.Kind, Project: r.Project, SinceNs: r.SinceNs}
-		if err := l.objs.FsResvSlots.Put(resvSlot(k), slot); err != nil {
-			t.Fatal(err)
-		}
-		res, err := l.selftest(limiterFsSelftestArgs{Op: stResvSpill, Resv: r, Key: k})
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := 0
-		if c.tag&slotBusy == 0 {
-			want = 1
-		}
-		if res != -int64(unix.EEXIST) || count() != want || nodeSpilled(t, l) != 0 {
-			t.Errorf("%s slot: spill insert returned %d with %d reservations of the tuple, spilled %d; want -EEXIST, %d, 0",
-				c.name, res, count(), nodeSpilled(t, l), want)
-		}
-	}
-	// A slot that holds another tuple does not stop the spill.
-	other := limiterFsResvSlot{Tag: resvTag(k) ^ 2, Key: loopKey(8080, 1), Project: 1, Kind: 2}
-	if err := l.objs.FsResvSlots.Put(resvSlot(k), other); err != nil {
-		t.Fatal(err)
-	}
-	if res, err := l.selftest(limiterFsSelftestArgs{Op: stResvSpill, Resv: r, Key: k}); err != nil || res != 0 || count() != 1 {
-		t.Fatalf("spill beside another tuple: %d %v, %d reservations", res, err, count())
-	}
-	// Not real permits: clear them before the cleanup reconciles anything.
-	if err := l.objs.FsReservations.Delete(k); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.objs.FsResvSlots.Put(resvSlot(k), limiterFsResvSlot{}); err != nil {
-		t.Fatal(err)
-	}
-	var n limiterFsPool
-	if err := l.objs.FsNode.Lookup(uint32(0), &n); err != nil {
-		t.Fatal(err)
-	}
-	n.Spilled = 0
-	if err := l.objs.FsNode.Put(uint32(0), n); err != nil {
-		t.Fatal(err)
-	}
+	sendSeg(t, dst, sport, tcpSYN, synSeq, 0)
 }

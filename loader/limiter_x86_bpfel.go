@@ -22,7 +22,6 @@ type limiterFsAdjustArgs struct {
 	Result  int64
 	SinceNs uint64
 	Key     limiterFsResvKey
-	_       [4]byte
 }
 
 type limiterFsCounters struct {
@@ -36,13 +35,10 @@ type limiterFsCounters struct {
 	Expired        uint64
 	Unaccounted    uint64
 	MapFull        uint64
-	Stray          uint64
 	ExemptAdmitted uint64
 	ExemptOver     uint64
 	ExemptReleased uint64
-	Overflow       uint64
-	Cookie         uint64
-	Dropped        uint64
+	Late           uint64
 }
 
 type limiterFsEvcfg struct {
@@ -55,16 +51,22 @@ type limiterFsEvent struct {
 	_       structs.HostLayout
 	Project uint64
 	TimeNs  uint64
-	Tuple   limiterFsResvKey
-	Pad0    uint32
-	Held    int64
-	InUse   int64
-	Share   uint32
-	Pool    uint32
-	Dir     uint8
-	Reason  uint8
-	Flags   uint8
-	Pad     [5]uint8
+	Tuple   struct {
+		_     structs.HostLayout
+		Laddr [16]uint8
+		Raddr [16]uint8
+		Lport uint16
+		Rport uint16
+	}
+	Pad0   uint32
+	Held   int64
+	InUse  int64
+	Share  uint32
+	Pool   uint32
+	Dir    uint8
+	Reason uint8
+	Flags  uint8
+	Pad    [5]uint8
 }
 
 type limiterFsEvproj struct {
@@ -178,25 +180,20 @@ type limiterFsResv struct {
 	_       structs.HostLayout
 	Project uint64
 	SinceNs uint64
+	Netns   uint64
 	Kind    uint32
 	Pad     uint32
 }
 
 type limiterFsResvKey struct {
-	_     structs.HostLayout
-	Laddr [16]uint8
-	Raddr [16]uint8
-	Lport uint16
-	Rport uint16
+	_      structs.HostLayout
+	Cookie uint64
 }
 
 type limiterFsResvSlot struct {
-	_       structs.HostLayout
-	Tag     uint64
-	Key     limiterFsResvKey
-	Kind    uint32
-	Project uint64
-	SinceNs uint64
+	_    structs.HostLayout
+	Tag  uint64
+	Resv limiterFsResv
 }
 
 type limiterFsSelftestArgs struct {
@@ -205,8 +202,6 @@ type limiterFsSelftestArgs struct {
 	Delta  int32
 	Result int64
 	Resv   limiterFsResv
-	Key    limiterFsResvKey
-	_      [4]byte
 	Lkey   limiterFsListenKey
 	Cookie uint64
 	Cg     uint64
@@ -277,14 +272,13 @@ const (
 	limiterProgFsAdjust      = "fs_adjust"
 	limiterProgFsConnect4    = "fs_connect4"
 	limiterProgFsConnect6    = "fs_connect6"
-	limiterProgFsDrop        = "fs_drop"
 	limiterProgFsDump        = "fs_dump"
 	limiterProgFsRateSet     = "fs_rate_set"
 	limiterProgFsSelftest    = "fs_selftest"
-	limiterProgFsSendReset   = "fs_send_reset"
 	limiterProgFsSetState    = "fs_set_state"
 	limiterProgFsSkLookup    = "fs_sk_lookup"
 	limiterProgFsSockRelease = "fs_sock_release"
+	limiterProgFsSockops     = "fs_sockops"
 	limiterVarBaseLevel      = "base_level"
 	limiterVarFsRecordLayout = "fs_record_layout"
 	limiterVarLookupNetns    = "lookup_netns"
@@ -338,14 +332,13 @@ type limiterProgramSpecs struct {
 	FsAdjust      *ebpf.ProgramSpec `ebpf:"fs_adjust"`
 	FsConnect4    *ebpf.ProgramSpec `ebpf:"fs_connect4"`
 	FsConnect6    *ebpf.ProgramSpec `ebpf:"fs_connect6"`
-	FsDrop        *ebpf.ProgramSpec `ebpf:"fs_drop"`
 	FsDump        *ebpf.ProgramSpec `ebpf:"fs_dump"`
 	FsRateSet     *ebpf.ProgramSpec `ebpf:"fs_rate_set"`
 	FsSelftest    *ebpf.ProgramSpec `ebpf:"fs_selftest"`
-	FsSendReset   *ebpf.ProgramSpec `ebpf:"fs_send_reset"`
 	FsSetState    *ebpf.ProgramSpec `ebpf:"fs_set_state"`
 	FsSkLookup    *ebpf.ProgramSpec `ebpf:"fs_sk_lookup"`
 	FsSockRelease *ebpf.ProgramSpec `ebpf:"fs_sock_release"`
+	FsSockops     *ebpf.ProgramSpec `ebpf:"fs_sockops"`
 }
 
 // limiterMapSpecs contains maps before they are loaded into the kernel.
@@ -478,14 +471,13 @@ type limiterPrograms struct {
 	FsAdjust      *ebpf.Program `ebpf:"fs_adjust"`
 	FsConnect4    *ebpf.Program `ebpf:"fs_connect4"`
 	FsConnect6    *ebpf.Program `ebpf:"fs_connect6"`
-	FsDrop        *ebpf.Program `ebpf:"fs_drop"`
 	FsDump        *ebpf.Program `ebpf:"fs_dump"`
 	FsRateSet     *ebpf.Program `ebpf:"fs_rate_set"`
 	FsSelftest    *ebpf.Program `ebpf:"fs_selftest"`
-	FsSendReset   *ebpf.Program `ebpf:"fs_send_reset"`
 	FsSetState    *ebpf.Program `ebpf:"fs_set_state"`
 	FsSkLookup    *ebpf.Program `ebpf:"fs_sk_lookup"`
 	FsSockRelease *ebpf.Program `ebpf:"fs_sock_release"`
+	FsSockops     *ebpf.Program `ebpf:"fs_sockops"`
 }
 
 func (p *limiterPrograms) Close() error {
@@ -493,14 +485,13 @@ func (p *limiterPrograms) Close() error {
 		p.FsAdjust,
 		p.FsConnect4,
 		p.FsConnect6,
-		p.FsDrop,
 		p.FsDump,
 		p.FsRateSet,
 		p.FsSelftest,
-		p.FsSendReset,
 		p.FsSetState,
 		p.FsSkLookup,
 		p.FsSockRelease,
+		p.FsSockops,
 	)
 }
 

@@ -92,14 +92,21 @@ func TestInboundOneAddressOwnerAndFallback(t *testing.T) {
 		}
 	}
 	waitInUse(t, l, 3, map[string]int{"a": 2, "b": 1})
+	// Each refusal is charged to the project of the address: at least once
+	// (an nftables socket expression at input, as a benchmark's peer
+	// installs, looks the SYN up again, sk_lookup included), and never to
+	// the other.
+	var ra0 uint64
 	for i, to := range []netip.AddrPort{addrA, addrB} {
 		if err := dial(to); !errors.Is(err, syscall.ECONNREFUSED) {
 			t.Fatalf("dial %s over the pool: %v, want ECONNREFUSED", to, err)
 		}
 		s := snap(t, l)
-		if ra, rb := project(s, "a").Refused, project(s, "b").Refused; ra != 1 || rb != uint64(i) {
+		ra, rb := project(s, "a").Refused, project(s, "b").Refused
+		if (i == 0 && (ra < 1 || rb != 0)) || (i == 1 && (ra != ra0 || rb < 1)) {
 			t.Fatalf("after refusing %s: refused a %d b %d", to, ra, rb)
 		}
+		ra0 = ra
 	}
 	for _, c := range conns {
 		c.Close()
@@ -419,8 +426,10 @@ func TestOwnerCheckedAgainstSocket(t *testing.T) {
 		// a's project with a check that matches, over b's socket and a's
 		// cookie: not the socket it names.
 		{"wrong socket", owner(lb.Sk, la.Cookie, la.Project, la.Cgroup, true), addrB, map[string]int{"a": 0, "b": 2}},
-		// The words of a consistent owner (a) are taken for a's address.
-		{"consistent", owner(la.Sk, la.Cookie, la.Project, la.Cgroup, true), addrA, map[string]int{"a": 1, "b": 2}},
+		// The words of a consistent owner are believed: a's socket and
+		// cookie with b's project take a's connection for b. (A listener
+		// entry says a: were the owner ignored, a would be charged.)
+		{"consistent", owner(la.Sk, la.Cookie, lb.Project, lb.Cgroup, true), addrA, map[string]int{"a": 0, "b": 3}},
 	} {
 		if err := l.objs.FsPorts.Put(uint32(port), c.port); err != nil {
 			t.Fatal(err)

@@ -23,6 +23,11 @@ import (
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
+// MinKernel is the oldest Linux whose BPF has everything the programs use
+// (bpf_rdonly_cast, sockops with bpf_get_netns_cookie, bpf_set_retval,
+// sk_lookup, tp_btf and iter/tcp). Developed and tested on 6.18.
+const MinKernel = "6.2"
+
 // DefaultPinDir is where the maps and links are pinned when Options.PinDir
 // is empty.
 const DefaultPinDir = "/sys/fs/bpf/fairshare"
@@ -73,6 +78,11 @@ var (
 	// ErrNetnsFull is returned by AttachNetns with Options.MaxNetns
 	// namespaces attached.
 	ErrNetnsFull = errors.New("too many network namespaces attached")
+	// ErrKernelTooOld means the kernel lacks a BPF helper, kfunc or hook
+	// the programs use: fairshare needs Linux MinKernel or later with BTF.
+	// It wraps ebpf.ErrNotSupported.
+	ErrKernelTooOld = fmt.Errorf("the kernel is too old for fairshare's BPF programs (Linux %s or later with BTF is needed): %w",
+		MinKernel, ebpf.ErrNotSupported)
 	// ErrBadExempt reports an exempt set SetExempt (or Open) cannot use: a
 	// path that is missing, not a cgroup below the projects root, or more
 	// paths than limits.ExemptCap.
@@ -123,8 +133,9 @@ type Options struct {
 
 	// Window is the active window; 0 means one second.
 	Window time.Duration
-	// ReservationTTL bounds a reservation made at an inbound SYN, within
-	// limits.MinReservationTTL..MaxReservationTTL; 0 means
+	// ReservationTTL is how old a reservation (an inbound handshake's
+	// permit) must be before Tick gives it back if its request socket is
+	// gone, within limits.MinReservationTTL..MaxReservationTTL; 0 means
 	// limits.DefaultReservationTTL.
 	ReservationTTL time.Duration
 	// Clock stamps Snapshot.LastSeen; nil is the system clock.
@@ -447,6 +458,8 @@ func (l *Limiter) loadError(err error) error {
 	}
 	var ve *ebpf.VerifierError
 	switch {
+	case errors.As(err, &ve) && tooOld(ve):
+		return fmt.Errorf("%w; the verifier said: %s", ErrKernelTooOld, strings.Join(lastLines(ve.Log, 3), " | "))
 	case errors.As(err, &ve):
 		return fmt.Errorf("the kernel verifier rejected a program: %+v", ve)
 	case errors.Is(err, ebpf.ErrMapIncompatible):
@@ -454,11 +467,37 @@ func (l *Limiter) loadError(err error) error {
 			"stop the daemon, run 'fairshare cleanup --pin-dir %s' (enforcement stops and the connection counts are lost "+
 			"until the next start), then start it again: %w (%w)", l.pinDir, l.pinDir, ErrPinnedMismatch, err)
 	case errors.Is(err, ebpf.ErrNotSupported):
-		return fmt.Errorf("the kernel lacks a BPF feature fairshare needs (6.11+ with BTF): %w", err)
+		return fmt.Errorf("%w (%w)", ErrKernelTooOld, err)
 	case errors.Is(err, unix.EPERM):
 		return fmt.Errorf("loading BPF programs was refused; the process needs CAP_BPF and CAP_PERFMON: %w", err)
 	}
 	return fmt.Errorf("loading BPF programs: %w", err)
+}
+
+// tooOld says whether a verifier log refuses a program for what an older
+// kernel lacks: a helper it does not know or does not allow for the
+// program's type, a kernel function, or a tracepoint argument.
+func tooOld(ve *ebpf.VerifierError) bool {
+	for _, line := range ve.Log {
+		for _, sign := range []string{"unknown func", "invalid func", "cannot use helper",
+			"kernel function", "invalid bpf_context access"} {
+			if strings.Contains(line, sign) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// lastLines is the last n non-empty lines of log.
+func lastLines(log []string, n int) []string {
+	var out []string
+	for i := len(log) - 1; i >= 0 && len(out) < n; i-- {
+		if l := strings.TrimSpace(log[i]); l != "" {
+			out = append([]string{l}, out...)
+		}
+	}
+	return out
 }
 
 func (l *Limiter) checkAndWriteConfig() error {
@@ -473,6 +512,10 @@ func (l *Limiter) checkAndWriteConfig() error {
 	}
 	return nil
 }
+
+// retiredLinks are links an earlier version pinned for programs this one
+// no longer has; attach detaches them.
+var retiredLinks = []string{"link_send_reset", "link_drop"}
 
 // attachment is one link the limiter keeps pinned.
 type attachment struct {
@@ -501,8 +544,7 @@ func (l *Limiter) attachments(cgroup string, objs *limiterObjects) []attachment 
 	return []attachment{
 		{"link_sock_release", objs.FsSockRelease, cg(objs.FsSockRelease, ebpf.AttachCgroupInetSockRelease), false},
 		{"link_set_state", objs.FsSetState, tracing(objs.FsSetState), true},
-		{"link_send_reset", objs.FsSendReset, tracing(objs.FsSendReset), true},
-		{"link_drop", objs.FsDrop, tracing(objs.FsDrop), true},
+		{"link_sockops", objs.FsSockops, cg(objs.FsSockops, ebpf.AttachCGroupSockOps), false},
 		{"link_connect4", objs.FsConnect4, cg(objs.FsConnect4, ebpf.AttachCGroupInet4Connect), false},
 		{"link_connect6", objs.FsConnect6, cg(objs.FsConnect6, ebpf.AttachCGroupInet6Connect), false},
 		{"link_sk_lookup", objs.FsSkLookup, func() (link.Link, error) {
@@ -530,6 +572,19 @@ func (l *Limiter) attach() (err error) {
 			_ = lk.Unpin()
 		}
 	}()
+	// Links of programs this version no longer has: an earlier version
+	// undid reservations at tcp_send_reset and kfree_skb.
+	for _, name := range retiredLinks {
+		path := filepath.Join(l.pinDir, name)
+		if old, err := link.LoadPinnedLink(path, nil); err == nil {
+			if err := old.Unpin(); err != nil {
+				old.Close()
+				return fmt.Errorf("unpinning retired link %s: %w", path, err)
+			}
+			old.Close()
+			l.log.Info("detached a program this version no longer has", "link", name)
+		}
+	}
 	var tags []any
 	for _, a := range l.attachments(l.root, &l.objs) {
 		path := filepath.Join(l.pinDir, a.name)

@@ -307,7 +307,7 @@ func readArray[V any](m *ebpf.Map, fn func(V)) error {
 func (l *Limiter) readResv(fn func(k limiterFsResvKey, v limiterFsResv)) error {
 	err := readArray(l.objs.FsResvSlots, func(slot limiterFsResvSlot) {
 		if slot.Tag != 0 && slot.Tag&slotBusy == 0 {
-			fn(slot.Key, limiterFsResv{Project: slot.Project, SinceNs: slot.SinceNs, Kind: slot.Kind})
+			fn(limiterFsResvKey{Cookie: slot.Tag}, slot.Resv)
 		}
 	})
 	if err != nil {

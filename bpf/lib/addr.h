@@ -1,12 +1,19 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Addresses as the keys keep them: IPv6, or IPv4 v4-mapped, read from a
- * socket, from a packet, or written for a reservation's 4-tuple.
+ * socket or from a program's context.
  */
 #pragma once
 
 #include "common.h"
 #include "types.h"
+
+/*
+ * An address buffer on the stack: read as two 64-bit words (wild_addr,
+ * port_owner), so it is 8-byte aligned by its type, not by an attribute each
+ * declaration must repeat.
+ */
+typedef __u8 addr_buf[16] __attribute__((aligned(8)));
 
 static __always_inline void v4mapped(__u8 *dst, __be32 a)
 {
@@ -45,87 +52,45 @@ static __always_inline __u64 sock_netns(struct sock *sk)
 }
 
 /*
- * sock_tuple fills the 4-tuple of a connected socket as a reservation key
- * (local = the socket's own address and port).
+ * laddr_of fills a local address from a context's fields: the IPv4 one a4,
+ * or the IPv6 one a0..a3, by family.
  */
-static __always_inline void sock_tuple(struct sock *sk, struct fs_resv_key *rk)
+static __always_inline void laddr_of(__u8 *laddr, __u16 fam, __u32 a4, __u32 a0, __u32 a1, __u32 a2, __u32 a3)
 {
-	if (sk->__sk_common.skc_family == AF_INET) {
-		v4mapped(rk->laddr, sk->__sk_common.skc_rcv_saddr);
-		v4mapped(rk->raddr, sk->__sk_common.skc_daddr);
-	} else {
-		in6_load(rk->laddr, &sk->__sk_common.skc_v6_rcv_saddr);
-		in6_load(rk->raddr, &sk->__sk_common.skc_v6_daddr);
-	}
-	rk->lport = sk->__sk_common.skc_num;
-	rk->rport = bpf_ntohs(sk->__sk_common.skc_dport);
-}
-
-#define TH_RST 0x04
-#define TH_SYN 0x02
-
-/*
- * skb_tuple reads the 4-tuple of an incoming TCP segment (local = its
- * destination) and its flags byte: 0, or -1 if it cannot be read.
- */
-static __always_inline int skb_tuple(const struct sk_buff *skb, struct fs_resv_key *rk, __u8 *flags)
-{
-	unsigned char *head = skb->head;
-	__u16 nh = skb->network_header;
-	__u16 th_off = skb->transport_header;
-	struct tcphdr th;
-	if (bpf_probe_read_kernel(&th, sizeof(th), head + th_off))
-		return -1;
-	__u8 version = 0;
-	bpf_probe_read_kernel(&version, 1, head + nh);
-	if ((version >> 4) == 4) {
-		struct iphdr ip;
-		if (bpf_probe_read_kernel(&ip, sizeof(ip), head + nh))
-			return -1;
-		v4mapped(rk->laddr, ip.daddr);
-		v4mapped(rk->raddr, ip.saddr);
-	} else {
-		struct ipv6hdr ip6;
-		if (bpf_probe_read_kernel(&ip6, sizeof(ip6), head + nh))
-			return -1;
-		__builtin_memcpy(rk->laddr, &ip6.daddr, 16);
-		__builtin_memcpy(rk->raddr, &ip6.saddr, 16);
-	}
-	rk->lport = bpf_ntohs(th.dest);
-	rk->rport = bpf_ntohs(th.source);
-	*flags = ((__u8 *)&th)[13];
-	return 0;
-}
-
-/*
- * syn_tuple fills the 4-tuple of the SYN sk_lookup sees (local = its
- * destination, lport read by the caller).
- */
-static __always_inline void syn_tuple(struct bpf_sk_lookup *ctx, __u16 fam, __u16 lport, struct fs_resv_key *rk)
-{
-	/* The verifier takes only loads at a constant offset from the
-	 * context itself: keep the compiler from computing a field's address
-	 * ahead (barrier_var), as it otherwise may. */
-	barrier_var(ctx);
-	rk->rport = bpf_ntohs(ctx->remote_port);
+	__u32 *la = (__u32 *)laddr;
 	if (fam == AF_INET) {
-		barrier_var(ctx);
-		v4mapped(rk->laddr, ctx->local_ip4);
-		barrier_var(ctx);
-		v4mapped(rk->raddr, ctx->remote_ip4);
-	} else {
-		/* The context allows only aligned 4-byte loads of these. */
-		__u32 *la = (__u32 *)rk->laddr, *ra = (__u32 *)rk->raddr;
-		barrier_var(ctx);
-		la[0] = ctx->local_ip6[0];
-		la[1] = ctx->local_ip6[1];
-		la[2] = ctx->local_ip6[2];
-		la[3] = ctx->local_ip6[3];
-		barrier_var(ctx);
-		ra[0] = ctx->remote_ip6[0];
-		ra[1] = ctx->remote_ip6[1];
-		ra[2] = ctx->remote_ip6[2];
-		ra[3] = ctx->remote_ip6[3];
+		v4mapped(laddr, a4);
+		return;
 	}
-	rk->lport = lport;
+	la[0] = a0;
+	la[1] = a1;
+	la[2] = a2;
+	la[3] = a3;
 }
+
+/*
+ * The verifier takes only loads at a constant offset from the context
+ * itself (the context allows only aligned 4-byte loads of the IPv6
+ * addresses). Loads of one family's fields in a branch of their own may be
+ * merged by clang into one load through a computed pointer, which it
+ * refuses: so every address field is read, unconditionally, and each value
+ * is made to exist before the next (barrier_var), whatever the family.
+ * CTX_ADDR reads side's (local or remote) address of ctx into buf.
+ */
+#define CTX_ADDR(ctx, fam, side, buf)                                                   \
+	do {                                                                            \
+		__u32 a4__ = (ctx)->side##_ip4;                                         \
+		barrier_var(a4__);                                                      \
+		__u32 a0__ = (ctx)->side##_ip6[0];                                      \
+		barrier_var(a0__);                                                      \
+		__u32 a1__ = (ctx)->side##_ip6[1];                                      \
+		barrier_var(a1__);                                                      \
+		__u32 a2__ = (ctx)->side##_ip6[2];                                      \
+		barrier_var(a2__);                                                      \
+		__u32 a3__ = (ctx)->side##_ip6[3];                                      \
+		barrier_var(a3__);                                                      \
+		laddr_of(buf, fam, a4__, a0__, a1__, a2__, a3__);                       \
+	} while (0)
+
+/* CTX_LADDR reads the local address of ctx (sk_lookup, sockops) into laddr. */
+#define CTX_LADDR(ctx, fam, laddr) CTX_ADDR(ctx, fam, local, laddr)

@@ -43,11 +43,22 @@ enum fs_reason {
 #define FS_EV_WOULD 1 /* dry-run: refused by the rule, admitted */
 #define FS_EV_TAKEN 2 /* the ask's permit is counted already: report the counts before it */
 
+/*
+ * Both ends of a refused connection, addresses as the keys keep them (IPv6,
+ * or IPv4 v4-mapped), ports in host order: 36 bytes.
+ */
+struct fs_tuple {
+	__u8 laddr[16];
+	__u8 raddr[16];
+	__u16 lport;
+	__u16 rport;
+};
+
 /* One event in fs_events. */
 struct fs_event {
-	__u64 project;            /* cgroup id */
-	__u64 time_ns;            /* CLOCK_MONOTONIC */
-	struct fs_resv_key tuple; /* local and remote (at connect the local side may be unset) */
+	__u64 project;         /* cgroup id */
+	__u64 time_ns;         /* CLOCK_MONOTONIC */
+	struct fs_tuple tuple; /* local and remote (at connect the local side may be unset) */
 	__u32 _pad0;
 	__s64 held;   /* the project's in_use at the decision */
 	__s64 in_use; /* the node's */
@@ -205,7 +216,7 @@ static __always_inline __u8 refusal_reason(__u64 cg, __u64 id, struct fs_project
 /* tuple_connect fills t for a connect() of connect4 (v6 false) or connect6
  * (remote: the address connected to; local: the socket's, unset unless it
  * was bound, as the kernel picks it after this hook). */
-static __always_inline void tuple_connect(struct bpf_sock_addr *ctx, bool v6, struct fs_resv_key *t)
+static __always_inline void tuple_connect(struct bpf_sock_addr *ctx, bool v6, struct fs_tuple *t)
 {
 	/* The local side through the kernel's socket (a read-only cast, as
 	 * connect_common's holder): bpf_sock's fields would need arithmetic
@@ -239,7 +250,7 @@ static __always_inline void tuple_connect(struct bpf_sock_addr *ctx, bool v6, st
  * per second. It never fails the caller.
  */
 static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 dir, __u8 reason,
-					 const struct fs_resv_key *t, __u8 flags)
+					 const struct fs_tuple *t, __u8 flags)
 {
 	struct fs_evcfg *c = evcfg();
 	if (!c || !c->per_sec)
@@ -302,18 +313,31 @@ static __always_inline void refused_connect(struct bpf_sock_addr *ctx, bool v6, 
 {
 	if (!p)
 		p = project_get(id);
-	struct fs_resv_key t __attribute__((aligned(8))) = {};
+	struct fs_tuple t __attribute__((aligned(8))) = {};
 	tuple_connect(ctx, v6, &t);
 	__u8 flags = would ? FS_EV_WOULD | FS_EV_TAKEN : 0;
 	emit_refusal(id, p, FS_DIR_CONNECT, refusal_reason(bpf_get_current_cgroup_id(), id, p, would), &t, flags);
 }
 
 /*
+ * syn_tuple fills t for the segment sk_lookup's ctx looks a listener up for:
+ * local laddr (family fam) and lport as the caller read them, the remote end
+ * from ctx (CTX_ADDR). Only on a refusal's path: a SYN admitted reads none.
+ */
+static __always_inline void syn_tuple(struct bpf_sk_lookup *ctx, __u16 fam, __u16 lport, const __u8 *laddr, struct fs_tuple *t)
+{
+	__builtin_memcpy(t->laddr, laddr, 16);
+	CTX_ADDR(ctx, fam, remote, t->raddr);
+	t->lport = lport;
+	t->rport = bpf_ntohs(ctx->remote_port);
+}
+
+/*
  * refused_syn reports a SYN for project id (listener cgroup cg) with tuple
  * rk that the rule refused (would false) or dry-run admitted (would; taken:
- * its permit is reserved already, not at a SYN cookie).
+ * its permit is counted already; sk_lookup takes none, fs_sockops does).
  */
-static __always_inline void refused_syn(__u64 id, __u64 cg, struct fs_resv_key *rk, bool would, bool taken)
+static __always_inline void refused_syn(__u64 id, __u64 cg, struct fs_tuple *rk, bool would, bool taken)
 {
 	struct fs_project *p = project_get(id);
 	__u8 flags = (would ? FS_EV_WOULD : 0) | (taken ? FS_EV_TAKEN : 0);

@@ -14,8 +14,8 @@
  * inlined by the verifier; the hash lookups behind it are not.
  *
  * A port with one listening address (the usual case) also names its
- * listening socket, the owner, so that sk_lookup finds it without the
- * fs_listeners lookup and reads the listener's queues, address and
+ * listening socket, the owner, so that sk_lookup and fs_sockops find it
+ * without the fs_listeners lookup and read the listener's address and
  * namespace from the socket itself. The owner is the socket's address, its
  * cookie, its project and cgroup (from the listener entry) and a check word
  * mixed from the four, written last. A reader recomputes the check from the
@@ -218,7 +218,7 @@ static __always_inline bool unlisten(__u64 cookie)
 
 /*
  * A listener as sk_lookup sees it: its project and cgroup id, and the
- * socket (NULL when it cannot be checked: its queues are then unknown).
+ * socket (NULL when it cannot be checked).
  */
 struct lview {
 	__u64 project;
@@ -263,7 +263,7 @@ static __always_inline int port_owner(struct fs_port *n, __u64 w, __u64 netns, _
 		return OWNER_UNKNOWN;
 	if (sock_netns(sk) != netns)
 		return OWNER_OTHER;
-	__u8 addr[16] __attribute__((aligned(8)));
+	addr_buf addr;
 	__u32 scope = listen_addr(sk, addr);
 	if (!(scope & (fam == AF_INET ? SCOPE_V4 : SCOPE_V6)))
 		return OWNER_OTHER;
@@ -299,37 +299,29 @@ static __always_inline struct fs_listener *find_listener(struct fs_port *n, stru
 }
 
 /*
- * accept_state says what the kernel will do with a SYN that reaches
- * listener sk, as tcp_conn_request decides: drop it (the accept queue is
- * full, or the SYN queue is and cookies are off), answer it with a SYN
- * cookie and keep no request socket (the SYN queue is full, or cookies are
- * always on), or queue a request socket. A race with another CPU filling or
- * draining a queue between here and there is possible: a SYN reserved for
- * and then dropped keeps its reservation until the TTL, one admitted here
- * without a reservation is admitted again when its child is established.
+ * syn_listener finds the project listener that takes a segment of family fam
+ * to laddr:lport in netns (port: the port's entry, w its state word): the
+ * port's owner if it has a valid one, else the listener entries. false: no
+ * project listener takes it (the address's only listener no longer listens:
+ * its close is on its way, or was missed). With SO_REUSEPORT an entry names
+ * the latest listener, whose project is the group's (the kernel lets only
+ * sockets of one user share a port).
  */
-#define SYN_QUEUED 0
-#define SYN_DROPPED 1
-#define SYN_COOKIE 2
-
-static __always_inline int accept_state(struct sock *sk)
+static __always_inline bool syn_listener(struct fs_port *port, __u64 w, __u64 netns, __u32 lport, __u16 fam,
+					 const __u8 *laddr, struct lview *v)
 {
-	__u32 max = sk->sk_max_ack_backlog;
-	if (sk->sk_ack_backlog > max)
-		return SYN_DROPPED;
-	struct inet_connection_sock *icsk = CAST(struct inet_connection_sock, sk);
-	__u32 qlen = icsk->icsk_accept_queue.qlen.counter;
-	__u8 cookies = sk->__sk_common.skc_net.net->ipv4.sysctl_tcp_syncookies;
-	if (cookies == 2)
-		return SYN_COOKIE;
-	if (qlen > max)
-		return cookies ? SYN_COOKIE : SYN_DROPPED;
-	if (!cookies) {
-		/* Without cookies the kernel also drops SYNs of unproven peers
-		 * once the queue is three quarters of tcp_max_syn_backlog. */
-		__s32 msb = sk->__sk_common.skc_net.net->ipv4.sysctl_max_syn_backlog;
-		if (msb - (__s32)qlen < (msb >> 2))
-			return SYN_DROPPED;
-	}
-	return SYN_QUEUED;
+	int own = port_owner(port, w, netns, fam, laddr, v);
+	if (own == OWNER_OTHER)
+		return false;
+	if (own == OWNER_TAKES)
+		return true;
+	struct fs_listen_key lk = {};
+	syn_key(&lk, netns, lport, fam, laddr);
+	struct fs_listener *l = find_listener(port, &lk);
+	if (!l)
+		return false;
+	v->project = l->project;
+	v->cgroup = l->cgroup;
+	v->sk = listening_sock(l->sk, l->cookie);
+	return v->sk || l->refs > 1;
 }

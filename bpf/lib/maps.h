@@ -100,8 +100,8 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_held SEC(".maps");
 
-/* Reservations by 4-tuple (resv.h): the slots, then the spill table. */
-#define RESV_SLOTS 256 /* 2^8: the top 8 bits of resv_hash pick the slot */
+/* Reservations by request socket cookie (resv.h): the slots, then the spill table. */
+#define RESV_SLOTS 256 /* a power of two: the low bits of the cookie pick the slot */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

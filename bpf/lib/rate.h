@@ -272,13 +272,13 @@ static __always_inline bool rate_would(struct rate_ticket *t, __u64 id, __u8 dir
 static __always_inline void rate_event_connect(struct bpf_sock_addr *ctx, bool v6, __u64 id, bool would)
 {
 	struct fs_project *p = project_get(id);
-	struct fs_resv_key t __attribute__((aligned(8))) = {};
+	struct fs_tuple t __attribute__((aligned(8))) = {};
 	tuple_connect(ctx, v6, &t);
 	emit_refusal(id, p, FS_DIR_CONNECT, FS_REASON_RATE_LIMITED, &t, would ? FS_EV_WOULD : 0);
 }
 
 /* rate_event_syn is rate_event_connect for a SYN with tuple rk. */
-static __always_inline void rate_event_syn(__u64 id, struct fs_resv_key *rk, bool would)
+static __always_inline void rate_event_syn(__u64 id, struct fs_tuple *rk, bool would)
 {
 	struct fs_project *p = project_get(id);
 	emit_refusal(id, p, FS_DIR_SYN, FS_REASON_RATE_LIMITED, rk, would ? FS_EV_WOULD : 0);

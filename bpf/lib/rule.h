@@ -120,9 +120,10 @@ static __always_inline int admit(struct fs_project *p, bool fine)
 }
 
 /*
- * would_admit applies the rule without taking a permit: for a SYN the kernel
- * will answer with a SYN cookie (no request socket, nothing to reserve for)
- * and a cookie's ACK, whose child takes its permit when it is established.
+ * would_admit applies the rule without taking a permit: sk_lookup's answer
+ * to every segment for a project's listener (it cannot tell a SYN from
+ * another segment); the permit is taken when the kernel makes the request
+ * socket (fs_sockops), or when the child of a SYN cookie is established.
  */
 static __always_inline int would_admit(struct fs_project *p, bool fine)
 {
@@ -215,6 +216,18 @@ static __always_inline bool exempt_take(bool task, __u64 cg, __u64 id)
 	return true;
 }
 
+/*
+ * exempt_room says whether cgroup cg or project id is exempt and the exempt
+ * budget has room now (what exempt_take would say, taking nothing).
+ */
+static __always_inline bool exempt_room(struct fs_settings *cfg, __u64 cg, __u64 id)
+{
+	struct fs_pool *n = node();
+	if (!cfg->exempt_max || !n || !exempt_listed(cg, id))
+		return false;
+	return *(volatile __s64 *)&n->exempt_in_use < cfg->exempt_max;
+}
+
 /* exempt_undo gives an exempt permit back without counting a release. */
 static __always_inline void exempt_undo(void)
 {
@@ -236,16 +249,17 @@ static __always_inline void give_back(__u64 id, __u32 kind, bool fine)
 
 /* Where take_permit takes a permit: where it is recorded, what is counted. */
 #define AT_CONNECT 1 /* connect(): held by the socket; admitted_out, refused_out */
-#define AT_SYN 2     /* an inbound SYN: reserved for its 4-tuple; admitted_in, refused_in */
+#define AT_SYN 2     /* an inbound handshake's request socket: reserved for its cookie; admitted_in
+		      * (a refusal refuses nothing here: sk_lookup refuses at the SYN) */
 #define AT_CHILD 3   /* a child at ESTABLISHED without a reservation: held by it;
 		      * admitted_in, and unaccounted when refused (it exists already) */
 
-/* Who a permit is for: a socket or a handshake. */
+/* Who a permit is for: a socket or a handshake (its request socket). */
 struct holder {
-	__u64 cookie;           /* AT_CONNECT, AT_CHILD: the socket's cookie */
-	struct sock *sk;        /* AT_CONNECT, AT_CHILD: the socket (its netns is
-				 * read only once the permit is taken), or NULL */
-	struct fs_resv_key *rk; /* AT_SYN: the handshake's 4-tuple */
+	__u64 cookie;    /* the socket's cookie (AT_SYN: the request socket's) */
+	struct sock *sk; /* AT_CONNECT, AT_CHILD: the socket (its netns is
+			  * read only once the permit is taken), or NULL */
+	__u64 netns;     /* AT_SYN: the request socket's netns cookie */
 };
 
 /* Outcomes of take_permit. */
@@ -266,8 +280,8 @@ static __always_inline long record(int at, bool fine, struct holder *h, __u64 id
 {
 	long err;
 	if (at == AT_SYN) {
-		struct fs_resv r = {.project = id, .since_ns = now_ns(fine), .kind = kind};
-		err = resv_put(h->rk, &r);
+		struct fs_resv r = {.project = id, .since_ns = now_ns(fine), .netns = h->netns, .kind = kind};
+		err = resv_put(h->cookie, &r);
 	} else {
 		struct fs_sock v = {.project = id, .netns = h->sk ? sock_netns(h->sk) : 0, .kind = kind};
 		err = hold(h->cookie, &v);
@@ -280,7 +294,7 @@ static __always_inline long record(int at, bool fine, struct holder *h, __u64 id
 /* recorded says whether h has a permit recorded already. */
 static __always_inline bool recorded(int at, struct holder *h)
 {
-	return at == AT_SYN ? resv_find(h->rk) : held_find(h->cookie, false) != NULL;
+	return at == AT_SYN ? resv_find(h->cookie) : held_find(h->cookie, false) != NULL;
 }
 
 /*
@@ -328,16 +342,23 @@ static __always_inline int take_permit(int at, bool fine, struct holder *h, __u6
 			 * common path record finds it (EEXIST). */
 			if (recorded(at, h))
 				return NOT_TAKEN;
+			/* In dry-run a request socket takes its permit past
+			 * the rule: sk_lookup counted and reported its SYN's
+			 * would-be refusal already. */
 			if (dry_run(id)) {
 				take_past_rule(p);
-				would = true;
+				would = at != AT_SYN;
 				goto kind;
 			}
+			/* A request socket exists already, whatever the rule
+			 * says now (sk_lookup admitted its SYN a moment ago):
+			 * nothing is refused, its child is judged when it is
+			 * established. */
+			if (at == AT_SYN)
+				return REFUSED;
 			__sync_fetch_and_add(&p->refused, 1);
 			if (at == AT_CONNECT)
 				COUNT(refused_out);
-			else if (at == AT_SYN)
-				COUNT(refused_in);
 			else
 				COUNT(unaccounted);
 			return REFUSED;
@@ -393,14 +414,14 @@ static __always_inline bool end_held(__u64 cookie, bool fine, bool always)
 }
 
 /*
- * end_resv ends the reservation of k and gives its permit back: true if
+ * end_resv ends the reservation of cookie and gives its permit back: true if
  * this call ended it (resv_take, with its always and since).
  */
-static __always_inline bool end_resv(struct fs_resv_key *k, bool fine, bool always, __u64 since)
+static __always_inline bool end_resv(__u64 cookie, bool fine, bool always, __u64 since)
 {
 	__u64 id = 0;
 	__u32 kind = 0;
-	if (!resv_take(k, &id, &kind, always, since))
+	if (!resv_take(cookie, &id, &kind, always, since))
 		return false;
 	give_back(id, kind, fine);
 	return true;

@@ -63,16 +63,13 @@ struct fs_counters {
 	__u64 refused_in;
 	__u64 released;
 	__u64 adopted;        /* pre-existing sockets counted by iter/tcp */
-	__u64 expired;        /* reservations whose handshake never finished */
+	__u64 expired;        /* reservations given back past the TTL: their request socket was gone */
 	__u64 unaccounted;    /* children admitted late and refused: not held */
 	__u64 map_full;       /* project or reservation map full: not held */
-	__u64 stray;          /* reservations of non-SYN packets, undone at the RST */
 	__u64 exempt_admitted; /* exempt permits taken (either direction) */
 	__u64 exempt_over;     /* exempt sockets over the budget: put under the rule */
 	__u64 exempt_released;
-	__u64 overflow;       /* SYNs (and cookie ACKs) to a full accept queue: passed unreserved, the kernel drops them */
-	__u64 cookie;         /* SYNs and cookie ACKs admitted without a reservation (SYN cookies) */
-	__u64 dropped;        /* reservations undone because the kernel reset the handshake */
+	__u64 late;           /* children established without a reservation (a SYN cookie's, or one given back) */
 };
 
 /* Where a held permit or a reservation came from (loader.isExemptKind). */
@@ -170,35 +167,35 @@ struct fs_port {
 };
 
 /*
- * A handshake in flight, admitted at the SYN, keyed by its 4-tuple (36
- * bytes: kept in a 64-byte slot with its reservation).
+ * A handshake in flight: a permit taken when the kernel made its request
+ * socket (resv.h), keyed by that socket's cookie, which its child inherits.
+ * Cookies are unique on the host and never reused, so the key names one
+ * handshake in one network namespace, whatever its 4-tuple.
  */
 struct fs_resv_key {
-	__u8 laddr[16];
-	__u8 raddr[16];
-	__u16 lport; /* host order */
-	__u16 rport; /* host order */
+	__u64 cookie;
 };
 
 struct fs_resv {
 	__u64 project;
 	__u64 since_ns;
-	__u32 kind; /* KIND_IN or KIND_EXEMPT_IN: which budget the permit came from */
+	__u64 netns; /* netns cookie of the request socket: expiry can check only its own */
+	__u32 kind;  /* KIND_IN or KIND_EXEMPT_IN: which budget the permit came from */
 	__u32 _pad;
 };
 
-/* A reservation in its slot of fs_resv_slots: tag 0 is a free slot (resv.h). */
+/*
+ * A reservation in its slot of fs_resv_slots (index: cookie & RESV_SLOTS-1):
+ * tag is the request socket's cookie, 0 for a free slot (resv.h).
+ */
 struct fs_resv_slot {
 	__u64 tag;
-	struct fs_resv_key key;
-	__u32 kind;
-	__u64 project;
-	__u64 since_ns;
+	struct fs_resv resv;
 };
 
 /* Context of fs_adjust, run from user space with BPF_PROG_RUN. */
 enum adjust_op {
-	OP_EXPIRE = 1, /* end reservation key if it still has since_ns; if we ended it, release */
+	OP_EXPIRE = 1, /* end the reservation of key (a request socket's cookie) if it still has since_ns; if we ended it, release */
 	OP_ADD = 2,    /* add delta to project and node in_use (drift repair) */
 	OP_DROP = 3,   /* release the permit held for socket cookie `project`: the socket is gone */
 	OP_ACTIVE = 4, /* add delta to the node's active count (Tick's recount) */
@@ -213,10 +210,9 @@ struct fs_adjust_args {
 	__s64 delta;
 	__s64 result;
 	/*
-	 * OP_EXPIRE: the reservation's since_ns as the caller read it. A
-	 * reservation of the same tuple made after that read (the handshake
-	 * completed, the connection closed and a new SYN came) has another
-	 * stamp and is left alone.
+	 * OP_EXPIRE: the reservation's since_ns as the caller read it; a
+	 * reservation of key (a cookie, never reused) stamped otherwise is
+	 * left alone.
 	 */
 	__u64 since_ns;
 	struct fs_resv_key key;
@@ -237,9 +233,8 @@ volatile const struct fs_sock_record fs_record_layout;
 
 /* Context of fs_selftest: one step of a protocol, run on its own. */
 enum selftest_op {
-	ST_RESV_SPILL = 1, /* resv_spill_put of key with resv (as if its slot had been held by another tuple) */
 	ST_PORT_CHANGE = 2, /* port_change(lkey, delta) */
-	ST_TAKE = 3,        /* take_permit at delta (AT_SYN: for key, AT_CHILD: for cookie) of project resv.project, cgroup cg */
+	ST_TAKE = 3,        /* take_permit at delta (AT_SYN: a reservation, AT_CHILD: a held permit, for cookie) of project resv.project, cgroup cg */
 };
 
 struct fs_selftest_args {
@@ -247,7 +242,6 @@ struct fs_selftest_args {
 	__s32 delta;
 	__s64 result;
 	struct fs_resv resv;
-	struct fs_resv_key key;
 	struct fs_listen_key lkey;
 	__u64 cookie;
 	__u64 cg;

@@ -15,24 +15,29 @@ const MaxPoolSize = 262144
 // it lets through.
 const ExemptCap = 64
 
-// DefaultReservationTTL is how long a permit reserved at an inbound SYN waits
-// for its handshake to finish before the loader's Tick gives it back. It
-// covers a client that retransmits its final ACK once or twice; a handshake
-// slower than that is admitted again when it completes.
+// DefaultReservationTTL is how old a permit reserved for an inbound
+// handshake (taken when the kernel makes its request socket) must be before
+// the loader's Tick asks the kernel whether the request socket still exists
+// and, if it does not, gives the permit back.
 //
-// Handshakes the kernel drops (a full accept queue, a SYN cookie whose ACK
-// finds no room, a client that resets) never take a permit or give it back
-// at once; the TTL bounds the rest: a client that vanished without a word, a
-// request socket the kernel timed out, a SYN lost to a race with the queue
-// check. Such a permit is held at most the TTL plus one Tick period.
+// Handshakes the kernel drops before making a request socket (a segment
+// that is not a SYN, a full accept queue, a SYN answered with a cookie)
+// never take a permit; a request socket that still exists keeps its permit
+// however old (the handshake can still complete; the kernel keeps one about
+// a minute at most); the TTL bounds the rest: a client that reset its
+// handshake or vanished, a request socket the kernel timed out. Such a
+// permit is held at most the TTL plus one Tick period. A reservation of
+// another network namespace, whose sockets the daemon cannot list, is given
+// back after the TTL as it is; if its handshake completes later, the child
+// is admitted again.
 const DefaultReservationTTL = 3 * time.Second
 
 // MinReservationTTL and MaxReservationTTL bound the reservation TTL
-// (connections.reservation_ttl). Below the minimum a handshake across a
-// slow network would lose its permit before it completes (and be admitted
-// again at completion, possibly over its share); above the maximum a
-// reservation would outlive the request socket itself, which the kernel
-// keeps about a minute (tcp_synack_retries = 5: 63 s).
+// (connections.reservation_ttl). Below the minimum the expiry would list
+// the host's request sockets at nearly every Tick for handshakes that are
+// only a round trip old; above the maximum a reservation of another network
+// namespace would outlive its request socket, which the kernel keeps about a
+// minute (tcp_synack_retries = 5: 63 s).
 const (
 	MinReservationTTL = 100 * time.Millisecond
 	MaxReservationTTL = 2 * time.Minute
