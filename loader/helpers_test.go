@@ -202,16 +202,11 @@ func startHelper(t testing.TB, dir string) *helper {
 	return startHelperNS(t, dir, false)
 }
 
-// startHelperNS is startHelper, in a new network namespace (with lo up) when
-// newNet is set.
-func startHelperNS(t testing.TB, dir string, newNet bool) *helper {
+// launchHelper starts cmd, a helper process, in the cgroup dir with its
+// stdin and stdout as the helper's pipes; it is killed at the end of the
+// test.
+func launchHelper(t testing.TB, cmd *exec.Cmd, dir string) *helper {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
-	cmd.Env = append(os.Environ(), "FAIRSHARE_LOADER_HELPER=1")
-	if newNet {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNET}
-		cmd.Env = append(cmd.Env, "FAIRSHARE_LOADER_LOUP=1")
-	}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -223,6 +218,19 @@ func startHelperNS(t testing.TB, dir string, newNet bool) *helper {
 	}
 	testutil.StartInCgroup(t, cmd, dir)
 	return &helper{t: t, cmd: cmd, in: in, out: bufio.NewReader(outp)}
+}
+
+// startHelperNS is startHelper, in a new network namespace (with lo up) when
+// newNet is set.
+func startHelperNS(t testing.TB, dir string, newNet bool) *helper {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
+	cmd.Env = append(os.Environ(), "FAIRSHARE_LOADER_HELPER=1")
+	if newNet {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNET}
+		cmd.Env = append(cmd.Env, "FAIRSHARE_LOADER_LOUP=1")
+	}
+	return launchHelper(t, cmd, dir)
 }
 
 func (h *helper) kill() { testutil.Stop(h.cmd) }
@@ -268,7 +276,7 @@ func TestHelperProcess(t *testing.T) {
 		t.Skip("helper process only")
 	}
 	if os.Getenv("FAIRSHARE_LOADER_LOUP") == "1" {
-		if err := loUp(); err != nil {
+		if err := testutil.LoopbackUp(); err != nil {
 			fmt.Fprintln(os.Stderr, "helper: lo up:", err)
 			os.Exit(1)
 		}
@@ -596,24 +604,6 @@ func dialOutside(addr string) (net.Conn, error) {
 	return net.DialTimeout("tcp4", addr, 3*time.Second)
 }
 
-// loUp brings the loopback interface of the current netns up.
-func loUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return err
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
-}
-
 func reconnect(addr string) string {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
@@ -844,15 +834,5 @@ func startHelperAt(t testing.TB, dir, nsPath string) *helper {
 	t.Helper()
 	cmd := exec.Command("nsenter", "--net="+nsPath, "--", os.Args[0], "-test.run=^TestHelperProcess$")
 	cmd.Env = append(os.Environ(), "FAIRSHARE_LOADER_HELPER=1")
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	outp, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.StartInCgroup(t, cmd, dir)
-	return &helper{t: t, cmd: cmd, in: in, out: bufio.NewReader(outp)}
+	return launchHelper(t, cmd, dir)
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // enterNetns moves the calling goroutine, locked to its thread, into a new
@@ -40,20 +42,7 @@ func enterNetns(b *testing.B) {
 		}
 		unix.Close(orig)
 	})
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		b.Fatal(err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+	if err := testutil.LoopbackUp(); err != nil {
 		b.Fatalf("bringing lo up: %v", err)
 	}
 }

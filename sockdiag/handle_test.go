@@ -131,7 +131,7 @@ func TestLookupFollowsThreadNetns(t *testing.T) {
 			return
 		}
 		defer ns.Close()
-		if err := setLoUp(); err != nil {
+		if err := testutil.LoopbackUp(); err != nil {
 			ch <- res{err: err}
 			return
 		}
@@ -160,22 +160,4 @@ func TestLookupFollowsThreadNetns(t *testing.T) {
 	if s, err := Lookup(r.src, r.dst); !errors.Is(err, ErrNotFound) {
 		t.Errorf("the host found another namespace's connection: %+v, %v", s, err)
 	}
-}
-
-// setLoUp brings lo up in the calling thread's network namespace.
-func setLoUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return err
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // Sink serves ln until the test ends (then closes it): it accepts every
@@ -28,4 +30,23 @@ func Sink(t testing.TB, ln net.Listener) net.Listener {
 		}
 	}()
 	return ln
+}
+
+// LoopbackUp brings lo up in the calling thread's network namespace (a new
+// namespace starts with it down).
+func LoopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return err
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }
