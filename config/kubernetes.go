@@ -5,6 +5,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -27,6 +28,10 @@ type Kubernetes struct {
 	// SystemNamespaces are namespaces whose pods are in no project and are
 	// never limited (probes, DaemonSets, the node's own agents).
 	SystemNamespaces []string `yaml:"system_namespaces"`
+	// PodCgroups are the cgroups kubelet places the pods below (paths below
+	// the cgroup2 mount); a pod whose cgroup, as the runtime reports it, is
+	// not strictly below one of them is in no project.
+	PodCgroups []string `yaml:"pod_cgroups"`
 }
 
 // Endpoint is the runtime's socket path (runtime_endpoint without unix://).
@@ -74,6 +79,14 @@ func (k *Kubernetes) validate(on bool) error {
 		}
 		if slices.Contains(k.SystemNamespaces[:i], ns) {
 			return fmt.Errorf("kubernetes.system_namespaces names %s twice", ns)
+		}
+	}
+	if len(k.PodCgroups) == 0 {
+		return errors.New("kubernetes.pod_cgroups is empty: name the cgroups kubelet places the pods below (default [/kubepods, /kubepods.slice])")
+	}
+	for i, cg := range k.PodCgroups {
+		if !strings.HasPrefix(cg, "/") || path.Clean(cg) != cg || cg == "/" {
+			return fmt.Errorf("kubernetes.pod_cgroups[%d]: %q is not a clean absolute path below the cgroup2 root (as /proc/<pid>/cgroup shows one: /kubepods)", i, cg)
 		}
 	}
 	if on && k.ProjectLabel == "" && !k.NamespaceProjects {

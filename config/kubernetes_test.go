@@ -17,7 +17,7 @@ import (
 func TestKubernetesDefaults(t *testing.T) {
 	k := Default().Kubernetes
 	if k.RuntimeEndpoint != kube.DefaultEndpoint || k.ProjectLabel != kube.DefaultProjectLabel || !k.NamespaceProjects ||
-		!slices.Equal(k.SystemNamespaces, kube.DefaultSystemNamespaces) {
+		!slices.Equal(k.SystemNamespaces, kube.DefaultSystemNamespaces) || !slices.Equal(k.PodCgroups, kube.DefaultPodCgroups) {
 		t.Errorf("kubernetes defaults %+v disagree with package kube", k)
 	}
 	c := Default()
@@ -42,6 +42,11 @@ func TestKubernetesRejects(t *testing.T) {
 		"kubernetes: {project_label: '-x'}":                                                             "kubernetes.project_label is not a label key",
 		"kubernetes: {system_namespaces: [kube-system, Kube]}":                                          "kubernetes.system_namespaces[1]",
 		"kubernetes: {system_namespaces: [a, a]}":                                                       "kubernetes.system_namespaces names a twice",
+		"kubernetes: {pod_cgroups: []}":                                                                 "kubernetes.pod_cgroups is empty",
+		"kubernetes: {pod_cgroups: [/]}":                                                                "kubernetes.pod_cgroups[0]",
+		"kubernetes: {pod_cgroups: [/kubepods, kubepods.slice]}":                                        "kubernetes.pod_cgroups[1]",
+		"kubernetes: {pod_cgroups: [/kubelet/../kubepods]}":                                             "kubernetes.pod_cgroups[0]",
+		"kubernetes: {pod_cgroups: [/kubepods/]}":                                                       "kubernetes.pod_cgroups[0]",
 		"kubernetes: {enabled: true}":                                                                   "field enabled not found",
 		"projects: {sources: [kubernetes]}\nkubernetes: {project_label: '', namespace_projects: false}": "no pod is in a project",
 	} {

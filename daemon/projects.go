@@ -396,11 +396,11 @@ func newKube(cfg config.Config, mount string, log *slog.Logger) (*kube.Source, e
 	if err != nil {
 		return nil, fmt.Errorf("%w: kubernetes.runtime_endpoint: %w", config.ErrInvalid, err)
 	}
-	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: kubeRules(cfg), Mount: mount, Every: max(cfg.Tick, kubePollMin),
+	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: kubeRules(cfg), Mount: mount, PodCgroups: k.PodCgroups, Every: max(cfg.Tick, kubePollMin),
 		Log: log.With("source", membership.SourceKubernetes), Cache: filepath.Join(cfg.StateDir, kubeCache)})
 	log.Info("pods are read from the container runtime over the CRI, polled each tick (containerd 1.6 has no container events)",
 		"endpoint", cri.Endpoint(), "project_label", k.ProjectLabel, "namespace_projects", k.NamespaceProjects,
-		"system_namespaces", k.SystemNamespaces)
+		"system_namespaces", k.SystemNamespaces, "pod_cgroups", k.PodCgroups)
 	return src, nil
 }
 
@@ -434,7 +434,7 @@ func CheckKubernetes(ctx context.Context, cfg config.Config) (string, error) {
 	projects := map[string]bool{}
 	in, system, unusable := 0, 0, 0
 	for _, p := range pods {
-		if p.Unusable != "" {
+		if p.Unusable != "" || kube.CheckPodCgroup(p.Cgroup, k.PodCgroups) != nil {
 			unusable++
 			continue
 		}
@@ -449,7 +449,7 @@ func CheckKubernetes(ctx context.Context, cfg config.Config) (string, error) {
 	line := fmt.Sprintf("the container runtime at %s answers (%s): %d ready pods, %d of them in %d projects, %d of system namespaces",
 		cri.Endpoint(), version, len(pods), in, len(projects), system)
 	if unusable > 0 {
-		line += fmt.Sprintf(", %d whose status has no usable cgroup ('fairshare project list' says why)", unusable)
+		line += fmt.Sprintf(", %d whose status has no usable cgroup, or one outside kubernetes.pod_cgroups ('fairshare project list' says why)", unusable)
 	}
 	return line, nil
 }

@@ -231,6 +231,35 @@ func (c *CRI) detail(ctx context.Context, id string) (Pod, error) {
 	return p, nil
 }
 
+// DefaultPodCgroups are the cgroups kubelet places every pod below at its
+// default cgroup root: /kubepods with the cgroupfs driver, /kubepods.slice
+// with the systemd driver.
+var DefaultPodCgroups = []string{"/kubepods", "/kubepods.slice"}
+
+// CheckPodCgroup checks a pod's cgroup as the runtime reported it (Pod.Cgroup)
+// before it is made a member: it must be an absolute, clean path (no "..",
+// no "." or empty element, no trailing "/") strictly below one of roots
+// (DefaultPodCgroups when nil). The runtime is not trusted with more: a
+// cgroup of "/" or of anything outside the pods' cgroups would put every
+// process of the node, or another tenant's, in the pod's project.
+func CheckPodCgroup(cg string, roots []string) error {
+	if roots == nil {
+		roots = DefaultPodCgroups
+	}
+	switch {
+	case cg == "":
+		return errors.New("the runtime reports no cgroup")
+	case !strings.HasPrefix(cg, "/") || path.Clean(cg) != cg:
+		return fmt.Errorf("cgroup %q is not a clean absolute path", cg)
+	}
+	for _, r := range roots {
+		if strings.HasPrefix(cg, strings.TrimSuffix(r, "/")+"/") {
+			return nil
+		}
+	}
+	return fmt.Errorf("cgroup %q is not below the pods' cgroups %s", cg, strings.Join(roots, ", "))
+}
+
 // CgroupDir turns a cgroup parent as kubelet gives it to the runtime into a
 // directory relative to the cgroup2 mount. The cgroupfs driver gives the
 // path itself ("/kubepods/burstable/pod<uid>"); the systemd driver gives a

@@ -30,6 +30,9 @@ type SourceOptions struct {
 	// Mount is the cgroup2 mount point: a pod's member cgroup is its
 	// cgroup's directory below it.
 	Mount string
+	// PodCgroups are the cgroups every pod's cgroup must be strictly below
+	// (CheckPodCgroup); nil means DefaultPodCgroups.
+	PodCgroups []string
 	// Every is the poll period (the daemon's tick), which also bounds one
 	// poll; 0 means 1s. containerd 1.6 has no container events
 	// (GetContainerEvents came with 1.7), so the pods are listed again each
@@ -72,6 +75,7 @@ type Source struct {
 	netns      []PodNetns
 	system     int               // pods of system namespaces in the last good poll
 	warned     map[string]bool   // pod ids whose bad label was logged
+	refused    map[string]string // pod ids whose cgroup was refused, and why (logged once)
 	polled     bool              // a poll succeeded
 	keepFailed bool              // a write of the cache failed (logged once)
 	last       *membership.Found // what Cache held at start
@@ -92,7 +96,7 @@ func NewSource(o SourceOptions) *Source {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Source{o: o, warned: map[string]bool{}}
+	s := &Source{o: o, warned: map[string]bool{}, refused: map[string]string{}}
 	if o.Cache != "" {
 		if raw, err := os.ReadFile(o.Cache); err == nil {
 			var c cached
@@ -187,10 +191,24 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 	live := make(map[string]bool, len(pods))
 	for _, p := range pods {
 		live[p.ID] = true
-		if p.Unusable != "" {
-			f.Skipped = append(f.Skipped, membership.Skipped{Reason: fmt.Sprintf("pod %s/%s: %s", p.Namespace, p.Name, p.Unusable)})
+		why := p.Unusable
+		if why == "" {
+			if err := CheckPodCgroup(p.Cgroup, s.o.PodCgroups); err != nil {
+				why = err.Error()
+			}
+		}
+		if why != "" {
+			// Whatever the runtime says, a pod whose cgroup cannot be
+			// trusted is in no project: listed with why, logged once.
+			f.Skipped = append(f.Skipped, membership.Skipped{Reason: fmt.Sprintf("pod %s/%s: %s", p.Namespace, p.Name, why)})
+			if s.refused[p.ID] != why {
+				s.refused[p.ID] = why
+				s.o.Log.Warn("a pod's cgroup as the container runtime reports it is refused: the pod is in no project",
+					"pod", p.Namespace+"/"+p.Name, "sandbox", p.ID, "reason", why)
+			}
 			continue
 		}
+		delete(s.refused, p.ID)
 		cg := filepath.Join(s.o.Mount, p.Cgroup)
 		project, err := s.o.Rules.Project(p)
 		switch {
@@ -220,6 +238,11 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 	for id := range s.warned {
 		if !live[id] {
 			delete(s.warned, id)
+		}
+	}
+	for id := range s.refused {
+		if !live[id] {
+			delete(s.refused, id)
 		}
 	}
 	slices.SortFunc(f.Members, func(a, b membership.Member) int {

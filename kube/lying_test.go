@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package kube
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/membership"
+	"github.com/fairshare-dev/fairshare/policy"
+	"google.golang.org/grpc"
+	rt "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// lyingRuntime is a CRI server that reports whatever cgroups it is told:
+// a runtime is not trusted with the pods' cgroups, so what is under test is
+// what the source makes of them.
+type lyingRuntime struct {
+	rt.UnimplementedRuntimeServiceServer
+	pods map[string]lyingPod // by sandbox id
+}
+
+type lyingPod struct {
+	name                      string
+	cgroupParent, cgroupsPath string
+}
+
+func (l *lyingRuntime) Version(context.Context, *rt.VersionRequest) (*rt.VersionResponse, error) {
+	return &rt.VersionResponse{RuntimeName: "liar", RuntimeVersion: "1"}, nil
+}
+
+func (l *lyingRuntime) ListPodSandbox(context.Context, *rt.ListPodSandboxRequest) (*rt.ListPodSandboxResponse, error) {
+	var r rt.ListPodSandboxResponse
+	for id, p := range l.pods {
+		r.Items = append(r.Items, &rt.PodSandbox{Id: id, State: rt.PodSandboxState_SANDBOX_READY,
+			Labels: map[string]string{LabelNamespace: "team-a", LabelName: p.name, LabelUID: "uid-" + id}})
+	}
+	return &r, nil
+}
+
+func (l *lyingRuntime) PodSandboxStatus(_ context.Context, req *rt.PodSandboxStatusRequest) (*rt.PodSandboxStatusResponse, error) {
+	p := l.pods[req.PodSandboxId]
+	var info sandboxInfo
+	info.Config.Linux.CgroupParent = p.cgroupParent
+	info.RuntimeSpec.Linux.CgroupsPath = p.cgroupsPath
+	raw, err := json.Marshal(info)
+	if err != nil {
+		return nil, err
+	}
+	return &rt.PodSandboxStatusResponse{
+		Status: &rt.PodSandboxStatus{Id: req.PodSandboxId, State: rt.PodSandboxState_SANDBOX_READY,
+			Linux: &rt.LinuxPodSandboxStatus{Namespaces: &rt.Namespace{Options: &rt.NamespaceOption{Network: rt.NamespaceMode_NODE}}}},
+		Info: map[string]string{"info": string(raw)},
+	}, nil
+}
+
+// syncBuffer is a log sink read while the source writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestSourceLyingRuntime: a runtime that reports a pod's cgroup as the
+// root, empty, with "..", outside the pods' cgroups, or the pods' cgroup
+// itself makes that pod no member (else every socket of the node, or
+// another tenant's, would count for the pod's project): each is skipped
+// with why and logged once, naming the pod, however many polls see it;
+// pods below the kubepods cgroups, in both drivers' layouts, are members.
+func TestSourceLyingRuntime(t *testing.T) {
+	liar := &lyingRuntime{pods: map[string]lyingPod{
+		"good":        {name: "good", cgroupParent: "/kubepods/burstable/podgood"},
+		"goodsystemd": {name: "goodsystemd", cgroupParent: "kubepods-besteffort-podgood_2.slice"},
+		"goodspec":    {name: "goodspec", cgroupsPath: "kubepods-podgood_3.slice:cri-containerd:abc"},
+		"root":        {name: "root", cgroupParent: "/"},
+		"rootslice":   {name: "rootslice", cgroupParent: "-.slice"},
+		"empty":       {name: "empty"},
+		"specroot":    {name: "specroot", cgroupsPath: "/abc"},
+		"dotdot":      {name: "dotdot", cgroupParent: "/kubepods/../system.slice"},
+		"dotdotend":   {name: "dotdotend", cgroupParent: "/kubepods/burstable/.."},
+		"outside":     {name: "outside", cgroupParent: "/fairshare/team-b"},
+		"prefix":      {name: "prefix", cgroupParent: "/kubepodsx/pod1"},
+		"kubepods":    {name: "kubepods", cgroupParent: "/kubepods"},
+		"podsslice":   {name: "podsslice", cgroupParent: "kubepods.slice"},
+	}}
+	sock := filepath.Join(t.TempDir(), "cri.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	rt.RegisterRuntimeServiceServer(srv, liar)
+	go srv.Serve(ln)
+	defer srv.Stop()
+
+	cri, err := DialCRI(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/mnt",
+		Every: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	defer s.Close()
+	f, _ := scanUntil(t, s, "the first poll", read)
+	// Polls go on; each refusal must still be one line.
+	time.Sleep(200 * time.Millisecond)
+	f, _ = scanUntil(t, s, "a later poll", read)
+
+	want := []membership.Member{
+		{Project: "team-a", Cgroup: "/mnt/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podgood_2.slice"},
+		{Project: "team-a", Cgroup: "/mnt/kubepods.slice/kubepods-podgood_3.slice"},
+		{Project: "team-a", Cgroup: "/mnt/kubepods/burstable/podgood"},
+	}
+	if len(f.Members) != len(want) {
+		t.Fatalf("members %v\nwant %v", f.Members, want)
+	}
+	for i := range want {
+		if f.Members[i] != want[i] {
+			t.Errorf("member %d: %v, want %v", i, f.Members[i], want[i])
+		}
+	}
+	lines := strings.Split(logs.String(), "\n")
+	for id, p := range liar.pods {
+		if strings.HasPrefix(id, "good") {
+			continue
+		}
+		skipped := 0
+		for _, sk := range f.Skipped {
+			if strings.HasPrefix(sk.Reason, "pod team-a/"+p.name+": ") {
+				skipped++
+			}
+		}
+		if skipped != 1 {
+			t.Errorf("pod %s (cgroup_parent %q, cgroupsPath %q) skipped %d times, want once: %+v", p.name, p.cgroupParent, p.cgroupsPath, skipped, f.Skipped)
+		}
+		logged := 0
+		for _, l := range lines {
+			if strings.Contains(l, "level=WARN") && strings.Contains(l, "pod=team-a/"+p.name+" ") {
+				logged++
+			}
+		}
+		if logged != 1 {
+			t.Errorf("pod %s: %d warnings, want 1:\n%s", p.name, logged, logs.String())
+		}
+	}
+}
+
+// TestCheckPodCgroup: only a clean absolute path strictly below a pods'
+// cgroup is a pod's.
+func TestCheckPodCgroup(t *testing.T) {
+	for cg, ok := range map[string]bool{
+		"/kubepods/burstable/pod1": true, "/kubepods/pod1": true,
+		"/kubepods.slice/kubepods-pod1.slice": true,
+		"":                                    false, "/": false, "/kubepods": false, "/kubepods.slice": false,
+		"kubepods/pod1": false, "/kubepods/pod1/": false, "/kubepods//pod1": false, "/kubepods/./pod1": false,
+		"/kubepods/../etc": false, "/kubepods/pod1/..": false, "/kubepodsx/pod1": false, "/system.slice/x.service": false,
+	} {
+		if err := CheckPodCgroup(cg, nil); (err == nil) != ok {
+			t.Errorf("CheckPodCgroup(%q) = %v, want ok %v", cg, err, ok)
+		}
+	}
+	if err := CheckPodCgroup("/kubelet/kubepods/pod1", []string{"/kubelet/kubepods"}); err != nil {
+		t.Errorf("below a configured root: %v", err)
+	}
+	if err := CheckPodCgroup("/kubepods/pod1", []string{"/kubelet/kubepods"}); err == nil {
+		t.Error("below a root not configured: accepted")
+	}
+}
