@@ -441,7 +441,9 @@ type memberKernel interface {
 	// in force, which win conflicts over newcomers.
 	Members() ([]membership.Member, error)
 	SetMembers(ms []membership.Member) (membersReport, error)
-	AttachNetns(nsPath string) (netnsInfo, error)
+	// AttachNetns attaches in the namespace ns, which nsPath opened, or
+	// opens while its process lives (how reconcile enters it later).
+	AttachNetns(ns *os.File, nsPath string) (netnsInfo, error)
 	DetachGone() ([]netnsInfo, error)
 }
 
@@ -474,8 +476,8 @@ func (m kernelMembers) SetMembers(ms []membership.Member) (membersReport, error)
 	return out, err
 }
 
-func (m kernelMembers) AttachNetns(nsPath string) (netnsInfo, error) {
-	i, err := m.lim.AttachNetns(nsPath)
+func (m kernelMembers) AttachNetns(ns *os.File, nsPath string) (netnsInfo, error) {
+	i, err := m.lim.AttachNetnsFile(ns, nsPath)
 	return netnsInfo(i), err
 }
 

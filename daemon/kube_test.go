@@ -5,9 +5,12 @@ package daemon
 import (
 	"fmt"
 	"log/slog"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +19,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/netnsscan"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/kube"
 	"github.com/fairshare-dev/fairshare/policy"
 )
 
@@ -107,4 +111,58 @@ func TestKubernetesSource(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestPodNetnsOpenedByPidfd: a pod's network namespace is attached by its
+// sandbox's pid only while that pid is a process of the pod's cgroup (the
+// runtime's pid may be a poll old, and reused by another tenant's process
+// in another namespace); the refusal is logged once, naming the pod.
+func TestPodNetnsOpenedByPidfd(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-podnetns-")
+	pod := testutil.MkCgroup(t, top, "podA")
+	sandboxCg := testutil.MkCgroup(t, pod, "sandbox")
+	other := testutil.MkCgroup(t, top, "podB")
+	start := func(dir string) *exec.Cmd {
+		cmd := exec.Command("sleep", "60")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+		testutil.StartInCgroup(t, cmd, dir)
+		return cmd
+	}
+	sandbox, stranger := start(sandboxCg), start(other)
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.StateDir, cfg.Projects.Sources = dir, []string{membership.SourceRegistered}
+	st, err := policy.Open(dir, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var logs strings.Builder
+	p, err := newProjects(cfg, st, false, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	h := &handOff{}
+	p.kernel = h
+	hint := func(pid int) kube.PodNetns {
+		return kube.PodNetns{Path: "/proc/" + strconv.Itoa(pid) + "/ns/net", Pid: pid, Cgroup: pod, Project: "team-a", Pod: "team-a/web"}
+	}
+	// The runtime's pid is now the stranger's: refused, however often.
+	for range 3 {
+		p.attachPodNetns(time.Now(), []kube.PodNetns{hint(stranger.Process.Pid)})
+	}
+	if len(h.attached) != 0 || len(p.attached) != 0 {
+		t.Fatalf("attached %v (%+v) by a pid of another cgroup", h.attached, p.attached)
+	}
+	if n := strings.Count(logs.String(), "pod=team-a/web"); n != 1 {
+		t.Errorf("%d log lines name the pod, want 1:\n%s", n, logs.String())
+	}
+	// The sandbox's own pid: attached, in its namespace.
+	p.attachPodNetns(time.Now(), []kube.PodNetns{hint(sandbox.Process.Pid)})
+	ino, _ := netnsscan.Inode(hint(sandbox.Process.Pid).Path)
+	if a, ok := p.attached[ino]; len(h.attached) != 1 || !ok || !a.Attached {
+		t.Fatalf("the sandbox's namespace %d: attached %v, %+v", ino, h.attached, p.attached)
+	}
 }

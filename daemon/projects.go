@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/admin"
@@ -69,18 +71,19 @@ type projects struct {
 	waitMu  sync.Mutex      // guards the field below
 	waiters []chan struct{} // closed when the next apply ends
 
-	applyMu  sync.Mutex // serialises apply; guards the fields below
-	found    map[string]*sourceState
-	applied  bool      // an apply ran
-	first    time.Time // the first apply's time
-	holding  bool      // the kernel's members are held for an unread source
-	inForce  membership.Result
-	changed  time.Time
-	logged   map[membership.Refusal]bool // refusals reported, so each is logged once
-	kRefused []membership.Refusal        // refused by the kernel side
-	kErr     string
-	attached map[uint64]admin.Namespace // by inode: attach attempts and results
-	podNetns map[uint64]bool            // attached by the kubernetes source's word, by inode
+	applyMu    sync.Mutex // serialises apply; guards the fields below
+	found      map[string]*sourceState
+	applied    bool      // an apply ran
+	first      time.Time // the first apply's time
+	holding    bool      // the kernel's members are held for an unread source
+	inForce    membership.Result
+	changed    time.Time
+	logged     map[membership.Refusal]bool // refusals reported, so each is logged once
+	kRefused   []membership.Refusal        // refused by the kernel side
+	kErr       string
+	attached   map[uint64]admin.Namespace // by inode: attach attempts and results
+	podNetns   map[uint64]bool            // attached by the kubernetes source's word, by inode
+	podRefused map[string]string          // pods whose namespace was not opened, and why (logged once)
 
 	view atomic.Pointer[admin.Membership]
 	tree atomic.Pointer[membership.Tree]
@@ -109,7 +112,7 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 	}
 	p := &projects{log: log.With("part", "projects"), store: store, wake: make(chan struct{}, 1),
 		found: map[string]*sourceState{}, logged: map[membership.Refusal]bool{}, attached: map[uint64]admin.Namespace{},
-		podNetns: map[uint64]bool{}}
+		podNetns: map[uint64]bool{}, podRefused: map[string]string{}}
 	mount, err := cgroup.FindMount()
 	if err != nil {
 		p.log.Warn("no cgroup2 mount: no project has members, so nothing is placed in a project by its cgroup", "err", err)
@@ -370,7 +373,7 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	p.pending = p.pending[covered:]
 	p.regMu.Unlock()
 	if p.kube != nil && p.kernel != nil {
-		p.attachPodNetns(now)
+		p.attachPodNetns(now, p.kube.Netns())
 	}
 	if tick && p.scan != nil {
 		p.stepNetns()
@@ -465,29 +468,37 @@ const podNetnsPerApply = 8
 // would find them at its next step, from the pods' processes), and forgets
 // those of pods gone; the kernel side detaches a link whose namespace is
 // gone (DetachGone).
-func (p *projects) attachPodNetns(now time.Time) {
-	hints := p.kube.Netns()
+func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 	live := make(map[uint64]bool, len(hints))
 	budget := podNetnsPerApply
 	for _, h := range hints {
-		ino, err := netnsscan.Inode(h.Path)
+		f, ino, err := p.openPodNetns(h)
 		if err != nil {
-			continue // the pod went: the next poll says so
+			// The pod went (the next poll says so), or its sandbox's pid
+			// is another process's now: nothing is attached by it.
+			if errors.Is(err, netnsscan.ErrNotThatProcess) && p.podRefused[h.Pod] != err.Error() {
+				p.log.Warn("a pod's network namespace is not opened: its sandbox's pid is not the pod's process",
+					"pod", h.Pod, "project", h.Project, "pid", h.Pid, "err", err)
+			}
+			p.podRefused[h.Pod] = err.Error()
+			continue
 		}
+		delete(p.podRefused, h.Pod)
 		live[ino] = true
 		if _, ok := p.attached[ino]; ok || budget == 0 {
+			f.Close()
 			continue
 		}
 		budget--
-		a := admin.Namespace{Namespace: netnsscan.Namespace{Inode: ino, Path: h.Path, Projects: []string{h.Project}, Since: now}}
-		info, err := p.kernel.AttachNetns(h.Path)
+		a := admin.Namespace{Namespace: netnsscan.Namespace{Inode: ino, Path: h.Path, PID: h.Pid, Cgroup: h.Cgroup,
+			Projects: []string{h.Project}, Since: now}}
+		info, err := p.kernel.AttachNetns(f, h.Path)
+		f.Close()
 		switch {
 		case err != nil:
 			a.Error = err.Error()
 			p.log.Warn("inbound admission not attached in a pod's network namespace", "pod", h.Pod, "project", h.Project,
 				"inode", ino, "err", err)
-		case info.Inode != ino:
-			a.Error = "the pod's sandbox left its namespace before the attach"
 		default:
 			a.Attached, a.Cookie = true, info.Cookie
 			p.log.Info("inbound admission attached in a pod's network namespace", "pod", h.Pod, "project", h.Project,
@@ -495,6 +506,11 @@ func (p *projects) attachPodNetns(now time.Time) {
 		}
 		p.attached[ino] = a
 		p.podNetns[ino] = true
+	}
+	for pod := range p.podRefused {
+		if !slices.ContainsFunc(hints, func(h kube.PodNetns) bool { return h.Pod == pod }) {
+			delete(p.podRefused, pod)
+		}
 	}
 	for ino := range p.podNetns {
 		if live[ino] {
@@ -505,6 +521,25 @@ func (p *projects) attachPodNetns(now time.Time) {
 			delete(p.attached, ino)
 		}
 	}
+}
+
+// openPodNetns opens a pod's network namespace: through its sandbox's pid
+// while that is a process of the pod's cgroup (netnsscan.OpenPid), else by
+// the runtime's path to it. It returns the namespace's inode.
+func (p *projects) openPodNetns(h kube.PodNetns) (*os.File, uint64, error) {
+	if h.Pid > 0 {
+		return netnsscan.OpenPid(h.Pid, p.mount, h.Cgroup)
+	}
+	f, err := os.Open(h.Path)
+	if err != nil {
+		return nil, 0, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, st.Ino, nil
 }
 
 // foundEqual compares two scans.
@@ -616,18 +651,27 @@ func (p *projects) stepNetns() {
 		}
 		a := admin.Namespace{Namespace: n}
 		if p.kernel != nil {
-			info, err := p.kernel.AttachNetns(n.Path)
+			// Opened through a pidfd, and only while the pid is a process
+			// of the member's cgroup: one that exited and whose pid was
+			// reused between the scan and here names another namespace,
+			// maybe another tenant's, which must not get the link.
+			f, ino, err := netnsscan.OpenPid(n.PID, p.mount, n.Cgroup)
+			var info netnsInfo
+			if err == nil {
+				if ino == n.Inode {
+					info, err = p.kernel.AttachNetns(f, n.Path)
+				}
+				f.Close()
+			}
 			switch {
+			case errors.Is(err, netnsscan.ErrNotThatProcess) || err == nil && ino != n.Inode:
+				// The process left, or its namespace: try again at the
+				// next sweep.
+				a.Error = fmt.Sprintf("process %d left its namespace or its cgroup before the attach", n.PID)
 			case err != nil:
 				a.Error = err.Error()
 				p.log.Warn("inbound admission not attached in a network namespace", "inode", n.Inode, "path", n.Path,
 					"projects", n.Projects, "err", err)
-			case info.Inode != n.Inode:
-				// The process left, and its pid was reused, between the scan
-				// and the attach: another namespace got the link (harmless:
-				// admission there counts project listeners only). Try again
-				// at the next sweep.
-				a.Error = fmt.Sprintf("process %d left its namespace before the attach", n.PID)
 			default:
 				a.Attached, a.Cookie = true, info.Cookie
 				p.log.Info("inbound admission attached in a network namespace", "inode", n.Inode, "cookie", info.Cookie,

@@ -339,12 +339,12 @@ func (h *handOff) SetMembers(ms []membership.Member) (membersReport, error) {
 	}
 	return rep, nil
 }
-func (h *handOff) AttachNetns(path string) (netnsInfo, error) {
+func (h *handOff) AttachNetns(ns *os.File, path string) (netnsInfo, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.attached = append(h.attached, path)
 	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
+	if err := syscall.Fstat(int(ns.Fd()), &st); err != nil {
 		return netnsInfo{}, err
 	}
 	return netnsInfo{Cookie: 7, Inode: st.Ino, Path: path}, nil

@@ -54,6 +54,12 @@ type PodNetns struct {
 	// daemon runs with the host's pids), else the runtime's bind mount.
 	Path    string `json:"path"`
 	Project string `json:"project"`
+	// Pid is the sandbox's process (0 if the runtime gave none: Path is
+	// then the runtime's), and Cgroup the pod's member cgroup it must be
+	// in for its namespace to be the pod's (netnsscan.OpenPid): a pid may
+	// have been reused by another process since the runtime gave it.
+	Pid    int    `json:"pid,omitempty"`
+	Cgroup string `json:"cgroup,omitempty"`
 	// Pod is namespace/name, for logs.
 	Pod string `json:"pod"`
 }
@@ -231,7 +237,7 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 				path = "/proc/" + strconv.Itoa(p.Pid) + "/ns/net"
 			}
 			if path != "" {
-				netns = append(netns, PodNetns{Path: path, Project: project, Pod: p.Namespace + "/" + p.Name})
+				netns = append(netns, PodNetns{Path: path, Project: project, Pid: max(p.Pid, 0), Cgroup: cg, Pod: p.Namespace + "/" + p.Name})
 			}
 		}
 	}

@@ -156,7 +156,8 @@ func TestSourceMembers(t *testing.T) {
 		f.Skipped[1].Cgroup != "/mnt/kubepods/pod2" || !strings.Contains(f.Skipped[1].Reason, "team-a/bad: label fairshare.io/project") {
 		t.Errorf("skipped %+v", f.Skipped)
 	}
-	wantNS := []PodNetns{{Path: "/proc/30/ns/net", Project: "web", Pod: "team-a/pid"}, {Path: "/var/run/netns/cni-4", Project: "web", Pod: "team-a/path"}}
+	wantNS := []PodNetns{{Path: "/proc/30/ns/net", Project: "web", Pid: 30, Cgroup: "/mnt/kubepods/pod3", Pod: "team-a/pid"},
+		{Path: "/var/run/netns/cni-4", Project: "web", Cgroup: "/mnt/kubepods/pod4", Pod: "team-a/path"}}
 	if !slices.Equal(netns, wantNS) {
 		t.Errorf("netns %+v\nwant %+v", netns, wantNS)
 	}

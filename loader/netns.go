@@ -134,6 +134,17 @@ func (l *Limiter) AttachNetns(nsPath string) (NetnsInfo, error) {
 		return NetnsInfo{}, fmt.Errorf("opening network namespace %s: %w", nsPath, err)
 	}
 	defer ns.Close()
+	return l.attachNetns(ns, nsPath)
+}
+
+// AttachNetnsFile is AttachNetns of a namespace the caller opened (through
+// a pidfd, so that a reused pid cannot name another namespace); nsPath is
+// how reconcile enters it later, checked against its inode then.
+func (l *Limiter) AttachNetnsFile(ns *os.File, nsPath string) (NetnsInfo, error) {
+	return l.attachNetns(netns.NsHandle(ns.Fd()), nsPath)
+}
+
+func (l *Limiter) attachNetns(ns netns.NsHandle, nsPath string) (NetnsInfo, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(ns), &st); err != nil {
 		return NetnsInfo{}, fmt.Errorf("reading network namespace %s: %w", nsPath, err)

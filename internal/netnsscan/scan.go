@@ -50,6 +50,9 @@ type Namespace struct {
 	// Path opens it while the process PID lives: <proc>/<pid>/ns/net.
 	Path string `json:"path"`
 	PID  int    `json:"pid"`
+	// Cgroup is the directory PID was found in (OpenPid checks it is still
+	// there, or below).
+	Cgroup string `json:"cgroup"`
 	// Projects whose processes were seen in it in the last sweep (or the
 	// current one, for a namespace first seen there), sorted.
 	Projects []string `json:"projects"`
@@ -353,7 +356,7 @@ func (s *Scanner) procs(dir, project string, now time.Time, c *Changes) {
 			n = &nsState{Namespace: Namespace{Inode: ino, Since: now}, projects: map[string]uint64{}}
 			s.ns[ino] = n
 		}
-		n.Path, n.PID, n.seen = path, pid, s.sweep
+		n.Path, n.PID, n.Cgroup, n.seen = path, pid, dir, s.sweep
 		if _, had := n.projects[project]; !had {
 			n.projects[project] = s.sweep
 			n.Projects = sortedKeys(n.projects)
