@@ -345,6 +345,31 @@ func runHelper(in io.Reader, out io.Writer) {
 				}
 			}
 			fmt.Fprintf(out, "dialed %d %d %d\n", r.ok, r.refused, r.other)
+		case "flood":
+			// flood <ip4:port> <ms>: refused connects as fast as one
+			// thread makes them (raw syscalls), for ms.
+			ap, err := netip.ParseAddrPort(f[1])
+			if err != nil {
+				fmt.Fprintf(out, "error %v\n", err)
+				continue
+			}
+			ms, _ := strconv.Atoi(f[2])
+			sa := &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+			var refused, other int
+			for end := time.Now().Add(time.Duration(ms) * time.Millisecond); time.Now().Before(end); {
+				fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+				if err != nil {
+					other++
+					continue
+				}
+				if err := unix.Connect(fd, sa); errors.Is(err, unix.ECONNREFUSED) {
+					refused++
+				} else {
+					other++
+				}
+				unix.Close(fd)
+			}
+			fmt.Fprintf(out, "flooded %d %d\n", refused, other)
 		case "listen", "listen-reuseport":
 			var err error
 			if f[0] == "listen" {

@@ -71,8 +71,8 @@ type limiterFsEvent struct {
 
 type limiterFsEvproj struct {
 	_       structs.HostLayout
-	Sec     uint64
-	N       uint64
+	Window  uint64
+	Unused  uint64
 	Dropped uint64
 	Would   uint64
 }
@@ -280,6 +280,7 @@ const (
 	limiterProgFsSockRelease = "fs_sock_release"
 	limiterProgFsSockops     = "fs_sockops"
 	limiterVarBaseLevel      = "base_level"
+	limiterVarEvWindowNs     = "ev_window_ns"
 	limiterVarFsRecordLayout = "fs_record_layout"
 	limiterVarLookupNetns    = "lookup_netns"
 	limiterVarMaxDepth       = "max_depth"
@@ -374,6 +375,7 @@ type limiterMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type limiterVariableSpecs struct {
 	BaseLevel      *ebpf.VariableSpec `ebpf:"base_level"`
+	EvWindowNs     *ebpf.VariableSpec `ebpf:"ev_window_ns"`
 	FsRecordLayout *ebpf.VariableSpec `ebpf:"fs_record_layout"`
 	LookupNetns    *ebpf.VariableSpec `ebpf:"lookup_netns"`
 	MaxDepth       *ebpf.VariableSpec `ebpf:"max_depth"`
@@ -457,6 +459,7 @@ func (m *limiterMaps) Close() error {
 // It can be passed to loadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type limiterVariables struct {
 	BaseLevel      *ebpf.Variable `ebpf:"base_level"`
+	EvWindowNs     *ebpf.Variable `ebpf:"ev_window_ns"`
 	FsRecordLayout *ebpf.Variable `ebpf:"fs_record_layout"`
 	LookupNetns    *ebpf.Variable `ebpf:"lookup_netns"`
 	MaxDepth       *ebpf.Variable `ebpf:"max_depth"`

@@ -145,6 +145,9 @@ type Options struct {
 	// measures the active window and the reservation TTL with it, so a test
 	// can move it on instead of sleeping.
 	Monotonic func() time.Duration
+	// eventWindow is the refusal events' window (a second; tests make it
+	// shorter to see many windows begin).
+	eventWindow time.Duration
 
 	// Exempt lists cgroups (absolute, or relative to the cgroup2 mount)
 	// whose sockets take exempt permits instead of pool permits: they are
@@ -169,6 +172,7 @@ type Limiter struct {
 	pinDir   string
 	log      *slog.Logger
 	window   time.Duration
+	evWindow time.Duration // Options.eventWindow, 0: a second
 	ttl      time.Duration
 	clock    clock.Clock
 	mono     func() uint64 // CLOCK_MONOTONIC in ns (Options.Monotonic)
@@ -336,7 +340,7 @@ func Open(opts Options) (*Limiter, error) {
 	l := &Limiter{
 		root: root, mnt: mnt, base: opts.BaseLevel, depth: opts.MaxDepth,
 		maxProj: opts.MaxProjects, maxMemb: opts.MaxMembers, maxNetns: opts.MaxNetns, pinDir: opts.PinDir,
-		log: opts.Logger, window: opts.Window, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
+		log: opts.Logger, window: opts.Window, evWindow: opts.eventWindow, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
 		netns: cookie, size: opts.PoolSize, floor: opts.Floor,
 	}
 	if err := l.load(); err != nil {
@@ -390,6 +394,11 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	}
 	if err := spec.Variables["lookup_netns"].Set(l.netns); err != nil {
 		return nil, fmt.Errorf("setting lookup_netns: %w", err)
+	}
+	if l.evWindow > 0 {
+		if err := spec.Variables["ev_window_ns"].Set(uint64(l.evWindow)); err != nil {
+			return nil, fmt.Errorf("setting ev_window_ns: %w", err)
+		}
 	}
 	spec.Maps["fs_projects"].MaxEntries = l.maxProj
 	spec.Maps["fs_names"].MaxEntries = l.maxProj

@@ -11,7 +11,10 @@
  * events a second (fs_ev_config, from the daemon's events.per_sec); the rest
  * are counted (fs_ev_projects, fs_ev_stats) and the daemon reports them as one
  * "dropped" event per project and tick. The window is a whole second of
- * CLOCK_MONOTONIC, counted with one atomic add on the project's entry.
+ * CLOCK_MONOTONIC (ev_window_ns); the window and its count are one 64-bit
+ * word of the project's entry, moved on by one compare-and-swap, so CPUs
+ * racing at a second's start cannot pass the bound (a reset of the count
+ * apart from the second's change let each racing CPU write one more).
  *
  * Dry-run (enforce: false, the pool's in fs_ev_config, a project's in
  * fs_dryrun, both written by the control loop): take_permit (rule.h) asks
@@ -82,8 +85,8 @@ struct fs_evcfg {
 
 /* Per project, on the refusal path only. */
 struct fs_evproj {
-	__u64 sec;     /* the second n counts in */
-	__u64 n;       /* events written in it */
+	__u64 window;  /* (the window's number << 32) | events written in it (EV_COUNT) */
+	__u64 _unused; /* was a separate count */
 	__u64 dropped; /* events over the bound, ever */
 	__u64 would;   /* refusals dry-run admitted, ever */
 };
@@ -134,6 +137,13 @@ struct {
 	__type(value, struct fs_evstats);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_ev_stats SEC(".maps");
+
+/* The events window: a second, set at load (a test makes it shorter to see
+ * many windows' starts). */
+volatile const __u64 ev_window_ns = 1000000000ULL;
+
+#define EV_COUNT 0xffffffffULL /* the count's bits of fs_evproj.window */
+#define EV_TRIES 8             /* CAS attempts; a CPU that loses them all drops its event */
 
 #define EVCOUNT(field)                                        \
 	do {                                                  \
@@ -256,17 +266,33 @@ static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 di
 	if (!c || !c->per_sec)
 		return;
 	__u64 now = bpf_ktime_get_ns();
-	__u64 sec = now / 1000000000ULL;
+	__u64 win = ev_window_ns ? (now / ev_window_ns) << 32 : 0;
 	struct fs_evproj *e = evproj(id);
 	if (!e) {
 		EVCOUNT(dropped);
 		return;
 	}
-	/* A new second: the first CPU to see it starts the count again. */
-	__u64 old = *(volatile __u64 *)&e->sec;
-	if (old != sec && __sync_val_compare_and_swap(&e->sec, old, sec) == old)
-		e->n = 0;
-	if (__sync_fetch_and_add(&e->n, 1) >= c->per_sec) {
+	/* One word, one CAS: a count of this window below per_sec becomes one
+	 * more, an earlier window's starts this one at 1. A CPU whose clock
+	 * reading is older than the window another CPU began (it was slow
+	 * between the two) drops its event rather than take the word back to
+	 * a window whose events were counted, and so does one that loses every
+	 * try: the bound is never passed. */
+	bool written = false;
+	for (int i = 0; i < EV_TRIES; i++) {
+		__u64 old = *(volatile __u64 *)&e->window;
+		__s32 ahead = (__s32)((__u32)(old >> 32) - (__u32)(win >> 32));
+		if (ahead > 0)
+			break;
+		__u64 cur = ahead == 0 ? old : win;
+		if ((cur & EV_COUNT) >= c->per_sec)
+			break;
+		if (__sync_val_compare_and_swap(&e->window, old, cur + 1) == old) {
+			written = true;
+			break;
+		}
+	}
+	if (!written) {
 		__sync_fetch_and_add(&e->dropped, 1);
 		EVCOUNT(dropped);
 		return;
