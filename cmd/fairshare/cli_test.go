@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/policy"
 )
 
@@ -66,7 +67,11 @@ func TestPolicyBadInput(t *testing.T) {
 		{[]string{"alpha"}, "changes nothing"},
 		{[]string{"--tier", "pro"}, "exactly one PROJECT"},
 		{[]string{"--tier", "pro", "alpha", "beta"}, "exactly one PROJECT"},
-		{[]string{"alpha", "--tier", "pro"}, "flags go before PROJECT"},
+		{[]string{"alpha", "--tier", "gold"}, "--tier must be pro, lite or none"},
+		{[]string{"alpha", "--shares", "0"}, "--shares must be"},
+		{[]string{"alpha", "--tier", "pro", "beta"}, "exactly one PROJECT"},
+		{[]string{"alpha", "--bogus", "1"}, "flag provided but not defined"},
+		{[]string{"--tier", "pro", "--", "--shares"}, "may use only"},
 		{[]string{"--tier", "pro", ""}, "project name is empty"},
 		{[]string{"--tier", "pro", "../etc"}, "may use only"},
 		{[]string{"--tier", "pro", ".hidden"}, "may use only"},
@@ -100,6 +105,63 @@ func TestPolicyBadInput(t *testing.T) {
 	}
 	if got := list(); got != before {
 		t.Errorf("reads changed the store:\n%s", got)
+	}
+}
+
+// TestFlagsAfterArguments: every flag of every command may follow the
+// command's arguments, with its value, as it may precede them: what runs is
+// the same, and "--" still ends the flags.
+func TestFlagsAfterArguments(t *testing.T) {
+	app := newApp()
+	for _, c := range []struct{ in, want string }{
+		{"fairshare project add web --cgroup /a --admin-socket /s", "fairshare project add --cgroup /a --admin-socket /s web"},
+		{"fairshare project add --cgroup /a web --json", "fairshare project add --cgroup /a --json web"},
+		{"fairshare policy set alpha --tier pro --shares=2 --json", "fairshare policy set --tier pro --shares=2 --json alpha"},
+		{"fairshare policy set alpha -- --tier", "fairshare policy set alpha -- --tier"},
+		{"fairshare policy set --tier pro alpha", "fairshare policy set --tier pro alpha"},
+		{"fairshare events --json --project web", "fairshare events --json --project web"},
+		{"fairshare status extra --json", "fairshare status --json extra"},
+		{"fairshare run --no-bpf --pool connections=5", "fairshare run --no-bpf --pool connections=5"},
+		{"fairshare policy get alpha --help", "fairshare policy get --help"},
+		{"fairshare", "fairshare"},
+	} {
+		if got := strings.Join(flagsFirst(app, strings.Fields(c.in)), " "); got != c.want {
+			t.Errorf("%s\n got  %s\n want %s", c.in, got, c.want)
+		}
+	}
+
+	dir := t.TempDir()
+	state, sock := filepath.Join(dir, "state"), filepath.Join(dir, "none.sock")
+	if _, errOut, code := runCLI(t, "policy", "set", "alpha", "--tier", "lite", "--state-dir", state, "--admin-socket", sock, "--shares", "3"); code != 0 {
+		t.Fatalf("policy set with flags after PROJECT: exit %d: %s", code, errOut)
+	}
+	out, errOut, code := runCLI(t, "policy", "get", "alpha", "--json", "--state-dir", state, "--admin-socket", sock)
+	if code != 0 || !strings.Contains(out, `"tier": "lite"`) || !strings.Contains(out, `"shares": 3`) {
+		t.Fatalf("policy get alpha --json: exit %d: %s %s", code, out, errOut)
+	}
+	if out, _, code := runCLI(t, "policy", "get", "alpha", "--help"); code != 0 || !strings.Contains(out, "fairshare policy get [command options] PROJECT") {
+		t.Errorf("policy get alpha --help: exit %d:\n%s", code, out)
+	}
+	if os.Geteuid() != 0 {
+		return
+	}
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-cli-")
+	a, b := testutil.MkCgroup(t, top, "a"), testutil.MkCgroup(t, top, "b")
+	out, errOut, code = runCLI(t, "project", "add", "web", "--cgroup", a, "--admin-socket", sock, "--state-dir", state, "--json")
+	if code != 0 || !strings.Contains(out, a) {
+		t.Fatalf("project add NAME --cgroup P --admin-socket S: exit %d: %s %s", code, out, errOut)
+	}
+	// --cgroup PATH PATH: a second path after the first flag's value.
+	out, errOut, code = runCLI(t, "project", "add", "db", "--state-dir", state, "--cgroup", b, top+"/nope", "--admin-socket", sock)
+	if code != 2 || !strings.Contains(errOut, "nope") {
+		t.Errorf("project add db --cgroup B NOPE: exit %d: %s %s", code, out, errOut)
+	}
+	out, errOut, code = runCLI(t, "project", "list", "web", "--state-dir", state, "--admin-socket", sock, "--json")
+	if code != 0 || !strings.Contains(out, a) || strings.Contains(out, b) {
+		t.Errorf("project list web --json: exit %d: %s %s", code, out, errOut)
+	}
+	if _, errOut, code := runCLI(t, "project", "remove", "web", "--cgroup", a, "--state-dir", state, "--admin-socket", sock); code != 0 {
+		t.Errorf("project remove NAME --cgroup P: exit %d: %s", code, errOut)
 	}
 }
 

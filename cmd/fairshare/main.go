@@ -34,7 +34,100 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) error {
 	app := newApp()
 	app.Writer, app.ErrWriter = stdout, stderr
-	return app.Run(args)
+	return app.Run(flagsFirst(app, args))
+}
+
+// flagsFirst moves the flags written after a command's first positional
+// argument to before it, so that every flag of every command may follow its
+// arguments ("project add NAME --cgroup P --admin-socket S"): urfave/cli v2
+// stops reading flags at the first argument that is not one. A flag's value
+// moves with it (the flags of the command named decide which take one); "--"
+// ends the flags as usual, and what follows it stays an argument. A help
+// flag among them shows the command's help.
+func flagsFirst(app *cli.App, args []string) []string {
+	if len(args) < 2 {
+		return args
+	}
+	out := []string{args[0]}
+	flags, cmds := app.Flags, app.Commands
+	rest := args[1:]
+	// The command chain: flags, then a subcommand's name, down to the
+	// command whose arguments follow.
+	for len(rest) > 0 {
+		a := rest[0]
+		if a == "--" {
+			return append(out, rest...)
+		}
+		if isFlag(a) {
+			n := 1
+			if takesValue(flags, a) && len(rest) > 1 {
+				n = 2
+			}
+			out, rest = append(out, rest[:n]...), rest[n:]
+			continue
+		}
+		sub := findCommand(cmds, a)
+		if sub == nil {
+			break
+		}
+		out, rest = append(out, a), rest[1:]
+		flags, cmds = sub.Flags, sub.Subcommands
+	}
+	var moved, positional []string
+	for i := 0; i < len(rest); i++ {
+		a := rest[i]
+		switch {
+		case a == "--":
+			positional = append(append(positional, "--"), rest[i+1:]...)
+			i = len(rest)
+		case isFlag(a):
+			moved = append(moved, a)
+			if takesValue(flags, a) && i+1 < len(rest) {
+				i++
+				moved = append(moved, rest[i])
+			}
+		default:
+			positional = append(positional, a)
+		}
+	}
+	for _, f := range moved {
+		if f == "-h" || f == "--help" || f == "-help" {
+			// "policy get alpha --help" asks for the command's help, which
+			// urfave/cli shows only without arguments (it takes one for a
+			// help topic).
+			return append(out, moved...)
+		}
+	}
+	return append(append(out, moved...), positional...)
+}
+
+// isFlag says whether a is written as a flag ("-" alone is an argument).
+func isFlag(a string) bool { return len(a) > 1 && a[0] == '-' && a != "--" }
+
+// takesValue says whether the flag a (-name, --name; not --name=value) is
+// one of flags that takes a value in the next argument.
+func takesValue(flags []cli.Flag, a string) bool {
+	name := strings.TrimLeft(a, "-")
+	if strings.Contains(name, "=") {
+		return false
+	}
+	for _, f := range flags {
+		if slices.Contains(f.Names(), name) {
+			v, ok := f.(cli.DocGenerationFlag)
+			return ok && v.TakesValue()
+		}
+	}
+	return false
+}
+
+// findCommand is the command of cmds named (or aliased) name.
+func findCommand(cmds []*cli.Command, name string) *cli.Command {
+	for _, c := range cmds {
+		if c.HasName(name) {
+			return c
+		}
+	}
+	return nil
 }
 
 func newApp() *cli.App {
@@ -46,7 +139,8 @@ func newApp() *cli.App {
 			"the other commands talk to it over its admin socket (root only).\n\n" +
 			"Flags that name files and addresses can also be set with FAIRSHARE_* environment\n" +
 			"variables (shown with each flag) or in the YAML file given with --config; a flag\n" +
-			"beats the environment, which beats the file, which beats the built-in defaults.",
+			"beats the environment, which beats the file, which beats the built-in defaults.\n" +
+			"A command's flags may come before or after its arguments.",
 		// Commands return cli.Exit; main decides how to leave, not the library.
 		ExitErrHandler:  func(*cli.Context, error) {},
 		HideHelpCommand: true,

@@ -68,11 +68,6 @@ func policyCommand() *cli.Command {
 
 // oneProject returns the single PROJECT argument, validated.
 func oneProject(c *cli.Context) (string, error) {
-	for _, a := range c.Args().Tail() {
-		if strings.HasPrefix(a, "-") {
-			return "", cli.Exit(fmt.Sprintf("flags go before PROJECT: %s [flags] PROJECT (found %q after it)", c.Command.HelpName, a), 2)
-		}
-	}
 	if c.NArg() != 1 {
 		return "", cli.Exit(fmt.Sprintf("%s needs exactly one PROJECT argument, got %d", c.Command.HelpName, c.NArg()), 2)
 	}

@@ -199,37 +199,23 @@ func openProjects(c *cli.Context, readOnly bool) (projectsBackend, bool, error) 
 }
 
 // projectArgs returns the PROJECT argument, validated (optional allows
-// none), and the --cgroup and --json flags given before or after it:
-// "project add web --cgroup /a --cgroup /b" and "project add web --cgroup
-// /a /b" are what an operator types, and the flag library stops at the
-// first argument.
+// none), and the --cgroup and --json flags, given before or after it (run
+// moves them first). "project add web --cgroup /a /b" is what an operator
+// types too: with --cgroup given, the arguments with a "/" (which a project
+// name never has) are more cgroups.
 func projectArgs(c *cli.Context, optional bool) (project string, cgroups []string, asJSON bool, err error) {
 	cgroups, asJSON = c.StringSlice("cgroup"), c.Bool("json")
-	hasCgroup := c.Command.Name != "list"
-	args := c.Args().Slice()
-	var rest []string
-	inCgroup := false
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		switch {
-		case hasCgroup && (a == "--cgroup" || a == "-cgroup"):
-			if i+1 == len(args) {
-				return "", nil, false, cli.Exit(a+" needs a PATH", 2)
+	rest := c.Args().Slice()
+	if len(cgroups) > 0 {
+		names := rest[:0:0]
+		for _, a := range rest {
+			if strings.Contains(a, "/") {
+				cgroups = append(cgroups, a)
+			} else {
+				names = append(names, a)
 			}
-			i++
-			cgroups, inCgroup = append(cgroups, args[i]), true
-		case hasCgroup && (strings.HasPrefix(a, "--cgroup=") || strings.HasPrefix(a, "-cgroup=")):
-			_, v, _ := strings.Cut(a, "=")
-			cgroups, inCgroup = append(cgroups, v), true
-		case a == "--json" || a == "-json":
-			asJSON = true
-		case strings.HasPrefix(a, "-"):
-			return "", nil, false, cli.Exit(fmt.Sprintf("%s: unknown flag %q (see --help)", c.Command.HelpName, a), 2)
-		case inCgroup:
-			cgroups = append(cgroups, a) // --cgroup PATH PATH...
-		default:
-			rest = append(rest, a)
 		}
+		rest = names
 	}
 	if len(rest) > 1 || len(rest) == 0 && !optional {
 		return "", nil, false, cli.Exit(fmt.Sprintf("%s needs exactly one PROJECT argument, got %d", c.Command.HelpName, len(rest)), 2)
