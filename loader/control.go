@@ -95,11 +95,18 @@ type projectEntry struct {
 }
 
 // readProjects reads the projects table, in batches: the entries of the ids
-// named in names, and of any other id whose counters are not all zero.
+// named in names, and of any other id whose counters are not all zero. Only
+// the ids up to projHigh are read (ids are given lowest first, so about as
+// many as there are projects, not the table's 16,384: BenchmarkSnapshot);
+// a ReadOnly, which gives none, reads them all.
 func (l *Limiter) readProjects(names []string) ([]projectEntry, error) {
 	var out []projectEntry
 	id := uint64(0)
-	err := readArray(l.objs.FsProjects, func(v limiterFsProject) {
+	n := l.projHigh + 1
+	if l.readOnly {
+		n = l.objs.FsProjects.MaxEntries()
+	}
+	err := readArrayN(l.objs.FsProjects, n, func(v limiterFsProject) {
 		named := id < uint64(len(names)) && names[id] != ""
 		if id != 0 && (named || v != (limiterFsProject{})) {
 			out = append(out, projectEntry{id, v})

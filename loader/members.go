@@ -88,9 +88,22 @@ func (l *Limiter) loadMembership() error {
 	it := l.objs.FsMembers.Iterate()
 	for it.Next(&cg, &v) {
 		l.memb.members[cg] = memberRec{project: v.Project, flags: v.Flags}
+		l.projHigh = max(l.projHigh, v.Project)
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("reading the members map: %w", err)
+	}
+	// The one full read of the projects table: an id an earlier run gave
+	// may still count (its counters not zero) though it has no name now.
+	id := uint32(0)
+	err = readArray(l.objs.FsProjects, func(v limiterFsProject) {
+		if v != (limiterFsProject{}) || int(id) < len(l.memb.names) && l.memb.names[id] != "" {
+			l.projHigh = max(l.projHigh, id)
+		}
+		id++
+	})
+	if err != nil {
+		return fmt.Errorf("reading projects map: %w", err)
 	}
 	// The paths of the pinned members (a restart's cost, ~3 us each); one
 	// whose cgroup is gone keeps none and is listed by id.
@@ -438,6 +451,7 @@ func (l *Limiter) allocIDs() error {
 		}
 		l.memb.names[next] = name
 		l.memb.ids[name] = next
+		l.projHigh = max(l.projHigh, next)
 		l.setName(next, name)
 	}
 	return nil

@@ -283,15 +283,28 @@ func (l *Limiter) readSlots(fn func(cookie uint64, v limiterFsSock)) error {
 // readArray calls fn for every value of the array m, read in batches of
 // slotBatch entries per system call.
 func readArray[V any](m *ebpf.Map, fn func(V)) error {
-	n := int(min(m.MaxEntries(), slotBatch))
-	keys := make([]uint32, n)
-	vals := make([]V, n)
+	return readArrayN(m, m.MaxEntries(), fn)
+}
+
+// readArrayN calls fn for the first n entries of the array m (all of them
+// if it has fewer), in batches.
+func readArrayN[V any](m *ebpf.Map, n uint32, fn func(V)) error {
+	n = min(n, m.MaxEntries())
+	batch := int(min(n, slotBatch))
+	if batch == 0 {
+		return nil
+	}
+	keys := make([]uint32, batch)
+	vals := make([]V, batch)
 	var cursor ebpf.MapBatchCursor
-	for {
-		got, err := m.BatchLookup(&cursor, keys, vals, nil)
+	left := int(n)
+	for left > 0 {
+		want := min(left, batch)
+		got, err := m.BatchLookup(&cursor, keys[:want], vals[:want], nil)
 		for _, v := range vals[:got] {
 			fn(v)
 		}
+		left -= got
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil
 		}
@@ -299,6 +312,7 @@ func readArray[V any](m *ebpf.Map, fn func(V)) error {
 			return fmt.Errorf("reading %s: %w", m, err)
 		}
 	}
+	return nil
 }
 
 // readResv calls fn for each reservation: those in their slot of
