@@ -291,26 +291,3 @@ func TestRefusesNonRootPeer(t *testing.T) {
 		t.Errorf("root after the refusals: %v", err)
 	}
 }
-
-// TestKernelCounts: while the kernel takes no members, only a child of the
-// projects root it counts is limited there; once it takes members, every
-// member; without BPF, none.
-func TestKernelCounts(t *testing.T) {
-	root := "/sys/fs/cgroup/fairshare"
-	for _, c := range []struct {
-		m      Membership
-		cgroup string
-		want   bool
-	}{
-		{Membership{KernelRoot: root}, root + "/web", true},
-		{Membership{KernelRoot: root}, root + "/web/workers", false},
-		{Membership{KernelRoot: root}, "/sys/fs/cgroup/kubepods/pod1", false},
-		{Membership{KernelRoot: root}, root, false},
-		{Membership{Kernel: true}, "/sys/fs/cgroup/kubepods/pod1", true},
-		{Membership{}, root + "/web", false},
-	} {
-		if got := c.m.KernelCounts(c.cgroup); got != c.want {
-			t.Errorf("kernel %v root %q: KernelCounts(%s) = %v, want %v", c.m.Kernel, c.m.KernelRoot, c.cgroup, got, c.want)
-		}
-	}
-}

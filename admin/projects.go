@@ -3,7 +3,6 @@
 package admin
 
 import (
-	"path/filepath"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/membership"
@@ -26,28 +25,11 @@ type Membership struct {
 	// Changed is when the members in force last changed.
 	Changed time.Time `json:"changed,omitzero"`
 	// Kernel says the kernel's programs place sockets by these members
-	// (their membership map); false while they still place them by the
-	// children of projects_root.
+	// (their membership map): false without BPF.
 	Kernel bool `json:"kernel"`
-	// KernelRoot is set while the kernel's programs are loaded but take no
-	// members (Kernel false): the directory (projects_root) whose children
-	// they count, each as the project of its directory's name, whatever the
-	// sources say of it. A member that is not a child of KernelRoot is shown
-	// and named, but its connections are not limited in the kernel.
-	KernelRoot string `json:"kernel_root,omitempty"`
-	// Unenforced counts those members: in force, and not counted by the
-	// kernel (set with KernelRoot).
-	Unenforced int `json:"unenforced,omitempty"`
 	// Netns lists the network namespaces of the members' processes; nil
 	// when they are not looked for.
 	Netns *Netns `json:"netns,omitempty"`
-}
-
-// KernelCounts says whether the kernel's programs limit the connections of
-// the member at cgroup: every member once the kernel takes members; until
-// then only a child of KernelRoot; none without BPF.
-func (m *Membership) KernelCounts(cgroup string) bool {
-	return m.Kernel || m.KernelRoot != "" && filepath.Dir(cgroup) == m.KernelRoot
 }
 
 // MemberSource is one source of membership.

@@ -23,9 +23,6 @@ func (d *Daemon) Status(context.Context) (admin.Status, error) {
 		if err != nil {
 			return admin.Status{}, err
 		}
-		if ps.Enforcer == "kernel" {
-			d.projects.nameKernelRows(&ps)
-		}
 		st.Pools = append(st.Pools, ps)
 	}
 	if d.kernel != nil {

@@ -157,9 +157,7 @@ func New(opts Options) (*Daemon, error) {
 		if d.kernel, err = openKernel(cfg, log, d.events); err != nil {
 			return nil, err
 		}
-		if d.projects.kernel = d.kernel.members(); d.projects.kernel == nil {
-			d.projects.kernelRoot = d.kernel.root
-		}
+		d.projects.kernel = d.kernel.members()
 	} else {
 		log.Warn("bpf disabled by configuration: connections are NOT enforced on this node")
 	}

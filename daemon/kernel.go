@@ -432,10 +432,7 @@ func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) 
 }
 
 // memberKernel is what the membership (projects) needs of the kernel side:
-// the loader's SetMembers, AttachNetns and DetachGone (design17). Until the
-// loader has them, kernelSide.members is nil and the programs place a
-// socket by the child of projects_root it is below, as before: the
-// directory source's members, and the systemd source's slices.
+// the loader's SetMembers, AttachNetns and DetachGone (design17).
 type memberKernel interface {
 	// Members are the kernel's members now: after a restart, the members
 	// in force, which win conflicts over newcomers.

@@ -57,12 +57,9 @@ type projects struct {
 	kube    *kube.Source       // the kubernetes source; nil when not configured
 	store   *policy.Store
 	scan    *netnsscan.Scanner // nil when the scan could not start
-	kernel  memberKernel       // nil until the kernel takes members (kernel.go)
-	// kernelRoot is the projects root the kernel's programs count the
-	// children of, while they take no members (kernel nil); "" otherwise.
-	kernelRoot string
-	wake       chan struct{}
-	closers    []io.Closer
+	kernel  memberKernel       // nil without BPF (kernel.go)
+	wake    chan struct{}
+	closers []io.Closer
 
 	regMu   sync.Mutex // serialises registrations; guards the fields below
 	regs    []membership.Member
@@ -707,14 +704,6 @@ func (p *projects) publish() {
 	if m.Members == nil {
 		m.Members = []admin.Member{}
 	}
-	if p.kernel == nil && p.kernelRoot != "" {
-		m.KernelRoot = p.kernelRoot
-		for _, e := range m.Members {
-			if !m.KernelCounts(e.Cgroup) {
-				m.Unenforced++
-			}
-		}
-	}
 	counts := map[string][2]int{}
 	for _, e := range p.inForce.Accepted {
 		c := counts[e.Source]
@@ -786,19 +775,4 @@ func (p *projects) projectOf(id uint64) (string, error) {
 		return e.Project, nil
 	}
 	return "", nil
-}
-
-// nameKernelRows names the kernel pool's rows by project. While the kernel
-// takes no members, the loader names an entry by its cgroup's directory
-// below projects_root: the project's name for the directory source, but
-// fairshare-<name>.slice for the systemd source.
-func (p *projects) nameKernelRows(pool *admin.Pool) {
-	if p.root == "" || p.kernel != nil {
-		return
-	}
-	for i, r := range pool.Projects {
-		if e, ok := p.find(filepath.Join(p.root, r.Project)); ok && filepath.Dir(e.Cgroup) == p.root {
-			pool.Projects[i].Project = e.Project
-		}
-	}
 }

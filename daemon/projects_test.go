@@ -229,13 +229,6 @@ func TestSystemdProjects(t *testing.T) {
 	if id, err := cgroup.ID(units[`fairshare-web\x2dapi.slice/api.service`]); err != nil || first(d.projects.projectOf(id)) != "web-api" {
 		t.Errorf("projectOf(api.service) = %q (%v), want web-api", first(d.projects.projectOf(id)), err)
 	}
-	// The kernel pool's rows name the slice's project (the loader names
-	// them by directory until it takes members).
-	pool := admin.Pool{Enforcer: "kernel", Projects: []admin.Project{{Project: `fairshare-web\x2dapi.slice`}, {Project: "stray.service"}, {Project: "#42"}}}
-	d.projects.nameKernelRows(&pool)
-	if got := []string{pool.Projects[0].Project, pool.Projects[1].Project, pool.Projects[2].Project}; !slices.Equal(got, []string{"web-api", "stray.service", "#42"}) {
-		t.Fatalf("kernel rows %v", got)
-	}
 }
 
 // TestNetnsOfMembers: the daemon finds the network namespace of a pod

@@ -352,12 +352,12 @@ func printMembers(w io.Writer, m admin.Membership, each, kernel bool) error {
 	})
 	if each {
 		// KERNEL says whether the kernel limits the member's connections
-		// (admin.Membership.KernelCounts).
+		// (admin.Membership.Kernel: all of them, or none without BPF).
 		head, col := "PROJECT\tSOURCE\tCGROUP", func(admin.Member) string { return "" }
 		if kernel {
 			head = "PROJECT\tSOURCE\tKERNEL\tCGROUP"
 			col = func(e admin.Member) string {
-				if m.KernelCounts(e.Cgroup) {
+				if m.Kernel {
 					return "yes\t"
 				}
 				return "no\t"

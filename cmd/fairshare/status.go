@@ -213,16 +213,6 @@ func printMembership(w io.Writer, m *admin.Membership, enforced bool) error {
 	switch {
 	case m.Kernel:
 		fmt.Fprintln(w, "the kernel limits connections by these members")
-	case m.KernelRoot != "":
-		// Say exactly what the kernel enforces while it takes no members.
-		fmt.Fprintf(w, "the kernel takes no members yet: it limits connections by the child of %s a socket's cgroup is in, "+
-			"as the project of that directory's name, whatever the sources say of it",
-			projectname.Display(m.KernelRoot))
-		if m.Unenforced > 0 {
-			fmt.Fprintf(w, "; %d of %d members are elsewhere and are NOT limited in the kernel ('fairshare project list' marks them)",
-				m.Unenforced, len(m.Members))
-		}
-		fmt.Fprintln(w)
 	case enforced:
 		fmt.Fprintln(w, "the kernel takes no members")
 	default:
