@@ -103,6 +103,9 @@ type Connections struct {
 	// limits.MinReservationTTL and limits.MaxReservationTTL, 0 for the
 	// kernel side's default (3s). See limits.DefaultReservationTTL.
 	ReservationTTL time.Duration `yaml:"reservation_ttl"`
+	// MaxNetns bounds the network namespaces inbound admission is attached
+	// in besides the daemon's own: 1 to limits.MaxNetns.
+	MaxNetns int `yaml:"max_netns"`
 }
 
 // Permits configures the local permit API (package permitd) that serves the
@@ -443,6 +446,9 @@ func (c *Config) Validate() error {
 	}
 	if err := c.checkValues(); err != nil {
 		return bad("%v", err)
+	}
+	if n := c.Connections.MaxNetns; n < 1 || n > limits.MaxNetns {
+		return bad("connections.max_netns must be between 1 and %d, got %d", limits.MaxNetns, n)
 	}
 	if ttl := c.Connections.ReservationTTL; ttl != 0 && (ttl < limits.MinReservationTTL || ttl > limits.MaxReservationTTL) {
 		return bad("connections.reservation_ttl must be 0 (the default) or between %s and %s, got %s",

@@ -142,7 +142,7 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink) (*kernelSi
 		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window,
 		Logger: log,
 		Exempt: exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
-		ReservationTTL: cfg.Connections.ReservationTTL,
+		ReservationTTL: cfg.Connections.ReservationTTL, MaxNetns: cfg.Connections.MaxNetns,
 	})
 	if err != nil {
 		return nil, loadError(cfg.PinDir, err)
@@ -443,6 +443,10 @@ type memberKernel interface {
 	AttachNetns(ns *os.File, nsPath string) (netnsInfo, error)
 	DetachGone() ([]netnsInfo, error)
 }
+
+// errNetnsFull is AttachNetns's error at the attach cap
+// (connections.max_netns).
+var errNetnsFull = loader.ErrNetnsFull
 
 // membersReport is the loader's MembersReport.
 type membersReport struct {

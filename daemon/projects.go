@@ -81,6 +81,7 @@ type projects struct {
 	attached   map[uint64]admin.Namespace // by inode: attach attempts and results
 	podNetns   map[uint64]bool            // attached by the kubernetes source's word, by inode
 	podRefused map[string]string          // pods whose namespace was not opened, and why (logged once)
+	netnsFull  bool                       // an attach met the cap, and none succeeded since (logged once)
 
 	view atomic.Pointer[admin.Membership]
 	tree atomic.Pointer[membership.Tree]
@@ -492,12 +493,16 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 		info, err := p.kernel.AttachNetns(f, h.Path)
 		f.Close()
 		switch {
+		case errors.Is(err, errNetnsFull):
+			a.Error = err.Error()
+			p.atCap(ino, []string{h.Project}, err)
 		case err != nil:
 			a.Error = err.Error()
 			p.log.Warn("inbound admission not attached in a pod's network namespace", "pod", h.Pod, "project", h.Project,
 				"inode", ino, "err", err)
 		default:
 			a.Attached, a.Cookie = true, info.Cookie
+			p.belowCap()
 			p.log.Info("inbound admission attached in a pod's network namespace", "pod", h.Pod, "project", h.Project,
 				"inode", ino, "cookie", info.Cookie)
 		}
@@ -646,36 +651,7 @@ func (p *projects) stepNetns() {
 			p.attached[n.Inode] = a
 			continue
 		}
-		a := admin.Namespace{Namespace: n}
-		if p.kernel != nil {
-			// Opened through a pidfd, and only while the pid is a process
-			// of the member's cgroup: one that exited and whose pid was
-			// reused between the scan and here names another namespace,
-			// maybe another tenant's, which must not get the link.
-			f, ino, err := netnsscan.OpenPid(n.PID, p.mount, n.Cgroup)
-			var info netnsInfo
-			if err == nil {
-				if ino == n.Inode {
-					info, err = p.kernel.AttachNetns(f, n.Path)
-				}
-				f.Close()
-			}
-			switch {
-			case errors.Is(err, netnsscan.ErrNotThatProcess) || err == nil && ino != n.Inode:
-				// The process left, or its namespace: try again at the
-				// next sweep.
-				a.Error = fmt.Sprintf("process %d left its namespace or its cgroup before the attach", n.PID)
-			case err != nil:
-				a.Error = err.Error()
-				p.log.Warn("inbound admission not attached in a network namespace", "inode", n.Inode, "path", n.Path,
-					"projects", n.Projects, "err", err)
-			default:
-				a.Attached, a.Cookie = true, info.Cookie
-				p.log.Info("inbound admission attached in a network namespace", "inode", n.Inode, "cookie", info.Cookie,
-					"projects", n.Projects)
-			}
-		}
-		p.attached[n.Inode] = a
+		p.attachFound(n)
 	}
 	for _, n := range ch.Gone {
 		delete(p.attached, n.Inode)
@@ -690,10 +666,88 @@ func (p *projects) stepNetns() {
 			p.log.Info("inbound admission detached from a gone network namespace", "inode", g.Inode, "cookie", g.Cookie)
 		}
 	}
-	for ino, a := range p.attached {
-		if !a.Attached && a.Error != "" && ch.Swept {
-			delete(p.attached, ino) // attached again when the scan finds it anew
+	if !ch.Swept || p.kernel == nil {
+		return
+	}
+	// At the end of each sweep, the namespaces not attached are tried
+	// again (a few at a time: an attach loads a program): one refused at
+	// the attach cap is attached once others have gone, one whose process
+	// left is tried by the process the sweep saw last.
+	budget := podNetnsPerApply
+	for _, n := range p.scan.Namespaces() {
+		if a, ok := p.attached[n.Inode]; ok && a.Attached {
+			continue
 		}
+		if budget == 0 {
+			break
+		}
+		budget--
+		p.attachFound(n)
+	}
+}
+
+// attachFound attaches inbound admission in a namespace the scan found,
+// opened through its process's pidfd while the process is in the member's
+// cgroup where the scan saw it: one that exited and whose pid was reused
+// since names another namespace, maybe another tenant's, which must not get
+// the link. A refusal at the attach cap is logged once until an attach
+// succeeds again; another error once for the namespace until it changes.
+func (p *projects) attachFound(n netnsscan.Namespace) {
+	prev := p.attached[n.Inode]
+	a := admin.Namespace{Namespace: n}
+	if p.kernel == nil {
+		p.attached[n.Inode] = a
+		return
+	}
+	f, ino, err := netnsscan.OpenPid(n.PID, p.mount, n.Cgroup)
+	var info netnsInfo
+	if err == nil {
+		if ino == n.Inode {
+			info, err = p.kernel.AttachNetns(f, n.Path)
+		}
+		f.Close()
+	}
+	switch {
+	case errors.Is(err, netnsscan.ErrNotThatProcess) || err == nil && ino != n.Inode:
+		// The process left, or its namespace: tried again after the
+		// next sweep.
+		a.Error = fmt.Sprintf("process %d left its namespace or its cgroup before the attach", n.PID)
+	case errors.Is(err, errNetnsFull):
+		a.Error = err.Error()
+		p.atCap(n.Inode, n.Projects, err)
+	case err != nil:
+		a.Error = err.Error()
+		if prev.Error != a.Error {
+			p.log.Warn("inbound admission not attached in a network namespace", "inode", n.Inode, "path", n.Path,
+				"projects", n.Projects, "err", err)
+		}
+	default:
+		a.Attached, a.Cookie = true, info.Cookie
+		p.belowCap()
+		p.log.Info("inbound admission attached in a network namespace", "inode", n.Inode, "cookie", info.Cookie,
+			"projects", n.Projects)
+	}
+	p.attached[n.Inode] = a
+}
+
+// atCap logs, once until an attach succeeds again, that an attach met the
+// cap on attached namespaces: a tenant that makes namespaces by the
+// thousand costs one line, not one per namespace and sweep.
+func (p *projects) atCap(ino uint64, projects []string, err error) {
+	if p.netnsFull {
+		return
+	}
+	p.netnsFull = true
+	p.log.Warn("network namespaces are at the attach cap (connections.max_netns): new ones of the projects are not "+
+		"enforced inbound until attached ones go, and are tried again at each sweep; those attached stay enforced "+
+		"('fairshare project list' shows which are waiting)", "inode", ino, "projects", projects, "err", err)
+}
+
+// belowCap notes an attach that succeeded.
+func (p *projects) belowCap() {
+	if p.netnsFull {
+		p.netnsFull = false
+		p.log.Info("network namespaces are below the attach cap again: those waiting are attached at the next sweeps")
 	}
 }
 

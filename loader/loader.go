@@ -94,10 +94,9 @@ const (
 	DefaultMaxProjects = 16384
 	DefaultMaxMembers  = 65536
 	DefaultMaxDepth    = 8
-	// DefaultMaxNetns bounds the namespaces AttachNetns attaches: each
-	// costs a program instance (BenchmarkAttachNetns), and a tenant can
-	// make namespaces.
-	DefaultMaxNetns = 4096
+	// DefaultMaxNetns bounds the namespaces AttachNetns attaches
+	// (limits.DefaultMaxNetns).
+	DefaultMaxNetns = limits.DefaultMaxNetns
 	// MaxDepth bounds Options.MaxDepth (MAX_DEPTH in bpf/lib/project.h).
 	MaxDepth = 16
 )

@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -190,53 +192,9 @@ func TestPodNetnsEnforced(t *testing.T) {
 	if out, errOut, code := n.project("add", "team-a", "--cgroup", pods[0].Cgroup); code != 0 {
 		t.Fatalf("add: exit %d\n%s%s", code, out, errOut)
 	}
-
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := exec.Command(self, "-test.run=^$")
-	srv.Env = append(cleanEnv(), podListenEnv+"=127.0.0.1:0")
-	srv.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
-	stdin, out := testutil.Pipes(t, srv)
-	testutil.StartInCgroup(t, srv, pods[0].Containers[0])
-	defer stdin.Close()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
-	if err != nil || !ok {
-		t.Fatalf("server said %q (%v)", line, err)
-	}
-	nsPath := fmt.Sprintf("/proc/%d/ns/net", srv.Process.Pid)
-
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		m := n.members()
-		attached := false
-		if m.Netns != nil {
-			for _, ns := range m.Netns.Namespaces {
-				attached = attached || ns.PID == srv.Process.Pid && ns.Attached
-			}
-		}
-		if attached {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the pod's namespace was not attached: %+v", m.Netns)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-
-	cli := exec.Command("nsenter", "--net="+nsPath, "--", self, "-test.run=^$")
-	cli.Env = append(cleanEnv(), connectEnv+"="+addr+" 6")
-	cin, cout := testutil.Pipes(t, cli)
-	testutil.StartInCgroup(t, cli, clients)
-	defer cin.Close()
-	var ok4, refused int
-	line, err = bufio.NewReader(cout).ReadString('\n')
-	if _, serr := fmt.Sscanf(line, "ok %d %d", &ok4, &refused); err != nil || serr != nil {
-		t.Fatalf("client said %q (%v)", line, err)
-	}
-	if ok4 != 4 || refused != 2 {
+	srv := startPodServer(t, pods[0].Containers[0])
+	n.waitAttached(srv.pid, 15*time.Second)
+	if ok4, refused := connectIn(t, srv, clients, 6); ok4 != 4 || refused != 2 {
 		t.Fatalf("client in the pod's namespace: %d connected, %d refused; want 4 and 2 with a pool of 4", ok4, refused)
 	}
 	eventually(t, func() error {
@@ -246,4 +204,72 @@ func TestPodNetnsEnforced(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// podServer is a listener in a network namespace of its own, in a pod's
+// container cgroup.
+type podServer struct {
+	pid  int
+	addr string // in its namespace
+}
+
+// startPodServer starts a listener (the test binary, podListenEnv) in a new
+// network namespace in the cgroup dir; it ends with the test.
+func startPodServer(t *testing.T, dir string) podServer {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := exec.Command(self, "-test.run=^$")
+	srv.Env = append(cleanEnv(), podListenEnv+"=127.0.0.1:0")
+	srv.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	stdin, out := testutil.Pipes(t, srv)
+	testutil.StartInCgroup(t, srv, dir)
+	t.Cleanup(func() { stdin.Close() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
+	if err != nil || !ok {
+		t.Fatalf("server said %q (%v)", line, err)
+	}
+	return podServer{pid: srv.Process.Pid, addr: addr}
+}
+
+// waitAttached waits until the daemon shows the namespace of process pid
+// attached.
+func (n *node) waitAttached(pid int, within time.Duration) {
+	t := n.t
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		m := n.members()
+		if m.Netns != nil && slices.ContainsFunc(m.Netns.Namespaces, func(ns admin.Namespace) bool { return ns.PID == pid && ns.Attached }) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the namespace of process %d was not attached: %+v", pid, m.Netns)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// connectIn opens k connections to srv from inside its namespace, from a
+// process in the cgroup dir, and returns how many connected and how many
+// were refused; they are held until the test ends.
+func connectIn(t *testing.T, srv podServer, dir string, k int) (ok, refused int) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", srv.pid), "--", self, "-test.run=^$")
+	cli.Env = append(cleanEnv(), connectEnv+"="+srv.addr+" "+strconv.Itoa(k))
+	cin, cout := testutil.Pipes(t, cli)
+	testutil.StartInCgroup(t, cli, dir)
+	t.Cleanup(func() { cin.Close() })
+	line, err := bufio.NewReader(cout).ReadString('\n')
+	if _, serr := fmt.Sscanf(line, "ok %d %d", &ok, &refused); err != nil || serr != nil {
+		t.Fatalf("client said %q (%v)", line, err)
+	}
+	return ok, refused
 }

@@ -42,3 +42,13 @@ const (
 	MinReservationTTL = 100 * time.Millisecond
 	MaxReservationTTL = 2 * time.Minute
 )
+
+// DefaultMaxNetns is how many network namespaces the kernel side attaches
+// inbound admission in besides the daemon's own (connections.max_netns):
+// each costs a program instance (BenchmarkAttachNetns, ~30 ms to load),
+// and a tenant's processes can make namespaces. MaxNetns bounds the
+// setting.
+const (
+	DefaultMaxNetns = 4096
+	MaxNetns        = 65536
+)

@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+)
+
+// TestNetnsCapFlood: an unprivileged user of one tenant (nobody, in
+// team-b's pod) makes network namespaces past the attach cap
+// (connections.max_netns: 3). The daemon attaches up to the cap, logs
+// the cap once however many sweeps see the flood, and keeps running;
+// team-a's namespace, attached before, stays enforced; a namespace team-a
+// makes during the flood waits, and is attached and enforced once the
+// flood's namespaces are gone.
+func TestNetnsCapFlood(t *testing.T) {
+	n := newNode(t, "pools: {connections: {size: 4}}\nconnections: {max_netns: 3}\ntick: 200ms\n")
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-e2e-netnscap-")
+	pods := testutil.KubeletCgroupfs(t, top, []string{"burstable", "besteffort"}, 2)
+	clients := testutil.MkCgroup(t, top, "clients")
+	n.start()
+	for i, name := range []string{"team-a", "team-b"} {
+		if out, errOut, code := n.project("add", name, "--cgroup", pods[i].Cgroup); code != 0 {
+			t.Fatalf("add %s: exit %d\n%s%s", name, code, out, errOut)
+		}
+	}
+	victim := startPodServer(t, pods[0].Containers[0])
+	n.waitAttached(victim.pid, 15*time.Second)
+
+	// nobody makes namespaces of its own (a user namespace each), in
+	// team-b's container.
+	const flood = 8
+	var flooders []*exec.Cmd
+	for range flood {
+		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare", "-rn", "sleep", "120")
+		testutil.StartInCgroup(t, cmd, pods[1].Containers[0])
+		flooders = append(flooders, cmd)
+	}
+	waiting := func(m admin.Membership, project string) (attached, full int) {
+		for _, ns := range m.Netns.Namespaces {
+			if !strings.Contains(strings.Join(ns.Projects, ","), project) {
+				continue
+			}
+			if ns.Attached {
+				attached++
+			} else if strings.Contains(ns.Error, "too many network namespaces attached") {
+				full++
+			}
+		}
+		return attached, full
+	}
+	eventually(t, func() error {
+		if a, f := waiting(n.members(), "team-b"); a != 2 || f != flood-2 {
+			return fmt.Errorf("team-b's namespaces: %d attached, %d at the cap; want 2 and %d", a, f, flood-2)
+		}
+		return nil
+	})
+	// team-a makes a namespace during the flood: it waits.
+	late := startPodServer(t, pods[0].Containers[1])
+	eventually(t, func() error {
+		for _, ns := range n.members().Netns.Namespaces {
+			if ns.PID == late.pid && !ns.Attached && strings.Contains(ns.Error, "too many network namespaces attached") {
+				return nil
+			}
+		}
+		return fmt.Errorf("team-a's new namespace not shown waiting at the cap")
+	})
+	time.Sleep(time.Second) // several sweeps at the cap
+
+	// The namespace attached before the flood is enforced as before.
+	if ok, refused := connectIn(t, victim, clients, 6); ok != 4 || refused != 2 {
+		t.Fatalf("client in team-a's namespace during the flood: %d connected, %d refused; want 4 and 2 with a pool of 4", ok, refused)
+	}
+	if n.cmd == nil || n.cmd.ProcessState != nil {
+		t.Fatal("the daemon is not running")
+	}
+	capLines := func() int {
+		k := 0
+		for line := range strings.Lines(n.log.String()) {
+			var rec struct{ Level, Msg string }
+			if json.Unmarshal([]byte(line), &rec) == nil && strings.Contains(rec.Msg, "attach cap") && rec.Level == "WARN" {
+				k++
+			}
+		}
+		return k
+	}
+	if k := capLines(); k != 1 {
+		t.Errorf("%d log lines about the cap during the flood, want 1:\n%s", k, n.log)
+	}
+	if k := strings.Count(n.log.String(), "inbound admission not attached"); k != 0 {
+		t.Errorf("%d lines per namespace not attached, want none (the cap's one line says it)", k)
+	}
+
+	// The flood ends: its namespaces go, the late one is attached and
+	// enforced.
+	for _, cmd := range flooders {
+		testutil.Stop(cmd)
+	}
+	n.waitAttached(late.pid, 15*time.Second)
+	for _, c := range n.status().Pools {
+		if c.Name == "connections" {
+			if pr := project(c, "team-a"); pr.Held != 4 {
+				t.Fatalf("team-a holds %d before the late namespace's connections, want 4", pr.Held)
+			}
+		}
+	}
+	if ok, refused := connectIn(t, late, clients, 2); ok != 0 || refused != 2 {
+		t.Errorf("client in team-a's late namespace, the pool full: %d connected, %d refused; want 0 and 2", ok, refused)
+	}
+	if !strings.Contains(n.log.String(), "below the attach cap again") {
+		t.Errorf("no line says the cap was left")
+	}
+}
