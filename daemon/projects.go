@@ -68,20 +68,22 @@ type projects struct {
 	waitMu  sync.Mutex      // guards the field below
 	waiters []chan struct{} // closed when the next apply ends
 
-	applyMu    sync.Mutex // serialises apply; guards the fields below
-	found      map[string]*sourceState
-	applied    bool      // an apply ran
-	first      time.Time // the first apply's time
-	holding    bool      // the kernel's members are held for an unread source
-	inForce    membership.Result
-	changed    time.Time
-	logged     map[membership.Refusal]bool // refusals reported, so each is logged once
-	kRefused   []membership.Refusal        // refused by the kernel side
-	kErr       string
-	attached   map[uint64]admin.Namespace // by inode: attach attempts and results
-	podNetns   map[uint64]bool            // attached by the kubernetes source's word, by inode
-	podRefused map[string]string          // pods whose namespace was not opened, and why (logged once)
-	netnsFull  bool                       // an attach met the cap, and none succeeded since (logged once)
+	applyMu  sync.Mutex // serialises apply; guards the fields below
+	found    map[string]*sourceState
+	applied  bool      // an apply ran
+	first    time.Time // the first apply's time
+	holding  bool      // the kernel's members are held for an unread source
+	inForce  membership.Result
+	changed  time.Time
+	logged   map[membership.Refusal]bool // refusals reported, so each is logged once
+	kRefused []membership.Refusal        // refused by the kernel side
+	kErr     string
+	attached map[uint64]admin.Namespace // by inode: attach attempts and results
+	podNetns map[uint64]bool            // attached by the kubernetes source's word, by inode
+	// pods whose namespace was not opened, and why (logged once)
+	podRefused map[string]string
+	// an attach met the cap, and none succeeded since (logged once)
+	netnsFull bool
 
 	view atomic.Pointer[admin.Membership]
 	tree atomic.Pointer[membership.Tree]

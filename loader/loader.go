@@ -197,13 +197,13 @@ type Limiter struct {
 	// hold mu (the event reader): what allocIDs and freeLocked wrote.
 	namesMu  sync.Mutex
 	nameMap  map[uint64]string
-	readOnly bool             // OpenReadOnly's: names are read from the pins
-	memb     kernelMembership // what SetMembers wrote (members.go)
+	readOnly bool                  // OpenReadOnly's: names are read from the pins
+	memb     kernelMembership      // what SetMembers wrote (members.go)
+	nets     map[uint64]*netnsLink // per-netns sk_lookup instances by cookie (netns.go)
 	// projHigh is the highest project id given since Open (or named, or
 	// counting, in the pins at Open): the ids above it have never been
 	// used, so their entries are zero and readProjects reads up to it.
 	projHigh uint32
-	nets     map[uint64]*netnsLink // per-netns sk_lookup instances by cookie (netns.go)
 	// The sk_lookup program alone and the maps it shares, made once;
 	// attachM serialises AttachNetns and guards them after Open.
 	attachM     sync.Mutex

@@ -35,7 +35,8 @@ func TestTakePermit(t *testing.T) {
 			for id := range l.exemptIDs {
 				ex = id
 			}
-			const proj = 7 // any id in range: take_permit needs no name
+			mkProject(t, root, "p")
+			proj := uint64(l.memb.ids["p"]) // take_permit needs no member, only an id given
 			exProj := uint64(l.memb.ids["ex"])
 			take := func(project uint64, holder uint16) int64 {
 				t.Helper()
@@ -66,7 +67,7 @@ func TestTakePermit(t *testing.T) {
 			s := snap(t, l)
 			var p ProjectCounters
 			for _, pc := range s.Projects {
-				if pc.ID == proj {
+				if uint64(pc.ID) == proj {
 					p = pc
 				}
 			}
