@@ -106,6 +106,11 @@ type Connections struct {
 	// MaxNetns bounds the network namespaces inbound admission is attached
 	// in besides the daemon's own: 1 to limits.MaxNetns.
 	MaxNetns int `yaml:"max_netns"`
+	// MaxNetnsPerProject bounds those of one project (a namespace counts
+	// for each project whose processes are in it), so that one tenant
+	// making namespaces cannot take all of MaxNetns: 1 to limits.MaxNetns
+	// (past MaxNetns it bounds nothing).
+	MaxNetnsPerProject int `yaml:"max_netns_per_project"`
 }
 
 // Permits configures the local permit API (package permitd) that serves the
@@ -449,6 +454,9 @@ func (c *Config) Validate() error {
 	}
 	if n := c.Connections.MaxNetns; n < 1 || n > limits.MaxNetns {
 		return bad("connections.max_netns must be between 1 and %d, got %d", limits.MaxNetns, n)
+	}
+	if n := c.Connections.MaxNetnsPerProject; n < 1 || n > limits.MaxNetns {
+		return bad("connections.max_netns_per_project must be between 1 and %d, got %d", limits.MaxNetns, n)
 	}
 	if ttl := c.Connections.ReservationTTL; ttl != 0 && (ttl < limits.MinReservationTTL || ttl > limits.MaxReservationTTL) {
 		return bad("connections.reservation_ttl must be 0 (the default) or between %s and %s, got %s",

@@ -57,8 +57,9 @@ func TestConnectionsPoolLimit(t *testing.T) {
 	}
 }
 
-// connections.max_netns: the shipped default is the loader's; 0, negative
-// and past limits.MaxNetns are refused naming the key.
+// connections.max_netns and max_netns_per_project: the shipped default is
+// the loader's; 0, negative and past limits.MaxNetns are refused naming the
+// key.
 func TestMaxNetns(t *testing.T) {
 	if c := Default(); c.Connections.MaxNetns != limits.DefaultMaxNetns {
 		t.Errorf("default max_netns %d, loader's default %d", c.Connections.MaxNetns, limits.DefaultMaxNetns)
@@ -71,6 +72,16 @@ func TestMaxNetns(t *testing.T) {
 		}
 		if !ok && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "connections.max_netns")) {
 			t.Errorf("%d: %v, want ErrInvalid naming connections.max_netns", v, err)
+		}
+	}
+	for v, ok := range map[int]bool{1: true, limits.MaxNetns: true, 0: false, limits.MaxNetns + 1: false} {
+		c := Default()
+		err := Parse(strings.NewReader(fmt.Sprintf("connections: {max_netns_per_project: %d}\n", v)), &c)
+		if ok && (err != nil || c.Connections.MaxNetnsPerProject != v) {
+			t.Errorf("per project %d: %v", v, err)
+		}
+		if !ok && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "connections.max_netns_per_project")) {
+			t.Errorf("per project %d: %v, want ErrInvalid naming connections.max_netns_per_project", v, err)
 		}
 	}
 }

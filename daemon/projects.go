@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -58,8 +59,10 @@ type projects struct {
 	store   *policy.Store
 	scan    *netnsscan.Scanner // nil when the scan could not start
 	kernel  memberKernel       // nil without BPF (kernel.go)
-	wake    chan struct{}
-	closers []io.Closer
+	// netnsPerProject is connections.max_netns_per_project.
+	netnsPerProject int
+	wake            chan struct{}
+	closers         []io.Closer
 
 	regMu   sync.Mutex // serialises registrations; guards the fields below
 	regs    []membership.Member
@@ -84,6 +87,9 @@ type projects struct {
 	podRefused map[string]string
 	// an attach met the cap, and none succeeded since (logged once)
 	netnsFull bool
+	// projects whose attach met connections.max_netns_per_project, and
+	// none of theirs succeeded since (logged once)
+	projectFull map[string]bool
 
 	view atomic.Pointer[admin.Membership]
 	tree atomic.Pointer[membership.Tree]
@@ -112,7 +118,8 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 	}
 	p := &projects{log: log.With("part", "projects"), store: store, wake: make(chan struct{}, 1),
 		found: map[string]*sourceState{}, logged: map[membership.Refusal]bool{}, attached: map[uint64]admin.Namespace{},
-		podNetns: map[uint64]bool{}, podRefused: map[string]string{}}
+		podNetns: map[uint64]bool{}, podRefused: map[string]string{}, projectFull: map[string]bool{},
+		netnsPerProject: cfg.Connections.MaxNetnsPerProject}
 	mount, err := cgroup.FindMount()
 	if err != nil {
 		p.log.Warn("no cgroup2 mount: no project has members, so nothing is placed in a project by its cgroup", "err", err)
@@ -492,9 +499,15 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 		budget--
 		a := admin.Namespace{Namespace: netnsscan.Namespace{Inode: ino, Path: h.Path, PID: h.Pid, Cgroup: h.Cgroup,
 			Projects: []string{h.Project}, Since: now}}
-		info, err := p.kernel.AttachNetns(f, h.Path)
+		var info netnsInfo
+		err = p.projectCap(a.Projects)
+		if err == nil {
+			info, err = p.kernel.AttachNetns(f, h.Path)
+		}
 		f.Close()
 		switch {
+		case errors.Is(err, errProjectNetnsFull):
+			a.Error = err.Error()
 		case errors.Is(err, errNetnsFull):
 			a.Error = err.Error()
 			p.atCap(ino, []string{h.Project}, err)
@@ -504,7 +517,7 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 				"inode", ino, "err", err)
 		default:
 			a.Attached, a.Cookie = true, info.Cookie
-			p.belowCap()
+			p.belowCap(a.Projects)
 			p.log.Info("inbound admission attached in a pod's network namespace", "pod", h.Pod, "project", h.Project,
 				"inode", ino, "cookie", info.Cookie)
 		}
@@ -701,15 +714,21 @@ func (p *projects) attachFound(n netnsscan.Namespace) {
 		p.attached[n.Inode] = a
 		return
 	}
-	f, ino, err := netnsscan.OpenPid(n.PID, p.mount, n.Cgroup)
 	var info netnsInfo
+	ino := n.Inode
+	err := p.projectCap(n.Projects)
 	if err == nil {
-		if ino == n.Inode {
-			info, err = p.kernel.AttachNetns(f, n.Path)
+		var f *os.File
+		if f, ino, err = netnsscan.OpenPid(n.PID, p.mount, n.Cgroup); err == nil {
+			if ino == n.Inode {
+				info, err = p.kernel.AttachNetns(f, n.Path)
+			}
+			f.Close()
 		}
-		f.Close()
 	}
 	switch {
+	case errors.Is(err, errProjectNetnsFull):
+		a.Error = err.Error()
 	case errors.Is(err, netnsscan.ErrNotThatProcess) || err == nil && ino != n.Inode:
 		// The process left, or its namespace: tried again after the
 		// next sweep.
@@ -725,7 +744,7 @@ func (p *projects) attachFound(n netnsscan.Namespace) {
 		}
 	default:
 		a.Attached, a.Cookie = true, info.Cookie
-		p.belowCap()
+		p.belowCap(n.Projects)
 		p.log.Info("inbound admission attached in a network namespace", "inode", n.Inode, "cookie", info.Cookie,
 			"projects", n.Projects)
 	}
@@ -745,12 +764,55 @@ func (p *projects) atCap(ino uint64, projects []string, err error) {
 		"('fairshare project list' shows which are waiting)", "inode", ino, "projects", projects, "err", err)
 }
 
-// belowCap notes an attach that succeeded.
-func (p *projects) belowCap() {
+// belowCap notes an attach that succeeded, for a namespace of projects.
+func (p *projects) belowCap(projects []string) {
 	if p.netnsFull {
 		p.netnsFull = false
 		p.log.Info("network namespaces are below the attach cap again: those waiting are attached at the next sweeps")
 	}
+	for _, pr := range projects {
+		delete(p.projectFull, pr)
+	}
+}
+
+// errProjectNetnsFull refuses an attach for a namespace whose projects are
+// each at connections.max_netns_per_project.
+var errProjectNetnsFull = errors.New("network namespaces attached at connections.max_netns_per_project")
+
+// projectCap refuses the attach of a namespace of projects when each of them
+// has netnsPerProject namespaces attached already, and logs it once for a
+// project until one of its namespaces is attached again: a tenant making
+// namespaces takes at most its bound of the attach cap from the others.
+func (p *projects) projectCap(projects []string) error {
+	if p.netnsPerProject <= 0 || len(projects) == 0 {
+		return nil
+	}
+	held := make(map[string]int, len(projects))
+	for _, a := range p.attached {
+		if !a.Attached {
+			continue
+		}
+		for _, pr := range a.Projects {
+			if slices.Contains(projects, pr) {
+				held[pr]++
+			}
+		}
+	}
+	for _, pr := range projects {
+		if held[pr] < p.netnsPerProject {
+			return nil
+		}
+	}
+	err := fmt.Errorf("%w: %s each %d", errProjectNetnsFull, strings.Join(projects, ", "), p.netnsPerProject)
+	for _, pr := range projects {
+		if !p.projectFull[pr] {
+			p.projectFull[pr] = true
+			p.log.Warn("a project is at its bound of attached network namespaces (connections.max_netns_per_project): "+
+				"its new ones are not enforced inbound until some go; other projects' are", "project", pr,
+				"attached", held[pr])
+		}
+	}
+	return err
 }
 
 // publish rebuilds the view Status and the admin API read. It holds the

@@ -119,3 +119,56 @@ func TestNetnsCapFlood(t *testing.T) {
 		t.Errorf("no line says the cap was left")
 	}
 }
+
+// TestNetnsCapPerProject: one tenant making namespaces takes at most its
+// bound of the attach cap (connections.max_netns_per_project: 2 of 4), so a
+// namespace another tenant makes during the flood is attached and enforced
+// at once; the bound is logged once for the flooding project.
+func TestNetnsCapPerProject(t *testing.T) {
+	n := newNode(t, "pools: {connections: {size: 4}}\nconnections: {max_netns: 4, max_netns_per_project: 2}\ntick: 200ms\n")
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-e2e-netnsproj-")
+	pods := testutil.KubeletCgroupfs(t, top, []string{"burstable", "besteffort"}, 2)
+	clients := testutil.MkCgroup(t, top, "clients")
+	n.start()
+	for i, name := range []string{"team-a", "team-b"} {
+		if out, errOut, code := n.project("add", name, "--cgroup", pods[i].Cgroup); code != 0 {
+			t.Fatalf("add %s: exit %d\n%s%s", name, code, out, errOut)
+		}
+	}
+	victim := startPodServer(t, pods[0].Containers[0])
+	n.waitAttached(victim.pid, 15*time.Second)
+	const flood = 8
+	for range flood {
+		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare", "-rn", "sleep", "120")
+		testutil.StartInCgroup(t, cmd, pods[1].Containers[0])
+	}
+	eventually(t, func() error {
+		attached, bounded := 0, 0
+		for _, ns := range n.members().Netns.Namespaces {
+			if !strings.Contains(strings.Join(ns.Projects, ","), "team-b") {
+				continue
+			}
+			if ns.Attached {
+				attached++
+			} else if strings.Contains(ns.Error, "max_netns_per_project") {
+				bounded++
+			}
+		}
+		if attached != 2 || bounded != flood-2 {
+			return fmt.Errorf("team-b's namespaces: %d attached, %d at its bound; want 2 and %d", attached, bounded, flood-2)
+		}
+		return nil
+	})
+	late := startPodServer(t, pods[0].Containers[1])
+	n.waitAttached(late.pid, 15*time.Second)
+	time.Sleep(time.Second) // several sweeps with team-b at its bound
+	if ok, refused := connectIn(t, victim, clients, 4); ok != 4 || refused != 0 {
+		t.Fatalf("client in team-a's first namespace: %d connected, %d refused; want 4 and 0", ok, refused)
+	}
+	if ok, refused := connectIn(t, late, clients, 2); ok != 0 || refused != 2 {
+		t.Errorf("client in team-a's namespace made during the flood, the pool full: %d connected, %d refused; want 0 and 2", ok, refused)
+	}
+	if k := strings.Count(n.log.String(), "bound of attached network namespaces"); k != 1 {
+		t.Errorf("%d log lines about team-b's bound, want 1:\n%s", k, n.log)
+	}
+}
