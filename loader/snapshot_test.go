@@ -12,35 +12,39 @@ import (
 
 // BenchmarkSnapshot is what a status snapshot and a control-loop Tick cost,
 // both with the limiter's lock held, on a node of 16 projects with the
-// projects table at its default size (DefaultMaxProjects entries).
+// projects table at its default size (DefaultMaxProjects entries), for a
+// pool of 64 and of 4096 (the permit and reservation tables are sized by
+// the pool).
 func BenchmarkSnapshot(b *testing.B) {
 	testutil.RequireRoot(b)
-	root, pin := newRoot(b), newPinDir(b)
-	l := openLimiter(b, root, pin, 64, 1)
-	for i := range 16 {
-		mkProject(b, root, fmt.Sprintf("p%02d", i))
-	}
-	if got := l.objs.FsProjects.MaxEntries(); got != DefaultMaxProjects {
-		b.Fatalf("projects table of %d entries, want the default %d", got, DefaultMaxProjects)
-	}
-	b.Run("snapshot", func(b *testing.B) {
-		for b.Loop() {
-			s, err := l.Snapshot()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if len(s.Projects) != 16 {
-				b.Fatalf("%d projects in the snapshot, want 16", len(s.Projects))
-			}
+	for _, pool := range []uint32{64, 4096} {
+		root, pin := newRoot(b), newPinDir(b)
+		l := openLimiter(b, root, pin, pool, 1)
+		for i := range 16 {
+			mkProject(b, root, fmt.Sprintf("p%02d", i))
 		}
-	})
-	b.Run("tick", func(b *testing.B) {
-		for b.Loop() {
-			if err := l.Tick(time.Now()); err != nil {
-				b.Fatal(err)
-			}
+		if got := l.objs.FsProjects.MaxEntries(); got != DefaultMaxProjects {
+			b.Fatalf("projects table of %d entries, want the default %d", got, DefaultMaxProjects)
 		}
-	})
+		b.Run(fmt.Sprintf("snapshot/pool=%d", pool), func(b *testing.B) {
+			for b.Loop() {
+				s, err := l.Snapshot()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(s.Projects) != 16 {
+					b.Fatalf("%d projects in the snapshot, want 16", len(s.Projects))
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("tick/pool=%d", pool), func(b *testing.B) {
+			for b.Loop() {
+				if err := l.Tick(time.Now()); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
 
 // TestSnapshotReadsIDsInUse: a snapshot reads the projects table only up
