@@ -444,7 +444,7 @@ func CheckKubernetes(ctx context.Context, cfg config.Config) (string, error) {
 	projects := map[string]bool{}
 	in, system, unusable := 0, 0, 0
 	for _, p := range pods {
-		if p.Unusable != "" || kube.CheckPodCgroup(p.Cgroup, k.PodCgroups) != nil {
+		if p.Unusable != "" || kube.CheckPodCgroup(p.Cgroup, p.UID, k.PodCgroups) != nil {
 			unusable++
 			continue
 		}

@@ -239,10 +239,14 @@ var DefaultPodCgroups = []string{"/kubepods", "/kubepods.slice"}
 // CheckPodCgroup checks a pod's cgroup as the runtime reported it (Pod.Cgroup)
 // before it is made a member: it must be an absolute, clean path (no "..",
 // no "." or empty element, no trailing "/") strictly below one of roots
-// (DefaultPodCgroups when nil). The runtime is not trusted with more: a
-// cgroup of "/" or of anything outside the pods' cgroups would put every
-// process of the node, or another tenant's, in the pod's project.
-func CheckPodCgroup(cg string, roots []string) error {
+// (DefaultPodCgroups when nil), and it must be the cgroup kubelet names for
+// the pod's uid: "pod<uid>" with the cgroupfs driver, a slice ending in
+// "-pod<uid>.slice" (the uid's dashes made underscores) with the systemd
+// driver. The runtime is not trusted with more: a cgroup of "/" or of
+// anything outside the pods' cgroups would put every process of the node,
+// or another tenant's, in the pod's project, and another pod's cgroup would
+// count that pod's sockets in this pod's project.
+func CheckPodCgroup(cg, uid string, roots []string) error {
 	if roots == nil {
 		roots = DefaultPodCgroups
 	}
@@ -252,12 +256,26 @@ func CheckPodCgroup(cg string, roots []string) error {
 	case !strings.HasPrefix(cg, "/") || path.Clean(cg) != cg:
 		return fmt.Errorf("cgroup %q is not a clean absolute path", cg)
 	}
+	below := false
 	for _, r := range roots {
 		if strings.HasPrefix(cg, strings.TrimSuffix(r, "/")+"/") {
-			return nil
+			below = true
+			break
 		}
 	}
-	return fmt.Errorf("cgroup %q is not below the pods' cgroups %s", cg, strings.Join(roots, ", "))
+	if !below {
+		return fmt.Errorf("cgroup %q is not below the pods' cgroups %s", cg, strings.Join(roots, ", "))
+	}
+	if uid == "" || strings.IndexFunc(uid, func(r rune) bool {
+		return !(r == '-' || '0' <= r && r <= '9' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z')
+	}) >= 0 {
+		return fmt.Errorf("the runtime reports no usable pod uid (%q) to check cgroup %q against", uid, cg)
+	}
+	base := path.Base(cg)
+	if base != "pod"+uid && !strings.HasSuffix(base, "-pod"+strings.ReplaceAll(uid, "-", "_")+".slice") {
+		return fmt.Errorf("cgroup %q is not the cgroup kubelet makes for pod uid %s", cg, uid)
+	}
+	return nil
 }
 
 // CgroupDir turns a cgroup parent as kubelet gives it to the runtime into a

@@ -96,7 +96,7 @@ func TestCRIPods(t *testing.T) {
 	mount := testutil.Cgroup2Mount(t)
 	host := r.RunPod(t, crtest.PodSpec{Namespace: "team-a", Name: "host", HostNetwork: true})
 	own := r.RunPod(t, crtest.PodSpec{Namespace: "team-b", Name: "own", Labels: map[string]string{DefaultProjectLabel: "billing"}})
-	guaranteed := r.RunPod(t, crtest.PodSpec{Namespace: "team-b", Name: "g", HostNetwork: true, CgroupParent: "/kubepods/podg" + strconv.Itoa(os.Getpid())})
+	guaranteed := r.RunPod(t, crtest.PodSpec{Namespace: "team-b", Name: "g", HostNetwork: true, UID: "g" + strconv.Itoa(os.Getpid()), CgroupParent: "/kubepods/podg" + strconv.Itoa(os.Getpid())})
 
 	c, err := DialCRI(r.Socket)
 	if err != nil {

@@ -31,6 +31,7 @@ type lyingRuntime struct {
 type lyingPod struct {
 	name                      string
 	cgroupParent, cgroupsPath string
+	uid                       string // "uid-<sandbox id>" when empty
 }
 
 func (l *lyingRuntime) Version(context.Context, *rt.VersionRequest) (*rt.VersionResponse, error) {
@@ -40,8 +41,12 @@ func (l *lyingRuntime) Version(context.Context, *rt.VersionRequest) (*rt.Version
 func (l *lyingRuntime) ListPodSandbox(context.Context, *rt.ListPodSandboxRequest) (*rt.ListPodSandboxResponse, error) {
 	var r rt.ListPodSandboxResponse
 	for id, p := range l.pods {
+		uid := p.uid
+		if uid == "" {
+			uid = "uid-" + id
+		}
 		r.Items = append(r.Items, &rt.PodSandbox{Id: id, State: rt.PodSandboxState_SANDBOX_READY,
-			Labels: map[string]string{LabelNamespace: "team-a", LabelName: p.name, LabelUID: "uid-" + id}})
+			Labels: map[string]string{LabelNamespace: "team-a", LabelName: p.name, LabelUID: uid}})
 	}
 	return &r, nil
 }
@@ -88,9 +93,11 @@ func (s *syncBuffer) String() string {
 // pods below the kubepods cgroups, in both drivers' layouts, are members.
 func TestSourceLyingRuntime(t *testing.T) {
 	liar := &lyingRuntime{pods: map[string]lyingPod{
-		"good":        {name: "good", cgroupParent: "/kubepods/burstable/podgood"},
-		"goodsystemd": {name: "goodsystemd", cgroupParent: "kubepods-besteffort-podgood_2.slice"},
-		"goodspec":    {name: "goodspec", cgroupsPath: "kubepods-podgood_3.slice:cri-containerd:abc"},
+		"good":        {name: "good", cgroupParent: "/kubepods/burstable/podgood", uid: "good"},
+		"goodsystemd": {name: "goodsystemd", cgroupParent: "kubepods-besteffort-podgood_2.slice", uid: "good-2"},
+		"goodspec":    {name: "goodspec", cgroupsPath: "kubepods-podgood_3.slice:cri-containerd:abc", uid: "good-3"},
+		"otherpods":   {name: "otherpods", cgroupParent: "/kubepods/burstable/podgood"},
+		"otherslice":  {name: "otherslice", cgroupParent: "kubepods-besteffort-podgood_2.slice"},
 		"root":        {name: "root", cgroupParent: "/"},
 		"rootslice":   {name: "rootslice", cgroupParent: "-.slice"},
 		"empty":       {name: "empty"},
@@ -173,15 +180,37 @@ func TestCheckPodCgroup(t *testing.T) {
 		"":                                    false, "/": false, "/kubepods": false, "/kubepods.slice": false,
 		"kubepods/pod1": false, "/kubepods/pod1/": false, "/kubepods//pod1": false, "/kubepods/./pod1": false,
 		"/kubepods/../etc": false, "/kubepods/pod1/..": false, "/kubepodsx/pod1": false, "/system.slice/x.service": false,
+		// Another pod's cgroup, and one the pod's is merely a prefix of.
+		"/kubepods/pod2": false, "/kubepods/pod12": false, "/kubepods.slice/kubepods-pod2.slice": false,
+		"/kubepods/pod1/ctr": false,
 	} {
-		if err := CheckPodCgroup(cg, nil); (err == nil) != ok {
-			t.Errorf("CheckPodCgroup(%q) = %v, want ok %v", cg, err, ok)
+		if err := CheckPodCgroup(cg, "1", nil); (err == nil) != ok {
+			t.Errorf("CheckPodCgroup(%q, 1) = %v, want ok %v", cg, err, ok)
 		}
 	}
-	if err := CheckPodCgroup("/kubelet/kubepods/pod1", []string{"/kubelet/kubepods"}); err != nil {
+	// A uid's dashes are underscores in a systemd slice, only there.
+	uid := "0b5f-77c1"
+	for cg, ok := range map[string]bool{
+		"/kubepods/besteffort/pod0b5f-77c1":                                                true,
+		"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0b5f_77c1.slice": true,
+		"/kubepods/besteffort/pod0b5f_77c1":                                                false,
+		"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0b5f-77c1.slice": false,
+	} {
+		if err := CheckPodCgroup(cg, uid, nil); (err == nil) != ok {
+			t.Errorf("CheckPodCgroup(%q, %s) = %v, want ok %v", cg, uid, err, ok)
+		}
+	}
+	// A uid is what kubelet makes (letters, digits, dashes): one with an
+	// underscore would match another pod's slice.
+	for _, uid := range []string{"", "0b5f_77c1", "../x", "a b"} {
+		if err := CheckPodCgroup("/kubepods.slice/kubepods-pod0b5f_77c1.slice", uid, nil); err == nil {
+			t.Errorf("uid %q: accepted", uid)
+		}
+	}
+	if err := CheckPodCgroup("/kubelet/kubepods/pod1", "1", []string{"/kubelet/kubepods"}); err != nil {
 		t.Errorf("below a configured root: %v", err)
 	}
-	if err := CheckPodCgroup("/kubepods/pod1", []string{"/kubelet/kubepods"}); err == nil {
+	if err := CheckPodCgroup("/kubepods/pod1", "1", []string{"/kubelet/kubepods"}); err == nil {
 		t.Error("below a root not configured: accepted")
 	}
 }

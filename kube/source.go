@@ -199,7 +199,7 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 		live[p.ID] = true
 		why := p.Unusable
 		if why == "" {
-			if err := CheckPodCgroup(p.Cgroup, s.o.PodCgroups); err != nil {
+			if err := CheckPodCgroup(p.Cgroup, p.UID, s.o.PodCgroups); err != nil {
 				why = err.Error()
 			}
 		}

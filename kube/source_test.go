@@ -135,15 +135,15 @@ func TestSourceMembers(t *testing.T) {
 		Rules: Rules{ProjectLabel: DefaultProjectLabel, System: []string{"kube-system"}, Validate: policy.ValidateProject}},
 		warned: map[string]bool{}, refused: map[string]string{}}
 	pods := []Pod{
-		{ID: "1", Namespace: "team-a", Name: "plain", Cgroup: "/kubepods/pod1", Pid: 10},
-		{ID: "2", Namespace: "team-a", Name: "bad", Cgroup: "/kubepods/pod2", Labels: map[string]string{DefaultProjectLabel: "a b"}},
-		{ID: "3", Namespace: "team-a", Name: "pid", Cgroup: "/kubepods/pod3", Pid: 30, NetNS: "/var/run/netns/cni-3",
+		{ID: "1", UID: "1", Namespace: "team-a", Name: "plain", Cgroup: "/kubepods/pod1", Pid: 10},
+		{ID: "2", UID: "2", Namespace: "team-a", Name: "bad", Cgroup: "/kubepods/pod2", Labels: map[string]string{DefaultProjectLabel: "a b"}},
+		{ID: "3", UID: "3", Namespace: "team-a", Name: "pid", Cgroup: "/kubepods/pod3", Pid: 30, NetNS: "/var/run/netns/cni-3",
 			Labels: map[string]string{DefaultProjectLabel: "web"}},
-		{ID: "4", Namespace: "team-a", Name: "path", Cgroup: "/kubepods/pod4", NetNS: "/var/run/netns/cni-4",
+		{ID: "4", UID: "4", Namespace: "team-a", Name: "path", Cgroup: "/kubepods/pod4", NetNS: "/var/run/netns/cni-4",
 			Labels: map[string]string{DefaultProjectLabel: "web"}},
-		{ID: "5", Namespace: "team-b", Name: "host", Cgroup: "/kubepods/pod5", HostNetwork: true, Pid: 50,
+		{ID: "5", UID: "5", Namespace: "team-b", Name: "host", Cgroup: "/kubepods/pod5", HostNetwork: true, Pid: 50,
 			Labels: map[string]string{DefaultProjectLabel: "db"}},
-		{ID: "6", Namespace: "kube-system", Name: "dns", Cgroup: "/kubepods/pod6", Labels: map[string]string{DefaultProjectLabel: "web"}},
+		{ID: "6", UID: "6", Namespace: "kube-system", Name: "dns", Cgroup: "/kubepods/pod6", Labels: map[string]string{DefaultProjectLabel: "web"}},
 		{ID: "7", Namespace: "team-c", Name: "vm", Unusable: "unusable sandbox status: sandbox 7: no usable cgroup"},
 	}
 	f, netns, system := s.members(pods)
