@@ -218,9 +218,11 @@ func TestChartValues(t *testing.T) {
 		"kubernetes": map[string]any{
 			"runtimeSocket": "/run/k3s/containerd/containerd.sock", "projectLabel": "example.com/tenant",
 			"systemNamespaces": []any{"kube-system", "monitoring"},
+			"podCgroups":       []any{"/k8s/kubepods"},
 		},
-		"metrics":    map[string]any{"port": 9100, "service": map[string]any{"enabled": false}},
-		"mountBPFFS": true,
+		"connections": map[string]any{"maxNetns": 100, "maxNetnsPerProject": 10},
+		"metrics":     map[string]any{"port": 9100, "service": map[string]any{"enabled": false}},
+		"mountBPFFS":  true,
 	})
 	var conf struct {
 		Pools      map[string]struct{ Size, Floor int }
@@ -228,6 +230,11 @@ func TestChartValues(t *testing.T) {
 			RuntimeEndpoint  string   `json:"runtime_endpoint"`
 			ProjectLabel     string   `json:"project_label"`
 			SystemNamespaces []string `json:"system_namespaces"`
+			PodCgroups       []string `json:"pod_cgroups"`
+		}
+		Connections struct {
+			MaxNetns           int `json:"max_netns"`
+			MaxNetnsPerProject int `json:"max_netns_per_project"`
 		}
 	}
 	if err := sigyaml.Unmarshal([]byte(o.configMaps["fs-config"].Data["config.yaml"]), &conf); err != nil {
@@ -238,6 +245,12 @@ func TestChartValues(t *testing.T) {
 	}
 	if k := conf.Kubernetes; k.ProjectLabel != "example.com/tenant" || !slices.Equal(k.SystemNamespaces, []string{"kube-system", "monitoring"}) || filepath.Base(k.RuntimeEndpoint) != "containerd.sock" {
 		t.Errorf("kubernetes %+v", k)
+	}
+	if k := conf.Kubernetes; !slices.Equal(k.PodCgroups, []string{"/k8s/kubepods"}) {
+		t.Errorf("pod cgroups %v", k.PodCgroups)
+	}
+	if c := conf.Connections; c.MaxNetns != 100 || c.MaxNetnsPerProject != 10 {
+		t.Errorf("connections %+v", c)
 	}
 	var pol map[string]map[string]any
 	if err := sigyaml.Unmarshal([]byte(o.configMaps["fs-policies"].Data["policies.yaml"]), &pol); err != nil || pol["team-a"]["tier"] != "pro" {
