@@ -104,6 +104,8 @@ func BenchmarkConnectAcceptClose(b *testing.B) {
 	b.Run("outbound-rated", func(b *testing.B) { benchCycle(b, false, false, rateOwn) })
 	b.Run("both-rated", func(b *testing.B) { benchCycle(b, true, false, rateOwn) })
 	b.Run("both-other-rated", func(b *testing.B) { benchCycle(b, true, false, rateOther) })
+	b.Run("outbound-lowerbound", func(b *testing.B) { benchCycle(b, false, false, rateLowerBound) })
+	b.Run("both-lowerbound", func(b *testing.B) { benchCycle(b, true, false, rateLowerBound) })
 }
 
 // Which project of benchCycle has a rate of new connections.
@@ -111,6 +113,10 @@ const (
 	rateNone  = iota // none
 	rateOwn          // the benchmark's project
 	rateOther        // another project
+	// Not a rate: the attached side is the least a limiter can do at our
+	// hooks and still count correctly (testdata/lowerbound.c), in place of
+	// fairshare's programs: the lower bound of above-floor-%.
+	rateLowerBound
 )
 
 func benchListener(b testing.TB, wildcard bool) (int, unix.Sockaddr) {
@@ -302,6 +308,11 @@ func benchCycle(b *testing.B, both, wildcard bool, rated int) {
 	// load, and rounds can be short.
 	floor := emptyPrograms(b)
 	defer floor.Close()
+	ours := &l.objs
+	if rated == rateLowerBound {
+		ours = lowerBound(b, l, floor, proj, both, lfd, sa)
+		defer ours.Close()
+	}
 	detach := func() { detachLinks(b, l) }
 	attach := func(objs *limiterObjects) { attachLinks(b, l, objs) }
 	detach()
@@ -355,7 +366,7 @@ func benchCycle(b *testing.B, both, wildcard bool, rated int) {
 		case floored:
 			attach(floor)
 		case attached:
-			attach(&l.objs)
+			attach(ours)
 		case nftables:
 			nft.add(b, nftRules)
 		}
@@ -427,10 +438,10 @@ func benchCycle(b *testing.B, both, wildcard bool, rated int) {
 		return
 	}
 	defer stats.Close()
-	ours := progStats(b, &l.objs, lfd, sa, attach, detach)
+	mine := progStats(b, ours, lfd, sa, attach, detach)
 	empty := progStats(b, floor, lfd, sa, attach, detach)
 	var total, totalAbove float64
-	for name, o := range ours {
+	for name, o := range mine {
 		b.ReportMetric(o.ns, name+"-ns/run")
 		b.ReportMetric(o.ns-empty[name].ns, name+"-above-ns/run")
 		b.ReportMetric(o.perCycle, name+"-runs/cycle")
@@ -529,6 +540,99 @@ func emptyPrograms(b testing.TB) *limiterObjects {
 		FsSkLookup:    load("fs_sk_lookup"),
 		FsSockRelease: load("fs_sock_release"),
 	}}
+}
+
+// lowerBound builds and loads testdata/lowerbound.c (clang, the flags of
+// gen.go; the benchmark is skipped without it), registers the cgroup dir as
+// its one project with room for benchPool permits, and, with both, the
+// listener's port as the project's. Programs it has no counterpart for are
+// floor's (empty).
+func lowerBound(b *testing.B, l *Limiter, floor *limiterObjects, dir string, both bool, lfd int, sa unix.Sockaddr) *limiterObjects {
+	clang, err := exec.LookPath("clang")
+	if err != nil {
+		b.Skip("clang is not installed: no lower-bound programs")
+	}
+	obj := filepath.Join(b.TempDir(), "lowerbound.o")
+	if out, err := exec.Command(clang, "-target", "bpf", "-O2", "-g", "-mcpu=v3", "-Wall", "-Werror",
+		"-I", "../bpf/headers", "-c", "testdata/lowerbound.c", "-o", obj).CombinedOutput(); err != nil {
+		b.Fatalf("building testdata/lowerbound.c: %v\n%s", err, out)
+	}
+	spec, err := ebpf.LoadCollectionSpec(obj)
+	if err != nil {
+		b.Fatal(err)
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		b.Fatalf("loading the lower-bound programs: %v", err)
+	}
+	b.Cleanup(coll.Close)
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		b.Fatal(err)
+	}
+	type project struct{ InUse, Limit int64 }
+	if err := coll.Maps["lb_members"].Put(st.Ino, uint32(1)); err != nil {
+		b.Fatal(err)
+	}
+	if err := coll.Maps["lb_projects"].Put(uint32(1), project{0, benchPool}); err != nil {
+		b.Fatal(err)
+	}
+	if both {
+		if err := coll.Maps["lb_ports"].Put(uint32(sa.(*unix.SockaddrInet4).Port), uint32(1)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// The programs are the collection's: cloned so that Close on the
+	// result leaves the collection (and floor) to their owners.
+	clone := func(p *ebpf.Program) *ebpf.Program {
+		c, err := p.Clone()
+		if err != nil {
+			b.Fatal(err)
+		}
+		return c
+	}
+	// The programs must count, or the bound is no bound: check it now,
+	// with one connection held open (both: its two ends).
+	objs := &limiterObjects{limiterPrograms: limiterPrograms{
+		FsConnect4:    clone(coll.Programs["lb_connect4"]),
+		FsConnect6:    clone(floor.FsConnect6),
+		FsSockops:     clone(coll.Programs["lb_sockops"]),
+		FsSetState:    clone(coll.Programs["lb_set_state"]),
+		FsSkLookup:    clone(coll.Programs["lb_sk_lookup"]),
+		FsSockRelease: clone(coll.Programs["lb_sock_release"]),
+	}}
+	held := func() int64 {
+		var p project
+		if err := coll.Maps["lb_projects"].Lookup(uint32(1), &p); err != nil {
+			b.Fatal(err)
+		}
+		return p.InUse
+	}
+	attachLinks(b, l, objs)
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := unix.Connect(fd, sa); err != nil {
+		b.Fatal(err)
+	}
+	afd, _, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC)
+	if err != nil {
+		b.Fatal(err)
+	}
+	want := int64(1)
+	if both {
+		want = 2
+	}
+	got := held()
+	unix.Close(fd)
+	unix.Close(afd)
+	after := held()
+	detachLinks(b, l)
+	if got != want || after != 0 {
+		b.Fatalf("the lower-bound programs held %d permits for an open connection (want %d), %d after its close (want 0)", got, want, after)
+	}
+	return objs
 }
 
 func median(xs []float64) float64 { return quantile(xs, 0.5) }
