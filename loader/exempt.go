@@ -104,6 +104,7 @@ func (l *Limiter) SetExempt(paths []string, max uint32) error {
 	l.exemptIDs, l.exemptMax = ids, max
 	// A registered cgroup in the set exempts everything below it: its
 	// member entry says so (MEMBER_EXEMPT), so the programs need one lookup.
+	changed := false
 	for cg, r := range l.memb.members {
 		flags := uint32(0)
 		if _, ok := ids[cg]; ok {
@@ -112,11 +113,23 @@ func (l *Limiter) SetExempt(paths []string, max uint32) error {
 		if r.flags == flags {
 			continue
 		}
-		if err := l.objs.FsMembers.Put(cg, limiterFsMember{Project: r.project, Flags: flags}); err != nil {
-			return fmt.Errorf("writing member %s: %w", r.path, err)
+		err := l.objs.FsMembers.Put(cg, limiterFsMember{Project: r.project, Flags: flags})
+		if err == nil {
+			r.flags = flags
+			l.memb.members[cg] = r
+			changed = true
+			continue
 		}
-		r.flags = flags
-		l.memb.members[cg] = r
+		err = fmt.Errorf("writing member %s: %w", r.path, err)
+		if changed {
+			err = errors.Join(err, l.membersChanged())
+		}
+		return err
+	}
+	if changed {
+		if err := l.membersChanged(); err != nil {
+			return err
+		}
 	}
 	l.exempt = l.exempt[:0]
 	for _, p := range ids {

@@ -110,6 +110,15 @@ type limiterFsMember struct {
 	Flags   uint32
 }
 
+type limiterFsMemberMemo struct {
+	_       structs.HostLayout
+	Seq     uint64
+	Cgroup  uint64
+	Gen     uint64
+	Project uint64
+	Cg      uint64
+}
+
 type limiterFsName struct {
 	_    structs.HostLayout
 	Name [64]int8
@@ -257,6 +266,8 @@ const (
 	limiterMapFsHeld         = "fs_held"
 	limiterMapFsListenSocks  = "fs_listen_socks"
 	limiterMapFsListeners    = "fs_listeners"
+	limiterMapFsMemberGen    = "fs_member_gen"
+	limiterMapFsMemberMemo   = "fs_member_memo"
 	limiterMapFsMembers      = "fs_members"
 	limiterMapFsNames        = "fs_names"
 	limiterMapFsNode         = "fs_node"
@@ -356,6 +367,8 @@ type limiterMapSpecs struct {
 	FsHeld         *ebpf.MapSpec `ebpf:"fs_held"`
 	FsListenSocks  *ebpf.MapSpec `ebpf:"fs_listen_socks"`
 	FsListeners    *ebpf.MapSpec `ebpf:"fs_listeners"`
+	FsMemberGen    *ebpf.MapSpec `ebpf:"fs_member_gen"`
+	FsMemberMemo   *ebpf.MapSpec `ebpf:"fs_member_memo"`
 	FsMembers      *ebpf.MapSpec `ebpf:"fs_members"`
 	FsNames        *ebpf.MapSpec `ebpf:"fs_names"`
 	FsNode         *ebpf.MapSpec `ebpf:"fs_node"`
@@ -413,6 +426,8 @@ type limiterMaps struct {
 	FsHeld         *ebpf.Map `ebpf:"fs_held"`
 	FsListenSocks  *ebpf.Map `ebpf:"fs_listen_socks"`
 	FsListeners    *ebpf.Map `ebpf:"fs_listeners"`
+	FsMemberGen    *ebpf.Map `ebpf:"fs_member_gen"`
+	FsMemberMemo   *ebpf.Map `ebpf:"fs_member_memo"`
 	FsMembers      *ebpf.Map `ebpf:"fs_members"`
 	FsNames        *ebpf.Map `ebpf:"fs_names"`
 	FsNode         *ebpf.Map `ebpf:"fs_node"`
@@ -439,6 +454,8 @@ func (m *limiterMaps) Close() error {
 		m.FsHeld,
 		m.FsListenSocks,
 		m.FsListeners,
+		m.FsMemberGen,
+		m.FsMemberMemo,
 		m.FsMembers,
 		m.FsNames,
 		m.FsNode,

@@ -53,10 +53,12 @@ const forgetAfter = time.Minute
 // other maps must agree with): Open creates them in a used directory. The
 // rates (bpf/lib/rate.h) are written again at the next Tick; the refusal
 // events' settings (bpf/lib/events.h) at start and the dry-run projects
-// every tick.
+// every tick. The members' generation (bpf/lib/project.h) starts at 0 with
+// the memo it guards, which is not pinned: new programs bring an empty one.
 var addedMaps = map[string]bool{
 	"fs_rates": true, "fs_rate_node": true, "fs_rate_stats": true,
 	"fs_events": true, "fs_ev_config": true, "fs_dryrun": true, "fs_ev_projects": true, "fs_ev_stats": true,
+	"fs_member_gen": true,
 }
 
 // Sentinel errors callers may branch on.

@@ -205,6 +205,31 @@ func (l *Limiter) SetMembers(ms []Member) (MembersReport, error) {
 	if l.closed {
 		return MembersReport{}, ErrClosed
 	}
+	changed := false
+	rep, err := l.setMembers(ms, &changed)
+	if changed {
+		err = errors.Join(err, l.membersChanged())
+	}
+	return rep, err
+}
+
+// membersChanged bumps fs_member_gen after a change of fs_members (done,
+// even in part): the programs' memo of a cgroup's project
+// (bpf/lib/project.h) then drops every answer found before the change.
+func (l *Limiter) membersChanged() error {
+	var g uint64
+	if err := l.objs.FsMemberGen.Lookup(uint32(0), &g); err != nil {
+		return fmt.Errorf("reading the members' generation: %w", err)
+	}
+	if err := l.objs.FsMemberGen.Put(uint32(0), g+1); err != nil {
+		return fmt.Errorf("bumping the members' generation: %w", err)
+	}
+	return nil
+}
+
+// setMembers is SetMembers under l.mu; *changed says whether it wrote
+// fs_members.
+func (l *Limiter) setMembers(ms []Member, changed *bool) (MembersReport, error) {
 	var rep MembersReport
 	want, refused := l.resolveMembers(ms)
 	rep.Refused = refused
@@ -258,6 +283,7 @@ func (l *Limiter) SetMembers(ms []Member) (MembersReport, error) {
 			}
 			return rep, fmt.Errorf("writing member %s: %w", w.Cgroup, err)
 		}
+		*changed = true
 		if had {
 			rep.Kept++
 			if old.project != id {
@@ -276,6 +302,7 @@ func (l *Limiter) SetMembers(ms []Member) (MembersReport, error) {
 		if err := l.objs.FsMembers.Delete(cg); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return rep, fmt.Errorf("removing member %s: %w", r.path, err)
 		}
+		*changed = true
 		delete(l.memb.members, cg)
 		if r.path != "" && l.memb.paths[r.path] == cg {
 			delete(l.memb.paths, r.path)

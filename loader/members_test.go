@@ -8,8 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
@@ -269,4 +272,77 @@ func TestProjectIDsFreed(t *testing.T) {
 	if s := snap(t, l); len(s.Projects) != 1 || s.Projects[0].Project != "new" || s.Projects[0].Admitted != 0 {
 		t.Fatalf("%+v", s)
 	}
+}
+
+// pinProcess keeps every thread of process pid on one CPU (threads it
+// starts later inherit it), so that its connects all meet the same per-CPU
+// state of the programs.
+func pinProcess(t testing.TB, pid int) {
+	t.Helper()
+	var one unix.CPUSet
+	one.Set(0)
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range tasks {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.SchedSetaffinity(tid, &one); err != nil && err != unix.ESRCH {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The programs remember, per CPU, the project of the last cgroup they looked
+// up (bpf/lib/project.h). A change of the members must reach the next
+// connect of a cgroup all the same, on the CPU that remembers it: moved to
+// another project, made exempt, and taken out of the projects.
+func TestMemberMemoFollowsChanges(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	c := mkdirs(t, root, "c")[0]
+	l := openMembers(t, root, pin, 16, []Member{{Project: "p1", Cgroup: c}})
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, c)
+	pinProcess(t, h.cmd.Process.Pid)
+	dial := func() {
+		t.Helper()
+		if r := h.dial("tcp4", ln.Addr().String(), 1); r.ok != 1 {
+			t.Fatal(r)
+		}
+	}
+	// Twice: the second connect finds the project in the memo.
+	dial()
+	dial()
+	waitInUse(t, l, 2, map[string]int{"p1": 2})
+
+	if rep, err := l.SetMembers([]Member{{Project: "p2", Cgroup: c}}); err != nil || rep.Moved != 1 {
+		t.Fatalf("move: %+v %v", rep, err)
+	}
+	dial()
+	waitInUse(t, l, 3, map[string]int{"p1": 2, "p2": 1})
+
+	if err := l.SetExempt([]string{c}, 4); err != nil {
+		t.Fatal(err)
+	}
+	dial()
+	if s := snap(t, l); s.Exempt.InUse != 1 || s.InUse != 3 {
+		t.Fatalf("after the cgroup was made exempt: exempt in use %d, pool in use %d; want 1 and 3", s.Exempt.InUse, s.InUse)
+	}
+	if err := l.SetExempt(nil, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := l.SetMembers(nil); err != nil {
+		t.Fatal(err)
+	}
+	dial()
+	if s := snap(t, l); s.InUse != 3 || s.Exempt.InUse != 1 {
+		t.Fatalf("a connect of a cgroup taken out of the projects counted: pool in use %d, exempt %d; want 3 and 1", s.InUse, s.Exempt.InUse)
+	}
+	h.do("close")
+	waitInUse(t, l, 0, nil)
 }

@@ -12,6 +12,10 @@
  * counted. Registrations of different projects never nest (the loader
  * refuses it), so the first hit is the only one.
  *
+ * The walk's answer is remembered per CPU (fs_member_memo, guarded by
+ * fs_member_gen, which the loader bumps at every change of fs_members): the
+ * sockets of one cgroup come in runs, and a hit costs no hash lookup.
+ *
  * The programs ask task_project (connect: the connecting socket, whose
  * cgroup is the task's that made it) and sock_project (a socket: the
  * tracepoints, the dump; a listener's project is recorded from it in
@@ -45,24 +49,19 @@ static __always_inline struct cgroup *cgroup_ancestor(struct cgroup *cg, __u32 l
 }
 
 /*
- * cgroup_project is the project of cgroup c, 0 if none: one hash lookup per
- * level walked, the loads straight through the kernel's pointers (no helper
- * calls). For a project's socket *cg is the id of c itself (the exempt set
- * may name a cgroup nested in a project), or of the registered cgroup when
- * that one is exempt: the exempt check (rule.h) is then one lookup.
+ * cgroup_walk is the project of cgroup c (not NULL), 0 if none: one hash
+ * lookup per level walked, the loads straight through the kernel's
+ * pointers (no helper calls). For a project's socket *cg is the id of c
+ * itself, own (the exempt set may name a cgroup nested in a project), or of
+ * the registered cgroup when that one is exempt: the exempt check (rule.h)
+ * is then one lookup.
  */
-static __always_inline __u64 cgroup_project(struct cgroup *c, __u64 *cg)
+static __always_inline __u64 cgroup_walk(struct cgroup *c, __u64 own, __u64 *cg)
 {
-	if (!c)
-		return 0;
 	int level = c->level;
 	if (level < (int)base_level || level > 255)
 		return 0;
 	__u32 last = level - base_level;
-	/* Read before the walk: a select between it and aid below would
-	 * otherwise load through a pointer to either, which the verifier
-	 * refuses (stack vs kernel). */
-	__u64 own = c->kn->id;
 	for (__u32 i = 0; i < MAX_DEPTH; i++) {
 		if (i > last || i >= max_depth)
 			break;
@@ -77,6 +76,91 @@ static __always_inline __u64 cgroup_project(struct cgroup *c, __u64 *cg)
 		}
 	}
 	return 0;
+}
+
+/*
+ * The walk's last answer on each CPU (fs_member_memo), so that the sockets
+ * of one cgroup, which come in runs, find their project without a hash
+ * lookup: the lookup was most of connect4's cost (43 of its 81 ns above an
+ * empty program, loopback benchmark), and a cgroup of no project paid it at
+ * every level it walked. The answer is a function of the cgroup and of
+ * fs_members; the loader bumps fs_member_gen after every change of
+ * fs_members (loader.membersChanged), and an answer is used only while the
+ * generation it was found under is current. The generation is read before
+ * the walk, so an answer found under it predates any change bumped after.
+ *
+ * The memo is per CPU but not per program run: a run can be preempted, or
+ * interrupted by a softirq's (the tracepoints walk too), and another run on
+ * the same CPU reads or writes it meanwhile. So it is a seqcount: a writer
+ * claims it with a compare-and-swap from the even count it read before its
+ * walk to the odd one after (a nested writer that came first changed the
+ * count, and the claim fails: the answer is not kept), writes, and
+ * publishes the next even count; a reader uses the fields only if the count
+ * was even and the same before and after it read them. The count only
+ * grows, so a reader cannot take a torn entry for a whole one. Only a miss
+ * pays the compare-and-swap.
+ */
+struct fs_member_memo {
+	__u64 seq;     /* even: stable; odd: being written */
+	__u64 cgroup;  /* the cgroup asked about (its own id) */
+	__u64 gen;     /* fs_member_gen when the answer was found */
+	__u64 project; /* the answer: its project, 0 none */
+	__u64 cg;      /* and *cg */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME); /* shared by every program set of the pins */
+} fs_member_gen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fs_member_memo);
+} fs_member_memo SEC(".maps"); /* not pinned: a cache of the programs loaded with it */
+
+/*
+ * cgroup_project is the project of cgroup c, 0 if none, and *cg as
+ * cgroup_walk's: the memo's answer while it is current, else the walk's.
+ */
+static __always_inline __u64 cgroup_project(struct cgroup *c, __u64 *cg)
+{
+	if (!c)
+		return 0;
+	/* Read before the walk: a select between it and aid in the walk
+	 * would otherwise load through a pointer to either, which the
+	 * verifier refuses (stack vs kernel). */
+	__u64 own = c->kn->id;
+	__u32 zero = 0;
+	__u64 *genp = bpf_map_lookup_elem(&fs_member_gen, &zero);
+	struct fs_member_memo *m = bpf_map_lookup_elem(&fs_member_memo, &zero);
+	if (!genp || !m)
+		return cgroup_walk(c, own, cg);
+	__u64 gen = *(volatile __u64 *)genp;
+	__u64 s = *(volatile __u64 *)&m->seq;
+	if (!(s & 1) && m->cgroup == own && m->gen == gen) {
+		__u64 id = m->project, mcg = m->cg;
+		asm volatile("" ::: "memory");
+		if (*(volatile __u64 *)&m->seq == s) {
+			if (id)
+				*cg = mcg;
+			return id;
+		}
+	}
+	asm volatile("" ::: "memory");
+	__u64 id = cgroup_walk(c, own, cg);
+	if (!(s & 1) && __sync_val_compare_and_swap(&m->seq, s, s + 1) == s) {
+		m->cgroup = own;
+		m->gen = gen;
+		m->project = id;
+		m->cg = id ? *cg : 0;
+		publish(&m->seq, s + 2);
+	}
+	return id;
 }
 
 /*
