@@ -19,7 +19,12 @@
 // over an exact map of every cgroup kept in step by user space: that map
 // costs the same as a walk that hits at its first level, and it misses every
 // cgroup made between two scans (a container that starts and connects at
-// once). Sockets of no registered cgroup are not counted and not limited.
+// once). The walk's answer is remembered per CPU for the last cgroup asked
+// about (bpf/lib/project.h), and every change SetMembers or SetExempt makes
+// to fs_members bumps fs_member_gen, which drops every answer remembered
+// before it (TestMemberMemoFollowsChanges): the sockets of a cgroup come in
+// runs, and connect4 pays the hash lookup only when the cgroup changes.
+// Sockets of no registered cgroup are not counted and not limited.
 // Registrations of different projects never nest (SetMembers refuses both),
 // so the first hit is the only one. A member removed releases nothing: the
 // permits its sockets hold end with them; its new connections stop counting
