@@ -109,6 +109,8 @@
  *   lib/events.h   refusal events (a ring buffer, bounded per project) and dry-run
  *   lib/listen.h   listener bookkeeping: addresses, ports, owners
  *   lib/rate.h     a project's rate of new connections (token buckets)
+ *   lib/relookup.h a SYN looked up twice (an nftables socket expression):
+ *                  its refusal counted once
  * The programs follow here in the order of the table above.
  */
 #include "lib/common.h"
@@ -121,6 +123,7 @@
 #include "lib/rule.h"
 #include "lib/listen.h"
 #include "lib/rate.h"
+#include "lib/relookup.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -223,7 +226,10 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	if (!rate_gate(AT_SYN, NULL, v.project, v.cgroup, &t)) {
 		struct fs_tuple tu __attribute__((aligned(8))) = {};
 		syn_tuple(ctx, fam, lport, laddr, &tu);
-		rate_event_syn(v.project, &tu, false);
+		/* The rate's counters took this one (rate_gate); its event
+		 * is reported once. */
+		if (!relooked(lookup_netns, &tu))
+			rate_event_syn(v.project, &tu, false);
 		return SK_DROP;
 	}
 	int a = 1;
@@ -237,14 +243,22 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	bool would = false;
 	if (a == 0 && cp) {
 		would = dry_run(v.project);
+		struct fs_tuple tu __attribute__((aligned(8))) = {};
+		syn_tuple(ctx, fam, lport, laddr, &tu);
+		/* The same SYN refused a moment ago at another lookup
+		 * (relookup.h): the same answer, counted and reported once. */
+		if (relooked(lookup_netns, &tu)) {
+			if (would)
+				return SK_PASS;
+			rate_undo(&t);
+			return SK_DROP;
+		}
 		if (would) {
 			count_would(v.project, FS_DIR_SYN);
 		} else {
 			__sync_fetch_and_add(&cp->refused, 1);
 			COUNT(refused_in);
 		}
-		struct fs_tuple tu __attribute__((aligned(8))) = {};
-		syn_tuple(ctx, fam, lport, laddr, &tu);
 		refused_syn(v.project, v.cgroup, &tu, would, false);
 		if (!would) {
 			/* The rule refused: the SYN's rate token goes back. */

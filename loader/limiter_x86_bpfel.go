@@ -185,6 +185,20 @@ type limiterFsRated struct {
 	Pad     uint64
 }
 
+type limiterFsRelook struct {
+	_     structs.HostLayout
+	Netns uint64
+	AtNs  uint64
+	Tuple struct {
+		_     structs.HostLayout
+		Laddr [16]uint8
+		Raddr [16]uint8
+		Lport uint16
+		Rport uint16
+	}
+	_ [4]byte
+}
+
 type limiterFsResv struct {
 	_       structs.HostLayout
 	Project uint64
@@ -276,6 +290,7 @@ const (
 	limiterMapFsRateNode     = "fs_rate_node"
 	limiterMapFsRateStats    = "fs_rate_stats"
 	limiterMapFsRates        = "fs_rates"
+	limiterMapFsRelook       = "fs_relook"
 	limiterMapFsReservations = "fs_reservations"
 	limiterMapFsResvSlots    = "fs_resv_slots"
 	limiterMapFsSlots        = "fs_slots"
@@ -377,6 +392,7 @@ type limiterMapSpecs struct {
 	FsRateNode     *ebpf.MapSpec `ebpf:"fs_rate_node"`
 	FsRateStats    *ebpf.MapSpec `ebpf:"fs_rate_stats"`
 	FsRates        *ebpf.MapSpec `ebpf:"fs_rates"`
+	FsRelook       *ebpf.MapSpec `ebpf:"fs_relook"`
 	FsReservations *ebpf.MapSpec `ebpf:"fs_reservations"`
 	FsResvSlots    *ebpf.MapSpec `ebpf:"fs_resv_slots"`
 	FsSlots        *ebpf.MapSpec `ebpf:"fs_slots"`
@@ -436,6 +452,7 @@ type limiterMaps struct {
 	FsRateNode     *ebpf.Map `ebpf:"fs_rate_node"`
 	FsRateStats    *ebpf.Map `ebpf:"fs_rate_stats"`
 	FsRates        *ebpf.Map `ebpf:"fs_rates"`
+	FsRelook       *ebpf.Map `ebpf:"fs_relook"`
 	FsReservations *ebpf.Map `ebpf:"fs_reservations"`
 	FsResvSlots    *ebpf.Map `ebpf:"fs_resv_slots"`
 	FsSlots        *ebpf.Map `ebpf:"fs_slots"`
@@ -464,6 +481,7 @@ func (m *limiterMaps) Close() error {
 		m.FsRateNode,
 		m.FsRateStats,
 		m.FsRates,
+		m.FsRelook,
 		m.FsReservations,
 		m.FsResvSlots,
 		m.FsSlots,

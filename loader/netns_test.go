@@ -308,3 +308,38 @@ func memlock(b *testing.B, fd int) int {
 	b.Fatalf("no memlock in fdinfo %d", fd)
 	return 0
 }
+
+// An nftables rule with a socket expression at input looks the socket of a
+// SYN up before TCP does, and each lookup runs sk_lookup: a SYN the rule
+// refuses is refused twice. It must be counted (and reported) once.
+func TestRefusedSynLookedUpTwice(t *testing.T) {
+	testutil.RequireRoot(t)
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		t.Skip("nft is not installed (Debian: apt-get install nftables)")
+	}
+	root, pin := newRoot(t), newPinDir(t)
+	d := mkdirs(t, root, "pod", "pod/ctr", "clients")
+	l := openMembers(t, root, pin, 4, []Member{{Project: "team-a", Cgroup: d[0]}})
+	a := startPod(t, d[1])
+	client := startHelperAt(t, d[2], a.nsPath)
+	if _, err := l.AttachNetns(a.nsPath); err != nil {
+		t.Fatal(err)
+	}
+	// In the pod's namespace only: it goes with it.
+	cmd := exec.Command("nsenter", "--net="+a.nsPath, nft, "-f", "-")
+	cmd.Stdin = strings.NewReader("table inet fairshare_test_twice {\n chain input {\n type filter hook input priority 0; policy accept;\n" +
+		" meta l4proto tcp socket transparent 0 counter\n }\n}\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("loading the nftables table in the pod's namespace: %v\n%s", err, out)
+	}
+	if r := client.dial("tcp4", a.addr, 6); r.ok != 4 || r.refused != 2 {
+		t.Fatalf("dial: %+v; %+v", r, snap(t, l))
+	}
+	waitInUse(t, l, 4, map[string]int{"team-a": 4})
+	if s := snap(t, l); s.Events.RefusedIn != 2 || project(s, "team-a").Refused != 2 {
+		t.Fatalf("2 SYNs refused, counted %d (node) and %d (project), want 2 and 2", s.Events.RefusedIn, project(s, "team-a").Refused)
+	}
+	client.do("close")
+	waitInUse(t, l, 0, map[string]int{"team-a": 0})
+}
