@@ -125,9 +125,27 @@ func TestFlagsAfterArguments(t *testing.T) {
 		{"fairshare policy get alpha --help", "fairshare policy get --help"},
 		{"fairshare", "fairshare"},
 	} {
-		if got := strings.Join(flagsFirst(app, strings.Fields(c.in)), " "); got != c.want {
-			t.Errorf("%s\n got  %s\n want %s", c.in, got, c.want)
+		args, err := flagsFirst(app, strings.Fields(c.in))
+		if got := strings.Join(args, " "); err != nil || got != c.want {
+			t.Errorf("%s\n got  %s (%v)\n want %s", c.in, got, err, c.want)
 		}
+	}
+	// A flag that takes a value and has none after the arguments would take
+	// the first argument as its value once moved before them: refused,
+	// naming the flag, before anything runs.
+	for _, in := range []string{
+		"fairshare policy get alpha --state-dir",
+		"fairshare project list alpha --admin-socket",
+		"fairshare project remove alpha --cgroup --state-dir /s",
+		"fairshare project remove alpha --cgroup --help",
+	} {
+		args, err := flagsFirst(app, strings.Fields(in))
+		if err == nil || !strings.Contains(err.Error(), "needs a value") {
+			t.Errorf("%s: %v, %v; want an error naming the flag", in, args, err)
+		}
+	}
+	if _, errOut, code := runCLI(t, "project", "remove", "alpha", "--cgroup", "--state-dir", t.TempDir()); code != 2 || !strings.Contains(errOut, "flag --cgroup needs a value (see 'fairshare project remove --help')") {
+		t.Errorf("project remove alpha --cgroup --state-dir D: exit %d, %q", code, errOut)
 	}
 
 	dir := t.TempDir()

@@ -34,7 +34,11 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) error {
 	app := newApp()
 	app.Writer, app.ErrWriter = stdout, stderr
-	return app.Run(flagsFirst(app, args))
+	args, err := flagsFirst(app, args)
+	if err != nil {
+		return cli.Exit(err.Error(), exitUsage)
+	}
+	return app.Run(args)
 }
 
 // flagsFirst moves the flags written after a command's first positional
@@ -43,12 +47,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 // stops reading flags at the first argument that is not one. A flag's value
 // moves with it (the flags of the command named decide which take one); "--"
 // ends the flags as usual, and what follows it stays an argument. A help
-// flag among them shows the command's help.
-func flagsFirst(app *cli.App, args []string) []string {
+// flag among them shows the command's help. A flag that takes a value and
+// has none after the arguments (it is last, or another of the command's
+// flags follows) is an error: moved before the arguments it would take the
+// first of them as its value.
+func flagsFirst(app *cli.App, args []string) ([]string, error) {
 	if len(args) < 2 {
-		return args
+		return args, nil
 	}
 	out := []string{args[0]}
+	words := []string{"fairshare"} // the command's, for messages
 	flags, cmds := app.Flags, app.Commands
 	rest := args[1:]
 	// The command chain: flags, then a subcommand's name, down to the
@@ -56,7 +64,7 @@ func flagsFirst(app *cli.App, args []string) []string {
 	for len(rest) > 0 {
 		a := rest[0]
 		if a == "--" {
-			return append(out, rest...)
+			return append(out, rest...), nil
 		}
 		if isFlag(a) {
 			n := 1
@@ -71,6 +79,7 @@ func flagsFirst(app *cli.App, args []string) []string {
 			break
 		}
 		out, rest = append(out, a), rest[1:]
+		words = append(words, sub.Name)
 		flags, cmds = sub.Flags, sub.Subcommands
 	}
 	var moved, positional []string
@@ -82,7 +91,10 @@ func flagsFirst(app *cli.App, args []string) []string {
 			i = len(rest)
 		case isFlag(a):
 			moved = append(moved, a)
-			if takesValue(flags, a) && i+1 < len(rest) {
+			if takesValue(flags, a) {
+				if i+1 == len(rest) || isFlag(rest[i+1]) && knownFlag(flags, rest[i+1]) {
+					return nil, fmt.Errorf("flag %s needs a value (see '%s --help')", a, strings.Join(words, " "))
+				}
 				i++
 				moved = append(moved, rest[i])
 			}
@@ -95,10 +107,25 @@ func flagsFirst(app *cli.App, args []string) []string {
 			// "policy get alpha --help" asks for the command's help, which
 			// urfave/cli shows only without arguments (it takes one for a
 			// help topic).
-			return append(out, moved...)
+			return append(out, moved...), nil
 		}
 	}
-	return append(append(out, moved...), positional...)
+	return append(append(out, moved...), positional...), nil
+}
+
+// knownFlag says whether a (-name, --name, --name=value) names one of flags
+// or a help flag.
+func knownFlag(flags []cli.Flag, a string) bool {
+	name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+	if name == "h" || name == "help" {
+		return true
+	}
+	for _, f := range flags {
+		if slices.Contains(f.Names(), name) {
+			return true
+		}
+	}
+	return false
 }
 
 // isFlag says whether a is written as a flag ("-" alone is an argument).
