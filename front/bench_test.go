@@ -190,6 +190,9 @@ const benchBaselineEnv = "FAIRSHARE_BENCH_BASELINE"
 
 // TestMain runs the front process of the benchmark when asked to.
 func TestMain(m *testing.M) {
+	// FAIRSHARE_FRONT_FAST=1 runs every front of the tests on the fast
+	// path.
+	fastPathAlways = os.Getenv("FAIRSHARE_FRONT_FAST") == "1"
 	if target := os.Getenv(clientRoleEnv); target != "" {
 		if raw := os.Getenv(clientRawEnv); raw != "" {
 			os.Exit(runRawClient(target, raw))
@@ -211,7 +214,7 @@ func TestMain(m *testing.M) {
 		if prof := os.Getenv(benchProfileEnv); prof != "" {
 			// The front runs in this process, not the benchmark's:
 			// -cpuprofile there would not see it.
-			f, err := os.Create(fmt.Sprintf("%s.%s", prof, map[string]string{"0": "nosched", "1": "front", "goproxy": "goproxy", "transport": "transport"}[os.Getenv("FAIRSHARE_BENCH_SCHED")]))
+			f, err := os.Create(fmt.Sprintf("%s.%s", prof, map[string]string{"0": "nosched", "1": "front", "goproxy": "goproxy", "transport": "transport", "fast": "fast"}[os.Getenv("FAIRSHARE_BENCH_SCHED")]))
 			if err == nil && pprof.StartCPUProfile(f) == nil {
 				defer func() { pprof.StopCPUProfile(); f.Close() }()
 			}
@@ -233,7 +236,7 @@ func TestMain(m *testing.M) {
 // serves net/http's stock reverse proxy instead of the front, nothing else,
 // as the floor of a proxy built on net/http.
 func serveBenchFront(upstream, mode string) error {
-	withSched := mode == "1" || mode == "transport"
+	withSched := mode == "1" || mode == "transport" || mode == "fast"
 	if mode == "goproxy" {
 		u, err := url.Parse(upstream)
 		if err != nil {
@@ -273,6 +276,9 @@ func serveBenchFront(upstream, mode string) error {
 	f, err := New(Config{Upstream: upstream, MaxInFlight: 1024, TrustedPeers: []string{"127.0.0.1"}}, deps)
 	if err != nil {
 		return err
+	}
+	if mode == "fast" {
+		f.cfg.FastPath = true
 	}
 	if mode == "transport" {
 		f.up = nil // every request through ReverseProxy and http.Transport
@@ -505,7 +511,8 @@ func benchTargets(b *testing.B, up string) []benchTarget {
 	fr, frPID := benchFront(b, up, true)
 	ns, nsPID := benchFront(b, up, false)
 	tr, trPID := benchFrontOf(b, os.Args[0], up, "transport")
-	targets = append(targets, benchTarget{"front", fr, frPID}, benchTarget{"nosched", ns, nsPID}, benchTarget{"transport", tr, trPID})
+	fa, faPID := benchFrontOf(b, os.Args[0], up, "fast")
+	targets = append(targets, benchTarget{"front", fr, frPID}, benchTarget{"fast", fa, faPID}, benchTarget{"nosched", ns, nsPID}, benchTarget{"transport", tr, trPID})
 	if base := os.Getenv(benchBaselineEnv); base != "" {
 		u, pid := benchFrontOf(b, base, up, "1")
 		targets = append(targets, benchTarget{"baseline", u, pid})
@@ -638,6 +645,7 @@ func benchSaturating(b *testing.B, dur time.Duration) float64 {
 		}
 		if n, ok := res["nginx"]; ok {
 			b.ReportMetric(res["front"].rps/n.rps, "front/nginx")
+			b.ReportMetric(res["fast"].rps/n.rps, "fast/nginx")
 		}
 		direct = res["direct"].rps
 	}

@@ -125,6 +125,11 @@ type Config struct {
 	WriteTimeout        time.Duration // each write to a client: past it the connection is closed
 	UpstreamHeadTimeout time.Duration // the upstream's answer head, from when the request is all out: past it 504
 	TunnelTimeout       time.Duration // an upgraded connection (a tunnel) holding its request's permit
+
+	// FastPath serves plain HTTP/1.1 exchanges over TCP in the front's own
+	// event loops rather than net/http's server (see "Fast path" in the
+	// package documentation). Off by default.
+	FastPath bool
 }
 
 // Exempt names the requests of the exempt class.
@@ -201,6 +206,8 @@ type Front struct {
 	id      *identity
 	retry   *retryPacer
 
+	fast atomic.Pointer[fastServer] // the fast path's, while Serve runs it
+
 	exemptProjects map[string]bool
 	exemptRoutes   map[string]bool
 	exemptInFlight atomic.Int64
@@ -221,6 +228,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		cfg.MaxProjects = DefaultMaxProjects
 	}
 	cfg.ExemptMax = ExemptMaxFor(cfg.MaxInFlight, cfg.ExemptMax)
+	cfg.FastPath = cfg.FastPath || fastPathAlways
 	setDefault(&cfg.MaxUpstreamHead, DefaultMaxUpstreamHead)
 	setDefault(&cfg.MaxInformational, DefaultMaxInformational)
 	setDefault(&cfg.MaxRequestHead, DefaultMaxRequestHead)
@@ -314,6 +322,10 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	return f, nil
 }
 
+// fastPathAlways turns Config.FastPath on in every front (the tests run
+// their suites on both paths with it).
+var fastPathAlways bool
+
 // setDefault sets *v to def when it is zero or less.
 func setDefault[T int | int64 | time.Duration](v *T, def T) {
 	if *v <= 0 {
@@ -368,6 +380,9 @@ func (f *Front) Server() *http.Server {
 // Serve serves f on l until ctx is done, then shuts down gracefully (in-flight
 // requests get up to five seconds).
 func (f *Front) Serve(ctx context.Context, l net.Listener) error {
+	if f.fastOK(l) {
+		return f.serveFast(ctx, l)
+	}
 	err := listen.ServeHTTP(ctx, f.Server(), clientListener{l}, 5*time.Second)
 	f.CloseIdle()
 	if err != nil {
@@ -441,8 +456,53 @@ func exchangeOf(r *http.Request) *exchange {
 
 // ServeHTTP admits, schedules and proxies one request.
 func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if res := takeResume(r); res != nil {
+		f.serveResumed(w, r, res)
+		return
+	}
+	a := f.admit(w, r, peerOf(r))
+	if a == nil {
+		return
+	}
+	// One deferred exit for every path below, panics included: the reverse
+	// proxy aborts a response broken mid-body with panic(http.ErrAbortHandler),
+	// and the permit must still go back exactly once.
+	defer func() {
+		p := recover()
+		f.finish(a, p != nil, r.Context().Err() != nil)
+		if p != nil {
+			panic(p)
+		}
+	}()
+	if a.ticket != nil {
+		class, err := a.ticket.Wait(r.Context())
+		if !f.dispatched(a, class, err) {
+			return
+		}
+	} else {
+		f.dispatched(a, 0, nil)
+	}
+	f.forward(w, r, a.x)
+}
+
+// admission is an admitted request: what finish needs to account for it.
+type admission struct {
+	project    string
+	start      time.Time
+	permit     pools.Permit
+	ticket     *scheduler.Ticket // nil without a scheduler, or once withdrawn
+	dispatched time.Time
+	x          *exchange
+}
+
+// admit decides about r from peer p, before any upstream work: its
+// identity, the exempt budget, the rate buckets and the requests pool. A
+// refusal is answered on w and admit returns nil; otherwise the request is
+// admitted (its ticket submitted, not yet waited on) and must be ended with
+// finish.
+func (f *Front) admit(w http.ResponseWriter, r *http.Request, p *peer) *admission {
 	start := f.clk.Now()
-	id, status, err := f.resolve(r)
+	id, status, err := f.resolvePeer(r, p)
 	if err != nil {
 		f.stats.badRequest(status)
 		if f.deps.Events != nil {
@@ -454,13 +514,13 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				Reason: reason, Remote: peerText(r), Detail: strconv.Itoa(status) + ": " + err.Error()})
 		}
 		http.Error(w, "fairshare: "+err.Error(), status)
-		return
+		return nil
 	}
 	project := id.project
 	if id.exempt {
 		if f.exemptInFlight.Add(1) <= int64(f.cfg.ExemptMax) {
-			f.serveExempt(w, r, project, start)
-			return
+			return &admission{project: project, start: start,
+				x: &exchange{project: project, outcome: outcomeCanceled, exempt: true, at: start}}
 		}
 		f.exemptInFlight.Add(-1)
 		f.stats.overBudget()
@@ -483,11 +543,11 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				f.event(r, events.KindRefused, project, reason, nil)
 				f.refuse(w, project, reason, retry, rate, msg)
 				f.stats.record(project, oc, 0, 0, false, start)
-				return
+				return nil
 			}
 		}
 	}
-	var permit pools.Permit
+	a := &admission{project: project, start: start, x: &exchange{project: project, outcome: outcomeCanceled}}
 	if pool := f.deps.Requests; pool != nil {
 		// A flood is refused here, request after request: the refusal is
 		// written into storage of this call, not allocated.
@@ -502,61 +562,72 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.refuse(w, project, "share", ref.RetryAfter, ref.ReleaseRate, fmt.Sprintf(
 				"fairshare: project %s holds %d requests, its share is %d: %s", project, ref.Held, ref.Share, ref.Reason))
 			f.stats.record(project, outcomeRefusedShare, 0, 0, false, start)
-			return
+			return nil
 		}
-		permit = pm
+		a.permit = pm
 	}
-	x := &exchange{project: project, outcome: outcomeCanceled}
-	var (
-		ticket     *scheduler.Ticket
-		dispatched time.Time
-	)
-	// One deferred exit for every path below, panics included: the reverse
-	// proxy aborts a response broken mid-body with panic(http.ErrAbortHandler),
-	// and the permit must still go back exactly once.
-	defer func() {
-		p := recover()
-		end := f.clk.Now()
-		if p != nil {
-			x.outcome = outcomeError
-			if r.Context().Err() != nil {
-				x.outcome = outcomeCanceled
-			}
-		}
-		var service time.Duration
-		if !dispatched.IsZero() {
-			service = end.Sub(dispatched)
-			cost := f.cost(x, service)
-			if ticket != nil {
-				ticket.Done(cost)
-			}
-			if f.deps.Rates != nil {
-				f.deps.Rates.Charge(project, cost)
-			}
-		}
-		if permit.Valid() {
-			if err := f.deps.Requests.Release(permit); err != nil {
-				f.log.Error("releasing request permit", "project", project, "err", err)
-			}
-		}
-		f.stats.record(project, x.outcome, end.Sub(start), x.waited, !dispatched.IsZero(), end)
-		if p != nil {
-			panic(p)
-		}
-	}()
 	if s := f.deps.Sched; s != nil {
-		ticket = s.Submit(project)
-		class, err := ticket.Wait(r.Context())
-		x.waited = ticket.Waited()
-		if err != nil {
-			ticket = nil // withdrawn: nothing to complete
-			return
-		}
-		x.class = class
+		a.ticket = s.Submit(project)
 	}
-	dispatched = f.clk.Now()
-	x.at = dispatched
-	f.forward(w, r, x)
+	return a
+}
+
+// dispatched records the end of a's wait for the scheduler (class and err
+// from its ticket; none without one) and reports whether it may go
+// upstream: false when its ticket was withdrawn.
+func (f *Front) dispatched(a *admission, class scheduler.Class, err error) bool {
+	if a.ticket != nil {
+		a.x.waited = a.ticket.Waited()
+		if err != nil {
+			a.ticket = nil // withdrawn: nothing to complete
+			return false
+		}
+		a.x.class = class
+	}
+	a.dispatched = f.clk.Now()
+	a.x.at = a.dispatched
+	return true
+}
+
+// finish ends an admitted request, exactly once: its ticket is completed
+// and its cost charged, its permit (or exempt place) given back and its
+// outcome counted. panicked: the handler is unwinding (an aborted answer);
+// canceled: the client went away.
+func (f *Front) finish(a *admission, panicked, canceled bool) {
+	x, project := a.x, a.project
+	end := f.clk.Now()
+	if x.exempt {
+		f.exemptInFlight.Add(-1)
+		oc := x.outcome
+		if oc == outcomeOK {
+			oc = outcomeExempt
+		}
+		f.stats.record(project, oc, end.Sub(a.start), 0, true, end)
+		return
+	}
+	if panicked {
+		x.outcome = outcomeError
+		if canceled {
+			x.outcome = outcomeCanceled
+		}
+	}
+	var service time.Duration
+	if !a.dispatched.IsZero() {
+		service = end.Sub(a.dispatched)
+		cost := f.cost(x, service)
+		if a.ticket != nil {
+			a.ticket.Done(cost)
+		}
+		if f.deps.Rates != nil {
+			f.deps.Rates.Charge(project, cost)
+		}
+	}
+	if a.permit.Valid() {
+		if err := f.deps.Requests.Release(a.permit); err != nil {
+			f.log.Error("releasing request permit", "project", project, "err", err)
+		}
+	}
+	f.stats.record(project, x.outcome, end.Sub(a.start), x.waited, !a.dispatched.IsZero(), end)
 }
 
 // forward proxies an admitted request: on the direct path when it can take
@@ -609,6 +680,12 @@ func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange)
 		f.upstreamFailed(w, r, x, err)
 		return
 	}
+	f.relay(w, r, x, a)
+}
+
+// relay passes the upstream's answer a to the client, ending it with
+// up.done.
+func (f *Front) relay(w http.ResponseWriter, r *http.Request, x *exchange, a upAnswer) {
 	keep := false
 	defer func() { f.up.done(a, keep, x.at) }()
 	resp := a.Response
@@ -713,23 +790,6 @@ func (f *Front) cost(x *exchange, service time.Duration) float64 {
 	default:
 		return 1
 	}
-}
-
-// serveExempt proxies a request of the exempt class: no rate, no permit, no
-// queue. The caller took its place in the exempt budget; it is given back
-// here.
-func (f *Front) serveExempt(w http.ResponseWriter, r *http.Request, project string, start time.Time) {
-	x := &exchange{project: project, outcome: outcomeCanceled, exempt: true, at: start}
-	defer func() {
-		f.exemptInFlight.Add(-1)
-		oc := x.outcome
-		if oc == outcomeOK {
-			oc = outcomeExempt
-		}
-		end := f.clk.Now()
-		f.stats.record(project, oc, end.Sub(start), 0, true, end)
-	}()
-	f.forward(w, r, x)
 }
 
 // refuse answers 429 with a Retry-After for this project: the estimate,

@@ -131,12 +131,20 @@ func newRig(t testing.TB, o rigOpts, upstream http.HandlerFunc) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := r.front.Server()
-	if !o.anyServer {
-		l = clientListener{l} // as Front.Serve serves
+	if r.front.cfg.FastPath && !o.anyServer {
+		// Front.Serve itself, with its event loops.
+		sctx, scancel := context.WithCancel(context.Background())
+		served := make(chan struct{})
+		go func() { defer close(served); _ = r.front.Serve(sctx, l) }()
+		t.Cleanup(func() { scancel(); <-served })
+	} else {
+		srv := r.front.Server()
+		if !o.anyServer {
+			l = clientListener{l} // as Front.Serve serves
+		}
+		go func() { _ = srv.Serve(l) }()
+		t.Cleanup(func() { _ = srv.Close(); r.front.CloseIdle() })
 	}
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close(); r.front.CloseIdle() })
 	r.url = "http://" + l.Addr().String()
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)

@@ -50,7 +50,11 @@ type who struct {
 //
 // An error is answered with status.
 func (f *Front) resolve(r *http.Request) (_ who, status int, _ error) {
-	p := peerOf(r)
+	return f.resolvePeer(r, peerOf(r))
+}
+
+// resolvePeer is resolve for a request from peer p.
+func (f *Front) resolvePeer(r *http.Request, p *peer) (_ who, status int, _ error) {
 	name := r.Header.Get(f.cfg.ProjectHeader)
 	trusted := f.trusted(p)
 	if trusted {

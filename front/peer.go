@@ -42,23 +42,18 @@ type peerKey struct{}
 
 // connContext records the connection for the peer lookups of its requests.
 func (f *Front) connContext(ctx context.Context, c net.Conn) context.Context {
-	p := &peer{conn: c}
+	var p *peer
 	if cc, ok := c.(*clientConn); ok {
-		p.conn, p.cc = cc.Conn, cc
 		cc.writeFor = f.cfg.WriteTimeout
-	}
-	// The daemon's listeners wrap their connections (internal/listen) and
-	// have looked a loopback client's socket up already: its cgroup is
-	// taken from there rather than asked for again.
-	if lc, ok := p.conn.(interface{ PeerCgroup() uint64 }); ok {
-		if id := lc.PeerCgroup(); id != 0 {
-			p.once.Do(func() { p.cgroup = id })
+		if hc, ok := cc.Conn.(*handedConn); ok && hc.peer != nil {
+			// From the fast path: the facts it found already.
+			p = hc.peer
+		} else {
+			p = f.newPeer(cc.Conn)
 		}
-	}
-	// The socket the peer lookups need is behind NetConn.
-	p.conn = peercred.Unwrap(p.conn)
-	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		p.addr = ta.AddrPort().Addr().Unmap()
+		p.cc = cc
+	} else {
+		p = f.newPeer(c)
 	}
 	return context.WithValue(ctx, peerKey{}, p)
 }

@@ -176,10 +176,20 @@ func (uc *upConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// buffered is how many bytes the connection holds that were received and
+// not read: in br, and what a loop had read before handing it over.
+func (uc *upConn) buffered() int {
+	n := uc.br.Buffered()
+	if pc, ok := uc.c.(*prefixConn); ok {
+		n += len(pc.prefix)
+	}
+	return n
+}
+
 // quiet reports whether nothing arrived on an idle connection: no byte and
 // no end of stream. It peeks without blocking, so it costs one system call.
 func (uc *upConn) quiet() bool {
-	if uc.rc == nil || uc.br.Buffered() > 0 {
+	if uc.rc == nil || uc.buffered() > 0 {
 		return false
 	}
 	if err := uc.rc.Control(uc.peekFn); err != nil {
@@ -245,7 +255,7 @@ func (d *directUpstream) get(ctx context.Context, now time.Time) (uc *upConn, re
 // spoke closes an idle connection on which the upstream sent something
 // (or hung up), and says so when it was more than a hang-up.
 func (d *directUpstream) spoke(uc *upConn) {
-	if uc.peekN > 0 || uc.br.Buffered() > 0 {
+	if uc.peekN > 0 || uc.buffered() > 0 {
 		d.unasked("bytes arrived on an idle upstream connection")
 	}
 	uc.c.Close()
@@ -256,21 +266,32 @@ func (d *directUpstream) dialNew(ctx context.Context) (*upConn, bool, error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("dialing upstream: %w", err)
 	}
+	return d.newUpConn(c), false, nil
+}
+
+// newUpConn makes an upstream connection of c.
+func (d *directUpstream) newUpConn(c net.Conn) *upConn {
 	uc := &upConn{c: c, headLeft: -1, bw: bufio.NewWriterSize(c, 4<<10)}
 	uc.br = bufio.NewReaderSize(uc, 4<<10)
-	if sc, ok := c.(syscall.Conn); ok {
+	sc, ok := c.(syscall.Conn)
+	if pc, isPrefix := c.(*prefixConn); isPrefix {
+		// What a loop read already comes first; the idle check and the
+		// kernel's count are the socket's.
+		sc, ok = pc.Conn.(syscall.Conn)
+	}
+	if ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			uc.rc = rc
 			uc.peekFn, uc.infoFn = uc.peek, uc.tcpInfo
 		}
 	}
-	return uc, false, nil
+	return uc
 }
 
 // put keeps uc for the next request, or closes it when enough are idle or
 // its answer left bytes behind.
 func (d *directUpstream) put(uc *upConn, now time.Time) {
-	if uc.br.Buffered() > 0 {
+	if uc.buffered() > 0 {
 		d.unasked("bytes after the end of an upstream answer")
 		uc.c.Close()
 		return

@@ -231,12 +231,9 @@ func testDirectMatchesReverseProxy(t *testing.T, upstream http.HandlerFunc, newR
 	// The direct path kept its connection for the next request: it puts
 	// it back after the answer's last byte is written to the client, so
 	// the client may see the answer a moment before.
-	d := r.front.up.(*directUpstream)
 	conns := 0
 	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		d.mu.Lock()
-		conns = len(d.idle)
-		d.mu.Unlock()
+		conns = idleUpstreams(r.front)
 		if conns == 1 || time.Now().After(deadline) {
 			break
 		}
@@ -730,4 +727,21 @@ func TestOwnFieldsNotFromUpstream(t *testing.T) {
 			t.Errorf("announced trailer %q", resp.Header.Get("Trailer"))
 		}
 	})
+}
+
+// idleUpstreams counts the front's idle upstream connections: the direct
+// path's pool and, under the fast path, its loops'.
+func idleUpstreams(f *Front) int {
+	d := f.up.(*directUpstream)
+	d.mu.Lock()
+	n := len(d.idle)
+	d.mu.Unlock()
+	if fs := f.fast.Load(); fs != nil {
+		for _, lp := range fs.loops {
+			done := make(chan int)
+			lp.post(func() { done <- len(lp.idle) })
+			n += <-done
+		}
+	}
+	return n
 }

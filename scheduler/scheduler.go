@@ -723,6 +723,20 @@ func (t *Ticket) Wait(ctx context.Context) (Class, error) {
 	return t.settledLocked()
 }
 
+// TryWait is Wait without blocking: ok is false while the ticket is still
+// queued (then call Wait, or TryWait again); otherwise it returns what Wait
+// would.
+func (t *Ticket) TryWait() (c Class, ok bool, err error) {
+	s := t.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.state == ticketQueued {
+		return 0, false, nil
+	}
+	c, err = t.settledLocked()
+	return c, true, err
+}
+
 // settledLocked is the outcome of a ticket that has left its queue.
 func (t *Ticket) settledLocked() (Class, error) {
 	if t.state == ticketWithdrawn {

@@ -1,0 +1,1347 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/internal/listen"
+	"github.com/fairshare-dev/fairshare/internal/peercred"
+	"github.com/fairshare-dev/fairshare/scheduler"
+)
+
+// The fast path (Config.FastPath) serves the commonest exchange of the
+// front in event loops of its own instead of net/http's server: see "Fast
+// path" in the package documentation.
+
+// Bounds of what the fast path takes itself; larger goes to net/http.
+const (
+	fastHeadMax   = 8 << 10  // a request head
+	fastBodyMax   = 64 << 10 // a request body (buffered whole before admission)
+	fastAnswerMax = 16 << 10 // an answer head not yet complete: past it, net/http's path reads it
+	fastReadBuf   = 32 << 10
+)
+
+// fastServer is the front's listener served by its event loops, with
+// net/http's server behind it for the connections they hand over.
+type fastServer struct {
+	f      *Front
+	d      *directUpstream
+	loops  []*loop
+	next   atomic.Uint32
+	handed chan net.Conn // to net/http's server
+	closed chan struct{} // closed with the listener
+	once   sync.Once
+	ln     net.Listener
+	addr   unix.Sockaddr
+	wg     sync.WaitGroup
+}
+
+// fastOK reports whether Serve may serve l on the fast path.
+func (f *Front) fastOK(l net.Listener) bool {
+	_, direct := f.up.(*directUpstream)
+	_, tcp := l.Addr().(*net.TCPAddr)
+	return f.cfg.FastPath && direct && tcp
+}
+
+// serveFast serves l with the event loops until ctx is done.
+func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
+	d := f.up.(*directUpstream)
+	ta, err := net.ResolveTCPAddr("tcp", d.addr)
+	if err != nil {
+		return fmt.Errorf("front: upstream %s: %w", d.addr, err)
+	}
+	fs := &fastServer{f: f, d: d, handed: make(chan net.Conn), closed: make(chan struct{}), ln: l}
+	f.fast.Store(fs)
+	if ip4 := ta.IP.To4(); ip4 != nil {
+		sa := &unix.SockaddrInet4{Port: ta.Port}
+		copy(sa.Addr[:], ip4)
+		fs.addr = sa
+	} else {
+		sa := &unix.SockaddrInet6{Port: ta.Port}
+		copy(sa.Addr[:], ta.IP.To16())
+		fs.addr = sa
+	}
+	for range runtime.GOMAXPROCS(0) {
+		lp, err := newLoop(fs)
+		if err != nil {
+			for _, lp := range fs.loops {
+				lp.closeFds()
+			}
+			return fmt.Errorf("front: %w", err)
+		}
+		fs.loops = append(fs.loops, lp)
+	}
+	for _, lp := range fs.loops {
+		fs.wg.Add(1)
+		go func() { defer fs.wg.Done(); lp.run() }()
+	}
+	go fs.accept()
+	stop := context.AfterFunc(ctx, func() {
+		for _, lp := range fs.loops {
+			lp.post(func() { lp.drain(time.Now().Add(5 * time.Second)) })
+		}
+	})
+	defer stop()
+	err = listen.ServeHTTP(ctx, f.Server(), clientListener{(*handedListener)(fs)}, 5*time.Second)
+	if ctx.Err() == nil {
+		// The listener failed: the loops end with it.
+		for _, lp := range fs.loops {
+			lp.post(func() { lp.drain(time.Now()) })
+		}
+	}
+	fs.wg.Wait()
+	f.CloseIdle()
+	if err != nil {
+		return fmt.Errorf("front: %w", err)
+	}
+	return nil
+}
+
+// accept takes the listener's connections (its caps and backoff apply)
+// and gives each TCP one to a loop, the others to net/http's server.
+func (fs *fastServer) accept() {
+	for {
+		c, err := fs.ln.Accept()
+		if err != nil {
+			fs.shut()
+			return
+		}
+		fs.add(c)
+	}
+}
+
+func (fs *fastServer) shut() {
+	fs.once.Do(func() { close(fs.closed) })
+}
+
+// add moves c's socket from Go's poller to a loop: a duplicate of its
+// descriptor goes to the loop and the original is closed (which takes it
+// out of Go's poller); c itself is closed again when the loop is done with
+// it, to give its place under the listener's caps back.
+func (fs *fastServer) add(c net.Conn) {
+	p := fs.f.newPeer(c)
+	tc, ok := p.conn.(*net.TCPConn)
+	if !ok {
+		fs.hand(&handedConn{Conn: c, peer: p})
+		return
+	}
+	fd, err := dupConn(tc)
+	if err != nil {
+		fs.f.log.Debug("fast path: taking a connection", "err", err)
+		fs.hand(&handedConn{Conn: c, peer: p})
+		return
+	}
+	_ = tc.Close()
+	lp := fs.loops[fs.next.Add(1)%uint32(len(fs.loops))]
+	lp.post(func() { lp.addClient(fd, c, p) })
+}
+
+// hand gives net/http's server a connection.
+func (fs *fastServer) hand(c net.Conn) {
+	select {
+	case fs.handed <- c:
+	case <-fs.closed:
+		c.Close()
+	}
+}
+
+func dupConn(c syscall.Conn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	nfd, derr := -1, error(nil)
+	if err := rc.Control(func(fd uintptr) { nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, err
+	}
+	return nfd, derr
+}
+
+// handedListener is the listener net/http's server serves: the
+// connections the loops hand over.
+type handedListener fastServer
+
+func (l *handedListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.handed:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *handedListener) Close() error {
+	err := l.ln.Close()
+	(*fastServer)(l).shut()
+	return err
+}
+
+func (l *handedListener) Addr() net.Addr { return l.ln.Addr() }
+
+// handedConn is a connection a loop handed to net/http's server: what the
+// loop had read from it is read first (prefix), what it had not written yet
+// is written first (out), the client's facts are the ones already found
+// (peer), and an exchange the loop began is finished by the first request
+// (resume; see Front.serveResumed).
+type handedConn struct {
+	net.Conn
+	orig   net.Conn // as accepted: closing it gives its place back
+	prefix []byte
+	out    []byte
+	peer   *peer
+	resume *resumed
+}
+
+func (c *handedConn) Read(p []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *handedConn) Write(p []byte) (int, error) {
+	if len(c.out) > 0 {
+		if _, err := c.Conn.Write(c.out); err != nil {
+			return 0, err
+		}
+		c.out = nil
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *handedConn) Close() error {
+	err := c.Conn.Close()
+	if c.orig != nil {
+		_ = c.orig.Close()
+	}
+	return err
+}
+
+func (c *handedConn) NetConn() net.Conn { return c.Conn }
+
+func (c *handedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// resumed is an exchange a loop began (the request admitted and sent
+// upstream) and net/http's path finishes: the answer's head was not one
+// the loop relays itself.
+type resumed struct {
+	a      *admission
+	uc     *upConn
+	reused bool
+	early  bool // the answer began before the whole request went out
+}
+
+// takeResume returns the exchange r's connection was handed over with,
+// once.
+func takeResume(r *http.Request) *resumed {
+	p, ok := r.Context().Value(peerKey{}).(*peer)
+	if !ok || p.cc == nil {
+		return nil
+	}
+	hc, ok := p.cc.Conn.(*handedConn)
+	if !ok || hc.resume == nil {
+		return nil
+	}
+	res := hc.resume
+	hc.resume = nil
+	return res
+}
+
+// serveResumed finishes an exchange a loop began: r is the request again,
+// as net/http's server read it from what the loop handed over, already
+// admitted and sent upstream.
+func (f *Front) serveResumed(w http.ResponseWriter, r *http.Request, res *resumed) {
+	a := res.a
+	defer func() {
+		p := recover()
+		f.finish(a, p != nil, r.Context().Err() != nil)
+		if p != nil {
+			panic(p)
+		}
+	}()
+	x := a.x
+	x.w = w
+	d := f.up.(*directUpstream)
+	ans, err := d.resume(res.uc, r, x, res.reused, res.early)
+	if err != nil {
+		f.upstreamFailed(w, r, x, err)
+		return
+	}
+	f.relay(w, r, x, ans)
+}
+
+// resume reads the answer to a request a loop sent on uc, as roundTrip
+// does after sending.
+func (d *directUpstream) resume(uc *upConn, r *http.Request, x *exchange, reused, early bool) (upAnswer, error) {
+	cc := peerOf(r).cc
+	w := clientWatch{cc: cc}
+	cc.watch(uc)
+	uc.awaiting = true
+	uc.sent(d.headFor)
+	resp, err := d.readAnswer(uc, r, x, reused)
+	uc.gotHead()
+	if err != nil {
+		fired := !w.end()
+		uc.c.Close()
+		if fired {
+			return upAnswer{}, fmt.Errorf("%w: %w", errClientGone, err)
+		}
+		return upAnswer{}, err
+	}
+	var send *bodySend
+	if early {
+		send = &bodySend{ended: true, err: errEarlyAnswer}
+	}
+	return upAnswer{Response: resp, conn: uc, watch: w, send: send}, nil
+}
+
+// prefixConn reads prefix before the connection.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// fileConn makes a net.Conn of fd, which it closes (the net.Conn has a
+// duplicate in Go's poller).
+func fileConn(fd int) (net.Conn, error) {
+	file := os.NewFile(uintptr(fd), "")
+	c, err := net.FileConn(file)
+	file.Close()
+	return c, err
+}
+
+// Client connection states in a loop.
+const (
+	csIdle  = iota // waiting for a request
+	csHead         // part of a request (head or body) read
+	csAdmit        // admitted, waiting for the scheduler
+	csSend         // dispatched, waiting for an upstream connection
+	csUp           // sent upstream, waiting for the answer's head
+	csBody         // relaying the answer's body
+)
+
+// What a deadline ends.
+const (
+	dlNone = iota
+	dlIdle
+	dlHead
+	dlWrite
+	dlConnect
+	dlAnswer
+	dlUpIdle
+)
+
+// fclient is a client connection in a loop.
+type fclient struct {
+	fd       int
+	c        net.Conn // as accepted
+	p        *peer
+	remote   string
+	in, out  []byte
+	state    int
+	readable bool // an edge came that was not read to its end
+	served   int
+	closed   bool
+	closing  bool // close once out is written
+	deadline time.Time
+	dl       int
+
+	r       *http.Request
+	raw     int // bytes of in the current request takes
+	a       *admission
+	up      *fupstream
+	attempt int
+	left    int64 // bytes of the answer's body still to come
+	cancel  context.CancelFunc
+	cw      captured
+}
+
+// fupstream is an upstream connection in a loop.
+type fupstream struct {
+	fd         int
+	in, out    []byte
+	owner      *fclient // nil while idle
+	connecting bool
+	reused     bool
+	got        bool // a byte of the answer came
+	early      bool // ... before the whole request went out
+	readable   bool
+	lastUsed   time.Time
+	deadline   time.Time
+	dl         int
+	w          appendWriter
+}
+
+// appendWriter appends what is written to *b.
+type appendWriter struct{ b *[]byte }
+
+func (w appendWriter) Write(p []byte) (int, error) {
+	*w.b = append(*w.b, p...)
+	return len(p), nil
+}
+
+// loop is one event loop: an epoll instance, its clients and its idle
+// upstream connections, all touched by its goroutine only.
+type loop struct {
+	fs      *fastServer
+	f       *Front
+	d       *directUpstream
+	epfd    int
+	efd     int // eventfd: posted work waits
+	clients map[int32]*fclient
+	ups     map[int32]*fupstream
+	idle    []*fupstream // most recently used last
+	pending []*fclient   // dispatched, to be sent upstream
+	buf     []byte
+	obuf    []byte
+	bw      *bufio.Writer
+	now     time.Time
+	check   time.Time // the earliest deadline, or later
+	drainBy time.Time // draining: every client closed by then; zero when not
+
+	mu     sync.Mutex
+	posted []func()
+}
+
+func newLoop(fs *fastServer) (*loop, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("epoll: %w", err)
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	lp := &loop{fs: fs, f: fs.f, d: fs.d, epfd: epfd, efd: efd, clients: map[int32]*fclient{}, ups: map[int32]*fupstream{},
+		buf: make([]byte, fastReadBuf), bw: bufio.NewWriterSize(io.Discard, 4<<10)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, efd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(efd)}); err != nil {
+		lp.closeFds()
+		return nil, fmt.Errorf("epoll: %w", err)
+	}
+	return lp, nil
+}
+
+func (lp *loop) closeFds() {
+	unix.Close(lp.epfd)
+	unix.Close(lp.efd)
+}
+
+// post runs fn on the loop.
+func (lp *loop) post(fn func()) {
+	lp.mu.Lock()
+	lp.posted = append(lp.posted, fn)
+	lp.mu.Unlock()
+	var one = [8]byte{1}
+	_, _ = unix.Write(lp.efd, one[:])
+}
+
+func (lp *loop) runPosted() {
+	var b [8]byte
+	_, _ = unix.Read(lp.efd, b[:])
+	lp.mu.Lock()
+	fns := lp.posted
+	lp.posted = nil
+	lp.mu.Unlock()
+	for _, fn := range fns {
+		fn()
+	}
+}
+
+func (lp *loop) run() {
+	defer lp.closeFds()
+	events := make([]unix.EpollEvent, 128)
+	busy := false
+	for {
+		ms := 0
+		if !busy {
+			// Nothing came at the last look: block. While events keep
+			// coming the loop only looks (a blocking wait costs the
+			// runtime a hand-off of the loop's P to another thread).
+			ms = -1
+			if !lp.check.IsZero() {
+				ms = max(1, int(time.Until(lp.check)/time.Millisecond)+1)
+			}
+		}
+		n, err := unix.EpollWait(lp.epfd, events, ms)
+		if err != nil && err != unix.EINTR {
+			lp.f.log.Error("fast path: epoll_wait", "err", err)
+			return
+		}
+		if busy && n <= 0 {
+			busy = false
+			runtime.Gosched()
+			continue
+		}
+		busy = n > 0
+		lp.now = time.Now()
+		lp.handle(events[:max(n, 0)])
+		if len(lp.pending) > 0 {
+			// What came meanwhile (an idle upstream connection that
+			// spoke, above all) is seen before any is used again.
+			if n, _ = unix.EpollWait(lp.epfd, events, 0); n > 0 {
+				lp.handle(events[:n])
+			}
+			for len(lp.pending) > 0 {
+				c := lp.pending[0]
+				lp.pending = lp.pending[1:]
+				if !c.closed {
+					lp.send(c)
+				}
+			}
+			lp.pending = lp.pending[:0]
+		}
+		if !lp.check.IsZero() && !lp.now.Before(lp.check) {
+			lp.expire()
+		}
+		if !lp.drainBy.IsZero() {
+			if !lp.now.Before(lp.drainBy) {
+				for _, c := range lp.clients {
+					lp.abort(c)
+				}
+			}
+			if len(lp.clients) == 0 {
+				for _, u := range lp.ups {
+					lp.closeUp(u)
+				}
+				return
+			}
+		}
+	}
+}
+
+func (lp *loop) handle(evs []unix.EpollEvent) {
+	for _, ev := range evs {
+		if int(ev.Fd) == lp.efd {
+			lp.runPosted()
+			continue
+		}
+		if c := lp.clients[ev.Fd]; c != nil {
+			lp.clientEvent(c, ev.Events)
+		} else if u := lp.ups[ev.Fd]; u != nil {
+			lp.upEvent(u, ev.Events)
+		}
+	}
+}
+
+// drain stops taking requests: idle clients are closed now, the others
+// after their exchange, and every one by `by`.
+func (lp *loop) drain(by time.Time) {
+	lp.drainBy = by
+	lp.setCheck(by)
+	for _, c := range lp.clients {
+		if c.state == csIdle && len(c.out) == 0 {
+			lp.closeClient(c)
+		}
+	}
+}
+
+func (lp *loop) setCheck(t time.Time) {
+	if lp.check.IsZero() || t.Before(lp.check) {
+		lp.check = t
+	}
+}
+
+func (c *fclient) setDeadline(lp *loop, kind int, t time.Time) {
+	c.dl, c.deadline = kind, t
+	if kind != dlNone {
+		lp.setCheck(t)
+	}
+}
+
+func (u *fupstream) setDeadline(lp *loop, kind int, t time.Time) {
+	u.dl, u.deadline = kind, t
+	if kind != dlNone {
+		lp.setCheck(t)
+	}
+}
+
+// expire ends what waited past its deadline and finds the next one.
+func (lp *loop) expire() {
+	now := lp.now
+	lp.check = time.Time{}
+	for _, c := range lp.clients {
+		if c.dl == dlNone {
+			continue
+		}
+		if now.Before(c.deadline) {
+			lp.setCheck(c.deadline)
+			continue
+		}
+		switch c.dl {
+		case dlIdle, dlHead:
+			// As net/http does: no answer.
+			lp.closeClient(c)
+		case dlWrite:
+			lp.abort(c)
+		}
+	}
+	for _, u := range lp.ups {
+		if u.dl == dlNone {
+			continue
+		}
+		if now.Before(u.deadline) {
+			lp.setCheck(u.deadline)
+			continue
+		}
+		switch u.dl {
+		case dlUpIdle:
+			lp.closeUp(u)
+		case dlConnect:
+			lp.upFailed(u, fmt.Errorf("dialing upstream: %w", os.ErrDeadlineExceeded))
+		case dlAnswer:
+			lp.upFailed(u, fmt.Errorf("reading upstream answer: %w", os.ErrDeadlineExceeded))
+		}
+	}
+	if !lp.drainBy.IsZero() {
+		lp.setCheck(lp.drainBy)
+	}
+}
+
+// addClient takes a client connection.
+func (lp *loop) addClient(fd int, conn net.Conn, p *peer) {
+	c := &fclient{fd: fd, c: conn, p: p, remote: conn.RemoteAddr().String()}
+	if !lp.drainBy.IsZero() {
+		lp.closeClient(c)
+		return
+	}
+	if err := unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd,
+		&unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}); err != nil {
+		lp.f.log.Debug("fast path: epoll_ctl", "err", err)
+		lp.closeClient(c)
+		return
+	}
+	lp.clients[int32(fd)] = c
+	// The first request has ReadHeaderTimeout from the start, as with
+	// net/http.
+	c.setDeadline(lp, dlIdle, lp.now.Add(lp.f.cfg.ReadHeaderTimeout))
+	c.readable = true
+	lp.serveClient(c)
+}
+
+func (lp *loop) clientEvent(c *fclient, ev uint32) {
+	if ev&(unix.EPOLLERR|unix.EPOLLHUP|unix.EPOLLRDHUP) != 0 {
+		// The client went away (or half-closed): as net/http's read of
+		// the connection failing, the exchange is over.
+		if c.state == csIdle || c.state == csHead {
+			if ev&unix.EPOLLIN != 0 && ev&(unix.EPOLLERR|unix.EPOLLHUP) == 0 && c.state == csHead {
+				c.readable = true
+			}
+		}
+		lp.abort(c)
+		return
+	}
+	if ev&unix.EPOLLOUT != 0 && len(c.out) > 0 {
+		lp.flushClient(c)
+		if c.closed {
+			return
+		}
+	}
+	if ev&unix.EPOLLIN != 0 {
+		c.readable = true
+		if c.state == csIdle || c.state == csHead {
+			lp.serveClient(c)
+		}
+	}
+}
+
+// readClient reads what the client sent, while the edge lasts and the
+// buffer has room; false when the connection ended.
+func (lp *loop) readClient(c *fclient) bool {
+	for c.readable && len(c.in) < fastHeadMax+fastBodyMax {
+		n, err := unix.Read(c.fd, lp.buf)
+		switch {
+		case n > 0:
+			c.in = append(c.in, lp.buf[:n]...)
+			if n < len(lp.buf) {
+				c.readable = false
+			}
+		case err == unix.EAGAIN:
+			c.readable = false
+		case err == unix.EINTR:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// serveClient reads and serves the client's requests until one waits.
+func (lp *loop) serveClient(c *fclient) {
+	for !c.closed && (c.state == csIdle || c.state == csHead) {
+		if c.closing {
+			return
+		}
+		if !lp.readClient(c) {
+			lp.closeClient(c)
+			return
+		}
+		if len(c.in) == 0 {
+			return
+		}
+		r, n, v := plainRequest(c.in, fastHeadMax, fastBodyMax)
+		switch v {
+		case reqMore:
+			if c.state == csIdle {
+				c.state = csHead
+				c.setDeadline(lp, dlHead, lp.now.Add(lp.f.cfg.ReadHeaderTimeout))
+			}
+			return
+		case reqOther:
+			lp.hand(c, nil)
+			return
+		}
+		total := n + int(r.ContentLength)
+		if len(c.in) < total {
+			// A body that did not come with its head is read as it
+			// comes, after admission, by net/http's path (an upstream
+			// may answer it piece by piece, and its bounds are
+			// BodyReadTimeout and BodyMinRate there).
+			lp.hand(c, nil)
+			return
+		}
+		c.raw = total
+		r.RemoteAddr = c.remote
+		if r.ContentLength > 0 {
+			r.Body = fastBody{}
+		} else {
+			r.Body = http.NoBody
+		}
+		c.r = r
+		c.served++
+		c.setDeadline(lp, dlNone, time.Time{})
+		lp.admit(c)
+	}
+}
+
+// fastBody stands for a request body the loop holds: hasBody sees one.
+type fastBody struct{}
+
+func (fastBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (fastBody) Close() error             { return nil }
+
+// admit admits c's request with the front's own decision (Front.admit).
+func (lp *loop) admit(c *fclient) {
+	c.cw.reset()
+	a := lp.f.admit(&c.cw, c.r, c.p)
+	if a == nil {
+		lp.writeCaptured(c)
+		lp.nextRequest(c)
+		return
+	}
+	c.a, c.attempt = a, 0
+	if a.ticket == nil {
+		lp.f.dispatched(a, 0, nil)
+		lp.dispatch(c)
+		return
+	}
+	if class, ok, err := a.ticket.TryWait(); ok {
+		if lp.f.dispatched(a, class, err) {
+			lp.dispatch(c)
+		}
+		return
+	}
+	c.state = csAdmit
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	t := a.ticket
+	go func() {
+		class, err := t.Wait(ctx)
+		lp.post(func() { lp.admitted(c, a, class, err) })
+	}()
+}
+
+// admitted continues c's request after its wait for the scheduler.
+func (lp *loop) admitted(c *fclient, a *admission, class scheduler.Class, err error) {
+	c.cancel()
+	ok := lp.f.dispatched(a, class, err)
+	if c.closed || !ok {
+		// The client went away meanwhile (abort withdrew the ticket).
+		lp.f.finish(a, false, true)
+		return
+	}
+	lp.dispatch(c)
+}
+
+func (lp *loop) dispatch(c *fclient) {
+	c.state = csSend
+	lp.pending = append(lp.pending, c)
+}
+
+// send sends c's request upstream, on an idle connection or a new one.
+func (lp *loop) send(c *fclient) {
+	u, err := lp.getUp()
+	if err != nil {
+		lp.failed(c, err)
+		return
+	}
+	u.owner, c.up, c.state = c, u, csUp
+	u.got, u.early = false, false
+	u.out = u.out[:0]
+	lp.bw.Reset(u.w)
+	lp.d.writeHead(lp.bw, c.r, c.a.x)
+	_ = lp.bw.Flush()
+	if c.r.ContentLength > 0 {
+		u.out = append(u.out, c.in[c.raw-int(c.r.ContentLength):c.raw]...)
+	}
+	if !u.connecting {
+		lp.flushUp(u)
+	}
+}
+
+// getUp returns an idle upstream connection or starts a new one.
+func (lp *loop) getUp() (*fupstream, error) {
+	for len(lp.idle) > 0 {
+		u := lp.idle[len(lp.idle)-1]
+		lp.idle = lp.idle[:len(lp.idle)-1]
+		if lp.now.Sub(u.lastUsed) >= lp.d.idleFor {
+			lp.closeUp(u)
+			continue
+		}
+		u.reused = true
+		u.setDeadline(lp, dlNone, time.Time{})
+		return u, nil
+	}
+	fam := unix.AF_INET
+	if _, ok := lp.fs.addr.(*unix.SockaddrInet6); ok {
+		fam = unix.AF_INET6
+	}
+	fd, err := unix.Socket(fam, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("dialing upstream: %w", err)
+	}
+	// As Go's dialer sets them (net.Dialer with KeepAlive 30s).
+	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1)
+	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 30)
+	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 30)
+	u := &fupstream{fd: fd}
+	u.w = appendWriter{&u.out}
+	if err := unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd,
+		&unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("dialing upstream: %w", err)
+	}
+	lp.ups[int32(fd)] = u
+	err = unix.Connect(fd, lp.fs.addr)
+	switch err {
+	case nil:
+	case unix.EINPROGRESS:
+		u.connecting = true
+		u.setDeadline(lp, dlConnect, lp.now.Add(5*time.Second))
+	default:
+		lp.closeUp(u)
+		return nil, fmt.Errorf("dialing upstream: %w", err)
+	}
+	return u, nil
+}
+
+func (lp *loop) upEvent(u *fupstream, ev uint32) {
+	c := u.owner
+	if c == nil {
+		// Idle: anything but room to write is the upstream speaking
+		// unasked, or hanging up.
+		if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+			if ev&unix.EPOLLIN != 0 && ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) == 0 {
+				lp.f.unasked("bytes arrived on an idle upstream connection")
+			}
+			lp.closeUp(u)
+		}
+		return
+	}
+	if u.connecting {
+		if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) == 0 {
+			return
+		}
+		if e, err := unix.GetsockoptInt(u.fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
+			if err == nil {
+				err = syscall.Errno(e)
+			}
+			lp.upFailed(u, fmt.Errorf("dialing upstream: %w", err))
+			return
+		}
+		u.connecting = false
+		u.setDeadline(lp, dlNone, time.Time{})
+	}
+	if ev&unix.EPOLLOUT != 0 && len(u.out) > 0 {
+		lp.flushUp(u)
+		if u.owner != c {
+			return
+		}
+	}
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		u.readable = true
+		lp.readUp(u)
+	}
+}
+
+// flushUp writes what is left of the request.
+func (lp *loop) flushUp(u *fupstream) {
+	for len(u.out) > 0 {
+		n, err := unix.Write(u.fd, u.out)
+		if err == unix.EAGAIN {
+			return
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			err = fmt.Errorf("writing upstream request: %w", err)
+			if u.reused && !u.got {
+				err = fmt.Errorf("%w: %w", errStaleConn, err)
+			}
+			lp.upFailed(u, err)
+			return
+		}
+		u.out = u.out[n:]
+	}
+	u.out = u.out[:0]
+	if u.got {
+		u.early = true
+	}
+	if u.owner != nil && u.owner.state == csUp {
+		u.setDeadline(lp, dlAnswer, lp.now.Add(lp.d.headFor))
+	}
+}
+
+// readUp reads the answer while the edge lasts and the client takes it.
+func (lp *loop) readUp(u *fupstream) {
+	for u.readable {
+		c := u.owner
+		if c == nil || (c.state == csBody && len(c.out) > 0) {
+			return
+		}
+		n, err := unix.Read(u.fd, lp.buf)
+		switch {
+		case n > 0:
+			if n < len(lp.buf) {
+				u.readable = false
+			}
+			if !u.got && len(u.out) > 0 {
+				u.early = true
+			}
+			u.got = true
+			if c.state == csUp {
+				u.in = append(u.in, lp.buf[:n]...)
+				lp.answerHead(c, u)
+			} else {
+				lp.relayBody(c, u, lp.buf[:n])
+			}
+		case err == unix.EAGAIN:
+			u.readable = false
+		case err == unix.EINTR:
+		default:
+			if err == nil {
+				err = io.EOF
+			}
+			if !u.got && u.reused {
+				err = fmt.Errorf("%w: %w", errStaleConn, err)
+			}
+			lp.upFailed(u, fmt.Errorf("reading upstream answer: %w", err))
+			return
+		}
+	}
+}
+
+// answerHead relays the answer's head when it is plain, and hands the
+// exchange to net/http's path otherwise.
+func (lp *loop) answerHead(c *fclient, u *fupstream) {
+	dst := make(http.Header, 8)
+	status, length, n, ok := plainHeadBytes(u.in, c.r.Method, dst)
+	if !ok {
+		if !bytes.Contains(u.in, []byte("\r\n\r\n")) && len(u.in) < fastAnswerMax {
+			return // more to come
+		}
+		lp.resume(c, u)
+		return
+	}
+	if length > 0 && dst["Content-Type"] == nil {
+		// net/http's server would sniff one: its path answers.
+		lp.resume(c, u)
+		return
+	}
+	u.setDeadline(lp, dlNone, time.Time{})
+	x := c.a.x
+	lp.f.annotate(x, dst)
+	body := u.in[n:]
+	extra := int64(len(body)) > length
+	if extra {
+		body = body[:length]
+	}
+	c.left = length - int64(len(body))
+	c.state = csBody
+	lp.obuf = appendHead(lp.obuf[:0], status, dst)
+	lp.obuf = append(lp.obuf, body...)
+	u.in = u.in[:0]
+	if extra {
+		lp.f.unasked("bytes after the end of an upstream answer")
+		u.early = true // not reused
+	}
+	lp.writeClient(c, lp.obuf)
+	if !c.closed && c.left == 0 {
+		lp.endExchange(c)
+	}
+}
+
+// relayBody passes a piece of the answer's body on.
+func (lp *loop) relayBody(c *fclient, u *fupstream, b []byte) {
+	if int64(len(b)) > c.left {
+		b = b[:c.left]
+		lp.f.unasked("bytes after the end of an upstream answer")
+		u.early = true
+	}
+	c.left -= int64(len(b))
+	lp.writeClient(c, b)
+	if !c.closed && c.left == 0 {
+		lp.endExchange(c)
+	}
+}
+
+// resume hands c, with its exchange on u, to net/http's path.
+func (lp *loop) resume(c *fclient, u *fupstream) {
+	_ = unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_DEL, u.fd, nil)
+	delete(lp.ups, int32(u.fd))
+	c.up, u.owner = nil, nil
+	nc, err := fileConn(u.fd)
+	if err != nil {
+		c.a.x.outcome = outcomeError
+		lp.f.finish(c.a, false, false)
+		c.a = nil
+		lp.abort(c)
+		return
+	}
+	uc := lp.d.newUpConn(&prefixConn{Conn: nc, prefix: bytes.Clone(u.in)})
+	lp.hand(c, &resumed{a: c.a, uc: uc, reused: u.reused, early: u.early || len(u.out) > 0})
+}
+
+// hand gives the client connection to net/http's server for the rest of
+// its life, with what the loop read of it and had yet to write.
+func (lp *loop) hand(c *fclient, res *resumed) {
+	_ = unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
+	delete(lp.clients, int32(c.fd))
+	c.closed = true
+	c.a = nil
+	nc, err := fileConn(c.fd)
+	if err != nil {
+		if res != nil {
+			res.uc.c.Close()
+			lp.f.finish(res.a, false, true)
+		}
+		_ = c.c.Close()
+		return
+	}
+	hc := &handedConn{Conn: nc, orig: c.c, prefix: bytes.Clone(c.in), out: bytes.Clone(c.out), peer: c.p, resume: res}
+	go lp.fs.hand(hc)
+}
+
+// endExchange ends c's exchange when the answer's body is all relayed.
+func (lp *loop) endExchange(c *fclient) {
+	u := c.up
+	c.up, u.owner = nil, nil
+	if u.early || len(u.in) > 0 || u.readable || len(lp.idle) >= lp.d.maxIdle || !lp.drainBy.IsZero() {
+		lp.closeUp(u)
+	} else {
+		u.lastUsed = lp.now
+		u.setDeadline(lp, dlUpIdle, lp.now.Add(lp.d.idleFor))
+		lp.idle = append(lp.idle, u)
+	}
+	lp.f.finish(c.a, false, false)
+	c.a = nil
+	lp.nextRequest(c)
+}
+
+// nextRequest forgets the request served and goes on to the next.
+func (lp *loop) nextRequest(c *fclient) {
+	if c.closed {
+		return
+	}
+	c.in = c.in[:copy(c.in, c.in[c.raw:])]
+	c.raw, c.r = 0, nil
+	c.state = csIdle
+	if !lp.drainBy.IsZero() {
+		c.closing = true
+	}
+	if c.closing {
+		if len(c.out) == 0 {
+			lp.closeClient(c)
+		}
+		return
+	}
+	c.setDeadline(lp, dlIdle, lp.now.Add(lp.f.cfg.IdleTimeout))
+	if len(c.in) > 0 || c.readable {
+		lp.serveClient(c)
+	}
+}
+
+// upFailed ends the exchange on u, which failed.
+func (lp *loop) upFailed(u *fupstream, err error) {
+	c := u.owner
+	replay := c != nil && c.state == csUp && errors.Is(err, errStaleConn) && c.attempt == 0 && replayable(c.r)
+	lp.closeUp(u)
+	if c == nil {
+		return
+	}
+	c.up = nil
+	if replay {
+		c.attempt++
+		lp.send(c)
+		return
+	}
+	lp.failed(c, err)
+}
+
+// failed answers c's request, which the upstream did not answer, as
+// net/http's path does (Front.upstreamFailed); an answer broken mid-body
+// is cut off.
+func (lp *loop) failed(c *fclient, err error) {
+	if c.state == csBody {
+		lp.f.log.Debug("upstream answer cut short", "project", c.a.x.project, "err", err)
+		c.a.x.outcome = outcomeError
+		lp.f.finish(c.a, false, false)
+		c.a = nil
+		lp.closeClient(c)
+		return
+	}
+	c.cw.reset()
+	lp.f.upstreamFailed(&c.cw, c.r, c.a.x, err)
+	lp.f.finish(c.a, false, false)
+	c.a = nil
+	lp.writeCaptured(c)
+	lp.nextRequest(c)
+}
+
+// writeCaptured writes the answer the front wrote into c.cw.
+func (lp *loop) writeCaptured(c *fclient) {
+	h := c.cw.h
+	if h.Get("Connection") == "close" {
+		c.closing = true
+	}
+	if h["Content-Length"] == nil {
+		h["Content-Length"] = []string{strconv.Itoa(len(c.cw.body))}
+	}
+	lp.obuf = appendHead(lp.obuf[:0], c.cw.status, h)
+	lp.obuf = append(lp.obuf, c.cw.body...)
+	lp.writeClient(c, lp.obuf)
+}
+
+// writeClient writes b to the client, keeping what it does not take.
+func (lp *loop) writeClient(c *fclient, b []byte) {
+	if c.closed {
+		return
+	}
+	if len(c.out) > 0 {
+		c.out = append(c.out, b...)
+		return
+	}
+	for len(b) > 0 {
+		n, err := unix.Write(c.fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			break
+		}
+		if err != nil {
+			lp.abort(c)
+			return
+		}
+		b = b[n:]
+	}
+	if len(b) > 0 {
+		c.out = append(c.out, b...)
+		if c.dl != dlWrite {
+			c.setDeadline(lp, dlWrite, lp.now.Add(lp.f.cfg.WriteTimeout))
+		}
+	}
+}
+
+// flushClient writes what the client had not taken.
+func (lp *loop) flushClient(c *fclient) {
+	for len(c.out) > 0 {
+		n, err := unix.Write(c.fd, c.out)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			c.setDeadline(lp, dlWrite, lp.now.Add(lp.f.cfg.WriteTimeout))
+			return
+		}
+		if err != nil {
+			lp.abort(c)
+			return
+		}
+		c.out = c.out[n:]
+	}
+	c.out = c.out[:0]
+	if c.dl == dlWrite {
+		c.setDeadline(lp, dlNone, time.Time{})
+		if c.state == csIdle {
+			c.setDeadline(lp, dlIdle, lp.now.Add(lp.f.cfg.IdleTimeout))
+		}
+	}
+	if c.closing && c.state == csIdle {
+		lp.closeClient(c)
+		return
+	}
+	if c.state == csBody && c.up != nil && c.up.readable {
+		lp.readUp(c.up)
+	}
+}
+
+// abort ends c and the exchange it has in flight: the client went away,
+// or stopped reading.
+func (lp *loop) abort(c *fclient) {
+	if c.closed {
+		return
+	}
+	if c.a != nil {
+		switch c.state {
+		case csAdmit:
+			// The waiter withdraws the ticket and finishes (admitted).
+			c.cancel()
+		default:
+			c.a.x.outcome = outcomeCanceled
+			lp.f.finish(c.a, false, true)
+		}
+		c.a = nil
+	}
+	if u := c.up; u != nil {
+		c.up, u.owner = nil, nil
+		lp.closeUp(u)
+	}
+	lp.closeClient(c)
+}
+
+func (lp *loop) closeClient(c *fclient) {
+	if c.closed && lp.clients[int32(c.fd)] != c {
+		return
+	}
+	c.closed = true
+	delete(lp.clients, int32(c.fd))
+	unix.Close(c.fd)
+	_ = c.c.Close()
+}
+
+func (lp *loop) closeUp(u *fupstream) {
+	if lp.ups[int32(u.fd)] != u {
+		return
+	}
+	delete(lp.ups, int32(u.fd))
+	for i, v := range lp.idle {
+		if v == u {
+			lp.idle = append(lp.idle[:i], lp.idle[i+1:]...)
+			break
+		}
+	}
+	unix.Close(u.fd)
+}
+
+// appendHead appends an HTTP/1.1 answer head, as net/http's server writes
+// one (with a Date when the header has none).
+func appendHead(b []byte, status int, h http.Header) []byte {
+	b = append(b, "HTTP/1.1 "...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, ' ')
+	if t := http.StatusText(status); t != "" {
+		b = append(b, t...)
+	} else {
+		b = append(b, "status code "...)
+		b = strconv.AppendInt(b, int64(status), 10)
+	}
+	b = append(b, "\r\n"...)
+	for k, vv := range h {
+		for _, v := range vv {
+			b = append(b, k...)
+			b = append(b, ": "...)
+			b = append(b, v...)
+			b = append(b, "\r\n"...)
+		}
+	}
+	if h["Date"] == nil {
+		b = append(b, "Date: "...)
+		b = time.Now().UTC().AppendFormat(b, http.TimeFormat)
+		b = append(b, "\r\n"...)
+	}
+	return append(b, "\r\n"...)
+}
+
+// captured is an http.ResponseWriter that keeps the answer the front
+// writes (a refusal, an error) for the loop to send.
+type captured struct {
+	h      http.Header
+	status int
+	body   []byte
+}
+
+func (w *captured) reset() {
+	w.h, w.status, w.body = make(http.Header, 4), 0, w.body[:0]
+}
+
+func (w *captured) Header() http.Header { return w.h }
+
+func (w *captured) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+
+func (w *captured) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	w.body = append(w.body, p...)
+	return len(p), nil
+}
+
+// newPeer records the client of c, as accepted, for the peer lookups of
+// its requests.
+func (f *Front) newPeer(c net.Conn) *peer {
+	p := &peer{conn: c}
+	// The daemon's listeners wrap their connections (internal/listen) and
+	// have looked a loopback client's socket up already: its cgroup is
+	// taken from there rather than asked for again.
+	if lc, ok := c.(interface{ PeerCgroup() uint64 }); ok {
+		if id := lc.PeerCgroup(); id != 0 {
+			p.once.Do(func() { p.cgroup = id })
+		}
+	}
+	// The socket the peer lookups need is behind NetConn.
+	p.conn = peercred.Unwrap(c)
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		p.addr = ta.AddrPort().Addr().Unmap()
+	}
+	return p
+}
