@@ -65,6 +65,7 @@ test: check-go lint check-generated ## run the whole suite (as root: the kernel 
 	[ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || missing="$$missing busybox-static"; \
 	[ -z "$$missing" ] || echo "note: missing$$missing: the nftables and container-runtime tests will skip (Debian: apt-get install $(TEST_PACKAGES))"
 	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) ./...
+	FAIRSHARE_FRONT_FAST=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front
 	cd deploy && $(GO) test -count=1 ./...
 
 .PHONY: bench

@@ -169,6 +169,10 @@ type Front struct {
 	ExemptMax int `yaml:"exempt_max"`
 	// Limits bound what one client or the upstream can make the front hold.
 	Limits FrontLimits `yaml:"limits"`
+	// FastPath serves plain HTTP/1.1 requests on the front's TCP listener
+	// in the front's own event loops (front.Config.FastPath); false serves
+	// every connection with Go's net/http server. The default is true.
+	FastPath bool `yaml:"fast_path"`
 }
 
 // FrontLimits are the front's bounds on heads and idle time; each is

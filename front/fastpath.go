@@ -51,6 +51,8 @@ type fastServer struct {
 	ln     net.Listener
 	addr   unix.Sockaddr
 	wg     sync.WaitGroup
+	// handedN counts the connections handed to net/http's server.
+	handedN atomic.Int64
 }
 
 // fastOK reports whether Serve may serve l on the fast path.
@@ -155,6 +157,7 @@ func (fs *fastServer) add(c net.Conn) {
 
 // hand gives net/http's server a connection.
 func (fs *fastServer) hand(c net.Conn) {
+	fs.handedN.Add(1)
 	select {
 	case fs.handed <- c:
 	case <-fs.closed:
@@ -419,6 +422,7 @@ type loop struct {
 	fs      *fastServer
 	f       *Front
 	d       *directUpstream
+	addr    unix.Sockaddr // the upstream's: the loop's own copy (Connect writes into it)
 	epfd    int
 	efd     int // eventfd: posted work waits
 	clients map[int32]*fclient
@@ -446,13 +450,23 @@ func newLoop(fs *fastServer) (*loop, error) {
 		unix.Close(epfd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	lp := &loop{fs: fs, f: fs.f, d: fs.d, epfd: epfd, efd: efd, clients: map[int32]*fclient{}, ups: map[int32]*fupstream{},
+	lp := &loop{fs: fs, f: fs.f, d: fs.d, addr: copySockaddr(fs.addr), epfd: epfd, efd: efd, clients: map[int32]*fclient{}, ups: map[int32]*fupstream{},
 		buf: make([]byte, fastReadBuf), bw: bufio.NewWriterSize(io.Discard, 4<<10)}
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, efd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(efd)}); err != nil {
 		lp.closeFds()
 		return nil, fmt.Errorf("epoll: %w", err)
 	}
 	return lp, nil
+}
+
+func copySockaddr(sa unix.Sockaddr) unix.Sockaddr {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return &unix.SockaddrInet4{Port: a.Port, Addr: a.Addr}
+	case *unix.SockaddrInet6:
+		return &unix.SockaddrInet6{Port: a.Port, ZoneId: a.ZoneId, Addr: a.Addr}
+	}
+	return sa
 }
 
 func (lp *loop) closeFds() {
@@ -489,8 +503,11 @@ func (lp *loop) run() {
 		ms := 0
 		if !busy {
 			// Nothing came at the last look: block. While events keep
-			// coming the loop only looks (a blocking wait costs the
-			// runtime a hand-off of the loop's P to another thread).
+			// coming the loop only looks: a blocking wait costs the
+			// runtime a hand-off of the loop's P to another thread.
+			// (Parking the loop in Go's own poller on the epoll
+			// descriptor instead cost 14.2 against 12.6 us per request,
+			// medians of 6 interleaved wrk runs.)
 			ms = -1
 			if !lp.check.IsZero() {
 				ms = max(1, int(time.Until(lp.check)/time.Millisecond)+1)
@@ -836,7 +853,7 @@ func (lp *loop) getUp() (*fupstream, error) {
 		return u, nil
 	}
 	fam := unix.AF_INET
-	if _, ok := lp.fs.addr.(*unix.SockaddrInet6); ok {
+	if _, ok := lp.addr.(*unix.SockaddrInet6); ok {
 		fam = unix.AF_INET6
 	}
 	fd, err := unix.Socket(fam, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
@@ -856,7 +873,7 @@ func (lp *loop) getUp() (*fupstream, error) {
 		return nil, fmt.Errorf("dialing upstream: %w", err)
 	}
 	lp.ups[int32(fd)] = u
-	err = unix.Connect(fd, lp.fs.addr)
+	err = unix.Connect(fd, lp.addr)
 	switch err {
 	case nil:
 	case unix.EINPROGRESS:
@@ -1071,7 +1088,7 @@ func (lp *loop) hand(c *fclient, res *resumed) {
 func (lp *loop) endExchange(c *fclient) {
 	u := c.up
 	c.up, u.owner = nil, nil
-	if u.early || len(u.in) > 0 || u.readable || len(lp.idle) >= lp.d.maxIdle || !lp.drainBy.IsZero() {
+	if u.early || len(u.in) > 0 || u.readable || len(lp.idle) >= max(1, lp.d.maxIdle/len(lp.fs.loops)) || !lp.drainBy.IsZero() {
 		lp.closeUp(u)
 	} else {
 		u.lastUsed = lp.now

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/sys/unix"
 )
 
@@ -272,4 +273,77 @@ func (r finalRecorder) WriteHeader(code int) {
 		return
 	}
 	r.ResponseRecorder.WriteHeader(code)
+}
+
+// FuzzRequestHead compares the fast path's reader of a client's request
+// head (plainRequest) with http.ReadRequest, which net/http's server uses: a
+// head plainRequest takes must be one ReadRequest takes too, with the same
+// method, target, Host, fields and Content-Length, and the same bytes left
+// for the body; net/http's server refuses a few more (a missing Host, a
+// host it finds bad), which plainRequest must refuse too. The seeds run
+// with the tests; run it longer with
+// go test ./front -run '^$' -fuzz FuzzRequestHead -fuzztime 60s.
+func FuzzRequestHead(f *testing.F) {
+	for _, s := range []string{
+		"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+		"POST /a?b=c HTTP/1.1\r\nHost: x:80\r\nContent-Length: 3\r\n\r\nabc",
+		"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx",
+		"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: +1\r\n\r\nx",
+		"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n0\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nX: a\r\n b\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n",
+		"GET / HTTP/1.1\nHost: x\n\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nX : a\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+		"GET / HTTP/1.1\r\n\r\n",
+		"GET http://a/ HTTP/1.1\r\nHost: b\r\n\r\n",
+		"GET /%zz HTTP/1.1\r\nHost: x\r\n\r\n",
+		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+		"GET / HTTP/1.0\r\nHost: x\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nfairshare_project: a\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		r, n, v := plainRequest(raw, fastHeadMax, fastBodyMax)
+		if v != reqPlain {
+			return
+		}
+		rr := bytes.NewReader(raw)
+		br := bufio.NewReader(rr)
+		want, err := http.ReadRequest(br)
+		if err != nil {
+			t.Fatalf("plainRequest took a head ReadRequest refuses (%v)", err)
+		}
+		if consumed := len(raw) - rr.Len() - br.Buffered(); consumed != n {
+			t.Fatalf("plainRequest read %d bytes of head, ReadRequest %d", n, consumed)
+		}
+		if r.Method != want.Method || r.RequestURI != want.RequestURI || r.Host != want.Host ||
+			r.ContentLength != want.ContentLength || r.URL.String() != want.URL.String() ||
+			r.ProtoMajor != want.ProtoMajor || r.ProtoMinor != want.ProtoMinor || r.Close || want.Close {
+			t.Fatalf("plainRequest %s %q host %q length %d; ReadRequest %s %q host %q length %d close %v",
+				r.Method, r.RequestURI, r.Host, r.ContentLength, want.Method, want.RequestURI, want.Host, want.ContentLength, want.Close)
+		}
+		if len(want.TransferEncoding) > 0 || want.Header["Expect"] != nil {
+			t.Fatalf("plainRequest took a request with %v / Expect", want.TransferEncoding)
+		}
+		if !equalHeader(r.Header, want.Header) {
+			t.Fatalf("plainRequest fields %v, ReadRequest's %v", r.Header, want.Header)
+		}
+		// What net/http's server checks beyond ReadRequest.
+		if want.Host == "" || len(want.Header["Host"]) > 0 || !httpguts.ValidHostHeader(want.Host) {
+			t.Fatalf("plainRequest took Host %q, which net/http's server refuses", want.Host)
+		}
+		for k, vv := range want.Header {
+			if !httpguts.ValidHeaderFieldName(k) {
+				t.Fatalf("field name %q", k)
+			}
+			for _, v := range vv {
+				if !httpguts.ValidHeaderFieldValue(v) {
+					t.Fatalf("field value %q", v)
+				}
+			}
+		}
+	})
 }

@@ -614,6 +614,7 @@ func TestDirectBodySentLate(t *testing.T) {
 func paths(t *testing.T, fn func(t *testing.T, tweak func(*Front))) {
 	t.Run("direct", func(t *testing.T) { fn(t, nil) })
 	t.Run("fallback", func(t *testing.T) { fn(t, func(f *Front) { f.up = nil }) })
+	t.Run("fast", func(t *testing.T) { fn(t, func(f *Front) { f.cfg.FastPath = true }) })
 }
 
 // rawRoundTrip sends raw on a fresh connection to addr and returns what

@@ -1,0 +1,178 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// fastRig is a rig whose front serves on the fast path.
+func fastRig(t *testing.T, o rigOpts, upstream http.HandlerFunc) *rig {
+	t.Helper()
+	tweak := o.tweak
+	o.tweak = func(f *Front) {
+		f.cfg.FastPath = true
+		if tweak != nil {
+			tweak(f)
+		}
+	}
+	r := newRig(t, o, upstream)
+	deadline := time.Now().Add(5 * time.Second)
+	for r.front.fast.Load() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the fast path did not start")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return r
+}
+
+// TestFastPathServes: plain exchanges stay in the loops (no connection is
+// handed to net/http's server), keep both their client and their upstream
+// connection, and relay an answer larger than the loop's buffer and the
+// sockets' to a client that reads it late; a refusal is answered there
+// too. An HTTP/1.0 request is handed over, and answered.
+func TestFastPathServes(t *testing.T) {
+	big := strings.Repeat("0123456789abcdef", 1<<19) // 8 MiB: more than the sockets hold
+	var (
+		mu    sync.Mutex
+		conns = map[string]bool{}
+	)
+	r := fastRig(t, rigOpts{poolSize: 4}, func(w http.ResponseWriter, req *http.Request) {
+		mu.Lock()
+		conns[req.RemoteAddr] = true
+		mu.Unlock()
+		b, _ := io.ReadAll(req.Body)
+		w.Header().Set("Content-Type", "text/plain")
+		switch req.URL.Path {
+		case "/big":
+			w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+			_, _ = io.WriteString(w, big)
+		default:
+			_, _ = fmt.Fprintf(w, "%s %s %d", req.Method, req.URL.Path, len(b))
+		}
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	send := func(raw string) *http.Response {
+		t.Helper()
+		if _, err := io.WriteString(c, raw); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	for i := range 3 {
+		resp := send("GET /a HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\n")
+		if b := readAll(t, resp); resp.StatusCode != 200 || b != "GET /a 0" || resp.Header.Get(HeaderClass) == "" {
+			t.Fatalf("GET %d: %d %q %v", i, resp.StatusCode, b, resp.Header)
+		}
+	}
+	resp := send("POST /p HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nContent-Length: 5\r\n\r\nhello")
+	if b := readAll(t, resp); b != "POST /p 5" {
+		t.Fatalf("POST: %d %q", resp.StatusCode, b)
+	}
+	resp = send("GET /big HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\n")
+	time.Sleep(200 * time.Millisecond) // the front waits on the client
+	if b := readAll(t, resp); b != big {
+		t.Fatalf("big answer: %d bytes, want %d", len(b), len(big))
+	}
+	// Two requests in one write: pipelined.
+	if _, err := io.WriteString(c, "GET /1 HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"GET /1 0", "GET /2 0"} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := readAll(t, resp); b != want {
+			t.Fatalf("pipelined: %q, want %q", b, want)
+		}
+	}
+	waitInUse(t, r.pool, 0)
+	if n := r.front.fast.Load().handedN.Load(); n != 0 {
+		t.Errorf("%d connections handed to net/http's server, want 0", n)
+	}
+	mu.Lock()
+	if len(conns) != 1 {
+		t.Errorf("the upstream saw %d connections, want 1 (kept alive)", len(conns))
+	}
+	mu.Unlock()
+
+	// A project over its share is refused in the loop, as ServeHTTP does.
+	r.rates.SetLimits("slow", pools.Limits{RequestsPerSec: 0.001})
+	send("GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: slow\r\n\r\n").Body.Close()
+	resp = send("GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: slow\r\n\r\n")
+	if b := readAll(t, resp); resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" ||
+		resp.Header.Get(HeaderRefused) != "rate" || !strings.Contains(b, "slow") {
+		t.Errorf("refusal: %d %v %q", resp.StatusCode, resp.Header, b)
+	}
+	if n := r.front.fast.Load().handedN.Load(); n != 0 {
+		t.Errorf("%d connections handed over after a refusal, want 0", n)
+	}
+
+	// HTTP/1.0 is net/http's.
+	resp = send("GET /old HTTP/1.0\r\nHost: x\r\nFairshare-Project: alpha\r\nConnection: keep-alive\r\n\r\n")
+	if b := readAll(t, resp); resp.StatusCode != 200 || b != "GET /old 0" {
+		t.Errorf("HTTP/1.0: %d %q", resp.StatusCode, b)
+	}
+	if n := r.front.fast.Load().handedN.Load(); n != 1 {
+		t.Errorf("%d connections handed over, want 1", n)
+	}
+}
+
+// TestFastPathIdleUpstreamSpeaks: an idle pooled connection on which the
+// upstream sends bytes nobody asked for is closed by the loop, and the next
+// request gets its own answer on a new connection.
+func TestFastPathIdleUpstreamSpeaks(t *testing.T) {
+	u := newHostileUpstream(t)
+	front, f := hostileFront(t, u, func(f *Front) { f.cfg.FastPath = true })
+	if got, _ := hostileSend(t, front, hostileByName(t, "second answer later"), "1", "alpha"); got != gotOwn {
+		t.Fatalf("late case: %v", got)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for u.openConns() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle connection that spoke is still open (%d open)", u.openConns())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got, _ := hostileSend(t, front, hostileByName(t, "honest"), "2", "alpha"); got != gotOwn {
+		t.Fatalf("after: %v", got)
+	}
+	if f.fast.Load() == nil {
+		t.Fatal("not on the fast path")
+	}
+}
+
+// hostileByName returns the index of the hostile case named name.
+func hostileByName(t *testing.T, name string) int {
+	t.Helper()
+	for i, tc := range hostileCases {
+		if tc.name == name {
+			return i
+		}
+	}
+	t.Fatalf("no hostile case %q", name)
+	return -1
+}
