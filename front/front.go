@@ -405,11 +405,12 @@ func idleUpstream(maxInFlight int) int { return max(64, 2*maxInFlight) }
 
 // MaxUpstreamConns bounds the upstream connections a front with these
 // limits holds at once: one per request in flight (exempt ones included)
-// and the idle ones of its three pools (the direct path's, the fast path's
-// loops' together, the transport's). The daemon budgets descriptors with
-// it.
+// and the idle ones of two pools: the direct path's, and either the
+// transport's (an h2c upstream) or the fast path's loops' together (an
+// HTTP/1 upstream, to which the transport keeps none). The daemon budgets
+// descriptors with it.
 func MaxUpstreamConns(maxInFlight, exemptMax int) int {
-	return maxInFlight + ExemptMaxFor(maxInFlight, exemptMax) + 3*idleUpstream(maxInFlight)
+	return maxInFlight + ExemptMaxFor(maxInFlight, exemptMax) + 2*idleUpstream(maxInFlight)
 }
 
 // ExemptMaxFor is the exempt budget in force: exemptMax when set, else
