@@ -260,6 +260,59 @@
 // base path go through httputil.ReverseProxy (the fallback); over HTTP/1 it
 // opens a connection per request (see "What the upstream may not do").
 //
+// # Fast path
+//
+// With Config.FastPath (the daemon's front.fast_path, on by default), Serve
+// on a TCP listener serves the commonest exchange in event loops of the
+// front's own, one per GOMAXPROCS, each an epoll instance over
+// non-blocking sockets, instead of net/http's server: a plain HTTP/1.1
+// request (see plainRequest: a token method other than CONNECT and HEAD, an
+// origin-form target, every line ended by CRLF, no folded line, no control
+// or non-ASCII byte in a value, one Host, at most one Content-Length of
+// digits, no Transfer-Encoding, Connection, Upgrade, Expect or Trailer, a
+// head of at most 8 KiB and a body of at most 64 KiB that came with it),
+// admitted by the same Front.admit as ServeHTTP (identity, exempt budget,
+// rate buckets, pool, scheduler ticket; a ticket that must wait waits on a
+// goroutine that posts the rest back to its loop), written upstream with the
+// direct path's own head (directUpstream.writeHead) on a connection of the
+// loop's pool, and answered in the loop when the answer's head is plain
+// (plainHead, with a Content-Type) and its body framed by Content-Length.
+// The listener's caps and accept backoff apply as before: the loops take
+// over the accepted connections' sockets.
+//
+// Anything else goes to net/http's server, for the rest of the
+// connection's life, with the bytes the loop had read and not yet written
+// and the peer's facts already found: HTTP/2, HTTP/1.0, upgrades, a head or
+// body that is not plain (net/http answers what it refuses, 400 or 431, as
+// it always did: the fast path is never looser, FuzzRequestHead), a body
+// sent after its head (read there under BodyReadTimeout and BodyMinRate).
+// An answer whose head is not plain (chunked, a 1xx, a trailer, a head
+// strictHead must check, one over 16 KiB so far) hands over the exchange
+// too: the request, already admitted and sent, is finished by
+// serveResumed on the upstream connection with what the loop had read of
+// the answer, by the same code as the direct path.
+//
+// The loops keep the direct path's rules: an upstream connection is reused
+// only after an answer that ended exactly at its framing with nothing more
+// received and the whole request out before it began; an idle one stays
+// registered and is closed on any readable or hang-up event, and the loop
+// looks once more for such events (epoll_wait with no wait) before it
+// reuses any (the race with bytes sent just then is the one no HTTP/1.1
+// client avoids, see above). Their deadlines are the front's limits:
+// ReadHeaderTimeout for the first request and once a head has begun,
+// IdleTimeout between requests, WriteTimeout on a client that does not take
+// its answer, UpstreamHeadTimeout once the request is out (504), 5s to
+// connect (502), UpstreamIdleTimeout in the pool. A client that goes away
+// (hang-up or error event) aborts its exchange and gives the permit back;
+// an answer broken mid-body closes the client's connection. The loop
+// blocks in epoll_wait only after a look found nothing: a blocked system
+// call costs the Go runtime a hand-off of its P to another thread each
+// time.
+//
+// FAIRSHARE_FRONT_FAST=1 runs every front of the package's tests on the
+// fast path (make test runs the suite both ways); TestFastPathServes shows
+// the plain exchanges staying in the loops.
+//
 // # Cost
 //
 // Of what a proxied request costs the front, its own steps (identity, rate

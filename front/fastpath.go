@@ -80,7 +80,11 @@ func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
 		copy(sa.Addr[:], ta.IP.To16())
 		fs.addr = sa
 	}
-	for range runtime.GOMAXPROCS(0) {
+	// One loop fewer than GOMAXPROCS (at least one): a loop blocked in
+	// epoll_wait while every other P is busy has its P handed to another
+	// thread by the runtime (and the runtime's monitor then wakes every
+	// 20us); with a P to spare it keeps it.
+	for range max(1, runtime.GOMAXPROCS(0)-1) {
 		lp, err := newLoop(fs)
 		if err != nil {
 			for _, lp := range fs.loops {
@@ -433,7 +437,10 @@ type loop struct {
 	obuf    []byte
 	bw      *bufio.Writer
 	now     time.Time
-	check   time.Time // the earliest deadline, or later
+	check   time.Time   // the earliest deadline, or later
+	hdr     http.Header // the fields of the answer being relayed
+	date    []byte      // Date of answers in dateSec
+	dateSec int64
 	drainBy time.Time // draining: every client closed by then; zero when not
 
 	mu     sync.Mutex
@@ -450,7 +457,7 @@ func newLoop(fs *fastServer) (*loop, error) {
 		unix.Close(epfd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	lp := &loop{fs: fs, f: fs.f, d: fs.d, addr: copySockaddr(fs.addr), epfd: epfd, efd: efd, clients: map[int32]*fclient{}, ups: map[int32]*fupstream{},
+	lp := &loop{fs: fs, f: fs.f, d: fs.d, addr: copySockaddr(fs.addr), epfd: epfd, hdr: make(http.Header, 16), efd: efd, clients: map[int32]*fclient{}, ups: map[int32]*fupstream{},
 		buf: make([]byte, fastReadBuf), bw: bufio.NewWriterSize(io.Discard, 4<<10)}
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, efd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(efd)}); err != nil {
 		lp.closeFds()
@@ -498,10 +505,11 @@ func (lp *loop) runPosted() {
 func (lp *loop) run() {
 	defer lp.closeFds()
 	events := make([]unix.EpollEvent, 128)
+	var ready []*fclient
 	busy := false
 	for {
 		ms := 0
-		if !busy {
+		if !busy && len(lp.pending) == 0 {
 			// Nothing came at the last look: block. While events keep
 			// coming the loop only looks: a blocking wait costs the
 			// runtime a hand-off of the loop's P to another thread.
@@ -518,28 +526,25 @@ func (lp *loop) run() {
 			lp.f.log.Error("fast path: epoll_wait", "err", err)
 			return
 		}
-		if busy && n <= 0 {
+		if busy && n <= 0 && len(lp.pending) == 0 {
 			busy = false
 			runtime.Gosched()
 			continue
 		}
 		busy = n > 0
 		lp.now = time.Now()
+		// The requests dispatched before this look are sent after its
+		// events are handled: what came meanwhile (an idle upstream
+		// connection that spoke, above all) is seen before any
+		// connection is used again. Those dispatched now wait for the
+		// next look.
+		ready, lp.pending = lp.pending, ready[:0]
 		lp.handle(events[:max(n, 0)])
-		if len(lp.pending) > 0 {
-			// What came meanwhile (an idle upstream connection that
-			// spoke, above all) is seen before any is used again.
-			if n, _ = unix.EpollWait(lp.epfd, events, 0); n > 0 {
-				lp.handle(events[:n])
+		for i, c := range ready {
+			if !c.closed && c.state == csSend {
+				lp.send(c)
 			}
-			for len(lp.pending) > 0 {
-				c := lp.pending[0]
-				lp.pending = lp.pending[1:]
-				if !c.closed {
-					lp.send(c)
-				}
-			}
-			lp.pending = lp.pending[:0]
+			ready[i] = nil
 		}
 		if !lp.check.IsZero() && !lp.now.Before(lp.check) {
 			lp.expire()
@@ -996,7 +1001,11 @@ func (lp *loop) readUp(u *fupstream) {
 // answerHead relays the answer's head when it is plain, and hands the
 // exchange to net/http's path otherwise.
 func (lp *loop) answerHead(c *fclient, u *fupstream) {
-	dst := make(http.Header, 8)
+	// The answer's fields are only read into the head written below:
+	// one map serves every answer of the loop.
+	dst := lp.hdr
+	clear(dst)
+	defer clear(dst)
 	status, length, n, ok := plainHeadBytes(u.in, c.r.Method, dst)
 	if !ok {
 		if !bytes.Contains(u.in, []byte("\r\n\r\n")) && len(u.in) < fastAnswerMax {
@@ -1020,7 +1029,7 @@ func (lp *loop) answerHead(c *fclient, u *fupstream) {
 	}
 	c.left = length - int64(len(body))
 	c.state = csBody
-	lp.obuf = appendHead(lp.obuf[:0], status, dst)
+	lp.obuf = appendHead(lp.obuf[:0], status, dst, lp.dateNow())
 	lp.obuf = append(lp.obuf, body...)
 	u.in = u.in[:0]
 	if extra {
@@ -1169,7 +1178,7 @@ func (lp *loop) writeCaptured(c *fclient) {
 	if h["Content-Length"] == nil {
 		h["Content-Length"] = []string{strconv.Itoa(len(c.cw.body))}
 	}
-	lp.obuf = appendHead(lp.obuf[:0], c.cw.status, h)
+	lp.obuf = appendHead(lp.obuf[:0], c.cw.status, h, lp.dateNow())
 	lp.obuf = append(lp.obuf, c.cw.body...)
 	lp.writeClient(c, lp.obuf)
 }
@@ -1288,7 +1297,7 @@ func (lp *loop) closeUp(u *fupstream) {
 
 // appendHead appends an HTTP/1.1 answer head, as net/http's server writes
 // one (with a Date when the header has none).
-func appendHead(b []byte, status int, h http.Header) []byte {
+func appendHead(b []byte, status int, h http.Header, date []byte) []byte {
 	b = append(b, "HTTP/1.1 "...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, ' ')
@@ -1309,10 +1318,19 @@ func appendHead(b []byte, status int, h http.Header) []byte {
 	}
 	if h["Date"] == nil {
 		b = append(b, "Date: "...)
-		b = time.Now().UTC().AppendFormat(b, http.TimeFormat)
+		b = append(b, date...)
 		b = append(b, "\r\n"...)
 	}
 	return append(b, "\r\n"...)
+}
+
+// dateNow is the Date of an answer now, formatted once a second.
+func (lp *loop) dateNow() []byte {
+	if sec := lp.now.Unix(); sec != lp.dateSec || lp.date == nil {
+		lp.dateSec = sec
+		lp.date = lp.now.UTC().AppendFormat(lp.date[:0], http.TimeFormat)
+	}
+	return lp.date
 }
 
 // captured is an http.ResponseWriter that keeps the answer the front
