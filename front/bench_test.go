@@ -231,7 +231,8 @@ func TestMain(m *testing.M) {
 
 // serveBenchFront serves the front with a pool too big to refuse anything in
 // front of upstream, prints its address and serves until stdin closes. mode
-// "1" adds the scheduler (the full front), "0" leaves it out (pool and rate
+// "1" adds the scheduler (the full front), "fast" is the full front on its
+// fast path (Config.FastPath), "0" leaves the scheduler out (pool and rate
 // buckets only), to show what the scheduler's dispatch costs; "goproxy"
 // serves net/http's stock reverse proxy instead of the front, nothing else,
 // as the floor of a proxy built on net/http.
@@ -558,8 +559,9 @@ func cpuOf(tg benchTarget) time.Duration {
 //	            rounds and its quartiles (the spread), and each target's
 //	            completed requests/s as a ratio of direct's
 //
-// Targets, in turn: direct, front (pool, rates and scheduler), nosched (the
-// front without the scheduler), baseline (the front of another build, with
+// Targets, in turn: direct, front (pool, rates and scheduler, on net/http's
+// server), fast (the same front on its fast path, as the daemon runs it by
+// default), nosched (the front without the scheduler), baseline (the front of another build, with
 // FAIRSHARE_BENCH_BASELINE), goproxy (net/http's stock
 // httputil.ReverseProxy alone), nginx.
 func BenchmarkOverhead(b *testing.B) {
