@@ -700,11 +700,15 @@ func (lp *loop) clientEvent(c *fclient, ev uint32) {
 	}
 }
 
+// The loops read and write sockets with package syscall, not x/sys/unix:
+// the race detector sees an order between a write and a later read only
+// through the one package's annotations, and Go's net uses syscall's.
+
 // readClient reads what the client sent, while the edge lasts and the
 // buffer has room; false when the connection ended.
 func (lp *loop) readClient(c *fclient) bool {
 	for c.readable && len(c.in) < fastHeadMax+fastBodyMax {
-		n, err := unix.Read(c.fd, lp.buf)
+		n, err := syscall.Read(c.fd, lp.buf)
 		switch {
 		case n > 0:
 			c.in = append(c.in, lp.buf[:n]...)
@@ -933,7 +937,7 @@ func (lp *loop) upEvent(u *fupstream, ev uint32) {
 // flushUp writes what is left of the request.
 func (lp *loop) flushUp(u *fupstream) {
 	for len(u.out) > 0 {
-		n, err := unix.Write(u.fd, u.out)
+		n, err := syscall.Write(u.fd, u.out)
 		if err == unix.EAGAIN {
 			return
 		}
@@ -966,7 +970,7 @@ func (lp *loop) readUp(u *fupstream) {
 		if c == nil || (c.state == csBody && len(c.out) > 0) {
 			return
 		}
-		n, err := unix.Read(u.fd, lp.buf)
+		n, err := syscall.Read(u.fd, lp.buf)
 		switch {
 		case n > 0:
 			if n < len(lp.buf) {
@@ -1193,7 +1197,7 @@ func (lp *loop) writeClient(c *fclient, b []byte) {
 		return
 	}
 	for len(b) > 0 {
-		n, err := unix.Write(c.fd, b)
+		n, err := syscall.Write(c.fd, b)
 		if err == unix.EINTR {
 			continue
 		}
@@ -1217,7 +1221,7 @@ func (lp *loop) writeClient(c *fclient, b []byte) {
 // flushClient writes what the client had not taken.
 func (lp *loop) flushClient(c *fclient) {
 	for len(c.out) > 0 {
-		n, err := unix.Write(c.fd, c.out)
+		n, err := syscall.Write(c.fd, c.out)
 		if err == unix.EINTR {
 			continue
 		}
