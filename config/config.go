@@ -107,7 +107,8 @@ type Connections struct {
 	// in besides the daemon's own: 1 to limits.MaxNetns.
 	MaxNetns int `yaml:"max_netns"`
 	// MaxNetnsPerProject bounds those of one project (a namespace counts
-	// for each project whose processes are in it), so that one tenant
+	// for each project it was attached for, until the namespace is gone
+	// from the kernel, processes in it or not), so that one tenant
 	// making namespaces cannot take all of MaxNetns: 1 to limits.MaxNetns
 	// (past MaxNetns it bounds nothing).
 	MaxNetnsPerProject int `yaml:"max_netns_per_project"`

@@ -83,6 +83,15 @@ type projects struct {
 	kErr     string
 	attached map[uint64]admin.Namespace // by inode: attach attempts and results
 	podNetns map[uint64]bool            // attached by the kubernetes source's word, by inode
+	// charged is, by cookie, each link the kernel side holds and the
+	// projects it was attached for, from the attach until DetachGone
+	// reports the namespace dead: what max_netns_per_project counts (a
+	// namespace kept alive by an open file, with no process left in it,
+	// leaves the scan but keeps its link and its slot of max_netns).
+	charged map[uint64]netnsCharge
+	// ownNetns is the inode of the daemon's own network namespace, which
+	// the kernel side attaches at Open: no project's.
+	ownNetns uint64
 	// pods whose namespace was not opened, and why (logged once)
 	podRefused map[string]string
 	// an attach met the cap, and none succeeded since (logged once)
@@ -118,8 +127,12 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 	}
 	p := &projects{log: log.With("part", "projects"), store: store, wake: make(chan struct{}, 1),
 		found: map[string]*sourceState{}, logged: map[membership.Refusal]bool{}, attached: map[uint64]admin.Namespace{},
-		podNetns: map[uint64]bool{}, podRefused: map[string]string{}, projectFull: map[string]bool{},
+		podNetns: map[uint64]bool{}, charged: map[uint64]netnsCharge{}, podRefused: map[string]string{}, projectFull: map[string]bool{},
 		netnsPerProject: cfg.Connections.MaxNetnsPerProject}
+	var st syscall.Stat_t
+	if syscall.Stat("/proc/thread-self/ns/net", &st) == nil {
+		p.ownNetns = st.Ino
+	}
 	mount, err := cgroup.FindMount()
 	if err != nil {
 		p.log.Warn("no cgroup2 mount: no project has members, so nothing is placed in a project by its cgroup", "err", err)
@@ -500,7 +513,7 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 		a := admin.Namespace{Namespace: netnsscan.Namespace{Inode: ino, Path: h.Path, PID: h.Pid, Cgroup: h.Cgroup,
 			Projects: []string{h.Project}, Since: now}}
 		var info netnsInfo
-		err = p.projectCap(a.Projects)
+		err = p.projectCap(a.Projects, ino)
 		if err == nil {
 			info, err = p.kernel.AttachNetns(f, h.Path)
 		}
@@ -517,6 +530,7 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 				"inode", ino, "err", err)
 		default:
 			a.Attached, a.Cookie = true, info.Cookie
+			p.charge(info, a.Projects)
 			p.belowCap(a.Projects)
 			p.log.Info("inbound admission attached in a pod's network namespace", "pod", h.Pod, "project", h.Project,
 				"inode", ino, "cookie", info.Cookie)
@@ -669,6 +683,8 @@ func (p *projects) stepNetns() {
 		p.attachFound(n)
 	}
 	for _, n := range ch.Gone {
+		// Its link stays (DetachGone detaches it once the namespace is
+		// dead), and so does its charge to its projects.
 		delete(p.attached, n.Inode)
 		p.log.Debug("network namespace without project processes", "inode", n.Inode)
 	}
@@ -678,6 +694,7 @@ func (p *projects) stepNetns() {
 			p.log.Warn("detaching from gone network namespaces failed", "err", err)
 		}
 		for _, g := range gone {
+			delete(p.charged, g.Cookie)
 			p.log.Info("inbound admission detached from a gone network namespace", "inode", g.Inode, "cookie", g.Cookie)
 		}
 	}
@@ -716,7 +733,7 @@ func (p *projects) attachFound(n netnsscan.Namespace) {
 	}
 	var info netnsInfo
 	ino := n.Inode
-	err := p.projectCap(n.Projects)
+	err := p.projectCap(n.Projects, n.Inode)
 	if err == nil {
 		var f *os.File
 		if f, ino, err = netnsscan.OpenPid(n.PID, p.mount, n.Cgroup); err == nil {
@@ -744,6 +761,7 @@ func (p *projects) attachFound(n netnsscan.Namespace) {
 		}
 	default:
 		a.Attached, a.Cookie = true, info.Cookie
+		p.charge(info, n.Projects)
 		p.belowCap(n.Projects)
 		p.log.Info("inbound admission attached in a network namespace", "inode", n.Inode, "cookie", info.Cookie,
 			"projects", n.Projects)
@@ -779,20 +797,47 @@ func (p *projects) belowCap(projects []string) {
 // each at connections.max_netns_per_project.
 var errProjectNetnsFull = errors.New("network namespaces attached at connections.max_netns_per_project")
 
-// projectCap refuses the attach of a namespace of projects when each of them
-// has netnsPerProject namespaces attached already, and logs it once for a
+// netnsCharge is a link the kernel side holds: its namespace's inode and
+// the projects it was attached for.
+type netnsCharge struct {
+	inode    uint64
+	projects []string
+}
+
+// charge charges the link of an attach to projects, for the link's life. A
+// namespace attached already (AttachNetns is idempotent by namespace) adds
+// the new projects to its charge; the daemon's own namespace has no link.
+func (p *projects) charge(info netnsInfo, projects []string) {
+	if info.Cookie == 0 || info.Inode == p.ownNetns {
+		return
+	}
+	c := p.charged[info.Cookie]
+	c.inode = info.Inode
+	for _, pr := range projects {
+		if !slices.Contains(c.projects, pr) {
+			c.projects = append(c.projects, pr)
+		}
+	}
+	p.charged[info.Cookie] = c
+}
+
+// projectCap refuses the attach of a namespace of projects (inode ino) when
+// each of them holds netnsPerProject links already, and logs it once for a
 // project until one of its namespaces is attached again: a tenant making
-// namespaces takes at most its bound of the attach cap from the others.
-func (p *projects) projectCap(projects []string) error {
+// namespaces takes at most its bound of the attach cap from the others. A
+// project holds a link from its attach until its namespace is dead, whether
+// or not a process of the project is still in it (charged); the namespace
+// ino itself, attached already, takes no new link.
+func (p *projects) projectCap(projects []string, ino uint64) error {
 	if p.netnsPerProject <= 0 || len(projects) == 0 {
 		return nil
 	}
 	held := make(map[string]int, len(projects))
-	for _, a := range p.attached {
-		if !a.Attached {
-			continue
+	for _, c := range p.charged {
+		if c.inode == ino {
+			return nil
 		}
-		for _, pr := range a.Projects {
+		for _, pr := range c.projects {
 			if slices.Contains(projects, pr) {
 				held[pr]++
 			}

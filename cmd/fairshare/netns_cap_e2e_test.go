@@ -3,9 +3,11 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -171,4 +173,96 @@ func TestNetnsCapPerProject(t *testing.T) {
 	if k := strings.Count(n.log.String(), "bound of attached network namespaces"); k != 1 {
 		t.Errorf("%d log lines about team-b's bound, want 1:\n%s", k, n.log)
 	}
+}
+
+// TestNetnsCapPerProjectHeldByFd: a namespace whose processes are gone but
+// which a tenant keeps alive by an open file keeps its link in the kernel,
+// and so still counts toward its project's bound
+// (connections.max_netns_per_project: 2 of 4). nobody in team-b's pod makes
+// two namespaces, holds each by a file and ends its process (the scan no
+// longer sees them); its third is refused at the bound, and team-a's new
+// namespace is attached. Counting only the namespaces the scan sees gave
+// team-b 3 links of the 4 and left team-a's new namespace unenforced.
+func TestNetnsCapPerProjectHeldByFd(t *testing.T) {
+	n := newNode(t, "pools: {connections: {size: 4}}\nconnections: {max_netns: 4, max_netns_per_project: 2}\ntick: 100ms\n")
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-e2e-netnsfd-")
+	pods := testutil.KubeletCgroupfs(t, top, []string{"burstable", "besteffort"}, 2)
+	n.start()
+	for i, name := range []string{"team-a", "team-b"} {
+		if out, errOut, code := n.project("add", name, "--cgroup", pods[i].Cgroup); code != 0 {
+			t.Fatalf("add %s: exit %d\n%s%s", name, code, out, errOut)
+		}
+	}
+	victim := startPodServer(t, pods[0].Containers[0])
+	n.waitAttached(victim.pid, 15*time.Second)
+
+	// Each line read makes a namespace (its process's pid is written
+	// back), and the next ends its process while a file holds it.
+	script := `i=20
+while read cmd; do
+  [ -n "$pid" ] && { kill $pid; wait $pid 2>/dev/null; }
+  [ "$cmd" = end ] && break
+  unshare -rn sleep 120 & pid=$!
+  while [ "$(readlink /proc/$pid/ns/net)" = "$(readlink /proc/self/ns/net)" ]; do sleep 0.02; done
+  i=$((i+1)); eval "exec $i</proc/$pid/ns/net"
+  echo $pid
+done
+sleep 120`
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c", script)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.StartInCgroup(t, cmd, pods[1].Containers[0])
+	rd := bufio.NewReader(stdout)
+	next := func() int {
+		t.Helper()
+		fmt.Fprintln(stdin, "go")
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	state := func(pid int) (admin.Namespace, bool) {
+		for _, ns := range n.members().Netns.Namespaces {
+			if ns.PID == pid {
+				return ns, true
+			}
+		}
+		return admin.Namespace{}, false
+	}
+	var held []int
+	for range 2 {
+		pid := next()
+		n.waitAttached(pid, 15*time.Second)
+		held = append(held, pid)
+	}
+	third := next() // ends the second's process
+	eventually(t, func() error {
+		for _, pid := range held {
+			if ns, ok := state(pid); ok {
+				return fmt.Errorf("team-b's emptied namespace is still seen: %+v", ns)
+			}
+		}
+		return nil
+	})
+	eventually(t, func() error {
+		ns, ok := state(third)
+		if !ok || ns.Attached || !strings.Contains(ns.Error, "max_netns_per_project") {
+			return fmt.Errorf("team-b's third namespace, two held by files: %+v (seen %v); want refused at max_netns_per_project", ns, ok)
+		}
+		return nil
+	})
+	late := startPodServer(t, pods[0].Containers[1])
+	n.waitAttached(late.pid, 15*time.Second)
+	fmt.Fprintln(stdin, "end")
 }
