@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -124,6 +125,17 @@ func (m Mount) Level(dir string) (uint32, error) {
 
 // OfPID returns the directory of the cgroup process pid is in now, below
 // Point ("0::/path" in /proc/<pid>/cgroup).
+//
+// Both that path and the mount's Root are relative to the reader's cgroup
+// namespace: in a private one (a container's, with the host's hierarchy
+// bind-mounted) a cgroup outside the namespace's subtree reads
+// "/../../kubepods/pod<uid>/<id>", and Root "/../../..". The directory is
+// then the path's names below the ancestor of the namespace's root that its
+// ".." reach, whose names neither string tells: it is found among the
+// directories at that depth below Point as the one holding those names and
+// listing pid in its cgroup.procs (ErrNotCgroup2 when none does). A cgroup
+// the mount does not show (above or beside its Root) is ErrNotCgroup2 too,
+// never a directory of another cgroup.
 func (m Mount) OfPID(pid int) (string, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
 	if err != nil {
@@ -131,10 +143,101 @@ func (m Mount) OfPID(pid int) (string, error) {
 	}
 	for line := range strings.Lines(string(b)) {
 		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "0::"); ok {
-			return filepath.Join(m.Point, rest), nil
+			return m.dirOf(pid, rest)
 		}
 	}
 	return "", fmt.Errorf("pid %d: no cgroup2 line in /proc/%d/cgroup", pid, pid)
+}
+
+// nsPath splits a path relative to a cgroup namespace's root, as the kernel
+// writes it (its ".." first), into the count of its ".." and its names.
+func nsPath(p string) (ups int, names []string, ok bool) {
+	for _, e := range strings.Split(p, "/") {
+		switch {
+		case e == "" || e == ".":
+		case e == "..":
+			if len(names) > 0 {
+				return 0, nil, false
+			}
+			ups++
+		default:
+			names = append(names, e)
+		}
+	}
+	return ups, names, true
+}
+
+// dirOf is the directory below Point of pid's cgroup path p (relative to
+// the reader's cgroup namespace, as Root is).
+func (m Mount) dirOf(pid int, p string) (string, error) {
+	root := m.Root
+	if root == "" {
+		root = "/"
+	}
+	uR, nR, okR := nsPath(root)
+	uP, nP, okP := nsPath(p)
+	notShown := fmt.Errorf("pid %d is in cgroup %s, which the cgroup2 mount %s (root %s) does not show: %w",
+		pid, p, m.Point, root, ErrNotCgroup2)
+	switch {
+	case !okR || !okP:
+		return "", notShown
+	case uR == 0:
+		// The mount's root is the namespace's root or below it.
+		if uP > 0 || len(nP) < len(nR) || !slices.Equal(nP[:len(nR)], nR) {
+			return "", notShown
+		}
+		return filepath.Join(append([]string{m.Point}, nP[len(nR):]...)...), nil
+	case len(nR) > 0 || uP > uR:
+		// The mount's root is beside the namespace's root, or the
+		// cgroup above the mount's root.
+		return "", notShown
+	case uP == uR:
+		return filepath.Join(append([]string{m.Point}, nP...)...), nil
+	}
+	// The mount's root is uR above the namespace's root and the cgroup
+	// below the ancestor of the namespace's root uP up: that ancestor is
+	// one of the directories uR-uP below Point.
+	var found []string
+	var walk func(dir string, depth int)
+	walk = func(dir string, depth int) {
+		if depth == 0 {
+			cand := filepath.Join(append([]string{dir}, nP...)...)
+			if procsHas(cand, pid) {
+				found = append(found, cand)
+			}
+			return
+		}
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return
+		}
+		for _, e := range ents {
+			if e.IsDir() {
+				walk(filepath.Join(dir, e.Name()), depth-1)
+			}
+		}
+	}
+	walk(m.Point, uR-uP)
+	if len(found) != 1 {
+		return "", notShown
+	}
+	return found[0], nil
+}
+
+// procsHas says whether the cgroup.procs of dir lists pid (pids as the
+// reader's pid namespace numbers them, whatever its cgroup namespace).
+func procsHas(dir string, pid int) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return false
+	}
+	want := strconv.Itoa(pid)
+	for line := range strings.Lines(string(b)) {
+		if strings.TrimSpace(line) == want {
+			return true
+		}
+	}
+	return false
 }
 
 // ID returns the id of the cgroup at path: its directory's inode number.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -206,5 +207,64 @@ func TestPathOfGone(t *testing.T) {
 	testutil.RemoveCgroup(t, dir)
 	if p, err := mountOf(t).PathOf(id); err == nil {
 		t.Fatalf("a removed cgroup's id found %s", p)
+	}
+}
+
+// TestOfPIDCgroupns: a reader in a private cgroup namespace (a container's,
+// with the host's hierarchy mounted: Root "/../..") places processes
+// outside its namespace's subtree ("0::/../other") and inside it by their
+// real directories. Joining the path to the mount point dropped the "..":
+// a process of top/other was placed at <mount>/other, which is no cgroup.
+func TestOfPIDCgroupns(t *testing.T) {
+	if want := os.Getenv("FS_TEST_CGNS"); want != "" {
+		ofPIDInNamespace(t, want) // the reader, run by the test below
+		return
+	}
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-cgns-")
+	nsRoot := testutil.MkCgroup(t, top, "ns")
+	other := testutil.MkCgroup(t, testutil.MkCgroup(t, top, "other"), "c")
+	inner := testutil.MkCgroup(t, nsRoot, "inner")
+	var want []string
+	for _, dir := range []string{other, inner, top} {
+		cmd := exec.Command("sleep", "60")
+		testutil.StartInCgroup(t, cmd, dir)
+		want = append(want, strconv.Itoa(cmd.Process.Pid)+"="+dir)
+	}
+	reader := exec.Command("unshare", "-C", os.Args[0], "-test.run=^TestOfPIDCgroupns$", "-test.v")
+	reader.Env = append(os.Environ(), "FS_TEST_CGNS="+strings.Join(want, ";"))
+	testutil.InCgroup(t, reader, nsRoot)
+	out, err := reader.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the reader in a cgroup namespace rooted at %s: %v\n%s", nsRoot, err, out)
+	}
+	t.Logf("the reader in a cgroup namespace rooted at %s:\n%s", nsRoot, out)
+}
+
+// ofPIDInNamespace checks, in a private cgroup namespace, OfPID of each
+// "pid=dir" of want.
+func ofPIDInNamespace(t *testing.T, want string) {
+	m := mountOf(t)
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(m.Root, "/..") || !strings.Contains(string(self), "0::/\n") {
+		t.Fatalf("not in a private cgroup namespace: mount %+v, /proc/self/cgroup %q", m, self)
+	}
+	t.Logf("mount %+v", m)
+	for _, pd := range strings.Split(want, ";") {
+		pid, dir, _ := strings.Cut(pd, "=")
+		n, _ := strconv.Atoi(pid)
+		shown, _ := os.ReadFile("/proc/" + pid + "/cgroup")
+		got, err := m.OfPID(n)
+		if err != nil || got != dir {
+			t.Errorf("OfPID(%d) (%q) = %q, %v; want %s", n, strings.TrimSpace(string(shown)), got, err, dir)
+		} else {
+			t.Logf("OfPID(%d) (%q) = %s", n, strings.TrimSpace(string(shown)), got)
+		}
+	}
+	if got, err := m.OfPID(os.Getpid()); err != nil || filepath.Base(got) != "ns" {
+		t.Errorf("OfPID of the reader itself = %q, %v; want the namespace's root", got, err)
 	}
 }

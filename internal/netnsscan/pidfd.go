@@ -19,7 +19,9 @@ import (
 var ErrNotThatProcess = errors.New("not the process it was found as")
 
 // OpenPid opens the network namespace of process pid, only while pid is a
-// process in the cgroup dir or below it (a directory below mount's point). A pid found a while ago (in a cgroup's
+// process in the cgroup dir or below it (a directory below mount's point;
+// the process's cgroup is placed by Mount.OfPID, so a daemon in a private
+// cgroup namespace places it too). A pid found a while ago (in a cgroup's
 // cgroup.procs, or in the runtime's account of a pod) may have exited and
 // its number been given to another process, of another tenant, in another
 // namespace; opening /proc/<pid>/ns/net would then give that namespace. So
@@ -43,6 +45,9 @@ func OpenPid(pid int, mount cgroup.Mount, dir string) (*os.File, uint64, error) 
 	cg, err := mount.OfPID(pid)
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
 		return nil, 0, fmt.Errorf("pid %d has exited: %w", pid, ErrNotThatProcess)
+	} else if errors.Is(err, cgroup.ErrNotCgroup2) {
+		// In a cgroup the mount does not show: not below dir.
+		return nil, 0, fmt.Errorf("%w: %w", err, ErrNotThatProcess)
 	} else if err != nil {
 		return nil, 0, err
 	}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -117,4 +118,56 @@ func containsState(stat []byte, s byte) bool {
 		}
 	}
 	return false
+}
+
+// TestOpenPidCgroupns: a daemon in a private cgroup namespace (a
+// container's, the host's hierarchy mounted) opens the namespace of a pod's
+// process by the pod's cgroup, and still refuses it by another's. Its
+// /proc/<pid>/cgroup reads "0::/../pods/pod/sandbox"; taken as a path below
+// the mount, that was no cgroup, and every pod's process was refused.
+func TestOpenPidCgroupns(t *testing.T) {
+	if env := os.Getenv("FS_TEST_CGNS_OPEN"); env != "" {
+		openInNamespace(t, env) // the daemon's stand-in, run by the test below
+		return
+	}
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-pidfd-cgns-")
+	nsRoot := testutil.MkCgroup(t, testutil.MkCgroup(t, top, "daemon"), "ctr")
+	pod := testutil.MkCgroup(t, testutil.MkCgroup(t, top, "pods"), "pod")
+	other := testutil.MkCgroup(t, filepath.Dir(pod), "other")
+	sandbox := inNewNetns(t, testutil.MkCgroup(t, pod, "sandbox"))
+	reader := exec.Command("unshare", "-C", os.Args[0], "-test.run=^TestOpenPidCgroupns$", "-test.v")
+	reader.Env = append(os.Environ(), "FS_TEST_CGNS_OPEN="+strconv.Itoa(sandbox.Process.Pid)+";"+pod+";"+other)
+	testutil.InCgroup(t, reader, nsRoot)
+	out, err := reader.CombinedOutput()
+	if err != nil {
+		t.Fatalf("OpenPid in a cgroup namespace rooted at %s: %v\n%s", nsRoot, err, out)
+	}
+	t.Logf("OpenPid in a cgroup namespace rooted at %s:\n%s", nsRoot, out)
+}
+
+// openInNamespace runs OpenPid of "pid;pod;other" in a private cgroup
+// namespace: opened by pod, refused by other.
+func openInNamespace(t *testing.T, env string) {
+	args := strings.Split(env, ";")
+	pid, _ := strconv.Atoi(args[0])
+	mnt, err := cgroup.FindMount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(mnt.Root, "/..") {
+		t.Fatalf("not in a private cgroup namespace: mount %+v", mnt)
+	}
+	f, ino, err := netnsscan.OpenPid(pid, mnt, args[1])
+	if err != nil {
+		t.Fatalf("OpenPid(%d) by its pod's cgroup %s (mount %+v): %v", pid, args[1], mnt, err)
+	}
+	f.Close()
+	t.Logf("pid %d opened by %s: namespace %d", pid, args[1], ino)
+	if f, _, err := netnsscan.OpenPid(pid, mnt, args[2]); !errors.Is(err, netnsscan.ErrNotThatProcess) {
+		if f != nil {
+			f.Close()
+		}
+		t.Errorf("OpenPid(%d) by another cgroup %s: %v; want ErrNotThatProcess", pid, args[2], err)
+	}
 }
