@@ -166,3 +166,55 @@ func TestPodNetnsOpenedByPidfd(t *testing.T) {
 		t.Fatalf("the sandbox's namespace %d: attached %v, %+v", ino, h.attached, p.attached)
 	}
 }
+
+// TestPodNetnsPathNotANamespace: a runtime that gives a pod no pid and, as
+// its namespace, a FIFO (or any file that is not a network namespace it
+// mounted) gets nothing attached, the membership loop does not wait on it,
+// and the refusal is logged once for the pod. os.Open of the FIFO blocked
+// attachPodNetns, and with it the loop, for ever.
+func TestPodNetnsPathNotANamespace(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "netns")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.StateDir, cfg.Projects.Sources = dir, []string{membership.SourceRegistered}
+	st, err := policy.Open(dir, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	logs := &records{}
+	p, err := newProjects(cfg, st, false, slog.New(logs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	h := &handOff{}
+	p.kernel = h
+	hints := []kube.PodNetns{{Path: fifo, Project: "team-a", Pod: "team-a/liar"}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 3 {
+			p.attachPodNetns(time.Now(), hints)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("attachPodNetns still blocked after 5 s on a FIFO the runtime named as a pod's namespace")
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.attached) != 0 || len(p.attached) != 0 {
+		t.Errorf("attached %v (%v) by a FIFO", h.attached, p.attached)
+	}
+	const msg = "a pod's network namespace is not opened: the runtime's path to it is not a network " +
+		"namespace it mounted; the scan finds the namespace from the pod's processes"
+	if k := len(logs.find(msg)); k != 1 {
+		t.Errorf("%d log lines about team-a/liar's path, want 1", k)
+	}
+}

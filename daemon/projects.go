@@ -494,11 +494,25 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 	for _, h := range hints {
 		f, ino, err := p.openPodNetns(h)
 		if err != nil {
-			// The pod went (the next poll says so), or its sandbox's pid
-			// is another process's now: nothing is attached by it.
-			if errors.Is(err, netnsscan.ErrNotThatProcess) && p.podRefused[h.Pod] != err.Error() {
-				p.log.Warn("a pod's network namespace is not opened: its sandbox's pid is not the pod's process",
-					"pod", h.Pod, "project", h.Project, "pid", h.Pid, "err", err)
+			// The pod went (the next poll says so), its sandbox's pid
+			// is another process's now, or the runtime's path is no
+			// namespace of a pod: nothing is attached by it. Logged
+			// once for the pod until the reason changes.
+			if p.podRefused[h.Pod] != err.Error() {
+				switch {
+				case errors.Is(err, netnsscan.ErrNotThatProcess):
+					p.log.Warn("a pod's network namespace is not opened: its sandbox's pid is not the pod's process",
+						"pod", h.Pod, "project", h.Project, "pid", h.Pid, "err", err)
+				case errors.Is(err, netnsscan.ErrNotNetns):
+					p.log.Warn("a pod's network namespace is not opened: the runtime's path to it is not a network "+
+						"namespace it mounted; the scan finds the namespace from the pod's processes",
+						"pod", h.Pod, "project", h.Project, "path", h.Path, "err", err)
+				case errors.Is(err, os.ErrNotExist):
+					p.log.Debug("a pod's network namespace is gone", "pod", h.Pod, "path", h.Path)
+				default:
+					p.log.Warn("a pod's network namespace is not opened", "pod", h.Pod, "project", h.Project,
+						"path", h.Path, "err", err)
+				}
 			}
 			p.podRefused[h.Pod] = err.Error()
 			continue
@@ -556,21 +570,14 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 
 // openPodNetns opens a pod's network namespace: through its sandbox's pid
 // while that is a process of the pod's cgroup (netnsscan.OpenPid), else by
-// the runtime's path to it. It returns the namespace's inode.
+// the runtime's path to it, only a network namespace mounted in the
+// runtimes' directories (netnsscan.OpenPath: no link followed, no FIFO
+// waited on). It returns the namespace's inode.
 func (p *projects) openPodNetns(h kube.PodNetns) (*os.File, uint64, error) {
 	if h.Pid > 0 {
 		return netnsscan.OpenPid(h.Pid, p.mount, h.Cgroup)
 	}
-	f, err := os.Open(h.Path)
-	if err != nil {
-		return nil, 0, err
-	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		f.Close()
-		return nil, 0, err
-	}
-	return f, st.Ino, nil
+	return netnsscan.OpenPath(h.Path)
 }
 
 // foundEqual compares two scans.

@@ -27,4 +27,10 @@
 // What it reports is as fresh as its reads: a process that joins a
 // namespace of its own after its cgroup was last read is found in the next
 // sweep at the latest (one step on a small node).
+//
+// A namespace found is opened for the attach by its process only while the
+// process is still in the cgroup it was found in (OpenPid, through a
+// pidfd); a pod's namespace a container runtime names without a pid, only
+// as a network namespace mounted in /run/netns or /var/run/netns
+// (OpenPath: no symbolic link followed, no FIFO waited on).
 package netnsscan
