@@ -184,7 +184,7 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 			if mount.Point == "" {
 				continue
 			}
-			src, err := newKube(cfg, mount.Point, p.log)
+			src, err := newKube(cfg, mount, p.log)
 			if err != nil {
 				p.close()
 				return nil, err
@@ -413,13 +413,18 @@ const kubeCache = "kubernetes-pods.json"
 // newKube starts the kubernetes source: the pods of the runtime at
 // kubernetes.runtime_endpoint, polled each tick. A runtime that is not
 // there is no error here: the source reports it, and is read when it comes.
-func newKube(cfg config.Config, mount string, log *slog.Logger) (*kube.Source, error) {
+func newKube(cfg config.Config, mount cgroup.Mount, log *slog.Logger) (*kube.Source, error) {
 	k := cfg.Kubernetes
 	cri, err := kube.DialCRI(k.Endpoint())
 	if err != nil {
 		return nil, fmt.Errorf("%w: kubernetes.runtime_endpoint: %w", config.ErrInvalid, err)
 	}
-	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: kubeRules(cfg), Mount: mount, PodCgroups: k.PodCgroups, Every: max(cfg.Tick, kubePollMin),
+	// A pod's sandbox's process must be in the cgroup the runtime reports
+	// for the pod, placed through the mount as the daemon sees it (in a
+	// private cgroup namespace too).
+	checkPid := func(pid int, dir string) error { return netnsscan.CheckPid(pid, mount, dir) }
+	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: kubeRules(cfg), Mount: mount.Point, PodCgroups: k.PodCgroups,
+		CheckPid: checkPid, Every: max(cfg.Tick, kubePollMin),
 		Log: log.With("source", membership.SourceKubernetes), Cache: filepath.Join(cfg.StateDir, kubeCache)})
 	log.Info("pods are read from the container runtime over the CRI, polled each tick (containerd 1.6 has no container events)",
 		"endpoint", cri.Endpoint(), "project_label", k.ProjectLabel, "namespace_projects", k.NamespaceProjects,

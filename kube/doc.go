@@ -20,4 +20,11 @@
 // inbound admission, reports a runtime that does not answer with one error
 // per cause, and keeps its last good poll in a file so that a daemon
 // restarted while the runtime is away starts from the pods it last saw.
+//
+// The runtime's account of a pod is checked, not trusted: its cgroup must
+// be kubelet's for the pod's uid below the pods' cgroups (CheckPodCgroup),
+// and, when the runtime gives the sandbox's pid, that process must be in
+// the cgroup or below it (read through a pidfd, once per sandbox and pid),
+// so a runtime lying consistently about a pod's uid and cgroup still cannot
+// place the pod in another pod's cgroup.
 package kube

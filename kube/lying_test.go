@@ -8,13 +8,16 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/membership"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/policy"
 	"google.golang.org/grpc"
 	rt "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -213,4 +216,50 @@ func TestCheckPodCgroup(t *testing.T) {
 	if err := CheckPodCgroup("/kubepods/pod1", "1", []string{"/kubelet/kubepods"}); err == nil {
 		t.Error("below a root not configured: accepted")
 	}
+}
+
+// TestSandboxPidInPodCgroup: a runtime that names, for a pod, another
+// pod's cgroup with a uid that matches it (a runtime lying consistently:
+// CheckPodCgroup alone passes it) is caught by the pod's sandbox's process,
+// which is not in that cgroup: the pod is refused, listed with why and
+// logged once; a pod whose sandbox's process is in its cgroup (below it,
+// in its sandbox container's) is a member. Before, the liar was a member
+// too, in its own project, of its victim's cgroup.
+func TestSandboxPidInPodCgroup(t *testing.T) {
+	testutil.RequireRoot(t)
+	mount := testutil.Cgroup2Mount(t)
+	top := testutil.TempCgroup(t, mount, "fairshare-kube-pid-")
+	pods := testutil.KubeletCgroupfs(t, top, []string{"burstable", "besteffort"}, 1)
+	var pids []int
+	for _, p := range pods {
+		cmd := exec.Command("sleep", "60")
+		testutil.StartInCgroup(t, cmd, p.Containers[0])
+		pids = append(pids, cmd.Process.Pid)
+	}
+	rel := func(dir string) string { return strings.TrimPrefix(dir, mount) }
+	logs := &strings.Builder{}
+	s := &Source{o: SourceOptions{Mount: mount, Log: slog.New(slog.NewTextHandler(logs, nil)),
+		PodCgroups: []string{rel(filepath.Join(top, "kubepods"))}, CheckPid: checkPidBelow(mount),
+		Rules: Rules{ProjectLabel: DefaultProjectLabel, Validate: policy.ValidateProject}},
+		warned: map[string]bool{}, refused: map[string]string{}, checked: map[string]int{}}
+	list := []Pod{
+		{ID: "honest", UID: pods[0].UID, Namespace: "team-a", Name: "honest", Cgroup: rel(pods[0].Cgroup), Pid: pids[0],
+			Labels: map[string]string{DefaultProjectLabel: "web"}},
+		// The liar's process is team-b's (pods[1]); it claims team-a's pod.
+		{ID: "liar", UID: pods[0].UID, Namespace: "team-b", Name: "liar", Cgroup: rel(pods[0].Cgroup), Pid: pids[1],
+			Labels: map[string]string{DefaultProjectLabel: "evil"}},
+	}
+	for range 3 {
+		f, _, _ := s.members(list)
+		if want := []membership.Member{{Project: "web", Cgroup: pods[0].Cgroup}}; !slices.Equal(f.Members, want) {
+			t.Fatalf("members %v, want %v", f.Members, want)
+		}
+		if len(f.Skipped) != 1 || !strings.Contains(f.Skipped[0].Reason, "pod team-b/liar: its sandbox's process") {
+			t.Fatalf("skipped %+v, want team-b/liar", f.Skipped)
+		}
+	}
+	if k := strings.Count(logs.String(), "sandbox=liar"); k != 1 {
+		t.Errorf("%d log lines about the liar, want 1:\n%s", k, logs)
+	}
+	t.Logf("%s", logs)
 }

@@ -16,7 +16,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/membership"
+	"github.com/fairshare-dev/fairshare/internal/netnsscan"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -33,6 +35,13 @@ type SourceOptions struct {
 	// PodCgroups are the cgroups every pod's cgroup must be strictly below
 	// (CheckPodCgroup); nil means DefaultPodCgroups.
 	PodCgroups []string
+	// CheckPid checks a pod's sandbox's pid against the pod's cgroup (its
+	// directory below Mount): nil when the process is in it or below,
+	// checked through a pidfd. The uid CheckPodCgroup checks the cgroup's
+	// name against is the runtime's word too; a process of the runtime's
+	// pod, held while its cgroup is read, is the kernel's. nil means
+	// netnsscan.CheckPid with the cgroup2 mount at Mount.
+	CheckPid func(pid int, dir string) error
 	// Every is the poll period (the daemon's tick), which also bounds one
 	// poll; 0 means 1s. containerd 1.6 has no container events
 	// (GetContainerEvents came with 1.7), so the pods are listed again each
@@ -82,6 +91,7 @@ type Source struct {
 	system     int               // pods of system namespaces in the last good poll
 	warned     map[string]bool   // pod ids whose bad label was logged
 	refused    map[string]string // pod ids whose cgroup was refused, and why (logged once)
+	checked    map[string]int    // pod ids whose sandbox's pid was found in the pod's cgroup: that pid
 	polled     bool              // a poll succeeded
 	keepFailed bool              // a write of the cache failed (logged once)
 	last       *membership.Found // what Cache held at start
@@ -93,6 +103,13 @@ type cached struct {
 	Netns []PodNetns       `json:"netns,omitempty"`
 }
 
+// checkPidBelow is SourceOptions.CheckPid's default: netnsscan.CheckPid
+// with the cgroup2 mount at point.
+func checkPidBelow(point string) func(pid int, dir string) error {
+	mount := cgroup.Mount{Point: point, Root: "/"}
+	return func(pid int, dir string) error { return netnsscan.CheckPid(pid, mount, dir) }
+}
+
 // NewSource starts polling the runtime, at once and then every o.Every,
 // until Close.
 func NewSource(o SourceOptions) *Source {
@@ -102,7 +119,10 @@ func NewSource(o SourceOptions) *Source {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Source{o: o, warned: map[string]bool{}, refused: map[string]string{}}
+	if o.CheckPid == nil {
+		o.CheckPid = checkPidBelow(o.Mount)
+	}
+	s := &Source{o: o, warned: map[string]bool{}, refused: map[string]string{}, checked: map[string]int{}}
 	if o.Cache != "" {
 		if raw, err := os.ReadFile(o.Cache); err == nil {
 			var c cached
@@ -214,8 +234,24 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 			}
 			continue
 		}
-		delete(s.refused, p.ID)
 		cg := filepath.Join(s.o.Mount, p.Cgroup)
+		if p.Pid > 0 && s.checked[p.ID] != p.Pid {
+			// The runtime says where the pod is; its sandbox's process
+			// shows it: in the pod's cgroup or below, or the pod is
+			// refused (checked once per sandbox and pid).
+			if err := s.o.CheckPid(p.Pid, cg); err != nil {
+				why := fmt.Sprintf("its sandbox's process %d is not in the cgroup the runtime reports (%s): %v", p.Pid, p.Cgroup, err)
+				f.Skipped = append(f.Skipped, membership.Skipped{Reason: fmt.Sprintf("pod %s/%s: %s", p.Namespace, p.Name, why)})
+				if s.refused[p.ID] != why {
+					s.refused[p.ID] = why
+					s.o.Log.Warn("a pod's cgroup as the container runtime reports it is refused: the pod is in no project",
+						"pod", p.Namespace+"/"+p.Name, "sandbox", p.ID, "reason", why)
+				}
+				continue
+			}
+			s.checked[p.ID] = p.Pid
+		}
+		delete(s.refused, p.ID)
 		project, err := s.o.Rules.Project(p)
 		switch {
 		case project == "" && err != nil:
@@ -249,6 +285,11 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 	for id := range s.refused {
 		if !live[id] {
 			delete(s.refused, id)
+		}
+	}
+	for id := range s.checked {
+		if !live[id] {
+			delete(s.checked, id)
 		}
 	}
 	slices.SortFunc(f.Members, func(a, b membership.Member) int {

@@ -133,7 +133,8 @@ func TestSourceAbsent(t *testing.T) {
 func TestSourceMembers(t *testing.T) {
 	s := &Source{o: SourceOptions{Mount: "/mnt", Log: slog.New(slog.DiscardHandler),
 		Rules: Rules{ProjectLabel: DefaultProjectLabel, System: []string{"kube-system"}, Validate: policy.ValidateProject}},
-		warned: map[string]bool{}, refused: map[string]string{}}
+		warned: map[string]bool{}, refused: map[string]string{}, checked: map[string]int{}}
+	s.o.CheckPid = func(pid int, dir string) error { return nil } // the pids are made up; TestSandboxPidInPodCgroup checks real ones
 	pods := []Pod{
 		{ID: "1", UID: "1", Namespace: "team-a", Name: "plain", Cgroup: "/kubepods/pod1", Pid: 10},
 		{ID: "2", UID: "2", Namespace: "team-a", Name: "bad", Cgroup: "/kubepods/pod2", Labels: map[string]string{DefaultProjectLabel: "a b"}},
