@@ -5,6 +5,7 @@ package daemon
 import (
 	"fmt"
 	"log/slog"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -216,5 +217,82 @@ func TestPodNetnsPathNotANamespace(t *testing.T) {
 		"namespace it mounted; the scan finds the namespace from the pod's processes"
 	if k := len(logs.find(msg)); k != 1 {
 		t.Errorf("%d log lines about team-a/liar's path, want 1", k)
+	}
+}
+
+// goneKernel is a handOff whose DetachGone reports the namespaces of
+// cookies put in gone, each once.
+type goneKernel struct {
+	handOff
+	gone []netnsInfo
+}
+
+func (g *goneKernel) AttachNetns(ns *os.File, path string) (netnsInfo, error) {
+	info, err := g.handOff.AttachNetns(ns, path)
+	info.Cookie = info.Inode // one link per namespace
+	return info, err
+}
+
+func (g *goneKernel) DetachGone() ([]netnsInfo, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	gone := g.gone
+	g.gone = nil
+	return gone, nil
+}
+
+// TestPodNetnsChargedUntilDetached: a pod's namespace counts toward its
+// project's connections.max_netns_per_project (1 here) after its pod is
+// gone, as long as the kernel side holds its link, and stops counting when
+// DetachGone reports it, with or without the namespace scan (here without).
+func TestPodNetnsChargedUntilDetached(t *testing.T) {
+	testutil.RequireRoot(t)
+	var paths []string
+	for i := range 2 {
+		name := fmt.Sprintf("fairshare-charge-%d-%d-%d", os.Getpid(), time.Now().UnixNano(), i)
+		if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+			t.Fatalf("ip netns add: %v\n%s", err, out)
+		}
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+		paths = append(paths, "/run/netns/"+name)
+	}
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.StateDir, cfg.Projects.Sources = dir, []string{membership.SourceRegistered}
+	cfg.Connections.MaxNetnsPerProject = 1
+	st, err := policy.Open(dir, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	k := &goneKernel{}
+	p.kernel, p.scan = k, nil
+	hint := func(i int) []kube.PodNetns {
+		return []kube.PodNetns{{Path: paths[i], Project: "team-a", Pod: fmt.Sprintf("team-a/p%d", i)}}
+	}
+	p.attachPodNetns(time.Now(), hint(0))
+	first, _ := netnsscan.Inode(paths[0])
+	if a := p.attached[first]; !a.Attached {
+		t.Fatalf("the first pod's namespace: %+v, want attached", a)
+	}
+	// The first pod is gone; its namespace lives on (a file holds it).
+	p.apply(t.Context(), time.Now(), true)
+	p.attachPodNetns(time.Now(), hint(1))
+	second, _ := netnsscan.Inode(paths[1])
+	if a := p.attached[second]; a.Attached || !strings.Contains(a.Error, "max_netns_per_project") {
+		t.Fatalf("the second pod's namespace, the first's link held: %+v, want refused at the project's bound", a)
+	}
+	k.mu.Lock()
+	k.gone = []netnsInfo{{Cookie: first, Inode: first}}
+	k.mu.Unlock()
+	p.apply(t.Context(), time.Now(), true) // a tick: DetachGone
+	p.attachPodNetns(time.Now(), hint(1))
+	if a := p.attached[second]; !a.Attached {
+		t.Errorf("the second pod's namespace, the first's link detached: %+v, want attached", a)
 	}
 }

@@ -395,8 +395,11 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	if p.kube != nil && p.kernel != nil {
 		p.attachPodNetns(now, p.kube.Netns())
 	}
-	if tick && p.scan != nil {
+	switch {
+	case tick && p.scan != nil:
 		p.stepNetns()
+	case tick && p.kernel != nil:
+		p.detachGone() // the pods' namespaces, without a scan
 	}
 	p.publish()
 }
@@ -524,7 +527,9 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 		}
 		delete(p.podRefused, h.Pod)
 		live[ino] = true
-		if _, ok := p.attached[ino]; ok || budget == 0 {
+		// One tried already is tried again only if a cap refused it (the
+		// scan's sweeps retry the others, when there is a scan).
+		if a, ok := p.attached[ino]; ok && (a.Attached || !atACap(a.Error)) || budget == 0 {
 			f.Close()
 			continue
 		}
@@ -701,14 +706,7 @@ func (p *projects) stepNetns() {
 		p.log.Debug("network namespace without project processes", "inode", n.Inode)
 	}
 	if p.kernel != nil {
-		gone, err := p.kernel.DetachGone()
-		if err != nil {
-			p.log.Warn("detaching from gone network namespaces failed", "err", err)
-		}
-		for _, g := range gone {
-			delete(p.charged, g.Cookie)
-			p.log.Info("inbound admission detached from a gone network namespace", "inode", g.Inode, "cookie", g.Cookie)
-		}
+		p.detachGone()
 	}
 	if !ch.Swept || p.kernel == nil {
 		return
@@ -727,6 +725,19 @@ func (p *projects) stepNetns() {
 		}
 		budget--
 		p.attachFound(n)
+	}
+}
+
+// detachGone has the kernel side detach the links of dead namespaces, and
+// ends their charge to their projects.
+func (p *projects) detachGone() {
+	gone, err := p.kernel.DetachGone()
+	if err != nil {
+		p.log.Warn("detaching from gone network namespaces failed", "err", err)
+	}
+	for _, g := range gone {
+		delete(p.charged, g.Cookie)
+		p.log.Info("inbound admission detached from a gone network namespace", "inode", g.Inode, "cookie", g.Cookie)
 	}
 }
 
@@ -803,6 +814,12 @@ func (p *projects) belowCap(projects []string) {
 	for _, pr := range projects {
 		delete(p.projectFull, pr)
 	}
+}
+
+// atACap says whether an attach's error is a refusal at max_netns or
+// max_netns_per_project: one to try again once links have gone.
+func atACap(err string) bool {
+	return strings.Contains(err, errProjectNetnsFull.Error()) || strings.Contains(err, errNetnsFull.Error())
 }
 
 // errProjectNetnsFull refuses an attach for a namespace whose projects are
