@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -131,9 +132,12 @@ func (m Mount) Level(dir string) (uint32, error) {
 // bind-mounted) a cgroup outside the namespace's subtree reads
 // "/../../kubepods/pod<uid>/<id>", and Root "/../../..". The directory is
 // then the path's names below the ancestor of the namespace's root that its
-// ".." reach, whose names neither string tells: it is found among the
-// directories at that depth below Point as the one holding those names and
-// listing pid in its cgroup.procs (ErrNotCgroup2 when none does). A cgroup
+// ".." reach, whose names neither string tells. They are found once, from
+// the reader's own cgroup (the directory at the namespace root's depth below
+// Point whose cgroup.procs lists the reader), and kept; failing that, the
+// directory is looked for among those at the ancestor's depth as the one
+// holding the path's names and listing pid in its cgroup.procs
+// (ErrNotCgroup2 when none does). A cgroup
 // the mount does not show (above or beside its Root) is ErrNotCgroup2 too,
 // never a directory of another cgroup.
 func (m Mount) OfPID(pid int) (string, error) {
@@ -196,12 +200,64 @@ func (m Mount) dirOf(pid int, p string) (string, error) {
 	}
 	// The mount's root is uR above the namespace's root and the cgroup
 	// below the ancestor of the namespace's root uP up: that ancestor is
-	// one of the directories uR-uP below Point.
+	// one of the directories uR-uP below Point. Where the namespace's root
+	// is has been found once (nsRoot), or it is looked for each time.
+	if ns, err := m.nsRoot(uR); err == nil {
+		return filepath.Join(append([]string{m.Point}, append(ns[:uR-uP:uR-uP], nP...)...)...), nil
+	}
+	return m.findBelow(pid, uR-uP, nP, notShown)
+}
+
+// nsRoots caches, by mount, the names below its point of the reader's
+// cgroup namespace's root (fixed for the life of the process).
+var nsRoots sync.Map // Mount -> []string
+
+// nsRoot returns the names of the reader's cgroup namespace's root below
+// Point, uR of them: the directory holding the reader's own cgroup
+// (/proc/self/cgroup, relative to that root) and listing its pid.
+func (m Mount) nsRoot(uR int) ([]string, error) {
+	if v, ok := nsRoots.Load(m); ok {
+		return v.([]string), nil
+	}
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	var self string
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "0::"); ok {
+			self = rest
+		}
+	}
+	ups, names, ok := nsPath(self)
+	if !ok || ups > 0 || self == "" {
+		return nil, fmt.Errorf("the reader's own cgroup %q: %w", self, ErrNotCgroup2)
+	}
+	dir, err := m.findBelow(os.Getpid(), uR, names, ErrNotCgroup2)
+	if err != nil {
+		return nil, err
+	}
+	rel, err := filepath.Rel(m.Point, dir)
+	if err != nil {
+		return nil, err
+	}
+	ns := strings.Split(rel, "/")
+	if len(ns) != uR+len(names) {
+		return nil, fmt.Errorf("the reader's own cgroup %s: %w", dir, ErrNotCgroup2)
+	}
+	ns = ns[:uR]
+	nsRoots.Store(m, ns)
+	return ns, nil
+}
+
+// findBelow finds the directory of pid's cgroup among those depth below
+// Point followed by names: the one whose cgroup.procs lists pid.
+func (m Mount) findBelow(pid, depth int, names []string, notShown error) (string, error) {
 	var found []string
 	var walk func(dir string, depth int)
 	walk = func(dir string, depth int) {
 		if depth == 0 {
-			cand := filepath.Join(append([]string{dir}, nP...)...)
+			cand := filepath.Join(append([]string{dir}, names...)...)
 			if procsHas(cand, pid) {
 				found = append(found, cand)
 			}
@@ -217,7 +273,7 @@ func (m Mount) dirOf(pid int, p string) (string, error) {
 			}
 		}
 	}
-	walk(m.Point, uR-uP)
+	walk(m.Point, depth)
 	if len(found) != 1 {
 		return "", notShown
 	}
