@@ -220,16 +220,24 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	 * The project's rate (rate.h) takes a token first, for whatever segment
 	 * gets here (a SYN, a cookie's ACK; a retransmitted SYN finds its
 	 * request socket before any lookup of a listener), given back when the
-	 * rule refuses.
+	 * rule refuses. A SYN looked up twice (relookup.h) gets the first
+	 * lookup's verdict again, taking and counting nothing: with a rate,
+	 * the record is read before the token is taken and written once.
 	 */
-	struct rate_ticket t;
-	if (!rate_gate(AT_SYN, NULL, v.project, v.cgroup, &t)) {
-		struct fs_tuple tu __attribute__((aligned(8))) = {};
+	struct fs_rate *r = rate_in_force(AT_SYN, v.project, v.cgroup);
+	struct fs_tuple tu __attribute__((aligned(8))); /* filled with a rate, or on a refusal */
+	if (r) {
+		__builtin_memset(&tu, 0, sizeof(tu));
 		syn_tuple(ctx, fam, lport, laddr, &tu);
-		/* The rate's counters took this one (rate_gate); its event
-		 * is reported once. */
-		if (!relooked(lookup_netns, &tu))
-			rate_event_syn(v.project, &tu, false);
+		int seen = relook_seen(lookup_netns, &tu);
+		if (seen)
+			return seen == RELOOK_DROP ? SK_DROP : SK_PASS;
+	}
+	struct rate_ticket t;
+	if (!rate_gate_of(r, AT_SYN, NULL, v.project, &t)) {
+		/* The rate's counters took this one (rate_gate_of). */
+		relook_note(lookup_netns, &tu, RELOOK_DROP);
+		rate_event_syn(v.project, &tu, false);
 		return SK_DROP;
 	}
 	int a = 1;
@@ -239,19 +247,19 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 		a = would_admit(cp, CLK_COARSE);
 	}
 	if (a < 0)
-		return SK_PASS;
+		goto pass;
 	bool would = false;
 	if (a == 0 && cp) {
 		would = dry_run(v.project);
-		struct fs_tuple tu __attribute__((aligned(8))) = {};
-		syn_tuple(ctx, fam, lport, laddr, &tu);
-		/* The same SYN refused a moment ago at another lookup
-		 * (relookup.h): the same answer, counted and reported once. */
-		if (relooked(lookup_netns, &tu)) {
-			if (would)
-				return SK_PASS;
-			rate_undo(&t);
-			return SK_DROP;
+		if (!r) {
+			__builtin_memset(&tu, 0, sizeof(tu));
+			syn_tuple(ctx, fam, lport, laddr, &tu);
+			/* The same SYN refused a moment ago at another
+			 * lookup: the same answer, counted and reported once
+			 * (with a rate, it was replayed above). */
+			int seen = relook_seen(lookup_netns, &tu);
+			if (seen)
+				return seen == RELOOK_DROP ? SK_DROP : SK_PASS;
 		}
 		if (would) {
 			count_would(v.project, FS_DIR_SYN);
@@ -263,16 +271,19 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 		if (!would) {
 			/* The rule refused: the SYN's rate token goes back. */
 			rate_undo(&t);
+			relook_note(lookup_netns, &tu, RELOOK_DROP);
 			return SK_DROP;
 		}
+		if (!r)
+			relook_note(lookup_netns, &tu, RELOOK_PASS);
 	}
 	/* Past the rate in dry-run: counted once, here unless the rule's
 	 * dry-run counted it above. */
-	if (rate_would(&t, v.project, FS_DIR_SYN, would ? WOULD : TAKEN)) {
-		struct fs_tuple tu __attribute__((aligned(8))) = {};
-		syn_tuple(ctx, fam, lport, laddr, &tu);
+	if (rate_would(&t, v.project, FS_DIR_SYN, would ? WOULD : TAKEN))
 		rate_event_syn(v.project, &tu, true);
-	}
+pass:
+	if (r)
+		relook_note(lookup_netns, &tu, RELOOK_PASS);
 	return SK_PASS;
 }
 

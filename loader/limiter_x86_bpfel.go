@@ -196,7 +196,7 @@ type limiterFsRelook struct {
 		Lport uint16
 		Rport uint16
 	}
-	_ [4]byte
+	Verdict uint32
 }
 
 type limiterFsResv struct {

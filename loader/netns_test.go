@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -340,6 +341,46 @@ func TestRefusedSynLookedUpTwice(t *testing.T) {
 	if s := snap(t, l); s.Events.RefusedIn != 2 || project(s, "team-a").Refused != 2 {
 		t.Fatalf("2 SYNs refused, counted %d (node) and %d (project), want 2 and 2", s.Events.RefusedIn, project(s, "team-a").Refused)
 	}
+	client.do("close")
+	waitInUse(t, l, 0, map[string]int{"team-a": 0})
+}
+
+// The same nftables rule in front of a project with a rate: each SYN it
+// admits is looked up twice, and must take one token, not two (the second
+// lookup finding the bucket emptied by the first refused most SYNs: 26
+// admitted in 3 s at 50/s, against 200 without the rule), and each SYN the
+// rate refuses is counted once.
+func TestRatedSynLookedUpTwice(t *testing.T) {
+	testutil.RequireRoot(t)
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		t.Skip("nft is not installed (Debian: apt-get install nftables)")
+	}
+	root, pin := newRoot(t), newPinDir(t)
+	d := mkdirs(t, root, "pod", "pod/ctr", "clients")
+	l := openMembers(t, root, pin, 4096, []Member{{Project: "team-a", Cgroup: d[0]}})
+	a := startPod(t, d[1])
+	client := startHelperAt(t, d[2], a.nsPath)
+	if _, err := l.AttachNetns(a.nsPath); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("nsenter", "--net="+a.nsPath, nft, "-f", "-")
+	cmd.Stdin = strings.NewReader("table inet fairshare_test_rated_twice {\n chain input {\n type filter hook input priority 0; policy accept;\n" +
+		" meta l4proto tcp socket transparent 0 counter\n }\n}\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("loading the nftables table in the pod's namespace: %v\n%s", err, out)
+	}
+	if err := l.SetRate("team-a", 50); err != nil {
+		t.Fatal(err)
+	}
+	r := client.churn("tcp4", a.addr, 3*time.Second, 0)
+	checkRate(t, "rated project behind an nft socket rule", r)
+	s := snap(t, l)
+	if p := project(s, "team-a"); p.RateLimitedIn != uint64(r.refused) || s.Events.RateLimitedIn != uint64(r.refused) || p.Refused != 0 {
+		t.Errorf("%d SYNs refused by the rate, counted %d (project) and %d (node), %d by the rule; want %d, %d, 0",
+			r.refused, p.RateLimitedIn, s.Events.RateLimitedIn, p.Refused, r.refused, r.refused)
+	}
+	t.Logf("%v", r)
 	client.do("close")
 	waitInUse(t, l, 0, map[string]int{"team-a": 0})
 }

@@ -42,8 +42,11 @@
  *
  * A SYN the kernel answers with a SYN cookie leaves no request socket, and
  * the cookie's ACK comes through sk_lookup again (sk_lookup cannot tell the
- * two apart): each takes a token, so under SYN cookies a listener admits at
- * least half its project's rate, never more than the rate.
+ * two apart): each takes a token, unless the ACK comes within RELOOK_NS on
+ * the SYN's CPU (relookup.h: it is given the SYN's answer, taking nothing),
+ * so under SYN cookies a listener admits at least half its project's rate,
+ * never more than the rate. A SYN looked up twice (an nftables socket
+ * expression) takes one token and a refusal is counted once (relookup.h).
  */
 #pragma once
 
@@ -175,20 +178,31 @@ static __always_inline bool rate_exempt(int at, __u64 cg, __u64 id)
 }
 
 /*
- * rate_gate takes a token of project id's bucket for a connection at at
- * (AT_CONNECT or AT_SYN) of cgroup cg (at AT_CONNECT the calling task's,
- * read only when the exempt set is not empty), into t. false: the project is
- * over its rate, and the refusal is counted; but a holder h (NULL: none to
+ * rate_in_force is project id's bucket if its rate applies to a connection
+ * at at (AT_CONNECT or AT_SYN) of cgroup cg (at AT_CONNECT the calling
+ * task's, read only when the exempt set is not empty), else NULL.
+ */
+static __always_inline struct fs_rate *rate_in_force(int at, __u64 id, __u64 cg)
+{
+	struct fs_rate *r = rate_of(id);
+	if (!r || rate_exempt(at, cg, id))
+		return NULL;
+	return r;
+}
+
+/*
+ * rate_gate_of takes a token of r, project id's bucket in force
+ * (rate_in_force; NULL: no rate, nothing to take), for a connection at at
+ * (AT_CONNECT or AT_SYN), into t. false: the project is over its rate, and the refusal is counted; but a holder h (NULL: none to
  * look for) that has its permit already (connect() called again while
  * connecting, a retransmitted SYN) passes, taking nothing: its connection
  * was counted when it was admitted.
  */
-static __always_inline bool rate_gate(int at, struct holder *h, __u64 id, __u64 cg, struct rate_ticket *t)
+static __always_inline bool rate_gate_of(struct fs_rate *r, int at, struct holder *h, __u64 id, struct rate_ticket *t)
 {
 	t->r = NULL;
 	t->would = false;
-	struct fs_rate *r = rate_of(id);
-	if (!r || rate_exempt(at, cg, id))
+	if (!r)
 		return true;
 	__u64 iv = rate_take(r);
 	if (iv) {
@@ -214,6 +228,12 @@ static __always_inline bool rate_gate(int at, struct holder *h, __u64 id, __u64 
 			st->limited_in++;
 	}
 	return false;
+}
+
+/* rate_gate is rate_gate_of for project id's bucket in force for cgroup cg at at. */
+static __always_inline bool rate_gate(int at, struct holder *h, __u64 id, __u64 cg, struct rate_ticket *t)
+{
+	return rate_gate_of(rate_in_force(at, id, cg), at, h, id, t);
 }
 
 /*
