@@ -491,6 +491,16 @@ int fs_adjust(struct fs_adjust_args *a)
 		a->result = end_held(a->project, CLK_FINE, true);
 		return 0;
 	}
+	if (a->op == OP_MEMBER_GEN) {
+		/* An add, not a store from user space: two writers on the
+		 * same pins never move the generation back, which would make
+		 * memo answers found before a change current again. */
+		__u32 zero = 0;
+		__u64 *g = bpf_map_lookup_elem(&fs_member_gen, &zero);
+		if (g)
+			a->result = __sync_fetch_and_add(g, 1) + 1;
+		return 0;
+	}
 	if (a->op == OP_ACTIVE || a->op == OP_EXEMPT) {
 		struct fs_pool *n = node();
 		if (n) {

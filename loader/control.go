@@ -4,6 +4,7 @@ package loader
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -129,13 +130,18 @@ func (l *Limiter) activeLocked(p limiterFsProject, mono uint64) bool {
 // FLOOR into the config map, gives back reservations older than the TTL and
 // forgets removed projects. now is unused by the kernel side, whose clock is
 // CLOCK_MONOTONIC (Options.Monotonic); it is accepted so the loop's clock is
-// the caller's.
-func (l *Limiter) Tick(now time.Time) error {
+// the caller's. A bump of the members' generation still owed
+// (membersChanged) is tried again first; its failure is returned with the
+// rest's, which is done all the same.
+func (l *Limiter) Tick(now time.Time) (err error) {
 	_ = now
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return ErrClosed
+	}
+	if genErr := l.payGen(); genErr != nil {
+		defer func() { err = errors.Join(err, genErr) }()
 	}
 	// The count is read before the projects: a newcomer the programs add
 	// in between is then in both, counted twice until the next Tick (a
@@ -275,12 +281,13 @@ func (l *Limiter) forgetLocked(projs []projectEntry, mono uint64) error {
 }
 
 const (
-	opExpire   = 1
-	opAdd      = 2
-	opDrop     = 3
-	opActive   = 4
-	opExempt   = 5
-	opUnlisten = 6
+	opExpire    = 1
+	opAdd       = 2
+	opDrop      = 3
+	opActive    = 4
+	opExempt    = 5
+	opUnlisten  = 6
+	opMemberGen = 7
 )
 
 // adjust runs fs_adjust, the syscall program that changes counters with the
@@ -288,12 +295,17 @@ const (
 func (l *Limiter) adjust(a limiterFsAdjustArgs) (int64, error) {
 	l.adjustM.Lock()
 	defer l.adjustM.Unlock()
+	return runAdjust(l.objs.FsAdjust, a)
+}
+
+// runAdjust runs fs_adjust (prog) with context a and returns its result.
+func runAdjust(prog *ebpf.Program, a limiterFsAdjustArgs) (int64, error) {
 	buf, err := binary.Append(nil, binary.NativeEndian, &a)
 	if err != nil {
 		return 0, fmt.Errorf("encoding fs_adjust context: %w", err)
 	}
 	out := make([]byte, len(buf))
-	if _, err := l.objs.FsAdjust.Run(&ebpf.RunOptions{Context: buf, ContextOut: out}); err != nil {
+	if _, err := prog.Run(&ebpf.RunOptions{Context: buf, ContextOut: out}); err != nil {
 		return 0, fmt.Errorf("running fs_adjust: %w", err)
 	}
 	var res limiterFsAdjustArgs

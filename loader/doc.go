@@ -21,8 +21,10 @@
 // cgroup made between two scans (a container that starts and connects at
 // once). The walk's answer is remembered per CPU for the last cgroup asked
 // about (bpf/lib/project.h), and every change SetMembers or SetExempt makes
-// to fs_members bumps fs_member_gen, which drops every answer remembered
-// before it (TestMemberMemoFollowsChanges): the sockets of a cgroup come in
+// to fs_members bumps fs_member_gen (an atomic add in the kernel, by
+// fs_adjust; a bump that fails is tried again at the next SetMembers or
+// Tick), which drops every answer remembered before it
+// (TestMemberMemoFollowsChanges, TestMemberGenOwed): the sockets of a cgroup come in
 // runs, and connect4 pays the hash lookup only when the cgroup changes.
 // Sockets of no registered cgroup are not counted and not limited.
 // Registrations of different projects never nest (SetMembers refuses both),

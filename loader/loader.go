@@ -199,8 +199,12 @@ type Limiter struct {
 	// hold mu (the event reader): what allocIDs and freeLocked wrote.
 	namesMu  sync.Mutex
 	nameMap  map[uint64]string
-	readOnly bool                  // OpenReadOnly's: names are read from the pins
-	memb     kernelMembership      // what SetMembers wrote (members.go)
+	readOnly bool             // OpenReadOnly's: names are read from the pins
+	memb     kernelMembership // what SetMembers wrote (members.go)
+	// genOwed: fs_members changed and fs_member_gen is not bumped yet
+	// (membersChanged); genFault fails the bump (tests).
+	genOwed  bool
+	genFault func() error
 	nets     map[uint64]*netnsLink // per-netns sk_lookup instances by cookie (netns.go)
 	// projHigh is the highest project id given since Open (or named, or
 	// counting, in the pins at Open): the ids above it have never been

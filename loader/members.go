@@ -208,23 +208,55 @@ func (l *Limiter) SetMembers(ms []Member) (MembersReport, error) {
 	changed := false
 	rep, err := l.setMembers(ms, &changed)
 	if changed {
-		err = errors.Join(err, l.membersChanged())
+		l.genOwed = true
 	}
-	return rep, err
+	return rep, errors.Join(err, l.payGen())
 }
 
 // membersChanged bumps fs_member_gen after a change of fs_members (done,
 // even in part): the programs' memo of a cgroup's project
-// (bpf/lib/project.h) then drops every answer found before the change.
+// (bpf/lib/project.h) then drops every answer found before the change. A
+// bump that fails is owed (l.genOwed) and tried again at every change and
+// at every SetMembers and Tick until it is done: the change that needed it
+// is written already, and the next call may have nothing to write.
 func (l *Limiter) membersChanged() error {
-	var g uint64
-	if err := l.objs.FsMemberGen.Lookup(uint32(0), &g); err != nil {
-		return fmt.Errorf("reading the members' generation: %w", err)
+	l.genOwed = true
+	return l.payGen()
+}
+
+// payGen bumps fs_member_gen if a bump is owed. l.mu is held.
+func (l *Limiter) payGen() error {
+	if !l.genOwed {
+		return nil
 	}
-	if err := l.objs.FsMemberGen.Put(uint32(0), g+1); err != nil {
-		return fmt.Errorf("bumping the members' generation: %w", err)
+	l.adjustM.Lock()
+	defer l.adjustM.Unlock()
+	if _, err := bumpMemberGen(l.objs.FsAdjust, l.genFault); err != nil {
+		return fmt.Errorf("bumping the members' generation (tried again at the next SetMembers or Tick): %w", err)
 	}
+	l.genOwed = false
 	return nil
+}
+
+// bumpMemberGen adds one to fs_member_gen with fs_adjust (prog), an atomic
+// add in the kernel: a read and a write from user space by two writers on
+// the same pins could move it back, and answers remembered before a change
+// would be current again. fault, if not nil, fails the bump (tests). It
+// returns the new generation.
+func bumpMemberGen(prog *ebpf.Program, fault func() error) (uint64, error) {
+	if fault != nil {
+		if err := fault(); err != nil {
+			return 0, err
+		}
+	}
+	g, err := runAdjust(prog, limiterFsAdjustArgs{Op: opMemberGen})
+	if err != nil {
+		return 0, err
+	}
+	if g <= 0 {
+		return 0, errors.New("fs_adjust could not read fs_member_gen")
+	}
+	return uint64(g), nil
 }
 
 // setMembers is SetMembers under l.mu; *changed says whether it wrote

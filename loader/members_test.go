@@ -3,6 +3,7 @@
 package loader
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -10,7 +11,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -345,4 +348,114 @@ func TestMemberMemoFollowsChanges(t *testing.T) {
 	}
 	h.do("close")
 	waitInUse(t, l, 0, nil)
+}
+
+// A bump of the members' generation that fails is owed and paid at the
+// next SetMembers, though it has nothing to write, or at the next Tick:
+// until then the memo of the CPU that connected last answers with the
+// cgroup's project before the change.
+func TestMemberGenOwed(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	c := mkdirs(t, root, "c")[0]
+	l := openMembers(t, root, pin, 16, []Member{{Project: "p1", Cgroup: c}})
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, c)
+	pinProcess(t, h.cmd.Process.Pid)
+	dial := func() {
+		t.Helper()
+		if r := h.dial("tcp4", ln.Addr().String(), 1); r.ok != 1 {
+			t.Fatal(r)
+		}
+	}
+	dial()
+	waitInUse(t, l, 1, map[string]int{"p1": 1})
+	gen := func() (g uint64) {
+		t.Helper()
+		if err := l.objs.FsMemberGen.Lookup(uint32(0), &g); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	fail := errors.New("injected")
+	for i, pay := range []func() error{
+		func() error { _, err := l.SetMembers([]Member{{Project: "p2", Cgroup: c}}); return err },
+		func() error { return l.Tick(time.Now()) },
+	} {
+		proj := []string{"p2", "p1"}[i]
+		l.mu.Lock()
+		l.genFault = func() error { return fail }
+		l.mu.Unlock()
+		g0 := gen()
+		if _, err := l.SetMembers([]Member{{Project: proj, Cgroup: c}}); !errors.Is(err, fail) {
+			t.Fatalf("move to %s with the bump failing: %v, want the bump's error", proj, err)
+		}
+		if g := gen(); g != g0 {
+			t.Fatalf("generation %d after a failed bump, want %d", g, g0)
+		}
+		l.mu.Lock()
+		l.genFault = nil
+		l.mu.Unlock()
+		if err := pay(); err != nil {
+			t.Fatal(err)
+		}
+		if g := gen(); g != g0+1 {
+			t.Fatalf("generation %d after the owed bump was paid (call %d), want %d", g, i, g0+1)
+		}
+		if err := pay(); err != nil {
+			t.Fatal(err)
+		}
+		if g := gen(); g != g0+1 {
+			t.Fatalf("generation %d after a call that owed nothing, want %d", g, g0+1)
+		}
+		dial()
+		want := map[string]int{"p1": 1, "p2": 1}
+		if i == 1 {
+			want = map[string]int{"p1": 2, "p2": 1}
+		}
+		waitInUse(t, l, 2+i, want)
+	}
+	h.do("close")
+	waitInUse(t, l, 0, nil)
+}
+
+// Two writers on the same pins bumping the members' generation at once
+// never lose a bump: a lost one could move the generation back to a value
+// the memo has answers of.
+func TestMemberGenBumpAtomic(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 16, 0)
+	var g0 uint64
+	if err := l.objs.FsMemberGen.Lookup(uint32(0), &g0); err != nil {
+		t.Fatal(err)
+	}
+	const writers, bumps = 4, 3000
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	start := make(chan struct{})
+	for range writers {
+		wg.Go(func() {
+			<-start
+			for range bumps {
+				if _, err := bumpMemberGen(l.objs.FsAdjust, nil); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var g uint64
+	if err := l.objs.FsMemberGen.Lookup(uint32(0), &g); err != nil {
+		t.Fatal(err)
+	}
+	if g != g0+writers*bumps {
+		t.Fatalf("generation %d after %d bumps from %d, want %d: %d lost", g, writers*bumps, g0, g0+writers*bumps, g0+writers*bumps-g)
+	}
 }

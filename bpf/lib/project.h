@@ -85,7 +85,7 @@ static __always_inline __u64 cgroup_walk(struct cgroup *c, __u64 own, __u64 *cg)
  * empty program, loopback benchmark), and a cgroup of no project paid it at
  * every level it walked. The answer is a function of the cgroup and of
  * fs_members; the loader bumps fs_member_gen after every change of
- * fs_members (loader.membersChanged), and an answer is used only while the
+ * fs_members (loader.membersChanged, with fs_adjust's atomic add), and an answer is used only while the
  * generation it was found under is current. The generation is read before
  * the walk, so an answer found under it predates any change bumped after.
  *

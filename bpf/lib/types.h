@@ -201,6 +201,7 @@ enum adjust_op {
 	OP_ACTIVE = 4, /* add delta to the node's active count (Tick's recount) */
 	OP_EXEMPT = 5, /* add delta to the node's exempt_in_use (drift repair) */
 	OP_UNLISTEN = 6, /* uncount the listener counted under socket cookie `project`: it is gone */
+	OP_MEMBER_GEN = 7, /* add one to fs_member_gen (fs_members changed); result: the new generation */
 };
 
 struct fs_adjust_args {
