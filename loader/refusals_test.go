@@ -444,3 +444,53 @@ func BenchmarkRefusalEvent(b *testing.B) {
 	b.ReportMetric(q(offs, 0.5), "refused-ns")
 	b.ReportMetric(0, "ns/op")
 }
+
+// A project's event window word far ahead of the clock (corrupt, or written
+// under another window length on the same pins) is no late CPU's: the
+// window starts again and the project's refusals are reported, not muted
+// until the clock catches up with the word.
+func TestRefusalEventsWindowAhead(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 1, 1)
+	if err := l.SetEvents(100, false); err != nil {
+		t.Fatal(err)
+	}
+	ch := refusals(t, l)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, mkProject(t, root, "ahead"))
+	if r := h.dial("tcp4", ln.Addr().String(), 2); r.ok != 1 || r.refused != 1 {
+		t.Fatalf("dials: %+v", r)
+	}
+	if e := nextRefusal(t, ch); e.Project != "ahead" {
+		t.Fatalf("first refusal: %+v", e)
+	}
+	id, err := l.projectID("ahead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ahead := range []uint64{2, 1000, 1 << 30} {
+		var v limiterFsEvproj
+		if err := l.objs.FsEvProjects.Lookup(id, &v); err != nil {
+			t.Fatal(err)
+		}
+		v.Window = ((v.Window>>32 + ahead) & 0xffffffff) << 32
+		if err := l.objs.FsEvProjects.Put(id, &v); err != nil {
+			t.Fatal(err)
+		}
+		if r := h.dial("tcp4", ln.Addr().String(), 1); r.refused != 1 {
+			t.Fatalf("dial: %+v", r)
+		}
+		select {
+		case e := <-ch:
+			if e.Project != "ahead" {
+				t.Fatalf("refusal: %+v", e)
+			}
+		case <-time.After(2 * time.Second):
+			st, _ := l.RefusalStats()
+			t.Fatalf("window word %d windows ahead: no event for the refusal (project's dropped %d)", ahead, st.Projects[id].Dropped)
+		}
+	}
+	h.do("close")
+	waitInUse(t, l, 0, nil)
+}

@@ -273,16 +273,20 @@ static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 di
 		return;
 	}
 	/* One word, one CAS: a count of this window below per_sec becomes one
-	 * more, an earlier window's starts this one at 1. A CPU whose clock
+	 * more, any other window's starts this one at 1. A CPU whose clock
 	 * reading is older than the window another CPU began (it was slow
-	 * between the two) drops its event rather than take the word back to
-	 * a window whose events were counted, and so does one that loses every
-	 * try: the bound is never passed. */
+	 * between the two: the word is one window ahead) drops its event
+	 * rather than take the word back to a window whose events were
+	 * counted, and so does one that loses every try: the bound is never
+	 * passed. A word further ahead is no late CPU's (a corrupt word, or
+	 * one written under another ev_window_ns on the same pins): this
+	 * window starts, or the project would be muted until the clock
+	 * caught up with it, up to 2^31 windows. */
 	bool written = false;
 	for (int i = 0; i < EV_TRIES; i++) {
 		__u64 old = *(volatile __u64 *)&e->window;
 		__s32 ahead = (__s32)((__u32)(old >> 32) - (__u32)(win >> 32));
-		if (ahead > 0)
+		if (ahead == 1)
 			break;
 		__u64 cur = ahead == 0 ? old : win;
 		if ((cur & EV_COUNT) >= c->per_sec)
