@@ -262,7 +262,7 @@
 //
 // # Fast path
 //
-// With Config.FastPath (the daemon's front.fast_path, on by default), Serve
+// With Config.FastPath (the daemon's front.fast_path, off by default: experimental, see the README for the defects a review found in it), Serve
 // on a TCP listener serves the commonest exchange in event loops of the
 // front's own, one per GOMAXPROCS, each an epoll instance over
 // non-blocking sockets, instead of net/http's server: a plain HTTP/1.1
