@@ -262,9 +262,10 @@
 //
 // # Fast path
 //
-// With Config.FastPath (the daemon's front.fast_path, off by default: experimental, see the README for the defects a review found in it), Serve
-// on a TCP listener serves the commonest exchange in event loops of the
-// front's own, one per GOMAXPROCS, each an epoll instance over
+// With Config.FastPath (the daemon's front.fast_path, off by default: it is
+// experimental, and the README lists the defects a review found in it),
+// Serve on a TCP listener serves the commonest exchange in event loops of
+// the front's own, GOMAXPROCS-1 of them (at least one), each an epoll instance over
 // non-blocking sockets, instead of net/http's server: a plain HTTP/1.1
 // request (see plainRequest: a token method other than CONNECT and HEAD, an
 // origin-form target, every line ended by CRLF, no folded line, no control
