@@ -3,7 +3,6 @@
 package kube
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -70,24 +68,6 @@ func (l *lyingRuntime) PodSandboxStatus(_ context.Context, req *rt.PodSandboxSta
 	}, nil
 }
 
-// syncBuffer is a log sink read while the source writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestSourceLyingRuntime: a runtime that reports a pod's cgroup as the
 // root, empty, with "..", outside the pods' cgroups, or the pods' cgroup
 // itself makes that pod no member (else every socket of the node, or
@@ -126,7 +106,7 @@ func TestSourceLyingRuntime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testutil.Buffer
 	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/mnt",
 		Every: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	defer s.Close()

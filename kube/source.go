@@ -215,6 +215,16 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 	var netns []PodNetns
 	system := 0
 	live := make(map[string]bool, len(pods))
+	// Whatever the runtime says, a pod whose cgroup cannot be trusted is
+	// in no project: listed with why, logged once.
+	refuse := func(p Pod, why string) {
+		f.Skipped = append(f.Skipped, membership.Skipped{Reason: fmt.Sprintf("pod %s/%s: %s", p.Namespace, p.Name, why)})
+		if s.refused[p.ID] != why {
+			s.refused[p.ID] = why
+			s.o.Log.Warn("a pod's cgroup as the container runtime reports it is refused: the pod is in no project",
+				"pod", p.Namespace+"/"+p.Name, "sandbox", p.ID, "reason", why)
+		}
+	}
 	for _, p := range pods {
 		live[p.ID] = true
 		why := p.Unusable
@@ -224,14 +234,7 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 			}
 		}
 		if why != "" {
-			// Whatever the runtime says, a pod whose cgroup cannot be
-			// trusted is in no project: listed with why, logged once.
-			f.Skipped = append(f.Skipped, membership.Skipped{Reason: fmt.Sprintf("pod %s/%s: %s", p.Namespace, p.Name, why)})
-			if s.refused[p.ID] != why {
-				s.refused[p.ID] = why
-				s.o.Log.Warn("a pod's cgroup as the container runtime reports it is refused: the pod is in no project",
-					"pod", p.Namespace+"/"+p.Name, "sandbox", p.ID, "reason", why)
-			}
+			refuse(p, why)
 			continue
 		}
 		cg := filepath.Join(s.o.Mount, p.Cgroup)
@@ -240,13 +243,7 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 			// shows it: in the pod's cgroup or below, or the pod is
 			// refused (checked once per sandbox and pid).
 			if err := s.o.CheckPid(p.Pid, cg); err != nil {
-				why := fmt.Sprintf("its sandbox's process %d is not in the cgroup the runtime reports (%s): %v", p.Pid, p.Cgroup, err)
-				f.Skipped = append(f.Skipped, membership.Skipped{Reason: fmt.Sprintf("pod %s/%s: %s", p.Namespace, p.Name, why)})
-				if s.refused[p.ID] != why {
-					s.refused[p.ID] = why
-					s.o.Log.Warn("a pod's cgroup as the container runtime reports it is refused: the pod is in no project",
-						"pod", p.Namespace+"/"+p.Name, "sandbox", p.ID, "reason", why)
-				}
+				refuse(p, fmt.Sprintf("its sandbox's process %d is not in the cgroup the runtime reports (%s): %v", p.Pid, p.Cgroup, err))
 				continue
 			}
 			s.checked[p.ID] = p.Pid

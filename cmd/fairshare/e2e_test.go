@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -157,7 +156,7 @@ type node struct {
 	dir, state, sock, pin, root, cfg, ready string
 	cmd                                     *exec.Cmd
 	done                                    chan error
-	log                                     *syncBuffer
+	log                                     *testutil.Buffer
 	r                                       daemon.Ready
 	// prefix, if set, runs the daemon through another command (prlimit).
 	prefix []string
@@ -200,7 +199,7 @@ func (n *node) start() {
 	t := n.t
 	t.Helper()
 	os.Remove(n.ready)
-	n.log = &syncBuffer{}
+	n.log = &testutil.Buffer{}
 	args := append(append([]string{}, n.prefix...), binary, "run", "--config", n.cfg, "--ready-file", n.ready, "--log-format", "json")
 	n.cmd = exec.Command(args[0], args[1:]...)
 	n.cmd.Env = cleanEnv()
@@ -246,24 +245,6 @@ func (n *node) stop(sig syscall.Signal) error {
 	}
 	n.cmd = nil
 	return err
-}
-
-// syncBuffer is a bytes.Buffer safe for the daemon's two output pipes.
-type syncBuffer struct {
-	mu  sync.Mutex // guards the fields below
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func (n *node) cli(args ...string) (string, string, int) {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // fakeTime is a clock and a timer queue that the test moves by hand.
@@ -266,7 +268,7 @@ func TestGroupsBounded(t *testing.T) {
 // With the real clock: the summary is written by the timer when the window
 // ends, with nothing else logged.
 func TestSummaryOnRealClock(t *testing.T) {
-	var buf syncBuffer
+	var buf testutil.Buffer
 	h := New(slog.NewTextHandler(&buf, nil), Options{Window: 50 * time.Millisecond})
 	log := slog.New(h)
 	for range 20 {
@@ -279,21 +281,4 @@ func TestSummaryOnRealClock(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
