@@ -70,7 +70,6 @@ func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
 		return fmt.Errorf("front: upstream %s: %w", d.addr, err)
 	}
 	fs := &fastServer{f: f, d: d, handed: make(chan net.Conn), closed: make(chan struct{}), ln: l}
-	f.fast.Store(fs)
 	if ip4 := ta.IP.To4(); ip4 != nil {
 		sa := &unix.SockaddrInet4{Port: ta.Port}
 		copy(sa.Addr[:], ip4)
@@ -94,6 +93,7 @@ func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
 		}
 		fs.loops = append(fs.loops, lp)
 	}
+	f.fast.Store(fs) // once its loops are there (tests read them)
 	for _, lp := range fs.loops {
 		fs.wg.Add(1)
 		go func() { defer fs.wg.Done(); lp.run() }()
@@ -383,6 +383,8 @@ type fclient struct {
 	served   int
 	closed   bool
 	closing  bool // close once out is written
+	serving  bool // serveClient runs for it: nextRequest returns to it
+	again    bool // on the loop's again list
 	deadline time.Time
 	dl       int
 
@@ -433,6 +435,7 @@ type loop struct {
 	ups     map[int32]*fupstream
 	idle    []*fupstream // most recently used last
 	pending []*fclient   // dispatched, to be sent upstream
+	again   []*fclient   // out of their turn's budget, served at the next pass
 	buf     []byte
 	obuf    []byte
 	bw      *bufio.Writer
@@ -505,11 +508,11 @@ func (lp *loop) runPosted() {
 func (lp *loop) run() {
 	defer lp.closeFds()
 	events := make([]unix.EpollEvent, 128)
-	var ready []*fclient
+	var ready, again []*fclient
 	busy := false
 	for {
 		ms := 0
-		if !busy && len(lp.pending) == 0 {
+		if !busy && len(lp.pending) == 0 && len(lp.again) == 0 {
 			// Nothing came at the last look: block. While events keep
 			// coming the loop only looks: a blocking wait costs the
 			// runtime a hand-off of the loop's P to another thread.
@@ -526,7 +529,7 @@ func (lp *loop) run() {
 			lp.f.log.Error("fast path: epoll_wait", "err", err)
 			return
 		}
-		if busy && n <= 0 && len(lp.pending) == 0 {
+		if busy && n <= 0 && len(lp.pending) == 0 && len(lp.again) == 0 {
 			busy = false
 			runtime.Gosched()
 			continue
@@ -540,6 +543,14 @@ func (lp *loop) run() {
 		// next look.
 		ready, lp.pending = lp.pending, ready[:0]
 		lp.handle(events[:max(n, 0)])
+		again, lp.again = lp.again, again[:0]
+		for i, c := range again {
+			c.again = false
+			if !c.closed && (c.state == csIdle || c.state == csHead) && (len(c.in) > 0 || c.readable) {
+				lp.serveClient(c)
+			}
+			again[i] = nil
+		}
 		for i, c := range ready {
 			if !c.closed && c.state == csSend {
 				lp.send(c)
@@ -725,10 +736,29 @@ func (lp *loop) readClient(c *fclient) bool {
 	return true
 }
 
-// serveClient reads and serves the client's requests until one waits.
+// fastTurn bounds the requests of one client served in one pass of its
+// loop: a client pipelining without end (and reading its answers) waits
+// for the next pass and lets the others' events be handled.
+const fastTurn = 64
+
+// serveClient reads and serves the client's requests until one waits,
+// or its turn is spent (then it goes on at the loop's next pass). It
+// loops, and does not recurse: nextRequest returns to it.
 func (lp *loop) serveClient(c *fclient) {
-	for !c.closed && (c.state == csIdle || c.state == csHead) {
-		if c.closing {
+	if c.serving {
+		return
+	}
+	c.serving = true
+	defer func() { c.serving = false }()
+	for turn := 0; !c.closed && (c.state == csIdle || c.state == csHead); turn++ {
+		if c.closing || len(c.out) > 0 {
+			return // the next request once the client took its answers
+		}
+		if turn == fastTurn {
+			if !c.again {
+				c.again = true
+				lp.again = append(lp.again, c)
+			}
 			return
 		}
 		if !lp.readClient(c) {
@@ -1130,7 +1160,9 @@ func (lp *loop) nextRequest(c *fclient) {
 		}
 		return
 	}
-	c.setDeadline(lp, dlIdle, lp.now.Add(lp.f.cfg.IdleTimeout))
+	if c.dl != dlWrite {
+		c.setDeadline(lp, dlIdle, lp.now.Add(lp.f.cfg.IdleTimeout))
+	}
 	if len(c.in) > 0 || c.readable {
 		lp.serveClient(c)
 	}
@@ -1244,6 +1276,10 @@ func (lp *loop) flushClient(c *fclient) {
 	}
 	if c.closing && c.state == csIdle {
 		lp.closeClient(c)
+		return
+	}
+	if (c.state == csIdle || c.state == csHead) && (len(c.in) > 0 || c.readable) {
+		lp.serveClient(c)
 		return
 	}
 	if c.state == csBody && c.up != nil && c.up.readable {
