@@ -92,3 +92,34 @@ func TestFastPathRefusedFloodIterative(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFastPathPipelinedNoReadReleases: the permit of an exchange whose
+// answer a pipelining client does not read is given back after
+// WriteTimeout (the idle deadline of the next request replaced the write
+// deadline, and the permit was held for good).
+func TestFastPathPipelinedNoReadReleases(t *testing.T) {
+	body := strings.Repeat("x", 100<<10)
+	r := fastRig(t, rigOpts{poolSize: 4, cfg: Config{WriteTimeout: 300 * time.Millisecond, IdleTimeout: 600 * time.Millisecond, ReadHeaderTimeout: 600 * time.Millisecond}}, func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		b := body[:1000]
+		if req.URL.Path == "/b" {
+			b = body
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		_, _ = io.WriteString(w, b)
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.(*net.TCPConn).SetReadBuffer(4096)
+	reqs := strings.Repeat("GET /s HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\n", 20000) +
+		"GET /b HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\n"
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = io.WriteString(c, reqs)
+	time.Sleep(1500 * time.Millisecond)
+	if n := r.pool.Snapshot().InUse; n != 0 {
+		t.Errorf("permit held %d after 1.5s with WriteTimeout 300ms, IdleTimeout 600ms", n)
+	}
+}
