@@ -859,7 +859,9 @@ func (lp *loop) dispatch(c *fclient) {
 
 // send sends c's request upstream, on an idle connection or a new one.
 func (lp *loop) send(c *fclient) {
-	u, err := lp.getUp()
+	// A replay goes on a new connection: an idle one may have spoken
+	// unasked in the events of this very look, not handled yet.
+	u, err := lp.getUp(c.attempt > 0)
 	if err != nil {
 		lp.failed(c, err)
 		return
@@ -878,9 +880,10 @@ func (lp *loop) send(c *fclient) {
 	}
 }
 
-// getUp returns an idle upstream connection or starts a new one.
-func (lp *loop) getUp() (*fupstream, error) {
-	for len(lp.idle) > 0 {
+// getUp returns an idle upstream connection or starts a new one; a new
+// one when fresh.
+func (lp *loop) getUp(fresh bool) (*fupstream, error) {
+	for !fresh && len(lp.idle) > 0 {
 		u := lp.idle[len(lp.idle)-1]
 		lp.idle = lp.idle[:len(lp.idle)-1]
 		if lp.now.Sub(u.lastUsed) >= lp.d.idleFor {

@@ -4,12 +4,14 @@ package front
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -121,5 +123,93 @@ func TestFastPathPipelinedNoReadReleases(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	if n := r.pool.Snapshot().InUse; n != 0 {
 		t.Errorf("permit held %d after 1.5s with WriteTimeout 300ms, IdleTimeout 600ms", n)
+	}
+}
+
+// TestFastPathReplayFresh: a request replayed after a reused connection
+// turned out closed goes on a new connection, not on an idle one whose
+// events are not handled yet: bytes an upstream sent there unasked are
+// not taken for its answer (they were, 10 times in 10).
+func TestFastPathReplayFresh(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var mu sync.Mutex
+	conns := map[net.Conn]bool{} // the open ones
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns[c] = true
+			mu.Unlock()
+			go func() {
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						mu.Lock()
+						delete(conns, c)
+						mu.Unlock()
+						c.Close()
+						return
+					}
+					if req.URL.Path == "/x" {
+						// Close this one, and speak unasked on another.
+						mu.Lock()
+						var other net.Conn
+						for o := range conns {
+							if o != c {
+								other = o
+							}
+						}
+						delete(conns, c)
+						mu.Unlock()
+						c.Close()
+						if other != nil {
+							_, _ = io.WriteString(other, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 6\r\n\r\nSECRET")
+						}
+						return
+					}
+					time.Sleep(50 * time.Millisecond)
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nwarm")
+				}
+			}()
+		}
+	}()
+	front, _ := hostileFront(t, &hostileUpstream{l: l}, func(f *Front) { f.cfg.FastPath = true })
+	addr := strings.TrimPrefix(front, "http://")
+	get := func(path string) string {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\n")
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return "err: " + err.Error()
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}
+	got := map[string]int{}
+	for range 10 {
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Add(1)
+			go func() { defer wg.Done(); get("/warm") }()
+		}
+		wg.Wait()
+		time.Sleep(20 * time.Millisecond)
+		got[get("/x")]++
+	}
+	if got["200 SECRET"] > 0 {
+		t.Errorf("bytes sent unasked became the replayed request's answer %d times in 10: %v", got["200 SECRET"], got)
 	}
 }
