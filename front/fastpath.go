@@ -768,7 +768,7 @@ func (lp *loop) serveClient(c *fclient) {
 		if len(c.in) == 0 {
 			return
 		}
-		r, n, v := plainRequest(c.in, fastHeadMax, fastBodyMax)
+		r, n, v := plainRequest(c.in, min(fastHeadMax, lp.f.cfg.MaxRequestHead), fastBodyMax)
 		switch v {
 		case reqMore:
 			if c.state == csIdle {

@@ -213,3 +213,31 @@ func TestFastPathReplayFresh(t *testing.T) {
 		t.Errorf("bytes sent unasked became the replayed request's answer %d times in 10: %v", got["200 SECRET"], got)
 	}
 }
+
+// TestFastPathHeadLimit: a head past request_head_bytes (below the
+// loop's own 8 KiB) is refused as net/http refuses it, and holds nothing
+// (the loop served it, and when its answer was resumed on net/http that
+// refused it there: the admission was never finished).
+func TestFastPathHeadLimit(t *testing.T) {
+	r := fastRig(t, rigOpts{poolSize: 4, cfg: Config{MaxRequestHead: 1024}}, func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = io.WriteString(w, "chunk")
+		w.(http.Flusher).Flush()
+		_, _ = io.WriteString(w, "ed")
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(c, "GET /a HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nX-Pad: "+strings.Repeat("p", 7000)+"\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("a 7 KiB head with request_head_bytes 1 KiB: %s, want 431", resp.Status)
+	}
+	waitInUse(t, r.pool, 0)
+}
