@@ -407,6 +407,7 @@ type fupstream struct {
 	reused     bool
 	got        bool // a byte of the answer came
 	early      bool // ... before the whole request went out
+	hup        bool // the upstream hung up, or the connection failed: never pooled
 	readable   bool
 	lastUsed   time.Time
 	deadline   time.Time
@@ -961,6 +962,11 @@ func (lp *loop) upEvent(u *fupstream, ev uint32) {
 			return
 		}
 	}
+	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		// Remembered: the answer may end before the end of stream is
+		// read, and the connection must not go back to the pool.
+		u.hup = true
+	}
 	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		u.readable = true
 		lp.readUp(u)
@@ -1134,7 +1140,7 @@ func (lp *loop) hand(c *fclient, res *resumed) {
 func (lp *loop) endExchange(c *fclient) {
 	u := c.up
 	c.up, u.owner = nil, nil
-	if u.early || len(u.in) > 0 || u.readable || len(lp.idle) >= max(1, lp.d.maxIdle/len(lp.fs.loops)) || !lp.drainBy.IsZero() {
+	if u.early || u.hup || len(u.in) > 0 || u.readable || len(lp.idle) >= max(1, lp.d.maxIdle/len(lp.fs.loops)) || !lp.drainBy.IsZero() {
 		lp.closeUp(u)
 	} else {
 		u.lastUsed = lp.now
