@@ -263,7 +263,7 @@
 // # Fast path
 //
 // With Config.FastPath (the daemon's front.fast_path, off by default: it is
-// experimental, and the README lists the defects a review found in it),
+// experimental; the defects a review found are fixed, fastpath_review_test.go),
 // Serve on a TCP listener serves the commonest exchange in event loops of
 // the front's own, GOMAXPROCS-1 of them (at least one), each an epoll instance over
 // non-blocking sockets, instead of net/http's server: a plain HTTP/1.1
@@ -271,7 +271,8 @@
 // origin-form target, every line ended by CRLF, no folded line, no control
 // or non-ASCII byte in a value, one Host, at most one Content-Length of
 // digits, no Transfer-Encoding, Connection, Upgrade, Expect or Trailer, a
-// head of at most 8 KiB and a body of at most 64 KiB that came with it),
+// head of at most 8 KiB, and MaxRequestHead, and a body of at most 64 KiB
+// that came with it),
 // admitted by the same Front.admit as ServeHTTP (identity, exempt budget,
 // rate buckets, pool, scheduler ticket; a ticket that must wait waits on a
 // goroutine that posts the rest back to its loop), written upstream with the
