@@ -310,10 +310,13 @@ func memlock(b *testing.B, fd int) int {
 	return 0
 }
 
-// An nftables rule with a socket expression at input looks the socket of a
-// SYN up before TCP does, and each lookup runs sk_lookup: a SYN the rule
-// refuses is refused twice. It must be counted (and reported) once.
-func TestRefusedSynLookedUpTwice(t *testing.T) {
+// podBehindNftSocket opens a limiter of a pool of size with project team-a
+// (a pod in a network namespace of its own, serving) and a client in no
+// project in that namespace, and loads an nftables table named table with
+// a socket expression at input in the pod's namespace only (it goes with
+// it), so that the kernel looks a SYN's socket up twice.
+func podBehindNftSocket(t *testing.T, size uint32, table string) (*Limiter, pod, *helper) {
+	t.Helper()
 	testutil.RequireRoot(t)
 	nft, err := exec.LookPath("nft")
 	if err != nil {
@@ -321,19 +324,26 @@ func TestRefusedSynLookedUpTwice(t *testing.T) {
 	}
 	root, pin := newRoot(t), newPinDir(t)
 	d := mkdirs(t, root, "pod", "pod/ctr", "clients")
-	l := openMembers(t, root, pin, 4, []Member{{Project: "team-a", Cgroup: d[0]}})
+	l := openMembers(t, root, pin, size, []Member{{Project: "team-a", Cgroup: d[0]}})
 	a := startPod(t, d[1])
 	client := startHelperAt(t, d[2], a.nsPath)
 	if _, err := l.AttachNetns(a.nsPath); err != nil {
 		t.Fatal(err)
 	}
-	// In the pod's namespace only: it goes with it.
 	cmd := exec.Command("nsenter", "--net="+a.nsPath, nft, "-f", "-")
-	cmd.Stdin = strings.NewReader("table inet fairshare_test_twice {\n chain input {\n type filter hook input priority 0; policy accept;\n" +
+	cmd.Stdin = strings.NewReader("table inet " + table + " {\n chain input {\n type filter hook input priority 0; policy accept;\n" +
 		" meta l4proto tcp socket transparent 0 counter\n }\n}\n")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("loading the nftables table in the pod's namespace: %v\n%s", err, out)
 	}
+	return l, a, client
+}
+
+// An nftables rule with a socket expression at input looks the socket of a
+// SYN up before TCP does, and each lookup runs sk_lookup: a SYN the rule
+// refuses is refused twice. It must be counted (and reported) once.
+func TestRefusedSynLookedUpTwice(t *testing.T) {
+	l, a, client := podBehindNftSocket(t, 4, "fairshare_test_twice")
 	if r := client.dial("tcp4", a.addr, 6); r.ok != 4 || r.refused != 2 {
 		t.Fatalf("dial: %+v; %+v", r, snap(t, l))
 	}
@@ -351,25 +361,7 @@ func TestRefusedSynLookedUpTwice(t *testing.T) {
 // admitted in 3 s at 50/s, against 200 without the rule), and each SYN the
 // rate refuses is counted once.
 func TestRatedSynLookedUpTwice(t *testing.T) {
-	testutil.RequireRoot(t)
-	nft, err := exec.LookPath("nft")
-	if err != nil {
-		t.Skip("nft is not installed (Debian: apt-get install nftables)")
-	}
-	root, pin := newRoot(t), newPinDir(t)
-	d := mkdirs(t, root, "pod", "pod/ctr", "clients")
-	l := openMembers(t, root, pin, 4096, []Member{{Project: "team-a", Cgroup: d[0]}})
-	a := startPod(t, d[1])
-	client := startHelperAt(t, d[2], a.nsPath)
-	if _, err := l.AttachNetns(a.nsPath); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("nsenter", "--net="+a.nsPath, nft, "-f", "-")
-	cmd.Stdin = strings.NewReader("table inet fairshare_test_rated_twice {\n chain input {\n type filter hook input priority 0; policy accept;\n" +
-		" meta l4proto tcp socket transparent 0 counter\n }\n}\n")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("loading the nftables table in the pod's namespace: %v\n%s", err, out)
-	}
+	l, a, client := podBehindNftSocket(t, 4096, "fairshare_test_rated_twice")
 	if err := l.SetRate("team-a", 50); err != nil {
 		t.Fatal(err)
 	}
