@@ -469,12 +469,20 @@ func TestRefusalEventsWindowAhead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ahead := range []uint64{2, 1000, 1 << 30} {
+	// Ahead of the clock's window (CLOCK_MONOTONIC, 1 s windows), not of
+	// the word: a second that began since the last event makes a word 2
+	// ahead of itself 1 ahead of the clock, a late CPU's, whose event is
+	// dropped. 3 stays more than one ahead across one more second.
+	for _, ahead := range []uint64{3, 1000, 1 << 30} {
 		var v limiterFsEvproj
 		if err := l.objs.FsEvProjects.Lookup(id, &v); err != nil {
 			t.Fatal(err)
 		}
-		v.Window = ((v.Window>>32 + ahead) & 0xffffffff) << 32
+		var ts unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+			t.Fatal(err)
+		}
+		v.Window = ((uint64(ts.Sec) + ahead) & 0xffffffff) << 32
 		if err := l.objs.FsEvProjects.Put(id, &v); err != nil {
 			t.Fatal(err)
 		}
