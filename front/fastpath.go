@@ -402,6 +402,7 @@ type fclient struct {
 type fupstream struct {
 	fd         int
 	in, out    []byte
+	obase      []byte   // out's buffer, kept for the next request
 	owner      *fclient // nil while idle
 	connecting bool
 	reused     bool
@@ -869,12 +870,15 @@ func (lp *loop) send(c *fclient) {
 	}
 	u.owner, c.up, c.state = c, u, csUp
 	u.got, u.early = false, false
-	u.out = u.out[:0]
+	u.out = u.obase[:0]
 	lp.bw.Reset(u.w)
 	lp.d.writeHead(lp.bw, c.r, c.a.x)
 	_ = lp.bw.Flush()
 	if c.r.ContentLength > 0 {
 		u.out = append(u.out, c.in[c.raw-int(c.r.ContentLength):c.raw]...)
+	}
+	if cap(u.out) <= 8<<10 {
+		u.obase = u.out[:0] // flushUp consumes out from its start
 	}
 	if !u.connecting {
 		lp.flushUp(u)
@@ -1391,7 +1395,11 @@ type captured struct {
 }
 
 func (w *captured) reset() {
-	w.h, w.status, w.body = make(http.Header, 4), 0, w.body[:0]
+	if w.h == nil {
+		w.h = make(http.Header, 4)
+	}
+	clear(w.h) // the front writes it only while the loop holds it
+	w.status, w.body = 0, w.body[:0]
 }
 
 func (w *captured) Header() http.Header { return w.h }

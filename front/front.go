@@ -498,6 +498,12 @@ type admission struct {
 	x          *exchange
 }
 
+// admitted holds an admission and its exchange in one allocation.
+type admitted struct {
+	admission
+	exchange
+}
+
 // admit decides about r from peer p, before any upstream work: its
 // identity, the exempt budget, the rate buckets and the requests pool. A
 // refusal is answered on w and admit returns nil; otherwise the request is
@@ -550,7 +556,10 @@ func (f *Front) admit(w http.ResponseWriter, r *http.Request, p *peer) *admissio
 			}
 		}
 	}
-	a := &admission{project: project, start: start, x: &exchange{project: project, outcome: outcomeCanceled}}
+	ax := &admitted{admission: admission{project: project, start: start},
+		exchange: exchange{project: project, outcome: outcomeCanceled}}
+	a := &ax.admission
+	a.x = &ax.exchange
 	if pool := f.deps.Requests; pool != nil {
 		// A flood is refused here, request after request: the refusal is
 		// written into storage of this call, not allocated.

@@ -70,8 +70,11 @@ func plainRequest(buf []byte, maxHead int, maxBody int64) (*http.Request, int, i
 		}
 	}
 	s := string(head)
-	r := &http.Request{Method: string(method), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+	r := &http.Request{Method: methodString(method), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		RequestURI: s[sp1+1 : sp1+1+sp2], Header: make(http.Header, 8)}
+	// The fields' values share one array: a field that comes twice
+	// appends to a copy (len == cap).
+	vals := make([]string, 0, bytes.Count(head, []byte("\r\n"))-1)
 	u, err := url.ParseRequestURI(r.RequestURI)
 	if err != nil {
 		return nil, 0, reqOther
@@ -114,12 +117,28 @@ func plainRequest(buf []byte, maxHead int, maxBody int64) (*http.Request, int, i
 		case "Transfer-Encoding", "Connection", "Upgrade", "Expect", "Trailer":
 			return nil, 0, reqOther
 		}
-		r.Header[k] = append(r.Header[k], v)
+		if vv := r.Header[k]; vv != nil {
+			r.Header[k] = append(vv, v)
+			continue
+		}
+		vals = append(vals, v)
+		r.Header[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
 	if hosts != 1 {
 		return nil, 0, reqOther
 	}
 	return r, end + 4, reqPlain
+}
+
+// methodString returns m as a string, without allocating for the
+// common methods.
+func methodString(m []byte) string {
+	for _, k := range [...]string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch, http.MethodOptions} {
+		if string(m) == k {
+			return k
+		}
+	}
+	return string(m)
 }
 
 // crlfOnly reports whether every LF in b follows a CR and every CR comes
