@@ -185,8 +185,20 @@ const benchProfileEnv = "FAIRSHARE_BENCH_FRONT_CPUPROFILE"
 
 // benchBaselineEnv names another build of this test binary (go test -c of an
 // earlier commit) whose full front joins the benchmark as target "baseline",
-// so a change is measured before and after in one run, in the same turns.
+// so a change is measured before and after in one run, in the same turns
+// (on its fast path with FAIRSHARE_BENCH_BASELINE_FAST=1).
 const benchBaselineEnv = "FAIRSHARE_BENCH_BASELINE"
+
+// benchFastLoopsEnv adds targets to BenchmarkOverhead: the fast path with
+// each of the given numbers of loops (e.g. "1 2": targets fast1, fast2).
+const benchFastLoopsEnv = "FAIRSHARE_BENCH_FAST_LOOPS"
+
+// benchLoopsEnv is a fast target's number of loops, in its process.
+const benchLoopsEnv = "FAIRSHARE_BENCH_LOOPS"
+
+// benchTargetsEnv keeps BenchmarkOverhead to the targets named (comma
+// separated; direct always runs).
+const benchTargetsEnv = "FAIRSHARE_BENCH_TARGETS"
 
 // TestMain runs the front process of the benchmark when asked to.
 func TestMain(m *testing.M) {
@@ -280,6 +292,7 @@ func serveBenchFront(upstream, mode string) error {
 	}
 	if mode == "fast" {
 		f.cfg.FastPath = true
+		f.fastLoops, _ = strconv.Atoi(os.Getenv(benchLoopsEnv))
 	}
 	if mode == "transport" {
 		f.up = nil // every request through ReverseProxy and http.Transport
@@ -515,8 +528,16 @@ func benchTargets(b *testing.B, up string) []benchTarget {
 	fa, faPID := benchFrontOf(b, os.Args[0], up, "fast")
 	targets = append(targets, benchTarget{"front", fr, frPID}, benchTarget{"fast", fa, faPID}, benchTarget{"nosched", ns, nsPID}, benchTarget{"transport", tr, trPID})
 	if base := os.Getenv(benchBaselineEnv); base != "" {
-		u, pid := benchFrontOf(b, base, up, "1")
+		mode := "1"
+		if fastBaseline := os.Getenv("FAIRSHARE_BENCH_BASELINE_FAST") == "1"; fastBaseline {
+			mode = "fast"
+		}
+		u, pid := benchFrontOf(b, base, up, mode)
 		targets = append(targets, benchTarget{"baseline", u, pid})
+	}
+	for _, n := range strings.Fields(os.Getenv(benchFastLoopsEnv)) {
+		u, pid := benchChild(b, os.Args[0], benchRoleEnv+"="+up, "FAIRSHARE_BENCH_SCHED=fast", benchLoopsEnv+"="+n)
+		targets = append(targets, benchTarget{"fast" + n, u, pid})
 	}
 	gp, gpPID := benchFrontOf(b, os.Args[0], up, "goproxy")
 	targets = append(targets, benchTarget{"goproxy", gp, gpPID})
@@ -524,6 +545,15 @@ func benchTargets(b *testing.B, up string) []benchTarget {
 		targets = append(targets, benchTarget{"nginx", ngx, pid})
 	} else {
 		b.Log("nginx is not installed (apt-get install -y nginx): skipping the nginx comparison")
+	}
+	if only := os.Getenv(benchTargetsEnv); only != "" {
+		var kept []benchTarget
+		for _, tg := range targets {
+			if tg.name == "direct" || slices.Contains(strings.Split(only, ","), tg.name) {
+				kept = append(kept, tg)
+			}
+		}
+		targets = kept
 	}
 	return targets
 }

@@ -207,6 +207,9 @@ type Front struct {
 	retry   *retryPacer
 
 	fast atomic.Pointer[fastServer] // the fast path's, while Serve runs it
+	// fastLoops is the fast path's number of loops; 0: GOMAXPROCS-1, at
+	// least one (benchmarks set it).
+	fastLoops int
 
 	exemptProjects map[string]bool
 	exemptRoutes   map[string]bool
