@@ -50,7 +50,9 @@ type fastServer struct {
 	once   sync.Once
 	ln     net.Listener
 	addr   unix.Sockaddr
-	wg     sync.WaitGroup
+	// wg counts the loops and the goroutines that may still post to them
+	// or hold an admission (a ticket's waiter): Serve returns after them.
+	wg sync.WaitGroup
 	// handedN counts the connections handed to net/http's server.
 	handedN atomic.Int64
 }
@@ -109,11 +111,11 @@ func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
 	go fs.accept()
 	stop := context.AfterFunc(ctx, func() {
 		for _, lp := range fs.loops {
-			lp.post(func() { lp.drain(time.Now().Add(5 * time.Second)) })
+			lp.post(func() { lp.drain(time.Now().Add(f.drainFor)) })
 		}
 	})
 	defer stop()
-	err = listen.ServeHTTP(ctx, f.Server(), clientListener{(*handedListener)(fs)}, 5*time.Second)
+	err = listen.ServeHTTP(ctx, f.Server(), clientListener{(*handedListener)(fs)}, f.drainFor)
 	if ctx.Err() == nil {
 		// The listener failed: the loops end with it.
 		for _, lp := range fs.loops {
@@ -456,8 +458,13 @@ type loop struct {
 	dateSec int64
 	drainBy time.Time // draining: every client closed by then; zero when not
 
-	mu     sync.Mutex
+	mu     sync.Mutex // guards the fields below
 	posted []func()
+	ended  bool // the loop returned and closed its descriptors (see post)
+
+	// late runs the functions posted once the loop has ended, one at a
+	// time.
+	late sync.Mutex
 }
 
 func newLoop(fs *fastServer) (*loop, error) {
@@ -494,13 +501,53 @@ func (lp *loop) closeFds() {
 	unix.Close(lp.efd)
 }
 
-// post runs fn on the loop.
+// post runs fn on the loop. Once the loop has ended, fn runs at once, on
+// the caller's goroutine and one at a time, on the ended loop, whose
+// clients are all closed: it gives back what it holds (a waiter's
+// admission, an accepted connection) and touches no descriptor of the
+// loop's. The eventfd is written under mu, where end cannot close it: a
+// write after the close would go to whatever descriptor took its number
+// (a client's socket, a file).
 func (lp *loop) post(fn func()) {
 	lp.mu.Lock()
-	lp.posted = append(lp.posted, fn)
+	if !lp.ended {
+		lp.posted = append(lp.posted, fn)
+		var one = [8]byte{1}
+		_, _ = unix.Write(lp.efd, one[:])
+		lp.mu.Unlock()
+		return
+	}
 	lp.mu.Unlock()
-	var one = [8]byte{1}
-	_, _ = unix.Write(lp.efd, one[:])
+	lp.late.Lock()
+	defer lp.late.Unlock()
+	fn()
+}
+
+// end ends the loop when run returns: what it still has (every client
+// and upstream connection, when epoll_wait failed) is given back, its
+// descriptors are closed, and what was posted and not run yet runs on the
+// ended loop, as what is posted from now on (see post).
+func (lp *loop) end() {
+	if lp.drainBy.IsZero() {
+		lp.drainBy = time.Now() // a client posted from now on is closed at once
+	}
+	for _, c := range lp.clients {
+		lp.abort(c)
+	}
+	for _, u := range lp.ups {
+		lp.closeUp(u)
+	}
+	lp.late.Lock()
+	defer lp.late.Unlock()
+	lp.mu.Lock()
+	lp.ended = true
+	fns := lp.posted
+	lp.posted = nil
+	lp.closeFds()
+	lp.mu.Unlock()
+	for _, fn := range fns {
+		fn()
+	}
 }
 
 func (lp *loop) runPosted() {
@@ -516,7 +563,7 @@ func (lp *loop) runPosted() {
 }
 
 func (lp *loop) run() {
-	defer lp.closeFds()
+	defer lp.end()
 	events := make([]unix.EpollEvent, 128)
 	var ready, again []*fclient
 	busy := false
@@ -844,7 +891,9 @@ func (lp *loop) admit(c *fclient) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	t := a.ticket
+	lp.fs.wg.Add(1) // the loop counts in fs.wg: never 0 here
 	go func() {
+		defer lp.fs.wg.Done()
 		class, err := t.Wait(ctx)
 		lp.post(func() { lp.admitted(c, a, class, err) })
 	}()

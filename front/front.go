@@ -210,6 +210,9 @@ type Front struct {
 	// fastLoops is the fast path's number of loops; 0: GOMAXPROCS-1, at
 	// least one (benchmarks set it).
 	fastLoops int
+	// drainFor is how long Serve lets the exchanges in flight finish
+	// once told to stop (shorter in tests).
+	drainFor time.Duration
 
 	exemptProjects map[string]bool
 	exemptRoutes   map[string]bool
@@ -250,7 +253,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	if err != nil {
 		return nil, fmt.Errorf("routes: %w", err)
 	}
-	f := &Front{cfg: cfg, deps: deps, clk: clock.Or(deps.Clock), log: deps.Log, upstream: u, routes: routes,
+	f := &Front{cfg: cfg, deps: deps, clk: clock.Or(deps.Clock), log: deps.Log, upstream: u, routes: routes, drainFor: 5 * time.Second,
 		exemptProjects: map[string]bool{}, exemptRoutes: map[string]bool{}, bufs: &bufferPool{},
 		projectKey: http.CanonicalHeaderKey(cfg.ProjectHeader), claimProject: claimKey(cfg.ProjectHeader),
 		costKey: http.CanonicalHeaderKey(cfg.CostHeader)}
@@ -386,7 +389,7 @@ func (f *Front) Serve(ctx context.Context, l net.Listener) error {
 	if f.fastOK(l) {
 		return f.serveFast(ctx, l)
 	}
-	err := listen.ServeHTTP(ctx, f.Server(), clientListener{l}, 5*time.Second)
+	err := listen.ServeHTTP(ctx, f.Server(), clientListener{l}, f.drainFor)
 	f.CloseIdle()
 	if err != nil {
 		return fmt.Errorf("front: %w", err)
