@@ -311,6 +311,19 @@
 // call costs the Go runtime a hand-off of its P to another thread each
 // time.
 //
+// When Serve is told to stop, the loops close their idle clients and give
+// the others until the drain's end (five seconds, as net/http's server
+// gets) to finish the exchange in flight; a request whose head had begun
+// is still served (net/http's own server closes such a connection
+// unanswered). A connection a loop hands over during the drain
+// (an answer or a head that is not plain) is served by a server of its
+// own for that one exchange, as net/http's server serves what is in
+// flight at its shutdown, and closed at the drain's end at the latest. At
+// the end every exchange still in flight (waiting for the scheduler, too)
+// is aborted, and its permit is given back before Serve returns; a
+// connection handed over that could not be served gives back the
+// exchange it carried (permit, upstream connection).
+//
 // FAIRSHARE_FRONT_FAST=1 runs every front of the package's tests on the
 // fast path (make test runs the suite both ways); TestFastPathServes shows
 // the plain exchanges staying in the loops.

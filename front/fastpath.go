@@ -55,6 +55,9 @@ type fastServer struct {
 	wg sync.WaitGroup
 	// handedN counts the connections handed to net/http's server.
 	handedN atomic.Int64
+	// stopAt is when the drain ends (unix ns; 0 until Serve is told to
+	// stop): see stopBy.
+	stopAt atomic.Int64
 }
 
 // fastOK reports whether Serve may serve l on the fast path.
@@ -108,18 +111,21 @@ func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
 		fs.wg.Add(1)
 		go func() { defer fs.wg.Done(); lp.run() }()
 	}
-	go fs.accept()
+	fs.wg.Add(1) // it hands connections over, see hand
+	go func() { defer fs.wg.Done(); fs.accept() }()
 	stop := context.AfterFunc(ctx, func() {
+		by := fs.stopBy(time.Now().Add(f.drainFor))
 		for _, lp := range fs.loops {
-			lp.post(func() { lp.drain(time.Now().Add(f.drainFor)) })
+			lp.post(func() { lp.drain(by) })
 		}
 	})
 	defer stop()
 	err = listen.ServeHTTP(ctx, f.Server(), clientListener{(*handedListener)(fs)}, f.drainFor)
 	if ctx.Err() == nil {
 		// The listener failed: the loops end with it.
+		by := fs.stopBy(time.Now())
 		for _, lp := range fs.loops {
-			lp.post(func() { lp.drain(time.Now()) })
+			lp.post(func() { lp.drain(by) })
 		}
 	}
 	fs.wg.Wait()
@@ -169,15 +175,100 @@ func (fs *fastServer) add(c net.Conn) {
 	lp.post(func() { lp.addClient(fd, c, p) })
 }
 
-// hand gives net/http's server a connection.
+// hand gives net/http's server a connection, or serves it on a server
+// of its own once that one has stopped taking them (Serve drains).
 func (fs *fastServer) hand(c net.Conn) {
 	fs.handedN.Add(1)
 	select {
+	case <-fs.closed:
+		fs.serveLate(c)
+		return
+	default:
+	}
+	select {
 	case fs.handed <- c:
 	case <-fs.closed:
-		c.Close()
+		fs.serveLate(c)
 	}
 }
+
+// stopBy sets when the drain ends, to t or earlier, and returns it.
+func (fs *fastServer) stopBy(t time.Time) time.Time {
+	for {
+		at := fs.stopAt.Load()
+		if at != 0 && at <= t.UnixNano() {
+			return time.Unix(0, at)
+		}
+		if fs.stopAt.CompareAndSwap(at, t.UnixNano()) {
+			return t
+		}
+	}
+}
+
+// serveLate serves c, handed over after net/http's server stopped taking
+// connections (an exchange in flight at the drain whose answer is not
+// plain, a head that is not), on a server of its own: one exchange, as
+// net/http's server answers during its shutdown, and not past the drain.
+// A connection it cannot serve is closed, and its exchange given back
+// (handedConn.Close).
+func (fs *fastServer) serveLate(c net.Conn) {
+	by := fs.stopBy(time.Now().Add(fs.f.drainFor))
+	if !time.Now().Before(by) {
+		c.Close()
+		return
+	}
+	srv := fs.f.Server()
+	srv.SetKeepAlivesEnabled(false)
+	ended := make(chan struct{})
+	var once sync.Once
+	srv.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed || st == http.StateHijacked {
+			once.Do(func() { close(ended) })
+		}
+	}
+	ln := &oneListener{c: &clientConn{Conn: c}, addr: fs.ln.Addr(), closed: make(chan struct{})}
+	go func() { _ = srv.Serve(ln) }()
+	t := time.NewTimer(time.Until(by))
+	defer t.Stop()
+	select {
+	case <-ended:
+	case <-t.C:
+	}
+	_ = srv.Close()
+	c.Close() // if the server had not taken it yet
+	if ln.taken.Load() {
+		// Its handler sees the client gone and returns.
+		select {
+		case <-ended:
+		case <-time.After(time.Second):
+			fs.f.log.Warn("fast path: a connection served during the drain outlived it", "peer", c.RemoteAddr())
+		}
+	}
+}
+
+// oneListener accepts one connection, then none until it is closed.
+type oneListener struct {
+	c      net.Conn
+	addr   net.Addr
+	taken  atomic.Bool
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (l *oneListener) Accept() (net.Conn, error) {
+	if l.taken.CompareAndSwap(false, true) {
+		return l.c, nil
+	}
+	<-l.closed
+	return nil, net.ErrClosed
+}
+
+func (l *oneListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *oneListener) Addr() net.Addr { return l.addr }
 
 func dupConn(c syscall.Conn) (int, error) {
 	rc, err := c.SyscallConn()
@@ -196,6 +287,11 @@ func dupConn(c syscall.Conn) (int, error) {
 type handedListener fastServer
 
 func (l *handedListener) Accept() (net.Conn, error) {
+	select {
+	case <-l.closed:
+		return nil, net.ErrClosed
+	default:
+	}
 	select {
 	case c := <-l.handed:
 		return c, nil
@@ -216,14 +312,19 @@ func (l *handedListener) Addr() net.Addr { return l.ln.Addr() }
 // loop had read from it is read first (prefix), what it had not written yet
 // is written first (out), the client's facts are the ones already found
 // (peer), and an exchange the loop began is finished by the first request
-// (resume; see Front.serveResumed).
+// (resume; see Front.serveResumed), or given back when the connection is
+// closed before.
 type handedConn struct {
 	net.Conn
 	orig   net.Conn // as accepted: closing it gives its place back
 	prefix []byte
 	out    []byte
 	peer   *peer
-	resume *resumed
+	f      *Front
+
+	mu      sync.Mutex // guards the fields below
+	resume  *resumed
+	dropped bool // closed with resume not taken: it was given back
 }
 
 func (c *handedConn) Read(p []byte) (int, error) {
@@ -250,7 +351,25 @@ func (c *handedConn) Close() error {
 	if c.orig != nil {
 		_ = c.orig.Close()
 	}
+	c.mu.Lock()
+	res := c.resume
+	if res != nil {
+		c.resume, c.dropped = nil, true
+	}
+	c.mu.Unlock()
+	if res != nil {
+		res.drop(c.f)
+	}
 	return err
+}
+
+// take returns the exchange the connection was handed over with, once;
+// dropped: it was given back, the connection closed before.
+func (c *handedConn) take() (res *resumed, dropped bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	res, c.resume = c.resume, nil
+	return res, c.dropped
 }
 
 func (c *handedConn) NetConn() net.Conn { return c.Conn }
@@ -272,20 +391,26 @@ type resumed struct {
 	early  bool // the answer began before the whole request went out
 }
 
+// drop ends an exchange handed over that nobody will finish: its
+// upstream connection is closed and its admission finished.
+func (res *resumed) drop(f *Front) {
+	res.uc.c.Close()
+	res.a.x.outcome = outcomeError
+	f.finish(res.a, false, false)
+}
+
 // takeResume returns the exchange r's connection was handed over with,
-// once.
-func takeResume(r *http.Request) *resumed {
+// once; dropped: it was given back (see handedConn.take).
+func takeResume(r *http.Request) (res *resumed, dropped bool) {
 	p, ok := r.Context().Value(peerKey{}).(*peer)
 	if !ok || p.cc == nil {
-		return nil
+		return nil, false
 	}
 	hc, ok := p.cc.Conn.(*handedConn)
-	if !ok || hc.resume == nil {
-		return nil
+	if !ok {
+		return nil, false
 	}
-	res := hc.resume
-	hc.resume = nil
-	return res
+	return hc.take()
 }
 
 // serveResumed finishes an exchange a loop began: r is the request again,
@@ -1187,14 +1312,14 @@ func (lp *loop) hand(c *fclient, res *resumed) {
 	nc, err := fileConn(c.fd)
 	if err != nil {
 		if res != nil {
-			res.uc.c.Close()
-			lp.f.finish(res.a, false, true)
+			res.drop(lp.f)
 		}
 		_ = c.c.Close()
 		return
 	}
-	hc := &handedConn{Conn: nc, orig: c.c, prefix: bytes.Clone(c.in), out: bytes.Clone(c.out), peer: c.p, resume: res}
-	go lp.fs.hand(hc)
+	hc := &handedConn{Conn: nc, orig: c.c, prefix: bytes.Clone(c.in), out: bytes.Clone(c.out), peer: c.p, f: lp.f, resume: res}
+	lp.fs.wg.Add(1) // the loop counts in fs.wg: never 0 here
+	go func() { defer lp.fs.wg.Done(); lp.fs.hand(hc) }()
 }
 
 // endExchange ends c's exchange when the answer's body is all relayed.

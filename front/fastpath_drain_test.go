@@ -3,10 +3,14 @@
 package front
 
 import (
+	"bufio"
 	"context"
+	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -147,5 +151,155 @@ func TestFastPathPostAfterEnd(t *testing.T) {
 	}
 	if st, err := file.Stat(); err != nil || st.Size() != 0 {
 		t.Errorf("a file that took the eventfd's number holds %d bytes after a post (%v), want 0", st.Size(), err)
+	}
+}
+
+// chunkedUpstream answers every request after delay with a chunked
+// "hello", then waits for the front to close the connection and reports
+// on closed whether it did (sent nothing more) within limitsDeadline.
+func chunkedUpstream(t *testing.T, delay time.Duration) (addr string, closed <-chan bool) {
+	t.Helper()
+	ul, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ul.Close() })
+	ch := make(chan bool, 16)
+	go func() {
+		for {
+			c, err := ul.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				time.Sleep(delay)
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+				_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+				_, err = br.ReadByte()
+				ch <- err != nil && !errors.Is(err, os.ErrDeadlineExceeded) // EOF, or a reset
+			}()
+		}
+	}()
+	return ul.Addr().String(), ch
+}
+
+// drainPaths runs fn on the fast path and on net/http's, both served by
+// Front.Serve.
+func drainPaths(t *testing.T, fn func(t *testing.T, fast bool)) {
+	t.Run("direct", func(t *testing.T) { fn(t, false) })
+	t.Run("fast", func(t *testing.T) { fn(t, true) })
+}
+
+// answerDuringStop stops r while c waits for its answer, and returns the
+// answer ("status body", or the error).
+func answerDuringStop(t *testing.T, r *drainRig, c net.Conn) string {
+	t.Helper()
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); r.stop() }()
+	_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+	answer := ""
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
+		answer = "no answer: " + err.Error()
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		answer = resp.Status + " " + string(b)
+	}
+	<-stopped
+	return answer
+}
+
+// TestDrainResumedAnswered: an exchange in flight when Serve is told to
+// stop, whose answer is not plain (chunked) and comes during the drain,
+// is answered, its permit is given back before Serve returns and its
+// upstream connection closed. On the fast path it was handed to net/http's
+// server after that server had stopped taking connections, and closed:
+// the client got EOF and the permit was held for good (in use 1).
+func TestDrainResumedAnswered(t *testing.T) {
+	drainPaths(t, func(t *testing.T, fast bool) {
+		up, upClosed := chunkedUpstream(t, 300*time.Millisecond)
+		r := serveDrain(t, up, Config{FastPath: fast}, nil, 2*time.Second)
+		c := sendGet(t, r.addr, "/slow")
+		waitInUse(t, r.pool, 1)
+		if got := answerDuringStop(t, r, c); got != "200 OK hello" {
+			t.Errorf("the answer during the drain: %q, want 200 OK hello", got)
+		}
+		if n := r.pool.Snapshot().InUse; n != 0 {
+			t.Errorf("in use %d after Serve returned, want 0", n)
+		}
+		if !<-upClosed {
+			t.Error("the upstream connection was not closed")
+		}
+	})
+}
+
+// TestFastPathDrainHandedHeadAnswered: a request whose head began before
+// Serve was told to stop and whose rest (a chunked body, which the loops
+// hand to net/http's server) came during the drain is answered, as the
+// loops answer a plain one (the connection was closed: EOF). net/http's
+// own server closes such a connection unanswered (Server.Shutdown).
+func TestFastPathDrainHandedHeadAnswered(t *testing.T) {
+	up, _ := chunkedUpstream(t, 0)
+	r := serveDrain(t, up, Config{FastPath: true}, nil, 2*time.Second)
+	c, err := net.Dial("tcp", r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "POST /up HTTP/1.1\r\nHost: x\r\n")
+	time.Sleep(100 * time.Millisecond) // read: the head has begun
+	go func() {
+		time.Sleep(200 * time.Millisecond) // the drain has begun
+		_, _ = io.WriteString(c, "Fairshare-Project: alpha\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+	}()
+	if got := answerDuringStop(t, r, c); got != "200 OK hello" {
+		t.Errorf("the answer during the drain: %q, want 200 OK hello", got)
+	}
+	if n := r.pool.Snapshot().InUse; n != 0 {
+		t.Errorf("in use %d after Serve returned, want 0", n)
+	}
+}
+
+// TestHandedConnCloseGivesBack: a connection handed over with an
+// exchange that is closed before the exchange was resumed (the server
+// could not serve it) gives the permit back and closes the upstream
+// connection; a request read from it after that is not sent again.
+func TestHandedConnCloseGivesBack(t *testing.T) {
+	up, upClosed := chunkedUpstream(t, 0)
+	r := serveDrain(t, up, Config{FastPath: true}, nil, time.Second)
+	d := r.front.up.(*directUpstream)
+	req := httptest.NewRequest("GET", "/", nil)
+	req.Header.Set(DefaultProjectHeader, "alpha")
+	a := r.front.admit(httptest.NewRecorder(), req, &peer{addr: netip.MustParseAddr("127.0.0.1")})
+	if a == nil {
+		t.Fatal("not admitted")
+	}
+	r.front.dispatched(a, 0, nil)
+	uc, _, err := d.dialNew(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(uc.c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	client, server := net.Pipe()
+	defer client.Close()
+	hc := &handedConn{Conn: server, f: r.front, resume: &resumed{a: a, uc: uc}}
+	if n := r.pool.Snapshot().InUse; n != 1 {
+		t.Fatalf("in use %d, want 1", n)
+	}
+	hc.Close()
+	if n := r.pool.Snapshot().InUse; n != 0 {
+		t.Errorf("in use %d after the handed connection closed, want 0", n)
+	}
+	if !<-upClosed {
+		t.Error("the upstream connection was not closed")
+	}
+	if res, dropped := hc.take(); res != nil || !dropped {
+		t.Errorf("take after the close: %v, %v; want nil, dropped", res, dropped)
 	}
 }

@@ -465,9 +465,12 @@ func exchangeOf(r *http.Request) *exchange {
 
 // ServeHTTP admits, schedules and proxies one request.
 func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if res := takeResume(r); res != nil {
+	if res, dropped := takeResume(r); res != nil {
 		f.serveResumed(w, r, res)
 		return
+	} else if dropped {
+		// Its exchange was given back: it is not sent again.
+		panic(http.ErrAbortHandler)
 	}
 	a := f.admit(w, r, peerOf(r))
 	if a == nil {
