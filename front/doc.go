@@ -247,7 +247,15 @@
 // any other by http.ReadResponse. A client that goes away aborts the
 // exchange: under Front.Serve, HTTP/1 clients are heard from their own
 // connection (net/http's read of it fails); HTTP/2 streams and connections
-// of another server through the request's context. What reaches the
+// of another server through the request's context. A client that
+// half-closes its connection after its request (shuts down its sending
+// side) is taken as gone too, as nginx takes it unless
+// proxy_ignore_client_abort is on (499) and as net/http's server does:
+// the end of its stream cannot be told from a client that closed its
+// socket and left, whose permit would otherwise be held until the upstream
+// answers. Such a client reads no answer, on every path: the connection is
+// closed (an HTTP/2 stream reset), and the front never lets net/http write
+// its empty 200 for a request it could not answer. What reaches the
 // upstream and the client is what httputil.ReverseProxy would send (a test
 // compares the two) but for Expect and a client's trailer, whose values
 // ReverseProxy drops, at about half of its CPU per request: in
@@ -305,8 +313,9 @@
 // IdleTimeout between requests, WriteTimeout on a client that does not take
 // its answer, UpstreamHeadTimeout once the request is out (504), 5s to
 // connect (502), UpstreamIdleTimeout in the pool. A client that goes away
-// (hang-up or error event) aborts its exchange and gives the permit back;
-// an answer broken mid-body closes the client's connection. The loop
+// (hang-up or error event, a half-close included, see Serving) aborts its
+// exchange and gives the permit back; an answer broken mid-body closes the
+// client's connection. The loop
 // blocks in epoll_wait only after a look found nothing: a blocked system
 // call costs the Go runtime a hand-off of its P to another thread each
 // time.

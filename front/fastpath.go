@@ -420,7 +420,7 @@ func (f *Front) serveResumed(w http.ResponseWriter, r *http.Request, res *resume
 	a := res.a
 	defer func() {
 		p := recover()
-		f.finish(a, p != nil, r.Context().Err() != nil)
+		f.finish(a, p != nil, p != nil && clientGone(r))
 		if p != nil {
 			panic(p)
 		}
@@ -1396,6 +1396,10 @@ func (lp *loop) failed(c *fclient, err error) {
 	lp.f.upstreamFailed(&c.cw, c.r, c.a.x, err)
 	lp.f.finish(c.a, false, false)
 	c.a = nil
+	if c.cw.abort {
+		lp.closeClient(c)
+		return
+	}
 	lp.writeCaptured(c)
 	lp.nextRequest(c)
 }
@@ -1574,6 +1578,7 @@ type captured struct {
 	h      http.Header
 	status int
 	body   []byte
+	abort  bool // no answer: the connection is closed (noAnswer)
 }
 
 func (w *captured) reset() {
@@ -1581,7 +1586,7 @@ func (w *captured) reset() {
 		w.h = make(http.Header, 4)
 	}
 	clear(w.h) // the front writes it only while the loop holds it
-	w.status, w.body = 0, w.body[:0]
+	w.status, w.body, w.abort = 0, w.body[:0], false
 }
 
 func (w *captured) Header() http.Header { return w.h }

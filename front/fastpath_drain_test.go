@@ -303,3 +303,55 @@ func TestHandedConnCloseGivesBack(t *testing.T) {
 		t.Errorf("take after the close: %v, %v; want nil, dropped", res, dropped)
 	}
 }
+
+// TestHalfClosedClientNotAnswered: a client that sends its request and
+// half-closes its connection is taken as gone, as nginx does by default
+// (499, proxy_ignore_client_abort off) and net/http's server does (the
+// request's context ends): its exchange is aborted, its permit given
+// back, and it reads no answer, never a success the upstream did not
+// give. net/http's path wrote an empty 200 (the handler returned without
+// writing), whether the request was at the upstream or queued for the
+// scheduler. On every path.
+func TestHalfClosedClientNotAnswered(t *testing.T) {
+	paths(t, func(t *testing.T, tweak func(*Front)) {
+		release := make(chan struct{})
+		r := newRig(t, rigOpts{poolSize: 4, tweak: tweak, cfg: Config{MaxInFlight: 1}}, func(w http.ResponseWriter, req *http.Request) {
+			if req.URL.Path == "/hold" {
+				select {
+				case <-release:
+				case <-req.Context().Done():
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = io.WriteString(w, "ok")
+		})
+		addr := strings.TrimPrefix(r.url, "http://")
+		halfClosed := func(path string) string {
+			c := sendGet(t, addr, path)
+			_ = c.(*net.TCPConn).CloseWrite()
+			_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+			b, err := io.ReadAll(c)
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return string(b) + " (the connection stayed open)"
+			}
+			return string(b) // a reset is no answer either
+		}
+		if got := halfClosed("/a"); got != "" {
+			t.Errorf("a half-closed client read %q, want nothing", got)
+		}
+		waitInUse(t, r.pool, 0)
+		held := sendGet(t, addr, "/hold") // the scheduler's one slot
+		waitInUse(t, r.pool, 1)
+		if got := halfClosed("/queued"); got != "" {
+			t.Errorf("a half-closed client queued for the scheduler read %q, want nothing", got)
+		}
+		waitInUse(t, r.pool, 1)
+		close(release)
+		_ = held.SetReadDeadline(time.Now().Add(limitsDeadline))
+		if resp, err := http.ReadResponse(bufio.NewReader(held), nil); err != nil || resp.StatusCode != http.StatusOK {
+			t.Errorf("the request holding the slot: %v, %v; want 200", resp, err)
+		}
+		waitInUse(t, r.pool, 0)
+	})
+}

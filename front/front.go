@@ -481,7 +481,7 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// and the permit must still go back exactly once.
 	defer func() {
 		p := recover()
-		f.finish(a, p != nil, r.Context().Err() != nil)
+		f.finish(a, p != nil, p != nil && clientGone(r))
 		if p != nil {
 			panic(p)
 		}
@@ -489,6 +489,7 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if a.ticket != nil {
 		class, err := a.ticket.Wait(r.Context())
 		if !f.dispatched(a, class, err) {
+			f.unscheduled(w, r, a.x, err)
 			return
 		}
 	} else {
@@ -591,6 +592,45 @@ func (f *Front) admit(w http.ResponseWriter, r *http.Request, p *peer) *admissio
 		a.ticket = s.Submit(project)
 	}
 	return a
+}
+
+// unscheduled answers a request the scheduler did not dispatch (err ended
+// its ticket's wait): nothing when the client went away (the wait ended
+// with the request's context), 503 otherwise (the ticket was withdrawn).
+func (f *Front) unscheduled(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
+	if r.Context().Err() != nil || errors.Is(err, context.Canceled) {
+		x.outcome = outcomeCanceled
+		noAnswer(w)
+		return
+	}
+	x.outcome = outcomeError
+	f.log.Warn("request not dispatched", "project", x.project, "err", err)
+	http.Error(w, "fairshare: the scheduler did not dispatch the request", http.StatusServiceUnavailable)
+}
+
+// noAnswer ends a request the front cannot answer, its client gone. A
+// handler that returns without writing gets an empty 200 from net/http, a
+// success nobody gave, read by a client that only half-closed its
+// connection: the answer is aborted instead (net/http closes the
+// connection, HTTP/2 resets the stream), and a loop's captured answer
+// marked so.
+func noAnswer(w http.ResponseWriter) {
+	if cw, ok := w.(*captured); ok {
+		cw.abort = true
+		return
+	}
+	panic(http.ErrAbortHandler)
+}
+
+// clientGone reports whether r's client went away: its context ended, or
+// a read of its connection failed (which the watch hears a moment before
+// net/http cancels the context).
+func clientGone(r *http.Request) bool {
+	if r.Context().Err() != nil {
+		return true
+	}
+	p, ok := r.Context().Value(peerKey{}).(*peer)
+	return ok && p.cc != nil && p.cc.isGone()
 }
 
 // dispatched records the end of a's wait for the scheduler (class and err
@@ -1011,8 +1051,8 @@ func (f *Front) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 // upstreamFailed answers a request the upstream did not answer: 408 when
 // the client's body stalled past Config.BodyReadTimeout, 400 when it broke
 // off, 504 when the upstream's head did not come within
-// Config.UpstreamHeadTimeout, 502 otherwise, or nothing when the client
-// went away.
+// Config.UpstreamHeadTimeout, 502 otherwise, or nothing (see noAnswer)
+// when the client went away.
 func (f *Front) upstreamFailed(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
 	if x != nil && x.body != nil && x.body.timedOut.Load() {
 		// The client's own stall; its connection cannot be trusted to be
@@ -1027,6 +1067,7 @@ func (f *Front) upstreamFailed(w http.ResponseWriter, r *http.Request, x *exchan
 		if x != nil {
 			x.outcome = outcomeCanceled
 		}
+		noAnswer(w)
 		return
 	}
 	if errors.Is(err, errClientBody) {

@@ -540,10 +540,14 @@ func TestClientGoneBeforeContextCancel(t *testing.T) {
 	req := httptest.NewRequest("GET", "/", nil) // its context is live
 	x := &exchange{project: "alpha"}
 	rec := httptest.NewRecorder()
-	f.upstreamFailed(rec, req, x, fmt.Errorf("%w: %w", errClientGone, os.ErrDeadlineExceeded))
-	if x.outcome != outcomeCanceled || rec.Code != http.StatusOK || rec.Body.Len() != 0 {
-		t.Errorf("upstream aborted for a gone client: outcome %v, answered %d %q; want canceled and no answer",
-			x.outcome, rec.Code, rec.Body.String())
+	aborted := func() (p any) {
+		defer func() { p = recover() }()
+		f.upstreamFailed(rec, req, x, fmt.Errorf("%w: %w", errClientGone, os.ErrDeadlineExceeded))
+		return nil
+	}()
+	if x.outcome != outcomeCanceled || aborted != http.ErrAbortHandler || rec.Code != http.StatusOK || rec.Body.Len() != 0 {
+		t.Errorf("upstream aborted for a gone client: outcome %v, answered %d %q, panic %v; want canceled, no answer, the answer aborted",
+			x.outcome, rec.Code, rec.Body.String(), aborted)
 	}
 
 	// A loopback connection whose client hung up, as Front.Serve accepts it.
