@@ -1007,9 +1007,7 @@ func (lp *loop) admit(c *fclient) {
 		return
 	}
 	if class, ok, err := a.ticket.TryWait(); ok {
-		if lp.f.dispatched(a, class, err) {
-			lp.dispatch(c)
-		}
+		lp.settled(c, a, class, err)
 		return
 	}
 	c.state = csAdmit
@@ -1027,10 +1025,26 @@ func (lp *loop) admit(c *fclient) {
 // admitted continues c's request after its wait for the scheduler.
 func (lp *loop) admitted(c *fclient, a *admission, class scheduler.Class, err error) {
 	c.cancel()
+	lp.settled(c, a, class, err)
+}
+
+// settled continues c's request once its ticket has left the scheduler's
+// queue (class and err from its wait): dispatched, it goes upstream;
+// withdrawn, it is answered as net/http's path answers it
+// (Front.unscheduled) and finished, never left admitted.
+func (lp *loop) settled(c *fclient, a *admission, class scheduler.Class, err error) {
 	ok := lp.f.dispatched(a, class, err)
-	if c.closed || !ok {
+	if c.closed {
 		// The client went away meanwhile (abort withdrew the ticket).
 		lp.f.finish(a, false, true)
+		return
+	}
+	if !ok {
+		c.cw.reset()
+		lp.f.unscheduled(&c.cw, c.r, a.x, err)
+		lp.f.finish(a, false, false)
+		c.a = nil
+		lp.answerCaptured(c)
 		return
 	}
 	lp.dispatch(c)
@@ -1396,6 +1410,12 @@ func (lp *loop) failed(c *fclient, err error) {
 	lp.f.upstreamFailed(&c.cw, c.r, c.a.x, err)
 	lp.f.finish(c.a, false, false)
 	c.a = nil
+	lp.answerCaptured(c)
+}
+
+// answerCaptured ends c's request with the answer the front wrote into
+// c.cw, or with none (the connection closed) when it aborted it.
+func (lp *loop) answerCaptured(c *fclient) {
 	if c.cw.abort {
 		lp.closeClient(c)
 		return

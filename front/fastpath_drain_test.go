@@ -355,3 +355,77 @@ func TestHalfClosedClientNotAnswered(t *testing.T) {
 		waitInUse(t, r.pool, 0)
 	})
 }
+
+// TestFastPathWithdrawnTicketAnswered: a request whose ticket the
+// scheduler reports withdrawn when the loop looks (TryWait: ok, with an
+// error) is answered 503, as net/http's path answers it, and its permit
+// given back; the loop dispatched only a ticket without error and left
+// this one admitted for good (in use 1, no answer). No scheduler
+// withdraws a ticket by itself today, so the loop is handed one
+// withdrawn by hand: the scheduler does not run, and the queued ticket
+// is withdrawn with Done.
+func TestFastPathWithdrawnTicketAnswered(t *testing.T) {
+	sched, err := scheduler.New(scheduler.Config{MaxInFlight: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := serveDrain(t, silentUpstream(t), Config{FastPath: true}, sched, time.Second)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	conn, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := dupConn(conn.(*net.TCPConn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lp := r.front.fast.Load().loops[0]
+	settled := make(chan error, 1)
+	lp.post(func() {
+		lp.addClient(fd, conn, r.front.newPeer(conn))
+		c := lp.clients[int32(fd)]
+		c.in = append(c.in, "GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\n"...)
+		req, n, v := plainRequest(c.in, fastHeadMax, fastBodyMax)
+		if v != reqPlain {
+			settled <- errors.New("the request is not plain")
+			return
+		}
+		req.Body, req.RemoteAddr = http.NoBody, c.remote
+		c.r, c.raw = req, n
+		c.cw.reset()
+		a := r.front.admit(&c.cw, c.r, c.p)
+		if a == nil || a.ticket == nil {
+			settled <- errors.New("not admitted with a ticket")
+			return
+		}
+		c.a = a
+		a.ticket.Done(0) // queued: withdrawn
+		class, ok, err := a.ticket.TryWait()
+		if !ok || err == nil {
+			settled <- errors.New("the ticket is not reported withdrawn")
+			return
+		}
+		lp.settled(c, a, class, err)
+		settled <- nil
+	})
+	if err := <-settled; err != nil {
+		t.Fatal(err)
+	}
+	_ = client.SetReadDeadline(time.Now().Add(limitsDeadline))
+	resp, err := http.ReadResponse(bufio.NewReader(client), nil)
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("a withdrawn ticket's request: %v, %v; want 503", resp, err)
+	}
+	if n := r.pool.Snapshot().InUse; n != 0 {
+		t.Errorf("in use %d after a withdrawn ticket, want 0", n)
+	}
+}
