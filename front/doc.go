@@ -168,6 +168,11 @@
 // is cut at TunnelTimeout whether it is busy or not, as one admission
 // could otherwise carry any number of requests over it.
 //
+// Connecting to the upstream may take 5 seconds: past them the client gets
+// 504, as for an answer head that does not come (nginx answers its
+// proxy_connect_timeout so too); a connection refused or failed at once
+// gets 502.
+//
 // The accepting side (connection caps, accept-error backoff) is the
 // listener's, not the front's.
 //
@@ -312,7 +317,8 @@
 // ReadHeaderTimeout for the first request and once a head has begun,
 // IdleTimeout between requests, WriteTimeout on a client that does not take
 // its answer, UpstreamHeadTimeout once the request is out (504), 5s to
-// connect (502), UpstreamIdleTimeout in the pool. A client that goes away
+// connect (504 as on net/http's path; a refused connection is 502),
+// UpstreamIdleTimeout in the pool. A client that goes away
 // (hang-up or error event, a half-close included, see Serving) aborts its
 // exchange and gives the permit back; an answer broken mid-body closes the
 // client's connection. The loop

@@ -1050,8 +1050,9 @@ func (f *Front) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 
 // upstreamFailed answers a request the upstream did not answer: 408 when
 // the client's body stalled past Config.BodyReadTimeout, 400 when it broke
-// off, 504 when the upstream's head did not come within
-// Config.UpstreamHeadTimeout, 502 otherwise, or nothing (see noAnswer)
+// off, 504 when the upstream did not answer in time (a connection within
+// the dialer's 5 seconds, a head within Config.UpstreamHeadTimeout), 502
+// otherwise, or nothing (see noAnswer)
 // when the client went away.
 func (f *Front) upstreamFailed(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
 	if x != nil && x.body != nil && x.body.timedOut.Load() {
