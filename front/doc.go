@@ -314,11 +314,13 @@
 // looks once more for such events (epoll_wait with no wait) before it
 // reuses any (the race with bytes sent just then is the one no HTTP/1.1
 // client avoids, see above). Their deadlines are the front's limits:
-// ReadHeaderTimeout for the first request and once a head has begun,
-// IdleTimeout between requests, WriteTimeout on a client that does not take
-// its answer, UpstreamHeadTimeout once the request is out (504), 5s to
-// connect (504 as on net/http's path; a refused connection is 502),
-// UpstreamIdleTimeout in the pool. A client that goes away
+// ReadHeaderTimeout for the first head from the accept, as net/http counts
+// it (neither its first byte nor a hand-over to net/http's server starts it
+// again), and for a later one from its first byte; IdleTimeout between
+// requests, WriteTimeout on a client that does not take its answer,
+// UpstreamHeadTimeout once the request is out (504), 5s to connect (504
+// as on net/http's path; a refused connection is 502), UpstreamIdleTimeout
+// in the pool. A client that goes away
 // (hang-up or error event, a half-close included, see Serving) aborts its
 // exchange and gives the permit back; an answer broken mid-body closes the
 // client's connection. The loop

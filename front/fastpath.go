@@ -324,7 +324,8 @@ type handedConn struct {
 
 	mu      sync.Mutex // guards the fields below
 	resume  *resumed
-	dropped bool // closed with resume not taken: it was given back
+	dropped bool      // closed with resume not taken: it was given back
+	headBy  time.Time // the bound of the head begun in the loop (see SetReadDeadline)
 }
 
 func (c *handedConn) Read(p []byte) (int, error) {
@@ -370,6 +371,24 @@ func (c *handedConn) take() (res *resumed, dropped bool) {
 	defer c.mu.Unlock()
 	res, c.resume = c.resume, nil
 	return res, c.dropped
+}
+
+// SetReadDeadline keeps the bound of a head begun in the loop (headBy):
+// net/http's server bounds a head by its ReadHeaderTimeout from the hand-
+// over, and the deadline it sets first is cut to headBy; the one it sets
+// once the head is read (none: the front's server has no ReadTimeout)
+// ends the bound.
+func (c *handedConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	if !c.headBy.IsZero() {
+		if t.IsZero() {
+			c.headBy = time.Time{}
+		} else if t.After(c.headBy) {
+			t = c.headBy
+		}
+	}
+	c.mu.Unlock()
+	return c.Conn.SetReadDeadline(t)
 }
 
 func (c *handedConn) NetConn() net.Conn { return c.Conn }
@@ -955,7 +974,13 @@ func (lp *loop) serveClient(c *fclient) {
 		case reqMore:
 			if c.state == csIdle {
 				c.state = csHead
-				c.setDeadline(lp, dlHead, lp.now.Add(lp.f.cfg.ReadHeaderTimeout))
+				by := lp.now.Add(lp.f.cfg.ReadHeaderTimeout)
+				if c.served == 0 && c.dl == dlIdle {
+					// The first head's bound runs from the accept, as
+					// with net/http: its first byte does not move it.
+					by = c.deadline
+				}
+				c.setDeadline(lp, dlHead, by)
 			}
 			return
 		case reqOther:
@@ -1332,6 +1357,9 @@ func (lp *loop) hand(c *fclient, res *resumed) {
 		return
 	}
 	hc := &handedConn{Conn: nc, orig: c.c, prefix: bytes.Clone(c.in), out: bytes.Clone(c.out), peer: c.p, f: lp.f, resume: res}
+	if c.dl == dlHead || (c.dl == dlIdle && c.served == 0) {
+		hc.headBy = c.deadline // a head begun, or the first one's bound from the accept
+	}
 	lp.fs.wg.Add(1) // the loop counts in fs.wg: never 0 here
 	go func() { defer lp.fs.wg.Done(); lp.fs.hand(hc) }()
 }

@@ -429,3 +429,52 @@ func TestFastPathWithdrawnTicketAnswered(t *testing.T) {
 		t.Errorf("in use %d after a withdrawn ticket, want 0", n)
 	}
 }
+
+// TestHeadBoundFromAccept: a client that connects, waits 0.7 of
+// ReadHeaderTimeout, then trickles a head that never ends is cut at
+// ReadHeaderTimeout from the accept, as net/http's server cuts it, with a
+// plain head (the loop's) and one the loop hands to net/http's server (a
+// bare LF). The loop restarted the bound at the head's first byte, and
+// net/http's server restarted it at the hand-over: both cut it at 1.7.
+// On every path.
+func TestHeadBoundFromAccept(t *testing.T) {
+	const limit = 600 * time.Millisecond
+	paths(t, func(t *testing.T, tweak func(*Front)) {
+		r := newRig(t, rigOpts{tweak: tweak, cfg: Config{ReadHeaderTimeout: limit}}, ok)
+		for _, tc := range []struct{ name, first, more string }{
+			{"plain", "GET / HTTP/1.1\r\n", "X-Trickle: a\r\n"},
+			{"handed", "GET / HTTP/1.1\nHost: x\n", "X-Trickle: a\n"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				start := time.Now()
+				c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				closed := make(chan time.Duration, 1)
+				go func() {
+					_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+					_, _ = io.Copy(io.Discard, c)
+					closed <- time.Since(start)
+				}()
+				time.Sleep(limit * 7 / 10)
+				_, _ = io.WriteString(c, tc.first)
+				tick := time.NewTicker(limit / 10)
+				defer tick.Stop()
+				for {
+					select {
+					case d := <-closed:
+						t.Logf("cut %v after the connect", d)
+						if d < limit*9/10 || d > limit*13/10 {
+							t.Errorf("a head trickled from 0.7 of ReadHeaderTimeout %v was cut %v after the connect, want about %v", limit, d, limit)
+						}
+						return
+					case <-tick.C:
+						_, _ = io.WriteString(c, tc.more)
+					}
+				}
+			})
+		}
+	})
+}
