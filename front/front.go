@@ -206,7 +206,8 @@ type Front struct {
 	id      *identity
 	retry   *retryPacer
 
-	fast atomic.Pointer[fastServer] // the fast path's, while Serve runs it
+	fast     atomic.Pointer[fastServer] // the fast path's, while Serve runs it
+	handlers atomic.Int64               // ServeHTTP calls running (waitHandlers)
 	// fastLoops is the fast path's number of loops; 0: GOMAXPROCS-1, at
 	// least one (benchmarks set it).
 	fastLoops int
@@ -390,12 +391,33 @@ func (f *Front) Serve(ctx context.Context, l net.Listener) error {
 		return f.serveFast(ctx, l)
 	}
 	err := listen.ServeHTTP(ctx, f.Server(), clientListener{l}, f.drainFor)
+	f.waitHandlers()
 	f.CloseIdle()
 	if err != nil {
 		return fmt.Errorf("front: %w", err)
 	}
 	return nil
 }
+
+// waitHandlers waits a little for the requests net/http's server still
+// runs once it is shut down and its connections closed: their contexts have
+// ended, and they give their permits back as they return. One that does
+// not (an upgraded connection's tunnel, which the server does not close)
+// is logged.
+func (f *Front) waitHandlers() {
+	deadline := time.Now().Add(handlersGrace)
+	for f.handlers.Load() > 0 {
+		if time.Now().After(deadline) {
+			f.log.Warn("requests still in flight after the front stopped; each gives its permit back when it ends",
+				"requests", f.handlers.Load())
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// handlersGrace is how long waitHandlers waits.
+const handlersGrace = time.Second
 
 // CloseIdle closes idle upstream connections.
 func (f *Front) CloseIdle() {
@@ -465,6 +487,8 @@ func exchangeOf(r *http.Request) *exchange {
 
 // ServeHTTP admits, schedules and proxies one request.
 func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.handlers.Add(1)
+	defer f.handlers.Add(-1)
 	if res, dropped := takeResume(r); res != nil {
 		f.serveResumed(w, r, res)
 		return

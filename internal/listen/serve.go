@@ -12,7 +12,8 @@ import (
 
 // ServeHTTP serves srv on ln until ctx is done, then shuts srv down: ln is
 // closed at once, idle connections are closed, and the requests in flight
-// have up to grace to finish. It returns the error that ended Serve before
+// have up to grace to finish; the connections left then are closed (their
+// requests' contexts end). It returns the error that ended Serve before
 // ctx was done, or the error of a shutdown that ran out of grace.
 func ServeHTTP(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
 	errc := make(chan error, 1)
@@ -27,6 +28,7 @@ func ServeHTTP(ctx context.Context, srv *http.Server, ln net.Listener, grace tim
 	err := srv.Shutdown(sctx)
 	<-errc
 	if err != nil {
+		_ = srv.Close()
 		return fmt.Errorf("shutting down: %w", err)
 	}
 	return nil
