@@ -339,7 +339,19 @@
 // the end every exchange still in flight (waiting for the scheduler, too)
 // is aborted, and its permit is given back before Serve returns; a
 // connection handed over that could not be served gives back the
-// exchange it carried (permit, upstream connection).
+// exchange it carried (permit, upstream connection). On either path the
+// connections net/http's server still has at the drain's end are closed,
+// and Serve waits up to a second more for their requests to give their
+// permits back; an upgraded connection's tunnel is left to end by
+// tunnel_timeout (as net/http's Shutdown leaves hijacked connections),
+// and logged. A client idle when the stop comes is closed, once it took
+// what it had not read of its last answer; one whose head had begun is
+// served, and closed after its answer.
+//
+// Each epoll registration carries a number of its own, so that an event
+// of one batch for a connection closed earlier in that batch never reaches
+// a connection that took its descriptor number meanwhile. An idle client
+// keeps no buffer larger than 4 KiB.
 //
 // FAIRSHARE_FRONT_FAST=1 runs every front of the package's tests on the
 // fast path (make test runs the suite both ways); TestFastPathServes shows

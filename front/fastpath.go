@@ -36,6 +36,7 @@ const (
 	fastBodyMax   = 64 << 10 // a request body (buffered whole before admission)
 	fastAnswerMax = 16 << 10 // an answer head not yet complete: past it, net/http's path reads it
 	fastReadBuf   = 32 << 10
+	fastKeepBuf   = 4 << 10 // an idle client's read buffer larger than this is let go
 )
 
 // fastServer is the front's listener served by its event loops, with
@@ -129,6 +130,7 @@ func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
 		}
 	}
 	fs.wg.Wait()
+	f.waitHandlers()
 	f.CloseIdle()
 	if err != nil {
 		return fmt.Errorf("front: %w", err)
@@ -221,7 +223,11 @@ func (fs *fastServer) serveLate(c net.Conn) {
 	srv.SetKeepAlivesEnabled(false)
 	ended := make(chan struct{})
 	var once sync.Once
+	var hijacked atomic.Bool
 	srv.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateHijacked {
+			hijacked.Store(true)
+		}
 		if st == http.StateClosed || st == http.StateHijacked {
 			once.Do(func() { close(ended) })
 		}
@@ -235,6 +241,11 @@ func (fs *fastServer) serveLate(c net.Conn) {
 	case <-t.C:
 	}
 	_ = srv.Close()
+	if hijacked.Load() {
+		// An upgraded connection: its tunnel owns it, and ends it by
+		// tunnel_timeout at the latest, as after net/http's Shutdown.
+		return
+	}
 	c.Close() // if the server had not taken it yet
 	if ln.taken.Load() {
 		// Its handler sees the client gone and returns.
@@ -528,6 +539,7 @@ const (
 // fclient is a client connection in a loop.
 type fclient struct {
 	fd       int
+	gen      int32    // its epoll registration (see loop.handle)
 	c        net.Conn // as accepted
 	p        *peer
 	remote   string
@@ -555,6 +567,7 @@ type fclient struct {
 // fupstream is an upstream connection in a loop.
 type fupstream struct {
 	fd         int
+	gen        int32 // its epoll registration (see loop.handle)
 	in, out    []byte
 	obase      []byte   // out's buffer, kept for the next request
 	owner      *fclient // nil while idle
@@ -589,6 +602,7 @@ type loop struct {
 	efd     int // eventfd: posted work waits
 	clients map[int32]*fclient
 	ups     map[int32]*fupstream
+	gen     int32        // the last registration number (nextGen)
 	idle    []*fupstream // most recently used last
 	pending []*fclient   // dispatched, to be sent upstream
 	again   []*fclient   // out of their turn's budget, served at the next pass
@@ -783,12 +797,25 @@ func (lp *loop) handle(evs []unix.EpollEvent) {
 			lp.runPosted()
 			continue
 		}
-		if c := lp.clients[ev.Fd]; c != nil {
+		// An event carries the registration it is for (Pad): one for a
+		// connection closed earlier in this batch, whose descriptor
+		// number a new one took meanwhile, is not the new one's.
+		if c := lp.clients[ev.Fd]; c != nil && c.gen == ev.Pad {
 			lp.clientEvent(c, ev.Events)
-		} else if u := lp.ups[ev.Fd]; u != nil {
+		} else if u := lp.ups[ev.Fd]; u != nil && u.gen == ev.Pad {
 			lp.upEvent(u, ev.Events)
 		}
 	}
+}
+
+// nextGen returns a registration number for epoll's data, never 0 (the
+// eventfd's).
+func (lp *loop) nextGen() int32 {
+	lp.gen++
+	if lp.gen == 0 {
+		lp.gen++
+	}
+	return lp.gen
 }
 
 // drain stops taking requests: idle clients are closed now, the others
@@ -797,7 +824,14 @@ func (lp *loop) drain(by time.Time) {
 	lp.drainBy = by
 	lp.setCheck(by)
 	for _, c := range lp.clients {
-		if c.state == csIdle && len(c.out) == 0 {
+		if c.state != csIdle {
+			continue // closed after its exchange (nextRequest)
+		}
+		// Closed now, or once it took the rest of its last answer, as
+		// net/http's Shutdown closes a connection after the answer in
+		// flight. (One whose head began is still served.)
+		c.closing = true
+		if len(c.out) == 0 {
 			lp.closeClient(c)
 		}
 	}
@@ -872,8 +906,9 @@ func (lp *loop) addClient(fd int, conn net.Conn, p *peer) {
 		lp.closeClient(c)
 		return
 	}
+	c.gen = lp.nextGen()
 	if err := unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd,
-		&unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}); err != nil {
+		&unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd), Pad: c.gen}); err != nil {
 		lp.f.log.Debug("fast path: epoll_ctl", "err", err)
 		lp.closeClient(c)
 		return
@@ -1135,8 +1170,9 @@ func (lp *loop) getUp(fresh bool) (*fupstream, error) {
 	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 30)
 	u := &fupstream{fd: fd}
 	u.w = appendWriter{&u.out}
+	u.gen = lp.nextGen()
 	if err := unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd,
-		&unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}); err != nil {
+		&unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd), Pad: u.gen}); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("dialing upstream: %w", err)
 	}
@@ -1386,6 +1422,9 @@ func (lp *loop) nextRequest(c *fclient) {
 		return
 	}
 	c.in = c.in[:copy(c.in, c.in[c.raw:])]
+	if len(c.in) == 0 && cap(c.in) > fastKeepBuf {
+		c.in = nil // an idle connection holds no large buffer
+	}
 	c.raw, c.r = 0, nil
 	c.state = csIdle
 	if !lp.drainBy.IsZero() {
@@ -1514,7 +1553,7 @@ func (lp *loop) flushClient(c *fclient) {
 		}
 		c.out = c.out[n:]
 	}
-	c.out = c.out[:0]
+	c.out = nil // what a slow client made the loop hold is let go
 	if c.dl == dlWrite {
 		c.setDeadline(lp, dlNone, time.Time{})
 		if c.state == csIdle {

@@ -13,7 +13,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -477,4 +479,234 @@ func TestHeadBoundFromAccept(t *testing.T) {
 			})
 		}
 	})
+}
+
+// smallSendBuf gives each accepted connection a 4 KiB send buffer, so that
+// an answer of some KiB waits in the loop for its client to read it.
+type smallSendBuf struct{ net.Listener }
+
+func (l smallSendBuf) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		_ = c.(*net.TCPConn).SetWriteBuffer(4096)
+	}
+	return c, err
+}
+
+// onLoop runs fn on the fast path's first loop and waits for it.
+func onLoop(f *Front, fn func(lp *loop)) {
+	lp := f.fast.Load().loops[0]
+	done := make(chan struct{})
+	lp.post(func() { defer close(done); fn(lp) })
+	<-done
+}
+
+// TestFastPathDrainClosesAfterAnswerInFlight: a client whose last answer
+// is still being written when Serve is told to stop (it reads slowly)
+// gets that answer, and then its connection is closed, as net/http's
+// Shutdown closes a connection after the answer in flight. The loop left
+// it open and serving new requests until the drain's end (Serve returned
+// 3s after the stop with a 3s drain, and a request sent meanwhile was
+// answered).
+func TestFastPathDrainClosesAfterAnswerInFlight(t *testing.T) {
+	// The answer is written at once, so that the loop reads it whole and
+	// ends the exchange with most of it still to write to the client.
+	body := strings.Repeat("y", 24<<10)
+	ul, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ul.Close()
+	go func() {
+		for {
+			c, err := ul.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					if _, err := http.ReadRequest(br); err != nil {
+						return
+					}
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+				}
+			}()
+		}
+	}()
+	pool, err := pools.New(pools.Config{Name: "requests", Size: 4}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := New(Config{FastPath: true, Upstream: "http://" + ul.Addr().String(), TrustedPeers: []string{"127.0.0.0/8"}}, Deps{Requests: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.drainFor = 3 * time.Second
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { defer close(served); _ = f.Serve(ctx, smallSendBuf{l}) }()
+	defer func() { cancel(); <-served }()
+	for f.fast.Load() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 2048) })
+	}}
+	c, err := d.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /a HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Until the answer is all read from upstream and waits for the client.
+	waiting := false
+	for deadline := time.Now().Add(limitsDeadline); !waiting && time.Now().Before(deadline); {
+		onLoop(f, func(lp *loop) {
+			for _, fc := range lp.clients {
+				waiting = fc.state == csIdle && len(fc.out) > 0
+			}
+		})
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !waiting {
+		t.Fatal("the answer never waited in the loop for its client")
+	}
+	start := time.Now()
+	go cancel()
+	time.Sleep(50 * time.Millisecond) // the loop drains
+	_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the answer in flight: %v", err)
+	}
+	if n, err := io.Copy(io.Discard, resp.Body); n != int64(len(body)) || err != nil {
+		t.Fatalf("the answer in flight: %d bytes, %v", n, err)
+	}
+	_, _ = io.WriteString(c, "GET /b HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\n")
+	if resp, err := http.ReadResponse(br, nil); err == nil {
+		t.Errorf("a request sent after the stop was answered: %s", resp.Status)
+	}
+	<-served
+	if took := time.Since(start); took >= f.drainFor {
+		t.Errorf("Serve returned %v after the stop, at the drain's end (%v): the client's connection was kept", took, f.drainFor)
+	}
+}
+
+// deafUpstream reads what comes and never answers, until the front closes
+// the connection (silentUpstream's handler would not see that before it
+// read a chunked body).
+func deafUpstream(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(io.Discard, c) }()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// TestServeWaitsForHandedRequests: a request in flight on net/http's server
+// (on the fast path: handed to it, its body chunked) at an upstream that
+// never answers, when the drain ends: the server closes its connection,
+// and Serve returns once the request gave its permit back. It returned at
+// the drain's end with the permit still held (in use 1).
+func TestServeWaitsForHandedRequests(t *testing.T) {
+	drainPaths(t, func(t *testing.T, fast bool) {
+		r := serveDrain(t, deafUpstream(t), Config{FastPath: fast, UpstreamHeadTimeout: limitsDeadline}, nil, 300*time.Millisecond)
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "POST /up HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+		waitInUse(t, r.pool, 1)
+		start := time.Now()
+		r.stop()
+		t.Logf("Serve returned %v after the stop", time.Since(start))
+		if n := r.pool.Snapshot().InUse; n != 0 {
+			t.Errorf("in use %d after Serve returned, want 0", n)
+		}
+	})
+}
+
+// TestFastPathDrainUpgradeKept: a connection upgraded during the drain
+// (its head began before the stop, and asked for an upgrade) keeps its
+// tunnel past the drain's end, as net/http's Shutdown leaves hijacked
+// connections alone: the server of its own that served the hand-over
+// closed it right after the 101.
+func TestFastPathDrainUpgradeKept(t *testing.T) {
+	ul, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ul.Close()
+	go func() {
+		for {
+			c, err := ul.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+				_, _ = io.Copy(c, br) // echo
+			}()
+		}
+	}()
+	r := serveDrain(t, ul.Addr().String(), Config{FastPath: true}, nil, 300*time.Millisecond)
+	c, err := net.Dial("tcp", r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /echo HTTP/1.1\r\nHost: x\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the loop has the head's start
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); r.stop() }()
+	time.Sleep(50 * time.Millisecond)
+	if _, err := io.WriteString(c, "Fairshare-Project: alpha\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("answer %s, want 101", resp.Status)
+	}
+	<-stopped
+	time.Sleep(100 * time.Millisecond) // past the drain's end
+	if _, err := io.WriteString(c, "ping"); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 4)
+	if _, err := io.ReadFull(br, b); err != nil || string(b) != "ping" {
+		t.Fatalf("the tunnel after the drain: %q, %v", b, err)
+	}
 }

@@ -212,7 +212,9 @@ func FuzzPooledExchanges(f *testing.F) {
 				t.Fatalf("request %d (%s): answer of X-Id %q (%d %q)", j, hostileCases[s.tc].name, rec.Header().Get("X-Id"), rec.Code, b)
 			case !strings.Contains(mine, b):
 				t.Fatalf("request %d (%s): body %q is not from its own answer %q", j, hostileCases[s.tc].name, b, mine)
-			case !cut && b != ownBody(id) && b != "" && !strings.Contains(mine, "\r\n\r\n"+b):
+			case !cut && b != ownBody(id) && b != "" && !strings.Contains(mine, "\r\n\r\n"+b) &&
+				// ReverseProxy takes a head ended by bare line feeds.
+				!(s.fallback && (strings.Contains(mine, "\n\n"+b) || strings.Contains(mine, "\n\r\n"+b))):
 				t.Fatalf("request %d (%s): whole body %q", j, hostileCases[s.tc].name, b)
 			}
 			for k := range steps {
