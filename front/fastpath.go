@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -762,18 +763,18 @@ func (lp *loop) run() {
 		for i, c := range again {
 			c.again = false
 			if !c.closed && (c.state == csIdle || c.state == csHead) && (len(c.in) > 0 || c.readable) {
-				lp.serveClient(c)
+				lp.guarded(c, nil, (*loop).serveClient)
 			}
 			again[i] = nil
 		}
 		for i, c := range ready {
 			if !c.closed && c.state == csSend {
-				lp.send(c)
+				lp.guarded(c, nil, (*loop).send)
 			}
 			ready[i] = nil
 		}
 		if !lp.check.IsZero() && !lp.now.Before(lp.check) {
-			lp.expire()
+			lp.guarded(nil, nil, func(lp *loop, _ *fclient) { lp.expire() })
 		}
 		if !lp.drainBy.IsZero() {
 			if !lp.now.Before(lp.drainBy) {
@@ -794,17 +795,68 @@ func (lp *loop) run() {
 func (lp *loop) handle(evs []unix.EpollEvent) {
 	for _, ev := range evs {
 		if int(ev.Fd) == lp.efd {
-			lp.runPosted()
+			lp.guarded(nil, nil, func(lp *loop, _ *fclient) { lp.runPosted() })
 			continue
 		}
 		// An event carries the registration it is for (Pad): one for a
 		// connection closed earlier in this batch, whose descriptor
 		// number a new one took meanwhile, is not the new one's.
 		if c := lp.clients[ev.Fd]; c != nil && c.gen == ev.Pad {
-			lp.clientEvent(c, ev.Events)
+			lp.clientEventGuarded(c, ev.Events)
 		} else if u := lp.ups[ev.Fd]; u != nil && u.gen == ev.Pad {
-			lp.upEvent(u, ev.Events)
+			lp.upEventGuarded(u, ev.Events)
 		}
+	}
+}
+
+// The loop's work on a connection runs guarded, as net/http's server
+// guards a handler: a panic in it (a defect the loop's tests did not find,
+// or in a dependency the front calls, such as the daemon's membership)
+// aborts that connection's exchange, is logged with its stack, and the
+// loop goes on serving the others; it does not end the daemon.
+
+func (lp *loop) guarded(c *fclient, u *fupstream, fn func(*loop, *fclient)) {
+	defer lp.contain(c, u)
+	fn(lp, c)
+}
+
+func (lp *loop) clientEventGuarded(c *fclient, ev uint32) {
+	defer lp.contain(c, c.up)
+	lp.clientEvent(c, ev)
+}
+
+func (lp *loop) upEventGuarded(u *fupstream, ev uint32) {
+	defer lp.contain(u.owner, u)
+	lp.upEvent(u, ev)
+}
+
+// contain recovers a panic of the loop's work on c and u (either may be
+// nil), and ends them.
+func (lp *loop) contain(c *fclient, u *fupstream) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	lp.f.log.Error("fast path: a panic serving a connection; its exchange is aborted and the loop goes on",
+		"panic", v, "stack", string(debug.Stack()))
+	defer func() {
+		if v := recover(); v != nil {
+			// Aborting it failed too: its descriptors are closed
+			// without the exchange's accounting.
+			lp.f.log.Error("fast path: a panic aborting a connection; it is closed", "panic", v)
+			if c != nil {
+				lp.closeClient(c)
+			}
+			if u != nil {
+				lp.closeUp(u)
+			}
+		}
+	}()
+	if c != nil {
+		lp.abort(c)
+	}
+	if u != nil {
+		lp.closeUp(u)
 	}
 }
 
@@ -918,7 +970,7 @@ func (lp *loop) addClient(fd int, conn net.Conn, p *peer) {
 	// net/http.
 	c.setDeadline(lp, dlIdle, lp.now.Add(lp.f.cfg.ReadHeaderTimeout))
 	c.readable = true
-	lp.serveClient(c)
+	lp.guarded(c, nil, (*loop).serveClient)
 }
 
 func (lp *loop) clientEvent(c *fclient, ev uint32) {
@@ -1078,7 +1130,10 @@ func (lp *loop) admit(c *fclient) {
 	go func() {
 		defer lp.fs.wg.Done()
 		class, err := t.Wait(ctx)
-		lp.post(func() { lp.admitted(c, a, class, err) })
+		lp.post(func() {
+			defer lp.contain(c, nil)
+			lp.admitted(c, a, class, err)
+		})
 	}()
 }
 

@@ -4,10 +4,13 @@ package front
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -17,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // loopOut sums, over the loops, the answers their clients have not taken.
@@ -416,4 +421,65 @@ func TestFastPathIdleClientBuffers(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestFastPathPanicContained: a panic in the loop's work on one connection
+// (here in the daemon's membership lookup the front calls, Deps.ProjectOf)
+// ends that connection, is logged, and the loop goes on serving the
+// others, as net/http's server contains a handler's panic; it ended the
+// process.
+func TestFastPathPanicContained(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(ok))
+	defer up.Close()
+	var boom atomic.Bool
+	pool, err := pools.New(pools.Config{Name: "requests", Size: 4}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &logBuffer{}
+	f, err := New(Config{FastPath: true, Upstream: up.URL}, Deps{Requests: pool, Log: slog.New(slog.NewTextHandler(logs, nil)),
+		ProjectOf: func(uint64) (string, error) {
+			if boom.Load() {
+				panic("a defect in the membership")
+			}
+			return "alpha", nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { defer close(served); _ = f.Serve(ctx, l) }()
+	defer func() { cancel(); <-served }()
+	get := func() (int, error) {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			return 0, err
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	boom.Store(true)
+	if code, err := get(); err == nil {
+		t.Errorf("the request whose lookup panicked was answered %d", code)
+	}
+	boom.Store(false)
+	if code, err := get(); err != nil || code != http.StatusOK {
+		t.Fatalf("the next request: %d, %v", code, err)
+	}
+	if !strings.Contains(logs.String(), "a defect in the membership") {
+		t.Errorf("the panic was not logged:\n%s", logs.String())
+	}
+	waitInUse(t, pool, 0)
 }
