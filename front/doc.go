@@ -305,7 +305,13 @@
 // strictHead must check, one over 16 KiB so far) hands over the exchange
 // too: the request, already admitted and sent, is finished by
 // serveResumed on the upstream connection with what the loop had read of
-// the answer, by the same code as the direct path.
+// the answer, by the same code as the direct path. What the loop had not
+// written of the request yet (an upstream may answer before it read the
+// body, and end its answer only after) goes out meanwhile, as the direct
+// path sends a body, each piece within WriteTimeout: an upstream that
+// takes none for that long has the exchange aborted (504 before the
+// answer's head, the answer cut off after it), and the connection is
+// never reused.
 //
 // The loops keep the direct path's rules: an upstream connection is reused
 // only after an answer that ended exactly at its framing with nothing more

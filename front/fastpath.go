@@ -413,13 +413,16 @@ func (c *handedConn) CloseWrite() error {
 }
 
 // resumed is an exchange a loop began (the request admitted and sent
-// upstream) and net/http's path finishes: the answer's head was not one
-// the loop relays itself.
+// upstream, all of it or a part) and net/http's path finishes: the
+// answer's head was not one the loop relays itself.
 type resumed struct {
 	a      *admission
 	uc     *upConn
 	reused bool
 	early  bool // the answer began before the whole request went out
+	// rest is what the loop had not written of the request yet (the end
+	// of its head, its body): it is sent while the answer is read.
+	rest []byte
 }
 
 // drop ends an exchange handed over that nobody will finish: its
@@ -459,7 +462,7 @@ func (f *Front) serveResumed(w http.ResponseWriter, r *http.Request, res *resume
 	x := a.x
 	x.w = w
 	d := f.up.(*directUpstream)
-	ans, err := d.resume(res.uc, r, x, res.reused, res.early)
+	ans, err := d.resume(r, x, res)
 	if err != nil {
 		f.upstreamFailed(w, r, x, err)
 		return
@@ -467,29 +470,93 @@ func (f *Front) serveResumed(w http.ResponseWriter, r *http.Request, res *resume
 	f.relay(w, r, x, ans)
 }
 
-// resume reads the answer to a request a loop sent on uc, as roundTrip
-// does after sending.
-func (d *directUpstream) resume(uc *upConn, r *http.Request, x *exchange, reused, early bool) (upAnswer, error) {
+// resume reads the answer to the request of res, which a loop sent on
+// res.uc, as roundTrip does after sending. The answer began before the
+// loop wrote all of the request when res.rest is not empty: the rest goes
+// out while the answer is read (sendRest), as roundTrip's sender sends a
+// body, for an upstream may start its answer at once and end it only
+// once it has read the whole body.
+func (d *directUpstream) resume(r *http.Request, x *exchange, res *resumed) (upAnswer, error) {
+	uc := res.uc
 	cc := peerOf(r).cc
 	w := clientWatch{cc: cc}
 	cc.watch(uc)
 	uc.awaiting = true
-	uc.sent(d.headFor)
-	resp, err := d.readAnswer(uc, r, x, reused)
+	var send *bodySend
+	switch {
+	case len(res.rest) > 0:
+		send = d.sendRest(uc, res.rest)
+	case res.early:
+		send = &bodySend{ended: true, err: errEarlyAnswer}
+		uc.sent(d.headFor)
+	default:
+		uc.sent(d.headFor)
+	}
+	resp, err := d.readAnswer(uc, r, x, res.reused)
 	uc.gotHead()
 	if err != nil {
 		fired := !w.end()
+		if send != nil {
+			// An upstream that stopped taking the request is the cause
+			// of what followed.
+			if serr := send.end(uc); errors.Is(serr, errSendStalled) {
+				err = serr
+			}
+		}
 		uc.c.Close()
 		if fired {
 			return upAnswer{}, fmt.Errorf("%w: %w", errClientGone, err)
 		}
 		return upAnswer{}, err
 	}
-	var send *bodySend
-	if early {
-		send = &bodySend{ended: true, err: errEarlyAnswer}
-	}
 	return upAnswer{Response: resp, conn: uc, watch: w, send: send}, nil
+}
+
+// errSendStalled: the upstream took no piece of the rest of a request for
+// Config.WriteTimeout.
+var errSendStalled = errors.New("the upstream stopped reading the request")
+
+// sendPiece is what sendRest writes at a time, each piece within
+// directUpstream.sendFor.
+const sendPiece = 4 << 10
+
+// sendRest writes rest, the end of a request a loop began, on uc from a
+// goroutine of its own while the answer is read, each piece within
+// d.sendFor: an upstream that stops taking it has its exchange aborted
+// then (the answer's head not yet read fails, 504; an answer being relayed
+// is cut off), rather than holding the request, and its permit, for as
+// long as its answer may last. The sender is ended with the answer
+// (bodySend.end stops it if the upstream answered without reading it
+// all), and as the answer began before the request was all out the
+// connection is never reused: no byte of this request can reach another.
+func (d *directUpstream) sendRest(uc *upConn, rest []byte) *bodySend {
+	s := &bodySend{done: make(chan error, 1), early: true}
+	go func() {
+		var err error
+		for len(rest) > 0 && err == nil {
+			if d.sendFor > 0 {
+				uc.setWriteDeadline(time.Now().Add(d.sendFor))
+			}
+			var n int
+			n, err = uc.c.Write(rest[:min(len(rest), sendPiece)])
+			rest = rest[n:]
+		}
+		switch {
+		case err == nil:
+			uc.sent(d.headFor)
+		case errors.Is(err, os.ErrDeadlineExceeded) && !uc.aborted.Load():
+			err = fmt.Errorf("writing upstream request: %w: no piece of it taken for %v: %w", errSendStalled, d.sendFor, err)
+			// Nor is the answer waited for: an upstream that does not
+			// take the request may never end it.
+			uc.abort()
+		default:
+			// The upstream hung up, or the exchange was aborted: what it
+			// answered before is still read.
+			err = fmt.Errorf("writing upstream request: %w", err)
+		}
+		s.done <- err
+	}()
+	return s
 }
 
 // prefixConn reads prefix before the connection.
@@ -1429,7 +1496,9 @@ func (lp *loop) resume(c *fclient, u *fupstream) {
 		return
 	}
 	uc := lp.d.newUpConn(&prefixConn{Conn: nc, prefix: bytes.Clone(u.in)})
-	lp.hand(c, &resumed{a: c.a, uc: uc, reused: u.reused, early: u.early || len(u.out) > 0})
+	// u is dropped: what it had not written (u.out) is the resumed
+	// exchange's alone, sent by it.
+	lp.hand(c, &resumed{a: c.a, uc: uc, reused: u.reused, early: u.early || len(u.out) > 0, rest: u.out})
 }
 
 // hand gives the client connection to net/http's server for the rest of

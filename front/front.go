@@ -290,7 +290,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 			host = net.JoinHostPort(u.Hostname(), "80")
 		}
 		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, idleFor: cfg.UpstreamIdleTimeout,
-			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, headFor: cfg.UpstreamHeadTimeout,
+			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, headFor: cfg.UpstreamHeadTimeout, sendFor: cfg.WriteTimeout,
 			unasked: f.unasked, stripOwn: f.stripOwn, bufs: f.bufs,
 			host: u.Host, projectKey: f.projectKey, forwardProject: cfg.ForwardProject, isClaim: f.isClaim}
 	}

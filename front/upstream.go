@@ -55,7 +55,10 @@ type directUpstream struct {
 	max1xx  int   // informational answers per request
 	// headFor bounds the wait for an answer's head once the whole request
 	// went out (Config.UpstreamHeadTimeout).
-	headFor  time.Duration
+	headFor time.Duration
+	// sendFor bounds each piece of the rest of a request a loop handed
+	// over (see sendRest) the upstream does not take (Config.WriteTimeout).
+	sendFor  time.Duration
 	unasked  func(why string)
 	stripOwn func(http.Header) // Front.stripOwn
 	bufs     *bufferPool       // for request bodies
@@ -128,6 +131,15 @@ func (uc *upConn) abort() {
 // aborted.
 func (uc *upConn) setReadDeadline(t time.Time) {
 	_ = uc.c.SetReadDeadline(t)
+	if uc.aborted.Load() {
+		_ = uc.c.SetDeadline(time.Unix(1, 0))
+	}
+}
+
+// setWriteDeadline sets the write deadline unless the connection was
+// aborted.
+func (uc *upConn) setWriteDeadline(t time.Time) {
+	_ = uc.c.SetWriteDeadline(t)
 	if uc.aborted.Load() {
 		_ = uc.c.SetDeadline(time.Unix(1, 0))
 	}
