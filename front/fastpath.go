@@ -1576,7 +1576,9 @@ func (lp *loop) upFailed(u *fupstream, err error) {
 	if c == nil {
 		return
 	}
-	c.up = nil
+	// u is no one's: the event being handled (see upEvent) does not go on
+	// with it, to read a closed descriptor and fail c a second time.
+	c.up, u.owner = nil, nil
 	if replay {
 		c.attempt++
 		lp.send(c)

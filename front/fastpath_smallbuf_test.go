@@ -182,6 +182,49 @@ func (r *smallRig) post(t *testing.T, path string, body string) net.Conn {
 	return c
 }
 
+// TestFastPathUpstreamResetWhileSending: an upstream that resets its
+// connection while the loop still has request body to write is answered
+// 502, once. The write failing ended the exchange but left the
+// connection's owner set, so the same event went on to read the closed
+// descriptor (or one reused by then) and failed the exchange a second
+// time, on a nil admission: a panic (3 runs in 3), which ended the daemon
+// before the loops contained panics, and is logged now.
+func TestFastPathUpstreamResetWhileSending(t *testing.T) {
+	if !inSmallBuffers(t) {
+		return
+	}
+	ul := smallRcvbufListen(t)
+	go func() {
+		for {
+			c, err := ul.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+					time.Sleep(50 * time.Millisecond)
+				}
+				_ = c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+			}()
+		}
+	}()
+	r := smallFront(t, ul.Addr().String(), Config{})
+	for range 3 {
+		c := r.post(t, "/reset", strings.Repeat("b", 60000))
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Errorf("upstream reset while the request went out: %s, want 502", resp.Status)
+		}
+		c.Close()
+		waitInUse(t, r.pool, 0)
+	}
+}
+
 // TestFastPathResumeSendsBody: an exchange the loop hands to net/http's
 // path (a chunked answer) before it wrote the whole request body upstream
 // has the rest of the body sent there while the answer is read. The
