@@ -311,7 +311,9 @@
 // path sends a body, each piece within WriteTimeout: an upstream that
 // takes none for that long has the exchange aborted (504 before the
 // answer's head, the answer cut off after it), and the connection is
-// never reused.
+// never reused. An upstream that hangs up while the loop writes the
+// request has what it answered before relayed (an early 413, say), as on
+// net/http's path.
 //
 // The loops keep the direct path's rules: an upstream connection is reused
 // only after an answer that ended exactly at its framing with nothing more

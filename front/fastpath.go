@@ -1367,11 +1367,17 @@ func (lp *loop) flushUp(u *fupstream) {
 			continue
 		}
 		if err != nil {
-			err = fmt.Errorf("writing upstream request: %w", err)
-			if u.reused && !u.got {
-				err = fmt.Errorf("%w: %w", errStaleConn, err)
+			// The upstream hung up while the request went out: what it
+			// answered before is still relayed, as on net/http's path
+			// (an upstream may answer, 413 say, and close on a body it
+			// will not read); the read that finds no more fails the
+			// exchange (and a reused connection's is a stale one).
+			u.out = u.out[:0]
+			u.early, u.hup, u.readable = true, true, true
+			if u.owner != nil && u.owner.state == csUp {
+				u.setDeadline(lp, dlAnswer, lp.now.Add(lp.d.headFor))
 			}
-			lp.upFailed(u, err)
+			lp.readUp(u)
 			return
 		}
 		u.out = u.out[n:]

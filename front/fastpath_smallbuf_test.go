@@ -225,6 +225,58 @@ func TestFastPathUpstreamResetWhileSending(t *testing.T) {
 	}
 }
 
+// TestFastPathAnswerThenReset: an upstream that answers a request whose
+// body it will not read and hangs up (a reset, as the body is unread)
+// while the loop still has body to write has its answer relayed, as
+// net/http's path relays it: a 413 of its own (the client got 502, 3 times
+// in 3), or a chunked answer, which the loop hands over.
+func TestFastPathAnswerThenReset(t *testing.T) {
+	if !inSmallBuffers(t) {
+		return
+	}
+	ul := smallRcvbufListen(t)
+	go func() {
+		for {
+			c, err := ul.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				if req.URL.Path == "/plain" {
+					_, _ = io.WriteString(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: text/plain\r\nContent-Length: 7\r\n\r\ntoo big")
+				} else {
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nclosed\r\n0\r\n\r\n")
+				}
+			}()
+		}
+	}()
+	r := smallFront(t, ul.Addr().String(), Config{})
+	for range 3 {
+		for path, want := range map[string]string{"/plain": "413 too big", "/chunked": "200 closed"} {
+			c := r.post(t, path, strings.Repeat("b", 60000))
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			got := "no answer"
+			if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+				b, err := io.ReadAll(resp.Body)
+				got = fmt.Sprintf("%d %s", resp.StatusCode, b)
+				if err != nil {
+					got += ": " + err.Error()
+				}
+			}
+			if got != want {
+				t.Errorf("%s: answered and reset: client got %q, want %q", path, got, want)
+			}
+			c.Close()
+			waitInUse(t, r.pool, 0)
+		}
+	}
+}
+
 // TestFastPathResumeSendsBody: an exchange the loop hands to net/http's
 // path (a chunked answer) before it wrote the whole request body upstream
 // has the rest of the body sent there while the answer is read. The
