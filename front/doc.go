@@ -157,7 +157,8 @@
 //	UpstreamIdleTimeout  90s    an upstream connection kept for reuse, idle this long: closed
 //	BodyReadTimeout      30s    one read of a request body waiting this long: 408, connection closed
 //	BodyMinRate          1 KiB/s a body averaging less, counted from BodyReadTimeout after admission: 408
-//	WriteTimeout         30s    a piece of an answer the client does not take this long: connection closed
+//	WriteTimeout         30s    a piece of an answer the client does not take this long: connection closed;
+//	                            a piece of a request body the upstream does not take: 504, or its answer cut off
 //	UpstreamHeadTimeout  1m     no answer head this long after the whole request went out: 504
 //	TunnelTimeout        10m    an upgraded connection (a tunnel) this old: both ends closed
 //
@@ -239,9 +240,10 @@
 // written and the answer read on the handler's own goroutine over a
 // kept-alive connection the front owns. A request body goes upstream on a
 // goroutine of its own while the answer is read, each piece as the client
-// sends it (an upstream may answer before it read all of it), with its
-// Content-Length, or chunked (with the client's trailer) when its length is
-// unknown; Expect: 100-continue is answered by the front's server when the
+// sends it (an upstream may answer before it read all of it) and within
+// WriteTimeout (an upstream that takes none for that long has the
+// exchange aborted, as it may never answer), with its Content-Length, or
+// chunked (with the client's trailer) when its length is unknown; Expect: 100-continue is answered by the front's server when the
 // body is first read, that is once the request was admitted, and not passed
 // on. A connection the upstream closed while idle is replaced once for a
 // request that may be sent again (no body; GET, HEAD, OPTIONS, TRACE or an

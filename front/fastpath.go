@@ -512,47 +512,34 @@ func (d *directUpstream) resume(r *http.Request, x *exchange, res *resumed) (upA
 	return upAnswer{Response: resp, conn: uc, watch: w, send: send}, nil
 }
 
-// errSendStalled: the upstream took no piece of the rest of a request for
-// Config.WriteTimeout.
-var errSendStalled = errors.New("the upstream stopped reading the request")
-
 // sendPiece is what sendRest writes at a time, each piece within
 // directUpstream.sendFor.
 const sendPiece = 4 << 10
 
 // sendRest writes rest, the end of a request a loop began, on uc from a
 // goroutine of its own while the answer is read, each piece within
-// d.sendFor: an upstream that stops taking it has its exchange aborted
-// then (the answer's head not yet read fails, 504; an answer being relayed
-// is cut off), rather than holding the request, and its permit, for as
-// long as its answer may last. The sender is ended with the answer
-// (bodySend.end stops it if the upstream answered without reading it
-// all), and as the answer began before the request was all out the
-// connection is never reused: no byte of this request can reach another.
+// d.sendFor (armSend): an upstream that stops taking it has its exchange
+// aborted then (sendFailed: the answer's head not yet read fails, 504; an
+// answer being relayed is cut off), rather than holding the request, and
+// its permit, for as long as its answer may last. The sender is ended
+// with the answer (bodySend.end stops it if the upstream answered without
+// reading it all), and as the answer began before the request was all out
+// the connection is never reused: no byte of this request can reach
+// another.
 func (d *directUpstream) sendRest(uc *upConn, rest []byte) *bodySend {
 	s := &bodySend{done: make(chan error, 1), early: true}
 	go func() {
 		var err error
 		for len(rest) > 0 && err == nil {
-			if d.sendFor > 0 {
-				uc.setWriteDeadline(time.Now().Add(d.sendFor))
-			}
+			d.armSend(uc)
 			var n int
 			n, err = uc.c.Write(rest[:min(len(rest), sendPiece)])
 			rest = rest[n:]
 		}
-		switch {
-		case err == nil:
+		if err != nil {
+			err = d.sendFailed(uc, err)
+		} else {
 			uc.sent(d.headFor)
-		case errors.Is(err, os.ErrDeadlineExceeded) && !uc.aborted.Load():
-			err = fmt.Errorf("writing upstream request: %w: no piece of it taken for %v: %w", errSendStalled, d.sendFor, err)
-			// Nor is the answer waited for: an upstream that does not
-			// take the request may never end it.
-			uc.abort()
-		default:
-			// The upstream hung up, or the exchange was aborted: what it
-			// answered before is still read.
-			err = fmt.Errorf("writing upstream request: %w", err)
 		}
 		s.done <- err
 	}()

@@ -164,11 +164,15 @@ func (l wholeRequests) Accept() (net.Conn, error) {
 }
 
 // post dials the front and sends a POST of body to path, head and body in
-// one write, and once whole, to the loop.
+// one write, and once whole, to the loop (a body over the loop's 64 KiB
+// goes to net/http's server, and so to the direct path).
 func (r *smallRig) post(t *testing.T, path string, body string) net.Conn {
 	t.Helper()
 	req := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nContent-Length: %d\r\n\r\n%s", path, len(body), body)
 	r.whole.Store(int64(len(req)))
+	if len(body) > fastBodyMax {
+		r.whole.Store(0) // net/http's server reads it, whole or not
+	}
 	c, err := r.dialer.Dial("tcp", r.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -482,4 +486,65 @@ func TestFastPathResumeHangUpKeepsAnswer(t *testing.T) {
 	}
 	c.Close()
 	waitInUse(t, r.pool, 0)
+}
+
+// TestDirectUpstreamNotReading: on the direct path (a body over the fast
+// path's 64 KiB), an upstream that takes no piece of the request body for
+// WriteTimeout has the exchange aborted: one that never answers gets 504,
+// one whose chunked answer never ends has it cut off, and the permit goes
+// back. (Before, the body's sender waited for good, the wait for the
+// answer's head began only once the body was out, the client's leaving
+// went unseen as nobody read its connection, and the permit was held for
+// good: in use 1 ten seconds after the client closed.)
+func TestDirectUpstreamNotReading(t *testing.T) {
+	if !inSmallBuffers(t) {
+		return
+	}
+	ul := smallRcvbufListen(t)
+	quit := make(chan struct{})
+	t.Cleanup(func() { close(quit) })
+	go func() {
+		for {
+			c, err := ul.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				if req.URL.Path == "/unended" {
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nhalf\r\n")
+				}
+				<-quit // not a byte of the body read
+			}()
+		}
+	}()
+	r := smallFront(t, ul.Addr().String(), Config{WriteTimeout: 500 * time.Millisecond})
+	body := strings.Repeat("b", 200<<10)
+	for _, tc := range []struct{ path, want string }{
+		{"/silent", "504 fairshare: the upstream did not answer in time\n"},
+		{"/unended", "200 half: unexpected EOF"},
+	} {
+		c := r.post(t, tc.path, body)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got := "no answer"
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err == nil {
+			b, err := io.ReadAll(resp.Body)
+			got = fmt.Sprintf("%d %s", resp.StatusCode, b)
+			if err != nil {
+				got += ": " + err.Error()
+			}
+		} else {
+			got += ": " + err.Error()
+		}
+		if got != tc.want {
+			t.Errorf("%s: client got %q, want %q", tc.path, got, tc.want)
+		}
+		c.Close()
+		waitInUse(t, r.pool, 0)
+	}
 }

@@ -122,7 +122,7 @@ type Config struct {
 	UpstreamIdleTimeout time.Duration // an upstream connection kept for reuse
 	BodyReadTimeout     time.Duration // each read of a client's request body: past it 408
 	BodyMinRate         int64         // bytes/s a request body must average after BodyReadTimeout: slower 408; 0 off
-	WriteTimeout        time.Duration // each write to a client: past it the connection is closed
+	WriteTimeout        time.Duration // each write to a client: past it the connection is closed; and each piece of a request body the upstream does not take: past it the exchange is aborted
 	UpstreamHeadTimeout time.Duration // the upstream's answer head, from when the request is all out: past it 504
 	TunnelTimeout       time.Duration // an upgraded connection (a tunnel) holding its request's permit
 

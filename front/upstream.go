@@ -56,8 +56,8 @@ type directUpstream struct {
 	// headFor bounds the wait for an answer's head once the whole request
 	// went out (Config.UpstreamHeadTimeout).
 	headFor time.Duration
-	// sendFor bounds each piece of the rest of a request a loop handed
-	// over (see sendRest) the upstream does not take (Config.WriteTimeout).
+	// sendFor bounds each piece of a request body the upstream does not
+	// take (Config.WriteTimeout): see armSend.
 	sendFor  time.Duration
 	unasked  func(why string)
 	stripOwn func(http.Header) // Front.stripOwn
@@ -632,8 +632,9 @@ func (d *directUpstream) roundTrip(r *http.Request, x *exchange) (upAnswer, erro
 		}
 		fired := !w.end()
 		if send != nil {
-			// The client's body failing is the cause of what followed.
-			if serr := send.end(uc); errors.Is(serr, errClientBody) {
+			// The client's body failing, or the upstream not taking it,
+			// is the cause of what followed.
+			if serr := send.end(uc); errors.Is(serr, errClientBody) || errors.Is(serr, errSendStalled) {
 				err = serr
 			}
 		}
@@ -723,11 +724,13 @@ func (d *directUpstream) sendBody(uc *upConn, r *http.Request, x *exchange) *bod
 		// went out can only be an answer that came early: the kernel's
 		// count of received bytes tells, read or not.
 		base, ok := uc.received()
-		err := d.writeBody(uc.bw, s, r)
+		err := d.writeBody(uc, s, r)
 		if err == nil {
+			d.armSend(uc)
 			err = uc.bw.Flush()
 		}
 		if err == nil {
+			d.disarmSend(uc)
 			n, ok2 := uc.received()
 			s.early = !ok || !ok2 || n != base
 			uc.sent(d.headFor)
@@ -739,17 +742,56 @@ func (d *directUpstream) sendBody(uc *upConn, r *http.Request, x *exchange) *bod
 			err = fmt.Errorf("%w: %w", errClientBody, s.readErr)
 			uc.abort()
 		} else if err != nil {
-			err = fmt.Errorf("writing upstream request body: %w", err)
+			err = d.sendFailed(uc, err)
 		}
 		s.done <- err
 	}()
 	return s
 }
 
-// writeBody copies the request body from s to bw, each piece as it comes: as
-// it is when its length is known (net/http's reader ends it there), else in
-// chunks and then the trailer the client sent.
-func (d *directUpstream) writeBody(bw *bufio.Writer, s *bodySend, r *http.Request) error {
+// armSend bounds the writes of a request body to uc that follow by
+// d.sendFor from now: an upstream that takes no piece of it for that long
+// fails them (see sendFailed). Each piece is armed anew, as the client
+// may take its time between two (within BodyReadTimeout).
+func (d *directUpstream) armSend(uc *upConn) {
+	if d.sendFor > 0 {
+		uc.setWriteDeadline(time.Now().Add(d.sendFor))
+	}
+}
+
+// disarmSend lifts armSend's bound once the request went out: the
+// connection may carry the next.
+func (d *directUpstream) disarmSend(uc *upConn) {
+	if d.sendFor > 0 {
+		uc.setWriteDeadline(time.Time{})
+	}
+}
+
+// errSendStalled: the upstream took no piece of a request body for
+// Config.WriteTimeout.
+var errSendStalled = errors.New("the upstream stopped reading the request")
+
+// sendFailed is the error of a request body's sender whose write to uc
+// failed with err. When the upstream took no piece for d.sendFor it is
+// errSendStalled, and the exchange is aborted: an upstream that does not
+// take the request may never answer it, or never end its answer, and the
+// request would hold its permit for as long. Otherwise (the upstream hung
+// up, or the exchange was aborted) what the upstream answered before is
+// still read.
+func (d *directUpstream) sendFailed(uc *upConn, err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) && !uc.aborted.Load() {
+		uc.abort()
+		return fmt.Errorf("writing upstream request body: %w: no piece of it taken for %v: %w", errSendStalled, d.sendFor, err)
+	}
+	return fmt.Errorf("writing upstream request body: %w", err)
+}
+
+// writeBody copies the request body from s to uc, each piece as it comes
+// and within d.sendFor (armSend): as it is when its length is known
+// (net/http's reader ends it there), else in chunks and then the trailer
+// the client sent.
+func (d *directUpstream) writeBody(uc *upConn, s *bodySend, r *http.Request) error {
+	bw := uc.bw
 	bp := d.bufs.get()
 	defer d.bufs.put(bp)
 	buf := *bp
@@ -759,6 +801,7 @@ func (d *directUpstream) writeBody(bw *bufio.Writer, s *bodySend, r *http.Reques
 		n, rerr := s.Read(buf)
 		if n > 0 {
 			sent += int64(n)
+			d.armSend(uc)
 			if r.ContentLength < 0 {
 				bw.Write(strconv.AppendInt(size[:0], int64(n), 16))
 				bw.WriteString("\r\n")
@@ -783,6 +826,7 @@ func (d *directUpstream) writeBody(bw *bufio.Writer, s *bodySend, r *http.Reques
 			}
 			return nil
 		case rerr == io.EOF:
+			d.armSend(uc)
 			bw.WriteString("0\r\n")
 			for k, vv := range r.Trailer {
 				for _, v := range vv {
