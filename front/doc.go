@@ -327,8 +327,9 @@
 // ReadHeaderTimeout for the first head from the accept, as net/http counts
 // it (neither its first byte nor a hand-over to net/http's server starts it
 // again), and for a later one from its first byte; IdleTimeout between
-// requests, WriteTimeout on a client that does not take its answer,
-// UpstreamHeadTimeout once the request is out (504), 5s to connect (504
+// requests, WriteTimeout on a client that does not take its answer and on
+// an upstream that does not take the request (504), UpstreamHeadTimeout
+// once the request is out (504), 5s to connect (504
 // as on net/http's path; a refused connection is 502), UpstreamIdleTimeout
 // in the pool. A client that goes away
 // (hang-up or error event, a half-close included, see Serving) aborts its

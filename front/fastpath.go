@@ -589,6 +589,7 @@ const (
 	dlConnect
 	dlAnswer
 	dlUpIdle
+	dlSend // the upstream takes no more of the request
 )
 
 // fclient is a client connection in a loop.
@@ -998,6 +999,8 @@ func (lp *loop) expire() {
 			lp.upFailed(u, fmt.Errorf("dialing upstream: %w", os.ErrDeadlineExceeded))
 		case dlAnswer:
 			lp.upFailed(u, fmt.Errorf("reading upstream answer: %w", os.ErrDeadlineExceeded))
+		case dlSend:
+			lp.upFailed(u, lp.d.stalled(os.ErrDeadlineExceeded))
 		}
 	}
 	if !lp.drainBy.IsZero() {
@@ -1345,9 +1348,15 @@ func (lp *loop) upEvent(u *fupstream, ev uint32) {
 
 // flushUp writes what is left of the request.
 func (lp *loop) flushUp(u *fupstream) {
+	wrote, hungUp := false, false
 	for len(u.out) > 0 {
 		n, err := syscall.Write(u.fd, u.out)
 		if err == unix.EAGAIN {
+			// Each piece the upstream takes within WriteTimeout, as
+			// on net/http's path (directUpstream.armSend).
+			if u.owner != nil && lp.d.sendFor > 0 && (wrote || u.dl == dlNone) {
+				u.setDeadline(lp, dlSend, lp.now.Add(lp.d.sendFor))
+			}
 			return
 		}
 		if err == unix.EINTR {
@@ -1359,15 +1368,12 @@ func (lp *loop) flushUp(u *fupstream) {
 			// (an upstream may answer, 413 say, and close on a body it
 			// will not read); the read that finds no more fails the
 			// exchange (and a reused connection's is a stale one).
-			u.out = u.out[:0]
 			u.early, u.hup, u.readable = true, true, true
-			if u.owner != nil && u.owner.state == csUp {
-				u.setDeadline(lp, dlAnswer, lp.now.Add(lp.d.headFor))
-			}
-			lp.readUp(u)
-			return
+			hungUp = true
+			break
 		}
 		u.out = u.out[n:]
+		wrote = true
 	}
 	u.out = u.out[:0]
 	if u.got {
@@ -1375,6 +1381,11 @@ func (lp *loop) flushUp(u *fupstream) {
 	}
 	if u.owner != nil && u.owner.state == csUp {
 		u.setDeadline(lp, dlAnswer, lp.now.Add(lp.d.headFor))
+	} else if u.dl == dlSend {
+		u.setDeadline(lp, dlNone, time.Time{})
+	}
+	if hungUp {
+		lp.readUp(u)
 	}
 }
 

@@ -548,3 +548,50 @@ func TestDirectUpstreamNotReading(t *testing.T) {
 		waitInUse(t, r.pool, 0)
 	}
 }
+
+// TestFastPathUpstreamNotReading: in the loop, an upstream that takes no
+// piece of a request body for WriteTimeout has the exchange aborted, as
+// on the direct path: one that never answers gets 504, and the permit
+// goes back (the loop waited for it for as long as the client did: no
+// answer after 5s, in use 1).
+func TestFastPathUpstreamNotReading(t *testing.T) {
+	if !inSmallBuffers(t) {
+		return
+	}
+	ul := smallRcvbufListen(t)
+	quit := make(chan struct{})
+	t.Cleanup(func() { close(quit) })
+	go func() {
+		for {
+			c, err := ul.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+					<-quit // not a byte of the body read, no answer
+				}
+			}()
+		}
+	}()
+	r := smallFront(t, ul.Addr().String(), Config{WriteTimeout: 500 * time.Millisecond})
+	for range 2 {
+		c := r.post(t, "/silent", strings.Repeat("b", 60000))
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got := "no answer"
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			got = fmt.Sprintf("%d %s", resp.StatusCode, b)
+		} else {
+			got += ": " + err.Error()
+		}
+		if want := "504 fairshare: the upstream did not answer in time\n"; got != want {
+			t.Errorf("client got %q, want %q", got, want)
+		}
+		// The client stays: the loop gives the permit back on its own.
+		waitInUse(t, r.pool, 0)
+		c.Close()
+	}
+}

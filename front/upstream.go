@@ -781,9 +781,15 @@ var errSendStalled = errors.New("the upstream stopped reading the request")
 func (d *directUpstream) sendFailed(uc *upConn, err error) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) && !uc.aborted.Load() {
 		uc.abort()
-		return fmt.Errorf("writing upstream request body: %w: no piece of it taken for %v: %w", errSendStalled, d.sendFor, err)
+		return d.stalled(err)
 	}
 	return fmt.Errorf("writing upstream request body: %w", err)
+}
+
+// stalled is err, a write of a request body that failed on its deadline,
+// as the upstream not taking it for d.sendFor.
+func (d *directUpstream) stalled(err error) error {
+	return fmt.Errorf("writing upstream request body: %w: no piece of it taken for %v: %w", errSendStalled, d.sendFor, err)
 }
 
 // writeBody copies the request body from s to uc, each piece as it comes
