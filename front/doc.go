@@ -278,7 +278,9 @@
 // # Fast path
 //
 // With Config.FastPath (the daemon's front.fast_path, off by default: it is
-// experimental; the defects a review found are fixed, fastpath_review_test.go),
+// experimental; the defects three reviews found are fixed, each with a test
+// in fastpath_review_test.go, fastpath_drain_test.go or
+// fastpath_smallbuf_test.go),
 // Serve on a TCP listener serves the commonest exchange in event loops of
 // the front's own, GOMAXPROCS-1 of them (at least one), each an epoll instance over
 // non-blocking sockets, instead of net/http's server: a plain HTTP/1.1
@@ -383,14 +385,18 @@
 // reads only what epoll reported, never peeks (an idle upstream connection
 // that speaks is an event), and needs 4.4 system calls and 0.38 context
 // switches a request. In BenchmarkOverhead with wrk (medians of 5, 2 cores
-// shared with wrk and the upstream) the fast path served GETs at 12.4 us
-// of CPU a request against nginx's 12.4 and net/http's 28.5, at 0.84 of
-// nginx's throughput (net/http 0.62); POSTs of 1 KiB at 15.1 against 13.3
-// and 37.5 us, 0.82 of nginx (net/http 0.52). Its one loop on this 2-core
+// shared with wrk and the upstream) the fast path served GETs at 10.8 us
+// of CPU a request against nginx's 11.0 and net/http's 23.6, at 0.87 of
+// nginx's throughput (net/http 0.64); POSTs of 1 KiB at 11.7 against 12.1
+// and 29.9 us, 0.89 of nginx (net/http 0.55). Its one loop on this 2-core
 // machine gets a smaller share of the CPU than nginx's two workers when
-// every core is busy; with two loops the throughput matched nginx's (0.93
-// to 1.0) but each blocking epoll_wait gave up the loop's P and the CPU per
-// request rose to 13.3 against 9.6 (an earlier, noisier run).
+// every core is busy. A second loop (FAIRSHARE_BENCH_FAST_LOOPS="1 2" adds
+// targets fast1 and fast2) reached 0.93-0.99 of nginx's throughput at 1.2
+// times its CPU a request, and 1.4-1.6 times at the moderate rate; giving
+// the loops Ps of their own on top of GOMAXPROCS, or a locked thread each,
+// or blocking without the look before it, changed neither beyond the
+// noise. FAIRSHARE_BENCH_TARGETS keeps a run to the targets named, and
+// FAIRSHARE_BENCH_BASELINE_FAST=1 runs the baseline build on its fast path.
 // BenchmarkOverhead measures the whole against going straight to the
 // upstream and against nginx in the same run: throughput and CPU per request
 // at saturation, and the p50 and p99 added at a moderate open-loop rate.
