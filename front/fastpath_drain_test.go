@@ -167,28 +167,19 @@ func chunkedUpstream(t *testing.T, delay time.Duration) (addr string, closed <-c
 	}
 	t.Cleanup(func() { ul.Close() })
 	ch := make(chan bool, 16)
-	go func() {
-		for {
-			c, err := ul.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, req.Body)
-				time.Sleep(delay)
-				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
-				_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
-				_, err = br.ReadByte()
-				ch <- err != nil && !errors.Is(err, os.ErrDeadlineExceeded) // EOF, or a reset
-			}()
+	go acceptEach(ul, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
 		}
-	}()
+		_, _ = io.Copy(io.Discard, req.Body)
+		time.Sleep(delay)
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+		_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+		_, err = br.ReadByte()
+		ch <- err != nil && !errors.Is(err, os.ErrDeadlineExceeded) // EOF, or a reset
+	})
 	return ul.Addr().String(), ch
 }
 
@@ -481,6 +472,21 @@ func TestHeadBoundFromAccept(t *testing.T) {
 	})
 }
 
+// acceptEach serves each connection l accepts with handle, on a goroutine
+// of its own, and closes it after; it returns when l is closed.
+func acceptEach(l net.Listener, handle func(c net.Conn)) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			handle(c)
+		}()
+	}
+}
+
 // smallSendBuf gives each accepted connection a 4 KiB send buffer, so that
 // an answer of some KiB waits in the loop for its client to read it.
 type smallSendBuf struct{ net.Listener }
@@ -517,24 +523,15 @@ func TestFastPathDrainClosesAfterAnswerInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ul.Close()
-	go func() {
+	go acceptEach(ul, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ul.Accept()
-			if err != nil {
+			if _, err := http.ReadRequest(br); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					if _, err := http.ReadRequest(br); err != nil {
-						return
-					}
-					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
-				}
-			}()
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
 		}
-	}()
+	})
 	pool, err := pools.New(pools.Config{Name: "requests", Size: 4}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -658,23 +655,14 @@ func TestFastPathDrainUpgradeKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ul.Close()
-	go func() {
-		for {
-			c, err := ul.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				if _, err := http.ReadRequest(br); err != nil {
-					return
-				}
-				_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
-				_, _ = io.Copy(c, br) // echo
-			}()
+	go acceptEach(ul, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
 		}
-	}()
+		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		_, _ = io.Copy(c, br) // echo
+	})
 	r := serveDrain(t, ul.Addr().String(), Config{FastPath: true}, nil, 300*time.Millisecond)
 	c, err := net.Dial("tcp", r.addr)
 	if err != nil {

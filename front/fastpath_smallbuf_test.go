@@ -239,26 +239,17 @@ func TestFastPathAnswerThenReset(t *testing.T) {
 		return
 	}
 	ul := smallRcvbufListen(t)
-	go func() {
-		for {
-			c, err := ul.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				if req.URL.Path == "/plain" {
-					_, _ = io.WriteString(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: text/plain\r\nContent-Length: 7\r\n\r\ntoo big")
-				} else {
-					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nclosed\r\n0\r\n\r\n")
-				}
-			}()
+	go acceptEach(ul, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
 		}
-	}()
+		if req.URL.Path == "/plain" {
+			_, _ = io.WriteString(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: text/plain\r\nContent-Length: 7\r\n\r\ntoo big")
+		} else {
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nclosed\r\n0\r\n\r\n")
+		}
+	})
 	r := smallFront(t, ul.Addr().String(), Config{})
 	for range 3 {
 		for path, want := range map[string]string{"/plain": "413 too big", "/chunked": "200 closed"} {
@@ -376,28 +367,19 @@ func TestFastPathResumeUpstreamNotReading(t *testing.T) {
 	ul := smallRcvbufListen(t)
 	quit := make(chan struct{})
 	t.Cleanup(func() { close(quit) })
-	go func() {
-		for {
-			c, err := ul.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				answer := map[string]string{
-					"/whole":    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nwhole\r\n0\r\n\r\n",
-					"/unended":  "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nhalf\r\n",
-					"/continue": "HTTP/1.1 100 Continue\r\n\r\n",
-				}[req.URL.Path]
-				_, _ = io.WriteString(c, answer)
-				<-quit // not a byte of the body read
-			}()
+	go acceptEach(ul, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
 		}
-	}()
+		answer := map[string]string{
+			"/whole":    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nwhole\r\n0\r\n\r\n",
+			"/unended":  "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nhalf\r\n",
+			"/continue": "HTTP/1.1 100 Continue\r\n\r\n",
+		}[req.URL.Path]
+		_, _ = io.WriteString(c, answer)
+		<-quit // not a byte of the body read
+	})
 	r := smallFront(t, ul.Addr().String(), Config{WriteTimeout: 500 * time.Millisecond})
 	body := strings.Repeat("b", 60000)
 	for _, tc := range []struct {
@@ -449,24 +431,15 @@ func TestFastPathResumeHangUpKeepsAnswer(t *testing.T) {
 	}
 	ul := smallRcvbufListen(t)
 	answer := strings.Repeat("a", 48<<10)
-	go func() {
-		for {
-			c, err := ul.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-					return
-				}
-				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n")
-				time.Sleep(100 * time.Millisecond) // handed over
-				_, _ = fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(answer), answer)
-				time.Sleep(100 * time.Millisecond) // all of it at the front
-			}()
+	go acceptEach(ul, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
 		}
-	}()
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n")
+		time.Sleep(100 * time.Millisecond) // handed over
+		_, _ = fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(answer), answer)
+		time.Sleep(100 * time.Millisecond) // all of it at the front
+	})
 	r := smallFront(t, ul.Addr().String(), Config{})
 	// The client takes little at a time: most of the answer waits at the
 	// front when the reset comes.
@@ -503,25 +476,16 @@ func TestDirectUpstreamNotReading(t *testing.T) {
 	ul := smallRcvbufListen(t)
 	quit := make(chan struct{})
 	t.Cleanup(func() { close(quit) })
-	go func() {
-		for {
-			c, err := ul.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				if req.URL.Path == "/unended" {
-					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nhalf\r\n")
-				}
-				<-quit // not a byte of the body read
-			}()
+	go acceptEach(ul, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
 		}
-	}()
+		if req.URL.Path == "/unended" {
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nhalf\r\n")
+		}
+		<-quit // not a byte of the body read
+	})
 	r := smallFront(t, ul.Addr().String(), Config{WriteTimeout: 500 * time.Millisecond})
 	body := strings.Repeat("b", 200<<10)
 	for _, tc := range []struct{ path, want string }{
@@ -561,20 +525,11 @@ func TestFastPathUpstreamNotReading(t *testing.T) {
 	ul := smallRcvbufListen(t)
 	quit := make(chan struct{})
 	t.Cleanup(func() { close(quit) })
-	go func() {
-		for {
-			c, err := ul.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
-					<-quit // not a byte of the body read, no answer
-				}
-			}()
+	go acceptEach(ul, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+			<-quit // not a byte of the body read, no answer
 		}
-	}()
+	})
 	r := smallFront(t, ul.Addr().String(), Config{WriteTimeout: 500 * time.Millisecond})
 	for range 2 {
 		c := r.post(t, "/silent", strings.Repeat("b", 60000))
