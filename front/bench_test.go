@@ -193,6 +193,11 @@ const benchBaselineEnv = "FAIRSHARE_BENCH_BASELINE"
 // each of the given numbers of loops (e.g. "1 2": targets fast1, fast2).
 const benchFastLoopsEnv = "FAIRSHARE_BENCH_FAST_LOOPS"
 
+// benchNginxWorkersEnv adds targets to BenchmarkOverhead: nginx with each of
+// the given numbers of worker processes (e.g. "1": target nginx1), to set
+// the fast path's loops beside nginx's workers.
+const benchNginxWorkersEnv = "FAIRSHARE_BENCH_NGINX_WORKERS"
+
 // benchLoopsEnv is a fast target's number of loops, in its process.
 const benchLoopsEnv = "FAIRSHARE_BENCH_LOOPS"
 
@@ -347,6 +352,11 @@ func benchChild(b *testing.B, bin string, env ...string) (string, int) {
 // limit_conn per project that never bites, or returns "" when nginx is not
 // installed.
 func benchNginx(b *testing.B, upstream string) (string, int) {
+	return benchNginxWorkers(b, upstream, 2)
+}
+
+// benchNginxWorkers is benchNginx with the given number of worker processes.
+func benchNginxWorkers(b *testing.B, upstream string, workers int) (string, int) {
 	b.Helper()
 	bin, err := exec.LookPath("nginx")
 	if err != nil {
@@ -366,7 +376,7 @@ func benchNginx(b *testing.B, upstream string) (string, int) {
 	addr := l.Addr().String()
 	l.Close()
 	dir := b.TempDir()
-	conf := fmt.Sprintf(`worker_processes 2;
+	conf := fmt.Sprintf(`worker_processes %[4]d;
 daemon off;
 user root;
 pid %[1]s/nginx.pid;
@@ -392,7 +402,7 @@ http {
     }
   }
 }
-`, dir, upstream[len("http://"):], addr)
+`, dir, upstream[len("http://"):], addr, workers)
 	path := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		b.Fatal(err)
@@ -543,6 +553,14 @@ func benchTargets(b *testing.B, up string) []benchTarget {
 	targets = append(targets, benchTarget{"goproxy", gp, gpPID})
 	if ngx, pid := benchNginx(b, up); ngx != "" {
 		targets = append(targets, benchTarget{"nginx", ngx, pid})
+		for _, n := range strings.Fields(os.Getenv(benchNginxWorkersEnv)) {
+			w, err := strconv.Atoi(n)
+			if err != nil || w < 1 {
+				b.Fatalf("%s: %q is not a number of workers", benchNginxWorkersEnv, n)
+			}
+			u, pid := benchNginxWorkers(b, up, w)
+			targets = append(targets, benchTarget{"nginx" + n, u, pid})
+		}
 	} else {
 		b.Log("nginx is not installed (apt-get install -y nginx): skipping the nginx comparison")
 	}
