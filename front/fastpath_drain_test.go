@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
 )
@@ -37,6 +38,12 @@ type drainRig struct {
 // at upAddr, with sched (nil: none) and a drain of drainFor.
 func serveDrain(t *testing.T, upAddr string, cfg Config, sched *scheduler.Scheduler, drainFor time.Duration) *drainRig {
 	t.Helper()
+	return serveDrainOn(t, loopbackListen(t), upAddr, cfg, sched, drainFor)
+}
+
+// serveDrainOn is serveDrain on the listener l.
+func serveDrainOn(t *testing.T, l net.Listener, upAddr string, cfg Config, sched *scheduler.Scheduler, drainFor time.Duration) *drainRig {
+	t.Helper()
 	pool, err := pools.New(pools.Config{Name: "requests", Size: 4}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -50,10 +57,6 @@ func serveDrain(t *testing.T, upAddr string, cfg Config, sched *scheduler.Schedu
 		t.Fatal(err)
 	}
 	f.drainFor = drainFor
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
 	go func() { defer close(served); _ = f.Serve(ctx, l) }()
@@ -161,11 +164,7 @@ func TestFastPathPostAfterEnd(t *testing.T) {
 // on closed whether it did (sent nothing more) within limitsDeadline.
 func chunkedUpstream(t *testing.T, delay time.Duration) (addr string, closed <-chan bool) {
 	t.Helper()
-	ul, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ul.Close() })
+	ul := loopbackListen(t)
 	ch := make(chan bool, 16)
 	go acceptEach(ul, func(c net.Conn) {
 		br := bufio.NewReader(c)
@@ -363,11 +362,7 @@ func TestFastPathWithdrawnTicketAnswered(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := serveDrain(t, silentUpstream(t), Config{FastPath: true}, sched, time.Second)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := loopbackListen(t)
 	client, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -472,6 +467,17 @@ func TestHeadBoundFromAccept(t *testing.T) {
 	})
 }
 
+// loopbackListen listens on a port of 127.0.0.1 until the test ends.
+func loopbackListen(t testing.TB) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
 // acceptEach serves each connection l accepts with handle, on a goroutine
 // of its own, and closes it after; it returns when l is closed.
 func acceptEach(l net.Listener, handle func(c net.Conn)) {
@@ -518,11 +524,7 @@ func TestFastPathDrainClosesAfterAnswerInFlight(t *testing.T) {
 	// The answer is written at once, so that the loop reads it whole and
 	// ends the exchange with most of it still to write to the client.
 	body := strings.Repeat("y", 24<<10)
-	ul, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ul.Close()
+	ul := loopbackListen(t)
 	go acceptEach(ul, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for {
@@ -532,30 +534,11 @@ func TestFastPathDrainClosesAfterAnswerInFlight(t *testing.T) {
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
 		}
 	})
-	pool, err := pools.New(pools.Config{Name: "requests", Size: 4}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := New(Config{FastPath: true, Upstream: "http://" + ul.Addr().String(), TrustedPeers: []string{"127.0.0.0/8"}}, Deps{Requests: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.drainFor = 3 * time.Second
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() { defer close(served); _ = f.Serve(ctx, smallSendBuf{l}) }()
-	defer func() { cancel(); <-served }()
-	for f.fast.Load() == nil {
-		time.Sleep(time.Millisecond)
-	}
+	r := serveDrainOn(t, smallSendBuf{loopbackListen(t)}, ul.Addr().String(), Config{FastPath: true}, nil, 3*time.Second)
 	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 2048) })
 	}}
-	c, err := d.Dial("tcp", l.Addr().String())
+	c, err := d.Dial("tcp", r.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -566,7 +549,7 @@ func TestFastPathDrainClosesAfterAnswerInFlight(t *testing.T) {
 	// Until the answer is all read from upstream and waits for the client.
 	waiting := false
 	for deadline := time.Now().Add(limitsDeadline); !waiting && time.Now().Before(deadline); {
-		onLoop(f, func(lp *loop) {
+		onLoop(r.front, func(lp *loop) {
 			for _, fc := range lp.clients {
 				waiting = fc.state == csIdle && len(fc.out) > 0
 			}
@@ -577,7 +560,8 @@ func TestFastPathDrainClosesAfterAnswerInFlight(t *testing.T) {
 		t.Fatal("the answer never waited in the loop for its client")
 	}
 	start := time.Now()
-	go cancel()
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); r.stop() }()
 	time.Sleep(50 * time.Millisecond) // the loop drains
 	_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
 	br := bufio.NewReader(c)
@@ -592,9 +576,9 @@ func TestFastPathDrainClosesAfterAnswerInFlight(t *testing.T) {
 	if resp, err := http.ReadResponse(br, nil); err == nil {
 		t.Errorf("a request sent after the stop was answered: %s", resp.Status)
 	}
-	<-served
-	if took := time.Since(start); took >= f.drainFor {
-		t.Errorf("Serve returned %v after the stop, at the drain's end (%v): the client's connection was kept", took, f.drainFor)
+	<-stopped
+	if took := time.Since(start); took >= r.front.drainFor {
+		t.Errorf("Serve returned %v after the stop, at the drain's end (%v): the client's connection was kept", took, r.front.drainFor)
 	}
 }
 
@@ -603,21 +587,7 @@ func TestFastPathDrainClosesAfterAnswerInFlight(t *testing.T) {
 // read a chunked body).
 func deafUpstream(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(io.Discard, c) }()
-		}
-	}()
-	return l.Addr().String()
+	return testutil.Sink(t, loopbackListen(t)).Addr().String()
 }
 
 // TestServeWaitsForHandedRequests: a request in flight on net/http's server
@@ -650,11 +620,7 @@ func TestServeWaitsForHandedRequests(t *testing.T) {
 // connections alone: the server of its own that served the hand-over
 // closed it right after the 101.
 func TestFastPathDrainUpgradeKept(t *testing.T) {
-	ul, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ul.Close()
+	ul := loopbackListen(t)
 	go acceptEach(ul, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		if _, err := http.ReadRequest(br); err != nil {

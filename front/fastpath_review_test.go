@@ -138,11 +138,7 @@ func TestFastPathPipelinedNoReadReleases(t *testing.T) {
 // events are not handled yet: bytes an upstream sent there unasked are
 // not taken for its answer (they were, 10 times in 10).
 func TestFastPathReplayFresh(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := loopbackListen(t)
 	var mu sync.Mutex
 	conns := map[net.Conn]bool{} // the open ones
 	go func() {
@@ -253,11 +249,7 @@ func TestFastPathHeadLimit(t *testing.T) {
 // at once (without Connection: close) has its connection not pooled: the
 // next request, a POST that is not replayed, got a 502 (9 times in 10).
 func TestFastPathAnswerThenFIN(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := loopbackListen(t)
 	go acceptEach(l, func(c net.Conn) {
 		req, err := http.ReadRequest(bufio.NewReader(c))
 		if err != nil {
@@ -302,11 +294,7 @@ func TestFastPathAnswerThenFIN(t *testing.T) {
 // hang-up aborted the new one before it was served.
 func TestFastPathStaleEventDropped(t *testing.T) {
 	r := fastRig(t, rigOpts{}, ok)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := loopbackListen(t)
 	accept := func() (client, server net.Conn) {
 		client, err := net.Dial("tcp", ln.Addr().String())
 		if err != nil {
