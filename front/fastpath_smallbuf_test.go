@@ -84,7 +84,7 @@ func smallRcvbufListen(t *testing.T) net.Listener {
 }
 
 // smallRig is a front on the fast path, with a requests pool of 4, before
-// an upstream the test serves (in a namespace of inSmallBuffers).
+// a raw upstream, both in the network namespace of inSmallBuffers.
 type smallRig struct {
 	addr string
 	pool *pools.Pool
@@ -95,11 +95,19 @@ type smallRig struct {
 	dialer net.Dialer
 }
 
-// smallFront serves a smallRig before the upstream at upAddr until the
-// test ends; the test fails if the front logged a panic (a loop contains
-// one, and its client may have been answered already).
-func smallFront(t *testing.T, upAddr string, cfg Config) *smallRig {
+// newSmallRig serves, until the test ends, an upstream whose listener
+// takes little (smallRcvbufListen) and that serves each connection with
+// serve, and a smallRig's front with cfg before it. quit, which serve may
+// wait on, is closed when the test ends, once the front stopped. The test
+// fails if the front logged a panic (a loop contains one, and its client
+// may have been answered already). Call it in the run inSmallBuffers
+// starts.
+func newSmallRig(t *testing.T, cfg Config, serve func(c net.Conn, quit <-chan struct{})) *smallRig {
 	t.Helper()
+	ul := smallRcvbufListen(t)
+	quit := make(chan struct{})
+	t.Cleanup(func() { close(quit) })
+	go acceptEach(ul, func(c net.Conn) { serve(c, quit) })
 	r := &smallRig{}
 	logs := &logBuffer{}
 	t.Cleanup(func() {
@@ -112,17 +120,14 @@ func smallFront(t *testing.T, upAddr string, cfg Config) *smallRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Upstream = "http://" + upAddr
+	cfg.Upstream = "http://" + ul.Addr().String()
 	cfg.TrustedPeers = []string{"127.0.0.1"}
 	cfg.FastPath = true
 	f, err := New(cfg, Deps{Requests: r.pool, Log: logs.logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := loopbackListen(t)
 	r.addr = l.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -186,6 +191,31 @@ func (r *smallRig) post(t *testing.T, path string, body string) net.Conn {
 	return c
 }
 
+// gotAnswer reads, within 5s, what the front answers on c: "status body",
+// after "status; " for each 1xx answer before it, with ": " and the error
+// where the body broke off; or "no answer: " and the error.
+func gotAnswer(c net.Conn) string {
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	var got string
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return got + "no answer: " + err.Error()
+		}
+		if resp.StatusCode < 200 {
+			got += fmt.Sprintf("%d; ", resp.StatusCode)
+			continue
+		}
+		b, err := io.ReadAll(resp.Body)
+		got += fmt.Sprintf("%d %s", resp.StatusCode, b)
+		if err != nil {
+			got += ": " + err.Error()
+		}
+		return got
+	}
+}
+
 // TestFastPathUpstreamResetWhileSending: an upstream that resets its
 // connection while the loop still has request body to write is answered
 // 502, once. The write failing ended the exchange but left the
@@ -197,23 +227,12 @@ func TestFastPathUpstreamResetWhileSending(t *testing.T) {
 	if !inSmallBuffers(t) {
 		return
 	}
-	ul := smallRcvbufListen(t)
-	go func() {
-		for {
-			c, err := ul.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
-					time.Sleep(50 * time.Millisecond)
-				}
-				_ = c.(*net.TCPConn).SetLinger(0)
-				c.Close()
-			}()
+	r := newSmallRig(t, Config{}, func(c net.Conn, _ <-chan struct{}) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+			time.Sleep(50 * time.Millisecond)
 		}
-	}()
-	r := smallFront(t, ul.Addr().String(), Config{})
+		_ = c.(*net.TCPConn).SetLinger(0) // the close is a reset
+	})
 	for range 3 {
 		c := r.post(t, "/reset", strings.Repeat("b", 60000))
 		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -238,8 +257,7 @@ func TestFastPathAnswerThenReset(t *testing.T) {
 	if !inSmallBuffers(t) {
 		return
 	}
-	ul := smallRcvbufListen(t)
-	go acceptEach(ul, func(c net.Conn) {
+	r := newSmallRig(t, Config{}, func(c net.Conn, _ <-chan struct{}) {
 		req, err := http.ReadRequest(bufio.NewReader(c))
 		if err != nil {
 			return
@@ -250,20 +268,10 @@ func TestFastPathAnswerThenReset(t *testing.T) {
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nclosed\r\n0\r\n\r\n")
 		}
 	})
-	r := smallFront(t, ul.Addr().String(), Config{})
 	for range 3 {
 		for path, want := range map[string]string{"/plain": "413 too big", "/chunked": "200 closed"} {
 			c := r.post(t, path, strings.Repeat("b", 60000))
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			got := "no answer"
-			if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
-				b, err := io.ReadAll(resp.Body)
-				got = fmt.Sprintf("%d %s", resp.StatusCode, b)
-				if err != nil {
-					got += ": " + err.Error()
-				}
-			}
-			if got != want {
+			if got := gotAnswer(c); got != want {
 				t.Errorf("%s: answered and reset: client got %q, want %q", path, got, want)
 			}
 			c.Close()
@@ -284,40 +292,29 @@ func TestFastPathResumeSendsBody(t *testing.T) {
 	if !inSmallBuffers(t) {
 		return
 	}
-	ul := smallRcvbufListen(t)
 	var conns atomic.Int64
 	got := make(chan int64, 4)
-	go func() {
+	r := newSmallRig(t, Config{}, func(c net.Conn, _ <-chan struct{}) {
+		conns.Add(1)
+		br := bufio.NewReaderSize(c, 1024)
 		for {
-			c, err := ul.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			conns.Add(1)
-			go func() {
-				defer c.Close()
-				br := bufio.NewReaderSize(c, 1024)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					// The answer begins at once; the body is read after.
-					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n")
-					time.Sleep(200 * time.Millisecond)
-					_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
-					n, err := io.Copy(io.Discard, req.Body)
-					got <- n
-					msg := fmt.Sprintf("%s got %d of %d", req.URL.Path, n, req.ContentLength)
-					_, _ = fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(msg), msg)
-					if err != nil {
-						return
-					}
-				}
-			}()
+			// The answer begins at once; the body is read after.
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n")
+			time.Sleep(200 * time.Millisecond)
+			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			n, err := io.Copy(io.Discard, req.Body)
+			got <- n
+			msg := fmt.Sprintf("%s got %d of %d", req.URL.Path, n, req.ContentLength)
+			_, _ = fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(msg), msg)
+			if err != nil {
+				return
+			}
 		}
-	}()
-	r := smallFront(t, ul.Addr().String(), Config{})
+	})
 	body := strings.Repeat("b", 60000)
 	c := r.post(t, "/post", body)
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -364,10 +361,7 @@ func TestFastPathResumeUpstreamNotReading(t *testing.T) {
 	if !inSmallBuffers(t) {
 		return
 	}
-	ul := smallRcvbufListen(t)
-	quit := make(chan struct{})
-	t.Cleanup(func() { close(quit) })
-	go acceptEach(ul, func(c net.Conn) {
+	r := newSmallRig(t, Config{WriteTimeout: 500 * time.Millisecond}, func(c net.Conn, quit <-chan struct{}) {
 		req, err := http.ReadRequest(bufio.NewReader(c))
 		if err != nil {
 			return
@@ -380,7 +374,6 @@ func TestFastPathResumeUpstreamNotReading(t *testing.T) {
 		_, _ = io.WriteString(c, answer)
 		<-quit // not a byte of the body read
 	})
-	r := smallFront(t, ul.Addr().String(), Config{WriteTimeout: 500 * time.Millisecond})
 	body := strings.Repeat("b", 60000)
 	for _, tc := range []struct {
 		path string
@@ -392,27 +385,7 @@ func TestFastPathResumeUpstreamNotReading(t *testing.T) {
 	} {
 		start := time.Now()
 		c := r.post(t, tc.path, body)
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		br := bufio.NewReader(c)
-		var got string
-		for {
-			resp, err := http.ReadResponse(br, nil)
-			if err != nil {
-				got += "no answer: " + err.Error()
-				break
-			}
-			if resp.StatusCode < 200 {
-				got += fmt.Sprintf("%d; ", resp.StatusCode)
-				continue
-			}
-			b, err := io.ReadAll(resp.Body)
-			got += fmt.Sprintf("%d %s", resp.StatusCode, b)
-			if err != nil {
-				got += ": " + err.Error()
-			}
-			break
-		}
-		if got != tc.want {
+		if got := gotAnswer(c); got != tc.want {
 			t.Errorf("%s: client got %q after %v, want %q", tc.path, got, time.Since(start), tc.want)
 		}
 		c.Close()
@@ -429,9 +402,8 @@ func TestFastPathResumeHangUpKeepsAnswer(t *testing.T) {
 	if !inSmallBuffers(t) {
 		return
 	}
-	ul := smallRcvbufListen(t)
 	answer := strings.Repeat("a", 48<<10)
-	go acceptEach(ul, func(c net.Conn) {
+	r := newSmallRig(t, Config{}, func(c net.Conn, _ <-chan struct{}) {
 		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
 			return
 		}
@@ -440,7 +412,6 @@ func TestFastPathResumeHangUpKeepsAnswer(t *testing.T) {
 		_, _ = fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(answer), answer)
 		time.Sleep(100 * time.Millisecond) // all of it at the front
 	})
-	r := smallFront(t, ul.Addr().String(), Config{})
 	// The client takes little at a time: most of the answer waits at the
 	// front when the reset comes.
 	r.dialer.Control = func(_, _ string, rc syscall.RawConn) error {
@@ -473,10 +444,7 @@ func TestDirectUpstreamNotReading(t *testing.T) {
 	if !inSmallBuffers(t) {
 		return
 	}
-	ul := smallRcvbufListen(t)
-	quit := make(chan struct{})
-	t.Cleanup(func() { close(quit) })
-	go acceptEach(ul, func(c net.Conn) {
+	r := newSmallRig(t, Config{WriteTimeout: 500 * time.Millisecond}, func(c net.Conn, quit <-chan struct{}) {
 		req, err := http.ReadRequest(bufio.NewReader(c))
 		if err != nil {
 			return
@@ -486,26 +454,13 @@ func TestDirectUpstreamNotReading(t *testing.T) {
 		}
 		<-quit // not a byte of the body read
 	})
-	r := smallFront(t, ul.Addr().String(), Config{WriteTimeout: 500 * time.Millisecond})
 	body := strings.Repeat("b", 200<<10)
 	for _, tc := range []struct{ path, want string }{
 		{"/silent", "504 fairshare: the upstream did not answer in time\n"},
 		{"/unended", "200 half: unexpected EOF"},
 	} {
 		c := r.post(t, tc.path, body)
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		got := "no answer"
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err == nil {
-			b, err := io.ReadAll(resp.Body)
-			got = fmt.Sprintf("%d %s", resp.StatusCode, b)
-			if err != nil {
-				got += ": " + err.Error()
-			}
-		} else {
-			got += ": " + err.Error()
-		}
-		if got != tc.want {
+		if got := gotAnswer(c); got != tc.want {
 			t.Errorf("%s: client got %q, want %q", tc.path, got, tc.want)
 		}
 		c.Close()
@@ -522,27 +477,14 @@ func TestFastPathUpstreamNotReading(t *testing.T) {
 	if !inSmallBuffers(t) {
 		return
 	}
-	ul := smallRcvbufListen(t)
-	quit := make(chan struct{})
-	t.Cleanup(func() { close(quit) })
-	go acceptEach(ul, func(c net.Conn) {
+	r := newSmallRig(t, Config{WriteTimeout: 500 * time.Millisecond}, func(c net.Conn, quit <-chan struct{}) {
 		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
 			<-quit // not a byte of the body read, no answer
 		}
 	})
-	r := smallFront(t, ul.Addr().String(), Config{WriteTimeout: 500 * time.Millisecond})
 	for range 2 {
 		c := r.post(t, "/silent", strings.Repeat("b", 60000))
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		got := "no answer"
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			got = fmt.Sprintf("%d %s", resp.StatusCode, b)
-		} else {
-			got += ": " + err.Error()
-		}
-		if want := "504 fairshare: the upstream did not answer in time\n"; got != want {
+		if got, want := gotAnswer(c), "504 fairshare: the upstream did not answer in time\n"; got != want {
 			t.Errorf("client got %q, want %q", got, want)
 		}
 		// The client stays: the loop gives the permit back on its own.
