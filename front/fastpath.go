@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -50,8 +51,11 @@ type fastServer struct {
 	handed chan net.Conn // to net/http's server
 	closed chan struct{} // closed with the listener
 	once   sync.Once
-	ln     net.Listener
-	addr   unix.Sockaddr
+	// acceptErr is what the listener failed with (set before closed is
+	// closed), or nil.
+	acceptErr error
+	ln        net.Listener
+	addr      unix.Sockaddr // the upstream's address; nil when it is a name (see serveFast)
 	// wg counts the loops and the goroutines that may still post to them
 	// or hold an admission (a ticket's waiter): Serve returns after them.
 	wg sync.WaitGroup
@@ -72,19 +76,18 @@ func (f *Front) fastOK(l net.Listener) bool {
 // serveFast serves l with the event loops until ctx is done.
 func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
 	d := f.up.(*directUpstream)
-	ta, err := net.ResolveTCPAddr("tcp", d.addr)
-	if err != nil {
-		return fmt.Errorf("front: upstream %s: %w", d.addr, err)
-	}
 	fs := &fastServer{f: f, d: d, handed: make(chan net.Conn), closed: make(chan struct{}), ln: l}
-	if ip4 := ta.IP.To4(); ip4 != nil {
-		sa := &unix.SockaddrInet4{Port: ta.Port}
-		copy(sa.Addr[:], ip4)
-		fs.addr = sa
-	} else {
-		sa := &unix.SockaddrInet6{Port: ta.Port}
-		copy(sa.Addr[:], ta.IP.To16())
-		fs.addr = sa
+	// An upstream given by its address is connected to by the loops
+	// themselves. One given by a name (or with an IPv6 zone) is dialed
+	// by net/http's path's dialer for each new connection, on a goroutine
+	// (see loop.dial): the name is looked up each time and every address
+	// tried, so an upstream that moves is followed as on net/http's path.
+	if ap, err := netip.ParseAddrPort(d.addr); err == nil && ap.Addr().Zone() == "" {
+		if a := ap.Addr().Unmap(); a.Is4() {
+			fs.addr = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.As4()}
+		} else {
+			fs.addr = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}
+		}
 	}
 	// One loop fewer than GOMAXPROCS (at least one): a loop blocked in
 	// epoll_wait while every other P is busy has its P handed to another
@@ -102,6 +105,7 @@ func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
 		lp, err := newLoop(fs)
 		if err != nil {
 			for _, lp := range fs.loops {
+				lp.dialEnd()
 				lp.closeFds()
 			}
 			return fmt.Errorf("front: %w", err)
@@ -122,7 +126,7 @@ func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
 		}
 	})
 	defer stop()
-	err = listen.ServeHTTP(ctx, f.Server(), clientListener{(*handedListener)(fs)}, f.drainFor)
+	err := listen.ServeHTTP(ctx, f.Server(), clientListener{(*handedListener)(fs)}, f.drainFor)
 	if ctx.Err() == nil {
 		// The listener failed: the loops end with it.
 		by := fs.stopBy(time.Now())
@@ -141,19 +145,43 @@ func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
 
 // accept takes the listener's connections (its caps and backoff apply)
 // and gives each TCP one to a loop, the others to net/http's server.
+// A transient error (out of descriptors, say) is waited out as net/http's
+// server does; any other ends the front, and Serve returns it.
 func (fs *fastServer) accept() {
+	var backoff time.Duration
 	for {
 		c, err := fs.ln.Accept()
 		if err != nil {
-			fs.shut()
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Temporary() && !errors.Is(err, net.ErrClosed) { //nolint:staticcheck // as net/http's Server.Serve
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				fs.f.log.Warn("front: accept failed, retrying", "err", err, "backoff", backoff)
+				t := time.NewTimer(backoff)
+				select {
+				case <-t.C:
+					continue
+				case <-fs.closed:
+					t.Stop()
+					return
+				}
+			}
+			fs.shutErr(err)
 			return
 		}
+		backoff = 0
 		fs.add(c)
 	}
 }
 
-func (fs *fastServer) shut() {
-	fs.once.Do(func() { close(fs.closed) })
+func (fs *fastServer) shut() { fs.shutErr(nil) }
+
+// shutErr ends the front's listening; err, when not nil, is what the
+// listener failed with, for Serve to return.
+func (fs *fastServer) shutErr(err error) {
+	fs.once.Do(func() {
+		fs.acceptErr = err
+		close(fs.closed)
+	})
 }
 
 // add moves c's socket from Go's poller to a loop: a duplicate of its
@@ -301,15 +329,24 @@ type handedListener fastServer
 func (l *handedListener) Accept() (net.Conn, error) {
 	select {
 	case <-l.closed:
-		return nil, net.ErrClosed
+		return nil, l.closedErr()
 	default:
 	}
 	select {
 	case c := <-l.handed:
 		return c, nil
 	case <-l.closed:
-		return nil, net.ErrClosed
+		return nil, l.closedErr()
 	}
+}
+
+// closedErr is what Accept returns once the listener is closed: what it
+// failed with, or net.ErrClosed.
+func (l *handedListener) closedErr() error {
+	if l.acceptErr != nil {
+		return l.acceptErr
+	}
+	return net.ErrClosed
 }
 
 func (l *handedListener) Close() error {
@@ -628,6 +665,8 @@ type fupstream struct {
 	obase      []byte   // out's buffer, kept for the next request
 	owner      *fclient // nil while idle
 	connecting bool
+	dialing    bool // dial has not given it a descriptor yet
+	dropped    bool // ... and it was closed meanwhile
 	reused     bool
 	got        bool // a byte of the answer came
 	early      bool // ... before the whole request went out
@@ -653,7 +692,9 @@ type loop struct {
 	fs      *fastServer
 	f       *Front
 	d       *directUpstream
-	addr    unix.Sockaddr // the upstream's: the loop's own copy (Connect writes into it)
+	addr    unix.Sockaddr      // the upstream's: the loop's own copy (Connect writes into it); nil: dial
+	dialCtx context.Context    // a dial's (see dial), canceled when the loop ends
+	dialEnd context.CancelFunc // cancels dialCtx
 	epfd    int
 	efd     int // eventfd: posted work waits
 	clients map[int32]*fclient
@@ -691,8 +732,12 @@ func newLoop(fs *fastServer) (*loop, error) {
 		unix.Close(epfd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	lp := &loop{fs: fs, f: fs.f, d: fs.d, addr: copySockaddr(fs.addr), epfd: epfd, hdr: make(http.Header, 16), efd: efd, clients: map[int32]*fclient{}, ups: map[int32]*fupstream{},
+	lp := &loop{fs: fs, f: fs.f, d: fs.d, epfd: epfd, hdr: make(http.Header, 16), efd: efd, clients: map[int32]*fclient{}, ups: map[int32]*fupstream{},
 		buf: make([]byte, fastReadBuf), bw: bufio.NewWriterSize(io.Discard, 4<<10)}
+	if fs.addr != nil {
+		lp.addr = copySockaddr(fs.addr)
+	}
+	lp.dialCtx, lp.dialEnd = context.WithCancel(context.Background())
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, efd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(efd)}); err != nil {
 		lp.closeFds()
 		return nil, fmt.Errorf("epoll: %w", err)
@@ -742,6 +787,7 @@ func (lp *loop) post(fn func()) {
 // descriptors are closed, and what was posted and not run yet runs on the
 // ended loop, as what is posted from now on (see post).
 func (lp *loop) end() {
+	lp.dialEnd()
 	if lp.drainBy.IsZero() {
 		lp.drainBy = time.Now() // a client posted from now on is closed at once
 	}
@@ -1267,6 +1313,9 @@ func (lp *loop) getUp(fresh bool) (*fupstream, error) {
 		u.setDeadline(lp, dlNone, time.Time{})
 		return u, nil
 	}
+	if lp.addr == nil {
+		return lp.dial(), nil
+	}
 	fam := unix.AF_INET
 	if _, ok := lp.addr.(*unix.SockaddrInet6); ok {
 		fam = unix.AF_INET6
@@ -1300,6 +1349,59 @@ func (lp *loop) getUp(fresh bool) (*fupstream, error) {
 		return nil, fmt.Errorf("dialing upstream: %w", err)
 	}
 	return u, nil
+}
+
+// dial starts a new upstream connection by the direct path's dialer, on a
+// goroutine; the loop takes it when it comes (dialed). Until then the
+// connection has no descriptor, and its request waits in out.
+func (lp *loop) dial() *fupstream {
+	u := &fupstream{fd: -1, connecting: true, dialing: true}
+	u.w = appendWriter{&u.out}
+	lp.fs.wg.Add(1)
+	go func() {
+		defer lp.fs.wg.Done()
+		fd := -1
+		conn, err := lp.d.dial(lp.dialCtx, "tcp", lp.d.addr)
+		if err == nil {
+			if sc, ok := conn.(syscall.Conn); ok {
+				fd, err = dupConn(sc)
+			} else {
+				err = fmt.Errorf("a %T has no descriptor", conn)
+			}
+			conn.Close()
+		}
+		lp.post(func() { lp.dialed(u, fd, err) })
+	}()
+	return u
+}
+
+// dialed takes the connection dial started, or fails its exchange. One
+// closed meanwhile (its client went away, the loop ended) is closed.
+func (lp *loop) dialed(u *fupstream, fd int, err error) {
+	u.dialing = false
+	lp.mu.Lock()
+	ended := lp.ended
+	lp.mu.Unlock()
+	if u.dropped || ended {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return
+	}
+	if err == nil {
+		u.fd, u.gen = fd, lp.nextGen()
+		// The connection is there: the first event (room to write) sends
+		// the request, as after a connect in progress.
+		err = unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd,
+			&unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd), Pad: u.gen})
+		if err == nil {
+			lp.ups[int32(fd)] = u
+			return
+		}
+		unix.Close(fd)
+		u.fd = -1
+	}
+	lp.upFailed(u, fmt.Errorf("dialing upstream: %w", err))
 }
 
 func (lp *loop) upEvent(u *fupstream, ev uint32) {
@@ -1738,6 +1840,10 @@ func (lp *loop) closeClient(c *fclient) {
 }
 
 func (lp *loop) closeUp(u *fupstream) {
+	if u.dialing {
+		u.dropped = true // dialed closes it
+		return
+	}
 	if lp.ups[int32(u.fd)] != u {
 		return
 	}
