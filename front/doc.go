@@ -277,10 +277,10 @@
 //
 // # Fast path
 //
-// With Config.FastPath (the daemon's front.fast_path, off by default: it is
-// experimental; the defects three reviews found are fixed, each with a test
-// in fastpath_review_test.go, fastpath_drain_test.go or
-// fastpath_smallbuf_test.go),
+// With Config.FastPath (the daemon's front.fast_path, on by default; the
+// defects four reviews found are fixed, each with a test in
+// fastpath_review_test.go, fastpath_drain_test.go, fastpath_smallbuf_test.go
+// or fastpath_dial_test.go),
 // Serve on a TCP listener serves the commonest exchange in event loops of
 // the front's own, GOMAXPROCS-1 of them (at least one), each an epoll instance over
 // non-blocking sockets, instead of net/http's server: a plain HTTP/1.1
@@ -298,6 +298,13 @@
 // (plainHead, with a Content-Type) and its body framed by Content-Length.
 // The listener's caps and accept backoff apply as before: the loops take
 // over the accepted connections' sockets.
+// A transient accept error on a listener without its own backoff (out of
+// descriptors, say) is waited out as net/http's server does. A new upstream
+// connection is the loop's own non-blocking connect when the upstream is
+// given by its address; one given by a host name is dialed by the direct
+// path's dialer on a goroutine, the name looked up each time and every
+// address tried, as on net/http's path, and the request waits for it in
+// the loop.
 //
 // Anything else goes to net/http's server, for the rest of the
 // connection's life, with the bytes the loop had read and not yet written
@@ -388,9 +395,18 @@
 // shared with wrk and the upstream) the fast path served GETs at 10.8 us
 // of CPU a request against nginx's 11.0 and net/http's 23.6, at 0.87 of
 // nginx's throughput (net/http 0.64); POSTs of 1 KiB at 11.7 against 12.1
-// and 29.9 us, 0.89 of nginx (net/http 0.55). Its one loop on this 2-core
-// machine gets a smaller share of the CPU than nginx's two workers when
-// every core is busy. A second loop (FAIRSHARE_BENCH_FAST_LOOPS="1 2" adds
+// and 29.9 us, 0.89 of nginx (net/http 0.55). The gap is not the number
+// of threads: nginx with one worker (FAIRSHARE_BENCH_NGINX_WORKERS=1,
+// target nginx1) reached 0.99 of its throughput with two, and served
+// 1.15 times the fast path's requests at 0.94 times its CPU each, with
+// the same reads and writes a request (2.0 and 2.0; epoll_wait 0.40 a
+// request against nginx's 0.25; perf stat -e 'syscalls:sys_enter_*').
+// What is left is in user space: the runtime (allocation and collection;
+// the loop's goroutine runs on three threads in turn) and the front's own
+// steps, admission, scheduler and rate buckets (7% of the loop's CPU
+// samples), which nginx's limit_conn does not have. Collecting less often
+// (GOGC=800 in the front's process) changed neither throughput nor CPU
+// beyond the noise, nor did leaving out the Gosched. A second loop (FAIRSHARE_BENCH_FAST_LOOPS="1 2" adds
 // targets fast1 and fast2) reached 0.93-0.99 of nginx's throughput at 1.2
 // times its CPU a request, and 1.4-1.6 times at the moderate rate; giving
 // the loops Ps of their own on top of GOMAXPROCS, or a locked thread each,
