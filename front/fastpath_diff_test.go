@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// seenDump is what the upstream saw of a request, in a stable form.
+func seenDump(req *http.Request) string {
+	var b strings.Builder
+	host := req.Host
+	if strings.HasPrefix(host, "127.0.0.1:") {
+		host = "(upstream)" // Host the front fills in when the client sent none
+	}
+	fmt.Fprintf(&b, "%s %s %s host=%q cl=%d te=%v\n", req.Method, req.RequestURI, req.Proto, host, req.ContentLength, req.TransferEncoding)
+	keys := make([]string, 0, len(req.Header))
+	for k := range req.Header {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s: %q\n", k, req.Header[k])
+	}
+	body, _ := io.ReadAll(req.Body)
+	fmt.Fprintf(&b, "body=%q\n", body)
+	return b.String()
+}
+
+var dateLine = regexp.MustCompile(`(?m)^Date: .*\r\n`)
+
+// diffExchange sends raw on a fresh connection and returns the raw answer
+// (what came within the deadline, Date removed).
+func diffExchange(t *testing.T, url, raw string) string {
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Error(err)
+		return ""
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, raw)
+	_ = c.SetReadDeadline(time.Now().Add(1500 * time.Millisecond))
+	br := bufio.NewReader(c)
+	var out strings.Builder
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			break
+		}
+		b, _ := httputil.DumpResponse(resp, true)
+		out.Write(b)
+		out.WriteString("----\n")
+		if resp.Close {
+			break
+		}
+	}
+	// sort header lines within each head for comparison
+	return dateLine.ReplaceAllString(out.String(), "")
+}
+
+func sortedHeads(s string) string {
+	var parts []string
+	for _, ans := range strings.Split(s, "----\n") {
+		head, body, _ := strings.Cut(ans, "\r\n\r\n")
+		lines := strings.Split(head, "\r\n")
+		if len(lines) > 1 {
+			sort.Strings(lines[1:])
+		}
+		parts = append(parts, strings.Join(lines, "\r\n")+"\r\n\r\n"+body)
+	}
+	return strings.Join(parts, "----\n")
+}
+
+// TestFastPathSameAsNetHTTP sends unusual but legal requests (and some the
+// fast path hands to net/http's server) to a front on the fast path and to
+// one on net/http's path, and compares what the upstream saw and what the
+// client got, byte for byte but for Date and the order of header lines.
+// (From the fourth review, which found no difference.)
+func TestFastPathSameAsNetHTTP(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string][]string{}
+	up := func(w http.ResponseWriter, req *http.Request) {
+		d := seenDump(req)
+		mu.Lock()
+		seen[req.Header.Get("X-Case")] = append(seen[req.Header.Get("X-Case")], d)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("Content-Length", "3")
+		_, _ = io.WriteString(w, "ok\n")
+	}
+	// Room for every case at once (a refusal would differ by timing).
+	fast := fastRig(t, rigOpts{poolSize: 256}, up)
+	slow := newRig(t, rigOpts{poolSize: 256, tweak: func(f *Front) { f.cfg.FastPath = false }}, up)
+	longURI := "/" + strings.Repeat("a", 8<<10-200)
+	many := ""
+	for i := range 63 {
+		many += fmt.Sprintf("X-H%d: v\r\n", i)
+	}
+	cases := map[string]string{
+		"cl0get":     "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n",
+		"cl0post":    "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n",
+		"cl00":       "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 00\r\n",
+		"getbody":    "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n",
+		"semi":       "GET /a?b=c;d HTTP/1.1\r\nHost: x\r\n",
+		"dslash":     "GET //x/../y HTTP/1.1\r\nHost: x\r\n",
+		"dup":        "GET / HTTP/1.1\r\nHost: x\r\nX-A: 1\r\nx-a: 2\r\n",
+		"hop":        "GET / HTTP/1.1\r\nHost: x\r\nKeep-Alive: 5\r\nProxy-Connection: keep-alive\r\nTE: trailers, deflate\r\nProxy-Authorization: x\r\n",
+		"claims":     "GET / HTTP/1.1\r\nHost: x\r\nFairshare_Project: beta\r\nX_Forwarded_For: 1.2.3.4\r\nForwarded: for=1.2.3.4\r\nX-Forwarded-Host: evil\r\nX-Real-Ip: 9.9.9.9\r\n",
+		"lower":      "get / HTTP/1.1\r\nHost: x\r\n",
+		"hostport":   "GET / HTTP/1.1\r\nHost: X.example:80\r\n",
+		"longuri":    "GET " + longURI + " HTTP/1.1\r\nHost: x\r\n",
+		"many":       "GET / HTTP/1.1\r\nHost: x\r\n" + many,
+		"tabs":       "GET / HTTP/1.1\r\nHost: x\r\nX-T: \ta b\t\r\n",
+		"emptyval":   "GET / HTTP/1.1\r\nHost: x\r\nX-E:\r\n",
+		"hostlast":   "GET / HTTP/1.1\r\nX-B: 1\r\nhost: x\r\n",
+		"dup-host":   "GET / HTTP/1.1\r\nHost: x\r\nHost: x\r\n",
+		"frag":       "GET /a#b HTTP/1.1\r\nHost: x\r\n",
+		"pct":        "GET /a%2Fb?x=%41 HTTP/1.1\r\nHost: x\r\n",
+		"ipv6host":   "GET / HTTP/1.1\r\nHost: [::1]:80\r\n",
+		"obsbody":    "DELETE / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n",
+		"hostUnder":  "GET / HTTP/1.1\r\nHost: a_b\r\n",
+		"cookie2":    "GET / HTTP/1.1\r\nHost: x\r\nCookie: a=1\r\nCookie: b=2\r\n",
+		"proj-lower": "GET / HTTP/1.1\r\nHost: x\r\nfairshare-project: alpha\r\n",
+		"abs":        "GET http://y.example/p?q=1 HTTP/1.1\r\nHost: x\r\n",
+		"star":       "OPTIONS * HTTP/1.1\r\nHost: x\r\n",
+		"h10ka":      "GET / HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n",
+		"h10":        "GET / HTTP/1.0\r\n",
+		"close":      "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+		"expect":     "POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n",
+		"head":       "HEAD / HTTP/1.1\r\nHost: x\r\n",
+		"connhdr":    "GET / HTTP/1.1\r\nHost: x\r\nConnection: X-Drop\r\nX-Drop: 1\r\n",
+		"pipe":       "GET /1 HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nX-Case: pipe\r\n\r\nGET /2 HTTP/1.0\r\nHost: x\r\n",
+		"pipe2":      "GET /1 HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nFairshare-Project: alpha\r\nX-Case: pipe2\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\n",
+	}
+	// All at once: each waits out its answers' read deadline.
+	var wg sync.WaitGroup
+	for name, head := range cases {
+		wg.Go(func() { exchangeBoth(t, name, head, fast, slow, &mu, seen) })
+	}
+	wg.Wait()
+}
+
+// exchangeBoth sends case name to fast, then to slow, and compares.
+func exchangeBoth(t *testing.T, name, head string, fast, slow *rig, mu *sync.Mutex, seen map[string][]string) {
+	{
+		body := ""
+		switch name {
+		case "getbody":
+			body = "abc"
+		case "obsbody", "expect":
+			body = "zz"
+		}
+		proj := "Fairshare-Project: alpha\r\n"
+		if name == "proj-lower" {
+			proj = ""
+		}
+		raw := head + proj + "X-Case: " + name + "\r\n\r\n" + body
+		a := sortedHeads(diffExchange(t, fast.url, raw))
+		b := sortedHeads(diffExchange(t, slow.url, raw))
+		if a != b {
+			t.Errorf("%s: client saw\nfast:\n%s\nnet/http:\n%s", name, a, b)
+		}
+		mu.Lock()
+		s := seen[name]
+		mu.Unlock()
+		if len(s) == 2 && s[0] != s[1] {
+			t.Errorf("%s: upstream saw\nfirst:\n%s\nsecond:\n%s", name, s[0], s[1])
+		} else if len(s) == 4 && (s[0] != s[2] || s[1] != s[3]) {
+			t.Errorf("%s: upstream saw\n%s", name, s)
+		} else if len(s) != 2 && len(s) != 0 && len(s) != 4 {
+			t.Errorf("%s: upstream saw %d requests", name, len(s))
+		}
+	}
+}
