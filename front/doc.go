@@ -398,7 +398,8 @@
 // and 29.9 us, 0.89 of nginx (net/http 0.55). The gap is not the number
 // of threads: nginx with one worker (FAIRSHARE_BENCH_NGINX_WORKERS=1,
 // target nginx1) reached 0.99 of its throughput with two, and served
-// 1.15 times the fast path's requests at 0.94 times its CPU each, with
+// 1.13-1.19 times the fast path's requests at 0.88-0.95 times its CPU
+// each (medians of 5 in each of three runs), with
 // the same reads and writes a request (2.0 and 2.0; epoll_wait 0.40 a
 // request against nginx's 0.25; perf stat -e 'syscalls:sys_enter_*').
 // What is left is in user space: the runtime (allocation and collection;
