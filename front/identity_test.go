@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -463,5 +464,37 @@ func BenchmarkPeerIdentity(b *testing.B) {
 				_ = f.id.projects.lookup(p.cgroup)
 			}
 		})
+	}
+}
+
+// The node's addresses are read at most once a second for the remote
+// clients' checks (a netlink dump each read), and each of them is found.
+func TestNodeAddrsKept(t *testing.T) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil || len(addrs) == 0 {
+		t.Fatalf("the node's addresses: %v, %v", addrs, err)
+	}
+	var c addrCache
+	for _, ia := range addrs {
+		n, ok := ia.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		a, _ := netip.AddrFromSlice(n.IP)
+		if local, ok := c.has(a.Unmap()); !local || !ok {
+			t.Errorf("%s: local %v, read %v", a, local, ok)
+		}
+	}
+	read := c.at
+	if local, _ := c.has(netip.MustParseAddr("192.0.2.1")); local {
+		t.Error("192.0.2.1 (TEST-NET-1) taken for the node's")
+	}
+	if c.at != read {
+		t.Error("read again within the second")
+	}
+	c.at = c.at.Add(-time.Second)
+	c.has(netip.MustParseAddr("192.0.2.1"))
+	if !c.at.After(read) {
+		t.Error("not read again after the second")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -118,23 +119,51 @@ func (f *Front) cgroupOf(p *peer) uint64 {
 
 // isLocalAddr reports whether a is an address of this node: loopback, the
 // address the connection reached (a client of the node that connects to its
-// own address gets it as its source too), or one of its interfaces'.
+// own address gets it as its source too), or one of its interfaces' (as
+// read at most a second ago: see nodeAddrs).
 func isLocalAddr(a, reached netip.Addr) bool {
 	if a.IsLoopback() || a == reached {
 		return true
 	}
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return true // cannot tell: not taken for remote
-	}
-	for _, ia := range addrs {
-		if n, ok := ia.(*net.IPNet); ok {
-			if b, ok := netip.AddrFromSlice(n.IP); ok && b.Unmap() == a {
-				return true
+	local, ok := nodeAddrs.has(a)
+	return local || !ok // cannot tell: not taken for remote
+}
+
+// nodeAddrs are the node's interface addresses, read again when a second
+// old: each remote client's first request asks, and the read is a netlink
+// dump of every address, which a flood of new connections would otherwise
+// make at each (in a fast path loop, holding up its other clients).
+var nodeAddrs addrCache
+
+type addrCache struct {
+	mu  sync.Mutex // guards the fields below
+	at  time.Time  // when set was read; zero: never
+	set map[netip.Addr]bool
+	ok  bool // the last read succeeded
+}
+
+// has reports whether a is one of the node's addresses; ok is false when
+// they could not be read.
+func (c *addrCache) has(a netip.Addr) (local, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now := time.Now(); c.at.IsZero() || now.Sub(c.at) >= time.Second || now.Before(c.at) {
+		c.at = now
+		addrs, err := net.InterfaceAddrs()
+		c.ok = err == nil
+		clear(c.set)
+		if c.set == nil {
+			c.set = map[netip.Addr]bool{}
+		}
+		for _, ia := range addrs {
+			if n, isNet := ia.(*net.IPNet); isNet {
+				if b, isAddr := netip.AddrFromSlice(n.IP); isAddr {
+					c.set[b.Unmap()] = true
+				}
 			}
 		}
 	}
-	return false
+	return c.set[a], c.ok
 }
 
 // unixPeerCgroup reads the cgroup of the process at the other end of a unix
