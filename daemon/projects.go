@@ -955,7 +955,10 @@ func (p *projects) find(path string) (membership.Entry, bool) {
 // cgroup's path is kept a second (cgroup.Paths: 53 ns a kept answer
 // against 2.7 us for the kernel's, BenchmarkPathOf), and the member found
 // from it each time, so a change of membership applies to the next
-// request. The front's identity
+// request. For a second after a cgroup is removed, a socket that outlived
+// it is still placed by its old path (and by the member of a cgroup made
+// again at that path within the second); after it, such a socket cannot
+// be placed. The front's identity
 // uses it (front.Deps.ProjectOf): a cgroup that cannot be placed (gone
 // since the client connected) is an error, which the front refuses for a
 // local peer rather than take it for one outside every project.

@@ -665,8 +665,9 @@ type fupstream struct {
 	obase      []byte   // out's buffer, kept for the next request
 	owner      *fclient // nil while idle
 	connecting bool
-	dialing    bool // dial has not given it a descriptor yet
-	dropped    bool // ... and it was closed meanwhile
+	dialing    bool               // dial has not given it a descriptor yet
+	dropped    bool               // ... and it was closed meanwhile
+	dialStop   context.CancelFunc // stops its dial
 	reused     bool
 	got        bool // a byte of the answer came
 	early      bool // ... before the whole request went out
@@ -817,8 +818,9 @@ func (lp *loop) runPosted() {
 	fns := lp.posted
 	lp.posted = nil
 	lp.mu.Unlock()
+	// Each on its own: a panic in one does not drop the others.
 	for _, fn := range fns {
-		fn()
+		lp.guarded(nil, nil, func(*loop, *fclient) { fn() })
 	}
 }
 
@@ -1357,11 +1359,15 @@ func (lp *loop) getUp(fresh bool) (*fupstream, error) {
 func (lp *loop) dial() *fupstream {
 	u := &fupstream{fd: -1, connecting: true, dialing: true}
 	u.w = appendWriter{&u.out}
+	// Its own context: the dial stops when the connection is dropped
+	// (closeUp), as net/http's path stops it with the request's.
+	ctx, stop := context.WithCancel(lp.dialCtx)
+	u.dialStop = stop
 	lp.fs.wg.Add(1)
 	go func() {
 		defer lp.fs.wg.Done()
 		fd := -1
-		conn, err := lp.d.dial(lp.dialCtx, "tcp", lp.d.addr)
+		conn, err := lp.d.dial(ctx, "tcp", lp.d.addr)
 		if err == nil {
 			if sc, ok := conn.(syscall.Conn); ok {
 				fd, err = dupConn(sc)
@@ -1370,7 +1376,10 @@ func (lp *loop) dial() *fupstream {
 			}
 			conn.Close()
 		}
-		lp.post(func() { lp.dialed(u, fd, err) })
+		lp.post(func() {
+			defer lp.contain(u.owner, u)
+			lp.dialed(u, fd, err)
+		})
 	}()
 	return u
 }
@@ -1379,6 +1388,7 @@ func (lp *loop) dial() *fupstream {
 // closed meanwhile (its client went away, the loop ended) is closed.
 func (lp *loop) dialed(u *fupstream, fd int, err error) {
 	u.dialing = false
+	u.dialStop()
 	lp.mu.Lock()
 	ended := lp.ended
 	lp.mu.Unlock()
@@ -1842,6 +1852,7 @@ func (lp *loop) closeClient(c *fclient) {
 func (lp *loop) closeUp(u *fupstream) {
 	if u.dialing {
 		u.dropped = true // dialed closes it
+		u.dialStop()
 		return
 	}
 	if lp.ups[int32(u.fd)] != u {

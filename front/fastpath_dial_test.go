@@ -3,8 +3,11 @@
 package front
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -190,13 +193,16 @@ func TestServeAcceptErrorBacksOff(t *testing.T) {
 }
 
 // A client that goes away while its upstream connection is being dialed
-// (a slow lookup) gives its permit back at once, and the connection the
-// dial then brings is closed, not pooled or leaked; a dial still pending
-// when the front stops does not hold Serve past its drain.
+// (a slow lookup) gives its permit back at once and the dial is stopped
+// (its context canceled); a connection a dial brings all the same (one
+// that ignores its context, or ends as the client leaves) is closed, not
+// pooled or leaked; a dial still pending when the front stops does not
+// hold Serve past its drain.
 func TestFastPathDialPendingClientGone(t *testing.T) {
 	started, release, hold := make(chan struct{}, 4), make(chan struct{}), make(chan struct{})
 	var wait atomic.Value // the channel a dial waits on
 	wait.Store(release)
+	var stopped atomic.Bool // the first dial's context was canceled
 	// Checked once the front stopped (cleanups run last first).
 	var held atomic.Bool
 	t.Cleanup(func() {
@@ -220,8 +226,14 @@ func TestFastPathDialPendingClientGone(t *testing.T) {
 		d.addr = "slow.fairshare.test:80"
 		d.dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
 			started <- struct{}{}
+			w := wait.Load().(chan struct{})
+			if w == release {
+				<-release // and connects even if stopped
+				stopped.Store(ctx.Err() != nil)
+				return dial(context.Background(), network, real)
+			}
 			select {
-			case <-wait.Load().(chan struct{}):
+			case <-w:
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
@@ -247,6 +259,9 @@ func TestFastPathDialPendingClientGone(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	if !stopped.Load() {
+		t.Error("the dial of a client gone was not stopped")
+	}
 	// A dial pending when the front stops ends with the loop.
 	wait.Store(hold)
 	sendGet(t, fast.url[len("http://"):], "/")
@@ -258,4 +273,52 @@ func TestFastPathDialPendingClientGone(t *testing.T) {
 	t.Cleanup(func() { // before the rig's own, which stops the front
 		time.AfterFunc(10*time.Second, func() { held.Store(true); close(hold) })
 	})
+}
+
+// panicTimeout is a dial error whose Timeout panics the first time: a
+// defect reached from what the loop does with a dial's result.
+type panicTimeout struct{ n *atomic.Int32 }
+
+func (e panicTimeout) Error() string { return "dial failed" }
+func (e panicTimeout) Timeout() bool {
+	if e.n.Add(1) == 1 {
+		panic("a defect reached from dialed")
+	}
+	return false
+}
+func (e panicTimeout) Temporary() bool { return false }
+
+// A panic in the loop's handling of a dial's result is contained with the
+// client whose request it was: its exchange is aborted (no answer, its
+// permit back at once) and the loop serves the next. (From the review of
+// this change: the client waited with its permit until it left, and the
+// functions posted after it in the same batch were dropped.)
+func TestFastPathDialedPanicContained(t *testing.T) {
+	var n atomic.Int32
+	logs := &logBuffer{}
+	fast := fastRig(t, rigOpts{tweak: func(f *Front) {
+		f.log = slog.New(slog.NewTextHandler(logs, nil))
+		d := f.up.(*directUpstream)
+		d.addr = "x.fairshare.test:80"
+		d.dial = func(context.Context, string, string) (net.Conn, error) {
+			return nil, panicTimeout{&n}
+		}
+	}}, ok)
+	c := sendGet(t, fast.url[len("http://"):], "/")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+		t.Errorf("the aborted exchange was answered %d", resp.StatusCode)
+	} else if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Error("no end of the aborted exchange within 5s")
+	}
+	waitInUse(t, fast.pool, 0)
+	// The next request, whose dial fails plainly, is answered.
+	resp := fast.get(t, "alpha", "/")
+	readAll(t, resp)
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("the next request: %d, want 502", resp.StatusCode)
+	}
+	if !strings.Contains(logs.String(), "a defect reached from dialed") {
+		t.Error("the panic was not logged")
+	}
 }

@@ -130,7 +130,7 @@ func isLocalAddr(a, reached netip.Addr) bool {
 }
 
 // nodeAddrs are the node's interface addresses, read again when a second
-// old: each remote client's first request asks, and the read is a netlink
+// old (a failed read is not kept): each remote client's first request asks, and the read is a netlink
 // dump of every address, which a flood of new connections would otherwise
 // make at each (in a fast path loop, holding up its other clients).
 var nodeAddrs addrCache
@@ -151,6 +151,9 @@ func (c *addrCache) has(a netip.Addr) (local, ok bool) {
 		c.at = now
 		addrs, err := net.InterfaceAddrs()
 		c.ok = err == nil
+		if err != nil {
+			c.at = time.Time{} // a failure is not kept: the next asks again
+		}
 		clear(c.set)
 		if c.set == nil {
 			c.set = map[netip.Addr]bool{}
