@@ -298,8 +298,11 @@
 // (plainHead, with a Content-Type) and its body framed by Content-Length.
 // The listener's caps and accept backoff apply as before: the loops take
 // over the accepted connections' sockets.
-// A transient accept error on a listener without its own backoff (out of
-// descriptors, say) is waited out as net/http's server does. A new upstream
+// A new client's cgroup is looked up (sock_diag) as its connection is
+// accepted, before a loop takes it, so that the round trip of each new
+// connection holds up no loop. A transient accept error on a listener
+// without its own backoff (out of descriptors, say) is waited out as
+// net/http's server does. A new upstream
 // connection is the loop's own non-blocking connect when the upstream is
 // given by its address; one given by a host name is dialed by the direct
 // path's dialer on a goroutine, the name looked up each time and every

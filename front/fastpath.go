@@ -190,6 +190,11 @@ func (fs *fastServer) shutErr(err error) {
 // it, to give its place under the listener's caps back.
 func (fs *fastServer) add(c net.Conn) {
 	p := fs.f.newPeer(c)
+	// The client's cgroup is found here, not on the loop at its first
+	// request: the lookup is a netlink round trip (sock_diag), and a
+	// flood of new connections would hold up the loop's other clients
+	// for one each.
+	fs.f.cgroupOf(p)
 	tc, ok := p.conn.(*net.TCPConn)
 	if !ok {
 		fs.hand(&handedConn{Conn: c, peer: p})

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"golang.org/x/net/dns/dnsmessage"
 )
 
@@ -320,5 +322,43 @@ func TestFastPathDialedPanicContained(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "a defect reached from dialed") {
 		t.Error("the panic was not logged")
+	}
+}
+
+// A new client's cgroup is looked up (sock_diag, a netlink round trip) as
+// its connection is accepted, before the loop takes it: a flood of new
+// connections does not hold up the loop's other clients for a lookup each.
+// (The loop looked it up at the client's first request.)
+func TestFastPathPeerFoundOffLoop(t *testing.T) {
+	root := testutil.MkCgroup(t, cgroupMount(t), fmt.Sprintf("fairshare-front-offloop-%d", os.Getpid()))
+	fast := fastRig(t, rigOpts{cfg: Config{ProjectsRoot: root}}, ok)
+	c, err := net.Dial("tcp", fast.url[len("http://"):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var seen, looked int
+		onLoop(fast.front, func(lp *loop) {
+			for _, fc := range lp.clients {
+				seen++
+				ran := false
+				fc.p.once.Do(func() { ran = true })
+				if !ran {
+					looked++
+				}
+			}
+		})
+		if seen > 0 {
+			if looked != seen {
+				t.Fatalf("%d of the loop's %d clients (no request sent yet) had no cgroup lookup", seen-looked, seen)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the loop did not take the connection")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
