@@ -462,3 +462,43 @@ func TestFastPathPanicContained(t *testing.T) {
 	}
 	waitInUse(t, pool, 0)
 }
+
+// A pipelined batch of two projects whose first answer is not plain (it is
+// chunked: the exchange is resumed on net/http's path, and the connection
+// with it) keeps its order and bodies, and every permit goes back. (From
+// the fourth review, which found it sound.)
+func TestFastPathPipelinedResume(t *testing.T) {
+	r := fastRig(t, rigOpts{poolSize: 4}, func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(req.Body)
+		w.Header().Set("Content-Type", "text/plain")
+		if strings.HasPrefix(req.URL.Path, "/chunk") {
+			w.(http.Flusher).Flush()
+		}
+		_, _ = io.WriteString(w, req.URL.Path+":"+string(b))
+	})
+	for i := range 20 {
+		c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs := "POST /chunk1 HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nContent-Length: 3\r\n\r\nabc" +
+			"GET /plain2 HTTP/1.1\r\nHost: x\r\nFairshare-Project: beta\r\n\r\n" +
+			"POST /chunk3 HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nContent-Length: 2\r\n\r\nde" +
+			"GET /plain4 HTTP/1.1\r\nHost: x\r\nFairshare-Project: beta\r\n\r\n"
+		_, _ = io.WriteString(c, reqs)
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		br := bufio.NewReader(c)
+		for _, want := range []string{"/chunk1:abc", "/plain2:", "/chunk3:de", "/plain4:"} {
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("round %d, waiting for %s: %v", i, want, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if string(b) != want {
+				t.Fatalf("round %d: got %q, want %q", i, b, want)
+			}
+		}
+		c.Close()
+	}
+	waitInUse(t, r.pool, 0)
+}
