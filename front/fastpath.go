@@ -465,6 +465,10 @@ type resumed struct {
 	// rest is what the loop had not written of the request yet (the end
 	// of its head, its body): it is sent while the answer is read.
 	rest []byte
+	// headBy is when the wait for the answer's head ends (the loop's
+	// UpstreamHeadTimeout from when the request was all out); zero when
+	// the request is not all out yet.
+	headBy time.Time
 }
 
 // drop ends an exchange handed over that nobody will finish: its
@@ -518,6 +522,15 @@ func (f *Front) serveResumed(w http.ResponseWriter, r *http.Request, res *resume
 // out while the answer is read (sendRest), as roundTrip's sender sends a
 // body, for an upstream may start its answer at once and end it only
 // once it has read the whole body.
+// headWait is how long the resumed exchange waits for the answer's head:
+// what is left of the loop's wait, or all of it when that had not begun.
+func (res *resumed) headWait(all time.Duration) time.Duration {
+	if res.headBy.IsZero() {
+		return all
+	}
+	return max(time.Until(res.headBy), 0)
+}
+
 func (d *directUpstream) resume(r *http.Request, x *exchange, res *resumed) (upAnswer, error) {
 	uc := res.uc
 	cc := peerOf(r).cc
@@ -530,9 +543,9 @@ func (d *directUpstream) resume(r *http.Request, x *exchange, res *resumed) (upA
 		send = d.sendRest(uc, res.rest)
 	case res.early:
 		send = &bodySend{ended: true, err: errEarlyAnswer}
-		uc.sent(d.headFor)
+		uc.sent(res.headWait(d.headFor))
 	default:
-		uc.sent(d.headFor)
+		uc.sent(res.headWait(d.headFor))
 	}
 	resp, err := d.readAnswer(uc, r, x, res.reused)
 	uc.gotHead()
@@ -1619,7 +1632,11 @@ func (lp *loop) resume(c *fclient, u *fupstream) {
 	uc := lp.d.newUpConn(&prefixConn{Conn: nc, prefix: bytes.Clone(u.in)})
 	// u is dropped: what it had not written (u.out) is the resumed
 	// exchange's alone, sent by it.
-	lp.hand(c, &resumed{a: c.a, uc: uc, reused: u.reused, early: u.early || len(u.out) > 0, rest: u.out})
+	res := &resumed{a: c.a, uc: uc, reused: u.reused, early: u.early || len(u.out) > 0, rest: u.out}
+	if u.dl == dlAnswer {
+		res.headBy = u.deadline // the wait for the head goes on, not anew
+	}
+	lp.hand(c, res)
 }
 
 // hand gives the client connection to net/http's server for the rest of

@@ -502,3 +502,34 @@ func TestFastPathPipelinedResume(t *testing.T) {
 	}
 	waitInUse(t, r.pool, 0)
 }
+
+// An answer head the loop hands over unfinished (past 16 KiB) is waited
+// for until UpstreamHeadTimeout from when the request went out, as on
+// net/http's path, not for a whole new UpstreamHeadTimeout from the hand-
+// over. (The fourth review: the wait began anew, up to twice the bound.)
+func TestFastPathResumedHeadBound(t *testing.T) {
+	ul := loopbackListen(t)
+	go acceptEach(ul, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		time.Sleep(800 * time.Millisecond)
+		head := "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+		for i := 0; len(head) < 20<<10; i++ {
+			head += fmt.Sprintf("X-Filler-%d: %s\r\n", i, strings.Repeat("f", 100))
+		}
+		_, _ = io.WriteString(c, head) // and never the end of it
+		_, _ = io.Copy(io.Discard, c)
+	})
+	r := fastRig(t, rigOpts{cfg: Config{UpstreamHeadTimeout: time.Second}, tweak: func(f *Front) {
+		f.up.(*directUpstream).addr = ul.Addr().String()
+	}}, ok)
+	start := time.Now()
+	resp := r.get(t, "alpha", "/")
+	readAll(t, resp)
+	took := time.Since(start)
+	if resp.StatusCode != http.StatusGatewayTimeout || took > 1500*time.Millisecond {
+		t.Errorf("%d after %v; want 504 after the 1s bound", resp.StatusCode, took.Round(time.Millisecond))
+	}
+	waitInUse(t, r.pool, 0)
+}
