@@ -405,13 +405,22 @@
 // each (medians of 5 in each of three runs), with
 // the same reads and writes a request (2.0 and 2.0; epoll_wait 0.40 a
 // request against nginx's 0.25; perf stat -e 'syscalls:sys_enter_*').
-// What is left is in user space: the runtime (allocation and collection;
-// the loop's goroutine runs on three threads in turn) and the front's own
-// steps, admission, scheduler and rate buckets (7% of the loop's CPU
-// samples), which nginx's limit_conn does not have. Collecting less often
-// (GOGC=800 in the front's process) changed neither throughput nor CPU
-// beyond the noise, nor did leaving out the Gosched. A second loop (FAIRSHARE_BENCH_FAST_LOOPS="1 2" adds
-// targets fast1 and fast2) reached 0.93-0.99 of nginx's throughput at 1.2
+// Nor is it CPU per request alone. The front's X-Forwarded-* headers,
+// which nginx's default proxying does not send, cost the upstream 1.6 us a
+// request to parse (12.97 against 11.39) and the front 0.85 us; without
+// them (a diagnostic build), proxy and upstream together used 21.7 us a
+// request against nginx1's 21.8, and the front still served 0.89 of
+// nginx1's requests (59.3k against 66.7k, wrk's own CPU a request the
+// same). Ruled out, each measured against main's build in one run and
+// reverted: collecting less often (GOGC=800 in the front's process);
+// leaving out the loop's Gosched, which made 87% of its futex calls
+// (perf record -e syscalls:sys_enter_futex -g) and moved its goroutine
+// between threads: futex calls 18.1k to 2.7k in 5 s, throughput the
+// same; a locked thread; sending each request upstream in the pass that
+// read it (upstream events first) instead of after the next look; a
+// queue wait (there is none: Fairshare-Queue-Wait 0 under wrk). A second
+// loop (FAIRSHARE_BENCH_FAST_LOOPS="1 2" adds targets fast1 and fast2)
+// reached 0.93-0.99 of nginx's throughput at 1.2
 // times its CPU a request, and 1.4-1.6 times at the moderate rate; giving
 // the loops Ps of their own on top of GOMAXPROCS, or a locked thread each,
 // or blocking without the look before it, changed neither beyond the
