@@ -405,13 +405,12 @@
 // each (medians of 5 in each of three runs), with
 // the same reads and writes a request (2.0 and 2.0; epoll_wait 0.40 a
 // request against nginx's 0.25; perf stat -e 'syscalls:sys_enter_*').
-// Nor is it CPU per request alone. The front's X-Forwarded-* headers,
-// which nginx's default proxying does not send, cost the upstream 1.6 us a
-// request to parse (12.97 against 11.39) and the front 0.85 us; without
-// them (a diagnostic build), proxy and upstream together used 21.7 us a
-// request against nginx1's 21.8, and the front still served 0.89 of
-// nginx1's requests (59.3k against 66.7k, wrk's own CPU a request the
-// same). Ruled out, each measured against main's build in one run and
+// Nor is CPU per request all of it. The front's X-Forwarded-* headers,
+// which nginx's default proxying does not send, cost the upstream 0.5-1.6
+// us a request to parse; without them (a diagnostic build), proxy and
+// upstream together used 1.00, 1.03 and 1.08 times nginx1's CPU a request
+// in three runs of 5, and the front still served 0.89-0.90 of nginx1's
+// requests (wrk's own CPU a request the same behind both). Ruled out, each measured against main's build in one run and
 // reverted: collecting less often (GOGC=800 in the front's process);
 // leaving out the loop's Gosched, which made 87% of its futex calls
 // (perf record -e syscalls:sys_enter_futex -g) and moved its goroutine
