@@ -302,12 +302,11 @@
 // accepted, before a loop takes it, so that the round trip of each new
 // connection holds up no loop. A transient accept error on a listener
 // without its own backoff (out of descriptors, say) is waited out as
-// net/http's server does. A new upstream
-// connection is the loop's own non-blocking connect when the upstream is
-// given by its address; one given by a host name is dialed by the direct
-// path's dialer on a goroutine, the name looked up each time and every
-// address tried, as on net/http's path, and the request waits for it in
-// the loop.
+// net/http's server does. A new upstream connection is the loop's own
+// non-blocking connect when the upstream is given by its address; one
+// given by a host name is dialed by the direct path's dialer on a
+// goroutine, the name looked up each time and every address tried, as on
+// net/http's path, and the request waits for it in the loop.
 //
 // Anything else goes to net/http's server, for the rest of the
 // connection's life, with the bytes the loop had read and not yet written
@@ -410,8 +409,9 @@
 // us a request to parse; without them (a diagnostic build), proxy and
 // upstream together used 1.00, 1.03 and 1.08 times nginx1's CPU a request
 // in three runs of 5, and the front still served 0.89-0.90 of nginx1's
-// requests (wrk's own CPU a request the same behind both). Ruled out, each measured against main's build in one run and
-// reverted: collecting less often (GOGC=800 in the front's process);
+// requests (wrk's own CPU a request the same behind both). Ruled out,
+// each measured against main's build in one run and reverted: collecting
+// less often (GOGC=800 in the front's process);
 // leaving out the loop's Gosched, which made 87% of its futex calls
 // (perf record -e syscalls:sys_enter_futex -g) and moved its goroutine
 // between threads: futex calls 18.1k to 2.7k in 5 s, throughput the

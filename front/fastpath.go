@@ -471,6 +471,15 @@ type resumed struct {
 	headBy time.Time
 }
 
+// headWait is how long the resumed exchange waits for the answer's head:
+// what is left of the loop's wait, or all of it when that had not begun.
+func (res *resumed) headWait(all time.Duration) time.Duration {
+	if res.headBy.IsZero() {
+		return all
+	}
+	return max(time.Until(res.headBy), 0)
+}
+
 // drop ends an exchange handed over that nobody will finish: its
 // upstream connection is closed and its admission finished.
 func (res *resumed) drop(f *Front) {
@@ -522,15 +531,6 @@ func (f *Front) serveResumed(w http.ResponseWriter, r *http.Request, res *resume
 // out while the answer is read (sendRest), as roundTrip's sender sends a
 // body, for an upstream may start its answer at once and end it only
 // once it has read the whole body.
-// headWait is how long the resumed exchange waits for the answer's head:
-// what is left of the loop's wait, or all of it when that had not begun.
-func (res *resumed) headWait(all time.Duration) time.Duration {
-	if res.headBy.IsZero() {
-		return all
-	}
-	return max(time.Until(res.headBy), 0)
-}
-
 func (d *directUpstream) resume(r *http.Request, x *exchange, res *resumed) (upAnswer, error) {
 	uc := res.uc
 	cc := peerOf(r).cc

@@ -130,9 +130,9 @@ func isLocalAddr(a, reached netip.Addr) bool {
 }
 
 // nodeAddrs are the node's interface addresses, read again when a second
-// old (a failed read is not kept): each remote client's first request asks, and the read is a netlink
-// dump of every address, which a flood of new connections would otherwise
-// make at each (in a fast path loop, holding up its other clients).
+// old (a failed read is not kept). Each remote client's first request
+// asks, and a read is a netlink dump of every address, which a flood of
+// new connections would otherwise make at each.
 var nodeAddrs addrCache
 
 type addrCache struct {
