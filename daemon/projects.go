@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -157,7 +158,12 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 			}
 			var src *membership.Children
 			if name == membership.SourceDirectory {
+				_, statErr := os.Stat(root)
 				src, err = membership.NewDirectory(root, create)
+				if err == nil && errors.Is(statErr, fs.ErrNotExist) {
+					// Said, so that a mistyped --projects-root is seen.
+					p.log.Info("made the projects root: it did not exist", "projects_root", root)
+				}
 			} else {
 				src, err = membership.NewSystemd(root)
 			}

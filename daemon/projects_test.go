@@ -503,5 +503,27 @@ func TestProjectsRootChecked(t *testing.T) {
 	}
 }
 
+// A missing projects root below the mount is made, and said (a mistyped
+// --projects-root would otherwise pass unseen); one that exists is not.
+func TestProjectsRootMadeSaid(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-projects-")
+	for _, root := range []string{filepath.Join(top, "typo"), top} {
+		cfg := config.Default()
+		cfg.ProjectsRoot, cfg.Projects.Sources, cfg.BPF = root, []string{"directory"}, true
+		logs := &records{}
+		p, err := newProjects(cfg, nil, true, slog.New(logs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.close()
+		said := len(logs.find("made the projects root: it did not exist")) == 1
+		if made := root != top; said != made {
+			t.Errorf("%s: said %v, want %v", root, said, made)
+		}
+	}
+	testutil.RemoveCgroup(t, filepath.Join(top, "typo"))
+}
+
 // first is a project name without its error, for messages.
 func first(name string, _ error) string { return name }
