@@ -74,7 +74,12 @@
 //
 // The project header is removed before the request goes upstream, because it is
 // the client's claim and not the front's decision. With Config.ForwardProject
-// the front sets it upstream to the project it resolved.
+// the front sets it upstream to the project it resolved. The client's
+// forwarding headers are removed too; the front sets X-Forwarded-For to the
+// peer's address, and X-Forwarded-Proto: https only for a request that came
+// over TLS. It sends no X-Forwarded-Host, since the Host line is passed on
+// unchanged, and no X-Forwarded-Proto: http, which its own listener would
+// always say.
 //
 // # Exempt class
 //

@@ -928,7 +928,14 @@ func (f *Front) ExemptInFlight() int { return int(f.exemptInFlight.Load()) }
 func (f *Front) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(f.upstream)
 	pr.Out.Host = pr.In.Host
-	pr.SetXForwarded()
+	// As the direct path (see forwarded); Rewrite has dropped the
+	// client's own.
+	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
+		pr.Out.Header.Set("X-Forwarded-For", ip)
+	}
+	if pr.In.TLS != nil {
+		pr.Out.Header.Set("X-Forwarded-Proto", "https")
+	}
 	pr.Out.Header.Del(f.cfg.ProjectHeader)
 	for k := range pr.Out.Header {
 		if f.isClaim(k) {

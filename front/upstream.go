@@ -381,9 +381,14 @@ func (d *directUpstream) closeIdle() {
 var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
-// forwarded are the request headers the front sets itself (as
-// ReverseProxy.Rewrite with SetXForwarded does): the client's own are not
-// passed on.
+// forwarded are the forwarding headers: the client's own are never passed
+// on (as ReverseProxy.Rewrite drops them). The front sets X-Forwarded-For,
+// to the client's address, and X-Forwarded-Proto only as "https", for a
+// request that came over TLS (the front's handler mounted on a TLS server;
+// its own listener speaks plain HTTP). It does not send X-Forwarded-Host,
+// which would repeat the Host line (passed on unchanged), nor "http": each
+// line the front adds is parsed by the upstream on every request, and the
+// two cost a Go upstream 0.6-0.9 us a request on 2 cores.
 var forwarded = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
 // takes reports whether r can take the direct path: any request but a
@@ -482,8 +487,8 @@ func isHopByHop(key string) bool {
 
 // writeHead writes the head of the upstream request for r into bw (not
 // flushed): its method, URI, Host and end-to-end headers, the project
-// header only when configured, X-Forwarded-{For,Host,Proto} as
-// ReverseProxy's SetXForwarded sets them, and the body's framing: its
+// header only when configured, X-Forwarded-For and, over TLS,
+// X-Forwarded-Proto (see forwarded), and the body's framing: its
 // Content-Length, or chunked when its length is unknown. Expect is not
 // passed on: the client's 100-continue is answered by the front's server
 // when the body is first read, after the request was admitted.
@@ -532,12 +537,9 @@ func (d *directUpstream) writeHead(bw *bufio.Writer, r *http.Request, x *exchang
 	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		writeHeaderLine(bw, "X-Forwarded-For", ip)
 	}
-	writeHeaderLine(bw, "X-Forwarded-Host", r.Host)
-	proto := "http"
 	if r.TLS != nil {
-		proto = "https"
+		writeHeaderLine(bw, "X-Forwarded-Proto", "https")
 	}
-	writeHeaderLine(bw, "X-Forwarded-Proto", proto)
 	// Te is hop-by-hop, but an upstream may want to know that trailers
 	// reach the client (ReverseProxy says so too).
 	if te := r.Header["Te"]; te != nil && hasToken(te, "trailers") {

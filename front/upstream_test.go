@@ -167,6 +167,7 @@ func testDirectMatchesReverseProxy(t *testing.T, upstream http.HandlerFunc, newR
 		req.Header.Set("Proxy-Authorization", "secret")
 		req.Header.Set("Forwarded", "for=192.0.2.9")
 		req.Header.Set("X-Forwarded-Host", "spoofed")
+		req.Header.Set("X-Forwarded-Proto", "https")
 		req.Header.Add("X-Forwarded-For", "192.0.2.7")
 		req.Header.Add("X-Multi", "a")
 		req.Header.Add("X-Multi", "b")
@@ -188,7 +189,6 @@ func testDirectMatchesReverseProxy(t *testing.T, upstream http.HandlerFunc, newR
 	}
 	// The two fronts listen on different ports, and queue waits differ.
 	got[1].host = got[0].host
-	got[1].header.Set("X-Forwarded-Host", got[0].header.Get("X-Forwarded-Host"))
 	viaProxy.header.Set(HeaderQueueWait, direct.header.Get(HeaderQueueWait))
 	if got[0].method != got[1].method || got[0].uri != got[1].uri || got[0].host != got[1].host {
 		t.Errorf("request line: direct %+v, proxy %+v", got[0], got[1])
@@ -208,8 +208,11 @@ func testDirectMatchesReverseProxy(t *testing.T, upstream http.HandlerFunc, newR
 	if !equalHeader(got[0].header, got[1].header) {
 		t.Errorf("upstream saw\n direct %v\n proxy  %v", got[0].header, got[1].header)
 	}
-	for _, k := range []string{"X-Hop", "Keep-Alive", "Proxy-Authorization", "Forwarded", DefaultProjectHeader} {
-		if v := got[0].header.Get(k); v != "" {
+	// Nor a forwarding header of the client's, and the front adds only
+	// X-Forwarded-For over plain HTTP (TestForwardedProtoOverTLS).
+	for _, k := range []string{"X-Hop", "Keep-Alive", "Proxy-Authorization", "Forwarded", DefaultProjectHeader,
+		"X-Forwarded-Host", "X-Forwarded-Proto"} {
+		if v, ok := got[0].header[k]; ok {
 			t.Errorf("direct path passed %s: %q", k, v)
 		}
 	}
@@ -745,4 +748,52 @@ func idleUpstreams(f *Front) int {
 		}
 	}
 	return n
+}
+
+// TestForwardedProtoOverTLS: the front's handler mounted on a TLS server
+// tells the upstream so (X-Forwarded-Proto: https), on the direct path and
+// on ReverseProxy's alike, whatever the client claimed; over plain HTTP it
+// sends no X-Forwarded-Proto (testDirectMatchesReverseProxy), and never an
+// X-Forwarded-Host, which would repeat the Host line.
+func TestForwardedProtoOverTLS(t *testing.T) {
+	for _, direct := range []bool{true, false} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			var mu sync.Mutex
+			var seenHeader http.Header
+			r := newRig(t, rigOpts{}, func(w http.ResponseWriter, req *http.Request) {
+				mu.Lock()
+				seenHeader = req.Header.Clone()
+				mu.Unlock()
+				ok(w, req)
+			})
+			if !direct {
+				r.front.up = nil
+			}
+			srv := httptest.NewTLSServer(r.front)
+			t.Cleanup(srv.Close)
+			req, _ := http.NewRequest(http.MethodGet, srv.URL+"/", nil)
+			req.Header.Set(DefaultProjectHeader, "alpha")
+			req.Header.Set("X-Forwarded-Proto", "http")
+			req.Header.Set("X-Forwarded-Host", "spoofed")
+			req.Header.Set("X-Forwarded-For", "192.0.2.7")
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if body := readAll(t, resp); resp.StatusCode != http.StatusOK || body != "ok\n" {
+				t.Fatalf("answer %d %q", resp.StatusCode, body)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if got := seenHeader.Values("X-Forwarded-Proto"); len(got) != 1 || got[0] != "https" {
+				t.Errorf("X-Forwarded-Proto %q, want https", got)
+			}
+			if got := seenHeader.Values("X-Forwarded-For"); len(got) != 1 || got[0] != "127.0.0.1" {
+				t.Errorf("X-Forwarded-For %q, want 127.0.0.1", got)
+			}
+			if got, ok := seenHeader["X-Forwarded-Host"]; ok {
+				t.Errorf("X-Forwarded-Host %q passed", got)
+			}
+		})
+	}
 }
