@@ -37,6 +37,7 @@ type loadResult struct {
 	rps      float64
 	p50, p99 time.Duration
 	errors   int
+	genCPU   time.Duration // the generator's own CPU, when it is a process of its own (wrk); 0 otherwise
 }
 
 // loader is a closed-loop load generator for one target: conc clients, each
@@ -599,7 +600,11 @@ func cpuOf(tg benchTarget) time.Duration {
 //	            throughput of each target as a ratio of direct's, and the
 //	            CPU time each proxy process used per request (read from
 //	            /proc, so robust to the rest of the machine being busy,
-//	            unlike req/s; for direct, the benchmark process's own)
+//	            unlike req/s; for direct, the benchmark process's own),
+//	            the upstream's CPU per request behind each, and with wrk
+//	            its own CPU per request (X-wrk-cpu-us/req) and how many of
+//	            the cores proxy, upstream and wrk kept busy together
+//	            (X-busy-cpus)
 //	moderate:   open loop at a fixed rate, a fifth of direct's saturating
 //	            throughput as the saturating level just measured it, to an
 //	            upstream with 5ms of service; the p50 and p99 each proxy
@@ -687,6 +692,14 @@ func benchSaturating(b *testing.B, dur time.Duration) float64 {
 				b.ReportMetric(float64(cpu[i].Microseconds())/n, tg.name+"-cpu-us/req")
 			}
 			b.ReportMetric(float64(upCPU[i].Microseconds())/n, tg.name+"-upstream-cpu-us/req")
+			if r.genCPU > 0 {
+				// What wrk spends a request differs with the proxy
+				// in front of the upstream, and so does how much of
+				// the two cores the three keep busy: the throughput
+				// follows both, not only the proxy's own CPU.
+				b.ReportMetric(float64(r.genCPU.Microseconds())/n, tg.name+"-wrk-cpu-us/req")
+				b.ReportMetric((cpu[i]+upCPU[i]+r.genCPU).Seconds()/dur.Seconds(), tg.name+"-busy-cpus")
+			}
 		}
 		b.ReportMetric(res["front"].rps/res["goproxy"].rps, "front/goproxy")
 		b.ReportMetric(res["front"].rps/res["transport"].rps, "front/transport")
@@ -721,6 +734,7 @@ type wrkGen struct {
 
 	reqs, errs int
 	elapsed    time.Duration
+	cpu        time.Duration   // wrk's own, user and system
 	p50, p99   []time.Duration // per run
 }
 
@@ -731,11 +745,13 @@ func (w *wrkGen) run(dur time.Duration) {
 	if w.script != "" {
 		args = append(args, "-s", w.script)
 	}
-	out, err := exec.Command(w.bin, append(args, w.url)...).CombinedOutput()
+	cmd := exec.Command(w.bin, append(args, w.url)...)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		w.errs++
 		return
 	}
+	w.cpu += cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	for line := range strings.Lines(string(out)) {
 		f := strings.Fields(line)
 		switch {
@@ -762,14 +778,14 @@ func (w *wrkGen) run(dur time.Duration) {
 // result summarises the runs so far (latencies as the median over runs)
 // and starts afresh.
 func (w *wrkGen) result() loadResult {
-	r := loadResult{errors: w.errs}
+	r := loadResult{errors: w.errs, genCPU: w.cpu}
 	if w.elapsed > 0 {
 		r.rps = float64(w.reqs) / w.elapsed.Seconds()
 	}
 	if len(w.p50) > 0 {
 		r.p50, r.p99 = median(w.p50), median(w.p99)
 	}
-	w.reqs, w.errs, w.elapsed, w.p50, w.p99 = 0, 0, 0, nil, nil
+	w.reqs, w.errs, w.elapsed, w.cpu, w.p50, w.p99 = 0, 0, 0, 0, nil, nil
 	return r
 }
 

@@ -399,36 +399,57 @@
 // reads only what epoll reported, never peeks (an idle upstream connection
 // that speaks is an event), and needs 4.4 system calls and 0.38 context
 // switches a request. In BenchmarkOverhead with wrk (medians of 5, 2 cores
-// shared with wrk and the upstream) the fast path served GETs at 10.8 us
-// of CPU a request against nginx's 11.0 and net/http's 23.6, at 0.87 of
-// nginx's throughput (net/http 0.64); POSTs of 1 KiB at 11.7 against 12.1
-// and 29.9 us, 0.89 of nginx (net/http 0.55). The gap is not the number
-// of threads: nginx with one worker (FAIRSHARE_BENCH_NGINX_WORKERS=1,
-// target nginx1) reached 0.99 of its throughput with two, and served
-// 1.13-1.19 times the fast path's requests at 0.88-0.95 times its CPU
-// each (medians of 5 in each of three runs), with
-// the same reads and writes a request (2.0 and 2.0; epoll_wait 0.40 a
-// request against nginx's 0.25; perf stat -e 'syscalls:sys_enter_*').
-// Nor is CPU per request all of it. The front's X-Forwarded-* headers,
-// which nginx's default proxying does not send, cost the upstream 0.5-1.6
-// us a request to parse; without them (a diagnostic build), proxy and
-// upstream together used 1.00, 1.03 and 1.08 times nginx1's CPU a request
-// in three runs of 5, and the front still served 0.89-0.90 of nginx1's
-// requests (wrk's own CPU a request the same behind both). Ruled out,
-// each measured against main's build in one run and reverted: collecting
-// less often (GOGC=800 in the front's process);
+// shared with wrk and the upstream) the fast path served GETs at 10.9 us
+// of CPU a request against nginx's 11.0 and net/http's 23.1, at 0.89 of
+// nginx's throughput (net/http 0.66); POSTs of 1 KiB at 10.9 against 11.6
+// and 30.4 us, 0.87 of nginx (net/http 0.52). The upstream behind the
+// front costs what it costs behind nginx (12.3 against 12.4 us a GET)
+// since the front sends it X-Forwarded-For alone (see forwarded in
+// upstream.go): X-Forwarded-Host and -Proto had cost it 0.6-0.9 us.
+//
+// Where the rest of the gap goes: BenchmarkOverhead also reports wrk's own
+// CPU a request and how many of the two cores proxy, upstream and wrk keep
+// busy together. In one run of 5 (FAIRSHARE_BENCH_TARGETS=nginx,nginx1,fast
+// with FAIRSHARE_BENCH_NGINX_WORKERS=1) the three spent the same CPU a
+// request behind the front as behind nginx: 27.3 against 27.0 us (proxy
+// 10.5 against 10.3, upstream 12.0 and 12.0, wrk 4.9 and 4.8; per run
+// 0.95-1.10 times, median 1.01). But they kept 1.70 of the cores busy
+// against nginx's 1.88 (nginx with one worker 1.78), and the throughput
+// ratio (0.90) is that ratio (0.87-0.97 per run, median 0.88). The cores
+// go idle while the one loop, which every request passes twice, is
+// switched out or being woken: it sleeps about twice as often a request as
+// nginx's worker (0.09-0.10 voluntary switches against 0.04-0.06) and is
+// preempted more (0.26-0.33 against 0.19-0.21, from /proc under wrk).
+// The loop's kernel time a request is nginx's (about 7 us); its user time
+// is 3.3 us against nginx's 2.2-2.9, spread thin: header maps 4-5% of its
+// samples, parsing 3%, allocation and collection 3%, clock reads 2%, the
+// runtime's system call entry and exit 2%. Ruled out, each measured
+// against main's build in one run and reverted: collecting less often
+// (GOGC=800 in the front's process);
 // leaving out the loop's Gosched, which made 87% of its futex calls
 // (perf record -e syscalls:sys_enter_futex -g) and moved its goroutine
 // between threads: futex calls 18.1k to 2.7k in 5 s, throughput the
-// same; a locked thread; sending each request upstream in the pass that
-// read it (upstream events first) instead of after the next look; a
-// queue wait (there is none: Fairshare-Queue-Wait 0 under wrk). A second
+// same; sending each request upstream in the pass that read it (upstream
+// events first) instead of after the next look; a queue wait (there is
+// none: Fairshare-Queue-Wait 0 under wrk). A locked thread without the
+// Gosched served 1.04 times main's requests at saturation (medians of 5,
+// two runs; with three more looks before blocking, 1.08), but took 1.14
+// times the CPU a request at the moderate rate (1.19 with the looks), and
+// with 2 connections served 0.82 of main's requests while wrk's own CPU a
+// request rose from 9.9 to 12.8 us; the extra looks without a locked
+// thread changed nothing. A second
 // loop (FAIRSHARE_BENCH_FAST_LOOPS="1 2" adds targets fast1 and fast2)
 // reached 0.93-0.99 of nginx's throughput at 1.2
 // times its CPU a request, and 1.4-1.6 times at the moderate rate; giving
 // the loops Ps of their own on top of GOMAXPROCS, or a locked thread each,
 // or blocking without the look before it, changed neither beyond the
-// noise. FAIRSHARE_BENCH_TARGETS keeps a run to the targets named, and
+// noise. Two loops on locked threads whose epoll_wait the runtime does not
+// see as a system call (so that no P is handed off) came to 0.90-0.91 of
+// nginx at 1.15 times its CPU a request (from /proc, each proxy alone
+// with its own upstream under wrk). The two
+// loops are not slowed by each other: they contended for the pool's and
+// the scheduler's locks 405 times in 5 s, 14 ms in all.
+// FAIRSHARE_BENCH_TARGETS keeps a run to the targets named, and
 // FAIRSHARE_BENCH_BASELINE_FAST=1 runs the baseline build on its fast path.
 // BenchmarkOverhead measures the whole against going straight to the
 // upstream and against nginx in the same run: throughput and CPU per request
