@@ -760,15 +760,16 @@ func TestForwardedProtoOverTLS(t *testing.T) {
 		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
 			var mu sync.Mutex
 			var seenHeader http.Header
-			r := newRig(t, rigOpts{}, func(w http.ResponseWriter, req *http.Request) {
+			o := rigOpts{}
+			if !direct {
+				o.tweak = func(f *Front) { f.up = nil } // before it serves
+			}
+			r := newRig(t, o, func(w http.ResponseWriter, req *http.Request) {
 				mu.Lock()
 				seenHeader = req.Header.Clone()
 				mu.Unlock()
 				ok(w, req)
 			})
-			if !direct {
-				r.front.up = nil
-			}
 			srv := httptest.NewTLSServer(r.front)
 			t.Cleanup(srv.Close)
 			req, _ := http.NewRequest(http.MethodGet, srv.URL+"/", nil)
