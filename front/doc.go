@@ -49,9 +49,9 @@
 // host and a URL path under the prefix (the longest prefix wins over a bare
 // host). Exempt by route (Config.Exempt.Routes) follows the route: it applies
 // only where the route decided the project. Forwarded and X-Forwarded-* are
-// never read for identity, and no spelling of the project or forwarding
-// headers with underscores (which CGI-style upstreams would read as the same
-// variable) is passed upstream.
+// never read for identity, and no spelling of the project header or of a
+// proxy claim (below) with underscores (which CGI-style upstreams would
+// read as the same variable) is passed upstream.
 //
 // The header from a peer that is not trusted is refused, never silently
 // believed: 403 when the peer's cgroup names another project ("the peer's
@@ -75,9 +75,12 @@
 // The project header is removed before the request goes upstream, because it is
 // the client's claim and not the front's decision. With Config.ForwardProject
 // the front sets it upstream to the project it resolved. The client's
-// forwarding headers are removed too; the front sets X-Forwarded-For to the
-// peer's address, and X-Forwarded-Proto: https only for a request that came
-// over TLS. It sends no X-Forwarded-Host, since the Host line is passed on
+// proxy claims are removed too, under any spelling: Forwarded, every
+// X-Forwarded-*, X-Real-Ip, Client-Ip, X-Client-Ip, True-Client-Ip,
+// X-Url-Scheme and Front-End-Https, which upstream frameworks read as a
+// proxy's word on the client's address or scheme. The front sets
+// X-Forwarded-For to the peer's address, and X-Forwarded-Proto: https only
+// for a request that came over TLS. It sends no X-Forwarded-Host, since the Host line is passed on
 // unchanged, and no X-Forwarded-Proto: http, which its own listener would
 // always say.
 //
@@ -404,8 +407,9 @@
 // nginx's throughput (net/http 0.66); POSTs of 1 KiB at 10.9 against 11.6
 // and 30.4 us, 0.87 of nginx (net/http 0.52). The upstream behind the
 // front costs what it costs behind nginx (12.3 against 12.4 us a GET)
-// since the front sends it X-Forwarded-For alone (see forwarded in
-// upstream.go): X-Forwarded-Host and -Proto had cost it 0.6-0.9 us.
+// since the front sends it no X-Forwarded-Host, nor X-Forwarded-Proto but
+// over TLS (see proxyClaims in identity.go): the two had cost it 0.6-0.9
+// us.
 //
 // Where the rest of the gap goes: BenchmarkOverhead also reports wrk's own
 // CPU a request and how many of the two cores proxy, upstream and wrk keep
@@ -413,13 +417,16 @@
 // with FAIRSHARE_BENCH_NGINX_WORKERS=1) the three spent the same CPU a
 // request behind the front as behind nginx: 27.3 against 27.0 us (proxy
 // 10.5 against 10.3, upstream 12.0 and 12.0, wrk 4.9 and 4.8; per run
-// 0.95-1.10 times, median 1.01). But they kept 1.70 of the cores busy
-// against nginx's 1.88 (nginx with one worker 1.78), and the throughput
-// ratio (0.90) is that ratio (0.87-0.97 per run, median 0.88). The cores
-// go idle while the one loop, which every request passes twice, is
-// switched out or being woken: it sleeps about twice as often a request as
-// nginx's worker (0.09-0.10 voluntary switches against 0.04-0.06) and is
-// preempted more (0.26-0.33 against 0.19-0.21, from /proc under wrk).
+// 0.95-1.10 times, median 1.01). So the lower throughput (0.90) is cores
+// left idle: the three kept 1.70 of them busy against nginx's 1.88 (nginx
+// with one worker 1.78; per run 0.87-0.97 of nginx's, median 0.88; busy
+// cores are CPU a request times throughput, and the targets take turns, so
+// other load weighs on each alike). Where the idle time comes from is
+// inferred, not measured: the one loop, which every request passes twice,
+// sleeps about twice as often a request as nginx's worker (0.09-0.10
+// voluntary switches against 0.04-0.06) and is preempted more (0.26-0.33
+// against 0.19-0.21, from /proc under wrk), and the cores may go idle
+// while it is switched out or being woken.
 // The loop's kernel time a request is nginx's (about 7 us); its user time
 // is 3.3 us against nginx's 2.2-2.9, spread thin: header maps 4-5% of its
 // samples, parsing 3%, allocation and collection 3%, clock reads 2%, the

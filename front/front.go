@@ -928,19 +928,20 @@ func (f *Front) ExemptInFlight() int { return int(f.exemptInFlight.Load()) }
 func (f *Front) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(f.upstream)
 	pr.Out.Host = pr.In.Host
-	// As the direct path (see forwarded); Rewrite has dropped the
-	// client's own.
-	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
-		pr.Out.Header.Set("X-Forwarded-For", ip)
-	}
-	if pr.In.TLS != nil {
-		pr.Out.Header.Set("X-Forwarded-Proto", "https")
-	}
 	pr.Out.Header.Del(f.cfg.ProjectHeader)
 	for k := range pr.Out.Header {
 		if f.isClaim(k) {
 			delete(pr.Out.Header, k)
 		}
+	}
+	// As the direct path (see proxyClaims), once the client's claims are
+	// gone (Rewrite has dropped its Forwarded and X-Forwarded-{For,Host,
+	// Proto}, the loop above the others).
+	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
+		pr.Out.Header.Set("X-Forwarded-For", ip)
+	}
+	if pr.In.TLS != nil {
+		pr.Out.Header.Set("X-Forwarded-Proto", "https")
 	}
 	if f.cfg.ForwardProject {
 		if x := exchangeOf(pr.In); x != nil {

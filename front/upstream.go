@@ -381,16 +381,6 @@ func (d *directUpstream) closeIdle() {
 var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
-// forwarded are the forwarding headers: the client's own are never passed
-// on (as ReverseProxy.Rewrite drops them). The front sets X-Forwarded-For,
-// to the client's address, and X-Forwarded-Proto only as "https", for a
-// request that came over TLS (the front's handler mounted on a TLS server;
-// its own listener speaks plain HTTP). It does not send X-Forwarded-Host,
-// which would repeat the Host line (passed on unchanged), nor "http": each
-// line the front adds is parsed by the upstream on every request, and the
-// two cost a Go upstream 0.6-0.9 us a request on 2 cores.
-var forwarded = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
-
 // takes reports whether r can take the direct path: any request but a
 // tunnel (Upgrade, CONNECT), whose bytes after the head are not HTTP, and
 // an opaque request URI. (The front uses the direct path only for an
@@ -488,7 +478,7 @@ func isHopByHop(key string) bool {
 // writeHead writes the head of the upstream request for r into bw (not
 // flushed): its method, URI, Host and end-to-end headers, the project
 // header only when configured, X-Forwarded-For and, over TLS,
-// X-Forwarded-Proto (see forwarded), and the body's framing: its
+// X-Forwarded-Proto (see proxyClaims), and the body's framing: its
 // Content-Length, or chunked when its length is unknown. Expect is not
 // passed on: the client's 100-continue is answered by the front's server
 // when the body is first read, after the request was admitted.
@@ -513,16 +503,6 @@ func (d *directUpstream) writeHead(bw *bufio.Writer, r *http.Request, x *exchang
 	for k, vv := range r.Header {
 		if k == "Host" || isHopByHop(k) || k == "Content-Length" || k == "Expect" || k == d.projectKey ||
 			(len(conn) > 0 && connectionListed(conn, k)) || d.isClaim(k) {
-			continue
-		}
-		skip := false
-		for _, fw := range forwarded {
-			if k == fw {
-				skip = true
-				break
-			}
-		}
-		if skip {
 			continue
 		}
 		for _, v := range vv {

@@ -168,6 +168,9 @@ func testDirectMatchesReverseProxy(t *testing.T, upstream http.HandlerFunc, newR
 		req.Header.Set("Forwarded", "for=192.0.2.9")
 		req.Header.Set("X-Forwarded-Host", "spoofed")
 		req.Header.Set("X-Forwarded-Proto", "https")
+		for _, k := range sentClaims {
+			req.Header[k] = []string{"spoofed"}
+		}
 		req.Header.Add("X-Forwarded-For", "192.0.2.7")
 		req.Header.Add("X-Multi", "a")
 		req.Header.Add("X-Multi", "b")
@@ -208,12 +211,19 @@ func testDirectMatchesReverseProxy(t *testing.T, upstream http.HandlerFunc, newR
 	if !equalHeader(got[0].header, got[1].header) {
 		t.Errorf("upstream saw\n direct %v\n proxy  %v", got[0].header, got[1].header)
 	}
-	// Nor a forwarding header of the client's, and the front adds only
+	// Nor a proxy claim of the client's, and the front adds only
 	// X-Forwarded-For over plain HTTP (TestForwardedProtoOverTLS).
 	for _, k := range []string{"X-Hop", "Keep-Alive", "Proxy-Authorization", "Forwarded", DefaultProjectHeader,
 		"X-Forwarded-Host", "X-Forwarded-Proto"} {
 		if v, ok := got[0].header[k]; ok {
 			t.Errorf("direct path passed %s: %q", k, v)
+		}
+	}
+	for k, v := range got[0].header {
+		for _, c := range sentClaims {
+			if strings.EqualFold(strings.ReplaceAll(k, "_", "-"), strings.ReplaceAll(c, "_", "-")) {
+				t.Errorf("direct path passed the client's %s as %s: %q", c, k, v)
+			}
 		}
 	}
 	if v := got[0].header.Get("X-Forwarded-For"); v != "127.0.0.1" {
@@ -749,6 +759,13 @@ func idleUpstreams(f *Front) int {
 	}
 	return n
 }
+
+// sentClaims are headers, in the spellings a client may choose, that
+// upstream frameworks read as a proxy's word on the client's address or
+// scheme: none may reach the upstream from a client.
+var sentClaims = []string{"X-Forwarded-Scheme", "X-Forwarded-Ssl", "X-Forwarded-Port", "X-Forwarded-Prefix",
+	"X-Real-Ip", "X_Real_IP", "Client-Ip", "X-Client-Ip", "True-Client-Ip", "X-Url-Scheme", "Front-End-Https",
+	"x_forwarded_ssl", "X_FORWARDED_PROTO"}
 
 // TestForwardedProtoOverTLS: the front's handler mounted on a TLS server
 // tells the upstream so (X-Forwarded-Proto: https), on the direct path and
