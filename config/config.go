@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/membership"
+	"github.com/fairshare-dev/fairshare/internal/proxyclaim"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/fairshare-dev/fairshare/loader/limits"
@@ -523,6 +524,9 @@ func (f *Front) validate() error {
 	}
 	if f.ProjectHeader == "" {
 		return errors.New("front.project_header must not be empty")
+	}
+	if proxyclaim.Is(f.ProjectHeader) {
+		return fmt.Errorf("front.project_header %q is a header the front strips from every request (a proxy's claim on the client's address or scheme, such as X-Forwarded-* or X-Real-Ip): choose another name", f.ProjectHeader)
 	}
 	for host, project := range f.Routes {
 		if host == "" || strings.TrimSpace(project) == "" {

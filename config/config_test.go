@@ -297,3 +297,20 @@ func TestSchedulerBoundsAgreeWithScheduler(t *testing.T) {
 		}
 	}
 }
+
+// A project header the front would strip from every request as a client's
+// proxy claim is refused when the configuration is read, before the
+// daemon writes anything.
+func TestProjectHeaderNotAProxyClaim(t *testing.T) {
+	for h, ok := range map[string]bool{"X-Real-Ip": false, "x_forwarded_project": false, "Forwarded": false, "X-Tenant": true} {
+		c := Default()
+		y := "front:\n  listen: 127.0.0.1:1\n  upstream: http://127.0.0.1:2\n  project_header: " + h + "\n"
+		err := Parse(strings.NewReader(y), &c)
+		if ok && err != nil {
+			t.Errorf("%s: %v", h, err)
+		}
+		if !ok && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "project_header")) {
+			t.Errorf("%s: %v, want ErrInvalid naming front.project_header", h, err)
+		}
+	}
+}

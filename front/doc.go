@@ -75,14 +75,16 @@
 // The project header is removed before the request goes upstream, because it is
 // the client's claim and not the front's decision. With Config.ForwardProject
 // the front sets it upstream to the project it resolved. The client's
-// proxy claims are removed too, under any spelling: Forwarded, every
-// X-Forwarded-*, X-Real-Ip, Client-Ip, X-Client-Ip, True-Client-Ip,
+// proxy claims are removed too, under any spelling: Forwarded,
+// Forwarded-For, X-Forwarded and every X-Forwarded-*, X-Real-Ip,
+// Client-Ip, X-Client-Ip, True-Client-Ip, X-Cluster-Client-Ip, X-Scheme,
 // X-Url-Scheme and Front-End-Https, which upstream frameworks read as a
-// proxy's word on the client's address or scheme. The front sets
+// proxy's word on the client's address or scheme (package proxyclaim). The front sets
 // X-Forwarded-For to the peer's address, and X-Forwarded-Proto: https only
-// for a request that came over TLS. It sends no X-Forwarded-Host, since the Host line is passed on
-// unchanged, and no X-Forwarded-Proto: http, which its own listener would
-// always say.
+// for a request that came over TLS. It sends no X-Forwarded-Host, since
+// the Host line is passed on unchanged, and no X-Forwarded-Proto: http,
+// which its own listener would always say. A project header named as a
+// proxy claim is refused at start.
 //
 // # Exempt class
 //
@@ -408,7 +410,7 @@
 // and 30.4 us, 0.87 of nginx (net/http 0.52). The upstream behind the
 // front costs what it costs behind nginx (12.3 against 12.4 us a GET)
 // since the front sends it no X-Forwarded-Host, nor X-Forwarded-Proto but
-// over TLS (see proxyClaims in identity.go): the two had cost it 0.6-0.9
+// over TLS (see isClaim in identity.go): the two had cost it 0.6-0.9
 // us.
 //
 // Where the rest of the gap goes: BenchmarkOverhead also reports wrk's own

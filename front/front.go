@@ -26,6 +26,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/internal/listen"
+	"github.com/fairshare-dev/fairshare/internal/proxyclaim"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
 )
@@ -198,7 +199,7 @@ type Front struct {
 	// projectKey is Config.ProjectHeader in canonical form, as keys of a
 	// parsed request's header map are.
 	projectKey string
-	// claimProject is Config.ProjectHeader as claimKey folds it.
+	// claimProject is Config.ProjectHeader as proxyclaim.Fold folds it.
 	claimProject string
 	// costKey is Config.CostHeader in canonical form.
 	costKey string
@@ -224,6 +225,11 @@ type Front struct {
 func New(cfg Config, deps Deps) (*Front, error) {
 	if cfg.ProjectHeader == "" {
 		cfg.ProjectHeader = DefaultProjectHeader
+	}
+	if proxyclaim.Is(cfg.ProjectHeader) {
+		// It would be stripped as the client's claim, and the front's
+		// own X-Forwarded-For would collide with it.
+		return nil, fmt.Errorf("project header %q: the front strips it from every request as a proxy's claim on the client's address or scheme; choose another name", cfg.ProjectHeader)
 	}
 	if cfg.CostHeader == "" {
 		cfg.CostHeader = DefaultCostHeader
@@ -256,7 +262,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	}
 	f := &Front{cfg: cfg, deps: deps, clk: clock.Or(deps.Clock), log: deps.Log, upstream: u, routes: routes, drainFor: 5 * time.Second,
 		exemptProjects: map[string]bool{}, exemptRoutes: map[string]bool{}, bufs: &bufferPool{},
-		projectKey: http.CanonicalHeaderKey(cfg.ProjectHeader), claimProject: claimKey(cfg.ProjectHeader),
+		projectKey: http.CanonicalHeaderKey(cfg.ProjectHeader), claimProject: proxyclaim.Fold(cfg.ProjectHeader),
 		costKey: http.CanonicalHeaderKey(cfg.CostHeader)}
 	for _, p := range cfg.Exempt.Projects {
 		if err := ValidateProject(p); err != nil {
@@ -934,7 +940,7 @@ func (f *Front) rewrite(pr *httputil.ProxyRequest) {
 			delete(pr.Out.Header, k)
 		}
 	}
-	// As the direct path (see proxyClaims), once the client's claims are
+	// As the direct path (see isClaim), once the client's claims are
 	// gone (Rewrite has dropped its Forwarded and X-Forwarded-{For,Host,
 	// Proto}, the loop above the others).
 	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {

@@ -744,6 +744,19 @@ func TestNewValidates(t *testing.T) {
 			t.Errorf("upstream %q: err %v, want ErrNoUpstream", up, err)
 		}
 	}
+	// A project header the front would strip as a client's proxy claim
+	// (and whose forwarded value would collide with the front's own
+	// X-Forwarded-For) is refused, under any spelling.
+	for _, h := range []string{"X-Forwarded-For", "x_real_ip", "X-Forwarded-Project", "Forwarded", "X-Scheme"} {
+		if _, err := New(Config{Upstream: "http://x", ProjectHeader: h}, Deps{}); err == nil || !strings.Contains(err.Error(), "proxy's claim") {
+			t.Errorf("project header %q: err %v, want it refused", h, err)
+		}
+	}
+	for _, h := range []string{"X-Tenant", "Fairshare-Project", "X-Forwardedness"} {
+		if _, err := New(Config{Upstream: "http://x", ProjectHeader: h}, Deps{}); err != nil {
+			t.Errorf("project header %q: %v", h, err)
+		}
+	}
 }
 
 // outcomeCount reads fairshare_front_requests_total for project and outcome.

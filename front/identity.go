@@ -9,12 +9,12 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/clock"
+	"github.com/fairshare-dev/fairshare/internal/proxyclaim"
 )
 
 // ErrUntrusted means a request named its project in the header from a peer
@@ -136,70 +136,18 @@ func (f *Front) isExempt(project string, p *peer) bool {
 	return f.exemptProjects[project] || (f.id.exemptCgs != nil && f.id.exemptCgs.lookup(f.cgroupOf(p)) != "")
 }
 
-// claimKey folds a request header name the way the many upstreams that read
-// headers through CGI-style variables do (case and '-' versus '_' do not
-// count), so that "fairshare_project" is recognised as a claim to the
-// project header.
-func claimKey(k string) string {
-	return strings.ReplaceAll(strings.ToLower(k), "_", "-")
-}
-
 // isClaim reports whether request header k is one the front decides and
 // the client may not pass upstream under any spelling (case, and '-'
 // versus '_', do not count): the project header, and the proxy claims
-// (proxyClaim).
+// (package proxyclaim). The front sets X-Forwarded-For itself, and
+// X-Forwarded-Proto for a request over TLS (directUpstream.writeHead,
+// Front.rewrite); it sends no X-Forwarded-Host, which would repeat the
+// Host line (passed on unchanged), and no X-Forwarded-Proto: http, which
+// its own listener would always say: each line the front adds is parsed
+// by the upstream on every request, and the two cost a Go upstream 0.6-0.9
+// us a request on 2 cores.
 func (f *Front) isClaim(k string) bool {
-	return proxyClaim(k) || foldEq(k, f.claimProject)
-}
-
-// proxyClaims are the headers, as claimKey folds them, that common upstream
-// frameworks take as a proxy's word on the client's address or scheme
-// (gorilla/handlers, Rack, werkzeug's ProxyFix, Express, IIS), besides
-// every X-Forwarded-* (For, Host, Proto, Port, Scheme, Ssl, Prefix and the
-// rest): none from a client reaches the upstream, so that an upstream
-// trusting the front takes no client's word for either. The front sets
-// X-Forwarded-For itself, and X-Forwarded-Proto for a request over TLS
-// (directUpstream.writeHead, Front.rewrite); it sends no X-Forwarded-Host,
-// which would repeat the Host line (passed on unchanged), and no
-// X-Forwarded-Proto: http, which its own listener would always say: each
-// line the front adds is parsed by the upstream on every request, and the
-// two cost a Go upstream 0.6-0.9 us a request on 2 cores.
-var proxyClaims = []string{"forwarded", "x-real-ip", "client-ip", "x-client-ip", "true-client-ip", "x-url-scheme", "front-end-https"}
-
-// proxyClaim reports whether request header k is a proxy claim under any
-// spelling: an X-Forwarded-* or one of proxyClaims.
-func proxyClaim(k string) bool {
-	const xf = "x-forwarded-"
-	if len(k) > len(xf) && foldEq(k[:len(xf)], xf) {
-		return true
-	}
-	for _, c := range proxyClaims {
-		if foldEq(k, c) {
-			return true
-		}
-	}
-	return false
-}
-
-// foldEq reports whether k folded by claimKey is c (already folded),
-// without allocating: it runs for every header of every request.
-func foldEq(k, c string) bool {
-	if len(k) != len(c) {
-		return false
-	}
-	for i := range len(k) {
-		b := k[i]
-		switch {
-		case b == '_':
-			b = '-'
-		case 'A' <= b && b <= 'Z':
-			b += 'a' - 'A'
-		}
-		if b != c[i] {
-			return false
-		}
-	}
-	return true
+	return proxyclaim.Is(k) || proxyclaim.FoldEq(k, f.claimProject)
 }
 
 // identity holds the operator's trust and exempt sets and the cgroup indexes

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
+	"github.com/fairshare-dev/fairshare/internal/proxyclaim"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/pools"
 )
@@ -331,7 +332,7 @@ func TestIdentityUnclaimable(t *testing.T) {
 		// Every spelling of the project header that reached the upstream.
 		var seen []string
 		for k, vv := range req.Header {
-			if claimKey(k) == "fairshare-project" {
+			if proxyclaim.Fold(k) == "fairshare-project" {
 				seen = append(seen, k+"="+strings.Join(vv, ","))
 			}
 		}

@@ -478,7 +478,7 @@ func isHopByHop(key string) bool {
 // writeHead writes the head of the upstream request for r into bw (not
 // flushed): its method, URI, Host and end-to-end headers, the project
 // header only when configured, X-Forwarded-For and, over TLS,
-// X-Forwarded-Proto (see proxyClaims), and the body's framing: its
+// X-Forwarded-Proto (see isClaim), and the body's framing: its
 // Content-Length, or chunked when its length is unknown. Expect is not
 // passed on: the client's 100-continue is answered by the front's server
 // when the body is first read, after the request was admitted.
