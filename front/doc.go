@@ -79,7 +79,8 @@
 // Forwarded-For, X-Forwarded and every X-Forwarded-*, X-Real-Ip,
 // Client-Ip, X-Client-Ip, True-Client-Ip, X-Cluster-Client-Ip, X-Scheme,
 // X-Url-Scheme and Front-End-Https, which upstream frameworks read as a
-// proxy's word on the client's address or scheme (package proxyclaim). The front sets
+// proxy's word on the client's address or scheme (package proxyclaim); the
+// same go from a chunked request's trailers. The front sets
 // X-Forwarded-For to the peer's address, and X-Forwarded-Proto: https only
 // for a request that came over TLS. It sends no X-Forwarded-Host, since
 // the Host line is passed on unchanged, and no X-Forwarded-Proto: http,

@@ -940,6 +940,11 @@ func (f *Front) rewrite(pr *httputil.ProxyRequest) {
 			delete(pr.Out.Header, k)
 		}
 	}
+	for k := range pr.Out.Trailer { // as the direct path's passTrailer
+		if k == f.projectKey || f.isClaim(k) {
+			delete(pr.Out.Trailer, k)
+		}
+	}
 	// As the direct path (see isClaim), once the client's claims are
 	// gone (Rewrite has dropped its Forwarded and X-Forwarded-{For,Host,
 	// Proto}, the loop above the others).

@@ -475,6 +475,13 @@ func isHopByHop(key string) bool {
 	return false
 }
 
+// passTrailer reports whether the client's request trailer field k goes
+// upstream: not the project header, nor a proxy claim, which an upstream
+// merging trailers into the head would read as the front's word.
+func (d *directUpstream) passTrailer(k string) bool {
+	return k != d.projectKey && !d.isClaim(k)
+}
+
 // writeHead writes the head of the upstream request for r into bw (not
 // flushed): its method, URI, Host and end-to-end headers, the project
 // header only when configured, X-Forwarded-For and, over TLS,
@@ -533,9 +540,13 @@ func (d *directUpstream) writeHead(bw *bufio.Writer, r *http.Request, x *exchang
 		if len(r.Trailer) > 0 {
 			keys := make([]string, 0, len(r.Trailer))
 			for k := range r.Trailer {
-				keys = append(keys, k)
+				if d.passTrailer(k) {
+					keys = append(keys, k)
+				}
 			}
-			writeHeaderLine(bw, "Trailer", strings.Join(keys, ", "))
+			if len(keys) > 0 {
+				writeHeaderLine(bw, "Trailer", strings.Join(keys, ", "))
+			}
 		}
 	case r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch:
 		// As http.Transport does: these methods say their empty body.
@@ -817,6 +828,9 @@ func (d *directUpstream) writeBody(uc *upConn, s *bodySend, r *http.Request) err
 			d.armSend(uc)
 			bw.WriteString("0\r\n")
 			for k, vv := range r.Trailer {
+				if !d.passTrailer(k) {
+					continue
+				}
 				for _, v := range vv {
 					writeHeaderLine(bw, k, v)
 				}

@@ -88,7 +88,8 @@ func TestDirectMatchesReverseProxy(t *testing.T) {
 			{"chunked PUT with a trailer", func(url string) *http.Request {
 				req, _ := http.NewRequest("PUT", url+"/c", io.MultiReader(strings.NewReader("piece one, "), strings.NewReader("piece two")))
 				req.ContentLength = -1
-				req.Trailer = http.Header{"X-Check": {"7"}}
+				req.Trailer = http.Header{"X-Check": {"7"}, "X-Forwarded-For": {"6.6.6.6"}, "X-Real-Ip": {"6.6.6.6"},
+					DefaultProjectHeader: {"beta"}}
 				return req
 			}},
 			{"empty POST, Te: trailers", func(url string) *http.Request {
@@ -197,7 +198,15 @@ func testDirectMatchesReverseProxy(t *testing.T, upstream http.HandlerFunc, newR
 		t.Errorf("request line: direct %+v, proxy %+v", got[0], got[1])
 	}
 	// ReverseProxy announces the client's trailer and sends it empty; the
-	// direct path sends its values.
+	// direct path sends its values. Neither passes the project header or a
+	// proxy claim as a trailer.
+	for i := range got {
+		for _, k := range []string{"X-Forwarded-For", "X-Real-Ip", DefaultProjectHeader} {
+			if v, ok := got[i].trailer[k]; ok {
+				t.Errorf("request %d: the client's trailer %s reached the upstream: %q", i, k, v)
+			}
+		}
+	}
 	if got[0].body != got[1].body || got[0].length != got[1].length ||
 		!slices.Equal(slices.Sorted(maps.Keys(got[0].trailer)), slices.Sorted(maps.Keys(got[1].trailer))) ||
 		(got[0].trailer != nil && got[0].trailer.Get("X-Check") != "7") {
