@@ -940,8 +940,8 @@ func (f *Front) rewrite(pr *httputil.ProxyRequest) {
 			delete(pr.Out.Header, k)
 		}
 	}
-	for k := range pr.Out.Trailer { // as the direct path's passTrailer
-		if k == f.projectKey || f.isClaim(k) {
+	for k := range pr.Out.Trailer { // as the direct path's trailers
+		if f.isClaim(k) {
 			delete(pr.Out.Trailer, k)
 		}
 	}

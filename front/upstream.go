@@ -475,13 +475,6 @@ func isHopByHop(key string) bool {
 	return false
 }
 
-// passTrailer reports whether the client's request trailer field k goes
-// upstream: not the project header, nor a proxy claim, which an upstream
-// merging trailers into the head would read as the front's word.
-func (d *directUpstream) passTrailer(k string) bool {
-	return k != d.projectKey && !d.isClaim(k)
-}
-
 // writeHead writes the head of the upstream request for r into bw (not
 // flushed): its method, URI, Host and end-to-end headers, the project
 // header only when configured, X-Forwarded-For and, over TLS,
@@ -540,7 +533,10 @@ func (d *directUpstream) writeHead(bw *bufio.Writer, r *http.Request, x *exchang
 		if len(r.Trailer) > 0 {
 			keys := make([]string, 0, len(r.Trailer))
 			for k := range r.Trailer {
-				if d.passTrailer(k) {
+				// Not the project header nor a proxy claim (isClaim
+				// covers both), which an upstream merging trailers into
+				// the head would read as the front's word.
+				if !d.isClaim(k) {
 					keys = append(keys, k)
 				}
 			}
@@ -828,7 +824,7 @@ func (d *directUpstream) writeBody(uc *upConn, s *bodySend, r *http.Request) err
 			d.armSend(uc)
 			bw.WriteString("0\r\n")
 			for k, vv := range r.Trailer {
-				if !d.passTrailer(k) {
+				if d.isClaim(k) { // as announced in writeHead
 					continue
 				}
 				for _, v := range vv {
