@@ -232,7 +232,7 @@ func TestMain(m *testing.M) {
 		if prof := os.Getenv(benchProfileEnv); prof != "" {
 			// The front runs in this process, not the benchmark's:
 			// -cpuprofile there would not see it.
-			f, err := os.Create(fmt.Sprintf("%s.%s", prof, map[string]string{"0": "nosched", "1": "front", "goproxy": "goproxy", "transport": "transport", "fast": "fast"}[os.Getenv("FAIRSHARE_BENCH_SCHED")]))
+			f, err := os.Create(fmt.Sprintf("%s.%s", prof, map[string]string{"0": "nosched", "1": "front", "goproxy": "goproxy", "transport": "transport", "fast": "fast", "fastnosched": "fastnosched", "fastpool": "fastpool"}[os.Getenv("FAIRSHARE_BENCH_SCHED")]))
 			if err == nil && pprof.StartCPUProfile(f) == nil {
 				defer func() { pprof.StopCPUProfile(); f.Close() }()
 			}
@@ -251,7 +251,9 @@ func TestMain(m *testing.M) {
 // front of upstream, prints its address and serves until stdin closes. mode
 // "1" adds the scheduler (the full front), "fast" is the full front on its
 // fast path (Config.FastPath), "0" leaves the scheduler out (pool and rate
-// buckets only), to show what the scheduler's dispatch costs; "goproxy"
+// buckets only), to show what the scheduler's dispatch costs; "fastnosched"
+// is "0" on the fast path, and "fastpool" the fast path with the pool alone
+// (no rate buckets either: what nginx's limit_conn does); "goproxy"
 // serves net/http's stock reverse proxy instead of the front, nothing else,
 // as the floor of a proxy built on net/http.
 func serveBenchFront(upstream, mode string) error {
@@ -296,7 +298,10 @@ func serveBenchFront(upstream, mode string) error {
 	if err != nil {
 		return err
 	}
-	if mode == "fast" {
+	if mode == "fastpool" {
+		deps.Rates = nil
+	}
+	if strings.HasPrefix(mode, "fast") {
 		f.cfg.FastPath = true
 		f.fastLoops, _ = strconv.Atoi(os.Getenv(benchLoopsEnv))
 	}
@@ -528,7 +533,7 @@ type benchTarget struct {
 // benchTargets starts the proxies in front of up: the front (pool, rates and
 // scheduler), nosched (the front without the scheduler), transport (the
 // front with its direct path off: every request through ReverseProxy and
-// http.Transport), baseline (the front
+// http.Transport), fastnosched and fastpool (see serveBenchFront), baseline (the front
 // of another build, with FAIRSHARE_BENCH_BASELINE), goproxy (net/http's
 // stock httputil.ReverseProxy and nothing else) and nginx when installed.
 func benchTargets(b *testing.B, up string) []benchTarget {
@@ -537,7 +542,10 @@ func benchTargets(b *testing.B, up string) []benchTarget {
 	ns, nsPID := benchFront(b, up, false)
 	tr, trPID := benchFrontOf(b, os.Args[0], up, "transport")
 	fa, faPID := benchFrontOf(b, os.Args[0], up, "fast")
-	targets = append(targets, benchTarget{"front", fr, frPID}, benchTarget{"fast", fa, faPID}, benchTarget{"nosched", ns, nsPID}, benchTarget{"transport", tr, trPID})
+	fn, fnPID := benchFrontOf(b, os.Args[0], up, "fastnosched")
+	fp, fpPID := benchFrontOf(b, os.Args[0], up, "fastpool")
+	targets = append(targets, benchTarget{"front", fr, frPID}, benchTarget{"fast", fa, faPID}, benchTarget{"nosched", ns, nsPID}, benchTarget{"transport", tr, trPID},
+		benchTarget{"fastnosched", fn, fnPID}, benchTarget{"fastpool", fp, fpPID})
 	if base := os.Getenv(benchBaselineEnv); base != "" {
 		mode := "1"
 		if fastBaseline := os.Getenv("FAIRSHARE_BENCH_BASELINE_FAST") == "1"; fastBaseline {
@@ -614,7 +622,10 @@ func cpuOf(tg benchTarget) time.Duration {
 //
 // Targets, in turn: direct, front (pool, rates and scheduler, on net/http's
 // server), fast (the same front on its fast path, as the daemon runs it by
-// default), nosched (the front without the scheduler), baseline (the front of another build, with
+// default), nosched (the front without the scheduler), transport,
+// fastnosched and fastpool (the fast path without the scheduler, and with
+// the pool alone: what each part of the front costs beside nginx's
+// limit_conn), baseline (the front of another build, with
 // FAIRSHARE_BENCH_BASELINE), goproxy (net/http's stock
 // httputil.ReverseProxy alone), nginx.
 func BenchmarkOverhead(b *testing.B) {

@@ -416,23 +416,29 @@
 //
 // Where the rest of the gap goes: BenchmarkOverhead also reports wrk's own
 // CPU a request and how many of the two cores proxy, upstream and wrk keep
-// busy together. In one run of 5 (FAIRSHARE_BENCH_TARGETS=nginx,nginx1,fast
-// with FAIRSHARE_BENCH_NGINX_WORKERS=1) the three spent the same CPU a
-// request behind the front as behind nginx: 27.3 against 27.0 us (proxy
-// 10.5 against 10.3, upstream 12.0 and 12.0, wrk 4.9 and 4.8; per run
-// 0.95-1.10 times, median 1.01). So the lower throughput (0.90) is cores
-// left idle: the three kept 1.70 of them busy against nginx's 1.88 (nginx
-// with one worker 1.78; per run 0.87-0.97 of nginx's, median 0.88; busy
-// cores are CPU a request times throughput, and the targets take turns, so
-// other load weighs on each alike). Where the idle time comes from is
-// inferred, not measured: the one loop, which every request passes twice,
-// sleeps about twice as often a request as nginx's worker (0.09-0.10
-// voluntary switches against 0.04-0.06) and is preempted more (0.26-0.33
-// against 0.19-0.21, from /proc under wrk), and the cores may go idle
-// while it is switched out or being woken.
-// The loop's kernel time a request is nginx's (about 7 us); its user time
-// is 3.3 us against nginx's 2.2-2.9, spread thin: header maps 4-5% of its
-// samples, parsing 3%, allocation and collection 3%, clock reads 2%, the
+// busy together, and has targets that take the front apart: fastnosched
+// (the fast path without the scheduler) and fastpool (the pool alone, no
+// rate buckets either, which is what nginx's limit_conn does). The
+// reference that explains the gap is nginx with one worker
+// (FAIRSHARE_BENCH_NGINX_WORKERS=1, target nginx1): single-threaded, as the
+// loop is, it serves 0.98-0.99 of what nginx with two workers serves, at
+// 0.91-0.92 of its CPU a request. Against it (medians of two runs of 5,
+// FAIRSHARE_BENCH_TARGETS=nginx,nginx1,fast,fastnosched,fastpool) the fast
+// path spends 1.09-1.11 times the CPU a request and serves 0.88-0.90;
+// fastnosched 1.09-1.10 and 0.89-0.90; fastpool 1.05-1.07 and 0.91. The
+// upstream and wrk spend about the same behind each, and busy cores follow
+// throughput (1.66-1.67 for the fast path, 1.77 for nginx1). So the loop's
+// own time a request sets the rate, and the front's steps beyond the pool
+// are the smaller part of the difference. From /proc under wrk, each proxy
+// alone with its upstream, the loop's kernel time a request is nginx's
+// (about 7 us, over 4.3 system calls a request against nginx's 5.3 with
+// two workers, by perf stat), and its user time 3.1-3.6 us against
+// nginx1's 2.3-2.7; its voluntary switches are 0.08-0.10 a request against
+// 0.04-0.07, its preemptions about the same (0.3).
+// The loop's user time is spread thin: header maps 4-5% of its
+// samples, parsing 3%, allocation and collection 3%, clock reads 2-3% (the
+// rate buckets, the scheduler, the pool and the front's own latency
+// figures each read the clock, about seven reads a request), the
 // runtime's system call entry and exit 2%. Ruled out, each measured
 // against main's build in one run and reverted: collecting less often
 // (GOGC=800 in the front's process);
@@ -447,7 +453,13 @@
 // times the CPU a request at the moderate rate (1.19 with the looks), and
 // with 2 connections served 0.82 of main's requests while wrk's own CPU a
 // request rose from 9.9 to 12.8 us; the extra looks without a locked
-// thread changed nothing. A second
+// thread changed nothing. A higher priority for the loop's thread (nice -5
+// on the front's threads) cut its preemptions from 0.3 to 0.07 a request
+// and gained 2% throughput at 1.08 times the CPU a request; a shorter
+// EEVDF slice for its locked thread (sched_setattr, 0.1 and 0.3 ms) gained
+// nothing; raw system calls for its reads and writes (no runtime entry and
+// exit around them) saved 0.15 us a request and gained no throughput.
+// A second
 // loop (FAIRSHARE_BENCH_FAST_LOOPS="1 2" adds targets fast1 and fast2)
 // reached 0.93-0.99 of nginx's throughput at 1.2
 // times its CPU a request, and 1.4-1.6 times at the moderate rate; giving
