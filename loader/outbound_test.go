@@ -129,6 +129,46 @@ func TestFloorKeptForLateProject(t *testing.T) {
 	waitInUse(t, l, 2, map[string]int{"big": 0})
 }
 
+// A project alone may fill the pool: it is never past its share (the whole
+// pool) while it does, so nothing is kept for a newcomer, which is refused
+// at once. From the newcomer's refusal on, the share is halved and the
+// holder is over it: the next permit released goes to the newcomer, not
+// back to the holder (README, "Hostile local users").
+func TestLoneProjectFillsPoolNewcomerGetsNextRelease(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 2)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	dir := mkProject(t, root, "holder")
+	holder, holder2 := startHelper(t, dir), startHelper(t, dir)
+	newcomer := startHelper(t, mkProject(t, root, "newcomer"))
+	if r := holder.dial("tcp4", addr, 9); r.ok != 9 {
+		t.Fatalf("holder alone: %+v", r)
+	}
+	if r := holder2.dial("tcp4", addr, 2); r.ok != 1 || r.refused != 1 {
+		t.Fatalf("holder alone up to the whole pool of 10: %+v; %+v", r, snap(t, l))
+	}
+	if r := newcomer.dial("tcp4", addr, 1); r.refused != 1 {
+		t.Fatalf("newcomer on a pool its holder filled alone: %+v; %+v", r, snap(t, l))
+	}
+	if s := snap(t, l); s.Share != 5 || s.Active != 2 || s.InUse != 10 {
+		t.Fatalf("after the newcomer asked: %+v", s)
+	}
+	holder2.do("close")
+	waitInUse(t, l, 9, map[string]int{"holder": 9})
+	// in_use 9 >= POOL - FLOOR (8) and holder (9) is over its share of 5.
+	if r := holder.dial("tcp4", addr, 1); r.refused != 1 {
+		t.Fatalf("holder took back the released permit: %+v; %+v", r, snap(t, l))
+	}
+	if r := newcomer.dial("tcp4", addr, 2); r.ok != 1 || r.refused != 1 {
+		t.Fatalf("newcomer after one release: %+v, want the one released; %+v", r, snap(t, l))
+	}
+	holder.do("close")
+	newcomer.do("close")
+	waitInUse(t, l, 0, map[string]int{"holder": 0, "newcomer": 0})
+}
+
 // A node with room refuses nothing, even to a project far over its share.
 func TestNodeWithRoomRefusesNothing(t *testing.T) {
 	testutil.RequireRoot(t)
