@@ -727,7 +727,8 @@ type loop struct {
 	bw      *bufio.Writer
 	now     time.Time
 	check   time.Time   // the earliest deadline, or later
-	hdr     http.Header // the fields of the answer being relayed
+	fields  plainFields // the fields of the answer being relayed
+	costKey string      // the cost header's key; "" if hop-by-hop (never read, as on net/http's path)
 	date    []byte      // Date of answers in dateSec
 	dateSec int64
 	drainBy time.Time // draining: every client closed by then; zero when not
@@ -751,8 +752,11 @@ func newLoop(fs *fastServer) (*loop, error) {
 		unix.Close(epfd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	lp := &loop{fs: fs, f: fs.f, d: fs.d, epfd: epfd, hdr: make(http.Header, 16), efd: efd, clients: map[int32]*fclient{}, ups: map[int32]*fupstream{},
+	lp := &loop{fs: fs, f: fs.f, d: fs.d, epfd: epfd, efd: efd, clients: map[int32]*fclient{}, ups: map[int32]*fupstream{},
 		buf: make([]byte, fastReadBuf), bw: bufio.NewWriterSize(io.Discard, 4<<10)}
+	if !isHopByHop(fs.f.costKey) {
+		lp.costKey = fs.f.costKey
+	}
 	if fs.addr != nil {
 		lp.addr = copySockaddr(fs.addr)
 	}
@@ -1561,12 +1565,13 @@ func (lp *loop) readUp(u *fupstream) {
 // answerHead relays the answer's head when it is plain, and hands the
 // exchange to net/http's path otherwise.
 func (lp *loop) answerHead(c *fclient, u *fupstream) {
-	// The answer's fields are only read into the head written below:
-	// one map serves every answer of the loop.
-	dst := lp.hdr
-	clear(dst)
-	defer clear(dst)
-	status, length, n, ok := plainHeadBytes(u.in, c.r.Method, dst)
+	// The answer's fields go from the loop's one plainFields straight
+	// into the head written (appendAnswer), with no header map between:
+	// building, reading and clearing one cost about 0.4 us a request
+	// (BenchmarkOverhead against the build with the map: 0.955 times the
+	// CPU a request and 1.033 times the throughput, medians of 5).
+	fs := &lp.fields
+	status, length, n, ok := fs.parse(u.in, c.r.Method)
 	if !ok {
 		if !bytes.Contains(u.in, []byte("\r\n\r\n")) && len(u.in) < fastAnswerMax {
 			return // more to come
@@ -1574,14 +1579,18 @@ func (lp *loop) answerHead(c *fclient, u *fupstream) {
 		lp.resume(c, u)
 		return
 	}
-	if length > 0 && dst["Content-Type"] == nil {
+	if _, typed := fs.get("Content-Type"); length > 0 && !typed {
 		// net/http's server would sniff one: its path answers.
 		lp.resume(c, u)
 		return
 	}
 	u.setDeadline(lp, dlNone, time.Time{})
 	x := c.a.x
-	lp.f.annotate(x, dst)
+	var cost string
+	if lp.costKey != "" {
+		cost, _ = fs.get(lp.costKey)
+	}
+	lp.f.answered(x, cost)
 	body := u.in[n:]
 	extra := int64(len(body)) > length
 	if extra {
@@ -1589,7 +1598,7 @@ func (lp *loop) answerHead(c *fclient, u *fupstream) {
 	}
 	c.left = length - int64(len(body))
 	c.state = csBody
-	lp.obuf = appendHead(lp.obuf[:0], status, dst, lp.dateNow())
+	lp.obuf = lp.appendAnswer(lp.obuf[:0], status, fs, x)
 	lp.obuf = append(lp.obuf, body...)
 	u.in = u.in[:0]
 	if extra {
@@ -1890,9 +1899,39 @@ func (lp *loop) closeUp(u *fupstream) {
 	unix.Close(u.fd)
 }
 
-// appendHead appends an HTTP/1.1 answer head, as net/http's server writes
-// one (with a Date when the header has none).
-func appendHead(b []byte, status int, h http.Header, date []byte) []byte {
+// appendAnswer appends the head of x's answer: the upstream's status and
+// fields (fs) less the hop-by-hop ones and those the front sets or
+// consumes, then the front's own (what annotate sets on net/http's path),
+// and a Date if the upstream sent none.
+func (lp *loop) appendAnswer(b []byte, status int, fs *plainFields, x *exchange) []byte {
+	b = appendStatusLine(b, status)
+	dated := false
+	for _, f := range fs.f[:fs.n] {
+		switch f.key {
+		case HeaderClass, HeaderQueueWait, HeaderRefused, lp.f.costKey:
+			continue
+		case "Date":
+			dated = true
+		}
+		if isHopByHop(f.key) {
+			continue
+		}
+		b = appendField(b, f.key, f.value)
+	}
+	for _, v := range classOf(x) {
+		b = appendField(b, HeaderClass, v)
+	}
+	for _, v := range queueWaitOf(x) {
+		b = appendField(b, HeaderQueueWait, v)
+	}
+	if !dated {
+		b = appendField(b, "Date", lp.dateNow())
+	}
+	return append(b, "\r\n"...)
+}
+
+// appendStatusLine appends the status line net/http's server writes.
+func appendStatusLine(b []byte, status int) []byte {
 	b = append(b, "HTTP/1.1 "...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, ' ')
@@ -1902,19 +1941,28 @@ func appendHead(b []byte, status int, h http.Header, date []byte) []byte {
 		b = append(b, "status code "...)
 		b = strconv.AppendInt(b, int64(status), 10)
 	}
-	b = append(b, "\r\n"...)
+	return append(b, "\r\n"...)
+}
+
+// appendField appends the field line "k: v".
+func appendField[V string | []byte](b []byte, k string, v V) []byte {
+	b = append(b, k...)
+	b = append(b, ": "...)
+	b = append(b, v...)
+	return append(b, "\r\n"...)
+}
+
+// appendHead appends an HTTP/1.1 answer head, as net/http's server writes
+// one (with a Date when the header has none).
+func appendHead(b []byte, status int, h http.Header, date []byte) []byte {
+	b = appendStatusLine(b, status)
 	for k, vv := range h {
 		for _, v := range vv {
-			b = append(b, k...)
-			b = append(b, ": "...)
-			b = append(b, v...)
-			b = append(b, "\r\n"...)
+			b = appendField(b, k, v)
 		}
 	}
 	if h["Date"] == nil {
-		b = append(b, "Date: "...)
-		b = append(b, date...)
-		b = append(b, "\r\n"...)
+		b = appendField(b, "Date", date)
 	}
 	return append(b, "\r\n"...)
 }

@@ -984,36 +984,56 @@ func (f *Front) modifyResponse(resp *http.Response) error {
 // annotate records the upstream's answer in x (it came, its cost) and sets
 // the front's headers on it.
 func (f *Front) annotate(x *exchange, h http.Header) {
-	x.outcome = outcomeOK
-	if v := h.Get(f.cfg.CostHeader); v != "" {
-		c, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-		if err == nil && c >= 0 && !math.IsInf(c, 0) {
-			x.cost, x.hasCost = c, true
-		} else {
-			f.log.Warn("ignoring bad cost header", "project", x.project, "value", v)
-		}
-	}
+	f.answered(x, h.Get(f.cfg.CostHeader))
 	delete(h, f.costKey)
 	delete(h, HeaderRefused)
 	// The values are shared, read-only slices (net/http copies a header's
 	// values when it writes them; len == cap, so an append copies too): three
 	// fewer allocations per request than Set and formatting each time.
-	switch {
-	case x.exempt:
-		h[HeaderClass] = classExempt
-	case x.class >= scheduler.P1 && x.class <= scheduler.P3:
-		h[HeaderClass] = classValues[x.class]
-	case x.class != 0:
-		h.Set(HeaderClass, x.class.String())
-	default:
+	if class := classOf(x); class != nil {
+		h[HeaderClass] = class
+	} else {
 		// No scheduler: no class, and none from the upstream either.
 		delete(h, HeaderClass)
 	}
-	if x.waited == 0 {
-		h[HeaderQueueWait] = noWait
-	} else {
-		h.Set(HeaderQueueWait, strconv.FormatFloat(x.waited.Seconds(), 'f', 6, 64))
+	h[HeaderQueueWait] = queueWaitOf(x)
+}
+
+// answered records in x that the upstream answered, at the cost its cost
+// header says (v; "" when it sent none).
+func (f *Front) answered(x *exchange, v string) {
+	x.outcome = outcomeOK
+	if v == "" {
+		return
 	}
+	c, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err == nil && c >= 0 && !math.IsInf(c, 0) {
+		x.cost, x.hasCost = c, true
+	} else {
+		f.log.Warn("ignoring bad cost header", "project", x.project, "value", v)
+	}
+}
+
+// classOf is the value of HeaderClass on x's answer; nil when x went
+// through no scheduler.
+func classOf(x *exchange) []string {
+	switch {
+	case x.exempt:
+		return classExempt
+	case x.class >= scheduler.P1 && x.class <= scheduler.P3:
+		return classValues[x.class]
+	case x.class != 0:
+		return []string{x.class.String()}
+	}
+	return nil
+}
+
+// queueWaitOf is the value of HeaderQueueWait on x's answer.
+func queueWaitOf(x *exchange) []string {
+	if x.waited == 0 {
+		return noWait
+	}
+	return []string{strconv.FormatFloat(x.waited.Seconds(), 'f', 6, 64)}
 }
 
 // The values of HeaderClass and of HeaderQueueWait for a request that did

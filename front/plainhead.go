@@ -41,7 +41,51 @@ func plainHead(br *bufio.Reader, method string, dst http.Header) (status int, le
 // plainHeadBytes is plainHead on the bytes buf holds: n is the length of
 // the head, empty line included.
 func plainHeadBytes(buf []byte, method string, dst http.Header) (status int, length int64, n int, ok bool) {
-	if method == http.MethodHead || len(dst) != 0 {
+	if len(dst) != 0 {
+		return 0, 0, 0, false
+	}
+	var fs plainFields
+	status, length, n, ok = fs.parse(buf, method)
+	if !ok {
+		return 0, 0, 0, false
+	}
+	vals := make([]string, fs.n)
+	for i, f := range fs.f[:fs.n] {
+		if isHopByHop(f.key) {
+			continue
+		}
+		vals[i] = f.value
+		dst[f.key] = vals[i : i+1 : i+1] // len == cap: an append copies
+	}
+	return status, length, n, true
+}
+
+// plainField is one field of a plain head: its key in canonical form.
+type plainField struct{ key, value string }
+
+// plainFields are the fields of a plain head, in the order it gave them,
+// hop-by-hop ones included; no key comes twice.
+type plainFields struct {
+	f [maxPlainFields]plainField
+	n int
+}
+
+// get returns the value of the field with canonical key k and whether fs
+// has one.
+func (fs *plainFields) get(k string) (string, bool) {
+	for _, f := range fs.f[:fs.n] {
+		if f.key == k {
+			return f.value, true
+		}
+	}
+	return "", false
+}
+
+// parse reads the head at the start of buf into fs if it is plain (see
+// plainHead): n is the length of the head, empty line included.
+func (fs *plainFields) parse(buf []byte, method string) (status int, length int64, n int, ok bool) {
+	fs.n = 0
+	if method == http.MethodHead {
 		return 0, 0, 0, false
 	}
 	end := bytes.Index(buf, []byte("\r\n\r\n"))
@@ -78,21 +122,20 @@ func plainHeadBytes(buf []byte, method string, dst http.Header) (status int, len
 		off += len(line) + 2
 	}
 	s := string(head)
-	var keys [maxPlainFields]string
 	length = -1
 	for i := range nf {
 		k := textproto.CanonicalMIMEHeaderKey(s[spans[i][0]:spans[i][1]])
-		for _, seen := range keys[:i] {
-			if k == seen {
+		for _, seen := range fs.f[:i] {
+			if k == seen.key {
 				return 0, 0, 0, false
 			}
 		}
-		keys[i] = k
+		fs.f[i] = plainField{k, s[spans[i][2]:spans[i][3]]}
 		switch k {
 		case "Transfer-Encoding", "Connection", "Trailer":
 			return 0, 0, 0, false
 		case "Content-Length":
-			if length, ok = plainLength(s[spans[i][2]:spans[i][3]]); !ok {
+			if length, ok = plainLength(fs.f[i].value); !ok {
 				return 0, 0, 0, false
 			}
 		}
@@ -100,14 +143,7 @@ func plainHeadBytes(buf []byte, method string, dst http.Header) (status int, len
 	if length < 0 {
 		return 0, 0, 0, false
 	}
-	vals := make([]string, nf)
-	for i, k := range keys[:nf] {
-		if isHopByHop(k) {
-			continue
-		}
-		vals[i] = s[spans[i][2]:spans[i][3]]
-		dst[k] = vals[i : i+1 : i+1] // len == cap: an append copies
-	}
+	fs.n = nf
 	return status, length, end + 4, true
 }
 
