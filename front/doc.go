@@ -405,14 +405,18 @@
 // reads only what epoll reported, never peeks (an idle upstream connection
 // that speaks is an event), and needs 4.4 system calls and 0.38 context
 // switches a request. In BenchmarkOverhead with wrk (medians of 5, 2 cores
-// shared with wrk and the upstream) the fast path served GETs at 10.9 us
-// of CPU a request against nginx's 11.0 and net/http's 23.1, at 0.89 of
-// nginx's throughput (net/http 0.66); POSTs of 1 KiB at 10.9 against 11.6
-// and 30.4 us, 0.87 of nginx (net/http 0.52). The upstream behind the
-// front costs what it costs behind nginx (12.3 against 12.4 us a GET)
-// since the front sends it no X-Forwarded-Host, nor X-Forwarded-Proto but
-// over TLS (see isClaim in identity.go): the two had cost it 0.6-0.9
-// us.
+// shared with wrk and the upstream) the fast path served GETs at 9.9 us of
+// CPU a request against nginx's 10.5 (net/http's server, earlier: 23.1), at
+// 0.94 of nginx's throughput (net/http 0.66); POSTs of 1 KiB at 10.2
+// against 11.8 and 30.1 us, 0.95 of nginx (net/http 0.55). The upstream
+// behind the front costs what it costs behind nginx (11.7 against 12.2 us
+// a GET) since the front sends it no X-Forwarded-Host, nor
+// X-Forwarded-Proto but over TLS (see isClaim in identity.go): the two had
+// cost it 0.6-0.9 us. The loop relays an answer's head from its parsed
+// fields (plainFields) with no header map between: against the build with
+// the map, 0.955 times the CPU a request and 1.033 times the throughput
+// (medians of 5 in one run, FAIRSHARE_BENCH_BASELINE with
+// FAIRSHARE_BENCH_BASELINE_FAST=1).
 //
 // Where the rest of the gap goes: BenchmarkOverhead also reports wrk's own
 // CPU a request and how many of the two cores proxy, upstream and wrk keep
@@ -421,25 +425,28 @@
 // rate buckets either, which is what nginx's limit_conn does). The
 // reference that explains the gap is nginx with one worker
 // (FAIRSHARE_BENCH_NGINX_WORKERS=1, target nginx1): single-threaded, as the
-// loop is, it serves 0.98-0.99 of what nginx with two workers serves, at
-// 0.91-0.92 of its CPU a request. Against it (medians of two runs of 5,
+// loop is, it serves 1.01 of what nginx with two workers serves, at 0.95 of
+// its CPU a request. Against it (medians of 5,
 // FAIRSHARE_BENCH_TARGETS=nginx,nginx1,fast,fastnosched,fastpool) the fast
-// path spends 1.09-1.11 times the CPU a request and serves 0.88-0.90;
-// fastnosched 1.09-1.10 and 0.89-0.90; fastpool 1.05-1.07 and 0.91. The
-// upstream and wrk spend about the same behind each, and busy cores follow
-// throughput (1.66-1.67 for the fast path, 1.77 for nginx1). So the loop's
-// own time a request sets the rate, and the front's steps beyond the pool
-// are the smaller part of the difference. From /proc under wrk, each proxy
-// alone with its upstream, the loop's kernel time a request is nginx's
-// (about 7 us, over 4.3 system calls a request against nginx's 5.3 with
-// two workers, by perf stat), and its user time 3.1-3.6 us against
-// nginx1's 2.3-2.7; its voluntary switches are 0.08-0.10 a request against
-// 0.04-0.07, its preemptions about the same (0.3).
-// The loop's user time is spread thin: header maps 4-5% of its
-// samples, parsing 3%, allocation and collection 3%, clock reads 2-3% (the
-// rate buckets, the scheduler, the pool and the front's own latency
-// figures each read the clock, about seven reads a request), the
-// runtime's system call entry and exit 2%. Ruled out, each measured
+// path spends 0.99 times the CPU a request and serves 0.93 (before the
+// loop dropped the answer's header map, 1.09-1.11 and 0.88-0.90 in two
+// runs). The upstream and wrk spend about the same behind each, and busy
+// cores follow throughput (1.62 for the fast path, 1.85 for nginx1). The
+// front's steps beyond the pool are not what is left: fastpool spent 0.95
+// to 1.01 of the fast path's CPU a request in three runs, inside the
+// noise. From /proc under wrk, each proxy alone with its upstream (before
+// that change), the loop's kernel time a request was nginx's (about 7 us,
+// over 4.3 system calls a request against nginx's 5.3 with two workers, by
+// perf stat), and its user time 3.1-3.6 us against nginx1's 2.3-2.7; its
+// voluntary switches are 0.08-0.10 a request against 0.04-0.07, its
+// preemptions about the same (0.3).
+// The loop's user time is spread thin (perf record -e cpu-clock:u, before
+// that change): the header maps of the request and the answer 10-18% of
+// it, building the request's net/http structures (url, fields) 8%,
+// allocation and collection 10%, clock reads 7% (the rate buckets, the
+// scheduler, the pool and the front's own latency figures each read the
+// clock, about seven reads a request, 36 ns each here), the
+// runtime's system call entry and exit 5%. Ruled out, each measured
 // against main's build in one run and reverted: collecting less often
 // (GOGC=800 in the front's process);
 // leaving out the loop's Gosched, which made 87% of its futex calls
