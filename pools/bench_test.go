@@ -253,7 +253,7 @@ func BenchmarkRatesTake(b *testing.B) {
 	now := time.Now().UnixNano()
 	b.ReportAllocs()
 	for b.Loop() {
-		if ok, _ := r.allow("p", now); !ok {
+		if ok, _ := r.allow("p", func() int64 { return now }); !ok {
 			b.Fatal("refused")
 		}
 	}

@@ -132,7 +132,7 @@ func TestRatesOutOfOrderTimestamps(t *testing.T) {
 		if i%2 == 1 {
 			now -= int64(time.Second)
 		}
-		if ok, _ := r.allow("p", now); ok {
+		if ok, _ := r.allow("p", func() int64 { return now }); ok {
 			admitted++
 		}
 	}
@@ -174,5 +174,34 @@ func TestRatesConcurrentBound(t *testing.T) {
 	elapsed := 160 * time.Millisecond // 8 goroutines x 20 advances of 1 ms
 	if limit := 1000*elapsed.Seconds() + 1000 + 1; float64(admitted) > limit {
 		t.Fatalf("admitted %d > %v", admitted, math.Floor(limit))
+	}
+}
+
+// countingClock counts its reads.
+type countingClock struct{ n int }
+
+func (c *countingClock) Now() time.Time { c.n++; return time.Unix(1e9, 0) }
+
+// TestRatesReadClockOnlyWithLimits: a request of a project without limits
+// (most) costs Allow and Charge no clock read; one with limits still reads
+// it to refill.
+func TestRatesReadClockOnlyWithLimits(t *testing.T) {
+	clk := &countingClock{}
+	r := NewRates(clk)
+	r.SetLimits("limited", Limits{RequestsPerSec: 10, WorkPerSec: 10})
+	clk.n = 0
+	if ok, _ := r.Allow("free"); !ok {
+		t.Fatal("a project without limits refused")
+	}
+	r.Charge("free", 3)
+	if clk.n != 0 {
+		t.Errorf("a project without limits: %d clock reads, want 0", clk.n)
+	}
+	if ok, _ := r.Allow("limited"); !ok {
+		t.Fatal("limited refused its first request")
+	}
+	r.Charge("limited", 3)
+	if clk.n != 2 {
+		t.Errorf("a project with limits: %d clock reads, want 2 (Allow and Charge)", clk.n)
 	}
 }
