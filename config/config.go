@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/answerfield"
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/proxyclaim"
 	"go.yaml.in/yaml/v3"
@@ -527,6 +528,9 @@ func (f *Front) validate() error {
 	}
 	if proxyclaim.Is(f.ProjectHeader) {
 		return fmt.Errorf("front.project_header %q is a header the front strips from every request (a proxy's claim on the client's address or scheme, such as X-Forwarded-* or X-Real-Ip): choose another name", f.ProjectHeader)
+	}
+	if why := answerfield.Reserved(f.CostHeader); f.CostHeader != "" && why != "" {
+		return fmt.Errorf("front.cost_header %q is %s; the front takes the cost header out of every answer: choose another name", f.CostHeader, why)
 	}
 	for host, project := range f.Routes {
 		if host == "" || strings.TrimSpace(project) == "" {

@@ -123,7 +123,10 @@
 // and the same cost is charged to the project's work-units bucket
 // (pools.Rates.Charge). The cost is the number of work units the upstream
 // reports in Config.CostHeader (default "Fairshare-Work-Units"; the header is
-// consumed by the front and not passed to the client); without that header it is
+// consumed by the front and not passed to the client, so New refuses one the
+// relay or the client needs or the front sets: a hop-by-hop field, a
+// Content-* field, Date, the front's own; see internal/answerfield); without
+// that header it is
 // the measured service time in units of Config.CostUnit when
 // Config.CostFromTime is set, and 1 otherwise.
 //
@@ -443,9 +446,10 @@
 // The loop's user time is spread thin (perf record -e cpu-clock:u, before
 // that change): the header maps of the request and the answer 10-18% of
 // it, building the request's net/http structures (url, fields) 8%,
-// allocation and collection 10%, clock reads 7% (the rate buckets, the
-// scheduler, the pool and the front's own latency figures each read the
-// clock, about seven reads a request, 36 ns each here), the
+// allocation and collection 10%, clock reads 7% (seven a request then, 36
+// ns each here: the front's own latency figures three, the scheduler two
+// and the rate buckets two, which now read it only for a project with
+// limits), the
 // runtime's system call entry and exit 5%. Ruled out, each measured
 // against main's build in one run and reverted: collecting less often
 // (GOGC=800 in the front's process);

@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fairshare-dev/fairshare/internal/answerfield"
 	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/internal/peercred"
 	"github.com/fairshare-dev/fairshare/scheduler"
@@ -728,7 +729,6 @@ type loop struct {
 	now     time.Time
 	check   time.Time   // the earliest deadline, or later
 	fields  plainFields // the fields of the answer being relayed
-	costKey string      // the cost header's key; "" if hop-by-hop (never read, as on net/http's path)
 	date    []byte      // Date of answers in dateSec
 	dateSec int64
 	drainBy time.Time // draining: every client closed by then; zero when not
@@ -754,9 +754,6 @@ func newLoop(fs *fastServer) (*loop, error) {
 	}
 	lp := &loop{fs: fs, f: fs.f, d: fs.d, epfd: epfd, efd: efd, clients: map[int32]*fclient{}, ups: map[int32]*fupstream{},
 		buf: make([]byte, fastReadBuf), bw: bufio.NewWriterSize(io.Discard, 4<<10)}
-	if !isHopByHop(fs.f.costKey) {
-		lp.costKey = fs.f.costKey
-	}
 	if fs.addr != nil {
 		lp.addr = copySockaddr(fs.addr)
 	}
@@ -1586,10 +1583,7 @@ func (lp *loop) answerHead(c *fclient, u *fupstream) {
 	}
 	u.setDeadline(lp, dlNone, time.Time{})
 	x := c.a.x
-	var cost string
-	if lp.costKey != "" {
-		cost, _ = fs.get(lp.costKey)
-	}
+	cost, _ := fs.get(lp.f.costKey)
 	lp.f.answered(x, cost)
 	body := u.in[n:]
 	extra := int64(len(body)) > length
@@ -1913,7 +1907,7 @@ func (lp *loop) appendAnswer(b []byte, status int, fs *plainFields, x *exchange)
 		case "Date":
 			dated = true
 		}
-		if isHopByHop(f.key) {
+		if answerfield.IsHopByHop(f.key) {
 			continue
 		}
 		b = appendField(b, f.key, f.value)

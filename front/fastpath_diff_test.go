@@ -40,8 +40,8 @@ func seenDump(req *http.Request) string {
 
 var dateLine = regexp.MustCompile(`(?m)^Date: .*\r\n`)
 
-// diffExchange sends raw on a fresh connection and returns the raw answer
-// (what came within the deadline).
+// diffExchange sends raw on a fresh connection and returns the answers that
+// came within the deadline, each as http.ReadResponse read it.
 func diffExchange(t *testing.T, url, raw string) string {
 	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
 	if err != nil {
@@ -84,8 +84,9 @@ func sortedHeads(s string) string {
 // TestFastPathSameAsNetHTTP sends unusual but legal requests (and some the
 // fast path hands to net/http's server) to a front on the fast path and to
 // one on net/http's path, and compares what the upstream saw and what the
-// client got, byte for byte but for Date and the order of header lines.
-// (From the fourth review, which found no difference.)
+// client got, as http.ReadResponse reads it (keys in canonical form), but
+// for Date and the order of header lines. (From the fourth review, which
+// found no difference.) TestFastPathAnswerSameAsNetHTTP varies the answer.
 func TestFastPathSameAsNetHTTP(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[string][]string{}
@@ -95,15 +96,6 @@ func TestFastPathSameAsNetHTTP(t *testing.T) {
 		seen[req.Header.Get("X-Case")] = append(seen[req.Header.Get("X-Case")], d)
 		mu.Unlock()
 		w.Header().Set("Content-Type", "text/plain")
-		if req.Header.Get("X-Case") == "ownanswer" {
-			// The front's own fields and hop-by-hop ones, in a head
-			// plain enough for the fast path.
-			for _, k := range []string{HeaderClass, HeaderQueueWait, HeaderRefused, DefaultCostHeader, "Keep-Alive", "Proxy-Authenticate", "Upgrade"} {
-				w.Header().Set(k, "forged")
-			}
-			w.Header().Set("Date", "Tue, 01 Dec 2026 00:00:00 GMT")
-			w.Header().Set("X-Up", "kept")
-		}
 		w.Header().Set("Content-Length", "3")
 		_, _ = io.WriteString(w, "ok\n")
 	}
@@ -152,7 +144,6 @@ func TestFastPathSameAsNetHTTP(t *testing.T) {
 		"connhdr":    "GET / HTTP/1.1\r\nHost: x\r\nConnection: X-Drop\r\nX-Drop: 1\r\n",
 		"pipe":       "GET /1 HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nX-Case: pipe\r\n\r\nGET /2 HTTP/1.0\r\nHost: x\r\n",
 		"pipe2":      "GET /1 HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nFairshare-Project: alpha\r\nX-Case: pipe2\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\n",
-		"ownanswer":  "GET / HTTP/1.1\r\nHost: x\r\n",
 	}
 	// All at once: each waits out its answers' read deadline.
 	var wg sync.WaitGroup
@@ -177,21 +168,10 @@ func exchangeBoth(t *testing.T, name, head string, fast, slow *rig, mu *sync.Mut
 			proj = ""
 		}
 		raw := head + proj + "X-Case: " + name + "\r\n\r\n" + body
-		fastGot, slowGot := diffExchange(t, fast.url, raw), diffExchange(t, slow.url, raw)
-		a, b := sortedHeads(dateLine.ReplaceAllString(fastGot, "")), sortedHeads(dateLine.ReplaceAllString(slowGot, ""))
+		a := sortedHeads(dateLine.ReplaceAllString(diffExchange(t, fast.url, raw), ""))
+		b := sortedHeads(dateLine.ReplaceAllString(diffExchange(t, slow.url, raw), ""))
 		if a != b {
 			t.Errorf("%s: client saw\nfast:\n%s\nnet/http:\n%s", name, a, b)
-		}
-		// Equal is not enough here either: the upstream's word on the
-		// front's fields and hop-by-hop ones reaches neither client, and
-		// its own Date and other fields do.
-		if name == "ownanswer" {
-			for _, got := range []string{fastGot, slowGot} {
-				if strings.Contains(got, "forged") || !strings.Contains(got, "X-Up: kept") || strings.Count(got, "Date: ") != 1 || !strings.Contains(got, "Date: Tue, 01 Dec 2026 00:00:00 GMT") ||
-					!strings.Contains(got, HeaderQueueWait+": ") {
-					t.Errorf("%s: client saw\n%s", name, got)
-				}
-			}
 		}
 		mu.Lock()
 		s := seen[name]
@@ -213,4 +193,67 @@ func exchangeBoth(t *testing.T, name, head string, fast, slow *rig, mu *sync.Mut
 			}
 		}
 	}
+}
+
+// TestFastPathAnswerSameAsNetHTTP has an upstream answer in raw bytes, in
+// heads plain enough for the fast path, and compares the raw bytes each
+// client got from a front on the fast path and from one on net/http's
+// path, but for Date and the order of header lines. The upstream's copies
+// of the front's own fields and its hop-by-hop fields, in any case, reach
+// neither client, and a client gets exactly one Date (the upstream's when
+// it sent one). (From the review of the loop's answer without a header
+// map, which found no difference.)
+func TestFastPathAnswerSameAsNetHTTP(t *testing.T) {
+	answers := map[string]string{
+		"forged": "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\nx-lower: a\r\nX_Under: b\r\nX-Empty:\r\nX-WS:   a  b \t\r\n" +
+			"fairshare-class: forged\r\nfairshare-queue-wait: forged\r\nfairshare-refused: forged\r\nfairshare-work-units: 5\r\nkeep-alive: forged\r\n" +
+			"proxy-connection: forged\r\nte: forged\r\nupgrade: forged\r\nproxy-authenticate: forged\r\nproxy-authorization: forged\r\n" +
+			"date: Tue, 01 Dec 2026 00:00:00 GMT\r\n\r\nabc",
+		"canonical": "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 1\r\nFairshare-Class: P1\r\nFairshare-Queue-Wait: 9\r\n" +
+			"Fairshare-Refused: share\r\nFairshare-Work-Units: 2\r\nKeep-Alive: forged\r\nX-Up: kept\r\n\r\nz",
+		"cl007":     "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 007\r\n\r\nabcdefg",
+		"cl0":       "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+		"clspace":   "HTTP/1.1 200 OK\r\nContent-Type: a\r\nContent-Length:  1 \r\n\r\nz",
+		"noreason":  "HTTP/1.1 299\r\nContent-Type: a\r\nContent-Length: 1\r\n\r\nz",
+		"reason":    "HTTP/1.1 599 Weird Reason\r\nContent-Type: a\r\nContent-Length: 1\r\n\r\nz",
+		"404":       "HTTP/1.1 404 Not Found\r\nContent-Type: a\r\nContent-Length: 1\r\n\r\nz",
+		"emptytype": "HTTP/1.1 200 OK\r\nContent-Type:\r\nContent-Length: 5\r\n\r\n<html",
+		"emptydate": "HTTP/1.1 200 OK\r\nContent-Type: a\r\nDate:\r\nContent-Length: 1\r\n\r\nz",
+		"encoding":  "HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\n<html",
+		"extra":     "HTTP/1.1 200 OK\r\nContent-Type: a\r\nContent-Length: 1\r\n\r\nzHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+		"badcost":   "HTTP/1.1 200 OK\r\nContent-Type: a\r\nFairshare-Work-Units: -3\r\nContent-Length: 1\r\n\r\nz",
+		"cookie":    "HTTP/1.1 200 OK\r\nContent-Type: a\r\nSet-Cookie: a=b; Path=/; HttpOnly\r\nContent-Length: 1\r\n\r\nz",
+		"colons":    "HTTP/1.1 200 OK\r\nContent-Type: a\r\nX-C:a:b: c\r\nX-T: a\tb\r\nContent-Length: 1\r\n\r\nz",
+	}
+	up := func(w http.ResponseWriter, req *http.Request) {
+		c, bw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		_, _ = bw.WriteString(answers[req.Header.Get("X-Case")])
+		_ = bw.Flush()
+		c.Close()
+	}
+	fast := fastRig(t, rigOpts{poolSize: 64}, up)
+	slow := newRig(t, rigOpts{poolSize: 64, tweak: func(f *Front) { f.cfg.FastPath = false }}, up)
+	var wg sync.WaitGroup
+	for name := range answers {
+		wg.Go(func() {
+			raw := "GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nX-Case: " + name + "\r\n\r\n"
+			fastGot := rawRoundTrip(t, strings.TrimPrefix(fast.url, "http://"), raw)
+			slowGot := rawRoundTrip(t, strings.TrimPrefix(slow.url, "http://"), raw)
+			noDate := regexp.MustCompile(`(?im)^date:.*\r\n`)
+			if a, b := sortedHeads(noDate.ReplaceAllString(fastGot, "")), sortedHeads(noDate.ReplaceAllString(slowGot, "")); a != b {
+				t.Errorf("%s: client saw\nfast:\n%q\nnet/http:\n%q", name, a, b)
+			}
+			for _, got := range []string{fastGot, slowGot} {
+				head, _, _ := strings.Cut(strings.ToLower(got), "\r\n\r\n")
+				if strings.Contains(head, "forged") || strings.Count(head, "\r\ndate:") != 1 ||
+					strings.Contains(head, "fairshare-work-units") || strings.Contains(head, "fairshare-refused") {
+					t.Errorf("%s: the upstream's word on the front's fields, a hop-by-hop field or a second Date reached the client:\n%q", name, got)
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

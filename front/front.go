@@ -24,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/internal/answerfield"
 	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/internal/proxyclaim"
@@ -54,12 +55,12 @@ const (
 // Response headers the front sets.
 const (
 	// HeaderClass carries the class a proxied request was dispatched under.
-	HeaderClass = "Fairshare-Class"
+	HeaderClass = answerfield.Class
 	// HeaderQueueWait carries the seconds a proxied request waited for
 	// dispatch.
-	HeaderQueueWait = "Fairshare-Queue-Wait"
+	HeaderQueueWait = answerfield.QueueWait
 	// HeaderRefused says why a 429 was given: rate, debt or share.
-	HeaderRefused = "Fairshare-Refused"
+	HeaderRefused = answerfield.Refused
 )
 
 // ClassExempt is the value of HeaderClass on answers to exempt requests.
@@ -233,6 +234,10 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	}
 	if cfg.CostHeader == "" {
 		cfg.CostHeader = DefaultCostHeader
+	}
+	if why := answerfield.Reserved(cfg.CostHeader); why != "" {
+		// The front takes it out of every answer.
+		return nil, fmt.Errorf("cost header %q is %s: choose another name", cfg.CostHeader, why)
 	}
 	if cfg.CostUnit <= 0 {
 		cfg.CostUnit = DefaultCostUnit
@@ -787,7 +792,7 @@ func (f *Front) relay(w http.ResponseWriter, r *http.Request, x *exchange, a upA
 	} else {
 		conn := h["Connection"]
 		for k := range h {
-			if isHopByHop(k) || (len(conn) > 0 && connectionListed(conn, k)) {
+			if answerfield.IsHopByHop(k) || (len(conn) > 0 && connectionListed(conn, k)) {
 				delete(h, k)
 			}
 		}

@@ -757,6 +757,14 @@ func TestNewValidates(t *testing.T) {
 			t.Errorf("project header %q: %v", h, err)
 		}
 	}
+	// A cost header the front would take out of every answer where the
+	// relay or the client needs it (the fast path relayed a body with no
+	// length under cost header Content-Length), or one of its own.
+	for _, h := range []string{"Content-Length", "content-type", "Date", "Upgrade", "Fairshare-Queue-Wait"} {
+		if _, err := New(Config{Upstream: "http://x", CostHeader: h}, Deps{}); err == nil || !strings.Contains(err.Error(), "cost header") {
+			t.Errorf("cost header %q: err %v, want it refused", h, err)
+		}
+	}
 }
 
 // outcomeCount reads fairshare_front_requests_total for project and outcome.

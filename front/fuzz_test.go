@@ -20,6 +20,8 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/internal/answerfield"
 )
 
 // FuzzUpstreamHead compares the front's readers of an upstream answer head
@@ -60,7 +62,7 @@ func FuzzUpstreamHead(f *testing.F) {
 				t.Fatalf("plainHead read %d bytes of head, ReadResponse %d", left, consumed)
 			}
 			want := resp.Header.Clone()
-			for _, k := range hopByHop {
+			for _, k := range answerfield.HopByHop() {
 				want.Del(k)
 			}
 			if !equalHeader(dst, want) {

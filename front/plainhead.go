@@ -10,6 +10,8 @@ import (
 	"io"
 	"net/http"
 	"net/textproto"
+
+	"github.com/fairshare-dev/fairshare/internal/answerfield"
 )
 
 // maxPlainFields bounds the fields of a plain head; a longer one is left to
@@ -51,7 +53,7 @@ func plainHeadBytes(buf []byte, method string, dst http.Header) (status int, len
 	}
 	vals := make([]string, fs.n)
 	for i, f := range fs.f[:fs.n] {
-		if isHopByHop(f.key) {
+		if answerfield.IsHopByHop(f.key) {
 			continue
 		}
 		vals[i] = f.value

@@ -22,6 +22,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/internal/answerfield"
 )
 
 // errStaleConn means a reused upstream connection failed before any byte of
@@ -376,11 +378,6 @@ func (d *directUpstream) closeIdle() {
 	}
 }
 
-// hopByHop are the headers of one connection, never forwarded (RFC 9110
-// 7.6.1), as httputil.ReverseProxy strips them.
-var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
 // takes reports whether r can take the direct path: any request but a
 // tunnel (Upgrade, CONNECT), whose bytes after the head are not HTTP, and
 // an opaque request URI. (The front uses the direct path only for an
@@ -466,15 +463,6 @@ func connectionListed(conn []string, key string) bool {
 	return false
 }
 
-func isHopByHop(key string) bool {
-	for _, h := range hopByHop {
-		if key == h {
-			return true
-		}
-	}
-	return false
-}
-
 // writeHead writes the head of the upstream request for r into bw (not
 // flushed): its method, URI, Host and end-to-end headers, the project
 // header only when configured, X-Forwarded-For and, over TLS,
@@ -501,7 +489,7 @@ func (d *directUpstream) writeHead(bw *bufio.Writer, r *http.Request, x *exchang
 	bw.WriteString("\r\n")
 	conn := r.Header["Connection"]
 	for k, vv := range r.Header {
-		if k == "Host" || isHopByHop(k) || k == "Content-Length" || k == "Expect" || k == d.projectKey ||
+		if k == "Host" || answerfield.IsHopByHop(k) || k == "Content-Length" || k == "Expect" || k == d.projectKey ||
 			(len(conn) > 0 && connectionListed(conn, k)) || d.isClaim(k) {
 			continue
 		}
