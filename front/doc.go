@@ -410,7 +410,8 @@
 // switches a request. In BenchmarkOverhead with wrk (medians of 5, 2 cores
 // shared with wrk and the upstream) the fast path served GETs at 9.9 us of
 // CPU a request against nginx's 10.5 (net/http's server, earlier: 23.1), at
-// 0.94 of nginx's throughput (net/http 0.66); POSTs of 1 KiB at 10.2
+// 0.94 of nginx's throughput (two later runs: 0.87 and 0.92 at 0.99 and
+// 0.94 of its CPU; net/http 0.66); POSTs of 1 KiB at 10.2
 // against 11.8 and 30.1 us, 0.95 of nginx (net/http 0.55). The upstream
 // behind the front costs what it costs behind nginx (11.7 against 12.2 us
 // a GET) since the front sends it no X-Forwarded-Host, nor
@@ -428,10 +429,11 @@
 // rate buckets either, which is what nginx's limit_conn does). The
 // reference that explains the gap is nginx with one worker
 // (FAIRSHARE_BENCH_NGINX_WORKERS=1, target nginx1): single-threaded, as the
-// loop is, it serves 1.01 of what nginx with two workers serves, at 0.95 of
-// its CPU a request. Against it (medians of 5,
+// loop is, it serves 0.95-1.01 of what nginx with two workers serves, at
+// 0.91-0.96 of its CPU a request (three runs). Against it (medians of 5,
 // FAIRSHARE_BENCH_TARGETS=nginx,nginx1,fast,fastnosched,fastpool) the fast
-// path spends 0.99 times the CPU a request and serves 0.93 (before the
+// path spends 0.99-1.03 times the CPU a request and serves 0.92-0.93
+// (three runs; before the
 // loop dropped the answer's header map, 1.09-1.11 and 0.88-0.90 in two
 // runs). The upstream and wrk spend about the same behind each, and busy
 // cores follow throughput (1.62 for the fast path, 1.85 for nginx1). The
