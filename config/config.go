@@ -23,6 +23,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/proxyclaim"
 	"go.yaml.in/yaml/v3"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/fairshare-dev/fairshare/loader/limits"
 )
@@ -525,6 +526,12 @@ func (f *Front) validate() error {
 	}
 	if f.ProjectHeader == "" {
 		return errors.New("front.project_header must not be empty")
+	}
+	for key, name := range map[string]string{"project_header": f.ProjectHeader, "cost_header": f.CostHeader} {
+		if name != "" && !httpguts.ValidHeaderFieldName(name) {
+			// It would match no field a client or an upstream sends.
+			return fmt.Errorf("front.%s %q is not a header name (letters, digits and !#$%%&'*+-.^_`|~ only)", key, name)
+		}
 	}
 	if proxyclaim.Is(f.ProjectHeader) {
 		return fmt.Errorf("front.project_header %q is a header the front strips from every request (a proxy's claim on the client's address or scheme, such as X-Forwarded-* or X-Real-Ip): choose another name", f.ProjectHeader)

@@ -312,6 +312,15 @@ func TestCostHeaderNotReserved(t *testing.T) {
 		"Fairshare-Class": false, "X-Cost": true, "Fairshare-Work-Units": true})
 }
 
+// A header name that no field can match (a space, a quote, a colon) is
+// refused for either key: it would leave every answer uncharged, or every
+// client unnamed.
+func TestHeaderKeysAreNames(t *testing.T) {
+	for _, key := range []string{"project_header", "cost_header"} {
+		headerKeyRefused(t, key, map[string]bool{"'x cost'": false, "'X-Cost:'": false, "'\"X\"'": false, "X-Cost_2": true})
+	}
+}
+
 // headerKeyRefused sets front.<key> to each header name and checks that
 // the configuration is refused, naming the key, exactly when the name's
 // value in ok is false.

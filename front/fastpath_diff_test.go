@@ -201,7 +201,7 @@ func exchangeBoth(t *testing.T, name, head string, fast, slow *rig, mu *sync.Mut
 // path, but for Date and the order of header lines. The upstream's copies
 // of the front's own fields and its hop-by-hop fields, in any case, reach
 // neither client, and a client gets exactly one Date (the upstream's when
-// it sent one). (From the review of the loop's answer without a header
+// it sent one) and one queue wait, the front's. (From the review of the loop's answer without a header
 // map, which found no difference.)
 func TestFastPathAnswerSameAsNetHTTP(t *testing.T) {
 	answers := map[string]string{
@@ -219,7 +219,7 @@ func TestFastPathAnswerSameAsNetHTTP(t *testing.T) {
 		"404":       "HTTP/1.1 404 Not Found\r\nContent-Type: a\r\nContent-Length: 1\r\n\r\nz",
 		"emptytype": "HTTP/1.1 200 OK\r\nContent-Type:\r\nContent-Length: 5\r\n\r\n<html",
 		"emptydate": "HTTP/1.1 200 OK\r\nContent-Type: a\r\nDate:\r\nContent-Length: 1\r\n\r\nz",
-		"encoding":  "HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\n<html",
+		"encoding":  "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\n<html",
 		"extra":     "HTTP/1.1 200 OK\r\nContent-Type: a\r\nContent-Length: 1\r\n\r\nzHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
 		"badcost":   "HTTP/1.1 200 OK\r\nContent-Type: a\r\nFairshare-Work-Units: -3\r\nContent-Length: 1\r\n\r\nz",
 		"cookie":    "HTTP/1.1 200 OK\r\nContent-Type: a\r\nSet-Cookie: a=b; Path=/; HttpOnly\r\nContent-Length: 1\r\n\r\nz",
@@ -249,8 +249,14 @@ func TestFastPathAnswerSameAsNetHTTP(t *testing.T) {
 			for _, got := range []string{fastGot, slowGot} {
 				head, _, _ := strings.Cut(strings.ToLower(got), "\r\n\r\n")
 				if strings.Contains(head, "forged") || strings.Count(head, "\r\ndate:") != 1 ||
-					strings.Contains(head, "fairshare-work-units") || strings.Contains(head, "fairshare-refused") {
+					strings.Contains(head, "fairshare-work-units") || strings.Contains(head, "fairshare-refused") ||
+					strings.Count(head, "\r\nfairshare-queue-wait:") != 1 || strings.Contains(head, "fairshare-queue-wait: 9") ||
+					strings.Contains(head, "fairshare-class: p1") {
 					t.Errorf("%s: the upstream's word on the front's fields, a hop-by-hop field or a second Date reached the client:\n%q", name, got)
+				}
+				// The upstream's own fields pass, its Date among them.
+				if want := map[string]string{"forged": "\r\ndate: tue, 01 dec 2026 00:00:00 gmt\r\n", "canonical": "\r\nx-up: kept"}[name]; want != "" && !strings.Contains(head+"\r\n", want) {
+					t.Errorf("%s: the client did not get the upstream's %q:\n%q", name, strings.TrimSpace(want), got)
 				}
 			}
 		})

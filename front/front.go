@@ -24,6 +24,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/fairshare-dev/fairshare/internal/answerfield"
 	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/internal/listen"
@@ -234,6 +236,11 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	}
 	if cfg.CostHeader == "" {
 		cfg.CostHeader = DefaultCostHeader
+	}
+	for _, name := range []string{cfg.ProjectHeader, cfg.CostHeader} {
+		if !httpguts.ValidHeaderFieldName(name) {
+			return nil, fmt.Errorf("header %q: not a header name, it would match no field", name)
+		}
 	}
 	if why := answerfield.Reserved(cfg.CostHeader); why != "" {
 		// The front takes it out of every answer.

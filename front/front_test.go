@@ -765,6 +765,12 @@ func TestNewValidates(t *testing.T) {
 			t.Errorf("cost header %q: err %v, want it refused", h, err)
 		}
 	}
+	// A name no field can match.
+	for _, c := range []Config{{Upstream: "http://x", CostHeader: "x cost"}, {Upstream: "http://x", ProjectHeader: "X-Tenant:"}} {
+		if _, err := New(c, Deps{}); err == nil || !strings.Contains(err.Error(), "not a header name") {
+			t.Errorf("%+v: err %v, want it refused", c, err)
+		}
+	}
 }
 
 // outcomeCount reads fairshare_front_requests_total for project and outcome.
