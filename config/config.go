@@ -536,7 +536,7 @@ func (f *Front) validate() error {
 	if proxyclaim.Is(f.ProjectHeader) {
 		return fmt.Errorf("front.project_header %q is a header the front strips from every request (a proxy's claim on the client's address or scheme, such as X-Forwarded-* or X-Real-Ip): choose another name", f.ProjectHeader)
 	}
-	if why := answerfield.Reserved(f.CostHeader); f.CostHeader != "" && why != "" {
+	if why := answerfield.Reserved(f.CostHeader); why != "" {
 		return fmt.Errorf("front.cost_header %q is %s; the front takes the cost header out of every answer: choose another name", f.CostHeader, why)
 	}
 	for host, project := range f.Routes {

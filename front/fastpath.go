@@ -1901,15 +1901,10 @@ func (lp *loop) appendAnswer(b []byte, status int, fs *plainFields, x *exchange)
 	b = appendStatusLine(b, status)
 	dated := false
 	for _, f := range fs.f[:fs.n] {
-		switch f.key {
-		case HeaderClass, HeaderQueueWait, HeaderRefused, lp.f.costKey:
-			continue
-		case "Date":
-			dated = true
-		}
-		if answerfield.IsHopByHop(f.key) {
+		if lp.f.own(f.key) || answerfield.IsHopByHop(f.key) {
 			continue
 		}
+		dated = dated || f.key == "Date"
 		b = appendField(b, f.key, f.value)
 	}
 	for _, v := range classOf(x) {

@@ -1068,9 +1068,17 @@ func (f *Front) stripOwn(h http.Header) {
 	if len(h) == 0 {
 		return
 	}
-	for _, k := range [...]string{HeaderClass, HeaderQueueWait, HeaderRefused, f.costKey} {
-		delete(h, k)
+	for k := range h {
+		if f.own(k) {
+			delete(h, k)
+		}
 	}
+}
+
+// own reports whether canonical key k is a field the front sets itself or
+// consumes: its class, queue wait and refusal, and the cost header.
+func (f *Front) own(k string) bool {
+	return k == HeaderClass || k == HeaderQueueWait || k == HeaderRefused || k == f.costKey
 }
 
 // may1xx reports whether an informational answer may be passed to
