@@ -196,7 +196,9 @@ func floodListener(t *testing.T, kind string) {
 // the SYN-ACKs to a bare SYN from a raw socket): the request sockets are
 // dropped, and the first Tick past the TTL finds them gone and gives their
 // reservations back. The TTL is the shortest allowed: a permit of a
-// vanished handshake is held at most the TTL plus a Tick period.
+// vanished handshake is held at most the TTL plus a Tick period. The clock
+// is held from before the SYNs until the first Tick: a slow machine takes
+// longer than the TTL to see the request sockets go.
 func TestInboundClientGoneGivesBack(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
@@ -204,6 +206,7 @@ func TestInboundClientGoneGivesBack(t *testing.T) {
 	srv := startHelper(t, mkProject(t, root, "srv"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
 	const n = 8
+	mono.hold()
 	for i := range n {
 		sendSYN(t, addr, uint16(42000+i))
 	}

@@ -68,15 +68,27 @@ func openLimiter(t testing.TB, root, pin string, pool, floor uint32) *Limiter {
 }
 
 // fakeMono is a CLOCK_MONOTONIC that a test moves on (Options.Monotonic):
-// the kernel's reading plus an offset.
-type fakeMono struct{ off atomic.Int64 }
+// the kernel's reading plus an offset, or a reading it holds still at.
+type fakeMono struct{ off, held atomic.Int64 }
 
 func (m *fakeMono) now() time.Duration {
+	if h := m.held.Load(); h != 0 {
+		return time.Duration(h)
+	}
 	return time.Duration(monoNow()) + time.Duration(m.off.Load())
 }
 
-// advance moves the clock on by d.
-func (m *fakeMono) advance(d time.Duration) { m.off.Add(int64(d)) }
+// hold stops the clock at its reading now, so that a stamp the programs
+// make later is never older than the TTL however slow the machine; the
+// next advance lets it run again.
+func (m *fakeMono) hold() { m.held.Store(int64(m.now())) }
+
+// advance moves the clock on by d, from the kernel's reading: it runs again
+// if it was held.
+func (m *fakeMono) advance(d time.Duration) {
+	m.off.Add(int64(d))
+	m.held.Store(0)
+}
 
 // openLimiterMono is openLimiter with a movable monotonic clock and the
 // given reservation TTL.
