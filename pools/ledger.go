@@ -83,8 +83,7 @@ type idleEntry struct {
 	since int64
 }
 
-func newLedger(cfg Config, now time.Time) ledger {
-	n := now.UnixNano()
+func newLedger(cfg Config, n int64) ledger {
 	l := ledger{
 		name:          cfg.Name,
 		size:          cfg.Size,

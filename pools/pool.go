@@ -17,6 +17,7 @@ import (
 // flights or any configured pool). It is safe for concurrent use.
 type Pool struct {
 	clk    clock.Clock
+	ns     clock.Nanos // clk as the ledger's int64 times
 	name   string
 	window time.Duration
 
@@ -57,11 +58,13 @@ func New(cfg Config, clk clock.Clock) (*Pool, error) {
 		return nil, err
 	}
 	clk = clock.Or(clk)
+	ns := clock.NewNanos(clk)
 	return &Pool{
 		clk:    clk,
+		ns:     ns,
 		name:   cfg.Name,
 		window: cfg.Window,
-		l:      newLedger(cfg, clk.Now()),
+		l:      newLedger(cfg, ns.Now()),
 	}, nil
 }
 
@@ -142,7 +145,7 @@ func (p *Pool) Acquire(ctx context.Context, project string) (Permit, error) {
 	if w.granted {
 		return w.pm, nil
 	}
-	p.l.advance(p.clk.Now().UnixNano())
+	p.l.advance(p.ns.Now())
 	q = &p.queues[idx]
 	if i := slices.Index(q.ws, w); i >= 0 {
 		q.ws = slices.Delete(q.ws, i, i+1)
@@ -286,7 +289,7 @@ func (p *Pool) Recompute() { p.recompute(p.clk.Now()) }
 func (p *Pool) recompute(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.l.recompute(now.UnixNano(), p.hasWaitersLocked, nil, p.forgottenLocked)
+	p.l.recompute(p.ns.Of(now), p.hasWaitersLocked, nil, p.forgottenLocked)
 	p.wakeLocked()
 }
 

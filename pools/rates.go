@@ -53,6 +53,7 @@ func ClampRate(r float64) float64 {
 // bounded by the number of policies. It is safe for concurrent use.
 type Rates struct {
 	clk clock.Clock
+	ns  clock.Nanos // clk as the buckets' int64 times
 
 	mu      sync.Mutex // guards the fields below
 	buckets map[string]*bucket
@@ -69,7 +70,8 @@ type bucket struct {
 
 // NewRates returns an empty set of buckets; a nil clk means the system clock.
 func NewRates(clk clock.Clock) *Rates {
-	return &Rates{clk: clock.Or(clk), buckets: map[string]*bucket{}}
+	clk = clock.Or(clk)
+	return &Rates{clk: clk, ns: clock.NewNanos(clk), buckets: map[string]*bucket{}}
 }
 
 // burst is one second's worth of rate, but at least one token so that a rate
@@ -92,7 +94,7 @@ func (r *Rates) setLimits(project string, l Limits, now time.Time) {
 		delete(r.buckets, project)
 		return
 	}
-	n := now.UnixNano()
+	n := r.ns.Of(now)
 	b, ok := r.buckets[project]
 	if !ok {
 		r.buckets[project] = &bucket{limits: l, req: burst(l.RequestsPerSec), work: burst(l.WorkPerSec), last: n}
@@ -132,7 +134,7 @@ func (r *Rates) Allow(project string) (ok bool, retryAfter time.Duration) {
 // nanos reads the clock. Allow and Charge read it only for a project with
 // limits: most have none, and a read is 36 ns here, a third of what Allow
 // costs without it.
-func (r *Rates) nanos() int64 { return r.clk.Now().UnixNano() }
+func (r *Rates) nanos() int64 { return r.ns.Now() }
 
 func (r *Rates) allow(project string, now func() int64) (bool, time.Duration) {
 	r.mu.Lock()
@@ -191,7 +193,7 @@ func (r *Rates) charge(project string, work float64, now func() int64) {
 // State returns one project's buckets, refilled to now. A project without
 // limits reports zero Limits and zero balances.
 func (r *Rates) State(project string) RateState {
-	now := r.clk.Now().UnixNano()
+	now := r.ns.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b, ok := r.buckets[project]
@@ -204,7 +206,7 @@ func (r *Rates) State(project string) RateState {
 
 // Snapshot returns every project with limits, sorted by project.
 func (r *Rates) Snapshot() []RateState {
-	now := r.clk.Now().UnixNano()
+	now := r.ns.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]RateState, 0, len(r.buckets))

@@ -29,6 +29,7 @@ var (
 // is safe for concurrent use.
 type Residents struct {
 	clk       clock.Clock
+	ns        clock.Nanos // clk as the ledger's int64 times
 	name      string
 	evictWait time.Duration
 	// after starts Spawn's eviction wait; tests replace it with a timer they
@@ -74,12 +75,14 @@ func NewResidents(cfg Config, clk clock.Clock) (*Residents, error) {
 		return nil, err
 	}
 	clk = clock.Or(clk)
+	ns := clock.NewNanos(clk)
 	return &Residents{
 		clk:       clk,
+		ns:        ns,
 		name:      cfg.Name,
 		evictWait: cfg.EvictWait,
 		after:     realAfter,
-		l:         newLedger(cfg, clk.Now()),
+		l:         newLedger(cfg, ns.Now()),
 		objects:   map[string]int32{},
 		changed:   make(chan struct{}),
 	}, nil
@@ -153,7 +156,7 @@ func (r *Residents) Spawn(ctx context.Context, project, object string) (Eviction
 			cerr = errTimeout
 		}
 		r.mu.Lock()
-		r.l.advance(r.clk.Now().UnixNano())
+		r.l.advance(r.ns.Now())
 		if cerr != nil {
 			// One last look: room may have appeared together with the end.
 			if ev, done, err := r.spawnLocked(project, object); done {
@@ -452,7 +455,7 @@ func (r *Residents) Recompute() { r.recompute(r.clk.Now()) }
 func (r *Residents) recompute(now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.l.recompute(now.UnixNano(),
+	r.l.recompute(r.ns.Of(now),
 		func(idx int32) bool { return r.rp[idx].waiting > 0 },
 		func(idx int32) bool { return r.rp[idx].sleeping > 0 || r.rp[idx].waiting > 0 },
 		func(idx int32) { r.rp[idx] = newResProject() })
