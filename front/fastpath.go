@@ -5,6 +5,7 @@ package front
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -733,6 +734,8 @@ type loop struct {
 	dateSec int64
 	drainBy time.Time // draining: every client closed by then; zero when not
 
+	heatSwitches atomic.Int64 // times the loop turned hot or cool (tests)
+
 	mu     sync.Mutex // guards the fields below
 	posted []func()
 	ended  bool // the loop returned and closed its descriptors (see post)
@@ -848,6 +851,8 @@ func (lp *loop) run() {
 	events := make([]unix.EpollEvent, 128)
 	var ready, again []*fclient
 	busy := false
+	heat := loopHeat{events: cmp.Or(lp.f.fastHotEvents, fastHotEvents)}
+	defer heat.cool()
 	for {
 		ms := 0
 		if !busy && len(lp.pending) == 0 && len(lp.again) == 0 {
@@ -874,6 +879,7 @@ func (lp *loop) run() {
 		}
 		busy = n > 0
 		lp.now = time.Now()
+		heat.count(lp, max(n, 0))
 		// The requests dispatched before this look are sent after its
 		// events are handled: what came meanwhile (an idle upstream
 		// connection that spoke, above all) is seen before any
@@ -911,6 +917,56 @@ func (lp *loop) run() {
 				return
 			}
 		}
+	}
+}
+
+// A loop under load keeps its OS thread: its goroutine then stops moving
+// between the runtime's threads (the Gosched before it blocks let another
+// thread take it), which at saturation served 1.04-1.10 times the requests
+// at the same CPU a request (see Cost in doc.go); under a light load the
+// same lock cost 1.10 times the CPU a request, since each Gosched of a
+// locked goroutine hands its P to another thread and back. So the lock
+// follows the load: a loop is hot while a window of hotWindow saw at
+// least fastHotEvents events (40k a second, some 20k requests; tests set
+// Front.fastHotEvents).
+const (
+	hotWindow     = 10 * time.Millisecond
+	fastHotEvents = 400
+)
+
+// loopHeat is a loop's load, counted in events per hotWindow, and whether
+// the loop holds its OS thread for it.
+type loopHeat struct {
+	events int       // the threshold: events in a window that make it hot
+	seen   int       // events in the current window
+	since  time.Time // the current window's start
+	hot    bool      // the loop's goroutine is locked to its thread
+}
+
+// count adds the n events of a look at lp.now, and at a window's end
+// locks or unlocks the loop's thread for the load of the window.
+func (h *loopHeat) count(lp *loop, n int) {
+	h.seen += n
+	if lp.now.Sub(h.since) < hotWindow {
+		return
+	}
+	if hot := h.seen >= h.events; hot != h.hot {
+		if hot {
+			runtime.LockOSThread()
+		} else {
+			runtime.UnlockOSThread()
+		}
+		h.hot = hot
+		lp.heatSwitches.Add(1)
+	}
+	h.since, h.seen = lp.now, 0
+}
+
+// cool unlocks the thread of a loop that ends hot.
+func (h *loopHeat) cool() {
+	if h.hot {
+		runtime.UnlockOSThread()
+		h.hot = false
 	}
 }
 

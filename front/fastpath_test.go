@@ -176,3 +176,70 @@ func hostileByName(t *testing.T, name string) int {
 	t.Fatalf("no hostile case %q", name)
 	return -1
 }
+
+// TestFastPathHeat: a loop under load locks its OS thread (loopHeat) and
+// unlocks it when the load falls, and every client gets its own answers
+// meanwhile, each of several keep-alive clients in turn while the loop is
+// hot, then one request at a time while it cools.
+func TestFastPathHeat(t *testing.T) {
+	r := fastRig(t, rigOpts{poolSize: 64, tweak: func(f *Front) { f.fastHotEvents = 20 }},
+		func(w http.ResponseWriter, req *http.Request) { _, _ = io.WriteString(w, req.URL.Path) })
+	lp := r.front.fast.Load().loops[0]
+	addr := strings.TrimPrefix(r.url, "http://")
+	client := func(id, n int) error {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for i := range n {
+			path := fmt.Sprintf("/c%d/r%d", id, i)
+			if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\n\r\n", path); err != nil {
+				return err
+			}
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				return err
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				return err
+			}
+			if resp.StatusCode != 200 || string(b) != path {
+				return fmt.Errorf("%s: %d %q", path, resp.StatusCode, b)
+			}
+		}
+		return nil
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for round := 0; lp.heatSwitches.Load() == 0; round++ {
+		if time.Now().After(deadline) {
+			t.Fatal("the loop did not turn hot under 8 clients")
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for id := range 8 {
+			wg.Go(func() { errs <- client(round*8+id, 100) })
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Light load: one request per window; the loop turns cool.
+	for i := 0; lp.heatSwitches.Load() < 2; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("the loop did not turn cool: %d switches", lp.heatSwitches.Load())
+		}
+		time.Sleep(3 * hotWindow / 2)
+		if err := client(1000+i, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -215,6 +215,9 @@ type Front struct {
 	// fastLoops is the fast path's number of loops; 0: GOMAXPROCS-1, at
 	// least one (benchmarks set it).
 	fastLoops int
+	// fastHotEvents is the events per hotWindow that make a loop hot (see
+	// loopHeat); 0: the default, fastHotEvents (tests set it).
+	fastHotEvents int
 	// drainFor is how long Serve lets the exchanges in flight finish
 	// once told to stop (shorter in tests).
 	drainFor time.Duration
