@@ -5,6 +5,7 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -197,8 +198,9 @@ func floodListener(t *testing.T, kind string) {
 // dropped, and the first Tick past the TTL finds them gone and gives their
 // reservations back. The TTL is the shortest allowed: a permit of a
 // vanished handshake is held at most the TTL plus a Tick period. The clock
-// is held from before the SYNs until the first Tick: a slow machine takes
-// longer than the TTL to see the request sockets go.
+// is held, first before the SYNs (a slow machine takes longer than the TTL
+// to see the request sockets go), then where the oldest reservation is
+// exactly the TTL old (kept), then past the TTL of the newest (given back).
 func TestInboundClientGoneGivesBack(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
@@ -215,13 +217,24 @@ func TestInboundClientGoneGivesBack(t *testing.T) {
 		left := synRecv(t, addr.Port())
 		return s.Events.AdmittedIn == n && s.Reservations == n && left == 0, fmt.Sprintf("%d request sockets; %+v", left, s)
 	})
-	if err := l.Tick(time.Now()); err != nil {
+	oldest, newest := uint64(math.MaxUint64), uint64(0)
+	if err := l.readResv(func(_ limiterFsResvKey, v limiterFsResv) {
+		oldest, newest = min(oldest, v.SinceNs), max(newest, v.SinceNs)
+	}); err != nil {
 		t.Fatal(err)
 	}
-	if s := snap(t, l); s.Reservations != n {
-		t.Fatalf("given back before the TTL: %+v", s)
+	for _, at := range []time.Duration{0, time.Duration(oldest) + limits.MinReservationTTL} {
+		if at != 0 {
+			mono.holdAt(at)
+		}
+		if err := l.Tick(time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if s := snap(t, l); s.Reservations != n {
+			t.Fatalf("given back before the TTL (clock held at %v, stamps %d..%d): %+v", at, oldest, newest, s)
+		}
 	}
-	mono.advance(limits.MinReservationTTL + time.Millisecond)
+	mono.holdAt(time.Duration(newest) + limits.MinReservationTTL + time.Millisecond)
 	if err := l.Tick(time.Now()); err != nil {
 		t.Fatal(err)
 	}

@@ -83,6 +83,9 @@ func (m *fakeMono) now() time.Duration {
 // next advance lets it run again.
 func (m *fakeMono) hold() { m.held.Store(int64(m.now())) }
 
+// holdAt stops the clock at t.
+func (m *fakeMono) holdAt(t time.Duration) { m.held.Store(int64(t)) }
+
 // advance moves the clock on by d, from the kernel's reading: it runs again
 // if it was held.
 func (m *fakeMono) advance(d time.Duration) {
