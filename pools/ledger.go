@@ -377,8 +377,10 @@ func (l *ledger) resize(size, floor int) {
 }
 
 // snapshot fills the pool-wide fields and the per-project stats (sorted by
-// the caller).
-func (l *ledger) snapshot() Snapshot {
+// the caller). now is the clock's reading and nowNs the same reading as the
+// ledger's time: a last-seen time shows as long before now as it was,
+// whatever step the wall clock made since (see clock.Nanos).
+func (l *ledger) snapshot(now time.Time, nowNs int64) Snapshot {
 	s := Snapshot{
 		Name:   l.name,
 		Size:   l.size,
@@ -403,7 +405,7 @@ func (l *ledger) snapshot() Snapshot {
 			Refused:     pr.refused,
 			WouldRefuse: pr.would,
 			DryRun:      pr.dryRun,
-			LastSeen:    time.Unix(0, pr.lastSeen),
+			LastSeen:    now.Add(-time.Duration(nowNs - pr.lastSeen)).Round(0),
 			Active:      pr.activePos >= 0,
 		})
 	}

@@ -307,7 +307,8 @@ func (p *Pool) forgottenLocked(idx int32) {
 func (p *Pool) Snapshot() Snapshot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.l.snapshot()
+	now := p.clk.Now()
+	return p.l.snapshot(now, p.ns.Of(now))
 }
 
 // Snapshot is a point-in-time view of a pool.

@@ -466,8 +466,9 @@ func (r *Residents) recompute(now time.Time) {
 func (r *Residents) Snapshot() ResidentsSnapshot {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := r.clk.Now()
 	s := ResidentsSnapshot{
-		Snapshot:  r.l.snapshot(),
+		Snapshot:  r.l.snapshot(now, r.ns.Of(now)),
 		Sleeping:  map[string]int{},
 		Evictions: map[string]map[string]uint64{},
 	}
