@@ -471,17 +471,19 @@
 // thread changed nothing. A thread locked always, with the Gosched kept,
 // served 1.10 times the requests of the unlocked loop (medians of 5 in one
 // run) at 0.99 of its CPU a request, but took 1.10 times the CPU a request
-// at the moderate rate: a locked goroutine's Gosched hands its P to
-// another thread and back. So the loop locks its thread only while it is
-// hot (loopHeat: 400 events or more in a window of 10 ms, some 20k
-// requests a second): against the build before (FAIRSHARE_BENCH_BASELINE,
-// medians of 5 in one run) it served 1.06 times the requests at
-// saturation, 0.975-0.98 of nginx's in each of the five rounds where the
-// build before served 0.89-0.945, at 0.99 of nginx's CPU a request (1.02
-// of the build before's); at the moderate rate its CPU a request was the build before's
+// at the moderate rate: a locked goroutine's Gosched hands its P to another
+// thread and back. So the loop locks its thread only while it is hot
+// (loopHeat: 400 events or more in a window of 10 ms, some 20k requests a
+// second): against the build before (FAIRSHARE_BENCH_BASELINE, medians of 5
+// in one run) it served 1.06 times the requests at saturation, 0.975-0.98
+// of nginx's in each of the five rounds where the build before served
+// 0.89-0.945, at about nginx's CPU a request (10.47 against 10.30 us by the
+// medians, 0.99 the median of the per-round ratios; 1.02 of the build
+// before's); at the moderate rate its CPU a request was the build before's
 // (0.98) and 0.91 of nginx's. Unlocked, the loop's goroutine ran on three
 // or four threads in turn under wrk (perf sched); why the lock gains more
-// than the futex calls it saves is not measured. A higher priority for the loop's thread (nice -5
+// than the futex calls it saves is not measured. A higher priority for the
+// loop's thread (nice -5
 // on the front's threads) cut its preemptions from 0.3 to 0.07 a request
 // and gained 2% throughput at 1.08 times the CPU a request; a shorter
 // EEVDF slice for its locked thread (sched_setattr, 0.1 and 0.3 ms) gained

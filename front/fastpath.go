@@ -734,7 +734,7 @@ type loop struct {
 	dateSec int64
 	drainBy time.Time // draining: every client closed by then; zero when not
 
-	heatSwitches atomic.Int64 // times the loop turned hot or cool (tests)
+	hot atomic.Bool // the loop holds its thread (loopHeat; tests read it)
 
 	mu     sync.Mutex // guards the fields below
 	posted []func()
@@ -879,7 +879,9 @@ func (lp *loop) run() {
 		}
 		busy = n > 0
 		lp.now = time.Now()
-		heat.count(lp, max(n, 0))
+		if heat.count(lp.now, max(n, 0)) {
+			lp.hot.Store(heat.hot)
+		}
 		// The requests dispatched before this look are sent after its
 		// events are handled: what came meanwhile (an idle upstream
 		// connection that spoke, above all) is seen before any
@@ -922,13 +924,13 @@ func (lp *loop) run() {
 
 // A loop under load keeps its OS thread: its goroutine then stops moving
 // between the runtime's threads (the Gosched before it blocks let another
-// thread take it), which at saturation served 1.04-1.10 times the requests
-// at the same CPU a request (see Cost in doc.go); under a light load the
+// thread take it), which at saturation served 1.06 times the requests at
+// 1.02 times the CPU a request (see Cost in doc.go); under a light load the
 // same lock cost 1.10 times the CPU a request, since each Gosched of a
 // locked goroutine hands its P to another thread and back. So the lock
 // follows the load: a loop is hot while a window of hotWindow saw at
-// least fastHotEvents events (40k a second, some 20k requests; tests set
-// Front.fastHotEvents).
+// least fastHotEvents events (40k a second: some 20k requests, at about
+// two events a request; tests set Front.fastHotEvents).
 const (
 	hotWindow     = 10 * time.Millisecond
 	fastHotEvents = 400
@@ -943,23 +945,26 @@ type loopHeat struct {
 	hot    bool      // the loop's goroutine is locked to its thread
 }
 
-// count adds the n events of a look at lp.now, and at a window's end
-// locks or unlocks the loop's thread for the load of the window.
-func (h *loopHeat) count(lp *loop, n int) {
+// count adds the n events of a look at now, and at a window's end locks
+// or unlocks the calling goroutine's thread for the load of the window;
+// it reports whether it did.
+func (h *loopHeat) count(now time.Time, n int) (switched bool) {
 	h.seen += n
-	if lp.now.Sub(h.since) < hotWindow {
-		return
+	if now.Sub(h.since) < hotWindow {
+		return false
 	}
-	if hot := h.seen >= h.events; hot != h.hot {
-		if hot {
-			runtime.LockOSThread()
-		} else {
-			runtime.UnlockOSThread()
-		}
-		h.hot = hot
-		lp.heatSwitches.Add(1)
+	hot := h.seen >= h.events
+	h.since, h.seen = now, 0
+	if hot == h.hot {
+		return false
 	}
-	h.since, h.seen = lp.now, 0
+	if hot {
+		runtime.LockOSThread()
+	} else {
+		runtime.UnlockOSThread()
+	}
+	h.hot = hot
+	return true
 }
 
 // cool unlocks the thread of a loop that ends hot.

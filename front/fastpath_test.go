@@ -177,10 +177,39 @@ func hostileByName(t *testing.T, name string) int {
 	return -1
 }
 
-// TestFastPathHeat: a loop under load locks its OS thread (loopHeat) and
-// unlocks it when the load falls, and every client gets its own answers
-// meanwhile, each of several keep-alive clients in turn while the loop is
-// hot, then one request at a time while it cools.
+// TestLoopHeat: a window of hotWindow with at least the threshold's events
+// makes the loop hot, one with fewer cool; a look inside a window only
+// counts.
+func TestLoopHeat(t *testing.T) {
+	h := loopHeat{events: 10}
+	defer h.cool()
+	t0 := time.Now()
+	steps := []struct {
+		at       time.Duration
+		n        int
+		switched bool
+		hot      bool
+	}{
+		{0, 9, false, false},                     // the first window: 9 events
+		{5 * time.Millisecond, 30, false, false}, // inside the next window
+		{hotWindow, 0, true, true},               // its end: 30 events
+		{hotWindow + time.Millisecond, 9, false, true},
+		{2 * hotWindow, 0, true, false},             // 9 events
+		{3 * hotWindow, 10, true, true},             // 10: the threshold
+		{3*hotWindow + hotWindow/2, 9, false, true}, // inside
+		{5 * hotWindow, 1, false, true},             // a long window, 10 events in all
+		{6 * hotWindow, 0, true, false},
+	}
+	for i, s := range steps {
+		if got := h.count(t0.Add(s.at), s.n); got != s.switched || h.hot != s.hot {
+			t.Fatalf("step %d (%v, %d events): switched %v, hot %v; want %v, %v", i, s.at, s.n, got, h.hot, s.switched, s.hot)
+		}
+	}
+}
+
+// TestFastPathHeat: a loop is cool under a light load, turns hot under
+// load (it holds its OS thread, loopHeat) and cool again after, and every
+// client gets its own answers meanwhile.
 func TestFastPathHeat(t *testing.T) {
 	r := fastRig(t, rigOpts{poolSize: 64, tweak: func(f *Front) { f.fastHotEvents = 20 }},
 		func(w http.ResponseWriter, req *http.Request) { _, _ = io.WriteString(w, req.URL.Path) })
@@ -214,32 +243,62 @@ func TestFastPathHeat(t *testing.T) {
 		}
 		return nil
 	}
+	// light sends one request a window and a half apart until the loop is
+	// cool (a window ends with a request or two in it, 20 allowed).
+	next := 0
+	light := func(when string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for first := true; first || lp.hot.Load(); first = false {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the loop stayed hot under one request every %v", when, 3*hotWindow/2)
+			}
+			time.Sleep(3 * hotWindow / 2)
+			next++
+			if err := client(10000+next, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	light("before the load")
 	deadline := time.Now().Add(20 * time.Second)
-	for round := 0; lp.heatSwitches.Load() == 0; round++ {
+	for round := 0; ; round++ {
 		if time.Now().After(deadline) {
 			t.Fatal("the loop did not turn hot under 8 clients")
 		}
-		var wg sync.WaitGroup
-		errs := make(chan error, 8)
+		var (
+			wg     sync.WaitGroup
+			done   = make(chan struct{})
+			sawHot = make(chan bool, 1)
+			errs   = make(chan error, 8)
+		)
+		go func() {
+			saw := false
+			for !saw {
+				select {
+				case <-done:
+					sawHot <- false
+					return
+				case <-time.After(time.Millisecond):
+					saw = lp.hot.Load()
+				}
+			}
+			sawHot <- true
+		}()
 		for id := range 8 {
 			wg.Go(func() { errs <- client(round*8+id, 100) })
 		}
 		wg.Wait()
+		close(done)
 		close(errs)
 		for err := range errs {
 			if err != nil {
 				t.Fatal(err)
 			}
 		}
-	}
-	// Light load: one request per window; the loop turns cool.
-	for i := 0; lp.heatSwitches.Load() < 2; i++ {
-		if time.Now().After(deadline) {
-			t.Fatalf("the loop did not turn cool: %d switches", lp.heatSwitches.Load())
-		}
-		time.Sleep(3 * hotWindow / 2)
-		if err := client(1000+i, 1); err != nil {
-			t.Fatal(err)
+		if <-sawHot {
+			break
 		}
 	}
+	light("after the load")
 }
