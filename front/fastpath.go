@@ -63,7 +63,7 @@ type fastServer struct {
 	wg sync.WaitGroup
 	// handedN counts the connections handed to net/http's server.
 	handedN atomic.Int64
-	// stopAt is when the drain ends (unix ns; 0 until Serve is told to
+	// stopAt is when the drain ends (monoNanos; 0 until Serve is told to
 	// stop): see stopBy.
 	stopAt atomic.Int64
 }
@@ -230,14 +230,17 @@ func (fs *fastServer) hand(c net.Conn) {
 	}
 }
 
-// stopBy sets when the drain ends, to t or earlier, and returns it.
+// stopBy sets when the drain ends, to t or earlier, and returns it. The
+// time returned keeps t's monotonic reading: read back as Unix time, a
+// step of the wall clock back during the drain lengthened it by the step.
 func (fs *fastServer) stopBy(t time.Time) time.Time {
+	tn := monoNanos.Of(t)
 	for {
 		at := fs.stopAt.Load()
-		if at != 0 && at <= t.UnixNano() {
-			return time.Unix(0, at)
+		if at != 0 && at <= tn {
+			return t.Add(time.Duration(at - tn))
 		}
-		if fs.stopAt.CompareAndSwap(at, t.UnixNano()) {
+		if fs.stopAt.CompareAndSwap(at, tn) {
 			return t
 		}
 	}

@@ -302,3 +302,25 @@ func TestFastPathHeat(t *testing.T) {
 	}
 	light("after the load")
 }
+
+// TestStopBy: the drain's end only moves earlier, and the time stopBy
+// returns keeps the monotonic reading of the time it was given, so that a
+// step of the wall clock does not move the drain's end.
+func TestStopBy(t *testing.T) {
+	fs := &fastServer{}
+	t0 := time.Now()
+	for _, c := range []struct{ ask, want time.Duration }{
+		{5 * time.Second, 5 * time.Second},
+		{10 * time.Second, 5 * time.Second},
+		{time.Second, time.Second},
+		{2 * time.Second, time.Second},
+	} {
+		got := fs.stopBy(t0.Add(c.ask))
+		if d := got.Sub(t0); d != c.want {
+			t.Errorf("stopBy(+%v) = +%v, want +%v", c.ask, d, c.want)
+		}
+		if !strings.Contains(got.String(), "m=") {
+			t.Errorf("stopBy(+%v) = %v: no monotonic reading", c.ask, got)
+		}
+	}
+}

@@ -44,7 +44,7 @@ type clientConn struct {
 	// writeFor bounds each write to the client (Config.WriteTimeout), set
 	// before the connection is served; 0 leaves writes unbounded.
 	writeFor time.Duration
-	// wdlNext is when the write deadline is next moved on (writeNanos): it is
+	// wdlNext is when the write deadline is next moved on (monoNanos): it is
 	// moved at most every writeFor/4, so a write that starts has between
 	// 3/4 of writeFor and all of it.
 	wdlNext atomic.Int64
@@ -72,18 +72,20 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// writeNanos times the write deadline's renewals: a step of the wall clock
-// back does not hold a renewal back while the deadline, which the runtime
-// keeps on the monotonic clock, runs out under a client that reads.
-var writeNanos = clock.NewNanos(nil)
+// monoNanos is the front's clock for the times it keeps as int64 (the
+// write deadline's renewals, the drain's end): a step of the wall clock
+// does not move them. Read as Unix time, a step back held the renewals
+// back while the deadline, which the runtime keeps on the monotonic
+// clock, ran out under a client that reads.
+var monoNanos = clock.NewNanos(nil)
 
 // Write writes to the client within writeFor: a client that stops reading
 // its answer does not hold the request (and its permit) for longer.
 func (c *clientConn) Write(p []byte) (int, error) {
 	if c.writeFor > 0 {
-		if now := time.Now(); writeNanos.Of(now) >= c.wdlNext.Load() {
+		if now := time.Now(); monoNanos.Of(now) >= c.wdlNext.Load() {
 			_ = c.Conn.SetWriteDeadline(now.Add(c.writeFor))
-			c.wdlNext.Store(writeNanos.Of(now.Add(c.writeFor / 4)))
+			c.wdlNext.Store(monoNanos.Of(now.Add(c.writeFor / 4)))
 		}
 	}
 	return c.Conn.Write(p)
