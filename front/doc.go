@@ -477,7 +477,8 @@
 // second): against the build before (FAIRSHARE_BENCH_BASELINE, medians of 5
 // in one run) it served 1.06 times the requests at saturation, 0.975-0.98
 // of nginx's in each of the five rounds where the build before served
-// 0.89-0.945, at about nginx's CPU a request (10.47 against 10.30 us by the
+// 0.89-0.945 (three later runs, medians of 5: 0.94, 0.95 and 0.97 of
+// nginx's), at about nginx's CPU a request (10.47 against 10.30 us by the
 // medians, 0.99 the median of the per-round ratios; 1.02 of the build
 // before's); at the moderate rate its CPU a request was the build before's
 // (0.98) and 0.91 of nginx's. Unlocked, the loop's goroutine ran on three
