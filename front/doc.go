@@ -483,9 +483,13 @@
 // before's); at the moderate rate its CPU a request was the build before's
 // (0.98) and 0.91 of nginx's. Unlocked, the loop's goroutine ran on three
 // or four threads in turn under wrk (perf sched); why the lock gains more
-// than the futex calls it saves is not measured. A higher priority for the
-// loop's thread (nice -5
-// on the front's threads) cut its preemptions from 0.3 to 0.07 a request
+// than the futex calls it saves is not measured. A hot loop also blocks
+// without the Gosched (which, locked, hands its P away and back): against
+// the build that kept it, the same throughput (1.00 and 0.99, medians of 10
+// and of 5 in two runs) at 0.95 and 1.03 times the CPU a request; the futex
+// calls it saves were 5% of the loop's samples (pprof). A higher priority
+// for the loop's thread (nice -5 on the front's threads) cut its preemptions
+// from 0.3 to 0.07 a request
 // and gained 2% throughput at 1.08 times the CPU a request; a shorter
 // EEVDF slice for its locked thread (sched_setattr, 0.1 and 0.3 ms) gained
 // nothing; raw system calls for its reads and writes (no runtime entry and

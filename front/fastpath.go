@@ -877,7 +877,12 @@ func (lp *loop) run() {
 		}
 		if busy && n <= 0 && len(lp.pending) == 0 && len(lp.again) == 0 {
 			busy = false
-			runtime.Gosched()
+			if !heat.hot {
+				// A hot loop's goroutine is locked to its thread:
+				// its Gosched would hand the P to another thread
+				// and back (futex calls, 5% of its samples).
+				runtime.Gosched()
+			}
 			continue
 		}
 		busy = n > 0
