@@ -930,15 +930,17 @@ func (lp *loop) run() {
 	}
 }
 
-// A loop under load keeps its OS thread: its goroutine then stops moving
-// between the runtime's threads (the Gosched before it blocks let another
-// thread take it), which at saturation served 1.06 times the requests at
-// 1.02 times the CPU a request (see Cost in doc.go); under a light load the
-// same lock cost 1.10 times the CPU a request, since each Gosched of a
-// locked goroutine hands its P to another thread and back. So the lock
-// follows the load: a loop is hot while a window of hotWindow saw at
-// least fastHotEvents events (40k a second: some 20k requests, at about
-// two events a request; tests set Front.fastHotEvents).
+// A loop under load keeps its OS thread and blocks without the Gosched:
+// its goroutine then stops moving between the runtime's threads (the
+// Gosched let another thread take it), which at saturation served 1.06
+// times the requests (see Cost in doc.go). Under a light load the unlocked
+// loop with its Gosched is the cheaper: locked without the Gosched it took
+// 1.2 times the CPU a request (wrk against an upstream of 5 ms), and
+// locked with it 1.10 times at the moderate rate, each Gosched handing the
+// P to another thread and back. So the lock follows the load: a loop is
+// hot while a window of hotWindow saw at least fastHotEvents events (40k
+// a second: some 20k requests, at about two events a request; tests set
+// Front.fastHotEvents).
 const (
 	hotWindow     = 10 * time.Millisecond
 	fastHotEvents = 400
@@ -1062,8 +1064,13 @@ func (lp *loop) nextGen() int32 {
 }
 
 // drain stops taking requests: idle clients are closed now, the others
-// after their exchange, and every one by `by`.
+// after their exchange, and every one by `by`, or by an earlier end a drain
+// posted before asked for (the stop and a failed listener post theirs in
+// either order).
 func (lp *loop) drain(by time.Time) {
+	if !lp.drainBy.IsZero() && lp.drainBy.Before(by) {
+		by = lp.drainBy
+	}
 	lp.drainBy = by
 	lp.setCheck(by)
 	for _, c := range lp.clients {

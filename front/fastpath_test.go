@@ -324,3 +324,17 @@ func TestStopBy(t *testing.T) {
 		}
 	}
 }
+
+// TestDrainKeepsEarlierEnd: of the drains posted to a loop (the stop's and
+// a failed listener's, in either order), the earliest end holds.
+func TestDrainKeepsEarlierEnd(t *testing.T) {
+	t0 := time.Now()
+	for _, order := range [][2]time.Duration{{0, 5 * time.Second}, {5 * time.Second, 0}} {
+		lp := &loop{clients: map[int32]*fclient{}}
+		lp.drain(t0.Add(order[0]))
+		lp.drain(t0.Add(order[1]))
+		if !lp.drainBy.Equal(t0) {
+			t.Errorf("drains to +%v then +%v: the drain ends at +%v, want +0s", order[0], order[1], lp.drainBy.Sub(t0))
+		}
+	}
+}
