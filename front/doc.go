@@ -475,21 +475,26 @@
 // thread and back. So the loop locks its thread only while it is hot
 // (loopHeat: 400 events or more in a window of 10 ms, some 20k requests a
 // second): against the build before (FAIRSHARE_BENCH_BASELINE, medians of 5
-// in one run) it served 1.06 times the requests at saturation, 0.975-0.98
-// of nginx's in each of the five rounds where the build before served
-// 0.89-0.945 (three later runs, medians of 5: 0.94, 0.95 and 0.97 of
-// nginx's), at about nginx's CPU a request (10.47 against 10.30 us by the
-// medians, 0.99 the median of the per-round ratios; 1.02 of the build
-// before's); at the moderate rate its CPU a request was the build before's
-// (0.98) and 0.91 of nginx's. Unlocked, the loop's goroutine ran on three
-// or four threads in turn under wrk (perf sched); why the lock gains more
-// than the futex calls it saves is not measured. A hot loop also blocks
-// without the Gosched (which, locked, hands its P away and back): against
-// the build that kept it, the same throughput (1.00 and 0.99, medians of 10
-// and of 5 in two runs) at 0.95 and 1.03 times the CPU a request; the futex
-// calls it saves were 5% of the loop's samples (pprof). A higher priority
-// for the loop's thread (nice -5 on the front's threads) cut its preemptions
-// from 0.3 to 0.07 a request
+// in one run) it served 1.06 times the requests at saturation, 0.975-0.98 of
+// nginx's in each of the five rounds where the build before served
+// 0.89-0.945 (over six runs the medians were 0.93-0.975 of nginx's, about
+// 0.95; the build before, in the same runs, 0.86-0.93), at about nginx's CPU
+// a request (10.47 against 10.30 us by the medians, 0.99 the median of the
+// per-round ratios; 1.02 of the build before's); at the moderate rate its
+// CPU a request was the build before's (0.98) and 0.91 of nginx's. Unlocked,
+// the loop's goroutine ran on three or four threads in turn under wrk (perf
+// sched); why the lock gains more than the futex calls it saves is not
+// measured. A hot loop also blocks without the Gosched (which, locked, hands
+// its P away and back): against the build that kept it, the same throughput
+// (1.00 and 0.99, medians of 10 and of 5 in two runs) at 0.95 and 1.03 times
+// the CPU a request; the futex calls it saves were 5% of the loop's samples
+// (pprof). Few connections do not bring back the 0.82 above: with wrk -c2
+// and -c4 (4 s turns, one upstream, medians of 3) the hot loop served 18.0k
+// and 32.3k requests a second where the build before the lock served 18.3k
+// and 32.6k, nginx with one worker 14.9k and 31.8k, and the lock with the
+// Gosched 17.9k and 30.5k (at 1.2 times the CPU a request with -c4). A
+// higher priority for the loop's thread (nice -5 on the front's threads) cut
+// its preemptions from 0.3 to 0.07 a request
 // and gained 2% throughput at 1.08 times the CPU a request; a shorter
 // EEVDF slice for its locked thread (sched_setattr, 0.1 and 0.3 ms) gained
 // nothing; raw system calls for its reads and writes (no runtime entry and
