@@ -223,17 +223,18 @@ func TestInboundClientGoneGivesBack(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for _, at := range []time.Duration{0, time.Duration(oldest) + limits.MinReservationTTL} {
-		if at != 0 {
-			mono.holdAt(at)
-		}
+	kept := func(when string) {
+		t.Helper()
 		if err := l.Tick(time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		if s := snap(t, l); s.Reservations != n {
-			t.Fatalf("given back before the TTL (clock held at %v, stamps %d..%d): %+v", at, oldest, newest, s)
+			t.Fatalf("given back before the TTL (%s; stamps %d..%d): %+v", when, oldest, newest, s)
 		}
 	}
+	kept("clock held before the SYNs")
+	mono.holdAt(time.Duration(oldest) + limits.MinReservationTTL)
+	kept("the oldest exactly the TTL old")
 	mono.holdAt(time.Duration(newest) + limits.MinReservationTTL + time.Millisecond)
 	if err := l.Tick(time.Now()); err != nil {
 		t.Fatal(err)

@@ -52,8 +52,7 @@ func ClampRate(r float64) float64 {
 // units per second. Only projects with a limit have state, so memory is
 // bounded by the number of policies. It is safe for concurrent use.
 type Rates struct {
-	clk clock.Clock
-	ns  clock.Nanos // clk as the buckets' int64 times
+	ns clock.Nanos // the clock, as the buckets' int64 times
 
 	mu      sync.Mutex // guards the fields below
 	buckets map[string]*bucket
@@ -70,8 +69,7 @@ type bucket struct {
 
 // NewRates returns an empty set of buckets; a nil clk means the system clock.
 func NewRates(clk clock.Clock) *Rates {
-	clk = clock.Or(clk)
-	return &Rates{clk: clk, ns: clock.NewNanos(clk), buckets: map[string]*bucket{}}
+	return &Rates{ns: clock.NewNanos(clk), buckets: map[string]*bucket{}}
 }
 
 // burst is one second's worth of rate, but at least one token so that a rate
@@ -82,10 +80,10 @@ func burst(rate float64) float64 { return math.Max(rate, 1) }
 // buckets (unbounded). A new bucket starts full; a changed one keeps its
 // balance, capped at the new burst.
 func (r *Rates) SetLimits(project string, l Limits) {
-	r.setLimits(project, l, r.clk.Now())
+	r.setLimits(project, l, r.ns.Now())
 }
 
-func (r *Rates) setLimits(project string, l Limits, now time.Time) {
+func (r *Rates) setLimits(project string, l Limits, n int64) {
 	l.RequestsPerSec = ClampRate(l.RequestsPerSec)
 	l.WorkPerSec = ClampRate(l.WorkPerSec)
 	r.mu.Lock()
@@ -94,7 +92,6 @@ func (r *Rates) setLimits(project string, l Limits, now time.Time) {
 		delete(r.buckets, project)
 		return
 	}
-	n := r.ns.Of(now)
 	b, ok := r.buckets[project]
 	if !ok {
 		r.buckets[project] = &bucket{limits: l, req: burst(l.RequestsPerSec), work: burst(l.WorkPerSec), last: n}

@@ -123,8 +123,8 @@ func TestRatesDebt(t *testing.T) {
 // move the bucket's time back and pay the same interval twice.
 func TestRatesOutOfOrderTimestamps(t *testing.T) {
 	r := NewRates(newFakeClock())
-	base := r.clk.Now().UnixNano()
-	r.setLimits("p", Limits{RequestsPerSec: 10}, time.Unix(0, base))
+	base := r.ns.Now()
+	r.setLimits("p", Limits{RequestsPerSec: 10}, base)
 	admitted := 0
 	// 10 s of calls; every other call carries a timestamp 1 s older.
 	for i := 0; i < 10000; i++ {
