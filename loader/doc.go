@@ -137,6 +137,17 @@
 // connection cannot be stopped any more and is left without a permit
 // (Events.Unaccounted; Reconcile adopts it).
 //
+// A project alone in the pool reserves at most POOL - FLOOR. Its share is
+// the whole pool, but how long a reservation lives is up to the client: a
+// SYN flood from sources that never answer keeps its request sockets for
+// the kernel's SYN-ACK retries (about a minute), and reserved to the last
+// permit it would refuse every project that arrives meanwhile. Held a floor
+// short, a newcomer finds its floor at once, as beside any project past its
+// share. The SYNs past that are not refused: their request sockets hold no
+// permit, and a child of one takes its permit at ESTABLISHED under the rule
+// (Events.Late), so handshakes that complete still give the lone project the
+// whole pool.
+//
 // A reservation is given back by Tick once it is older than
 // Options.ReservationTTL (100ms..2m, default 3s) and its request socket is
 // gone (sock_diag lists no request socket with its cookie): a client that

@@ -302,7 +302,10 @@ func TestInboundSynCookies(t *testing.T) {
 }
 
 // A refusal at the SYN is still an RST, also in cookie mode: with the pool
-// full, a SYN cookie is not sent for a project over its share.
+// full, a SYN cookie is not sent for a project over its share. The pool is
+// filled by a reservation (the project is alone: its reservations stop a
+// floor short of the pool), a request socket without one, and a cookie's
+// child that took the last permit at ESTABLISHED.
 func TestInboundSynCookieRefused(t *testing.T) {
 	testutil.RequireRoot(t)
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_syncookies"); err != nil || strings.TrimSpace(string(b)) != "1" {
@@ -315,12 +318,22 @@ func TestInboundSynCookieRefused(t *testing.T) {
 	silence(t, 43100, 43101)
 	sendSYN(t, addr, 43100)
 	sendSYN(t, addr, 43101)
+	eventually(t, "two request sockets, one reserved", func() (bool, string) {
+		s := snap(t, l)
+		n := synRecv(t, addr.Port())
+		return n == 2 && s.Reservations == 1 && s.InUse == 1, fmt.Sprintf("%d request sockets; %+v", n, s)
+	})
+	c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+	if err != nil {
+		t.Fatalf("a cookie's connection with room for it: %v; %+v", err, snap(t, l))
+	}
+	defer c.Close()
 	waitInUse(t, l, 2, map[string]int{"srv": 2})
-	_, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+	_, err = net.DialTimeout("tcp4", addr.String(), 3*time.Second)
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("a SYN over the pool in cookie mode: %v, want ECONNREFUSED; %+v", err, snap(t, l))
 	}
-	if s := snap(t, l); s.InUse != 2 || s.Events.RefusedIn < 1 {
+	if s := snap(t, l); s.InUse != 2 || s.Events.RefusedIn < 1 || s.Events.Late != 1 {
 		t.Fatalf("%+v", s)
 	}
 }
@@ -334,4 +347,68 @@ func TestReservationTTLBounds(t *testing.T) {
 			t.Errorf("TTL %s: %v, want ErrInvalidOptions naming the TTL", ttl, err)
 		}
 	}
+}
+
+// A SYN flood from hosts that never answer (spoofed sources: silence drops
+// the kernel's resets, so every request socket stays, retransmitting its
+// SYN-ACK for a minute) at the listener of a project alone in the pool
+// reserves at most POOL - FLOOR: the SYNs past that still get their request
+// sockets, without a permit. A project that arrives during the flood finds
+// its floor at once (before the fix the flood reserved the whole pool and
+// every other project was refused until the request sockets died), and the
+// flooded project, now past its share beside it, is refused. Alone, the
+// flooded project still gets the whole pool for handshakes that complete:
+// their children take their permits at ESTABLISHED.
+func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
+	testutil.RequireRoot(t)
+	const pool, floor, syns = 16, 2, 24
+	flood := func(t *testing.T) (*Limiter, string, netip.AddrPort) {
+		root, pin := newRoot(t), newPinDir(t)
+		l, _ := openLimiterMono(t, root, pin, pool, floor, limits.MaxReservationTTL)
+		beta := startHelper(t, mkProject(t, root, "beta"))
+		addr := netip.MustParseAddrPort(listenAddr(t, beta.do("listen 127.0.0.1:0")))
+		const lo = 44200
+		silence(t, lo, lo+syns-1)
+		for i := range syns {
+			sendSYN(t, addr, uint16(lo+i))
+		}
+		eventually(t, "every SYN a request socket, POOL - FLOOR of them reserved", func() (bool, string) {
+			s := snap(t, l)
+			left := synRecv(t, addr.Port())
+			return left == syns && s.Reservations == pool-floor && s.InUse == pool-floor,
+				fmt.Sprintf("%d request sockets; %+v", left, s)
+		})
+		return l, root, addr
+	}
+	t.Run("newcomer", func(t *testing.T) {
+		l, root, addr := flood(t)
+		alpha := startHelper(t, mkProject(t, root, "alpha"))
+		other := sink(t, "tcp4", "127.0.0.1:0")
+		if r := alpha.dial("tcp4", other.Addr().String(), floor); r.ok != floor {
+			t.Fatalf("alpha during the flood: %+v, want its floor (%d) admitted; %+v", r, floor, snap(t, l))
+		}
+		if r := alpha.dial("tcp4", other.Addr().String(), 1); r.refused != 1 {
+			t.Errorf("alpha past the full pool: %+v, want refused", r)
+		}
+		// beta, past its share beside alpha, is refused at the SYN.
+		if c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+			if c != nil {
+				c.Close()
+			}
+			t.Errorf("a SYN for beta with the pool full: %v, want ECONNREFUSED", err)
+		}
+		waitInUse(t, l, pool, map[string]int{"alpha": floor, "beta": pool - floor})
+	})
+	t.Run("alone", func(t *testing.T) {
+		l, _, addr := flood(t)
+		c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+		if err != nil {
+			t.Fatalf("a handshake that completes, for beta alone: %v; %+v", err, snap(t, l))
+		}
+		defer c.Close()
+		waitInUse(t, l, pool-floor+1, map[string]int{"beta": pool - floor + 1})
+		if s := snap(t, l); s.Reservations != pool-floor || s.Events.Late != 1 {
+			t.Fatalf("the child was not admitted at ESTABLISHED: %+v", s)
+		}
+	})
 }

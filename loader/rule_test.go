@@ -26,7 +26,9 @@ func TestTakePermit(t *testing.T) {
 	for _, at := range []int32{atSyn, atChild} {
 		t.Run(map[int32]string{atSyn: "syn", atChild: "child"}[at], func(t *testing.T) {
 			root, pin := newRoot(t), newPinDir(t)
-			l := openLimiter(t, root, pin, 2, 1)
+			// Two permits for p either way: a lone project's
+			// reservations stop a floor short of the pool (limit_for).
+			l := openLimiter(t, root, pin, map[int32]uint32{atSyn: 3, atChild: 2}[at], 1)
 			mkProject(t, root, "ex")
 			if err := l.SetExempt([]string{filepath.Join(root, "ex")}, 1); err != nil {
 				t.Fatal(err)
@@ -57,7 +59,7 @@ func TestTakePermit(t *testing.T) {
 				want    int64
 			}{
 				{proj, 1, taken}, {proj, 1, notTaken}, {proj, 2, taken},
-				{proj, 3, refused}, {proj, 1, notTaken}, // the pool is full
+				{proj, 3, refused}, {proj, 1, notTaken}, // no room left for p
 				{ex, 4, taken}, {ex, 4, notTaken},
 			} {
 				if got := take(s.project, s.holder); got != s.want {
