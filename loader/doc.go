@@ -65,7 +65,9 @@
 // # The rule and its bound
 //
 // Admission applies the rule of package pools with POOL and FLOOR from the
-// config map and share = max(FLOOR, POOL/active). The programs keep the
+// config map and share = max(FLOOR, POOL/active), with one difference:
+// inbound, a project that holds its floor is held to POOL - FLOOR even under
+// its share (see "Handshakes in flight"). The programs keep the
 // active count themselves: a project's first ask in the window (a new
 // project, or one idle and empty for a window) adds it at once, so a
 // newcomer's first connection already shrinks everyone's share, as in
@@ -137,16 +139,21 @@
 // connection cannot be stopped any more and is left without a permit
 // (Events.Unaccounted; Reconcile adopts it).
 //
-// A project alone in the pool reserves at most POOL - FLOOR. Its share is
-// the whole pool, but how long a reservation lives is up to the client: a
-// SYN flood from sources that never answer keeps its request sockets for
-// the kernel's SYN-ACK retries (about a minute), and reserved to the last
-// permit it would refuse every project that arrives meanwhile. Held a floor
-// short, a newcomer finds its floor at once, as beside any project past its
-// share. The SYNs past that are not refused: their request sockets hold no
-// permit, and a child of one takes its permit at ESTABLISHED under the rule
-// (Events.Late), so handshakes that complete still give the lone project the
-// whole pool.
+// Inbound, a project that holds its floor is held to POOL - FLOOR whatever
+// its share, alone too: sk_lookup, the reservation and a child taken at
+// ESTABLISHED apply the rule that way, so handshakes never take the pool's
+// last floor; a newcomer (a project under its floor) and connect() do. How
+// long a handshake holds its permit is the client's choice: a SYN flood from
+// sources that never answer keeps its request sockets through the kernel's
+// SYN-ACK retries, about a minute, and one that reserved the pool to the
+// last permit (a lone project's share is all of it) would shut out every
+// project that arrives meanwhile. The SYNs past the bound are reset, as past
+// a share, so every request socket still holds its permit and no handshakes
+// can be completed together past the pool. Such a refusal says
+// ReasonFloor. The price: alone, a project's inbound connections get the
+// pool less a floor (its connects still get all of it). The floor is kept
+// for the first newcomer: a flood at a second project, itself a newcomer,
+// takes it (TestSynFloodLeavesNewcomerItsFloor).
 //
 // A reservation is given back by Tick once it is older than
 // Options.ReservationTTL (100ms..2m, default 3s) and its request socket is

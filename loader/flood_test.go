@@ -302,38 +302,26 @@ func TestInboundSynCookies(t *testing.T) {
 }
 
 // A refusal at the SYN is still an RST, also in cookie mode: with the pool
-// full, a SYN cookie is not sent for a project over its share. The pool is
-// filled by a reservation (the project is alone: its reservations stop a
-// floor short of the pool), a request socket without one, and a cookie's
-// child that took the last permit at ESTABLISHED.
+// full to the floor, a SYN cookie is not sent for a project that holds its
+// floor.
 func TestInboundSynCookieRefused(t *testing.T) {
 	testutil.RequireRoot(t)
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_syncookies"); err != nil || strings.TrimSpace(string(b)) != "1" {
 		t.Skipf("needs net.ipv4.tcp_syncookies = 1 (%q, %v)", b, err)
 	}
 	root, pin := newRoot(t), newPinDir(t)
-	l, _ := openLimiterMono(t, root, pin, 2, 1, limits.MaxReservationTTL)
+	l, _ := openLimiterMono(t, root, pin, 3, 1, limits.MaxReservationTTL)
 	srv := startHelper(t, mkProject(t, root, "srv"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen-backlog 127.0.0.1:0 1")))
 	silence(t, 43100, 43101)
 	sendSYN(t, addr, 43100)
 	sendSYN(t, addr, 43101)
-	eventually(t, "two request sockets, one reserved", func() (bool, string) {
-		s := snap(t, l)
-		n := synRecv(t, addr.Port())
-		return n == 2 && s.Reservations == 1 && s.InUse == 1, fmt.Sprintf("%d request sockets; %+v", n, s)
-	})
-	c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
-	if err != nil {
-		t.Fatalf("a cookie's connection with room for it: %v; %+v", err, snap(t, l))
-	}
-	defer c.Close()
 	waitInUse(t, l, 2, map[string]int{"srv": 2})
-	_, err = net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+	_, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("a SYN over the pool in cookie mode: %v, want ECONNREFUSED; %+v", err, snap(t, l))
 	}
-	if s := snap(t, l); s.InUse != 2 || s.Events.RefusedIn < 1 || s.Events.Late != 1 {
+	if s := snap(t, l); s.InUse != 2 || s.Events.RefusedIn < 1 {
 		t.Fatalf("%+v", s)
 	}
 }
@@ -351,37 +339,48 @@ func TestReservationTTLBounds(t *testing.T) {
 
 // A SYN flood from hosts that never answer (spoofed sources: silence drops
 // the kernel's resets, so every request socket stays, retransmitting its
-// SYN-ACK for a minute) at the listener of a project alone in the pool
-// reserves at most POOL - FLOOR: the SYNs past that still get their request
-// sockets, without a permit. A project that arrives during the flood finds
-// its floor at once (before the fix the flood reserved the whole pool and
-// every other project was refused until the request sockets died), and the
-// flooded project, now past its share beside it, is refused. Alone, the
-// flooded project still gets the whole pool for handshakes that complete:
-// their children take their permits at ESTABLISHED.
+// SYN-ACK for a minute) at the listeners of one project reserves at most
+// POOL - FLOOR: a project holding its floor takes no inbound
+// permit past that (the SYNs are reset, so every request socket holds its
+// permit). A project that arrives during the flood finds its floor at once;
+// before, the flood reserved the whole pool and every other project was
+// refused until the request sockets died. A second project flooded is such a
+// newcomer, and takes the last floor. The flooded project still takes the
+// last floor with connect(), when alone.
 func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
 	testutil.RequireRoot(t)
 	const pool, floor, syns = 16, 2, 24
-	flood := func(t *testing.T) (*Limiter, string, netip.AddrPort) {
+	setup := func(t *testing.T) (*Limiter, string) {
 		root, pin := newRoot(t), newPinDir(t)
 		l, _ := openLimiterMono(t, root, pin, pool, floor, limits.MaxReservationTTL)
-		beta := startHelper(t, mkProject(t, root, "beta"))
-		addr := netip.MustParseAddrPort(listenAddr(t, beta.do("listen 127.0.0.1:0")))
-		const lo = 44200
-		silence(t, lo, lo+syns-1)
-		for i := range syns {
-			sendSYN(t, addr, uint16(lo+i))
-		}
-		eventually(t, "every SYN a request socket, POOL - FLOOR of them reserved", func() (bool, string) {
-			s := snap(t, l)
-			left := synRecv(t, addr.Port())
-			return left == syns && s.Reservations == pool-floor && s.InUse == pool-floor,
-				fmt.Sprintf("%d request sockets; %+v", left, s)
-		})
-		return l, root, addr
+		silence(t, 44200, 44200+2*syns-1)
+		return l, root
 	}
-	t.Run("newcomer", func(t *testing.T) {
-		l, root, addr := flood(t)
+	// flood sends syns SYNs from silent ports from lo up to a listener of
+	// project name, and returns the project's helper and the address.
+	flood := func(t *testing.T, l *Limiter, root, name string, lo uint16) (*helper, netip.AddrPort) {
+		h := startHelper(t, mkProject(t, root, name))
+		addr := netip.MustParseAddrPort(listenAddr(t, h.do("listen 127.0.0.1:0")))
+		for i := range syns {
+			sendSYN(t, addr, lo+uint16(i))
+		}
+		return h, addr
+	}
+	// reserved waits until the floods' request sockets at addrs and the
+	// reservations are both want, and the node's in_use with them.
+	reserved := func(t *testing.T, l *Limiter, want int, addrs ...netip.AddrPort) {
+		eventually(t, "the flood's request sockets, each with its reservation", func() (bool, string) {
+			s := snap(t, l)
+			n := 0
+			for _, a := range addrs {
+				n += synRecv(t, a.Port())
+			}
+			return n == want && s.Reservations == want && s.InUse == want, fmt.Sprintf("%d request sockets; %+v", n, s)
+		})
+	}
+	// newcomer checks that a project arriving now gets its floor, and no
+	// more: the pool is full then.
+	newcomer := func(t *testing.T, l *Limiter, root string) {
 		alpha := startHelper(t, mkProject(t, root, "alpha"))
 		other := sink(t, "tcp4", "127.0.0.1:0")
 		if r := alpha.dial("tcp4", other.Addr().String(), floor); r.ok != floor {
@@ -390,6 +389,24 @@ func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
 		if r := alpha.dial("tcp4", other.Addr().String(), 1); r.refused != 1 {
 			t.Errorf("alpha past the full pool: %+v, want refused", r)
 		}
+	}
+	t.Run("newcomer", func(t *testing.T) {
+		l, root := setup(t)
+		if err := l.SetEvents(100, false); err != nil {
+			t.Fatal(err)
+		}
+		ch := refusals(t, l)
+		_, addr := flood(t, l, root, "beta", 44200)
+		reserved(t, l, pool-floor, addr)
+		if s := snap(t, l); s.Events.RefusedIn != syns-(pool-floor) {
+			t.Errorf("SYNs past POOL - FLOOR: %d refused, want %d", s.Events.RefusedIn, syns-(pool-floor))
+		}
+		// Alone, beta is under its share: the floor refused it.
+		if e := nextRefusal(t, ch); e.Project != "beta" || e.Direction != "syn" || e.Reason != ReasonFloor ||
+			e.Held != pool-floor || e.InUse != pool-floor || e.Share != pool {
+			t.Errorf("the first SYN past POOL - FLOOR: %+v, want reason %q", e, ReasonFloor)
+		}
+		newcomer(t, l, root)
 		// beta, past its share beside alpha, is refused at the SYN.
 		if c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
 			if c != nil {
@@ -399,16 +416,29 @@ func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
 		}
 		waitInUse(t, l, pool, map[string]int{"alpha": floor, "beta": pool - floor})
 	})
+	t.Run("two-projects", func(t *testing.T) {
+		// gamma, flooded after beta, is a newcomer then: its first
+		// permits, under its floor, come from the last floor; its SYNs
+		// past them are reset. The pool fills, never past POOL, and
+		// every request socket holds its permit.
+		l, root := setup(t)
+		_, a := flood(t, l, root, "beta", 44200)
+		reserved(t, l, pool-floor, a)
+		_, b := flood(t, l, root, "gamma", 44200+syns)
+		reserved(t, l, pool, a, b)
+		waitInUse(t, l, pool, map[string]int{"beta": pool - floor, "gamma": floor})
+		if s := snap(t, l); s.Events.RefusedIn != 2*syns-pool {
+			t.Errorf("SYNs of the two floods past the pool: %d refused, want %d", s.Events.RefusedIn, 2*syns-pool)
+		}
+	})
 	t.Run("alone", func(t *testing.T) {
-		l, _, addr := flood(t)
-		c, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
-		if err != nil {
-			t.Fatalf("a handshake that completes, for beta alone: %v; %+v", err, snap(t, l))
+		l, root := setup(t)
+		beta, addr := flood(t, l, root, "beta", 44200)
+		reserved(t, l, pool-floor, addr)
+		other := sink(t, "tcp4", "127.0.0.1:0")
+		if r := beta.dial("tcp4", other.Addr().String(), floor+1); r.ok != floor || r.refused != 1 {
+			t.Fatalf("beta's connects, alone beside its flood: %+v, want %d admitted and 1 refused; %+v", r, floor, snap(t, l))
 		}
-		defer c.Close()
-		waitInUse(t, l, pool-floor+1, map[string]int{"beta": pool - floor + 1})
-		if s := snap(t, l); s.Reservations != pool-floor || s.Events.Late != 1 {
-			t.Fatalf("the child was not admitted at ESTABLISHED: %+v", s)
-		}
+		waitInUse(t, l, pool, map[string]int{"beta": pool})
 	})
 }

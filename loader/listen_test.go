@@ -193,7 +193,7 @@ func TestReconcileUncountsGoneListeners(t *testing.T) {
 func TestReuseportListenersRefcounted(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l := openLimiter(t, root, pin, 3, 1)
+	l := openLimiter(t, root, pin, 4, 1) // inbound, 3: a floor short of the pool
 	srv := startHelper(t, mkProject(t, root, "rp"))
 	a := listenAddr(t, srv.do("listen-reuseport 127.0.0.1:0"))
 	if b := listenAddr(t, srv.do("listen-reuseport %s", a)); b != a {

@@ -44,7 +44,8 @@ func TestNetnsInbound(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	d := mkdirs(t, root, "kubepods/pod1", "kubepods/pod1/ctr", "kubepods/pod2", "kubepods/pod2/ctr", "clients")
-	l := openMembers(t, root, pin, 4, []Member{{Project: "team-a", Cgroup: d[0]}, {Project: "team-b", Cgroup: d[2]}})
+	// A pool of 5: the pod's handshakes take 4 of it, a floor short.
+	l := openMembers(t, root, pin, 5, []Member{{Project: "team-a", Cgroup: d[0]}, {Project: "team-b", Cgroup: d[2]}})
 	a := startPod(t, d[1])
 	client := startHelperAt(t, d[4], a.nsPath)
 
@@ -74,7 +75,7 @@ func TestNetnsInbound(t *testing.T) {
 		t.Fatalf("Netns: %+v %v", ns, err)
 	}
 
-	// The pool of 4 is the pod's alone: 4 in, 2 refused at the SYN.
+	// The pool is the pod's alone: 4 in, 2 refused at the SYN.
 	if r := client.dial("tcp4", a.addr, 6); r.ok != 4 || r.refused != 2 {
 		t.Fatalf("attached: %+v; %+v", r, snap(t, l))
 	}
@@ -185,7 +186,7 @@ func TestNetnsRestart(t *testing.T) {
 	root, pin := newRoot(t), newPinDir(t)
 	d := mkdirs(t, root, "pod", "pod/ctr", "clients")
 	ms := []Member{{Project: "team", Cgroup: d[0]}}
-	l := openMembers(t, root, pin, 2, ms)
+	l := openMembers(t, root, pin, 3, ms) // inbound, 2: a floor short of the pool
 	p := startPod(t, d[1])
 	info, err := l.AttachNetns(p.nsPath)
 	if err != nil {
@@ -197,7 +198,7 @@ func TestNetnsRestart(t *testing.T) {
 	if r := client.dial("tcp4", p.addr, 3); r.ok != 2 || r.refused != 1 {
 		t.Fatalf("no limiter running: %+v", r)
 	}
-	o := rootOptions(t, root, Options{PinDir: pin, PoolSize: 2, Floor: 1})
+	o := rootOptions(t, root, Options{PinDir: pin, PoolSize: 3, Floor: 1})
 	o.MaxDepth = DefaultMaxDepth
 	l2, err := Open(o)
 	if err != nil {
@@ -343,7 +344,7 @@ func podBehindNftSocket(t *testing.T, size uint32, table string) (*Limiter, pod,
 // SYN up before TCP does, and each lookup runs sk_lookup: a SYN the rule
 // refuses is refused twice. It must be counted (and reported) once.
 func TestRefusedSynLookedUpTwice(t *testing.T) {
-	l, a, client := podBehindNftSocket(t, 4, "fairshare_test_twice")
+	l, a, client := podBehindNftSocket(t, 5, "fairshare_test_twice") // inbound, 4: a floor short
 	if r := client.dial("tcp4", a.addr, 6); r.ok != 4 || r.refused != 2 {
 		t.Fatalf("dial: %+v; %+v", r, snap(t, l))
 	}

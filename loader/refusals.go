@@ -31,8 +31,8 @@ type Refusal struct {
 	// node's, the share and POOL.
 	Held, InUse int64
 	Share, Pool uint32
-	// Reason is one of ReasonOverShare, ReasonPoolFull, ReasonExemptBudget,
-	// ReasonRateLimited.
+	// Reason is one of ReasonOverShare, ReasonPoolFull, ReasonFloor,
+	// ReasonExemptBudget, ReasonRateLimited.
 	Reason string
 	// Would is set for a refusal dry-run admitted.
 	Would bool
@@ -44,10 +44,15 @@ const (
 	ReasonPoolFull     = "pool_full"
 	ReasonExemptBudget = "exempt_budget"
 	ReasonRateLimited  = "rate_limited"
+	// ReasonFloor refuses an inbound connection of a project that holds
+	// its floor while the pool is full to the floor: handshakes leave the
+	// last floor to newcomers, whatever the project's share (see "Handshakes
+	// in flight" in the package doc).
+	ReasonFloor = "floor"
 )
 
 // reasonNames are enum fs_reason's names, by value.
-var reasonNames = map[uint8]string{1: ReasonOverShare, 2: ReasonPoolFull, 3: ReasonExemptBudget, 4: ReasonRateLimited}
+var reasonNames = map[uint8]string{1: ReasonOverShare, 2: ReasonPoolFull, 3: ReasonExemptBudget, 4: ReasonRateLimited, 5: ReasonFloor}
 
 // fsEvWould is FS_EV_WOULD.
 const fsEvWould = 1

@@ -26,9 +26,10 @@ func TestTakePermit(t *testing.T) {
 	for _, at := range []int32{atSyn, atChild} {
 		t.Run(map[int32]string{atSyn: "syn", atChild: "child"}[at], func(t *testing.T) {
 			root, pin := newRoot(t), newPinDir(t)
-			// Two permits for p either way: a lone project's
-			// reservations stop a floor short of the pool (limit_for).
-			l := openLimiter(t, root, pin, map[int32]uint32{atSyn: 3, atChild: 2}[at], 1)
+			// POOL 4, FLOOR 2: a project's inbound permits stop at 2,
+			// a floor short of the pool, as its permits at connect()
+			// would beside a project past its share.
+			l := openLimiter(t, root, pin, 4, 2)
 			mkProject(t, root, "ex")
 			if err := l.SetExempt([]string{filepath.Join(root, "ex")}, 1); err != nil {
 				t.Fatal(err)
@@ -59,7 +60,7 @@ func TestTakePermit(t *testing.T) {
 				want    int64
 			}{
 				{proj, 1, taken}, {proj, 1, notTaken}, {proj, 2, taken},
-				{proj, 3, refused}, {proj, 1, notTaken}, // no room left for p
+				{proj, 3, refused}, {proj, 1, notTaken}, // full to the floor
 				{ex, 4, taken}, {ex, 4, notTaken},
 			} {
 				if got := take(s.project, s.holder); got != s.want {

@@ -38,6 +38,8 @@ enum fs_reason {
 	FS_REASON_POOL_FULL = 2,     /* holds < share, in_use >= POOL */
 	FS_REASON_EXEMPT_BUDGET = 3, /* exempt, exempt_max spent, then refused under the rule */
 	FS_REASON_RATE_LIMITED = 4,  /* the project's connections per second (#20) */
+	FS_REASON_FLOOR = 5,         /* inbound, holds >= FLOOR (under its share), in_use >= POOL - FLOOR:
+				      * handshakes leave the last floor to newcomers (rule.h, limit_for) */
 };
 
 #define FS_DIR_CONNECT 1 /* outbound connect() */
@@ -208,10 +210,11 @@ static __always_inline bool exempt_listed(__u64 cg, __u64 id);
 
 /*
  * refusal_reason is why the rule refused project id (entry p) of cgroup cg
- * now: exempt over its budget, over its share, or the pool full. taken: the
- * ask's permit is counted already (dry-run), and does not count here.
+ * now: exempt over its budget, over its share, the floor kept from an inbound
+ * ask (in), or the pool full. taken: the ask's permit is counted already
+ * (dry-run), and does not count here.
  */
-static __always_inline __u8 refusal_reason(__u64 cg, __u64 id, struct fs_project *p, bool taken)
+static __always_inline __u8 refusal_reason(__u64 cg, __u64 id, struct fs_project *p, bool taken, bool in)
 {
 	struct fs_settings *cfg = settings();
 	struct fs_pool *n = node();
@@ -220,7 +223,9 @@ static __always_inline __u8 refusal_reason(__u64 cg, __u64 id, struct fs_project
 	if (cfg->exempt_max && exempt_listed(cg, id))
 		return FS_REASON_EXEMPT_BUDGET;
 	__s64 held = p ? *(volatile __s64 *)&p->in_use - (taken ? 1 : 0) : 0;
-	return under_share(cfg, n, held) ? FS_REASON_POOL_FULL : FS_REASON_OVER_SHARE;
+	if (!under_share(cfg, n, held))
+		return FS_REASON_OVER_SHARE;
+	return in && held >= (__s64)cfg->floor ? FS_REASON_FLOOR : FS_REASON_POOL_FULL;
 }
 
 /* tuple_connect fills t for a connect() of connect4 (v6 false) or connect6
@@ -346,7 +351,7 @@ static __always_inline void refused_connect(struct bpf_sock_addr *ctx, bool v6, 
 	struct fs_tuple t __attribute__((aligned(8))) = {};
 	tuple_connect(ctx, v6, &t);
 	__u8 flags = would ? FS_EV_WOULD | FS_EV_TAKEN : 0;
-	emit_refusal(id, p, FS_DIR_CONNECT, refusal_reason(bpf_get_current_cgroup_id(), id, p, would), &t, flags);
+	emit_refusal(id, p, FS_DIR_CONNECT, refusal_reason(bpf_get_current_cgroup_id(), id, p, would, false), &t, flags);
 }
 
 /*
@@ -371,5 +376,5 @@ static __always_inline void refused_syn(__u64 id, __u64 cg, struct fs_tuple *rk,
 {
 	struct fs_project *p = project_get(id);
 	__u8 flags = (would ? FS_EV_WOULD : 0) | (taken ? FS_EV_TAKEN : 0);
-	emit_refusal(id, p, FS_DIR_SYN, refusal_reason(cg, id, p, taken), rk, flags);
+	emit_refusal(id, p, FS_DIR_SYN, refusal_reason(cg, id, p, taken, true), rk, flags);
 }

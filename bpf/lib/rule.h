@@ -63,24 +63,25 @@ static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool 
 
 /*
  * limit_for is the in_use the rule lets project p take a permit under: POOL
- * under its share, POOL - FLOOR at or past it. A handshake's reservation
- * (resv) of a project alone in the pool is held to POOL - FLOOR too. Alone,
- * the project's share is the whole pool, and a reservation lives as long as
- * its request socket, which the client decides: a SYN flood from hosts that
- * never answer (spoofed sources) keeps request sockets for the kernel's
- * SYN-ACK retries, a minute. Reserved to the last permit, the pool would be
- * shut to every project that arrives meanwhile; held to POOL - FLOOR, a
- * newcomer finds its floor free at once, as it would beside a project past
- * its share. The handshake is not refused for it: its child is judged at
- * ESTABLISHED (on_established), so the lone project's connections that
- * complete still get the whole pool.
+ * under its share, POOL - FLOOR at or past it. Inbound (in: a handshake's
+ * reservation, a child judged at ESTABLISHED, sk_lookup's answer), a project
+ * that holds its floor is held to POOL - FLOOR whatever its share: the
+ * pool's last floor is never taken by handshakes, only by a newcomer (a
+ * project under its floor) or by connect(). How long a handshake holds its
+ * permit is the client's choice: a SYN flood from sources that never answer
+ * keeps its request sockets through the kernel's SYN-ACK retries, a minute,
+ * and one that filled the pool (a lone project's share is all of it; two
+ * flooded projects under their shares fill it too) would shut out every
+ * project that arrives meanwhile. Every request socket still holds a
+ * permit: the SYNs past the bound are refused at sk_lookup, as past a share.
  */
-static __always_inline __s64 limit_for(struct fs_settings *cfg, struct fs_pool *n, struct fs_project *p, bool resv)
+static __always_inline __s64 limit_for(struct fs_settings *cfg, struct fs_pool *n, struct fs_project *p, bool in)
 {
+	__s64 held = *(volatile __s64 *)&p->in_use;
 	__s64 past = cfg->floor < cfg->pool ? cfg->pool - cfg->floor : 0;
-	if (resv && *(volatile __s64 *)&n->active <= 1)
+	if (in && held >= (__s64)cfg->floor)
 		return past;
-	if (under_share(cfg, n, *(volatile __s64 *)&p->in_use))
+	if (under_share(cfg, n, held))
 		return cfg->pool;
 	return past;
 }
@@ -92,13 +93,13 @@ static __always_inline __s64 limit_for(struct fs_settings *cfg, struct fs_pool *
  * and, if it admits, takes the permit on the node's and the project's
  * in_use and counts it in the project's admitted. Returns 1 admitted, 0
  * refused, -1 not counted (no config, or no entry: counted as map_full).
- * resv: the permit is a handshake's reservation (limit_for).
+ * in: the permit is inbound (limit_for).
  * The project's admitted is bumped here, on the line the admission holds
  * already, even for a permit take_permit then undoes (a race only): bumped
  * after the record instead, its locked add waited for the record's stores
  * to the slot and cost connect4 ~25 ns (loopback benchmark, medians of 6).
  */
-static __always_inline int admit(struct fs_project *p, bool fine, bool resv)
+static __always_inline int admit(struct fs_project *p, bool fine, bool in)
 {
 	struct fs_settings *cfg = settings();
 	struct fs_pool *n = node();
@@ -110,7 +111,7 @@ static __always_inline int admit(struct fs_project *p, bool fine, bool resv)
 	}
 	seen(cfg, n, p, fine);
 
-	__s64 lim = limit_for(cfg, n, p, resv);
+	__s64 lim = limit_for(cfg, n, p, in);
 	/*
 	 * Compare-and-swap, not fetch-add and roll back: in_use only ever
 	 * moves to a value the rule allows, so a reader (Snapshot, metrics)
@@ -149,7 +150,7 @@ static __always_inline int would_admit(struct fs_project *p, bool fine)
 	if (!cfg || !n || !p)
 		return -1;
 	seen(cfg, n, p, fine);
-	if (*(volatile __s64 *)&n->in_use < limit_for(cfg, n, p, false))
+	if (*(volatile __s64 *)&n->in_use < limit_for(cfg, n, p, true))
 		return 1;
 	return 0; /* the caller counts the refusal, or dry-run's admission */
 }
@@ -351,7 +352,7 @@ static __always_inline int take_permit(int at, bool fine, struct holder *h, __u6
 	if (!ex) {
 		if (!p)
 			p = project_get(id);
-		int a = admit(p, fine, at == AT_SYN);
+		int a = admit(p, fine, at != AT_CONNECT);
 		if (a < 0)
 			return NOT_TAKEN;
 		if (a == 0) {
@@ -368,10 +369,9 @@ static __always_inline int take_permit(int at, bool fine, struct holder *h, __u6
 				goto kind;
 			}
 			/* A request socket exists already, whatever the rule
-			 * says now (sk_lookup admitted its SYN a moment ago,
-			 * or its project is alone and the reservations are
-			 * at POOL - FLOOR, see limit_for): nothing is refused,
-			 * its child is judged when it is established. */
+			 * says now (sk_lookup admitted its SYN a moment ago):
+			 * nothing is refused, its child is judged when it is
+			 * established. */
 			if (at == AT_SYN)
 				return REFUSED;
 			__sync_fetch_and_add(&p->refused, 1);
