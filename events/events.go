@@ -32,7 +32,7 @@ const (
 const (
 	ReasonShare       = "share"              // over its share on a full node (the pool keeps a floor for others)
 	ReasonPoolFull    = "pool_full"          // the pool is full and the project is under its share
-	ReasonFloor       = "floor"              // inbound, the project holds its floor and the pool is full to the floor
+	ReasonFloor       = "floor"              // inbound, past the share beside a newcomer, on a node full to the floor
 	ReasonExempt      = "exempt_budget"      // exempt traffic past its budget, refused under the rule
 	ReasonRate        = "rate"               // the project's requests or connections per second
 	ReasonDebt        = "debt"               // the project's work units per second, spent ahead

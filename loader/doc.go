@@ -66,8 +66,8 @@
 //
 // Admission applies the rule of package pools with POOL and FLOOR from the
 // config map and share = max(FLOOR, POOL/active), with one difference:
-// inbound, a project that holds its floor is held to POOL - FLOOR even under
-// its share (see "Handshakes in flight"). The programs keep the
+// inbound, the share is the one beside one more active project (see
+// "Handshakes in flight"). The programs keep the
 // active count themselves: a project's first ask in the window (a new
 // project, or one idle and empty for a window) adds it at once, so a
 // newcomer's first connection already shrinks everyone's share, as in
@@ -139,21 +139,24 @@
 // connection cannot be stopped any more and is left without a permit
 // (Events.Unaccounted; Reconcile adopts it).
 //
-// Inbound, a project that holds its floor is held to POOL - FLOOR whatever
-// its share, alone too: sk_lookup, the reservation and a child taken at
-// ESTABLISHED apply the rule that way, so handshakes never take the pool's
-// last floor; a newcomer (a project under its floor) and connect() do. How
-// long a handshake holds its permit is the client's choice: a SYN flood from
-// sources that never answer keeps its request sockets through the kernel's
-// SYN-ACK retries, about a minute, and one that reserved the pool to the
-// last permit (a lone project's share is all of it) would shut out every
-// project that arrives meanwhile. The SYNs past the bound are reset, as past
-// a share, so every request socket still holds its permit and no handshakes
-// can be completed together past the pool. Such a refusal says
-// ReasonFloor. The price: alone, a project's inbound connections get the
-// pool less a floor (its connects still get all of it). The floor is kept
-// for the first newcomer: a flood at a second project, itself a newcomer,
-// takes it (TestSynFloodLeavesNewcomerItsFloor).
+// Inbound, a project is judged by the share it would have if one more
+// project were active: sk_lookup, the reservation and a child taken at
+// ESTABLISHED apply the rule that way. A newcomer's arrival, which shrinks
+// every share, is taken as given, so handshakes leave a newcomer its floor.
+// How long a handshake holds its permit is the client's choice: a SYN flood
+// from sources that never answer keeps its request sockets through the
+// kernel's SYN-ACK retries, about a minute, and under the plain rule one
+// that reached a lone project's share (all of the pool) would shut out every
+// project arriving meanwhile. Judged so, the flooded project stops at
+// POOL - FLOOR once past half the pool. The SYNs past the bound are reset as
+// past a share (ReasonFloor), so a request socket goes without its permit
+// only in the race between sk_lookup and the reservation, as before, and no
+// handshakes can be completed together past the pool. The price: alone, a
+// project's inbound connections get the pool less a floor (its connects all
+// of it), and beside others a project under its share but past the share of
+// one more stops inbound a floor short too. The floor goes to the first
+// newcomer: a flood at a second project, itself a newcomer, takes it
+// (TestSynFloodLeavesNewcomerItsFloor).
 //
 // A reservation is given back by Tick once it is older than
 // Options.ReservationTTL (100ms..2m, default 3s) and its request socket is

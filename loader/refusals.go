@@ -44,10 +44,10 @@ const (
 	ReasonPoolFull     = "pool_full"
 	ReasonExemptBudget = "exempt_budget"
 	ReasonRateLimited  = "rate_limited"
-	// ReasonFloor refuses an inbound connection of a project that holds
-	// its floor while the pool is full to the floor: handshakes leave the
-	// last floor to newcomers, whatever the project's share (see "Handshakes
-	// in flight" in the package doc).
+	// ReasonFloor refuses an inbound connection of a project under its
+	// share but not under the one it would have beside one more project,
+	// while the pool is full to the floor: handshakes leave the last floor
+	// to newcomers (see "Handshakes in flight" in the package doc).
 	ReasonFloor = "floor"
 )
 

@@ -38,8 +38,8 @@ enum fs_reason {
 	FS_REASON_POOL_FULL = 2,     /* holds < share, in_use >= POOL */
 	FS_REASON_EXEMPT_BUDGET = 3, /* exempt, exempt_max spent, then refused under the rule */
 	FS_REASON_RATE_LIMITED = 4,  /* the project's connections per second (#20) */
-	FS_REASON_FLOOR = 5,         /* inbound, holds >= FLOOR (under its share), in_use >= POOL - FLOOR:
-				      * handshakes leave the last floor to newcomers (rule.h, limit_for) */
+	FS_REASON_FLOOR = 5,         /* inbound, under its share but not under the one it would have beside
+				      * a newcomer, in_use >= POOL - FLOOR (rule.h, limit_for) */
 };
 
 #define FS_DIR_CONNECT 1 /* outbound connect() */
@@ -205,7 +205,7 @@ static __always_inline void take_past_rule(struct fs_project *p)
 }
 
 /* Defined in rule.h, which includes this file first. */
-static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool *n, __s64 held);
+static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool *n, __s64 held, bool in);
 static __always_inline bool exempt_listed(__u64 cg, __u64 id);
 
 /*
@@ -223,9 +223,9 @@ static __always_inline __u8 refusal_reason(__u64 cg, __u64 id, struct fs_project
 	if (cfg->exempt_max && exempt_listed(cg, id))
 		return FS_REASON_EXEMPT_BUDGET;
 	__s64 held = p ? *(volatile __s64 *)&p->in_use - (taken ? 1 : 0) : 0;
-	if (!under_share(cfg, n, held))
+	if (!under_share(cfg, n, held, false))
 		return FS_REASON_OVER_SHARE;
-	return in && held >= (__s64)cfg->floor ? FS_REASON_FLOOR : FS_REASON_POOL_FULL;
+	return in && !under_share(cfg, n, held, true) ? FS_REASON_FLOOR : FS_REASON_POOL_FULL;
 }
 
 /* tuple_connect fills t for a connect() of connect4 (v6 false) or connect6

@@ -48,14 +48,18 @@ static __always_inline void seen(struct fs_settings *cfg, struct fs_pool *n, str
  * under_share says whether a project holding held permits holds less than
  * its share, max(FLOOR, POOL / active) (POOL while at most one project is
  * active). held < POOL / active (integer division) is (held + 1) * active <=
- * POOL: a multiplication where the division took some 40 cycles.
+ * POOL: a multiplication where the division took some 40 cycles. in: the
+ * share an inbound permit is judged by, with one more project active (see
+ * limit_for).
  */
-static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool *n, __s64 held)
+static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool *n, __s64 held, bool in)
 {
 	__s64 active = n->active;
 	__s64 pool = cfg->pool;
 	if (held < (__s64)cfg->floor)
 		return true;
+	if (in)
+		active = (active > 1 ? active : 1) + 1;
 	if (active <= 1)
 		return held < pool;
 	return (held + 1) * active <= pool;
@@ -63,27 +67,26 @@ static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool 
 
 /*
  * limit_for is the in_use the rule lets project p take a permit under: POOL
- * under its share, POOL - FLOOR at or past it. Inbound (in: a handshake's
- * reservation, a child judged at ESTABLISHED, sk_lookup's answer), a project
- * that holds its floor is held to POOL - FLOOR whatever its share: the
- * pool's last floor is never taken by handshakes, only by a newcomer (a
- * project under its floor) or by connect(). How long a handshake holds its
- * permit is the client's choice: a SYN flood from sources that never answer
- * keeps its request sockets through the kernel's SYN-ACK retries, a minute,
- * and one that filled the pool (a lone project's share is all of it; two
- * flooded projects under their shares fill it too) would shut out every
- * project that arrives meanwhile. Every request socket still holds a
- * permit: the SYNs past the bound are refused at sk_lookup, as past a share.
+ * under its share, POOL - FLOOR at or past it. An inbound permit (in: a
+ * handshake's reservation, a child judged at ESTABLISHED, sk_lookup's
+ * answer) is judged as if one more project were active: a newcomer's
+ * arrival, which shrinks every share, is taken as given. How long a
+ * handshake holds its permit is the client's choice: a SYN flood from
+ * sources that never answer keeps its request sockets through the kernel's
+ * SYN-ACK retries, a minute. Under the plain rule, one that reached a lone
+ * project's share (the whole pool), or several projects' shares at once,
+ * would fill the pool and shut out every project that arrives meanwhile.
+ * Judged so, a flooded project past the share it would have beside a
+ * newcomer stops at POOL - FLOOR, and the newcomer finds its floor at once.
+ * The SYNs past the bound are refused at sk_lookup as past a share (reason
+ * FS_REASON_FLOOR), so a request socket does not go without its permit but
+ * in the race between sk_lookup and the reservation that was there before.
  */
 static __always_inline __s64 limit_for(struct fs_settings *cfg, struct fs_pool *n, struct fs_project *p, bool in)
 {
-	__s64 held = *(volatile __s64 *)&p->in_use;
-	__s64 past = cfg->floor < cfg->pool ? cfg->pool - cfg->floor : 0;
-	if (in && held >= (__s64)cfg->floor)
-		return past;
-	if (under_share(cfg, n, held))
+	if (under_share(cfg, n, *(volatile __s64 *)&p->in_use, in))
 		return cfg->pool;
-	return past;
+	return cfg->floor < cfg->pool ? cfg->pool - cfg->floor : 0;
 }
 
 #define ADMIT_TRIES 8 /* compare-and-swap attempts on the node counter */

@@ -377,7 +377,7 @@ func TestKubernetesPodListener(t *testing.T) {
 	r := crtest.Start(t)
 	srv := r.RunPod(t, crtest.PodSpec{Namespace: "team-d", Name: "srv",
 		Command: []string{"/bin/nc", "-ll", "-p", "8080", "-e", "/bin/sleep", "60"}})
-	n := kubeNode(t, r, "pools: {connections: {size: 4, floor: 1}}\n")
+	n := kubeNode(t, r, "pools: {connections: {size: 5, floor: 1}}\n")
 	n.start()
 	ino, err := netnsscan.Inode(filepath.Join("/proc", strconv.Itoa(srv.Pid), "ns/net"))
 	if err != nil {
@@ -412,7 +412,7 @@ func TestKubernetesPodListener(t *testing.T) {
 		conns = append(conns, c)
 	}
 	if len(conns) != 4 || refused != 2 {
-		t.Errorf("to the pod's listener: %d connected, %d refused; want 4 and 2 with a pool of 4", len(conns), refused)
+		t.Errorf("to the pod's listener: %d connected, %d refused; want 4 and 2 with a pool of 5 (inbound, a floor short)", len(conns), refused)
 	}
 	if c := project(pool(n.status(), "connections"), "team-d"); c.Held != 4 || c.Refused != 2 {
 		t.Errorf("team-d %+v, want 4 held, 2 refused", c)

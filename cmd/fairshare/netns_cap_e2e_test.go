@@ -24,7 +24,7 @@ import (
 // makes during the flood waits, and is attached and enforced once the
 // flood's namespaces are gone.
 func TestNetnsCapFlood(t *testing.T) {
-	n := newNode(t, "pools: {connections: {size: 4}}\nconnections: {max_netns: 3}\ntick: 200ms\n")
+	n := newNode(t, "pools: {connections: {size: 5}}\nconnections: {max_netns: 3}\ntick: 200ms\n")
 	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-e2e-netnscap-")
 	pods := testutil.KubeletCgroupfs(t, top, []string{"burstable", "besteffort"}, 2)
 	clients := testutil.MkCgroup(t, top, "clients")
@@ -79,7 +79,7 @@ func TestNetnsCapFlood(t *testing.T) {
 
 	// The namespace attached before the flood is enforced as before.
 	if ok, refused := connectIn(t, victim, clients, 6); ok != 4 || refused != 2 {
-		t.Fatalf("client in team-a's namespace during the flood: %d connected, %d refused; want 4 and 2 with a pool of 4", ok, refused)
+		t.Fatalf("client in team-a's namespace during the flood: %d connected, %d refused; want 4 and 2 with a pool of 5 (inbound, a floor short)", ok, refused)
 	}
 	if n.cmd == nil || n.cmd.ProcessState != nil {
 		t.Fatal("the daemon is not running")
@@ -127,7 +127,7 @@ func TestNetnsCapFlood(t *testing.T) {
 // namespace another tenant makes during the flood is attached and enforced
 // at once; the bound is logged once for the flooding project.
 func TestNetnsCapPerProject(t *testing.T) {
-	n := newNode(t, "pools: {connections: {size: 4}}\nconnections: {max_netns: 4, max_netns_per_project: 2}\ntick: 200ms\n")
+	n := newNode(t, "pools: {connections: {size: 5}}\nconnections: {max_netns: 4, max_netns_per_project: 2}\ntick: 200ms\n")
 	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-e2e-netnsproj-")
 	pods := testutil.KubeletCgroupfs(t, top, []string{"burstable", "besteffort"}, 2)
 	clients := testutil.MkCgroup(t, top, "clients")
@@ -184,7 +184,7 @@ func TestNetnsCapPerProject(t *testing.T) {
 // namespace is attached. Counting only the namespaces the scan sees gave
 // team-b 3 links of the 4 and left team-a's new namespace unenforced.
 func TestNetnsCapPerProjectHeldByFd(t *testing.T) {
-	n := newNode(t, "pools: {connections: {size: 4}}\nconnections: {max_netns: 4, max_netns_per_project: 2}\ntick: 100ms\n")
+	n := newNode(t, "pools: {connections: {size: 5}}\nconnections: {max_netns: 4, max_netns_per_project: 2}\ntick: 100ms\n")
 	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-e2e-netnsfd-")
 	pods := testutil.KubeletCgroupfs(t, top, []string{"burstable", "besteffort"}, 2)
 	n.start()
