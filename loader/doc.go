@@ -147,16 +147,20 @@
 // from sources that never answer keeps its request sockets through the
 // kernel's SYN-ACK retries, about a minute, and under the plain rule one
 // that reached a lone project's share (all of the pool) would shut out every
-// project arriving meanwhile. Judged so, the flooded project stops at
-// POOL - FLOOR once past half the pool. The SYNs past the bound are reset as
+// project arriving meanwhile. Judged so, a lone flooded project stops at
+// POOL - FLOOR (at FLOOR when FLOOR is over half the pool), and beside k
+// others once it holds POOL/(k+2) (or its floor): a flood pushes a project
+// no further than a newcomer's arrival would leave it. The SYNs past the bound are reset as
 // past a share (ReasonFloor), so a request socket goes without its permit
 // only in the race between sk_lookup and the reservation, as before, and no
 // handshakes can be completed together past the pool. The price: alone, a
 // project's inbound connections get the pool less a floor (its connects all
 // of it), and beside others a project under its share but past the share of
 // one more stops inbound a floor short too. The floor goes to the first
-// newcomer: a flood at a second project, itself a newcomer, takes it
-// (TestSynFloodLeavesNewcomerItsFloor).
+// newcomer: a flood at a second project, itself a newcomer, takes it; and
+// a flooded project under the share it would have beside a newcomer may fill
+// the pool when the others hold the rest, as the plain rule lets a project
+// under its share (TestSynFloodLeavesNewcomerItsFloor).
 //
 // A reservation is given back by Tick once it is older than
 // Options.ReservationTTL (100ms..2m, default 3s) and its request socket is

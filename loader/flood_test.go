@@ -371,7 +371,7 @@ func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
 	// request socket or refused, want of them reserved and in_use with
 	// them. A request socket may lack its permit only by the race between
 	// sk_lookup and the reservation (two SYNs at the bound on two CPUs at
-	// once): one at most, with two CPUs.
+	// once): one per flooded listener at most, with two CPUs.
 	reserved := func(t *testing.T, l *Limiter, want int, addrs ...netip.AddrPort) {
 		eventually(t, "the flood's request sockets, each with its reservation", func() (bool, string) {
 			s := snap(t, l)
@@ -379,7 +379,7 @@ func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
 			for _, a := range addrs {
 				n += synRecv(t, a.Port())
 			}
-			return s.Reservations == want && s.InUse == want && (n == want || n == want+1) &&
+			return s.Reservations == want && s.InUse == want && n >= want && n <= want+len(addrs) &&
 					int(s.Events.RefusedIn) == len(addrs)*syns-n,
 				fmt.Sprintf("%d request sockets; %+v", n, s)
 		})
@@ -433,10 +433,12 @@ func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
 	})
 	t.Run("under-share", func(t *testing.T) {
 		// No flood: alpha holds 10 by connect() (past its share of 8
-		// once gamma asks), gamma serves. gamma is under its share, but
+		// once gamma asks), gamma serves. gamma is under its share, and
 		// inbound it is judged by the share it would have beside a
-		// newcomer (16/3: 5) and stops there, a floor short of the pool,
-		// where the plain rule would give it the last floor.
+		// newcomer (16/3: 5): admitted while it holds fewer than 5, up
+		// to the full pool; then held to POOL - FLOOR, which in_use (15)
+		// is past. The plain rule would admit a sixth, and capping every
+		// project that holds its floor would have stopped it at 4.
 		l, root := setup(t)
 		alpha := startHelper(t, mkProject(t, root, "alpha"))
 		other := sink(t, "tcp4", "127.0.0.1:0")

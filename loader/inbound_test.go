@@ -119,8 +119,8 @@ func TestInboundListenerClosedWithQueuedChildren(t *testing.T) {
 
 // Handshakes in flight hold a reservation: with half-open handshakes (a raw
 // SYN from a client that then goes silent), node-wide in_use stays within
-// POOL - FLOOR (handshakes leave the last floor to newcomers) and SYNs over
-// it are reset. A reservation is given back only when its
+// POOL - FLOOR (the project is alone, and inbound it is judged by the share
+// it would have beside a newcomer) and SYNs over it are reset. A reservation is given back only when its
 // request socket is gone: Tick past the TTL keeps the reservations of
 // request sockets that still exist (the handshake can still complete), and
 // gives back those the client reset. The TTL is the longest allowed, on a
