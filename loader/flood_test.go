@@ -447,26 +447,8 @@ func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
 		}
 		gamma := startHelper(t, mkProject(t, root, "gamma"))
 		addr := listenAddr(t, gamma.do("listen 127.0.0.1:0"))
-		var conns []net.Conn
-		defer func() {
-			for _, c := range conns {
-				c.Close()
-			}
-		}()
-		refused := 0
-		for range 7 {
-			c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
-			if errors.Is(err, syscall.ECONNREFUSED) {
-				refused++
-				continue
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			conns = append(conns, c)
-		}
-		if len(conns) != 5 || refused != 2 {
-			t.Fatalf("gamma's inbound beside alpha: %d admitted, %d refused; want 5 and 2; %+v", len(conns), refused, snap(t, l))
+		if ok, refused := testutil.DialAll(t, addr, 7, 3*time.Second); ok != 5 || refused != 2 {
+			t.Fatalf("gamma's inbound beside alpha: %d admitted, %d refused; want 5 and 2; %+v", ok, refused, snap(t, l))
 		}
 		waitInUse(t, l, 15, map[string]int{"alpha": 10, "gamma": 5})
 	})

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -393,26 +392,8 @@ func TestKubernetesPodListener(t *testing.T) {
 		}
 		return nil
 	})
-	var conns []net.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	refused := 0
-	for range 6 {
-		c, err := net.DialTimeout("tcp4", net.JoinHostPort(srv.IP, "8080"), 5*time.Second)
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			refused++
-			continue
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	if len(conns) != 4 || refused != 2 {
-		t.Errorf("to the pod's listener: %d connected, %d refused; want 4 and 2 with a pool of 5 (inbound, a floor short)", len(conns), refused)
+	if ok, refused := testutil.DialAll(t, net.JoinHostPort(srv.IP, "8080"), 6, 5*time.Second); ok != 4 || refused != 2 {
+		t.Errorf("to the pod's listener: %d connected, %d refused; want 4 and 2 with a pool of 5 (inbound, a floor short)", ok, refused)
 	}
 	if c := project(pool(n.status(), "connections"), "team-d"); c.Held != 4 || c.Refused != 2 {
 		t.Errorf("team-d %+v, want 4 held, 2 refused", c)

@@ -3,9 +3,12 @@
 package testutil
 
 import (
+	"errors"
 	"io"
 	"net"
+	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,6 +33,27 @@ func Sink(t testing.TB, ln net.Listener) net.Listener {
 		}
 	}()
 	return ln
+}
+
+// DialAll dials addr n times from the test's own process, each within
+// timeout, and keeps the connections made until the test ends. It returns
+// how many connected and how many were refused (ECONNREFUSED: an RST, as
+// the limiter answers a refused SYN); any other error fails the test.
+func DialAll(t testing.TB, addr string, n int, timeout time.Duration) (ok, refused int) {
+	t.Helper()
+	for range n {
+		c, err := net.DialTimeout("tcp4", addr, timeout)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			refused++
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		ok++
+	}
+	return ok, refused
 }
 
 // LoopbackUp brings lo up in the calling thread's network namespace (a new
