@@ -79,10 +79,10 @@ static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool 
  * Judged so, a flooded project past the share it would have beside a
  * newcomer stops at POOL - FLOOR: a flood pushes a project no further than a
  * newcomer's arrival would leave it, and beside a lone flooded project a
- * newcomer finds its floor at once.
- * The SYNs past the bound are refused at sk_lookup as past a share (reason
- * FS_REASON_FLOOR), so a request socket does not go without its permit but
- * in the race between sk_lookup and the reservation that was there before.
+ * newcomer finds its floor at once. The SYNs past the bound are refused at
+ * sk_lookup as past a share (reason FS_REASON_FLOOR), so a request socket
+ * goes without its permit only in the race between sk_lookup and the
+ * reservation, as before.
  */
 static __always_inline __s64 limit_for(struct fs_settings *cfg, struct fs_pool *n, struct fs_project *p, bool in)
 {
