@@ -486,6 +486,13 @@ func (c *Config) Validate() error {
 }
 
 func (f *Front) validate() error {
+	// A mistyped upstream is an error even with the front off: the flag
+	// given without --front-listen was otherwise dropped without a word.
+	if f.Upstream != "" {
+		if u, err := url.Parse(f.Upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("front.upstream must be an http(s) URL, got %q", f.Upstream)
+		}
+	}
 	if !f.Enabled() {
 		return nil
 	}
@@ -519,10 +526,6 @@ func (f *Front) validate() error {
 	}
 	if f.ExemptMax < 0 || f.ExemptMax > f.MaxInFlight {
 		return fmt.Errorf("front.exempt_max must be between 0 and front.max_in_flight (%d), got %d", f.MaxInFlight, f.ExemptMax)
-	}
-	u, err := url.Parse(f.Upstream)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("front.upstream must be an http(s) URL, got %q", f.Upstream)
 	}
 	if f.ProjectHeader == "" {
 		return errors.New("front.project_header must not be empty")

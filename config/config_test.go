@@ -110,6 +110,7 @@ func TestParseRejects(t *testing.T) {
 		{"metrics cap", "metrics: {max_projects: 0}", "metrics.max_projects"},
 		{"front without upstream", "front: {listen: '127.0.0.1:1'}", "front.upstream"},
 		{"front bad upstream", "front: {listen: '127.0.0.1:1', upstream: 'ftp://x'}", "front.upstream"},
+		{"front off, bad upstream", "front: {upstream: 'http//localhost:1'}", "front.upstream"},
 		{"front in flight", "front: {listen: '127.0.0.1:1', upstream: 'http://x', max_in_flight: 0}", "front.max_in_flight"},
 		{"front cost unit", "front: {listen: '127.0.0.1:1', upstream: 'http://x', cost_unit: 0s}", "front.cost_unit"},
 		{"front route", "front: {listen: '127.0.0.1:1', upstream: 'http://x', routes: {'a': ''}}", "front.routes"},
