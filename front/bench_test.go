@@ -446,14 +446,34 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// procCPU is the CPU time (user + system) used so far by the processes pids
-// and their direct children (nginx's workers), from /proc. It is what a
-// proxy costs per request regardless of how busy the rest of the machine is.
-func procCPU(pids ...int) time.Duration {
+// use is what processes used so far: CPU time, and how often their threads
+// left a CPU, by blocking (sleeps: voluntary context switches) and by being
+// preempted (involuntary ones). On a virtual machine a switch costs many
+// microseconds: switches a request explain CPU a request that profiles of
+// user code do not.
+type use struct {
+	cpu              time.Duration
+	sleeps, preempts int64
+}
+
+func (u use) sub(v use) use {
+	return use{u.cpu - v.cpu, u.sleeps - v.sleeps, u.preempts - v.preempts}
+}
+
+func (u use) add(v use) use {
+	return use{u.cpu + v.cpu, u.sleeps + v.sleeps, u.preempts + v.preempts}
+}
+
+// procUse is what the processes pids and their direct children (nginx's
+// workers) used so far, from /proc. The CPU time (user + system) is what a
+// proxy costs per request regardless of how busy the rest of the machine
+// is.
+func procUse(pids ...int) use {
 	want := map[int]bool{}
 	for _, p := range pids {
 		want[p] = true
 	}
+	var u use
 	var ticks int64
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -481,9 +501,30 @@ func procCPU(pids ...int) time.Duration {
 		ut, _ := strconv.ParseInt(f[11], 10, 64)
 		st, _ := strconv.ParseInt(f[12], 10, 64)
 		ticks += ut + st
+		// A process's own status counts only its main thread's switches;
+		// a thread that ended meanwhile takes its counts with it (the
+		// proxies and the upstream keep theirs).
+		tasks, _ := filepath.Glob(filepath.Join("/proc", e.Name(), "task", "*", "status"))
+		for _, t := range tasks {
+			status, err := os.ReadFile(t)
+			if err != nil {
+				continue
+			}
+			for line := range strings.Lines(string(status)) {
+				k, v, _ := strings.Cut(line, ":")
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				switch k {
+				case "voluntary_ctxt_switches":
+					u.sleeps += n
+				case "nonvoluntary_ctxt_switches":
+					u.preempts += n
+				}
+			}
+		}
 	}
 	// USER_HZ is 100 on Linux for every architecture Go supports here.
-	return time.Duration(ticks) * 10 * time.Millisecond
+	u.cpu = time.Duration(ticks) * 10 * time.Millisecond
+	return u
 }
 
 // BenchmarkRequest is one request at a time through a front with pool,
@@ -585,14 +626,14 @@ func benchTargets(b *testing.B, up string) []benchTarget {
 	return targets
 }
 
-// cpuOf returns the CPU time used so far by a target's process: for direct
-// the benchmark's own (client and upstream together, nothing else runs in
-// it while direct takes its turn).
-func cpuOf(tg benchTarget) time.Duration {
+// useOf returns what a target's process used so far: for direct the
+// benchmark's own CPU time (client and upstream together, nothing else runs
+// in it while direct takes its turn).
+func useOf(tg benchTarget) use {
 	if tg.pid == 0 {
-		return selfCPU()
+		return use{cpu: selfCPU()} // the generator's switches are in it: not reported
 	}
-	return procCPU(tg.pid)
+	return procUse(tg.pid)
 }
 
 // BenchmarkOverhead measures the front against going straight to the
@@ -612,7 +653,10 @@ func cpuOf(tg benchTarget) time.Duration {
 //	            the upstream's CPU per request behind each, and with wrk
 //	            its own CPU per request (X-wrk-cpu-us/req) and how many of
 //	            the cores proxy, upstream and wrk kept busy together
-//	            (X-busy-cpus)
+//	            (X-busy-cpus); how often a request made the proxy's threads
+//	            block (X-sleeps/req) or be preempted (X-preempts/req), and
+//	            the upstream's threads switch either way
+//	            (X-upstream-switches/req)
 //	moderate:   open loop at a fixed rate, a fifth of direct's saturating
 //	            throughput as the saturating level just measured it, to an
 //	            upstream with 5ms of service; the p50 and p99 each proxy
@@ -678,16 +722,17 @@ func benchSaturating(b *testing.B, dur time.Duration) float64 {
 	var direct float64
 	b.ResetTimer()
 	for range b.N {
-		cpu := make([]time.Duration, len(targets))
-		upCPU := make([]time.Duration, len(targets))
+		used := make([]use, len(targets))
+		upUsed := make([]use, len(targets))
 		ran := time.Duration(0) // what each target ran: whole slices, dur or just over
 		for elapsed := time.Duration(0); elapsed < dur; elapsed += slice {
 			ran += slice
 			for i, g := range gens {
-				c0, u0 := cpuOf(targets[i]), procCPU(upPID)
+				c0, u0 := useOf(targets[i]), procUse(upPID)
 				g.run(slice)
-				cpu[i] += cpuOf(targets[i]) - c0
-				upCPU[i] += procCPU(upPID) - u0
+				c1, u1 := useOf(targets[i]), procUse(upPID)
+				used[i] = used[i].add(c1.sub(c0))
+				upUsed[i] = upUsed[i].add(u1.sub(u0))
 			}
 		}
 		res := map[string]loadResult{}
@@ -702,9 +747,12 @@ func benchSaturating(b *testing.B, dur time.Duration) float64 {
 			b.ReportMetric(float64(r.p99.Microseconds()), tg.name+"-p99-us")
 			if tg.name != "direct" {
 				b.ReportMetric(r.rps/res["direct"].rps, tg.name+"/direct")
-				b.ReportMetric(float64(cpu[i].Microseconds())/n, tg.name+"-cpu-us/req")
+				b.ReportMetric(float64(used[i].cpu.Microseconds())/n, tg.name+"-cpu-us/req")
+				b.ReportMetric(float64(used[i].sleeps)/n, tg.name+"-sleeps/req")
+				b.ReportMetric(float64(used[i].preempts)/n, tg.name+"-preempts/req")
 			}
-			b.ReportMetric(float64(upCPU[i].Microseconds())/n, tg.name+"-upstream-cpu-us/req")
+			b.ReportMetric(float64(upUsed[i].cpu.Microseconds())/n, tg.name+"-upstream-cpu-us/req")
+			b.ReportMetric(float64(upUsed[i].sleeps+upUsed[i].preempts)/n, tg.name+"-upstream-switches/req")
 			if r.genCPU > 0 {
 				// What wrk spends a request may differ with the proxy
 				// in front of the upstream. With the three processes'
@@ -715,7 +763,7 @@ func benchSaturating(b *testing.B, dur time.Duration) float64 {
 				// the machine weighs on each alike.
 				b.ReportMetric(float64(r.genCPU.Microseconds())/n, tg.name+"-wrk-cpu-us/req")
 				if tg.name != "direct" {
-					b.ReportMetric((cpu[i]+upCPU[i]+r.genCPU).Seconds()/ran.Seconds(), tg.name+"-busy-cpus")
+					b.ReportMetric((used[i].cpu+upUsed[i].cpu+r.genCPU).Seconds()/ran.Seconds(), tg.name+"-busy-cpus")
 				}
 			}
 		}
@@ -864,9 +912,9 @@ func benchModerate(b *testing.B, dur time.Duration, direct float64) {
 			// follows the same one (a proxy's leftover work, or its GC).
 			for k := range gens {
 				i := (r + k) % len(gens)
-				c0, m0 := cpuOf(targets[i]), readMachineTime()
+				c0, m0 := useOf(targets[i]), readMachineTime()
 				s := gens[i].run(moderateSlice)
-				cpu[i] += cpuOf(targets[i]) - c0
+				cpu[i] += useOf(targets[i]).sub(c0).cpu
 				busy[i] = busy[i].add(readMachineTime().sub(m0))
 				if s.errors > 0 {
 					b.Errorf("%s: %d errors", targets[i].name, s.errors)
