@@ -511,6 +511,27 @@
 // with its own upstream under wrk). The two
 // loops are not slowed by each other: they contended for the pool's and
 // the scheduler's locks 405 times in 5 s, 14 ms in all.
+// On these virtual machines a context switch is much of what a request
+// costs, and BenchmarkOverhead reports them a request (X-sleeps/req,
+// X-preempts/req, X-upstream-switches/req). In the five rounds of one run
+// one loop was preempted 0.24 to 0.29 times a request, nginx's two workers
+// 0.16 to 0.18. perf (sched:sched_switch on the front's threads) names the
+// preempting task: wrk, woken by the loop's write of an answer (17,212 of
+// the 20,423 preemptions of the front's threads in 2 s). Such a wake-up is
+// synchronous, so the kernel queues wrk on the loop's CPU, which the loop
+// does not leave. SCHED_BATCH for the front's threads changed none of it
+// (0.43 to 0.53 preemptions a request against 0.45 to 0.49, by /proc with
+// wrk alone). Against nginx with one worker the loop stands level (24.1k,
+// 24.4k and 23.8k requests a second against 24.0k, 23.6k and 23.8k, three
+// rounds of one run). Two loops spend a fifth of their CPU in the Go
+// runtime's scheduler: sysmon, which naps 20 us at a time again whenever it
+// hands away the P of a loop blocked in epoll_wait, took 14.7% of the
+// front's samples, against 5.3% with one loop. Two locked loops whose
+// epoll_wait is a raw system call, with a P each added to GOMAXPROCS, took
+// sysmon back to 4.4% and kept the cores as busy as nginx does (1.84 to
+// 1.93), but slept 0.23 to 0.26 times a request against nginx's 0.15 to
+// 0.19 and served 0.94 of nginx's throughput at 1.12 times its CPU a
+// request (medians of 5 in one run, where one loop served 0.91 at 0.97).
 // FAIRSHARE_BENCH_TARGETS keeps a run to the targets named, and
 // FAIRSHARE_BENCH_BASELINE_FAST=1 runs the baseline build on its fast path.
 // BenchmarkOverhead measures the whole against going straight to the
