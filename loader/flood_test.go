@@ -404,10 +404,12 @@ func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
 		ch := refusals(t, l)
 		_, addr := flood(t, l, root, "beta", 44200)
 		reserved(t, l, pool-floor, addr)
-		// Alone, beta is under its share: the floor refused it.
+		// Alone, beta is under its share: the floor refused it. The
+		// event's share is the one the SYN was judged by, beside a
+		// newcomer.
 		if e := nextRefusal(t, ch); e.Project != "beta" || e.Direction != "syn" || e.Reason != ReasonFloor ||
-			e.Held != pool-floor || e.InUse != pool-floor || e.Share != pool {
-			t.Errorf("the first SYN past POOL - FLOOR: %+v, want reason %q", e, ReasonFloor)
+			e.Held != pool-floor || e.InUse != pool-floor || e.Share != max(pool/2, floor) {
+			t.Errorf("the first SYN past POOL - FLOOR: %+v, want reason %q, share %d", e, ReasonFloor, max(pool/2, floor))
 		}
 		newcomer(t, l, root)
 		// beta, past its share beside alpha, is refused at the SYN.

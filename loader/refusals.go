@@ -28,7 +28,8 @@ type Refusal struct {
 	// side is unset unless the socket was bound.
 	Local, Remote netip.AddrPort
 	// The rule's inputs at the decision: the project's permits, the
-	// node's, the share and POOL.
+	// node's, the share (for ReasonFloor, the one beside one more
+	// project, which the SYN was judged by) and POOL.
 	Held, InUse int64
 	Share, Pool uint32
 	// Reason is one of ReasonOverShare, ReasonPoolFull, ReasonFloor,

@@ -67,7 +67,7 @@ struct fs_event {
 	__u32 _pad0;
 	__s64 held;   /* the project's in_use at the decision */
 	__s64 in_use; /* the node's */
-	__u32 share;
+	__u32 share;  /* a floor refusal's: beside one more project */
 	__u32 pool;
 	__u8 dir;
 	__u8 reason;
@@ -324,6 +324,10 @@ static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 di
 	ev->pool = 0;
 	if (cfg && n) {
 		__s64 active = n->active;
+		/* A floor refusal's share is the one the SYN was judged by:
+		 * beside one more project (under_share's in). */
+		if (reason == FS_REASON_FLOOR)
+			active = (active > 1 ? active : 1) + 1;
 		__u32 share = cfg->pool;
 		if (active > 1)
 			share = cfg->pool / (__u32)active;
