@@ -178,6 +178,10 @@ func New(opts Options) (*Daemon, error) {
 		if err := d.buildFront(); err != nil {
 			return nil, err
 		}
+	} else if cfg.Front.Upstream != "" {
+		// --front-upstream without --front-listen or --front-socket.
+		log.Warn("front.upstream is set but the front is off (no front.listen or front.socket): no request reaches it through fairshare",
+			"upstream", cfg.Front.Upstream)
 	}
 	if cfg.Permits.Socket != "" {
 		if err := d.buildPermits(); err != nil {

@@ -398,3 +398,20 @@ func fill(t *testing.T, v reflect.Value) {
 		t.Fatalf("fill: %s", v.Kind())
 	}
 }
+
+// An upstream given with the front off is said to go unused, once: the
+// operator who passed --front-upstream without --front-listen learns why no
+// request reaches it. With the front on, nothing is said.
+func TestUpstreamWithFrontOffWarns(t *testing.T) {
+	const msg = "front.upstream is set but the front is off (no front.listen or front.socket): no request reaches it through fairshare"
+	_, _, logs := newTestDaemon(t, func(c *config.Config) { c.Front.Upstream = "http://127.0.0.1:1" })
+	if got := logs.find(msg); len(got) != 1 || got[0].Level != slog.LevelWarn {
+		t.Errorf("front off with an upstream: %d warnings %q, want 1", len(got), msg)
+	}
+	_, _, logs = newTestDaemon(t, func(c *config.Config) {
+		c.Front.Upstream, c.Front.Socket = "http://127.0.0.1:1", filepath.Join(t.TempDir(), "front.sock")
+	})
+	if got := logs.find(msg); len(got) != 0 {
+		t.Errorf("front on: warned %q", msg)
+	}
+}

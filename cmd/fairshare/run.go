@@ -38,7 +38,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: flagProjectsRoot, Usage: "cgroup2 `DIR` whose children are the projects (sources directory and systemd) [default: <cgroup2 mount>/fairshare, or fairshare.slice with systemd]", EnvVars: env(flagProjectsRoot)},
 			&cli.StringFlag{Name: flagMetrics, Usage: "`HOST:PORT` of /metrics, empty to disable [default from config: 127.0.0.1:9464]", EnvVars: env(flagMetrics)},
 			&cli.StringFlag{Name: flagFrontListen, Usage: "`HOST:PORT` of the HTTP front, empty to disable [default from config: disabled]", EnvVars: env(flagFrontListen)},
-			&cli.StringFlag{Name: flagFrontUp, Usage: "upstream base `URL` of the HTTP front", EnvVars: env(flagFrontUp)},
+			&cli.StringFlag{Name: flagFrontUp, Usage: "upstream base `URL` of the HTTP front (used only with --front-listen or --front-socket)", EnvVars: env(flagFrontUp)},
 			&cli.StringFlag{Name: flagPermits, Usage: "permit API unix socket `PATH` for runtimes, empty to disable [default from config: /run/fairshare/permits.sock]", EnvVars: env(flagPermits)},
 			&cli.BoolFlag{Name: flagNoBPF, Usage: "do not load BPF: connections are NOT enforced (for hosts without BPF)", EnvVars: env(flagNoBPF)},
 			&cli.BoolFlag{Name: "detach-on-exit", Usage: "detach and unpin the BPF programs on shutdown instead of leaving them enforcing", EnvVars: env("detach-on-exit")},
