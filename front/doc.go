@@ -519,7 +519,13 @@
 // preempting task: wrk, woken by the loop's write of an answer (17,212 of
 // the 20,423 preemptions of the front's threads in 2 s). Such a wake-up is
 // synchronous, so the kernel queues wrk on the loop's CPU, which the loop
-// does not leave. SCHED_BATCH for the front's threads changed none of it
+// does not leave, and it does so while the other CPU idles: these VMs
+// describe no cache their two CPUs share (no /sys/devices/system/cpu/*/cache),
+// so the scheduler does not look for an idle CPU at a wake-up. In 1 s of
+// sched:sched_wakeup under wrk, the loop woke wrk onto its own busy CPU
+// 7,197 times, 3,579 of them with the other CPU idle, and onto the other
+// CPU 244 times. That is where a single-threaded proxy's idle core comes
+// from, nginx with one worker's as well. SCHED_BATCH for the front's threads changed none of it
 // (0.43 to 0.53 preemptions a request against 0.45 to 0.49, by /proc with
 // wrk alone). Against nginx with one worker the loop stands level (24.1k,
 // 24.4k and 23.8k requests a second against 24.0k, 23.6k and 23.8k, three
