@@ -66,6 +66,7 @@ test: check-go lint check-generated ## run the whole suite (as root: the kernel 
 	[ -z "$$missing" ] || echo "note: missing$$missing: the nftables and container-runtime tests will skip (Debian: apt-get install $(TEST_PACKAGES))"
 	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) ./...
 	FAIRSHARE_FRONT_FAST=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front
+	FAIRSHARE_FRONT_FAST=1 FAIRSHARE_FRONT_PLAIN_SENDS=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front
 	cd deploy && $(GO) test -count=1 ./...
 
 .PHONY: bench

@@ -177,6 +177,13 @@ type Front struct {
 	// in the front's own event loops (front.Config.FastPath); false serves
 	// every connection with Go's net/http server. The default is true.
 	FastPath bool `yaml:"fast_path"`
+	// IOURing has the fast path's loops send all a pass has to send
+	// (answers, requests) with one io_uring call (front.Config.PlainSends
+	// is its opposite); false sends each with a send(2) of its own. The
+	// default is true; a kernel that gives the daemon no io_uring
+	// (kernel.io_uring_disabled, a seccomp filter) is met with plain
+	// sends, logged once.
+	IOURing bool `yaml:"io_uring"`
 }
 
 // FrontLimits are the front's bounds on heads and idle time; each is

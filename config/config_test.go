@@ -60,13 +60,14 @@ front: {listen: "127.0.0.1:8080", upstream: "http://127.0.0.1:9000", routes: {"a
 	if c.Front.ProjectHeader != "Fairshare-Project" || c.Front.Routes["a.example"] != "alpha" {
 		t.Errorf("front = %+v", c.Front)
 	}
-	if len(c.Front.TrustedPeers) != 0 || c.Front.ExemptMax != 0 || !c.Front.FastPath {
-		t.Errorf("front trusts %v, exempt_max %d, fast_path %v by default; want nobody, 0 and true",
-			c.Front.TrustedPeers, c.Front.ExemptMax, c.Front.FastPath)
+	if len(c.Front.TrustedPeers) != 0 || c.Front.ExemptMax != 0 || !c.Front.FastPath || !c.Front.IOURing {
+		t.Errorf("front trusts %v, exempt_max %d, fast_path %v, io_uring %v by default; want nobody, 0, true and true",
+			c.Front.TrustedPeers, c.Front.ExemptMax, c.Front.FastPath, c.Front.IOURing)
 	}
 	in = `
 front:
   fast_path: false
+  io_uring: false
   socket: /run/fairshare/front.sock
   trusted_peers: [10.0.0.0/8, "::1", system.slice/edge.service]
   routes: {"status.example": ops}
@@ -77,7 +78,7 @@ front:
 		t.Fatal(err)
 	}
 	f := c.Front
-	if !f.Enabled() || f.FastPath || f.Socket != "/run/fairshare/front.sock" || len(f.TrustedPeers) != 3 || f.ExemptMax != 2 ||
+	if !f.Enabled() || f.FastPath || f.IOURing || f.Socket != "/run/fairshare/front.sock" || len(f.TrustedPeers) != 3 || f.ExemptMax != 2 ||
 		f.Exempt.Projects[0] != "probe" || f.Exempt.Routes[0] != "status.example" || f.Exempt.Cgroups[0] != "ops/probes" {
 		t.Errorf("front = %+v", f)
 	}

@@ -357,7 +357,7 @@ func TestLoadError(t *testing.T) {
 
 // frontConfig passes every front key on: with each key of the daemon's
 // front section set, no field of front.Config is left at its zero value
-// but the two the daemon does not offer.
+// but the two the daemon does not offer, and PlainSends follows io_uring.
 func TestFrontConfigCopiesEveryKey(t *testing.T) {
 	cfg := config.Default()
 	fill(t, reflect.ValueOf(&cfg.Front).Elem())
@@ -368,9 +368,19 @@ func TestFrontConfigCopiesEveryKey(t *testing.T) {
 		if name == "ForwardProject" || name == "UpstreamH2C" {
 			continue
 		}
+		if name == "PlainSends" {
+			continue // front.io_uring's opposite: below
+		}
 		if fc.Field(i).IsZero() {
 			t.Errorf("front.Config.%s is not set from the configuration", name)
 		}
+	}
+	if frontConfig(cfg, "").PlainSends {
+		t.Error("front.io_uring true: the fast path sends without its io_uring")
+	}
+	cfg.Front.IOURing = false
+	if !frontConfig(cfg, "").PlainSends {
+		t.Error("front.io_uring false: the fast path sends with its io_uring")
 	}
 }
 

@@ -211,6 +211,9 @@ func TestMain(m *testing.M) {
 	// FAIRSHARE_FRONT_FAST=1 runs every front of the tests on the fast
 	// path.
 	fastPathAlways = os.Getenv("FAIRSHARE_FRONT_FAST") == "1"
+	// FAIRSHARE_FRONT_PLAIN_SENDS=1 has the fast path send without its
+	// io_uring (Config.PlainSends).
+	plainSendsAlways = os.Getenv("FAIRSHARE_FRONT_PLAIN_SENDS") == "1"
 	if target := os.Getenv(clientRoleEnv); target != "" {
 		if raw := os.Getenv(clientRawEnv); raw != "" {
 			os.Exit(runRawClient(target, raw))

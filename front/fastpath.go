@@ -41,6 +41,7 @@ const (
 	fastAnswerMax = 16 << 10 // an answer head not yet complete: past it, net/http's path reads it
 	fastReadBuf   = 32 << 10
 	fastKeepBuf   = 4 << 10 // an idle client's read buffer larger than this is let go
+	fastRingSends = 256     // the most sends of one io_uring call (more take several)
 )
 
 // fastServer is the front's listener served by its event loops, with
@@ -113,6 +114,9 @@ func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
 			return fmt.Errorf("front: %w", err)
 		}
 		fs.loops = append(fs.loops, lp)
+	}
+	if err := fs.loops[0].ringErr; err != nil {
+		f.log.Info("fast path: no io_uring, each answer and request is sent with a system call of its own", "err", err)
 	}
 	f.fast.Store(fs) // once its loops are there (tests read them)
 	for _, lp := range fs.loops {
@@ -664,9 +668,11 @@ type fclient struct {
 	readable bool // an edge came that was not read to its end
 	served   int
 	closed   bool
-	closing  bool // close once out is written
-	serving  bool // serveClient runs for it: nextRequest returns to it
-	again    bool // on the loop's again list
+	closing  bool   // close once out is written
+	serving  bool   // serveClient runs for it: nextRequest returns to it
+	again    bool   // on the loop's again list
+	queued   bool   // on the loop's sends (lp.ring)
+	obase    []byte // out's buffer, kept while at most fastKeepBuf
 	deadline time.Time
 	dl       int
 
@@ -682,6 +688,7 @@ type fclient struct {
 
 // fupstream is an upstream connection in a loop.
 type fupstream struct {
+	queued     bool // on the loop's sends (lp.ring)
 	fd         int
 	gen        int32 // its epoll registration (see loop.handle)
 	in, out    []byte
@@ -722,6 +729,22 @@ type loop struct {
 	epfd    int
 	efd     int // eventfd: posted work waits
 	clients map[int32]*fclient
+	// ring sends what a pass has for its sockets in one call (nil: each
+	// with its own send(2)); sendC and sendU are the clients and upstream
+	// connections with something to send, kept for the end of the pass.
+	ring     *sendRing
+	ringErr  error        // why the loop has no ring
+	ringSent atomic.Int64 // sends made with the ring (tests read it)
+	sendC    []*fclient
+	sendU    []*fupstream
+	// The pass's sends for ring.send, and their spares.
+	sfds    []int
+	sbufs   [][]byte
+	sres    []int32
+	sendC2  []*fclient
+	sendU2  []*fupstream
+	sentC   []*fclient
+	sentU   []*fupstream
 	ups     map[int32]*fupstream
 	gen     int32        // the last registration number (nextGen)
 	idle    []*fupstream // most recently used last
@@ -763,6 +786,10 @@ func newLoop(fs *fastServer) (*loop, error) {
 	if fs.addr != nil {
 		lp.addr = copySockaddr(fs.addr)
 	}
+	if !fs.f.cfg.PlainSends {
+		// Without a ring (lp.ringErr) the loop sends with send(2).
+		lp.ring, lp.ringErr = newSendRing(fastRingSends)
+	}
 	lp.dialCtx, lp.dialEnd = context.WithCancel(context.Background())
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, efd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(efd)}); err != nil {
 		lp.closeFds()
@@ -784,6 +811,10 @@ func copySockaddr(sa unix.Sockaddr) unix.Sockaddr {
 func (lp *loop) closeFds() {
 	unix.Close(lp.epfd)
 	unix.Close(lp.efd)
+	if lp.ring != nil {
+		lp.ring.close()
+		lp.ring = nil
+	}
 }
 
 // post runs fn on the loop. Once the loop has ended, fn runs at once, on
@@ -914,6 +945,7 @@ func (lp *loop) run() {
 		if !lp.check.IsZero() && !lp.now.Before(lp.check) {
 			lp.guarded(nil, nil, func(lp *loop, _ *fclient) { lp.expire() })
 		}
+		lp.sendAll()
 		if !lp.drainBy.IsZero() {
 			if !lp.now.Before(lp.drainBy) {
 				for _, c := range lp.clients {
@@ -927,6 +959,76 @@ func (lp *loop) run() {
 				return
 			}
 		}
+	}
+}
+
+// sendAll sends what the pass left to send (the requests dispatched, then
+// the answers) with the ring, in one call for up to fastRingSends of them,
+// and goes on with each as its own send(2) would have: flushUp and
+// flushClient send what the ring's left (a socket full), arm the deadline
+// and continue the exchange. What they in turn have to send is sent
+// before sendAll returns.
+func (lp *loop) sendAll() {
+	for len(lp.sendC) > 0 || len(lp.sendU) > 0 {
+		us, cs := lp.sendU, lp.sendC
+		lp.sendU, lp.sendC = lp.sendU2[:0], lp.sendC2[:0]
+		fds, bufs := lp.sfds[:0], lp.sbufs[:0]
+		sentU, sentC := lp.sentU[:0], lp.sentC[:0]
+		for _, u := range us {
+			u.queued = false
+			if u.fd >= 0 && !u.connecting && len(u.out) > 0 && lp.ups[int32(u.fd)] == u {
+				sentU = append(sentU, u)
+				fds, bufs = append(fds, u.fd), append(bufs, u.out)
+			}
+		}
+		for _, c := range cs {
+			c.queued = false
+			if !c.closed && len(c.out) > 0 && lp.clients[int32(c.fd)] == c {
+				sentC = append(sentC, c)
+				fds, bufs = append(fds, c.fd), append(bufs, c.out)
+			}
+		}
+		res := lp.sres[:0]
+		for range fds {
+			res = append(res, -int32(unix.EAGAIN)) // unsent: send(2) tries
+		}
+		for i := 0; i < len(fds) && lp.ring != nil; i += fastRingSends {
+			j := min(len(fds), i+fastRingSends)
+			if err := lp.ring.send(fds[i:j], bufs[i:j], res[i:j]); err != nil {
+				lp.f.log.Error("fast path: io_uring failed; this loop sends with system calls of its own from now on", "err", err)
+				lp.ring.close()
+				lp.ring = nil
+				break
+			}
+			lp.ringSent.Add(int64(j - i))
+		}
+		for i, u := range sentU {
+			wrote := res[i] > 0
+			if wrote {
+				u.out = u.out[res[i]:]
+			}
+			lp.guarded(u.owner, u, func(lp *loop, _ *fclient) { lp.flushUp(u, wrote) })
+		}
+		for i, c := range sentC {
+			switch r := res[len(sentU)+i]; {
+			case r > 0:
+				c.out = c.out[r:]
+			case r != -int32(unix.EAGAIN) && r != -int32(unix.EINTR):
+				// The client went away (send(2) would have failed
+				// alike).
+				lp.guarded(c, nil, (*loop).abort)
+				continue
+			}
+			lp.guarded(c, nil, (*loop).flushClient)
+		}
+		clear(bufs) // no answer kept alive by the scratch
+		clear(sentU)
+		clear(sentC)
+		clear(us)
+		clear(cs)
+		lp.sfds, lp.sbufs, lp.sres = fds, bufs, res
+		lp.sentU, lp.sentC = sentU, sentC
+		lp.sendU2, lp.sendC2 = us[:0], cs[:0]
 	}
 }
 
@@ -1391,9 +1493,17 @@ func (lp *loop) send(c *fclient) {
 	if cap(u.out) <= 8<<10 {
 		u.obase = u.out[:0] // flushUp consumes out from its start
 	}
-	if !u.connecting {
-		lp.flushUp(u)
+	if u.connecting {
+		return // sent once connected
 	}
+	if lp.ring != nil {
+		if !u.queued {
+			u.queued = true
+			lp.sendU = append(lp.sendU, u)
+		}
+		return
+	}
+	lp.flushUp(u, false)
 }
 
 // getUp returns an idle upstream connection or starts a new one; a new
@@ -1537,7 +1647,7 @@ func (lp *loop) upEvent(u *fupstream, ev uint32) {
 		u.setDeadline(lp, dlNone, time.Time{})
 	}
 	if ev&unix.EPOLLOUT != 0 && len(u.out) > 0 {
-		lp.flushUp(u)
+		lp.flushUp(u, false)
 		if u.owner != c {
 			return
 		}
@@ -1553,9 +1663,10 @@ func (lp *loop) upEvent(u *fupstream, ev uint32) {
 	}
 }
 
-// flushUp writes what is left of the request.
-func (lp *loop) flushUp(u *fupstream) {
-	wrote, hungUp := false, false
+// flushUp writes what is left of the request; wrote: part of it was just
+// written (by the ring).
+func (lp *loop) flushUp(u *fupstream, wrote bool) {
+	hungUp := false
 	for len(u.out) > 0 {
 		n, err := syscall.Write(u.fd, u.out)
 		if err == unix.EAGAIN {
@@ -1853,6 +1964,21 @@ func (lp *loop) writeClient(c *fclient, b []byte) {
 	if c.closed {
 		return
 	}
+	if lp.ring != nil {
+		// Sent at the end of the pass (sendAll), with the others.
+		if len(c.out) == 0 {
+			c.out = c.obase[:0]
+		}
+		c.out = append(c.out, b...)
+		if cap(c.out) <= fastKeepBuf {
+			c.obase = c.out[:0]
+		}
+		if !c.queued {
+			c.queued = true
+			lp.sendC = append(lp.sendC, c)
+		}
+		return
+	}
 	if len(c.out) > 0 {
 		c.out = append(c.out, b...)
 		return
@@ -1896,7 +2022,7 @@ func (lp *loop) flushClient(c *fclient) {
 		}
 		c.out = c.out[n:]
 	}
-	c.out = nil // what a slow client made the loop hold is let go
+	c.out = nil // what a slow client made the loop hold is let go (obase keeps a small one)
 	if c.dl == dlWrite {
 		c.setDeadline(lp, dlNone, time.Time{})
 		if c.state == csIdle {

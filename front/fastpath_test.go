@@ -139,6 +139,18 @@ func TestFastPathServes(t *testing.T) {
 	if n := r.front.fast.Load().handedN.Load(); n != 1 {
 		t.Errorf("%d connections handed over, want 1", n)
 	}
+	// The loops sent with their io_uring, or, with
+	// FAIRSHARE_FRONT_PLAIN_SENDS=1 (Config.PlainSends), without.
+	var ringSent int64
+	for _, lp := range r.front.fast.Load().loops {
+		ringSent += lp.ringSent.Load()
+		if err := lp.ringErr; err != nil && !plainSendsAlways {
+			t.Errorf("a loop has no io_uring (this kernel gives one): %v", err)
+		}
+	}
+	if plainSendsAlways && ringSent != 0 || !plainSendsAlways && ringSent < 20 {
+		t.Errorf("%d sends with the ring (plain sends %v)", ringSent, plainSendsAlways)
+	}
 }
 
 // TestFastPathIdleUpstreamSpeaks: an idle pooled connection on which the

@@ -134,6 +134,11 @@ type Config struct {
 	// event loops rather than net/http's server (see "Fast path" in the
 	// package documentation). Off by default.
 	FastPath bool
+	// PlainSends has the fast path's loops send each answer and request
+	// with a send(2) of its own rather than all of a pass's with one
+	// io_uring call (see "Fast path" in the package documentation). A loop
+	// the kernel gives no io_uring sends so anyway.
+	PlainSends bool
 }
 
 // Exempt names the requests of the exempt class.
@@ -257,6 +262,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	}
 	cfg.ExemptMax = ExemptMaxFor(cfg.MaxInFlight, cfg.ExemptMax)
 	cfg.FastPath = cfg.FastPath || fastPathAlways
+	cfg.PlainSends = cfg.PlainSends || plainSendsAlways
 	setDefault(&cfg.MaxUpstreamHead, DefaultMaxUpstreamHead)
 	setDefault(&cfg.MaxInformational, DefaultMaxInformational)
 	setDefault(&cfg.MaxRequestHead, DefaultMaxRequestHead)
@@ -353,6 +359,10 @@ func New(cfg Config, deps Deps) (*Front, error) {
 // fastPathAlways turns Config.FastPath on in every front (the tests run
 // their suites on both paths with it).
 var fastPathAlways bool
+
+// plainSendsAlways turns Config.PlainSends on in every front (the tests run
+// the fast path both ways, see FAIRSHARE_FRONT_PLAIN_SENDS in TestMain).
+var plainSendsAlways bool
 
 // setDefault sets *v to def when it is zero or less.
 func setDefault[T int | int64 | time.Duration](v *T, def T) {

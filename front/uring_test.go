@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// newTestRing returns a ring, or skips when the kernel refuses this process
+// one (kernel.io_uring_disabled): the fast path then sends without it.
+func newTestRing(t *testing.T, entries uint32) *sendRing {
+	t.Helper()
+	r, err := newSendRing(entries)
+	if err != nil {
+		if b, _ := os.ReadFile("/proc/sys/kernel/io_uring_disabled"); strings.TrimSpace(string(b)) != "0" {
+			t.Skipf("io_uring disabled here (%v)", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(r.close)
+	return r
+}
+
+// tcpPair returns the descriptor of a connected loopback TCP socket (the
+// caller's to close) and its peer.
+func tcpPair(t *testing.T) (int, *net.TCPConn) {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := net.Dial("tcp4", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); p.Close() })
+	f, err := c.(*net.TCPConn).File() // a descriptor of its own
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Dup(int(f.Fd()))
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd, p.(*net.TCPConn)
+}
+
+// One call sends each buffer to its own socket, whole, and answers for each
+// what send(2) with MSG_DONTWAIT would: the bytes taken, part of a buffer
+// when the socket has room for part, -EAGAIN when it has none, and the
+// error of a socket whose peer reset it; the others are sent all the same.
+func TestSendRing(t *testing.T) {
+	r := newTestRing(t, 8)
+	var fds []int
+	var peers []*net.TCPConn
+	for range 5 {
+		fd, p := tcpPair(t)
+		fds, peers = append(fds, fd), append(peers, p)
+	}
+	// fds[3]: a send buffer filled while its peer reads nothing.
+	_ = unix.SetsockoptInt(fds[3], unix.SOL_SOCKET, unix.SO_SNDBUF, 4096)
+	_ = peers[3].SetReadBuffer(4096)
+	chunk := make([]byte, 4096)
+	for {
+		if _, err := unix.SendmsgN(fds[3], chunk, nil, nil, unix.MSG_DONTWAIT); err == unix.EAGAIN {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// fds[4]: its peer reset it.
+	_ = peers[4].SetLinger(0)
+	peers[4].Close()
+	time.Sleep(50 * time.Millisecond)
+
+	big := bytes.Repeat([]byte("x"), 64<<20) // more than a socket holds
+	bufs := [][]byte{[]byte("hello"), []byte("world, and more"), big, []byte("full"), []byte("reset")}
+	res := make([]int32, len(bufs))
+	if err := r.send(fds, bufs, res); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"hello", "world, and more"} {
+		if res[i] != int32(len(want)) {
+			t.Errorf("send %d: %d, want %d", i, res[i], len(want))
+		}
+		got := make([]byte, len(want))
+		_ = peers[i].SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(peers[i], got); err != nil || string(got) != want {
+			t.Errorf("peer %d read %q, %v; want %q", i, got, err, want)
+		}
+	}
+	if res[2] <= 0 || res[2] >= int32(len(big)) {
+		t.Errorf("a buffer larger than the socket holds: %d taken of %d, want part of it", res[2], len(big))
+	}
+	if res[3] != -int32(unix.EAGAIN) {
+		t.Errorf("a full socket: %d, want -EAGAIN (%d)", res[3], -int32(unix.EAGAIN))
+	}
+	if e := unix.Errno(-res[4]); res[4] >= 0 || (e != unix.ECONNRESET && e != unix.EPIPE) {
+		t.Errorf("a reset socket: %d, want -ECONNRESET or -EPIPE", res[4])
+	}
+
+	// The ring is whole after it: a second call sends again.
+	res = res[:1]
+	if err := r.send(fds[:1], [][]byte{[]byte("again")}, res); err != nil || res[0] != 5 {
+		t.Errorf("second call: %d, %v", res[0], err)
+	}
+	got := make([]byte, 5)
+	if _, err := io.ReadFull(peers[0], got); err != nil || string(got) != "again" {
+		t.Errorf("second call: peer read %q, %v", got, err)
+	}
+
+	// More sends than the ring has entries: refused, nothing sent.
+	many := make([][]byte, 9)
+	manyFds := make([]int, 9)
+	for i := range many {
+		many[i], manyFds[i] = []byte("x"), fds[0]
+	}
+	if err := r.send(manyFds, many, make([]int32, 9)); err == nil || errors.Is(err, errRingBroken) {
+		t.Errorf("9 sends in a ring of 8: %v, want a refusal", err)
+	}
+	_ = peers[0].SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if n, _ := peers[0].Read(got); n != 0 {
+		t.Errorf("the refused call sent %d bytes", n)
+	}
+}
