@@ -735,6 +735,7 @@ type loop struct {
 	ring     *sendRing
 	ringErr  error        // why the loop has no ring
 	ringSent atomic.Int64 // sends made with the ring (tests read it)
+	sending  bool         // sendAll goes on with the exchanges it sent for
 	sendC    []*fclient
 	sendU    []*fupstream
 	// The pass's sends for ring.send, and their spares.
@@ -969,6 +970,8 @@ func (lp *loop) run() {
 // and continue the exchange. What they in turn have to send is sent
 // before sendAll returns.
 func (lp *loop) sendAll() {
+	lp.sending = true
+	defer func() { lp.sending = false }()
 	for len(lp.sendC) > 0 || len(lp.sendU) > 0 {
 		us, cs := lp.sendU, lp.sendC
 		lp.sendU, lp.sendC = lp.sendU2[:0], lp.sendC2[:0]
@@ -1965,7 +1968,10 @@ func (lp *loop) writeClient(c *fclient, b []byte) {
 		return
 	}
 	if lp.ring != nil {
-		// Sent at the end of the pass (sendAll), with the others.
+		// Sent at the end of the pass (sendAll), with the others; a
+		// client whose socket was full takes the rest on its EPOLLOUT,
+		// under the WriteTimeout armed then.
+		waiting := len(c.out) > 0 && !c.queued
 		if len(c.out) == 0 {
 			c.out = c.obase[:0]
 		}
@@ -1973,7 +1979,7 @@ func (lp *loop) writeClient(c *fclient, b []byte) {
 		if cap(c.out) <= fastKeepBuf {
 			c.obase = c.out[:0]
 		}
-		if !c.queued {
+		if !waiting && !c.queued {
 			c.queued = true
 			lp.sendC = append(lp.sendC, c)
 		}
@@ -2034,6 +2040,18 @@ func (lp *loop) flushClient(c *fclient) {
 		return
 	}
 	if (c.state == csIdle || c.state == csHead) && (len(c.in) > 0 || c.readable) {
+		if lp.sending {
+			// After the ring's sends, the client's next request waits
+			// for the next pass, as a client's turns do (fastTurn):
+			// served here, a client pipelining requests the loop
+			// answers itself (refusals) would have all of them served
+			// before any other client.
+			if !c.again {
+				c.again = true
+				lp.again = append(lp.again, c)
+			}
+			return
+		}
 		lp.serveClient(c)
 		return
 	}
