@@ -407,7 +407,8 @@
 // Each epoll registration carries a number of its own, so that an event
 // of one batch for a connection closed earlier in that batch never reaches
 // a connection that took its descriptor number meanwhile. An idle client
-// keeps no buffer larger than 4 KiB.
+// keeps no read buffer larger than 4 KiB, nor a send buffer larger than
+// 2 KiB (kept so that an answer a pass does not allocate one).
 //
 // FAIRSHARE_FRONT_FAST=1 runs every front of the package's tests on the
 // fast path (make test runs the suite both ways); TestFastPathServes shows

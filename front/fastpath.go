@@ -42,6 +42,7 @@ const (
 	fastReadBuf   = 32 << 10
 	fastKeepBuf   = 4 << 10 // an idle client's read buffer larger than this is let go
 	fastRingSends = 256     // the most sends of one io_uring call (more take several)
+	fastKeepOut   = 2 << 10 // a client's send buffer larger than this is let go once sent
 )
 
 // fastServer is the front's listener served by its event loops, with
@@ -672,7 +673,7 @@ type fclient struct {
 	serving  bool   // serveClient runs for it: nextRequest returns to it
 	again    bool   // on the loop's again list
 	queued   bool   // on the loop's sends (lp.ring)
-	obase    []byte // out's buffer, kept while at most fastKeepBuf
+	obase    []byte // out's buffer, kept while at most fastKeepOut
 	deadline time.Time
 	dl       int
 
@@ -736,8 +737,11 @@ type loop struct {
 	ringErr  error        // why the loop has no ring
 	ringSent atomic.Int64 // sends made with the ring (tests read it)
 	sending  bool         // sendAll goes on with the exchanges it sent for
-	sendC    []*fclient
-	sendU    []*fupstream
+	// mostRounds is the most rounds of sends one sendAll made (tests read
+	// it: its continuations are bounded).
+	mostRounds atomic.Int64
+	sendC      []*fclient
+	sendU      []*fupstream
 	// The pass's sends for ring.send, and their spares.
 	sfds    []int
 	sbufs   [][]byte
@@ -971,8 +975,15 @@ func (lp *loop) run() {
 // before sendAll returns.
 func (lp *loop) sendAll() {
 	lp.sending = true
-	defer func() { lp.sending = false }()
+	rounds := int64(0)
+	defer func() {
+		lp.sending = false
+		if rounds > lp.mostRounds.Load() {
+			lp.mostRounds.Store(rounds)
+		}
+	}()
 	for len(lp.sendC) > 0 || len(lp.sendU) > 0 {
+		rounds++
 		us, cs := lp.sendU, lp.sendC
 		lp.sendU, lp.sendC = lp.sendU2[:0], lp.sendC2[:0]
 		fds, bufs := lp.sfds[:0], lp.sbufs[:0]
@@ -1006,6 +1017,11 @@ func (lp *loop) sendAll() {
 			lp.ringSent.Add(int64(j - i))
 		}
 		for i, u := range sentU {
+			if res[i] == sendUnknown {
+				// Perhaps sent: never again (a request twice).
+				lp.guarded(u.owner, u, func(lp *loop, _ *fclient) { lp.upFailed(u, errRingBroken) })
+				continue
+			}
 			wrote := res[i] > 0
 			if wrote {
 				u.out = u.out[res[i]:]
@@ -1016,6 +1032,11 @@ func (lp *loop) sendAll() {
 			switch r := res[len(sentU)+i]; {
 			case r > 0:
 				c.out = c.out[r:]
+			case r == sendUnknown:
+				// Perhaps sent: an answer twice would answer the next
+				// request.
+				lp.guarded(c, nil, (*loop).abort)
+				continue
 			case r != -int32(unix.EAGAIN) && r != -int32(unix.EINTR):
 				// The client went away (send(2) would have failed
 				// alike).
@@ -1976,7 +1997,7 @@ func (lp *loop) writeClient(c *fclient, b []byte) {
 			c.out = c.obase[:0]
 		}
 		c.out = append(c.out, b...)
-		if cap(c.out) <= fastKeepBuf {
+		if cap(c.out) <= fastKeepOut {
 			c.obase = c.out[:0]
 		}
 		if !waiting && !c.queued {

@@ -5,6 +5,7 @@ package front
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sync/atomic"
 	"syscall"
@@ -124,12 +125,20 @@ func newSendRing(entries uint32) (*sendRing, error) {
 	return r, nil
 }
 
+// sendUnknown is a send's result when the ring failed after the kernel
+// took it (errRingBroken): it may have gone out, so it must not be sent
+// again.
+const sendUnknown = math.MinInt32
+
 // send sends bufs[i] (not empty) to socket fds[i] for each i, at most
 // entries of them, in one io_uring_enter, and sets res[i] to what send(2)
-// with MSG_DONTWAIT would have returned: the bytes taken, or -errno. Every
-// send has completed when it returns, so no buffer is the kernel's after
-// it. An error (the call itself failed) leaves res unset: the caller sends
-// with send(2) instead.
+// with MSG_DONTWAIT would have returned: the bytes taken, or -errno; a send
+// the kernel did not take (it stops at an entry it refuses) is -EAGAIN:
+// unsent, for send(2) to try. Every send taken has completed when it
+// returns, so no buffer is the kernel's after it. An error means the call
+// failed: with errRingBroken, a result left sendUnknown may or may not have
+// gone out, and the ring must not be used again; otherwise nothing was
+// sent (res all -EAGAIN).
 func (r *sendRing) send(fds []int, bufs [][]byte, res []int32) error {
 	n := uint32(len(fds))
 	if n == 0 || n > r.entries {
@@ -142,39 +151,51 @@ func (r *sendRing) send(fds []int, bufs [][]byte, res []int32) error {
 		*sqe = uringSQE{opcode: uringOpSend, fd: int32(fds[i]), addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(bufs[i])))),
 			len: uint32(len(bufs[i])), msgFlags: unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL, userData: uint64(i)}
 		*(*uint32)(unsafe.Add(r.sqArray, uintptr(idx)*4)) = idx
+		res[i] = sendUnknown
 	}
 	atomic.StoreUint32(r.sqTail, tail+n) // the entries before the tail (a release)
-	submit, done := n, uint32(0)
-	for done < n {
-		got, _, e := syscall.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(submit), uintptr(n-done), uringEnterGetEvents, 0, 0)
-		switch {
-		case e == unix.EINTR:
-		case e != 0:
-			if submit > 0 {
-				// Nothing was taken: take the entries back.
-				atomic.StoreUint32(r.sqTail, tail)
-				return fmt.Errorf("io_uring_enter: %w", e)
-			}
-			// Taken but not all reaped: the buffers may still be read.
-			// Never so with MSG_DONTWAIT; the loop stops using the ring.
-			return fmt.Errorf("%w: io_uring_enter: %w", errRingBroken, e)
-		default:
-			if submit > 0 && uint32(got) != submit {
-				return fmt.Errorf("%w: %d of %d sends taken", errRingBroken, got, submit)
-			}
-			submit = 0
+	defer runtime.KeepAlive(bufs)
+	var taken uint32
+	for {
+		got, _, e := syscall.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(n), uintptr(n), uringEnterGetEvents, 0, 0)
+		if e == unix.EINTR {
+			continue // nothing taken: a call that takes some returns their number
 		}
-		head, ctail, cm := *r.cqHead, atomic.LoadUint32(r.cqTail), *r.cqMask
-		for ; head != ctail; head++ {
-			cqe := (*uringCQE)(unsafe.Add(r.cqes, uintptr(head&cm)*uringCQESize))
-			if cqe.userData < uint64(n) {
-				res[cqe.userData] = cqe.res
-				done++
+		if e != 0 {
+			atomic.StoreUint32(r.sqTail, tail) // nothing taken: take the entries back
+			for i := range n {
+				res[i] = -int32(unix.EAGAIN)
 			}
+			return fmt.Errorf("io_uring_enter: %w", e)
 		}
-		atomic.StoreUint32(r.cqHead, head)
+		taken = uint32(got)
+		break
 	}
-	runtime.KeepAlive(bufs)
+	if taken < n {
+		// The kernel stopped at an entry it refused (its completion
+		// says why); the rest stay unsent, taken back from the queue.
+		atomic.StoreUint32(r.sqTail, tail+taken)
+		for i := taken; i < n; i++ {
+			res[i] = -int32(unix.EAGAIN)
+		}
+	}
+	head, ctail, cm := *r.cqHead, atomic.LoadUint32(r.cqTail), *r.cqMask
+	done := uint32(0)
+	for ; head != ctail; head++ {
+		cqe := (*uringCQE)(unsafe.Add(r.cqes, uintptr(head&cm)*uringCQESize))
+		if cqe.userData < uint64(taken) && res[cqe.userData] == sendUnknown {
+			res[cqe.userData] = cqe.res
+			done++
+		}
+	}
+	atomic.StoreUint32(r.cqHead, head)
+	if done < taken {
+		// A send with MSG_DONTWAIT completes before the call returns: one
+		// that did not, or a completion for no send of this call, means
+		// the ring is not what it seems. Not waited for (it might never
+		// come), and the loop stops using the ring.
+		return fmt.Errorf("%w: %d of %d sends complete", errRingBroken, done, taken)
+	}
 	return nil
 }
 
