@@ -381,8 +381,13 @@
 // next pipelined request waits, as it would for a slow client. Config.PlainSends
 // (the daemon's front.io_uring: false) sends each with its own send(2), as
 // does a loop the kernel gives no io_uring (kernel.io_uring_disabled, a
-// seccomp filter: logged once); a ring whose call fails is closed, logged,
-// and the loop sends without it from then on.
+// seccomp filter: logged once). A send the kernel refuses as it takes it
+// ends the call there; the sends after it are made with send(2). A ring
+// whose call fails is closed, logged, and the loop sends without it from
+// then on; a send the kernel took whose result did not come is never made
+// again (an answer twice would answer the client's next request, a
+// request twice would run twice): its client is closed, or its exchange
+// with the upstream fails (502).
 //
 // When Serve is told to stop, the loops close their idle clients and give
 // the others until the drain's end (five seconds, as net/http's server
