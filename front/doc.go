@@ -368,26 +368,27 @@
 //
 // A loop sends nothing while it handles a pass's events: the requests it
 // dispatches and the answers it relays wait in their connections' buffers
-// until the pass ends, and then all go out in one io_uring call
-// (sendRing in uring.go: IORING_OP_SEND with MSG_DONTWAIT, up to 256 a
-// call). Each send is tried at once and answers what a non-blocking send(2)
-// answers, so no buffer is the kernel's after the call; what a socket did
-// not take is sent as before, when it has room again, under WriteTimeout.
-// The reason is the peers: a send wakes the client or upstream reading the
-// socket, and the kernel, which switches tasks only on their way back to
-// user space here, switched to the first woken peer after each send(2) and
-// back; after one call each finds everything it was sent (see Cost). Until
-// the pass ends a client counts as one that has not taken its answer: its
-// next pipelined request waits, as it would for a slow client. Config.PlainSends
-// (the daemon's front.io_uring: false) sends each with its own send(2), as
-// does a loop the kernel gives no io_uring (kernel.io_uring_disabled, a
-// seccomp filter: logged once). A send the kernel refuses as it takes it
-// ends the call there; the sends after it are made with send(2). A ring
-// whose call fails is closed, logged, and the loop sends without it from
-// then on; a send the kernel took whose result did not come is never made
-// again (an answer twice would answer the client's next request, a
-// request twice would run twice): its client is closed, or its exchange
-// with the upstream fails (502).
+// until the pass ends, and then all go out in one io_uring call (sendRing
+// in uring.go: IORING_OP_SEND with MSG_DONTWAIT, up to 256 a call). Each
+// send is tried at once and answers what a non-blocking send(2) answers, so
+// no buffer is the kernel's after the call; what a socket did not take is
+// sent as before, when it has room again, under WriteTimeout. The reason is
+// the peers: a send wakes the client or upstream reading the socket, and
+// the kernel, which switches tasks only on their way back to user space
+// here, switched to the first woken peer after each send(2) and back; after
+// one call each finds everything it was sent (see Cost). Until the pass
+// ends a client counts as one that has not taken its answer: its next
+// pipelined request, and the next piece of a long answer, wait for the next
+// pass (the loop's again list), as another client's turn would.
+// Config.PlainSends (the daemon's front.io_uring: false) sends each with
+// its own send(2), as does a loop the kernel gives no io_uring
+// (kernel.io_uring_disabled, a seccomp filter: logged once). A send the
+// kernel refuses as it takes it ends the call there; it and the sends after
+// it are made with send(2). A ring whose call fails is closed, logged, and
+// the loop sends without it from then on; a send the kernel took whose
+// result did not come is never made again (an answer twice would answer the
+// client's next request, a request twice would run twice): its client is
+// closed, or its exchange with the upstream fails (502).
 //
 // When Serve is told to stop, the loops close their idle clients and give
 // the others until the drain's end (five seconds, as net/http's server

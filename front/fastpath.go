@@ -736,6 +736,7 @@ type loop struct {
 	ring     *sendRing
 	ringErr  error        // why the loop has no ring
 	ringSent atomic.Int64 // sends made with the ring (tests read it)
+	ringKept [][]byte     // the buffers of sends a broken ring may still read
 	sending  bool         // sendAll goes on with the exchanges it sent for
 	// mostRounds is the most rounds of sends one sendAll made (tests read
 	// it: its continuations are bounded).
@@ -936,8 +937,12 @@ func (lp *loop) run() {
 		again, lp.again = lp.again, again[:0]
 		for i, c := range again {
 			c.again = false
-			if !c.closed && (c.state == csIdle || c.state == csHead) && (len(c.in) > 0 || c.readable) {
+			switch {
+			case c.closed:
+			case (c.state == csIdle || c.state == csHead) && (len(c.in) > 0 || c.readable):
 				lp.guarded(c, nil, (*loop).serveClient)
+			case c.state == csBody && c.up != nil && c.up.readable && len(c.out) == 0:
+				lp.guarded(c, c.up, func(lp *loop, c *fclient) { lp.readUp(c.up) })
 			}
 			again[i] = nil
 		}
@@ -1010,6 +1015,15 @@ func (lp *loop) sendAll() {
 			j := min(len(fds), i+fastRingSends)
 			if err := lp.ring.send(fds[i:j], bufs[i:j], res[i:j]); err != nil {
 				lp.f.log.Error("fast path: io_uring failed; this loop sends with system calls of its own from now on", "err", err)
+				if errors.Is(err, errRingBroken) {
+					// A send whose result did not come may still
+					// read its buffer: never given back.
+					for k := i; k < j; k++ {
+						if res[k] == sendUnknown {
+							lp.ringKept = append(lp.ringKept, bufs[k])
+						}
+					}
+				}
 				lp.ring.close()
 				lp.ring = nil
 				break
@@ -1037,12 +1051,10 @@ func (lp *loop) sendAll() {
 				// request.
 				lp.guarded(c, nil, (*loop).abort)
 				continue
-			case r != -int32(unix.EAGAIN) && r != -int32(unix.EINTR):
-				// The client went away (send(2) would have failed
-				// alike).
-				lp.guarded(c, nil, (*loop).abort)
-				continue
 			}
+			// Not sent (a full socket, a client gone, an entry the
+			// kernel refused): flushClient's send(2) tries, and aborts
+			// on the error it meets.
 			lp.guarded(c, nil, (*loop).flushClient)
 		}
 		clear(bufs) // no answer kept alive by the scratch
@@ -2077,6 +2089,16 @@ func (lp *loop) flushClient(c *fclient) {
 		return
 	}
 	if c.state == csBody && c.up != nil && c.up.readable {
+		if lp.sending {
+			// Likewise the next piece of a long answer: a fast
+			// upstream and a fast client would keep sendAll relaying
+			// it to the end before the loop looked at anyone else.
+			if !c.again {
+				c.again = true
+				lp.again = append(lp.again, c)
+			}
+			return
+		}
 		lp.readUp(c.up)
 	}
 }

@@ -406,3 +406,42 @@ func TestFastPathPipelinedRefusalsTakeTurns(t *testing.T) {
 		t.Errorf("one sendAll made %d rounds of sends for %d pipelined refusals, want a few", most, n)
 	}
 }
+
+// Likewise a long answer relayed to a client that reads it as fast as it
+// comes: a piece a pass, so one sendAll makes a round or two of sends, not
+// one per 32 KiB read while the loop looks at no other connection.
+func TestFastPathLongAnswerTakesTurns(t *testing.T) {
+	if plainSendsAlways {
+		t.Skip("no ring with FAIRSHARE_FRONT_PLAIN_SENDS=1")
+	}
+	big := strings.Repeat("0123456789abcdef", 1<<19) // 8 MiB
+	r := fastRig(t, rigOpts{poolSize: 4}, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+		_, _ = io.WriteString(w, big)
+	})
+	for _, lp := range r.front.fast.Load().loops {
+		if err := lp.ringErr; err != nil {
+			if ringDenied(err) {
+				t.Skipf("no io_uring here: %v", err)
+			}
+			t.Fatal(err)
+		}
+	}
+	req, _ := http.NewRequest("GET", r.url+"/big", nil)
+	req.Header.Set("Fairshare-Project", "alpha")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := readAll(t, resp); b != big {
+		t.Fatalf("%d %d bytes (%.100q), want %d", resp.StatusCode, len(b), b, len(big))
+	}
+	var most int64
+	for _, lp := range r.front.fast.Load().loops {
+		most = max(most, lp.mostRounds.Load())
+	}
+	if most > 3 {
+		t.Errorf("one sendAll made %d rounds of sends relaying 8 MiB, want a few", most)
+	}
+}
