@@ -423,18 +423,19 @@
 // # Cost
 //
 // With a pass's sends in one io_uring call, the fast path serves more than
-// nginx at less CPU a request. In BenchmarkOverhead with wrk (2 cores shared
-// with wrk and the upstream; one run of 5 rounds, medians of the rounds'
-// ratios) it served GETs at 1.03 of nginx's throughput (rounds 1.00 to
-// 1.08) and 0.75 of its CPU a request (22.8 against 29.8 us), POSTs of
-// 1 KiB at 1.07 (1.06 to 1.13) and 0.66 (22.5 against 34.4 us); the build
-// before, in the same runs, 0.90 and 0.94 of nginx's throughput, at 0.97
-// of its CPU a request for GETs. The loop is preempted 0.08 to 0.10 times
-// a request where it was 0.25 to 0.29 (nginx's workers 0.16 to 0.17), wrk
-// spends nginx's CPU a request behind it (15.4 against 15.5 us; 16.1 behind
-// the build before), and the upstream its own. At the moderate rate its CPU
-// a request is 1.05 of nginx's (the build before 1.07). What follows, up to
-// the ring, measured the loop before it.
+// nginx at less CPU a request. In BenchmarkOverhead with wrk (2 cores
+// shared with wrk and the upstream; one run of 5 rounds, medians of the
+// rounds' ratios) it served GETs at 1.03 of nginx's throughput (rounds 1.03
+// to 1.09) and 0.72 of its CPU a request (21.8 against 29.5 us), POSTs of 1
+// KiB at 1.14 (1.10 to 1.17) and 0.66 (21.1 against 32.8 us); the build
+// before, in the same runs, 0.91 and 0.96 of nginx's throughput, at 0.96 of
+// its CPU a request for GETs. The loop is preempted 0.09 to 0.11 times a
+// GET where it was 0.23 to 0.30 (nginx's workers 0.16 to 0.17), wrk spends
+// less CPU a request behind it than behind nginx (14.9 against 15.7 us;
+// 15.8 behind the build before), and the upstream no more. At the moderate
+// rate its CPU a request is 1.07 of nginx's (the build before 1.14) and it
+// adds 0.66 ms at p99 against nginx's 0.55 (0.92 before). What follows, up
+// to the ring, measured the loop before it.
 //
 // Of what a proxied request costs the front, its own steps (identity, rate
 // buckets, pool, scheduler, metrics, the front's headers) are a few
