@@ -367,14 +367,7 @@ func TestFastPathPipelinedRefusalsTakeTurns(t *testing.T) {
 		t.Skip("no ring with FAIRSHARE_FRONT_PLAIN_SENDS=1: each answer is sent in the pass")
 	}
 	r := fastRig(t, rigOpts{poolSize: 4}, ok)
-	for _, lp := range r.front.fast.Load().loops {
-		if err := lp.ringErr; err != nil {
-			if ringDenied(err) {
-				t.Skipf("no io_uring here: %v", err)
-			}
-			t.Fatal(err)
-		}
-	}
+	needRing(t, r)
 	r.rates.SetLimits("slow", pools.Limits{RequestsPerSec: 0.001})
 	c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
 	if err != nil {
@@ -420,14 +413,7 @@ func TestFastPathLongAnswerTakesTurns(t *testing.T) {
 		w.Header().Set("Content-Length", strconv.Itoa(len(big)))
 		_, _ = io.WriteString(w, big)
 	})
-	for _, lp := range r.front.fast.Load().loops {
-		if err := lp.ringErr; err != nil {
-			if ringDenied(err) {
-				t.Skipf("no io_uring here: %v", err)
-			}
-			t.Fatal(err)
-		}
-	}
+	needRing(t, r)
 	req, _ := http.NewRequest("GET", r.url+"/big", nil)
 	req.Header.Set("Fairshare-Project", "alpha")
 	resp, err := http.DefaultClient.Do(req)
@@ -443,5 +429,19 @@ func TestFastPathLongAnswerTakesTurns(t *testing.T) {
 	}
 	if most > 3 {
 		t.Errorf("one sendAll made %d rounds of sends relaying 8 MiB, want a few", most)
+	}
+}
+
+// needRing skips the test where the kernel refuses the loops an io_uring,
+// and fails it where a loop has none for another reason.
+func needRing(t *testing.T, r *rig) {
+	t.Helper()
+	for _, lp := range r.front.fast.Load().loops {
+		if err := lp.ringErr; err != nil {
+			if ringDenied(err) {
+				t.Skipf("no io_uring here: %v", err)
+			}
+			t.Fatal(err)
+		}
 	}
 }

@@ -44,8 +44,19 @@ func newTestRing(t *testing.T, entries uint32) *sendRing {
 	return r
 }
 
-// tcpPair returns the descriptor of a connected loopback TCP socket (the
-// caller's to close) and its peer.
+// tcpPairs returns the descriptors of n connected loopback TCP sockets and
+// their peers (tcpPair).
+func tcpPairs(t *testing.T, n int) ([]int, []*net.TCPConn) {
+	t.Helper()
+	fds, peers := make([]int, n), make([]*net.TCPConn, n)
+	for i := range n {
+		fds[i], peers[i] = tcpPair(t)
+	}
+	return fds, peers
+}
+
+// tcpPair returns the descriptor of a connected loopback TCP socket (closed
+// when the test ends) and its peer.
 func tcpPair(t *testing.T) (int, *net.TCPConn) {
 	t.Helper()
 	l, err := net.Listen("tcp4", "127.0.0.1:0")
@@ -81,12 +92,7 @@ func tcpPair(t *testing.T) (int, *net.TCPConn) {
 // error of a socket whose peer reset it; the others are sent all the same.
 func TestSendRing(t *testing.T) {
 	r := newTestRing(t, 8)
-	var fds []int
-	var peers []*net.TCPConn
-	for range 5 {
-		fd, p := tcpPair(t)
-		fds, peers = append(fds, fd), append(peers, p)
-	}
+	fds, peers := tcpPairs(t, 5)
 	// fds[3]: a send buffer filled while its peer reads nothing.
 	_ = unix.SetsockoptInt(fds[3], unix.SOL_SOCKET, unix.SO_SNDBUF, 4096)
 	_ = peers[3].SetReadBuffer(4096)
@@ -164,12 +170,7 @@ func TestSendRingStopsAtARefusedSend(t *testing.T) {
 		t.Skip("before Linux 6.10 a send's buffer is checked when it is sent, not when it is taken: no refusal to test with")
 	}
 	r := newTestRing(t, 8)
-	var fds []int
-	var peers []*net.TCPConn
-	for range 3 {
-		fd, p := tcpPair(t)
-		fds, peers = append(fds, fd), append(peers, p)
-	}
+	fds, peers := tcpPairs(t, 3)
 	kernel := uintptr(0xffff_8000_0000_0000) // the kernel's half of the address space
 	bad := unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(nil), kernel)), 5)
 	res := make([]int32, 3)
