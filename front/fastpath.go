@@ -1381,10 +1381,7 @@ func (lp *loop) serveClient(c *fclient) {
 			return // the next request once the client took its answers
 		}
 		if turn == fastTurn {
-			if !c.again {
-				c.again = true
-				lp.again = append(lp.again, c)
-			}
+			lp.later(c)
 			return
 		}
 		if !lp.readClient(c) {
@@ -2079,10 +2076,7 @@ func (lp *loop) flushClient(c *fclient) {
 			// served here, a client pipelining requests the loop
 			// answers itself (refusals) would have all of them served
 			// before any other client.
-			if !c.again {
-				c.again = true
-				lp.again = append(lp.again, c)
-			}
+			lp.later(c)
 			return
 		}
 		lp.serveClient(c)
@@ -2093,13 +2087,19 @@ func (lp *loop) flushClient(c *fclient) {
 			// Likewise the next piece of a long answer: a fast
 			// upstream and a fast client would keep sendAll relaying
 			// it to the end before the loop looked at anyone else.
-			if !c.again {
-				c.again = true
-				lp.again = append(lp.again, c)
-			}
+			lp.later(c)
 			return
 		}
 		lp.readUp(c.up)
+	}
+}
+
+// later puts c on the again list: its next turn (a request, a piece of an
+// answer) comes in the next pass.
+func (lp *loop) later(c *fclient) {
+	if !c.again {
+		c.again = true
+		lp.again = append(lp.again, c)
 	}
 }
 

@@ -205,6 +205,7 @@ static __always_inline void take_past_rule(struct fs_project *p)
 }
 
 /* Defined in rule.h, which includes this file first. */
+static __always_inline __s64 rule_active(struct fs_pool *n, bool in);
 static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool *n, __s64 held, bool in);
 static __always_inline bool exempt_listed(__u64 cg, __u64 id);
 
@@ -323,11 +324,8 @@ static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 di
 	ev->share = 0;
 	ev->pool = 0;
 	if (cfg && n) {
-		__s64 active = n->active;
-		/* A floor refusal's share is the one the SYN was judged by:
-		 * beside one more project (under_share's in). */
-		if (reason == FS_REASON_FLOOR)
-			active = (active > 1 ? active : 1) + 1;
+		/* A floor refusal's share is the one the SYN was judged by. */
+		__s64 active = rule_active(n, reason == FS_REASON_FLOOR);
 		__u32 share = cfg->pool;
 		if (active > 1)
 			share = cfg->pool / (__u32)active;

@@ -45,6 +45,17 @@ static __always_inline void seen(struct fs_settings *cfg, struct fs_pool *n, str
 }
 
 /*
+ * rule_active is the number of active projects the rule divides the pool
+ * by: one more for an inbound permit (in), beside the project a newcomer
+ * would make (see limit_for).
+ */
+static __always_inline __s64 rule_active(struct fs_pool *n, bool in)
+{
+	__s64 active = n->active;
+	return in ? (active > 1 ? active : 1) + 1 : active;
+}
+
+/*
  * under_share says whether a project holding held permits holds less than
  * its share, max(FLOOR, POOL / active) (POOL while at most one project is
  * active). held < POOL / active (integer division) is (held + 1) * active <=
@@ -54,12 +65,10 @@ static __always_inline void seen(struct fs_settings *cfg, struct fs_pool *n, str
  */
 static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool *n, __s64 held, bool in)
 {
-	__s64 active = n->active;
 	__s64 pool = cfg->pool;
 	if (held < (__s64)cfg->floor)
 		return true;
-	if (in)
-		active = (active > 1 ? active : 1) + 1;
+	__s64 active = rule_active(n, in);
 	if (active <= 1)
 		return held < pool;
 	return (held + 1) * active <= pool;
