@@ -56,8 +56,8 @@ lint: check-go ## gofmt and go vet
 .PHONY: test
 # Tools some tests need besides root; a test that lacks one skips and says so
 # (go test -v), and make test says here which will skip.
-TEST_TOOLS := nft containerd runc ctr
-TEST_PACKAGES := nftables containerd runc busybox-static containernetworking-plugins
+TEST_TOOLS := nft containerd runc ctr etcd
+TEST_PACKAGES := nftables containerd runc busybox-static containernetworking-plugins etcd-server
 
 test: check-go lint check-generated ## run the whole suite (as root: the kernel tests run for real)
 	@[ "$$(id -u)" = 0 ] || echo "note: not root; tests that need BPF and cgroups will skip"
