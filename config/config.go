@@ -200,6 +200,9 @@ type FrontLimits struct {
 	WriteTimeout        time.Duration `yaml:"write_timeout"`
 	UpstreamHeadTimeout time.Duration `yaml:"upstream_head_timeout"`
 	TunnelTimeout       time.Duration `yaml:"tunnel_timeout"`
+	// UpstreamIdlePerProject bounds the idle upstream connections kept for
+	// one project (front.Config.UpstreamIdlePerProject).
+	UpstreamIdlePerProject int `yaml:"upstream_idle_per_project"`
 }
 
 func (l *FrontLimits) validate() error {
@@ -212,6 +215,7 @@ func (l *FrontLimits) validate() error {
 		{"informational", int64(l.Informational), 1, 100},
 		{"request_head_bytes", int64(l.RequestHeadBytes), 1 << 10, 16 << 20},
 		{"body_min_rate", l.BodyMinRate, 0, 1 << 30},
+		{"upstream_idle_per_project", int64(l.UpstreamIdlePerProject), 1, 1 << 16},
 	} {
 		if v.val < v.min || v.val > v.max {
 			return fmt.Errorf("front.limits.%s must be between %d and %d, got %d", v.name, v.min, v.max, v.val)

@@ -129,6 +129,8 @@ func TestParseRejects(t *testing.T) {
 		{"front read header timeout", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {read_header_timeout: 0s}}", "front.limits.read_header_timeout"},
 		{"front idle timeout", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {idle_timeout: 2h}}", "front.limits.idle_timeout"},
 		{"front upstream idle", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {upstream_idle_timeout: 1ms}}", "front.limits.upstream_idle_timeout"},
+		{"front upstream idle per project", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {upstream_idle_per_project: 0}}", "front.limits.upstream_idle_per_project"},
+		{"front upstream idle per project huge", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {upstream_idle_per_project: 65537}}", "front.limits.upstream_idle_per_project"},
 		{"front body read timeout", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {body_read_timeout: 0s}}", "front.limits.body_read_timeout"},
 		{"front write timeout", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {write_timeout: 11m}}", "front.limits.write_timeout"},
 		{"front upstream head timeout", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {upstream_head_timeout: 1ms}}", "front.limits.upstream_head_timeout"},

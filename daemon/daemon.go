@@ -269,7 +269,8 @@ func frontConfig(cfg config.Config, projectsRoot string) front.Config {
 		IdleTimeout: lim.IdleTimeout, UpstreamIdleTimeout: lim.UpstreamIdleTimeout,
 		BodyReadTimeout: lim.BodyReadTimeout, BodyMinRate: lim.BodyMinRate, WriteTimeout: lim.WriteTimeout,
 		UpstreamHeadTimeout: lim.UpstreamHeadTimeout, TunnelTimeout: lim.TunnelTimeout,
-		FastPath: fc.FastPath, PlainSends: !fc.IOURing,
+		UpstreamIdlePerProject: lim.UpstreamIdlePerProject,
+		FastPath:               fc.FastPath, PlainSends: !fc.IOURing,
 	}
 }
 

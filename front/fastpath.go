@@ -708,6 +708,10 @@ type fupstream struct {
 	deadline   time.Time
 	dl         int
 	w          appendWriter
+	// key is the requests the connection serves (see upKey), set by its
+	// first; link is its place in the loop's idle pool.
+	key  upKey
+	link idleLink[*fupstream]
 }
 
 // appendWriter appends what is written to *b.
@@ -752,10 +756,10 @@ type loop struct {
 	sentC   []*fclient
 	sentU   []*fupstream
 	ups     map[int32]*fupstream
-	gen     int32        // the last registration number (nextGen)
-	idle    []*fupstream // most recently used last
-	pending []*fclient   // dispatched, to be sent upstream
-	again   []*fclient   // out of their turn's budget, served at the next pass
+	gen     int32                // the last registration number (nextGen)
+	idle    idlePool[*fupstream] // by key
+	pending []*fclient           // dispatched, to be sent upstream
+	again   []*fclient           // out of their turn's budget, served at the next pass
 	buf     []byte
 	obuf    []byte
 	bw      *bufio.Writer
@@ -1509,7 +1513,7 @@ func (lp *loop) dispatch(c *fclient) {
 func (lp *loop) send(c *fclient) {
 	// A replay goes on a new connection: an idle one may have spoken
 	// unasked in the events of this very look, not handled yet.
-	u, err := lp.getUp(c.attempt > 0)
+	u, err := lp.getUp(keyOf(c.a.x), c.attempt > 0)
 	if err != nil {
 		lp.failed(c, err)
 		return
@@ -1539,12 +1543,14 @@ func (lp *loop) send(c *fclient) {
 	lp.flushUp(u, false)
 }
 
-// getUp returns an idle upstream connection or starts a new one; a new
-// one when fresh.
-func (lp *loop) getUp(fresh bool) (*fupstream, error) {
-	for !fresh && len(lp.idle) > 0 {
-		u := lp.idle[len(lp.idle)-1]
-		lp.idle = lp.idle[:len(lp.idle)-1]
+// getUp returns an idle upstream connection of key k or starts a new one
+// for k; a new one when fresh.
+func (lp *loop) getUp(k upKey, fresh bool) (*fupstream, error) {
+	for !fresh {
+		u, ok := lp.idle.take(k)
+		if !ok {
+			break
+		}
 		if lp.now.Sub(u.lastUsed) >= lp.d.idleFor {
 			lp.closeUp(u)
 			continue
@@ -1554,7 +1560,9 @@ func (lp *loop) getUp(fresh bool) (*fupstream, error) {
 		return u, nil
 	}
 	if lp.addr == nil {
-		return lp.dial(), nil
+		u := lp.dial()
+		u.key = k
+		return u, nil
 	}
 	fam := unix.AF_INET
 	if _, ok := lp.addr.(*unix.SockaddrInet6); ok {
@@ -1569,7 +1577,8 @@ func (lp *loop) getUp(fresh bool) (*fupstream, error) {
 	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1)
 	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 30)
 	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 30)
-	u := &fupstream{fd: fd}
+	u := &fupstream{fd: fd, key: k}
+	u.link.v = u
 	u.w = appendWriter{&u.out}
 	u.gen = lp.nextGen()
 	if err := unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd,
@@ -1596,6 +1605,7 @@ func (lp *loop) getUp(fresh bool) (*fupstream, error) {
 // connection has no descriptor, and its request waits in out.
 func (lp *loop) dial() *fupstream {
 	u := &fupstream{fd: -1, connecting: true, dialing: true}
+	u.link.v = u
 	u.w = appendWriter{&u.out}
 	// Its own context: the dial stops when the connection is dropped
 	// (closeUp), as net/http's path stops it with the request's.
@@ -1853,6 +1863,7 @@ func (lp *loop) resume(c *fclient, u *fupstream) {
 		return
 	}
 	uc := lp.d.newUpConn(&prefixConn{Conn: nc, prefix: bytes.Clone(u.in)})
+	uc.key = u.key // it goes on serving the project it was dialed for
 	// u is dropped: what it had not written (u.out) is the resumed
 	// exchange's alone, sent by it.
 	res := &resumed{a: c.a, uc: uc, reused: u.reused, early: u.early || len(u.out) > 0, rest: u.out}
@@ -1889,12 +1900,16 @@ func (lp *loop) hand(c *fclient, res *resumed) {
 func (lp *loop) endExchange(c *fclient) {
 	u := c.up
 	c.up, u.owner = nil, nil
-	if u.early || u.hup || len(u.in) > 0 || u.readable || len(lp.idle) >= max(1, lp.d.maxIdle/len(lp.fs.loops)) || !lp.drainBy.IsZero() {
+	if u.early || u.hup || len(u.in) > 0 || u.readable || !lp.drainBy.IsZero() {
 		lp.closeUp(u)
 	} else {
 		u.lastUsed = lp.now
 		u.setDeadline(lp, dlUpIdle, lp.now.Add(lp.d.idleFor))
-		lp.idle = append(lp.idle, u)
+		// The loops share the bounds.
+		n := len(lp.fs.loops)
+		if old, evicted := lp.idle.put(u.key, &u.link, max(1, lp.d.perKey()/n), max(1, lp.d.maxIdle/n)); evicted {
+			lp.closeUp(old)
+		}
 	}
 	lp.f.finish(c.a, false, false)
 	c.a = nil
@@ -2147,12 +2162,7 @@ func (lp *loop) closeUp(u *fupstream) {
 		return
 	}
 	delete(lp.ups, int32(u.fd))
-	for i, v := range lp.idle {
-		if v == u {
-			lp.idle = append(lp.idle[:i], lp.idle[i+1:]...)
-			break
-		}
-	}
+	lp.idle.remove(&u.link)
 	unix.Close(u.fd)
 }
 

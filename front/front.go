@@ -52,6 +52,10 @@ const (
 	DefaultWriteTimeout        = 30 * time.Second
 	DefaultUpstreamHeadTimeout = time.Minute
 	DefaultTunnelTimeout       = 10 * time.Minute
+
+	// DefaultUpstreamIdlePerProject is nginx's keepalive of its upstream
+	// module's examples.
+	DefaultUpstreamIdlePerProject = 32
 )
 
 // Response headers the front sets.
@@ -129,6 +133,12 @@ type Config struct {
 	WriteTimeout        time.Duration // each write to a client: past it the connection is closed; and each piece of a request body the upstream does not take: past it the exchange is aborted
 	UpstreamHeadTimeout time.Duration // the upstream's answer head, from when the request is all out: past it 504
 	TunnelTimeout       time.Duration // an upgraded connection (a tunnel) holding its request's permit
+
+	// UpstreamIdlePerProject bounds the idle upstream connections kept
+	// for one project's requests (its exempt ones apart); all projects'
+	// together are bounded by MaxInFlight and the exempt budget (see
+	// IdleUpstream).
+	UpstreamIdlePerProject int
 
 	// FastPath serves plain HTTP/1.1 exchanges over TCP in the front's own
 	// event loops rather than net/http's server (see "Fast path" in the
@@ -269,6 +279,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	setDefault(&cfg.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	setDefault(&cfg.IdleTimeout, DefaultIdleTimeout)
 	setDefault(&cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
+	setDefault(&cfg.UpstreamIdlePerProject, DefaultUpstreamIdlePerProject)
 	setDefault(&cfg.BodyReadTimeout, DefaultBodyReadTimeout)
 	setDefault(&cfg.WriteTimeout, DefaultWriteTimeout)
 	setDefault(&cfg.UpstreamHeadTimeout, DefaultUpstreamHeadTimeout)
@@ -309,14 +320,15 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		f.log = slog.New(slog.DiscardHandler)
 	}
 	f.stats = newStats(cfg.MaxProjects)
-	idle := idleUpstream(cfg.MaxInFlight)
+	idle := IdleUpstream(cfg.MaxInFlight, cfg.ExemptMax)
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	if u.Scheme == "http" && !cfg.UpstreamH2C && (u.Path == "" || u.Path == "/") && u.RawQuery == "" {
 		host := u.Host
 		if u.Port() == "" {
 			host = net.JoinHostPort(u.Hostname(), "80")
 		}
-		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, idleFor: cfg.UpstreamIdleTimeout,
+		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, maxIdlePer: cfg.UpstreamIdlePerProject,
+			idleFor: cfg.UpstreamIdleTimeout,
 			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, headFor: cfg.UpstreamHeadTimeout, sendFor: cfg.WriteTimeout,
 			unasked: f.unasked, stripOwn: f.stripOwn, bufs: f.bufs,
 			host: u.Host, projectKey: f.projectKey, forwardProject: cfg.ForwardProject, isClaim: f.isClaim}
@@ -458,9 +470,19 @@ func (f *Front) CloseIdle() {
 	}
 }
 
-// idleUpstream is how many idle upstream connections the front keeps, in
-// each of its two pools (the direct path's and the transport's).
-func idleUpstream(maxInFlight int) int { return max(64, 2*maxInFlight) }
+// IdleUpstream is how many idle upstream connections the front keeps in
+// all, in each of its two pools (the direct path's and either the
+// transport's or the fast path's loops' together): as many as can be in
+// flight at once, MaxInFlight and the exempt budget (the exempt class's
+// connections are its own, see upKey), so that every request the
+// scheduler may dispatch together can find one. A front with no
+// MaxInFlight keeps 64.
+func IdleUpstream(maxInFlight, exemptMax int) int {
+	if maxInFlight <= 0 {
+		return 64
+	}
+	return maxInFlight + ExemptMaxFor(maxInFlight, exemptMax)
+}
 
 // MaxUpstreamConns bounds the upstream connections a front with these
 // limits holds at once: one per request in flight (exempt ones included)
@@ -469,7 +491,7 @@ func idleUpstream(maxInFlight int) int { return max(64, 2*maxInFlight) }
 // HTTP/1 upstream, to which the transport keeps none). The daemon budgets
 // descriptors with it.
 func MaxUpstreamConns(maxInFlight, exemptMax int) int {
-	return maxInFlight + ExemptMaxFor(maxInFlight, exemptMax) + 2*idleUpstream(maxInFlight)
+	return maxInFlight + ExemptMaxFor(maxInFlight, exemptMax) + 2*IdleUpstream(maxInFlight, exemptMax)
 }
 
 // ExemptMaxFor is the exempt budget in force: exemptMax when set, else

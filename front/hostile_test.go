@@ -603,7 +603,7 @@ func TestIdleUpstreamWatched(t *testing.T) {
 		if time.Now().After(deadline.Add(5 * time.Second)) {
 			d := f.up.(*directUpstream)
 			d.mu.Lock()
-			n := len(d.idle)
+			n := d.idle.len()
 			d.mu.Unlock()
 			t.Fatalf("the idle connection that spoke is still open (%d pooled)", n)
 		}

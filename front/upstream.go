@@ -48,13 +48,21 @@ var errStaleConn = errors.New("reused upstream connection failed before the answ
 // is an answer nobody asked for, and the connection is closed instead of
 // handing those bytes to the next request. A sweep every idleSweep closes
 // the idle connections that spoke, hung up or outlived idleFor.
+//
+// A connection serves one project (one upKey) for its whole life: the idle
+// ones are kept by key, and a request takes only one of its own key, so an
+// answer the upstream sends too late for the check above reaches at most
+// the project that was answered on the connection before.
 type directUpstream struct {
-	addr    string // host:port
-	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
-	maxIdle int
-	idleFor time.Duration
-	maxHead int64 // bytes of answer heads (1xx included) per request
-	max1xx  int   // informational answers per request
+	addr string // host:port
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// maxIdle bounds the idle connections in all, maxIdlePer those of one
+	// key (0: maxIdle).
+	maxIdle    int
+	maxIdlePer int
+	idleFor    time.Duration
+	maxHead    int64 // bytes of answer heads (1xx included) per request
+	max1xx     int   // informational answers per request
 	// headFor bounds the wait for an answer's head once the whole request
 	// went out (Config.UpstreamHeadTimeout).
 	headFor time.Duration
@@ -77,10 +85,18 @@ type directUpstream struct {
 	forwardProject bool
 	isClaim        func(key string) bool
 
-	mu    sync.Mutex  // guards the fields below
-	idle  []*upConn   // most recently used last
-	sweep *time.Timer // pending sweep of idle, nil when none
-	gen   int         // closeIdle calls so far
+	mu    sync.Mutex        // guards the fields below
+	idle  idlePool[*upConn] // by key
+	sweep *time.Timer       // pending sweep of idle, nil when none
+	gen   int               // closeIdle calls so far
+}
+
+// perKey is how many idle connections one key may hold.
+func (d *directUpstream) perKey() int {
+	if d.maxIdlePer <= 0 {
+		return d.maxIdle
+	}
+	return min(d.maxIdlePer, d.maxIdle)
 }
 
 // idleSweep is how often idle upstream connections are checked while some
@@ -95,6 +111,10 @@ type upConn struct {
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	lastUsed time.Time
+	// key is the requests the connection serves, set by its first; link
+	// is its place in the idle pool.
+	key  upKey
+	link idleLink[*upConn]
 
 	// While headLeft >= 0 reads are counted against it: the bound on an
 	// answer's head. rec, while non-nil, records what is read (see
@@ -241,19 +261,22 @@ func (uc *upConn) tcpInfo(fd uintptr) {
 	uc.recvd = info.Bytes_received
 }
 
-// get returns an idle connection (reused true) or dials a new one. now need
-// not be precise (the idle limit is long): callers pass a time they already
-// read, as reading the clock is a noticeable part of a request's cost.
-func (d *directUpstream) get(ctx context.Context, now time.Time) (uc *upConn, reused bool, err error) {
+// get returns an idle connection of key k (reused true) or dials a new one
+// for k. now need not be precise (the idle limit is long): callers pass a
+// time they already read, as reading the clock is a noticeable part of a
+// request's cost.
+func (d *directUpstream) get(ctx context.Context, k upKey, now time.Time) (*upConn, bool, error) {
 	for {
 		d.mu.Lock()
-		if len(d.idle) == 0 {
-			d.mu.Unlock()
-			return d.dialNew(ctx)
-		}
-		uc = d.idle[len(d.idle)-1]
-		d.idle = d.idle[:len(d.idle)-1]
+		uc, ok := d.idle.take(k)
 		d.mu.Unlock()
+		if !ok {
+			uc, reused, err := d.dialNew(ctx)
+			if err == nil {
+				uc.key = k
+			}
+			return uc, reused, err
+		}
 		if now.Sub(uc.lastUsed) >= d.idleFor {
 			uc.c.Close()
 			continue
@@ -286,6 +309,7 @@ func (d *directUpstream) dialNew(ctx context.Context) (*upConn, bool, error) {
 // newUpConn makes an upstream connection of c.
 func (d *directUpstream) newUpConn(c net.Conn) *upConn {
 	uc := &upConn{c: c, headLeft: -1, bw: bufio.NewWriterSize(c, 4<<10)}
+	uc.link.v = uc
 	uc.br = bufio.NewReaderSize(uc, 4<<10)
 	sc, ok := c.(syscall.Conn)
 	if pc, isPrefix := c.(*prefixConn); isPrefix {
@@ -302,8 +326,9 @@ func (d *directUpstream) newUpConn(c net.Conn) *upConn {
 	return uc
 }
 
-// put keeps uc for the next request, or closes it when enough are idle or
-// its answer left bytes behind.
+// put keeps uc for the next request of its key, or closes it when its
+// answer left bytes behind. When its key, or the pool, holds as many idle
+// connections as it may, the least recently used of them is closed.
 func (d *directUpstream) put(uc *upConn, now time.Time) {
 	if uc.buffered() > 0 {
 		d.unasked("bytes after the end of an upstream answer")
@@ -312,16 +337,13 @@ func (d *directUpstream) put(uc *upConn, now time.Time) {
 	}
 	uc.lastUsed = now
 	d.mu.Lock()
-	if len(d.idle) < d.maxIdle {
-		d.idle = append(d.idle, uc)
-		uc = nil
-		if d.sweep == nil {
-			d.sweep = time.AfterFunc(idleSweep, d.sweepIdle)
-		}
+	old, evicted := d.idle.put(uc.key, &uc.link, d.perKey(), d.maxIdle)
+	if d.sweep == nil {
+		d.sweep = time.AfterFunc(idleSweep, d.sweepIdle)
 	}
 	d.mu.Unlock()
-	if uc != nil {
-		uc.c.Close()
+	if evicted {
+		old.c.Close()
 	}
 }
 
@@ -330,51 +352,62 @@ func (d *directUpstream) put(uc *upConn, now time.Time) {
 func (d *directUpstream) sweepIdle() {
 	now := time.Now()
 	d.mu.Lock()
-	idle, gen := d.idle, d.gen
-	d.idle = nil
+	// Out of the pool while they are checked: a request must not take one
+	// whose check is under way.
+	idle, gen := d.idle.takeAll(nil), d.gen
 	d.mu.Unlock()
 	kept := idle[:0]
-	for _, uc := range idle {
+	for _, l := range idle {
+		uc := l.v
 		switch {
 		case now.Sub(uc.lastUsed) >= d.idleFor:
 			uc.c.Close()
 		case !uc.quiet():
 			d.spoke(uc)
 		default:
-			kept = append(kept, uc)
+			kept = append(kept, l)
 		}
 	}
+	var over []*upConn
 	d.mu.Lock()
 	if gen != d.gen {
 		// closeIdle ran meanwhile: it could not see these.
-		for _, uc := range kept {
-			uc.c.Close()
+		for _, l := range kept {
+			over = append(over, l.v)
 		}
 		kept = kept[:0]
 	}
-	// Connections put back meanwhile are the most recent: they go last.
-	d.idle = append(kept, d.idle...)
-	if len(d.idle) > 0 {
+	// Connections put back meanwhile are the most recent: those kept go
+	// before them, most recent first, as far as the bounds leave room.
+	for i := len(kept) - 1; i >= 0; i-- {
+		if !d.idle.putOldest(kept[i].v.key, kept[i], d.perKey(), d.maxIdle) {
+			over = append(over, kept[i].v)
+		}
+	}
+	if d.idle.len() > 0 {
 		d.sweep = time.AfterFunc(idleSweep, d.sweepIdle)
 	} else {
 		d.sweep = nil
 	}
 	d.mu.Unlock()
+	for _, uc := range over {
+		uc.c.Close()
+	}
 }
 
 // closeIdle closes every idle connection.
 func (d *directUpstream) closeIdle() {
 	d.mu.Lock()
-	idle := d.idle
-	d.idle = nil
+	idle := d.idle.takeAll(nil)
+	d.idle = idlePool[*upConn]{}
 	d.gen++
 	if d.sweep != nil {
 		d.sweep.Stop()
 		d.sweep = nil
 	}
 	d.mu.Unlock()
-	for _, uc := range idle {
-		uc.c.Close()
+	for _, l := range idle {
+		l.v.c.Close()
 	}
 }
 
@@ -572,7 +605,7 @@ func (d *directUpstream) roundTrip(r *http.Request, x *exchange) (upAnswer, erro
 	}
 	retry := replayable(r)
 	for attempt := 0; ; attempt++ {
-		uc, reused, err := d.get(ctx, x.at)
+		uc, reused, err := d.get(ctx, keyOf(x), x.at)
 		if err != nil {
 			return upAnswer{}, err
 		}

@@ -760,12 +760,12 @@ func TestOwnFieldsNotFromUpstream(t *testing.T) {
 func idleUpstreams(f *Front) int {
 	d := f.up.(*directUpstream)
 	d.mu.Lock()
-	n := len(d.idle)
+	n := d.idle.len()
 	d.mu.Unlock()
 	if fs := f.fast.Load(); fs != nil {
 		for _, lp := range fs.loops {
 			done := make(chan int)
-			lp.post(func() { done <- len(lp.idle) })
+			lp.post(func() { done <- lp.idle.len() })
 			n += <-done
 		}
 	}

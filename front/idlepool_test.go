@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// The idle pool hands a key only its own connections, most recently used
+// first; a put past the key's bound evicts the key's least recently used,
+// one past the total the pool's least recently used; and the pool agrees
+// with a plain model of it over random operations.
+func TestIdlePool(t *testing.T) {
+	type conn struct {
+		id   int
+		link idleLink[*conn]
+	}
+	mk := func(id int) *conn { c := &conn{id: id}; c.link.v = c; return c }
+	a, b := upKey{project: "a"}, upKey{project: "b"}
+	var p idlePool[*conn]
+	for i := range 3 {
+		if _, ev := p.put(a, &mk(i).link, 2, 3); ev != (i == 2) {
+			t.Fatalf("put %d of a: evicted %v", i, ev)
+		}
+	}
+	// a holds 1, 2 (0 was evicted at its bound).
+	if old, ev := p.put(b, &mk(10).link, 2, 3); ev {
+		t.Fatalf("b's first put evicted %d", old.id)
+	}
+	// The total is 3: b's second evicts the pool's oldest, a's 1.
+	if old, ev := p.put(b, &mk(11).link, 2, 3); !ev || old.id != 1 {
+		t.Fatalf("total bound: evicted %v %v, want a's 1", old, ev)
+	}
+	if c, ok := p.take(upKey{project: "a", exempt: true}); ok {
+		t.Fatalf("a's exempt requests took a's ordinary connection %d", c.id)
+	}
+	if c, ok := p.take(a); !ok || c.id != 2 {
+		t.Fatalf("a took %v %v, want 2", c, ok)
+	}
+	if c, ok := p.take(a); ok {
+		t.Fatalf("a took %d, none left", c.id)
+	}
+	if c, ok := p.take(b); !ok || c.id != 11 {
+		t.Fatalf("b took %v, want its most recent 11", c)
+	}
+
+	// Against a model: per key a list, oldest first, and the order of puts.
+	rng := rand.New(rand.NewPCG(1, 2))
+	p = idlePool[*conn]{}
+	model := map[upKey][]int{}
+	var order []int // ids, least recently used first
+	keyOf := map[int]upKey{}
+	conns := map[int]*conn{}
+	drop := func(id int) {
+		k := keyOf[id]
+		for i, v := range model[k] {
+			if v == id {
+				model[k] = append(model[k][:i], model[k][i+1:]...)
+				break
+			}
+		}
+		for i, v := range order {
+			if v == id {
+				order = append(order[:i], order[i+1:]...)
+				break
+			}
+		}
+	}
+	const perKey, total = 3, 8
+	for step := range 20000 {
+		k := upKey{project: fmt.Sprint(rng.IntN(6)), exempt: rng.IntN(4) == 0}
+		switch rng.IntN(3) {
+		case 0, 1:
+			c := mk(step)
+			conns[step], keyOf[step] = c, k
+			want := -1
+			switch {
+			case len(model[k]) >= perKey:
+				want = model[k][0]
+			case len(order) >= total:
+				want = order[0]
+			}
+			old, ev := p.put(k, &c.link, perKey, total)
+			if ev != (want >= 0) || (ev && old.id != want) {
+				t.Fatalf("step %d: put evicted %v %v, want %d", step, old, ev, want)
+			}
+			if ev {
+				drop(want)
+			}
+			model[k] = append(model[k], step)
+			order = append(order, step)
+		case 2:
+			c, ok := p.take(k)
+			if l := model[k]; len(l) == 0 {
+				if ok {
+					t.Fatalf("step %d: took %d from an empty key", step, c.id)
+				}
+			} else if !ok || c.id != l[len(l)-1] {
+				t.Fatalf("step %d: took %v %v, want %d", step, c, ok, l[len(l)-1])
+			} else {
+				drop(c.id)
+			}
+		}
+		if rng.IntN(10) == 0 && len(order) > 0 {
+			// A connection closed while idle (it spoke, or timed out).
+			id := order[rng.IntN(len(order))]
+			if !p.remove(&conns[id].link) {
+				t.Fatalf("step %d: %d not in the pool", step, id)
+			}
+			drop(id)
+		}
+		if p.len() != len(order) {
+			t.Fatalf("step %d: pool holds %d, model %d", step, p.len(), len(order))
+		}
+	}
+	if n := p.keys(); n > 2*total+16 {
+		t.Errorf("%d keys kept for a pool of %d", n, total)
+	}
+}
