@@ -26,6 +26,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
@@ -206,6 +208,17 @@ const benchLoopsEnv = "FAIRSHARE_BENCH_LOOPS"
 // separated; direct always runs).
 const benchTargetsEnv = "FAIRSHARE_BENCH_TARGETS"
 
+// benchProjectsEnv, set to a number n over 1, has the saturating level's
+// load come from n wrk processes, each in a cgroup of its own below a
+// projects root the fronts are given (so each is a project of its own, as
+// the front names a local client's), with 2 connections each; 1 (the
+// default) is one wrk naming one project in the header. It needs root and
+// cgroup2.
+const benchProjectsEnv = "FAIRSHARE_BENCH_PROJECTS"
+
+// benchProjectsRootEnv passes the projects root to the front processes.
+const benchProjectsRootEnv = "FAIRSHARE_BENCH_PROJECTS_ROOT"
+
 // TestMain runs the front process of the benchmark when asked to.
 func TestMain(m *testing.M) {
 	// FAIRSHARE_FRONT_FAST=1 runs every front of the tests on the fast
@@ -297,7 +310,8 @@ func serveBenchFront(upstream, mode string) error {
 		deps.Sched = sched
 	}
 	// The load generator is on loopback and names its project in the header.
-	f, err := New(Config{Upstream: upstream, MaxInFlight: 1024, TrustedPeers: []string{"127.0.0.1"}}, deps)
+	f, err := New(Config{Upstream: upstream, MaxInFlight: 1024, TrustedPeers: []string{"127.0.0.1"},
+		ProjectsRoot: os.Getenv(benchProjectsRootEnv)}, deps)
 	if err != nil {
 		return err
 	}
@@ -440,6 +454,90 @@ http {
 	return "http://" + addr, cmd.Process.Pid
 }
 
+// benchHAProxy starts HAProxy on loopback proxying upstream with two
+// threads, as nginx has two workers, reusing its upstream connections for
+// any client (http-reuse always) and the server's maxconn as the pool (the
+// fronts' MaxInFlight), or returns "" when HAProxy is not installed.
+func benchHAProxy(b *testing.B, upstream string) (string, int) {
+	b.Helper()
+	bin, err := exec.LookPath("haproxy")
+	if err != nil {
+		for _, p := range []string{"/usr/sbin/haproxy", "/usr/local/sbin/haproxy"} {
+			if _, err := os.Stat(p); err == nil {
+				bin = p
+			}
+		}
+	}
+	if bin == "" {
+		return "", 0
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	conf := fmt.Sprintf(`global
+  nbthread 2
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend fe
+  bind %[1]s
+  default_backend be
+backend be
+  http-reuse always
+  server up %[2]s maxconn 1024
+`, addr, upstream[len("http://"):])
+	path := filepath.Join(b.TempDir(), "haproxy.cfg")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-db", "-f", path)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("starting haproxy: %v", err)
+	}
+	b.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+	})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("haproxy did not listen on %s", addr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return "http://" + addr, cmd.Process.Pid
+}
+
+// benchProjects makes the cgroups of the saturating level's projects (see
+// benchProjectsEnv) and hands their root to the front processes started
+// after it; it returns none for one project.
+func benchProjects(b *testing.B) []string {
+	n, _ := strconv.Atoi(os.Getenv(benchProjectsEnv))
+	if n <= 1 {
+		return nil
+	}
+	testutil.RequireRoot(b)
+	root := testutil.TempCgroup(b, testutil.Cgroup2Mount(b), "fairshare-bench-*")
+	b.Setenv(benchProjectsRootEnv, root)
+	dirs := make([]string, n)
+	for i := range dirs {
+		dirs[i] = testutil.MkCgroup(b, root, fmt.Sprintf("p%d", i))
+	}
+	return dirs
+}
+
 // selfCPU is the CPU time this process used so far.
 func selfCPU() time.Duration {
 	var ru syscall.Rusage
@@ -579,7 +677,8 @@ type benchTarget struct {
 // front with its direct path off: every request through ReverseProxy and
 // http.Transport), fastnosched and fastpool (see serveBenchFront), baseline (the front
 // of another build, with FAIRSHARE_BENCH_BASELINE), goproxy (net/http's
-// stock httputil.ReverseProxy and nothing else) and nginx when installed.
+// stock httputil.ReverseProxy and nothing else), nginx and HAProxy when
+// installed.
 func benchTargets(b *testing.B, up string) []benchTarget {
 	targets := []benchTarget{{name: "direct", url: up}}
 	fr, frPID := benchFront(b, up, true)
@@ -616,6 +715,11 @@ func benchTargets(b *testing.B, up string) []benchTarget {
 		}
 	} else {
 		b.Log("nginx is not installed (apt-get install -y nginx): skipping the nginx comparison")
+	}
+	if hap, pid := benchHAProxy(b, up); hap != "" {
+		targets = append(targets, benchTarget{"haproxy", hap, pid})
+	} else {
+		b.Log("haproxy is not installed (apt-get install -y haproxy): skipping the HAProxy comparison")
 	}
 	if only := os.Getenv(benchTargetsEnv); only != "" {
 		var kept []benchTarget
@@ -674,7 +778,13 @@ func useOf(tg benchTarget) use {
 // the pool alone: what each part of the front costs beside nginx's
 // limit_conn), baseline (the front of another build, with
 // FAIRSHARE_BENCH_BASELINE), goproxy (net/http's stock
-// httputil.ReverseProxy alone), nginx.
+// httputil.ReverseProxy alone), nginx, haproxy (two threads, http-reuse
+// always: any client's request on any idle upstream connection). The
+// saturating level reports fast/nginx and fast/haproxy (throughput) and
+// fast-cpu/nginx-cpu and fast-cpu/haproxy-cpu (CPU a request), each of the
+// run's own turns, and the same against the baseline.
+// FAIRSHARE_BENCH_PROJECTS=20 has its load come from 20 wrk processes,
+// each in a project cgroup of its own (see benchProjectsEnv).
 func BenchmarkOverhead(b *testing.B) {
 	dur := 2 * time.Second
 	if s := os.Getenv("FAIRSHARE_BENCH_SECONDS"); s != "" {
@@ -690,6 +800,7 @@ func BenchmarkOverhead(b *testing.B) {
 // benchSaturating runs the saturating level and returns direct's req/s.
 func benchSaturating(b *testing.B, dur time.Duration) float64 {
 	const conc = 32
+	projects := benchProjects(b)
 	up, upPID := benchUpstream(b, 0)
 	targets := benchTargets(b, up)
 	gens := make([]generator, len(targets))
@@ -698,6 +809,9 @@ func benchSaturating(b *testing.B, dur time.Duration) float64 {
 	}
 	wrk, _ := exec.LookPath("wrk")
 	if wrk == "" {
+		if len(projects) > 0 {
+			b.Skipf("%s needs wrk (apt-get install -y wrk)", benchProjectsEnv)
+		}
 		b.Log("wrk is not installed (apt-get install -y wrk): the load comes from the Go generator in this process, which competes with the proxies for the CPU")
 	}
 	var script string
@@ -710,7 +824,7 @@ func benchSaturating(b *testing.B, dur time.Duration) float64 {
 	}
 	for i, tg := range targets {
 		if wrk != "" {
-			gens[i] = &wrkGen{bin: wrk, url: tg.url, conc: conc, script: script}
+			gens[i] = &wrkGen{bin: wrk, url: tg.url, conc: conc, script: script, cgroups: projects}
 		} else {
 			gens[i] = newLoader(tg.url, conc)
 		}
@@ -775,9 +889,22 @@ func benchSaturating(b *testing.B, dur time.Duration) float64 {
 		if bl, ok := res["baseline"]; ok {
 			b.ReportMetric(res["front"].rps/bl.rps, "front/baseline")
 		}
-		if n, ok := res["nginx"]; ok {
-			b.ReportMetric(res["front"].rps/n.rps, "front/nginx")
-			b.ReportMetric(res["fast"].rps/n.rps, "fast/nginx")
+		for _, peer := range []string{"nginx", "haproxy", "baseline"} {
+			p, ok := res[peer]
+			if !ok {
+				continue
+			}
+			b.ReportMetric(res["front"].rps/p.rps, "front/"+peer)
+			fast, ok := res["fast"]
+			if !ok {
+				continue
+			}
+			b.ReportMetric(fast.rps/p.rps, "fast/"+peer)
+			// CPU a request, this round's: the ratio the targets compare.
+			if pi, fi := slices.IndexFunc(targets, func(t benchTarget) bool { return t.name == peer }),
+				slices.IndexFunc(targets, func(t benchTarget) bool { return t.name == "fast" }); pi >= 0 && fi >= 0 && p.rps > 0 && fast.rps > 0 {
+				b.ReportMetric((float64(used[fi].cpu)/fast.rps)/(float64(used[pi].cpu)/p.rps), "fast-cpu/"+peer+"-cpu")
+			}
 		}
 		direct = res["direct"].rps
 	}
@@ -795,11 +922,13 @@ type generator interface {
 
 // wrkGen drives a target with wrk, one run per call (whole seconds), with
 // conc keep-alive connections on one thread, naming the project in the
-// header as the Go generator does.
+// header as the Go generator does; or, with cgroups, with one wrk in each
+// (2 connections each, no header: the cgroup names the project) at once.
 type wrkGen struct {
 	bin, url string
 	conc     int
-	script   string // a wrk script making the requests POSTs (see benchBodyEnv), or ""
+	script   string   // a wrk script making the requests POSTs (see benchBodyEnv), or ""
+	cgroups  []string // one wrk in each, or one wrk in none
 
 	reqs, errs int
 	elapsed    time.Duration
@@ -809,39 +938,103 @@ type wrkGen struct {
 
 func (w *wrkGen) run(dur time.Duration) {
 	secs := max(1, int(dur.Round(time.Second)/time.Second))
-	args := []string{"-t1", "-c" + strconv.Itoa(w.conc), "-d" + strconv.Itoa(secs) + "s", "--latency",
-		"-H", DefaultProjectHeader + ": bench"}
+	if len(w.cgroups) == 0 {
+		args := []string{"-t1", "-c" + strconv.Itoa(w.conc), "-d" + strconv.Itoa(secs) + "s", "--latency",
+			"-H", DefaultProjectHeader + ": bench"}
+		w.add(w.wrk(args, ""))
+		return
+	}
+	args := []string{"-t1", "-c2", "-d" + strconv.Itoa(secs) + "s", "--latency"}
+	outs := make([]wrkOut, len(w.cgroups))
+	var wg sync.WaitGroup
+	for i, dir := range w.cgroups {
+		wg.Go(func() { outs[i] = w.wrk(args, dir) })
+	}
+	wg.Wait()
+	// The processes ran side by side: their rates add up, over the time
+	// they ran together.
+	var all wrkOut
+	var rps float64
+	var p50, p99 []time.Duration
+	for _, o := range outs {
+		all.reqs += o.reqs
+		all.errs += o.errs
+		all.cpu += o.cpu
+		if o.elapsed > 0 {
+			rps += float64(o.reqs) / o.elapsed.Seconds()
+		}
+		p50, p99 = append(p50, o.p50...), append(p99, o.p99...)
+	}
+	if rps > 0 {
+		all.elapsed = time.Duration(float64(all.reqs) / rps * float64(time.Second))
+	}
+	if len(p50) > 0 {
+		all.p50, all.p99 = []time.Duration{median(p50)}, []time.Duration{median(p99)}
+	}
+	w.add(all)
+}
+
+// wrkOut is what one wrk run reported.
+type wrkOut struct {
+	reqs, errs int
+	elapsed    time.Duration
+	cpu        time.Duration
+	p50, p99   []time.Duration
+}
+
+// add counts o in w's runs.
+func (w *wrkGen) add(o wrkOut) {
+	w.reqs += o.reqs
+	w.errs += o.errs
+	w.elapsed += o.elapsed
+	w.cpu += o.cpu
+	w.p50, w.p99 = append(w.p50, o.p50...), append(w.p99, o.p99...)
+}
+
+// wrk runs wrk with args against w.url, in the cgroup dir unless it is "".
+func (w *wrkGen) wrk(args []string, dir string) wrkOut {
+	var o wrkOut
 	if w.script != "" {
 		args = append(args, "-s", w.script)
 	}
 	cmd := exec.Command(w.bin, append(args, w.url)...)
+	if dir != "" {
+		fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			o.errs++
+			return o
+		}
+		defer unix.Close(fd)
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		w.errs++
-		return
+		o.errs++
+		return o
 	}
-	w.cpu += cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	o.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	for line := range strings.Lines(string(out)) {
 		f := strings.Fields(line)
 		switch {
 		case len(f) >= 4 && f[1] == "requests" && f[2] == "in":
 			n, _ := strconv.Atoi(f[0])
 			d, _ := time.ParseDuration(strings.TrimSuffix(f[3], ","))
-			w.reqs += n
-			w.elapsed += d
+			o.reqs += n
+			o.elapsed += d
 		case len(f) == 5 && f[0] == "Non-2xx":
 			n, _ := strconv.Atoi(f[4])
-			w.errs += n
+			o.errs += n
 		case len(f) >= 2 && f[0] == "Socket" && f[1] == "errors:":
-			w.errs++
+			o.errs++
 		case len(f) == 2 && f[0] == "50%":
 			d, _ := time.ParseDuration(f[1])
-			w.p50 = append(w.p50, d)
+			o.p50 = append(o.p50, d)
 		case len(f) == 2 && f[0] == "99%":
 			d, _ := time.ParseDuration(f[1])
-			w.p99 = append(w.p99, d)
+			o.p99 = append(o.p99, d)
 		}
 	}
+	return o
 }
 
 // result summarises the runs so far (latencies as the median over runs)
