@@ -250,9 +250,9 @@
 // Serving) http.Transport applies its own framing rules, the head bound and
 // the 1xx count, a status outside 100-599 is 502 with its connection closed,
 // and an HTTP/1 connection carries one request (so it serves one project as
-// well; an h2c upstream's connection is shared, as HTTP/2 frames each
-// answer with its request's stream and refuses frames of a stream not
-// open): Transport looks for unasked
+// well; to an h2c upstream each project has a transport of its own,
+// keyedTransport, though HTTP/2 frames each answer with its request's
+// stream): Transport looks for unasked
 // bytes in a background read that races the next request, and under
 // concurrency it gave clients each other's answers. TestHostileUpstream sends
 // 25 such upstream behaviours, one by one and in random sequences on one

@@ -212,8 +212,11 @@ type Front struct {
 	routes   routeTable
 	proxy    *httputil.ReverseProxy
 	tr       *http.Transport
-	up       upstreamClient // nil: every request goes through proxy
-	bufs     *bufferPool
+	// keyed is the fallback's transports by project (for an h2c
+	// upstream; nil otherwise), made from tr.
+	keyed *keyedTransport
+	up    upstreamClient // nil: every request goes through proxy
+	bufs  *bufferPool
 	// projectKey is Config.ProjectHeader in canonical form, as keys of a
 	// parsed request's header map are.
 	projectKey string
@@ -354,9 +357,16 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		// its answers by stream and keeps its connection.
 		f.tr.DisableKeepAlives = true
 	}
+	var tr http.RoundTripper = f.tr
+	if cfg.UpstreamH2C {
+		// A transport of each project's (the cloned template's fields
+		// read when a project's is made: tests change the template).
+		f.keyed = &keyedTransport{mk: f.tr.Clone, max: idle}
+		tr = f.keyed
+	}
 	f.proxy = &httputil.ReverseProxy{
 		Rewrite:        f.rewrite,
-		Transport:      f.tr,
+		Transport:      tr,
 		ModifyResponse: f.modifyResponse,
 		ErrorHandler:   f.proxyError,
 		ErrorLog:       slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
@@ -465,6 +475,9 @@ const handlersGrace = time.Second
 // CloseIdle closes idle upstream connections.
 func (f *Front) CloseIdle() {
 	f.tr.CloseIdleConnections()
+	if f.keyed != nil {
+		f.keyed.CloseIdleConnections()
+	}
 	if f.up != nil {
 		f.up.closeIdle()
 	}

@@ -2,6 +2,12 @@
 
 package front
 
+import (
+	"math"
+	"net/http"
+	"sync"
+)
+
 // upKey names the requests an upstream connection may serve: those of one
 // project, ordinary or exempt. A connection carries the requests of one
 // key only, from its dial to its close, so that whatever an upstream sends
@@ -193,3 +199,82 @@ func (p *idlePool[T]) takeAll(into []*idleLink[T]) []*idleLink[T] {
 
 // keys is how many keys have a set (tests read it).
 func (p *idlePool[T]) keys() int { return len(p.sets) }
+
+// keyedTransport is the fallback's round tripper to an h2c upstream: an
+// http.Transport of each key (upKey), so that no connection carries the
+// requests of two projects there either. (HTTP/2 frames each answer with
+// its request's stream, so an answer cannot cross streams as it can cross
+// requests on an HTTP/1.1 connection; the transports keep the rule one
+// rule on every path.) An HTTP/1 upstream's fallback needs none: its
+// transport uses a connection for one request. At most max keys have a
+// transport, each keeping one idle connection (HTTP/2 carries a key's
+// concurrent requests on it); a new key past max closes the idle
+// connections of the least recently used key's transport and drops it
+// (what is in flight on it ends there).
+type keyedTransport struct {
+	mk  func() *http.Transport
+	max int
+
+	mu   sync.Mutex // guards the fields below
+	tick uint64
+	ts   map[upKey]*keyedTr
+}
+
+type keyedTr struct {
+	t    *http.Transport
+	used uint64 // keyedTransport.tick at its last request
+}
+
+// RoundTrip sends r on the transport of r's key (its exchange's).
+func (k *keyedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	var key upKey
+	if x := exchangeOf(r); x != nil {
+		key = keyOf(x)
+	}
+	return k.get(key).RoundTrip(r)
+}
+
+// get returns key's transport, made when it has none.
+func (k *keyedTransport) get(key upKey) *http.Transport {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.tick++
+	if e := k.ts[key]; e != nil {
+		e.used = k.tick
+		return e.t
+	}
+	if k.ts == nil {
+		k.ts = map[upKey]*keyedTr{}
+	}
+	if len(k.ts) >= max(1, k.max) {
+		var oldest upKey
+		var at uint64 = math.MaxUint64
+		for key, e := range k.ts {
+			if e.used < at {
+				oldest, at = key, e.used
+			}
+		}
+		k.ts[oldest].t.CloseIdleConnections()
+		delete(k.ts, oldest)
+	}
+	t := k.mk()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 1, 1
+	k.ts[key] = &keyedTr{t: t, used: k.tick}
+	return t
+}
+
+// CloseIdleConnections closes the idle connections of every key.
+func (k *keyedTransport) CloseIdleConnections() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, e := range k.ts {
+		e.t.CloseIdleConnections()
+	}
+}
+
+// transports is how many keys have a transport (tests read it).
+func (k *keyedTransport) transports() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.ts)
+}

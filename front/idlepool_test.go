@@ -4,7 +4,12 @@ package front
 
 import (
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 )
 
@@ -117,5 +122,56 @@ func TestIdlePool(t *testing.T) {
 	}
 	if n := p.keys(); n > 2*total+16 {
 		t.Errorf("%d keys kept for a pool of %d", n, total)
+	}
+}
+
+// Behind an h2c upstream (the fallback, through http.Transport) each
+// project's requests have connections of their own too: two projects take
+// two connections, a project's next request reuses its own, and a third
+// project past the bound of keys drops the least recently used key's.
+func TestUpstreamH2CConnectionPerProject(t *testing.T) {
+	var conns atomic.Int64
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		_, _ = io.WriteString(w, req.Proto)
+	}))
+	up.Config.Protocols = new(http.Protocols)
+	up.Config.Protocols.SetHTTP1(true)
+	up.Config.Protocols.SetUnencryptedHTTP2(true)
+	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	up.Start()
+	defer up.Close()
+	f, err := New(Config{Upstream: up.URL, UpstreamH2C: true, TrustedPeers: []string{"192.0.2.1"}}, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.CloseIdle()
+	f.keyed.max = 2
+	get := func(project string) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/", nil)
+		req.Header.Set(DefaultProjectHeader, project)
+		f.ServeHTTP(rec, req)
+		if rec.Body.String() != "HTTP/2.0" {
+			t.Fatalf("%s: upstream saw %q, want HTTP/2.0", project, rec.Body.String())
+		}
+	}
+	for _, p := range []string{"alpha", "beta", "alpha", "beta"} {
+		get(p)
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("alpha and beta, twice each, took %d upstream connections, want 2", n)
+	}
+	get("gamma")
+	if n, k := conns.Load(), f.keyed.transports(); n != 3 || k != 2 {
+		t.Errorf("gamma: %d connections (want 3), %d transports kept (want 2)", n, k)
+	}
+	get("beta") // kept: alpha was the least recently used
+	if n := conns.Load(); n != 3 {
+		t.Errorf("beta after gamma took a new connection (%d in all)", n)
 	}
 }
