@@ -458,6 +458,21 @@
 //
 // # Cost
 //
+// Upstream connections kept per project (see "What the upstream may not
+// do") cost nothing measurable. In BenchmarkOverhead (2026-12-06, on a
+// machine loaded by others to a load average near 30 on its 2 cores, so
+// that the three processes of a turn kept 0.6-0.9 of a core busy with one
+// wrk; FAIRSHARE_BENCH_SECONDS=4, 5 runs, medians of each run's ratios;
+// the throughput ratios of single runs spread from 0.8 to 1.9, the CPU
+// ones far less), against the build before with its fast path
+// (FAIRSHARE_BENCH_BASELINE_FAST=1) the fast path spent 1.00 of its CPU a
+// request with one project and 0.99 with 20 (FAIRSHARE_BENCH_PROJECTS=20,
+// a wrk of 2 connections in each project's cgroup), at 1.04 and 0.97 of
+// its throughput. Against nginx and HAProxy (haproxy 2.6, two threads,
+// http-reuse always, maxconn 1024 on the server) in the same runs: one
+// project, 1.15 and 1.05 of their throughput at 0.84 and 0.85 of their CPU
+// a request; 20 projects, 1.09 and 1.20 at 0.75 and 0.70.
+//
 // With a pass's sends in one io_uring call, the fast path serves more than
 // nginx at less CPU a request. In BenchmarkOverhead with wrk (2 cores
 // shared with wrk and the upstream; one run of 5 rounds, medians of the
