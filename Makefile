@@ -52,6 +52,7 @@ lint: check-go ## gofmt and go vet
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 	cd deploy && $(GO) vet ./...
+	cd compare && $(GO) vet ./...
 
 .PHONY: test
 # Tools some tests need besides root; a test that lacks one skips and says so
@@ -68,10 +69,18 @@ test: check-go lint check-generated ## run the whole suite (as root: the kernel 
 	FAIRSHARE_FRONT_FAST=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front
 	FAIRSHARE_FRONT_FAST=1 FAIRSHARE_FRONT_PLAIN_SENDS=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front
 	cd deploy && $(GO) test -count=1 ./...
+	cd compare && $(GO) test -count=1 -timeout 5m ./...
 
 .PHONY: bench
 bench: check-go ## run the benchmarks (as root for the BPF ones)
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./... | tee bench.txt
+
+# COMPARE_JSON and COMPARE_SVG, when set, are where make compare writes the
+# report as JSON and the plot of held permits (apf above fairshare).
+.PHONY: compare
+compare: check-go ## run the same workloads through fairshare, APF, static caps and a FIFO semaphore; print the table (docs/compare.md)
+	cd compare && COMPARE_JSON="$(abspath $(COMPARE_JSON))" COMPARE_SVG="$(abspath $(COMPARE_SVG))" \
+		$(GO) test -count=1 -timeout 20m -run '^TestReport$$' -report
 
 # DEMO_RUN is the binary that runs the drills and DEMO_FLAGS their flags
 # (the test runs a fresh binary with short phases); DEMO_UID decides whether

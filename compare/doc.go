@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package compare measures fairshare side by side with the admission
+// schemes its users would otherwise pick: Kubernetes API Priority and
+// Fairness's queueset, static per-project caps (what nginx limit_conn per
+// tenant gives) and a FIFO semaphore. Each scheme gets the same closed-loop
+// workloads in real time and is driven as its users drive it; the report
+// gives, per scheme and workload, Jain's fairness index of the seat-time
+// the projects held against their max-min fair share given their demands,
+// the small projects' p99 latency against their p99 alone, the pool's
+// utilization while demand exceeds it, the newcomers' wait for their floor,
+// and refusals per admitted request. docs/compare.md has the results and
+// what they mean.
+//
+// It is a module of its own so that k8s.io/apiserver stays out of
+// fairshare's.
+package compare

@@ -1,0 +1,284 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package compare
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+	fq "k8s.io/apiserver/pkg/util/flowcontrol/fairqueuing"
+	"k8s.io/apiserver/pkg/util/flowcontrol/fairqueuing/eventclock"
+	"k8s.io/apiserver/pkg/util/flowcontrol/fairqueuing/queueset"
+	"k8s.io/apiserver/pkg/util/flowcontrol/metrics"
+	fqrequest "k8s.io/apiserver/pkg/util/flowcontrol/request"
+
+	"github.com/fairshare-dev/fairshare/pools"
+	"github.com/fairshare-dev/fairshare/scheduler"
+)
+
+// System is one admission scheme in front of a pool of seats. Do asks for a
+// seat for project and runs work while holding it. A scheme that refuses
+// returns ok false with the wait its users are told (0: none told); a scheme
+// that queues blocks until the seat is there or ctx ends (then err).
+type System interface {
+	Do(ctx context.Context, project string, work func()) (ok bool, retryAfter time.Duration, err error)
+	// Close stops what the system runs in the background.
+	Close()
+}
+
+// Scheme names a System and builds a fresh one for each run.
+type Scheme struct {
+	Name string
+	// How says in a line how its users drive it (printed under the table).
+	How string
+	New func(pool int, w Workload) (System, error)
+}
+
+// Schemes are the systems compared, fairshare first.
+var Schemes = []Scheme{
+	{Name: "fairshare", How: "pools.Pool.TryAcquire then scheduler.Submit/Wait, as the HTTP front does; refused: retry after Refusal.RetryAfter", New: newFairshare},
+	{Name: "fairshare-wait", How: "pools.Pool.Acquire (blocking, round-robin over waiting projects)", New: newFairshareWait},
+	{Name: "apf", How: "k8s.io/apiserver v0.37.2 queueset: 64 queues, hand 8, queue length 50, seats = pool; rejected: retry after 1s (the filter's Retry-After)", New: newAPF},
+	{Name: "static", How: "a cap of pool/N per project, N fixed ahead (limit_conn per tenant); refused: retry after 10ms", New: newStatic},
+	{Name: "fifo", How: "golang.org/x/sync/semaphore.Weighted(pool), FIFO Acquire", New: newFIFO},
+}
+
+// SchemeByName finds a scheme.
+func SchemeByName(name string) (Scheme, error) {
+	for _, s := range Schemes {
+		if s.Name == name {
+			return s, nil
+		}
+	}
+	return Scheme{}, fmt.Errorf("unknown system %q", name)
+}
+
+// fairshare is the library as the front drives it: the requests pool's
+// TryAcquire (refusal: 429 and Retry-After), then the scheduler's queue
+// with MaxInFlight = the pool. The pool recomputes once a second, the
+// daemon's default tick.
+type fairshare struct {
+	pool   *pools.Pool
+	sched  *scheduler.Scheduler
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func newFairshare(size int, _ Workload) (System, error) {
+	p, err := pools.New(pools.Config{Name: "requests", Size: size}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("fairshare pool: %w", err)
+	}
+	s, err := scheduler.New(scheduler.Config{MaxInFlight: size}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("fairshare scheduler: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &fairshare{pool: p, sched: s, cancel: cancel}
+	f.wg.Add(2)
+	go func() { defer f.wg.Done(); _ = s.Run(ctx) }()
+	go func() { defer f.wg.Done(); recomputeEverySecond(ctx, p) }()
+	return f, nil
+}
+
+func recomputeEverySecond(ctx context.Context, p *pools.Pool) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			p.Recompute()
+		}
+	}
+}
+
+func (f *fairshare) Do(ctx context.Context, project string, work func()) (bool, time.Duration, error) {
+	var rf pools.Refusal
+	pm, ok := f.pool.TryAcquireInto(project, &rf)
+	if !ok {
+		return false, rf.RetryAfter, nil
+	}
+	defer func() { _ = f.pool.Release(pm) }()
+	t := f.sched.Submit(project)
+	if _, err := t.Wait(ctx); err != nil {
+		return false, 0, fmt.Errorf("scheduler: %w", err)
+	}
+	work()
+	t.Done(1)
+	return true, 0, nil
+}
+
+func (f *fairshare) Close() { f.cancel(); f.wg.Wait() }
+
+// fairshareWait is the pool's blocking Acquire: a caller that waits rather
+// than retries (the permit API's blocking form).
+type fairshareWait struct {
+	pool   *pools.Pool
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func newFairshareWait(size int, _ Workload) (System, error) {
+	p, err := pools.New(pools.Config{Name: "requests", Size: size}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("fairshare pool: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &fairshareWait{pool: p, cancel: cancel}
+	f.wg.Add(1)
+	go func() { defer f.wg.Done(); recomputeEverySecond(ctx, p) }()
+	return f, nil
+}
+
+func (f *fairshareWait) Do(ctx context.Context, project string, work func()) (bool, time.Duration, error) {
+	pm, err := f.pool.Acquire(ctx, project)
+	if err != nil {
+		return false, 0, err
+	}
+	work()
+	_ = f.pool.Release(pm)
+	return true, 0, nil
+}
+
+func (f *fairshareWait) Close() { f.cancel(); f.wg.Wait() }
+
+// apf is one priority level of Kubernetes API Priority and Fairness, the
+// queueset as the apiserver's filter drives it: each project a flow
+// (hashed as the filter hashes flow schema and distinguisher), one seat a
+// request, a rejected request answered 429 with Retry-After: 1.
+type apf struct{ qs fq.QueueSet }
+
+// APF's defaults (flowcontrol API): queues, hand size, queue length limit.
+const (
+	APFQueues      = 64
+	APFHandSize    = 8
+	APFQueueLength = 50
+	// APFRetryAfter is the Retry-After of the apiserver filter's 429
+	// (k8s.io/apiserver/pkg/server/filters: retryAfter = "1").
+	APFRetryAfter = time.Second
+)
+
+var apfMu sync.Mutex // the queueset's metrics are package globals
+
+func newAPF(size int, _ Workload) (System, error) {
+	apfMu.Lock()
+	defer apfMu.Unlock()
+	clk := eventclock.Real{}
+	qsf := queueset.NewQueueSetFactory(clk)
+	labels := []string{"compare"}
+	qsc, err := qsf.BeginConstruction(fq.QueuingConfig{
+		Name:             "compare",
+		DesiredNumQueues: APFQueues,
+		QueueLengthLimit: APFQueueLength,
+		HandSize:         APFHandSize,
+	}, metrics.RatioedGaugeVecPhasedElementPair(metrics.PriorityLevelConcurrencyGaugeVec, 1, 1, labels),
+		metrics.PriorityLevelExecutionSeatsGaugeVec.NewForLabelValuesSafe(0, 1, labels),
+		fq.NewNamedIntegrator(clk, "compare"))
+	if err != nil {
+		return nil, fmt.Errorf("apf queueset: %w", err)
+	}
+	return &apf{qs: qsc.Complete(fq.DispatchingConfig{ConcurrencyLimit: size, ConcurrencyDenominator: size})}, nil
+}
+
+// flowHash is the apiserver's hashFlowID (apf_controller.go): sha256 of the
+// flow schema's name, a zero byte and the distinguisher.
+func flowHash(fsName, distinguisher string) uint64 {
+	h := sha256.New()
+	h.Write([]byte(fsName))
+	h.Write([]byte{0})
+	h.Write([]byte(distinguisher))
+	var sum [32]byte
+	return binary.LittleEndian.Uint64(h.Sum(sum[:0])[:8])
+}
+
+var errAPFCanceled = errors.New("apf: request left its queue unexecuted")
+
+func (a *apf) Do(ctx context.Context, project string, work func()) (bool, time.Duration, error) {
+	req, _ := a.qs.StartRequest(ctx, &fqrequest.WorkEstimate{InitialSeats: 1}, flowHash("compare", project), project, "compare", project, nil, nil)
+	if req == nil {
+		return false, APFRetryAfter, nil
+	}
+	ran := false
+	req.Finish(func() { ran = true; work() })
+	if !ran {
+		if ctx.Err() != nil {
+			return false, 0, fmt.Errorf("%w: %w", errAPFCanceled, ctx.Err())
+		}
+		return false, APFRetryAfter, nil
+	}
+	return true, 0, nil
+}
+
+func (a *apf) Close() {}
+
+// static caps each project at pool/N, N the number of projects the
+// operator planned for (Workload.Planned), and the whole at the pool: what
+// nginx limit_conn keyed by tenant beside one keyed by server, HAProxy
+// maxconn per backend or nftables ct count give. A refusal carries no hint
+// (nginx answers 503), so clients retry after 10ms.
+type static struct {
+	cap, pool int
+	mu        sync.Mutex // guards the fields below
+	inUse     int
+	held      map[string]int // each project's seats
+}
+
+func newStatic(size int, w Workload) (System, error) {
+	n := w.Planned
+	if n < 1 {
+		n = 1
+	}
+	c := size / n
+	if c < 1 {
+		c = 1
+	}
+	return &static{cap: c, pool: size, held: map[string]int{}}, nil
+}
+
+func (s *static) Do(_ context.Context, project string, work func()) (bool, time.Duration, error) {
+	s.mu.Lock()
+	// The pool is a bound too (a limit_conn on the server zone beside the
+	// per-tenant one): with more projects than planned, caps add up past it.
+	if s.held[project] >= s.cap || s.inUse >= s.pool {
+		s.mu.Unlock()
+		return false, 0, nil
+	}
+	s.held[project]++
+	s.inUse++
+	s.mu.Unlock()
+	work()
+	s.mu.Lock()
+	s.held[project]--
+	s.inUse--
+	s.mu.Unlock()
+	return true, 0, nil
+}
+
+func (s *static) Close() {}
+
+// fifo is no fairness at all: one weighted semaphore, waiters in arrival
+// order.
+type fifo struct{ sem *semaphore.Weighted }
+
+func newFIFO(size int, _ Workload) (System, error) {
+	return &fifo{sem: semaphore.NewWeighted(int64(size))}, nil
+}
+
+func (f *fifo) Do(ctx context.Context, _ string, work func()) (bool, time.Duration, error) {
+	if err := f.sem.Acquire(ctx, 1); err != nil {
+		return false, 0, err
+	}
+	work()
+	f.sem.Release(1)
+	return true, 0, nil
+}
+
+func (f *fifo) Close() {}
