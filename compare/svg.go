@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"io"
 	"slices"
+
+	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // WriteSVG draws, one panel above the other, the seats each project held
-// over the first seed's run of workload for each of systems, with a line at
-// the pool. Hand-written SVG, as the drill's: no dependencies.
+// over the first seed's run of workload for each of systems, with the
+// seats in use and a dashed line at POOL - FLOOR. Hand-written SVG, as the
+// drill's: no dependencies.
 func (r *Report) WriteSVG(w io.Writer, workload string, systems []string) error {
 	const (
 		W, padL, padR, padT, padB = 960, 56, 150, 36, 40
@@ -58,11 +61,35 @@ func (r *Report) WriteSVG(w io.Writer, workload string, systems []string) error 
 		}
 		for _, name := range names {
 			fmt.Fprintf(bw, `<polyline fill="none" stroke="%s" stroke-width="1.2" points="`, color(name))
-			for _, s := range res.Samples {
-				fmt.Fprintf(bw, "%.1f,%.1f ", x(s.At.Seconds()), y(float64(s.Held[name])))
+			// A point where the count changes (and the one before it),
+			// so that flat stretches cost two points.
+			for k, s := range res.Samples {
+				v := s.Held[name]
+				last := k == len(res.Samples)-1
+				if k > 0 && !last && v == res.Samples[k-1].Held[name] && v == res.Samples[k+1].Held[name] {
+					continue
+				}
+				fmt.Fprintf(bw, "%.1f,%.1f ", x(s.At.Seconds()), y(float64(v)))
 			}
 			fmt.Fprintln(bw, `"/>`)
 		}
+		// The seats in use, all projects together, and POOL - FLOOR, where
+		// fairshare stops a project at or over its share.
+		fmt.Fprint(bw, `<polyline fill="none" stroke="black" stroke-width="1" points="`)
+		for _, s := range res.Samples {
+			tot := 0
+			for _, v := range s.Held {
+				tot += v
+			}
+			fmt.Fprintf(bw, "%.1f,%.1f ", x(s.At.Seconds()), y(float64(tot)))
+		}
+		fmt.Fprintln(bw, `"/>`)
+		pf := float64(r.Pool - pools.DefaultFloor(r.Pool))
+		fmt.Fprintf(bw, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#888" stroke-dasharray="4 3"/>`+"\n", padL, padL+plotW, y(pf), y(pf))
+		fmt.Fprintf(bw, `<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="black" stroke-width="2"/><text x="%d" y="%d">in use (all)</text>`+"\n",
+			padL+plotW+10, padL+plotW+30, top+panelH-4, top+panelH-4, padL+plotW+36, top+panelH)
+		fmt.Fprintf(bw, `<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="#888" stroke-dasharray="4 3"/><text x="%d" y="%d">POOL - FLOOR</text>`+"\n",
+			padL+plotW+10, padL+plotW+30, top+panelH-19, top+panelH-19, padL+plotW+36, top+panelH-15)
 		for k, name := range names {
 			ly := top + 14 + k*15
 			fmt.Fprintf(bw, `<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"/><text x="%d" y="%d">%s</text>`+"\n",
