@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,6 +34,17 @@ func run() error {
 	flag.StringVar(&jsonPath, "json", os.Getenv("COMPARE_JSON"), "write the report as JSON here (default $COMPARE_JSON)")
 	flag.StringVar(&svgPath, "svg", os.Getenv("COMPARE_SVG"), "draw the held permits of apf and fairshare on the onoff workload here (default $COMPARE_SVG)")
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), `usage: compare [flags]
+
+Runs the comparison of docs/compare.md in real time (real sleeps, the system
+clock): every system on every workload, once per seed, one run at a time, and
+prints the table. On a loaded machine the latencies carry its timer noise;
+make compare runs the same code in virtual time.
+
+`)
+		flag.PrintDefaults()
+	}
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", flag.Args())
@@ -60,6 +72,16 @@ func run() error {
 	for _, w := range d.Workloads {
 		if _, err := compare.Build(w, time.Second, 1); err != nil {
 			return fmt.Errorf("-workloads: %w", err)
+		}
+	}
+	if svgPath != "" {
+		for _, need := range []string{"apf", "fairshare"} {
+			if len(d.Systems) > 0 && !slices.Contains(d.Systems, need) {
+				return fmt.Errorf("-svg plots apf and fairshare: -systems must include %s", need)
+			}
+		}
+		if len(d.Workloads) > 0 && !slices.Contains(d.Workloads, "onoff") {
+			return fmt.Errorf("-svg plots the onoff workload: -workloads must include it")
 		}
 	}
 	if !*quiet {
