@@ -49,7 +49,7 @@ const DefaultRetry = 10 * time.Millisecond
 // it was told (DefaultRetry when told nothing) and asks again, the time
 // since its first ask counting in its latency.
 func Run(s Scheme, w Workload, seed uint64, o Options) (Result, error) {
-	sys, err := s.New(o.Pool, w)
+	sys, err := s.New(o, w)
 	if err != nil {
 		return Result{}, err
 	}
@@ -57,6 +57,10 @@ func Run(s Scheme, w Workload, seed uint64, o Options) (Result, error) {
 	start := time.Now()
 	rec := newRecorder(o.Pool, pools.DefaultFloor(o.Pool), start)
 	rec.warmup = o.Warmup
+	if b, ok := sys.(binder); ok {
+		// Over HTTP the upstream counts the seats, not the writer.
+		b.bind(rec.hold)
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(o.Duration))
 	defer cancel()
 

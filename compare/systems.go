@@ -37,7 +37,7 @@ type Scheme struct {
 	Name string
 	// How says in a line how its users drive it (printed under the table).
 	How string
-	New func(pool int, w Workload) (System, error)
+	New func(o Options, w Workload) (System, error)
 }
 
 // Schemes are the systems compared, fairshare first.
@@ -51,7 +51,7 @@ var Schemes = []Scheme{
 
 // SchemeByName finds a scheme.
 func SchemeByName(name string) (Scheme, error) {
-	for _, s := range Schemes {
+	for _, s := range append(Schemes[:len(Schemes):len(Schemes)], HTTPSchemes...) {
 		if s.Name == name {
 			return s, nil
 		}
@@ -70,7 +70,8 @@ type fairshare struct {
 	wg     sync.WaitGroup
 }
 
-func newFairshare(size int, _ Workload) (System, error) {
+func newFairshare(o Options, _ Workload) (System, error) {
+	size := o.Pool
 	p, err := pools.New(pools.Config{Name: "requests", Size: size}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("fairshare pool: %w", err)
@@ -126,7 +127,8 @@ type fairshareWait struct {
 	wg     sync.WaitGroup
 }
 
-func newFairshareWait(size int, _ Workload) (System, error) {
+func newFairshareWait(o Options, _ Workload) (System, error) {
+	size := o.Pool
 	p, err := pools.New(pools.Config{Name: "requests", Size: size}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("fairshare pool: %w", err)
@@ -168,7 +170,8 @@ const (
 
 var apfMu sync.Mutex // the queueset's metrics are package globals
 
-func newAPF(size int, _ Workload) (System, error) {
+func newAPF(o Options, _ Workload) (System, error) {
+	size := o.Pool
 	apfMu.Lock()
 	defer apfMu.Unlock()
 	clk := eventclock.Real{}
@@ -231,7 +234,8 @@ type static struct {
 	held      map[string]int // each project's seats
 }
 
-func newStatic(size int, w Workload) (System, error) {
+func newStatic(o Options, w Workload) (System, error) {
+	size := o.Pool
 	n := w.Planned
 	if n < 1 {
 		n = 1
@@ -268,7 +272,8 @@ func (s *static) Close() {}
 // order.
 type fifo struct{ sem *semaphore.Weighted }
 
-func newFIFO(size int, _ Workload) (System, error) {
+func newFIFO(o Options, _ Workload) (System, error) {
+	size := o.Pool
 	return &fifo{sem: semaphore.NewWeighted(int64(size))}, nil
 }
 

@@ -34,6 +34,7 @@ func run() error {
 	flag.StringVar(&jsonPath, "json", os.Getenv("COMPARE_JSON"), "write the report as JSON here (default $COMPARE_JSON)")
 	flag.StringVar(&svgPath, "svg", os.Getenv("COMPARE_SVG"), "draw the held permits of apf and fairshare on the onoff workload here (default $COMPARE_SVG)")
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
+	overHTTP := flag.Bool("http", false, "compare the systems over HTTP instead ("+httpNames()+"): nginx and haproxy must be installed")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), `usage: compare [flags]
 
@@ -64,6 +65,11 @@ make compare runs the same code in virtual time.
 		return fmt.Errorf("-seeds: none given")
 	}
 	d.Systems, d.Workloads = split(systems), split(loads)
+	if *overHTTP && len(d.Systems) == 0 {
+		for _, s := range compare.HTTPSchemes {
+			d.Systems = append(d.Systems, s.Name)
+		}
+	}
 	for _, s := range d.Systems {
 		if _, err := compare.SchemeByName(s); err != nil {
 			return fmt.Errorf("-systems: %w", err)
@@ -76,7 +82,7 @@ make compare runs the same code in virtual time.
 	}
 	if svgPath != "" {
 		for _, need := range []string{"apf", "fairshare"} {
-			if len(d.Systems) > 0 && !slices.Contains(d.Systems, need) {
+			if *overHTTP || len(d.Systems) > 0 && !slices.Contains(d.Systems, need) {
 				return fmt.Errorf("-svg plots apf and fairshare: -systems must include %s", need)
 			}
 		}
@@ -122,6 +128,14 @@ make compare runs the same code in virtual time.
 func names() string {
 	var n []string
 	for _, s := range compare.Schemes {
+		n = append(n, s.Name)
+	}
+	return strings.Join(n, ",")
+}
+
+func httpNames() string {
+	var n []string
+	for _, s := range compare.HTTPSchemes {
 		n = append(n, s.Name)
 	}
 	return strings.Join(n, ",")
