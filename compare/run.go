@@ -22,7 +22,7 @@ type Options struct {
 	Service  time.Duration // what a request holds its seat for; 20ms
 	Duration time.Duration // each run; 10s
 	Seeds    []uint64      // one run per seed and workload
-	Systems  []string      // names in Schemes; empty: all
+	Systems  []string      // names in Schemes or HTTPSchemes; empty: all of Schemes
 	// Workloads are names from Workloads; empty: all.
 	Workloads []string
 	// Warmup is the time from each run's start that no metric counts (0:

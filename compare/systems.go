@@ -49,7 +49,7 @@ var Schemes = []Scheme{
 	{Name: "fifo", How: "golang.org/x/sync/semaphore.Weighted(pool), FIFO Acquire", New: newFIFO},
 }
 
-// SchemeByName finds a scheme.
+// SchemeByName finds a scheme in Schemes or HTTPSchemes.
 func SchemeByName(name string) (Scheme, error) {
 	for _, s := range append(Schemes[:len(Schemes):len(Schemes)], HTTPSchemes...) {
 		if s.Name == name {
