@@ -10,11 +10,12 @@ import (
 )
 
 // TestHTTPSystems drives the elephant workload for two seconds through each
-// HTTP system, in real time, and checks each is wired as documented: every
-// project gets requests through, nginx refuses at its per-tenant cap,
-// HAProxy queues and refuses nothing, the front refuses with 429s that
-// carry Retry-After. Latency and fairness are not checked here: on a loaded
-// machine they are the machine's (docs/compare.md).
+// HTTP system, in real time, and checks each is wired as documented:
+// requests reach the upstream (every project's, behind nginx and HAProxy),
+// nginx refuses at its per-tenant cap, HAProxy queues and refuses nothing,
+// the front refuses the elephant past its share. Latency and fairness are
+// not checked here: on a loaded machine they are the machine's
+// (docs/compare.md).
 func TestHTTPSystems(t *testing.T) {
 	for _, tool := range []string{"nginx", "haproxy"} {
 		if _, err := exec.LookPath(tool); err != nil {
