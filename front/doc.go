@@ -399,7 +399,7 @@
 // blocks in epoll_wait only after a look found nothing: a blocked system
 // call costs the Go runtime a hand-off of its P to another thread each
 // time. A loop that saw 400 events or more in 10 ms locks its goroutine to
-// its OS thread until a window sees fewer (loopHeat in fastpath.go; see
+// its OS thread until a window sees fewer (loopHeat in fastloop.go; see
 // Cost).
 //
 // A loop sends nothing while it handles a pass's events: the requests it
@@ -455,6 +455,14 @@
 // FAIRSHARE_FRONT_FAST=1 runs every front of the package's tests on the
 // fast path (make test runs the suite both ways); TestFastPathServes shows
 // the plain exchanges staying in the loops.
+//
+// The code is cut by what each part owns, each file opening with what it
+// owns: fastpath.go (the listener and the loops it starts), fastloop.go
+// (a loop: its polling, its pass, its thread, its deadlines),
+// fastclient.go (a client connection's states), fastupstream.go (an
+// upstream connection's), fastsend.go (the sends, with the ring of
+// uring.go or without), fastanswer.go (the heads a loop writes) and
+// fasthand.go (the hand-over to net/http).
 //
 // # Cost
 //

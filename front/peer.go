@@ -59,6 +59,26 @@ func (f *Front) connContext(ctx context.Context, c net.Conn) context.Context {
 	return context.WithValue(ctx, peerKey{}, p)
 }
 
+// newPeer records the client of c, as accepted, for the peer lookups of
+// its requests.
+func (f *Front) newPeer(c net.Conn) *peer {
+	p := &peer{conn: c}
+	// The daemon's listeners wrap their connections (internal/listen) and
+	// have looked a loopback client's socket up already: its cgroup is
+	// taken from there rather than asked for again.
+	if lc, ok := c.(interface{ PeerCgroup() uint64 }); ok {
+		if id := lc.PeerCgroup(); id != 0 {
+			p.once.Do(func() { p.cgroup = id })
+		}
+	}
+	// The socket the peer lookups need is behind NetConn.
+	p.conn = peercred.Unwrap(c)
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		p.addr = ta.AddrPort().Addr().Unmap()
+	}
+	return p
+}
+
 // peerOf returns the request's peer. A request served without the front's own
 // server (a handler mounted elsewhere) gets a peer from r.RemoteAddr, which
 // net/http fills from the connection, not from anything the client sends; it
