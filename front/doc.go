@@ -130,6 +130,10 @@
 // the measured service time in units of Config.CostUnit when
 // Config.CostFromTime is set, and 1 otherwise.
 //
+// These steps are in admit.go (Front.admit, Front.finish); what follows
+// them, the request's way to the upstream and its answer's way back, in
+// proxy.go and upstream.go; the configuration and the servers in front.go.
+//
 // # Retry-After
 //
 // Every 429 carries a Retry-After computed for the project from an estimate

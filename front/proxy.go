@@ -1,0 +1,507 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// An admitted request's way to the upstream and its answer's way back:
+// forward (the direct path of upstream.go, or httputil.ReverseProxy for
+// the rest), the answer relayed (relay, copyBody), the fields the front
+// adds, consumes or strips (annotate, answered, stripOwn), the upstream's
+// failures answered (upstreamFailed), and the client's body read under its
+// deadline (timedBody).
+
+package front
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/http/httputil"
+	"net/textproto"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/answerfield"
+	"github.com/fairshare-dev/fairshare/scheduler"
+)
+
+// unasked logs an upstream that sent what nobody asked for; the connection
+// it came on is closed.
+func (f *Front) unasked(why string) {
+	f.log.Warn("upstream sent an answer nobody asked for; closing its connection", "why", why)
+}
+
+// bufferPool recycles the copy buffers of the direct path (get and put)
+// and of the reverse proxy (Get and Put, httputil.BufferPool).
+type bufferPool struct{ p sync.Pool }
+
+// get returns a buffer as the pointer the pool keeps, so that putting it
+// back allocates nothing (Put has to allocate one for the slice it is given).
+func (b *bufferPool) get() *[]byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return v
+	}
+	buf := make([]byte, 32<<10)
+	return &buf
+}
+
+func (b *bufferPool) put(buf *[]byte) { b.p.Put(buf) }
+
+func (b *bufferPool) Get() []byte { return *b.get() }
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
+
+// forward proxies an admitted request: on the direct path when it can take
+// it, through ReverseProxy otherwise.
+func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
+	if hasBody(r) {
+		// Let the upstream's answer start while the client is still
+		// sending (HTTP/1 otherwise drains the request body first).
+		// HTTP/2 is always full duplex and reports an error here, which
+		// is fine. A body left unread is closed here, before the handler
+		// returns: in full duplex the HTTP/1 server would otherwise read
+		// it to its end after the handler and then panic on the next
+		// request (golang/go#68560).
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		defer r.Body.Close()
+		x.body = f.timedBody(w, r)
+		r.Body = x.body
+	}
+	if f.up != nil && f.up.takes(r) {
+		f.serveDirect(w, r, x)
+		return
+	}
+	ctx := context.WithValue(r.Context(), exchangeKey{}, x)
+	if r.Header["Upgrade"] != nil {
+		// A tunnel holds its request's permit while it lasts: it is
+		// closed, both ends, after Config.TunnelTimeout (ReverseProxy
+		// closes the upstream end when the request's context ends).
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, f.cfg.TunnelTimeout)
+		defer cancel()
+	}
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) { x.upConn = i.Conn },
+		Got1xxResponse: func(int, textproto.MIMEHeader) error {
+			// ReverseProxy has passed it on by now; the next is refused.
+			if x.n1xx++; x.n1xx > f.cfg.MaxInformational {
+				return fmt.Errorf("upstream sent more than %d informational answers", f.cfg.MaxInformational)
+			}
+			return nil
+		},
+	})
+	f.proxy.ServeHTTP(&proxyWriter{w, f, r}, r.WithContext(ctx))
+}
+
+// serveDirect proxies r on the direct path.
+func (f *Front) serveDirect(w http.ResponseWriter, r *http.Request, x *exchange) {
+	x.w = w
+	a, err := f.up.roundTrip(r, x)
+	if err != nil {
+		f.upstreamFailed(w, r, x, err)
+		return
+	}
+	f.relay(w, r, x, a)
+}
+
+// relay passes the upstream's answer a to the client, ending it with
+// up.done.
+func (f *Front) relay(w http.ResponseWriter, r *http.Request, x *exchange, a upAnswer) {
+	keep := false
+	defer func() { f.up.done(a, keep, x.at) }()
+	resp := a.Response
+	dst := w.Header()
+	if h := resp.Header; h == nil {
+		// A plain head (see plainHead): its end-to-end fields are in dst.
+		f.annotate(x, dst)
+	} else {
+		conn := h["Connection"]
+		for k := range h {
+			if answerfield.IsHopByHop(k) || (len(conn) > 0 && connectionListed(conn, k)) {
+				delete(h, k)
+			}
+		}
+		f.annotate(x, h)
+		for k, vv := range h {
+			if dst[k] == nil {
+				dst[k] = vv // resp.Header is ours alone: no copy needed
+				continue
+			}
+			dst[k] = append(dst[k], vv...)
+		}
+	}
+	f.stripOwn(resp.Trailer)
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		dst.Add("Trailer", strings.Join(keys, ", "))
+	}
+	w.WriteHeader(resp.StatusCode)
+	// A response of unknown length may be a stream (server-sent events, a
+	// long poll): pass each piece on as it arrives, as ReverseProxy does.
+	stream := resp.ContentLength < 0
+	if err := f.copyBody(w, resp.Body, stream); err != nil {
+		if a.watch.clientGone(r.Context()) || errors.Is(err, errClientWrite) {
+			// Nobody reads the rest: the server closes the connection.
+			x.outcome = outcomeCanceled
+			return
+		}
+		f.log.Debug("upstream answer cut short", "project", x.project, "err", err)
+		// The head is out: abort the client's response so it cannot read
+		// as complete (ServeHTTP's deferred exit counts it as an error).
+		panic(http.ErrAbortHandler)
+	}
+	resp.Body.Close()
+	if len(resp.Trailer) > 0 {
+		// The values came with the end of the body, under any name.
+		f.stripOwn(resp.Trailer)
+		for k, vv := range resp.Trailer {
+			if announced == 0 {
+				k = http.TrailerPrefix + k
+			}
+			dst[k] = append(dst[k], vv...)
+		}
+	}
+	keep = !resp.Close
+}
+
+// errClientWrite: a write of the answer to the client failed (it went away,
+// or did not read within Config.WriteTimeout).
+var errClientWrite = errors.New("writing to the client")
+
+// copyBody copies the upstream body to the client with a pooled buffer,
+// flushing after every read when stream is set.
+func (f *Front) copyBody(w http.ResponseWriter, body io.Reader, stream bool) error {
+	bp := f.bufs.get()
+	defer f.bufs.put(bp)
+	buf := *bp
+	var fl http.Flusher
+	if stream {
+		fl, _ = w.(http.Flusher)
+	}
+	for {
+		n, rerr := body.Read(buf)
+		if n > 0 {
+			if _, err := w.Write(buf[:n]); err != nil {
+				return fmt.Errorf("%w: %w", errClientWrite, err)
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return fmt.Errorf("reading the upstream answer: %w", rerr)
+		}
+	}
+}
+
+func (f *Front) rewrite(pr *httputil.ProxyRequest) {
+	pr.SetURL(f.upstream)
+	pr.Out.Host = pr.In.Host
+	pr.Out.Header.Del(f.cfg.ProjectHeader)
+	for k := range pr.Out.Header {
+		if f.isClaim(k) {
+			delete(pr.Out.Header, k)
+		}
+	}
+	for k := range pr.Out.Trailer { // as the direct path's trailers
+		if f.isClaim(k) {
+			delete(pr.Out.Trailer, k)
+		}
+	}
+	// As the direct path (see isClaim), once the client's claims are
+	// gone (Rewrite has dropped its Forwarded and X-Forwarded-{For,Host,
+	// Proto}, the loop above the others).
+	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
+		pr.Out.Header.Set("X-Forwarded-For", ip)
+	}
+	if pr.In.TLS != nil {
+		pr.Out.Header.Set("X-Forwarded-Proto", "https")
+	}
+	if f.cfg.ForwardProject {
+		if x := exchangeOf(pr.In); x != nil {
+			pr.Out.Header.Set(f.cfg.ProjectHeader, x.project)
+		}
+	}
+}
+
+func (f *Front) modifyResponse(resp *http.Response) error {
+	x := exchangeOf(resp.Request)
+	if resp.StatusCode < 100 || resp.StatusCode > 599 {
+		// net/http reads any three digits; the client is answered 502 and
+		// the connection that spoke them is not used again.
+		if x != nil && x.upConn != nil {
+			x.upConn.Close()
+		}
+		return fmt.Errorf("upstream status %d outside 100-599", resp.StatusCode)
+	}
+	if x != nil {
+		f.annotate(x, resp.Header)
+	}
+	if len(resp.Trailer) > 0 {
+		f.stripOwn(resp.Trailer) // not announced
+		resp.Body = &ownTrailer{resp.Body, f, resp}
+	}
+	return nil
+}
+
+// annotate records the upstream's answer in x (it came, its cost) and sets
+// the front's headers on it.
+func (f *Front) annotate(x *exchange, h http.Header) {
+	f.answered(x, h.Get(f.cfg.CostHeader))
+	delete(h, f.costKey)
+	delete(h, HeaderRefused)
+	// The values are shared, read-only slices (net/http copies a header's
+	// values when it writes them; len == cap, so an append copies too): three
+	// fewer allocations per request than Set and formatting each time.
+	if class := classOf(x); class != nil {
+		h[HeaderClass] = class
+	} else {
+		// No scheduler: no class, and none from the upstream either.
+		delete(h, HeaderClass)
+	}
+	h[HeaderQueueWait] = queueWaitOf(x)
+}
+
+// answered records in x that the upstream answered, at the cost its cost
+// header says (v; "" when it sent none).
+func (f *Front) answered(x *exchange, v string) {
+	x.outcome = outcomeOK
+	if v == "" {
+		return
+	}
+	c, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err == nil && c >= 0 && !math.IsInf(c, 0) {
+		x.cost, x.hasCost = c, true
+	} else {
+		f.log.Warn("ignoring bad cost header", "project", x.project, "value", v)
+	}
+}
+
+// classOf is the value of HeaderClass on x's answer; nil when x went
+// through no scheduler.
+func classOf(x *exchange) []string {
+	switch {
+	case x.exempt:
+		return classExempt
+	case x.class >= scheduler.P1 && x.class <= scheduler.P3:
+		return classValues[x.class]
+	case x.class != 0:
+		return []string{x.class.String()}
+	}
+	return nil
+}
+
+// queueWaitOf is the value of HeaderQueueWait on x's answer.
+func queueWaitOf(x *exchange) []string {
+	if x.waited == 0 {
+		return noWait
+	}
+	return []string{strconv.FormatFloat(x.waited.Seconds(), 'f', 6, 64)}
+}
+
+// The values of HeaderClass and of HeaderQueueWait for a request that did
+// not wait, set by annotate. HeaderClass and HeaderQueueWait are already in
+// canonical form, as keys set directly in a header map must be.
+var (
+	classExempt = []string{ClassExempt}
+	classValues = [...][]string{
+		scheduler.P1: {scheduler.P1.String()},
+		scheduler.P2: {scheduler.P2.String()},
+		scheduler.P3: {scheduler.P3.String()},
+	}
+	noWait = []string{strconv.FormatFloat(0, 'f', 6, 64)}
+)
+
+// stripOwn deletes from h, an upstream's informational head or trailer,
+// the fields the front sets itself or consumes (its class, queue wait and
+// refusal, the cost header): the upstream does not speak for the front.
+func (f *Front) stripOwn(h http.Header) {
+	if len(h) == 0 {
+		return
+	}
+	for k := range h {
+		if f.own(k) {
+			delete(h, k)
+		}
+	}
+}
+
+// own reports whether canonical key k is a field the front sets itself or
+// consumes: its class, queue wait and refusal, and the cost header.
+func (f *Front) own(k string) bool {
+	return k == HeaderClass || k == HeaderQueueWait || k == HeaderRefused || k == f.costKey
+}
+
+// may1xx reports whether an informational answer may be passed to
+// the client of r: not to an HTTP/1.0 client, which does not know them
+// (RFC 9110 15.2).
+func may1xx(r *http.Request) bool { return r.ProtoAtLeast(1, 1) }
+
+// proxyWriter is the client's ResponseWriter as ReverseProxy sees it: an
+// informational answer reaches only a client that may have one, and without
+// the front's own fields.
+type proxyWriter struct {
+	http.ResponseWriter
+	f *Front
+	r *http.Request
+}
+
+func (w *proxyWriter) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		if !may1xx(w.r) {
+			clear(w.Header()) // ReverseProxy copied the answer's fields in
+			return
+		}
+		w.f.stripOwn(w.Header())
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController (ReverseProxy's flushes, hijacks
+// and deadlines) reach the server's writer.
+func (w *proxyWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// ownTrailer removes the front's own fields from an answer's trailer when
+// its body ends: the values only come then, and would be passed on by
+// ReverseProxy under whatever names the upstream chose.
+type ownTrailer struct {
+	io.ReadCloser
+	f    *Front
+	resp *http.Response
+}
+
+func (b *ownTrailer) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.f.stripOwn(b.resp.Trailer)
+	}
+	return n, err
+}
+
+func (f *Front) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	f.upstreamFailed(w, r, exchangeOf(r), err)
+}
+
+// upstreamFailed answers a request the upstream did not answer: 408 when
+// the client's body stalled past Config.BodyReadTimeout, 400 when it broke
+// off, 504 when the upstream did not answer in time (a connection within
+// the dialer's 5 seconds, a head within Config.UpstreamHeadTimeout), 502
+// otherwise, or nothing (see noAnswer)
+// when the client went away.
+func (f *Front) upstreamFailed(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
+	if x != nil && x.body != nil && x.body.timedOut.Load() {
+		// The client's own stall; its connection cannot be trusted to be
+		// in step, and the server's read of it failed.
+		x.outcome = outcomeCanceled
+		w.Header().Set("Connection", "close")
+		http.Error(w, "fairshare: the request body stalled", http.StatusRequestTimeout)
+		return
+	}
+	if r.Context().Err() != nil || errors.Is(err, errClientGone) {
+		// The client went away; there is nobody to answer.
+		if x != nil {
+			x.outcome = outcomeCanceled
+		}
+		noAnswer(w)
+		return
+	}
+	if errors.Is(err, errClientBody) {
+		if x != nil {
+			x.outcome = outcomeCanceled
+		}
+		w.Header().Set("Connection", "close")
+		http.Error(w, "fairshare: bad request body", http.StatusBadRequest)
+		return
+	}
+	status, msg := http.StatusBadGateway, "fairshare: upstream unavailable"
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		status, msg = http.StatusGatewayTimeout, "fairshare: the upstream did not answer in time"
+	}
+	if x != nil {
+		x.outcome = outcomeError
+		f.log.Warn("upstream error", "project", x.project, "status", status, "err", err)
+	}
+	http.Error(w, msg, status)
+}
+
+// timedBody is a client's request body each read of which must return
+// within Config.BodyReadTimeout: a client that stops sending does not hold
+// its request, and its permit, for longer.
+type timedBody struct {
+	io.ReadCloser
+	d time.Duration
+	// minRate (bytes/s, 0 none) bounds the whole body: by start + d +
+	// read/minRate the client must have sent read bytes and more.
+	minRate int64
+	start   time.Time
+	read    int64
+	conn    net.Conn                 // the client's connection, HTTP/1 under Front.Serve
+	rc      *http.ResponseController // otherwise
+	// timedOut: a read failed on the deadline.
+	timedOut atomic.Bool
+}
+
+func (f *Front) timedBody(w http.ResponseWriter, r *http.Request) *timedBody {
+	b := &timedBody{ReadCloser: r.Body, d: f.cfg.BodyReadTimeout, minRate: f.cfg.BodyMinRate, start: time.Now()}
+	if cc := peerOf(r).cc; cc != nil && r.ProtoMajor == 1 {
+		b.conn = cc.Conn
+	} else {
+		b.rc = http.NewResponseController(w)
+	}
+	return b
+}
+
+func (b *timedBody) setDeadline(t time.Time) {
+	if b.conn != nil {
+		_ = b.conn.SetReadDeadline(t)
+	} else {
+		_ = b.rc.SetReadDeadline(t)
+	}
+}
+
+// Read reads within the deadline, and lifts it after: at the end of an
+// HTTP/1 body net/http starts reading the connection for the next request,
+// which must not fail on it.
+func (b *timedBody) Read(p []byte) (int, error) {
+	start := time.Now()
+	deadline := start.Add(b.d)
+	if b.minRate > 0 {
+		// The whole body's bound: a client trickling a byte before each
+		// read's deadline still has to keep the average rate.
+		deadline = minTime(deadline, b.start.Add(b.d+time.Duration(float64(b.read+1)/float64(b.minRate)*float64(time.Second))))
+	}
+	b.setDeadline(deadline)
+	n, err := b.ReadCloser.Read(p)
+	b.read += int64(n)
+	if err != nil && err != io.EOF && (errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(deadline)) {
+		// The deadline stays in the past: the server's own read of the
+		// rest of the body, when the handler closes it, fails at once
+		// too rather than wait for a client that stopped.
+		b.timedOut.Store(true)
+		b.setDeadline(time.Unix(1, 0))
+		return n, err
+	}
+	b.setDeadline(time.Time{})
+	return n, err
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
