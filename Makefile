@@ -100,6 +100,15 @@ demo: build ## run the fair-share drills on this host: requests, then connection
 		echo "         run 'sudo make demo', or 'sudo ./$(BIN) drill connections'."; \
 	fi
 
+.PHONY: docs
+docs: check-go ## regenerate docs/configuration.md from the configuration code
+	$(GO) run ./cmd/fairshare gendocs config > docs/configuration.md.tmp && mv docs/configuration.md.tmp docs/configuration.md
+
+.PHONY: man
+man: check-go ## write the man page bin/fairshare.8 (man -l bin/fairshare.8)
+	@mkdir -p bin
+	$(GO) run ./cmd/fairshare gendocs man > bin/fairshare.8.tmp && mv bin/fairshare.8.tmp bin/fairshare.8
+
 .PHONY: clean
 clean: ## remove build output
 	rm -rf bin bench.txt coverage.out

@@ -14,7 +14,8 @@ func cleanupCommand() *cli.Command {
 		Name:  "cleanup",
 		Usage: "detach and unpin the BPF programs and maps: connections stop being enforced",
 		Description: "For an uninstall, or systemd's ExecStopPost when enforcement should not outlive\n" +
-			"the daemon. A plain restart does not need it: the daemon reuses what is pinned.",
+			"the daemon. A plain restart does not need it: the daemon reuses what is pinned.\n\n" +
+			examples("fairshare cleanup", "fairshare cleanup --pin-dir /sys/fs/bpf/fairshare-test"),
 		Flags: []cli.Flag{configFlag(), pinDirFlag()},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {

@@ -60,7 +60,12 @@ func drillCommand() *cli.Command {
 			"small project (2 writers) alone and together with a big one (16 writers), taking turns in\n" +
 			"slices, and the big one alone. Prints latency, refusals and permits held per phase and\n" +
 			"project, and the verdicts; exits non-zero when a verdict fails. 'fairshare drill connections'\n" +
-			"does the same through the BPF connection pool (root).",
+			"does the same through the BPF connection pool (root).\n\n" +
+			examples(
+				"fairshare drill",
+				"fairshare drill --phase 2s --svg drill.svg",
+				"fairshare drill connections",
+			),
 		Flags:           drillFlags(),
 		HideHelpCommand: true,
 		Action: func(c *cli.Context) error {
@@ -76,6 +81,9 @@ func drillCommand() *cli.Command {
 			{
 				Name:  "connections",
 				Usage: "the same drill for TCP connections, enforced in the kernel (needs root)",
+				Description: "Two project cgroups open and hold connections in loops against a small connection pool,\n" +
+					"counted and refused by the BPF programs.\n\n" +
+					examples("fairshare drill connections", "fairshare drill connections --json drill.json"),
 				Flags: drillFlags(),
 				Action: func(c *cli.Context) error {
 					ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)

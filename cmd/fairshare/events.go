@@ -28,7 +28,12 @@ func eventsCommand() *cli.Command {
 			"Each project's events are bounded per second (events.per_sec), in the kernel too:\n" +
 			"what is over the bound is dropped and a 'dropped' event says how many. A stream that\n" +
 			"cannot keep up is told the same way. Counters in /metrics are exact; events are for\n" +
-			"diagnosis.",
+			"diagnosis.\n\n" +
+			examples(
+				"fairshare events",
+				"fairshare events --follow --project alpha",
+				"fairshare events --json --pool connections",
+			),
 		Flags: []cli.Flag{configFlag(), adminSocketFlag(),
 			&cli.StringFlag{Name: "project", Usage: "only the events of project `P`"},
 			// No environment variable: FAIRSHARE_POOL is run's --pool.

@@ -73,35 +73,13 @@ func loadConfig(c *cli.Context) (config.Config, error) {
 	if err != nil {
 		return config.Config{}, cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), 2)
 	}
-	set := func(name string, dst *string) {
-		if c.IsSet(name) {
-			*dst = c.String(name)
+	for _, kf := range keyFlags {
+		if !c.IsSet(kf.flag) {
+			continue
 		}
-	}
-	set(flagAdminSocket, &cfg.AdminSocket)
-	set(flagStateDir, &cfg.StateDir)
-	set(flagPinDir, &cfg.PinDir)
-	set(flagProjectsRoot, &cfg.ProjectsRoot)
-	set(flagMetrics, &cfg.Metrics.Listen)
-	set(flagFrontListen, &cfg.Front.Listen)
-	set(flagFrontUp, &cfg.Front.Upstream)
-	set(flagPermits, &cfg.Permits.Socket)
-	set(flagPermitsGroup, &cfg.Permits.Group)
-	set(flagFrontSocket, &cfg.Front.Socket)
-	if c.IsSet(flagNoBPF) {
-		cfg.BPF = !c.Bool(flagNoBPF)
-	}
-	if c.IsSet(flagMaxInFlight) {
-		cfg.Front.MaxInFlight = c.Int(flagMaxInFlight)
-	}
-	if c.IsSet(flagMaxConns) {
-		cfg.Listeners.MaxConns = c.Int(flagMaxConns)
-	}
-	if c.IsSet(flagReconcile) {
-		cfg.Reconcile = c.Duration(flagReconcile)
-	}
-	if c.IsSet(flagSources) {
-		cfg.Projects.Sources = c.StringSlice(flagSources)
+		if err := setFromFlag(c, &cfg, kf); err != nil {
+			return config.Config{}, cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), 2)
+		}
 	}
 	if c.IsSet(flagPool) {
 		for _, v := range c.StringSlice(flagPool) {

@@ -167,10 +167,19 @@ func newApp() *cli.App {
 			"Flags that name files and addresses can also be set with FAIRSHARE_* environment\n" +
 			"variables (shown with each flag) or in the YAML file given with --config; a flag\n" +
 			"beats the environment, which beats the file, which beats the built-in defaults.\n" +
-			"A command's flags may come before or after its arguments.",
+			"A command's flags may come before or after its arguments.\n\n" +
+			examples(
+				"fairshare run --check",
+				"fairshare status",
+				"fairshare policy set alpha --tier pro",
+				"fairshare completion bash > /etc/bash_completion.d/fairshare",
+			),
 		// Commands return cli.Exit; main decides how to leave, not the library.
 		ExitErrHandler:  func(*cli.Context, error) {},
 		HideHelpCommand: true,
+		// The completion scripts ask for the next words with
+		// --generate-bash-completion.
+		EnableBashCompletion: true,
 		Commands: []*cli.Command{
 			runCommand(),
 			policyCommand(),
@@ -179,9 +188,12 @@ func newApp() *cli.App {
 			eventsCommand(),
 			cleanupCommand(),
 			drillCommand(),
+			completionCommand(),
+			genDocsCommand(),
 			{
-				Name:  "version",
-				Usage: "print the version",
+				Name:        "version",
+				Usage:       "print the version",
+				Description: examples("fairshare version"),
 				Action: func(c *cli.Context) error {
 					fmt.Fprintln(c.App.Writer, version)
 					return nil

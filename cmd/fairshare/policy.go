@@ -33,12 +33,22 @@ func policyCommand() *cli.Command {
 			"kernel with ECONNREFUSED beyond a burst of one second's worth (0 = unbounded). What a\n" +
 			"project may hold is never configured: that is the fair share.\n" +
 			"The running daemon stores and applies a change before this command returns; with no\n" +
-			"daemon running, the command writes the store in --state-dir itself.",
+			"daemon running, the command writes the store in --state-dir itself.\n\n" +
+			examples(
+				"fairshare policy set alpha --tier pro --shares 2 --requests-per-sec 100",
+				"fairshare policy list",
+			),
 		Subcommands: []*cli.Command{
 			{
 				Name:      "set",
 				Usage:     "set some fields of a project's policy; fields not given are kept (or defaulted)",
 				ArgsUsage: "PROJECT",
+				Description: examples(
+					"fairshare policy set alpha --tier pro --shares 2",
+					"fairshare policy set alpha --requests-per-sec 100 --work-per-sec 50",
+					"fairshare policy set alpha --connections-per-sec 200",
+					"fairshare policy set alpha --enforce=false",
+				),
 				Flags: append(policyFlags(),
 					&cli.StringFlag{Name: "tier", Usage: "`TIER`: pro (P1 and P2 buckets), lite (P2) or none"},
 					&cli.StringFlag{Name: "shares", Usage: "`N` shares, a whole number >= 1: bigger, faster-refilling buckets"},
@@ -52,15 +62,18 @@ func policyCommand() *cli.Command {
 			},
 			{
 				Name: "get", Usage: "show a project's policy", ArgsUsage: "PROJECT",
-				Flags: append(policyFlags(), jsonFlag), Action: policyGet,
+				Description: examples("fairshare policy get alpha", "fairshare policy get alpha --json"),
+				Flags:       append(policyFlags(), jsonFlag), Action: policyGet,
 			},
 			{
 				Name: "list", Usage: "list every stored policy",
-				Flags: append(policyFlags(), jsonFlag), Action: policyList,
+				Description: examples("fairshare policy list", "fairshare policy list --json"),
+				Flags:       append(policyFlags(), jsonFlag), Action: policyList,
 			},
 			{
 				Name: "delete", Usage: "delete a project's policy: it falls back to the default", ArgsUsage: "PROJECT",
-				Flags: policyFlags(), Action: policyDelete,
+				Description: examples("fairshare policy delete alpha"),
+				Flags:       policyFlags(), Action: policyDelete,
 			},
 		},
 	}

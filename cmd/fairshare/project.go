@@ -40,30 +40,44 @@ func projectCommand() *cli.Command {
 			"/proc/<pid>/cgroup shows it (/kubepods/burstable/pod<uid>, /system.slice/web.service).\n\n" +
 			"The running daemon stores a registration and answers once it is in force; with no daemon\n" +
 			"running, add and remove write the store in --state-dir (checked against the registrations\n" +
-			"only; the daemon checks the other sources when it starts) and list shows what is stored.",
+			"only; the daemon checks the other sources when it starts) and list shows what is stored.\n\n" +
+			examples(
+				"fairshare project add web --cgroup /system.slice/web.service",
+				"fairshare project list",
+			),
 		Subcommands: []*cli.Command{
 			{
 				Name:      "add",
 				Usage:     "register cgroups to a project",
 				ArgsUsage: "PROJECT --cgroup PATH [--cgroup PATH...]",
-				Flags:     append(policyFlags(), cgroupFlag("cgroup `PATH` to register, repeatable (required)"), jsonFlag),
-				Action:    projectAdd,
+				Description: examples(
+					"fairshare project add web --cgroup /system.slice/web.service",
+					"fairshare project add team-a --cgroup /kubepods/burstable/pod<uid>",
+					"fairshare project add reports --cgroup /system.slice/reports.service --cgroup /system.slice/reports-worker.service",
+				),
+				Flags:  append(policyFlags(), cgroupFlag("cgroup `PATH` to register, repeatable (required)"), jsonFlag),
+				Action: projectAdd,
 			},
 			{
 				Name:      "remove",
 				Usage:     "remove registrations of a project: the cgroups given, or all of them",
 				ArgsUsage: "PROJECT [--cgroup PATH...]",
 				Description: "Removing a registration releases nothing the project holds (its permits end with their\n" +
-					"sockets); new connections from the cgroup stop counting for it.",
+					"sockets); new connections from the cgroup stop counting for it.\n\n" +
+					examples(
+						"fairshare project remove web --cgroup /system.slice/web.service",
+						"fairshare project remove team-a",
+					),
 				Flags:  append(policyFlags(), cgroupFlag("registered cgroup `PATH` to remove, repeatable; none removes every one of PROJECT's"), jsonFlag),
 				Action: projectRemove,
 			},
 			{
-				Name:      "list",
-				Usage:     "list the members of every project (or of PROJECT), by source, whether the kernel limits each, and the refused ones with why",
-				ArgsUsage: "[PROJECT]",
-				Flags:     append(policyFlags(), jsonFlag),
-				Action:    projectList,
+				Name:        "list",
+				Usage:       "list the members of every project (or of PROJECT), by source, whether the kernel limits each, and the refused ones with why",
+				ArgsUsage:   "[PROJECT]",
+				Description: examples("fairshare project list", "fairshare project list web --json"),
+				Flags:       append(policyFlags(), jsonFlag),
+				Action:      projectList,
 			},
 		},
 	}

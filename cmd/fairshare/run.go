@@ -32,7 +32,13 @@ func runCommand() *cli.Command {
 			"so a restart loses neither counts nor enforcement.\n\n" +
 			"Exit status: 2 for an unusable configuration or flag, 3 when the objects pinned in\n" +
 			"--pin-dir were loaded for another configuration (run 'fairshare cleanup', which drops\n" +
-			"enforcement and the counts, then start again), 1 for any other failure.",
+			"enforcement and the counts, then start again), 1 for any other failure.\n\n" +
+			examples(
+				"fairshare run --check",
+				"fairshare run --print-config --config /etc/fairshare/config.yaml",
+				"fairshare run --config /etc/fairshare/config.yaml",
+				"fairshare run --front-listen 127.0.0.1:8080 --front-upstream http://127.0.0.1:9000 --pool requests=200",
+			),
 		Flags: append([]cli.Flag{
 			configFlag(), adminSocketFlag(), stateDirFlag("held open by the daemon (policy commands go through it)"), pinDirFlag(),
 			&cli.StringFlag{Name: flagProjectsRoot, Usage: "cgroup2 `DIR` whose children are the projects (sources directory and systemd) [default: <cgroup2 mount>/fairshare, or fairshare.slice with systemd]", EnvVars: env(flagProjectsRoot)},

@@ -26,7 +26,8 @@ func statusCommand() *cli.Command {
 		Description: "Asks the running daemon over its admin socket. With no daemon answering, it reads the\n" +
 			"connections pool from the BPF maps the daemon left pinned (read-only; root), which the\n" +
 			"kernel keeps enforcing, and says so; it exits 1 only when neither answers. Names that\n" +
-			"are not plain project names (a cgroup may be named anything) are printed quoted.",
+			"are not plain project names (a cgroup may be named anything) are printed quoted.\n\n" +
+			examples("fairshare status", "fairshare status --watch", "fairshare status --json"),
 		// No --state-dir: the store holds policies, not the node's state.
 		Flags: append([]cli.Flag{configFlag(), adminSocketFlag(), pinDirFlag()},
 			&cli.BoolFlag{Name: "json", Usage: "print the daemon's status as JSON (the admin API's /v1/status)"},
