@@ -133,7 +133,7 @@ func TestFloorKeptForLateProject(t *testing.T) {
 // pool) while it does, so nothing is kept for a newcomer, which is refused
 // at once. From the newcomer's refusal on, the share is halved and the
 // holder is over it: the next permit released goes to the newcomer, not
-// back to the holder (README, "Hostile local users").
+// back to the holder (docs/security.md, "Hostile local users").
 func TestLoneProjectFillsPoolNewcomerGetsNextRelease(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
