@@ -61,3 +61,34 @@ func TestCheckLeavesRunningDaemonAlone(t *testing.T) {
 			final.Exempt, project(final, "alpha").Held)
 	}
 }
+
+// A projects root outside the cgroup2 mount stops run with exit status 2;
+// run --check said "ok" for it and named the root as the projects' (found
+// by following the README on a host whose cgroup2 is at
+// /sys/fs/cgroup/unified). It must refuse what run refuses, with run's
+// status, and attach nothing.
+func TestCheckRefusesWhatRunRefuses(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: run --check loads BPF programs once the configuration passes")
+	}
+	dir := t.TempDir()
+	outside := filepath.Join(dir, "not-a-cgroup")
+	if err := os.Mkdir(outside, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pins := "/sys/fs/bpf/fs-check-" + filepath.Base(dir)
+	t.Cleanup(func() { os.RemoveAll(pins) })
+	args := []string{"--projects-root", outside, "--pin-dir", pins, "--admin-socket", filepath.Join(dir, "admin.sock"),
+		"--state-dir", filepath.Join(dir, "state")}
+	out, errOut, code := runCLI(t, append([]string{"run", "--check"}, args...)...)
+	if code != 2 || !strings.Contains(errOut, "projects_root") {
+		t.Fatalf("run --check with a projects root outside the cgroup2 mount: exit %d\n%s%s", code, out, errOut)
+	}
+	if strings.Contains(out, "ok:") {
+		t.Errorf("run --check said ok for a configuration run refuses:\n%s", out)
+	}
+	_, errRun, codeRun := runCLI(t, append([]string{"run", "--print-config"}, args...)...)
+	if codeRun != code {
+		t.Errorf("run --print-config exits %d for the same configuration (%s), --check %d", codeRun, errRun, code)
+	}
+}

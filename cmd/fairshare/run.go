@@ -121,6 +121,13 @@ func runCommand() *cli.Command {
 // directory, a running daemon's included, are verified without writing to
 // them: its counts, exempt set and programs are left as they are.
 func check(c *cli.Context, cfg config.Config) error {
+	// What run would refuse before it loads anything (a projects root
+	// outside the cgroup2 mount, a permits.group that does not exist) is
+	// refused here too, with run's status: a check that passes must not
+	// be followed by a start that stops with exit status 2.
+	if err := daemon.CheckHost(cfg); err != nil {
+		return cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), 2)
+	}
 	if cfg.Projects.Has(membership.SourceKubernetes) {
 		// Not a failure: the daemon runs without the runtime, and reads the
 		// pods once it answers.
