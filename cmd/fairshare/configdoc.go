@@ -423,7 +423,10 @@ func probeBounds(base config.Config, key string, t reflect.Type) []string {
 		}
 		msg = strings.TrimLeft(msg[len(key):], ": ")
 		if s, ok := p.(string); ok && s != "" {
+			// Quoted by our messages, bare inside the standard library's.
 			msg = strings.ReplaceAll(msg, strconv.Quote(s), "VALUE")
+			msg = strings.ReplaceAll(msg, s, "VALUE")
+			msg = strings.ReplaceAll(msg, strconv.Itoa(len(s))+" bytes", "N bytes")
 		}
 		if ss, ok := p.([]string); ok && len(ss) > 0 {
 			msg = strings.ReplaceAll(msg, strconv.Quote(ss[0]), "VALUE")
