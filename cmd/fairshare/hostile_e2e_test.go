@@ -264,7 +264,7 @@ func listener(st admin.Status, name string) admin.Listener {
 }
 
 // Hostile local users against a daemon limited to 1,024 descriptors, with
-// the caps it derives from that limit (126 a listener, 4 a peer). What is
+// the caps it derives from that limit (166 a listener, 4 a peer). What is
 // run as whom:
 //
 //   - nobody, and three of its subordinate uids (as a user namespace
@@ -274,7 +274,7 @@ func listener(st admin.Status, name string) admin.Listener {
 //   - two processes of nobody in two projects' cgroups: each project is a
 //     peer of its own on the front's socket (tenants sharing a uid do not
 //     share a place).
-//   - a crowd of 40 other uids fills the front's socket, its TCP port and
+//   - a crowd of 50 other uids fills the front's socket, its TCP port and
 //     /metrics to their caps: the daemon never runs out of descriptors
 //     (no accept error on any listener), the operator's CLI (root; the
 //     admin API is root's only) answers through the reserve, root gets
@@ -291,7 +291,7 @@ func TestFDFloodByUnprivilegedUser(t *testing.T) {
 	bin := publicCopy(t, pub)
 	st := n.status()
 	fs, ft := listener(st, "front_socket"), listener(st, "front")
-	if fs.MaxConns != 126 || fs.MaxPerPeer != 4 || ft.MaxConns != 126 {
+	if fs.MaxConns != 166 || fs.MaxPerPeer != 4 || ft.MaxConns != 166 {
 		t.Fatalf("caps at 1024 descriptors: %+v %+v", fs, ft)
 	}
 
@@ -314,7 +314,7 @@ func TestFDFloodByUnprivilegedUser(t *testing.T) {
 
 	// The crowd fills every world-reachable listener.
 	var crowd, scrapers []string
-	for i := range 40 {
+	for i := range 50 {
 		uid := 70000 + i
 		crowd = append(crowd, entry(uid, "unix", frontSock, 4), entry(uid, "tcp4", n.r.Front, 4))
 		if i < 10 {
