@@ -101,6 +101,8 @@ type Daemon struct {
 
 	// file follows the policies file (nil: none configured).
 	file *policyFile
+	// health is the control loop's last tick, for /healthz.
+	health health
 }
 
 // New opens the store and builds the parts in order: the kernel's
@@ -453,6 +455,8 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		ready.Permits = d.permits.Socket()
 	}
 
+	// Alive from the start: the first tick is a period away.
+	d.health.beat(time.Now())
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return admin.NewServer(d, d.log.With("part", "admin")).Serve(gctx, adminLn) })
 	if metricsLn != nil {
@@ -461,6 +465,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 			reg.MustRegister(d.front.Collector())
 		}
 		mux := http.NewServeMux()
+		mux.Handle("/healthz", d.health.handler(d.cfg.Tick))
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}))
 		g.Go(func() error { return serveMetrics(gctx, metricsLn, mux) })
 	}
@@ -551,6 +556,9 @@ func (d *Daemon) loop(ctx context.Context) error {
 				d.kernel.maintain(ctx, now)
 			}
 			d.events.flush()
+			// After the tick's work: a tick that hangs in any of it
+			// shows as a stalled loop.
+			d.health.beat(time.Now())
 		}
 	}
 }
