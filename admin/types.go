@@ -70,6 +70,11 @@ type PoliciesFile struct {
 	// Error is why the file's current content was refused; the policies
 	// read at LoadedAt stay in force meanwhile.
 	Error string `json:"error,omitempty"`
+	// Refusals counts the contents refused since the daemon started (a
+	// content refused once, however long it stays), and RefusedAt is when
+	// the last was.
+	Refusals  uint64    `json:"refusals"`
+	RefusedAt time.Time `json:"refused_at,omitzero"`
 }
 
 // Reconcile describes the reconcile passes: the last one's findings, and

@@ -45,6 +45,9 @@ type policyFile struct {
 	owned    map[string]policy.Policy
 	loadedAt time.Time
 	lastErr  string
+	// refusals counts the refused contents, refusedAt the last one's time.
+	refusals  uint64
+	refusedAt time.Time
 }
 
 func newPolicyFile(path string, def policy.Policy) *policyFile {
@@ -98,7 +101,8 @@ func (pf *policyFile) status() *admin.PoliciesFile {
 	}
 	pf.mu.Lock()
 	defer pf.mu.Unlock()
-	return &admin.PoliciesFile{Path: pf.f.Path(), Projects: len(pf.owned), LoadedAt: pf.loadedAt, Error: pf.lastErr}
+	return &admin.PoliciesFile{Path: pf.f.Path(), Projects: len(pf.owned), LoadedAt: pf.loadedAt, Error: pf.lastErr,
+		Refusals: pf.refusals, RefusedAt: pf.refusedAt}
 }
 
 // followPolicies reads the policies file if it changed and puts what it
@@ -117,6 +121,8 @@ func (d *Daemon) followPolicies() {
 	if err != nil {
 		pf.mu.Lock()
 		pf.lastErr = err.Error()
+		pf.refusals++
+		pf.refusedAt = clock.Or(d.opts.Clock).Now()
 		pf.mu.Unlock()
 		d.log.Error("policies file refused; the policies in force stay", "path", pf.f.Path(), "err", err)
 		return

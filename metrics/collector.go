@@ -49,6 +49,8 @@ type Collector struct {
 	nsErrors                                  *prometheus.Desc
 	poolWould, poolEnforced, would            *prometheus.Desc
 	evPublished, evDropped, evLost            *prometheus.Desc
+	polRefused, polRefusals, polRefusedAt     *prometheus.Desc
+	polLoadedAt, polProjects                  *prometheus.Desc
 
 	mu   sync.Mutex             // guards the fields below
 	sets map[string]*labels.Set // by group: "pool\x00<name>", "rates", "scheduler"
@@ -127,6 +129,12 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 		evDropped: d("events_dropped_total",
 			"Events dropped over the per-project bound (events.per_sec), where: kernel (in the BPF programs) or daemon.", "where"),
 		evLost: d("events_stream_lost_total", "Events lost by 'fairshare events' streams that did not keep up."),
+		polRefused: d("policies_file_refused",
+			"Whether the policies file's current content is refused (the policies read before stay in force)."),
+		polRefusals:  d("policies_file_refusals_total", "Contents of the policies file refused (each content counted once)."),
+		polRefusedAt: d("policies_file_last_refused_timestamp_seconds", "When a content of the policies file was last refused, as a Unix time."),
+		polLoadedAt:  d("policies_file_loaded_timestamp_seconds", "When the policies in force were read from the policies file, as a Unix time."),
+		polProjects:  d("policies_file_projects", "Projects the policies in force from the policies file name."),
 	}
 }
 
@@ -140,7 +148,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.lnOpen, c.lnMax, c.lnAccepted, c.lnRefused, c.lnErrors,
 		c.memMembers, c.memRefused, c.memSourceUp, c.nsFound, c.nsAttached, c.nsSweeps, c.nsSweep, c.nsErrors,
 
-		c.poolWould, c.poolEnforced, c.would, c.evPublished, c.evDropped, c.evLost} {
+		c.poolWould, c.poolEnforced, c.would, c.evPublished, c.evDropped, c.evLost,
+		c.polRefused, c.polRefusals, c.polRefusedAt, c.polLoadedAt, c.polProjects} {
 		ch <- d
 	}
 }
@@ -184,6 +193,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.evDropped, prometheus.CounterValue, float64(e.Dropped), "daemon")
 		ch <- prometheus.MustNewConstMetric(c.evDropped, prometheus.CounterValue, float64(e.KernelDropped), "kernel")
 		ch <- prometheus.MustNewConstMetric(c.evLost, prometheus.CounterValue, float64(e.StreamLost))
+	}
+	if f := st.PoliciesFile; f != nil {
+		// Only with a policies file configured; the timestamps once there
+		// is one to give.
+		ch <- prometheus.MustNewConstMetric(c.polRefused, prometheus.GaugeValue, b2f(f.Error != ""))
+		ch <- prometheus.MustNewConstMetric(c.polRefusals, prometheus.CounterValue, float64(f.Refusals))
+		ch <- prometheus.MustNewConstMetric(c.polProjects, prometheus.GaugeValue, float64(f.Projects))
+		if !f.RefusedAt.IsZero() {
+			ch <- prometheus.MustNewConstMetric(c.polRefusedAt, prometheus.GaugeValue, float64(f.RefusedAt.UnixNano())/1e9)
+		}
+		if !f.LoadedAt.IsZero() {
+			ch <- prometheus.MustNewConstMetric(c.polLoadedAt, prometheus.GaugeValue, float64(f.LoadedAt.UnixNano())/1e9)
+		}
 	}
 	for _, l := range st.Listeners {
 		ch <- prometheus.MustNewConstMetric(c.lnOpen, prometheus.GaugeValue, float64(l.Open), l.Name)

@@ -480,3 +480,43 @@ func lint(t *testing.T, c prometheus.Collector) {
 		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
 }
+
+// TestCollectPoliciesFile: a refused policies file shows as the gauge at 1
+// with its count and time; no policies file, no series.
+func TestCollectPoliciesFile(t *testing.T) {
+	names := []string{"fairshare_policies_file_refused", "fairshare_policies_file_refusals_total",
+		"fairshare_policies_file_last_refused_timestamp_seconds", "fairshare_policies_file_loaded_timestamp_seconds",
+		"fairshare_policies_file_projects"}
+	if n := testutil.CollectAndCount(New(fixed(sample()), 10, nil), names...); n != 0 {
+		t.Errorf("%d policies file series without a policies file", n)
+	}
+	st := sample()
+	st.PoliciesFile = &admin.PoliciesFile{Path: "/etc/fairshare/policies/policies.yaml", Projects: 3,
+		LoadedAt: time.Unix(1700000000, 0), Error: "line 2: project a: shares 0", Refusals: 2, RefusedAt: time.Unix(1700000100, 500e6)}
+	want := `
+# HELP fairshare_policies_file_last_refused_timestamp_seconds When a content of the policies file was last refused, as a Unix time.
+# TYPE fairshare_policies_file_last_refused_timestamp_seconds gauge
+fairshare_policies_file_last_refused_timestamp_seconds 1.7000001005e+09
+# HELP fairshare_policies_file_loaded_timestamp_seconds When the policies in force were read from the policies file, as a Unix time.
+# TYPE fairshare_policies_file_loaded_timestamp_seconds gauge
+fairshare_policies_file_loaded_timestamp_seconds 1.7e+09
+# HELP fairshare_policies_file_projects Projects the policies in force from the policies file name.
+# TYPE fairshare_policies_file_projects gauge
+fairshare_policies_file_projects 3
+# HELP fairshare_policies_file_refusals_total Contents of the policies file refused (each content counted once).
+# TYPE fairshare_policies_file_refusals_total counter
+fairshare_policies_file_refusals_total 2
+# HELP fairshare_policies_file_refused Whether the policies file's current content is refused (the policies read before stay in force).
+# TYPE fairshare_policies_file_refused gauge
+fairshare_policies_file_refused 1
+`
+	c := New(fixed(st), 10, nil)
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+	lint(t, c)
+	st.PoliciesFile.Error = ""
+	if err := testutil.CollectAndCompare(New(fixed(st), 10, nil), strings.NewReader(strings.Replace(want, "fairshare_policies_file_refused 1", "fairshare_policies_file_refused 0", 1)), names...); err != nil {
+		t.Errorf("a good file again: %v", err)
+	}
+}

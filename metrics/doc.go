@@ -39,6 +39,9 @@
 //	fairshare_netns_namespaces|attached                   the members' network namespaces
 //	fairshare_netns_sweeps_total|scan_errors_total
 //	fairshare_netns_sweep_seconds                         the last sweep's steps, summed
+//	fairshare_policies_file_refused                       1 while its current content is refused
+//	fairshare_policies_file_refusals_total|projects
+//	fairshare_policies_file_last_refused_timestamp_seconds|loaded_timestamp_seconds
 //
 // Cardinality is bounded by MaxProjects (metrics.max_projects in the config),
 // by the one policy of package internal/labels, which the front's request

@@ -68,4 +68,32 @@ func TestPoliciesFileThroughDaemon(t *testing.T) {
 	if !strings.Contains(n.log.String(), "policies file refused") {
 		t.Fatalf("no log line for the refused file:\n%s", n.log)
 	}
+	// The refusal in status's text and in /metrics, for the alert.
+	out, errOut, code = n.cli("status")
+	if code != 0 || !strings.Contains(out, "its current content is REFUSED since ") || !strings.Contains(out, "shares") ||
+		!strings.Contains(out, "1 contents refused since the daemon started") {
+		t.Errorf("status with a refused policies file: exit %d\n%s%s", code, out, errOut)
+	}
+	met := n.metrics()
+	for _, w := range []string{"fairshare_policies_file_refused 1", "fairshare_policies_file_refusals_total 1",
+		"fairshare_policies_file_projects 1", "fairshare_policies_file_last_refused_timestamp_seconds "} {
+		if !strings.Contains(met, w) {
+			t.Errorf("/metrics with a refused policies file lacks %q", w)
+		}
+	}
+	// A good file again: no longer refused, the count stays.
+	write("alpha: {tier: lite, shares: 3}\n")
+	deadline = time.Now().Add(10 * time.Second)
+	for met = n.metrics(); !strings.Contains(met, "fairshare_policies_file_refused 0"); met = n.metrics() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the refusal outlived a good file:\n%s", met)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(met, "fairshare_policies_file_refusals_total 1") {
+		t.Error("the refusals counter went down")
+	}
+	if out, _, _ = n.cli("status"); strings.Contains(out, "content is REFUSED") {
+		t.Errorf("status after a good file still says REFUSED:\n%s", out)
+	}
 }

@@ -170,7 +170,11 @@ func printStatus(w io.Writer, st admin.Status) error {
 			fmt.Fprintf(tw, "policies file %s: %d projects, read at %s", f.Path, f.Projects, f.LoadedAt.Format(time.RFC3339))
 		}
 		if f.Error != "" {
-			fmt.Fprintf(tw, "; its current content is REFUSED (%s), the policies read before stay in force", f.Error)
+			fmt.Fprintf(tw, "; its current content is REFUSED since %s (%s), the policies read before stay in force",
+				f.RefusedAt.Format(time.RFC3339), f.Error)
+		}
+		if f.Refusals > 0 {
+			fmt.Fprintf(tw, "; %d contents refused since the daemon started", f.Refusals)
 		}
 		fmt.Fprintln(tw)
 	}
