@@ -437,7 +437,7 @@ func newKube(cfg config.Config, mount cgroup.Mount, log *slog.Logger) (*kube.Sou
 	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: kubeRules(cfg), Mount: mount.Point, PodCgroups: k.PodCgroups,
 		CheckPid: checkPid, Every: max(cfg.Tick, kubePollMin),
 		Log: log.With("source", membership.SourceKubernetes), Cache: filepath.Join(cfg.StateDir, kubeCache)})
-	log.Info("pods are read from the container runtime over the CRI, polled each tick (containerd 1.6 has no container events)",
+	log.Info("pods are read from the container runtime over the CRI, each tick and at its container events where it has them",
 		"endpoint", cri.Endpoint(), "project_label", k.ProjectLabel, "namespace_projects", k.NamespaceProjects,
 		"system_namespaces", k.SystemNamespaces, "pod_cgroups", k.PodCgroups)
 	return src, nil

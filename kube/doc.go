@@ -14,8 +14,12 @@
 // are no project and are never limited.
 //
 // Source is the daemon's kubernetes source of members (projects.sources):
-// a membership.Polled that lists the pods each tick (containerd 1.6 has no
-// container events), makes each pod's cgroup a member of its project, gives
+// a membership.Polled that lists the pods each tick, and at once on each of
+// the runtime's container events where it may follow them (containerd 2.0
+// and later: a new pod is read as its sandbox starts, before its first
+// container; containerd 1.6 has no events, and containerd 1.7 and CRI-O give
+// each event to one reader only, which may be kubelet's: there, the polls
+// alone), makes each pod's cgroup a member of its project, gives
 // the network namespaces of pods not on the host's network to the daemon for
 // inbound admission, reports a runtime that does not answer with one error
 // per cause, and keeps its last good poll in a file so that a daemon

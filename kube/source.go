@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/netnsscan"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	rt "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // SourceOptions configure NewSource.
@@ -43,9 +45,9 @@ type SourceOptions struct {
 	// netnsscan.CheckPid with the cgroup2 mount at Mount.
 	CheckPid func(pid int, dir string) error
 	// Every is the poll period (the daemon's tick), which also bounds one
-	// poll; 0 means 1s. containerd 1.6 has no container events
-	// (GetContainerEvents came with 1.7), so the pods are listed again each
-	// period: one call, plus one status call per sandbox not seen before.
+	// poll; 0 means 1s. The pods are listed again each period (one call,
+	// plus one status call per sandbox not seen before), and at once on
+	// the runtime's container events where they are followed (follow).
 	Every time.Duration
 	// Log receives the runtime's first answer and each pod label that is
 	// not a project name.
@@ -54,6 +56,9 @@ type SourceOptions struct {
 	// daemon that restarts while the runtime is away starts from the pods
 	// it last saw (Last) instead of from none.
 	Cache string
+	// NoEvents polls only, even on a runtime whose container events could
+	// be followed (tests measure the polling with it).
+	NoEvents bool
 }
 
 // PodNetns is the network namespace of a pod that is in a project and has
@@ -95,6 +100,9 @@ type Source struct {
 	polled     bool              // a poll succeeded
 	keepFailed bool              // a write of the cache failed (logged once)
 	last       *membership.Found // what Cache held at start
+
+	stop       context.CancelFunc // ends follow
+	followDone chan struct{}
 }
 
 // cached is the content of SourceOptions.Cache.
@@ -134,7 +142,80 @@ func NewSource(o SourceOptions) *Source {
 		}
 	}
 	s.Polled = membership.NewPolled(membership.SourceKubernetes, o.Every, s.fetch)
+	ctx, stop := context.WithCancel(context.Background())
+	s.stop, s.followDone = stop, make(chan struct{})
+	go s.follow(ctx)
 	return s
+}
+
+// eventsRetry is the wait before the runtime's events are asked for again,
+// after the runtime did not answer or the stream broke.
+const eventsRetry = time.Second
+
+// follow reads the pods again at each of the runtime's container events,
+// where the runtime gives every reader every event (EventsShared): a new
+// pod's sandbox is read as it starts, before its first container, instead
+// of at the next poll (up to a period later). The polls go on beside it, so
+// an event lost or a stream broken costs at most a period. A runtime
+// without events (containerd 1.6), or whose events kubelet may need for
+// itself, is polled only; that is said once.
+func (s *Source) follow(ctx context.Context) {
+	defer close(s.followDone)
+	if s.o.NoEvents {
+		return
+	}
+	wait := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(eventsRetry):
+			return true
+		}
+	}
+	var broken string // the last stream's error, logged once
+	following := false
+	for {
+		name, version, err := s.o.CRI.Version(ctx)
+		if err != nil { // not up yet, or gone: the polls say so
+			if !wait() {
+				return
+			}
+			continue
+		}
+		if why := EventsShared(name, version); why != "" {
+			s.o.Log.Info("the container runtime's events are not followed: new pods are found by the polls, once a period",
+				"reason", why, "period", s.o.Every)
+			return
+		}
+		if !following {
+			following = true
+			s.o.Log.Info("following the container runtime's events: a new pod is read as its sandbox starts",
+				"runtime", name+" "+version)
+		}
+		err = s.o.CRI.Events(ctx, func(*rt.ContainerEventResponse) {
+			if broken != "" {
+				broken = ""
+				s.o.Log.Info("the container runtime's event stream is back", "runtime", name+" "+version)
+			}
+			s.Poke()
+		})
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, ErrNoEvents):
+			s.o.Log.Info("the container runtime has no container events: new pods are found by the polls, once a period",
+				"runtime", name+" "+version, "period", s.o.Every, "detail", err)
+			return
+		}
+		if err.Error() != broken {
+			broken = err.Error()
+			s.o.Log.Warn("the container runtime's event stream broke: new pods are found by the polls until it is back", "err", err)
+		}
+		s.Poke()
+		if !wait() {
+			return
+		}
+	}
 }
 
 // Last returns the members of the last good poll of an earlier run (from
@@ -164,6 +245,8 @@ func (s *Source) System() int {
 
 // Close stops the polls and closes the runtime's client.
 func (s *Source) Close() error {
+	s.stop()
+	<-s.followDone
 	s.Polled.Close()
 	return s.o.CRI.Close()
 }

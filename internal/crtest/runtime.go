@@ -49,6 +49,7 @@ type Runtime struct {
 	PodNetwork bool
 
 	dir    string
+	bin    string // where containerd, its shim and ctr are; "": PATH
 	bridge string
 	conn   *grpc.ClientConn
 	cfg    string // containerd's config file
@@ -98,6 +99,38 @@ func isStatic(path string) bool {
 // not root or when containerd cannot run on this machine.
 func Start(t testing.TB) *Runtime {
 	t.Helper()
+	return start(t, "")
+}
+
+// Containerd2Env names a directory holding a containerd 2.x build
+// (containerd, containerd-shim-runc-v2, ctr) for StartContainerd2, e.g.
+//
+//	GOBIN=/tmp/ctrd2 go install github.com/containerd/containerd/v2/cmd/{containerd,containerd-shim-runc-v2,ctr}@v2.4.2
+//	FAIRSHARE_CONTAINERD2=/tmp/ctrd2 go test ./kube ./cmd/fairshare -run Events
+const Containerd2Env = "FAIRSHARE_CONTAINERD2"
+
+// StartContainerd2 is Start with the containerd 2.x build in the directory
+// $FAIRSHARE_CONTAINERD2 (Debian has containerd 1.6 only); it skips the
+// test when that is not set. containerd 2 reads the same configuration
+// (version 2, which it migrates).
+func StartContainerd2(t testing.TB) *Runtime {
+	t.Helper()
+	dir := os.Getenv(Containerd2Env)
+	if dir == "" {
+		t.Skipf("no containerd 2.x: set %s to a directory with containerd, containerd-shim-runc-v2 and ctr v2", Containerd2Env)
+	}
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			t.Fatalf("%s=%s: %v", Containerd2Env, dir, err)
+		}
+	}
+	return start(t, dir)
+}
+
+// start starts a containerd: the one on PATH, or the one in bin (its shim
+// and ctr too).
+func start(t testing.TB, bin string) *Runtime {
+	t.Helper()
 	testutil.RequireRoot(t)
 	if why := Requirements(); why != "" {
 		t.Skipf("containerd cannot run here: %s", why)
@@ -107,7 +140,7 @@ func Start(t testing.TB) *Runtime {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Runtime{dir: dir, Socket: filepath.Join(dir, "containerd.sock"), parents: map[string]bool{}}
+	r := &Runtime{dir: dir, Socket: filepath.Join(dir, "containerd.sock"), parents: map[string]bool{}, bin: bin}
 	t.Cleanup(func() { r.stop(t) })
 
 	cniDir := filepath.Join(dir, "cni")
@@ -146,7 +179,7 @@ func Start(t testing.TB) *Runtime {
 	if err != nil {
 		t.Fatalf("building the test image: %v", err)
 	}
-	out, err := exec.Command("ctr", "-a", r.Socket, "-n", "k8s.io", "images", "import", "--all-platforms", img).CombinedOutput()
+	out, err := r.command("ctr", "-a", r.Socket, "-n", "k8s.io", "images", "import", "--all-platforms", img).CombinedOutput()
 	if err != nil {
 		t.Fatalf("importing the test image: %v\n%s", err, out)
 	}
@@ -161,7 +194,7 @@ func (r *Runtime) up(t testing.TB) {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	r.cmd = exec.Command("containerd", "--config", r.cfg)
+	r.cmd = r.command("containerd", "--config", r.cfg)
 	r.cmd.Stdout, r.cmd.Stderr = logf, logf
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := r.cmd.Start(); err != nil {
@@ -169,6 +202,27 @@ func (r *Runtime) up(t testing.TB) {
 	}
 	r.waited = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(r.cmd, r.waited)
+}
+
+// command is the named program of r's containerd build; containerd finds
+// its shim on PATH, so bin goes first there.
+func (r *Runtime) command(name string, args ...string) *exec.Cmd {
+	if r.bin == "" {
+		return exec.Command(name, args...)
+	}
+	cmd := exec.Command(filepath.Join(r.bin, name), args...)
+	cmd.Env = append(os.Environ(), "PATH="+r.bin+":"+os.Getenv("PATH"))
+	return cmd
+}
+
+// Version is the runtime's name and version, as the CRI gives them.
+func (r *Runtime) Version(t testing.TB) string {
+	t.Helper()
+	v, err := r.Client.Version(context.Background(), &rt.VersionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.RuntimeName + " " + v.RuntimeVersion
 }
 
 // waitUp waits until containerd answers.
@@ -273,6 +327,12 @@ func (r *Runtime) cniConfig() string {
 `, r.bridge, b[0], filepath.Join(r.dir, "ipam"))
 }
 
+// NewUID returns a fresh pod uid, in the form kubelet's have.
+func NewUID() string {
+	u := randHex(16)
+	return u[:8] + "-" + u[8:12] + "-" + u[12:16] + "-" + u[16:20] + "-" + u[20:]
+}
+
 func randHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
@@ -307,6 +367,9 @@ type Pod struct {
 	ContainerCgroup string
 	// IP is the pod's address ("" for host-network pods).
 	IP string
+	// Called is when RunPodSandbox was called, Ready when it returned (the
+	// sandbox ready: the earliest a pod lister can see it).
+	Called, Ready time.Time
 }
 
 // RunPod runs a pod sandbox with one started container, as kubelet would
@@ -314,8 +377,7 @@ type Pod struct {
 func (r *Runtime) RunPod(t testing.TB, s PodSpec) *Pod {
 	t.Helper()
 	if s.UID == "" {
-		u := randHex(16)
-		s.UID = u[:8] + "-" + u[8:12] + "-" + u[12:16] + "-" + u[16:20] + "-" + u[20:]
+		s.UID = NewUID()
 	}
 	if s.CgroupParent == "" {
 		s.CgroupParent = "/kubepods/burstable/pod" + s.UID
@@ -352,11 +414,13 @@ func (r *Runtime) RunPod(t testing.TB, s PodSpec) *Pod {
 	r.parents[s.CgroupParent] = true
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	called := time.Now()
 	run, err := r.Client.RunPodSandbox(ctx, &rt.RunPodSandboxRequest{Config: sc})
 	if err != nil {
 		t.Fatalf("RunPodSandbox %s/%s: %v\n%s", s.Namespace, s.Name, err, r.Log())
 	}
-	p := &Pod{ID: run.PodSandboxId, UID: s.UID, Namespace: s.Namespace, Name: s.Name, CgroupParent: s.CgroupParent}
+	p := &Pod{ID: run.PodSandboxId, UID: s.UID, Namespace: s.Namespace, Name: s.Name, CgroupParent: s.CgroupParent,
+		Called: called, Ready: time.Now()}
 	t.Cleanup(func() { r.RemovePod(t, p) })
 	cc := &rt.ContainerConfig{
 		Metadata: &rt.ContainerMetadata{Name: "main"},

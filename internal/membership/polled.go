@@ -29,6 +29,7 @@ type Polled struct {
 	fetch   func(context.Context) (Found, error)
 	every   time.Duration
 	changed chan struct{}
+	kick    chan struct{} // Poke: fetch now
 	cancel  context.CancelFunc
 	done    chan struct{}
 
@@ -41,7 +42,7 @@ type Polled struct {
 // Close stops it.
 func NewPolled(name string, every time.Duration, fetch func(context.Context) (Found, error)) *Polled {
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Polled{name: name, fetch: fetch, every: every, changed: make(chan struct{}, 1),
+	p := &Polled{name: name, fetch: fetch, every: every, changed: make(chan struct{}, 1), kick: make(chan struct{}, 1),
 		cancel: cancel, done: make(chan struct{}), err: ErrNotRead}
 	go p.run(ctx)
 	return p
@@ -57,7 +58,20 @@ func (p *Polled) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-p.kick:
 		}
+	}
+}
+
+// Poke asks for a fetch now, without waiting for it: one at once if none
+// is under way, else one more as soon as it ends. Pokes meanwhile
+// coalesce, so a burst of them costs at most two fetches. A source that
+// learns of a change between polls (a container runtime's events) pokes,
+// and its members are read within a fetch rather than within a period.
+func (p *Polled) Poke() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
 	}
 }
 

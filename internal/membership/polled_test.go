@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -88,5 +89,46 @@ func TestPolled(t *testing.T) {
 	case <-began:
 		t.Error("a fetch after Close")
 	case <-time.After(250 * time.Millisecond):
+	}
+}
+
+// TestPolledPoke: a poke fetches at once rather than at the next period,
+// and pokes during a fetch coalesce into one more.
+func TestPolledPoke(t *testing.T) {
+	var fetches atomic.Int64
+	release := make(chan struct{})
+	began := make(chan struct{}, 16)
+	p := NewPolled("kubernetes", time.Hour, func(ctx context.Context) (Found, error) {
+		fetches.Add(1)
+		began <- struct{}{}
+		<-release
+		return Found{}, nil
+	})
+	defer p.Close()
+	<-began // the first fetch, at start
+	for range 100 {
+		p.Poke() // during the fetch: one more, not a hundred
+	}
+	release <- struct{}{}
+	select {
+	case <-began:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no fetch after a poke (the period is an hour)")
+	}
+	release <- struct{}{}
+	select {
+	case <-began:
+		t.Fatal("a third fetch: pokes during a fetch did not coalesce")
+	case <-time.After(200 * time.Millisecond):
+	}
+	p.Poke()
+	select {
+	case <-began:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no fetch after a poke while idle")
+	}
+	release <- struct{}{}
+	if n := fetches.Load(); n != 3 {
+		t.Errorf("%d fetches, want 3", n)
 	}
 }
