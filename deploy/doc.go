@@ -8,7 +8,8 @@
 // the chart with Helm's Go library and decode every manifest into the
 // Kubernetes API types, strictly.
 //
-// Regenerate kubernetes/fairshare.yaml after changing the chart:
+// Regenerate kubernetes/fairshare.yaml after changing the chart, from the
+// repository's root (this directory is a module of its own, so -C):
 //
-//	go test ./deploy -run TestStaticManifests -update
+//	go test -C deploy -run TestStaticManifests . -update
 package deploy

@@ -41,7 +41,14 @@ func Render(dir, name, namespace string, values map[string]any) (string, error) 
 			names = append(names, n)
 		}
 	}
-	sort.Strings(names)
+	// The namespace first: kubectl apply creates in the stream's order.
+	sort.Slice(names, func(i, j int) bool {
+		ni, nj := filepath.Base(names[i]) == "namespace.yaml", filepath.Base(names[j]) == "namespace.yaml"
+		if ni != nj {
+			return ni
+		}
+		return names[i] < names[j]
+	})
 	var b strings.Builder
 	for _, n := range names {
 		for _, doc := range strings.Split(files[n], "\n---") {
