@@ -15,8 +15,10 @@
 // it, is one small view (pool: name, recompute, status), so the control loop
 // and Status go over one list.
 //
-// Run serves the admin API, /metrics, the HTTP front and the permit API, and
-// runs the control loop: every tick it recomputes each pool (for the
+// Run serves the admin API, /metrics and /healthz (503 when the control
+// loop has not ticked for 5 ticks, at least 5s: health.go), the HTTP front
+// and the permit API, and runs the control loop: every tick it recomputes
+// each pool (for the
 // kernel's, loader.Tick writes the active set and share into the BPF maps),
 // and every reconcile period it compares the BPF counts with the kernel's
 // socket table. The loop logs changes, not ticks: a repair at Warn (the
