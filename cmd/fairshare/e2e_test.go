@@ -160,6 +160,8 @@ type node struct {
 	r                                       daemon.Ready
 	// prefix, if set, runs the daemon through another command (prlimit).
 	prefix []string
+	// args are more arguments of 'run' (the chart's --detach-on-exit).
+	args []string
 }
 
 func newNode(t *testing.T, poolYAML string) *node {
@@ -201,6 +203,7 @@ func (n *node) start() {
 	os.Remove(n.ready)
 	n.log = &testutil.Buffer{}
 	args := append(append([]string{}, n.prefix...), binary, "run", "--config", n.cfg, "--ready-file", n.ready, "--log-format", "json")
+	args = append(args, n.args...)
 	n.cmd = exec.Command(args[0], args[1:]...)
 	n.cmd.Env = cleanEnv()
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
