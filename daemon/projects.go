@@ -490,6 +490,15 @@ func CheckKubernetes(ctx context.Context, cfg config.Config) (string, error) {
 	if unusable > 0 {
 		line += fmt.Sprintf(", %d whose status has no usable cgroup, or one outside kubernetes.pod_cgroups ('fairshare project list' says why)", unusable)
 	}
+	// How fast a new pod is classified: at its sandbox's start, or at the
+	// next poll (kube.Source.follow).
+	if name, v, err := cri.Version(ctx); err == nil {
+		if why := kube.EventsShared(name, v); why != "" {
+			line += "; new pods are found by the polls, each tick (its container events are not followed: " + why + ")"
+		} else {
+			line += "; new pods are read at its container events, as their sandbox starts"
+		}
+	}
 	return line, nil
 }
 

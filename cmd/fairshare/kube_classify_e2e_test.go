@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,6 +41,14 @@ func classifyRounds(t *testing.T, r *crtest.Runtime, rounds int) {
 	v := r.Version(t)
 	n := kubeNode(t, r, "")
 	n.start()
+	// run --check says which way new pods are found.
+	want := "new pods are found by the polls, each tick"
+	if strings.HasPrefix(v, "containerd 2") {
+		want = "new pods are read at its container events"
+	}
+	if out, errOut, code := runCLI(t, "run", "--check", "--config", n.cfg); code != 0 || !strings.Contains(out, want) {
+		t.Errorf("run --check on %s: exit %d, want %q\n%s%s", v, code, want, out, errOut)
+	}
 	members, err := ebpf.LoadPinnedMap(filepath.Join(n.pin, "fs_members"), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
