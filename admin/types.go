@@ -88,14 +88,17 @@ type Reconcile struct {
 	// Repairs is the number of corrections the last pass made: sockets
 	// adopted, permits of gone sockets released, stale listeners uncounted
 	// and the size of every in_use correction.
-	Repairs        int    `json:"repairs"`
-	Adopted        int    `json:"adopted"`
-	Orphans        int    `json:"orphans"`
-	StaleListeners int    `json:"stale_listeners"`
-	Error          string `json:"error,omitempty"` // the last pass failed
-	Passes         uint64 `json:"passes"`
-	RepairsTotal   uint64 `json:"repairs_total"`
-	Failures       uint64 `json:"failures"`
+	Repairs        int `json:"repairs"`
+	Adopted        int `json:"adopted"`
+	Orphans        int `json:"orphans"`
+	StaleListeners int `json:"stale_listeners"`
+	// AdoptedPastTotal counts the sockets the passes adopted past the
+	// rule (in_use may exceed the pool by them until they end).
+	AdoptedPastTotal uint64 `json:"adopted_past_rule_total"`
+	Error            string `json:"error,omitempty"` // the last pass failed
+	Passes           uint64 `json:"passes"`
+	RepairsTotal     uint64 `json:"repairs_total"`
+	Failures         uint64 `json:"failures"`
 }
 
 // Listener is one of the daemon's listeners (package internal/listen).
@@ -158,6 +161,25 @@ type Pool struct {
 	Forgotten Forgotten `json:"forgotten"`
 	// Exempt is the pool's exempt class, if it has one.
 	Exempt *Exempt `json:"exempt,omitempty"`
+	// Lapse is the kernel's pool's heartbeat and lapse
+	// (connections.lapse_after), if the pins have one.
+	Lapse *Lapse `json:"lapse,omitempty"`
+}
+
+// Lapse is the state of the kernel's lapse: the daemon renews a heartbeat
+// in the pins every tick, and once it is older than After the programs
+// count and stop refusing.
+type Lapse struct {
+	// After is connections.lapse_after in seconds; 0 never lapses.
+	After float64 `json:"after_seconds"`
+	// HeartbeatAge is the time since the daemon's last heartbeat, in
+	// seconds.
+	HeartbeatAge float64 `json:"heartbeat_age_seconds"`
+	// Lapsed says the programs do not refuse now.
+	Lapsed bool `json:"lapsed"`
+	// Admitted counts the refusals admitted because enforcement had
+	// lapsed (in Admitted too).
+	Admitted uint64 `json:"admitted"`
 }
 
 // Consistent checks what Status promises of a pool: its rows add up to its

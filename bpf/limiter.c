@@ -452,12 +452,21 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		struct fs_sock v = {.project = id, .netns = sock_netns(sk),
 				    .kind = ex ? KIND_EXEMPT_ADOPTED : KIND_ADOPTED};
 		if (hold(rec.cookie, &v) == 0) {
-			if (ex)
-				COUNT(exempt_admitted);
-			else
-				force(id, CLK_FINE);
-			COUNT(adopted);
 			rec.adopted = 1;
+			if (ex) {
+				COUNT(exempt_admitted);
+			} else {
+				/* Past the rule (it would refuse a connect of the
+				 * project now): counted all the same, the socket
+				 * exists, and reported (ADOPTED_PAST). */
+				struct fs_settings *cfg = settings();
+				struct fs_pool *n = node();
+				struct fs_project *p = project_get(id);
+				if (cfg && n && p && *(volatile __s64 *)&n->in_use >= limit_for(cfg, n, p, false))
+					rec.adopted = ADOPTED_PAST;
+				force(id, CLK_FINE);
+			}
+			COUNT(adopted);
 		} else if (ex) {
 			exempt_undo();
 		}

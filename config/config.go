@@ -115,6 +115,11 @@ type Connections struct {
 	// making namespaces cannot take all of MaxNetns: 1 to limits.MaxNetns
 	// (past MaxNetns it bounds nothing).
 	MaxNetnsPerProject int `yaml:"max_netns_per_project"`
+	// LapseAfter is how long the kernel enforces without a daemon: once
+	// the daemon's heartbeat (renewed every tick) is older, the programs
+	// count and stop refusing (loader.Options.LapseAfter). 0 enforces
+	// forever; otherwise at least two ticks.
+	LapseAfter time.Duration `yaml:"lapse_after"`
 }
 
 // Permits configures the local permit API (package permitd) that serves the
@@ -476,6 +481,9 @@ func (c *Config) Validate() error {
 	}
 	if n := c.Connections.MaxNetnsPerProject; n < 1 || n > limits.MaxNetns {
 		return bad("connections.max_netns_per_project must be between 1 and %d, got %d", limits.MaxNetns, n)
+	}
+	if la := c.Connections.LapseAfter; la < 0 || la != 0 && la < 2*c.Tick {
+		return bad("connections.lapse_after must be 0 (enforce forever) or at least two ticks (%s), got %s", 2*c.Tick, la)
 	}
 	if ttl := c.Connections.ReservationTTL; ttl != 0 && (ttl < limits.MinReservationTTL || ttl > limits.MaxReservationTTL) {
 		return bad("connections.reservation_ttl must be 0 (the default) or between %s and %s, got %s",

@@ -143,6 +143,7 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink) (*kernelSi
 		Logger: log,
 		Exempt: exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
 		ReservationTTL: cfg.Connections.ReservationTTL, MaxNetns: cfg.Connections.MaxNetns,
+		LapseAfter: cfg.Connections.LapseAfter,
 	})
 	if err != nil {
 		return nil, loadError(cfg.PinDir, err)
@@ -264,6 +265,9 @@ func (k *kernelSide) reconcilePass(ctx context.Context) {
 	k.rec.Error = ""
 	k.rec.Sockets, k.rec.Held, k.rec.Repairs = sum(rep.Kernel), sum(rep.Held), repairs
 	k.rec.Adopted, k.rec.Orphans, k.rec.StaleListeners = rep.Adopted, rep.Orphans, rep.StaleListeners
+	for _, n := range rep.AdoptedPast {
+		k.rec.AdoptedPastTotal += uint64(n)
+	}
 	k.mu.Unlock()
 	k.publishRepairs(rep)
 	k.log.Debug("reconcile pass", "sockets", sum(rep.Kernel), "held", sum(rep.Held), "reservations", sum(rep.Reservations),
@@ -281,6 +285,15 @@ func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
 		}
 	}
 	pub(events.KindAdopted, "", rep.Adopted, "project sockets that held no permit now do")
+	past := make([]string, 0, len(rep.AdoptedPast))
+	for p := range rep.AdoptedPast {
+		past = append(past, p)
+	}
+	sort.Strings(past)
+	for _, p := range past {
+		pub(events.KindAdoptedPast, p, rep.AdoptedPast[p],
+			"adopted past the rule: the sockets exist, so they count, and in_use may exceed the pool until they end")
+	}
 	pub(events.KindRepaired, "", rep.Orphans, "permits of sockets that no longer exist released")
 	pub(events.KindRepaired, "", rep.StaleListeners, "listeners that no longer exist uncounted")
 	pub(events.KindRepaired, "", rep.ExemptRepaired, fmt.Sprintf("exempt in_use corrected by %+d", rep.ExemptRepaired))
@@ -412,6 +425,9 @@ func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) 
 	if len(s.Exempt.Paths) > 0 || s.Exempt.InUse > 0 || s.Exempt.Admitted > 0 {
 		p.Exempt = &admin.Exempt{Members: s.Exempt.Paths, Max: s.Exempt.Max, InUse: s.Exempt.InUse,
 			Admitted: s.Exempt.Admitted, OverBudget: s.Exempt.OverBudget}
+	}
+	if lp := s.Lapse; !lp.Never {
+		p.Lapse = &admin.Lapse{After: lp.After.Seconds(), HeartbeatAge: lp.Age.Seconds(), Lapsed: lp.Lapsed, Admitted: lp.Admitted}
 	}
 	p.Admitted, p.Refused, p.RateLimited = forgotten.Admitted, forgotten.Refused, forgotten.RateLimited
 	for _, pc := range s.Projects {

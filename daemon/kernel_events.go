@@ -66,6 +66,9 @@ func kernelEvent(r loader.Refusal) events.Event {
 		e.Project = fmt.Sprintf("#%d", r.CgroupID) // its cgroup is gone
 	}
 	switch {
+	case r.Lapsed:
+		e.Kind = events.KindLapsed
+		e.Detail = "admitted: enforcement lapsed, no daemon renewed its heartbeat within connections.lapse_after"
 	case r.Would:
 		e.Kind = events.KindWouldRefuse
 	case r.Reason == loader.ReasonRateLimited:

@@ -25,6 +25,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/netnsscan"
 	"github.com/fairshare-dev/fairshare/internal/project"
 	"github.com/fairshare-dev/fairshare/kube"
+	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/policy"
 )
 
@@ -91,6 +92,10 @@ type projects struct {
 	// namespace kept alive by an open file, with no process left in it,
 	// leaves the scan but keeps its link and its slot of max_netns).
 	charged map[uint64]netnsCharge
+	// self is the daemon's own cgroup (a directory below mount), "" if
+	// unknown; podRoots are kubernetes.pod_cgroups.
+	self     string
+	podRoots []string
 	// ownNetns is the inode of the daemon's own network namespace, which
 	// the kernel side attaches at Open: no project's.
 	ownNetns uint64
@@ -141,6 +146,13 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 	}
 	p.mount = mount
 	p.paths = cgroup.NewPaths(mount, time.Second, nil)
+	if mount.Point != "" {
+		if d, err := mount.OfPID(os.Getpid()); err == nil && d != mount.Point {
+			p.self = d
+		} else if err != nil {
+			p.log.Warn("the daemon's own cgroup is unknown: its own connections are not kept out of the projects", "err", err)
+		}
+	}
 	// A source is a case here and a name in config.ProjectSources; the
 	// order of the list is its priority in a conflict. A source that polls
 	// something slow is a membership.Polled appended to p.sources and
@@ -192,7 +204,8 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 			if mount.Point == "" {
 				continue
 			}
-			src, err := newKube(cfg, mount, p.log)
+			p.podRoots = cfg.Kubernetes.PodCgroups
+			src, err := newKube(cfg, mount, p.self, p.log)
 			if err != nil {
 				p.close()
 				return nil, err
@@ -313,6 +326,10 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 		// They carry no source (Source ""); their tree places peers while
 		// an unread source holds them (unreadHold).
 		if ms, err := p.kernel.Members(); err == nil {
+			// The extras are the daemon's own (kernelExtras), no source's.
+			ms = slices.DeleteFunc(ms, func(m membership.Member) bool {
+				return m.Project == loader.Unclassified || m.Project == loader.NoProject
+			})
 			p.inForce = membership.Resolve([]membership.Input{{Found: membership.Found{Members: ms}}}, nil)
 			p.tree.Store(p.inForce.Tree)
 			if p.scan != nil {
@@ -424,7 +441,7 @@ const kubeCache = "kubernetes-pods.json"
 // newKube starts the kubernetes source: the pods of the runtime at
 // kubernetes.runtime_endpoint, polled each tick. A runtime that is not
 // there is no error here: the source reports it, and is read when it comes.
-func newKube(cfg config.Config, mount cgroup.Mount, log *slog.Logger) (*kube.Source, error) {
+func newKube(cfg config.Config, mount cgroup.Mount, self string, log *slog.Logger) (*kube.Source, error) {
 	k := cfg.Kubernetes
 	cri, err := kube.DialCRI(k.Endpoint())
 	if err != nil {
@@ -435,7 +452,7 @@ func newKube(cfg config.Config, mount cgroup.Mount, log *slog.Logger) (*kube.Sou
 	// private cgroup namespace too).
 	checkPid := func(pid int, dir string) error { return netnsscan.CheckPid(pid, mount, dir) }
 	src := kube.NewSource(kube.SourceOptions{CRI: cri, Rules: kubeRules(cfg), Mount: mount.Point, PodCgroups: k.PodCgroups,
-		CheckPid: checkPid, Every: max(cfg.Tick, kubePollMin),
+		CheckPid: checkPid, Every: max(cfg.Tick, kubePollMin), Self: self,
 		Log: log.With("source", membership.SourceKubernetes), Cache: filepath.Join(cfg.StateDir, kubeCache)})
 	log.Info("pods are read from the container runtime over the CRI, each tick and at its container events where it has them",
 		"endpoint", cri.Endpoint(), "project_label", k.ProjectLabel, "namespace_projects", k.NamespaceProjects,
@@ -672,9 +689,70 @@ func (p *projects) logRefusals(rs []membership.Refusal) {
 	p.logged = now
 }
 
-// setKernelMembers makes the kernel's members those in force.
+// kernelExtras are the kernel's members besides those in force, which no
+// source reports and no conflict can take away:
+//
+//   - under Kubernetes, the pod roots (kubernetes.pod_cgroups) and their QoS
+//     children, weak members of loader.Unclassified: a pod not classified
+//     yet (new, or while no daemon runs) counts for it, under the rule;
+//   - the cgroups of the pods the rules put in no project (system
+//     namespaces, the daemon's own namespace), loader.NoProject below them;
+//   - the daemon's own cgroup, loader.NoProject: its own connections and
+//     listeners (/metrics, /healthz, the front) are never refused.
+func (p *projects) kernelExtras() []membership.Member {
+	var out []membership.Member
+	if p.kube != nil {
+		for _, root := range p.podRoots {
+			dir := filepath.Join(p.mount.Point, root)
+			if _, err := os.Stat(dir); err != nil {
+				continue
+			}
+			out = append(out, membership.Member{Project: loader.Unclassified, Cgroup: dir})
+			for _, qos := range qosChildren(root) {
+				q := filepath.Join(dir, qos)
+				if _, err := os.Stat(q); err == nil {
+					out = append(out, membership.Member{Project: loader.Unclassified, Cgroup: q})
+				}
+			}
+		}
+		for _, cg := range p.kube.NoProject() {
+			out = append(out, membership.Member{Project: loader.NoProject, Cgroup: cg})
+		}
+	}
+	if p.self != "" && (p.kube != nil || p.root != "" && strings.HasPrefix(p.self, p.root+"/")) &&
+		!slices.ContainsFunc(out, func(m membership.Member) bool { return m.Cgroup == p.self }) {
+		out = append(out, membership.Member{Project: loader.NoProject, Cgroup: p.self})
+	}
+	return out
+}
+
+// qosChildren are the QoS cgroups kubelet makes below a pod root: the
+// cgroupfs driver's and the systemd driver's names. The walk goes on below
+// the root itself (a weak member); they are registered too for a root above
+// the levels the programs look at (a projects root deeper than it).
+func qosChildren(root string) []string {
+	if strings.HasSuffix(root, ".slice") {
+		base := strings.TrimSuffix(filepath.Base(root), ".slice")
+		return []string{base + "-burstable.slice", base + "-besteffort.slice"}
+	}
+	return []string{"burstable", "besteffort"}
+}
+
+// setKernelMembers makes the kernel's members those in force, and the
+// extras (kernelExtras), which win over a member in force at the same
+// cgroup.
 func (p *projects) setKernelMembers() {
-	rep, err := p.kernel.SetMembers(membership.Members(p.inForce.Accepted))
+	extras := p.kernelExtras()
+	ms := membership.Members(p.inForce.Accepted)
+	if len(extras) > 0 {
+		taken := make(map[string]bool, len(extras))
+		for _, e := range extras {
+			taken[e.Cgroup] = true
+		}
+		ms = slices.DeleteFunc(ms, func(m membership.Member) bool { return taken[m.Cgroup] })
+		ms = append(ms, extras...)
+	}
+	rep, err := p.kernel.SetMembers(ms)
 	if err != nil {
 		if p.kErr != err.Error() {
 			p.log.Error("the kernel's members were not updated: the last ones stay in force", "err", err)

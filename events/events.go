@@ -26,6 +26,14 @@ const (
 	KindAdopted     = "adopted"      // reconcile counted sockets the programs had not
 	KindRepaired    = "repaired"     // reconcile corrected a count
 	KindDropped     = "dropped"      // events lost (rate limit, a slow reader): Count says how many
+	// KindLapsed: the rule would have refused, and the kernel admitted
+	// because enforcement had lapsed (no daemon seen for
+	// connections.lapse_after).
+	KindLapsed = "lapsed"
+	// KindAdoptedPast: reconcile adopted sockets the rule would have
+	// refused (they exist, so they count): Count says how many, and the
+	// pool's in_use may exceed its size by them until they end.
+	KindAdoptedPast = "adopted_past_rule"
 )
 
 // Reasons for a refusal.

@@ -230,7 +230,7 @@ func TestSandboxPidInPodCgroup(t *testing.T) {
 			Labels: map[string]string{DefaultProjectLabel: "evil"}},
 	}
 	for range 3 {
-		f, _, _ := s.members(list)
+		f, _, _, _, _ := s.members(list)
 		if want := []membership.Member{{Project: "web", Cgroup: pods[0].Cgroup}}; !slices.Equal(f.Members, want) {
 			t.Fatalf("members %v, want %v", f.Members, want)
 		}

@@ -52,6 +52,12 @@ type SourceOptions struct {
 	// Log receives the runtime's first answer and each pod label that is
 	// not a project name.
 	Log *slog.Logger
+	// Self is the daemon's own cgroup (a directory below Mount), "" if
+	// unknown. The namespace of the pod it is in (the chart's
+	// fairshare-system, or wherever the daemon runs) is treated as a
+	// system namespace: the daemon's own pod is never a tenant, whatever
+	// the configuration says.
+	Self string
 	// Cache, if set, is a file where each changed good poll is kept, so a
 	// daemon that restarts while the runtime is away starts from the pods
 	// it last saw (Last) instead of from none.
@@ -94,6 +100,8 @@ type Source struct {
 	found      membership.Found
 	netns      []PodNetns
 	system     int               // pods of system namespaces in the last good poll
+	none       []string          // member cgroups of the last good poll's pods in no project by the rules
+	selfNS     string            // the namespace of the daemon's own pod in the last good poll, "" if none
 	warned     map[string]bool   // pod ids whose bad label was logged
 	refused    map[string]string // pod ids whose cgroup was refused, and why (logged once)
 	checked    map[string]int    // pod ids whose sandbox's pid was found in the pod's cgroup: that pid
@@ -236,6 +244,26 @@ func (s *Source) Netns() []PodNetns {
 	return slices.Clone(s.netns)
 }
 
+// NoProject returns the cgroups of the last good poll's pods that the rules
+// put in no project (system namespaces, the daemon's own namespace, pods
+// without the label while namespaces are not projects), sorted. They are
+// classified: below the pod roots, which count for the reserved
+// unclassified project until a pod is classified, their sockets count for
+// none (loader.NoProject).
+func (s *Source) NoProject() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.none)
+}
+
+// SelfNamespace is the namespace of the daemon's own pod in the last good
+// poll, "" if the daemon is in no pod the runtime lists.
+func (s *Source) SelfNamespace() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.selfNS
+}
+
 // System is how many pods of system namespaces the last good poll saw.
 func (s *Source) System() int {
 	s.mu.Lock()
@@ -259,7 +287,11 @@ func (s *Source) fetch(ctx context.Context) (membership.Found, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	f, netns, system := s.members(pods)
+	f, netns, system, none, selfNS := s.members(pods)
+	if selfNS != s.selfNS && selfNS != "" {
+		s.o.Log.Info("the daemon runs in a pod: its namespace is never limited, like a system namespace", "namespace", selfNS)
+	}
+	s.none, s.selfNS = none, selfNS
 	same := slices.Equal(f.Members, s.found.Members) && slices.Equal(f.Skipped, s.found.Skipped) && slices.Equal(netns, s.netns)
 	first := !s.polled
 	s.found, s.netns, s.system, s.polled = f, netns, system, true
@@ -292,11 +324,37 @@ func (s *Source) keep() error {
 	return os.Rename(tmp, s.o.Cache)
 }
 
-// members applies the rules to the pods. Called with s.mu held.
-func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
+// selfNamespace is the namespace of the pod whose cgroup holds the daemon's
+// own (SourceOptions.Self), "" if none does.
+func (s *Source) selfNamespace(pods []Pod) string {
+	if s.o.Self == "" {
+		return ""
+	}
+	for _, p := range pods {
+		if p.Unusable != "" || p.Cgroup == "" || CheckPodCgroup(p.Cgroup, p.UID, s.o.PodCgroups) != nil {
+			continue
+		}
+		cg := filepath.Join(s.o.Mount, p.Cgroup)
+		if s.o.Self == cg || strings.HasPrefix(s.o.Self, cg+"/") {
+			return p.Namespace
+		}
+	}
+	return ""
+}
+
+// members applies the rules to the pods: the members, the pods'
+// namespaces, how many pods are of system namespaces, the cgroups of the
+// pods in no project, and the daemon's own namespace. Called with s.mu held.
+func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int, []string, string) {
 	var f membership.Found
 	var netns []PodNetns
+	var none []string
 	system := 0
+	rules := s.o.Rules
+	selfNS := s.selfNamespace(pods)
+	if selfNS != "" && !slices.Contains(rules.System, selfNS) {
+		rules.System = append(slices.Clip(rules.System), selfNS)
+	}
 	live := make(map[string]bool, len(pods))
 	// Whatever the runtime says, a pod whose cgroup cannot be trusted is
 	// in no project: listed with why, logged once.
@@ -332,15 +390,16 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 			s.checked[p.ID] = p.Pid
 		}
 		delete(s.refused, p.ID)
-		project, err := s.o.Rules.Project(p)
+		project, err := rules.Project(p)
 		switch {
 		case project == "" && err != nil:
 			f.Skipped = append(f.Skipped, membership.Skipped{Cgroup: cg, Reason: err.Error()})
 			continue
 		case project == "":
-			if slices.Contains(s.o.Rules.System, p.Namespace) {
+			if slices.Contains(rules.System, p.Namespace) {
 				system++
 			}
+			none = append(none, cg)
 			continue
 		case err != nil && !s.warned[p.ID]:
 			s.warned[p.ID] = true
@@ -379,7 +438,8 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int) {
 		return cmp.Or(cmp.Compare(a.Cgroup, b.Cgroup), cmp.Compare(a.Reason, b.Reason))
 	})
 	slices.SortFunc(netns, func(a, b PodNetns) int { return cmp.Compare(a.Path, b.Path) })
-	return f, netns, system
+	slices.Sort(none)
+	return f, netns, system, none, selfNS
 }
 
 // runtimeError gives the runtime's error one text per cause: gRPC's

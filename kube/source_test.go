@@ -147,7 +147,7 @@ func TestSourceMembers(t *testing.T) {
 		{ID: "6", UID: "6", Namespace: "kube-system", Name: "dns", Cgroup: "/kubepods/pod6", Labels: map[string]string{DefaultProjectLabel: "web"}},
 		{ID: "7", Namespace: "team-c", Name: "vm", Unusable: "unusable sandbox status: sandbox 7: no usable cgroup"},
 	}
-	f, netns, system := s.members(pods)
+	f, netns, system, _, _ := s.members(pods)
 	want := []membership.Member{{Project: "web", Cgroup: "/mnt/kubepods/pod3"}, {Project: "web", Cgroup: "/mnt/kubepods/pod4"},
 		{Project: "db", Cgroup: "/mnt/kubepods/pod5"}}
 	if !slices.Equal(f.Members, want) {

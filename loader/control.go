@@ -33,6 +33,8 @@ type Snapshot struct {
 	// Exempt is the exempt budget; its permits are in none of the counts
 	// above.
 	Exempt Exempt
+	// Lapse is the daemon's heartbeat and whether enforcement has lapsed.
+	Lapse Lapse
 }
 
 // ProjectCounters are one project's counters.
@@ -72,6 +74,13 @@ type Events struct {
 	// RateLimitedOut and RateLimitedIn count connects and SYNs refused by
 	// their project's rate (SetRate), not in RefusedOut and RefusedIn.
 	RateLimitedOut, RateLimitedIn uint64
+	// AdoptedPast counts the adopted sockets the rule would have refused
+	// (ReconcileReport.AdoptedPast), since this Limiter was opened (0 for
+	// a ReadOnly).
+	AdoptedPast uint64
+	// LapsedAdmitted counts the refusals admitted because enforcement had
+	// lapsed (Lapse.Admitted), ever on these pins.
+	LapsedAdmitted uint64
 }
 
 // monoNow is CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns.
@@ -142,6 +151,9 @@ func (l *Limiter) Tick(now time.Time) (err error) {
 	}
 	if genErr := l.payGen(); genErr != nil {
 		defer func() { err = errors.Join(err, genErr) }()
+	}
+	if err := l.heartbeat(); err != nil {
+		return err
 	}
 	// The count is read before the projects: a newcomer the programs add
 	// in between is then in both, counted twice until the next Tick (a
@@ -340,6 +352,7 @@ func (l *Limiter) readEvents() (Events, error) {
 	if e.RateLimitedOut, e.RateLimitedIn, err = l.readRateStats(); err != nil {
 		return Events{}, err
 	}
+	e.AdoptedPast = l.adoptedPast // l.mu is held (Snapshot)
 	return e, nil
 }
 
@@ -362,6 +375,11 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, err
 	}
+	lapse, err := l.Lapse()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	ev.LapsedAdmitted = lapse.Admitted
 	names := l.memb.names
 	if l.readOnly {
 		// No SetMembers here: the names as the pins have them now.
@@ -388,7 +406,7 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 		// count, which may be ahead of Active below until the next Tick.
 		Share:    pools.Share(int(cfg.Pool), int(cfg.Floor), int(max(node.Active, 0))),
 		Admitted: ev.AdmittedIn + ev.AdmittedOut, Refused: ev.RefusedIn + ev.RefusedOut,
-		Events: ev,
+		Events: ev, Lapse: lapse,
 		Exempt: Exempt{
 			Paths: slices.Clone(l.exempt), Max: int(l.exemptMax), InUse: int(node.ExemptInUse),
 			Admitted: ev.ExemptAdmitted, OverBudget: ev.ExemptOver, Released: ev.ExemptReleased,

@@ -106,9 +106,9 @@ func (l *Limiter) SetExempt(paths []string, max uint32) error {
 	// member entry says so (MEMBER_EXEMPT), so the programs need one lookup.
 	changed := false
 	for cg, r := range l.memb.members {
-		flags := uint32(0)
+		flags := r.flags &^ memberExempt
 		if _, ok := ids[cg]; ok {
-			flags = memberExempt
+			flags |= memberExempt
 		}
 		if r.flags == flags {
 			continue

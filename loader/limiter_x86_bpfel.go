@@ -86,6 +86,14 @@ type limiterFsEvstats struct {
 	WouldIn  uint64
 }
 
+type limiterFsLapse struct {
+	_           structs.HostLayout
+	HeartbeatNs uint64
+	AfterNs     uint64
+	Admitted    uint64
+	Pad         uint64
+}
+
 type limiterFsListenKey struct {
 	_     structs.HostLayout
 	Netns uint64
@@ -278,6 +286,7 @@ const (
 	limiterMapFsEvents       = "fs_events"
 	limiterMapFsExempt       = "fs_exempt"
 	limiterMapFsHeld         = "fs_held"
+	limiterMapFsLapses       = "fs_lapses"
 	limiterMapFsListenSocks  = "fs_listen_socks"
 	limiterMapFsListeners    = "fs_listeners"
 	limiterMapFsMemberGen    = "fs_member_gen"
@@ -380,6 +389,7 @@ type limiterMapSpecs struct {
 	FsEvents       *ebpf.MapSpec `ebpf:"fs_events"`
 	FsExempt       *ebpf.MapSpec `ebpf:"fs_exempt"`
 	FsHeld         *ebpf.MapSpec `ebpf:"fs_held"`
+	FsLapses       *ebpf.MapSpec `ebpf:"fs_lapses"`
 	FsListenSocks  *ebpf.MapSpec `ebpf:"fs_listen_socks"`
 	FsListeners    *ebpf.MapSpec `ebpf:"fs_listeners"`
 	FsMemberGen    *ebpf.MapSpec `ebpf:"fs_member_gen"`
@@ -440,6 +450,7 @@ type limiterMaps struct {
 	FsEvents       *ebpf.Map `ebpf:"fs_events"`
 	FsExempt       *ebpf.Map `ebpf:"fs_exempt"`
 	FsHeld         *ebpf.Map `ebpf:"fs_held"`
+	FsLapses       *ebpf.Map `ebpf:"fs_lapses"`
 	FsListenSocks  *ebpf.Map `ebpf:"fs_listen_socks"`
 	FsListeners    *ebpf.Map `ebpf:"fs_listeners"`
 	FsMemberGen    *ebpf.Map `ebpf:"fs_member_gen"`
@@ -469,6 +480,7 @@ func (m *limiterMaps) Close() error {
 		m.FsEvents,
 		m.FsExempt,
 		m.FsHeld,
+		m.FsLapses,
 		m.FsListenSocks,
 		m.FsListeners,
 		m.FsMemberGen,

@@ -58,7 +58,7 @@ const forgetAfter = time.Minute
 var addedMaps = map[string]bool{
 	"fs_rates": true, "fs_rate_node": true, "fs_rate_stats": true,
 	"fs_events": true, "fs_ev_config": true, "fs_dryrun": true, "fs_ev_projects": true, "fs_ev_stats": true,
-	"fs_member_gen": true,
+	"fs_member_gen": true, "fs_lapses": true,
 }
 
 // Sentinel errors callers may branch on.
@@ -158,6 +158,10 @@ type Options struct {
 	Exempt []string
 	// ExemptMax is the exempt budget; 0 means FLOOR.
 	ExemptMax uint32
+	// LapseAfter is how old the daemon's heartbeat (renewed by Open and
+	// every Tick) may grow before the programs stop refusing (they keep
+	// counting; see Lapse); 0 never lapses.
+	LapseAfter time.Duration
 }
 
 // Limiter is a loaded, attached connection limiter. Its maps and links are
@@ -175,6 +179,7 @@ type Limiter struct {
 	window   time.Duration
 	evWindow time.Duration // Options.eventWindow, 0: a second
 	ttl      time.Duration
+	lapse    time.Duration // Options.LapseAfter
 	clock    clock.Clock
 	mono     func() uint64 // CLOCK_MONOTONIC in ns (Options.Monotonic)
 	objs     limiterObjects
@@ -191,6 +196,9 @@ type Limiter struct {
 	exempt    []string          // the exempt set, absolute paths, sorted
 	exemptIDs map[uint64]string // its cgroup ids
 	exemptMax uint32            // its budget
+	// adoptedPast counts the sockets reconcile passes adopted past the
+	// rule (ReconcileReport.AdoptedPast), since Open.
+	adoptedPast uint64
 	// rates are the projects' rates of new connections (SetRate), by
 	// project name; a project without one is unbounded.
 	rates  map[string]float64
@@ -293,6 +301,9 @@ func (o Options) normalize() (Options, error) {
 	if o.Window <= 0 {
 		o.Window = pools.DefaultWindow
 	}
+	if o.LapseAfter < 0 {
+		return o, fmt.Errorf("lapse after %v, negative: %w", o.LapseAfter, ErrInvalidOptions)
+	}
 	if o.ReservationTTL == 0 {
 		o.ReservationTTL = limits.DefaultReservationTTL
 	}
@@ -350,9 +361,15 @@ func Open(opts Options) (*Limiter, error) {
 		root: root, mnt: mnt, base: opts.BaseLevel, depth: opts.MaxDepth,
 		maxProj: opts.MaxProjects, maxMemb: opts.MaxMembers, maxNetns: opts.MaxNetns, pinDir: opts.PinDir,
 		log: opts.Logger, window: opts.Window, evWindow: opts.eventWindow, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
-		netns: cookie, size: opts.PoolSize, floor: opts.Floor,
+		netns: cookie, size: opts.PoolSize, floor: opts.Floor, lapse: opts.LapseAfter,
 	}
 	if err := l.load(); err != nil {
+		return nil, err
+	}
+	// First thing once the maps are there: a daemon that comes back after
+	// enforcement lapsed makes the programs refuse again at once.
+	if err := l.heartbeat(); err != nil {
+		l.closeFDs()
 		return nil, err
 	}
 	if err := l.checkAndWriteConfig(); err != nil {

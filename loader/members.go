@@ -43,8 +43,36 @@ type RefusedMember struct {
 // cgroup directory is gone.
 var ErrNoMember = errors.New("no such member")
 
-// memberExempt is MEMBER_EXEMPT of bpf/lib/project.h.
-const memberExempt = 1
+// memberExempt is MEMBER_EXEMPT of bpf/lib/project.h, memberWeak
+// MEMBER_WEAK.
+const (
+	memberExempt = 1
+	memberWeak   = 2
+)
+
+// Two project names no policy, label or CLI can take (they are not valid
+// project names, internal/project.Validate) name the kernel's two special
+// kinds of member:
+const (
+	// Unclassified is the project of the weak members: the cgroups the
+	// pods are placed below (kubernetes.pod_cgroups). A socket below one
+	// and below no other member counts for it, under the rule like any
+	// project's, so a pod the daemon has not classified yet is limited
+	// from its first connect and its first SYN, with or without a
+	// daemon. A member below a weak one wins: a classified pod's own
+	// cgroup, deeper, counts for its project. Permits taken under
+	// Unclassified stay with it until their sockets end (see the package
+	// doc, Unclassified pods).
+	Unclassified = "(unclassified)"
+	// NoProject members are cgroups in no project that may sit below a
+	// weak member: their sockets are neither counted nor refused (the
+	// pods of system namespaces, the daemon's own cgroup). Their kernel
+	// entry has project id 0.
+	NoProject = "(none)"
+)
+
+// reserved says whether name is one of the two special members' names.
+func reserved(name string) bool { return name == Unclassified || name == NoProject }
 
 // revalidate is how many kept members SetMembers re-reads from the file
 // system per call (their cgroup may have been removed and made again under
@@ -178,7 +206,11 @@ func (l *Limiter) Members() ([]Member, error) {
 		if path == "" {
 			path = fmt.Sprintf("#%d", cg)
 		}
-		out = append(out, Member{Project: l.memb.names[r.project], Cgroup: path})
+		name := l.memb.names[r.project]
+		if r.project == 0 {
+			name = NoProject
+		}
+		out = append(out, Member{Project: name, Cgroup: path})
 	}
 	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Cgroup, b.Cgroup) })
 	return out, nil
@@ -270,6 +302,9 @@ func (l *Limiter) setMembers(ms []Member, changed *bool) (MembersReport, error) 
 	// written before any member points at it.
 	need := 0
 	for _, w := range want {
+		if w.Project == NoProject {
+			continue
+		}
 		if _, ok := l.memb.ids[w.Project]; !ok {
 			need++
 			l.memb.ids[w.Project] = 0 // placeholder, numbered below
@@ -285,7 +320,7 @@ func (l *Limiter) setMembers(ms []Member, changed *bool) (MembersReport, error) 
 	for cg, w := range want {
 		keep[cg] = true
 		id := l.memb.ids[w.Project]
-		if id == 0 {
+		if id == 0 && w.Project != NoProject {
 			rep.Refused = append(rep.Refused, RefusedMember{w.Member, "no room for another project (Options.MaxProjects)"})
 			delete(keep, cg)
 			continue
@@ -293,6 +328,9 @@ func (l *Limiter) setMembers(ms []Member, changed *bool) (MembersReport, error) 
 		flags := uint32(0)
 		if _, ok := l.exemptIDs[cg]; ok {
 			flags = memberExempt
+		}
+		if w.Project == Unclassified {
+			flags |= memberWeak
 		}
 		old, had := l.memb.members[cg]
 		if had && old.project == id && old.flags == flags {
@@ -378,7 +416,7 @@ func (l *Limiter) resolveMembers(ms []Member) (map[uint64]wanted, []RefusedMembe
 	byPath := make(map[string]wanted, len(ms))
 	dup := map[string]bool{}
 	for _, m := range ms {
-		if err := projectname.Validate(m.Project); err != nil {
+		if err := projectname.Validate(m.Project); err != nil && !reserved(m.Project) {
 			refuse(m, "%v", err)
 			continue
 		}
@@ -411,11 +449,28 @@ func (l *Limiter) resolveMembers(ms []Member) (map[uint64]wanted, []RefusedMembe
 	}
 	// Nesting: a member at or below another project's member is refused,
 	// and so is that other member (neither can say which one the sockets
-	// below both belong to). The same project may nest.
+	// below both belong to). The same project may nest. Anything may nest
+	// below an Unclassified member (the walk goes on below it, and the
+	// deeper member wins); an Unclassified or NoProject member below a
+	// project's member would never be found (the walk stops at the
+	// project's), and is refused alone; so is any member below a NoProject
+	// one (the walk stops there).
 	bad := map[string]string{}
 	for p, w := range byPath {
 		for a := filepath.Dir(p); len(a) > len(l.mnt.Point); a = filepath.Dir(a) {
-			if o, ok := byPath[a]; ok && o.Project != w.Project {
+			o, ok := byPath[a]
+			if !ok || o.Project == w.Project || o.Project == Unclassified {
+				continue
+			}
+			if o.Project == NoProject {
+				bad[p] = fmt.Sprintf("nested in %s, a cgroup of no project", projectname.Display(a))
+				continue
+			}
+			if reserved(w.Project) {
+				bad[p] = fmt.Sprintf("nested in %s, a cgroup of project %s, which the programs find first", projectname.Display(a), o.Project)
+				continue
+			}
+			{
 				bad[p] = fmt.Sprintf("nested in %s, a cgroup of project %s", projectname.Display(a), o.Project)
 				if _, done := bad[a]; !done {
 					bad[a] = fmt.Sprintf("has %s of project %s below it", projectname.Display(p), w.Project)

@@ -60,11 +60,12 @@ func OpenReadOnly(pinDir string) (*ReadOnly, error) {
 		}
 		*m.dst = mp
 	}
-	// The rate maps are missing from the pins of a version without rates.
+	// The rate maps are missing from the pins of a version without rates,
+	// fs_lapses from those of a version without the lapse.
 	for _, m := range []struct {
 		name string
 		dst  **ebpf.Map
-	}{{"fs_rates", &l.objs.FsRates}, {"fs_rate_stats", &l.objs.FsRateStats}} {
+	}{{"fs_rates", &l.objs.FsRates}, {"fs_rate_stats", &l.objs.FsRateStats}, {"fs_lapses", &l.objs.FsLapses}} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, m.name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if errors.Is(err, os.ErrNotExist) {
 			continue

@@ -27,6 +27,14 @@ type ReconcileReport struct {
 	// Adopted is the number of project sockets that held no permit and now
 	// do: connections older than the programs, or admitted late and refused.
 	Adopted int
+	// AdoptedPast counts, by project, the adopted sockets the rule would
+	// have refused when they were adopted (in_use at or past the limit
+	// for the project): they exist, so they are counted where the rule
+	// holds them (their project's and the node's in_use, which may then
+	// exceed POOL), and reported here, in a warning, in the
+	// adopted_past_rule counter (Events.AdoptedPast) and by the daemon as
+	// an event per project.
+	AdoptedPast map[string]int
 	// Held counts the permits held by sockets (entries of the held map, all
 	// network namespaces).
 	Held map[string]int
@@ -117,6 +125,10 @@ const slotBusy = 1 << 63
 // sockRecordSize is sizeof(struct fs_sock_record), checked by a test.
 const sockRecordSize = 32
 
+// adoptedPast is ADOPTED_PAST of bpf/lib/types.h: fs_sock_record.adopted of
+// a socket adopted while the rule would have refused it.
+const adoptedPast = 2
+
 // Reconcile compares the maps with the kernel's own socket table and repairs
 // drift, in four steps: it adopts project sockets of the caller's network
 // namespace that hold no permit; it uncounts listeners of that namespace that
@@ -149,11 +161,13 @@ type pass struct {
 	exOK    bool
 	orphans map[uint64]uint64 // cookie -> project: held in our netns without a live socket
 	adopted int
+	past    map[uint64]int  // adopted past the rule, by project id
 	live    map[uint64]bool // cookies of the sockets the dump wrote out
 }
 
 func (l *Limiter) readPass(targets []dumpTarget, names []string) (pass, error) {
-	p := pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}, checked: map[uint64]bool{}, skipped: map[uint64]string{}}
+	p := pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}, checked: map[uint64]bool{}, skipped: map[uint64]string{},
+		past: map[uint64]int{}}
 	var n0, n1 limiterFsPool
 	if err := l.objs.FsNode.Lookup(uint32(0), &n0); err != nil {
 		return p, fmt.Errorf("reading node map: %w", err)
@@ -198,8 +212,11 @@ func (l *Limiter) readPass(targets []dumpTarget, names []string) (pass, error) {
 			}
 			buf = buf[sockRecordSize:]
 			live[r.Cookie] = true
-			if r.Adopted == 1 {
+			if r.Adopted != 0 {
 				p.adopted++
+			}
+			if r.Adopted == adoptedPast {
+				p.past[r.Project]++
 			}
 		}
 	}
@@ -360,7 +377,11 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	names := slices.Clone(l.memb.names)
 	members := make(map[string]string, len(l.memb.members)) // path -> project
 	for _, r := range l.memb.members {
-		if r.path != "" {
+		switch {
+		case r.path == "":
+		case r.project == 0:
+			members[r.path] = NoProject
+		default:
 			members[r.path] = l.memb.names[r.project]
 		}
 	}
@@ -387,6 +408,7 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 		return rep, err
 	}
 	rep.Adopted = first.adopted
+	past := first.past
 	if len(first.skipped) > 0 {
 		rep.NetnsSkipped = first.skipped
 	}
@@ -418,6 +440,9 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 			return rep, err
 		}
 		rep.Adopted += second.adopted
+		for id, n := range second.past {
+			past[id] += n
+		}
 		last = second
 		for cookie, id := range second.orphans {
 			if _, ok := first.orphans[cookie]; !ok {
@@ -483,11 +508,39 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	if rep.Adopted > 0 {
 		l.log.Info("adopted connections that held no permit", "count", rep.Adopted)
 	}
+	for id, n := range past {
+		if rep.AdoptedPast == nil {
+			rep.AdoptedPast = map[string]int{}
+		}
+		rep.AdoptedPast[name(id)] += n
+		l.log.Warn("adopted connections past the rule: they exist, so they count, and in_use may exceed the pool until they end",
+			"project", name(id), "count", n)
+	}
+	if len(past) > 0 {
+		l.mu.Lock()
+		for _, n := range past {
+			l.adoptedPast += uint64(n)
+		}
+		l.mu.Unlock()
+	}
 
 	// The kernel's own count: every cgroup below a member, by project.
+	// The weak members first: a member below one wins (project.h), and a
+	// cgroup below a NoProject member counts for none.
 	index := map[uint64]string{}
-	for path, proj := range members {
-		_ = cgroup.Walk(path, func(_ string, id uint64) { index[id] = proj })
+	for _, weak := range []bool{true, false} {
+		for path, proj := range members {
+			if (proj == Unclassified) != weak {
+				continue
+			}
+			_ = cgroup.Walk(path, func(_ string, id uint64) {
+				if proj == NoProject {
+					delete(index, id)
+				} else {
+					index[id] = proj
+				}
+			})
+		}
 	}
 	for _, t := range targets {
 		if !last.checked[t.cookie] {

@@ -37,6 +37,10 @@ type Refusal struct {
 	Reason string
 	// Would is set for a refusal dry-run admitted.
 	Would bool
+	// Lapsed is set (with Would) for a refusal admitted because
+	// enforcement had lapsed: no daemon renewed its heartbeat within
+	// Options.LapseAfter.
+	Lapsed bool
 }
 
 // Reasons of a Refusal (the names package events uses).
@@ -55,8 +59,11 @@ const (
 // reasonNames are enum fs_reason's names, by value.
 var reasonNames = map[uint8]string{1: ReasonOverShare, 2: ReasonPoolFull, 3: ReasonExemptBudget, 4: ReasonRateLimited, 5: ReasonFloor}
 
-// fsEvWould is FS_EV_WOULD.
-const fsEvWould = 1
+// fsEvWould is FS_EV_WOULD, fsEvLapsed FS_EV_LAPSED.
+const (
+	fsEvWould  = 1
+	fsEvLapsed = 4
+)
 
 // eventSize is sizeof(struct fs_event), checked by a test.
 const eventSize = 88
@@ -227,7 +234,7 @@ func (l *Limiter) refusal(ev *limiterFsEvent, names *nameCache) Refusal {
 		Project: names.name(ev.Project), CgroupID: ev.Project,
 		Time: monoToWall(l.mono(), ev.TimeNs),
 		Held: ev.Held, InUse: ev.InUse, Share: ev.Share, Pool: ev.Pool,
-		Would: ev.Flags&fsEvWould != 0, Reason: reasonNames[ev.Reason],
+		Would: ev.Flags&fsEvWould != 0, Lapsed: ev.Flags&fsEvLapsed != 0, Reason: reasonNames[ev.Reason],
 		Local:  netip.AddrPortFrom(netip.AddrFrom16(ev.Tuple.Laddr).Unmap(), ev.Tuple.Lport),
 		Remote: netip.AddrPortFrom(netip.AddrFrom16(ev.Tuple.Raddr).Unmap(), ev.Tuple.Rport),
 	}

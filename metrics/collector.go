@@ -42,6 +42,7 @@ type Collector struct {
 	exemptAdmitted, exemptOver                *prometheus.Desc
 	recPasses, recFailures, recRepairs        *prometheus.Desc
 	recLast, recSockets, recHeld              *prometheus.Desc
+	recAdoptedPast, lapseAdmitted, lapsed     *prometheus.Desc
 	lnOpen, lnMax, lnAccepted, lnRefused      *prometheus.Desc
 	lnErrors                                  *prometheus.Desc
 	memMembers, memRefused, memSourceUp       *prometheus.Desc
@@ -107,12 +108,17 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 		recLast:     d("reconcile_last_pass_timestamp_seconds", "When the last reconcile pass ended, as a Unix time."),
 		recSockets:  d("reconcile_sockets", "Project sockets the kernel's table listed at the last reconcile pass."),
 		recHeld:     d("reconcile_held", "Permits held in the maps at the last reconcile pass."),
-		lnOpen:      d("listener_open_connections", "Connections open through the listener.", "listener"),
-		lnMax:       d("listener_max_connections", "The listener's cap on open connections; 0 is none.", "listener"),
-		lnAccepted:  d("listener_accepted_total", "Connections accepted within the caps.", "listener"),
-		lnRefused:   d("listener_refused_total", "Connections closed at once for a cap, by reason.", "listener", "reason"),
-		lnErrors:    d("listener_accept_errors_total", "Accept errors waited out (out of descriptors, say).", "listener"),
-		memMembers:  d("membership_members", "Registered cgroups in force, by the source that registered them.", "source"),
+		recAdoptedPast: d("reconcile_adopted_past_rule_total",
+			"Sockets reconcile passes adopted although the rule would have refused them (in_use may exceed the pool by them until they end)."),
+		lapseAdmitted: d("pool_lapsed_admitted_total",
+			"Asks the kernel admitted, the rule refusing, because enforcement had lapsed (no daemon heartbeat within connections.lapse_after); in pool_admitted_total too.", "pool"),
+		lapsed:     d("pool_enforcement_lapsed", "1 while the kernel's enforcement has lapsed (no daemon heartbeat within connections.lapse_after).", "pool"),
+		lnOpen:     d("listener_open_connections", "Connections open through the listener.", "listener"),
+		lnMax:      d("listener_max_connections", "The listener's cap on open connections; 0 is none.", "listener"),
+		lnAccepted: d("listener_accepted_total", "Connections accepted within the caps.", "listener"),
+		lnRefused:  d("listener_refused_total", "Connections closed at once for a cap, by reason.", "listener", "reason"),
+		lnErrors:   d("listener_accept_errors_total", "Accept errors waited out (out of descriptors, say).", "listener"),
+		memMembers: d("membership_members", "Registered cgroups in force, by the source that registered them.", "source"),
 		memRefused: d("membership_refused", "Registered cgroups not in force (a conflict, an invalid name or path, "+
 			"or refused by the kernel side), and cgroups a source could not make members.", "source", "by"),
 		memSourceUp: d("membership_source_up", "Whether the last read of the source of members worked.", "source"),
@@ -144,7 +150,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.poolActive, c.poolAdmitted, c.poolRefused, c.poolRateLimited, c.permitsRateLimited, c.held, c.admitted, c.refused, c.sleeping, c.evictions,
 		c.rateLimited, c.workTokens, c.inFlight, c.queue, c.dispatched, c.wait,
 		c.exemptMax, c.exemptInUse, c.exemptAdmitted, c.exemptOver,
-		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld,
+		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld, c.recAdoptedPast, c.lapseAdmitted, c.lapsed,
 		c.lnOpen, c.lnMax, c.lnAccepted, c.lnRefused, c.lnErrors,
 		c.memMembers, c.memRefused, c.memSourceUp, c.nsFound, c.nsAttached, c.nsSweeps, c.nsSweep, c.nsErrors,
 
@@ -179,6 +185,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if r := st.Reconcile; r != nil {
 		ch <- prometheus.MustNewConstMetric(c.recPasses, prometheus.CounterValue, float64(r.Passes))
+		ch <- prometheus.MustNewConstMetric(c.recAdoptedPast, prometheus.CounterValue, float64(r.AdoptedPastTotal))
 		ch <- prometheus.MustNewConstMetric(c.recFailures, prometheus.CounterValue, float64(r.Failures))
 		ch <- prometheus.MustNewConstMetric(c.recRepairs, prometheus.CounterValue, float64(r.RepairsTotal))
 		ch <- prometheus.MustNewConstMetric(c.recLast, prometheus.GaugeValue, float64(r.Time.UnixNano())/1e9)
@@ -239,6 +246,10 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 	rated := p.Enforcer == "kernel"
 	if rated {
 		counter(c.poolRateLimited, float64(p.RateLimited), p.Name)
+	}
+	if lp := p.Lapse; lp != nil {
+		counter(c.lapseAdmitted, float64(lp.Admitted), p.Name)
+		gauge(c.lapsed, b2f(lp.Lapsed), p.Name)
 	}
 	if e := p.Exempt; e != nil {
 		gauge(c.exemptMax, float64(e.Max), p.Name)

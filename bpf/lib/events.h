@@ -22,6 +22,14 @@
  * instead, counting it as would_refuse; the caller then emits the event
  * with FS_EV_WOULD and admits.
  *
+ * Lapse (fs_lapses): the daemon renews a heartbeat (CLOCK_BOOTTIME) every
+ * tick; once it is older than after_ns (connections.lapse_after; 0 never),
+ * dry_run says yes to every refusal, so the programs go on counting and stop
+ * refusing, and each refusal admitted so is counted (admitted) and its event
+ * flagged FS_EV_LAPSED. A daemon that comes back renews the heartbeat first
+ * thing (loader.Open), and the next refusal is one again. The clock is read
+ * on the refusal path only: the admitted path never reaches dry_run.
+ *
  * The API other refusals use (issue #20's rate limit): emit_refusal with a
  * reason of enum fs_reason; see /work/coord/events-api.md.
  */
@@ -47,6 +55,7 @@ enum fs_reason {
 
 #define FS_EV_WOULD 1 /* dry-run: refused by the rule, admitted */
 #define FS_EV_TAKEN 2 /* the ask's permit is counted already: report the counts before it */
+#define FS_EV_LAPSED 4 /* admitted because enforcement lapsed (no daemon seen for lapse_after) */
 
 /*
  * Both ends of a refused connection, addresses as the keys keep them (IPv6,
@@ -101,6 +110,27 @@ struct fs_evstats {
 	__u64 would_out; /* connects dry-run admitted */
 	__u64 would_in;  /* SYNs dry-run admitted */
 };
+
+/*
+ * The daemon's heartbeat and the lapse (loader/lapse.go). Slot 0 is the
+ * daemon's (heartbeat_ns, after_ns: written whole from user space), slot 1
+ * the programs' (admitted, an atomic add): a daemon renewing its heartbeat
+ * never writes over a count the programs are making.
+ */
+struct fs_lapse {
+	__u64 heartbeat_ns; /* CLOCK_BOOTTIME of the daemon's last tick; 0: never (enforce) */
+	__u64 after_ns;     /* lapse_after; 0: never lapse */
+	__u64 admitted;     /* slot 1: refusals admitted because enforcement had lapsed */
+	__u64 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2); /* the daemon's slot, the programs' slot */
+	__type(key, __u32);
+	__type(value, struct fs_lapse);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_lapses SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -172,13 +202,43 @@ static __always_inline struct fs_evproj *evproj(__u64 id)
 	return bpf_map_lookup_elem(&fs_ev_projects, &id);
 }
 
-/* dry_run says whether a refusal of project id is to be admitted instead. */
+/*
+ * lapse_of is the lapse's slot if enforcement has lapsed now (a heartbeat
+ * older than after_ns), else NULL. Boot time: a node suspended meanwhile
+ * counts the time it slept.
+ */
+static __always_inline struct fs_lapse *lapse_of(void)
+{
+	__u32 zero = 0;
+	struct fs_lapse *l = bpf_map_lookup_elem(&fs_lapses, &zero);
+	if (!l)
+		return NULL;
+	__u64 hb = *(volatile __u64 *)&l->heartbeat_ns, after = l->after_ns;
+	if (!after || !hb)
+		return NULL;
+	__u64 now = bpf_ktime_get_boot_ns();
+	return now > hb && now - hb > after ? l : NULL;
+}
+
+/*
+ * dry_run says whether a refusal of project id is to be admitted instead:
+ * the pool or the project is in dry-run, or enforcement has lapsed (counted
+ * in fs_lapses.admitted).
+ */
 static __always_inline bool dry_run(__u64 id)
 {
 	struct fs_evcfg *c = evcfg();
 	if (c && c->dry_run)
 		return true;
-	return bpf_map_lookup_elem(&fs_dryrun, &id) != NULL;
+	if (bpf_map_lookup_elem(&fs_dryrun, &id) != NULL)
+		return true;
+	if (!lapse_of())
+		return false;
+	__u32 one = 1;
+	struct fs_lapse *l = bpf_map_lookup_elem(&fs_lapses, &one);
+	if (l)
+		__sync_fetch_and_add(&l->admitted, 1);
+	return true;
 }
 
 /* count_would counts a refusal dry-run admitted at dir. */
@@ -271,6 +331,8 @@ static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 di
 	struct fs_evcfg *c = evcfg();
 	if (!c || !c->per_sec)
 		return;
+	if ((flags & FS_EV_WOULD) && lapse_of())
+		flags |= FS_EV_LAPSED;
 	__u64 now = bpf_ktime_get_ns();
 	__u64 win = ev_window_ns ? (now / ev_window_ns) << 32 : 0;
 	struct fs_evproj *e = evproj(id);

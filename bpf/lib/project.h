@@ -10,7 +10,17 @@
  * base_level + max_depth - 1 (the loader refuses the others), and
  * everything below it counts for it. A socket of no registered cgroup is not
  * counted. Registrations of different projects never nest (the loader
- * refuses it), so the first hit is the only one.
+ * refuses it), so the first hit is the only one, with two exceptions:
+ *
+ *   - a weak registration (MEMBER_WEAK: the pod roots, members of the
+ *     reserved project "(unclassified)") is a fallback: the walk goes on
+ *     below it, and the first other registration found wins; the weak one
+ *     counts only for a socket with none below it. So a pod the daemon has
+ *     not classified yet is under the rule from its first connect, and a
+ *     classified pod's own cgroup, deeper, wins.
+ *   - a registration of project 0 (no project: the pods of system
+ *     namespaces, the daemon's own cgroup) ends the walk with no project:
+ *     it may sit below a weak one and makes its sockets uncounted.
  *
  * The walk's answer is remembered per CPU (fs_member_memo, guarded by
  * fs_member_gen, which the loader bumps at every change of fs_members): the
@@ -34,6 +44,8 @@ volatile const __u32 max_depth = 8;  /* levels walked, 1..MAX_DEPTH */
 
 /* fs_member.flags: the registered cgroup is in the exempt set (rule.h). */
 #define MEMBER_EXEMPT 1
+/* fs_member.flags: a fallback, found only when nothing below it is (above). */
+#define MEMBER_WEAK 2
 
 /*
  * cgroup_ancestor is cg->ancestors[level] (level <= cg's own). The verifier
@@ -62,6 +74,10 @@ static __always_inline __u64 cgroup_walk(struct cgroup *c, __u64 own, __u64 *cg)
 	if (level < (int)base_level || level > 255)
 		return 0;
 	__u32 last = level - base_level;
+	/* A weak hit (MEMBER_WEAK) is kept while the walk goes on: the
+	 * levels below it are walked as they would be without it (a cgroup
+	 * below no member walks them all anyway), so it costs nothing more. */
+	__u64 weak = 0, wcg = 0;
 	for (__u32 i = 0; i < MAX_DEPTH; i++) {
 		if (i > last || i >= max_depth)
 			break;
@@ -71,11 +87,21 @@ static __always_inline __u64 cgroup_walk(struct cgroup *c, __u64 own, __u64 *cg)
 		__u64 aid = anc->kn->id;
 		struct fs_member *m = bpf_map_lookup_elem(&fs_members, &aid);
 		if (m) {
-			*cg = (m->flags & MEMBER_EXEMPT) ? aid : own;
+			__u64 mcg = (m->flags & MEMBER_EXEMPT) ? aid : own;
+			if (m->flags & MEMBER_WEAK) {
+				if (!weak) {
+					weak = m->project;
+					wcg = mcg;
+				}
+				continue;
+			}
+			*cg = mcg;
 			return m->project;
 		}
 	}
-	return 0;
+	if (weak)
+		*cg = wcg;
+	return weak;
 }
 
 /*

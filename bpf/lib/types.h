@@ -47,7 +47,7 @@ struct fs_project {
 /* A registered cgroup's entry in fs_members. */
 struct fs_member {
 	__u32 project; /* compact project id, 1.. */
-	__u32 flags;   /* none yet */
+	__u32 flags;   /* MEMBER_EXEMPT, MEMBER_WEAK (project.h); project 0: no project */
 };
 
 /* A project's name in fs_names (internal/project.MaxLen bytes, NUL-padded). */
@@ -226,8 +226,11 @@ struct fs_sock_record {
 	__u32 state;
 	__u32 held;
 	__u32 kind;
-	__u32 adopted; /* 1 if this dump adopted it */
+	__u32 adopted; /* 1 if this dump adopted it, ADOPTED_PAST if past the rule */
 };
+
+/* fs_sock_record.adopted: adopted while the rule would have refused it. */
+#define ADOPTED_PAST 2
 
 /* Emits the record's BTF for bpf2go -type; lives in .rodata with the tunables. */
 volatile const struct fs_sock_record fs_record_layout;

@@ -85,6 +85,22 @@ func wouldText(n uint64, dryRun bool) string {
 	return strconv.FormatUint(n, 10)
 }
 
+// lapseText is the status line of a pool's lapse (connections.lapse_after).
+func lapseText(pool string, lp admin.Lapse) string {
+	age := (time.Duration(lp.HeartbeatAge * float64(time.Second))).Round(time.Second)
+	after := time.Duration(lp.After * float64(time.Second))
+	switch {
+	case lp.Lapsed:
+		return fmt.Sprintf("%s: ENFORCEMENT LAPSED: no daemon heartbeat for %s (lapse_after %s); the kernel counts and refuses nothing "+
+			"until a daemon starts (%d asks admitted while lapsed)", pool, age, after, lp.Admitted)
+	case lp.After == 0:
+		return fmt.Sprintf("%s: enforced; last daemon heartbeat %s ago; never lapses (lapse_after 0)", pool, age)
+	default:
+		return fmt.Sprintf("%s: enforced; last daemon heartbeat %s ago; lapses after %s without one (%d asks admitted while lapsed, ever)",
+			pool, age, after, lp.Admitted)
+	}
+}
+
 // pinnedStatus is the status while no daemon answers: the connections pool
 // from the maps pinned in cfg.PinDir, read-only.
 func pinnedStatus(cfg config.Config) (admin.Status, error) {
@@ -142,6 +158,12 @@ func printStatus(w io.Writer, st admin.Status) error {
 		if f := p.Forgotten; f.Admitted > 0 || f.Refused > 0 || f.RateLimited > 0 || f.WouldRefuse > 0 {
 			fmt.Fprintf(tw, "%s\t(forgotten: %d)\t0\t%d\t%d\t%d\tfalse\t0\t%d\n", projectname.Display(p.Name), f.Projects, f.Admitted, f.Refused,
 				f.RateLimited, f.WouldRefuse)
+		}
+	}
+	for _, p := range st.Pools {
+		if lp := p.Lapse; lp != nil {
+			fmt.Fprintln(tw)
+			fmt.Fprintln(tw, lapseText(p.Name, *lp))
 		}
 	}
 	printProjects(tw, st)

@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"fmt"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The lapse (bpf/lib/events.h, fs_lapses): the daemon renews a heartbeat in
+// the pins at Open, first thing once the maps are there, and at every Tick.
+// Once the heartbeat is older than Options.LapseAfter the programs stop
+// refusing: every refusal is admitted as dry-run admits it (counted, its
+// permit taken past the rule, its event flagged Lapsed), so a node whose
+// daemon is gone for good (uninstalled, crash-looping, its membership frozen
+// at its last word) is not refused by a limiter nobody runs. The counting
+// goes on, so a daemon that comes back finds the counts true and refuses
+// again from its first heartbeat.
+
+// lapseSlot is the daemon's slot of fs_lapses, countSlot the programs'.
+const (
+	lapseSlot = uint32(0)
+	countSlot = uint32(1)
+)
+
+// bootNow is CLOCK_BOOTTIME, the programs' bpf_ktime_get_boot_ns: unlike
+// CLOCK_MONOTONIC it goes on while the node is suspended.
+func bootNow() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
+	return uint64(ts.Nano())
+}
+
+// heartbeat renews the daemon's heartbeat, with the lapse in force.
+func (l *Limiter) heartbeat() error {
+	if l.objs.FsLapses == nil {
+		return nil
+	}
+	v := limiterFsLapse{HeartbeatNs: bootNow(), AfterNs: uint64(l.lapse)}
+	if err := l.objs.FsLapses.Put(lapseSlot, &v); err != nil {
+		return fmt.Errorf("renewing the heartbeat: %w", err)
+	}
+	return nil
+}
+
+// Lapse is the state of the lapse as the pins hold it.
+type Lapse struct {
+	// After is connections.lapse_after as the last daemon wrote it; 0
+	// never lapses.
+	After time.Duration
+	// Age is the time since the last heartbeat; 0 with Never.
+	Age time.Duration
+	// Never says no daemon has written a heartbeat (pins of an older
+	// version): the programs enforce.
+	Never bool
+	// Lapsed says enforcement has lapsed now: the programs count and do
+	// not refuse.
+	Lapsed bool
+	// Admitted counts the refusals admitted because enforcement had
+	// lapsed, ever (on these pins).
+	Admitted uint64
+}
+
+// Lapse reads the heartbeat and the lapse from the pins.
+func (l *Limiter) Lapse() (Lapse, error) {
+	if l.objs.FsLapses == nil {
+		return Lapse{Never: true}, nil
+	}
+	var v, c limiterFsLapse
+	if err := l.objs.FsLapses.Lookup(lapseSlot, &v); err != nil {
+		return Lapse{}, fmt.Errorf("reading the heartbeat: %w", err)
+	}
+	if err := l.objs.FsLapses.Lookup(countSlot, &c); err != nil {
+		return Lapse{}, fmt.Errorf("reading the lapse's count: %w", err)
+	}
+	out := Lapse{After: time.Duration(v.AfterNs), Admitted: c.Admitted, Never: v.HeartbeatNs == 0}
+	if !out.Never {
+		if now := bootNow(); now > v.HeartbeatNs {
+			out.Age = time.Duration(now - v.HeartbeatNs)
+		}
+		// As the programs judge it (lapse_of).
+		out.Lapsed = v.AfterNs != 0 && out.Age > out.After
+	}
+	return out, nil
+}
+
+// Lapse reads the heartbeat and the lapse from the pins.
+func (r *ReadOnly) Lapse() (Lapse, error) { return r.l.Lapse() }

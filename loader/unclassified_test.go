@@ -1,0 +1,280 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+)
+
+// kubeLayout lays out a kubelet's cgroupfs tree below root with mkdir:
+// kubepods, its QoS children, and the given pods' container cgroups
+// (relative to kubepods), and opens a limiter that walks from root's
+// children down, as the daemon's does from the cgroup2 root's.
+func kubeLayout(t *testing.T, root, pin string, pool uint32, lapse time.Duration) (*Limiter, string) {
+	t.Helper()
+	kp := mkdirs(t, root, "kubepods", "kubepods/burstable", "kubepods/besteffort")[0]
+	mnt, err := cgroup.FindMount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	level, err := mnt.Level(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Open(Options{PinDir: pin, PoolSize: pool, BaseLevel: level + 1, LapseAfter: lapse})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l, kp
+}
+
+// podRoots are the weak members the daemon registers for kubepods.
+func podRoots(kp string) []Member {
+	return []Member{{Project: Unclassified, Cgroup: kp}, {Project: Unclassified, Cgroup: filepath.Join(kp, "burstable")},
+		{Project: Unclassified, Cgroup: filepath.Join(kp, "besteffort")}}
+}
+
+func setMembers(t *testing.T, l *Limiter, ms []Member) {
+	t.Helper()
+	rep, err := l.SetMembers(ms)
+	if err != nil || len(rep.Refused) > 0 {
+		t.Fatalf("SetMembers: %+v %v", rep, err)
+	}
+}
+
+// TestUnclassifiedPods lays out kubepods with mkdir: a pod no member names
+// is under the rule as the reserved Unclassified project from its first
+// connect, while the limiter is open and after it is closed (no daemon: the
+// pins enforce); a classified pod's own cgroup, deeper, wins; a pod of no
+// project (a system namespace's, the daemon's own) is neither counted nor
+// refused; and in_use never passes POOL.
+func TestUnclassifiedPods(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	const pool = 12
+	l, kp := kubeLayout(t, root, pin, pool, 0)
+	dirs := mkdirs(t, kp, "burstable/podA", "burstable/podA/ctr", "burstable/podB", "burstable/podB/ctr",
+		"besteffort/podSys", "besteffort/podSys/ctr", "podG", "podG/ctr")
+	podA, podACtr, podB, podBCtr, podSys, podSysCtr, podGCtr := dirs[0], dirs[1], dirs[2], dirs[3], dirs[4], dirs[5], dirs[7]
+	setMembers(t, l, append(podRoots(kp),
+		Member{Project: "team-a", Cgroup: podA}, Member{Project: NoProject, Cgroup: podSys}))
+	floor := snap(t, l).Floor
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	dst := ln.Addr().String()
+	atMostPool := func(what string) {
+		t.Helper()
+		if s := snap(t, l); s.InUse > pool {
+			t.Fatalf("%s: in_use %d past POOL %d: %+v", what, s.InUse, pool, s)
+		}
+	}
+
+	// team-a holds half the pool.
+	a := startHelper(t, podACtr)
+	if r := a.dial("tcp4", dst, pool/2); r.ok != pool/2 {
+		t.Fatalf("team-a: %+v", r)
+	}
+	// A pod nobody classified opens 100 connections at once: it is the
+	// Unclassified project, and takes what the rule gives a newcomer.
+	b := startHelper(t, podBCtr)
+	rb := b.dial("tcp4", dst, 100)
+	s := snap(t, l)
+	share := pool / 2 // two projects active
+	if rb.ok > share+floor || rb.ok == 0 || project(s, Unclassified).InUse != rb.ok || s.InUse > pool {
+		t.Fatalf("unclassified pod admitted %+v (share %d, floor %d): %+v", rb, share, floor, s)
+	}
+	// team-a keeps at least its floor: it holds its share already.
+	if project(s, "team-a").InUse < floor {
+		t.Fatalf("team-a lost its floor: %+v", s)
+	}
+	// A guaranteed pod straight below kubepods is unclassified too.
+	g := startHelper(t, podGCtr)
+	g.dial("tcp4", dst, 20)
+	atMostPool("guaranteed pod")
+
+	// A pod of no project is neither counted nor refused.
+	before := snap(t, l).InUse
+	sys := startHelper(t, podSysCtr)
+	if r := sys.dial("tcp4", dst, 20); r.ok != 20 {
+		t.Fatalf("system pod refused: %+v", r)
+	}
+	if s := snap(t, l); s.InUse != before {
+		t.Fatalf("system pod counted: in_use %d, was %d", s.InUse, before)
+	}
+
+	// Classified: podB's own cgroup, deeper than kubepods, wins; the
+	// permits taken as Unclassified stay with it until their sockets end.
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA},
+		Member{Project: NoProject, Cgroup: podSys}, Member{Project: "team-b", Cgroup: podB}))
+	unclassified := project(snap(t, l), Unclassified).InUse
+	b.dial("tcp4", dst, 10)
+	s = snap(t, l)
+	if project(s, Unclassified).InUse != unclassified || s.InUse > pool {
+		t.Fatalf("after classification: %+v (unclassified held %d)", s, unclassified)
+	}
+	b.do("close")
+	g.do("close")
+	waitInUse(t, l, pool/2, map[string]int{"team-a": pool / 2, Unclassified: 0, "team-b": 0})
+
+	// No daemon: the limiter is closed, the pins go on. A pod made now,
+	// which no daemon will ever classify, is under the rule.
+	l.Close()
+	podC := mkdirs(t, kp, "besteffort/podC", "besteffort/podC/ctr")[1]
+	c := startHelper(t, podC)
+	rc := c.dial("tcp4", dst, 100)
+	ro, err := OpenReadOnly(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	s, err = ro.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.ok > share+floor || rc.ok == 0 || s.InUse > pool || project(s, Unclassified).InUse != rc.ok {
+		t.Fatalf("with no daemon the new pod got %+v: %+v", rc, s)
+	}
+}
+
+// TestMemberNesting: what may nest below what, and what the walk then
+// finds (bpf/lib/project.h).
+func TestMemberNesting(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, kp := kubeLayout(t, root, pin, 8, 0)
+	dirs := mkdirs(t, root, "team", "team/sub", "team/sub2", "kubepods/podX", "kubepods/podX/deeper")
+	team, sub, sub2, podX, deeper := dirs[0], dirs[1], dirs[2], dirs[3], dirs[4]
+	rep, err := l.SetMembers([]Member{
+		{Project: Unclassified, Cgroup: kp},
+		{Project: "p", Cgroup: team},
+		{Project: NoProject, Cgroup: sub},     // below a project: never found, refused
+		{Project: Unclassified, Cgroup: sub2}, // likewise
+		{Project: NoProject, Cgroup: podX},    // below a weak member: fine
+		{Project: "q", Cgroup: deeper},        // below no project: refused
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := map[string]bool{}
+	for _, r := range rep.Refused {
+		refused[r.Member.Cgroup] = true
+	}
+	if len(rep.Refused) != 3 || !refused[sub] || !refused[sub2] || !refused[deeper] {
+		t.Fatalf("refused %+v", rep.Refused)
+	}
+	ms, err := l.Members()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]string{}
+	for _, m := range ms {
+		names[m.Cgroup] = m.Project
+	}
+	if len(ms) != 3 || names[kp] != Unclassified || names[team] != "p" || names[podX] != NoProject {
+		t.Fatalf("members %v", names)
+	}
+}
+
+// TestLapse: with the heartbeat older than LapseAfter (the limiter closed,
+// as a daemon SIGKILLed), a project past the pool is admitted and counted,
+// its refusal reported as lapsed; a limiter opened again refuses at once.
+func TestLapse(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	const lapse = time.Second
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 2, LapseAfter: lapse})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.SetEvents(100, false); err != nil {
+		t.Fatal(err)
+	}
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	dst := ln.Addr().String()
+	a := startHelper(t, mkProject(t, root, "alpha"))
+	if r := a.dial("tcp4", dst, 3); r.ok != 2 || r.refused != 1 {
+		t.Fatalf("enforced: %+v", r)
+	}
+	if lp, err := l.Lapse(); err != nil || lp.Lapsed || lp.Never || lp.After != lapse {
+		t.Fatalf("lapse %+v %v", lp, err)
+	}
+	// No Tick from here on: the heartbeat ages.
+	l.Close()
+	ro, err := OpenReadOnly(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	eventually(t, "lapsed", func() (bool, string) {
+		lp, err := ro.Lapse()
+		return err == nil && lp.Lapsed, "not lapsed"
+	})
+	if r := a.dial("tcp4", dst, 3); r.ok != 3 {
+		t.Fatalf("lapsed: %+v", r)
+	}
+	s, err := ro.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lp, _ := ro.Lapse()
+	if s.InUse != 5 || project(s, "alpha").InUse != 5 || lp.Admitted != 3 || s.Events.LapsedAdmitted != 3 {
+		t.Fatalf("lapsed admissions not counted: %+v %+v", s, lp)
+	}
+	// A daemon that comes back refuses again from its Open on, and reads
+	// the lapsed admissions' events the ring buffer kept.
+	l2, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 2, LapseAfter: lapse})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if r := a.dial("tcp4", dst, 1); r.refused != 1 {
+		t.Fatalf("after the daemon came back: %+v", r)
+	}
+	ch := refusals(t, l2)
+	lapsed := 0
+	for range 5 {
+		if e := nextRefusal(t, ch); e.Lapsed && e.Would {
+			lapsed++
+		}
+	}
+	if lapsed != 3 {
+		t.Fatalf("%d lapsed events, want 3", lapsed)
+	}
+}
+
+// TestAdoptedPastRule: sockets adopted past the rule are counted and
+// reported per project, not hidden.
+func TestAdoptedPastRule(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	// Connections made while the cgroup is in no project: adopted when it
+	// becomes one.
+	dir := filepath.Join(root, "late")
+	mkdirs(t, root, "late")
+	h := startHelper(t, dir)
+	if r := h.dial("tcp4", ln.Addr().String(), 5); r.ok != 5 {
+		t.Fatalf("dials %+v", r)
+	}
+	setMembers(t, l, []Member{{Project: "late", Cgroup: dir}})
+	rep, err := l.Reconcile(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := snap(t, l)
+	if rep.Adopted != 5 || rep.AdoptedPast["late"] != 3 || s.InUse != 5 || s.Events.AdoptedPast != 3 {
+		t.Fatalf("adopted %d past %v, in_use %d, events %+v", rep.Adopted, rep.AdoptedPast, s.InUse, s.Events)
+	}
+}
