@@ -21,6 +21,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/netnsscan"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/kube"
+	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/policy"
 )
 
@@ -294,5 +295,67 @@ func TestPodNetnsChargedUntilDetached(t *testing.T) {
 	p.attachPodNetns(time.Now(), hint(1))
 	if a := p.attached[second]; !a.Attached {
 		t.Errorf("the second pod's namespace, the first's link detached: %+v, want attached", a)
+	}
+}
+
+// TestKubernetesKernelExtras: under Kubernetes the kernel side gets, beside
+// the pods in force, the pod roots and their QoS children as weak members
+// of the reserved unclassified project (a pod not classified yet counts for
+// it), the cgroups of pods in no project (kube-system's) as members of no
+// project below them, and the daemon's own cgroup as one of no project;
+// the kernel's extras found at a restart are not taken for members in
+// force.
+func TestKubernetesKernelExtras(t *testing.T) {
+	r := crtest.Start(t)
+	mount := testutil.Cgroup2Mount(t)
+	a := r.RunPod(t, crtest.PodSpec{Namespace: "team-a", Name: "a", HostNetwork: true})
+	dns := r.RunPod(t, crtest.PodSpec{Namespace: "kube-system", Name: "dns", HostNetwork: true})
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.StateDir, cfg.Projects.Sources, cfg.Tick = dir, []string{membership.SourceKubernetes}, 100*time.Millisecond
+	cfg.Kubernetes.RuntimeEndpoint = r.Socket
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := policy.Open(dir, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	h := &handOff{seed: []membership.Member{{Project: loader.Unclassified, Cgroup: filepath.Join(mount, "kubepods")}}}
+	p.kernel = h
+	want := []membership.Member{
+		{Project: "team-a", Cgroup: filepath.Join(mount, a.CgroupParent)},
+		{Project: loader.Unclassified, Cgroup: filepath.Join(mount, "kubepods")},
+		{Project: loader.Unclassified, Cgroup: filepath.Join(mount, "kubepods/burstable")},
+		{Project: loader.NoProject, Cgroup: filepath.Join(mount, dns.CgroupParent)},
+	}
+	if p.self != "" {
+		want = append(want, membership.Member{Project: loader.NoProject, Cgroup: p.self})
+	}
+	eventually(t, func() error {
+		p.apply(t.Context(), time.Now(), true)
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if len(h.sets) == 0 {
+			return fmt.Errorf("no members handed to the kernel")
+		}
+		got := h.sets[len(h.sets)-1]
+		for _, w := range want {
+			if !slices.Contains(got, w) {
+				return fmt.Errorf("kernel members %v lack %v", got, w)
+			}
+		}
+		return nil
+	})
+	for _, m := range p.membership().Members {
+		if m.Project == loader.Unclassified || m.Project == loader.NoProject {
+			t.Errorf("the kernel's extra %v is a member in force", m)
+		}
 	}
 }

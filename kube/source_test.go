@@ -166,3 +166,37 @@ func TestSourceMembers(t *testing.T) {
 		t.Errorf("%d pods of system namespaces, want 1", system)
 	}
 }
+
+// TestSourceSelfNamespace: the namespace of the pod the daemon runs in
+// (found from its own cgroup, SourceOptions.Self) is never a project,
+// whatever the rules say, like kube-system; the pods of no project are
+// listed for the kernel side (NoProject), so that below the pod roots,
+// which count for the unclassified project, they count for none.
+func TestSourceSelfNamespace(t *testing.T) {
+	s := &Source{o: SourceOptions{Mount: "/mnt", Log: slog.New(slog.DiscardHandler), Self: "/mnt/kubepods/burstable/pod8/ctr",
+		Rules: Rules{ProjectLabel: DefaultProjectLabel, Namespaces: true, System: []string{"kube-system"}, Validate: policy.ValidateProject}},
+		warned: map[string]bool{}, refused: map[string]string{}, checked: map[string]int{}}
+	s.o.CheckPid = func(pid int, dir string) error { return nil }
+	pods := []Pod{
+		{ID: "1", UID: "1", Namespace: "team-a", Name: "web", Cgroup: "/kubepods/pod1", HostNetwork: true},
+		{ID: "6", UID: "6", Namespace: "kube-system", Name: "dns", Cgroup: "/kubepods/pod6", HostNetwork: true},
+		{ID: "8", UID: "8", Namespace: "fairshare-system", Name: "fairshare-abcde", Cgroup: "/kubepods/burstable/pod8", HostNetwork: true,
+			Labels: map[string]string{DefaultProjectLabel: "sneaky"}},
+		{ID: "9", UID: "9", Namespace: "fairshare-system", Name: "other", Cgroup: "/kubepods/pod9", HostNetwork: true},
+	}
+	f, _, system, none, self := s.members(pods)
+	if want := []membership.Member{{Project: "team-a", Cgroup: "/mnt/kubepods/pod1"}}; !slices.Equal(f.Members, want) {
+		t.Errorf("members %v, want %v", f.Members, want)
+	}
+	if want := []string{"/mnt/kubepods/burstable/pod8", "/mnt/kubepods/pod6", "/mnt/kubepods/pod9"}; !slices.Equal(none, want) {
+		t.Errorf("no project %v, want %v", none, want)
+	}
+	if self != "fairshare-system" || system != 3 {
+		t.Errorf("self namespace %q, %d system pods", self, system)
+	}
+	// Outside every pod, nothing changes.
+	s.o.Self = "/mnt/system.slice/fairshare.service"
+	if f, _, _, _, self := s.members(pods); self != "" || len(f.Members) != 3 {
+		t.Errorf("daemon in no pod: self %q, members %v", self, f.Members)
+	}
+}

@@ -751,3 +751,52 @@ func BenchmarkConnectDepth(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkConnectUnclassified is BenchmarkConnectDepth's depth=3 for a
+// socket in no member below a weak one: the reserved Unclassified project
+// registered at the first level (a pod root), the connecting process three
+// levels below it (QoS, pod, container), so the walk goes on past the weak
+// hit to the socket's own level and falls back to it.
+func BenchmarkConnectUnclassified(b *testing.B) {
+	testutil.RequireRoot(b)
+	root := newRoot(b)
+	pin := newPinDir(b)
+	dirs := mkdirs(b, root, "l1", "l1/l2/l3/ctr")
+	weak, leaf := dirs[0], dirs[1]
+	defer pinCPU(b)()
+	lfd, sa := benchListener(b, false) // outside the projects
+	moveSelf(b, leaf)
+	o := rootOptions(b, root, Options{PinDir: pin, PoolSize: benchPool})
+	o.MaxDepth = DefaultMaxDepth
+	l, err := Open(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		l.Close()
+		if err := Cleanup(pin); err != nil {
+			b.Error(err)
+		}
+	}()
+	if rep, err := l.SetMembers([]Member{{Project: Unclassified, Cgroup: weak}}); err != nil || len(rep.Refused) > 0 {
+		b.Fatalf("%+v %v", rep, err)
+	}
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		b.Skipf("bpf stats unavailable: %v", err)
+	}
+	defer stats.Close()
+	detachLinks(b, l)
+	b.ResetTimer()
+	var st map[string]progStat
+	for range max(b.N/4000, 1) {
+		st = progStats(b, &l.objs, lfd, sa, func(o *limiterObjects) { attachLinks(b, l, o) }, func() { detachLinks(b, l) })
+	}
+	b.StopTimer()
+	for _, name := range []string{"connect4", "sock_release", "set_state"} {
+		b.ReportMetric(st[name].ns, name+"-ns/run")
+	}
+	if s := snap(b, l); s.Admitted == 0 || len(s.Projects) != 1 || s.Projects[0].Project != Unclassified {
+		b.Fatalf("the connections did not count for the unclassified project: %+v", s)
+	}
+}
