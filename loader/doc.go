@@ -28,10 +28,52 @@
 // runs, and connect4 pays the hash lookup only when the cgroup changes.
 // Sockets of no registered cgroup are not counted and not limited.
 // Registrations of different projects never nest (SetMembers refuses both),
-// so the first hit is the only one. A member removed releases nothing: the
+// so the first hit is the only one, with the exceptions of the next section. A member removed releases nothing: the
 // permits its sockets hold end with them; its new connections stop counting
 // at once. A project with no member, holding nothing and idle for a minute
 // frees its id at Tick (not while a listening socket still names it).
+//
+// # Unclassified pods
+//
+// A pod the daemon has not classified yet (just made, or made while no
+// daemon runs) must not run unlimited. Its cgroup is below the pod roots
+// (kubepods, kubepods.slice and their QoS children), which the daemon
+// registers as weak members (MEMBER_WEAK) of the reserved project
+// Unclassified, "(unclassified)", a name no policy, label or CLI can take.
+// The walk keeps a weak hit and goes on below it; the first other member
+// found wins, and the weak one counts only for a socket below no other.
+// So an unclassified pod is one project under the rule from its first
+// connect and its first SYN, and a classified pod's own cgroup, deeper,
+// counts for its project. The levels below a weak hit are walked as a
+// cgroup of no member walks them, so the fallback costs nothing more than
+// before (BenchmarkConnectUnclassified against BenchmarkConnectDepth).
+// Members of NoProject, "(none)", have project id 0: the walk stops there
+// and the socket counts for none (the pods of system namespaces, the
+// daemon's own cgroup). They may sit below a weak member; an Unclassified
+// or NoProject member below a project's member, or any member below a
+// NoProject one, would never be found and is refused alone.
+//
+// Permits taken as Unclassified stay with it until their sockets end: a
+// held permit records its project, and moving it when the pod is
+// classified would need a pass over the held table per pod and a moment
+// where the permit is counted twice or nowhere. So for the lifetime of the
+// connections a pod opened before it was classified, the pod has at most
+// the unclassified project's share plus its own; the pool's in_use never
+// passes POOL (TestUnclassifiedPods). With the daemon's tick at 1s a pod is
+// classified within about a poll of its sandbox starting.
+//
+// # Lapse
+//
+// Options.LapseAfter (connections.lapse_after) bounds how long the pins
+// enforce without a daemon. Open renews a heartbeat in fs_lapses
+// (CLOCK_BOOTTIME) first thing once the maps are there, and every Tick
+// renews it; once it is older than LapseAfter, every refusal of the rule
+// or of a rate is admitted as dry-run admits it: the permit is taken past
+// the rule and counted, the event carries Refusal.Lapsed, and
+// Lapse.Admitted (Events.LapsedAdmitted) counts it. The clock is read on
+// the refusal path only, so the admitted path costs the same. A daemon
+// that comes back refuses again from its Open (TestLapse). LapseAfter 0
+// never lapses.
 //
 // # Network namespaces
 //
@@ -245,6 +287,15 @@
 // 4096 slots).
 // Every repair needs the same finding in two consecutive reads and is
 // logged. Permits held in other namespaces are counted but not checked
-// against live sockets. sock_diag's view is returned alongside
+// against live sockets. An adopted socket exists, so it is counted for its
+// project whatever the rule says; one adopted while the rule would have
+// refused it (in_use at the project's limit) is reported per project
+// (ReconcileReport.AdoptedPast, a warning, Events.AdoptedPast, and the
+// daemon's adopted_past_rule event): the pool's in_use then exceeds POOL by
+// at most the sockets adopted past the rule, until they end. They are
+// sockets made while no program counted them: before the first Open on a
+// node, while the programs were detached, or while their cgroup was in no
+// member (a pod outside kubernetes.pod_cgroups, a cgroup registered after
+// it connected). sock_diag's view is returned alongside
 // (ReconcileReport.Kernel) for comparison.
 package loader
