@@ -187,7 +187,7 @@ func TestMemberNesting(t *testing.T) {
 func TestLapse(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	const lapse = time.Second
+	const lapse = 3 * time.Second // the issue's; long enough for a loaded machine between a Tick and a dial
 	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 2, LapseAfter: lapse})
 	if err != nil {
 		t.Fatal(err)
@@ -199,6 +199,10 @@ func TestLapse(t *testing.T) {
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	dst := ln.Addr().String()
 	a := startHelper(t, mkProject(t, root, "alpha"))
+	// A tick renews the heartbeat, as the daemon's does.
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
 	if r := a.dial("tcp4", dst, 3); r.ok != 2 || r.refused != 1 {
 		t.Fatalf("enforced: %+v", r)
 	}
