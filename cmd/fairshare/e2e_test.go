@@ -162,6 +162,9 @@ type node struct {
 	prefix []string
 	// args are more arguments of 'run' (the chart's --detach-on-exit).
 	args []string
+	// cgroup, if set, is the cgroup the daemon is started in (a pod's,
+	// say); "" is the test's own.
+	cgroup string
 }
 
 func newNode(t *testing.T, poolYAML string) *node {
@@ -207,6 +210,9 @@ func (n *node) start() {
 	n.cmd = exec.Command(args[0], args[1:]...)
 	n.cmd.Env = cleanEnv()
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	if n.cgroup != "" {
+		testutil.InCgroup(t, n.cmd, n.cgroup)
+	}
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
