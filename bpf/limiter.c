@@ -438,6 +438,18 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		.state = state,
 	};
 	if (state == TCP_LISTEN) {
+		/* A listener counted under another project than its cgroup's
+		 * now (opened while its pod was unclassified, and classified
+		 * since; or its cgroup is in no project now) is counted again
+		 * under its own, or uncounted. */
+		struct fs_listen_key *ck = bpf_map_lookup_elem(&fs_listen_socks, &rec.cookie);
+		if (ck) {
+			struct fs_listen_key k = {};
+			__builtin_memcpy(&k, ck, sizeof(k));
+			struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, &k);
+			if (l && l->project != id)
+				unlisten(rec.cookie);
+		}
 		if (id)
 			on_listen(sk);
 	} else if (state == TCP_ESTABLISHED || state == TCP_SYN_SENT || state == TCP_CLOSE_WAIT ||

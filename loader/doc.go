@@ -60,7 +60,12 @@
 // connections a pod opened before it was classified, the pod has at most
 // the unclassified project's share plus its own; the pool's in_use never
 // passes POOL (TestUnclassifiedPods). With the daemon's tick at 1s a pod is
-// classified within about a poll of its sandbox starting.
+// classified within about a poll of its sandbox starting. A listener opened
+// before its pod was classified is counted under Unclassified until the
+// next Reconcile, whose dump counts it again under its pod's project (or
+// uncounts it, for a pod of no project); the permits of sockets whose
+// cgroup is in no project now are released by that pass as a gone socket's
+// (TestUnclassifiedListener).
 //
 // # Lapse
 //

@@ -282,3 +282,41 @@ func TestAdoptedPastRule(t *testing.T) {
 		t.Fatalf("adopted %d past %v, in_use %d, events %+v", rep.Adopted, rep.AdoptedPast, s.InUse, s.Events)
 	}
 }
+
+// TestUnclassifiedListener: a listener opened while its pod was
+// unclassified counts its connections for (unclassified); once the pod is
+// classified the next reconcile counts it under the pod's project, and a
+// pod classified as no project's listener is uncounted (and its held
+// connections' permits released, as a gone socket's).
+func TestUnclassifiedListener(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, kp := kubeLayout(t, root, pin, 12, 0)
+	dirs := mkdirs(t, kp, "burstable/podB", "burstable/podB/ctr", "besteffort/podS", "besteffort/podS/ctr")
+	podB, podBCtr, podS, podSCtr := dirs[0], dirs[1], dirs[2], dirs[3]
+	setMembers(t, l, podRoots(kp))
+	b, s := startHelper(t, podBCtr), startHelper(t, podSCtr)
+	addrB, addrS := listenAddr(t, b.do("listen 127.0.0.1:0")), listenAddr(t, s.do("listen 127.0.0.1:0"))
+	dial := func(addr string) {
+		t.Helper()
+		c, err := dialOutside(addr)
+		if err != nil {
+			t.Fatalf("dial %s: %v", addr, err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	dial(addrB)
+	dial(addrS)
+	waitInUse(t, l, 2, map[string]int{Unclassified: 2})
+
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-b", Cgroup: podB}, Member{Project: NoProject, Cgroup: podS}))
+	if _, err := l.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// podS's first connection is in no project now: the reconcile's dump
+	// does not list it, and its permit is released as a gone socket's.
+	// podB's stays with (unclassified) until it ends.
+	dial(addrB)
+	dial(addrS)
+	waitInUse(t, l, 2, map[string]int{Unclassified: 1, "team-b": 1})
+}

@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -195,9 +196,12 @@ func TestKubernetesUnclassifiedPods(t *testing.T) {
 
 // TestKubernetesDaemonNeverRefused runs the daemon inside a pod of
 // namespace fairshare-system (a real containerd's pod, the daemon's process
-// moved into a cgroup below the pod's, as the chart's container would be):
-// its namespace is found from its own cgroup and is no project, so with a
-// tenant holding the whole pool every request to its /metrics succeeds.
+// started in a cgroup below the pod's, where the chart's container would
+// be; not the chart's image run through the CRI): its namespace is found
+// from its own cgroup and is no project, so with a tenant holding the whole
+// pool every request to its /metrics succeeds, and so does every request
+// through its front (its listener and its connections to the upstream are
+// the daemon's own sockets).
 func TestKubernetesDaemonNeverRefused(t *testing.T) {
 	r := crtest.Start(t)
 	h := hold(t)
@@ -209,8 +213,11 @@ func TestKubernetesDaemonNeverRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(dir) })
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "up") }))
+	defer up.Close()
 	const size = 12
-	n := kubeNode(t, r, fmt.Sprintf("pools: {connections: {size: %d, floor: 1}}\n", size))
+	n := kubeNode(t, r, fmt.Sprintf("pools: {connections: {size: %d, floor: 1}}\n"+
+		"front: {listen: '127.0.0.1:0', upstream: %q, trusted_peers: ['127.0.0.1']}\n", size, up.URL))
 	n.cgroup = dir
 	n.start()
 	eventually(t, func() error {
@@ -235,6 +242,24 @@ func TestKubernetesDaemonNeverRefused(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("request %d: %s", i, resp.Status)
+		}
+	}
+	// The front is the daemon's too: its listener takes every client, and
+	// its connections to the upstream are never refused.
+	for i := range 20 {
+		req, err := http.NewRequest("GET", "http://"+n.r.Front+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Fairshare-Project", "ops")
+		req.Close = i%2 == 0 // a new connection to the front every other request
+		resp, err := cl.Do(req)
+		if err != nil {
+			t.Fatalf("request %d through the daemon's front with the pool full: %v", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d through the front: %s", i, resp.Status)
 		}
 	}
 	if p := pool(n.status(), "connections"); p.InUse != size || project(p, "fairshare-system").Held != 0 {
