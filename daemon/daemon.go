@@ -24,6 +24,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/logrl"
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/peercred"
+	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/metrics"
 	"github.com/fairshare-dev/fairshare/permitd"
 	"github.com/fairshare-dev/fairshare/policy"
@@ -123,6 +124,13 @@ func New(opts Options) (*Daemon, error) {
 	// flood repeats one line per request or connection.
 	rl := logrl.New(log.Handler(), logrl.Options{})
 	log = slog.New(rl)
+	// First thing: a node whose enforcement lapsed while no daemon ran
+	// refuses again from here, not only once the programs are loaded.
+	if cfg.BPF {
+		if err := loader.RenewHeartbeat(cfg.PinDir, cfg.Connections.LapseAfter); err != nil {
+			log.Warn("the pinned heartbeat could not be renewed before start (it is at load)", "err", err)
+		}
+	}
 	nofile, err := listen.RaiseFileLimit()
 	if err != nil {
 		log.Warn("could not raise the open-files limit", "err", err)

@@ -3,8 +3,13 @@
 package loader
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"golang.org/x/sys/unix"
 )
@@ -41,6 +46,31 @@ func (l *Limiter) heartbeat() error {
 	v := limiterFsLapse{HeartbeatNs: bootNow(), AfterNs: uint64(l.lapse)}
 	if err := l.objs.FsLapses.Put(lapseSlot, &v); err != nil {
 		return fmt.Errorf("renewing the heartbeat: %w", err)
+	}
+	return nil
+}
+
+// RenewHeartbeat renews the heartbeat of the limiter pinned in pinDir
+// ("" for DefaultPinDir) with the lapse after, without loading anything: a
+// daemon calls it first thing at start, so that enforcement that had lapsed
+// resumes before the programs are loaded and the rest of the daemon made
+// (Open renews it again). Pins without the heartbeat's map (none yet, or
+// an older version's) are nothing to renew: it returns nil.
+func RenewHeartbeat(pinDir string, after time.Duration) error {
+	if pinDir == "" {
+		pinDir = DefaultPinDir
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "fs_lapses"), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("opening the pinned heartbeat in %s: %w", pinDir, err)
+	}
+	defer m.Close()
+	v := limiterFsLapse{HeartbeatNs: bootNow(), AfterNs: uint64(max(after, 0))}
+	if err := m.Put(lapseSlot, &v); err != nil {
+		return fmt.Errorf("renewing the heartbeat in %s: %w", pinDir, err)
 	}
 	return nil
 }

@@ -231,8 +231,22 @@ func TestLapse(t *testing.T) {
 	if s.InUse != 5 || project(s, "alpha").InUse != 5 || lp.Admitted != 3 || s.Events.LapsedAdmitted != 3 {
 		t.Fatalf("lapsed admissions not counted: %+v %+v", s, lp)
 	}
-	// A daemon that comes back refuses again from its Open on, and reads
-	// the lapsed admissions' events the ring buffer kept.
+	// A daemon that comes back renews the heartbeat first thing
+	// (RenewHeartbeat, before loading anything): refused again at once.
+	if err := RenewHeartbeat(pin, lapse); err != nil {
+		t.Fatal(err)
+	}
+	if lp, err := ro.Lapse(); err != nil || lp.Lapsed {
+		t.Fatalf("renewed: %+v %v", lp, err)
+	}
+	if r := a.dial("tcp4", dst, 1); r.refused != 1 {
+		t.Fatalf("after the heartbeat was renewed: %+v", r)
+	}
+	if err := RenewHeartbeat(t.TempDir(), lapse); err != nil {
+		t.Errorf("no pins: %v", err)
+	}
+	// Its Open refuses too, and it reads the lapsed admissions' events
+	// the ring buffer kept.
 	l2, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 2, LapseAfter: lapse})
 	if err != nil {
 		t.Fatal(err)
