@@ -43,6 +43,7 @@ type Collector struct {
 	recPasses, recFailures, recRepairs        *prometheus.Desc
 	recLast, recSockets, recHeld              *prometheus.Desc
 	recAdoptedPast, lapseAdmitted, lapsed     *prometheus.Desc
+	heartbeatAge                              *prometheus.Desc
 	lnOpen, lnMax, lnAccepted, lnRefused      *prometheus.Desc
 	lnErrors                                  *prometheus.Desc
 	memMembers, memRefused, memSourceUp       *prometheus.Desc
@@ -112,7 +113,9 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 			"Sockets reconcile passes adopted although the rule would have refused them (in_use may exceed the pool by them until they end)."),
 		lapseAdmitted: d("pool_lapsed_admitted_total",
 			"Asks the kernel admitted, the rule refusing, because enforcement had lapsed (no daemon heartbeat within connections.lapse_after); in pool_admitted_total too.", "pool"),
-		lapsed:     d("pool_enforcement_lapsed", "1 while the kernel's enforcement has lapsed (no daemon heartbeat within connections.lapse_after).", "pool"),
+		lapsed: d("pool_enforcement_lapsed", "1 while the kernel's enforcement has lapsed (no daemon heartbeat within connections.lapse_after).", "pool"),
+		heartbeatAge: d("heartbeat_age_seconds",
+			"Seconds since the daemon's control loop last renewed the heartbeat in the pins; past connections.lapse_after the kernel stops refusing.", "pool"),
 		lnOpen:     d("listener_open_connections", "Connections open through the listener.", "listener"),
 		lnMax:      d("listener_max_connections", "The listener's cap on open connections; 0 is none.", "listener"),
 		lnAccepted: d("listener_accepted_total", "Connections accepted within the caps.", "listener"),
@@ -150,7 +153,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.poolActive, c.poolAdmitted, c.poolRefused, c.poolRateLimited, c.permitsRateLimited, c.held, c.admitted, c.refused, c.sleeping, c.evictions,
 		c.rateLimited, c.workTokens, c.inFlight, c.queue, c.dispatched, c.wait,
 		c.exemptMax, c.exemptInUse, c.exemptAdmitted, c.exemptOver,
-		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld, c.recAdoptedPast, c.lapseAdmitted, c.lapsed,
+		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld, c.recAdoptedPast, c.lapseAdmitted, c.lapsed, c.heartbeatAge,
 		c.lnOpen, c.lnMax, c.lnAccepted, c.lnRefused, c.lnErrors,
 		c.memMembers, c.memRefused, c.memSourceUp, c.nsFound, c.nsAttached, c.nsSweeps, c.nsSweep, c.nsErrors,
 
@@ -250,6 +253,7 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 	if lp := p.Lapse; lp != nil {
 		counter(c.lapseAdmitted, float64(lp.Admitted), p.Name)
 		gauge(c.lapsed, b2f(lp.Lapsed), p.Name)
+		gauge(c.heartbeatAge, lp.HeartbeatAge, p.Name)
 	}
 	if e := p.Exempt; e != nil {
 		gauge(c.exemptMax, float64(e.Max), p.Name)
