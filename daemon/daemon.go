@@ -100,22 +100,34 @@ type Daemon struct {
 	// listeners are the listeners serving, for status and metrics.
 	listeners []*listen.Listener
 
+	// The sockets New made, which Run serves (nil: not configured).
+	adminLn, metricsLn, frontLn, frontSock net.Listener
+	// connectionsAt is the connections pool's index in pools, where the
+	// kernel side goes once it is open.
+	connectionsAt int
+
 	// file follows the policies file (nil: none configured).
 	file *policyFile
 	// health is the control loop's last tick, for /healthz.
 	health health
 }
 
-// New opens the store and builds the parts in order: the kernel's
-// connections pool (unless cfg.BPF is false), the user-space pools and the
-// scheduler, the front, the permit API; then it applies the stored
-// policies.
+// New checks what it can before it creates anything (preflight), then
+// builds the parts in order: the TCP listeners, the events log, the store,
+// the membership, the user-space pools and the scheduler, the front, the
+// unix sockets, the permit API, and last the kernel's connections pool
+// (unless cfg.BPF is false); then it applies the stored policies. A start
+// that fails removes again what it created (see start.go), so a refused
+// start leaves the state, socket and pin directories as they were.
 func New(opts Options) (*Daemon, error) {
 	cfg := opts.Config
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg, _ = Effective(cfg)
+	if err := preflight(cfg); err != nil {
+		return nil, err
+	}
 	log := opts.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -145,41 +157,53 @@ func New(opts Options) (*Daemon, error) {
 
 		limitedGone: map[string]uint64{},
 		dryProjects: map[string]bool{},
+
+		connectionsAt: -1,
 	}
+	var undo rollback
 	ok := false
 	defer func() {
 		if !ok {
 			d.closeParts()
+			undo.run()
 		}
 	}()
 
+	// The TCP listeners first: a busy port is the likeliest failure, and
+	// binding one creates no file.
+	if cfg.Metrics.Listen != "" {
+		if d.metricsLn, err = net.Listen("tcp", cfg.Metrics.Listen); err != nil {
+			return nil, fmt.Errorf("metrics listener: %w", err)
+		}
+	}
+	if cfg.Front.Enabled() && cfg.Front.Listen != "" {
+		if d.frontLn, err = net.Listen("tcp", cfg.Front.Listen); err != nil {
+			return nil, fmt.Errorf("front listener: %w", err)
+		}
+	}
+
+	if cfg.Events.Log != "" {
+		made := missing(cfg.Events.Log)
+		undo.add(func() { removeMade(made) })
+	}
 	if d.events, err = newEventSink(cfg.Events, log.With("part", "events")); err != nil {
 		return nil, err
 	}
+	made := missing(filepath.Join(cfg.StateDir, policy.FileName))
+	undo.add(func() { removeMade(made) })
 	d.store, err = policy.Open(cfg.StateDir, policy.Options{Timeout: 2 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("opening policy store: %w", err)
 	}
+	if root, err := ProjectsRoot(cfg); err == nil {
+		made := missing(root)
+		undo.add(func() { removeMade(made) })
+	}
 	if d.projects, err = newProjects(cfg, d.store, cfg.BPF, log); err != nil {
 		return nil, err
 	}
-	if cfg.BPF {
-		if d.kernel, err = openKernel(cfg, log, d.events); err != nil {
-			return nil, err
-		}
-		d.projects.kernel = d.kernel.members()
-	} else {
-		log.Warn("bpf disabled by configuration: connections are NOT enforced on this node")
-	}
-	d.projects.apply(context.Background(), time.Now(), false)
 	if err := d.buildPools(); err != nil {
 		return nil, err
-	}
-	for _, name := range cfg.PoolNames() {
-		if !cfg.Pools[name].Enforced() {
-			log.Warn("pool in dry-run (enforce: false): what the rule would refuse is admitted and counted as would_refuse",
-				"pool", name)
-		}
 	}
 	if err := d.buildScheduler(); err != nil {
 		return nil, err
@@ -188,20 +212,50 @@ func New(opts Options) (*Daemon, error) {
 		if err := d.buildFront(); err != nil {
 			return nil, err
 		}
-	} else if cfg.Front.Upstream != "" {
-		// --front-upstream without --front-listen or --front-socket.
-		log.Warn("front.upstream is set but the front is off (no front.listen or front.socket): no request reaches it through fairshare",
-			"upstream", cfg.Front.Upstream)
 	}
 	if cfg.Permits.Socket != "" {
 		if err := d.buildPermits(); err != nil {
 			return nil, err
 		}
 	}
-
 	list, err := d.storedPolicies()
 	if err != nil {
 		return nil, err
+	}
+	if err := d.listenUnix(&undo); err != nil {
+		return nil, err
+	}
+
+	// The kernel side last: nothing after it can fail, so a pin directory
+	// a running configuration left is changed only by a start that goes on.
+	if cfg.BPF {
+		pins := listPins(cfg.PinDir)
+		undo.add(func() {
+			if err := restorePins(cfg.PinDir, pins); err != nil {
+				log.Error("removing the pins of the failed start", "pin_dir", cfg.PinDir, "err", err)
+			}
+		})
+		if d.kernel, err = openKernel(cfg, log, d.events); err != nil {
+			return nil, err
+		}
+		d.projects.kernel = d.kernel.members()
+		if d.connectionsAt >= 0 {
+			d.pools[d.connectionsAt] = d.kernel
+		}
+	} else {
+		log.Warn("bpf disabled by configuration: connections are NOT enforced on this node")
+	}
+	d.projects.apply(context.Background(), time.Now(), false)
+	for _, name := range cfg.PoolNames() {
+		if !cfg.Pools[name].Enforced() {
+			log.Warn("pool in dry-run (enforce: false): what the rule would refuse is admitted and counted as would_refuse",
+				"pool", name)
+		}
+	}
+	if !cfg.Front.Enabled() && cfg.Front.Upstream != "" {
+		// --front-upstream without --front-listen or --front-socket.
+		log.Warn("front.upstream is set but the front is off (no front.listen or front.socket): no request reaches it through fairshare",
+			"upstream", cfg.Front.Upstream)
 	}
 	for _, e := range list {
 		d.apply(e.Project, e.Policy)
@@ -215,6 +269,38 @@ func New(opts Options) (*Daemon, error) {
 	}
 	ok = true
 	return d, nil
+}
+
+// listenUnix makes the unix sockets: the admin socket, the front's, the
+// permit API's. Each is added to undo with the directories it made.
+func (d *Daemon) listenUnix(undo *rollback) error {
+	made := missing(d.cfg.AdminSocket)
+	undo.add(func() { removeMade(made) })
+	ln, err := admin.Listen(d.cfg.AdminSocket)
+	if err != nil {
+		return pathError("admin_socket", err)
+	}
+	d.adminLn = ln
+	undo.add(func() { ln.Close() })
+	if d.front != nil && d.cfg.Front.Socket != "" {
+		made := missing(d.cfg.Front.Socket)
+		undo.add(func() { removeMade(made) })
+		ln, err := d.listenUnixFront(d.cfg.Front.Socket)
+		if err != nil {
+			return pathError("front.socket", err)
+		}
+		d.frontSock = ln
+		undo.add(func() { ln.Close() })
+	}
+	if d.permits != nil {
+		made := missing(d.permits.Socket())
+		undo.add(func() { removeMade(made) })
+		if err := d.permits.Listen(); err != nil {
+			return pathError("permits.socket", fmt.Errorf("permit api: %w", err))
+		}
+		undo.add(func() { d.permits.Close() })
+	}
+	return nil
 }
 
 func (d *Daemon) buildScheduler() error {
@@ -418,48 +504,22 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 			"per_listener", d.caps.PerListener, "open_files", d.caps.NoFile)
 	}
 
-	adminLn, err := admin.Listen(d.cfg.AdminSocket)
-	if err != nil {
-		return pathError("admin_socket", err)
-	}
-	adminLn = d.wrap(adminLn, d.listenOptions("admin"))
+	// New made the listeners; from here their serve loops close them.
+	adminLn := d.wrap(d.adminLn, d.listenOptions("admin"))
 	var metricsLn, frontLn, frontSock net.Listener
-	closeAll := func() {
-		for _, ln := range []net.Listener{adminLn, metricsLn, frontLn, frontSock} {
-			if ln != nil {
-				ln.Close()
-			}
-		}
-	}
-	if d.cfg.Metrics.Listen != "" {
-		if metricsLn, err = net.Listen("tcp", d.cfg.Metrics.Listen); err != nil {
-			closeAll()
-			return fmt.Errorf("metrics listener: %w", err)
-		}
-		metricsLn = d.wrap(metricsLn, d.listenOptions("metrics"))
+	if d.metricsLn != nil {
+		metricsLn = d.wrap(d.metricsLn, d.listenOptions("metrics"))
 		ready.Metrics = metricsLn.Addr().String()
 	}
-	if d.front != nil && d.cfg.Front.Listen != "" {
-		if frontLn, err = net.Listen("tcp", d.cfg.Front.Listen); err != nil {
-			closeAll()
-			return fmt.Errorf("front listener: %w", err)
-		}
-		frontLn = d.wrap(frontLn, d.listenOptions("front"))
+	if d.frontLn != nil {
+		frontLn = d.wrap(d.frontLn, d.listenOptions("front"))
 		ready.Front = frontLn.Addr().String()
 	}
-	if d.front != nil && d.cfg.Front.Socket != "" {
-		if frontSock, err = d.listenUnixFront(d.cfg.Front.Socket); err != nil {
-			closeAll()
-			return pathError("front.socket", err)
-		}
-		frontSock = d.wrap(frontSock, d.listenOptions("front_socket"))
+	if d.frontSock != nil {
+		frontSock = d.wrap(d.frontSock, d.listenOptions("front_socket"))
 		ready.FrontSocket = d.cfg.Front.Socket
 	}
 	if d.permits != nil {
-		if err := d.permits.Listen(); err != nil {
-			closeAll()
-			return pathError("permits.socket", fmt.Errorf("permit api: %w", err))
-		}
 		ready.Permits = d.permits.Socket()
 	}
 
@@ -612,6 +672,16 @@ func (d *Daemon) Close() error {
 
 func (d *Daemon) closeParts() error {
 	var errs []error
+	// Listeners Run never served (a failed start, or New without Run);
+	// closing a served one again does nothing.
+	for _, ln := range []net.Listener{d.adminLn, d.metricsLn, d.frontLn, d.frontSock} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+	if d.permits != nil {
+		d.permits.Close()
+	}
 	if d.front != nil {
 		d.front.CloseIdle()
 	}

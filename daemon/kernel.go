@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"time"
@@ -121,15 +120,7 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink) (*kernelSi
 	if err != nil {
 		return nil, fmt.Errorf("projects root %s: %w", root, err)
 	}
-	// The exempt paths of the config are relative to the projects root;
-	// the loader's to the cgroup2 mount.
-	exempt := make([]string, len(cfg.Connections.Exempt))
-	for i, p := range cfg.Connections.Exempt {
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(root, p)
-		}
-		exempt[i] = p
-	}
+	exempt := exemptPaths(cfg, root)
 	// The programs look for a socket's member from the level of the
 	// projects root's children down (a registration above it is refused
 	// by SetMembers), or from the top without a root.

@@ -62,11 +62,9 @@ func (d *Daemon) buildPools() error {
 		pcfg := pools.Config{Name: name, Size: pc.Size, Floor: pc.Floor, Window: pc.Window}
 		switch name {
 		case config.PoolConnections:
-			if d.kernel != nil {
-				d.pools = append(d.pools, d.kernel)
-			} else {
-				d.pools = append(d.pools, offPool{pc})
-			}
+			// New puts the kernel side here once it is open.
+			d.connectionsAt = len(d.pools)
+			d.pools = append(d.pools, offPool{pc})
 			continue
 		case config.PoolResidents:
 			d.residents, err = pools.NewResidents(pcfg, d.opts.Clock)

@@ -164,18 +164,44 @@ func (l *Limiter) deleteExempt(ids []uint64) error {
 
 // exemptPath resolves p against the cgroup2 mount and checks that it is a
 // cgroup strictly below it.
-func (l *Limiter) exemptPath(p string) (string, error) {
+func (l *Limiter) exemptPath(p string) (string, error) { return exemptPath(l.root, p) }
+
+// CheckExempt checks an exempt set as Open would, without loading anything:
+// at most limits.ExemptCap paths, each a cgroup2 directory strictly below
+// the cgroup2 mount (relative paths are relative to the mount). The daemon
+// calls it before it creates anything, so a bad set refuses the start with
+// nothing pinned. Errors wrap ErrBadExempt.
+func CheckExempt(paths []string) error {
+	if len(paths) > limits.ExemptCap {
+		return fmt.Errorf("%d exempt cgroups, at most %d: %w", len(paths), limits.ExemptCap, ErrBadExempt)
+	}
+	if len(paths) == 0 {
+		return nil
+	}
+	mnt, err := cgroup.FindMount()
+	if err != nil {
+		return err
+	}
+	for _, p := range paths {
+		if _, err := exemptPath(mnt.Point, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func exemptPath(root, p string) (string, error) {
 	if p == "" {
 		return "", fmt.Errorf("empty exempt path: %w", ErrBadExempt)
 	}
 	abs := p
 	if !filepath.IsAbs(p) {
-		abs = filepath.Join(l.root, p)
+		abs = filepath.Join(root, p)
 	}
 	abs = filepath.Clean(abs)
-	rel, err := filepath.Rel(l.root, abs)
+	rel, err := filepath.Rel(root, abs)
 	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
-		return "", fmt.Errorf("exempt cgroup %q is not below the cgroup2 mount %s: %w", p, l.root, ErrBadExempt)
+		return "", fmt.Errorf("exempt cgroup %q is not below the cgroup2 mount %s: %w", p, root, ErrBadExempt)
 	}
 	st, err := os.Stat(abs)
 	if err != nil {

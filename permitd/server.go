@@ -306,6 +306,21 @@ func (s *Server) Serve(ctx context.Context) error {
 	return acceptErr
 }
 
+// Close closes a socket Listen made that Serve never served (and removes
+// it): a daemon whose start failed after Listen leaves no socket behind.
+// After Serve began it does nothing; Serve closes its socket when its
+// context ends.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil || s.served {
+		return nil
+	}
+	err := s.ln.Close()
+	s.ln = nil
+	return err
+}
+
 // refuseSession tells a connection past the listener's caps why it is
 // closed, in the protocol's own words.
 func refuseSession(c net.Conn, reason string) {

@@ -100,6 +100,56 @@ func Unix(path string, mode os.FileMode, gid int) (ln *net.UnixListener, warning
 	return ln, reachable(path, mode, gid), nil
 }
 
+// CheckUnix checks, without creating or removing anything, what Unix would
+// refuse at path: a relative or too long path, a directory on the way that
+// is not one or that another user could change (ErrUnsafeDir), a file at
+// the path that is not a socket (ErrNotSocket), a live server on it
+// (ErrInUse). A daemon calls it for every socket before it creates any, so
+// a start it refuses leaves nothing behind. A stale socket passes: Unix
+// removes it.
+func CheckUnix(path string) error {
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("socket path %q is not absolute", path)
+	}
+	if len(path) > MaxPathLen {
+		return fmt.Errorf("socket path %q is %d bytes, longer than a unix socket path may be (%d)", path, len(path), MaxPathLen)
+	}
+	existing := filepath.Dir(path)
+	for {
+		_, err := os.Lstat(existing)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("checking socket directory %s: %w", existing, err)
+		}
+		parent := filepath.Dir(existing)
+		if parent == existing {
+			break
+		}
+		existing = parent
+	}
+	if err := safeDirs(existing); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("checking %s: %w", path, err)
+	}
+	if fi.Mode().Type() != fs.ModeSocket {
+		return fmt.Errorf("%s is %s, not a socket; not removing it (remove it yourself or choose another path): %w",
+			path, kind(fi.Mode()), ErrNotSocket)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return fmt.Errorf("%s: %w", path, ErrInUse)
+	}
+	return nil
+}
+
 // makeDir makes sure dir exists and that only root (or the process's own
 // user) can change it or any directory above it: creating what is missing
 // with exactly DirMode (whatever the umask), refusing a directory someone

@@ -1,0 +1,225 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/internal/listen"
+	"github.com/fairshare-dev/fairshare/loader"
+	"github.com/fairshare-dev/fairshare/policy"
+	"golang.org/x/sys/unix"
+)
+
+// A start that is refused writes nothing. New checks first what it can
+// check without creating anything (preflight), then builds the parts in an
+// order that leaves the BPF programs last: the TCP listeners, the events
+// log, the store, the pools, the scheduler, the front, the unix sockets, and
+// only then the kernel side. Whatever it created before a failure is undone
+// (rollback): sockets closed and removed, a store file or a state, socket or
+// projects-root directory it made removed, pins it added to the pin
+// directory removed. Pins a running configuration left (a daemon stopped
+// or killed) are not touched by a start that fails before the kernel side,
+// so they keep enforcing exactly as before.
+
+// preflight checks, without creating anything, what would refuse the start
+// later: the host's names (CheckHost), every unix socket path, the state
+// directory, the events log's directory and the exempt cgroups. Errors that
+// a restart cannot fix wrap config.ErrInvalid and name the key.
+func preflight(cfg config.Config) error {
+	if err := CheckHost(cfg); err != nil {
+		return err
+	}
+	for _, s := range socketPaths(cfg) {
+		if err := listen.CheckUnix(s.path); err != nil {
+			if errors.Is(err, listen.ErrInUse) {
+				return fmt.Errorf("%s: %w", s.key, err)
+			}
+			return fmt.Errorf("%w: %s: %w", config.ErrInvalid, s.key, err)
+		}
+	}
+	if err := checkWritableDir("state_dir", cfg.StateDir); err != nil {
+		return err
+	}
+	if fi, err := os.Lstat(filepath.Join(cfg.StateDir, policy.FileName)); err == nil && !fi.Mode().IsRegular() {
+		return fmt.Errorf("%w: state_dir: %s is not a regular file", config.ErrInvalid, filepath.Join(cfg.StateDir, policy.FileName))
+	}
+	if cfg.Events.Log != "" {
+		if fi, err := os.Stat(cfg.Events.Log); err == nil && fi.IsDir() {
+			return fmt.Errorf("%w: events.log: %s is a directory", config.ErrInvalid, cfg.Events.Log)
+		}
+		if err := checkWritableDir("events.log", filepath.Dir(cfg.Events.Log)); err != nil {
+			return err
+		}
+	}
+	if cfg.BPF && len(cfg.Connections.Exempt) > 0 {
+		root, err := ProjectsRoot(cfg)
+		if err != nil {
+			return err
+		}
+		if err := loader.CheckExempt(exemptPaths(cfg, root)); err != nil {
+			return fmt.Errorf("%w: connections.exempt: %w", config.ErrInvalid, err)
+		}
+	}
+	return nil
+}
+
+// socketPath is a unix socket the daemon listens on, with its key.
+type socketPath struct{ key, path string }
+
+// socketPaths are the unix sockets cfg has the daemon listen on.
+func socketPaths(cfg config.Config) []socketPath {
+	out := []socketPath{{"admin_socket", cfg.AdminSocket}}
+	if cfg.Front.Enabled() && cfg.Front.Socket != "" {
+		out = append(out, socketPath{"front.socket", cfg.Front.Socket})
+	}
+	if cfg.Permits.Socket != "" {
+		out = append(out, socketPath{"permits.socket", cfg.Permits.Socket})
+	}
+	return out
+}
+
+// checkWritableDir checks that dir is a directory the daemon can write, or
+// that the deepest of its parents that exists is (the daemon creates the
+// rest).
+func checkWritableDir(key, dir string) error {
+	d := filepath.Clean(dir)
+	for {
+		fi, err := os.Stat(d)
+		if err == nil {
+			if !fi.IsDir() {
+				return fmt.Errorf("%w: %s: %s is not a directory", config.ErrInvalid, key, d)
+			}
+			if err := unix.Access(d, unix.W_OK|unix.X_OK); err != nil {
+				return fmt.Errorf("%w: %s: %s is not writable: %w", config.ErrInvalid, key, d, err)
+			}
+			return nil
+		}
+		if errors.Is(err, syscall.ENOTDIR) {
+			return fmt.Errorf("%w: %s: %s: a parent is not a directory", config.ErrInvalid, key, dir)
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: %s: %w", config.ErrInvalid, key, err)
+		}
+		parent := filepath.Dir(d)
+		if parent == d {
+			return fmt.Errorf("%w: %s: %s: no parent exists", config.ErrInvalid, key, dir)
+		}
+		d = parent
+	}
+}
+
+// exemptPaths are the exempt cgroups of the config as the loader takes
+// them: the config's are relative to the projects root, the loader's to
+// the cgroup2 mount.
+func exemptPaths(cfg config.Config, root string) []string {
+	exempt := make([]string, len(cfg.Connections.Exempt))
+	for i, p := range cfg.Connections.Exempt {
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(root, p)
+		}
+		exempt[i] = p
+	}
+	return exempt
+}
+
+// rollback is what a start created so far, undone newest first when it
+// fails.
+type rollback []func()
+
+func (r *rollback) add(f func()) { *r = append(*r, f) }
+
+func (r rollback) run() {
+	for i := len(r) - 1; i >= 0; i-- {
+		r[i]()
+	}
+}
+
+// missing returns path and those of its parents that do not exist now,
+// deepest first: what creating path would make.
+func missing(path string) []string {
+	var out []string
+	for p := filepath.Clean(path); ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); err == nil || !errors.Is(err, fs.ErrNotExist) {
+			return out
+		}
+		out = append(out, p)
+		if filepath.Dir(p) == p {
+			return out
+		}
+	}
+}
+
+// removeMade removes what of made (missing's answer before a part was
+// built) exists now, deepest first; a directory that is not empty stays.
+func removeMade(made []string) {
+	for _, p := range made {
+		_ = os.Remove(p)
+	}
+}
+
+// pinListing is what a pin directory held: whether it existed, and its
+// entries by path relative to it (the netns subdirectory's included).
+type pinListing struct {
+	existed bool
+	entries map[string]bool
+}
+
+// listPins reads the pin directory.
+func listPins(dir string) pinListing {
+	l := pinListing{entries: map[string]bool{}}
+	if _, err := os.Stat(dir); err != nil {
+		return l
+	}
+	l.existed = true
+	_ = filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err == nil && p != dir {
+			rel, _ := filepath.Rel(dir, p)
+			l.entries[rel] = true
+		}
+		return nil
+	})
+	return l
+}
+
+// restorePins removes from the pin directory what is not in before (the
+// pins a failed start added; the limiter's descriptors are closed by now,
+// so an unpinned link detaches), deepest first, and the directory itself if
+// it did not exist. What was there before is left as it is.
+func restorePins(dir string, before pinListing) error {
+	now := listPins(dir)
+	var added []string
+	for p := range now.entries {
+		if !before.entries[p] {
+			added = append(added, p)
+		}
+	}
+	// Deepest first: a directory after what is in it.
+	sort.Slice(added, func(i, j int) bool {
+		di, dj := strings.Count(added[i], "/"), strings.Count(added[j], "/")
+		if di != dj {
+			return di > dj
+		}
+		return added[i] > added[j]
+	})
+	var errs []error
+	for _, p := range added {
+		if err := os.Remove(filepath.Join(dir, p)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if !before.existed && now.existed {
+		if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
