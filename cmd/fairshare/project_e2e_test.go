@@ -273,3 +273,27 @@ func connectIn(t *testing.T, srv podServer, dir string, k int) (ok, refused int)
 	}
 	return ok, refused
 }
+
+// A file inside cgroupfs (a cgroup's cgroup.procs) is not a cgroup:
+// registering it is refused with exit 2 and nothing stored, through the
+// daemon's admin API and, with no daemon, by the CLI on the store. Before,
+// it was accepted and shown KERNEL yes, and blocked the cgroup above it.
+func TestProjectAddRefusesAFileInACgroup(t *testing.T) {
+	n := newNode(t, "")
+	cg := n.mkProject("files")
+	procs := filepath.Join(cg, "cgroup.procs")
+	for _, running := range []bool{false, true} {
+		if running {
+			n.start()
+		}
+		_, errOut, code := n.project("add", "web", "--cgroup", procs)
+		if code != 2 || !strings.Contains(errOut, "not a cgroup") {
+			t.Errorf("daemon running %v: project add --cgroup %s: exit %d, want 2 saying 'not a cgroup':\n%s", running, procs, code, errOut)
+		}
+		for _, m := range n.members().Members {
+			if m.Project == "web" {
+				t.Errorf("daemon running %v: after the refusal web has a member: %+v", running, m)
+			}
+		}
+	}
+}

@@ -336,7 +336,9 @@ func (m Mount) PathOf(id uint64) (string, error) {
 	return path, nil
 }
 
-// OnCgroup2 returns nil when dir is a directory on a cgroup2 file system.
+// OnCgroup2 returns nil when dir is a directory on a cgroup2 file system:
+// a cgroup. A file inside one (cgroup.procs, memory.max) is on the same
+// file system and is not a cgroup: ErrNotCgroup2.
 func OnCgroup2(dir string) error {
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(dir, &sfs); err != nil {
@@ -344,6 +346,13 @@ func OnCgroup2(dir string) error {
 	}
 	if sfs.Type != unix.CGROUP2_SUPER_MAGIC {
 		return fmt.Errorf("%s: %w", dir, ErrNotCgroup2)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("%s is a file in a cgroup, not a cgroup directory: %w", dir, ErrNotCgroup2)
 	}
 	return nil
 }

@@ -139,6 +139,10 @@ func TestTree(t *testing.T) {
 	if err := cgroup.OnCgroup2(t.TempDir()); !errors.Is(err, cgroup.ErrNotCgroup2) {
 		t.Errorf("a temporary directory: %v", err)
 	}
+	// A file inside a cgroup is on cgroup2 too, and is not a cgroup.
+	if err := cgroup.OnCgroup2(filepath.Join(root, "cgroup.procs")); !errors.Is(err, cgroup.ErrNotCgroup2) {
+		t.Errorf("cgroup.procs: %v", err)
+	}
 
 	m, err := cgroup.FindMount()
 	if err != nil {
