@@ -114,18 +114,24 @@ func (s *Server) refuse(ss *session, resp *response, err error) {
 	if errors.Is(err, pools.ErrTooManyResidents) {
 		resp.Code = CodeTooManyResidents
 	}
-	resp.Error, resp.Refusal = rf.Error(), rf
 	resp.RetryAfterMS = s.retryMS(rf.Project, rf.RetryAfter, rf.ReleaseRate)
+	// The message says the hint the client is given, not the pool's
+	// estimate it came from: one value, within maxRetry.
+	told := *rf
+	told.RetryAfter = time.Duration(resp.RetryAfterMS) * time.Millisecond
+	resp.Error, resp.Refusal = told.Error(), &told
 }
 
 // retryMS is the retry hint for a refusal of project: its return slot (est
 // plus one 1/rate for each of the project's refused clients still due back;
 // see pace.Pacer.Slot) spread over one slot's width (pace.Spread), so that
 // clients that obey come back at about the rate they can be admitted and not
-// in step. It is at least 1 ms: an answer of 0 would invite a retry loop.
+// in step. It is at least 1 ms: an answer of 0 would invite a retry loop;
+// and at most maxRetry, the documented cap, which the jitter around a slot
+// at the horizon would pass by up to half a gap (5 s).
 func (s *Server) retryMS(project string, est time.Duration, rate float64) int64 {
 	delay, gap := s.pacer.Slot(project, time.Now(), est, rate)
-	d := pace.Spread(delay, gap, rand.Float64())
+	d := min(pace.Spread(delay, gap, rand.Float64()), maxRetry)
 	return max(int64((d+time.Millisecond-1)/time.Millisecond), 1)
 }
 
