@@ -45,6 +45,10 @@ type Options struct {
 	// DetachOnExit unpins and detaches the BPF programs on shutdown instead
 	// of leaving them enforcing.
 	DetachOnExit bool
+	// ConfigDir is the directory of the configuration file ("": none). A
+	// policies file outside it that fails at its first line is refused as
+	// "not a policies file", with nothing of its content in the log.
+	ConfigDir string
 	// Clock drives the user-space pools, rate buckets and scheduler; nil
 	// means the system clock. Tests move it to reach idle and forget periods.
 	Clock clock.Clock
@@ -264,7 +268,7 @@ func New(opts Options) (*Daemon, error) {
 		log.Info("policies applied", "count", len(list))
 	}
 	if cfg.PoliciesFile != "" {
-		d.file = newPolicyFile(cfg.PoliciesFile, d.defPolicy)
+		d.file = newPolicyFile(cfg.PoliciesFile, d.defPolicy, opts.ConfigDir)
 		d.followPolicies()
 	}
 	ok = true

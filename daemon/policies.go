@@ -50,8 +50,8 @@ type policyFile struct {
 	refusedAt time.Time
 }
 
-func newPolicyFile(path string, def policy.Policy) *policyFile {
-	return &policyFile{f: policy.NewFile(path, def), owned: map[string]policy.Policy{}}
+func newPolicyFile(path string, def policy.Policy, configDir string) *policyFile {
+	return &policyFile{f: policy.NewFile(path, def, configDir), owned: map[string]policy.Policy{}}
 }
 
 // owns returns the file's policy for project, if the file names it.

@@ -9,8 +9,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"regexp"
 	"sort"
+	"strconv"
+	"strings"
 
+	"github.com/fairshare-dev/fairshare/internal/project"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -20,13 +25,19 @@ const MaxFileSize = 4 << 20
 
 // ParseFile decodes a policies file: a YAML mapping from project name to
 // policy, each with the fields of Policy (tier, shares, requests_per_sec,
-// work_per_sec, connections_per_sec, enforce); a field left out takes its value from def. An empty file,
-// or `{}`, holds no policies. The file is refused as a whole, with the first
-// error naming the project and field, if any name or policy is invalid or a
-// key is unknown.
+// work_per_sec, connections_per_sec, accepts_per_sec, enforce); a field left
+// out takes its value from def. An empty file, or `{}`, holds no policies.
+// The file is refused as a whole, with the first error naming the line, the
+// project and the field, if any name or policy is invalid or a key is
+// unknown.
+//
+// An error never quotes the file beyond a short, escaped excerpt of the
+// offending key (see excerpt): the path may name a file that is not a
+// policies file at all (/etc/shadow), and the error goes to the log. Errors
+// are *FileError, which wrap ErrInvalid.
 func ParseFile(b []byte, def Policy) (map[string]Policy, error) {
 	if len(b) > MaxFileSize {
-		return nil, fmt.Errorf("%w: the file is larger than %d bytes", ErrInvalid, MaxFileSize)
+		return nil, &FileError{Msg: fmt.Sprintf("the file is larger than %d bytes", MaxFileSize)}
 	}
 	out := map[string]Policy{}
 	if len(bytes.TrimSpace(b)) == 0 {
@@ -34,7 +45,7 @@ func ParseFile(b []byte, def Policy) (map[string]Policy, error) {
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(b, &doc); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, yamlError(err)
 	}
 	if len(doc.Content) == 0 {
 		return out, nil
@@ -44,40 +55,107 @@ func ParseFile(b []byte, def Policy) (map[string]Policy, error) {
 		return out, nil
 	}
 	if root.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("%w: line %d: the file must map project names to policies", ErrInvalid, root.Line)
+		return nil, fileErr(root.Line, "the file must map project names to policies")
 	}
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
 		name := k.Value
 		if k.Kind != yaml.ScalarNode {
-			return nil, fmt.Errorf("%w: line %d: a project name must be a string", ErrInvalid, k.Line)
+			return nil, fileErr(k.Line, "a project name must be a string")
 		}
 		if err := ValidateProject(name); err != nil {
-			return nil, fmt.Errorf("line %d: %w", k.Line, err)
+			return nil, fileErr(k.Line, "%s is not a project name (letters, digits, '.', '_' and '-', starting with a letter or digit, at most %d bytes)",
+				excerpt(name), project.MaxLen)
 		}
 		if _, dup := out[name]; dup {
-			return nil, fmt.Errorf("%w: line %d: project %s is named twice", ErrInvalid, k.Line, name)
+			return nil, fileErr(k.Line, "project %s is named twice", name)
 		}
 		p := def
 		if v.Kind != yaml.MappingNode && !(v.Kind == yaml.ScalarNode && v.Tag == "!!null") {
-			return nil, fmt.Errorf("%w: line %d: the policy of %s must be a mapping of its fields", ErrInvalid, v.Line, name)
+			return nil, fileErr(v.Line, "the policy of %s must be a mapping of its fields", name)
 		}
 		if v.Kind == yaml.MappingNode {
 			if err := decodeStrict(v, &p); err != nil {
-				return nil, fmt.Errorf("%w: line %d: project %s: %w", ErrInvalid, v.Line, name, err)
+				return nil, fileErr(v.Line, "project %s: %v", name, err)
 			}
 		}
+		if !validTier(p.Tier) {
+			// Validate would quote the value.
+			return nil, fileErr(v.Line, "project %s: tier must be pro, lite or none", name)
+		}
 		if err := p.Validate(); err != nil {
-			return nil, fmt.Errorf("line %d: project %s: %w", v.Line, name, err)
+			// The other fields are numbers and a bool, which Validate
+			// quotes as numbers.
+			return nil, fileErr(v.Line, "project %s: %v", name, strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
 		}
 		out[name] = p
 	}
 	return out, nil
 }
 
-// decodeStrict decodes a policy node, refusing unknown fields.
+// FileError is why a policies file was refused: the line (1-based; 0 when
+// the parser did not say) and a message that quotes at most an excerpt of
+// the offending key.
+type FileError struct {
+	Line int
+	Msg  string
+}
+
+func (e *FileError) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("%v: line %d: %s", ErrInvalid, e.Line, e.Msg)
+	}
+	return fmt.Sprintf("%v: %s", ErrInvalid, e.Msg)
+}
+
+// Unwrap makes a FileError an ErrInvalid.
+func (e *FileError) Unwrap() error { return ErrInvalid }
+
+func fileErr(line int, format string, args ...any) *FileError {
+	return &FileError{Line: line, Msg: fmt.Sprintf(format, args...)}
+}
+
+// excerptLen is the most of a key an error quotes.
+const excerptLen = 16
+
+// excerpt is a key as an error quotes it: its first excerptLen bytes,
+// escaped, and "..." when there was more.
+func excerpt(key string) string {
+	if len(key) <= excerptLen {
+		return strconv.Quote(key)
+	}
+	return strconv.Quote(key[:excerptLen]) + "..."
+}
+
+// yamlLine finds the line number in a YAML parser's message.
+var yamlLine = regexp.MustCompile(`line (\d+)`)
+
+// yamlError turns the parser's error into a FileError with its line and
+// none of its quotes (the parser quotes the text it stumbled on).
+func yamlError(err error) *FileError {
+	line := 0
+	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+		line, _ = strconv.Atoi(m[1])
+	}
+	return &FileError{Line: line, Msg: "not valid YAML"}
+}
+
+// policyFields are the fields of a policy in a file, by their YAML name.
+var policyFields = map[string]string{
+	"tier": "a string", "shares": "a whole number", "requests_per_sec": "a number", "work_per_sec": "a number",
+	"connections_per_sec": "a number", "accepts_per_sec": "a number", "enforce": "true or false",
+}
+
+// decodeStrict decodes a policy node, refusing unknown fields. Its errors
+// name the field (an unknown one by an excerpt) and never the value.
 func decodeStrict(n *yaml.Node, p *Policy) error {
-	// The yaml tags of Policy are its json names.
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		if _, ok := policyFields[k.Value]; !ok || k.Kind != yaml.ScalarNode {
+			return fmt.Errorf("unknown field %s (the fields are tier, shares, requests_per_sec, work_per_sec, connections_per_sec, accepts_per_sec, enforce)",
+				excerpt(k.Value))
+		}
+	}
 	var fields struct {
 		Tier           *string  `yaml:"tier"`
 		Shares         *int     `yaml:"shares"`
@@ -85,18 +163,31 @@ func decodeStrict(n *yaml.Node, p *Policy) error {
 		WorkPerSec     *float64 `yaml:"work_per_sec"`
 		Enforce        *bool    `yaml:"enforce"`
 		ConnPerSec     *float64 `yaml:"connections_per_sec"`
+		AcceptsPerSec  *float64 `yaml:"accepts_per_sec"`
 	}
-	b, err := yaml.Marshal(n)
-	if err != nil {
-		return err
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&fields); err != nil && !errors.Is(err, io.EOF) {
-		return err
+	if err := n.Decode(&fields); err != nil {
+		// A value of the wrong type: find which field, by decoding each.
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			var dst any
+			switch k.Value {
+			case "tier":
+				dst = new(string)
+			case "shares":
+				dst = new(int)
+			case "enforce":
+				dst = new(bool)
+			default:
+				dst = new(float64)
+			}
+			if v.Decode(dst) != nil {
+				return fmt.Errorf("%s must be %s", k.Value, policyFields[k.Value])
+			}
+		}
+		return errors.New("a value of the wrong type")
 	}
 	pt := Patch{Tier: fields.Tier, Shares: fields.Shares, RequestsPerSec: fields.RequestsPerSec, WorkPerSec: fields.WorkPerSec,
-		ConnectionsPerSec: fields.ConnPerSec, Enforce: fields.Enforce}
+		ConnectionsPerSec: fields.ConnPerSec, AcceptsPerSec: fields.AcceptsPerSec, Enforce: fields.Enforce}
 	np, _ := pt.Apply(*p)
 	*p = np
 	return nil
@@ -109,6 +200,10 @@ func decodeStrict(n *yaml.Node, p *Policy) error {
 type File struct {
 	path string
 	def  Policy
+	// dir is the directory of the configuration that named the file ("":
+	// none): a file outside it that fails at its first line is not the
+	// operator's policies file, and its error says only that.
+	dir string
 
 	// what the last Poll saw
 	stat    os.FileInfo
@@ -118,8 +213,29 @@ type File struct {
 }
 
 // NewFile follows the policies file at path; def fills fields a policy
-// leaves out.
-func NewFile(path string, def Policy) *File { return &File{path: path, def: def} }
+// leaves out. configDir is the directory of the configuration file that
+// named it ("" when none did): a file outside it that fails to parse at its
+// first line is refused as "not a policies file", with no detail at all.
+func NewFile(path string, def Policy, configDir string) *File {
+	return &File{path: path, def: def, dir: configDir}
+}
+
+// foreign says whether path is outside dir (always, without a dir).
+func foreign(path, dir string) bool {
+	if dir == "" {
+		return true
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return true
+	}
+	d, err := filepath.Abs(dir)
+	if err != nil {
+		return true
+	}
+	rel, err := filepath.Rel(d, abs)
+	return err != nil || rel == ".." || strings.HasPrefix(rel, "../")
+}
 
 // Path is the file's path.
 func (f *File) Path() string { return f.path }
@@ -161,6 +277,10 @@ func (f *File) Poll() (policies map[string]Policy, changed bool, err error) {
 	f.stat, f.sum = st, sum
 	if err != nil {
 		f.read = true
+		var fe *FileError
+		if errors.As(err, &fe) && fe.Line <= 1 && foreign(f.path, f.dir) {
+			return f.fail(fmt.Errorf("policies file %s refused, the previous policies stay: not a policies file: %w", f.path, ErrInvalid))
+		}
 		return f.fail(fmt.Errorf("policies file %s refused, the previous policies stay: %w", f.path, err))
 	}
 	f.read, f.lastErr = true, ""

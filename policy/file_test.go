@@ -4,6 +4,8 @@ package policy
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -24,12 +26,14 @@ func TestParseFile(t *testing.T) {
 			map[string]Policy{"team-a": {Tier: "pro", Shares: 2, RequestsPerSec: 100, WorkPerSec: 5.5}}, ""},
 		{"connections", "team-a: {connections_per_sec: 50}\nteam-b: {connections_per_sec: 0}\n",
 			map[string]Policy{"team-a": {Tier: "none", Shares: 1, ConnectionsPerSec: 50}, "team-b": def}, ""},
-		{"bad connections", "team-a: {connections_per_sec: -5}\n", nil, "project team-a: invalid policy: connections per second"},
+		{"bad connections", "team-a: {connections_per_sec: -5}\n", nil, "project team-a: connections per second"},
+		{"accepts", "team-a: {connections_per_sec: 5, accepts_per_sec: 200}\n",
+			map[string]Policy{"team-a": {Tier: "none", Shares: 1, ConnectionsPerSec: 5, AcceptsPerSec: 200}}, ""},
 		{"defaults fill", "team-a: {tier: lite}\nteam-b:\n", map[string]Policy{"team-a": {Tier: "lite", Shares: 1}, "team-b": def}, ""},
-		{"unknown field", "team-a: {tier: pro, sharez: 2}\n", nil, "field sharez not found"},
-		{"bad tier", "team-a: {tier: gold}\n", nil, "project team-a: invalid policy: tier"},
+		{"unknown field", "team-a: {tier: pro, sharez: 2}\n", nil, `unknown field "sharez"`},
+		{"bad tier", "team-a: {tier: gold}\n", nil, "project team-a: tier must be"},
 		{"negative rate", "team-a: {requests_per_sec: -1}\n", nil, "requests per second"},
-		{"bad name", "\"(other)\": {tier: pro}\n", nil, "invalid project name"},
+		{"bad name", "\"(other)\": {tier: pro}\n", nil, `"(other)" is not a project name`},
 		{"duplicate", "a: {}\na: {}\n", nil, "named twice"},
 		{"not a map", "- a\n- b\n", nil, "must map project names"},
 		{"policy not a map", "a: pro\n", nil, "must be a mapping"},
@@ -64,7 +68,7 @@ func TestParseFile(t *testing.T) {
 // while nothing changed, refuses a bad file once and sees the next good one.
 func TestFileFollowsConfigMap(t *testing.T) {
 	cm := testutil.NewConfigMapDir(t)
-	f := NewFile(cm.Path("policies.yaml"), Default())
+	f := NewFile(cm.Path("policies.yaml"), Default(), "")
 
 	write := func(content string) { cm.Write(map[string]string{"policies.yaml": content}) }
 	p, changed, err := f.Poll()
@@ -92,5 +96,62 @@ func TestFileFollowsConfigMap(t *testing.T) {
 	write("a: {tier: lite}\nb: {shares: 3}\n")
 	if p, changed, err = f.Poll(); err != nil || !changed || p["a"].Tier != "lite" || p["b"].Shares != 3 {
 		t.Fatalf("fixed file: %v %v %v", p, changed, err)
+	}
+}
+
+// A file that fails to parse is never quoted beyond a short, escaped
+// excerpt of the offending key: not its values, not the parser's quotes of
+// the text, not a long key. Before, 'policies_file: /etc/shadow' logged the
+// file's first line ("root:*:20228:0:99999:7::" as an invalid project name)
+// at ERROR, and a bad value was quoted by the YAML parser.
+func TestParseFileQuotesNoContent(t *testing.T) {
+	secret := "s3cr3t-VALUE-xyz-0123456789"
+	for _, in := range []string{
+		"root:" + secret + ":20228:0:99999:7:::\ndaemon:*:20228:0:99999:7:::\n",
+		"a: {tier: \"" + secret + "\"}\n",
+		"a: {shares: " + secret + "}\n",
+		"a: {connections_per_sec: " + secret + "}\n",
+		"a: {" + secret + ": 1}\n",
+		"a: {enforce: " + secret + "}\n",
+		"a: [" + secret + "\n",
+		"a: {tier: pro}\n" + secret + " \x01\n",
+	} {
+		_, err := ParseFile([]byte(in), Default())
+		if err == nil || !errors.Is(err, ErrInvalid) {
+			t.Errorf("%q: %v, want ErrInvalid", in, err)
+			continue
+		}
+		if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), secret[:excerptLen+1]) {
+			t.Errorf("%q: the error quotes the file: %v", in, err)
+		}
+	}
+	// The offending key is named by an excerpt, escaped.
+	_, err := ParseFile([]byte("a: {\"bad\\x01key-that-is-rather-long\": 1}\n"), Default())
+	if err == nil || !strings.Contains(err.Error(), `"bad\x01key-that-is-"...`) {
+		t.Errorf("unknown key: %v, want its escaped excerpt", err)
+	}
+}
+
+// A policies file outside the configuration's directory that fails at its
+// first line is not the operator's YAML: the error says only that.
+func TestFileNotAPoliciesFile(t *testing.T) {
+	dir, other := t.TempDir(), t.TempDir()
+	shadow := filepath.Join(other, "shadow")
+	if err := os.WriteFile(shadow, []byte("root:*:20228:0:99999:7:::\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := NewFile(shadow, Default(), dir).Poll()
+	if err == nil || !strings.HasSuffix(err.Error(), "not a policies file: "+ErrInvalid.Error()) || strings.Contains(err.Error(), "root") {
+		t.Errorf("outside the config dir: %v, want only 'not a policies file'", err)
+	}
+	// Inside the configuration's directory it is the operator's file: the
+	// line and the excerpt help them fix it.
+	mine := filepath.Join(dir, "policies.yaml")
+	if err := os.WriteFile(mine, []byte("root:*:20228:0:99999:7:::\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = NewFile(mine, Default(), dir).Poll()
+	if err == nil || !strings.Contains(err.Error(), `line 1: "root:*:20228:0:9"... is not a project name`) {
+		t.Errorf("inside the config dir: %v", err)
 	}
 }

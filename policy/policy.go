@@ -22,8 +22,8 @@ const (
 	TierNone = "none"
 )
 
-// MinRate and MaxRate bound a non-zero requests_per_sec, work_per_sec or
-// connections_per_sec (0 means unbounded): one per 1000 seconds up to a billion per second. Below
+// MinRate and MaxRate bound a non-zero requests_per_sec, work_per_sec,
+// connections_per_sec or accepts_per_sec (0 means unbounded): one per 1000 seconds up to a billion per second. Below
 // the minimum a limit is a block, above the maximum a typo; both are
 // pools.MinRate and pools.MaxRate, where the buckets explain why.
 const (
@@ -41,10 +41,16 @@ type Policy struct {
 	RequestsPerSec float64 `json:"requests_per_sec"`
 	WorkPerSec     float64 `json:"work_per_sec"`
 	// ConnectionsPerSec bounds the new TCP connections the project opens
-	// (connect) and accepts (at the SYN) per second, enforced in the kernel
-	// with a burst of one second's worth; 0 is unbounded. A policy stored
-	// before the field existed has none: unbounded.
+	// (connect) per second, enforced in the kernel with a burst of one
+	// second's worth; 0 is unbounded. A policy stored before the field
+	// existed has none: unbounded.
 	ConnectionsPerSec float64 `json:"connections_per_sec"`
+	// AcceptsPerSec bounds the connections the project's listeners accept
+	// (counted at the SYN) per second, from a bucket of its own: clients
+	// outside the project, which the project cannot slow, never spend its
+	// outbound budget. 0 is unbounded; omitted in JSON while 0, so a
+	// policy stored before the field existed reads as unbounded.
+	AcceptsPerSec float64 `json:"accepts_per_sec,omitempty"`
 	// DryRun is `enforce: false`: the project's asks are decided and
 	// counted as usual, but what would be refused (fair share, rates) is
 	// admitted and counted as would_refuse. Omitted while enforced, so
@@ -93,7 +99,19 @@ func (p Policy) Validate() error {
 	if err := checkRate("work units per second", p.WorkPerSec); err != nil {
 		return err
 	}
-	return checkRate("connections per second", p.ConnectionsPerSec)
+	if err := checkRate("connections per second", p.ConnectionsPerSec); err != nil {
+		return err
+	}
+	return checkRate("accepts per second", p.AcceptsPerSec)
+}
+
+// validTier says whether tier is one Validate accepts.
+func validTier(tier string) bool {
+	switch tier {
+	case TierPro, TierLite, TierNone:
+		return true
+	}
+	return false
 }
 
 func checkRate(what string, v float64) error {
@@ -121,6 +139,7 @@ func (p Policy) InBounds() (_ Policy, changed []string) {
 	rate("requests_per_sec", &p.RequestsPerSec)
 	rate("work_per_sec", &p.WorkPerSec)
 	rate("connections_per_sec", &p.ConnectionsPerSec)
+	rate("accepts_per_sec", &p.AcceptsPerSec)
 	if s := min(max(p.Shares, 1), MaxShares); s != p.Shares {
 		changed = append(changed, fmt.Sprintf("shares %d -> %d", p.Shares, s))
 		p.Shares = s
@@ -142,6 +161,8 @@ type Patch struct {
 	WorkPerSec     *float64 `json:"work_per_sec,omitempty"`
 	// ConnectionsPerSec sets Policy.ConnectionsPerSec.
 	ConnectionsPerSec *float64 `json:"connections_per_sec,omitempty"`
+	// AcceptsPerSec sets Policy.AcceptsPerSec.
+	AcceptsPerSec *float64 `json:"accepts_per_sec,omitempty"`
 	// Enforce false puts the project in dry-run, true takes it out.
 	Enforce *bool `json:"enforce,omitempty"`
 }
@@ -149,7 +170,7 @@ type Patch struct {
 // Empty reports whether the patch changes nothing.
 func (pt Patch) Empty() bool {
 	return pt.Tier == nil && pt.Shares == nil && pt.RequestsPerSec == nil && pt.WorkPerSec == nil &&
-		pt.ConnectionsPerSec == nil && pt.Enforce == nil
+		pt.ConnectionsPerSec == nil && pt.AcceptsPerSec == nil && pt.Enforce == nil
 }
 
 // Apply returns p with the patch's fields set, validated.
@@ -168,6 +189,9 @@ func (pt Patch) Apply(p Policy) (Policy, error) {
 	}
 	if pt.ConnectionsPerSec != nil {
 		p.ConnectionsPerSec = *pt.ConnectionsPerSec
+	}
+	if pt.AcceptsPerSec != nil {
+		p.AcceptsPerSec = *pt.AcceptsPerSec
 	}
 	if pt.Enforce != nil {
 		p.DryRun = DryRun(!*pt.Enforce)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -88,7 +89,11 @@ func runCommand() *cli.Command {
 			if c.Bool("check") {
 				return check(c, cfg)
 			}
-			d, err := daemon.New(daemon.Options{Config: cfg, Version: version, Log: log,
+			configDir := ""
+			if f := c.String(flagConfig); f != "" {
+				configDir = filepath.Dir(f)
+			}
+			d, err := daemon.New(daemon.Options{Config: cfg, Version: version, Log: log, ConfigDir: configDir,
 				ReadyFile: c.String("ready-file"), DetachOnExit: c.Bool("detach-on-exit")})
 			if errors.Is(err, config.ErrInvalid) {
 				// Found only when the parts were built (a group that does not
