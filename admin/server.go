@@ -198,7 +198,7 @@ func (s *Server) patchPolicy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("policy set", "project", project, "tier", p.Tier, "shares", p.Shares,
-		"requests_per_sec", p.RequestsPerSec, "work_per_sec", p.WorkPerSec, "connections_per_sec", p.ConnectionsPerSec, "enforce", p.Enforced(), logrl.Audit())
+		"requests_per_sec", p.RequestsPerSec, "work_per_sec", p.WorkPerSec, "connections_per_sec", p.ConnectionsPerSec, "accepts_per_sec", p.AcceptsPerSec, "enforce", p.Enforced(), logrl.Audit())
 	writeJSON(w, http.StatusOK, Entry{Project: project, Policy: p})
 }
 

@@ -237,11 +237,15 @@ type Project struct {
 	Active      bool      `json:"active"`
 	LastSeen    time.Time `json:"last_seen,omitzero"`
 	// RateLimited counts the project's asks refused by its rate, not in
-	// Refused; ConnectionsPerSec is the rate in force in the kernel (the
-	// connections pool; 0 unbounded) and RateTokens its bucket's tokens.
+	// Refused; ConnectionsPerSec is the outbound rate in force in the
+	// kernel (the connections pool; 0 unbounded) and RateTokens its
+	// bucket's tokens; AcceptsPerSec and AcceptTokens the same of the
+	// inbound one (accepts_per_sec).
 	RateLimited       uint64  `json:"rate_limited,omitempty"`
 	ConnectionsPerSec float64 `json:"connections_per_sec,omitempty"`
 	RateTokens        float64 `json:"rate_tokens,omitempty"`
+	AcceptsPerSec     float64 `json:"accepts_per_sec,omitempty"`
+	AcceptTokens      float64 `json:"accept_tokens,omitempty"`
 	// Sleeping and Evictions are set for the residents pool only.
 	Sleeping  int               `json:"sleeping,omitempty"`
 	Evictions map[string]uint64 `json:"evictions,omitempty"`

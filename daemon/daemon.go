@@ -435,7 +435,7 @@ func (d *Daemon) apply(project string, p policy.Policy) {
 	d.sched.SetPolicy(project, scheduler.Policy{Tier: tier, Shares: p.Shares})
 	d.setLimits(project, pools.Limits{RequestsPerSec: p.RequestsPerSec, WorkPerSec: p.WorkPerSec})
 	if d.kernel != nil {
-		d.kernel.setRate(project, p.ConnectionsPerSec)
+		d.kernel.setRates(project, loader.Rates{Out: p.ConnectionsPerSec, In: p.AcceptsPerSec})
 	}
 	d.setDryRun(project, !p.Enforced())
 }
@@ -474,7 +474,7 @@ func (d *Daemon) unapply(project string) {
 	d.sched.DeletePolicy(project)
 	d.setLimits(project, pools.Limits{})
 	if d.kernel != nil {
-		d.kernel.setRate(project, 0)
+		d.kernel.setRates(project, loader.Rates{})
 	}
 	d.setDryRun(project, false)
 }

@@ -310,13 +310,14 @@ func (k *kernelSide) record() *admin.Reconcile {
 	return &rec
 }
 
-// setRate puts project's rate of new connections (0: unbounded) in force
-// in the kernel: at once if its cgroup exists, else from the tick after it
-// appears (the loader keeps the rate and writes it every tick).
-func (k *kernelSide) setRate(project string, perSec float64) {
-	if err := k.lim.SetRate(project, perSec); err != nil {
-		k.log.Error("connection rate not set in the kernel; the control loop tries again every tick",
-			"project", project, "connections_per_sec", perSec, "err", err)
+// setRates puts project's rates of new connections, outbound and inbound
+// (0: unbounded), in force in the kernel: at once if its cgroup exists,
+// else from the tick after it appears (the loader keeps the rates and
+// writes them every tick).
+func (k *kernelSide) setRates(project string, r loader.Rates) {
+	if err := k.lim.SetRates(project, r); err != nil {
+		k.log.Error("connection rates not set in the kernel; the control loop tries again every tick",
+			"project", project, "connections_per_sec", r.Out, "accepts_per_sec", r.In, "err", err)
 	}
 }
 
@@ -429,7 +430,8 @@ func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) 
 		lim := pc.RateLimitedOut + pc.RateLimitedIn
 		p.Projects = append(p.Projects, admin.Project{Project: name, Held: pc.InUse,
 			Admitted: pc.Admitted, Refused: pc.Refused, Active: pc.Active, LastSeen: pc.LastSeen,
-			RateLimited: lim, ConnectionsPerSec: pc.ConnectionsPerSec, RateTokens: pc.RateTokens})
+			RateLimited: lim, ConnectionsPerSec: pc.ConnectionsPerSec, RateTokens: pc.RateTokens,
+			AcceptsPerSec: pc.AcceptsPerSec, AcceptTokens: pc.AcceptTokens})
 		p.InUse += pc.InUse
 		p.Admitted += pc.Admitted
 		p.Refused += pc.Refused

@@ -45,12 +45,15 @@ type ProjectCounters struct {
 	Admitted, Refused uint64
 	LastSeen          time.Time // the last ask or release; now while it holds permits
 	Active            bool
-	// ConnectionsPerSec is the project's rate of new connections in force
-	// in the kernel (SetRate; 0 unbounded), RateTokens its bucket's tokens
-	// now, and RateLimitedOut and RateLimitedIn the connects and SYNs its
-	// rate refused (not in Refused).
+	// ConnectionsPerSec is the project's rate of outbound connections in
+	// force in the kernel (SetRates; 0 unbounded), RateTokens its bucket's
+	// tokens now; AcceptsPerSec and AcceptTokens the same of its inbound
+	// bucket; RateLimitedOut and RateLimitedIn the connects and SYNs its
+	// rates refused (not in Refused).
 	ConnectionsPerSec             float64
 	RateTokens                    float64
+	AcceptsPerSec                 float64
+	AcceptTokens                  float64
 	RateLimitedOut, RateLimitedIn uint64
 }
 
@@ -425,6 +428,7 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 		}
 		if r, ok := rates[p.id]; ok {
 			pc.ConnectionsPerSec, pc.RateTokens = rateView(r, mono)
+			pc.AcceptsPerSec, pc.AcceptTokens = rateViewIn(r, mono)
 			pc.RateLimitedOut, pc.RateLimitedIn = r.LimitedOut, r.LimitedIn
 		}
 		switch {

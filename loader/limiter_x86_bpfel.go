@@ -162,23 +162,27 @@ type limiterFsProject struct {
 }
 
 type limiterFsRate struct {
-	_          structs.HostLayout
-	Tat        uint64
-	IntervalNs uint64
-	BurstNs    uint64
-	LimitedOut uint64
-	LimitedIn  uint64
-	Pad        [3]uint64
+	_            structs.HostLayout
+	Tat          uint64
+	IntervalNs   uint64
+	BurstNs      uint64
+	LimitedOut   uint64
+	LimitedIn    uint64
+	TatIn        uint64
+	IntervalInNs uint64
+	BurstInNs    uint64
 }
 
 type limiterFsRateArgs struct {
-	_          structs.HostLayout
-	Op         uint32
-	Pad        uint32
-	Project    uint64
-	IntervalNs uint64
-	BurstNs    uint64
-	Result     int64
+	_            structs.HostLayout
+	Op           uint32
+	Pad          uint32
+	Project      uint64
+	IntervalNs   uint64
+	BurstNs      uint64
+	Result       int64
+	IntervalInNs uint64
+	BurstInNs    uint64
 }
 
 type limiterFsRateCounters struct {

@@ -199,9 +199,9 @@ type Limiter struct {
 	// adoptedPast counts the sockets reconcile passes adopted past the
 	// rule (ReconcileReport.AdoptedPast), since Open.
 	adoptedPast uint64
-	// rates are the projects' rates of new connections (SetRate), by
+	// rates are the projects' rates of new connections (SetRates), by
 	// project name; a project without one is unbounded.
-	rates  map[string]float64
+	rates  map[string]Rates
 	closed bool
 	// nameMap is the projects' names by id for the readers that do not
 	// hold mu (the event reader): what allocIDs and freeLocked wrote.

@@ -35,26 +35,57 @@ func rateParams(perSec float64) (interval, burst uint64) {
 	return interval, max(burst, interval)
 }
 
-// SetRate sets project's rate of new connections per second (opened and
-// accepted together; 0 is unbounded). It is in force in the kernel when
-// SetRate returns if the project's cgroup exists, and from the next Tick
-// after it appears otherwise; a rate removed (0) stops limiting at once.
-// The Limiter keeps the rates and writes them again at every Tick, so a
-// project's cgroup made again is limited again.
+// Rates are a project's rates of new connections per second, each from a
+// bucket of its own (0 is unbounded): Out the connections it opens
+// (connect), In those its listeners accept (at the SYN). Apart, because the
+// SYNs come from clients the project does not control, which must not spend
+// its outbound budget.
+type Rates struct{ Out, In float64 }
+
+// params is the buckets of r (rateParams of each).
+func (r Rates) params() (iv, burst, ivIn, burstIn uint64) {
+	iv, burst = rateParams(r.Out)
+	ivIn, burstIn = rateParams(r.In)
+	return iv, burst, ivIn, burstIn
+}
+
+// args is fs_rate_set's context setting project id's buckets to r.
+func (r Rates) args(id uint64) limiterFsRateArgs {
+	iv, burst, ivIn, burstIn := r.params()
+	return limiterFsRateArgs{Op: rateOpSet, Project: id, IntervalNs: iv, BurstNs: burst, IntervalInNs: ivIn, BurstInNs: burstIn}
+}
+
+// unbounded says whether r limits nothing.
+func (r Rates) unbounded() bool {
+	iv, _, ivIn, _ := r.params()
+	return iv == 0 && ivIn == 0
+}
+
+// SetRate sets project's rate of new connections per second, opened and
+// accepted alike (each from its own bucket; 0 is unbounded): SetRates with
+// Out and In both perSec.
 func (l *Limiter) SetRate(project string, perSec float64) error {
+	return l.SetRates(project, Rates{Out: perSec, In: perSec})
+}
+
+// SetRates sets project's rates of new connections. They are in force in
+// the kernel when SetRates returns if the project's cgroup exists, and from
+// the next Tick after it appears otherwise; a rate removed (0) stops
+// limiting at once. The Limiter keeps the rates and writes them again at
+// every Tick, so a project's cgroup made again is limited again.
+func (l *Limiter) SetRates(project string, r Rates) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return ErrClosed
 	}
 	if l.rates == nil {
-		l.rates = map[string]float64{}
+		l.rates = map[string]Rates{}
 	}
-	iv, burst := rateParams(perSec)
-	if iv == 0 {
+	if r.unbounded() {
 		delete(l.rates, project)
 	} else {
-		l.rates[project] = perSec
+		l.rates[project] = r
 	}
 	id, err := l.projectID(project)
 	if errors.Is(err, os.ErrNotExist) {
@@ -63,13 +94,13 @@ func (l *Limiter) SetRate(project string, perSec float64) error {
 	if err != nil {
 		return fmt.Errorf("setting the connection rate of %s: %w", project, err)
 	}
-	if iv == 0 {
+	if r.unbounded() {
 		var cur limiterFsRate
 		if err := l.objs.FsRates.Lookup(id, &cur); errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil
 		}
 	}
-	if _, err := l.rateSetLocked(limiterFsRateArgs{Op: rateOpSet, Project: id, IntervalNs: iv, BurstNs: burst}); err != nil {
+	if _, err := l.rateSetLocked(r.args(id)); err != nil {
 		return fmt.Errorf("setting the connection rate of %s: %w", project, err)
 	}
 	return nil
@@ -136,18 +167,19 @@ func (l *Limiter) syncRatesLocked(projs []projectEntry) error {
 	for id, n := range names {
 		ids[n] = id
 	}
-	want := map[uint64]float64{}
+	want := map[uint64]Rates{}
 	for n, r := range l.rates {
 		if id, ok := ids[n]; ok {
 			want[id] = r
 		}
 	}
 	for id, r := range want {
-		iv, burst := rateParams(r)
-		if cur, ok := have[id]; ok && cur.IntervalNs == iv && cur.BurstNs == max(burst, iv) {
+		iv, burst, ivIn, burstIn := r.params()
+		if cur, ok := have[id]; ok && cur.IntervalNs == iv && cur.BurstNs == max(burst, iv) &&
+			cur.IntervalInNs == ivIn && cur.BurstInNs == max(burstIn, ivIn) {
 			continue
 		}
-		if _, err := l.rateSetLocked(limiterFsRateArgs{Op: rateOpSet, Project: id, IntervalNs: iv, BurstNs: burst}); err != nil {
+		if _, err := l.rateSetLocked(r.args(id)); err != nil {
 			return fmt.Errorf("setting the connection rate of %s: %w", names[id], err)
 		}
 	}
@@ -165,7 +197,7 @@ func (l *Limiter) syncRatesLocked(projs []projectEntry) error {
 			}
 			continue
 		}
-		if cur.IntervalNs != 0 {
+		if cur.IntervalNs != 0 || cur.IntervalInNs != 0 {
 			if _, err := l.rateSetLocked(limiterFsRateArgs{Op: rateOpSet, Project: id}); err != nil {
 				return fmt.Errorf("removing the connection rate of project %d: %w", id, err)
 			}
@@ -190,18 +222,27 @@ func (l *Limiter) readRateStats() (out, in uint64, err error) {
 	return out, in, nil
 }
 
-// rateView is what Snapshot says of one project's bucket.
+// rateView is what Snapshot says of one project's outbound bucket.
 func rateView(v limiterFsRate, mono uint64) (perSec, tokens float64) {
-	if v.IntervalNs == 0 {
+	return bucketView(v.Tat, v.IntervalNs, v.BurstNs, mono)
+}
+
+// rateViewIn is rateView of the inbound bucket.
+func rateViewIn(v limiterFsRate, mono uint64) (perSec, tokens float64) {
+	return bucketView(v.TatIn, v.IntervalInNs, v.BurstInNs, mono)
+}
+
+func bucketView(tat, interval, burst, mono uint64) (perSec, tokens float64) {
+	if interval == 0 {
 		return 0, 0
 	}
-	perSec = float64(time.Second) / float64(v.IntervalNs)
+	perSec = float64(time.Second) / float64(interval)
 	deficit := uint64(0)
-	if v.Tat > mono {
-		deficit = v.Tat - mono
+	if tat > mono {
+		deficit = tat - mono
 	}
-	if deficit < v.BurstNs {
-		tokens = float64(v.BurstNs-deficit) / float64(v.IntervalNs)
+	if deficit < burst {
+		tokens = float64(burst-deficit) / float64(interval)
 	}
 	return perSec, tokens
 }

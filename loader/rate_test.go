@@ -212,6 +212,76 @@ func TestRateInbound(t *testing.T) {
 	waitInUse(t, l, 0, nil)
 }
 
+// The SYNs to a project's listener spend its inbound bucket, never its
+// outbound one: an outsider (this test process, in no project) flooding
+// the listener of a project limited to 5/s outbound and 5/s inbound does
+// not take the project's own connects. Before the two buckets, the flood
+// took every token and the project got 0 of 10 connects. Then the rates
+// are independent: accepts_per_sec 0 leaves the listener unbounded while
+// the connects stay limited.
+func TestRateInboundFloodKeepsOutbound(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 4096, 0)
+	addr := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	proj := startHelper(t, mkProject(t, root, "limited"))
+	listenAddr := strings.TrimPrefix(proj.do("listen 127.0.0.1:0"), "listening ")
+	// 5/s each way (SetRate: the same rate for both buckets).
+	if err := l.SetRate("limited", 5); err != nil {
+		t.Fatal(err)
+	}
+	// The flood runs for the whole of the project's 10 connects, one every
+	// 200 ms (the rate), so that the project's bucket refills between them.
+	stop := make(chan struct{})
+	var flood churnResult
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			r := churn("tcp4", listenAddr, 500*time.Millisecond, 0)
+			flood.refused += r.refused
+			flood.other += r.other
+			flood.okPerSec = append(flood.okPerSec, r.ok())
+		}
+	})
+	time.Sleep(300 * time.Millisecond) // the flood empties the inbound bucket first
+	out := proj.churn("tcp4", addr, 2*time.Second, 200*time.Millisecond)
+	close(stop)
+	wg.Wait()
+	t.Logf("project's connects: %v; outsider's flood: %d accepted, %d refused", out, flood.ok(), flood.refused)
+	if flood.refused == 0 {
+		t.Errorf("the flood was never refused (%v): the inbound rate is not in force", flood)
+	}
+	// 10 connects 200 ms apart at 5/s with a burst of 5: all of them,
+	// give or take one the coarse clock's steps refuse.
+	if out.ok() < 9 || out.other != 0 {
+		t.Errorf("the project's connects under the flood: %v; want at least 9 of 10 admitted", out)
+	}
+	s := snap(t, l)
+	lp := project(s, "limited")
+	if lp.ConnectionsPerSec != 5 || lp.AcceptsPerSec != 5 || lp.RateLimitedIn == 0 {
+		t.Errorf("limited project's counters: %+v", lp)
+	}
+
+	// Inbound unbounded, outbound still 5/s.
+	if err := l.SetRates("limited", Rates{Out: 5}); err != nil {
+		t.Fatal(err)
+	}
+	in := churn("tcp4", listenAddr, time.Second, time.Millisecond)
+	if in.refused != 0 || in.other != 0 {
+		t.Errorf("with accepts unbounded the listener refused: %v", in)
+	}
+	burst := proj.churn("tcp4", addr, time.Second, 0)
+	if n := burst.ok(); n < 5 || n > 12 || burst.refused == 0 {
+		t.Errorf("with connections still 5/s, a tight loop for 1 s got %v; want the burst and a second's refill (about 10)", burst)
+	}
+	waitInUse(t, l, 0, nil)
+}
+
 // A rate removed stops limiting at once: the next connect after SetRate(0)
 // returns is admitted, though the bucket was empty; a rate set again is in
 // force at once, from a full bucket. The project's refusals so far stay.

@@ -1,9 +1,13 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * A project's rate of new connections (its policy's connections_per_sec):
- * a token bucket per project, taken at connect (outbound) and at the SYN
- * (inbound) before the rule, so that a project over its rate is refused
- * without touching the pool's counters.
+ * A project's rates of new connections: two token buckets per project, one
+ * taken at connect (outbound: its policy's connections_per_sec) and one at
+ * the SYN (inbound: accepts_per_sec), before the rule, so that a project
+ * over its rate is refused without touching the pool's counters. The two
+ * are apart because the SYNs to a project's listener come from clients the
+ * project does not control (a process in no project, a remote host): with
+ * one bucket they spent its outbound budget and could starve every connect
+ * of a project limited to a few a second.
  *
  * The bucket is one word, its theoretical arrival time (tat, the GCRA form
  * of a token bucket): the instant the bucket will be full again if nothing
@@ -52,19 +56,25 @@
 
 #include "rule.h"
 
-/* One project's bucket. 64 bytes: a cache line of its own. */
+/*
+ * One project's buckets. 64 bytes: a cache line of its own. The inbound
+ * bucket sits where an older layout had padding (zero: unbounded), so pins
+ * of that layout are reused as they are.
+ */
 struct fs_rate {
-	__u64 tat;         /* CLOCK_MONOTONIC (coarse) ns: when the bucket is full again */
-	__u64 interval_ns; /* 1 s / rate: the refill time of one token; 0 = unbounded */
-	__u64 burst_ns;    /* burst x interval_ns: how far ahead of now tat may go */
-	__u64 limited_out; /* connects refused by the rate */
-	__u64 limited_in;  /* SYNs refused by the rate */
-	__u64 _pad[3];
+	__u64 tat;            /* outbound: CLOCK_MONOTONIC (coarse) ns when the bucket is full again */
+	__u64 interval_ns;    /* outbound: 1 s / rate, the refill time of one token; 0 = unbounded */
+	__u64 burst_ns;       /* outbound: burst x interval_ns, how far ahead of now tat may go */
+	__u64 limited_out;    /* connects refused by the rate */
+	__u64 limited_in;     /* SYNs refused by the rate */
+	__u64 tat_in;         /* inbound: as tat */
+	__u64 interval_in_ns; /* inbound: as interval_ns */
+	__u64 burst_in_ns;    /* inbound: as burst_ns */
 };
 
 /* The node's view of the rates: how many projects have one. */
 struct fs_rated {
-	__s64 limited; /* entries of fs_rates with interval_ns > 0 */
+	__s64 limited; /* entries of fs_rates with a rate (interval_ns or interval_in_ns > 0) */
 	__u64 _pad;
 };
 
@@ -76,7 +86,7 @@ struct fs_rate_counters {
 
 /* Context of fs_rate_set, run by the loader with BPF_PROG_RUN. */
 enum rate_op {
-	RATE_SET = 1,    /* give project its interval and burst (interval 0: unbounded), creating its entry */
+	RATE_SET = 1,    /* give project its intervals and bursts (interval 0: unbounded), creating its entry */
 	RATE_DELETE = 2, /* delete project's entry (its cgroup is gone); result: 1 if there was one */
 };
 
@@ -84,9 +94,11 @@ struct fs_rate_args {
 	__u32 op;
 	__u32 _pad;
 	__u64 project;
-	__u64 interval_ns;
+	__u64 interval_ns; /* outbound */
 	__u64 burst_ns;
 	__s64 result;
+	__u64 interval_in_ns; /* inbound */
+	__u64 burst_in_ns;
 };
 
 struct {
@@ -116,40 +128,47 @@ struct {
 #define RATE_TRIES 8 /* compare-and-swap attempts on a bucket */
 
 /*
- * A token taken (or not): the bucket and the interval it was taken at, so
- * that it can be given back at the same value although the control loop
- * may change the interval meanwhile. r NULL: nothing was taken.
+ * A token taken (or not): the bucket's tat and the interval it was taken
+ * at, so that it can be given back at the same value although the control
+ * loop may change the interval meanwhile. tat NULL: nothing was taken.
  */
 struct rate_ticket {
-	struct fs_rate *r;
+	__u64 *tat;
 	__u64 iv;
 	bool would; /* over the rate, admitted in dry-run (events.h) */
 };
 
-/* rate_of is project id's bucket if it has a rate, else NULL. */
-static __always_inline struct fs_rate *rate_of(__u64 id)
+/*
+ * rate_of is project id's buckets if it has a rate at at (AT_CONNECT: the
+ * outbound one, else the inbound one), else NULL.
+ */
+static __always_inline struct fs_rate *rate_of(int at, __u64 id)
 {
 	__u32 zero = 0;
 	struct fs_rated *n = bpf_map_lookup_elem(&fs_rate_node, &zero);
 	if (!n || *(volatile __s64 *)&n->limited <= 0)
 		return NULL;
 	struct fs_rate *r = bpf_map_lookup_elem(&fs_rates, &id);
-	if (!r || !*(volatile __u64 *)&r->interval_ns)
+	if (!r || !*(volatile __u64 *)(at == AT_CONNECT ? &r->interval_ns : &r->interval_in_ns))
 		return NULL;
 	return r;
 }
 
-/* rate_take takes a token from r: the interval it took, 0 if the bucket is empty. */
-static __always_inline __u64 rate_take(struct fs_rate *r)
+/*
+ * rate_take takes a token from r's bucket for at into t (t->tat, t->iv):
+ * the interval it took, 0 if the bucket is empty.
+ */
+static __always_inline __u64 rate_take(struct fs_rate *r, int at, struct rate_ticket *t)
 {
-	__u64 iv = *(volatile __u64 *)&r->interval_ns;
-	__u64 burst = *(volatile __u64 *)&r->burst_ns;
+	__u64 *tatp = at == AT_CONNECT ? &r->tat : &r->tat_in;
+	__u64 iv = *(volatile __u64 *)(at == AT_CONNECT ? &r->interval_ns : &r->interval_in_ns);
+	__u64 burst = *(volatile __u64 *)(at == AT_CONNECT ? &r->burst_ns : &r->burst_in_ns);
 	if (!iv)
 		return 0;
 	__u64 now = now_ns(CLK_COARSE);
 #pragma unroll
 	for (int i = 0; i < RATE_TRIES; i++) {
-		__u64 seen = *(volatile __u64 *)&r->tat, tat = seen;
+		__u64 seen = *(volatile __u64 *)tatp, tat = seen;
 		/* Further ahead than a full burst can put it is no bucket's
 		 * state (a refund that raced a rate change, a take lost to
 		 * fs_rate_set's store): start from a full bucket rather than
@@ -159,8 +178,11 @@ static __always_inline __u64 rate_take(struct fs_rate *r)
 		__u64 next = (tat > now ? tat : now) + iv;
 		if (next - now > burst)
 			return 0;
-		if (__sync_val_compare_and_swap(&r->tat, seen, next) == seen)
+		if (__sync_val_compare_and_swap(tatp, seen, next) == seen) {
+			t->tat = tatp;
+			t->iv = iv;
 			return iv;
+		}
 	}
 	return 0;
 }
@@ -184,7 +206,7 @@ static __always_inline bool rate_exempt(int at, __u64 cg, __u64 id)
  */
 static __always_inline struct fs_rate *rate_in_force(int at, __u64 id, __u64 cg)
 {
-	struct fs_rate *r = rate_of(id);
+	struct fs_rate *r = rate_of(at, id);
 	if (!r || rate_exempt(at, cg, id))
 		return NULL;
 	return r;
@@ -200,16 +222,12 @@ static __always_inline struct fs_rate *rate_in_force(int at, __u64 id, __u64 cg)
  */
 static __always_inline bool rate_gate_of(struct fs_rate *r, int at, struct holder *h, __u64 id, struct rate_ticket *t)
 {
-	t->r = NULL;
+	t->tat = NULL;
 	t->would = false;
 	if (!r)
 		return true;
-	__u64 iv = rate_take(r);
-	if (iv) {
-		t->r = r;
-		t->iv = iv;
+	if (rate_take(r, at, t))
 		return true;
-	}
 	if (h && recorded(at, h))
 		return true;
 	/* Dry-run (events.h): admitted; the caller counts and reports it as
@@ -243,15 +261,15 @@ static __always_inline bool rate_gate(int at, struct holder *h, __u64 id, __u64 
  */
 static __always_inline void rate_undo(struct rate_ticket *t)
 {
-	if (!t->r)
+	if (!t->tat)
 		return;
 	/* Saturating: fs_rate_set may have set tat to 0 (a full bucket)
 	 * since the token was taken, and tat - iv would wrap. */
 #pragma unroll
 	for (int i = 0; i < RATE_TRIES; i++) {
-		__u64 tat = *(volatile __u64 *)&t->r->tat;
+		__u64 tat = *(volatile __u64 *)t->tat;
 		__u64 next = tat > t->iv ? tat - t->iv : 0;
-		if (__sync_val_compare_and_swap(&t->r->tat, tat, next) == tat)
+		if (__sync_val_compare_and_swap(t->tat, tat, next) == tat)
 			return;
 	}
 }
@@ -266,7 +284,7 @@ static __always_inline void rate_undo(struct rate_ticket *t)
  */
 static __always_inline int rate_settle(struct rate_ticket *t, int at, struct holder *h, int res)
 {
-	if (t->r && (res == REFUSED || (res == NOT_TAKEN && recorded(at, h))))
+	if (t->tat && (res == REFUSED || (res == NOT_TAKEN && recorded(at, h))))
 		rate_undo(t);
 	return res;
 }
@@ -305,11 +323,43 @@ static __always_inline void rate_event_syn(__u64 id, struct fs_tuple *rk, bool w
 }
 
 /*
- * fs_rate_set writes a project's rate for the loader. A new entry starts
- * with a full bucket. A changed rate keeps the bucket's tokens, at most the
- * new burst (as package pools' buckets do): lowering a rate hands out no new
- * burst, and raising one from a very low rate does not leave the project
- * waiting out the old interval.
+ * bucket_set gives one bucket (tat, interval, burst) a new interval iv and
+ * burst. A changed rate keeps the bucket's tokens, at most the new burst
+ * (as package pools' buckets do): lowering a rate hands out no new burst,
+ * and raising one from a very low rate does not leave the project waiting
+ * out the old interval.
+ */
+static __always_inline void bucket_set(__u64 *tatp, __u64 *ivp, __u64 *burstp, __u64 iv, __u64 burst)
+{
+	if (iv && burst < iv)
+		burst = iv; /* a bucket holds at least one token */
+	__u64 old_iv = *ivp, old_burst = *burstp;
+	if (old_iv == iv && old_burst == burst)
+		return;
+	if (iv && old_iv) {
+		/* Carry the tokens: those the bucket holds at the old rate
+		 * (whole ones), at most the new burst. A syscall program may
+		 * not read the coarse clock; the precise one is at most a tick
+		 * ahead of it. */
+		__u64 now = now_ns(CLK_FINE);
+		__u64 tat = *tatp, tat2 = 0;
+		if (tat > now) {
+			__u64 debt = tat - now;
+			__u64 tokens = debt < old_burst ? (old_burst - debt) / old_iv : 0;
+			tat2 = tokens >= burst / iv ? 0 : now + (burst - tokens * iv);
+		}
+		/* A take racing this store is lost: one token at most. */
+		*tatp = tat2;
+	} else if (iv) {
+		*tatp = 0; /* unbounded until now: a full bucket */
+	}
+	*burstp = burst;
+	*(volatile __u64 *)ivp = iv;
+}
+
+/*
+ * fs_rate_set writes a project's rates for the loader: the outbound bucket
+ * and the inbound one (bucket_set). A new entry starts with full buckets.
  */
 SEC("syscall")
 int fs_rate_set(struct fs_rate_args *a)
@@ -324,7 +374,7 @@ int fs_rate_set(struct fs_rate_args *a)
 		struct fs_rate *r = bpf_map_lookup_elem(&fs_rates, &id);
 		if (!r)
 			return 0;
-		bool limited = r->interval_ns != 0;
+		bool limited = r->interval_ns != 0 || r->interval_in_ns != 0;
 		if (bpf_map_delete_elem(&fs_rates, &id) == 0) {
 			if (limited)
 				__sync_fetch_and_add(&n->limited, -1);
@@ -335,45 +385,27 @@ int fs_rate_set(struct fs_rate_args *a)
 	if (a->op != RATE_SET)
 		return 0;
 	__u64 iv = a->interval_ns, burst = a->burst_ns;
-	if (iv && burst < iv)
-		burst = iv; /* a bucket holds at least one token */
+	__u64 iv_in = a->interval_in_ns, burst_in = a->burst_in_ns;
 	struct fs_rate *r = bpf_map_lookup_elem(&fs_rates, &id);
 	if (!r) {
-		struct fs_rate nr = {.interval_ns = iv, .burst_ns = burst};
+		struct fs_rate nr = {
+			.interval_ns = iv, .burst_ns = iv && burst < iv ? iv : burst,
+			.interval_in_ns = iv_in, .burst_in_ns = iv_in && burst_in < iv_in ? iv_in : burst_in,
+		};
 		if (bpf_map_update_elem(&fs_rates, &id, &nr, BPF_NOEXIST))
 			return 0; /* full; or another writer, which the loader's lock rules out */
-		if (iv)
+		if (iv || iv_in)
 			__sync_fetch_and_add(&n->limited, 1);
 		a->result = 1;
 		return 0;
 	}
-	__u64 old_iv = r->interval_ns, old_burst = r->burst_ns;
-	if (old_iv == iv && old_burst == burst) {
-		a->result = 1;
-		return 0;
-	}
-	if (iv && old_iv) {
-		/* Carry the tokens: those the bucket holds at the old rate
-		 * (whole ones), at most the new burst. A syscall program may
-		 * not read the coarse clock; the precise one is at most a tick
-		 * ahead of it. */
-		__u64 now = now_ns(CLK_FINE);
-		__u64 tat = r->tat, tat2 = 0;
-		if (tat > now) {
-			__u64 debt = tat - now;
-			__u64 tokens = debt < old_burst ? (old_burst - debt) / old_iv : 0;
-			tat2 = tokens >= burst / iv ? 0 : now + (burst - tokens * iv);
-		}
-		/* A take racing this store is lost: one token at most. */
-		r->tat = tat2;
-	} else if (iv) {
-		r->tat = 0; /* unbounded until now: a full bucket */
-	}
-	r->burst_ns = burst;
-	*(volatile __u64 *)&r->interval_ns = iv;
-	if (!old_iv && iv)
+	bool was = r->interval_ns != 0 || r->interval_in_ns != 0;
+	bucket_set(&r->tat, &r->interval_ns, &r->burst_ns, iv, burst);
+	bucket_set(&r->tat_in, &r->interval_in_ns, &r->burst_in_ns, iv_in, burst_in);
+	bool is = iv != 0 || iv_in != 0;
+	if (!was && is)
 		__sync_fetch_and_add(&n->limited, 1);
-	else if (old_iv && !iv)
+	else if (was && !is)
 		__sync_fetch_and_add(&n->limited, -1);
 	a->result = 1;
 	return 0;

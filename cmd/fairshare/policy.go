@@ -56,7 +56,8 @@ func policyCommand() *cli.Command {
 					&cli.StringFlag{Name: "work-per-sec", Usage: "work units per second `W`: 0 = unbounded, else 0.001 to 1e9"},
 					&cli.StringFlag{Name: "enforce", Usage: "`BOOL`: false puts the project in dry-run (what would be refused is admitted " +
 						"and counted as would_refuse, see 'fairshare events'), true enforces again"},
-					&cli.StringFlag{Name: "connections-per-sec", Usage: "new TCP connections per second `C`, opened or accepted, enforced in the kernel: 0 = unbounded, else 0.001 to 1e9"},
+					&cli.StringFlag{Name: "connections-per-sec", Usage: "new TCP connections per second `C` the project opens (connect), enforced in the kernel: 0 = unbounded, else 0.001 to 1e9"},
+					&cli.StringFlag{Name: "accepts-per-sec", Usage: "new TCP connections per second `A` the project's listeners accept (at the SYN), enforced in the kernel from a bucket apart from --connections-per-sec: 0 = unbounded, else 0.001 to 1e9"},
 					jsonFlag),
 				Action: policySet,
 			},
@@ -142,8 +143,11 @@ func parsePatch(c *cli.Context) (policy.Patch, error) {
 	if pt.ConnectionsPerSec, err = rate("connections-per-sec"); err != nil {
 		return pt, err
 	}
+	if pt.AcceptsPerSec, err = rate("accepts-per-sec"); err != nil {
+		return pt, err
+	}
 	if pt.Empty() {
-		return pt, cli.Exit("policy set changes nothing: give at least one of --tier, --shares, --requests-per-sec, --work-per-sec, --connections-per-sec, --enforce", 2)
+		return pt, cli.Exit("policy set changes nothing: give at least one of --tier, --shares, --requests-per-sec, --work-per-sec, --connections-per-sec, --accepts-per-sec, --enforce", 2)
 	}
 	return pt, nil
 }
@@ -331,14 +335,14 @@ func printPolicies(c *cli.Context, list []policy.Entry, asList bool) error {
 		return writeJSON(w, v)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROJECT\tTIER\tSHARES\tREQUESTS/S\tWORK/S\tCONNECTIONS/S\tENFORCE\tFROM")
+	fmt.Fprintln(tw, "PROJECT\tTIER\tSHARES\tREQUESTS/S\tWORK/S\tCONNECTIONS/S\tACCEPTS/S\tENFORCE\tFROM")
 	for _, e := range list {
 		from := "cli"
 		if e.Source == policy.SourceFile {
 			from = "file"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", e.Project, e.Tier, e.Shares, rateText(e.RequestsPerSec), rateText(e.WorkPerSec),
-			rateText(e.ConnectionsPerSec), enforceText(e.Enforced()), from)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", e.Project, e.Tier, e.Shares, rateText(e.RequestsPerSec), rateText(e.WorkPerSec),
+			rateText(e.ConnectionsPerSec), rateText(e.AcceptsPerSec), enforceText(e.Enforced()), from)
 	}
 	return tw.Flush()
 }

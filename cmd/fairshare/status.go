@@ -282,7 +282,7 @@ func printProjects(tw io.Writer, st admin.Status) {
 		return
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "PROJECT\tPOLICY\tTIER\tSHARES\tREQUESTS/S\tWORK/S\tCONNECTIONS/S\tREQ_TOKENS\tWORK_TOKENS\tLIMITED\tQUEUE\tP1\tP2\tCLASS")
+	fmt.Fprintln(tw, "PROJECT\tPOLICY\tTIER\tSHARES\tREQUESTS/S\tWORK/S\tCONNECTIONS/S\tACCEPTS/S\tREQ_TOKENS\tWORK_TOKENS\tLIMITED\tQUEUE\tP1\tP2\tCLASS")
 	for _, n := range sortedKeys(names) {
 		pol, source := st.DefaultPolicy, "default"
 		if e, ok := stored[n]; ok {
@@ -301,8 +301,8 @@ func printProjects(tw io.Writer, st admin.Status) {
 				class = p.LastClass
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", projectname.Display(n), source, pol.Tier, pol.Shares,
-			rateText(pol.RequestsPerSec), rateText(pol.WorkPerSec), rateText(pol.ConnectionsPerSec), reqTok, workTok, r.Limited, queue, p1, p2, class)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", projectname.Display(n), source, pol.Tier, pol.Shares,
+			rateText(pol.RequestsPerSec), rateText(pol.WorkPerSec), rateText(pol.ConnectionsPerSec), rateText(pol.AcceptsPerSec), reqTok, workTok, r.Limited, queue, p1, p2, class)
 	}
 }
 
