@@ -142,6 +142,35 @@ type Metrics struct {
 	MaxProjects int    `yaml:"max_projects"`
 }
 
+// The largest pool sizes, by kind. Each is above what a node can use and
+// keeps a pool's arithmetic (size x shares, MaxShares 1e6) far from
+// overflowing; a larger size is a typo, refused at load naming the key:
+//
+//   - connections: limits.MaxPoolSize (262144), what the kernel side's maps
+//     are sized for (each permit is a socket's entry in them);
+//   - requests: MaxRequestsPoolSize (1048576), requests in flight at once
+//     through the front, each holding a client and an upstream socket: two
+//     descriptors, and Linux's open-files ceiling (fs.nr_open) is 1048576
+//     by default;
+//   - flights, residents and the extra pools: MaxPoolSize (16777216),
+//     permits held through the permit API, each a lease of a session the
+//     daemon keeps in memory (about a kilobyte with its session): 16 GiB.
+const (
+	MaxRequestsPoolSize = 1 << 20
+	MaxPoolSize         = 1 << 24
+)
+
+// maxPoolSize is the largest size of pool name (see MaxPoolSize) and why.
+func maxPoolSize(name string) (int, string) {
+	switch name {
+	case PoolConnections:
+		return limits.MaxPoolSize, "the kernel side's maps hold that many permits"
+	case PoolRequests:
+		return MaxRequestsPoolSize, "each permit is a request in flight holding two sockets, and the open-files ceiling is 1048576"
+	}
+	return MaxPoolSize, "each permit is a lease the daemon keeps in memory"
+}
+
 // Pool sizes one pool.
 type Pool struct {
 	Size   int           `yaml:"size"`
@@ -443,6 +472,9 @@ func (c *Config) Validate() error {
 		if p.Size <= 0 {
 			return bad("pools.%s.size must be > 0, got %d", name, p.Size)
 		}
+		if most, why := maxPoolSize(name); p.Size > most {
+			return bad("pools.%s.size must be at most %d (%s), got %d", name, most, why, p.Size)
+		}
 		if p.Floor < 0 || p.Floor > p.Size {
 			return bad("pools.%s.floor must be between 0 and size (%d), got %d", name, p.Size, p.Floor)
 		}
@@ -458,9 +490,6 @@ func (c *Config) Validate() error {
 	}
 	// The kernel side's bounds (package limits), checked here so that a
 	// file the loader would refuse fails now, naming its key.
-	if n := c.Pools[PoolConnections].Size; n > limits.MaxPoolSize {
-		return bad("pools.connections.size must be at most %d (the kernel side's limit), got %d", limits.MaxPoolSize, n)
-	}
 	if n := len(c.Connections.Exempt); n > limits.ExemptCap {
 		return bad("connections.exempt names %d cgroups, at most %d", n, limits.ExemptCap)
 	}

@@ -5,6 +5,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,38 @@ func TestMaxNetns(t *testing.T) {
 		}
 		if !ok && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "connections.max_netns_per_project")) {
 			t.Errorf("per project %d: %v, want ErrInvalid naming connections.max_netns_per_project", v, err)
+		}
+	}
+}
+
+// Every pool's size is bounded by what its kind can hold (MaxPoolSize and
+// the others): the bound is accepted, one more is refused at load naming
+// the key and the bound. Before, pools.requests.size 9223372036854775807
+// was accepted (with a floor of 461168601842738790).
+func TestPoolSizeBounds(t *testing.T) {
+	for _, c := range []struct {
+		pool string
+		most int
+	}{
+		{PoolConnections, limits.MaxPoolSize},
+		{PoolRequests, MaxRequestsPoolSize},
+		{PoolFlights, MaxPoolSize},
+		{PoolResidents, MaxPoolSize},
+		{"uploads", MaxPoolSize},
+	} {
+		for _, size := range []int{c.most, c.most + 1, math.MaxInt64} {
+			cfg := Default()
+			err := Parse(strings.NewReader(fmt.Sprintf("pools: {%s: {size: %d}}\n", c.pool, size)), &cfg)
+			key := "pools." + c.pool + ".size"
+			if size == c.most {
+				if err != nil {
+					t.Errorf("%s %d: %v", key, size, err)
+				}
+				continue
+			}
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), fmt.Sprintf("at most %d", c.most)) {
+				t.Errorf("%s %d: %v, want ErrInvalid naming %s and the bound %d", key, size, err, key, c.most)
+			}
 		}
 	}
 }
