@@ -9,9 +9,17 @@
 // extra pool for the local permit API), the per-project rate buckets and the
 // request-class scheduler.
 //
-// New builds the parts in steps: the kernel's connections pool (kernelSide,
-// the one place the daemon talks to package loader), the user-space pools
-// and the scheduler, the front, the permit API. Every pool, whoever enforces
+// New builds the parts in steps: the TCP listeners, the store, the
+// user-space pools and the scheduler, the front, the unix sockets and the
+// permit API, and last the kernel's connections pool (kernelSide, the one
+// place the daemon talks to package loader). A start that is refused writes
+// nothing: what can be checked is checked before anything is made
+// (preflight: socket paths, the state directory, the events log, the exempt
+// cgroups, the host's names), and what a later failure finds made is removed
+// again (sockets, a store file or directories it made, pins it added). The
+// kernel side comes last so that pins a killed daemon left keep enforcing
+// exactly as they were when a start fails (see start.go and
+// docs/starting.md). Every pool, whoever enforces
 // it, is one small view (pool: name, recompute, status), so the control loop
 // and Status go over one list.
 //

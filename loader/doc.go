@@ -233,11 +233,16 @@
 //
 // # A rate of new connections
 //
-// SetRate gives a project a rate of new connections per second (the
-// policy's connections_per_sec), opened and accepted together: a token
-// bucket per project in fs_rates (bpf/lib/rate.h), refilled at the rate from
-// the programs' clock and holding one second's worth (at least one token).
-// connect4/6 and sk_lookup take a token before the rule; an empty bucket
+// SetRates gives a project its rates of new connections per second: Out
+// (the policy's connections_per_sec) for those it opens, In
+// (accepts_per_sec) for those its listeners accept; SetRate sets both to
+// one value. Each is a token bucket of its own in the project's entry of
+// fs_rates (bpf/lib/rate.h), refilled at the rate from the programs' clock
+// and holding one second's worth (at least one token). They are apart
+// because the SYNs to a listener come from clients the project does not
+// control: from one bucket, an outsider's flood spent the project's
+// outbound budget. connect4/6 take a token of the outbound bucket and
+// sk_lookup one of the inbound bucket before the rule; an empty bucket
 // refuses as the rule does (ECONNREFUSED at connect, an RST to the SYN) and
 // is counted apart (ProjectCounters.RateLimitedOut/In, Events.RateLimited*),
 // and a token taken for a connection the rule refuses, or (at connect) one

@@ -18,7 +18,7 @@
 //	fairshare_pool_rate_limited_total{pool}                 kernel pool: refused by a project's rate
 //	fairshare_project_permits_held{pool,project}
 //	fairshare_project_admitted_total|refused_total{pool,project}
-//	fairshare_project_permits_rate_limited_total{pool,project} kernel pool: connections_per_sec
+//	fairshare_project_permits_rate_limited_total{pool,project} kernel pool: connections_per_sec and accepts_per_sec
 //	fairshare_project_sleeping{pool,project}              residents only
 //	fairshare_project_evictions_total{pool,project,reason} residents only
 //	fairshare_project_rate_limited_total{project}

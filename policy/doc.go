@@ -5,8 +5,9 @@
 // A policy says what a project bought, not what it may hold: the tier (pro,
 // lite or none) and shares decide its request-class buckets in the scheduler,
 // and requests_per_sec / work_per_sec bound what it may spend per second in
-// the HTTP front, connections_per_sec the new TCP connections it may open or
-// accept per second in the kernel (0 = unbounded; otherwise from MinRate,
+// the HTTP front, connections_per_sec the new TCP connections it may open and
+// accepts_per_sec those its listeners may accept per second in the kernel,
+// each from a bucket of its own (0 = unbounded; otherwise from MinRate,
 // one per 1000 seconds, to MaxRate, a billion per second). What a project may hold on the node is never configured: that is
 // the fair-share rule in package pools.
 //
