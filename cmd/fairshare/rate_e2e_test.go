@@ -5,9 +5,11 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/policy"
 )
 
 // With rateEnv set to ADDR, the test binary connects to ADDR and resets the
@@ -228,5 +231,37 @@ func TestConnectionRateFromPoliciesFile(t *testing.T) {
 	t.Logf("the rate the file dropped was gone %v after the swap", w.at.Sub(swapped).Round(time.Millisecond))
 	if lag := w.at.Sub(swapped); lag > 2*time.Second {
 		t.Errorf("the rate the file dropped was gone %v after the swap; want within 2s", lag)
+	}
+}
+
+// 'policy set --accepts-per-sec' stores the inbound rate apart from
+// --connections-per-sec, and the daemon puts both in force in the kernel,
+// each in its own bucket, as status shows; the tables show ACCEPTS/S; a
+// rate out of bounds is refused with exit 2.
+func TestAcceptsPerSecThroughDaemon(t *testing.T) {
+	n := newNode(t, "pools: {connections: {size: 64}}\n")
+	n.start()
+	addr := sink(t)
+	n.cliOK(t, "policy", "set", "--connections-per-sec", "5", "--accepts-per-sec", "7", "alpha")
+	var e policy.Entry
+	if err := json.Unmarshal([]byte(n.cliOK(t, "policy", "get", "--json", "alpha")), &e); err != nil ||
+		e.ConnectionsPerSec != 5 || e.AcceptsPerSec != 7 {
+		t.Fatalf("policy get: %+v (%v)", e, err)
+	}
+	if out := n.cliOK(t, "policy", "list"); !strings.Contains(out, "ACCEPTS/S") {
+		t.Errorf("policy list has no ACCEPTS/S column:\n%s", out)
+	}
+	a := n.connectFrom("alpha", addr, 1)
+	defer a.close()
+	eventually(t, func() error {
+		p := project(pool(n.status(), "connections"), "alpha")
+		// The kernel keeps a rate as its interval: 1 s / 7 is rounded to a ns.
+		if math.Abs(p.ConnectionsPerSec-5) > 1e-6 || math.Abs(p.AcceptsPerSec-7) > 1e-6 {
+			return fmt.Errorf("status of alpha: %+v; want 5/s out and 7/s in, in force in the kernel", p)
+		}
+		return nil
+	})
+	if _, errOut, code := n.cli("policy", "set", "--accepts-per-sec", "-1", "alpha"); code != 2 {
+		t.Errorf("--accepts-per-sec -1: exit %d, want 2: %s", code, errOut)
 	}
 }
