@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+)
+
+// restorePins removes, on real bpffs, exactly what a failed start added:
+// in a directory that held pins, the new pins and directories (deepest
+// first), keeping the old ones; a directory that did not exist goes whole.
+// (The e2e TestRefusedStartWritesNothing covers the starts refused before
+// anything is pinned; this covers a failure after the loader pinned.)
+func TestRestorePins(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("fairshare-restore-%d", os.Getpid()))
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	pin := func(path string) {
+		t.Helper()
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		if err := m.Pin(path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	entries := func() []string {
+		l := listPins(dir)
+		var out []string
+		for p := range l.entries {
+			out = append(out, p)
+		}
+		slices.Sort(out)
+		return out
+	}
+
+	// Fresh: the directory did not exist.
+	before := listPins(dir)
+	if err := os.MkdirAll(filepath.Join(dir, "netns"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pin(filepath.Join(dir, "fs_a"))
+	pin(filepath.Join(dir, "netns", "link_x"))
+	if err := restorePins(dir, before); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("a fresh pin directory is still there after the restore: %v %v", err, entries())
+	}
+
+	// Used: the old pins stay, the new ones go.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pin(filepath.Join(dir, "fs_old"))
+	before = listPins(dir)
+	pin(filepath.Join(dir, "fs_new"))
+	if err := os.MkdirAll(filepath.Join(dir, "netns"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pin(filepath.Join(dir, "netns", "link_y"))
+	if err := restorePins(dir, before); err != nil {
+		t.Fatal(err)
+	}
+	if got := entries(); !slices.Equal(got, []string{"fs_old"}) {
+		t.Errorf("after the restore the used directory holds %v, want [fs_old]", got)
+	}
+}
