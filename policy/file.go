@@ -55,16 +55,16 @@ func ParseFile(b []byte, def Policy) (map[string]Policy, error) {
 		return out, nil
 	}
 	if root.Kind != yaml.MappingNode {
-		return nil, fileErr(root.Line, "the file must map project names to policies")
+		return nil, notPolicies(root.Line, "the file must map project names to policies")
 	}
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
 		name := k.Value
 		if k.Kind != yaml.ScalarNode {
-			return nil, fileErr(k.Line, "a project name must be a string")
+			return nil, notPolicies(k.Line, "a project name must be a string")
 		}
 		if err := ValidateProject(name); err != nil {
-			return nil, fileErr(k.Line, "%s is not a project name (letters, digits, '.', '_' and '-', starting with a letter or digit, at most %d bytes)",
+			return nil, notPolicies(k.Line, "%s is not a project name (letters, digits, '.', '_' and '-', starting with a letter or digit, at most %d bytes)",
 				excerpt(name), project.MaxLen)
 		}
 		if _, dup := out[name]; dup {
@@ -72,7 +72,7 @@ func ParseFile(b []byte, def Policy) (map[string]Policy, error) {
 		}
 		p := def
 		if v.Kind != yaml.MappingNode && !(v.Kind == yaml.ScalarNode && v.Tag == "!!null") {
-			return nil, fileErr(v.Line, "the policy of %s must be a mapping of its fields", name)
+			return nil, notPolicies(v.Line, "the policy of %s must be a mapping of its fields", name)
 		}
 		if v.Kind == yaml.MappingNode {
 			if err := decodeStrict(v, &p); err != nil {
@@ -95,10 +95,13 @@ func ParseFile(b []byte, def Policy) (map[string]Policy, error) {
 
 // FileError is why a policies file was refused: the line (1-based; 0 when
 // the parser did not say) and a message that quotes at most an excerpt of
-// the offending key.
+// the offending key. Shape is set when the text is not shaped as a
+// policies file at all (not YAML, not a mapping of project names to
+// mappings), as opposed to a policies file with a bad field or value.
 type FileError struct {
-	Line int
-	Msg  string
+	Line  int
+	Msg   string
+	Shape bool
 }
 
 func (e *FileError) Error() string {
@@ -113,6 +116,13 @@ func (e *FileError) Unwrap() error { return ErrInvalid }
 
 func fileErr(line int, format string, args ...any) *FileError {
 	return &FileError{Line: line, Msg: fmt.Sprintf(format, args...)}
+}
+
+// notPolicies is fileErr for text not shaped as a policies file.
+func notPolicies(line int, format string, args ...any) *FileError {
+	e := fileErr(line, format, args...)
+	e.Shape = true
+	return e
 }
 
 // excerptLen is the most of a key an error quotes.
@@ -137,7 +147,7 @@ func yamlError(err error) *FileError {
 	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
 		line, _ = strconv.Atoi(m[1])
 	}
-	return &FileError{Line: line, Msg: "not valid YAML"}
+	return &FileError{Line: line, Msg: "not valid YAML", Shape: true}
 }
 
 // policyFields are the fields of a policy in a file, by their YAML name.
@@ -214,8 +224,9 @@ type File struct {
 
 // NewFile follows the policies file at path; def fills fields a policy
 // leaves out. configDir is the directory of the configuration file that
-// named it ("" when none did): a file outside it that fails to parse at its
-// first line is refused as "not a policies file", with no detail at all.
+// named it ("" when none did): a file outside it whose first line is not
+// shaped as a policies file (not YAML, not a mapping of project names to
+// mappings) is refused as "not a policies file", with no detail at all.
 func NewFile(path string, def Policy, configDir string) *File {
 	return &File{path: path, def: def, dir: configDir}
 }
@@ -278,7 +289,7 @@ func (f *File) Poll() (policies map[string]Policy, changed bool, err error) {
 	if err != nil {
 		f.read = true
 		var fe *FileError
-		if errors.As(err, &fe) && fe.Line <= 1 && foreign(f.path, f.dir) {
+		if errors.As(err, &fe) && fe.Shape && fe.Line <= 1 && foreign(f.path, f.dir) {
 			return f.fail(fmt.Errorf("policies file %s refused, the previous policies stay: not a policies file: %w", f.path, ErrInvalid))
 		}
 		return f.fail(fmt.Errorf("policies file %s refused, the previous policies stay: %w", f.path, err))

@@ -154,4 +154,14 @@ func TestFileNotAPoliciesFile(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `line 1: "root:*:20228:0:9"... is not a project name`) {
 		t.Errorf("inside the config dir: %v", err)
 	}
+	// A policies file with a bad value at its first line is one, wherever
+	// it is (a ConfigMap's mount): its error says what is wrong.
+	cm := filepath.Join(other, "policies.yaml")
+	if err := os.WriteFile(cm, []byte("alpha: {tier: lite, shares: -1}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = NewFile(cm, Default(), dir).Poll()
+	if err == nil || !strings.Contains(err.Error(), "line 1: project alpha: shares must be") {
+		t.Errorf("a bad value outside the config dir: %v", err)
+	}
 }

@@ -263,14 +263,14 @@ func TestStatusProjectTableJoinsPolicies(t *testing.T) {
 	}
 	rows := map[string][]string{}
 	for _, line := range strings.Split(buf.String(), "\n") {
-		if f := strings.Fields(line); len(f) == 14 {
+		if f := strings.Fields(line); len(f) == 15 {
 			rows[f[0]] = f
 		}
 	}
 	want := map[string]string{
-		"PROJECT": "PROJECT POLICY TIER SHARES REQUESTS/S WORK/S CONNECTIONS/S REQ_TOKENS WORK_TOKENS LIMITED QUEUE P1 P2 CLASS",
-		"quiet":   "quiet stored pro 4 5 unbounded 40 5.0 0.0 7 - - - -",
-		"busy":    "busy default none 1 unbounded unbounded unbounded - - 0 2 0.0 0.0 P3",
+		"PROJECT": "PROJECT POLICY TIER SHARES REQUESTS/S WORK/S CONNECTIONS/S ACCEPTS/S REQ_TOKENS WORK_TOKENS LIMITED QUEUE P1 P2 CLASS",
+		"quiet":   "quiet stored pro 4 5 unbounded 40 unbounded 5.0 0.0 7 - - - -",
+		"busy":    "busy default none 1 unbounded unbounded unbounded unbounded - - 0 2 0.0 0.0 P3",
 	}
 	for k, w := range want {
 		if got := strings.Join(rows[k], " "); got != w {
@@ -329,7 +329,7 @@ func TestPolicyConnectionsPerSec(t *testing.T) {
 		t.Fatalf("list = %+v, want alpha %+v", got, want)
 	}
 	table := run("list")
-	if !strings.Contains(table, "CONNECTIONS/S") || !strings.Contains(strings.Join(strings.Fields(table), " "), "alpha none 3 7 unbounded 50 yes cli") {
+	if !strings.Contains(table, "CONNECTIONS/S") || !strings.Contains(strings.Join(strings.Fields(table), " "), "alpha none 3 7 unbounded 50 unbounded yes cli") {
 		t.Errorf("list table:\n%s", table)
 	}
 	run("set", "--connections-per-sec", "0", "alpha")
