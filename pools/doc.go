@@ -55,6 +55,17 @@
 //     blocking Acquire is woken by that release, under the pool lock, before
 //     any other caller can take the permit.
 //
+// # Caps
+//
+// SetCaps gives projects a cap each (package fleet sets them: a project's
+// part of its fleet share on this node). A capped project is admitted while
+// it holds fewer than its cap and in_use < POOL, in place of the share and
+// the floor; projects without a cap keep the rule. The floor is not held
+// back from a capped project because the fleet already kept it back when it
+// computed the caps; holding it back again here would leave a project short
+// of what the fleet granted it. A cap below what a project holds refuses it
+// until releases bring it under; nothing held is taken back.
+//
 // # Dry-run
 //
 // SetDryRun puts a whole pool, or one project of it, in dry-run: every ask

@@ -53,6 +53,9 @@ type ledger struct {
 	// dryProjects does so for the projects it names (see doc.go, Dry-run).
 	dryRun      bool
 	dryProjects map[string]bool
+	// caps bounds what the projects it names may hold, in place of the
+	// share (see doc.go, Caps); package fleet sets them.
+	caps map[string]int
 	// forgotten sums the counts of the projects forgotten so far, so that
 	// at every instant admitted (refused) is the sum over the projects
 	// known plus forgotten's.
@@ -73,6 +76,7 @@ type project struct {
 	refused   uint64
 	would     uint64  // asks admitted in dry-run that the rule refused
 	dryRun    bool    // the project is in dry-run (ledger.dryProjects)
+	cap       int     // its permit cap (ledger.caps), -1 for none
 	released  uint64  // own releases since the last recompute
 	relRate   float64 // own releases per second, smoothed
 }
@@ -116,10 +120,10 @@ func (l *ledger) lookup(name string) int32 {
 		idx = l.free[n-1]
 		l.free = l.free[:n-1]
 		gen := l.projects[idx].gen
-		l.projects[idx] = project{name: name, gen: gen, activePos: -1, dryRun: l.dryProjects[name]}
+		l.projects[idx] = project{name: name, gen: gen, activePos: -1, dryRun: l.dryProjects[name], cap: l.capOf(name)}
 	} else {
 		idx = int32(len(l.projects))
-		l.projects = append(l.projects, project{name: name, activePos: -1, dryRun: l.dryProjects[name]})
+		l.projects = append(l.projects, project{name: name, activePos: -1, dryRun: l.dryProjects[name], cap: l.capOf(name)})
 	}
 	l.index[name] = idx
 	return idx
@@ -140,7 +144,28 @@ func (l *ledger) seen(idx int32) {
 
 // admits applies the rule to project idx.
 func (l *ledger) admits(idx int32) bool {
-	return Admits(l.inUse, l.projects[idx].held, l.size, l.floor, l.share)
+	pr := &l.projects[idx]
+	if pr.cap >= 0 {
+		return pr.held < pr.cap && l.inUse < l.size
+	}
+	return Admits(l.inUse, pr.held, l.size, l.floor, l.share)
+}
+
+// capOf is project name's cap, -1 when it has none.
+func (l *ledger) capOf(name string) int {
+	if c, ok := l.caps[name]; ok {
+		return c
+	}
+	return -1
+}
+
+// setCaps replaces every cap (nil: none); the caps outlive a project's
+// state, as dry-run does.
+func (l *ledger) setCaps(caps map[string]int) {
+	l.caps = caps
+	for name, idx := range l.index {
+		l.projects[idx].cap = l.capOf(name)
+	}
 }
 
 // dry reports whether a refusal of project idx is to be admitted instead
@@ -213,8 +238,14 @@ func (l *ledger) fillWould(idx int32, rf *Refusal) {
 // describe writes the refusal of project idx, as the rule stands, into rf.
 func (l *ledger) describe(idx int32, rf *Refusal) {
 	pr := &l.projects[idx]
-	reason := ReasonFull
-	if pr.held >= l.share {
+	reason, share := ReasonFull, l.share
+	switch {
+	case pr.cap >= 0:
+		share = pr.cap
+		if pr.held >= pr.cap {
+			reason = ReasonOverCap
+		}
+	case pr.held >= l.share:
 		reason = ReasonOverShare
 	}
 	*rf = Refusal{
@@ -222,7 +253,7 @@ func (l *ledger) describe(idx int32, rf *Refusal) {
 		Project:     pr.name,
 		Reason:      reason,
 		Held:        pr.held,
-		Share:       l.share,
+		Share:       share,
 		InUse:       l.inUse,
 		Size:        l.size,
 		RetryAfter:  l.retryAfter(idx),
@@ -244,7 +275,7 @@ func (l *ledger) retryAfter(idx int32) time.Duration {
 	// Path 1: enough releases from anyone bring in_use under the limit that
 	// applies to the project as it stands.
 	limit := l.size
-	if pr.held >= l.share {
+	if pr.cap < 0 && pr.held >= l.share {
 		limit = l.size - l.floor
 	}
 	if l.relRate > 0 {

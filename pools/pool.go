@@ -5,6 +5,7 @@ package pools
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -269,6 +270,19 @@ func (p *Pool) Resize(size, floor int) error {
 	p.l.resize(cfg.Size, cfg.Floor)
 	p.wakeLocked()
 	return nil
+}
+
+// SetCaps replaces the pool's per-project caps (nil or empty: none). A
+// project with a cap is admitted while it holds fewer than its cap and
+// in_use < POOL, in place of the share and the floor; the others keep the
+// rule. A cap below what a project holds refuses it until releases bring it
+// under; nothing held is taken back. The caps outlive the projects' state.
+// Package fleet sets them from the fleet's allotment.
+func (p *Pool) SetCaps(caps map[string]int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.l.setCaps(maps.Clone(caps))
+	p.wakeLocked()
 }
 
 // SetDryRun puts the pool (project "") or one project in dry-run (on) or

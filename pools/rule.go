@@ -166,4 +166,7 @@ func (r *Refusal) Is(target error) bool {
 const (
 	ReasonFull      = "pool full"
 	ReasonOverShare = "over share: pool full to the floor"
+	// ReasonOverCap: the project holds its cap (Pool.SetCaps), its
+	// fleet allotment on this node.
+	ReasonOverCap = "over its fleet cap"
 )

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package pools
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestCaps: a capped project is held to its cap in place of the share and
+// the floor; an uncapped one keeps the rule; lowering a cap under what is
+// held refuses until releases, and raising it wakes a blocked Acquire.
+func TestCaps(t *testing.T) {
+	p := mustPool(t, 12, 0, newFakeClock())
+	p.SetCaps(map[string]int{"a": 3, "b": 9})
+	a := acquireN(t, p, "a", 3)
+	if r := mustRefuse(t, p, "a"); r.Reason != ReasonOverCap || r.Share != 3 {
+		t.Fatalf("a at its cap: %+v", r)
+	}
+	// b's cap is past share (6) and past POOL-FLOOR (11) would not matter:
+	// b takes all 9, the pool is then full.
+	b := acquireN(t, p, "b", 9)
+	if in := p.Snapshot().InUse; in != 12 {
+		t.Fatalf("in_use %d, want 12", in)
+	}
+	mustRefuse(t, p, "c")
+	// Lower b's cap to 4: b holds 9 and is refused until under 4.
+	p.SetCaps(map[string]int{"a": 3, "b": 4})
+	releaseAll(t, p, b[:4])
+	mustRefuse(t, p, "b") // holds 5 >= 4
+	releaseAll(t, p, b[4:5])
+	mustRefuse(t, p, "b") // holds 4
+	// c has no cap: the rule (share 12/3 = 4, under it, in_use 7 < 12).
+	c := acquireN(t, p, "c", 4)
+	releaseAll(t, p, b[5:])
+	// A blocked Acquire of a is woken by raising its cap.
+	got := make(chan error, 1)
+	go func() {
+		pm, err := p.Acquire(context.Background(), "a")
+		if err == nil {
+			err = p.Release(pm)
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("a admitted over its cap: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	p.SetCaps(map[string]int{"a": 4})
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	// nil removes the caps: the rule is back (b and c still active, a
+	// over its share stops at POOL - FLOOR).
+	p.SetCaps(nil)
+	releaseAll(t, p, append(a, c...))
+	acquireN(t, p, "a", 11)
+	if r := mustRefuse(t, p, "a"); r.Reason != ReasonOverShare {
+		t.Fatalf("a without a cap: %+v", r)
+	}
+}
