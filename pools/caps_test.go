@@ -61,3 +61,20 @@ func TestCaps(t *testing.T) {
 		t.Fatalf("a without a cap: %+v", r)
 	}
 }
+
+// TestResizeZero: a pool resized to 0 (a fleet node with no allotment)
+// admits nobody, and admits again once it grows.
+func TestResizeZero(t *testing.T) {
+	p := mustPool(t, 4, 0, newFakeClock())
+	if err := p.Resize(0, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustRefuse(t, p, "a")
+	if err := p.Resize(0, 1); err == nil {
+		t.Fatal("size 0 floor 1 accepted")
+	}
+	if err := p.Resize(2, 0); err != nil {
+		t.Fatal(err)
+	}
+	acquireN(t, p, "a", 2)
+}

@@ -260,10 +260,16 @@ func (p *Pool) unwaitLocked(idx int32) {
 // Resize changes POOL and FLOOR (floor 0 = DefaultFloor(size)). Permits
 // already held stay held; when the pool shrinks under its in_use, nobody is
 // admitted until releases bring in_use back under the new limits.
+//
+// Size 0 with floor 0 admits nobody: a fleet node whose allotment is zero
+// (package fleet).
 func (p *Pool) Resize(size, floor int) error {
-	cfg, err := Config{Name: p.name, Size: size, Floor: floor}.normalize()
-	if err != nil {
-		return fmt.Errorf("resizing: %w", err)
+	cfg := Config{Name: p.name}
+	if size != 0 || floor != 0 {
+		var err error
+		if cfg, err = (Config{Name: p.name, Size: size, Floor: floor}).normalize(); err != nil {
+			return fmt.Errorf("resizing: %w", err)
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

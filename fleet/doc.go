@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package fleet divides one pool across many nodes: a pool marked fleet-wide
+// has a size that is the fleet's total (a database's 1,000 connections used
+// from 50 nodes), and each node enforces its allotment of it locally. The
+// nodes meet in etcd: each publishes what its projects hold and ask, every
+// node reads what all publish and computes the same allotments. Nothing of
+// this sits on the connection or request path: the fleet layer only moves a
+// node's POOL and its projects' caps, about once a second.
+//
+// # The rule at fleet scope
+//
+// The fleet has a size S and a floor F (as a node pool's: 5% of S, at least
+// 1, unless configured). Each node n publishes, for each project p it has
+// seen in the pool, held(n,p), refused(n,p) (refusals since its previous
+// publication) and whether p is active there. From these:
+//
+//	want(n,p) = held(n,p) + refused(n,p), at least 1 when p is active on n
+//	D(p)      = sum over nodes of want(n,p), at most S
+//	active    = projects active (or holding) on any node
+//	share     = max(F, S / active)              (integer division)
+//
+// Each project gets an allocation a(p), in two rounds of max-min fair
+// water-filling (a project never gets more than it wants; what is left goes
+// to the hungriest, level by level):
+//
+//  1. up to its share: a(p) = min(D(p), share), water-filled over S when
+//     active·share > S (many projects, floor-bound shares);
+//  2. past its share: the wants above a(p) are water-filled over
+//     S - F - sum a(p), so the fleet, like a node, stops projects past their
+//     share F short of the size (room for a newcomer).
+//
+// A project's allocation is split among the nodes where it wants, in
+// proportion to its want there (largest remainder, ties by node name), so
+// part(n,p) <= want(n,p) and sum over n of part(n,p) = a(p). What nobody
+// was allocated, U = S - sum a(p), is spread evenly over the live nodes
+// (largest remainder, by node name): spare(n). A node's allotment and a
+// project's cap on that node are
+//
+//	allotment(n) = sum over p of part(n,p) + spare(n)
+//	cap(n,p)     = part(n,p)
+//
+// The spare is not in any cap: it is the room of projects new on a node
+// since the last computation. (Were it open to every project, the first to
+// take it would keep it, within its cap, and a hungrier project of the same
+// node would find the pool full short of its own part.)
+//
+// # Guarantees
+//
+//   - The allotments of the live nodes sum to S exactly: there is no slack,
+//     U is handed out as spare. (Each node computes from what it read of
+//     etcd; two nodes may read two different revisions for the time a
+//     publication takes to reach both, well under a second.)
+//   - A project holds at most a(p) on the fleet, plus what it took as a
+//     newcomer on a node before its first computation there (at most that
+//     node's spare). While every project asks for at least its share,
+//     a(p) = share: a project on many nodes holds no more than one share
+//     fleet-wide, its share split among its nodes.
+//   - Under steady demand each project's allocation is its max-min fair
+//     share of S (of S - F once some project is past its share), to one
+//     permit per rounding; TestSteadyDemand checks the holdings of real
+//     node pools converge within 5% of it.
+//   - A project that wants at most its share gets all it wants.
+//   - The price: a project at its cap on a node is refused there until the
+//     next computation raises it (its refusals raise its want); that is one
+//     publication and one watch event, about a second.
+//
+// # Locally
+//
+// A node enforces its allotment as its pool's POOL, and cap(n,p) as the
+// project's cap (pools.Pool.SetCaps): a capped project is admitted while it
+// holds fewer than its cap and in_use < POOL. The local share and floor do
+// not apply to capped projects: the fleet kept the floor back already, and
+// the local floor would hold back permits the fleet granted (a node with two
+// projects whose caps are 3 and 6 would stop the second at POOL - FLOOR =
+// 8, one short). A project the fleet has not seen yet (new on this node
+// since the last computation) has no cap and follows the node's rule within
+// the allotment: it is admitted at once into the node's free room, and gets
+// its own allocation at the next computation after the node publishes it.
+//
+// The kernel's connections pool has no per-project cap: there, the fleet
+// moves the node's POOL only, and the node's rule divides it. A project on
+// several nodes then holds at most its local share on each; the one-share
+// bound above holds only for pools with caps (the user-space pools).
+//
+// # Edges
+//
+//   - A node that holds more than its new allotment (or a project more than
+//     its new cap) refuses new permits until releases bring it under. No
+//     permit is taken back, no socket is closed; the fleet is over S by that
+//     excess until those releases.
+//   - A newcomer finds the fleet's floor F unallocated whenever some project
+//     is past its share; that room is spare, spread over the nodes, so a
+//     newcomer is admitted at once on the nodes that hold some of it
+//     (F >= nodes: every node) and within one publication and one
+//     computation (about a second) everywhere. When every project wants
+//     less than its share, U is larger still. When the fleet is exactly
+//     divided among projects that each want at least their share (U = 0,
+//     e.g. one project alone holding all of S, as on a node), a newcomer
+//     waits for that cycle: the immediate floor of a node's rule is not
+//     guaranteed at fleet scope on every node.
+//   - A node whose lease expired is not in the computation: its projects'
+//     wants are gone and its allotment is handed to the others.
+//   - A node that cannot reach etcd keeps its last allotment and caps and
+//     lowers them, linearly over one lease period, toward its safe slice:
+//     floor(S · safe_fraction), safe_fraction defaulting to one over the
+//     number of nodes it last saw. It never raises them while cut off. The
+//     others drop it once its lease expires, so during a partition the
+//     fleet may hold up to S plus the cut-off nodes' safe slices; that is
+//     the price of every node keeping working without etcd.
+//
+// Compute is a pure function; Member runs it against etcd.
+package fleet
