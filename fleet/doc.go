@@ -41,9 +41,11 @@
 //	cap(n,p)     = part(n,p)
 //
 // The spare is not in any cap: it is the room of projects new on a node
-// since the last computation. (Were it open to every project, the first to
-// take it would keep it, within its cap, and a hungrier project of the same
-// node would find the pool full short of its own part.)
+// since the last computation, each of which is capped at spare(n) until
+// the computation that includes it. (Were the spare open to every project,
+// the first to take it would keep it, within its cap, and a hungrier
+// project of the same node would find the pool full short of its own
+// part.)
 //
 // # Guarantees
 //
@@ -53,7 +55,7 @@
 //     publication takes to reach both, well under a second.)
 //   - A project holds at most a(p) on the fleet, plus what it took as a
 //     newcomer on a node before its first computation there (at most that
-//     node's spare). While every project asks for at least its share,
+//     node's spare, itself at most U). While every project asks for at least its share,
 //     a(p) = share: a project on many nodes holds no more than one share
 //     fleet-wide, its share split among its nodes.
 //   - Under steady demand each project's allocation is its max-min fair
@@ -74,9 +76,11 @@
 // the local floor would hold back permits the fleet granted (a node with two
 // projects whose caps are 3 and 6 would stop the second at POOL - FLOOR =
 // 8, one short). A project the fleet has not seen yet (new on this node
-// since the last computation) has no cap and follows the node's rule within
-// the allotment: it is admitted at once into the node's free room, and gets
-// its own allocation at the next computation after the node publishes it.
+// since the last computation) is capped at the node's spare: it is
+// admitted at once into that room, and gets its own allocation at the next
+// computation after the node publishes it. Before its first view of the
+// fleet, and while cut off from etcd, a node has no caps: its rule divides
+// its allotment (then its safe slice) among its projects.
 //
 // The kernel's connections pool has no per-project cap: there, the fleet
 // moves the node's POOL only, and the node's rule divides it. A project on
@@ -101,8 +105,9 @@
 //     guaranteed at fleet scope on every node.
 //   - A node whose lease expired is not in the computation: its projects'
 //     wants are gone and its allotment is handed to the others.
-//   - A node that cannot reach etcd keeps its last allotment and caps and
-//     lowers them, linearly over one lease period, toward its safe slice:
+//   - A node that cannot reach etcd for a lease period keeps its last
+//     allotment and lowers it, linearly over the next lease period, toward
+//     its safe slice, dropping the caps (its rule divides the allotment):
 //     floor(S · safe_fraction), safe_fraction defaulting to one over the
 //     number of nodes it last saw. It never raises them while cut off. The
 //     others drop it once its lease expires, so during a partition the

@@ -107,7 +107,7 @@ func TestSteadyDemand(t *testing.T) {
 				if a.Size == 0 {
 					_ = nodes[n].Resize(0, 0)
 				}
-				nodes[n].SetCaps(a.Caps)
+				nodes[n].SetCaps(a.Caps, a.Spare)
 				inUse += nodes[n].Snapshot().InUse
 			}
 			// Over the size only by what a shrinking allotment left held

@@ -13,7 +13,7 @@ import (
 // held refuses until releases, and raising it wakes a blocked Acquire.
 func TestCaps(t *testing.T) {
 	p := mustPool(t, 12, 0, newFakeClock())
-	p.SetCaps(map[string]int{"a": 3, "b": 9})
+	p.SetCaps(map[string]int{"a": 3, "b": 9}, -1)
 	a := acquireN(t, p, "a", 3)
 	if r := mustRefuse(t, p, "a"); r.Reason != ReasonOverCap || r.Share != 3 {
 		t.Fatalf("a at its cap: %+v", r)
@@ -26,7 +26,7 @@ func TestCaps(t *testing.T) {
 	}
 	mustRefuse(t, p, "c")
 	// Lower b's cap to 4: b holds 9 and is refused until under 4.
-	p.SetCaps(map[string]int{"a": 3, "b": 4})
+	p.SetCaps(map[string]int{"a": 3, "b": 4}, -1)
 	releaseAll(t, p, b[:4])
 	mustRefuse(t, p, "b") // holds 5 >= 4
 	releaseAll(t, p, b[4:5])
@@ -48,14 +48,22 @@ func TestCaps(t *testing.T) {
 		t.Fatalf("a admitted over its cap: %v", err)
 	case <-time.After(50 * time.Millisecond):
 	}
-	p.SetCaps(map[string]int{"a": 4})
+	p.SetCaps(map[string]int{"a": 4}, -1)
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
 	// nil removes the caps: the rule is back (b and c still active, a
 	// over its share stops at POOL - FLOOR).
-	p.SetCaps(nil)
+	p.SetCaps(nil, 0)
 	releaseAll(t, p, append(a, c...))
+	// Others capped: an unnamed project is held to that cap.
+	p.SetCaps(map[string]int{}, 2)
+	d := acquireN(t, p, "d", 2)
+	if r := mustRefuse(t, p, "d"); r.Reason != ReasonOverCap {
+		t.Fatalf("d over the others' cap: %+v", r)
+	}
+	releaseAll(t, p, d)
+	p.SetCaps(nil, 0)
 	acquireN(t, p, "a", 11)
 	if r := mustRefuse(t, p, "a"); r.Reason != ReasonOverShare {
 		t.Fatalf("a without a cap: %+v", r)

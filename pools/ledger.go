@@ -56,6 +56,9 @@ type ledger struct {
 	// caps bounds what the projects it names may hold, in place of the
 	// share (see doc.go, Caps); package fleet sets them.
 	caps map[string]int
+	// capOthers is the cap of the projects caps does not name, while caps
+	// is set; -1: they keep the rule.
+	capOthers int
 	// forgotten sums the counts of the projects forgotten so far, so that
 	// at every instant admitted (refused) is the sum over the projects
 	// known plus forgotten's.
@@ -156,13 +159,16 @@ func (l *ledger) capOf(name string) int {
 	if c, ok := l.caps[name]; ok {
 		return c
 	}
+	if l.caps != nil {
+		return l.capOthers
+	}
 	return -1
 }
 
 // setCaps replaces every cap (nil: none); the caps outlive a project's
 // state, as dry-run does.
-func (l *ledger) setCaps(caps map[string]int) {
-	l.caps = caps
+func (l *ledger) setCaps(caps map[string]int, others int) {
+	l.caps, l.capOthers = caps, others
 	for name, idx := range l.index {
 		l.projects[idx].cap = l.capOf(name)
 	}

@@ -278,16 +278,20 @@ func (p *Pool) Resize(size, floor int) error {
 	return nil
 }
 
-// SetCaps replaces the pool's per-project caps (nil or empty: none). A
-// project with a cap is admitted while it holds fewer than its cap and
-// in_use < POOL, in place of the share and the floor; the others keep the
-// rule. A cap below what a project holds refuses it until releases bring it
+// SetCaps replaces the pool's per-project caps (nil: none). A project
+// with a cap is admitted while it holds fewer than its cap and
+// in_use < POOL, in place of the share and the floor. While caps is not
+// nil, the projects it does not name have the cap others, or keep the rule
+// when others < 0. A cap below what a project holds refuses it until releases bring it
 // under; nothing held is taken back. The caps outlive the projects' state.
 // Package fleet sets them from the fleet's allotment.
-func (p *Pool) SetCaps(caps map[string]int) {
+func (p *Pool) SetCaps(caps map[string]int, others int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.l.setCaps(maps.Clone(caps))
+	if caps != nil {
+		caps = maps.Clone(caps)
+	}
+	p.l.setCaps(caps, others)
 	p.wakeLocked()
 }
 

@@ -80,7 +80,11 @@ func TestConfigValidation(t *testing.T) {
 	if s := p.Snapshot(); s.Floor != 5 || s.Size != 100 || s.Share != 100 || s.Name != "x" {
 		t.Fatalf("defaults: %+v", s)
 	}
-	if err := p.Resize(0, 0); !errors.Is(err, ErrInvalidConfig) {
-		t.Fatalf("Resize(0): %v", err)
+	// Resize(0, 0) is valid (admits nobody: TestResizeZero); below 0, or
+	// 0 with a floor, is not.
+	for _, c := range [][2]int{{-1, 0}, {0, 1}, {3, 4}} {
+		if err := p.Resize(c[0], c[1]); !errors.Is(err, ErrInvalidConfig) {
+			t.Fatalf("Resize(%d, %d): %v", c[0], c[1], err)
+		}
 	}
 }

@@ -1,0 +1,496 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/clock"
+	"github.com/fairshare-dev/fairshare/pools"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Target is the local pool a fleet pool drives: the one call a node pool
+// (a user-space pool, the kernel's connections pool, a destination pool)
+// needs to follow its allotment.
+type Target interface {
+	// SetSize sets the pool's local POOL (0: admit nobody). Permits held
+	// past it stay held; the pool refuses until under.
+	SetSize(size int) error
+}
+
+// Capper is a Target that also takes per-project caps (see the package
+// doc, Locally). A Target without it gets the allotment only.
+type Capper interface {
+	// SetCaps replaces the per-project caps; others is the cap of the
+	// projects caps does not name (the newcomers: the node's spare).
+	SetCaps(caps map[string]int, others int) error
+}
+
+// Usage is one project's state in the local pool, as the Source reads it.
+type Usage struct {
+	Held int
+	// Refused is the pool's running count of the project's refusals; the
+	// Member publishes its growth since the previous publication.
+	Refused uint64
+	Active  bool
+}
+
+// Source reads the local pool's projects, once a publication period.
+type Source interface {
+	Usage() (map[string]Usage, error)
+}
+
+// Defaults of Config.
+const (
+	DefaultPeriod   = time.Second
+	DefaultLeaseTTL = 5 * time.Second
+)
+
+// Config configures a Member.
+type Config struct {
+	Client *clientv3.Client
+	// Prefix is the fleet's key prefix ("/fairshare"); Pool the pool's
+	// name; Node this node's name. The node publishes under
+	// Prefix/Pool/nodes/Node.
+	Prefix, Pool, Node string
+	// Size and Floor are the fleet's S and F (Floor 0: the default).
+	Size, Floor int
+	// SafeFraction is the part of Size a node cut off from etcd decays to;
+	// 0 means one over the number of nodes it last saw.
+	SafeFraction float64
+	// Period is the publication period (DefaultPeriod): at most one write
+	// per Period.
+	Period time.Duration
+	// LeaseTTL is the lease of the node's key (DefaultLeaseTTL): a node
+	// silent that long drops out of the others' computation, and a node that
+	// reached no etcd member that long counts itself cut off.
+	LeaseTTL time.Duration
+	Target   Target
+	Source   Source
+	Log      *slog.Logger
+	Clock    clock.Clock
+	// OnState, if set, is called on each change of State (connected, cut
+	// off, back), outside the Member's lock.
+	OnState func(Status)
+}
+
+// States of a Member.
+const (
+	// StateWaiting: started, no answer from etcd yet; the pool has its
+	// safe slice.
+	StateWaiting = "waiting for etcd"
+	// StateConnected: the allotment follows the fleet.
+	StateConnected = "connected"
+	// StateCutOff: no etcd member answered for a lease period; the
+	// allotment decays toward the safe slice.
+	StateCutOff = "cut off from etcd: decaying to the safe slice"
+)
+
+// Status is a Member's view, for status and metrics.
+type Status struct {
+	Pool, Node, State string
+	// Size, Floor, Active and Share are the fleet's (see Plan).
+	Size, Floor, Active, Share int
+	// Allotment is this node's POOL as applied (decayed, when cut off);
+	// Spare its part nobody was allocated; Safe the safe slice.
+	Allotment, Spare, Safe int
+	// Nodes is the number of live nodes in the last view.
+	Nodes int
+	// Since is when State last changed.
+	Since time.Time
+	// Writes counts this node's publications (etcd puts).
+	Writes uint64
+	// Projects is each project's fleet view, by name.
+	Projects map[string]ProjectStatus
+}
+
+// ProjectStatus is one project's line in Status.
+type ProjectStatus struct {
+	// Alloc is its fleet allocation (a(p)); FleetHeld what it holds on the
+	// fleet as published; Cap its cap on this node (-1: none); Held what
+	// it holds here now.
+	Alloc, FleetHeld, Cap, Held int
+	Nodes                       int
+}
+
+// Member is one node's part in one fleet pool: it publishes the pool's
+// demand, watches the others', and sets the local pool from the plan.
+type Member struct {
+	cfg Config
+	key string
+	dir string // Prefix/Pool/nodes/
+
+	mu sync.Mutex // guards the fields below
+	// view is each live node's last publication, by node name.
+	view      map[string]Node
+	plan      Plan
+	applied   Allotment // what SetSize/SetCaps last got
+	haveApply bool
+	state     string
+	since     time.Time
+	lastOK    time.Time // last answer from etcd
+	lastRenew time.Time // last lease grant or renewal
+	decayFrom Allotment // the allotment when cut off began
+	lastSeen  int       // nodes in the last view, for the default safe slice
+	usage     map[string]Usage
+	writes    uint64
+	refused   map[string]uint64 // running refusal counts at the last publication
+	published []byte
+	lease     clientv3.LeaseID
+	pubLease  clientv3.LeaseID // the lease of the last publication
+}
+
+// New validates cfg and returns a Member; Run starts it.
+func New(cfg Config) (*Member, error) {
+	if cfg.Client == nil || cfg.Target == nil || cfg.Source == nil {
+		return nil, errors.New("fleet: client, target and source are required")
+	}
+	if cfg.Size <= 0 {
+		return nil, fmt.Errorf("fleet pool %s: size %d must be > 0", cfg.Pool, cfg.Size)
+	}
+	if cfg.Node == "" || strings.Contains(cfg.Node, "/") || cfg.Pool == "" || strings.Contains(cfg.Pool, "/") {
+		return nil, fmt.Errorf("fleet pool %q node %q: names must be non-empty and have no '/'", cfg.Pool, cfg.Node)
+	}
+	if cfg.SafeFraction < 0 || cfg.SafeFraction > 1 {
+		return nil, fmt.Errorf("fleet pool %s: safe_fraction %v not in [0, 1]", cfg.Pool, cfg.SafeFraction)
+	}
+	if cfg.Period <= 0 {
+		cfg.Period = DefaultPeriod
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	cfg.Clock = clock.Or(cfg.Clock)
+	cfg.Floor = pools.EffectiveFloor(cfg.Size, cfg.Floor)
+	dir := strings.TrimSuffix(cfg.Prefix, "/") + "/" + cfg.Pool + "/nodes/"
+	m := &Member{cfg: cfg, dir: dir, key: dir + cfg.Node, view: map[string]Node{}, refused: map[string]uint64{},
+		state: StateWaiting, since: cfg.Clock.Now()}
+	return m, nil
+}
+
+// safeLocked is the safe slice: Size·SafeFraction, or Size over the nodes
+// last seen; before any view, with no SafeFraction, the fleet's floor.
+func (m *Member) safeLocked() int {
+	switch {
+	case m.cfg.SafeFraction > 0:
+		return int(float64(m.cfg.Size) * m.cfg.SafeFraction)
+	case m.lastSeen > 0:
+		return m.cfg.Size / m.lastSeen
+	default:
+		return m.cfg.Floor
+	}
+}
+
+// Run publishes, watches and applies until ctx ends; then it revokes the
+// lease (best effort), so the others take this node's allotment back at
+// once rather than after the lease.
+func (m *Member) Run(ctx context.Context) error {
+	m.mu.Lock()
+	m.applyLocked(Allotment{Size: m.safeLocked()})
+	m.mu.Unlock()
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); m.watchLoop(ctx) }()
+	t := time.NewTicker(m.cfg.Period)
+	defer t.Stop()
+	for {
+		m.tick(ctx)
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			m.mu.Lock()
+			lease := m.lease
+			m.mu.Unlock()
+			if lease != 0 {
+				rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				_, _ = m.cfg.Client.Revoke(rctx, lease)
+				cancel()
+			}
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// tick runs once a period: read the pool, keep the lease, publish what
+// changed, and decay when cut off.
+func (m *Member) tick(ctx context.Context) {
+	usage, err := m.cfg.Source.Usage()
+	if err != nil {
+		m.cfg.Log.Warn("fleet: reading the local pool", "pool", m.cfg.Pool, "err", err)
+	}
+	m.mu.Lock()
+	if err == nil {
+		m.usage = usage
+	}
+	node := Node{Name: m.cfg.Node, Projects: map[string]Demand{}}
+	next := map[string]uint64{}
+	for p, u := range m.usage {
+		d := Demand{Held: u.Held, Active: u.Active}
+		// Refusals since the last publication; all of them for a project
+		// new since (or whose count restarted, forgotten and back).
+		if last, ok := m.refused[p]; ok && u.Refused >= last {
+			d.Refused = u.Refused - last
+		} else {
+			d.Refused = u.Refused
+		}
+		next[p] = u.Refused
+		if d.Held > 0 || d.Active || d.Refused > 0 {
+			node.Projects[p] = d
+		}
+	}
+	body, _ := json.Marshal(node)
+	lease := m.lease
+	changed := !bytes.Equal(body, m.published)
+	m.mu.Unlock()
+
+	ok := m.keepLease(ctx, &lease)
+	m.mu.Lock()
+	changed = changed || lease != m.pubLease
+	m.mu.Unlock()
+	if ok && changed {
+		pctx, cancel := context.WithTimeout(ctx, m.cfg.Period)
+		_, err := m.cfg.Client.Put(pctx, m.key, string(body), clientv3.WithLease(lease))
+		cancel()
+		if err == nil {
+			m.mu.Lock()
+			m.published, m.refused, m.writes, m.pubLease = body, next, m.writes+1, lease
+			m.lastOK = m.cfg.Clock.Now()
+			m.mu.Unlock()
+		} else {
+			ok = false
+			m.cfg.Log.Debug("fleet: publishing", "pool", m.cfg.Pool, "err", err)
+		}
+	}
+	m.mu.Lock()
+	m.lease = lease
+	if ok {
+		m.lastOK = m.cfg.Clock.Now()
+	}
+	st := m.stepLocked()
+	m.mu.Unlock()
+	if st != nil && m.cfg.OnState != nil {
+		m.cfg.OnState(*st)
+	}
+}
+
+// keepLease renews the node's lease (granting one when it has none or etcd
+// forgot it), about three times a lease period. It reports whether etcd
+// answered. *lease changes when a new lease was granted: the caller then
+// publishes again under it.
+func (m *Member) keepLease(ctx context.Context, lease *clientv3.LeaseID) bool {
+	m.mu.Lock()
+	due := *lease == 0 || m.cfg.Clock.Now().Sub(m.lastRenew) >= m.cfg.LeaseTTL/3
+	m.mu.Unlock()
+	if !due {
+		return true
+	}
+	cctx, cancel := context.WithTimeout(ctx, m.cfg.Period)
+	defer cancel()
+	if *lease != 0 {
+		_, err := m.cfg.Client.KeepAliveOnce(cctx, *lease)
+		if err == nil {
+			m.renewed()
+			return true
+		}
+		if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			m.cfg.Log.Debug("fleet: renewing the lease", "pool", m.cfg.Pool, "err", err)
+			return false
+		}
+		m.cfg.Log.Warn("fleet: the lease expired; this node dropped out of the fleet until it publishes again", "pool", m.cfg.Pool)
+	}
+	g, err := m.cfg.Client.Grant(cctx, int64((m.cfg.LeaseTTL+time.Second-1)/time.Second))
+	if err != nil {
+		m.cfg.Log.Debug("fleet: granting a lease", "pool", m.cfg.Pool, "err", err)
+		return false
+	}
+	*lease = g.ID
+	m.renewed()
+	return true
+}
+
+func (m *Member) renewed() {
+	m.mu.Lock()
+	m.lastRenew = m.cfg.Clock.Now()
+	m.mu.Unlock()
+}
+
+// stepLocked moves the state on (connected, cut off) and applies the
+// allotment: the plan's while connected, the decaying one when cut off. It
+// returns the status when the state changed.
+func (m *Member) stepLocked() *Status {
+	now := m.cfg.Clock.Now()
+	old := m.state
+	cut := m.lastOK.IsZero() || now.Sub(m.lastOK) > m.cfg.LeaseTTL
+	switch {
+	case !cut && m.state != StateConnected:
+		if _, mine := m.view[m.cfg.Node]; mine {
+			m.state = StateConnected
+		}
+	case cut && m.state == StateConnected:
+		m.state = StateCutOff
+		m.decayFrom = m.applied
+	}
+	switch m.state {
+	case StateConnected:
+		m.applyLocked(m.plan.Nodes[m.cfg.Node])
+	case StateCutOff:
+		// Linearly from the last allotment down to the safe slice over one
+		// lease period; never up.
+		safe := m.safeLocked()
+		from := m.decayFrom.Size
+		size := from
+		if from > safe {
+			f := min(1, float64(now.Sub(m.lastOK)-m.cfg.LeaseTTL)/float64(m.cfg.LeaseTTL))
+			size = from - int(f*float64(from-safe))
+		}
+		// No caps: they came from a view going stale, and a project new
+		// here would never get one. The node's rule divides what is left.
+		m.applyLocked(Allotment{Size: min(size, m.applied.Size)})
+	}
+	if m.state == old {
+		return nil
+	}
+	m.since = now
+	m.cfg.Log.Warn("fleet: "+m.state, "pool", m.cfg.Pool, "node", m.cfg.Node, "allotment", m.applied.Size,
+		"safe", m.safeLocked(), "nodes_last_seen", m.lastSeen)
+	st := m.statusLocked()
+	return &st
+}
+
+// applyLocked sets the local pool when the allotment changed.
+func (m *Member) applyLocked(a Allotment) {
+	if m.haveApply && a.Size == m.applied.Size && a.Spare == m.applied.Spare && maps.Equal(a.Caps, m.applied.Caps) {
+		return
+	}
+	if err := m.cfg.Target.SetSize(a.Size); err != nil {
+		m.cfg.Log.Error("fleet: setting the local pool", "pool", m.cfg.Pool, "size", a.Size, "err", err)
+		return
+	}
+	if c, ok := m.cfg.Target.(Capper); ok {
+		if err := c.SetCaps(a.Caps, a.Spare); err != nil {
+			m.cfg.Log.Error("fleet: setting the caps", "pool", m.cfg.Pool, "err", err)
+		}
+	}
+	m.applied, m.haveApply = a, true
+}
+
+// watchLoop keeps the view: a read of the pool's nodes, then a watch from
+// the revision after it; it starts again when the watch ends (compaction,
+// a lost member).
+func (m *Member) watchLoop(ctx context.Context) {
+	for ctx.Err() == nil {
+		gctx, cancel := context.WithTimeout(ctx, m.cfg.Period)
+		resp, err := m.cfg.Client.Get(gctx, m.dir, clientv3.WithPrefix())
+		cancel()
+		if err != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(m.cfg.Period / 2):
+			}
+			continue
+		}
+		view := map[string]Node{}
+		for _, kv := range resp.Kvs {
+			if n, ok := m.decode(kv.Key, kv.Value); ok {
+				view[n.Name] = n
+			}
+		}
+		m.setView(view)
+		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		for wr := range m.cfg.Client.Watch(wctx, m.dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+			if wr.Err() != nil {
+				break
+			}
+			m.mu.Lock()
+			next := maps.Clone(m.view)
+			m.mu.Unlock()
+			for _, ev := range wr.Events {
+				name := strings.TrimPrefix(string(ev.Kv.Key), m.dir)
+				if ev.Type == clientv3.EventTypeDelete {
+					delete(next, name)
+				} else if n, ok := m.decode(ev.Kv.Key, ev.Kv.Value); ok {
+					next[n.Name] = n
+				}
+			}
+			m.setView(next)
+		}
+		wcancel()
+	}
+}
+
+func (m *Member) decode(key, value []byte) (Node, bool) {
+	name := strings.TrimPrefix(string(key), m.dir)
+	var n Node
+	if name == "" || strings.Contains(name, "/") || json.Unmarshal(value, &n) != nil {
+		m.cfg.Log.Warn("fleet: ignoring a malformed key", "key", string(key))
+		return n, false
+	}
+	n.Name = name
+	return n, true
+}
+
+// setView recomputes the plan from a new view and applies it.
+func (m *Member) setView(view map[string]Node) {
+	nodes := make([]Node, 0, len(view))
+	for _, n := range view {
+		nodes = append(nodes, n)
+	}
+	plan := Compute(m.cfg.Size, m.cfg.Floor, nodes)
+	m.mu.Lock()
+	m.view, m.plan = view, plan
+	if len(view) > 0 {
+		m.lastSeen = len(view)
+	}
+	m.lastOK = m.cfg.Clock.Now()
+	st := m.stepLocked()
+	m.mu.Unlock()
+	if st != nil && m.cfg.OnState != nil {
+		m.cfg.OnState(*st)
+	}
+}
+
+// Status returns the Member's view.
+func (m *Member) Status() Status {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.statusLocked()
+}
+
+func (m *Member) statusLocked() Status {
+	st := Status{Pool: m.cfg.Pool, Node: m.cfg.Node, State: m.state, Size: m.cfg.Size, Floor: m.cfg.Floor,
+		Active: m.plan.Active, Share: m.plan.Share, Allotment: m.applied.Size, Spare: m.applied.Spare,
+		Safe: m.safeLocked(), Nodes: len(m.view), Since: m.since, Writes: m.writes, Projects: map[string]ProjectStatus{}}
+	if st.Share == 0 {
+		st.Share = m.cfg.Size
+	}
+	for p, pp := range m.plan.Projects {
+		c, ok := m.applied.Caps[p]
+		if !ok {
+			c = -1
+		}
+		st.Projects[p] = ProjectStatus{Alloc: pp.Alloc, FleetHeld: pp.Held, Cap: c, Nodes: pp.Nodes, Held: m.usage[p].Held}
+	}
+	for p, u := range m.usage {
+		if _, ok := st.Projects[p]; !ok && (u.Held > 0 || u.Active) {
+			st.Projects[p] = ProjectStatus{Cap: -1, Held: u.Held}
+		}
+	}
+	return st
+}
