@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/fairshare-dev/fairshare/loader/limits"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/sockdiag"
 )
@@ -476,3 +477,34 @@ func (l *Limiter) reservationsByProject() (map[uint64]int, error) {
 const kindExemptOut = 4
 
 func isExemptKind(k uint32) bool { return k >= kindExemptOut }
+
+// SetPool changes POOL and FLOOR in force (floor 0: the default for size),
+// as a fleet pool's allotment moves (package fleet). Size 0 admits nobody.
+// Permits held stay held: past the new POOL, the programs refuse until
+// releases bring in_use under. The size cannot pass the permit map's
+// capacity, set for the size the limiter was opened with.
+func (l *Limiter) SetPool(size, floor uint32) error {
+	if size == 0 {
+		floor = 0
+	} else {
+		floor = uint32(pools.EffectiveFloor(int(size), int(floor)))
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	if size > l.held || size > limits.MaxPoolSize || floor > size {
+		return fmt.Errorf("pool %d floor %d (permit map of %d entries): %w", size, floor, l.held, ErrInvalidOptions)
+	}
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading config map: %w", err)
+	}
+	cfg.Pool, cfg.Floor = size, floor
+	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("writing config map: %w", err)
+	}
+	l.size, l.floor = size, floor
+	return nil
+}
