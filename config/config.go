@@ -66,6 +66,7 @@ type Config struct {
 	Projects     Projects        `yaml:"projects"`
 	Events       Events          `yaml:"events"`
 	Kubernetes   Kubernetes      `yaml:"kubernetes"`
+	Fleet        Fleet           `yaml:"fleet"`
 }
 
 // Events configures the stream of refusals and repairs (package events).
@@ -179,6 +180,9 @@ type Pool struct {
 	// Enforce false puts the pool in dry-run: what the rule would refuse
 	// is admitted and counted as would_refuse. Unset means true.
 	Enforce *bool `yaml:"enforce,omitempty"`
+	// Fleet makes the size the fleet's total, divided among the nodes of
+	// fleet.prefix through etcd (package fleet).
+	Fleet bool `yaml:"fleet,omitempty"`
 }
 
 // Enforced reports whether the pool enforces its rule (not dry-run).
@@ -501,6 +505,9 @@ func (c *Config) Validate() error {
 	if m := c.Connections.ExemptMax; m < 0 || m > c.Pools[PoolConnections].Size {
 		return bad("connections.exempt_max must be between 0 and pools.connections.size (%d), got %d",
 			c.Pools[PoolConnections].Size, m)
+	}
+	if err := c.checkFleet(); err != nil {
+		return bad("%v", err)
 	}
 	if err := c.checkValues(); err != nil {
 		return bad("%v", err)

@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package config
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestFleetKeys(t *testing.T) {
+	c := Default()
+	good := "fleet: {etcd: [http://127.0.0.1:2379, https://etcd-1:2379], node: n1, prefix: /fs, safe_fraction: 0.25, lease_ttl: 3s}\n" +
+		"pools: {db: {size: 12, fleet: true}, requests: {size: 10, fleet: true}}\n"
+	if err := Parse(strings.NewReader(good), &c); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.FleetPools(); strings.Join(got, ",") != "requests,db" && strings.Join(got, ",") != "db,requests" {
+		t.Fatalf("fleet pools %v", got)
+	}
+	if c.Fleet.Prefix != "/fs" || c.Fleet.SafeFraction != 0.25 {
+		t.Fatalf("fleet %+v", c.Fleet)
+	}
+	if d := Default(); d.Fleet.Prefix != "/fairshare" || len(d.FleetPools()) != 0 {
+		t.Fatalf("defaults: %+v", d.Fleet)
+	}
+	missing := filepath.Join(t.TempDir(), "nope.pem")
+	for _, tt := range []struct{ in, want string }{
+		{"pools: {db: {size: 12, fleet: true}}", "fleet.etcd lists no endpoint"},
+		{"fleet: {etcd: [http://e:2379]}\npools: {residents: {size: 12, fleet: true}}", "pools.residents.fleet"},
+		{"bpf: false\nfleet: {etcd: [http://e:2379]}\npools: {connections: {size: 12, fleet: true}}", "needs bpf: true"},
+		{"fleet: {etcd: [etcd-0:2379]}", "fleet.etcd[0]"},
+		{"fleet: {etcd: [ftp://e:2379]}", "fleet.etcd[0]"},
+		{"fleet: {node: a/b}", "fleet.node"},
+		{"fleet: {prefix: fs}", "fleet.prefix"},
+		{"fleet: {prefix: /fs/}", "fleet.prefix"},
+		{"fleet: {safe_fraction: 1.5}", "fleet.safe_fraction"},
+		{"fleet: {safe_fraction: -0.1}", "fleet.safe_fraction"},
+		{"fleet: {lease_ttl: 1s}", "fleet.lease_ttl"},
+		{"fleet: {tls: {cert: /x}}", "fleet.tls.cert and fleet.tls.key"},
+		{"fleet: {tls: {ca: " + missing + "}}", "fleet.tls.ca"},
+		{"fleet: {etcdd: []}", "etcdd"},
+	} {
+		c := Default()
+		err := Parse(strings.NewReader(tt.in), &c)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q: %v, want ErrInvalid naming %q", tt.in, err, tt.want)
+		}
+	}
+}
