@@ -164,6 +164,9 @@ type Pool struct {
 	// Lapse is the kernel's pool's heartbeat and lapse
 	// (connections.lapse_after), if the pins have one.
 	Lapse *Lapse `json:"lapse,omitempty"`
+	// Fleet is the pool's fleet view, when it is a fleet pool: then Size is
+	// this node's allotment, and Fleet.Size the fleet's.
+	Fleet *Fleet `json:"fleet,omitempty"`
 }
 
 // Lapse is the state of the kernel's lapse: the daemon renews a heartbeat
@@ -180,6 +183,41 @@ type Lapse struct {
 	// Admitted counts the refusals admitted because enforcement had
 	// lapsed (in Admitted too).
 	Admitted uint64 `json:"admitted"`
+}
+
+// Fleet is a fleet pool as one node sees it (package fleet).
+type Fleet struct {
+	Node string `json:"node"`
+	// State is "connected", "waiting for etcd" or "cut off from etcd: ...".
+	State string    `json:"state"`
+	Since time.Time `json:"since"`
+	// Size, Floor, Active and Share are the fleet's; Allotment this node's
+	// POOL, Spare its part nobody was allocated (its newcomers' room), Safe
+	// the safe slice it decays to when cut off.
+	Size      int `json:"size"`
+	Floor     int `json:"floor"`
+	Active    int `json:"active"`
+	Share     int `json:"share"`
+	Allotment int `json:"allotment"`
+	Spare     int `json:"spare"`
+	Safe      int `json:"safe"`
+	// Nodes is the number of live nodes in the last view; Writes this
+	// node's publications to etcd.
+	Nodes    int            `json:"nodes"`
+	Writes   uint64         `json:"writes"`
+	Projects []FleetProject `json:"projects"`
+}
+
+// FleetProject is one project of a fleet pool: its fleet allocation, what
+// it holds on the fleet (as published) and here, and its cap here (-1:
+// none, the node's rule).
+type FleetProject struct {
+	Project   string `json:"project"`
+	Alloc     int    `json:"alloc"`
+	FleetHeld int    `json:"fleet_held"`
+	Nodes     int    `json:"nodes"`
+	Cap       int    `json:"cap"`
+	Held      int    `json:"held"`
 }
 
 // Consistent checks what Status promises of a pool: its rows add up to its

@@ -23,6 +23,7 @@ func (d *Daemon) Status(context.Context) (admin.Status, error) {
 		if err != nil {
 			return admin.Status{}, err
 		}
+		ps.Fleet = d.fleet.status(ps.Name)
 		st.Pools = append(st.Pools, ps)
 	}
 	if d.kernel != nil {

@@ -75,6 +75,7 @@ type Daemon struct {
 	store     *policy.Store
 	projects  *projects   // the membership: which cgroups are in which project
 	kernel    *kernelSide // the connections pool in the kernel; nil without BPF
+	fleet     *fleetSide  // the fleet pools' etcd side; nil without fleet pools
 	pools     []pool      // every pool, by name, for the control loop and Status
 	requests  *pools.Pool
 	others    map[string]*pools.Pool // flights and extra pools, served by permitd
@@ -222,6 +223,13 @@ func New(opts Options) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	if err := d.buildFleet(); err != nil {
+		return nil, err
+	}
+	if d.fleet != nil {
+		undo.add(func() { d.fleet.close() })
+	}
+
 	list, err := d.storedPolicies()
 	if err != nil {
 		return nil, err
@@ -557,6 +565,9 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		return nil
 	})
 	g.Go(func() error { return d.loop(gctx) })
+	if d.fleet != nil {
+		g.Go(func() error { return d.fleet.run(gctx) })
+	}
 	if d.kernel != nil {
 		g.Go(func() error { return d.kernel.readRefusals(gctx, d.events) })
 	}
@@ -688,6 +699,10 @@ func (d *Daemon) closeParts() error {
 	}
 	if d.front != nil {
 		d.front.CloseIdle()
+	}
+	if d.fleet != nil {
+		errs = append(errs, d.fleet.close())
+		d.fleet = nil
 	}
 	if d.kernel != nil {
 		errs = append(errs, d.kernel.close(d.opts.DetachOnExit))

@@ -53,6 +53,10 @@ type Collector struct {
 	evPublished, evDropped, evLost            *prometheus.Desc
 	polRefused, polRefusals, polRefusedAt     *prometheus.Desc
 	polLoadedAt, polProjects                  *prometheus.Desc
+	fleetSize, fleetAllot, fleetSafe          *prometheus.Desc
+	fleetShare, fleetActive, fleetNodes       *prometheus.Desc
+	fleetConnected, fleetWrites               *prometheus.Desc
+	fleetAlloc, fleetHeld                     *prometheus.Desc
 
 	mu   sync.Mutex             // guards the fields below
 	sets map[string]*labels.Set // by group: "pool\x00<name>", "rates", "scheduler"
@@ -144,6 +148,17 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 		polRefusedAt: d("policies_file_last_refused_timestamp_seconds", "When a content of the policies file was last refused, as a Unix time."),
 		polLoadedAt:  d("policies_file_loaded_timestamp_seconds", "When the policies in force were read from the policies file, as a Unix time."),
 		polProjects:  d("policies_file_projects", "Projects the policies in force from the policies file name."),
+		fleetSize:    d("fleet_size", "A fleet pool's size: the fleet's total, which pool_size's allotment is this node's part of.", "pool"),
+		fleetAllot:   d("fleet_allotment", "This node's allotment of the fleet pool (its local POOL; decaying to the safe slice when cut off).", "pool"),
+		fleetSafe:    d("fleet_safe_slice", "The allotment this node decays to when cut off from etcd.", "pool"),
+		fleetShare:   d("fleet_share", "The fleet share: max(floor, fleet size / projects active on any node).", "pool"),
+		fleetActive:  d("fleet_active_projects", "Projects active on any node of the fleet.", "pool"),
+		fleetNodes:   d("fleet_nodes", "Live nodes (with a lease) in this node's last view of the fleet.", "pool"),
+		fleetConnected: d("fleet_connected",
+			"1 while the node's allotment follows the fleet through etcd, 0 while waiting for etcd or cut off from it.", "pool"),
+		fleetWrites: d("fleet_writes_total", "This node's publications of the pool's demand to etcd.", "pool"),
+		fleetAlloc:  d("fleet_project_allocation", "The project's allocation of the fleet pool: what it may hold fleet-wide.", "pool", "project"),
+		fleetHeld:   d("fleet_project_held", "What the project holds on the whole fleet, as the nodes published it.", "pool", "project"),
 	}
 }
 
@@ -158,7 +173,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.memMembers, c.memRefused, c.memSourceUp, c.nsFound, c.nsAttached, c.nsSweeps, c.nsSweep, c.nsErrors,
 
 		c.poolWould, c.poolEnforced, c.would, c.evPublished, c.evDropped, c.evLost,
-		c.polRefused, c.polRefusals, c.polRefusedAt, c.polLoadedAt, c.polProjects} {
+		c.polRefused, c.polRefusals, c.polRefusedAt, c.polLoadedAt, c.polProjects,
+		c.fleetSize, c.fleetAllot, c.fleetSafe, c.fleetShare, c.fleetActive, c.fleetNodes, c.fleetConnected, c.fleetWrites,
+		c.fleetAlloc, c.fleetHeld} {
 		ch <- d
 	}
 }
@@ -271,6 +288,9 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 	// The most permits held, then the most traffic.
 	ls.Assign(labels.Busiest(p.Projects, func(p admin.Project) string { return p.Project },
 		func(p admin.Project) [2]uint64 { return [2]uint64{uint64(max(p.Held, 0)), p.Admitted + p.Refused} }))
+	if p.Fleet != nil {
+		c.collectFleet(ch, p, ls)
+	}
 	type gauges struct{ held, sleeping int }
 	byLabel := map[string]*gauges{}
 	var order []string
@@ -329,6 +349,39 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 				counter(c.evictions, float64(ls.Total(l, "evictions\x00"+r)), p.Name, l, r)
 			}
 		}
+	}
+}
+
+// collectFleet sends a fleet pool's fleet view; its projects go by the
+// pool's labels (the busiest named, the rest in Other).
+func (c *Collector) collectFleet(ch chan<- prometheus.Metric, p admin.Pool, ls *labels.Set) {
+	f := p.Fleet
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	gauge(c.fleetSize, float64(f.Size), p.Name)
+	gauge(c.fleetAllot, float64(f.Allotment), p.Name)
+	gauge(c.fleetSafe, float64(f.Safe), p.Name)
+	gauge(c.fleetShare, float64(f.Share), p.Name)
+	gauge(c.fleetActive, float64(f.Active), p.Name)
+	gauge(c.fleetNodes, float64(f.Nodes), p.Name)
+	gauge(c.fleetConnected, b2f(f.State == "connected"), p.Name)
+	ch <- prometheus.MustNewConstMetric(c.fleetWrites, prometheus.CounterValue, float64(f.Writes), p.Name)
+	type sums struct{ alloc, held int }
+	by := map[string]*sums{}
+	var order []string
+	for _, pr := range f.Projects {
+		l := ls.Label(pr.Project)
+		if by[l] == nil {
+			by[l] = &sums{}
+			order = append(order, l)
+		}
+		by[l].alloc += pr.Alloc
+		by[l].held += pr.FleetHeld
+	}
+	for _, l := range order {
+		gauge(c.fleetAlloc, float64(by[l].alloc), p.Name, l)
+		gauge(c.fleetHeld, float64(by[l].held), p.Name, l)
 	}
 }
 

@@ -167,6 +167,7 @@ func printStatus(w io.Writer, st admin.Status) error {
 		}
 	}
 	printProjects(tw, st)
+	printFleet(tw, st)
 	if s := st.Scheduler; s != nil {
 		fmt.Fprintln(tw)
 		fmt.Fprintf(tw, "scheduler: in flight %d, dispatched P1 %d, P2 %d, P3 %d, waits %d (mean %s)\n", s.InFlight,
@@ -324,4 +325,28 @@ func sortedKeys(m map[string]bool) []string {
 		}
 	}
 	return out
+}
+
+// printFleet prints each fleet pool: the fleet's size, this node's
+// allotment and link to etcd, and each project's fleet share and holdings.
+func printFleet(tw io.Writer, st admin.Status) {
+	for _, p := range st.Pools {
+		f := p.Fleet
+		if f == nil {
+			continue
+		}
+		fmt.Fprintln(tw)
+		fmt.Fprintf(tw, "fleet pool %s: size %d across %d nodes, %d projects active, fleet share %d; node %s: allotment %d (spare %d, safe slice %d); %s since %s\n",
+			projectname.Display(p.Name), f.Size, f.Nodes, f.Active, f.Share, f.Node, f.Allotment, f.Spare, f.Safe, f.State,
+			f.Since.Format(time.RFC3339))
+		fmt.Fprintln(tw, "FLEET POOL\tPROJECT\tFLEET_SHARE\tFLEET_HELD\tNODES\tCAP_HERE\tHELD_HERE")
+		for _, pr := range f.Projects {
+			c := strconv.Itoa(pr.Cap)
+			if pr.Cap < 0 {
+				c = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\n", projectname.Display(p.Name), projectname.Display(pr.Project), pr.Alloc,
+				pr.FleetHeld, pr.Nodes, c, pr.Held)
+		}
+	}
 }

@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/events"
+	"github.com/fairshare-dev/fairshare/fleet"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// fleetSide is the daemon's part in the fleet pools: one etcd client and
+// one fleet.Member per pool marked fleet: true.
+type fleetSide struct {
+	client  *clientv3.Client
+	node    string
+	members map[string]*fleet.Member // by pool name
+}
+
+// buildFleet connects the fleet pools of the config (none: nothing). The
+// etcd client dials lazily: an etcd that is not there yet is the Members'
+// "waiting for etcd", not an error.
+func (d *Daemon) buildFleet() error {
+	names := d.cfg.FleetPools()
+	if len(names) == 0 {
+		return nil
+	}
+	fc := d.cfg.Fleet
+	node := fc.Node
+	if node == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("fleet.node is empty and the host name cannot be read: %w", err)
+		}
+		node = h
+	}
+	var tc *tls.Config
+	if fc.TLS.CA != "" || fc.TLS.Cert != "" {
+		info := transport.TLSInfo{TrustedCAFile: fc.TLS.CA, CertFile: fc.TLS.Cert, KeyFile: fc.TLS.Key}
+		var err error
+		if tc, err = info.ClientConfig(); err != nil {
+			return fmt.Errorf("fleet.tls: %w", err)
+		}
+	}
+	client, err := clientv3.New(clientv3.Config{Endpoints: fc.Etcd, DialTimeout: 2 * time.Second, TLS: tc,
+		Logger: zap.NewNop(), DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 2 * time.Second})
+	if err != nil {
+		return fmt.Errorf("fleet.etcd: %w", err)
+	}
+	f := &fleetSide{client: client, node: node, members: map[string]*fleet.Member{}}
+	d.fleet = f
+	log := d.log.With("part", "fleet")
+	for _, name := range names {
+		pc := d.cfg.Pools[name]
+		var target fleet.Target
+		var source fleet.Source
+		switch {
+		case name == config.PoolConnections:
+			kt := kernelFleet{d}
+			target, source = kt, kt
+		case name == config.PoolRequests:
+			pt := fleet.PoolTarget{Pool: d.requests}
+			target, source = pt, pt
+		default:
+			pt := fleet.PoolTarget{Pool: d.others[name]}
+			target, source = pt, pt
+		}
+		m, err := fleet.New(fleet.Config{Client: client, Prefix: fc.Prefix, Pool: name, Node: node,
+			Size: pc.Size, Floor: pc.Floor, SafeFraction: fc.SafeFraction, LeaseTTL: fc.LeaseTTL,
+			Target: target, Source: source, Log: log, Clock: d.opts.Clock, OnState: d.fleetState})
+		if err != nil {
+			return err
+		}
+		f.members[name] = m
+	}
+	log.Info("fleet pools", "pools", names, "node", node, "prefix", fc.Prefix, "etcd", fc.Etcd)
+	return nil
+}
+
+// fleetState turns a Member's change of state into an event.
+func (d *Daemon) fleetState(s fleet.Status) {
+	d.events.publish(events.Event{Time: time.Now(), Source: "daemon", Kind: events.KindFleet, Pool: s.Pool,
+		Reason: s.State, PoolSize: s.Allotment, Share: s.Share,
+		Detail: fmt.Sprintf("node %s: allotment %d of the fleet's %d, safe slice %d, %d nodes last seen", s.Node, s.Allotment, s.Size, s.Safe, s.Nodes)})
+}
+
+// run runs every Member until ctx ends.
+func (f *fleetSide) run(ctx context.Context) error {
+	done := make(chan struct{}, len(f.members))
+	for _, m := range f.members {
+		go func() { _ = m.Run(ctx); done <- struct{}{} }()
+	}
+	for range f.members {
+		<-done
+	}
+	return nil
+}
+
+func (f *fleetSide) close() error { return f.client.Close() }
+
+// status is the fleet view of pool name, nil when it is not a fleet pool.
+func (f *fleetSide) status(name string) *admin.Fleet {
+	if f == nil {
+		return nil
+	}
+	m, ok := f.members[name]
+	if !ok {
+		return nil
+	}
+	s := m.Status()
+	out := &admin.Fleet{Node: s.Node, State: s.State, Since: s.Since, Size: s.Size, Floor: s.Floor, Active: s.Active,
+		Share: s.Share, Allotment: s.Allotment, Spare: s.Spare, Safe: s.Safe, Nodes: s.Nodes, Writes: s.Writes,
+		Projects: make([]admin.FleetProject, 0, len(s.Projects))}
+	for p, ps := range s.Projects {
+		out.Projects = append(out.Projects, admin.FleetProject{Project: p, Alloc: ps.Alloc, FleetHeld: ps.FleetHeld,
+			Nodes: ps.Nodes, Cap: ps.Cap, Held: ps.Held})
+	}
+	sort.Slice(out.Projects, func(i, j int) bool { return out.Projects[i].Project < out.Projects[j].Project })
+	return out
+}
+
+// kernelFleet drives the kernel's connections pool: the allotment moves
+// its POOL (loader.SetPool); it has no per-project caps, so the node's rule
+// divides the allotment (see package fleet, Locally).
+// It reads the daemon's kernel side when used, as the fleet is built
+// before the kernel side (which a start builds last) and runs after it.
+type kernelFleet struct{ d *Daemon }
+
+func (kf kernelFleet) SetSize(size int) error { return kf.d.kernel.lim.SetPool(uint32(size), 0) }
+
+func (kf kernelFleet) Usage() (map[string]fleet.Usage, error) {
+	s, err := kf.d.kernel.lim.Snapshot()
+	if err != nil {
+		return nil, fmt.Errorf("reading the bpf maps: %w", err)
+	}
+	out := make(map[string]fleet.Usage, len(s.Projects))
+	for _, p := range s.Projects {
+		if p.Project == "" {
+			continue
+		}
+		u := out[p.Project]
+		u.Held += p.InUse
+		u.Refused += p.Refused
+		u.Active = u.Active || p.Active
+		out[p.Project] = u
+	}
+	return out, nil
+}
