@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/client"
+	"github.com/fairshare-dev/fairshare/internal/etcdtest"
+)
+
+// fleetWorker is a greedy runtime of one project on one daemon: it asks
+// the permit API every few milliseconds and holds each permit for hold,
+// so a project over its cap comes under it by its own releases.
+type fleetWorker struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startFleetWorker(t *testing.T, sock, pool, project string, hold time.Duration) *fleetWorker {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c, err := client.Dial(ctx, client.Options{Socket: sock})
+	if err != nil {
+		cancel()
+		t.Fatalf("dialing %s: %v", sock, err)
+	}
+	w := &fleetWorker{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		defer c.Close()
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		for ctx.Err() == nil {
+			l, err := c.Acquire(ctx, pool, project)
+			if err != nil {
+				var ce *client.Error
+				if !errors.As(err, &ce) {
+					return // the daemon went away
+				}
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				select {
+				case <-time.After(hold):
+				case <-ctx.Done():
+				}
+				rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
+				_, _ = c.Release(rctx, l)
+				rcancel()
+			}()
+		}
+	}()
+	t.Cleanup(w.stop)
+	return w
+}
+
+func (w *fleetWorker) stop() { w.cancel(); <-w.done }
+
+func fleetOf(t *testing.T, n *node) (admin.Pool, *admin.Fleet) {
+	t.Helper()
+	p := pool(n.status(), "db")
+	if p.Fleet == nil {
+		t.Fatalf("pool db has no fleet view: %+v", p)
+	}
+	return p, p.Fleet
+}
+
+func fleetHeld(p admin.Pool, project string) int { return project2(p, project).Held }
+
+func project2(p admin.Pool, name string) admin.Project { return project(p, name) }
+
+// waitFor polls cond for up to d (generous: the machine is loaded) and
+// returns how long it took.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, string)) time.Duration {
+	t.Helper()
+	start := time.Now()
+	last := ""
+	for time.Since(start) < d {
+		ok, s := cond()
+		if ok {
+			return time.Since(start)
+		}
+		last = s
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %v; last: %s", what, d, last)
+	return 0
+}
+
+// TestFleetThreeDaemons: three daemons on one machine (own state, pin
+// dirs, projects roots, admin and permit sockets, node names) share a
+// fleet pool of 12 through a real etcd. The pool is a permit-API pool, not
+// the kernel's connections pool: the kernel has no per-project cap, so
+// there "alpha on two nodes holds no more than one share" cannot hold (the
+// node's rule gives alpha a local share on each node); see package fleet.
+func TestFleetThreeDaemons(t *testing.T) {
+	needRoot(t)
+	e := etcdtest.Start(t)
+	const size = 12
+	var nodes []*node
+	for _, name := range []string{"a", "b", "c"} {
+		n := newNode(t, fmt.Sprintf("bpf: false\nfleet: {etcd: [%s], node: %s, prefix: /e2e, lease_ttl: 2s}\npools: {db: {size: %d, fleet: true}}\n",
+			e.Endpoints()[0], name, size))
+		n.start()
+		nodes = append(nodes, n)
+	}
+	a, b, c := nodes[0], nodes[1], nodes[2]
+	view := func(ns ...*node) (int, string) {
+		sum, s := 0, ""
+		for _, n := range ns {
+			p, f := fleetOf(t, n)
+			sum += f.Allotment
+			s += fmt.Sprintf("%s: %s, allotment %d, pool size %d, in use %d, nodes %d; ", f.Node, f.State, f.Allotment, p.Size, p.InUse, f.Nodes)
+		}
+		return sum, s
+	}
+	connected := func(ns ...*node) func() (bool, string) {
+		return func() (bool, string) {
+			sum, s := view(ns...)
+			ok := sum == size
+			for _, n := range ns {
+				_, f := fleetOf(t, n)
+				ok = ok && f.State == "connected" && f.Nodes == len(ns)
+			}
+			return ok, s
+		}
+	}
+	waitFor(t, 20*time.Second, "three daemons connected", connected(a, b, c))
+
+	// Alpha alone on a takes 12.
+	startFleetWorker(t, a.r.Permits, "db", "alpha", 300*time.Millisecond)
+	took := waitFor(t, 20*time.Second, "alpha alone takes 12", func() (bool, string) {
+		p, _ := fleetOf(t, a)
+		return fleetHeld(p, "alpha") == size, fmt.Sprintf("alpha holds %d", fleetHeld(p, "alpha"))
+	})
+	t.Logf("alpha alone held all 12 after %v", took)
+
+	// Beta on b gets its share; alpha is refused past its own.
+	startFleetWorker(t, b.r.Permits, "db", "beta", 300*time.Millisecond)
+	took = waitFor(t, 20*time.Second, "beta gets its share", func() (bool, string) {
+		p, _ := fleetOf(t, b)
+		return fleetHeld(p, "beta") == 6, fmt.Sprintf("beta holds %d", fleetHeld(p, "beta"))
+	})
+	t.Logf("beta held its share (6) after %v (target 3s)", took)
+	waitFor(t, 20*time.Second, "alpha down to its share", func() (bool, string) {
+		p, _ := fleetOf(t, a)
+		return fleetHeld(p, "alpha") <= 6, fmt.Sprintf("alpha holds %d", fleetHeld(p, "alpha"))
+	})
+	refusedBefore := project(pool(a.status(), "db"), "alpha").Refused
+	time.Sleep(time.Second)
+	if p := pool(a.status(), "db"); project(p, "alpha").Refused <= refusedBefore || fleetHeld(p, "alpha") > 6 {
+		t.Errorf("alpha not refused past its share: %+v", project(p, "alpha"))
+	}
+
+	// Alpha on a and b together: one share fleet-wide, once settled.
+	startFleetWorker(t, b.r.Permits, "db", "alpha", 300*time.Millisecond)
+	alphaFleet := func() int {
+		return fleetHeld(pool(a.status(), "db"), "alpha") + fleetHeld(pool(b.status(), "db"), "alpha")
+	}
+	waitFor(t, 20*time.Second, "alpha on a and b settles at one share", func() (bool, string) {
+		hb := fleetHeld(pool(b.status(), "db"), "alpha")
+		h := alphaFleet()
+		return hb > 0 && h <= 6, fmt.Sprintf("alpha holds %d fleet-wide, %d on b", h, hb)
+	})
+	over := 0
+	for range 20 {
+		time.Sleep(100 * time.Millisecond)
+		if h := alphaFleet(); h > 6 {
+			over++
+			t.Logf("alpha holds %d fleet-wide (its share split moved; the node whose cap fell refuses until releases)", h)
+		}
+	}
+	if over > 4 {
+		t.Errorf("alpha over one share in %d of 20 samples", over)
+	}
+	st := a.status()
+	if _, f := fleetOf(t, a); f.Active != 2 || f.Share != 6 || st.Pools == nil {
+		t.Errorf("fleet view on a: %+v", f)
+	}
+	out, _, code := a.cli("status")
+	if code != 0 || !strings.Contains(out, "fleet pool db: size 12 across 3 nodes, 2 projects active, fleet share 6") {
+		t.Errorf("status text:\n%s", out)
+	}
+	if m := a.metrics(); !strings.Contains(m, `fairshare_fleet_size{pool="db"} 12`) || !strings.Contains(m, `fairshare_fleet_connected{pool="db"} 1`) {
+		t.Errorf("metrics lack the fleet view")
+	}
+
+	// Gamma on c takes its part (12/3 = 4); then kill -9 c: its lease
+	// expires (2s) and a and b take its part back.
+	startFleetWorker(t, c.r.Permits, "db", "gamma", 300*time.Millisecond)
+	waitFor(t, 20*time.Second, "gamma gets its share on c", func() (bool, string) {
+		p, f := fleetOf(t, c)
+		return fleetHeld(p, "gamma") == 4 && f.Allotment == 4, fmt.Sprintf("gamma holds %d, c's allotment %d", fleetHeld(p, "gamma"), f.Allotment)
+	})
+	_, fc := fleetOf(t, c)
+	if err := c.stop(syscall.SIGKILL); err == nil {
+		t.Fatal("c exited cleanly after SIGKILL")
+	}
+	took = waitFor(t, 20*time.Second, "c's lease expired, a and b hold the whole fleet", func() (bool, string) {
+		ok, s := connected(a, b)()
+		p, _ := fleetOf(t, b)
+		return ok && fleetHeld(p, "beta") == 6, s + fmt.Sprintf("beta holds %d", fleetHeld(p, "beta"))
+	})
+	t.Logf("after kill -9 of c (allotment %d), a and b had all 12 and beta its share 6 again after %v", fc.Allotment, took)
+
+	// Stop etcd: each node decays to its safe slice (12/2 = 6) and keeps
+	// enforcing within it.
+	e.Stop()
+	waitFor(t, 30*time.Second, "cut off, within the safe slice", func() (bool, string) {
+		ok := true
+		s := ""
+		for _, n := range []*node{a, b} {
+			p, f := fleetOf(t, n)
+			ok = ok && strings.HasPrefix(f.State, "cut off") && f.Allotment <= f.Safe && f.Safe == 6 && p.Size == f.Allotment
+			s += fmt.Sprintf("%s: %s allotment %d safe %d; ", f.Node, f.State, f.Allotment, f.Safe)
+		}
+		return ok, s
+	})
+	time.Sleep(time.Second) // permits held past the slice turn over
+	for _, n := range []*node{a, b} {
+		if p, f := fleetOf(t, n); p.InUse > f.Safe {
+			t.Errorf("%s holds %d past its safe slice %d", f.Node, p.InUse, f.Safe)
+		}
+	}
+	ev, _, _ := a.cli("events")
+	if !strings.Contains(ev, "cut off") {
+		t.Errorf("no cut-off event:\n%s", ev)
+	}
+	// Restart etcd: the fleet converges again.
+	e.Restart()
+	took = waitFor(t, 30*time.Second, "converged after etcd came back", connected(a, b))
+	t.Logf("converged %v after etcd restarted", took)
+}
