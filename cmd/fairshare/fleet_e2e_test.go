@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"syscall"
@@ -242,4 +243,106 @@ func TestFleetThreeDaemons(t *testing.T) {
 	e.Restart()
 	took = waitFor(t, 30*time.Second, "converged after etcd came back", connected(a, b))
 	t.Logf("converged %v after etcd restarted", took)
+}
+
+// TestFleetKernelConnections: the kernel's connections pool as a fleet pool
+// of two daemons (own pin dirs and projects roots on one kernel): the
+// allotment moves the programs' POOL. Alpha alone on a gets all 12; beta
+// on b is refused at first (b's allotment is 0 while alpha wants all), its
+// refusals raise its want, and within a few seconds b's allotment is its
+// share and beta connects 6 there while a new connect of alpha on a is
+// refused (a's allotment fell to 6 under the 12 alpha holds; nothing is
+// closed).
+func TestFleetKernelConnections(t *testing.T) {
+	needRoot(t)
+	e := etcdtest.Start(t)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	var nodes []*node
+	for _, name := range []string{"a", "b"} {
+		n := newNode(t, fmt.Sprintf("fleet: {etcd: [%s], node: %s, prefix: /kernel, lease_ttl: 2s}\npools: {connections: {size: 12, fleet: true}}\n",
+			e.Endpoints()[0], name))
+		n.start()
+		nodes = append(nodes, n)
+	}
+	a, b := nodes[0], nodes[1]
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("b's log:\n%s", b.log)
+		}
+	})
+	allot := func(n *node) (int, string) {
+		p := pool(n.status(), "connections")
+		if p.Fleet == nil {
+			t.Fatalf("no fleet view: %+v", p)
+		}
+		return p.Fleet.Allotment, fmt.Sprintf("%s: %s allotment %d kernel POOL %d in use %d", p.Fleet.Node, p.Fleet.State, p.Fleet.Allotment, p.Size, p.InUse)
+	}
+	waitFor(t, 20*time.Second, "both connected", func() (bool, string) {
+		x, sa := allot(a)
+		y, sb := allot(b)
+		return x+y == 12 && pool(a.status(), "connections").Fleet.State == "connected" && pool(b.status(), "connections").Fleet.State == "connected", sa + "; " + sb
+	})
+	// Alpha asks for 12 on a: it gets a's allotment (its want, 1 while it
+	// was new, plus a's half of the spare), is refused the rest, and its
+	// refusals raise its want to the whole fleet; then it takes all 12.
+	alpha := a.connectFrom("alpha", ln.Addr().String(), 12)
+	defer alpha.close()
+	if alpha.connected == 0 || alpha.connected == 12 {
+		t.Fatalf("alpha's first ask: %d of 12 connected, want a's allotment", alpha.connected)
+	}
+	waitFor(t, 20*time.Second, "alpha alone gets the whole fleet", func() (bool, string) {
+		x, s := allot(a)
+		return x == 12, s
+	})
+	rest := a.connectFrom("alpha", ln.Addr().String(), 12-alpha.connected)
+	defer rest.close()
+	if rest.connected != 12-alpha.connected {
+		t.Fatalf("alpha alone: %d + %d of 12 connected", alpha.connected, rest.connected)
+	}
+	// Beta on b keeps asking, one connection at a time, and holds what it
+	// gets: refused at first (b's allotment is 0 while alpha wants all),
+	// its refusals raise its want until b's allotment is its share.
+	var held []*projectProc
+	defer func() {
+		for _, p := range held {
+			p.close()
+		}
+	}()
+	took := waitFor(t, 30*time.Second, "beta holds its share on b", func() (bool, string) {
+		p := b.connectFrom("beta", ln.Addr().String(), 1)
+		if p.connected == 1 {
+			held = append(held, p)
+		} else {
+			p.close()
+		}
+		_, s := allot(b)
+		return len(held) == 6, fmt.Sprintf("beta holds %d; %s", len(held), s)
+	})
+	t.Logf("beta held its share (6) on b after %v", took)
+	beta := b.connectFrom("beta", ln.Addr().String(), 1)
+	beta.close()
+	if y, s := allot(b); beta.refused != 1 || y != 6 {
+		t.Errorf("beta past its share on b: refused %d; %s", beta.refused, s)
+	}
+	more := a.connectFrom("alpha", ln.Addr().String(), 1)
+	more.close()
+	if more.refused != 1 {
+		t.Errorf("alpha connected past a's allotment of 6 (it holds 12)")
+	}
+	if p := pool(a.status(), "connections"); p.Size != 6 || p.InUse != 12 {
+		t.Errorf("a: kernel POOL %d in use %d, want 6 and 12 (nothing closed)", p.Size, p.InUse)
+	}
 }
