@@ -128,7 +128,11 @@ func Compute(size, floor int, nodes []Node) Plan {
 	}
 	used = sum(alloc)
 
-	// Split each allocation among its nodes, in proportion to want.
+	// Split each allocation among its nodes, max-min fair by want: a node
+	// where the project wants little gets all it wants, the rest goes
+	// where it wants more. (A split in proportion to want would give a
+	// node whose want was swollen by one period's refusals more than it
+	// uses, and starve the node that needs it.)
 	parts := make([]map[string]int, len(nodes))
 	sizes := make([]int, len(nodes))
 	for i, p := range names {
@@ -140,7 +144,7 @@ func Compute(size, floor int, nodes []Node) Plan {
 		for j, w := range ws {
 			weights[j] = w.want
 		}
-		for j, x := range proportional(alloc[i], weights) {
+		for j, x := range waterFill(weights, alloc[i]) {
 			n := ws[j].node
 			if parts[n] == nil {
 				parts[n] = map[string]int{}

@@ -30,9 +30,12 @@
 //     S - F - sum a(p), so the fleet, like a node, stops projects past their
 //     share F short of the size (room for a newcomer).
 //
-// A project's allocation is split among the nodes where it wants, in
-// proportion to its want there (largest remainder, ties by node name), so
-// part(n,p) <= want(n,p) and sum over n of part(n,p) = a(p). What nobody
+// A project's allocation is split among the nodes where it wants by the
+// same water-filling, over its wants there (ties by node name): a node
+// where it wants little gets all it wants, the rest goes where it wants
+// more. So part(n,p) <= want(n,p) and sum over n of part(n,p) = a(p). (A
+// split in proportion to want would hand a node whose want one period's
+// refusals swelled more than it uses, and starve the node that needs it.) What nobody
 // was allocated, U = S - sum a(p), is spread evenly over the live nodes
 // (largest remainder, by node name): spare(n). A node's allotment and a
 // project's cap on that node are

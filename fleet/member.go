@@ -414,22 +414,45 @@ func (m *Member) watchLoop(ctx context.Context) {
 		}
 		m.setView(view)
 		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		for wr := range m.cfg.Client.Watch(wctx, m.dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+		wch := m.cfg.Client.Watch(wctx, m.dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		for wr := range wch {
 			if wr.Err() != nil {
 				break
 			}
 			m.mu.Lock()
 			next := maps.Clone(m.view)
 			m.mu.Unlock()
-			for _, ev := range wr.Events {
-				name := strings.TrimPrefix(string(ev.Kv.Key), m.dir)
-				if ev.Type == clientv3.EventTypeDelete {
-					delete(next, name)
-				} else if n, ok := m.decode(ev.Kv.Key, ev.Kv.Value); ok {
-					next[n.Name] = n
+			apply := func(wr clientv3.WatchResponse) {
+				for _, ev := range wr.Events {
+					name := strings.TrimPrefix(string(ev.Kv.Key), m.dir)
+					if ev.Type == clientv3.EventTypeDelete {
+						delete(next, name)
+					} else if n, ok := m.decode(ev.Kv.Key, ev.Kv.Value); ok {
+						next[n.Name] = n
+					}
+				}
+			}
+			apply(wr)
+			// One computation for what has arrived meanwhile: with many
+			// nodes, publications come in a stream.
+			failed := false
+		drain:
+			for {
+				select {
+				case more, ok := <-wch:
+					if !ok || more.Err() != nil {
+						failed = true
+						break drain
+					}
+					apply(more)
+				default:
+					break drain
 				}
 			}
 			m.setView(next)
+			if failed {
+				break
+			}
 		}
 		wcancel()
 	}

@@ -1,0 +1,277 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/etcdtest"
+	"github.com/fairshare-dev/fairshare/pools"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+var (
+	simNodes    = flag.Int("fleet.sim.nodes", 20, "nodes of TestFleetSimulation (the issue's scale: 1000)")
+	simProjects = flag.Int("fleet.sim.projects", 0, "projects of TestFleetSimulation; 0 is 10 per node")
+)
+
+// simNode is one in-process node: a real pool, a real Member, and the
+// demand of its projects' clients.
+type simNode struct {
+	name   string
+	pool   *pools.Pool
+	member *Member
+	mu     sync.Mutex // guards the fields below
+	demand map[string]int
+	held   map[string][]pools.Permit
+	asks   uint64 // pool asks (the connection path): no etcd call among them
+}
+
+// drive is one round of the node's clients: a tenth of the permits turn
+// over (released), then each project asks until it holds its demand or is
+// refused.
+func (n *simNode) drive(r *rand.Rand) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for p, hs := range n.held {
+		keep := hs[:0]
+		for _, pm := range hs {
+			if r.IntN(10) == 0 {
+				_ = n.pool.Release(pm)
+				continue
+			}
+			keep = append(keep, pm)
+		}
+		n.held[p] = keep
+	}
+	for p, d := range n.demand {
+		for len(n.held[p]) < d {
+			n.asks++
+			pm, err := n.pool.TryAcquire(p)
+			if err != nil {
+				break
+			}
+			n.held[p] = append(n.held[p], pm)
+		}
+	}
+}
+
+// TestFleetSimulation runs -fleet.sim.nodes in-process nodes (real pools,
+// real Members, one real etcd) with ten projects a node, each on one to
+// three random nodes with a random demand, and measures what the issue
+// targets: the share error under steady demand (a project's fleet holding
+// against its max-min fair share under the rule), the convergence time
+// after a demand change (a new hungry project), and the etcd writes per
+// node and second. make test runs 20 nodes; the issue's scale is
+//
+//	go test -run TestFleetSimulation -fleet.sim.nodes=1000 -v ./fleet
+//
+// The bounds asserted are loose (the machine is shared); the numbers are
+// logged.
+func TestFleetSimulation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a real etcd and many nodes: not in -short")
+	}
+	e := etcdtest.Start(t)
+	nn := *simNodes
+	np := *simProjects
+	if np == 0 {
+		np = 10 * nn
+	}
+	size := 20 * np
+	r := rand.New(rand.NewPCG(uint64(nn), uint64(np)))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+
+	// One client per 50 nodes: a node has its own connection in life, but
+	// a thousand gRPC connections from one test process measure the test.
+	var client *clientv3.Client
+	nodes := make([]*simNode, nn)
+	for i := range nodes {
+		if i%50 == 0 {
+			c, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			client = c
+		}
+		p, err := pools.New(pools.Config{Name: "db", Size: size}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := &simNode{name: fmt.Sprintf("n%04d", i), pool: p, demand: map[string]int{}, held: map[string][]pools.Permit{}}
+		n.member, err = New(Config{Client: client, Prefix: "/sim", Pool: "db", Node: n.name, Size: size,
+			SafeFraction: 1 / float64(nn), Target: PoolTarget{p}, Source: PoolTarget{p}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[i] = n
+	}
+	total := map[string]int{}
+	for j := range np {
+		name := fmt.Sprintf("p%05d", j)
+		for range 1 + r.IntN(3) {
+			n := nodes[r.IntN(nn)]
+			d := 1 + r.IntN(40)
+			n.demand[name] += d
+			total[name] += d
+		}
+	}
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = n.member.Run(ctx) }()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		dr := rand.New(rand.NewPCG(1, 2))
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			for _, n := range nodes {
+				n.drive(dr)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+
+	names := make([]string, 0, len(total)+1)
+	for p := range total {
+		names = append(names, p)
+	}
+	names = append(names, "newcomer")
+	sort.Strings(names)
+	fairShares := func() map[string]int {
+		want := make([]int, len(names))
+		for i, p := range names {
+			want[i] = min(total[p], size)
+		}
+		out := map[string]int{}
+		for i, f := range oracle(size, 0, want) {
+			out[names[i]] = f
+		}
+		return out
+	}
+	holdings := func() map[string]int {
+		h := map[string]int{}
+		for _, n := range nodes {
+			n.mu.Lock()
+			for p, hs := range n.held {
+				h[p] += len(hs)
+			}
+			n.mu.Unlock()
+		}
+		return h
+	}
+	// shareError is the largest relative error of a project's fleet
+	// holding (averaged over the samples given) against its max-min fair
+	// share under the rule, over the projects whose fair share is at least
+	// 20 permits (one permit of a smaller share is more than 5%), and the
+	// mean over all.
+	shareError := func(samples []map[string]int) (worst, mean float64, who string) {
+		fair := fairShares()
+		n := 0
+		for _, p := range names {
+			if fair[p] == 0 {
+				continue
+			}
+			avg := 0.0
+			for _, s := range samples {
+				avg += float64(s[p]) / float64(len(samples))
+			}
+			err := math.Abs(avg-float64(fair[p])) / float64(fair[p])
+			mean += err
+			n++
+			if fair[p] >= 20 && err > worst {
+				worst, who = err, fmt.Sprintf("%s holds %.1f, fair %d", p, avg, fair[p])
+			}
+		}
+		return worst, mean / float64(max(n, 1)), who
+	}
+	writes := func() (w uint64) {
+		for _, n := range nodes {
+			w += n.member.Status().Writes
+		}
+		return w
+	}
+
+	start := time.Now()
+	var worst, mean float64
+	var who string
+	for {
+		time.Sleep(500 * time.Millisecond)
+		worst, mean, who = shareError([]map[string]int{holdings()})
+		if mean <= 0.02 {
+			break
+		}
+		if time.Since(start) > 120*time.Second {
+			t.Fatalf("%d nodes, %d projects: no steady state after 2 minutes: mean error %.3f, worst %.3f (%s)", nn, np, mean, worst, who)
+		}
+	}
+	t.Logf("%d nodes, %d projects, size %d: steady (mean share error <= 2%%) %v after start", nn, np, size, time.Since(start).Round(100*time.Millisecond))
+
+	// Steady: the share error of the holdings averaged over 10 seconds,
+	// and the write rate over the same time.
+	w0, t0 := writes(), time.Now()
+	var samples []map[string]int
+	for time.Since(t0) < 10*time.Second {
+		time.Sleep(200 * time.Millisecond)
+		samples = append(samples, holdings())
+	}
+	rate := float64(writes()-w0) / float64(nn) / time.Since(t0).Seconds()
+	worst, mean, who = shareError(samples)
+	inst, _, _ := shareError(samples[len(samples)-1:])
+	t.Logf("steady: share error of the 10s-average holding: worst %.2f%% (%s), mean %.2f%%; worst instantaneous %.2f%%",
+		100*worst, who, 100*mean, 100*inst)
+	t.Logf("etcd writes: %.3f per node per second (one publication at most per period of 1s, on change)", rate)
+	if rate > 1.1 {
+		t.Errorf("%.3f etcd writes per node per second, target <= 1", rate)
+	}
+	if worst > 0.05 {
+		t.Errorf("share error %.2f%% > 5%% (%s)", 100*worst, who)
+	}
+
+	// A demand change: a new hungry project on three nodes. Converged when
+	// every project is within 5% of its new fair share again.
+	for _, n := range nodes[:min(3, nn)] {
+		n.mu.Lock()
+		n.demand["newcomer"] = size
+		n.mu.Unlock()
+	}
+	total["newcomer"] = 3 * size
+	tc := time.Now()
+	for {
+		time.Sleep(100 * time.Millisecond)
+		fair := fairShares()["newcomer"]
+		if h := holdings()["newcomer"]; float64(h) >= 0.95*float64(fair) {
+			break
+		}
+		if time.Since(tc) > 60*time.Second {
+			t.Fatalf("the newcomer holds %d of its fair share %d a minute after its demand appeared", holdings()["newcomer"], fair)
+		}
+	}
+	conv := time.Since(tc)
+	var asks uint64
+	for _, n := range nodes {
+		n.mu.Lock()
+		asks += n.asks
+		n.mu.Unlock()
+	}
+	t.Logf("convergence: a new hungry project on 3 nodes held 95%% of its fair share %v after its demand appeared (target 3s); %d pool asks made, none with an etcd call (the ask path has none)",
+		conv.Round(10*time.Millisecond), asks)
+}
