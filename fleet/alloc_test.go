@@ -213,3 +213,27 @@ func TestComputeOrderFree(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkCompute is one node's computation at the scale: 1,000
+// nodes and 10,000 projects, each project on one to three nodes. A node
+// computes at most five times a second (the watch coalesces).
+func BenchmarkCompute(b *testing.B) {
+	for _, sc := range []struct{ nodes, projects int }{{50, 500}, {1000, 10000}} {
+		b.Run(fmt.Sprintf("nodes=%d/projects=%d", sc.nodes, sc.projects), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(1, 2))
+			nodes := make([]Node, sc.nodes)
+			for i := range nodes {
+				nodes[i] = Node{Name: fmt.Sprintf("n%04d", i), Projects: map[string]Demand{}}
+			}
+			for p := range sc.projects {
+				for range 1 + r.IntN(3) {
+					nodes[r.IntN(sc.nodes)].Projects[fmt.Sprintf("p%05d", p)] = Demand{Held: r.IntN(30), Refused: uint64(r.IntN(3)), Active: true}
+				}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				Compute(20*sc.projects, 0, nodes)
+			}
+		})
+	}
+}

@@ -279,9 +279,6 @@ func (m *Member) tick(ctx context.Context) {
 	}
 	m.mu.Lock()
 	m.lease = lease
-	if ok {
-		m.lastOK = m.cfg.Clock.Now()
-	}
 	st := m.stepLocked()
 	m.mu.Unlock()
 	if st != nil && m.cfg.OnState != nil {
@@ -324,9 +321,13 @@ func (m *Member) keepLease(ctx context.Context, lease *clientv3.LeaseID) bool {
 	return true
 }
 
+// renewed records an answer of etcd to the lease: the renewal clock and
+// the last answer (only answers count: a tick that had nothing to ask
+// proves nothing about etcd).
 func (m *Member) renewed() {
 	m.mu.Lock()
 	m.lastRenew = m.cfg.Clock.Now()
+	m.lastOK = m.lastRenew
 	m.mu.Unlock()
 }
 
@@ -414,6 +415,7 @@ func (m *Member) watchLoop(ctx context.Context) {
 		}
 		m.setView(view)
 		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		var lastCompute time.Time
 		wch := m.cfg.Client.Watch(wctx, m.dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 		for wr := range wch {
 			if wr.Err() != nil {
@@ -433,9 +435,12 @@ func (m *Member) watchLoop(ctx context.Context) {
 				}
 			}
 			apply(wr)
-			// One computation for what has arrived meanwhile: with many
-			// nodes, publications come in a stream.
+			// One computation for what arrives within a fifth of a period
+			// of the last one: with many nodes publications come in a
+			// stream, and a computation per event would cost each node
+			// O(nodes) computations a second.
 			failed := false
+			gap := time.NewTimer(time.Until(lastCompute.Add(m.cfg.Period / 5)))
 		drain:
 			for {
 				select {
@@ -445,11 +450,13 @@ func (m *Member) watchLoop(ctx context.Context) {
 						break drain
 					}
 					apply(more)
-				default:
+				case <-gap.C:
 					break drain
 				}
 			}
+			gap.Stop()
 			m.setView(next)
+			lastCompute = time.Now()
 			if failed {
 				break
 			}
