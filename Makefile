@@ -64,7 +64,7 @@ test: check-go lint check-generated ## run the whole suite (as root: the kernel 
 	@[ "$$(id -u)" = 0 ] || echo "note: not root; tests that need BPF and cgroups will skip"
 	@missing=""; for t in $(TEST_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
 	[ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || missing="$$missing busybox-static"; \
-	[ -z "$$missing" ] || echo "note: missing$$missing: the nftables and container-runtime tests will skip (Debian: apt-get install $(TEST_PACKAGES))"
+	[ -z "$$missing" ] || echo "note: missing$$missing: the nftables, container-runtime and etcd tests will skip (Debian: apt-get install $(TEST_PACKAGES))"
 	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) ./...
 	FAIRSHARE_FRONT_FAST=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front
 	FAIRSHARE_FRONT_FAST=1 FAIRSHARE_FRONT_PLAIN_SENDS=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front

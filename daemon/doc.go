@@ -10,18 +10,21 @@
 // request-class scheduler.
 //
 // New builds the parts in steps: the TCP listeners, the store, the
-// user-space pools and the scheduler, the front, the unix sockets and the
-// permit API, and last the kernel's connections pool (kernelSide, the one
-// place the daemon talks to package loader). A start that is refused writes
-// nothing: what can be checked is checked before anything is made
-// (preflight: socket paths, the state directory, the events log, the exempt
-// cgroups, the host's names), and what a later failure finds made is removed
-// again (sockets, a store file or directories it made, pins it added). The
-// kernel side comes last so that pins a killed daemon left keep enforcing
-// exactly as they were when a start fails (see start.go and
-// docs/starting.md). Every pool, whoever enforces
-// it, is one small view (pool: name, recompute, status), so the control loop
-// and Status go over one list.
+// user-space pools and the scheduler, the front, the permit API, the fleet
+// side (fleetSide: one etcd client and a fleet.Member per pool marked
+// fleet: true, which sets the pool's size, and a user-space pool's caps,
+// from the fleet's allotment; see package fleet), the unix sockets, and last
+// the kernel's connections pool (kernelSide, the one place the daemon talks
+// to package loader). A start that is refused writes nothing: what can be
+// checked is checked before anything is made (preflight: socket paths, the
+// state directory, the events log, the exempt cgroups, the host's names),
+// and what a later failure finds made is removed again (sockets, a store
+// file or directories it made, pins it added). The kernel side comes last
+// so that pins a killed daemon left keep enforcing exactly as they were
+// when a start fails (see start.go and docs/starting.md). Every pool,
+// whoever enforces it, is one small view (pool: name, recompute, status),
+// so the control loop and Status go over one list; a fleet pool's status
+// carries its fleet view.
 //
 // Run serves the admin API, /metrics and /healthz (503 when the control
 // loop has not ticked for 5 ticks, at least 5s: health.go), the HTTP front
