@@ -440,7 +440,13 @@ func (m *Member) watchLoop(ctx context.Context) {
 			// stream, and a computation per event would cost each node
 			// O(nodes) computations a second.
 			failed := false
-			gap := time.NewTimer(time.Until(lastCompute.Add(m.cfg.Period / 5)))
+			// Past 100 nodes the gap grows with the fleet, up to a period:
+			// a computation costs O(nodes + projects).
+			m.mu.Lock()
+			nodes := len(m.view)
+			m.mu.Unlock()
+			every := min(m.cfg.Period, m.cfg.Period/5*time.Duration(max(1, nodes/100)))
+			gap := time.NewTimer(time.Until(lastCompute.Add(every)))
 		drain:
 			for {
 				select {
