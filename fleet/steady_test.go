@@ -142,11 +142,19 @@ func TestSteadyDemand(t *testing.T) {
 		// The rule's max-min fair share: of S while nobody is past the
 		// share, of S - F once someone is (the fleet, like a node, keeps
 		// the floor for newcomers). maxMinFair over S bounds it from above.
-		capped := make([]int, np)
+		// Only the projects with a demand are active: one that no node
+		// drew a demand for is no project of the fleet.
+		var capped, idx []int
 		for j := range total {
-			capped[j] = min(total[j], size)
+			if total[j] > 0 {
+				capped = append(capped, min(total[j], size))
+				idx = append(idx, j)
+			}
 		}
-		fair := oracle(size, 0, capped)
+		fair := make([]int, np)
+		for k, f := range oracle(size, 0, capped) {
+			fair[idx[k]] = f
+		}
 		upper := maxMinFair(size, total)
 		for j := range np {
 			h := 0
