@@ -105,6 +105,7 @@
  *   lib/addr.h     addresses as the keys keep them
  *   lib/held.h     the held-permit table (by socket cookie)
  *   lib/resv.h     the reservation table (by request socket cookie)
+ *   lib/dest.h     destination pools: a pool chosen by where a connect goes
  *   lib/rule.h     the rule, the exempt budget, take_permit, give_back
  *   lib/events.h   refusal events (a ring buffer, bounded per project) and dry-run
  *   lib/listen.h   listener bookkeeping: addresses, ports, owners
@@ -148,7 +149,16 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx, bool v6)
 		rate_event_connect(ctx, v6, id, false);
 		goto refuse;
 	}
+	/* The destination pool's permit (dest.h) before the node's, kept with
+	 * it in the socket's entry (h.dest) and given back if the node's
+	 * pool takes none. */
+	if (dest_connect(ctx, v6, id, &h.dest) == DEST_REFUSED) {
+		rate_settle(&t, AT_CONNECT, &h, REFUSED);
+		goto refuse;
+	}
 	int r = rate_settle(&t, AT_CONNECT, &h, take_permit(AT_CONNECT, CLK_COARSE, &h, id, p, cg, 0));
+	if (h.dest && r != TAKEN && r != WOULD)
+		dest_give(h.dest, id, false);
 	if (rate_would(&t, id, FS_DIR_CONNECT, r))
 		rate_event_connect(ctx, v6, id, true);
 	if (r == TAKEN || r == NOT_TAKEN)
@@ -487,6 +497,7 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 			rec.held = 1;
 			rec.kind = s->kind;
 			rec.project = s->project;
+			rec.dest = s->dest;
 		}
 	}
 	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
@@ -528,6 +539,19 @@ int fs_adjust(struct fs_adjust_args *a)
 			__sync_fetch_and_add(a->op == OP_ACTIVE ? &n->active : &n->exempt_in_use, a->delta);
 			a->result = 1;
 		}
+		return 0;
+	}
+	if (a->op == OP_DEST_ACTIVE || a->op == OP_DEST_ADD) {
+		struct dest_view v;
+		if (!dest_get(a->since_ns, a->project, &v))
+			return 0;
+		if (a->op == OP_DEST_ACTIVE) {
+			__sync_fetch_and_add(&v.s->active, a->delta);
+		} else {
+			__sync_fetch_and_add(&v.s->in_use, a->delta);
+			__sync_fetch_and_add(&v.p->in_use, a->delta);
+		}
+		a->result = 1;
 		return 0;
 	}
 	if (a->op == OP_ADD) {

@@ -36,6 +36,9 @@ type Snapshot struct {
 	Exempt Exempt
 	// Lapse is the daemon's heartbeat and whether enforcement has lapsed.
 	Lapse Lapse
+	// Dests are the destination pools (SetDestPools), by name; their
+	// permits are in the counts above too (a connect takes both).
+	Dests []DestSnapshot
 }
 
 // ProjectCounters are one project's counters.
@@ -199,6 +202,9 @@ func (l *Limiter) Tick(now time.Time) (err error) {
 	if err := l.forgetLocked(projs, mono); err != nil {
 		return err
 	}
+	if err := l.tickDestsLocked(mono); err != nil {
+		return err
+	}
 	return l.syncRatesLocked(projs)
 }
 
@@ -285,6 +291,9 @@ func (l *Limiter) forgetLocked(projs []projectEntry, mono uint64) error {
 		if listening[uint64(id)] {
 			continue
 		}
+		if err := l.clearDestProjectLocked(id); err != nil {
+			return err
+		}
 		if err := l.freeLocked(id); err != nil {
 			return err
 		}
@@ -304,6 +313,8 @@ const (
 	opExempt    = 5
 	opUnlisten  = 6
 	opMemberGen = 7
+	opDestActive = 8
+	opDestAdd    = 9
 )
 
 // adjust runs fs_adjust, the syscall program that changes counters with the
@@ -452,6 +463,9 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 		}
 		return a.ID < b.ID
 	})
+	if s.Dests, err = l.destSnapshotsLocked(names, mono); err != nil {
+		return Snapshot{}, err
+	}
 	return s, nil
 }
 

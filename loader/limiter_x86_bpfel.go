@@ -41,6 +41,33 @@ type limiterFsCounters struct {
 	Late           uint64
 }
 
+type limiterFsDestConf struct {
+	_        structs.HostLayout
+	Size     uint32
+	Floor    uint32
+	WindowNs uint64
+	Flags    uint32
+	Pad      uint32
+	Name     [32]int8
+}
+
+type limiterFsDestKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Port      [2]uint8
+	Addr      [16]uint8
+	Pad       [2]uint8
+}
+
+type limiterFsDestState struct {
+	_       structs.HostLayout
+	InUse   int64
+	Active  int64
+	Refused uint64
+	Would   uint64
+	Pad     [4]uint64
+}
+
 type limiterFsEvcfg struct {
 	_      structs.HostLayout
 	PerSec uint32
@@ -66,7 +93,8 @@ type limiterFsEvent struct {
 	Dir    uint8
 	Reason uint8
 	Flags  uint8
-	Pad    [5]uint8
+	Pad    [1]uint8
+	Dest   uint32
 }
 
 type limiterFsEvproj struct {
@@ -247,7 +275,7 @@ type limiterFsSettings struct {
 	Pool        uint32
 	Floor       uint32
 	ExemptMax   uint32
-	Pad         uint32
+	DestKinds   uint32
 	WindowNs    uint64
 	NetnsCookie uint64
 	BaseLevel   uint32
@@ -265,7 +293,7 @@ type limiterFsSock struct {
 	Project uint64
 	Netns   uint64
 	Kind    uint32
-	Pad     uint32
+	Dest    uint32
 }
 
 type limiterFsSockRecord struct {
@@ -276,6 +304,8 @@ type limiterFsSockRecord struct {
 	Held    uint32
 	Kind    uint32
 	Adopted uint32
+	Dest    uint32
+	Pad     uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -283,6 +313,10 @@ type limiterFsSockRecord struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	limiterMapFsConfig       = "fs_config"
+	limiterMapFsDests        = "fs_dests"
+	limiterMapFsDpoolConf    = "fs_dpool_conf"
+	limiterMapFsDpoolProj    = "fs_dpool_proj"
+	limiterMapFsDpoolState   = "fs_dpool_state"
 	limiterMapFsDryrun       = "fs_dryrun"
 	limiterMapFsEvConfig     = "fs_ev_config"
 	limiterMapFsEvProjects   = "fs_ev_projects"
@@ -319,6 +353,7 @@ const (
 	limiterProgFsSockRelease = "fs_sock_release"
 	limiterProgFsSockops     = "fs_sockops"
 	limiterVarBaseLevel      = "base_level"
+	limiterVarDestStride     = "dest_stride"
 	limiterVarEvWindowNs     = "ev_window_ns"
 	limiterVarFsRecordLayout = "fs_record_layout"
 	limiterVarLookupNetns    = "lookup_netns"
@@ -386,6 +421,10 @@ type limiterProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type limiterMapSpecs struct {
 	FsConfig       *ebpf.MapSpec `ebpf:"fs_config"`
+	FsDests        *ebpf.MapSpec `ebpf:"fs_dests"`
+	FsDpoolConf    *ebpf.MapSpec `ebpf:"fs_dpool_conf"`
+	FsDpoolProj    *ebpf.MapSpec `ebpf:"fs_dpool_proj"`
+	FsDpoolState   *ebpf.MapSpec `ebpf:"fs_dpool_state"`
 	FsDryrun       *ebpf.MapSpec `ebpf:"fs_dryrun"`
 	FsEvConfig     *ebpf.MapSpec `ebpf:"fs_ev_config"`
 	FsEvProjects   *ebpf.MapSpec `ebpf:"fs_ev_projects"`
@@ -418,6 +457,7 @@ type limiterMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type limiterVariableSpecs struct {
 	BaseLevel      *ebpf.VariableSpec `ebpf:"base_level"`
+	DestStride     *ebpf.VariableSpec `ebpf:"dest_stride"`
 	EvWindowNs     *ebpf.VariableSpec `ebpf:"ev_window_ns"`
 	FsRecordLayout *ebpf.VariableSpec `ebpf:"fs_record_layout"`
 	LookupNetns    *ebpf.VariableSpec `ebpf:"lookup_netns"`
@@ -447,6 +487,10 @@ func (o *limiterObjects) Close() error {
 // It can be passed to loadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type limiterMaps struct {
 	FsConfig       *ebpf.Map `ebpf:"fs_config"`
+	FsDests        *ebpf.Map `ebpf:"fs_dests"`
+	FsDpoolConf    *ebpf.Map `ebpf:"fs_dpool_conf"`
+	FsDpoolProj    *ebpf.Map `ebpf:"fs_dpool_proj"`
+	FsDpoolState   *ebpf.Map `ebpf:"fs_dpool_state"`
 	FsDryrun       *ebpf.Map `ebpf:"fs_dryrun"`
 	FsEvConfig     *ebpf.Map `ebpf:"fs_ev_config"`
 	FsEvProjects   *ebpf.Map `ebpf:"fs_ev_projects"`
@@ -477,6 +521,10 @@ type limiterMaps struct {
 func (m *limiterMaps) Close() error {
 	return _LimiterClose(
 		m.FsConfig,
+		m.FsDests,
+		m.FsDpoolConf,
+		m.FsDpoolProj,
+		m.FsDpoolState,
 		m.FsDryrun,
 		m.FsEvConfig,
 		m.FsEvProjects,
@@ -510,6 +558,7 @@ func (m *limiterMaps) Close() error {
 // It can be passed to loadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type limiterVariables struct {
 	BaseLevel      *ebpf.Variable `ebpf:"base_level"`
+	DestStride     *ebpf.Variable `ebpf:"dest_stride"`
 	EvWindowNs     *ebpf.Variable `ebpf:"ev_window_ns"`
 	FsRecordLayout *ebpf.Variable `ebpf:"fs_record_layout"`
 	LookupNetns    *ebpf.Variable `ebpf:"lookup_netns"`

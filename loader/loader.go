@@ -59,6 +59,7 @@ var addedMaps = map[string]bool{
 	"fs_rates": true, "fs_rate_node": true, "fs_rate_stats": true,
 	"fs_events": true, "fs_ev_config": true, "fs_dryrun": true, "fs_ev_projects": true, "fs_ev_stats": true,
 	"fs_member_gen": true, "fs_lapses": true,
+	"fs_dests": true, "fs_dpool_conf": true, "fs_dpool_state": true, "fs_dpool_proj": true,
 }
 
 // Sentinel errors callers may branch on.
@@ -162,6 +163,15 @@ type Options struct {
 	// every Tick) may grow before the programs stop refusing (they keep
 	// counting; see Lapse); 0 never lapses.
 	LapseAfter time.Duration
+
+	// MaxDestPools sizes the destination pool tables (dest.go): pools
+	// configured at once, removed ones still holding permits included; 0
+	// means DefaultMaxDestPools, at most MaxDestPools. Their per-project
+	// table takes 32 bytes per pool and project (MaxProjects). A pinned
+	// table keeps its size.
+	MaxDestPools uint32
+	// DestPools are the destination pools Open applies (SetDestPools).
+	DestPools []DestPool
 }
 
 // Limiter is a loaded, attached connection limiter. Its maps and links are
@@ -214,6 +224,8 @@ type Limiter struct {
 	genOwed  bool
 	genFault func() error
 	nets     map[uint64]*netnsLink // per-netns sk_lookup instances by cookie (netns.go)
+	maxDest  uint32                // Options.MaxDestPools, or the pinned tables'
+	dests    map[string]*destPool  // destination pools by name, removed ones still holding permits included (dest.go)
 	// projHigh is the highest project id given since Open (or named, or
 	// counting, in the pins at Open): the ids above it have never been
 	// used, so their entries are zero and readProjects reads up to it.
@@ -289,6 +301,12 @@ func (o Options) normalize() (Options, error) {
 	if o.MaxNetns <= 0 {
 		o.MaxNetns = DefaultMaxNetns
 	}
+	if o.MaxDestPools == 0 {
+		o.MaxDestPools = DefaultMaxDestPools
+	}
+	if o.MaxDestPools > MaxDestPools {
+		return o, fmt.Errorf("max destination pools %d, at most %d: %w", o.MaxDestPools, MaxDestPools, ErrInvalidOptions)
+	}
 	if o.MaxDepth > MaxDepth || o.BaseLevel > 255 {
 		return o, fmt.Errorf("max depth %d (at most %d), base level %d: %w", o.MaxDepth, MaxDepth, o.BaseLevel, ErrInvalidOptions)
 	}
@@ -361,7 +379,7 @@ func Open(opts Options) (*Limiter, error) {
 		root: root, mnt: mnt, base: opts.BaseLevel, depth: opts.MaxDepth,
 		maxProj: opts.MaxProjects, maxMemb: opts.MaxMembers, maxNetns: opts.MaxNetns, pinDir: opts.PinDir,
 		log: opts.Logger, window: opts.Window, evWindow: opts.eventWindow, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
-		netns: cookie, size: opts.PoolSize, floor: opts.Floor, lapse: opts.LapseAfter,
+		netns: cookie, size: opts.PoolSize, floor: opts.Floor, lapse: opts.LapseAfter, maxDest: opts.MaxDestPools,
 	}
 	if err := l.load(); err != nil {
 		return nil, err
@@ -377,6 +395,14 @@ func Open(opts Options) (*Limiter, error) {
 		return nil, err
 	}
 	if err := l.loadMembership(); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	if err := l.loadDestsLocked(); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	if err := l.setDestPoolsLocked(opts.DestPools); err != nil {
 		l.closeFDs()
 		return nil, err
 	}
@@ -436,6 +462,20 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 		}
 	}
 	l.maxProj = min(spec.Maps["fs_projects"].MaxEntries, spec.Maps["fs_names"].MaxEntries)
+	// Destination pools: ids 1..maxDest, and a row of the projects' ids per
+	// pool; pinned tables keep their sizes (the stride is the pinned
+	// projects table's).
+	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_dpool_conf"), nil); err == nil {
+		l.maxDest = m.MaxEntries() - 1
+		m.Close()
+	}
+	spec.Maps["fs_dpool_conf"].MaxEntries = l.maxDest + 1
+	spec.Maps["fs_dpool_state"].MaxEntries = l.maxDest + 1
+	spec.Maps["fs_dpool_proj"].MaxEntries = l.maxDest * l.maxProj
+	spec.Maps["fs_dests"].MaxEntries = MaxDestinations
+	if err := spec.Variables["dest_stride"].Set(l.maxProj); err != nil {
+		return nil, fmt.Errorf("setting dest_stride: %w", err)
+	}
 	l.maxMemb = spec.Maps["fs_members"].MaxEntries
 	l.held = heldCapacity(l.size)
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_slots"), nil); err == nil {

@@ -61,11 +61,13 @@ func OpenReadOnly(pinDir string) (*ReadOnly, error) {
 		*m.dst = mp
 	}
 	// The rate maps are missing from the pins of a version without rates,
-	// fs_lapses from those of a version without the lapse.
+	// fs_lapses from those of a version without the lapse, and the
+	// destination pool maps from those of a version without them.
 	for _, m := range []struct {
 		name string
 		dst  **ebpf.Map
-	}{{"fs_rates", &l.objs.FsRates}, {"fs_rate_stats", &l.objs.FsRateStats}, {"fs_lapses", &l.objs.FsLapses}} {
+	}{{"fs_rates", &l.objs.FsRates}, {"fs_rate_stats", &l.objs.FsRateStats}, {"fs_lapses", &l.objs.FsLapses},
+		{"fs_dpool_conf", &l.objs.FsDpoolConf}, {"fs_dpool_state", &l.objs.FsDpoolState}, {"fs_dpool_proj", &l.objs.FsDpoolProj}} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, m.name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if errors.Is(err, os.ErrNotExist) {
 			continue
@@ -83,6 +85,12 @@ func OpenReadOnly(pinDir string) (*ReadOnly, error) {
 	l.window = time.Duration(cfg.WindowNs)
 	if l.window <= 0 {
 		l.window = time.Second
+	}
+	l.maxProj = l.objs.FsProjects.MaxEntries()
+	if l.objs.FsDpoolConf != nil && l.objs.FsDpoolState != nil && l.objs.FsDpoolProj != nil {
+		if err := l.loadDestsLocked(); err != nil {
+			return nil, err
+		}
 	}
 	ok = true
 	return &ReadOnly{l: l}, nil

@@ -73,6 +73,19 @@ type ReconcileReport struct {
 	// found pinned at a restart and not attached again since), by cookie,
 	// with why: their permits are counted but not checked.
 	NetnsSkipped map[uint64]string
+	// Dests counts, per destination pool, the permits of its held by
+	// sockets (their entries in the held map), DestDrift its counts minus
+	// those, per pool and project as seen twice in a row, before repair,
+	// and DestRepaired the correction applied.
+	Dests        map[string]int
+	DestDrift    map[string]map[string]int
+	DestRepaired map[string]map[string]int
+}
+
+// destPair is a project in a destination pool.
+type destPair struct {
+	pool uint32
+	proj uint64
 }
 
 // dumpTarget is a network namespace a reconcile pass looks into.
@@ -123,7 +136,7 @@ func (t dumpTarget) enter(f func() error) error {
 const slotBusy = 1 << 63
 
 // sockRecordSize is sizeof(struct fs_sock_record), checked by a test.
-const sockRecordSize = 32
+const sockRecordSize = 40
 
 // adoptedPast is ADOPTED_PAST of bpf/lib/types.h: fs_sock_record.adopted of
 // a socket adopted while the rule would have refused it.
@@ -163,16 +176,25 @@ type pass struct {
 	adopted int
 	past    map[uint64]int  // adopted past the rule, by project id
 	live    map[uint64]bool // cookies of the sockets the dump wrote out
+	// destHeld counts the destination pool permits of held entries, and
+	// destInUse the pools' per-project counts that did not move during the
+	// pass.
+	destHeld  map[destPair]int
+	destInUse map[destPair]int64
 }
 
-func (l *Limiter) readPass(targets []dumpTarget, names []string) (pass, error) {
+func (l *Limiter) readPass(targets []dumpTarget, names []string, dests []uint32) (pass, error) {
 	p := pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}, checked: map[uint64]bool{}, skipped: map[uint64]string{},
-		past: map[uint64]int{}}
+		past: map[uint64]int{}, destHeld: map[destPair]int{}}
 	var n0, n1 limiterFsPool
 	if err := l.objs.FsNode.Lookup(uint32(0), &n0); err != nil {
 		return p, fmt.Errorf("reading node map: %w", err)
 	}
 	before, err := l.readProjects(names)
+	if err != nil {
+		return p, err
+	}
+	destBefore, err := l.readDestCounts(dests)
 	if err != nil {
 		return p, err
 	}
@@ -226,6 +248,9 @@ func (l *Limiter) readPass(targets []dumpTarget, names []string) (pass, error) {
 			id = 0
 		}
 		p.held[id]++
+		if v.Dest != 0 {
+			p.destHeld[destPair{v.Dest, v.Project}]++
+		}
 		if p.checked[v.Netns] && !live[cookie] {
 			p.orphans[cookie] = id
 		}
@@ -249,6 +274,16 @@ func (l *Limiter) readPass(targets []dumpTarget, names []string) (pass, error) {
 	if err != nil {
 		return p, err
 	}
+	destAfter, err := l.readDestCounts(dests)
+	if err != nil {
+		return p, err
+	}
+	p.destInUse = map[destPair]int64{}
+	for k, v := range destAfter {
+		if destBefore[k] == v {
+			p.destInUse[k] = v
+		}
+	}
 	if err := l.objs.FsNode.Lookup(uint32(0), &n1); err != nil {
 		return p, fmt.Errorf("reading node map: %w", err)
 	}
@@ -265,6 +300,33 @@ func (l *Limiter) readPass(targets []dumpTarget, names []string) (pass, error) {
 		}
 	}
 	return p, nil
+}
+
+// readDestCounts reads the per-project counts of destination pools ids.
+func (l *Limiter) readDestCounts(ids []uint32) (map[destPair]int64, error) {
+	out := map[destPair]int64{}
+	for _, id := range ids {
+		for pid := uint32(1); pid <= l.projHigh && pid < l.maxProj; pid++ {
+			v, err := l.destProject(id, pid)
+			if err != nil {
+				return nil, err
+			}
+			out[destPair{id, uint64(pid)}] = v.InUse
+		}
+	}
+	return out, nil
+}
+
+// destDrift is, per pool and project whose count did not move during the
+// pass, the count minus the permits held for it.
+func (p pass) destDrift() map[destPair]int64 {
+	out := map[destPair]int64{}
+	for k, v := range p.destInUse {
+		if d := v - int64(p.destHeld[k]); d != 0 {
+			out[k] = d
+		}
+	}
+	return out
 }
 
 // countedListeners returns the cookies of the listening sockets counted in
@@ -375,6 +437,12 @@ func (p pass) drift() map[uint64]int64 {
 func (l *Limiter) reconcile() (ReconcileReport, error) {
 	l.mu.Lock()
 	names := slices.Clone(l.memb.names)
+	destNames := map[uint32]string{}
+	var destIDs []uint32
+	for n, dp := range l.dests {
+		destNames[dp.id] = n
+		destIDs = append(destIDs, dp.id)
+	}
 	members := make(map[string]string, len(l.memb.members)) // path -> project
 	for _, r := range l.memb.members {
 		switch {
@@ -394,7 +462,8 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 		return "#" + strconv.FormatUint(id, 10)
 	}
 	rep := ReconcileReport{Held: map[string]int{}, Kernel: map[string]int{}, Reservations: map[string]int{},
-		Drift: map[string]int{}, Repaired: map[string]int{}, Netns: map[uint64]int{}}
+		Drift: map[string]int{}, Repaired: map[string]int{}, Netns: map[uint64]int{},
+		Dests: map[string]int{}, DestDrift: map[string]map[string]int{}, DestRepaired: map[string]map[string]int{}}
 
 	// Read before the dump: a listener counted now and not in the dump
 	// closed before the dump reached it (cookies are never reused), while
@@ -403,7 +472,7 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	first, err := l.readPass(targets, names)
+	first, err := l.readPass(targets, names, destIDs)
 	if err != nil {
 		return rep, err
 	}
@@ -432,10 +501,11 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 			"count", rep.StaleListeners)
 	}
 	d1 := first.drift()
+	dd1 := first.destDrift()
 	last := first
 	e1, e1ok := first.exemptDrift()
-	if len(d1) > 0 || len(first.orphans) > 0 || (e1ok && e1 != 0) {
-		second, err := l.readPass(targets, names)
+	if len(d1) > 0 || len(dd1) > 0 || len(first.orphans) > 0 || (e1ok && e1 != 0) {
+		second, err := l.readPass(targets, names, destIDs)
 		if err != nil {
 			return rep, err
 		}
@@ -460,6 +530,27 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 			// The releases changed in_use: compare again from scratch next time.
 			second.inUse = nil
 			second.exOK = false
+			second.destInUse = nil
+		}
+		for k, x := range second.destDrift() {
+			y, ok := dd1[k]
+			if !ok || (x > 0) != (y > 0) {
+				continue // churn, not drift
+			}
+			fix := min(abs(x), abs(y))
+			if x > 0 {
+				fix = -fix
+			}
+			pool := destNames[k.pool]
+			if rep.DestDrift[pool] == nil {
+				rep.DestDrift[pool], rep.DestRepaired[pool] = map[string]int{}, map[string]int{}
+			}
+			rep.DestDrift[pool][name(k.proj)] = int(x)
+			if _, err := l.adjust(limiterFsAdjustArgs{Op: opDestAdd, SinceNs: uint64(k.pool), Project: k.proj, Delta: fix}); err != nil {
+				return rep, fmt.Errorf("repairing project %s in destination pool %s: %w", name(k.proj), pool, err)
+			}
+			rep.DestRepaired[pool][name(k.proj)] = int(fix)
+			l.log.Warn("repaired destination pool count drift", "pool", pool, "project", name(k.proj), "map_minus_sockets", x, "applied", fix)
 		}
 		// The exempt budget is repaired like a project's count: the same
 		// finding twice, the smaller of the two corrections.
@@ -497,6 +588,11 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 			continue
 		}
 		rep.Held[name(id)] += n
+	}
+	for k, n := range last.destHeld {
+		if pool, ok := destNames[k.pool]; ok {
+			rep.Dests[pool] += n
+		}
 	}
 	for id, n := range last.resv {
 		if id == 0 {

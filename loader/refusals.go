@@ -41,6 +41,10 @@ type Refusal struct {
 	// enforcement had lapsed: no daemon renewed its heartbeat within
 	// Options.LapseAfter.
 	Lapsed bool
+	// DestPool names the destination pool that refused (dest.go); "" is
+	// the node's connections pool. Held, InUse, Share and Pool are then
+	// the destination pool's.
+	DestPool string
 }
 
 // Reasons of a Refusal (the names package events uses).
@@ -240,6 +244,11 @@ func (l *Limiter) refusal(ev *limiterFsEvent, names *nameCache) Refusal {
 	}
 	if r.Reason == "" {
 		r.Reason = fmt.Sprintf("reason_%d", ev.Reason)
+	}
+	if ev.Dest != 0 {
+		if r.DestPool = l.DestPoolName(ev.Dest); r.DestPool == "" {
+			r.DestPool = fmt.Sprintf("destination_pool_%d", ev.Dest)
+		}
 	}
 	switch ev.Dir {
 	case 1:

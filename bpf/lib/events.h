@@ -81,7 +81,8 @@ struct fs_event {
 	__u8 dir;
 	__u8 reason;
 	__u8 flags;
-	__u8 _pad[5];
+	__u8 _pad[1];
+	__u32 dest; /* the destination pool that refused (dest.h); 0: the node's pool */
 };
 
 /* Keeps struct fs_event in the BTF for bpf2go: the ring buffer has no
@@ -320,25 +321,21 @@ static __always_inline void tuple_connect(struct bpf_sock_addr *ctx, bool v6, st
 }
 
 /*
- * emit_refusal writes the event of a refusal (flags 0) or of a refusal
- * dry-run admitted (FS_EV_WOULD, its permit already taken) of project id
- * (entry p, or NULL) at dir, for the 4-tuple t, within the project's bound
- * per second. It never fails the caller.
+ * ev_reserve reserves an event of project id in fs_events within the
+ * project's bound per second (the window's word below), or counts it
+ * dropped (or lost) and returns NULL. *now is the clock it read.
  */
-static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 dir, __u8 reason,
-					 const struct fs_tuple *t, __u8 flags)
+static __always_inline struct fs_event *ev_reserve(__u64 id, __u64 *now_out)
 {
 	struct fs_evcfg *c = evcfg();
 	if (!c || !c->per_sec)
-		return;
-	if ((flags & FS_EV_WOULD) && lapse_of())
-		flags |= FS_EV_LAPSED;
+		return NULL;
 	__u64 now = bpf_ktime_get_ns();
 	__u64 win = ev_window_ns ? (now / ev_window_ns) << 32 : 0;
 	struct fs_evproj *e = evproj(id);
 	if (!e) {
 		EVCOUNT(dropped);
-		return;
+		return NULL;
 	}
 	/* One word, one CAS: a count of this window below per_sec becomes one
 	 * more, any other window's starts this one at 1. A CPU whose clock
@@ -367,13 +364,32 @@ static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 di
 	if (!written) {
 		__sync_fetch_and_add(&e->dropped, 1);
 		EVCOUNT(dropped);
-		return;
+		return NULL;
 	}
 	struct fs_event *ev = bpf_ringbuf_reserve(&fs_events, sizeof(*ev), 0);
 	if (!ev) {
 		EVCOUNT(lost);
-		return;
+		return NULL;
 	}
+	*now_out = now;
+	return ev;
+}
+
+/*
+ * emit_refusal writes the event of a refusal (flags 0) or of a refusal
+ * dry-run admitted (FS_EV_WOULD, its permit already taken) of project id
+ * (entry p, or NULL) at dir, for the 4-tuple t, within the project's bound
+ * per second. It never fails the caller.
+ */
+static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 dir, __u8 reason,
+					 const struct fs_tuple *t, __u8 flags)
+{
+	__u64 now = 0;
+	struct fs_event *ev = ev_reserve(id, &now);
+	if (!ev)
+		return;
+	if ((flags & FS_EV_WOULD) && lapse_of())
+		flags |= FS_EV_LAPSED;
 	struct fs_settings *cfg = settings();
 	struct fs_pool *n = node();
 	__s64 taken = (flags & FS_EV_TAKEN) ? 1 : 0;
@@ -400,6 +416,7 @@ static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 di
 	ev->reason = reason;
 	ev->flags = flags;
 	__builtin_memset(ev->_pad, 0, sizeof(ev->_pad));
+	ev->dest = 0;
 	bpf_ringbuf_submit(ev, 0);
 	EVCOUNT(emitted);
 }

@@ -21,7 +21,8 @@
  * two, so slots collide rarely and the spill table cannot fill first.
  *
  * This header only keeps the table: hold records, unhold ends, and only the
- * caller whose unhold succeeds owns the permit; the counters are rule.h's.
+ * caller whose unhold succeeds owns the permit (and the destination pool's
+ * permit taken with it, dest.h); the counters are rule.h's and dest.h's.
  */
 #pragma once
 
@@ -95,17 +96,18 @@ static __always_inline long hold(__u64 cookie, struct fs_sock *v)
 
 /*
  * unhold ends the permit held for cookie. Only the caller whose
- * compare-and-swap (or delete) succeeds gets true and the permit's project
- * and kind, so a permit is given back exactly once however many release
+ * compare-and-swap (or delete) succeeds gets true and the permit's project,
+ * kind and destination pool, so a permit is given back exactly once however many release
  * paths race. The fields are read while the slot still names the cookie:
  * nobody writes a slot's fields but the one who claimed it empty.
  */
-static __always_inline bool unhold(__u64 cookie, __u64 *id, __u32 *kind, bool always)
+static __always_inline bool unhold(__u64 cookie, __u64 *id, __u32 *kind, __u32 *dest, bool always)
 {
 	struct fs_slot *s = slot_of(cookie);
 	if (s && s->cookie == cookie) {
 		*id = s->sock.project;
 		*kind = s->sock.kind;
+		*dest = s->sock.dest;
 		return __sync_val_compare_and_swap(&s->cookie, cookie, 0) == cookie;
 	}
 	if (!always && spill_empty())
@@ -115,6 +117,7 @@ static __always_inline bool unhold(__u64 cookie, __u64 *id, __u32 *kind, bool al
 		return false;
 	*id = h->project;
 	*kind = h->kind;
+	*dest = h->dest;
 	if (bpf_map_delete_elem(&fs_held, &cookie))
 		return false;
 	struct fs_pool *n = node();

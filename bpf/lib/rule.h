@@ -14,6 +14,7 @@
 #include "held.h"
 #include "resv.h"
 #include "events.h"
+#include "dest.h"
 
 /*
  * seen stamps the project's ask and, when this ask brings it into the active
@@ -292,6 +293,8 @@ struct holder {
 	struct sock *sk; /* AT_CONNECT, AT_CHILD: the socket (its netns is
 			  * read only once the permit is taken), or NULL */
 	__u64 netns;     /* AT_SYN: the request socket's netns cookie */
+	__u32 dest;      /* AT_CONNECT: the destination pool whose permit the
+			  * caller took (dest.h), kept with the permit */
 };
 
 /* Outcomes of take_permit. */
@@ -315,7 +318,7 @@ static __always_inline long record(int at, bool fine, struct holder *h, __u64 id
 		struct fs_resv r = {.project = id, .since_ns = now_ns(fine), .netns = h->netns, .kind = kind};
 		err = resv_put(h->cookie, &r);
 	} else {
-		struct fs_sock v = {.project = id, .netns = h->sk ? sock_netns(h->sk) : 0, .kind = kind};
+		struct fs_sock v = {.project = id, .netns = h->sk ? sock_netns(h->sk) : 0, .kind = kind, .dest = h->dest};
 		err = hold(h->cookie, &v);
 	}
 	if (err && err != -EEXIST)
@@ -431,17 +434,20 @@ keep:
 }
 
 /*
- * end_held ends the permit held for cookie and gives it back: true if this
- * call ended it (unhold). The spill table is looked at only while it has
- * entries, unless always (user-space paths).
+ * end_held ends the permit held for cookie and gives it back, with the
+ * destination pool's permit taken with it: true if this call ended it
+ * (unhold). The spill table is looked at only while it has entries, unless
+ * always (user-space paths).
  */
 static __always_inline bool end_held(__u64 cookie, bool fine, bool always)
 {
 	__u64 id = 0;
-	__u32 kind = 0;
-	if (!unhold(cookie, &id, &kind, always))
+	__u32 kind = 0, dest = 0;
+	if (!unhold(cookie, &id, &kind, &dest, always))
 		return false;
 	give_back(id, kind, fine);
+	if (dest)
+		dest_release(dest, id, fine);
 	return true;
 }
 

@@ -16,7 +16,7 @@ struct fs_settings {
 	__u32 pool;          /* POOL */
 	__u32 floor;         /* FLOOR */
 	__u32 exempt_max;    /* exempt budget; 0 while the exempt set is empty */
-	__u32 _pad;
+	__u32 dest_kinds;    /* DEST_PORTS | DEST_ANY of the destination pools (dest.h); 0: none, no lookup */
 	__u64 window_ns;     /* the active window; 0 leaves active to the control loop */
 	__u64 netns_cookie;  /* the daemon's own netns (the sk_lookup instances have theirs as a constant) */
 	__u32 base_level;    /* copies of the constants of project.h, for status */
@@ -95,7 +95,7 @@ struct fs_sock {
 	__u64 project;
 	__u64 netns;  /* netns cookie: reconcile can only verify its own netns */
 	__u32 kind;
-	__u32 _pad;
+	__u32 dest;   /* the destination pool whose permit was taken with this one (dest.h), 0 none */
 };
 
 /*
@@ -202,6 +202,8 @@ enum adjust_op {
 	OP_EXEMPT = 5, /* add delta to the node's exempt_in_use (drift repair) */
 	OP_UNLISTEN = 6, /* uncount the listener counted under socket cookie `project`: it is gone */
 	OP_MEMBER_GEN = 7, /* add one to fs_member_gen (fs_members changed); result: the new generation */
+	OP_DEST_ACTIVE = 8, /* add delta to destination pool since_ns's active count (Tick's recount) */
+	OP_DEST_ADD = 9,    /* add delta to destination pool since_ns's and its project's in_use (drift repair) */
 };
 
 struct fs_adjust_args {
@@ -227,6 +229,8 @@ struct fs_sock_record {
 	__u32 held;
 	__u32 kind;
 	__u32 adopted; /* 1 if this dump adopted it, ADOPTED_PAST if past the rule */
+	__u32 dest;    /* the destination pool its permit holds (held only), 0 none */
+	__u32 _pad;
 };
 
 /* fs_sock_record.adopted: adopted while the rule would have refused it. */
@@ -249,4 +253,36 @@ struct fs_selftest_args {
 	struct fs_listen_key lkey;
 	__u64 cookie;
 	__u64 cg;
+};
+
+/*
+ * A destination of a destination pool (dest.h): the key of fs_dests, an LPM
+ * trie. The port comes first so that a pool of one port matches on it before
+ * the address; a pool of every port is kept under port 0. prefixlen counts
+ * the port's 16 bits and the address's (IPv4 as v4-mapped IPv6).
+ */
+struct fs_dest_key {
+	__u32 prefixlen;
+	__u8 port[2]; /* network order; 0 0: every port */
+	__u8 addr[16];
+	__u8 _pad[2];
+};
+
+/* A destination pool's settings, written by the loader alone (SetDestPools). */
+struct fs_dest_conf {
+	__u32 size;  /* its POOL */
+	__u32 floor; /* its FLOOR */
+	__u64 window_ns;
+	__u32 flags; /* DEST_LIVE, DEST_DRYRUN */
+	__u32 _pad;
+	char name[32];
+};
+
+/* A destination pool's counts: atomics only, never written by user space. */
+struct fs_dest_state {
+	__s64 in_use;
+	__s64 active;  /* projects in its active window (bumped here, lowered by Tick) */
+	__u64 refused; /* (admissions are counted per project: fs_dest_projects) */
+	__u64 would;   /* refusals dry-run admitted */
+	__u64 _pad[4]; /* a cache line per pool */
 };

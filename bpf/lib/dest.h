@@ -1,0 +1,299 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Destination pools: a named connections pool selected by where a connect()
+ * goes (docs/destination-pools.md). A connect to a destination of such a
+ * pool takes a permit in it as well as the node's, under the same rule
+ * (pools/doc.go) with the pool's own SIZE, FLOOR and window, and is refused
+ * if either refuses.
+ *
+ *   fs_dests          LPM trie (port, prefix) -> pool id 1..; a pool of every
+ *                     port is kept under port 0 and looked up second, so a
+ *                     pool that names the port wins over one that does not,
+ *                     and among those the longest prefix
+ *   fs_dpool_conf     per pool: size, floor, window, flags, name (the loader's)
+ *   fs_dpool_state    per pool: in_use, active, counters (atomics)
+ *   fs_dpool_proj     per (pool, project): in_use, last ask, counters; an
+ *                     array indexed (pool - 1) * dest_stride + project, so a
+ *                     lookup is inlined (no hashing)
+ *
+ * The socket's held-permit entry (held.h) keeps the pool id with the node's
+ * permit: every release path ends that entry exactly once (end_held), and
+ * the one that does gives back both. A pool removed while connections hold
+ * its permits leaves the trie at once and keeps its id and counts until they
+ * are given back (the loader reuses the id only once its in_use is 0).
+ *
+ * Cost: nothing while no pool is configured (fs_settings.dest_kinds is 0 and
+ * the trie is not looked at); otherwise one trie lookup per kind of pool
+ * configured (DEST_PORTS, DEST_ANY), and for a match the rule's few atomics.
+ * Outbound only: an accepted connection takes no destination permit.
+ */
+#pragma once
+
+#include "maps.h"
+#include "project.h"
+#include "events.h"
+
+/* fs_settings.dest_kinds */
+#define DEST_PORTS 1 /* some destination pool names a port */
+#define DEST_ANY 2   /* some destination pool takes every port */
+
+/* fs_dest_conf.flags (fs_dpool_conf) */
+#define DEST_LIVE 1   /* configured (its destinations are in fs_dests) */
+#define DEST_DRYRUN 2 /* enforce: false */
+
+#define DEST_KEY_BITS (16 + 128) /* a full key: port and IPv6 address */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024); /* limits.MaxDestinations */
+	__type(key, struct fs_dest_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_dests SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 17); /* set at load: Options.MaxDestPools + 1 (id 0 is none) */
+	__type(key, __u32);
+	__type(value, struct fs_dest_conf);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_dpool_conf SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 17); /* set at load: as fs_dpool_conf */
+	__type(key, __u32);
+	__type(value, struct fs_dest_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_dpool_state SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 16); /* set at load: Options.MaxDestPools x the entries of fs_projects */
+	__type(key, __u32);
+	__type(value, struct fs_project);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_dpool_proj SEC(".maps");
+
+volatile const __u32 dest_stride = 1; /* entries of fs_projects, set at load */
+
+/* A destination pool and a project's entry in it, as dest_get finds them. */
+struct dest_view {
+	__u32 id;
+	struct fs_dest_conf *c;
+	struct fs_dest_state *s;
+	struct fs_project *p;
+};
+
+static __always_inline bool dest_get(__u32 pool, __u64 project, struct dest_view *v)
+{
+	__u32 k = pool;
+	v->id = pool;
+	v->c = bpf_map_lookup_elem(&fs_dpool_conf, &k);
+	v->s = bpf_map_lookup_elem(&fs_dpool_state, &k);
+	/* project < dest_stride (the loader's ids are), so the index names
+	 * one (pool, project) and cannot wrap into the next pool's. */
+	if (pool == 0 || project >= dest_stride)
+		return false;
+	__u32 i = (pool - 1) * dest_stride + (__u32)project;
+	v->p = bpf_map_lookup_elem(&fs_dpool_proj, &i);
+	return v->c && v->s && v->p;
+}
+
+/*
+ * dest_lookup is the destination pool of a connect to port (network order)
+ * at addr (IPv6 or v4-mapped), 0 if none: the pools that name the port
+ * first, then those of every port, only the kinds configured.
+ */
+static __always_inline __u32 dest_lookup(__u32 kinds, __u16 port, const __u8 *addr)
+{
+	struct fs_dest_key k __attribute__((aligned(8))) = {.prefixlen = DEST_KEY_BITS};
+	__builtin_memcpy(k.port, &port, 2);
+	__builtin_memcpy(k.addr, addr, 16);
+	__u32 *v;
+	if (kinds & DEST_PORTS) {
+		v = bpf_map_lookup_elem(&fs_dests, &k);
+		if (v)
+			return *v;
+	}
+	if (kinds & DEST_ANY) {
+		k.port[0] = 0;
+		k.port[1] = 0;
+		v = bpf_map_lookup_elem(&fs_dests, &k);
+		if (v)
+			return *v;
+	}
+	return 0;
+}
+
+/*
+ * dest_seen stamps the project's ask in the pool and counts it into the
+ * pool's active window when this ask brings it in: rule.h's seen, on the
+ * pool's own counters.
+ */
+static __always_inline void dest_seen(struct dest_view *v)
+{
+	struct fs_project *p = v->p;
+	if (*(volatile __s64 *)&p->in_use > 0)
+		return;
+	__u64 now = now_ns(CLK_COARSE);
+	__u64 last = p->last_seen_ns;
+	__u64 window = v->c->window_ns;
+	if (window && (last == 0 || (now > last && now - last >= window))) {
+		if (__sync_val_compare_and_swap(&p->last_seen_ns, last, now) == last)
+			__sync_fetch_and_add(&v->s->active, 1);
+		return;
+	}
+	p->last_seen_ns = now;
+}
+
+/* dest_under says whether holding held permits is under the pool's share. */
+static __always_inline bool dest_under(struct dest_view *v, __s64 held)
+{
+	__s64 size = v->c->size;
+	if (held < (__s64)v->c->floor)
+		return true;
+	__s64 active = *(volatile __s64 *)&v->s->active;
+	if (active <= 1)
+		return held < size;
+	return (held + 1) * active <= size;
+}
+
+/*
+ * dest_admit applies the rule in the pool: 1 and the permit taken, or 0.
+ * The pool's in_use moves by compare-and-swap to values the rule allows
+ * only, as the node's (rule.h, admit).
+ */
+static __always_inline int dest_admit(struct dest_view *v)
+{
+	dest_seen(v);
+	__u32 size = v->c->size, floor = v->c->floor;
+	__s64 lim = dest_under(v, *(volatile __s64 *)&v->p->in_use) ? size : (floor < size ? size - floor : 0);
+	bool ok = false;
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		__s64 used = *(volatile __s64 *)&v->s->in_use;
+		if (used >= lim)
+			break;
+		if (__sync_val_compare_and_swap(&v->s->in_use, used, used + 1) == used) {
+			ok = true;
+			break;
+		}
+	}
+	if (!ok)
+		return 0;
+	__sync_fetch_and_add(&v->p->in_use, 1);
+	__sync_fetch_and_add(&v->p->admitted, 1);
+	return 1;
+}
+
+/* dest_take_past takes a permit in the pool without the rule (dry-run). */
+static __always_inline void dest_take_past(struct dest_view *v)
+{
+	__sync_fetch_and_add(&v->s->in_use, 1);
+	__sync_fetch_and_add(&v->p->in_use, 1);
+	__sync_fetch_and_add(&v->p->admitted, 1);
+}
+
+/*
+ * dest_give gives a permit of project id back to pool (a release, or the
+ * undo of one the node's pool then refused). Holding counts as asking, as
+ * in unadmit.
+ */
+static __always_inline void dest_give(__u32 pool, __u64 id, bool fine)
+{
+	struct dest_view v;
+	if (!dest_get(pool, id, &v))
+		return;
+	__sync_fetch_and_add(&v.s->in_use, -1);
+	if (__sync_fetch_and_add(&v.p->in_use, -1) <= 1)
+		v.p->last_seen_ns = now_ns(fine);
+}
+
+/* dest_release gives back the destination permit a socket's entry kept. */
+static __always_inline void dest_release(__u32 pool, __u64 id, bool fine)
+{
+	dest_give(pool, id, fine);
+}
+
+/* dest_event reports a connect refused (or, would, admitted in dry-run) by pool v. */
+static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64 id, struct dest_view *v, bool would)
+{
+	__u64 now = 0;
+	struct fs_event *ev = ev_reserve(id, &now);
+	if (!ev)
+		return;
+	__s64 taken = would ? 1 : 0;
+	__s64 held = *(volatile __s64 *)&v->p->in_use - taken;
+	__u32 size = v->c->size;
+	__s64 active = *(volatile __s64 *)&v->s->active;
+	__u32 share = active > 1 ? size / (__u32)active : size;
+	if (share < v->c->floor)
+		share = v->c->floor;
+	struct fs_tuple t __attribute__((aligned(8))) = {};
+	tuple_connect(ctx, v6, &t);
+	ev->project = id;
+	ev->time_ns = now;
+	__builtin_memcpy(&ev->tuple, &t, sizeof(ev->tuple));
+	ev->_pad0 = 0;
+	ev->held = held;
+	ev->in_use = *(volatile __s64 *)&v->s->in_use - taken;
+	ev->share = share;
+	ev->pool = size;
+	ev->dir = FS_DIR_CONNECT;
+	ev->reason = dest_under(v, held) ? FS_REASON_POOL_FULL : FS_REASON_OVER_SHARE;
+	ev->flags = would ? FS_EV_WOULD | FS_EV_TAKEN : 0;
+	__builtin_memset(ev->_pad, 0, sizeof(ev->_pad));
+	ev->dest = v->id;
+	bpf_ringbuf_submit(ev, 0);
+	EVCOUNT(emitted);
+}
+
+/* Outcomes of dest_connect. */
+#define DEST_NONE 0    /* no destination pool: nothing taken */
+#define DEST_TAKEN 1   /* a permit taken in pool *dest */
+#define DEST_REFUSED 2 /* the pool refused: refuse the connect */
+
+/*
+ * dest_connect takes the permit of a connect() of project id in the
+ * destination pool its address matches, if any (pool id in *dest). A
+ * refusal is counted and reported here; in dry-run (the pool's, or the
+ * project's) it is taken past the rule and counted as would_refuse.
+ */
+static __always_inline int dest_connect(struct bpf_sock_addr *ctx, bool v6, __u64 id, __u32 *dest)
+{
+	struct fs_settings *cfg = settings();
+	__u32 kinds = cfg ? cfg->dest_kinds : 0;
+	if (!kinds)
+		return DEST_NONE;
+	addr_buf a;
+	if (v6) {
+		__u32 *r = (__u32 *)a;
+		r[0] = ctx->user_ip6[0];
+		r[1] = ctx->user_ip6[1];
+		r[2] = ctx->user_ip6[2];
+		r[3] = ctx->user_ip6[3];
+	} else {
+		v4mapped(a, ctx->user_ip4);
+	}
+	__u32 pool = dest_lookup(kinds, (__u16)ctx->user_port, a);
+	if (!pool)
+		return DEST_NONE;
+	struct dest_view v;
+	if (!dest_get(pool, id, &v))
+		return DEST_NONE;
+	*dest = pool;
+	if (dest_admit(&v))
+		return DEST_TAKEN;
+	if ((v.c->flags & DEST_DRYRUN) || bpf_map_lookup_elem(&fs_dryrun, &id)) {
+		dest_take_past(&v);
+		__sync_fetch_and_add(&v.s->would, 1);
+		dest_event(ctx, v6, id, &v, true);
+		return DEST_TAKEN;
+	}
+	__sync_fetch_and_add(&v.p->refused, 1);
+	__sync_fetch_and_add(&v.s->refused, 1);
+	dest_event(ctx, v6, id, &v, false);
+	return DEST_REFUSED;
+}

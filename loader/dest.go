@@ -1,0 +1,551 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/fairshare-dev/fairshare/internal/destination"
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// Destination pools (bpf/lib/dest.h, docs/destination-pools.md): named
+// connection pools selected by where a connect() goes. A connect that
+// matches one takes a permit in it as well as in the node's pool, under the
+// same rule with the pool's own size, floor and window; the socket's
+// held-permit entry keeps the pool's id, so whichever release path ends the
+// entry gives both back.
+
+// DefaultMaxDestPools is Options.MaxDestPools when it is 0.
+const DefaultMaxDestPools = 16
+
+// MaxDestPools bounds Options.MaxDestPools.
+const MaxDestPools = 256
+
+// MaxDestinations bounds the destinations of all pools together (the
+// entries of fs_dests).
+const MaxDestinations = 1024
+
+// Flags of fs_dest_conf (DEST_LIVE, DEST_DRYRUN in bpf/lib/dest.h) and the
+// kinds of fs_settings.dest_kinds (DEST_PORTS, DEST_ANY).
+const (
+	destLive   = 1
+	destDryRun = 2
+	destPorts  = 1
+	destAny    = 2
+	destKeyBit = 16 + 128
+)
+
+// ErrDestPoolsFull means every destination pool id of the pinned maps is
+// configured, or held by a removed pool whose connections still hold its
+// permits.
+var ErrDestPoolsFull = errors.New("no free destination pool id")
+
+// ErrBadDestPool reports a destination pool SetDestPools cannot use.
+var ErrBadDestPool = errors.New("invalid destination pool")
+
+// ErrNoDestPool is returned by SetDestPoolSize for a name not configured.
+var ErrNoDestPool = errors.New("no such destination pool")
+
+// DestPool is a destination pool's configuration.
+type DestPool struct {
+	Name string // pools.<name>: lowercase letters, digits and _, at most 32 bytes
+	// Size is the pool's POOL (1..limits.MaxPoolSize) and Floor its
+	// FLOOR (0: pools.DefaultFloor(Size)).
+	Size, Floor uint32
+	// Window is its active window; 0 means the node pool's.
+	Window time.Duration
+	// DryRun admits what the rule would refuse and counts it (enforce: false).
+	DryRun       bool
+	Destinations []destination.Destination
+}
+
+// destPool is a destination pool id's state on the Go side.
+type destPool struct {
+	id      uint32
+	cfg     DestPool
+	live    bool // configured; false: removed, its id kept until its in_use is 0
+	floorOf uint32
+}
+
+// DestSnapshot is what the maps say of one destination pool.
+type DestSnapshot struct {
+	Name                     string
+	ID                       uint32
+	Destinations             []string
+	Size, Floor, InUse       int
+	Active, Share            int
+	KernelActive             int
+	Admitted, Refused, Would uint64
+	DryRun                   bool
+	// Removed: no longer configured; its connections still hold InUse.
+	Removed  bool
+	Projects []ProjectCounters // projects with counts in the pool, by name
+}
+
+func (p DestPool) validate() error {
+	if p.Name == "" || len(p.Name) > 32 {
+		return fmt.Errorf("destination pool name %q (1..32 bytes): %w", p.Name, ErrBadDestPool)
+	}
+	if p.Size == 0 || p.Size > 1<<24 {
+		return fmt.Errorf("pools.%s: size %d: %w", p.Name, p.Size, ErrBadDestPool)
+	}
+	if p.Floor > p.Size {
+		return fmt.Errorf("pools.%s: floor %d above size %d: %w", p.Name, p.Floor, p.Size, ErrBadDestPool)
+	}
+	if len(p.Destinations) == 0 {
+		return fmt.Errorf("pools.%s: no destinations: %w", p.Name, ErrBadDestPool)
+	}
+	return nil
+}
+
+// loadDestsLocked reads the pools the pins hold (a restart keeps their ids
+// and counts).
+func (l *Limiter) loadDestsLocked() error {
+	l.dests = map[string]*destPool{}
+	n := l.objs.FsDpoolConf.MaxEntries()
+	for id := uint32(1); id < n; id++ {
+		var c limiterFsDestConf
+		if err := l.objs.FsDpoolConf.Lookup(id, &c); err != nil {
+			return fmt.Errorf("reading destination pool %d: %w", id, err)
+		}
+		name := confName(c)
+		if name == "" {
+			continue
+		}
+		l.dests[name] = &destPool{id: id, live: c.Flags&destLive != 0,
+			cfg: DestPool{Name: name, Size: c.Size, Floor: c.Floor, Window: time.Duration(c.WindowNs), DryRun: c.Flags&destDryRun != 0}}
+	}
+	return nil
+}
+
+func confName(c limiterFsDestConf) string {
+	b := make([]byte, 0, len(c.Name))
+	for _, ch := range c.Name {
+		if ch == 0 {
+			break
+		}
+		b = append(b, byte(ch))
+	}
+	return string(b)
+}
+
+// SetDestPools makes pools the destination pools, applied at once with the
+// programs running: a new pool starts empty, a resized one keeps its
+// counts, and a removed one stops matching new connects while those that
+// hold its permits give them back as they close (its id is reused only
+// once they have). A pool keeps its id and counts across calls and
+// restarts by name. Nothing is changed if pools do not validate, overlap
+// (destination.Check) or need more ids than Options.MaxDestPools.
+func (l *Limiter) SetDestPools(dps []DestPool) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	return l.setDestPoolsLocked(dps)
+}
+
+func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
+	byName := map[string][]destination.Destination{}
+	total := 0
+	for _, p := range dps {
+		if err := p.validate(); err != nil {
+			return err
+		}
+		if _, dup := byName[p.Name]; dup {
+			return fmt.Errorf("destination pool %s given twice: %w", p.Name, ErrBadDestPool)
+		}
+		byName[p.Name] = p.Destinations
+		total += len(p.Destinations)
+	}
+	if err := destination.Check(byName); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadDestPool, err)
+	}
+	if total > MaxDestinations {
+		return fmt.Errorf("%d destinations, at most %d: %w", total, MaxDestinations, ErrBadDestPool)
+	}
+	// Ids: a pool keeps its own; a new one takes a free id, else one of a
+	// removed pool whose permits all came back.
+	free, err := l.freeDestIDsLocked(byName)
+	if err != nil {
+		return err
+	}
+	ids := map[string]uint32{}
+	var newOnes []string
+	for _, p := range dps {
+		if dp, ok := l.dests[p.Name]; ok {
+			ids[p.Name] = dp.id
+		} else {
+			newOnes = append(newOnes, p.Name)
+		}
+	}
+	if len(newOnes) > len(free) {
+		return fmt.Errorf("%d new destination pools, %d ids free of %d (removed pools keep theirs while their connections last): %w",
+			len(newOnes), len(free), l.objs.FsDpoolConf.MaxEntries()-1, ErrDestPoolsFull)
+	}
+	for i, n := range newOnes {
+		ids[n] = free[i]
+	}
+	// The settings first (with the old pools' kinds too while the trie
+	// changes), then the trie, then the kinds alone.
+	kinds := uint32(0)
+	want := map[limiterFsDestKey]uint32{}
+	for _, p := range dps {
+		c := limiterFsDestConf{Size: p.Size, Floor: uint32(pools.EffectiveFloor(int(p.Size), int(p.Floor))),
+			WindowNs: uint64(l.window), Flags: destLive}
+		if p.Window > 0 {
+			c.WindowNs = uint64(p.Window)
+		}
+		if p.DryRun {
+			c.Flags |= destDryRun
+		}
+		for i := range min(len(p.Name), len(c.Name)) {
+			c.Name[i] = int8(p.Name[i])
+		}
+		if err := l.objs.FsDpoolConf.Put(ids[p.Name], &c); err != nil {
+			return fmt.Errorf("writing destination pool %s: %w", p.Name, err)
+		}
+		for _, d := range p.Destinations {
+			want[destKey(d)] = ids[p.Name]
+			if d.Port != 0 {
+				kinds |= destPorts
+			} else {
+				kinds |= destAny
+			}
+		}
+	}
+	old, err := l.destKeys()
+	if err != nil {
+		return err
+	}
+	if err := l.setDestKinds(kinds | l.kindsOf(old)); err != nil {
+		return err
+	}
+	for k, id := range want {
+		if err := l.objs.FsDests.Put(&k, id); err != nil {
+			return fmt.Errorf("writing destination: %w", err)
+		}
+	}
+	for k := range old {
+		if _, ok := want[k]; ok {
+			continue
+		}
+		if err := l.objs.FsDests.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("removing destination: %w", err)
+		}
+	}
+	if err := l.setDestKinds(kinds); err != nil {
+		return err
+	}
+	// Removed pools: no longer live; their ids stay named until their
+	// permits are back (Tick).
+	for name, dp := range l.dests {
+		if _, ok := byName[name]; ok || !dp.live {
+			continue
+		}
+		var c limiterFsDestConf
+		if err := l.objs.FsDpoolConf.Lookup(dp.id, &c); err != nil {
+			return fmt.Errorf("reading destination pool %s: %w", name, err)
+		}
+		c.Flags &^= destLive
+		if err := l.objs.FsDpoolConf.Put(dp.id, &c); err != nil {
+			return fmt.Errorf("retiring destination pool %s: %w", name, err)
+		}
+		dp.live = false
+		l.log.Info("destination pool removed; its connections give its permits back as they close", "pool", name, "id", dp.id)
+	}
+	for _, p := range dps {
+		dp, ok := l.dests[p.Name]
+		if !ok {
+			dp = &destPool{id: ids[p.Name]}
+			l.dests[p.Name] = dp
+			l.log.Info("destination pool added", "pool", p.Name, "id", dp.id, "size", p.Size, "destinations", len(p.Destinations))
+		}
+		dp.cfg, dp.live = p, true
+		dp.cfg.Destinations = slices.Clone(p.Destinations)
+	}
+	return nil
+}
+
+// freeDestIDsLocked lists the ids a new pool may take, lowest first: those
+// no pool names, then those of removed pools (not in keep) holding nothing,
+// which are forgotten here.
+func (l *Limiter) freeDestIDsLocked(keep map[string][]destination.Destination) ([]uint32, error) {
+	used := map[uint32]bool{}
+	for _, dp := range l.dests {
+		used[dp.id] = true
+	}
+	var free []uint32
+	for id := uint32(1); id < l.objs.FsDpoolConf.MaxEntries(); id++ {
+		if !used[id] {
+			free = append(free, id)
+		}
+	}
+	names := make([]string, 0, len(l.dests))
+	for n := range l.dests {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		dp := l.dests[n]
+		if _, ok := keep[n]; ok || dp.live {
+			continue
+		}
+		empty, err := l.destEmptyLocked(dp.id)
+		if err != nil {
+			return nil, err
+		}
+		if empty {
+			free = append(free, dp.id)
+		}
+	}
+	return free, nil
+}
+
+// destEmptyLocked says whether no permit of pool id is held.
+func (l *Limiter) destEmptyLocked(id uint32) (bool, error) {
+	var s limiterFsDestState
+	if err := l.objs.FsDpoolState.Lookup(id, &s); err != nil {
+		return false, fmt.Errorf("reading destination pool %d: %w", id, err)
+	}
+	return s.InUse <= 0, nil
+}
+
+// forgetDestLocked frees pool dp's id: its name and per-project entries
+// are cleared, so that the next pool given the id starts from zero.
+func (l *Limiter) forgetDestLocked(name string, dp *destPool) error {
+	for pid := uint32(1); pid <= l.projHigh && pid < l.maxProj; pid++ {
+		k := (dp.id-1)*l.maxProj + pid
+		if err := l.objs.FsDpoolProj.Put(k, &limiterFsProject{}); err != nil {
+			return fmt.Errorf("clearing destination pool %s: %w", name, err)
+		}
+	}
+	if err := l.objs.FsDpoolState.Put(dp.id, &limiterFsDestState{}); err != nil {
+		return fmt.Errorf("clearing destination pool %s: %w", name, err)
+	}
+	if err := l.objs.FsDpoolConf.Put(dp.id, &limiterFsDestConf{}); err != nil {
+		return fmt.Errorf("clearing destination pool %s: %w", name, err)
+	}
+	delete(l.dests, name)
+	l.log.Info("destination pool's last connection closed; id freed", "pool", name, "id", dp.id)
+	return nil
+}
+
+func destKey(d destination.Destination) limiterFsDestKey {
+	a, bits := d.Mapped()
+	k := limiterFsDestKey{Prefixlen: uint32(16 + bits), Addr: a}
+	// Network order; every port (0) is kept under port 0, whose 16 bits
+	// are matched like any port's.
+	k.Port[0], k.Port[1] = byte(d.Port>>8), byte(d.Port)
+	return k
+}
+
+// destKeys reads the trie.
+func (l *Limiter) destKeys() (map[limiterFsDestKey]uint32, error) {
+	out := map[limiterFsDestKey]uint32{}
+	var k limiterFsDestKey
+	var v uint32
+	it := l.objs.FsDests.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading destinations: %w", err)
+	}
+	return out, nil
+}
+
+func (l *Limiter) kindsOf(keys map[limiterFsDestKey]uint32) uint32 {
+	k := uint32(0)
+	for key := range keys {
+		if key.Port != [2]uint8{} {
+			k |= destPorts
+		} else {
+			k |= destAny
+		}
+	}
+	return k
+}
+
+// setDestKinds writes fs_settings.dest_kinds; 0 keeps the programs from
+// looking at the trie at all.
+func (l *Limiter) setDestKinds(kinds uint32) error {
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading config map: %w", err)
+	}
+	if cfg.DestKinds == kinds {
+		return nil
+	}
+	cfg.DestKinds = kinds
+	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("writing config map: %w", err)
+	}
+	return nil
+}
+
+// SetDestPoolSize sets the size of destination pool name at run time (a
+// fleet-wide pool's local share, say), keeping its counts; its floor is
+// recomputed if the configuration left it to the default. Connections held
+// past a smaller size are not closed: the pool refuses until it is below.
+func (l *Limiter) SetDestPoolSize(name string, size uint32) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	dp, ok := l.dests[name]
+	if !ok || !dp.live {
+		return fmt.Errorf("%q: %w", name, ErrNoDestPool)
+	}
+	p := dp.cfg
+	p.Size = size
+	if p.Floor > size {
+		p.Floor = size
+	}
+	if err := p.validate(); err != nil {
+		return err
+	}
+	var c limiterFsDestConf
+	if err := l.objs.FsDpoolConf.Lookup(dp.id, &c); err != nil {
+		return fmt.Errorf("reading destination pool %s: %w", name, err)
+	}
+	c.Size, c.Floor = size, uint32(pools.EffectiveFloor(int(size), int(p.Floor)))
+	if err := l.objs.FsDpoolConf.Put(dp.id, &c); err != nil {
+		return fmt.Errorf("resizing destination pool %s: %w", name, err)
+	}
+	dp.cfg = p
+	return nil
+}
+
+// destProject reads project pid's entry in pool id.
+func (l *Limiter) destProject(id, pid uint32) (limiterFsProject, error) {
+	var v limiterFsProject
+	if pid == 0 || pid >= l.maxProj {
+		return v, nil
+	}
+	if err := l.objs.FsDpoolProj.Lookup((id-1)*l.maxProj+pid, &v); err != nil {
+		return v, fmt.Errorf("reading destination pool %d: %w", id, err)
+	}
+	return v, nil
+}
+
+// tickDestsLocked recounts each pool's active projects (the programs only
+// add newcomers) and frees the ids of removed pools whose permits are back.
+func (l *Limiter) tickDestsLocked(mono uint64) error {
+	for name, dp := range l.dests {
+		var s limiterFsDestState
+		if err := l.objs.FsDpoolState.Lookup(dp.id, &s); err != nil {
+			return fmt.Errorf("reading destination pool %s: %w", name, err)
+		}
+		if !dp.live && s.InUse <= 0 {
+			if err := l.forgetDestLocked(name, dp); err != nil {
+				return err
+			}
+			continue
+		}
+		window := uint64(l.window)
+		if dp.cfg.Window > 0 {
+			window = uint64(dp.cfg.Window)
+		}
+		active := int64(0)
+		for pid := uint32(1); pid <= l.projHigh && pid < l.maxProj; pid++ {
+			v, err := l.destProject(dp.id, pid)
+			if err != nil {
+				return err
+			}
+			if v.InUse > 0 || (v.LastSeenNs != 0 && mono-v.LastSeenNs < window) {
+				active++
+			}
+		}
+		if d := active - s.Active; d != 0 {
+			if _, err := l.adjust(limiterFsAdjustArgs{Op: opDestActive, SinceNs: uint64(dp.id), Delta: d}); err != nil {
+				return fmt.Errorf("recounting active projects of destination pool %s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// clearDestProjectLocked zeroes project pid's entries in every pool: its id
+// is being freed (forgetLocked), and the next project given it starts empty.
+func (l *Limiter) clearDestProjectLocked(pid uint32) error {
+	if pid == 0 || pid >= l.maxProj {
+		return nil
+	}
+	for id := uint32(1); id < l.objs.FsDpoolConf.MaxEntries(); id++ {
+		if err := l.objs.FsDpoolProj.Put((id-1)*l.maxProj+pid, &limiterFsProject{}); err != nil {
+			return fmt.Errorf("clearing project %d in destination pool %d: %w", pid, id, err)
+		}
+	}
+	return nil
+}
+
+// destSnapshotsLocked reads every destination pool, sorted by name.
+func (l *Limiter) destSnapshotsLocked(names []string, mono uint64) ([]DestSnapshot, error) {
+	out := make([]DestSnapshot, 0, len(l.dests))
+	for name, dp := range l.dests {
+		var c limiterFsDestConf
+		var s limiterFsDestState
+		if err := l.objs.FsDpoolConf.Lookup(dp.id, &c); err != nil {
+			return nil, fmt.Errorf("reading destination pool %s: %w", name, err)
+		}
+		if err := l.objs.FsDpoolState.Lookup(dp.id, &s); err != nil {
+			return nil, fmt.Errorf("reading destination pool %s: %w", name, err)
+		}
+		ds := DestSnapshot{Name: name, ID: dp.id, Size: int(c.Size), Floor: int(c.Floor), InUse: int(s.InUse),
+			KernelActive: int(max(s.Active, 0)), Refused: s.Refused, Would: s.Would,
+			DryRun: c.Flags&destDryRun != 0, Removed: c.Flags&destLive == 0}
+		for _, d := range dp.cfg.Destinations {
+			ds.Destinations = append(ds.Destinations, d.String())
+		}
+		ds.Share = pools.Share(ds.Size, ds.Floor, ds.KernelActive)
+		n := l.projHigh
+		if l.readOnly {
+			n = l.maxProj - 1
+		}
+		for pid := uint32(1); pid <= n && pid < l.maxProj; pid++ {
+			v, err := l.destProject(dp.id, pid)
+			if err != nil {
+				return nil, err
+			}
+			if v == (limiterFsProject{}) {
+				continue
+			}
+			ds.Admitted += v.Admitted
+			pc := ProjectCounters{ID: pid, InUse: int(v.InUse), Admitted: v.Admitted, Refused: v.Refused,
+				Active: v.InUse > 0 || (v.LastSeenNs != 0 && mono-v.LastSeenNs < c.WindowNs)}
+			if int(pid) < len(names) {
+				pc.Project = names[pid]
+			}
+			if pc.Active {
+				ds.Active++
+			}
+			ds.Projects = append(ds.Projects, pc)
+		}
+		sort.Slice(ds.Projects, func(i, j int) bool { return ds.Projects[i].Project < ds.Projects[j].Project })
+		out = append(out, ds)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// DestPoolName is the name of destination pool id (an event's), "" if
+// none.
+func (l *Limiter) DestPoolName(id uint32) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for n, dp := range l.dests {
+		if dp.id == id {
+			return n
+		}
+	}
+	return ""
+}

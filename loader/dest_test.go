@@ -1,0 +1,473 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/destination"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+)
+
+// destPool is a DestPool of the given destinations (destination syntax).
+func destPoolOf(t testing.TB, name string, size, floor uint32, dests ...string) DestPool {
+	t.Helper()
+	ds, err := destination.ParseAll(dests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return DestPool{Name: name, Size: size, Floor: floor, Destinations: ds}
+}
+
+func destSnap(t testing.TB, l *Limiter, name string) DestSnapshot {
+	t.Helper()
+	for _, d := range snap(t, l).Dests {
+		if d.Name == name {
+			return d
+		}
+	}
+	t.Fatalf("no destination pool %s in the snapshot", name)
+	return DestSnapshot{}
+}
+
+func destProj(d DestSnapshot, name string) ProjectCounters {
+	for _, p := range d.Projects {
+		if p.Project == name {
+			return p
+		}
+	}
+	return ProjectCounters{Project: name}
+}
+
+// waitDest waits until destination pool name and its projects hold the
+// given counts.
+func waitDest(t testing.TB, l *Limiter, name string, inUse int, proj map[string]int) {
+	t.Helper()
+	eventually(t, "destination pool "+name, func() (bool, string) {
+		d := destSnap(t, l, name)
+		ok := d.InUse == inUse
+		for p, n := range proj {
+			ok = ok && destProj(d, p).InUse == n
+		}
+		return ok, fmt.Sprintf("want %d %v, have %+v", inUse, proj, d)
+	})
+}
+
+func portOf(ln net.Listener) string {
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// The rule in a destination pool of 8 at 127.0.0.1:PORT: a project alone
+// takes all 8, a newcomer gets its floor, the one over its share is refused
+// first (with an event naming the pool), connections to another port are
+// not counted in it, and every permit comes back at close.
+func TestDestPoolRule(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	other := sink(t, "tcp4", "127.0.0.1:0")
+	if err := l.SetEvents(100, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 8, 2, "127.0.0.1/32:"+portOf(db))}); err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	b := startHelper(t, mkProject(t, root, "b"))
+
+	// Alone, a takes the whole pool; past it, refused.
+	if r := a.dial("tcp4", db.Addr().String(), 10); r.ok != 8 || r.refused != 2 {
+		t.Fatalf("a alone: %+v, want 8 admitted", r)
+	}
+	// Another port is the node pool's only.
+	if r := a.dial("tcp4", other.Addr().String(), 5); r.ok != 5 {
+		t.Fatalf("another port: %+v", r)
+	}
+	d := destSnap(t, l, "db")
+	if d.InUse != 8 || destProj(d, "a").InUse != 8 || destProj(d, "a").Refused != 2 {
+		t.Fatalf("after a alone: %+v", d)
+	}
+	if s := snap(t, l); s.InUse != 13 || project(s, "a").InUse != 13 {
+		t.Fatalf("node: %+v", s)
+	}
+	a.do("close")
+	waitInUse(t, l, 0, map[string]int{"a": 0})
+	waitDest(t, l, "db", 0, map[string]int{"a": 0})
+
+	// Both active (b asked once): share 4. a is admitted under POOL to 4,
+	// then under POOL - FLOOR to 6; b, a newcomer under its share, gets
+	// the last 2 (its floor); a, over its share, is refused first.
+	if r := b.dial("tcp4", db.Addr().String(), 1); r.ok != 1 {
+		t.Fatalf("b: %+v", r)
+	}
+	b.do("close")
+	if r := a.dial("tcp4", db.Addr().String(), 1); r.ok != 1 {
+		t.Fatalf("a: %+v", r)
+	}
+	a.do("close")
+	waitDest(t, l, "db", 0, nil)
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if d := destSnap(t, l, "db"); d.KernelActive != 2 || d.Share != 4 {
+		t.Fatalf("two active: %+v", d)
+	}
+	if r := a.dial("tcp4", db.Addr().String(), 9); r.ok != 6 || r.refused != 3 {
+		t.Fatalf("a past its share: %+v, want 6 admitted", r)
+	}
+	if r := b.dial("tcp4", db.Addr().String(), 3); r.ok != 2 || r.refused != 1 {
+		t.Fatalf("newcomer b: %+v, want its floor of 2", r)
+	}
+	if r := a.dial("tcp4", db.Addr().String(), 1); r.refused != 1 {
+		t.Fatalf("a over its share on a full pool: %+v", r)
+	}
+	d = destSnap(t, l, "db")
+	if d.InUse != 8 || destProj(d, "a").InUse != 6 || destProj(d, "b").InUse != 2 {
+		t.Fatalf("full pool: %+v", d)
+	}
+	// The refusals are events of the pool, with its numbers.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var found Refusal
+	_ = l.ReadRefusals(ctx, func(r Refusal) {
+		if r.DestPool == "db" && r.Project == "a" && r.Reason == ReasonOverShare && r.Held == 6 && r.InUse == 8 {
+			found = r
+			cancel()
+		}
+	})
+	if found.DestPool != "db" || found.Pool != 8 || found.InUse != 8 || found.Remote.String() != db.Addr().String() {
+		t.Fatalf("no share refusal of a in db among the events: %+v", found)
+	}
+	a.do("rst")
+	b.do("close")
+	waitInUse(t, l, 0, map[string]int{"a": 0, "b": 0})
+	waitDest(t, l, "db", 0, map[string]int{"a": 0, "b": 0})
+}
+
+// The node's pool and a destination pool refuse independently: a connect
+// the destination pool admits and the node's pool refuses gives the
+// destination permit back, and the other way round.
+func TestDestPoolAndNodeRefuseIndependently(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 1)
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	other := sink(t, "tcp4", "127.0.0.1:0")
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 8, 1, "127.0.0.0/8:"+portOf(db))}); err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	if r := a.dial("tcp4", other.Addr().String(), 5); r.ok != 5 {
+		t.Fatal(r)
+	}
+	// The node has 5 left: 5 to db, then the node refuses.
+	if r := a.dial("tcp4", db.Addr().String(), 8); r.ok != 5 || r.refused != 3 {
+		t.Fatalf("node pool full first: %+v", r)
+	}
+	if d := destSnap(t, l, "db"); d.InUse != 5 || destProj(d, "a").InUse != 5 {
+		t.Fatalf("the node's refusals must give the destination permits back: %+v", d)
+	}
+	a.do("close")
+	waitDest(t, l, "db", 0, map[string]int{"a": 0})
+	// Now the destination pool is the smaller one.
+	if err := l.SetDestPoolSize("db", 3); err != nil {
+		t.Fatal(err)
+	}
+	if r := a.dial("tcp4", db.Addr().String(), 5); r.ok != 3 || r.refused != 2 {
+		t.Fatalf("destination pool full first: %+v", r)
+	}
+	if s := snap(t, l); s.InUse != 3 {
+		t.Fatalf("the destination's refusals must take no node permit: %+v", s)
+	}
+	if r := a.dial("tcp4", other.Addr().String(), 7); r.ok != 7 {
+		t.Fatalf("the node has room for other destinations: %+v", r)
+	}
+	if err := l.SetDestPoolSize("nope", 3); !errors.Is(err, ErrNoDestPool) {
+		t.Fatalf("SetDestPoolSize of an unknown pool: %v", err)
+	}
+	a.do("close")
+	waitInUse(t, l, 0, map[string]int{"a": 0})
+	waitDest(t, l, "db", 0, map[string]int{"a": 0})
+}
+
+// IPv6 and v4-mapped destinations: an IPv6 pool counts IPv6 connects, and a
+// dual-stack socket's connect to a v4-mapped address counts in the IPv4
+// pool of that address; a pool of every port takes any port of its prefix.
+func TestDestPoolIPv6AndMapped(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	v4 := sink(t, "tcp4", "127.0.0.1:0")
+	v6 := sink(t, "tcp6", "[::1]:0")
+	if err := l.SetDestPools([]DestPool{
+		destPoolOf(t, "v4", 3, 1, "127.0.0.1/32:"+portOf(v4)),
+		destPoolOf(t, "v6", 2, 1, "[::1]/128"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	if r := a.dial("mapped", "[::ffff:127.0.0.1]:"+portOf(v4), 4); r.ok != 3 || r.refused != 1 {
+		t.Fatalf("v4-mapped: %+v", r)
+	}
+	if r := a.dial("tcp4", v4.Addr().String(), 1); r.refused != 1 {
+		t.Fatalf("ipv4 after v4-mapped filled the pool: %+v", r)
+	}
+	if r := a.dial("tcp6", v6.Addr().String(), 3); r.ok != 2 || r.refused != 1 {
+		t.Fatalf("ipv6: %+v", r)
+	}
+	waitDest(t, l, "v4", 3, map[string]int{"a": 3})
+	waitDest(t, l, "v6", 2, map[string]int{"a": 2})
+	a.do("close")
+	waitDest(t, l, "v4", 0, nil)
+	waitDest(t, l, "v6", 0, nil)
+	waitInUse(t, l, 0, map[string]int{"a": 0})
+}
+
+// Overlapping pools are refused as a whole, naming both, and change nothing.
+func TestDestPoolOverlapRefused(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 4, 1, "10.0.0.0/24:5432")}); err != nil {
+		t.Fatal(err)
+	}
+	err := l.SetDestPools([]DestPool{
+		destPoolOf(t, "db", 4, 1, "10.0.0.0/24:5432"),
+		destPoolOf(t, "cache", 4, 1, "[::ffff:10.0.0.0]/120:5432"),
+	})
+	if !errors.Is(err, ErrBadDestPool) || !strings.Contains(err.Error(), "pools.cache and pools.db overlap") {
+		t.Fatalf("overlap: %v", err)
+	}
+	s := snap(t, l)
+	if len(s.Dests) != 1 || s.Dests[0].Name != "db" {
+		t.Fatalf("a refused change changed the pools: %+v", s.Dests)
+	}
+	keys, err := l.destKeys()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("trie after a refused change: %v %v", keys, err)
+	}
+}
+
+// A pool removed while connections hold its permits stops counting new
+// ones at once, and gets those back as they close; its id is freed only
+// then, so a pool added meanwhile does not inherit them. No pools left:
+// the programs look no destination up (dest_kinds 0).
+func TestDestPoolRemovedWhileHeld(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 4, 1, "127.0.0.1/32:"+portOf(db))}); err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	if r := a.dial("tcp4", db.Addr().String(), 4); r.ok != 4 {
+		t.Fatal(r)
+	}
+	old := destSnap(t, l, "db")
+	if err := l.SetDestPools(nil); err != nil {
+		t.Fatal(err)
+	}
+	if d := destSnap(t, l, "db"); !d.Removed || d.InUse != 4 {
+		t.Fatalf("removed pool: %+v", d)
+	}
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil || cfg.DestKinds != 0 {
+		t.Fatalf("dest_kinds with no pool: %d %v", cfg.DestKinds, err)
+	}
+	// Not counted any more: the pool would refuse a fifth.
+	b := startHelper(t, mkProject(t, root, "b"))
+	if r := b.dial("tcp4", db.Addr().String(), 3); r.ok != 3 {
+		t.Fatalf("after removal: %+v", r)
+	}
+	// A new pool on the same destination takes another id.
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db2", 2, 1, "127.0.0.1/32:"+portOf(db))}); err != nil {
+		t.Fatal(err)
+	}
+	if d := destSnap(t, l, "db2"); d.ID == old.ID || d.InUse != 0 {
+		t.Fatalf("new pool beside a removed one holding permits: %+v (old %+v)", d, old)
+	}
+	if r := b.dial("tcp4", db.Addr().String(), 3); r.ok != 2 || r.refused != 1 {
+		t.Fatalf("new pool: %+v", r)
+	}
+	a.do("close")
+	waitDest(t, l, "db", 0, map[string]int{"a": 0})
+	if d := destSnap(t, l, "db2"); d.InUse != 2 {
+		t.Fatalf("the old pool's releases moved the new one: %+v", d)
+	}
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range snap(t, l).Dests {
+		if d.Name == "db" {
+			t.Fatalf("a removed pool holding nothing is forgotten at the next tick: %+v", d)
+		}
+	}
+	b.do("close")
+	waitDest(t, l, "db2", 0, map[string]int{"b": 0})
+	waitInUse(t, l, 0, map[string]int{"a": 0, "b": 0})
+}
+
+// Churn of clients SIGKILLed while holding, connecting and being refused by
+// a destination pool leaks nothing, in the pool or the node.
+func TestDestPoolChurnSIGKILLNoLeak(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 200, 0)
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 8, 2, "127.0.0.1/32:"+portOf(db))}); err != nil {
+		t.Fatal(err)
+	}
+	dirs := []string{mkProject(t, root, "a"), mkProject(t, root, "b")}
+	rounds := 12
+	if testing.Short() {
+		rounds = 4
+	}
+	for i := range rounds {
+		var hs []*helper
+		for _, dir := range dirs {
+			h := startHelper(t, dir)
+			h.do("churn tcp4 %s %d %d", db.Addr().String(), 150, 50)
+			h.dial("tcp4", db.Addr().String(), 6)
+			hs = append(hs, h)
+		}
+		for j, h := range hs {
+			if (i+j)%2 == 0 {
+				h.kill()
+			} else {
+				h.do("rst")
+				h.kill()
+			}
+		}
+	}
+	waitInUse(t, l, 0, map[string]int{"a": 0, "b": 0})
+	waitDest(t, l, "db", 0, map[string]int{"a": 0, "b": 0})
+	if n := nodeSpilled(t, l); n != 0 {
+		t.Fatalf("spilled %d", n)
+	}
+}
+
+// ssCount is the number of TCP sockets ss lists connected to dst.
+func ssCount(t testing.TB, dst string) int {
+	t.Helper()
+	if _, err := exec.LookPath("ss"); err != nil {
+		t.Skip("ss (iproute2) not installed")
+	}
+	out, err := exec.Command("ss", "-Htn", "state", "established", "dst", dst).Output()
+	if err != nil {
+		t.Fatalf("ss: %v", err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.TrimSpace(line) != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// Reconcile counts a destination pool's permits from the sockets, equal to
+// what ss lists, and repairs a count that drifted.
+func TestDestPoolReconcileMatchesSS(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 8, 2, "127.0.0.1/32:"+portOf(db))}); err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	b := startHelper(t, mkProject(t, root, "b"))
+	a.dial("tcp4", db.Addr().String(), 5)
+	b.dial("tcp4", db.Addr().String(), 2)
+	rep, err := l.Reconcile(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss := ssCount(t, db.Addr().String())
+	if d := destSnap(t, l, "db"); rep.Dests["db"] != 7 || ss != 7 || d.InUse != 7 || len(rep.DestDrift) != 0 {
+		t.Fatalf("reconcile %v drift %v, ss %d, pool %+v", rep.Dests, rep.DestDrift, ss, d)
+	}
+	// A count made wrong behind the programs' back is repaired.
+	id := destSnap(t, l, "db").ID
+	pid := destProj(destSnap(t, l, "db"), "a").ID
+	if _, err := l.adjust(limiterFsAdjustArgs{Op: opDestAdd, SinceNs: uint64(id), Project: uint64(pid), Delta: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err = l.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if rep.DestDrift["db"]["a"] != 3 || rep.DestRepaired["db"]["a"] != -3 {
+		t.Fatalf("drift %v repaired %v", rep.DestDrift, rep.DestRepaired)
+	}
+	waitDest(t, l, "db", 7, map[string]int{"a": 5, "b": 2})
+	a.do("close")
+	b.do("close")
+	waitDest(t, l, "db", 0, nil)
+}
+
+// A restart (a new Limiter on the same pins) keeps the pools' ids and
+// counts, and the connections held across it give their permits back.
+func TestDestPoolRestartKeepsCounts(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	pools := []DestPool{destPoolOf(t, "db", 8, 2, "127.0.0.1/32:"+portOf(db))}
+	if err := l.SetDestPools(pools); err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	if r := a.dial("tcp4", db.Addr().String(), 5); r.ok != 5 {
+		t.Fatal(r)
+	}
+	before := destSnap(t, l, "db")
+	l.Close()
+	l2, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100, DestPools: pools})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	after := destSnap(t, l2, "db")
+	if after.ID != before.ID || after.InUse != 5 || destProj(after, "a").InUse != 5 {
+		t.Fatalf("after a restart: %+v, before %+v", after, before)
+	}
+	if r := a.dial("tcp4", db.Addr().String(), 4); r.ok != 3 || r.refused != 1 {
+		t.Fatalf("after a restart: %+v", r)
+	}
+	a.kill()
+	waitDest(t, l2, "db", 0, map[string]int{"a": 0})
+}
+
+// The read-only view (status without the daemon) names the pools.
+func TestDestPoolReadOnly(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 8, 2, "[2001:db8::]/32")}); err != nil {
+		t.Fatal(err)
+	}
+	ro, err := OpenReadOnly(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	s, err := ro.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Dests) != 1 || s.Dests[0].Name != "db" || s.Dests[0].Size != 8 {
+		t.Fatalf("read-only: %+v", s.Dests)
+	}
+	_ = netip.Addr{}
+}
