@@ -306,13 +306,13 @@ func (l *Limiter) forgetLocked(projs []projectEntry, mono uint64) error {
 }
 
 const (
-	opExpire    = 1
-	opAdd       = 2
-	opDrop      = 3
-	opActive    = 4
-	opExempt    = 5
-	opUnlisten  = 6
-	opMemberGen = 7
+	opExpire     = 1
+	opAdd        = 2
+	opDrop       = 3
+	opActive     = 4
+	opExempt     = 5
+	opUnlisten   = 6
+	opMemberGen  = 7
 	opDestActive = 8
 	opDestAdd    = 9
 )

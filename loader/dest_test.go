@@ -471,3 +471,62 @@ func TestDestPoolReadOnly(t *testing.T) {
 	}
 	_ = netip.Addr{}
 }
+
+// Every way a connection ends gives a destination pool's permit back with
+// the node's: orderly close and RST in both families, a connect to a closed
+// port, a SYN dropped by a full accept queue (timeout), refusals by the
+// pool and by the node, over several rounds.
+func TestDestPoolNoLeakAcrossLifecycles(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 300, 0)
+	out := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	out6 := sink(t, "tcp6", "[::1]:0").Addr().String()
+	closed := closedPort(t)
+	full := fullBacklogListener(t)
+	if err := l.SetDestPools([]DestPool{
+		destPoolOf(t, "lo4", 200, 0, "127.0.0.0/8"),
+		destPoolOf(t, "lo6", 200, 0, "[::1]/128"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cli := startHelper(t, mkProject(t, root, "cli"))
+	for round := range 3 {
+		cli.dial("tcp4", out, 100)
+		cli.dial("tcp6", out6, 50)
+		cli.do("close")
+		cli.dial("tcp4", out, 100)
+		cli.do("rst")
+		if r := cli.dial("tcp4", closed, 30); r.refused != 30 {
+			t.Fatalf("closed port: %+v", r)
+		}
+		// Past the destination pool, then past the node's.
+		if r := cli.dial("tcp4", out, 250); r.ok != 200 || r.refused != 50 {
+			t.Fatalf("round %d past lo4: %+v", round, r)
+		}
+		if r := cli.dial("tcp6", out6, 150); r.ok != 100 || r.refused != 50 {
+			t.Fatalf("round %d past the node: %+v", round, r)
+		}
+		if d := destSnap(t, l, "lo6"); d.InUse != 100 {
+			t.Fatalf("round %d: the node's refusals left lo6 at %d", round, d.InUse)
+		}
+		cli.do("close")
+		waitDest(t, l, "lo4", 0, nil)
+		waitDest(t, l, "lo6", 0, nil)
+		waitInUse(t, l, 0, nil)
+	}
+	if r := cli.dialTimeout("tcp4", full, 5, 200*time.Millisecond); r.other != 5 {
+		t.Fatalf("timeouts: %+v", r)
+	}
+	cli.do("close")
+	waitDest(t, l, "lo4", 0, map[string]int{"cli": 0})
+	waitDest(t, l, "lo6", 0, map[string]int{"cli": 0})
+	waitInUse(t, l, 0, map[string]int{"cli": 0})
+	rep, err := l.Reconcile(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Dests["lo4"] != 0 || rep.Dests["lo6"] != 0 || len(rep.DestDrift) != 0 {
+		t.Fatalf("reconcile after: %+v", rep)
+	}
+}
