@@ -167,6 +167,12 @@ type Pool struct {
 	// Fleet is the pool's fleet view, when it is a fleet pool: then Size is
 	// this node's allotment, and Fleet.Size the fleet's.
 	Fleet *Fleet `json:"fleet,omitempty"`
+	// Destinations are a destination pool's (docs/destination-pools.md):
+	// the connections to them count in it and in the connections pool.
+	Destinations []string `json:"destinations,omitempty"`
+	// Removed is set for a destination pool no longer configured whose
+	// connections still hold its permits (InUse).
+	Removed bool `json:"removed,omitempty"`
 }
 
 // Lapse is the state of the kernel's lapse: the daemon renews a heartbeat

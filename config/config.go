@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/answerfield"
+	"github.com/fairshare-dev/fairshare/internal/destination"
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/proxyclaim"
 	"go.yaml.in/yaml/v3"
@@ -110,6 +111,12 @@ type Connections struct {
 	// MaxNetns bounds the network namespaces inbound admission is attached
 	// in besides the daemon's own: 1 to limits.MaxNetns.
 	MaxNetns int `yaml:"max_netns"`
+	// MaxDestinationPools sizes the kernel side's destination pool tables:
+	// the destination pools configured at once (a removed one still held
+	// by connections included), 0 for limits.DefaultMaxDestPools, at most
+	// limits.MaxDestPools. Its memory is 32 bytes per pool and project id
+	// (16384 ids). Fixed when the pins are made.
+	MaxDestinationPools int `yaml:"max_destination_pools"`
 	// MaxNetnsPerProject bounds those of one project (a namespace counts
 	// for each project it was attached for, until the namespace is gone
 	// from the kernel, processes in it or not), so that one tenant
@@ -183,7 +190,15 @@ type Pool struct {
 	// Fleet makes the size the fleet's total, divided among the nodes of
 	// fleet.prefix through etcd (package fleet).
 	Fleet bool `yaml:"fleet,omitempty"`
+	// Destinations makes the pool a destination pool: a connections pool
+	// enforced in the kernel for the connects to these destinations (a
+	// CIDR with an optional port, package internal/destination), on top
+	// of the connections pool. Not for the four built-in pools.
+	Destinations []string `yaml:"destinations,omitempty"`
 }
+
+// IsDestination reports whether the pool is a destination pool.
+func (p Pool) IsDestination() bool { return len(p.Destinations) > 0 }
 
 // Enforced reports whether the pool enforces its rule (not dry-run).
 func (p Pool) Enforced() bool { return p.Enforce == nil || *p.Enforce }
@@ -489,6 +504,9 @@ func (c *Config) Validate() error {
 			return bad("pools.residents.enforce: false is not supported: a full residents pool evicts rather than refuses, so there is nothing to dry-run")
 		}
 	}
+	if err := c.checkDestinations(); err != nil {
+		return bad("%v", err)
+	}
 	if err := c.Events.validate(); err != nil {
 		return bad("%v", err)
 	}
@@ -642,6 +660,69 @@ func (s *Scheduler) validate() error {
 	}
 	if s.DefaultShares < 1 {
 		return fmt.Errorf("scheduler.default_shares must be >= 1, got %d", s.DefaultShares)
+	}
+	return nil
+}
+
+// DestPools parses the destinations of the destination pools, by pool name.
+func (c *Config) DestPools() (map[string][]destination.Destination, error) {
+	out := map[string][]destination.Destination{}
+	for _, name := range c.PoolNames() {
+		p := c.Pools[name]
+		if !p.IsDestination() {
+			continue
+		}
+		ds, err := destination.ParseAll(p.Destinations)
+		if err != nil {
+			return nil, fmt.Errorf("pools.%s.destinations%w", name, err)
+		}
+		out[name] = ds
+	}
+	return out, nil
+}
+
+// checkDestinations checks the destination pools: not a built-in pool,
+// every destination parsed, none in two pools, within the kernel side's
+// bounds.
+func (c *Config) checkDestinations() error {
+	n, total := 0, 0
+	for _, name := range c.PoolNames() {
+		p := c.Pools[name]
+		if p.Destinations != nil && len(p.Destinations) == 0 {
+			return fmt.Errorf("pools.%s.destinations is empty: give at least one, or leave the key out", name)
+		}
+		if !p.IsDestination() {
+			continue
+		}
+		switch name {
+		case PoolRequests, PoolConnections, PoolResidents, PoolFlights:
+			return fmt.Errorf("pools.%s.destinations: a built-in pool cannot be a destination pool; name a pool of its own", name)
+		}
+		if p.Size > limits.MaxPoolSize {
+			return fmt.Errorf("pools.%s.size must be at most %d for a destination pool, got %d", name, limits.MaxPoolSize, p.Size)
+		}
+		n++
+		total += len(p.Destinations)
+	}
+	dests, err := c.DestPools()
+	if err != nil {
+		return err
+	}
+	if err := destination.Check(dests); err != nil {
+		return err
+	}
+	if total > limits.MaxDestinations {
+		return fmt.Errorf("the destination pools list %d destinations, at most %d", total, limits.MaxDestinations)
+	}
+	max := c.Connections.MaxDestinationPools
+	if max < 0 || max > limits.MaxDestPools {
+		return fmt.Errorf("connections.max_destination_pools must be between 0 and %d, got %d", limits.MaxDestPools, max)
+	}
+	if max == 0 {
+		max = limits.DefaultMaxDestPools
+	}
+	if n > max {
+		return fmt.Errorf("%d destination pools, connections.max_destination_pools is %d", n, max)
 	}
 	return nil
 }

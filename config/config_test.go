@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -97,6 +98,12 @@ func TestParseRejects(t *testing.T) {
 		{"negative floor", "pools: {requests: {size: 4, floor: -1}}", "pools.requests.floor"},
 		{"negative window", "pools: {requests: {size: 4, window: -1s}}", "pools.requests.window"},
 		{"bad pool name", "pools: {Big-Pool: {size: 4}}", "pools.Big-Pool"},
+		{"bad destination", `pools: {db: {size: 4, destinations: ["10.0.0.5/24:5432"]}}`, "pools.db.destinations[0]"},
+		{"v6 without brackets", `pools: {db: {size: 4, destinations: ["2001:db8::5"]}}`, "pools.db.destinations[0]"},
+		{"empty destinations", `pools: {db: {size: 4, destinations: []}}`, "pools.db.destinations"},
+		{"built-in destination pool", `pools: {connections: {size: 4, destinations: ["10.0.0.0/8"]}}`, "pools.connections.destinations"},
+		{"overlapping destination pools", `pools: {db: {size: 4, destinations: ["10.0.0.5/32:5432"]}, other: {size: 4, destinations: ["[::ffff:10.0.0.5]/128:5432"]}}`, "pools.db and pools.other overlap"},
+		{"too many destination pools", `{connections: {max_destination_pools: 1}, pools: {a: {size: 4, destinations: ["10.0.0.1"]}, b: {size: 4, destinations: ["10.0.0.2"]}}}`, "max_destination_pools"},
 		{"relative pin dir", "pin_dir: fs/bpf", "pin_dir"},
 		{"relative state dir", "state_dir: state", "state_dir"},
 		{"relative policies file", "policies_file: policies.yaml", "policies_file"},
@@ -187,6 +194,7 @@ func TestLoad(t *testing.T) {
 func TestMarshalRoundTrip(t *testing.T) {
 	c := Default()
 	c.Pools["extra"] = Pool{Size: 3, Window: 2 * time.Second}
+	c.Pools["db"] = Pool{Size: 8, Window: time.Second, Destinations: []string{"10.0.0.5/32:5432", "[2001:db8::]/32"}}
 	out, err := c.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -195,7 +203,7 @@ func TestMarshalRoundTrip(t *testing.T) {
 	if err := Parse(strings.NewReader(string(out)), &back); err != nil {
 		t.Fatalf("printed config does not parse back: %v\n%s", err, out)
 	}
-	if back.Pools["extra"] != c.Pools["extra"] || back.Tick != c.Tick {
+	if !reflect.DeepEqual(back.Pools["extra"], c.Pools["extra"]) || !reflect.DeepEqual(back.Pools["db"], c.Pools["db"]) || back.Tick != c.Tick {
 		t.Errorf("round trip changed the config:\n%s", out)
 	}
 }

@@ -26,6 +26,9 @@ func (d *Daemon) Status(context.Context) (admin.Status, error) {
 		ps.Fleet = d.fleet.status(ps.Name)
 		st.Pools = append(st.Pools, ps)
 	}
+	if err := d.destStatus(&st); err != nil {
+		return admin.Status{}, err
+	}
 	if d.kernel != nil {
 		st.Reconcile = d.kernel.record()
 	}

@@ -102,6 +102,9 @@ type Daemon struct {
 	limitedGone map[string]uint64
 	// dryProjects are the projects in dry-run by their policy.
 	dryProjects map[string]bool
+	// destCfg are the destination pools in force (the configuration's,
+	// then the last Reload's).
+	destCfg map[string]config.Pool
 	// listeners are the listeners serving, for status and metrics.
 	listeners []*listen.Listener
 
@@ -164,6 +167,7 @@ func New(opts Options) (*Daemon, error) {
 		dryProjects: map[string]bool{},
 
 		connectionsAt: -1,
+		destCfg:       destOnly(cfg),
 	}
 	var undo rollback
 	ok := false

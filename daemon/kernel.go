@@ -128,13 +128,18 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink) (*kernelSi
 	if cfg.Projects.Has(membership.SourceDirectory) || cfg.Projects.Has(membership.SourceSystemd) {
 		base = level + 1
 	}
+	dests, err := destPoolsOf(cfg)
+	if err != nil {
+		return nil, err
+	}
 	lim, err := loader.Open(loader.Options{
 		PinDir: cfg.PinDir, BaseLevel: base,
 		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window,
 		Logger: log,
 		Exempt: exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
 		ReservationTTL: cfg.Connections.ReservationTTL, MaxNetns: cfg.Connections.MaxNetns,
-		LapseAfter: cfg.Connections.LapseAfter,
+		LapseAfter:   cfg.Connections.LapseAfter,
+		MaxDestPools: uint32(cfg.Connections.MaxDestinationPools), DestPools: dests,
 	})
 	if err != nil {
 		return nil, loadError(cfg.PinDir, err)

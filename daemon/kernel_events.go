@@ -65,6 +65,9 @@ func kernelEvent(r loader.Refusal) events.Event {
 	if e.Project == "" {
 		e.Project = fmt.Sprintf("#%d", r.CgroupID) // its cgroup is gone
 	}
+	if r.DestPool != "" {
+		e.Pool = r.DestPool // a destination pool refused (its numbers)
+	}
 	switch {
 	case r.Lapsed:
 		e.Kind = events.KindLapsed

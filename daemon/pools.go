@@ -59,6 +59,9 @@ func (d *Daemon) buildPools() error {
 	var err error
 	for _, name := range d.cfg.PoolNames() {
 		pc := d.cfg.Pools[name]
+		if pc.IsDestination() {
+			continue // the kernel side's (dests.go)
+		}
 		pcfg := pools.Config{Name: name, Size: pc.Size, Floor: pc.Floor, Window: pc.Window}
 		switch name {
 		case config.PoolConnections:

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/fairshare-dev/fairshare/internal/destination"
+	"github.com/fairshare-dev/fairshare/loader/limits"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -23,14 +24,14 @@ import (
 // entry gives both back.
 
 // DefaultMaxDestPools is Options.MaxDestPools when it is 0.
-const DefaultMaxDestPools = 16
+const DefaultMaxDestPools = limits.DefaultMaxDestPools
 
 // MaxDestPools bounds Options.MaxDestPools.
-const MaxDestPools = 256
+const MaxDestPools = limits.MaxDestPools
 
 // MaxDestinations bounds the destinations of all pools together (the
 // entries of fs_dests).
-const MaxDestinations = 1024
+const MaxDestinations = limits.MaxDestinations
 
 // Flags of fs_dest_conf (DEST_LIVE, DEST_DRYRUN in bpf/lib/dest.h) and the
 // kinds of fs_settings.dest_kinds (DEST_PORTS, DEST_ANY).

@@ -465,6 +465,9 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	// Destination pools: ids 1..maxDest, and a row of the projects' ids per
 	// pool; pinned tables keep their sizes (the stride is the pinned
 	// projects table's).
+	if l.maxDest == 0 {
+		l.maxDest = DefaultMaxDestPools
+	}
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_dpool_conf"), nil); err == nil {
 		l.maxDest = m.MaxEntries() - 1
 		m.Close()

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -29,6 +30,7 @@ func runCommand() *cli.Command {
 		Name:  "run",
 		Usage: "run the daemon: attach the BPF programs, serve the admin API, /metrics and the HTTP front",
 		Description: "Needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_PERFMON). SIGINT or SIGTERM stops it;\n" +
+			"SIGHUP reads the configuration again and applies its destination pools (the rest needs a restart);\n" +
 			"the BPF programs stay pinned and keep enforcing unless --detach-on-exit is given,\n" +
 			"so a restart loses neither counts nor enforcement.\n\n" +
 			"Exit status: 2 for an unusable configuration or flag, 3 when the objects pinned in\n" +
@@ -110,6 +112,27 @@ func runCommand() *cli.Command {
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			// SIGHUP reads the configuration again (file, environment and
+			// flags) and applies its destination pools (daemon.Reload).
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			go func() {
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-hup:
+						next, err := loadConfig(c)
+						if err == nil {
+							err = d.Reload(next)
+						}
+						if err != nil {
+							log.Error("SIGHUP: the configuration was not applied; the one in force stays", "err", err)
+						}
+					}
+				}
+			}()
 			if err := d.Run(ctx); err != nil {
 				if errors.Is(err, config.ErrInvalid) {
 					return cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), 2)

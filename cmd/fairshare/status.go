@@ -125,7 +125,7 @@ func pinnedStatus(cfg config.Config) (admin.Status, error) {
 		return admin.Status{}, fmt.Errorf("%s; reading the pinned maps: %v", noDaemon, err)
 	}
 	return admin.Status{Version: version, Time: time.Now(), Kernel: true, Source: "pins",
-		Pools: []admin.Pool{daemon.KernelPool(s, active, admin.Forgotten{})}}, nil
+		Pools: append([]admin.Pool{daemon.KernelPool(s, active, admin.Forgotten{})}, daemon.DestPools(s)...)}, nil
 }
 
 func printStatus(w io.Writer, st admin.Status) error {
@@ -145,6 +145,16 @@ func printStatus(w io.Writer, st admin.Status) error {
 	for _, p := range st.Pools {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", projectname.Display(p.Name), p.Enforcer, p.Size, p.Floor, p.InUse,
 			p.Active, p.Share, p.Admitted, p.Refused, p.RateLimited, wouldText(p.WouldRefuse, p.DryRun))
+	}
+	// Destination pools: what they count (docs/destination-pools.md).
+	for _, p := range st.Pools {
+		if len(p.Destinations) > 0 || p.Removed {
+			what := "destinations " + strings.Join(p.Destinations, " ")
+			if p.Removed {
+				what = "removed; its connections give back what they hold as they close"
+			}
+			fmt.Fprintf(tw, "%s: %s\n", projectname.Display(p.Name), what)
+		}
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "POOL\tPROJECT\tHELD\tADMITTED\tREFUSED\tRATE_LIMITED\tACTIVE\tSLEEPING\tWOULD_REFUSE")

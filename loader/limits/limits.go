@@ -52,3 +52,13 @@ const (
 	DefaultMaxNetns = 4096
 	MaxNetns        = 65536
 )
+
+// Destination pools (loader/dest.go): DefaultMaxDestPools is how many the
+// kernel side's tables hold at once (connections.max_destination_pools 0),
+// removed ones still holding permits included; MaxDestPools bounds that;
+// MaxDestinations bounds the destinations of all of them together.
+const (
+	DefaultMaxDestPools = 16
+	MaxDestPools        = 256
+	MaxDestinations     = 1024
+)

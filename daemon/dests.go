@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/loader"
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// Destination pools (docs/destination-pools.md): pools of the configuration
+// with destinations, enforced by the kernel side beside the connections
+// pool. The loader keeps them (SetDestPools); its Tick settles their active
+// sets with the connections pool's, so they are not in d.pools: Status
+// reads them from the maps (DestPools) after the others.
+
+// destPoolsOf is the loader's form of cfg's destination pools.
+func destPoolsOf(cfg config.Config) ([]loader.DestPool, error) {
+	dests, err := cfg.DestPools()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", config.ErrInvalid, err)
+	}
+	out := make([]loader.DestPool, 0, len(dests))
+	for _, name := range cfg.PoolNames() {
+		ds, ok := dests[name]
+		if !ok {
+			continue
+		}
+		p := cfg.Pools[name]
+		out = append(out, loader.DestPool{Name: name, Size: uint32(p.Size), Floor: uint32(p.Floor), Window: p.Window,
+			DryRun: !p.Enforced(), Destinations: ds})
+	}
+	return out, nil
+}
+
+// DestPools are the destination pools of snapshot s as status shows them:
+// InUse and the totals are the sums over the projects of that read, so the
+// rows add up. Dry-run admissions are counted per pool only (the kernel
+// keeps no per-project count of them in a destination pool): they are
+// under Forgotten.WouldRefuse.
+func DestPools(s loader.Snapshot) []admin.Pool {
+	out := make([]admin.Pool, 0, len(s.Dests))
+	for _, d := range s.Dests {
+		p := admin.Pool{Name: d.Name, Enforcer: "kernel", Size: d.Size, Floor: d.Floor, Active: d.KernelActive,
+			Share: pools.Share(d.Size, d.Floor, d.KernelActive), Projects: []admin.Project{},
+			Destinations: d.Destinations, Removed: d.Removed, DryRun: d.DryRun, WouldRefuse: d.Would,
+			Forgotten: admin.Forgotten{WouldRefuse: d.Would}}
+		for _, pc := range d.Projects {
+			name := pc.Project
+			if name == "" {
+				name = fmt.Sprintf("#%d", pc.ID)
+			}
+			p.Projects = append(p.Projects, admin.Project{Project: name, Held: pc.InUse, Admitted: pc.Admitted,
+				Refused: pc.Refused, Active: pc.Active})
+			p.InUse += pc.InUse
+			p.Admitted += pc.Admitted
+			p.Refused += pc.Refused
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// offDestPools are cfg's destination pools with the kernel side off:
+// configured, not enforced.
+func offDestPools(cfg config.Config) []admin.Pool {
+	var out []admin.Pool
+	for _, name := range cfg.PoolNames() {
+		pc := cfg.Pools[name]
+		if !pc.IsDestination() {
+			continue
+		}
+		out = append(out, admin.Pool{Name: name, Enforcer: "off", Size: pc.Size, Floor: pools.EffectiveFloor(pc.Size, pc.Floor),
+			Share: pc.Size, Projects: []admin.Project{}, Destinations: pc.Destinations})
+	}
+	return out
+}
+
+// destStatus adds the destination pools to a status's pools, in name order.
+func (d *Daemon) destStatus(st *admin.Status) error {
+	if d.kernel == nil {
+		d.mu.Lock()
+		cfg := config.Config{Pools: d.destCfg}
+		d.mu.Unlock()
+		st.Pools = append(st.Pools, offDestPools(cfg)...)
+	} else {
+		s, err := d.kernel.lim.Snapshot()
+		if err != nil {
+			return fmt.Errorf("reading the bpf maps: %w", err)
+		}
+		st.Pools = append(st.Pools, DestPools(s)...)
+	}
+	sort.SliceStable(st.Pools, func(i, j int) bool { return st.Pools[i].Name < st.Pools[j].Name })
+	return nil
+}
+
+// Reload applies cfg, read again from the same sources on SIGHUP: its
+// destination pools, at once and keeping their counts (added, resized,
+// removed). The rest of the configuration needs a restart; a change to it is
+// logged and left. A cfg that does not validate, or destination pools the
+// kernel side refuses, change nothing.
+func (d *Daemon) Reload(cfg config.Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	next, err := destPoolsOf(cfg)
+	if err != nil {
+		return err
+	}
+	old := d.cfg // the configuration started with: only the destination pools change
+	for _, name := range cfg.PoolNames() {
+		if cfg.Pools[name].IsDestination() {
+			continue
+		}
+		if o, ok := old.Pools[name]; !ok || o.Size != cfg.Pools[name].Size || o.Floor != cfg.Pools[name].Floor ||
+			o.Window != cfg.Pools[name].Window || o.Enforced() != cfg.Pools[name].Enforced() || o.IsDestination() {
+			d.log.Warn("reload: a change to a pool that is not a destination pool needs a restart; it is not applied", "pool", name)
+		}
+	}
+	if d.kernel != nil {
+		if err := d.kernel.lim.SetDestPools(next); err != nil {
+			return fmt.Errorf("%w: %w", config.ErrInvalid, err)
+		}
+	}
+	d.mu.Lock()
+	d.destCfg = destOnly(cfg)
+	d.mu.Unlock()
+	d.log.Info("reloaded destination pools", "pools", len(next))
+	return nil
+}
+
+// destOnly is cfg's destination pools.
+func destOnly(cfg config.Config) map[string]config.Pool {
+	out := map[string]config.Pool{}
+	for n, p := range cfg.Pools {
+		if p.IsDestination() {
+			out[n] = p
+		}
+	}
+	return out
+}
