@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
+	"github.com/fairshare-dev/fairshare/internal/destination"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
@@ -106,6 +107,104 @@ func BenchmarkConnectAcceptClose(b *testing.B) {
 	b.Run("both-other-rated", func(b *testing.B) { benchCycle(b, true, false, rateOther) })
 	b.Run("outbound-lowerbound", func(b *testing.B) { benchCycle(b, false, false, rateLowerBound) })
 	b.Run("both-lowerbound", func(b *testing.B) { benchCycle(b, true, false, rateLowerBound) })
+	b.Run("outbound-dests", benchDests)
+}
+
+// benchDests is what destination pools (dest.go) cost connect4: its run
+// time (BPF stats) with none configured, then 1 and 64 pools whose
+// destinations the benchmark's connects match or not, measured in turns
+// within one run (the same programs, maps and socket; SetDestPools between
+// turns), reported as medians over the turns and as differences from none
+// (dests-N-match-above-ns). Of the 64 pools half name a port and half take
+// every port, so a connect that matches none looks the trie up twice.
+func benchDests(b *testing.B) {
+	root := newRoot(b)
+	pin := newPinDir(b)
+	proj := mkProject(b, root, "bench")
+	defer pinCPU(b)()
+	lfd, sa := benchListener(b, false) // outside the projects
+	moveSelf(b, proj)
+	l, err := openRoot(b, root, Options{PinDir: pin, PoolSize: benchPool, MaxDestPools: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		l.Close()
+		if err := Cleanup(pin); err != nil {
+			b.Error(err)
+		}
+	}()
+	port := sa.(*unix.SockaddrInet4).Port
+	pool := func(name, dest string) DestPool {
+		ds, err := destination.ParseAll([]string{dest})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return DestPool{Name: name, Size: benchPool, Destinations: ds}
+	}
+	many := func(match bool) []DestPool {
+		var ps []DestPool
+		for i := range 63 {
+			d := fmt.Sprintf("10.%d.%d.0/24:5432", i/8, i%8)
+			if i%2 == 1 {
+				d = fmt.Sprintf("[2001:db8:%x::]/48", i)
+			}
+			ps = append(ps, pool(fmt.Sprintf("p%d", i), d))
+		}
+		last := "127.0.0.1/32:" + strconv.Itoa(port)
+		if !match {
+			last = "127.0.0.1/32:" + strconv.Itoa(port+1)
+		}
+		return append(ps, pool("last", last))
+	}
+	configs := []struct {
+		name  string
+		pools []DestPool
+	}{
+		{"dests-0", nil},
+		{"dests-1-match", []DestPool{pool("db", "127.0.0.1/32:"+strconv.Itoa(port))}},
+		{"dests-1-miss", []DestPool{pool("db", "127.0.0.1/32:"+strconv.Itoa(port+1))}},
+		{"dests-64-match", many(true)},
+		{"dests-64-miss", many(false)},
+	}
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		b.Skipf("bpf stats unavailable: %v", err)
+	}
+	defer stats.Close()
+	detachLinks(b, l)
+	ns := map[string][]float64{}
+	b.ResetTimer()
+	for range max(b.N/20000, 3) {
+		for _, c := range configs {
+			// SetDestPools(nil) first: a pool keeps its id and counts by
+			// name, and the next config starts from a trie of its own.
+			if err := l.SetDestPools(nil); err != nil {
+				b.Fatal(err)
+			}
+			if err := l.Tick(time.Now()); err != nil {
+				b.Fatal(err)
+			}
+			if err := l.SetDestPools(c.pools); err != nil {
+				b.Fatal(err)
+			}
+			st := progStats(b, &l.objs, lfd, sa, func(o *limiterObjects) { attachLinks(b, l, o) }, func() { detachLinks(b, l) })
+			ns[c.name] = append(ns[c.name], st["connect4"].ns)
+		}
+	}
+	b.StopTimer()
+	base := median(ns["dests-0"])
+	for _, c := range configs {
+		m := median(ns[c.name])
+		b.ReportMetric(m, c.name+"-connect4-ns/run")
+		if c.name != "dests-0" {
+			b.ReportMetric(m-base, c.name+"-above-ns/run")
+		}
+	}
+	s := snap(b, l)
+	if len(s.Dests) != 64 || s.Dests[0].Admitted+s.Dests[len(s.Dests)-1].Admitted == 0 && s.Admitted == 0 {
+		b.Fatalf("the pools were not in force: %+v", s.Dests)
+	}
 }
 
 // Which project of benchCycle has a rate of new connections.
