@@ -91,7 +91,8 @@ func TestSPDXHeaders(t *testing.T) {
 	}
 }
 
-// make demo runs the kernel's drill too when it can (as root), and says
+// make demo runs the kernel's drills too when it can (as root: to the node's
+// pool, then to a destination pool), and says
 // plainly that it skipped it otherwise. As root the drills are the real
 // ones, run by a binary built here with 3s phases (make's own build is
 // taken as done, so nothing is written to the tree), and the connections
@@ -120,6 +121,10 @@ func TestMakeDemo(t *testing.T) {
 		refused := regexp.MustCompile(`(?m)^\s+both\s+big\s+16\s+\d+\s+\d+\s+([1-9]\d*)\s`)
 		if !strings.HasPrefix(out, bin+" drill") || !ok || !refused.MatchString(conns) {
 			t.Errorf("as root, make demo does not run both drills, the kernel refusing the big project:\n%s", out)
+		}
+		_, dest, ok := strings.Cut(conns, "fair-share drill (connections to the destination pool drill 127.0.0.1:")
+		if !ok || !refused.MatchString(dest) {
+			t.Errorf("as root, make demo does not run the drill to a destination pool, the kernel refusing the big project:\n%s", out)
 		}
 	}
 	// Not root: what make runs is all this case is about, so echo stands in

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
+	"github.com/fairshare-dev/fairshare/internal/destination"
 	"github.com/fairshare-dev/fairshare/loader"
 )
 
@@ -56,6 +57,9 @@ type loopResult struct {
 // of it before returning. Latency is connect, a one-byte exchange the server
 // answers after Config.ServiceTime, and close; a refusal is ECONNREFUSED from
 // connect.
+// With Config.ToDestination the pool is a destination pool (DestPoolName)
+// whose destination is the drill's server, in a node pool destNodeFactor
+// times its size: the same experiment through the destination pool's rule.
 func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Report, err error) {
 	cfg = cfg.withDefaults()
 	if cfg.Sample < 5*time.Millisecond {
@@ -107,8 +111,12 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 		return nil, err
 	}
 	// The projects are the root's children: the walk looks at that level only.
-	lim, err := loader.Open(loader.Options{PinDir: pinDir, PoolSize: uint32(cfg.PoolSize), Logger: cfg.Log,
-		BaseLevel: level + 1, MaxDepth: 1, MaxProjects: 16})
+	nodeSize := cfg.PoolSize
+	if cfg.ToDestination {
+		nodeSize *= destNodeFactor
+	}
+	lim, err := loader.Open(loader.Options{PinDir: pinDir, PoolSize: uint32(nodeSize), Logger: cfg.Log,
+		BaseLevel: level + 1, MaxDepth: 1, MaxProjects: 16, MaxDestPools: 1})
 	if err != nil {
 		return nil, fmt.Errorf("loading the limiter: %w", err)
 	}
@@ -144,6 +152,17 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 	cleanups = append(cleanups, func() error { cancel(); l.Close(); bg.Wait(); return nil })
 	bg.Add(1)
 	go func() { defer bg.Done(); serveHold(ctx, l, cfg.ServiceTime, &bg) }()
+	if cfg.ToDestination {
+		// The server's address and port are the destination pool's one
+		// destination: the pool the drill measures.
+		d, err := destination.Parse(l.Addr().String())
+		if err != nil {
+			return nil, fmt.Errorf("the server's destination: %w", err)
+		}
+		if err := lim.SetDestPools([]loader.DestPool{{Name: DestPoolName, Size: uint32(cfg.PoolSize), Destinations: []destination.Destination{d}}}); err != nil {
+			return nil, fmt.Errorf("configuring the destination pool: %w", err)
+		}
+	}
 
 	// The kernel counts a newcomer into the active set at its first
 	// connect, so the share follows big at once in every slice, as in the
@@ -152,6 +171,9 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 	hold := newHoldings()
 	if s, err := lim.Snapshot(); err == nil {
 		hold.floor = s.Floor
+		if cfg.ToDestination && len(s.Dests) == 1 {
+			hold.floor = s.Dests[0].Floor
+		}
 	} else {
 		return nil, fmt.Errorf("reading the limiter: %w", err)
 	}
@@ -228,10 +250,14 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 				return
 			}
 			held := make(map[string]int, len(s.Projects))
-			for _, p := range s.Projects {
+			inUse, projs := s.InUse, s.Projects
+			if cfg.ToDestination && len(s.Dests) == 1 {
+				inUse, projs = s.Dests[0].InUse, s.Dests[0].Projects
+			}
+			for _, p := range projs {
 				held[p.Project] += p.InUse
 			}
-			hold.observe(at, s.InUse, held)
+			hold.observe(at, inUse, held)
 		})
 	}()
 	res := map[string][]result{}
@@ -255,8 +281,19 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 	if tickErr != nil {
 		return nil, fmt.Errorf("control loop: %w", tickErr)
 	}
-	return buildReport("connections", cfg, tl, hold, res), nil
+	rep = buildReport("connections", cfg, tl, hold, res)
+	if cfg.ToDestination {
+		rep.Destination = DestPoolName + " " + l.Addr().String()
+	}
+	return rep, nil
 }
+
+// DestPoolName names the drill's destination pool (Config.ToDestination).
+const DestPoolName = "drill"
+
+// destNodeFactor is how much larger than the destination pool the node's
+// pool is in a drill to a destination pool: never what refuses.
+const destNodeFactor = 16
 
 // serveHold answers each connection's byte after hold, then closes it.
 func serveHold(ctx context.Context, l net.Listener, hold time.Duration, bg *sync.WaitGroup) {

@@ -58,7 +58,12 @@ type Config struct {
 	Sample      time.Duration // pool snapshot interval for permits held; 1ms
 	Recompute   time.Duration // pool recompute period, as in the daemon; 1s
 	TargetRatio float64       // our goal for small's p99 ratio; 2
-	Log         *slog.Logger
+	// ToDestination runs the connections drill against a destination
+	// pool (RunConnections): PoolSize is the size of a destination pool
+	// whose one destination is the drill's server, inside a node pool
+	// destNodeFactor times larger that never fills.
+	ToDestination bool
+	Log           *slog.Logger
 }
 
 func (c Config) withDefaults() Config {

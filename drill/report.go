@@ -14,7 +14,10 @@ import (
 
 // Report is what a drill measured, and its verdicts.
 type Report struct {
-	Scenario     string  `json:"scenario"` // "requests" or "connections"
+	Scenario string `json:"scenario"` // "requests" or "connections"
+	// Destination is set when the connections drill ran against a
+	// destination pool (Config.ToDestination): its name and destination.
+	Destination  string  `json:"destination_pool,omitempty"`
 	PoolSize     int     `json:"pool_size"`
 	Floor        int     `json:"floor"`
 	ServiceMs    float64 `json:"service_ms"`
@@ -263,6 +266,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	unit := "requests"
 	if r.Scenario == "connections" {
 		unit = "connections"
+	}
+	if r.Destination != "" {
+		unit = "connections to the destination pool " + r.Destination
 	}
 	fmt.Fprintf(w, "fair-share drill (%s): pool %d, floor %d, service %.0fms, phases %.1fs, refused writers retry after %.0fms\n",
 		unit, r.PoolSize, r.Floor, r.ServiceMs, r.PhaseSeconds, r.RetryPauseMs)

@@ -82,9 +82,11 @@ func drillCommand() *cli.Command {
 				Name:  "connections",
 				Usage: "the same drill for TCP connections, enforced in the kernel (needs root)",
 				Description: "Two project cgroups open and hold connections in loops against a small connection pool,\n" +
-					"counted and refused by the BPF programs.\n\n" +
-					examples("fairshare drill connections", "fairshare drill connections --json drill.json"),
-				Flags: drillFlags(),
+					"counted and refused by the BPF programs. --to: the pool is a destination pool whose\n" +
+					"destination is the drill's server (docs/destination-pools.md).\n\n" +
+					examples("fairshare drill connections", "fairshare drill connections --json drill.json", "fairshare drill connections --to"),
+				Flags: append(drillFlags(), &cli.BoolFlag{Name: "to",
+					Usage: "connect to a destination pool's destination: --pool sizes a destination pool whose destination is the drill's server, in a node pool 16 times larger (docs/destination-pools.md)"}),
 				Action: func(c *cli.Context) error {
 					ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 					defer stop()
@@ -92,7 +94,9 @@ func drillCommand() *cli.Command {
 					if err != nil {
 						return cli.Exit(fmt.Sprintf("drill: finding own executable: %v", err), 1)
 					}
-					rep, err := drill.RunConnections(ctx, drillConfig(c), []string{self, "drill", drillLoopCommand})
+					cfg := drillConfig(c)
+					cfg.ToDestination = c.Bool("to")
+					rep, err := drill.RunConnections(ctx, cfg, []string{self, "drill", drillLoopCommand})
 					if err != nil {
 						return cli.Exit(fmt.Sprintf("drill connections: %v", err), 1)
 					}
