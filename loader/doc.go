@@ -308,4 +308,49 @@
 // member (a pod outside kubernetes.pod_cgroups, a cgroup registered after
 // it connected). sock_diag's view is returned alongside
 // (ReconcileReport.Kernel) for comparison.
+// Destination pools are reconciled alike, per pool and project
+// (ReconcileReport.Dests, DestDrift).
+//
+// # Destination pools
+//
+// A destination pool (dest.go, bpf/lib/dest.h, docs/destination-pools.md)
+// is a named connections pool for the connects to its destinations: CIDRs
+// with an optional port (package internal/destination). connect4 and
+// connect6 look the address up in an LPM trie keyed (port, address) (IPv4
+// v4-mapped, so v4-mapped IPv6 matches the IPv4 pool); a pool of every port
+// is kept under port 0 and looked up second, so a pool naming the port wins
+// over one that does not, then the longest prefix. The same prefix and port
+// in two pools is refused (ErrBadDestPool). On a match the pool's rule runs
+// (its size, floor, window, dry-run; active and share its own) before the
+// node's: its permit is taken with the same bounded compare-and-swap, then
+// the node's; if the node's pool refuses (or the socket has its permit
+// already), the destination permit is given back; if the destination pool
+// refuses, the node's is never taken and the refusal event names the pool
+// (Refusal.DestPool). The pool's id is kept in the socket's held-permit
+// entry beside its project (fs_sock.dest), so the one release path that
+// ends the entry (end_held) gives both back: every path of "What holds a
+// permit" releases a destination permit too (TestDestPoolNoLeakAcrossLifecycles).
+//
+// Per pool: settings (fs_dpool_conf, written by SetDestPools and
+// SetDestPoolSize), counts (fs_dpool_state: atomics only) and one row of
+// per-project counts (fs_dpool_proj, indexed (pool-1) x MaxProjects +
+// project: an inlined array lookup, no hashing). Pool ids are kept by name
+// across calls and restarts (the name is in fs_dpool_conf). A pool removed
+// while its permits are held leaves the trie at once and keeps its id and
+// counts until Tick sees its in_use at 0; only then can another pool take
+// the id, starting from zero. Tick recounts each pool's active projects as
+// it does the node's. fs_settings.dest_kinds says which kinds of pools exist
+// (port, every port): 0, with no pool configured, and connect does no
+// lookup at all; it is widened before the trie changes and narrowed after,
+// so no connect misses a pool in force while SetDestPools runs.
+//
+// Cost (BenchmarkConnectAcceptClose/outbound-dests: connect4's run time from
+// BPF stats, configurations in turns within one run, medians of 5 runs on
+// this 2-vCPU VM shared with other work, 2026-12-06): none configured is the
+// baseline (360-500 ns/run, which varies more between runs than the
+// differences below); 1 pool, matching +67 ns, not matching within noise
+// (-18 ns); 64 pools (half naming a port, half every port: two lookups for
+// a miss), matching +149 ns, not matching +109 ns. The trie lookup (a
+// helper call and a walk of the trie) is most of it; the noise between
+// turns is some 50 ns.
 package loader
