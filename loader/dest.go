@@ -5,6 +5,7 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"sort"
 	"time"
@@ -226,6 +227,12 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 	if err != nil {
 		return err
 	}
+	// The filter and the kinds as the union of old and new while the trie
+	// changes (a connect may find either), then as the new ones alone.
+	filter := filterOf(want)
+	if err := l.setDestFilter(unionFilter(filterOf(old), filter)); err != nil {
+		return err
+	}
 	if err := l.setDestKinds(kinds | l.kindsOf(old)); err != nil {
 		return err
 	}
@@ -243,6 +250,9 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 		}
 	}
 	if err := l.setDestKinds(kinds); err != nil {
+		return err
+	}
+	if err := l.setDestFilter(filter); err != nil {
 		return err
 	}
 	// Removed pools: no longer live; their ids stay named until their
@@ -373,6 +383,64 @@ func (l *Limiter) kindsOf(keys map[limiterFsDestKey]uint32) uint32 {
 		}
 	}
 	return k
+}
+
+// filterOf is the filter (fs_dest_filter in bpf/lib/types.h) of the trie's
+// keys: a bit per port of the keys naming one, and per first byte of the
+// addresses of the keys of every port (IPv4's first octet, apart from
+// IPv6's first byte). A prefix shorter than that byte sets every bit it
+// covers; an IPv6 prefix that covers the v4-mapped range sets the IPv4 bits
+// too, as the trie would match an IPv4 address there.
+func filterOf(keys map[limiterFsDestKey]uint32) limiterFsDestFilter {
+	var f limiterFsDestFilter
+	mapped := netip.MustParsePrefix("::ffff:0.0.0.0/96")
+	for k := range keys {
+		port := uint16(k.Port[0])<<8 | uint16(k.Port[1])
+		if port != 0 {
+			f.Ports[port>>6] |= 1 << (port & 63)
+			continue
+		}
+		bits := int(k.Prefixlen) - 16
+		pfx := netip.PrefixFrom(netip.AddrFrom16(k.Addr), bits)
+		v4 := bits >= 96 && mapped.Contains(pfx.Addr())
+		set := func(words *[4]uint64, first byte, n int) {
+			// n leading bits of the first byte are fixed: 2^(8-n) values.
+			span := 1 << (8 - min(n, 8))
+			base := int(first) &^ (span - 1)
+			for b := base; b < base+span; b++ {
+				words[b>>6] |= 1 << (b & 63)
+			}
+		}
+		if v4 {
+			set(&f.V4, k.Addr[12], bits-96)
+			continue
+		}
+		set(&f.V6, k.Addr[0], bits)
+		if pfx.Contains(mapped.Addr()) {
+			set(&f.V4, 0, 0)
+		}
+	}
+	return f
+}
+
+func unionFilter(a, b limiterFsDestFilter) limiterFsDestFilter {
+	for i := range a.Ports {
+		a.Ports[i] |= b.Ports[i]
+	}
+	for i := range a.V4 {
+		a.V4[i] |= b.V4[i]
+		a.V6[i] |= b.V6[i]
+	}
+	return a
+}
+
+// setDestFilter writes the filter. A reader may see a word of the old
+// value beside one of the new: callers write a union of both first.
+func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
+	if err := l.objs.FsDfilter.Put(uint32(0), &f); err != nil {
+		return fmt.Errorf("writing the destination filter: %w", err)
+	}
+	return nil
 }
 
 // setDestKinds writes fs_settings.dest_kinds; 0 keeps the programs from

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -528,5 +529,70 @@ func TestDestPoolNoLeakAcrossLifecycles(t *testing.T) {
 	}
 	if rep.Dests["lo4"] != 0 || rep.Dests["lo6"] != 0 || len(rep.DestDrift) != 0 {
 		t.Fatalf("reconcile after: %+v", rep)
+	}
+}
+
+// The filter read before the trie lets through every connect a pool can
+// match: checked against destination.Match for random destinations and
+// addresses, and exact for the cases that are easy to get wrong (a prefix
+// shorter than a byte, an IPv6 prefix covering the v4-mapped range).
+func TestDestFilterCoversMatches(t *testing.T) {
+	passes := func(f limiterFsDestFilter, ap netip.AddrPort) bool {
+		port := ap.Port()
+		if f.Ports[port>>6]&(1<<(port&63)) != 0 {
+			return true
+		}
+		a := ap.Addr().As16()
+		if ap.Addr().Unmap().Is4() {
+			return f.V4[a[12]>>6]&(1<<(a[12]&63)) != 0
+		}
+		return f.V6[a[0]>>6]&(1<<(a[0]&63)) != 0
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 2000 {
+		pools := map[string][]destination.Destination{}
+		keys := map[limiterFsDestKey]uint32{}
+		for i := range 1 + rng.IntN(4) {
+			var d destination.Destination
+			if rng.IntN(2) == 0 {
+				d.Prefix = netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(rng.IntN(256)), byte(rng.IntN(256)), 0, 0}), rng.IntN(17)).Masked()
+			} else {
+				var a [16]byte
+				a[0] = byte(rng.IntN(4)) // near 0, so ::/n and ::ffff ranges come up
+				d.Prefix = netip.PrefixFrom(netip.AddrFrom16(a), rng.IntN(100)).Masked()
+			}
+			if rng.IntN(2) == 0 {
+				d.Port = uint16(1 + rng.IntN(4))
+			}
+			name := fmt.Sprintf("p%d", i)
+			pools[name] = append(pools[name], d)
+			keys[destKey(d)] = uint32(i + 1)
+		}
+		f := filterOf(keys)
+		for range 50 {
+			var ap netip.AddrPort
+			port := uint16(1 + rng.IntN(5))
+			if rng.IntN(2) == 0 {
+				ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(rng.IntN(256)), byte(rng.IntN(256)), 1, 1}), port)
+			} else {
+				var a [16]byte
+				a[0] = byte(rng.IntN(4))
+				a[15] = 1
+				ap = netip.AddrPortFrom(netip.AddrFrom16(a), port)
+			}
+			if destination.Match(pools, ap) != "" && !passes(f, ap) {
+				t.Fatalf("round %d: %s matches %v but the filter %+v stops it", round, ap, pools, f)
+			}
+		}
+	}
+	// A filter with nothing lets nothing through; one port lets that port.
+	f := filterOf(map[limiterFsDestKey]uint32{destKey(destination.Destination{Prefix: netip.MustParsePrefix("10.0.0.0/8"), Port: 5432}): 1})
+	if !passes(f, netip.MustParseAddrPort("192.0.2.1:5432")) || passes(f, netip.MustParseAddrPort("10.0.0.1:5433")) {
+		t.Fatalf("port filter: %+v", f.Ports[5432>>6])
+	}
+	// ::/64 covers ::ffff:a.b.c.d: every IPv4 octet passes.
+	f = filterOf(map[limiterFsDestKey]uint32{destKey(destination.Destination{Prefix: netip.MustParsePrefix("::/64")}): 1})
+	if !passes(f, netip.MustParseAddrPort("203.0.113.9:80")) || passes(f, netip.MustParseAddrPort("[2001:db8::1]:80")) {
+		t.Fatalf("::/64: %+v %+v", f.V4, f.V6)
 	}
 }

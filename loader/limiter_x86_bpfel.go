@@ -51,6 +51,13 @@ type limiterFsDestConf struct {
 	Name     [32]int8
 }
 
+type limiterFsDestFilter struct {
+	_     structs.HostLayout
+	Ports [1024]uint64
+	V4    [4]uint64
+	V6    [4]uint64
+}
+
 type limiterFsDestKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -314,6 +321,7 @@ type limiterFsSockRecord struct {
 const (
 	limiterMapFsConfig       = "fs_config"
 	limiterMapFsDests        = "fs_dests"
+	limiterMapFsDfilter      = "fs_dfilter"
 	limiterMapFsDpoolConf    = "fs_dpool_conf"
 	limiterMapFsDpoolProj    = "fs_dpool_proj"
 	limiterMapFsDpoolState   = "fs_dpool_state"
@@ -422,6 +430,7 @@ type limiterProgramSpecs struct {
 type limiterMapSpecs struct {
 	FsConfig       *ebpf.MapSpec `ebpf:"fs_config"`
 	FsDests        *ebpf.MapSpec `ebpf:"fs_dests"`
+	FsDfilter      *ebpf.MapSpec `ebpf:"fs_dfilter"`
 	FsDpoolConf    *ebpf.MapSpec `ebpf:"fs_dpool_conf"`
 	FsDpoolProj    *ebpf.MapSpec `ebpf:"fs_dpool_proj"`
 	FsDpoolState   *ebpf.MapSpec `ebpf:"fs_dpool_state"`
@@ -488,6 +497,7 @@ func (o *limiterObjects) Close() error {
 type limiterMaps struct {
 	FsConfig       *ebpf.Map `ebpf:"fs_config"`
 	FsDests        *ebpf.Map `ebpf:"fs_dests"`
+	FsDfilter      *ebpf.Map `ebpf:"fs_dfilter"`
 	FsDpoolConf    *ebpf.Map `ebpf:"fs_dpool_conf"`
 	FsDpoolProj    *ebpf.Map `ebpf:"fs_dpool_proj"`
 	FsDpoolState   *ebpf.Map `ebpf:"fs_dpool_state"`
@@ -522,6 +532,7 @@ func (m *limiterMaps) Close() error {
 	return _LimiterClose(
 		m.FsConfig,
 		m.FsDests,
+		m.FsDfilter,
 		m.FsDpoolConf,
 		m.FsDpoolProj,
 		m.FsDpoolState,

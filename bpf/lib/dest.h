@@ -23,14 +23,17 @@
  * are given back (the loader reuses the id only once its in_use is 0).
  *
  * Cost: nothing while no pool is configured (fs_settings.dest_kinds is 0 and
- * the trie is not looked at); otherwise one trie lookup per kind of pool
- * configured (DEST_PORTS, DEST_ANY), and for a match the rule's few atomics.
+ * the trie is not looked at); otherwise a filter (fs_dfilter: the ports
+ * of the pools naming one, the first address byte of the others) and, where
+ * it lets a connect through, one trie lookup per kind of pool configured
+ * (DEST_PORTS, DEST_ANY), and for a match the rule's few atomics.
  * Outbound only: an accepted connection takes no destination permit.
  */
 #pragma once
 
 #include "maps.h"
 #include "project.h"
+#include "addr.h"
 #include "events.h"
 
 /* fs_settings.dest_kinds */
@@ -76,6 +79,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_dpool_proj SEC(".maps");
 
+/* One filter (types.h, fs_dest_filter), written by the loader. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fs_dest_filter);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_dfilter SEC(".maps");
+
 volatile const __u32 dest_stride = 1; /* entries of fs_projects, set at load */
 
 /* A destination pool and a project's entry in it, as dest_get finds them. */
@@ -104,20 +116,32 @@ static __always_inline bool dest_get(__u32 pool, __u64 project, struct dest_view
 /*
  * dest_lookup is the destination pool of a connect to port (network order)
  * at addr (IPv6 or v4-mapped), 0 if none: the pools that name the port
- * first, then those of every port, only the kinds configured.
+ * first, then those of every port, only the kinds configured, and each only
+ * if the filter says a pool of that kind can match (a bit test where the
+ * trie lookup is a helper call and a walk).
  */
 static __always_inline __u32 dest_lookup(__u32 kinds, __u16 port, const __u8 *addr)
 {
+	__u32 zero = 0;
+	struct fs_dest_filter *f = bpf_map_lookup_elem(&fs_dfilter, &zero);
+	if (!f)
+		return 0;
 	struct fs_dest_key k __attribute__((aligned(8))) = {.prefixlen = DEST_KEY_BITS};
 	__builtin_memcpy(k.port, &port, 2);
 	__builtin_memcpy(k.addr, addr, 16);
 	__u32 *v;
-	if (kinds & DEST_PORTS) {
+	__u16 hport = bpf_ntohs(port);
+	if ((kinds & DEST_PORTS) && (f->ports[(hport >> 6) & 1023] & (1ULL << (hport & 63)))) {
 		v = bpf_map_lookup_elem(&fs_dests, &k);
 		if (v)
 			return *v;
 	}
 	if (kinds & DEST_ANY) {
+		bool v4 = is_v4mapped(addr);
+		__u8 b = v4 ? addr[12] : addr[0];
+		__u64 w = v4 ? f->v4[(b >> 6) & 3] : f->v6[(b >> 6) & 3];
+		if (!(w & (1ULL << (b & 63))))
+			return 0;
 		k.port[0] = 0;
 		k.port[1] = 0;
 		v = bpf_map_lookup_elem(&fs_dests, &k);

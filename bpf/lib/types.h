@@ -286,3 +286,16 @@ struct fs_dest_state {
 	__u64 would;   /* refusals dry-run admitted */
 	__u64 _pad[4]; /* a cache line per pool */
 };
+
+/*
+ * What the destinations of the pools can match, a filter read before the
+ * trie (dest.h): the ports of the pools that name one (a bit per port, host
+ * order), and the first byte of the addresses of the pools of every port
+ * (the first IPv4 octet of a v4-mapped address, the first byte of another
+ * IPv6 address). A connect whose bits are clear looks nothing up.
+ */
+struct fs_dest_filter {
+	__u64 ports[1024];
+	__u64 v4[4];
+	__u64 v6[4];
+};

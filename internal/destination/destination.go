@@ -6,6 +6,9 @@
 // form are the same destination, as the kernel side keeps them
 // (bpf/lib/dest.h).
 //
+// An IPv6 prefix that covers the v4-mapped range (::ffff:0:0/96), such as
+// [::]/0, covers IPv4 as well.
+//
 // A connection matches at most one pool: a destination that names the port
 // wins over one of every port, and among those the longest prefix. Two
 // pools may nest (10.0.0.0/8 in one, 10.0.0.5/32 in another); they may not
@@ -56,12 +59,15 @@ func (d Destination) Mapped() ([16]byte, int) {
 }
 
 // Contains says whether a connection to addr:port matches d alone (without
-// the precedence between pools: see Match).
+// the precedence between pools: see Match). It compares as the kernel side
+// does, in IPv6 with IPv4 v4-mapped: an IPv6 prefix that covers
+// ::ffff:0:0/96 ([::]/0, [::]/64) covers every IPv4 address too.
 func (d Destination) Contains(addr netip.AddrPort) bool {
 	if d.Port != 0 && d.Port != addr.Port() {
 		return false
 	}
-	return d.Prefix.Contains(addr.Addr().Unmap())
+	a, bits := d.Mapped()
+	return netip.PrefixFrom(netip.AddrFrom16(a), bits).Contains(netip.AddrFrom16(addr.Addr().As16()))
 }
 
 // Parse reads "10.0.0.5/32:5432", "10.0.1.0/24", "[2001:db8::5]/128:5432",

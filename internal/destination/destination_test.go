@@ -96,3 +96,16 @@ func TestMatchPrecedence(t *testing.T) {
 		}
 	}
 }
+
+// An IPv6 prefix covering the v4-mapped range covers IPv4 (the kernel keeps
+// IPv4 v4-mapped); one that does not, does not.
+func TestContainsMapped(t *testing.T) {
+	all, _ := Parse("[::]/0")
+	if !all.Contains(netip.MustParseAddrPort("10.1.2.3:80")) || !all.Contains(netip.MustParseAddrPort("[2001:db8::1]:80")) {
+		t.Fatal("[::]/0 must cover IPv4 and IPv6")
+	}
+	doc, _ := Parse("[2001:db8::]/32")
+	if doc.Contains(netip.MustParseAddrPort("10.1.2.3:80")) {
+		t.Fatal("[2001:db8::]/32 covers no IPv4")
+	}
+}
