@@ -596,3 +596,58 @@ func TestDestFilterCoversMatches(t *testing.T) {
 		t.Fatalf("::/64: %+v %+v", f.V4, f.V6)
 	}
 }
+
+// A destination pool in dry-run admits what its rule would refuse, counts it
+// as would_refuse and reports it as an event of the pool; a project in
+// dry-run by its policy (SetDryRunProjects) is admitted past an enforcing
+// pool alike.
+func TestDestPoolDryRun(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	other := sink(t, "tcp4", "127.0.0.1:0")
+	if err := l.SetEvents(100, false); err != nil {
+		t.Fatal(err)
+	}
+	dry := destPoolOf(t, "db", 2, 1, "127.0.0.1/32:"+portOf(db))
+	dry.DryRun = true
+	if err := l.SetDestPools([]DestPool{dry, destPoolOf(t, "other", 2, 1, "127.0.0.1/32:"+portOf(other))}); err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	if r := a.dial("tcp4", db.Addr().String(), 4); r.ok != 4 {
+		t.Fatalf("dry-run pool: %+v, want all admitted", r)
+	}
+	if d := destSnap(t, l, "db"); d.InUse != 4 || d.Would != 2 || !d.DryRun || destProj(d, "a").Refused != 0 {
+		t.Fatalf("dry-run pool: %+v", d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var found Refusal
+	_ = l.ReadRefusals(ctx, func(r Refusal) {
+		if r.DestPool == "db" && r.Would {
+			found = r
+			cancel()
+		}
+	})
+	if !found.Would || found.Project != "a" || found.Pool != 2 {
+		t.Fatalf("no would-refuse event of db: %+v", found)
+	}
+	// The enforcing pool refuses a, unless a is in dry-run by its policy.
+	if r := a.dial("tcp4", other.Addr().String(), 3); r.ok != 2 || r.refused != 1 {
+		t.Fatalf("enforcing pool: %+v", r)
+	}
+	if err := l.SetDryRunProjects(map[string]bool{"a": true}); err != nil {
+		t.Fatal(err)
+	}
+	if r := a.dial("tcp4", other.Addr().String(), 2); r.ok != 2 {
+		t.Fatalf("a project in dry-run: %+v", r)
+	}
+	if d := destSnap(t, l, "other"); d.InUse != 4 || d.Would != 2 {
+		t.Fatalf("enforcing pool, project in dry-run: %+v", d)
+	}
+	a.do("close")
+	waitDest(t, l, "db", 0, nil)
+	waitDest(t, l, "other", 0, nil)
+}

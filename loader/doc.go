@@ -344,13 +344,20 @@
 // lookup at all; it is widened before the trie changes and narrowed after,
 // so no connect misses a pool in force while SetDestPools runs.
 //
-// Cost (BenchmarkConnectAcceptClose/outbound-dests: connect4's run time from
-// BPF stats, configurations in turns within one run, medians of 5 runs on
-// this 2-vCPU VM shared with other work, 2026-12-06): none configured is the
-// baseline (360-500 ns/run, which varies more between runs than the
-// differences below); 1 pool, matching +67 ns, not matching within noise
-// (-18 ns); 64 pools (half naming a port, half every port: two lookups for
-// a miss), matching +149 ns, not matching +109 ns. The trie lookup (a
-// helper call and a walk of the trie) is most of it; the noise between
-// turns is some 50 ns.
+// Cost (BenchmarkConnectAcceptClose/outbound-dests: connect4's run time
+// from BPF stats, each case's difference from no pool in force taken within
+// turns of 250 connects each, 40 turns, medians of 5 runs, this 2-vCPU VM
+// shared with other work, 2026-12-06; connect4 itself 290-530 ns/run with
+// the stats' ~20 ns; the same measurement of no pool twice, +5 to +10 ns, is
+// the method's bias):
+//
+//	pools  match   miss (filter)  miss past the filter (trie lookup)
+//	1      +98 ns  +21 ns         +43 ns
+//	64     +173 ns +16 ns         +138 ns
+//
+// With no pool configured the only cost is reading dest_kinds from the
+// config map connect already reads (not measurable here). A connect that
+// no pool can match pays the filter, within the noise of the +10 ns target;
+// a match pays the trie lookup (a helper call and a walk of the trie, which
+// grows with the pools) and the pool's admission: over the +25 ns target.
 package loader
