@@ -16,5 +16,9 @@
 //
 // Pools are named. The four the product knows (requests, connections, residents,
 // flights) exist by default; any other name under pools: adds a plain pool with
-// the same fair-share rule. "connections" is the pool the kernel enforces.
+// the same fair-share rule. "connections" is the pool the kernel enforces, and
+// so is a pool with destinations (Pool.Destinations): a destination pool,
+// counting the connects to those destinations on top of the connections pool
+// (docs/destination-pools.md; the destinations' syntax and overlap rule are
+// package internal/destination's).
 package config
