@@ -268,6 +268,8 @@ static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64
 	ev->dir = FS_DIR_CONNECT;
 	ev->reason = dest_under(v, held) ? FS_REASON_POOL_FULL : FS_REASON_OVER_SHARE;
 	ev->flags = would ? FS_EV_WOULD | FS_EV_TAKEN : 0;
+	if (would && lapse_of())
+		ev->flags |= FS_EV_LAPSED;
 	__builtin_memset(ev->_pad, 0, sizeof(ev->_pad));
 	ev->dest = v->id;
 	bpf_ringbuf_submit(ev, 0);
@@ -310,7 +312,10 @@ static __always_inline int dest_connect(struct bpf_sock_addr *ctx, bool v6, __u6
 	*dest = pool;
 	if (dest_admit(&v))
 		return DEST_TAKEN;
-	if ((v.c->flags & DEST_DRYRUN) || bpf_map_lookup_elem(&fs_dryrun, &id)) {
+	/* Dry-run: the pool's, the project's, or the node's enforcement
+	 * lapsed (no daemon's heartbeat, events.h): a destination pool stops
+	 * refusing with the node's pool. */
+	if ((v.c->flags & DEST_DRYRUN) || bpf_map_lookup_elem(&fs_dryrun, &id) || lapse_of()) {
 		dest_take_past(&v);
 		__sync_fetch_and_add(&v.s->would, 1);
 		dest_event(ctx, v6, id, &v, true);
