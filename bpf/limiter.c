@@ -105,9 +105,11 @@
  *   lib/addr.h     addresses as the keys keep them
  *   lib/held.h     the held-permit table (by socket cookie)
  *   lib/resv.h     the reservation table (by request socket cookie)
+ *   lib/share.h    the rule's judgement: active count, share, limit, exempt set
+ *   lib/events.h   refusal events (a ring buffer, bounded per project), dry-run
+ *                  and the lapse
  *   lib/dest.h     destination pools: a pool chosen by where a connect goes
  *   lib/rule.h     the rule, the exempt budget, take_permit, give_back
- *   lib/events.h   refusal events (a ring buffer, bounded per project) and dry-run
  *   lib/listen.h   listener bookkeeping: addresses, ports, owners
  *   lib/rate.h     a project's rate of new connections (token buckets)
  *   lib/relookup.h a SYN looked up twice (an nftables socket expression):
@@ -121,6 +123,9 @@
 #include "lib/addr.h"
 #include "lib/held.h"
 #include "lib/resv.h"
+#include "lib/share.h"
+#include "lib/events.h"
+#include "lib/dest.h"
 #include "lib/rule.h"
 #include "lib/listen.h"
 #include "lib/rate.h"

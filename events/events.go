@@ -34,7 +34,7 @@ const (
 	// refused (they exist, so they count): Count says how many, and the
 	// pool's in_use may exceed its size by them until they end.
 	KindAdoptedPast = "adopted_past_rule"
-	KindFleet       = "fleet"        // a fleet pool's link to etcd changed (connected, cut off): Reason says which
+	KindFleet       = "fleet" // a fleet pool's link to etcd changed (connected, cut off): Reason says which
 )
 
 // Reasons for a refusal.

@@ -38,6 +38,7 @@
 #include "maps.h"
 #include "project.h"
 #include "addr.h"
+#include "share.h"
 
 /* Why a connection was refused. Add new reasons at the end (and their name
  * in loader/events.go, reasonNames); 0 is never sent. */
@@ -264,11 +265,6 @@ static __always_inline void take_past_rule(struct fs_project *p)
 	__sync_fetch_and_add(&p->in_use, 1);
 	__sync_fetch_and_add(&p->admitted, 1);
 }
-
-/* Defined in rule.h, which includes this file first. */
-static __always_inline __s64 rule_active(struct fs_pool *n, bool in);
-static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool *n, __s64 held, bool in);
-static __always_inline bool exempt_listed(__u64 cg, __u64 id);
 
 /*
  * refusal_reason is why the rule refused project id (entry p) of cgroup cg
