@@ -237,11 +237,15 @@
 // allocates nothing) and a request takes only one of its own key, else
 // dials. The bounds: Config.UpstreamIdlePerProject idle connections of one
 // key (default 32, the keepalive of nginx's examples), and
-// IdleUpstream(MaxInFlight, ExemptMax) in all (MaxInFlight plus the exempt
+// idleUpstream(MaxInFlight, ExemptMax) in all (MaxInFlight plus the exempt
 // budget: every request the front may have upstream at once; 64 without
-// MaxInFlight), shared out among the loops; a connection put back past
-// either bound closes the least recently used one of its key, or of all
-// keys. No check before reuse can replace this. TestLateAnswerStaysInProject
+// MaxInFlight). The direct path's pool and every loop's count against the
+// same two bounds (idleBudget: one count per key and one in all, under a
+// lock taken at each put and take), so that they are the front's, not
+// each pool's; a connection put back past either bound closes the least
+// recently used one of its key, or of all keys, in the pool it goes to,
+// or itself when that pool holds none to give way (another loop's do).
+// No check before reuse can replace this. TestLateAnswerStaysInProject
 // has an upstream send, after one answer in four and at a random moment up
 // to 500 ms later, a second answer, a piece of one from a random offset, or
 // bytes glued after the body, to clients of three projects on keep-alive

@@ -425,8 +425,8 @@ func (lp *loop) resume(c *fclient, u *fupstream) {
 		lp.abort(c)
 		return
 	}
-	uc := lp.d.newUpConn(&prefixConn{Conn: nc, prefix: bytes.Clone(u.in)})
-	uc.key = u.key // it goes on serving the project it was dialed for
+	// It goes on serving the project it was dialed for.
+	uc := lp.d.newUpConn(&prefixConn{Conn: nc, prefix: bytes.Clone(u.in)}, u.key)
 	// u is dropped: what it had not written (u.out) is the resumed
 	// exchange's alone, sent by it.
 	res := &resumed{a: c.a, uc: uc, reused: u.reused, early: u.early || len(u.out) > 0, rest: u.out}

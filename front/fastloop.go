@@ -111,6 +111,9 @@ func newLoop(fs *fastServer) (*loop, error) {
 	if fs.addr != nil {
 		lp.addr = copySockaddr(fs.addr)
 	}
+	// The loops and the direct path keep their idle connections within
+	// one set of bounds.
+	lp.idle.b = fs.d.sharedBudget()
 	if !fs.f.cfg.PlainSends {
 		// Without a ring (lp.ringErr) the loop sends with send(2).
 		lp.ring, lp.ringErr = newSendRing(fastRingSends)

@@ -273,7 +273,7 @@ func TestHandedConnCloseGivesBack(t *testing.T) {
 		t.Fatal("not admitted")
 	}
 	r.front.dispatched(a, 0, nil)
-	uc, _, err := d.dialNew(context.Background())
+	uc, _, err := d.dialNew(context.Background(), upKey{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,8 +41,8 @@ type fupstream struct {
 	deadline   time.Time
 	dl         int
 	w          appendWriter
-	// key is the requests the connection serves (see upKey), set by its
-	// first; link is its place in the loop's idle pool.
+	// key is the requests the connection serves (see upKey), from its
+	// dial; link is its place in the loop's idle pool.
 	key  upKey
 	link idleLink[*fupstream]
 }
@@ -106,9 +106,7 @@ func (lp *loop) getUp(k upKey, fresh bool) (*fupstream, error) {
 		return u, nil
 	}
 	if lp.addr == nil {
-		u := lp.dial()
-		u.key = k
-		return u, nil
+		return lp.dial(k), nil
 	}
 	fam := unix.AF_INET
 	if _, ok := lp.addr.(*unix.SockaddrInet6); ok {
@@ -149,8 +147,8 @@ func (lp *loop) getUp(k upKey, fresh bool) (*fupstream, error) {
 // dial starts a new upstream connection by the direct path's dialer, on a
 // goroutine; the loop takes it when it comes (dialed). Until then the
 // connection has no descriptor, and its request waits in out.
-func (lp *loop) dial() *fupstream {
-	u := &fupstream{fd: -1, connecting: true, dialing: true}
+func (lp *loop) dial(k upKey) *fupstream {
+	u := &fupstream{fd: -1, key: k, connecting: true, dialing: true}
 	u.link.v = u
 	u.w = appendWriter{&u.out}
 	// Its own context: the dial stops when the connection is dropped
@@ -360,9 +358,9 @@ func (lp *loop) endExchange(c *fclient) {
 	} else {
 		u.lastUsed = lp.now
 		u.setDeadline(lp, dlUpIdle, lp.now.Add(lp.d.idleFor))
-		// The loops share the bounds.
-		n := len(lp.fs.loops)
-		if old, evicted := lp.idle.put(u.key, &u.link, max(1, lp.d.perKey()/n), max(1, lp.d.maxIdle/n)); evicted {
+		// The loops and the direct path share the bounds (see
+		// idleBudget): what is evicted may be u itself.
+		if old, evicted := lp.idle.put(u.key, &u.link, lp.d.perKey(), lp.d.maxIdle); evicted {
 			lp.closeUp(old)
 		}
 	}

@@ -2,7 +2,7 @@
 
 // The front itself: its configuration and defaults (Config, New), the
 // servers it serves on (Server, Serve, and the fast path's in fastpath.go),
-// and the bounds it derives for the daemon (IdleUpstream, MaxUpstreamConns,
+// and the bounds it derives for the daemon (idleUpstream, MaxUpstreamConns,
 // ExemptMaxFor). A request's way in is in admit.go, its way to the
 // upstream and back in proxy.go.
 
@@ -321,7 +321,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		f.log = slog.New(slog.DiscardHandler)
 	}
 	f.stats = newStats(cfg.MaxProjects)
-	idle := IdleUpstream(cfg.MaxInFlight, cfg.ExemptMax)
+	idle := idleUpstream(cfg.MaxInFlight, cfg.ExemptMax)
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	if u.Scheme == "http" && !cfg.UpstreamH2C && (u.Path == "" || u.Path == "/") && u.RawQuery == "" {
 		host := u.Host
@@ -455,14 +455,15 @@ func (f *Front) CloseIdle() {
 	}
 }
 
-// IdleUpstream is how many idle upstream connections the front keeps in
-// all, in each of its two pools (the direct path's and either the
-// transport's or the fast path's loops' together): as many as can be in
+// idleUpstream is how many idle upstream connections the front keeps in
+// all, the direct path's pool and the fast path's loops' together (they
+// share one idleBudget), or the h2c transports' (keyedTransport): as many
+// as can be in
 // flight at once, MaxInFlight and the exempt budget (the exempt class's
 // connections are its own, see upKey), so that every request the
 // scheduler may dispatch together can find one. A front with no
 // MaxInFlight keeps 64.
-func IdleUpstream(maxInFlight, exemptMax int) int {
+func idleUpstream(maxInFlight, exemptMax int) int {
 	if maxInFlight <= 0 {
 		return 64
 	}
@@ -470,13 +471,14 @@ func IdleUpstream(maxInFlight, exemptMax int) int {
 }
 
 // MaxUpstreamConns bounds the upstream connections a front with these
-// limits holds at once: one per request in flight (exempt ones included)
-// and the idle ones of two pools: the direct path's, and either the
-// transport's (an h2c upstream) or the fast path's loops' together (an
-// HTTP/1 upstream, to which the transport keeps none). The daemon budgets
-// descriptors with it.
+// limits holds at once: one per request in flight (exempt ones included),
+// the idle ones (idleUpstream), and as many again for those on their way
+// in or out beside them (a replay's new connection while the stale one
+// closes, an evicted one being closed, a connection being dialed for a
+// request the client already left). The daemon budgets descriptors with
+// it.
 func MaxUpstreamConns(maxInFlight, exemptMax int) int {
-	return maxInFlight + ExemptMaxFor(maxInFlight, exemptMax) + 2*IdleUpstream(maxInFlight, exemptMax)
+	return maxInFlight + ExemptMaxFor(maxInFlight, exemptMax) + 2*idleUpstream(maxInFlight, exemptMax)
 }
 
 // ExemptMaxFor is the exempt budget in force: exemptMax when set, else

@@ -3,9 +3,12 @@
 package front
 
 import (
-	"math"
+	"container/list"
+	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // upKey names the requests an upstream connection may serve: those of one
@@ -39,16 +42,56 @@ type idleSet[T any] struct {
 	n          int
 }
 
+// idleBudget is the bounds that several idlePools share: how many idle
+// connections they hold together, in all and of each key. The direct
+// path's pool and every fast-path loop's pool share the front's one, so
+// that UpstreamIdlePerProject and IdleUpstream bound what the front keeps
+// idle, not what each pool keeps. Its zero value is an empty budget.
+type idleBudget struct {
+	mu  sync.Mutex // guards the fields below
+	per map[upKey]int
+	n   int
+}
+
+// drop counts one idle connection of k less. b.mu is held.
+func (b *idleBudget) drop(k upKey) {
+	if b.per[k]--; b.per[k] <= 0 {
+		delete(b.per, k)
+	}
+	b.n--
+}
+
+// add counts one idle connection of k more. b.mu is held.
+func (b *idleBudget) add(k upKey) {
+	if b.per == nil {
+		b.per = map[upKey]int{}
+	}
+	b.per[k]++
+	b.n++
+}
+
 // idlePool keeps idle upstream connections by key: a request takes only a
 // connection of its own key (the most recently used one). The pool is
-// bounded per key and in all; a put past either bound evicts the least
-// recently used connection of the key, or of the whole pool. It is not
-// safe for concurrent use (the direct path holds its lock around it, a
-// loop owns its own). Its zero value is an empty pool.
+// bounded per key and in all, counted in its budget (b) with the other
+// pools that share it; a put past either bound evicts the least recently
+// used connection of the key, or of the whole pool, or when this pool
+// holds none to evict (the others hold them) the connection put. It is
+// not safe for concurrent use (the direct path holds its lock around it,
+// a loop owns its own); its budget is. Its zero value is an empty pool
+// with a budget of its own.
 type idlePool[T any] struct {
+	b          *idleBudget
 	sets       map[upKey]*idleSet[T]
 	head, tail *idleLink[T]
 	n          int
+}
+
+// budget returns the pool's budget, made when it has none.
+func (p *idlePool[T]) budget() *idleBudget {
+	if p.b == nil {
+		p.b = &idleBudget{}
+	}
+	return p.b
 }
 
 // len is how many connections the pool holds.
@@ -67,67 +110,101 @@ func (p *idlePool[T]) take(k upKey) (T, bool) {
 }
 
 // put pools l (its v set) under k as the most recently used, within
-// perKey connections of k and total in all (each at least 1). It returns
-// the connection evicted to make room, if any, for the caller to close.
+// perKey connections of k and total in all (each at least 1) in the
+// pool's budget. It returns the connection evicted to make room, if any,
+// for the caller to close: l's own when the bound is reached and this
+// pool holds nothing to evict for it (l is then not pooled).
 func (p *idlePool[T]) put(k upKey, l *idleLink[T], perKey, total int) (evicted T, ok bool) {
+	if l.set != nil {
+		panic("front: idle connection pooled twice")
+	}
 	s := p.set(k, total)
+	b := p.budget()
+	b.mu.Lock()
 	var old *idleLink[T]
 	switch {
-	case s.n >= max(1, perKey):
+	case b.per[k] >= max(1, perKey):
 		old = s.head
-	case p.n >= max(1, total):
+	case b.n >= max(1, total):
 		old = p.head
+	default:
+		b.add(k)
+		b.mu.Unlock()
+		p.link(k, s, l, false)
+		return evicted, false
 	}
-	if old != nil {
-		p.remove(old)
-		evicted, ok = old.v, true
+	if old == nil {
+		// Full, and this pool holds nothing to give way (the others
+		// hold the key's, or all): l goes.
+		b.mu.Unlock()
+		return l.v, true
 	}
-	l.key, l.set = k, s
-	l.prev, l.next = p.tail, nil
-	if p.tail != nil {
-		p.tail.next = l
-	} else {
-		p.head = l
-	}
-	p.tail = l
-	l.sprev, l.snext = s.tail, nil
-	if s.tail != nil {
-		s.tail.snext = l
-	} else {
-		s.head = l
-	}
-	s.tail = l
-	s.n++
-	p.n++
-	return evicted, ok
+	b.drop(old.key)
+	b.add(k)
+	b.mu.Unlock()
+	p.unlink(old)
+	p.link(k, s, l, false)
+	return old.v, true
 }
 
 // putOldest pools l under k as the least recently used, if there is room
-// within perKey and total; it reports whether it did (a sweep puts back
-// what it kept, while newer connections may have come meanwhile).
+// within perKey and total in the budget; it reports whether it did (a
+// sweep puts back what it kept, while newer connections may have come
+// meanwhile).
 func (p *idlePool[T]) putOldest(k upKey, l *idleLink[T], perKey, total int) bool {
+	if l.set != nil {
+		panic("front: idle connection pooled twice")
+	}
 	s := p.set(k, total)
-	if s.n >= max(1, perKey) || p.n >= max(1, total) {
+	b := p.budget()
+	b.mu.Lock()
+	if b.per[k] >= max(1, perKey) || b.n >= max(1, total) {
+		b.mu.Unlock()
 		return false
 	}
+	b.add(k)
+	b.mu.Unlock()
+	p.link(k, s, l, true)
+	return true
+}
+
+// link puts l in the pool and in s, as the most recently used or, with
+// oldest, as the least.
+func (p *idlePool[T]) link(k upKey, s *idleSet[T], l *idleLink[T], oldest bool) {
 	l.key, l.set = k, s
-	l.prev, l.next = nil, p.head
-	if p.head != nil {
-		p.head.prev = l
+	if oldest {
+		l.prev, l.next = nil, p.head
+		if p.head != nil {
+			p.head.prev = l
+		} else {
+			p.tail = l
+		}
+		p.head = l
+		l.sprev, l.snext = nil, s.head
+		if s.head != nil {
+			s.head.sprev = l
+		} else {
+			s.tail = l
+		}
+		s.head = l
 	} else {
+		l.prev, l.next = p.tail, nil
+		if p.tail != nil {
+			p.tail.next = l
+		} else {
+			p.head = l
+		}
 		p.tail = l
-	}
-	p.head = l
-	l.sprev, l.snext = nil, s.head
-	if s.head != nil {
-		s.head.sprev = l
-	} else {
+		l.sprev, l.snext = s.tail, nil
+		if s.tail != nil {
+			s.tail.snext = l
+		} else {
+			s.head = l
+		}
 		s.tail = l
 	}
-	s.head = l
 	s.n++
 	p.n++
-	return true
 }
 
 // set returns k's set, made when k has none. Empty sets are kept (a key
@@ -156,10 +233,22 @@ func (p *idlePool[T]) set(k upKey, total int) *idleSet[T] {
 // remove takes l out of the pool, if it is there, and reports whether it
 // was.
 func (p *idlePool[T]) remove(l *idleLink[T]) bool {
-	s := l.set
-	if s == nil {
+	if l.set == nil {
 		return false
 	}
+	k := l.key
+	p.unlink(l)
+	b := p.budget()
+	b.mu.Lock()
+	b.drop(k)
+	b.mu.Unlock()
+	return true
+}
+
+// unlink takes l, which is pooled, out of the pool's lists (not out of
+// its budget).
+func (p *idlePool[T]) unlink(l *idleLink[T]) {
+	s := l.set
 	if l.prev != nil {
 		l.prev.next = l.next
 	} else {
@@ -183,17 +272,23 @@ func (p *idlePool[T]) remove(l *idleLink[T]) bool {
 	l.set, l.prev, l.next, l.sprev, l.snext = nil, nil, nil, nil, nil
 	s.n--
 	p.n--
-	return true
 }
 
 // takeAll empties the pool and returns its connections' links, least
 // recently used first, appended to into.
 func (p *idlePool[T]) takeAll(into []*idleLink[T]) []*idleLink[T] {
+	if p.head == nil {
+		return into
+	}
+	b := p.budget()
+	b.mu.Lock()
 	for p.head != nil {
 		l := p.head
-		p.remove(l)
+		b.drop(l.key)
+		p.unlink(l)
 		into = append(into, l)
 	}
+	b.mu.Unlock()
 	return into
 }
 
@@ -206,61 +301,118 @@ func (p *idlePool[T]) keys() int { return len(p.sets) }
 // its request's stream, so an answer cannot cross streams as it can cross
 // requests on an HTTP/1.1 connection; the transports keep the rule one
 // rule on every path.) An HTTP/1 upstream's fallback needs none: its
-// transport uses a connection for one request. At most max keys have a
-// transport, each keeping one idle connection (HTTP/2 carries a key's
-// concurrent requests on it); a new key past max closes the idle
-// connections of the least recently used key's transport and drops it
-// (what is in flight on it ends there).
+// transport uses a connection for one request.
+//
+// Each transport keeps one idle connection (HTTP/2 carries a key's
+// concurrent requests on it). Past max transports, the least recently
+// used one with no request in flight is dropped, its idle connection
+// closed: a transport is never dropped while a request is in flight on
+// it, since the connection that request goes idle on would then be in a
+// transport nobody reaches, outside CloseIdleConnections and the
+// descriptor budget until the upstream idle timeout. So at most max
+// transports, and one more per request in flight, exist at once; when a
+// request ends the transports past max that are idle are dropped.
 type keyedTransport struct {
 	mk  func() *http.Transport
 	max int
 
-	mu   sync.Mutex // guards the fields below
-	tick uint64
-	ts   map[upKey]*keyedTr
+	mu  sync.Mutex // guards the fields below
+	ts  map[upKey]*keyedTr
+	lru list.List // of *keyedTr, the most recently used first
 }
 
 type keyedTr struct {
 	t    *http.Transport
-	used uint64 // keyedTransport.tick at its last request
+	key  upKey
+	busy int // requests in flight on it, their answers' bodies not closed
+	el   *list.Element
 }
 
-// RoundTrip sends r on the transport of r's key (its exchange's).
+// RoundTrip sends r on the transport of r's key (its exchange's). The
+// transport counts the request in flight until its answer's body is
+// closed.
 func (k *keyedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	var key upKey
 	if x := exchangeOf(r); x != nil {
 		key = keyOf(x)
 	}
-	return k.get(key).RoundTrip(r)
+	e := k.acquire(key)
+	res, err := e.t.RoundTrip(r)
+	if err != nil || res.Body == nil || res.StatusCode == http.StatusSwitchingProtocols {
+		// A switched protocol's body is the connection itself
+		// (ReverseProxy needs its io.ReadWriteCloser): it is no longer
+		// the transport's.
+		k.release(e)
+		return res, err
+	}
+	res.Body = &keyedBody{ReadCloser: res.Body, k: k, e: e}
+	return res, nil
 }
 
-// get returns key's transport, made when it has none.
-func (k *keyedTransport) get(key upKey) *http.Transport {
+// keyedBody is an answer's body that ends its request's time in flight
+// on its transport when it is closed.
+type keyedBody struct {
+	io.ReadCloser
+	k    *keyedTransport
+	e    *keyedTr
+	done atomic.Bool
+}
+
+func (b *keyedBody) Close() error {
+	err := b.ReadCloser.Close()
+	if !b.done.Swap(true) {
+		b.k.release(b.e)
+	}
+	return err
+}
+
+// acquire returns key's transport, made when it has none, with one more
+// request in flight on it.
+func (k *keyedTransport) acquire(key upKey) *keyedTr {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.tick++
 	if e := k.ts[key]; e != nil {
-		e.used = k.tick
-		return e.t
+		e.busy++
+		k.lru.MoveToFront(e.el)
+		return e
 	}
 	if k.ts == nil {
 		k.ts = map[upKey]*keyedTr{}
 	}
-	if len(k.ts) >= max(1, k.max) {
-		var oldest upKey
-		var at uint64 = math.MaxUint64
-		for key, e := range k.ts {
-			if e.used < at {
-				oldest, at = key, e.used
-			}
-		}
-		k.ts[oldest].t.CloseIdleConnections()
-		delete(k.ts, oldest)
-	}
 	t := k.mk()
 	t.MaxIdleConns, t.MaxIdleConnsPerHost = 1, 1
-	k.ts[key] = &keyedTr{t: t, used: k.tick}
-	return t
+	e := &keyedTr{t: t, key: key, busy: 1}
+	e.el = k.lru.PushFront(e)
+	k.ts[key] = e
+	k.trim()
+	return e
+}
+
+// release ends a request in flight on e.
+func (k *keyedTransport) release(e *keyedTr) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	e.busy--
+	k.trim()
+}
+
+// trim drops the least recently used idle transports while there are
+// more than max. k.mu is held.
+func (k *keyedTransport) trim() {
+	for el := k.lru.Back(); el != nil && len(k.ts) > max(1, k.max); {
+		e := el.Value.(*keyedTr)
+		el = el.Prev()
+		if e.busy > 0 {
+			continue
+		}
+		k.lru.Remove(e.el)
+		delete(k.ts, e.key)
+		e.t.CloseIdleConnections()
+		// The last stream's end is recorded just after its body's
+		// close (on the transport's goroutine that wrote the request):
+		// until then the connection does not count as idle.
+		time.AfterFunc(time.Second, e.t.CloseIdleConnections)
+	}
 }
 
 // CloseIdleConnections closes the idle connections of every key.

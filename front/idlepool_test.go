@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // The idle pool hands a key only its own connections, most recently used
@@ -173,5 +175,62 @@ func TestUpstreamH2CConnectionPerProject(t *testing.T) {
 	get("beta") // kept: alpha was the least recently used
 	if n := conns.Load(); n != 3 {
 		t.Errorf("beta after gamma took a new connection (%d in all)", n)
+	}
+}
+
+// A project's h2c transport is not dropped while a request is in flight on
+// it: ten projects with one slow request each, behind a front that keeps
+// two transports, leave no upstream connection open once the answers are
+// in and the idle ones are closed (when the transports were dropped in
+// flight, eight connections went idle in transports nobody reached and
+// stayed open for the upstream idle timeout).
+func TestUpstreamH2CNoLeakInFlight(t *testing.T) {
+	var open atomic.Int64
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		time.Sleep(300 * time.Millisecond)
+		_, _ = io.WriteString(w, req.Proto)
+	}))
+	up.Config.Protocols = new(http.Protocols)
+	up.Config.Protocols.SetHTTP1(true)
+	up.Config.Protocols.SetUnencryptedHTTP2(true)
+	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
+	up.Start()
+	defer up.Close()
+	f, err := New(Config{Upstream: up.URL, UpstreamH2C: true, TrustedPeers: []string{"192.0.2.1"}}, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.CloseIdle()
+	f.keyed.max = 2
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Go(func() {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest("GET", "/", nil)
+			req.Header.Set(DefaultProjectHeader, fmt.Sprint("p", i))
+			f.ServeHTTP(rec, req)
+			if rec.Body.String() != "HTTP/2.0" {
+				t.Errorf("p%d: upstream saw %q, want HTTP/2.0", i, rec.Body.String())
+			}
+		})
+	}
+	wg.Wait()
+	if k := f.keyed.transports(); k > 2 {
+		t.Errorf("%d transports kept with nothing in flight, want at most 2", k)
+	}
+	f.CloseIdle()
+	deadline := time.Now().Add(5 * time.Second)
+	for open.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := open.Load(); n != 0 {
+		t.Errorf("%d upstream connections still open after CloseIdle", n)
 	}
 }

@@ -85,10 +85,21 @@ type directUpstream struct {
 	forwardProject bool
 	isClaim        func(key string) bool
 
-	mu    sync.Mutex        // guards the fields below
-	idle  idlePool[*upConn] // by key
-	sweep *time.Timer       // pending sweep of idle, nil when none
-	gen   int               // closeIdle calls so far
+	mu sync.Mutex // guards the fields below
+	// idle is the direct path's idle connections by key; its budget is
+	// shared with the fast path's loops (see sharedBudget).
+	idle  idlePool[*upConn]
+	sweep *time.Timer // pending sweep of idle, nil when none
+	gen   int         // closeIdle calls so far
+}
+
+// sharedBudget is the budget of the direct path's idle pool, which every
+// pool of the front's idle upstream connections shares: the bounds are
+// the front's, not each pool's.
+func (d *directUpstream) sharedBudget() *idleBudget {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.idle.budget()
 }
 
 // perKey is how many idle connections one key may hold.
@@ -111,8 +122,8 @@ type upConn struct {
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	lastUsed time.Time
-	// key is the requests the connection serves, set by its first; link
-	// is its place in the idle pool.
+	// key is the requests the connection serves, from its dial; link is
+	// its place in the idle pool.
 	key  upKey
 	link idleLink[*upConn]
 
@@ -262,20 +273,20 @@ func (uc *upConn) tcpInfo(fd uintptr) {
 }
 
 // get returns an idle connection of key k (reused true) or dials a new one
-// for k. now need not be precise (the idle limit is long): callers pass a
+// for k; a new one when fresh. now need not be precise (the idle limit is long): callers pass a
 // time they already read, as reading the clock is a noticeable part of a
 // request's cost.
-func (d *directUpstream) get(ctx context.Context, k upKey, now time.Time) (*upConn, bool, error) {
+func (d *directUpstream) get(ctx context.Context, k upKey, now time.Time, fresh bool) (*upConn, bool, error) {
 	for {
-		d.mu.Lock()
-		uc, ok := d.idle.take(k)
-		d.mu.Unlock()
+		var uc *upConn
+		ok := false
+		if !fresh {
+			d.mu.Lock()
+			uc, ok = d.idle.take(k)
+			d.mu.Unlock()
+		}
 		if !ok {
-			uc, reused, err := d.dialNew(ctx)
-			if err == nil {
-				uc.key = k
-			}
-			return uc, reused, err
+			return d.dialNew(ctx, k)
 		}
 		if now.Sub(uc.lastUsed) >= d.idleFor {
 			uc.c.Close()
@@ -298,17 +309,19 @@ func (d *directUpstream) spoke(uc *upConn) {
 	uc.c.Close()
 }
 
-func (d *directUpstream) dialNew(ctx context.Context) (*upConn, bool, error) {
+// dialNew dials a new upstream connection for the requests of k.
+func (d *directUpstream) dialNew(ctx context.Context, k upKey) (*upConn, bool, error) {
 	c, err := d.dial(ctx, "tcp", d.addr)
 	if err != nil {
 		return nil, false, fmt.Errorf("dialing upstream: %w", err)
 	}
-	return d.newUpConn(c), false, nil
+	return d.newUpConn(c, k), false, nil
 }
 
-// newUpConn makes an upstream connection of c.
-func (d *directUpstream) newUpConn(c net.Conn) *upConn {
-	uc := &upConn{c: c, headLeft: -1, bw: bufio.NewWriterSize(c, 4<<10)}
+// newUpConn makes an upstream connection of c, to serve the requests of
+// k for its whole life.
+func (d *directUpstream) newUpConn(c net.Conn, k upKey) *upConn {
+	uc := &upConn{c: c, key: k, headLeft: -1, bw: bufio.NewWriterSize(c, 4<<10)}
 	uc.link.v = uc
 	uc.br = bufio.NewReaderSize(uc, 4<<10)
 	sc, ok := c.(syscall.Conn)
@@ -338,7 +351,7 @@ func (d *directUpstream) put(uc *upConn, now time.Time) {
 	uc.lastUsed = now
 	d.mu.Lock()
 	old, evicted := d.idle.put(uc.key, &uc.link, d.perKey(), d.maxIdle)
-	if d.sweep == nil {
+	if d.sweep == nil && d.idle.len() > 0 {
 		d.sweep = time.AfterFunc(idleSweep, d.sweepIdle)
 	}
 	d.mu.Unlock()
@@ -378,7 +391,9 @@ func (d *directUpstream) sweepIdle() {
 		kept = kept[:0]
 	}
 	// Connections put back meanwhile are the most recent: those kept go
-	// before them, most recent first, as far as the bounds leave room.
+	// before them, most recent first, as far as the bounds leave room
+	// (the loops' idle connections count in them too). Each goes back
+	// under its own key.
 	for i := len(kept) - 1; i >= 0; i-- {
 		if !d.idle.putOldest(kept[i].v.key, kept[i], d.perKey(), d.maxIdle) {
 			over = append(over, kept[i].v)
@@ -399,7 +414,7 @@ func (d *directUpstream) sweepIdle() {
 func (d *directUpstream) closeIdle() {
 	d.mu.Lock()
 	idle := d.idle.takeAll(nil)
-	d.idle = idlePool[*upConn]{}
+	d.idle = idlePool[*upConn]{b: d.idle.budget()} // the loops share the budget
 	d.gen++
 	if d.sweep != nil {
 		d.sweep.Stop()
@@ -605,7 +620,9 @@ func (d *directUpstream) roundTrip(r *http.Request, x *exchange) (upAnswer, erro
 	}
 	retry := replayable(r)
 	for attempt := 0; ; attempt++ {
-		uc, reused, err := d.get(ctx, keyOf(x), x.at)
+		// The retry goes on a new connection, as the fast path's does:
+		// the other idle ones may be as stale as the one that failed.
+		uc, reused, err := d.get(ctx, keyOf(x), x.at, attempt > 0)
 		if err != nil {
 			return upAnswer{}, err
 		}
