@@ -60,6 +60,9 @@ type loop struct {
 	// mostRounds is the most rounds of sends one sendAll made (tests read
 	// it: its continuations are bounded).
 	mostRounds atomic.Int64
+	// exchanges is how many exchanges the loop ended itself (tests read
+	// it: the fast path was used).
+	exchanges atomic.Int64
 	sendC      []*fclient
 	sendU      []*fupstream
 	// The pass's sends for ring.send, and their spares.

@@ -364,6 +364,7 @@ func (lp *loop) endExchange(c *fclient) {
 			lp.closeUp(old)
 		}
 	}
+	lp.exchanges.Add(1)
 	lp.f.finish(c.a, false, false)
 	c.a = nil
 	lp.nextRequest(c)
