@@ -63,8 +63,8 @@ type loop struct {
 	// exchanges is how many exchanges the loop ended itself (tests read
 	// it: the fast path was used).
 	exchanges atomic.Int64
-	sendC      []*fclient
-	sendU      []*fupstream
+	sendC     []*fclient
+	sendU     []*fupstream
 	// The pass's sends for ring.send, and their spares.
 	sfds    []int
 	sbufs   [][]byte
