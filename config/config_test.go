@@ -264,7 +264,8 @@ func TestDefaultsAgreeWithPackages(t *testing.T) {
 	}
 	if l := c.Front.Limits; l.UpstreamHeadBytes != front.DefaultMaxUpstreamHead || l.Informational != front.DefaultMaxInformational ||
 		l.RequestHeadBytes != front.DefaultMaxRequestHead || l.ReadHeaderTimeout != front.DefaultReadHeaderTimeout ||
-		l.IdleTimeout != front.DefaultIdleTimeout || l.UpstreamIdleTimeout != front.DefaultUpstreamIdleTimeout {
+		l.IdleTimeout != front.DefaultIdleTimeout || l.UpstreamIdleTimeout != front.DefaultUpstreamIdleTimeout ||
+		l.UpstreamIdlePerProject != front.DefaultUpstreamIdlePerProject {
 		t.Errorf("front.limits %+v disagree with package front's defaults", l)
 	}
 	if c.Metrics.MaxProjects != front.DefaultMaxProjects {
