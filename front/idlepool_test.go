@@ -3,6 +3,7 @@
 package front
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -76,10 +77,34 @@ func TestIdlePool(t *testing.T) {
 		}
 	}
 	const perKey, total = 3, 8
-	for step := range 20000 {
+	for step := range 40000 {
 		k := upKey{project: fmt.Sprint(rng.IntN(6)), exempt: rng.IntN(4) == 0}
-		switch rng.IntN(3) {
-		case 0, 1:
+		switch r := rng.IntN(200); {
+		case r == 0:
+			// A sweep: everything out, least recently used first.
+			all := p.takeAll(nil)
+			if len(all) != len(order) {
+				t.Fatalf("step %d: takeAll gave %d, model %d", step, len(all), len(order))
+			}
+			for i, l := range all {
+				if l.v.id != order[i] || l.key != keyOf[order[i]] {
+					t.Fatalf("step %d: takeAll's %d is %d, want %d", step, i, l.v.id, order[i])
+				}
+			}
+			model, order = map[upKey][]int{}, nil
+		case r < 40:
+			// A sweep puts back what it kept, as the least recently used.
+			c := mk(step)
+			conns[step], keyOf[step] = c, k
+			want := len(model[k]) < perKey && len(order) < total
+			if got := p.putOldest(k, &c.link, perKey, total); got != want {
+				t.Fatalf("step %d: putOldest %v, want %v", step, got, want)
+			}
+			if want {
+				model[k] = append([]int{step}, model[k]...)
+				order = append([]int{step}, order...)
+			}
+		case r < 140:
 			c := mk(step)
 			conns[step], keyOf[step] = c, k
 			want := -1
@@ -98,7 +123,7 @@ func TestIdlePool(t *testing.T) {
 			}
 			model[k] = append(model[k], step)
 			order = append(order, step)
-		case 2:
+		default:
 			c, ok := p.take(k)
 			if l := model[k]; len(l) == 0 {
 				if ok {
@@ -118,12 +143,129 @@ func TestIdlePool(t *testing.T) {
 			}
 			drop(id)
 		}
-		if p.len() != len(order) {
-			t.Fatalf("step %d: pool holds %d, model %d", step, p.len(), len(order))
+		if b := p.budget(); p.len() != len(order) || b.n != len(order) || b.per[k] != len(model[k]) {
+			t.Fatalf("step %d: pool holds %d (budget %d, %d of %v), model %d (%d)", step, p.len(), b.n, b.per[k], k, len(order), len(model[k]))
 		}
 	}
 	if n := p.keys(); n > 2*total+16 {
 		t.Errorf("%d keys kept for a pool of %d", n, total)
+	}
+}
+
+// Pools that share a budget keep within its bounds together: a put past a
+// bound evicts from the pool put to, or, when that pool holds nothing to
+// give way, the connection put itself. A link pooled twice is a bug that
+// would corrupt the lists: put panics.
+func TestIdlePoolSharedBudget(t *testing.T) {
+	type conn struct {
+		id   int
+		link idleLink[*conn]
+	}
+	mk := func(id int) *idleLink[*conn] { c := &conn{id: id}; c.link.v = c; return &c.link }
+	a, b, c := upKey{project: "a"}, upKey{project: "b"}, upKey{project: "c"}
+	budget := &idleBudget{}
+	p1, p2 := idlePool[*conn]{b: budget}, idlePool[*conn]{b: budget}
+	const perKey, total = 2, 3
+	for i := range 2 {
+		if old, ev := p1.put(a, mk(i), perKey, total); ev {
+			t.Fatalf("p1's a %d evicted %d", i, old.id)
+		}
+	}
+	if old, ev := p2.put(a, mk(2), perKey, total); !ev || old.id != 2 {
+		t.Fatalf("a's third in p2 (p1 holds a's 2): evicted %v %v, want itself", old, ev)
+	}
+	if _, ev := p2.put(b, mk(3), perKey, total); ev {
+		t.Fatal("b's first evicted")
+	}
+	if old, ev := p1.put(c, mk(4), perKey, total); !ev || old.id != 0 {
+		t.Fatalf("c in p1 past the total: evicted %v %v, want p1's oldest 0", old, ev)
+	}
+	if old, ev := p2.put(c, mk(5), perKey, total); !ev || old.id != 3 {
+		t.Fatalf("c in p2 past the total: evicted %v %v, want p2's oldest 3", old, ev)
+	}
+	if !p1.remove(&p1.head.v.link) || p1.putOldest(a, mk(6), perKey, total) != true {
+		t.Fatal("putOldest with room refused")
+	}
+	if p2.putOldest(b, mk(7), perKey, total) {
+		t.Fatal("putOldest past the total accepted")
+	}
+	if budget.n != 3 || budget.per[a] != 1 || budget.per[c] != 2 || p1.len()+p2.len() != 3 {
+		t.Fatalf("budget %d (%v), pools %d and %d: want 3", budget.n, budget.per, p1.len(), p2.len())
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("a link put twice did not panic")
+		}
+	}()
+	p1.put(a, p1.tail, perKey, total)
+}
+
+// The sweep puts what it keeps back under each connection's own key: after
+// sweepIdle, a key's takes give exactly the connections put under it.
+func TestSweepKeepsKeys(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	d := &directUpstream{addr: l.Addr().String(), dial: (&net.Dialer{}).DialContext, maxIdle: 64, maxIdlePer: 8,
+		idleFor: time.Minute, unasked: func(string) {}}
+	defer d.closeIdle()
+	keys := []upKey{{project: "a"}, {project: "b"}, {project: "a", exempt: true}, {project: "c"}}
+	mine := map[*upConn]upKey{}
+	now := time.Now()
+	for i := range 3 * len(keys) {
+		k := keys[i%len(keys)]
+		uc, _, err := d.dialNew(context.Background(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mine[uc] = k
+		d.put(uc, now)
+	}
+	d.sweepIdle()
+	for _, k := range keys {
+		n := 0
+		for {
+			d.mu.Lock()
+			uc, ok := d.idle.take(k)
+			d.mu.Unlock()
+			if !ok {
+				break
+			}
+			n++
+			if mine[uc] != k {
+				t.Errorf("%v took a connection of %v", k, mine[uc])
+			}
+			d.put(uc, now) // back, then out of the way
+			d.mu.Lock()
+			d.idle.remove(&uc.link)
+			d.mu.Unlock()
+			uc.c.Close()
+		}
+		if n != 3 {
+			t.Errorf("%v took %d connections after the sweep, want its 3", k, n)
+		}
 	}
 }
 
