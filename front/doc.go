@@ -247,14 +247,17 @@
 // or itself when that pool holds none to give way (another loop's do).
 // No check before reuse can replace this. TestLateAnswerStaysInProject
 // has an upstream send, after one answer in four and at a random moment up
-// to 500 ms later, a second answer, a piece of one from a random offset, or
-// bytes glued after the body, to clients of three projects on keep-alive
-// connections: the front before this handed 8 to 22 answers a mode to
-// another project's clients in 20,000 requests (1 to 10 in 5,000), on the
-// fast path with and without io_uring, on net/http's server and on the
-// unix socket; it now hands none, while 13 to 31 in 20,000 (more under
-// -race) still reach another request of the same project, which the test
-// counts and logs. On the fallback (ReverseProxy, see
+// to 500 ms later (most within 50 ms), a second answer, a piece of one from
+// a random offset, or bytes glued after the body, to clients of four
+// projects (one exempt) on keep-alive connections, with the default bounds
+// and with 1 idle connection a project and MaxInFlight 4, one answer in 48
+// chunked (handed from a fast-path loop to net/http's path): the front
+// before this handed 1 to 10 answers a mode to another project's clients
+// in 5,000 requests, on the fast path (three loops) with and without
+// io_uring, on net/http's server and on the unix socket; it now hands
+// none, while about 100 in 20,000 (the most with the default bounds)
+// still reach another request of the same project, which the test counts
+// and logs. On the fallback (ReverseProxy, see
 // Serving) http.Transport applies its own framing rules, the head bound and
 // the 1xx count, a status outside 100-599 is 502 with its connection closed,
 // and an HTTP/1 connection carries one request (so it serves one project as
