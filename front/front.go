@@ -134,8 +134,8 @@ type Config struct {
 
 	// UpstreamIdlePerProject bounds the idle upstream connections kept
 	// for one project's requests (its exempt ones apart); all projects'
-	// together are bounded by MaxInFlight and the exempt budget (see
-	// IdleUpstream).
+	// together are bounded by MaxInFlight plus the exempt budget, or 64
+	// without MaxInFlight, on every path together.
 	UpstreamIdlePerProject int
 
 	// FastPath serves plain HTTP/1.1 exchanges over TCP in the front's own

@@ -45,7 +45,7 @@ type idleSet[T any] struct {
 // idleBudget is the bounds that several idlePools share: how many idle
 // connections they hold together, in all and of each key. The direct
 // path's pool and every fast-path loop's pool share the front's one, so
-// that UpstreamIdlePerProject and IdleUpstream bound what the front keeps
+// that UpstreamIdlePerProject and idleUpstream bound what the front keeps
 // idle, not what each pool keeps. Its zero value is an empty budget.
 type idleBudget struct {
 	mu  sync.Mutex // guards the fields below
