@@ -58,8 +58,9 @@ var ErrNoDestPool = errors.New("no such destination pool")
 // DestPool is a destination pool's configuration.
 type DestPool struct {
 	Name string // pools.<name>: lowercase letters, digits and _, at most 32 bytes
-	// Size is the pool's POOL (1..limits.MaxPoolSize) and Floor its
-	// FLOOR (0: pools.DefaultFloor(Size)).
+	// Size is the pool's POOL (0..limits.MaxPoolSize; 0 admits nobody, a
+	// fleet pool's allotment may be 0) and Floor its FLOOR (0:
+	// pools.DefaultFloor(Size), 0 when Size is).
 	Size, Floor uint32
 	// Window is its active window; 0 means the node pool's.
 	Window time.Duration
@@ -95,7 +96,7 @@ func (p DestPool) validate() error {
 	if p.Name == "" || len(p.Name) > 32 {
 		return fmt.Errorf("destination pool name %q (1..32 bytes): %w", p.Name, ErrBadDestPool)
 	}
-	if p.Size == 0 || p.Size > 1<<24 {
+	if p.Size > 1<<24 {
 		return fmt.Errorf("pools.%s: size %d: %w", p.Name, p.Size, ErrBadDestPool)
 	}
 	if p.Floor > p.Size {
@@ -200,7 +201,7 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 	kinds := uint32(0)
 	want := map[limiterFsDestKey]uint32{}
 	for _, p := range dps {
-		c := limiterFsDestConf{Size: p.Size, Floor: uint32(pools.EffectiveFloor(int(p.Size), int(p.Floor))),
+		c := limiterFsDestConf{Size: p.Size, Floor: destFloor(p.Size, p.Floor),
 			WindowNs: uint64(l.window), Flags: destLive}
 		if p.Window > 0 {
 			c.WindowNs = uint64(p.Window)
@@ -460,10 +461,20 @@ func (l *Limiter) setDestKinds(kinds uint32) error {
 	return nil
 }
 
+// destFloor is the FLOOR written for a pool of size and configured floor:
+// the default's at least one permit would sit above a size of 0.
+func destFloor(size, floor uint32) uint32 {
+	if size == 0 {
+		return 0
+	}
+	return uint32(pools.EffectiveFloor(int(size), int(floor)))
+}
+
 // SetDestPoolSize sets the size of destination pool name at run time (a
 // fleet-wide pool's local share, say), keeping its counts; its floor is
 // recomputed if the configuration left it to the default. Connections held
 // past a smaller size are not closed: the pool refuses until it is below.
+// A size of 0 admits nobody.
 func (l *Limiter) SetDestPoolSize(name string, size uint32) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -486,7 +497,7 @@ func (l *Limiter) SetDestPoolSize(name string, size uint32) error {
 	if err := l.objs.FsDpoolConf.Lookup(dp.id, &c); err != nil {
 		return fmt.Errorf("reading destination pool %s: %w", name, err)
 	}
-	c.Size, c.Floor = size, uint32(pools.EffectiveFloor(int(size), int(p.Floor)))
+	c.Size, c.Floor = size, destFloor(size, p.Floor)
 	if err := l.objs.FsDpoolConf.Put(dp.id, &c); err != nil {
 		return fmt.Errorf("resizing destination pool %s: %w", name, err)
 	}

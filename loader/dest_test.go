@@ -196,6 +196,17 @@ func TestDestPoolAndNodeRefuseIndependently(t *testing.T) {
 	if err := l.SetDestPoolSize("nope", 3); !errors.Is(err, ErrNoDestPool) {
 		t.Fatalf("SetDestPoolSize of an unknown pool: %v", err)
 	}
+	// A size of 0 (a fleet pool's allotment may be) admits nobody, and
+	// closes nothing.
+	if err := l.SetDestPoolSize("db", 0); err != nil {
+		t.Fatal(err)
+	}
+	if r := a.dial("tcp4", db.Addr().String(), 1); r.ok != 0 || r.refused != 1 {
+		t.Fatalf("a destination pool of size 0 admitted: %+v", r)
+	}
+	if d := destSnap(t, l, "db"); d.Size != 0 || d.Floor != 0 || d.InUse != 3 {
+		t.Fatalf("size 0: %+v", d)
+	}
 	a.do("close")
 	waitInUse(t, l, 0, map[string]int{"a": 0})
 	waitDest(t, l, "db", 0, map[string]int{"a": 0})
