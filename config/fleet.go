@@ -72,6 +72,12 @@ func (c *Config) checkFleet() error {
 			if !c.BPF {
 				return fmt.Errorf("pools.connections.fleet: true needs bpf: true (without the kernel side the pool is not enforced)")
 			}
+		default:
+			// A destination pool is the kernel's too: its allotment is
+			// the loader's size of it (daemon/fleet.go).
+			if c.Pools[n].IsDestination() && !c.BPF {
+				return fmt.Errorf("pools.%s.fleet: true needs bpf: true (a destination pool is enforced by the kernel side only)", n)
+			}
 		}
 	}
 	for i, e := range f.Etcd {

@@ -22,6 +22,14 @@ func TestFleetKeys(t *testing.T) {
 	if c.Fleet.Prefix != "/fs" || c.Fleet.SafeFraction != 0.25 {
 		t.Fatalf("fleet %+v", c.Fleet)
 	}
+	// A destination pool may be a fleet pool (issue 35's headline case).
+	dc := Default()
+	if err := Parse(strings.NewReader("fleet: {etcd: [http://127.0.0.1:2379]}\npools: {db: {size: 1000, destinations: [10.0.0.5/32:5432], fleet: true}}\n"), &dc); err != nil {
+		t.Fatalf("a fleet destination pool: %v", err)
+	}
+	if got := dc.FleetPools(); len(got) != 1 || got[0] != "db" || !dc.Pools["db"].IsDestination() {
+		t.Fatalf("fleet pools %v", got)
+	}
 	if d := Default(); d.Fleet.Prefix != "/fairshare" || len(d.FleetPools()) != 0 {
 		t.Fatalf("defaults: %+v", d.Fleet)
 	}
@@ -30,6 +38,7 @@ func TestFleetKeys(t *testing.T) {
 		{"pools: {db: {size: 12, fleet: true}}", "fleet.etcd lists no endpoint"},
 		{"fleet: {etcd: [http://e:2379]}\npools: {residents: {size: 12, fleet: true}}", "pools.residents.fleet"},
 		{"bpf: false\nfleet: {etcd: [http://e:2379]}\npools: {connections: {size: 12, fleet: true}}", "needs bpf: true"},
+		{"bpf: false\nfleet: {etcd: [http://e:2379]}\npools: {db: {size: 12, destinations: [10.0.0.5/32:5432], fleet: true}}", "pools.db.fleet: true needs bpf: true"},
 		{"fleet: {etcd: [etcd-0:2379]}", "fleet.etcd[0]"},
 		{"fleet: {etcd: [ftp://e:2379]}", "fleet.etcd[0]"},
 		{"fleet: {node: a/b}", "fleet.node"},
