@@ -105,6 +105,14 @@ type Daemon struct {
 	// destCfg are the destination pools in force (the configuration's,
 	// then the last Reload's).
 	destCfg map[string]config.Pool
+
+	// destMu serializes the sizes of the fleet destination pools: a
+	// Member's SetSize and a Reload's SetDestPools, which would otherwise
+	// write the configured (fleet) size over the allotment.
+	destMu sync.Mutex
+	// fleetSizes is the local size last given to each fleet destination
+	// pool (its allotment), by name; guarded by destMu.
+	fleetSizes map[string]int
 	// listeners are the listeners serving, for status and metrics.
 	listeners []*listen.Listener
 
@@ -168,6 +176,7 @@ func New(opts Options) (*Daemon, error) {
 
 		connectionsAt: -1,
 		destCfg:       destOnly(cfg),
+		fleetSizes:    map[string]int{},
 	}
 	var undo rollback
 	ok := false
@@ -251,7 +260,7 @@ func New(opts Options) (*Daemon, error) {
 				log.Error("removing the pins of the failed start", "pin_dir", cfg.PinDir, "err", err)
 			}
 		})
-		if d.kernel, err = openKernel(cfg, log, d.events); err != nil {
+		if d.kernel, err = openKernel(cfg, log, d.events, d.fleetSizes); err != nil {
 			return nil, err
 		}
 		d.projects.kernel = d.kernel.members()

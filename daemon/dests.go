@@ -4,6 +4,8 @@ package daemon
 
 import (
 	"fmt"
+	"maps"
+	"reflect"
 	"sort"
 
 	"github.com/fairshare-dev/fairshare/admin"
@@ -18,8 +20,10 @@ import (
 // sets with the connections pool's, so they are not in d.pools: Status
 // reads them from the maps (DestPools) after the others.
 
-// destPoolsOf is the loader's form of cfg's destination pools.
-func destPoolsOf(cfg config.Config) ([]loader.DestPool, error) {
+// destPoolsOf is the loader's form of cfg's destination pools. A pool
+// named in sizes (a fleet pool) gets that size, its allotment, and the
+// default floor of it: its configured size and floor are the fleet's.
+func destPoolsOf(cfg config.Config, sizes map[string]int) ([]loader.DestPool, error) {
 	dests, err := cfg.DestPools()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", config.ErrInvalid, err)
@@ -31,8 +35,12 @@ func destPoolsOf(cfg config.Config) ([]loader.DestPool, error) {
 			continue
 		}
 		p := cfg.Pools[name]
-		out = append(out, loader.DestPool{Name: name, Size: uint32(p.Size), Floor: uint32(p.Floor), Window: p.Window,
-			DryRun: !p.Enforced(), Destinations: ds})
+		dp := loader.DestPool{Name: name, Size: uint32(p.Size), Floor: uint32(p.Floor), Window: p.Window,
+			DryRun: !p.Enforced(), Destinations: ds}
+		if n, ok := sizes[name]; ok {
+			dp.Size, dp.Floor = uint32(n), 0
+		}
+		out = append(out, dp)
 	}
 	return out, nil
 }
@@ -92,7 +100,10 @@ func (d *Daemon) destStatus(st *admin.Status) error {
 		if err != nil {
 			return fmt.Errorf("reading the bpf maps: %w", err)
 		}
-		st.Pools = append(st.Pools, DestPools(s)...)
+		for _, p := range DestPools(s) {
+			p.Fleet = d.fleet.status(p.Name)
+			st.Pools = append(st.Pools, p)
+		}
 	}
 	sort.SliceStable(st.Pools, func(i, j int) bool { return st.Pools[i].Name < st.Pools[j].Name })
 	return nil
@@ -101,17 +112,66 @@ func (d *Daemon) destStatus(st *admin.Status) error {
 // Reload applies cfg, read again from the same sources on SIGHUP: its
 // destination pools, at once and keeping their counts (added, resized,
 // removed). The rest of the configuration needs a restart; a change to it is
-// logged and left. A cfg that does not validate, or destination pools the
-// kernel side refuses, change nothing.
+// logged and left. So do the fleet destination pools: their Members are
+// made at start, so such a pool keeps the definition it started with (and
+// its allotment), and a pool that becomes one is not added (or keeps the
+// definition in force, if it was a destination pool). A cfg that does
+// not validate, or destination pools the kernel side refuses, change
+// nothing.
 func (d *Daemon) Reload(cfg config.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	next, err := destPoolsOf(cfg)
+	old := d.cfg // the configuration started with: only the destination pools change
+	// The fleet destination pools as started, each with its allotment,
+	// under destMu until SetDestPools is done: a Member resizing in between
+	// would be written over.
+	d.destMu.Lock()
+	defer d.destMu.Unlock()
+	started := config.Config{Pools: map[string]config.Pool{}}
+	for _, name := range old.FleetPools() {
+		if old.Pools[name].IsDestination() {
+			started.Pools[name] = old.Pools[name]
+		}
+	}
+	kept, err := destPoolsOf(started, d.fleetSizes)
 	if err != nil {
 		return err
 	}
-	old := d.cfg // the configuration started with: only the destination pools change
+	mine := config.Config{Pools: map[string]config.Pool{}}
+	for _, name := range cfg.PoolNames() {
+		p := cfg.Pools[name]
+		if !p.IsDestination() {
+			continue
+		}
+		if _, ok := started.Pools[name]; ok {
+			continue
+		}
+		if p.Fleet {
+			d.mu.Lock()
+			o, inForce := d.destCfg[name]
+			d.mu.Unlock()
+			if !inForce {
+				d.log.Warn("reload: a new fleet destination pool needs a restart; it is not added", "pool", name)
+				continue
+			}
+			d.log.Warn("reload: making a destination pool a fleet pool needs a restart; it keeps the definition in force", "pool", name)
+			p = o
+		}
+		mine.Pools[name] = p
+	}
+	for _, name := range started.PoolNames() {
+		if p, ok := cfg.Pools[name]; !ok || !reflect.DeepEqual(p, started.Pools[name]) {
+			d.log.Warn("reload: a change to a fleet destination pool (or its removal) needs a restart; it keeps the definition it started with",
+				"pool", name)
+		}
+	}
+	next, err := destPoolsOf(mine, nil)
+	if err != nil {
+		return err
+	}
+	next = append(next, kept...)
+	sort.Slice(next, func(i, j int) bool { return next[i].Name < next[j].Name })
 	for _, name := range cfg.PoolNames() {
 		if cfg.Pools[name].IsDestination() {
 			continue
@@ -126,8 +186,9 @@ func (d *Daemon) Reload(cfg config.Config) error {
 			return fmt.Errorf("%w: %w", config.ErrInvalid, err)
 		}
 	}
+	maps.Copy(mine.Pools, started.Pools)
 	d.mu.Lock()
-	d.destCfg = destOnly(cfg)
+	d.destCfg = mine.Pools
 	d.mu.Unlock()
 	d.log.Info("reloaded destination pools", "pools", len(next))
 	return nil

@@ -68,6 +68,9 @@ func (d *Daemon) buildFleet() error {
 		case name == config.PoolConnections:
 			kt := kernelFleet{d}
 			target, source = kt, kt
+		case pc.IsDestination():
+			dt := destFleet{d: d, name: name}
+			target, source = dt, dt
 		case name == config.PoolRequests:
 			pt := fleet.PoolTarget{Pool: d.requests}
 			target, source = pt, pt
@@ -82,6 +85,11 @@ func (d *Daemon) buildFleet() error {
 			return err
 		}
 		f.members[name] = m
+		if pc.IsDestination() {
+			// The kernel side, opened after this, starts the pool at the
+			// Member's safe slice rather than at the fleet's size.
+			d.fleetSizes[name] = m.Status().Safe
+		}
 	}
 	log.Info("fleet pools", "pools", names, "node", node, "prefix", fc.Prefix, "etcd", fc.Etcd)
 	return nil
@@ -153,6 +161,58 @@ func (kf kernelFleet) Usage() (map[string]fleet.Usage, error) {
 		u.Refused += p.Refused
 		u.Active = u.Active || p.Active
 		out[p.Project] = u
+	}
+	return out, nil
+}
+
+// destFleet drives a destination pool marked fleet: true: the allotment is
+// the pool's size in the kernel (loader.SetDestPoolSize, with the default
+// floor of it). Like the connections pool it has no per-project caps, so
+// the node's rule divides the allotment (see package fleet, Locally). It
+// reads the daemon's kernel side when used, as kernelFleet does.
+type destFleet struct {
+	d    *Daemon
+	name string
+}
+
+func (t destFleet) SetSize(size int) error {
+	t.d.destMu.Lock()
+	defer t.d.destMu.Unlock()
+	if t.d.kernel == nil {
+		return fmt.Errorf("destination pool %s: the kernel side is not open", t.name)
+	}
+	if err := t.d.kernel.lim.SetDestPoolSize(t.name, uint32(size)); err != nil {
+		return err
+	}
+	t.d.fleetSizes[t.name] = size
+	return nil
+}
+
+// Usage reads the pool's projects from the destination pool's counters:
+// what each holds and was refused there, and whether it is active there.
+func (t destFleet) Usage() (map[string]fleet.Usage, error) {
+	if t.d.kernel == nil {
+		return nil, fmt.Errorf("destination pool %s: the kernel side is not open", t.name)
+	}
+	s, err := t.d.kernel.lim.Snapshot()
+	if err != nil {
+		return nil, fmt.Errorf("reading the bpf maps: %w", err)
+	}
+	out := map[string]fleet.Usage{}
+	for _, dp := range s.Dests {
+		if dp.Name != t.name {
+			continue
+		}
+		for _, p := range dp.Projects {
+			if p.Project == "" {
+				continue
+			}
+			u := out[p.Project]
+			u.Held += p.InUse
+			u.Refused += p.Refused
+			u.Active = u.Active || p.Active
+			out[p.Project] = u
+		}
 	}
 	return out, nil
 }

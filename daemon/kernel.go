@@ -102,8 +102,12 @@ type kernelSide struct {
 }
 
 // openKernel loads and attaches the BPF programs for the connections pool
-// of cfg (Open reconciles once) and reads the entries they keep.
-func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink) (*kernelSide, error) {
+// of cfg (Open reconciles once) and reads the entries they keep. The
+// destination pools named in sizes (the fleet ones: their start allotment)
+// start at that size with the default floor rather than at the configured
+// (fleet) size. (The connections pool opens at its configured size, which
+// sizes the permit maps; its Member lowers it when it starts.)
+func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[string]int) (*kernelSide, error) {
 	root, err := ProjectsRoot(cfg)
 	if err != nil {
 		return nil, err
@@ -128,7 +132,7 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink) (*kernelSi
 	if cfg.Projects.Has(membership.SourceDirectory) || cfg.Projects.Has(membership.SourceSystemd) {
 		base = level + 1
 	}
-	dests, err := destPoolsOf(cfg)
+	dests, err := destPoolsOf(cfg, sizes)
 	if err != nil {
 		return nil, err
 	}

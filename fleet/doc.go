@@ -85,8 +85,9 @@
 // fleet, and while cut off from etcd, a node has no caps: its rule divides
 // its allotment (then its safe slice) among its projects.
 //
-// The kernel's connections pool has no per-project cap: there, the fleet
-// moves the node's POOL only, and the node's rule divides it. A project on
+// The kernel's pools (the connections pool, destination pools) have no
+// per-project cap: there, the fleet moves the pool's size in the kernel
+// only, and the node's rule divides it. A project on
 // several nodes then holds at most its local share on each; the one-share
 // bound above holds only for pools with caps (the user-space pools).
 //

@@ -16,6 +16,7 @@ import (
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/client"
 	"github.com/fairshare-dev/fairshare/internal/etcdtest"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // fleetWorker is a greedy runtime of one project on one daemon: it asks
@@ -344,5 +345,131 @@ func TestFleetKernelConnections(t *testing.T) {
 	}
 	if p := pool(a.status(), "connections"); p.Size != 6 || p.InUse != 12 {
 		t.Errorf("a: kernel POOL %d in use %d, want 6 and 12 (nothing closed)", p.Size, p.InUse)
+	}
+}
+
+// TestFleetDestinationPool: a destination pool marked fleet: true (issue
+// 35's headline: one database's connections shared by every node) across
+// two daemons on one kernel. The allotment is the destination pool's size
+// in each node's kernel. Alpha alone on a gets all 8; beta on b, asking one
+// connection at a time, gets its share (4) within seconds while alpha is
+// refused on a past a's allotment (it keeps the 8 it holds); connects to
+// another port are not in the pool. A SIGHUP that resizes the fleet pool
+// is logged as needing a restart and leaves the allotment in force.
+func TestFleetDestinationPool(t *testing.T) {
+	needRoot(t)
+	e := etcdtest.Start(t)
+	db, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Sink(t, db)
+	other, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Sink(t, other)
+	dbPools := func(size int) string {
+		return fmt.Sprintf("pools:\n  connections: {size: 100}\n  db: {size: %d, destinations: [\"127.0.0.1/32:%d\"], fleet: true}\n",
+			size, db.Addr().(*net.TCPAddr).Port)
+	}
+	var nodes []*node
+	for _, name := range []string{"a", "b"} {
+		n := newNode(t, fmt.Sprintf("fleet: {etcd: [%s], node: %s, prefix: /dest, lease_ttl: 2s}\n%s", e.Endpoints()[0], name, dbPools(8)))
+		n.start()
+		nodes = append(nodes, n)
+	}
+	a, b := nodes[0], nodes[1]
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log, b.log)
+		}
+	})
+	allot := func(n *node) (int, string) {
+		p := pool(n.status(), "db")
+		if p.Fleet == nil {
+			t.Fatalf("no fleet view of db: %+v", p)
+		}
+		return p.Fleet.Allotment, fmt.Sprintf("%s: %s allotment %d kernel size %d in use %d", p.Fleet.Node, p.Fleet.State, p.Fleet.Allotment, p.Size, p.InUse)
+	}
+	waitFor(t, 20*time.Second, "both connected", func() (bool, string) {
+		x, sa := allot(a)
+		y, sb := allot(b)
+		return x+y == 8 && pool(a.status(), "db").Fleet.State == "connected" && pool(b.status(), "db").Fleet.State == "connected", sa + "; " + sb
+	})
+	// Alpha asks for 8 on a: it gets a's allotment, its refusals raise its
+	// want, and a's allotment becomes the whole fleet.
+	alpha := a.connectFrom("alpha", db.Addr().String(), 8)
+	defer alpha.close()
+	if alpha.connected == 8 {
+		t.Fatalf("alpha's first ask: all 8 connected before a's allotment was the fleet's")
+	}
+	waitFor(t, 20*time.Second, "alpha alone gets the whole fleet", func() (bool, string) {
+		x, s := allot(a)
+		return x == 8 && pool(a.status(), "db").Size == 8, s
+	})
+	rest := a.connectFrom("alpha", db.Addr().String(), 8-alpha.connected)
+	defer rest.close()
+	if rest.connected != 8-alpha.connected {
+		t.Fatalf("alpha alone: %d + %d of 8 connected", alpha.connected, rest.connected)
+	}
+	// Beta on b asks one connection at a time and holds what it gets.
+	var held []*projectProc
+	defer func() {
+		for _, p := range held {
+			p.close()
+		}
+	}()
+	took := waitFor(t, 30*time.Second, "beta holds its share on b", func() (bool, string) {
+		p := b.connectFrom("beta", db.Addr().String(), 1)
+		if p.connected == 1 {
+			held = append(held, p)
+		} else {
+			p.close()
+		}
+		_, s := allot(b)
+		return len(held) == 4, fmt.Sprintf("beta holds %d; %s", len(held), s)
+	})
+	t.Logf("beta held its share (4) on b after %v", took)
+	beta := b.connectFrom("beta", db.Addr().String(), 1)
+	beta.close()
+	if y, s := allot(b); beta.refused != 1 || y != 4 {
+		t.Errorf("beta past its share on b: refused %d; %s", beta.refused, s)
+	}
+	more := a.connectFrom("alpha", db.Addr().String(), 1)
+	more.close()
+	if more.refused != 1 {
+		t.Errorf("alpha connected past a's allotment of 4 (it holds 8)")
+	}
+	if p := pool(a.status(), "db"); p.Size != 4 || p.InUse != 8 || p.Fleet.Size != 8 || p.Fleet.Share != 4 {
+		t.Errorf("a: db kernel size %d in use %d, fleet %+v; want 4 and 8 (nothing closed), fleet size 8 share 4", p.Size, p.InUse, p.Fleet)
+	}
+	// Another port is not the pool's: the node's pool alone rules there.
+	for _, n := range []*node{a, b} {
+		o := n.connectFrom("alpha", other.Addr().String(), 5)
+		o.close()
+		if o.connected != 5 {
+			t.Errorf("alpha to another port on %s: %d of 5 connected", n.r.AdminSocket, o.connected)
+		}
+	}
+	out, _, code := a.cli("status")
+	if code != 0 || !strings.Contains(out, "fleet pool db: size 8 across 2 nodes, 2 projects active, fleet share 4; node a: allotment 4") {
+		t.Errorf("status text:\n%s", out)
+	}
+	// SIGHUP with the fleet pool resized: not applied (its Member is made
+	// at start), logged; the kernel keeps the allotment, not the new size.
+	a.rewrite(dbPools(20))
+	if err := a.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() error {
+		if !strings.Contains(a.log.String(), "a change to a fleet destination pool (or its removal) needs a restart") ||
+			!strings.Contains(a.log.String(), "reloaded destination pools") {
+			return fmt.Errorf("no restart notice for the fleet pool in a's log")
+		}
+		return nil
+	})
+	if p := pool(a.status(), "db"); p.Size != 4 || p.Fleet.Size != 8 {
+		t.Errorf("after SIGHUP: db kernel size %d fleet size %d, want 4 and 8", p.Size, p.Fleet.Size)
 	}
 }
