@@ -456,6 +456,9 @@ func TestFleetDestinationPool(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "fleet pool db: size 8 across 2 nodes, 2 projects active, fleet share 4; node a: allotment 4") {
 		t.Errorf("status text:\n%s", out)
 	}
+	if m := a.metrics(); !strings.Contains(m, `fairshare_fleet_size{pool="db"} 8`) || !strings.Contains(m, `fairshare_fleet_allotment{pool="db"} 4`) {
+		t.Errorf("metrics lack the fleet view of db:\n%s", grepLines(m, "fleet"))
+	}
 	// SIGHUP with the fleet pool resized: not applied (its Member is made
 	// at start), logged; the kernel keeps the allotment, not the new size.
 	a.rewrite(dbPools(20))
