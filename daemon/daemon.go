@@ -67,8 +67,11 @@ type Ready struct {
 
 // Daemon is the running node daemon.
 type Daemon struct {
-	opts      Options
-	cfg       config.Config
+	opts Options
+	cfg  config.Config
+	// pinLock holds the pin directory's lock (lockPins) for the daemon's
+	// life; nil without BPF.
+	pinLock   *os.File
 	log       *slog.Logger
 	defPolicy policy.Policy
 
@@ -144,6 +147,15 @@ func New(opts Options) (*Daemon, error) {
 	if err := preflight(cfg); err != nil {
 		return nil, err
 	}
+	var pinLock *os.File
+	if cfg.BPF {
+		// Before anything is made: a second daemon on these pins is
+		// refused here, leaving the first's untouched.
+		var err error
+		if pinLock, err = lockPins(cfg.PinDir); err != nil {
+			return nil, err
+		}
+	}
 	log := opts.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -152,13 +164,6 @@ func New(opts Options) (*Daemon, error) {
 	// flood repeats one line per request or connection.
 	rl := logrl.New(log.Handler(), logrl.Options{})
 	log = slog.New(rl)
-	// First thing: a node whose enforcement lapsed while no daemon ran
-	// refuses again from here, not only once the programs are loaded.
-	if cfg.BPF {
-		if err := loader.RenewHeartbeat(cfg.PinDir, cfg.Connections.LapseAfter); err != nil {
-			log.Warn("the pinned heartbeat could not be renewed before start (it is at load)", "err", err)
-		}
-	}
 	nofile, err := listen.RaiseFileLimit()
 	if err != nil {
 		log.Warn("could not raise the open-files limit", "err", err)
@@ -177,6 +182,7 @@ func New(opts Options) (*Daemon, error) {
 		connectionsAt: -1,
 		destCfg:       destOnly(cfg),
 		fleetSizes:    map[string]int{},
+		pinLock:       pinLock,
 	}
 	var undo rollback
 	ok := false
@@ -262,6 +268,11 @@ func New(opts Options) (*Daemon, error) {
 		})
 		if d.kernel, err = openKernel(cfg, log, d.events, d.fleetSizes); err != nil {
 			return nil, err
+		}
+		if d.pinLock == nil {
+			if d.pinLock, err = lockPins(cfg.PinDir); err != nil {
+				return nil, err
+			}
 		}
 		d.projects.kernel = d.kernel.members()
 		if d.connectionsAt >= 0 {
@@ -732,6 +743,10 @@ func (d *Daemon) closeParts() error {
 		// Left in place: a part still finishing may publish; the log then
 		// refuses the write and says so.
 		errs = append(errs, d.events.close())
+	}
+	if d.pinLock != nil {
+		d.pinLock.Close()
+		d.pinLock = nil
 	}
 	return errors.Join(errs...)
 }

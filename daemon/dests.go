@@ -122,6 +122,9 @@ func (d *Daemon) Reload(cfg config.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	// Resolved as New resolved the configuration it started with (floors,
+	// windows, the projects root), so an unchanged file compares equal.
+	cfg, _ = Effective(cfg)
 	old := d.cfg // the configuration started with: only the destination pools change
 	// The fleet destination pools as started, each with its allotment,
 	// under destMu until SetDestPools is done: a Member resizing in between

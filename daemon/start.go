@@ -223,3 +223,30 @@ func restorePins(dir string, before pinListing) error {
 	}
 	return errors.Join(errs...)
 }
+
+// ErrPinsInUse means another daemon runs on the same pin directory: a second
+// one would write its own pool, members and exempt set over the first's, and
+// could unpin them as it exits.
+var ErrPinsInUse = errors.New("another fairshare daemon runs on this pin directory")
+
+// lockPins takes an exclusive lock on the pin directory, held for the
+// daemon's life (closing the file releases it). A directory that does not
+// exist yet has nothing to protect: it returns nil, and New locks it once
+// the kernel side made it.
+func lockPins(dir string) (*os.File, error) {
+	f, err := os.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening the pin directory %s: %w", dir, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s: %w", dir, ErrPinsInUse)
+		}
+		return nil, fmt.Errorf("locking the pin directory %s: %w", dir, err)
+	}
+	return f, nil
+}

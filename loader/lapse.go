@@ -15,7 +15,8 @@ import (
 )
 
 // The lapse (bpf/lib/events.h, fs_lapses): the daemon renews a heartbeat in
-// the pins at Open, first thing once the maps are there, and at every Tick.
+// the pins at the end of an Open that succeeded (a start that fails leaves
+// it as it was) and at every Tick.
 // Once the heartbeat is older than Options.LapseAfter the programs stop
 // refusing: every refusal is admitted as dry-run admits it (counted, its
 // permit taken past the rule, its event flagged Lapsed), so a node whose
@@ -51,11 +52,11 @@ func (l *Limiter) heartbeat() error {
 }
 
 // RenewHeartbeat renews the heartbeat of the limiter pinned in pinDir
-// ("" for DefaultPinDir) with the lapse after, without loading anything: a
-// daemon calls it first thing at start, so that enforcement that had lapsed
-// resumes before the programs are loaded and the rest of the daemon made
-// (Open renews it again). Pins without the heartbeat's map (none yet, or
-// an older version's) are nothing to renew: it returns nil.
+// ("" for DefaultPinDir) with the lapse after, without loading anything (a
+// last word before the limiter goes, or a tool's). Open renews it only once
+// it succeeded, so a start that fails does not. Pins without the
+// heartbeat's map (none yet, or an older version's) are nothing to renew:
+// it returns nil.
 func RenewHeartbeat(pinDir string, after time.Duration) error {
 	if pinDir == "" {
 		pinDir = DefaultPinDir

@@ -384,12 +384,6 @@ func Open(opts Options) (*Limiter, error) {
 	if err := l.load(); err != nil {
 		return nil, err
 	}
-	// First thing once the maps are there: a daemon that comes back after
-	// enforcement lapsed makes the programs refuse again at once.
-	if err := l.heartbeat(); err != nil {
-		l.closeFDs()
-		return nil, err
-	}
 	if err := l.checkAndWriteConfig(); err != nil {
 		l.closeFDs()
 		return nil, err
@@ -423,6 +417,14 @@ func Open(opts Options) (*Limiter, error) {
 	if err != nil {
 		l.closeFDs()
 		return nil, fmt.Errorf("first reconcile: %w", err)
+	}
+	// Once nothing can fail: a daemon that comes back after enforcement
+	// lapsed makes the programs refuse again from here, and an Open that
+	// fails (a start refused, a crash loop that never gets this far) leaves
+	// the heartbeat as it was, so such a node still lapses.
+	if err := l.heartbeat(); err != nil {
+		l.closeFDs()
+		return nil, err
 	}
 	l.log.Info("connection limiter ready", "cgroup2", root, "base_level", l.base, "max_depth", l.depth,
 		"members", len(l.memb.members), "projects", len(l.memb.ids), "netns", len(l.nets), "pin_dir", l.pinDir, "reused", l.reused,

@@ -210,3 +210,36 @@ func nodeListing(t *testing.T, n *node) listing {
 	l.root = strings.Join(lines, "\n")
 	return l
 }
+
+// TestSecondDaemonOnSamePinsRefused: a daemon started on the pin directory a
+// running daemon uses, with sockets, state and port of its own, is refused
+// before it changes anything: the first daemon's pins keep their objects
+// (before the lock, the second took them over, wrote its own pool size into
+// them, and with --detach-on-exit unpinned them as it exited), and the
+// first still refuses past its pool.
+func TestSecondDaemonOnSamePinsRefused(t *testing.T) {
+	n := newNode(t, "pools: {connections: {size: 2, floor: 1}}\n")
+	n.start()
+	addr := sink(t)
+	a := n.connectFrom("alpha", addr, 2)
+	defer a.close()
+	before := nodeListing(t, n).pins
+	other := t.TempDir()
+	_, errOut, code := runCLI(t, "run", "--config", n.cfg, "--state-dir", filepath.Join(other, "state"),
+		"--admin-socket", filepath.Join(other, "admin.sock"), "--permits-socket", "",
+		"--pool", "connections=100", "--detach-on-exit")
+	if code == 0 || !strings.Contains(errOut, "another fairshare daemon runs on this pin directory") {
+		t.Fatalf("a second daemon on the same pins: exit %d: %s", code, errOut)
+	}
+	if after := nodeListing(t, n).pins; after != before {
+		t.Errorf("the second daemon changed the pins:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if c := pool(n.status(), "connections"); c.Size != 2 {
+		t.Errorf("the first daemon's pool is %d, want 2", c.Size)
+	}
+	b := n.connectFrom("alpha", addr, 1)
+	defer b.close()
+	if b.refused != 1 {
+		t.Errorf("past the pool after the second start: %d connected, %d refused", b.connected, b.refused)
+	}
+}

@@ -95,6 +95,18 @@ func runCommand() *cli.Command {
 			if f := c.String(flagConfig); f != "" {
 				configDir = filepath.Dir(f)
 			}
+			// The signals are caught before the daemon is built: a SIGHUP
+			// (systemctl reload right after start) or a SIGTERM that comes
+			// while New runs waits for it, instead of killing the process
+			// halfway through making its pins. A SIGTERM then stops the
+			// daemon as soon as it runs.
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			// SIGHUP reads the configuration again (file, environment and
+			// flags) and applies its destination pools (daemon.Reload).
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
 			d, err := daemon.New(daemon.Options{Config: cfg, Version: version, Log: log, ConfigDir: configDir,
 				ReadyFile: c.String("ready-file"), DetachOnExit: c.Bool("detach-on-exit")})
 			if errors.Is(err, config.ErrInvalid) {
@@ -110,13 +122,6 @@ func runCommand() *cli.Command {
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("the daemon could not start: %v", err), 1)
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			// SIGHUP reads the configuration again (file, environment and
-			// flags) and applies its destination pools (daemon.Reload).
-			hup := make(chan os.Signal, 1)
-			signal.Notify(hup, syscall.SIGHUP)
-			defer signal.Stop(hup)
 			go func() {
 				for {
 					select {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -305,6 +306,19 @@ func TestLapseAfterDaemonKilled(t *testing.T) {
 	out, _, code := n.cli("status")
 	if code != 0 || !strings.Contains(out, "ENFORCEMENT LAPSED") {
 		t.Errorf("status while lapsed (%d):\n%s", code, out)
+	}
+	// A start that is refused (a busy metrics port) renews nothing: a
+	// daemon that never gets through its start does not end the lapse.
+	busy, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	if _, errOut, code := runCLI(t, "run", "--config", n.cfg, "--metrics-listen", busy.Addr().String()); code == 0 {
+		t.Fatalf("a start on a busy metrics port went on: %s", errOut)
+	}
+	if lp := pool(n.status(), "connections").Lapse; lp == nil || !lp.Lapsed {
+		t.Fatalf("a refused start renewed the heartbeat: %+v", lp)
 	}
 	c := pool(n.status(), "connections")
 	if c.InUse != 5 || c.Lapse == nil || c.Lapse.Admitted != 3 {
