@@ -127,9 +127,14 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 	exempt := exemptPaths(cfg, root)
 	// The programs look for a socket's member from the level of the
 	// projects root's children down (a registration above it is refused
-	// by SetMembers), or from the top without a root.
+	// by SetMembers), or from the top without a root. Beside Kubernetes
+	// from the top too: the pod roots (/kubepods, level 1) are the
+	// (unclassified) project's members, and a Guaranteed pod sits right
+	// below one, so a walk from the level below would miss them and leave
+	// such a pod unlimited until it is classified.
 	base := uint32(1)
-	if cfg.Projects.Has(membership.SourceDirectory) || cfg.Projects.Has(membership.SourceSystemd) {
+	if (cfg.Projects.Has(membership.SourceDirectory) || cfg.Projects.Has(membership.SourceSystemd)) &&
+		!cfg.Projects.Has(membership.SourceKubernetes) {
 		base = level + 1
 	}
 	dests, err := destPoolsOf(cfg, sizes)
