@@ -103,10 +103,19 @@
 // per second, smoothed: half the last interval, half the previous estimate).
 // The estimate is the time for the releases the project needs:
 // (in_use - limit + 1) / pool rate, where limit is POOL under share and
-// POOL - FLOOR at or over it; for a project at or over its share it is also
-// the time for its own (held - share + 1) releases at its own rate, whichever
-// is sooner. When no release was seen lately the estimate is one window,
-// when the next Recompute may grow the share. The result is clamped to [1ms,
+// POOL - FLOOR at or over it. A project at or over its share also waits
+// behind the (held - share) permits it holds past its share: the permits
+// that come free go first to the refused projects nearest their share, so
+// the room above the shares is not won by whichever project has the most
+// clients retrying. For such a project the estimate is also the time for its
+// own (held - share + 1) releases at its own rate, whichever is sooner.
+// Before the pool has measured a rate (its first period) the pool rate is
+// the releases since the last Recompute over the time since, the one case
+// where a refusal reads the clock (after a release, and on one refusal in
+// 16 otherwise); with nothing released yet the estimate is the time since the
+// last Recompute, a back-off that grows while nothing comes free. When no
+// release was seen lately the estimate is at most one window, when the next
+// Recompute may grow the share. The result is clamped to [1ms,
 // 1min] and not jittered: spreading many refused clients of one project is
 // the caller's (the front and the permit API give each its own return slot
 // at the release rate, package internal/pace). The refusal also carries the pool release rate

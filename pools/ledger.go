@@ -5,6 +5,8 @@ package pools
 import (
 	"math"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/clock"
 )
 
 // ledger is the state the rule needs, shared by Pool and Residents: the
@@ -20,6 +22,15 @@ type ledger struct {
 
 	inUse int
 	share int
+
+	// clock reads the owner's clock as ledger time. Only the refusal of a
+	// pool that has measured no release rate yet reads it (see
+	// coldRate): the hot path never does.
+	clock func() int64
+	// coldSeq counts the refusals that asked coldRate; coldReleased is
+	// released when coldRate last read the clock.
+	coldSeq      uint32
+	coldReleased uint64
 
 	// now is the coarse clock: the latest time read by the owner (at
 	// Recompute, at a blocking wait, at Snapshot). The hot path stamps
@@ -90,8 +101,10 @@ type idleEntry struct {
 	since int64
 }
 
-func newLedger(cfg Config, n int64) ledger {
+func newLedger(cfg Config, ns clock.Nanos) ledger {
+	n := ns.Now()
 	l := ledger{
+		clock:         ns.Now,
 		name:          cfg.Name,
 		size:          cfg.Size,
 		floor:         cfg.Floor,
@@ -254,6 +267,10 @@ func (l *ledger) describe(idx int32, rf *Refusal) {
 	case pr.held >= l.share:
 		reason = ReasonOverShare
 	}
+	rate := l.relRate
+	if rate <= 0 {
+		rate = l.coldRate()
+	}
 	*rf = Refusal{
 		Pool:        l.name,
 		Project:     pr.name,
@@ -262,9 +279,38 @@ func (l *ledger) describe(idx int32, rf *Refusal) {
 		Share:       share,
 		InUse:       l.inUse,
 		Size:        l.size,
-		RetryAfter:  l.retryAfter(idx),
-		ReleaseRate: l.relRate,
+		RetryAfter:  l.retryAfter(idx, rate),
+		ReleaseRate: rate,
 	}
+}
+
+// coldReads is how many refusals of a pool with no rate share one clock
+// read (coldRate).
+const coldReads = 16
+
+// coldRate is the pool's release rate while it has no smoothed one (its
+// first period, or one with nothing held before): the releases since the
+// last recompute over the time since, read from the clock. It is 0 when
+// nothing was released yet. The clock is read here only, on a refusal of a
+// pool with no rate, which a running pool leaves after its first
+// recompute: an idle pool keeps the rate it measured last.
+func (l *ledger) coldRate() float64 {
+	if l.clock == nil {
+		return 0
+	}
+	// The clock is read after a release and by one refusal in coldReads
+	// otherwise, so that a pool refusing fast with nothing released
+	// (BenchmarkPoolRefuseInto) pays a share of a clock read, not one
+	// each; the others use the time last read.
+	if l.coldSeq%coldReads == 0 || l.released != l.coldReleased {
+		l.advance(l.clock())
+		l.coldReleased = l.released
+	}
+	l.coldSeq++
+	if l.released == 0 || l.now <= l.lastRecompute {
+		return 0
+	}
+	return float64(l.released) / (float64(l.now-l.lastRecompute) / float64(time.Second))
 }
 
 // Bounds of a retry estimate.
@@ -275,17 +321,21 @@ const (
 
 // retryAfter estimates how long until project idx would be admitted; see
 // "Retry estimate" in doc.go.
-func (l *ledger) retryAfter(idx int32) time.Duration {
+func (l *ledger) retryAfter(idx int32, rate float64) time.Duration {
 	pr := &l.projects[idx]
 	est := math.Inf(1)
 	// Path 1: enough releases from anyone bring in_use under the limit that
-	// applies to the project as it stands.
-	limit := l.size
+	// applies to the project as it stands. A project past its share waits
+	// for as many releases more as it is past it: the permits that come
+	// free go first to the refused projects nearest their share, so the
+	// room above the share is not won by whichever project has the most
+	// clients retrying (see "Retry estimate" in doc.go).
+	limit, behind := l.size, 0
 	if pr.cap < 0 && pr.held >= l.share {
-		limit = l.size - l.floor
+		limit, behind = l.size-l.floor, pr.held-l.share
 	}
-	if l.relRate > 0 {
-		est = float64(l.inUse-limit+1) / l.relRate
+	if rate > 0 {
+		est = float64(l.inUse-limit+1+behind) / rate
 	}
 	// Path 2 (over share): the project's own releases bring it under its
 	// share; then it needs in_use < size, which those releases help reach.
@@ -293,10 +343,10 @@ func (l *ledger) retryAfter(idx int32) time.Duration {
 		own := pr.held - l.share + 1
 		t := float64(own) / pr.relRate
 		if rest := l.inUse - own - l.size + 1; rest > 0 {
-			if l.relRate <= 0 {
+			if rate <= 0 {
 				t = math.Inf(1)
 			} else {
-				t = math.Max(t, float64(rest)/l.relRate)
+				t = math.Max(t, float64(rest)/rate)
 			}
 		}
 		est = math.Min(est, t)
@@ -305,6 +355,15 @@ func (l *ledger) retryAfter(idx int32) time.Duration {
 	// next recompute, where the share may grow.
 	if math.IsInf(est, 1) {
 		est = float64(l.window) / float64(time.Second)
+		// A pool that has never measured a rate (its first period) and
+		// has released nothing yet: what it knows is that nothing was
+		// released in the e since its last recompute. It answers e, a
+		// back-off that doubles while nothing comes free, up to the window:
+		// a crowd told the whole window at a pool's start stayed away a
+		// second while the first releases came 20ms later (docs/compare.md).
+		if l.relRate <= 0 && l.clock != nil {
+			est = math.Min(est, float64(l.now-l.lastRecompute)/float64(time.Second))
+		}
 	}
 	// No jitter here: spreading the refused clients of a project is the
 	// caller's (package internal/pace gives each its own slot). Stretching

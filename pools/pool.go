@@ -65,7 +65,7 @@ func New(cfg Config, clk clock.Clock) (*Pool, error) {
 		ns:     ns,
 		name:   cfg.Name,
 		window: cfg.Window,
-		l:      newLedger(cfg, ns.Now()),
+		l:      newLedger(cfg, ns),
 	}, nil
 }
 

@@ -427,11 +427,12 @@ func TestResize(t *testing.T) {
 func TestRetryAfterEstimate(t *testing.T) {
 	clk := newFakeClock()
 	p := mustPool(t, 10, 0, clk)
-	// No releases seen: the estimate is about one window.
+	// No releases seen, no time passed: the shortest estimate (see
+	// TestRetryAfterCold).
 	a := acquireN(t, p, "a", 10)
 	r := mustRefuse(t, p, "a")
-	if r.RetryAfter != time.Second {
-		t.Fatalf("no history: %v, want one window", r.RetryAfter)
+	if r.RetryAfter != time.Millisecond {
+		t.Fatalf("no history: %v, want 1ms", r.RetryAfter)
 	}
 	if r.ReleaseRate != 0 {
 		t.Fatalf("no history: release rate %v, want 0", r.ReleaseRate)
@@ -446,8 +447,10 @@ func TestRetryAfterEstimate(t *testing.T) {
 	}
 	clk.Advance(time.Second)
 	p.Recompute()
-	// b is under share and needs one release: ~10ms. a (over share, at
-	// in_use 10, limit 9) needs two releases: ~20ms.
+	// b is under share and needs one release: ~10ms. a (10 held, share 5
+	// beside b, at in_use 10, limit 9) needs two releases and waits behind
+	// the 5 it holds past its share: 7 releases, 70ms; or its own 6
+	// releases at its own 100/s bring it under its share: 60ms.
 	if rb := mustRefuse(t, p, "b"); rb.RetryAfter != 10*time.Millisecond {
 		t.Fatalf("b: %v, want 10ms", rb.RetryAfter)
 	}
@@ -455,8 +458,8 @@ func TestRetryAfterEstimate(t *testing.T) {
 	if ra.ReleaseRate != 100 {
 		t.Fatalf("a: release rate %v, want the measured 100/s", ra.ReleaseRate)
 	}
-	if ra.RetryAfter != 20*time.Millisecond {
-		t.Fatalf("a: %v, want 20ms", ra.RetryAfter)
+	if ra.RetryAfter != 60*time.Millisecond {
+		t.Fatalf("a: %v, want 60ms", ra.RetryAfter)
 	}
 	releaseAll(t, p, a)
 	// Ten idle seconds (nothing held, nothing released) keep the rate
@@ -471,6 +474,82 @@ func TestRetryAfterEstimate(t *testing.T) {
 	}
 	if p.l.relRate != before || before == 0 {
 		t.Fatalf("release rate after 10 idle seconds %v, before %v", p.l.relRate, before)
+	}
+}
+
+// TestRetryAfterCold: a pool that has measured no release rate yet (its
+// first period) answers from what it has seen since it began. With nothing
+// released it tells the time since then, a back-off up to the window; once
+// something was released, the rate of those releases. Before, it told one
+// window, and a crowd refused at a pool's start stayed away a second while
+// the first permits came free 20ms later (docs/compare.md, churn).
+func TestRetryAfterCold(t *testing.T) {
+	clk := newFakeClock()
+	p := mustPool(t, 10, 0, clk)
+	a := acquireN(t, p, "a", 10)
+	clk.Advance(30 * time.Millisecond)
+	if r := mustRefuse(t, p, "a"); r.RetryAfter != 30*time.Millisecond || r.ReleaseRate != 0 {
+		t.Fatalf("nothing released for 30ms: retry %v at rate %v, want 30ms at 0", r.RetryAfter, r.ReleaseRate)
+	}
+	// Three released (and taken again) in the first 60ms: 50/s. a, alone
+	// and at its share, needs in_use under 9: two releases, 40ms.
+	for i := range 3 {
+		if err := p.Release(a[i]); err != nil {
+			t.Fatal(err)
+		}
+		a[i] = acquireN(t, p, "a", 1)[0]
+	}
+	clk.Advance(30 * time.Millisecond)
+	r := mustRefuse(t, p, "a")
+	if r.ReleaseRate != 50 || r.RetryAfter != 40*time.Millisecond {
+		t.Fatalf("3 released in 60ms: retry %v at rate %v, want 40ms at 50/s", r.RetryAfter, r.ReleaseRate)
+	}
+	// Long without a release: never more than the window.
+	p2 := mustPool(t, 2, 0, clk)
+	acquireN(t, p2, "a", 2)
+	clk.Advance(5 * time.Second)
+	if r := mustRefuse(t, p2, "a"); r.RetryAfter != time.Second {
+		t.Fatalf("nothing released for 5s: %v, want the window", r.RetryAfter)
+	}
+	// Once recomputed, the pool's smoothed rate answers and the clock is
+	// not read: the estimate does not move while time passes unseen.
+	p.Recompute()
+	first := mustRefuse(t, p, "a").RetryAfter
+	clk.Advance(500 * time.Millisecond)
+	if r := mustRefuse(t, p, "a"); r.RetryAfter != first {
+		t.Fatalf("with a measured rate the estimate moved from %v to %v with the clock", first, r.RetryAfter)
+	}
+}
+
+// TestRetryAfterFurthestOverShareLast: among refused projects past their
+// share, the one furthest past it is told to come back last, so the
+// permits that come free go first to the one nearest its share. Before,
+// both were told one release interval, and the room above the share went
+// to whichever project had more clients retrying.
+func TestRetryAfterFurthestOverShareLast(t *testing.T) {
+	clk := newFakeClock()
+	p := mustPool(t, 20, 1, clk)
+	x := acquireN(t, p, "x", 10)
+	y := acquireN(t, p, "y", 6)
+	acquireN(t, p, "z", 3) // share 20/3 = 6; in_use 19 = POOL - FLOOR
+	// 100 releases in a second, half of them x's, half y's.
+	for i := range 100 {
+		hs, name := x, "x"
+		if i%2 == 1 {
+			hs, name = y, "y"
+		}
+		if err := p.Release(hs[0]); err != nil {
+			t.Fatal(err)
+		}
+		hs[0] = acquireN(t, p, name, 1)[0]
+	}
+	clk.Advance(time.Second)
+	p.Recompute()
+	rx, ry := mustRefuse(t, p, "x"), mustRefuse(t, p, "y")
+	// y, at its share: one release, 10ms. x, 4 past it: five releases,
+	// 50ms (its own five releases at 50/s would take 100ms).
+	if ry.RetryAfter != 10*time.Millisecond || rx.RetryAfter != 50*time.Millisecond {
+		t.Fatalf("retry x (10 held) %v, y (6 held) %v; want 50ms and 10ms", rx.RetryAfter, ry.RetryAfter)
 	}
 }
 

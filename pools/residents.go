@@ -82,7 +82,7 @@ func NewResidents(cfg Config, clk clock.Clock) (*Residents, error) {
 		name:      cfg.Name,
 		evictWait: cfg.EvictWait,
 		after:     realAfter,
-		l:         newLedger(cfg, ns.Now()),
+		l:         newLedger(cfg, ns),
 		objects:   map[string]int32{},
 		changed:   make(chan struct{}),
 	}, nil

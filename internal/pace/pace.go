@@ -52,14 +52,21 @@ func New(horizon time.Duration) *Pacer {
 // horizon) and the gap, which callers use to size their jitter.
 //
 // An unknown rate (0 or less: no release measured yet, as in a pool's first
-// second) gives the estimate alone and no place in the backlog: assuming a
+// second) gives the estimate alone, with a gap as long as the estimate, and
+// no place in the backlog: assuming a
 // rate (one a second was the old guess) told a busy pool's first crowd to
 // come back as many seconds apart as it had clients, where coming back
 // together once, when the rate is known, costs one more refusal each.
 func (p *Pacer) Slot(project string, now time.Time, est time.Duration, rate float64) (delay, gap time.Duration) {
 	est = max(est, 0)
 	if rate <= 0 {
-		return min(est, p.horizonOr(est)), time.Second
+		// The estimate is then all there is, and the jitter is as wide
+		// as it: a crowd told a second returns over [0.5s, 1.5s), one
+		// told a pool's first few milliseconds (package pools'
+		// back-off) over as few, where a second's width would bring half
+		// of it back at once.
+		est = min(est, p.horizonOr(est))
+		return est, min(max(est, minGap), maxGap)
 	}
 	gap = min(max(time.Duration(float64(time.Second)/rate), minGap), maxGap)
 

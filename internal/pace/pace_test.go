@@ -22,8 +22,8 @@ func TestSlotsFollowTheRate(t *testing.T) {
 		t.Fatalf("b's first slot %v", d)
 	}
 	// Unknown rate: one per second.
-	if _, gap := p.Slot("c", now, 0, 0); gap != time.Second {
-		t.Fatalf("gap at unknown rate %v", gap)
+	if _, gap := p.Slot("c", now, 300*time.Millisecond, 0); gap != 300*time.Millisecond {
+		t.Fatalf("gap at unknown rate %v, want the estimate", gap)
 	}
 	// A later estimate comes before the project's backlog of 20 slots.
 	if d, _ := p.Slot("a", now, 30*time.Second, 10); d != 32*time.Second {
