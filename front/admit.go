@@ -294,10 +294,13 @@ func (f *Front) cost(x *exchange, service time.Duration) float64 {
 
 // refuse answers 429 with a Retry-After for this project: the estimate,
 // spread over whole seconds at the rate the project can be admitted again
-// (see retryPacer).
+// (see retryPacer), and the same slot to the millisecond in
+// HeaderRetryAfterMs.
 func (f *Front) refuse(w http.ResponseWriter, project, reason string, est time.Duration, rate float64, msg string) {
 	h := w.Header()
-	h.Set("Retry-After", strconv.Itoa(f.hint(project, est, rate)))
+	secs, ms := f.retry.hint(project, f.clk.Now(), est, rate)
+	h.Set("Retry-After", strconv.Itoa(secs))
+	h.Set(HeaderRetryAfterMs, strconv.FormatInt(ms, 10))
 	h.Set(HeaderRefused, reason)
 	http.Error(w, msg, http.StatusTooManyRequests)
 }

@@ -111,9 +111,9 @@
 //
 //  0. The exempt class, within its budget, skips the steps below.
 //  1. pools.Rates.Allow: the project's requests/s bucket and its work-units
-//     debt. Refused: 429, Retry-After, "Fairshare-Refused: rate" or "debt".
+//     debt. Refused: 429, Retry-After (and Retry-After-Ms), "Fairshare-Refused: rate" or "debt".
 //  2. pools.Pool.TryAcquire on the requests pool (the fair-share rule).
-//     Refused: 429, Retry-After, "Fairshare-Refused: share".
+//     Refused: 429, Retry-After (and Retry-After-Ms), "Fairshare-Refused: share".
 //  3. scheduler.Scheduler.Submit and Ticket.Wait with the request's context: the
 //     request waits in its project's queue until the scheduler dispatches it.
 //
@@ -150,10 +150,15 @@
 // admitted, one after the other. The value is spread over one slot centred
 // on it (pace.Spread) and rounded to a whole second at random (up with
 // probability equal to the fraction), so its expected value is the slot;
-// it is at least 1. Before the pool has measured any release (its first
-// second) the rate is unknown: a refusal gets the estimate alone (one window)
-// and no place in line, and the crowd comes back once, when the rate is
-// known. Projects have their own backlogs: a crowd of one project, obeying
+// it is at least 1. Retry-After-Ms (HeaderRetryAfterMs) carries the slot
+// itself, rounded up to the millisecond, at least 1: a client that reads it
+// comes back when the slot says rather than in the whole second the
+// standard header cannot go below. Before the pool has seen any release
+// the rate is unknown: a refusal gets the estimate alone (the time since the
+// pool's last recompute, at most one window; see package pools) and no place
+// in line, and the crowd comes back once, when the rate is known; in the
+// rest of the pool's first second the rate is measured from the releases
+// so far. Projects have their own backlogs: a crowd of one project, obeying
 // or not, does not move another's hints. A project whose clients ignore the
 // header pushes its own backlog out, up to 60 seconds: without that bound a
 // client of the same project that does obey was told up to 15400s in

@@ -124,7 +124,7 @@ func TestFastPathServes(t *testing.T) {
 	send("GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: slow\r\n\r\n").Body.Close()
 	resp = send("GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: slow\r\n\r\n")
 	if b := readAll(t, resp); resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" ||
-		resp.Header.Get(HeaderRefused) != "rate" || !strings.Contains(b, "slow") {
+		resp.Header.Get(HeaderRetryAfterMs) == "" || resp.Header.Get(HeaderRefused) != "rate" || !strings.Contains(b, "slow") {
 		t.Errorf("refusal: %d %v %q", resp.StatusCode, resp.Header, b)
 	}
 	if n := r.front.fast.Load().handedN.Load(); n != 0 {

@@ -65,6 +65,11 @@ const (
 	HeaderQueueWait = answerfield.QueueWait
 	// HeaderRefused says why a 429 was given: rate, debt or share.
 	HeaderRefused = answerfield.Refused
+	// HeaderRetryAfterMs carries a 429's Retry-After to the millisecond,
+	// beside the standard header's whole seconds: the spelling (and unit)
+	// that HTTP client libraries already read before Retry-After, such as
+	// the OpenAI and Anthropic SDKs ("retry-after-ms").
+	HeaderRetryAfterMs = "Retry-After-Ms"
 )
 
 // ClassExempt is the value of HeaderClass on answers to exempt requests.

@@ -47,14 +47,31 @@ func newRetryPacer(seed uint64) *retryPacer {
 // seconds returns the Retry-After for a refusal of project at now, admitted
 // again after est at rate per second (0: unknown, one per second).
 func (p *retryPacer) seconds(project string, now time.Time, est time.Duration, rate float64) int {
+	s, _ := p.hint(project, now, est, rate)
+	return s
+}
+
+// hint returns a refusal's Retry-After in whole seconds and the same slot
+// to the millisecond (HeaderRetryAfterMs): the slot itself, rounded up, at
+// least 1ms and at most the horizon. Whole seconds round the slot at random
+// so that their expected value is the slot; the milliseconds need no
+// rounding of that kind, and a client that reads them comes back at its
+// slot, which is mostly well under a second.
+func (p *retryPacer) hint(project string, now time.Time, est time.Duration, rate float64) (secs int, ms int64) {
 	delay, gap := p.slots.Slot(project, now, est, rate)
 	p.mu.Lock()
 	jitter, round := p.rng.Float64(), p.rng.Float64()
 	p.mu.Unlock()
-	x := pace.Spread(delay, gap, jitter).Seconds()
+	slot := pace.Spread(delay, gap, jitter)
+	x := slot.Seconds()
 	s := math.Floor(x)
 	if round < x-s {
 		s++
 	}
-	return int(min(max(s, minRetrySeconds), retryHorizon.Seconds()))
+	secs = int(min(max(s, minRetrySeconds), retryHorizon.Seconds()))
+	ms = (slot + time.Millisecond - 1).Milliseconds()
+	if retryHorizon > 0 {
+		ms = min(ms, retryHorizon.Milliseconds())
+	}
+	return secs, max(ms, 1)
 }

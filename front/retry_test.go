@@ -223,7 +223,8 @@ func TestShareRetrySpread(t *testing.T) {
 	t.Cleanup(f.CloseIdle)
 	counts := map[int]int{}
 	const n = 100
-	for range n {
+	var prevMs int64
+	for i := range n {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("GET", "/", nil)
 		req.Header.Set(DefaultProjectHeader, "crowd")
@@ -233,6 +234,23 @@ func TestShareRetrySpread(t *testing.T) {
 		}
 		ra, _ := strconv.Atoi(rec.Header().Get("Retry-After"))
 		counts[ra]++
+		// The same slot to the millisecond: the slots are 50ms apart
+		// (20/s), each spread over one slot, and the whole seconds are
+		// the slot rounded one way or the other (at least 1).
+		ms, err := strconv.ParseInt(rec.Header().Get(HeaderRetryAfterMs), 10, 64)
+		if err != nil || ms < 1 {
+			t.Fatalf("%s %q (%v), want a whole number of milliseconds >= 1", HeaderRetryAfterMs, rec.Header().Get(HeaderRetryAfterMs), err)
+		}
+		if lo, hi := int64(ra-1)*1000, int64(max(ra, 1)+1)*1000; ms < lo || ms > hi {
+			t.Errorf("refusal %d: %s %d, Retry-After %ds: not the same slot", i, HeaderRetryAfterMs, ms, ra)
+		}
+		if i > 0 && ms < prevMs-50 {
+			t.Errorf("refusal %d: %dms after %dms: the slots went back by more than one", i, ms, prevMs)
+		}
+		prevMs = ms
+	}
+	if prevMs < 4000 || prevMs > 6000 {
+		t.Errorf("the 100th client's slot is %dms, want about 5s (100 at 20/s)", prevMs)
 	}
 	most := 0
 	for _, c := range counts {
