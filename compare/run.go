@@ -85,13 +85,17 @@ func Run(s Scheme, w Workload, seed uint64, o Options) (Result, error) {
 			}
 			ectx, ecancel := context.WithDeadline(ctx, start.Add(ep.End))
 			defer ecancel()
-			rec.arrive(ep.Project, ep.Writers, ep.Start > 0)
 			var ws sync.WaitGroup
 			for _, off := range offs[i] {
 				ws.Go(func() {
 					if !sleepUntil(ectx, start.Add(ep.Start+off)) {
 						return
 					}
+					// A writer wants a seat from its first ask until it
+					// stops, after the request it was in at the end: the
+					// seat it still holds then is demand, not excess.
+					rec.arrive(ep.Project, 1, ep.Start > 0)
+					defer rec.leave(ep.Project, 1)
 					if err := writer(ectx, sys, rec, ep.Project, ep.Writers == MouseWriters, o.Service); err != nil {
 						errMu.Lock()
 						firstErr = cmp(firstErr, err)
@@ -99,8 +103,6 @@ func Run(s Scheme, w Workload, seed uint64, o Options) (Result, error) {
 					}
 				})
 			}
-			<-ectx.Done()
-			rec.leave(ep.Project, ep.Writers)
 			ws.Wait()
 		})
 	}
