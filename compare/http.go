@@ -29,10 +29,11 @@ const ProjectHeader = "X-Project"
 // HTTPSchemes are the systems over HTTP: each a proxy in front of one Go
 // upstream that holds every request its service time and counts the seats
 // in use per project; the writers are HTTP clients with keep-alive that
-// obey Retry-After (whole seconds) and otherwise retry a 429 or 503 after
+// obey Retry-After-Ms where an answer has it (the front's), else
+// Retry-After (whole seconds), and otherwise retry a 429 or 503 after
 // DefaultRetry. They run in real time only (real sockets, real processes).
 var HTTPSchemes = []Scheme{
-	{Name: "http-fairshare", How: "the fairshare front (net/http path) with the requests pool and the scheduler, MaxInFlight = pool; 429 with its Retry-After", New: newHTTPFairshare},
+	{Name: "http-fairshare", How: "the fairshare front (net/http path) with the requests pool and the scheduler, MaxInFlight = pool; 429 with its Retry-After and Retry-After-Ms", New: newHTTPFairshare},
 	{Name: "http-nginx", How: "nginx limit_conn keyed by the project header at pool/N, and one for the server at the pool; 503 without Retry-After", New: newHTTPNginx},
 	{Name: "http-haproxy", How: "HAProxy with maxconn = pool on the upstream server: the rest wait in its queue (FIFO)", New: newHTTPHAProxy},
 }
@@ -109,13 +110,23 @@ func (h *httpSystem) Do(ctx context.Context, project string, _ func()) (bool, ti
 	case http.StatusOK:
 		return true, 0, nil
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
-		var ra time.Duration
-		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
-			ra = time.Duration(s) * time.Second
-		}
-		return false, ra, nil
+		return false, retryHint(resp.Header), nil
 	}
 	return false, 0, fmt.Errorf("status %d", resp.StatusCode)
+}
+
+// retryHint is the wait a refused client honours: Retry-After-Ms when the
+// answer has it (the fairshare front's, as client libraries that know the
+// header read it first), else Retry-After in whole seconds; 0 when neither
+// is there.
+func retryHint(h http.Header) time.Duration {
+	if ms, err := strconv.ParseInt(h.Get(front.HeaderRetryAfterMs), 10, 64); err == nil && ms > 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	if s, err := strconv.Atoi(h.Get("Retry-After")); err == nil && s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	return 0
 }
 
 func (h *httpSystem) Close() {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apiserver/pkg/util/flowcontrol/metrics"
 	fqrequest "k8s.io/apiserver/pkg/util/flowcontrol/request"
 
+	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
 )
@@ -42,7 +43,8 @@ type Scheme struct {
 
 // Schemes are the systems compared, fairshare first.
 var Schemes = []Scheme{
-	{Name: "fairshare", How: "pools.Pool.TryAcquire then scheduler.Submit/Wait, as the HTTP front does; refused: retry after Refusal.RetryAfter", New: newFairshare},
+	{Name: "fairshare", How: "the rule alone bounds the seats: pools.Pool of the seats' size (a permit is a seat, as in the kernel's connections pool), TryAcquire then scheduler.Submit/Wait; refused: retry after Refusal.RetryAfter", New: newFairshare},
+	{Name: "fairshare-front", How: "the HTTP front's defaults: the requests pool 6.25 times the seats (pools.requests.size 400, front.max_in_flight 64), then scheduler.Submit/Wait with MaxInFlight = the seats; refused: retry after Refusal.RetryAfter", New: newFairshareFront},
 	{Name: "fairshare-wait", How: "pools.Pool.Acquire (blocking, round-robin over waiting projects)", New: newFairshareWait},
 	{Name: "apf", How: "k8s.io/apiserver v0.37.2 queueset: 64 queues, hand 8, queue length 50, seats = pool; rejected: retry after 1s (the filter's Retry-After)", New: newAPF},
 	{Name: "static", How: "a cap of pool/N per project, N fixed ahead (limit_conn per tenant); refused: retry after 10ms", New: newStatic},
@@ -61,8 +63,13 @@ func SchemeByName(name string) (Scheme, error) {
 
 // fairshare is the library as the front drives it: the requests pool's
 // TryAcquire (refusal: 429 and Retry-After), then the scheduler's queue
-// with MaxInFlight = the pool. The pool recomputes once a second, the
-// daemon's default tick.
+// with MaxInFlight = the seats. Two shapes: the pool as large as the seats
+// (scheme fairshare: the rule alone decides who holds a seat, as for the
+// kernel's connections, where a permit is the seat), and the pool as many
+// times the seats as the front's defaults make it (fairshare-front: the rule
+// bounds what a project may have admitted, the scheduler's round-robin
+// decides who runs). The pool recomputes once a second, the daemon's
+// default tick.
 type fairshare struct {
 	pool   *pools.Pool
 	sched  *scheduler.Scheduler
@@ -71,12 +78,30 @@ type fairshare struct {
 }
 
 func newFairshare(o Options, _ Workload) (System, error) {
-	size := o.Pool
-	p, err := pools.New(pools.Config{Name: "requests", Size: size}, nil)
+	return newFairshareSized(o.Pool, o.Pool)
+}
+
+func newFairshareFront(o Options, _ Workload) (System, error) {
+	return newFairshareSized(FrontPoolFor(o.Pool), o.Pool)
+}
+
+// FrontPoolFor is the requests pool the front's defaults give a service of
+// seats seats: the scheduler's MaxInFlight is the seats, and the pool is
+// as many times larger as pools.requests.size is than front.max_in_flight
+// in config's defaults (400 and 64).
+func FrontPoolFor(seats int) int {
+	d := config.Default()
+	return seats * d.Pools["requests"].Size / d.Front.MaxInFlight
+}
+
+// newFairshareSized is a requests pool of poolSize permits in front of a
+// scheduler that dispatches at most seats at once.
+func newFairshareSized(poolSize, seats int) (System, error) {
+	p, err := pools.New(pools.Config{Name: "requests", Size: poolSize}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("fairshare pool: %w", err)
 	}
-	s, err := scheduler.New(scheduler.Config{MaxInFlight: size}, nil)
+	s, err := scheduler.New(scheduler.Config{MaxInFlight: seats}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("fairshare scheduler: %w", err)
 	}
