@@ -418,6 +418,21 @@
 // its OS thread until a window sees fewer (loopHeat in fastloop.go; see
 // Cost).
 //
+// A loop reads the sockets a pass's events report readable in one io_uring
+// call too, before it handles the events (recvAll in fastrecv.go:
+// IORING_OP_RECV with MSG_DONTWAIT, each read what recv(2) would have
+// read, into its share of a 64 KiB buffer of the loop): each such read is
+// the one the event's handling would have made first (a client waiting
+// for a request, an upstream connection whose answer is relayed to a
+// client that took what it was sent), and its bytes wait on their
+// connection until that read takes them. A read that fills its share
+// leaves the socket readable, and read(2) goes on; a read of the ring not
+// taken during the pass leaves its connection readable (its bytes kept on
+// it: an upstream connection with bytes not taken is never pooled). An
+// event the ring did not read for is handled as without it, and a pass
+// with a single such read makes it with read(2). A read whose result did
+// not come (a broken ring) ends its connection: bytes may be lost.
+//
 // A loop sends nothing while it handles a pass's events: the requests it
 // dispatches and the answers it relays wait in their connections' buffers
 // until the pass ends, and then all go out in one io_uring call (sendRing
@@ -476,7 +491,8 @@
 // owns: fastpath.go (the listener and the loops it starts), fastloop.go
 // (a loop: its polling, its pass, its thread, its deadlines),
 // fastclient.go (a client connection's states), fastupstream.go (an
-// upstream connection's), fastsend.go (the sends, with the ring of
+// upstream connection's), fastrecv.go (the pass's reads with the ring),
+// fastsend.go (the sends, with the ring of
 // uring.go or without), fastanswer.go (the heads a loop writes) and
 // fasthand.go (the hand-over to net/http).
 //

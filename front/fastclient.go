@@ -43,13 +43,17 @@ type fclient struct {
 	readable bool // an edge came that was not read to its end
 	served   int
 	closed   bool
-	closing  bool   // close once out is written
-	serving  bool   // serveClient runs for it: nextRequest returns to it
-	again    bool   // on the loop's again list
-	queued   bool   // on the loop's sends (lp.ring)
-	obase    []byte // out's buffer, kept while at most fastKeepOut
-	deadline time.Time
-	dl       int
+	closing  bool // close once out is written
+	serving  bool // serveClient runs for it: nextRequest returns to it
+	again    bool // on the loop's again list
+	queued   bool // on the loop's sends (lp.ring)
+	// pre: the pass's recvAll read c (its bytes appended to in): the
+	// read readClient makes next; preMore: it filled its buffer, more may
+	// wait; preEnd: it found the end of the stream, or failed.
+	pre, preMore, preEnd bool
+	obase                []byte // out's buffer, kept while at most fastKeepOut
+	deadline             time.Time
+	dl                   int
 
 	r       *http.Request
 	raw     int // bytes of in the current request takes
@@ -116,6 +120,15 @@ func (lp *loop) clientEvent(c *fclient, ev uint32) {
 // readClient reads what the client sent, while the edge lasts and the
 // buffer has room; false when the connection ended.
 func (lp *loop) readClient(c *fclient) bool {
+	if c.pre {
+		// recvAll made this read already.
+		c.pre = false
+		if c.preEnd {
+			c.preEnd = false
+			return false
+		}
+		c.readable = c.preMore
+	}
 	for c.readable && len(c.in) < fastHeadMax+fastBodyMax {
 		n, err := syscall.Read(c.fd, lp.buf)
 		switch {

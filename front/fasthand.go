@@ -426,7 +426,14 @@ func (lp *loop) resume(c *fclient, u *fupstream) {
 		return
 	}
 	// It goes on serving the project it was dialed for.
-	uc := lp.d.newUpConn(&prefixConn{Conn: nc, prefix: bytes.Clone(u.in)}, u.key)
+	prefix := bytes.Clone(u.in)
+	if u.preSet {
+		// What recvAll read and readUp did not take (readUp takes it
+		// before it gets here): the end of the stream or an error is
+		// found again by net/http's path's own read.
+		prefix = append(prefix, u.pre...)
+	}
+	uc := lp.d.newUpConn(&prefixConn{Conn: nc, prefix: prefix}, u.key)
 	// u is dropped: what it had not written (u.out) is the resumed
 	// exchange's alone, sent by it.
 	res := &resumed{a: c.a, uc: uc, reused: u.reused, early: u.early || len(u.out) > 0, rest: u.out}

@@ -55,8 +55,15 @@ type loop struct {
 	ring     *sendRing
 	ringErr  error        // why the loop has no ring
 	ringSent atomic.Int64 // sends made with the ring (tests read it)
-	ringKept [][]byte     // the buffers of sends a broken ring may still read
-	sending  bool         // sendAll goes on with the exchanges it sent for
+	// ringRecvd is the reads made with the ring (tests read it); recvC
+	// and recvU are the connections of the pass's reads (recvAll), rbuf
+	// the buffer they read into.
+	ringRecvd atomic.Int64
+	recvC     []*fclient
+	recvU     []*fupstream
+	rbuf      []byte
+	ringKept  [][]byte // the buffers of sends a broken ring may still read
+	sending   bool     // sendAll goes on with the exchanges it sent for
 	// mostRounds is the most rounds of sends one sendAll made (tests read
 	// it: its continuations are bounded).
 	mostRounds atomic.Int64
@@ -353,6 +360,10 @@ func (h *loopHeat) cool() {
 }
 
 func (lp *loop) handle(evs []unix.EpollEvent) {
+	if lp.ring != nil {
+		lp.guarded(nil, nil, func(lp *loop, _ *fclient) { lp.recvAll(evs) })
+		defer lp.recvDone()
+	}
 	for _, ev := range evs {
 		if int(ev.Fd) == lp.efd {
 			lp.guarded(nil, nil, func(lp *loop, _ *fclient) { lp.runPosted() })

@@ -5,8 +5,9 @@
 // accept, add), and when the drain ends (stopBy). What each part of the
 // fast path owns is in a file of its own: the loop and its polling in
 // fastloop.go, the client connection's states in fastclient.go, the
-// upstream connection's in fastupstream.go, the sends (and the io_uring's
-// use) in fastsend.go, the heads the loop writes in fastanswer.go, and the
+// upstream connection's in fastupstream.go, the reads made with the
+// io_uring in fastrecv.go, the sends (and the io_uring's use) in
+// fastsend.go, the heads the loop writes in fastanswer.go, and the
 // hand-over to net/http in fasthand.go.
 
 package front

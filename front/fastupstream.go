@@ -37,10 +37,16 @@ type fupstream struct {
 	early      bool // ... before the whole request went out
 	hup        bool // the upstream hung up, or the connection failed: never pooled
 	readable   bool
-	lastUsed   time.Time
-	deadline   time.Time
-	dl         int
-	w          appendWriter
+	// preSet: the pass's recvAll read u: pre and preErr are what it read
+	// (see readPre), for readUp to take before it reads itself; preMore:
+	// the read filled its buffer.
+	preSet, preMore bool
+	pre             []byte
+	preErr          error
+	lastUsed        time.Time
+	deadline        time.Time
+	dl              int
+	w               appendWriter
 	// key is the requests the connection serves (see upKey), from its
 	// dial; link is its place in the loop's idle pool.
 	key  upKey
@@ -252,26 +258,36 @@ func (lp *loop) upEvent(u *fupstream, ev uint32) {
 
 // readUp reads the answer while the edge lasts and the client takes it.
 func (lp *loop) readUp(u *fupstream) {
-	for u.readable {
+	for u.readable || u.preSet {
 		c := u.owner
 		if c == nil || (c.state == csBody && len(c.out) > 0) {
 			return
 		}
-		n, err := syscall.Read(u.fd, lp.buf)
-		switch {
-		case n > 0:
-			if n < len(lp.buf) {
-				u.readable = false
+		var b []byte
+		var err error
+		if u.preSet {
+			b, err = u.readPre()
+		} else {
+			var n int
+			n, err = syscall.Read(u.fd, lp.buf)
+			if n > 0 {
+				b = lp.buf[:n]
+				if n < len(lp.buf) {
+					u.readable = false
+				}
 			}
+		}
+		switch n := len(b); {
+		case n > 0:
 			if !u.got && len(u.out) > 0 {
 				u.early = true
 			}
 			u.got = true
 			if c.state == csUp {
-				u.in = append(u.in, lp.buf[:n]...)
+				u.in = append(u.in, b...)
 				lp.answerHead(c, u)
 			} else {
-				lp.relayBody(c, u, lp.buf[:n])
+				lp.relayBody(c, u, b)
 			}
 		case err == unix.EAGAIN:
 			u.readable = false
@@ -280,7 +296,9 @@ func (lp *loop) readUp(u *fupstream) {
 			if err == nil {
 				err = io.EOF
 			}
-			if !u.got && u.reused {
+			if !u.got && u.reused && !errors.Is(err, errRingBroken) {
+				// (A read the ring may have made is no stale
+				// connection's: its request is not made again.)
 				err = fmt.Errorf("%w: %w", errStaleConn, err)
 			}
 			lp.upFailed(u, fmt.Errorf("reading upstream answer: %w", err))
@@ -353,7 +371,7 @@ func (lp *loop) relayBody(c *fclient, u *fupstream, b []byte) {
 func (lp *loop) endExchange(c *fclient) {
 	u := c.up
 	c.up, u.owner = nil, nil
-	if u.early || u.hup || len(u.in) > 0 || u.readable || !lp.drainBy.IsZero() {
+	if u.early || u.hup || len(u.in) > 0 || u.readable || u.preSet || !lp.drainBy.IsZero() {
 		lp.closeUp(u)
 	} else {
 		u.lastUsed = lp.now
@@ -419,5 +437,6 @@ func (lp *loop) closeUp(u *fupstream) {
 	}
 	delete(lp.ups, int32(u.fd))
 	lp.idle.remove(&u.link)
+	u.preSet, u.pre, u.preErr = false, nil, nil
 	unix.Close(u.fd)
 }

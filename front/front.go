@@ -239,6 +239,9 @@ type Front struct {
 	// fastHotEvents is the events per hotWindow that make a loop hot (see
 	// loopHeat); 0: the default, fastHotEvents (tests set it).
 	fastHotEvents int
+	// fastRecvArena is the bytes a loop's pass reads into with its ring
+	// (see recvAll); 0: the default, fastRecvArena (tests make it small).
+	fastRecvArena int
 	// drainFor is how long Serve lets the exchanges in flight finish
 	// once told to stop (shorter in tests).
 	drainFor time.Duration

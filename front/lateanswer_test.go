@@ -266,18 +266,19 @@ func TestLateAnswerStaysInProject(t *testing.T) {
 					}()
 				}
 				wg.Wait()
-				var ring, exchanges, handed int64
+				var ring, recvd, exchanges, handed int64
 				fs := f.fast.Load()
 				if fs != nil {
 					for _, lp := range fs.loops {
 						ring += lp.ringSent.Load()
+						recvd += lp.ringRecvd.Load()
 						exchanges += lp.exchanges.Load()
 					}
 					handed = fs.handedN.Load()
 				}
-				t.Logf("%s: %d requests in %v, %d answers followed by unasked bytes, %d chunked: %d own, %d another request's of the same project, %d of another project, %d failed (502, 503, cut or closed); fast path: %d exchanges ended in its loops, %d connections handed to net/http, %d sends by io_uring",
+				t.Logf("%s: %d requests in %v, %d answers followed by unasked bytes, %d chunked: %d own, %d another request's of the same project, %d of another project, %d failed (502, 503, cut or closed); fast path: %d exchanges ended in its loops, %d connections handed to net/http, %d sends and %d reads by io_uring",
 					name, sent.Load(), time.Since(start).Round(time.Millisecond), u.injected.Load(), u.chunked.Load(),
-					c.own.Load(), c.same.Load(), c.cross.Load(), c.failed.Load(), exchanges, handed, ring)
+					c.own.Load(), c.same.Load(), c.cross.Load(), c.failed.Load(), exchanges, handed, ring, recvd)
 				for _, s := range c.confused {
 					t.Logf("same-project confusion: %s", s)
 				}

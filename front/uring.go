@@ -14,9 +14,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// sendRing is a loop's io_uring, used for one thing: sending what one pass
+// sendRing is a loop's io_uring, used for two things: sending what one pass
 // of the loop has for many sockets (answers to clients, requests to the
-// upstream) in one system call. Each send is IORING_OP_SEND with
+// upstream) in one system call, and reading the sockets the pass's events
+// found readable, in one system call too (recv, see fastrecv.go). Each send
+// is IORING_OP_SEND with
 // MSG_DONTWAIT: the kernel tries it at once and answers what a non-blocking
 // send(2) answers (bytes taken, or -EAGAIN, never a send left pending), so
 // the ring holds no buffer past the call. Why one call: a send wakes the
@@ -77,6 +79,7 @@ type uringCQE struct {
 
 const (
 	uringOpSend         = 26         // IORING_OP_SEND
+	uringOpRecv         = 27         // IORING_OP_RECV
 	uringEnterGetEvents = 1          // IORING_ENTER_GETEVENTS
 	uringFeatSingleMmap = 1          // IORING_FEAT_SINGLE_MMAP
 	uringOffSQEs        = 0x10000000 // IORING_OFF_SQES
@@ -84,7 +87,7 @@ const (
 	uringCQESize        = 16
 )
 
-var errRingBroken = errors.New("io_uring: a send did not complete")
+var errRingBroken = errors.New("io_uring: an operation did not complete")
 
 // newSendRing sets up a ring of (at least) entries sends; an error means
 // the kernel offers none to this process (disabled by sysctl
@@ -140,15 +143,38 @@ const sendUnknown = math.MinInt32
 // gone out, and the ring must not be used again; otherwise nothing was
 // sent (res all -EAGAIN).
 func (r *sendRing) send(fds []int, bufs [][]byte, res []int32) error {
+	return r.submit(uringOpSend, fds, bufs, res, -int32(unix.EAGAIN))
+}
+
+// recv reads from socket fds[i] into bufs[i] (not empty) for each i, at
+// most entries of them, in one io_uring_enter, and sets res[i] to what
+// recv(2) with MSG_DONTWAIT would have returned: the bytes read (0 at the
+// end of the stream), or -errno. A recv the kernel did not take is
+// recvUntried: nothing was read, for read(2) to do. As with send, every
+// recv taken has completed when it returns (MSG_DONTWAIT: the kernel
+// answers -EAGAIN rather than waiting for data), so no buffer is the
+// kernel's after it; with errRingBroken, a result left sendUnknown may
+// have read bytes that are lost, and the ring must not be used again.
+func (r *sendRing) recv(fds []int, bufs [][]byte, res []int32) error {
+	return r.submit(uringOpRecv, fds, bufs, res, recvUntried)
+}
+
+// recvUntried is a recv's result when the kernel did not take it.
+const recvUntried = math.MinInt32 + 1
+
+// submit makes op (a send or a recv with MSG_DONTWAIT) on each of fds
+// with bufs, as send and recv say; a result the kernel did not take is
+// untried.
+func (r *sendRing) submit(op uint8, fds []int, bufs [][]byte, res []int32, untried int32) error {
 	n := uint32(len(fds))
 	if n == 0 || n > r.entries {
-		return fmt.Errorf("io_uring: %d sends in a ring of %d", n, r.entries)
+		return fmt.Errorf("io_uring: %d operations in a ring of %d", n, r.entries)
 	}
 	tail, mask := *r.sqTail, *r.sqMask
 	for i := range n {
 		idx := (tail + i) & mask
 		sqe := (*uringSQE)(unsafe.Add(r.sqes, uintptr(idx)*uringSQESize))
-		*sqe = uringSQE{opcode: uringOpSend, fd: int32(fds[i]), addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(bufs[i])))),
+		*sqe = uringSQE{opcode: op, fd: int32(fds[i]), addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(bufs[i])))),
 			len: uint32(len(bufs[i])), msgFlags: unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL, userData: uint64(i)}
 		*(*uint32)(unsafe.Add(r.sqArray, uintptr(idx)*4)) = idx
 		res[i] = sendUnknown
@@ -164,7 +190,7 @@ func (r *sendRing) send(fds []int, bufs [][]byte, res []int32) error {
 		if e != 0 {
 			atomic.StoreUint32(r.sqTail, tail) // nothing taken: take the entries back
 			for i := range n {
-				res[i] = -int32(unix.EAGAIN)
+				res[i] = untried
 			}
 			return fmt.Errorf("io_uring_enter: %w", e)
 		}
@@ -176,7 +202,7 @@ func (r *sendRing) send(fds []int, bufs [][]byte, res []int32) error {
 		// says why); the rest stay unsent, taken back from the queue.
 		atomic.StoreUint32(r.sqTail, tail+taken)
 		for i := taken; i < n; i++ {
-			res[i] = -int32(unix.EAGAIN)
+			res[i] = untried
 		}
 	}
 	head, ctail, cm := *r.cqHead, atomic.LoadUint32(r.cqTail), *r.cqMask
@@ -194,7 +220,7 @@ func (r *sendRing) send(fds []int, bufs [][]byte, res []int32) error {
 		// that did not, or a completion for no send of this call, means
 		// the ring is not what it seems. Not waited for (it might never
 		// come), and the loop stops using the ring.
-		return fmt.Errorf("%w: %d of %d sends complete", errRingBroken, done, taken)
+		return fmt.Errorf("%w: %d of %d operations complete", errRingBroken, done, taken)
 	}
 	return nil
 }
