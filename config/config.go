@@ -231,8 +231,10 @@ type Front struct {
 	// every connection with Go's net/http server. The default is true.
 	FastPath bool `yaml:"fast_path"`
 	// IOURing has the fast path's loops send all a pass has to send
-	// (answers, requests) with one io_uring call (front.Config.PlainSends
-	// is its opposite); false sends each with a send(2) of its own. The
+	// (answers, requests) with one io_uring call, and read the sockets a
+	// pass finds readable with one (front.Config.PlainSends is its
+	// opposite); false sends and reads each with a system call of its
+	// own. The
 	// default is true; a kernel that gives the daemon no io_uring
 	// (kernel.io_uring_disabled, a seccomp filter) is met with plain
 	// sends, logged once.

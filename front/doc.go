@@ -513,6 +513,21 @@
 // project, 1.15 and 1.05 of their throughput at 0.84 and 0.85 of their CPU
 // a request; 20 projects, 1.09 and 1.20 at 0.75 and 0.70.
 //
+// With a pass's reads in one io_uring call as well (recvAll), a request
+// costs the loop 0.9 system calls instead of 2.6 (perf stat -p on the
+// front under wrk -t1 -c32, the build before beside it in the same
+// minute: read(2) 0.09 a request instead of 2.0, io_uring_enter 0.31
+// instead of 0.17, epoll_pwait 0.33 instead of 0.27; nginx makes 5.3). In
+// BenchmarkOverhead against the build before (FAIRSHARE_BENCH_BASELINE with
+// FAIRSHARE_BENCH_BASELINE_FAST=1; a machine loaded by others, the three
+// processes of a turn keeping 0.6-0.9 of its 2 cores busy; medians of 5
+// rounds in one run each) it spent 0.81 and 0.88 of the CPU a request in
+// two runs with one project and 0.89 with 20; the throughput ratios
+// (1.06 and 0.93 with one, 1.16 with 20) are inside that machine's noise.
+// The ring's part in the loop's CPU profile is now mostly the sends' own
+// work in the kernel (the loopback's receive path runs in the sender's
+// context), user code about a quarter.
+//
 // With a pass's sends in one io_uring call, the fast path serves more than
 // nginx at less CPU a request. In BenchmarkOverhead with wrk (2 cores
 // shared with wrk and the upstream; one run of 5 rounds, medians of the

@@ -116,7 +116,7 @@ func (f *Front) serveFast(ctx context.Context, l net.Listener) error {
 		fs.loops = append(fs.loops, lp)
 	}
 	if err := fs.loops[0].ringErr; err != nil {
-		f.log.Info("fast path: no io_uring, each answer and request is sent with a system call of its own", "err", err)
+		f.log.Info("fast path: no io_uring, each answer and request is sent, and each socket read, with a system call of its own", "err", err)
 	}
 	f.fast.Store(fs) // once its loops are there (tests read them)
 	for _, lp := range fs.loops {

@@ -149,8 +149,10 @@ type Config struct {
 	FastPath bool
 	// PlainSends has the fast path's loops send each answer and request
 	// with a send(2) of its own rather than all of a pass's with one
-	// io_uring call (see "Fast path" in the package documentation). A loop
-	// the kernel gives no io_uring sends so anyway.
+	// io_uring call, and read each socket with a read(2) of its own rather
+	// than the first reads of a pass with one (see "Fast path" in the
+	// package documentation). A loop the kernel gives no io_uring sends
+	// and reads so anyway.
 	PlainSends bool
 }
 
