@@ -435,10 +435,7 @@ http {
 	if err := cmd.Start(); err != nil {
 		b.Fatalf("starting nginx: %v", err)
 	}
-	b.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
-	})
+	b.Cleanup(func() { stopPeer(cmd) })
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		c, err := net.Dial("tcp", addr)
@@ -501,10 +498,7 @@ backend be
 	if err := cmd.Start(); err != nil {
 		b.Fatalf("starting haproxy: %v", err)
 	}
-	b.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
-	})
+	b.Cleanup(func() { stopPeer(cmd) })
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		c, err := net.Dial("tcp", addr)
@@ -1336,5 +1330,21 @@ func BenchmarkIdleConnMemory(b *testing.B) {
 		for _, c := range conns {
 			c.Close()
 		}
+	}
+}
+
+// stopPeer ends a peer proxy: SIGTERM (a fast stop for nginx and HAProxy
+// both; SIGINT is ignored by a child started from a shell without job
+// control, and the benchmark hung there), then SIGKILL if it is still up
+// after five seconds.
+func stopPeer(cmd *exec.Cmd) {
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
 	}
 }
