@@ -179,11 +179,21 @@ func start(t testing.TB, bin string) *Runtime {
 	if err != nil {
 		t.Fatalf("building the test image: %v", err)
 	}
-	out, err := r.command("ctr", "-a", r.Socket, "-n", "k8s.io", "images", "import", "--all-platforms", img).CombinedOutput()
-	if err != nil {
-		t.Fatalf("importing the test image: %v\n%s", err, out)
-	}
+	r.ImportImage(t, img)
 	return r
+}
+
+// ImportImage imports an OCI image layout archive (its images named by
+// their io.containerd.image.name annotations) into the runtime's k8s.io
+// namespace, where the CRI finds images, as an operator would with
+// `ctr -n k8s.io images import`. The images go with the runtime's root
+// when the test ends.
+func (r *Runtime) ImportImage(t testing.TB, archive string) {
+	t.Helper()
+	out, err := r.command("ctr", "-a", r.Socket, "-n", "k8s.io", "images", "import", "--all-platforms", archive).CombinedOutput()
+	if err != nil {
+		t.Fatalf("importing the image %s: %v\n%s", archive, err, out)
+	}
 }
 
 // up starts containerd, its output appended to containerd.log.
@@ -370,6 +380,21 @@ type Pod struct {
 	// Called is when RunPodSandbox was called, Ready when it returned (the
 	// sandbox ready: the earliest a pod lister can see it).
 	Called, Ready time.Time
+
+	logPath string // the container's log file
+}
+
+// Log returns the end of the container's log (its output, in the CRI's
+// log format), for failure messages.
+func (p *Pod) Log() string {
+	b, err := os.ReadFile(p.logPath)
+	if err != nil {
+		return fmt.Sprintf("(no container log: %v)", err)
+	}
+	if len(b) > 8000 {
+		b = b[len(b)-8000:]
+	}
+	return string(b)
 }
 
 // RunPod runs a pod sandbox with one started container, as kubelet would
@@ -411,17 +436,6 @@ func (r *Runtime) RunPod(t testing.TB, s PodSpec) *Pod {
 		},
 		LogDirectory: filepath.Join(r.dir, "logs", s.UID),
 	}
-	r.parents[s.CgroupParent] = true
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	called := time.Now()
-	run, err := r.Client.RunPodSandbox(ctx, &rt.RunPodSandboxRequest{Config: sc})
-	if err != nil {
-		t.Fatalf("RunPodSandbox %s/%s: %v\n%s", s.Namespace, s.Name, err, r.Log())
-	}
-	p := &Pod{ID: run.PodSandboxId, UID: s.UID, Namespace: s.Namespace, Name: s.Name, CgroupParent: s.CgroupParent,
-		Called: called, Ready: time.Now()}
-	t.Cleanup(func() { r.RemovePod(t, p) })
 	cc := &rt.ContainerConfig{
 		Metadata: &rt.ContainerMetadata{Name: "main"},
 		Image:    &rt.ImageSpec{Image: ImageName},
@@ -429,13 +443,47 @@ func (r *Runtime) RunPod(t testing.TB, s PodSpec) *Pod {
 		Linux:    &rt.LinuxContainerConfig{},
 		LogPath:  "main.log",
 	}
+	return r.RunPodConfig(t, sc, cc)
+}
+
+// RunPodConfig runs a pod sandbox with one started container from the CRI
+// requests' configurations as the caller made them (a kubelet's
+// translation of a pod spec, say), and removes it when the test ends
+// (unless removed before). The sandbox's metadata and cgroup parent are
+// required; a missing log directory is one of the runtime's. A container
+// that fails to start fails the test with its log.
+func (r *Runtime) RunPodConfig(t testing.TB, sc *rt.PodSandboxConfig, cc *rt.ContainerConfig) *Pod {
+	t.Helper()
+	md := sc.GetMetadata()
+	parent := sc.GetLinux().GetCgroupParent()
+	if md == nil || parent == "" {
+		t.Fatal("RunPodConfig: the sandbox needs its metadata and a cgroup parent")
+	}
+	if sc.LogDirectory == "" {
+		sc.LogDirectory = filepath.Join(r.dir, "logs", md.Uid)
+	}
+	if err := os.MkdirAll(sc.LogDirectory, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r.parents[parent] = true
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	called := time.Now()
+	run, err := r.Client.RunPodSandbox(ctx, &rt.RunPodSandboxRequest{Config: sc})
+	if err != nil {
+		t.Fatalf("RunPodSandbox %s/%s: %v\n%s", md.Namespace, md.Name, err, r.Log())
+	}
+	p := &Pod{ID: run.PodSandboxId, UID: md.Uid, Namespace: md.Namespace, Name: md.Name, CgroupParent: parent,
+		Called: called, Ready: time.Now()}
+	t.Cleanup(func() { r.RemovePod(t, p) })
 	cr, err := r.Client.CreateContainer(ctx, &rt.CreateContainerRequest{PodSandboxId: p.ID, Config: cc, SandboxConfig: sc})
 	if err != nil {
-		t.Fatalf("CreateContainer in %s/%s: %v", s.Namespace, s.Name, err)
+		t.Fatalf("CreateContainer in %s/%s: %v\n%s", md.Namespace, md.Name, err, r.Log())
 	}
 	p.ContainerID = cr.ContainerId
+	p.logPath = filepath.Join(sc.LogDirectory, cc.LogPath)
 	if _, err := r.Client.StartContainer(ctx, &rt.StartContainerRequest{ContainerId: p.ContainerID}); err != nil {
-		t.Fatalf("StartContainer in %s/%s: %v", s.Namespace, s.Name, err)
+		t.Fatalf("StartContainer in %s/%s: %v\n%s", md.Namespace, md.Name, err, p.Log())
 	}
 	st, err := r.Client.ContainerStatus(ctx, &rt.ContainerStatusRequest{ContainerId: p.ContainerID, Verbose: true})
 	if err != nil {
