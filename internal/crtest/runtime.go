@@ -154,6 +154,13 @@ func start(t testing.TB, bin string) *Runtime {
 			t.Fatal(err)
 		}
 	}
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "runc-cgroupns"), []byte(fmt.Sprintf(cgroupnsWrapper, runc)), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	cfg := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfg, []byte(r.config(cniDir)), 0o644); err != nil {
 		t.Fatal(err)
@@ -314,11 +321,45 @@ state = %q
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s.options]
+        SystemdCgroup = false
+        BinaryName = %q
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %q
     conf_dir = %q
-`, filepath.Join(r.dir, "root"), filepath.Join(r.dir, "state"), r.Socket, ImageName, cniPlugins, cniDir)
+`, filepath.Join(r.dir, "root"), filepath.Join(r.dir, "state"), r.Socket, ImageName,
+		CgroupnsHandler, CgroupnsHandler, filepath.Join(r.dir, "runc-cgroupns"), cniPlugins, cniDir)
 }
+
+// CgroupnsHandler is a runtime handler (RunPodSandboxRequest's) that gives
+// every container of its pods a cgroup namespace of its own, as containerd
+// does for a non-privileged container on a cgroup v2 host: on a hybrid
+// host, where containerd does not, a pod run with it sees what it would
+// see on a v2 node (its own cgroup as "/", the host's hierarchy, bind
+// mounted, above its namespace's root). It is runc behind a wrapper that
+// adds the namespace to the bundle's configuration at create.
+const CgroupnsHandler = "runc-cgroupns"
+
+// cgroupnsWrapper is the wrapper's script; %s is runc's path. containerd
+// writes config.json compact, so the namespaces list reads
+// "namespaces":[ where the cgroup one is added (unless present, as on a
+// v2 host, or privileged: containerd adds none for privileged containers,
+// and neither does the wrapper, keeping the two hosts alike).
+const cgroupnsWrapper = `#!/bin/sh
+bundle=""
+prev=""
+for a in "$@"; do
+	[ "$prev" = "--bundle" ] && bundle="$a"
+	prev="$a"
+done
+cfg="$bundle/config.json"
+if [ -n "$bundle" ] && [ -f "$cfg" ] && ! grep -q '"type":"cgroup"' "$cfg" && grep -q '"maskedPaths"' "$cfg"; then
+	sed -i 's/"namespaces":\[/"namespaces":[{"type":"cgroup"},/' "$cfg"
+fi
+exec %s "$@"
+`
 
 // cniConfig is a bridge network private to this runtime. No masquerading and
 // no address outside the bridge: the pods reach the host and each other only.
@@ -443,7 +484,7 @@ func (r *Runtime) RunPod(t testing.TB, s PodSpec) *Pod {
 		Linux:    &rt.LinuxContainerConfig{},
 		LogPath:  "main.log",
 	}
-	return r.RunPodConfig(t, sc, cc)
+	return r.RunPodConfig(t, sc, cc, "")
 }
 
 // RunPodConfig runs a pod sandbox with one started container from the CRI
@@ -451,8 +492,9 @@ func (r *Runtime) RunPod(t testing.TB, s PodSpec) *Pod {
 // translation of a pod spec, say), and removes it when the test ends
 // (unless removed before). The sandbox's metadata and cgroup parent are
 // required; a missing log directory is one of the runtime's. A container
-// that fails to start fails the test with its log.
-func (r *Runtime) RunPodConfig(t testing.TB, sc *rt.PodSandboxConfig, cc *rt.ContainerConfig) *Pod {
+// that fails to start fails the test with its log. handler is the
+// runtime handler ("": the default, runc; or CgroupnsHandler).
+func (r *Runtime) RunPodConfig(t testing.TB, sc *rt.PodSandboxConfig, cc *rt.ContainerConfig, handler string) *Pod {
 	t.Helper()
 	md := sc.GetMetadata()
 	parent := sc.GetLinux().GetCgroupParent()
@@ -469,7 +511,7 @@ func (r *Runtime) RunPodConfig(t testing.TB, sc *rt.PodSandboxConfig, cc *rt.Con
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	called := time.Now()
-	run, err := r.Client.RunPodSandbox(ctx, &rt.RunPodSandboxRequest{Config: sc})
+	run, err := r.Client.RunPodSandbox(ctx, &rt.RunPodSandboxRequest{Config: sc, RuntimeHandler: handler})
 	if err != nil {
 		t.Fatalf("RunPodSandbox %s/%s: %v\n%s", md.Namespace, md.Name, err, r.Log())
 	}
