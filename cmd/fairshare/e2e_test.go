@@ -76,7 +76,13 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "fairshare")
-	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	// Built as deploy/Dockerfile builds the image's binary (static,
+	// trimmed, stripped): the binary the tests run is the one shipped, and
+	// deploy's TestChartPodNeverRefused, which builds it the same way,
+	// finds its packages compiled.
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X main.version=e2e", "-o", binary, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "building fairshare: %v\n%s", err, out)
 		os.RemoveAll(dir)
