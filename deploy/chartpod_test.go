@@ -277,6 +277,9 @@ func TestChartPodNeverRefused(t *testing.T) {
 		t.Fatal(why)
 	}
 	log := d.Log()
+	if !strings.Contains(log, "the daemon runs in a pod") || !strings.Contains(log, namespace) {
+		t.Errorf("the daemon did not say it found its own pod in %s:\n%s", namespace, log)
+	}
 	if strings.Contains(log, `"level":"ERROR"`) {
 		t.Errorf("the daemon logged errors:\n%s", log)
 	}
