@@ -96,9 +96,35 @@ func completionScript(app *cli.App, shell string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("writing the fish script: %w", err)
 		}
-		return s, nil
+		return mendFish(s), nil
 	}
 	return "", fmt.Errorf("no completion for shell %q; the shells are %s", shell, strings.Join(completionShells, ", "))
+}
+
+// mendFish fixes what urfave/cli's fish generator gets wrong: it writes
+// the app's --help and --version lines twice, and offers the help command
+// as two words ('help h', its alias as a second command) after whichever
+// command precedes it in the list (completion) rather than first. A
+// repeated complete line is dropped, and help is offered once, first.
+func mendFish(s string) string {
+	const helpAt = "-a 'help h'"
+	seen := map[string]bool{}
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		if strings.HasPrefix(line, "complete ") && strings.Contains(line, helpAt) {
+			if _, rest, ok := strings.Cut(line, helpAt); ok {
+				line = "complete -r -c fairshare -n '__fish_fairshare_no_subcommand' -a 'help'" + rest
+			}
+		}
+		if strings.HasPrefix(line, "complete ") {
+			if seen[line] {
+				continue
+			}
+			seen[line] = true
+		}
+		out = append(out, line)
+	}
+	return strings.Join(out, "\n")
 }
 
 // examples formats the Examples paragraph that ends a command's

@@ -118,6 +118,37 @@ func TestFlagHelpDefaults(t *testing.T) {
 	}
 }
 
+// checkFish checks the fish script: it completes, no line is there twice
+// (urfave/cli wrote the app's --help and --version twice), and the help
+// command is offered once, as 'help' at the top level (urfave/cli offered
+// 'help h', two words, after 'completion').
+func checkFish(t *testing.T, s string) {
+	t.Helper()
+	if !strings.Contains(s, "complete -c fairshare") {
+		t.Errorf("the fish script completes nothing: %s", s)
+	}
+	seen := map[string]bool{}
+	helps := 0
+	for _, line := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(line, "complete ") {
+			continue
+		}
+		if seen[line] {
+			t.Errorf("the fish script has this line twice: %s", line)
+		}
+		seen[line] = true
+		if strings.Contains(line, "-a 'help") {
+			helps++
+			if !strings.Contains(line, "-n '__fish_fairshare_no_subcommand' -a 'help' ") {
+				t.Errorf("the fish script offers help other than once at the top level: %s", line)
+			}
+		}
+	}
+	if helps != 1 {
+		t.Errorf("the fish script offers the help command %d times, want once", helps)
+	}
+}
+
 // Every shell's completion script is written, parses in that shell where the
 // shell is installed, and the words it asks the binary for are the commands.
 func TestCompletion(t *testing.T) {
@@ -130,8 +161,8 @@ func TestCompletion(t *testing.T) {
 		if !strings.Contains(s, "fairshare") || len(s) < 200 {
 			t.Fatalf("completion %s wrote %q", sh, s)
 		}
-		if sh == "fish" && !strings.Contains(s, "complete -c fairshare") {
-			t.Errorf("the fish script completes nothing: %s", s)
+		if sh == "fish" {
+			checkFish(t, s)
 		}
 		if path, err := exec.LookPath(sh); err == nil {
 			f := filepath.Join(t.TempDir(), "completion."+sh)
