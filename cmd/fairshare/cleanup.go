@@ -3,8 +3,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
+	"github.com/fairshare-dev/fairshare/daemon"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/urfave/cli/v2"
 )
@@ -14,9 +16,15 @@ func cleanupCommand() *cli.Command {
 		Name:  "cleanup",
 		Usage: "detach and unpin the BPF programs and maps: connections stop being enforced",
 		Description: "For an uninstall, or systemd's ExecStopPost when enforcement should not outlive\n" +
-			"the daemon. A plain restart does not need it: the daemon reuses what is pinned.\n\n" +
+			"the daemon. A plain restart does not need it: the daemon reuses what is pinned.\n" +
+			"A running daemon holds a lock on its pin directory: cleanup refuses it (exit 1)\n" +
+			"unless --force, which unpins everything under the running daemon: it enforces\n" +
+			"until it exits and leaves nothing behind; status cannot read the pins meanwhile.\n\n" +
 			examples("fairshare cleanup", "fairshare cleanup --pin-dir /sys/fs/bpf/fairshare-test"),
-		Flags: []cli.Flag{configFlag(), pinDirFlag()},
+		Flags: []cli.Flag{configFlag(), pinDirFlag(), &cli.BoolFlag{
+			Name:  "force",
+			Usage: "unpin even while a daemon runs on the pin directory (enforcement ends when it exits)",
+		}},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return cli.Exit(fmt.Sprintf("cleanup takes no arguments, got %q", c.Args().First()), 2)
@@ -24,6 +32,22 @@ func cleanupCommand() *cli.Command {
 			cfg, err := loadConfig(c)
 			if err != nil {
 				return err
+			}
+			// The daemon's lock, held while cleaning: a daemon that starts
+			// meanwhile is refused rather than pinning into a directory
+			// being removed.
+			lock, err := daemon.LockPins(cfg.PinDir)
+			switch {
+			case errors.Is(err, daemon.ErrPinsInUse) && !c.Bool("force"):
+				return cli.Exit(fmt.Sprintf("cleanup refused: %v; stop the daemon first (systemctl stop fairshare), "+
+					"or --force to detach its programs while it runs", err), 1)
+			case errors.Is(err, daemon.ErrPinsInUse):
+				fmt.Fprintf(c.App.ErrWriter, "warning: %v; --force: unpinning under it: its programs enforce until it exits, then nothing is left\n", err)
+			case err != nil:
+				return cli.Exit(fmt.Sprintf("cleanup of %s failed: %v", cfg.PinDir, err), 1)
+			}
+			if lock != nil {
+				defer lock.Close()
 			}
 			if err := loader.Cleanup(cfg.PinDir); err != nil {
 				return cli.Exit(fmt.Sprintf("cleanup of %s failed: %v", cfg.PinDir, err), 1)

@@ -231,6 +231,9 @@ func TestSecondDaemonOnSamePinsRefused(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "another fairshare daemon runs on this pin directory") {
 		t.Fatalf("a second daemon on the same pins: exit %d: %s", code, errOut)
 	}
+	if want := fmt.Sprintf("locked by pid %d", n.cmd.Process.Pid); !strings.Contains(errOut, want) {
+		t.Errorf("the refusal does not name the running daemon (%q): %s", want, errOut)
+	}
 	if after := nodeListing(t, n).pins; after != before {
 		t.Errorf("the second daemon changed the pins:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
@@ -241,5 +244,48 @@ func TestSecondDaemonOnSamePinsRefused(t *testing.T) {
 	defer b.close()
 	if b.refused != 1 {
 		t.Errorf("past the pool after the second start: %d connected, %d refused", b.connected, b.refused)
+	}
+}
+
+// TestCleanupRefusedWhileDaemonRuns: 'fairshare cleanup' on the pin
+// directory of a running daemon exits 1 naming the daemon's pid and changes
+// nothing (before, it unpinned everything under the daemon: status could no
+// longer read the pins, and enforcement ended with the daemon's next exit,
+// its counts lost); with --force it unpins: the daemon's own links enforce
+// until it exits, and then nothing is left. Cleanup after the daemon
+// stopped, the uninstall path, is TestEndToEnd's.
+func TestCleanupRefusedWhileDaemonRuns(t *testing.T) {
+	n := newNode(t, "pools: {connections: {size: 2}}\n")
+	n.start()
+	addr := sink(t)
+	a := n.connectFrom("alpha", addr, 2)
+	defer a.close()
+	before := nodeListing(t, n).pins
+	_, errOut, code := runCLI(t, "cleanup", "--pin-dir", n.pin)
+	if code != 1 || !strings.Contains(errOut, fmt.Sprintf("locked by pid %d", n.cmd.Process.Pid)) || !strings.Contains(errOut, "--force") {
+		t.Fatalf("cleanup under a running daemon: exit %d: %s", code, errOut)
+	}
+	if after := nodeListing(t, n).pins; after != before {
+		t.Errorf("the refused cleanup changed the pins:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if b := n.connectFrom("alpha", addr, 1); b.refused != 1 {
+		t.Errorf("past the pool after the refused cleanup: %d connected, %d refused", b.connected, b.refused)
+	} else {
+		b.close()
+	}
+	out, errOut, code := runCLI(t, "cleanup", "--force", "--pin-dir", n.pin)
+	if code != 0 || !strings.Contains(errOut, "--force") {
+		t.Fatalf("cleanup --force: exit %d: %s %s", code, out, errOut)
+	}
+	if _, err := os.Stat(n.pin); !os.IsNotExist(err) {
+		t.Errorf("pins still there after cleanup --force: %v", err)
+	}
+	if err := n.stop(syscall.SIGTERM); err != nil {
+		t.Fatalf("daemon exit: %v\n%s", err, n.log)
+	}
+	if b := n.connectFrom("alpha", addr, 2); b.connected != 2 {
+		t.Errorf("after cleanup --force and the daemon's exit alpha connected %d of 2: programs left attached", b.connected)
+	} else {
+		b.close()
 	}
 }
