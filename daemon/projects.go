@@ -111,6 +111,29 @@ type projects struct {
 	tree atomic.Pointer[membership.Tree]
 }
 
+// ownCgroup is the daemon's own cgroup dir (err: why it is unknown), as
+// kernelExtras registers it in no project, or "" when it cannot be: unknown,
+// or the mount point itself (a daemon started from a root shell without
+// systemd, or in a container without a cgroup of its own). The mount point
+// cannot be a member (it is every cgroup's ancestor), so the daemon's own
+// connections and listeners are then out of the projects only while no
+// project claims the cgroup tree's root, and under Kubernetes its own
+// namespace is not found: both are warned of at start.
+func ownCgroup(mount cgroup.Mount, dir string, err error, log *slog.Logger) string {
+	switch {
+	case err != nil:
+		log.Warn("the daemon's own cgroup is unknown: its own connections are not kept out of the projects", "err", err)
+		return ""
+	case dir == mount.Point:
+		log.Warn("the daemon runs in the root of the cgroup tree, not in a cgroup of its own: it cannot exempt itself "+
+			"(its connections and listeners stay out of the projects only while no project's member is above it, and under "+
+			"Kubernetes its own namespace is not found); run it from its systemd unit, or in a scope of its own "+
+			"(systemd-run --scope fairshare run ...)", "cgroup", dir)
+		return ""
+	}
+	return dir
+}
+
 // lastFound is a source that keeps its last good scan across restarts
 // (kube.Source).
 type lastFound interface {
@@ -147,11 +170,8 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 	p.mount = mount
 	p.paths = cgroup.NewPaths(mount, time.Second, nil)
 	if mount.Point != "" {
-		if d, err := mount.OfPID(os.Getpid()); err == nil && d != mount.Point {
-			p.self = d
-		} else if err != nil {
-			p.log.Warn("the daemon's own cgroup is unknown: its own connections are not kept out of the projects", "err", err)
-		}
+		d, err := mount.OfPID(os.Getpid())
+		p.self = ownCgroup(mount, d, err, p.log)
 	}
 	// A source is a case here and a name in config.ProjectSources; the
 	// order of the list is its priority in a conflict. A source that polls

@@ -527,3 +527,40 @@ func TestProjectsRootMadeSaid(t *testing.T) {
 
 // first is a project name without its error, for messages.
 func first(name string, _ error) string { return name }
+
+// TestOwnCgroupAtTheRootWarns: a daemon in the cgroup tree's root (started
+// from a root shell without systemd) cannot register its own cgroup in no
+// project, and says so at start instead of exempting nothing silently. A
+// real process in the root cgroup shows what the daemon reads there (its
+// cgroup is the mount point); one in a cgroup of its own is kept, unwarned.
+func TestOwnCgroupAtTheRootWarns(t *testing.T) {
+	testutil.RequireRoot(t)
+	mnt := testutil.Cgroup2Mount(t)
+	mount, err := cgroup.FindMount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := testutil.TempCgroup(t, mnt, "fairshare-own-")
+	for _, c := range []struct {
+		dir, warn string
+	}{
+		{mnt, "the daemon runs in the root of the cgroup tree"},
+		{own, ""},
+	} {
+		cmd := exec.Command("sleep", "60")
+		testutil.StartInCgroup(t, cmd, c.dir)
+		dir, err := mount.OfPID(cmd.Process.Pid)
+		testutil.Stop(cmd)
+		var logs testutil.Buffer
+		got := ownCgroup(mount, dir, err, slog.New(slog.NewTextHandler(&logs, nil)))
+		if c.warn != "" {
+			if got != "" || !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), c.warn) {
+				t.Errorf("in %s (read %q %v): own cgroup %q, logged %q; want none and a warning", c.dir, dir, err, got, logs.String())
+			}
+			continue
+		}
+		if got != c.dir || logs.String() != "" {
+			t.Errorf("in %s (read %q %v): own cgroup %q, logged %q", c.dir, dir, err, got, logs.String())
+		}
+	}
+}
