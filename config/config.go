@@ -126,8 +126,23 @@ type Connections struct {
 	// LapseAfter is how long the kernel enforces without a daemon: once
 	// the daemon's heartbeat (renewed every tick) is older, the programs
 	// count and stop refusing (loader.Options.LapseAfter). 0 enforces
-	// forever; otherwise at least two ticks.
+	// forever; otherwise at least MinLapseAfter(tick).
 	LapseAfter time.Duration `yaml:"lapse_after"`
+}
+
+// minLapseAfter is the least connections.lapse_after besides three ticks.
+const minLapseAfter = 3 * time.Second
+
+// MinLapseAfter is the least connections.lapse_after (other than 0) with
+// this tick: 3 s and three ticks. The heartbeat is renewed every tick by a
+// goroutine of its own, apart from the control loop's work, so only a
+// process that does not run at all misses it: three ticks let two renewals
+// be late, and 3 s is far past what scheduling delays a runnable thread on
+// a loaded node (Go's pauses are sub-millisecond, a throttled cgroup waits
+// for its next 100 ms period). A daemon stopped outright (SIGSTOP, a
+// frozen cgroup) is not a daemon running, and lapses as a dead one would.
+func MinLapseAfter(tick time.Duration) time.Duration {
+	return max(minLapseAfter, 3*tick)
 }
 
 // Permits configures the local permit API (package permitd) that serves the
@@ -538,8 +553,9 @@ func (c *Config) Validate() error {
 	if n := c.Connections.MaxNetnsPerProject; n < 1 || n > limits.MaxNetns {
 		return bad("connections.max_netns_per_project must be between 1 and %d, got %d", limits.MaxNetns, n)
 	}
-	if la := c.Connections.LapseAfter; la < 0 || la != 0 && la < 2*c.Tick {
-		return bad("connections.lapse_after must be 0 (enforce forever) or at least two ticks (%s), got %s", 2*c.Tick, la)
+	if la, least := c.Connections.LapseAfter, MinLapseAfter(c.Tick); la < 0 || la != 0 && la < least {
+		return bad("connections.lapse_after must be 0 (enforce forever) or at least %s (%s and three ticks), got %s",
+			least, minLapseAfter, la)
 	}
 	if ttl := c.Connections.ReservationTTL; ttl != 0 && (ttl < limits.MinReservationTTL || ttl > limits.MaxReservationTTL) {
 		return bad("connections.reservation_ttl must be 0 (the default) or between %s and %s, got %s",

@@ -594,6 +594,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	if d.kernel != nil {
 		g.Go(func() error { return d.kernel.readRefusals(gctx, d.events) })
+		g.Go(func() error { return d.kernel.beat(gctx, d.cfg.Tick) })
 	}
 
 	d.log.Info("serving", "admin", ready.AdminSocket, "metrics", ready.Metrics, "front", ready.Front,

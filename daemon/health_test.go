@@ -5,6 +5,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/loader"
 )
 
 // get answers GET url: the status code and the body.
@@ -110,5 +112,60 @@ func TestHealthz(t *testing.T) {
 		if time.Since(start) > 10*time.Second {
 			t.Fatalf("/healthz %d %q 10s after the loop went on", code, body)
 		}
+	}
+}
+
+// TestHeartbeatOutlivesAStalledLoop: the kernel's heartbeat is renewed
+// every tick apart from the control loop, so a loop stuck in one tick's work
+// (here: an apply waiting on the projects' lock, as a slow source or a long
+// reconcile pass would hold it) does not lapse enforcement while the daemon
+// runs. Before, only the loop's Tick renewed it, and a loop stalled past
+// lapse_after lapsed a running daemon's enforcement.
+func TestHeartbeatOutlivesAStalledLoop(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-hb-")
+	pin := filepath.Join("/sys/fs/bpf", filepath.Base(root))
+	t.Cleanup(func() { loader.Cleanup(pin) })
+	const tick = 100 * time.Millisecond
+	d, _, _ := newTestDaemon(t, func(c *config.Config) {
+		c.BPF, c.PinDir, c.ProjectsRoot, c.Tick = true, pin, root, tick
+		c.Projects.Sources = []string{"directory"}
+		c.Connections.LapseAfter = 3 * time.Second
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	eventually(t, func() error {
+		if d.health.last.Load() == 0 {
+			return errors.New("the control loop has not ticked")
+		}
+		return nil
+	})
+	d.projects.applyMu.Lock()
+	stalled := time.Now()
+	const hold = 2 * time.Second
+	worst := time.Duration(0)
+	for time.Since(stalled) < hold {
+		time.Sleep(tick)
+		l, err := d.kernel.lim.Lapse()
+		if err != nil {
+			d.projects.applyMu.Unlock()
+			t.Fatal(err)
+		}
+		worst = max(worst, l.Age)
+	}
+	loopAge := time.Since(time.Unix(0, d.health.last.Load()))
+	d.projects.applyMu.Unlock()
+	if loopAge < hold-tick {
+		t.Fatalf("the control loop ticked %s ago: it was not stalled", loopAge)
+	}
+	// Generous for a loaded machine: a renewal missed by the loop would
+	// make it the whole hold.
+	if worst > hold/2 {
+		t.Errorf("with the control loop stalled for %s the heartbeat grew %s old", hold, worst)
 	}
 }

@@ -182,6 +182,37 @@ func (k *kernelSide) recompute(now time.Time) error {
 	return nil
 }
 
+// beat renews the kernel's heartbeat every tick until ctx ends, apart from
+// the control loop (which renews it too, in Tick): enforcement lapses when
+// the daemon is gone or the whole process stalls past
+// connections.lapse_after, never because one tick's work (a reconcile pass
+// over a busy node's sockets, a slow source) ran long. A failure is logged
+// once until a renewal succeeds again.
+func (k *kernelSide) beat(ctx context.Context, every time.Duration) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		err := k.lim.Heartbeat()
+		switch {
+		case errors.Is(err, loader.ErrClosed):
+			return nil
+		case err != nil && !failing:
+			k.log.Error("renewing the heartbeat failed: enforcement lapses after connections.lapse_after unless a renewal succeeds",
+				"pin_dir", k.pinDir, "err", err)
+			failing = true
+		case err == nil && failing:
+			k.log.Info("the heartbeat is renewed again", "pin_dir", k.pinDir)
+			failing = false
+		}
+	}
+}
+
 // status reads the kernel's pool from one pass over its entries.
 func (k *kernelSide) status() (admin.Pool, error) {
 	s, err := k.lim.Snapshot()

@@ -51,6 +51,19 @@ func (l *Limiter) heartbeat() error {
 	return nil
 }
 
+// Heartbeat renews the heartbeat alone (Tick renews it too), for a
+// goroutine of the daemon's own that beats every tick whatever its control
+// loop is doing: a long reconcile pass or a slow source must not lapse
+// enforcement while the daemon lives.
+func (l *Limiter) Heartbeat() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	return l.heartbeat()
+}
+
 // RenewHeartbeat renews the heartbeat of the limiter pinned in pinDir
 // ("" for DefaultPinDir) with the lapse after, without loading anything (a
 // last word before the limiter goes, or a tool's). Open renews it only once
