@@ -95,10 +95,16 @@ type Reconcile struct {
 	// AdoptedPastTotal counts the sockets the passes adopted past the
 	// rule (in_use may exceed the pool by them until they end).
 	AdoptedPastTotal uint64 `json:"adopted_past_rule_total"`
-	Error            string `json:"error,omitempty"` // the last pass failed
-	Passes           uint64 `json:"passes"`
-	RepairsTotal     uint64 `json:"repairs_total"`
-	Failures         uint64 `json:"failures"`
+	// MovedTotal counts the permits taken while a pod was unclassified
+	// that the passes moved to its project once classified;
+	// MovedPastTotal those of them moved past the rule (the project is
+	// refused until back under its limit).
+	MovedTotal     uint64 `json:"moved_total"`
+	MovedPastTotal uint64 `json:"moved_past_rule_total"`
+	Error          string `json:"error,omitempty"` // the last pass failed
+	Passes         uint64 `json:"passes"`
+	RepairsTotal   uint64 `json:"repairs_total"`
+	Failures       uint64 `json:"failures"`
 }
 
 // Listener is one of the daemon's listeners (package internal/listen).

@@ -426,9 +426,79 @@ int fs_sock_release(struct bpf_sock *ctx)
 }
 
 /*
+ * weak_above says whether a weak member (MEMBER_WEAK: a pod root) of
+ * project id is an ancestor of cgroup c: a permit c's socket holds under
+ * id was taken while nothing deeper claimed it.
+ */
+static __always_inline bool weak_above(struct cgroup *c, __u64 id)
+{
+	if (!c)
+		return false;
+	int level = c->level;
+	if (level < (int)base_level || level > 255)
+		return false;
+	__u32 last = level - base_level;
+	for (__u32 i = 0; i < MAX_DEPTH; i++) {
+		if (i > last || i >= max_depth)
+			break;
+		struct cgroup *anc = cgroup_ancestor(c, base_level + i);
+		if (!anc)
+			break;
+		__u64 aid = anc->kn->id;
+		struct fs_member *m = bpf_map_lookup_elem(&fs_members, &aid);
+		if (m && (m->flags & MEMBER_WEAK) && m->project == id)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * move_held moves the permit socket cookie holds (v, as read) to project
+ * to: MOVED, MOVED_PAST if the rule would have refused to a permit (counted
+ * all the same: the connection exists), 0 if it did not move. It ends the
+ * entry as a release does (unhold: only one caller wins it), moves the
+ * count between the projects (the node's in_use does not change), and
+ * holds it again under to. fs_dump runs with the socket locked, so its
+ * TCP_CLOSE cannot come meanwhile; a sock_release racing in between finds
+ * no entry and gives nothing back, and the permit held again is given back
+ * at TCP_CLOSE, which every socket reaches after its close: counted
+ * exactly, at worst until the FIN exchange ends.
+ */
+static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to)
+{
+	__u64 from = 0;
+	__u32 kind = 0, dest = 0;
+	if (!unhold(cookie, &from, &kind, &dest, true))
+		return 0; /* released meanwhile */
+	v.project = to;
+	struct fs_settings *cfg = settings();
+	struct fs_pool *n = node();
+	struct fs_project *pt = project_get(to);
+	struct fs_project *pf = project_get(from);
+	__u32 out = MOVED;
+	if (cfg && n && pt) {
+		if (*(volatile __s64 *)&n->in_use >= limit_for(cfg, n, pt, false))
+			out = MOVED_PAST;
+		seen(cfg, n, pt, CLK_FINE);
+	}
+	if (pt)
+		__sync_fetch_and_add(&pt->in_use, 1);
+	if (pf && __sync_fetch_and_add(&pf->in_use, -1) <= 1)
+		pf->last_seen_ns = now_ns(CLK_FINE);
+	if (hold(cookie, &v) != 0) {
+		/* Both tables full: given back; the next pass adopts it. */
+		release(to, CLK_FINE);
+		return 0;
+	}
+	return out;
+}
+
+/*
  * fs_dump walks the TCP sockets of the caller's netns. A socket of a project
  * that holds no permit and is past its handshake is adopted (it predates the
- * programs, or was left unaccounted); every project socket is written out for
+ * programs, or was left unaccounted); a permit held under a weak member's
+ * project (unclassified) moves to its cgroup's project now (move_held);
+ * every project socket is written out for
  * the reconcile report, and so is every listening socket, project or not:
  * a counted listener missing from the dump is gone (OP_UNLISTEN).
  */
@@ -498,6 +568,20 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 			exempt_undo();
 		}
 		struct fs_sock *s = held_find(rec.cookie, true);
+		/* A permit taken as unclassified (a weak member's project)
+		 * whose cgroup is a project's member now (its pod classified
+		 * since) moves to that project, as a listener's count does
+		 * above. An exempt permit is no project's, and one holding a
+		 * destination pool's permit too stays (dest.h counts it by
+		 * project). */
+		if (s && id && s->project != id && !KIND_IS_EXEMPT(s->kind) && !s->dest &&
+		    weak_above(sk->sk_cgrp_data.cgroup, s->project)) {
+			struct fs_sock v = *s;
+			__u32 moved = move_held(rec.cookie, v, id);
+			if (moved)
+				rec.adopted = moved;
+			s = held_find(rec.cookie, true);
+		}
 		if (s) {
 			rec.held = 1;
 			rec.kind = s->kind;

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -304,13 +305,21 @@ func (k *kernelSide) reconcilePass(ctx context.Context) {
 	for _, n := range rep.AdoptedPast {
 		k.rec.AdoptedPastTotal += uint64(n)
 	}
+	for _, n := range rep.Moved {
+		k.rec.MovedTotal += uint64(n)
+	}
+	for _, n := range rep.MovedPast {
+		k.rec.MovedPastTotal += uint64(n)
+	}
 	k.mu.Unlock()
 	k.publishRepairs(rep)
 	k.log.Debug("reconcile pass", "sockets", sum(rep.Kernel), "held", sum(rep.Held), "reservations", sum(rep.Reservations),
 		"repairs", repairs, "took", time.Since(start).Round(time.Microsecond))
 }
 
-// publishRepairs makes an event of each repair of a pass: sockets adopted,
+// publishRepairs makes an event of each repair of a pass: sockets adopted
+// (and those past the rule, per project), permits moved from (unclassified)
+// past the rule (per project),
 // permits of gone sockets released, stale listeners uncounted, in_use
 // corrected (per project), the exempt count corrected.
 func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
@@ -329,6 +338,10 @@ func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
 	for _, p := range past {
 		pub(events.KindAdoptedPast, p, rep.AdoptedPast[p],
 			"adopted past the rule: the sockets exist, so they count, and in_use may exceed the pool until they end")
+	}
+	for _, p := range slices.Sorted(maps.Keys(rep.MovedPast)) {
+		pub(events.KindMovedPast, p, rep.MovedPast[p],
+			"permits taken while its pod was unclassified moved to it past the rule: they count, and the project is refused until back under its limit")
 	}
 	pub(events.KindRepaired, "", rep.Orphans, "permits of sockets that no longer exist released")
 	pub(events.KindRepaired, "", rep.StaleListeners, "listeners that no longer exist uncounted")

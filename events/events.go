@@ -34,7 +34,12 @@ const (
 	// refused (they exist, so they count): Count says how many, and the
 	// pool's in_use may exceed its size by them until they end.
 	KindAdoptedPast = "adopted_past_rule"
-	KindFleet       = "fleet" // a fleet pool's link to etcd changed (connected, cut off): Reason says which
+	// KindMovedPast: reconcile moved permits taken while a pod was
+	// unclassified to the project it is classified in, and the rule would
+	// have refused that project: Count says how many; they count, and the
+	// project is refused until it is back under its limit.
+	KindMovedPast = "moved_past_rule"
+	KindFleet     = "fleet" // a fleet pool's link to etcd changed (connected, cut off): Reason says which
 )
 
 // Reasons for a refusal.

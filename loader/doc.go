@@ -53,13 +53,15 @@
 // or NoProject member below a project's member, or any member below a
 // NoProject one, would never be found and is refused alone.
 //
-// Permits taken as Unclassified stay with it until their sockets end: a
-// held permit records its project, and moving it when the pod is
-// classified would need a pass over the held table per pod and a moment
-// where the permit is counted twice or nowhere. So for the lifetime of the
-// connections a pod opened before it was classified, the pod has at most
-// the unclassified project's share plus its own; the pool's in_use never
-// passes POOL (TestUnclassifiedPods). With the daemon's tick at 1s a pod is
+// Permits taken as Unclassified stay with it until the next Reconcile after
+// the pod is classified: its dump, which sees every socket with the socket
+// locked, moves a permit held under a weak member's project whose cgroup is
+// now a deeper member's to that project (move_held in bpf/limiter.c: the
+// entry ended as a release ends it, the count moved, the entry held again;
+// ReconcileReport.Moved, and MovedPast when the project was past the rule,
+// which counts it all the same). Until then the pod has at most the
+// unclassified project's share plus its own; the pool's in_use never passes
+// POOL (TestUnclassifiedPods, TestUnclassifiedPermitsMoveAtReconcile). With the daemon's tick at 1s a pod is
 // classified within about a poll of its sandbox starting. A listener opened
 // before its pod was classified is counted under Unclassified until the
 // next Reconcile, whose dump counts it again under its pod's project (or

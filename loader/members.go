@@ -61,8 +61,8 @@ const (
 	// from its first connect and its first SYN, with or without a
 	// daemon. A member below a weak one wins: a classified pod's own
 	// cgroup, deeper, counts for its project. Permits taken under
-	// Unclassified stay with it until their sockets end (see the package
-	// doc, Unclassified pods).
+	// Unclassified move to the pod's project at the next Reconcile after
+	// it is classified (see the package doc, Unclassified pods).
 	Unclassified = "(unclassified)"
 	// NoProject members are cgroups in no project that may sit below a
 	// weak member: their sockets are neither counted nor refused (the

@@ -35,6 +35,14 @@ type ReconcileReport struct {
 	// adopted_past_rule counter (Events.AdoptedPast) and by the daemon as
 	// an event per project.
 	AdoptedPast map[string]int
+	// Moved counts, by project, the permits taken as Unclassified (their
+	// pod not classified yet) that the pass moved to the project their
+	// cgroup is a member of now; MovedPast those of them the rule would
+	// have refused the project (its in_use at or past its limit): counted
+	// all the same, the project then refused until it is back under its
+	// limit, and reported as AdoptedPast is (a warning, the daemon's
+	// moved_past_rule event). The node's in_use does not change.
+	Moved, MovedPast map[string]int
 	// Held counts the permits held by sockets (entries of the held map, all
 	// network namespaces).
 	Held map[string]int
@@ -138,9 +146,16 @@ const slotBusy = 1 << 63
 // sockRecordSize is sizeof(struct fs_sock_record), checked by a test.
 const sockRecordSize = 40
 
-// adoptedPast is ADOPTED_PAST of bpf/lib/types.h: fs_sock_record.adopted of
-// a socket adopted while the rule would have refused it.
-const adoptedPast = 2
+// Values of fs_sock_record.adopted (bpf/lib/types.h) besides 0 and 1
+// (adopted): adoptedPast, adopted while the rule would have refused it;
+// moved, its permit moved from a weak member's project (unclassified) to its
+// cgroup's project now; movedPast, moved while the rule would have refused
+// that project a permit.
+const (
+	adoptedPast = 2
+	moved       = 3
+	movedPast   = 4
+)
 
 // Reconcile compares the maps with the kernel's own socket table and repairs
 // drift, in four steps: it adopts project sockets of the caller's network
@@ -174,8 +189,12 @@ type pass struct {
 	exOK    bool
 	orphans map[uint64]uint64 // cookie -> project: held in our netns without a live socket
 	adopted int
-	past    map[uint64]int  // adopted past the rule, by project id
-	live    map[uint64]bool // cookies of the sockets the dump wrote out
+	past    map[uint64]int // adopted past the rule, by project id
+	// moved counts the permits moved from (unclassified) to the project
+	// of their cgroup now, by that project's id; movedPast those the rule
+	// would have refused it.
+	moved, movedPast map[uint64]int
+	live             map[uint64]bool // cookies of the sockets the dump wrote out
 	// destHeld counts the destination pool permits of held entries, and
 	// destInUse the pools' per-project counts that did not move during the
 	// pass.
@@ -185,7 +204,7 @@ type pass struct {
 
 func (l *Limiter) readPass(targets []dumpTarget, names []string, dests []uint32) (pass, error) {
 	p := pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}, checked: map[uint64]bool{}, skipped: map[uint64]string{},
-		past: map[uint64]int{}, destHeld: map[destPair]int{}}
+		past: map[uint64]int{}, moved: map[uint64]int{}, movedPast: map[uint64]int{}, destHeld: map[destPair]int{}}
 	var n0, n1 limiterFsPool
 	if err := l.objs.FsNode.Lookup(uint32(0), &n0); err != nil {
 		return p, fmt.Errorf("reading node map: %w", err)
@@ -234,11 +253,17 @@ func (l *Limiter) readPass(targets []dumpTarget, names []string, dests []uint32)
 			}
 			buf = buf[sockRecordSize:]
 			live[r.Cookie] = true
-			if r.Adopted != 0 {
+			switch r.Adopted {
+			case 1:
 				p.adopted++
-			}
-			if r.Adopted == adoptedPast {
+			case adoptedPast:
+				p.adopted++
 				p.past[r.Project]++
+			case moved:
+				p.moved[r.Project]++
+			case movedPast:
+				p.moved[r.Project]++
+				p.movedPast[r.Project]++
 			}
 		}
 	}
@@ -478,6 +503,7 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	}
 	rep.Adopted = first.adopted
 	past := first.past
+	movedTo, movedPastTo := first.moved, first.movedPast
 	if len(first.skipped) > 0 {
 		rep.NetnsSkipped = first.skipped
 	}
@@ -512,6 +538,12 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 		rep.Adopted += second.adopted
 		for id, n := range second.past {
 			past[id] += n
+		}
+		for id, n := range second.moved {
+			movedTo[id] += n
+		}
+		for id, n := range second.movedPast {
+			movedPastTo[id] += n
 		}
 		last = second
 		for cookie, id := range second.orphans {
@@ -618,6 +650,21 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 			l.adoptedPast += uint64(n)
 		}
 		l.mu.Unlock()
+	}
+	for id, n := range movedTo {
+		if rep.Moved == nil {
+			rep.Moved = map[string]int{}
+		}
+		rep.Moved[name(id)] += n
+		l.log.Info("moved permits taken as unclassified to the project their pod is classified in", "project", name(id), "count", n)
+	}
+	for id, n := range movedPastTo {
+		if rep.MovedPast == nil {
+			rep.MovedPast = map[string]int{}
+		}
+		rep.MovedPast[name(id)] += n
+		l.log.Warn("moved permits taken as unclassified to their project past the rule: they exist, so they count, "+
+			"and the rule refuses the project until it is back under its limit", "project", name(id), "count", n)
 	}
 
 	// The kernel's own count: every cgroup below a member, by project.

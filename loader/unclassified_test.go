@@ -109,7 +109,7 @@ func TestUnclassifiedPods(t *testing.T) {
 	}
 
 	// Classified: podB's own cgroup, deeper than kubepods, wins; the
-	// permits taken as Unclassified stay with it until their sockets end.
+	// permits taken as Unclassified stay with it until a Reconcile moves them.
 	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA},
 		Member{Project: NoProject, Cgroup: podSys}, Member{Project: "team-b", Cgroup: podB}))
 	unclassified := project(snap(t, l), Unclassified).InUse
@@ -140,6 +140,89 @@ func TestUnclassifiedPods(t *testing.T) {
 	if rc.ok > share+floor || rc.ok == 0 || s.InUse > pool || project(s, Unclassified).InUse != rc.ok {
 		t.Fatalf("with no daemon the new pod got %+v: %+v", rc, s)
 	}
+}
+
+// TestUnclassifiedPermitsMoveAtReconcile: permits taken as Unclassified
+// by a pod classified since move, at the next Reconcile, to its project:
+// a pod below a QoS child (weak members at kubepods and at burstable) and a
+// Guaranteed pod straight below kubepods. The counts move exactly (the
+// node's in_use does not change), a second pass moves nothing and repairs
+// nothing, and the sockets' releases give back to the project they moved
+// to. A move past the rule is counted all the same, reported in MovedPast,
+// and the project is refused further.
+func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	const pool = 12
+	l, kp := kubeLayout(t, root, pin, pool, 0)
+	dirs := mkdirs(t, kp, "burstable/podA", "burstable/podA/ctr", "burstable/podB", "burstable/podB/ctr", "podG", "podG/ctr")
+	podA, podACtr, podB, podBCtr, podG, podGCtr := dirs[0], dirs[1], dirs[2], dirs[3], dirs[4], dirs[5]
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}))
+	dst := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	reconcile := func() ReconcileReport {
+		t.Helper()
+		rep, err := l.Reconcile(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+
+	a := startHelper(t, podACtr)
+	if r := a.dial("tcp4", dst, 4); r.ok != 4 {
+		t.Fatalf("team-a: %+v", r)
+	}
+	b := startHelper(t, podBCtr)
+	if r := b.dial("tcp4", dst, 3); r.ok != 3 {
+		t.Fatalf("unclassified podB: %+v", r)
+	}
+	g := startHelper(t, podGCtr)
+	if r := g.dial("tcp4", dst, 2); r.ok != 2 {
+		t.Fatalf("unclassified podG: %+v", r)
+	}
+	waitInUse(t, l, 9, map[string]int{"team-a": 4, Unclassified: 5})
+
+	// podB is classified: its 3 permits move to team-b, podG's stay.
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-b", Cgroup: podB}))
+	rep := reconcile()
+	if rep.Moved["team-b"] != 3 || len(rep.Moved) != 1 || len(rep.MovedPast) != 0 || rep.Adopted != 0 {
+		t.Fatalf("reconcile after podB's classification: moved %v past %v adopted %d", rep.Moved, rep.MovedPast, rep.Adopted)
+	}
+	s := snap(t, l)
+	if s.InUse != 9 || project(s, Unclassified).InUse != 2 || project(s, "team-b").InUse != 3 || project(s, "team-a").InUse != 4 {
+		t.Fatalf("after the move: %+v", s)
+	}
+	if rep := reconcile(); len(rep.Moved) != 0 || len(rep.Repaired) != 0 || rep.Orphans != 0 || rep.Held["team-b"] != 3 || rep.Held[Unclassified] != 2 {
+		t.Fatalf("a second pass: moved %v repaired %v orphans %d held %v", rep.Moved, rep.Repaired, rep.Orphans, rep.Held)
+	}
+	// Released where they moved to: team-b's count, not Unclassified's.
+	b.do("close")
+	waitInUse(t, l, 6, map[string]int{"team-a": 4, Unclassified: 2, "team-b": 0})
+
+	// team-a takes what the rule lets it, then podG becomes team-a's: its
+	// 2 permits move past the rule, counted, reported, and team-a is
+	// refused further; in_use does not move.
+	if r := a.dial("tcp4", dst, pool); r.ok == pool || r.refused == 0 {
+		t.Fatalf("team-a was not refused: %+v", r)
+	}
+	held := project(snap(t, l), "team-a").InUse
+	before := snap(t, l).InUse
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-b", Cgroup: podB},
+		Member{Project: "team-a", Cgroup: podG}))
+	rep = reconcile()
+	if rep.Moved["team-a"] != 2 || rep.MovedPast["team-a"] != 2 {
+		t.Fatalf("podG's move into team-a past the rule: moved %v past %v", rep.Moved, rep.MovedPast)
+	}
+	s = snap(t, l)
+	if s.InUse != before || project(s, "team-a").InUse != held+2 || project(s, Unclassified).InUse != 0 || s.InUse > pool {
+		t.Fatalf("after the move past the rule (team-a held %d, in_use %d): %+v", held, before, s)
+	}
+	if r := a.dial("tcp4", dst, 1); r.ok != 0 {
+		t.Fatalf("team-a admitted past the rule after the move: %+v", r)
+	}
+	g.do("close")
+	a.do("close")
+	waitInUse(t, l, 0, map[string]int{"team-a": 0, Unclassified: 0, "team-b": 0})
 }
 
 // TestMemberNesting: what may nest below what, and what the walk then
@@ -302,9 +385,10 @@ func TestAdoptedPastRule(t *testing.T) {
 
 // TestUnclassifiedListener: a listener opened while its pod was
 // unclassified counts its connections for (unclassified); once the pod is
-// classified the next reconcile counts it under the pod's project, and a
-// pod classified as no project's listener is uncounted (and its held
-// connections' permits released, as a gone socket's).
+// classified the next reconcile counts it under the pod's project (and
+// moves its accepted connections' permits there), and a pod classified as
+// no project's listener is uncounted (and its held connections' permits
+// released, as a gone socket's).
 func TestUnclassifiedListener(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
@@ -332,8 +416,9 @@ func TestUnclassifiedListener(t *testing.T) {
 	}
 	// podS's first connection is in no project now: the reconcile's dump
 	// does not list it, and its permit is released as a gone socket's.
-	// podB's stays with (unclassified) until it ends.
+	// podB's moves to team-b (an accepted connection's permit moves as a
+	// connect's does, TestUnclassifiedPermitsMoveAtReconcile).
 	dial(addrB)
 	dial(addrS)
-	waitInUse(t, l, 2, map[string]int{Unclassified: 1, "team-b": 1})
+	waitInUse(t, l, 2, map[string]int{Unclassified: 0, "team-b": 2})
 }

@@ -43,6 +43,7 @@ type Collector struct {
 	recPasses, recFailures, recRepairs        *prometheus.Desc
 	recLast, recSockets, recHeld              *prometheus.Desc
 	recAdoptedPast, lapseAdmitted, lapsed     *prometheus.Desc
+	recMoved, recMovedPast                    *prometheus.Desc
 	heartbeatAge                              *prometheus.Desc
 	lnOpen, lnMax, lnAccepted, lnRefused      *prometheus.Desc
 	lnErrors                                  *prometheus.Desc
@@ -115,6 +116,10 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 		recHeld:     d("reconcile_held", "Permits held in the maps at the last reconcile pass."),
 		recAdoptedPast: d("reconcile_adopted_past_rule_total",
 			"Sockets reconcile passes adopted although the rule would have refused them (in_use may exceed the pool by them until they end)."),
+		recMoved: d("reconcile_moved_total",
+			"Permits taken while a pod was unclassified that reconcile passes moved to the project it is classified in."),
+		recMovedPast: d("reconcile_moved_past_rule_total",
+			"Of reconcile_moved_total, the permits moved although the rule would have refused the project (it is refused until back under its limit)."),
 		lapseAdmitted: d("pool_lapsed_admitted_total",
 			"Asks the kernel admitted, the rule refusing, because enforcement had lapsed (no daemon heartbeat within connections.lapse_after); in pool_admitted_total too.", "pool"),
 		lapsed: d("pool_enforcement_lapsed", "1 while the kernel's enforcement has lapsed (no daemon heartbeat within connections.lapse_after).", "pool"),
@@ -168,7 +173,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.poolActive, c.poolAdmitted, c.poolRefused, c.poolRateLimited, c.permitsRateLimited, c.held, c.admitted, c.refused, c.sleeping, c.evictions,
 		c.rateLimited, c.workTokens, c.inFlight, c.queue, c.dispatched, c.wait,
 		c.exemptMax, c.exemptInUse, c.exemptAdmitted, c.exemptOver,
-		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld, c.recAdoptedPast, c.lapseAdmitted, c.lapsed, c.heartbeatAge,
+		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld, c.recAdoptedPast, c.recMoved, c.recMovedPast, c.lapseAdmitted, c.lapsed, c.heartbeatAge,
 		c.lnOpen, c.lnMax, c.lnAccepted, c.lnRefused, c.lnErrors,
 		c.memMembers, c.memRefused, c.memSourceUp, c.nsFound, c.nsAttached, c.nsSweeps, c.nsSweep, c.nsErrors,
 
@@ -206,6 +211,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if r := st.Reconcile; r != nil {
 		ch <- prometheus.MustNewConstMetric(c.recPasses, prometheus.CounterValue, float64(r.Passes))
 		ch <- prometheus.MustNewConstMetric(c.recAdoptedPast, prometheus.CounterValue, float64(r.AdoptedPastTotal))
+		ch <- prometheus.MustNewConstMetric(c.recMoved, prometheus.CounterValue, float64(r.MovedTotal))
+		ch <- prometheus.MustNewConstMetric(c.recMovedPast, prometheus.CounterValue, float64(r.MovedPastTotal))
 		ch <- prometheus.MustNewConstMetric(c.recFailures, prometheus.CounterValue, float64(r.Failures))
 		ch <- prometheus.MustNewConstMetric(c.recRepairs, prometheus.CounterValue, float64(r.RepairsTotal))
 		ch <- prometheus.MustNewConstMetric(c.recLast, prometheus.GaugeValue, float64(r.Time.UnixNano())/1e9)

@@ -228,13 +228,20 @@ struct fs_sock_record {
 	__u32 state;
 	__u32 held;
 	__u32 kind;
-	__u32 adopted; /* 1 if this dump adopted it, ADOPTED_PAST if past the rule */
+	__u32 adopted; /* 1 if this dump adopted it, ADOPTED_PAST if past the rule;
+			* MOVED or MOVED_PAST if it moved its permit */
 	__u32 dest;    /* the destination pool its permit holds (held only), 0 none */
 	__u32 _pad;
 };
 
 /* fs_sock_record.adopted: adopted while the rule would have refused it. */
 #define ADOPTED_PAST 2
+/* fs_sock_record.adopted: its permit, held under a weak member's project
+ * (unclassified), moved to its cgroup's project now; MOVED_PAST when the
+ * rule would have refused that project a permit (the move counts it all
+ * the same). */
+#define MOVED 3
+#define MOVED_PAST 4
 
 /* Emits the record's BTF for bpf2go -type; lives in .rodata with the tunables. */
 volatile const struct fs_sock_record fs_record_layout;
