@@ -109,23 +109,38 @@ func (h *helper) churn(network, addr string, d, pace time.Duration) churnResult 
 // seconds are cut in user space: each count may be off by a couple.
 func checkRate(t *testing.T, what string, r churnResult) {
 	t.Helper()
-	const rate, burst, tol = 50, 50, 3
 	if r.other != 0 || r.refused == 0 {
 		t.Errorf("%s: %v; want the connections over the rate refused with ECONNREFUSED, none failing otherwise", what, r)
 	}
-	if n := r.ok(); n < rate*3+burst-tol || n > rate*3+burst+tol {
-		t.Errorf("%s: %d admitted in 3 s (%v), want %d ± %d", what, n, r, rate*3+burst, tol)
+	if n := r.ok(); n < testRate*3+testBurst-testTol || n > testRate*3+testBurst+testTol {
+		t.Errorf("%s: %d admitted in 3 s (%v), want %d ± %d", what, n, r, testRate*3+testBurst, testTol)
 	}
 	if len(r.okPerSec) != 3 {
 		t.Fatalf("%s: %v", what, r)
 	}
-	if v := r.okPerSec[0]; v < rate+burst-tol || v > rate+burst+tol {
-		t.Errorf("%s: %d admitted in the first second (%v), want rate + burst %d ± %d", what, v, r, rate+burst, tol)
+	if v := r.okPerSec[0]; v < testRate+testBurst-testTol || v > testRate+testBurst+testTol {
+		t.Errorf("%s: %d admitted in the first second (%v), want rate + burst %d ± %d", what, v, r, testRate+testBurst, testTol)
 	}
 	for i, v := range r.okPerSec[1:] {
-		if v < rate-tol || v > rate+tol {
-			t.Errorf("%s: %d admitted in second %d (%v), want %d ± %d", what, v, i+2, r, rate, tol)
+		if v < testRate-testTol || v > testRate+testTol {
+			t.Errorf("%s: %d admitted in second %d (%v), want %d ± %d", what, v, i+2, r, testRate, testTol)
 		}
+	}
+}
+
+// The limit the rate tests set (SetRate 50: a burst of as many), and the
+// tolerance of checkRate's counts.
+const testRate, testBurst, testTol = 50, 50, 3
+
+// checkUnlimited checks the unlimited project's churn beside a limited one:
+// nothing refused or failed, and more admitted than the limit checkRate
+// checks would have let through in the same 3 s, so a limit applied to it
+// too would show. (It was "more than 300": a loaded machine's dialer, which
+// must make 53 a second for checkRate, sometimes made fewer than 100.)
+func checkUnlimited(t *testing.T, what string, r churnResult) {
+	t.Helper()
+	if r.refused != 0 || r.other != 0 || r.ok() <= testRate*3+testBurst+testTol {
+		t.Errorf("%s: %v; want nothing refused, and more than the limit's %d admitted", what, r, testRate*3+testBurst+testTol)
 	}
 }
 
@@ -153,9 +168,7 @@ func TestRateOutbound(t *testing.T) {
 	lr := lim.churn("tcp4", addr, 3*time.Second, 0)
 	wg.Wait()
 	checkRate(t, "limited project, outbound", lr)
-	if fr.refused != 0 || fr.other != 0 || fr.ok() <= 300 {
-		t.Errorf("unlimited project beside it: %v; want nothing refused", fr)
-	}
+	checkUnlimited(t, "unlimited project beside it", fr)
 	t.Logf("limited: %v; unlimited: %d admitted in 3 s", lr, fr.ok())
 	s := snap(t, l)
 	lp, fp := project(s, "limited"), project(s, "free")
@@ -192,9 +205,7 @@ func TestRateInbound(t *testing.T) {
 	lr := churn("tcp4", limAddr, 3*time.Second, 0)
 	wg.Wait()
 	checkRate(t, "limited project, inbound", lr)
-	if fr.refused != 0 || fr.other != 0 || fr.ok() <= 300 {
-		t.Errorf("unlimited listener beside it: %v; want nothing refused", fr)
-	}
+	checkUnlimited(t, "unlimited listener beside it", fr)
 	t.Logf("limited: %v; unlimited: %d accepted in 3 s", lr, fr.ok())
 	// Each refused SYN is counted once, though the kernel may look it up
 	// more than once (TestRatedSynLookedUpTwice).
@@ -256,10 +267,13 @@ func TestRateInboundFloodKeepsOutbound(t *testing.T) {
 	if flood.refused == 0 {
 		t.Errorf("the flood was never refused (%v): the inbound rate is not in force", flood)
 	}
-	// 10 connects 200 ms apart at 5/s with a burst of 5: all of them,
-	// give or take one the coarse clock's steps refuse.
-	if out.ok() < 9 || out.other != 0 {
-		t.Errorf("the project's connects under the flood: %v; want at least 9 of 10 admitted", out)
+	// Connects 200 ms apart at 5/s with a burst of 5: none refused, give
+	// or take one the coarse clock's steps refuse. A loaded machine makes
+	// fewer than the 10 the 2 s allow (8 seen: the flood shares the CPUs),
+	// so the count asked for is a burst's; before the two buckets all of
+	// them were refused.
+	if out.refused > 1 || out.other != 0 || out.ok() < 5 {
+		t.Errorf("the project's connects under the flood: %v; want none refused (one at most), at least 5 admitted", out)
 	}
 	s := snap(t, l)
 	lp := project(s, "limited")
