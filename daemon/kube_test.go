@@ -25,6 +25,43 @@ import (
 	"github.com/fairshare-dev/fairshare/policy"
 )
 
+// testProjects builds the projects part of cfg over a policy store of its
+// own (in cfg.StateDir, a fresh directory if unset), logging to log
+// (discarded if nil); both are closed when the test ends.
+func testProjects(t *testing.T, cfg config.Config, log slog.Handler) *projects {
+	t.Helper()
+	if cfg.StateDir == "" {
+		cfg.StateDir = t.TempDir()
+	}
+	st, err := policy.Open(cfg.StateDir, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if log == nil {
+		log = slog.DiscardHandler
+	}
+	p, err := newProjects(cfg, st, false, slog.New(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.close() })
+	return p
+}
+
+// kubeConfig is a configuration whose one source is the kubernetes one, on
+// runtime r, ticking every 100 ms.
+func kubeConfig(t *testing.T, r *crtest.Runtime) config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.StateDir, cfg.Projects.Sources, cfg.Tick = t.TempDir(), []string{membership.SourceKubernetes}, 100*time.Millisecond
+	cfg.Kubernetes.RuntimeEndpoint = r.Socket
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 // TestKubernetesSource: with projects.sources [kubernetes], a real
 // containerd's pods are the members (kube-system's none), a pod's own
 // network namespace is handed to the kernel side in the apply that
@@ -36,23 +73,7 @@ func TestKubernetesSource(t *testing.T) {
 	a := r.RunPod(t, crtest.PodSpec{Namespace: "team-a", Name: "a", HostNetwork: true})
 	b := r.RunPod(t, crtest.PodSpec{Namespace: "team-b", Name: "b"})
 	r.RunPod(t, crtest.PodSpec{Namespace: "kube-system", Name: "dns"})
-	dir := t.TempDir()
-	cfg := config.Default()
-	cfg.StateDir, cfg.Projects.Sources, cfg.Tick = dir, []string{membership.SourceKubernetes}, 100*time.Millisecond
-	cfg.Kubernetes.RuntimeEndpoint = r.Socket
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	st, err := policy.Open(dir, policy.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
+	p := testProjects(t, kubeConfig(t, r), nil)
 	h := &handOff{}
 	p.kernel = h
 	members := func() []string {
@@ -132,20 +153,10 @@ func TestPodNetnsOpenedByPidfd(t *testing.T) {
 		return cmd
 	}
 	sandbox, stranger := start(sandboxCg), start(other)
-	dir := t.TempDir()
 	cfg := config.Default()
-	cfg.StateDir, cfg.Projects.Sources = dir, []string{membership.SourceRegistered}
-	st, err := policy.Open(dir, policy.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	cfg.Projects.Sources = []string{membership.SourceRegistered}
 	var logs strings.Builder
-	p, err := newProjects(cfg, st, false, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
+	p := testProjects(t, cfg, slog.NewTextHandler(&logs, nil))
 	h := &handOff{}
 	p.kernel = h
 	hint := func(pid int) kube.PodNetns {
@@ -183,17 +194,8 @@ func TestPodNetnsPathNotANamespace(t *testing.T) {
 	}
 	cfg := config.Default()
 	cfg.StateDir, cfg.Projects.Sources = dir, []string{membership.SourceRegistered}
-	st, err := policy.Open(dir, policy.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	logs := &records{}
-	p, err := newProjects(cfg, st, false, slog.New(logs))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
+	p := testProjects(t, cfg, logs)
 	h := &handOff{}
 	p.kernel = h
 	hints := []kube.PodNetns{{Path: fifo, Project: "team-a", Pod: "team-a/liar"}}
@@ -257,20 +259,10 @@ func TestPodNetnsChargedUntilDetached(t *testing.T) {
 		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 		paths = append(paths, "/run/netns/"+name)
 	}
-	dir := t.TempDir()
 	cfg := config.Default()
-	cfg.StateDir, cfg.Projects.Sources = dir, []string{membership.SourceRegistered}
+	cfg.Projects.Sources = []string{membership.SourceRegistered}
 	cfg.Connections.MaxNetnsPerProject = 1
-	st, err := policy.Open(dir, policy.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
+	p := testProjects(t, cfg, nil)
 	k := &goneKernel{}
 	p.kernel, p.scan = k, nil
 	hint := func(i int) []kube.PodNetns {
@@ -310,23 +302,7 @@ func TestKubernetesKernelExtras(t *testing.T) {
 	mount := testutil.Cgroup2Mount(t)
 	a := r.RunPod(t, crtest.PodSpec{Namespace: "team-a", Name: "a", HostNetwork: true})
 	dns := r.RunPod(t, crtest.PodSpec{Namespace: "kube-system", Name: "dns", HostNetwork: true})
-	dir := t.TempDir()
-	cfg := config.Default()
-	cfg.StateDir, cfg.Projects.Sources, cfg.Tick = dir, []string{membership.SourceKubernetes}, 100*time.Millisecond
-	cfg.Kubernetes.RuntimeEndpoint = r.Socket
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	st, err := policy.Open(dir, policy.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
+	p := testProjects(t, kubeConfig(t, r), nil)
 	h := &handOff{seed: []membership.Member{{Project: loader.Unclassified, Cgroup: filepath.Join(mount, "kubepods")}}}
 	p.kernel = h
 	want := []membership.Member{
