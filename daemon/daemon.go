@@ -114,7 +114,9 @@ type Daemon struct {
 	// write the configured (fleet) size over the allotment.
 	destMu sync.Mutex
 	// fleetSizes is the local size last given to each fleet destination
-	// pool (its allotment), by name; guarded by destMu.
+	// pool (its allotment), by name, and the size the kernel's connections
+	// pool opens at when it is a fleet pool (its safe slice); guarded by
+	// destMu.
 	fleetSizes map[string]int
 	// listeners are the listeners serving, for status and metrics.
 	listeners []*listen.Listener

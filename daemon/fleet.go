@@ -85,9 +85,12 @@ func (d *Daemon) buildFleet() error {
 			return err
 		}
 		f.members[name] = m
-		if pc.IsDestination() {
+		if pc.IsDestination() || name == config.PoolConnections {
 			// The kernel side, opened after this, starts the pool at the
-			// Member's safe slice rather than at the fleet's size.
+			// Member's safe slice rather than at the fleet's size: until
+			// its first computation a node knows nothing of the others,
+			// and the fleet's size on every node would let the fleet
+			// hold nodes × size.
 			d.fleetSizes[name] = m.Status().Safe
 		}
 	}

@@ -142,9 +142,16 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 	if err != nil {
 		return nil, err
 	}
+	// A fleet connections pool opens at its safe slice (in sizes), its
+	// permit tables sized for the fleet's size, the most its allotment
+	// can reach.
+	size, capacity, cfloor := uint32(conn.Size), uint32(0), uint32(conn.Floor)
+	if n, ok := sizes[config.PoolConnections]; ok {
+		size, capacity, cfloor = uint32(n), uint32(conn.Size), 0
+	}
 	lim, err := loader.Open(loader.Options{
 		PinDir: cfg.PinDir, BaseLevel: base,
-		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window,
+		PoolSize: size, PoolCapacity: capacity, Floor: cfloor, Window: conn.Window,
 		Logger: log,
 		Exempt: exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
 		ReservationTTL: cfg.Connections.ReservationTTL, MaxNetns: cfg.Connections.MaxNetns,
@@ -161,7 +168,7 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 		return nil, err
 	}
 	// The floor in force, as the maps say.
-	floor := pools.EffectiveFloor(conn.Size, conn.Floor)
+	floor := pools.EffectiveFloor(int(size), int(cfloor))
 	if s, err := lim.Snapshot(); err == nil {
 		floor = s.Floor
 		// Before the first Tick may forget an entry, so its counts are
@@ -169,7 +176,7 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 		k.note(s)
 	}
 	log.Info("connections enforced in the kernel", "projects_root", root, "pin_dir", cfg.PinDir,
-		"size", conn.Size, "floor", floor)
+		"size", size, "floor", floor)
 	return k, nil
 }
 

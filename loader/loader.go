@@ -126,8 +126,13 @@ type Options struct {
 	// PinDir is the bpffs directory for maps and links; default DefaultPinDir.
 	PinDir string
 	// PoolSize is POOL, the node-wide number of connection permits, in
-	// 1..limits.MaxPoolSize.
+	// 1..limits.MaxPoolSize (0 only below a PoolCapacity: admit nobody).
 	PoolSize uint32
+	// PoolCapacity is the largest POOL SetPool may set later: it sizes the
+	// permit tables, so a pool that starts small and grows (a fleet pool,
+	// opened at its safe slice and raised to its allotment) need not
+	// start at its largest size. 0 means PoolSize; at least PoolSize.
+	PoolCapacity uint32
 	// Floor is FLOOR; 0 means pools.DefaultFloor(PoolSize).
 	Floor uint32
 	// Logger receives what Open and Reconcile did; nil discards.
@@ -203,6 +208,7 @@ type Limiter struct {
 	mu        sync.Mutex // guards the fields below
 	size      uint32
 	floor     uint32
+	capacity  uint32            // Options.PoolCapacity: what the permit tables are sized for
 	exempt    []string          // the exempt set, absolute paths, sorted
 	exemptIDs map[uint64]string // its cgroup ids
 	exemptMax uint32            // its budget
@@ -276,10 +282,18 @@ func netnsCookie() (uint64, error) {
 // normalize checks the options Open and Check share and fills in their
 // defaults.
 func (o Options) normalize() (Options, error) {
-	if o.PoolSize == 0 || o.PoolSize > limits.MaxPoolSize {
-		return o, fmt.Errorf("pool size %d not in 1..%d: %w", o.PoolSize, limits.MaxPoolSize, ErrInvalidOptions)
+	if o.PoolCapacity == 0 {
+		o.PoolCapacity = o.PoolSize
 	}
-	o.Floor = uint32(pools.EffectiveFloor(int(o.PoolSize), int(o.Floor)))
+	if o.PoolCapacity == 0 || o.PoolCapacity > limits.MaxPoolSize || o.PoolSize > o.PoolCapacity {
+		return o, fmt.Errorf("pool size %d, capacity %d: not in 1..%d, or the size above the capacity: %w",
+			o.PoolSize, o.PoolCapacity, limits.MaxPoolSize, ErrInvalidOptions)
+	}
+	if o.PoolSize == 0 {
+		o.Floor = 0
+	} else {
+		o.Floor = uint32(pools.EffectiveFloor(int(o.PoolSize), int(o.Floor)))
+	}
 	if o.Floor > o.PoolSize {
 		return o, fmt.Errorf("floor %d above pool %d: %w", o.Floor, o.PoolSize, ErrInvalidOptions)
 	}
@@ -379,7 +393,7 @@ func Open(opts Options) (*Limiter, error) {
 		root: root, mnt: mnt, base: opts.BaseLevel, depth: opts.MaxDepth,
 		maxProj: opts.MaxProjects, maxMemb: opts.MaxMembers, maxNetns: opts.MaxNetns, pinDir: opts.PinDir,
 		log: opts.Logger, window: opts.Window, evWindow: opts.eventWindow, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
-		netns: cookie, size: opts.PoolSize, floor: opts.Floor, lapse: opts.LapseAfter, maxDest: opts.MaxDestPools,
+		netns: cookie, size: opts.PoolSize, floor: opts.Floor, capacity: opts.PoolCapacity, lapse: opts.LapseAfter, maxDest: opts.MaxDestPools,
 	}
 	if err := l.load(); err != nil {
 		return nil, err
@@ -482,13 +496,13 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 		return nil, fmt.Errorf("setting dest_stride: %w", err)
 	}
 	l.maxMemb = spec.Maps["fs_members"].MaxEntries
-	l.held = heldCapacity(l.size)
+	l.held = heldCapacity(l.capacity)
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_slots"), nil); err == nil {
 		l.held = m.MaxEntries()
 		m.Close()
 	}
-	if l.size > l.held {
-		return nil, fmt.Errorf("pool %d, permit map of %d entries in %s: %w", l.size, l.held, l.pinDir, ErrPoolTooLarge)
+	if l.capacity > l.held {
+		return nil, fmt.Errorf("pool %d, permit map of %d entries in %s: %w", l.capacity, l.held, l.pinDir, ErrPoolTooLarge)
 	}
 	spec.Maps["fs_exempt"].MaxEntries = limits.ExemptCap
 	spec.Maps["fs_slots"].MaxEntries = l.held
