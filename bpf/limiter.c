@@ -124,6 +124,7 @@
 #include "lib/held.h"
 #include "lib/resv.h"
 #include "lib/share.h"
+#include "lib/cap.h"
 #include "lib/events.h"
 #include "lib/dest.h"
 #include "lib/rule.h"
@@ -259,7 +260,7 @@ int fs_sk_lookup(struct bpf_sk_lookup *ctx)
 	struct fs_project *cp = NULL;
 	if (!exempt_room(cfg, v.cgroup, v.project)) {
 		cp = project_get(v.project);
-		a = would_admit(cp, CLK_COARSE);
+		a = would_admit(cp, v.project, CLK_COARSE);
 	}
 	if (a < 0)
 		goto pass;

@@ -141,13 +141,17 @@ func (f *fleetSide) status(name string) *admin.Fleet {
 }
 
 // kernelFleet drives the kernel's connections pool: the allotment moves
-// its POOL (loader.SetPool); it has no per-project caps, so the node's rule
-// divides the allotment (see package fleet, Locally).
+// its POOL (loader.SetPool) and the caps are the projects' fleet caps in
+// the kernel (loader.SetCaps; see package fleet, Locally).
 // It reads the daemon's kernel side when used, as the fleet is built
 // before the kernel side (which a start builds last) and runs after it.
 type kernelFleet struct{ d *Daemon }
 
 func (kf kernelFleet) SetSize(size int) error { return kf.d.kernel.lim.SetPool(uint32(size), 0) }
+
+func (kf kernelFleet) SetCaps(caps map[string]int, others int) error {
+	return kf.d.kernel.lim.SetCaps("", caps, others)
+}
 
 func (kf kernelFleet) Usage() (map[string]fleet.Usage, error) {
 	s, err := kf.d.kernel.lim.Snapshot()
@@ -170,9 +174,9 @@ func (kf kernelFleet) Usage() (map[string]fleet.Usage, error) {
 
 // destFleet drives a destination pool marked fleet: true: the allotment is
 // the pool's size in the kernel (loader.SetDestPoolSize, with the default
-// floor of it). Like the connections pool it has no per-project caps, so
-// the node's rule divides the allotment (see package fleet, Locally). It
-// reads the daemon's kernel side when used, as kernelFleet does.
+// floor of it) and the caps the projects' fleet caps in it (loader.SetCaps),
+// as kernelFleet does for the connections pool. It reads the daemon's
+// kernel side when used, as kernelFleet does.
 type destFleet struct {
 	d    *Daemon
 	name string
@@ -189,6 +193,13 @@ func (t destFleet) SetSize(size int) error {
 	}
 	t.d.fleetSizes[t.name] = size
 	return nil
+}
+
+func (t destFleet) SetCaps(caps map[string]int, others int) error {
+	if t.d.kernel == nil {
+		return fmt.Errorf("destination pool %s: the kernel side is not open", t.name)
+	}
+	return t.d.kernel.lim.SetCaps(t.name, caps, others)
 }
 
 // Usage reads the pool's projects from the destination pool's counters:

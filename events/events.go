@@ -55,6 +55,7 @@ const (
 	ReasonWaiting     = "too_many_waiting"   // the permit API's bound on waiting operations
 	ReasonResidents   = "too_many_residents" // nothing could be evicted in time
 	ReasonRateLimited = "rate_limited"       // the kernel's per-project connection rate (#20)
+	ReasonFleetCap    = "fleet_cap"          // at its fleet cap on this node: its part of its fleet allocation (the kernel's fleet pools)
 )
 
 // Event is one decision that matters to an operator. Fields that do not

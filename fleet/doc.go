@@ -58,7 +58,11 @@
 //     publication takes to reach both, well under a second.)
 //   - A project holds at most a(p) on the fleet, plus what it took as a
 //     newcomer on a node before its first computation there (at most that
-//     node's spare, itself at most U). While every project asks for at least its share,
+//     node's spare, itself at most U), plus, for a moment, what it holds
+//     on a node whose cap for it fell while another node's rose (its part
+//     moved with its wants): that node refuses it there until it lets go
+//     (TestFleetKernelCaps sees one permit, about a second, with clients
+//     that hold a connection three or four seconds). While every project asks for at least its share,
 //     a(p) = share: a project on many nodes holds no more than one share
 //     fleet-wide, its share split among its nodes.
 //   - Under steady demand each project's allocation is its max-min fair
@@ -85,11 +89,16 @@
 // fleet, and while cut off from etcd, a node has no caps: its rule divides
 // its allotment (then its safe slice) among its projects.
 //
-// The kernel's pools (the connections pool, destination pools) have no
-// per-project cap: there, the fleet moves the pool's size in the kernel
-// only, and the node's rule divides it. A project on
-// several nodes then holds at most its local share on each; the one-share
-// bound above holds only for pools with caps (the user-space pools).
+// The kernel's pools (the connections pool, destination pools) take the
+// caps too (loader.Limiter.SetCaps, bpf/lib/cap.h): the programs admit a
+// capped project's connect (and, in the connections pool, its inbound
+// handshake) while it holds fewer than its cap and the pool's in_use is
+// under its POOL, as above; a refusal at the cap is reported with the
+// reason fleet_cap. So the one-share bound holds for every kind of fleet
+// pool. Without a fleet pool with caps, a connect reads one more word of
+// the config the programs have loaded already, and nothing else. Exempt
+// connections (connections.exempt) take the exempt budget, not the pool,
+// and no cap.
 //
 // # Edges
 //

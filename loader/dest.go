@@ -342,6 +342,9 @@ func (l *Limiter) forgetDestLocked(name string, dp *destPool) error {
 	if err := l.objs.FsDpoolState.Put(dp.id, &limiterFsDestState{}); err != nil {
 		return fmt.Errorf("clearing destination pool %s: %w", name, err)
 	}
+	if err := l.dropCapsLocked(dp.id); err != nil {
+		return err
+	}
 	if err := l.objs.FsDpoolConf.Put(dp.id, &limiterFsDestConf{}); err != nil {
 		return fmt.Errorf("clearing destination pool %s: %w", name, err)
 	}

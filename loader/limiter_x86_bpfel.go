@@ -287,6 +287,8 @@ type limiterFsSettings struct {
 	NetnsCookie uint64
 	BaseLevel   uint32
 	MaxDepth    uint32
+	Caps        uint32
+	Pad         uint32
 }
 
 type limiterFsSlot struct {
@@ -319,6 +321,7 @@ type limiterFsSockRecord struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	limiterMapFsCaps         = "fs_caps"
 	limiterMapFsConfig       = "fs_config"
 	limiterMapFsDests        = "fs_dests"
 	limiterMapFsDfilter      = "fs_dfilter"
@@ -361,6 +364,7 @@ const (
 	limiterProgFsSockRelease = "fs_sock_release"
 	limiterProgFsSockops     = "fs_sockops"
 	limiterVarBaseLevel      = "base_level"
+	limiterVarCapStride      = "cap_stride"
 	limiterVarDestStride     = "dest_stride"
 	limiterVarEvWindowNs     = "ev_window_ns"
 	limiterVarFsRecordLayout = "fs_record_layout"
@@ -428,6 +432,7 @@ type limiterProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type limiterMapSpecs struct {
+	FsCaps         *ebpf.MapSpec `ebpf:"fs_caps"`
 	FsConfig       *ebpf.MapSpec `ebpf:"fs_config"`
 	FsDests        *ebpf.MapSpec `ebpf:"fs_dests"`
 	FsDfilter      *ebpf.MapSpec `ebpf:"fs_dfilter"`
@@ -466,6 +471,7 @@ type limiterMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type limiterVariableSpecs struct {
 	BaseLevel      *ebpf.VariableSpec `ebpf:"base_level"`
+	CapStride      *ebpf.VariableSpec `ebpf:"cap_stride"`
 	DestStride     *ebpf.VariableSpec `ebpf:"dest_stride"`
 	EvWindowNs     *ebpf.VariableSpec `ebpf:"ev_window_ns"`
 	FsRecordLayout *ebpf.VariableSpec `ebpf:"fs_record_layout"`
@@ -495,6 +501,7 @@ func (o *limiterObjects) Close() error {
 //
 // It can be passed to loadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type limiterMaps struct {
+	FsCaps         *ebpf.Map `ebpf:"fs_caps"`
 	FsConfig       *ebpf.Map `ebpf:"fs_config"`
 	FsDests        *ebpf.Map `ebpf:"fs_dests"`
 	FsDfilter      *ebpf.Map `ebpf:"fs_dfilter"`
@@ -530,6 +537,7 @@ type limiterMaps struct {
 
 func (m *limiterMaps) Close() error {
 	return _LimiterClose(
+		m.FsCaps,
 		m.FsConfig,
 		m.FsDests,
 		m.FsDfilter,
@@ -569,6 +577,7 @@ func (m *limiterMaps) Close() error {
 // It can be passed to loadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type limiterVariables struct {
 	BaseLevel      *ebpf.Variable `ebpf:"base_level"`
+	CapStride      *ebpf.Variable `ebpf:"cap_stride"`
 	DestStride     *ebpf.Variable `ebpf:"dest_stride"`
 	EvWindowNs     *ebpf.Variable `ebpf:"ev_window_ns"`
 	FsRecordLayout *ebpf.Variable `ebpf:"fs_record_layout"`

@@ -60,6 +60,7 @@ var addedMaps = map[string]bool{
 	"fs_events": true, "fs_ev_config": true, "fs_dryrun": true, "fs_ev_projects": true, "fs_ev_stats": true,
 	"fs_member_gen": true, "fs_lapses": true,
 	"fs_dests": true, "fs_dpool_conf": true, "fs_dpool_state": true, "fs_dpool_proj": true,
+	"fs_caps": true,
 }
 
 // Sentinel errors callers may branch on.
@@ -232,6 +233,7 @@ type Limiter struct {
 	nets     map[uint64]*netnsLink // per-netns sk_lookup instances by cookie (netns.go)
 	maxDest  uint32                // Options.MaxDestPools, or the pinned tables'
 	dests    map[string]*destPool  // destination pools by name, removed ones still holding permits included (dest.go)
+	caps     map[uint32]*capRow    // the fleet caps by pool row (caps.go); nil: none
 	// projHigh is the highest project id given since Open (or named, or
 	// counting, in the pins at Open): the ids above it have never been
 	// used, so their entries are zero and readProjects reads up to it.
@@ -495,6 +497,12 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	if err := spec.Variables["dest_stride"].Set(l.maxProj); err != nil {
 		return nil, fmt.Errorf("setting dest_stride: %w", err)
 	}
+	// The fleet caps (bpf/lib/cap.h): a row of the projects' ids for the
+	// connections pool and one per destination pool.
+	spec.Maps["fs_caps"].MaxEntries = (l.maxDest + 1) * l.maxProj
+	if err := spec.Variables["cap_stride"].Set(l.maxProj); err != nil {
+		return nil, fmt.Errorf("setting cap_stride: %w", err)
+	}
 	l.maxMemb = spec.Maps["fs_members"].MaxEntries
 	l.held = heldCapacity(l.capacity)
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_slots"), nil); err == nil {
@@ -601,6 +609,9 @@ func (l *Limiter) checkAndWriteConfig() error {
 	}
 	cfg.Pool, cfg.Floor, cfg.WindowNs = l.size, l.floor, uint64(l.window)
 	cfg.NetnsCookie, cfg.BaseLevel, cfg.MaxDepth = l.netns, l.base, l.depth
+	if err := l.clearCaps(&cfg); err != nil {
+		return err
+	}
 	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("writing config map: %w", err)
 	}

@@ -567,6 +567,9 @@ func (l *Limiter) allocIDs() error {
 		l.memb.ids[name] = next
 		l.projHigh = max(l.projHigh, next)
 		l.setName(next, name)
+		if err := l.capsOfNewLocked(name, next); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -574,6 +577,9 @@ func (l *Limiter) allocIDs() error {
 // freeLocked frees project id: its name goes and its counters are cleared,
 // so the id can be given to another project.
 func (l *Limiter) freeLocked(id uint32) error {
+	if err := l.clearCapsOfLocked(id); err != nil {
+		return err
+	}
 	if err := l.objs.FsNames.Put(id, limiterFsName{}); err != nil {
 		return fmt.Errorf("unnaming project %d: %w", id, err)
 	}

@@ -33,7 +33,8 @@ type Refusal struct {
 	Held, InUse int64
 	Share, Pool uint32
 	// Reason is one of ReasonOverShare, ReasonPoolFull, ReasonFloor,
-	// ReasonExemptBudget, ReasonRateLimited.
+	// ReasonExemptBudget, ReasonRateLimited, ReasonFleetCap (Share is then
+	// the cap).
 	Reason string
 	// Would is set for a refusal dry-run admitted.
 	Would bool
@@ -58,10 +59,13 @@ const (
 	// while the pool is full to the floor: handshakes leave the last floor
 	// to newcomers (see "Handshakes in flight" in the package doc).
 	ReasonFloor = "floor"
+	// ReasonFleetCap refuses a project that holds its fleet cap in the
+	// pool (SetCaps): the node's part of its fleet allocation.
+	ReasonFleetCap = "fleet_cap"
 )
 
 // reasonNames are enum fs_reason's names, by value.
-var reasonNames = map[uint8]string{1: ReasonOverShare, 2: ReasonPoolFull, 3: ReasonExemptBudget, 4: ReasonRateLimited, 5: ReasonFloor}
+var reasonNames = map[uint8]string{1: ReasonOverShare, 2: ReasonPoolFull, 3: ReasonExemptBudget, 4: ReasonRateLimited, 5: ReasonFloor, 6: ReasonFleetCap}
 
 // fsEvWould is FS_EV_WOULD, fsEvLapsed FS_EV_LAPSED.
 const (

@@ -35,6 +35,7 @@
 #include "project.h"
 #include "addr.h"
 #include "events.h"
+#include "cap.h"
 
 /* fs_settings.dest_kinds */
 #define DEST_PORTS 1 /* some destination pool names a port */
@@ -185,15 +186,17 @@ static __always_inline bool dest_under(struct dest_view *v, __s64 held)
 }
 
 /*
- * dest_admit applies the rule in the pool: 1 and the permit taken, or 0.
- * The pool's in_use moves by compare-and-swap to values the rule allows
- * only, as the node's (rule.h, admit).
+ * dest_admit applies the rule in the pool, or project id's fleet cap in it
+ * (cap.h): 1 and the permit taken, or 0. The pool's in_use moves by
+ * compare-and-swap to values the rule allows only, as the node's (rule.h,
+ * admit).
  */
-static __always_inline int dest_admit(struct dest_view *v)
+static __always_inline int dest_admit(struct fs_settings *cfg, struct dest_view *v, __u64 id)
 {
 	dest_seen(v);
 	__u32 size = v->c->size, floor = v->c->floor;
-	__s64 lim = dest_under(v, *(volatile __s64 *)&v->p->in_use) ? size : (floor < size ? size - floor : 0);
+	__s64 held = *(volatile __s64 *)&v->p->in_use;
+	__s64 lim = cap_limit(cfg, v->id, id, held, dest_under(v, held) ? size : (floor < size ? size - floor : 0), size);
 	bool ok = false;
 #pragma unroll
 	for (int i = 0; i < 8; i++) {
@@ -255,6 +258,10 @@ static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64
 	__u32 share = active > 1 ? size / (__u32)active : size;
 	if (share < v->c->floor)
 		share = v->c->floor;
+	struct fs_settings *cfg = settings();
+	__u32 cap = cfg ? fleet_cap(cfg, v->id, id) : 0;
+	if (cap)
+		share = cap - 1; /* a capped project's bound is its cap */
 	struct fs_tuple t __attribute__((aligned(8))) = {};
 	tuple_connect(ctx, v6, &t);
 	ev->project = id;
@@ -266,7 +273,8 @@ static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64
 	ev->share = share;
 	ev->pool = size;
 	ev->dir = FS_DIR_CONNECT;
-	ev->reason = dest_under(v, held) ? FS_REASON_POOL_FULL : FS_REASON_OVER_SHARE;
+	ev->reason = cap ? (held >= (__s64)cap - 1 ? FS_REASON_FLEET_CAP : FS_REASON_POOL_FULL)
+			 : dest_under(v, held) ? FS_REASON_POOL_FULL : FS_REASON_OVER_SHARE;
 	ev->flags = would ? FS_EV_WOULD | FS_EV_TAKEN : 0;
 	if (would && lapse_of())
 		ev->flags |= FS_EV_LAPSED;
@@ -310,7 +318,7 @@ static __always_inline int dest_connect(struct bpf_sock_addr *ctx, bool v6, __u6
 	if (!dest_get(pool, id, &v))
 		return DEST_NONE;
 	*dest = pool;
-	if (dest_admit(&v))
+	if (dest_admit(cfg, &v, id))
 		return DEST_TAKEN;
 	/* Dry-run: the pool's, the project's, or the node's enforcement
 	 * lapsed (no daemon's heartbeat, events.h): a destination pool stops

@@ -39,6 +39,7 @@
 #include "project.h"
 #include "addr.h"
 #include "share.h"
+#include "cap.h"
 
 /* Why a connection was refused. Add new reasons at the end (and their name
  * in loader/events.go, reasonNames); 0 is never sent. */
@@ -49,6 +50,7 @@ enum fs_reason {
 	FS_REASON_RATE_LIMITED = 4,  /* the project's connections per second (#20) */
 	FS_REASON_FLOOR = 5,         /* inbound, under its share but not under the one it would have beside
 				      * a newcomer, in_use >= POOL - FLOOR (rule.h, limit_for) */
+	FS_REASON_FLEET_CAP = 6,     /* holds >= its fleet cap on this node (cap.h) */
 };
 
 #define FS_DIR_CONNECT 1 /* outbound connect() */
@@ -268,8 +270,8 @@ static __always_inline void take_past_rule(struct fs_project *p)
 
 /*
  * refusal_reason is why the rule refused project id (entry p) of cgroup cg
- * now: exempt over its budget, over its share, the floor kept from an inbound
- * ask (in), or the pool full. taken: the ask's permit is counted already
+ * now: exempt over its budget, at its fleet cap (cap.h), over its share, the
+ * floor kept from an inbound ask (in), or the pool full. taken: the ask's permit is counted already
  * (dry-run), and does not count here.
  */
 static __always_inline __u8 refusal_reason(__u64 cg, __u64 id, struct fs_project *p, bool taken, bool in)
@@ -281,6 +283,9 @@ static __always_inline __u8 refusal_reason(__u64 cg, __u64 id, struct fs_project
 	if (cfg->exempt_max && exempt_listed(cg, id))
 		return FS_REASON_EXEMPT_BUDGET;
 	__s64 held = p ? *(volatile __s64 *)&p->in_use - (taken ? 1 : 0) : 0;
+	__u32 cap = fleet_cap(cfg, 0, id);
+	if (cap)
+		return held >= (__s64)cap - 1 ? FS_REASON_FLEET_CAP : FS_REASON_POOL_FULL;
 	if (!under_share(cfg, n, held, false))
 		return FS_REASON_OVER_SHARE;
 	return in && !under_share(cfg, n, held, true) ? FS_REASON_FLOOR : FS_REASON_POOL_FULL;
@@ -405,6 +410,10 @@ static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 di
 			share = cfg->pool / (__u32)active;
 		if (share < cfg->floor)
 			share = cfg->floor;
+		/* A cap refusal's share is the cap. */
+		__u32 cap = reason == FS_REASON_FLEET_CAP ? fleet_cap(cfg, 0, id) : 0;
+		if (cap)
+			share = cap - 1;
 		ev->share = share;
 		ev->pool = cfg->pool;
 	}

@@ -12,6 +12,7 @@
 #include "project.h"
 #include "addr.h"
 #include "share.h"
+#include "cap.h"
 #include "held.h"
 #include "resv.h"
 #include "events.h"
@@ -49,8 +50,8 @@ static __always_inline void seen(struct fs_settings *cfg, struct fs_pool *n, str
 #define ADMIT_TRIES 8 /* compare-and-swap attempts on the node counter */
 
 /*
- * admit applies the rule to project entry p (NULL: the project map is full)
- * and, if it admits, takes the permit on the node's and the project's
+ * admit applies the rule to project id's entry p (NULL: the project map is
+ * full), or its fleet cap when it has one (cap.h), and, if it admits, takes the permit on the node's and the project's
  * in_use and counts it in the project's admitted. Returns 1 admitted, 0
  * refused, -1 not counted (no config, or no entry: counted as map_full).
  * in: the permit is inbound (limit_for).
@@ -59,7 +60,7 @@ static __always_inline void seen(struct fs_settings *cfg, struct fs_pool *n, str
  * after the record instead, its locked add waited for the record's stores
  * to the slot and cost connect4 ~25 ns (loopback benchmark, medians of 6).
  */
-static __always_inline int admit(struct fs_project *p, bool fine, bool in)
+static __always_inline int admit(struct fs_project *p, __u64 id, bool fine, bool in)
 {
 	struct fs_settings *cfg = settings();
 	struct fs_pool *n = node();
@@ -71,7 +72,7 @@ static __always_inline int admit(struct fs_project *p, bool fine, bool in)
 	}
 	seen(cfg, n, p, fine);
 
-	__s64 lim = limit_for(cfg, n, p, in);
+	__s64 lim = cap_limit(cfg, 0, id, *(volatile __s64 *)&p->in_use, limit_for(cfg, n, p, in), cfg->pool);
 	/*
 	 * Compare-and-swap, not fetch-add and roll back: in_use only ever
 	 * moves to a value the rule allows, so a reader (Snapshot, metrics)
@@ -103,14 +104,14 @@ static __always_inline int admit(struct fs_project *p, bool fine, bool in)
  * another segment); the permit is taken when the kernel makes the request
  * socket (fs_sockops), or when the child of a SYN cookie is established.
  */
-static __always_inline int would_admit(struct fs_project *p, bool fine)
+static __always_inline int would_admit(struct fs_project *p, __u64 id, bool fine)
 {
 	struct fs_settings *cfg = settings();
 	struct fs_pool *n = node();
 	if (!cfg || !n || !p)
 		return -1;
 	seen(cfg, n, p, fine);
-	if (*(volatile __s64 *)&n->in_use < limit_for(cfg, n, p, true))
+	if (*(volatile __s64 *)&n->in_use < cap_limit(cfg, 0, id, *(volatile __s64 *)&p->in_use, limit_for(cfg, n, p, true), cfg->pool))
 		return 1;
 	return 0; /* the caller counts the refusal, or dry-run's admission */
 }
@@ -303,7 +304,7 @@ static __always_inline int take_permit(int at, bool fine, struct holder *h, __u6
 	if (!ex) {
 		if (!p)
 			p = project_get(id);
-		int a = admit(p, fine, at != AT_CONNECT);
+		int a = admit(p, id, fine, at != AT_CONNECT);
 		if (a < 0)
 			return NOT_TAKEN;
 		if (a == 0) {

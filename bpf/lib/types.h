@@ -21,6 +21,8 @@ struct fs_settings {
 	__u64 netns_cookie;  /* the daemon's own netns (the sk_lookup instances have theirs as a constant) */
 	__u32 base_level;    /* copies of the constants of project.h, for status */
 	__u32 max_depth;
+	__u32 caps;          /* nonzero while some pool has fleet caps (cap.h); 0: no lookup */
+	__u32 _pad;
 };
 
 /* Node-wide permits held. One slot; atomics only. */

@@ -476,3 +476,148 @@ func TestFleetDestinationPool(t *testing.T) {
 		t.Errorf("after SIGHUP: db kernel size %d fleet size %d, want 4 and 8", p.Size, p.Fleet.Size)
 	}
 }
+
+// TestFleetKernelCaps: the kernel's fleet pools cap each project at its
+// part of its fleet allocation on each node (loader.SetCaps), so a project
+// on two nodes holds no more than one fleet share in all. Two daemons share
+// a fleet pool of 12 (the connections pool, then a destination pool):
+// alpha runs on both nodes, beta on a, gamma on b, every one of them
+// greedy: each asks for 6 connections at a time (one process) and holds
+// what it got for 3 to 4 seconds. With three
+// projects active the fleet share is 4. Under the node's rule alone, alpha
+// holds its local share on each node, half of each node's allotment: 3 + 3
+// (6.2 on average, at most 7, without the caps). With them it holds 4 but
+// for a moment when its part moves from one node to the other (its wants
+// there move): the node whose cap fell keeps what alpha holds until it
+// lets go, one permit for a second or so, and the two nodes' reads of the
+// status are not one instant either.
+func TestFleetKernelCaps(t *testing.T) {
+	needRoot(t)
+	e := etcdtest.Start(t)
+	dst, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Sink(t, dst)
+	port := dst.Addr().(*net.TCPAddr).Port
+	for _, tc := range []struct{ name, pools, pool string }{
+		{"connections", "pools: {connections: {size: 12, fleet: true}}", "connections"},
+		{"destination", fmt.Sprintf("pools: {connections: {size: 100}, db: {size: 12, destinations: [\"127.0.0.1/32:%d\"], fleet: true}}", port), "db"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var nodes []*node
+			for _, name := range []string{"a", "b"} {
+				n := newNode(t, fmt.Sprintf("fleet: {etcd: [%s], node: %s, prefix: /caps-%s, lease_ttl: 2s}\n%s\n",
+					e.Endpoints()[0], name, tc.name, tc.pools))
+				n.start()
+				nodes = append(nodes, n)
+			}
+			a, b := nodes[0], nodes[1]
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("a's log:\n%s\nb's log:\n%s", a.log, b.log)
+				}
+			})
+			fleetView := func(n *node) *admin.Fleet {
+				p := pool(n.status(), tc.pool)
+				if p.Fleet == nil {
+					t.Fatalf("no fleet view of %s: %+v", tc.pool, p)
+				}
+				return p.Fleet
+			}
+			waitFor(t, 20*time.Second, "both connected", func() (bool, string) {
+				fa, fb := fleetView(a), fleetView(b)
+				return fa.State == "connected" && fb.State == "connected" && fa.Nodes == 2, fa.State + "; " + fb.State
+			})
+			// One greedy client per (node, project): each round it asks six
+			// connections and lets go of those held past their time.
+			type conn struct {
+				p     *projectProc
+				until time.Time
+			}
+			type client struct {
+				n       *node
+				project string
+				held    []conn
+			}
+			clients := []*client{{n: a, project: "alpha"}, {n: b, project: "alpha"}, {n: a, project: "beta"}, {n: b, project: "gamma"}}
+			defer func() {
+				for _, c := range clients {
+					for _, h := range c.held {
+						h.p.close()
+					}
+				}
+			}()
+			round := 0
+			step := func() {
+				round++
+				now := time.Now()
+				for _, c := range clients {
+					keep := c.held[:0]
+					for _, h := range c.held {
+						if now.After(h.until) {
+							h.p.close()
+							continue
+						}
+						keep = append(keep, h)
+					}
+					c.held = keep
+					p := c.n.connectFrom(c.project, dst.Addr().String(), 6)
+					if p.connected > 0 {
+						// 3 to 4 seconds, by round and client.
+						hold := 3*time.Second + time.Duration((round*7+len(c.project)*13)%10)*100*time.Millisecond
+						c.held = append(c.held, conn{p, now.Add(hold)})
+					} else {
+						p.close()
+					}
+				}
+			}
+			// What each project holds on the fleet, by the programs' counts.
+			holding := func() map[string]int {
+				h := map[string]int{}
+				for _, n := range nodes {
+					for _, pr := range pool(n.status(), tc.pool).Projects {
+						h[pr.Project] += pr.Held
+					}
+				}
+				return h
+			}
+			start := time.Now()
+			for time.Since(start) < 60*time.Second {
+				step()
+				if fa := fleetView(a); fa.Active == 3 && fa.Share == 4 && time.Since(start) > 8*time.Second {
+					break
+				}
+			}
+			if fa := fleetView(a); fa.Active != 3 || fa.Share != 4 {
+				t.Fatalf("the fleet never saw three projects: %+v", fa)
+			}
+			// Steady: alpha's holding on the fleet, sampled every round.
+			most, sum, samples := 0, 0, 0
+			var caps []string
+			for t0 := time.Now(); time.Since(t0) < 10*time.Second; {
+				step()
+				h := holding()
+				most = max(most, h["alpha"])
+				sum += h["alpha"]
+				samples++
+				if samples%5 == 0 {
+					caps = append(caps, fmt.Sprintf("held %v", h))
+				}
+			}
+			for _, n := range nodes {
+				for _, pr := range fleetView(n).Projects {
+					caps = append(caps, fmt.Sprintf("%s: %s cap %d held %d (allocation %d)", fleetView(n).Node, pr.Project, pr.Cap, pr.Held, pr.Alloc))
+				}
+			}
+			t.Logf("alpha on two nodes: at most %d held in all, %.1f on average over %d samples; fleet share 4\n%s",
+				most, float64(sum)/float64(samples), samples, strings.Join(caps, "\n"))
+			if avg := float64(sum) / float64(samples); avg > 4.4 || most > 5 {
+				t.Errorf("alpha held %.1f on average and at most %d on the fleet, past its fleet share of 4", avg, most)
+			}
+			if most < 2 {
+				t.Errorf("alpha held at most %d: the test did not load it", most)
+			}
+		})
+	}
+}

@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+)
+
+// TestSetCaps: fleet caps in the running programs, on the connections pool
+// and on a destination pool: a capped project is refused at its cap (reason
+// fleet_cap, the event's share its cap) whatever its share, in place of the
+// share and the floor up to the pool's size; the projects not named get
+// the others' cap; a project numbered after SetCaps gets its cap; a cap
+// under what is held refuses and takes nothing back; nil removes the caps
+// (the rule again), and a new Open starts with none.
+func TestSetCaps(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 0)
+	if err := l.SetEvents(100, false); err != nil {
+		t.Fatal(err)
+	}
+	ch := refusals(t, l)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 10, 0, "127.0.0.1/32:"+portOf(db))}); err != nil {
+		t.Fatal(err)
+	}
+	alpha := startHelper(t, mkProject(t, root, "alpha"))
+	syncDir(t, l, root)
+
+	// Connections pool: alpha capped at 3, beta (no id yet) at 9, the
+	// others at 1.
+	if err := l.SetCaps("", map[string]int{"alpha": 3, "beta": 9}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if r := alpha.dial("tcp4", ln.Addr().String(), 5); r.ok != 3 || r.refused != 2 {
+		t.Fatalf("alpha capped at 3: %+v", r)
+	}
+	if e := nextRefusal(t, ch); e.Reason != ReasonFleetCap || e.Project != "alpha" || e.Held != 3 || e.Share != 3 || e.DestPool != "" {
+		t.Fatalf("the refusal at the cap: %+v", e)
+	}
+	nextRefusal(t, ch)
+	// beta gets its id now, and its cap: 9 is past its share and the
+	// floor's limit (POOL - FLOOR = 9 with alpha's 3), but under the
+	// pool: 7 fit.
+	beta := startHelper(t, mkProject(t, root, "beta"))
+	syncDir(t, l, root)
+	if r := beta.dial("tcp4", ln.Addr().String(), 9); r.ok != 7 || r.refused != 2 {
+		t.Fatalf("beta capped at 9 beside alpha's 3 in a pool of 10: %+v", r)
+	}
+	if e := nextRefusal(t, ch); e.Reason != ReasonPoolFull || e.Project != "beta" {
+		t.Fatalf("beta's refusal by the full pool: %+v", e)
+	}
+	nextRefusal(t, ch)
+	beta.do("close")
+	waitInUse(t, l, 3, map[string]int{"alpha": 3, "beta": 0})
+	// gamma, not named: the others' cap, 1.
+	gamma := startHelper(t, mkProject(t, root, "gamma"))
+	syncDir(t, l, root)
+	if r := gamma.dial("tcp4", ln.Addr().String(), 3); r.ok != 1 || r.refused != 2 {
+		t.Fatalf("gamma at the others' cap 1: %+v", r)
+	}
+	// A cap under what alpha holds: refused, nothing taken back.
+	if err := l.SetCaps("", map[string]int{"alpha": 1}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if r := alpha.dial("tcp4", ln.Addr().String(), 1); r.refused != 1 {
+		t.Fatalf("alpha holding 3 with a cap of 1: %+v", r)
+	}
+	if s := snap(t, l); project(s, "alpha").InUse != 3 {
+		t.Fatalf("alpha's permits were taken back: %+v", project(s, "alpha"))
+	}
+	// No caps: the rule (alone past the share... three active, share 3).
+	if err := l.SetCaps("", nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r := gamma.dial("tcp4", ln.Addr().String(), 1); r.ok != 1 {
+		t.Fatalf("gamma without caps, under its share: %+v", r)
+	}
+	alpha.do("close")
+	gamma.do("close")
+	waitInUse(t, l, 0, map[string]int{"alpha": 0, "gamma": 0})
+	for len(ch) > 0 {
+		<-ch
+	}
+
+	// A destination pool: alpha capped at 2 there, the others at 0; the
+	// node's pool has no caps.
+	if err := l.SetCaps("db", map[string]int{"alpha": 2}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r := alpha.dial("tcp4", db.Addr().String(), 4); r.ok != 2 || r.refused != 2 {
+		t.Fatalf("alpha capped at 2 in db: %+v", r)
+	}
+	if e := nextRefusal(t, ch); e.Reason != ReasonFleetCap || e.DestPool != "db" || e.Held != 2 || e.Share != 2 {
+		t.Fatalf("db's refusal at the cap: %+v", e)
+	}
+	if r := gamma.dial("tcp4", db.Addr().String(), 1); r.refused != 1 {
+		t.Fatalf("gamma at the others' cap 0 in db: %+v", r)
+	}
+	if r := gamma.dial("tcp4", ln.Addr().String(), 4); r.ok != 4 {
+		t.Fatalf("gamma elsewhere, no caps in the node's pool: %+v", r)
+	}
+	if err := l.SetCaps("nope", nil, 0); !errors.Is(err, ErrNoDestPool) {
+		t.Fatalf("caps of an unknown pool: %v", err)
+	}
+	alpha.do("close")
+	gamma.do("close")
+	waitInUse(t, l, 0, map[string]int{"alpha": 0, "gamma": 0})
+	if err := l.Tick(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// A daemon starting on these pins has no view of the fleet: no caps.
+	l.Close()
+	l = openLimiter(t, root, pin, 10, 0)
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 10, 0, "127.0.0.1/32:"+portOf(db))}); err != nil {
+		t.Fatal(err)
+	}
+	syncDir(t, l, root)
+	if r := alpha.dial("tcp4", db.Addr().String(), 4); r.ok != 4 {
+		t.Fatalf("after a new Open, the caps of the last one: %+v", r)
+	}
+}
