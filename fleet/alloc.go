@@ -76,98 +76,175 @@ type Allotment struct {
 // among nodes by the rule in the package doc. Node names must be distinct.
 // It is deterministic: every node computes the same Plan from the same
 // publications, whatever their order.
-func Compute(size, floor int, nodes []Node) Plan {
+func Compute(size, floor int, nodes []Node) Plan { return compute(size, floor, nodes, "", true) }
+
+// ComputeFor is Compute with only node self's allotment in Plan.Nodes
+// (none if self published nothing): what a node needs of the plan. The
+// projects' allocations are the whole fleet's, as Compute's; the caps of
+// the other nodes, which cost a map per node, are not made.
+func ComputeFor(size, floor int, nodes []Node, self string) Plan {
+	return compute(size, floor, nodes, self, false)
+}
+
+// compute is Compute for every node (all) or for node self alone. Its cost
+// is O(D log D + P log S) for D demands (a project on a node) of P projects:
+// each project's name is looked up once per node it is on, the rest is
+// slices.
+func compute(size, floor int, nodes []Node, self string, all bool) Plan {
 	floor = pools.EffectiveFloor(size, floor)
 	nodes = slices.Clone(nodes)
 	slices.SortFunc(nodes, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
-
-	plan := Plan{Size: size, Floor: floor, Projects: map[string]ProjectPlan{}, Nodes: make(map[string]Allotment, len(nodes))}
-	// wants[p] lists the nodes p wants on, in node order.
-	type where struct {
-		node int
-		want int
+	demands := 0
+	for _, n := range nodes {
+		demands += len(n.Projects)
 	}
-	wants := map[string][]where{}
+
+	// Each project once, by first sight, with its totals; and each demand
+	// (project, node, want), in node order.
+	type project struct {
+		name              string
+		want, held, nodes int
+	}
+	type where struct{ proj, node, want int }
+	index := make(map[string]int, demands)
+	projs := make([]project, 0, demands)
+	wheres := make([]where, 0, demands)
 	for i, n := range nodes {
 		for p, d := range n.Projects {
 			w := d.want(size)
 			if w == 0 {
 				continue
 			}
-			wants[p] = append(wants[p], where{i, w})
-			pp := plan.Projects[p]
-			pp.Want = min(pp.Want+w, size)
-			pp.Held += max(d.Held, 0)
-			pp.Nodes++
-			plan.Projects[p] = pp
+			k, ok := index[p]
+			if !ok {
+				k = len(projs)
+				index[p] = k
+				projs = append(projs, project{name: p})
+			}
+			pr := &projs[k]
+			pr.want = min(pr.want+w, size)
+			pr.held += max(d.Held, 0)
+			pr.nodes++
+			wheres = append(wheres, where{k, i, w})
 		}
 	}
-	names := make([]string, 0, len(wants))
-	for p := range wants {
-		names = append(names, p)
+	// Name order: the water-filling's ties go to the lower index.
+	order := make([]int, len(projs))
+	for i := range order {
+		order[i] = i
 	}
-	sort.Strings(names)
-	plan.Active = len(names)
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(projs[a].name, projs[b].name) })
+
+	plan := Plan{Size: size, Floor: floor, Active: len(projs), Projects: make(map[string]ProjectPlan, len(projs)),
+		Nodes: make(map[string]Allotment, len(nodes))}
 	plan.Share = pools.Share(size, floor, plan.Active)
 
 	// Round 1: up to the share, over S.
-	d := make([]int, len(names))
-	for i, p := range names {
-		d[i] = min(plan.Projects[p].Want, plan.Share)
+	d := make([]int, len(order))
+	for i, k := range order {
+		d[i] = min(projs[k].want, plan.Share)
 	}
 	alloc := waterFill(d, size)
 	// Round 2: past the share, over S - F - what round 1 gave.
 	used := sum(alloc)
 	if room := size - floor - used; room > 0 {
-		for i, p := range names {
-			d[i] = plan.Projects[p].Want - alloc[i]
+		for i, k := range order {
+			d[i] = projs[k].want - alloc[i]
 		}
 		for i, x := range waterFill(d, room) {
 			alloc[i] += x
 		}
 	}
 	used = sum(alloc)
+	allocOf := make([]int, len(projs)) // by first-sight index
+	for i, k := range order {
+		pr := projs[k]
+		allocOf[k] = alloc[i]
+		plan.Projects[pr.name] = ProjectPlan{Want: pr.want, Held: pr.held, Alloc: alloc[i], Nodes: pr.nodes}
+	}
 
+	// The nodes wanted: all, or self alone (-1: self published nothing).
+	me := -1
+	if !all {
+		me = sort.Search(len(nodes), func(i int) bool { return nodes[i].Name >= self })
+		if me == len(nodes) || nodes[me].Name != self {
+			return plan
+		}
+	}
 	// Split each allocation among its nodes, max-min fair by want: a node
 	// where the project wants little gets all it wants, the rest goes
 	// where it wants more. (A split in proportion to want would give a
 	// node whose want was swollen by one period's refusals more than it
-	// uses, and starve the node that needs it.)
-	parts := make([]map[string]int, len(nodes))
-	sizes := make([]int, len(nodes))
-	for i, p := range names {
-		pp := plan.Projects[p]
-		pp.Alloc = alloc[i]
-		plan.Projects[p] = pp
-		ws := wants[p]
-		weights := make([]int, len(ws))
-		for j, w := range ws {
-			weights[j] = w.want
-		}
-		for j, x := range waterFill(weights, alloc[i]) {
-			n := ws[j].node
-			if parts[n] == nil {
-				parts[n] = map[string]int{}
+	// uses, and starve the node that needs it.) A project's demands, in
+	// node order, are a run of byProj (a counting sort of wheres).
+	start := make([]int, len(projs)+1)
+	for _, w := range wheres {
+		start[w.proj+1]++
+	}
+	for k := range projs {
+		start[k+1] += start[k]
+	}
+	byProj := make([]where, len(wheres))
+	next := slices.Clone(start[:len(projs)])
+	for _, w := range wheres {
+		byProj[next[w.proj]] = w
+		next[w.proj]++
+	}
+	mine := map[int]bool{} // the projects on self
+	if !all {
+		for _, w := range wheres {
+			if w.node == me {
+				mine[w.proj] = true
 			}
-			parts[n][p] = x
+		}
+	}
+	caps := make([]map[string]int, len(nodes))
+	sizes := make([]int, len(nodes))
+	var weights []int
+	for k := range projs {
+		if !all && !mine[k] {
+			continue
+		}
+		run := byProj[start[k]:start[k+1]]
+		weights = weights[:0]
+		for _, w := range run {
+			weights = append(weights, w.want)
+		}
+		for j, x := range waterFill(weights, allocOf[k]) {
+			n := run[j].node
+			if !all && n != me {
+				continue
+			}
+			if caps[n] == nil {
+				caps[n] = map[string]int{}
+			}
+			caps[n][projs[k].name] = x
 			sizes[n] += x
 		}
 	}
-	// Spread what nobody was allocated over the nodes.
-	spare := make([]int, len(nodes))
-	if len(nodes) > 0 {
-		ones := make([]int, len(nodes))
-		for i := range ones {
-			ones[i] = 1
+	// Spread what nobody was allocated evenly over the nodes, the
+	// remainder one each to the first by name (proportional with equal
+	// weights).
+	left := size - used
+	spare := func(i int) int {
+		if len(nodes) == 0 || left <= 0 {
+			return 0
 		}
-		spare = proportional(size-used, ones)
+		s := left / len(nodes)
+		if i < left%len(nodes) {
+			s++
+		}
+		return s
 	}
 	for i, n := range nodes {
-		a := Allotment{Size: sizes[i] + spare[i], Spare: spare[i], Caps: make(map[string]int, len(parts[i]))}
-		for p, x := range parts[i] {
-			a.Caps[p] = x
+		if !all && i != me {
+			continue
 		}
-		plan.Nodes[n.Name] = a
+		c := caps[i]
+		if c == nil {
+			c = map[string]int{}
+		}
+		plan.Nodes[n.Name] = Allotment{Size: sizes[i] + spare(i), Spare: spare(i), Caps: c}
 	}
 	return plan
 }
@@ -212,34 +289,6 @@ func waterFill(d []int, capacity int) []int {
 			out[i]++
 			left--
 		}
-	}
-	return out
-}
-
-// proportional splits total in proportion to weights (all > 0), by largest
-// remainder; ties go to the lower index. The parts sum to total.
-func proportional(total int, weights []int) []int {
-	out := make([]int, len(weights))
-	if total <= 0 || len(weights) == 0 {
-		return out
-	}
-	wsum := sum(weights)
-	type rem struct {
-		i int
-		r int
-	}
-	rems := make([]rem, len(weights))
-	given := 0
-	for i, w := range weights {
-		q := total * w
-		out[i] = q / wsum
-		rems[i] = rem{i, q % wsum}
-		given += out[i]
-	}
-	sort.SliceStable(rems, func(a, b int) bool { return rems[a].r > rems[b].r })
-	for k := 0; given < total; k++ {
-		out[rems[k%len(rems)].i]++
-		given++
 	}
 	return out
 }

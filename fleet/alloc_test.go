@@ -214,6 +214,25 @@ func TestComputeOrderFree(t *testing.T) {
 	}
 }
 
+// TestComputeFor: a node's own plan is the whole plan's part for it.
+func TestComputeFor(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 35))
+	for round := 0; round < 200; round++ {
+		nodes := randomNodes(r, 100)
+		all := Compute(100, 0, nodes)
+		for _, n := range append(nodes, Node{Name: "absent"}) {
+			one := ComputeFor(100, 0, nodes, n.Name)
+			want, ok := all.Nodes[n.Name]
+			if got, mine := one.Nodes[n.Name]; ok != mine || fmt.Sprint(got) != fmt.Sprint(want) || len(one.Nodes) > 1 {
+				t.Fatalf("round %d node %s: ComputeFor %+v, Compute's %+v", round, n.Name, one.Nodes, want)
+			}
+			if fmt.Sprint(one.Projects) != fmt.Sprint(all.Projects) || one.Share != all.Share || one.Active != all.Active {
+				t.Fatalf("round %d node %s: the projects differ", round, n.Name)
+			}
+		}
+	}
+}
+
 // BenchmarkCompute is one node's computation at the scale: 1,000
 // nodes and 10,000 projects, each project on one to three nodes. A node
 // computes at most five times a second (the watch coalesces).
@@ -230,10 +249,19 @@ func BenchmarkCompute(b *testing.B) {
 					nodes[r.IntN(sc.nodes)].Projects[fmt.Sprintf("p%05d", p)] = Demand{Held: r.IntN(30), Refused: uint64(r.IntN(3)), Active: true}
 				}
 			}
-			b.ReportAllocs()
-			for b.Loop() {
-				Compute(20*sc.projects, 0, nodes)
-			}
+			b.Run("all", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					Compute(20*sc.projects, 0, nodes)
+				}
+			})
+			// What a Member computes: its own allotment.
+			b.Run("one", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					ComputeFor(20*sc.projects, 0, nodes, "n0007")
+				}
+			})
 		})
 	}
 }
