@@ -195,8 +195,7 @@ static __always_inline int dest_admit(struct fs_settings *cfg, struct dest_view 
 {
 	dest_seen(v);
 	__u32 size = v->c->size, floor = v->c->floor;
-	__s64 held = *(volatile __s64 *)&v->p->in_use;
-	__s64 lim = cap_limit(cfg, v->id, id, held, dest_under(v, held) ? size : (floor < size ? size - floor : 0), size);
+	__s64 lim = cap_limit(cfg, v->id, id, v->p, dest_under(v, *(volatile __s64 *)&v->p->in_use) ? size : (floor < size ? size - floor : 0), size);
 	bool ok = false;
 #pragma unroll
 	for (int i = 0; i < 8; i++) {

@@ -72,7 +72,7 @@ static __always_inline int admit(struct fs_project *p, __u64 id, bool fine, bool
 	}
 	seen(cfg, n, p, fine);
 
-	__s64 lim = cap_limit(cfg, 0, id, *(volatile __s64 *)&p->in_use, limit_for(cfg, n, p, in), cfg->pool);
+	__s64 lim = cap_limit(cfg, 0, id, p, limit_for(cfg, n, p, in), cfg->pool);
 	/*
 	 * Compare-and-swap, not fetch-add and roll back: in_use only ever
 	 * moves to a value the rule allows, so a reader (Snapshot, metrics)
@@ -111,7 +111,7 @@ static __always_inline int would_admit(struct fs_project *p, __u64 id, bool fine
 	if (!cfg || !n || !p)
 		return -1;
 	seen(cfg, n, p, fine);
-	if (*(volatile __s64 *)&n->in_use < cap_limit(cfg, 0, id, *(volatile __s64 *)&p->in_use, limit_for(cfg, n, p, true), cfg->pool))
+	if (*(volatile __s64 *)&n->in_use < cap_limit(cfg, 0, id, p, limit_for(cfg, n, p, true), cfg->pool))
 		return 1;
 	return 0; /* the caller counts the refusal, or dry-run's admission */
 }
