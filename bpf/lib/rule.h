@@ -51,8 +51,9 @@ static __always_inline void seen(struct fs_settings *cfg, struct fs_pool *n, str
 
 /*
  * admit applies the rule to project id's entry p (NULL: the project map is
- * full), or its fleet cap when it has one (cap.h), and, if it admits, takes the permit on the node's and the project's
- * in_use and counts it in the project's admitted. Returns 1 admitted, 0
+ * full), or its fleet cap when it has one (cap.h), and, if it admits, takes
+ * the permit on the node's and the project's in_use and counts it in the
+ * project's admitted. Returns 1 admitted, 0
  * refused, -1 not counted (no config, or no entry: counted as map_full).
  * in: the permit is inbound (limit_for).
  * The project's admitted is bumped here, on the line the admission holds
