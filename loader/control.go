@@ -263,7 +263,12 @@ func (l *Limiter) expireLocked(mono uint64) error {
 // count for them, and their counters have stopped moving. A project a
 // listening socket still names (its registration went while it listened)
 // keeps its id, so a connection it accepts later is not counted for a
-// project the id is given to next.
+// project the id is given to next. Holding nothing means in every pool: an
+// exempt socket holds no permit of the node's pool but does hold one of the
+// destination pool it connected to (dest.h), and its release gives it back
+// to the id's entry there, which freeing the id would have zeroed (the
+// pool's count then went below zero, the next project given the id
+// inherited the debt).
 func (l *Limiter) forgetLocked(projs []projectEntry, mono uint64) error {
 	has := l.hasMember()
 	var idle []uint32
@@ -289,6 +294,13 @@ func (l *Limiter) forgetLocked(projs []projectEntry, mono uint64) error {
 	}
 	for _, id := range idle {
 		if listening[uint64(id)] {
+			continue
+		}
+		held, err := l.destHeldLocked(id)
+		if err != nil {
+			return err
+		}
+		if held {
 			continue
 		}
 		if err := l.clearDestProjectLocked(id); err != nil {

@@ -557,6 +557,21 @@ func (l *Limiter) tickDestsLocked(mono uint64) error {
 	return nil
 }
 
+// destHeldLocked says whether project pid holds a permit of any
+// destination pool, a removed one still counting its connections included.
+func (l *Limiter) destHeldLocked(pid uint32) (bool, error) {
+	for _, dp := range l.dests {
+		v, err := l.destProject(dp.id, pid)
+		if err != nil {
+			return false, err
+		}
+		if v.InUse != 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // clearDestProjectLocked zeroes project pid's entries in every pool: its id
 // is being freed (forgetLocked), and the next project given it starts empty.
 func (l *Limiter) clearDestProjectLocked(pid uint32) error {

@@ -662,3 +662,67 @@ func TestDestPoolDryRun(t *testing.T) {
 	waitDest(t, l, "db", 0, nil)
 	waitDest(t, l, "other", 0, nil)
 }
+
+// An exempt socket holds no permit of the node's pool but holds one of the
+// destination pool it connected to: its project, with no member left and
+// idle past the forget period, keeps its id while that permit is held (the
+// id's entry in the pool is where the permit goes back to), and is freed
+// once it is given back; the pool's counts never go below zero.
+func TestForgetKeepsProjectHoldingDestPermits(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	dirs := mkdirs(t, root, "a")
+	mono := &fakeMono{}
+	l, err := Open(rootOptions(t, root, Options{PinDir: pin, PoolSize: 10, Floor: 1, Monotonic: mono.now}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.SetMembers([]Member{{Project: "old", Cgroup: dirs[0]}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetExempt([]string{dirs[0]}, 4); err != nil {
+		t.Fatal(err)
+	}
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 8, 1, "127.0.0.1/32:"+portOf(db))}); err != nil {
+		t.Fatal(err)
+	}
+	h := startHelper(t, dirs[0])
+	if r := h.dial("tcp4", db.Addr().String(), 2); r.ok != 2 {
+		t.Fatal(r)
+	}
+	if s := snap(t, l); s.Exempt.InUse != 2 || project(s, "old").InUse != 0 {
+		t.Fatalf("not exempt from the node's pool: %+v", s)
+	}
+	waitDest(t, l, "db", 2, map[string]int{"old": 2})
+	if _, err := l.SetMembers(nil); err != nil {
+		t.Fatal(err)
+	}
+	mono.advance(2 * forgetAfter)
+	if err := l.Tick(l.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.memb.ids["old"]; !ok {
+		t.Fatal("a project holding destination permits (exempt sockets) was freed")
+	}
+	waitDest(t, l, "db", 2, map[string]int{"old": 2})
+	h.do("close")
+	waitDest(t, l, "db", 0, map[string]int{"old": 0})
+	mono.advance(2 * forgetAfter)
+	if err := l.Tick(l.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.memb.ids["old"]; ok {
+		t.Fatal("an idle project without members or permits kept its id")
+	}
+	d := destSnap(t, l, "db")
+	if d.InUse != 0 {
+		t.Fatalf("pool after the release: %+v", d)
+	}
+	for _, p := range d.Projects {
+		if p.InUse != 0 {
+			t.Fatalf("a project's count in the pool after the release: %+v", d)
+		}
+	}
+}
