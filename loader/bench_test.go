@@ -151,8 +151,9 @@ func benchDests(b *testing.B) {
 		return DestPool{Name: name, Size: benchPool, Destinations: ds}
 	}
 	mine := pool("db", "127.0.0.1/32:"+strconv.Itoa(port))
-	// Past the filter for B (its first octet), not matching it.
-	near := pool("near", "127.0.0.2/32")
+	// Past the filter for B (its first octet), not matching it: a prefix
+	// (a host would be the host table's, looked up without the trie).
+	near := pool("near", "127.0.0.2/31")
 	var many []DestPool
 	for i := range 63 {
 		d := fmt.Sprintf("10.%d.%d.0/24:5432", i/8, i%8)

@@ -3,6 +3,8 @@
 package loader
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -37,11 +39,22 @@ const MaxDestinations = limits.MaxDestinations
 // Flags of fs_dest_conf (DEST_LIVE, DEST_DRYRUN in bpf/lib/dest.h) and the
 // kinds of fs_settings.dest_kinds (DEST_PORTS, DEST_ANY).
 const (
-	destLive   = 1
-	destDryRun = 2
-	destPorts  = 1
-	destAny    = 2
-	destKeyBit = 16 + 128
+	destLive      = 1
+	destDryRun    = 2
+	destPorts     = 1
+	destAny       = 2
+	destHostPorts = 4
+	destHostAny   = 8
+	destKeyBit    = 16 + 128
+)
+
+// The host table fs_dhosts (DEST_HOSTS, DEST_HOST_BITS, DEST_HOST_PROBES in
+// bpf/lib/dest.h): twice as many slots as destinations may be configured,
+// so that a host nearly always finds a slot within the probes.
+const (
+	destHostBits   = 11
+	destHosts      = 1 << destHostBits
+	destHostProbes = 4
 )
 
 // ErrDestPoolsFull means every destination pool id of the pinned maps is
@@ -198,7 +211,6 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 	}
 	// The settings first (with the old pools' kinds too while the trie
 	// changes), then the trie, then the kinds alone.
-	kinds := uint32(0)
 	want := map[limiterFsDestKey]uint32{}
 	for _, p := range dps {
 		c := limiterFsDestConf{Size: p.Size, Floor: destFloor(p.Size, p.Floor),
@@ -217,24 +229,23 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 		}
 		for _, d := range p.Destinations {
 			want[destKey(d)] = ids[p.Name]
-			if d.Port != 0 {
-				kinds |= destPorts
-			} else {
-				kinds |= destAny
-			}
 		}
 	}
-	old, err := l.destKeys()
+	oldTrie, oldHosts, err := l.destKeys()
 	if err != nil {
 		return err
 	}
-	// The filter and the kinds as the union of old and new while the trie
-	// changes (a connect may find either), then as the new ones alone.
+	tab, placed := hostTable(want)
+	// The filter and the kinds as the union of old and new while the
+	// trie and the host table change (a connect may find either), then as
+	// the new ones alone. Meanwhile the trie holds every new destination,
+	// hosts included, so that a connect which reads a slot of the host
+	// table being rewritten, and misses, finds its pool there.
 	filter := filterOf(want)
-	if err := l.setDestFilter(unionFilter(filterOf(old), filter)); err != nil {
+	if err := l.setDestFilter(unionFilter(unionFilter(filterOf(oldTrie), filterOf(oldHosts)), filter)); err != nil {
 		return err
 	}
-	if err := l.setDestKinds(kinds | l.kindsOf(old)); err != nil {
+	if err := l.setDestKinds(kindsOf(want, nil) | kindsOf(oldTrie, nil) | kindsOf(oldHosts, everyKey(oldHosts))); err != nil {
 		return err
 	}
 	for k, id := range want {
@@ -242,15 +253,23 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 			return fmt.Errorf("writing destination: %w", err)
 		}
 	}
-	for k := range old {
-		if _, ok := want[k]; ok {
+	if err := l.writeHostTable(tab); err != nil {
+		return err
+	}
+	for k := range oldTrie {
+		if _, ok := want[k]; ok && !placed[k] {
 			continue
 		}
 		if err := l.objs.FsDests.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("removing destination: %w", err)
 		}
 	}
-	if err := l.setDestKinds(kinds); err != nil {
+	for k := range placed {
+		if err := l.objs.FsDests.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("removing destination: %w", err)
+		}
+	}
+	if err := l.setDestKinds(kindsOf(want, placed)); err != nil {
 		return err
 	}
 	if err := l.setDestFilter(filter); err != nil {
@@ -362,31 +381,145 @@ func destKey(d destination.Destination) limiterFsDestKey {
 	return k
 }
 
-// destKeys reads the trie.
-func (l *Limiter) destKeys() (map[limiterFsDestKey]uint32, error) {
-	out := map[limiterFsDestKey]uint32{}
+// destKeys reads the destinations in force: the trie's, and the host
+// table's (as the trie's keys).
+func (l *Limiter) destKeys() (trie, hosts map[limiterFsDestKey]uint32, err error) {
+	trie = map[limiterFsDestKey]uint32{}
 	var k limiterFsDestKey
 	var v uint32
 	it := l.objs.FsDests.Iterate()
 	for it.Next(&k, &v) {
-		out[k] = v
+		trie[k] = v
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading destinations: %w", err)
+		return nil, nil, fmt.Errorf("reading destinations: %w", err)
 	}
-	return out, nil
+	tab, err := l.readHostTable()
+	if err != nil {
+		return nil, nil, err
+	}
+	hosts = map[limiterFsDestKey]uint32{}
+	for _, h := range tab {
+		if h.Pool != 0 {
+			hosts[limiterFsDestKey{Prefixlen: destKeyBit, Port: h.Port, Addr: h.Addr}] = h.Pool
+		}
+	}
+	return trie, hosts, nil
 }
 
-func (l *Limiter) kindsOf(keys map[limiterFsDestKey]uint32) uint32 {
+// kindsOf is fs_settings.dest_kinds for keys, those in hosts kept in the
+// host table and the others in the trie.
+func kindsOf(keys map[limiterFsDestKey]uint32, hosts map[limiterFsDestKey]bool) uint32 {
 	k := uint32(0)
 	for key := range keys {
-		if key.Port != [2]uint8{} {
+		port := key.Port != [2]uint8{}
+		switch {
+		case hosts[key] && port:
+			k |= destHostPorts
+		case hosts[key]:
+			k |= destHostAny
+		case port:
 			k |= destPorts
-		} else {
+		default:
 			k |= destAny
 		}
 	}
 	return k
+}
+
+// everyKey is the set of keys' keys.
+func everyKey(keys map[limiterFsDestKey]uint32) map[limiterFsDestKey]bool {
+	out := make(map[limiterFsDestKey]bool, len(keys))
+	for k := range keys {
+		out[k] = true
+	}
+	return out
+}
+
+// destHostSlot is the first slot of fs_dhosts a host (address, port in
+// network order) is looked for at: dest_host's hash, on the words as the
+// programs load them (little-endian: the object is x86's alone).
+func destHostSlot(addr [16]byte, port [2]byte) uint32 {
+	w := func(i int) uint32 { return binary.LittleEndian.Uint32(addr[4*i:]) }
+	p := uint32(binary.LittleEndian.Uint16(port[:]))
+	h := (w(0) ^ w(1) ^ (w(2) * 31) ^ w(3) ^ (p * 0x10001)) * 0x9E3779B1
+	return h >> (32 - destHostBits)
+}
+
+// hostTable places the host destinations of keys (a whole address, with a
+// port or not) in a table laid out as fs_dhosts, each in the first free
+// slot from its own (destHostSlot) within destHostProbes; placed says
+// which. A host that finds no slot stays in the trie, where it is found
+// second. Keys are placed in a fixed order, so the same set gives the same
+// table.
+func hostTable(keys map[limiterFsDestKey]uint32) (tab []limiterFsDestHost, placed map[limiterFsDestKey]bool) {
+	tab = make([]limiterFsDestHost, destHosts)
+	placed = map[limiterFsDestKey]bool{}
+	var hosts []limiterFsDestKey
+	for k := range keys {
+		if k.Prefixlen == destKeyBit {
+			hosts = append(hosts, k)
+		}
+	}
+	slices.SortFunc(hosts, func(a, b limiterFsDestKey) int {
+		if c := bytes.Compare(a.Port[:], b.Port[:]); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.Addr[:], b.Addr[:])
+	})
+	for _, k := range hosts {
+		i := destHostSlot(k.Addr, k.Port)
+		for j := uint32(0); j < destHostProbes; j++ {
+			s := &tab[(i+j)&(destHosts-1)]
+			if s.Pool == 0 {
+				*s = limiterFsDestHost{Addr: k.Addr, Port: k.Port, Pool: keys[k]}
+				placed[k] = true
+				break
+			}
+		}
+	}
+	return tab, placed
+}
+
+// readHostTable reads fs_dhosts.
+func (l *Limiter) readHostTable() ([]limiterFsDestHost, error) {
+	tab := make([]limiterFsDestHost, l.objs.FsDhosts.MaxEntries())
+	for i := range tab {
+		if err := l.objs.FsDhosts.Lookup(uint32(i), &tab[i]); err != nil {
+			return nil, fmt.Errorf("reading the host destinations: %w", err)
+		}
+	}
+	return tab, nil
+}
+
+// writeHostTable makes fs_dhosts tab, writing only the slots that change:
+// first those that empty or change hands are emptied, then the new entries
+// are written. A slot is written whole but not atomically: the programs
+// may read one half-written, which matches nothing or its entry whole (the
+// pool id, read first, is 0 until the entry is written, or its old one
+// while the old address is still there), and the trie holds every
+// destination meanwhile (SetDestPools).
+func (l *Limiter) writeHostTable(tab []limiterFsDestHost) error {
+	cur, err := l.readHostTable()
+	if err != nil {
+		return err
+	}
+	for i := range cur {
+		if cur[i].Pool != 0 && cur[i] != tab[i] {
+			cur[i] = limiterFsDestHost{}
+			if err := l.objs.FsDhosts.Put(uint32(i), &cur[i]); err != nil {
+				return fmt.Errorf("writing the host destinations: %w", err)
+			}
+		}
+	}
+	for i := range cur {
+		if cur[i] != tab[i] {
+			if err := l.objs.FsDhosts.Put(uint32(i), &tab[i]); err != nil {
+				return fmt.Errorf("writing the host destinations: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 // filterOf is the filter (fs_dest_filter in bpf/lib/types.h) of the trie's

@@ -264,9 +264,9 @@ func TestDestPoolOverlapRefused(t *testing.T) {
 	if len(s.Dests) != 1 || s.Dests[0].Name != "db" {
 		t.Fatalf("a refused change changed the pools: %+v", s.Dests)
 	}
-	keys, err := l.destKeys()
-	if err != nil || len(keys) != 1 {
-		t.Fatalf("trie after a refused change: %v %v", keys, err)
+	keys, hosts, err := l.destKeys()
+	if err != nil || len(keys) != 1 || len(hosts) != 0 {
+		t.Fatalf("trie after a refused change: %v %v %v", keys, hosts, err)
 	}
 }
 

@@ -58,6 +58,14 @@ type limiterFsDestFilter struct {
 	V6    [4]uint64
 }
 
+type limiterFsDestHost struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+	Port [2]uint8
+	Pad  [2]uint8
+	Pool uint32
+}
+
 type limiterFsDestKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -325,6 +333,7 @@ const (
 	limiterMapFsConfig       = "fs_config"
 	limiterMapFsDests        = "fs_dests"
 	limiterMapFsDfilter      = "fs_dfilter"
+	limiterMapFsDhosts       = "fs_dhosts"
 	limiterMapFsDpoolConf    = "fs_dpool_conf"
 	limiterMapFsDpoolProj    = "fs_dpool_proj"
 	limiterMapFsDpoolState   = "fs_dpool_state"
@@ -436,6 +445,7 @@ type limiterMapSpecs struct {
 	FsConfig       *ebpf.MapSpec `ebpf:"fs_config"`
 	FsDests        *ebpf.MapSpec `ebpf:"fs_dests"`
 	FsDfilter      *ebpf.MapSpec `ebpf:"fs_dfilter"`
+	FsDhosts       *ebpf.MapSpec `ebpf:"fs_dhosts"`
 	FsDpoolConf    *ebpf.MapSpec `ebpf:"fs_dpool_conf"`
 	FsDpoolProj    *ebpf.MapSpec `ebpf:"fs_dpool_proj"`
 	FsDpoolState   *ebpf.MapSpec `ebpf:"fs_dpool_state"`
@@ -505,6 +515,7 @@ type limiterMaps struct {
 	FsConfig       *ebpf.Map `ebpf:"fs_config"`
 	FsDests        *ebpf.Map `ebpf:"fs_dests"`
 	FsDfilter      *ebpf.Map `ebpf:"fs_dfilter"`
+	FsDhosts       *ebpf.Map `ebpf:"fs_dhosts"`
 	FsDpoolConf    *ebpf.Map `ebpf:"fs_dpool_conf"`
 	FsDpoolProj    *ebpf.Map `ebpf:"fs_dpool_proj"`
 	FsDpoolState   *ebpf.Map `ebpf:"fs_dpool_state"`
@@ -541,6 +552,7 @@ func (m *limiterMaps) Close() error {
 		m.FsConfig,
 		m.FsDests,
 		m.FsDfilter,
+		m.FsDhosts,
 		m.FsDpoolConf,
 		m.FsDpoolProj,
 		m.FsDpoolState,

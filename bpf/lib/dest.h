@@ -6,15 +6,25 @@
  * (pools/doc.go) with the pool's own SIZE, FLOOR and window, and is refused
  * if either refuses.
  *
+ *   fs_dhosts         the host destinations (one address and a port, or
+ *                     one address and every port): an open-addressing table
+ *                     looked up before the trie, with a few inlined loads
+ *                     where the trie is a helper call and a walk; a host
+ *                     the loader cannot place within DEST_HOST_PROBES slots
+ *                     stays in the trie
  *   fs_dests          LPM trie (port, prefix) -> pool id 1..; a pool of every
  *                     port is kept under port 0 and looked up second, so a
  *                     pool that names the port wins over one that does not,
- *                     and among those the longest prefix
+ *                     and among those the longest prefix (a host is the
+ *                     longest, so its table comes first at each port)
  *   fs_dpool_conf     per pool: size, floor, window, flags, name (the loader's)
  *   fs_dpool_state    per pool: in_use, active, counters (atomics)
  *   fs_dpool_proj     per (pool, project): in_use, last ask, counters; an
  *                     array indexed (pool - 1) * dest_stride + project, so a
  *                     lookup is inlined (no hashing)
+ *
+ * The rule is share.h's (pool_admit, pool_give), the node's own code over
+ * the pool's fields (dest_pool).
  *
  * The socket's held-permit entry (held.h) keeps the pool id with the node's
  * permit: every release path ends that entry exactly once (end_held), and
@@ -23,10 +33,11 @@
  * are given back (the loader reuses the id only once its in_use is 0).
  *
  * Cost: nothing while no pool is configured (fs_settings.dest_kinds is 0 and
- * the trie is not looked at); otherwise a filter (fs_dfilter: the ports
- * of the pools naming one, the first address byte of the others) and, where
- * it lets a connect through, one trie lookup per kind of pool configured
- * (DEST_PORTS, DEST_ANY), and for a match the rule's few atomics.
+ * nothing is looked at); otherwise a filter (fs_dfilter: the ports of the
+ * pools naming one, the first address byte of the others) and, where it
+ * lets a connect through, the host table and the trie, each only if it
+ * holds destinations of the kind (DEST_HOST_PORTS, DEST_PORTS,
+ * DEST_HOST_ANY, DEST_ANY), and for a match the rule's few atomics.
  * Outbound only: an accepted connection takes no destination permit.
  */
 #pragma once
@@ -34,12 +45,15 @@
 #include "maps.h"
 #include "project.h"
 #include "addr.h"
+#include "share.h"
 #include "events.h"
 #include "cap.h"
 
-/* fs_settings.dest_kinds */
-#define DEST_PORTS 1 /* some destination pool names a port */
-#define DEST_ANY 2   /* some destination pool takes every port */
+/* fs_settings.dest_kinds: what the trie and the host table hold */
+#define DEST_PORTS 1      /* the trie: prefixes naming a port */
+#define DEST_ANY 2        /* the trie: prefixes of every port */
+#define DEST_HOST_PORTS 4 /* the host table: hosts naming a port */
+#define DEST_HOST_ANY 8   /* the host table: hosts of every port */
 
 /* fs_dest_conf.flags (fs_dpool_conf) */
 #define DEST_LIVE 1   /* configured (its destinations are in fs_dests) */
@@ -55,6 +69,18 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_dests SEC(".maps");
+
+#define DEST_HOST_BITS 11
+#define DEST_HOSTS (1 << DEST_HOST_BITS) /* loader.destHosts: 2 x limits.MaxDestinations */
+#define DEST_HOST_PROBES 4               /* loader.destHostProbes */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, DEST_HOSTS);
+	__type(key, __u32);
+	__type(value, struct fs_dest_host);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_dhosts SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -115,9 +141,50 @@ static __always_inline bool dest_get(__u32 pool, __u64 project, struct dest_view
 }
 
 /*
+ * dest_host is the pool of host destination (addr, port) in fs_dhosts, 0 if
+ * none: the slot its hash names and the next ones, up to DEST_HOST_PROBES,
+ * until a free slot (loader.destHostSlot computes the same hash). A slot
+ * the loader is rewriting may read torn: it then matches nothing, or its
+ * entry whole, old or new; while it rewrites, the trie holds every host as
+ * well, so a connect the table misses finds its pool there.
+ */
+static __always_inline __u32 dest_host(const __u8 *addr, __u16 port)
+{
+	const __u32 *w = (const __u32 *)addr;
+	const __u64 *q = (const __u64 *)addr;
+	__u32 h = (w[0] ^ w[1] ^ (w[2] * 31) ^ w[3] ^ ((__u32)port * 0x10001)) * 0x9E3779B1u;
+	__u32 i = h >> (32 - DEST_HOST_BITS);
+#pragma unroll
+	for (int j = 0; j < DEST_HOST_PROBES; j++) {
+		__u32 k = (i + j) & (DEST_HOSTS - 1);
+		struct fs_dest_host *e = bpf_map_lookup_elem(&fs_dhosts, &k);
+		if (!e)
+			return 0;
+		__u32 pool = *(volatile __u32 *)&e->pool;
+		if (!pool)
+			return 0;
+		const __u64 *ea = (const __u64 *)e->addr;
+		if (ea[0] == q[0] && ea[1] == q[1] && *(const __u16 *)e->port == port)
+			return pool;
+	}
+	return 0;
+}
+
+/* dest_trie is the pool of the trie's longest prefix at port holding addr, 0 if none. */
+static __always_inline __u32 dest_trie(const __u8 *addr, __u16 port)
+{
+	struct fs_dest_key k __attribute__((aligned(8))) = {.prefixlen = DEST_KEY_BITS};
+	__builtin_memcpy(k.port, &port, 2);
+	__builtin_memcpy(k.addr, addr, 16);
+	__u32 *v = bpf_map_lookup_elem(&fs_dests, &k);
+	return v ? *v : 0;
+}
+
+/*
  * dest_lookup is the destination pool of a connect to port (network order)
  * at addr (IPv6 or v4-mapped), 0 if none: the pools that name the port
- * first, then those of every port, only the kinds configured, and each only
+ * first, then those of every port; at each, the host table before the trie
+ * (a host is the longest prefix); only the kinds configured, and each only
  * if the filter says a pool of that kind can match (a bit test where the
  * trie lookup is a helper call and a walk).
  */
@@ -127,91 +194,44 @@ static __always_inline __u32 dest_lookup(__u32 kinds, __u16 port, const __u8 *ad
 	struct fs_dest_filter *f = bpf_map_lookup_elem(&fs_dfilter, &zero);
 	if (!f)
 		return 0;
-	struct fs_dest_key k __attribute__((aligned(8))) = {.prefixlen = DEST_KEY_BITS};
-	__builtin_memcpy(k.port, &port, 2);
-	__builtin_memcpy(k.addr, addr, 16);
-	__u32 *v;
+	__u32 v;
 	__u16 hport = bpf_ntohs(port);
-	if ((kinds & DEST_PORTS) && (f->ports[(hport >> 6) & 1023] & (1ULL << (hport & 63)))) {
-		v = bpf_map_lookup_elem(&fs_dests, &k);
-		if (v)
-			return *v;
+	if ((kinds & (DEST_HOST_PORTS | DEST_PORTS)) && (f->ports[(hport >> 6) & 1023] & (1ULL << (hport & 63)))) {
+		if ((kinds & DEST_HOST_PORTS) && (v = dest_host(addr, port)))
+			return v;
+		if ((kinds & DEST_PORTS) && (v = dest_trie(addr, port)))
+			return v;
 	}
-	if (kinds & DEST_ANY) {
+	if (kinds & (DEST_HOST_ANY | DEST_ANY)) {
 		bool v4 = is_v4mapped(addr);
 		__u8 b = v4 ? addr[12] : addr[0];
 		__u64 w = v4 ? f->v4[(b >> 6) & 3] : f->v6[(b >> 6) & 3];
 		if (!(w & (1ULL << (b & 63))))
 			return 0;
-		k.port[0] = 0;
-		k.port[1] = 0;
-		v = bpf_map_lookup_elem(&fs_dests, &k);
-		if (v)
-			return *v;
+		if ((kinds & DEST_HOST_ANY) && (v = dest_host(addr, 0)))
+			return v;
+		if (kinds & DEST_ANY)
+			return dest_trie(addr, 0);
 	}
 	return 0;
 }
 
-/*
- * dest_seen stamps the project's ask in the pool and counts it into the
- * pool's active window when this ask brings it in: rule.h's seen, on the
- * pool's own counters.
- */
-static __always_inline void dest_seen(struct dest_view *v)
+/* dest_pool is destination pool v as the rule (share.h) takes it. */
+static __always_inline struct rule_pool dest_pool(struct dest_view *v)
 {
-	struct fs_project *p = v->p;
-	if (*(volatile __s64 *)&p->in_use > 0)
-		return;
-	__u64 now = now_ns(CLK_COARSE);
-	__u64 last = p->last_seen_ns;
-	__u64 window = v->c->window_ns;
-	if (window && (last == 0 || (now > last && now - last >= window))) {
-		if (__sync_val_compare_and_swap(&p->last_seen_ns, last, now) == last)
-			__sync_fetch_and_add(&v->s->active, 1);
-		return;
-	}
-	p->last_seen_ns = now;
-}
-
-/* dest_under says whether holding held permits is under the pool's share. */
-static __always_inline bool dest_under(struct dest_view *v, __s64 held)
-{
-	__s64 size = v->c->size;
-	if (held < (__s64)v->c->floor)
-		return true;
-	__s64 active = *(volatile __s64 *)&v->s->active;
-	if (active <= 1)
-		return held < size;
-	return (held + 1) * active <= size;
+	struct rule_pool r = {.size = &v->c->size, .floor = &v->c->floor, .window_ns = &v->c->window_ns,
+			      .active = &v->s->active, .in_use = &v->s->in_use, .cap_pool = v->id};
+	return r;
 }
 
 /*
- * dest_admit applies the rule in the pool, or project id's fleet cap in it
- * (cap.h): 1 and the permit taken, or 0. The pool's in_use moves by
- * compare-and-swap to values the rule allows only, as the node's (rule.h,
- * admit).
+ * dest_admit applies the rule in the pool (pool_admit), or project id's fleet
+ * cap in it (cap.h): 1 and the permit taken, or 0.
  */
 static __always_inline int dest_admit(struct fs_settings *cfg, struct dest_view *v, __u64 id)
 {
-	dest_seen(v);
-	__u32 size = v->c->size, floor = v->c->floor;
-	__s64 lim = cap_limit(cfg, v->id, id, v->p, dest_under(v, *(volatile __s64 *)&v->p->in_use) ? size : (floor < size ? size - floor : 0), size);
-	bool ok = false;
-#pragma unroll
-	for (int i = 0; i < 8; i++) {
-		__s64 used = *(volatile __s64 *)&v->s->in_use;
-		if (used >= lim)
-			break;
-		if (__sync_val_compare_and_swap(&v->s->in_use, used, used + 1) == used) {
-			ok = true;
-			break;
-		}
-	}
-	if (!ok)
-		return 0;
-	__sync_fetch_and_add(&v->p->in_use, 1);
-	__sync_fetch_and_add(&v->p->admitted, 1);
-	return 1;
+	struct rule_pool r = dest_pool(v);
+	return pool_admit(cfg, &r, id, v->p, CLK_COARSE, false);
 }
 
 /* dest_take_past takes a permit in the pool without the rule (dry-run). */
@@ -224,17 +244,15 @@ static __always_inline void dest_take_past(struct dest_view *v)
 
 /*
  * dest_give gives a permit of project id back to pool (a release, or the
- * undo of one the node's pool then refused). Holding counts as asking, as
- * in unadmit.
+ * undo of one the node's pool then refused): pool_give, as the node's
+ * unadmit.
  */
 static __always_inline void dest_give(__u32 pool, __u64 id, bool fine)
 {
 	struct dest_view v;
 	if (!dest_get(pool, id, &v))
 		return;
-	__sync_fetch_and_add(&v.s->in_use, -1);
-	if (__sync_fetch_and_add(&v.p->in_use, -1) <= 1)
-		v.p->last_seen_ns = now_ns(fine);
+	pool_give(&v.s->in_use, v.p, fine);
 }
 
 /* dest_release gives back the destination permit a socket's entry kept. */
@@ -272,8 +290,9 @@ static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64
 	ev->share = share;
 	ev->pool = size;
 	ev->dir = FS_DIR_CONNECT;
+	struct rule_pool r = dest_pool(v);
 	ev->reason = cap ? (held >= (__s64)cap - 1 ? FS_REASON_FLEET_CAP : FS_REASON_POOL_FULL)
-			 : dest_under(v, held) ? FS_REASON_POOL_FULL : FS_REASON_OVER_SHARE;
+			 : pool_under(&r, held, false) ? FS_REASON_POOL_FULL : FS_REASON_OVER_SHARE;
 	ev->flags = would ? FS_EV_WOULD | FS_EV_TAKEN : 0;
 	if (would && lapse_of())
 		ev->flags |= FS_EV_LAPSED;

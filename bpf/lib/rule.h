@@ -19,47 +19,22 @@
 #include "dest.h"
 
 /*
- * seen stamps the project's ask and, when this ask brings it into the active
- * window (never seen, or last seen a window ago while holding nothing), adds
- * it to the node's active count. It stamps only asks made while holding
- * nothing. The stamp is swapped in with a compare-and-swap, so of several
- * CPUs asking for the same newcomer at once only one counts it. A project
- * Tick already counted and that ages out before the next Tick is counted
- * twice until then: the error only shrinks the share, the safe direction. A
- * stamp ahead of now (the coarse clock lags the precise one by up to a tick)
- * is recent, not a window old.
+ * seen is pool_seen (share.h) of the node's pool: the project's ask
+ * stamped, a newcomer counted into the node's active count.
  */
 static __always_inline void seen(struct fs_settings *cfg, struct fs_pool *n, struct fs_project *p, bool fine)
 {
-	/* A project that holds permits is active whatever its stamp, and the
-	 * release of its last one stamps it (unadmit): no clock read, no
-	 * store, on the common path. */
-	if (*(volatile __s64 *)&p->in_use > 0)
-		return;
-	__u64 now = now_ns(fine);
-	__u64 last = p->last_seen_ns;
-	__u64 window = cfg->window_ns;
-	if (window && p->in_use <= 0 && (last == 0 || (now > last && now - last >= window))) {
-		if (__sync_val_compare_and_swap(&p->last_seen_ns, last, now) == last)
-			__sync_fetch_and_add(&n->active, 1);
-		return;
-	}
-	p->last_seen_ns = now;
+	struct rule_pool r = node_pool(cfg, n);
+	pool_seen(&r, p, fine);
 }
-
-#define ADMIT_TRIES 8 /* compare-and-swap attempts on the node counter */
 
 /*
  * admit applies the rule to project id's entry p (NULL: the project map is
- * full), or its fleet cap when it has one (cap.h), and, if it admits, takes
- * the permit on the node's and the project's in_use and counts it in the
- * project's admitted. Returns 1 admitted, 0
- * refused, -1 not counted (no config, or no entry: counted as map_full).
- * in: the permit is inbound (limit_for).
- * The project's admitted is bumped here, on the line the admission holds
- * already, even for a permit take_permit then undoes (a race only): bumped
- * after the record instead, its locked add waited for the record's stores
- * to the slot and cost connect4 ~25 ns (loopback benchmark, medians of 6).
+ * full) in the node's pool (pool_admit, share.h), or its fleet cap when it
+ * has one (cap.h), and, if it admits, takes the permit on the node's and the
+ * project's in_use and counts it in the project's admitted. Returns 1
+ * admitted, 0 refused, -1 not counted (no config, or no entry: counted as
+ * map_full). in: the permit is inbound (limit_for).
  */
 static __always_inline int admit(struct fs_project *p, __u64 id, bool fine, bool in)
 {
@@ -71,32 +46,8 @@ static __always_inline int admit(struct fs_project *p, __u64 id, bool fine, bool
 		COUNT(map_full);
 		return -1;
 	}
-	seen(cfg, n, p, fine);
-
-	__s64 lim = cap_limit(cfg, 0, id, p, limit_for(cfg, n, p, in), cfg->pool);
-	/*
-	 * Compare-and-swap, not fetch-add and roll back: in_use only ever
-	 * moves to a value the rule allows, so a reader (Snapshot, metrics)
-	 * never sees it above POOL, not even for an instant. Losing the race
-	 * ADMIT_TRIES times in a row (only under heavy contention on the one
-	 * counter) refuses: a spurious refusal, never an overshoot.
-	 */
-	bool ok = false;
-#pragma unroll
-	for (int i = 0; i < ADMIT_TRIES; i++) {
-		__s64 used = *(volatile __s64 *)&n->in_use;
-		if (used >= lim)
-			break;
-		if (__sync_val_compare_and_swap(&n->in_use, used, used + 1) == used) {
-			ok = true;
-			break;
-		}
-	}
-	if (!ok)
-		return 0;
-	__sync_fetch_and_add(&p->in_use, 1);
-	__sync_fetch_and_add(&p->admitted, 1);
-	return 1;
+	struct rule_pool r = node_pool(cfg, n);
+	return pool_admit(cfg, &r, id, p, fine, in);
 }
 
 /*
@@ -125,10 +76,7 @@ static __always_inline int would_admit(struct fs_project *p, __u64 id, bool fine
 static __always_inline void unadmit(struct fs_project *p, bool fine)
 {
 	struct fs_pool *n = node();
-	if (n)
-		__sync_fetch_and_add(&n->in_use, -1);
-	if (p && __sync_fetch_and_add(&p->in_use, -1) <= 1)
-		p->last_seen_ns = now_ns(fine);
+	pool_give(n ? &n->in_use : NULL, p, fine);
 }
 
 /* release gives back a pool permit of project id that was held. */

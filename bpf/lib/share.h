@@ -1,48 +1,190 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * The rule's judgement, apart from taking anything: the active count a pool
- * is divided by, whether a project holds less than its share, the in_use a
- * project may take a permit under, and the exempt set. rule.h takes permits
- * by it and events.h says why a refusal was one; both include this header,
- * which includes neither.
+ * The rule (pools/doc.go), once, over a pool given as an argument: the
+ * node's connections pool (fs_config, fs_node) and a destination pool
+ * (dest.h: fs_dpool_conf, fs_dpool_state) are divided by the same code.
+ *
+ *   pool_seen    a project's ask stamped, a newcomer counted into active
+ *   pool_under   whether a project holds less than its share
+ *   pool_limit   the in_use a project may take a permit under
+ *   pool_admit   the permit taken under that limit, or refused
+ *   pool_give    a permit given back
+ *
+ * A pool is a struct rule_pool of pointers to its fields, so that each is
+ * read where the rule needs it, as if the code named it: the wrappers for
+ * the node below and dest.h's compile to what they did with a copy each.
+ * rule.h takes permits by these, and events.h says why a refusal was one;
+ * both include this header, which includes neither. The exempt set is here
+ * too (the node's pool only).
  */
 #pragma once
 
 #include "maps.h"
+#include "cap.h"
+
+/* A pool the rule divides: where its parameters and counters are. */
+struct rule_pool {
+	const __u32 *size;      /* POOL */
+	const __u32 *floor;     /* FLOOR */
+	const __u64 *window_ns; /* the active window; 0 leaves active to the control loop */
+	__s64 *active;          /* projects in its active window (bumped here, lowered by Tick) */
+	__s64 *in_use;          /* permits held (atomics only) */
+	__u32 cap_pool;         /* its row in fs_caps (cap.h): 0 the node's, a destination pool's id */
+};
 
 /*
- * rule_active is the number of active projects the rule divides the pool
- * by: one more for an inbound permit (in), beside the project a newcomer
- * would make (see limit_for).
+ * pool_seen stamps project entry p's ask in pool r and, when this ask brings
+ * it into the active window (never seen, or last seen a window ago while
+ * holding nothing), adds it to the pool's active count. It stamps only asks
+ * made while holding nothing. The stamp is swapped in with a
+ * compare-and-swap, so of several CPUs asking for the same newcomer at once
+ * only one counts it. A project Tick already counted and that ages out
+ * before the next Tick is counted twice until then: the error only shrinks
+ * the share, the safe direction. A stamp ahead of now (the coarse clock lags
+ * the precise one by up to a tick) is recent, not a window old.
  */
-static __always_inline __s64 rule_active(struct fs_pool *n, bool in)
+static __always_inline void pool_seen(struct rule_pool *r, struct fs_project *p, bool fine)
 {
-	__s64 active = n->active;
+	/* A project that holds permits is active whatever its stamp, and the
+	 * release of its last one stamps it (pool_give): no clock read, no
+	 * store, on the common path. */
+	if (*(volatile __s64 *)&p->in_use > 0)
+		return;
+	__u64 now = now_ns(fine);
+	__u64 last = p->last_seen_ns;
+	__u64 window = *r->window_ns;
+	if (window && p->in_use <= 0 && (last == 0 || (now > last && now - last >= window))) {
+		if (__sync_val_compare_and_swap(&p->last_seen_ns, last, now) == last)
+			__sync_fetch_and_add(r->active, 1);
+		return;
+	}
+	p->last_seen_ns = now;
+}
+
+/*
+ * pool_active is the number of active projects the rule divides pool r by:
+ * one more for an inbound permit (in), beside the project a newcomer would
+ * make (see limit_for).
+ */
+static __always_inline __s64 pool_active(struct rule_pool *r, bool in)
+{
+	__s64 active = *r->active;
 	return in ? (active > 1 ? active : 1) + 1 : active;
 }
 
 /*
- * under_share says whether a project holding held permits holds less than
- * its share, max(FLOOR, POOL / active) (POOL while at most one project is
- * active). held < POOL / active (integer division) is (held + 1) * active <=
- * POOL: a multiplication where the division took some 40 cycles. in: the
- * share an inbound permit is judged by, with one more project active (see
- * limit_for).
+ * pool_under says whether a project holding held permits of pool r holds
+ * less than its share, max(FLOOR, POOL / active) (POOL while at most one
+ * project is active). held < POOL / active (integer division) is (held + 1)
+ * * active <= POOL: a multiplication where the division took some 40
+ * cycles. in: the share an inbound permit is judged by, with one more
+ * project active (see limit_for).
  */
-static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool *n, __s64 held, bool in)
+static __always_inline bool pool_under(struct rule_pool *r, __s64 held, bool in)
 {
-	__s64 pool = cfg->pool;
-	if (held < (__s64)cfg->floor)
+	__s64 pool = *r->size;
+	if (held < (__s64)*r->floor)
 		return true;
-	__s64 active = rule_active(n, in);
+	__s64 active = pool_active(r, in);
 	if (active <= 1)
 		return held < pool;
 	return (held + 1) * active <= pool;
 }
 
 /*
- * limit_for is the in_use the rule lets project p take a permit under: POOL
- * under its share, POOL - FLOOR at or past it. An inbound permit (in: a
+ * pool_limit is the in_use of pool r the rule lets project entry p take a
+ * permit under: POOL under its share, POOL - FLOOR at or past it (in: see
+ * limit_for).
+ */
+static __always_inline __s64 pool_limit(struct rule_pool *r, struct fs_project *p, bool in)
+{
+	__u32 size = *r->size, floor = *r->floor;
+	if (pool_under(r, *(volatile __s64 *)&p->in_use, in))
+		return size;
+	return floor < size ? size - floor : 0;
+}
+
+#define ADMIT_TRIES 8 /* compare-and-swap attempts on a pool's counter */
+
+/*
+ * pool_admit applies the rule to project id's entry p in pool r, or the
+ * project's fleet cap in the pool when it has one (cap.h), and, if it
+ * admits, takes the permit on the pool's and the project's in_use and counts
+ * it in the project's admitted: 1 admitted, 0 refused. in: the permit is
+ * inbound (limit_for).
+ *
+ * Compare-and-swap, not fetch-add and roll back: the pool's in_use only
+ * ever moves to a value the rule allows, so a reader (Snapshot, metrics)
+ * never sees it above POOL, not even for an instant. Losing the race
+ * ADMIT_TRIES times in a row (only under heavy contention on the one
+ * counter) refuses: a spurious refusal, never an overshoot. The project's
+ * admitted is bumped here, on the line the admission holds already, even
+ * for a permit the caller then undoes (a race only): bumped after the
+ * record instead, its locked add waited for the record's stores to the
+ * slot and cost connect4 ~25 ns (loopback benchmark, medians of 6).
+ */
+static __always_inline int pool_admit(struct fs_settings *cfg, struct rule_pool *r, __u64 id, struct fs_project *p,
+					bool fine, bool in)
+{
+	pool_seen(r, p, fine);
+	__s64 lim = cap_limit(cfg, r->cap_pool, id, p, pool_limit(r, p, in), *r->size);
+	bool ok = false;
+#pragma unroll
+	for (int i = 0; i < ADMIT_TRIES; i++) {
+		__s64 used = *(volatile __s64 *)r->in_use;
+		if (used >= lim)
+			break;
+		if (__sync_val_compare_and_swap(r->in_use, used, used + 1) == used) {
+			ok = true;
+			break;
+		}
+	}
+	if (!ok)
+		return 0;
+	__sync_fetch_and_add(&p->in_use, 1);
+	__sync_fetch_and_add(&p->admitted, 1);
+	return 1;
+}
+
+/*
+ * pool_give gives a permit back to the pool's in_use (NULL: none) and to
+ * project entry p's (NULL: gone). Holding counts as asking: the project
+ * stays active a window after it lets go of its last permit.
+ */
+static __always_inline void pool_give(__s64 *in_use, struct fs_project *p, bool fine)
+{
+	if (in_use)
+		__sync_fetch_and_add(in_use, -1);
+	if (p && __sync_fetch_and_add(&p->in_use, -1) <= 1)
+		p->last_seen_ns = now_ns(fine);
+}
+
+/* node_pool is the node's connections pool as the rule takes it. */
+static __always_inline struct rule_pool node_pool(struct fs_settings *cfg, struct fs_pool *n)
+{
+	struct rule_pool r = {.size = &cfg->pool, .floor = &cfg->floor, .window_ns = &cfg->window_ns,
+			      .active = &n->active, .in_use = &n->in_use};
+	return r;
+}
+
+/* rule_active is pool_active of the node's pool. */
+static __always_inline __s64 rule_active(struct fs_pool *n, bool in)
+{
+	struct rule_pool r = {.active = &n->active};
+	return pool_active(&r, in);
+}
+
+/* under_share is pool_under of the node's pool. */
+static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool *n, __s64 held, bool in)
+{
+	struct rule_pool r = node_pool(cfg, n);
+	return pool_under(&r, held, in);
+}
+
+/*
+ * limit_for is pool_limit of the node's pool: the in_use the rule lets
+ * project p take a permit under, POOL under its share, POOL - FLOOR at or
+ * past it. An inbound permit (in: a
  * handshake's reservation, a child judged at ESTABLISHED, sk_lookup's
  * answer) is judged as if one more project were active: a newcomer's
  * arrival, which shrinks every share, is taken as given. How long a
@@ -57,13 +199,13 @@ static __always_inline bool under_share(struct fs_settings *cfg, struct fs_pool 
  * newcomer finds its floor at once. The SYNs past the bound are refused at
  * sk_lookup as past a share (reason FS_REASON_FLOOR), so a request socket
  * goes without its permit only in the race between sk_lookup and the
- * reservation, as before.
+ * reservation, as before. Destination pools are outbound only: in is false
+ * for them.
  */
 static __always_inline __s64 limit_for(struct fs_settings *cfg, struct fs_pool *n, struct fs_project *p, bool in)
 {
-	if (under_share(cfg, n, *(volatile __s64 *)&p->in_use, in))
-		return cfg->pool;
-	return cfg->floor < cfg->pool ? cfg->pool - cfg->floor : 0;
+	struct rule_pool r = node_pool(cfg, n);
+	return pool_limit(&r, p, in);
 }
 
 /*

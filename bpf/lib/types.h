@@ -277,6 +277,18 @@ struct fs_dest_key {
 	__u8 _pad[2];
 };
 
+/*
+ * A host destination (one address and one port, or one address and every
+ * port: port 0 0) in its slot of fs_dhosts, an open-addressing table the
+ * loader fills (dest.h, dest_host). pool 0 is a free slot.
+ */
+struct fs_dest_host {
+	__u8 addr[16]; /* IPv6 or v4-mapped */
+	__u8 port[2];  /* network order; 0 0: every port */
+	__u8 _pad[2];
+	__u32 pool;
+};
+
 /* A destination pool's settings, written by the loader alone (SetDestPools). */
 struct fs_dest_conf {
 	__u32 size;  /* its POOL */
