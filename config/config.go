@@ -113,9 +113,13 @@ type Connections struct {
 	MaxNetns int `yaml:"max_netns"`
 	// MaxDestinationPools sizes the kernel side's destination pool tables:
 	// the destination pools configured at once (a removed one still held
-	// by connections included), 0 for limits.DefaultMaxDestPools, at most
-	// limits.MaxDestPools. Its memory is 32 bytes per pool and project id
-	// (16384 ids). Fixed when the pins are made.
+	// by connections included), 0 for limits.DefaultMaxDestPools when a
+	// destination pool is configured and for none when none is (a pool
+	// added by SIGHUP then needs a restart), at most limits.MaxDestPools.
+	// Set it to add pools by SIGHUP to a node started without any. Its
+	// memory is 32 bytes per pool and project id (16384 ids). Fixed when
+	// the pins are made, except that tables made for none grow at a start
+	// with pools.
 	MaxDestinationPools int `yaml:"max_destination_pools"`
 	// MaxNetnsPerProject bounds those of one project (a namespace counts
 	// for each project it was attached for, until the namespace is gone

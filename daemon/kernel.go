@@ -157,6 +157,10 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 		ReservationTTL: cfg.Connections.ReservationTTL, MaxNetns: cfg.Connections.MaxNetns,
 		LapseAfter:   cfg.Connections.LapseAfter,
 		MaxDestPools: uint32(cfg.Connections.MaxDestinationPools), DestPools: dests,
+		// No destination pool and no room asked for: the tables are made
+		// for none (8 MiB less); a pool added by SIGHUP then needs a
+		// restart, which grows them (docs/destination-pools.md).
+		NoDestPools: len(dests) == 0 && cfg.Connections.MaxDestinationPools == 0,
 	})
 	if err != nil {
 		return nil, loadError(cfg.PinDir, err)

@@ -61,7 +61,8 @@ func Check(opts Options) (CheckReport, error) {
 		return rep, fmt.Errorf("raising RLIMIT_MEMLOCK: %w", err)
 	}
 	l := &Limiter{root: mi.Point, mnt: mi, base: opts.BaseLevel, depth: opts.MaxDepth, maxProj: opts.MaxProjects,
-		maxMemb: opts.MaxMembers, pinDir: opts.PinDir, size: opts.PoolSize, floor: opts.Floor, capacity: opts.PoolCapacity, log: opts.Logger, maxDest: opts.MaxDestPools}
+		maxMemb: opts.MaxMembers, pinDir: opts.PinDir, size: opts.PoolSize, floor: opts.Floor, capacity: opts.PoolCapacity, log: opts.Logger, maxDest: opts.MaxDestPools,
+		noDest: opts.NoDestPools}
 	if _, err := os.Stat(filepath.Join(opts.PinDir, "fs_config")); err == nil {
 		rep.Pinned = true
 		if err := l.checkPinned(&rep); err != nil {
@@ -188,7 +189,7 @@ func (l *Limiter) probeAttach(mi cgroup.Mount, rep *CheckReport) error {
 		return fmt.Errorf("probe cgroup %w", err)
 	}
 	p := &Limiter{root: dir, mnt: mi, base: l.base, depth: l.depth, maxProj: l.maxProj, maxMemb: l.maxMemb,
-		pinDir: filepath.Join(os.TempDir(), "fairshare-no-pins"), size: l.size, floor: l.floor, capacity: l.capacity, maxDest: l.maxDest}
+		pinDir: filepath.Join(os.TempDir(), "fairshare-no-pins"), size: l.size, floor: l.floor, capacity: l.capacity, maxDest: l.maxDest, noDest: l.noDest}
 	spec, err := p.spec()
 	if err != nil {
 		return err

@@ -202,6 +202,11 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 			newOnes = append(newOnes, p.Name)
 		}
 	}
+	if len(newOnes) > 0 && l.objs.FsDpoolConf.MaxEntries() <= 1 {
+		return fmt.Errorf("no destination pool was configured when the kernel's destination pool tables were made, "+
+			"so they have no room for one (their size is fixed then, see connections.max_destination_pools); restart "+
+			"with the pool in the configuration (the connection counts are kept): %w", ErrDestPoolsFull)
+	}
 	if len(newOnes) > len(free) {
 		return fmt.Errorf("%d new destination pools, %d ids free of %d (removed pools keep theirs while their connections last): %w",
 			len(newOnes), len(free), l.objs.FsDpoolConf.MaxEntries()-1, ErrDestPoolsFull)

@@ -726,3 +726,55 @@ func TestForgetKeepsProjectHoldingDestPermits(t *testing.T) {
 		}
 	}
 }
+
+// With no destination pool configured (NoDestPools) the per-(pool, project)
+// table is one entry, not MaxDestPools x MaxProjects; a pool added at run
+// time is refused, saying why, and nothing changes; a restart with the pool
+// configured grows the tables on the same pins, keeping the node's counts,
+// and the pool counts.
+func TestDestPoolTablesSizedFromConfig(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100, NoDestPools: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := l.objs.FsDpoolProj.MaxEntries(); n != 1 {
+		l.Close()
+		t.Fatalf("fs_dpool_proj with no destination pool: %d entries", n)
+	}
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	pools := []DestPool{destPoolOf(t, "db", 8, 2, "127.0.0.1/32:"+portOf(db))}
+	err = l.SetDestPools(pools)
+	if !errors.Is(err, ErrDestPoolsFull) || !strings.Contains(err.Error(), "restart") {
+		l.Close()
+		t.Fatalf("a pool added to tables made for none: %v", err)
+	}
+	if s := snap(t, l); len(s.Dests) != 0 {
+		l.Close()
+		t.Fatalf("a refused pool is in force: %+v", s.Dests)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	if r := a.dial("tcp4", db.Addr().String(), 3); r.ok != 3 {
+		l.Close()
+		t.Fatal(r)
+	}
+	l.Close()
+	l2, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100, DestPools: pools})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if n, want := l2.objs.FsDpoolProj.MaxEntries(), DefaultMaxDestPools*l2.maxProj; n != want {
+		t.Fatalf("fs_dpool_proj after a restart with a pool: %d entries, want %d", n, want)
+	}
+	if s := snap(t, l2); s.InUse != 3 || project(s, "a").InUse != 3 {
+		t.Fatalf("the node's counts after growing the tables: %+v", s)
+	}
+	if r := a.dial("tcp4", db.Addr().String(), 9); r.ok != 8 || r.refused != 1 {
+		t.Fatalf("the pool after the restart: %+v", r)
+	}
+	a.kill()
+	waitInUse(t, l2, 0, map[string]int{"a": 0})
+	waitDest(t, l2, "db", 0, map[string]int{"a": 0})
+}

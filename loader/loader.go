@@ -176,6 +176,13 @@ type Options struct {
 	// table takes 32 bytes per pool and project (MaxProjects). A pinned
 	// table keeps its size.
 	MaxDestPools uint32
+	// NoDestPools sizes the destination pool tables for none (a node whose
+	// configuration has no destination pool): one entry each instead of
+	// MaxDestPools x MaxProjects x 32 bytes (8 MiB at the defaults).
+	// SetDestPools then refuses any pool (ErrDestPoolsFull, saying so)
+	// until a start without NoDestPools, which grows the tables if they
+	// were pinned so: tables for no pool hold nothing to keep.
+	NoDestPools bool
 	// DestPools are the destination pools Open applies (SetDestPools).
 	DestPools []DestPool
 }
@@ -232,6 +239,7 @@ type Limiter struct {
 	genFault func() error
 	nets     map[uint64]*netnsLink // per-netns sk_lookup instances by cookie (netns.go)
 	maxDest  uint32                // Options.MaxDestPools, or the pinned tables'
+	noDest   bool                  // Options.NoDestPools
 	dests    map[string]*destPool  // destination pools by name, removed ones still holding permits included (dest.go)
 	caps     map[uint32]*capRow    // the fleet caps by pool row (caps.go); nil: none
 	// projHigh is the highest project id given since Open (or named, or
@@ -317,7 +325,9 @@ func (o Options) normalize() (Options, error) {
 	if o.MaxNetns <= 0 {
 		o.MaxNetns = DefaultMaxNetns
 	}
-	if o.MaxDestPools == 0 {
+	if o.NoDestPools {
+		o.MaxDestPools = 0
+	} else if o.MaxDestPools == 0 {
 		o.MaxDestPools = DefaultMaxDestPools
 	}
 	if o.MaxDestPools > MaxDestPools {
@@ -395,7 +405,7 @@ func Open(opts Options) (*Limiter, error) {
 		root: root, mnt: mnt, base: opts.BaseLevel, depth: opts.MaxDepth,
 		maxProj: opts.MaxProjects, maxMemb: opts.MaxMembers, maxNetns: opts.MaxNetns, pinDir: opts.PinDir,
 		log: opts.Logger, window: opts.Window, evWindow: opts.eventWindow, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
-		netns: cookie, size: opts.PoolSize, floor: opts.Floor, capacity: opts.PoolCapacity, lapse: opts.LapseAfter, maxDest: opts.MaxDestPools,
+		netns: cookie, size: opts.PoolSize, floor: opts.Floor, capacity: opts.PoolCapacity, lapse: opts.LapseAfter, maxDest: opts.MaxDestPools, noDest: opts.NoDestPools,
 	}
 	if err := l.load(); err != nil {
 		return nil, err
@@ -483,7 +493,10 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	// Destination pools: ids 1..maxDest, and a row of the projects' ids per
 	// pool; pinned tables keep their sizes (the stride is the pinned
 	// projects table's).
-	if l.maxDest == 0 {
+	// NoDestPools: one entry each (id 0 is none; an array has at least
+	// one), so a node without destination pools does not pay for their
+	// per-project table.
+	if l.maxDest == 0 && !l.noDest {
 		l.maxDest = DefaultMaxDestPools
 	}
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_dpool_conf"), nil); err == nil {
@@ -492,7 +505,7 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	}
 	spec.Maps["fs_dpool_conf"].MaxEntries = l.maxDest + 1
 	spec.Maps["fs_dpool_state"].MaxEntries = l.maxDest + 1
-	spec.Maps["fs_dpool_proj"].MaxEntries = l.maxDest * l.maxProj
+	spec.Maps["fs_dpool_proj"].MaxEntries = max(l.maxDest*l.maxProj, 1)
 	spec.Maps["fs_dests"].MaxEntries = MaxDestinations
 	if err := spec.Variables["dest_stride"].Set(l.maxProj); err != nil {
 		return nil, fmt.Errorf("setting dest_stride: %w", err)
@@ -529,6 +542,9 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 }
 
 func (l *Limiter) load() error {
+	if err := l.growDestTables(); err != nil {
+		return err
+	}
 	spec, err := l.spec()
 	if err != nil {
 		return err
@@ -551,6 +567,37 @@ func (l *Limiter) load() error {
 	}
 	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.pinDir}})
 	return l.loadError(err)
+}
+
+// destTables are the destination pool tables sized by Options.MaxDestPools.
+var destTables = []string{"fs_dpool_conf", "fs_dpool_state", "fs_dpool_proj"}
+
+// growDestTables unpins the destination pool tables when they were pinned
+// for no pool (NoDestPools) and this start wants room for some: they hold
+// nothing (no pool id exists in them, so no socket's permit names one), and
+// load makes them again at the size asked for. Programs still attached
+// from before hold on to the old ones until they are replaced, and find no
+// pool in them (dest_get fails: DEST_NONE).
+func (l *Limiter) growDestTables() error {
+	if l.noDest || l.maxDest == 0 {
+		return nil
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_dpool_conf"), nil)
+	if err != nil {
+		return nil
+	}
+	n := m.MaxEntries()
+	m.Close()
+	if n > 1 {
+		return nil
+	}
+	for _, name := range destTables {
+		if err := os.Remove(filepath.Join(l.pinDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("growing the destination pool tables: %w", err)
+		}
+	}
+	l.log.Info("destination pool tables made for pools", "max_destination_pools", l.maxDest)
+	return nil
 }
 
 // loadError names the cause of a failed load and what to do about it.
