@@ -148,3 +148,52 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// A daemon started without destination pools makes their kernel tables for
+// none: a pool added by SIGHUP is refused with the reason in the log and
+// nothing changes; a restart with it grows the tables on the same pins,
+// keeping the node's counts, and enforces the pool.
+func TestDestinationPoolAddedToNodeStartedWithout(t *testing.T) {
+	db, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Sink(t, db)
+	withDB := fmt.Sprintf("pools:\n  connections: {size: 100}\n  db: {size: 2, floor: 1, destinations: [\"127.0.0.1/32:%d\"]}\n",
+		db.Addr().(*net.TCPAddr).Port)
+	n := newNode(t, "pools:\n  connections: {size: 100}\n")
+	n.start()
+	a := n.connectFrom("alpha", db.Addr().String(), 3)
+	defer a.close()
+	if a.connected != 3 {
+		t.Fatalf("alpha without a destination pool: %+v", a)
+	}
+	n.rewrite(withDB)
+	n.cmd.Process.Signal(syscall.SIGHUP)
+	eventually(t, func() error {
+		if !strings.Contains(n.log.String(), "restart with the pool in the configuration") {
+			return fmt.Errorf("no refusal of the added pool in the log:\n%s", n.log)
+		}
+		return nil
+	})
+	for _, p := range n.status().Pools {
+		if p.Name == "db" {
+			t.Fatalf("a refused pool is listed: %+v", p)
+		}
+	}
+	if err := n.stop(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM: %v\n%s", err, n.log)
+	}
+	n.start()
+	if c := pool(n.status(), "connections"); c.InUse != 3 {
+		t.Fatalf("the node's count after the restart: %+v", c)
+	}
+	b := n.connectFrom("alpha", db.Addr().String(), 3)
+	defer b.close()
+	if b.connected != 2 || b.refused != 1 {
+		t.Fatalf("alpha to db after the restart: %+v", b)
+	}
+	if p := pool(n.status(), "db"); p.InUse != 2 {
+		t.Fatalf("db after the restart: %+v", p)
+	}
+}
