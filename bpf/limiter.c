@@ -158,13 +158,13 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx, bool v6)
 	/* The destination pool's permit (dest.h) before the node's, kept with
 	 * it in the socket's entry (h.dest) and given back if the node's
 	 * pool takes none. */
-	if (dest_connect(ctx, v6, id, &h.dest) == DEST_REFUSED) {
+	if (dest_connect(ctx, v6, id, &h.dest, &h.clk) == DEST_REFUSED) {
 		rate_settle(&t, AT_CONNECT, &h, REFUSED);
 		goto refuse;
 	}
 	int r = rate_settle(&t, AT_CONNECT, &h, take_permit(AT_CONNECT, CLK_COARSE, &h, id, p, cg, 0));
 	if (h.dest && r != TAKEN && r != WOULD)
-		dest_give(h.dest, id, false);
+		dest_give(h.dest, id, false, &h.clk);
 	if (rate_would(&t, id, FS_DIR_CONNECT, r))
 		rate_event_connect(ctx, v6, id, true);
 	if (r == TAKEN || r == NOT_TAKEN)
@@ -488,7 +488,8 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to)
 		pf->last_seen_ns = now_ns(CLK_FINE);
 	if (hold(cookie, &v) != 0) {
 		/* Both tables full: given back; the next pass adopts it. */
-		release(to, CLK_FINE);
+		__u64 clk = 0;
+		release(to, CLK_FINE, &clk);
 		return 0;
 	}
 	return out;

@@ -226,12 +226,13 @@ static __always_inline struct rule_pool dest_pool(struct dest_view *v)
 
 /*
  * dest_admit applies the rule in the pool (pool_admit), or project id's fleet
- * cap in it (cap.h): 1 and the permit taken, or 0.
+ * cap in it (cap.h): 1 and the permit taken, or 0. clk: the run's clock
+ * reading (clock_ns), which the node's admission then takes.
  */
-static __always_inline int dest_admit(struct fs_settings *cfg, struct dest_view *v, __u64 id)
+static __always_inline int dest_admit(struct fs_settings *cfg, struct dest_view *v, __u64 id, __u64 *clk)
 {
 	struct rule_pool r = dest_pool(v);
-	return pool_admit(cfg, &r, id, v->p, CLK_COARSE, false);
+	return pool_admit(cfg, &r, id, v->p, CLK_COARSE, false, clk);
 }
 
 /* dest_take_past takes a permit in the pool without the rule (dry-run). */
@@ -245,20 +246,26 @@ static __always_inline void dest_take_past(struct dest_view *v)
 /*
  * dest_give gives a permit of project id back to pool (a release, or the
  * undo of one the node's pool then refused): pool_give, as the node's
- * unadmit.
+ * unadmit, with the run's clock reading clk (clock_ns). The pool's settings
+ * are not needed: only its counters are looked up.
  */
-static __always_inline void dest_give(__u32 pool, __u64 id, bool fine)
+static __always_inline void dest_give(__u32 pool, __u64 id, bool fine, __u64 *clk)
 {
-	struct dest_view v;
-	if (!dest_get(pool, id, &v))
+	__u32 k = pool;
+	struct fs_dest_state *s = bpf_map_lookup_elem(&fs_dpool_state, &k);
+	if (pool == 0 || id >= dest_stride || !s)
 		return;
-	pool_give(&v.s->in_use, v.p, fine);
+	__u32 i = (pool - 1) * dest_stride + (__u32)id;
+	struct fs_project *p = bpf_map_lookup_elem(&fs_dpool_proj, &i);
+	if (!p)
+		return;
+	pool_give(&s->in_use, p, fine, clk);
 }
 
 /* dest_release gives back the destination permit a socket's entry kept. */
-static __always_inline void dest_release(__u32 pool, __u64 id, bool fine)
+static __always_inline void dest_release(__u32 pool, __u64 id, bool fine, __u64 *clk)
 {
-	dest_give(pool, id, fine);
+	dest_give(pool, id, fine, clk);
 }
 
 /* dest_event reports a connect refused (or, would, admitted in dry-run) by pool v. */
@@ -311,9 +318,10 @@ static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64
  * dest_connect takes the permit of a connect() of project id in the
  * destination pool its address matches, if any (pool id in *dest). A
  * refusal is counted and reported here; in dry-run (the pool's, or the
- * project's) it is taken past the rule and counted as would_refuse.
+ * project's) it is taken past the rule and counted as would_refuse. clk:
+ * the run's clock reading (clock_ns), shared with the node's admission.
  */
-static __always_inline int dest_connect(struct bpf_sock_addr *ctx, bool v6, __u64 id, __u32 *dest)
+static __always_inline int dest_connect(struct bpf_sock_addr *ctx, bool v6, __u64 id, __u32 *dest, __u64 *clk)
 {
 	struct fs_settings *cfg = settings();
 	__u32 kinds = cfg ? cfg->dest_kinds : 0;
@@ -336,7 +344,7 @@ static __always_inline int dest_connect(struct bpf_sock_addr *ctx, bool v6, __u6
 	if (!dest_get(pool, id, &v))
 		return DEST_NONE;
 	*dest = pool;
-	if (dest_admit(cfg, &v, id))
+	if (dest_admit(cfg, &v, id, clk))
 		return DEST_TAKEN;
 	/* Dry-run: the pool's, the project's, or the node's enforcement
 	 * lapsed (no daemon's heartbeat, events.h): a destination pool stops

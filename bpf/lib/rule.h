@@ -25,7 +25,8 @@
 static __always_inline void seen(struct fs_settings *cfg, struct fs_pool *n, struct fs_project *p, bool fine)
 {
 	struct rule_pool r = node_pool(cfg, n);
-	pool_seen(&r, p, fine);
+	__u64 clk = 0;
+	pool_seen(&r, p, fine, &clk);
 }
 
 /*
@@ -34,9 +35,10 @@ static __always_inline void seen(struct fs_settings *cfg, struct fs_pool *n, str
  * has one (cap.h), and, if it admits, takes the permit on the node's and the
  * project's in_use and counts it in the project's admitted. Returns 1
  * admitted, 0 refused, -1 not counted (no config, or no entry: counted as
- * map_full). in: the permit is inbound (limit_for).
+ * map_full). in: the permit is inbound (limit_for). clk: the run's clock
+ * reading (clock_ns).
  */
-static __always_inline int admit(struct fs_project *p, __u64 id, bool fine, bool in)
+static __always_inline int admit(struct fs_project *p, __u64 id, bool fine, bool in, __u64 *clk)
 {
 	struct fs_settings *cfg = settings();
 	struct fs_pool *n = node();
@@ -47,7 +49,7 @@ static __always_inline int admit(struct fs_project *p, __u64 id, bool fine, bool
 		return -1;
 	}
 	struct rule_pool r = node_pool(cfg, n);
-	return pool_admit(cfg, &r, id, p, fine, in);
+	return pool_admit(cfg, &r, id, p, fine, in, clk);
 }
 
 /*
@@ -71,18 +73,19 @@ static __always_inline int would_admit(struct fs_project *p, __u64 id, bool fine
 /*
  * unadmit gives a pool permit back to the node's in_use and to project
  * entry p's (NULL: gone). Holding counts as asking: the project stays
- * active a window after it lets go of its last permit.
+ * active a window after it lets go of its last permit. clk: the run's
+ * clock reading (clock_ns).
  */
-static __always_inline void unadmit(struct fs_project *p, bool fine)
+static __always_inline void unadmit(struct fs_project *p, bool fine, __u64 *clk)
 {
 	struct fs_pool *n = node();
-	pool_give(n ? &n->in_use : NULL, p, fine);
+	pool_give(n ? &n->in_use : NULL, p, fine, clk);
 }
 
 /* release gives back a pool permit of project id that was held. */
-static __always_inline void release(__u64 id, bool fine)
+static __always_inline void release(__u64 id, bool fine, __u64 *clk)
 {
-	unadmit(project_get(id), fine);
+	unadmit(project_get(id), fine, clk);
 	COUNT(released);
 }
 
@@ -153,15 +156,15 @@ static __always_inline void exempt_undo(void)
 		__sync_fetch_and_add(&n->exempt_in_use, -1);
 }
 
-/* give_back releases a held permit or a reservation of either budget. */
-static __always_inline void give_back(__u64 id, __u32 kind, bool fine)
+/* give_back releases a held permit or a reservation of either budget (clk: clock_ns). */
+static __always_inline void give_back(__u64 id, __u32 kind, bool fine, __u64 *clk)
 {
 	if (KIND_IS_EXEMPT(kind)) {
 		exempt_undo();
 		COUNT(exempt_released);
 		return;
 	}
-	release(id, fine);
+	release(id, fine, clk);
 }
 
 /* Where take_permit takes a permit: where it is recorded, what is counted. */
@@ -179,6 +182,8 @@ struct holder {
 	__u64 netns;     /* AT_SYN: the request socket's netns cookie */
 	__u32 dest;      /* AT_CONNECT: the destination pool whose permit the
 			  * caller took (dest.h), kept with the permit */
+	__u64 clk;       /* the run's clock reading, 0 until read (clock_ns):
+			  * the destination pool's and the node's stamps share it */
 };
 
 /* Outcomes of take_permit. */
@@ -247,13 +252,19 @@ static __always_inline bool recorded(int at, struct holder *h)
 static __always_inline int take_permit(int at, bool fine, struct holder *h, __u64 id, struct fs_project *p, __u64 cg, __u32 moved)
 {
 	bool ex = false, would = false;
+	/* The clock reading is shared with the destination pool's (h->clk)
+	 * at a connect only: elsewhere each use reads its own, as before
+	 * (at is a constant, so the code there is what it was). */
+	__u64 c0 = 0, c1 = 0;
+	__u64 *clk_admit = at == AT_CONNECT ? &h->clk : &c0;
+	__u64 *clk_undo = at == AT_CONNECT ? &h->clk : &c1;
 	if (moved)
 		goto keep;
 	ex = exempt_take(at == AT_CONNECT, cg, id);
 	if (!ex) {
 		if (!p)
 			p = project_get(id);
-		int a = admit(p, id, fine, at != AT_CONNECT);
+		int a = admit(p, id, fine, at != AT_CONNECT, clk_admit);
 		if (a < 0)
 			return NOT_TAKEN;
 		if (a == 0) {
@@ -291,13 +302,13 @@ keep:
 		kind = moved;
 	if (record(at, fine, h, id, kind)) {
 		if (moved) {
-			give_back(id, kind, fine);
+			give_back(id, kind, fine, clk_undo);
 			return NOT_TAKEN;
 		}
 		if (ex)
 			exempt_undo();
 		else
-			unadmit(p, fine);
+			unadmit(p, fine, clk_undo);
 		return NOT_TAKEN;
 	}
 	if (moved)
@@ -329,9 +340,10 @@ static __always_inline bool end_held(__u64 cookie, bool fine, bool always)
 	__u32 kind = 0, dest = 0;
 	if (!unhold(cookie, &id, &kind, &dest, always))
 		return false;
-	give_back(id, kind, fine);
+	__u64 clk = 0;
+	give_back(id, kind, fine, &clk);
 	if (dest)
-		dest_release(dest, id, fine);
+		dest_release(dest, id, fine, &clk);
 	return true;
 }
 
@@ -345,6 +357,7 @@ static __always_inline bool end_resv(__u64 cookie, bool fine, bool always, __u64
 	__u32 kind = 0;
 	if (!resv_take(cookie, &id, &kind, always, since))
 		return false;
-	give_back(id, kind, fine);
+	__u64 clk = 0;
+	give_back(id, kind, fine, &clk);
 	return true;
 }

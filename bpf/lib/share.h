@@ -22,6 +22,22 @@
 #include "maps.h"
 #include "cap.h"
 
+/*
+ * clock_ns is now_ns(fine), read once per program run: *now is 0 until the
+ * first call reads it, and later calls of the same run take that reading.
+ * A connect that takes a permit in a destination pool and in the node's
+ * pool stamps both with one helper call (each stamp is compared with a
+ * window of a second: a few ns apart is the same time). A caller that
+ * passes a fresh 0 gets the code of a plain now_ns (the compiler drops the
+ * test).
+ */
+static __always_inline __u64 clock_ns(__u64 *now, bool fine)
+{
+	if (!*now)
+		*now = now_ns(fine);
+	return *now;
+}
+
 /* A pool the rule divides: where its parameters and counters are. */
 struct rule_pool {
 	const __u32 *size;      /* POOL */
@@ -43,14 +59,14 @@ struct rule_pool {
  * the share, the safe direction. A stamp ahead of now (the coarse clock lags
  * the precise one by up to a tick) is recent, not a window old.
  */
-static __always_inline void pool_seen(struct rule_pool *r, struct fs_project *p, bool fine)
+static __always_inline void pool_seen(struct rule_pool *r, struct fs_project *p, bool fine, __u64 *clk)
 {
 	/* A project that holds permits is active whatever its stamp, and the
 	 * release of its last one stamps it (pool_give): no clock read, no
 	 * store, on the common path. */
 	if (*(volatile __s64 *)&p->in_use > 0)
 		return;
-	__u64 now = now_ns(fine);
+	__u64 now = clock_ns(clk, fine);
 	__u64 last = p->last_seen_ns;
 	__u64 window = *r->window_ns;
 	if (window && p->in_use <= 0 && (last == 0 || (now > last && now - last >= window))) {
@@ -111,7 +127,7 @@ static __always_inline __s64 pool_limit(struct rule_pool *r, struct fs_project *
  * project's fleet cap in the pool when it has one (cap.h), and, if it
  * admits, takes the permit on the pool's and the project's in_use and counts
  * it in the project's admitted: 1 admitted, 0 refused. in: the permit is
- * inbound (limit_for).
+ * inbound (limit_for). clk: the run's clock reading (clock_ns).
  *
  * Compare-and-swap, not fetch-add and roll back: the pool's in_use only
  * ever moves to a value the rule allows, so a reader (Snapshot, metrics)
@@ -124,9 +140,9 @@ static __always_inline __s64 pool_limit(struct rule_pool *r, struct fs_project *
  * slot and cost connect4 ~25 ns (loopback benchmark, medians of 6).
  */
 static __always_inline int pool_admit(struct fs_settings *cfg, struct rule_pool *r, __u64 id, struct fs_project *p,
-					bool fine, bool in)
+					bool fine, bool in, __u64 *clk)
 {
-	pool_seen(r, p, fine);
+	pool_seen(r, p, fine, clk);
 	__s64 lim = cap_limit(cfg, r->cap_pool, id, p, pool_limit(r, p, in), *r->size);
 	bool ok = false;
 #pragma unroll
@@ -149,14 +165,15 @@ static __always_inline int pool_admit(struct fs_settings *cfg, struct rule_pool 
 /*
  * pool_give gives a permit back to the pool's in_use (NULL: none) and to
  * project entry p's (NULL: gone). Holding counts as asking: the project
- * stays active a window after it lets go of its last permit.
+ * stays active a window after it lets go of its last permit. clk: the
+ * run's clock reading (clock_ns).
  */
-static __always_inline void pool_give(__s64 *in_use, struct fs_project *p, bool fine)
+static __always_inline void pool_give(__s64 *in_use, struct fs_project *p, bool fine, __u64 *clk)
 {
 	if (in_use)
 		__sync_fetch_and_add(in_use, -1);
 	if (p && __sync_fetch_and_add(&p->in_use, -1) <= 1)
-		p->last_seen_ns = now_ns(fine);
+		p->last_seen_ns = clock_ns(clk, fine);
 }
 
 /* node_pool is the node's connections pool as the rule takes it. */
