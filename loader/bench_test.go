@@ -119,7 +119,9 @@ func BenchmarkConnectAcceptClose(b *testing.B) {
 // turns, with the links attached throughout: the load of this shared machine
 // moves between seconds, so each case's difference from "none" is taken
 // within a turn and the median over turns is reported
-// (dests-N-case-above-ns/run). "none-again" is "none" measured again in the
+// (dests-N-case-above-ns/run); for "match" the release paths' cost too
+// (sock_release and set_state, per cycle: dests-N-match-release-above-ns/cycle).
+// "none-again" is "none" measured again in the
 // turn's last block: its difference from the first is the bias of a block's
 // place in the turn, the noise floor of the others. Of the 64 pools half name a port and half
 // take every port (IPv6 prefixes: the filter stops IPv4 at them), and the
@@ -171,25 +173,47 @@ func benchDests(b *testing.B) {
 		b.Skipf("bpf stats unavailable: %v", err)
 	}
 	defer stats.Close()
+	// A block's cost per cycle of connect4 (ns/run, one run a cycle) and
+	// of the release paths, sock_release and set_state together (ns per
+	// cycle: the client's permit is given back at one of them, whichever
+	// comes first, and the other finds nothing).
+	progs := []*ebpf.Program{l.objs.FsConnect4, l.objs.FsSockRelease, l.objs.FsSetState}
+	var release []float64 // the last block's release cost, beside its return value
 	block := func(fd int, to unix.Sockaddr) float64 {
-		before, err := l.objs.FsConnect4.Stats()
-		if err != nil {
-			b.Fatal(err)
+		var before [3]*ebpf.ProgramStats
+		for i, p := range progs {
+			st, err := p.Stats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			before[i] = st
 		}
-		for range 250 {
+		const cycles = 250
+		for range cycles {
 			cycle(b, fd, to)
 		}
-		after, err := l.objs.FsConnect4.Stats()
-		if err != nil {
-			b.Fatal(err)
+		var per [3]float64
+		for i, p := range progs {
+			st, err := p.Stats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			per[i] = float64(st.Runtime - before[i].Runtime)
+			if i == 0 {
+				per[i] /= float64(st.RunCount - before[i].RunCount)
+			}
 		}
-		return float64(after.Runtime-before.Runtime) / float64(after.RunCount-before.RunCount)
+		release = append(release, (per[1]+per[2])/cycles)
+		return per[0]
 	}
+	// lastRelease is the release cost of the block that ran last.
+	lastRelease := func() float64 { return release[len(release)-1] }
 	turns := max(b.N/50000, 10)
 	b.ResetTimer()
 	for _, set := range sets {
 		var kinds uint32
 		above := map[string][]float64{}
+		relAbove := map[string][]float64{}
 		var none []float64
 		for _, withNear := range []bool{false, true} {
 			ps := set.pools
@@ -212,6 +236,7 @@ func benchDests(b *testing.B) {
 					b.Fatal(err)
 				}
 				base := block(lfd, sa)
+				relBase := lastRelease()
 				if err := l.setDestKinds(kinds); err != nil {
 					b.Fatal(err)
 				}
@@ -221,16 +246,21 @@ func benchDests(b *testing.B) {
 				}
 				none = append(none, base)
 				above["match"] = append(above["match"], block(lfd, sa)-base)
+				relAbove["match"] = append(relAbove["match"], lastRelease()-relBase)
 				above["miss"] = append(above["miss"], block(lfdB, saB)-base)
 				if err := l.setDestKinds(0); err != nil {
 					b.Fatal(err)
 				}
 				above["none-again"] = append(above["none-again"], block(lfdB, saB)-base)
+				relAbove["none-again"] = append(relAbove["none-again"], lastRelease()-relBase)
 			}
 		}
 		b.ReportMetric(median(none), set.name+"-none-connect4-ns/run")
 		for _, c := range []string{"match", "miss", "miss-lookup", "none-again"} {
 			b.ReportMetric(median(above[c]), set.name+"-"+c+"-above-ns/run")
+		}
+		for _, c := range []string{"match", "none-again"} {
+			b.ReportMetric(median(relAbove[c]), set.name+"-"+c+"-release-above-ns/cycle")
 		}
 		if d := destSnap(b, l, "db"); d.Projects == nil || d.Projects[0].Admitted == 0 {
 			b.Fatalf("the pool was not in force: %+v", d)
