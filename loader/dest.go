@@ -500,10 +500,10 @@ func (l *Limiter) readHostTable() ([]limiterFsDestHost, error) {
 // writeHostTable makes fs_dhosts tab, writing only the slots that change:
 // first those that empty or change hands are emptied, then the new entries
 // are written. A slot is written whole but not atomically: the programs
-// may read one half-written, which matches nothing or its entry whole (the
-// pool id, read first, is 0 until the entry is written, or its old one
-// while the old address is still there), and the trie holds every
-// destination meanwhile (SetDestPools).
+// may read one half-written, which matches nothing (the trie holds every
+// destination meanwhile, SetDestPools), or at worst counts a connect
+// racing the change in the slot's new pool, where its release gives the
+// permit back (bpf/lib/dest.h, dest_host).
 func (l *Limiter) writeHostTable(tab []limiterFsDestHost) error {
 	cur, err := l.readHostTable()
 	if err != nil {

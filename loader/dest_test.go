@@ -778,3 +778,70 @@ func TestDestPoolTablesSizedFromConfig(t *testing.T) {
 	waitInUse(t, l2, 0, map[string]int{"a": 0})
 	waitDest(t, l2, "db", 0, map[string]int{"a": 0})
 }
+
+// Hosts whose slots of the host table collide past the probes stay in the
+// trie: five loopback addresses that hash to one slot, each a pool of its
+// own, are all counted in their own pool (four found in the table, the
+// fifth in the trie), a sixth address of no pool in none, and a pool of a
+// prefix around them still loses to each host.
+func TestDestHostTableCollisions(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	ln := sink(t, "tcp4", "0.0.0.0:0") // every 127/8 address is this host's
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	var pb [2]byte
+	pb[0], pb[1] = byte(port>>8), byte(port)
+	bySlot := map[uint32][]netip.Addr{}
+	var hosts []netip.Addr
+	for i := 1; hosts == nil; i++ {
+		a := netip.AddrFrom4([4]byte{127, 1, byte(i >> 8), byte(i)})
+		s := destHostSlot(a.As16(), pb) // v4-mapped, as the keys keep it
+		bySlot[s] = append(bySlot[s], a)
+		if len(bySlot[s]) == destHostProbes+1 {
+			hosts = bySlot[s]
+		}
+	}
+	var pools []DestPool
+	for i, h := range hosts {
+		pools = append(pools, destPoolOf(t, fmt.Sprintf("h%d", i), 4, 1, fmt.Sprintf("%s/32:%d", h, port)))
+	}
+	pools = append(pools, destPoolOf(t, "around", 4, 1, "127.1.0.0/16"))
+	if err := l.SetDestPools(pools); err != nil {
+		t.Fatal(err)
+	}
+	want := map[limiterFsDestKey]uint32{}
+	for _, p := range pools {
+		for _, d := range p.Destinations {
+			want[destKey(d)] = 1
+		}
+	}
+	if _, placed := hostTable(want); len(placed) != destHostProbes {
+		t.Fatalf("%d of %d colliding hosts placed, want %d", len(placed), len(hosts), destHostProbes)
+	}
+	trie, tab, err := l.destKeys()
+	if err != nil || len(trie) != 2 || len(tab) != destHostProbes {
+		t.Fatalf("trie %v, host table %v: %v", trie, tab, err)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	for _, h := range hosts {
+		if r := a.dial("tcp4", netip.AddrPortFrom(h, port).String(), 1); r.ok != 1 {
+			t.Fatalf("%s: %+v", h, r)
+		}
+	}
+	other := netip.AddrFrom4([4]byte{127, 2, 0, 1})
+	if r := a.dial("tcp4", netip.AddrPortFrom(other, port).String(), 1); r.ok != 1 {
+		t.Fatalf("%s: %+v", other, r)
+	}
+	for i := range hosts {
+		waitDest(t, l, fmt.Sprintf("h%d", i), 1, map[string]int{"a": 1})
+	}
+	waitDest(t, l, "around", 0, nil)
+	if s := snap(t, l); project(s, "a").InUse != len(hosts)+1 {
+		t.Fatalf("node: %+v", s)
+	}
+	a.do("close")
+	for i := range hosts {
+		waitDest(t, l, fmt.Sprintf("h%d", i), 0, map[string]int{"a": 0})
+	}
+}

@@ -144,9 +144,11 @@ static __always_inline bool dest_get(__u32 pool, __u64 project, struct dest_view
  * dest_host is the pool of host destination (addr, port) in fs_dhosts, 0 if
  * none: the slot its hash names and the next ones, up to DEST_HOST_PROBES,
  * until a free slot (loader.destHostSlot computes the same hash). A slot
- * the loader is rewriting may read torn: it then matches nothing, or its
- * entry whole, old or new; while it rewrites, the trie holds every host as
- * well, so a connect the table misses finds its pool there.
+ * the loader is rewriting may read torn: it then matches nothing (the
+ * connect finds its pool in the trie, which holds every host while the
+ * table is rewritten), or, for an address equal to the half-written one, is
+ * counted in the pool of the slot's new entry and gives its permit back
+ * there: a miscount of a connect racing a reconfiguration, never a leak.
  */
 static __always_inline __u32 dest_host(const __u8 *addr, __u16 port)
 {
