@@ -321,9 +321,17 @@
 // connect6 look the address up in an LPM trie keyed (port, address) (IPv4
 // v4-mapped, so v4-mapped IPv6 matches the IPv4 pool); a pool of every port
 // is kept under port 0 and looked up second, so a pool naming the port wins
-// over one that does not, then the longest prefix. The same prefix and port
+// over one that does not, then the longest prefix. A host (a /32 or /128,
+// the longest prefix there is) is kept apart in an open-addressing table
+// (fs_dhosts, 2 x MaxDestinations slots, a hash of address and port and at
+// most 4 probes, all inlined loads) looked up before the trie at each of
+// the two ports; a host that finds no slot within the probes stays in the
+// trie (TestDestHostTableCollisions). SetDestPools puts every destination
+// in the trie while it rewrites the table, so no connect misses its pool
+// meanwhile. The same prefix and port
 // in two pools is refused (ErrBadDestPool). On a match the pool's rule runs
-// (its size, floor, window, dry-run; active and share its own) before the
+// (its size, floor, window, dry-run; active and share its own: the node's
+// own code, bpf/lib/share.h's pool_admit over the pool's fields) before the
 // node's: its permit is taken with the same bounded compare-and-swap, then
 // the node's; if the node's pool refuses (or the socket has its permit
 // already), the destination permit is given back; if the destination pool
@@ -341,25 +349,38 @@
 // while its permits are held leaves the trie at once and keeps its id and
 // counts until Tick sees its in_use at 0; only then can another pool take
 // the id, starting from zero. Tick recounts each pool's active projects as
-// it does the node's. fs_settings.dest_kinds says which kinds of pools exist
-// (port, every port): 0, with no pool configured, and connect does no
-// lookup at all; it is widened before the trie changes and narrowed after,
-// so no connect misses a pool in force while SetDestPools runs.
+// it does the node's; a project's id is not freed while it holds a
+// destination permit (an exempt socket's, which holds none of the node's).
+// fs_settings.dest_kinds says what the trie and the host table hold (port,
+// every port): 0, with no pool configured, and connect does no lookup at
+// all; it is widened before they change and narrowed after, so no connect
+// misses a pool in force while SetDestPools runs. With Options.NoDestPools
+// (the daemon's when no destination pool is configured) the tables are made
+// for none, and SetDestPools refuses a pool until a start without it.
 //
 // Cost (BenchmarkConnectAcceptClose/outbound-dests: connect4's run time
 // from BPF stats, each case's difference from no pool in force taken within
-// turns of 250 connects each, 40 turns, medians of 5 runs, this 2-vCPU VM
-// shared with other work, 2026-12-06; connect4 itself 290-530 ns/run with
-// the stats' ~20 ns; the same measurement of no pool twice, +5 to +10 ns, is
-// the method's bias):
+// turns of 250 connects each, 40 turns; the programs before (the trie
+// alone) and after the host table, as two test binaries run in alternation,
+// medians over 12 runs of the one and 6 of the other, this 2-vCPU VM shared
+// with five other engineers' work, 2026-12-06; connect4 itself 340-400
+// ns/run with the stats' ~20 ns; the same measurement of no pool twice,
+// +3 to +10 ns, is the method's bias; the match is a host, 127.0.0.1/32:port,
+// the miss past the filter a prefix, 127.0.0.2/31):
 //
-//	pools  match   miss (filter)  miss past the filter (trie lookup)
-//	1      +98 ns  +21 ns         +43 ns
-//	64     +173 ns +16 ns         +138 ns
+//	pools  match (trie)  match (host table)  miss (filter)  miss past the filter (trie)
+//	1      +94 ns        +71 ns              +1 to +10 ns   +63 ns
+//	64     +155 ns       +53 ns              +15 ns         +129 ns
 //
-// With no pool configured the only cost is reading dest_kinds from the
-// config map connect already reads (not measurable here). A connect that
-// no pool can match pays the filter, within the noise of the +10 ns target;
-// a match pays the trie lookup (a helper call and a walk of the trie, which
-// grows with the pools) and the pool's admission: over the +25 ns target.
+// Run by run the spread is ±20 ns or more (other processes' load moves
+// between seconds). With no pool configured the only cost is reading
+// dest_kinds from the config map connect already reads (not measurable
+// here). A connect that no pool can match pays the filter, within the
+// noise of the +10 ns target. A match on a host no longer pays the trie
+// walk, so it costs the same with 1 pool or 64: the host probe (inlined
+// loads), the pool's admission (the node's code: a compare-and-swap and
+// two atomic adds, and the clock, read once for both pools) and the cache
+// lines of the pool's entries; still over the +25 ns target here. A
+// connect to a prefix pool (or past the filter to none) pays the trie
+// lookup, a helper call and a walk that grows with the pools.
 package loader
