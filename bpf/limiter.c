@@ -105,10 +105,13 @@
  *   lib/addr.h     addresses as the keys keep them
  *   lib/held.h     the held-permit table (by socket cookie)
  *   lib/resv.h     the reservation table (by request socket cookie)
- *   lib/share.h    the rule's judgement: active count, share, limit, exempt set
+ *   lib/share.h    the rule over a pool given as an argument (the node's, a
+ *                  destination pool's): stamp, share, limit, admit, give
+ *                  back; the exempt set
  *   lib/events.h   refusal events (a ring buffer, bounded per project), dry-run
  *                  and the lapse
  *   lib/dest.h     destination pools: a pool chosen by where a connect goes
+ *                  (a host table, then an LPM trie), under share.h's rule
  *   lib/rule.h     the rule, the exempt budget, take_permit, give_back
  *   lib/listen.h   listener bookkeeping: addresses, ports, owners
  *   lib/rate.h     a project's rate of new connections (token buckets)
