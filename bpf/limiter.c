@@ -105,6 +105,7 @@
  *   lib/addr.h     addresses as the keys keep them
  *   lib/held.h     the held-permit table (by socket cookie)
  *   lib/resv.h     the reservation table (by request socket cookie)
+ *   lib/cap.h      the fleet caps: a project's bound in a fleet pool on this node
  *   lib/share.h    the rule over a pool given as an argument (the node's, a
  *                  destination pool's): stamp, share, limit, admit, give
  *                  back; the exempt set
@@ -126,8 +127,8 @@
 #include "lib/addr.h"
 #include "lib/held.h"
 #include "lib/resv.h"
-#include "lib/share.h"
 #include "lib/cap.h"
+#include "lib/share.h"
 #include "lib/events.h"
 #include "lib/dest.h"
 #include "lib/rule.h"

@@ -569,8 +569,11 @@ func (l *Limiter) load() error {
 	return l.loadError(err)
 }
 
-// destTables are the destination pool tables sized by Options.MaxDestPools.
-var destTables = []string{"fs_dpool_conf", "fs_dpool_state", "fs_dpool_proj"}
+// destTables are the tables sized by Options.MaxDestPools: the destination
+// pools' and the fleet caps (bpf/lib/cap.h: a row per pool). The caps hold
+// nothing across a restart (Open clears what a daemon before left; the
+// fleet computation sets them again), so they are remade as the pools' are.
+var destTables = []string{"fs_dpool_conf", "fs_dpool_state", "fs_dpool_proj", "fs_caps"}
 
 // growDestTables unpins the destination pool tables when they were pinned
 // for no pool (NoDestPools) and this start wants room for some: they hold
