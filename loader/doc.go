@@ -46,7 +46,11 @@
 // connect and its first SYN, and a classified pod's own cgroup, deeper,
 // counts for its project. The levels below a weak hit are walked as a
 // cgroup of no member walks them, so the fallback costs nothing more than
-// before (BenchmarkConnectUnclassified against BenchmarkConnectDepth).
+// before (BenchmarkConnectUnclassified against BenchmarkConnectDepth; on a
+// quiet machine, 5 rounds alternating with the build before the weak
+// members, 4e4a8e4: connect4 at depth 3 ran 294 ns against 288 ns before,
+// per-round ratios 0.96-1.02, median 1.01, and an unclassified socket 284
+// ns: within the noise).
 // Members of NoProject, "(none)", have project id 0: the walk stops there
 // and the socket counts for none (the pods of system namespaces, the
 // daemon's own cgroup). They may sit below a weak member; an Unclassified
