@@ -582,21 +582,41 @@ func TestFleetKernelCaps(t *testing.T) {
 				}
 				return h
 			}
+			// The view that showed three projects is the one judged: a
+			// project refused everything is active only while it asks, so
+			// on a loaded machine, with rounds more than a window apart,
+			// a second look may catch it between two asks.
 			start := time.Now()
+			var three *admin.Fleet
 			for time.Since(start) < 60*time.Second {
 				step()
 				if fa := fleetView(a); fa.Active == 3 && fa.Share == 4 && time.Since(start) > 8*time.Second {
+					three = fa
 					break
 				}
 			}
-			if fa := fleetView(a); fa.Active != 3 || fa.Share != 4 {
-				t.Fatalf("the fleet never saw three projects: %+v", fa)
+			if three == nil {
+				t.Fatalf("the fleet never saw three projects: %+v", fleetView(a))
 			}
-			// Steady: alpha's holding on the fleet, sampled every round.
-			most, sum, samples := 0, 0, 0
+			// Steady: alpha's holding on the fleet, sampled every round
+			// while the fleet has seen the three projects for longer than a
+			// connection is held (4 s): a round that sees fewer (a refused
+			// project between two asks, on a loaded machine) raises the
+			// share for a while, and what alpha took under it is given back
+			// only as its connections end.
+			most, sum, samples, unsteady := 0, 0, 0, 0
 			var caps []string
-			for t0 := time.Now(); time.Since(t0) < 10*time.Second; {
+			steadySince := time.Now()
+			for t0 := time.Now(); time.Since(t0) < 30*time.Second && samples < 10; {
 				step()
+				if fa := fleetView(a); fa.Active != 3 || fa.Share != 4 {
+					steadySince = time.Now()
+					unsteady++
+					continue
+				}
+				if time.Since(steadySince) < 4500*time.Millisecond {
+					continue
+				}
 				h := holding()
 				most = max(most, h["alpha"])
 				sum += h["alpha"]
@@ -610,8 +630,11 @@ func TestFleetKernelCaps(t *testing.T) {
 					caps = append(caps, fmt.Sprintf("%s: %s cap %d held %d (allocation %d)", fleetView(n).Node, pr.Project, pr.Cap, pr.Held, pr.Alloc))
 				}
 			}
-			t.Logf("alpha on two nodes: at most %d held in all, %.1f on average over %d samples; fleet share 4\n%s",
-				most, float64(sum)/float64(samples), samples, strings.Join(caps, "\n"))
+			t.Logf("alpha on two nodes: at most %d held in all, %.1f on average over %d samples; fleet share 4 (%d rounds saw fewer projects)\n%s",
+				most, float64(sum)/float64(max(samples, 1)), samples, unsteady, strings.Join(caps, "\n"))
+			if samples < 5 {
+				t.Fatalf("the fleet held three projects steadily for %d rounds only (%d rounds saw fewer)", samples, unsteady)
+			}
 			if avg := float64(sum) / float64(samples); avg > 4.4 || most > 5 {
 				t.Errorf("alpha held %.1f on average and at most %d on the fleet, past its fleet share of 4", avg, most)
 			}
