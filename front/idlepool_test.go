@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -274,18 +275,16 @@ func TestSweepKeepsKeys(t *testing.T) {
 // two connections, a project's next request reuses its own, and a third
 // project past the bound of keys drops the least recently used key's.
 func TestUpstreamH2CConnectionPerProject(t *testing.T) {
-	var conns atomic.Int64
+	// Each answer names the upstream connection it came on (the client's
+	// address as the upstream sees it): the test judges which connection
+	// served whom, not how many dials the transport made (under load it
+	// may dial twice for one request and keep one).
 	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		_, _ = io.WriteString(w, req.Proto)
+		_, _ = io.WriteString(w, req.Proto+" "+req.RemoteAddr)
 	}))
 	up.Config.Protocols = new(http.Protocols)
 	up.Config.Protocols.SetHTTP1(true)
 	up.Config.Protocols.SetUnencryptedHTTP2(true)
-	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
 	up.Start()
 	defer up.Close()
 	f, err := New(Config{Upstream: up.URL, UpstreamH2C: true, TrustedPeers: []string{"192.0.2.1"}}, Deps{})
@@ -294,29 +293,37 @@ func TestUpstreamH2CConnectionPerProject(t *testing.T) {
 	}
 	defer f.CloseIdle()
 	f.keyed.max = 2
-	get := func(project string) {
+	get := func(project string) string {
 		t.Helper()
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("GET", "/", nil)
 		req.Header.Set(DefaultProjectHeader, project)
 		f.ServeHTTP(rec, req)
-		if rec.Body.String() != "HTTP/2.0" {
+		proto, conn, _ := strings.Cut(rec.Body.String(), " ")
+		if proto != "HTTP/2.0" {
 			t.Fatalf("%s: upstream saw %q, want HTTP/2.0", project, rec.Body.String())
 		}
+		return conn
 	}
-	for _, p := range []string{"alpha", "beta", "alpha", "beta"} {
-		get(p)
+	a1, b1, a2, b2 := get("alpha"), get("beta"), get("alpha"), get("beta")
+	if a1 == b1 {
+		t.Errorf("alpha and beta shared the upstream connection %s", a1)
 	}
-	if n := conns.Load(); n != 2 {
-		t.Errorf("alpha and beta, twice each, took %d upstream connections, want 2", n)
+	if a2 != a1 || b2 != b1 {
+		t.Errorf("a project's next request took another connection: alpha %s then %s, beta %s then %s", a1, a2, b1, b2)
 	}
-	get("gamma")
-	if n, k := conns.Load(), f.keyed.transports(); n != 3 || k != 2 {
-		t.Errorf("gamma: %d connections (want 3), %d transports kept (want 2)", n, k)
+	g := get("gamma")
+	if g == a1 || g == b1 {
+		t.Errorf("gamma was served on another project's connection %s (alpha %s, beta %s)", g, a1, b1)
 	}
-	get("beta") // kept: alpha was the least recently used
-	if n := conns.Load(); n != 3 {
-		t.Errorf("beta after gamma took a new connection (%d in all)", n)
+	if k := f.keyed.transports(); k != 2 {
+		t.Errorf("gamma: %d transports kept, want 2", k)
+	}
+	if b3 := get("beta"); b3 != b1 { // kept: alpha was the least recently used
+		t.Errorf("beta after gamma took another connection: %s, had %s", b3, b1)
+	}
+	if a3 := get("alpha"); a3 == a1 {
+		t.Errorf("alpha's transport was not dropped: its connection %s served it again", a3)
 	}
 }
 
