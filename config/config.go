@@ -149,6 +149,19 @@ func MinLapseAfter(tick time.Duration) time.Duration {
 	return max(minLapseAfter, 3*tick)
 }
 
+// LapseRaised says, for a configuration before and after Validate, whether
+// Validate raised connections.lapse_after to MinLapseAfter (a value from two
+// ticks up to it, valid before the minimum rose), and a line that says so
+// for the log.
+func LapseRaised(before, after Config) (string, bool) {
+	b, a := before.Connections.LapseAfter, after.Connections.LapseAfter
+	if b == a {
+		return "", false
+	}
+	return fmt.Sprintf("connections.lapse_after %s is under the least a running daemon cannot reach (%s and three ticks): "+
+		"enforcement lapses after %s instead; write %s (or 0) in the configuration to silence this", b, minLapseAfter, a, a), true
+}
+
 // Permits configures the local permit API (package permitd) that serves the
 // flights, residents and any extra pool to runtimes on the node.
 type Permits struct {
@@ -557,9 +570,15 @@ func (c *Config) Validate() error {
 	if n := c.Connections.MaxNetnsPerProject; n < 1 || n > limits.MaxNetns {
 		return bad("connections.max_netns_per_project must be between 1 and %d, got %d", limits.MaxNetns, n)
 	}
-	if la, least := c.Connections.LapseAfter, MinLapseAfter(c.Tick); la < 0 || la != 0 && la < least {
+	if la, least := c.Connections.LapseAfter, MinLapseAfter(c.Tick); la < 0 || la != 0 && la < 2*c.Tick {
 		return bad("connections.lapse_after must be 0 (enforce forever) or at least %s (%s and three ticks), got %s",
 			least, minLapseAfter, la)
+	} else if la != 0 && la < least {
+		// Two ticks was the least before: a node upgraded with such a
+		// value starts with it raised (the caller warns, see
+		// LapseRaised) instead of refusing to start while the pins its
+		// last daemon left lapse.
+		c.Connections.LapseAfter = least
 	}
 	if ttl := c.Connections.ReservationTTL; ttl != 0 && (ttl < limits.MinReservationTTL || ttl > limits.MaxReservationTTL) {
 		return bad("connections.reservation_ttl must be 0 (the default) or between %s and %s, got %s",

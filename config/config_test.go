@@ -113,8 +113,8 @@ func TestParseRejects(t *testing.T) {
 		{"same sockets", "permits: {socket: /run/fairshare/admin.sock}", "permits.socket"},
 		{"reconcile", "reconcile: 10ms", "reconcile"},
 		{"tick too small", "tick: 1ms", "tick"},
-		{"lapse under 3s", "connections: {lapse_after: 2s}", "connections.lapse_after must be 0 (enforce forever) or at least 3s"},
-		{"lapse under three ticks", "{tick: 2s, connections: {lapse_after: 5s}}", "at least 6s"},
+		{"lapse under two ticks", "connections: {lapse_after: 1500ms}", "connections.lapse_after must be 0 (enforce forever) or at least 3s"},
+		{"lapse under two ticks of 2s", "{tick: 2s, connections: {lapse_after: 3s}}", "at least 6s"},
 		{"negative lapse", "connections: {lapse_after: -1s}", "connections.lapse_after"},
 		{"bad duration", "tick: soon", "line 1"},
 		{"metrics listen", "metrics: {listen: localhost}", "metrics.listen"},
@@ -351,6 +351,36 @@ func headerKeyRefused(t *testing.T, key string, ok map[string]bool) {
 		}
 		if !fine && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), key)) {
 			t.Errorf("%s %s: %v, want ErrInvalid naming front.%s", key, h, err, key)
+		}
+	}
+}
+
+// A lapse_after of two ticks or more but under MinLapseAfter was valid
+// before the minimum rose: Validate raises it, where refusing it stopped an
+// upgraded daemon from starting while the pins it had left lapsed and
+// every tenant went unlimited (review).
+func TestLapseAfterRaisedNotRefused(t *testing.T) {
+	for _, tc := range []struct {
+		tick, lapse, want time.Duration
+	}{
+		{time.Second, 2 * time.Second, 3 * time.Second},
+		{time.Second, 2500 * time.Millisecond, 3 * time.Second},
+		{2 * time.Second, 4 * time.Second, 6 * time.Second},
+		{time.Second, 3 * time.Second, 3 * time.Second},
+		{time.Second, 0, 0},
+	} {
+		c := Default()
+		c.Tick, c.Connections.LapseAfter = tc.tick, tc.lapse
+		before := c
+		if err := c.Validate(); err != nil {
+			t.Fatalf("tick %s, lapse_after %s: %v", tc.tick, tc.lapse, err)
+		}
+		if got := c.Connections.LapseAfter; got != tc.want {
+			t.Errorf("tick %s, lapse_after %s: %s after Validate, want %s", tc.tick, tc.lapse, got, tc.want)
+		}
+		msg, raised := LapseRaised(before, c)
+		if raised != (tc.lapse != tc.want) || raised && !strings.Contains(msg, tc.want.String()) {
+			t.Errorf("tick %s, lapse_after %s: LapseRaised %v %q", tc.tick, tc.lapse, raised, msg)
 		}
 	}
 }

@@ -145,6 +145,7 @@ func New(opts Options) (*Daemon, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	lapseNote, lapseRaised := config.LapseRaised(opts.Config, cfg)
 	cfg, _ = Effective(cfg)
 	if err := preflight(cfg); err != nil {
 		return nil, err
@@ -166,6 +167,9 @@ func New(opts Options) (*Daemon, error) {
 	// flood repeats one line per request or connection.
 	rl := logrl.New(log.Handler(), logrl.Options{})
 	log = slog.New(rl)
+	if lapseRaised {
+		log.Warn(lapseNote)
+	}
 	nofile, err := listen.RaiseFileLimit()
 	if err != nil {
 		log.Warn("could not raise the open-files limit", "err", err)

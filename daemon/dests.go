@@ -119,8 +119,12 @@ func (d *Daemon) destStatus(st *admin.Status) error {
 // not validate, or destination pools the kernel side refuses, change
 // nothing.
 func (d *Daemon) Reload(cfg config.Config) error {
+	read := cfg
 	if err := cfg.Validate(); err != nil {
 		return err
+	}
+	if note, raised := config.LapseRaised(read, cfg); raised {
+		d.log.Warn("reload: " + note)
 	}
 	// Resolved as New resolved the configuration it started with (floors,
 	// windows, the projects root), so an unchanged file compares equal.
