@@ -53,6 +53,10 @@ type ledger struct {
 
 	released uint64  // releases since the last recompute
 	relRate  float64 // pool releases per second, smoothed
+	// measured: a recompute has measured relRate over a period with
+	// permits held or released (0 included): the cold back-off is only
+	// for a pool's first period, before it knows anything.
+	measured bool
 
 	// admitted and refused count every ask since the pool was built. They
 	// are kept here, not summed over projects, because forgetting an idle
@@ -361,7 +365,7 @@ func (l *ledger) retryAfter(idx int32, rate float64) time.Duration {
 		// back-off that doubles while nothing comes free, up to the window:
 		// a crowd told the whole window at a pool's start stayed away a
 		// second while the first releases came 20ms later (docs/compare.md).
-		if l.relRate <= 0 && l.clock != nil {
+		if !l.measured && l.relRate <= 0 && l.clock != nil {
 			est = math.Min(est, float64(l.now-l.lastRecompute)/float64(time.Second))
 		}
 	}
@@ -370,6 +374,12 @@ func (l *ledger) retryAfter(idx int32, rate float64) time.Duration {
 	// the estimate by up to half, as this did, made a hint up to 2.5 times
 	// the wait of the first client in line once the slot's own jitter was
 	// added.
+	// Clamped as a float: a rate that has halved at every recompute while
+	// nothing was released (ewma with 0) makes est past what a Duration
+	// holds, and the conversion wrapped to a negative, answered as 1ms.
+	if est >= maxRetry.Seconds() {
+		return maxRetry
+	}
 	d := time.Duration(est * float64(time.Second))
 	return min(max(d, minRetry), maxRetry)
 }
@@ -398,6 +408,7 @@ func (l *ledger) recompute(now int64, pinned, keep func(int32) bool, forgotten f
 	// quiet spell be told to come back 1/rate apart at a rate near zero.
 	if dt > 0 && (l.released > 0 || l.inUse > 0) {
 		l.relRate = ewma(l.relRate, float64(l.released)/dt)
+		l.measured = true
 	}
 	l.released = 0
 	cutoff := now - l.window

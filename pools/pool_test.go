@@ -674,3 +674,60 @@ func TestActiveNeverLeavesEarlyWithLateTicks(t *testing.T) {
 		t.Fatalf("a project silent for 2.1 s is still active: %+v", s)
 	}
 }
+
+// TestRetryAfterLongHold: a pool whose permits stay held with nothing
+// released keeps telling refused clients to wait longer, up to the cap,
+// however long the hold lasts. Before, the smoothed rate halved at every
+// recompute, and after some 37 seconds the estimate overflowed a
+// Duration and the hint read 1ms: a long-poll or streaming pool sent its
+// refused clients straight back (review).
+func TestRetryAfterLongHold(t *testing.T) {
+	clk := newFakeClock()
+	p := mustPool(t, 10, 0, clk)
+	a := acquireN(t, p, "a", 10)
+	for i := range 10 { // ten released and taken again in the first second
+		if err := p.Release(a[i]); err != nil {
+			t.Fatal(err)
+		}
+		a[i] = acquireN(t, p, "a", 1)[0]
+	}
+	clk.Advance(time.Second)
+	p.Recompute()
+	last := time.Duration(0)
+	for s := 1; s <= 120; s++ {
+		clk.Advance(time.Second)
+		p.Recompute()
+		r := mustRefuse(t, p, "a")
+		if r.RetryAfter < last {
+			t.Fatalf("after %ds held with nothing released the hint fell from %v to %v", s, last, r.RetryAfter)
+		}
+		last = r.RetryAfter
+	}
+	if last != maxRetry {
+		t.Fatalf("after two minutes held with nothing released the hint is %v, want the cap %v", last, maxRetry)
+	}
+}
+
+// TestRetryAfterColdOnlyFirstPeriod: the short back-off of a pool that has
+// measured nothing yet is for its first period only. A pool held full
+// from its start, with no release in a whole period, answers the window
+// as any pool with no release rate does; before, every recompute reset the
+// back-off to a millisecond and doubled it again, for as long as the first
+// holders lived (review).
+func TestRetryAfterColdOnlyFirstPeriod(t *testing.T) {
+	clk := newFakeClock()
+	p := mustPool(t, 4, 0, clk)
+	acquireN(t, p, "a", 4)
+	clk.Advance(time.Millisecond)
+	if r := mustRefuse(t, p, "a"); r.RetryAfter != time.Millisecond {
+		t.Fatalf("first period, 1ms in: %v, want the cold back-off of 1ms", r.RetryAfter)
+	}
+	for range 3 {
+		clk.Advance(time.Second)
+		p.Recompute()
+		clk.Advance(time.Millisecond)
+		if r := mustRefuse(t, p, "a"); r.RetryAfter != time.Second {
+			t.Fatalf("held a whole period with nothing released: %v, want the window", r.RetryAfter)
+		}
+	}
+}

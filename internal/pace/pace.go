@@ -68,7 +68,12 @@ func (p *Pacer) Slot(project string, now time.Time, est time.Duration, rate floa
 		est = min(est, p.horizonOr(est))
 		return est, min(max(est, minGap), maxGap)
 	}
-	gap = min(max(time.Duration(float64(time.Second)/rate), minGap), maxGap)
+	// Clamped as a float: at a rate under 1e-10/s the Duration wraps.
+	if g := float64(time.Second) / rate; g >= float64(maxGap) {
+		gap = maxGap
+	} else {
+		gap = max(time.Duration(g), minGap)
+	}
 
 	p.mu.Lock()
 	defer p.mu.Unlock()

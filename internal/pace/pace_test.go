@@ -108,3 +108,17 @@ func TestSpread(t *testing.T) {
 		t.Fatalf("Spread below zero: %v", d)
 	}
 }
+
+// TestTinyRateGapIsCapped: at a rate near zero the gap between slots is the
+// most a gap may be. Before, 1s/rate past what a Duration holds wrapped
+// negative and the gap read a microsecond: the slowest pool packed its
+// refused clients tightest (review).
+func TestTinyRateGapIsCapped(t *testing.T) {
+	p := New(0)
+	now := time.Now()
+	for _, rate := range []float64{1e-3, 1e-9, 1e-10, 1e-300} {
+		if _, gap := p.Slot("a", now, time.Second, rate); gap != maxGap {
+			t.Errorf("rate %g/s: gap %v, want %v", rate, gap, maxGap)
+		}
+	}
+}
