@@ -386,12 +386,16 @@ func (m *Member) applyLocked(a Allotment) {
 		m.cfg.Log.Error("fleet: setting the local pool", "pool", m.cfg.Pool, "size", a.Size, "err", err)
 		return
 	}
+	m.applied, m.haveApply = a, true
 	if c, ok := m.cfg.Target.(Capper); ok {
 		if err := c.SetCaps(a.Caps, a.Spare); err != nil {
-			m.cfg.Log.Error("fleet: setting the caps", "pool", m.cfg.Pool, "err", err)
+			// Applied again at the next computation, changed or not: a
+			// cap left unwritten (or half written) holds the project to
+			// the node's rule alone until then.
+			m.cfg.Log.Error("fleet: setting the caps; trying again at the next computation", "pool", m.cfg.Pool, "err", err)
+			m.haveApply = false
 		}
 	}
-	m.applied, m.haveApply = a, true
 }
 
 // watchLoop keeps the view: a read of the pool's nodes, then a watch from
