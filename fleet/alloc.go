@@ -91,6 +91,42 @@ func ComputeFor(size, floor int, nodes []Node, self string) Plan {
 // each project's name is looked up once per node it is on, the rest is
 // slices.
 func compute(size, floor int, nodes []Node, self string, all bool) Plan {
+	f := computeFleet(size, floor, nodes)
+	if all {
+		return f.split(-1)
+	}
+	return f.forNode(self)
+}
+
+// fleetAlloc is the fleet-wide part of a computation: the projects'
+// allocations, the same for every node that read the same publications.
+// split then derives one node's allotment (or all of them) from it. It is
+// read-only once made, so nodes that saw the same view can share one (the
+// in-process simulation does, see sharedView).
+type fleetAlloc struct {
+	size  int
+	nodes []Node // by name
+	plan  Plan   // without Nodes
+	projs []allocProject
+	index map[string]int // project name -> first-sight index in projs
+	// byProj holds each project's demands, in node order, as the run
+	// byProj[start[k]:start[k+1]] (a counting sort of the demands).
+	byProj  []allocWhere
+	start   []int
+	allocOf []int // a(p) by first-sight index
+	left    int   // what nobody was allocated
+}
+
+type allocProject struct {
+	name              string
+	want, held, nodes int
+}
+
+// allocWhere is one demand: project proj (first-sight index) wants want on
+// node node (index in fleetAlloc.nodes).
+type allocWhere struct{ proj, node, want int }
+
+func computeFleet(size, floor int, nodes []Node) *fleetAlloc {
 	floor = pools.EffectiveFloor(size, floor)
 	nodes = slices.Clone(nodes)
 	slices.SortFunc(nodes, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
@@ -101,14 +137,9 @@ func compute(size, floor int, nodes []Node, self string, all bool) Plan {
 
 	// Each project once, by first sight, with its totals; and each demand
 	// (project, node, want), in node order.
-	type project struct {
-		name              string
-		want, held, nodes int
-	}
-	type where struct{ proj, node, want int }
 	index := make(map[string]int, demands)
-	projs := make([]project, 0, demands)
-	wheres := make([]where, 0, demands)
+	projs := make([]allocProject, 0, demands)
+	wheres := make([]allocWhere, 0, demands)
 	for i, n := range nodes {
 		for p, d := range n.Projects {
 			w := d.want(size)
@@ -119,13 +150,13 @@ func compute(size, floor int, nodes []Node, self string, all bool) Plan {
 			if !ok {
 				k = len(projs)
 				index[p] = k
-				projs = append(projs, project{name: p})
+				projs = append(projs, allocProject{name: p})
 			}
 			pr := &projs[k]
 			pr.want = min(pr.want+w, size)
 			pr.held += max(d.Held, 0)
 			pr.nodes++
-			wheres = append(wheres, where{k, i, w})
+			wheres = append(wheres, allocWhere{k, i, w})
 		}
 	}
 	// Name order: the water-filling's ties go to the lower index.
@@ -135,8 +166,7 @@ func compute(size, floor int, nodes []Node, self string, all bool) Plan {
 	}
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(projs[a].name, projs[b].name) })
 
-	plan := Plan{Size: size, Floor: floor, Active: len(projs), Projects: make(map[string]ProjectPlan, len(projs)),
-		Nodes: make(map[string]Allotment, len(nodes))}
+	plan := Plan{Size: size, Floor: floor, Active: len(projs), Projects: make(map[string]ProjectPlan, len(projs))}
 	plan.Share = pools.Share(size, floor, plan.Active)
 
 	// Round 1: up to the share, over S.
@@ -163,20 +193,6 @@ func compute(size, floor int, nodes []Node, self string, all bool) Plan {
 		plan.Projects[pr.name] = ProjectPlan{Want: pr.want, Held: pr.held, Alloc: alloc[i], Nodes: pr.nodes}
 	}
 
-	// The nodes wanted: all, or self alone (-1: self published nothing).
-	me := -1
-	if !all {
-		me = sort.Search(len(nodes), func(i int) bool { return nodes[i].Name >= self })
-		if me == len(nodes) || nodes[me].Name != self {
-			return plan
-		}
-	}
-	// Split each allocation among its nodes, max-min fair by want: a node
-	// where the project wants little gets all it wants, the rest goes
-	// where it wants more. (A split in proportion to want would give a
-	// node whose want was swollen by one period's refusals more than it
-	// uses, and starve the node that needs it.) A project's demands, in
-	// node order, are a run of byProj (a counting sort of wheres).
 	start := make([]int, len(projs)+1)
 	for _, w := range wheres {
 		start[w.proj+1]++
@@ -184,33 +200,70 @@ func compute(size, floor int, nodes []Node, self string, all bool) Plan {
 	for k := range projs {
 		start[k+1] += start[k]
 	}
-	byProj := make([]where, len(wheres))
+	byProj := make([]allocWhere, len(wheres))
 	next := slices.Clone(start[:len(projs)])
 	for _, w := range wheres {
 		byProj[next[w.proj]] = w
 		next[w.proj]++
 	}
-	mine := map[int]bool{} // the projects on self
-	if !all {
-		for _, w := range wheres {
-			if w.node == me {
-				mine[w.proj] = true
+	return &fleetAlloc{size: size, nodes: nodes, plan: plan, projs: projs, index: index, byProj: byProj,
+		start: start, allocOf: allocOf, left: size - used}
+}
+
+// forNode is the Plan of ComputeFor(..., self) from the fleet-wide part:
+// none of self's allotment when self published nothing.
+func (f *fleetAlloc) forNode(self string) Plan {
+	me := sort.Search(len(f.nodes), func(i int) bool { return f.nodes[i].Name >= self })
+	if me == len(f.nodes) || f.nodes[me].Name != self {
+		return f.split(-2)
+	}
+	return f.split(me)
+}
+
+// split returns the Plan with the allotment of node me (an index in
+// f.nodes), of every node (-1), or of none (-2). The Plan's Projects map is
+// f's, shared: read it, never write it.
+func (f *fleetAlloc) split(me int) Plan {
+	plan := f.plan
+	if me == -1 {
+		plan.Nodes = make(map[string]Allotment, len(f.nodes))
+	} else {
+		plan.Nodes = make(map[string]Allotment, 1)
+	}
+	if me == -2 {
+		return plan
+	}
+	all := me == -1
+	// Split each allocation among its nodes, max-min fair by want: a node
+	// where the project wants little gets all it wants, the rest goes
+	// where it wants more. (A split in proportion to want would give a
+	// node whose want was swollen by one period's refusals more than it
+	// uses, and starve the node that needs it.) A project's demands, in
+	// node order, are a run of byProj. For one node, only the projects
+	// it published with a want are split.
+	var mine []int
+	if all {
+		mine = make([]int, len(f.projs))
+		for k := range mine {
+			mine[k] = k
+		}
+	} else {
+		for p, d := range f.nodes[me].Projects {
+			if d.want(f.size) > 0 {
+				mine = append(mine, f.index[p])
 			}
 		}
 	}
-	caps := make([]map[string]int, len(nodes))
-	sizes := make([]int, len(nodes))
+	caps := make([]map[string]int, len(f.nodes))
+	sizes := make([]int, len(f.nodes))
 	var weights []int
-	for k := range projs {
-		if !all && !mine[k] {
-			continue
-		}
-		run := byProj[start[k]:start[k+1]]
+	for _, k := range mine {
+		run := f.byProj[f.start[k]:f.start[k+1]]
 		weights = weights[:0]
 		for _, w := range run {
 			weights = append(weights, w.want)
 		}
-		for j, x := range waterFill(weights, allocOf[k]) {
+		for j, x := range waterFill(weights, f.allocOf[k]) {
 			n := run[j].node
 			if !all && n != me {
 				continue
@@ -218,25 +271,25 @@ func compute(size, floor int, nodes []Node, self string, all bool) Plan {
 			if caps[n] == nil {
 				caps[n] = map[string]int{}
 			}
-			caps[n][projs[k].name] = x
+			caps[n][f.projs[k].name] = x
 			sizes[n] += x
 		}
 	}
 	// Spread what nobody was allocated evenly over the nodes, the
 	// remainder one each to the first by name (proportional with equal
 	// weights).
-	left := size - used
+	left := f.left
 	spare := func(i int) int {
-		if len(nodes) == 0 || left <= 0 {
+		if len(f.nodes) == 0 || left <= 0 {
 			return 0
 		}
-		s := left / len(nodes)
-		if i < left%len(nodes) {
+		s := left / len(f.nodes)
+		if i < left%len(f.nodes) {
 			s++
 		}
 		return s
 	}
-	for i, n := range nodes {
+	for i, n := range f.nodes {
 		if !all && i != me {
 			continue
 		}

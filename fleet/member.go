@@ -152,6 +152,25 @@ type Member struct {
 	computeTook time.Duration
 	lease       clientv3.LeaseID
 	pubLease    clientv3.LeaseID // the lease of the last publication
+
+	// shared, when set before Run, replaces the node's own read and watch
+	// of the fleet's keys and most of its computation: the views come
+	// from a feed shared by the in-process nodes of TestFleetSimulation
+	// (simFeed in sim_test.go), which watches etcd once for all of them
+	// and computes each view's fleet-wide part once (the part every node
+	// with that view computes alike); the node still splits its own
+	// allotment, publishes under its own lease and applies. Only that
+	// test sets it: a real node always watches and computes itself.
+	shared <-chan *sharedView
+}
+
+// sharedView is one view of the fleet shared read-only among in-process
+// Members (see Member.shared): the publications by node name, the
+// fleet-wide part of the computation on them, and how long it took.
+type sharedView struct {
+	view  map[string]Node
+	fleet *fleetAlloc
+	took  time.Duration
 }
 
 // New validates cfg and returns a Member; Run starts it.
@@ -208,7 +227,11 @@ func (m *Member) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); m.watchLoop(ctx) }()
+	if m.shared != nil {
+		go func() { defer wg.Done(); m.sharedLoop(ctx) }()
+	} else {
+		go func() { defer wg.Done(); m.watchLoop(ctx) }()
+	}
 	t := time.NewTicker(m.cfg.Period)
 	defer t.Stop()
 	for {
@@ -480,6 +503,26 @@ func (m *Member) watchLoop(ctx context.Context) {
 	}
 }
 
+// sharedLoop is watchLoop for a Member fed shared views (see
+// Member.shared): each view as it comes, this node's allotment split from
+// its fleet-wide part.
+func (m *Member) sharedLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case v := <-m.shared:
+			plan := v.fleet.forNode(m.cfg.Node)
+			if v.fleet.size != m.cfg.Size || plan.Floor != m.cfg.Floor {
+				// Another pool's view: compute from scratch.
+				m.setView(v.view)
+				continue
+			}
+			m.applyView(v.view, plan, v.took)
+		}
+	}
+}
+
 func (m *Member) decode(key, value []byte) (Node, bool) {
 	name := strings.TrimPrefix(string(key), m.dir)
 	var n Node
@@ -499,7 +542,11 @@ func (m *Member) setView(view map[string]Node) {
 	}
 	t0 := time.Now()
 	plan := ComputeFor(m.cfg.Size, m.cfg.Floor, nodes, m.cfg.Node)
-	took := time.Since(t0)
+	m.applyView(view, plan, time.Since(t0))
+}
+
+// applyView installs a view and its plan, and applies the allotment.
+func (m *Member) applyView(view map[string]Node, plan Plan, took time.Duration) {
 	m.mu.Lock()
 	m.view, m.plan, m.computeTook = view, plan, took
 	if len(view) > 0 {

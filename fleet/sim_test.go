@@ -4,14 +4,19 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +29,7 @@ import (
 var (
 	simNodes    = flag.Int("fleet.sim.nodes", envInt("FAIRSHARE_FLEET_SIM_NODES", 20), "nodes of TestFleetSimulation (the issue's scale: 1000; env FAIRSHARE_FLEET_SIM_NODES)")
 	simProjects = flag.Int("fleet.sim.projects", envInt("FAIRSHARE_FLEET_SIM_PROJECTS", 0), "projects of TestFleetSimulation; 0 is 10 per node (env FAIRSHARE_FLEET_SIM_PROJECTS)")
+	simWatch    = flag.String("fleet.sim.watch", envStr("FAIRSHARE_FLEET_SIM_WATCH", ""), "TestFleetSimulation's watch: own (each node its own etcd watch, as in life) or shared (one watch and one fleet-wide computation per view for all the in-process nodes); empty: own up to 100 nodes, shared above (env FAIRSHARE_FLEET_SIM_WATCH)")
 	simScale    = flag.Int("fleet.sim.scale", envInt("FAIRSHARE_FLEET_SIM_SCALE", 0), "TestFleetSimulation's time dilation: one simulated second lasts this many; 0 is one per 50 nodes (env FAIRSHARE_FLEET_SIM_SCALE)")
 )
 
@@ -32,6 +38,161 @@ func envInt(name string, def int) int {
 		return v
 	}
 	return def
+}
+
+// cpuTime is the process's user and system time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func envStr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+// simFeed is the one read and watch of the fleet's keys that the
+// in-process nodes share when -fleet.sim.watch is shared (see
+// Member.shared). It does what each Member's watchLoop does, once: it
+// reads the nodes' keys, watches from the revision after, decodes each
+// publication once, coalesces the events as watchLoop does (those within a
+// fifth of a period of the last view, or ten computations' time where a
+// computation is longer), and computes each view's fleet-wide part once:
+// every node that saw that view would compute the same. Each node then
+// splits its own allotment from it. The computation's time is the one a
+// node would have on its own machine, so the coalescing gap takes it
+// dilated like every other duration of the simulation.
+type simFeed struct {
+	client        *clientv3.Client
+	dir           string
+	size          int
+	period, scale time.Duration
+	subs          []chan *sharedView
+	mu            sync.Mutex // guards the fields below
+	views         int
+	computeTook   time.Duration // their total
+}
+
+// subscribe returns a channel of the feed's views for one Member: the
+// latest view, the older ones dropped as a Member's watch coalesces them.
+func (f *simFeed) subscribe() <-chan *sharedView {
+	ch := make(chan *sharedView, 1)
+	f.subs = append(f.subs, ch)
+	return ch
+}
+
+// publish computes a view's fleet-wide part and hands it to every node
+// (the feed is the channels' only sender, so the second send never
+// blocks). It returns the computation's time.
+func (f *simFeed) publish(view map[string]Node) time.Duration {
+	nodes := make([]Node, 0, len(view))
+	for _, n := range view {
+		nodes = append(nodes, n)
+	}
+	t0 := time.Now()
+	fa := computeFleet(f.size, 0, nodes)
+	took := time.Since(t0)
+	f.mu.Lock()
+	f.views++
+	f.computeTook += took
+	f.mu.Unlock()
+	v := &sharedView{view: view, fleet: fa, took: took}
+	for _, ch := range f.subs {
+		select {
+		case ch <- v:
+		default:
+			select {
+			case <-ch:
+			default:
+			}
+			ch <- v
+		}
+	}
+	return took
+}
+
+func (f *simFeed) decode(key, value []byte) (Node, bool) {
+	name := strings.TrimPrefix(string(key), f.dir)
+	var n Node
+	if name == "" || strings.Contains(name, "/") || json.Unmarshal(value, &n) != nil {
+		return n, false
+	}
+	n.Name = name
+	return n, true
+}
+
+// run is Member.watchLoop for all the nodes.
+func (f *simFeed) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		gctx, cancel := context.WithTimeout(ctx, f.period)
+		resp, err := f.client.Get(gctx, f.dir, clientv3.WithPrefix())
+		cancel()
+		if err != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(f.period / 2):
+			}
+			continue
+		}
+		view := map[string]Node{}
+		for _, kv := range resp.Kvs {
+			if n, ok := f.decode(kv.Key, kv.Value); ok {
+				view[n.Name] = n
+			}
+		}
+		took := f.publish(view)
+		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		var lastCompute time.Time
+		wch := f.client.Watch(wctx, f.dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		for wr := range wch {
+			if wr.Err() != nil {
+				break
+			}
+			// The views handed out are read-only: a new one is a copy.
+			next := maps.Clone(view)
+			apply := func(wr clientv3.WatchResponse) {
+				for _, ev := range wr.Events {
+					name := strings.TrimPrefix(string(ev.Kv.Key), f.dir)
+					if ev.Type == clientv3.EventTypeDelete {
+						delete(next, name)
+					} else if n, ok := f.decode(ev.Kv.Key, ev.Kv.Value); ok {
+						next[n.Name] = n
+					}
+				}
+			}
+			apply(wr)
+			failed := false
+			every := min(f.period, max(f.period/5, 10*took*f.scale))
+			gap := time.NewTimer(time.Until(lastCompute.Add(every)))
+		drain:
+			for {
+				select {
+				case more, ok := <-wch:
+					if !ok || more.Err() != nil {
+						failed = true
+						break drain
+					}
+					apply(more)
+				case <-gap.C:
+					break drain
+				}
+			}
+			gap.Stop()
+			view = next
+			took = f.publish(view)
+			lastCompute = time.Now()
+			if failed {
+				break
+			}
+		}
+		wcancel()
+	}
 }
 
 // simNode is one in-process node: a real pool, a real Member, and the
@@ -86,16 +247,28 @@ func (n *simNode) drive(r *rand.Rand) {
 //	FAIRSHARE_FLEET_SIM_NODES=1000 go test -run TestFleetSimulation -v -timeout 60m ./fleet
 //
 // The nodes all live in this one process, so the process does the work of
-// the whole fleet: each node reads every node's publications, a million a
-// second at 1,000 nodes. The simulation therefore runs in dilated time:
-// every duration of the fleet (the publication period, the lease, the
-// clients' pace, the test's windows) is -fleet.sim.scale times longer, one
-// per 50 nodes unless set, and the times reported are divided back into
-// the fleet's seconds. What is measured is then what a fleet of real
-// nodes, each with its own machine, would do: the rule's rounds, not this
-// machine's speed, as long as the process keeps up (at 1,000 nodes it
-// needs some 50 CPU-seconds per simulated second; docs/fleet.md has the
-// results). The bounds asserted are loose (the machine is shared); the
+// the whole fleet. With a watch each (-fleet.sim.watch own, the default up
+// to 100 nodes: every node exactly as in life), each node reads and
+// decodes every node's publications, a million a second at 1,000 nodes,
+// and computes the fleet-wide plan itself: some 50 CPU-seconds per
+// simulated second at 1,000 nodes. Above 100 nodes the nodes share one
+// watch and one fleet-wide computation per view (simFeed; -fleet.sim.watch
+// shared): exact, since every node that saw a view computes the same
+// allocations from it, while each node still publishes its own demand
+// under its own lease with the real Member (etcd's write rate is the
+// real one), splits its own allotment and applies it to its own pool.
+// What sharing leaves out is etcd's fan-out of N watches (see
+// docs/fleet.md). The simulation also runs in dilated time: every duration
+// of the fleet (the publication period, the lease, the clients' pace, the
+// test's windows, the watch's coalescing gap, which follows the
+// computation's time) is -fleet.sim.scale times longer, one per 50 nodes
+// with own watches and one per 200 shared unless set, and the times
+// reported are divided back into the fleet's seconds. What is measured is
+// then what a fleet of real nodes, each with its own machine, would do:
+// the rule's rounds, not this machine's speed, as long as the process
+// keeps up (it logs its CPU-seconds a second to show it did); etcd's own
+// latency, not dilated, shrinks by the scale. docs/fleet.md has the
+// results. The bounds asserted are loose (the machine is shared); the
 // numbers are logged.
 func TestFleetSimulation(t *testing.T) {
 	if testing.Short() {
@@ -108,14 +281,24 @@ func TestFleetSimulation(t *testing.T) {
 		np = 10 * nn
 	}
 	size := 20 * np
+	shared := *simWatch == "shared" || *simWatch == "" && nn > 100
+	if *simWatch != "" && *simWatch != "shared" && *simWatch != "own" {
+		t.Fatalf("-fleet.sim.watch %q: own or shared", *simWatch)
+	}
 	scale := time.Duration(*simScale)
 	if scale <= 0 {
+		// The process does the fleet's work: with a watch each, N²
+		// decoded events and N computations a view; shared, N
+		// publications, one computation a view and N splits.
 		scale = time.Duration(max(1, nn/50))
+		if shared {
+			scale = time.Duration(max(1, nn/200))
+		}
 	}
 	// sleep and since are in the fleet's time.
 	sleep := func(d time.Duration) { time.Sleep(d * scale) }
 	since := func(t time.Time) time.Duration { return time.Since(t) / scale }
-	t.Logf("%d nodes, %d projects: time dilated %dx", nn, np, scale)
+	t.Logf("%d nodes, %d projects: time dilated %dx, shared watch %v", nn, np, scale, shared)
 	r := rand.New(rand.NewPCG(uint64(nn), uint64(np)))
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -146,6 +329,20 @@ func TestFleetSimulation(t *testing.T) {
 			t.Fatal(err)
 		}
 		nodes[i] = n
+	}
+	var feed *simFeed
+	if shared {
+		c, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		feed = &simFeed{client: c, dir: "/sim/db/nodes/", size: size, period: scale * DefaultPeriod, scale: scale}
+		for _, n := range nodes {
+			n.member.shared = feed.subscribe()
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); feed.run(ctx) }()
 	}
 	total := map[string]int{}
 	for j := range np {
@@ -232,13 +429,18 @@ func TestFleetSimulation(t *testing.T) {
 		}
 		return worst, mean / float64(max(n, 1)), who
 	}
+	// (The count itself, not Status, which copies the plan's projects:
+	// 10,000 per node at the scale.)
 	writes := func() (w uint64) {
 		for _, n := range nodes {
-			w += n.member.Status().Writes
+			n.member.mu.Lock()
+			w += n.member.writes
+			n.member.mu.Unlock()
 		}
 		return w
 	}
 
+	cpu0, wall0 := cpuTime(), time.Now()
 	start := time.Now()
 	var worst, mean float64
 	var who string
@@ -305,4 +507,13 @@ func TestFleetSimulation(t *testing.T) {
 	}
 	t.Logf("convergence: a new hungry project on 3 nodes held 95%% of its fair share %v after its demand appeared (target 3s); %d pool asks made, none with an etcd call (the ask path has none)",
 		conv.Round(10*time.Millisecond), asks)
+	// Whether the process kept up: on a machine of c cores, a CPU time
+	// near c per second means the fleet's times are the machine's.
+	t.Logf("this process: %.2f CPU-seconds a second (%d cores), dilated %dx", (cpuTime()-cpu0).Seconds()/time.Since(wall0).Seconds(), runtime.NumCPU(), scale)
+	if feed != nil {
+		feed.mu.Lock()
+		t.Logf("shared watch: %d views, the fleet-wide computation %v each (mean, this machine's time, not dilated)",
+			feed.views, (feed.computeTook / time.Duration(max(feed.views, 1))).Round(100*time.Microsecond))
+		feed.mu.Unlock()
+	}
 }
