@@ -358,6 +358,13 @@ func TestFleetSimulation(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = n.member.Run(ctx) }()
 	}
+	// The clients' rounds run in one goroutine: how long they take against
+	// their 100 ms (dilated) says whether the clients kept their pace.
+	var (
+		driveMu             sync.Mutex
+		driveRounds         int
+		driveTook, driveMax time.Duration
+	)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -365,9 +372,16 @@ func TestFleetSimulation(t *testing.T) {
 		t := time.NewTicker(scale * 100 * time.Millisecond)
 		defer t.Stop()
 		for {
+			t0 := time.Now()
 			for _, n := range nodes {
 				n.drive(dr)
 			}
+			took := time.Since(t0)
+			driveMu.Lock()
+			driveRounds++
+			driveTook += took
+			driveMax = max(driveMax, took)
+			driveMu.Unlock()
 			select {
 			case <-ctx.Done():
 				return
@@ -510,6 +524,10 @@ func TestFleetSimulation(t *testing.T) {
 	// Whether the process kept up: on a machine of c cores, a CPU time
 	// near c per second means the fleet's times are the machine's.
 	t.Logf("this process: %.2f CPU-seconds a second (%d cores), dilated %dx", (cpuTime()-cpu0).Seconds()/time.Since(wall0).Seconds(), runtime.NumCPU(), scale)
+	driveMu.Lock()
+	t.Logf("the clients' rounds: %v mean, %v at most, each due every %v (this machine's time)",
+		(driveTook / time.Duration(max(driveRounds, 1))).Round(time.Millisecond), driveMax.Round(time.Millisecond), scale*100*time.Millisecond)
+	driveMu.Unlock()
 	if feed != nil {
 		feed.mu.Lock()
 		t.Logf("shared watch: %d views, the fleet-wide computation %v each (mean, this machine's time, not dilated)",
