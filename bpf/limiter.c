@@ -636,6 +636,22 @@ int fs_adjust(struct fs_adjust_args *a)
 		}
 		return 0;
 	}
+	if (a->op == OP_DEST_CONF) {
+		__u32 k = a->since_ns;
+		struct fs_dest_conf *c = bpf_map_lookup_elem(&fs_dpool_conf, &k);
+		struct fs_dest_state *s = bpf_map_lookup_elem(&fs_dpool_state, &k);
+		if (c && s) {
+			/* Each a single store: a connect may read the old size
+			 * beside the new floor for an instant, as it could
+			 * when the loader wrote fs_dpool_conf in place. */
+			*(volatile __typeof__(s->size) *)&s->size = c->size;
+			*(volatile __typeof__(s->floor) *)&s->floor = c->floor;
+			*(volatile __typeof__(s->window_ns) *)&s->window_ns = c->window_ns;
+			*(volatile __typeof__(s->flags) *)&s->flags = c->flags;
+			a->result = 1;
+		}
+		return 0;
+	}
 	if (a->op == OP_DEST_ACTIVE || a->op == OP_DEST_ADD) {
 		struct dest_view v;
 		if (!dest_get(a->since_ns, a->project, &v))

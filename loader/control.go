@@ -327,6 +327,7 @@ const (
 	opMemberGen  = 7
 	opDestActive = 8
 	opDestAdd    = 9
+	opDestConf   = 10
 )
 
 // adjust runs fs_adjust, the syscall program that changes counters with the

@@ -141,6 +141,30 @@ func (l *Limiter) loadDestsLocked() error {
 	return nil
 }
 
+// putDestConf writes pool id's settings c, and copies them to the line of
+// its counts, where the programs read them (fs_dest_state, OP_DEST_CONF).
+func (l *Limiter) putDestConf(id uint32, c *limiterFsDestConf) error {
+	if err := l.objs.FsDpoolConf.Put(id, c); err != nil {
+		return err
+	}
+	if _, err := l.adjust(limiterFsAdjustArgs{Op: opDestConf, SinceNs: uint64(id)}); err != nil {
+		return err
+	}
+	return nil
+}
+
+// syncDestConfsLocked copies each pool's settings read back to the line of
+// its counts (OP_DEST_CONF): pins of a daemon killed between the two writes
+// of putDestConf get the settings it wrote.
+func (l *Limiter) syncDestConfsLocked() error {
+	for name, dp := range l.dests {
+		if _, err := l.adjust(limiterFsAdjustArgs{Op: opDestConf, SinceNs: uint64(dp.id)}); err != nil {
+			return fmt.Errorf("restoring destination pool %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
 func confName(c limiterFsDestConf) string {
 	b := make([]byte, 0, len(c.Name))
 	for _, ch := range c.Name {
@@ -229,7 +253,7 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 		for i := range min(len(p.Name), len(c.Name)) {
 			c.Name[i] = int8(p.Name[i])
 		}
-		if err := l.objs.FsDpoolConf.Put(ids[p.Name], &c); err != nil {
+		if err := l.putDestConf(ids[p.Name], &c); err != nil {
 			return fmt.Errorf("writing destination pool %s: %w", p.Name, err)
 		}
 		for _, d := range p.Destinations {
@@ -291,7 +315,7 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 			return fmt.Errorf("reading destination pool %s: %w", name, err)
 		}
 		c.Flags &^= destLive
-		if err := l.objs.FsDpoolConf.Put(dp.id, &c); err != nil {
+		if err := l.putDestConf(dp.id, &c); err != nil {
 			return fmt.Errorf("retiring destination pool %s: %w", name, err)
 		}
 		dp.live = false
@@ -369,7 +393,7 @@ func (l *Limiter) forgetDestLocked(name string, dp *destPool) error {
 	if err := l.dropCapsLocked(dp.id); err != nil {
 		return err
 	}
-	if err := l.objs.FsDpoolConf.Put(dp.id, &limiterFsDestConf{}); err != nil {
+	if err := l.putDestConf(dp.id, &limiterFsDestConf{}); err != nil {
 		return fmt.Errorf("clearing destination pool %s: %w", name, err)
 	}
 	delete(l.dests, name)
@@ -639,7 +663,7 @@ func (l *Limiter) SetDestPoolSize(name string, size uint32) error {
 		return fmt.Errorf("reading destination pool %s: %w", name, err)
 	}
 	c.Size, c.Floor = size, destFloor(size, p.Floor)
-	if err := l.objs.FsDpoolConf.Put(dp.id, &c); err != nil {
+	if err := l.putDestConf(dp.id, &c); err != nil {
 		return fmt.Errorf("resizing destination pool %s: %w", name, err)
 	}
 	dp.cfg = p

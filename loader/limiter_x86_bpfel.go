@@ -64,6 +64,7 @@ type limiterFsDestHost struct {
 	Port [2]uint8
 	Pad  [2]uint8
 	Pool uint32
+	Pad2 uint64
 }
 
 type limiterFsDestKey struct {
@@ -75,12 +76,17 @@ type limiterFsDestKey struct {
 }
 
 type limiterFsDestState struct {
-	_       structs.HostLayout
-	InUse   int64
-	Active  int64
-	Refused uint64
-	Would   uint64
-	Pad     [4]uint64
+	_        structs.HostLayout
+	InUse    int64
+	Active   int64
+	Size     uint32
+	Floor    uint32
+	WindowNs uint64
+	Flags    uint32
+	Pad      uint32
+	Refused  uint64
+	Would    uint64
+	Pad2     uint64
 }
 
 type limiterFsEvcfg struct {

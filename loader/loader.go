@@ -422,6 +422,10 @@ func Open(opts Options) (*Limiter, error) {
 		l.closeFDs()
 		return nil, err
 	}
+	if err := l.syncDestConfsLocked(); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
 	if err := l.setDestPoolsLocked(opts.DestPools); err != nil {
 		l.closeFDs()
 		return nil, err

@@ -17,11 +17,18 @@
  *                     pool that names the port wins over one that does not,
  *                     and among those the longest prefix (a host is the
  *                     longest, so its table comes first at each port)
- *   fs_dpool_conf     per pool: size, floor, window, flags, name (the loader's)
- *   fs_dpool_state    per pool: in_use, active, counters (atomics)
+ *   fs_dpool_conf     per pool: size, floor, window, flags, name (the loader's;
+ *                     read back at a restart)
+ *   fs_dpool_state    per pool: in_use, active, counters (atomics), and a copy
+ *                     of its settings: one cache line, all of the pool a
+ *                     connect reads
  *   fs_dpool_proj     per (pool, project): in_use, last ask, counters; an
  *                     array indexed (pool - 1) * dest_stride + project, so a
  *                     lookup is inlined (no hashing)
+ *
+ * The tables a matching connect reads are mmapable arrays: their values are
+ * page-aligned (a plain array's start some bytes into a line), so a host
+ * slot, a pool's state and a (pool, project) entry are one line each.
  *
  * The rule is share.h's (pool_admit, pool_give), the node's own code over
  * the pool's fields (dest_pool).
@@ -79,6 +86,7 @@ struct {
 	__uint(max_entries, DEST_HOSTS);
 	__type(key, __u32);
 	__type(value, struct fs_dest_host);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_dhosts SEC(".maps");
 
@@ -95,6 +103,7 @@ struct {
 	__uint(max_entries, 17); /* set at load: as fs_dpool_conf */
 	__type(key, __u32);
 	__type(value, struct fs_dest_state);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_dpool_state SEC(".maps");
 
@@ -103,6 +112,7 @@ struct {
 	__uint(max_entries, 16); /* set at load: Options.MaxDestPools x the entries of fs_projects */
 	__type(key, __u32);
 	__type(value, struct fs_project);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_dpool_proj SEC(".maps");
 
@@ -120,7 +130,6 @@ volatile const __u32 dest_stride = 1; /* entries of fs_projects, set at load */
 /* A destination pool and a project's entry in it, as dest_get finds them. */
 struct dest_view {
 	__u32 id;
-	struct fs_dest_conf *c;
 	struct fs_dest_state *s;
 	struct fs_project *p;
 };
@@ -129,7 +138,6 @@ static __always_inline bool dest_get(__u32 pool, __u64 project, struct dest_view
 {
 	__u32 k = pool;
 	v->id = pool;
-	v->c = bpf_map_lookup_elem(&fs_dpool_conf, &k);
 	v->s = bpf_map_lookup_elem(&fs_dpool_state, &k);
 	/* project < dest_stride (the loader's ids are), so the index names
 	 * one (pool, project) and cannot wrap into the next pool's. */
@@ -137,7 +145,7 @@ static __always_inline bool dest_get(__u32 pool, __u64 project, struct dest_view
 		return false;
 	__u32 i = (pool - 1) * dest_stride + (__u32)project;
 	v->p = bpf_map_lookup_elem(&fs_dpool_proj, &i);
-	return v->c && v->s && v->p;
+	return v->s && v->p;
 }
 
 /*
@@ -221,7 +229,7 @@ static __always_inline __u32 dest_lookup(__u32 kinds, __u16 port, const __u8 *ad
 /* dest_pool is destination pool v as the rule (share.h) takes it. */
 static __always_inline struct rule_pool dest_pool(struct dest_view *v)
 {
-	struct rule_pool r = {.size = &v->c->size, .floor = &v->c->floor, .window_ns = &v->c->window_ns,
+	struct rule_pool r = {.size = &v->s->size, .floor = &v->s->floor, .window_ns = &v->s->window_ns,
 			      .active = &v->s->active, .in_use = &v->s->in_use, .cap_pool = v->id};
 	return r;
 }
@@ -279,11 +287,11 @@ static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64
 		return;
 	__s64 taken = would ? 1 : 0;
 	__s64 held = *(volatile __s64 *)&v->p->in_use - taken;
-	__u32 size = v->c->size;
+	__u32 size = v->s->size;
 	__s64 active = *(volatile __s64 *)&v->s->active;
 	__u32 share = active > 1 ? size / (__u32)active : size;
-	if (share < v->c->floor)
-		share = v->c->floor;
+	if (share < v->s->floor)
+		share = v->s->floor;
 	struct fs_settings *cfg = settings();
 	__u32 cap = cfg ? fleet_cap(cfg, v->id, id) : 0;
 	if (cap)
@@ -351,7 +359,7 @@ static __always_inline int dest_connect(struct bpf_sock_addr *ctx, bool v6, __u6
 	/* Dry-run: the pool's, the project's, or the node's enforcement
 	 * lapsed (no daemon's heartbeat, events.h): a destination pool stops
 	 * refusing with the node's pool. */
-	if ((v.c->flags & DEST_DRYRUN) || bpf_map_lookup_elem(&fs_dryrun, &id) || lapse_of()) {
+	if ((v.s->flags & DEST_DRYRUN) || bpf_map_lookup_elem(&fs_dryrun, &id) || lapse_of()) {
 		dest_take_past(&v);
 		__sync_fetch_and_add(&v.s->would, 1);
 		dest_event(ctx, v6, id, &v, true);

@@ -206,6 +206,7 @@ enum adjust_op {
 	OP_MEMBER_GEN = 7, /* add one to fs_member_gen (fs_members changed); result: the new generation */
 	OP_DEST_ACTIVE = 8, /* add delta to destination pool since_ns's active count (Tick's recount) */
 	OP_DEST_ADD = 9,    /* add delta to destination pool since_ns's and its project's in_use (drift repair) */
+	OP_DEST_CONF = 10,  /* copy destination pool since_ns's settings from fs_dpool_conf to its fs_dest_state */
 };
 
 struct fs_adjust_args {
@@ -287,9 +288,14 @@ struct fs_dest_host {
 	__u8 port[2];  /* network order; 0 0: every port */
 	__u8 _pad[2];
 	__u32 pool;
+	__u64 _pad2; /* 32 bytes: a slot never straddles two lines (fs_dhosts is page-aligned) */
 };
 
-/* A destination pool's settings, written by the loader alone (SetDestPools). */
+/*
+ * A destination pool's settings and name, written by the loader alone
+ * (SetDestPools), which a restart reads back; the programs read the copy in
+ * fs_dest_state.
+ */
 struct fs_dest_conf {
 	__u32 size;  /* its POOL */
 	__u32 floor; /* its FLOOR */
@@ -299,13 +305,25 @@ struct fs_dest_conf {
 	char name[32];
 };
 
-/* A destination pool's counts: atomics only, never written by user space. */
+/*
+ * A destination pool's counts, and the settings the rule reads beside them:
+ * one cache line, the only one of the pool a connect loads (fs_dpool_state
+ * is mmapable so that its values are page-aligned, and a value never
+ * straddles two lines). The counts are changed by atomics only, never by
+ * user space; the settings are fs_dpool_conf's, copied here by fs_adjust
+ * (OP_DEST_CONF) after the loader writes them there.
+ */
 struct fs_dest_state {
 	__s64 in_use;
-	__s64 active;  /* projects in its active window (bumped here, lowered by Tick) */
+	__s64 active;    /* projects in its active window (bumped here, lowered by Tick) */
+	__u32 size;      /* fs_dest_conf's */
+	__u32 floor;     /* fs_dest_conf's */
+	__u64 window_ns; /* fs_dest_conf's */
+	__u32 flags;     /* fs_dest_conf's */
+	__u32 _pad;
 	__u64 refused; /* (admissions are counted per project: fs_dest_projects) */
 	__u64 would;   /* refusals dry-run admitted */
-	__u64 _pad[4]; /* a cache line per pool */
+	__u64 _pad2;   /* a cache line per pool */
 };
 
 /*
