@@ -112,7 +112,8 @@
  *   lib/events.h   refusal events (a ring buffer, bounded per project), dry-run
  *                  and the lapse
  *   lib/dest.h     destination pools: a pool chosen by where a connect goes
- *                  (a host table, then an LPM trie), under share.h's rule
+ *                  (a table probed per prefix length, then an LPM trie),
+ *                  under share.h's rule
  *   lib/rule.h     the rule, the exempt budget, take_permit, give_back
  *   lib/listen.h   listener bookkeeping: addresses, ports, owners
  *   lib/rate.h     a project's rate of new connections (token buckets)

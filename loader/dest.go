@@ -39,22 +39,25 @@ const MaxDestinations = limits.MaxDestinations
 // Flags of fs_dest_conf (DEST_LIVE, DEST_DRYRUN in bpf/lib/dest.h) and the
 // kinds of fs_settings.dest_kinds (DEST_PORTS, DEST_ANY).
 const (
-	destLive      = 1
-	destDryRun    = 2
-	destPorts     = 1
-	destAny       = 2
-	destHostPorts = 4
-	destHostAny   = 8
-	destKeyBit    = 16 + 128
+	destLive     = 1
+	destDryRun   = 2
+	destPorts    = 1
+	destAny      = 2
+	destNetPorts = 4
+	destNetAny   = 8
+	destKeyBit   = 16 + 128
 )
 
-// The host table fs_dhosts (DEST_HOSTS, DEST_HOST_BITS, DEST_HOST_PROBES in
-// bpf/lib/dest.h): twice as many slots as destinations may be configured,
-// so that a host nearly always finds a slot within the probes.
+// The table fs_dnets (DEST_NETS, DEST_NET_BITS, DEST_NET_PROBES, DEST_LENS
+// in bpf/lib/dest.h): twice as many slots as destinations may be
+// configured, so that a destination nearly always finds a slot within the
+// probes; at most destLens prefix lengths of each kind (naming a port, of
+// every port), each a probe of a connect that finds nothing longer.
 const (
-	destHostBits   = 11
-	destHosts      = 1 << destHostBits
-	destHostProbes = 4
+	destNetBits   = 11
+	destNets      = 1 << destNetBits
+	destNetProbes = 4
+	destLens      = 4
 )
 
 // ErrDestPoolsFull means every destination pool id of the pinned maps is
@@ -260,21 +263,30 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 			want[destKey(d)] = ids[p.Name]
 		}
 	}
-	oldTrie, oldHosts, err := l.destKeys()
+	oldTrie, oldNets, err := l.destKeys()
 	if err != nil {
 		return err
 	}
-	tab, placed := hostTable(want)
+	var cur limiterFsDestFilter
+	if err := l.objs.FsDfilter.Lookup(uint32(0), &cur); err != nil {
+		return fmt.Errorf("reading the destination filter: %w", err)
+	}
+	tab, placed, lens, nlens := netTable(want)
 	// The filter and the kinds as the union of old and new while the
-	// trie and the host table change (a connect may find either), then as
-	// the new ones alone. Meanwhile the trie holds every new destination,
-	// hosts included, so that a connect which reads a slot of the host
-	// table being rewritten, and misses, finds its pool there.
+	// trie and the table change (a connect may find either), then as the
+	// new ones alone. Meanwhile the trie holds every new destination, so
+	// that a connect which reads a slot of the table being rewritten, or
+	// probes a length the table no longer holds, and misses, finds its
+	// pool there. The table's lengths change once it holds the new
+	// destinations, before the trie lets go of them.
 	filter := filterOf(want)
-	if err := l.setDestFilter(unionFilter(unionFilter(filterOf(oldTrie), filterOf(oldHosts)), filter)); err != nil {
+	filter.Lens, filter.Nlens = lens, nlens
+	union := unionFilter(unionFilter(filterOf(oldTrie), filterOf(oldNets)), filter)
+	union.Lens, union.Nlens = cur.Lens, cur.Nlens
+	if err := l.setDestFilter(union); err != nil {
 		return err
 	}
-	if err := l.setDestKinds(kindsOf(want, nil) | kindsOf(oldTrie, nil) | kindsOf(oldHosts, everyKey(oldHosts))); err != nil {
+	if err := l.setDestKinds(kindsOf(want, nil) | kindsOf(oldTrie, nil) | kindsOf(oldNets, everyKey(oldNets))); err != nil {
 		return err
 	}
 	for k, id := range want {
@@ -282,7 +294,11 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 			return fmt.Errorf("writing destination: %w", err)
 		}
 	}
-	if err := l.writeHostTable(tab); err != nil {
+	if err := l.writeNetTable(tab); err != nil {
+		return err
+	}
+	union.Lens, union.Nlens = lens, nlens
+	if err := l.setDestFilter(union); err != nil {
 		return err
 	}
 	for k := range oldTrie {
@@ -410,9 +426,9 @@ func destKey(d destination.Destination) limiterFsDestKey {
 	return k
 }
 
-// destKeys reads the destinations in force: the trie's, and the host
-// table's (as the trie's keys).
-func (l *Limiter) destKeys() (trie, hosts map[limiterFsDestKey]uint32, err error) {
+// destKeys reads the destinations in force: the trie's, and the table's
+// (as the trie's keys).
+func (l *Limiter) destKeys() (trie, nets map[limiterFsDestKey]uint32, err error) {
 	trie = map[limiterFsDestKey]uint32{}
 	var k limiterFsDestKey
 	var v uint32
@@ -423,30 +439,30 @@ func (l *Limiter) destKeys() (trie, hosts map[limiterFsDestKey]uint32, err error
 	if err := it.Err(); err != nil {
 		return nil, nil, fmt.Errorf("reading destinations: %w", err)
 	}
-	tab, err := l.readHostTable()
+	tab, err := l.readNetTable()
 	if err != nil {
 		return nil, nil, err
 	}
-	hosts = map[limiterFsDestKey]uint32{}
-	for _, h := range tab {
-		if h.Pool != 0 {
-			hosts[limiterFsDestKey{Prefixlen: destKeyBit, Port: h.Port, Addr: h.Addr}] = h.Pool
+	nets = map[limiterFsDestKey]uint32{}
+	for _, n := range tab {
+		if n.Pool != 0 {
+			nets[limiterFsDestKey{Prefixlen: 16 + uint32(n.Plen), Port: n.Port, Addr: n.Addr}] = n.Pool
 		}
 	}
-	return trie, hosts, nil
+	return trie, nets, nil
 }
 
-// kindsOf is fs_settings.dest_kinds for keys, those in hosts kept in the
-// host table and the others in the trie.
-func kindsOf(keys map[limiterFsDestKey]uint32, hosts map[limiterFsDestKey]bool) uint32 {
+// kindsOf is fs_settings.dest_kinds for keys, those in inTable kept in the
+// table and the others in the trie.
+func kindsOf(keys map[limiterFsDestKey]uint32, inTable map[limiterFsDestKey]bool) uint32 {
 	k := uint32(0)
 	for key := range keys {
 		port := key.Port != [2]uint8{}
 		switch {
-		case hosts[key] && port:
-			k |= destHostPorts
-		case hosts[key]:
-			k |= destHostAny
+		case inTable[key] && port:
+			k |= destNetPorts
+		case inTable[key]:
+			k |= destNetAny
 		case port:
 			k |= destPorts
 		default:
@@ -465,87 +481,139 @@ func everyKey(keys map[limiterFsDestKey]uint32) map[limiterFsDestKey]bool {
 	return out
 }
 
-// destHostSlot is the first slot of fs_dhosts a host (address, port in
-// network order) is looked for at: dest_host's hash, on the words as the
-// programs load them (little-endian: the object is x86's alone).
-func destHostSlot(addr [16]byte, port [2]byte) uint32 {
-	w := func(i int) uint32 { return binary.LittleEndian.Uint32(addr[4*i:]) }
-	p := uint32(binary.LittleEndian.Uint16(port[:]))
-	h := (w(0) ^ w(1) ^ (w(2) * 31) ^ w(3) ^ (p * 0x10001)) * 0x9E3779B1
-	return h >> (32 - destHostBits)
+// destMask is the mask of fs_dest_len for a prefix of bits of the 128-bit
+// address: its two 64-bit words as the programs load them (little-endian:
+// the object is x86's alone).
+func destMask(bits int) [2]uint64 {
+	var m [16]byte
+	for i := range bits {
+		m[i/8] |= 0x80 >> (i % 8)
+	}
+	return [2]uint64{binary.LittleEndian.Uint64(m[:8]), binary.LittleEndian.Uint64(m[8:])}
 }
 
-// hostTable places the host destinations of keys (a whole address, with a
-// port or not) in a table laid out as fs_dhosts, each in the first free
-// slot from its own (destHostSlot) within destHostProbes; placed says
-// which. A host that finds no slot stays in the trie, where it is found
-// second. Keys are placed in a fixed order, so the same set gives the same
-// table.
-func hostTable(keys map[limiterFsDestKey]uint32) (tab []limiterFsDestHost, placed map[limiterFsDestKey]bool) {
-	tab = make([]limiterFsDestHost, destHosts)
+// destNetSlot is the first slot of fs_dnets a destination (address masked
+// to bits, port in network order) is looked for at: dest_net's hash, on the
+// words as the programs load them.
+func destNetSlot(addr [16]byte, port [2]byte, bits int) uint32 {
+	a0, a1 := binary.LittleEndian.Uint64(addr[:8]), binary.LittleEndian.Uint64(addr[8:])
+	pl := uint32(binary.LittleEndian.Uint16(port[:])) | uint32(bits&0xff)<<16
+	h := (uint32(a0) ^ uint32(a0>>32) ^ uint32(a1)*31 ^ uint32(a1>>32) ^ pl*0x10001) * 0x9E3779B1
+	return h >> (32 - destNetBits)
+}
+
+// netTable places the destinations of keys in a table laid out as
+// fs_dnets, each in the first free slot from its own (destNetSlot) within
+// destNetProbes; placed says which, and lens (nlens of each kind) the
+// lengths the programs probe, longest first. Of each kind (naming a port,
+// of every port) the longest destLens lengths are placed, longest first;
+// a length of which a destination finds no slot is the kind's last, so
+// that every length the trie holds (the others) is shorter than the
+// table's, or as long: two destinations of one kind and length that both
+// hold an address are one. Keys are placed in a fixed order, so the same
+// set gives the same table.
+func netTable(keys map[limiterFsDestKey]uint32) (tab []limiterFsDestNet, placed map[limiterFsDestKey]bool, lens [2][destLens]limiterFsDestLen, nlens [2]uint32) {
+	tab = make([]limiterFsDestNet, destNets)
 	placed = map[limiterFsDestKey]bool{}
-	var hosts []limiterFsDestKey
-	for k := range keys {
-		if k.Prefixlen == destKeyBit {
-			hosts = append(hosts, k)
+	for kind := range 2 {
+		byLen := map[int][]limiterFsDestKey{}
+		for k := range keys {
+			if (k.Port != [2]byte{}) == (kind == 0) {
+				bits := int(k.Prefixlen) - 16
+				byLen[bits] = append(byLen[bits], k)
+			}
 		}
-	}
-	slices.SortFunc(hosts, func(a, b limiterFsDestKey) int {
-		if c := bytes.Compare(a.Port[:], b.Port[:]); c != 0 {
-			return c
+		order := make([]int, 0, len(byLen))
+		for b := range byLen {
+			order = append(order, b)
 		}
-		return bytes.Compare(a.Addr[:], b.Addr[:])
-	})
-	for _, k := range hosts {
-		i := destHostSlot(k.Addr, k.Port)
-		for j := uint32(0); j < destHostProbes; j++ {
-			s := &tab[(i+j)&(destHosts-1)]
-			if s.Pool == 0 {
-				*s = limiterFsDestHost{Addr: k.Addr, Port: k.Port, Pool: keys[k]}
-				placed[k] = true
+		slices.SortFunc(order, func(a, b int) int { return b - a })
+		for _, bits := range order[:min(len(order), destLens)] {
+			ks := byLen[bits]
+			slices.SortFunc(ks, func(a, b limiterFsDestKey) int {
+				if c := bytes.Compare(a.Port[:], b.Port[:]); c != 0 {
+					return c
+				}
+				return bytes.Compare(a.Addr[:], b.Addr[:])
+			})
+			m := destMask(bits)
+			lens[kind][nlens[kind]] = limiterFsDestLen{Mask: m, Plen: uint32(bits)}
+			nlens[kind]++
+			full := true
+			for _, k := range ks {
+				var a [16]byte
+				binary.LittleEndian.PutUint64(a[:8], binary.LittleEndian.Uint64(k.Addr[:8])&m[0])
+				binary.LittleEndian.PutUint64(a[8:], binary.LittleEndian.Uint64(k.Addr[8:])&m[1])
+				i := destNetSlot(a, k.Port, bits)
+				ok := false
+				for j := uint32(0); j < destNetProbes && !ok; j++ {
+					s := &tab[(i+j)&(destNets-1)]
+					if s.Pool == 0 {
+						*s = limiterFsDestNet{Addr: a, Port: k.Port, Plen: uint8(bits), Pool: keys[k]}
+						placed[k], ok = true, true
+					}
+				}
+				full = full && ok
+			}
+			if !full {
 				break
 			}
 		}
 	}
-	return tab, placed
+	return tab, placed, lens, nlens
 }
 
-// readHostTable reads fs_dhosts.
-func (l *Limiter) readHostTable() ([]limiterFsDestHost, error) {
-	tab := make([]limiterFsDestHost, l.objs.FsDhosts.MaxEntries())
-	for i := range tab {
-		if err := l.objs.FsDhosts.Lookup(uint32(i), &tab[i]); err != nil {
-			return nil, fmt.Errorf("reading the host destinations: %w", err)
-		}
+// readNetTable reads fs_dnets.
+func (l *Limiter) readNetTable() ([]limiterFsDestNet, error) {
+	tab := make([]limiterFsDestNet, 0, l.objs.FsDnets.MaxEntries())
+	err := readArrayN(l.objs.FsDnets, l.objs.FsDnets.MaxEntries(), func(v limiterFsDestNet) { tab = append(tab, v) })
+	if err == nil && len(tab) != int(l.objs.FsDnets.MaxEntries()) {
+		err = fmt.Errorf("%d slots of %d", len(tab), l.objs.FsDnets.MaxEntries())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the destination table: %w", err)
 	}
 	return tab, nil
 }
 
-// writeHostTable makes fs_dhosts tab, writing only the slots that change:
-// first those that empty or change hands are emptied, then the new entries
-// are written. A slot is written whole but not atomically: the programs
-// may read one half-written, which matches nothing (the trie holds every
-// destination meanwhile, SetDestPools), or at worst counts a connect
+// writeNetTable makes fs_dnets tab, writing only the slots that change:
+// first those that empty or change hands are emptied, shortest prefix
+// first, then the new entries are written, longest first. So a connect
+// that probes the table meanwhile never finds a shorter prefix of the table
+// where a longer one matching it left for the trie (the loader moves a
+// kind's lengths to the trie from the shortest up), nor a shorter new one
+// before a longer one. A slot is written whole but not atomically: the
+// programs may read one half-written, which matches nothing (the trie holds
+// every destination meanwhile, SetDestPools), or at worst counts a connect
 // racing the change in the slot's new pool, where its release gives the
-// permit back (bpf/lib/dest.h, dest_host).
-func (l *Limiter) writeHostTable(tab []limiterFsDestHost) error {
-	cur, err := l.readHostTable()
+// permit back (bpf/lib/dest.h, dest_net).
+func (l *Limiter) writeNetTable(tab []limiterFsDestNet) error {
+	cur, err := l.readNetTable()
 	if err != nil {
 		return err
 	}
+	var gone, come []int
 	for i := range cur {
-		if cur[i].Pool != 0 && cur[i] != tab[i] {
-			cur[i] = limiterFsDestHost{}
-			if err := l.objs.FsDhosts.Put(uint32(i), &cur[i]); err != nil {
-				return fmt.Errorf("writing the host destinations: %w", err)
-			}
+		if cur[i] == tab[i] {
+			continue
+		}
+		if cur[i].Pool != 0 {
+			gone = append(gone, i)
+		}
+		if tab[i].Pool != 0 {
+			come = append(come, i)
 		}
 	}
-	for i := range cur {
-		if cur[i] != tab[i] {
-			if err := l.objs.FsDhosts.Put(uint32(i), &tab[i]); err != nil {
-				return fmt.Errorf("writing the host destinations: %w", err)
-			}
+	slices.SortStableFunc(gone, func(a, b int) int { return int(cur[a].Plen) - int(cur[b].Plen) })
+	slices.SortStableFunc(come, func(a, b int) int { return int(tab[b].Plen) - int(tab[a].Plen) })
+	for _, i := range gone {
+		if err := l.objs.FsDnets.Put(uint32(i), &limiterFsDestNet{}); err != nil {
+			return fmt.Errorf("writing the destination table: %w", err)
+		}
+	}
+	for _, i := range come {
+		if err := l.objs.FsDnets.Put(uint32(i), &tab[i]); err != nil {
+			return fmt.Errorf("writing the destination table: %w", err)
 		}
 	}
 	return nil

@@ -6,12 +6,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -264,9 +267,9 @@ func TestDestPoolOverlapRefused(t *testing.T) {
 	if len(s.Dests) != 1 || s.Dests[0].Name != "db" {
 		t.Fatalf("a refused change changed the pools: %+v", s.Dests)
 	}
-	keys, hosts, err := l.destKeys()
-	if err != nil || len(keys) != 1 || len(hosts) != 0 {
-		t.Fatalf("trie after a refused change: %v %v %v", keys, hosts, err)
+	trie, nets, err := l.destKeys()
+	if err != nil || len(trie) != 0 || len(nets) != 1 {
+		t.Fatalf("trie and table after a refused change: %v %v %v", trie, nets, err)
 	}
 }
 
@@ -779,11 +782,12 @@ func TestDestPoolTablesSizedFromConfig(t *testing.T) {
 	waitDest(t, l2, "db", 0, map[string]int{"a": 0})
 }
 
-// Hosts whose slots of the host table collide past the probes stay in the
-// trie: five loopback addresses that hash to one slot, each a pool of its
-// own, are all counted in their own pool (four found in the table, the
-// fifth in the trie), a sixth address of no pool in none, and a pool of a
-// prefix around them still loses to each host.
+// Destinations whose slots of the table collide past the probes stay in the
+// trie, and so do the shorter lengths of their kind: five loopback addresses
+// that hash to one slot, each a pool of its own, are all counted in their
+// own pool (four found in the table, the fifth in the trie), a sixth address
+// of no pool in none, and a pool of a prefix around them (in the trie too,
+// as shorter) still loses to each host.
 func TestDestHostTableCollisions(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
@@ -796,9 +800,9 @@ func TestDestHostTableCollisions(t *testing.T) {
 	var hosts []netip.Addr
 	for i := 1; hosts == nil; i++ {
 		a := netip.AddrFrom4([4]byte{127, 1, byte(i >> 8), byte(i)})
-		s := destHostSlot(a.As16(), pb) // v4-mapped, as the keys keep it
+		s := destNetSlot(a.As16(), pb, 128) // v4-mapped, as the keys keep it
 		bySlot[s] = append(bySlot[s], a)
-		if len(bySlot[s]) == destHostProbes+1 {
+		if len(bySlot[s]) == destNetProbes+1 {
 			hosts = bySlot[s]
 		}
 	}
@@ -806,7 +810,7 @@ func TestDestHostTableCollisions(t *testing.T) {
 	for i, h := range hosts {
 		pools = append(pools, destPoolOf(t, fmt.Sprintf("h%d", i), 4, 1, fmt.Sprintf("%s/32:%d", h, port)))
 	}
-	pools = append(pools, destPoolOf(t, "around", 4, 1, "127.1.0.0/16"))
+	pools = append(pools, destPoolOf(t, "around", 4, 1, fmt.Sprintf("127.1.0.0/16:%d", port)))
 	if err := l.SetDestPools(pools); err != nil {
 		t.Fatal(err)
 	}
@@ -816,12 +820,12 @@ func TestDestHostTableCollisions(t *testing.T) {
 			want[destKey(d)] = 1
 		}
 	}
-	if _, placed := hostTable(want); len(placed) != destHostProbes {
-		t.Fatalf("%d of %d colliding hosts placed, want %d", len(placed), len(hosts), destHostProbes)
+	if _, placed, _, nlens := netTable(want); len(placed) != destNetProbes || nlens != [2]uint32{1, 0} {
+		t.Fatalf("%d of %d colliding hosts placed (want %d), lengths %v (want the hosts' alone)", len(placed), len(hosts), destNetProbes, nlens)
 	}
 	trie, tab, err := l.destKeys()
-	if err != nil || len(trie) != 2 || len(tab) != destHostProbes {
-		t.Fatalf("trie %v, host table %v: %v", trie, tab, err)
+	if err != nil || len(trie) != 2 || len(tab) != destNetProbes {
+		t.Fatalf("trie %v, table %v: %v", trie, tab, err)
 	}
 	a := startHelper(t, mkProject(t, root, "a"))
 	for _, h := range hosts {
@@ -844,4 +848,159 @@ func TestDestHostTableCollisions(t *testing.T) {
 	for i := range hosts {
 		waitDest(t, l, fmt.Sprintf("h%d", i), 0, map[string]int{"a": 0})
 	}
+}
+
+// The programs find the pool destination.Match finds, for random pool sets
+// of nested prefixes (more lengths than the table probes, so that some stay
+// in the trie), ports named and not, over real connects: each round sets
+// new pools with the daemon's call, connects from a project to random
+// addresses of 127/8 at two ports, and compares each pool's count with
+// Match's. Between rounds the pools change with nothing held, as a reload
+// would.
+func TestDestLookupMatchesMatch(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 4000, 0)
+	ports := []uint16{uint16(sink(t, "tcp4", "0.0.0.0:0").Addr().(*net.TCPAddr).Port),
+		uint16(sink(t, "tcp4", "0.0.0.0:0").Addr().(*net.TCPAddr).Port)}
+	a := startHelper(t, mkProject(t, root, "a"))
+	rng := rand.New(rand.NewPCG(3, 4))
+	lengths := []int{8, 12, 14, 16, 20, 22, 24, 28, 30, 31, 32}
+	addr := func() netip.Addr { // few distinct bits, so prefixes nest
+		return netip.AddrFrom4([4]byte{127, byte(rng.IntN(3)), byte(rng.IntN(3) << 6), byte(1 + rng.IntN(3))})
+	}
+	rounds := 60
+	if testing.Short() {
+		rounds = 15
+	}
+	tableOnly, trieToo := 0, 0
+	for round := range rounds {
+		byName := map[string][]destination.Destination{}
+		var pools []DestPool
+		for i := range 1 + rng.IntN(6) {
+			name := fmt.Sprintf("p%d", i)
+			var ds []destination.Destination
+			for n := 1 + rng.IntN(5); len(ds) < n; {
+				d := destination.Destination{Prefix: netip.PrefixFrom(addr(), lengths[rng.IntN(len(lengths))]).Masked()}
+				if rng.IntN(3) > 0 {
+					d.Port = ports[rng.IntN(2)]
+				}
+				trial := maps.Clone(byName)
+				trial[name] = append(slices.Clone(ds), d)
+				if destination.Check(trial) == nil {
+					ds = append(ds, d)
+				}
+			}
+			byName[name] = ds
+			pools = append(pools, DestPool{Name: name, Size: 1000, Destinations: ds})
+		}
+		if err := l.SetDestPools(pools); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if trie, _, err := l.destKeys(); err != nil {
+			t.Fatal(err)
+		} else if len(trie) > 0 {
+			trieToo++
+		} else {
+			tableOnly++
+		}
+		want := map[string]int{}
+		for range 24 {
+			ap := netip.AddrPortFrom(addr(), ports[rng.IntN(2)])
+			if r := a.dial("tcp4", ap.String(), 1); r.ok != 1 {
+				t.Fatalf("round %d: %s: %+v", round, ap, r)
+			}
+			want[destination.Match(byName, ap)]++
+		}
+		for _, p := range pools {
+			if d := destSnap(t, l, p.Name); d.InUse != want[p.Name] {
+				t.Fatalf("round %d: pool %s (%v) counts %d connects, Match says %d (%v)", round, p.Name, p.Destinations, d.InUse, want[p.Name], want)
+			}
+		}
+		a.do("close")
+		for _, p := range pools {
+			waitDest(t, l, p.Name, 0, nil)
+		}
+	}
+	if tableOnly == 0 || trieToo == 0 {
+		t.Fatalf("rounds with the table alone %d, with the trie too %d: the test misses a path", tableOnly, trieToo)
+	}
+	t.Logf("%d rounds: %d with the table alone, %d with the trie too", rounds, tableOnly, trieToo)
+}
+
+// No connect misses its pool while SetDestPools rewrites the table and the
+// trie around it: a pool of a /24 stays configured while other pools
+// change as fast as they can be set, with from none to seven longer
+// lengths at its port (beside it, never holding the address connected to),
+// so that its prefix moves between the table (when at most three lengths
+// are longer) and the trie, and its length's place among those the
+// programs probe changes; and shorter prefixes around it, which it must
+// win over. Every one of the connects (at least 1,000, over at least 200
+// changes) is counted in its pool and in no other.
+func TestDestRewriteNeverMisses(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 4000, 0)
+	port := uint16(sink(t, "tcp4", "0.0.0.0:0").Addr().(*net.TCPAddr).Port)
+	db := destPoolOf(t, "db", 1000, 1, fmt.Sprintf("127.0.0.0/24:%d", port))
+	target := fmt.Sprintf("127.0.0.200:%d", port)
+	a := startHelper(t, mkProject(t, root, "a"))
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	var sets, inTrie atomic.Int64
+	go func() {
+		rng := rand.New(rand.NewPCG(5, 6))
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			var longer []string // within 127.0.0.0/26: never the target
+			for _, bits := range rng.Perm(7)[:rng.IntN(8)] {
+				a := netip.AddrFrom4([4]byte{127, 0, 0, byte(rng.IntN(64))})
+				longer = append(longer, fmt.Sprintf("%s:%d", netip.PrefixFrom(a, 26+bits).Masked(), port))
+			}
+			shorter := []string{"127.0.0.0/8", "127.0.0.0/16", fmt.Sprintf("127.0.0.0/20:%d", port)}
+			rng.Shuffle(len(shorter), func(i, j int) { shorter[i], shorter[j] = shorter[j], shorter[i] })
+			pools := []DestPool{db, destPoolOf(t, "around", 1000, 1, shorter[:1+rng.IntN(3)]...)}
+			if len(longer) > 0 {
+				pools = append(pools, destPoolOf(t, "beside", 1000, 1, longer...))
+			}
+			if err := l.SetDestPools(pools); err != nil {
+				done <- err
+				return
+			}
+			if len(longer) > 3 {
+				inTrie.Add(1)
+			}
+			sets.Add(1)
+		}
+	}()
+	n := 0
+	for ; n < 1000 || sets.Load() < 200; n++ {
+		if r := a.dial("tcp4", target, 1); r.ok != 1 {
+			close(stop)
+			t.Fatalf("connect %d: %+v", n, r)
+		}
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s := snap(t, l)
+	for _, d := range s.Dests {
+		want := 0
+		if d.Name == "db" {
+			want = n
+		}
+		if d.InUse != want {
+			t.Fatalf("after %d changes of the other pools: pool %s holds %d of the %d connects to %s, want %d", sets.Load(), d.Name, d.InUse, n, target, want)
+		}
+	}
+	if inTrie.Load() == 0 || inTrie.Load() == sets.Load() {
+		t.Fatalf("db's prefix in the trie after %d of %d changes: it never moved", inTrie.Load(), sets.Load())
+	}
+	t.Logf("%d connects, %d changes of the other pools meanwhile (%d left db's prefix in the trie)", n, sets.Load(), inTrie.Load())
 }

@@ -322,17 +322,22 @@
 // A destination pool (dest.go, bpf/lib/dest.h, docs/destination-pools.md)
 // is a named connections pool for the connects to its destinations: CIDRs
 // with an optional port (package internal/destination). connect4 and
-// connect6 look the address up in an LPM trie keyed (port, address) (IPv4
-// v4-mapped, so v4-mapped IPv6 matches the IPv4 pool); a pool of every port
-// is kept under port 0 and looked up second, so a pool naming the port wins
-// over one that does not, then the longest prefix. A host (a /32 or /128,
-// the longest prefix there is) is kept apart in an open-addressing table
-// (fs_dhosts, 2 x MaxDestinations slots, a hash of address and port and at
-// most 4 probes, all inlined loads) looked up before the trie at each of
-// the two ports; a host that finds no slot within the probes stays in the
-// trie (TestDestHostTableCollisions). SetDestPools puts every destination
-// in the trie while it rewrites the table, so no connect misses its pool
-// meanwhile. The same prefix and port
+// connect6 look the address (IPv4 v4-mapped, so v4-mapped IPv6 matches the
+// IPv4 pool) up in an open-addressing table of (prefix, port) (fs_dnets,
+// 2 x MaxDestinations slots), probed once per prefix length it holds,
+// longest first: a hash of the masked address, port and length, and at most
+// 4 probes, all inlined loads. A pool of every port is kept under port 0
+// and looked up second, so a pool naming the port wins over one that does
+// not, then the longest prefix. The table holds the 4 longest lengths of
+// each kind; the others, and a destination that finds no slot within the
+// probes with every shorter length of its kind, are in an LPM trie keyed
+// (port, address) looked up after it (TestDestHostTableCollisions,
+// TestDestLookupMatchesMatch: random nested pools against
+// destination.Match). SetDestPools puts every destination in the trie while
+// it rewrites the table, empties its slots shortest prefix first and fills
+// them longest first, and changes the lengths probed once the table holds
+// the new ones, so no connect misses its pool meanwhile
+// (TestDestRewriteNeverMisses). The same prefix and port
 // in two pools is refused (ErrBadDestPool). On a match the pool's rule runs
 // (its size, floor, window, dry-run; active and share its own: the node's
 // own code, bpf/lib/share.h's pool_admit over the pool's fields) before the
@@ -346,7 +351,8 @@
 // permit" releases a destination permit too (TestDestPoolNoLeakAcrossLifecycles).
 //
 // Per pool: settings (fs_dpool_conf, written by SetDestPools and
-// SetDestPoolSize), counts (fs_dpool_state: atomics only) and one row of
+// SetDestPoolSize, copied by fs_adjust to the line of its counts, where
+// the programs read them), counts (fs_dpool_state: atomics only) and one row of
 // per-project counts (fs_dpool_proj, indexed (pool-1) x MaxProjects +
 // project: an inlined array lookup, no hashing). Pool ids are kept by name
 // across calls and restarts (the name is in fs_dpool_conf). A pool removed
@@ -355,7 +361,7 @@
 // the id, starting from zero. Tick recounts each pool's active projects as
 // it does the node's; a project's id is not freed while it holds a
 // destination permit (an exempt socket's, which holds none of the node's).
-// fs_settings.dest_kinds says what the trie and the host table hold (port,
+// fs_settings.dest_kinds says what the trie and the table hold (port,
 // every port): 0, with no pool configured, and connect does no lookup at
 // all; it is widened before they change and narrowed after, so no connect
 // misses a pool in force while SetDestPools runs. With Options.NoDestPools

@@ -53,18 +53,11 @@ type limiterFsDestConf struct {
 
 type limiterFsDestFilter struct {
 	_     structs.HostLayout
+	Lens  [2][4]limiterFsDestLen
+	Nlens [2]uint32
 	Ports [1024]uint64
 	V4    [4]uint64
 	V6    [4]uint64
-}
-
-type limiterFsDestHost struct {
-	_    structs.HostLayout
-	Addr [16]uint8
-	Port [2]uint8
-	Pad  [2]uint8
-	Pool uint32
-	Pad2 uint64
 }
 
 type limiterFsDestKey struct {
@@ -73,6 +66,23 @@ type limiterFsDestKey struct {
 	Port      [2]uint8
 	Addr      [16]uint8
 	Pad       [2]uint8
+}
+
+type limiterFsDestLen struct {
+	_    structs.HostLayout
+	Mask [2]uint64
+	Plen uint32
+	Pad  uint32
+}
+
+type limiterFsDestNet struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+	Port [2]uint8
+	Plen uint8
+	Pad  uint8
+	Pool uint32
+	Pad2 uint64
 }
 
 type limiterFsDestState struct {
@@ -339,7 +349,7 @@ const (
 	limiterMapFsConfig       = "fs_config"
 	limiterMapFsDests        = "fs_dests"
 	limiterMapFsDfilter      = "fs_dfilter"
-	limiterMapFsDhosts       = "fs_dhosts"
+	limiterMapFsDnets        = "fs_dnets"
 	limiterMapFsDpoolConf    = "fs_dpool_conf"
 	limiterMapFsDpoolProj    = "fs_dpool_proj"
 	limiterMapFsDpoolState   = "fs_dpool_state"
@@ -451,7 +461,7 @@ type limiterMapSpecs struct {
 	FsConfig       *ebpf.MapSpec `ebpf:"fs_config"`
 	FsDests        *ebpf.MapSpec `ebpf:"fs_dests"`
 	FsDfilter      *ebpf.MapSpec `ebpf:"fs_dfilter"`
-	FsDhosts       *ebpf.MapSpec `ebpf:"fs_dhosts"`
+	FsDnets        *ebpf.MapSpec `ebpf:"fs_dnets"`
 	FsDpoolConf    *ebpf.MapSpec `ebpf:"fs_dpool_conf"`
 	FsDpoolProj    *ebpf.MapSpec `ebpf:"fs_dpool_proj"`
 	FsDpoolState   *ebpf.MapSpec `ebpf:"fs_dpool_state"`
@@ -521,7 +531,7 @@ type limiterMaps struct {
 	FsConfig       *ebpf.Map `ebpf:"fs_config"`
 	FsDests        *ebpf.Map `ebpf:"fs_dests"`
 	FsDfilter      *ebpf.Map `ebpf:"fs_dfilter"`
-	FsDhosts       *ebpf.Map `ebpf:"fs_dhosts"`
+	FsDnets        *ebpf.Map `ebpf:"fs_dnets"`
 	FsDpoolConf    *ebpf.Map `ebpf:"fs_dpool_conf"`
 	FsDpoolProj    *ebpf.Map `ebpf:"fs_dpool_proj"`
 	FsDpoolState   *ebpf.Map `ebpf:"fs_dpool_state"`
@@ -558,7 +568,7 @@ func (m *limiterMaps) Close() error {
 		m.FsConfig,
 		m.FsDests,
 		m.FsDfilter,
-		m.FsDhosts,
+		m.FsDnets,
 		m.FsDpoolConf,
 		m.FsDpoolProj,
 		m.FsDpoolState,

@@ -59,7 +59,7 @@ var addedMaps = map[string]bool{
 	"fs_rates": true, "fs_rate_node": true, "fs_rate_stats": true,
 	"fs_events": true, "fs_ev_config": true, "fs_dryrun": true, "fs_ev_projects": true, "fs_ev_stats": true,
 	"fs_member_gen": true, "fs_lapses": true,
-	"fs_dests": true, "fs_dpool_conf": true, "fs_dpool_state": true, "fs_dpool_proj": true, "fs_dhosts": true,
+	"fs_dests": true, "fs_dpool_conf": true, "fs_dpool_state": true, "fs_dpool_proj": true, "fs_dnets": true,
 	"fs_caps": true,
 }
 

@@ -6,17 +6,23 @@
  * (pools/doc.go) with the pool's own SIZE, FLOOR and window, and is refused
  * if either refuses.
  *
- *   fs_dhosts         the host destinations (one address and a port, or
- *                     one address and every port): an open-addressing table
- *                     looked up before the trie, with a few inlined loads
- *                     where the trie is a helper call and a walk; a host
- *                     the loader cannot place within DEST_HOST_PROBES slots
- *                     stays in the trie
- *   fs_dests          LPM trie (port, prefix) -> pool id 1..; a pool of every
- *                     port is kept under port 0 and looked up second, so a
- *                     pool that names the port wins over one that does not,
- *                     and among those the longest prefix (a host is the
- *                     longest, so its table comes first at each port)
+ *   fs_dnets          the destinations: an open-addressing table keyed
+ *                     (prefix, port), probed once per prefix length in use,
+ *                     longest first (fs_dest_filter.lens, at most DEST_LENS
+ *                     per kind), with a few inlined loads each where the
+ *                     trie is a helper call and a walk
+ *   fs_dests          LPM trie (port, prefix) -> pool id 1..: the
+ *                     destinations the table does not hold (lengths past
+ *                     DEST_LENS, shorter than those it holds; a key the
+ *                     loader cannot place within DEST_NET_PROBES slots, and
+ *                     every shorter length of its kind), looked up after the
+ *                     table; and, while the loader rewrites the table,
+ *                     every destination
+ *
+ * A pool of every port is kept under port 0 and looked up second, so a pool
+ * that names the port wins over one that does not, and among those the
+ * longest prefix: the table's lengths come longest first, and are all
+ * longer than (or as long as) the trie's of the kind.
  *   fs_dpool_conf     per pool: size, floor, window, flags, name (the loader's;
  *                     read back at a restart)
  *   fs_dpool_state    per pool: in_use, active, counters (atomics), and a copy
@@ -42,9 +48,10 @@
  * Cost: nothing while no pool is configured (fs_settings.dest_kinds is 0 and
  * nothing is looked at); otherwise a filter (fs_dfilter: the ports of the
  * pools naming one, the first address byte of the others) and, where it
- * lets a connect through, the host table and the trie, each only if it
- * holds destinations of the kind (DEST_HOST_PORTS, DEST_PORTS,
- * DEST_HOST_ANY, DEST_ANY), and for a match the rule's few atomics.
+ * lets a connect through, a probe of the table per prefix length it holds
+ * of the kind, and the trie only if it holds destinations of the kind
+ * (DEST_NET_PORTS, DEST_PORTS, DEST_NET_ANY, DEST_ANY); for a match the
+ * rule's few atomics.
  * Outbound only: an accepted connection takes no destination permit.
  */
 #pragma once
@@ -56,11 +63,11 @@
 #include "events.h"
 #include "cap.h"
 
-/* fs_settings.dest_kinds: what the trie and the host table hold */
-#define DEST_PORTS 1      /* the trie: prefixes naming a port */
-#define DEST_ANY 2        /* the trie: prefixes of every port */
-#define DEST_HOST_PORTS 4 /* the host table: hosts naming a port */
-#define DEST_HOST_ANY 8   /* the host table: hosts of every port */
+/* fs_settings.dest_kinds: what the trie and the table hold */
+#define DEST_PORTS 1     /* the trie: prefixes naming a port */
+#define DEST_ANY 2       /* the trie: prefixes of every port */
+#define DEST_NET_PORTS 4 /* the table: prefixes naming a port */
+#define DEST_NET_ANY 8   /* the table: prefixes of every port */
 
 /* fs_dest_conf.flags (fs_dpool_conf) */
 #define DEST_LIVE 1   /* configured (its destinations are in fs_dests) */
@@ -77,18 +84,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fs_dests SEC(".maps");
 
-#define DEST_HOST_BITS 11
-#define DEST_HOSTS (1 << DEST_HOST_BITS) /* loader.destHosts: 2 x limits.MaxDestinations */
-#define DEST_HOST_PROBES 4               /* loader.destHostProbes */
+#define DEST_NET_BITS 11
+#define DEST_NETS (1 << DEST_NET_BITS) /* loader.destNets: 2 x limits.MaxDestinations */
+#define DEST_NET_PROBES 4              /* loader.destNetProbes */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, DEST_HOSTS);
+	__uint(max_entries, DEST_NETS);
 	__type(key, __u32);
-	__type(value, struct fs_dest_host);
+	__type(value, struct fs_dest_net);
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} fs_dhosts SEC(".maps");
+} fs_dnets SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -149,33 +156,54 @@ static __always_inline bool dest_get(__u32 pool, __u64 project, struct dest_view
 }
 
 /*
- * dest_host is the pool of host destination (addr, port) in fs_dhosts, 0 if
- * none: the slot its hash names and the next ones, up to DEST_HOST_PROBES,
- * until a free slot (loader.destHostSlot computes the same hash). A slot
- * the loader is rewriting may read torn: it then matches nothing (the
- * connect finds its pool in the trie, which holds every host while the
- * table is rewritten), or, for an address equal to the half-written one, is
- * counted in the pool of the slot's new entry and gives its permit back
- * there: a miscount of a connect racing a reconfiguration, never a leak.
+ * dest_net is the pool of the destination of prefix length len at port
+ * holding address q (its two 64-bit words) in fs_dnets, 0 if none: the slot
+ * the hash of the masked address, port and length names and the next ones,
+ * up to DEST_NET_PROBES, until a free slot (loader.destNetSlot computes the
+ * same hash). A slot the loader is rewriting may read torn: it then matches
+ * nothing (the connect finds its pool in the trie, which holds every
+ * destination while the table is rewritten), or, for an address equal to
+ * the half-written one, is counted in the pool of the slot's new entry and
+ * gives its permit back there: a miscount of a connect racing a
+ * reconfiguration, never a leak.
  */
-static __always_inline __u32 dest_host(const __u8 *addr, __u16 port)
+static __always_inline __u32 dest_net(const struct fs_dest_len *len, const __u64 *q, __u16 port)
 {
-	const __u32 *w = (const __u32 *)addr;
-	const __u64 *q = (const __u64 *)addr;
-	__u32 h = (w[0] ^ w[1] ^ (w[2] * 31) ^ w[3] ^ ((__u32)port * 0x10001)) * 0x9E3779B1u;
-	__u32 i = h >> (32 - DEST_HOST_BITS);
+	__u64 a0 = q[0] & len->mask[0], a1 = q[1] & len->mask[1];
+	/* port and length as the slot keeps them, bytes 16..19 */
+	__u32 pl = (__u32)port | (len->plen & 0xff) << 16;
+	__u32 h = ((__u32)a0 ^ (__u32)(a0 >> 32) ^ ((__u32)a1 * 31) ^ (__u32)(a1 >> 32) ^ (pl * 0x10001)) * 0x9E3779B1u;
+	__u32 i = h >> (32 - DEST_NET_BITS);
 #pragma unroll
-	for (int j = 0; j < DEST_HOST_PROBES; j++) {
-		__u32 k = (i + j) & (DEST_HOSTS - 1);
-		struct fs_dest_host *e = bpf_map_lookup_elem(&fs_dhosts, &k);
+	for (int j = 0; j < DEST_NET_PROBES; j++) {
+		__u32 k = (i + j) & (DEST_NETS - 1);
+		struct fs_dest_net *e = bpf_map_lookup_elem(&fs_dnets, &k);
 		if (!e)
 			return 0;
 		__u32 pool = *(volatile __u32 *)&e->pool;
 		if (!pool)
 			return 0;
 		const __u64 *ea = (const __u64 *)e->addr;
-		if (ea[0] == q[0] && ea[1] == q[1] && *(const __u16 *)e->port == port)
+		if (ea[0] == a0 && ea[1] == a1 && *(const __u32 *)e->port == pl)
 			return pool;
+	}
+	return 0;
+}
+
+/*
+ * dest_tab is the pool of the table's longest prefix of kind (0: naming
+ * the port, 1: every port) at port holding addr, 0 if none.
+ */
+static __always_inline __u32 dest_tab(const struct fs_dest_filter *f, int kind, const __u8 *addr, __u16 port)
+{
+	const __u64 *q = (const __u64 *)addr;
+	__u32 n = f->nlens[kind];
+	for (int i = 0; i < DEST_LENS; i++) {
+		if (i >= n)
+			return 0;
+		__u32 v = dest_net(&f->lens[kind][i], q, port);
+		if (v)
+			return v;
 	}
 	return 0;
 }
@@ -193,10 +221,10 @@ static __always_inline __u32 dest_trie(const __u8 *addr, __u16 port)
 /*
  * dest_lookup is the destination pool of a connect to port (network order)
  * at addr (IPv6 or v4-mapped), 0 if none: the pools that name the port
- * first, then those of every port; at each, the host table before the trie
- * (a host is the longest prefix); only the kinds configured, and each only
- * if the filter says a pool of that kind can match (a bit test where the
- * trie lookup is a helper call and a walk).
+ * first, then those of every port; at each, the table before the trie (its
+ * prefixes are the longer); only the kinds configured, and each only if the
+ * filter says a pool of that kind can match (a bit test where a probe is a
+ * hash and a load, and the trie a helper call and a walk).
  */
 static __always_inline __u32 dest_lookup(__u32 kinds, __u16 port, const __u8 *addr)
 {
@@ -206,19 +234,19 @@ static __always_inline __u32 dest_lookup(__u32 kinds, __u16 port, const __u8 *ad
 		return 0;
 	__u32 v;
 	__u16 hport = bpf_ntohs(port);
-	if ((kinds & (DEST_HOST_PORTS | DEST_PORTS)) && (f->ports[(hport >> 6) & 1023] & (1ULL << (hport & 63)))) {
-		if ((kinds & DEST_HOST_PORTS) && (v = dest_host(addr, port)))
+	if ((kinds & (DEST_NET_PORTS | DEST_PORTS)) && (f->ports[(hport >> 6) & 1023] & (1ULL << (hport & 63)))) {
+		if ((kinds & DEST_NET_PORTS) && (v = dest_tab(f, 0, addr, port)))
 			return v;
 		if ((kinds & DEST_PORTS) && (v = dest_trie(addr, port)))
 			return v;
 	}
-	if (kinds & (DEST_HOST_ANY | DEST_ANY)) {
+	if (kinds & (DEST_NET_ANY | DEST_ANY)) {
 		bool v4 = is_v4mapped(addr);
 		__u8 b = v4 ? addr[12] : addr[0];
 		__u64 w = v4 ? f->v4[(b >> 6) & 3] : f->v6[(b >> 6) & 3];
 		if (!(w & (1ULL << (b & 63))))
 			return 0;
-		if ((kinds & DEST_HOST_ANY) && (v = dest_host(addr, 0)))
+		if ((kinds & DEST_NET_ANY) && (v = dest_tab(f, 1, addr, 0)))
 			return v;
 		if (kinds & DEST_ANY)
 			return dest_trie(addr, 0);

@@ -279,17 +279,28 @@ struct fs_dest_key {
 };
 
 /*
- * A host destination (one address and one port, or one address and every
- * port: port 0 0) in its slot of fs_dhosts, an open-addressing table the
- * loader fills (dest.h, dest_host). pool 0 is a free slot.
+ * A destination held in fs_dnets, an open-addressing table the loader fills
+ * (dest.h, dest_net): a prefix of plen bits of the 128-bit address (IPv4
+ * v4-mapped), the address masked to them, with one port or every port
+ * (port 0 0). pool 0 is a free slot.
  */
-struct fs_dest_host {
-	__u8 addr[16]; /* IPv6 or v4-mapped */
+struct fs_dest_net {
+	__u8 addr[16]; /* masked to plen bits */
 	__u8 port[2];  /* network order; 0 0: every port */
-	__u8 _pad[2];
+	__u8 plen;     /* 0..128 */
+	__u8 _pad;
 	__u32 pool;
-	__u64 _pad2; /* 32 bytes: a slot never straddles two lines (fs_dhosts is page-aligned) */
+	__u64 _pad2; /* 32 bytes: a slot never straddles two lines (fs_dnets is page-aligned) */
 };
+
+/* A prefix length fs_dnets holds, with the mask of its bits (dest_net). */
+struct fs_dest_len {
+	__u64 mask[2]; /* the address's two 64-bit words as loaded, masked to plen bits */
+	__u32 plen;
+	__u32 _pad;
+};
+
+#define DEST_LENS 4 /* prefix lengths in fs_dnets per kind: loader.destLens */
 
 /*
  * A destination pool's settings and name, written by the loader alone
@@ -327,13 +338,17 @@ struct fs_dest_state {
 };
 
 /*
- * What the destinations of the pools can match, a filter read before the
- * trie (dest.h): the ports of the pools that name one (a bit per port, host
+ * What the destinations of the pools can match, a filter read before any
+ * table (dest.h): the ports of the pools that name one (a bit per port, host
  * order), and the first byte of the addresses of the pools of every port
  * (the first IPv4 octet of a v4-mapped address, the first byte of another
- * IPv6 address). A connect whose bits are clear looks nothing up.
+ * IPv6 address). A connect whose bits are clear looks nothing up. Beside it,
+ * the prefix lengths fs_dnets holds, longest first, for the pools naming a
+ * port (lens[0]) and those of every port (lens[1]).
  */
 struct fs_dest_filter {
+	struct fs_dest_len lens[2][DEST_LENS];
+	__u32 nlens[2]; /* lengths in use in lens[0], lens[1] */
 	__u64 ports[1024];
 	__u64 v4[4];
 	__u64 v6[4];
