@@ -46,6 +46,10 @@ const (
 	destNetPorts = 4
 	destNetAny   = 8
 	destKeyBit   = 16 + 128
+	// packedHeldBits is PACKED_HELD_BITS (bpf/lib/share.h): the low bits
+	// of a destination pool's project entry that hold its permits, above
+	// them its admissions.
+	packedHeldBits = 24
 )
 
 // The table fs_dnets (DEST_NETS, DEST_NET_BITS, DEST_NET_PROBES, DEST_LENS
@@ -112,8 +116,8 @@ func (p DestPool) validate() error {
 	if p.Name == "" || len(p.Name) > 32 {
 		return fmt.Errorf("destination pool name %q (1..32 bytes): %w", p.Name, ErrBadDestPool)
 	}
-	if p.Size > 1<<24 {
-		return fmt.Errorf("pools.%s: size %d: %w", p.Name, p.Size, ErrBadDestPool)
+	if p.Size > limits.MaxPoolSize {
+		return fmt.Errorf("pools.%s: size %d, at most %d: %w", p.Name, p.Size, limits.MaxPoolSize, ErrBadDestPool)
 	}
 	if p.Floor > p.Size {
 		return fmt.Errorf("pools.%s: floor %d above size %d: %w", p.Name, p.Floor, p.Size, ErrBadDestPool)
@@ -738,6 +742,16 @@ func (l *Limiter) SetDestPoolSize(name string, size uint32) error {
 	return nil
 }
 
+// unpackDest is a destination pool's project entry v as the node's entries
+// read: its in_use word unpacked into held and admitted (bpf/lib/share.h,
+// PACKED_HELD_BITS).
+func unpackDest(v limiterFsProject) limiterFsProject {
+	held := v.InUse << (64 - packedHeldBits) >> (64 - packedHeldBits)
+	v.Admitted = uint64(v.InUse-held) >> packedHeldBits
+	v.InUse = held
+	return v
+}
+
 // destProject reads project pid's entry in pool id.
 func (l *Limiter) destProject(id, pid uint32) (limiterFsProject, error) {
 	var v limiterFsProject
@@ -747,7 +761,7 @@ func (l *Limiter) destProject(id, pid uint32) (limiterFsProject, error) {
 	if err := l.objs.FsDpoolProj.Lookup((id-1)*l.maxProj+pid, &v); err != nil {
 		return v, fmt.Errorf("reading destination pool %d: %w", id, err)
 	}
-	return v, nil
+	return unpackDest(v), nil
 }
 
 // tickDestsLocked recounts each pool's active projects (the programs only

@@ -999,8 +999,28 @@ func TestDestRewriteNeverMisses(t *testing.T) {
 			t.Fatalf("after %d changes of the other pools: pool %s holds %d of the %d connects to %s, want %d", sets.Load(), d.Name, d.InUse, n, target, want)
 		}
 	}
+	// The entry's one word holds both (PACKED_HELD_BITS).
+	if pc := destProj(destSnap(t, l, "db"), "a"); pc.InUse != n || pc.Admitted != uint64(n) {
+		t.Fatalf("db's project a: held %d, admitted %d, want %d and %d", pc.InUse, pc.Admitted, n, n)
+	}
 	if inTrie.Load() == 0 || inTrie.Load() == sets.Load() {
 		t.Fatalf("db's prefix in the trie after %d of %d changes: it never moved", inTrie.Load(), sets.Load())
 	}
 	t.Logf("%d connects, %d changes of the other pools meanwhile (%d left db's prefix in the trie)", n, sets.Load(), inTrie.Load())
+}
+
+// A destination pool's project entry keeps held and admitted in one word
+// (bpf/lib/share.h, PACKED_HELD_BITS), built here as the programs' adds
+// build it: held may go below 0 (a drift repair) and admitted up to its
+// 40 bits, and both read back exactly.
+func TestUnpackDest(t *testing.T) {
+	for _, held := range []int64{0, 1, -1, 7, -7, 1<<23 - 1, -(1 << 23)} {
+		for _, adm := range []uint64{0, 1, 12345, 1<<40 - 1} {
+			w := int64(adm<<packedHeldBits) + held // the adds, wrapping as the kernel's do
+			got := unpackDest(limiterFsProject{InUse: w, LastSeenNs: 9, Refused: 3})
+			if got.InUse != held || got.Admitted != adm || got.LastSeenNs != 9 || got.Refused != 3 {
+				t.Fatalf("held %d admitted %d: word %#x read as %+v", held, adm, w, got)
+			}
+		}
+	}
 }

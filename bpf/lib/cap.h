@@ -50,15 +50,15 @@ static __always_inline __u32 fleet_cap(struct fs_settings *cfg, __u32 pool, __u6
 }
 
 /*
- * cap_limit is the in_use project id (entry p, its counts in pool) may take
- * a permit of pool under: rule (the rule's limit, which the caller
+ * cap_limit is the in_use project id (holding held permits of pool) may
+ * take a permit of pool under: rule (the rule's limit, which the caller
  * computed) without a cap; with one, size (the pool's POOL) while it holds
- * less than its cap, else 0. p is read only for a capped project.
+ * less than its cap, else 0.
  */
-static __always_inline __s64 cap_limit(struct fs_settings *cfg, __u32 pool, __u64 id, struct fs_project *p, __s64 rule, __s64 size)
+static __always_inline __s64 cap_limit(struct fs_settings *cfg, __u32 pool, __u64 id, __s64 held, __s64 rule, __s64 size)
 {
 	__u32 c = fleet_cap(cfg, pool, id);
 	if (!c)
 		return rule;
-	return *(volatile __s64 *)&p->in_use < (__s64)c - 1 ? size : 0;
+	return held < (__s64)c - 1 ? size : 0;
 }

@@ -28,7 +28,8 @@
  *   fs_dpool_state    per pool: in_use, active, counters (atomics), and a copy
  *                     of its settings: one cache line, all of the pool a
  *                     connect reads
- *   fs_dpool_proj     per (pool, project): in_use, last ask, counters; an
+ *   fs_dpool_proj     per (pool, project): held and admitted in one word
+ *                     (in_use: share.h, PACKED_HELD_BITS), last ask, refused; an
  *                     array indexed (pool - 1) * dest_stride + project, so a
  *                     lookup is inlined (no hashing)
  *
@@ -258,7 +259,7 @@ static __always_inline __u32 dest_lookup(__u32 kinds, __u16 port, const __u8 *ad
 static __always_inline struct rule_pool dest_pool(struct dest_view *v)
 {
 	struct rule_pool r = {.size = &v->s->size, .floor = &v->s->floor, .window_ns = &v->s->window_ns,
-			      .active = &v->s->active, .in_use = &v->s->in_use, .cap_pool = v->id};
+			      .active = &v->s->active, .in_use = &v->s->in_use, .cap_pool = v->id, .packed = true};
 	return r;
 }
 
@@ -277,8 +278,7 @@ static __always_inline int dest_admit(struct fs_settings *cfg, struct dest_view 
 static __always_inline void dest_take_past(struct dest_view *v)
 {
 	__sync_fetch_and_add(&v->s->in_use, 1);
-	__sync_fetch_and_add(&v->p->in_use, 1);
-	__sync_fetch_and_add(&v->p->admitted, 1);
+	__sync_fetch_and_add(&v->p->in_use, PACKED_ADMIT);
 }
 
 /*
@@ -297,7 +297,7 @@ static __always_inline void dest_give(__u32 pool, __u64 id, bool fine, __u64 *cl
 	struct fs_project *p = bpf_map_lookup_elem(&fs_dpool_proj, &i);
 	if (!p)
 		return;
-	pool_give(&s->in_use, p, fine, clk);
+	pool_give(&s->in_use, p, true, fine, clk);
 }
 
 /* dest_release gives back the destination permit a socket's entry kept. */
@@ -314,7 +314,7 @@ static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64
 	if (!ev)
 		return;
 	__s64 taken = would ? 1 : 0;
-	__s64 held = *(volatile __s64 *)&v->p->in_use - taken;
+	__s64 held = packed_held(*(volatile __s64 *)&v->p->in_use) - taken;
 	__u32 size = v->s->size;
 	__s64 active = *(volatile __s64 *)&v->s->active;
 	__u32 share = active > 1 ? size / (__u32)active : size;

@@ -46,7 +46,38 @@ struct rule_pool {
 	__s64 *active;          /* projects in its active window (bumped here, lowered by Tick) */
 	__s64 *in_use;          /* permits held (atomics only) */
 	__u32 cap_pool;         /* its row in fs_caps (cap.h): 0 the node's, a destination pool's id */
+	bool packed;            /* its project entries count in one word (PACKED_HELD_BITS) */
 };
+
+/*
+ * A destination pool's project entry (dest.h) keeps what it holds and what
+ * it was admitted in one word, in_use: held in the low PACKED_HELD_BITS
+ * bits, signed, admitted in the others, so that an admission is one atomic
+ * add (PACKED_ADMIT) where the node's entries take two (a locked add costs
+ * a matching connect some 5-10 ns: BenchmarkConnectAcceptClose). The word
+ * is admitted * 2^24 + held, held as a signed number: a release or a drift
+ * repair adds to held alone, even past 0, and both read back exactly
+ * (packed_held, and loader's unpackDest) while held stays within +-2^23 (a
+ * destination pool's size is at most limits.MaxPoolSize, 2^18, and held
+ * past it only by connections adopted or moved past the rule), and admitted
+ * wraps after 2^40 admissions of one project in one pool. The entry's own
+ * admitted field stays 0.
+ */
+#define PACKED_HELD_BITS 24
+#define PACKED_ADMIT (1 + (1LL << PACKED_HELD_BITS))
+
+/* packed_held is the held count of packed word w. */
+static __always_inline __s64 packed_held(__s64 w)
+{
+	return (__s64)((__u64)w << (64 - PACKED_HELD_BITS)) >> (64 - PACKED_HELD_BITS);
+}
+
+/* proj_held is what project entry p holds of pool r. */
+static __always_inline __s64 proj_held(struct rule_pool *r, struct fs_project *p)
+{
+	__s64 w = *(volatile __s64 *)&p->in_use;
+	return r->packed ? packed_held(w) : w;
+}
 
 /*
  * pool_seen stamps project entry p's ask in pool r and, when this ask brings
@@ -64,12 +95,12 @@ static __always_inline void pool_seen(struct rule_pool *r, struct fs_project *p,
 	/* A project that holds permits is active whatever its stamp, and the
 	 * release of its last one stamps it (pool_give): no clock read, no
 	 * store, on the common path. */
-	if (*(volatile __s64 *)&p->in_use > 0)
+	if (proj_held(r, p) > 0)
 		return;
 	__u64 now = clock_ns(clk, fine);
 	__u64 last = p->last_seen_ns;
 	__u64 window = *r->window_ns;
-	if (window && p->in_use <= 0 && (last == 0 || (now > last && now - last >= window))) {
+	if (window && proj_held(r, p) <= 0 && (last == 0 || (now > last && now - last >= window))) {
 		if (__sync_val_compare_and_swap(&p->last_seen_ns, last, now) == last)
 			__sync_fetch_and_add(r->active, 1);
 		return;
@@ -115,7 +146,7 @@ static __always_inline bool pool_under(struct rule_pool *r, __s64 held, bool in)
 static __always_inline __s64 pool_limit(struct rule_pool *r, struct fs_project *p, bool in)
 {
 	__u32 size = *r->size, floor = *r->floor;
-	if (pool_under(r, *(volatile __s64 *)&p->in_use, in))
+	if (pool_under(r, proj_held(r, p), in))
 		return size;
 	return floor < size ? size - floor : 0;
 }
@@ -143,7 +174,7 @@ static __always_inline int pool_admit(struct fs_settings *cfg, struct rule_pool 
 					bool fine, bool in, __u64 *clk)
 {
 	pool_seen(r, p, fine, clk);
-	__s64 lim = cap_limit(cfg, r->cap_pool, id, p, pool_limit(r, p, in), *r->size);
+	__s64 lim = cap_limit(cfg, r->cap_pool, id, proj_held(r, p), pool_limit(r, p, in), *r->size);
 	bool ok = false;
 #pragma unroll
 	for (int i = 0; i < ADMIT_TRIES; i++) {
@@ -157,6 +188,10 @@ static __always_inline int pool_admit(struct fs_settings *cfg, struct rule_pool 
 	}
 	if (!ok)
 		return 0;
+	if (r->packed) {
+		__sync_fetch_and_add(&p->in_use, PACKED_ADMIT);
+		return 1;
+	}
 	__sync_fetch_and_add(&p->in_use, 1);
 	__sync_fetch_and_add(&p->admitted, 1);
 	return 1;
@@ -164,15 +199,19 @@ static __always_inline int pool_admit(struct fs_settings *cfg, struct rule_pool 
 
 /*
  * pool_give gives a permit back to the pool's in_use (NULL: none) and to
- * project entry p's (NULL: gone). Holding counts as asking: the project
- * stays active a window after it lets go of its last permit. clk: the
- * run's clock reading (clock_ns).
+ * project entry p's (NULL: gone; packed: a destination pool's,
+ * PACKED_HELD_BITS). Holding counts as asking: the project stays active a
+ * window after it lets go of its last permit. clk: the run's clock reading
+ * (clock_ns).
  */
-static __always_inline void pool_give(__s64 *in_use, struct fs_project *p, bool fine, __u64 *clk)
+static __always_inline void pool_give(__s64 *in_use, struct fs_project *p, bool packed, bool fine, __u64 *clk)
 {
 	if (in_use)
 		__sync_fetch_and_add(in_use, -1);
-	if (p && __sync_fetch_and_add(&p->in_use, -1) <= 1)
+	if (!p)
+		return;
+	__s64 was = __sync_fetch_and_add(&p->in_use, -1);
+	if ((packed ? packed_held(was) : was) <= 1)
 		p->last_seen_ns = clock_ns(clk, fine);
 }
 
