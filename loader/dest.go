@@ -508,15 +508,19 @@ func destNetSlot(addr [16]byte, port [2]byte, bits int) uint32 {
 
 // netTable places the destinations of keys in a table laid out as
 // fs_dnets, each in the first free slot from its own (destNetSlot) within
-// destNetProbes; placed says which, and lens (nlens of each kind) the
-// lengths the programs probe, longest first. Of each kind (naming a port,
-// of every port) the longest destLens lengths are placed, longest first;
+// destNetProbes; placed says which, and lens (nlens of each) the lengths
+// the programs probe, longest first, for each kind and for an IPv4
+// (v4-mapped) address and another (the lengths of the prefixes that can
+// hold such an address: a v4-mapped connect skips IPv6-only lengths, and
+// the other way round). Of each kind (naming a port, of every port) the
+// longest destLens lengths are placed, longest first;
 // a length of which a destination finds no slot is the kind's last, so
 // that every length the trie holds (the others) is shorter than the
 // table's, or as long: two destinations of one kind and length that both
 // hold an address are one. Keys are placed in a fixed order, so the same
 // set gives the same table.
-func netTable(keys map[limiterFsDestKey]uint32) (tab []limiterFsDestNet, placed map[limiterFsDestKey]bool, lens [2][destLens]limiterFsDestLen, nlens [2]uint32) {
+func netTable(keys map[limiterFsDestKey]uint32) (tab []limiterFsDestNet, placed map[limiterFsDestKey]bool, lens [2][2][destLens]limiterFsDestLen, nlens [2][2]uint32) {
+	mapped := netip.MustParsePrefix("::ffff:0.0.0.0/96")
 	tab = make([]limiterFsDestNet, destNets)
 	placed = map[limiterFsDestKey]bool{}
 	for kind := range 2 {
@@ -541,8 +545,18 @@ func netTable(keys map[limiterFsDestKey]uint32) (tab []limiterFsDestNet, placed 
 				return bytes.Compare(a.Addr[:], b.Addr[:])
 			})
 			m := destMask(bits)
-			lens[kind][nlens[kind]] = limiterFsDestLen{Mask: m, Plen: uint32(bits)}
-			nlens[kind]++
+			var fams [2]bool // holds some v4-mapped address, some other
+			for _, k := range ks {
+				p := netip.PrefixFrom(netip.AddrFrom16(k.Addr), bits)
+				fams[0] = fams[0] || p.Overlaps(mapped)
+				fams[1] = fams[1] || !(bits >= 96 && mapped.Contains(p.Addr()))
+			}
+			for fam, has := range fams {
+				if has {
+					lens[kind][fam][nlens[kind][fam]] = limiterFsDestLen{Mask: m, Plen: uint32(bits)}
+					nlens[kind][fam]++
+				}
+			}
 			full := true
 			for _, k := range ks {
 				var a [16]byte

@@ -820,7 +820,7 @@ func TestDestHostTableCollisions(t *testing.T) {
 			want[destKey(d)] = 1
 		}
 	}
-	if _, placed, _, nlens := netTable(want); len(placed) != destNetProbes || nlens != [2]uint32{1, 0} {
+	if _, placed, _, nlens := netTable(want); len(placed) != destNetProbes || nlens != [2][2]uint32{{1, 0}, {0, 0}} {
 		t.Fatalf("%d of %d colliding hosts placed (want %d), lengths %v (want the hosts' alone)", len(placed), len(hosts), destNetProbes, nlens)
 	}
 	trie, tab, err := l.destKeys()
@@ -852,22 +852,32 @@ func TestDestHostTableCollisions(t *testing.T) {
 
 // The programs find the pool destination.Match finds, for random pool sets
 // of nested prefixes (more lengths than the table probes, so that some stay
-// in the trie), ports named and not, over real connects: each round sets
-// new pools with the daemon's call, connects from a project to random
-// addresses of 127/8 at two ports, and compares each pool's count with
-// Match's. Between rounds the pools change with nothing held, as a reload
-// would.
+// in the trie), IPv4 and IPv6 (some of which hold the v4-mapped range),
+// ports named and not, over real connects: each round sets new pools with
+// the daemon's call, connects from a project to random addresses of 127/8
+// at two ports (over IPv4 and, v4-mapped, over IPv6) and to ::1, and
+// compares each pool's count with Match's. Between rounds the pools change
+// with nothing held, as a reload would.
 func TestDestLookupMatchesMatch(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 4000, 0)
-	ports := []uint16{uint16(sink(t, "tcp4", "0.0.0.0:0").Addr().(*net.TCPAddr).Port),
-		uint16(sink(t, "tcp4", "0.0.0.0:0").Addr().(*net.TCPAddr).Port)}
+	ports := []uint16{uint16(sink(t, "tcp", "[::]:0").Addr().(*net.TCPAddr).Port), // IPv4 and IPv6
+		uint16(sink(t, "tcp", "[::]:0").Addr().(*net.TCPAddr).Port)}
 	a := startHelper(t, mkProject(t, root, "a"))
 	rng := rand.New(rand.NewPCG(3, 4))
 	lengths := []int{8, 12, 14, 16, 20, 22, 24, 28, 30, 31, 32}
 	addr := func() netip.Addr { // few distinct bits, so prefixes nest
 		return netip.AddrFrom4([4]byte{127, byte(rng.IntN(3)), byte(rng.IntN(3) << 6), byte(1 + rng.IntN(3))})
+	}
+	// IPv6 prefixes: ::1's, one that holds every IPv4 address
+	// (v4-mapped) and ::1, others that hold ::1 alone, or nothing here.
+	v6 := []string{"::1/128", "::/64", "::/120", "::/127", "::/0", "2001:db8::/32", "::ffff:0:0/96", "::ffff:127.0.0.0/110"}
+	prefix := func() netip.Prefix {
+		if rng.IntN(4) == 0 {
+			return netip.MustParsePrefix(v6[rng.IntN(len(v6))])
+		}
+		return netip.PrefixFrom(addr(), lengths[rng.IntN(len(lengths))]).Masked()
 	}
 	rounds := 60
 	if testing.Short() {
@@ -881,7 +891,7 @@ func TestDestLookupMatchesMatch(t *testing.T) {
 			name := fmt.Sprintf("p%d", i)
 			var ds []destination.Destination
 			for n := 1 + rng.IntN(5); len(ds) < n; {
-				d := destination.Destination{Prefix: netip.PrefixFrom(addr(), lengths[rng.IntN(len(lengths))]).Masked()}
+				d := destination.Destination{Prefix: prefix()}
 				if rng.IntN(3) > 0 {
 					d.Port = ports[rng.IntN(2)]
 				}
@@ -906,9 +916,16 @@ func TestDestLookupMatchesMatch(t *testing.T) {
 		}
 		want := map[string]int{}
 		for range 24 {
-			ap := netip.AddrPortFrom(addr(), ports[rng.IntN(2)])
-			if r := a.dial("tcp4", ap.String(), 1); r.ok != 1 {
-				t.Fatalf("round %d: %s: %+v", round, ap, r)
+			network, ip := "tcp4", addr()
+			switch rng.IntN(6) {
+			case 0:
+				network, ip = "mapped", netip.AddrFrom16(ip.As16())
+			case 1:
+				network, ip = "tcp6", netip.IPv6Loopback()
+			}
+			ap := netip.AddrPortFrom(ip, ports[rng.IntN(2)])
+			if r := a.dial(network, ap.String(), 1); r.ok != 1 {
+				t.Fatalf("round %d: %s %s: %+v", round, network, ap, r)
 			}
 			want[destination.Match(byName, ap)]++
 		}

@@ -53,8 +53,8 @@ type limiterFsDestConf struct {
 
 type limiterFsDestFilter struct {
 	_     structs.HostLayout
-	Lens  [2][4]limiterFsDestLen
-	Nlens [2]uint32
+	Lens  [2][2][4]limiterFsDestLen
+	Nlens [2][2]uint32
 	Ports [1024]uint64
 	V4    [4]uint64
 	V6    [4]uint64

@@ -193,16 +193,17 @@ static __always_inline __u32 dest_net(const struct fs_dest_len *len, const __u64
 
 /*
  * dest_tab is the pool of the table's longest prefix of kind (0: naming
- * the port, 1: every port) at port holding addr, 0 if none.
+ * the port, 1: every port) at port holding addr, 0 if none; v6: addr is
+ * not v4-mapped (only the lengths of prefixes that can hold it are probed).
  */
-static __always_inline __u32 dest_tab(const struct fs_dest_filter *f, int kind, const __u8 *addr, __u16 port)
+static __always_inline __u32 dest_tab(const struct fs_dest_filter *f, int kind, bool v6, const __u8 *addr, __u16 port)
 {
 	const __u64 *q = (const __u64 *)addr;
-	__u32 n = f->nlens[kind];
+	__u32 n = f->nlens[kind][v6];
 	for (int i = 0; i < DEST_LENS; i++) {
 		if (i >= n)
 			return 0;
-		__u32 v = dest_net(&f->lens[kind][i], q, port);
+		__u32 v = dest_net(&f->lens[kind][v6][i], q, port);
 		if (v)
 			return v;
 	}
@@ -235,19 +236,19 @@ static __always_inline __u32 dest_lookup(__u32 kinds, __u16 port, const __u8 *ad
 		return 0;
 	__u32 v;
 	__u16 hport = bpf_ntohs(port);
+	bool v4 = is_v4mapped(addr);
 	if ((kinds & (DEST_NET_PORTS | DEST_PORTS)) && (f->ports[(hport >> 6) & 1023] & (1ULL << (hport & 63)))) {
-		if ((kinds & DEST_NET_PORTS) && (v = dest_tab(f, 0, addr, port)))
+		if ((kinds & DEST_NET_PORTS) && (v = dest_tab(f, 0, !v4, addr, port)))
 			return v;
 		if ((kinds & DEST_PORTS) && (v = dest_trie(addr, port)))
 			return v;
 	}
 	if (kinds & (DEST_NET_ANY | DEST_ANY)) {
-		bool v4 = is_v4mapped(addr);
 		__u8 b = v4 ? addr[12] : addr[0];
 		__u64 w = v4 ? f->v4[(b >> 6) & 3] : f->v6[(b >> 6) & 3];
 		if (!(w & (1ULL << (b & 63))))
 			return 0;
-		if ((kinds & DEST_NET_ANY) && (v = dest_tab(f, 1, addr, 0)))
+		if ((kinds & DEST_NET_ANY) && (v = dest_tab(f, 1, !v4, addr, 0)))
 			return v;
 		if (kinds & DEST_ANY)
 			return dest_trie(addr, 0);

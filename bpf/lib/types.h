@@ -344,11 +344,13 @@ struct fs_dest_state {
  * (the first IPv4 octet of a v4-mapped address, the first byte of another
  * IPv6 address). A connect whose bits are clear looks nothing up. Beside it,
  * the prefix lengths fs_dnets holds, longest first, for the pools naming a
- * port (lens[0]) and those of every port (lens[1]).
+ * port (lens[0]) and those of every port (lens[1]), each for an IPv4
+ * (v4-mapped) address ([0]: the lengths of prefixes that hold some) and
+ * another IPv6 address ([1]: of prefixes that hold some such).
  */
 struct fs_dest_filter {
-	struct fs_dest_len lens[2][DEST_LENS];
-	__u32 nlens[2]; /* lengths in use in lens[0], lens[1] */
+	struct fs_dest_len lens[2][2][DEST_LENS];
+	__u32 nlens[2][2]; /* lengths in use in each of lens */
 	__u64 ports[1024];
 	__u64 v4[4];
 	__u64 v6[4];
