@@ -53,7 +53,7 @@ type limiterFsDestConf struct {
 
 type limiterFsDestFilter struct {
 	_     structs.HostLayout
-	Lens  [2][2][4]limiterFsDestLen
+	Lens  [2][2][4]uint32
 	Nlens [2][2]uint32
 	Ports [1024]uint64
 	V4    [4]uint64
@@ -66,13 +66,6 @@ type limiterFsDestKey struct {
 	Port      [2]uint8
 	Addr      [16]uint8
 	Pad       [2]uint8
-}
-
-type limiterFsDestLen struct {
-	_    structs.HostLayout
-	Mask [2]uint64
-	Plen uint32
-	Pad  uint32
 }
 
 type limiterFsDestNet struct {

@@ -510,7 +510,9 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	spec.Maps["fs_dpool_conf"].MaxEntries = l.maxDest + 1
 	spec.Maps["fs_dpool_state"].MaxEntries = l.maxDest + 1
 	spec.Maps["fs_dpool_proj"].MaxEntries = max(l.maxDest*l.maxProj, 1)
-	spec.Maps["fs_dests"].MaxEntries = MaxDestinations
+	// The old destinations and the new at once, while SetDestPools
+	// changes them (rewriteDestsLocked).
+	spec.Maps["fs_dests"].MaxEntries = 2 * MaxDestinations
 	if err := spec.Variables["dest_stride"].Set(l.maxProj); err != nil {
 		return nil, fmt.Errorf("setting dest_stride: %w", err)
 	}

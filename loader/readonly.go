@@ -13,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/fairshare-dev/fairshare/internal/clock"
+	"golang.org/x/sys/unix"
 )
 
 // ErrNotPinned means the pin directory holds no limiter.
@@ -35,6 +36,10 @@ func OpenReadOnly(pinDir string) (*ReadOnly, error) {
 		return nil, fmt.Errorf("%s: %w", pinDir, ErrNotPinned)
 	} else if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", pinDir, err)
+	}
+	spec, err := loadLimiter()
+	if err != nil {
+		return nil, fmt.Errorf("reading the embedded BPF object: %w", err)
 	}
 	l := &Limiter{readOnly: true, pinDir: pinDir, clock: clock.System{}, mono: monoNow,
 		log: slog.New(slog.DiscardHandler)}
@@ -59,6 +64,9 @@ func OpenReadOnly(pinDir string) (*ReadOnly, error) {
 			return nil, fmt.Errorf("opening the pinned map %s in %s: %w", m.name, pinDir, err)
 		}
 		*m.dst = mp
+		if err := sameLayout(spec, m.name, mp, pinDir); err != nil {
+			return nil, err
+		}
 	}
 	// The rate maps are missing from the pins of a version without rates,
 	// fs_lapses from those of a version without the lapse, and the
@@ -76,6 +84,9 @@ func OpenReadOnly(pinDir string) (*ReadOnly, error) {
 			return nil, fmt.Errorf("opening the pinned map %s in %s: %w", m.name, pinDir, err)
 		}
 		*m.dst = mp
+		if err := sameLayout(spec, m.name, mp, pinDir); err != nil {
+			return nil, err
+		}
 	}
 	var cfg limiterFsSettings
 	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
@@ -94,6 +105,25 @@ func OpenReadOnly(pinDir string) (*ReadOnly, error) {
 	}
 	ok = true
 	return &ReadOnly{l: l}, nil
+}
+
+// sameLayout refuses pinned map m (name) when its layout is not this
+// version's: read with this version's structs, another version's counts
+// would be misread (a destination pool's packed counts as plain ones, a
+// field at another offset), not refused. A daemon's start migrates such
+// pins; reading them needs the binary that wrote them.
+func sameLayout(spec *ebpf.CollectionSpec, name string, m *ebpf.Map, pinDir string) error {
+	ms, ok := spec.Maps[name]
+	if !ok {
+		return nil
+	}
+	const layout = unix.BPF_F_MMAPABLE | unix.BPF_F_NO_PREALLOC
+	if m.Type() != ms.Type || m.KeySize() != ms.KeySize || m.ValueSize() != ms.ValueSize || m.Flags()&layout != ms.Flags&layout {
+		return fmt.Errorf("the pinned map %s in %s has another version's layout (%v, key %d, value %d bytes, flags %#x; this version's: %v, %d, %d, %#x): "+
+			"read it with the fairshare binary that pinned it, or start this version's daemon, which migrates the pins: %w",
+			name, pinDir, m.Type(), m.KeySize(), m.ValueSize(), m.Flags()&layout, ms.Type, ms.KeySize, ms.ValueSize, ms.Flags&layout, ErrPinnedMismatch)
+	}
+	return nil
 }
 
 // Snapshot reads the pinned maps, as Limiter.Snapshot does.

@@ -4,7 +4,13 @@ package loader
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
@@ -44,5 +50,40 @@ func TestReadOnlyWhileNoDaemon(t *testing.T) {
 	}
 	if err := ro.l.objs.FsNode.Put(uint32(0), make([]byte, ro.l.objs.FsNode.ValueSize())); err == nil {
 		t.Fatal("a write through the read-only maps succeeded")
+	}
+}
+
+// Pins of another version's layout are refused, not misread: here a
+// destination pool's project table as an earlier version pinned it (a plain
+// array, its counts unpacked), which this version would read as packed.
+func TestReadOnlyRefusesAnotherLayout(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	openLimiter(t, root, pin, 8, 1).Close()
+	spec, err := loadLimiter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := spec.Maps["fs_dpool_proj"].Copy()
+	ms.Flags &^= unix.BPF_F_MMAPABLE
+	ms.Pinning = ebpf.PinNone
+	old, err := ebpf.NewMap(ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	path := filepath.Join(pin, "fs_dpool_proj")
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(path); err != nil {
+		t.Fatal(err)
+	}
+	ro, err := OpenReadOnly(pin)
+	if err == nil {
+		ro.Close()
+	}
+	if !errors.Is(err, ErrPinnedMismatch) || !strings.Contains(err.Error(), "fs_dpool_proj") {
+		t.Fatalf("pins of another layout opened read-only: %v", err)
 	}
 }

@@ -78,7 +78,7 @@
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 1024); /* limits.MaxDestinations */
+	__uint(max_entries, 2048); /* set at load: 2 x limits.MaxDestinations (SetDestPools holds the old and the new at once) */
 	__type(key, struct fs_dest_key);
 	__type(value, __u32);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -157,7 +157,21 @@ static __always_inline bool dest_get(__u32 pool, __u64 project, struct dest_view
 }
 
 /*
- * dest_net is the pool of the destination of prefix length len at port
+ * dest_mask is the mask of a prefix of plen bits (0..128) over the two
+ * 64-bit words of an address as loaded (little-endian words of network-order
+ * bytes: the first byte is the low one). Computed here from the length
+ * alone, one word the loader writes, so that a connect reading the lengths
+ * while they change never pairs one length with another's mask.
+ */
+static __always_inline void dest_mask(__u32 plen, __u64 *m0, __u64 *m1)
+{
+	__u32 n0 = plen < 64 ? plen : 64, n1 = plen > 64 ? plen - 64 : 0;
+	*m0 = n0 == 0 ? 0 : n0 == 64 ? ~0ULL : __builtin_bswap64(~0ULL << (64 - n0));
+	*m1 = n1 == 0 ? 0 : n1 >= 64 ? ~0ULL : __builtin_bswap64(~0ULL << (64 - n1));
+}
+
+/*
+ * dest_net is the pool of the destination of prefix length plen at port
  * holding address q (its two 64-bit words) in fs_dnets, 0 if none: the slot
  * the hash of the masked address, port and length names and the next ones,
  * up to DEST_NET_PROBES, until a free slot (loader.destNetSlot computes the
@@ -168,11 +182,13 @@ static __always_inline bool dest_get(__u32 pool, __u64 project, struct dest_view
  * gives its permit back there: a miscount of a connect racing a
  * reconfiguration, never a leak.
  */
-static __always_inline __u32 dest_net(const struct fs_dest_len *len, const __u64 *q, __u16 port)
+static __always_inline __u32 dest_net(__u32 plen, const __u64 *q, __u16 port)
 {
-	__u64 a0 = q[0] & len->mask[0], a1 = q[1] & len->mask[1];
+	__u64 m0, m1;
+	dest_mask(plen, &m0, &m1);
+	__u64 a0 = q[0] & m0, a1 = q[1] & m1;
 	/* port and length as the slot keeps them, bytes 16..19 */
-	__u32 pl = (__u32)port | (len->plen & 0xff) << 16;
+	__u32 pl = (__u32)port | (plen & 0xff) << 16;
 	__u32 h = ((__u32)a0 ^ (__u32)(a0 >> 32) ^ ((__u32)a1 * 31) ^ (__u32)(a1 >> 32) ^ (pl * 0x10001)) * 0x9E3779B1u;
 	__u32 i = h >> (32 - DEST_NET_BITS);
 #pragma unroll
@@ -203,7 +219,7 @@ static __always_inline __u32 dest_tab(const struct fs_dest_filter *f, int kind, 
 	for (int i = 0; i < DEST_LENS; i++) {
 		if (i >= n)
 			return 0;
-		__u32 v = dest_net(&f->lens[kind][v6][i], q, port);
+		__u32 v = dest_net(*(volatile __u32 *)&f->lens[kind][v6][i], q, port);
 		if (v)
 			return v;
 	}

@@ -57,11 +57,12 @@ struct rule_pool {
  * a matching connect some 5-10 ns: BenchmarkConnectAcceptClose). The word
  * is admitted * 2^24 + held, held as a signed number: a release or a drift
  * repair adds to held alone, even past 0, and both read back exactly
- * (packed_held, and loader's unpackDest) while held stays within +-2^23 (a
- * destination pool's size is at most limits.MaxPoolSize, 2^18, and held
- * past it only by connections adopted or moved past the rule), and admitted
- * wraps after 2^40 admissions of one project in one pool. The entry's own
- * admitted field stays 0.
+ * (packed_held, and loader's unpackDest) while held stays within +-2^23:
+ * one project's connections to one pool, 8.4 million sockets, which a node
+ * does not hold (the pool's size is at most limits.MaxPoolSize, 2^18; held
+ * goes past it only by connections admitted past the rule: dry-run, a
+ * lapse, adopted or moved ones). Admitted wraps after 2^40 admissions of
+ * one project in one pool. The entry's own admitted field stays 0.
  */
 #define PACKED_HELD_BITS 24
 #define PACKED_ADMIT (1 + (1LL << PACKED_HELD_BITS))

@@ -293,13 +293,6 @@ struct fs_dest_net {
 	__u64 _pad2; /* 32 bytes: a slot never straddles two lines (fs_dnets is page-aligned) */
 };
 
-/* A prefix length fs_dnets holds, with the mask of its bits (dest_net). */
-struct fs_dest_len {
-	__u64 mask[2]; /* the address's two 64-bit words as loaded, masked to plen bits */
-	__u32 plen;
-	__u32 _pad;
-};
-
 #define DEST_LENS 4 /* prefix lengths in fs_dnets per kind: loader.destLens */
 
 /*
@@ -349,8 +342,8 @@ struct fs_dest_state {
  * another IPv6 address ([1]: of prefixes that hold some such).
  */
 struct fs_dest_filter {
-	struct fs_dest_len lens[2][2][DEST_LENS];
-	__u32 nlens[2][2]; /* lengths in use in each of lens */
+	__u32 lens[2][2][DEST_LENS]; /* prefix lengths, bits of the 128-bit address */
+	__u32 nlens[2][2];           /* lengths in use in each of lens */
 	__u64 ports[1024];
 	__u64 v4[4];
 	__u64 v6[4];
