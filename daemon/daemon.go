@@ -272,7 +272,7 @@ func New(opts Options) (*Daemon, error) {
 				log.Error("removing the pins of the failed start", "pin_dir", cfg.PinDir, "err", err)
 			}
 		})
-		if d.kernel, err = openKernel(cfg, log, d.events, d.fleetSizes); err != nil {
+		if d.kernel, err = openKernel(cfg, log, d.events, d.fleetSizes, d.pinLock); err != nil {
 			return nil, err
 		}
 		if d.pinLock == nil {

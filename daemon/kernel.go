@@ -108,7 +108,10 @@ type kernelSide struct {
 // start at that size with the default floor rather than at the configured
 // (fleet) size. (The connections pool opens at its configured size, which
 // sizes the permit maps; its Member lowers it when it starts.)
-func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[string]int) (*kernelSide, error) {
+//
+// pinLock is the daemon's lock on the pin directory (nil if it did not
+// exist yet): the loader migrates pins of another layout under it.
+func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[string]int, pinLock *os.File) (*kernelSide, error) {
 	root, err := ProjectsRoot(cfg)
 	if err != nil {
 		return nil, err
@@ -150,7 +153,7 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 		size, capacity, cfloor = uint32(n), uint32(conn.Size), 0
 	}
 	lim, err := loader.Open(loader.Options{
-		PinDir: cfg.PinDir, BaseLevel: base,
+		PinDir: cfg.PinDir, PinLock: pinLock, BaseLevel: base,
 		PoolSize: size, PoolCapacity: capacity, Floor: cfloor, Window: conn.Window,
 		Logger: log,
 		Exempt: exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),

@@ -194,11 +194,17 @@ func listPins(dir string) pinListing {
 // restorePins removes from the pin directory what is not in before (the
 // pins a failed start added; the limiter's descriptors are closed by now,
 // so an unpinned link detaches), deepest first, and the directory itself if
-// it did not exist. What was there before is left as it is.
+// it did not exist. A committed migration's pins (loader.MigratedDir) are
+// left for the next start to move in place. What was there before is left as it is.
 func restorePins(dir string, before pinListing) error {
 	now := listPins(dir)
 	var added []string
 	for p := range now.entries {
+		// A committed migration's pins: the next start moves them in
+		// place (removing them would leave the old and new pins mixed).
+		if p == loader.MigratedDir || strings.HasPrefix(p, loader.MigratedDir+"/") {
+			continue
+		}
 		if !before.entries[p] {
 			added = append(added, p)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/loader"
 )
 
 // restorePins removes, on real bpffs, exactly what a failed start added:
@@ -74,5 +75,21 @@ func TestRestorePins(t *testing.T) {
 	}
 	if got := entries(); !slices.Equal(got, []string{"fs_old"}) {
 		t.Errorf("after the restore the used directory holds %v, want [fs_old]", got)
+	}
+
+	// A committed migration's pins stay for the next start to move in
+	// place; a migration's staging pins go.
+	before = listPins(dir)
+	for _, d := range []string{loader.MigratedDir, "migrating"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		pin(filepath.Join(dir, d, "fs_b"))
+	}
+	if err := restorePins(dir, before); err != nil {
+		t.Fatal(err)
+	}
+	if got := entries(); !slices.Equal(got, []string{"fs_old", "migrated", "migrated/fs_b"}) {
+		t.Errorf("after the restore of a failed migration the directory holds %v, want fs_old and migrated/fs_b", got)
 	}
 }

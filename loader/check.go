@@ -34,11 +34,17 @@ type CheckReport struct {
 	Current bool
 	// Attached lists the hooks the probe attached and detached again.
 	Attached []string
+	// Migrate says why the next Open migrates the pins to this version's
+	// layout (doc.go, "Upgrades"), "" when it reuses them as they are.
+	// The pinned maps' values above are then not read (their layout is
+	// not this version's).
+	Migrate string
 }
 
 // Check verifies, without disturbing a running limiter, that Open would
 // work: the programs pass the kernel verifier; when PinDir holds a limiter,
-// its maps have this version's layout and its permit tables hold PoolSize, and its links are in place; and every hook
+// its maps have this version's layout (else Migrate says why Open will
+// migrate them) and its permit tables hold PoolSize, and its links are in place; and every hook
 // attaches. The attach test uses fresh, unpinned maps and a temporary empty
 // cgroup (removed again), so no pinned map is written, no link is replaced
 // and nothing is reconciled: the counts, the config and the exempt set of a
@@ -79,9 +85,24 @@ func Check(opts Options) (CheckReport, error) {
 // the layout check of Open) without pinning or writing anything, and reads
 // the pinned config and links.
 func (l *Limiter) checkPinned(rep *CheckReport) error {
+	for dir, what := range map[string]string{readyDir: "an interrupted migration, which it finishes",
+		stagingDir: "an interrupted migration, which it undoes and does again"} {
+		if _, err := os.Stat(filepath.Join(l.pinDir, dir)); err == nil {
+			rep.Migrate = what
+			return nil
+		}
+	}
 	spec, err := l.spec()
 	if err != nil {
 		return err
+	}
+	why, err := l.incompatible(spec)
+	if err != nil {
+		return err
+	}
+	if why != "" {
+		rep.Migrate = "maps of another layout (" + why + ")"
+		return nil
 	}
 	repl := map[string]*ebpf.Map{}
 	defer func() {

@@ -104,10 +104,10 @@ func TestCheckLeavesRunningLimiterAlone(t *testing.T) {
 }
 
 // A pin directory missing one of its maps (here the reservation slots) is
-// incomplete: Check says so, and Open refuses it with the cleanup hint
-// instead of creating the map empty next to the others, and leaves the
-// directory as it was.
-func TestCheckAndOpenRefuseIncompletePins(t *testing.T) {
+// incomplete: its maps cannot be reused as they are (a map made empty next
+// to the others would disagree with them), so Check says the start will
+// migrate, and Open migrates: fresh maps counting the live connections.
+func TestCheckAndOpenMigrateIncompletePins(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	ln := sink(t, "tcp4", "127.0.0.1:0")
@@ -121,20 +121,29 @@ func TestCheckAndOpenRefuseIncompletePins(t *testing.T) {
 	if err := os.Remove(missing); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Check(Options{PinDir: pin, PoolSize: 10}); err == nil || !strings.Contains(err.Error(), "incomplete") {
-		t.Fatalf("check without fs_resv_slots: %v, want the directory called incomplete", err)
+	rep, err := Check(Options{PinDir: pin, PoolSize: 10})
+	if err != nil || !strings.Contains(rep.Migrate, "fs_resv_slots missing") {
+		t.Fatalf("check without fs_resv_slots: %+v, %v; want a migration announced, naming the map", rep, err)
 	}
 	l2, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 10, Floor: 1})
-	if err == nil {
-		l2.Close()
-		t.Fatal("open without fs_resv_slots succeeded")
+	if err != nil {
+		t.Fatalf("open without fs_resv_slots: %v, want a migration", err)
 	}
-	if !errors.Is(err, ErrPinnedMismatch) || !strings.Contains(err.Error(), "fs_resv_slots") || !strings.Contains(err.Error(), "cleanup") {
-		t.Fatalf("open without fs_resv_slots: %v, want ErrPinnedMismatch naming the map and the cleanup", err)
+	defer l2.Close()
+	if l2.mig == nil {
+		t.Fatal("open without fs_resv_slots did not migrate")
 	}
-	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("open recreated the missing map: %v", err)
+	if s := snap(t, l2); s.InUse != 2 || project(s, "app").InUse != 2 {
+		t.Fatalf("after the migration: %+v, want the 2 connections counted", s)
 	}
+	if _, err := os.Stat(missing); err != nil {
+		t.Fatalf("the migration did not pin the missing map: %v", err)
+	}
+	if rep, err := Check(Options{PinDir: pin, PoolSize: 10}); err != nil || rep.Migrate != "" {
+		t.Fatalf("check after the migration: %+v, %v; want the pins reusable", rep, err)
+	}
+	h.do("close")
+	waitInUse(t, l2, 0, map[string]int{"app": 0})
 }
 
 // Without pins, Check loads and attaches every hook and leaves nothing

@@ -275,14 +275,30 @@
 // still keeps a floor free and a node with room refuses nothing, but expired
 // reservations are not given back until Tick runs again. Open moves pinned
 // links to the programs it loaded, so a new version's programs take effect
-// on restart; maps of another layout are refused (ErrPinnedMismatch) with
-// the steps to take. The version that keys listening addresses by the
-// families they take and names a port's listener by its socket changed the
-// layouts of fs_ports, fs_listeners and the reservation tables, and the one
-// that keys reservations by the request socket's cookie changed the
-// reservation tables and the counters again, so every pin directory made
-// before them is refused so. Links of programs a version no longer has
-// (link_send_reset, link_drop) are detached on the next Open.
+// on restart. Links of programs a version no longer has (link_send_reset,
+// link_drop) are detached on the next Open.
+//
+// # Upgrades
+//
+// Maps of another layout (a value that grew, flags that changed), or a
+// directory missing a map the others must agree with, are migrated by Open
+// (migrate.go), under the pin directory's lock (Options.PinLock, or one it
+// takes; ErrPinsLocked while another process holds it): fresh maps pinned
+// in <pin dir>/migrating, configured as at a first start with the members
+// and project names copied over (as bytes, when their entries have the
+// same size); the new programs attached beside the old ones (a connect is
+// refused if either refuses) and the live sockets counted into the new
+// maps by a reconcile pass; the directory renamed to "migrated", the
+// commit; the other namespaces' sk_lookup links updated in place; the new
+// pins renamed over the old, which detaches the old links; a second pass
+// for connects the old programs alone admitted and that were hashed after
+// the first walked by. A crash before the commit leaves "migrating", which
+// the next Open discards (the old programs never stopped); after it,
+// "migrated", whose pins the next Open moves in place first. Counts the
+// live sockets cannot give back are lost: rate tokens, unread events,
+// per-project admitted/refused counters, reservations, destination pools'
+// counts of older connections. Check reports a coming migration in
+// CheckReport.Migrate.
 //
 // # Reconcile
 //

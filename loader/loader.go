@@ -126,6 +126,12 @@ type Options struct {
 	MaxNetns int
 	// PinDir is the bpffs directory for maps and links; default DefaultPinDir.
 	PinDir string
+	// PinLock is the caller's open file of PinDir holding an exclusive
+	// flock on it (the daemon's, held for its life), or nil. Open changes
+	// the layout of the pins (a migration, doc.go "Upgrades") only under
+	// that lock: with this one, or with one it takes itself; while another
+	// process holds it, Open fails with ErrPinsLocked instead.
+	PinLock *os.File
 	// PoolSize is POOL, the node-wide number of connection permits, in
 	// 1..limits.MaxPoolSize (0 only below a PoolCapacity: admit nobody).
 	PoolSize uint32
@@ -210,6 +216,9 @@ type Limiter struct {
 	netns    uint64 // the cookie of the daemon's own network namespace
 	netnsIno uint64 // and its inode
 	reused   bool
+	pinLock  *os.File   // Options.PinLock
+	unlock   func()     // releases the lock taken for a migration; nil: none taken
+	mig      *migration // the pins of another layout Open replaces; nil: none
 	held     uint32     // entries of fs_slots (a power of two): the largest POOL they hold
 	adjustM  sync.Mutex // serialises BPF_PROG_RUN of fs_adjust (one context buffer)
 
@@ -406,47 +415,27 @@ func Open(opts Options) (*Limiter, error) {
 		maxProj: opts.MaxProjects, maxMemb: opts.MaxMembers, maxNetns: opts.MaxNetns, pinDir: opts.PinDir,
 		log: opts.Logger, window: opts.Window, evWindow: opts.eventWindow, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
 		netns: cookie, size: opts.PoolSize, floor: opts.Floor, capacity: opts.PoolCapacity, lapse: opts.LapseAfter, maxDest: opts.MaxDestPools, noDest: opts.NoDestPools,
+		pinLock: opts.PinLock,
 	}
+	defer func() {
+		if l.unlock != nil {
+			l.unlock()
+		}
+	}()
 	if err := l.load(); err != nil {
-		return nil, err
-	}
-	if err := l.checkAndWriteConfig(); err != nil {
 		l.closeFDs()
+		l.discardStaged()
 		return nil, err
 	}
-	if err := l.loadMembership(); err != nil {
-		l.closeFDs()
-		return nil, err
-	}
-	if err := l.loadDestsLocked(); err != nil {
-		l.closeFDs()
-		return nil, err
-	}
-	if err := l.syncDestConfsLocked(); err != nil {
-		l.closeFDs()
-		return nil, err
-	}
-	if err := l.setDestPoolsLocked(opts.DestPools); err != nil {
-		l.closeFDs()
-		return nil, err
-	}
-	// Before attaching: a reused pin keeps enforcing the old set until now.
-	if err := l.SetExempt(opts.Exempt, opts.ExemptMax); err != nil {
-		l.closeFDs()
-		return nil, err
-	}
-	if err := l.attach(); err != nil {
-		l.closeFDs()
-		return nil, err
-	}
-	if err := l.reattachNetns(); err != nil {
-		l.closeFDs()
-		return nil, err
-	}
-	rep, err := l.reconcile()
+	rep, err := l.setUp(opts)
 	if err != nil {
 		l.closeFDs()
-		return nil, fmt.Errorf("first reconcile: %w", err)
+		// Before its commit a failed migration leaves the old pins as
+		// they were, enforcing; after it, the next Open installs the new.
+		if l.mig != nil && !l.mig.committed {
+			l.discardStaged()
+		}
+		return nil, err
 	}
 	// Once nothing can fail: a daemon that comes back after enforcement
 	// lapsed makes the programs refuse again from here, and an Open that
@@ -456,11 +445,106 @@ func Open(opts Options) (*Limiter, error) {
 		l.closeFDs()
 		return nil, err
 	}
+	if l.mig != nil {
+		past := 0
+		for _, n := range rep.AdoptedPast {
+			past += n
+		}
+		l.log.Warn("migrated from pins of another layout: the kernel's counts were rebuilt from the live sockets; "+
+			"not recoverable from them and lost: rate tokens, unread refusal events, per-project admitted and refused counters, "+
+			"inbound handshakes in progress, and the destination pools' counts of existing connections (new ones are counted)",
+			"pin_dir", l.pinDir, "adopted", rep.Adopted, "adopted_past_rule", past, "was", l.mig.reason)
+	}
 	l.log.Info("connection limiter ready", "cgroup2", root, "base_level", l.base, "max_depth", l.depth,
 		"members", len(l.memb.members), "projects", len(l.memb.ids), "netns", len(l.nets), "pin_dir", l.pinDir, "reused", l.reused,
 		"pool", l.size, "floor", l.floor, "adopted", rep.Adopted, "exempt", l.exempt, "exempt_max", l.exemptMax)
 	return l, nil
 }
+
+// setUp configures the loaded maps as Options say, attaches the programs and
+// reconciles once. In a migration the new programs are attached beside the
+// old and count the live sockets before the old ones are detached (see
+// migrate.go).
+func (l *Limiter) setUp(opts Options) (ReconcileReport, error) {
+	var rep ReconcileReport
+	if err := l.checkAndWriteConfig(); err != nil {
+		return rep, err
+	}
+	if err := l.loadMembership(); err != nil {
+		return rep, err
+	}
+	if err := l.loadDestsLocked(); err != nil {
+		return rep, err
+	}
+	if err := l.syncDestConfsLocked(); err != nil {
+		return rep, err
+	}
+	if err := l.setDestPoolsLocked(opts.DestPools); err != nil {
+		return rep, err
+	}
+	// Before attaching: a reused pin keeps enforcing the old set until now.
+	if err := l.SetExempt(opts.Exempt, opts.ExemptMax); err != nil {
+		return rep, err
+	}
+	if l.mig == nil {
+		if err := l.attach(); err != nil {
+			return rep, err
+		}
+		if err := l.reattachNetns(); err != nil {
+			return rep, err
+		}
+		rep, err := l.reconcile()
+		if err != nil {
+			return rep, fmt.Errorf("first reconcile: %w", err)
+		}
+		return rep, nil
+	}
+	// A migration: both programs run from here, the new ones counting
+	// every new connection; the pass counts the connections that exist.
+	if err := l.attachStaged(); err != nil {
+		return rep, err
+	}
+	rep, err := l.reconcile()
+	if err != nil {
+		return rep, fmt.Errorf("counting the live connections into the migrated maps: %w", err)
+	}
+	if err := migrateFault("counted"); err != nil {
+		return rep, err
+	}
+	if err := l.commit(); err != nil {
+		return rep, err
+	}
+	if err := migrateFault("committed"); err != nil {
+		return rep, err
+	}
+	// The other namespaces' sk_lookup links are moved to instances that
+	// read the new maps (one BPF_LINK_UPDATE each: no moment without a
+	// program), then the old pins are replaced, detaching the old links.
+	if err := l.reattachNetns(); err != nil {
+		return rep, err
+	}
+	if err := l.install(); err != nil {
+		return rep, err
+	}
+	// A connect the old programs alone admitted, hashed after the pass
+	// above had walked past its place, is counted now.
+	second, err := l.reconcile()
+	if err != nil {
+		return rep, fmt.Errorf("second reconcile after the migration: %w", err)
+	}
+	rep.Adopted += second.Adopted
+	for p, n := range second.AdoptedPast {
+		if rep.AdoptedPast == nil {
+			rep.AdoptedPast = map[string]int{}
+		}
+		rep.AdoptedPast[p] += n
+	}
+	return rep, nil
+}
+
+// specEdit, set by tests only, changes what spec returns: a test makes pins
+// of another layout with it, as an older or newer version would have.
+var specEdit func(*ebpf.CollectionSpec)
 
 // spec is the embedded collection set up for this limiter: where the walk
 // runs, the exempt set's size, the membership tables as Options size them
@@ -544,10 +628,20 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 		spec.Maps["fs_reservations"].MaxEntries = m.MaxEntries()
 		m.Close()
 	}
+	if specEdit != nil {
+		specEdit(spec)
+	}
 	return spec, nil
 }
 
+// load loads the programs: against the pinned maps when their layout is
+// this version's (or nothing is pinned), else with fresh maps in the
+// staging directory of a migration (l.mig, migrate.go). An interrupted
+// migration is finished or undone first.
 func (l *Limiter) load() error {
+	if err := l.resumeMigration(); err != nil {
+		return err
+	}
 	if err := l.growDestTables(); err != nil {
 		return err
 	}
@@ -555,21 +649,15 @@ func (l *Limiter) load() error {
 	if err != nil {
 		return err
 	}
+	reason, err := l.incompatible(spec)
+	if err != nil {
+		return err
+	}
+	if reason != "" {
+		return l.loadStaged(spec, reason)
+	}
 	if _, err := os.Stat(filepath.Join(l.pinDir, "fs_config")); err == nil {
 		l.reused = true
-		// A pinned map missing from a used directory would be created
-		// empty next to the others and disagree with them (a lost
-		// reservation table leaks its permits): refuse, as Check does.
-		// The maps of newer parts that start empty are created.
-		for name, ms := range spec.Maps {
-			if ms.Pinning != ebpf.PinByName || addedMaps[name] {
-				continue
-			}
-			if _, err := os.Stat(filepath.Join(l.pinDir, name)); errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("the pin directory %s is incomplete (no %s): stop the daemon, run "+
-					"'fairshare cleanup --pin-dir %s', then start it again: %w", l.pinDir, name, l.pinDir, ErrPinnedMismatch)
-			}
-		}
 	}
 	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.pinDir}})
 	return l.loadError(err)
@@ -853,6 +941,13 @@ func Cleanup(pinDir string) error {
 	for _, e := range ents {
 		path := filepath.Join(pinDir, e.Name())
 		if e.Name() == netnsDir {
+			continue
+		}
+		if e.Name() == stagingDir || e.Name() == readyDir {
+			// A migration's, interrupted (migrate.go).
+			if err := Cleanup(path); err != nil {
+				errs = append(errs, err)
+			}
 			continue
 		}
 		if strings.HasPrefix(e.Name(), "link_") {

@@ -197,6 +197,12 @@ func check(c *cli.Context, cfg config.Config) error {
 		fmt.Fprintf(w, "nothing pinned in %s: the daemon will load the programs and attach them to the cgroup2 root (projects from %s)\n", cfg.PinDir, root)
 		return nil
 	}
+	if rep.Migrate != "" {
+		fmt.Fprintf(w, "note: pinned in %s: %s; the daemon migrates them when it starts, with no moment unenforced: "+
+			"fresh maps count the live connections before the old programs are detached (rate tokens, unread events "+
+			"and per-project admitted/refused counters are lost; docs/install.md#upgrade)\n", cfg.PinDir, rep.Migrate)
+		return nil
+	}
 	fmt.Fprintf(w, "ok: pinned in %s, left untouched: connections pool %d (floor %d), %d in use by %d projects, %d exempt cgroups\n",
 		cfg.PinDir, rep.Pool, rep.Floor, rep.InUse, rep.Projects, rep.Exempt)
 	if rep.Pool != conn.Size {

@@ -1,0 +1,354 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// A migration replaces pins of another layout (an older or newer version's
+// maps: a value that grew, a map made mmapable) with this version's, with
+// no moment where no program enforces (see Open and doc.go, "Upgrades").
+// It works in two subdirectories of the pin directory, so that a crash at
+// any point leaves a state the next Open finishes or undoes:
+//
+//   - stagingDir holds the new maps and links while they are made, counted
+//     and attached beside the old ones. Found at Open, it is discarded (its
+//     links unpinned, so its programs detach; the old ones never stopped)
+//     and the migration starts again.
+//   - readyDir is stagingDir renamed, in one rename, once its programs run
+//     and its maps count the live sockets: the commit point. Found at Open,
+//     its pins are moved up over the old ones (each move one rename, which
+//     detaches the old link it replaces) before anything else.
+//
+// bpffs refuses dots in names, hence no ".tmp" suffix.
+const (
+	stagingDir = "migrating"
+	readyDir   = MigratedDir
+)
+
+// MigratedDir is the subdirectory of the pin directory holding the pins of
+// a committed migration until Open has moved them in place: whoever undoes
+// a failed start's pins leaves it (and what is in it) for the next Open to
+// finish, as after a crash.
+const MigratedDir = "migrated"
+
+// ErrPinsLocked means another process holds the pin directory's lock (a
+// daemon running on it) while Open would have to migrate or finish
+// migrating its pins: they are left alone. Options.PinLock passes the lock
+// a caller holds itself.
+var ErrPinsLocked = errors.New("the pin directory is locked by another process")
+
+// migrateFault, replaced by tests only, fails a migration at a step ("counted":
+// before the commit, "committed": after it), as a crash there would leave
+// the pin directory.
+var migrateFault = func(step string) error { return nil }
+
+// migration is what Open records of the pins of another layout it replaces.
+type migration struct {
+	reason  string // why the old pins cannot be reused
+	staging string // <pin dir>/stagingDir
+	// committed: the staging directory was renamed to the ready one; a
+	// failure after it leaves the new pins for the next Open to install.
+	committed bool
+}
+
+// lockPinsLocked makes sure no other process works on the pin directory
+// while Open changes its layout: the caller's lock (Options.PinLock) if it
+// holds one on this directory, else one taken here until Open returns.
+func (l *Limiter) lockPinsLocked() error {
+	if l.unlock != nil {
+		return nil
+	}
+	var dst unix.Stat_t
+	if err := unix.Stat(l.pinDir, &dst); err != nil {
+		return fmt.Errorf("reading the pin directory %s: %w", l.pinDir, err)
+	}
+	if f := l.pinLock; f != nil {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err == nil && st.Dev == dst.Dev && st.Ino == dst.Ino &&
+			unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+			l.unlock = func() {}
+			return nil
+		}
+	}
+	f, err := os.Open(l.pinDir)
+	if err != nil {
+		return fmt.Errorf("opening the pin directory %s: %w", l.pinDir, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return fmt.Errorf("%s: not migrating its pins under a daemon that runs on it: %w", l.pinDir, ErrPinsLocked)
+		}
+		return fmt.Errorf("locking the pin directory %s: %w", l.pinDir, err)
+	}
+	l.unlock = func() { f.Close() }
+	return nil
+}
+
+// resumeMigration finishes or undoes a migration an earlier Open did not
+// complete (it crashed or was killed): a ready directory is installed, a
+// staging one discarded. Nothing to do is the common case.
+func (l *Limiter) resumeMigration() error {
+	ready := filepath.Join(l.pinDir, readyDir)
+	staging := filepath.Join(l.pinDir, stagingDir)
+	_, rerr := os.Stat(ready)
+	_, serr := os.Stat(staging)
+	if rerr != nil && serr != nil {
+		return nil
+	}
+	if err := l.lockPinsLocked(); err != nil {
+		return err
+	}
+	if rerr == nil {
+		l.log.Warn("finishing an interrupted migration of the pins: moving the new ones in place", "pin_dir", l.pinDir)
+		if err := l.install(); err != nil {
+			return err
+		}
+	}
+	if serr == nil {
+		// Its programs ran beside the old ones, which still run: unpinned,
+		// they detach (the process that made them is gone), and the
+		// migration starts again from the old pins.
+		l.log.Warn("discarding an interrupted migration of the pins: it starts again", "pin_dir", l.pinDir)
+		if err := Cleanup(staging); err != nil {
+			return fmt.Errorf("discarding the interrupted migration in %s: %w", staging, err)
+		}
+	}
+	return nil
+}
+
+// incompatible says why the maps pinned in the pin directory cannot be
+// reused by spec's programs ("" if they can): a map of another type, key,
+// value, size or flags, or one missing that the others must agree with.
+func (l *Limiter) incompatible(spec *ebpf.CollectionSpec) (string, error) {
+	if _, err := os.Stat(filepath.Join(l.pinDir, "fs_config")); err != nil {
+		return "", nil // nothing pinned: a fresh start
+	}
+	names := make([]string, 0, len(spec.Maps))
+	for name := range spec.Maps {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	var why []string
+	for _, name := range names {
+		ms := spec.Maps[name]
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, name), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			// A map of a newer part that starts empty is made beside the
+			// others (addedMaps); any other missing one would disagree
+			// with them (a lost reservation table leaks its permits).
+			if !addedMaps[name] {
+				why = append(why, name+" missing")
+			}
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("reading pinned map %s: %w", name, err)
+		}
+		err = ms.Compatible(m)
+		m.Close()
+		if err != nil {
+			why = append(why, fmt.Sprintf("%s: %v", name, err))
+		}
+	}
+	return strings.Join(why, "; "), nil
+}
+
+// loadStaged loads spec with fresh maps pinned in the staging directory,
+// for a migration from pins of another layout.
+func (l *Limiter) loadStaged(spec *ebpf.CollectionSpec, reason string) error {
+	if err := l.lockPinsLocked(); err != nil {
+		return err
+	}
+	staging := filepath.Join(l.pinDir, stagingDir)
+	if err := os.Mkdir(staging, 0o700); err != nil {
+		return fmt.Errorf("creating the staging directory of the migration: %w", err)
+	}
+	l.mig = &migration{reason: reason, staging: staging}
+	err := spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: staging}})
+	if err != nil {
+		return l.loadError(err)
+	}
+	return l.carryMembership()
+}
+
+// carriedMaps are the pinned maps whose contents a migration copies to the
+// new ones: who is a member of which project, and the projects' names by
+// id (the ids the members name). They are definitions, not counts, and the
+// new programs must classify sockets from the moment they run (the daemon
+// sets the members again only after Open). Copied entry by entry, as
+// bytes, only when the old and new entries have the same size.
+var carriedMaps = []string{"fs_names", "fs_members"}
+
+// carryMembership copies carriedMaps from the old pins to the new maps.
+func (l *Limiter) carryMembership() error {
+	for _, name := range carriedMaps {
+		dst := map[string]*ebpf.Map{"fs_names": l.objs.FsNames, "fs_members": l.objs.FsMembers}[name]
+		src, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, name), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("reading the old pinned map %s: %w", name, err)
+		}
+		n, err := copyEntries(src, dst)
+		src.Close()
+		if err != nil {
+			// Not a refusal: the daemon sets the members right after
+			// Open; until then the new programs see no project.
+			l.log.Error("the members could not be carried over by the migration: projects are not recognised until the daemon sets them",
+				"map", name, "err", err)
+			continue
+		}
+		l.log.Debug("carried over by the migration", "map", name, "entries", n)
+	}
+	return nil
+}
+
+// copyEntries copies every non-zero entry of src into dst, as bytes.
+func copyEntries(src, dst *ebpf.Map) (int, error) {
+	if src.KeySize() != dst.KeySize() || src.ValueSize() != dst.ValueSize() {
+		return 0, fmt.Errorf("entries of %d+%d bytes, this version's %d+%d",
+			src.KeySize(), src.ValueSize(), dst.KeySize(), dst.ValueSize())
+	}
+	k, v := make([]byte, src.KeySize()), make([]byte, src.ValueSize())
+	zero := make([]byte, src.ValueSize())
+	n := 0
+	it := src.Iterate()
+	for it.Next(k, v) {
+		if src.Type() == ebpf.Array && string(v) == string(zero) {
+			continue
+		}
+		if err := dst.Put(k, v); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, it.Err()
+}
+
+// attachStaged attaches the new programs beside the old ones, their links
+// pinned in the staging directory: from here both run (a connect is
+// refused if either refuses), the release paths first, as attach does.
+func (l *Limiter) attachStaged() error {
+	var tags []any
+	for _, a := range l.attachments(l.root, &l.objs) {
+		lk, err := a.attach()
+		if err != nil {
+			if errors.Is(err, ebpf.ErrNotSupported) {
+				return fmt.Errorf("attaching %s: the kernel does not support this hook: %w", a.name, err)
+			}
+			return fmt.Errorf("attaching %s: %w", a.name, err)
+		}
+		l.links = append(l.links, lk)
+		if err := lk.Pin(filepath.Join(l.mig.staging, a.name)); err != nil {
+			return fmt.Errorf("pinning %s: %w", a.name, err)
+		}
+		if info, err := a.prog.Info(); err == nil {
+			tags = append(tags, a.name, info.Tag)
+		}
+	}
+	l.log.Info("bpf programs attached beside those of the old pins", tags...)
+	return nil
+}
+
+// commit renames the staging directory to the ready one: from here a
+// crash leaves pins the next Open installs rather than discards.
+func (l *Limiter) commit() error {
+	if err := os.Rename(l.mig.staging, filepath.Join(l.pinDir, readyDir)); err != nil {
+		return fmt.Errorf("committing the migration: %w", err)
+	}
+	l.mig.committed = true
+	return nil
+}
+
+// install moves the pins of the ready directory up over the old ones, then
+// removes the old pins this version has no name for, and the directory.
+// Replacing a link's pin detaches the old link (no process holds it: the
+// old daemon is gone), whose new counterpart runs already. Each step is
+// one rename or unlink, and every step is done again by a later Open if a
+// crash interrupts this one.
+func (l *Limiter) install() error {
+	ready := filepath.Join(l.pinDir, readyDir)
+	ents, err := os.ReadDir(ready)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", ready, err)
+	}
+	for _, e := range ents {
+		if err := os.Rename(filepath.Join(ready, e.Name()), filepath.Join(l.pinDir, e.Name())); err != nil {
+			return fmt.Errorf("moving the migrated pin %s in place: %w", e.Name(), err)
+		}
+	}
+	known, err := currentPins()
+	if err != nil {
+		return err
+	}
+	top, err := os.ReadDir(l.pinDir)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", l.pinDir, err)
+	}
+	for _, e := range top {
+		name := e.Name()
+		if e.IsDir() || known[name] || !(strings.HasPrefix(name, "fs_") || strings.HasPrefix(name, "link_")) {
+			continue
+		}
+		// A pin of the old layout this version does not have: a retired
+		// link (unpinned, it detaches) or map.
+		if err := os.Remove(filepath.Join(l.pinDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("removing the old pin %s: %w", name, err)
+		}
+		l.log.Info("removed a pin of the old layout this version does not use", "pin", name)
+	}
+	if err := os.Remove(ready); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing %s: %w", ready, err)
+	}
+	return nil
+}
+
+// currentPins names what this version pins at the top of the pin
+// directory: its pinned maps and its links.
+func currentPins() (map[string]bool, error) {
+	spec, err := loadLimiter()
+	if err != nil {
+		return nil, fmt.Errorf("reading the embedded BPF object: %w", err)
+	}
+	out := map[string]bool{}
+	for name, ms := range spec.Maps {
+		if ms.Pinning == ebpf.PinByName {
+			out[name] = true
+		}
+	}
+	var l Limiter
+	for _, a := range l.attachments("", &limiterObjects{}) {
+		out[a.name] = true
+	}
+	return out, nil
+}
+
+// discardStaged undoes a migration that failed before its commit: the
+// staging pins are removed (the new links detach once the limiter's
+// descriptors are closed); the old pins were not touched and enforce.
+func (l *Limiter) discardStaged() {
+	if l.mig == nil {
+		return
+	}
+	if _, err := os.Stat(l.mig.staging); err != nil {
+		return
+	}
+	if err := Cleanup(l.mig.staging); err != nil {
+		l.log.Error("removing the pins of the failed migration (the next start removes them)", "dir", l.mig.staging, "err", err)
+	}
+}

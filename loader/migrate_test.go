@@ -1,0 +1,238 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+)
+
+// oldLayout makes the pins the previous version made: its destination
+// tables were not mmapable (86ff0ff made fs_dhosts, fs_dpool_state and
+// fs_dpool_proj so), which this version cannot reuse.
+func oldLayout(spec *ebpf.CollectionSpec) {
+	for _, name := range []string{"fs_dhosts", "fs_dpool_state", "fs_dpool_proj"} {
+		spec.Maps[name].Flags &^= unix.BPF_F_MMAPABLE
+	}
+}
+
+// openOld opens a limiter on pin with the old layout (oldLayout), as the
+// daemon of the previous version did, and closes it again: what it leaves
+// pinned enforces on its own, as when that daemon is stopped for the
+// upgrade. It returns the ids of the old programs its links run.
+func openOld(t *testing.T, root, pin string, pool uint32, hold func()) []ebpf.ProgramID {
+	t.Helper()
+	specEdit = oldLayout
+	defer func() { specEdit = nil }()
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold()
+	var ids []ebpf.ProgramID
+	for _, lk := range l.links {
+		info, err := lk.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, info.Program)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// An upgrade whose maps have another layout migrates by itself: the start
+// succeeds, the held connections are counted in the new maps (the pool
+// refuses past its size counting them), a project connecting in a loop all
+// through the migration is never admitted past the rule, the old programs
+// are detached and their pins gone, permits come back exactly, and the next
+// start reuses the new pins.
+func TestMigrateFromAnotherLayout(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	dir := mkProject(t, root, "a")
+	holder, prober := startHelper(t, dir), startHelper(t, dir)
+	const pool = 5
+	oldProgs := openOld(t, root, pin, pool, func() {
+		if r := holder.dial("tcp4", addr, pool); r.ok != pool {
+			t.Fatalf("filling the pool under the old layout: %+v", r)
+		}
+	})
+	// The old pins alone enforce: the pool is full.
+	if r := prober.dial("tcp4", addr, 1); r.refused != 1 {
+		t.Fatalf("under the old pins, daemon stopped: %+v, want refused", r)
+	}
+	if _, err := Check(rootOptions(t, root, Options{PinDir: pin, PoolSize: pool})); err != nil {
+		t.Fatalf("check on pins of another layout: %v", err)
+	}
+
+	// The prober connects in a loop from before the start until after it:
+	// the pool is full all along, so every connect must be refused.
+	type churned struct{ r churnResult }
+	done := make(chan churned, 1)
+	go func() { done <- churned{prober.churn("tcp4", addr, 3*time.Second, 200*time.Microsecond)} }()
+	time.Sleep(300 * time.Millisecond)
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: pool})
+	if err != nil {
+		t.Fatalf("start on pins of another layout: %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+	c := <-done
+	if c.r.ok() != 0 || c.r.refused == 0 {
+		t.Fatalf("connecting through the migration with the pool full: %d admitted, %d refused, %d failed otherwise; want none admitted",
+			c.r.ok(), c.r.refused, c.r.other)
+	}
+	if l.mig == nil || l.reused {
+		t.Fatalf("the start did not migrate (mig %v, reused %v)", l.mig, l.reused)
+	}
+	s := snap(t, l)
+	if s.InUse != pool || project(s, "a").InUse != pool {
+		t.Fatalf("after the migration: node in_use %d, project %+v; want the %d held connections counted", s.InUse, project(s, "a"), pool)
+	}
+	if r := prober.dial("tcp4", addr, 1); r.refused != 1 {
+		t.Fatalf("after the migration: %+v, want refused (the held connections fill the pool)", r)
+	}
+	// The new layout is pinned, nothing of the old or of the migration is
+	// left, and the old programs are detached (freed: no link holds them).
+	for _, d := range []string{stagingDir, readyDir} {
+		if _, err := os.Stat(filepath.Join(pin, d)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left in the pin directory (%v)", d, err)
+		}
+	}
+	spec, err := l.spec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if why, err := l.incompatible(spec); err != nil || why != "" {
+		t.Fatalf("pins after the migration: %q, %v; want this version's layout", why, err)
+	}
+	oldGone(t, oldProgs)
+
+	// Permits come back exactly.
+	holder.do("close")
+	waitInUse(t, l, 0, map[string]int{"a": 0})
+	if r := holder.dial("tcp4", addr, pool); r.ok != pool {
+		t.Fatalf("after the releases: %+v, want the whole pool", r)
+	}
+	if r := prober.dial("tcp4", addr, 1); r.refused != 1 {
+		t.Fatalf("pool full again: %+v, want refused", r)
+	}
+
+	// The next start reuses the new pins.
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2 := openLimiter(t, root, pin, pool, 0)
+	if !l2.reused || l2.mig != nil {
+		t.Fatalf("second start: reused %v, migrated %v; want the pins reused", l2.reused, l2.mig != nil)
+	}
+	if s := snap(t, l2); s.InUse != pool {
+		t.Fatalf("second start: in_use %d, want %d", s.InUse, pool)
+	}
+	holder.do("close")
+	waitInUse(t, l2, 0, map[string]int{"a": 0})
+}
+
+// A migration interrupted before its commit leaves the old pins enforcing
+// and is done again by the next start; one interrupted after it leaves
+// new pins the next start installs. Either way the counts are right and
+// nothing is left over.
+func TestMigrateInterrupted(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, step := range []string{"counted", "committed"} {
+		t.Run(step, func(t *testing.T) {
+			root, pin := newRoot(t), newPinDir(t)
+			ln := sink(t, "tcp4", "127.0.0.1:0")
+			addr := ln.Addr().String()
+			dir := mkProject(t, root, "a")
+			holder, prober := startHelper(t, dir), startHelper(t, dir)
+			const pool = 4
+			oldProgs := openOld(t, root, pin, pool, func() {
+				if r := holder.dial("tcp4", addr, pool); r.ok != pool {
+					t.Fatalf("filling the pool under the old layout: %+v", r)
+				}
+			})
+			crash := errors.New("crash")
+			migrateFault = func(s string) error {
+				if s == step {
+					return crash
+				}
+				return nil
+			}
+			_, err := openRoot(t, root, Options{PinDir: pin, PoolSize: pool})
+			migrateFault = func(string) error { return nil }
+			if !errors.Is(err, crash) {
+				t.Fatalf("interrupted start: %v, want the crash", err)
+			}
+			want := map[string]bool{"counted": false, "committed": true}[step]
+			if _, err := os.Stat(filepath.Join(pin, readyDir)); (err == nil) != want {
+				t.Fatalf("after a crash at %s: ready directory present %v, want %v", step, err == nil, want)
+			}
+			if _, err := os.Stat(filepath.Join(pin, stagingDir)); err == nil {
+				t.Fatalf("after a crash at %s: staging directory left", step)
+			}
+			// Enforcing meanwhile: the old programs, or both.
+			if r := prober.dial("tcp4", addr, 1); r.refused != 1 {
+				t.Fatalf("after a crash at %s: %+v, want refused", step, r)
+			}
+			l := openLimiter(t, root, pin, pool, 0)
+			if s := snap(t, l); s.InUse != pool || project(s, "a").InUse != pool {
+				t.Fatalf("start after a crash at %s: in_use %d, project %+v; want %d", step, s.InUse, project(s, "a"), pool)
+			}
+			if r := prober.dial("tcp4", addr, 1); r.refused != 1 {
+				t.Fatalf("start after a crash at %s: %+v, want refused", step, r)
+			}
+			for _, d := range []string{stagingDir, readyDir} {
+				if _, err := os.Stat(filepath.Join(pin, d)); err == nil {
+					t.Errorf("%s left after the start that followed a crash at %s", d, step)
+				}
+			}
+			// Each hook's pin runs this start's program, and the old
+			// programs are detached.
+			for _, a := range l.attachments(l.root, &l.objs) {
+				lk, err := link.LoadPinnedLink(filepath.Join(pin, a.name), nil)
+				if err != nil {
+					t.Fatalf("%s: %v", a.name, err)
+				}
+				li, err := lk.Info()
+				lk.Close()
+				pi, _ := a.prog.Info()
+				id, _ := pi.ID()
+				if err != nil || li.Program != id {
+					t.Fatalf("%s runs program %d (%v), want this start's %d", a.name, li.Program, err, id)
+				}
+			}
+			oldGone(t, oldProgs)
+			holder.do("close")
+			waitInUse(t, l, 0, map[string]int{"a": 0})
+		})
+	}
+}
+
+// oldGone waits for the programs ids to be freed: no link runs them.
+func oldGone(t *testing.T, ids []ebpf.ProgramID) {
+	t.Helper()
+	eventually(t, "the old programs detached", func() (bool, string) {
+		for _, id := range ids {
+			if p, err := ebpf.NewProgramFromID(id); err == nil {
+				p.Close()
+				return false, fmt.Sprintf("program %d still loaded", id)
+			}
+		}
+		return true, ""
+	})
+}
