@@ -288,7 +288,8 @@
 // and project names copied over (as bytes, when their entries have the
 // same size); the new programs attached beside the old ones (a connect is
 // refused if either refuses) and the live sockets counted into the new
-// maps by a reconcile pass; the directory renamed to "migrated", the
+// maps by a reconcile pass, which enters every network namespace a process
+// of the host is in (otherNetns), not only the daemon's; the directory renamed to "migrated", the
 // commit; the other namespaces' sk_lookup links updated in place; the new
 // pins renamed over the old, which detaches the old links; a second pass
 // for connects the old programs alone admitted and that were hashed after

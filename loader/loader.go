@@ -219,6 +219,10 @@ type Limiter struct {
 	pinLock  *os.File   // Options.PinLock
 	unlock   func()     // releases the lock taken for a migration; nil: none taken
 	mig      *migration // the pins of another layout Open replaces; nil: none
+	// migNetns are, during a migration, the network namespaces of the
+	// host's processes other than the daemon's, by inode (otherNetns):
+	// the migration's passes count their connections too.
+	migNetns map[uint64]dumpTarget
 	held     uint32     // entries of fs_slots (a power of two): the largest POOL they hold
 	adjustM  sync.Mutex // serialises BPF_PROG_RUN of fs_adjust (one context buffer)
 
@@ -504,6 +508,11 @@ func (l *Limiter) setUp(opts Options) (ReconcileReport, error) {
 	if err := l.attachStaged(); err != nil {
 		return rep, err
 	}
+	// Every namespace with a process in it, not only the daemon's: the
+	// pods' connections are counted before the old programs go, not once
+	// the daemon attaches their namespaces.
+	l.migNetns = l.otherNetns()
+	defer func() { l.migNetns = nil }()
 	rep, err := l.reconcile()
 	if err != nil {
 		return rep, fmt.Errorf("counting the live connections into the migrated maps: %w", err)

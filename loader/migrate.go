@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -238,6 +239,52 @@ func copyEntries(src, dst *ebpf.Map) (int, error) {
 		n++
 	}
 	return n, it.Err()
+}
+
+// otherNetns finds the network namespaces the host's processes are in,
+// other than the daemon's own, by their inode, each with a path to enter it
+// by (/proc/<pid>/ns/net, checked again by inode when it is entered) and
+// its cookie. One that cannot be entered is left out: its connections are
+// counted at a later reconcile pass that can, as at a first start.
+func (l *Limiter) otherNetns() map[uint64]dumpTarget {
+	var self unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &self); err != nil {
+		return nil
+	}
+	pids, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	out := map[uint64]dumpTarget{}
+	seen := map[uint64]bool{self.Ino: true}
+	for _, e := range pids {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		path := filepath.Join("/proc", e.Name(), "ns", "net")
+		var st unix.Stat_t
+		if unix.Stat(path, &st) != nil || seen[st.Ino] {
+			continue
+		}
+		seen[st.Ino] = true
+		ns, err := netns.GetFromPath(path)
+		if err != nil {
+			continue
+		}
+		var cookie uint64
+		err = inNetns(ns, func() error {
+			var err error
+			cookie, err = netnsCookie()
+			return err
+		})
+		ns.Close()
+		if err != nil {
+			l.log.Debug("a network namespace the migration cannot enter: its connections are counted later", "path", path, "err", err)
+			continue
+		}
+		out[st.Ino] = dumpTarget{cookie: cookie, path: path, ino: st.Ino}
+	}
+	return out
 }
 
 // attachStaged attaches the new programs beside the old ones, their links

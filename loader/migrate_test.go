@@ -236,3 +236,34 @@ func oldGone(t *testing.T, ids []ebpf.ProgramID) {
 		return true, ""
 	})
 }
+
+// The connections of a project in a network namespace of its own (a pod's)
+// are counted by the migration too, before the old programs go: the
+// migration's passes enter every namespace a process of the host is in,
+// not only the daemon's and those it attached.
+func TestMigrateCountsOtherNetns(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	h := startHelperNS(t, mkProject(t, root, "pod"), true)
+	const pool = 6
+	var addr string
+	openOld(t, root, pin, pool, func() {
+		addr = listenAddr(t, h.do("listen 127.0.0.1:0"))
+		// 3 outbound and their 3 accepted children: the pool.
+		if r := h.dial("tcp4", addr, 3); r.ok != 3 {
+			t.Fatalf("filling the pool under the old layout: %+v", r)
+		}
+	})
+	l := openLimiter(t, root, pin, pool, 0)
+	if l.mig == nil {
+		t.Fatal("the start did not migrate")
+	}
+	if s := snap(t, l); s.InUse != pool || project(s, "pod").InUse != pool {
+		t.Fatalf("after the migration: node in_use %d, project %+v; want the pod's %d permits counted", s.InUse, project(s, "pod"), pool)
+	}
+	if r := h.dial("tcp4", addr, 1); r.refused != 1 {
+		t.Fatalf("after the migration: %+v, want refused", r)
+	}
+	h.do("close")
+	waitInUse(t, l, 0, map[string]int{"pod": 0})
+}

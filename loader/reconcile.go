@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 
@@ -104,13 +105,26 @@ type dumpTarget struct {
 	ino    uint64
 }
 
-// targets lists the namespaces to look into: the daemon's own first.
+// targets lists the namespaces to look into: the daemon's own first, then
+// the attached ones, and during a migration every other one a process of
+// the host is in (migNetns).
 func (l *Limiter) targets() []dumpTarget {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := []dumpTarget{{cookie: l.netns, host: true}}
+	extra := maps.Clone(l.migNetns)
 	for c, n := range l.nets {
-		out = append(out, dumpTarget{cookie: c, path: n.info.Path, ino: n.info.Inode})
+		t := dumpTarget{cookie: c, path: n.info.Path, ino: n.info.Inode}
+		if e, ok := extra[t.ino]; ok {
+			if t.path == "" {
+				t.path = e.path // found pinned: entered by a process in it
+			}
+			delete(extra, t.ino)
+		}
+		out = append(out, t)
+	}
+	for _, e := range extra {
+		out = append(out, e)
 	}
 	return out
 }
