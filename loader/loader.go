@@ -455,7 +455,7 @@ func Open(opts Options) (*Limiter, error) {
 			past += n
 		}
 		l.log.Warn("migrated from pins of another layout: the kernel's counts were rebuilt from the live sockets; "+
-			"not recoverable from them and lost: rate tokens, unread refusal events, per-project admitted and refused counters, "+
+			"not recoverable from them and lost: rate tokens (the rates apply again from the next tick), unread refusal events, per-project admitted and refused counters, "+
 			"inbound handshakes in progress, and the destination pools' counts of existing connections (new ones are counted)",
 			"pin_dir", l.pinDir, "adopted", rep.Adopted, "adopted_past_rule", past, "was", l.mig.reason)
 	}

@@ -288,8 +288,12 @@ func (l *Limiter) otherNetns() map[uint64]dumpTarget {
 }
 
 // attachStaged attaches the new programs beside the old ones, their links
-// pinned in the staging directory: from here both run (a connect is
-// refused if either refuses), the release paths first, as attach does.
+// pinned in the staging directory: from here both run, the release paths
+// first, as attach does. Each hook's programs all run: a connect is
+// refused if either refuses (cgroup hooks AND their verdicts), a SYN
+// dropped if either drops (sk_lookup passes only if every program passes
+// or one selects a socket, which these never do); each counts in its own
+// maps and releases there.
 func (l *Limiter) attachStaged() error {
 	var tags []any
 	for _, a := range l.attachments(l.root, &l.objs) {

@@ -267,3 +267,53 @@ func TestMigrateCountsOtherNetns(t *testing.T) {
 	h.do("close")
 	waitInUse(t, l, 0, map[string]int{"pod": 0})
 }
+
+// Cleanup removes an interrupted migration's pins too: after a crash past
+// the commit (old and new links both pinned), it leaves no directory and no
+// program attached, old or new.
+func TestCleanupAfterInterruptedMigration(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	h := startHelper(t, mkProject(t, root, "a"))
+	progs := openOld(t, root, pin, 3, func() {
+		if r := h.dial("tcp4", ln.Addr().String(), 1); r.ok != 1 {
+			t.Fatalf("under the old layout: %+v", r)
+		}
+	})
+	migrateFault = func(s string) error {
+		if s == "committed" {
+			return errors.New("crash")
+		}
+		return nil
+	}
+	_, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 3})
+	migrateFault = func(string) error { return nil }
+	if err == nil {
+		t.Fatal("the interrupted start succeeded")
+	}
+	ready, err := os.ReadDir(filepath.Join(pin, readyDir))
+	if err != nil || len(ready) == 0 {
+		t.Fatalf("no committed migration to clean up: %v %v", ready, err)
+	}
+	for _, e := range ready {
+		if lk, err := link.LoadPinnedLink(filepath.Join(pin, readyDir, e.Name()), nil); err == nil {
+			info, err := lk.Info()
+			lk.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			progs = append(progs, info.Program)
+		}
+	}
+	if err := Cleanup(pin); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(pin); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the pin directory is still there after cleanup: %v", err)
+	}
+	oldGone(t, progs)
+	if r := h.dial("tcp4", ln.Addr().String(), 3); r.ok != 3 {
+		t.Fatalf("after cleanup: %+v, want nothing enforced", r)
+	}
+}
