@@ -326,7 +326,7 @@ func TestStatusListsStoredPoliciesOfIdleProjects(t *testing.T) {
 // sentence naming the directory and the remedy, told apart with
 // ErrStalePins; other load errors keep their full text.
 func TestLoadError(t *testing.T) {
-	for _, sentinel := range []error{loader.ErrPinnedMismatch, loader.ErrPoolTooLarge} {
+	for _, sentinel := range []error{loader.ErrPinnedMismatch} {
 		err := loadError("/sys/fs/bpf/fs", fmt.Errorf("maps pinned differ: %w", sentinel))
 		if !errors.Is(err, ErrStalePins) || !errors.Is(err, sentinel) {
 			t.Errorf("%v: not ErrStalePins and %v", err, sentinel)

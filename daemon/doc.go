@@ -101,8 +101,10 @@
 // Policies are applied when they are written (the admin API's PATCH stores,
 // fsyncs, then calls scheduler.SetPolicy and Rates.SetLimits before it
 // answers; a DELETE calls scheduler.DeletePolicy and removes the buckets) and
-// all at once at start. A loader.Open failure caused by pins of another
-// configuration is ErrStalePins, one sentence naming the pin directory and
+// all at once at start. Pins of another layout are migrated by loader.Open
+// under the daemon's lock on the pin directory (Options.PinLock); an Open
+// that finds them changed while it loads (another process at work there)
+// fails with ErrStalePins, one sentence naming the pin directory and
 // 'fairshare cleanup'. There is no other writer while the daemon
 // runs, because bbolt's file lock keeps the CLI out of the store.
 //

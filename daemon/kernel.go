@@ -29,10 +29,10 @@ import (
 // forgets an idle entry of a removed cgroup.
 const kernelReadEvery = 15 * time.Second
 
-// ErrStalePins means the pin directory holds BPF objects loaded for another
-// configuration (another map layout, or a pool larger than the pinned maps
-// hold). Only 'fairshare cleanup' (which drops enforcement and every count)
-// resolves it, so the daemon does not try on its own.
+// ErrStalePins means the pinned maps changed layout under the loader while
+// it loaded (loader.ErrPinnedMismatch: another process at work on the pin
+// directory). Pins of another layout found at the start, a larger pool's
+// included, are migrated by the loader, not refused.
 var ErrStalePins = errors.New("pinned bpf objects are from another configuration")
 
 // stalePinsError names the pin directory and the remedy in one sentence and
@@ -66,7 +66,7 @@ func (v verbose) Unwrap() error { return v.err }
 
 // loadError turns loader.Open's error into the daemon's.
 func loadError(pinDir string, err error) error {
-	if errors.Is(err, loader.ErrPinnedMismatch) || errors.Is(err, loader.ErrPoolTooLarge) {
+	if errors.Is(err, loader.ErrPinnedMismatch) {
 		return &stalePinsError{dir: pinDir, err: err}
 	}
 	if errors.Is(err, loader.ErrBadExempt) {

@@ -69,16 +69,16 @@ var (
 	ErrNoCgroup2 = cgroup.ErrNoCgroup2
 	// ErrNotCgroup2 means the projects root is not a directory on cgroup2.
 	ErrNotCgroup2 = cgroup.ErrNotCgroup2
-	// ErrPinnedMismatch means the pin directory holds objects loaded for
-	// another projects root, or of an incompatible layout: run Cleanup.
+	// ErrPinnedMismatch means the pinned maps were of another layout when
+	// the programs were loaded against them although Open had found them
+	// reusable a moment before: another process changed the pins
+	// meanwhile (pins of another layout found at the start are migrated,
+	// doc.go "Upgrades"). Run Cleanup.
 	ErrPinnedMismatch = errors.New("pinned objects do not match; run cleanup")
 	// ErrInvalidOptions reports options Open cannot work with.
 	ErrInvalidOptions = errors.New("invalid loader options")
 	// ErrClosed is returned by methods of a closed Limiter.
 	ErrClosed = errors.New("limiter is closed")
-	// ErrPoolTooLarge means POOL does not fit the map of held permits, which
-	// was sized when the pins were created: run Cleanup and Open again.
-	ErrPoolTooLarge = errors.New("pool larger than the pinned permit map")
 	// ErrNetnsFull is returned by AttachNetns with Options.MaxNetns
 	// namespaces attached.
 	ErrNetnsFull = errors.New("too many network namespaces attached")
@@ -224,6 +224,7 @@ type Limiter struct {
 	// the migration's passes count their connections too.
 	migNetns map[uint64]dumpTarget
 	held     uint32     // entries of fs_slots (a power of two): the largest POOL they hold
+	outgrown uint32     // the pinned fs_slots' entries when fewer than the capacity (spec); 0: none
 	adjustM  sync.Mutex // serialises BPF_PROG_RUN of fs_adjust (one context buffer)
 
 	mu        sync.Mutex // guards the fields below
@@ -616,13 +617,17 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 		return nil, fmt.Errorf("setting cap_stride: %w", err)
 	}
 	l.maxMemb = spec.Maps["fs_members"].MaxEntries
-	l.held = heldCapacity(l.capacity)
+	// Pinned permit tables keep their size while they hold the pool's
+	// capacity; tables too small for it (a larger pool configured since)
+	// are of another layout: Open migrates them to tables of this size.
+	l.held, l.outgrown = heldCapacity(l.capacity), 0
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_slots"), nil); err == nil {
-		l.held = m.MaxEntries()
+		if n := m.MaxEntries(); n >= l.capacity {
+			l.held = n
+		} else {
+			l.outgrown = n
+		}
 		m.Close()
-	}
-	if l.capacity > l.held {
-		return nil, fmt.Errorf("pool %d, permit map of %d entries in %s: %w", l.capacity, l.held, l.pinDir, ErrPoolTooLarge)
 	}
 	spec.Maps["fs_exempt"].MaxEntries = limits.ExemptCap
 	spec.Maps["fs_slots"].MaxEntries = l.held
@@ -634,7 +639,9 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	// made with another size is reused as it is.
 	spec.Maps["fs_reservations"].MaxEntries = l.held
 	if m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, "fs_reservations"), nil); err == nil {
-		spec.Maps["fs_reservations"].MaxEntries = m.MaxEntries()
+		if l.outgrown == 0 {
+			spec.Maps["fs_reservations"].MaxEntries = m.MaxEntries()
+		}
 		m.Close()
 	}
 	if specEdit != nil {

@@ -130,7 +130,8 @@ func (l *Limiter) resumeMigration() error {
 
 // incompatible says why the maps pinned in the pin directory cannot be
 // reused by spec's programs ("" if they can): a map of another type, key,
-// value, size or flags, or one missing that the others must agree with.
+// value, size or flags, one missing that the others must agree with, or
+// permit tables too small for the pool's capacity.
 func (l *Limiter) incompatible(spec *ebpf.CollectionSpec) (string, error) {
 	if _, err := os.Stat(filepath.Join(l.pinDir, "fs_config")); err != nil {
 		return "", nil // nothing pinned: a fresh start
@@ -141,10 +142,17 @@ func (l *Limiter) incompatible(spec *ebpf.CollectionSpec) (string, error) {
 	}
 	slices.Sort(names)
 	var why []string
+	if l.outgrown != 0 {
+		why = append(why, fmt.Sprintf("permit tables of %d entries, for a pool of at most %d; this start's needs %d",
+			l.outgrown, l.outgrown, l.capacity))
+	}
 	for _, name := range names {
 		ms := spec.Maps[name]
 		if ms.Pinning != ebpf.PinByName {
 			continue
+		}
+		if l.outgrown != 0 && (name == "fs_slots" || name == "fs_held" || name == "fs_reservations") {
+			continue // said above
 		}
 		m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, name), nil)
 		if errors.Is(err, os.ErrNotExist) {

@@ -317,3 +317,32 @@ func TestCleanupAfterInterruptedMigration(t *testing.T) {
 		t.Fatalf("after cleanup: %+v, want nothing enforced", r)
 	}
 }
+
+// A pool larger than the pinned permit tables hold (a larger pool
+// configured since they were made) migrates them to tables of its size:
+// the start succeeds, the held connections stay counted, and the larger
+// pool admits up to its size.
+func TestMigrateToALargerPool(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	h := startHelper(t, mkProject(t, root, "a"))
+	l := openLimiter(t, root, pin, 3, 0)
+	if r := h.dial("tcp4", addr, 3); r.ok != 3 {
+		t.Fatal(r)
+	}
+	small := l.held
+	l.Close()
+	// Pool 3 sized the permit tables at 1024 entries.
+	const pool = 1500
+	l2 := openLimiter(t, root, pin, pool, 0)
+	if l2.mig == nil || l2.held <= small || l2.held < pool {
+		t.Fatalf("pool %d on tables of %d: migrated %v, tables of %d", pool, small, l2.mig != nil, l2.held)
+	}
+	if s := snap(t, l2); s.InUse != 3 || project(s, "a").InUse != 3 {
+		t.Fatalf("after the migration: %+v, want the 3 connections counted", s)
+	}
+	h.do("close")
+	waitInUse(t, l2, 0, map[string]int{"a": 0})
+}

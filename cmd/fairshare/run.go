@@ -20,9 +20,10 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
-// exitStalePins is run's exit status when the pins are from another
-// configuration (daemon.ErrStalePins); dist/fairshare.service does not
-// restart on it.
+// exitStalePins is run's exit status when the pins changed layout while
+// the daemon loaded (daemon.ErrStalePins: another process at work on the
+// pin directory; pins of another layout found at the start are migrated);
+// dist/fairshare.service does not restart on it.
 const exitStalePins = 3
 
 func runCommand() *cli.Command {
@@ -185,7 +186,7 @@ func check(c *cli.Context, cfg config.Config) error {
 	conn := cfg.Pools[config.PoolConnections]
 	rep, err := loader.Check(loader.Options{PinDir: cfg.PinDir,
 		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window})
-	if errors.Is(err, loader.ErrPinnedMismatch) || errors.Is(err, loader.ErrPoolTooLarge) {
+	if errors.Is(err, loader.ErrPinnedMismatch) {
 		return cli.Exit(fmt.Sprintf("check failed: pins in %s are from another configuration; run 'fairshare cleanup' (%v)", cfg.PinDir, err), exitStalePins)
 	}
 	if err != nil {
