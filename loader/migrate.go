@@ -49,8 +49,8 @@ const MigratedDir = "migrated"
 var ErrPinsLocked = errors.New("the pin directory is locked by another process")
 
 // migrateFault, replaced by tests only, fails a migration at a step ("counted":
-// before the commit, "committed": after it), as a crash there would leave
-// the pin directory.
+// before the commit, "committed": after it, "installing": half of the new
+// pins moved in place), as a crash there would leave the pin directory.
 var migrateFault = func(step string) error { return nil }
 
 // migration is what Open records of the pins of another layout it replaces.
@@ -346,9 +346,14 @@ func (l *Limiter) install() error {
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", ready, err)
 	}
-	for _, e := range ents {
+	for i, e := range ents {
 		if err := os.Rename(filepath.Join(ready, e.Name()), filepath.Join(l.pinDir, e.Name())); err != nil {
 			return fmt.Errorf("moving the migrated pin %s in place: %w", e.Name(), err)
+		}
+		if i == len(ents)/2 {
+			if err := migrateFault("installing"); err != nil {
+				return err
+			}
 		}
 	}
 	known, err := currentPins()

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -147,14 +150,26 @@ func TestMigrateFromAnotherLayout(t *testing.T) {
 	waitInUse(t, l2, 0, map[string]int{"a": 0})
 }
 
-// A migration interrupted before its commit leaves the old pins enforcing
-// and is done again by the next start; one interrupted after it leaves
-// new pins the next start installs. Either way the counts are right and
-// nothing is left over.
+// A migration that fails before its commit removes its pins and leaves the
+// old ones enforcing; a process killed before the commit leaves the staging
+// pins, which the next start discards before it migrates again; one killed
+// after it (or while it moves them) leaves the new pins, which the next
+// start moves in place. Each
+// way, enforcement never stops, the counts are right after the next start,
+// and nothing is left over.
 func TestMigrateInterrupted(t *testing.T) {
 	testutil.RequireRoot(t)
-	for _, step := range []string{"counted", "committed"} {
-		t.Run(step, func(t *testing.T) {
+	for _, tc := range []struct {
+		name, step string
+		crash      bool   // the process dies at step; else Open fails there
+		left       string // the directory the interruption leaves
+	}{
+		{"failed-before-commit", "counted", false, ""},
+		{"killed-before-commit", "counted", true, stagingDir},
+		{"killed-after-commit", "committed", true, readyDir},
+		{"killed-while-installing", "installing", true, readyDir},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			root, pin := newRoot(t), newPinDir(t)
 			ln := sink(t, "tcp4", "127.0.0.1:0")
 			addr := ln.Addr().String()
@@ -166,24 +181,41 @@ func TestMigrateInterrupted(t *testing.T) {
 					t.Fatalf("filling the pool under the old layout: %+v", r)
 				}
 			})
-			crash := errors.New("crash")
-			migrateFault = func(s string) error {
-				if s == step {
-					return crash
+			if tc.crash {
+				crashMigration(t, tc.step, root, pin, pool)
+			} else {
+				fail := errors.New("fault")
+				migrateFault = func(s string) error {
+					if s == tc.step {
+						return fail
+					}
+					return nil
 				}
-				return nil
+				_, err := openRoot(t, root, Options{PinDir: pin, PoolSize: pool})
+				migrateFault = func(string) error { return nil }
+				if !errors.Is(err, fail) {
+					t.Fatalf("interrupted start: %v, want the fault", err)
+				}
 			}
-			_, err := openRoot(t, root, Options{PinDir: pin, PoolSize: pool})
-			migrateFault = func(string) error { return nil }
-			if !errors.Is(err, crash) {
-				t.Fatalf("interrupted start: %v, want the crash", err)
+			for _, d := range []string{stagingDir, readyDir} {
+				if _, err := os.Stat(filepath.Join(pin, d)); (err == nil) != (d == tc.left) {
+					t.Fatalf("after the interruption: %s present %v, want %v", d, err == nil, d == tc.left)
+				}
 			}
-			want := map[string]bool{"counted": false, "committed": true}[step]
-			if _, err := os.Stat(filepath.Join(pin, readyDir)); (err == nil) != want {
-				t.Fatalf("after a crash at %s: ready directory present %v, want %v", step, err == nil, want)
-			}
-			if _, err := os.Stat(filepath.Join(pin, stagingDir)); err == nil {
-				t.Fatalf("after a crash at %s: staging directory left", step)
+			step := tc.name
+			// The killed process's programs, attached by the links it
+			// pinned: gone once the next start has discarded or taken
+			// up its pins (a taken-up link runs that start's programs).
+			if tc.left != "" {
+				ents, _ := os.ReadDir(filepath.Join(pin, tc.left))
+				for _, e := range ents {
+					if lk, err := link.LoadPinnedLink(filepath.Join(pin, tc.left, e.Name()), nil); err == nil {
+						if info, err := lk.Info(); err == nil {
+							oldProgs = append(oldProgs, info.Program)
+						}
+						lk.Close()
+					}
+				}
 			}
 			// Enforcing meanwhile: the old programs, or both.
 			if r := prober.dial("tcp4", addr, 1); r.refused != 1 {
@@ -345,4 +377,37 @@ func TestMigrateToALargerPool(t *testing.T) {
 	}
 	h.do("close")
 	waitInUse(t, l2, 0, map[string]int{"a": 0})
+}
+
+// crashMigration runs a migration of the pins in pin in a process of its
+// own (this test binary again) that dies at step, as a daemon killed there.
+func crashMigration(t *testing.T, step, root, pin string, pool int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMigrateCrashHelper$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("FAIRSHARE_LOADER_MIGRATE_CRASH=%s %s %s %d", step, root, pin, pool))
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 {
+		t.Fatalf("the migrating process did not die at %s: %v\n%s", step, err, out)
+	}
+}
+
+// TestMigrateCrashHelper is crashMigration's process: it opens the limiter
+// on pins of another layout and exits (status 3, nothing closed or
+// removed) when the migration reaches the step named.
+func TestMigrateCrashHelper(t *testing.T) {
+	f := strings.Fields(os.Getenv("FAIRSHARE_LOADER_MIGRATE_CRASH"))
+	if len(f) != 4 {
+		t.Skip("helper process only")
+	}
+	migrateFault = func(s string) error {
+		if s == f[0] {
+			os.Exit(3)
+		}
+		return nil
+	}
+	pool, _ := strconv.Atoi(f[3])
+	_, err := Open(rootOptions(t, f[1], Options{PinDir: f[2], PoolSize: uint32(pool)}))
+	fmt.Fprintf(os.Stderr, "the migration did not reach %s: %v\n", f[0], err)
+	os.Exit(1)
 }
