@@ -725,9 +725,11 @@ func (l *Limiter) loadError(err error) error {
 	case errors.As(err, &ve):
 		return fmt.Errorf("the kernel verifier rejected a program: %+v", ve)
 	case errors.Is(err, ebpf.ErrMapIncompatible):
-		return fmt.Errorf("the maps pinned in %s have the layout of another fairshare version, which this one cannot reuse: "+
-			"stop the daemon, run 'fairshare cleanup --pin-dir %s' (enforcement stops and the connection counts are lost "+
-			"until the next start), then start it again: %w (%w)", l.pinDir, l.pinDir, ErrPinnedMismatch, err)
+		// incompatible found them reusable a moment before: another
+		// process replaced pins meanwhile, without the directory's lock.
+		return fmt.Errorf("the maps pinned in %s changed layout while they were loaded (another process at work on the pin directory?): "+
+			"stop it, or run 'fairshare cleanup --pin-dir %s' (enforcement stops and the connection counts are lost "+
+			"until the next start), then start again: %w (%w)", l.pinDir, l.pinDir, ErrPinnedMismatch, err)
 	case errors.Is(err, ebpf.ErrNotSupported):
 		return fmt.Errorf("%w (%w)", ErrKernelTooOld, err)
 	case errors.Is(err, unix.EPERM):

@@ -20,12 +20,14 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
-// oldLayout makes the pins the previous version made: its destination
-// tables were not mmapable (86ff0ff made fs_dhosts, fs_dpool_state and
-// fs_dpool_proj so), which this version cannot reuse.
+// oldLayout makes pins as the version before 86ff0ff made them: its maps
+// were not mmapable (that commit made the destination tables a matching
+// connect reads so), which this version cannot reuse. (The tests check
+// that the start migrated: a version with no mmapable map left would need
+// another difference here.)
 func oldLayout(spec *ebpf.CollectionSpec) {
-	for _, name := range []string{"fs_dhosts", "fs_dpool_state", "fs_dpool_proj"} {
-		spec.Maps[name].Flags &^= unix.BPF_F_MMAPABLE
+	for _, ms := range spec.Maps {
+		ms.Flags &^= unix.BPF_F_MMAPABLE
 	}
 }
 
