@@ -458,7 +458,7 @@ func Open(opts Options) (*Limiter, error) {
 		l.log.Warn("migrated from pins of another layout: the kernel's counts were rebuilt from the live sockets; "+
 			"not recoverable from them and lost: rate tokens (the rates apply again from the next tick), unread refusal events, per-project admitted and refused counters, "+
 			"inbound handshakes in progress, and the destination pools' counts of existing connections (new ones are counted)",
-			"pin_dir", l.pinDir, "adopted", rep.Adopted, "adopted_past_rule", past, "was", l.mig.reason)
+			"pin_dir", l.pinDir, "adopted", rep.Adopted, "adopted_past_rule", past, "reason", l.mig.reason)
 	}
 	l.log.Info("connection limiter ready", "cgroup2", root, "base_level", l.base, "max_depth", l.depth,
 		"members", len(l.memb.members), "projects", len(l.memb.ids), "netns", len(l.nets), "pin_dir", l.pinDir, "reused", l.reused,

@@ -5,6 +5,7 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,7 +92,8 @@ func TestMigrateFromAnotherLayout(t *testing.T) {
 	done := make(chan churned, 1)
 	go func() { done <- churned{prober.churn("tcp4", addr, 3*time.Second, 200*time.Microsecond)} }()
 	time.Sleep(300 * time.Millisecond)
-	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: pool})
+	var logged testutil.Buffer
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: pool, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatalf("start on pins of another layout: %v", err)
 	}
@@ -104,6 +106,16 @@ func TestMigrateFromAnotherLayout(t *testing.T) {
 	if l.mig == nil || l.reused {
 		t.Fatalf("the start did not migrate (mig %v, reused %v)", l.mig, l.reused)
 	}
+	var warned string
+	for _, line := range strings.Split(logged.String(), "\n") {
+		if strings.Contains(line, `level=WARN msg="migrated from pins of another layout`) {
+			warned = line
+		}
+	}
+	if !strings.Contains(warned, fmt.Sprintf("adopted=%d adopted_past_rule=0", pool)) || !strings.Contains(warned, "rate tokens") {
+		t.Fatalf("the migration's warning %q; want it to say the %d connections counted and what was lost\n%s", warned, pool, logged.String())
+	}
+	t.Log(warned)
 	s := snap(t, l)
 	if s.InUse != pool || project(s, "a").InUse != pool {
 		t.Fatalf("after the migration: node in_use %d, project %+v; want the %d held connections counted", s.InUse, project(s, "a"), pool)

@@ -34,9 +34,12 @@ func runCommand() *cli.Command {
 			"SIGHUP reads the configuration again and applies its destination pools (the rest needs a restart);\n" +
 			"the BPF programs stay pinned and keep enforcing unless --detach-on-exit is given,\n" +
 			"so a restart loses neither counts nor enforcement.\n\n" +
+			"Pins of another layout (a new version's maps, a larger pool) are migrated at start,\n" +
+			"with no moment unenforced (docs/install.md, Upgrade).\n\n" +
 			"Exit status: 2 for an unusable configuration or flag, 3 when the objects pinned in\n" +
-			"--pin-dir were loaded for another configuration (run 'fairshare cleanup', which drops\n" +
-			"enforcement and the counts, then start again), 1 for any other failure.\n\n" +
+			"--pin-dir changed under the starting daemon (another process at work there: run\n" +
+			"'fairshare cleanup', which drops enforcement and the counts, then start again),\n" +
+			"1 for any other failure.\n\n" +
 			examples(
 				"fairshare run --check",
 				"fairshare run --print-config --config /etc/fairshare/config.yaml",
