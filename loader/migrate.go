@@ -62,10 +62,10 @@ type migration struct {
 	committed bool
 }
 
-// lockPinsLocked makes sure no other process works on the pin directory
+// lockPinDir makes sure no other process works on the pin directory
 // while Open changes its layout: the caller's lock (Options.PinLock) if it
 // holds one on this directory, else one taken here until Open returns.
-func (l *Limiter) lockPinsLocked() error {
+func (l *Limiter) lockPinDir() error {
 	if l.unlock != nil {
 		return nil
 	}
@@ -107,7 +107,7 @@ func (l *Limiter) resumeMigration() error {
 	if rerr != nil && serr != nil {
 		return nil
 	}
-	if err := l.lockPinsLocked(); err != nil {
+	if err := l.lockPinDir(); err != nil {
 		return err
 	}
 	if rerr == nil {
@@ -179,7 +179,7 @@ func (l *Limiter) incompatible(spec *ebpf.CollectionSpec) (string, error) {
 // loadStaged loads spec with fresh maps pinned in the staging directory,
 // for a migration from pins of another layout.
 func (l *Limiter) loadStaged(spec *ebpf.CollectionSpec, reason string) error {
-	if err := l.lockPinsLocked(); err != nil {
+	if err := l.lockPinDir(); err != nil {
 		return err
 	}
 	staging := filepath.Join(l.pinDir, stagingDir)

@@ -425,3 +425,36 @@ func TestMigrateCrashHelper(t *testing.T) {
 	fmt.Fprintf(os.Stderr, "the migration did not reach %s: %v\n", f[0], err)
 	os.Exit(1)
 }
+
+// A migration happens only under the pin directory's lock: while another
+// open file holds it (a daemon running on the pins), Open leaves the pins
+// alone and fails with ErrPinsLocked; given that file as Options.PinLock
+// (the daemon's own lock), it migrates.
+func TestMigrateOnlyUnderTheLock(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	mkProject(t, root, "a")
+	openOld(t, root, pin, 3, func() {})
+	f, err := os.Open(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 3}); !errors.Is(err, ErrPinsLocked) {
+		t.Fatalf("migration under another's lock: %v, want ErrPinsLocked", err)
+	}
+	if _, err := os.Stat(filepath.Join(pin, stagingDir)); err == nil {
+		t.Fatal("a staging directory was made under another's lock")
+	}
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 3, PinLock: f})
+	if err != nil {
+		t.Fatalf("migration under the caller's lock: %v", err)
+	}
+	defer l.Close()
+	if l.mig == nil {
+		t.Fatal("the start did not migrate")
+	}
+}
