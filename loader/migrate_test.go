@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -86,6 +87,18 @@ func TestMigrateFromAnotherLayout(t *testing.T) {
 		t.Fatalf("check on pins of another layout: %v", err)
 	}
 
+	// When the new maps have counted the live connections, the old
+	// programs must still run on every hook the kernel can list: a gap of
+	// a few milliseconds would slip between the prober's connects.
+	var stillAttached error
+	migrateFault = func(step string) error {
+		if step == "counted" {
+			stillAttached = attachedIn(t, oldProgs)
+		}
+		return nil
+	}
+	t.Cleanup(func() { migrateFault = func(string) error { return nil } })
+
 	// The prober connects in a loop from before the start until after it:
 	// the pool is full all along, so every connect must be refused.
 	type churned struct{ r churnResult }
@@ -105,6 +118,9 @@ func TestMigrateFromAnotherLayout(t *testing.T) {
 	}
 	if l.mig == nil || l.reused {
 		t.Fatalf("the start did not migrate (mig %v, reused %v)", l.mig, l.reused)
+	}
+	if stillAttached != nil {
+		t.Fatalf("when the new maps had counted the connections: %v", stillAttached)
 	}
 	var warned string
 	for _, line := range strings.Split(logged.String(), "\n") {
@@ -457,4 +473,48 @@ func TestMigrateOnlyUnderTheLock(t *testing.T) {
 	if l.mig == nil {
 		t.Fatal("the start did not migrate")
 	}
+}
+
+// attachedIn says which of the programs of the old links (ids, in the
+// order of attachments) were not attached to their hook any more: the
+// cgroup hooks at the cgroup2 root and sk_lookup in this namespace (the
+// kernel cannot list the tracing hook's).
+func attachedIn(t *testing.T, ids []ebpf.ProgramID) error {
+	mnt := testutil.Cgroup2Mount(t)
+	cg, err := os.Open(mnt)
+	if err != nil {
+		return err
+	}
+	defer cg.Close()
+	ns, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	var errs []error
+	for i, a := range (&Limiter{}).attachments("", &limiterObjects{}) {
+		target, typ := int(cg.Fd()), ebpf.AttachNone
+		switch a.name {
+		case "link_sock_release":
+			typ = ebpf.AttachCgroupInetSockRelease
+		case "link_sockops":
+			typ = ebpf.AttachCGroupSockOps
+		case "link_connect4":
+			typ = ebpf.AttachCGroupInet4Connect
+		case "link_connect6":
+			typ = ebpf.AttachCGroupInet6Connect
+		case "link_sk_lookup":
+			target, typ = int(ns.Fd()), ebpf.AttachSkLookup
+		default:
+			continue
+		}
+		res, err := link.QueryPrograms(link.QueryOptions{Target: target, Attach: typ})
+		if err != nil {
+			return fmt.Errorf("listing the programs of %s: %w", a.name, err)
+		}
+		if !slices.ContainsFunc(res.Programs, func(p link.AttachedProgram) bool { return p.ID == ids[i] }) {
+			errs = append(errs, fmt.Errorf("the old program of %s (%d) is detached", a.name, ids[i]))
+		}
+	}
+	return errors.Join(errs...)
 }
