@@ -106,10 +106,12 @@ func TestMigrateFromAnotherLayout(t *testing.T) {
 	go func() { done <- churned{prober.churn("tcp4", addr, 3*time.Second, 200*time.Microsecond)} }()
 	time.Sleep(300 * time.Millisecond)
 	var logged testutil.Buffer
+	began := time.Now()
 	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: pool, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatalf("start on pins of another layout: %v", err)
 	}
+	t.Logf("the start that migrated took %v", time.Since(began))
 	t.Cleanup(func() { l.Close() })
 	c := <-done
 	if c.r.ok() != 0 || c.r.refused == 0 {
