@@ -342,18 +342,12 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 	if err != nil {
 		return err
 	}
-	var cur limiterFsDestFilter
-	if err := l.objs.FsDfilter.Lookup(uint32(0), &cur); err != nil {
-		return fmt.Errorf("reading the destination filter: %w", err)
-	}
-	tab, placed, lens, nlens := netTable(want)
+	tab, placed, lens := netTable(want)
 	all := maps.Clone(oldTrie)
 	maps.Copy(all, oldNets)
 	maps.Copy(all, want)
 	filter := filterOf(want)
-	filter.Lens, filter.Nlens = lens, nlens
 	union := unionFilter(filterOf(all), filter)
-	union.Lens, union.Nlens = cur.Lens, cur.Nlens
 	if err := l.setDestFilter(union); err != nil {
 		return err
 	}
@@ -388,8 +382,7 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 	if err := l.writeNetTable(tab); err != nil {
 		return err
 	}
-	union.Lens, union.Nlens = lens, nlens
-	if err := l.setDestFilter(union); err != nil {
+	if err := l.setDestLens(lens); err != nil {
 		return err
 	}
 	if err := l.setDestKinds(kindsOf(want, nil) | kindsOf(want, placed)); err != nil {
@@ -591,8 +584,8 @@ func destNetSlot(addr [16]byte, port [2]byte, bits int) uint32 {
 
 // netTable places the destinations of keys in a table laid out as
 // fs_dnets, each in the first free slot from its own (destNetSlot) within
-// destNetProbes; placed says which, and lens (nlens of each) the lengths
-// the programs probe, longest first, for each kind and for an IPv4
+// destNetProbes; placed says which, and lens the lengths the programs
+// probe, plus one, longest first (0 past the last), for each kind and for an IPv4
 // (v4-mapped) address and another (the lengths of the prefixes that can
 // hold such an address: a v4-mapped connect skips IPv6-only lengths, and
 // the other way round). Of each kind (naming a port, of every port) the
@@ -602,7 +595,8 @@ func destNetSlot(addr [16]byte, port [2]byte, bits int) uint32 {
 // table's, or as long: two destinations of one kind and length that both
 // hold an address are one. Keys are placed in a fixed order, so the same
 // set gives the same table.
-func netTable(keys map[limiterFsDestKey]uint32) (tab []limiterFsDestNet, placed map[limiterFsDestKey]bool, lens [2][2][destLens]uint32, nlens [2][2]uint32) {
+func netTable(keys map[limiterFsDestKey]uint32) (tab []limiterFsDestNet, placed map[limiterFsDestKey]bool, lens [2][2][destLens]uint8) {
+	var nlens [2][2]int
 	mapped := netip.MustParsePrefix("::ffff:0.0.0.0/96")
 	tab = make([]limiterFsDestNet, destNets)
 	placed = map[limiterFsDestKey]bool{}
@@ -636,7 +630,7 @@ func netTable(keys map[limiterFsDestKey]uint32) (tab []limiterFsDestNet, placed 
 			}
 			for fam, has := range fams {
 				if has {
-					lens[kind][fam][nlens[kind][fam]] = uint32(bits)
+					lens[kind][fam][nlens[kind][fam]] = uint8(bits + 1)
 					nlens[kind][fam]++
 				}
 			}
@@ -661,7 +655,7 @@ func netTable(keys map[limiterFsDestKey]uint32) (tab []limiterFsDestNet, placed 
 			}
 		}
 	}
-	return tab, placed, lens, nlens
+	return tab, placed, lens
 }
 
 // readNetTable reads fs_dnets.
@@ -774,6 +768,23 @@ func unionFilter(a, b limiterFsDestFilter) limiterFsDestFilter {
 func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
 	if err := l.objs.FsDfilter.Put(uint32(0), &f); err != nil {
 		return fmt.Errorf("writing the destination filter: %w", err)
+	}
+	return nil
+}
+
+// setDestLens writes fs_settings.dest_lens, the table's prefix lengths plus one
+// (netTable).
+func (l *Limiter) setDestLens(lens [2][2][destLens]uint8) error {
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading config map: %w", err)
+	}
+	if cfg.DestLens == lens {
+		return nil
+	}
+	cfg.DestLens = lens
+	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("writing config map: %w", err)
 	}
 	return nil
 }

@@ -346,15 +346,18 @@
 // 4 probes, all inlined loads. A pool of every port is kept under port 0
 // and looked up second, so a pool naming the port wins over one that does
 // not, then the longest prefix. The table holds the 4 longest lengths of
-// each kind; the others, and a destination that finds no slot within the
-// probes with every shorter length of its kind, are in an LPM trie keyed
-// (port, address) looked up after it (TestDestHostTableCollisions,
-// TestDestLookupMatchesMatch: random nested pools against
-// destination.Match). SetDestPools puts every destination in the trie while
-// it rewrites the table, empties its slots shortest prefix first and fills
-// them longest first, and changes the lengths probed once the table holds
-// the new ones, so no connect misses its pool meanwhile
-// (TestDestRewriteNeverMisses). The same prefix and port
+// each kind, listed per address family in the config the programs read
+// already (an IPv4 connect probes only the lengths of prefixes that can
+// hold a v4-mapped address); the others, and a destination that finds no
+// slot within the probes with every shorter length of its kind, are in an
+// LPM trie keyed (port, address) looked up after it
+// (TestDestHostTableCollisions, TestDestLookupMatchesMatch: random nested
+// IPv4 and IPv6 pools against destination.Match). SetDestPools
+// (rewriteDestsLocked) answers from the old and the new destinations
+// together in the trie while it rewrites the table, so that a connect
+// meanwhile is counted in the pool the old or the new pools give it, never
+// a third, never none when both give one (TestDestRewriteNeverMisses,
+// TestDestRewriteRaces); the trie holds twice MaxDestinations for that. The same prefix and port
 // in two pools is refused (ErrBadDestPool). On a match the pool's rule runs
 // (its size, floor, window, dry-run; active and share its own: the node's
 // own code, bpf/lib/share.h's pool_admit over the pool's fields) before the

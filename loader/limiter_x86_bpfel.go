@@ -53,8 +53,6 @@ type limiterFsDestConf struct {
 
 type limiterFsDestFilter struct {
 	_     structs.HostLayout
-	Lens  [2][2][4]uint32
-	Nlens [2][2]uint32
 	Ports [1024]uint64
 	V4    [4]uint64
 	V6    [4]uint64
@@ -306,6 +304,7 @@ type limiterFsSettings struct {
 	MaxDepth    uint32
 	Caps        uint32
 	Pad         uint32
+	DestLens    [2][2][4]uint8
 }
 
 type limiterFsSlot struct {

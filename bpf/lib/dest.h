@@ -8,9 +8,10 @@
  *
  *   fs_dnets          the destinations: an open-addressing table keyed
  *                     (prefix, port), probed once per prefix length in use,
- *                     longest first (fs_dest_filter.lens, at most DEST_LENS
- *                     per kind), with a few inlined loads each where the
- *                     trie is a helper call and a walk
+ *                     longest first (fs_settings.dest_lens, on the line
+ *                     dest_kinds is read from: at most DEST_LENS per kind
+ *                     and address family), with a few inlined loads each
+ *                     where the trie is a helper call and a walk
  *   fs_dests          LPM trie (port, prefix) -> pool id 1..: the
  *                     destinations the table does not hold (lengths past
  *                     DEST_LENS, shorter than those it holds; a key the
@@ -212,14 +213,14 @@ static __always_inline __u32 dest_net(__u32 plen, const __u64 *q, __u16 port)
  * the port, 1: every port) at port holding addr, 0 if none; v6: addr is
  * not v4-mapped (only the lengths of prefixes that can hold it are probed).
  */
-static __always_inline __u32 dest_tab(const struct fs_dest_filter *f, int kind, bool v6, const __u8 *addr, __u16 port)
+static __always_inline __u32 dest_tab(const struct fs_settings *cfg, int kind, bool v6, const __u8 *addr, __u16 port)
 {
 	const __u64 *q = (const __u64 *)addr;
-	__u32 n = f->nlens[kind][v6];
 	for (int i = 0; i < DEST_LENS; i++) {
-		if (i >= n)
+		__u32 len = *(volatile __u8 *)&cfg->dest_lens[kind][v6][i];
+		if (!len)
 			return 0;
-		__u32 v = dest_net(*(volatile __u32 *)&f->lens[kind][v6][i], q, port);
+		__u32 v = dest_net(len - 1, q, port);
 		if (v)
 			return v;
 	}
@@ -244,7 +245,7 @@ static __always_inline __u32 dest_trie(const __u8 *addr, __u16 port)
  * filter says a pool of that kind can match (a bit test where a probe is a
  * hash and a load, and the trie a helper call and a walk).
  */
-static __always_inline __u32 dest_lookup(__u32 kinds, __u16 port, const __u8 *addr)
+static __always_inline __u32 dest_lookup(const struct fs_settings *cfg, __u32 kinds, __u16 port, const __u8 *addr)
 {
 	__u32 zero = 0;
 	struct fs_dest_filter *f = bpf_map_lookup_elem(&fs_dfilter, &zero);
@@ -254,7 +255,7 @@ static __always_inline __u32 dest_lookup(__u32 kinds, __u16 port, const __u8 *ad
 	__u16 hport = bpf_ntohs(port);
 	bool v4 = is_v4mapped(addr);
 	if ((kinds & (DEST_NET_PORTS | DEST_PORTS)) && (f->ports[(hport >> 6) & 1023] & (1ULL << (hport & 63)))) {
-		if ((kinds & DEST_NET_PORTS) && (v = dest_tab(f, 0, !v4, addr, port)))
+		if ((kinds & DEST_NET_PORTS) && (v = dest_tab(cfg, 0, !v4, addr, port)))
 			return v;
 		if ((kinds & DEST_PORTS) && (v = dest_trie(addr, port)))
 			return v;
@@ -264,7 +265,7 @@ static __always_inline __u32 dest_lookup(__u32 kinds, __u16 port, const __u8 *ad
 		__u64 w = v4 ? f->v4[(b >> 6) & 3] : f->v6[(b >> 6) & 3];
 		if (!(w & (1ULL << (b & 63))))
 			return 0;
-		if ((kinds & DEST_NET_ANY) && (v = dest_tab(f, 1, !v4, addr, 0)))
+		if ((kinds & DEST_NET_ANY) && (v = dest_tab(cfg, 1, !v4, addr, 0)))
 			return v;
 		if (kinds & DEST_ANY)
 			return dest_trie(addr, 0);
@@ -379,7 +380,9 @@ static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64
 static __always_inline int dest_connect(struct bpf_sock_addr *ctx, bool v6, __u64 id, __u32 *dest, __u64 *clk)
 {
 	struct fs_settings *cfg = settings();
-	__u32 kinds = cfg ? cfg->dest_kinds : 0;
+	if (!cfg)
+		return DEST_NONE;
+	__u32 kinds = cfg->dest_kinds;
 	if (!kinds)
 		return DEST_NONE;
 	addr_buf a;
@@ -392,7 +395,7 @@ static __always_inline int dest_connect(struct bpf_sock_addr *ctx, bool v6, __u6
 	} else {
 		v4mapped(a, ctx->user_ip4);
 	}
-	__u32 pool = dest_lookup(kinds, (__u16)ctx->user_port, a);
+	__u32 pool = dest_lookup(cfg, kinds, (__u16)ctx->user_port, a);
 	if (!pool)
 		return DEST_NONE;
 	struct dest_view v;

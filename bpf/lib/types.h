@@ -12,6 +12,8 @@
 #include "common.h"
 
 /* Run-time values, written by the loader (Open, Tick, SetExempt). */
+#define DEST_LENS 4 /* prefix lengths in fs_dnets per kind and family: loader.destLens */
+
 struct fs_settings {
 	__u32 pool;          /* POOL */
 	__u32 floor;         /* FLOOR */
@@ -23,6 +25,13 @@ struct fs_settings {
 	__u32 max_depth;
 	__u32 caps;          /* nonzero while some pool has fleet caps (cap.h); 0: no lookup */
 	__u32 _pad;
+	/* The prefix lengths (bits of the 128-bit address) fs_dnets holds,
+	 * plus one, longest first, 0 past the last (dest.h): of the pools
+	 * naming a port ([0]) and of every port ([1]), each for an IPv4
+	 * (v4-mapped) address ([0]: the lengths of prefixes that can hold
+	 * one) and another IPv6 address ([1]). Here, on the line a connect
+	 * loads for dest_kinds already. */
+	__u8 dest_lens[2][2][DEST_LENS];
 };
 
 /* Node-wide permits held. One slot; atomics only. */
@@ -293,7 +302,6 @@ struct fs_dest_net {
 	__u64 _pad2; /* 32 bytes: a slot never straddles two lines (fs_dnets is page-aligned) */
 };
 
-#define DEST_LENS 4 /* prefix lengths in fs_dnets per kind: loader.destLens */
 
 /*
  * A destination pool's settings and name, written by the loader alone
@@ -335,15 +343,9 @@ struct fs_dest_state {
  * table (dest.h): the ports of the pools that name one (a bit per port, host
  * order), and the first byte of the addresses of the pools of every port
  * (the first IPv4 octet of a v4-mapped address, the first byte of another
- * IPv6 address). A connect whose bits are clear looks nothing up. Beside it,
- * the prefix lengths fs_dnets holds, longest first, for the pools naming a
- * port (lens[0]) and those of every port (lens[1]), each for an IPv4
- * (v4-mapped) address ([0]: the lengths of prefixes that hold some) and
- * another IPv6 address ([1]: of prefixes that hold some such).
+ * IPv6 address). A connect whose bits are clear looks nothing up.
  */
 struct fs_dest_filter {
-	__u32 lens[2][2][DEST_LENS]; /* prefix lengths, bits of the 128-bit address */
-	__u32 nlens[2][2];           /* lengths in use in each of lens */
 	__u64 ports[1024];
 	__u64 v4[4];
 	__u64 v6[4];
