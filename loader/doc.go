@@ -390,28 +390,26 @@
 //
 // Cost (BenchmarkConnectAcceptClose/outbound-dests: connect4's run time
 // from BPF stats, each case's difference from no pool in force taken within
-// turns of 250 connects each, 40 turns; the programs before (the trie
-// alone) and after the host table, as two test binaries run in alternation,
-// one run each per round, medians over 5 rounds, this 2-vCPU VM shared with
-// five other engineers' work, 2026-12-06, the quietest of three such sets
-// (the busier two gave the host table's match +53 to +74 ns); connect4
-// itself 270-330 ns/run with the stats' ~20 ns; the same measurement of no
-// pool twice, -5 to +3 ns, is the method's bias; the match is a host,
-// 127.0.0.1/32:port, the miss past the filter a prefix, 127.0.0.2/31):
+// turns of 250 connects, 40 turns; medians of 5 runs, three sets, fd45140,
+// this shared 2-vCPU VM; connect4 itself 284-299 ns/run; the same case
+// twice in a turn, -1 to +0 ns, is the method's bias; the match is a host,
+// 127.0.0.1/32:port, the prefix a /24 around it, the miss past the filter
+// a prefix of every port, 127.0.0.2/31, one probe):
 //
-//	pools  match (trie)  match (host table)  miss (filter)  miss past the filter (trie)
-//	1      +103 ns       +38 ns              +11 ns         +43 ns
-//	64     +122 ns       +40 ns              +13 ns         +98 ns
+//	pools  match (host)  match (/24)  miss (filter)  miss past the filter
+//	1      +20 to +27    +25 to +27   +1 to +3       +16 to +18
+//	64     +20 to +29    -            +2 to +5       +18 to +21
 //
-// Run by run the spread is ±20 ns or more (other processes' load moves
-// between seconds). With no pool configured the only cost is reading
-// dest_kinds from the config map connect already reads (not measurable
-// here). A connect that no pool can match pays the filter, within the
-// noise of the +10 ns target. A match on a host no longer pays the trie
-// walk, so it costs the same with 1 pool or 64: the host probe (inlined
-// loads), the pool's admission (the node's code: a compare-and-swap and
-// two atomic adds, and the clock, read once for both pools) and the cache
-// lines of the pool's entries; still over the +25 ns target here. A
-// connect to a prefix pool (or past the filter to none) pays the trie
-// lookup, a helper call and a walk that grows with the pools.
+// What a match pays: the filter's word, one probe of the table (a hash,
+// an inlined load, the slot's line), the pool's line (settings and counts
+// together), and the admission: a compare-and-swap on the pool's count and
+// one atomic add on the project's entry (held and admitted packed in one
+// word), the clock read once for both pools. Whole runs move by ±10 ns
+// with the machine's other load; alternating test binaries of ecb7eef (the
+// trie for prefixes, the settings on a line of their own, two adds) and of
+// this version, 6 rounds, gave a host match +23/+26 ns against +18/+25
+// (1/64 pools) and a miss past the filter +16/+36 against +19/+20, and the
+// /24 match went from the trie walk (+45 to +130 ns) to a probe. With no
+// pool configured the only cost is reading dest_kinds from the config map
+// connect reads already (the same case twice: within ±3 ns).
 package loader
