@@ -775,31 +775,26 @@ func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
 // setDestLens writes fs_settings.dest_lens, the table's prefix lengths plus one
 // (netTable).
 func (l *Limiter) setDestLens(lens [2][2][destLens]uint8) error {
-	var cfg limiterFsSettings
-	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("reading config map: %w", err)
-	}
-	if cfg.DestLens == lens {
-		return nil
-	}
-	cfg.DestLens = lens
-	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("writing config map: %w", err)
-	}
-	return nil
+	return setDestSetting(l, func(cfg *limiterFsSettings) *[2][2][destLens]uint8 { return &cfg.DestLens }, lens)
 }
 
 // setDestKinds writes fs_settings.dest_kinds; 0 keeps the programs from
-// looking at the trie at all.
+// looking at the trie or the table at all.
 func (l *Limiter) setDestKinds(kinds uint32) error {
+	return setDestSetting(l, func(cfg *limiterFsSettings) *uint32 { return &cfg.DestKinds }, kinds)
+}
+
+// setDestSetting writes one field of fs_settings (field names it) as v,
+// the rest as read; nothing when it holds v already.
+func setDestSetting[T comparable](l *Limiter, field func(*limiterFsSettings) *T, v T) error {
 	var cfg limiterFsSettings
 	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("reading config map: %w", err)
 	}
-	if cfg.DestKinds == kinds {
+	if *field(&cfg) == v {
 		return nil
 	}
-	cfg.DestKinds = kinds
+	*field(&cfg) = v
 	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("writing config map: %w", err)
 	}
