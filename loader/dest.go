@@ -336,11 +336,42 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 //     filter narrow to the new alone.
 //
 // The trie holds up to the old and the new destinations at once (its size
-// is twice MaxDestinations).
+// is twice MaxDestinations). The guarantee takes a connect's lookup as
+// happening between two of these writes: a program preempted in the middle
+// of its lookup for several of them (a kernel with full preemption) reads
+// dest_kinds of one step and the tables of another, and may be counted in
+// a third pool or none: a miscount of a connect racing a change, never a
+// leak (its socket gives back what it took, where it took it).
 func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 	oldTrie, oldNets, err := l.destKeys()
 	if err != nil {
 		return err
+	}
+	// A change interrupted past step 2 (a daemon killed) leaves the trie
+	// holding its old and new destinations: with this change's beside
+	// them, they may not fit. Then the trie lets go of what this change
+	// drops first, and the old table's are not put in: connects racing
+	// this one change may miss their pool; the next is in order again.
+	need := maps.Clone(oldTrie)
+	maps.Copy(need, oldNets)
+	maps.Copy(need, want)
+	if len(need) > int(l.objs.FsDests.MaxEntries()) {
+		l.log.Warn("the destination trie is too full to hold the destinations in force beside the new ones "+
+			"(a change of destination pools was interrupted); the old ones leave it first, so connects racing "+
+			"this change may miss their pool", "trie", len(oldTrie), "table", len(oldNets), "new", len(want))
+		drop := map[limiterFsDestKey]uint32{}
+		for k, id := range oldTrie {
+			if _, ok := want[k]; !ok {
+				drop[k] = id
+			}
+		}
+		for _, k := range sortDestKeys(drop, true) {
+			if err := l.objs.FsDests.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("removing destination: %w", err)
+			}
+			delete(oldTrie, k)
+		}
+		oldNets = map[limiterFsDestKey]uint32{}
 	}
 	tab, placed, lens := netTable(want)
 	all := maps.Clone(oldTrie)

@@ -957,9 +957,9 @@ func TestDestLookupMatchesMatch(t *testing.T) {
 func TestDestRewriteNeverMisses(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l := openLimiter(t, root, pin, 4000, 0)
+	l := openLimiter(t, root, pin, 100000, 0)
 	port := uint16(sink(t, "tcp4", "0.0.0.0:0").Addr().(*net.TCPAddr).Port)
-	db := destPoolOf(t, "db", 1000, 1, fmt.Sprintf("127.0.0.0/24:%d", port))
+	db := destPoolOf(t, "db", 100000, 1, fmt.Sprintf("127.0.0.0/24:%d", port))
 	target := fmt.Sprintf("127.0.0.200:%d", port)
 	a := startHelper(t, mkProject(t, root, "a"))
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -972,9 +972,9 @@ func TestDestRewriteNeverMisses(t *testing.T) {
 		}
 		shorter := []string{"127.0.0.0/8", "127.0.0.0/16", fmt.Sprintf("127.0.0.0/20:%d", port)}
 		rng.Shuffle(len(shorter), func(i, j int) { shorter[i], shorter[j] = shorter[j], shorter[i] })
-		pools := []DestPool{db, destPoolOf(t, "around", 1000, 1, shorter[:1+rng.IntN(3)]...)}
+		pools := []DestPool{db, destPoolOf(t, "around", 100000, 1, shorter[:1+rng.IntN(3)]...)}
 		if len(longer) > 0 {
-			pools = append(pools, destPoolOf(t, "beside", 1000, 1, longer...))
+			pools = append(pools, destPoolOf(t, "beside", 100000, 1, longer...))
 		}
 		if len(longer) > 3 {
 			inTrie++
@@ -1004,7 +1004,8 @@ func TestDestRewriteNeverMisses(t *testing.T) {
 // raceDestPools sets next(0), next(1), ... as the destination pools as fast
 // as SetDestPools goes, while helper a connects to target over network, one
 // connection held per connect, until it has made at least conns connects
-// and seen at least changes changes: how many of each.
+// and seen at least changes changes (or made 10 x conns, on a machine where
+// the changes crawl): how many of each. The pools must hold 10 x conns.
 func raceDestPools(t *testing.T, l *Limiter, a *helper, network, target string, conns int, changes int64, next func(i int) []DestPool) (int, int64) {
 	t.Helper()
 	if err := l.SetDestPools(next(0)); err != nil {
@@ -1029,7 +1030,7 @@ func raceDestPools(t *testing.T, l *Limiter, a *helper, network, target string, 
 		}
 	}()
 	n := 0
-	for ; n < conns || sets.Load() < changes; n++ {
+	for ; n < conns || (sets.Load() < changes && n < 10*conns); n++ {
 		if r := a.dial(network, target, 1); r.ok != 1 {
 			close(stop)
 			<-done
@@ -1227,4 +1228,52 @@ func TestDestPoolsChangeAtFullSize(t *testing.T) {
 		t.Fatalf("restart with the new pools: %v", err)
 	}
 	l.Close()
+}
+
+// A change killed past its second step leaves the trie holding its old and
+// new destinations; a change to a third set after the restart, which would
+// not fit beside them, drops them first (logged) and ends with the third
+// set alone in force, instead of failing every start with ENOSPC.
+func TestDestChangeAfterInterruptedChange(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	var a, b, c []string
+	for _, bits := range []int{32, 30, 28, 26} {
+		a = append(a, fmt.Sprintf("10.200.0.0/%d", bits))
+	}
+	for i := range 600 { // a fifth length: the trie
+		a = append(a, fmt.Sprintf("10.%d.%d.0/24", 1+i/256, i%256))
+	}
+	for i := range 1000 {
+		b = append(b, fmt.Sprintf("172.%d.%d.0/24", 16+i/256, i%256))
+		c = append(c, fmt.Sprintf("192.168.%d.%d/32", i/256, i%256))
+	}
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100, DestPools: []DestPool{destPoolOf(t, "a", 8, 1, a...)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Step 2 of the change to b, as rewriteDestsLocked makes it, then a
+	// kill: b's destinations in the trie beside a's.
+	for _, d := range destPoolOf(t, "b", 8, 1, b...).Destinations {
+		k := destKey(d)
+		if err := l.objs.FsDests.Put(&k, uint32(1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.Close()
+	cPools := []DestPool{destPoolOf(t, "c", 8, 1, c...)}
+	l, err = openRoot(t, root, Options{PinDir: pin, PoolSize: 100, DestPools: cPools})
+	if err != nil {
+		t.Fatalf("a start with a third set of pools after an interrupted change: %v", err)
+	}
+	defer l.Close()
+	trie, nets, err := l.destKeys()
+	if err != nil || len(trie)+len(nets) != len(c) {
+		t.Fatalf("after the change: %d in the trie, %d in the table, want %d in all: %v", len(trie), len(nets), len(c), err)
+	}
+	for k := range trie {
+		if _, ok := nets[k]; ok || k.Addr[12] != 192 {
+			t.Fatalf("the trie holds %v, not a destination of c alone", k)
+		}
+	}
 }

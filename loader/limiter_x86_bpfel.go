@@ -303,7 +303,7 @@ type limiterFsSettings struct {
 	BaseLevel   uint32
 	MaxDepth    uint32
 	Caps        uint32
-	Pad         uint32
+	Layout      uint32
 	DestLens    [2][2][4]uint8
 }
 

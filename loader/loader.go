@@ -48,6 +48,17 @@ func heldCapacity(pool uint32) uint32 {
 // its map entry (and counters) before Tick deletes it.
 const forgetAfter = time.Minute
 
+// pinLayout is what the pinned maps' bytes mean, written to
+// fs_settings.layout at every start: a start on pins of another layout
+// migrates them (migrate.go), and OpenReadOnly refuses them. Raise it with
+// any change of what a pinned map's values mean that leaves their sizes and
+// flags as they were (a field's meaning, a packing: the programs and the
+// loader would read the old bytes the new way, silently); a change of size
+// or flags is caught without it.
+//
+//	1: destination pools' project entries pack held and admitted in one word
+const pinLayout = 1
+
 // addedMaps are pinned maps a pin directory of an earlier version lacks and
 // that the programs may find empty beside the others (they hold nothing the
 // other maps must agree with): Open creates them in a used directory. The
@@ -771,6 +782,7 @@ func (l *Limiter) checkAndWriteConfig() error {
 	}
 	cfg.Pool, cfg.Floor, cfg.WindowNs = l.size, l.floor, uint64(l.window)
 	cfg.NetnsCookie, cfg.BaseLevel, cfg.MaxDepth = l.netns, l.base, l.depth
+	cfg.Layout = pinLayout
 	if err := l.clearCaps(&cfg); err != nil {
 		return err
 	}

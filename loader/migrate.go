@@ -173,7 +173,30 @@ func (l *Limiter) incompatible(spec *ebpf.CollectionSpec) (string, error) {
 			why = append(why, fmt.Sprintf("%s: %v", name, err))
 		}
 	}
+	if len(why) == 0 {
+		// Sizes and flags agree; what the bytes mean may not.
+		if layout, err := pinnedLayout(l.pinDir); err != nil {
+			return "", err
+		} else if layout != pinLayout {
+			why = append(why, fmt.Sprintf("pins of layout %d, this version's is %d", layout, pinLayout))
+		}
+	}
 	return strings.Join(why, "; "), nil
+}
+
+// pinnedLayout is fs_settings.layout of the pins in pinDir, whose fs_config
+// has this version's value size (0: pins of a version before the word).
+func pinnedLayout(pinDir string) (uint32, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "fs_config"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return 0, fmt.Errorf("reading pinned map fs_config: %w", err)
+	}
+	defer m.Close()
+	var cfg limiterFsSettings
+	if err := m.Lookup(uint32(0), &cfg); err != nil {
+		return 0, fmt.Errorf("reading pinned map fs_config: %w", err)
+	}
+	return cfg.Layout, nil
 }
 
 // loadStaged loads spec with fresh maps pinned in the staging directory,

@@ -92,6 +92,10 @@ func OpenReadOnly(pinDir string) (*ReadOnly, error) {
 	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
 		return nil, fmt.Errorf("reading the pinned config: %w", err)
 	}
+	if cfg.Layout != pinLayout {
+		return nil, fmt.Errorf("the pins in %s are of layout %d, this version's is %d: read them with the fairshare "+
+			"binary that pinned them, or start this version's daemon, which migrates them: %w", pinDir, cfg.Layout, pinLayout, ErrPinnedMismatch)
+	}
 	l.size, l.floor, l.exemptMax = cfg.Pool, cfg.Floor, cfg.ExemptMax
 	l.window = time.Duration(cfg.WindowNs)
 	if l.window <= 0 {

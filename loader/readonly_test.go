@@ -4,6 +4,7 @@ package loader
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,4 +87,60 @@ func TestReadOnlyRefusesAnotherLayout(t *testing.T) {
 	if !errors.Is(err, ErrPinnedMismatch) || !strings.Contains(err.Error(), "fs_dpool_proj") {
 		t.Fatalf("pins of another layout opened read-only: %v", err)
 	}
+}
+
+// Pins whose sizes and flags are this version's but whose bytes mean
+// something else (fs_settings.layout, pinLayout) are refused read-only, and
+// a start migrates them, writing this version's layout.
+func TestPinnedLayoutWord(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	openLimiter(t, root, pin, 8, 1).Close()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pin, "fs_config"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var cfg limiterFsSettings
+	if err := m.Lookup(uint32(0), &cfg); err != nil || cfg.Layout != pinLayout {
+		t.Fatalf("layout after a start: %d (want %d): %v", cfg.Layout, pinLayout, err)
+	}
+	cfg.Layout = pinLayout - 1
+	if err := m.Put(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if ro, err := OpenReadOnly(pin); !errors.Is(err, ErrPinnedMismatch) || !strings.Contains(err.Error(), "layout") {
+		if ro != nil {
+			ro.Close()
+		}
+		t.Fatalf("pins of another layout word opened read-only: %v", err)
+	}
+	spec, err := loadLimiter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, ms := range spec.Maps { // sized as the start that pinned them sized them
+		if pm, err := ebpf.LoadPinnedMap(filepath.Join(pin, name), nil); err == nil {
+			ms.MaxEntries = pm.MaxEntries()
+			pm.Close()
+		}
+	}
+	if why, err := (&Limiter{pinDir: pin}).incompatible(spec); err != nil || why != fmt.Sprintf("pins of layout %d, this version's is %d", pinLayout-1, pinLayout) {
+		t.Fatalf("a start would not migrate pins of another layout word: %q %v", why, err)
+	}
+	l := openLimiter(t, root, pin, 8, 1)
+	l.Close()
+	m2, err := ebpf.LoadPinnedMap(filepath.Join(pin, "fs_config"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	if err := m2.Lookup(uint32(0), &cfg); err != nil || cfg.Layout != pinLayout {
+		t.Fatalf("layout after the start that migrated: %d (want %d): %v", cfg.Layout, pinLayout, err)
+	}
+	ro, err := OpenReadOnly(pin)
+	if err != nil {
+		t.Fatalf("this version's pins after the migration: %v", err)
+	}
+	ro.Close()
 }

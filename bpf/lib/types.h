@@ -24,7 +24,7 @@ struct fs_settings {
 	__u32 base_level;    /* copies of the constants of project.h, for status */
 	__u32 max_depth;
 	__u32 caps;          /* nonzero while some pool has fleet caps (cap.h); 0: no lookup */
-	__u32 _pad;
+	__u32 layout;        /* what the pinned maps' bytes mean: loader.pinLayout of the daemon that wrote them */
 	/* The prefix lengths (bits of the 128-bit address) fs_dnets holds,
 	 * plus one, longest first, 0 past the last (dest.h): of the pools
 	 * naming a port ([0]) and of every port ([1]), each for an IPv4
