@@ -34,6 +34,23 @@ func oldLayout(spec *ebpf.CollectionSpec) {
 	}
 }
 
+// fullOld is pins of the old layout (openOld) whose pool a project's
+// helper (holder) fills with connections to a sink at addr; prober is a
+// second helper in the same project, to connect while the pins migrate.
+func fullOld(t *testing.T, pool uint32) (root, pin, addr string, holder, prober *helper, oldProgs []ebpf.ProgramID) {
+	t.Helper()
+	root, pin = newRoot(t), newPinDir(t)
+	addr = sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	dir := mkProject(t, root, "a")
+	holder, prober = startHelper(t, dir), startHelper(t, dir)
+	oldProgs = openOld(t, root, pin, pool, func() {
+		if r := holder.dial("tcp4", addr, int(pool)); r.ok != int(pool) {
+			t.Fatalf("filling the pool under the old layout: %+v", r)
+		}
+	})
+	return root, pin, addr, holder, prober, oldProgs
+}
+
 // openOld opens a limiter on pin with the old layout (oldLayout), as the
 // daemon of the previous version did, and closes it again: what it leaves
 // pinned enforces on its own, as when that daemon is stopped for the
@@ -69,17 +86,8 @@ func openOld(t *testing.T, root, pin string, pool uint32, hold func()) []ebpf.Pr
 // start reuses the new pins.
 func TestMigrateFromAnotherLayout(t *testing.T) {
 	testutil.RequireRoot(t)
-	root, pin := newRoot(t), newPinDir(t)
-	ln := sink(t, "tcp4", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	dir := mkProject(t, root, "a")
-	holder, prober := startHelper(t, dir), startHelper(t, dir)
 	const pool = 5
-	oldProgs := openOld(t, root, pin, pool, func() {
-		if r := holder.dial("tcp4", addr, pool); r.ok != pool {
-			t.Fatalf("filling the pool under the old layout: %+v", r)
-		}
-	})
+	root, pin, addr, holder, prober, oldProgs := fullOld(t, pool)
 	// The old pins alone enforce: the pool is full.
 	if r := prober.dial("tcp4", addr, 1); r.refused != 1 {
 		t.Fatalf("under the old pins, daemon stopped: %+v, want refused", r)
@@ -205,17 +213,8 @@ func TestMigrateInterrupted(t *testing.T) {
 		{"killed-while-installing", "installing", true, readyDir},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			root, pin := newRoot(t), newPinDir(t)
-			ln := sink(t, "tcp4", "127.0.0.1:0")
-			addr := ln.Addr().String()
-			dir := mkProject(t, root, "a")
-			holder, prober := startHelper(t, dir), startHelper(t, dir)
 			const pool = 4
-			oldProgs := openOld(t, root, pin, pool, func() {
-				if r := holder.dial("tcp4", addr, pool); r.ok != pool {
-					t.Fatalf("filling the pool under the old layout: %+v", r)
-				}
-			})
+			root, pin, addr, holder, prober, oldProgs := fullOld(t, pool)
 			if tc.crash {
 				crashMigration(t, tc.step, root, pin, pool)
 			} else {
