@@ -501,6 +501,32 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to)
 }
 
 /*
+ * dest_adoptable is the destination pool an adopted socket sk of project id
+ * takes a permit in (dest_adopt), 0 none: the pool of its peer's address
+ * and port, as connect() would have found it (dest_lookup), for a socket
+ * that predates the programs or the pools' start (a first start, a
+ * migration). A socket is taken for an accepted one, which takes no
+ * destination permit, where some project listens on its local port.
+ */
+static __always_inline __u32 dest_adoptable(struct sock *sk, __u64 id)
+{
+	struct fs_settings *cfg = settings();
+	if (!cfg)
+		return 0;
+	__u32 kinds = cfg->dest_kinds;
+	if (!kinds || listened(sk->__sk_common.skc_num))
+		return 0;
+	addr_buf a;
+	if (sk->__sk_common.skc_family == AF_INET)
+		v4mapped(a, sk->__sk_common.skc_daddr);
+	else
+		in6_load(a, &sk->__sk_common.skc_v6_daddr);
+	__u32 pool = dest_lookup(cfg, kinds, sk->__sk_common.skc_dport, a);
+	struct dest_view v;
+	return pool && dest_get(pool, id, &v) ? pool : 0;
+}
+
+/*
  * fs_dump walks the TCP sockets of the caller's netns. A socket of a project
  * that holds no permit and is past its handshake is adopted (it predates the
  * programs, or was left unaccounted); a permit held under a weak member's
@@ -552,11 +578,18 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		 * released its permit at close. Keep in step with loader.ShouldHold. */
 		/* An exempt socket is adopted into the exempt budget while it
 		 * has room, like a new one; the rest are adopted under the rule. */
-		bool ex = !held_find(rec.cookie, true) && exempt_take(false, cg, id);
+		bool held = held_find(rec.cookie, true);
+		bool ex = !held && exempt_take(false, cg, id);
 		struct fs_sock v = {.project = id, .netns = sock_netns(sk),
-				    .kind = ex ? KIND_EXEMPT_ADOPTED : KIND_ADOPTED};
+				    .kind = ex ? KIND_EXEMPT_ADOPTED : KIND_ADOPTED,
+				    .dest = held ? 0 : dest_adoptable(sk, id)};
 		if (hold(rec.cookie, &v) == 0) {
 			rec.adopted = 1;
+			/* Its destination pool's permit, past the rule as the
+			 * node's: the entry names the pool, so the release
+			 * gives it back there. */
+			if (v.dest)
+				dest_adopt(v.dest, id);
 			if (ex) {
 				COUNT(exempt_admitted);
 			} else {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"sort"
@@ -794,13 +795,49 @@ func unionFilter(a, b limiterFsDestFilter) limiterFsDestFilter {
 	return a
 }
 
-// setDestFilter writes the filter. A reader may see a word of the old
-// value beside one of the new: callers write a union of both first.
+// setDestFilter writes the filter, the exact bits then their quick fold
+// (quickOf) in fs_settings. A reader may see a word of the old value beside
+// one of the new: callers write a union of both first.
 func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
 	if err := l.objs.FsDfilter.Put(uint32(0), &f); err != nil {
 		return fmt.Errorf("writing the destination filter: %w", err)
 	}
-	return nil
+	return setDestSetting(l, func(cfg *limiterFsSettings) *[2]uint64 { return &cfg.DestQuick }, quickOf(f))
+}
+
+// quickOf folds filter f into fs_settings.dest_quick (DEST_QUICK_PORT and
+// DEST_QUICK_BYTE in bpf/lib/dest.h): a bit per hash of each port, of 64,
+// and per first byte modulo 32, IPv4's in the low half of the second word,
+// IPv6's in the high. A word (or half) more than half of whose bits are set
+// is written all ones, which sends a connect to f's exact bits: a union of
+// two filters folds to a superset of either's fold, as the order of
+// rewriteDestsLocked needs.
+func quickOf(f limiterFsDestFilter) [2]uint64 {
+	var ports uint64
+	var first [2]uint32
+	for w, word := range f.Ports {
+		for word != 0 {
+			port := uint32(w<<6 + bits.TrailingZeros64(word))
+			word &= word - 1
+			ports |= 1 << ((port * 0x9E3779B1) >> 26)
+		}
+	}
+	for fam, words := range [2][4]uint64{f.V4, f.V6} {
+		for w, word := range words {
+			for word != 0 {
+				b := w<<6 + bits.TrailingZeros64(word)
+				word &= word - 1
+				first[fam] |= 1 << (b & 31)
+			}
+		}
+		if bits.OnesCount32(first[fam]) > 16 {
+			first[fam] = ^uint32(0)
+		}
+	}
+	if bits.OnesCount64(ports) > 32 {
+		ports = ^uint64(0)
+	}
+	return [2]uint64{ports, uint64(first[0]) | uint64(first[1])<<32}
 }
 
 // setDestLens writes fs_settings.dest_lens, the table's prefix lengths plus one

@@ -464,6 +464,69 @@ func TestDestPoolRestartKeepsCounts(t *testing.T) {
 	waitDest(t, l2, "db", 0, map[string]int{"a": 0})
 }
 
+// Connections open before the programs (a first start, or a migration's
+// fresh maps) are counted in their destination pool, as a connect would
+// have been, and give their permit back there: over IPv4, IPv6 and
+// v4-mapped, port-named and every-port pools. An accepted connection (its
+// local port listened on by a project) takes no destination permit, even
+// where its peer's address is in a pool. Without the adoption the pool
+// starts empty and the project takes its size again.
+func TestDestPoolAdoptsExisting(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	db4, db6 := sink(t, "tcp4", "127.0.0.1:0"), sink(t, "tcp6", "[::1]:0")
+	other := sink(t, "tcp4", "127.0.0.1:0")
+	a := startHelper(t, mkProject(t, root, "a"))
+	b := startHelper(t, mkProject(t, root, "b"))
+	for _, d := range []struct {
+		network, addr string
+		n             int
+	}{{"tcp4", db4.Addr().String(), 2}, {"mapped", "[::ffff:127.0.0.1]:" + portOf(db4), 1},
+		{"tcp6", db6.Addr().String(), 2}, {"tcp4", other.Addr().String(), 2}} {
+		if r := a.dial(d.network, d.addr, d.n); r.ok != d.n {
+			t.Fatalf("%s %s before the start: %+v", d.network, d.addr, r)
+		}
+	}
+	// b accepts 3 connections from 127.0.0.1, an address of "all".
+	srv := listenAddr(t, b.do("listen 127.0.0.1:0"))
+	for range 3 {
+		c, err := dialOutside(srv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	waitHeld(t, b, 3)
+	pools := []DestPool{
+		destPoolOf(t, "db", 8, 1, "127.0.0.1/32:"+portOf(db4), "[::1]/128:"+portOf(db6)),
+		destPoolOf(t, "all", 100, 1, "127.0.0.0/8"),
+	}
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100, DestPools: pools})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if d := destSnap(t, l, "db"); d.InUse != 5 || destProj(d, "a").InUse != 5 {
+		t.Fatalf("db after the start: %+v; want the 5 connections open before it", d)
+	}
+	if d := destSnap(t, l, "all"); d.InUse != 2 || destProj(d, "a").InUse != 2 || destProj(d, "b").InUse != 0 {
+		t.Fatalf("all after the start: %+v; want a's 2 connections, none of b's accepted ones", d)
+	}
+	if r := a.dial("tcp4", db4.Addr().String(), 4); r.ok != 3 || r.refused != 1 {
+		t.Fatalf("a, alone in db of 8 holding 5 adopted: %+v; want 3 admitted, 1 refused", r)
+	}
+	rep, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Dests["db"] != 8 || rep.Dests["all"] != 2 || len(rep.DestDrift) != 0 {
+		t.Fatalf("reconcile: dests %v, drift %v; want db 8, all 2, no drift", rep.Dests, rep.DestDrift)
+	}
+	a.do("close")
+	waitDest(t, l, "db", 0, map[string]int{"a": 0})
+	waitDest(t, l, "all", 0, map[string]int{"a": 0})
+}
+
 // The read-only view (status without the daemon) names the pools.
 func TestDestPoolReadOnly(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -883,10 +946,25 @@ func TestDestLookupMatchesMatch(t *testing.T) {
 	if testing.Short() {
 		rounds = 15
 	}
-	tableOnly, trieToo := 0, 0
+	// Every other round, beside the pools, one that holds none of the
+	// addresses connected to and makes the quick filter (dest_quick)
+	// dense: 100 ports, 40 first bytes of each family; the exact filter
+	// then decides.
+	var decoy []string
+	for i := range 100 {
+		decoy = append(decoy, fmt.Sprintf("10.1.2.3/32:%d", 20000+i))
+	}
+	for b := 20; b < 60; b++ {
+		decoy = append(decoy, fmt.Sprintf("%d.0.0.0/8", b), fmt.Sprintf("[%x00::]/8", b))
+	}
+	tableOnly, trieToo, dense := 0, 0, 0
 	for round := range rounds {
 		byName := map[string][]destination.Destination{}
 		var pools []DestPool
+		if round%2 == 1 {
+			byName["decoy"] = destPoolOf(t, "decoy", 1000, 1, decoy...).Destinations
+			pools = append(pools, DestPool{Name: "decoy", Size: 1000, Destinations: byName["decoy"]})
+		}
 		for i := range 1 + rng.IntN(6) {
 			name := fmt.Sprintf("p%d", i)
 			var ds []destination.Destination
@@ -914,6 +992,13 @@ func TestDestLookupMatchesMatch(t *testing.T) {
 		} else {
 			tableOnly++
 		}
+		var cfg limiterFsSettings
+		if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if cfg.DestQuick == [2]uint64{^uint64(0), ^uint64(0)} {
+			dense++
+		}
 		want := map[string]int{}
 		for range 24 {
 			network, ip := "tcp4", addr()
@@ -939,10 +1024,10 @@ func TestDestLookupMatchesMatch(t *testing.T) {
 			waitDest(t, l, p.Name, 0, nil)
 		}
 	}
-	if tableOnly == 0 || trieToo == 0 {
-		t.Fatalf("rounds with the table alone %d, with the trie too %d: the test misses a path", tableOnly, trieToo)
+	if tableOnly == 0 || trieToo == 0 || dense == 0 {
+		t.Fatalf("rounds with the table alone %d, with the trie too %d, with a dense quick filter %d: the test misses a path", tableOnly, trieToo, dense)
 	}
-	t.Logf("%d rounds: %d with the table alone, %d with the trie too", rounds, tableOnly, trieToo)
+	t.Logf("%d rounds: %d with the table alone, %d with the trie too, %d with a dense quick filter", rounds, tableOnly, trieToo, dense)
 }
 
 // No connect misses its pool while SetDestPools rewrites the table and the
@@ -1275,5 +1360,67 @@ func TestDestChangeAfterInterruptedChange(t *testing.T) {
 		if _, ok := nets[k]; ok || k.Addr[12] != 192 {
 			t.Fatalf("the trie holds %v, not a destination of c alone", k)
 		}
+	}
+}
+
+// quickOf's fold lets through every port and first byte its filter holds
+// (the programs test the same bits: DEST_QUICK_PORT, DEST_QUICK_BYTE), is
+// all ones where dense, and folds a union of two filters to a superset of
+// each one's fold (rewriteDestsLocked writes the union first).
+func TestQuickOf(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	random := func() limiterFsDestFilter {
+		var f limiterFsDestFilter
+		for range rng.IntN(50) {
+			p := rng.IntN(65536)
+			f.Ports[p>>6] |= 1 << (p & 63)
+		}
+		for range rng.IntN(24) {
+			b := rng.IntN(256)
+			f.V4[b>>6] |= 1 << (b & 63)
+		}
+		for range rng.IntN(24) {
+			b := rng.IntN(256)
+			f.V6[b>>6] |= 1 << (b & 63)
+		}
+		return f
+	}
+	lets := func(q [2]uint64, f limiterFsDestFilter) error {
+		for p := range 65536 {
+			if f.Ports[p>>6]&(1<<(p&63)) != 0 && q[0]&(1<<((uint32(p)*0x9E3779B1)>>26)) == 0 {
+				return fmt.Errorf("port %d stopped", p)
+			}
+		}
+		for b := range 256 {
+			if f.V4[b>>6]&(1<<(b&63)) != 0 && uint32(q[1])&(1<<(b&31)) == 0 {
+				return fmt.Errorf("IPv4 byte %d stopped", b)
+			}
+			if f.V6[b>>6]&(1<<(b&63)) != 0 && uint32(q[1]>>32)&(1<<(b&31)) == 0 {
+				return fmt.Errorf("IPv6 byte %d stopped", b)
+			}
+		}
+		return nil
+	}
+	dense := 0
+	for round := range 2000 {
+		a, b := random(), random()
+		qa, qb, qu := quickOf(a), quickOf(b), quickOf(unionFilter(a, b))
+		if err := lets(qa, a); err != nil {
+			t.Fatalf("round %d: %v (quick %x)", round, err, qa)
+		}
+		for i := range qu {
+			if qu[i]&(qa[i]|qb[i]) != qa[i]|qb[i] {
+				t.Fatalf("round %d: the union's fold %x is not a superset of %x and %x", round, qu, qa, qb)
+			}
+		}
+		if qa[0] == ^uint64(0) {
+			dense++
+		}
+	}
+	if dense == 0 {
+		t.Fatal("no dense fold: the test misses a path")
+	}
+	if q := quickOf(limiterFsDestFilter{}); q != [2]uint64{} {
+		t.Fatalf("empty filter folds to %x", q)
 	}
 }

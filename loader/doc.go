@@ -297,9 +297,9 @@
 // the next Open discards (the old programs never stopped); after it,
 // "migrated", whose pins the next Open moves in place first. Counts the
 // live sockets cannot give back are lost: rate tokens, unread events,
-// per-project admitted/refused counters, reservations, destination pools'
-// counts of older connections. Check reports a coming migration in
-// CheckReport.Migrate.
+// per-project admitted/refused counters, reservations. (A live socket's
+// destination pool is found again from its peer's address, as at a first
+// start.) Check reports a coming migration in CheckReport.Migrate.
 //
 // # Reconcile
 //

@@ -293,18 +293,16 @@ type limiterFsSelftestArgs struct {
 }
 
 type limiterFsSettings struct {
-	_           structs.HostLayout
-	Pool        uint32
-	Floor       uint32
-	ExemptMax   uint32
-	DestKinds   uint32
-	WindowNs    uint64
-	NetnsCookie uint64
-	BaseLevel   uint32
-	MaxDepth    uint32
-	Caps        uint32
-	Layout      uint32
-	DestLens    [2][2][4]uint8
+	_         structs.HostLayout
+	Pool      uint32
+	Floor     uint32
+	ExemptMax uint32
+	DestKinds uint32
+	WindowNs  uint64
+	DestQuick [2]uint64
+	Caps      uint32
+	Layout    uint32
+	DestLens  [2][2][4]uint8
 }
 
 type limiterFsSlot struct {

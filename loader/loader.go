@@ -57,7 +57,9 @@ const forgetAfter = time.Minute
 // or flags is caught without it.
 //
 //	1: destination pools' project entries pack held and admitted in one word
-const pinLayout = 1
+//	2: fs_settings holds the destination filter's quick words where it held
+//	   copies of the netns cookie, base level and depth
+const pinLayout = 2
 
 // addedMaps are pinned maps a pin directory of an earlier version lacks and
 // that the programs may find empty beside the others (they hold nothing the
@@ -468,7 +470,7 @@ func Open(opts Options) (*Limiter, error) {
 		}
 		l.log.Warn("migrated from pins of another layout: the kernel's counts were rebuilt from the live sockets; "+
 			"not recoverable from them and lost: rate tokens (the rates apply again from the next tick), unread refusal events, per-project admitted and refused counters, "+
-			"inbound handshakes in progress, and the destination pools' counts of existing connections (new ones are counted)",
+			"and inbound handshakes in progress",
 			"pin_dir", l.pinDir, "adopted", rep.Adopted, "adopted_past_rule", past, "reason", l.mig.reason)
 	}
 	l.log.Info("connection limiter ready", "cgroup2", root, "base_level", l.base, "max_depth", l.depth,
@@ -781,7 +783,6 @@ func (l *Limiter) checkAndWriteConfig() error {
 		return fmt.Errorf("reading config map: %w", err)
 	}
 	cfg.Pool, cfg.Floor, cfg.WindowNs = l.size, l.floor, uint64(l.window)
-	cfg.NetnsCookie, cfg.BaseLevel, cfg.MaxDepth = l.netns, l.base, l.depth
 	cfg.Layout = pinLayout
 	if err := l.clearCaps(&cfg); err != nil {
 		return err

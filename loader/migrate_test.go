@@ -116,7 +116,10 @@ func TestMigrateFromAnotherLayout(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	var logged testutil.Buffer
 	began := time.Now()
-	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: pool, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	// A destination pool over the held connections' address: the
+	// migration counts them in it too (TestDestPoolAdoptsExisting).
+	dbs := []DestPool{destPoolOf(t, "db", pool, 1, strings.Replace(addr, ":", "/32:", 1))}
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: pool, DestPools: dbs, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatalf("start on pins of another layout: %v", err)
 	}
@@ -148,6 +151,9 @@ func TestMigrateFromAnotherLayout(t *testing.T) {
 	s := snap(t, l)
 	if s.InUse != pool || project(s, "a").InUse != pool {
 		t.Fatalf("after the migration: node in_use %d, project %+v; want the %d held connections counted", s.InUse, project(s, "a"), pool)
+	}
+	if d := destSnap(t, l, "db"); d.InUse != pool || destProj(d, "a").InUse != pool {
+		t.Fatalf("after the migration: destination pool %+v; want the %d held connections counted", d, pool)
 	}
 	if r := prober.dial("tcp4", addr, 1); r.refused != 1 {
 		t.Fatalf("after the migration: %+v, want refused (the held connections fill the pool)", r)

@@ -48,13 +48,17 @@
  * are given back (the loader reuses the id only once its in_use is 0).
  *
  * Cost: nothing while no pool is configured (fs_settings.dest_kinds is 0 and
- * nothing is looked at); otherwise a filter (fs_dfilter: the ports of the
- * pools naming one, the first address byte of the others) and, where it
+ * nothing is looked at); otherwise a filter (fs_settings.dest_quick, a bit
+ * per hash of the ports of the pools naming one and per first address byte
+ * of the others, on the line already read; the exact fs_dfilter only where
+ * it is dense: many ports or bytes) and, where it
  * lets a connect through, a probe of the table per prefix length it holds
  * of the kind, and the trie only if it holds destinations of the kind
  * (DEST_NET_PORTS, DEST_PORTS, DEST_NET_ANY, DEST_ANY); for a match the
  * rule's few atomics.
- * Outbound only: an accepted connection takes no destination permit.
+ * Outbound only: an accepted connection takes no destination permit. A
+ * socket the reconcile dump adopts (a first start, a migration) takes one in
+ * its peer's pool, past the rule (dest_adopt, limiter.c dest_adoptable).
  */
 #pragma once
 
@@ -238,32 +242,66 @@ static __always_inline __u32 dest_trie(const __u8 *addr, __u16 port)
 }
 
 /*
+ * The quick filter (fs_settings.dest_quick, loader.quickOf): a port's bit,
+ * of 64, and a first byte's, of 32 per address family. The loader folds the
+ * exact filter (fs_dfilter) into it, and makes a word (or half) all ones
+ * where more than half its bits would be set: there the exact bits decide.
+ */
+#define DEST_QUICK_PORT(hport) (1ULL << ((((__u32)(hport)) * 0x9E3779B1u) >> 26))
+#define DEST_QUICK_BYTE(b) (1U << ((b) & 31))
+
+/* dest_port_may: a pool naming port hport (host order) may match. */
+static __always_inline bool dest_port_may(const struct fs_settings *cfg, __u16 hport)
+{
+	__u64 q = *(volatile __u64 *)&cfg->dest_quick[0];
+	if (!(q & DEST_QUICK_PORT(hport)))
+		return false;
+	if (q != ~0ULL)
+		return true;
+	__u32 zero = 0;
+	struct fs_dest_filter *f = bpf_map_lookup_elem(&fs_dfilter, &zero);
+	return f && (f->ports[(hport >> 6) & 1023] & (1ULL << (hport & 63)));
+}
+
+/* dest_byte_may: a pool of every port may match an address of first byte b. */
+static __always_inline bool dest_byte_may(const struct fs_settings *cfg, bool v4, __u8 b)
+{
+	__u64 w = *(volatile __u64 *)&cfg->dest_quick[1];
+	__u32 q = v4 ? (__u32)w : (__u32)(w >> 32);
+	if (!(q & DEST_QUICK_BYTE(b)))
+		return false;
+	if (q != ~0U)
+		return true;
+	__u32 zero = 0;
+	struct fs_dest_filter *f = bpf_map_lookup_elem(&fs_dfilter, &zero);
+	if (!f)
+		return false;
+	__u64 e = v4 ? f->v4[(b >> 6) & 3] : f->v6[(b >> 6) & 3];
+	return e & (1ULL << (b & 63));
+}
+
+/*
  * dest_lookup is the destination pool of a connect to port (network order)
  * at addr (IPv6 or v4-mapped), 0 if none: the pools that name the port
  * first, then those of every port; at each, the table before the trie (its
  * prefixes are the longer); only the kinds configured, and each only if the
- * filter says a pool of that kind can match (a bit test where a probe is a
- * hash and a load, and the trie a helper call and a walk).
+ * filter says a pool of that kind can match (a bit test on the line
+ * dest_kinds came from, where a probe is a hash and a load of another, and
+ * the trie a helper call and a walk).
  */
 static __always_inline __u32 dest_lookup(const struct fs_settings *cfg, __u32 kinds, __u16 port, const __u8 *addr)
 {
-	__u32 zero = 0;
-	struct fs_dest_filter *f = bpf_map_lookup_elem(&fs_dfilter, &zero);
-	if (!f)
-		return 0;
 	__u32 v;
 	__u16 hport = bpf_ntohs(port);
 	bool v4 = is_v4mapped(addr);
-	if ((kinds & (DEST_NET_PORTS | DEST_PORTS)) && (f->ports[(hport >> 6) & 1023] & (1ULL << (hport & 63)))) {
+	if ((kinds & (DEST_NET_PORTS | DEST_PORTS)) && dest_port_may(cfg, hport)) {
 		if ((kinds & DEST_NET_PORTS) && (v = dest_tab(cfg, 0, !v4, addr, port)))
 			return v;
 		if ((kinds & DEST_PORTS) && (v = dest_trie(addr, port)))
 			return v;
 	}
 	if (kinds & (DEST_NET_ANY | DEST_ANY)) {
-		__u8 b = v4 ? addr[12] : addr[0];
-		__u64 w = v4 ? f->v4[(b >> 6) & 3] : f->v6[(b >> 6) & 3];
-		if (!(w & (1ULL << (b & 63))))
+		if (!dest_byte_may(cfg, v4, v4 ? addr[12] : addr[0]))
 			return 0;
 		if ((kinds & DEST_NET_ANY) && (v = dest_tab(cfg, 1, !v4, addr, 0)))
 			return v;
@@ -290,6 +328,19 @@ static __always_inline int dest_admit(struct fs_settings *cfg, struct dest_view 
 {
 	struct rule_pool r = dest_pool(v);
 	return pool_admit(cfg, &r, id, v->p, CLK_COARSE, false, clk);
+}
+
+/*
+ * dest_adopt counts a permit of project id in pool for a socket the reconcile
+ * dump adopts (fs_dump): held, not admitted, past the rule.
+ */
+static __always_inline void dest_adopt(__u32 pool, __u64 id)
+{
+	struct dest_view v;
+	if (!dest_get(pool, id, &v))
+		return;
+	__sync_fetch_and_add(&v.s->in_use, 1);
+	__sync_fetch_and_add(&v.p->in_use, 1); /* packed: held only */
 }
 
 /* dest_take_past takes a permit in the pool without the rule (dry-run). */

@@ -20,9 +20,13 @@ struct fs_settings {
 	__u32 exempt_max;    /* exempt budget; 0 while the exempt set is empty */
 	__u32 dest_kinds;    /* DEST_PORTS | DEST_ANY of the destination pools (dest.h); 0: none, no lookup */
 	__u64 window_ns;     /* the active window; 0 leaves active to the control loop */
-	__u64 netns_cookie;  /* the daemon's own netns (the sk_lookup instances have theirs as a constant) */
-	__u32 base_level;    /* copies of the constants of project.h, for status */
-	__u32 max_depth;
+	/* The destination filter's quick words (dest.h), on this line so
+	 * that a connect reads no other before its probe: [0] a bit per
+	 * hash of the ports of the pools naming one (DEST_QUICK_PORT), [1]
+	 * a bit per first byte (DEST_QUICK_BYTE) of the pools of every port,
+	 * IPv4's in the low half, IPv6's in the high. A word or half of all
+	 * ones (dense) sends the connect to fs_dfilter's exact bits. */
+	__u64 dest_quick[2];
 	__u32 caps;          /* nonzero while some pool has fleet caps (cap.h); 0: no lookup */
 	__u32 layout;        /* what the pinned maps' bytes mean: loader.pinLayout of the daemon that wrote them */
 	/* The prefix lengths (bits of the 128-bit address) fs_dnets holds,
@@ -339,11 +343,12 @@ struct fs_dest_state {
 };
 
 /*
- * What the destinations of the pools can match, a filter read before any
- * table (dest.h): the ports of the pools that name one (a bit per port, host
- * order), and the first byte of the addresses of the pools of every port
- * (the first IPv4 octet of a v4-mapped address, the first byte of another
- * IPv6 address). A connect whose bits are clear looks nothing up.
+ * What the destinations of the pools can match, exactly (dest.h): the ports
+ * of the pools that name one (a bit per port, host order), and the first
+ * byte of the addresses of the pools of every port (the first IPv4 octet of
+ * a v4-mapped address, the first byte of another IPv6 address). Read only
+ * where fs_settings.dest_quick, its folded copy, is dense: a connect whose
+ * bits are clear looks nothing up.
  */
 struct fs_dest_filter {
 	__u64 ports[1024];
