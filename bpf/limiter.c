@@ -513,15 +513,15 @@ static __always_inline __u32 dest_adoptable(struct sock *sk, __u64 id)
 	struct fs_settings *cfg = settings();
 	if (!cfg)
 		return 0;
-	__u32 kinds = cfg->dest_kinds;
-	if (!kinds || listened(sk->__sk_common.skc_num))
+	__u32 kinds = *(volatile __u32 *)&cfg->dest_kinds;
+	if (!(kinds & DEST_KINDS) || listened(sk->__sk_common.skc_num))
 		return 0;
 	addr_buf a;
 	if (sk->__sk_common.skc_family == AF_INET)
 		v4mapped(a, sk->__sk_common.skc_daddr);
 	else
 		in6_load(a, &sk->__sk_common.skc_v6_daddr);
-	__u32 pool = dest_lookup(cfg, kinds, sk->__sk_common.skc_dport, a);
+	__u32 pool = dest_find(cfg, kinds, sk->__sk_common.skc_dport, a);
 	struct dest_view v;
 	return pool && dest_get(pool, id, &v) ? pool : 0;
 }
@@ -740,4 +740,24 @@ int fs_selftest(struct fs_selftest_args *a)
 			a->result = take_permit(AT_CHILD, CLK_FINE, &h, a->resv.project, NULL, a->cg, 0);
 	}
 	return 0;
+}
+
+/*
+ * fs_selftest_dest runs dest_find for the tests, as a connect that read
+ * fs_settings.dest_kinds as args[0] before the loader's later writes: port
+ * args[1] (host order) at the address of 64-bit words args[2], args[3] (as
+ * loaded: network order). It returns the pool, 0 none. Not fs_selftest's
+ * op: a sleepable program cannot read the trie. Never attached.
+ */
+SEC("raw_tp")
+int fs_selftest_dest(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct fs_settings *cfg = settings();
+	if (!cfg)
+		return 0;
+	addr_buf a;
+	__u64 *w = (__u64 *)a;
+	w[0] = ctx->args[2];
+	w[1] = ctx->args[3];
+	return dest_find(cfg, (__u32)ctx->args[0], bpf_htons((__u16)ctx->args[1]), a);
 }

@@ -338,11 +338,13 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 //
 // The trie holds up to the old and the new destinations at once (its size
 // is twice MaxDestinations). The guarantee takes a connect's lookup as
-// happening between two of these writes: a program preempted in the middle
-// of its lookup for several of them (a kernel with full preemption) reads
-// dest_kinds of one step and the tables of another, and may be counted in
-// a third pool or none: a miscount of a connect racing a change, never a
-// leak (its socket gives back what it took, where it took it).
+// happening between two of these writes: each write bumps the generation
+// in dest_kinds (destWrote, setDestKinds), and a lookup that saw it move
+// (preempted in its middle, or racing a write) is made again, once
+// (dest_find; TestDestFindStaleKinds). A connect whose second lookup is cut
+// by a write too may be counted in a third pool or none: a miscount of a
+// connect racing a change, never a leak (its socket gives back what it
+// took, where it took it).
 func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 	oldTrie, oldNets, err := l.destKeys()
 	if err != nil {
@@ -367,8 +369,8 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 			}
 		}
 		for _, k := range sortDestKeys(drop, true) {
-			if err := l.objs.FsDests.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("removing destination: %w", err)
+			if err := l.trieDelete(k); err != nil {
+				return err
 			}
 			delete(oldTrie, k)
 		}
@@ -393,8 +395,8 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 		}
 	}
 	for _, k := range append(puts, sortDestKeys(want, false)...) {
-		if err := l.objs.FsDests.Put(&k, all[k]); err != nil {
-			return fmt.Errorf("writing destination: %w", err)
+		if err := l.triePut(k, all[k]); err != nil {
+			return err
 		}
 	}
 	if err := l.setDestKinds(kindsOf(all, nil)); err != nil {
@@ -407,11 +409,14 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 		}
 	}
 	for _, k := range sortDestKeys(drop, true) {
-		if err := l.objs.FsDests.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("removing destination: %w", err)
+		if err := l.trieDelete(k); err != nil {
+			return err
 		}
 	}
 	if err := l.writeNetTable(tab); err != nil {
+		return err
+	}
+	if err := l.destWrote(); err != nil {
 		return err
 	}
 	if err := l.setDestLens(lens); err != nil {
@@ -421,8 +426,8 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 		return err
 	}
 	for k := range placed {
-		if err := l.objs.FsDests.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("removing destination: %w", err)
+		if err := l.trieDelete(k); err != nil {
+			return err
 		}
 	}
 	if err := l.setDestKinds(kindsOf(want, placed)); err != nil {
@@ -802,7 +807,54 @@ func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
 	if err := l.objs.FsDfilter.Put(uint32(0), &f); err != nil {
 		return fmt.Errorf("writing the destination filter: %w", err)
 	}
-	return setDestSetting(l, func(cfg *limiterFsSettings) *[2]uint64 { return &cfg.DestQuick }, quickOf(f))
+	if err := l.destWrote(); err != nil {
+		return err
+	}
+	if err := setDestSetting(l, func(cfg *limiterFsSettings) *[2]uint64 { return &cfg.DestQuick }, quickOf(f)); err != nil {
+		return err
+	}
+	return l.destWrote()
+}
+
+// triePut and trieDelete write one destination of the trie, then bump the
+// lookup's generation (destWrote).
+func (l *Limiter) triePut(k limiterFsDestKey, id uint32) error {
+	if err := l.objs.FsDests.Put(&k, id); err != nil {
+		return fmt.Errorf("writing destination: %w", err)
+	}
+	return l.destWrote()
+}
+
+func (l *Limiter) trieDelete(k limiterFsDestKey) error {
+	if err := l.objs.FsDests.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("removing destination: %w", err)
+	}
+	return l.destWrote()
+}
+
+// destKindsMask is the kinds' bits of fs_settings.dest_kinds (DEST_KINDS in
+// bpf/lib/dest.h); destGenOne is one step of the generation above them.
+const (
+	destKindsMask = 15
+	destGenOne    = 16
+)
+
+// destWrote bumps the generation in fs_settings.dest_kinds after a write to
+// what a destination lookup reads (the filter, the lengths, the table, the
+// trie): a connect whose lookup read the word before the write makes it
+// again (dest_find), so that every lookup rewriteDestsLocked's order
+// answers for sees the destinations as they were between two writes, even
+// one preempted in its middle.
+func (l *Limiter) destWrote() error {
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading config map: %w", err)
+	}
+	cfg.DestKinds += destGenOne
+	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("writing config map: %w", err)
+	}
+	return nil
 }
 
 // quickOf folds filter f into fs_settings.dest_quick (DEST_QUICK_PORT and
@@ -843,13 +895,28 @@ func quickOf(f limiterFsDestFilter) [2]uint64 {
 // setDestLens writes fs_settings.dest_lens, the table's prefix lengths plus one
 // (netTable).
 func (l *Limiter) setDestLens(lens [2][2][destLens]uint8) error {
-	return setDestSetting(l, func(cfg *limiterFsSettings) *[2][2][destLens]uint8 { return &cfg.DestLens }, lens)
+	if err := setDestSetting(l, func(cfg *limiterFsSettings) *[2][2][destLens]uint8 { return &cfg.DestLens }, lens); err != nil {
+		return err
+	}
+	return l.destWrote()
 }
 
-// setDestKinds writes fs_settings.dest_kinds; 0 keeps the programs from
-// looking at the trie or the table at all.
+// setDestKinds writes the kinds of fs_settings.dest_kinds, and a step of its
+// generation (destWrote) if they change; 0 keeps the programs from looking
+// at the trie or the table at all.
 func (l *Limiter) setDestKinds(kinds uint32) error {
-	return setDestSetting(l, func(cfg *limiterFsSettings) *uint32 { return &cfg.DestKinds }, kinds)
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading config map: %w", err)
+	}
+	if cfg.DestKinds&destKindsMask == kinds {
+		return nil
+	}
+	cfg.DestKinds = (cfg.DestKinds&^destKindsMask + destGenOne) | kinds&destKindsMask
+	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("writing config map: %w", err)
+	}
+	return nil
 }
 
 // setDestSetting writes one field of fs_settings (field names it) as v,

@@ -4,6 +4,7 @@ package loader
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -17,6 +18,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/fairshare-dev/fairshare/internal/destination"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
@@ -297,7 +300,7 @@ func TestDestPoolRemovedWhileHeld(t *testing.T) {
 		t.Fatalf("removed pool: %+v", d)
 	}
 	var cfg limiterFsSettings
-	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil || cfg.DestKinds != 0 {
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil || cfg.DestKinds&destKindsMask != 0 {
 		t.Fatalf("dest_kinds with no pool: %d %v", cfg.DestKinds, err)
 	}
 	// Not counted any more: the pool would refuse a fifth.
@@ -1423,4 +1426,92 @@ func TestQuickOf(t *testing.T) {
 	if q := quickOf(limiterFsDestFilter{}); q != [2]uint64{} {
 		t.Fatalf("empty filter folds to %x", q)
 	}
+}
+
+// A connect whose lookup read dest_kinds before a change of the pools and
+// the tables after it (preempted in its middle, or racing a write) makes
+// the lookup again (dest_find): the pool it finds is the one the pools in
+// force give, whatever the kinds it read first. 300 random changes of
+// nested IPv4 and IPv6 pools, port-named and of every port, each lookup
+// made with the word read before the change; without the generation in the
+// word, a lookup with the old kinds misses the kinds added (no pool, where
+// the pools in force give one) or probes those removed.
+func TestDestFindStaleKinds(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	rng := rand.New(rand.NewPCG(9, 10))
+	ports := []uint16{5432, 6379}
+	candidates := []string{"127.0.0.1/32", "127.0.0.0/24", "127.0.0.0/8", "127.0.1.0/30", "10.0.0.0/8",
+		"::1/128", "::/64", "::ffff:127.0.0.0/104", "2001:db8::/32"}
+	addrs := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.1.2"), netip.MustParseAddr("127.9.0.1"),
+		netip.MustParseAddr("10.1.1.1"), netip.MustParseAddr("::1"), netip.MustParseAddr("2001:db8::7")}
+	find := func(kinds uint32, ap netip.AddrPort) uint32 {
+		a := ap.Addr().As16()
+		ret, err := l.objs.FsSelftestDest.Run(&ebpf.RunOptions{Context: []uint64{uint64(kinds), uint64(ap.Port()),
+			binary.NativeEndian.Uint64(a[:8]), binary.NativeEndian.Uint64(a[8:])}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ret
+	}
+	stale, changed := 0, 0
+	for round := range 300 {
+		byName := map[string][]destination.Destination{}
+		var pools []DestPool
+		for i := range rng.IntN(4) {
+			name := fmt.Sprintf("p%d", i)
+			var ds []destination.Destination
+			for range 1 + rng.IntN(3) {
+				d := destination.Destination{Prefix: netip.MustParsePrefix(candidates[rng.IntN(len(candidates))])}
+				if rng.IntN(2) == 0 {
+					d.Port = ports[rng.IntN(2)]
+				}
+				trial := maps.Clone(byName)
+				trial[name] = append(slices.Clone(ds), d)
+				if destination.Check(trial) == nil {
+					ds = append(ds, d)
+				}
+			}
+			if len(ds) > 0 {
+				byName[name] = ds
+				pools = append(pools, DestPool{Name: name, Size: 10, Destinations: ds})
+			}
+		}
+		var before limiterFsSettings
+		if err := l.objs.FsConfig.Lookup(uint32(0), &before); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.SetDestPools(pools); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		ids := map[uint32]string{}
+		for _, d := range snap(t, l).Dests {
+			if !d.Removed {
+				ids[d.ID] = d.Name
+			}
+		}
+		for _, a := range addrs {
+			for _, port := range append(ports, 80) {
+				ap := netip.AddrPortFrom(a, port)
+				want := destination.Match(byName, ap)
+				if got := ids[find(before.DestKinds, ap)]; got != want {
+					t.Fatalf("round %d: %s with the kinds read before the change (%#x): pool %q, the pools in force give %q (%v)",
+						round, ap, before.DestKinds, got, want, byName)
+				}
+				stale++
+			}
+		}
+		var after limiterFsSettings
+		if err := l.objs.FsConfig.Lookup(uint32(0), &after); err != nil {
+			t.Fatal(err)
+		}
+		if after.DestKinds&destKindsMask != before.DestKinds&destKindsMask {
+			changed++
+		}
+	}
+	if changed < 50 {
+		t.Fatalf("only %d of 300 changes changed the kinds: the test misses its case", changed)
+	}
+	t.Logf("%d lookups with the kinds of before a change, %d changes of the kinds", stale, changed)
 }

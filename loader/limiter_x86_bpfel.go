@@ -335,58 +335,59 @@ type limiterFsSockRecord struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	limiterMapFsCaps         = "fs_caps"
-	limiterMapFsConfig       = "fs_config"
-	limiterMapFsDests        = "fs_dests"
-	limiterMapFsDfilter      = "fs_dfilter"
-	limiterMapFsDnets        = "fs_dnets"
-	limiterMapFsDpoolConf    = "fs_dpool_conf"
-	limiterMapFsDpoolProj    = "fs_dpool_proj"
-	limiterMapFsDpoolState   = "fs_dpool_state"
-	limiterMapFsDryrun       = "fs_dryrun"
-	limiterMapFsEvConfig     = "fs_ev_config"
-	limiterMapFsEvProjects   = "fs_ev_projects"
-	limiterMapFsEvStats      = "fs_ev_stats"
-	limiterMapFsEvents       = "fs_events"
-	limiterMapFsExempt       = "fs_exempt"
-	limiterMapFsHeld         = "fs_held"
-	limiterMapFsLapses       = "fs_lapses"
-	limiterMapFsListenSocks  = "fs_listen_socks"
-	limiterMapFsListeners    = "fs_listeners"
-	limiterMapFsMemberGen    = "fs_member_gen"
-	limiterMapFsMemberMemo   = "fs_member_memo"
-	limiterMapFsMembers      = "fs_members"
-	limiterMapFsNames        = "fs_names"
-	limiterMapFsNode         = "fs_node"
-	limiterMapFsPorts        = "fs_ports"
-	limiterMapFsProjects     = "fs_projects"
-	limiterMapFsRateNode     = "fs_rate_node"
-	limiterMapFsRateStats    = "fs_rate_stats"
-	limiterMapFsRates        = "fs_rates"
-	limiterMapFsRelook       = "fs_relook"
-	limiterMapFsReservations = "fs_reservations"
-	limiterMapFsResvSlots    = "fs_resv_slots"
-	limiterMapFsSlots        = "fs_slots"
-	limiterMapFsStats        = "fs_stats"
-	limiterProgFsAdjust      = "fs_adjust"
-	limiterProgFsConnect4    = "fs_connect4"
-	limiterProgFsConnect6    = "fs_connect6"
-	limiterProgFsDump        = "fs_dump"
-	limiterProgFsRateSet     = "fs_rate_set"
-	limiterProgFsSelftest    = "fs_selftest"
-	limiterProgFsSetState    = "fs_set_state"
-	limiterProgFsSkLookup    = "fs_sk_lookup"
-	limiterProgFsSockRelease = "fs_sock_release"
-	limiterProgFsSockops     = "fs_sockops"
-	limiterVarBaseLevel      = "base_level"
-	limiterVarCapStride      = "cap_stride"
-	limiterVarDestStride     = "dest_stride"
-	limiterVarEvWindowNs     = "ev_window_ns"
-	limiterVarFsRecordLayout = "fs_record_layout"
-	limiterVarLookupNetns    = "lookup_netns"
-	limiterVarMaxDepth       = "max_depth"
-	limiterVarSlotMask       = "slot_mask"
-	limiterVarUnusedFsEvent  = "unused_fs_event"
+	limiterMapFsCaps          = "fs_caps"
+	limiterMapFsConfig        = "fs_config"
+	limiterMapFsDests         = "fs_dests"
+	limiterMapFsDfilter       = "fs_dfilter"
+	limiterMapFsDnets         = "fs_dnets"
+	limiterMapFsDpoolConf     = "fs_dpool_conf"
+	limiterMapFsDpoolProj     = "fs_dpool_proj"
+	limiterMapFsDpoolState    = "fs_dpool_state"
+	limiterMapFsDryrun        = "fs_dryrun"
+	limiterMapFsEvConfig      = "fs_ev_config"
+	limiterMapFsEvProjects    = "fs_ev_projects"
+	limiterMapFsEvStats       = "fs_ev_stats"
+	limiterMapFsEvents        = "fs_events"
+	limiterMapFsExempt        = "fs_exempt"
+	limiterMapFsHeld          = "fs_held"
+	limiterMapFsLapses        = "fs_lapses"
+	limiterMapFsListenSocks   = "fs_listen_socks"
+	limiterMapFsListeners     = "fs_listeners"
+	limiterMapFsMemberGen     = "fs_member_gen"
+	limiterMapFsMemberMemo    = "fs_member_memo"
+	limiterMapFsMembers       = "fs_members"
+	limiterMapFsNames         = "fs_names"
+	limiterMapFsNode          = "fs_node"
+	limiterMapFsPorts         = "fs_ports"
+	limiterMapFsProjects      = "fs_projects"
+	limiterMapFsRateNode      = "fs_rate_node"
+	limiterMapFsRateStats     = "fs_rate_stats"
+	limiterMapFsRates         = "fs_rates"
+	limiterMapFsRelook        = "fs_relook"
+	limiterMapFsReservations  = "fs_reservations"
+	limiterMapFsResvSlots     = "fs_resv_slots"
+	limiterMapFsSlots         = "fs_slots"
+	limiterMapFsStats         = "fs_stats"
+	limiterProgFsAdjust       = "fs_adjust"
+	limiterProgFsConnect4     = "fs_connect4"
+	limiterProgFsConnect6     = "fs_connect6"
+	limiterProgFsDump         = "fs_dump"
+	limiterProgFsRateSet      = "fs_rate_set"
+	limiterProgFsSelftest     = "fs_selftest"
+	limiterProgFsSelftestDest = "fs_selftest_dest"
+	limiterProgFsSetState     = "fs_set_state"
+	limiterProgFsSkLookup     = "fs_sk_lookup"
+	limiterProgFsSockRelease  = "fs_sock_release"
+	limiterProgFsSockops      = "fs_sockops"
+	limiterVarBaseLevel       = "base_level"
+	limiterVarCapStride       = "cap_stride"
+	limiterVarDestStride      = "dest_stride"
+	limiterVarEvWindowNs      = "ev_window_ns"
+	limiterVarFsRecordLayout  = "fs_record_layout"
+	limiterVarLookupNetns     = "lookup_netns"
+	limiterVarMaxDepth        = "max_depth"
+	limiterVarSlotMask        = "slot_mask"
+	limiterVarUnusedFsEvent   = "unused_fs_event"
 )
 
 // loadLimiter returns the embedded CollectionSpec for limiter.
@@ -431,16 +432,17 @@ type limiterSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type limiterProgramSpecs struct {
-	FsAdjust      *ebpf.ProgramSpec `ebpf:"fs_adjust"`
-	FsConnect4    *ebpf.ProgramSpec `ebpf:"fs_connect4"`
-	FsConnect6    *ebpf.ProgramSpec `ebpf:"fs_connect6"`
-	FsDump        *ebpf.ProgramSpec `ebpf:"fs_dump"`
-	FsRateSet     *ebpf.ProgramSpec `ebpf:"fs_rate_set"`
-	FsSelftest    *ebpf.ProgramSpec `ebpf:"fs_selftest"`
-	FsSetState    *ebpf.ProgramSpec `ebpf:"fs_set_state"`
-	FsSkLookup    *ebpf.ProgramSpec `ebpf:"fs_sk_lookup"`
-	FsSockRelease *ebpf.ProgramSpec `ebpf:"fs_sock_release"`
-	FsSockops     *ebpf.ProgramSpec `ebpf:"fs_sockops"`
+	FsAdjust       *ebpf.ProgramSpec `ebpf:"fs_adjust"`
+	FsConnect4     *ebpf.ProgramSpec `ebpf:"fs_connect4"`
+	FsConnect6     *ebpf.ProgramSpec `ebpf:"fs_connect6"`
+	FsDump         *ebpf.ProgramSpec `ebpf:"fs_dump"`
+	FsRateSet      *ebpf.ProgramSpec `ebpf:"fs_rate_set"`
+	FsSelftest     *ebpf.ProgramSpec `ebpf:"fs_selftest"`
+	FsSelftestDest *ebpf.ProgramSpec `ebpf:"fs_selftest_dest"`
+	FsSetState     *ebpf.ProgramSpec `ebpf:"fs_set_state"`
+	FsSkLookup     *ebpf.ProgramSpec `ebpf:"fs_sk_lookup"`
+	FsSockRelease  *ebpf.ProgramSpec `ebpf:"fs_sock_release"`
+	FsSockops      *ebpf.ProgramSpec `ebpf:"fs_sockops"`
 }
 
 // limiterMapSpecs contains maps before they are loaded into the kernel.
@@ -609,16 +611,17 @@ type limiterVariables struct {
 //
 // It can be passed to loadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type limiterPrograms struct {
-	FsAdjust      *ebpf.Program `ebpf:"fs_adjust"`
-	FsConnect4    *ebpf.Program `ebpf:"fs_connect4"`
-	FsConnect6    *ebpf.Program `ebpf:"fs_connect6"`
-	FsDump        *ebpf.Program `ebpf:"fs_dump"`
-	FsRateSet     *ebpf.Program `ebpf:"fs_rate_set"`
-	FsSelftest    *ebpf.Program `ebpf:"fs_selftest"`
-	FsSetState    *ebpf.Program `ebpf:"fs_set_state"`
-	FsSkLookup    *ebpf.Program `ebpf:"fs_sk_lookup"`
-	FsSockRelease *ebpf.Program `ebpf:"fs_sock_release"`
-	FsSockops     *ebpf.Program `ebpf:"fs_sockops"`
+	FsAdjust       *ebpf.Program `ebpf:"fs_adjust"`
+	FsConnect4     *ebpf.Program `ebpf:"fs_connect4"`
+	FsConnect6     *ebpf.Program `ebpf:"fs_connect6"`
+	FsDump         *ebpf.Program `ebpf:"fs_dump"`
+	FsRateSet      *ebpf.Program `ebpf:"fs_rate_set"`
+	FsSelftest     *ebpf.Program `ebpf:"fs_selftest"`
+	FsSelftestDest *ebpf.Program `ebpf:"fs_selftest_dest"`
+	FsSetState     *ebpf.Program `ebpf:"fs_set_state"`
+	FsSkLookup     *ebpf.Program `ebpf:"fs_sk_lookup"`
+	FsSockRelease  *ebpf.Program `ebpf:"fs_sock_release"`
+	FsSockops      *ebpf.Program `ebpf:"fs_sockops"`
 }
 
 func (p *limiterPrograms) Close() error {
@@ -629,6 +632,7 @@ func (p *limiterPrograms) Close() error {
 		p.FsDump,
 		p.FsRateSet,
 		p.FsSelftest,
+		p.FsSelftestDest,
 		p.FsSetState,
 		p.FsSkLookup,
 		p.FsSockRelease,

@@ -74,6 +74,7 @@
 #define DEST_ANY 2       /* the trie: prefixes of every port */
 #define DEST_NET_PORTS 4 /* the table: prefixes naming a port */
 #define DEST_NET_ANY 8   /* the table: prefixes of every port */
+#define DEST_KINDS 15    /* the kinds' bits of dest_kinds; the generation above them */
 
 /* fs_dest_conf.flags (fs_dpool_conf) */
 #define DEST_LIVE 1   /* configured (its destinations are in fs_dests) */
@@ -311,6 +312,46 @@ static __always_inline __u32 dest_lookup(const struct fs_settings *cfg, __u32 ki
 	return 0;
 }
 
+/*
+ * dest_find is dest_lookup of a connect that read dest_kinds as kinds (a
+ * word of the config line, cfg), made again if that word has changed by the
+ * end of it. The loader bumps the generation in the word's high bits after
+ * each of its writes to the destinations (loader.destWrote), so a lookup
+ * that read some of them before a write and some after, a program
+ * preempted in its middle or racing one write, is made again on what is
+ * there now: the lookup rewriteDestsLocked's order answers for takes place
+ * between two writes. Once only: a second such race in one connect
+ * (another change begun meanwhile) keeps the second lookup's answer.
+ */
+__noinline __u32 dest_lookup_again(__u32 kinds, __u32 port, __u64 a0, __u64 a1);
+
+static __always_inline __u32 dest_find(const struct fs_settings *cfg, __u32 kinds, __u16 port, const __u8 *addr)
+{
+	__u32 pool = kinds & DEST_KINDS ? dest_lookup(cfg, kinds & DEST_KINDS, port, addr) : 0;
+	__u32 now = *(volatile __u32 *)&cfg->dest_kinds;
+	if (now == kinds)
+		return pool;
+	const __u64 *q = (const __u64 *)addr;
+	return dest_lookup_again(now, port, q[0], q[1]);
+}
+
+/*
+ * dest_lookup_again is dest_lookup for dest_find's second try: a function
+ * of its own, verified once, where inlining a second lookup would double
+ * what the verifier walks in every program that finds a destination.
+ */
+__noinline __u32 dest_lookup_again(__u32 kinds, __u32 port, __u64 a0, __u64 a1)
+{
+	struct fs_settings *cfg = settings();
+	if (!cfg || !(kinds & DEST_KINDS))
+		return 0;
+	addr_buf a;
+	__u64 *w = (__u64 *)a;
+	w[0] = a0;
+	w[1] = a1;
+	return dest_lookup(cfg, kinds & DEST_KINDS, (__u16)port, a);
+}
+
 /* dest_pool is destination pool v as the rule (share.h) takes it. */
 static __always_inline struct rule_pool dest_pool(struct dest_view *v)
 {
@@ -433,8 +474,8 @@ static __always_inline int dest_connect(struct bpf_sock_addr *ctx, bool v6, __u6
 	struct fs_settings *cfg = settings();
 	if (!cfg)
 		return DEST_NONE;
-	__u32 kinds = cfg->dest_kinds;
-	if (!kinds)
+	__u32 kinds = *(volatile __u32 *)&cfg->dest_kinds;
+	if (!(kinds & DEST_KINDS))
 		return DEST_NONE;
 	addr_buf a;
 	if (v6) {
@@ -446,7 +487,7 @@ static __always_inline int dest_connect(struct bpf_sock_addr *ctx, bool v6, __u6
 	} else {
 		v4mapped(a, ctx->user_ip4);
 	}
-	__u32 pool = dest_lookup(cfg, kinds, (__u16)ctx->user_port, a);
+	__u32 pool = dest_find(cfg, kinds, (__u16)ctx->user_port, a);
 	if (!pool)
 		return DEST_NONE;
 	struct dest_view v;

@@ -18,7 +18,7 @@ struct fs_settings {
 	__u32 pool;          /* POOL */
 	__u32 floor;         /* FLOOR */
 	__u32 exempt_max;    /* exempt budget; 0 while the exempt set is empty */
-	__u32 dest_kinds;    /* DEST_PORTS | DEST_ANY of the destination pools (dest.h); 0: none, no lookup */
+	__u32 dest_kinds;    /* DEST_PORTS.. of the destination pools (dest.h; 0: none, no lookup), and above DEST_KINDS the generation of their lookup */
 	__u64 window_ns;     /* the active window; 0 leaves active to the control loop */
 	/* The destination filter's quick words (dest.h), on this line so
 	 * that a connect reads no other before its probe: [0] a bit per
