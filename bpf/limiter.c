@@ -491,10 +491,17 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to)
 		__sync_fetch_and_add(&pt->in_use, 1);
 	if (pf && __sync_fetch_and_add(&pf->in_use, -1) <= 1)
 		pf->last_seen_ns = now_ns(CLK_FINE);
+	/* Its destination pool's permit moves with it. */
+	__u64 clk = 0;
+	if (dest) {
+		dest_adopt(dest, to);
+		dest_give(dest, from, true, &clk);
+	}
 	if (hold(cookie, &v) != 0) {
 		/* Both tables full: given back; the next pass adopts it. */
-		__u64 clk = 0;
 		release(to, CLK_FINE, &clk);
+		if (dest)
+			dest_give(dest, to, true, &clk);
 		return 0;
 	}
 	return out;
@@ -503,10 +510,15 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to)
 /*
  * dest_adoptable is the destination pool an adopted socket sk of project id
  * takes a permit in (dest_adopt), 0 none: the pool of its peer's address
- * and port, as connect() would have found it (dest_lookup), for a socket
- * that predates the programs or the pools' start (a first start, a
- * migration). A socket is taken for an accepted one, which takes no
- * destination permit, where some project listens on its local port.
+ * and port, as connect() found it unless another program rewrote the
+ * address there, for a socket the dump adopts (one that predates the
+ * programs, as at a first start or a migration, or that no program
+ * counted). An accepted socket takes none: one whose local address a
+ * project listener in its netns takes (find_listener, the key a SYN to it
+ * would look up) is taken for one; so is, wrongly, an outbound socket
+ * bound to such an address, and an accepted socket whose listener has
+ * closed is taken for an outbound one. A removed pool (not DEST_LIVE)
+ * takes none.
  */
 static __always_inline __u32 dest_adoptable(struct sock *sk, __u64 id)
 {
@@ -514,16 +526,29 @@ static __always_inline __u32 dest_adoptable(struct sock *sk, __u64 id)
 	if (!cfg)
 		return 0;
 	__u32 kinds = *(volatile __u32 *)&cfg->dest_kinds;
-	if (!(kinds & DEST_KINDS) || listened(sk->__sk_common.skc_num))
+	if (!(kinds & DEST_KINDS))
 		return 0;
+	__u32 lport = sk->__sk_common.skc_num;
 	addr_buf a;
+	struct fs_port *n = listened(lport);
+	if (n) {
+		if (sk->__sk_common.skc_family == AF_INET)
+			v4mapped(a, sk->__sk_common.skc_rcv_saddr);
+		else
+			in6_load(a, &sk->__sk_common.skc_v6_rcv_saddr);
+		struct fs_listen_key k = {};
+		syn_key(&k, sock_netns(sk), lport, is_v4mapped(a) ? AF_INET : AF_INET6, a);
+		if (find_listener(n, &k))
+			return 0;
+	}
 	if (sk->__sk_common.skc_family == AF_INET)
 		v4mapped(a, sk->__sk_common.skc_daddr);
 	else
 		in6_load(a, &sk->__sk_common.skc_v6_daddr);
-	__u32 pool = dest_find(cfg, kinds, sk->__sk_common.skc_dport, a);
+	const __u64 *q = (const __u64 *)a;
+	__u32 pool = dest_lookup_again(kinds, sk->__sk_common.skc_dport, q[0], q[1]);
 	struct dest_view v;
-	return pool && dest_get(pool, id, &v) ? pool : 0;
+	return pool && dest_get(pool, id, &v) && (v.s->flags & DEST_LIVE) ? pool : 0;
 }
 
 /*
@@ -611,10 +636,9 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		/* A permit taken as unclassified (a weak member's project)
 		 * whose cgroup is a project's member now (its pod classified
 		 * since) moves to that project, as a listener's count does
-		 * above. An exempt permit is no project's, and one holding a
-		 * destination pool's permit too stays (dest.h counts it by
-		 * project). */
-		if (s && id && s->project != id && !KIND_IS_EXEMPT(s->kind) && !s->dest &&
+		 * above, and its destination pool's permit with it. An exempt
+		 * permit is no project's. */
+		if (s && id && s->project != id && !KIND_IS_EXEMPT(s->kind) &&
 		    weak_above(sk->sk_cgrp_data.cgroup, s->project)) {
 			struct fs_sock v = *s;
 			__u32 moved = move_held(rec.cookie, v, id);

@@ -115,7 +115,7 @@ func BenchmarkConnectAcceptClose(b *testing.B) {
 // pool's host ("match"), matching none and stopped by the filter ("miss"),
 // and matching none past the filter, a probe of the table at a length it
 // holds ("miss-lookup"), each against the same programs with no pool in
-// force ("none": dest_kinds 0, the path of a node without pools); and, as
+// force ("none": no kinds in dest_kinds, the path of a node without pools); and, as
 // "dests-1-prefix", the same with the one pool a /24 around the host. The
 // cases take turns in blocks of 250 cycles, 40 turns, with the links
 // attached throughout: the load of this shared machine moves between
@@ -229,7 +229,7 @@ func benchDests(b *testing.B) {
 			if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
 				b.Fatal(err)
 			}
-			kinds = cfg.DestKinds
+			kinds = cfg.DestKinds & destKindsMask
 			for range 100 {
 				cycle(b, lfd, sa)
 			}

@@ -720,6 +720,7 @@ func (l *Limiter) readNetTable() ([]limiterFsDestNet, error) {
 // racing the change in the slot's new pool, where its release gives the
 // permit back (bpf/lib/dest.h, dest_net).
 func (l *Limiter) writeNetTable(tab []limiterFsDestNet) error {
+	l.destWriting()
 	cur, err := l.readNetTable()
 	if err != nil {
 		return err
@@ -800,25 +801,112 @@ func unionFilter(a, b limiterFsDestFilter) limiterFsDestFilter {
 	return a
 }
 
-// setDestFilter writes the filter, the exact bits then their quick fold
+// setDestFilter writes the filter, the exact bits then their quick form
 // (quickOf) in fs_settings. A reader may see a word of the old value beside
 // one of the new: callers write a union of both first.
 func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
+	l.destWriting()
 	if err := l.objs.FsDfilter.Put(uint32(0), &f); err != nil {
 		return fmt.Errorf("writing the destination filter: %w", err)
 	}
 	if err := l.destWrote(); err != nil {
 		return err
 	}
-	if err := setDestSetting(l, func(cfg *limiterFsSettings) *[2]uint64 { return &cfg.DestQuick }, quickOf(f)); err != nil {
-		return err
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading config map: %w", err)
+	}
+	l.destWriting()
+	cfg.DestQuick = quickOf(f, cfg.DestQuick)
+	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("writing config map: %w", err)
 	}
 	return l.destWrote()
+}
+
+// quickOf is fs_settings.dest_quick for filter f, written over prev (see
+// dest_port_may and dest_byte_may in bpf/lib/dest.h): the ports f names in
+// four 16-bit lanes of the first word, and the first bytes in four 8-bit
+// lanes per family in the second (IPv4's low); a word or half all ones
+// where there are more than four, which sends a connect to f's exact bits.
+// A value prev holds keeps its lane, so that a reader who sees some bytes of
+// the old word and some of the new still finds every value both hold (and,
+// for the union rewriteDestsLocked writes first, every value of the old).
+func quickOf(f limiterFsDestFilter, prev [2]uint64) [2]uint64 {
+	var ports []uint64
+	for w, word := range f.Ports {
+		for word != 0 {
+			ports = append(ports, uint64(w<<6+bits.TrailingZeros64(word)))
+			word &= word - 1
+		}
+	}
+	var first [2][]uint64
+	for fam, words := range [2][4]uint64{f.V4, f.V6} {
+		for w, word := range words {
+			for word != 0 {
+				first[fam] = append(first[fam], uint64(w<<6+bits.TrailingZeros64(word)))
+				word &= word - 1
+			}
+		}
+	}
+	v4 := lanesOf(first[0], 8, prev[1]&0xffffffff)
+	v6 := lanesOf(first[1], 8, prev[1]>>32)
+	return [2]uint64{lanesOf(ports, 16, prev[0]), v4 | v6<<32}
+}
+
+// lanesOf places vals (distinct, each of width bits) in the four lanes of
+// width bits of a word: each where prev has it, the others in the lanes
+// prev holds no value of vals in, the lanes left over repeating the first
+// value; all ones (of 4 x width bits) for more than four values, 0 for none.
+func lanesOf(vals []uint64, width uint, prev uint64) uint64 {
+	const n = 4
+	ones := uint64(1)<<(n*width) - 1
+	if len(vals) > n {
+		return ones
+	}
+	if len(vals) == 0 {
+		return 0
+	}
+	mask := uint64(1)<<width - 1
+	var lanes [n]uint64
+	var set [n]bool
+	placed := map[uint64]bool{}
+	want := map[uint64]bool{}
+	for _, v := range vals {
+		want[v] = true
+	}
+	if prev != ones {
+		for i := range n {
+			if v := prev >> (uint(i) * width) & mask; want[v] && !placed[v] {
+				lanes[i], set[i], placed[v] = v, true, true
+			}
+		}
+	}
+	for _, v := range vals {
+		if placed[v] {
+			continue
+		}
+		for i := range n {
+			if !set[i] {
+				lanes[i], set[i], placed[v] = v, true, true
+				break
+			}
+		}
+	}
+	var out uint64
+	for i := range n {
+		if !set[i] {
+			lanes[i] = vals[0]
+		}
+		out |= lanes[i] << (uint(i) * width)
+	}
+	return out
 }
 
 // triePut and trieDelete write one destination of the trie, then bump the
 // lookup's generation (destWrote).
 func (l *Limiter) triePut(k limiterFsDestKey, id uint32) error {
+	l.destWriting()
 	if err := l.objs.FsDests.Put(&k, id); err != nil {
 		return fmt.Errorf("writing destination: %w", err)
 	}
@@ -826,10 +914,23 @@ func (l *Limiter) triePut(k limiterFsDestKey, id uint32) error {
 }
 
 func (l *Limiter) trieDelete(k limiterFsDestKey) error {
+	l.destWriting()
 	if err := l.objs.FsDests.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("removing destination: %w", err)
 	}
 	return l.destWrote()
+}
+
+// destWriteHook, when set (tests only), is called before each write to what
+// a destination lookup reads (destWriting).
+var destWriteHook func(*Limiter)
+
+// destWriting is called before each write to what a destination lookup
+// reads, each followed by destWrote.
+func (l *Limiter) destWriting() {
+	if destWriteHook != nil {
+		destWriteHook(l)
+	}
 }
 
 // destKindsMask is the kinds' bits of fs_settings.dest_kinds (DEST_KINDS in
@@ -857,46 +958,17 @@ func (l *Limiter) destWrote() error {
 	return nil
 }
 
-// quickOf folds filter f into fs_settings.dest_quick (DEST_QUICK_PORT and
-// DEST_QUICK_BYTE in bpf/lib/dest.h): a bit per hash of each port, of 64,
-// and per first byte modulo 32, IPv4's in the low half of the second word,
-// IPv6's in the high. A word (or half) more than half of whose bits are set
-// is written all ones, which sends a connect to f's exact bits: a union of
-// two filters folds to a superset of either's fold, as the order of
-// rewriteDestsLocked needs.
-func quickOf(f limiterFsDestFilter) [2]uint64 {
-	var ports uint64
-	var first [2]uint32
-	for w, word := range f.Ports {
-		for word != 0 {
-			port := uint32(w<<6 + bits.TrailingZeros64(word))
-			word &= word - 1
-			ports |= 1 << ((port * 0x9E3779B1) >> 26)
-		}
-	}
-	for fam, words := range [2][4]uint64{f.V4, f.V6} {
-		for w, word := range words {
-			for word != 0 {
-				b := w<<6 + bits.TrailingZeros64(word)
-				word &= word - 1
-				first[fam] |= 1 << (b & 31)
-			}
-		}
-		if bits.OnesCount32(first[fam]) > 16 {
-			first[fam] = ^uint32(0)
-		}
-	}
-	if bits.OnesCount64(ports) > 32 {
-		ports = ^uint64(0)
-	}
-	return [2]uint64{ports, uint64(first[0]) | uint64(first[1])<<32}
-}
-
 // setDestLens writes fs_settings.dest_lens, the table's prefix lengths plus one
 // (netTable).
 func (l *Limiter) setDestLens(lens [2][2][destLens]uint8) error {
-	if err := setDestSetting(l, func(cfg *limiterFsSettings) *[2][2][destLens]uint8 { return &cfg.DestLens }, lens); err != nil {
-		return err
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading config map: %w", err)
+	}
+	l.destWriting()
+	cfg.DestLens = lens
+	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("writing config map: %w", err)
 	}
 	return l.destWrote()
 }
@@ -912,24 +984,8 @@ func (l *Limiter) setDestKinds(kinds uint32) error {
 	if cfg.DestKinds&destKindsMask == kinds {
 		return nil
 	}
+	l.destWriting()
 	cfg.DestKinds = (cfg.DestKinds&^destKindsMask + destGenOne) | kinds&destKindsMask
-	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("writing config map: %w", err)
-	}
-	return nil
-}
-
-// setDestSetting writes one field of fs_settings (field names it) as v,
-// the rest as read; nothing when it holds v already.
-func setDestSetting[T comparable](l *Limiter, field func(*limiterFsSettings) *T, v T) error {
-	var cfg limiterFsSettings
-	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("reading config map: %w", err)
-	}
-	if *field(&cfg) == v {
-		return nil
-	}
-	*field(&cfg) = v
 	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("writing config map: %w", err)
 	}

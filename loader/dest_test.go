@@ -279,7 +279,7 @@ func TestDestPoolOverlapRefused(t *testing.T) {
 // A pool removed while connections hold its permits stops counting new
 // ones at once, and gets those back as they close; its id is freed only
 // then, so a pool added meanwhile does not inherit them. No pools left:
-// the programs look no destination up (dest_kinds 0).
+// the programs look no destination up (no kinds in dest_kinds).
 func TestDestPoolRemovedWhileHeld(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
@@ -1366,77 +1366,135 @@ func TestDestChangeAfterInterruptedChange(t *testing.T) {
 	}
 }
 
-// quickOf's fold lets through every port and first byte its filter holds
-// (the programs test the same bits: DEST_QUICK_PORT, DEST_QUICK_BYTE), is
-// all ones where dense, and folds a union of two filters to a superset of
-// each one's fold (rewriteDestsLocked writes the union first).
+// quickOf's lanes hold exactly the ports and first bytes of its filter
+// while there are at most four of each (the programs test them as
+// dest_lane16 and dest_lane8 do), are all ones past four, keep each value
+// of the word before in its lane, and hold every value of a union's sides
+// (rewriteDestsLocked writes the union first).
 func TestQuickOf(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	random := func() limiterFsDestFilter {
 		var f limiterFsDestFilter
-		for range rng.IntN(50) {
-			p := rng.IntN(65536)
+		for range rng.IntN(7) {
+			p := []int{80, 443, 5432, 6379, 9092, 1 + rng.IntN(65535)}[rng.IntN(6)]
 			f.Ports[p>>6] |= 1 << (p & 63)
 		}
-		for range rng.IntN(24) {
-			b := rng.IntN(256)
+		for range rng.IntN(7) {
+			b := []int{10, 42, 127, 192, 255, rng.IntN(256)}[rng.IntN(6)]
 			f.V4[b>>6] |= 1 << (b & 63)
 		}
-		for range rng.IntN(24) {
-			b := rng.IntN(256)
+		for range rng.IntN(7) {
+			b := []int{0, 0x20, 0xfd, 0xff, rng.IntN(256)}[rng.IntN(5)]
 			f.V6[b>>6] |= 1 << (b & 63)
 		}
 		return f
 	}
-	lets := func(q [2]uint64, f limiterFsDestFilter) error {
-		for p := range 65536 {
-			if f.Ports[p>>6]&(1<<(p&63)) != 0 && q[0]&(1<<((uint32(p)*0x9E3779B1)>>26)) == 0 {
-				return fmt.Errorf("port %d stopped", p)
+	// lane16 and lane8 are dest_lane16 and dest_lane8 of bpf/lib/dest.h.
+	lane16 := func(q uint64, v uint16) bool {
+		x := q ^ 0x0001000100010001*uint64(v)
+		return (x-0x0001000100010001)&^x&0x8000800080008000 != 0
+	}
+	lane8 := func(q uint32, v uint8) bool {
+		x := q ^ 0x01010101*uint32(v)
+		return (x-0x01010101)&^x&0x80808080 != 0
+	}
+	// check: the word lets through exactly what f holds, or is dense.
+	check := func(q [2]uint64, f limiterFsDestFilter) error {
+		if q[0] != ^uint64(0) {
+			for p := range 65536 {
+				// (an empty word, 0, lets port 0 through: no connect has it)
+				if in := f.Ports[p>>6]&(1<<(p&63)) != 0; lane16(q[0], uint16(p)) != in && (in || p != 0 || q[0] != 0) {
+					return fmt.Errorf("port %d: filter %v, lanes %v (%#x)", p, in, !in, q[0])
+				}
 			}
 		}
-		for b := range 256 {
-			if f.V4[b>>6]&(1<<(b&63)) != 0 && uint32(q[1])&(1<<(b&31)) == 0 {
-				return fmt.Errorf("IPv4 byte %d stopped", b)
+		for fam, half := range [2]uint32{uint32(q[1]), uint32(q[1] >> 32)} {
+			if half == ^uint32(0) {
+				continue
 			}
-			if f.V6[b>>6]&(1<<(b&63)) != 0 && uint32(q[1]>>32)&(1<<(b&31)) == 0 {
-				return fmt.Errorf("IPv6 byte %d stopped", b)
+			words := [2][4]uint64{f.V4, f.V6}[fam]
+			for b := range 256 {
+				if in := words[b>>6]&(1<<(b&63)) != 0; lane8(half, uint8(b)) != in && (in || b != 0 || half != 0) {
+					return fmt.Errorf("family %d byte %d: filter %v, lanes %v (%#x)", fam, b, in, !in, half)
+				}
 			}
 		}
 		return nil
 	}
-	dense := 0
-	for round := range 2000 {
-		a, b := random(), random()
-		qa, qb, qu := quickOf(a), quickOf(b), quickOf(unionFilter(a, b))
-		if err := lets(qa, a); err != nil {
-			t.Fatalf("round %d: %v (quick %x)", round, err, qa)
+	// kept: every value of before's lanes that after's filter holds keeps
+	// one of its lanes (a repeat may give up the others).
+	kept := func(before, after uint64, width uint, holds func(uint64) bool) error {
+		if before == 1<<(4*width)-1 || after == 1<<(4*width)-1 {
+			return nil
 		}
-		for i := range qu {
-			if qu[i]&(qa[i]|qb[i]) != qa[i]|qb[i] {
-				t.Fatalf("round %d: the union's fold %x is not a superset of %x and %x", round, qu, qa, qb)
+		mask := uint64(1)<<width - 1
+		lane := func(w uint64, i uint) uint64 { return w >> (i * width) & mask }
+		for i := range uint(4) {
+			v := lane(before, i)
+			if !holds(v) {
+				continue
+			}
+			stays := false
+			for j := range uint(4) {
+				stays = stays || lane(before, j) == v && lane(after, j) == v
+			}
+			if !stays {
+				return fmt.Errorf("value %#x left its lanes: %#x -> %#x", v, before, after)
 			}
 		}
-		if qa[0] == ^uint64(0) {
+		return nil
+	}
+	dense, exact := 0, 0
+	for round := range 3000 {
+		a, b := random(), random()
+		qa := quickOf(a, [2]uint64{})
+		if err := check(qa, a); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		u := unionFilter(a, b)
+		qu := quickOf(u, qa)
+		if err := check(qu, u); err != nil {
+			t.Fatalf("round %d, union: %v", round, err)
+		}
+		if err := kept(qa[0], qu[0], 16, func(v uint64) bool { return u.Ports[v>>6]&(1<<(v&63)) != 0 }); err != nil {
+			t.Fatalf("round %d, ports: %v", round, err)
+		}
+		if err := kept(qa[1]&0xffffffff, qu[1]&0xffffffff, 8, func(v uint64) bool { return u.V4[v>>6]&(1<<(v&63)) != 0 }); err != nil {
+			t.Fatalf("round %d, IPv4 bytes: %v", round, err)
+		}
+		qb := quickOf(b, qu) // narrowed after the union, as step 5 does
+		if err := check(qb, b); err != nil {
+			t.Fatalf("round %d, narrowed: %v", round, err)
+		}
+		if err := kept(qu[0], qb[0], 16, func(v uint64) bool { return b.Ports[v>>6]&(1<<(v&63)) != 0 }); err != nil {
+			t.Fatalf("round %d, ports narrowed: %v", round, err)
+		}
+		if qu[0] == ^uint64(0) {
 			dense++
+		} else if qu[0] != 0 {
+			exact++
 		}
 	}
-	if dense == 0 {
-		t.Fatal("no dense fold: the test misses a path")
+	if dense == 0 || exact == 0 {
+		t.Fatalf("dense %d, exact %d: the test misses a path", dense, exact)
 	}
-	if q := quickOf(limiterFsDestFilter{}); q != [2]uint64{} {
-		t.Fatalf("empty filter folds to %x", q)
+	if q := quickOf(limiterFsDestFilter{}, [2]uint64{}); q != [2]uint64{} {
+		t.Fatalf("empty filter: %x", q)
 	}
 }
 
-// A connect whose lookup read dest_kinds before a change of the pools and
-// the tables after it (preempted in its middle, or racing a write) makes
-// the lookup again (dest_find): the pool it finds is the one the pools in
-// force give, whatever the kinds it read first. 300 random changes of
-// nested IPv4 and IPv6 pools, port-named and of every port, each lookup
-// made with the word read before the change; without the generation in the
-// word, a lookup with the old kinds misses the kinds added (no pool, where
-// the pools in force give one) or probes those removed.
-func TestDestFindStaleKinds(t *testing.T) {
+// A connect whose lookup reads dest_kinds before one of the loader's writes
+// and the rest after it (preempted in its middle, or racing the write) is
+// counted in the pool the old pools give or the new ones do, never a third
+// and never none when both give one: every write to what a lookup reads is
+// followed by a step of the generation in dest_kinds (checked before each
+// write: the word has moved since the one before), and a lookup that sees
+// it move is made again (dest_find, here through fs_selftest_dest with a
+// word read before the previous write, before the change, or before some
+// write between). 150 random changes of nested IPv4 and IPv6 pools,
+// port-named and of every port, 18 lookups at each write. It fails with a
+// write's step left out, or without the second lookup.
+func TestDestFindAcrossWrites(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
 	l := openLimiter(t, root, pin, 100, 0)
@@ -1444,8 +1502,19 @@ func TestDestFindStaleKinds(t *testing.T) {
 	ports := []uint16{5432, 6379}
 	candidates := []string{"127.0.0.1/32", "127.0.0.0/24", "127.0.0.0/8", "127.0.1.0/30", "10.0.0.0/8",
 		"::1/128", "::/64", "::ffff:127.0.0.0/104", "2001:db8::/32"}
-	addrs := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.1.2"), netip.MustParseAddr("127.9.0.1"),
-		netip.MustParseAddr("10.1.1.1"), netip.MustParseAddr("::1"), netip.MustParseAddr("2001:db8::7")}
+	var aps []netip.AddrPort
+	for _, a := range []string{"127.0.0.1", "127.0.1.2", "127.9.0.1", "10.1.1.1", "::1", "2001:db8::7"} {
+		for _, port := range append(ports, 80) {
+			aps = append(aps, netip.AddrPortFrom(netip.MustParseAddr(a), port))
+		}
+	}
+	word := func() uint32 {
+		var cfg limiterFsSettings
+		if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		return cfg.DestKinds
+	}
 	find := func(kinds uint32, ap netip.AddrPort) uint32 {
 		a := ap.Addr().As16()
 		ret, err := l.objs.FsSelftestDest.Run(&ebpf.RunOptions{Context: []uint64{uint64(kinds), uint64(ap.Port()),
@@ -1455,8 +1524,19 @@ func TestDestFindStaleKinds(t *testing.T) {
 		}
 		return ret
 	}
-	stale, changed := 0, 0
-	for round := range 300 {
+	ids := func() map[uint32]string {
+		out := map[uint32]string{}
+		for _, d := range snap(t, l).Dests {
+			out[d.ID] = d.Name
+		}
+		return out
+	}
+	t.Cleanup(func() { destWriteHook = nil })
+	old := map[string][]destination.Destination{}
+	oldIDs := map[uint32]string{}
+	writes, lookups := 0, 0
+	var problem error
+	for round := range 150 {
 		byName := map[string][]destination.Destination{}
 		var pools []DestPool
 		for i := range rng.IntN(4) {
@@ -1478,40 +1558,64 @@ func TestDestFindStaleKinds(t *testing.T) {
 				pools = append(pools, DestPool{Name: name, Size: 10, Destinations: ds})
 			}
 		}
-		var before limiterFsSettings
-		if err := l.objs.FsConfig.Lookup(uint32(0), &before); err != nil {
-			t.Fatal(err)
+		// The new pools' ids: a name keeps its id; a new name takes a
+		// free one, unknown until the change: any id not of the old
+		// pools counts as the new pool of that name.
+		prev := word()
+		seen := []uint32{prev}
+		check := func(at string) {
+			if problem != nil {
+				return
+			}
+			now := word()
+			if now == prev {
+				problem = fmt.Errorf("round %d, %s: dest_kinds %#x did not move since the write before", round, at, now)
+				return
+			}
+			// A lookup that read the word before the write before, before
+			// the change, or before some write between.
+			stale := []uint32{prev, seen[0], seen[rng.IntN(len(seen))]}
+			for i, ap := range aps {
+				w := stale[i%len(stale)]
+				got, was, will := find(w, ap), destination.Match(old, ap), destination.Match(byName, ap)
+				name := oldIDs[got]
+				if _, isOld := old[name]; got != 0 && !isOld {
+					name = will // a pool made in this change
+				}
+				if got == 0 {
+					name = ""
+				}
+				if name != was && name != will {
+					problem = fmt.Errorf("round %d, %s: %s with the word %#x read before some write: pool %q (id %d); the old pools give %q, the new %q",
+						round, at, ap, w, name, got, was, will)
+					return
+				}
+				lookups++
+			}
+			prev = now
+			seen = append(seen, now)
+		}
+		writes0 := writes
+		destWriteHook = func(*Limiter) {
+			if writes > writes0 {
+				check("before a write")
+			}
+			writes++
 		}
 		if err := l.SetDestPools(pools); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
-		ids := map[uint32]string{}
-		for _, d := range snap(t, l).Dests {
-			if !d.Removed {
-				ids[d.ID] = d.Name
-			}
+		destWriteHook = nil
+		if writes > writes0 {
+			check("after the change")
 		}
-		for _, a := range addrs {
-			for _, port := range append(ports, 80) {
-				ap := netip.AddrPortFrom(a, port)
-				want := destination.Match(byName, ap)
-				if got := ids[find(before.DestKinds, ap)]; got != want {
-					t.Fatalf("round %d: %s with the kinds read before the change (%#x): pool %q, the pools in force give %q (%v)",
-						round, ap, before.DestKinds, got, want, byName)
-				}
-				stale++
-			}
+		if problem != nil {
+			t.Fatal(problem)
 		}
-		var after limiterFsSettings
-		if err := l.objs.FsConfig.Lookup(uint32(0), &after); err != nil {
-			t.Fatal(err)
-		}
-		if after.DestKinds&destKindsMask != before.DestKinds&destKindsMask {
-			changed++
-		}
+		old, oldIDs = byName, ids()
 	}
-	if changed < 50 {
-		t.Fatalf("only %d of 300 changes changed the kinds: the test misses its case", changed)
+	if writes < 1000 {
+		t.Fatalf("only %d writes in 150 changes: the test misses its case", writes)
 	}
-	t.Logf("%d lookups with the kinds of before a change, %d changes of the kinds", stale, changed)
+	t.Logf("%d writes, %d lookups across some", writes, lookups)
 }

@@ -382,9 +382,14 @@
 // it does the node's; a project's id is not freed while it holds a
 // destination permit (an exempt socket's, which holds none of the node's).
 // fs_settings.dest_kinds says what the trie and the table hold (port,
-// every port): 0, with no pool configured, and connect does no lookup at
-// all; it is widened before they change and narrowed after, so no connect
-// misses a pool in force while SetDestPools runs. With Options.NoDestPools
+// every port) in its low bits: 0, with no pool configured, and connect does
+// no lookup at all; they are widened before the tables change and narrowed
+// after, so no connect misses a pool in force while SetDestPools runs.
+// Above them a generation moves at each of the loader's writes to what a
+// lookup reads, and a lookup that saw it move is made again (dest_find).
+// The filter a connect meets first (fs_settings.dest_quick) holds up to four
+// ports and four first address bytes per family exactly, on the line the
+// kinds are read from; past four, the exact filter (fs_dfilter) decides. With Options.NoDestPools
 // (the daemon's when no destination pool is configured) the tables are made
 // for none, and SetDestPools refuses a pool until a start without it.
 //

@@ -5,6 +5,7 @@ package loader
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -159,6 +160,10 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 	podA, podACtr, podB, podBCtr, podG, podGCtr := dirs[0], dirs[1], dirs[2], dirs[3], dirs[4], dirs[5]
 	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}))
 	dst := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	// A destination pool over dst: its permits move with the node's.
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 100, 1, strings.Replace(dst, ":", "/32:", 1))}); err != nil {
+		t.Fatal(err)
+	}
 	reconcile := func() ReconcileReport {
 		t.Helper()
 		rep, err := l.Reconcile(t.Context())
@@ -185,12 +190,16 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 	// podB is classified: its 3 permits move to team-b, podG's stay.
 	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-b", Cgroup: podB}))
 	rep := reconcile()
-	if rep.Moved["team-b"] != 3 || len(rep.Moved) != 1 || len(rep.MovedPast) != 0 || rep.Adopted != 0 {
-		t.Fatalf("reconcile after podB's classification: moved %v past %v adopted %d", rep.Moved, rep.MovedPast, rep.Adopted)
+	if rep.Moved["team-b"] != 3 || len(rep.Moved) != 1 || len(rep.MovedPast) != 0 || rep.Adopted != 0 || len(rep.DestRepaired) != 0 {
+		t.Fatalf("reconcile after podB's classification: moved %v past %v adopted %d, destination counts repaired %v",
+			rep.Moved, rep.MovedPast, rep.Adopted, rep.DestRepaired)
 	}
 	s := snap(t, l)
 	if s.InUse != 9 || project(s, Unclassified).InUse != 2 || project(s, "team-b").InUse != 3 || project(s, "team-a").InUse != 4 {
 		t.Fatalf("after the move: %+v", s)
+	}
+	if d := destSnap(t, l, "db"); d.InUse != 9 || destProj(d, Unclassified).InUse != 2 || destProj(d, "team-b").InUse != 3 || destProj(d, "team-a").InUse != 4 {
+		t.Fatalf("the destination pool after the move: %+v", d)
 	}
 	if rep := reconcile(); len(rep.Moved) != 0 || len(rep.Repaired) != 0 || rep.Orphans != 0 || rep.Held["team-b"] != 3 || rep.Held[Unclassified] != 2 {
 		t.Fatalf("a second pass: moved %v repaired %v orphans %d held %v", rep.Moved, rep.Repaired, rep.Orphans, rep.Held)
@@ -198,6 +207,7 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 	// Released where they moved to: team-b's count, not Unclassified's.
 	b.do("close")
 	waitInUse(t, l, 6, map[string]int{"team-a": 4, Unclassified: 2, "team-b": 0})
+	waitDest(t, l, "db", 6, map[string]int{"team-a": 4, Unclassified: 2, "team-b": 0})
 
 	// team-a takes what the rule lets it, then podG becomes team-a's: its
 	// 2 permits move past the rule, counted, reported, and team-a is
@@ -210,7 +220,7 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-b", Cgroup: podB},
 		Member{Project: "team-a", Cgroup: podG}))
 	rep = reconcile()
-	if rep.Moved["team-a"] != 2 || rep.MovedPast["team-a"] != 2 {
+	if rep.Moved["team-a"] != 2 || rep.MovedPast["team-a"] != 2 || len(rep.DestRepaired) != 0 {
 		t.Fatalf("podG's move into team-a past the rule: moved %v past %v", rep.Moved, rep.MovedPast)
 	}
 	s = snap(t, l)
@@ -220,9 +230,13 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 	if r := a.dial("tcp4", dst, 1); r.ok != 0 {
 		t.Fatalf("team-a admitted past the rule after the move: %+v", r)
 	}
+	if d := destSnap(t, l, "db"); destProj(d, "team-a").InUse != held+2 || destProj(d, Unclassified).InUse != 0 {
+		t.Fatalf("the destination pool after the move past the rule: %+v", d)
+	}
 	g.do("close")
 	a.do("close")
 	waitInUse(t, l, 0, map[string]int{"team-a": 0, Unclassified: 0, "team-b": 0})
+	waitDest(t, l, "db", 0, map[string]int{"team-a": 0, Unclassified: 0, "team-b": 0})
 }
 
 // TestMemberNesting: what may nest below what, and what the walk then

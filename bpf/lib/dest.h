@@ -47,18 +47,20 @@
  * its permits leaves the trie at once and keeps its id and counts until they
  * are given back (the loader reuses the id only once its in_use is 0).
  *
- * Cost: nothing while no pool is configured (fs_settings.dest_kinds is 0 and
- * nothing is looked at); otherwise a filter (fs_settings.dest_quick, a bit
- * per hash of the ports of the pools naming one and per first address byte
- * of the others, on the line already read; the exact fs_dfilter only where
- * it is dense: many ports or bytes) and, where it
+ * Cost: nothing while no pool is configured (the kinds' bits of
+ * fs_settings.dest_kinds are 0 and nothing is looked at); otherwise a filter
+ * (fs_settings.dest_quick: the ports of the pools naming one and the first
+ * address bytes of the others, up to four each, on the line already read;
+ * the exact fs_dfilter only past four) and, where it
  * lets a connect through, a probe of the table per prefix length it holds
  * of the kind, and the trie only if it holds destinations of the kind
  * (DEST_NET_PORTS, DEST_PORTS, DEST_NET_ANY, DEST_ANY); for a match the
  * rule's few atomics.
  * Outbound only: an accepted connection takes no destination permit. A
- * socket the reconcile dump adopts (a first start, a migration) takes one in
- * its peer's pool, past the rule (dest_adopt, limiter.c dest_adoptable).
+ * socket the reconcile dump adopts (one no program counted: open before a
+ * first start or a migration, or before its cgroup was registered) takes
+ * one in its peer's pool, past the rule (dest_adopt, limiter.c
+ * dest_adoptable).
  */
 #pragma once
 
@@ -243,22 +245,32 @@ static __always_inline __u32 dest_trie(const __u8 *addr, __u16 port)
 }
 
 /*
- * The quick filter (fs_settings.dest_quick, loader.quickOf): a port's bit,
- * of 64, and a first byte's, of 32 per address family. The loader folds the
- * exact filter (fs_dfilter) into it, and makes a word (or half) all ones
- * where more than half its bits would be set: there the exact bits decide.
+ * The quick filter (fs_settings.dest_quick, loader.quickOf): the ports of
+ * the pools naming one, four 16-bit lanes, and the first bytes of the
+ * addresses of the others, four 8-bit lanes per address family, each value
+ * in a lane of its own (the lanes left over repeat one). A word (or half)
+ * of all ones holds more than four: there fs_dfilter's exact bits decide.
+ * dest_lane16 and dest_lane8 say whether a lane holds v: a lane of q ^ v
+ * is zero (the classic test for a zero lane, exact as to whether one is).
  */
-#define DEST_QUICK_PORT(hport) (1ULL << ((((__u32)(hport)) * 0x9E3779B1u) >> 26))
-#define DEST_QUICK_BYTE(b) (1U << ((b) & 31))
+static __always_inline bool dest_lane16(__u64 q, __u16 v)
+{
+	__u64 x = q ^ (0x0001000100010001ULL * v);
+	return ((x - 0x0001000100010001ULL) & ~x & 0x8000800080008000ULL) != 0;
+}
+
+static __always_inline bool dest_lane8(__u32 q, __u8 v)
+{
+	__u32 x = q ^ (0x01010101U * v);
+	return ((x - 0x01010101U) & ~x & 0x80808080U) != 0;
+}
 
 /* dest_port_may: a pool naming port hport (host order) may match. */
 static __always_inline bool dest_port_may(const struct fs_settings *cfg, __u16 hport)
 {
 	__u64 q = *(volatile __u64 *)&cfg->dest_quick[0];
-	if (!(q & DEST_QUICK_PORT(hport)))
-		return false;
 	if (q != ~0ULL)
-		return true;
+		return dest_lane16(q, hport);
 	__u32 zero = 0;
 	struct fs_dest_filter *f = bpf_map_lookup_elem(&fs_dfilter, &zero);
 	return f && (f->ports[(hport >> 6) & 1023] & (1ULL << (hport & 63)));
@@ -269,10 +281,8 @@ static __always_inline bool dest_byte_may(const struct fs_settings *cfg, bool v4
 {
 	__u64 w = *(volatile __u64 *)&cfg->dest_quick[1];
 	__u32 q = v4 ? (__u32)w : (__u32)(w >> 32);
-	if (!(q & DEST_QUICK_BYTE(b)))
-		return false;
 	if (q != ~0U)
-		return true;
+		return dest_lane8(q, b);
 	__u32 zero = 0;
 	struct fs_dest_filter *f = bpf_map_lookup_elem(&fs_dfilter, &zero);
 	if (!f)
@@ -373,13 +383,19 @@ static __always_inline int dest_admit(struct fs_settings *cfg, struct dest_view 
 
 /*
  * dest_adopt counts a permit of project id in pool for a socket the reconcile
- * dump adopts (fs_dump): held, not admitted, past the rule.
+ * dump adopts (fs_dump) or moves to id (move_held): held, not admitted,
+ * past the rule.
  */
 static __always_inline void dest_adopt(__u32 pool, __u64 id)
 {
 	struct dest_view v;
 	if (!dest_get(pool, id, &v))
 		return;
+	/* Stamped as an ask, as the node's adoption (force): a newcomer
+	 * counts in the pool's active set now, not at the next Tick. */
+	struct rule_pool r = dest_pool(&v);
+	__u64 clk = 0;
+	pool_seen(&r, v.p, true, &clk);
 	__sync_fetch_and_add(&v.s->in_use, 1);
 	__sync_fetch_and_add(&v.p->in_use, 1); /* packed: held only */
 }

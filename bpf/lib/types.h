@@ -21,11 +21,11 @@ struct fs_settings {
 	__u32 dest_kinds;    /* DEST_PORTS.. of the destination pools (dest.h; 0: none, no lookup), and above DEST_KINDS the generation of their lookup */
 	__u64 window_ns;     /* the active window; 0 leaves active to the control loop */
 	/* The destination filter's quick words (dest.h), on this line so
-	 * that a connect reads no other before its probe: [0] a bit per
-	 * hash of the ports of the pools naming one (DEST_QUICK_PORT), [1]
-	 * a bit per first byte (DEST_QUICK_BYTE) of the pools of every port,
-	 * IPv4's in the low half, IPv6's in the high. A word or half of all
-	 * ones (dense) sends the connect to fs_dfilter's exact bits. */
+	 * that a connect reads no other before its probe: [0] the ports of
+	 * the pools naming one, in four 16-bit lanes, [1] the first bytes of
+	 * the addresses of the pools of every port, in four 8-bit lanes per
+	 * family, IPv4's in the low half, IPv6's in the high. A word or half
+	 * of all ones (more than four) sends the connect to fs_dfilter. */
 	__u64 dest_quick[2];
 	__u32 caps;          /* nonzero while some pool has fleet caps (cap.h); 0: no lookup */
 	__u32 layout;        /* what the pinned maps' bytes mean: loader.pinLayout of the daemon that wrote them */
