@@ -720,7 +720,7 @@ func (l *Limiter) readNetTable() ([]limiterFsDestNet, error) {
 // racing the change in the slot's new pool, where its release gives the
 // permit back (bpf/lib/dest.h, dest_net).
 func (l *Limiter) writeNetTable(tab []limiterFsDestNet) error {
-	l.destWriting()
+	l.destWriting("table")
 	cur, err := l.readNetTable()
 	if err != nil {
 		return err
@@ -805,7 +805,7 @@ func unionFilter(a, b limiterFsDestFilter) limiterFsDestFilter {
 // (quickOf) in fs_settings. A reader may see a word of the old value beside
 // one of the new: callers write a union of both first.
 func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
-	l.destWriting()
+	l.destWriting("filter")
 	if err := l.objs.FsDfilter.Put(uint32(0), &f); err != nil {
 		return fmt.Errorf("writing the destination filter: %w", err)
 	}
@@ -816,7 +816,7 @@ func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
 	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("reading config map: %w", err)
 	}
-	l.destWriting()
+	l.destWriting("filter")
 	cfg.DestQuick = quickOf(f, cfg.DestQuick)
 	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("writing config map: %w", err)
@@ -828,10 +828,13 @@ func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
 // dest_port_may and dest_byte_may in bpf/lib/dest.h): the ports f names in
 // four 16-bit lanes of the first word, and the first bytes in four 8-bit
 // lanes per family in the second (IPv4's low); a word or half all ones
-// where there are more than four, which sends a connect to f's exact bits.
-// A value prev holds keeps its lane, so that a reader who sees some bytes of
-// the old word and some of the new still finds every value both hold (and,
-// for the union rewriteDestsLocked writes first, every value of the old).
+// where there are more than four. The programs go to f's exact bits
+// (written before this word) where a byte of the word or half is 0xff: all
+// ones, a lane torn between a value and all ones, or a value with such a
+// byte. A value prev holds keeps its lane, so that a reader who sees some
+// bytes of the old word and some of the new still finds every value both
+// hold (and, for the union rewriteDestsLocked writes first, every value of
+// the old; TestQuickOf tries every such mixture).
 func quickOf(f limiterFsDestFilter, prev [2]uint64) [2]uint64 {
 	var ports []uint64
 	for w, word := range f.Ports {
@@ -851,6 +854,11 @@ func quickOf(f limiterFsDestFilter, prev [2]uint64) [2]uint64 {
 	}
 	v4 := lanesOf(first[0], 8, prev[1]&0xffffffff)
 	v6 := lanesOf(first[1], 8, prev[1]>>32)
+	if len(first[1]) == 0 {
+		// Not 0, which would let ::1 and 64:ff9b:: through: 0100::/8
+		// is reserved, never connected to.
+		v6 = 0x01010101
+	}
 	return [2]uint64{lanesOf(ports, 16, prev[0]), v4 | v6<<32}
 }
 
@@ -906,7 +914,7 @@ func lanesOf(vals []uint64, width uint, prev uint64) uint64 {
 // triePut and trieDelete write one destination of the trie, then bump the
 // lookup's generation (destWrote).
 func (l *Limiter) triePut(k limiterFsDestKey, id uint32) error {
-	l.destWriting()
+	l.destWriting("trie")
 	if err := l.objs.FsDests.Put(&k, id); err != nil {
 		return fmt.Errorf("writing destination: %w", err)
 	}
@@ -914,7 +922,7 @@ func (l *Limiter) triePut(k limiterFsDestKey, id uint32) error {
 }
 
 func (l *Limiter) trieDelete(k limiterFsDestKey) error {
-	l.destWriting()
+	l.destWriting("trie")
 	if err := l.objs.FsDests.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("removing destination: %w", err)
 	}
@@ -922,14 +930,16 @@ func (l *Limiter) trieDelete(k limiterFsDestKey) error {
 }
 
 // destWriteHook, when set (tests only), is called before each write to what
-// a destination lookup reads (destWriting).
-var destWriteHook func(*Limiter)
+// a destination lookup reads (destWriting), with what it writes.
+var destWriteHook func(l *Limiter, what string)
 
 // destWriting is called before each write to what a destination lookup
-// reads, each followed by destWrote.
-func (l *Limiter) destWriting() {
+// reads ("filter", "trie", "lens", "kinds"), or before the batch of writes
+// to the table ("table"), which is switched off meanwhile; each is followed
+// by a step of the generation (destWrote, or the kinds' own).
+func (l *Limiter) destWriting(what string) {
 	if destWriteHook != nil {
-		destWriteHook(l)
+		destWriteHook(l, what)
 	}
 }
 
@@ -965,7 +975,7 @@ func (l *Limiter) setDestLens(lens [2][2][destLens]uint8) error {
 	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("reading config map: %w", err)
 	}
-	l.destWriting()
+	l.destWriting("lens")
 	cfg.DestLens = lens
 	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("writing config map: %w", err)
@@ -984,7 +994,7 @@ func (l *Limiter) setDestKinds(kinds uint32) error {
 	if cfg.DestKinds&destKindsMask == kinds {
 		return nil
 	}
-	l.destWriting()
+	l.destWriting("kinds")
 	cfg.DestKinds = (cfg.DestKinds&^destKindsMask + destGenOne) | kinds&destKindsMask
 	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("writing config map: %w", err)

@@ -1368,9 +1368,11 @@ func TestDestChangeAfterInterruptedChange(t *testing.T) {
 
 // quickOf's lanes hold exactly the ports and first bytes of its filter
 // while there are at most four of each (the programs test them as
-// dest_lane16 and dest_lane8 do), are all ones past four, keep each value
-// of the word before in its lane, and hold every value of a union's sides
-// (rewriteDestsLocked writes the union first).
+// dest_port_may and dest_byte_may do), and are all ones past four; a
+// reader of any mixture of the bytes of the word before and the word after
+// finds every value both hold: the old filter's while a change widens it to
+// the union (rewriteDestsLocked's first step), the new one's while it
+// narrows (its last), through the exact filter where a byte is 0xff.
 func TestQuickOf(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	random := func() limiterFsDestFilter {
@@ -1389,85 +1391,131 @@ func TestQuickOf(t *testing.T) {
 		}
 		return f
 	}
-	// lane16 and lane8 are dest_lane16 and dest_lane8 of bpf/lib/dest.h.
-	lane16 := func(q uint64, v uint16) bool {
-		x := q ^ 0x0001000100010001*uint64(v)
-		return (x-0x0001000100010001)&^x&0x8000800080008000 != 0
-	}
-	lane8 := func(q uint32, v uint8) bool {
-		x := q ^ 0x01010101*uint32(v)
-		return (x-0x01010101)&^x&0x80808080 != 0
-	}
-	// check: the word lets through exactly what f holds, or is dense.
-	check := func(q [2]uint64, f limiterFsDestFilter) error {
-		if q[0] != ^uint64(0) {
-			for p := range 65536 {
-				// (an empty word, 0, lets port 0 through: no connect has it)
-				if in := f.Ports[p>>6]&(1<<(p&63)) != 0; lane16(q[0], uint16(p)) != in && (in || p != 0 || q[0] != 0) {
-					return fmt.Errorf("port %d: filter %v, lanes %v (%#x)", p, in, !in, q[0])
-				}
+	// portMay and byteMay are dest_port_may and dest_byte_may of
+	// bpf/lib/dest.h, over quick word q and exact filter f.
+	ff := func(q uint64, n int) bool { // a byte of the n low bytes is 0xff
+		for i := range n {
+			if q>>(8*i)&0xff == 0xff {
+				return true
 			}
 		}
-		for fam, half := range [2]uint32{uint32(q[1]), uint32(q[1] >> 32)} {
-			if half == ^uint32(0) {
-				continue
+		return false
+	}
+	portMay := func(q uint64, f limiterFsDestFilter, p int) bool {
+		if ff(q, 8) {
+			return f.Ports[p>>6]&(1<<(p&63)) != 0
+		}
+		x := q ^ 0x0001000100010001*uint64(p)
+		return (x-0x0001000100010001)&^x&0x8000800080008000 != 0
+	}
+	byteMay := func(q uint64, f limiterFsDestFilter, fam, b int) bool {
+		half := uint32(q >> (32 * fam))
+		if ff(uint64(half), 4) {
+			return [2][4]uint64{f.V4, f.V6}[fam][b>>6]&(1<<(b&63)) != 0
+		}
+		x := half ^ 0x01010101*uint32(b)
+		return (x-0x01010101)&^x&0x80808080 != 0
+	}
+	// The ports check tries: the low ones, the filters' own, those with
+	// a byte of 0xff, and a sample of the rest.
+	var probePorts []int
+	for p := range 65536 {
+		if p < 2048 || p>>8 == 0xff || p&0xff == 0xff || slices.Contains([]int{5432, 6379, 9092}, p) || rng.IntN(32) == 0 {
+			probePorts = append(probePorts, p)
+		}
+	}
+	// check: q over the exact filter f lets through exactly the values
+	// f holds, but for the placeholders of an empty word (port 0, IPv4
+	// byte 0, IPv6 byte 1).
+	check := func(q [2]uint64, f limiterFsDestFilter) error {
+		fine, exact := f, true
+		for _, p := range probePorts {
+			in := f.Ports[p>>6]&(1<<(p&63)) != 0
+			if got := portMay(q[0], fine, p); in && !got || exact && got && !in && p != 0 {
+				return fmt.Errorf("port %d: filter %v, let through %v (%#x)", p, in, got, q[0])
 			}
+		}
+		for fam := range 2 {
 			words := [2][4]uint64{f.V4, f.V6}[fam]
 			for b := range 256 {
-				if in := words[b>>6]&(1<<(b&63)) != 0; lane8(half, uint8(b)) != in && (in || b != 0 || half != 0) {
-					return fmt.Errorf("family %d byte %d: filter %v, lanes %v (%#x)", fam, b, in, !in, half)
+				in := words[b>>6]&(1<<(b&63)) != 0
+				if got := byteMay(q[1], fine, fam, b); in && !got || exact && got && !in && b != fam {
+					return fmt.Errorf("family %d byte %d: filter %v, let through %v (%#x)", fam, b, in, got, q[1])
 				}
 			}
 		}
 		return nil
 	}
-	// kept: every value of before's lanes that after's filter holds keeps
-	// one of its lanes (a repeat may give up the others).
-	kept := func(before, after uint64, width uint, holds func(uint64) bool) error {
-		if before == 1<<(4*width)-1 || after == 1<<(4*width)-1 {
-			return nil
+	// torn: a reader of any mixture of the bytes of word a and word b
+	// (each word of the two on its own: 2 x 256 views), over the exact
+	// filter fine, lets through every value f holds.
+	torn := func(a, b [2]uint64, fine, f limiterFsDestFilter) error {
+		var ports, first [2][]int
+		for p := range 65536 {
+			if f.Ports[p>>6]&(1<<(p&63)) != 0 {
+				ports[0] = append(ports[0], p)
+			}
 		}
-		mask := uint64(1)<<width - 1
-		lane := func(w uint64, i uint) uint64 { return w >> (i * width) & mask }
-		for i := range uint(4) {
-			v := lane(before, i)
-			if !holds(v) {
-				continue
+		for fam, words := range [2][4]uint64{f.V4, f.V6} {
+			for v := range 256 {
+				if words[v>>6]&(1<<(v&63)) != 0 {
+					first[fam] = append(first[fam], v)
+				}
 			}
-			stays := false
-			for j := range uint(4) {
-				stays = stays || lane(before, j) == v && lane(after, j) == v
-			}
-			if !stays {
-				return fmt.Errorf("value %#x left its lanes: %#x -> %#x", v, before, after)
+		}
+		for w := range 2 {
+			for m := range 256 {
+				var q uint64
+				for i := range 8 {
+					src := a[w]
+					if m>>i&1 == 1 {
+						src = b[w]
+					}
+					q |= src & (0xff << (8 * i))
+				}
+				if w == 0 {
+					for _, p := range ports[0] {
+						if !portMay(q, fine, p) {
+							return fmt.Errorf("port %d stopped by %#x", p, q)
+						}
+					}
+					continue
+				}
+				for fam := range 2 {
+					for _, v := range first[fam] {
+						if !byteMay(q, fine, fam, v) {
+							return fmt.Errorf("family %d byte %d stopped by %#x", fam, v, q)
+						}
+					}
+				}
 			}
 		}
 		return nil
 	}
 	dense, exact := 0, 0
-	for round := range 3000 {
+	for round := range 300 {
 		a, b := random(), random()
-		qa := quickOf(a, [2]uint64{})
-		if err := check(qa, a); err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
 		u := unionFilter(a, b)
+		qa := quickOf(a, [2]uint64{})
 		qu := quickOf(u, qa)
-		if err := check(qu, u); err != nil {
-			t.Fatalf("round %d, union: %v", round, err)
+		qb := quickOf(b, qu) // narrowed after the union, as the change's last step
+		for _, c := range []struct {
+			q    [2]uint64
+			f    limiterFsDestFilter
+			name string
+		}{{qa, a, "a"}, {qu, u, "the union"}, {qb, b, "b"}} {
+			if err := check(c.q, c.f); err != nil {
+				t.Fatalf("round %d, %s: %v", round, c.name, err)
+			}
 		}
-		if err := kept(qa[0], qu[0], 16, func(v uint64) bool { return u.Ports[v>>6]&(1<<(v&63)) != 0 }); err != nil {
-			t.Fatalf("round %d, ports: %v", round, err)
+		// Widening: the exact filter is the union already; a reader of
+		// any mixture of qa and qu finds every value of a. Narrowing:
+		// the exact filter is b; a mixture of qu and qb, every value of b.
+		if err := torn(qa, qu, u, a); err != nil {
+			t.Fatalf("round %d, widening %x -> %x: %v", round, qa, qu, err)
 		}
-		if err := kept(qa[1]&0xffffffff, qu[1]&0xffffffff, 8, func(v uint64) bool { return u.V4[v>>6]&(1<<(v&63)) != 0 }); err != nil {
-			t.Fatalf("round %d, IPv4 bytes: %v", round, err)
-		}
-		qb := quickOf(b, qu) // narrowed after the union, as step 5 does
-		if err := check(qb, b); err != nil {
-			t.Fatalf("round %d, narrowed: %v", round, err)
-		}
-		if err := kept(qu[0], qb[0], 16, func(v uint64) bool { return b.Ports[v>>6]&(1<<(v&63)) != 0 }); err != nil {
-			t.Fatalf("round %d, ports narrowed: %v", round, err)
+		if err := torn(qu, qb, b, b); err != nil {
+			t.Fatalf("round %d, narrowing %x -> %x: %v", round, qu, qb, err)
 		}
 		if qu[0] == ^uint64(0) {
 			dense++
@@ -1478,7 +1526,7 @@ func TestQuickOf(t *testing.T) {
 	if dense == 0 || exact == 0 {
 		t.Fatalf("dense %d, exact %d: the test misses a path", dense, exact)
 	}
-	if q := quickOf(limiterFsDestFilter{}, [2]uint64{}); q != [2]uint64{} {
+	if q := quickOf(limiterFsDestFilter{}, [2]uint64{}); q != [2]uint64{0, 0x01010101 << 32} {
 		t.Fatalf("empty filter: %x", q)
 	}
 }
@@ -1596,9 +1644,14 @@ func TestDestFindAcrossWrites(t *testing.T) {
 			seen = append(seen, now)
 		}
 		writes0 := writes
-		destWriteHook = func(*Limiter) {
+		destWriteHook = func(_ *Limiter, what string) {
+			// The table is written while switched off (a lookup
+			// never reads it then): one step for the batch.
+			if w := word(); what == "table" && w&(destNetPorts|destNetAny) != 0 && problem == nil {
+				problem = fmt.Errorf("round %d: the table written while the kinds %#x name it", round, w)
+			}
 			if writes > writes0 {
-				check("before a write")
+				check("before a write of the " + what)
 			}
 			writes++
 		}

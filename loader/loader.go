@@ -59,7 +59,8 @@ const forgetAfter = time.Minute
 //	1: destination pools' project entries pack held and admitted in one word
 //	2: fs_settings holds the destination filter's quick words where it held
 //	   copies of the netns cookie, base level and depth
-const pinLayout = 2
+//	3: the quick words hold ports and first bytes in lanes, not hashed bits
+const pinLayout = 3
 
 // addedMaps are pinned maps a pin directory of an earlier version lacks and
 // that the programs may find empty beside the others (they hold nothing the

@@ -249,9 +249,13 @@ static __always_inline __u32 dest_trie(const __u8 *addr, __u16 port)
  * the pools naming one, four 16-bit lanes, and the first bytes of the
  * addresses of the others, four 8-bit lanes per address family, each value
  * in a lane of its own (the lanes left over repeat one). A word (or half)
- * of all ones holds more than four: there fs_dfilter's exact bits decide.
+ * of all ones holds more than four. Where any byte of it is 0xff (all ones,
+ * a lane read torn between a value and all ones while the loader writes
+ * it, or a value with such a byte) fs_dfilter's exact bits decide: the
+ * loader writes them before the quick word, widening or narrowing.
  * dest_lane16 and dest_lane8 say whether a lane holds v: a lane of q ^ v
- * is zero (the classic test for a zero lane, exact as to whether one is).
+ * is zero (the classic test for a zero lane, exact as to whether one is);
+ * dest_ff64 and dest_ff32 whether a byte is 0xff (a zero byte of ~q).
  */
 static __always_inline bool dest_lane16(__u64 q, __u16 v)
 {
@@ -265,11 +269,23 @@ static __always_inline bool dest_lane8(__u32 q, __u8 v)
 	return ((x - 0x01010101U) & ~x & 0x80808080U) != 0;
 }
 
+static __always_inline bool dest_ff64(__u64 q)
+{
+	__u64 x = ~q;
+	return ((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL) != 0;
+}
+
+static __always_inline bool dest_ff32(__u32 q)
+{
+	__u32 x = ~q;
+	return ((x - 0x01010101U) & ~x & 0x80808080U) != 0;
+}
+
 /* dest_port_may: a pool naming port hport (host order) may match. */
 static __always_inline bool dest_port_may(const struct fs_settings *cfg, __u16 hport)
 {
 	__u64 q = *(volatile __u64 *)&cfg->dest_quick[0];
-	if (q != ~0ULL)
+	if (!dest_ff64(q))
 		return dest_lane16(q, hport);
 	__u32 zero = 0;
 	struct fs_dest_filter *f = bpf_map_lookup_elem(&fs_dfilter, &zero);
@@ -281,7 +297,7 @@ static __always_inline bool dest_byte_may(const struct fs_settings *cfg, bool v4
 {
 	__u64 w = *(volatile __u64 *)&cfg->dest_quick[1];
 	__u32 q = v4 ? (__u32)w : (__u32)(w >> 32);
-	if (q != ~0U)
+	if (!dest_ff32(q))
 		return dest_lane8(q, b);
 	__u32 zero = 0;
 	struct fs_dest_filter *f = bpf_map_lookup_elem(&fs_dfilter, &zero);

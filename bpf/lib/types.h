@@ -18,14 +18,15 @@ struct fs_settings {
 	__u32 pool;          /* POOL */
 	__u32 floor;         /* FLOOR */
 	__u32 exempt_max;    /* exempt budget; 0 while the exempt set is empty */
-	__u32 dest_kinds;    /* DEST_PORTS.. of the destination pools (dest.h; 0: none, no lookup), and above DEST_KINDS the generation of their lookup */
+	__u32 dest_kinds;    /* DEST_PORTS.. of the destination pools (dest.h; none: no lookup) in DEST_KINDS, the generation of their lookup above */
 	__u64 window_ns;     /* the active window; 0 leaves active to the control loop */
 	/* The destination filter's quick words (dest.h), on this line so
 	 * that a connect reads no other before its probe: [0] the ports of
 	 * the pools naming one, in four 16-bit lanes, [1] the first bytes of
 	 * the addresses of the pools of every port, in four 8-bit lanes per
 	 * family, IPv4's in the low half, IPv6's in the high. A word or half
-	 * of all ones (more than four) sends the connect to fs_dfilter. */
+	 * with a byte of 0xff (all ones: more than four) sends the connect
+	 * to fs_dfilter. */
 	__u64 dest_quick[2];
 	__u32 caps;          /* nonzero while some pool has fleet caps (cap.h); 0: no lookup */
 	__u32 layout;        /* what the pinned maps' bytes mean: loader.pinLayout of the daemon that wrote them */
@@ -347,8 +348,8 @@ struct fs_dest_state {
  * of the pools that name one (a bit per port, host order), and the first
  * byte of the addresses of the pools of every port (the first IPv4 octet of
  * a v4-mapped address, the first byte of another IPv6 address). Read only
- * where fs_settings.dest_quick, its folded copy, is dense: a connect whose
- * bits are clear looks nothing up.
+ * where fs_settings.dest_quick, its short form, holds a byte of 0xff (more
+ * than four values): a connect whose bits are clear looks nothing up.
  */
 struct fs_dest_filter {
 	__u64 ports[1024];
