@@ -395,26 +395,27 @@
 //
 // Cost (BenchmarkConnectAcceptClose/outbound-dests: connect4's run time
 // from BPF stats, each case's difference from no pool in force taken within
-// turns of 250 connects, 40 turns; medians of 5 runs, three sets, fd45140,
-// this shared 2-vCPU VM; connect4 itself 284-299 ns/run; the same case
-// twice in a turn, -1 to +0 ns, is the method's bias; the match is a host,
-// 127.0.0.1/32:port, the prefix a /24 around it, the miss past the filter
-// a prefix of every port, 127.0.0.2/31, one probe):
+// turns of 250 connects, 40 turns; medians of 5 runs, three sets, a7261e7,
+// this shared 2-vCPU VM; connect4 itself 274-288 ns/run, 358-371 in the
+// first set, a slow spell; the same case twice in a turn, -0.3 to +2 ns,
+// is the method's bias; the match is a host, 127.0.0.1/32:port, the prefix
+// a /24 around it, the miss past the filter a prefix of every port,
+// 127.0.0.2/31, one probe):
 //
-//	pools  match (host)  match (/24)  miss (filter)  miss past the filter
-//	1      +20 to +27    +25 to +27   +1 to +3       +16 to +18
-//	64     +20 to +29    -            +2 to +5       +18 to +21
+//	pools  match (host)   match (/24)  miss (filter)  miss past the filter
+//	1      +22/+15/+18    +18/+19/+18  +6/-2/+1       +27/+16/+14
+//	64     +33/+21/+19    -            +6/+3/-0       +27/+17/+14
 //
-// What a match pays: the filter's word, one probe of the table (a hash,
-// an inlined load, the slot's line), the pool's line (settings and counts
-// together), and the admission: a compare-and-swap on the pool's count and
-// one atomic add on the project's entry (held and admitted packed in one
-// word), the clock read once for both pools. Whole runs move by ±10 ns
-// with the machine's other load; alternating test binaries of ecb7eef (the
-// trie for prefixes, the settings on a line of their own, two adds) and of
-// this version, 6 rounds, gave a host match +23/+26 ns against +18/+25
-// (1/64 pools) and a miss past the filter +16/+36 against +19/+20, and the
-// /24 match went from the trie walk (+45 to +130 ns) to a probe. With no
-// pool configured the only cost is reading dest_kinds from the config map
-// connect reads already (the same case twice: within ±3 ns).
+// What a match pays: one probe of the table (a hash, an inlined load, the
+// slot's line), the pool's line (settings and counts together), and the
+// admission: a compare-and-swap on the pool's count and one atomic add on
+// the project's entry (held and admitted packed in one word), the clock
+// read once for both pools. The filter's lanes and the lengths are on the
+// config line connect reads already. Alternating test binaries of 0d9e3ef
+// (the filter on a line of its own) and 3886ae4 (on the config line), 8
+// rounds, medians: host match +31/+32 ns against +26/+24 (1/64 pools), /24
+// match +39.5 against +26.5, miss past the filter +21.5/+25.5 against
+// +18.5/+18.5. With no pool configured the only cost is reading dest_kinds
+// from the config map connect reads already (the same case twice: within
+// ±3 ns).
 package loader
