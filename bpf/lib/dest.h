@@ -342,12 +342,15 @@ static __always_inline __u32 dest_lookup(const struct fs_settings *cfg, __u32 ki
  * dest_find is dest_lookup of a connect that read dest_kinds as kinds (a
  * word of the config line, cfg), made again if that word has changed by the
  * end of it. The loader bumps the generation in the word's high bits after
- * each of its writes to the destinations (loader.destWrote), so a lookup
- * that read some of them before a write and some after, a program
- * preempted in its middle or racing one write, is made again on what is
- * there now: the lookup rewriteDestsLocked's order answers for takes place
- * between two writes. Once only: a second such race in one connect
- * (another change begun meanwhile) keeps the second lookup's answer.
+ * each of its writes to what a lookup reads (loader.destWrote; the table's
+ * slots, written while it is switched off, as one), so a lookup that read
+ * some of them before a write and some after, a program preempted in its
+ * middle, is made again on what is there now: the lookup
+ * rewriteDestsLocked's order answers for takes place between two writes.
+ * (A write whose bump comes after the lookup's second read changes one
+ * thing, which that order makes safe.) Once only: a second such race in
+ * one connect (another change begun meanwhile) keeps the second lookup's
+ * answer.
  */
 __noinline __u32 dest_lookup_again(__u32 kinds, __u32 port, __u64 a0, __u64 a1);
 
