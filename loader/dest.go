@@ -362,16 +362,11 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 		l.log.Warn("the destination trie is too full to hold the destinations in force beside the new ones "+
 			"(a change of destination pools was interrupted); the old ones leave it first, so connects racing "+
 			"this change may miss their pool", "trie", len(oldTrie), "table", len(oldNets), "new", len(want))
-		drop := map[limiterFsDestKey]uint32{}
-		for k, id := range oldTrie {
-			if _, ok := want[k]; !ok {
-				drop[k] = id
-			}
+		dropped, err := l.trieDropAbsent(oldTrie, want)
+		if err != nil {
+			return err
 		}
-		for _, k := range sortDestKeys(drop, true) {
-			if err := l.trieDelete(k); err != nil {
-				return err
-			}
+		for _, k := range dropped {
 			delete(oldTrie, k)
 		}
 		oldNets = map[limiterFsDestKey]uint32{}
@@ -402,16 +397,8 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 	if err := l.setDestKinds(kindsOf(all, nil)); err != nil {
 		return err
 	}
-	drop := map[limiterFsDestKey]uint32{}
-	for k, id := range all {
-		if _, ok := want[k]; !ok {
-			drop[k] = id
-		}
-	}
-	for _, k := range sortDestKeys(drop, true) {
-		if err := l.trieDelete(k); err != nil {
-			return err
-		}
+	if _, err := l.trieDropAbsent(all, want); err != nil {
+		return err
 	}
 	if err := l.writeNetTable(tab); err != nil {
 		return err
@@ -434,6 +421,25 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 		return err
 	}
 	return l.setDestFilter(filter)
+}
+
+// trieDropAbsent lets go of the keys of have that want lacks, in the order
+// sortDestKeys gives a drop (every port first, shortest first), and returns
+// them.
+func (l *Limiter) trieDropAbsent(have, want map[limiterFsDestKey]uint32) ([]limiterFsDestKey, error) {
+	drop := map[limiterFsDestKey]uint32{}
+	for k, id := range have {
+		if _, ok := want[k]; !ok {
+			drop[k] = id
+		}
+	}
+	keys := sortDestKeys(drop, true)
+	for _, k := range keys {
+		if err := l.trieDelete(k); err != nil {
+			return nil, err
+		}
+	}
+	return keys, nil
 }
 
 // sortDestKeys lists keys in the order the trie takes them (put: naming a
@@ -812,16 +818,10 @@ func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
 	if err := l.destWrote(); err != nil {
 		return err
 	}
-	var cfg limiterFsSettings
-	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("reading config map: %w", err)
-	}
-	l.destWriting("filter")
-	cfg.DestQuick = quickOf(f, cfg.DestQuick)
-	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("writing config map: %w", err)
-	}
-	return l.destWrote()
+	return l.editDestSettings("filter", func(cfg *limiterFsSettings) bool {
+		cfg.DestQuick = quickOf(f, cfg.DestQuick)
+		return true
+	})
 }
 
 // quickOf is fs_settings.dest_quick for filter f, written over prev (see
@@ -957,9 +957,22 @@ const (
 // answers for sees the destinations as they were between two writes, even
 // one preempted in its middle.
 func (l *Limiter) destWrote() error {
+	return l.editDestSettings("", func(*limiterFsSettings) bool { return true })
+}
+
+// editDestSettings rewrites fs_settings as edit changes it (nothing if it
+// says no change), with a step of the generation in dest_kinds in the same
+// write; what names the write for destWriting ("": a step alone).
+func (l *Limiter) editDestSettings(what string, edit func(*limiterFsSettings) bool) error {
 	var cfg limiterFsSettings
 	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("reading config map: %w", err)
+	}
+	if !edit(&cfg) {
+		return nil
+	}
+	if what != "" {
+		l.destWriting(what)
 	}
 	cfg.DestKinds += destGenOne
 	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
@@ -971,35 +984,23 @@ func (l *Limiter) destWrote() error {
 // setDestLens writes fs_settings.dest_lens, the table's prefix lengths plus one
 // (netTable).
 func (l *Limiter) setDestLens(lens [2][2][destLens]uint8) error {
-	var cfg limiterFsSettings
-	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("reading config map: %w", err)
-	}
-	l.destWriting("lens")
-	cfg.DestLens = lens
-	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("writing config map: %w", err)
-	}
-	return l.destWrote()
+	return l.editDestSettings("lens", func(cfg *limiterFsSettings) bool {
+		cfg.DestLens = lens
+		return true
+	})
 }
 
 // setDestKinds writes the kinds of fs_settings.dest_kinds, and a step of its
 // generation (destWrote) if they change; 0 keeps the programs from looking
 // at the trie or the table at all.
 func (l *Limiter) setDestKinds(kinds uint32) error {
-	var cfg limiterFsSettings
-	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("reading config map: %w", err)
-	}
-	if cfg.DestKinds&destKindsMask == kinds {
-		return nil
-	}
-	l.destWriting("kinds")
-	cfg.DestKinds = (cfg.DestKinds&^destKindsMask + destGenOne) | kinds&destKindsMask
-	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("writing config map: %w", err)
-	}
-	return nil
+	return l.editDestSettings("kinds", func(cfg *limiterFsSettings) bool {
+		if cfg.DestKinds&destKindsMask == kinds {
+			return false
+		}
+		cfg.DestKinds = cfg.DestKinds&^destKindsMask | kinds&destKindsMask
+		return true
+	})
 }
 
 // destFloor is the FLOOR written for a pool of size and configured floor:
