@@ -494,7 +494,8 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to)
 	/* Its destination pool's permit moves with it. */
 	__u64 clk = 0;
 	if (dest) {
-		dest_adopt(dest, to);
+		if (dest_adopt(dest, to))
+			out = MOVED_PAST;
 		dest_give(dest, from, true, &clk);
 	}
 	if (hold(cookie, &v) != 0) {
@@ -612,9 +613,10 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 			rec.adopted = 1;
 			/* Its destination pool's permit, past the rule as the
 			 * node's: the entry names the pool, so the release
-			 * gives it back there. */
-			if (v.dest)
-				dest_adopt(v.dest, id);
+			 * gives it back there. Past that pool's rule, it is
+			 * reported as past the node's is. */
+			if (v.dest && dest_adopt(v.dest, id))
+				rec.adopted = ADOPTED_PAST;
 			if (ex) {
 				COUNT(exempt_admitted);
 			} else {

@@ -112,9 +112,11 @@ func BenchmarkConnectAcceptClose(b *testing.B) {
 
 // benchDests is what destination pools (dest.go) cost connect4: its run
 // time from BPF stats, for 1 and 64 pools configured, a connect matching a
-// pool's host ("match"), matching none and stopped by the filter ("miss"),
-// and matching none past the filter, a probe of the table at a length it
-// holds ("miss-lookup"), each against the same programs with no pool in
+// pool's host ("match"), matching none and stopped by the filter ("miss";
+// "miss-other16" beside a pool of every port in another /16 of its first
+// octet), and matching none past the filter, a probe of the table at a
+// length it holds ("miss-lookup": beside such a pool in its /16), each
+// against the same programs with no pool in
 // force ("none": no kinds in dest_kinds, the path of a node without pools); and, as
 // "dests-1-prefix", the same with the one pool a /24 around the host. The
 // cases take turns in blocks of 250 cycles, 40 turns, with the links
@@ -154,9 +156,14 @@ func benchDests(b *testing.B) {
 		return DestPool{Name: name, Size: benchPool, Destinations: ds}
 	}
 	mine := pool("db", "127.0.0.1/32:"+strconv.Itoa(port))
-	// Past the filter for B (its first octet), not matching it: a
-	// prefix of every port, a probe of the table at its length.
-	near := pool("near", "127.0.0.2/31")
+	// Extra pools of every port beside each set, not matching B: in
+	// another /16 of its first octet (10.9.0.0/16 beside a pod's
+	// 10.244.x: the filter stops it), and in its /16, past the filter (a
+	// probe of the table at its length).
+	extras := []struct {
+		miss  string
+		pools []DestPool
+	}{{"", nil}, {"miss-other16", []DestPool{pool("near16", "127.9.0.0/16")}}, {"miss-lookup", []DestPool{pool("near", "127.0.0.2/31")}}}
 	var many []DestPool
 	for i := range 63 {
 		d := fmt.Sprintf("10.%d.%d.0/24:5432", i/8, i%8)
@@ -217,11 +224,8 @@ func benchDests(b *testing.B) {
 		above := map[string][]float64{}
 		relAbove := map[string][]float64{}
 		var none []float64
-		for _, withNear := range []bool{false, true} {
-			ps := set.pools
-			if withNear {
-				ps = append(slices.Clone(ps), near)
-			}
+		for _, extra := range extras {
+			ps := append(slices.Clone(set.pools), extra.pools...)
 			if err := l.SetDestPools(ps); err != nil {
 				b.Fatal(err)
 			}
@@ -242,8 +246,8 @@ func benchDests(b *testing.B) {
 				if err := l.setDestKinds(kinds); err != nil {
 					b.Fatal(err)
 				}
-				if withNear {
-					above["miss-lookup"] = append(above["miss-lookup"], block(lfdB, saB)-base)
+				if extra.miss != "" {
+					above[extra.miss] = append(above[extra.miss], block(lfdB, saB)-base)
 					continue
 				}
 				none = append(none, base)
@@ -258,7 +262,7 @@ func benchDests(b *testing.B) {
 			}
 		}
 		b.ReportMetric(median(none), set.name+"-none-connect4-ns/run")
-		for _, c := range []string{"match", "miss", "miss-lookup", "none-again"} {
+		for _, c := range []string{"match", "miss", "miss-other16", "miss-lookup", "none-again"} {
 			b.ReportMetric(median(above[c]), set.name+"-"+c+"-above-ns/run")
 		}
 		for _, c := range []string{"match", "none-again"} {

@@ -759,14 +759,23 @@ func (l *Limiter) writeNetTable(tab []limiterFsDestNet) error {
 }
 
 // filterOf is the filter (fs_dest_filter in bpf/lib/types.h) of the trie's
-// keys: a bit per port of the keys naming one, and per first byte of the
-// addresses of the keys of every port (IPv4's first octet, apart from
-// IPv6's first byte). A prefix shorter than that byte sets every bit it
-// covers; an IPv6 prefix that covers the v4-mapped range sets the IPv4 bits
-// too, as the trie would match an IPv4 address there.
+// keys: a bit per port of the keys naming one; for the keys of every port, a
+// bit per /16 of IPv4 addresses (the first two octets, the first high) and
+// per first byte of other IPv6 addresses. A prefix shorter than that sets
+// every bit it covers; an IPv6 prefix that covers the v4-mapped range sets
+// the IPv4 bits too, as the trie would match an IPv4 address there.
 func filterOf(keys map[limiterFsDestKey]uint32) limiterFsDestFilter {
 	var f limiterFsDestFilter
 	mapped := netip.MustParsePrefix("::ffff:0.0.0.0/96")
+	// set sets the bits of words that a prefix fixing the n leading bits
+	// of the width-bit value v covers: 2^(width-n) values.
+	set := func(words []uint64, width int, v uint32, n int) {
+		span := uint32(1) << (width - min(n, width))
+		base := v &^ (span - 1)
+		for b := base; b < base+span; b++ {
+			words[b>>6] |= 1 << (b & 63)
+		}
+	}
 	for k := range keys {
 		port := uint16(k.Port[0])<<8 | uint16(k.Port[1])
 		if port != 0 {
@@ -775,22 +784,13 @@ func filterOf(keys map[limiterFsDestKey]uint32) limiterFsDestFilter {
 		}
 		bits := int(k.Prefixlen) - 16
 		pfx := netip.PrefixFrom(netip.AddrFrom16(k.Addr), bits)
-		v4 := bits >= 96 && mapped.Contains(pfx.Addr())
-		set := func(words *[4]uint64, first byte, n int) {
-			// n leading bits of the first byte are fixed: 2^(8-n) values.
-			span := 1 << (8 - min(n, 8))
-			base := int(first) &^ (span - 1)
-			for b := base; b < base+span; b++ {
-				words[b>>6] |= 1 << (b & 63)
-			}
-		}
-		if v4 {
-			set(&f.V4, k.Addr[12], bits-96)
+		if bits >= 96 && mapped.Contains(pfx.Addr()) {
+			set(f.V4[:], 16, uint32(k.Addr[12])<<8|uint32(k.Addr[13]), bits-96)
 			continue
 		}
-		set(&f.V6, k.Addr[0], bits)
+		set(f.V6[:], 8, uint32(k.Addr[0]), bits)
 		if pfx.Contains(mapped.Addr()) {
-			set(&f.V4, 0, 0)
+			set(f.V4[:], 16, 0, 0)
 		}
 	}
 	return f
@@ -802,6 +802,8 @@ func unionFilter(a, b limiterFsDestFilter) limiterFsDestFilter {
 	}
 	for i := range a.V4 {
 		a.V4[i] |= b.V4[i]
+	}
+	for i := range a.V6 {
 		a.V6[i] |= b.V6[i]
 	}
 	return a
@@ -825,59 +827,66 @@ func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
 }
 
 // quickOf is fs_settings.dest_quick for filter f, written over prev (see
-// dest_port_may and dest_byte_may in bpf/lib/dest.h): the ports f names in
-// four 16-bit lanes of the first word, and the first bytes in four 8-bit
-// lanes per family in the second (IPv4's low); a word or half all ones
-// where there are more than four. The programs go to f's exact bits
-// (written before this word) where a byte of the word or half is 0xff: all
-// ones, a lane torn between a value and all ones, or a value with such a
-// byte. A value prev holds keeps its lane, so that a reader who sees some
-// bytes of the old word and some of the new still finds every value both
-// hold (and, for the union rewriteDestsLocked writes first, every value of
-// the old; TestQuickOf tries every such mixture).
+// dest_port_may and dest_net_may in bpf/lib/dest.h): the ports f names in
+// four 16-bit lanes of the first word; in the second, the IPv4 /16s in three
+// 16-bit lanes (its low six bytes) and the IPv6 first bytes in two 8-bit
+// lanes (its high two); a part all ones where it has more values than
+// lanes. The programs go to f's exact bits (written before this word) where
+// a byte of a part is 0xff: all ones, a lane torn between a value and all
+// ones, or a value with such a byte. A value prev holds keeps its lane, so
+// that a reader who sees some bytes of the old word and some of the new
+// still finds every value both hold (and, for the union rewriteDestsLocked
+// writes first, every value of the old; TestQuickOf tries every such
+// mixture).
 func quickOf(f limiterFsDestFilter, prev [2]uint64) [2]uint64 {
-	var ports []uint64
-	for w, word := range f.Ports {
+	v4 := lanesOf(setBits(f.V4[:]), quickV4, prev[1]&(1<<48-1))
+	first6 := setBits(f.V6[:])
+	v6 := lanesOf(first6, quickV6, prev[1]>>48)
+	if len(first6) == 0 {
+		// Not 0, which would let ::1 and 64:ff9b:: through: 0100::/8
+		// is reserved, never connected to.
+		v6 = 0x0101
+	}
+	return [2]uint64{lanesOf(setBits(f.Ports[:]), quickPorts, prev[0]), v4 | v6<<48}
+}
+
+// The parts of dest_quick: lanes of width bits each.
+var (
+	quickPorts = lanes{n: 4, width: 16}
+	quickV4    = lanes{n: 3, width: 16}
+	quickV6    = lanes{n: 2, width: 8}
+)
+
+type lanes struct{ n, width uint }
+
+// setBits is the values whose bits are set in words, in order.
+func setBits(words []uint64) []uint64 {
+	var vals []uint64
+	for w, word := range words {
 		for word != 0 {
-			ports = append(ports, uint64(w<<6+bits.TrailingZeros64(word)))
+			vals = append(vals, uint64(w<<6+bits.TrailingZeros64(word)))
 			word &= word - 1
 		}
 	}
-	var first [2][]uint64
-	for fam, words := range [2][4]uint64{f.V4, f.V6} {
-		for w, word := range words {
-			for word != 0 {
-				first[fam] = append(first[fam], uint64(w<<6+bits.TrailingZeros64(word)))
-				word &= word - 1
-			}
-		}
-	}
-	v4 := lanesOf(first[0], 8, prev[1]&0xffffffff)
-	v6 := lanesOf(first[1], 8, prev[1]>>32)
-	if len(first[1]) == 0 {
-		// Not 0, which would let ::1 and 64:ff9b:: through: 0100::/8
-		// is reserved, never connected to.
-		v6 = 0x01010101
-	}
-	return [2]uint64{lanesOf(ports, 16, prev[0]), v4 | v6<<32}
+	return vals
 }
 
-// lanesOf places vals (distinct, each of width bits) in the four lanes of
-// width bits of a word: each where prev has it, the others in the lanes
-// prev holds no value of vals in, the lanes left over repeating the first
-// value; all ones (of 4 x width bits) for more than four values, 0 for none.
-func lanesOf(vals []uint64, width uint, prev uint64) uint64 {
-	const n = 4
+// lanesOf places vals (distinct, each of ln.width bits) in the ln.n lanes
+// of a part: each where prev has it, the others in the lanes prev holds no
+// value of vals in, the lanes left over repeating the first value; all ones
+// (of n x width bits) for more than n values, 0 for none.
+func lanesOf(vals []uint64, ln lanes, prev uint64) uint64 {
+	n, width := ln.n, ln.width
 	ones := uint64(1)<<(n*width) - 1
-	if len(vals) > n {
+	if len(vals) > int(n) {
 		return ones
 	}
 	if len(vals) == 0 {
 		return 0
 	}
 	mask := uint64(1)<<width - 1
-	var lanes [n]uint64
-	var set [n]bool
+	lanes := make([]uint64, n)
+	set := make([]bool, n)
 	placed := map[uint64]bool{}
 	want := map[uint64]bool{}
 	for _, v := range vals {
@@ -885,7 +894,7 @@ func lanesOf(vals []uint64, width uint, prev uint64) uint64 {
 	}
 	if prev != ones {
 		for i := range n {
-			if v := prev >> (uint(i) * width) & mask; want[v] && !placed[v] {
+			if v := prev >> (i * width) & mask; want[v] && !placed[v] {
 				lanes[i], set[i], placed[v] = v, true, true
 			}
 		}
@@ -906,7 +915,7 @@ func lanesOf(vals []uint64, width uint, prev uint64) uint64 {
 		if !set[i] {
 			lanes[i] = vals[0]
 		}
-		out |= lanes[i] << (uint(i) * width)
+		out |= lanes[i] << (i * width)
 	}
 	return out
 }

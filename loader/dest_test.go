@@ -473,7 +473,8 @@ func TestDestPoolRestartKeepsCounts(t *testing.T) {
 // v4-mapped, port-named and every-port pools. An accepted connection (its
 // local port listened on by a project) takes no destination permit, even
 // where its peer's address is in a pool. Without the adoption the pool
-// starts empty and the project takes its size again.
+// starts empty and the project takes its size again. One adopted past its
+// pool's rule is reported as one past the node's is.
 func TestDestPoolAdoptsExisting(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
@@ -502,13 +503,17 @@ func TestDestPoolAdoptsExisting(t *testing.T) {
 	waitHeld(t, b, 3)
 	pools := []DestPool{
 		destPoolOf(t, "db", 8, 1, "127.0.0.1/32:"+portOf(db4), "[::1]/128:"+portOf(db6)),
-		destPoolOf(t, "all", 100, 1, "127.0.0.0/8"),
+		// a's 2 connections to other: the second is past its rule.
+		destPoolOf(t, "all", 1, 0, "127.0.0.0/8"),
 	}
 	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100, DestPools: pools})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
+	if s, err := l.Snapshot(); err != nil || s.Events.AdoptedPast != 1 {
+		t.Fatalf("adopted past the rule: %d, want 1 (the second connection in all of 1): %v", s.Events.AdoptedPast, err)
+	}
 	if d := destSnap(t, l, "db"); d.InUse != 5 || destProj(d, "a").InUse != 5 {
 		t.Fatalf("db after the start: %+v; want the 5 connections open before it", d)
 	}
@@ -624,7 +629,8 @@ func TestDestFilterCoversMatches(t *testing.T) {
 		}
 		a := ap.Addr().As16()
 		if ap.Addr().Unmap().Is4() {
-			return f.V4[a[12]>>6]&(1<<(a[12]&63)) != 0
+			v := int(a[12])<<8 | int(a[13])
+			return f.V4[v>>6]&(1<<(v&63)) != 0
 		}
 		return f.V6[a[0]>>6]&(1<<(a[0]&63)) != 0
 	}
@@ -635,7 +641,7 @@ func TestDestFilterCoversMatches(t *testing.T) {
 		for i := range 1 + rng.IntN(4) {
 			var d destination.Destination
 			if rng.IntN(2) == 0 {
-				d.Prefix = netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(rng.IntN(256)), byte(rng.IntN(256)), 0, 0}), rng.IntN(17)).Masked()
+				d.Prefix = netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(rng.IntN(256)), byte(rng.IntN(4)), 1, 0}), rng.IntN(25)).Masked()
 			} else {
 				var a [16]byte
 				a[0] = byte(rng.IntN(4)) // near 0, so ::/n and ::ffff ranges come up
@@ -653,7 +659,7 @@ func TestDestFilterCoversMatches(t *testing.T) {
 			var ap netip.AddrPort
 			port := uint16(1 + rng.IntN(5))
 			if rng.IntN(2) == 0 {
-				ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(rng.IntN(256)), byte(rng.IntN(256)), 1, 1}), port)
+				ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(rng.IntN(256)), byte(rng.IntN(4)), 1, 1}), port)
 			} else {
 				var a [16]byte
 				a[0] = byte(rng.IntN(4))
@@ -670,10 +676,38 @@ func TestDestFilterCoversMatches(t *testing.T) {
 	if !passes(f, netip.MustParseAddrPort("192.0.2.1:5432")) || passes(f, netip.MustParseAddrPort("10.0.0.1:5433")) {
 		t.Fatalf("port filter: %+v", f.Ports[5432>>6])
 	}
-	// ::/64 covers ::ffff:a.b.c.d: every IPv4 octet passes.
+	// ::/64 covers ::ffff:a.b.c.d: every IPv4 address passes.
 	f = filterOf(map[limiterFsDestKey]uint32{destKey(destination.Destination{Prefix: netip.MustParsePrefix("::/64")}): 1})
 	if !passes(f, netip.MustParseAddrPort("203.0.113.9:80")) || passes(f, netip.MustParseAddrPort("[2001:db8::1]:80")) {
-		t.Fatalf("::/64: %+v %+v", f.V4, f.V6)
+		t.Fatalf("::/64: %x %+v", setBits(f.V4[:])[:4], f.V6)
+	}
+	// IPv4 by /16: 10.9.0.0/16 stops a pod's 10.244.x; a /12 lets its
+	// sixteen /16s through, no other; a /24 its one.
+	for _, c := range []struct {
+		pfx       string
+		through   []string
+		stopped   []string
+		sixteenth int
+	}{
+		{"10.9.0.0/16", []string{"10.9.0.1", "10.9.255.255"}, []string{"10.244.1.5", "10.8.0.1", "11.9.0.1"}, 1},
+		{"10.16.0.0/12", []string{"10.16.0.1", "10.31.2.3"}, []string{"10.15.0.1", "10.32.0.1"}, 16},
+		{"192.168.4.0/24", []string{"192.168.4.1", "192.168.5.1"}, []string{"192.169.4.1"}, 1},
+		{"0.0.0.0/0", []string{"1.2.3.4", "255.255.255.255"}, nil, 65536},
+	} {
+		f := filterOf(map[limiterFsDestKey]uint32{destKey(destination.Destination{Prefix: netip.MustParsePrefix(c.pfx)}): 1})
+		if n := len(setBits(f.V4[:])); n != c.sixteenth {
+			t.Fatalf("%s: %d /16s set, want %d", c.pfx, n, c.sixteenth)
+		}
+		for _, a := range c.through {
+			if !passes(f, netip.AddrPortFrom(netip.MustParseAddr(a), 80)) {
+				t.Fatalf("%s stops %s", c.pfx, a)
+			}
+		}
+		for _, a := range c.stopped {
+			if passes(f, netip.AddrPortFrom(netip.MustParseAddr(a), 80)) {
+				t.Fatalf("%s lets %s through", c.pfx, a)
+			}
+		}
 	}
 }
 
@@ -1366,9 +1400,9 @@ func TestDestChangeAfterInterruptedChange(t *testing.T) {
 	}
 }
 
-// quickOf's lanes hold exactly the ports and first bytes of its filter
-// while there are at most four of each (the programs test them as
-// dest_port_may and dest_byte_may do), and are all ones past four; a
+// quickOf's lanes hold exactly the ports, IPv4 /16s and IPv6 first bytes
+// of its filter while they fit (four, three and two: the programs test them
+// as dest_port_may and dest_net_may do), and are all ones past that; a
 // reader of any mixture of the bytes of the word before and the word after
 // finds every value both hold: the old filter's while a change widens it to
 // the union (rewriteDestsLocked's first step), the new one's while it
@@ -1382,8 +1416,8 @@ func TestQuickOf(t *testing.T) {
 			f.Ports[p>>6] |= 1 << (p & 63)
 		}
 		for range rng.IntN(7) {
-			b := []int{10, 42, 127, 192, 255, rng.IntN(256)}[rng.IntN(6)]
-			f.V4[b>>6] |= 1 << (b & 63)
+			v := []int{10 << 8, 10<<8 | 244, 127 << 8, 192<<8 | 168, 0xffff, 0xff00, 0x00ff, rng.IntN(65536)}[rng.IntN(8)]
+			f.V4[v>>6] |= 1 << (v & 63)
 		}
 		for range rng.IntN(7) {
 			b := []int{0, 0x20, 0xfd, 0xff, rng.IntN(256)}[rng.IntN(5)]
@@ -1391,7 +1425,7 @@ func TestQuickOf(t *testing.T) {
 		}
 		return f
 	}
-	// portMay and byteMay are dest_port_may and dest_byte_may of
+	// portMay and netMay are dest_port_may and dest_net_may of
 	// bpf/lib/dest.h, over quick word q and exact filter f.
 	ff := func(q uint64, n int) bool { // a byte of the n low bytes is 0xff
 		for i := range n {
@@ -1408,13 +1442,19 @@ func TestQuickOf(t *testing.T) {
 		x := q ^ 0x0001000100010001*uint64(p)
 		return (x-0x0001000100010001)&^x&0x8000800080008000 != 0
 	}
-	byteMay := func(q uint64, f limiterFsDestFilter, fam, b int) bool {
-		half := uint32(q >> (32 * fam))
-		if ff(uint64(half), 4) {
-			return [2][4]uint64{f.V4, f.V6}[fam][b>>6]&(1<<(b&63)) != 0
+	netMay := func(q uint64, f limiterFsDestFilter, fam, v int) bool {
+		if fam == 0 {
+			if ff(q&(1<<48-1), 6) {
+				return f.V4[v>>6]&(1<<(v&63)) != 0
+			}
+			x := (q ^ 0x0001000100010001*uint64(v)) | 0xffff<<48
+			return (x-0x0001000100010001)&^x&0x8000800080008000 != 0
 		}
-		x := half ^ 0x01010101*uint32(b)
-		return (x-0x01010101)&^x&0x80808080 != 0
+		l0, l1 := int(q>>48&0xff), int(q>>56)
+		if l0 == 0xff || l1 == 0xff {
+			return f.V6[v>>6]&(1<<(v&63)) != 0
+		}
+		return l0 == v || l1 == v
 	}
 	// The ports check tries: the low ones, the filters' own, those with
 	// a byte of 0xff, and a sample of the rest.
@@ -1435,12 +1475,11 @@ func TestQuickOf(t *testing.T) {
 				return fmt.Errorf("port %d: filter %v, let through %v (%#x)", p, in, got, q[0])
 			}
 		}
-		for fam := range 2 {
-			words := [2][4]uint64{f.V4, f.V6}[fam]
-			for b := range 256 {
-				in := words[b>>6]&(1<<(b&63)) != 0
-				if got := byteMay(q[1], fine, fam, b); in && !got || exact && got && !in && b != fam {
-					return fmt.Errorf("family %d byte %d: filter %v, let through %v (%#x)", fam, b, in, got, q[1])
+		for fam, words := range [2][]uint64{f.V4[:], f.V6[:]} {
+			for v := range len(words) * 64 {
+				in := words[v>>6]&(1<<(v&63)) != 0
+				if got := netMay(q[1], fine, fam, v); in && !got || exact && got && !in && v != fam {
+					return fmt.Errorf("family %d value %#x: filter %v, let through %v (%#x)", fam, v, in, got, q[1])
 				}
 			}
 		}
@@ -1456,11 +1495,9 @@ func TestQuickOf(t *testing.T) {
 				ports[0] = append(ports[0], p)
 			}
 		}
-		for fam, words := range [2][4]uint64{f.V4, f.V6} {
-			for v := range 256 {
-				if words[v>>6]&(1<<(v&63)) != 0 {
-					first[fam] = append(first[fam], v)
-				}
+		for fam, words := range [2][]uint64{f.V4[:], f.V6[:]} {
+			for _, v := range setBits(words) {
+				first[fam] = append(first[fam], int(v))
 			}
 		}
 		for w := range 2 {
@@ -1483,8 +1520,8 @@ func TestQuickOf(t *testing.T) {
 				}
 				for fam := range 2 {
 					for _, v := range first[fam] {
-						if !byteMay(q, fine, fam, v) {
-							return fmt.Errorf("family %d byte %d stopped by %#x", fam, v, q)
+						if !netMay(q, fine, fam, v) {
+							return fmt.Errorf("family %d value %#x stopped by %#x", fam, v, q)
 						}
 					}
 				}
@@ -1492,7 +1529,7 @@ func TestQuickOf(t *testing.T) {
 		}
 		return nil
 	}
-	dense, exact := 0, 0
+	var dense, exact [3]int
 	for round := range 300 {
 		a, b := random(), random()
 		u := unionFilter(a, b)
@@ -1517,16 +1554,19 @@ func TestQuickOf(t *testing.T) {
 		if err := torn(qu, qb, b, b); err != nil {
 			t.Fatalf("round %d, narrowing %x -> %x: %v", round, qu, qb, err)
 		}
-		if qu[0] == ^uint64(0) {
-			dense++
-		} else if qu[0] != 0 {
-			exact++
+		// Each part of the word, all ones (past its lanes) and in lanes.
+		for i, part := range []uint64{qu[0], qu[1] & (1<<48 - 1), qu[1] >> 48} {
+			if part == []uint64{^uint64(0), 1<<48 - 1, 0xffff}[i] {
+				dense[i]++
+			} else if part != []uint64{0, 0, 0x0101}[i] {
+				exact[i]++
+			}
 		}
 	}
-	if dense == 0 || exact == 0 {
-		t.Fatalf("dense %d, exact %d: the test misses a path", dense, exact)
+	if slices.Contains(dense[:], 0) || slices.Contains(exact[:], 0) {
+		t.Fatalf("all ones %v, in lanes %v (ports, IPv4, IPv6): the test misses a path", dense, exact)
 	}
-	if q := quickOf(limiterFsDestFilter{}, [2]uint64{}); q != [2]uint64{0, 0x01010101 << 32} {
+	if q := quickOf(limiterFsDestFilter{}, [2]uint64{}); q != [2]uint64{0, 0x0101 << 48} {
 		t.Fatalf("empty filter: %x", q)
 	}
 }

@@ -387,9 +387,10 @@
 // after, so no connect misses a pool in force while SetDestPools runs.
 // Above them a generation moves at each of the loader's writes to what a
 // lookup reads, and a lookup that saw it move is made again (dest_find).
-// The filter a connect meets first (fs_settings.dest_quick) holds up to four
-// ports and four first address bytes per family exactly, on the line the
-// kinds are read from; past four, the exact filter (fs_dfilter) decides. With Options.NoDestPools
+// The filter a connect meets first (fs_settings.dest_quick) holds exactly up
+// to four ports, three IPv4 /16s and two IPv6 first bytes, on the line the
+// kinds are read from; past that, the exact filter (fs_dfilter: by port,
+// IPv4 /16 and IPv6 first byte) decides. With Options.NoDestPools
 // (the daemon's when no destination pool is configured) the tables are made
 // for none, and SetDestPools refuses a pool until a start without it.
 //

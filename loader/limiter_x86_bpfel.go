@@ -54,7 +54,7 @@ type limiterFsDestConf struct {
 type limiterFsDestFilter struct {
 	_     structs.HostLayout
 	Ports [1024]uint64
-	V4    [4]uint64
+	V4    [1024]uint64
 	V6    [4]uint64
 }
 

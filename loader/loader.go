@@ -60,7 +60,9 @@ const forgetAfter = time.Minute
 //	2: fs_settings holds the destination filter's quick words where it held
 //	   copies of the netns cookie, base level and depth
 //	3: the quick words hold ports and first bytes in lanes, not hashed bits
-const pinLayout = 3
+//	4: the second quick word holds IPv4 /16s in three lanes, IPv6 first
+//	   bytes in two (fs_dfilter's IPv4 bits, per /16, changed size)
+const pinLayout = 4
 
 // addedMaps are pinned maps a pin directory of an earlier version lacks and
 // that the programs may find empty beside the others (they hold nothing the

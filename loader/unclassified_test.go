@@ -239,6 +239,44 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 	waitDest(t, l, "db", 0, map[string]int{"team-a": 0, Unclassified: 0, "team-b": 0})
 }
 
+// A move past a destination pool's rule, the node's pool far from full, is
+// reported as one past the node's rule: team-a holds 2 of db's 4 and
+// podB's 2, taken unclassified, move to it with db full.
+func TestUnclassifiedMoveReportsDestPast(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, kp := kubeLayout(t, root, pin, 100, 0)
+	dirs := mkdirs(t, kp, "burstable/podA", "burstable/podA/ctr", "burstable/podB", "burstable/podB/ctr")
+	podA, podACtr, podB, podBCtr := dirs[0], dirs[1], dirs[2], dirs[3]
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}))
+	dst := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 4, 0, strings.Replace(dst, ":", "/32:", 1))}); err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, podACtr)
+	if r := a.dial("tcp4", dst, 2); r.ok != 2 {
+		t.Fatalf("team-a: %+v", r)
+	}
+	b := startHelper(t, podBCtr)
+	if r := b.dial("tcp4", dst, 2); r.ok != 2 {
+		t.Fatalf("unclassified podB: %+v", r)
+	}
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-a", Cgroup: podB}))
+	rep, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Moved["team-a"] != 2 || rep.MovedPast["team-a"] != 2 || len(rep.DestRepaired) != 0 {
+		t.Fatalf("podB's move into team-a, db full: moved %v past %v, repaired %v", rep.Moved, rep.MovedPast, rep.DestRepaired)
+	}
+	if d := destSnap(t, l, "db"); d.InUse != 4 || destProj(d, "team-a").InUse != 4 || destProj(d, Unclassified).InUse != 0 {
+		t.Fatalf("db after the move: %+v", d)
+	}
+	a.do("close")
+	b.do("close")
+	waitDest(t, l, "db", 0, map[string]int{"team-a": 0, Unclassified: 0})
+}
+
 // TestMemberNesting: what may nest below what, and what the walk then
 // finds (bpf/lib/project.h).
 func TestMemberNesting(t *testing.T) {

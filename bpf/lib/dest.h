@@ -246,39 +246,34 @@ static __always_inline __u32 dest_trie(const __u8 *addr, __u16 port)
 
 /*
  * The quick filter (fs_settings.dest_quick, loader.quickOf): the ports of
- * the pools naming one, four 16-bit lanes, and the first bytes of the
- * addresses of the others, four 8-bit lanes per address family, each value
- * in a lane of its own (the lanes left over repeat one). A word (or half)
- * of all ones holds more than four. Where any byte of it is 0xff (all ones,
- * a lane read torn between a value and all ones while the loader writes
- * it, or a value with such a byte) fs_dfilter's exact bits decide: the
- * loader writes them before the quick word, widening or narrowing.
- * dest_lane16 and dest_lane8 say whether a lane holds v: a lane of q ^ v
- * is zero (the classic test for a zero lane, exact as to whether one is);
- * dest_ff64 and dest_ff32 whether a byte is 0xff (a zero byte of ~q).
+ * the pools naming one in four 16-bit lanes; the /16s of the IPv4
+ * addresses of the others in three 16-bit lanes (the low six bytes of the
+ * second word), the first bytes of their IPv6 addresses in two 8-bit lanes
+ * (its high two); each value in a lane of its own (the lanes left over
+ * repeat one). A part all ones holds more values than lanes. Where any byte
+ * of the part is 0xff (all ones, a lane read torn between a value and all
+ * ones while the loader writes it, or a value with such a byte)
+ * fs_dfilter's exact bits decide: the loader writes them before the quick
+ * word, widening or narrowing. dest_lane16 says whether a lane of q holds
+ * v: a lane of q ^ v is zero (dest_zero16, the classic test for a zero
+ * lane, exact as to whether one is); dest_ff64 whether a byte of q is 0xff
+ * (a zero byte of ~q). For the IPv4 part the IPv6 lanes are taken out of
+ * both tests (DEST_V4_PAD).
  */
-static __always_inline bool dest_lane16(__u64 q, __u16 v)
+static __always_inline bool dest_zero16(__u64 x)
 {
-	__u64 x = q ^ (0x0001000100010001ULL * v);
 	return ((x - 0x0001000100010001ULL) & ~x & 0x8000800080008000ULL) != 0;
 }
 
-static __always_inline bool dest_lane8(__u32 q, __u8 v)
+static __always_inline bool dest_lane16(__u64 q, __u16 v)
 {
-	__u32 x = q ^ (0x01010101U * v);
-	return ((x - 0x01010101U) & ~x & 0x80808080U) != 0;
+	return dest_zero16(q ^ (0x0001000100010001ULL * v));
 }
 
 static __always_inline bool dest_ff64(__u64 q)
 {
 	__u64 x = ~q;
 	return ((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL) != 0;
-}
-
-static __always_inline bool dest_ff32(__u32 q)
-{
-	__u32 x = ~q;
-	return ((x - 0x01010101U) & ~x & 0x80808080U) != 0;
 }
 
 /* dest_port_may: a pool naming port hport (host order) may match. */
@@ -292,19 +287,31 @@ static __always_inline bool dest_port_may(const struct fs_settings *cfg, __u16 h
 	return f && (f->ports[(hport >> 6) & 1023] & (1ULL << (hport & 63)));
 }
 
-/* dest_byte_may: a pool of every port may match an address of first byte b. */
-static __always_inline bool dest_byte_may(const struct fs_settings *cfg, bool v4, __u8 b)
+#define DEST_V4_PAD 0xffff000000000000ULL /* the IPv6 lanes of dest_quick[1] */
+
+/*
+ * dest_net_may: a pool of every port may match addr (IPv6, or v4-mapped if
+ * v4): its /16 (IPv4) or first byte (IPv6) is in the filter.
+ */
+static __always_inline bool dest_net_may(const struct fs_settings *cfg, bool v4, const __u8 *addr)
 {
 	__u64 w = *(volatile __u64 *)&cfg->dest_quick[1];
-	__u32 q = v4 ? (__u32)w : (__u32)(w >> 32);
-	if (!dest_ff32(q))
-		return dest_lane8(q, b);
 	__u32 zero = 0;
-	struct fs_dest_filter *f = bpf_map_lookup_elem(&fs_dfilter, &zero);
-	if (!f)
-		return false;
-	__u64 e = v4 ? f->v4[(b >> 6) & 3] : f->v6[(b >> 6) & 3];
-	return e & (1ULL << (b & 63));
+	struct fs_dest_filter *f;
+	if (v4) {
+		__u16 v = (__u16)addr[12] << 8 | addr[13];
+		/* The IPv6 lanes' bytes are not this part's: a zero byte of
+		 * ~w there would read as a 0xff here. */
+		if (!dest_ff64(w & ~DEST_V4_PAD))
+			return dest_zero16((w ^ (0x0001000100010001ULL * v)) | DEST_V4_PAD);
+		f = bpf_map_lookup_elem(&fs_dfilter, &zero);
+		return f && (f->v4[(v >> 6) & 1023] & (1ULL << (v & 63)));
+	}
+	__u8 b = addr[0], l0 = w >> 48, l1 = w >> 56;
+	if (l0 != 0xff && l1 != 0xff)
+		return l0 == b || l1 == b;
+	f = bpf_map_lookup_elem(&fs_dfilter, &zero);
+	return f && (f->v6[(b >> 6) & 3] & (1ULL << (b & 63)));
 }
 
 /*
@@ -328,7 +335,7 @@ static __always_inline __u32 dest_lookup(const struct fs_settings *cfg, __u32 ki
 			return v;
 	}
 	if (kinds & (DEST_NET_ANY | DEST_ANY)) {
-		if (!dest_byte_may(cfg, v4, v4 ? addr[12] : addr[0]))
+		if (!dest_net_may(cfg, v4, addr))
 			return 0;
 		if ((kinds & DEST_NET_ANY) && (v = dest_tab(cfg, 1, !v4, addr, 0)))
 			return v;
@@ -403,20 +410,23 @@ static __always_inline int dest_admit(struct fs_settings *cfg, struct dest_view 
 /*
  * dest_adopt counts a permit of project id in pool for a socket the reconcile
  * dump adopts (fs_dump) or moves to id (move_held): held, not admitted,
- * past the rule.
+ * past the rule. True if the rule would have refused it (the pool's in_use
+ * at or past the project's limit: reported as the node's adoption is).
  */
-static __always_inline void dest_adopt(__u32 pool, __u64 id)
+static __always_inline bool dest_adopt(__u32 pool, __u64 id)
 {
 	struct dest_view v;
 	if (!dest_get(pool, id, &v))
-		return;
+		return false;
 	/* Stamped as an ask, as the node's adoption (force): a newcomer
 	 * counts in the pool's active set now, not at the next Tick. */
 	struct rule_pool r = dest_pool(&v);
 	__u64 clk = 0;
 	pool_seen(&r, v.p, true, &clk);
+	bool past = *(volatile __s64 *)&v.s->in_use >= pool_limit(&r, v.p, false);
 	__sync_fetch_and_add(&v.s->in_use, 1);
 	__sync_fetch_and_add(&v.p->in_use, 1); /* packed: held only */
+	return past;
 }
 
 /* dest_take_past takes a permit in the pool without the rule (dry-run). */

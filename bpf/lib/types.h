@@ -22,11 +22,12 @@ struct fs_settings {
 	__u64 window_ns;     /* the active window; 0 leaves active to the control loop */
 	/* The destination filter's quick words (dest.h), on this line so
 	 * that a connect reads no other before its probe: [0] the ports of
-	 * the pools naming one, in four 16-bit lanes, [1] the first bytes of
-	 * the addresses of the pools of every port, in four 8-bit lanes per
-	 * family, IPv4's in the low half, IPv6's in the high. A word or half
-	 * with a byte of 0xff (all ones: more than four) sends the connect
-	 * to fs_dfilter. */
+	 * the pools naming one, in four 16-bit lanes; [1] where the pools of
+	 * every port are: the /16s of their IPv4 addresses (first two
+	 * octets) in three 16-bit lanes, the low six bytes, and the first
+	 * bytes of their IPv6 addresses in two 8-bit lanes, the high two. A
+	 * word or part with a byte of 0xff (all ones: more values than
+	 * lanes) sends the connect to fs_dfilter. */
 	__u64 dest_quick[2];
 	__u32 caps;          /* nonzero while some pool has fleet caps (cap.h); 0: no lookup */
 	__u32 layout;        /* what the pinned maps' bytes mean: loader.pinLayout of the daemon that wrote them */
@@ -345,14 +346,15 @@ struct fs_dest_state {
 
 /*
  * What the destinations of the pools can match, exactly (dest.h): the ports
- * of the pools that name one (a bit per port, host order), and the first
- * byte of the addresses of the pools of every port (the first IPv4 octet of
- * a v4-mapped address, the first byte of another IPv6 address). Read only
- * where fs_settings.dest_quick, its short form, holds a byte of 0xff (more
- * than four values): a connect whose bits are clear looks nothing up.
+ * of the pools that name one (a bit per port, host order), and where the
+ * addresses of the pools of every port are: the /16 of a v4-mapped address
+ * (a bit per first two octets, the first one high), the first byte of
+ * another IPv6 address. Read only where fs_settings.dest_quick, its short
+ * form, holds a byte of 0xff (more values than its lanes): a connect whose
+ * bits are clear looks nothing up.
  */
 struct fs_dest_filter {
 	__u64 ports[1024];
-	__u64 v4[4];
+	__u64 v4[1024];
 	__u64 v6[4];
 };
