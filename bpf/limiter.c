@@ -460,10 +460,11 @@ static __always_inline bool weak_above(struct cgroup *c, __u64 id)
 
 /*
  * move_held moves the permit socket cookie holds (v, as read) to project
- * to: MOVED, MOVED_PAST if the rule would have refused to a permit (counted
- * all the same: the connection exists), 0 if it did not move. It ends the
- * entry as a release does (unhold: only one caller wins it), moves the
- * count between the projects (the node's in_use does not change), and
+ * to, with its destination pool's if it took one: MOVED, MOVED_PAST if the
+ * rule (or a fleet cap) of either pool would refuse to a connect now
+ * (counted all the same: the connection exists), 0 if it did not move. It
+ * ends the entry as a release does (unhold: only one caller wins it), moves
+ * the counts between the projects (the pools' in_use do not change), and
  * holds it again under to. fs_dump runs with the socket locked, so its
  * TCP_CLOSE cannot come meanwhile; a sock_release racing in between finds
  * no entry and gives nothing back, and the permit held again is given back
@@ -483,7 +484,8 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to)
 	struct fs_project *pf = project_get(from);
 	__u32 out = MOVED;
 	if (cfg && n && pt) {
-		if (*(volatile __s64 *)&n->in_use >= limit_for(cfg, n, pt, false))
+		if (*(volatile __s64 *)&n->in_use >=
+		    cap_limit(cfg, 0, to, *(volatile __s64 *)&pt->in_use, limit_for(cfg, n, pt, false), cfg->pool))
 			out = MOVED_PAST;
 		seen(cfg, n, pt, CLK_FINE);
 	}
@@ -626,7 +628,9 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 				struct fs_settings *cfg = settings();
 				struct fs_pool *n = node();
 				struct fs_project *p = project_get(id);
-				if (cfg && n && p && *(volatile __s64 *)&n->in_use >= limit_for(cfg, n, p, false))
+				if (cfg && n && p &&
+				    *(volatile __s64 *)&n->in_use >=
+					    cap_limit(cfg, 0, id, *(volatile __s64 *)&p->in_use, limit_for(cfg, n, p, false), cfg->pool))
 					rec.adopted = ADOPTED_PAST;
 				force(id, CLK_FINE);
 			}

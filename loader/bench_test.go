@@ -114,7 +114,8 @@ func BenchmarkConnectAcceptClose(b *testing.B) {
 // time from BPF stats, for 1 and 64 pools configured, a connect matching a
 // pool's host ("match"), matching none and stopped by the filter ("miss";
 // "miss-other16" beside a pool of every port in another /16 of its first
-// octet), and matching none past the filter, a probe of the table at a
+// octet, "miss-exact" beside a /8 of every port, which the quick word's
+// lanes cannot hold), and matching none past the filter, a probe of the table at a
 // length it holds ("miss-lookup": beside such a pool in its /16), each
 // against the same programs with no pool in
 // force ("none": no kinds in dest_kinds, the path of a node without pools); and, as
@@ -158,12 +159,15 @@ func benchDests(b *testing.B) {
 	mine := pool("db", "127.0.0.1/32:"+strconv.Itoa(port))
 	// Extra pools of every port beside each set, not matching B: in
 	// another /16 of its first octet (10.9.0.0/16 beside a pod's
-	// 10.244.x: the filter stops it), and in its /16, past the filter (a
-	// probe of the table at its length).
+	// 10.244.x: the filter stops it), a /8 (more /16s than the quick
+	// word's lanes: the exact filter stops it), and in its /16, past the
+	// filter (a probe of the table at its length).
 	extras := []struct {
 		miss  string
 		pools []DestPool
-	}{{"", nil}, {"miss-other16", []DestPool{pool("near16", "127.9.0.0/16")}}, {"miss-lookup", []DestPool{pool("near", "127.0.0.2/31")}}}
+	}{{"", nil}, {"miss-other16", []DestPool{pool("near16", "127.9.0.0/16")}},
+		{"miss-exact", []DestPool{pool("wide", "10.0.0.0/8")}},
+		{"miss-lookup", []DestPool{pool("near", "127.0.0.2/31")}}}
 	var many []DestPool
 	for i := range 63 {
 		d := fmt.Sprintf("10.%d.%d.0/24:5432", i/8, i%8)
@@ -262,7 +266,7 @@ func benchDests(b *testing.B) {
 			}
 		}
 		b.ReportMetric(median(none), set.name+"-none-connect4-ns/run")
-		for _, c := range []string{"match", "miss", "miss-other16", "miss-lookup", "none-again"} {
+		for _, c := range []string{"match", "miss", "miss-other16", "miss-exact", "miss-lookup", "none-again"} {
 			b.ReportMetric(median(above[c]), set.name+"-"+c+"-above-ns/run")
 		}
 		for _, c := range []string{"match", "none-again"} {

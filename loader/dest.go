@@ -839,25 +839,35 @@ func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
 // writes first, every value of the old; TestQuickOf tries every such
 // mixture).
 func quickOf(f limiterFsDestFilter, prev [2]uint64) [2]uint64 {
-	v4 := lanesOf(setBits(f.V4[:]), quickV4, prev[1]&(1<<48-1))
-	first6 := setBits(f.V6[:])
+	// A part with no value repeats one no connect goes to: not 0, which
+	// would let 0.0.0.0 (the local host to Linux), ::1 and 64:ff9b::
+	// through to a probe, but 240.0/16 and 0100::/8, reserved.
+	sixteens, first6 := setBits(f.V4[:]), setBits(f.V6[:])
+	v4 := lanesOf(sixteens, quickV4, prev[1]&(1<<48-1))
+	if len(sixteens) == 0 {
+		v4 = quickNoV4
+	}
 	v6 := lanesOf(first6, quickV6, prev[1]>>48)
 	if len(first6) == 0 {
-		// Not 0, which would let ::1 and 64:ff9b:: through: 0100::/8
-		// is reserved, never connected to.
-		v6 = 0x0101
+		v6 = quickNoV6
 	}
 	return [2]uint64{lanesOf(setBits(f.Ports[:]), quickPorts, prev[0]), v4 | v6<<48}
 }
 
 // The parts of dest_quick: lanes of width bits each.
 var (
-	quickPorts = lanes{n: 4, width: 16}
-	quickV4    = lanes{n: 3, width: 16}
-	quickV6    = lanes{n: 2, width: 8}
+	quickPorts = laneSet{n: 4, width: 16}
+	quickV4    = laneSet{n: 3, width: 16}
+	quickV6    = laneSet{n: 2, width: 8}
 )
 
-type lanes struct{ n, width uint }
+// The IPv4 and IPv6 parts of dest_quick[1] with no value (quickOf).
+const (
+	quickNoV4 = 0xf000_f000_f000
+	quickNoV6 = 0x0101
+)
+
+type laneSet struct{ n, width uint }
 
 // setBits is the values whose bits are set in words, in order.
 func setBits(words []uint64) []uint64 {
@@ -875,7 +885,7 @@ func setBits(words []uint64) []uint64 {
 // of a part: each where prev has it, the others in the lanes prev holds no
 // value of vals in, the lanes left over repeating the first value; all ones
 // (of n x width bits) for more than n values, 0 for none.
-func lanesOf(vals []uint64, ln lanes, prev uint64) uint64 {
+func lanesOf(vals []uint64, ln laneSet, prev uint64) uint64 {
 	n, width := ln.n, ln.width
 	ones := uint64(1)<<(n*width) - 1
 	if len(vals) > int(n) {

@@ -1400,6 +1400,51 @@ func TestDestChangeAfterInterruptedChange(t *testing.T) {
 	}
 }
 
+// quickPortMay and quickNetMay say what dest_port_may and dest_net_may
+// (bpf/lib/dest.h) answer for port p, or the IPv4 /16 or IPv6 first byte v
+// (fam 0 or 1), over quick word q and exact filter f, lane by lane and byte
+// by byte where the programs test all at once: the exact bits where a byte
+// of q's part is 0xff, else whether a lane of the part holds the value.
+func quickPortMay(q uint64, f limiterFsDestFilter, p int) bool {
+	if quickFF(q, 8) {
+		return f.Ports[p>>6]&(1<<(p&63)) != 0
+	}
+	return quickLane(q, 4, 16, p)
+}
+
+func quickNetMay(q uint64, f limiterFsDestFilter, fam, v int) bool {
+	if fam == 0 {
+		if quickFF(q, 6) {
+			return f.V4[v>>6]&(1<<(v&63)) != 0
+		}
+		return quickLane(q, 3, 16, v)
+	}
+	if quickFF(q>>48, 2) {
+		return f.V6[v>>6]&(1<<(v&63)) != 0
+	}
+	return quickLane(q>>48, 2, 8, v)
+}
+
+// quickFF: a byte of the n low bytes of q is 0xff.
+func quickFF(q uint64, n int) bool {
+	for i := range n {
+		if q>>(8*i)&0xff == 0xff {
+			return true
+		}
+	}
+	return false
+}
+
+// quickLane: one of the n low lanes of width bits of q holds v.
+func quickLane(q uint64, n, width int, v int) bool {
+	for i := range n {
+		if int(q>>(i*width)&(1<<width-1)) == v {
+			return true
+		}
+	}
+	return false
+}
+
 // quickOf's lanes hold exactly the ports, IPv4 /16s and IPv6 first bytes
 // of its filter while they fit (four, three and two: the programs test them
 // as dest_port_may and dest_net_may do), and are all ones past that; a
@@ -1425,37 +1470,7 @@ func TestQuickOf(t *testing.T) {
 		}
 		return f
 	}
-	// portMay and netMay are dest_port_may and dest_net_may of
-	// bpf/lib/dest.h, over quick word q and exact filter f.
-	ff := func(q uint64, n int) bool { // a byte of the n low bytes is 0xff
-		for i := range n {
-			if q>>(8*i)&0xff == 0xff {
-				return true
-			}
-		}
-		return false
-	}
-	portMay := func(q uint64, f limiterFsDestFilter, p int) bool {
-		if ff(q, 8) {
-			return f.Ports[p>>6]&(1<<(p&63)) != 0
-		}
-		x := q ^ 0x0001000100010001*uint64(p)
-		return (x-0x0001000100010001)&^x&0x8000800080008000 != 0
-	}
-	netMay := func(q uint64, f limiterFsDestFilter, fam, v int) bool {
-		if fam == 0 {
-			if ff(q&(1<<48-1), 6) {
-				return f.V4[v>>6]&(1<<(v&63)) != 0
-			}
-			x := (q ^ 0x0001000100010001*uint64(v)) | 0xffff<<48
-			return (x-0x0001000100010001)&^x&0x8000800080008000 != 0
-		}
-		l0, l1 := int(q>>48&0xff), int(q>>56)
-		if l0 == 0xff || l1 == 0xff {
-			return f.V6[v>>6]&(1<<(v&63)) != 0
-		}
-		return l0 == v || l1 == v
-	}
+	portMay, netMay := quickPortMay, quickNetMay
 	// The ports check tries: the low ones, the filters' own, those with
 	// a byte of 0xff, and a sample of the rest.
 	var probePorts []int
@@ -1478,7 +1493,7 @@ func TestQuickOf(t *testing.T) {
 		for fam, words := range [2][]uint64{f.V4[:], f.V6[:]} {
 			for v := range len(words) * 64 {
 				in := words[v>>6]&(1<<(v&63)) != 0
-				if got := netMay(q[1], fine, fam, v); in && !got || exact && got && !in && v != fam {
+				if got := netMay(q[1], fine, fam, v); in && !got || exact && got && !in && v != []int{0xf000, 1}[fam] {
 					return fmt.Errorf("family %d value %#x: filter %v, let through %v (%#x)", fam, v, in, got, q[1])
 				}
 			}
@@ -1558,7 +1573,7 @@ func TestQuickOf(t *testing.T) {
 		for i, part := range []uint64{qu[0], qu[1] & (1<<48 - 1), qu[1] >> 48} {
 			if part == []uint64{^uint64(0), 1<<48 - 1, 0xffff}[i] {
 				dense[i]++
-			} else if part != []uint64{0, 0, 0x0101}[i] {
+			} else if part != []uint64{0, quickNoV4, quickNoV6}[i] {
 				exact[i]++
 			}
 		}
@@ -1566,7 +1581,7 @@ func TestQuickOf(t *testing.T) {
 	if slices.Contains(dense[:], 0) || slices.Contains(exact[:], 0) {
 		t.Fatalf("all ones %v, in lanes %v (ports, IPv4, IPv6): the test misses a path", dense, exact)
 	}
-	if q := quickOf(limiterFsDestFilter{}, [2]uint64{}); q != [2]uint64{0, 0x0101 << 48} {
+	if q := quickOf(limiterFsDestFilter{}, [2]uint64{}); q != [2]uint64{0, 0x0101_f000_f000_f000} {
 		t.Fatalf("empty filter: %x", q)
 	}
 }
@@ -1711,4 +1726,153 @@ func TestDestFindAcrossWrites(t *testing.T) {
 		t.Fatalf("only %d writes in 150 changes: the test misses its case", writes)
 	}
 	t.Logf("%d writes, %d lookups across some", writes, lookups)
+}
+
+// The programs' filter is the one quickPortMay and quickNetMay say, for any
+// quick word: words of random bytes (0xff among them), quickOf's lanes, all
+// ones, and mixtures of the bytes of two, over random exact filters, each
+// port, IPv4 /16 and IPv6 first byte the word's lanes hold and a sample of
+// the rest, through fs_selftest_dest. The lookup behind the filter finds
+// every destination (trie keys of every address: /0, and port 0 with every
+// address), so a pool found is the filter letting the connect through.
+// TestQuickOf checks quickOf against the same model, so together they check
+// what the kernel lets through, where the SWAR tests of dest.h are easy to
+// get wrong by a lane or a byte.
+func TestDestFilterInKernel(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	const every = 7
+	for _, k := range []limiterFsDestKey{{Prefixlen: 0}, {Prefixlen: 16}} {
+		if err := l.objs.FsDests.Put(&k, uint32(every)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(11, 12))
+	randomFilter := func() limiterFsDestFilter {
+		var f limiterFsDestFilter
+		for range rng.IntN(12) {
+			p := rng.IntN(65536)
+			f.Ports[p>>6] |= 1 << (p & 63)
+			v := rng.IntN(65536)
+			f.V4[v>>6] |= 1 << (v & 63)
+			b := rng.IntN(256)
+			f.V6[b>>6] |= 1 << (b & 63)
+		}
+		return f
+	}
+	// A word of random bytes, a 0xff or a lane's value repeated among
+	// them now and then.
+	randomWord := func() uint64 {
+		var q uint64
+		for i := range 8 {
+			b := uint64(rng.IntN(256))
+			switch rng.IntN(4) {
+			case 0:
+				b = 0xff
+			case 1:
+				b = q >> (8 * ((i + 6) % 8)) & 0xff
+			}
+			q |= b << (8 * i)
+		}
+		return q
+	}
+	words := func() [2]uint64 {
+		switch rng.IntN(4) {
+		case 0:
+			return [2]uint64{randomWord(), randomWord()}
+		case 1:
+			return quickOf(randomFilter(), [2]uint64{})
+		case 2:
+			a, b := quickOf(randomFilter(), [2]uint64{}), [2]uint64{^uint64(0), ^uint64(0)}
+			m := rng.Uint64() & 0xff00ff00ff00ff00
+			return [2]uint64{a[0]&^m | b[0]&m, a[1]&^m | b[1]&m}
+		default:
+			a, b := quickOf(randomFilter(), [2]uint64{}), quickOf(randomFilter(), [2]uint64{})
+			m := rng.Uint64()
+			return [2]uint64{a[0]&^m | b[0]&m, a[1]&^m | b[1]&m}
+		}
+	}
+	set := func(kinds uint32, q [2]uint64, f limiterFsDestFilter) {
+		t.Helper()
+		if err := l.objs.FsDfilter.Put(uint32(0), &f); err != nil {
+			t.Fatal(err)
+		}
+		var cfg limiterFsSettings
+		if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		cfg.DestKinds, cfg.DestQuick = kinds, q
+		if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	find := func(kinds uint32, a [16]byte, port uint16) bool {
+		t.Helper()
+		ret, err := l.objs.FsSelftestDest.Run(&ebpf.RunOptions{Context: []uint64{uint64(kinds), uint64(port),
+			binary.NativeEndian.Uint64(a[:8]), binary.NativeEndian.Uint64(a[8:])}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ret != 0 && ret != every {
+			t.Fatalf("pool %d: not the trie's", ret)
+		}
+		return ret == every
+	}
+	// The values a word's lanes hold (its 16-bit and 8-bit pieces), the
+	// filter's, and some others.
+	values := func(q uint64, f []uint64, width int) []int {
+		var vs []int
+		for i := 0; i < 64; i += width {
+			vs = append(vs, int(q>>i&(1<<width-1)))
+		}
+		for _, v := range setBits(f) {
+			vs = append(vs, int(v))
+		}
+		for range 6 {
+			vs = append(vs, rng.IntN(1<<width))
+		}
+		return vs
+	}
+	const portsOnly, netsOnly = 1, 2 // DEST_PORTS, DEST_ANY
+	runs := 0
+	for round := range 400 {
+		q, f := words(), randomFilter()
+		if rng.IntN(2) == 0 { // the lanes' values in the exact bits too, or not
+			for _, p := range values(q[0], nil, 16)[:4] {
+				f.Ports[p>>6] |= 1 << (p & 63)
+			}
+		}
+		set(portsOnly, q, f)
+		for _, p := range values(q[0], f.Ports[:], 16) {
+			a := netip.MustParseAddr("::ffff:192.0.2.1").As16()
+			if rng.IntN(2) == 0 {
+				a = netip.MustParseAddr("2001:db8::1").As16()
+			}
+			runs++
+			if got, want := find(portsOnly, a, uint16(p)), quickPortMay(q[0], f, p); got != want {
+				t.Fatalf("round %d: port %d, quick word %#x: the kernel lets it through %v, the model %v", round, p, q[0], got, want)
+			}
+		}
+		set(netsOnly, q, f)
+		for _, v := range values(q[1], f.V4[:], 16) {
+			a := netip.AddrFrom4([4]byte{byte(v >> 8), byte(v), byte(rng.IntN(256)), byte(rng.IntN(256))}).As16()
+			runs++
+			if got, want := find(netsOnly, a, 80), quickNetMay(q[1], f, 0, v); got != want {
+				t.Fatalf("round %d: IPv4 /16 %#04x, quick word %#x: the kernel lets it through %v, the model %v", round, v, q[1], got, want)
+			}
+		}
+		for _, v := range values(q[1], f.V6[:], 8) {
+			a := netip.MustParseAddr("2001:db8::1").As16()
+			a[0] = byte(v)
+			if a[0] == 0 {
+				a[10], a[11] = 0, 0 // not v4-mapped: ::1-like
+			}
+			runs++
+			if got, want := find(netsOnly, a, 80), quickNetMay(q[1], f, 1, v); got != want {
+				t.Fatalf("round %d: IPv6 first byte %#02x, quick word %#x: the kernel lets it through %v, the model %v", round, v, q[1], got, want)
+			}
+		}
+	}
+	t.Logf("%d lookups", runs)
 }

@@ -322,10 +322,11 @@
 // logged. Permits held in other namespaces are counted but not checked
 // against live sockets. An adopted socket exists, so it is counted for its
 // project whatever the rule says; one adopted while the rule would have
-// refused it (in_use at the project's limit) is reported per project
+// refused it (in_use at the project's limit, in the node's pool or in the
+// destination pool of its peer) is reported per project
 // (ReconcileReport.AdoptedPast, a warning, Events.AdoptedPast, and the
-// daemon's adopted_past_rule event): the pool's in_use then exceeds POOL by
-// at most the sockets adopted past the rule, until they end. They are
+// daemon's adopted_past_rule event): that pool's in_use then exceeds its
+// size by at most the sockets adopted past its rule, until they end. They are
 // sockets made while no program counted them: before the first Open on a
 // node, while the programs were detached, or while their cgroup was in no
 // member (a pod outside kubernetes.pod_cgroups, a cgroup registered after

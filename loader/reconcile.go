@@ -32,8 +32,8 @@ type ReconcileReport struct {
 	// have refused when they were adopted (in_use at or past the limit
 	// for the project, in the node's pool or in the destination pool of
 	// the socket's peer): they exist, so they are counted where the rule
-	// holds them (their project's and the node's in_use, which may then
-	// exceed POOL), and reported here, in a warning, in the
+	// holds them (their project's and the pool's in_use, which may then
+	// exceed the pool's size), and reported here, in a warning, in the
 	// adopted_past_rule counter (Events.AdoptedPast) and by the daemon as
 	// an event per project.
 	AdoptedPast map[string]int

@@ -49,9 +49,9 @@
  *
  * Cost: nothing while no pool is configured (the kinds' bits of
  * fs_settings.dest_kinds are 0 and nothing is looked at); otherwise a filter
- * (fs_settings.dest_quick: the ports of the pools naming one and the first
- * address bytes of the others, up to four each, on the line already read;
- * the exact fs_dfilter only past four) and, where it
+ * (fs_settings.dest_quick: the ports of the pools naming one, up to four,
+ * and the IPv4 /16s and IPv6 first bytes of the others, up to three and
+ * two, on the line already read; the exact fs_dfilter past that) and, where it
  * lets a connect through, a probe of the table per prefix length it holds
  * of the kind, and the trie only if it holds destinations of the kind
  * (DEST_NET_PORTS, DEST_PORTS, DEST_NET_ANY, DEST_ANY); for a match the
@@ -410,20 +410,24 @@ static __always_inline int dest_admit(struct fs_settings *cfg, struct dest_view 
 /*
  * dest_adopt counts a permit of project id in pool for a socket the reconcile
  * dump adopts (fs_dump) or moves to id (move_held): held, not admitted,
- * past the rule. True if the rule would have refused it (the pool's in_use
- * at or past the project's limit: reported as the node's adoption is).
+ * past the rule. True if the pool would refuse a connect of the project now
+ * (its in_use at or past the project's limit, or its fleet cap's, as
+ * dest_admit would find them), reported as the node's adoption is; never
+ * for a pool that refuses nothing (removed, or in dry-run).
  */
 static __always_inline bool dest_adopt(__u32 pool, __u64 id)
 {
 	struct dest_view v;
-	if (!dest_get(pool, id, &v))
+	struct fs_settings *cfg = settings();
+	if (!cfg || !dest_get(pool, id, &v))
 		return false;
 	/* Stamped as an ask, as the node's adoption (force): a newcomer
 	 * counts in the pool's active set now, not at the next Tick. */
 	struct rule_pool r = dest_pool(&v);
 	__u64 clk = 0;
 	pool_seen(&r, v.p, true, &clk);
-	bool past = *(volatile __s64 *)&v.s->in_use >= pool_limit(&r, v.p, false);
+	bool past = (v.s->flags & (DEST_LIVE | DEST_DRYRUN)) == DEST_LIVE &&
+		    *(volatile __s64 *)&v.s->in_use >= cap_limit(cfg, v.id, id, proj_held(&r, v.p), pool_limit(&r, v.p, false), *r.size);
 	__sync_fetch_and_add(&v.s->in_use, 1);
 	__sync_fetch_and_add(&v.p->in_use, 1); /* packed: held only */
 	return past;
