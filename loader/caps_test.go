@@ -126,3 +126,49 @@ func TestSetCaps(t *testing.T) {
 		t.Fatalf("after a new Open, the caps of the last one: %+v", r)
 	}
 }
+
+// A socket adopted past a fleet cap is reported as one past the rule is, in
+// the node's pool and in a destination pool: alpha, capped at 2 on the node,
+// and beta, capped at 1 in db, each open their connections before their
+// cgroups are members, under their shares but one past their caps.
+func TestAdoptedPastFleetCap(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 0)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 10, 0, "127.0.0.1/32:"+portOf(db))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetCaps("", map[string]int{"alpha": 2}, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetCaps("db", map[string]int{"beta": 1}, 10); err != nil {
+		t.Fatal(err)
+	}
+	// Made without mkProject, which makes them members at once.
+	dirs := mkdirs(t, root, "alpha", "beta")
+	alpha, beta := startHelper(t, dirs[0]), startHelper(t, dirs[1])
+	if r := alpha.dial("tcp4", ln.Addr().String(), 3); r.ok != 3 {
+		t.Fatalf("alpha, no member yet: %+v", r)
+	}
+	if r := beta.dial("tcp4", db.Addr().String(), 2); r.ok != 2 {
+		t.Fatalf("beta, no member yet: %+v", r)
+	}
+	syncDir(t, l, root)
+	rep, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Adopted != 5 || rep.AdoptedPast["alpha"] != 1 || rep.AdoptedPast["beta"] != 1 || len(rep.AdoptedPast) != 2 {
+		t.Fatalf("adopted %d, past the rule %v; want 5, alpha 1 (its third, past its cap of 2), beta 1 (its second in db, past its cap of 1)",
+			rep.Adopted, rep.AdoptedPast)
+	}
+	if d := destSnap(t, l, "db"); destProj(d, "beta").InUse != 2 {
+		t.Fatalf("db after the adoption: %+v", d)
+	}
+	alpha.do("close")
+	beta.do("close")
+	waitInUse(t, l, 0, map[string]int{"alpha": 0, "beta": 0})
+	waitDest(t, l, "db", 0, map[string]int{"beta": 0})
+}

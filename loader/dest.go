@@ -839,9 +839,10 @@ func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
 // writes first, every value of the old; TestQuickOf tries every such
 // mixture).
 func quickOf(f limiterFsDestFilter, prev [2]uint64) [2]uint64 {
-	// A part with no value repeats one no connect goes to: not 0, which
+	// A part with no value repeats one few connects go to: not 0, which
 	// would let 0.0.0.0 (the local host to Linux), ::1 and 64:ff9b::
-	// through to a probe, but 240.0/16 and 0100::/8, reserved.
+	// through to a probe, but 240.0/16 and 0100::/8, reserved (a connect
+	// there costs a probe that finds nothing, no more).
 	sixteens, first6 := setBits(f.V4[:]), setBits(f.V6[:])
 	v4 := lanesOf(sixteens, quickV4, prev[1]&(1<<48-1))
 	if len(sixteens) == 0 {

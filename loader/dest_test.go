@@ -1480,20 +1480,22 @@ func TestQuickOf(t *testing.T) {
 		}
 	}
 	// check: q over the exact filter f lets through exactly the values
-	// f holds, but for the placeholders of an empty word (port 0, IPv4
-	// byte 0, IPv6 byte 1).
+	// f holds, but for the value a part with none repeats (port 0, IPv4
+	// /16 0xf000, IPv6 byte 1), and only in such a part.
 	check := func(q [2]uint64, f limiterFsDestFilter) error {
-		fine, exact := f, true
 		for _, p := range probePorts {
 			in := f.Ports[p>>6]&(1<<(p&63)) != 0
-			if got := portMay(q[0], fine, p); in && !got || exact && got && !in && p != 0 {
+			placeholder := q[0] == 0 && p == 0
+			if got := portMay(q[0], f, p); in && !got || got && !in && !placeholder {
 				return fmt.Errorf("port %d: filter %v, let through %v (%#x)", p, in, got, q[0])
 			}
 		}
+		empty := [2]bool{q[1]&(1<<48-1) == quickNoV4, q[1]>>48 == quickNoV6}
 		for fam, words := range [2][]uint64{f.V4[:], f.V6[:]} {
 			for v := range len(words) * 64 {
 				in := words[v>>6]&(1<<(v&63)) != 0
-				if got := netMay(q[1], fine, fam, v); in && !got || exact && got && !in && v != []int{0xf000, 1}[fam] {
+				placeholder := empty[fam] && v == []int{0xf000, 1}[fam]
+				if got := netMay(q[1], f, fam, v); in && !got || got && !in && !placeholder {
 					return fmt.Errorf("family %d value %#x: filter %v, let through %v (%#x)", fam, v, in, got, q[1])
 				}
 			}
@@ -1787,12 +1789,18 @@ func TestDestFilterInKernel(t *testing.T) {
 			a, b := quickOf(randomFilter(), [2]uint64{}), [2]uint64{^uint64(0), ^uint64(0)}
 			m := rng.Uint64() & 0xff00ff00ff00ff00
 			return [2]uint64{a[0]&^m | b[0]&m, a[1]&^m | b[1]&m}
-		default:
+		default: // a byte of one or the other, each
 			a, b := quickOf(randomFilter(), [2]uint64{}), quickOf(randomFilter(), [2]uint64{})
-			m := rng.Uint64()
+			var m uint64
+			for i := range 8 {
+				m |= uint64(rng.IntN(2)*0xff) << (8 * i)
+			}
 			return [2]uint64{a[0]&^m | b[0]&m, a[1]&^m | b[1]&m}
 		}
 	}
+	// set writes the exact filter, then the quick word and the kinds
+	// (the generation above them with it: this Limiter changes nothing
+	// else, and the test's lookups pass the kinds they wrote).
 	set := func(kinds uint32, q [2]uint64, f limiterFsDestFilter) {
 		t.Helper()
 		if err := l.objs.FsDfilter.Put(uint32(0), &f); err != nil {
@@ -1819,12 +1827,14 @@ func TestDestFilterInKernel(t *testing.T) {
 		}
 		return ret == every
 	}
-	// The values a word's lanes hold (its 16-bit and 8-bit pieces), the
-	// filter's, and some others.
+	// The values a word's lanes hold (its 16-bit or 8-bit pieces), each
+	// with one byte changed (where a test mixing up lanes and bytes would
+	// show), the filter's, and some others.
 	values := func(q uint64, f []uint64, width int) []int {
 		var vs []int
 		for i := 0; i < 64; i += width {
-			vs = append(vs, int(q>>i&(1<<width-1)))
+			v := int(q >> i & (1<<width - 1))
+			vs = append(vs, v, v^0xff, v^0xff00&(1<<width-1), v^0x0100&(1<<width-1))
 		}
 		for _, v := range setBits(f) {
 			vs = append(vs, int(v))
@@ -1836,6 +1846,19 @@ func TestDestFilterInKernel(t *testing.T) {
 	}
 	const portsOnly, netsOnly = 1, 2 // DEST_PORTS, DEST_ANY
 	runs := 0
+	// Per part (ports, IPv4, IPv6): lookups the exact bits decided, the
+	// lanes decided, and let through.
+	var exactPath, lanePath, through [3]int
+	tally := func(part int, exact, got bool) {
+		if exact {
+			exactPath[part]++
+		} else {
+			lanePath[part]++
+		}
+		if got {
+			through[part]++
+		}
+	}
 	for round := range 400 {
 		q, f := words(), randomFilter()
 		if rng.IntN(2) == 0 { // the lanes' values in the exact bits too, or not
@@ -1850,7 +1873,9 @@ func TestDestFilterInKernel(t *testing.T) {
 				a = netip.MustParseAddr("2001:db8::1").As16()
 			}
 			runs++
-			if got, want := find(portsOnly, a, uint16(p)), quickPortMay(q[0], f, p); got != want {
+			got, want := find(portsOnly, a, uint16(p)), quickPortMay(q[0], f, p)
+			tally(0, quickFF(q[0], 8), got)
+			if got != want {
 				t.Fatalf("round %d: port %d, quick word %#x: the kernel lets it through %v, the model %v", round, p, q[0], got, want)
 			}
 		}
@@ -1858,21 +1883,27 @@ func TestDestFilterInKernel(t *testing.T) {
 		for _, v := range values(q[1], f.V4[:], 16) {
 			a := netip.AddrFrom4([4]byte{byte(v >> 8), byte(v), byte(rng.IntN(256)), byte(rng.IntN(256))}).As16()
 			runs++
-			if got, want := find(netsOnly, a, 80), quickNetMay(q[1], f, 0, v); got != want {
+			got, want := find(netsOnly, a, 80), quickNetMay(q[1], f, 0, v)
+			tally(1, quickFF(q[1], 6), got)
+			if got != want {
 				t.Fatalf("round %d: IPv4 /16 %#04x, quick word %#x: the kernel lets it through %v, the model %v", round, v, q[1], got, want)
 			}
 		}
 		for _, v := range values(q[1], f.V6[:], 8) {
 			a := netip.MustParseAddr("2001:db8::1").As16()
-			a[0] = byte(v)
-			if a[0] == 0 {
-				a[10], a[11] = 0, 0 // not v4-mapped: ::1-like
-			}
+			a[0] = byte(v) // 0 too: 0001:0db8:: is not v4-mapped
 			runs++
-			if got, want := find(netsOnly, a, 80), quickNetMay(q[1], f, 1, v); got != want {
+			got, want := find(netsOnly, a, 80), quickNetMay(q[1], f, 1, v)
+			tally(2, quickFF(q[1]>>48, 2), got)
+			if got != want {
 				t.Fatalf("round %d: IPv6 first byte %#02x, quick word %#x: the kernel lets it through %v, the model %v", round, v, q[1], got, want)
 			}
 		}
 	}
-	t.Logf("%d lookups", runs)
+	t.Logf("%d lookups: exact bits %v, lanes %v, let through %v (ports, IPv4, IPv6)", runs, exactPath, lanePath, through)
+	for i := range 3 {
+		if n := exactPath[i] + lanePath[i]; exactPath[i] < 100 || lanePath[i] < 100 || through[i] < 100 || n-through[i] < 100 {
+			t.Fatalf("part %d: the test misses a path: exact bits %v, lanes %v, let through %v", i, exactPath, lanePath, through)
+		}
+	}
 }

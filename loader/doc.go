@@ -322,8 +322,9 @@
 // logged. Permits held in other namespaces are counted but not checked
 // against live sockets. An adopted socket exists, so it is counted for its
 // project whatever the rule says; one adopted while the rule would have
-// refused it (in_use at the project's limit, in the node's pool or in the
-// destination pool of its peer) is reported per project
+// refused it (in_use at the project's limit or fleet cap, in the node's pool
+// or in the destination pool of its peer; enforced or in dry-run) is
+// reported per project
 // (ReconcileReport.AdoptedPast, a warning, Events.AdoptedPast, and the
 // daemon's adopted_past_rule event): that pool's in_use then exceeds its
 // size by at most the sockets adopted past its rule, until they end. They are
@@ -390,8 +391,9 @@
 // lookup reads, and a lookup that saw it move is made again (dest_find).
 // The filter a connect meets first (fs_settings.dest_quick) holds exactly up
 // to four ports, three IPv4 /16s and two IPv6 first bytes, on the line the
-// kinds are read from; past that, the exact filter (fs_dfilter: by port,
-// IPv4 /16 and IPv6 first byte) decides. With Options.NoDestPools
+// kinds are read from; past that, or where a byte of the part is 0xff (a
+// value with one, or a lane read while the loader writes), the exact filter
+// (fs_dfilter: by port, IPv4 /16 and IPv6 first byte) decides. With Options.NoDestPools
 // (the daemon's when no destination pool is configured) the tables are made
 // for none, and SetDestPools refuses a pool until a start without it.
 //
@@ -407,6 +409,12 @@
 //	pools  match (host)   match (/24)  miss (filter)  miss past the filter
 //	1      +22/+15/+18    +18/+19/+18  +6/-2/+1       +27/+16/+14
 //	64     +33/+21/+19    -            +6/+3/-0       +27/+17/+14
+//
+// The filter places pools of every port by IPv4 /16 since cac91d3:
+// alternating binaries of 3fa4cd0 and cac91d3, 8 rounds, medians, 1/64
+// pools: a miss beside such a pool in another /16 of its first octet
+// +17/+20 ns -> +1.5/+1.5, beside a /8 (the exact filter) +2.5/+1.5 ->
+// +5/+4, in its /16 (the probe) +16/+17 -> +19/+18.
 //
 // What a match pays: one probe of the table (a hash, an inlined load, the
 // slot's line), the pool's line (settings and counts together), and the

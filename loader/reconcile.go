@@ -30,8 +30,9 @@ type ReconcileReport struct {
 	Adopted int
 	// AdoptedPast counts, by project, the adopted sockets the rule would
 	// have refused when they were adopted (in_use at or past the limit
-	// for the project, in the node's pool or in the destination pool of
-	// the socket's peer): they exist, so they are counted where the rule
+	// or fleet cap for the project, in the node's pool or in the
+	// destination pool of the socket's peer, enforced or in dry-run):
+	// they exist, so they are counted where the rule
 	// holds them (their project's and the pool's in_use, which may then
 	// exceed the pool's size), and reported here, in a warning, in the
 	// adopted_past_rule counter (Events.AdoptedPast) and by the daemon as
@@ -40,8 +41,9 @@ type ReconcileReport struct {
 	// Moved counts, by project, the permits taken as Unclassified (their
 	// pod not classified yet) that the pass moved to the project their
 	// cgroup is a member of now; MovedPast those of them the rule would
-	// have refused the project (its in_use at or past its limit, in the
-	// node's pool or the permit's destination pool): counted
+	// have refused the project now (the pool's in_use, the permit
+	// included, at or past its limit or fleet cap, in the node's pool or
+	// the permit's destination pool): counted
 	// all the same, the project then refused until it is back under its
 	// limit, and reported as AdoptedPast is (a warning, the daemon's
 	// moved_past_rule event). The node's in_use does not change.

@@ -410,24 +410,26 @@ static __always_inline int dest_admit(struct fs_settings *cfg, struct dest_view 
 /*
  * dest_adopt counts a permit of project id in pool for a socket the reconcile
  * dump adopts (fs_dump) or moves to id (move_held): held, not admitted,
- * past the rule. True if the pool would refuse a connect of the project now
- * (its in_use at or past the project's limit, or its fleet cap's, as
- * dest_admit would find them), reported as the node's adoption is; never
- * for a pool that refuses nothing (removed, or in dry-run).
+ * past the rule. True if the pool's rule (or the project's fleet cap in it)
+ * would refuse a connect of the project now, as dest_admit would find them
+ * before the ask is stamped: the pool's in_use (for a move, the permit
+ * moved included) at or past the project's limit. Reported as the node's
+ * adoption is, enforced or in dry-run (where a refusal is a would_refuse);
+ * never for a removed pool, which has no rule.
  */
 static __always_inline bool dest_adopt(__u32 pool, __u64 id)
 {
 	struct dest_view v;
-	struct fs_settings *cfg = settings();
-	if (!cfg || !dest_get(pool, id, &v))
+	if (!dest_get(pool, id, &v))
 		return false;
+	struct fs_settings *cfg = settings();
+	struct rule_pool r = dest_pool(&v);
+	bool past = cfg && (v.s->flags & DEST_LIVE) &&
+		    *(volatile __s64 *)&v.s->in_use >= cap_limit(cfg, v.id, id, proj_held(&r, v.p), pool_limit(&r, v.p, false), *r.size);
 	/* Stamped as an ask, as the node's adoption (force): a newcomer
 	 * counts in the pool's active set now, not at the next Tick. */
-	struct rule_pool r = dest_pool(&v);
 	__u64 clk = 0;
 	pool_seen(&r, v.p, true, &clk);
-	bool past = (v.s->flags & (DEST_LIVE | DEST_DRYRUN)) == DEST_LIVE &&
-		    *(volatile __s64 *)&v.s->in_use >= cap_limit(cfg, v.id, id, proj_held(&r, v.p), pool_limit(&r, v.p, false), *r.size);
 	__sync_fetch_and_add(&v.s->in_use, 1);
 	__sync_fetch_and_add(&v.p->in_use, 1); /* packed: held only */
 	return past;
