@@ -22,6 +22,7 @@ import (
 	rt "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/crtest"
 	"github.com/fairshare-dev/fairshare/loader"
 )
@@ -45,6 +46,19 @@ const chartPodRequests = 20
 func TestChartPodNeverRefused(t *testing.T) {
 	began := time.Now()
 	r := crtest.Start(t) // skips without root, containerd or runc
+	// The daemon makes its default projects root, <cgroup2>/fairshare, on
+	// the node's cgroup file system, as a real node's daemon would: the
+	// test removes it afterwards (last, after the pod) if it made it.
+	if mnt, err := cgroup.FindMount(); err == nil {
+		root := filepath.Join(mnt.Point, "fairshare")
+		if _, err := os.Stat(root); os.IsNotExist(err) {
+			t.Cleanup(func() {
+				if err := os.Remove(root); err != nil && !os.IsNotExist(err) {
+					t.Errorf("removing the daemon's projects root %s: %v", root, err)
+				}
+			})
+		}
+	}
 	dir := t.TempDir()
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
