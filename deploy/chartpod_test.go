@@ -48,7 +48,9 @@ func TestChartPodNeverRefused(t *testing.T) {
 	r := crtest.Start(t) // skips without root, containerd or runc
 	// The daemon makes its default projects root, <cgroup2>/fairshare, on
 	// the node's cgroup file system, as a real node's daemon would: the
-	// test removes it afterwards (last, after the pod) if it made it.
+	// test removes it afterwards (after the pod: cleanups run last
+	// first) if it was not there before (an empty directory only: rmdir
+	// of a cgroup with children fails, and says so).
 	if mnt, err := cgroup.FindMount(); err == nil {
 		root := filepath.Join(mnt.Point, "fairshare")
 		if _, err := os.Stat(root); os.IsNotExist(err) {

@@ -322,8 +322,9 @@
 // logged. Permits held in other namespaces are counted but not checked
 // against live sockets. An adopted socket exists, so it is counted for its
 // project whatever the rule says; one adopted while the rule would have
-// refused it (in_use at the project's limit or fleet cap, in the node's pool
-// or in the destination pool of its peer; enforced or in dry-run) is
+// refused it (in_use at the project's limit, or the project at its fleet
+// cap, in the node's pool or in the destination pool of its peer; enforced
+// or in dry-run) is
 // reported per project
 // (ReconcileReport.AdoptedPast, a warning, Events.AdoptedPast, and the
 // daemon's adopted_past_rule event): that pool's in_use then exceeds its

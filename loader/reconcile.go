@@ -30,8 +30,9 @@ type ReconcileReport struct {
 	Adopted int
 	// AdoptedPast counts, by project, the adopted sockets the rule would
 	// have refused when they were adopted (in_use at or past the limit
-	// or fleet cap for the project, in the node's pool or in the
-	// destination pool of the socket's peer, enforced or in dry-run):
+	// for the project, or the project at its fleet cap, in the node's pool
+	// or in the destination pool of the socket's peer, enforced or in
+	// dry-run):
 	// they exist, so they are counted where the rule
 	// holds them (their project's and the pool's in_use, which may then
 	// exceed the pool's size), and reported here, in a warning, in the
@@ -42,11 +43,12 @@ type ReconcileReport struct {
 	// pod not classified yet) that the pass moved to the project their
 	// cgroup is a member of now; MovedPast those of them the rule would
 	// have refused the project now (the pool's in_use, the permit
-	// included, at or past its limit or fleet cap, in the node's pool or
-	// the permit's destination pool): counted
-	// all the same, the project then refused until it is back under its
-	// limit, and reported as AdoptedPast is (a warning, the daemon's
-	// moved_past_rule event). The node's in_use does not change.
+	// included, at or past its limit, or the project at its fleet cap, in
+	// the node's pool or the permit's destination pool, enforced or in
+	// dry-run): counted all the same, that pool then refusing the project
+	// (in dry-run, would) until it is back under its limit, and reported
+	// as AdoptedPast is (a warning, the daemon's moved_past_rule event).
+	// The pools' in_use does not change.
 	Moved, MovedPast map[string]int
 	// Held counts the permits held by sockets (entries of the held map, all
 	// network namespaces).

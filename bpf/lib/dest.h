@@ -411,9 +411,10 @@ static __always_inline int dest_admit(struct fs_settings *cfg, struct dest_view 
  * dest_adopt counts a permit of project id in pool for a socket the reconcile
  * dump adopts (fs_dump) or moves to id (move_held): held, not admitted,
  * past the rule. True if the pool's rule (or the project's fleet cap in it)
- * would refuse a connect of the project now, as dest_admit would find them
- * before the ask is stamped: the pool's in_use (for a move, the permit
- * moved included) at or past the project's limit. Reported as the node's
+ * would refuse a connect of the project now, checked before the ask is
+ * stamped as the node's adoption checks: the pool's in_use (for a move,
+ * the permit moved included) at or past the project's limit, or the
+ * project at its cap. Reported as the node's
  * adoption is, enforced or in dry-run (where a refusal is a would_refuse);
  * never for a removed pool, which has no rule.
  */
