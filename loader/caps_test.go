@@ -79,9 +79,7 @@ func TestSetCaps(t *testing.T) {
 	if err := l.SetCaps("", nil, 0); err != nil {
 		t.Fatal(err)
 	}
-	if r := gamma.dial("tcp4", ln.Addr().String(), 1); r.ok != 1 {
-		t.Fatalf("gamma without caps, under its share: %+v", r)
-	}
+	gamma.dialOK("tcp4", ln.Addr().String(), 1, "gamma without caps, under its share")
 	alpha.do("close")
 	gamma.do("close")
 	waitInUse(t, l, 0, map[string]int{"alpha": 0, "gamma": 0})
@@ -103,9 +101,7 @@ func TestSetCaps(t *testing.T) {
 	if r := gamma.dial("tcp4", db.Addr().String(), 1); r.refused != 1 {
 		t.Fatalf("gamma at the others' cap 0 in db: %+v", r)
 	}
-	if r := gamma.dial("tcp4", ln.Addr().String(), 4); r.ok != 4 {
-		t.Fatalf("gamma elsewhere, no caps in the node's pool: %+v", r)
-	}
+	gamma.dialOK("tcp4", ln.Addr().String(), 4, "gamma elsewhere, no caps in the node's pool")
 	if err := l.SetCaps("nope", nil, 0); !errors.Is(err, ErrNoDestPool) {
 		t.Fatalf("caps of an unknown pool: %v", err)
 	}
@@ -122,9 +118,7 @@ func TestSetCaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	syncDir(t, l, root)
-	if r := alpha.dial("tcp4", db.Addr().String(), 4); r.ok != 4 {
-		t.Fatalf("after a new Open, the caps of the last one: %+v", r)
-	}
+	alpha.dialOK("tcp4", db.Addr().String(), 4, "after a new Open, the caps of the last one")
 }
 
 // A socket adopted past a fleet cap is reported as one past the rule is, in
@@ -149,12 +143,8 @@ func TestAdoptedPastFleetCap(t *testing.T) {
 	// Made without mkProject, which makes them members at once.
 	dirs := mkdirs(t, root, "alpha", "beta")
 	alpha, beta := startHelper(t, dirs[0]), startHelper(t, dirs[1])
-	if r := alpha.dial("tcp4", ln.Addr().String(), 3); r.ok != 3 {
-		t.Fatalf("alpha, no member yet: %+v", r)
-	}
-	if r := beta.dial("tcp4", db.Addr().String(), 2); r.ok != 2 {
-		t.Fatalf("beta, no member yet: %+v", r)
-	}
+	alpha.dialOK("tcp4", ln.Addr().String(), 3, "alpha, no member yet")
+	beta.dialOK("tcp4", db.Addr().String(), 2, "beta, no member yet")
 	syncDir(t, l, root)
 	rep, err := l.Reconcile(t.Context())
 	if err != nil {

@@ -341,7 +341,7 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 // happening between two of these writes: each write bumps the generation
 // in dest_kinds (destWrote, setDestKinds), and a lookup that saw it move
 // (preempted in its middle, or racing a write) is made again, once
-// (dest_find; TestDestFindStaleKinds). A connect whose second lookup is cut
+// (dest_find; TestDestFindAcrossWrites). A connect whose second lookup is cut
 // by a write too may be counted in a third pool or none: a miscount of a
 // connect racing a change, never a leak (its socket gives back what it
 // took, where it took it).

@@ -275,6 +275,15 @@ func (h *helper) dial(network, addr string, n int) dialResult {
 	return h.dialTimeout(network, addr, n, 3*time.Second)
 }
 
+// dialOK dials n connections and fails the test unless all n are
+// admitted; who names the dialer in the failure.
+func (h *helper) dialOK(network, addr string, n int, who string) {
+	h.t.Helper()
+	if r := h.dial(network, addr, n); r.ok != n {
+		h.t.Fatalf("%s: %d of %d admitted: %+v", who, r.ok, n, r)
+	}
+}
+
 func (h *helper) dialTimeout(network, addr string, n int, timeout time.Duration) dialResult {
 	h.t.Helper()
 	var r dialResult

@@ -102,9 +102,7 @@ func TestUnclassifiedPods(t *testing.T) {
 	// A pod of no project is neither counted nor refused.
 	before := snap(t, l).InUse
 	sys := startHelper(t, podSysCtr)
-	if r := sys.dial("tcp4", dst, 20); r.ok != 20 {
-		t.Fatalf("system pod refused: %+v", r)
-	}
+	sys.dialOK("tcp4", dst, 20, "system pod refused")
 	if s := snap(t, l); s.InUse != before {
 		t.Fatalf("system pod counted: in_use %d, was %d", s.InUse, before)
 	}
@@ -174,17 +172,11 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 	}
 
 	a := startHelper(t, podACtr)
-	if r := a.dial("tcp4", dst, 4); r.ok != 4 {
-		t.Fatalf("team-a: %+v", r)
-	}
+	a.dialOK("tcp4", dst, 4, "team-a")
 	b := startHelper(t, podBCtr)
-	if r := b.dial("tcp4", dst, 3); r.ok != 3 {
-		t.Fatalf("unclassified podB: %+v", r)
-	}
+	b.dialOK("tcp4", dst, 3, "unclassified podB")
 	g := startHelper(t, podGCtr)
-	if r := g.dial("tcp4", dst, 2); r.ok != 2 {
-		t.Fatalf("unclassified podG: %+v", r)
-	}
+	g.dialOK("tcp4", dst, 2, "unclassified podG")
 	waitInUse(t, l, 9, map[string]int{"team-a": 4, Unclassified: 5})
 
 	// podB is classified: its 3 permits move to team-b, podG's stay.
@@ -254,13 +246,9 @@ func TestUnclassifiedMoveReportsDestPast(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := startHelper(t, podACtr)
-	if r := a.dial("tcp4", dst, 2); r.ok != 2 {
-		t.Fatalf("team-a: %+v", r)
-	}
+	a.dialOK("tcp4", dst, 2, "team-a")
 	b := startHelper(t, podBCtr)
-	if r := b.dial("tcp4", dst, 2); r.ok != 2 {
-		t.Fatalf("unclassified podB: %+v", r)
-	}
+	b.dialOK("tcp4", dst, 2, "unclassified podB")
 	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-a", Cgroup: podB}))
 	rep, err := l.Reconcile(t.Context())
 	if err != nil {
@@ -358,9 +346,7 @@ func TestLapse(t *testing.T) {
 		lp, err := ro.Lapse()
 		return err == nil && lp.Lapsed, "not lapsed"
 	})
-	if r := a.dial("tcp4", dst, 3); r.ok != 3 {
-		t.Fatalf("lapsed: %+v", r)
-	}
+	a.dialOK("tcp4", dst, 3, "lapsed")
 	s, err := ro.Snapshot()
 	if err != nil {
 		t.Fatal(err)
