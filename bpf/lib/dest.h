@@ -188,7 +188,11 @@ static __always_inline void dest_mask(__u32 plen, __u64 *m0, __u64 *m1)
  * destination while the table is rewritten), or, for an address equal to
  * the half-written one, is counted in the pool of the slot's new entry and
  * gives its permit back there: a miscount of a connect racing a
- * reconfiguration, never a leak.
+ * reconfiguration, never a leak. The probes are a loop, not unrolled:
+ * unrolled, a match cost 3-10 ns more and a miss past the filter 2-8
+ * (BenchmarkConnectAcceptClose, alternating runs: docs/measurements-log.md)
+ * though the loop runs more instructions; the copies' size is what a
+ * connect paid for, as fetched code, not their count.
  */
 static __always_inline __u32 dest_net(__u32 plen, const __u64 *q, __u16 port)
 {
@@ -199,7 +203,7 @@ static __always_inline __u32 dest_net(__u32 plen, const __u64 *q, __u16 port)
 	__u32 pl = (__u32)port | (plen & 0xff) << 16;
 	__u32 h = ((__u32)a0 ^ (__u32)(a0 >> 32) ^ ((__u32)a1 * 31) ^ (__u32)(a1 >> 32) ^ (pl * 0x10001)) * 0x9E3779B1u;
 	__u32 i = h >> (32 - DEST_NET_BITS);
-#pragma unroll
+#pragma clang loop unroll(disable)
 	for (int j = 0; j < DEST_NET_PROBES; j++) {
 		__u32 k = (i + j) & (DEST_NETS - 1);
 		struct fs_dest_net *e = bpf_map_lookup_elem(&fs_dnets, &k);
