@@ -462,7 +462,8 @@ static __always_inline bool weak_above(struct cgroup *c, __u64 id)
  * move_held moves the permit socket cookie holds (v, as read) to project
  * to, with its destination pool's if it took one: MOVED, MOVED_PAST if the
  * rule (or a fleet cap) of either pool would refuse to a connect now
- * (counted all the same: the connection exists), 0 if it did not move. It
+ * (counted all the same: the connection exists; *past says which pools,
+ * PAST_NODE and PAST_DEST), 0 if it did not move. It
  * ends the entry as a release does (unhold: only one caller wins it), moves
  * the counts between the projects (the pools' in_use do not change), and
  * holds it again under to. fs_dump runs with the socket locked, so its
@@ -471,7 +472,7 @@ static __always_inline bool weak_above(struct cgroup *c, __u64 id)
  * at TCP_CLOSE, which every socket reaches after its close: counted
  * exactly, at worst until the FIN exchange ends.
  */
-static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to)
+static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to, __u32 *past)
 {
 	__u64 from = 0;
 	__u32 kind = 0, dest = 0;
@@ -482,11 +483,10 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to)
 	struct fs_pool *n = node();
 	struct fs_project *pt = project_get(to);
 	struct fs_project *pf = project_get(from);
-	__u32 out = MOVED;
 	if (cfg && n && pt) {
 		if (*(volatile __s64 *)&n->in_use >=
 		    cap_limit(cfg, 0, to, *(volatile __s64 *)&pt->in_use, limit_for(cfg, n, pt, false), cfg->pool))
-			out = MOVED_PAST;
+			*past |= PAST_NODE;
 		seen(cfg, n, pt, CLK_FINE);
 	}
 	if (pt)
@@ -497,7 +497,7 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to)
 	__u64 clk = 0;
 	if (dest) {
 		if (dest_adopt(dest, to))
-			out = MOVED_PAST;
+			*past |= PAST_DEST;
 		dest_give(dest, from, true, &clk);
 	}
 	if (hold(cookie, &v) != 0) {
@@ -505,9 +505,10 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to)
 		release(to, CLK_FINE, &clk);
 		if (dest)
 			dest_give(dest, to, true, &clk);
+		*past = 0;
 		return 0;
 	}
-	return out;
+	return *past ? MOVED_PAST : MOVED;
 }
 
 /*
@@ -616,24 +617,27 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 			/* Its destination pool's permit, past the rule as the
 			 * node's: the entry names the pool, so the release
 			 * gives it back there. Past that pool's rule, it is
-			 * reported as past the node's is. */
+			 * reported as past the node's is, naming the pool
+			 * (PAST_DEST). */
 			if (v.dest && dest_adopt(v.dest, id))
-				rec.adopted = ADOPTED_PAST;
+				rec.past |= PAST_DEST;
 			if (ex) {
 				COUNT(exempt_admitted);
 			} else {
 				/* Past the rule (it would refuse a connect of the
 				 * project now): counted all the same, the socket
-				 * exists, and reported (ADOPTED_PAST). */
+				 * exists, and reported (ADOPTED_PAST, PAST_NODE). */
 				struct fs_settings *cfg = settings();
 				struct fs_pool *n = node();
 				struct fs_project *p = project_get(id);
 				if (cfg && n && p &&
 				    *(volatile __s64 *)&n->in_use >=
 					    cap_limit(cfg, 0, id, *(volatile __s64 *)&p->in_use, limit_for(cfg, n, p, false), cfg->pool))
-					rec.adopted = ADOPTED_PAST;
+					rec.past |= PAST_NODE;
 				force(id, CLK_FINE);
 			}
+			if (rec.past)
+				rec.adopted = ADOPTED_PAST;
 			COUNT(adopted);
 		} else if (ex) {
 			exempt_undo();
@@ -647,7 +651,7 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		if (s && id && s->project != id && !KIND_IS_EXEMPT(s->kind) &&
 		    weak_above(sk->sk_cgrp_data.cgroup, s->project)) {
 			struct fs_sock v = *s;
-			__u32 moved = move_held(rec.cookie, v, id);
+			__u32 moved = move_held(rec.cookie, v, id, &rec.past);
 			if (moved)
 				rec.adopted = moved;
 			s = held_find(rec.cookie, true);

@@ -65,28 +65,38 @@ func TestEventSinkBounds(t *testing.T) {
 }
 
 // TestReconcileEvents: each repair of a reconcile pass is an event:
-// adoptions, orphans, stale listeners, the exempt count and each project's
-// in_use correction, with its size.
+// adoptions, those past the rule and moves past it (one per pool and
+// project, the pool named: gamma's socket past both pools is in each),
+// orphans, stale listeners, the exempt count and each project's in_use
+// correction, with its size.
 func TestReconcileEvents(t *testing.T) {
 	s, err := newEventSink(config.Default().Events, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	k := &kernelSide{events: s}
-	k.publishRepairs(loader.ReconcileReport{Adopted: 3, Orphans: 1, Repaired: map[string]int{"beta": -2, "alpha": 1, "calm": 0}})
+	k.publishRepairs(loader.ReconcileReport{Adopted: 3, Orphans: 1, Repaired: map[string]int{"beta": -2, "alpha": 1, "calm": 0},
+		AdoptedPast:   map[string]int{"alpha": 1, "beta": 1, "gamma": 1},
+		AdoptedPastIn: map[string]map[string]int{"": {"gamma": 1, "alpha": 1}, "db": {"gamma": 1, "beta": 1}},
+		MovedPast:     map[string]int{"team-a": 2}, MovedPastIn: map[string]map[string]int{"db": {"team-a": 2}}})
 	got := s.recent(events.Filter{})
 	type row struct {
-		kind, project string
-		count         uint64
+		kind, pool, project string
+		count               uint64
 	}
 	var rows []row
 	for _, e := range got {
-		if e.Source != events.SourceReconcile || e.Pool != config.PoolConnections {
+		if e.Source != events.SourceReconcile {
 			t.Fatalf("event %+v", e)
 		}
-		rows = append(rows, row{e.Kind, e.Project, e.Count})
+		rows = append(rows, row{e.Kind, e.Pool, e.Project, e.Count})
 	}
-	want := []row{{events.KindAdopted, "", 3}, {events.KindRepaired, "", 1}, {events.KindRepaired, "alpha", 1}, {events.KindRepaired, "beta", 2}}
+	conn := config.PoolConnections
+	want := []row{{events.KindAdopted, conn, "", 3},
+		{events.KindAdoptedPast, conn, "alpha", 1}, {events.KindAdoptedPast, conn, "gamma", 1},
+		{events.KindAdoptedPast, "db", "beta", 1}, {events.KindAdoptedPast, "db", "gamma", 1},
+		{events.KindMovedPast, "db", "team-a", 2},
+		{events.KindRepaired, conn, "", 1}, {events.KindRepaired, conn, "alpha", 1}, {events.KindRepaired, conn, "beta", 2}}
 	if len(rows) != len(want) {
 		t.Fatalf("events %+v, want %+v", rows, want)
 	}
@@ -95,7 +105,7 @@ func TestReconcileEvents(t *testing.T) {
 			t.Fatalf("events %+v, want %+v", rows, want)
 		}
 	}
-	if e := got[3]; e.Detail != "in_use corrected by -2" {
+	if e := got[len(got)-1]; e.Detail != "in_use corrected by -2" {
 		t.Errorf("detail %q", e.Detail)
 	}
 }

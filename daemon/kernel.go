@@ -337,26 +337,33 @@ func (k *kernelSide) reconcilePass(ctx context.Context) {
 // permits of gone sockets released, stale listeners uncounted, in_use
 // corrected (per project), the exempt count corrected.
 func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
-	pub := func(kind, project string, n int, detail string) {
+	pubIn := func(kind, pool, project string, n int, detail string) {
 		if n != 0 {
-			k.events.publish(events.Event{Source: events.SourceReconcile, Kind: kind, Pool: config.PoolConnections,
+			k.events.publish(events.Event{Source: events.SourceReconcile, Kind: kind, Pool: pool,
 				Project: project, Count: uint64(abs(n)), Detail: detail})
 		}
 	}
+	pub := func(kind, project string, n int, detail string) {
+		pubIn(kind, config.PoolConnections, project, n, detail)
+	}
+	// Past the rule: an event per pool and project (a socket past the
+	// node's pool and its destination pool's is in both).
+	pubPast := func(kind string, in map[string]map[string]int, detail string) {
+		for _, pool := range slices.Sorted(maps.Keys(in)) {
+			name := pool
+			if name == "" {
+				name = config.PoolConnections
+			}
+			for _, p := range slices.Sorted(maps.Keys(in[pool])) {
+				pubIn(kind, name, p, in[pool][p], detail)
+			}
+		}
+	}
 	pub(events.KindAdopted, "", rep.Adopted, "project sockets that held no permit now do")
-	past := make([]string, 0, len(rep.AdoptedPast))
-	for p := range rep.AdoptedPast {
-		past = append(past, p)
-	}
-	sort.Strings(past)
-	for _, p := range past {
-		pub(events.KindAdoptedPast, p, rep.AdoptedPast[p],
-			"adopted past the rule: the sockets exist, so they count, and in_use may exceed the pool until they end")
-	}
-	for _, p := range slices.Sorted(maps.Keys(rep.MovedPast)) {
-		pub(events.KindMovedPast, p, rep.MovedPast[p],
-			"permits taken while its pod was unclassified moved to it past the rule: they count, and the project is refused until back under its limit")
-	}
+	pubPast(events.KindAdoptedPast, rep.AdoptedPastIn,
+		"adopted past the rule: the sockets exist, so they count, and in_use may exceed the pool until they end")
+	pubPast(events.KindMovedPast, rep.MovedPastIn,
+		"permits taken while its pod was unclassified moved to it past the rule: they count, and the project is refused until back under its limit")
 	pub(events.KindRepaired, "", rep.Orphans, "permits of sockets that no longer exist released")
 	pub(events.KindRepaired, "", rep.StaleListeners, "listeners that no longer exist uncounted")
 	pub(events.KindRepaired, "", rep.ExemptRepaired, fmt.Sprintf("exempt in_use corrected by %+d", rep.ExemptRepaired))

@@ -4,6 +4,7 @@ package loader
 
 import (
 	"errors"
+	"maps"
 	"testing"
 	"time"
 
@@ -122,9 +123,10 @@ func TestSetCaps(t *testing.T) {
 }
 
 // A socket adopted past a fleet cap is reported as one past the rule is, in
-// the node's pool and in a destination pool: alpha, capped at 2 on the node,
-// and beta, capped at 1 in db, each open their connections before their
-// cgroups are members, under their shares but one past their caps.
+// the node's pool and in a destination pool, naming the pool: alpha, capped
+// at 2 on the node, beta, capped at 1 in db, and gamma, capped at 1 in both,
+// each open their connections before their cgroups are members, under
+// their shares but one past their caps (gamma's second past both).
 func TestAdoptedPastFleetCap(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
@@ -134,31 +136,37 @@ func TestAdoptedPastFleetCap(t *testing.T) {
 	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 10, 0, "127.0.0.1/32:"+portOf(db))}); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.SetCaps("", map[string]int{"alpha": 2}, 10); err != nil {
+	if err := l.SetCaps("", map[string]int{"alpha": 2, "gamma": 1}, 10); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.SetCaps("db", map[string]int{"beta": 1}, 10); err != nil {
+	if err := l.SetCaps("db", map[string]int{"beta": 1, "gamma": 1}, 10); err != nil {
 		t.Fatal(err)
 	}
 	// Made without mkProject, which makes them members at once.
-	dirs := mkdirs(t, root, "alpha", "beta")
-	alpha, beta := startHelper(t, dirs[0]), startHelper(t, dirs[1])
+	dirs := mkdirs(t, root, "alpha", "beta", "gamma")
+	alpha, beta, gamma := startHelper(t, dirs[0]), startHelper(t, dirs[1]), startHelper(t, dirs[2])
 	alpha.dialOK("tcp4", ln.Addr().String(), 3, "alpha, no member yet")
 	beta.dialOK("tcp4", db.Addr().String(), 2, "beta, no member yet")
+	gamma.dialOK("tcp4", db.Addr().String(), 2, "gamma, no member yet")
 	syncDir(t, l, root)
 	rep, err := l.Reconcile(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Adopted != 5 || rep.AdoptedPast["alpha"] != 1 || rep.AdoptedPast["beta"] != 1 || len(rep.AdoptedPast) != 2 {
-		t.Fatalf("adopted %d, past the rule %v; want 5, alpha 1 (its third, past its cap of 2), beta 1 (its second in db, past its cap of 1)",
+	if rep.Adopted != 7 || !maps.Equal(rep.AdoptedPast, map[string]int{"alpha": 1, "beta": 1, "gamma": 1}) {
+		t.Fatalf("adopted %d, past the rule %v; want 7, alpha 1 (its third, past its cap of 2), beta 1 (its second in db, past its cap of 1), gamma 1",
 			rep.Adopted, rep.AdoptedPast)
 	}
-	if d := destSnap(t, l, "db"); destProj(d, "beta").InUse != 2 {
+	if in := rep.AdoptedPastIn; len(in) != 2 || !maps.Equal(in[""], map[string]int{"alpha": 1, "gamma": 1}) ||
+		!maps.Equal(in["db"], map[string]int{"beta": 1, "gamma": 1}) {
+		t.Fatalf("past the rule by pool %v; want the node's: alpha 1, gamma 1; db's: beta 1, gamma 1", in)
+	}
+	if d := destSnap(t, l, "db"); destProj(d, "beta").InUse != 2 || destProj(d, "gamma").InUse != 2 {
 		t.Fatalf("db after the adoption: %+v", d)
 	}
 	alpha.do("close")
 	beta.do("close")
-	waitInUse(t, l, 0, map[string]int{"alpha": 0, "beta": 0})
-	waitDest(t, l, "db", 0, map[string]int{"beta": 0})
+	gamma.do("close")
+	waitInUse(t, l, 0, map[string]int{"alpha": 0, "beta": 0, "gamma": 0})
+	waitDest(t, l, "db", 0, map[string]int{"beta": 0, "gamma": 0})
 }

@@ -325,9 +325,9 @@
 // refused it (in_use at the project's limit, or the project at its fleet
 // cap, in the node's pool or in the destination pool of its peer; enforced
 // or in dry-run) is
-// reported per project
-// (ReconcileReport.AdoptedPast, a warning, Events.AdoptedPast, and the
-// daemon's adopted_past_rule event): that pool's in_use then exceeds its
+// reported per project, and per pool (ReconcileReport.AdoptedPast and
+// AdoptedPastIn, a warning naming the pools, Events.AdoptedPast, and the
+// daemon's adopted_past_rule event per project and pool): that pool's in_use then exceeds its
 // size by at most the sockets adopted past its rule, until they end. They are
 // sockets made while no program counted them: before the first Open on a
 // node, while the programs were detached, or while their cgroup was in no

@@ -328,7 +328,7 @@ type limiterFsSockRecord struct {
 	Kind    uint32
 	Adopted uint32
 	Dest    uint32
-	Pad     uint32
+	Past    uint32
 }
 
 // Names of all BPF objects in the ELF.

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -50,6 +51,11 @@ type ReconcileReport struct {
 	// as AdoptedPast is (a warning, the daemon's moved_past_rule event).
 	// The pools' in_use does not change.
 	Moved, MovedPast map[string]int
+	// AdoptedPastIn and MovedPastIn break AdoptedPast and MovedPast down
+	// by the pool whose rule the socket was past, pool -> project ->
+	// sockets: "" is the node's connections pool, any other a destination
+	// pool's name. A socket past both is counted in each.
+	AdoptedPastIn, MovedPastIn map[string]map[string]int
 	// Held counts the permits held by sockets (entries of the held map, all
 	// network namespaces).
 	Held map[string]int
@@ -177,6 +183,57 @@ const (
 	movedPast   = 4
 )
 
+// Values of fs_sock_record.past (bpf/lib/types.h): the pools whose rule a
+// socket was adopted or moved past, the node's and the destination pool it
+// holds.
+const (
+	pastNode = 1
+	pastDest = 2
+)
+
+// countPast counts record r, adopted or moved past the rule, in each pool
+// it was past (pool 0: the node's).
+func countPast(in map[destPair]int, r limiterFsSockRecord) {
+	if r.Past&pastNode != 0 {
+		in[destPair{0, r.Project}]++
+	}
+	if r.Past&pastDest != 0 && r.Dest != 0 {
+		in[destPair{r.Dest, r.Project}]++
+	}
+}
+
+// pastByPool is in (pass.pastIn, pass.movedPastIn) as ReconcileReport
+// keys it, pool name -> project name -> sockets; nil if empty.
+func pastByPool(in map[destPair]int, poolName func(uint32) string, name func(uint64) string) map[string]map[string]int {
+	var out map[string]map[string]int
+	for k, n := range in {
+		if out == nil {
+			out = map[string]map[string]int{}
+		}
+		pool := poolName(k.pool)
+		if out[pool] == nil {
+			out[pool] = map[string]int{}
+		}
+		out[pool][name(k.proj)] += n
+	}
+	return out
+}
+
+// pastPoolsOf says, for a warning, which pools project was past and how
+// many times: "connections=2 db=1" (the node's pool by its name).
+func pastPoolsOf(in map[string]map[string]int, project string) string {
+	var parts []string
+	for _, pool := range slices.Sorted(maps.Keys(in)) {
+		if n := in[pool][project]; n > 0 {
+			if pool == "" {
+				pool = "connections"
+			}
+			parts = append(parts, fmt.Sprintf("%s=%d", pool, n))
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
 // Reconcile compares the maps with the kernel's own socket table and repairs
 // drift, in four steps: it adopts project sockets of the caller's network
 // namespace that hold no permit; it uncounts listeners of that namespace that
@@ -214,7 +271,10 @@ type pass struct {
 	// of their cgroup now, by that project's id; movedPast those the rule
 	// would have refused it.
 	moved, movedPast map[uint64]int
-	live             map[uint64]bool // cookies of the sockets the dump wrote out
+	// pastIn and movedPastIn break past and movedPast down by the pool
+	// whose rule it was (pool 0: the node's), a socket past both in each.
+	pastIn, movedPastIn map[destPair]int
+	live                map[uint64]bool // cookies of the sockets the dump wrote out
 	// destHeld counts the destination pool permits of held entries, and
 	// destInUse the pools' per-project counts that did not move during the
 	// pass.
@@ -224,7 +284,8 @@ type pass struct {
 
 func (l *Limiter) readPass(targets []dumpTarget, names []string, dests []uint32) (pass, error) {
 	p := pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}, checked: map[uint64]bool{}, skipped: map[uint64]string{},
-		past: map[uint64]int{}, moved: map[uint64]int{}, movedPast: map[uint64]int{}, destHeld: map[destPair]int{}}
+		past: map[uint64]int{}, moved: map[uint64]int{}, movedPast: map[uint64]int{}, destHeld: map[destPair]int{},
+		pastIn: map[destPair]int{}, movedPastIn: map[destPair]int{}}
 	var n0, n1 limiterFsPool
 	if err := l.objs.FsNode.Lookup(uint32(0), &n0); err != nil {
 		return p, fmt.Errorf("reading node map: %w", err)
@@ -279,11 +340,13 @@ func (l *Limiter) readPass(targets []dumpTarget, names []string, dests []uint32)
 			case adoptedPast:
 				p.adopted++
 				p.past[r.Project]++
+				countPast(p.pastIn, r)
 			case moved:
 				p.moved[r.Project]++
 			case movedPast:
 				p.moved[r.Project]++
 				p.movedPast[r.Project]++
+				countPast(p.movedPastIn, r)
 			}
 		}
 	}
@@ -559,6 +622,12 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 		for id, n := range second.past {
 			past[id] += n
 		}
+		for k, n := range second.pastIn {
+			first.pastIn[k] += n
+		}
+		for k, n := range second.movedPastIn {
+			first.movedPastIn[k] += n
+		}
 		for id, n := range second.moved {
 			movedTo[id] += n
 		}
@@ -656,13 +725,24 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	if rep.Adopted > 0 {
 		l.log.Info("adopted connections that held no permit", "count", rep.Adopted)
 	}
+	poolName := func(id uint32) string {
+		if id == 0 {
+			return ""
+		}
+		if n, ok := destNames[id]; ok {
+			return n
+		}
+		return fmt.Sprintf("destination_pool_%d", id) // removed meanwhile
+	}
+	rep.AdoptedPastIn = pastByPool(first.pastIn, poolName, name)
+	rep.MovedPastIn = pastByPool(first.movedPastIn, poolName, name)
 	for id, n := range past {
 		if rep.AdoptedPast == nil {
 			rep.AdoptedPast = map[string]int{}
 		}
 		rep.AdoptedPast[name(id)] += n
 		l.log.Warn("adopted connections past the rule: they exist, so they count, and in_use may exceed the pool until they end",
-			"project", name(id), "count", n)
+			"project", name(id), "count", n, "pools", pastPoolsOf(rep.AdoptedPastIn, name(id)))
 	}
 	if len(past) > 0 {
 		l.mu.Lock()
@@ -684,7 +764,8 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 		}
 		rep.MovedPast[name(id)] += n
 		l.log.Warn("moved permits taken as unclassified to their project past the rule: they exist, so they count, "+
-			"and the rule refuses the project until it is back under its limit", "project", name(id), "count", n)
+			"and the rule refuses the project until it is back under its limit", "project", name(id), "count", n,
+			"pools", pastPoolsOf(rep.MovedPastIn, name(id)))
 	}
 
 	// The kernel's own count: every cgroup below a member, by project.

@@ -4,6 +4,7 @@ package loader
 
 import (
 	"context"
+	"maps"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -182,7 +183,7 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 	// podB is classified: its 3 permits move to team-b, podG's stay.
 	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-b", Cgroup: podB}))
 	rep := reconcile()
-	if rep.Moved["team-b"] != 3 || len(rep.Moved) != 1 || len(rep.MovedPast) != 0 || rep.Adopted != 0 || len(rep.DestRepaired) != 0 {
+	if rep.Moved["team-b"] != 3 || len(rep.Moved) != 1 || len(rep.MovedPast) != 0 || len(rep.MovedPastIn) != 0 || rep.Adopted != 0 || len(rep.DestRepaired) != 0 {
 		t.Fatalf("reconcile after podB's classification: moved %v past %v adopted %d, destination counts repaired %v",
 			rep.Moved, rep.MovedPast, rep.Adopted, rep.DestRepaired)
 	}
@@ -214,6 +215,9 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 	rep = reconcile()
 	if rep.Moved["team-a"] != 2 || rep.MovedPast["team-a"] != 2 || len(rep.DestRepaired) != 0 {
 		t.Fatalf("podG's move into team-a past the rule: moved %v past %v", rep.Moved, rep.MovedPast)
+	}
+	if in := rep.MovedPastIn; len(in) != 1 || !maps.Equal(in[""], map[string]int{"team-a": 2}) {
+		t.Fatalf("moved past the rule by pool %v; want the node's only (db's 100 are far from full)", in)
 	}
 	s = snap(t, l)
 	if s.InUse != before || project(s, "team-a").InUse != held+2 || project(s, Unclassified).InUse != 0 || s.InUse > pool {
@@ -256,6 +260,9 @@ func TestUnclassifiedMoveReportsDestPast(t *testing.T) {
 	}
 	if rep.Moved["team-a"] != 2 || rep.MovedPast["team-a"] != 2 || len(rep.DestRepaired) != 0 {
 		t.Fatalf("podB's move into team-a, db full: moved %v past %v, repaired %v", rep.Moved, rep.MovedPast, rep.DestRepaired)
+	}
+	if in := rep.MovedPastIn; len(in) != 1 || !maps.Equal(in["db"], map[string]int{"team-a": 2}) {
+		t.Fatalf("moved past the rule by pool %v; want db's only (the node's pool of 100 is far from full)", in)
 	}
 	if d := destSnap(t, l, "db"); d.InUse != 4 || destProj(d, "team-a").InUse != 4 || destProj(d, Unclassified).InUse != 0 {
 		t.Fatalf("db after the move: %+v", d)
@@ -418,6 +425,9 @@ func TestAdoptedPastRule(t *testing.T) {
 	s := snap(t, l)
 	if rep.Adopted != 5 || rep.AdoptedPast["late"] != 3 || s.InUse != 5 || s.Events.AdoptedPast != 3 {
 		t.Fatalf("adopted %d past %v, in_use %d, events %+v", rep.Adopted, rep.AdoptedPast, s.InUse, s.Events)
+	}
+	if in := rep.AdoptedPastIn; len(in) != 1 || !maps.Equal(in[""], map[string]int{"late": 3}) {
+		t.Fatalf("past the rule by pool %v; want the node's, late 3", in)
 	}
 }
 

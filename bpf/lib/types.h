@@ -249,7 +249,7 @@ struct fs_sock_record {
 	__u32 adopted; /* 1 if this dump adopted it, ADOPTED_PAST if past the rule;
 			* MOVED or MOVED_PAST if it moved its permit */
 	__u32 dest;    /* the destination pool its permit holds (held only), 0 none */
-	__u32 _pad;
+	__u32 past;    /* with ADOPTED_PAST or MOVED_PAST: whose rule, PAST_NODE | PAST_DEST */
 };
 
 /* fs_sock_record.adopted: adopted while the rule would have refused it. */
@@ -260,6 +260,10 @@ struct fs_sock_record {
  * the same). */
 #define MOVED 3
 #define MOVED_PAST 4
+/* fs_sock_record.past: the pools whose rule it was adopted or moved past:
+ * the node's connections pool, the destination pool it holds (dest). */
+#define PAST_NODE 1
+#define PAST_DEST 2
 
 /* Emits the record's BTF for bpf2go -type; lives in .rodata with the tunables. */
 volatile const struct fs_sock_record fs_record_layout;
