@@ -475,7 +475,7 @@ static __always_inline bool weak_above(struct cgroup *c, __u64 id)
 static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to, __u32 *past)
 {
 	__u64 from = 0;
-	__u32 kind = 0, dest = 0;
+	__u32 kind = 0, dest = 0, p = 0;
 	if (!unhold(cookie, &from, &kind, &dest, true))
 		return 0; /* released meanwhile */
 	v.project = to;
@@ -486,7 +486,7 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to,
 	if (cfg && n && pt) {
 		if (*(volatile __s64 *)&n->in_use >=
 		    cap_limit(cfg, 0, to, *(volatile __s64 *)&pt->in_use, limit_for(cfg, n, pt, false), cfg->pool))
-			*past |= PAST_NODE;
+			p |= PAST_NODE;
 		seen(cfg, n, pt, CLK_FINE);
 	}
 	if (pt)
@@ -497,7 +497,7 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to,
 	__u64 clk = 0;
 	if (dest) {
 		if (dest_adopt(dest, to))
-			*past |= PAST_DEST;
+			p |= PAST_DEST;
 		dest_give(dest, from, true, &clk);
 	}
 	if (hold(cookie, &v) != 0) {
@@ -505,10 +505,10 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to,
 		release(to, CLK_FINE, &clk);
 		if (dest)
 			dest_give(dest, to, true, &clk);
-		*past = 0;
 		return 0;
 	}
-	return *past ? MOVED_PAST : MOVED;
+	*past = p;
+	return p ? MOVED_PAST : MOVED;
 }
 
 /*
@@ -614,6 +614,7 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 				    .dest = held ? 0 : dest_adoptable(sk, id)};
 		if (hold(rec.cookie, &v) == 0) {
 			rec.adopted = 1;
+			rec.dest = v.dest;
 			/* Its destination pool's permit, past the rule as the
 			 * node's: the entry names the pool, so the release
 			 * gives it back there. Past that pool's rule, it is
@@ -652,8 +653,10 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		    weak_above(sk->sk_cgrp_data.cgroup, s->project)) {
 			struct fs_sock v = *s;
 			__u32 moved = move_held(rec.cookie, v, id, &rec.past);
-			if (moved)
+			if (moved) {
 				rec.adopted = moved;
+				rec.dest = v.dest;
+			}
 			s = held_find(rec.cookie, true);
 		}
 		if (s) {

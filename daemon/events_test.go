@@ -5,6 +5,7 @@ package daemon
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -77,7 +78,7 @@ func TestReconcileEvents(t *testing.T) {
 	k := &kernelSide{events: s}
 	k.publishRepairs(loader.ReconcileReport{Adopted: 3, Orphans: 1, Repaired: map[string]int{"beta": -2, "alpha": 1, "calm": 0},
 		AdoptedPast:   map[string]int{"alpha": 1, "beta": 1, "gamma": 1},
-		AdoptedPastIn: map[string]map[string]int{"": {"gamma": 1, "alpha": 1}, "db": {"gamma": 1, "beta": 1}},
+		AdoptedPastIn: map[string]map[string]int{loader.ConnectionsPool: {"gamma": 1, "alpha": 1}, "db": {"gamma": 1, "beta": 1}},
 		MovedPast:     map[string]int{"team-a": 2}, MovedPastIn: map[string]map[string]int{"db": {"team-a": 2}}})
 	got := s.recent(events.Filter{})
 	type row struct {
@@ -104,6 +105,15 @@ func TestReconcileEvents(t *testing.T) {
 		if rows[i] != want[i] {
 			t.Fatalf("events %+v, want %+v", rows, want)
 		}
+	}
+	if loader.ConnectionsPool != config.PoolConnections {
+		t.Errorf("the loader names the node's pool %q, the configuration %q", loader.ConnectionsPool, config.PoolConnections)
+	}
+	if d := got[1].Detail; !strings.HasPrefix(d, "adopted past the rule") {
+		t.Errorf("adopted_past_rule's detail %q", d)
+	}
+	if d := got[5].Detail; !strings.HasPrefix(d, "permits taken while its pod was unclassified") {
+		t.Errorf("moved_past_rule's detail %q", d)
 	}
 	if e := got[len(got)-1]; e.Detail != "in_use corrected by -2" {
 		t.Errorf("detail %q", e.Detail)

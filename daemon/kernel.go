@@ -332,10 +332,10 @@ func (k *kernelSide) reconcilePass(ctx context.Context) {
 }
 
 // publishRepairs makes an event of each repair of a pass: sockets adopted
-// (and those past the rule, per project), permits moved from (unclassified)
-// past the rule (per project),
-// permits of gone sockets released, stale listeners uncounted, in_use
-// corrected (per project), the exempt count corrected.
+// (and those past the rule, per pool and project, the pool named), permits
+// moved from (unclassified) past the rule (per pool and project), permits
+// of gone sockets released, stale listeners uncounted, in_use corrected
+// (per project), the exempt count corrected.
 func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
 	pubIn := func(kind, pool, project string, n int, detail string) {
 		if n != 0 {
@@ -350,12 +350,8 @@ func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
 	// node's pool and its destination pool's is in both).
 	pubPast := func(kind string, in map[string]map[string]int, detail string) {
 		for _, pool := range slices.Sorted(maps.Keys(in)) {
-			name := pool
-			if name == "" {
-				name = config.PoolConnections
-			}
 			for _, p := range slices.Sorted(maps.Keys(in[pool])) {
-				pubIn(kind, name, p, in[pool][p], detail)
+				pubIn(kind, pool, p, in[pool][p], detail)
 			}
 		}
 	}

@@ -30,14 +30,17 @@ const (
 	// because enforcement had lapsed (no daemon seen for
 	// connections.lapse_after).
 	KindLapsed = "lapsed"
-	// KindAdoptedPast: reconcile adopted sockets the rule would have
-	// refused (they exist, so they count): Count says how many, and the
-	// pool's in_use may exceed its size by them until they end.
+	// KindAdoptedPast: reconcile adopted sockets the rule of Pool (the
+	// connections pool, or a destination pool) would have refused (they
+	// exist, so they count): Count says how many, and the pool's in_use
+	// may exceed its size by them until they end. One per pool and
+	// project: a socket past two pools' rules is in both events.
 	KindAdoptedPast = "adopted_past_rule"
 	// KindMovedPast: reconcile moved permits taken while a pod was
-	// unclassified to the project it is classified in, and the rule would
-	// have refused that project: Count says how many; they count, and the
-	// project is refused until it is back under its limit.
+	// unclassified to the project it is classified in, and the rule of
+	// Pool would have refused that project: Count says how many; they
+	// count, and the project is refused there until it is back under its
+	// limit. One per pool and project, as KindAdoptedPast.
 	KindMovedPast = "moved_past_rule"
 	KindFleet     = "fleet" // a fleet pool's link to etcd changed (connected, cut off): Reason says which
 )

@@ -157,7 +157,7 @@ func TestAdoptedPastFleetCap(t *testing.T) {
 		t.Fatalf("adopted %d, past the rule %v; want 7, alpha 1 (its third, past its cap of 2), beta 1 (its second in db, past its cap of 1), gamma 1",
 			rep.Adopted, rep.AdoptedPast)
 	}
-	if in := rep.AdoptedPastIn; len(in) != 2 || !maps.Equal(in[""], map[string]int{"alpha": 1, "gamma": 1}) ||
+	if in := rep.AdoptedPastIn; len(in) != 2 || !maps.Equal(in[ConnectionsPool], map[string]int{"alpha": 1, "gamma": 1}) ||
 		!maps.Equal(in["db"], map[string]int{"beta": 1, "gamma": 1}) {
 		t.Fatalf("past the rule by pool %v; want the node's: alpha 1, gamma 1; db's: beta 1, gamma 1", in)
 	}

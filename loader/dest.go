@@ -1204,6 +1204,12 @@ func (l *Limiter) destSnapshotsLocked(names []string, mono uint64) ([]DestSnapsh
 	return out, nil
 }
 
+// removedDestPool names destination pool id where its name is gone (the
+// pool removed since the kernel reported it).
+func removedDestPool(id uint32) string {
+	return fmt.Sprintf("destination_pool_%d", id)
+}
+
 // DestPoolName is the name of destination pool id (an event's), "" if
 // none.
 func (l *Limiter) DestPoolName(id uint32) string {

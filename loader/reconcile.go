@@ -11,7 +11,6 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -38,7 +37,7 @@ type ReconcileReport struct {
 	// holds them (their project's and the pool's in_use, which may then
 	// exceed the pool's size), and reported here, in a warning, in the
 	// adopted_past_rule counter (Events.AdoptedPast) and by the daemon as
-	// an event per project.
+	// an event per pool and project (AdoptedPastIn).
 	AdoptedPast map[string]int
 	// Moved counts, by project, the permits taken as Unclassified (their
 	// pod not classified yet) that the pass moved to the project their
@@ -53,8 +52,10 @@ type ReconcileReport struct {
 	Moved, MovedPast map[string]int
 	// AdoptedPastIn and MovedPastIn break AdoptedPast and MovedPast down
 	// by the pool whose rule the socket was past, pool -> project ->
-	// sockets: "" is the node's connections pool, any other a destination
-	// pool's name. A socket past both is counted in each.
+	// sockets: ConnectionsPool is the node's pool, any other a destination
+	// pool's name. A socket past both is counted in each, so their sum may
+	// exceed AdoptedPast's and MovedPast's; each (pool, project) is a
+	// warning in the log.
 	AdoptedPastIn, MovedPastIn map[string]map[string]int
 	// Held counts the permits held by sockets (entries of the held map, all
 	// network namespaces).
@@ -191,8 +192,13 @@ const (
 	pastDest = 2
 )
 
+// ConnectionsPool names the node's connections pool where a report names
+// pools (ReconcileReport.AdoptedPastIn): the configuration's name for it.
+const ConnectionsPool = "connections"
+
 // countPast counts record r, adopted or moved past the rule, in each pool
-// it was past (pool 0: the node's).
+// it was past (pool 0: the node's). The programs fill r.Dest wherever they
+// set pastDest.
 func countPast(in map[destPair]int, r limiterFsSockRecord) {
 	if r.Past&pastNode != 0 {
 		in[destPair{0, r.Project}]++
@@ -203,14 +209,21 @@ func countPast(in map[destPair]int, r limiterFsSockRecord) {
 }
 
 // pastByPool is in (pass.pastIn, pass.movedPastIn) as ReconcileReport
-// keys it, pool name -> project name -> sockets; nil if empty.
-func pastByPool(in map[destPair]int, poolName func(uint32) string, name func(uint64) string) map[string]map[string]int {
+// keys it, pool name -> project name -> sockets, nil if empty: pool 0 is
+// ConnectionsPool, a destination pool's id its name in names, or
+// removedDestPool's if gone.
+func pastByPool(in map[destPair]int, names map[uint32]string, name func(uint64) string) map[string]map[string]int {
 	var out map[string]map[string]int
 	for k, n := range in {
 		if out == nil {
 			out = map[string]map[string]int{}
 		}
-		pool := poolName(k.pool)
+		pool, ok := ConnectionsPool, true
+		if k.pool != 0 {
+			if pool, ok = names[k.pool]; !ok {
+				pool = removedDestPool(k.pool)
+			}
+		}
 		if out[pool] == nil {
 			out[pool] = map[string]int{}
 		}
@@ -219,19 +232,14 @@ func pastByPool(in map[destPair]int, poolName func(uint32) string, name func(uin
 	return out
 }
 
-// pastPoolsOf says, for a warning, which pools project was past and how
-// many times: "connections=2 db=1" (the node's pool by its name).
-func pastPoolsOf(in map[string]map[string]int, project string) string {
-	var parts []string
+// warnPast logs each (pool, project) of in, a ReconcileReport's
+// AdoptedPastIn or MovedPastIn, as a warning with msg.
+func (l *Limiter) warnPast(msg string, in map[string]map[string]int) {
 	for _, pool := range slices.Sorted(maps.Keys(in)) {
-		if n := in[pool][project]; n > 0 {
-			if pool == "" {
-				pool = "connections"
-			}
-			parts = append(parts, fmt.Sprintf("%s=%d", pool, n))
+		for _, p := range slices.Sorted(maps.Keys(in[pool])) {
+			l.log.Warn(msg, "pool", pool, "project", p, "count", in[pool][p])
 		}
 	}
-	return strings.Join(parts, " ")
 }
 
 // Reconcile compares the maps with the kernel's own socket table and repairs
@@ -725,25 +733,16 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	if rep.Adopted > 0 {
 		l.log.Info("adopted connections that held no permit", "count", rep.Adopted)
 	}
-	poolName := func(id uint32) string {
-		if id == 0 {
-			return ""
-		}
-		if n, ok := destNames[id]; ok {
-			return n
-		}
-		return fmt.Sprintf("destination_pool_%d", id) // removed meanwhile
-	}
-	rep.AdoptedPastIn = pastByPool(first.pastIn, poolName, name)
-	rep.MovedPastIn = pastByPool(first.movedPastIn, poolName, name)
+	rep.AdoptedPastIn = pastByPool(first.pastIn, destNames, name)
+	rep.MovedPastIn = pastByPool(first.movedPastIn, destNames, name)
 	for id, n := range past {
 		if rep.AdoptedPast == nil {
 			rep.AdoptedPast = map[string]int{}
 		}
 		rep.AdoptedPast[name(id)] += n
-		l.log.Warn("adopted connections past the rule: they exist, so they count, and in_use may exceed the pool until they end",
-			"project", name(id), "count", n, "pools", pastPoolsOf(rep.AdoptedPastIn, name(id)))
 	}
+	l.warnPast("adopted connections past the rule: they exist, so they count, and in_use may exceed the pool until they end",
+		rep.AdoptedPastIn)
 	if len(past) > 0 {
 		l.mu.Lock()
 		for _, n := range past {
@@ -763,10 +762,9 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 			rep.MovedPast = map[string]int{}
 		}
 		rep.MovedPast[name(id)] += n
-		l.log.Warn("moved permits taken as unclassified to their project past the rule: they exist, so they count, "+
-			"and the rule refuses the project until it is back under its limit", "project", name(id), "count", n,
-			"pools", pastPoolsOf(rep.MovedPastIn, name(id)))
 	}
+	l.warnPast("moved permits taken as unclassified to their project past the rule: they exist, so they count, "+
+		"and the rule refuses the project in that pool until it is back under its limit", rep.MovedPastIn)
 
 	// The kernel's own count: every cgroup below a member, by project.
 	// The weak members first: a member below one wins (project.h), and a

@@ -251,7 +251,7 @@ func (l *Limiter) refusal(ev *limiterFsEvent, names *nameCache) Refusal {
 	}
 	if ev.Dest != 0 {
 		if r.DestPool = l.DestPoolName(ev.Dest); r.DestPool == "" {
-			r.DestPool = fmt.Sprintf("destination_pool_%d", ev.Dest)
+			r.DestPool = removedDestPool(ev.Dest)
 		}
 	}
 	switch ev.Dir {

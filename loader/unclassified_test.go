@@ -3,9 +3,13 @@
 package loader
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
 	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -216,7 +220,7 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 	if rep.Moved["team-a"] != 2 || rep.MovedPast["team-a"] != 2 || len(rep.DestRepaired) != 0 {
 		t.Fatalf("podG's move into team-a past the rule: moved %v past %v", rep.Moved, rep.MovedPast)
 	}
-	if in := rep.MovedPastIn; len(in) != 1 || !maps.Equal(in[""], map[string]int{"team-a": 2}) {
+	if in := rep.MovedPastIn; len(in) != 1 || !maps.Equal(in[ConnectionsPool], map[string]int{"team-a": 2}) {
 		t.Fatalf("moved past the rule by pool %v; want the node's only (db's 100 are far from full)", in)
 	}
 	s = snap(t, l)
@@ -398,6 +402,41 @@ func TestLapse(t *testing.T) {
 	}
 }
 
+// TestPastByPool: the dump's records past the rule, broken down by the
+// pools whose rule they were past (a record past both in each; a removed
+// destination pool by its id), each (pool, project) one warning.
+func TestPastByPool(t *testing.T) {
+	in := map[destPair]int{}
+	for _, r := range []limiterFsSockRecord{
+		{Project: 1, Past: pastNode},
+		{Project: 1, Past: pastNode | pastDest, Dest: 2},
+		{Project: 2, Past: pastDest, Dest: 3},
+		{Project: 2, Past: pastDest, Dest: 2},
+	} {
+		countPast(in, r)
+	}
+	name := func(id uint64) string { return fmt.Sprintf("p%d", id) }
+	got := pastByPool(in, map[uint32]string{2: "db"}, name)
+	want := map[string]map[string]int{ConnectionsPool: {"p1": 2}, "db": {"p1": 1, "p2": 1}, "destination_pool_3": {"p2": 1}}
+	if !maps.EqualFunc(got, want, maps.Equal) || len(got) != len(want) {
+		t.Fatalf("by pool %v, want %v", got, want)
+	}
+	if pastByPool(map[destPair]int{}, nil, name) != nil {
+		t.Fatal("no record past the rule: want nil")
+	}
+	var logged bytes.Buffer
+	l := &Limiter{log: slog.New(slog.NewTextHandler(&logged, nil))}
+	l.warnPast("past", got)
+	var lines []string
+	for _, line := range strings.Split(strings.TrimSpace(logged.String()), "\n") {
+		lines = append(lines, line[strings.Index(line, "msg="):])
+	}
+	if w := []string{"msg=past pool=connections project=p1 count=2", "msg=past pool=db project=p1 count=1",
+		"msg=past pool=db project=p2 count=1", "msg=past pool=destination_pool_3 project=p2 count=1"}; !slices.Equal(lines, w) {
+		t.Fatalf("warnings\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(w, "\n"))
+	}
+}
+
 // TestAdoptedPastRule: sockets adopted past the rule are counted and
 // reported per project, not hidden.
 func TestAdoptedPastRule(t *testing.T) {
@@ -426,7 +465,7 @@ func TestAdoptedPastRule(t *testing.T) {
 	if rep.Adopted != 5 || rep.AdoptedPast["late"] != 3 || s.InUse != 5 || s.Events.AdoptedPast != 3 {
 		t.Fatalf("adopted %d past %v, in_use %d, events %+v", rep.Adopted, rep.AdoptedPast, s.InUse, s.Events)
 	}
-	if in := rep.AdoptedPastIn; len(in) != 1 || !maps.Equal(in[""], map[string]int{"late": 3}) {
+	if in := rep.AdoptedPastIn; len(in) != 1 || !maps.Equal(in[ConnectionsPool], map[string]int{"late": 3}) {
 		t.Fatalf("past the rule by pool %v; want the node's, late 3", in)
 	}
 }

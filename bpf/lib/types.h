@@ -248,7 +248,7 @@ struct fs_sock_record {
 	__u32 kind;
 	__u32 adopted; /* 1 if this dump adopted it, ADOPTED_PAST if past the rule;
 			* MOVED or MOVED_PAST if it moved its permit */
-	__u32 dest;    /* the destination pool its permit holds (held only), 0 none */
+	__u32 dest;    /* the destination pool of its permit (held, adopted or moved here), 0 none */
 	__u32 past;    /* with ADOPTED_PAST or MOVED_PAST: whose rule, PAST_NODE | PAST_DEST */
 };
 
