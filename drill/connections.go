@@ -240,10 +240,13 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 	go func() {
 		defer bg.Done()
 		every(ctx, cfg.Sample, tl.endAt, func() {
-			// The sample is the kernel's state when the read began: a
-			// snapshot takes tens of microseconds (it took ~2 ms when it
-			// read the whole projects table), and stamping it at its end
-			// put a slice's last state into the next slice.
+			// The read's start and end: a snapshot takes tens of
+			// microseconds, or milliseconds when it waits for a tick's
+			// lock, and a read that crosses a slice's end counts in
+			// neither slice (timeline.spanOf): stamped at its end it put
+			// a both slice's last state into the next solo slice, at its
+			// start a solo slice's last read returned the next both
+			// slice's.
 			at := time.Now()
 			s, err := lim.Snapshot()
 			if err != nil {
@@ -257,7 +260,7 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 			for _, p := range projs {
 				held[p.Project] += p.InUse
 			}
-			hold.observe(at, inUse, held)
+			hold.observe(at, time.Now(), inUse, held)
 		})
 	}()
 	res := map[string][]result{}

@@ -249,11 +249,14 @@ type holdings struct {
 	samples []sample
 }
 
-// sample is the pool at one instant.
+// sample is the pool as one read saw it, begun at at and ended at end: a
+// read takes from microseconds to, on a loaded machine, milliseconds (a
+// tick holding the limiter's lock, the sampler descheduled), and what it
+// returns is the pool at some instant in between.
 type sample struct {
-	at    time.Time
-	inUse int
-	held  map[string]int
+	at, end time.Time
+	inUse   int
+	held    map[string]int
 }
 
 // holdingsByPhase is the samples sorted into phases.
@@ -264,10 +267,22 @@ type holdingsByPhase struct {
 
 func newHoldings() *holdings { return &holdings{} }
 
-func (h *holdings) observe(at time.Time, inUse int, held map[string]int) {
+func (h *holdings) observe(at, end time.Time, inUse int, held map[string]int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.samples = append(h.samples, sample{at: at, inUse: inUse, held: held})
+	h.samples = append(h.samples, sample{at: at, end: end, inUse: inUse, held: held})
+}
+
+// spanOf is the span sample s was read in, nil if none: a read begun in
+// one span and ended in another (or outside any) is in none, since the
+// state it returns may be either's (a solo slice's last read returning big's
+// permits of the both slice begun meanwhile).
+func (tl timeline) spanOf(s sample) *span {
+	sp := tl.spanAt(s.at)
+	if sp == nil || tl.spanAt(s.end) != sp {
+		return nil
+	}
+	return sp
 }
 
 func (h *holdings) byPhase(tl timeline) holdingsByPhase {
@@ -278,7 +293,7 @@ func (h *holdings) byPhase(tl timeline) holdingsByPhase {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, s := range h.samples {
-		sp := tl.spanAt(s.at)
+		sp := tl.spanOf(s)
 		if sp == nil {
 			continue
 		}
@@ -303,7 +318,7 @@ func (h *holdings) bins(tl timeline, w time.Duration, projects []string) []HeldB
 		most[p] = map[int]int{}
 	}
 	for _, s := range h.samples {
-		if s.at.Before(tl.soloAt) || tl.spanAt(s.at) == nil {
+		if s.at.Before(tl.soloAt) || tl.spanOf(s) == nil {
 			continue
 		}
 		i := int(s.at.Sub(tl.soloAt) / w)
@@ -393,12 +408,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	go func() {
 		defer bg.Done()
 		every(ctx, cfg.Sample, tl.endAt, func() {
+			at := time.Now()
 			s := pool.Snapshot()
 			held := make(map[string]int, len(s.Projects))
 			for _, p := range s.Projects {
 				held[p.Project] = p.Held
 			}
-			hold.observe(time.Now(), s.InUse, held)
+			hold.observe(at, time.Now(), s.InUse, held)
 		})
 	}()
 

@@ -245,6 +245,43 @@ func TestTimeline(t *testing.T) {
 	}
 }
 
+// TestHeldSamplesAcrossSlices: a read of the pool that begins in one slice
+// and ends in the next counts in neither, in the phases' most held and in
+// the held series, whichever end of the read its state came from: a solo
+// slice's last read returning big's permits of the both slice begun
+// meanwhile (the drill's rare "held series in solo" failure on a loaded
+// machine), or a both slice's last read ending in the solo slice.
+func TestHeldSamplesAcrossSlices(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	ms := time.Millisecond
+	// solo [0,250ms), both [250,500), solo [500,750), both [750,1000),
+	// big-alone [1000,1500), counted from t0.
+	tl := newTimeline(t0, 0, 500*ms, 2)
+	h := newHoldings()
+	read := func(from, to time.Duration, held map[string]int) {
+		h.observe(t0.Add(from), t0.Add(to), held[Small]+held[Big], held)
+	}
+	read(100*ms, 101*ms, map[string]int{Small: 2})
+	read(240*ms, 260*ms, map[string]int{Small: 2, Big: 5}) // solo into both
+	read(300*ms, 301*ms, map[string]int{Small: 1, Big: 6})
+	read(499*ms, 505*ms, map[string]int{Small: 1, Big: 7}) // both into solo
+	read(600*ms, 600*ms, map[string]int{Small: 2})
+	read(1100*ms, 1102*ms, map[string]int{Big: 8})
+	read(1499*ms, 1600*ms, map[string]int{Big: 3}) // past the end
+	b := h.byPhase(tl)
+	if b.maxHeld[0][Big] != 0 || b.maxHeld[0][Small] != 2 || b.maxHeld[1][Big] != 6 || b.maxHeld[2][Big] != 8 {
+		t.Errorf("most held by phase %v", b.maxHeld)
+	}
+	if b.maxInUse[0] != 2 || b.maxInUse[1] != 7 {
+		t.Errorf("most in use by phase %v", b.maxInUse)
+	}
+	for _, bin := range h.bins(tl, 50*ms, []string{Small, Big}) {
+		if bin.Project == Big && bin.Held != 0 && (bin.StartS < 0.25 || bin.StartS >= 0.5 && bin.StartS < 0.75) {
+			t.Errorf("held series: big holds %d in a solo bin at %.2fs", bin.Held, bin.StartS)
+		}
+	}
+}
+
 // TestVerdicts feeds the judge made-up numbers: it must fail what breaks the
 // rule, not only pass what keeps it.
 func TestVerdicts(t *testing.T) {
