@@ -1204,9 +1204,10 @@ func (l *Limiter) destSnapshotsLocked(names []string, mono uint64) ([]DestSnapsh
 	return out, nil
 }
 
-// removedDestPool names destination pool id where its name is gone (the
-// pool removed since the kernel reported it).
-func removedDestPool(id uint32) string {
+// unnamedDestPool names destination pool id where the limiter has no name
+// for it: removed since the kernel reported it, or added after the names
+// were read (0: a record that named no pool).
+func unnamedDestPool(id uint32) string {
 	return fmt.Sprintf("destination_pool_%d", id)
 }
 

@@ -326,8 +326,8 @@
 // cap, in the node's pool or in the destination pool of its peer; enforced
 // or in dry-run) is
 // reported per project, and per pool (ReconcileReport.AdoptedPast and
-// AdoptedPastIn, a warning naming the pools, Events.AdoptedPast, and the
-// daemon's adopted_past_rule event per project and pool): that pool's in_use then exceeds its
+// AdoptedPastIn, a warning per pool and project, Events.AdoptedPast, and
+// the daemon's adopted_past_rule event per pool and project): that pool's in_use then exceeds its
 // size by at most the sockets adopted past its rule, until they end. They are
 // sockets made while no program counted them: before the first Open on a
 // node, while the programs were detached, or while their cgroup was in no

@@ -198,30 +198,42 @@ const ConnectionsPool = "connections"
 
 // countPast counts record r, adopted or moved past the rule, in each pool
 // it was past (pool 0: the node's). The programs fill r.Dest wherever they
-// set pastDest.
+// set pastDest; one that did not would be counted under
+// unnamedDestPool(0), not dropped.
 func countPast(in map[destPair]int, r limiterFsSockRecord) {
 	if r.Past&pastNode != 0 {
 		in[destPair{0, r.Project}]++
 	}
-	if r.Past&pastDest != 0 && r.Dest != 0 {
-		in[destPair{r.Dest, r.Project}]++
+	if r.Past&pastDest != 0 {
+		d := r.Dest
+		if d == 0 {
+			d = unnamedDest
+		}
+		in[destPair{d, r.Project}]++
 	}
 }
+
+// unnamedDest stands for the destination pool of a record past its rule
+// that named none (countPast).
+const unnamedDest = ^uint32(0)
 
 // pastByPool is in (pass.pastIn, pass.movedPastIn) as ReconcileReport
 // keys it, pool name -> project name -> sockets, nil if empty: pool 0 is
 // ConnectionsPool, a destination pool's id its name in names, or
-// removedDestPool's if gone.
+// unnamedDestPool's if it has none there.
 func pastByPool(in map[destPair]int, names map[uint32]string, name func(uint64) string) map[string]map[string]int {
 	var out map[string]map[string]int
 	for k, n := range in {
 		if out == nil {
 			out = map[string]map[string]int{}
 		}
-		pool, ok := ConnectionsPool, true
-		if k.pool != 0 {
+		pool := ConnectionsPool
+		if k.pool == unnamedDest {
+			pool = unnamedDestPool(0)
+		} else if k.pool != 0 {
+			var ok bool
 			if pool, ok = names[k.pool]; !ok {
-				pool = removedDestPool(k.pool)
+				pool = unnamedDestPool(k.pool)
 			}
 		}
 		if out[pool] == nil {
@@ -288,6 +300,24 @@ type pass struct {
 	// pass.
 	destHeld  map[destPair]int
 	destInUse map[destPair]int64
+}
+
+// addFound adds what pass q adopted and moved, a second read, to p's: the
+// programs adopt and move a socket once, so each pass reports its own.
+func (p *pass) addFound(q pass) {
+	p.adopted += q.adopted
+	addCounts(p.past, q.past)
+	addCounts(p.moved, q.moved)
+	addCounts(p.movedPast, q.movedPast)
+	addCounts(p.pastIn, q.pastIn)
+	addCounts(p.movedPastIn, q.movedPastIn)
+}
+
+// addCounts adds the counts of from to to's.
+func addCounts[K comparable](to, from map[K]int) {
+	for k, n := range from {
+		to[k] += n
+	}
 }
 
 func (l *Limiter) readPass(targets []dumpTarget, names []string, dests []uint32) (pass, error) {
@@ -593,8 +623,6 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 		return rep, err
 	}
 	rep.Adopted = first.adopted
-	past := first.past
-	movedTo, movedPastTo := first.moved, first.movedPast
 	if len(first.skipped) > 0 {
 		rep.NetnsSkipped = first.skipped
 	}
@@ -626,22 +654,8 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 		if err != nil {
 			return rep, err
 		}
-		rep.Adopted += second.adopted
-		for id, n := range second.past {
-			past[id] += n
-		}
-		for k, n := range second.pastIn {
-			first.pastIn[k] += n
-		}
-		for k, n := range second.movedPastIn {
-			first.movedPastIn[k] += n
-		}
-		for id, n := range second.moved {
-			movedTo[id] += n
-		}
-		for id, n := range second.movedPast {
-			movedPastTo[id] += n
-		}
+		first.addFound(second)
+		rep.Adopted = first.adopted
 		last = second
 		for cookie, id := range second.orphans {
 			if _, ok := first.orphans[cookie]; !ok {
@@ -735,6 +749,7 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	}
 	rep.AdoptedPastIn = pastByPool(first.pastIn, destNames, name)
 	rep.MovedPastIn = pastByPool(first.movedPastIn, destNames, name)
+	past, movedTo, movedPastTo := first.past, first.moved, first.movedPast
 	for id, n := range past {
 		if rep.AdoptedPast == nil {
 			rep.AdoptedPast = map[string]int{}

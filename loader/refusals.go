@@ -251,7 +251,7 @@ func (l *Limiter) refusal(ev *limiterFsEvent, names *nameCache) Refusal {
 	}
 	if ev.Dest != 0 {
 		if r.DestPool = l.DestPoolName(ev.Dest); r.DestPool == "" {
-			r.DestPool = removedDestPool(ev.Dest)
+			r.DestPool = unnamedDestPool(ev.Dest)
 		}
 	}
 	switch ev.Dir {

@@ -412,13 +412,15 @@ func TestPastByPool(t *testing.T) {
 		{Project: 1, Past: pastNode | pastDest, Dest: 2},
 		{Project: 2, Past: pastDest, Dest: 3},
 		{Project: 2, Past: pastDest, Dest: 2},
+		{Project: 3, Past: pastDest}, // names no pool: counted, not dropped
 	} {
 		countPast(in, r)
 	}
 	name := func(id uint64) string { return fmt.Sprintf("p%d", id) }
 	got := pastByPool(in, map[uint32]string{2: "db"}, name)
-	want := map[string]map[string]int{ConnectionsPool: {"p1": 2}, "db": {"p1": 1, "p2": 1}, "destination_pool_3": {"p2": 1}}
-	if !maps.EqualFunc(got, want, maps.Equal) || len(got) != len(want) {
+	want := map[string]map[string]int{ConnectionsPool: {"p1": 2}, "db": {"p1": 1, "p2": 1}, "destination_pool_3": {"p2": 1},
+		"destination_pool_0": {"p3": 1}}
+	if !maps.EqualFunc(got, want, maps.Equal) {
 		t.Fatalf("by pool %v, want %v", got, want)
 	}
 	if pastByPool(map[destPair]int{}, nil, name) != nil {
@@ -429,11 +431,27 @@ func TestPastByPool(t *testing.T) {
 	l.warnPast("past", got)
 	var lines []string
 	for _, line := range strings.Split(strings.TrimSpace(logged.String()), "\n") {
-		lines = append(lines, line[strings.Index(line, "msg="):])
+		_, rest, _ := strings.Cut(line, "msg=")
+		lines = append(lines, rest)
 	}
-	if w := []string{"msg=past pool=connections project=p1 count=2", "msg=past pool=db project=p1 count=1",
-		"msg=past pool=db project=p2 count=1", "msg=past pool=destination_pool_3 project=p2 count=1"}; !slices.Equal(lines, w) {
+	if w := []string{"past pool=connections project=p1 count=2", "past pool=db project=p1 count=1",
+		"past pool=db project=p2 count=1", "past pool=destination_pool_0 project=p3 count=1",
+		"past pool=destination_pool_3 project=p2 count=1"}; !slices.Equal(lines, w) {
 		t.Fatalf("warnings\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(w, "\n"))
+	}
+}
+
+// TestPassAddFound: a second read's adoptions and moves add to the
+// first's, by project and by pool.
+func TestPassAddFound(t *testing.T) {
+	p := pass{adopted: 2, past: map[uint64]int{1: 1}, moved: map[uint64]int{2: 3}, movedPast: map[uint64]int{},
+		pastIn: map[destPair]int{{0, 1}: 1}, movedPastIn: map[destPair]int{}}
+	p.addFound(pass{adopted: 3, past: map[uint64]int{1: 1, 4: 2}, moved: map[uint64]int{2: 1}, movedPast: map[uint64]int{2: 1},
+		pastIn: map[destPair]int{{0, 1}: 1, {5, 4}: 2}, movedPastIn: map[destPair]int{{5, 2}: 1}})
+	if p.adopted != 5 || !maps.Equal(p.past, map[uint64]int{1: 2, 4: 2}) || !maps.Equal(p.moved, map[uint64]int{2: 4}) ||
+		!maps.Equal(p.movedPast, map[uint64]int{2: 1}) || !maps.Equal(p.pastIn, map[destPair]int{{0, 1}: 2, {5, 4}: 2}) ||
+		!maps.Equal(p.movedPastIn, map[destPair]int{{5, 2}: 1}) {
+		t.Fatalf("after the second read: %+v", p)
 	}
 }
 

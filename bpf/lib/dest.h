@@ -189,7 +189,7 @@ static __always_inline void dest_mask(__u32 plen, __u64 *m0, __u64 *m1)
  * the half-written one, is counted in the pool of the slot's new entry and
  * gives its permit back there: a miscount of a connect racing a
  * reconfiguration, never a leak. The probes are a loop, not unrolled:
- * unrolled, a host match cost 7-10 ns more and a miss past the filter 5-8
+ * unrolled, a match cost 3-10 ns more and a miss past the filter 2-8
  * (BenchmarkConnectAcceptClose, 22 alternating rounds:
  * docs/measurements-log.md), though the loop runs more instructions.
  */
