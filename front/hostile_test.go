@@ -257,11 +257,37 @@ func (u *hostileUpstream) serve(c net.Conn) {
 const lateDelay = 30 * time.Millisecond
 
 // hostileSend sends case i as request id through target from a fresh
-// client connection and classifies what came back.
+// client connection and classifies what came back. A request with a body
+// is written while its answer is read (hostileWriteReading), as curl does:
+// net/http's Transport returns either the answer or the error of writing
+// the body, whichever it sees first (golang/go#11745), so a proxy that
+// passes on an answer given before the body and then closes, as net/http's
+// server does, would be judged by the Transport's race.
 func hostileSend(t testing.TB, target string, i int, id, project string) (outcome2, string) {
+	req := hostileReq(target, i, id, project)
+	if req.Body != nil {
+		return hostileWriteReading(req)
+	}
 	tr := &http.Transport{DisableKeepAlives: true}
 	defer tr.CloseIdleConnections()
-	return hostileDo(&http.Client{Transport: tr}, hostileReq(target, i, id, project))
+	return hostileDo(&http.Client{Transport: tr}, req)
+}
+
+// hostileWriteReading sends req on a connection of its own, writing it
+// (the head, then the body, whatever becomes of the write) while it reads
+// the answer, and classifies what came back.
+func hostileWriteReading(req *http.Request) (outcome2, string) {
+	c, err := net.DialTimeout("tcp", req.URL.Host, 5*time.Second)
+	if err != nil {
+		return gotCut, "no connection: " + err.Error()
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	req.Close = true
+	wrote := make(chan struct{})
+	go func() { defer close(wrote); _ = req.Write(c) }()
+	defer func() { c.Close(); <-wrote }()
+	resp, err := http.ReadResponse(bufio.NewReader(c), req)
+	return hostileClassify(req, resp, err)
 }
 
 // hostileReq is the request of case i with id: its method, and for a POST
@@ -284,10 +310,16 @@ func hostileReq(target string, i int, id, project string) *http.Request {
 // hostileDo sends req (whose path ends in its id) with cl and classifies
 // what came back.
 func hostileDo(cl *http.Client, req *http.Request) (outcome2, string) {
-	id := req.URL.Path[strings.LastIndexByte(req.URL.Path, '/')+1:]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	resp, err := cl.Do(req.WithContext(ctx))
+	return hostileClassify(req, resp, err)
+}
+
+// hostileClassify classifies the answer to req (whose path ends in its id)
+// resp, or err.
+func hostileClassify(req *http.Request, resp *http.Response, err error) (outcome2, string) {
+	id := req.URL.Path[strings.LastIndexByte(req.URL.Path, '/')+1:]
 	if err != nil {
 		return gotCut, "no answer: " + err.Error()
 	}
