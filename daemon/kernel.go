@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -349,11 +348,7 @@ func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
 	// Past the rule: an event per pool and project (a socket past the
 	// node's pool and its destination pool's is in both).
 	pubPast := func(kind string, in map[string]map[string]int, detail string) {
-		for _, pool := range slices.Sorted(maps.Keys(in)) {
-			for _, p := range slices.Sorted(maps.Keys(in[pool])) {
-				pubIn(kind, pool, p, in[pool][p], detail)
-			}
-		}
+		loader.EachPast(in, func(pool, project string, n int) { pubIn(kind, pool, project, n, detail) })
 	}
 	pub(events.KindAdopted, "", rep.Adopted, "project sockets that held no permit now do")
 	pubPast(events.KindAdoptedPast, rep.AdoptedPastIn,

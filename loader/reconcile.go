@@ -244,14 +244,22 @@ func pastByPool(in map[destPair]int, names map[uint32]string, name func(uint64) 
 	return out
 }
 
-// warnPast logs each (pool, project) of in, a ReconcileReport's
-// AdoptedPastIn or MovedPastIn, as a warning with msg.
-func (l *Limiter) warnPast(msg string, in map[string]map[string]int) {
+// EachPast calls f with each pool, project and count of in, a
+// ReconcileReport's AdoptedPastIn or MovedPastIn, pools and then projects
+// in order.
+func EachPast(in map[string]map[string]int, f func(pool, project string, n int)) {
 	for _, pool := range slices.Sorted(maps.Keys(in)) {
 		for _, p := range slices.Sorted(maps.Keys(in[pool])) {
-			l.log.Warn(msg, "pool", pool, "project", p, "count", in[pool][p])
+			f(pool, p, in[pool][p])
 		}
 	}
+}
+
+// warnPast logs each (pool, project) of in (EachPast) as a warning with msg.
+func (l *Limiter) warnPast(msg string, in map[string]map[string]int) {
+	EachPast(in, func(pool, project string, n int) {
+		l.log.Warn(msg, "pool", pool, "project", project, "count", n)
+	})
 }
 
 // Reconcile compares the maps with the kernel's own socket table and repairs
