@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -208,6 +209,40 @@ type helper struct {
 	cmd *exec.Cmd
 	in  io.WriteCloser
 	out *bufio.Reader
+}
+
+// pinOneCPU keeps every thread of the helper on one CPU (threads it makes
+// later inherit that from the thread that makes them): the kernel hands out
+// socket cookies from a batch per CPU, so the helper's sockets, and the
+// cookies burn takes, then come from one sequence, in the order it asks.
+func (h *helper) pinOneCPU() {
+	h.t.Helper()
+	var mine, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &mine); err != nil {
+		h.t.Fatal(err)
+	}
+	for cpu := range runtime.NumCPU() {
+		if mine.IsSet(cpu) {
+			one.Set(cpu)
+			break
+		}
+	}
+	// Twice: a thread made from one not pinned yet, during the first pass.
+	for range 2 {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", h.cmd.Process.Pid))
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		for _, task := range tasks {
+			tid, err := strconv.Atoi(task.Name())
+			if err != nil {
+				continue
+			}
+			if err := unix.SchedSetaffinity(tid, &one); err != nil && !errors.Is(err, unix.ESRCH) {
+				h.t.Fatalf("pinning the helper's thread %d: %v", tid, err)
+			}
+		}
+	}
 }
 
 // startHelper starts a helper in the cgroup dir; it is killed at the end of
