@@ -101,10 +101,14 @@ type Reconcile struct {
 	// refused until back under its limit).
 	MovedTotal     uint64 `json:"moved_total"`
 	MovedPastTotal uint64 `json:"moved_past_rule_total"`
-	Error          string `json:"error,omitempty"` // the last pass failed
-	Passes         uint64 `json:"passes"`
-	RepairsTotal   uint64 `json:"repairs_total"`
-	Failures       uint64 `json:"failures"`
+	// Unadopted is the number of project sockets holding no permit that
+	// the last pass could not adopt: the held-permit tables were full.
+	// They count nowhere until a pass finds room.
+	Unadopted    int    `json:"unadopted,omitempty"`
+	Error        string `json:"error,omitempty"` // the last pass failed
+	Passes       uint64 `json:"passes"`
+	RepairsTotal uint64 `json:"repairs_total"`
+	Failures     uint64 `json:"failures"`
 }
 
 // Listener is one of the daemon's listeners (package internal/listen).

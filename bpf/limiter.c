@@ -612,7 +612,8 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		struct fs_sock v = {.project = id, .netns = sock_netns(sk),
 				    .kind = ex ? KIND_EXEMPT_ADOPTED : KIND_ADOPTED,
 				    .dest = held ? 0 : dest_adoptable(sk, id)};
-		if (hold(rec.cookie, &v) == 0) {
+		long err = hold(rec.cookie, &v);
+		if (err == 0) {
 			rec.adopted = 1;
 			rec.dest = v.dest;
 			/* Its destination pool's permit, past the rule as the
@@ -640,8 +641,16 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 			if (rec.past)
 				rec.adopted = ADOPTED_PAST;
 			COUNT(adopted);
-		} else if (ex) {
-			exempt_undo();
+		} else {
+			if (ex)
+				exempt_undo();
+			/* Both held-permit tables full (-EEXIST: it holds
+			 * one, taken meanwhile): it stays uncounted, and is
+			 * reported (NOT_ADOPTED) until a pass finds room. */
+			if (err != -EEXIST) {
+				rec.adopted = NOT_ADOPTED;
+				COUNT(map_full);
+			}
 		}
 		struct fs_sock *s = held_find(rec.cookie, true);
 		/* A permit taken as unclassified (a weak member's project)

@@ -68,18 +68,27 @@ func TestEventSinkBounds(t *testing.T) {
 // TestReconcileEvents: each repair of a reconcile pass is an event:
 // adoptions, those past the rule and moves past it (one per pool and
 // project, the pool named: gamma's socket past both pools is in each),
-// orphans, stale listeners, the exempt count and each project's in_use
-// correction, with its size.
+// sockets not adopted (one per project), orphans, stale listeners, the
+// exempt count and each project's in_use correction, with its size; and
+// the pass is counted as status and the metrics show it (recordPass: the
+// daemon's passes and Open's).
 func TestReconcileEvents(t *testing.T) {
 	s, err := newEventSink(config.Default().Events, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	k := &kernelSide{events: s}
-	k.publishRepairs(loader.ReconcileReport{Adopted: 3, Orphans: 1, Repaired: map[string]int{"beta": -2, "alpha": 1, "calm": 0},
+	end := time.Unix(1700000000, 0)
+	k.recordPass(loader.ReconcileReport{Adopted: 3, Orphans: 1, Repaired: map[string]int{"beta": -2, "alpha": 1, "calm": 0},
 		AdoptedPast:   map[string]int{"alpha": 1, "beta": 1, "gamma": 1},
 		AdoptedPastIn: map[string]map[string]int{loader.ConnectionsPool: {"gamma": 1, "alpha": 1}, "db": {"gamma": 1, "beta": 1}},
-		MovedPast:     map[string]int{"team-a": 2}, MovedPastIn: map[string]map[string]int{"db": {"team-a": 2}}})
+		MovedPast:     map[string]int{"team-a": 2}, MovedPastIn: map[string]map[string]int{"db": {"team-a": 2}},
+		Unadopted: map[string]int{"zeta": 955, "eta": 2},
+		Kernel:    map[string]int{"alpha": 4, "zeta": 2000}, Held: map[string]int{"alpha": 4, "zeta": 1045}}, end)
+	if r := k.record(); r == nil || r.Passes != 1 || !r.Time.Equal(end) || r.Unadopted != 957 || r.Adopted != 3 ||
+		r.AdoptedPastTotal != 3 || r.MovedPastTotal != 2 || r.Sockets != 2004 || r.Held != 1049 || r.Repairs != 7 {
+		t.Fatalf("the pass's record %+v", r)
+	}
 	got := s.recent(events.Filter{})
 	type row struct {
 		kind, pool, project string
@@ -97,6 +106,7 @@ func TestReconcileEvents(t *testing.T) {
 		{events.KindAdoptedPast, conn, "alpha", 1}, {events.KindAdoptedPast, conn, "gamma", 1},
 		{events.KindAdoptedPast, "db", "beta", 1}, {events.KindAdoptedPast, "db", "gamma", 1},
 		{events.KindMovedPast, "db", "team-a", 2},
+		{events.KindUnadopted, conn, "eta", 2}, {events.KindUnadopted, conn, "zeta", 955},
 		{events.KindRepaired, conn, "", 1}, {events.KindRepaired, conn, "alpha", 1}, {events.KindRepaired, conn, "beta", 2}}
 	if len(rows) != len(want) {
 		t.Fatalf("events %+v, want %+v", rows, want)
@@ -114,6 +124,9 @@ func TestReconcileEvents(t *testing.T) {
 	}
 	if d := got[5].Detail; !strings.HasPrefix(d, "permits taken while its pod was unclassified") {
 		t.Errorf("moved_past_rule's detail %q", d)
+	}
+	if d := got[6].Detail; !strings.HasPrefix(d, "sockets that hold no permit not adopted") {
+		t.Errorf("unadopted's detail %q", d)
 	}
 	if e := got[len(got)-1]; e.Detail != "in_use corrected by -2" {
 		t.Errorf("detail %q", e.Detail)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -291,21 +292,34 @@ func (k *kernelSide) maintain(ctx context.Context, now time.Time) {
 func (k *kernelSide) reconcilePass(ctx context.Context) {
 	start := time.Now()
 	rep, err := k.lim.Reconcile(ctx)
-	k.mu.Lock()
-	k.rec.Time = time.Now()
 	if err != nil {
+		k.mu.Lock()
+		k.rec.Time = time.Now()
 		k.rec.Failures++
 		k.rec.Error = err.Error()
 		k.mu.Unlock()
 		k.log.Error("reconcile failed: the connection counts were not checked against the kernel's socket table", "err", err)
 		return
 	}
-	sum := func(m map[string]int) (n int) {
-		for _, v := range m {
-			n += v
-		}
-		return n
+	k.recordPass(rep, time.Now())
+	k.log.Debug("reconcile pass", "sockets", sum(rep.Kernel), "held", sum(rep.Held), "reservations", sum(rep.Reservations),
+		"took", time.Since(start).Round(time.Microsecond))
+}
+
+// sum is the sum of m's counts.
+func sum(m map[string]int) (n int) {
+	for _, v := range m {
+		n += v
 	}
+	return n
+}
+
+// recordPass keeps what a reconcile pass that ended at end found, for
+// Status and the metrics, and publishes its repairs as events: the daemon's
+// passes and the one loader.Open made (StartReport).
+func (k *kernelSide) recordPass(rep loader.ReconcileReport, end time.Time) {
+	k.mu.Lock()
+	k.rec.Time = end
 	repairs := rep.Adopted + rep.Orphans + rep.StaleListeners + abs(rep.ExemptRepaired)
 	for _, v := range rep.Repaired {
 		repairs += abs(v)
@@ -315,6 +329,7 @@ func (k *kernelSide) reconcilePass(ctx context.Context) {
 	k.rec.Error = ""
 	k.rec.Sockets, k.rec.Held, k.rec.Repairs = sum(rep.Kernel), sum(rep.Held), repairs
 	k.rec.Adopted, k.rec.Orphans, k.rec.StaleListeners = rep.Adopted, rep.Orphans, rep.StaleListeners
+	k.rec.Unadopted = sum(rep.Unadopted)
 	for _, n := range rep.AdoptedPast {
 		k.rec.AdoptedPastTotal += uint64(n)
 	}
@@ -326,15 +341,14 @@ func (k *kernelSide) reconcilePass(ctx context.Context) {
 	}
 	k.mu.Unlock()
 	k.publishRepairs(rep)
-	k.log.Debug("reconcile pass", "sockets", sum(rep.Kernel), "held", sum(rep.Held), "reservations", sum(rep.Reservations),
-		"repairs", repairs, "took", time.Since(start).Round(time.Microsecond))
 }
 
 // publishRepairs makes an event of each repair of a pass: sockets adopted
 // (and those past the rule, per pool and project, the pool named), permits
 // moved from (unclassified) past the rule (per pool and project), permits
 // of gone sockets released, stale listeners uncounted, in_use corrected
-// (per project), the exempt count corrected.
+// (per project), the exempt count corrected; and of the sockets it could
+// not adopt (per project).
 func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
 	pubIn := func(kind, pool, project string, n int, detail string) {
 		if n != 0 {
@@ -355,6 +369,10 @@ func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
 		"adopted past the rule: the sockets exist, so they count, and in_use may exceed the pool until they end")
 	pubPast(events.KindMovedPast, rep.MovedPastIn,
 		"permits taken while its pod was unclassified moved to it past the rule: they count, and the project is refused until back under its limit")
+	for _, p := range slices.Sorted(maps.Keys(rep.Unadopted)) {
+		pub(events.KindUnadopted, p, rep.Unadopted[p],
+			"sockets that hold no permit not adopted: the held-permit tables are full; they count nowhere until a pass finds room")
+	}
 	pub(events.KindRepaired, "", rep.Orphans, "permits of sockets that no longer exist released")
 	pub(events.KindRepaired, "", rep.StaleListeners, "listeners that no longer exist uncounted")
 	pub(events.KindRepaired, "", rep.ExemptRepaired, fmt.Sprintf("exempt in_use corrected by %+d", rep.ExemptRepaired))

@@ -42,6 +42,12 @@ const (
 	// count, and the project is refused there until it is back under its
 	// limit. One per pool and project, as KindAdoptedPast.
 	KindMovedPast = "moved_past_rule"
+	// KindUnadopted: reconcile found project sockets holding no permit
+	// that it could not adopt, the held-permit tables being full (only a
+	// flood of connections older than the daemon fills them): Count says
+	// how many; they count nowhere, so the project may take its share
+	// again beside them, until a pass finds room. One per project.
+	KindUnadopted = "unadopted"
 	KindFleet     = "fleet" // a fleet pool's link to etcd changed (connected, cut off): Reason says which
 )
 

@@ -28,6 +28,7 @@ func TestGoMirrorsCDefines(t *testing.T) {
 		"ADOPTED_PAST":    adoptedPast,
 		"MOVED":           moved,
 		"MOVED_PAST":      movedPast,
+		"NOT_ADOPTED":     notAdopted,
 		"PAST_NODE":       pastNode,
 		"PAST_DEST":       pastDest,
 		"KIND_EXEMPT_OUT": kindExemptOut,

@@ -3,8 +3,11 @@
 package loader
 
 import (
+	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -383,6 +386,69 @@ func TestSpilledPermits(t *testing.T) {
 	if n := spilled(); n != 0 {
 		t.Fatalf("spilled %d after close", n)
 	}
+}
+
+// Connections older than the programs past what the held-permit tables hold
+// (1024 slots and 1024 spill entries for a small pool): the pass adopts what
+// fits and reports the rest, by project, uncounted; nothing is given back
+// for them when they end, and a later pass adopts them once others end.
+func TestUnadoptedWhenTablesFull(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	var logged testutil.Buffer
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 2, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if l.held != 1024 {
+		t.Fatalf("slots %d, want 1024", l.held)
+	}
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	// Made without mkProject: no member yet, so no program counts them.
+	dir := mkdirs(t, root, "flood")[0]
+	many, few := startHelper(t, dir), startHelper(t, dir)
+	const nMany, nFew = 2000, 200
+	if r := many.dial("tcp4", ln.Addr().String(), nMany); r.ok != nMany {
+		t.Fatalf("dials %+v", r)
+	}
+	if r := few.dial("tcp4", ln.Addr().String(), nFew); r.ok != nFew {
+		t.Fatalf("dials %+v", r)
+	}
+	setMembers(t, l, []Member{{Project: "flood", Cgroup: dir}})
+	rep, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	un := rep.Unadopted["flood"]
+	if rep.Adopted+un != nMany+nFew || un < nMany+nFew-2*int(l.held) || len(rep.Unadopted) != 1 {
+		t.Fatalf("adopted %d, not adopted %v; want %d in all, at least %d not adopted", rep.Adopted, rep.Unadopted,
+			nMany+nFew, nMany+nFew-2*int(l.held))
+	}
+	if s := snap(t, l); s.InUse != rep.Adopted || project(s, "flood").InUse != rep.Adopted || rep.Held["flood"] != rep.Adopted {
+		t.Fatalf("adopted %d: held %v, %+v", rep.Adopted, rep.Held, s)
+	}
+	want := fmt.Sprintf(`project=flood count=%d table_entries=2048`, un)
+	if !strings.Contains(logged.String(), "could not be adopted") || !strings.Contains(logged.String(), want) {
+		t.Fatalf("log lacks the warning %q:\n%s", want, logged.String())
+	}
+	t.Logf("adopted %d, not adopted %d", rep.Adopted, un)
+	if s := snap(t, l); s.Events.MapFull < uint64(un) {
+		t.Errorf("map_full %d, want at least %d", s.Events.MapFull, un)
+	}
+	// Room again: the next pass adopts the rest, exactly.
+	many.do("close")
+	eventually(t, "the next pass", func() (bool, string) {
+		rep, err := l.Reconcile(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := snap(t, l)
+		return len(rep.Unadopted) == 0 && rep.Kernel["flood"] == nFew && s.InUse == nFew && project(s, "flood").InUse == nFew,
+			fmt.Sprintf("unadopted %v, kernel %v, %+v", rep.Unadopted, rep.Kernel, s)
+	})
+	few.do("close")
+	waitInUse(t, l, 0, map[string]int{"flood": 0})
 }
 
 // A second Open over pinned links moves them to the programs it loaded (a

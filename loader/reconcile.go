@@ -102,6 +102,13 @@ type ReconcileReport struct {
 	Dests        map[string]int
 	DestDrift    map[string]map[string]int
 	DestRepaired map[string]map[string]int
+	// Unadopted counts, by project, the sockets that hold no permit and
+	// that the pass could not adopt: both held-permit tables (2 x the
+	// pool's capacity each, at least 1024) were full, as only a flood of
+	// connections older than the programs fills them. They count nowhere
+	// (in_use undercounts the project by them) until a pass finds room,
+	// and each project is a warning in the log.
+	Unadopted map[string]int
 }
 
 // destPair is a project in a destination pool.
@@ -177,11 +184,13 @@ const sockRecordSize = 40
 // (adopted): adoptedPast, adopted while the rule would have refused it;
 // moved, its permit moved from a weak member's project (unclassified) to its
 // cgroup's project now; movedPast, moved while the rule would have refused
-// that project a permit.
+// that project a permit; notAdopted, holding none and not adopted, the
+// held-permit tables having no room for it.
 const (
 	adoptedPast = 2
 	moved       = 3
 	movedPast   = 4
+	notAdopted  = 5
 )
 
 // Values of fs_sock_record.past (bpf/lib/types.h): the pools whose rule a
@@ -303,6 +312,9 @@ type pass struct {
 	// whose rule it was (pool 0: the node's), a socket past both in each.
 	pastIn, movedPastIn map[destPair]int
 	live                map[uint64]bool // cookies of the sockets the dump wrote out
+	// unadopted counts the sockets the dump found no room to adopt, by
+	// project id.
+	unadopted map[uint64]int
 	// destHeld counts the destination pool permits of held entries, and
 	// destInUse the pools' per-project counts that did not move during the
 	// pass.
@@ -331,7 +343,7 @@ func addCounts[K comparable](to, from map[K]int) {
 func (l *Limiter) readPass(targets []dumpTarget, names []string, dests []uint32) (pass, error) {
 	p := pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}, checked: map[uint64]bool{}, skipped: map[uint64]string{},
 		past: map[uint64]int{}, moved: map[uint64]int{}, movedPast: map[uint64]int{}, destHeld: map[destPair]int{},
-		pastIn: map[destPair]int{}, movedPastIn: map[destPair]int{}}
+		pastIn: map[destPair]int{}, movedPastIn: map[destPair]int{}, unadopted: map[uint64]int{}}
 	var n0, n1 limiterFsPool
 	if err := l.objs.FsNode.Lookup(uint32(0), &n0); err != nil {
 		return p, fmt.Errorf("reading node map: %w", err)
@@ -393,6 +405,8 @@ func (l *Limiter) readPass(targets []dumpTarget, names []string, dests []uint32)
 				p.moved[r.Project]++
 				p.movedPast[r.Project]++
 				countPast(p.movedPastIn, r)
+			case notAdopted:
+				p.unadopted[r.Project]++
 			}
 		}
 	}
@@ -788,6 +802,19 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	}
 	l.warnPast("moved permits taken as unclassified to their project past the rule: they exist, so they count, "+
 		"and the rule refuses the project in that pool until it is back under its limit", rep.MovedPastIn)
+	// The last pass's: the second adopts what the first found no room
+	// for if sockets ended meanwhile.
+	for id, n := range last.unadopted {
+		if rep.Unadopted == nil {
+			rep.Unadopted = map[string]int{}
+		}
+		rep.Unadopted[name(id)] += n
+	}
+	for _, p := range slices.Sorted(maps.Keys(rep.Unadopted)) {
+		l.log.Warn("project sockets that hold no permit could not be adopted: the held-permit tables are full; "+
+			"they count nowhere, so the project may take its share again beside them, until a later pass finds room",
+			"project", p, "count", rep.Unadopted[p], "table_entries", 2*l.held)
+	}
 
 	// The kernel's own count: every cgroup below a member, by project.
 	// The weak members first: a member below one wins (project.h), and a

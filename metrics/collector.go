@@ -43,6 +43,7 @@ type Collector struct {
 	recPasses, recFailures, recRepairs        *prometheus.Desc
 	recLast, recSockets, recHeld              *prometheus.Desc
 	recAdoptedPast, lapseAdmitted, lapsed     *prometheus.Desc
+	recUnadopted                              *prometheus.Desc
 	recMoved, recMovedPast                    *prometheus.Desc
 	heartbeatAge                              *prometheus.Desc
 	lnOpen, lnMax, lnAccepted, lnRefused      *prometheus.Desc
@@ -116,6 +117,8 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 		recHeld:     d("reconcile_held", "Permits held in the maps at the last reconcile pass."),
 		recAdoptedPast: d("reconcile_adopted_past_rule_total",
 			"Sockets reconcile passes adopted although the rule or a fleet cap would have refused them, in the node's pool or a destination pool (in_use may exceed the pool by them until they end)."),
+		recUnadopted: d("reconcile_unadopted",
+			"Project sockets holding no permit that the last reconcile pass could not adopt, the held-permit tables being full: they count nowhere until a pass finds room."),
 		recMoved: d("reconcile_moved_total",
 			"Permits taken while a pod was unclassified that reconcile passes moved to the project it is classified in."),
 		recMovedPast: d("reconcile_moved_past_rule_total",
@@ -173,7 +176,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.poolActive, c.poolAdmitted, c.poolRefused, c.poolRateLimited, c.permitsRateLimited, c.held, c.admitted, c.refused, c.sleeping, c.evictions,
 		c.rateLimited, c.workTokens, c.inFlight, c.queue, c.dispatched, c.wait,
 		c.exemptMax, c.exemptInUse, c.exemptAdmitted, c.exemptOver,
-		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld, c.recAdoptedPast, c.recMoved, c.recMovedPast, c.lapseAdmitted, c.lapsed, c.heartbeatAge,
+		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld, c.recAdoptedPast, c.recUnadopted, c.recMoved, c.recMovedPast, c.lapseAdmitted, c.lapsed, c.heartbeatAge,
 		c.lnOpen, c.lnMax, c.lnAccepted, c.lnRefused, c.lnErrors,
 		c.memMembers, c.memRefused, c.memSourceUp, c.nsFound, c.nsAttached, c.nsSweeps, c.nsSweep, c.nsErrors,
 
@@ -218,6 +221,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.recLast, prometheus.GaugeValue, float64(r.Time.UnixNano())/1e9)
 		ch <- prometheus.MustNewConstMetric(c.recSockets, prometheus.GaugeValue, float64(r.Sockets))
 		ch <- prometheus.MustNewConstMetric(c.recHeld, prometheus.GaugeValue, float64(r.Held))
+		ch <- prometheus.MustNewConstMetric(c.recUnadopted, prometheus.GaugeValue, float64(r.Unadopted))
 	}
 	if m := st.Membership; m != nil {
 		c.collectMembership(ch, m)

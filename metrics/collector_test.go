@@ -40,7 +40,7 @@ func sample() admin.Status {
 			Participants: []admin.Participant{{Participant: "alpha", Tier: "pro", Shares: 1, Queue: 4}},
 			Wait:         admin.Histogram{Bounds: []float64{0.01, 0.1}, Counts: []uint64{2, 1, 1}, Count: 4, Sum: 2.5},
 		},
-		Reconcile: &admin.Reconcile{Time: time.Unix(1700000000, 0), Sockets: 7, Held: 7, Repairs: 1, Passes: 3, RepairsTotal: 2},
+		Reconcile: &admin.Reconcile{Time: time.Unix(1700000000, 0), Sockets: 7, Held: 7, Repairs: 1, Passes: 3, RepairsTotal: 2, Unadopted: 5},
 		Listeners: []admin.Listener{{Name: "front", Open: 3, MaxConns: 100, Accepted: 50, Refused: map[string]uint64{"listener_full": 4}}},
 	}
 }
@@ -58,9 +58,12 @@ fairshare_reconcile_last_pass_timestamp_seconds 1.7e+09
 # HELP fairshare_reconcile_passes_total Reconcile passes of the kernel's counts against its socket table that completed.
 # TYPE fairshare_reconcile_passes_total counter
 fairshare_reconcile_passes_total 3
+# HELP fairshare_reconcile_unadopted Project sockets holding no permit that the last reconcile pass could not adopt, the held-permit tables being full: they count nowhere until a pass finds room.
+# TYPE fairshare_reconcile_unadopted gauge
+fairshare_reconcile_unadopted 5
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "fairshare_listener_refused_total",
-		"fairshare_reconcile_last_pass_timestamp_seconds", "fairshare_reconcile_passes_total"); err != nil {
+		"fairshare_reconcile_last_pass_timestamp_seconds", "fairshare_reconcile_passes_total", "fairshare_reconcile_unadopted"); err != nil {
 		t.Error(err)
 	}
 }

@@ -247,7 +247,8 @@ struct fs_sock_record {
 	__u32 held;
 	__u32 kind;
 	__u32 adopted; /* 1 if this dump adopted it, ADOPTED_PAST if past the rule;
-			* MOVED or MOVED_PAST if it moved its permit */
+			* MOVED or MOVED_PAST if it moved its permit;
+			* NOT_ADOPTED if the tables had no room for it */
 	__u32 dest;    /* the destination pool of its permit (held, adopted or moved here), 0 none */
 	__u32 past;    /* with ADOPTED_PAST or MOVED_PAST: whose rule, PAST_NODE | PAST_DEST */
 };
@@ -260,6 +261,9 @@ struct fs_sock_record {
  * the same). */
 #define MOVED 3
 #define MOVED_PAST 4
+/* fs_sock_record.adopted: it holds no permit and could not be adopted, both
+ * held-permit tables being full; it counts nowhere until a pass finds room. */
+#define NOT_ADOPTED 5
 /* fs_sock_record.past: the pools whose rule it was adopted or moved past:
  * the node's connections pool, the destination pool it holds (dest). */
 #define PAST_NODE 1

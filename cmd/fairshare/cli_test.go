@@ -4,10 +4,12 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
@@ -275,6 +277,21 @@ func TestStatusProjectTableJoinsPolicies(t *testing.T) {
 	for k, w := range want {
 		if got := strings.Join(rows[k], " "); got != w {
 			t.Errorf("row %s:\n got %q\nwant %q\n%s", k, got, w, buf.String())
+		}
+	}
+}
+
+// TestStatusUnadopted: status says when the last reconcile pass left
+// sockets it could not adopt, and says nothing of it when there were none.
+func TestStatusUnadopted(t *testing.T) {
+	for _, n := range []int{0, 955} {
+		var buf strings.Builder
+		if err := printStatus(&buf, admin.Status{Reconcile: &admin.Reconcile{Time: time.Now(), Unadopted: n}}); err != nil {
+			t.Fatal(err)
+		}
+		said := strings.Contains(buf.String(), fmt.Sprintf("reconcile: %d project sockets hold no permit and could not be adopted", n))
+		if said != (n > 0) || (n == 0 && strings.Contains(buf.String(), "could not be adopted")) {
+			t.Errorf("%d unadopted:\n%s", n, buf.String())
 		}
 	}
 }

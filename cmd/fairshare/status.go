@@ -193,6 +193,10 @@ func printStatus(w io.Writer, st admin.Status) error {
 				" (adopted %d, orphans %d, stale listeners %d); %d passes, %d repairs in all\n",
 				r.Time.Format(time.RFC3339), time.Since(r.Time).Round(time.Second), r.Sockets, r.Held, r.Repairs,
 				r.Adopted, r.Orphans, r.StaleListeners, r.Passes, r.RepairsTotal)
+			if r.Unadopted > 0 {
+				fmt.Fprintf(tw, "reconcile: %d project sockets hold no permit and could not be adopted: the held-permit tables are full; they count nowhere until a pass finds room\n",
+					r.Unadopted)
+			}
 		}
 	}
 	if f := st.PoliciesFile; f != nil {
