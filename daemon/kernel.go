@@ -174,6 +174,10 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 		lim.Close()
 		return nil, err
 	}
+	// Open's own pass: at a restart on pins with members, or a
+	// migration, it is the one that adopts (and repairs), so its
+	// findings are events and counts as a pass of the daemon's are.
+	k.recordPass(lim.StartReport(), time.Now())
 	// The floor in force, as the maps say.
 	floor := pools.EffectiveFloor(int(size), int(cfloor))
 	if s, err := lim.Snapshot(); err == nil {
@@ -253,8 +257,8 @@ func (k *kernelSide) status() (admin.Pool, error) {
 }
 
 // maintain runs what is due at the control loop's tick: a reconcile pass
-// (the first at the loop's first tick, so status shows one from the start;
-// Open reconciled too), and a read of the entries for kernelBook.
+// (the first at the loop's first tick; Open's own is recorded at start),
+// and a read of the entries for kernelBook.
 func (k *kernelSide) maintain(ctx context.Context, now time.Time) {
 	k.mu.Lock()
 	reconcile := k.lastReconcile.IsZero() || k.reconcile > 0 && now.Sub(k.lastReconcile) >= k.reconcile

@@ -336,7 +336,7 @@
 // full: more such sockets than twice the pool's capacity) is not adopted;
 // it is reported per project (ReconcileReport.Unadopted, a warning, the
 // daemon's unadopted event), counts nowhere, and is adopted by a later pass
-// once sockets end.
+// once sockets end. Open's own pass is reported too (StartReport).
 // sock_diag's view is returned alongside (ReconcileReport.Kernel) for
 // comparison.
 // Destination pools are reconciled alike, per pool and project

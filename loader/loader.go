@@ -253,6 +253,8 @@ type Limiter struct {
 	// adoptedPast counts the sockets reconcile passes adopted past the
 	// rule (ReconcileReport.AdoptedPast), since Open.
 	adoptedPast uint64
+	// started is what Open's own reconcile found (StartReport).
+	started ReconcileReport
 	// rates are the projects' rates of new connections (SetRates), by
 	// project name; a project without one is unbounded.
 	rates  map[string]Rates
@@ -466,6 +468,7 @@ func Open(opts Options) (*Limiter, error) {
 		l.closeFDs()
 		return nil, err
 	}
+	l.started = rep
 	if l.mig != nil {
 		past := 0
 		for _, n := range rep.AdoptedPast {
@@ -558,14 +561,8 @@ func (l *Limiter) setUp(opts Options) (ReconcileReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("second reconcile after the migration: %w", err)
 	}
-	rep.Adopted += second.Adopted
-	for p, n := range second.AdoptedPast {
-		if rep.AdoptedPast == nil {
-			rep.AdoptedPast = map[string]int{}
-		}
-		rep.AdoptedPast[p] += n
-	}
-	return rep, nil
+	second.addRepairs(rep)
+	return second, nil
 }
 
 // specEdit, set by tests only, changes what spec returns: a test makes pins

@@ -148,6 +148,10 @@ func TestMigrateFromAnotherLayout(t *testing.T) {
 		t.Fatalf("the migration's warning %q; want it to say the %d connections counted and what was lost\n%s", warned, pool, logged.String())
 	}
 	t.Log(warned)
+	// The start's report, which a daemon publishes, says it too.
+	if sr := l.StartReport(); sr.Adopted != pool || sr.Held["a"] != pool || sr.Dests["db"] != pool {
+		t.Fatalf("the start's report %+v; want the %d held connections adopted and held, in db too", sr, pool)
+	}
 	s := snap(t, l)
 	if s.InUse != pool || project(s, "a").InUse != pool {
 		t.Fatalf("after the migration: node in_use %d, project %+v; want the %d held connections counted", s.InUse, project(s, "a"), pool)

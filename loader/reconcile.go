@@ -271,6 +271,54 @@ func (l *Limiter) warnPast(msg string, in map[string]map[string]int) {
 	})
 }
 
+// StartReport is what the reconcile pass Open made found and repaired (two
+// passes in a migration, their repairs added): a restart on pins whose
+// members have connections the programs did not count (opened while none
+// were attached) adopts them there, before the caller's first pass. Open
+// logs it; a daemon publishes it as it does its own passes.
+func (l *Limiter) StartReport() ReconcileReport {
+	return l.started
+}
+
+// addRepairs adds to r, a later pass's report, what o, an earlier one's,
+// found and repaired: sockets adopted (and past the rule), permits moved,
+// orphans released, listeners uncounted, counts corrected. What r says of
+// the maps and sockets (held, kernel, drift, unadopted) stays its own.
+func (r *ReconcileReport) addRepairs(o ReconcileReport) {
+	r.Adopted += o.Adopted
+	r.Orphans += o.Orphans
+	r.StaleListeners += o.StaleListeners
+	r.ExemptRepaired += o.ExemptRepaired
+	r.AdoptedPast = addNamed(r.AdoptedPast, o.AdoptedPast)
+	r.Moved = addNamed(r.Moved, o.Moved)
+	r.MovedPast = addNamed(r.MovedPast, o.MovedPast)
+	r.Repaired = addNamed(r.Repaired, o.Repaired)
+	r.AdoptedPastIn = addByPool(r.AdoptedPastIn, o.AdoptedPastIn)
+	r.MovedPastIn = addByPool(r.MovedPastIn, o.MovedPastIn)
+	r.DestRepaired = addByPool(r.DestRepaired, o.DestRepaired)
+}
+
+// addNamed adds from's counts to to's, making to if it is nil and from is
+// not empty.
+func addNamed(to, from map[string]int) map[string]int {
+	if to == nil && len(from) > 0 {
+		to = map[string]int{}
+	}
+	addCounts(to, from)
+	return to
+}
+
+// addByPool is addNamed of pool -> project -> count maps.
+func addByPool(to, from map[string]map[string]int) map[string]map[string]int {
+	if to == nil && len(from) > 0 {
+		to = map[string]map[string]int{}
+	}
+	for pool, in := range from {
+		to[pool] = addNamed(to[pool], in)
+	}
+	return to
+}
+
 // Reconcile compares the maps with the kernel's own socket table and repairs
 // drift, in four steps: it adopts project sockets of the caller's network
 // namespace that hold no permit; it uncounts listeners of that namespace that

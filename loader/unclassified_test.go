@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -452,6 +453,32 @@ func TestPassAddFound(t *testing.T) {
 		!maps.Equal(p.movedPast, map[uint64]int{2: 1}) || !maps.Equal(p.pastIn, map[destPair]int{{0, 1}: 2, {5, 4}: 2}) ||
 		!maps.Equal(p.movedPastIn, map[destPair]int{{5, 2}: 1}) {
 		t.Fatalf("after the second read: %+v", p)
+	}
+}
+
+// TestReportAddRepairs: a migration's report is its second pass's with the
+// first's repairs added (addRepairs), by project and by pool, and what the
+// second says of the maps and sockets kept.
+func TestReportAddRepairs(t *testing.T) {
+	r := ReconcileReport{Adopted: 1, AdoptedPast: map[string]int{"a": 1}, Held: map[string]int{"a": 7},
+		Unadopted: map[string]int{"b": 2}, AdoptedPastIn: map[string]map[string]int{"db": {"a": 1}}}
+	r.addRepairs(ReconcileReport{Adopted: 6, Orphans: 2, StaleListeners: 1, ExemptRepaired: -1,
+		AdoptedPast: map[string]int{"a": 2, "c": 1}, Moved: map[string]int{"b": 3}, MovedPast: map[string]int{"b": 1},
+		Repaired: map[string]int{"c": -4}, Held: map[string]int{"a": 3}, Unadopted: map[string]int{"b": 9},
+		AdoptedPastIn: map[string]map[string]int{"db": {"a": 2}, ConnectionsPool: {"c": 1}},
+		MovedPastIn:   map[string]map[string]int{"db": {"b": 1}}, DestRepaired: map[string]map[string]int{"db": {"c": 1}}})
+	want := ReconcileReport{Adopted: 7, Orphans: 2, StaleListeners: 1, ExemptRepaired: -1,
+		AdoptedPast: map[string]int{"a": 3, "c": 1}, Moved: map[string]int{"b": 3}, MovedPast: map[string]int{"b": 1},
+		Repaired: map[string]int{"c": -4}, Held: map[string]int{"a": 7}, Unadopted: map[string]int{"b": 2},
+		AdoptedPastIn: map[string]map[string]int{"db": {"a": 3}, ConnectionsPool: {"c": 1}},
+		MovedPastIn:   map[string]map[string]int{"db": {"b": 1}}, DestRepaired: map[string]map[string]int{"db": {"c": 1}}}
+	if !reflect.DeepEqual(r, want) {
+		t.Fatalf("merged %+v\nwant   %+v", r, want)
+	}
+	var empty ReconcileReport
+	empty.addRepairs(ReconcileReport{})
+	if !reflect.DeepEqual(empty, ReconcileReport{}) {
+		t.Fatalf("two empty reports merged into %+v", empty)
 	}
 }
 

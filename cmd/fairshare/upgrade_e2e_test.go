@@ -12,6 +12,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/fairshare-dev/fairshare/events"
 )
 
 // TestUpgradeMigratesPins: a daemon started on pins of another layout (here
@@ -42,6 +44,17 @@ func TestUpgradeMigratesPins(t *testing.T) {
 	log := n.log.String()
 	if !strings.Contains(log, `"level":"WARN","msg":"migrated from pins of another layout`) || !strings.Contains(log, `"adopted":2`) {
 		t.Fatalf("no warning of the migration counting the 2 connections:\n%s", log)
+	}
+	// The migration's own count is a reconcile pass as the daemon's are:
+	// its adoption is an event and in status from the start.
+	adopted := 0
+	for _, e := range n.events() {
+		if e.Source == events.SourceReconcile && e.Kind == events.KindAdopted {
+			adopted += int(e.Count)
+		}
+	}
+	if r := n.status().Reconcile; adopted != 2 || r == nil || r.Passes == 0 {
+		t.Fatalf("after the migration: %d adopted in reconcile events, status %+v; want the 2 connections", adopted, r)
 	}
 	b := n.connectFrom("alpha", addr, 1)
 	b.close()
