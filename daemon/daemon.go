@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/admin"
@@ -71,7 +72,10 @@ type Daemon struct {
 	cfg  config.Config
 	// pinLock holds the pin directory's lock (lockPins) for the daemon's
 	// life; nil without BPF.
-	pinLock   *os.File
+	pinLock *os.File
+	// pinsGone is set once the pin directory is found removed or replaced
+	// (watchPins): nothing of it is the daemon's to unpin as it exits.
+	pinsGone  atomic.Bool
 	log       *slog.Logger
 	defPolicy policy.Policy
 
@@ -601,6 +605,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if d.kernel != nil {
 		g.Go(func() error { return d.kernel.readRefusals(gctx, d.events) })
 		g.Go(func() error { return d.kernel.beat(gctx, d.cfg.Tick) })
+		g.Go(func() error { return d.watchPins(gctx, d.cfg.Tick) })
 	}
 
 	d.log.Info("serving", "admin", ready.AdminSocket, "metrics", ready.Metrics, "front", ready.Front,
@@ -615,6 +620,43 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	d.log.Info("stopped", "err", err)
 	d.logrl.Flush()
 	return err
+}
+
+// watchPins checks every period that the pin directory is still the one
+// the daemon locked. One removed under it (fairshare cleanup --force) or
+// replaced leaves its programs pinned nowhere: status cannot read them, and
+// a daemon started meanwhile pins a second set that enforces beside them
+// (its lock is on the new directory). It then stops with ErrPinsRemoved,
+// unpinning nothing (the directory, if one is there, is another's), and its
+// programs detach as it exits; a supervisor that restarts it starts afresh.
+func (d *Daemon) watchPins(ctx context.Context, period time.Duration) error {
+	if d.pinLock == nil {
+		return nil
+	}
+	t := time.NewTicker(period)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		gone, err := pinsReplaced(d.pinLock, d.cfg.PinDir)
+		switch {
+		case err != nil && !failing:
+			d.log.Warn("checking the pin directory", "pin_dir", d.cfg.PinDir, "err", err)
+			failing = true
+		case err == nil:
+			failing = false
+		}
+		if gone {
+			d.pinsGone.Store(true)
+			d.log.Error("the pin directory was removed or replaced under the daemon (fairshare cleanup --force?): "+
+				"its programs are pinned nowhere; stopping, and they detach as it exits", "pin_dir", d.cfg.PinDir)
+			return fmt.Errorf("%w: %s", ErrPinsRemoved, d.cfg.PinDir)
+		}
+	}
 }
 
 // pathError marks a socket path holding something other than a socket as
@@ -736,7 +778,7 @@ func (d *Daemon) closeParts() error {
 		d.fleet = nil
 	}
 	if d.kernel != nil {
-		errs = append(errs, d.kernel.close(d.opts.DetachOnExit))
+		errs = append(errs, d.kernel.close(d.opts.DetachOnExit, d.pinsGone.Load()))
 		d.kernel = nil
 	}
 	if d.projects != nil {

@@ -414,9 +414,15 @@ func (k *kernelSide) setRates(project string, r loader.Rates) {
 }
 
 // close closes the limiter's descriptors; with detach it also unpins and
-// detaches the programs, which otherwise keep enforcing.
-func (k *kernelSide) close(detach bool) error {
+// detaches the programs, which otherwise keep enforcing. pinsGone: their
+// pins were removed under the daemon (watchPins), so closing detaches them,
+// and the pin directory, if one is there, is not theirs to clean.
+func (k *kernelSide) close(detach, pinsGone bool) error {
 	err := k.lim.Close()
+	if pinsGone {
+		k.log.Info("bpf programs detached: their pins were removed while the daemon ran", "pin_dir", k.pinDir)
+		return err
+	}
 	if !detach {
 		k.log.Info("bpf programs left pinned and enforcing", "pin_dir", k.pinDir)
 		return err

@@ -93,3 +93,33 @@ func TestRestorePins(t *testing.T) {
 		t.Errorf("after the restore of a failed migration the directory holds %v, want fs_old and migrated/fs_b", got)
 	}
 }
+
+// TestPinsReplaced: the lock's directory is still the pin directory until
+// it is removed, or another directory takes its name.
+func TestPinsReplaced(t *testing.T) {
+	for _, how := range []string{"removed", "renamed and made again"} {
+		dir := filepath.Join(t.TempDir(), "pins")
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		f, err := lockPins(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gone, err := pinsReplaced(f, dir); gone || err != nil {
+			t.Fatalf("%s: before: gone %v, %v", how, gone, err)
+		}
+		if how == "removed" {
+			err = os.Remove(dir)
+		} else if err = os.Rename(dir, dir+".old"); err == nil {
+			err = os.Mkdir(dir, 0o700)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gone, err := pinsReplaced(f, dir); !gone || err != nil {
+			t.Errorf("%s: gone %v, %v; want gone", how, gone, err)
+		}
+		f.Close()
+	}
+}

@@ -18,12 +18,13 @@ func cleanupCommand() *cli.Command {
 		Description: "For an uninstall, or systemd's ExecStopPost when enforcement should not outlive\n" +
 			"the daemon. A plain restart does not need it: the daemon reuses what is pinned.\n" +
 			"A running daemon holds a lock on its pin directory: cleanup refuses it (exit 1)\n" +
-			"unless --force, which unpins everything under the running daemon: it enforces\n" +
-			"until it exits and leaves nothing behind; status cannot read the pins meanwhile.\n\n" +
+			"unless --force, which unpins everything under the running daemon: it notices\n" +
+			"within a tick and stops (exit 1), and its programs detach as it exits, leaving\n" +
+			"nothing behind; a supervisor that restarts it starts afresh on empty pins.\n\n" +
 			examples("fairshare cleanup", "fairshare cleanup --pin-dir /sys/fs/bpf/fairshare-test"),
 		Flags: []cli.Flag{configFlag(), pinDirFlag(), &cli.BoolFlag{
 			Name:  "force",
-			Usage: "unpin even while a daemon runs on the pin directory (enforcement ends when it exits)",
+			Usage: "unpin even while a daemon runs on the pin directory (it stops within a tick, and enforcement ends as it exits)",
 		}},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
@@ -42,7 +43,7 @@ func cleanupCommand() *cli.Command {
 				return cli.Exit(fmt.Sprintf("cleanup refused: %v; stop the daemon first (systemctl stop fairshare), "+
 					"or --force to detach its programs while it runs", err), 1)
 			case errors.Is(err, daemon.ErrPinsInUse):
-				fmt.Fprintf(c.App.ErrWriter, "warning: %v; --force: unpinning under it: its programs enforce until it exits, then nothing is left\n", err)
+				fmt.Fprintf(c.App.ErrWriter, "warning: %v; --force: unpinning under it: it stops within a tick, and its programs detach as it exits\n", err)
 			case err != nil:
 				return cli.Exit(fmt.Sprintf("cleanup of %s failed: %v", cfg.PinDir, err), 1)
 			}
