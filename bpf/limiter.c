@@ -612,7 +612,7 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		struct fs_sock v = {.project = id, .netns = sock_netns(sk),
 				    .kind = ex ? KIND_EXEMPT_ADOPTED : KIND_ADOPTED,
 				    .dest = held ? 0 : dest_adoptable(sk, id)};
-		long err = hold(rec.cookie, &v);
+		long err = held ? -EEXIST : hold(rec.cookie, &v);
 		if (err == 0) {
 			rec.adopted = 1;
 			rec.dest = v.dest;
@@ -641,16 +641,8 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 			if (rec.past)
 				rec.adopted = ADOPTED_PAST;
 			COUNT(adopted);
-		} else {
-			if (ex)
-				exempt_undo();
-			/* Both held-permit tables full (-EEXIST: it holds
-			 * one, taken meanwhile): it stays uncounted, and is
-			 * reported (NOT_ADOPTED) until a pass finds room. */
-			if (err != -EEXIST) {
-				rec.adopted = NOT_ADOPTED;
-				COUNT(map_full);
-			}
+		} else if (ex) {
+			exempt_undo();
 		}
 		struct fs_sock *s = held_find(rec.cookie, true);
 		/* A permit taken as unclassified (a weak member's project)
@@ -673,6 +665,12 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 			rec.kind = s->kind;
 			rec.project = s->project;
 			rec.dest = s->dest;
+		} else if (err && err != -EEXIST) {
+			/* No room (its slot holds another socket's permit and
+			 * the spill table is full; -EEXIST: it held one, given
+			 * back since): uncounted, and reported (NOT_ADOPTED)
+			 * at every pass until one finds room. */
+			rec.adopted = NOT_ADOPTED;
 		}
 	}
 	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));

@@ -131,6 +131,16 @@ func TestReconcileEvents(t *testing.T) {
 	if e := got[len(got)-1]; e.Detail != "in_use corrected by -2" {
 		t.Errorf("detail %q", e.Detail)
 	}
+
+	// A migration's count of the live connections is no repair.
+	k.recordPass(loader.ReconcileReport{Adopted: 5, Orphans: 1, Migrated: true}, end)
+	if r := k.record(); r.Passes != 2 || r.Repairs != 1 || r.RepairsTotal != 8 || r.Adopted != 5 {
+		t.Fatalf("after a migration's pass: %+v; want 1 repair (the orphan), 8 in all", r)
+	}
+	all := s.recent(events.Filter{})
+	if e := all[len(got)]; e.Kind != events.KindAdopted || e.Count != 5 || !strings.HasPrefix(e.Detail, "live connections counted into the maps of a migration") {
+		t.Errorf("a migration's adoption: %+v", e)
+	}
 }
 
 // TestEventSinkInOrder: events published from many goroutines reach a

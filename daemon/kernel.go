@@ -93,6 +93,10 @@ type kernelSide struct {
 	rec  admin.Reconcile
 	// When the loop last reconciled and read the entries; zero: never.
 	lastReconcile, lastRead time.Time
+	// started is what Open's own pass found, ended at startedAt,
+	// recorded at the loop's first tick (maintain); nil since.
+	started   *loader.ReconcileReport
+	startedAt time.Time
 	// dry are the projects in dry-run by their policy, written into the
 	// maps (SetDryRunProjects) when they change and at each tick.
 	dry map[string]bool
@@ -176,8 +180,10 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 	}
 	// Open's own pass: at a restart on pins with members, or a
 	// migration, it is the one that adopts (and repairs), so its
-	// findings are events and counts as a pass of the daemon's are.
-	k.recordPass(lim.StartReport(), time.Now())
+	// findings become events and a pass of the record as the daemon's
+	// do, at the first tick: once the start can no longer be undone.
+	started := lim.StartReport()
+	k.started, k.startedAt = &started, time.Now()
 	// The floor in force, as the maps say.
 	floor := pools.EffectiveFloor(int(size), int(cfloor))
 	if s, err := lim.Snapshot(); err == nil {
@@ -257,9 +263,16 @@ func (k *kernelSide) status() (admin.Pool, error) {
 }
 
 // maintain runs what is due at the control loop's tick: a reconcile pass
-// (the first at the loop's first tick; Open's own is recorded at start),
-// and a read of the entries for kernelBook.
+// (the first at the loop's first tick, after Open's own is recorded), and a
+// read of the entries for kernelBook.
 func (k *kernelSide) maintain(ctx context.Context, now time.Time) {
+	k.mu.Lock()
+	started := k.started
+	k.started = nil
+	k.mu.Unlock()
+	if started != nil {
+		k.recordPass(*started, k.startedAt)
+	}
 	k.mu.Lock()
 	reconcile := k.lastReconcile.IsZero() || k.reconcile > 0 && now.Sub(k.lastReconcile) >= k.reconcile
 	if reconcile {
@@ -305,9 +318,9 @@ func (k *kernelSide) reconcilePass(ctx context.Context) {
 		k.log.Error("reconcile failed: the connection counts were not checked against the kernel's socket table", "err", err)
 		return
 	}
-	k.recordPass(rep, time.Now())
+	repairs := k.recordPass(rep, time.Now())
 	k.log.Debug("reconcile pass", "sockets", sum(rep.Kernel), "held", sum(rep.Held), "reservations", sum(rep.Reservations),
-		"took", time.Since(start).Round(time.Microsecond))
+		"repairs", repairs, "took", time.Since(start).Round(time.Microsecond))
 }
 
 // sum is the sum of m's counts.
@@ -320,11 +333,16 @@ func sum(m map[string]int) (n int) {
 
 // recordPass keeps what a reconcile pass that ended at end found, for
 // Status and the metrics, and publishes its repairs as events: the daemon's
-// passes and the one loader.Open made (StartReport).
-func (k *kernelSide) recordPass(rep loader.ReconcileReport, end time.Time) {
+// passes and the one loader.Open made (StartReport). It returns the pass's
+// repairs. A migration's count of the live connections into the new maps is
+// no repair: its adoptions are the old maps' permits (rep.Migrated).
+func (k *kernelSide) recordPass(rep loader.ReconcileReport, end time.Time) int {
 	k.mu.Lock()
 	k.rec.Time = end
-	repairs := rep.Adopted + rep.Orphans + rep.StaleListeners + abs(rep.ExemptRepaired)
+	repairs := rep.Orphans + rep.StaleListeners + abs(rep.ExemptRepaired)
+	if !rep.Migrated {
+		repairs += rep.Adopted
+	}
 	for _, v := range rep.Repaired {
 		repairs += abs(v)
 	}
@@ -345,6 +363,7 @@ func (k *kernelSide) recordPass(rep loader.ReconcileReport, end time.Time) {
 	}
 	k.mu.Unlock()
 	k.publishRepairs(rep)
+	return repairs
 }
 
 // publishRepairs makes an event of each repair of a pass: sockets adopted
@@ -368,14 +387,18 @@ func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
 	pubPast := func(kind string, in map[string]map[string]int, detail string) {
 		loader.EachPast(in, func(pool, project string, n int) { pubIn(kind, pool, project, n, detail) })
 	}
-	pub(events.KindAdopted, "", rep.Adopted, "project sockets that held no permit now do")
+	if rep.Migrated {
+		pub(events.KindAdopted, "", rep.Adopted, "live connections counted into the maps of a migration (the old maps held their permits)")
+	} else {
+		pub(events.KindAdopted, "", rep.Adopted, "project sockets that held no permit now do")
+	}
 	pubPast(events.KindAdoptedPast, rep.AdoptedPastIn,
 		"adopted past the rule: the sockets exist, so they count, and in_use may exceed the pool until they end")
 	pubPast(events.KindMovedPast, rep.MovedPastIn,
 		"permits taken while its pod was unclassified moved to it past the rule: they count, and the project is refused until back under its limit")
 	for _, p := range slices.Sorted(maps.Keys(rep.Unadopted)) {
 		pub(events.KindUnadopted, p, rep.Unadopted[p],
-			"sockets that hold no permit not adopted: the held-permit tables are full; they count nowhere until a pass finds room")
+			"sockets that hold no permit not adopted: the held-permit table has no room; they count nowhere until a pass finds room (repeated at every pass while they last)")
 	}
 	pub(events.KindRepaired, "", rep.Orphans, "permits of sockets that no longer exist released")
 	pub(events.KindRepaired, "", rep.StaleListeners, "listeners that no longer exist uncounted")

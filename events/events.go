@@ -43,10 +43,11 @@ const (
 	// limit. One per pool and project, as KindAdoptedPast.
 	KindMovedPast = "moved_past_rule"
 	// KindUnadopted: reconcile found project sockets holding no permit
-	// that it could not adopt, the held-permit tables being full (only a
-	// flood of connections older than the daemon fills them): Count says
+	// that it could not adopt, the held-permit table having no room (only
+	// a flood of connections older than the daemon fills it): Count says
 	// how many; they count nowhere, so the project may take its share
-	// again beside them, until a pass finds room. One per project.
+	// again beside them, until a pass finds room. One per project, at
+	// every pass while they last.
 	KindUnadopted = "unadopted"
 	KindFleet     = "fleet" // a fleet pool's link to etcd changed (connected, cut off): Reason says which
 )

@@ -332,11 +332,12 @@
 // sockets made while no program counted them: before the first Open on a
 // node, while the programs were detached, or while their cgroup was in no
 // member (a pod outside kubernetes.pod_cgroups, a cgroup registered after
-// it connected). A socket the held-permit tables have no room for (both
-// full: more such sockets than twice the pool's capacity) is not adopted;
-// it is reported per project (ReconcileReport.Unadopted, a warning, the
-// daemon's unadopted event), counts nowhere, and is adopted by a later pass
-// once sockets end. Open's own pass is reported too (StartReport).
+// it connected). A socket the held-permit table has no room for (its slot
+// taken by another socket's permit and the spill table full, as only a flood
+// of such sockets makes it) is not adopted; it is reported per project at
+// every pass (ReconcileReport.Unadopted, a warning, the daemon's unadopted
+// event), counts nowhere, and is adopted by a pass once permits are given
+// back. Open's own pass is reported too (StartReport).
 // sock_diag's view is returned alongside (ReconcileReport.Kernel) for
 // comparison.
 // Destination pools are reconciled alike, per pool and project

@@ -394,6 +394,12 @@ func TestSpilledPermits(t *testing.T) {
 // for them when they end, and a later pass adopts them once others end.
 func TestUnadoptedWhenTablesFull(t *testing.T) {
 	testutil.RequireRoot(t)
+	// Both ends of 2200 connections in this process and the helpers' (Go
+	// raises the soft limit to the hard one).
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Max < 5000 {
+		t.Skipf("needs 5000 open files, the hard limit is %d (%v)", lim.Max, err)
+	}
 	root, pin := newRoot(t), newPinDir(t)
 	var logged testutil.Buffer
 	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 2, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
@@ -428,20 +434,22 @@ func TestUnadoptedWhenTablesFull(t *testing.T) {
 	if s := snap(t, l); s.InUse != rep.Adopted || project(s, "flood").InUse != rep.Adopted || rep.Held["flood"] != rep.Adopted {
 		t.Fatalf("adopted %d: held %v, %+v", rep.Adopted, rep.Held, s)
 	}
-	want := fmt.Sprintf(`project=flood count=%d table_entries=2048`, un)
+	want := fmt.Sprintf(`project=flood count=%d permits_held=%d slots=1024 spill_entries=1024`, un, rep.Adopted)
 	if !strings.Contains(logged.String(), "could not be adopted") || !strings.Contains(logged.String(), want) {
 		t.Fatalf("log lacks the warning %q:\n%s", want, logged.String())
 	}
 	t.Logf("adopted %d, not adopted %d", rep.Adopted, un)
-	if s := snap(t, l); s.Events.MapFull < uint64(un) {
-		t.Errorf("map_full %d, want at least %d", s.Events.MapFull, un)
-	}
-	// Room again: the next pass adopts the rest, exactly.
+	// Room again: the next pass adopts the rest, exactly, and no pass
+	// finds a count to repair (nothing was given back for a socket that
+	// held no permit, nor kept for one that ended).
 	many.do("close")
 	eventually(t, "the next pass", func() (bool, string) {
 		rep, err := l.Reconcile(t.Context())
 		if err != nil {
 			t.Fatal(err)
+		}
+		if len(rep.Drift) != 0 || len(rep.Repaired) != 0 || rep.Orphans != 0 {
+			t.Fatalf("a pass after the close repaired: drift %v, repaired %v, orphans %d", rep.Drift, rep.Repaired, rep.Orphans)
 		}
 		s := snap(t, l)
 		return len(rep.Unadopted) == 0 && rep.Kernel["flood"] == nFew && s.InUse == nFew && project(s, "flood").InUse == nFew,

@@ -562,6 +562,7 @@ func (l *Limiter) setUp(opts Options) (ReconcileReport, error) {
 		return rep, fmt.Errorf("second reconcile after the migration: %w", err)
 	}
 	second.addRepairs(rep)
+	second.Migrated = true
 	return second, nil
 }
 

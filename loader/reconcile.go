@@ -103,12 +103,17 @@ type ReconcileReport struct {
 	DestDrift    map[string]map[string]int
 	DestRepaired map[string]map[string]int
 	// Unadopted counts, by project, the sockets that hold no permit and
-	// that the pass could not adopt: both held-permit tables (2 x the
-	// pool's capacity each, at least 1024) were full, as only a flood of
-	// connections older than the programs fills them. They count nowhere
-	// (in_use undercounts the project by them) until a pass finds room,
-	// and each project is a warning in the log.
+	// that the pass could not adopt: the held-permit table had no room for
+	// them (each one's slot held another socket's permit and the spill
+	// table was full), as only a flood of connections older than the
+	// programs makes it. They count nowhere (their project's in_use, or
+	// the exempt budget's, is short by them) until a pass finds room, and
+	// each project is a warning in the log at every pass while they last.
 	Unadopted map[string]int
+	// Migrated: the pass counted the live connections into the maps a
+	// migration made (Open's, StartReport). Adopted are then connections
+	// the old maps held permits for, counted again, not drift.
+	Migrated bool
 }
 
 // destPair is a project in a destination pool.
@@ -858,10 +863,15 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 		}
 		rep.Unadopted[name(id)] += n
 	}
+	held := 0
+	for _, n := range last.held {
+		held += n
+	}
 	for _, p := range slices.Sorted(maps.Keys(rep.Unadopted)) {
-		l.log.Warn("project sockets that hold no permit could not be adopted: the held-permit tables are full; "+
-			"they count nowhere, so the project may take its share again beside them, until a later pass finds room",
-			"project", p, "count", rep.Unadopted[p], "table_entries", 2*l.held)
+		l.log.Warn("project sockets that hold no permit could not be adopted: the held-permit table has no room for them "+
+			"(their slots hold other sockets' permits and the spill table is full); they count nowhere, "+
+			"so the project may take its share again beside them, until a pass finds room",
+			"project", p, "count", rep.Unadopted[p], "permits_held", held, "slots", l.held, "spill_entries", l.held)
 	}
 
 	// The kernel's own count: every cgroup below a member, by project.

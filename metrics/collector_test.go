@@ -58,12 +58,12 @@ fairshare_reconcile_last_pass_timestamp_seconds 1.7e+09
 # HELP fairshare_reconcile_passes_total Reconcile passes of the kernel's counts against its socket table that completed.
 # TYPE fairshare_reconcile_passes_total counter
 fairshare_reconcile_passes_total 3
-# HELP fairshare_reconcile_unadopted Project sockets holding no permit that the last reconcile pass could not adopt, the held-permit tables being full: they count nowhere until a pass finds room.
-# TYPE fairshare_reconcile_unadopted gauge
-fairshare_reconcile_unadopted 5
+# HELP fairshare_reconcile_unadopted_sockets Project sockets holding no permit that the last reconcile pass could not adopt, the held-permit table having no room: they count nowhere until a pass finds room.
+# TYPE fairshare_reconcile_unadopted_sockets gauge
+fairshare_reconcile_unadopted_sockets 5
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "fairshare_listener_refused_total",
-		"fairshare_reconcile_last_pass_timestamp_seconds", "fairshare_reconcile_passes_total", "fairshare_reconcile_unadopted"); err != nil {
+		"fairshare_reconcile_last_pass_timestamp_seconds", "fairshare_reconcile_passes_total", "fairshare_reconcile_unadopted_sockets"); err != nil {
 		t.Error(err)
 	}
 }

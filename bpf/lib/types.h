@@ -261,8 +261,10 @@ struct fs_sock_record {
  * the same). */
 #define MOVED 3
 #define MOVED_PAST 4
-/* fs_sock_record.adopted: it holds no permit and could not be adopted, both
- * held-permit tables being full; it counts nowhere until a pass finds room. */
+/* fs_sock_record.adopted: it holds no permit and could not be adopted, the
+ * held-permit table having no room for it (its slot taken by another
+ * socket's permit, the spill table full); it counts nowhere until a pass
+ * finds room. */
 #define NOT_ADOPTED 5
 /* fs_sock_record.past: the pools whose rule it was adopted or moved past:
  * the node's connections pool, the destination pool it holds (dest). */

@@ -194,7 +194,7 @@ func printStatus(w io.Writer, st admin.Status) error {
 				r.Time.Format(time.RFC3339), time.Since(r.Time).Round(time.Second), r.Sockets, r.Held, r.Repairs,
 				r.Adopted, r.Orphans, r.StaleListeners, r.Passes, r.RepairsTotal)
 			if r.Unadopted > 0 {
-				fmt.Fprintf(tw, "reconcile: %d project sockets hold no permit and could not be adopted: the held-permit tables are full; they count nowhere until a pass finds room\n",
+				fmt.Fprintf(tw, "reconcile: %d project sockets hold no permit and could not be adopted: the held-permit table has no room; they count nowhere until a pass finds room\n",
 					r.Unadopted)
 			}
 		}
