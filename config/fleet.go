@@ -26,6 +26,11 @@ type Fleet struct {
 	// and how long a node without an answer from etcd waits before it
 	// counts itself cut off; 0 is 5s.
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// Period is how often a node publishes what its projects hold and
+	// recomputes its allotment; 0 is 1s. At most half of lease_ttl, so
+	// a lease is renewed in time and a node is not counted cut off
+	// between two of its own calls.
+	Period time.Duration `yaml:"period"`
 	// TLS configures the etcd client's TLS, as etcdctl's --cacert, --cert
 	// and --key.
 	TLS FleetTLS `yaml:"tls"`
@@ -39,10 +44,13 @@ type FleetTLS struct {
 	Key  string `yaml:"key"`
 }
 
-// Bounds of fleet.lease_ttl.
+// Bounds of fleet.lease_ttl and fleet.period, and their values for 0.
 const (
-	MinFleetLeaseTTL = 2 * time.Second
-	MaxFleetLeaseTTL = time.Hour
+	MinFleetLeaseTTL     = 2 * time.Second
+	MaxFleetLeaseTTL     = time.Hour
+	DefaultFleetLeaseTTL = 5 * time.Second
+	MinFleetPeriod       = 100 * time.Millisecond
+	DefaultFleetPeriod   = time.Second
 )
 
 // FleetPools lists the pools marked fleet: true, in PoolNames' order.
@@ -97,6 +105,17 @@ func (c *Config) checkFleet() error {
 	}
 	if t := f.LeaseTTL; t != 0 && (t < MinFleetLeaseTTL || t > MaxFleetLeaseTTL) {
 		return fmt.Errorf("fleet.lease_ttl must be 0 (5s) or between %v and %v, got %v", MinFleetLeaseTTL, MaxFleetLeaseTTL, t)
+	}
+	ttl, period := f.LeaseTTL, f.Period
+	if ttl == 0 {
+		ttl = DefaultFleetLeaseTTL
+	}
+	if period == 0 {
+		period = DefaultFleetPeriod
+	}
+	if f.Period != 0 && f.Period < MinFleetPeriod || period > ttl/2 {
+		return fmt.Errorf("fleet.period must be 0 (1s) or between %v and half of fleet.lease_ttl (%v), got %v",
+			MinFleetPeriod, ttl/2, f.Period)
 	}
 	if (f.TLS.Cert == "") != (f.TLS.Key == "") {
 		return fmt.Errorf("fleet.tls.cert and fleet.tls.key go together, got cert %q key %q", f.TLS.Cert, f.TLS.Key)

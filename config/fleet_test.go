@@ -19,7 +19,7 @@ func TestFleetKeys(t *testing.T) {
 	if got := c.FleetPools(); strings.Join(got, ",") != "requests,db" && strings.Join(got, ",") != "db,requests" {
 		t.Fatalf("fleet pools %v", got)
 	}
-	if c.Fleet.Prefix != "/fs" || c.Fleet.SafeFraction != 0.25 {
+	if c.Fleet.Prefix != "/fs" || c.Fleet.SafeFraction != 0.25 || c.Fleet.Period != 0 {
 		t.Fatalf("fleet %+v", c.Fleet)
 	}
 	// A destination pool may be a fleet pool (issue 35's headline case).
@@ -29,6 +29,12 @@ func TestFleetKeys(t *testing.T) {
 	}
 	if got := dc.FleetPools(); len(got) != 1 || got[0] != "db" || !dc.Pools["db"].IsDestination() {
 		t.Fatalf("fleet pools %v", got)
+	}
+	for _, ok := range []string{"fleet: {period: 100ms}", "fleet: {lease_ttl: 2s}", "fleet: {lease_ttl: 3s, period: 1500ms}", "fleet: {lease_ttl: 1h, period: 30m}"} {
+		c := Default()
+		if err := Parse(strings.NewReader(ok), &c); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
 	}
 	if d := Default(); d.Fleet.Prefix != "/fairshare" || len(d.FleetPools()) != 0 {
 		t.Fatalf("defaults: %+v", d.Fleet)
@@ -47,6 +53,9 @@ func TestFleetKeys(t *testing.T) {
 		{"fleet: {safe_fraction: 1.5}", "fleet.safe_fraction"},
 		{"fleet: {safe_fraction: -0.1}", "fleet.safe_fraction"},
 		{"fleet: {lease_ttl: 1s}", "fleet.lease_ttl"},
+		{"fleet: {period: 50ms}", "fleet.period"},
+		{"fleet: {period: 3s}", "half of fleet.lease_ttl (2.5s)"},
+		{"fleet: {lease_ttl: 3s, period: 1600ms}", "fleet.period"},
 		{"fleet: {tls: {cert: /x}}", "fleet.tls.cert and fleet.tls.key"},
 		{"fleet: {tls: {ca: " + missing + "}}", "fleet.tls.ca"},
 		{"fleet: {etcdd: []}", "etcdd"},

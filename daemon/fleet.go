@@ -78,9 +78,9 @@ func (d *Daemon) buildFleet() error {
 			pt := fleet.PoolTarget{Pool: d.others[name]}
 			target, source = pt, pt
 		}
-		m, err := fleet.New(fleet.Config{Client: client, Prefix: fc.Prefix, Pool: name, Node: node,
-			Size: pc.Size, Floor: pc.Floor, SafeFraction: fc.SafeFraction, LeaseTTL: fc.LeaseTTL,
-			Target: target, Source: source, Log: log, Clock: d.opts.Clock, OnState: d.fleetState})
+		mc := memberConfig(fc, name, pc, node)
+		mc.Client, mc.Target, mc.Source, mc.Log, mc.Clock, mc.OnState = client, target, source, log, d.opts.Clock, d.fleetState
+		m, err := fleet.New(mc)
 		if err != nil {
 			return err
 		}
@@ -229,4 +229,12 @@ func (t destFleet) Usage() (map[string]fleet.Usage, error) {
 		}
 	}
 	return out, nil
+}
+
+// memberConfig is what the configuration says of fleet pool name's Member:
+// its keys, the fleet's size and floor, the safe fraction, the lease and
+// the period.
+func memberConfig(fc config.Fleet, name string, pc config.Pool, node string) fleet.Config {
+	return fleet.Config{Prefix: fc.Prefix, Pool: name, Node: node, Size: pc.Size, Floor: pc.Floor,
+		SafeFraction: fc.SafeFraction, LeaseTTL: fc.LeaseTTL, Period: fc.Period}
 }

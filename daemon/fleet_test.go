@@ -4,10 +4,12 @@ package daemon
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/config"
+	"github.com/fairshare-dev/fairshare/fleet"
 	"github.com/fairshare-dev/fairshare/internal/etcdtest"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader"
@@ -54,5 +56,25 @@ func TestFleetConnectionsOpenAtSafeSlice(t *testing.T) {
 	// The allotment can still reach the fleet's size.
 	if err := d.kernel.lim.SetPool(400, 0); err != nil {
 		t.Errorf("raising the pool to the fleet's size: %v", err)
+	}
+}
+
+// TestFleetMemberConfig: every fleet key reaches the pool's Member (the
+// period and lease as written: 0 is the Member's default), and the
+// configuration's defaults for 0 are the Member's.
+func TestFleetMemberConfig(t *testing.T) {
+	c := config.Default()
+	if err := config.Parse(strings.NewReader("fleet: {etcd: [http://127.0.0.1:2379], prefix: /fs, safe_fraction: 0.25, lease_ttl: 3s, period: 250ms}\n"+
+		"pools: {db: {size: 12, floor: 2, fleet: true}}\n"), &c); err != nil {
+		t.Fatal(err)
+	}
+	got := memberConfig(c.Fleet, "db", c.Pools["db"], "n1")
+	if got.Prefix != "/fs" || got.Pool != "db" || got.Node != "n1" || got.Size != 12 || got.Floor != 2 ||
+		got.SafeFraction != 0.25 || got.LeaseTTL != 3*time.Second || got.Period != 250*time.Millisecond {
+		t.Fatalf("member config %+v", got)
+	}
+	if config.DefaultFleetPeriod != fleet.DefaultPeriod || config.DefaultFleetLeaseTTL != fleet.DefaultLeaseTTL {
+		t.Errorf("defaults for 0: configuration period %v lease %v, the fleet's %v and %v",
+			config.DefaultFleetPeriod, config.DefaultFleetLeaseTTL, fleet.DefaultPeriod, fleet.DefaultLeaseTTL)
 	}
 }
