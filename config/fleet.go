@@ -27,9 +27,10 @@ type Fleet struct {
 	// counts itself cut off; 0 is 5s.
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
 	// Period is how often a node publishes what its projects hold and
-	// recomputes its allotment; 0 is 1s. At most half of lease_ttl, so
-	// a lease is renewed in time and a node is not counted cut off
-	// between two of its own calls.
+	// recomputes its allotment; 0 is 1s. Set, at most a quarter of
+	// lease_ttl: the lease is renewed on the first tick past a third of
+	// it, and a failed renewal is tried again at the next tick, before it
+	// expires.
 	Period time.Duration `yaml:"period"`
 	// TLS configures the etcd client's TLS, as etcdctl's --cacert, --cert
 	// and --key.
@@ -106,16 +107,13 @@ func (c *Config) checkFleet() error {
 	if t := f.LeaseTTL; t != 0 && (t < MinFleetLeaseTTL || t > MaxFleetLeaseTTL) {
 		return fmt.Errorf("fleet.lease_ttl must be 0 (5s) or between %v and %v, got %v", MinFleetLeaseTTL, MaxFleetLeaseTTL, t)
 	}
-	ttl, period := f.LeaseTTL, f.Period
+	ttl := f.LeaseTTL
 	if ttl == 0 {
 		ttl = DefaultFleetLeaseTTL
 	}
-	if period == 0 {
-		period = DefaultFleetPeriod
-	}
-	if f.Period != 0 && f.Period < MinFleetPeriod || period > ttl/2 {
-		return fmt.Errorf("fleet.period must be 0 (1s) or between %v and half of fleet.lease_ttl (%v), got %v",
-			MinFleetPeriod, ttl/2, f.Period)
+	if p := f.Period; p != 0 && (p < MinFleetPeriod || p > ttl/4) {
+		return fmt.Errorf("fleet.period must be 0 (1s) or between %v and a quarter of fleet.lease_ttl (%v at lease_ttl %v), got %v",
+			MinFleetPeriod, ttl/4, ttl, p)
 	}
 	if (f.TLS.Cert == "") != (f.TLS.Key == "") {
 		return fmt.Errorf("fleet.tls.cert and fleet.tls.key go together, got cert %q key %q", f.TLS.Cert, f.TLS.Key)

@@ -253,6 +253,14 @@ func (m *Member) Run(ctx context.Context) error {
 	}
 }
 
+// callTimeout bounds each etcd call: the period, but at least a second
+// (a short period must still leave time to read a large fleet's keys) and
+// at most a third of the lease (a failed renewal leaves time for another
+// before it expires).
+func (m *Member) callTimeout() time.Duration {
+	return min(max(m.cfg.Period, time.Second), m.cfg.LeaseTTL/3)
+}
+
 // tick runs once a period: read the pool, keep the lease, publish what
 // changed, and decay when cut off.
 func (m *Member) tick(ctx context.Context) {
@@ -290,7 +298,7 @@ func (m *Member) tick(ctx context.Context) {
 	changed = changed || lease != m.pubLease
 	m.mu.Unlock()
 	if ok && changed {
-		pctx, cancel := context.WithTimeout(ctx, m.cfg.Period)
+		pctx, cancel := context.WithTimeout(ctx, m.callTimeout())
 		_, err := m.cfg.Client.Put(pctx, m.key, string(body), clientv3.WithLease(lease))
 		cancel()
 		if err == nil {
@@ -323,7 +331,7 @@ func (m *Member) keepLease(ctx context.Context, lease *clientv3.LeaseID) bool {
 	if !due {
 		return true
 	}
-	cctx, cancel := context.WithTimeout(ctx, m.cfg.Period)
+	cctx, cancel := context.WithTimeout(ctx, m.callTimeout())
 	defer cancel()
 	if *lease != 0 {
 		_, err := m.cfg.Client.KeepAliveOnce(cctx, *lease)
@@ -426,7 +434,7 @@ func (m *Member) applyLocked(a Allotment) {
 // a lost member).
 func (m *Member) watchLoop(ctx context.Context) {
 	for ctx.Err() == nil {
-		gctx, cancel := context.WithTimeout(ctx, m.cfg.Period)
+		gctx, cancel := context.WithTimeout(ctx, m.callTimeout())
 		resp, err := m.cfg.Client.Get(gctx, m.dir, clientv3.WithPrefix())
 		cancel()
 		if err != nil {

@@ -241,3 +241,20 @@ func TestMembersRealEtcd(t *testing.T) {
 		return sa.Allotment+sb.Allotment == size && sa.Nodes == 2, fmt.Sprintf("a %d b %d nodes %d", sa.Allotment, sb.Allotment, sa.Nodes)
 	})
 }
+
+// TestCallTimeout: an etcd call may take the period, at least a second and
+// at most a third of the lease.
+func TestCallTimeout(t *testing.T) {
+	for _, tt := range []struct{ period, ttl, want time.Duration }{
+		{time.Second, 5 * time.Second, time.Second},
+		{100 * time.Millisecond, 5 * time.Second, time.Second},
+		{time.Second, 2 * time.Second, 2 * time.Second / 3},
+		{15 * time.Minute, time.Hour, 15 * time.Minute},
+		{30 * time.Minute, time.Hour, 20 * time.Minute},
+	} {
+		m := &Member{cfg: Config{Period: tt.period, LeaseTTL: tt.ttl}}
+		if got := m.callTimeout(); got != tt.want {
+			t.Errorf("period %v lease %v: %v, want %v", tt.period, tt.ttl, got, tt.want)
+		}
+	}
+}
