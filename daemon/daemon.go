@@ -778,7 +778,15 @@ func (d *Daemon) closeParts() error {
 		d.fleet = nil
 	}
 	if d.kernel != nil {
-		errs = append(errs, d.kernel.close(d.opts.DetachOnExit, d.pinsGone.Load()))
+		// Checked again here: a stop that came before the watcher's next
+		// tick must not clean a directory another daemon made since.
+		var gone *os.File
+		if d.pinLock != nil {
+			if replaced, err := pinsReplaced(d.pinLock, d.cfg.PinDir); d.pinsGone.Load() || err == nil && replaced {
+				gone = d.pinLock
+			}
+		}
+		errs = append(errs, d.kernel.close(d.opts.DetachOnExit, gone))
 		d.kernel = nil
 	}
 	if d.projects != nil {

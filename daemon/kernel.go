@@ -437,15 +437,18 @@ func (k *kernelSide) setRates(project string, r loader.Rates) {
 }
 
 // close closes the limiter's descriptors; with detach it also unpins and
-// detaches the programs, which otherwise keep enforcing. pinsGone: their
-// pins were removed under the daemon (watchPins), so closing detaches them,
-// and the pin directory, if one is there, is not theirs to clean.
-func (k *kernelSide) close(detach, pinsGone bool) error {
-	err := k.lim.Close()
-	if pinsGone {
-		k.log.Info("bpf programs detached: their pins were removed while the daemon ran", "pin_dir", k.pinDir)
+// detaches the programs, which otherwise keep enforcing. gone, if set, is
+// the daemon's pin directory, open, whose path now leads elsewhere or
+// nowhere (watchPins): what is left in it is unpinned through it (the
+// directory renamed, or a file system mounted over it) and the programs
+// detach, and the path, if something is there, is not theirs to clean.
+func (k *kernelSide) close(detach bool, gone *os.File) error {
+	if gone != nil {
+		err := errors.Join(loader.CleanupOpened(gone), k.lim.Close())
+		k.log.Info("bpf programs detached: their pin directory was removed or replaced while the daemon ran", "pin_dir", k.pinDir)
 		return err
 	}
+	err := k.lim.Close()
 	if !detach {
 		k.log.Info("bpf programs left pinned and enforcing", "pin_dir", k.pinDir)
 		return err

@@ -239,7 +239,7 @@ var ErrPinsInUse = errors.New("another fairshare daemon runs on this pin directo
 // ErrPinsRemoved means the pin directory the daemon locked was removed, or
 // replaced by another, while it ran (fairshare cleanup --force): its
 // programs are pinned nowhere, so it stops, and they detach as it exits.
-var ErrPinsRemoved = errors.New("the pin directory was removed while the daemon ran")
+var ErrPinsRemoved = errors.New("the pin directory was removed or replaced while the daemon ran")
 
 // pinsReplaced says whether dir is no longer the directory f, the
 // daemon's lock, was opened on: removed (f's inode unlinked), or another
@@ -267,6 +267,27 @@ func pinsReplaced(f *os.File, dir string) (bool, error) {
 // exist yet has nothing to protect: it returns nil, and New locks it once
 // the kernel side made it.
 func lockPins(dir string) (*os.File, error) {
+	// A cleanup that removes the directory between the open and the lock
+	// would leave the lock on a removed directory: the lock is taken on
+	// what the path names after it, or the directory is gone (nil).
+	for range 3 {
+		f, err := lockPinsOnce(dir)
+		if f == nil || err != nil {
+			return f, err
+		}
+		gone, err := pinsReplaced(f, dir)
+		if err == nil && !gone {
+			return f, nil
+		}
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("the pin directory %s kept changing while it was being locked (another process removing and making it)", dir)
+}
+
+func lockPinsOnce(dir string) (*os.File, error) {
 	f, err := os.Open(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil

@@ -962,6 +962,18 @@ func Cleanup(pinDir string) error {
 	if pinDir == "" {
 		pinDir = DefaultPinDir
 	}
+	return cleanup(pinDir, true)
+}
+
+// CleanupOpened unpins everything in the directory dir is open on,
+// wherever it is now (renamed, or under a file system mounted over it;
+// nothing if it was removed), and leaves the directory: a daemon's own
+// pins, when its pin directory's path no longer leads to them.
+func CleanupOpened(dir *os.File) error {
+	return cleanup(fmt.Sprintf("/proc/self/fd/%d", dir.Fd()), false)
+}
+
+func cleanup(pinDir string, rmdir bool) error {
 	ents, err := os.ReadDir(pinDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -996,6 +1008,9 @@ func Cleanup(pinDir string) error {
 		if err := os.Remove(path); err != nil {
 			errs = append(errs, fmt.Errorf("unpinning %s: %w", path, err))
 		}
+	}
+	if !rmdir {
+		return errors.Join(errs...)
 	}
 	if err := os.Remove(pinDir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("removing pin directory: %w", err))

@@ -189,8 +189,10 @@ func (l *Limiter) attachNetns(ns netns.NsHandle, nsPath string) (NetnsInfo, erro
 		prog.Close()
 		return NetnsInfo{}, fmt.Errorf("attaching sk_lookup in network namespace %s: %w", nsPath, err)
 	}
+	// The pin directory itself is not made again: one removed under the
+	// daemon (cleanup --force) is not its to fill.
 	dir := filepath.Join(l.pinDir, netnsDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		lk.Close()
 		prog.Close()
 		return NetnsInfo{}, fmt.Errorf("creating %s: %w", dir, err)

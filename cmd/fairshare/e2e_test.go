@@ -262,6 +262,27 @@ func (n *node) stop(sig syscall.Signal) error {
 	return err
 }
 
+// waitExit waits for the daemon to exit by itself and returns its exit
+// status.
+func (n *node) waitExit() int {
+	n.t.Helper()
+	select {
+	case err := <-n.done:
+		n.cmd = nil
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			n.t.Fatalf("waiting for the daemon: %v", err)
+		}
+		return 0
+	case <-time.After(20 * time.Second):
+		n.t.Fatalf("the daemon still runs after 20s:\n%s", n.log)
+		return -1
+	}
+}
+
 func (n *node) cli(args ...string) (string, string, int) {
 	n.t.Helper()
 	words := 1 // the command's words come before its flags

@@ -251,9 +251,9 @@ func TestSecondDaemonOnSamePinsRefused(t *testing.T) {
 // directory of a running daemon exits 1 naming the daemon's pid and changes
 // nothing (before, it unpinned everything under the daemon: status could no
 // longer read the pins, and enforcement ended with the daemon's next exit,
-// its counts lost); with --force it unpins: the daemon's own links enforce
-// until it exits, and then nothing is left. Cleanup after the daemon
-// stopped, the uninstall path, is TestEndToEnd's.
+// its counts lost); with --force it unpins, the daemon stops by itself
+// (TestCleanupForceStopsDaemon), and then nothing is left. Cleanup after the
+// daemon stopped, the uninstall path, is TestEndToEnd's.
 func TestCleanupRefusedWhileDaemonRuns(t *testing.T) {
 	n := newNode(t, "pools: {connections: {size: 2}}\n")
 	n.start()
@@ -280,8 +280,8 @@ func TestCleanupRefusedWhileDaemonRuns(t *testing.T) {
 	if _, err := os.Stat(n.pin); !os.IsNotExist(err) {
 		t.Errorf("pins still there after cleanup --force: %v", err)
 	}
-	if err := n.stop(syscall.SIGTERM); err != nil {
-		t.Fatalf("daemon exit: %v\n%s", err, n.log)
+	if code := n.waitExit(); code != 1 {
+		t.Fatalf("daemon exit %d after cleanup --force, want 1:\n%s", code, n.log)
 	}
 	if b := n.connectFrom("alpha", addr, 2); b.connected != 2 {
 		t.Errorf("after cleanup --force and the daemon's exit alpha connected %d of 2: programs left attached", b.connected)
