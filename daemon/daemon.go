@@ -626,9 +626,11 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 // the daemon locked. One removed under it (fairshare cleanup --force) or
 // replaced leaves its programs pinned nowhere: status cannot read them, and
 // a daemon started meanwhile pins a second set that enforces beside them
-// (its lock is on the new directory). It then stops with ErrPinsRemoved,
-// unpinning nothing (the directory, if one is there, is another's), and its
-// programs detach as it exits; a supervisor that restarts it starts afresh.
+// (its lock is on the new directory). It then stops with ErrPinsRemoved;
+// as it closes it unpins what is left of its own pins through the directory
+// it holds open and nothing at the path (a directory there is another's),
+// and its programs detach as it exits; a supervisor that restarts it starts
+// afresh.
 func (d *Daemon) watchPins(ctx context.Context, period time.Duration) error {
 	if d.pinLock == nil {
 		return nil
