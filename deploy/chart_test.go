@@ -20,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	sigyaml "sigs.k8s.io/yaml"
+
+	fsconfig "github.com/fairshare-dev/fairshare/config"
 )
 
 var update = flag.Bool("update", false, "rewrite kubernetes/fairshare.yaml from the chart")
@@ -235,7 +237,8 @@ func TestChartDefaults(t *testing.T) {
 // TestChartValues: the values users set reach the manifests.
 func TestChartValues(t *testing.T) {
 	o := render(t, map[string]any{
-		"pools":    map[string]any{"connections": map[string]any{"size": 1000, "floor": 20}},
+		"pools": map[string]any{"connections": map[string]any{"size": 1000, "floor": 20},
+			"db": map[string]any{"size": 200, "destinations": []any{"10.0.0.5/32:5432", "[2001:db8::5]/128:5432"}}},
 		"policies": map[string]any{"team-a": map[string]any{"tier": "pro", "shares": 2}},
 		"kubernetes": map[string]any{
 			"runtimeSocket": "/run/k3s/containerd/containerd.sock", "projectLabel": "example.com/tenant",
@@ -247,7 +250,10 @@ func TestChartValues(t *testing.T) {
 		"mountBPFFS":  true,
 	})
 	var conf struct {
-		Pools      map[string]struct{ Size, Floor int }
+		Pools map[string]struct {
+			Size, Floor  int
+			Destinations []string
+		}
 		Kubernetes struct {
 			RuntimeEndpoint  string   `json:"runtime_endpoint"`
 			ProjectLabel     string   `json:"project_label"`
@@ -263,8 +269,16 @@ func TestChartValues(t *testing.T) {
 	if err := sigyaml.Unmarshal([]byte(o.configMaps["fs-config"].Data["config.yaml"]), &conf); err != nil {
 		t.Fatal(err)
 	}
-	if p := conf.Pools["connections"]; p.Size != 1000 || p.Floor != 20 || conf.Pools["requests"].Size != 400 {
+	if p := conf.Pools["connections"]; p.Size != 1000 || p.Floor != 20 || conf.Pools["requests"].Size != 400 || p.Destinations != nil {
 		t.Errorf("pools %+v", conf.Pools)
+	}
+	if p := conf.Pools["db"]; p.Size != 200 || !slices.Equal(p.Destinations, []string{"10.0.0.5/32:5432", "[2001:db8::5]/128:5432"}) {
+		t.Errorf("the destination pool %+v", p)
+	}
+	// The daemon takes it as written.
+	dc := fsconfig.Default()
+	if err := fsconfig.Parse(strings.NewReader(o.configMaps["fs-config"].Data["config.yaml"]), &dc); err != nil || !dc.Pools["db"].IsDestination() {
+		t.Errorf("the daemon's reading of the chart's config: %v", err)
 	}
 	if k := conf.Kubernetes; k.ProjectLabel != "example.com/tenant" || !slices.Equal(k.SystemNamespaces, []string{"kube-system", "monitoring"}) || filepath.Base(k.RuntimeEndpoint) != "containerd.sock" {
 		t.Errorf("kubernetes %+v", k)
@@ -351,6 +365,26 @@ func TestChartRefusesNoProjects(t *testing.T) {
 	}
 	if _, err := Render(ChartDir, "fs", "ops", map[string]any{"kubernetes": map[string]any{"projectLabel": ""}}); err != nil {
 		t.Fatalf("namespaces only: %v", err)
+	}
+}
+
+// TestChartRefusesSurge: a rollout that surges (a node's new pod started
+// beside the old) fails at install: the new pod cannot take the pin
+// directory's lock the old one holds, so it never becomes ready and the
+// rollout never ends. 0 is what the default is.
+func TestChartRefusesSurge(t *testing.T) {
+	for _, surge := range []any{1, "25%"} {
+		_, err := Render(ChartDir, "fs", "ops", map[string]any{"updateStrategy": map[string]any{
+			"type": "RollingUpdate", "rollingUpdate": map[string]any{"maxSurge": surge, "maxUnavailable": 0}}})
+		if err == nil || !strings.Contains(err.Error(), "maxSurge") {
+			t.Errorf("maxSurge %v: %v", surge, err)
+		}
+	}
+	for _, surge := range []any{0, "0%"} {
+		if _, err := Render(ChartDir, "fs", "ops", map[string]any{"updateStrategy": map[string]any{
+			"type": "RollingUpdate", "rollingUpdate": map[string]any{"maxSurge": surge, "maxUnavailable": 1}}}); err != nil {
+			t.Errorf("maxSurge %v: %v", surge, err)
+		}
 	}
 }
 

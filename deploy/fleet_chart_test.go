@@ -17,7 +17,7 @@ func TestChartFleet(t *testing.T) {
 	o := render(t, map[string]any{
 		"pools": map[string]any{"db": map[string]any{"size": 1000, "fleet": true}},
 		"fleet": map[string]any{"etcd": []any{"https://etcd-0:2379", "https://etcd-1:2379"}, "prefix": "/prod",
-			"safeFraction": 0.02, "tlsSecret": "etcd-client"},
+			"safeFraction": 0.02, "tlsSecret": "etcd-client", "leaseTTL": "8s", "period": "2s"},
 	})
 	var conf struct {
 		Pools map[string]struct {
@@ -28,6 +28,8 @@ func TestChartFleet(t *testing.T) {
 			Etcd         []string
 			Prefix       string
 			SafeFraction float64 `json:"safe_fraction"`
+			LeaseTTL     string  `json:"lease_ttl"`
+			Period       string
 			TLS          struct{ CA, Cert, Key string }
 		}
 	}
@@ -39,7 +41,8 @@ func TestChartFleet(t *testing.T) {
 		t.Errorf("pools %+v", conf.Pools)
 	}
 	f := conf.Fleet
-	if !slices.Equal(f.Etcd, []string{"https://etcd-0:2379", "https://etcd-1:2379"}) || f.Prefix != "/prod" || f.SafeFraction != 0.02 {
+	if !slices.Equal(f.Etcd, []string{"https://etcd-0:2379", "https://etcd-1:2379"}) || f.Prefix != "/prod" || f.SafeFraction != 0.02 ||
+		f.LeaseTTL != "8s" || f.Period != "2s" {
 		t.Errorf("fleet %+v", f)
 	}
 	if f.TLS.CA != "/etc/fairshare/fleet-tls/ca.crt" || f.TLS.Cert != "/etc/fairshare/fleet-tls/tls.crt" || f.TLS.Key != "/etc/fairshare/fleet-tls/tls.key" {
@@ -53,6 +56,10 @@ func TestChartFleet(t *testing.T) {
 		t.Errorf("TLS volume %+v", v)
 	}
 
+	// Without leaseTTL and period the daemon's defaults apply: no key.
+	if raw := render(t, map[string]any{"fleet": map[string]any{"etcd": []any{"https://etcd-0:2379"}}}).configMaps["fs-config"].Data["config.yaml"]; strings.Contains(raw, "lease_ttl") || strings.Contains(raw, "period") {
+		t.Errorf("lease_ttl or period without their values:\n%s", raw)
+	}
 	// Defaults: no fleet section, no Secret.
 	d := render(t, nil)
 	if strings.Contains(d.configMaps["fs-config"].Data["config.yaml"], "fleet") {
