@@ -500,7 +500,7 @@ func TestChartNamespace(t *testing.T) {
 var pendingMetrics = map[string]string{}
 
 // TestChartMonitoring: the ServiceMonitor scrapes the metrics Service's
-// port with each target named by its node; the PrometheusRule has the four
+// port with each target named by its node; the PrometheusRule has the five
 // alerts, and every metric its expressions name is one the daemon exports
 // (read from the daemon's sources: a renamed metric fails here).
 func TestChartMonitoring(t *testing.T) {
@@ -532,7 +532,7 @@ func TestChartMonitoring(t *testing.T) {
 	for _, r := range o.rules[0].Spec.Groups[0].Rules {
 		alerts[r.Alert] = r.Expr.String()
 	}
-	for _, a := range []string{"FairsharePodSourceDown", "FairsharePoliciesFileRefused", "FairshareHeartbeatStale", "FairshareProjectRefusals"} {
+	for _, a := range []string{"FairsharePodSourceDown", "FairsharePoliciesFileRefused", "FairshareHeartbeatStale", "FairshareUnadoptedSockets", "FairshareProjectRefusals"} {
 		expr, ok := alerts[a]
 		if !ok {
 			t.Errorf("no alert %s; have %v", a, alerts)
