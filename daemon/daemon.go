@@ -283,6 +283,11 @@ func New(opts Options) (*Daemon, error) {
 			if d.pinLock, err = lockPins(cfg.PinDir); err != nil {
 				return nil, err
 			}
+			// Gone since the kernel side made it: nothing to lock, and
+			// no start without the lock (the undo above runs).
+			if d.pinLock == nil {
+				return nil, fmt.Errorf("%w: %s, while the daemon started", ErrPinsRemoved, cfg.PinDir)
+			}
 		}
 		d.projects.kernel = d.kernel.members()
 		if d.connectionsAt >= 0 {

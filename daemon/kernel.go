@@ -444,7 +444,12 @@ func (k *kernelSide) setRates(project string, r loader.Rates) {
 // detach, and the path, if something is there, is not theirs to clean.
 func (k *kernelSide) close(detach bool, gone *os.File) error {
 	if gone != nil {
-		err := errors.Join(loader.CleanupOpened(gone), k.lim.Close())
+		if err := loader.CleanupOpened(gone); err != nil {
+			k.log.Error("unpinning what was left of the daemon's pins through its removed or replaced pin directory failed: "+
+				"those left keep enforcing after it exits; 'fairshare cleanup' cannot reach them by the path", "pin_dir", k.pinDir, "err", err)
+			return errors.Join(err, k.lim.Close())
+		}
+		err := k.lim.Close()
 		k.log.Info("bpf programs detached: their pin directory was removed or replaced while the daemon ran", "pin_dir", k.pinDir)
 		return err
 	}

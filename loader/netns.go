@@ -190,7 +190,17 @@ func (l *Limiter) attachNetns(ns netns.NsHandle, nsPath string) (NetnsInfo, erro
 		return NetnsInfo{}, fmt.Errorf("attaching sk_lookup in network namespace %s: %w", nsPath, err)
 	}
 	// The pin directory itself is not made again: one removed under the
-	// daemon (cleanup --force) is not its to fill.
+	// daemon (cleanup --force) is not its to fill, nor one made in its
+	// place (the caller's lock says which is its own).
+	if l.pinLock != nil {
+		var held, now unix.Stat_t
+		if unix.Fstat(int(l.pinLock.Fd()), &held) != nil || unix.Stat(l.pinDir, &now) != nil || held.Nlink == 0 ||
+			held.Dev != now.Dev || held.Ino != now.Ino {
+			lk.Close()
+			prog.Close()
+			return NetnsInfo{}, fmt.Errorf("attaching network namespace %s: the pin directory %s was removed or replaced", nsPath, l.pinDir)
+		}
+	}
 	dir := filepath.Join(l.pinDir, netnsDir)
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		lk.Close()
