@@ -60,6 +60,16 @@ func TestChartFleet(t *testing.T) {
 	if raw := render(t, map[string]any{"fleet": map[string]any{"etcd": []any{"https://etcd-0:2379"}}}).configMaps["fs-config"].Data["config.yaml"]; strings.Contains(raw, "lease_ttl") || strings.Contains(raw, "period") {
 		t.Errorf("lease_ttl or period without their values:\n%s", raw)
 	}
+	// A duration without its unit fails at install, not on every node.
+	for _, bad := range []any{5, "5", "soon"} {
+		_, err := Render(ChartDir, "fs", "ops", map[string]any{"fleet": map[string]any{"etcd": []any{"https://etcd-0:2379"}, "leaseTTL": bad}})
+		if err == nil || !strings.Contains(err.Error(), "fleet.leaseTTL") {
+			t.Errorf("leaseTTL %v: %v", bad, err)
+		}
+	}
+	if _, err := Render(ChartDir, "fs", "ops", map[string]any{"fleet": map[string]any{"etcd": []any{"https://etcd-0:2379"}, "period": "1.5s"}}); err != nil {
+		t.Errorf("period 1.5s: %v", err)
+	}
 	// Defaults: no fleet section, no Secret.
 	d := render(t, nil)
 	if strings.Contains(d.configMaps["fs-config"].Data["config.yaml"], "fleet") {

@@ -69,8 +69,8 @@ type Config struct {
 	// SafeFraction is the part of Size a node cut off from etcd decays to;
 	// 0 means one over the number of nodes it last saw.
 	SafeFraction float64
-	// Period is the publication period (DefaultPeriod): at most one write
-	// per Period.
+	// Period is the publication period (DefaultPeriod, or a quarter of
+	// LeaseTTL if less): at most one write per Period.
 	Period time.Duration
 	// LeaseTTL is the lease of the node's key (DefaultLeaseTTL): a node
 	// silent that long drops out of the others' computation, and a node that
@@ -187,11 +187,13 @@ func New(cfg Config) (*Member, error) {
 	if cfg.SafeFraction < 0 || cfg.SafeFraction > 1 {
 		return nil, fmt.Errorf("fleet pool %s: safe_fraction %v not in [0, 1]", cfg.Pool, cfg.SafeFraction)
 	}
-	if cfg.Period <= 0 {
-		cfg.Period = DefaultPeriod
-	}
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.Period <= 0 {
+		// A quarter of a short lease: a failed renewal gets another tick
+		// before it expires.
+		cfg.Period = min(DefaultPeriod, cfg.LeaseTTL/4)
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -255,10 +257,10 @@ func (m *Member) Run(ctx context.Context) error {
 
 // callTimeout bounds each etcd call: the period, but at least a second
 // (a short period must still leave time to read a large fleet's keys) and
-// at most a third of the lease (a failed renewal leaves time for another
-// before it expires).
+// at most a quarter of the lease (a renewal that hangs leaves time for
+// another before it expires).
 func (m *Member) callTimeout() time.Duration {
-	return min(max(m.cfg.Period, time.Second), m.cfg.LeaseTTL/3)
+	return min(max(m.cfg.Period, time.Second), m.cfg.LeaseTTL/4)
 }
 
 // tick runs once a period: read the pool, keep the lease, publish what
