@@ -27,10 +27,12 @@ type Fleet struct {
 	// counts itself cut off; 0 is 5s.
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
 	// Period is how often a node publishes what its projects hold and
-	// recomputes its allotment; 0 is 1s, or a quarter of lease_ttl if
-	// that is less. Set, at most a quarter of lease_ttl: the lease is
-	// renewed on the first tick past a third of it, and a failed renewal
-	// is tried again at the next tick, before it expires.
+	// recomputes its allotment; 0 is 1s. Set, at least 1s (a project's
+	// refusals count in its want for one period: a shorter one would
+	// keep a project that retries less often from ever growing) and at
+	// most a quarter of lease_ttl (the lease is renewed on the first tick
+	// past a third of it, and a failed renewal is tried again at the next
+	// tick, before it expires).
 	Period time.Duration `yaml:"period"`
 	// TLS configures the etcd client's TLS, as etcdctl's --cacert, --cert
 	// and --key.
@@ -50,7 +52,7 @@ const (
 	MinFleetLeaseTTL     = 2 * time.Second
 	MaxFleetLeaseTTL     = time.Hour
 	DefaultFleetLeaseTTL = 5 * time.Second
-	MinFleetPeriod       = 100 * time.Millisecond
+	MinFleetPeriod       = time.Second
 	DefaultFleetPeriod   = time.Second
 )
 
@@ -112,7 +114,7 @@ func (c *Config) checkFleet() error {
 		ttl = DefaultFleetLeaseTTL
 	}
 	if p := f.Period; p != 0 && (p < MinFleetPeriod || p > ttl/4) {
-		return fmt.Errorf("fleet.period must be 0 (1s, or lease_ttl/4 if less) or between %v and a quarter of fleet.lease_ttl (%v at lease_ttl %v), got %v",
+		return fmt.Errorf("fleet.period must be 0 (1s) or between %v and a quarter of fleet.lease_ttl (%v at lease_ttl %v), got %v",
 			MinFleetPeriod, ttl/4, ttl, p)
 	}
 	if (f.TLS.Cert == "") != (f.TLS.Key == "") {

@@ -30,7 +30,7 @@ func TestFleetKeys(t *testing.T) {
 	if got := dc.FleetPools(); len(got) != 1 || got[0] != "db" || !dc.Pools["db"].IsDestination() {
 		t.Fatalf("fleet pools %v", got)
 	}
-	for _, ok := range []string{"fleet: {period: 100ms}", "fleet: {lease_ttl: 2s}", "fleet: {lease_ttl: 3s, period: 750ms}", "fleet: {lease_ttl: 1h, period: 15m}"} {
+	for _, ok := range []string{"fleet: {period: 1s}", "fleet: {lease_ttl: 2s}", "fleet: {lease_ttl: 8s, period: 2s}", "fleet: {lease_ttl: 1h, period: 15m}"} {
 		c := Default()
 		if err := Parse(strings.NewReader(ok), &c); err != nil {
 			t.Errorf("%q: %v", ok, err)
@@ -53,7 +53,7 @@ func TestFleetKeys(t *testing.T) {
 		{"fleet: {safe_fraction: 1.5}", "fleet.safe_fraction"},
 		{"fleet: {safe_fraction: -0.1}", "fleet.safe_fraction"},
 		{"fleet: {lease_ttl: 1s}", "fleet.lease_ttl"},
-		{"fleet: {period: 50ms}", "fleet.period"},
+		{"fleet: {period: 500ms}", "fleet.period"},
 		{"fleet: {period: 2s}", "a quarter of fleet.lease_ttl (1.25s at lease_ttl 5s)"},
 		{"fleet: {lease_ttl: 3s, period: 1s}", "fleet.period"},
 		{"fleet: {tls: {cert: /x}}", "fleet.tls.cert and fleet.tls.key"},

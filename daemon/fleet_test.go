@@ -64,13 +64,13 @@ func TestFleetConnectionsOpenAtSafeSlice(t *testing.T) {
 // configuration's defaults for 0 are the Member's.
 func TestFleetMemberConfig(t *testing.T) {
 	c := config.Default()
-	if err := config.Parse(strings.NewReader("fleet: {etcd: [http://127.0.0.1:2379], prefix: /fs, safe_fraction: 0.25, lease_ttl: 3s, period: 250ms}\n"+
+	if err := config.Parse(strings.NewReader("fleet: {etcd: [http://127.0.0.1:2379], prefix: /fs, safe_fraction: 0.25, lease_ttl: 8s, period: 2s}\n"+
 		"pools: {db: {size: 12, floor: 2, fleet: true}}\n"), &c); err != nil {
 		t.Fatal(err)
 	}
 	got := memberConfig(c.Fleet, "db", c.Pools["db"], "n1")
 	if got.Prefix != "/fs" || got.Pool != "db" || got.Node != "n1" || got.Size != 12 || got.Floor != 2 ||
-		got.SafeFraction != 0.25 || got.LeaseTTL != 3*time.Second || got.Period != 250*time.Millisecond {
+		got.SafeFraction != 0.25 || got.LeaseTTL != 8*time.Second || got.Period != 2*time.Second {
 		t.Fatalf("member config %+v", got)
 	}
 	if config.DefaultFleetPeriod != fleet.DefaultPeriod || config.DefaultFleetLeaseTTL != fleet.DefaultLeaseTTL {

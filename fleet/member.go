@@ -69,8 +69,10 @@ type Config struct {
 	// SafeFraction is the part of Size a node cut off from etcd decays to;
 	// 0 means one over the number of nodes it last saw.
 	SafeFraction float64
-	// Period is the publication period (DefaultPeriod, or a quarter of
-	// LeaseTTL if less): at most one write per Period.
+	// Period is the publication period (DefaultPeriod): at most one write
+	// per Period. A project's refusals count in its want for one Period
+	// (Demand.Refused), so a Period shorter than a client's pause between
+	// retries would keep a refused project from ever growing.
 	Period time.Duration
 	// LeaseTTL is the lease of the node's key (DefaultLeaseTTL): a node
 	// silent that long drops out of the others' computation, and a node that
@@ -191,9 +193,7 @@ func New(cfg Config) (*Member, error) {
 		cfg.LeaseTTL = DefaultLeaseTTL
 	}
 	if cfg.Period <= 0 {
-		// A quarter of a short lease: a failed renewal gets another tick
-		// before it expires.
-		cfg.Period = min(DefaultPeriod, cfg.LeaseTTL/4)
+		cfg.Period = DefaultPeriod
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -257,10 +257,10 @@ func (m *Member) Run(ctx context.Context) error {
 
 // callTimeout bounds each etcd call: the period, but at least a second
 // (a short period must still leave time to read a large fleet's keys) and
-// at most a quarter of the lease (a renewal that hangs leaves time for
-// another before it expires).
+// at most a third of the lease (a failed renewal leaves time for another
+// before it expires).
 func (m *Member) callTimeout() time.Duration {
-	return min(max(m.cfg.Period, time.Second), m.cfg.LeaseTTL/4)
+	return min(max(m.cfg.Period, time.Second), m.cfg.LeaseTTL/3)
 }
 
 // tick runs once a period: read the pool, keep the lease, publish what

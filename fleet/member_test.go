@@ -243,14 +243,14 @@ func TestMembersRealEtcd(t *testing.T) {
 }
 
 // TestCallTimeout: an etcd call may take the period, at least a second and
-// at most a quarter of the lease.
+// at most a third of the lease.
 func TestCallTimeout(t *testing.T) {
 	for _, tt := range []struct{ period, ttl, want time.Duration }{
 		{time.Second, 5 * time.Second, time.Second},
 		{100 * time.Millisecond, 5 * time.Second, time.Second},
-		{500 * time.Millisecond, 2 * time.Second, 500 * time.Millisecond},
+		{time.Second, 2 * time.Second, 2 * time.Second / 3},
 		{15 * time.Minute, time.Hour, 15 * time.Minute},
-		{20 * time.Minute, time.Hour, 15 * time.Minute},
+		{30 * time.Minute, time.Hour, 20 * time.Minute},
 	} {
 		m := &Member{cfg: Config{Period: tt.period, LeaseTTL: tt.ttl}}
 		if got := m.callTimeout(); got != tt.want {
