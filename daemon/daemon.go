@@ -640,16 +640,9 @@ func (d *Daemon) watchPins(ctx context.Context, period time.Duration) error {
 	if d.pinLock == nil {
 		return nil
 	}
-	t := time.NewTicker(period)
-	defer t.Stop()
 	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		gone, err := pinsReplaced(d.pinLock, d.cfg.PinDir)
+	return eachTick(ctx, period, func() (bool, error) {
+		gone, err := loader.PinDirReplaced(d.pinLock, d.cfg.PinDir)
 		switch {
 		case err != nil && !failing:
 			d.log.Warn("checking the pin directory", "pin_dir", d.cfg.PinDir, "err", err)
@@ -661,9 +654,10 @@ func (d *Daemon) watchPins(ctx context.Context, period time.Duration) error {
 			d.pinsGone.Store(true)
 			d.log.Error("the pin directory was removed or replaced under the daemon (fairshare cleanup --force?): "+
 				"its programs are pinned nowhere; stopping, and they detach as it exits", "pin_dir", d.cfg.PinDir)
-			return fmt.Errorf("%w: %s", ErrPinsRemoved, d.cfg.PinDir)
+			return true, fmt.Errorf("%w: %s", ErrPinsRemoved, d.cfg.PinDir)
 		}
-	}
+		return false, nil
+	})
 }
 
 // pathError marks a socket path holding something other than a socket as
@@ -789,7 +783,7 @@ func (d *Daemon) closeParts() error {
 		// tick must not clean a directory another daemon made since.
 		var gone *os.File
 		if d.pinLock != nil {
-			if replaced, err := pinsReplaced(d.pinLock, d.cfg.PinDir); d.pinsGone.Load() || err == nil && replaced {
+			if replaced, err := loader.PinDirReplaced(d.pinLock, d.cfg.PinDir); d.pinsGone.Load() || err == nil && replaced {
 				gone = d.pinLock
 			}
 		}

@@ -214,19 +214,12 @@ func (k *kernelSide) recompute(now time.Time) error {
 // over a busy node's sockets, a slow source) ran long. A failure is logged
 // once until a renewal succeeds again.
 func (k *kernelSide) beat(ctx context.Context, every time.Duration) error {
-	t := time.NewTicker(every)
-	defer t.Stop()
 	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	return eachTick(ctx, every, func() (bool, error) {
 		err := k.lim.Heartbeat()
 		switch {
 		case errors.Is(err, loader.ErrClosed):
-			return nil
+			return true, nil
 		case err != nil && !failing:
 			k.log.Error("renewing the heartbeat failed: enforcement lapses after connections.lapse_after unless a renewal succeeds",
 				"pin_dir", k.pinDir, "err", err)
@@ -234,6 +227,24 @@ func (k *kernelSide) beat(ctx context.Context, every time.Duration) error {
 		case err == nil && failing:
 			k.log.Info("the heartbeat is renewed again", "pin_dir", k.pinDir)
 			failing = false
+		}
+		return false, nil
+	})
+}
+
+// eachTick calls f every period until ctx ends, f says it is done, or f
+// fails; it returns f's error.
+func eachTick(ctx context.Context, period time.Duration, f func() (done bool, err error)) error {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if done, err := f(); done || err != nil {
+			return err
 		}
 	}
 }

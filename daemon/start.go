@@ -241,27 +241,6 @@ var ErrPinsInUse = errors.New("another fairshare daemon runs on this pin directo
 // programs are pinned nowhere, so it stops, and they detach as it exits.
 var ErrPinsRemoved = errors.New("the pin directory was removed or replaced while the daemon ran")
 
-// pinsReplaced says whether dir is no longer the directory f, the
-// daemon's lock, was opened on: removed (f's inode unlinked), or another
-// directory in its place.
-func pinsReplaced(f *os.File, dir string) (bool, error) {
-	var held, now unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &held); err != nil {
-		return false, fmt.Errorf("reading the pin directory's lock: %w", err)
-	}
-	if held.Nlink == 0 {
-		return true, nil
-	}
-	err := unix.Stat(dir, &now)
-	if errors.Is(err, unix.ENOENT) {
-		return true, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("reading the pin directory %s: %w", dir, err)
-	}
-	return now.Dev != held.Dev || now.Ino != held.Ino, nil
-}
-
 // lockPins takes an exclusive lock on the pin directory, held for the
 // daemon's life (closing the file releases it). A directory that does not
 // exist yet has nothing to protect: it returns nil, and New locks it once
@@ -275,7 +254,7 @@ func lockPins(dir string) (*os.File, error) {
 		if f == nil || err != nil {
 			return f, err
 		}
-		gone, err := pinsReplaced(f, dir)
+		gone, err := loader.PinDirReplaced(f, dir)
 		if err == nil && !gone {
 			return f, nil
 		}

@@ -94,7 +94,7 @@ func TestRestorePins(t *testing.T) {
 	}
 }
 
-// TestPinsReplaced: the lock's directory is still the pin directory until
+// TestPinsReplaced: the lock's directory (lockPins, loader.PinDirReplaced) is still the pin directory until
 // it is removed, or another directory takes its name.
 func TestPinsReplaced(t *testing.T) {
 	for _, how := range []string{"removed", "renamed and made again"} {
@@ -106,7 +106,7 @@ func TestPinsReplaced(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if gone, err := pinsReplaced(f, dir); gone || err != nil {
+		if gone, err := loader.PinDirReplaced(f, dir); gone || err != nil {
 			t.Fatalf("%s: before: gone %v, %v", how, gone, err)
 		}
 		if how == "removed" {
@@ -117,7 +117,7 @@ func TestPinsReplaced(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if gone, err := pinsReplaced(f, dir); !gone || err != nil {
+		if gone, err := loader.PinDirReplaced(f, dir); !gone || err != nil {
 			t.Errorf("%s: gone %v, %v; want gone", how, gone, err)
 		}
 		f.Close()

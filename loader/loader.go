@@ -965,6 +965,27 @@ func Cleanup(pinDir string) error {
 	return cleanup(pinDir, true)
 }
 
+// PinDirReplaced says whether pinDir is no longer the directory f is open
+// on (a daemon's lock on it): removed (f's inode unlinked), or another
+// directory in its place.
+func PinDirReplaced(f *os.File, pinDir string) (bool, error) {
+	var held, now unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &held); err != nil {
+		return false, fmt.Errorf("reading the pin directory's lock: %w", err)
+	}
+	if held.Nlink == 0 {
+		return true, nil
+	}
+	err := unix.Stat(pinDir, &now)
+	if errors.Is(err, unix.ENOENT) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading the pin directory %s: %w", pinDir, err)
+	}
+	return now.Dev != held.Dev || now.Ino != held.Ino, nil
+}
+
 // CleanupOpened unpins everything in the directory dir is open on,
 // wherever it is now (renamed, or under a file system mounted over it;
 // nothing if it was removed), and leaves the directory: a daemon's own

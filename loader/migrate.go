@@ -69,13 +69,11 @@ func (l *Limiter) lockPinDir() error {
 	if l.unlock != nil {
 		return nil
 	}
-	var dst unix.Stat_t
-	if err := unix.Stat(l.pinDir, &dst); err != nil {
+	if _, err := os.Stat(l.pinDir); err != nil {
 		return fmt.Errorf("reading the pin directory %s: %w", l.pinDir, err)
 	}
 	if f := l.pinLock; f != nil {
-		var st unix.Stat_t
-		if err := unix.Fstat(int(f.Fd()), &st); err == nil && st.Dev == dst.Dev && st.Ino == dst.Ino &&
+		if replaced, err := PinDirReplaced(f, l.pinDir); err == nil && !replaced &&
 			unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
 			l.unlock = func() {}
 			return nil

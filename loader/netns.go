@@ -193,9 +193,7 @@ func (l *Limiter) attachNetns(ns netns.NsHandle, nsPath string) (NetnsInfo, erro
 	// daemon (cleanup --force) is not its to fill, nor one made in its
 	// place (the caller's lock says which is its own).
 	if l.pinLock != nil {
-		var held, now unix.Stat_t
-		if unix.Fstat(int(l.pinLock.Fd()), &held) != nil || unix.Stat(l.pinDir, &now) != nil || held.Nlink == 0 ||
-			held.Dev != now.Dev || held.Ino != now.Ino {
+		if replaced, err := PinDirReplaced(l.pinLock, l.pinDir); err != nil || replaced {
 			lk.Close()
 			prog.Close()
 			return NetnsInfo{}, fmt.Errorf("attaching network namespace %s: the pin directory %s was removed or replaced", nsPath, l.pinDir)
