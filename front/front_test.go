@@ -932,3 +932,35 @@ func TestReleaseWhenCanceledInQueue(t *testing.T) {
 		t.Errorf("upstream hits %d, want 1: the withdrawn request reached it", got)
 	}
 }
+
+// TestHostileCostHeaderStallsNoOne: an upstream's cost header may say any
+// finite number. A cost of 1e12 or more once drove a participant's debt
+// past what the scheduler's wake-up times hold: the time wrapped into the
+// past, the loop set it again forever under its lock, and every project's
+// requests hung. Here alpha (pro, so its requests go out as P1 and are
+// charged) is answered with such costs, in both paths, and after each
+// answer both alpha and beta are served.
+func TestHostileCostHeaderStallsNoOne(t *testing.T) {
+	for _, fast := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fastpath=%v", fast), func(t *testing.T) {
+			r := newRig(t, rigOpts{poolSize: 8, cfg: Config{FastPath: fast}}, func(w http.ResponseWriter, req *http.Request) {
+				w.Header().Set(DefaultCostHeader, req.URL.Query().Get("cost"))
+				_, _ = io.WriteString(w, "ok")
+			})
+			for _, p := range []string{"alpha", "beta"} {
+				r.sched.SetPolicy(p, scheduler.Policy{Tier: scheduler.TierPro, Shares: 1})
+			}
+			r.client.Timeout = 20 * time.Second
+			for _, cost := range []string{"1e12", "9.3e10", "1e300", "1.7976931348623157e308", "1e12", "4e18"} {
+				for _, p := range []string{"alpha", "alpha", "beta"} {
+					resp := r.get(t, p, "/?cost="+cost)
+					readAll(t, resp)
+					if resp.StatusCode != 200 {
+						t.Fatalf("%s after cost %s: status %d", p, cost, resp.StatusCode)
+					}
+				}
+			}
+			waitInUse(t, r.pool, 0)
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -671,5 +672,69 @@ func TestTierAndClassNames(t *testing.T) {
 	// Logs and status name classes often: naming one must not allocate.
 	if n := testing.AllocsPerRun(100, func() { _ = P2.String() }); n != 0 {
 		t.Errorf("Class.String allocates %v times", n)
+	}
+}
+
+// TestHostileCostsNeverStallTheScheduler is the class of a cost no request
+// could really have, from an upstream's cost header or a clock (1e12,
+// MaxFloat64, +Inf, NaN, negative), at rates down to a credit in 30 000
+// years: the participant charged repays at most a day of refill and is
+// served at P3 meanwhile, and the others are served as before. Before the
+// debt was bounded, the wake-up time of such a debt overflowed into the past
+// and the loop set it again forever, holding the lock: every request of
+// every participant hung.
+func TestHostileCostsNeverStallTheScheduler(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	costs := []float64{1e12, 1e20, 1e300, math.MaxFloat64, math.Inf(1), math.NaN(), -1, -math.MaxFloat64, 0}
+	rates := []float64{1e-12, 1e-3, 1, 10, 1e6}
+	for round := range 2000 {
+		cost := costs[r.IntN(len(costs))]
+		if r.IntN(3) == 0 {
+			cost = math.Ldexp(r.Float64(), r.IntN(1024))
+		}
+		rate := rates[r.IntN(len(rates))]
+		shares := 1 + r.IntN(1<<10)
+		done := make(chan string, 1)
+		policy := []Policy{pro(shares), lite(shares)}[r.IntN(2)]
+		go func() {
+			h := newHarness(t, Config{P1Rate: rate, P1Burst: 2, P2Rate: rate, P2Burst: 2, DefaultPolicy: policy})
+			h.every = 7
+			h.submit("a", 1)
+			_, _, tk := h.step()
+			h.clk.Advance(time.Duration(r.IntN(1000)) * time.Millisecond)
+			tk.Done(cost)
+			h.submit("a", 3)
+			h.submit("b", 3)
+			served := map[string]int{}
+			for range 50 {
+				who, _, tk := h.step()
+				if tk != nil {
+					served[who]++
+					tk.Done(1)
+				}
+				h.clk.Advance(time.Duration(r.IntN(3)) * time.Hour)
+			}
+			p1, p2 := h.balances("a")
+			if policy.Tier != TierPro {
+				p1 = p2 // a lite participant holds no P1 bucket
+			}
+			debt := 1 - rate*float64(shares)*maxRepay.Seconds()
+			switch {
+			case served["a"] != 3 || served["b"] != 3:
+				done <- fmt.Sprintf("served %v, want 3 each", served)
+			case math.IsNaN(p1) || math.IsNaN(p2) || p1 < debt-1e-6*math.Abs(debt) || p2 < debt-1e-6*math.Abs(debt):
+				done <- fmt.Sprintf("balances %v %v, past the bound %v", p1, p2, debt)
+			default:
+				done <- ""
+			}
+		}()
+		select {
+		case msg := <-done:
+			if msg != "" {
+				t.Fatalf("round %d, cost %v, rate %v, shares %d: %s", round, cost, rate, shares, msg)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d, cost %v, rate %v, shares %d: the scheduler stalled", round, cost, rate, shares)
+		}
 	}
 }

@@ -50,7 +50,10 @@
 // drives the balance negative), even if the participant's class has changed
 // in between. Debt only delays the participant's own return to a higher
 // class; nothing dispatched is ever taken back and a heavy request is never
-// held back in advance.
+// held back in advance. Debt stops at what a day of the bucket's refill
+// repays: a larger cost (an upstream's cost header of 1e12, +Inf passed to
+// Done) charges only that much, so that no cost, and no rate however low,
+// makes a wake-up time overflow.
 //
 // A P3 dispatch is charged to no bucket, neither the flat credit nor the
 // cost on completion. A P3 pass happens only when no queue on the server

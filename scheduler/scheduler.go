@@ -339,11 +339,25 @@ func classOf(q *hot) Class {
 	return P3
 }
 
-// riseAt is when q's class next improves by refill alone, or none.
+// maxRepay bounds a participant's debt: the time its refill takes to bring
+// a balance back to one credit after a completion charged it. A cost
+// beyond that (an upstream's cost header of 1e12, a request timed in
+// nanoseconds of cost_unit) charges only as much, so the debt stays a
+// number of nanoseconds an int64 holds, and a wake-up time never wraps
+// into the past, where the loop would set it again forever.
+const maxRepay = 24 * time.Hour
+
+// riseAt is when q's class next improves by refill alone, or none: at most
+// maxRepay after q.last, which a rate set very low (refill slower than a
+// credit a day) also respects, its timer then set again a day on.
 func (s *Scheduler) riseAt(q *hot, c Class) int64 {
 	due := int64(none)
 	at := func(b, rate float64) int64 {
-		return q.last + int64(math.Ceil((1-b)/rate*1e9))
+		ns := math.Ceil((1 - b) / rate * 1e9)
+		if !(ns < float64(maxRepay)) { // NaN included
+			ns = float64(maxRepay)
+		}
+		return q.last + max(int64(ns), 0)
 	}
 	if c > P1 && q.holdsP1() {
 		due = at(q.p1, s.cfg.P1Rate*float64(q.shares))
@@ -533,11 +547,13 @@ func (s *Scheduler) doneLocked(t *Ticket, cost float64, now int64) {
 		cost = 1
 	}
 	adj := max(cost, 0) - 1
+	// floor is the debt maxRepay of refill repays: where the balance stops.
+	floor := func(rate float64) float64 { return 1 - rate*float64(q.shares)*maxRepay.Seconds() }
 	switch t.class {
 	case P1:
-		q.p1 = min(q.p1-adj, s.cfg.P1Burst*float64(q.shares))
+		q.p1 = max(min(q.p1-adj, s.cfg.P1Burst*float64(q.shares)), min(q.p1, floor(s.cfg.P1Rate)))
 	case P2:
-		q.p2 = min(q.p2-adj, s.cfg.P2Burst*float64(q.shares))
+		q.p2 = max(min(q.p2-adj, s.cfg.P2Burst*float64(q.shares)), min(q.p2, floor(s.cfg.P2Rate)))
 	}
 	s.cold[t.pid].inflight--
 	s.inFlight--
