@@ -69,8 +69,8 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		// it to its end after the handler and then panic on the next
 		// request (golang/go#68560).
 		_ = http.NewResponseController(w).EnableFullDuplex()
-		defer r.Body.Close()
 		x.body = f.timedBody(w, r)
+		defer x.body.Close()
 		r.Body = x.body
 	}
 	if f.up != nil && f.up.takes(r) {
@@ -453,6 +453,10 @@ type timedBody struct {
 	rc      *http.ResponseController // otherwise
 	// timedOut: a read failed on the deadline.
 	timedOut atomic.Bool
+	// mu is held by Read and Close: Close sets its deadline once no Read
+	// can lift it (a Read in progress ends within its own).
+	mu  sync.Mutex
+	eof bool // a Read returned io.EOF
 }
 
 func (f *Front) timedBody(w http.ResponseWriter, r *http.Request) *timedBody {
@@ -477,6 +481,8 @@ func (b *timedBody) setDeadline(t time.Time) {
 // HTTP/1 body net/http starts reading the connection for the next request,
 // which must not fail on it.
 func (b *timedBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	start := time.Now()
 	deadline := start.Add(b.d)
 	if b.minRate > 0 {
@@ -495,8 +501,35 @@ func (b *timedBody) Read(p []byte) (int, error) {
 		b.setDeadline(time.Unix(1, 0))
 		return n, err
 	}
+	b.eof = b.eof || err == io.EOF
 	b.setDeadline(time.Time{})
 	return n, err
+}
+
+// Close closes the body within the read timeout. net/http's Close of a body
+// not read to its end reads up to 256 KiB more of it, to keep the
+// connection, on whatever deadline the connection has: after an upstream
+// that answered early and hung up, and a Read that had lifted the
+// deadline, a client gone silent held the handler, and its permit, for as
+// long as it kept the connection open. A body closed after a timed-out
+// Read keeps its deadline in the past; one read to its end has nothing to
+// wait for.
+func (b *timedBody) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.eof || b.timedOut.Load() {
+		return b.ReadCloser.Close()
+	}
+	deadline := time.Now().Add(b.d)
+	b.setDeadline(deadline)
+	err := b.ReadCloser.Close()
+	if !time.Now().Before(deadline) {
+		b.timedOut.Store(true)
+		b.setDeadline(time.Unix(1, 0))
+		return err
+	}
+	b.setDeadline(time.Time{})
+	return err
 }
 
 func minTime(a, b time.Time) time.Time {

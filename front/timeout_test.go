@@ -4,10 +4,13 @@ package front
 
 import (
 	"bufio"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -252,4 +255,71 @@ func TestTunnelBounded(t *testing.T) {
 		t.Errorf("the tunnel lasted %v", d)
 	}
 	t.Logf("the tunnel closed after %v", d)
+}
+
+// TestEarlyAnswerThenSilentBody: the upstream answers a POST before reading
+// its body and drops the connection (an error page, a reset), the client
+// reads the answer, sends a little more of its body and goes silent with
+// its connection open. net/http's Close of a body not read to its end reads
+// up to 256 KiB more of it, and did so with no deadline once a read had
+// lifted the body's: the handler never returned and its permit was held for
+// as long as the client kept the connection. Now the body's Close is
+// bounded by BodyReadTimeout. On every path, with the upstream resetting,
+// closing or only not reading, the client's extra bytes sent at random
+// moments; the pool of 1 is free again each time.
+func TestEarlyAnswerThenSilentBody(t *testing.T) {
+	paths(t, func(t *testing.T, tweak func(*Front)) {
+		var mode atomic.Int32
+		r := newRig(t, rigOpts{poolSize: 1, tweak: tweak, cfg: Config{BodyReadTimeout: 200 * time.Millisecond}},
+			func(w http.ResponseWriter, req *http.Request) {
+				m := mode.Load()
+				if m == 2 {
+					// Answer, never read: net/http discards at most 256 KiB
+					// after the handler, and the body is larger.
+					w.WriteHeader(http.StatusNotFound)
+					return
+				}
+				c, _, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					return
+				}
+				_, _ = io.WriteString(c, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+				if tc, ok := c.(*net.TCPConn); ok && m == 0 {
+					_ = tc.SetLinger(0) // a reset
+				}
+				c.Close()
+			})
+		rnd := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
+		for round := range 12 {
+			mode.Store(int32(round % 3))
+			c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// What is left of the body after the client stops is under
+			// the 256 KiB net/http's Close reads to keep the connection.
+			first, extra := rnd.IntN(64<<10), 1+rnd.IntN(4096)
+			fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\nFairshare-Project: beta\r\nContent-Length: %d\r\n\r\n",
+				first+extra+1+rnd.IntN(200<<10))
+			_, _ = c.Write(make([]byte, first))
+			_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			resp.Body.Close()
+			time.Sleep(time.Duration(rnd.IntN(50)) * time.Millisecond)
+			_, _ = c.Write(make([]byte, extra))
+			// Silent from here, the connection open.
+			start := time.Now()
+			waitInUse(t, r.pool, 0)
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("round %d: the permit was held %v after the client went silent", round, d)
+			}
+			c.Close()
+		}
+		if resp := r.get(t, "alpha", "/"); resp.StatusCode != http.StatusNotFound {
+			t.Errorf("alpha after the rounds: %d, want the upstream's 404", resp.StatusCode)
+		}
+	})
 }
