@@ -10,6 +10,7 @@
 package front
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -96,7 +97,7 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			return nil
 		},
 	})
-	f.proxy.ServeHTTP(&proxyWriter{w, f, r}, r.WithContext(ctx))
+	f.proxy.ServeHTTP(&proxyWriter{w, f, r, ctx}, r.WithContext(ctx))
 }
 
 // serveDirect proxies r on the direct path.
@@ -352,11 +353,28 @@ func may1xx(r *http.Request) bool { return r.ProtoAtLeast(1, 1) }
 
 // proxyWriter is the client's ResponseWriter as ReverseProxy sees it: an
 // informational answer reaches only a client that may have one, and without
-// the front's own fields.
+// the front's own fields; a tunnel's client connection is closed when the
+// tunnel's time is up.
 type proxyWriter struct {
 	http.ResponseWriter
-	f *Front
-	r *http.Request
+	f   *Front
+	r   *http.Request
+	ctx context.Context // the request's as ReverseProxy has it: a tunnel's ends at TunnelTimeout
+}
+
+// Hijack hands ReverseProxy the client's connection for a tunnel, and closes
+// it when the request's context ends. When the tunnel's time is up
+// ReverseProxy closes the upstream's end only, then waits for its copy of
+// the client's bytes to end: with a client that keeps its connection open
+// and silent (after the upstream closed its side, say) it waited for good,
+// and the tunnel held its permit. At the handler's normal end ReverseProxy
+// has closed the connection already.
+func (w *proxyWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil {
+		context.AfterFunc(w.ctx, func() { _ = c.Close() })
+	}
+	return c, brw, err
 }
 
 func (w *proxyWriter) WriteHeader(code int) {

@@ -323,3 +323,62 @@ func TestEarlyAnswerThenSilentBody(t *testing.T) {
 		}
 	})
 }
+
+// TestTunnelBoundedSilentClient: the tunnel's upstream side ends first (a
+// WebSocket's close answered and the upstream gone), and the client keeps
+// its connection open and says nothing more. ReverseProxy closed only the
+// upstream's end at TunnelTimeout and went on waiting for the client, so
+// the tunnel held its permit for as long as the client liked. Now the
+// client's connection is closed at TunnelTimeout too. With the client
+// silent from the start, after a word, and after the upstream's close.
+func TestTunnelBoundedSilentClient(t *testing.T) {
+	paths(t, func(t *testing.T, tweak func(*Front)) { tunnelSilentClient(t, tweak) })
+}
+
+func tunnelSilentClient(t *testing.T, tweak func(*Front)) {
+	r := newRig(t, rigOpts{tweak: tweak, cfg: Config{TunnelTimeout: 400 * time.Millisecond}}, func(w http.ResponseWriter, req *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: %s\r\nConnection: Upgrade\r\n\r\n", req.Header.Get("Upgrade"))
+		if req.Header.Get("Upgrade") == "closer" {
+			// Answers one line, then closes.
+			if line, err := brw.ReadString('\n'); err == nil {
+				_, _ = io.WriteString(c, line)
+			}
+			return
+		}
+		_, _ = io.Copy(c, brw)
+	})
+	for _, tc := range []struct{ upgrade, say string }{{"echo", ""}, {"echo", "hi\n"}, {"closer", "bye\n"}} {
+		c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(limitsDeadline))
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n", tc.upgrade)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("%v: upgrade: %v %v", tc, resp, err)
+		}
+		start := time.Now()
+		if tc.say != "" {
+			_, _ = io.WriteString(c, tc.say)
+			if line, err := br.ReadString('\n'); err != nil || line != tc.say {
+				t.Fatalf("%v: through the tunnel: %q %v", tc, line, err)
+			}
+		}
+		// Silent from here; the front must end the tunnel.
+		_, err = br.ReadString('\n')
+		d := time.Since(start)
+		waitInUse(t, r.pool, 0)
+		if err == nil || d > limitsDeadline/2 {
+			t.Errorf("%v: the tunnel lasted %v (%v)", tc, d, err)
+		}
+		t.Logf("%v: the tunnel closed after %v", tc, d)
+		c.Close()
+	}
+}
