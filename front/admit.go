@@ -61,6 +61,11 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Its exchange was given back: it is not sent again.
 		panic(http.ErrAbortHandler)
 	}
+	if r.ProtoMajor == 2 && f.cfg.WriteTimeout > 0 {
+		sw := newStreamWriter(w, f.cfg.WriteTimeout)
+		defer sw.close()
+		w = sw
+	}
 	a := f.admit(w, r, peerOf(r))
 	if a == nil {
 		return

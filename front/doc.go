@@ -180,7 +180,8 @@
 //	UpstreamIdleTimeout  90s    an upstream connection kept for reuse, idle this long: closed
 //	BodyReadTimeout      30s    one read of a request body waiting this long: 408, connection closed
 //	BodyMinRate          1 KiB/s a body averaging less, counted from BodyReadTimeout after admission: 408
-//	WriteTimeout         30s    a piece of an answer the client does not take this long: connection closed;
+//	WriteTimeout         30s    a piece of an answer the client does not take this long: connection closed
+//	                            (HTTP/2: its stream reset, the window not opened counting as not taken);
 //	                            a piece of a request body the upstream does not take: 504, or its answer cut off
 //	UpstreamHeadTimeout  1m     no answer head this long after the whole request went out: 504
 //	TunnelTimeout        10m    an upgraded connection (a tunnel) this old: both ends closed
