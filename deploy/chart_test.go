@@ -103,7 +103,7 @@ func decode(t *testing.T, stream string) objects {
 
 func render(t *testing.T, values map[string]any) objects {
 	t.Helper()
-	s, err := Render(ChartDir, "fs", "ops", values)
+	s, err := RenderFor(ChartDir, "fs", "ops", "1.33.0", values) // a cluster of today's
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,8 +229,56 @@ func TestChartDefaults(t *testing.T) {
 	for _, e := range c.Env {
 		env = append(env, e.Name+"="+e.Value)
 	}
-	if !slices.Contains(env, "FAIRSHARE_METRICS_LISTEN=$(NODE_IP):9464") {
+	if !slices.Contains(env, "FAIRSHARE_METRICS_LISTEN=[$(NODE_IP)]:9464") {
 		t.Errorf("metrics do not listen on the node's address: env %v", env)
+	}
+	// kubelet puts the node's address in; the daemon takes either
+	// family's (fd00::5:9464 unbracketed was refused: too many colons).
+	for _, ip := range []string{"10.0.0.5", "fd00::5"} {
+		dc := fsconfig.Default()
+		listen := strings.ReplaceAll("[$(NODE_IP)]:9464", "$(NODE_IP)", ip)
+		if err := fsconfig.Parse(strings.NewReader("metrics: {listen: '"+listen+"'}\n"), &dc); err != nil || dc.Metrics.Listen != listen {
+			t.Errorf("metrics.listen %s on a node at %s: %v", listen, ip, err)
+		}
+	}
+	if a := ds.Spec.Template.Annotations["container.apparmor.security.beta.kubernetes.io/fairshare"]; a != "" {
+		t.Errorf("the AppArmor annotation on a cluster that reads appArmorProfile: %q", a)
+	}
+}
+
+// TestChartOldKubernetes: before Kubernetes 1.30 the container's
+// appArmorProfile is not read, and only the annotation keeps the runtime's
+// default profile (which denies pinning below /sys/fs/bpf) off the daemon.
+func TestChartOldKubernetes(t *testing.T) {
+	for kube, want := range map[string]string{"1.28.3": "unconfined", "v1.29.9-gke.100": "unconfined", "1.30.0": "", "1.33.1": ""} {
+		s, err := RenderFor(ChartDir, "fs", "ops", kube, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds := decode(t, s).daemonSet
+		if a := ds.Spec.Template.Annotations["container.apparmor.security.beta.kubernetes.io/fairshare"]; a != want {
+			t.Errorf("Kubernetes %s: AppArmor annotation %q, want %q", kube, a, want)
+		}
+	}
+}
+
+// TestChartPoliciesRestartNothing: the policies apply live, so a change of
+// them leaves the pods' template as it was (a rolling restart of every
+// daemon, each with its moment unclassified, for a policy); a change of the
+// daemon's configuration restarts them.
+func TestChartPoliciesRestartNothing(t *testing.T) {
+	sum := func(values map[string]any) string {
+		return render(t, values).daemonSet.Spec.Template.Annotations["checksum/config"]
+	}
+	base := sum(nil)
+	if base == "" {
+		t.Fatal("no checksum/config annotation")
+	}
+	if s := sum(map[string]any{"policies": map[string]any{"team-a": map[string]any{"tier": "pro", "shares": 2}}}); s != base {
+		t.Error("a policy change restarts the daemons")
+	}
+	if s := sum(map[string]any{"pools": map[string]any{"connections": map[string]any{"size": 1000}}}); s == base {
+		t.Error("a configuration change does not restart the daemons")
 	}
 }
 
@@ -238,7 +286,8 @@ func TestChartDefaults(t *testing.T) {
 func TestChartValues(t *testing.T) {
 	o := render(t, map[string]any{
 		"pools": map[string]any{"connections": map[string]any{"size": 1000, "floor": 20},
-			"db": map[string]any{"size": 200, "destinations": []any{"10.0.0.5/32:5432", "[2001:db8::5]/128:5432"}}},
+			"db": map[string]any{"size": 200, "destinations": []any{"10.0.0.5/32:5432", "[2001:db8::5]/128:5432"},
+				"enforce": false, "window": "30s"}},
 		"policies": map[string]any{"team-a": map[string]any{"tier": "pro", "shares": 2}},
 		"kubernetes": map[string]any{
 			"runtimeSocket": "/run/k3s/containerd/containerd.sock", "projectLabel": "example.com/tenant",
@@ -279,6 +328,9 @@ func TestChartValues(t *testing.T) {
 	dc := fsconfig.Default()
 	if err := fsconfig.Parse(strings.NewReader(o.configMaps["fs-config"].Data["config.yaml"]), &dc); err != nil || !dc.Pools["db"].IsDestination() {
 		t.Errorf("the daemon's reading of the chart's config: %v", err)
+	}
+	if db := dc.Pools["db"]; db.Enforced() || db.Window != 30*time.Second || !dc.Pools["connections"].Enforced() {
+		t.Errorf("enforce and window of the destination pool (the chart dropped both): %+v", db)
 	}
 	if k := conf.Kubernetes; k.ProjectLabel != "example.com/tenant" || !slices.Equal(k.SystemNamespaces, []string{"kube-system", "monitoring"}) || filepath.Base(k.RuntimeEndpoint) != "containerd.sock" {
 		t.Errorf("kubernetes %+v", k)
@@ -501,7 +553,8 @@ var pendingMetrics = map[string]string{}
 
 // TestChartMonitoring: the ServiceMonitor scrapes the metrics Service's
 // port with each target named by its node; the PrometheusRule has the five
-// alerts, and every metric its expressions name is one the daemon exports
+// alerts on the daemon's metrics, and every metric their expressions name is one the daemon exports
+// (and two on its scrape: a daemon down exports nothing)
 // (read from the daemon's sources: a renamed metric fails here).
 func TestChartMonitoring(t *testing.T) {
 	o := render(t, map[string]any{"metrics": map[string]any{
@@ -551,6 +604,11 @@ func TestChartMonitoring(t *testing.T) {
 				t.Errorf("%s: %q uses %s, which the daemon does not export", a, expr, n)
 			}
 		}
+	}
+	// A daemon that exports nothing: its scrape, by the Service's job.
+	up := `up{job="fs-metrics", namespace="ops"}`
+	if svc.Name != "fs-metrics" || alerts["FairshareDaemonDown"] != up+" == 0" || alerts["FairshareDaemonsAbsent"] != "absent("+up+")" {
+		t.Errorf("the alerts of a daemon down (Service %s): %q, %q", svc.Name, alerts["FairshareDaemonDown"], alerts["FairshareDaemonsAbsent"])
 	}
 	if !strings.Contains(alerts["FairshareProjectRefusals"], "> 5") {
 		t.Errorf("refusalsPerSecond does not reach the alert: %s", alerts["FairshareProjectRefusals"])

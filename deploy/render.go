@@ -21,13 +21,28 @@ const ChartDir = "helm/fairshare"
 // on top of the chart's own, and returns its manifests (NOTES.txt left out)
 // as one YAML stream, in a stable order.
 func Render(dir, name, namespace string, values map[string]any) (string, error) {
+	return renderFor(dir, name, namespace, values, common.DefaultCapabilities)
+}
+
+// RenderFor is Render for a cluster of Kubernetes version kube ("1.29.3").
+func RenderFor(dir, name, namespace, kube string, values map[string]any) (string, error) {
+	kv, err := common.ParseKubeVersion(kube)
+	if err != nil {
+		return "", err
+	}
+	caps := common.DefaultCapabilities.Copy()
+	caps.KubeVersion = *kv
+	return renderFor(dir, name, namespace, values, caps)
+}
+
+func renderFor(dir, name, namespace string, values map[string]any, caps *common.Capabilities) (string, error) {
 	ch, err := loader.Load(dir)
 	if err != nil {
 		return "", fmt.Errorf("loading chart %s: %w", dir, err)
 	}
 	vals, err := util.ToRenderValues(ch, values, common.ReleaseOptions{
 		Name: name, Namespace: namespace, Revision: 1, IsInstall: true,
-	}, common.DefaultCapabilities)
+	}, caps)
 	if err != nil {
 		return "", fmt.Errorf("chart values: %w", err)
 	}
