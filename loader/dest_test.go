@@ -1911,3 +1911,145 @@ func TestDestFilterInKernel(t *testing.T) {
 		}
 	}
 }
+
+// A connect() that fails past the connect hook and before the socket leaves
+// TCP_CLOSE (no route, a multicast address, another cgroup program's
+// refusal) leaves the permit the hook took, since no state change releases
+// it; the socket may connect() again. That second connect used to keep the
+// leftover permit: it reached a destination pool without taking one of its
+// permits (any project, without bound, one failed connect before each), and
+// the first connect's pool stayed charged for a socket connected elsewhere.
+// Now the leftover is ended and the connect asks as a fresh socket. First
+// the case the review found: 20 sockets, each first sent to a multicast
+// address, reach a pool of 8 only 8 times.
+func TestReconnectAfterEarlyFailure(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 100, 0)
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 8, 2, "127.0.0.1/32:"+portOf(db)),
+		destPoolOf(t, "mc", 50, 0, "224.0.0.0/8")}); err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	for _, first := range []string{"239.255.0.1:9", "224.0.0.1:9"} { // in no pool, in mc
+		r, firsts := a.redial(first, db.Addr().String(), 20, 1, false)
+		if r.ok != 8 || r.refused != 12 || firsts != "ENETUNREACH" {
+			t.Fatalf("first to %s: %+v, first connects %s; want 8 admitted of 20 (a pool of 8), ENETUNREACH", first, r, firsts)
+		}
+		d := destSnap(t, l, "db")
+		if d.InUse != 8 || destProj(d, "a").InUse != 8 {
+			t.Fatalf("first to %s: db %+v", first, d)
+		}
+		if m := destSnap(t, l, "mc"); m.InUse != 0 {
+			t.Fatalf("first to %s: mc still charged for sockets connected elsewhere: %+v", first, m)
+		}
+		if s := snap(t, l); s.InUse != 8 || project(s, "a").InUse != 8 {
+			t.Fatalf("first to %s: node %+v", first, s)
+		}
+		a.do("close")
+		waitInUse(t, l, 0, map[string]int{"a": 0})
+		waitDest(t, l, "db", 0, map[string]int{"a": 0})
+	}
+}
+
+// TestReconnectAfterEarlyFailureClass is the class of it: IPv4 and IPv6, one
+// to three failed connects to an address in a destination pool or in none,
+// blocking and non-blocking second connects, a node pool that fills (the
+// leftover counted in the project's own admission, refused and then
+// admitted once it is ended), the destination pool enforcing or in
+// dry-run, connections closed at random; after every step the node's and
+// both pools' counts are exactly the connections open.
+func TestReconnectAfterEarlyFailureClass(t *testing.T) {
+	testutil.RequireRoot(t)
+	const node, dbSize = 12, 8
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, node, 0)
+	db4 := sink(t, "tcp4", "127.0.0.1:0")
+	db6 := sink(t, "tcp6", "[::1]:0")
+	other := sink(t, "tcp4", "127.0.0.1:0")
+	pools := func(dry bool) []DestPool {
+		d := destPoolOf(t, "db", dbSize, 2, "127.0.0.1/32:"+portOf(db4), "[::1]/128:"+portOf(db6))
+		d.DryRun = dry
+		return []DestPool{d, destPoolOf(t, "mc", 50, 0, "224.0.0.0/8", "[ff0e::]/16")}
+	}
+	if err := l.SetDestPools(pools(false)); err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 34))
+	firsts := map[bool][]string{false: {"224.0.0.1:9", "239.255.0.1:9"}, true: {"[ff0e::1]:9", "[ff05::1]:9"}}
+	dry := false
+	dbHeld, otherHeld := 0, 0
+	rounds := 1500
+	if testing.Short() {
+		rounds = 300
+	}
+	for round := range rounds {
+		switch x := r.IntN(20); {
+		case x == 0:
+			a.do("close")
+			dbHeld, otherHeld = 0, 0
+			waitInUse(t, l, 0, map[string]int{"a": 0})
+			waitDest(t, l, "db", 0, map[string]int{"a": 0})
+			continue
+		case x == 1:
+			dry = !dry
+			if err := l.SetDestPools(pools(dry)); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		v6 := r.IntN(2) == 1
+		toDB := r.IntN(4) != 0
+		second := other.Addr().String()
+		if toDB {
+			second = db4.Addr().String()
+			if v6 {
+				second = db6.Addr().String()
+			}
+		} else {
+			v6 = false
+		}
+		n, k, nonblock := 1+r.IntN(4), 1+r.IntN(3), r.IntN(2) == 1
+		first := firsts[v6][r.IntN(2)]
+		// The model: sockets one at a time, the destination pool's rule
+		// first (a alone takes it all; dry-run admits past it), then the
+		// node's (a alone takes it all: floor 0).
+		ok := 0
+		for range n {
+			if dbHeld+otherHeld >= node || toDB && !dry && dbHeld >= dbSize {
+				continue
+			}
+			ok++
+			if toDB {
+				dbHeld++
+			} else {
+				otherHeld++
+			}
+		}
+		res, errs := a.redial(first, second, n, k, nonblock)
+		what := fmt.Sprintf("round %d: %d sockets, %d x %s then %s (nonblock %v, dry-run %v)", round, n, k, first, second, nonblock, dry)
+		if res.ok != ok || res.refused != n-ok || res.other != 0 {
+			t.Fatalf("%s: %+v, want %d admitted", what, res, ok)
+		}
+		for _, e := range strings.Split(errs, ",") {
+			for _, name := range strings.Split(e, "+") {
+				if name != "ENETUNREACH" && name != "ECONNREFUSED" {
+					t.Fatalf("%s: a first connect ended %s, not at once", what, errs)
+				}
+			}
+		}
+		s := snap(t, l)
+		d, m := destSnap(t, l, "db"), destSnap(t, l, "mc")
+		if s.InUse != dbHeld+otherHeld || project(s, "a").InUse != dbHeld+otherHeld ||
+			d.InUse != dbHeld || destProj(d, "a").InUse != dbHeld || m.InUse != 0 {
+			t.Fatalf("%s: node %d (a %d), db %d (a %d), mc %d; want node %d, db %d, mc 0", what,
+				s.InUse, project(s, "a").InUse, d.InUse, destProj(d, "a").InUse, m.InUse, dbHeld+otherHeld, dbHeld)
+		}
+	}
+	a.do("close")
+	waitInUse(t, l, 0, map[string]int{"a": 0})
+	waitDest(t, l, "db", 0, map[string]int{"a": 0})
+	waitDest(t, l, "mc", 0, nil)
+}

@@ -113,7 +113,14 @@
 // first of: the transition to TCP_CLOSE (RST, failed or timed-out connect,
 // end of the FIN exchange, children dropped with their listener) or the
 // close of the last file descriptor (sock_release, which also covers
-// SIGKILL).
+// SIGKILL), or the socket's next connect(): a connect() that fails past the
+// hook and before the socket leaves TCP_CLOSE (no route, a multicast or
+// broadcast address, another cgroup program's refusal) leaves its permit
+// with no state change to release it, and the socket may connect() again;
+// that connect ends the leftover, its destination pool's permit with it,
+// and is admitted as a socket that holds none (connect_stale; before, it
+// kept the leftover and reached a destination pool uncounted:
+// TestReconnectAfterEarlyFailure).
 //
 // # The rule and its bound
 //

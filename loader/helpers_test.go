@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -329,6 +330,25 @@ func (h *helper) dialTimeout(network, addr string, n int, timeout time.Duration)
 	return r
 }
 
+// redial has the helper open n sockets, each connect()ed k times to first
+// (an address that fails at once) and then to second (redial's), and keep
+// the connections: the result of the second connects, and the errno names
+// of the first ones.
+func (h *helper) redial(first, second string, n, k int, nonblock bool) (dialResult, string) {
+	h.t.Helper()
+	nb := 0
+	if nonblock {
+		nb = 1
+	}
+	var r dialResult
+	var firsts string
+	line := h.do("redial %s %s %d %d %d", first, second, n, k, nb)
+	if _, err := fmt.Sscanf(line, "redialed %d %d %d %s", &r.ok, &r.refused, &r.other, &firsts); err != nil {
+		h.t.Fatalf("helper reply %q: %v", line, err)
+	}
+	return r, firsts
+}
+
 // TestHelperProcess is the helper's main; it does nothing in a normal run.
 func TestHelperProcess(t *testing.T) {
 	if os.Getenv("FAIRSHARE_LOADER_HELPER") != "1" {
@@ -359,6 +379,10 @@ func TestHelperProcess(t *testing.T) {
 //	unlisten-first                          close the oldest SO_REUSEPORT listener
 //	churn <network> <addr> <ms> <pace us>   connect and reset in a loop for ms (rate_test.go)
 //	reconnect <addr>                        connect() twice on one non-blocking socket
+//	redial <first> <second> <n> <k> <nonblock 0|1>
+//	                                        n sockets, each connect()ed k times to first
+//	                                        (an address that fails at once), then to
+//	                                        second; the connections kept
 //	held                                    connections accepted and open
 //	close                                   close every dialed connection
 //	rst                                     close them with an RST (SO_LINGER 0)
@@ -514,6 +538,25 @@ func runHelper(in io.Reader, out io.Writer) {
 			// Non-blocking connect, then connect() again while the first is
 			// in progress: reports the second call's errno.
 			fmt.Fprintf(out, "reconnect %s\n", reconnect(f[1]))
+		case "redial":
+			n, _ := strconv.Atoi(f[3])
+			k, _ := strconv.Atoi(f[4])
+			var r dialResult
+			firsts := map[string]bool{}
+			for range n {
+				c, first, err := redial(f[1], f[2], k, f[5] == "1")
+				firsts[first] = true
+				switch {
+				case err == nil:
+					conns = append(conns, c)
+					r.ok++
+				case errors.Is(err, syscall.ECONNREFUSED):
+					r.refused++
+				default:
+					r.other++
+				}
+			}
+			fmt.Fprintf(out, "redialed %d %d %d %s\n", r.ok, r.refused, r.other, strings.Join(slices.Sorted(maps.Keys(firsts)), ","))
 		case "held":
 			mu.Lock()
 			fmt.Fprintf(out, "held %d\n", held)
@@ -711,6 +754,71 @@ func reconnect(addr string) string {
 		return err.Error()
 	}
 	return name(first) + " " + name(second)
+}
+
+// redial makes one socket of second's family, connect()s it k times to
+// first, which must fail before the socket leaves TCP_CLOSE (a multicast
+// address: ENETUNREACH, no packet sent), then to second, blocking or not,
+// and returns the connection, the errno names of the first connects, and
+// the second's error.
+func redial(first, second string, k int, nonblock bool) (net.Conn, string, error) {
+	to := func(addr string) (unix.Sockaddr, int, error) {
+		ap, err := netip.ParseAddrPort(addr)
+		if err != nil {
+			return nil, 0, err
+		}
+		if ap.Addr().Is4() {
+			return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}, unix.AF_INET, nil
+		}
+		return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}, unix.AF_INET6, nil
+	}
+	sa1, _, err := to(first)
+	if err != nil {
+		return nil, "", err
+	}
+	sa2, fam, err := to(second)
+	if err != nil {
+		return nil, "", err
+	}
+	flags := unix.SOCK_STREAM | unix.SOCK_CLOEXEC
+	if nonblock {
+		flags |= unix.SOCK_NONBLOCK
+	}
+	fd, err := unix.Socket(fam, flags, 0)
+	if err != nil {
+		return nil, "", err
+	}
+	var names []string
+	for range k {
+		err := unix.Connect(fd, sa1)
+		name := "ok"
+		if e, ok := err.(unix.Errno); ok {
+			name = unix.ErrnoName(e)
+		} else if err != nil {
+			name = err.Error()
+		}
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	err = unix.Connect(fd, sa2)
+	if errors.Is(err, unix.EINPROGRESS) {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		if _, err = unix.Poll(pfd, 3000); err == nil {
+			var v int
+			if v, err = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err == nil && v != 0 {
+				err = unix.Errno(v)
+			}
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, strings.Join(names, "+"), err
+	}
+	f := os.NewFile(uintptr(fd), "redial")
+	c, err := net.FileConn(f)
+	f.Close()
+	return c, strings.Join(names, "+"), err
 }
 
 // burnCookies makes the kernel generate n socket cookies (SO_COOKIE on fresh

@@ -221,6 +221,8 @@ static __always_inline bool recorded(int at, struct holder *h)
 	return at == AT_SYN ? resv_find(h->cookie) : held_find(h->cookie, false) != NULL;
 }
 
+__noinline int connect_stale(__u64 cookie);
+
 /*
  * take_permit is every admission: a permit for h, of project id (its entry
  * p, or NULL to look it up and create it) and of cgroup cg (at AT_CONNECT
@@ -231,9 +233,13 @@ static __always_inline bool recorded(int at, struct holder *h)
  *   take    from the exempt budget if cg or id is exempt and the budget has
  *           room, else under the rule (admit);
  *   record  it for h (record);
- *   undo    it if it cannot be recorded: h has a permit already (connect()
- *           again while connecting, a retransmitted SYN, a child adopted by
- *           the reconcile dump), or the table is full.
+ *   undo    it if it cannot be recorded: h has a permit already (a
+ *           retransmitted SYN, a child adopted by the reconcile dump), or
+ *           the table is full.
+ *
+ * At AT_CONNECT a permit the socket holds already is a leftover
+ * (connect_stale): it is ended, with its destination pool's, and the
+ * connect asks again as a socket that holds none, once.
  *
  * TAKEN counts admitted_out (AT_CONNECT) or admitted_in, or exempt_admitted
  * for an exempt permit. REFUSED counts refused_out, refused_in or
@@ -251,7 +257,7 @@ static __always_inline bool recorded(int at, struct holder *h)
  */
 static __always_inline int take_permit(int at, bool fine, struct holder *h, __u64 id, struct fs_project *p, __u64 cg, __u32 moved)
 {
-	bool ex = false, would = false;
+	bool ex = false, would = false, stale = false;
 	/* The clock reading is shared with the destination pool's (h->clk)
 	 * at a connect only: elsewhere each use reads its own, as before
 	 * (at is a constant, so the code there is what it was). */
@@ -260,6 +266,7 @@ static __always_inline int take_permit(int at, bool fine, struct holder *h, __u6
 	__u64 *clk_undo = at == AT_CONNECT ? &h->clk : &c1;
 	if (moved)
 		goto keep;
+again:
 	ex = exempt_take(at == AT_CONNECT, cg, id);
 	if (!ex) {
 		if (!p)
@@ -270,8 +277,14 @@ static __always_inline int take_permit(int at, bool fine, struct holder *h, __u6
 		if (a == 0) {
 			/* Looked up only here, on the refusal path: on the
 			 * common path record finds it (EEXIST). */
-			if (recorded(at, h))
+			if (recorded(at, h)) {
+				if (at == AT_CONNECT && !stale) {
+					stale = true;
+					connect_stale(h->cookie);
+					goto again;
+				}
 				return NOT_TAKEN;
+			}
 			/* In dry-run a request socket takes its permit past
 			 * the rule: sk_lookup counted and reported its SYN's
 			 * would-be refusal already. */
@@ -300,7 +313,15 @@ kind:
 keep:
 	if (moved)
 		kind = moved;
-	if (record(at, fine, h, id, kind)) {
+	long err;
+record:
+	err = record(at, fine, h, id, kind);
+	if (err) {
+		if (at == AT_CONNECT && err == -EEXIST && !stale) {
+			stale = true;
+			connect_stale(h->cookie);
+			goto record;
+		}
 		if (moved) {
 			give_back(id, kind, fine, clk_undo);
 			return NOT_TAKEN;
@@ -345,6 +366,25 @@ static __always_inline bool end_held(__u64 cookie, bool fine, bool always)
 	if (dest)
 		dest_release(dest, id, fine, &clk);
 	return true;
+}
+
+/*
+ * connect_stale ends the permit a socket about to connect holds from an
+ * earlier connect() of its own, and gives it back with its destination
+ * pool's: 1 if it ended one. The hook runs only on a socket that is
+ * unconnected and closed, under its lock, so a permit it holds was taken by
+ * a connect() that failed past this hook and before the socket left
+ * TCP_CLOSE (no route, a multicast or broadcast address, another cgroup's
+ * program refusing it), which no state change released. Kept as it was,
+ * that permit would stand for the new connect, in the destination pool of
+ * the old one: a connect() to an unroutable address, then to the database,
+ * reached it past its pool every time, and the first pool stayed charged.
+ * A function of its own: the path is rare, and the release inlined in
+ * connect4 would be verified again in every path that reaches it.
+ */
+__noinline int connect_stale(__u64 cookie)
+{
+	return end_held(cookie, CLK_COARSE, true);
 }
 
 /*
