@@ -116,7 +116,9 @@ func BenchmarkConnectAcceptClose(b *testing.B) {
 // "miss-other16" beside a pool of every port in another /16 of its first
 // octet, "miss-exact" beside a /8 of every port, which the quick word's
 // lanes cannot hold), and matching none past the filter, a probe of the table at a
-// length it holds ("miss-lookup": beside such a pool in its /16), each
+// length it holds ("miss-lookup": beside such a pool in its /16;
+// "miss-port-lookup": beside a pool of another host at the port connected
+// to, another database at the same port), each
 // against the same programs with no pool in
 // force ("none": no kinds in dest_kinds, the path of a node without pools); and, as
 // "dests-1-prefix", the same with the one pool a /24 around the host. The
@@ -167,7 +169,8 @@ func benchDests(b *testing.B) {
 		pools []DestPool
 	}{{"", nil}, {"miss-other16", []DestPool{pool("near16", "127.9.0.0/16")}},
 		{"miss-exact", []DestPool{pool("wide", "10.0.0.0/8")}},
-		{"miss-lookup", []DestPool{pool("near", "127.0.0.2/31")}}}
+		{"miss-lookup", []DestPool{pool("near", "127.0.0.2/31")}},
+		{"miss-port-lookup", []DestPool{pool("nearport", "127.0.0.2/32:"+strconv.Itoa(saB.(*unix.SockaddrInet4).Port))}}}
 	var many []DestPool
 	for i := range 63 {
 		d := fmt.Sprintf("10.%d.%d.0/24:5432", i/8, i%8)
@@ -266,7 +269,7 @@ func benchDests(b *testing.B) {
 			}
 		}
 		b.ReportMetric(median(none), set.name+"-none-connect4-ns/run")
-		for _, c := range []string{"match", "miss", "miss-other16", "miss-exact", "miss-lookup", "none-again"} {
+		for _, c := range []string{"match", "miss", "miss-other16", "miss-exact", "miss-lookup", "miss-port-lookup", "none-again"} {
 			b.ReportMetric(median(above[c]), set.name+"-"+c+"-above-ns/run")
 		}
 		for _, c := range []string{"match", "none-again"} {
