@@ -269,6 +269,9 @@ func (p Pool) Consistent() error {
 type Exempt struct {
 	// Members names what is exempt (cgroup paths for connections).
 	Members []string `json:"members"`
+	// Missing are exempt cgroups of the configuration that do not exist
+	// yet: exempt once they do.
+	Missing []string `json:"missing,omitempty"`
 	// Max is the budget: exempt permits held at most at a time.
 	Max   int `json:"max"`
 	InUse int `json:"in_use"`

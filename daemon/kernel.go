@@ -87,6 +87,7 @@ type kernelSide struct {
 	log       *slog.Logger
 	events    *eventSink
 	dryPool   bool // the pool is in dry-run (pools.connections.enforce: false)
+	exempt    bool // connections.exempt names cgroups: followed every tick (refreshExempt)
 
 	mu   sync.Mutex // guards the fields below
 	book kernelBook
@@ -194,7 +195,30 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 	}
 	log.Info("connections enforced in the kernel", "projects_root", root, "pin_dir", cfg.PinDir,
 		"size", size, "floor", floor)
+	if k.exempt = len(exempt) > 0; k.exempt {
+		if s, err := lim.Snapshot(); err == nil && len(s.Exempt.Missing) > 0 {
+			log.Warn("exempt cgroups that do not exist yet: their sockets are exempt once they do (checked every tick)",
+				"missing", s.Exempt.Missing, "in_force", s.Exempt.Paths)
+		}
+	}
 	return k, nil
+}
+
+// refreshExempt puts in force the exempt cgroups made since the last tick,
+// and follows one removed or made again (connections.exempt; after a boot
+// a project's cgroups come after the daemon).
+func (k *kernelSide) refreshExempt() {
+	appeared, gone, err := k.lim.RefreshExempt()
+	if err != nil {
+		k.log.Warn("applying the exempt cgroups again", "err", err)
+		return
+	}
+	if len(appeared) > 0 {
+		k.log.Info("exempt cgroups now in force", "cgroups", appeared)
+	}
+	if len(gone) > 0 {
+		k.log.Warn("exempt cgroups gone: out of force until they exist again", "cgroups", gone)
+	}
 }
 
 func (k *kernelSide) name() string { return config.PoolConnections }
@@ -296,6 +320,9 @@ func (k *kernelSide) maintain(ctx context.Context, now time.Time) {
 	k.mu.Unlock()
 	if reconcile {
 		k.reconcilePass(ctx)
+	}
+	if k.exempt {
+		k.refreshExempt()
 	}
 	// A project's dry-run reaches a cgroup made since; the events the
 	// programs dropped become the sink's notices.
@@ -554,8 +581,8 @@ func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) 
 	p := admin.Pool{Name: config.PoolConnections, Enforcer: "kernel", Size: s.Size, Floor: s.Floor,
 		Active: kernelActive, Share: pools.Share(s.Size, s.Floor, kernelActive),
 		Projects: []admin.Project{}, Forgotten: forgotten}
-	if len(s.Exempt.Paths) > 0 || s.Exempt.InUse > 0 || s.Exempt.Admitted > 0 {
-		p.Exempt = &admin.Exempt{Members: s.Exempt.Paths, Max: s.Exempt.Max, InUse: s.Exempt.InUse,
+	if len(s.Exempt.Paths) > 0 || len(s.Exempt.Missing) > 0 || s.Exempt.InUse > 0 || s.Exempt.Admitted > 0 {
+		p.Exempt = &admin.Exempt{Members: s.Exempt.Paths, Missing: s.Exempt.Missing, Max: s.Exempt.Max, InUse: s.Exempt.InUse,
 			Admitted: s.Exempt.Admitted, OverBudget: s.Exempt.OverBudget}
 	}
 	if lp := s.Lapse; !lp.Never {

@@ -436,7 +436,7 @@ func (l *Limiter) Snapshot() (Snapshot, error) {
 		Admitted: ev.AdmittedIn + ev.AdmittedOut, Refused: ev.RefusedIn + ev.RefusedOut,
 		Events: ev, Lapse: lapse,
 		Exempt: Exempt{
-			Paths: slices.Clone(l.exempt), Max: int(l.exemptMax), InUse: int(node.ExemptInUse),
+			Paths: slices.Clone(l.exempt), Missing: slices.Clone(l.exemptMissing), Max: int(l.exemptMax), InUse: int(node.ExemptInUse),
 			Admitted: ev.ExemptAdmitted, OverBudget: ev.ExemptOver, Released: ev.ExemptReleased,
 		},
 	}

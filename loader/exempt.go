@@ -5,6 +5,7 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,6 +24,10 @@ import (
 // other cgroup, which exempts the sockets made in it exactly (a probe's
 // cgroup nested in a member, say). The cgroup2 root cannot be exempt. An
 // empty set turns the exemption off.
+//
+// A path where no cgroup exists yet (after a boot, before its project's
+// cgroup is made) is not an error: it is left out of the set in force and
+// listed in Exempt.Missing, and RefreshExempt puts it in once it exists.
 //
 // Exempt sockets take a permit from the exempt budget instead of the pool:
 // they are neither refused by the rule nor counted in the pool's or their
@@ -43,18 +48,11 @@ func (l *Limiter) SetExempt(paths []string, max uint32) error {
 	if len(paths) > limits.ExemptCap {
 		return fmt.Errorf("%d exempt cgroups, at most %d: %w", len(paths), limits.ExemptCap, ErrBadExempt)
 	}
-	ids := make(map[uint64]string, len(paths))
-	for _, p := range paths {
-		abs, err := l.exemptPath(p)
-		if err != nil {
-			return err
-		}
-		id, err := cgroup.ID(abs)
-		if err != nil {
-			return fmt.Errorf("exempt cgroup %q: %w (%w)", p, ErrBadExempt, err)
-		}
-		ids[id] = abs
+	ids, missing, err := l.exemptIDsOf(paths)
+	if err != nil {
+		return err
 	}
+	l.exemptWant, l.exemptMissing = slices.Clone(paths), missing
 	var stale []uint64 // entries of the old set (a restart's too) not in the new
 	var id uint64
 	var v uint32
@@ -139,6 +137,72 @@ func (l *Limiter) SetExempt(paths []string, max uint32) error {
 	return nil
 }
 
+// exemptIDsOf resolves paths to their cgroups' ids; those where no cgroup
+// exists are returned apart, as absolute paths.
+func (l *Limiter) exemptIDsOf(paths []string) (map[uint64]string, []string, error) {
+	ids := make(map[uint64]string, len(paths))
+	var missing []string
+	for _, p := range paths {
+		abs, err := l.exemptPath(p)
+		if errors.Is(err, errExemptMissing) {
+			missing = append(missing, abs)
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		id, err := cgroup.ID(abs)
+		if errors.Is(err, os.ErrNotExist) {
+			missing = append(missing, abs)
+			continue
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("exempt cgroup %q: %w (%w)", p, ErrBadExempt, err)
+		}
+		ids[id] = abs
+	}
+	slices.Sort(missing)
+	return ids, missing, nil
+}
+
+// RefreshExempt applies the exempt set again if what its paths name has
+// changed: a cgroup that did not exist now does, or one was removed or made
+// again (a new cgroup id). It returns the paths that came into force and
+// those that went out of it; a set whose paths all name what they named is
+// left alone. The daemon calls it every tick: a stat of each path.
+func (l *Limiter) RefreshExempt() (appeared, gone []string, err error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, nil, ErrClosed
+	}
+	want, max := l.exemptWant, l.exemptMax
+	ids, _, err := l.exemptIDsOf(want)
+	same := err == nil && maps.Equal(ids, l.exemptIDs)
+	old := slices.Clone(l.exempt)
+	l.mu.Unlock()
+	if err != nil || same {
+		return nil, nil, err
+	}
+	if err := l.SetExempt(want, max); err != nil {
+		return nil, nil, err
+	}
+	l.mu.Lock()
+	now := slices.Clone(l.exempt)
+	l.mu.Unlock()
+	for _, p := range now {
+		if !slices.Contains(old, p) {
+			appeared = append(appeared, p)
+		}
+	}
+	for _, p := range old {
+		if !slices.Contains(now, p) {
+			gone = append(gone, p)
+		}
+	}
+	return appeared, gone, nil
+}
+
 // setExemptMax writes the exempt budget into the config map.
 func (l *Limiter) setExemptMax(v uint32) error {
 	var cfg limiterFsSettings
@@ -166,11 +230,15 @@ func (l *Limiter) deleteExempt(ids []uint64) error {
 // cgroup strictly below it.
 func (l *Limiter) exemptPath(p string) (string, error) { return exemptPath(l.root, p) }
 
+// errExemptMissing: no cgroup exists at an exempt path (yet).
+var errExemptMissing = errors.New("no such cgroup yet")
+
 // CheckExempt checks an exempt set as Open would, without loading anything:
-// at most limits.ExemptCap paths, each a cgroup2 directory strictly below
-// the cgroup2 mount (relative paths are relative to the mount). The daemon
-// calls it before it creates anything, so a bad set refuses the start with
-// nothing pinned. Errors wrap ErrBadExempt.
+// at most limits.ExemptCap paths, each strictly below the cgroup2 mount
+// (relative paths are relative to the mount) and, where something exists
+// there, a cgroup2 directory; a path where nothing exists yet is no error
+// (SetExempt). The daemon calls it before it creates anything, so a bad set
+// refuses the start with nothing pinned. Errors wrap ErrBadExempt.
 func CheckExempt(paths []string) error {
 	if len(paths) > limits.ExemptCap {
 		return fmt.Errorf("%d exempt cgroups, at most %d: %w", len(paths), limits.ExemptCap, ErrBadExempt)
@@ -183,7 +251,7 @@ func CheckExempt(paths []string) error {
 		return err
 	}
 	for _, p := range paths {
-		if _, err := exemptPath(mnt.Point, p); err != nil {
+		if _, err := exemptPath(mnt.Point, p); err != nil && !errors.Is(err, errExemptMissing) {
 			return err
 		}
 	}
@@ -204,6 +272,9 @@ func exemptPath(root, p string) (string, error) {
 		return "", fmt.Errorf("exempt cgroup %q is not below the cgroup2 mount %s: %w", p, root, ErrBadExempt)
 	}
 	st, err := os.Stat(abs)
+	if errors.Is(err, os.ErrNotExist) {
+		return abs, fmt.Errorf("exempt cgroup %q: %w", p, errExemptMissing)
+	}
 	if err != nil {
 		return "", fmt.Errorf("exempt cgroup %q: %w (%w)", p, ErrBadExempt, err)
 	}
@@ -216,8 +287,11 @@ func exemptPath(root, p string) (string, error) {
 
 // Exempt is the state of the exempt budget.
 type Exempt struct {
-	// Paths is the exempt set (absolute cgroup paths, sorted).
+	// Paths is the exempt set in force (absolute cgroup paths, sorted).
 	Paths []string
+	// Missing are the paths of the set where no cgroup exists yet (sorted):
+	// in force once one does (RefreshExempt).
+	Missing []string
 	// Max is the budget: exempt permits held at most at a time.
 	Max int
 	// InUse is the exempt permits held now, reservations included.

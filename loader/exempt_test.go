@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -96,15 +98,16 @@ func TestExemptOutboundOnFullNode(t *testing.T) {
 func TestExemptWholeProjectAndChange(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
+	// Open takes an exempt cgroup that does not exist yet, as missing.
 	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 2, Floor: 1,
 		Exempt: []string{filepath.Join(root, "ops")}, ExemptMax: 3})
-	if err == nil {
-		l.Close()
-		t.Fatal("Open accepted a missing exempt cgroup")
+	if err != nil {
+		t.Fatalf("Open with a missing exempt cgroup: %v", err)
 	}
-	if !errors.Is(err, ErrBadExempt) {
-		t.Fatalf("missing exempt cgroup: %v, want ErrBadExempt", err)
+	if e := snap(t, l).Exempt; len(e.Paths) != 0 || !slices.Equal(e.Missing, []string{filepath.Join(root, "ops")}) {
+		t.Fatalf("exempt at Open: %+v", e)
 	}
+	l.Close()
 	ops := mkProject(t, root, "ops")
 	l, err = openRoot(t, root, Options{PinDir: pin, PoolSize: 2, Floor: 1,
 		Exempt: []string{ops}, ExemptMax: 3})
@@ -201,7 +204,6 @@ func TestSetExemptValidation(t *testing.T) {
 		name  string
 		paths []string
 	}{
-		{"missing", []string{"nope"}},
 		{"cgroup2 root", []string{testutil.Cgroup2Mount(t)}},
 		{"dot", []string{"."}},
 		{"escapes", []string{"../x"}},
@@ -272,4 +274,55 @@ func TestReconcileRepairsExemptDrift(t *testing.T) {
 		s := snap(t, l)
 		return s.Exempt.InUse == 0, fmt.Sprintf("%+v", s.Exempt)
 	})
+}
+
+// TestExemptMissingUntilMade: an exempt path where no cgroup exists yet is
+// no error: it is listed as missing and out of force (the budget off while
+// nothing is in force) until RefreshExempt finds it; one removed goes out
+// of force, one made again is followed to its new cgroup id.
+func TestExemptMissingUntilMade(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	const pool = 4
+	l := openLimiter(t, root, pin, pool, 1)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	app := mkProject(t, root, "app")
+	probes := filepath.Join(app, "probes")
+	t.Cleanup(func() { os.Remove(probes) })
+	if err := l.SetExempt([]string{probes}, 2); err != nil {
+		t.Fatalf("a missing exempt cgroup: %v", err)
+	}
+	if e := snap(t, l).Exempt; len(e.Paths) != 0 || !slices.Equal(e.Missing, []string{probes}) {
+		t.Fatalf("exempt %+v, want none in force and %s missing", e, probes)
+	}
+	if up, gone, err := l.RefreshExempt(); err != nil || up != nil || gone != nil {
+		t.Fatalf("a refresh with nothing made: %v %v %v", up, gone, err)
+	}
+	bulk := fillNode(t, l, root, ln.Addr().String(), pool)
+	defer bulk.do("close")
+	for round := range 3 {
+		mkProject(t, app, "probes")
+		if up, gone, err := l.RefreshExempt(); err != nil || !slices.Equal(up, []string{probes}) || gone != nil {
+			t.Fatalf("round %d: made: in force %v, gone %v, %v", round, up, gone, err)
+		}
+		if e := snap(t, l).Exempt; !slices.Equal(e.Paths, []string{probes}) || len(e.Missing) != 0 {
+			t.Fatalf("round %d: exempt %+v", round, e)
+		}
+		p := startHelper(t, probes)
+		if r := p.dial("tcp4", ln.Addr().String(), 1); r.ok != 1 {
+			t.Fatalf("round %d: an exempt connect on a full node: %+v", round, r)
+		}
+		p.do("close")
+		p.kill()
+		eventually(t, "the probe's exit", func() (bool, string) {
+			err := os.Remove(probes)
+			return err == nil, fmt.Sprint(err)
+		})
+		if up, gone, err := l.RefreshExempt(); err != nil || up != nil || !slices.Equal(gone, []string{probes}) {
+			t.Fatalf("round %d: removed: in force %v, gone %v, %v", round, up, gone, err)
+		}
+		if e := snap(t, l).Exempt; len(e.Paths) != 0 || !slices.Equal(e.Missing, []string{probes}) {
+			t.Fatalf("round %d: after the removal: %+v", round, e)
+		}
+	}
 }

@@ -250,6 +250,9 @@ type Limiter struct {
 	exempt    []string          // the exempt set, absolute paths, sorted
 	exemptIDs map[uint64]string // its cgroup ids
 	exemptMax uint32            // its budget
+	// exemptWant is the set as given (SetExempt's paths), exemptMissing
+	// the absolute paths of it where no cgroup exists yet (sorted).
+	exemptWant, exemptMissing []string
 	// adoptedPast counts the sockets reconcile passes adopted past the
 	// rule (ReconcileReport.AdoptedPast), since Open.
 	adoptedPast uint64

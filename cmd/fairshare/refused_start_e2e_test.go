@@ -20,7 +20,7 @@ import (
 
 // A start that is refused writes nothing: for each way a start fails while
 // the daemon builds its parts (a socket path where a regular file is, an
-// exempt cgroup that does not exist, a busy front or metrics port, a state
+// exempt cgroup outside the cgroup2 mount, a busy front or metrics port, a state
 // directory it cannot write), the pin directory, the state directory, the
 // socket directory and the projects root are as they were, both on a fresh
 // node and on one a killed daemon left enforcing: there the pins are the
@@ -78,7 +78,7 @@ func refusedStarts(t *testing.T, left bool) {
 		says       string
 	}{
 		{"front socket is a regular file", "metrics: {listen: '127.0.0.1:0'}\nfront: {socket: " + frontFile + ", " + upstream + "}\n", 2, false, "not a socket"},
-		{"missing exempt cgroup", "metrics: {listen: '127.0.0.1:0'}\nconnections: {exempt: [no-such-cgroup]}\n", 2, false, "connections.exempt"},
+		{"exempt cgroup outside the cgroup2 mount", "metrics: {listen: '127.0.0.1:0'}\nconnections: {exempt: [" + cfgDir + "]}\n", 2, false, "connections.exempt"},
 		{"busy front port", "metrics: {listen: '127.0.0.1:0'}\nfront: {listen: '" + busy.Addr().String() + "', " + upstream + "}\n", 1, false, "address already in use"},
 		{"busy metrics port", "metrics: {listen: '" + busy.Addr().String() + "'}\n", 1, false, "address already in use"},
 		{"unwritable state dir", "metrics: {listen: '127.0.0.1:0'}\n", 2, true, "state_dir"},
@@ -287,5 +287,64 @@ func TestCleanupRefusedWhileDaemonRuns(t *testing.T) {
 		t.Errorf("after cleanup --force and the daemon's exit alpha connected %d of 2: programs left attached", b.connected)
 	} else {
 		b.close()
+	}
+}
+
+// TestExemptCgroupMadeAfterStart: an exempt cgroup that does not exist yet
+// (after a boot, a project's cgroups come after the daemon) used to refuse
+// the start with exit status 2, which systemd does not restart: the node
+// ran with no enforcement at all. Now the daemon starts, says which are
+// missing (log, status), and puts each in force within a tick of its
+// making; one removed goes out of force, and in again when it is made
+// again (a new cgroup id).
+func TestExemptCgroupMadeAfterStart(t *testing.T) {
+	n := newNode(t, "pools: {connections: {size: 2}}\nconnections: {exempt: [alpha/probes]}\n")
+	probes := filepath.Join(n.root, "alpha", "probes")
+	t.Cleanup(func() { os.Remove(probes) })
+	n.start()
+	missing := func() []string {
+		for _, p := range n.status().Pools {
+			if p.Name == "connections" && p.Exempt != nil {
+				return p.Exempt.Missing
+			}
+		}
+		return nil
+	}
+	if m := missing(); len(m) != 1 || m[0] != probes {
+		t.Fatalf("missing exempt cgroups %v, want [%s]", m, probes)
+	}
+	if out, _, _ := n.cli("status"); !strings.Contains(out, "exempt cgroups not made yet (exempt once they are): "+probes) {
+		t.Errorf("status does not name the missing exempt cgroup:\n%s", out)
+	}
+	addr := sink(t)
+	a := n.connectFrom("alpha", addr, 3)
+	t.Cleanup(a.close)
+	if a.connected != 2 || a.refused != 1 {
+		t.Fatalf("alpha connected %d, refused %d; want 2 and 1 with a pool of 2", a.connected, a.refused)
+	}
+	for round := range 2 {
+		if err := os.Mkdir(probes, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, func() error {
+			if m := missing(); len(m) != 0 {
+				return fmt.Errorf("round %d: still missing %v", round, m)
+			}
+			return nil
+		})
+		p := n.connectFrom("alpha/probes", addr, 1)
+		p.close()
+		if p.connected != 1 {
+			t.Fatalf("round %d: a probe on a full pool: connected %d, refused %d; want exempt", round, p.connected, p.refused)
+		}
+		if err := os.Remove(probes); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, func() error {
+			if m := missing(); len(m) != 1 {
+				return fmt.Errorf("round %d: a removed exempt cgroup is not missing: %v", round, m)
+			}
+			return nil
+		})
 	}
 }
