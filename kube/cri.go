@@ -51,7 +51,15 @@ type Pod struct {
 	// pods are listed all the same. Only ID, the identity and Labels are
 	// set then.
 	Unusable string
+	// Pending says why the runtime's status of a sandbox seen for the
+	// first time could not be read in this list (an error, or no answer in
+	// time: a hung shim); it is asked again at the next. Only ID, the
+	// identity and Labels are set then.
+	Pending string
 }
+
+// statusWorkers bounds the status calls of one list in flight at once.
+const statusWorkers = 8
 
 // ErrRuntime wraps errors of the container runtime (not there, gone, or
 // answering with an error).
@@ -104,11 +112,12 @@ func (c *CRI) Pods(ctx context.Context) ([]Pod, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w at %s: listing pod sandboxes: %w", ErrRuntime, c.endpoint, err)
 	}
+	details := c.statuses(ctx, l.Items)
 	live := make(map[string]bool, len(l.Items))
 	pods := make([]Pod, 0, len(l.Items))
-	for _, s := range l.Items {
+	for i, s := range l.Items {
 		live[s.Id] = true
-		p, err := c.detail(ctx, s.Id)
+		p, err := details[i].pod, details[i].err
 		switch {
 		case errors.Is(err, errSandboxGone):
 			// Gone between the list and the status: not a pod any more.
@@ -118,7 +127,9 @@ func (c *CRI) Pods(ctx context.Context) ([]Pod, error) {
 			// the others: it is listed with why.
 			p = Pod{ID: s.Id, Unusable: err.Error()}
 		case err != nil:
-			return nil, err
+			// Nor one whose status fails or hangs: the others are
+			// listed, it is asked again at the next list.
+			p = Pod{ID: s.Id, Pending: err.Error()}
 		}
 		p.Labels = s.Labels
 		if md := s.Metadata; md != nil {
@@ -144,6 +155,51 @@ func (c *CRI) Pods(ctx context.Context) ([]Pod, error) {
 	}
 	c.mu.Unlock()
 	return pods, nil
+}
+
+// detailed is a sandbox's detail or why it has none.
+type detailed struct {
+	pod Pod
+	err error
+}
+
+// statuses is detail of each of items, in their order: those seen before
+// from the cache, the others asked in parallel (statusWorkers at a time),
+// each within half the time ctx leaves (a second without a deadline), so
+// that a sandbox whose status hangs (a hung shim; containerd asks it for
+// the verbose status) costs the list that much, not its whole deadline,
+// and the list still comes back in time.
+func (c *CRI) statuses(ctx context.Context, items []*rt.PodSandbox) []detailed {
+	out := make([]detailed, len(items))
+	per := time.Second
+	if d, ok := ctx.Deadline(); ok {
+		per = time.Until(d) / 2
+	}
+	sem := make(chan struct{}, statusWorkers)
+	var wg sync.WaitGroup
+	for i, s := range items {
+		c.mu.Lock()
+		p, ok := c.details[s.Id]
+		c.mu.Unlock()
+		if ok {
+			out[i] = detailed{pod: p}
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			sctx, cancel := context.WithTimeout(ctx, per)
+			defer cancel()
+			p, err := c.detail(sctx, s.Id)
+			if err != nil && sctx.Err() != nil && ctx.Err() == nil {
+				err = fmt.Errorf("%w at %s: no status of sandbox %s within %s: %w", ErrRuntime, c.endpoint, s.Id, per.Round(time.Millisecond), err)
+			}
+			out[i] = detailed{pod: p, err: err}
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 var (

@@ -5,12 +5,14 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +20,8 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/policy"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	rt "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -242,4 +246,92 @@ func TestSandboxPidInPodCgroup(t *testing.T) {
 		t.Errorf("%d log lines about the liar, want 1:\n%s", k, logs)
 	}
 	t.Logf("%s", logs)
+}
+
+// stallingRuntime is lyingRuntime whose status of some sandboxes hangs
+// (until the caller gives up: a hung shim, which containerd asks for the
+// verbose status) or fails.
+type stallingRuntime struct {
+	lyingRuntime
+	mu   sync.Mutex
+	hang map[string]bool
+	fail map[string]bool
+}
+
+func (s *stallingRuntime) PodSandboxStatus(ctx context.Context, req *rt.PodSandboxStatusRequest) (*rt.PodSandboxStatusResponse, error) {
+	s.mu.Lock()
+	hang, fail := s.hang[req.PodSandboxId], s.fail[req.PodSandboxId]
+	s.mu.Unlock()
+	if hang {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	if fail {
+		return nil, status.Error(codes.Internal, "failed to get task status: ttrpc: closed")
+	}
+	return s.lyingRuntime.PodSandboxStatus(ctx, req)
+}
+
+// TestSourceStallingSandbox: one sandbox whose status hangs or fails used to
+// fail the whole list, every poll (it is never cached): every new pod of
+// every tenant stayed unclassified. Now the others are listed (more than
+// the statuses asked at once), the bad ones are skipped with why, and
+// become members once the runtime answers for them.
+func TestSourceStallingSandbox(t *testing.T) {
+	rtm := &stallingRuntime{lyingRuntime: lyingRuntime{pods: map[string]lyingPod{
+		"hung": {name: "hung", cgroupParent: "/kubepods/podhung", uid: "hung"},
+		"fail": {name: "fail", cgroupParent: "/kubepods/podfail", uid: "fail"},
+	}}, hang: map[string]bool{"hung": true}, fail: map[string]bool{"fail": true}}
+	for i := range 2 * statusWorkers {
+		id := fmt.Sprintf("good%d", i)
+		rtm.pods[id] = lyingPod{name: id, cgroupParent: "/kubepods/pod" + id, uid: id}
+	}
+	sock := filepath.Join(t.TempDir(), "cri.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	rt.RegisterRuntimeServiceServer(srv, rtm)
+	go srv.Serve(ln)
+	defer srv.Stop()
+	cri, err := DialCRI(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testutil.Buffer
+	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/mnt",
+		Every: 300 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	defer s.Close()
+	members := func(f membership.Found) map[string]bool {
+		m := map[string]bool{}
+		for _, x := range f.Members {
+			m[filepath.Base(x.Cgroup)] = true
+		}
+		return m
+	}
+	f, _ := scanUntil(t, s, "the good pods", func(f membership.Found, err error) bool { return err == nil && len(f.Members) == 2*statusWorkers })
+	for i := range 2 * statusWorkers {
+		if !members(f)[fmt.Sprintf("podgood%d", i)] {
+			t.Errorf("good%d is not a member: %v", i, f.Members)
+		}
+	}
+	for _, bad := range []string{"hung", "fail"} {
+		n := 0
+		for _, sk := range f.Skipped {
+			if strings.HasPrefix(sk.Reason, "pod team-a/"+bad+": no status from the runtime yet: ") {
+				n++
+			}
+		}
+		if n != 1 || members(f)["pod"+bad] {
+			t.Errorf("%s: skipped %d times (want once), member %v: %+v", bad, n, members(f)["pod"+bad], f.Skipped)
+		}
+	}
+	rtm.mu.Lock()
+	rtm.hang, rtm.fail = nil, nil
+	rtm.mu.Unlock()
+	f, _ = scanUntil(t, s, "the runtime answers for all", func(f membership.Found, err error) bool { return err == nil && len(f.Members) == 2*statusWorkers+2 })
+	if len(f.Skipped) != 0 {
+		t.Errorf("still skipped: %+v", f.Skipped)
+	}
 }

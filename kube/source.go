@@ -368,6 +368,13 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int, []strin
 	}
 	for _, p := range pods {
 		live[p.ID] = true
+		if p.Pending != "" {
+			// Not refused: its status is asked again at the next list.
+			f.Skipped = append(f.Skipped, membership.Skipped{Reason: fmt.Sprintf("pod %s/%s: no status from the runtime yet: %s", p.Namespace, p.Name, p.Pending)})
+			s.o.Log.Warn("a new pod's status could not be read from the container runtime: it is in no project until it is",
+				"pod", p.Namespace+"/"+p.Name, "sandbox", p.ID, "err", p.Pending)
+			continue
+		}
 		why := p.Unusable
 		if why == "" {
 			if err := CheckPodCgroup(p.Cgroup, p.UID, s.o.PodCgroups); err != nil {
