@@ -117,6 +117,10 @@ type Source struct {
 type cached struct {
 	Found membership.Found `json:"found"`
 	Netns []PodNetns       `json:"netns,omitempty"`
+	// None is NoProject's list: the system namespaces' pods (kube-proxy,
+	// CNI and CSI agents) stay out of the unclassified project across a
+	// restart while the runtime does not answer.
+	None []string `json:"none,omitempty"`
 }
 
 // checkPidBelow is SourceOptions.CheckPid's default: netnsscan.CheckPid
@@ -144,6 +148,11 @@ func NewSource(o SourceOptions) *Source {
 			var c cached
 			if err := json.Unmarshal(raw, &c); err == nil {
 				s.last = &c.Found
+				// NoProject's until the first good poll: without it the
+				// system pods' sockets counted as unclassified, and could
+				// be refused, once the daemon stopped waiting for the
+				// runtime (daemon.unreadHold).
+				s.none = c.None
 			} else {
 				o.Log.Warn("the pods kept from the last run are unreadable; starting from the runtime's", "file", o.Cache, "err", err)
 			}
@@ -246,7 +255,8 @@ func (s *Source) Netns() []PodNetns {
 
 // NoProject returns the cgroups of the last good poll's pods that the rules
 // put in no project (system namespaces, the daemon's own namespace, pods
-// without the label while namespaces are not projects), sorted. They are
+// without the label while namespaces are not projects), sorted; before the
+// first, those of the last run's (SourceOptions.Cache). They are
 // classified: below the pod roots, which count for the reserved
 // unclassified project until a pod is classified, their sockets count for
 // none (loader.NoProject).
@@ -291,8 +301,9 @@ func (s *Source) fetch(ctx context.Context) (membership.Found, error) {
 	if selfNS != s.selfNS && selfNS != "" {
 		s.o.Log.Info("the daemon runs in a pod: its namespace is never limited, like a system namespace", "namespace", selfNS)
 	}
+	same := slices.Equal(f.Members, s.found.Members) && slices.Equal(f.Skipped, s.found.Skipped) && slices.Equal(netns, s.netns) &&
+		slices.Equal(none, s.none)
 	s.none, s.selfNS = none, selfNS
-	same := slices.Equal(f.Members, s.found.Members) && slices.Equal(f.Skipped, s.found.Skipped) && slices.Equal(netns, s.netns)
 	first := !s.polled
 	s.found, s.netns, s.system, s.polled = f, netns, system, true
 	if first {
@@ -313,7 +324,7 @@ func (s *Source) fetch(ctx context.Context) (membership.Found, error) {
 // keep writes the last good poll to the cache file (a new file renamed
 // over the old, so a crash leaves one or the other). Called with s.mu held.
 func (s *Source) keep() error {
-	raw, err := json.Marshal(cached{Found: s.found, Netns: s.netns})
+	raw, err := json.Marshal(cached{Found: s.found, Netns: s.netns, None: s.none})
 	if err != nil {
 		return err
 	}

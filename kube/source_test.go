@@ -94,6 +94,12 @@ func TestSource(t *testing.T) {
 	if last, ok := s2.Last(); !ok || !slices.Equal(last.Members, want) {
 		t.Errorf("the next run's Last: %v %v\nwant %v", last.Members, ok, want)
 	}
+	// And the system pods stay in no project: before the cache kept them,
+	// the kernel counted kube-system's sockets as unclassified once the
+	// daemon stopped waiting for the runtime.
+	if none := s2.NoProject(); !slices.Equal(none, []string{cg(sys)}) {
+		t.Errorf("the next run's NoProject before a poll: %v, want the system pod's %s", none, cg(sys))
+	}
 	s2.Close()
 	if !errors.Is(err, ErrRuntime) || !strings.Contains(err.Error(), r.Socket+" is not answering") {
 		t.Fatalf("scan without the runtime: %v", err)
