@@ -136,6 +136,8 @@ type Member struct {
 	mu sync.Mutex // guards the fields below
 	// view is each live node's last publication, by node name.
 	view      map[string]Node
+	pubAt     time.Time // when the last publication was put
+	putErr    string    // the last publication's error, logged once; "" after a success
 	plan      Plan
 	applied   Allotment // what SetSize/SetCaps last got
 	haveApply bool
@@ -292,7 +294,13 @@ func (m *Member) tick(ctx context.Context) {
 	}
 	body, _ := json.Marshal(node)
 	lease := m.lease
-	changed := !bytes.Equal(body, m.published)
+	// Published again when the view lacks this node's key though it was
+	// published (deleted by hand, or gone with a lease etcd dropped before
+	// the renewal noticed): else nothing changed and it stayed away.
+	// (A period after the put: the watch brings it back a moment after.)
+	_, seen := m.view[m.cfg.Node]
+	lost := m.published != nil && !seen && m.cfg.Clock.Now().Sub(m.pubAt) >= m.cfg.Period
+	changed := !bytes.Equal(body, m.published) || lost
 	m.mu.Unlock()
 
 	ok := m.keepLease(ctx, &lease)
@@ -307,10 +315,23 @@ func (m *Member) tick(ctx context.Context) {
 			m.mu.Lock()
 			m.published, m.refused, m.writes, m.pubLease = body, next, m.writes+1, lease
 			m.lastOK = m.cfg.Clock.Now()
+			m.pubAt = m.lastOK
+			if m.putErr != "" {
+				m.cfg.Log.Info("fleet: publishing again", "pool", m.cfg.Pool)
+				m.putErr = ""
+			}
 			m.mu.Unlock()
 		} else {
 			ok = false
-			m.cfg.Log.Debug("fleet: publishing", "pool", m.cfg.Pool, "err", err)
+			// A warning, once per cause: etcd that renews leases but
+			// takes no write (its space quota full: etcd's NOSPACE alarm,
+			// with no compaction) keeps every node connected to a view
+			// that no longer moves.
+			if e := err.Error(); e != m.putErr {
+				m.cfg.Log.Warn("fleet: publishing this node's demand failed; the fleet divides by what it last published",
+					"pool", m.cfg.Pool, "err", err)
+				m.putErr = e
+			}
 		}
 	}
 	m.mu.Lock()
@@ -385,7 +406,12 @@ func (m *Member) stepLocked() *Status {
 	}
 	switch m.state {
 	case StateConnected:
-		m.applyLocked(m.plan.Nodes[m.cfg.Node])
+		// A plan without this node (its key gone from the view for a
+		// moment) holds the allotment applied: its zero value refused
+		// every permit of the pool until the key came back.
+		if a, ok := m.plan.Nodes[m.cfg.Node]; ok {
+			m.applyLocked(a)
+		}
 	case StateCutOff:
 		// Linearly from the last allotment down to the safe slice over one
 		// lease period; never up.

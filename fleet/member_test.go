@@ -5,6 +5,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -255,6 +256,43 @@ func TestCallTimeout(t *testing.T) {
 		m := &Member{cfg: Config{Period: tt.period, LeaseTTL: tt.ttl}}
 		if got := m.callTimeout(); got != tt.want {
 			t.Errorf("period %v lease %v: %v, want %v", tt.period, tt.ttl, got, tt.want)
+		}
+	}
+}
+
+// TestOwnKeyDeleted: a connected node whose key leaves the view (deleted by
+// hand, or gone with a lease etcd dropped before the renewal noticed) had
+// no entry in the plan and applied its zero value: allotment 0, every
+// permit of the pool refused, and, its publication unchanged, it never put
+// the key back. Now it keeps its allotment meanwhile and publishes again
+// within a period or two. Deleted at random moments, five times.
+func TestOwnKeyDeleted(t *testing.T) {
+	e := etcdtest.Start(t)
+	const size, ttl = 12, 2 * time.Second
+	a := startNode(t, e, "a", size, ttl)
+	b := startNode(t, e, "b", size, ttl)
+	eventually(t, 15*time.Second, "two connected nodes", func() (bool, string) {
+		sa, sb := a.member.Status(), b.member.Status()
+		return sa.State == StateConnected && sb.State == StateConnected && sa.Nodes == 2 && sa.Allotment+sb.Allotment == size,
+			fmt.Sprintf("a %+v b %+v", sa, sb)
+	})
+	c := e.Client(t)
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
+	for round := range 5 {
+		time.Sleep(time.Duration(r.IntN(1000)) * time.Millisecond)
+		if _, err := c.Delete(context.Background(), "/test/db/nodes/a"); err != nil {
+			t.Fatal(err)
+		}
+		low, back := size, false
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			low = min(low, a.member.Status().Allotment, a.pool.Snapshot().Size)
+			if g, err := c.Get(context.Background(), "/test/db/nodes/a"); err == nil && len(g.Kvs) == 1 && !back {
+				back = true
+				end = time.Now().Add(500 * time.Millisecond) // watch the allotment a moment more
+			}
+		}
+		if low == 0 || !back {
+			t.Fatalf("round %d: a's allotment fell to %d while its key was away; key back: %v", round, low, back)
 		}
 	}
 }
