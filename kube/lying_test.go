@@ -72,6 +72,26 @@ func (l *lyingRuntime) PodSandboxStatus(_ context.Context, req *rt.PodSandboxSta
 	}, nil
 }
 
+// serveCRI serves runtime on a unix socket of the test's and returns a
+// client of it; the server stops when the test ends.
+func serveCRI(t *testing.T, runtime rt.RuntimeServiceServer) *CRI {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "cri.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	rt.RegisterRuntimeServiceServer(srv, runtime)
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	cri, err := DialCRI(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cri
+}
+
 // TestSourceLyingRuntime: a runtime that reports a pod's cgroup as the
 // root, empty, with "..", outside the pods' cgroups, or the pods' cgroup
 // itself makes that pod no member (else every socket of the node, or
@@ -96,20 +116,7 @@ func TestSourceLyingRuntime(t *testing.T) {
 		"kubepods":    {name: "kubepods", cgroupParent: "/kubepods"},
 		"podsslice":   {name: "podsslice", cgroupParent: "kubepods.slice"},
 	}}
-	sock := filepath.Join(t.TempDir(), "cri.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	rt.RegisterRuntimeServiceServer(srv, liar)
-	go srv.Serve(ln)
-	defer srv.Stop()
-
-	cri, err := DialCRI(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cri := serveCRI(t, liar)
 	var logs testutil.Buffer
 	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/mnt",
 		Every: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -286,19 +293,7 @@ func TestSourceStallingSandbox(t *testing.T) {
 		id := fmt.Sprintf("good%d", i)
 		rtm.pods[id] = lyingPod{name: id, cgroupParent: "/kubepods/pod" + id, uid: id}
 	}
-	sock := filepath.Join(t.TempDir(), "cri.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	rt.RegisterRuntimeServiceServer(srv, rtm)
-	go srv.Serve(ln)
-	defer srv.Stop()
-	cri, err := DialCRI(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cri := serveCRI(t, rtm)
 	var logs testutil.Buffer
 	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/mnt",
 		Every: 300 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&logs, nil))})

@@ -306,6 +306,20 @@ func (h *helper) do(format string, args ...any) string {
 // dialResult is what a helper's dial command reports.
 type dialResult struct{ ok, refused, other int }
 
+// add counts a connect's outcome (err) and reports whether it connected.
+func (r *dialResult) add(err error) bool {
+	switch {
+	case err == nil:
+		r.ok++
+		return true
+	case errors.Is(err, syscall.ECONNREFUSED):
+		r.refused++
+	default:
+		r.other++
+	}
+	return false
+}
+
 func (h *helper) dial(network, addr string, n int) dialResult {
 	h.t.Helper()
 	return h.dialTimeout(network, addr, n, 3*time.Second)
@@ -416,15 +430,8 @@ func runHelper(in io.Reader, out io.Writer) {
 			}
 			var r dialResult
 			for range n {
-				c, err := helperDial(f[1], f[2], timeout)
-				switch {
-				case err == nil:
+				if c, err := helperDial(f[1], f[2], timeout); r.add(err) {
 					conns = append(conns, c)
-					r.ok++
-				case errors.Is(err, syscall.ECONNREFUSED):
-					r.refused++
-				default:
-					r.other++
 				}
 			}
 			fmt.Fprintf(out, "dialed %d %d %d\n", r.ok, r.refused, r.other)
@@ -546,14 +553,8 @@ func runHelper(in io.Reader, out io.Writer) {
 			for range n {
 				c, first, err := redial(f[1], f[2], k, f[5] == "1")
 				firsts[first] = true
-				switch {
-				case err == nil:
+				if r.add(err) {
 					conns = append(conns, c)
-					r.ok++
-				case errors.Is(err, syscall.ECONNREFUSED):
-					r.refused++
-				default:
-					r.other++
 				}
 			}
 			fmt.Fprintf(out, "redialed %d %d %d %s\n", r.ok, r.refused, r.other, strings.Join(slices.Sorted(maps.Keys(firsts)), ","))
