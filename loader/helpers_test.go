@@ -397,6 +397,9 @@ func TestHelperProcess(t *testing.T) {
 //	                                        n sockets, each connect()ed k times to first
 //	                                        (an address that fails at once), then to
 //	                                        second; the connections kept
+//	leftovers <first> <n>                   n sockets, each connect()ed once to first (an
+//	                                        address that fails at once), kept unconnected
+//	connect-leftovers <addr>                connect those sockets to addr; the connections kept
 //	held                                    connections accepted and open
 //	close                                   close every dialed connection
 //	rst                                     close them with an RST (SO_LINGER 0)
@@ -413,6 +416,8 @@ func runHelper(in io.Reader, out io.Writer) {
 		// listen-backlog sockets, closed by unlisten
 		rawLns   []int
 		rawConns []int // accepted by listen-backlog ... accept, kept open
+		// sockets of leftovers, not connected yet
+		leftovers []int
 	)
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
@@ -545,6 +550,42 @@ func runHelper(in io.Reader, out io.Writer) {
 			// Non-blocking connect, then connect() again while the first is
 			// in progress: reports the second call's errno.
 			fmt.Fprintf(out, "reconnect %s\n", reconnect(f[1]))
+		case "leftovers":
+			n, _ := strconv.Atoi(f[2])
+			sa, fam, err := sockaddrOf(f[1])
+			if err != nil {
+				fmt.Fprintf(out, "error %v\n", err)
+				continue
+			}
+			for range n {
+				fd, err := unix.Socket(fam, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+				if err != nil {
+					break
+				}
+				_ = unix.Connect(fd, sa)
+				leftovers = append(leftovers, fd)
+			}
+			fmt.Fprintf(out, "left %d\n", len(leftovers))
+		case "connect-leftovers":
+			sa, _, err := sockaddrOf(f[1])
+			if err != nil {
+				fmt.Fprintf(out, "error %v\n", err)
+				continue
+			}
+			var r dialResult
+			for _, fd := range leftovers {
+				if r.add(unix.Connect(fd, sa)) {
+					file := os.NewFile(uintptr(fd), "leftover")
+					if c, err := net.FileConn(file); err == nil {
+						conns = append(conns, c)
+					}
+					file.Close()
+				} else {
+					unix.Close(fd)
+				}
+			}
+			leftovers = nil
+			fmt.Fprintf(out, "dialed %d %d %d\n", r.ok, r.refused, r.other)
 		case "redial":
 			n, _ := strconv.Atoi(f[3])
 			k, _ := strconv.Atoi(f[4])
@@ -757,27 +798,29 @@ func reconnect(addr string) string {
 	return name(first) + " " + name(second)
 }
 
+// sockaddrOf is addr (ip:port) as a socket address, and its family.
+func sockaddrOf(addr string) (unix.Sockaddr, int, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, 0, err
+	}
+	if ap.Addr().Is4() {
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}, unix.AF_INET, nil
+	}
+	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}, unix.AF_INET6, nil
+}
+
 // redial makes one socket of second's family, connect()s it k times to
 // first, which must fail before the socket leaves TCP_CLOSE (a multicast
 // address: ENETUNREACH, no packet sent), then to second, blocking or not,
 // and returns the connection, the errno names of the first connects, and
 // the second's error.
 func redial(first, second string, k int, nonblock bool) (net.Conn, string, error) {
-	to := func(addr string) (unix.Sockaddr, int, error) {
-		ap, err := netip.ParseAddrPort(addr)
-		if err != nil {
-			return nil, 0, err
-		}
-		if ap.Addr().Is4() {
-			return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}, unix.AF_INET, nil
-		}
-		return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}, unix.AF_INET6, nil
-	}
-	sa1, _, err := to(first)
+	sa1, _, err := sockaddrOf(first)
 	if err != nil {
 		return nil, "", err
 	}
-	sa2, fam, err := to(second)
+	sa2, fam, err := sockaddrOf(second)
 	if err != nil {
 		return nil, "", err
 	}

@@ -527,3 +527,36 @@ func TestRateBucketHeals(t *testing.T) {
 		t.Fatalf("connects of a project whose bucket wrapped: %+v; want 3 admitted", res)
 	}
 }
+
+// TestRateLeftoverSockets: a socket whose connect() failed past the hook
+// holds a leftover permit; its next connect is a new connection and pays
+// its rate token. It passed free (the hook took a held permit for a
+// connect in progress), so a project could make sockets fail once each
+// while it had tokens and connect them all later, past its rate at once.
+func TestRateLeftoverSockets(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 4096, 0)
+	addr := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	a := startHelper(t, mkProject(t, root, "a"))
+	if err := l.SetRate("a", 5); err != nil {
+		t.Fatal(err)
+	}
+	if line := a.do("leftovers 239.255.0.1:9 5"); line != "left 5" {
+		t.Fatalf("helper: %s", line)
+	}
+	// The five failed connects took the burst's five tokens.
+	line := a.do("connect-leftovers %s", addr)
+	var r dialResult
+	if _, err := fmt.Sscanf(line, "dialed %d %d %d", &r.ok, &r.refused, &r.other); err != nil {
+		t.Fatalf("helper: %q", line)
+	}
+	if r.ok > 1 || r.refused < 4 {
+		t.Fatalf("leftover sockets connected past an empty bucket: %+v (a refill allows one at most)", r)
+	}
+	if s := snap(t, l); project(s, "a").InUse != r.ok {
+		t.Errorf("a holds %d permits with %d connections", project(s, "a").InUse, r.ok)
+	}
+	a.do("close")
+	waitInUse(t, l, 0, map[string]int{"a": 0})
+}

@@ -216,9 +216,12 @@ static __always_inline struct fs_rate *rate_in_force(int at, __u64 id, __u64 cg)
  * rate_gate_of takes a token of r, project id's bucket in force
  * (rate_in_force; NULL: no rate, nothing to take), for a connection at at
  * (AT_CONNECT or AT_SYN), into t. false: the project is over its rate, and the refusal is counted; but a holder h (NULL: none to
- * look for) that has its permit already (connect() called again while
- * connecting, a retransmitted SYN) passes, taking nothing: its connection
- * was counted when it was admitted.
+ * look for) that has its permit already (a retransmitted SYN) passes,
+ * taking nothing: its connection was counted when it was admitted. Not at
+ * AT_CONNECT: a permit held there is a failed connect()'s leftover, which
+ * take_permit ends (connect_stale), so the connect is a new one and pays
+ * its token (it passed free, and sockets left so while tokens lasted went
+ * past the rate together later).
  */
 static __always_inline bool rate_gate_of(struct fs_rate *r, int at, struct holder *h, __u64 id, struct rate_ticket *t)
 {
@@ -228,7 +231,7 @@ static __always_inline bool rate_gate_of(struct fs_rate *r, int at, struct holde
 		return true;
 	if (rate_take(r, at, t))
 		return true;
-	if (h && recorded(at, h))
+	if (h && at != AT_CONNECT && recorded(at, h))
 		return true;
 	/* Dry-run (events.h): admitted; the caller counts and reports it as
 	 * a would-be refusal unless the rule's own dry-run did (rate_would). */
