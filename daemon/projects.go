@@ -508,8 +508,12 @@ func CheckKubernetes(ctx context.Context, cfg config.Config) (string, error) {
 	}
 	rules := kubeRules(cfg)
 	projects := map[string]bool{}
-	in, system, unusable := 0, 0, 0
+	in, system, unusable, pending := 0, 0, 0, 0
 	for _, p := range pods {
+		if p.Pending != "" {
+			pending++
+			continue
+		}
 		if p.Unusable != "" || kube.CheckPodCgroup(p.Cgroup, p.UID, k.PodCgroups) != nil {
 			unusable++
 			continue
@@ -526,6 +530,9 @@ func CheckKubernetes(ctx context.Context, cfg config.Config) (string, error) {
 		cri.Endpoint(), version, len(pods), in, len(projects), system)
 	if unusable > 0 {
 		line += fmt.Sprintf(", %d whose status has no usable cgroup, or one outside kubernetes.pod_cgroups ('fairshare project list' says why)", unusable)
+	}
+	if pending > 0 {
+		line += fmt.Sprintf(", %d whose status the runtime did not give in time or failed to give (asked again at each poll)", pending)
 	}
 	// How fast a new pod is classified: at its sandbox's start, or at the
 	// next poll (kube.Source.follow).

@@ -193,7 +193,9 @@ func (c *CRI) statuses(ctx context.Context, items []*rt.PodSandbox) []detailed {
 			defer cancel()
 			p, err := c.detail(sctx, s.Id)
 			if err != nil && sctx.Err() != nil && ctx.Err() == nil {
-				err = fmt.Errorf("%w at %s: no status of sandbox %s within %s: %w", ErrRuntime, c.endpoint, s.Id, per.Round(time.Millisecond), err)
+				// The same words each poll: the reason is listed, and a
+				// changed list is a changed membership.
+				err = fmt.Errorf("%w at %s: no status of sandbox %s in time: %w", ErrRuntime, c.endpoint, s.Id, context.DeadlineExceeded)
 			}
 			out[i] = detailed{pod: p, err: err}
 		}()

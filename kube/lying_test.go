@@ -34,7 +34,7 @@ type lyingRuntime struct {
 }
 
 type lyingPod struct {
-	name                      string
+	name, namespace           string // namespace: team-a when empty
 	cgroupParent, cgroupsPath string
 	uid                       string // "uid-<sandbox id>" when empty
 }
@@ -50,8 +50,12 @@ func (l *lyingRuntime) ListPodSandbox(context.Context, *rt.ListPodSandboxRequest
 		if uid == "" {
 			uid = "uid-" + id
 		}
+		ns := p.namespace
+		if ns == "" {
+			ns = "team-a"
+		}
 		r.Items = append(r.Items, &rt.PodSandbox{Id: id, State: rt.PodSandboxState_SANDBOX_READY,
-			Labels: map[string]string{LabelNamespace: "team-a", LabelName: p.name, LabelUID: uid}})
+			Labels: map[string]string{LabelNamespace: ns, LabelName: p.name, LabelUID: uid}})
 	}
 	return &r, nil
 }
@@ -328,5 +332,52 @@ func TestSourceStallingSandbox(t *testing.T) {
 	f, _ = scanUntil(t, s, "the runtime answers for all", func(f membership.Found, err error) bool { return err == nil && len(f.Members) == 2*statusWorkers+2 })
 	if len(f.Skipped) != 0 {
 		t.Errorf("still skipped: %+v", f.Skipped)
+	}
+}
+
+// TestSourcePendingKeepsKnown: after a restart every sandbox is new to the
+// client, so a runtime slow to answer for pods it listed before made them
+// Pending, the poll counted as good, and they left their projects (and
+// kube-system's pods the no-project list), the cache rewritten without
+// them. A Pending pod known from the last run keeps what it had; a new one
+// is skipped; each is logged once, however many polls see it.
+func TestSourcePendingKeepsKnown(t *testing.T) {
+	rtm := &stallingRuntime{lyingRuntime: lyingRuntime{pods: map[string]lyingPod{
+		"known": {name: "known", cgroupParent: "/kubepods/podknown", uid: "known"},
+		"sys":   {name: "sys", namespace: "kube-system", cgroupParent: "/kubepods/podsys", uid: "sys"},
+	}}}
+	cache := filepath.Join(t.TempDir(), "pods.json")
+	rules := DefaultRules(policy.ValidateProject)
+	s1 := NewSource(SourceOptions{CRI: serveCRI(t, rtm), Rules: rules, Mount: "/mnt", Every: 50 * time.Millisecond, Cache: cache})
+	scanUntil(t, s1, "the first run's poll", func(f membership.Found, err error) bool { return err == nil && len(f.Members) == 1 })
+	if none := s1.NoProject(); !slices.Equal(none, []string{"/mnt/kubepods/podsys"}) {
+		t.Fatalf("no project %v", none)
+	}
+	s1.Close()
+
+	rtm.mu.Lock()
+	rtm.pods["fresh"] = lyingPod{name: "fresh", cgroupParent: "/kubepods/podfresh", uid: "fresh"}
+	rtm.hang = map[string]bool{"known": true, "sys": true, "fresh": true}
+	rtm.mu.Unlock()
+	var logs testutil.Buffer
+	s2 := NewSource(SourceOptions{CRI: serveCRI(t, rtm), Rules: rules, Mount: "/mnt", Every: 50 * time.Millisecond, Cache: cache,
+		Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	defer s2.Close()
+	f, _ := scanUntil(t, s2, "the restart's poll", read)
+	time.Sleep(300 * time.Millisecond) // polls go on
+	f, _ = scanUntil(t, s2, "a later poll", read)
+	if want := []membership.Member{{Project: "team-a", Cgroup: "/mnt/kubepods/podknown"}}; !slices.Equal(f.Members, want) {
+		t.Errorf("members %v, want %v (kept while its status hangs)", f.Members, want)
+	}
+	if none := s2.NoProject(); !slices.Equal(none, []string{"/mnt/kubepods/podsys"}) {
+		t.Errorf("no project %v, want the system pod's kept", none)
+	}
+	if len(f.Skipped) != 1 || !strings.HasPrefix(f.Skipped[0].Reason, "pod team-a/fresh: no status from the runtime yet: ") {
+		t.Errorf("skipped %+v, want the new pod only", f.Skipped)
+	}
+	for _, pod := range []string{"team-a/known", "kube-system/sys", "team-a/fresh"} {
+		if n := strings.Count(logs.String(), "pod="+pod+" "); n != 1 {
+			t.Errorf("%s: %d log lines, want 1:\n%s", pod, n, logs.String())
+		}
 	}
 }

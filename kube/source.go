@@ -104,10 +104,12 @@ type Source struct {
 	selfNS     string            // the namespace of the daemon's own pod in the last good poll, "" if none
 	warned     map[string]bool   // pod ids whose bad label was logged
 	refused    map[string]string // pod ids whose cgroup was refused, and why (logged once)
+	pending    map[string]bool   // pod ids whose status could not be read (logged once)
 	checked    map[string]int    // pod ids whose sandbox's pid was found in the pod's cgroup: that pid
 	polled     bool              // a poll succeeded
 	keepFailed bool              // a write of the cache failed (logged once)
 	last       *membership.Found // what Cache held at start
+	lastNetns  []PodNetns        // and its network namespaces
 
 	stop       context.CancelFunc // ends follow
 	followDone chan struct{}
@@ -142,12 +144,12 @@ func NewSource(o SourceOptions) *Source {
 	if o.CheckPid == nil {
 		o.CheckPid = checkPidBelow(o.Mount)
 	}
-	s := &Source{o: o, warned: map[string]bool{}, refused: map[string]string{}, checked: map[string]int{}}
+	s := &Source{o: o, warned: map[string]bool{}, refused: map[string]string{}, checked: map[string]int{}, pending: map[string]bool{}}
 	if o.Cache != "" {
 		if raw, err := os.ReadFile(o.Cache); err == nil {
 			var c cached
 			if err := json.Unmarshal(raw, &c); err == nil {
-				s.last = &c.Found
+				s.last, s.lastNetns = &c.Found, c.Netns
 				// NoProject's until the first good poll: without it the
 				// system pods' sockets counted as unclassified, and could
 				// be refused, once the daemon stopped waiting for the
@@ -335,6 +337,42 @@ func (s *Source) keep() error {
 	return os.Rename(tmp, s.o.Cache)
 }
 
+// podOf reports whether cg (an absolute member cgroup) is the cgroup
+// kubelet makes for p.
+func (s *Source) podOf(p Pod, cg string) bool {
+	rel, err := filepath.Rel(s.o.Mount, cg)
+	return err == nil && CheckPodCgroup("/"+rel, p.UID, s.o.PodCgroups) == nil
+}
+
+// known is the member p had in the last good poll, or in the last run's
+// (SourceOptions.Cache), found by its uid in the cgroup's name. Called
+// with s.mu held.
+func (s *Source) known(p Pod) (membership.Member, bool) {
+	lists := [][]membership.Member{s.found.Members}
+	if s.last != nil {
+		lists = append(lists, s.last.Members)
+	}
+	for _, ms := range lists {
+		for _, m := range ms {
+			if s.podOf(p, m.Cgroup) {
+				return m, true
+			}
+		}
+	}
+	return membership.Member{}, false
+}
+
+// knownNone is p's cgroup if the last good poll (or the last run's) had p
+// in no project. Called with s.mu held.
+func (s *Source) knownNone(p Pod) (string, bool) {
+	for _, cg := range s.none {
+		if s.podOf(p, cg) {
+			return cg, true
+		}
+	}
+	return "", false
+}
+
 // selfNamespace is the namespace of the pod whose cgroup holds the daemon's
 // own (SourceOptions.Self), "" if none does.
 func (s *Source) selfNamespace(pods []Pod) string {
@@ -381,11 +419,30 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int, []strin
 		live[p.ID] = true
 		if p.Pending != "" {
 			// Not refused: its status is asked again at the next list.
-			f.Skipped = append(f.Skipped, membership.Skipped{Reason: fmt.Sprintf("pod %s/%s: no status from the runtime yet: %s", p.Namespace, p.Name, p.Pending)})
-			s.o.Log.Warn("a new pod's status could not be read from the container runtime: it is in no project until it is",
-				"pod", p.Namespace+"/"+p.Name, "sandbox", p.ID, "err", p.Pending)
+			// A pod known before (the last poll's, or the last run's
+			// after a restart, when every sandbox is new to the client)
+			// keeps what it had meanwhile; a new one is in no project yet.
+			if m, ok := s.known(p); ok {
+				f.Members = append(f.Members, m)
+				for _, n := range slices.Concat(s.netns, s.lastNetns) {
+					if n.Cgroup == m.Cgroup {
+						netns = append(netns, n)
+						break
+					}
+				}
+			} else if cg, ok := s.knownNone(p); ok {
+				none = append(none, cg)
+			} else {
+				f.Skipped = append(f.Skipped, membership.Skipped{Reason: fmt.Sprintf("pod %s/%s: no status from the runtime yet: %s", p.Namespace, p.Name, p.Pending)})
+			}
+			if !s.pending[p.ID] {
+				s.pending[p.ID] = true
+				s.o.Log.Warn("a pod's status could not be read from the container runtime; asked again at every poll",
+					"pod", p.Namespace+"/"+p.Name, "sandbox", p.ID, "err", p.Pending)
+			}
 			continue
 		}
+		delete(s.pending, p.ID)
 		why := p.Unusable
 		if why == "" {
 			if err := CheckPodCgroup(p.Cgroup, p.UID, s.o.PodCgroups); err != nil {
@@ -447,6 +504,11 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int, []strin
 	for id := range s.checked {
 		if !live[id] {
 			delete(s.checked, id)
+		}
+	}
+	for id := range s.pending {
+		if !live[id] {
+			delete(s.pending, id)
 		}
 	}
 	slices.SortFunc(f.Members, func(a, b membership.Member) int {
