@@ -475,10 +475,11 @@ type timedBody struct {
 	// can lift it (a Read in progress ends within its own).
 	mu  sync.Mutex
 	eof bool // a Read returned io.EOF
+	h2  bool // an HTTP/2 stream's body
 }
 
 func (f *Front) timedBody(w http.ResponseWriter, r *http.Request) *timedBody {
-	b := &timedBody{ReadCloser: r.Body, d: f.cfg.BodyReadTimeout, minRate: f.cfg.BodyMinRate, start: time.Now()}
+	b := &timedBody{ReadCloser: r.Body, d: f.cfg.BodyReadTimeout, minRate: f.cfg.BodyMinRate, start: time.Now(), h2: r.ProtoMajor == 2}
 	if cc := peerOf(r).cc; cc != nil && r.ProtoMajor == 1 {
 		b.conn = cc.Conn
 	} else {
@@ -533,6 +534,14 @@ func (b *timedBody) Read(p []byte) (int, error) {
 // Read keeps its deadline in the past; one read to its end has nothing to
 // wait for.
 func (b *timedBody) Close() error {
+	if b.h2 {
+		// HTTP/2: a Read in
+		// progress (ReverseProxy's sender, waiting on a client that
+		// says nothing) ends now rather than at its deadline, which held
+		// the end of the answer, and its permit, that long. The
+		// stream's Close discards the rest; it reads nothing.
+		b.setDeadline(time.Unix(1, 0))
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.eof || b.timedOut.Load() {

@@ -182,3 +182,45 @@ func TestH2ClosedWindowFreesPool(t *testing.T) {
 		})
 	}
 }
+
+// TestH2EarlyAnswerEndsAtOnce: over HTTP/2 through ReverseProxy, an upstream
+// that answers while the client's body is still open (a gRPC call it ends,
+// an early error during an upload) ends the exchange at once. The timed
+// body's Close waited for the Read in progress, ReverseProxy's sender
+// waiting on a client with nothing to say, until body_read_timeout: the
+// end of the answer, and the permit, were held that long. (The direct
+// path does not relay an HTTP/2 answer before the body ends: there the
+// client gets 408 at body_read_timeout, as before.)
+func TestH2EarlyAnswerEndsAtOnce(t *testing.T) {
+	r := newRig(t, rigOpts{poolSize: 4, tweak: func(f *Front) { f.up = nil }, cfg: Config{BodyReadTimeout: 5 * time.Second}},
+		func(w http.ResponseWriter, req *http.Request) {
+			_, _ = io.WriteString(w, "done early")
+		})
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: p}
+	defer tr.CloseIdleConnections()
+	for round := range 3 {
+		pr, pw := io.Pipe()
+		defer pw.Close()
+		go func() { _, _ = pw.Write([]byte("the start of a long upload")) }()
+		req, _ := http.NewRequest("POST", r.url+"/", pr)
+		req.Header.Set(DefaultProjectHeader, "alpha")
+		start := time.Now()
+		resp, err := (&http.Client{Transport: tr, Timeout: limitsDeadline}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		d := time.Since(start)
+		if err != nil || string(b) != "done early" || resp.ProtoMajor != 2 {
+			t.Fatalf("round %d: HTTP/%d %q %v", round, resp.ProtoMajor, b, err)
+		}
+		waitInUse(t, r.pool, 0)
+		freed := time.Since(start)
+		if d > 2*time.Second || freed > 2*time.Second {
+			t.Errorf("round %d: the answer ended after %v, the permit went back after %v (body_read_timeout 5s)", round, d, freed)
+		}
+	}
+}
