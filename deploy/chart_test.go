@@ -246,6 +246,30 @@ func TestChartDefaults(t *testing.T) {
 	}
 }
 
+// TestChartPoolKeysChecked: a pool's window without its unit, an enforce
+// that is no boolean, or the residents pool in dry-run would be refused by
+// the daemon on every node at start (a crash loop); the chart refuses them
+// at install, naming the key.
+func TestChartPoolKeysChecked(t *testing.T) {
+	for _, c := range []struct {
+		pool map[string]any
+		says string
+	}{
+		{map[string]any{"db": map[string]any{"size": 10, "window": 30}}, "pools.db.window"},
+		{map[string]any{"db": map[string]any{"size": 10, "window": "30"}}, "pools.db.window"},
+		{map[string]any{"db": map[string]any{"size": 10, "enforce": "no"}}, "pools.db.enforce"},
+		{map[string]any{"residents": map[string]any{"size": 10, "enforce": false}}, "pools.residents.enforce"},
+	} {
+		if _, err := RenderFor(ChartDir, "fs", "ops", "1.33.0", map[string]any{"pools": c.pool}); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("pools %v: %v, want a refusal naming %s", c.pool, err, c.says)
+		}
+	}
+	if _, err := RenderFor(ChartDir, "fs", "ops", "1.33.0", map[string]any{"pools": map[string]any{
+		"db": map[string]any{"size": 10, "window": "1m30s", "enforce": true}}}); err != nil {
+		t.Errorf("a pool's window and enforce as the daemon takes them: %v", err)
+	}
+}
+
 // TestChartOldKubernetes: before Kubernetes 1.30 the container's
 // appArmorProfile is not read, and only the annotation keeps the runtime's
 // default profile (which denies pinning below /sys/fs/bpf) off the daemon.
@@ -612,6 +636,15 @@ func TestChartMonitoring(t *testing.T) {
 	}
 	if !strings.Contains(alerts["FairshareProjectRefusals"], "> 5") {
 		t.Errorf("refusalsPerSecond does not reach the alert: %s", alerts["FairshareProjectRefusals"])
+	}
+
+	// Scraped otherwise, the job is not the chart's: no alert on it
+	// (absent() of a job nobody scrapes would page for ever).
+	o = render(t, map[string]any{"metrics": map[string]any{"prometheusRule": map[string]any{"enabled": true}}})
+	for _, r := range o.rules[0].Spec.Groups[0].Rules {
+		if r.Alert == "FairshareDaemonDown" || r.Alert == "FairshareDaemonsAbsent" {
+			t.Errorf("%s without the chart's ServiceMonitor: %s", r.Alert, r.Expr.String())
+		}
 	}
 
 	_, err := Render(ChartDir, "fs", "ops", map[string]any{"metrics": map[string]any{
