@@ -165,15 +165,16 @@ type detailed struct {
 
 // statuses is detail of each of items, in their order: those seen before
 // from the cache, the others asked in parallel (statusWorkers at a time),
-// each within half the time ctx leaves (a second without a deadline), so
-// that a sandbox whose status hangs (a hung shim; containerd asks it for
-// the verbose status) costs the list that much, not its whole deadline,
-// and the list still comes back in time.
+// each within three quarters of the time ctx leaves (a second without a
+// deadline), so that a sandbox whose status hangs (a hung shim; containerd
+// asks it for the verbose status) costs the list that much, not its whole
+// deadline, and the list still comes back in time. One that misses it is
+// Pending, asked again at the next list.
 func (c *CRI) statuses(ctx context.Context, items []*rt.PodSandbox) []detailed {
 	out := make([]detailed, len(items))
 	per := time.Second
 	if d, ok := ctx.Deadline(); ok {
-		per = time.Until(d) / 2
+		per = time.Until(d) * 3 / 4
 	}
 	sem := make(chan struct{}, statusWorkers)
 	var wg sync.WaitGroup

@@ -63,9 +63,9 @@ func TestSource(t *testing.T) {
 	want := []membership.Member{{Project: "team-a", Cgroup: cg(a)}, {Project: "team-b", Cgroup: cg(b)},
 		{Project: "billing", Cgroup: cg(l)}, {Project: "team-b", Cgroup: cg(bad)}}
 	slices.SortFunc(want, func(x, y membership.Member) int { return strings.Compare(x.Cgroup, y.Cgroup) })
-	if f, _ := scanUntil(t, s, "the first poll", read); !slices.Equal(f.Members, want) {
-		t.Fatalf("members %v\nwant %v", f.Members, want)
-	}
+	// Until every pod's status came in time (a loaded machine's runtime
+	// may miss a poll's time for one: it is asked again at the next).
+	scanUntil(t, s, "the pods as members", func(f membership.Found, err error) bool { return err == nil && slices.Equal(f.Members, want) })
 	if s.System() != 1 {
 		t.Errorf("%d pods of system namespaces, want 1 (%s)", s.System(), sys.ID)
 	}
