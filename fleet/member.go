@@ -407,10 +407,15 @@ func (m *Member) stepLocked() *Status {
 	switch m.state {
 	case StateConnected:
 		// A plan without this node (its key gone from the view for a
-		// moment) holds the allotment applied: its zero value refused
-		// every permit of the pool until the key came back.
+		// moment): its zero value refused every permit of the pool until
+		// the key came back. The others divide the fleet as if this node
+		// were gone, so it holds what it applied but no more than its
+		// safe slice, the margin a partition allows, until its key is
+		// back.
 		if a, ok := m.plan.Nodes[m.cfg.Node]; ok {
 			m.applyLocked(a)
+		} else if safe := m.safeLocked(); m.haveApply && m.applied.Size > safe {
+			m.applyLocked(Allotment{Size: safe})
 		}
 	case StateCutOff:
 		// Linearly from the last allotment down to the safe slice over one
