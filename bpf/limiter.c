@@ -178,6 +178,12 @@ static __always_inline int connect_common(struct bpf_sock_addr *ctx, bool v6)
 	if (r == WOULD)
 		return 1;
 refuse:
+	/* A refused connect holds nothing: a leftover of an earlier failed
+	 * connect() of the socket (connect_stale) is ended here too when the
+	 * rate or a destination pool refused before take_permit ran, rather
+	 * than kept, in the pool of that earlier connect, until the close. */
+	if (recorded(AT_CONNECT, &h))
+		connect_stale(h.cookie);
 	bpf_set_retval(-ECONNREFUSED);
 	return 0;
 }

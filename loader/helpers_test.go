@@ -399,7 +399,8 @@ func TestHelperProcess(t *testing.T) {
 //	                                        second; the connections kept
 //	leftovers <first> <n>                   n sockets, each connect()ed once to first (an
 //	                                        address that fails at once), kept unconnected
-//	connect-leftovers <addr>                connect those sockets to addr; the connections kept
+//	connect-leftovers <addr> [keep]         connect those sockets to addr; the connections kept
+//	                                        (keep: the refused sockets too, until close)
 //	held                                    connections accepted and open
 //	close                                   close every dialed connection
 //	rst                                     close them with an RST (SO_LINGER 0)
@@ -416,8 +417,9 @@ func runHelper(in io.Reader, out io.Writer) {
 		// listen-backlog sockets, closed by unlisten
 		rawLns   []int
 		rawConns []int // accepted by listen-backlog ... accept, kept open
-		// sockets of leftovers, not connected yet
-		leftovers []int
+		// sockets of leftovers, not connected yet; and those of them
+		// refused, kept open by connect-leftovers ... keep until close
+		leftovers, refusedFds []int
 	)
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
@@ -580,6 +582,8 @@ func runHelper(in io.Reader, out io.Writer) {
 						conns = append(conns, c)
 					}
 					file.Close()
+				} else if len(f) > 2 && f[2] == "keep" {
+					refusedFds = append(refusedFds, fd)
 				} else {
 					unix.Close(fd)
 				}
@@ -613,6 +617,10 @@ func runHelper(in io.Reader, out io.Writer) {
 				c.Close()
 			}
 			conns = nil
+			for _, fd := range refusedFds {
+				unix.Close(fd)
+			}
+			refusedFds = nil
 			fmt.Fprintln(out, "closed")
 		case "burn":
 			n, _ := strconv.Atoi(f[1])

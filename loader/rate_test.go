@@ -545,8 +545,10 @@ func TestRateLeftoverSockets(t *testing.T) {
 	if line := a.do("leftovers 239.255.0.1:9 5"); line != "left 5" {
 		t.Fatalf("helper: %s", line)
 	}
-	// The five failed connects took the burst's five tokens.
-	line := a.do("connect-leftovers %s", addr)
+	// The five failed connects took the burst's five tokens. The refused
+	// sockets stay open: a refused connect holds nothing, so their
+	// leftovers are ended at the refusal, not at their close.
+	line := a.do("connect-leftovers %s keep", addr)
 	var r dialResult
 	if _, err := fmt.Sscanf(line, "dialed %d %d %d", &r.ok, &r.refused, &r.other); err != nil {
 		t.Fatalf("helper: %q", line)
