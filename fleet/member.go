@@ -208,6 +208,16 @@ func New(cfg Config) (*Member, error) {
 	return m, nil
 }
 
+// safeWithSelfLocked is the safe slice counting this node among the nodes
+// last seen when the view lacks it (its key gone for a moment): the view's
+// count alone made it Size/(n-1), at two nodes the whole size.
+func (m *Member) safeWithSelfLocked() int {
+	if _, mine := m.view[m.cfg.Node]; mine || m.cfg.SafeFraction > 0 || m.lastSeen == 0 {
+		return m.safeLocked()
+	}
+	return m.cfg.Size / (m.lastSeen + 1)
+}
+
 // safeLocked is the safe slice: Size·SafeFraction, or Size over the nodes
 // last seen; before any view, with no SafeFraction, the fleet's floor.
 func (m *Member) safeLocked() int {
@@ -410,12 +420,12 @@ func (m *Member) stepLocked() *Status {
 		// moment): its zero value refused every permit of the pool until
 		// the key came back. The others divide the fleet as if this node
 		// were gone, so it holds what it applied but no more than its
-		// safe slice, the margin a partition allows, until its key is
-		// back.
+		// safe slice (counting itself among the nodes), the margin a
+		// partition allows, with its caps, until its key is back.
 		if a, ok := m.plan.Nodes[m.cfg.Node]; ok {
 			m.applyLocked(a)
-		} else if safe := m.safeLocked(); m.haveApply && m.applied.Size > safe {
-			m.applyLocked(Allotment{Size: safe})
+		} else if safe := m.safeWithSelfLocked(); m.haveApply && m.applied.Size > safe {
+			m.applyLocked(Allotment{Size: safe, Caps: m.applied.Caps, Spare: min(m.applied.Spare, safe)})
 		}
 	case StateCutOff:
 		// Linearly from the last allotment down to the safe slice over one
