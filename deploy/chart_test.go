@@ -257,16 +257,34 @@ func TestChartPoolKeysChecked(t *testing.T) {
 	}{
 		{map[string]any{"db": map[string]any{"size": 10, "window": 30}}, "pools.db.window"},
 		{map[string]any{"db": map[string]any{"size": 10, "window": "30"}}, "pools.db.window"},
-		{map[string]any{"db": map[string]any{"size": 10, "enforce": "no"}}, "pools.db.enforce"},
+		{map[string]any{"db": map[string]any{"size": 10, "enforce": "maybe"}}, "pools.db.enforce"},
+		{map[string]any{"db": map[string]any{"size": 10, "window": "30 s"}}, "pools.db.window"},
+		{map[string]any{"residents": map[string]any{"size": 10, "enforce": "False"}}, "pools.residents.enforce"},
 		{map[string]any{"residents": map[string]any{"size": 10, "enforce": false}}, "pools.residents.enforce"},
 	} {
 		if _, err := RenderFor(ChartDir, "fs", "ops", "1.33.0", map[string]any{"pools": c.pool}); err == nil || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("pools %v: %v, want a refusal naming %s", c.pool, err, c.says)
 		}
 	}
-	if _, err := RenderFor(ChartDir, "fs", "ops", "1.33.0", map[string]any{"pools": map[string]any{
-		"db": map[string]any{"size": 10, "window": "1m30s", "enforce": true}}}); err != nil {
-		t.Errorf("a pool's window and enforce as the daemon takes them: %v", err)
+	// What the daemon takes, a boolean as --set-string passes it included;
+	// an empty or zero window is the default, as before.
+	for _, c := range []struct {
+		window  any
+		enforce any
+		dry     bool
+	}{{"1m30s", true, false}, {"1.5m", "false", true}, {".5s", "No", true}, {"0", "on", false}, {"", false, true}, {0, "true", false}} {
+		s, err := RenderFor(ChartDir, "fs", "ops", "1.33.0", map[string]any{"pools": map[string]any{
+			"db": map[string]any{"size": 10, "window": c.window, "enforce": c.enforce}}})
+		if err != nil {
+			t.Errorf("window %v enforce %v: %v", c.window, c.enforce, err)
+			continue
+		}
+		dc := fsconfig.Default()
+		if err := fsconfig.Parse(strings.NewReader(decode(t, s).configMaps["fs-config"].Data["config.yaml"]), &dc); err != nil {
+			t.Errorf("window %v enforce %v: the daemon refuses the chart's config: %v", c.window, c.enforce, err)
+		} else if dc.Pools["db"].Enforced() == c.dry {
+			t.Errorf("window %v enforce %v: enforced %v", c.window, c.enforce, dc.Pools["db"].Enforced())
+		}
 	}
 }
 

@@ -16,3 +16,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "fairshare.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
+
+{{/*
+fairshare.false is "false" for a value that says false (false, or the
+strings false, no, off, n in any case, as --set-string passes them), else
+empty: a test with include.
+*/}}
+{{- define "fairshare.false" -}}
+{{- if has (lower (toString .)) (list "false" "no" "off" "n") }}false{{ end }}
+{{- end }}
