@@ -344,12 +344,13 @@ func (s *Source) podOf(p Pod, cg string) bool {
 	return err == nil && CheckPodCgroup("/"+rel, p.UID, s.o.PodCgroups) == nil
 }
 
-// known is the member p had in the last good poll, or in the last run's
-// (SourceOptions.Cache), found by its uid in the cgroup's name. Called
-// with s.mu held.
+// known is the member p had in the last good poll, or before the first
+// one in the last run's (SourceOptions.Cache: a pod whose sandbox is new
+// later was not in it, and that run's rules may have been others), found
+// by its uid in the cgroup's name. Called with s.mu held.
 func (s *Source) known(p Pod) (membership.Member, bool) {
 	lists := [][]membership.Member{s.found.Members}
-	if s.last != nil {
+	if s.last != nil && !s.polled {
 		lists = append(lists, s.last.Members)
 	}
 	for _, ms := range lists {
@@ -424,7 +425,11 @@ func (s *Source) members(pods []Pod) (membership.Found, []PodNetns, int, []strin
 			// keeps what it had meanwhile; a new one is in no project yet.
 			if m, ok := s.known(p); ok {
 				f.Members = append(f.Members, m)
-				for _, n := range slices.Concat(s.netns, s.lastNetns) {
+				last := s.lastNetns
+				if s.polled {
+					last = nil
+				}
+				for _, n := range slices.Concat(s.netns, last) {
 					if n.Cgroup == m.Cgroup {
 						netns = append(netns, n)
 						break
