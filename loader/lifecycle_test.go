@@ -104,7 +104,19 @@ func TestAdoptAndRepair(t *testing.T) {
 	// A permit held for a socket of this netns that no longer exists is
 	// released; one of another netns cannot be checked and is kept.
 	id := uint64(project(s, "old").ID)
-	for _, e := range []struct{ cookie, netns uint64 }{{1 << 62, l.netns}, {1<<62 + 1, l.netns + 1}} {
+	// Cookies whose slots are free: a real socket's cookie may have taken
+	// slot 0 or 1 (CI under load: an adopted connection in slot 0).
+	var free []uint64
+	for i := uint64(0); len(free) < 2 && i < uint64(l.held); i++ {
+		var sl limiterFsSlot
+		if err := l.objs.FsSlots.Lookup(uint32(i), &sl); err == nil && sl.Cookie == 0 {
+			free = append(free, 1<<62+i)
+		}
+	}
+	if len(free) < 2 {
+		t.Fatal("no two free slots")
+	}
+	for _, e := range []struct{ cookie, netns uint64 }{{free[0], l.netns}, {free[1], l.netns + 1}} {
 		// In the cookie's slot, as the programs would put it.
 		idx := uint32(e.cookie & uint64(l.held-1))
 		var old limiterFsSlot
@@ -127,7 +139,7 @@ func TestAdoptAndRepair(t *testing.T) {
 		t.Fatalf("orphans: %+v", rep)
 	}
 	waitInUse(t, l, 5, map[string]int{"old": 4})
-	if _, err := l.adjust(limiterFsAdjustArgs{Op: opDrop, Project: 1<<62 + 1}); err != nil {
+	if _, err := l.adjust(limiterFsAdjustArgs{Op: opDrop, Project: free[1]}); err != nil {
 		t.Fatal(err)
 	}
 	waitInUse(t, l, 4, map[string]int{"old": 3})
