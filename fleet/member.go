@@ -212,20 +212,24 @@ func New(cfg Config) (*Member, error) {
 // last seen when the view lacks it (its key gone for a moment): the view's
 // count alone made it Size/(n-1), at two nodes the whole size.
 func (m *Member) safeWithSelfLocked() int {
-	if _, mine := m.view[m.cfg.Node]; mine || m.cfg.SafeFraction > 0 || m.lastSeen == 0 {
-		return m.safeLocked()
+	n := m.lastSeen
+	if _, mine := m.view[m.cfg.Node]; !mine && n > 0 {
+		n++
 	}
-	return m.cfg.Size / (m.lastSeen + 1)
+	return m.safeAmong(n)
 }
 
 // safeLocked is the safe slice: Size·SafeFraction, or Size over the nodes
 // last seen; before any view, with no SafeFraction, the fleet's floor.
-func (m *Member) safeLocked() int {
+func (m *Member) safeLocked() int { return m.safeAmong(m.lastSeen) }
+
+// safeAmong is the safe slice among n nodes (0: none seen yet).
+func (m *Member) safeAmong(n int) int {
 	switch {
 	case m.cfg.SafeFraction > 0:
 		return int(float64(m.cfg.Size) * m.cfg.SafeFraction)
-	case m.lastSeen > 0:
-		return m.cfg.Size / m.lastSeen
+	case n > 0:
+		return m.cfg.Size / n
 	default:
 		return m.cfg.Floor
 	}
