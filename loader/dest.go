@@ -375,9 +375,9 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 	all := maps.Clone(oldTrie)
 	maps.Copy(all, oldNets)
 	maps.Copy(all, want)
-	filter := filterOf(want)
+	filter, lanes := filterOf(want), quickPortsOf(want)
 	union := unionFilter(filterOf(all), filter)
-	if err := l.setDestFilter(union); err != nil {
+	if err := l.setDestFilter(union, unionValues(quickPortsOf(all), lanes)); err != nil {
 		return err
 	}
 	if err := l.setDestKinds(kindsOf(all, nil) | kindsOf(oldNets, everyKey(oldNets))); err != nil {
@@ -420,7 +420,7 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 	if err := l.setDestKinds(kindsOf(want, placed)); err != nil {
 		return err
 	}
-	return l.setDestFilter(filter)
+	return l.setDestFilter(filter, lanes)
 }
 
 // trieDropAbsent lets go of the keys of have that want lacks, in the order
@@ -809,10 +809,49 @@ func unionFilter(a, b limiterFsDestFilter) limiterFsDestFilter {
 	return a
 }
 
+// destFP is the programs' dest_fp (bpf/lib/dest.h): the fingerprint of a
+// host (addr, its 16 bytes as the trie keeps them) at port (host order),
+// over the address's two words as the programs load them.
+func destFP(addr [16]byte, port uint16) uint16 {
+	x := binary.LittleEndian.Uint64(addr[:8]) ^ binary.LittleEndian.Uint64(addr[8:])
+	return uint16((uint32(x) ^ uint32(x>>32) ^ uint32(port)*0x10001) * 0x9E3779B1 >> 16)
+}
+
+// quickPortsOf is what the quick word's port lanes hold for the keys that
+// name a port (dest_port_may): a host's fingerprint (destFP), or its port
+// where the fingerprint has a byte of 0xff (which would send every connect
+// to the exact bits), and a prefix's port; distinct, in order.
+func quickPortsOf(keys map[limiterFsDestKey]uint32) []uint64 {
+	var vals []uint64
+	for k := range keys {
+		port := binary.BigEndian.Uint16(k.Port[:])
+		if port == 0 {
+			continue
+		}
+		v := uint64(port)
+		if k.Prefixlen == 16+128 {
+			if fp := destFP(k.Addr, port); fp&0xff != 0xff && fp>>8 != 0xff {
+				v = uint64(fp)
+			}
+		}
+		vals = append(vals, v)
+	}
+	slices.Sort(vals)
+	return slices.Compact(vals)
+}
+
+// unionValues is the values of a and b (each in order), distinct, in order.
+func unionValues(a, b []uint64) []uint64 {
+	u := slices.Concat(a, b)
+	slices.Sort(u)
+	return slices.Compact(u)
+}
+
 // setDestFilter writes the filter, the exact bits then their quick form
-// (quickOf) in fs_settings. A reader may see a word of the old value beside
-// one of the new: callers write a union of both first.
-func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
+// (quickOf, its port lanes holding the values ports gives: quickPortsOf)
+// in fs_settings. A reader may see a word of the old value beside one of
+// the new: callers write a union of both first.
+func (l *Limiter) setDestFilter(f limiterFsDestFilter, ports []uint64) error {
 	l.destWriting("filter")
 	if err := l.objs.FsDfilter.Put(uint32(0), &f); err != nil {
 		return fmt.Errorf("writing the destination filter: %w", err)
@@ -821,14 +860,16 @@ func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
 		return err
 	}
 	return l.editDestSettings("filter", func(cfg *limiterFsSettings) bool {
-		cfg.DestQuick = quickOf(f, cfg.DestQuick)
+		cfg.DestQuick = quickOf(f, ports, cfg.DestQuick)
 		return true
 	})
 }
 
 // quickOf is fs_settings.dest_quick for filter f, written over prev (see
-// dest_port_may and dest_net_may in bpf/lib/dest.h): the ports f names in
-// four 16-bit lanes of the first word; in the second, the IPv4 /16s in three
+// dest_port_may and dest_net_may in bpf/lib/dest.h): the values of ports
+// (quickPortsOf: for each pool naming a port, a host's fingerprint or a
+// prefix's port; f's port bits hold the port of each) in four 16-bit lanes
+// of the first word; in the second, the IPv4 /16s in three
 // 16-bit lanes (its low six bytes) and the IPv6 first bytes in two 8-bit
 // lanes (its high two); a part all ones where it has more values than
 // lanes. The programs go to f's exact bits (written before this word) where
@@ -838,7 +879,7 @@ func (l *Limiter) setDestFilter(f limiterFsDestFilter) error {
 // still finds every value both hold (and, for the union rewriteDestsLocked
 // writes first, every value of the old; TestQuickOf tries every such
 // mixture).
-func quickOf(f limiterFsDestFilter, prev [2]uint64) [2]uint64 {
+func quickOf(f limiterFsDestFilter, ports []uint64, prev [2]uint64) [2]uint64 {
 	// A part with no value repeats one few connects go to: not 0, which
 	// would let 0.0.0.0 (the local host to Linux), ::1 and 64:ff9b::
 	// through to a probe, but 240.0/16 and 0100::/8, reserved (a connect
@@ -852,7 +893,7 @@ func quickOf(f limiterFsDestFilter, prev [2]uint64) [2]uint64 {
 	if len(first6) == 0 {
 		v6 = quickNoV6
 	}
-	return [2]uint64{lanesOf(setBits(f.Ports[:]), quickPorts, prev[0]), v4 | v6<<48}
+	return [2]uint64{lanesOf(ports, quickPorts, prev[0]), v4 | v6<<48}
 }
 
 // The parts of dest_quick: lanes of width bits each.

@@ -618,9 +618,11 @@ func TestDestPoolNoLeakAcrossLifecycles(t *testing.T) {
 }
 
 // The filter read before the trie lets through every connect a pool can
-// match: checked against destination.Match for random destinations and
-// addresses, and exact for the cases that are easy to get wrong (a prefix
-// shorter than a byte, an IPv6 prefix covering the v4-mapped range).
+// match: checked against destination.Match for random destinations
+// (hosts among them, whose fingerprints the quick word holds) and
+// addresses, the exact bits and the quick word over them (quickOf,
+// quickPortsOf); and exact for the cases that are easy to get wrong (a
+// prefix shorter than a byte, an IPv6 prefix covering the v4-mapped range).
 func TestDestFilterCoversMatches(t *testing.T) {
 	passes := func(f limiterFsDestFilter, ap netip.AddrPort) bool {
 		port := ap.Port()
@@ -634,10 +636,24 @@ func TestDestFilterCoversMatches(t *testing.T) {
 		}
 		return f.V6[a[0]>>6]&(1<<(a[0]&63)) != 0
 	}
+	// quickPasses: the quick word q over f lets ap through (dest_port_may
+	// or dest_net_may, as quickPortMay and quickNetMay model them).
+	quickPasses := func(q [2]uint64, f limiterFsDestFilter, ap netip.AddrPort) bool {
+		a := ap.Addr().As16()
+		if quickPortMay(q[0], f, int(ap.Port()), destFP(a, ap.Port())) {
+			return true
+		}
+		if ap.Addr().Unmap().Is4() {
+			return quickNetMay(q[1], f, 0, int(a[12])<<8|int(a[13]))
+		}
+		return quickNetMay(q[1], f, 1, int(a[0]))
+	}
 	rng := rand.New(rand.NewPCG(1, 2))
+	hostMatches := 0
 	for round := range 2000 {
 		pools := map[string][]destination.Destination{}
 		keys := map[limiterFsDestKey]uint32{}
+		var hosts []netip.AddrPort
 		for i := range 1 + rng.IntN(4) {
 			var d destination.Destination
 			if rng.IntN(2) == 0 {
@@ -647,18 +663,30 @@ func TestDestFilterCoversMatches(t *testing.T) {
 				a[0] = byte(rng.IntN(4)) // near 0, so ::/n and ::ffff ranges come up
 				d.Prefix = netip.PrefixFrom(netip.AddrFrom16(a), rng.IntN(100)).Masked()
 			}
+			if rng.IntN(3) == 0 { // a host
+				a := d.Prefix.Addr().As16()
+				a[15] = byte(1 + rng.IntN(3))
+				d.Prefix = netip.PrefixFrom(netip.AddrFrom16(a).Unmap(), netip.AddrFrom16(a).Unmap().BitLen())
+			}
 			if rng.IntN(2) == 0 {
 				d.Port = uint16(1 + rng.IntN(4))
 			}
 			name := fmt.Sprintf("p%d", i)
 			pools[name] = append(pools[name], d)
 			keys[destKey(d)] = uint32(i + 1)
+			if d.Prefix.IsSingleIP() {
+				hosts = append(hosts, netip.AddrPortFrom(d.Prefix.Addr(), d.Port))
+			}
 		}
 		f := filterOf(keys)
+		q := quickOf(f, quickPortsOf(keys), [2]uint64{})
 		for range 50 {
 			var ap netip.AddrPort
 			port := uint16(1 + rng.IntN(5))
-			if rng.IntN(2) == 0 {
+			if len(hosts) > 0 && rng.IntN(3) == 0 { // a host, at its port or near it
+				h := hosts[rng.IntN(len(hosts))]
+				ap = netip.AddrPortFrom(h.Addr(), h.Port()+uint16(rng.IntN(2)))
+			} else if rng.IntN(2) == 0 {
 				ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(rng.IntN(256)), byte(rng.IntN(4)), 1, 1}), port)
 			} else {
 				var a [16]byte
@@ -666,10 +694,70 @@ func TestDestFilterCoversMatches(t *testing.T) {
 				a[15] = 1
 				ap = netip.AddrPortFrom(netip.AddrFrom16(a), port)
 			}
-			if destination.Match(pools, ap) != "" && !passes(f, ap) {
+			if destination.Match(pools, ap) == "" {
+				continue
+			}
+			if !passes(f, ap) {
 				t.Fatalf("round %d: %s matches %v but the filter %+v stops it", round, ap, pools, f)
 			}
+			if !quickPasses(q, f, ap) {
+				t.Fatalf("round %d: %s matches %v but the quick word %#x stops it", round, ap, pools, q)
+			}
+			if slices.Contains(hosts, ap) {
+				hostMatches++
+			}
 		}
+	}
+	if hostMatches < 300 {
+		t.Fatalf("only %d connects to a pool's host: the test misses the fingerprints' path", hostMatches)
+	}
+	// Pools of hosts at a port: the quick word holds their fingerprints,
+	// not the port, so another host at the port (another database on
+	// 5432) is stopped there, and so is the host at another port; a
+	// prefix at the port puts the port itself in a lane. A host whose
+	// fingerprint has a byte of 0xff puts its port there instead.
+	one := func(ds ...string) (map[limiterFsDestKey]uint32, [2]uint64) {
+		keys := map[limiterFsDestKey]uint32{}
+		for i, d := range ds {
+			dd, err := destination.ParseAll([]string{d})
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys[destKey(dd[0])] = uint32(i + 1)
+		}
+		return keys, quickOf(filterOf(keys), quickPortsOf(keys), [2]uint64{})
+	}
+	for _, c := range []struct {
+		dests            []string
+		through, stopped []string
+	}{
+		{[]string{"10.0.0.5/32:5432"}, []string{"10.0.0.5:5432"}, []string{"10.0.0.6:5432", "10.0.0.5:5433", "[::ffff:10.0.0.6]:5432"}},
+		{[]string{"[2001:db8::5]/128:5432", "10.0.0.5/32:6379"}, []string{"[2001:db8::5]:5432", "10.0.0.5:6379"}, []string{"[2001:db8::6]:5432", "10.0.0.5:5432"}},
+		{[]string{"10.0.0.5/32:5432", "10.0.1.0/24:5432"}, []string{"10.0.0.5:5432", "10.0.1.9:5432", "192.0.2.1:5432"}, []string{"10.0.0.5:5433"}},
+	} {
+		keys, q := one(c.dests...)
+		f := filterOf(keys)
+		for _, a := range c.through {
+			if !quickPasses(q, f, netip.MustParseAddrPort(a)) {
+				t.Fatalf("%v: %s stopped by %#x", c.dests, a, q)
+			}
+		}
+		for _, a := range c.stopped {
+			if quickPasses(q, f, netip.MustParseAddrPort(a)) {
+				t.Fatalf("%v: %s let through by %#x", c.dests, a, q)
+			}
+		}
+	}
+	for i := 1; ; i++ {
+		h := netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})
+		if fp := destFP(h.As16(), 5432); fp&0xff != 0xff && fp>>8 != 0xff {
+			continue
+		}
+		keys, q := one(h.String() + "/32:5432")
+		if v := quickPortsOf(keys); !slices.Equal(v, []uint64{5432}) || !quickPasses(q, filterOf(keys), netip.AddrPortFrom(h, 5432)) {
+			t.Fatalf("%s, fingerprint %#x: lanes %v, word %#x", h, destFP(h.As16(), 5432), v, q)
+		}
+		break
 	}
 	// A filter with nothing lets nothing through; one port lets that port.
 	f := filterOf(map[limiterFsDestKey]uint32{destKey(destination.Destination{Prefix: netip.MustParsePrefix("10.0.0.0/8"), Port: 5432}): 1})
@@ -1400,16 +1488,21 @@ func TestDestChangeAfterInterruptedChange(t *testing.T) {
 	}
 }
 
+// quickOfFilter is quickOf of f alone, its port lanes holding f's ports.
+func quickOfFilter(f limiterFsDestFilter) [2]uint64 {
+	return quickOf(f, setBits(f.Ports[:]), [2]uint64{})
+}
+
 // quickPortMay and quickNetMay say what dest_port_may and dest_net_may
 // (bpf/lib/dest.h) answer for port p, or the IPv4 /16 or IPv6 first byte v
 // (fam 0 or 1), over quick word q and exact filter f, lane by lane and byte
 // by byte where the programs test all at once: the exact bits where a byte
 // of q's part is 0xff, else whether a lane of the part holds the value.
-func quickPortMay(q uint64, f limiterFsDestFilter, p int) bool {
+func quickPortMay(q uint64, f limiterFsDestFilter, p int, fp uint16) bool {
 	if quickFF(q, 8) {
 		return f.Ports[p>>6]&(1<<(p&63)) != 0
 	}
-	return quickLane(q, 4, 16, p)
+	return quickLane(q, 4, 16, p) || quickLane(q, 4, 16, int(fp))
 }
 
 func quickNetMay(q uint64, f limiterFsDestFilter, fam, v int) bool {
@@ -1470,7 +1563,10 @@ func TestQuickOf(t *testing.T) {
 		}
 		return f
 	}
-	portMay, netMay := quickPortMay, quickNetMay
+	// quickOf places values whatever they stand for: here the port
+	// lanes' values are ports (a host's fingerprint is one more value).
+	portMay := func(q uint64, f limiterFsDestFilter, p int) bool { return quickPortMay(q, f, p, uint16(p)) }
+	netMay := quickNetMay
 	// The ports check tries: the low ones, the filters' own, those with
 	// a byte of 0xff, and a sample of the rest.
 	var probePorts []int
@@ -1550,9 +1646,9 @@ func TestQuickOf(t *testing.T) {
 	for round := range 300 {
 		a, b := random(), random()
 		u := unionFilter(a, b)
-		qa := quickOf(a, [2]uint64{})
-		qu := quickOf(u, qa)
-		qb := quickOf(b, qu) // narrowed after the union, as the change's last step
+		qa := quickOf(a, setBits(a.Ports[:]), [2]uint64{})
+		qu := quickOf(u, setBits(u.Ports[:]), qa)
+		qb := quickOf(b, setBits(b.Ports[:]), qu) // narrowed after the union, as the change's last step
 		for _, c := range []struct {
 			q    [2]uint64
 			f    limiterFsDestFilter
@@ -1583,7 +1679,7 @@ func TestQuickOf(t *testing.T) {
 	if slices.Contains(dense[:], 0) || slices.Contains(exact[:], 0) {
 		t.Fatalf("all ones %v, in lanes %v (ports, IPv4, IPv6): the test misses a path", dense, exact)
 	}
-	if q := quickOf(limiterFsDestFilter{}, [2]uint64{}); q != [2]uint64{0, 0x0101_f000_f000_f000} {
+	if q := quickOf(limiterFsDestFilter{}, nil, [2]uint64{}); q != [2]uint64{0, 0x0101_f000_f000_f000} {
 		t.Fatalf("empty filter: %x", q)
 	}
 }
@@ -1784,13 +1880,13 @@ func TestDestFilterInKernel(t *testing.T) {
 		case 0:
 			return [2]uint64{randomWord(), randomWord()}
 		case 1:
-			return quickOf(randomFilter(), [2]uint64{})
+			return quickOfFilter(randomFilter())
 		case 2:
-			a, b := quickOf(randomFilter(), [2]uint64{}), [2]uint64{^uint64(0), ^uint64(0)}
+			a, b := quickOfFilter(randomFilter()), [2]uint64{^uint64(0), ^uint64(0)}
 			m := rng.Uint64() & 0xff00ff00ff00ff00
 			return [2]uint64{a[0]&^m | b[0]&m, a[1]&^m | b[1]&m}
 		default: // a byte of one or the other, each
-			a, b := quickOf(randomFilter(), [2]uint64{}), quickOf(randomFilter(), [2]uint64{})
+			a, b := quickOfFilter(randomFilter()), quickOfFilter(randomFilter())
 			var m uint64
 			for i := range 8 {
 				m |= uint64(rng.IntN(2)*0xff) << (8 * i)
@@ -1848,7 +1944,7 @@ func TestDestFilterInKernel(t *testing.T) {
 		return vs
 	}
 	const portsOnly, netsOnly = 1, 2 // DEST_PORTS, DEST_ANY
-	runs := 0
+	runs, byFP := 0, 0
 	// Per part (ports, IPv4, IPv6): lookups the exact bits decided, the
 	// lanes decided, and let through.
 	var exactPath, lanePath, through [3]int
@@ -1870,17 +1966,34 @@ func TestDestFilterInKernel(t *testing.T) {
 				f.Ports[p>>6] |= 1 << (p & 63)
 			}
 		}
+		// The round's hosts: a host's fingerprint at a port (destFP) in a
+		// lane now and then, so that the kernel's dest_fp is checked
+		// against the loader's.
+		hosts := [][16]byte{netip.MustParseAddr("::ffff:192.0.2.1").As16(), netip.MustParseAddr("2001:db8::1").As16(),
+			netip.AddrFrom4([4]byte{10, byte(rng.IntN(256)), byte(rng.IntN(256)), byte(rng.IntN(256))}).As16(),
+			netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(rng.IntN(256))}).As16()}
+		fpHost, fpPort := hosts[rng.IntN(len(hosts))], rng.IntN(65536)
+		if rng.IntN(2) == 0 {
+			lane := 16 * rng.IntN(4)
+			q[0] = q[0]&^(0xffff<<lane) | uint64(destFP(fpHost, uint16(fpPort)))<<lane
+		}
 		set(portsOnly, q, f)
-		for _, p := range values(q[0], f.Ports[:], 16) {
-			a := netip.MustParseAddr("::ffff:192.0.2.1").As16()
-			if rng.IntN(2) == 0 {
-				a = netip.MustParseAddr("2001:db8::1").As16()
+		ports := values(q[0], f.Ports[:], 16)
+		for i, p := range append(ports, fpPort, fpPort, fpPort) {
+			a := hosts[rng.IntN(len(hosts))]
+			if i >= len(ports) {
+				a = fpHost
 			}
+			fp := destFP(a, uint16(p))
 			runs++
-			got, want := find(portsOnly, a, uint16(p)), quickPortMay(q[0], f, p)
+			got, want := find(portsOnly, a, uint16(p)), quickPortMay(q[0], f, p, fp)
 			tally(0, quickFF(q[0], 8), got)
+			if !quickFF(q[0], 8) && got && !quickLane(q[0], 4, 16, p) {
+				byFP++
+			}
 			if got != want {
-				t.Fatalf("round %d: port %d, quick word %#x: the kernel lets it through %v, the model %v", round, p, q[0], got, want)
+				t.Fatalf("round %d: %v port %d (fingerprint %#04x), quick word %#x: the kernel lets it through %v, the model %v",
+					round, netip.AddrFrom16(a), p, fp, q[0], got, want)
 			}
 		}
 		set(netsOnly, q, f)
@@ -1904,7 +2017,10 @@ func TestDestFilterInKernel(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d lookups: exact bits %v, lanes %v, let through %v (ports, IPv4, IPv6)", runs, exactPath, lanePath, through)
+	t.Logf("%d lookups: exact bits %v, lanes %v, let through %v (ports, IPv4, IPv6), %d by a host's fingerprint", runs, exactPath, lanePath, through, byFP)
+	if byFP < 100 {
+		t.Fatalf("only %d lookups let through by a host's fingerprint: the test misses the path", byFP)
+	}
 	for i := range 3 {
 		if n := exactPath[i] + lanePath[i]; exactPath[i] < 100 || lanePath[i] < 100 || through[i] < 100 || n-through[i] < 100 {
 			t.Fatalf("part %d: the test misses a path: exact bits %v, lanes %v, let through %v", i, exactPath, lanePath, through)

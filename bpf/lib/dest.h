@@ -49,7 +49,8 @@
  *
  * Cost: nothing while no pool is configured (the kinds' bits of
  * fs_settings.dest_kinds are 0 and nothing is looked at); otherwise a filter
- * (fs_settings.dest_quick: the ports of the pools naming one, up to four,
+ * (fs_settings.dest_quick: of the pools naming a port, the fingerprint of
+ * each host and the port of each prefix, up to four,
  * and the IPv4 /16s and IPv6 first bytes of the others, up to three and
  * two, on the line already read; the exact fs_dfilter past that) and, where it
  * lets a connect through, a probe of the table per prefix length it holds
@@ -248,8 +249,10 @@ static __always_inline __u32 dest_trie(const __u8 *addr, __u16 port)
 }
 
 /*
- * The quick filter (fs_settings.dest_quick, loader.quickOf): the ports of
- * the pools naming one in four 16-bit lanes; the /16s of the IPv4
+ * The quick filter (fs_settings.dest_quick, loader.quickOf): for the pools
+ * naming a port, in four 16-bit lanes, the fingerprint of each host (a
+ * whole address and its port, dest_fp) and the port of each prefix; the
+ * /16s of the IPv4
  * addresses of the others in three 16-bit lanes (the low six bytes of the
  * second word), the first bytes of their IPv6 addresses in two 8-bit lanes
  * (its high two); each value in a lane of its own (the lanes left over
@@ -279,12 +282,33 @@ static __always_inline bool dest_ff64(__u64 q)
 	return ((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL) != 0;
 }
 
-/* dest_port_may: a pool naming port hport (host order) may match. */
-static __always_inline bool dest_port_may(const struct fs_settings *cfg, __u16 hport)
+/*
+ * dest_fp is the 16-bit fingerprint of address q (its two words) and port
+ * hport (host order) that the quick word holds for a host of a pool naming
+ * a port (loader.destFP computes the same): a connect to another host at
+ * the port, another database on 5432, is stopped by the filter rather
+ * than by a probe of the table, but for one in some 16k that shares a
+ * host's fingerprint.
+ */
+static __always_inline __u16 dest_fp(const __u64 *q, __u16 hport)
 {
-	__u64 q = *(volatile __u64 *)&cfg->dest_quick[0];
-	if (!dest_ff64(q))
-		return dest_lane16(q, hport);
+	__u64 x = q[0] ^ q[1];
+	return ((__u32)x ^ (__u32)(x >> 32) ^ (__u32)hport * 0x10001u) * 0x9E3779B1u >> 16;
+}
+
+/*
+ * dest_port_may: a pool naming port hport (host order) may match address
+ * q: a lane holds the port (a prefix's) or the fingerprint (a host's).
+ */
+static __always_inline bool dest_port_may(const struct fs_settings *cfg, __u16 hport, const __u64 *q)
+{
+	__u64 w = *(volatile __u64 *)&cfg->dest_quick[0];
+	if (!dest_ff64(w)) {
+		/* Both tests in one branch: one more would double the paths
+		 * the verifier walks past it. */
+		__u64 m = 0x0001000100010001ULL, x = w ^ m * hport, y = w ^ m * dest_fp(q, hport);
+		return (((x - m) & ~x) | ((y - m) & ~y)) & 0x8000800080008000ULL;
+	}
 	__u32 zero = 0;
 	struct fs_dest_filter *f = bpf_map_lookup_elem(&fs_dfilter, &zero);
 	return f && (f->ports[(hport >> 6) & 1023] & (1ULL << (hport & 63)));
@@ -331,7 +355,7 @@ static __always_inline __u32 dest_lookup(const struct fs_settings *cfg, __u32 ki
 	__u32 v;
 	__u16 hport = bpf_ntohs(port);
 	bool v4 = is_v4mapped(addr);
-	if ((kinds & (DEST_NET_PORTS | DEST_PORTS)) && dest_port_may(cfg, hport)) {
+	if ((kinds & (DEST_NET_PORTS | DEST_PORTS)) && dest_port_may(cfg, hport, (const __u64 *)addr)) {
 		if ((kinds & DEST_NET_PORTS) && (v = dest_tab(cfg, 0, !v4, addr, port)))
 			return v;
 		if ((kinds & DEST_PORTS) && (v = dest_trie(addr, port)))
