@@ -115,10 +115,11 @@ func BenchmarkConnectAcceptClose(b *testing.B) {
 // pool's host ("match"), matching none and stopped by the filter ("miss";
 // "miss-other16" beside a pool of every port in another /16 of its first
 // octet, "miss-exact" beside a /8 of every port, which the quick word's
-// lanes cannot hold), and matching none past the filter, a probe of the table at a
-// length it holds ("miss-lookup": beside such a pool in its /16;
-// "miss-port-lookup": beside a pool of another host at the port connected
-// to, another database at the same port), each
+// lanes cannot hold; "miss-port-lookup" beside a pool of another host at
+// the port connected to, another database at the same port, stopped by
+// the host's fingerprint), and matching none past the filter, a probe of
+// the table at a length it holds ("miss-lookup": beside such a pool in its
+// /16), each
 // against the same programs with no pool in
 // force ("none": no kinds in dest_kinds, the path of a node without pools); and, as
 // "dests-1-prefix", the same with the one pool a /24 around the host. The
