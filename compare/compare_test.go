@@ -112,14 +112,17 @@ func TestCompareShort(t *testing.T) {
 			}
 			// The front's shape (a pool larger than the seats, the
 			// scheduler dividing them) meets every target and is ahead
-			// of APF on Jain and the mice's p99 at no worse utilization.
+			// of APF on Jain and the mice's p99 at no worse utilization
+			// but for the places kept for a project's next request
+			// (scheduler.Config.Keep, 50 ms): a project leaving keeps
+			// one idle that long, 0.4% of the seats in churn.
 			ff, apf := row("fairshare-front", wl), row("apf", wl)
 			t.Logf("%s fairshare-front: jain %.3f mice %.2fx util %.3f floor %v", wl, ff.Jain, ff.MouseRatio, ff.Utilization, ff.FloorWait)
 			if ff.Jain < 0.95 || ff.Utilization < 0.95 || ff.MouseRatio > 1.2 || ff.FloorWait > o.Service {
 				t.Errorf("%s: fairshare-front Jain %.3f, utilization %.3f, mice %.2fx solo, floor wait %v: a target missed",
 					wl, ff.Jain, ff.Utilization, ff.MouseRatio, ff.FloorWait)
 			}
-			if ff.Jain < apf.Jain-0.002 || ff.MouseRatio > apf.MouseRatio || ff.Utilization < apf.Utilization-0.002 {
+			if ff.Jain < apf.Jain-0.002 || ff.MouseRatio > apf.MouseRatio || ff.Utilization < apf.Utilization-0.006 {
 				t.Errorf("%s: fairshare-front (Jain %.3f, mice %.2fx, util %.3f) behind apf (%.3f, %.2fx, %.3f)",
 					wl, ff.Jain, ff.MouseRatio, ff.Utilization, apf.Jain, apf.MouseRatio, apf.Utilization)
 			}

@@ -363,7 +363,10 @@ func (d *Daemon) buildScheduler() error {
 	d.sched, err = scheduler.New(scheduler.Config{
 		P1Rate: sc.P1Rate, P1Burst: sc.P1Burst,
 		P2Rate: sc.P2Rate, P2Burst: sc.P2Burst,
-		MaxInFlight:   d.cfg.Front.MaxInFlight,
+		MaxInFlight: d.cfg.Front.MaxInFlight,
+		// The places are divided as the requests pool is: among the
+		// projects seen within its window.
+		Window:        d.cfg.Pools["requests"].Window,
 		Poll:          sc.Poll,
 		DefaultPolicy: scheduler.Policy{Tier: tier, Shares: sc.DefaultShares},
 	}, d.opts.Clock)

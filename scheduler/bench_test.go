@@ -29,6 +29,7 @@ func (s *Scheduler) requeueLocked(t *Ticket, now int64) {
 	qc.tail = t
 	q.queue++
 	if q.queue == 1 {
+		s.engageLocked(t.pid) // as Submit
 		s.placeLocked(t.pid, now)
 	}
 }
@@ -233,6 +234,63 @@ func benchDispatch(b *testing.B, n int, notify bool) {
 	b.ReportMetric(float64(s.dispatched[P1]-d0[P1])/float64(b.N), "P1-frac")
 	b.ReportMetric(float64(len(s.heapLocked())+s.inOrder.live), "parked")
 	b.ReportMetric(float64(len(s.heapLocked())), "in-heap")
+}
+
+// BenchmarkDispatchPlaces is BenchmarkDispatch with the places bounded
+// (MaxInFlight 64) and always in their last ones: 64 requests in flight,
+// the oldest done before each dispatch, so that every decision is made
+// with 63 in flight, where a participant holding its share of the places
+// is passed over for one under it (pickReservedLocked). With 10
+// participants each holds its share (6) or near it, the case where queues
+// are passed over; with more, fewer than one place each.
+func BenchmarkDispatchPlaces(b *testing.B) {
+	for _, n := range []int{10, 1000, 100_000} {
+		b.Run(fmt.Sprint("n=", n), func(b *testing.B) {
+			// The mix of mixScheduler, with enough requests queued
+			// that 64 can always be in flight.
+			const max = 64
+			s, err := New(Config{DefaultPolicy: pro(1), MaxInFlight: max, P1Burst: 1, P2Burst: 1, P1Rate: 10, P2Rate: 10}, newFakeClock())
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := range n {
+				for range 1 + 2*max/n {
+					s.Submit(fmt.Sprintf("project-%06d", i))
+				}
+			}
+			dt := int64(0.5 / (s.cfg.P1Rate * float64(n)) * 1e9)
+			running := make([]*Ticket, 0, max)
+			now := int64(0)
+			step := func() {
+				now += dt
+				s.mu.Lock()
+				if len(running) == max {
+					tk := running[0]
+					running = append(running[:0], running[1:]...)
+					s.doneLocked(tk, 1, now)
+					s.requeueLocked(tk, now)
+				}
+				if tk := s.dispatchLocked(now); tk != nil {
+					running = append(running, tk)
+				}
+				s.mu.Unlock()
+			}
+			for range 4 * n {
+				step()
+			}
+			v0, k0, d0 := s.visits, s.skips, s.dispatched
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				step()
+			}
+			b.StopTimer()
+			reportVisits(b, s, v0, k0)
+			if d := s.dispatched[P1] + s.dispatched[P2] + s.dispatched[P3] - d0[P1] - d0[P2] - d0[P3]; d != uint64(b.N) {
+				b.Fatalf("%d dispatches in %d steps", d, b.N)
+			}
+		})
+	}
 }
 
 // BenchmarkDispatchRingOnly is the decision with no class changes at all:

@@ -86,7 +86,7 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 	for _, tm := range slices.Concat(s.heapLocked(), timersInOrder(s)) {
 		timerSet[tm] = true
 	}
-	inFlight := 0
+	inFlight, engaged, held := 0, 0, 0
 	for pid := range s.hot {
 		q, qc := &s.hot[pid], &s.cold[pid]
 		if !q.live() {
@@ -107,7 +107,19 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 		if qc.tail != prev || int(q.queue) != n {
 			t.Fatalf("%s: queue=%d, counted %d", qc.name, q.queue, n)
 		}
-		inFlight += int(qc.inflight)
+		inFlight += int(q.inflight)
+		if qc.engaged {
+			engaged++
+		}
+		if qc.held {
+			held++
+		}
+		if (n > 0 || q.inflight > 0) && (!qc.engaged || qc.idle) && s.cfg.MaxInFlight > 0 {
+			t.Fatalf("%s: with work, engaged %v idle %v", qc.name, qc.engaged, qc.idle)
+		}
+		if q.inflight < 0 {
+			t.Fatalf("%s: %d in flight", qc.name, q.inflight)
+		}
 		if n == 0 {
 			if q.ring != 0 || q.due != none {
 				t.Fatalf("%s: empty queue in ring %d / parked until %d", qc.name, q.ring, q.due)
@@ -131,6 +143,12 @@ func checkInvariants(t testing.TB, s *Scheduler) {
 	}
 	if inFlight != s.inFlight {
 		t.Fatalf("inFlight %d, participants sum %d", s.inFlight, inFlight)
+	}
+	if held != s.holds || held > s.reserve {
+		t.Fatalf("holds %d, participants held %d, at most %d", s.holds, held, s.reserve)
+	}
+	if engaged != s.engaged {
+		t.Fatalf("engaged %d, participants engaged %d", s.engaged, engaged)
 	}
 	for c := P1; c <= P3; c++ {
 		r := s.rings[c]

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/clock"
+	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // eps absorbs float rounding in "holds at least one credit": a timer computed
@@ -47,12 +48,17 @@ type Scheduler struct {
 		head uint32
 		top  timer
 	}
-	tickets    []Ticket  // preallocated tickets handed out by Submit
-	inFlight   int       // dispatched, not yet Done
-	seq        uint64    // dispatches so far, numbers turns for entry placement
-	dispatched [4]uint64 // by class
-	visits     uint64    // queues examined: the cursor's queue plus timer relinks
-	skips      uint64    // ring tombstones passed over by the head
+	tickets    []Ticket    // preallocated tickets handed out by Submit
+	inFlight   int         // dispatched, not yet Done
+	engaged    int         // participants counted in the places' share (cold.engaged)
+	idle       fifo[timer] // when engaged participants went idle, oldest first (expireLocked)
+	holds      int         // places kept for participants between two requests (holdLocked)
+	holdQ      fifo[timer] // when they stop being kept, soonest first (expireHoldsLocked)
+	reserve    int         // the places only a participant under its share takes: the rule's FLOOR of MaxInFlight
+	seq        uint64      // dispatches so far, numbers turns for entry placement
+	dispatched [4]uint64   // by class
+	visits     uint64      // queues examined: the cursor's queue plus timer relinks
+	skips      uint64      // ring tombstones passed over by the head
 	wait       waitHist
 	lastSweep  int64
 }
@@ -71,6 +77,9 @@ type hot struct {
 	slot   uint32  // position of the ring entry, valid while where != inNone
 	queue  int32   // queued tickets
 	shares float32 // 0 marks a free slot
+	// inflight counts its dispatched tickets not yet Done: the places it
+	// holds.
+	inflight int32
 	// lastSeq is the low 32 bits of s.seq at this participant's last turn.
 	// Only the distance to s.seq is read, modulo 2^32: a participant idle
 	// for more than 2^31 turns (and not forgotten meanwhile) may enter a
@@ -86,8 +95,13 @@ type cold struct {
 	dispatched [4]uint64
 	tail       *Ticket
 	name       string
-	inflight   int32
+	idleAt     int64 // when its last request ended, while idle
+	holdUntil  int64 // until when a place is kept for it, while held
 	lastClass  uint8 // a Class
+	// engaged: counted in s.engaged, from its first request queued to
+	// Window after its last ended; idle: nothing queued or in flight;
+	// held: a place is kept for it (counted in s.holds).
+	engaged, idle, held bool
 }
 
 func (q *hot) holdsP1() bool { return Tier(q.tier).holdsP1() }
@@ -116,6 +130,12 @@ func New(cfg Config, clk clock.Clock) (*Scheduler, error) {
 	if cfg.Poll == 0 {
 		cfg.Poll = DefaultPoll
 	}
+	if cfg.Window == 0 {
+		cfg.Window = DefaultWindow
+	}
+	if cfg.Keep == 0 {
+		cfg.Keep = DefaultKeep
+	}
 	for _, f := range []struct {
 		name string
 		v    float64
@@ -133,6 +153,12 @@ func New(cfg Config, clk clock.Clock) (*Scheduler, error) {
 	if cfg.Poll < 0 {
 		return nil, fmt.Errorf("poll %v is negative: %w", cfg.Poll, ErrInvalidConfig)
 	}
+	if cfg.Window < 0 {
+		return nil, fmt.Errorf("window %v is negative: %w", cfg.Window, ErrInvalidConfig)
+	}
+	if cfg.Keep < 0 {
+		return nil, fmt.Errorf("keep %v is negative: %w", cfg.Keep, ErrInvalidConfig)
+	}
 	if cfg.DefaultPolicy.Tier < TierNone || cfg.DefaultPolicy.Tier > TierPro {
 		return nil, fmt.Errorf("default policy tier %d: %w", cfg.DefaultPolicy.Tier, ErrInvalidConfig)
 	}
@@ -146,6 +172,9 @@ func New(cfg Config, clk clock.Clock) (*Scheduler, error) {
 		policies: make(map[string]Policy),
 		wait:     newWaitHist(),
 		timers:   make([]timer, hpad),
+	}
+	if cfg.MaxInFlight > 0 {
+		s.reserve = pools.DefaultFloor(cfg.MaxInFlight)
 	}
 	return s, nil
 }
@@ -247,10 +276,12 @@ func (s *Scheduler) Submit(participant string) *Ticket {
 	qc.tail = t
 	q.queue++
 	if q.queue == 1 {
+		s.engageLocked(pid)
 		s.placeLocked(pid, now)
 	}
-	if idle && s.run.Load() && s.roomLocked() {
-		s.dispatchLocked(now) // t: its queue is the only one with work
+	// t, its queue the only one with work, unless the places left are
+	// kept from it (pickLocked): then the loop is nudged to wait for one.
+	if idle && s.run.Load() && s.roomLocked() && s.dispatchLocked(now) != nil {
 		s.mu.Unlock()
 		return t
 	}
@@ -427,7 +458,11 @@ func (s *Scheduler) dispatchLocked(now int64) *Ticket {
 	}
 	qc.lastClass = uint8(c)
 	qc.dispatched[c]++
-	qc.inflight++
+	if qc.held { // the place kept for it
+		qc.held = false
+		s.holds--
+	}
+	q.inflight++
 	s.inFlight++
 	w := max(now-t.enq, 0)
 	t.waited.Store(w)
@@ -453,12 +488,58 @@ func (s *Scheduler) pickLocked(now int64) (int32, Class) {
 	if c > P3 {
 		return none, 0
 	}
+	if s.inFlight >= s.cfg.MaxInFlight-s.reserve && s.cfg.MaxInFlight > 0 {
+		return s.pickReservedLocked(c, now)
+	}
 	s.visits++
 	// The queue stays a member, entry-less, until placeLocked pushes it
 	// back at the tail or moves it.
 	pid := s.popLocked(s.rings[c].serving())
 	s.hot[pid].where = inNone
 	return pid, c
+}
+
+// pickReservedLocked is pickLocked for the last places (s.reserve of
+// them: the fair-share rule's floor of MaxInFlight). A participant under
+// its share of places (MaxInFlight over the participants with work queued
+// or in flight or ended within Window, at least the reserve) goes first,
+// from the best class that has one; the queues of participants at or over
+// their share are passed over, each behind everyone in its ring, without a
+// turn. With nobody under its share waiting, the queue at the head of the
+// best class is served, unless every place left is kept for a participant
+// between two of its requests (holdLocked). The queues passed over hold
+// their share each, so there are at most MaxInFlight/reserve of them (20)
+// however many participants there are.
+func (s *Scheduler) pickReservedLocked(best Class, now int64) (int32, Class) {
+	s.expireLocked(now)
+	share := int32(pools.Share(s.cfg.MaxInFlight, s.reserve, s.engaged))
+	for c := best; c <= P3; c++ {
+		r := &s.rings[c]
+		// Each member is popped once: one passed over goes to the
+		// back's tail, behind every member not popped yet.
+		for range r.n {
+			s.visits++
+			pid := s.popLocked(r.serving())
+			q := &s.hot[pid]
+			if q.inflight < share {
+				q.where = inNone
+				return pid, c
+			}
+			q.where, q.slot = inBack, s.pushLocked(&r.back, pid)
+		}
+	}
+	// Nobody under its share waits: the others may have the places not
+	// kept for one between two requests (holdLocked), from the best class,
+	// the queue that was at the head of its ring (the pass above turned
+	// the ring round once).
+	s.expireHoldsLocked(now)
+	if s.inFlight+s.holds >= s.cfg.MaxInFlight {
+		return none, 0
+	}
+	s.visits++
+	pid := s.popLocked(s.rings[best].serving())
+	s.hot[pid].where = inNone
+	return pid, best
 }
 
 // chargeLocked completes a class-c turn of pid once its queue has given up
@@ -534,7 +615,107 @@ func (s *Scheduler) withdrawLocked(t *Ticket, now int64) {
 	t.waited.Store(max(now-t.enq, 0))
 	q.queue--
 	if q.queue == 0 {
+		if q.inflight == 0 {
+			s.idleLocked(t.pid, now)
+		}
 		s.placeLocked(t.pid, now)
+	}
+}
+
+// engageLocked counts pid among the participants the places are divided
+// between, from now on while it has work (its first request queued).
+func (s *Scheduler) engageLocked(pid int32) {
+	if s.cfg.MaxInFlight == 0 {
+		return
+	}
+	qc := &s.cold[pid]
+	qc.idle = false
+	if !qc.engaged {
+		qc.engaged = true
+		s.engaged++
+	}
+}
+
+// idleLocked notes that pid has nothing queued or in flight since now: it
+// stays counted for Window (expireLocked, run here too, so that the record
+// of idle times holds about a Window of them whoever calls). Without a
+// bound on the places nothing is counted.
+func (s *Scheduler) idleLocked(pid int32, now int64) {
+	if s.cfg.MaxInFlight == 0 {
+		return
+	}
+	s.expireLocked(now)
+	qc := &s.cold[pid]
+	qc.idle, qc.idleAt = true, now
+	if s.idle.full() {
+		s.idle.grow()
+	}
+	s.idle.add(timer{due: now, pid: pid})
+}
+
+// holdLocked keeps a place for pid, whose request just ended with nothing
+// of it queued, if it holds fewer places than its share: until its next
+// request or for Keep, whichever comes first, participants at or over their
+// share do not take it (pickReservedLocked). A client that sends one
+// request after another thus finds the place it gave back, however long
+// the others' requests are. At most the reserve's worth of places are
+// kept at once; a participant's one place, kept from its latest request.
+func (s *Scheduler) holdLocked(pid int32, now int64) {
+	if s.cfg.MaxInFlight == 0 {
+		return
+	}
+	s.expireLocked(now)
+	s.expireHoldsLocked(now)
+	qc := &s.cold[pid]
+	if int(s.hot[pid].inflight) >= pools.Share(s.cfg.MaxInFlight, s.reserve, s.engaged) {
+		return
+	}
+	if !qc.held {
+		if s.holds >= s.reserve {
+			return
+		}
+		qc.held = true
+		s.holds++
+	}
+	qc.holdUntil = now + int64(s.cfg.Keep)
+	if s.holdQ.full() {
+		s.holdQ.grow()
+	}
+	s.holdQ.add(timer{due: qc.holdUntil, pid: pid})
+}
+
+// expireHoldsLocked lets go of the places kept until now or before. An
+// entry of a place since taken, or kept again later, is stale: its due no
+// longer matches.
+func (s *Scheduler) expireHoldsLocked(now int64) {
+	for s.holdQ.live > 0 {
+		e := s.holdQ.buf[s.holdQ.head&s.holdQ.mask()]
+		if e.due > now {
+			return
+		}
+		s.holdQ.take()
+		if qc := &s.cold[e.pid]; qc.held && qc.holdUntil == e.due {
+			qc.held = false
+			s.holds--
+		}
+	}
+}
+
+// expireLocked stops counting the participants idle for Window by now. An
+// entry of one that has had work since (or was forgotten, its handle
+// perhaps reused) is stale: its idleAt no longer matches.
+func (s *Scheduler) expireLocked(now int64) {
+	w := int64(s.cfg.Window)
+	for s.idle.live > 0 {
+		e := s.idle.buf[s.idle.head&s.idle.mask()]
+		if now-e.due < w {
+			return
+		}
+		s.idle.take()
+		if qc := &s.cold[e.pid]; qc.engaged && qc.idle && qc.idleAt == e.due {
+			qc.engaged, qc.idle = false, false
+			s.engaged--
+		}
 	}
 }
 
@@ -555,10 +736,15 @@ func (s *Scheduler) doneLocked(t *Ticket, cost float64, now int64) {
 	case P2:
 		q.p2 = max(min(q.p2-adj, s.cfg.P2Burst*float64(q.shares)), min(q.p2, floor(s.cfg.P2Rate)))
 	}
-	s.cold[t.pid].inflight--
+	q.inflight--
 	s.inFlight--
 	if q.queue > 0 {
 		s.placeLocked(t.pid, now)
+	} else {
+		if q.inflight == 0 {
+			s.idleLocked(t.pid, now)
+		}
+		s.holdLocked(t.pid, now)
 	}
 }
 
@@ -567,9 +753,11 @@ func (s *Scheduler) doneLocked(t *Ticket, cost float64, now int64) {
 // remembering it buys nothing and memory stays bounded by the active set.
 func (s *Scheduler) sweepLocked(now int64) {
 	s.lastSweep = now
+	s.expireLocked(now)
+	s.expireHoldsLocked(now)
 	for pid := range s.hot {
 		q := &s.hot[pid]
-		if !q.live() || q.queue > 0 || s.cold[pid].inflight > 0 {
+		if !q.live() || q.queue > 0 || q.inflight > 0 || s.cold[pid].engaged || s.cold[pid].held {
 			continue
 		}
 		s.refillLocked(q, now)
@@ -668,6 +856,7 @@ func (s *Scheduler) Snapshot() Snapshot {
 			Participant: qc.name,
 			Policy:      Policy{Tier: Tier(q.tier), Shares: int(q.shares)},
 			Queue:       int(q.queue),
+			InFlight:    int(q.inflight),
 			P1:          q.p1,
 			P2:          q.p2,
 			LastClass:   Class(qc.lastClass),

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // jain is Jain's fairness index (Σx)²/(nΣx²): 1 when all equal, 1/n when one
@@ -26,13 +28,13 @@ func jain(xs []float64) float64 {
 
 // naiveClass is the oracle for the class decision: scan every participant,
 // refill a copy of its buckets to now, and take the best class any queue
-// with work supports.
+// with work supports, among the queues the server has room for (naiveRoom).
 func naiveClass(s *Scheduler, now int64) Class {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	best := Class(0)
-	for _, q := range s.hot {
-		if !q.live() || q.queue == 0 {
+	for pid, q := range s.hot {
+		if !q.live() || q.queue == 0 || !naiveRoom(s, pid, now) {
 			continue
 		}
 		cp := q
@@ -42,6 +44,48 @@ func naiveClass(s *Scheduler, now int64) Class {
 		}
 	}
 	return best
+}
+
+// naiveRoom is the oracle for the places: whether pid's queue may have a
+// place at now. Below the last places (the floor of MaxInFlight,
+// pools.DefaultFloor) every queue may. In them, a participant under its
+// share (pools.Share of MaxInFlight among the participants with work queued
+// or in flight or whose last request ended within Window, counted here)
+// may; one at or over it only if no participant under its share has work
+// queued and the places not yet taken outnumber those kept (cold.held
+// until cold.holdUntil).
+func naiveRoom(s *Scheduler, pid int, now int64) bool {
+	max := s.cfg.MaxInFlight
+	floor := pools.DefaultFloor(max)
+	if max == 0 || s.inFlight < max-floor {
+		return true
+	}
+	if s.inFlight >= max {
+		return false
+	}
+	engaged, held := 0, 0
+	for o := range s.hot {
+		q, qc := &s.hot[o], &s.cold[o]
+		if !q.live() {
+			continue
+		}
+		if q.queue > 0 || q.inflight > 0 || qc.idle && now-qc.idleAt < int64(s.cfg.Window) {
+			engaged++
+		}
+		if qc.held && qc.holdUntil > now {
+			held++
+		}
+	}
+	share := pools.Share(max, floor, engaged)
+	if int(s.hot[pid].inflight) < share {
+		return true
+	}
+	for o := range s.hot {
+		if q := &s.hot[o]; q.live() && q.queue > 0 && int(q.inflight) < share {
+			return false
+		}
+	}
+	return s.inFlight+held < max
 }
 
 type simTicket struct {

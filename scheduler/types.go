@@ -111,15 +111,30 @@ const (
 	DefaultP2Rate  = 40.0 // P2 credits per second per share
 	DefaultP2Burst = 80.0 // P2 bucket size per share
 	DefaultPoll    = time.Millisecond
+	DefaultWindow  = time.Second
+	DefaultKeep    = 50 * time.Millisecond
 )
 
 // Config tunes a Scheduler. Zero fields take the documented defaults.
 type Config struct {
 	P1Rate, P1Burst float64 // credits/s and bucket size per share
 	P2Rate, P2Burst float64
-	// MaxInFlight bounds dispatched-but-not-Done tickets; 0 leaves the
-	// bound to HasRoom (and with neither, every request goes out at once).
+	// MaxInFlight bounds dispatched-but-not-Done tickets (the places); 0
+	// leaves the bound to HasRoom (and with neither, every request goes
+	// out at once). The last of them, the fair-share rule's floor of
+	// MaxInFlight, go first to participants under their share of places
+	// (see "Room" in the package documentation).
 	MaxInFlight int
+	// Window is how long a participant still counts among those the
+	// places are divided between after its last request ended: the
+	// pools' active window. Default DefaultWindow.
+	Window time.Duration
+	// Keep is how long the place a participant under its share gave back
+	// (its request ended, none of its requests waiting) is kept for its
+	// next request, so that a client sending one request after another
+	// finds it again (see "Room" in the package documentation). Default
+	// DefaultKeep.
+	Keep time.Duration
 	// HasRoom is an optional extra room check, asked before each dispatch.
 	// Submit asks it with the Scheduler's lock held (see Submit), so it
 	// must not call back into the Scheduler and should be quick.
@@ -144,6 +159,7 @@ type ParticipantStat struct {
 	Participant string
 	Policy      Policy
 	Queue       int
+	InFlight    int     // places held: dispatched, not yet Done
 	P1, P2      float64 // balances (0 if the tier has no such bucket)
 	LastClass   Class
 	Dispatched  [4]uint64

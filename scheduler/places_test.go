@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package scheduler
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// A participant whose requests are long (a stream, a long poll) took every
+// place while it was alone. Another arrives with short requests, one after
+// another, as a client that waits for each answer sends them: the place
+// the long one gives back goes to the newcomer, and the newcomer keeps it,
+// request after request, between them too (the place is kept for it for
+// Keep), while the long one waits with its queue full and its P1 credit
+// unspent; Keep after the newcomer's last request, the long one takes the
+// place back. Before
+// the places were divided, round robin gave every other freed place back
+// to the long participant, where it stayed: the newcomer ran one request,
+// then waited for the next long one to end. (One place is not divided:
+// there the two take turns.)
+func TestPlacesKeptFromALongParticipant(t *testing.T) {
+	for _, max := range []int{2, 3, 8, 64} {
+		t.Run(fmt.Sprint(max), func(t *testing.T) {
+			h := newHarness(t, Config{MaxInFlight: max})
+			h.s.SetPolicy("long", pro(1))
+			long := h.submit("long", 3*max)
+			for i := range max {
+				if who, _, _ := h.step(); who != "long" {
+					t.Fatalf("place %d: %q, want long (alone)", i, who)
+				}
+			}
+			h.submit("short", 1)
+			if who, _, _ := h.step(); who != "" {
+				t.Fatalf("every place is held, yet %q went out", who)
+			}
+			long[0].Done(1) // one long request ends
+			for i := range 100 {
+				who, _, tk := h.step()
+				if who != "short" {
+					t.Fatalf("short request %d: %q went out, want short (long holds %d of %d places)", i, who, max-1, max)
+				}
+				if who, _, _ := h.step(); who != "" {
+					t.Fatalf("short request %d in flight: %q went out past the last place", i, who)
+				}
+				h.clk.Advance(time.Millisecond)
+				tk.Done(1)
+				// Between two requests of the newcomer.
+				h.clk.Advance(time.Duration(i%10) * time.Millisecond)
+				if who, _, _ := h.step(); who != "" {
+					t.Fatalf("after short request %d: %q went out, want the place kept", i, who)
+				}
+				if i < 99 {
+					h.submit("short", 1)
+				}
+			}
+			h.clk.Advance(DefaultKeep - 9*time.Millisecond - time.Nanosecond) // 9ms passed since the last ended
+			if who, _, _ := h.step(); who != "" {
+				t.Fatalf("within Keep: %q went out, want the place kept", who)
+			}
+			h.clk.Advance(time.Nanosecond)
+			if who, _, _ := h.step(); who != "long" {
+				t.Fatalf("Keep after the short ones: %q, want long", who)
+			}
+		})
+	}
+}
+
+// The places follow the fair-share rule (pools.Admits over MaxInFlight, its
+// floor and the share among the participants with work queued or in
+// flight) at every decision, in random runs: random bounds (1 to 40
+// places), participants of every tier, requests ended at random (some
+// never: a participant that holds its places), arrivals in random order.
+// Each decision is the oracle's (naiveRoom, naiveClass): the class is the
+// best any queue the places admit supports, nothing goes out while such a
+// queue waits unless every place is taken, and what goes out was
+// admitted.
+func TestPlacesFollowTheRule(t *testing.T) {
+	rounds := 2000
+	if testing.Short() {
+		rounds = 300
+	}
+	reserved := 0 // decisions made in the reserved places
+	for round := range rounds {
+		rng := rand.New(rand.NewPCG(uint64(round), 99))
+		max := 1 + rng.IntN(40)
+		h := newHarness(t, Config{MaxInFlight: max, P1Rate: 5, P1Burst: 5, P2Rate: 10, P2Burst: 10})
+		h.every = 7
+		n := 2 + rng.IntN(6)
+		names := make([]string, n)
+		keeps := make([]bool, n) // never ends its requests
+		for i := range names {
+			names[i] = fmt.Sprintf("p%d", i)
+			h.s.SetPolicy(names[i], Policy{Tier: Tier(rng.IntN(3)), Shares: 1 + rng.IntN(3)})
+			keeps[i] = rng.IntN(3) == 0
+		}
+		var running []*Ticket
+		owner := map[*Ticket]int{}
+		for range 200 {
+			switch rng.IntN(4) {
+			case 0: // arrivals
+				i := rng.IntN(n)
+				for _, tk := range h.submit(names[i], 1+rng.IntN(5)) {
+					owner[tk] = i
+				}
+			case 1: // an end, not of a participant that keeps its places
+				if len(running) > 0 {
+					k := rng.IntN(len(running))
+					if tk := running[k]; !keeps[owner[tk]] {
+						tk.Done(rng.Float64() * 3)
+						running = append(running[:k], running[k+1:]...)
+					}
+				}
+			case 2:
+				h.clk.Advance(time.Duration(rng.IntN(300)) * time.Millisecond)
+			}
+			for {
+				now := h.s.now()
+				want := naiveClass(h.s, now)
+				h.s.mu.Lock()
+				full, inRes := h.s.inFlight >= max, h.s.inFlight >= max-h.s.reserve
+				admitted := map[string]bool{}
+				for pid, q := range h.s.hot {
+					if q.live() && naiveRoom(h.s, pid, now) {
+						admitted[h.s.cold[pid].name] = true
+					}
+				}
+				h.s.mu.Unlock()
+				who, c, tk := h.step()
+				if tk == nil {
+					if want != 0 && !full {
+						t.Fatalf("round %d (max %d): nothing went out, %v work the places admit waits", round, max, want)
+					}
+					break
+				}
+				if c != want || !admitted[who] {
+					t.Fatalf("round %d (max %d): %s went out as %v, the oracle says %v, admitted %v", round, max, who, c, want, admitted)
+				}
+				if inRes {
+					reserved++
+				}
+				running = append(running, tk)
+			}
+		}
+	}
+	if reserved < rounds {
+		t.Fatalf("only %d decisions in the reserved places over %d rounds: the test misses its case", reserved, rounds)
+	}
+}
+
+// A participant whose place was kept, and nothing more from it: once Keep
+// and Window have passed it is forgotten by the sweep, as any idle
+// participant whose buckets are full again, and its place is no longer
+// kept.
+func TestKeptPlaceThenForgotten(t *testing.T) {
+	h := newHarness(t, Config{MaxInFlight: 4})
+	tk := h.submit("a", 1)[0]
+	if who, _, _ := h.step(); who != "a" {
+		t.Fatalf("%q went out", who)
+	}
+	tk.Done(1)
+	h.s.mu.Lock()
+	holds := h.s.holds
+	h.s.mu.Unlock()
+	if holds != 1 {
+		t.Fatalf("%d places kept after a's request ended, want 1", holds)
+	}
+	h.clk.Advance(2 * DefaultWindow)
+	h.s.mu.Lock()
+	h.s.sweepLocked(h.s.now())
+	known, holds, engaged := len(h.s.byName), h.s.holds, h.s.engaged
+	h.s.mu.Unlock()
+	if known != 0 || holds != 0 || engaged != 0 {
+		t.Fatalf("after the sweep: %d participants known, %d places kept, %d engaged; want none", known, holds, engaged)
+	}
+	checkInvariants(t, h.s)
+}
