@@ -366,7 +366,7 @@ func (d *Daemon) buildScheduler() error {
 		MaxInFlight: d.cfg.Front.MaxInFlight,
 		// The places are divided as the requests pool is: among the
 		// projects seen within its window.
-		Window:        d.cfg.Pools["requests"].Window,
+		Window:        d.cfg.Pools[config.PoolRequests].Window,
 		Poll:          sc.Poll,
 		DefaultPolicy: scheduler.Policy{Tier: tier, Shares: sc.DefaultShares},
 	}, d.opts.Clock)

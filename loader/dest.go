@@ -818,26 +818,39 @@ func destFP(addr [16]byte, port uint16) uint16 {
 }
 
 // quickPortsOf is what the quick word's port lanes hold for the keys that
-// name a port (dest_port_may): a host's fingerprint (destFP), or its port
-// where the fingerprint has a byte of 0xff (which would send every connect
-// to the exact bits), and a prefix's port; distinct, in order.
+// name a port (dest_port_may), distinct, in order: a prefix's port, and a
+// host's fingerprint (destFP), but for a host at a port a prefix names
+// already, or whose fingerprint has a byte of 0xff (which would send every
+// connect to the exact bits): its port. Where that makes more values than
+// the lanes, the hosts' ports instead: five databases on 5432 take one
+// lane, not five, and the word still stops a connect to another port.
 func quickPortsOf(keys map[limiterFsDestKey]uint32) []uint64 {
-	var vals []uint64
+	ports, prefixPorts := map[uint64]bool{}, map[uint64]bool{}
+	for k := range keys {
+		if port := uint64(binary.BigEndian.Uint16(k.Port[:])); port != 0 {
+			ports[port] = true
+			if k.Prefixlen != 16+128 {
+				prefixPorts[port] = true
+			}
+		}
+	}
+	vals := slices.Collect(maps.Keys(prefixPorts))
 	for k := range keys {
 		port := binary.BigEndian.Uint16(k.Port[:])
-		if port == 0 {
+		if port == 0 || k.Prefixlen != 16+128 || prefixPorts[uint64(port)] {
 			continue
 		}
 		v := uint64(port)
-		if k.Prefixlen == 16+128 {
-			if fp := destFP(k.Addr, port); fp&0xff != 0xff && fp>>8 != 0xff {
-				v = uint64(fp)
-			}
+		if fp := destFP(k.Addr, port); fp&0xff != 0xff && fp>>8 != 0xff {
+			v = uint64(fp)
 		}
 		vals = append(vals, v)
 	}
 	slices.Sort(vals)
-	return slices.Compact(vals)
+	if vals = slices.Compact(vals); len(vals) > int(quickPorts.n) {
+		vals = slices.Sorted(maps.Keys(ports))
+	}
+	return vals
 }
 
 // unionValues is the values of a and b (each in order), distinct, in order.

@@ -748,6 +748,20 @@ func TestDestFilterCoversMatches(t *testing.T) {
 			}
 		}
 	}
+	// Five hosts at one port: more fingerprints than lanes, so the
+	// port's one lane, and a connect to another port is still stopped by
+	// the quick word, not sent to the exact bits.
+	five, q := one("10.0.0.1/32:5432", "10.0.0.2/32:5432", "10.0.0.3/32:5432", "[2001:db8::4]/128:5432", "10.0.0.5/32:5432")
+	if v := quickPortsOf(five); !slices.Equal(v, []uint64{5432}) || quickFF(q[0], 8) || quickPasses(q, filterOf(five), netip.MustParseAddrPort("10.0.0.1:443")) {
+		t.Fatalf("five hosts on 5432: lanes %v, word %#x", v, q)
+	}
+	if v := quickPortsOf(five); !quickPasses(q, filterOf(five), netip.MustParseAddrPort("[2001:db8::4]:5432")) {
+		t.Fatalf("five hosts on 5432: lanes %v, word %#x stops one", v, q)
+	}
+	// A host at a port a prefix names takes no lane of its own.
+	if v, _ := one("10.0.0.5/32:5432", "10.0.1.0/24:5432", "10.0.0.6/32:6379"); len(v) != 3 || len(quickPortsOf(v)) != 2 {
+		t.Fatalf("a host beside a prefix at its port: lanes %v", quickPortsOf(v))
+	}
 	for i := 1; ; i++ {
 		h := netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})
 		if fp := destFP(h.As16(), 5432); fp&0xff != 0xff && fp>>8 != 0xff {

@@ -62,7 +62,10 @@ const forgetAfter = time.Minute
 //	3: the quick words hold ports and first bytes in lanes, not hashed bits
 //	4: the second quick word holds IPv4 /16s in three lanes, IPv6 first
 //	   bytes in two (fs_dfilter's IPv4 bits, per /16, changed size)
-const pinLayout = 4
+//	5: the first quick word's lanes may hold a host's fingerprint (its
+//	   address and port, dest_fp) in place of its port: programs of
+//	   layout 4 reading it would stop every connect to such a host
+const pinLayout = 5
 
 // addedMaps are pinned maps a pin directory of an earlier version lacks and
 // that the programs may find empty beside the others (they hold nothing the

@@ -29,7 +29,7 @@ func (s *Scheduler) requeueLocked(t *Ticket, now int64) {
 	qc.tail = t
 	q.queue++
 	if q.queue == 1 {
-		s.engageLocked(t.pid) // as Submit
+		s.engageLocked(t.pid, now) // as Submit
 		s.placeLocked(t.pid, now)
 	}
 }

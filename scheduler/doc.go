@@ -88,8 +88,11 @@
 // in its ring and without a turn, for the first queue under its share of
 // the best class that has one; with none waiting, the best class's head is
 // served as usual. And a place a participant under its share gives back
-// while none of its requests waits is kept for its next request for Keep:
-// until then, participants at their share do not take it. So a participant
+// while none of its requests waits is kept for its next request for Keep,
+// once its requests come one after another (one came within Keep of the
+// end of the one before): until then, participants at their share do not
+// take it (one under its share may). At most the floor's worth of places
+// are kept at once. So a participant
 // whose requests are long (streams, long polls), having taken every place
 // while alone, does not take back each place a client sending one short
 // request after another frees: the client keeps it, and every place the
@@ -98,7 +101,8 @@
 // is not divided (with MaxInFlight 1 the participants take turns).
 //
 // While Run is active, a request submitted when no other request waits and
-// the server has room is dispatched inside Submit: the loop's next decision
+// the server has room is dispatched inside Submit (unless the places left
+// are not for it: see above; the loop then decides): the loop's next decision
 // would pick it anyway, and making it there saves two goroutine wake-ups
 // (Submit to Run, Run to the waiter), so Wait returns at once. It is
 // accounted exactly like a loop dispatch (a wait of zero). A request that

@@ -11,16 +11,18 @@ import (
 
 // A participant whose requests are long (a stream, a long poll) took every
 // place while it was alone. Another arrives with short requests, one after
-// another, as a client that waits for each answer sends them: the place
-// the long one gives back goes to the newcomer, and the newcomer keeps it,
-// request after request, between them too (the place is kept for it for
-// Keep), while the long one waits with its queue full and its P1 credit
-// unspent; Keep after the newcomer's last request, the long one takes the
-// place back. Before
-// the places were divided, round robin gave every other freed place back
-// to the long participant, where it stayed: the newcomer ran one request,
-// then waited for the next long one to end. (One place is not divided:
-// there the two take turns.)
+// another, as a client that waits for each answer sends them. The first
+// goes out on the first place a long request gives back; the newcomer has
+// not yet shown that it comes back, so the long one takes that place back
+// at once. Its next request, sent within Keep of the end of the first,
+// goes out on the next place a long request gives back, and from then on
+// the place is kept for it between its requests (for Keep after each),
+// while the long one waits with its queue full and its P1 credit unspent;
+// Keep after the newcomer's last request, the long one takes the place
+// back. Before the places were divided, round robin gave every other freed
+// place back to the long participant, where it stayed: the newcomer ran
+// one request, then waited for the next long one to end. (One place is not
+// divided: there the two take turns.)
 func TestPlacesKeptFromALongParticipant(t *testing.T) {
 	for _, max := range []int{2, 3, 8, 64} {
 		t.Run(fmt.Sprint(max), func(t *testing.T) {
@@ -32,11 +34,22 @@ func TestPlacesKeptFromALongParticipant(t *testing.T) {
 					t.Fatalf("place %d: %q, want long (alone)", i, who)
 				}
 			}
-			h.submit("short", 1)
+			short := h.submit("short", 1)[0]
 			if who, _, _ := h.step(); who != "" {
 				t.Fatalf("every place is held, yet %q went out", who)
 			}
 			long[0].Done(1) // one long request ends
+			if who, _, _ := h.step(); who != "short" {
+				t.Fatalf("first short request: %q went out, want short", who)
+			}
+			h.clk.Advance(time.Millisecond)
+			short.Done(1)
+			if who, _, _ := h.step(); who != "long" {
+				t.Fatalf("after the first short request: %q went out, want long (nothing kept for a one-off)", who)
+			}
+			h.clk.Advance(time.Millisecond)
+			h.submit("short", 1)
+			long[1].Done(1)
 			for i := range 100 {
 				who, _, tk := h.step()
 				if who != "short" {
@@ -72,7 +85,8 @@ func TestPlacesKeptFromALongParticipant(t *testing.T) {
 // floor and the share among the participants with work queued or in
 // flight) at every decision, in random runs: random bounds (1 to 40
 // places), participants of every tier, requests ended at random (some
-// never: a participant that holds its places), arrivals in random order.
+// never: a participant that holds its places), arrivals in random order,
+// queued requests given up, policies changed, idle participants swept.
 // Each decision is the oracle's (naiveRoom, naiveClass): the class is the
 // best any queue the places admit supports, nothing goes out while such a
 // queue waits unless every place is taken, and what goes out was
@@ -82,7 +96,7 @@ func TestPlacesFollowTheRule(t *testing.T) {
 	if testing.Short() {
 		rounds = 300
 	}
-	reserved := 0 // decisions made in the reserved places
+	reserved, kept := 0, 0 // decisions made in the reserved places; free places kept from waiting work
 	for round := range rounds {
 		rng := rand.New(rand.NewPCG(uint64(round), 99))
 		max := 1 + rng.IntN(40)
@@ -96,15 +110,28 @@ func TestPlacesFollowTheRule(t *testing.T) {
 			h.s.SetPolicy(names[i], Policy{Tier: Tier(rng.IntN(3)), Shares: 1 + rng.IntN(3)})
 			keeps[i] = rng.IntN(3) == 0
 		}
-		var running []*Ticket
+		var running, submitted []*Ticket
 		owner := map[*Ticket]int{}
 		for range 200 {
-			switch rng.IntN(4) {
+			switch rng.IntN(7) {
 			case 0: // arrivals
 				i := rng.IntN(n)
 				for _, tk := range h.submit(names[i], 1+rng.IntN(5)) {
 					owner[tk] = i
+					submitted = append(submitted, tk)
 				}
+			case 3: // a queued request given up (its Wait's context ended)
+				if len(submitted) > 0 {
+					if tk := submitted[rng.IntN(len(submitted))]; tk.state == ticketQueued {
+						tk.Done(1)
+					}
+				}
+			case 4: // a policy changed
+				h.s.SetPolicy(names[rng.IntN(n)], Policy{Tier: Tier(rng.IntN(3)), Shares: 1 + rng.IntN(3)})
+			case 5: // the loop's sweep (idle participants forgotten)
+				h.s.mu.Lock()
+				h.s.sweepLocked(h.s.now())
+				h.s.mu.Unlock()
 			case 1: // an end, not of a participant that keeps its places
 				if len(running) > 0 {
 					k := rng.IntN(len(running))
@@ -133,6 +160,11 @@ func TestPlacesFollowTheRule(t *testing.T) {
 					if want != 0 && !full {
 						t.Fatalf("round %d (max %d): nothing went out, %v work the places admit waits", round, max, want)
 					}
+					h.s.mu.Lock()
+					if !full && h.s.workLocked() {
+						kept++ // work waits beside a free place kept for another
+					}
+					h.s.mu.Unlock()
 					break
 				}
 				if c != want || !admitted[who] {
@@ -145,8 +177,9 @@ func TestPlacesFollowTheRule(t *testing.T) {
 			}
 		}
 	}
-	if reserved < rounds {
-		t.Fatalf("only %d decisions in the reserved places over %d rounds: the test misses its case", reserved, rounds)
+	t.Logf("%d decisions in the last places, %d times a free place kept from waiting work", reserved, kept)
+	if reserved < rounds || kept < rounds/10 {
+		t.Fatalf("only %d decisions in the reserved places and %d places kept over %d rounds: the test misses its cases", reserved, kept, rounds)
 	}
 }
 
@@ -156,16 +189,19 @@ func TestPlacesFollowTheRule(t *testing.T) {
 // kept.
 func TestKeptPlaceThenForgotten(t *testing.T) {
 	h := newHarness(t, Config{MaxInFlight: 4})
-	tk := h.submit("a", 1)[0]
-	if who, _, _ := h.step(); who != "a" {
-		t.Fatalf("%q went out", who)
-	}
-	tk.Done(1)
-	h.s.mu.Lock()
-	holds := h.s.holds
-	h.s.mu.Unlock()
-	if holds != 1 {
-		t.Fatalf("%d places kept after a's request ended, want 1", holds)
+	for i := range 2 { // the second within Keep of the first's end
+		tk := h.submit("a", 1)[0]
+		if who, _, _ := h.step(); who != "a" {
+			t.Fatalf("%q went out", who)
+		}
+		h.clk.Advance(time.Millisecond)
+		tk.Done(1)
+		h.s.mu.Lock()
+		holds := h.s.holds
+		h.s.mu.Unlock()
+		if holds != i {
+			t.Fatalf("%d places kept after a's request %d ended, want %d", holds, i, i)
+		}
 	}
 	h.clk.Advance(2 * DefaultWindow)
 	h.s.mu.Lock()

@@ -97,11 +97,13 @@ type cold struct {
 	name       string
 	idleAt     int64 // when its last request ended, while idle
 	holdUntil  int64 // until when a place is kept for it, while held
+	lastEnd    int64 // when a request of it last ended with none queued, once ended
 	lastClass  uint8 // a Class
 	// engaged: counted in s.engaged, from its first request queued to
 	// Window after its last ended; idle: nothing queued or in flight;
-	// held: a place is kept for it (counted in s.holds).
-	engaged, idle, held bool
+	// held: a place is kept for it (counted in s.holds); steady: its
+	// queue's last start came within Keep of lastEnd.
+	engaged, idle, held, ended, steady bool
 }
 
 func (q *hot) holdsP1() bool { return Tier(q.tier).holdsP1() }
@@ -257,8 +259,9 @@ func (s *Scheduler) applyPolicyLocked(pid int32, p Policy, now int64) {
 // refuses: the ticket will be dispatched eventually unless withdrawn.
 //
 // While a Run loop is active, a request that finds nothing else waiting and
-// the server with room is dispatched before Submit returns: it is the
-// decision the loop would make next, made without waking the loop, so Wait
+// the server with room is dispatched before Submit returns (unless the
+// places left are not for it: pickReservedLocked; the loop then decides): it
+// is the decision the loop would make next, made without waking the loop, so Wait
 // returns at once. With anything waiting it queues, so it never overtakes.
 func (s *Scheduler) Submit(participant string) *Ticket {
 	now := s.now()
@@ -276,7 +279,7 @@ func (s *Scheduler) Submit(participant string) *Ticket {
 	qc.tail = t
 	q.queue++
 	if q.queue == 1 {
-		s.engageLocked(pid)
+		s.engageLocked(pid, now)
 		s.placeLocked(pid, now)
 	}
 	// t, its queue the only one with work, unless the places left are
@@ -508,8 +511,9 @@ func (s *Scheduler) pickLocked(now int64) (int32, Class) {
 // turn. With nobody under its share waiting, the queue at the head of the
 // best class is served, unless every place left is kept for a participant
 // between two of its requests (holdLocked). The queues passed over hold
-// their share each, so there are at most MaxInFlight/reserve of them (20)
-// however many participants there are.
+// their share each, so there are at most MaxInFlight/reserve of them
+// however many participants there are: 20 from 40 places up, fewer than
+// 40 below.
 func (s *Scheduler) pickReservedLocked(best Class, now int64) (int32, Class) {
 	s.expireLocked(now)
 	share := int32(pools.Share(s.cfg.MaxInFlight, s.reserve, s.engaged))
@@ -623,12 +627,15 @@ func (s *Scheduler) withdrawLocked(t *Ticket, now int64) {
 }
 
 // engageLocked counts pid among the participants the places are divided
-// between, from now on while it has work (its first request queued).
-func (s *Scheduler) engageLocked(pid int32) {
+// between, from now on while it has work (its first request queued), and
+// notes whether it came back within Keep of its last request's end (a
+// client that sends one request after another: holdLocked).
+func (s *Scheduler) engageLocked(pid int32, now int64) {
 	if s.cfg.MaxInFlight == 0 {
 		return
 	}
 	qc := &s.cold[pid]
+	qc.steady = qc.ended && now-qc.lastEnd <= int64(s.cfg.Keep)
 	qc.idle = false
 	if !qc.engaged {
 		qc.engaged = true
@@ -654,12 +661,15 @@ func (s *Scheduler) idleLocked(pid int32, now int64) {
 }
 
 // holdLocked keeps a place for pid, whose request just ended with nothing
-// of it queued, if it holds fewer places than its share: until its next
-// request or for Keep, whichever comes first, participants at or over their
-// share do not take it (pickReservedLocked). A client that sends one
-// request after another thus finds the place it gave back, however long
-// the others' requests are. At most the reserve's worth of places are
-// kept at once; a participant's one place, kept from its latest request.
+// of it queued, if it holds fewer places than its share and its requests
+// come one after another (this one came within Keep of the end of the one
+// before: a participant that sent one request and stopped keeps nothing
+// idle): until its next request or for Keep, whichever comes first,
+// participants at or over their share do not take it (pickReservedLocked;
+// another under its share may). A client that sends one request after
+// another thus finds the place it gave back, however long the others'
+// requests are. At most the reserve's worth of places are kept at once; a
+// participant's one place, kept from its latest request.
 func (s *Scheduler) holdLocked(pid int32, now int64) {
 	if s.cfg.MaxInFlight == 0 {
 		return
@@ -667,7 +677,8 @@ func (s *Scheduler) holdLocked(pid int32, now int64) {
 	s.expireLocked(now)
 	s.expireHoldsLocked(now)
 	qc := &s.cold[pid]
-	if int(s.hot[pid].inflight) >= pools.Share(s.cfg.MaxInFlight, s.reserve, s.engaged) {
+	qc.ended, qc.lastEnd = true, now
+	if !qc.steady || int(s.hot[pid].inflight) >= pools.Share(s.cfg.MaxInFlight, s.reserve, s.engaged) {
 		return
 	}
 	if !qc.held {
