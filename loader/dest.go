@@ -377,7 +377,7 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 	maps.Copy(all, want)
 	filter, lanes := filterOf(want), quickPortsOf(want)
 	union := unionFilter(filterOf(all), filter)
-	if err := l.setDestFilter(union, unionValues(quickPortsOf(all), lanes)); err != nil {
+	if err := l.setDestFilter(union, unionValues(quickPortsOf(all), lanes), true); err != nil {
 		return err
 	}
 	if err := l.setDestKinds(kindsOf(all, nil) | kindsOf(oldNets, everyKey(oldNets))); err != nil {
@@ -420,7 +420,7 @@ func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 	if err := l.setDestKinds(kindsOf(want, placed)); err != nil {
 		return err
 	}
-	return l.setDestFilter(filter, lanes)
+	return l.setDestFilter(filter, lanes, false)
 }
 
 // trieDropAbsent lets go of the keys of have that want lacks, in the order
@@ -853,9 +853,24 @@ func quickPortsOf(keys map[limiterFsDestKey]uint32) []uint64 {
 	return vals
 }
 
-// unionValues is the values of a and b (each in order), distinct, in order.
-func unionValues(a, b []uint64) []uint64 {
-	u := slices.Concat(a, b)
+// heldLanes is the values the port lanes of quick word w hold (none for a
+// word of no value, 0, or all ones), distinct, in order.
+func heldLanes(w uint64) []uint64 {
+	if w == 0 || w == ^uint64(0) {
+		return nil
+	}
+	var vals []uint64
+	for i := range quickPorts.n {
+		vals = append(vals, w>>(i*quickPorts.width)&(1<<quickPorts.width-1))
+	}
+	slices.Sort(vals)
+	return slices.Compact(vals)
+}
+
+// unionValues is the values of the lists given (each in order), distinct,
+// in order.
+func unionValues(lists ...[]uint64) []uint64 {
+	u := slices.Concat(lists...)
 	slices.Sort(u)
 	return slices.Compact(u)
 }
@@ -863,8 +878,11 @@ func unionValues(a, b []uint64) []uint64 {
 // setDestFilter writes the filter, the exact bits then their quick form
 // (quickOf, its port lanes holding the values ports gives: quickPortsOf)
 // in fs_settings. A reader may see a word of the old value beside one of
-// the new: callers write a union of both first.
-func (l *Limiter) setDestFilter(f limiterFsDestFilter, ports []uint64) error {
+// the new: callers write a union of both first, widening, where the lanes
+// also keep every value the word holds now (heldLanes): quickPortsOf of a
+// larger set may hold a host's port where a smaller one held its
+// fingerprint, so the values of the keys alone may miss the old word's.
+func (l *Limiter) setDestFilter(f limiterFsDestFilter, ports []uint64, widen bool) error {
 	l.destWriting("filter")
 	if err := l.objs.FsDfilter.Put(uint32(0), &f); err != nil {
 		return fmt.Errorf("writing the destination filter: %w", err)
@@ -873,7 +891,11 @@ func (l *Limiter) setDestFilter(f limiterFsDestFilter, ports []uint64) error {
 		return err
 	}
 	return l.editDestSettings("filter", func(cfg *limiterFsSettings) bool {
-		cfg.DestQuick = quickOf(f, ports, cfg.DestQuick)
+		vals := ports
+		if widen {
+			vals = unionValues(ports, heldLanes(cfg.DestQuick[0]))
+		}
+		cfg.DestQuick = quickOf(f, vals, cfg.DestQuick)
 		return true
 	})
 }
@@ -890,8 +912,9 @@ func (l *Limiter) setDestFilter(f limiterFsDestFilter, ports []uint64) error {
 // ones, or a value with such a byte. A value prev holds keeps its lane, so
 // that a reader who sees some bytes of the old word and some of the new
 // still finds every value both hold (and, for the union rewriteDestsLocked
-// writes first, every value of the old; TestQuickOf tries every such
-// mixture).
+// writes first, every value of the old, whose port lanes setDestFilter
+// adds; TestQuickOf tries every such mixture of ports, and
+// TestQuickPortsAcrossChanges of hosts' fingerprints).
 func quickOf(f limiterFsDestFilter, ports []uint64, prev [2]uint64) [2]uint64 {
 	// A part with no value repeats one few connects go to: not 0, which
 	// would let 0.0.0.0 (the local host to Linux), ::1 and 64:ff9b::

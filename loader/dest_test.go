@@ -2183,3 +2183,80 @@ func TestReconnectAfterEarlyFailureClass(t *testing.T) {
 	waitDest(t, l, "db", 0, map[string]int{"a": 0})
 	waitDest(t, l, "mc", 0, nil)
 }
+
+// A change of destination pools writes the quick word three times: as it
+// was, the union of the old and the new (widening), the new (narrowing). A
+// reader that sees some bytes of one word and some of the next, with the
+// exact bits already written, lets through every connect a pool of the old
+// set matches while widening and of the new set while narrowing, when the
+// lanes hold hosts' fingerprints: quickPortsOf of a larger set may hold a
+// host's port where a smaller one held its fingerprint (a prefix at its
+// port, more values than lanes), so the union keeps the old word's values
+// (heldLanes). Random sets of hosts (IPv4 and IPv6) and prefixes at two
+// ports, every mixture of the bytes of two words.
+func TestQuickPortsAcrossChanges(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	var universe []destination.Destination
+	for _, port := range []uint16{5432, 6379} {
+		for i := 1; i <= 6; i++ {
+			universe = append(universe, destination.Destination{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), 32), Port: port})
+		}
+		universe = append(universe, destination.Destination{Prefix: netip.MustParsePrefix("2001:db8::7/128"), Port: port},
+			destination.Destination{Prefix: netip.MustParsePrefix("10.0.1.0/24"), Port: port})
+	}
+	random := func() map[limiterFsDestKey]uint32 {
+		keys := map[limiterFsDestKey]uint32{}
+		for range rng.IntN(7) {
+			keys[destKey(universe[rng.IntN(len(universe))])] = 1
+		}
+		return keys
+	}
+	// passes: every key of keys is let through by every mixture of the
+	// bytes of words a and b over the exact bits f.
+	passes := func(a, b uint64, f limiterFsDestFilter, keys map[limiterFsDestKey]uint32) error {
+		for m := range 256 {
+			var q uint64
+			for i := range 8 {
+				src := a
+				if m>>i&1 == 1 {
+					src = b
+				}
+				q |= src & (0xff << (8 * i))
+			}
+			for k := range keys {
+				addr := k.Addr
+				if k.Prefixlen != 16+128 {
+					addr[15] |= 9 // an address inside the prefix
+				}
+				port := binary.BigEndian.Uint16(k.Port[:])
+				if !quickPortMay(q, f, int(port), destFP(addr, port)) {
+					return fmt.Errorf("%v:%d stopped by %#x (between %#x and %#x)", netip.AddrFrom16(addr), port, q, a, b)
+				}
+			}
+		}
+		return nil
+	}
+	var fell, printed int
+	for round := range 3000 {
+		a, b := random(), random()
+		all := maps.Clone(a)
+		maps.Copy(all, b)
+		w0 := quickOf(filterOf(a), quickPortsOf(a), [2]uint64{})
+		union := unionFilter(filterOf(all), filterOf(b))
+		wu := quickOf(union, unionValues(quickPortsOf(all), quickPortsOf(b), heldLanes(w0[0])), w0)
+		w1 := quickOf(filterOf(b), quickPortsOf(b), wu)
+		if err := passes(w0[0], wu[0], union, a); err != nil {
+			t.Fatalf("round %d, widening: %v", round, err)
+		}
+		if err := passes(wu[0], w1[0], filterOf(b), b); err != nil {
+			t.Fatalf("round %d, narrowing: %v", round, err)
+		}
+		if v := quickPortsOf(all); len(v) > 0 && len(quickPortsOf(a)) > 0 && !slices.Contains(v, quickPortsOf(a)[0]) {
+			fell++ // the larger set holds values the smaller did not: the case heldLanes is for
+		}
+		printed++
+	}
+	if fell < 100 {
+		t.Fatalf("only %d of %d changes where the union's keys miss the old word's values: the test misses its case", fell, printed)
+	}
+}

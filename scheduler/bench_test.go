@@ -87,20 +87,28 @@ func BenchmarkDecision(b *testing.B) {
 				s.chargeLocked(pid, c, now)
 				s.mu.Unlock()
 			}
-			for range 4 * n { // reach the steady state before timing
-				decide()
-			}
-			v0, k0, d0 := s.visits, s.skips, s.dispatched
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				decide()
-			}
-			b.StopTimer()
-			reportVisits(b, s, v0, k0)
+			d0 := timeSteady(b, s, n, decide)
 			b.ReportMetric(float64(s.dispatched[P1]-d0[P1])/float64(b.N), "P1-frac")
 		})
 	}
+}
+
+// timeSteady runs op 4n times to reach the steady state, then times it b.N
+// times and reports the visits and skips per operation; it returns the
+// dispatches by class before the timed part.
+func timeSteady(b *testing.B, s *Scheduler, n int, op func()) [4]uint64 {
+	for range 4 * n {
+		op()
+	}
+	v0, k0, d0 := s.visits, s.skips, s.dispatched
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		op()
+	}
+	b.StopTimer()
+	reportVisits(b, s, v0, k0)
+	return d0
 }
 
 // reportVisits reports per operation the queue records examined (S1: at
@@ -220,17 +228,7 @@ func benchDispatch(b *testing.B, n int, notify bool) {
 		s.requeueLocked(tk, now)
 		s.mu.Unlock()
 	}
-	for range 4 * n { // reach the steady state before timing
-		step()
-	}
-	v0, k0, d0 := s.visits, s.skips, s.dispatched
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		step()
-	}
-	b.StopTimer()
-	reportVisits(b, s, v0, k0)
+	d0 := timeSteady(b, s, n, step)
 	b.ReportMetric(float64(s.dispatched[P1]-d0[P1])/float64(b.N), "P1-frac")
 	b.ReportMetric(float64(len(s.heapLocked())+s.inOrder.live), "parked")
 	b.ReportMetric(float64(len(s.heapLocked())), "in-heap")
@@ -275,17 +273,7 @@ func BenchmarkDispatchPlaces(b *testing.B) {
 				}
 				s.mu.Unlock()
 			}
-			for range 4 * n {
-				step()
-			}
-			v0, k0, d0 := s.visits, s.skips, s.dispatched
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				step()
-			}
-			b.StopTimer()
-			reportVisits(b, s, v0, k0)
+			d0 := timeSteady(b, s, n, step)
 			if d := s.dispatched[P1] + s.dispatched[P2] + s.dispatched[P3] - d0[P1] - d0[P2] - d0[P3]; d != uint64(b.N) {
 				b.Fatalf("%d dispatches in %d steps", d, b.N)
 			}

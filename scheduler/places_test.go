@@ -213,3 +213,36 @@ func TestKeptPlaceThenForgotten(t *testing.T) {
 	}
 	checkInvariants(t, h.s)
 }
+
+// A client whose requests overlap (the next sent before the one before it
+// ends, as several connections of one project do) counts as sending one
+// after another however long its requests last: when its last one ends
+// the place is kept for it, even though no request of it ever ended with
+// nothing queued within Keep before the next.
+func TestKeptPlaceOverlappingRequests(t *testing.T) {
+	h := newHarness(t, Config{MaxInFlight: 4})
+	h.submit("long", 8)
+	for range 3 {
+		h.step()
+	}
+	first := h.submit("short", 1)[0]
+	if who, _, _ := h.step(); who != "short" {
+		t.Fatalf("%q went out, want short", who)
+	}
+	h.clk.Advance(100 * time.Millisecond)
+	second := h.submit("short", 1)[0] // while the first is under way
+	h.clk.Advance(time.Millisecond)
+	first.Done(1)
+	if who, _, _ := h.step(); who != "short" {
+		t.Fatalf("%q went out, want short's second request", who)
+	}
+	h.clk.Advance(100 * time.Millisecond)
+	second.Done(1)
+	if who, _, _ := h.step(); who != "" {
+		t.Fatalf("%q went out, want the place kept for short", who)
+	}
+	h.clk.Advance(DefaultKeep)
+	if who, _, _ := h.step(); who != "long" {
+		t.Fatalf("Keep later: %q went out, want long", who)
+	}
+}

@@ -628,14 +628,16 @@ func (s *Scheduler) withdrawLocked(t *Ticket, now int64) {
 
 // engageLocked counts pid among the participants the places are divided
 // between, from now on while it has work (its first request queued), and
-// notes whether it came back within Keep of its last request's end (a
-// client that sends one request after another: holdLocked).
+// notes whether its requests come one after another (holdLocked).
 func (s *Scheduler) engageLocked(pid int32, now int64) {
 	if s.cfg.MaxInFlight == 0 {
 		return
 	}
 	qc := &s.cold[pid]
-	qc.steady = qc.ended && now-qc.lastEnd <= int64(s.cfg.Keep)
+	// One after another: sent within Keep of the last end, or while
+	// another of its requests is under way (whose end then finds this
+	// one queued and stamps no lastEnd).
+	qc.steady = s.hot[pid].inflight > 0 || qc.ended && now-qc.lastEnd <= int64(s.cfg.Keep)
 	qc.idle = false
 	if !qc.engaged {
 		qc.engaged = true

@@ -132,8 +132,10 @@ type Config struct {
 	// Keep is how long the place a participant under its share gave back
 	// (its request ended, none of its requests waiting) is kept for its
 	// next request, so that a client sending one request after another
-	// finds it again (see "Room" in the package documentation). Default
-	// DefaultKeep.
+	// finds it again; and how soon after one of its requests ended its
+	// next must come for its requests to count as one after another, the
+	// only ones a place is kept for (see "Room" in the package
+	// documentation). Default DefaultKeep.
 	Keep time.Duration
 	// HasRoom is an optional extra room check, asked before each dispatch.
 	// Submit asks it with the Scheduler's lock held (see Submit), so it
