@@ -14,12 +14,9 @@ import (
 // A project whose exchanges are long (answers that stay open, as a stream
 // or a long poll does) takes every place of max_in_flight while alone.
 // Another project's short requests, one after another, then run on the
-// places long exchanges give back: the first one's place goes back to the
-// long project (nothing is kept for a project that has not yet sent a
-// request after another), the second waits for the next long exchange to
-// end, and from then on each runs on the place the one before it freed:
-// it is kept for the short project's next request (50 ms), so the long
-// project, past its share of places, does not take it back.
+// first place a long exchange gives back, each on the place the one before
+// it freed: it is kept for the short project's next request (50 ms), so
+// the long project, past its share of places, does not take it back.
 // Before, the scheduler's round robin gave every other freed place back to
 // the long project, where it stayed: the short project ran one request,
 // then waited for the next long exchange to end. Here a long exchange ends

@@ -89,8 +89,9 @@
 // the best class that has one; with none waiting, the best class's head is
 // served as usual. And a place a participant under its share gives back
 // while none of its requests waits is kept for its next request for Keep,
-// once its requests come one after another (one came within Keep of the
-// end of the one before): until then, participants at their share do not
+// after its first request and while its requests come one after another
+// (each within Keep of the end of the one before, or while another is
+// under way): until then, participants at their share do not
 // take it (one under its share may). At most the floor's worth of places
 // are kept at once. So a participant
 // whose requests are long (streams, long polls), having taken every place

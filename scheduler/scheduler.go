@@ -634,10 +634,11 @@ func (s *Scheduler) engageLocked(pid int32, now int64) {
 		return
 	}
 	qc := &s.cold[pid]
-	// One after another: sent within Keep of the last end, or while
-	// another of its requests is under way (whose end then finds this
-	// one queued and stamps no lastEnd).
-	qc.steady = s.hot[pid].inflight > 0 || qc.ended && now-qc.lastEnd <= int64(s.cfg.Keep)
+	// One after another: its first (since it was last forgotten: the
+	// benefit of the doubt, once), sent within Keep of the last end, or
+	// while another of its requests is under way (whose end then finds
+	// this one queued and stamps no lastEnd).
+	qc.steady = !qc.ended || s.hot[pid].inflight > 0 || now-qc.lastEnd <= int64(s.cfg.Keep)
 	qc.idle = false
 	if !qc.engaged {
 		qc.engaged = true
@@ -664,9 +665,11 @@ func (s *Scheduler) idleLocked(pid int32, now int64) {
 
 // holdLocked keeps a place for pid, whose request just ended with nothing
 // of it queued, if it holds fewer places than its share and its requests
-// come one after another (this one came within Keep of the end of the one
-// before: a participant that sent one request and stopped keeps nothing
-// idle): until its next request or for Keep, whichever comes first,
+// come one after another (this one was its first, or came within Keep of
+// the end of the one before, or while another was under way: a
+// participant whose requests come further apart keeps nothing idle, and
+// one that sent one request and stopped, a place for Keep once): until
+// its next request or for Keep, whichever comes first,
 // participants at or over their share do not take it (pickReservedLocked;
 // another under its share may). A client that sends one request after
 // another thus finds the place it gave back, however long the others'

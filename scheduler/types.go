@@ -134,7 +134,7 @@ type Config struct {
 	// next request, so that a client sending one request after another
 	// finds it again; and how soon after one of its requests ended its
 	// next must come for its requests to count as one after another, the
-	// only ones a place is kept for (see "Room" in the package
+	// only ones (with a participant's first) a place is kept for (see "Room" in the package
 	// documentation). Default DefaultKeep.
 	Keep time.Duration
 	// HasRoom is an optional extra room check, asked before each dispatch.
