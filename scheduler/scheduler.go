@@ -101,8 +101,8 @@ type cold struct {
 	lastClass  uint8 // a Class
 	// engaged: counted in s.engaged, from its first request queued to
 	// Window after its last ended; idle: nothing queued or in flight;
-	// held: a place is kept for it (counted in s.holds); steady: its
-	// queue's last start came within Keep of lastEnd.
+	// held: a place is kept for it (counted in s.holds); ended: lastEnd
+	// is set; steady: its requests come one after another (engageLocked).
 	engaged, idle, held, ended, steady bool
 }
 
@@ -260,9 +260,10 @@ func (s *Scheduler) applyPolicyLocked(pid int32, p Policy, now int64) {
 //
 // While a Run loop is active, a request that finds nothing else waiting and
 // the server with room is dispatched before Submit returns (unless the
-// places left are not for it: pickReservedLocked; the loop then decides): it
-// is the decision the loop would make next, made without waking the loop, so Wait
-// returns at once. With anything waiting it queues, so it never overtakes.
+// places left are not for it: pickReservedLocked; the loop then decides):
+// it is the decision the loop would make next, made without waking the
+// loop, so Wait returns at once. With anything waiting it queues, so it
+// never overtakes.
 func (s *Scheduler) Submit(participant string) *Ticket {
 	now := s.now()
 	s.mu.Lock()
@@ -668,13 +669,13 @@ func (s *Scheduler) idleLocked(pid int32, now int64) {
 // come one after another (this one was its first, or came within Keep of
 // the end of the one before, or while another was under way: a
 // participant whose requests come further apart keeps nothing idle, and
-// one that sent one request and stopped, a place for Keep once): until
-// its next request or for Keep, whichever comes first,
-// participants at or over their share do not take it (pickReservedLocked;
-// another under its share may). A client that sends one request after
-// another thus finds the place it gave back, however long the others'
-// requests are. At most the reserve's worth of places are kept at once; a
-// participant's one place, kept from its latest request.
+// one that sent one request and stopped, a place for Keep once): until its
+// next request or for Keep, whichever comes first, participants at or over
+// their share do not take it (pickReservedLocked; another under its share
+// may). A client that sends one request after another thus finds the place
+// it gave back, however long the others' requests are. At most the
+// reserve's worth of places are kept at once; a participant's one place,
+// kept from its latest request.
 func (s *Scheduler) holdLocked(pid int32, now int64) {
 	if s.cfg.MaxInFlight == 0 {
 		return
