@@ -80,33 +80,32 @@
 // request to finish. A ticket whose Wait context ends before dispatch is
 // withdrawn without moving anyone else.
 //
-// The last places, the fair-share rule's floor of MaxInFlight (5%, at
-// least one), go first to participants holding fewer places than their
-// share: MaxInFlight over the participants with work queued or in flight or
-// whose last request ended within Window (at least the floor). There a
-// queue whose participant holds its share is passed over, behind everyone
-// in its ring and without a turn, for the first queue under its share of
-// the best class that has one; with none waiting, the best class's head is
-// served as usual. And a place a participant under its share gives back
-// while none of its requests waits is kept for its next request for Keep,
-// after its first request and while its requests come one after another
-// (each within Keep of the end of the one before, or while another is
-// under way): until then, participants at their share do not
-// take it (one under its share may). At most the floor's worth of places
-// are kept at once. So a participant
-// whose requests are long (streams, long polls), having taken every place
-// while alone, does not take back each place a client sending one short
-// request after another frees: the client keeps it, and every place the
-// long requests give back goes to those under their share while they
-// wait. Places are never taken back from a running request, and one place
-// is not divided (with MaxInFlight 1 the participants take turns).
+// The last places, the fair-share rule's floor of MaxInFlight (5%, at least
+// one), go first to participants holding fewer places than their share:
+// MaxInFlight over the participants with work queued or in flight or whose
+// last request ended within Window (at least the floor). There a queue whose
+// participant holds its share is passed over, behind everyone in its ring
+// and without a turn, for the first queue under its share of the best class
+// that has one; with none waiting, the best class's head is served as usual.
+// And a place a participant under its share gives back while none of its
+// requests waits is kept for its next request for Keep, after its first
+// request and while its requests come one after another (each within Keep of
+// the end of the one before, or while another is under way): until then,
+// participants at their share do not take it (one under its share may). At
+// most the floor's worth of places are kept at once. So a participant whose
+// requests are long (streams, long polls), having taken every place while
+// alone, does not take back each place a client sending one short request
+// after another frees: the client keeps it, and every place the long
+// requests give back goes to those under their share while they wait. Places
+// are never taken back from a running request, and one place is not divided
+// (with MaxInFlight 1 the participants take turns).
 //
 // While Run is active, a request submitted when no other request waits and
 // the server has room is dispatched inside Submit (unless the places left
-// are not for it: see above; the loop then decides): the loop's next decision
-// would pick it anyway, and making it there saves two goroutine wake-ups
-// (Submit to Run, Run to the waiter), so Wait returns at once. It is
-// accounted exactly like a loop dispatch (a wait of zero). A request that
+// are not for it: see above; the loop then decides): the loop's next
+// decision would pick it anyway, and making it there saves two goroutine
+// wake-ups (Submit to Run, Run to the waiter), so Wait returns at once. It
+// is accounted exactly like a loop dispatch (a wait of zero). A request that
 // finds another one waiting always queues, room or not, so none overtakes.
 // Done wakes the loop only when a request is waiting for the freed slot.
 //
@@ -130,19 +129,19 @@
 //     TierNone work (and with I1 >= C, Lite work) may then never run.
 //
 // Pro participants are never starved: each one's wait for P1 is bounded by
-// its own refill, whatever the load, but for the last places: there one
-// at or over its share of places may wait for a participant under it, or
-// for a place kept for one (Keep), whatever its credit. Nothing inside the scheduler can
-// restore the guarantee without breaking another rule it implements: serving
-// P3 while some queue holds a P1 credit breaks "P1 whenever any queue
-// qualifies", and slowing refill when the server is busy breaks "refill
-// follows the clock and nobody else's spending". The safeguard belongs where
-// shares are sold: the shares placed on one server must keep I1+I2 below
-// its capacity (with the defaults, 50 credits/s per Pro share and 40 per
-// Lite share). A Snapshot lists every participant's policy and queue, which
-// is enough to compute I1 and I2 and alert on them. The test
-// TestEveryRequestRunsOnlyWhileIssuanceIsBelowCapacity shows all three
-// cases.
+// its own refill, whatever the load, but for the last places: there one at
+// or over its share of places may wait for a participant under it, or for a
+// place kept for one (Keep), whatever its credit. Nothing inside the
+// scheduler can restore the guarantee without breaking another rule it
+// implements: serving P3 while some queue holds a P1 credit breaks "P1
+// whenever any queue qualifies", and slowing refill when the server is busy
+// breaks "refill follows the clock and nobody else's spending". The
+// safeguard belongs where shares are sold: the shares placed on one server
+// must keep I1+I2 below its capacity (with the defaults, 50 credits/s per
+// Pro share and 40 per Lite share). A Snapshot lists every participant's
+// policy and queue, which is enough to compute I1 and I2 and alert on them.
+// The test TestEveryRequestRunsOnlyWhileIssuanceIsBelowCapacity shows all
+// three cases.
 //
 // # Cost
 //
