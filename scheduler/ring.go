@@ -89,6 +89,14 @@ func (f *fifo[T]) grow() {
 	f.buf = buf
 }
 
+// push appends v at the tail, growing f if it is full.
+func (f *fifo[T]) push(v T) {
+	if f.full() {
+		f.grow()
+	}
+	f.add(v)
+}
+
 // take removes and returns the entry at the head.
 func (f *fifo[T]) take() T {
 	v := f.buf[f.head&f.mask()]

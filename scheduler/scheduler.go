@@ -95,15 +95,15 @@ type cold struct {
 	dispatched [4]uint64
 	tail       *Ticket
 	name       string
-	idleAt     int64 // when its last request ended, while idle
+	idleAt     int64 // when it last went idle (nothing queued or in flight)
 	holdUntil  int64 // until when a place is kept for it, while held
 	lastEnd    int64 // when a request of it last ended with none queued, once ended
 	lastClass  uint8 // a Class
 	// engaged: counted in s.engaged, from its first request queued to
-	// Window after its last ended; idle: nothing queued or in flight;
-	// held: a place is kept for it (counted in s.holds); ended: lastEnd
-	// is set; steady: its requests come one after another (engageLocked).
-	engaged, idle, held, ended, steady bool
+	// Window after its last ended; held: a place is kept for it (counted
+	// in s.holds); ended: lastEnd is set; steady: its requests come one
+	// after another (engageLocked).
+	engaged, held, ended, steady bool
 }
 
 func (q *hot) holdsP1() bool { return Tier(q.tier).holdsP1() }
@@ -640,7 +640,6 @@ func (s *Scheduler) engageLocked(pid int32, now int64) {
 	// while another of its requests is under way (whose end then finds
 	// this one queued and stamps no lastEnd).
 	qc.steady = !qc.ended || s.hot[pid].inflight > 0 || now-qc.lastEnd <= int64(s.cfg.Keep)
-	qc.idle = false
 	if !qc.engaged {
 		qc.engaged = true
 		s.engaged++
@@ -656,12 +655,8 @@ func (s *Scheduler) idleLocked(pid int32, now int64) {
 		return
 	}
 	s.expireLocked(now)
-	qc := &s.cold[pid]
-	qc.idle, qc.idleAt = true, now
-	if s.idle.full() {
-		s.idle.grow()
-	}
-	s.idle.add(timer{due: now, pid: pid})
+	s.cold[pid].idleAt = now
+	s.idle.push(timer{due: now, pid: pid})
 }
 
 // holdLocked keeps a place for pid, whose request just ended with nothing
@@ -695,44 +690,46 @@ func (s *Scheduler) holdLocked(pid int32, now int64) {
 		s.holds++
 	}
 	qc.holdUntil = now + int64(s.cfg.Keep)
-	if s.holdQ.full() {
-		s.holdQ.grow()
-	}
-	s.holdQ.add(timer{due: qc.holdUntil, pid: pid})
+	s.holdQ.push(timer{due: qc.holdUntil, pid: pid})
 }
 
 // expireHoldsLocked lets go of the places kept until now or before. An
 // entry of a place since taken, or kept again later, is stale: its due no
 // longer matches.
 func (s *Scheduler) expireHoldsLocked(now int64) {
-	for s.holdQ.live > 0 {
-		e := s.holdQ.buf[s.holdQ.head&s.holdQ.mask()]
-		if e.due > now {
-			return
-		}
-		s.holdQ.take()
+	expireUntil(&s.holdQ, now, func(e timer) {
 		if qc := &s.cold[e.pid]; qc.held && qc.holdUntil == e.due {
 			qc.held = false
 			s.holds--
 		}
-	}
+	})
 }
 
 // expireLocked stops counting the participants idle for Window by now. An
-// entry of one that has had work since (or was forgotten, its handle
-// perhaps reused) is stale: its idleAt no longer matches.
+// entry of one that has work (or has had work since and is idle again,
+// or was forgotten, its handle perhaps reused) is stale: it is not idle,
+// or its idleAt no longer matches.
 func (s *Scheduler) expireLocked(now int64) {
-	w := int64(s.cfg.Window)
-	for s.idle.live > 0 {
-		e := s.idle.buf[s.idle.head&s.idle.mask()]
-		if now-e.due < w {
-			return
-		}
-		s.idle.take()
-		if qc := &s.cold[e.pid]; qc.engaged && qc.idle && qc.idleAt == e.due {
-			qc.engaged, qc.idle = false, false
+	expireUntil(&s.idle, now-int64(s.cfg.Window), func(e timer) {
+		q, qc := &s.hot[e.pid], &s.cold[e.pid]
+		if qc.engaged && q.queue == 0 && q.inflight == 0 && qc.idleAt == e.due {
+			qc.engaged = false
 			s.engaged--
 		}
+	})
+}
+
+// expireUntil takes the entries of f due at until or before, in order
+// (f's entries are in due order but for clock readings taken before the
+// lock, which end a little late), and hands each to end.
+func expireUntil(f *fifo[timer], until int64, end func(timer)) {
+	for f.live > 0 {
+		e := f.buf[f.head&f.mask()]
+		if e.due > until {
+			return
+		}
+		f.take()
+		end(e)
 	}
 }
 

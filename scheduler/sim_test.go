@@ -69,7 +69,7 @@ func naiveRoom(s *Scheduler, pid int, now int64) bool {
 		if !q.live() {
 			continue
 		}
-		if q.queue > 0 || q.inflight > 0 || qc.idle && now-qc.idleAt < int64(s.cfg.Window) {
+		if q.queue > 0 || q.inflight > 0 || qc.engaged && now-qc.idleAt < int64(s.cfg.Window) {
 			engaged++
 		}
 		if qc.held && qc.holdUntil > now {

@@ -41,10 +41,7 @@ func (s *Scheduler) timerSetLocked(pid int32, due int64) {
 	q.due = due
 	t := timer{due: due, pid: pid}
 	if r := &s.inOrder; r.live == 0 || r.buf[(r.tail-1)&r.mask()].due <= due {
-		if r.full() {
-			r.grow()
-		}
-		r.add(t)
+		r.push(t)
 	} else {
 		s.timers = append(s.timers, t)
 		h := s.heapLocked()
