@@ -1,0 +1,54 @@
+package loader
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// verifierLimit is the kernel's BPF_COMPLEXITY_LIMIT_INSNS: the
+// instructions the verifier may walk through one program's paths before it
+// refuses the load.
+const verifierLimit = 1_000_000
+
+// TestVerifierHeadroom loads the programs as the daemon does (the default
+// project ids, so every destination pool path is live) and checks that the
+// verifier walked each within a quarter of its limit. The walk is what a
+// start costs (connect6 alone took 1.9 s of CPU at 748k instructions) and
+// it grows with paths, not lines: another kernel prunes differently, and a
+// program near the limit here may be refused there, so the daemon would
+// not start at all. A change that multiplies the paths of connect4 or
+// connect6 again (the destination pool's lookup and rule inlined in front
+// of the node's admission did) fails here, not at a user's start.
+func TestVerifierHeadroom(t *testing.T) {
+	root, pin := newRoot(t), newPinDir(t)
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if l.maxProj != DefaultMaxProjects {
+		t.Fatalf("project ids %d, want the default %d", l.maxProj, DefaultMaxProjects)
+	}
+	v := reflect.ValueOf(l.objs.limiterPrograms)
+	for i := range v.NumField() {
+		name := v.Type().Field(i).Tag.Get("ebpf")
+		p, ok := v.Field(i).Interface().(*ebpf.Program)
+		if !ok || p == nil {
+			t.Fatalf("%s: not loaded", name)
+		}
+		info, err := p.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, ok := info.VerifiedInstructions()
+		if !ok {
+			t.Skip("the kernel does not report verified instructions (before 5.16)")
+		}
+		t.Logf("%-18s %7d instructions verified", name, n)
+		if n > verifierLimit/4 {
+			t.Errorf("%s: the verifier walked %d instructions, more than a quarter of its limit of %d", name, n, verifierLimit)
+		}
+	}
+}
