@@ -341,10 +341,10 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 // happening between two of these writes: each write bumps the generation
 // in dest_kinds (destWrote, setDestKinds), and a lookup that saw it move
 // (preempted in its middle, or racing a write) is made again, once
-// (dest_find; TestDestFindAcrossWrites). A connect whose second lookup is cut
-// by a write too may be counted in a third pool or none: a miscount of a
-// connect racing a change, never a leak (its socket gives back what it
-// took, where it took it).
+// (dest_connect; dest_find, the same for TestDestFindAcrossWrites). A
+// connect whose second lookup is cut by a write too may be counted in a
+// third pool or none: a miscount of a connect racing a change, never a
+// leak (its socket gives back what it took, where it took it).
 func (l *Limiter) rewriteDestsLocked(want map[limiterFsDestKey]uint32) error {
 	oldTrie, oldNets, err := l.destKeys()
 	if err != nil {
@@ -1050,9 +1050,9 @@ const (
 // destWrote bumps the generation in fs_settings.dest_kinds after a write to
 // what a destination lookup reads (the filter, the lengths, the table, the
 // trie): a connect whose lookup read the word before the write makes it
-// again (dest_find), so that every lookup rewriteDestsLocked's order
-// answers for sees the destinations as they were between two writes, even
-// one preempted in its middle.
+// again (dest_connect's second try), so that every lookup
+// rewriteDestsLocked's order answers for sees the destinations as they
+// were between two writes, even one preempted in its middle.
 func (l *Limiter) destWrote() error {
 	return l.editDestSettings("", func(*limiterFsSettings) bool { return true })
 }

@@ -402,7 +402,8 @@
 // no lookup at all; they are widened before the tables change and narrowed
 // after, so no connect misses a pool in force while SetDestPools runs.
 // Above them a generation moves at each of the loader's writes to what a
-// lookup reads, and a lookup that saw it move is made again (dest_find).
+// lookup reads, and a lookup that saw it move is made again (dest_connect's
+// second try; dest_find, the same for the tests).
 // The filter a connect meets first (fs_settings.dest_quick) holds exactly up
 // to four ports, three IPv4 /16s and two IPv6 first bytes, on the line the
 // kinds are read from; past that, or where a byte of the part is 0xff (a

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // verifierLimit is the kernel's BPF_COMPLEXITY_LIMIT_INSNS: the
@@ -12,24 +14,28 @@ import (
 // refuses the load.
 const verifierLimit = 1_000_000
 
-// TestVerifierHeadroom loads the programs as the daemon does (the default
-// project ids, so every destination pool path is live) and checks that the
-// verifier walked each within a quarter of its limit. The walk is what a
-// start costs (connect6 alone took 1.9 s of CPU at 748k instructions) and
-// it grows with paths, not lines: another kernel prunes differently, and a
-// program near the limit here may be refused there, so the daemon would
-// not start at all. A change that multiplies the paths of connect4 or
-// connect6 again (the destination pool's lookup and rule inlined in front
-// of the node's admission did) fails here, not at a user's start.
+// TestVerifierHeadroom loads the programs as the daemon can at most (the
+// default project ids, so every destination pool path is live, and the
+// deepest cgroup walk, MaxDepth levels) and checks that the verifier walked
+// each within a quarter of its limit. The walk is what a start costs
+// (connect6 took 2 s of CPU at 839k instructions) and it grows with paths,
+// not lines: another kernel prunes differently, and a program near the
+// limit here may be refused there, so the daemon would not start at all. A
+// change that multiplies the paths of connect4 or connect6 again (the
+// destination pool's lookup and rule inlined in front of the node's
+// admission did) fails here, not at a user's start.
 func TestVerifierHeadroom(t *testing.T) {
+	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 64})
+	o := rootOptions(t, root, Options{PinDir: pin, PoolSize: 64})
+	o.MaxDepth = MaxDepth
+	l, err := Open(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if l.maxProj != DefaultMaxProjects {
-		t.Fatalf("project ids %d, want the default %d", l.maxProj, DefaultMaxProjects)
+	if l.maxProj != DefaultMaxProjects || l.depth != MaxDepth {
+		t.Fatalf("project ids %d and depth %d, want %d and %d", l.maxProj, l.depth, DefaultMaxProjects, MaxDepth)
 	}
 	v := reflect.ValueOf(l.objs.limiterPrograms)
 	for i := range v.NumField() {

@@ -58,8 +58,9 @@
  * (DEST_NET_PORTS, DEST_PORTS, DEST_NET_ANY, DEST_ANY); for a match the
  * rule's few atomics. What lies past the filter (the lookup, the rule, a
  * refusal's report) is a function of its own, dest_take4 or dest_take6,
- * called only for a connect the filter lets through: verified once, not in
- * every path of the node's admission that follows (see dest_take4).
+ * called for a connect the filter lets through (or, in a race with the
+ * loader's writes, for a second try): verified once, not in every path of
+ * the node's admission that follows (see dest_take4).
  * Outbound only: an accepted connection takes no destination permit. A
  * socket the reconcile dump adopts (one no program counted: open before a
  * first start or a migration, or before its cgroup was registered) takes
@@ -344,11 +345,10 @@ static __always_inline bool dest_net_may(const struct fs_settings *cfg, bool v4,
 	return f && (f->v6[(b >> 6) & 3] & (1ULL << (b & 63)));
 }
 
-/* What the filter lets through (dest_may), and the last try (dest_try). */
+/* What the filter lets through (dest_may), and the second try (dest_try). */
 #define DEST_MAY_PORTS 1 /* a pool naming the port may match */
 #define DEST_MAY_NET 2   /* a pool of every port may match */
-#define DEST_LAST 4      /* the last try: keep its answer */
-#define DEST_RETRY (DEST_LAST | DEST_MAY_PORTS | DEST_MAY_NET) /* the second try, past no filter */
+#define DEST_RETRY 4     /* the second try, the last: filtered in dest_try, its answer kept */
 #define DEST_AGAIN (1U << 30) /* dest_try: the word changed meanwhile (not a pool id) */
 
 /*
@@ -421,23 +421,26 @@ static __always_inline __u32 dest_first(const struct fs_settings *cfg, __u32 kin
 }
 
 /*
- * dest_try is the pool past the filter (how: what it let through, and
- * DEST_LAST for the last try) of a lookup that read dest_kinds as kinds, 0
- * if none; DEST_AGAIN if the word has changed by its end and this is not
- * the last try.
+ * dest_try is the pool past the filter (how: what it let through, or
+ * DEST_RETRY for the second try, filtered here) of a lookup that read
+ * dest_kinds as kinds, 0 if none; DEST_AGAIN if the word has changed by
+ * its end and this is not the second try.
  */
 static __always_inline __u32 dest_try(const struct fs_settings *cfg, __u32 kinds, __u32 how, __u16 port, const __u8 *addr)
 {
+	if (how == DEST_RETRY)
+		how |= dest_may(cfg, kinds & DEST_KINDS, port, addr);
 	__u32 pool = kinds & DEST_KINDS ? dest_past(cfg, kinds & DEST_KINDS, how, port, addr) : 0;
-	return (how & DEST_LAST) || *(volatile __u32 *)&cfg->dest_kinds == kinds ? pool : DEST_AGAIN;
+	return (how & DEST_RETRY) || *(volatile __u32 *)&cfg->dest_kinds == kinds ? pool : DEST_AGAIN;
 }
 
 /*
- * dest_lookup_again is the last try of a lookup, past no filter, on the
- * word kinds as it is now: a function of its own, verified once, where an
- * inlined second lookup would double what the verifier walks in every
- * program that finds a destination. The dump's adoption (dest_adoptable)
- * looks up with it alone.
+ * dest_lookup_again is the last try of a lookup, on the word kinds as it
+ * is now: a function of its own, verified once, where an inlined second
+ * lookup would double what the verifier walks in the programs that call
+ * it, fs_selftest_dest (dest_find) and fs_dump, whose adoption
+ * (dest_adoptable) looks up with it alone. A connect's second try is
+ * dest_take's, in its own function already.
  */
 __noinline __u32 dest_lookup_again(__u32 kinds, __u32 port, __u64 a0, __u64 a1)
 {
@@ -644,13 +647,13 @@ static __always_inline int dest_take(struct bpf_sock_addr *ctx, bool v6, __u64 i
  * functions, each verified once on its own (the verifier knows nothing of
  * what it returns or writes to *clk). Inlined, the lookup's and the rule's
  * paths multiplied those of the node's admission after them: the verifier
- * walked 359k instructions of connect4 and 827k of connect6, near its
- * limit of 1M, and a load took 2.7 s of CPU; it walks 121k and 132k now
- * (TestVerifierHeadroom), and a load takes 0.9 s. The call costs a
- * connect past the filter some 45 ns on the AMD EPYC VMs of 2026-12-07,
- * whose kernel returns from a function through a thunk (the SRSO
- * mitigation), while a connect the filter stops is the cheaper for it:
- * docs/measurements-log.md.
+ * walked 370k instructions of connect4 and 839k of connect6 (the deepest
+ * cgroup walk), near its limit of 1M, and a load took 2.7 s of CPU; it
+ * walks 142k and 153k now (TestVerifierHeadroom), and a load takes 0.9 s.
+ * The call costs a connect past the filter some 45 ns on the AMD EPYC VMs
+ * of 2026-12-07, whose kernel returns from a function through a thunk (the
+ * SRSO mitigation), while a connect the filter stops is the cheaper for
+ * it: docs/measurements-log.md.
  */
 __noinline int dest_take4(struct bpf_sock_addr *ctx, __u64 id, __u32 kinds, __u64 *clk, __u32 how)
 {
@@ -673,7 +676,8 @@ __noinline int dest_take6(struct bpf_sock_addr *ctx, __u64 id, __u32 kinds, __u6
  * refusal is counted and reported; in dry-run (the pool's, or the
  * project's) it is taken past the rule and counted as would_refuse. clk:
  * the run's clock reading (clock_ns), shared with the node's admission.
- * The filter runs here, inline: a connect it stops makes no call.
+ * The filter runs here, inline: a connect it stops makes no call, unless
+ * dest_kinds changed meanwhile (a second try, dest_first).
  */
 static __always_inline int dest_connect(struct bpf_sock_addr *ctx, bool v6, __u64 id, __u32 *dest, __u64 *clk)
 {
