@@ -80,17 +80,23 @@ test: check-go lint check-generated ## run the whole suite (as root: the kernel 
 # The front's other two modes (fast path for every front; and without its
 # ring of sends) at once: each mostly waits on its peers (some 26 s of CPU
 # in 100 s), so side by side they take the time of one. Each one's output
-# is printed whole once both are done.
+# is printed whole once both are done, with its exit status; an interrupt
+# stops both (each runs in a process group of its own: set -m). TESTFLAGS that write a fixed file (-coverprofile,
+# -cpuprofile, -o) would have the two write the same one: run
+# go test ./front yourself for those.
 .PHONY: test-front-modes
 test-front-modes: check-go
-	@d=$$(mktemp -d); \
-	(FAIRSHARE_FRONT_FAST=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front >$$d/fast 2>&1; echo $$? >$$d/fast.rc) & \
-	(FAIRSHARE_FRONT_FAST=1 FAIRSHARE_FRONT_PLAIN_SENDS=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front >$$d/plain 2>&1; echo $$? >$$d/plain.rc) & \
-	wait; rc=0; \
-	echo "FAIRSHARE_FRONT_FAST=1 go test -race ./front"; cat $$d/fast; \
-	echo "FAIRSHARE_FRONT_FAST=1 FAIRSHARE_FRONT_PLAIN_SENDS=1 go test -race ./front"; cat $$d/plain; \
-	for m in fast plain; do [ "$$(cat $$d/$$m.rc 2>/dev/null)" = 0 ] || rc=1; done; \
-	rm -rf $$d; exit $$rc
+	@d=$$(mktemp -d) || exit 1; a=; b=; set -m; \
+	trap 'kill -- -$$a -$$b 2>/dev/null; rm -rf "$$d"; exit 130' INT TERM; \
+	(FAIRSHARE_FRONT_FAST=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front >"$$d/fast" 2>&1; echo $$? >"$$d/fast.rc") & a=$$!; \
+	(FAIRSHARE_FRONT_FAST=1 FAIRSHARE_FRONT_PLAIN_SENDS=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front >"$$d/plain" 2>&1; echo $$? >"$$d/plain.rc") & b=$$!; \
+	set +m; wait; rc=0; \
+	for m in fast plain; do \
+		st=$$(cat "$$d/$$m.rc" 2>/dev/null); [ "$$st" = 0 ] || rc=1; \
+		case $$m in fast) env="FAIRSHARE_FRONT_FAST=1";; *) env="FAIRSHARE_FRONT_FAST=1 FAIRSHARE_FRONT_PLAIN_SENDS=1";; esac; \
+		echo "$$env $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front: exit $${st:-none}"; cat "$$d/$$m"; \
+	done; \
+	rm -rf "$$d"; exit $$rc
 
 .PHONY: bench
 bench: check-go ## run the benchmarks (as root for the BPF ones)

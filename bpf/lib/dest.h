@@ -648,8 +648,9 @@ static __always_inline int dest_take(struct bpf_sock_addr *ctx, bool v6, __u64 i
  * what it returns or writes to *clk). Inlined, the lookup's and the rule's
  * paths multiplied those of the node's admission after them: the verifier
  * walked 370k instructions of connect4 and 839k of connect6 (the deepest
- * cgroup walk), near its limit of 1M, and a load took 2.7 s of CPU; it
- * walks 142k and 153k now (TestVerifierHeadroom), and a load takes 0.9 s.
+ * cgroup walk), near its limit of 1M, and loading the programs took
+ * 2.7-3.0 s of CPU (at the default depth); it walks 142k and 153k now
+ * (TestVerifierHeadroom), and a load takes 1.0-1.3 s.
  * The call costs a connect past the filter some 45 ns on the AMD EPYC VMs
  * of 2026-12-07, whose kernel returns from a function through a thunk (the
  * SRSO mitigation), while a connect the filter stops is the cheaper for
