@@ -63,8 +63,8 @@ TEST_PACKAGES := nftables containerd runc busybox-static containernetworking-plu
 # given (./... adds the rest once each), so these no longer start last and
 # run alone at the end (loader started 12 minutes into a loaded run and ran
 # alone for most of its 12). The timeout is per package: loader alone took
-# 12 minutes on a loaded machine, some 5 since every test's load of the
-# programs went from 2.7 s of the verifier's CPU to 0.9 (2026-12-07).
+# 12 minutes on a loaded machine, some 5 since a load of the programs went
+# from 2.7-3.0 s of the verifier's CPU to 1.0-1.3 s (2026-12-07).
 SLOW_PACKAGES := ./loader ./cmd/fairshare ./scheduler ./front ./sockdiag
 
 test: check-go lint check-generated ## run the whole suite (as root: the kernel tests run for real)
@@ -81,9 +81,9 @@ test: check-go lint check-generated ## run the whole suite (as root: the kernel 
 # ring of sends) at once: each mostly waits on its peers (some 26 s of CPU
 # in 100 s), so side by side they take the time of one. Each one's output
 # is printed whole once both are done, with its exit status; an interrupt
-# stops both (each runs in a process group of its own: set -m). TESTFLAGS that write a fixed file (-coverprofile,
-# -cpuprofile, -o) would have the two write the same one: run
-# go test ./front yourself for those.
+# stops both (each runs in a process group of its own: set -m). TESTFLAGS
+# that write a fixed file (-coverprofile, -cpuprofile, -o) would have the
+# two write the same one: run go test ./front yourself for those.
 .PHONY: test-front-modes
 test-front-modes: check-go
 	@d=$$(mktemp -d) || exit 1; a=; b=; set -m; \

@@ -21,12 +21,12 @@ const verifierLimit = 1_000_000
 // deepest cgroup walk, MaxDepth levels) and checks that the verifier walked
 // each within a quarter of its limit. The walk is what a start costs
 // (connect6 alone took 1.6-1.9 s of CPU, walking 748k-839k instructions
-// by the depth) and it grows with paths,
-// not lines: another kernel prunes differently, and a program near the
-// limit here may be refused there, so the daemon would not start at all. A
-// change that multiplies the paths of connect4 or connect6 again (the
-// destination pool's lookup and rule inlined in front of the node's
-// admission did) fails here, not at a user's start.
+// by the depth) and it grows with paths, not lines: another kernel prunes
+// differently, and a program near the limit here may be refused there, so
+// the daemon would not start at all. A change that multiplies the paths of
+// connect4 or connect6 again (the destination pool's lookup and rule
+// inlined in front of the node's admission did) fails here, not at a
+// user's start.
 func TestVerifierHeadroom(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
