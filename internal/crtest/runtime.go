@@ -51,6 +51,7 @@ type Runtime struct {
 	dir    string
 	bin    string // where containerd, its shim and ctr are; "": PATH
 	bridge string
+	subnet *subnetClaim // the bridge's /24, held until stop
 	conn   *grpc.ClientConn
 	cfg    string // containerd's config file
 	cmd    *exec.Cmd
@@ -148,6 +149,10 @@ func start(t testing.TB, bin string) *Runtime {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(cniPlugins, "bridge")); err == nil {
+		sweepBridges()
+		if r.subnet, err = claimSubnet(); err != nil {
+			t.Fatal(err)
+		}
 		r.PodNetwork = true
 		r.bridge = "fsb" + randHex(4)
 		if err := os.WriteFile(filepath.Join(cniDir, "10-fairshare-test.conflist"), []byte(r.cniConfig()), 0o644); err != nil {
@@ -361,21 +366,20 @@ fi
 exec %s "$@"
 `
 
-// cniConfig is a bridge network private to this runtime. No masquerading and
-// no address outside the bridge: the pods reach the host and each other only.
+// cniConfig is a bridge network private to this runtime, on the subnet it
+// claimed. No masquerading and no address outside the bridge: the pods
+// reach the host and each other only.
 func (r *Runtime) cniConfig() string {
-	var b [1]byte
-	_, _ = rand.Read(b[:])
 	return fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "fairshare-test",
   "plugins": [
     {"type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.209.%d.0/24"}]], "dataDir": %q}},
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}},
     {"type": "loopback"}
   ]
 }
-`, r.bridge, b[0], filepath.Join(r.dir, "ipam"))
+`, r.bridge, r.subnet.prefix.String(), filepath.Join(r.dir, "ipam"))
 }
 
 // NewUID returns a fresh pod uid, in the form kubelet's have.
@@ -620,6 +624,7 @@ func (r *Runtime) stop(t testing.TB) {
 	if r.bridge != "" {
 		_ = exec.Command("ip", "link", "del", r.bridge).Run()
 	}
+	r.subnet.release()
 	if err := os.RemoveAll(r.dir); err != nil {
 		t.Errorf("removing the runtime's directory: %v", err)
 	}
