@@ -567,8 +567,10 @@ static __always_inline __u32 dest_adoptable(struct sock *sk, __u64 id)
  * programs, or was left unaccounted); a permit held under a weak member's
  * project (unclassified) moves to its cgroup's project now (move_held);
  * every project socket is written out for
- * the reconcile report, and so is every listening socket, project or not:
- * a counted listener missing from the dump is gone (OP_UNLISTEN).
+ * the reconcile report, and so is every socket that holds a permit (its
+ * member removed since) and every listening socket, project or not: a
+ * counted listener missing from the dump is gone (OP_UNLISTEN), and so is
+ * the socket of a held permit.
  */
 SEC("iter/tcp")
 int fs_dump(struct bpf_iter__tcp *ctx)
@@ -583,8 +585,26 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 	__u32 state = sk->__sk_common.skc_state;
 	__u64 cg = 0;
 	__u64 id = sock_project(sk, &cg);
-	if (!id && state != TCP_LISTEN)
+	if (!id && state != TCP_LISTEN) {
+		/* A socket of no project may still hold the permit it took
+		 * while its cgroup was a member (removed since, or moved to
+		 * no project: the permit ends with the socket). Written out,
+		 * it is live: the pass does not release its permit as a gone
+		 * socket's. Not so a permit taken as unclassified (a weak
+		 * member's project above it) by a pod classified as no
+		 * project's since (a system namespace's): that one was never
+		 * a tenant's, and is released as a gone socket's. A socket
+		 * that never had a cookie holds nothing, and reading the
+		 * field spares the others the generation of one. */
+		__u64 c = sk->__sk_common.skc_cookie.counter;
+		struct fs_sock *s = c ? held_find(c, true) : NULL;
+		if (!s || weak_above(sk->sk_cgrp_data.cgroup, s->project))
+			return 0;
+		struct fs_sock_record rec = {.cookie = c, .project = s->project, .state = state,
+					     .held = 1, .kind = s->kind, .dest = s->dest};
+		bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
 		return 0;
+	}
 	struct fs_sock_record rec = {
 		.cookie = bpf_get_socket_cookie(sk),
 		.project = id,

@@ -57,8 +57,8 @@
 // or NoProject member below a project's member, or any member below a
 // NoProject one, would never be found and is refused alone.
 //
-// Permits taken as Unclassified stay with it until the next Reconcile after
-// the pod is classified: its dump, which sees every socket with the socket
+// Permits taken as Unclassified stay with it until the next Settle or
+// Reconcile after the pod is classified: its dump, which sees every socket with the socket
 // locked, moves a permit held under a weak member's project whose cgroup is
 // now a deeper member's to that project (move_held in bpf/limiter.c: the
 // entry ended as a release ends it, the count moved, the entry held again;
@@ -68,10 +68,13 @@
 // POOL (TestUnclassifiedPods, TestUnclassifiedPermitsMoveAtReconcile). With the daemon's tick at 1s a pod is
 // classified within about a poll of its sandbox starting. A listener opened
 // before its pod was classified is counted under Unclassified until the
-// next Reconcile, whose dump counts it again under its pod's project (or
-// uncounts it, for a pod of no project); the permits of sockets whose
-// cgroup is in no project now are released by that pass as a gone socket's
-// (TestUnclassifiedListener).
+// next Settle or Reconcile, whose dump counts it again under its pod's
+// project (or uncounts it, for a pod of no project); the permits taken as
+// Unclassified by sockets whose cgroup is in no project now are released by
+// the next Reconcile as a gone socket's (TestUnclassifiedListener). A
+// socket of a member removed since, or moved to no project, keeps the
+// permit it holds until it ends: the dump writes it out, so a pass does not
+// take it for gone (TestRemovedMemberKeepsPermits).
 //
 // # Lapse
 //

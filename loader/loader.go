@@ -245,6 +245,9 @@ type Limiter struct {
 	held     uint32     // entries of fs_slots (a power of two): the largest POOL they hold
 	outgrown uint32     // the pinned fs_slots' entries when fewer than the capacity (spec); 0: none
 	adjustM  sync.Mutex // serialises BPF_PROG_RUN of fs_adjust (one context buffer)
+	// passM serialises reconcile passes: a repair needs the same finding
+	// in two consecutive reads, and two passes at once would each make it.
+	passM sync.Mutex
 
 	mu        sync.Mutex // guards the fields below
 	size      uint32

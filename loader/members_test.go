@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -458,4 +459,115 @@ func TestMemberGenBumpAtomic(t *testing.T) {
 	if g != g0+writers*bumps {
 		t.Fatalf("generation %d after %d bumps from %d, want %d: %d lost", g, writers*bumps, g0, g0+writers*bumps, g0+writers*bumps-g)
 	}
+}
+
+// TestRemovedMemberKeepsPermits: taking a cgroup out of the members, or
+// moving it to another project, releases nothing: its live connections,
+// outbound and accepted, keep the permits they hold until they end, and a
+// reconcile pass does not take them for gone sockets' (it once did: the
+// dump wrote out only the sockets of a project, so those of a cgroup no
+// longer a member looked gone, and their permits were released while the
+// connections lived on, leaving room past the pool).
+func TestRemovedMemberKeepsPermits(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	dirs := mkdirs(t, root, "a")
+	l := openLimiter(t, root, pin, 10, 1)
+	out := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	h := startHelper(t, dirs[0])
+	for _, step := range []struct {
+		name    string
+		members []Member
+	}{
+		{"removed", nil},
+		{"moved", []Member{{Project: "new", Cgroup: dirs[0]}}},
+	} {
+		if _, err := l.SetMembers([]Member{{Project: "old", Cgroup: dirs[0]}}); err != nil {
+			t.Fatal(err)
+		}
+		srv := strings.TrimPrefix(h.do("listen 127.0.0.1:0"), "listening ")
+		h.dialOK("tcp4", out, 3, "old's client")
+		var in []net.Conn
+		for range 2 {
+			c, err := net.DialTimeout("tcp4", srv, 3*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in = append(in, c)
+		}
+		waitInUse(t, l, 5, map[string]int{"old": 5})
+		if _, err := l.SetMembers(step.members); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // a repair needs two findings: two passes, four reads
+			rep, err := l.Reconcile(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Orphans != 0 || len(rep.Repaired) != 0 || rep.Adopted != 0 {
+				t.Fatalf("%s: the pass released %d permits of live sockets, repaired %v, adopted %d",
+					step.name, rep.Orphans, rep.Repaired, rep.Adopted)
+			}
+		}
+		waitInUse(t, l, 5, map[string]int{"old": 5, "new": 0})
+		for _, c := range in {
+			c.Close()
+		}
+		h.do("close")
+		h.do("unlisten")
+		waitInUse(t, l, 0, map[string]int{"old": 0})
+	}
+}
+
+// TestSettle: a listener opened before its cgroup was a member is counted
+// by a walk of its namespace's sockets alone (the programs saw its
+// TCP_LISTEN while it was no project's): Settle walks the namespaces it is
+// given and no other, counts the listeners there and adopts the open
+// connections.
+func TestSettle(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 1)
+	dirs := mkdirs(t, root, "host", "ns") // after Open: no members yet
+	out := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	hh, hn := startHelper(t, dirs[0]), startHelperNS(t, dirs[1], true)
+	listenAddr(t, hh.do("listen 127.0.0.1:0"))
+	listenAddr(t, hn.do("listen 127.0.0.1:0"))
+	hh.dialOK("tcp4", out, 2, "the host's helper before it is a member")
+	info, err := l.AttachNetns(fmt.Sprintf("/proc/%d/ns/net", hn.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.SetMembers([]Member{{Project: "early", Cgroup: dirs[0]}, {Project: "inner", Cgroup: dirs[1]}}); err != nil {
+		t.Fatal(err)
+	}
+	counted := func() (host, ns int) {
+		t.Helper()
+		m, err := l.countedListeners()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(m[l.netns]), len(m[info.Cookie])
+	}
+	for i, step := range []struct {
+		host         bool
+		netns        []uint64
+		wantH, wantN int
+		adopted      int
+	}{
+		{false, nil, 0, 0, 0},                          // nothing walked
+		{false, []uint64{info.Cookie + 1000}, 0, 0, 0}, // no such namespace attached
+		{false, []uint64{info.Cookie}, 0, 1, 0},        // the pod's
+		{true, nil, 1, 1, 2},                           // the host's: its listener, its two connections
+	} {
+		rep, err := l.Settle(t.Context(), step.host, step.netns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h, n := counted(); h != step.wantH || n != step.wantN || rep.Adopted != step.adopted {
+			t.Fatalf("step %d: listeners counted %d in the host's namespace and %d in the pod's, %d adopted; want %d, %d, %d",
+				i, h, n, rep.Adopted, step.wantH, step.wantN, step.adopted)
+		}
+	}
+	waitInUse(t, l, 2, map[string]int{"early": 2})
 }

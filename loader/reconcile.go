@@ -335,15 +335,67 @@ func addByPool(to, from map[string]map[string]int) map[string]map[string]int {
 // repair needs the same finding in two
 // consecutive reads, so that connections opening and closing meanwhile are
 // not mistaken for drift. Permits of sockets in other namespaces are counted
-// but cannot be checked against live sockets from here.
+// but cannot be checked against live sockets from here. Passes run one at a
+// time: a call waits for another's to end.
 func (l *Limiter) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	if err := l.checkOpen(); err != nil {
 		return ReconcileReport{}, err
 	}
+	l.passM.Lock()
+	defer l.passM.Unlock()
 	if err := ctx.Err(); err != nil {
 		return ReconcileReport{}, err
 	}
 	return l.reconcile()
+}
+
+// Settle counts at once what members and network namespaces new since the
+// last pass have already: it walks the sockets of the namespaces given (the
+// host's, the daemon's own, if host; the attached ones whose netns cookies
+// are in netns) as a pass does (fs_dump), which counts each listener there
+// under its cgroup's project now (a listener opened before its cgroup was a
+// member is counted from here on, one whose cgroup is in no project now is
+// uncounted), adopts the project sockets that hold no permit and moves the
+// permits taken as unclassified whose pod is classified now. It does not
+// compare the counts with the sockets: no repair, and no release of a gone
+// socket's permit (Reconcile's, which needs two reads). A walk costs about
+// a pass's dump of each namespace given: the iterator reads the whole TCP
+// table of the host once per namespace, so a caller names only those a
+// change concerns. Its report has what the walk adopted and moved, and
+// the namespaces it could not enter. Cookies not attached are ignored. It
+// runs between passes, never beside one.
+func (l *Limiter) Settle(ctx context.Context, host bool, netns []uint64) (ReconcileReport, error) {
+	if err := l.checkOpen(); err != nil {
+		return ReconcileReport{}, err
+	}
+	l.passM.Lock()
+	defer l.passM.Unlock()
+	if err := ctx.Err(); err != nil {
+		return ReconcileReport{}, err
+	}
+	l.mu.Lock()
+	names := slices.Clone(l.memb.names)
+	destNames := map[uint32]string{}
+	for n, dp := range l.dests {
+		destNames[dp.id] = n
+	}
+	l.mu.Unlock()
+	targets := slices.DeleteFunc(l.targets(), func(t dumpTarget) bool {
+		if t.host {
+			return !host
+		}
+		return !slices.Contains(netns, t.cookie)
+	})
+	p := newPass()
+	if err := l.dump(targets, &p); err != nil {
+		return ReconcileReport{}, err
+	}
+	var rep ReconcileReport
+	if len(p.skipped) > 0 {
+		rep.NetnsSkipped = p.skipped
+	}
+	l.reportFound(&rep, p, p.unadopted, -1, destNames, idName(names))
+	return rep, nil
 }
 
 type pass struct {
@@ -393,10 +445,14 @@ func addCounts[K comparable](to, from map[K]int) {
 	}
 }
 
-func (l *Limiter) readPass(targets []dumpTarget, names []string, dests []uint32) (pass, error) {
-	p := pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}, checked: map[uint64]bool{}, skipped: map[uint64]string{},
+func newPass() pass {
+	return pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}, checked: map[uint64]bool{}, skipped: map[uint64]string{},
 		past: map[uint64]int{}, moved: map[uint64]int{}, movedPast: map[uint64]int{}, destHeld: map[destPair]int{},
 		pastIn: map[destPair]int{}, movedPastIn: map[destPair]int{}, unadopted: map[uint64]int{}}
+}
+
+func (l *Limiter) readPass(targets []dumpTarget, names []string, dests []uint32) (pass, error) {
+	p := newPass()
 	var n0, n1 limiterFsPool
 	if err := l.objs.FsNode.Lookup(uint32(0), &n0); err != nil {
 		return p, fmt.Errorf("reading node map: %w", err)
@@ -409,60 +465,10 @@ func (l *Limiter) readPass(targets []dumpTarget, names []string, dests []uint32)
 	if err != nil {
 		return p, err
 	}
-	it, err := link.AttachIter(link.IterOptions{Program: l.objs.FsDump})
-	if err != nil {
-		return p, fmt.Errorf("attaching the tcp iterator: %w", err)
+	if err := l.dump(targets, &p); err != nil {
+		return p, err
 	}
-	defer it.Close()
-	live := map[uint64]bool{}
-	p.live = live
-	for _, t := range targets {
-		// The iterator walks the namespace of the thread that opens it.
-		var buf []byte
-		err := t.enter(func() error {
-			rd, err := it.Open()
-			if err != nil {
-				return fmt.Errorf("opening the tcp iterator: %w", err)
-			}
-			defer rd.Close()
-			if buf, err = io.ReadAll(rd); err != nil {
-				return fmt.Errorf("reading the tcp iterator: %w", err)
-			}
-			return nil
-		})
-		if err != nil {
-			if t.host {
-				return p, err
-			}
-			p.skipped[t.cookie] = err.Error()
-			continue
-		}
-		p.checked[t.cookie] = true
-		for len(buf) >= sockRecordSize {
-			var r limiterFsSockRecord
-			if _, err := binary.Decode(buf[:sockRecordSize], binary.NativeEndian, &r); err != nil {
-				return p, fmt.Errorf("decoding a socket record: %w", err)
-			}
-			buf = buf[sockRecordSize:]
-			live[r.Cookie] = true
-			switch r.Adopted {
-			case 1:
-				p.adopted++
-			case adoptedPast:
-				p.adopted++
-				p.past[r.Project]++
-				countPast(p.pastIn, r)
-			case moved:
-				p.moved[r.Project]++
-			case movedPast:
-				p.moved[r.Project]++
-				p.movedPast[r.Project]++
-				countPast(p.movedPastIn, r)
-			case notAdopted:
-				p.unadopted[r.Project]++
-			}
-		}
-	}
+	live := p.live
 	count := func(cookie uint64, v limiterFsSock) {
 		id := v.Project
 		if isExemptKind(v.Kind) {
@@ -521,6 +527,130 @@ func (l *Limiter) readPass(targets []dumpTarget, names []string, dests []uint32)
 		}
 	}
 	return p, nil
+}
+
+// dump runs fs_dump over the sockets of each target's namespace: the
+// programs count listeners under their cgroup's project now, adopt project
+// sockets that hold no permit and move permits taken as unclassified
+// (limiter.c). It fills p's checked, skipped and live and what it found.
+func (l *Limiter) dump(targets []dumpTarget, p *pass) error {
+	it, err := link.AttachIter(link.IterOptions{Program: l.objs.FsDump})
+	if err != nil {
+		return fmt.Errorf("attaching the tcp iterator: %w", err)
+	}
+	defer it.Close()
+	p.live = map[uint64]bool{}
+	for _, t := range targets {
+		// The iterator walks the namespace of the thread that opens it.
+		var buf []byte
+		err := t.enter(func() error {
+			rd, err := it.Open()
+			if err != nil {
+				return fmt.Errorf("opening the tcp iterator: %w", err)
+			}
+			defer rd.Close()
+			if buf, err = io.ReadAll(rd); err != nil {
+				return fmt.Errorf("reading the tcp iterator: %w", err)
+			}
+			return nil
+		})
+		if err != nil {
+			if t.host {
+				return err
+			}
+			p.skipped[t.cookie] = err.Error()
+			continue
+		}
+		p.checked[t.cookie] = true
+		for len(buf) >= sockRecordSize {
+			var r limiterFsSockRecord
+			if _, err := binary.Decode(buf[:sockRecordSize], binary.NativeEndian, &r); err != nil {
+				return fmt.Errorf("decoding a socket record: %w", err)
+			}
+			buf = buf[sockRecordSize:]
+			p.live[r.Cookie] = true
+			switch r.Adopted {
+			case 1:
+				p.adopted++
+			case adoptedPast:
+				p.adopted++
+				p.past[r.Project]++
+				countPast(p.pastIn, r)
+			case moved:
+				p.moved[r.Project]++
+			case movedPast:
+				p.moved[r.Project]++
+				p.movedPast[r.Project]++
+				countPast(p.movedPastIn, r)
+			case notAdopted:
+				p.unadopted[r.Project]++
+			}
+		}
+	}
+	return nil
+}
+
+// reportFound puts in rep, and logs, what the dumps of a pass found: the
+// sockets adopted and the permits moved (found: every dump's of the pass),
+// and the sockets the last dump found no room to adopt (unadopted: the
+// last's, since a second dump adopts what the first found no room for if
+// sockets ended meanwhile); held is the permits the pass saw held, for the
+// log (-1: not read).
+func (l *Limiter) reportFound(rep *ReconcileReport, found pass, unadopted map[uint64]int, held int,
+	destNames map[uint32]string, name func(uint64) string) {
+	rep.Adopted = found.adopted
+	if rep.Adopted > 0 {
+		l.log.Info("adopted connections that held no permit", "count", rep.Adopted)
+	}
+	rep.AdoptedPastIn = pastByPool(found.pastIn, destNames, name)
+	rep.MovedPastIn = pastByPool(found.movedPastIn, destNames, name)
+	past, movedTo, movedPastTo := found.past, found.moved, found.movedPast
+	for id, n := range past {
+		if rep.AdoptedPast == nil {
+			rep.AdoptedPast = map[string]int{}
+		}
+		rep.AdoptedPast[name(id)] += n
+	}
+	l.warnPast("adopted connections past the rule: they exist, so they count, and in_use may exceed the pool until they end",
+		rep.AdoptedPastIn)
+	if len(past) > 0 {
+		l.mu.Lock()
+		for _, n := range past {
+			l.adoptedPast += uint64(n)
+		}
+		l.mu.Unlock()
+	}
+	for id, n := range movedTo {
+		if rep.Moved == nil {
+			rep.Moved = map[string]int{}
+		}
+		rep.Moved[name(id)] += n
+		l.log.Info("moved permits taken as unclassified to the project their pod is classified in", "project", name(id), "count", n)
+	}
+	for id, n := range movedPastTo {
+		if rep.MovedPast == nil {
+			rep.MovedPast = map[string]int{}
+		}
+		rep.MovedPast[name(id)] += n
+	}
+	l.warnPast("moved permits taken as unclassified to their project past the rule: they exist, so they count, "+
+		"and the rule refuses the project in that pool until it is back under its limit", rep.MovedPastIn)
+	for id, n := range unadopted {
+		if rep.Unadopted == nil {
+			rep.Unadopted = map[string]int{}
+		}
+		rep.Unadopted[name(id)] += n
+	}
+	var heldAttr []any
+	if held >= 0 {
+		heldAttr = []any{"permits_held", held}
+	}
+	for _, p := range slices.Sorted(maps.Keys(rep.Unadopted)) {
+		l.log.Warn("project sockets that hold no permit could not be adopted: the held-permit table has no room for them "+
+			"(their slots hold other sockets' permits and the spill table is full); they count nowhere, "+
+			"so the project may take its share again beside them, until a pass finds room",
+			append([]any{"project", p, "count", rep.Unadopted[p], "slots", l.held, "spill_entries", l.held}, heldAttr...)...)
+	}
 }
 
 // readDestCounts reads the per-project counts of destination pools ids.
@@ -655,6 +785,16 @@ func (p pass) drift() map[uint64]int64 {
 	return d
 }
 
+// idName names project ids by names (an id's name, or #id).
+func idName(names []string) func(uint64) string {
+	return func(id uint64) string {
+		if id < uint64(len(names)) && names[id] != "" {
+			return names[id]
+		}
+		return "#" + strconv.FormatUint(id, 10)
+	}
+}
+
 func (l *Limiter) reconcile() (ReconcileReport, error) {
 	l.mu.Lock()
 	names := slices.Clone(l.memb.names)
@@ -676,12 +816,7 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 	}
 	l.mu.Unlock()
 	targets := l.targets()
-	name := func(id uint64) string {
-		if id < uint64(len(names)) && names[id] != "" {
-			return names[id]
-		}
-		return "#" + strconv.FormatUint(id, 10)
-	}
+	name := idName(names)
 	rep := ReconcileReport{Held: map[string]int{}, Kernel: map[string]int{}, Reservations: map[string]int{},
 		Drift: map[string]int{}, Repaired: map[string]int{}, Netns: map[uint64]int{},
 		Dests: map[string]int{}, DestDrift: map[string]map[string]int{}, DestRepaired: map[string]map[string]int{}}
@@ -819,60 +954,11 @@ func (l *Limiter) reconcile() (ReconcileReport, error) {
 		}
 		rep.Reservations[name(id)] += n
 	}
-	if rep.Adopted > 0 {
-		l.log.Info("adopted connections that held no permit", "count", rep.Adopted)
-	}
-	rep.AdoptedPastIn = pastByPool(first.pastIn, destNames, name)
-	rep.MovedPastIn = pastByPool(first.movedPastIn, destNames, name)
-	past, movedTo, movedPastTo := first.past, first.moved, first.movedPast
-	for id, n := range past {
-		if rep.AdoptedPast == nil {
-			rep.AdoptedPast = map[string]int{}
-		}
-		rep.AdoptedPast[name(id)] += n
-	}
-	l.warnPast("adopted connections past the rule: they exist, so they count, and in_use may exceed the pool until they end",
-		rep.AdoptedPastIn)
-	if len(past) > 0 {
-		l.mu.Lock()
-		for _, n := range past {
-			l.adoptedPast += uint64(n)
-		}
-		l.mu.Unlock()
-	}
-	for id, n := range movedTo {
-		if rep.Moved == nil {
-			rep.Moved = map[string]int{}
-		}
-		rep.Moved[name(id)] += n
-		l.log.Info("moved permits taken as unclassified to the project their pod is classified in", "project", name(id), "count", n)
-	}
-	for id, n := range movedPastTo {
-		if rep.MovedPast == nil {
-			rep.MovedPast = map[string]int{}
-		}
-		rep.MovedPast[name(id)] += n
-	}
-	l.warnPast("moved permits taken as unclassified to their project past the rule: they exist, so they count, "+
-		"and the rule refuses the project in that pool until it is back under its limit", rep.MovedPastIn)
-	// The last pass's: the second adopts what the first found no room
-	// for if sockets ended meanwhile.
-	for id, n := range last.unadopted {
-		if rep.Unadopted == nil {
-			rep.Unadopted = map[string]int{}
-		}
-		rep.Unadopted[name(id)] += n
-	}
 	held := 0
 	for _, n := range last.held {
 		held += n
 	}
-	for _, p := range slices.Sorted(maps.Keys(rep.Unadopted)) {
-		l.log.Warn("project sockets that hold no permit could not be adopted: the held-permit table has no room for them "+
-			"(their slots hold other sockets' permits and the spill table is full); they count nowhere, "+
-			"so the project may take its share again beside them, until a pass finds room",
-			"project", p, "count", rep.Unadopted[p], "permits_held", held, "slots", l.held, "spill_entries", l.held)
-	}
+	l.reportFound(&rep, first, last.unadopted, held, destNames, name)
 
 	// The kernel's own count: every cgroup below a member, by project.
 	// The weak members first: a member below one wins (project.h), and a
