@@ -92,6 +92,8 @@ type kernelSide struct {
 	mu   sync.Mutex // guards the fields below
 	book kernelBook
 	rec  admin.Reconcile
+	// settleErr is the last settle's error, logged once ("": it worked).
+	settleErr string
 	// When the loop last reconciled and read the entries; zero: never.
 	lastReconcile, lastRead time.Time
 	// started is what Open's own pass found, ended at startedAt,
@@ -618,6 +620,15 @@ type memberKernel interface {
 	// opens while its process lives (how reconcile enters it later).
 	AttachNetns(ns *os.File, nsPath string) (netnsInfo, error)
 	DetachGone() ([]netnsInfo, error)
+	// Settle counts at once what members and namespaces new to the kernel
+	// have already: their listeners, which the programs count only from
+	// the TCP_LISTEN they see (one listening before its cgroup was a
+	// member, or in a namespace not attached yet, admits every SYN until
+	// counted), and their connections: the walk of a reconcile pass, made
+	// now rather than at the next period and only over the namespaces
+	// given (the host's if host, the attached ones of cookies netns),
+	// without its comparison.
+	Settle(host bool, netns []uint64) error
 }
 
 // errNetnsFull is AttachNetns's error at the attach cap
@@ -627,6 +638,7 @@ var errNetnsFull = loader.ErrNetnsFull
 // membersReport is the loader's MembersReport.
 type membersReport struct {
 	Added, Removed, Kept int
+	Moved                int                  // kept with another project (in Kept too)
 	Refused              []membership.Refusal // Source empty: the kernel side's
 }
 
@@ -637,16 +649,59 @@ type netnsInfo struct {
 }
 
 // members is the kernel side as the membership's memberKernel.
-func (k *kernelSide) members() memberKernel { return kernelMembers{k.lim} }
+func (k *kernelSide) members() memberKernel { return kernelMembers{k.lim, k} }
 
 // kernelMembers is the loader's membership API as memberKernel.
-type kernelMembers struct{ lim *loader.Limiter }
+type kernelMembers struct {
+	lim *loader.Limiter
+	k   *kernelSide
+}
+
+func (m kernelMembers) Settle(host bool, netns []uint64) error {
+	return m.k.settle(context.Background(), host, netns)
+}
+
+// settle has the loader count at once what new members and namespaces have
+// already (loader.Settle): their listeners, their open connections. What
+// it adopted and moved is published as a pass's is and added to the
+// passes' totals; the record of the last pass (its time, its counts of
+// sockets and permits) stays the pass's.
+func (k *kernelSide) settle(ctx context.Context, host bool, netns []uint64) error {
+	rep, err := k.lim.Settle(ctx, host, netns)
+	k.mu.Lock()
+	if err != nil {
+		if k.settleErr != err.Error() {
+			k.log.Error("the listeners and connections of new members or namespaces were not counted at once; "+
+				"tried again at every apply until it works, and the next reconcile pass counts them", "err", err)
+		}
+		k.settleErr = err.Error()
+		k.mu.Unlock()
+		return err
+	}
+	if k.settleErr != "" {
+		k.log.Info("the listeners and connections of new members or namespaces are counted at once again")
+		k.settleErr = ""
+	}
+	k.rec.RepairsTotal += uint64(rep.Adopted)
+	for _, n := range rep.AdoptedPast {
+		k.rec.AdoptedPastTotal += uint64(n)
+	}
+	for _, n := range rep.Moved {
+		k.rec.MovedTotal += uint64(n)
+	}
+	for _, n := range rep.MovedPast {
+		k.rec.MovedPastTotal += uint64(n)
+	}
+	k.mu.Unlock()
+	k.publishRepairs(rep)
+	return nil
+}
 
 func (m kernelMembers) Members() ([]membership.Member, error) { return m.lim.Members() }
 
 func (m kernelMembers) SetMembers(ms []membership.Member) (membersReport, error) {
 	rep, err := m.lim.SetMembers(ms)
-	out := membersReport{Added: rep.Added, Removed: rep.Removed, Kept: rep.Kept}
+	out := membersReport{Added: rep.Added, Removed: rep.Removed, Kept: rep.Kept, Moved: rep.Moved}
 	for _, r := range rep.Refused {
 		out.Refused = append(out.Refused, membership.Refusal{Entry: membership.Entry{Member: r.Member}, Reason: r.Reason})
 	}

@@ -84,6 +84,7 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 				"inode", ino, "err", err)
 		default:
 			a.Attached, a.Cookie = true, info.Cookie
+			p.settleNetns[info.Cookie] = true
 			p.charge(info, a.Projects)
 			p.belowCap(a.Projects)
 			p.log.Info("inbound admission attached in a pod's network namespace", "pod", h.Pod, "project", h.Project,
@@ -217,6 +218,7 @@ func (p *projects) attachFound(n netnsscan.Namespace) {
 		}
 	default:
 		a.Attached, a.Cookie = true, info.Cookie
+		p.settleNetns[info.Cookie] = true
 		p.charge(info, n.Projects)
 		p.belowCap(n.Projects)
 		p.log.Info("inbound admission attached in a network namespace", "inode", n.Inode, "cookie", info.Cookie,

@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -103,6 +104,15 @@ type projects struct {
 	podRefused map[string]string
 	// an attach met the cap, and none succeeded since (logged once)
 	netnsFull bool
+	// What the kernel side has to settle (memberKernel.Settle) before the
+	// membership is published: the host's namespace after the kernel's
+	// members changed, and the attached namespaces a change concerns (newly
+	// attached, or of a project or cgroup whose members changed: touched,
+	// until the kernel takes the change), by cookie. Kept until a Settle succeeds.
+	settleHost     bool
+	settleNetns    map[uint64]bool
+	touched        map[string]bool
+	touchedCgroups []string
 	// projects whose attach met connections.max_netns_per_project, and
 	// none of theirs succeeded since (logged once)
 	projectFull map[string]bool
@@ -157,7 +167,8 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 	}
 	p := &projects{log: log.With("part", "projects"), store: store, wake: make(chan struct{}, 1),
 		found: map[string]*sourceState{}, logged: map[membership.Refusal]bool{}, attached: map[uint64]admin.Namespace{},
-		podNetns: map[uint64]bool{}, charged: map[uint64]netnsCharge{}, podRefused: map[string]string{}, projectFull: map[string]bool{},
+		settleNetns: map[uint64]bool{},
+		podNetns:    map[uint64]bool{}, charged: map[uint64]netnsCharge{}, podRefused: map[string]string{}, projectFull: map[string]bool{},
 		netnsPerProject: cfg.Connections.MaxNetnsPerProject}
 	var st syscall.Stat_t
 	if syscall.Stat("/proc/thread-self/ns/net", &st) == nil {
@@ -420,6 +431,7 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	if changed {
 		res := membership.Resolve(inputs, p.inForce.Accepted)
 		ch := membership.Diff(p.inForce.Accepted, res.Accepted)
+		p.touch(ch)
 		p.logChanges(ch, len(res.Accepted))
 		p.logRefusals(res.Refused)
 		p.inForce = res
@@ -432,7 +444,13 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 		}
 	}
 	if p.kernel != nil && !hold && (changed || tick) {
-		p.setKernelMembers()
+		if p.setKernelMembers() {
+			p.settleChanged()
+		} else {
+			// The kernel's members did not change: nothing to walk.
+			clear(p.touched)
+			p.touchedCgroups = p.touchedCgroups[:0]
+		}
 	}
 	p.regMu.Lock()
 	p.pending = p.pending[covered:]
@@ -446,7 +464,64 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	case tick && p.kernel != nil:
 		p.detachGone() // the pods' namespaces, without a scan
 	}
+	p.settle()
 	p.publish()
+}
+
+// touch notes the projects whose members changed: the namespaces attached
+// for them are settled once the kernel takes the change.
+func (p *projects) touch(ch membership.Changes) {
+	if p.kernel == nil {
+		return
+	}
+	if p.touched == nil {
+		p.touched = map[string]bool{}
+	}
+	for _, e := range slices.Concat(ch.Added, ch.Removed) {
+		p.touched[e.Project] = true
+		p.touchedCgroups = append(p.touchedCgroups, e.Cgroup)
+	}
+	for _, m := range ch.Moved {
+		p.touched[m.From.Project], p.touched[m.To.Project] = true, true
+		p.touchedCgroups = append(p.touchedCgroups, m.To.Cgroup)
+	}
+}
+
+// settleChanged notes that the kernel's members changed (or may have: a
+// change that failed part-way): the host's namespace is settled, and the
+// attached namespaces of the projects touched since the last settle.
+func (p *projects) settleChanged() {
+	p.settleHost = true
+	for _, a := range p.attached {
+		if !a.Attached {
+			continue
+		}
+		// Its processes' projects as last seen, or the cgroup they were
+		// found in (a namespace's projects are those of its attach, and
+		// a member moved to another project keeps its cgroup).
+		if slices.ContainsFunc(a.Projects, func(pr string) bool { return p.touched[pr] }) ||
+			slices.ContainsFunc(p.touchedCgroups, func(cg string) bool {
+				return a.Cgroup == cg || strings.HasPrefix(a.Cgroup, cg+"/")
+			}) {
+			p.settleNetns[a.Cookie] = true
+		}
+	}
+	clear(p.touched)
+	p.touchedCgroups = p.touchedCgroups[:0]
+}
+
+// settle has the kernel side count what the changes of this apply (or of
+// one whose Settle failed) concern, before the membership is published: a
+// member or namespace shown in force has its listeners counted.
+func (p *projects) settle() {
+	if p.kernel == nil || !p.settleHost && len(p.settleNetns) == 0 {
+		return
+	}
+	if err := p.kernel.Settle(p.settleHost, slices.Collect(maps.Keys(p.settleNetns))); err != nil {
+		return // logged by the kernel side; tried again at the next apply
+	}
+	p.settleHost = false
+	clear(p.settleNetns)
 }
 
 // kubePollMin bounds how often the runtime is asked for its pods, whatever
@@ -668,8 +743,8 @@ func qosChildren(root string) []string {
 
 // setKernelMembers makes the kernel's members those in force, and the
 // extras (kernelExtras), which win over a member in force at the same
-// cgroup.
-func (p *projects) setKernelMembers() {
+// cgroup. It says whether a member was added, removed or moved.
+func (p *projects) setKernelMembers() bool {
 	extras := p.kernelExtras()
 	ms := membership.Members(p.inForce.Accepted)
 	if len(extras) > 0 {
@@ -682,11 +757,13 @@ func (p *projects) setKernelMembers() {
 	}
 	rep, err := p.kernel.SetMembers(ms)
 	if err != nil {
+		// Written in part, perhaps: settled all the same.
+		p.settleChanged()
 		if p.kErr != err.Error() {
 			p.log.Error("the kernel's members were not updated: the last ones stay in force", "err", err)
 		}
 		p.kErr = err.Error()
-		return
+		return false
 	}
 	if p.kErr != "" {
 		p.log.Info("the kernel's members are updated again")
@@ -708,6 +785,7 @@ func (p *projects) setKernelMembers() {
 	if rep.Added+rep.Removed > 0 {
 		p.log.Debug("kernel members", "added", rep.Added, "removed", rep.Removed, "kept", rep.Kept)
 	}
+	return rep.Added+rep.Removed+rep.Moved > 0
 }
 
 // publish rebuilds the view Status and the admin API read. It holds the

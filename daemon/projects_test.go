@@ -312,25 +312,46 @@ func TestRegisterConcurrently(t *testing.T) {
 // for the loader's membership API (design17) until the loader has it. The
 // kernel itself is tested with the loader.
 type handOff struct {
-	mu       sync.Mutex // guards the fields below
-	seed     []membership.Member
-	sets     [][]membership.Member
-	refuse   string // a cgroup SetMembers refuses
-	attached []string
+	mu        sync.Mutex // guards the fields below
+	seed      []membership.Member
+	sets      [][]membership.Member
+	refuse    string // a cgroup SetMembers refuses
+	attached  []string
+	settles   []settleCall
+	settleErr error // Settle's answer
+}
+
+type settleCall struct {
+	host  bool
+	netns []uint64
 }
 
 func (h *handOff) Members() ([]membership.Member, error) { return h.seed, nil }
 func (h *handOff) SetMembers(ms []membership.Member) (membersReport, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	prev := h.seed // the kernel's before the first call
+	if len(h.sets) > 0 {
+		prev = h.sets[len(h.sets)-1]
+	}
 	h.sets = append(h.sets, ms)
-	rep := membersReport{Kept: len(ms)}
+	var rep membersReport
 	for _, m := range ms {
 		if m.Cgroup == h.refuse {
 			rep.Refused = append(rep.Refused, membership.Refusal{Entry: membership.Entry{Member: m}, Reason: "cgroup does not exist"})
+		} else if slices.Contains(prev, m) {
+			rep.Kept++
+		} else {
+			rep.Added++
 		}
 	}
 	return rep, nil
+}
+func (h *handOff) Settle(host bool, netns []uint64) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.settles = append(h.settles, settleCall{host, slices.Clone(netns)})
+	return h.settleErr
 }
 func (h *handOff) AttachNetns(ns *os.File, path string) (netnsInfo, error) {
 	h.mu.Lock()
@@ -389,10 +410,14 @@ func TestKernelHandOff(t *testing.T) {
 	if len(h.sets) != 1 || len(h.sets[0]) != 2 {
 		t.Fatalf("SetMembers calls %v", h.sets)
 	}
+	// The kernel had inner, and refused ghost: nothing to settle.
+	if len(h.settles) != 0 {
+		t.Fatalf("Settle calls %+v with the kernel's members unchanged, want none", h.settles)
+	}
 	p.apply(t.Context(), time.Now(), false) // nothing changed, not a tick
 	p.apply(t.Context(), time.Now(), true)  // a tick: again (cgroups made again keep their path, not their id)
-	if len(h.sets) != 2 {
-		t.Fatalf("SetMembers calls %d, want 2", len(h.sets))
+	if len(h.sets) != 2 || len(h.settles) != 0 {
+		t.Fatalf("SetMembers calls %d, want 2; Settle calls %+v with nothing changed, want none", len(h.sets), h.settles)
 	}
 
 	cmd := exec.Command("sleep", "60")
@@ -402,6 +427,29 @@ func TestKernelHandOff(t *testing.T) {
 	ns := p.membership().Netns.Namespaces
 	if len(ns) != 1 || !ns[0].Attached || ns[0].Cookie != 7 || len(h.attached) != 1 {
 		t.Fatalf("namespaces %+v, attached %v", ns, h.attached)
+	}
+	// A namespace attached: that one settled (its listeners counted), not
+	// the host's.
+	if len(h.settles) != 1 || h.settles[0].host || !slices.Equal(h.settles[0].netns, []uint64{7}) {
+		t.Fatalf("Settle calls %+v after a namespace was attached, want one of cookie 7 alone", h.settles)
+	}
+
+	// A kernel that had none of the members: they are added, and the
+	// host's namespace settled before the membership is published; a
+	// Settle that fails is made again at the next apply, and only then.
+	fresh := &handOff{refuse: gone, settleErr: errors.New("no iterator")}
+	q, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.close()
+	q.kernel = fresh
+	q.apply(t.Context(), time.Now(), false)
+	fresh.settleErr = nil
+	q.apply(t.Context(), time.Now(), false)
+	q.apply(t.Context(), time.Now(), false)
+	if len(fresh.settles) != 2 || !fresh.settles[0].host || !fresh.settles[1].host {
+		t.Fatalf("Settle calls %+v after members were added (the first failing), want two of the host", fresh.settles)
 	}
 }
 

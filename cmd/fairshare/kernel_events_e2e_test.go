@@ -49,9 +49,13 @@ func listenHelper() {
 // listenIn starts a server in project (created under the node's root) and
 // returns its address.
 func (n *node) listenIn(project string) netip.AddrPort {
-	t := n.t
+	n.t.Helper()
+	return listenInCgroup(n.t, n.mkProject(project)) // a member before it listens
+}
+
+// listenInCgroup starts a server in cgroup cg and returns its address.
+func listenInCgroup(t *testing.T, cg string) netip.AddrPort {
 	t.Helper()
-	cg := n.mkProject(project) // a member before it listens
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

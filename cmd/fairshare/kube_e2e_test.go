@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -392,12 +393,24 @@ func TestKubernetesPodListener(t *testing.T) {
 		}
 		return nil
 	})
-	if ok, refused := testutil.DialAll(t, net.JoinHostPort(srv.IP, "8080"), 6, 5*time.Second); ok != 4 || refused != 2 {
-		t.Errorf("to the pod's listener: %d connected, %d refused; want 4 and 2 with a pool of 5 (inbound, a floor short)", ok, refused)
+	// What the host and the daemon saw, while the pod still runs.
+	state := func() string {
+		out, _, _ := n.cli("status", "--json")
+		ev, _, _ := n.cli("events", "--json")
+		return fmt.Sprintf("%s\nstatus:\n%s\nevents:\n%s\ndaemon log:\n%s", srv.NetState(), out, ev, n.log)
 	}
-	if c := project(pool(n.status(), "connections"), "team-d"); c.Held != 4 || c.Refused != 2 {
-		t.Errorf("team-d %+v, want 4 held, 2 refused", c)
+	ok, refused, err := dialAll(t, net.JoinHostPort(srv.IP, "8080"), 6, 5*time.Second)
+	if err != nil || ok != 4 || refused != 2 {
+		t.Errorf("to the pod's listener: %d connected, %d refused (%v); want 4 and 2 with a pool of 5 (inbound, a floor short)\n%s", ok, refused, err, state())
 	}
+	// The pod's side is counted when its handshake ends, which the
+	// client's connect does not wait for.
+	eventually(t, func() error {
+		if c := project(pool(n.status(), "connections"), "team-d"); c.Held != 4 || c.Refused != 2 {
+			return fmt.Errorf("team-d %+v, want 4 held, 2 refused", c)
+		}
+		return nil
+	})
 	r.RemovePod(t, srv)
 	eventually(t, func() error {
 		m := n.members()
@@ -409,4 +422,22 @@ func TestKubernetesPodListener(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// dialAll is testutil.DialAll that returns an error other than a refusal
+// instead of failing the test, so that the caller can say what it saw.
+func dialAll(t *testing.T, addr string, n int, timeout time.Duration) (ok, refused int, err error) {
+	for range n {
+		c, err := net.DialTimeout("tcp4", addr, timeout)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			refused++
+			continue
+		}
+		if err != nil {
+			return ok, refused, err
+		}
+		t.Cleanup(func() { c.Close() })
+		ok++
+	}
+	return ok, refused, nil
 }

@@ -297,3 +297,114 @@ func TestProjectAddRefusesAFileInACgroup(t *testing.T) {
 		}
 	}
 }
+
+// TestListenerBeforeItsMember: a server listening before its cgroup is a
+// member, or while it is another project's, is in its project's pool from
+// the moment 'project add' returns, not from the next reconcile pass (an
+// hour away here): the first SYNs past the share are refused. Moved to
+// another project it counts for that one at once, and removed it is no
+// project's at once. In the host's namespace, listening before and after
+// the registration, and in a namespace of its own found by the scan after
+// it (walked when attached, and at the move as one of the project's).
+func TestListenerBeforeItsMember(t *testing.T) {
+	n := newNode(t, "reconcile: 1h\npools: {connections: {size: 5, floor: 1}}\n")
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-e2e-late-")
+	n.start()
+	started := time.Now()
+	// The loop's first pass is the last before the hour: wait it out, so
+	// that no pass counts the listener but the registration's own.
+	eventually(t, func() error {
+		if r := n.status().Reconcile; r == nil || !r.Time.After(started) {
+			return fmt.Errorf("the first reconcile pass has not run: %+v", r)
+		}
+		return nil
+	})
+	counts := func(name string) admin.Project { return project(pool(n.status(), "connections"), name) }
+	clients := testutil.MkCgroup(t, top, "clients")
+	for round, name := range []string{"listening before the registration", "listening after it",
+		"in a namespace of its own, listening before the registration"} {
+		cg := testutil.MkCgroup(t, top, strconv.Itoa(round))
+		// A subtest: its connections and server end with it, and their
+		// permits with them.
+		t.Run(name, func(t *testing.T) {
+			var dial func(k int) (ok, refused int, err error)
+			listen := func() {
+				if round == 2 {
+					srv := startPodServer(t, cg)
+					dial = func(k int) (int, int, error) {
+						ok, refused := connectIn(t, srv, clients, k)
+						return ok, refused, nil
+					}
+					return
+				}
+				addr := listenInCgroup(t, cg)
+				dial = func(k int) (int, int, error) { return dialAll(t, addr.String(), k, 5*time.Second) }
+			}
+			if round != 1 {
+				listen()
+			}
+			before := counts("team-l")
+			if out, errOut, code := n.project("add", "team-l", "--cgroup", cg); code != 0 {
+				t.Fatalf("add: exit %d\n%s%s", code, out, errOut)
+			}
+			switch round {
+			case 1:
+				listen() // the programs' own case
+			case 2:
+				// Found by the scan at a tick after the registration,
+				// and walked when attached.
+				n.waitAttached(startedPid(t, cg), 15*time.Second)
+			}
+			ok, refused, err := dial(6)
+			if err != nil || ok != 4 || refused != 2 {
+				t.Errorf("%d connected, %d refused (%v); want 4 and 2: a pool of 5, inbound a floor short", ok, refused, err)
+			}
+			// The server's side is counted when its handshake ends, which
+			// the client's connect does not wait for.
+			eventually(t, func() error {
+				if c := counts("team-l"); c.Held != 4 || c.Refused-before.Refused != 2 {
+					return fmt.Errorf("team-l %+v, want 4 held and 2 more refused", c)
+				}
+				return nil
+			})
+			// Moved to team-m: its next SYN counts for team-m.
+			if _, errOut, code := n.project("remove", "team-l"); code != 0 {
+				t.Fatalf("remove: exit %d %s", code, errOut)
+			}
+			if _, errOut, code := n.project("add", "team-m", "--cgroup", cg); code != 0 {
+				t.Fatalf("add team-m: exit %d %s", code, errOut)
+			}
+			if ok, refused, err := dial(1); err != nil || ok != 1 || refused != 0 {
+				t.Errorf("moved to team-m: %d connected, %d refused (%v)", ok, refused, err)
+			}
+			eventually(t, func() error {
+				if c := counts("team-m"); c.Held != 1 {
+					ev, _, _ := n.cli("events", "--json")
+					return fmt.Errorf("team-m %+v, want its listener's new connection held; events:\n%s", c, ev)
+				}
+				return nil
+			})
+			// Removed: no project's, so nothing refuses its SYNs.
+			if _, errOut, code := n.project("remove", "team-m"); code != 0 {
+				t.Fatalf("remove team-m: exit %d %s", code, errOut)
+			}
+			if ok, refused, err := dial(6); err != nil || ok != 6 || refused != 0 {
+				t.Errorf("removed: %d connected, %d refused (%v); want all 6: no project's listener", ok, refused, err)
+			}
+		})
+	}
+}
+
+// startedPid is the one process in cgroup dir.
+func startedPid(t *testing.T, dir string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("cgroup %s holds %q, want one process", dir, b)
+	}
+	return pid
+}
