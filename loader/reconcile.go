@@ -649,7 +649,7 @@ func (l *Limiter) reportFound(rep *ReconcileReport, found pass, unadopted map[ui
 		l.log.Warn("project sockets that hold no permit could not be adopted: the held-permit table has no room for them "+
 			"(their slots hold other sockets' permits and the spill table is full); they count nowhere, "+
 			"so the project may take its share again beside them, until a pass finds room",
-			append([]any{"project", p, "count", rep.Unadopted[p], "slots", l.held, "spill_entries", l.held}, heldAttr...)...)
+			slices.Concat([]any{"project", p, "count", rep.Unadopted[p]}, heldAttr, []any{"slots", l.held, "spill_entries", l.held})...)
 	}
 }
 
