@@ -639,6 +639,7 @@ var errNetnsFull = loader.ErrNetnsFull
 type membersReport struct {
 	Added, Removed, Kept int
 	Moved                int                  // kept with another project (in Kept too)
+	Changed              []string             // the cgroups written or removed (loader's)
 	Refused              []membership.Refusal // Source empty: the kernel side's
 }
 
@@ -682,6 +683,11 @@ func (k *kernelSide) settle(ctx context.Context, host bool, netns []uint64) erro
 		k.log.Info("the listeners and connections of new members or namespaces are counted at once again")
 		k.settleErr = ""
 	}
+	for cookie, why := range rep.NetnsSkipped {
+		// Most often its last process has just ended.
+		k.log.Info("a network namespace was not walked for the members' change: its listeners are counted at the next reconcile pass",
+			"netns_cookie", cookie, "reason", why)
+	}
 	k.rec.RepairsTotal += uint64(rep.Adopted)
 	for _, n := range rep.AdoptedPast {
 		k.rec.AdoptedPastTotal += uint64(n)
@@ -701,7 +707,7 @@ func (m kernelMembers) Members() ([]membership.Member, error) { return m.lim.Mem
 
 func (m kernelMembers) SetMembers(ms []membership.Member) (membersReport, error) {
 	rep, err := m.lim.SetMembers(ms)
-	out := membersReport{Added: rep.Added, Removed: rep.Removed, Kept: rep.Kept, Moved: rep.Moved}
+	out := membersReport{Added: rep.Added, Removed: rep.Removed, Kept: rep.Kept, Moved: rep.Moved, Changed: rep.Changed}
 	for _, r := range rep.Refused {
 		out.Refused = append(out.Refused, membership.Refusal{Entry: membership.Entry{Member: r.Member}, Reason: r.Reason})
 	}

@@ -107,12 +107,10 @@ type projects struct {
 	// What the kernel side has to settle (memberKernel.Settle) before the
 	// membership is published: the host's namespace after the kernel's
 	// members changed, and the attached namespaces a change concerns (newly
-	// attached, or of a project or cgroup whose members changed: touched,
-	// until the kernel takes the change), by cookie. Kept until a Settle succeeds.
-	settleHost     bool
-	settleNetns    map[uint64]bool
-	touched        map[string]bool
-	touchedCgroups []string
+	// attached, or found in a cgroup whose member changed), by cookie. Kept
+	// until a Settle succeeds.
+	settleHost  bool
+	settleNetns map[uint64]bool
 	// projects whose attach met connections.max_netns_per_project, and
 	// none of theirs succeeded since (logged once)
 	projectFull map[string]bool
@@ -431,7 +429,6 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	if changed {
 		res := membership.Resolve(inputs, p.inForce.Accepted)
 		ch := membership.Diff(p.inForce.Accepted, res.Accepted)
-		p.touch(ch)
 		p.logChanges(ch, len(res.Accepted))
 		p.logRefusals(res.Refused)
 		p.inForce = res
@@ -444,13 +441,7 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 		}
 	}
 	if p.kernel != nil && !hold && (changed || tick) {
-		if p.setKernelMembers() {
-			p.settleChanged()
-		} else {
-			// The kernel's members did not change: nothing to walk.
-			clear(p.touched)
-			p.touchedCgroups = p.touchedCgroups[:0]
-		}
+		p.setKernelMembers()
 	}
 	p.regMu.Lock()
 	p.pending = p.pending[covered:]
@@ -468,46 +459,22 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	p.publish()
 }
 
-// touch notes the projects whose members changed: the namespaces attached
-// for them are settled once the kernel takes the change.
-func (p *projects) touch(ch membership.Changes) {
-	if p.kernel == nil {
+// settleChanged notes the cgroups whose kernel members were written or
+// removed: the host's namespace is walked, and each attached namespace
+// whose processes were found at, below or above one of them.
+func (p *projects) settleChanged(cgroups []string) {
+	if len(cgroups) == 0 {
 		return
 	}
-	if p.touched == nil {
-		p.touched = map[string]bool{}
-	}
-	for _, e := range slices.Concat(ch.Added, ch.Removed) {
-		p.touched[e.Project] = true
-		p.touchedCgroups = append(p.touchedCgroups, e.Cgroup)
-	}
-	for _, m := range ch.Moved {
-		p.touched[m.From.Project], p.touched[m.To.Project] = true, true
-		p.touchedCgroups = append(p.touchedCgroups, m.To.Cgroup)
-	}
-}
-
-// settleChanged notes that the kernel's members changed (or may have: a
-// change that failed part-way): the host's namespace is settled, and the
-// attached namespaces of the projects touched since the last settle.
-func (p *projects) settleChanged() {
 	p.settleHost = true
+	related := func(a, b string) bool {
+		return a != "" && b != "" && (a == b || strings.HasPrefix(a, b+"/") || strings.HasPrefix(b, a+"/"))
+	}
 	for _, a := range p.attached {
-		if !a.Attached {
-			continue
-		}
-		// Its processes' projects as last seen, or the cgroup they were
-		// found in (a namespace's projects are those of its attach, and
-		// a member moved to another project keeps its cgroup).
-		if slices.ContainsFunc(a.Projects, func(pr string) bool { return p.touched[pr] }) ||
-			slices.ContainsFunc(p.touchedCgroups, func(cg string) bool {
-				return a.Cgroup == cg || strings.HasPrefix(a.Cgroup, cg+"/")
-			}) {
+		if a.Attached && slices.ContainsFunc(cgroups, func(cg string) bool { return related(a.Cgroup, cg) }) {
 			p.settleNetns[a.Cookie] = true
 		}
 	}
-	clear(p.touched)
-	p.touchedCgroups = p.touchedCgroups[:0]
 }
 
 // settle has the kernel side count what the changes of this apply (or of
@@ -743,8 +710,8 @@ func qosChildren(root string) []string {
 
 // setKernelMembers makes the kernel's members those in force, and the
 // extras (kernelExtras), which win over a member in force at the same
-// cgroup. It says whether a member was added, removed or moved.
-func (p *projects) setKernelMembers() bool {
+// cgroup. The cgroups it changed are to be walked (settleChanged).
+func (p *projects) setKernelMembers() {
 	extras := p.kernelExtras()
 	ms := membership.Members(p.inForce.Accepted)
 	if len(extras) > 0 {
@@ -756,14 +723,14 @@ func (p *projects) setKernelMembers() bool {
 		ms = append(ms, extras...)
 	}
 	rep, err := p.kernel.SetMembers(ms)
+	// With an error too: what was written before it.
+	p.settleChanged(rep.Changed)
 	if err != nil {
-		// Written in part, perhaps: settled all the same.
-		p.settleChanged()
 		if p.kErr != err.Error() {
 			p.log.Error("the kernel's members were not updated: the last ones stay in force", "err", err)
 		}
 		p.kErr = err.Error()
-		return false
+		return
 	}
 	if p.kErr != "" {
 		p.log.Info("the kernel's members are updated again")
@@ -785,7 +752,6 @@ func (p *projects) setKernelMembers() bool {
 	if rep.Added+rep.Removed > 0 {
 		p.log.Debug("kernel members", "added", rep.Added, "removed", rep.Removed, "kept", rep.Kept)
 	}
-	return rep.Added+rep.Removed+rep.Moved > 0
 }
 
 // publish rebuilds the view Status and the admin API read. It holds the

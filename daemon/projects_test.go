@@ -318,7 +318,8 @@ type handOff struct {
 	refuse    string // a cgroup SetMembers refuses
 	attached  []string
 	settles   []settleCall
-	settleErr error // Settle's answer
+	settleErr error    // Settle's answer
+	rewrite   []string // cgroups the next SetMembers writes again (a cgroup made again)
 }
 
 type settleCall struct {
@@ -339,12 +340,14 @@ func (h *handOff) SetMembers(ms []membership.Member) (membersReport, error) {
 	for _, m := range ms {
 		if m.Cgroup == h.refuse {
 			rep.Refused = append(rep.Refused, membership.Refusal{Entry: membership.Entry{Member: m}, Reason: "cgroup does not exist"})
-		} else if slices.Contains(prev, m) {
+		} else if slices.Contains(prev, m) && !slices.Contains(h.rewrite, m.Cgroup) {
 			rep.Kept++
 		} else {
 			rep.Added++
+			rep.Changed = append(rep.Changed, m.Cgroup)
 		}
 	}
+	h.rewrite = nil
 	return rep, nil
 }
 func (h *handOff) Settle(host bool, netns []uint64) error {
@@ -432,6 +435,13 @@ func TestKernelHandOff(t *testing.T) {
 	// the host's.
 	if len(h.settles) != 1 || h.settles[0].host || !slices.Equal(h.settles[0].netns, []uint64{7}) {
 		t.Fatalf("Settle calls %+v after a namespace was attached, want one of cookie 7 alone", h.settles)
+	}
+	// inner written again (its cgroup made again under its path): the
+	// host's namespace walked, and the namespace found in inner.
+	h.rewrite = []string{inner}
+	p.apply(t.Context(), time.Now(), true)
+	if len(h.settles) != 2 || !h.settles[1].host || !slices.Equal(h.settles[1].netns, []uint64{7}) {
+		t.Fatalf("Settle calls %+v after inner was written again, want the host's and cookie 7", h.settles)
 	}
 
 	// A kernel that had none of the members: they are added, and the

@@ -31,6 +31,10 @@ type MembersReport struct {
 	// Moved counts members kept with another project (also in Kept).
 	Moved   int
 	Refused []RefusedMember
+	// Changed are the cgroups of the members written (added, moved, their
+	// flags changed) or removed: what a walk of their sockets (Settle)
+	// concerns. Set with an error too: what was written before it.
+	Changed []string
 }
 
 // RefusedMember is a member SetMembers did not apply, and why.
@@ -354,6 +358,7 @@ func (l *Limiter) setMembers(ms []Member, changed *bool) (MembersReport, error) 
 			return rep, fmt.Errorf("writing member %s: %w", w.Cgroup, err)
 		}
 		*changed = true
+		rep.Changed = append(rep.Changed, w.Cgroup)
 		if had {
 			rep.Kept++
 			if old.project != id {
@@ -373,6 +378,7 @@ func (l *Limiter) setMembers(ms []Member, changed *bool) (MembersReport, error) 
 			return rep, fmt.Errorf("removing member %s: %w", r.path, err)
 		}
 		*changed = true
+		rep.Changed = append(rep.Changed, r.path)
 		delete(l.memb.members, cg)
 		if r.path != "" && l.memb.paths[r.path] == cg {
 			delete(l.memb.paths, r.path)

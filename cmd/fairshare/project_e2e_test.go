@@ -305,7 +305,7 @@ func TestProjectAddRefusesAFileInACgroup(t *testing.T) {
 // another project it counts for that one at once, and removed it is no
 // project's at once. In the host's namespace, listening before and after
 // the registration, and in a namespace of its own found by the scan after
-// it (walked when attached, and at the move as one of the project's).
+// it (walked when attached, and at the move as found in the cgroup moved).
 func TestListenerBeforeItsMember(t *testing.T) {
 	n := newNode(t, "reconcile: 1h\npools: {connections: {size: 5, floor: 1}}\n")
 	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-e2e-late-")
