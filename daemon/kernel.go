@@ -638,7 +638,6 @@ var errNetnsFull = loader.ErrNetnsFull
 // membersReport is the loader's MembersReport.
 type membersReport struct {
 	Added, Removed, Kept int
-	Moved                int                  // kept with another project (in Kept too)
 	Changed              []string             // the cgroups written or removed (loader's)
 	Refused              []membership.Refusal // Source empty: the kernel side's
 }
@@ -707,7 +706,7 @@ func (m kernelMembers) Members() ([]membership.Member, error) { return m.lim.Mem
 
 func (m kernelMembers) SetMembers(ms []membership.Member) (membersReport, error) {
 	rep, err := m.lim.SetMembers(ms)
-	out := membersReport{Added: rep.Added, Removed: rep.Removed, Kept: rep.Kept, Moved: rep.Moved, Changed: rep.Changed}
+	out := membersReport{Added: rep.Added, Removed: rep.Removed, Kept: rep.Kept, Changed: rep.Changed}
 	for _, r := range rep.Refused {
 		out.Refused = append(out.Refused, membership.Refusal{Entry: membership.Entry{Member: r.Member}, Reason: r.Reason})
 	}

@@ -165,8 +165,8 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 	}
 	p := &projects{log: log.With("part", "projects"), store: store, wake: make(chan struct{}, 1),
 		found: map[string]*sourceState{}, logged: map[membership.Refusal]bool{}, attached: map[uint64]admin.Namespace{},
-		settleNetns: map[uint64]bool{},
-		podNetns:    map[uint64]bool{}, charged: map[uint64]netnsCharge{}, podRefused: map[string]string{}, projectFull: map[string]bool{},
+		podNetns: map[uint64]bool{}, charged: map[uint64]netnsCharge{}, podRefused: map[string]string{}, projectFull: map[string]bool{},
+		settleNetns:     map[uint64]bool{},
 		netnsPerProject: cfg.Connections.MaxNetnsPerProject}
 	var st syscall.Stat_t
 	if syscall.Stat("/proc/thread-self/ns/net", &st) == nil {
