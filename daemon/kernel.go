@@ -392,15 +392,7 @@ func (k *kernelSide) recordPass(rep loader.ReconcileReport, end time.Time) int {
 	k.rec.Sockets, k.rec.Held, k.rec.Repairs = sum(rep.Kernel), sum(rep.Held), repairs
 	k.rec.Adopted, k.rec.Orphans, k.rec.StaleListeners = rep.Adopted, rep.Orphans, rep.StaleListeners
 	k.rec.Unadopted = sum(rep.Unadopted)
-	for _, n := range rep.AdoptedPast {
-		k.rec.AdoptedPastTotal += uint64(n)
-	}
-	for _, n := range rep.Moved {
-		k.rec.MovedTotal += uint64(n)
-	}
-	for _, n := range rep.MovedPast {
-		k.rec.MovedPastTotal += uint64(n)
-	}
+	k.addFound(rep)
 	k.mu.Unlock()
 	k.publishRepairs(rep)
 	return repairs
@@ -451,6 +443,20 @@ func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
 	for _, p := range projects {
 		v := rep.Repaired[p]
 		pub(events.KindRepaired, p, v, fmt.Sprintf("in_use corrected by %+d", v))
+	}
+}
+
+// addFound adds what rep's walk adopted past the rule and moved to the
+// passes' totals. k.mu is held.
+func (k *kernelSide) addFound(rep loader.ReconcileReport) {
+	for _, n := range rep.AdoptedPast {
+		k.rec.AdoptedPastTotal += uint64(n)
+	}
+	for _, n := range rep.Moved {
+		k.rec.MovedTotal += uint64(n)
+	}
+	for _, n := range rep.MovedPast {
+		k.rec.MovedPastTotal += uint64(n)
 	}
 }
 
@@ -688,15 +694,7 @@ func (k *kernelSide) settle(ctx context.Context, host bool, netns []uint64) erro
 			"netns_cookie", cookie, "reason", why)
 	}
 	k.rec.RepairsTotal += uint64(rep.Adopted)
-	for _, n := range rep.AdoptedPast {
-		k.rec.AdoptedPastTotal += uint64(n)
-	}
-	for _, n := range rep.Moved {
-		k.rec.MovedTotal += uint64(n)
-	}
-	for _, n := range rep.MovedPast {
-		k.rec.MovedPastTotal += uint64(n)
-	}
+	k.addFound(rep)
 	k.mu.Unlock()
 	k.publishRepairs(rep)
 	return nil

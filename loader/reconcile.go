@@ -338,6 +338,12 @@ func addByPool(to, from map[string]map[string]int) map[string]map[string]int {
 // but cannot be checked against live sockets from here. Passes run one at a
 // time: a call waits for another's to end.
 func (l *Limiter) Reconcile(ctx context.Context) (ReconcileReport, error) {
+	return l.onePass(ctx, l.reconcile)
+}
+
+// onePass runs f, a pass or a walk, once no other runs, if l is open and
+// ctx not done.
+func (l *Limiter) onePass(ctx context.Context, f func() (ReconcileReport, error)) (ReconcileReport, error) {
 	if err := l.checkOpen(); err != nil {
 		return ReconcileReport{}, err
 	}
@@ -346,7 +352,7 @@ func (l *Limiter) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	if err := ctx.Err(); err != nil {
 		return ReconcileReport{}, err
 	}
-	return l.reconcile()
+	return f()
 }
 
 // Settle counts at once what members and network namespaces new since the
@@ -365,14 +371,10 @@ func (l *Limiter) Reconcile(ctx context.Context) (ReconcileReport, error) {
 // the namespaces it could not enter. Cookies not attached are ignored. It
 // runs between passes, never beside one.
 func (l *Limiter) Settle(ctx context.Context, host bool, netns []uint64) (ReconcileReport, error) {
-	if err := l.checkOpen(); err != nil {
-		return ReconcileReport{}, err
-	}
-	l.passM.Lock()
-	defer l.passM.Unlock()
-	if err := ctx.Err(); err != nil {
-		return ReconcileReport{}, err
-	}
+	return l.onePass(ctx, func() (ReconcileReport, error) { return l.settle(host, netns) })
+}
+
+func (l *Limiter) settle(host bool, netns []uint64) (ReconcileReport, error) {
 	l.mu.Lock()
 	names := slices.Clone(l.memb.names)
 	destNames := map[uint32]string{}

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -399,7 +398,7 @@ func TestKubernetesPodListener(t *testing.T) {
 		ev, _, _ := n.cli("events", "--json")
 		return fmt.Sprintf("%s\nstatus:\n%s\nevents:\n%s\ndaemon log:\n%s", srv.NetState(), out, ev, n.log)
 	}
-	ok, refused, err := dialAll(t, net.JoinHostPort(srv.IP, "8080"), 6, 5*time.Second)
+	ok, refused, err := testutil.TryDialAll(t, net.JoinHostPort(srv.IP, "8080"), 6, 5*time.Second)
 	if err != nil || ok != 4 || refused != 2 {
 		t.Errorf("to the pod's listener: %d connected, %d refused (%v); want 4 and 2 with a pool of 5 (inbound, a floor short)\n%s", ok, refused, err, state())
 	}
@@ -422,22 +421,4 @@ func TestKubernetesPodListener(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-// dialAll is testutil.DialAll that returns an error other than a refusal
-// instead of failing the test, so that the caller can say what it saw.
-func dialAll(t *testing.T, addr string, n int, timeout time.Duration) (ok, refused int, err error) {
-	for range n {
-		c, err := net.DialTimeout("tcp4", addr, timeout)
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			refused++
-			continue
-		}
-		if err != nil {
-			return ok, refused, err
-		}
-		t.Cleanup(func() { c.Close() })
-		ok++
-	}
-	return ok, refused, nil
 }

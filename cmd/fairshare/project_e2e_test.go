@@ -338,7 +338,7 @@ func TestListenerBeforeItsMember(t *testing.T) {
 					return
 				}
 				addr := listenInCgroup(t, cg)
-				dial = func(k int) (int, int, error) { return dialAll(t, addr.String(), k, 5*time.Second) }
+				dial = func(k int) (int, int, error) { return testutil.TryDialAll(t, addr.String(), k, 5*time.Second) }
 			}
 			if round != 1 {
 				listen()

@@ -41,6 +41,16 @@ func Sink(t testing.TB, ln net.Listener) net.Listener {
 // the limiter answers a refused SYN); any other error fails the test.
 func DialAll(t testing.TB, addr string, n int, timeout time.Duration) (ok, refused int) {
 	t.Helper()
+	ok, refused, err := TryDialAll(t, addr, n, timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok, refused
+}
+
+// TryDialAll is DialAll that stops at an error other than a refusal and
+// returns it, so that the caller can say what it saw.
+func TryDialAll(t testing.TB, addr string, n int, timeout time.Duration) (ok, refused int, err error) {
 	for range n {
 		c, err := net.DialTimeout("tcp4", addr, timeout)
 		if errors.Is(err, syscall.ECONNREFUSED) {
@@ -48,12 +58,12 @@ func DialAll(t testing.TB, addr string, n int, timeout time.Duration) (ok, refus
 			continue
 		}
 		if err != nil {
-			t.Fatal(err)
+			return ok, refused, err
 		}
 		t.Cleanup(func() { c.Close() })
 		ok++
 	}
-	return ok, refused
+	return ok, refused, nil
 }
 
 // LoopbackUp brings lo up in the calling thread's network namespace (a new
