@@ -134,7 +134,9 @@ func ringReadsClient(addr string, id, rounds int, rng *rand.Rand) error {
 				s.n = rng.IntN(64)
 			} else if rng.IntN(2) == 0 {
 				s.body = bytes.Repeat([]byte{byte('a' + rng.IntN(26))}, rng.IntN(40<<10))
-				s.body[len(s.body)/2%max(1, len(s.body))] = byte(k) // not all alike
+				if len(s.body) > 0 { // an empty body now and then (1 in 40960)
+					s.body[len(s.body)/2] = byte(k) // not all alike
+				}
 			}
 			fmt.Fprintf(&out, "POST %s?n=%d HTTP/1.1\r\nHost: x\r\nFairshare-Project: p%d\r\nContent-Length: %d\r\n\r\n", s.path, s.n, id%3, len(s.body))
 			out.Write(s.body)
