@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -309,16 +311,7 @@ func TestProjectAddRefusesAFileInACgroup(t *testing.T) {
 func TestListenerBeforeItsMember(t *testing.T) {
 	n := newNode(t, "reconcile: 1h\npools: {connections: {size: 5, floor: 1}}\n")
 	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-e2e-late-")
-	n.start()
-	started := time.Now()
-	// The loop's first pass is the last before the hour: wait it out, so
-	// that no pass counts the listener but the registration's own.
-	eventually(t, func() error {
-		if r := n.status().Reconcile; r == nil || !r.Time.After(started) {
-			return fmt.Errorf("the first reconcile pass has not run: %+v", r)
-		}
-		return nil
-	})
+	n.startPastFirstPass()
 	counts := func(name string) admin.Project { return project(pool(n.status(), "connections"), name) }
 	clients := testutil.MkCgroup(t, top, "clients")
 	for round, name := range []string{"listening before the registration", "listening after it",
@@ -407,4 +400,87 @@ func startedPid(t *testing.T, dir string) int {
 		t.Fatalf("cgroup %s holds %q, want one process", dir, b)
 	}
 	return pid
+}
+
+// startPastFirstPass starts the daemon and waits out the loop's first
+// reconcile pass: with reconcile at an hour, no pass counts a listener
+// after it, and only a change's own walk can.
+func (n *node) startPastFirstPass() {
+	n.t.Helper()
+	n.start()
+	started := time.Now()
+	eventually(n.t, func() error {
+		if r := n.status().Reconcile; r == nil || !r.Time.After(started) {
+			return fmt.Errorf("the first reconcile pass has not run: %+v", r)
+		}
+		return nil
+	})
+}
+
+// TestListenerRegistrationOrders is TestListenerBeforeItsMember's class:
+// many rounds, each with a listener and its registration in a random
+// order (listening before, after, or while 'project add' runs) a random
+// delay apart, and 0-3 connections accepted before the registration. Every
+// round the project holds 4 inbound permits (pool 5, floor 1) once its
+// dials end, and the connections admitted past that are counted over all
+// rounds: none may be.
+func TestListenerRegistrationOrders(t *testing.T) {
+	n := newNode(t, "reconcile: 1h\npools: {connections: {size: 5, floor: 1}}\n")
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-e2e-orders-")
+	n.startPastFirstPass()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	const rounds = 100
+	crossed, refusedAll := 0, 0
+	for round := range rounds {
+		cg := testutil.MkCgroup(t, top, strconv.Itoa(round))
+		order, delay, early := rng.IntN(3), time.Duration(rng.IntN(30))*time.Millisecond, rng.IntN(4)
+		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) {
+			add := func() {
+				if out, errOut, code := n.project("add", "team-o", "--cgroup", cg); code != 0 {
+					t.Errorf("add: exit %d\n%s%s", code, out, errOut)
+				}
+			}
+			var addr netip.AddrPort
+			switch order {
+			case 0: // listening before
+				addr = listenInCgroup(t, cg)
+				time.Sleep(delay)
+				add()
+			case 1: // listening after
+				add()
+				time.Sleep(delay)
+				addr = listenInCgroup(t, cg)
+			default: // both at once
+				done := make(chan struct{})
+				go func() { defer close(done); time.Sleep(delay); add() }()
+				addr = listenInCgroup(t, cg)
+				<-done
+			}
+			if t.Failed() {
+				return
+			}
+			// Accepted before the registration when it came after the
+			// listener; counted all the same.
+			pre, _, err := testutil.TryDialAll(t, addr.String(), early, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ok, refused, err := testutil.TryDialAll(t, addr.String(), 6, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			refusedAll += refused
+			if over := pre + ok - 4; over != 0 {
+				crossed += max(over, 0)
+				t.Errorf("order %d, %v apart, %d early: %d+%d connected, want 4 in all (the project's inbound limit)",
+					order, delay, early, pre, ok)
+			}
+			if _, errOut, code := n.project("remove", "team-o"); code != 0 {
+				t.Fatalf("remove: exit %d %s", code, errOut)
+			}
+		})
+	}
+	t.Logf("%d rounds: %d connections admitted past the rule, %d refused", rounds, crossed, refusedAll)
 }
