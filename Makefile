@@ -67,6 +67,14 @@ TEST_PACKAGES := nftables containerd runc busybox-static containernetworking-plu
 # from 2.7-3.0 s of the verifier's CPU to 1.0-1.3 s (2026-12-07).
 SLOW_PACKAGES := ./loader ./cmd/fairshare ./scheduler ./front ./sockdiag
 
+# A program built with -race sleeps a second as it exits (the race
+# detector's atexit_sleep_ms, so that other threads can finish a report).
+# The tests start hundreds of helper processes from their own -race binary
+# and wait for each to exit: cmd/fairshare took 500 s with the sleep and
+# 230 s without it. A race is reported when it happens, not at exit; a
+# GORACE of your own is kept (its settings come after, and win).
+test test-front-modes: export GORACE := atexit_sleep_ms=0 $(GORACE)
+
 test: check-go lint check-generated ## run the whole suite (as root: the kernel tests run for real)
 	@[ "$$(id -u)" = 0 ] || echo "note: not root; tests that need BPF and cgroups will skip"
 	@missing=""; for t in $(TEST_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \

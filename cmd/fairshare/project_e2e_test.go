@@ -431,7 +431,7 @@ func TestListenerRegistrationOrders(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
-	const rounds = 100
+	const rounds = 300
 	crossed, refusedAll := 0, 0
 	for round := range rounds {
 		cg := testutil.MkCgroup(t, top, strconv.Itoa(round))
