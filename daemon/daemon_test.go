@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -39,6 +40,13 @@ func (r *records) Handle(_ context.Context, rec slog.Record) error {
 }
 func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
 func (r *records) WithGroup(string) slog.Handler      { return r }
+
+// all is every record logged so far.
+func (r *records) all() []slog.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.recs)
+}
 
 func (r *records) find(msg string) []slog.Record {
 	r.mu.Lock()

@@ -634,7 +634,7 @@ type memberKernel interface {
 	// now rather than at the next period and only over the namespaces
 	// given (the host's if host, the attached ones of cookies netns),
 	// without its comparison.
-	Settle(host bool, netns []uint64) error
+	Settle(ctx context.Context, host bool, netns []uint64) error
 }
 
 // errNetnsFull is AttachNetns's error at the attach cap
@@ -663,8 +663,8 @@ type kernelMembers struct {
 	k   *kernelSide
 }
 
-func (m kernelMembers) Settle(host bool, netns []uint64) error {
-	return m.k.settle(context.Background(), host, netns)
+func (m kernelMembers) Settle(ctx context.Context, host bool, netns []uint64) error {
+	return m.k.settle(ctx, host, netns)
 }
 
 // settle has the loader count at once what new members and namespaces have
@@ -674,6 +674,9 @@ func (m kernelMembers) Settle(host bool, netns []uint64) error {
 // sockets and permits) stays the pass's.
 func (k *kernelSide) settle(ctx context.Context, host bool, netns []uint64) error {
 	rep, err := k.lim.Settle(ctx, host, netns)
+	if err != nil && ctx.Err() != nil {
+		return err // shutting down: the walk is left to the next start's pass
+	}
 	k.mu.Lock()
 	if err != nil {
 		if k.settleErr != err.Error() {

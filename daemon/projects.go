@@ -455,7 +455,7 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	case tick && p.kernel != nil:
 		p.detachGone() // the pods' namespaces, without a scan
 	}
-	p.settle()
+	p.settle(ctx)
 	p.publish()
 }
 
@@ -480,11 +480,11 @@ func (p *projects) settleChanged(cgroups []string) {
 // settle has the kernel side count what the changes of this apply (or of
 // one whose Settle failed) concern, before the membership is published: a
 // member or namespace shown in force has its listeners counted.
-func (p *projects) settle() {
+func (p *projects) settle(ctx context.Context) {
 	if p.kernel == nil || !p.settleHost && len(p.settleNetns) == 0 {
 		return
 	}
-	if err := p.kernel.Settle(p.settleHost, slices.Collect(maps.Keys(p.settleNetns))); err != nil {
+	if err := p.kernel.Settle(ctx, p.settleHost, slices.Collect(maps.Keys(p.settleNetns))); err != nil {
 		return // logged by the kernel side; tried again at the next apply
 	}
 	p.settleHost = false

@@ -22,6 +22,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/policy"
 )
 
@@ -350,7 +351,7 @@ func (h *handOff) SetMembers(ms []membership.Member) (membersReport, error) {
 	h.rewrite = nil
 	return rep, nil
 }
-func (h *handOff) Settle(host bool, netns []uint64) error {
+func (h *handOff) Settle(_ context.Context, host bool, netns []uint64) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.settles = append(h.settles, settleCall{host, slices.Clone(netns)})
@@ -620,5 +621,40 @@ func TestOwnCgroupAtTheRootWarns(t *testing.T) {
 		if got != c.dir || logs.String() != "" {
 			t.Errorf("in %s (read %q %v): own cgroup %q, logged %q", c.dir, dir, err, got, logs.String())
 		}
+	}
+}
+
+// TestSettleCancelled: a walk asked for while the daemon shuts down (its
+// context cancelled) returns at once with the context's error, logs no
+// failure and leaves the walk pending, as a walk that failed; with a live
+// context the same walk runs.
+func TestSettleCancelled(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-settle-")
+	pin := filepath.Join("/sys/fs/bpf", filepath.Base(root))
+	t.Cleanup(func() { loader.Cleanup(pin) })
+	d, _, logs := newTestDaemon(t, func(c *config.Config) {
+		c.BPF, c.PinDir, c.ProjectsRoot, c.Tick = true, pin, root, time.Minute
+		c.Projects.Sources = []string{"directory"}
+	})
+	before := len(logs.all())
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := d.kernel.settle(ctx, true, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("settle with a cancelled context: %v, want %v", err, context.Canceled)
+	}
+	d.projects.settleHost = true
+	d.projects.settle(ctx)
+	if !d.projects.settleHost {
+		t.Error("a cancelled walk was marked done")
+	}
+	for _, rec := range logs.all()[before:] {
+		if rec.Level >= slog.LevelWarn {
+			t.Errorf("logged at %v for a cancelled walk: %s", rec.Level, rec.Message)
+		}
+	}
+	d.projects.settle(t.Context())
+	if d.projects.settleHost {
+		t.Error("the walk made with a live context is still pending")
 	}
 }
