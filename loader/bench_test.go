@@ -108,6 +108,7 @@ func BenchmarkConnectAcceptClose(b *testing.B) {
 	b.Run("outbound-lowerbound", func(b *testing.B) { benchCycle(b, false, false, rateLowerBound) })
 	b.Run("both-lowerbound", func(b *testing.B) { benchCycle(b, true, false, rateLowerBound) })
 	b.Run("outbound-dests", benchDests)
+	b.Run("outbound-dests-lowerbound", benchDestsLowerBound)
 }
 
 // benchDests is what destination pools (dest.go) cost connect4: its run
@@ -190,38 +191,12 @@ func benchDests(b *testing.B) {
 		b.Skipf("bpf stats unavailable: %v", err)
 	}
 	defer stats.Close()
-	// A block's cost per cycle of connect4 (ns/run, one run a cycle) and
-	// of the release paths, sock_release and set_state together (ns per
-	// cycle: the client's permit is given back at one of them, whichever
-	// comes first, and the other finds nothing).
-	progs := []*ebpf.Program{l.objs.FsConnect4, l.objs.FsSockRelease, l.objs.FsSetState}
+	progs := [3]*ebpf.Program{l.objs.FsConnect4, l.objs.FsSockRelease, l.objs.FsSetState}
 	var release []float64 // the last block's release cost, beside its return value
 	block := func(fd int, to unix.Sockaddr) float64 {
-		var before [3]*ebpf.ProgramStats
-		for i, p := range progs {
-			st, err := p.Stats()
-			if err != nil {
-				b.Fatal(err)
-			}
-			before[i] = st
-		}
-		const cycles = 250
-		for range cycles {
-			cycle(b, fd, to)
-		}
-		var per [3]float64
-		for i, p := range progs {
-			st, err := p.Stats()
-			if err != nil {
-				b.Fatal(err)
-			}
-			per[i] = float64(st.Runtime - before[i].Runtime)
-			if i == 0 {
-				per[i] /= float64(st.RunCount - before[i].RunCount)
-			}
-		}
-		release = append(release, (per[1]+per[2])/cycles)
-		return per[0]
+		c, r := connectCost(b, progs, fd, to)
+		release = append(release, r)
+		return c
 	}
 	// lastRelease is the release cost of the block that ran last.
 	lastRelease := func() float64 { return release[len(release)-1] }
@@ -281,6 +256,191 @@ func benchDests(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+}
+
+// connectCost is a block of 250 cycles to the listener fd at to: by the
+// BPF run-time stats (which must be on) of progs, connect4's cost per run
+// (one run a cycle), and the release paths', sock_release's and
+// set_state's together, per cycle (the client's permit is given back at
+// one of them, whichever comes first, and the other finds nothing).
+func connectCost(b *testing.B, progs [3]*ebpf.Program, fd int, to unix.Sockaddr) (connect, release float64) {
+	var before [3]*ebpf.ProgramStats
+	for i, p := range progs {
+		st, err := p.Stats()
+		if err != nil {
+			b.Fatal(err)
+		}
+		before[i] = st
+	}
+	const cycles = 250
+	for range cycles {
+		cycle(b, fd, to)
+	}
+	var per [3]float64
+	for i, p := range progs {
+		st, err := p.Stats()
+		if err != nil {
+			b.Fatal(err)
+		}
+		per[i] = float64(st.Runtime - before[i].Runtime)
+		if i == 0 {
+			per[i] /= float64(st.RunCount - before[i].RunCount)
+		}
+	}
+	return per[0], (per[1] + per[2]) / cycles
+}
+
+// benchDestsLowerBound is what a destination pool costs connect4 in
+// fairshare's programs and in the least a limiter can do at the hook to
+// count one (testdata/lowerbound.c with lb_dest_on: an exact host's pool by
+// one array load indexed by the port, a fetch-add on the pool's count against its size and
+// one on the project's in it), in the same run: turns alternate the two,
+// each with destination pools off ("none") and on, a connect to the pool's
+// host ("match") and to another port ("miss"), in blocks of 250 cycles.
+// Reported: each side's median over turns of its difference from its own
+// "none" (ours-match-above-ns/run, lowerbound-match-above-ns/run, ...),
+// and the release paths' (per cycle) for a match. "none-again" is "none"
+// measured again after the others: its difference from the first is the
+// bias of a block's place in the turn, the noise floor of the others.
+func benchDestsLowerBound(b *testing.B) {
+	root := newRoot(b)
+	pin := newPinDir(b)
+	proj := mkProject(b, root, "bench")
+	defer pinCPU(b)()
+	lfd, sa := benchListener(b, false) // outside the projects
+	lfdB, saB := benchListener(b, false)
+	moveSelf(b, proj)
+	l, err := openRoot(b, root, Options{PinDir: pin, PoolSize: benchPool, MaxDestPools: 2})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		l.Close()
+		if err := Cleanup(pin); err != nil {
+			b.Error(err)
+		}
+	}()
+	port := sa.(*unix.SockaddrInet4).Port
+	ds, err := destination.ParseAll([]string{"127.0.0.1/32:" + strconv.Itoa(port)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := l.SetDestPools([]DestPool{{Name: "db", Size: benchPool, Destinations: ds}}); err != nil {
+		b.Fatal(err)
+	}
+	var cfg limiterFsSettings
+	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
+		b.Fatal(err)
+	}
+	kinds := cfg.DestKinds & destKindsMask
+	floor := emptyPrograms(b)
+	defer floor.Close()
+	lb, coll := lowerBound(b, l, floor, proj, false, lfd, sa)
+	defer lb.Close()
+	// The lower bound's pool: index 1, of benchPool, for 127.0.0.1 at
+	// port (both in network order, as connect4 reads them).
+	type project struct{ InUse, Limit int64 }
+	if err := coll.Maps["lb_dpools"].Put(uint32(1), project{0, benchPool}); err != nil {
+		b.Fatal(err)
+	}
+	type dest struct {
+		Addr [4]byte
+		Pool uint32
+	}
+	nport := uint32(port>>8 | port&0xff<<8)
+	if err := coll.Maps["lb_dests"].Put(nport, dest{[4]byte{127, 0, 0, 1}, 1}); err != nil {
+		b.Fatal(err)
+	}
+	lbOn := func(on uint32) {
+		if err := coll.Maps["lb_dest_on"].Put(uint32(0), on); err != nil {
+			b.Fatal(err)
+		}
+	}
+	lbHeld := func() (pool, proj int64) {
+		var p project
+		if err := coll.Maps["lb_dpools"].Lookup(uint32(1), &p); err != nil {
+			b.Fatal(err)
+		}
+		if err := coll.Maps["lb_dpool_proj"].Lookup(uint32(64+1), &proj); err != nil {
+			b.Fatal(err)
+		}
+		return p.InUse, proj
+	}
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		b.Skipf("bpf stats unavailable: %v", err)
+	}
+	defer stats.Close()
+	sides := []struct {
+		name  string
+		objs  *limiterObjects
+		on    func(bool)
+		check func() // after a block of each: nothing held
+	}{
+		{"ours", &l.objs, func(on bool) {
+			k := uint32(0)
+			if on {
+				k = kinds
+			}
+			if err := l.setDestKinds(k); err != nil {
+				b.Fatal(err)
+			}
+		}, func() {
+			if d := destSnap(b, l, "db"); d.InUse != 0 {
+				b.Fatalf("fairshare's pool holds %d permits after a block", d.InUse)
+			}
+		}},
+		{"lowerbound", lb, func(on bool) {
+			if on {
+				lbOn(1)
+			} else {
+				lbOn(0)
+			}
+		}, func() {
+			if pool, proj := lbHeld(); pool != 0 || proj != 0 {
+				b.Fatalf("the lower bound's pool holds %d permits (the project %d) after a block", pool, proj)
+			}
+		}},
+	}
+	above := map[string][]float64{}
+	detachLinks(b, l)
+	turns := max(b.N/50000, 10)
+	b.ResetTimer()
+	for t := range turns {
+		for i := range sides {
+			side := sides[(i+t)%len(sides)]
+			attachLinks(b, l, side.objs)
+			progs := [3]*ebpf.Program{side.objs.FsConnect4, side.objs.FsSockRelease, side.objs.FsSetState}
+			side.on(false)
+			for range 20 {
+				cycle(b, lfd, sa)
+			}
+			base, relBase := connectCost(b, progs, lfd, sa)
+			side.on(true)
+			c, r := connectCost(b, progs, lfd, sa)
+			above[side.name+"-match"] = append(above[side.name+"-match"], c-base)
+			above[side.name+"-match-release"] = append(above[side.name+"-match-release"], r-relBase)
+			c, _ = connectCost(b, progs, lfdB, saB)
+			above[side.name+"-miss"] = append(above[side.name+"-miss"], c-base)
+			side.on(false)
+			c, _ = connectCost(b, progs, lfd, sa)
+			above[side.name+"-none-again"] = append(above[side.name+"-none-again"], c-base)
+			side.check()
+			detachLinks(b, l)
+		}
+	}
+	b.StopTimer()
+	for _, side := range sides {
+		for _, c := range []string{"match", "miss", "none-again"} {
+			b.ReportMetric(median(above[side.name+"-"+c]), side.name+"-"+c+"-above-ns/run")
+		}
+		b.ReportMetric(median(above[side.name+"-match-release"]), side.name+"-match-release-above-ns/cycle")
+	}
+	// The lower bound counted: a block took and gave back its pool's permits.
+	if pool, proj := lbHeld(); pool != 0 || proj != 0 {
+		b.Fatalf("the lower bound's pool holds %d permits (the project %d)", pool, proj)
+	}
+	attachLinks(b, l, &l.objs) // as Close expects
 }
 
 // Which project of benchCycle has a rate of new connections.
@@ -485,7 +645,7 @@ func benchCycle(b *testing.B, both, wildcard bool, rated int) {
 	defer floor.Close()
 	ours := &l.objs
 	if rated == rateLowerBound {
-		ours = lowerBound(b, l, floor, proj, both, lfd, sa)
+		ours, _ = lowerBound(b, l, floor, proj, both, lfd, sa)
 		defer ours.Close()
 	}
 	detach := func() { detachLinks(b, l) }
@@ -722,7 +882,7 @@ func emptyPrograms(b testing.TB) *limiterObjects {
 // its one project with room for benchPool permits, and, with both, the
 // listener's port as the project's. Programs it has no counterpart for are
 // floor's (empty).
-func lowerBound(b *testing.B, l *Limiter, floor *limiterObjects, dir string, both bool, lfd int, sa unix.Sockaddr) *limiterObjects {
+func lowerBound(b *testing.B, l *Limiter, floor *limiterObjects, dir string, both bool, lfd int, sa unix.Sockaddr) (*limiterObjects, *ebpf.Collection) {
 	clang, err := exec.LookPath("clang")
 	if err != nil {
 		b.Skip("clang is not installed: no lower-bound programs")
@@ -807,7 +967,7 @@ func lowerBound(b *testing.B, l *Limiter, floor *limiterObjects, dir string, bot
 	if got != want || after != 0 {
 		b.Fatalf("the lower-bound programs held %d permits for an open connection (want %d), %d after its close (want 0)", got, want, after)
 	}
-	return objs
+	return objs, coll
 }
 
 func median(xs []float64) float64 { return quantile(xs, 0.5) }

@@ -16,6 +16,15 @@
  *   sk_lookup     the rule alone for a project's port: one array lookup
  *   sockops       nothing (an empty program: the floor's)
  *
+ * With lb_dest_on set, connect4 also takes a destination pool's permit (the
+ * lower-bound side of BenchmarkConnectAcceptClose/outbound-dests): the
+ * pool of the connect's exact address and port (one array load indexed by
+ * the port and a compare of the address: no prefixes, no second host at a
+ * port, no helper call), one fetch-add on the pool's count against its
+ * size (rolled back past it), one on the project's count in the pool, and
+ * the pool kept in the socket's slot, which the release gives back with
+ * two fetch-adds.
+ *
  * No rate, no exempt budget, no events, no node pool, no activity window, no
  * spill table (a taken slot is not counted: the benchmark's cookies are
  * consecutive and the slots many), no reservation of the request socket.
@@ -45,7 +54,7 @@ struct project {
 struct slot {
 	__u64 cookie;
 	__u32 project;
-	__u32 pad;
+	__u32 pool; /* the destination pool's index, 0: none */
 };
 
 /* registered cgroup id -> project index */
@@ -80,8 +89,83 @@ struct {
 	__type(value, __u32);
 } lb_ports SEC(".maps");
 
+/* port (network order, as connect4 reads it) -> the one host (IPv4, network order) of pool index 1.. there */
+struct dest {
+	__u32 addr;
+	__u32 pool;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct dest);
+} lb_dests SEC(".maps");
+
+#define DEST_POOLS 8
+
+/* per pool: its count and size */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, DEST_POOLS);
+	__type(key, __u32);
+	__type(value, struct project);
+} lb_dpools SEC(".maps");
+
+/* per (pool, project): index pool * 64 + project, the project's count in the pool */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, DEST_POOLS * 64);
+	__type(key, __u32);
+	__type(value, __s64);
+} lb_dpool_proj SEC(".maps");
+
+/* [0]: nonzero if destination pools are in force */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} lb_dest_on SEC(".maps");
+
+/* dest_take: the pool index of a permit taken, 0 for none, -1 refused */
+static __always_inline int dest_take(struct bpf_sock_addr *ctx, __u32 i)
+{
+	__u32 zero = 0;
+	__u32 *on = bpf_map_lookup_elem(&lb_dest_on, &zero);
+	if (!on || !*on)
+		return 0;
+	__u32 port = ctx->user_port & 0xffff;
+	struct dest *t = bpf_map_lookup_elem(&lb_dests, &port);
+	if (!t || t->addr != ctx->user_ip4)
+		return 0;
+	__u32 pool = t->pool;
+	struct project *d = bpf_map_lookup_elem(&lb_dpools, &pool);
+	__u32 pp = pool * 64 + (i & 63);
+	__s64 *held = bpf_map_lookup_elem(&lb_dpool_proj, &pp);
+	if (!d || !held || pool == 0)
+		return 0;
+	if (__sync_fetch_and_add(&d->in_use, 1) >= d->limit) {
+		__sync_fetch_and_add(&d->in_use, -1);
+		return -1;
+	}
+	__sync_fetch_and_add(held, 1);
+	return pool;
+}
+
+static __always_inline void dest_give(__u32 pool, __u32 i)
+{
+	struct project *d = bpf_map_lookup_elem(&lb_dpools, &pool);
+	__u32 pp = pool * 64 + (i & 63);
+	__s64 *held = bpf_map_lookup_elem(&lb_dpool_proj, &pp);
+	if (!d || !held)
+		return;
+	__sync_fetch_and_add(&d->in_use, -1);
+	__sync_fetch_and_add(held, -1);
+}
+
 /* take: 1 taken, 0 refused, -1 no project or no slot */
-static __always_inline int take(__u64 cg, __u64 cookie)
+static __always_inline int take(__u64 cg, __u64 cookie, struct slot **out)
 {
 	__u32 *idx = bpf_map_lookup_elem(&lb_members, &cg);
 	if (!idx)
@@ -101,6 +185,8 @@ static __always_inline int take(__u64 cg, __u64 cookie)
 		return -1;
 	}
 	s->project = i;
+	s->pool = 0;
+	*out = s;
 	return 1;
 }
 
@@ -111,11 +197,14 @@ static __always_inline void give(__u64 cookie)
 	if (!s || s->cookie != cookie)
 		return;
 	__u32 i = s->project;
+	__u32 pool = s->pool;
 	if (__sync_val_compare_and_swap(&s->cookie, cookie, 0) != cookie)
 		return;
 	struct project *p = bpf_map_lookup_elem(&lb_projects, &i);
 	if (p)
 		__sync_fetch_and_add(&p->in_use, -1);
+	if (pool)
+		dest_give(pool, i);
 }
 
 SEC("cgroup/connect4")
@@ -123,7 +212,18 @@ int lb_connect4(struct bpf_sock_addr *ctx)
 {
 	if (ctx->type != SOCK_STREAM)
 		return 1;
-	int r = take(bpf_get_current_cgroup_id(), bpf_get_socket_cookie(ctx));
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct slot *s = NULL;
+	int r = take(bpf_get_current_cgroup_id(), cookie, &s);
+	if (r == 1 && s) {
+		int d = dest_take(ctx, s->project);
+		if (d < 0) {
+			give(cookie);
+			r = 0;
+		} else {
+			s->pool = d;
+		}
+	}
 	barrier_var(r);
 	return r == 0 ? 0 : 1;
 }
@@ -149,8 +249,9 @@ int BPF_PROG(lb_set_state, struct sock *sk, int oldstate, int newstate)
 	} else if (newstate == TCP_ESTABLISHED && oldstate == TCP_SYN_RECV) {
 		__u32 port = sk->__sk_common.skc_num;
 		__u32 *pi = bpf_map_lookup_elem(&lb_ports, &port);
+		struct slot *s = NULL;
 		if (pi && *pi)
-			take(sk->sk_cgrp_data.cgroup->kn->id, bpf_get_socket_cookie(sk));
+			take(sk->sk_cgrp_data.cgroup->kn->id, bpf_get_socket_cookie(sk), &s);
 	}
 	return 0;
 }
