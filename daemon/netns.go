@@ -133,6 +133,17 @@ func (p *projects) stepNetns() {
 		}
 		p.attachFound(n)
 	}
+	for _, n := range ch.Joined {
+		// A namespace attached already, in which a member's processes
+		// were seen for the first time (a tenant's process that entered
+		// another's namespace): that member's listeners there, opened
+		// before it was one, are counted now, by a walk of it.
+		if a, ok := p.attached[n.Inode]; ok && a.Attached {
+			a.Namespace = n
+			p.attached[n.Inode] = a
+			p.settleNetns[a.Cookie] = true
+		}
+	}
 	for _, n := range ch.Gone {
 		// Its link stays (DetachGone detaches it once the namespace is
 		// dead), and so does its charge to its projects.

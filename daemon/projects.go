@@ -450,7 +450,9 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 		p.attachPodNetns(now, p.kube.Netns())
 	}
 	switch {
-	case tick && p.scan != nil:
+	case p.scan != nil && (tick || changed):
+		// A change reads the new members at once: a namespace of theirs
+		// is attached (or, shared, walked) before the change is shown.
 		p.stepNetns()
 	case tick && p.kernel != nil:
 		p.detachGone() // the pods' namespaces, without a scan
@@ -471,7 +473,14 @@ func (p *projects) settleChanged(cgroups []string) {
 		return a != "" && b != "" && (a == b || strings.HasPrefix(a, b+"/") || strings.HasPrefix(b, a+"/"))
 	}
 	for _, a := range p.attached {
-		if a.Attached && slices.ContainsFunc(cgroups, func(cg string) bool { return related(a.Cgroup, cg) }) {
+		if !a.Attached {
+			continue
+		}
+		// Where the scan last found a process in it, and the members whose
+		// processes it found in it (a namespace shared by several).
+		if slices.ContainsFunc(cgroups, func(cg string) bool {
+			return related(a.Cgroup, cg) || slices.ContainsFunc(a.Members, func(m string) bool { return related(m, cg) })
+		}) {
 			p.settleNetns[a.Cookie] = true
 		}
 	}

@@ -237,6 +237,29 @@ func startPodServer(t *testing.T, dir string) podServer {
 	return podServer{pid: srv.Process.Pid, addr: addr}
 }
 
+// startServerIn starts a server in the cgroup dir, listening in the network
+// namespace of process pid (a tenant's process in another's namespace).
+func startServerIn(t *testing.T, dir string, pid int) podServer {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", pid), "--", self, "-test.run=^$")
+	srv.Env = append(cleanEnv(), podListenEnv+"=127.0.0.1:0")
+	stdin, out := testutil.Pipes(t, srv)
+	testutil.StartInCgroup(t, srv, dir)
+	t.Cleanup(func() { stdin.Close() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
+	if err != nil || !ok {
+		t.Fatalf("server said %q (%v)", line, err)
+	}
+	// Its connections go through the namespace's processes: connectIn
+	// enters it by the pid given.
+	return podServer{pid: pid, addr: addr}
+}
+
 // waitAttached waits until the daemon shows the namespace of process pid
 // attached.
 func (n *node) waitAttached(pid int, within time.Duration) {
@@ -306,8 +329,11 @@ func TestProjectAddRefusesAFileInACgroup(t *testing.T) {
 // hour away here): the first SYNs past the share are refused. Moved to
 // another project it counts for that one at once, and removed it is no
 // project's at once. In the host's namespace, listening before and after
-// the registration, and in a namespace of its own found by the scan after
-// it (walked when attached, and at the move as found in the cgroup moved).
+// the registration, in a namespace of its own found by the scan after it
+// (walked when attached, and at the move as found in the cgroup moved),
+// and in another project's namespace, attached already (walked when the
+// registration's scan finds the new member's process in it; and when that
+// other project is removed, as found in both cgroups).
 func TestListenerBeforeItsMember(t *testing.T) {
 	n := newNode(t, "reconcile: 1h\npools: {connections: {size: 5, floor: 1}}\n")
 	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-e2e-late-")
@@ -315,13 +341,32 @@ func TestListenerBeforeItsMember(t *testing.T) {
 	counts := func(name string) admin.Project { return project(pool(n.status(), "connections"), name) }
 	clients := testutil.MkCgroup(t, top, "clients")
 	for round, name := range []string{"listening before the registration", "listening after it",
-		"in a namespace of its own, listening before the registration"} {
+		"in a namespace of its own, listening before the registration",
+		"in another project's namespace, listening before the registration"} {
 		cg := testutil.MkCgroup(t, top, strconv.Itoa(round))
 		// A subtest: its connections and server end with it, and their
 		// permits with them.
 		t.Run(name, func(t *testing.T) {
 			var dial func(k int) (ok, refused int, err error)
+			var otherPod podServer // round 3: team-x's pod
 			listen := func() {
+				if round == 3 {
+					// team-x's pod, attached; then a process of cg
+					// listening in that pod's namespace.
+					other := testutil.MkCgroup(t, top, "x")
+					if _, errOut, code := n.project("add", "team-x", "--cgroup", other); code != 0 {
+						t.Fatalf("add team-x: exit %d %s", code, errOut)
+					}
+					t.Cleanup(func() { n.project("remove", "team-x") })
+					otherPod = startPodServer(t, other)
+					n.waitAttached(otherPod.pid, 15*time.Second)
+					srv := startServerIn(t, cg, otherPod.pid)
+					dial = func(k int) (int, int, error) {
+						ok, refused := connectIn(t, srv, clients, k)
+						return ok, refused, nil
+					}
+					return
+				}
 				if round == 2 {
 					srv := startPodServer(t, cg)
 					dial = func(k int) (int, int, error) {
@@ -383,6 +428,16 @@ func TestListenerBeforeItsMember(t *testing.T) {
 			}
 			if ok, refused, err := dial(6); err != nil || ok != 6 || refused != 0 {
 				t.Errorf("removed: %d connected, %d refused (%v); want all 6: no project's listener", ok, refused, err)
+			}
+			if round == 3 {
+				// The namespace's first project removed: its server's
+				// SYNs are no project's either, at once.
+				if _, errOut, code := n.project("remove", "team-x"); code != 0 {
+					t.Fatalf("remove team-x: exit %d %s", code, errOut)
+				}
+				if ok, refused := connectIn(t, otherPod, clients, 6); ok != 6 || refused != 0 {
+					t.Errorf("team-x removed: %d connected to its server, %d refused; want all 6", ok, refused)
+				}
 			}
 		})
 	}

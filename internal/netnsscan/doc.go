@@ -26,7 +26,10 @@
 //
 // What it reports is as fresh as its reads: a process that joins a
 // namespace of its own after its cgroup was last read is found in the next
-// sweep at the latest (one step on a small node).
+// sweep at the latest (one step on a small node). A namespace known
+// already is reported Joined when a member whose processes were not seen
+// in it is (a tenant's process in another's namespace), and each keeps the
+// members whose processes it was last seen with.
 //
 // A namespace found is opened for the attach by its process only while the
 // process is still in the cgroup it was found in (OpenPid, through a

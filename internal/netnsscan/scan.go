@@ -56,6 +56,10 @@ type Namespace struct {
 	// Projects whose processes were seen in it in the last sweep (or the
 	// current one, for a namespace first seen there), sorted.
 	Projects []string `json:"projects"`
+	// Members are the member cgroups (as registered: a pod's, not its
+	// containers') whose processes were seen in it in the last sweep or
+	// the current one, sorted.
+	Members []string `json:"members,omitempty"`
 	// Since is when it was first seen.
 	Since time.Time `json:"since"`
 }
@@ -64,6 +68,12 @@ type Namespace struct {
 type Changes struct {
 	// New are the namespaces seen for the first time.
 	New []Namespace
+	// Joined are namespaces seen before, in which a process of a member
+	// cgroup not seen in them since the last sweep began was seen: a
+	// namespace shared with another member's processes (a tenant's
+	// process that entered another's namespace, say) that a new member's
+	// first read finds.
+	Joined []Namespace
 	// Gone are the namespaces a whole sweep did not see: no process of a
 	// registered cgroup is in them any more.
 	Gone []Namespace
@@ -124,6 +134,7 @@ type nsState struct {
 	Namespace
 	seen     uint64            // the last sweep it was seen in
 	projects map[string]uint64 // project -> the last sweep it was seen in
+	members  map[string]uint64 // member cgroup -> the last sweep it was seen in
 }
 
 // New returns a scanner; the namespace it runs in is the host's, which it
@@ -263,7 +274,12 @@ func (s *Scanner) endSweep(c *Changes) {
 				delete(n.projects, p)
 			}
 		}
-		n.Projects = sortedKeys(n.projects)
+		for m, seen := range n.members {
+			if seen < s.sweep {
+				delete(n.members, m)
+			}
+		}
+		n.Projects, n.Members = sortedKeys(n.projects), sortedKeys(n.members)
 	}
 	slices.SortFunc(c.Gone, func(a, b Namespace) int { return cmp.Compare(a.Inode, b.Inode) })
 	s.sweep++
@@ -280,7 +296,7 @@ func (s *Scanner) endSweep(c *Changes) {
 // the step.
 func (s *Scanner) visitMember(dir, project string, now time.Time, c *Changes) {
 	left := s.opts.Budget
-	if err := s.visit(dir, project, now, c, &left); errors.Is(err, unix.ENOENT) {
+	if err := s.visit(dir, dir, project, now, c, &left); errors.Is(err, unix.ENOENT) {
 		s.missing[dir] = true
 	} else {
 		delete(s.missing, dir)
@@ -291,17 +307,18 @@ func (s *Scanner) visitMember(dir, project string, now time.Time, c *Changes) {
 	}
 }
 
-// visit reads the processes of the cgroup dir and of every cgroup below it
-// while *left, the directories it may still read, is positive.
-// It returns the error of dir's own stat (ENOENT: it does not exist).
-func (s *Scanner) visit(dir, project string, now time.Time, c *Changes, left *int) error {
+// visit reads the processes of the cgroup dir (of member cgroup mem) and of
+// every cgroup below it while *left, the directories it may still read, is
+// positive. It returns the error of dir's own stat (ENOENT: it does not
+// exist).
+func (s *Scanner) visit(dir, mem, project string, now time.Time, c *Changes, left *int) error {
 	if *left <= 0 {
 		*left = -1
 		return nil
 	}
 	*left--
 	c.Dirs++
-	s.procs(dir, project, now, c)
+	s.procs(dir, mem, project, now, c)
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
 		s.fail(dir, err)
@@ -318,13 +335,14 @@ func (s *Scanner) visit(dir, project string, now time.Time, c *Changes, left *in
 		return nil
 	}
 	for _, n := range names {
-		s.visit(dir+"/"+n, project, now, c, left)
+		s.visit(dir+"/"+n, mem, project, now, c, left)
 	}
 	return nil
 }
 
-// procs reads dir's cgroup.procs and the namespace of each process.
-func (s *Scanner) procs(dir, project string, now time.Time, c *Changes) {
+// procs reads dir's cgroup.procs (below member cgroup mem) and the
+// namespace of each process.
+func (s *Scanner) procs(dir, mem, project string, now time.Time, c *Changes) {
 	data, err := readFile(dir+"/cgroup.procs", &s.buf)
 	if err != nil {
 		s.fail(dir, err)
@@ -353,7 +371,7 @@ func (s *Scanner) procs(dir, project string, now time.Time, c *Changes) {
 		}
 		n, ok := s.ns[ino]
 		if !ok {
-			n = &nsState{Namespace: Namespace{Inode: ino, Since: now}, projects: map[string]uint64{}}
+			n = &nsState{Namespace: Namespace{Inode: ino, Since: now}, projects: map[string]uint64{}, members: map[string]uint64{}}
 			s.ns[ino] = n
 		}
 		n.Path, n.PID, n.Cgroup, n.seen = path, pid, dir, s.sweep
@@ -362,10 +380,25 @@ func (s *Scanner) procs(dir, project string, now time.Time, c *Changes) {
 			n.Projects = sortedKeys(n.projects)
 		}
 		n.projects[project] = s.sweep
-		if !ok {
-			c.New = append(c.New, n.Namespace)
+		_, had := n.members[mem]
+		n.members[mem] = s.sweep
+		if !had {
+			n.Members = sortedKeys(n.members)
+		}
+		switch {
+		case !ok:
+			c.New = append(c.New, n.clone())
+		case !had:
+			c.Joined = append(c.Joined, n.clone())
 		}
 	}
+}
+
+// clone is n's Namespace, its slices its own.
+func (n *nsState) clone() Namespace {
+	ns := n.Namespace
+	ns.Projects, ns.Members = slices.Clone(ns.Projects), slices.Clone(ns.Members)
+	return ns
 }
 
 // fail counts an error other than the cgroup or process having gone, which
@@ -382,9 +415,7 @@ func (s *Scanner) fail(what string, err error) {
 func (s *Scanner) Namespaces() []Namespace {
 	out := make([]Namespace, 0, len(s.ns))
 	for _, n := range s.ns {
-		ns := n.Namespace
-		ns.Projects = slices.Clone(ns.Projects)
-		out = append(out, ns)
+		out = append(out, n.clone())
 	}
 	slices.SortFunc(out, func(a, b Namespace) int { return cmp.Compare(a.Inode, b.Inode) })
 	return out

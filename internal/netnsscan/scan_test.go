@@ -289,6 +289,75 @@ func TestFreshThenSwept(t *testing.T) {
 	}
 }
 
+// TestJoined: a namespace found through one member is reported Joined
+// when a process of another member is first seen in it (a tenant's
+// process in another's namespace: registered later, or entering it
+// later), with both members and projects; not again while they stay, not
+// for a second container of a member already seen in it, and the member
+// that left is dropped at the end of the sweep after.
+func TestJoined(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-netns-")
+	podA, podB, podC := testutil.MkCgroup(t, top, "a"), testutil.MkCgroup(t, top, "b"), testutil.MkCgroup(t, top, "c")
+	subA := testutil.MkCgroup(t, podA, "second")
+	a := inNewNetns(t, podA)
+	ns := inode(t, a.Process.Pid)
+	s, err := netnsscan.New(netnsscan.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	member := func(project, cg string) membership.Entry {
+		return membership.Entry{Member: membership.Member{Project: project, Cgroup: cg}, Source: "registered"}
+	}
+	es := []membership.Entry{member("team-a", podA)}
+	s.SetMembers(es)
+	if ch := s.Step(); !slices.Equal(inodes(ch.New), []uint64{ns}) || len(ch.Joined) != 0 {
+		t.Fatalf("first step: new %v joined %v, want new %d", inodes(ch.New), inodes(ch.Joined), ns)
+	}
+	// A second container of the pod: no news.
+	joining(t, subA, a.Process.Pid)
+	if ch := s.Step(); len(ch.New)+len(ch.Joined)+len(ch.Gone) != 0 {
+		t.Fatalf("a second container of the member: %+v", ch)
+	}
+	// Another tenant's process in it, registered after it entered.
+	b := joining(t, podB, a.Process.Pid)
+	s.SetMembers(append(es, member("team-b", podB)))
+	ch := s.Step()
+	if len(ch.New) != 0 || len(ch.Joined) != 1 {
+		t.Fatalf("a member registered in a known namespace: new %v joined %v, want %d joined", inodes(ch.New), inodes(ch.Joined), ns)
+	}
+	if j := ch.Joined[0]; j.Inode != ns || !slices.Equal(j.Members, []string{podA, podB}) || !slices.Equal(j.Projects, []string{"team-a", "team-b"}) {
+		t.Fatalf("joined %+v, want %d with members %s and %s, projects team-a and team-b", j, ns, podA, podB)
+	}
+	for i := range 3 {
+		if ch := s.Step(); len(ch.New)+len(ch.Joined)+len(ch.Gone) != 0 {
+			t.Fatalf("step %d with nothing new: %+v", i, ch)
+		}
+	}
+	// A registered member's process entering it later: joined too.
+	es = append(es, member("team-b", podB), member("team-c", podC))
+	slices.SortFunc(es, membership.Compare)
+	s.SetMembers(es)
+	s.Step()
+	joining(t, podC, a.Process.Pid)
+	var joined []netnsscan.Namespace
+	for range 3 {
+		joined = append(joined, s.Step().Joined...)
+	}
+	if !slices.Equal(inodes(joined), []uint64{ns}) || !slices.Contains(joined[0].Members, podC) {
+		t.Fatalf("a member's process entering it: joined %+v", joined)
+	}
+	// b's process ends: team-b leaves its members within two sweeps.
+	testutil.Stop(b)
+	for range 4 {
+		s.Step()
+	}
+	got := s.Namespaces()
+	if len(got) != 1 || !slices.Equal(got[0].Members, []string{podA, podC}) || !slices.Equal(got[0].Projects, []string{"team-a", "team-c"}) {
+		t.Fatalf("after b's process ended: %+v", got)
+	}
+}
+
 // TestTruncated: a member with more cgroups below it than the budget (as a
 // tenant with a delegated subtree can make) is read in part and counted,
 // and the step stays within its budget.
