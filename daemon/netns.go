@@ -125,25 +125,7 @@ func (p *projects) openPodNetns(h kube.PodNetns) (*os.File, uint64, error) {
 // in the namespaces found and detaches it from those gone.
 func (p *projects) stepNetns() {
 	ch := p.scan.Step()
-	for _, n := range ch.New {
-		if a, ok := p.attached[n.Inode]; ok && a.Attached {
-			a.Namespace = n // attached already, by the kubernetes source's word
-			p.attached[n.Inode] = a
-			continue
-		}
-		p.attachFound(n)
-	}
-	for _, n := range ch.Joined {
-		// A namespace attached already, in which a member's processes
-		// were seen for the first time (a tenant's process that entered
-		// another's namespace): that member's listeners there, opened
-		// before it was one, are counted now, by a walk of it.
-		if a, ok := p.attached[n.Inode]; ok && a.Attached {
-			a.Namespace = n
-			p.attached[n.Inode] = a
-			p.settleNetns[a.Cookie] = true
-		}
-	}
+	p.netnsFound(ch)
 	for _, n := range ch.Gone {
 		// Its link stays (DetachGone detaches it once the namespace is
 		// dead), and so does its charge to its projects.
@@ -170,6 +152,30 @@ func (p *projects) stepNetns() {
 		}
 		budget--
 		p.attachFound(n)
+	}
+}
+
+// netnsFound attaches inbound admission in the namespaces a read of the scan
+// found new, and has those attached already that it found joined walked.
+func (p *projects) netnsFound(ch netnsscan.Changes) {
+	for _, n := range ch.New {
+		if a, ok := p.attached[n.Inode]; ok && a.Attached {
+			a.Namespace = n // attached already, by the kubernetes source's word
+			p.attached[n.Inode] = a
+			continue
+		}
+		p.attachFound(n)
+	}
+	for _, n := range ch.Joined {
+		// A namespace attached already, in which a member's processes
+		// were seen for the first time (a tenant's process that entered
+		// another's namespace): that member's listeners there, opened
+		// before it was one, are counted now, by a walk of it.
+		if a, ok := p.attached[n.Inode]; ok && a.Attached {
+			a.Namespace = n
+			p.attached[n.Inode] = a
+			p.settleNetns[a.Cookie] = true
+		}
 	}
 }
 

@@ -450,10 +450,12 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 		p.attachPodNetns(now, p.kube.Netns())
 	}
 	switch {
-	case p.scan != nil && (tick || changed):
-		// A change reads the new members at once: a namespace of theirs
-		// is attached (or, shared, walked) before the change is shown.
+	case tick && p.scan != nil:
 		p.stepNetns()
+	case changed && p.scan != nil:
+		// A change reads its new members at once: a namespace of theirs
+		// is attached (or, shared, walked) before the change is shown.
+		p.netnsFound(p.scan.ReadNew())
 	case tick && p.kernel != nil:
 		p.detachGone() // the pods' namespaces, without a scan
 	}

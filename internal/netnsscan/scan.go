@@ -127,7 +127,8 @@ type Scanner struct {
 
 type member struct {
 	project string
-	fresh   int // reads left at every step
+	fresh   int  // reads left at every step
+	readNew bool // read by ReadNew
 }
 
 type nsState struct {
@@ -203,6 +204,31 @@ func (s *Scanner) SetMembers(es []membership.Entry) {
 		}
 	}
 	s.stats.Members = len(order)
+}
+
+// ReadNew reads the members new since SetMembers that no ReadNew has read
+// yet, oldest first, within Options.Budget directories: a change of the
+// members has the namespaces of its new members found at once (those whose
+// processes run already) rather than at the next Step. It neither sweeps
+// nor reports anything gone, and leaves the members' Options.Fresh reads at
+// the steps that follow as they were: a burst of changes does not spend
+// them before a new pod's containers start.
+func (s *Scanner) ReadNew() Changes {
+	start := s.now()
+	var c Changes
+	for _, cg := range s.fresh {
+		m := s.members[cg]
+		if m == nil || m.readNew {
+			continue
+		}
+		if c.Dirs >= s.opts.Budget {
+			break // read at the next step, as fresh
+		}
+		s.visitMember(cg, m.project, start, &c)
+		m.readNew = true
+	}
+	s.stats.Namespaces = len(s.ns)
+	return c
 }
 
 // Step reads the fresh members, then sweeps on from where the last step

@@ -358,6 +358,55 @@ func TestJoined(t *testing.T) {
 	}
 }
 
+// TestReadNew: a change's read finds the namespace of a member registered
+// with its process running, reads each new member once (within its budget:
+// the rest at the next), and leaves the
+// fresh reads of the steps after as they were: a process the member starts
+// later in a namespace of its own is found by the next step's fresh read
+// (with a budget of one directory, which the sweep would spend on another
+// member).
+func TestReadNew(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-netns-")
+	first, late := testutil.MkCgroup(t, top, "a"), testutil.MkCgroup(t, top, "z")
+	running := testutil.MkCgroup(t, top, "m")
+	r := inNewNetns(t, running)
+	s, err := netnsscan.New(netnsscan.Options{Fresh: 1, Budget: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	member := func(project, cg string) membership.Entry {
+		return membership.Entry{Member: membership.Member{Project: project, Cgroup: cg}, Source: "registered"}
+	}
+	// b, c and d: the sweep's, between a and m.
+	old := []membership.Entry{member("a", first)}
+	for _, name := range []string{"b", "c", "d"} {
+		old = append(old, member(name, testutil.MkCgroup(t, top, name)))
+	}
+	s.SetMembers(old)
+	s.Step()
+	s.SetMembers(append(old, member("m", running), member("z", late)))
+	ch := s.ReadNew()
+	if !slices.Equal(inodes(ch.New), []uint64{inode(t, r.Process.Pid)}) || ch.Swept || len(ch.Gone) != 0 {
+		t.Fatalf("ReadNew: %+v, want the running member's namespace new", ch)
+	}
+	// z, past the budget of the first: the second's; nothing for a third.
+	if ch := s.ReadNew(); ch.Dirs != 1 || len(ch.New) != 0 {
+		t.Fatalf("a second ReadNew: %+v, want z's one directory read", ch)
+	}
+	if ch := s.ReadNew(); ch.Dirs != 0 {
+		t.Fatalf("a third ReadNew read %d directories, want none", ch.Dirs)
+	}
+	z := inNewNetns(t, late)
+	var found []netnsscan.Namespace
+	for range 2 { // m's fresh read, then z's
+		found = append(found, s.Step().New...)
+	}
+	if !slices.Equal(inodes(found), []uint64{inode(t, z.Process.Pid)}) {
+		t.Fatalf("the steps after ReadNew found %v, want z's namespace %d by its fresh read", inodes(found), inode(t, z.Process.Pid))
+	}
+}
+
 // TestTruncated: a member with more cgroups below it than the budget (as a
 // tenant with a delegated subtree can make) is read in part and counted,
 // and the step stays within its budget.
