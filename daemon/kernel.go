@@ -349,6 +349,9 @@ func (k *kernelSide) maintain(ctx context.Context, now time.Time) {
 func (k *kernelSide) reconcilePass(ctx context.Context) {
 	start := time.Now()
 	rep, err := k.lim.Reconcile(ctx)
+	if err != nil && ctx.Err() != nil {
+		return // shutting down: the next start's pass checks the counts
+	}
 	if err != nil {
 		k.mu.Lock()
 		k.rec.Time = time.Now()

@@ -160,7 +160,13 @@ func (p *projects) stepNetns() {
 func (p *projects) netnsFound(ch netnsscan.Changes) {
 	for _, n := range ch.New {
 		if a, ok := p.attached[n.Inode]; ok && a.Attached {
-			a.Namespace = n // attached already, by the kubernetes source's word
+			// Attached already, by the kubernetes source's word: walked
+			// if the scan found in it a process of another member than
+			// the pod's, as for a namespace joined.
+			if slices.ContainsFunc(n.Members, func(m string) bool { return !related(m, a.Cgroup) }) {
+				p.settleNetns[a.Cookie] = true
+			}
+			a.Namespace = n
 			p.attached[n.Inode] = a
 			continue
 		}

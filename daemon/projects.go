@@ -471,9 +471,6 @@ func (p *projects) settleChanged(cgroups []string) {
 		return
 	}
 	p.settleHost = true
-	related := func(a, b string) bool {
-		return a != "" && b != "" && (a == b || strings.HasPrefix(a, b+"/") || strings.HasPrefix(b, a+"/"))
-	}
 	for _, a := range p.attached {
 		if !a.Attached {
 			continue
@@ -486,6 +483,11 @@ func (p *projects) settleChanged(cgroups []string) {
 			p.settleNetns[a.Cookie] = true
 		}
 	}
+}
+
+// related says cgroup a is b, or above or below it.
+func related(a, b string) bool {
+	return a != "" && b != "" && (a == b || strings.HasPrefix(a, b+"/") || strings.HasPrefix(b, a+"/"))
 }
 
 // settle has the kernel side count what the changes of this apply (or of

@@ -21,6 +21,7 @@ import (
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/membership"
+	"github.com/fairshare-dev/fairshare/internal/netnsscan"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/policy"
@@ -656,5 +657,38 @@ func TestSettleCancelled(t *testing.T) {
 	d.projects.settle(t.Context())
 	if d.projects.settleHost {
 		t.Error("the walk made with a live context is still pending")
+	}
+}
+
+// TestNetnsFoundWalks: which namespaces a read of the scan has walked. One
+// attached already by the kubernetes source's word and first seen by the
+// scan (New) is walked only if the scan found in it a process of another
+// member than its pod's; one attached that the scan found joined by a
+// member is walked; neither is attached twice.
+func TestNetnsFoundWalks(t *testing.T) {
+	const pod, other = "/sys/fs/cgroup/kubepods/pod1", "/sys/fs/cgroup/tenants/b"
+	for _, tc := range []struct {
+		name    string
+		ch      netnsscan.Changes
+		members []string
+		walked  bool
+	}{
+		{"new, the pod's own processes", netnsscan.Changes{New: []netnsscan.Namespace{{Inode: 5, Members: []string{pod}}}}, nil, false},
+		{"new, a container below the pod's cgroup", netnsscan.Changes{New: []netnsscan.Namespace{{Inode: 5, Members: []string{pod + "/c1"}}}}, nil, false},
+		{"new, another member's process in it", netnsscan.Changes{New: []netnsscan.Namespace{{Inode: 5, Members: []string{pod, other}}}}, nil, true},
+		{"joined", netnsscan.Changes{Joined: []netnsscan.Namespace{{Inode: 5, Members: []string{pod, other}}}}, nil, true},
+		{"joined, not attached", netnsscan.Changes{Joined: []netnsscan.Namespace{{Inode: 6, Members: []string{pod, other}}}}, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &projects{log: slog.New(slog.DiscardHandler), settleNetns: map[uint64]bool{},
+				attached: map[uint64]admin.Namespace{5: {Namespace: netnsscan.Namespace{Inode: 5, Cgroup: pod}, Attached: true, Cookie: 9}}}
+			p.netnsFound(tc.ch)
+			if p.settleNetns[9] != tc.walked || len(p.settleNetns) > 1 {
+				t.Errorf("walks %v, want cookie 9 walked: %v", p.settleNetns, tc.walked)
+			}
+			if a := p.attached[5]; !a.Attached || a.Cookie != 9 {
+				t.Errorf("namespace 5 is now %+v", a)
+			}
+		})
 	}
 }
