@@ -402,8 +402,46 @@ func benchDestsLowerBound(b *testing.B) {
 			}
 		}},
 	}
-	above := map[string][]float64{}
+	// Each side takes a destination permit for a connection to the pool's
+	// host and gives it back at its close, or its "match" is no match.
+	held := func(side int) (pool, proj int64) {
+		if side == 0 {
+			d := destSnap(b, l, "db")
+			for _, p := range d.Projects {
+				if p.Project == "bench" {
+					proj = int64(p.InUse)
+				}
+			}
+			return int64(d.InUse), proj
+		}
+		return lbHeld()
+	}
 	detachLinks(b, l)
+	for i, side := range sides {
+		attachLinks(b, l, side.objs)
+		side.on(true)
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := unix.Connect(fd, sa); err != nil {
+			b.Fatal(err)
+		}
+		afd, _, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pool, proj := held(i)
+		unix.Close(fd)
+		unix.Close(afd)
+		side.on(false)
+		side.check()
+		detachLinks(b, l)
+		if pool != 1 || proj != 1 {
+			b.Fatalf("%s: a connection to the pool's host held %d permits in it (%d for the project), want 1", side.name, pool, proj)
+		}
+	}
+	above := map[string][]float64{}
 	turns := max(b.N/50000, 10)
 	b.ResetTimer()
 	for t := range turns {
