@@ -80,14 +80,22 @@ test: check-go lint check-generated ## run the whole suite (as root: the kernel 
 	@missing=""; for t in $(TEST_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
 	[ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || missing="$$missing busybox-static"; \
 	[ -z "$$missing" ] || echo "note: missing$$missing: the nftables, container-runtime and etcd tests will skip (Debian: apt-get install $(TEST_PACKAGES))"
-	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(SLOW_PACKAGES) ./...
-	@$(MAKE) --no-print-directory test-front-modes
+	@d=$$(mktemp -d) || exit 1; f=; set -m; \
+	trap 'kill -- -$$f 2>/dev/null; rm -rf "$$d"; exit 130' INT TERM; \
+	($(MAKE) --no-print-directory test-front-modes >"$$d/front" 2>&1; echo $$? >"$$d/front.rc") & f=$$!; \
+	set +m; \
+	echo "$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(SLOW_PACKAGES) ./..."; \
+	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(SLOW_PACKAGES) ./...; rc=$$?; \
+	wait $$f; cat "$$d/front"; [ "$$(cat "$$d/front.rc" 2>/dev/null)" = 0 ] || rc=1; \
+	rm -rf "$$d"; exit $$rc
 	cd deploy && $(GO) test -count=1 ./...
 	cd compare && $(GO) test -count=1 -timeout 5m ./...
 
 # The front's other two modes (fast path for every front; and without its
 # ring of sends) at once: each mostly waits on its peers (some 26 s of CPU
-# in 100 s), so side by side they take the time of one. Each one's output
+# in 100 s), so side by side they take the time of one; make test runs
+# them beside the packages' tests, whose loader (the longest, mostly the
+# kernel verifier's work on one CPU) outlasts them. Each one's output
 # is printed whole once both are done, with its exit status; an interrupt
 # stops both (each runs in a process group of its own: set -m). TESTFLAGS
 # that write a fixed file (-coverprofile, -cpuprofile, -o) would have the
