@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/internal/crtest"
 	"github.com/fairshare-dev/fairshare/internal/membership"
@@ -333,5 +334,90 @@ func TestKubernetesKernelExtras(t *testing.T) {
 		if m.Project == loader.Unclassified || m.Project == loader.NoProject {
 			t.Errorf("the kernel's extra %v is a member in force", m)
 		}
+	}
+}
+
+// TestNetnsInodeReused: once the kernel side reports a namespace's link gone
+// (its namespace died), a namespace found with the same inode (the kernel
+// gives a dead namespace's number to the next one made: a pod's sandbox
+// made again, a tenant's process unsharing again) is attached as a new one,
+// not taken for the dead one and left without inbound admission.
+func TestNetnsInodeReused(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-reuse-")
+	cg := testutil.MkCgroup(t, top, "pod")
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	testutil.StartInCgroup(t, cmd, cg)
+	ino, err := netnsscan.Inode(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.Projects.Sources = []string{membership.SourceRegistered}
+	p := testProjects(t, cfg, nil)
+	k := &goneKernel{}
+	p.kernel = k
+	p.scan.SetMembers([]membership.Entry{{Member: membership.Member{Project: "team-a", Cgroup: cg}, Source: membership.SourceRegistered}})
+	attaches := func() int {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		return len(k.attached)
+	}
+	p.stepNetns()
+	if a := p.attached[ino]; !a.Attached || attaches() != 1 {
+		t.Fatalf("the pod's namespace: %+v after %d attaches, want attached once", a, attaches())
+	}
+	// Its link reported gone while a namespace of that inode lives: to the
+	// daemon, a namespace made again with the dead one's number.
+	k.mu.Lock()
+	k.gone = []netnsInfo{{Cookie: ino, Inode: ino}}
+	k.mu.Unlock()
+	p.stepNetns() // DetachGone
+	p.stepNetns()
+	if a := p.attached[ino]; !a.Attached || attaches() != 2 {
+		t.Fatalf("the namespace with the dead one's inode: %+v after %d attaches, want attached again", a, attaches())
+	}
+}
+
+// TestSettleChangedAsScanned: a change of a member whose process the scan
+// found in an attached namespace walks that namespace, though the record of
+// the attach does not name the member (made by the kubernetes source's
+// word, which knows the pod alone): the scan's members of it count.
+func TestSettleChangedAsScanned(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-asscanned-")
+	pod, other := testutil.MkCgroup(t, top, "pod"), testutil.MkCgroup(t, top, "other")
+	sandbox := exec.Command("sleep", "60")
+	sandbox.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	testutil.StartInCgroup(t, sandbox, pod)
+	ns := fmt.Sprintf("/proc/%d/ns/net", sandbox.Process.Pid)
+	ino, err := netnsscan.Inode(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guest := exec.Command("nsenter", "--net="+ns, "sleep", "60")
+	testutil.StartInCgroup(t, guest, other)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if got, _ := netnsscan.Inode(fmt.Sprintf("/proc/%d/ns/net", guest.Process.Pid)); got == ino {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the guest did not enter the pod's namespace")
+		}
+	}
+	cfg := config.Default()
+	cfg.Projects.Sources = []string{membership.SourceRegistered}
+	p := testProjects(t, cfg, nil)
+	p.scan.SetMembers([]membership.Entry{
+		{Member: membership.Member{Project: "team-b", Cgroup: other}, Source: membership.SourceRegistered},
+		{Member: membership.Member{Project: "team-a", Cgroup: pod}, Source: membership.SourceRegistered},
+	})
+	p.scan.Step()
+	p.attached[ino] = admin.Namespace{Namespace: netnsscan.Namespace{Inode: ino, Cgroup: pod, Projects: []string{"team-a"}},
+		Attached: true, Cookie: 42}
+	p.settleChanged([]string{other})
+	if !p.settleNetns[42] {
+		t.Errorf("team-b's member changed: walks %v, want the pod's namespace (cookie 42), where the scan found its process", p.settleNetns)
 	}
 }

@@ -186,7 +186,11 @@ func (p *projects) netnsFound(ch netnsscan.Changes) {
 }
 
 // detachGone has the kernel side detach the links of dead namespaces, and
-// ends their charge to their projects.
+// ends their charge to their projects. A dead namespace's record goes with
+// its link, here and in the scan: the kernel gives its inode number to the
+// next namespace made (the lowest free), and a pod's sandbox made again, or
+// a tenant's process unsharing again, would otherwise be taken for the
+// dead one, shown attached and never attached (its SYNs admitted).
 func (p *projects) detachGone() {
 	gone, err := p.kernel.DetachGone()
 	if err != nil {
@@ -194,6 +198,13 @@ func (p *projects) detachGone() {
 	}
 	for _, g := range gone {
 		delete(p.charged, g.Cookie)
+		if a, ok := p.attached[g.Inode]; ok && a.Cookie == g.Cookie {
+			delete(p.attached, g.Inode)
+			delete(p.podNetns, g.Inode)
+			if p.scan != nil {
+				p.scan.Forget(g.Inode) // found again as new, if a namespace has its inode
+			}
+		}
 		p.log.Info("inbound admission detached from a gone network namespace", "inode", g.Inode, "cookie", g.Cookie)
 	}
 }

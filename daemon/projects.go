@@ -475,10 +475,17 @@ func (p *projects) settleChanged(cgroups []string) {
 		if !a.Attached {
 			continue
 		}
-		// Where the scan last found a process in it, and the members whose
-		// processes it found in it (a namespace shared by several).
+		// Where a process in it was found, and the members whose
+		// processes were found in it (a namespace shared by several): as
+		// recorded at its attach or last join, and as the scan knows
+		// them now (a record the kubernetes source made has none).
+		var scanned []string
+		if p.scan != nil {
+			scanned = p.scan.MembersOf(a.Inode)
+		}
 		if slices.ContainsFunc(cgroups, func(cg string) bool {
-			return related(a.Cgroup, cg) || slices.ContainsFunc(a.Members, func(m string) bool { return related(m, cg) })
+			in := func(m string) bool { return related(m, cg) }
+			return related(a.Cgroup, cg) || slices.ContainsFunc(a.Members, in) || slices.ContainsFunc(scanned, in)
 		}) {
 			p.settleNetns[a.Cookie] = true
 		}

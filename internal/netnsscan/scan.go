@@ -254,6 +254,7 @@ func (s *Scanner) Step() Changes {
 			visited = map[string]uint64{}
 		}
 		s.visitMember(cg, m.project, start, &c)
+		m.readNew = true // read once: ReadNew has no news of it
 		visited[cg] = s.sweep
 		if m.fresh--; m.fresh > 0 {
 			keep = append(keep, cg)
@@ -445,6 +446,24 @@ func (s *Scanner) Namespaces() []Namespace {
 	}
 	slices.SortFunc(out, func(a, b Namespace) int { return cmp.Compare(a.Inode, b.Inode) })
 	return out
+}
+
+// MembersOf is Namespace.Members of the namespace of inode ino, as the
+// scanner knows it now (nil if it knows none); the slice is not to be
+// changed.
+func (s *Scanner) MembersOf(ino uint64) []string {
+	if n := s.ns[ino]; n != nil {
+		return n.Members
+	}
+	return nil
+}
+
+// Forget drops what the scanner knows of the namespace of inode ino (its
+// owner saw it die): a namespace that has its inode now (the kernel reuses
+// the number) is reported New when a read next finds it.
+func (s *Scanner) Forget(ino uint64) {
+	delete(s.ns, ino)
+	s.stats.Namespaces = len(s.ns)
 }
 
 // Missing lists the members whose cgroup did not exist when last read (a

@@ -364,7 +364,7 @@ func TestJoined(t *testing.T) {
 // fresh reads of the steps after as they were: a process the member starts
 // later in a namespace of its own is found by the next step's fresh read
 // (with a budget of one directory, which the sweep would spend on another
-// member).
+// member), and a member a step has read is not read again by ReadNew.
 func TestReadNew(t *testing.T) {
 	testutil.RequireRoot(t)
 	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-netns-")
@@ -404,6 +404,19 @@ func TestReadNew(t *testing.T) {
 	}
 	if !slices.Equal(inodes(found), []uint64{inode(t, z.Process.Pid)}) {
 		t.Fatalf("the steps after ReadNew found %v, want z's namespace %d by its fresh read", inodes(found), inode(t, z.Process.Pid))
+	}
+	// A member a step read first (a change at a tick) is no news to
+	// ReadNew, though it is read again at the next steps.
+	s2, err := netnsscan.New(netnsscan.Options{Fresh: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2.SetMembers(old)
+	s2.Step()
+	s2.SetMembers(append(old, member("m", running)))
+	s2.Step()
+	if ch := s2.ReadNew(); ch.Dirs != 0 {
+		t.Fatalf("ReadNew after a step read the new member read %d directories, want none", ch.Dirs)
 	}
 }
 
