@@ -80,14 +80,14 @@ test: check-go lint check-generated ## run the whole suite (as root: the kernel 
 	@missing=""; for t in $(TEST_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
 	[ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || missing="$$missing busybox-static"; \
 	[ -z "$$missing" ] || echo "note: missing$$missing: the nftables, container-runtime and etcd tests will skip (Debian: apt-get install $(TEST_PACKAGES))"
-	@d=$$(mktemp -d) || exit 1; f=; set -m; \
-	trap 'kill -- -$$f 2>/dev/null; rm -rf "$$d"; exit 130' INT TERM; \
-	($(MAKE) --no-print-directory test-front-modes >"$$d/front" 2>&1; echo $$? >"$$d/front.rc") & f=$$!; \
-	set +m; \
-	echo "$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(SLOW_PACKAGES) ./..."; \
-	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(SLOW_PACKAGES) ./...; rc=$$?; \
-	wait $$f; cat "$$d/front"; [ "$$(cat "$$d/front.rc" 2>/dev/null)" = 0 ] || rc=1; \
-	rm -rf "$$d"; exit $$rc
+	@echo "go test -race -count=1 -timeout 20m [TESTFLAGS] $(SLOW_PACKAGES) ./... (the front's other two modes beside it)"
+	@d=$$(mktemp -d) || exit 1; f=; g=; set -m; \
+	stop() { kill -- -$$f -$$g 2>/dev/null; rm -rf "$$d"; exit $$1; }; \
+	trap 'stop 130' INT; trap 'stop 143' TERM; trap 'stop 129' HUP; \
+	( $(FRONT_MODES) ) >"$$d/front" 2>&1 & f=$$!; \
+	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(SLOW_PACKAGES) ./... & g=$$!; \
+	set +m; wait $$g; rc=$$?; wait $$f || rc=1; \
+	cat "$$d/front"; rm -rf "$$d"; exit $$rc
 	cd deploy && $(GO) test -count=1 ./...
 	cd compare && $(GO) test -count=1 -timeout 5m ./...
 
@@ -95,24 +95,30 @@ test: check-go lint check-generated ## run the whole suite (as root: the kernel 
 # ring of sends) at once: each mostly waits on its peers (some 26 s of CPU
 # in 100 s), so side by side they take the time of one; make test runs
 # them beside the packages' tests, whose loader (the longest, mostly the
-# kernel verifier's work on one CPU) outlasts them. Each one's output
-# is printed whole once both are done, with its exit status; an interrupt
-# stops both (each runs in a process group of its own: set -m). TESTFLAGS
-# that write a fixed file (-coverprofile, -cpuprofile, -o) would have the
-# two write the same one: run go test ./front yourself for those.
-.PHONY: test-front-modes
-test-front-modes: check-go
-	@d=$$(mktemp -d) || exit 1; a=; b=; set -m; \
-	trap 'kill -- -$$a -$$b 2>/dev/null; rm -rf "$$d"; exit 130' INT TERM; \
+# kernel verifier's work on one CPU) outlasts them. Each one's output is
+# printed whole once both are done, with its exit status. Each runs in a
+# process group of its own (set -m) and the shell waits for them with
+# wait, which a signal interrupts: an interrupt, a TERM or a HUP stops them
+# at once and removes the temporary files. TESTFLAGS that write a fixed
+# file (-coverprofile, -cpuprofile, -o) would have the runs write the same
+# one: run go test ./front yourself for those. A recipe that names $(MAKE)
+# runs even under make -n, hence a variable rather than a sub-make.
+FRONT_MODES = d=$$(mktemp -d) || exit 1; a=; b=; set -m; \
+	stop() { kill -- -$$a -$$b 2>/dev/null; rm -rf "$$d"; exit $$1; }; \
+	trap 'stop 130' INT; trap 'stop 143' TERM; trap 'stop 129' HUP; \
 	(FAIRSHARE_FRONT_FAST=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front >"$$d/fast" 2>&1; echo $$? >"$$d/fast.rc") & a=$$!; \
 	(FAIRSHARE_FRONT_FAST=1 FAIRSHARE_FRONT_PLAIN_SENDS=1 $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front >"$$d/plain" 2>&1; echo $$? >"$$d/plain.rc") & b=$$!; \
-	set +m; wait; rc=0; \
+	set +m; wait $$a $$b; rc=0; \
 	for m in fast plain; do \
 		st=$$(cat "$$d/$$m.rc" 2>/dev/null); [ "$$st" = 0 ] || rc=1; \
 		case $$m in fast) env="FAIRSHARE_FRONT_FAST=1";; *) env="FAIRSHARE_FRONT_FAST=1 FAIRSHARE_FRONT_PLAIN_SENDS=1";; esac; \
-		echo "$$env $(GO) test -race -count=1 -timeout 5m $(TESTFLAGS) ./front: exit $${st:-none}"; cat "$$d/$$m"; \
+		echo "$$env $(GO) test -race -count=1 -timeout 5m ./front: exit $${st:-none}"; cat "$$d/$$m"; \
 	done; \
 	rm -rf "$$d"; exit $$rc
+
+.PHONY: test-front-modes
+test-front-modes: check-go
+	@$(FRONT_MODES)
 
 .PHONY: bench
 bench: check-go ## run the benchmarks (as root for the BPF ones)
