@@ -59,6 +59,14 @@ const benchPool = 10000
 // cycle is one loopback connect + accept + close of both ends, with raw
 // syscalls so that the Go runtime adds as little as possible around them.
 func cycle(b testing.TB, lfd int, sa unix.Sockaddr) {
+	fd, afd := connectPair(b, lfd, sa)
+	unix.Close(fd)
+	unix.Close(afd)
+}
+
+// connectPair connects a new socket to sa and accepts it from the listener
+// lfd: the client's and the server's ends.
+func connectPair(b testing.TB, lfd int, sa unix.Sockaddr) (fd, afd int) {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		b.Fatal(err)
@@ -66,12 +74,11 @@ func cycle(b testing.TB, lfd int, sa unix.Sockaddr) {
 	if err := unix.Connect(fd, sa); err != nil {
 		b.Fatal(err)
 	}
-	afd, _, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC)
+	afd, _, err = unix.Accept4(lfd, unix.SOCK_CLOEXEC)
 	if err != nil {
 		b.Fatal(err)
 	}
-	unix.Close(fd)
-	unix.Close(afd)
+	return fd, afd
 }
 
 // BenchmarkConnectAcceptClose measures a loopback connect+accept+close cycle
@@ -135,23 +142,7 @@ func BenchmarkConnectAcceptClose(b *testing.B) {
 // others. Of the 64 pools half name a port and half take every port (IPv6
 // prefixes: the filter stops IPv4 at them), and the matching one is last.
 func benchDests(b *testing.B) {
-	root := newRoot(b)
-	pin := newPinDir(b)
-	proj := mkProject(b, root, "bench")
-	defer pinCPU(b)()
-	lfd, sa := benchListener(b, false) // outside the projects
-	lfdB, saB := benchListener(b, false)
-	moveSelf(b, proj)
-	l, err := openRoot(b, root, Options{PinDir: pin, PoolSize: benchPool, MaxDestPools: 66})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		l.Close()
-		if err := Cleanup(pin); err != nil {
-			b.Error(err)
-		}
-	}()
+	l, _, lfd, sa, lfdB, saB := destBench(b, 66)
 	port := sa.(*unix.SockaddrInet4).Port
 	pool := func(name, dest string) DestPool {
 		ds, err := destination.ParseAll([]string{dest})
@@ -258,6 +249,31 @@ func benchDests(b *testing.B) {
 	b.StopTimer()
 }
 
+// destBench is the setting of the destination pools' benchmarks: this
+// goroutine's thread on one CPU and in project "bench" (cgroup proj), two
+// listeners outside the projects, A (lfd at sa) and B, and a limiter with
+// room for maxPools destination pools; all undone when the benchmark ends.
+func destBench(b *testing.B, maxPools uint32) (l *Limiter, proj string, lfd int, sa unix.Sockaddr, lfdB int, saB unix.Sockaddr) {
+	root := newRoot(b)
+	pin := newPinDir(b)
+	proj = mkProject(b, root, "bench")
+	b.Cleanup(pinCPU(b))
+	lfd, sa = benchListener(b, false)
+	lfdB, saB = benchListener(b, false)
+	moveSelf(b, proj)
+	l, err := openRoot(b, root, Options{PinDir: pin, PoolSize: benchPool, MaxDestPools: maxPools})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		l.Close()
+		if err := Cleanup(pin); err != nil {
+			b.Error(err)
+		}
+	})
+	return l, proj, lfd, sa, lfdB, saB
+}
+
 // connectCost is a block of 250 cycles to the listener fd at to: by the
 // BPF run-time stats (which must be on) of progs, connect4's cost per run
 // (one run a cycle), and the release paths', sock_release's and
@@ -303,23 +319,7 @@ func connectCost(b *testing.B, progs [3]*ebpf.Program, fd int, to unix.Sockaddr)
 // measured again after the others: its difference from the first is the
 // bias of a block's place in the turn, the noise floor of the others.
 func benchDestsLowerBound(b *testing.B) {
-	root := newRoot(b)
-	pin := newPinDir(b)
-	proj := mkProject(b, root, "bench")
-	defer pinCPU(b)()
-	lfd, sa := benchListener(b, false) // outside the projects
-	lfdB, saB := benchListener(b, false)
-	moveSelf(b, proj)
-	l, err := openRoot(b, root, Options{PinDir: pin, PoolSize: benchPool, MaxDestPools: 2})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		l.Close()
-		if err := Cleanup(pin); err != nil {
-			b.Error(err)
-		}
-	}()
+	l, proj, lfd, sa, lfdB, saB := destBench(b, 2)
 	port := sa.(*unix.SockaddrInet4).Port
 	ds, err := destination.ParseAll([]string{"127.0.0.1/32:" + strconv.Itoa(port)})
 	if err != nil {
@@ -420,17 +420,7 @@ func benchDestsLowerBound(b *testing.B) {
 	for i, side := range sides {
 		attachLinks(b, l, side.objs)
 		side.on(true)
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := unix.Connect(fd, sa); err != nil {
-			b.Fatal(err)
-		}
-		afd, _, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC)
-		if err != nil {
-			b.Fatal(err)
-		}
+		fd, afd := connectPair(b, lfd, sa)
 		pool, proj := held(i)
 		unix.Close(fd)
 		unix.Close(afd)
@@ -982,17 +972,7 @@ func lowerBound(b *testing.B, l *Limiter, floor *limiterObjects, dir string, bot
 		return p.InUse
 	}
 	attachLinks(b, l, objs)
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := unix.Connect(fd, sa); err != nil {
-		b.Fatal(err)
-	}
-	afd, _, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC)
-	if err != nil {
-		b.Fatal(err)
-	}
+	fd, afd := connectPair(b, lfd, sa)
 	want := int64(1)
 	if both {
 		want = 2

@@ -219,33 +219,26 @@ type podServer struct {
 // network namespace in the cgroup dir; it ends with the test.
 func startPodServer(t *testing.T, dir string) podServer {
 	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := exec.Command(self, "-test.run=^$")
-	srv.Env = append(cleanEnv(), podListenEnv+"=127.0.0.1:0")
+	srv := exec.Command(selfPath(t), "-test.run=^$")
 	srv.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
-	stdin, out := testutil.Pipes(t, srv)
-	testutil.StartInCgroup(t, srv, dir)
-	t.Cleanup(func() { stdin.Close() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
-	if err != nil || !ok {
-		t.Fatalf("server said %q (%v)", line, err)
-	}
+	addr := serveIn(t, srv, dir)
 	return podServer{pid: srv.Process.Pid, addr: addr}
 }
 
 // startServerIn starts a server in the cgroup dir, listening in the network
 // namespace of process pid (a tenant's process in another's namespace).
+// Its connections go through the namespace's processes: connectIn enters
+// it by the pid given.
 func startServerIn(t *testing.T, dir string, pid int) podServer {
 	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", pid), "--", self, "-test.run=^$")
+	srv := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", pid), "--", selfPath(t), "-test.run=^$")
+	return podServer{pid: pid, addr: serveIn(t, srv, dir)}
+}
+
+// serveIn starts srv, a listen helper (podListenEnv), in the cgroup dir
+// until the test ends, and returns the address it listens on.
+func serveIn(t *testing.T, srv *exec.Cmd, dir string) string {
+	t.Helper()
 	srv.Env = append(cleanEnv(), podListenEnv+"=127.0.0.1:0")
 	stdin, out := testutil.Pipes(t, srv)
 	testutil.StartInCgroup(t, srv, dir)
@@ -255,9 +248,17 @@ func startServerIn(t *testing.T, dir string, pid int) podServer {
 	if err != nil || !ok {
 		t.Fatalf("server said %q (%v)", line, err)
 	}
-	// Its connections go through the namespace's processes: connectIn
-	// enters it by the pid given.
-	return podServer{pid: pid, addr: addr}
+	return addr
+}
+
+// selfPath is the test binary's path.
+func selfPath(t *testing.T) string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return self
 }
 
 // waitAttached waits until the daemon shows the namespace of process pid
@@ -283,11 +284,7 @@ func (n *node) waitAttached(pid int, within time.Duration) {
 // were refused; they are held until the test ends.
 func connectIn(t *testing.T, srv podServer, dir string, k int) (ok, refused int) {
 	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", srv.pid), "--", self, "-test.run=^$")
+	cli := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", srv.pid), "--", selfPath(t), "-test.run=^$")
 	cli.Env = append(cleanEnv(), connectEnv+"="+srv.addr+" "+strconv.Itoa(k))
 	cin, cout := testutil.Pipes(t, cli)
 	testutil.StartInCgroup(t, cli, dir)
