@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/internal/netnsscan"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
@@ -206,6 +207,64 @@ func TestPodNetnsEnforced(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestNamespaceMadeAgain: a pod's namespace dies and its process's next
+// namespace gets the dead one's inode number (the kernel gives the lowest
+// free one: a sandbox made again, or a tenant unsharing until it gets it).
+// The daemon attaches inbound admission in the new namespace, as a new one,
+// and its listener's SYNs past the share are refused; before, the daemon
+// took it for the dead one, which it showed attached, and never attached
+// it: every SYN was admitted (without the fix, 7 of the 7 rounds that
+// make a namespace again, 6 connected and 0 refused). Rounds: each
+// ends with its namespace's processes (a subtest's), and the next makes
+// namespaces after a random pause (0-300 ms) until one has its inode:
+// whether the daemon's sweep (a tick is 1 s) falls between the two, which
+// hid the fault, is chance.
+func TestNamespaceMadeAgain(t *testing.T) {
+	n := newNode(t, "pools: {connections: {size: 5, floor: 1}}\n")
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-e2e-again-")
+	pod, clients := testutil.MkCgroup(t, top, "pod"), testutil.MkCgroup(t, top, "clients")
+	n.start()
+	if out, errOut, code := n.project("add", "team-a", "--cgroup", pod); code != 0 {
+		t.Fatalf("add: exit %d\n%s%s", code, out, errOut)
+	}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	var dead uint64 // the last round's namespace, gone with its processes
+	for round := range 8 {
+		pause := time.Duration(rng.IntN(300)) * time.Millisecond
+		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) {
+			time.Sleep(pause)
+			srv := startPodServer(t, pod)
+			// The others made meanwhile live on until one has the dead
+			// one's number: each holds a number below it, so the next
+			// gets the next.
+			for try := 0; dead != 0 && nsInode(t, srv.pid) != dead; try++ {
+				if try == 200 {
+					t.Skipf("no namespace got the dead one's inode %d in %d tries: another process takes the numbers freed", dead, try)
+				}
+				srv = startPodServer(t, pod)
+			}
+			n.waitAttached(srv.pid, 15*time.Second)
+			if ok, refused := connectIn(t, srv, clients, 6); ok != 4 || refused != 2 {
+				t.Fatalf("%v after the last round's namespace died, in one with its inode %d: %d connected and %d refused; "+
+					"want 4 and 2 (pool 5, inbound a floor short)", pause, dead, ok, refused)
+			}
+			dead = nsInode(t, srv.pid)
+		})
+	}
+}
+
+// nsInode is the inode of process pid's network namespace.
+func nsInode(t *testing.T, pid int) uint64 {
+	t.Helper()
+	ino, err := netnsscan.Inode(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ino
 }
 
 // podServer is a listener in a network namespace of its own, in a pod's
