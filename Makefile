@@ -80,7 +80,7 @@ test: check-go lint check-generated ## run the whole suite (as root: the kernel 
 	@missing=""; for t in $(TEST_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
 	[ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || missing="$$missing busybox-static"; \
 	[ -z "$$missing" ] || echo "note: missing$$missing: the nftables, container-runtime and etcd tests will skip (Debian: apt-get install $(TEST_PACKAGES))"
-	@echo "go test -race -count=1 -timeout 20m [TESTFLAGS] $(SLOW_PACKAGES) ./... (the front's other two modes beside it)"
+	@: $(info $(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(SLOW_PACKAGES) ./... (the front's other two modes beside it))
 	@d=$$(mktemp -d) || exit 1; f=; g=; set -m; \
 	stop() { kill -- -$$f -$$g 2>/dev/null; rm -rf "$$d"; exit $$1; }; \
 	trap 'stop 130' INT; trap 'stop 143' TERM; trap 'stop 129' HUP; \

@@ -121,8 +121,9 @@ func (p *projects) openPodNetns(h kube.PodNetns) (*os.File, uint64, error) {
 	return netnsscan.OpenPath(h.Path)
 }
 
-// stepNetns runs one step of the namespace scan, attaches inbound admission
-// in the namespaces found and detaches it from those gone.
+// stepNetns runs one step of the namespace scan and attaches inbound
+// admission in the namespaces found (apply has detached it from the dead
+// ones first: detachGone).
 func (p *projects) stepNetns() {
 	ch := p.scan.Step()
 	p.netnsFound(ch)
@@ -131,9 +132,6 @@ func (p *projects) stepNetns() {
 		// dead), and so does its charge to its projects.
 		delete(p.attached, n.Inode)
 		p.log.Debug("network namespace without project processes", "inode", n.Inode)
-	}
-	if p.kernel != nil {
-		p.detachGone()
 	}
 	if !ch.Swept || p.kernel == nil {
 		return

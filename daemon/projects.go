@@ -446,6 +446,22 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	p.regMu.Lock()
 	p.pending = p.pending[covered:]
 	p.regMu.Unlock()
+	p.netns(now, tick, changed)
+	p.settle(ctx)
+	p.publish()
+}
+
+// netns follows the members' network namespaces at an apply: at a tick,
+// first the links of dead namespaces are detached and their records
+// dropped (a namespace made since with one's inode number is then a new one
+// to the reads below, not the dead one); then the kubernetes source's pods'
+// namespaces are attached, and the scan steps (at a tick) or reads the new
+// members (at a change: a namespace of theirs is attached, or, shared,
+// walked, before the change is shown).
+func (p *projects) netns(now time.Time, tick, changed bool) {
+	if tick && p.kernel != nil {
+		p.detachGone()
+	}
 	if p.kube != nil && p.kernel != nil {
 		p.attachPodNetns(now, p.kube.Netns())
 	}
@@ -453,14 +469,8 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 	case tick && p.scan != nil:
 		p.stepNetns()
 	case changed && p.scan != nil:
-		// A change reads its new members at once: a namespace of theirs
-		// is attached (or, shared, walked) before the change is shown.
 		p.netnsFound(p.scan.ReadNew())
-	case tick && p.kernel != nil:
-		p.detachGone() // the pods' namespaces, without a scan
 	}
-	p.settle(ctx)
-	p.publish()
 }
 
 // settleChanged notes the cgroups whose kernel members were written or

@@ -258,9 +258,12 @@ func (l *Limiter) DetachGone() ([]NetnsInfo, error) {
 		} else if alive {
 			continue
 		}
+		// Gone whether or not its pin goes: the namespace is dead, and
+		// its number may be a new namespace's already (the caller's
+		// record of it must go). A pin left is unpinned at the next
+		// start (reattachNetns).
 		if err := n.lk.Unpin(); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("unpinning the link of network namespace %d: %w", cookie, err))
-			continue
 		}
 		n.lk.Close()
 		n.prog.Close()
