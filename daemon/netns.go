@@ -57,6 +57,12 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 		}
 		delete(p.podRefused, h.Pod)
 		live[ino] = true
+		// A record of a dead namespace whose number this one has (a
+		// sandbox made again) is not this one's.
+		id, _ := netnsscan.ID(f)
+		if a, ok := p.attached[ino]; ok && !sameNetns(a.Namespace, netnsscan.Namespace{Inode: ino, ID: id}) {
+			delete(p.attached, ino)
+		}
 		// One tried already is tried again only if a cap refused it (the
 		// scan's sweeps retry the others, when there is a scan).
 		if a, ok := p.attached[ino]; ok && (a.Attached || !atACap(a.Error)) || budget == 0 {
@@ -64,7 +70,7 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 			continue
 		}
 		budget--
-		a := admin.Namespace{Namespace: netnsscan.Namespace{Inode: ino, Path: h.Path, PID: h.Pid, Cgroup: h.Cgroup,
+		a := admin.Namespace{Namespace: netnsscan.Namespace{Inode: ino, ID: id, Path: h.Path, PID: h.Pid, Cgroup: h.Cgroup,
 			Projects: []string{h.Project}, Since: now}}
 		var info netnsInfo
 		err = p.projectCap(a.Projects, ino)
@@ -127,12 +133,6 @@ func (p *projects) openPodNetns(h kube.PodNetns) (*os.File, uint64, error) {
 func (p *projects) stepNetns() {
 	ch := p.scan.Step()
 	p.netnsFound(ch)
-	for _, n := range ch.Gone {
-		// Its link stays (DetachGone detaches it once the namespace is
-		// dead), and so does its charge to its projects.
-		delete(p.attached, n.Inode)
-		p.log.Debug("network namespace without project processes", "inode", n.Inode)
-	}
 	if !ch.Swept || p.kernel == nil {
 		return
 	}
@@ -156,8 +156,18 @@ func (p *projects) stepNetns() {
 // netnsFound attaches inbound admission in the namespaces a read of the scan
 // found new, and has those attached already that it found joined walked.
 func (p *projects) netnsFound(ch netnsscan.Changes) {
+	// Gone first: a namespace whose inode number another has now is gone
+	// and new in one read.
+	for _, n := range ch.Gone {
+		// Its link stays (DetachGone detaches it once the namespace is
+		// dead), and so does its charge to its projects.
+		if a, ok := p.attached[n.Inode]; ok && sameNetns(a.Namespace, n) {
+			delete(p.attached, n.Inode)
+		}
+		p.log.Debug("network namespace without project processes, or dead", "inode", n.Inode, "id", n.ID)
+	}
 	for _, n := range ch.New {
-		if a, ok := p.attached[n.Inode]; ok && a.Attached {
+		if a, ok := p.attached[n.Inode]; ok && a.Attached && sameNetns(a.Namespace, n) {
 			// Attached already, by the kubernetes source's word: walked
 			// if the scan found in it a process of another member than
 			// the pod's, as for a namespace joined.
@@ -175,12 +185,19 @@ func (p *projects) netnsFound(ch netnsscan.Changes) {
 		// were seen for the first time (a tenant's process that entered
 		// another's namespace): that member's listeners there, opened
 		// before it was one, are counted now, by a walk of it.
-		if a, ok := p.attached[n.Inode]; ok && a.Attached {
+		if a, ok := p.attached[n.Inode]; ok && a.Attached && sameNetns(a.Namespace, n) {
 			a.Namespace = n
 			p.attached[n.Inode] = a
 			p.settleNetns[a.Cookie] = true
 		}
 	}
+}
+
+// sameNetns says whether a and b, of one inode number, are one namespace:
+// their ids are (where the kernel gives ids: a dead namespace's number is
+// given to the next one made).
+func sameNetns(a, b netnsscan.Namespace) bool {
+	return a.Inode == b.Inode && (a.ID == 0 || b.ID == 0 || a.ID == b.ID)
 }
 
 // detachGone has the kernel side detach the links of dead namespaces, and

@@ -29,7 +29,10 @@
 // sweep at the latest (one step on a small node). A namespace known
 // already is reported Joined when a member whose processes were not seen
 // in it is (a tenant's process in another's namespace), and each keeps the
-// members whose processes it was last seen with.
+// members whose processes it was last seen with. The kernel gives a dead
+// namespace's inode number to the next one made: where it gives
+// namespaces ids (NS_GET_ID, Linux 6.18), a known number found with
+// another id is reported gone and new in one read.
 //
 // A namespace found is opened for the attach by its process only while the
 // process is still in the cgroup it was found in (OpenPid, through a

@@ -7,11 +7,14 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"golang.org/x/sys/unix"
@@ -45,8 +48,13 @@ type Options struct {
 // Namespace is a network namespace that a registered cgroup's process is
 // in (other than the daemon's own).
 type Namespace struct {
-	// Inode is the namespace's inode number on nsfs: its identity.
+	// Inode is the namespace's inode number on nsfs: its identity while
+	// it lives. The kernel gives a dead namespace's number to the next
+	// one made.
 	Inode uint64 `json:"inode"`
+	// ID is the kernel's id of the namespace (NS_GET_ID, Linux 6.18):
+	// never given to another. 0 where the kernel has none.
+	ID uint64 `json:"id,omitempty"`
 	// Path opens it while the process PID lives: <proc>/<pid>/ns/net.
 	Path string `json:"path"`
 	PID  int    `json:"pid"`
@@ -74,8 +82,10 @@ type Changes struct {
 	// process that entered another's namespace, say) that a new member's
 	// first read finds.
 	Joined []Namespace
-	// Gone are the namespaces a whole sweep did not see: no process of a
-	// registered cgroup is in them any more.
+	// Gone are the namespaces a whole sweep did not see (no process of a
+	// registered cgroup is in them any more), and those whose inode number
+	// a read found to be another namespace's now (its ID changed: the one
+	// known died, and the one found is New). A caller handles Gone first.
 	Gone []Namespace
 	// Swept says a sweep over every member ended at this step.
 	Swept bool
@@ -119,6 +129,7 @@ type Scanner struct {
 
 	ns      map[uint64]*nsState
 	missing map[string]bool // members whose cgroup did not exist when last read
+	noIDs   bool            // the kernel answers no NS_GET_ID: namespaces known by inode alone
 
 	stats      Stats
 	sweepSteps int
@@ -162,6 +173,57 @@ func New(o Options) (*Scanner, error) {
 // Inode is the identity of the namespace a path opens (/proc/<pid>/ns/net,
 // or a bind mount of it): its inode on nsfs, as Namespace.Inode.
 func Inode(path string) (uint64, error) { return nsInode(path) }
+
+// nsGetID is NS_GET_ID, _IOR(NSIO, 13, __u64): the namespace's 64-bit id
+// (Linux 6.18).
+const nsGetID = 0x8008b70d
+
+// ID is the kernel's id of the namespace f opens (Namespace.ID), 0 if the
+// kernel has none (before Linux 6.18: ENOTTY).
+func ID(f *os.File) (uint64, error) {
+	id, err := nsID(int(f.Fd()))
+	runtime.KeepAlive(f)
+	return id, err
+}
+
+func nsID(fd int) (uint64, error) {
+	var id uint64
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), nsGetID, uintptr(unsafe.Pointer(&id)))
+	switch errno {
+	case 0:
+		return id, nil
+	case unix.ENOTTY, unix.EINVAL:
+		return 0, nil
+	default:
+		return 0, errno
+	}
+}
+
+// identity reads the inode of a namespace file and, while the kernel
+// answers NS_GET_ID, its id: one open, fstat, ioctl and close, where the
+// inode alone is one stat.
+func (s *Scanner) identity(path string) (ino, id uint64, err error) {
+	if s.noIDs {
+		ino, err = nsInode(path)
+		return ino, 0, err
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, 0, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, 0, fmt.Errorf("fstat %s: %w", path, err)
+	}
+	if id, err = nsID(fd); err != nil {
+		return st.Ino, 0, fmt.Errorf("NS_GET_ID %s: %w", path, err)
+	}
+	if id == 0 {
+		s.noIDs = true // this kernel has none: the inode alone from now on
+	}
+	return st.Ino, id, nil
+}
 
 // nsInode reads the inode of a namespace file (readlink: "net:[4026531833]").
 func nsInode(path string) (uint64, error) {
@@ -388,7 +450,7 @@ func (s *Scanner) procs(dir, mem, project string, now time.Time, c *Changes) {
 		}
 		c.Procs++
 		path := s.opts.Proc + "/" + strconv.Itoa(pid) + "/ns/net"
-		ino, err := nsInode(path)
+		ino, id, err := s.identity(path)
 		if err != nil {
 			s.fail(path, err)
 			continue
@@ -397,8 +459,16 @@ func (s *Scanner) procs(dir, mem, project string, now time.Time, c *Changes) {
 			continue
 		}
 		n, ok := s.ns[ino]
+		if ok && id != 0 && n.ID != 0 && id != n.ID {
+			// The namespace known by this number died, and another has
+			// it now (a pod's sandbox made again, a process that
+			// unshared again): that one is gone, this one new.
+			c.Gone = append(c.Gone, n.clone())
+			delete(s.ns, ino)
+			ok = false
+		}
 		if !ok {
-			n = &nsState{Namespace: Namespace{Inode: ino, Since: now}, projects: map[string]uint64{}, members: map[string]uint64{}}
+			n = &nsState{Namespace: Namespace{Inode: ino, ID: id, Since: now}, projects: map[string]uint64{}, members: map[string]uint64{}}
 			s.ns[ino] = n
 		}
 		n.Path, n.PID, n.Cgroup, n.seen = path, pid, dir, s.sweep

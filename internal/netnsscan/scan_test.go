@@ -420,6 +420,61 @@ func TestReadNew(t *testing.T) {
 	}
 }
 
+// TestNumberReused: a namespace dies and another gets its inode number (the
+// kernel gives the lowest free one) in the same member's cgroup: the next
+// read reports the dead one gone and the new one new, told apart by their
+// ids (NS_GET_ID), with the new id. Skipped on a kernel without ids.
+func TestNumberReused(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-netns-")
+	pod := testutil.MkCgroup(t, top, "pod")
+	first := inNewNetns(t, pod)
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", first.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := netnsscan.ID(f)
+	f.Close()
+	if err != nil || id == 0 {
+		t.Skipf("no namespace ids on this kernel (NS_GET_ID: %d, %v)", id, err)
+	}
+	s, err := netnsscan.New(netnsscan.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetMembers([]membership.Entry{{Member: membership.Member{Project: "p", Cgroup: pod}, Source: "registered"}})
+	ch := s.Step()
+	dead := inode(t, first.Process.Pid)
+	if len(ch.New) != 1 || ch.New[0].Inode != dead || ch.New[0].ID != id {
+		t.Fatalf("first step: %+v, want %d new with id %d", ch.New, dead, id)
+	}
+	testutil.Stop(first)
+	// Others made meanwhile live on: each holds a number below the dead
+	// one's, so the next gets the next.
+	var again *exec.Cmd
+	for try := 0; again == nil; try++ {
+		if try == 100 {
+			t.Skipf("no namespace got the dead one's inode %d: another process took it", dead)
+		}
+		c := inNewNetns(t, pod)
+		if inode(t, c.Process.Pid) == dead {
+			again = c
+		}
+	}
+	var gone, found []netnsscan.Namespace
+	for range 2 { // a step's read, and the end of its sweep
+		ch := s.Step()
+		gone, found = append(gone, ch.Gone...), append(found, ch.New...)
+	}
+	if !slices.ContainsFunc(gone, func(n netnsscan.Namespace) bool { return n.Inode == dead && n.ID == id }) {
+		t.Errorf("gone %v, want %d with id %d (the dead one)", inodes(gone), dead, id)
+	}
+	i := slices.IndexFunc(found, func(n netnsscan.Namespace) bool { return n.Inode == dead })
+	if i < 0 || found[i].ID == id || found[i].ID == 0 {
+		t.Fatalf("%d new, none with the dead one's inode %d and another id than %d", len(found), dead, id)
+	}
+}
+
 // TestTruncated: a member with more cgroups below it than the budget (as a
 // tenant with a delegated subtree can make) is read in part and counted,
 // and the step stays within its budget.
