@@ -421,3 +421,42 @@ func TestSettleChangedAsScanned(t *testing.T) {
 		t.Errorf("team-b's member changed: walks %v, want the pod's namespace (cookie 42), where the scan found its process", p.settleNetns)
 	}
 }
+
+// TestPodNetnsOfAnotherID: the kubernetes source names a pod's namespace
+// whose inode number has the record of a dead namespace (another id): it is
+// attached as a new one, not skipped as attached already.
+func TestPodNetnsOfAnotherID(t *testing.T) {
+	testutil.RequireRoot(t)
+	name := fmt.Sprintf("fairshare-id-%d-%d", os.Getpid(), time.Now().UnixNano())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	path := "/run/netns/" + name
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := netnsscan.ID(f)
+	f.Close()
+	if err != nil || id == 0 {
+		t.Skipf("no namespace ids on this kernel (%d, %v)", id, err)
+	}
+	ino, err := netnsscan.Inode(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.Projects.Sources = []string{membership.SourceRegistered}
+	p := testProjects(t, cfg, nil)
+	k := &goneKernel{}
+	p.kernel, p.scan = k, nil
+	p.attached[ino] = admin.Namespace{Namespace: netnsscan.Namespace{Inode: ino, ID: id + 1000}, Attached: true, Cookie: 77}
+	p.attachPodNetns(time.Now(), []kube.PodNetns{{Path: path, Project: "team-a", Pod: "team-a/p"}})
+	k.mu.Lock()
+	attached := len(k.attached)
+	k.mu.Unlock()
+	if a := p.attached[ino]; attached != 1 || !a.Attached || a.ID != id {
+		t.Fatalf("after %d attaches the record is %+v, want the pod's namespace (id %d) attached", attached, a, id)
+	}
+}

@@ -59,8 +59,10 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 		live[ino] = true
 		// A record of a dead namespace whose number this one has (a
 		// sandbox made again) is not this one's.
-		id, _ := netnsscan.ID(f)
-		if a, ok := p.attached[ino]; ok && !sameNetns(a.Namespace, netnsscan.Namespace{Inode: ino, ID: id}) {
+		// (An id that cannot be read: attached again, which the kernel
+		// side makes a no-op for the same namespace.)
+		id, idErr := netnsscan.ID(f)
+		if a, ok := p.attached[ino]; ok && (idErr != nil || !sameNetns(a.Namespace, netnsscan.Namespace{Inode: ino, ID: id})) {
 			delete(p.attached, ino)
 		}
 		// One tried already is tried again only if a cap refused it (the
@@ -73,7 +75,7 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 		a := admin.Namespace{Namespace: netnsscan.Namespace{Inode: ino, ID: id, Path: h.Path, PID: h.Pid, Cgroup: h.Cgroup,
 			Projects: []string{h.Project}, Since: now}}
 		var info netnsInfo
-		err = p.projectCap(a.Projects, ino)
+		err = p.projectCap(a.Projects, ino, id)
 		if err == nil {
 			info, err = p.kernel.AttachNetns(f, h.Path)
 		}
@@ -91,7 +93,7 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 		default:
 			a.Attached, a.Cookie = true, info.Cookie
 			p.settleNetns[info.Cookie] = true
-			p.charge(info, a.Projects)
+			p.charge(info, id, a.Projects)
 			p.belowCap(a.Projects)
 			p.log.Info("inbound admission attached in a pod's network namespace", "pod", h.Pod, "project", h.Project,
 				"inode", ino, "cookie", info.Cookie)
@@ -239,7 +241,7 @@ func (p *projects) attachFound(n netnsscan.Namespace) {
 	}
 	var info netnsInfo
 	ino := n.Inode
-	err := p.projectCap(n.Projects, n.Inode)
+	err := p.projectCap(n.Projects, n.Inode, n.ID)
 	if err == nil {
 		var f *os.File
 		if f, ino, err = netnsscan.OpenPid(n.PID, p.mount, n.Cgroup); err == nil {
@@ -268,7 +270,7 @@ func (p *projects) attachFound(n netnsscan.Namespace) {
 	default:
 		a.Attached, a.Cookie = true, info.Cookie
 		p.settleNetns[info.Cookie] = true
-		p.charge(info, n.Projects)
+		p.charge(info, n.ID, n.Projects)
 		p.belowCap(n.Projects)
 		p.log.Info("inbound admission attached in a network namespace", "inode", n.Inode, "cookie", info.Cookie,
 			"projects", n.Projects)
@@ -309,19 +311,19 @@ func atACap(err string) bool {
 // netnsCharge is a link the kernel side holds: its namespace's inode and
 // the projects it was attached for.
 type netnsCharge struct {
-	inode    uint64
-	projects []string
+	inode, id uint64 // id: the namespace's (Namespace.ID), 0 if unknown
+	projects  []string
 }
 
 // charge charges the link of an attach to projects, for the link's life. A
 // namespace attached already (AttachNetns is idempotent by namespace) adds
 // the new projects to its charge; the daemon's own namespace has no link.
-func (p *projects) charge(info netnsInfo, projects []string) {
+func (p *projects) charge(info netnsInfo, id uint64, projects []string) {
 	if info.Cookie == 0 || info.Inode == p.ownNetns {
 		return
 	}
 	c := p.charged[info.Cookie]
-	c.inode = info.Inode
+	c.inode, c.id = info.Inode, id
 	for _, pr := range projects {
 		if !slices.Contains(c.projects, pr) {
 			c.projects = append(c.projects, pr)
@@ -336,14 +338,16 @@ func (p *projects) charge(info netnsInfo, projects []string) {
 // namespaces takes at most its bound of the attach cap from the others. A
 // project holds a link from its attach until its namespace is dead, whether
 // or not a process of the project is still in it (charged); the namespace
-// ino itself, attached already, takes no new link.
-func (p *projects) projectCap(projects []string, ino uint64) error {
+// ino (of id, 0 if unknown) itself, attached already, takes no new link. A
+// dead namespace's charge, kept until its link is detached, is not the
+// charge of one made since with its inode number.
+func (p *projects) projectCap(projects []string, ino, id uint64) error {
 	if p.netnsPerProject <= 0 || len(projects) == 0 {
 		return nil
 	}
 	held := make(map[string]int, len(projects))
 	for _, c := range p.charged {
-		if c.inode == ino {
+		if sameNetns(netnsscan.Namespace{Inode: c.inode, ID: c.id}, netnsscan.Namespace{Inode: ino, ID: id}) {
 			return nil
 		}
 		for _, pr := range c.projects {

@@ -246,6 +246,9 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 	}
 	if p.scan, err = netnsscan.New(netnsscan.Options{}); err != nil {
 		p.log.Warn("network namespaces of the projects are not looked for", "err", err)
+	} else if !p.scan.Stats().NamespaceIDs {
+		p.log.Info("this kernel gives network namespaces no ids (NS_GET_ID, Linux 6.18): they are told apart by inode " +
+			"number, which a namespace made after one died can have; the dead one's link is detached first at each tick")
 	}
 	p.publish()
 	return p, nil

@@ -692,3 +692,49 @@ func TestNetnsFoundWalks(t *testing.T) {
 		})
 	}
 }
+
+// TestNetnsIDs: records and charges of one inode number are one
+// namespace's only if their ids agree (the kernel gives a dead namespace's
+// number to the next one made). A namespace gone leaves a record of
+// another id alone; one found new or joined with another id than its
+// record's is not taken for it (attached anew, not walked as it); a dead
+// namespace's charge does not let one made with its number past the
+// project's bound.
+func TestNetnsIDs(t *testing.T) {
+	const ino = 5
+	record := func(id uint64) *projects {
+		return &projects{log: slog.New(slog.DiscardHandler), settleNetns: map[uint64]bool{}, charged: map[uint64]netnsCharge{},
+			projectFull: map[string]bool{}, netnsPerProject: 1,
+			attached: map[uint64]admin.Namespace{ino: {Namespace: netnsscan.Namespace{Inode: ino, ID: id, Cgroup: "/pod"}, Attached: true, Cookie: 9}}}
+	}
+	p := record(2)
+	p.netnsFound(netnsscan.Changes{Gone: []netnsscan.Namespace{{Inode: ino, ID: 1}}})
+	if a, ok := p.attached[ino]; !ok || a.ID != 2 {
+		t.Errorf("namespace 1 gone: the record of namespace 2 at its number is %+v, want kept", a)
+	}
+	p.netnsFound(netnsscan.Changes{Gone: []netnsscan.Namespace{{Inode: ino, ID: 2}}})
+	if _, ok := p.attached[ino]; ok {
+		t.Error("namespace 2 gone: its record kept")
+	}
+	p = record(1)
+	p.netnsFound(netnsscan.Changes{New: []netnsscan.Namespace{{Inode: ino, ID: 2, Members: []string{"/pod"}}}})
+	if a := p.attached[ino]; a.ID != 2 || a.Attached {
+		t.Errorf("namespace 2 new at namespace 1's number: record %+v, want namespace 2's, not attached (no kernel here)", a)
+	}
+	p = record(1)
+	p.netnsFound(netnsscan.Changes{Joined: []netnsscan.Namespace{{Inode: ino, ID: 2, Members: []string{"/pod", "/other"}}}})
+	if p.settleNetns[9] || p.attached[ino].ID != 1 {
+		t.Errorf("namespace 2 joined at namespace 1's number: walks %v, record %+v; want no walk of namespace 1's link", p.settleNetns, p.attached[ino])
+	}
+	// team-a holds one link (its bound), of namespace 1, dead but not
+	// detached yet: namespace 2, made with its number, is refused; namespace
+	// 1 itself would take no new link.
+	p = record(1)
+	p.charged[9] = netnsCharge{inode: ino, id: 1, projects: []string{"team-a"}}
+	if err := p.projectCap([]string{"team-a"}, ino, 2); !errors.Is(err, errProjectNetnsFull) {
+		t.Errorf("namespace 2 at the dead namespace 1's number: %v, want %v", err, errProjectNetnsFull)
+	}
+	if err := p.projectCap([]string{"team-a"}, ino, 1); err != nil {
+		t.Errorf("namespace 1 itself: %v, want no new link", err)
+	}
+}

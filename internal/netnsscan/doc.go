@@ -21,8 +21,9 @@
 // subtree can make thousands of cgroups) is read in part and counted in
 // Stats.Truncated, so no member stalls a step. A leaf cgroup costs a stat
 // and a read of cgroup.procs (kernfs gives a directory 2 + its
-// subdirectories links, so leaves are not listed), a process one stat of
-// its namespace file.
+// subdirectories links, so leaves are not listed), a process an open, an
+// fstat, an ioctl (NS_GET_ID) and a close of its namespace file, or one
+// stat where the kernel gives namespaces no ids (BenchmarkIdentity).
 //
 // What it reports is as fresh as its reads: a process that joins a
 // namespace of its own after its cgroup was last read is found in the next

@@ -110,6 +110,9 @@ type Stats struct {
 	// and was read in part.
 	Truncated     uint64 `json:"truncated"`
 	LastTruncated string `json:"last_truncated,omitempty"`
+	// NamespaceIDs says the kernel gives namespaces ids (NS_GET_ID, Linux
+	// 6.18), which tell apart two namespaces of one inode number.
+	NamespaceIDs bool `json:"namespace_ids"`
 }
 
 // Scanner finds the network namespaces of the registered cgroups'
@@ -129,7 +132,7 @@ type Scanner struct {
 
 	ns      map[uint64]*nsState
 	missing map[string]bool // members whose cgroup did not exist when last read
-	noIDs   bool            // the kernel answers no NS_GET_ID: namespaces known by inode alone
+	noIDs   bool            // the kernel gives namespaces no ids (NS_GET_ID): known by inode alone
 
 	stats      Stats
 	sweepSteps int
@@ -161,13 +164,20 @@ func New(o Options) (*Scanner, error) {
 	if o.Proc == "" {
 		o.Proc = "/proc"
 	}
-	host, err := nsInode(filepath.Join(o.Proc, "self/ns/net"))
+	self := filepath.Join(o.Proc, "self/ns/net")
+	host, err := nsInode(self)
 	if err != nil {
 		return nil, fmt.Errorf("reading the daemon's own network namespace: %w", err)
 	}
+	// Whether the kernel gives namespaces ids: asked once, of the host's.
+	var hostID uint64
+	if f, err := os.Open(self); err == nil {
+		hostID, _ = ID(f)
+		f.Close()
+	}
 	return &Scanner{opts: o, host: host, now: time.Now, buf: make([]byte, 64<<10),
 		members: map[string]*member{}, ns: map[uint64]*nsState{}, missing: map[string]bool{}, sweep: 1,
-		stats: Stats{Budget: o.Budget}}, nil
+		noIDs: hostID == 0, stats: Stats{Budget: o.Budget, NamespaceIDs: hostID != 0}}, nil
 }
 
 // Inode is the identity of the namespace a path opens (/proc/<pid>/ns/net,
@@ -199,9 +209,9 @@ func nsID(fd int) (uint64, error) {
 	}
 }
 
-// identity reads the inode of a namespace file and, while the kernel
-// answers NS_GET_ID, its id: one open, fstat, ioctl and close, where the
-// inode alone is one stat.
+// identity reads the inode of a namespace file and, if the kernel gives
+// namespaces ids (asked once, in New), its id: an open, an fstat, an ioctl
+// and a close, where the inode alone is one stat (BenchmarkIdentity).
 func (s *Scanner) identity(path string) (ino, id uint64, err error) {
 	if s.noIDs {
 		ino, err = nsInode(path)
@@ -218,9 +228,6 @@ func (s *Scanner) identity(path string) (ino, id uint64, err error) {
 	}
 	if id, err = nsID(fd); err != nil {
 		return st.Ino, 0, fmt.Errorf("NS_GET_ID %s: %w", path, err)
-	}
-	if id == 0 {
-		s.noIDs = true // this kernel has none: the inode alone from now on
 	}
 	return st.Ino, id, nil
 }
@@ -268,11 +275,12 @@ func (s *Scanner) SetMembers(es []membership.Entry) {
 	s.stats.Members = len(order)
 }
 
-// ReadNew reads the members new since SetMembers that no ReadNew has read
+// ReadNew reads the members new since SetMembers that no read has read
 // yet, oldest first, within Options.Budget directories: a change of the
 // members has the namespaces of its new members found at once (those whose
-// processes run already) rather than at the next Step. It neither sweeps
-// nor reports anything gone, and leaves the members' Options.Fresh reads at
+// processes run already) rather than at the next Step. It does not sweep,
+// and reports gone only a namespace whose inode number it found to be
+// another's now (Changes.Gone); it leaves the members' Options.Fresh reads at
 // the steps that follow as they were: a burst of changes does not spend
 // them before a new pod's containers start.
 func (s *Scanner) ReadNew() Changes {
