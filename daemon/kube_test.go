@@ -245,6 +245,21 @@ func (g *goneKernel) DetachGone() ([]netnsInfo, error) {
 	return gone, nil
 }
 
+// goneProjects is the projects of a registered source (the configuration
+// edited by edit, if not nil) over a goneKernel.
+func goneProjects(t *testing.T, edit func(*config.Config)) (*projects, *goneKernel) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Projects.Sources = []string{membership.SourceRegistered}
+	if edit != nil {
+		edit(&cfg)
+	}
+	p := testProjects(t, cfg, nil)
+	k := &goneKernel{}
+	p.kernel = k
+	return p, k
+}
+
 // TestPodNetnsChargedUntilDetached: a pod's namespace counts toward its
 // project's connections.max_netns_per_project (1 here) after its pod is
 // gone, as long as the kernel side holds its link, and stops counting when
@@ -260,12 +275,8 @@ func TestPodNetnsChargedUntilDetached(t *testing.T) {
 		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 		paths = append(paths, "/run/netns/"+name)
 	}
-	cfg := config.Default()
-	cfg.Projects.Sources = []string{membership.SourceRegistered}
-	cfg.Connections.MaxNetnsPerProject = 1
-	p := testProjects(t, cfg, nil)
-	k := &goneKernel{}
-	p.kernel, p.scan = k, nil
+	p, k := goneProjects(t, func(c *config.Config) { c.Connections.MaxNetnsPerProject = 1 })
+	p.scan = nil
 	hint := func(i int) []kube.PodNetns {
 		return []kube.PodNetns{{Path: paths[i], Project: "team-a", Pod: fmt.Sprintf("team-a/p%d", i)}}
 	}
@@ -353,11 +364,7 @@ func TestNetnsInodeReused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := config.Default()
-	cfg.Projects.Sources = []string{membership.SourceRegistered}
-	p := testProjects(t, cfg, nil)
-	k := &goneKernel{}
-	p.kernel = k
+	p, k := goneProjects(t, nil)
 	p.scan.SetMembers([]membership.Entry{{Member: membership.Member{Project: "team-a", Cgroup: cg}, Source: membership.SourceRegistered}})
 	attaches := func() int {
 		k.mu.Lock()
@@ -446,11 +453,8 @@ func TestPodNetnsOfAnotherID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := config.Default()
-	cfg.Projects.Sources = []string{membership.SourceRegistered}
-	p := testProjects(t, cfg, nil)
-	k := &goneKernel{}
-	p.kernel, p.scan = k, nil
+	p, k := goneProjects(t, nil)
+	p.scan = nil
 	p.attached[ino] = admin.Namespace{Namespace: netnsscan.Namespace{Inode: ino, ID: id + 1000}, Attached: true, Cookie: 77}
 	p.attachPodNetns(time.Now(), []kube.PodNetns{{Path: path, Project: "team-a", Pod: "team-a/p"}})
 	k.mu.Lock()
