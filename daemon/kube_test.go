@@ -3,6 +3,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -463,4 +464,111 @@ func TestPodNetnsOfAnotherID(t *testing.T) {
 	if a := p.attached[ino]; attached != 1 || !a.Attached || a.ID != id {
 		t.Fatalf("after %d attaches the record is %+v, want the pod's namespace (id %d) attached", attached, a, id)
 	}
+}
+
+// flakyKernel is a goneKernel whose AttachNetns fails for the namespaces of
+// the inodes in fail, as many times as given, with err (if not nil).
+type flakyKernel struct {
+	goneKernel
+	fail map[uint64]int
+	err  error
+}
+
+func (f *flakyKernel) AttachNetns(ns *os.File, path string) (netnsInfo, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(ns.Fd()), &st); err != nil {
+		return netnsInfo{}, err
+	}
+	f.mu.Lock()
+	if f.fail[st.Ino] > 0 {
+		f.fail[st.Ino]--
+		f.mu.Unlock()
+		if f.err != nil {
+			return netnsInfo{}, f.err
+		}
+		return netnsInfo{}, errors.New("a passing failure")
+	}
+	f.mu.Unlock()
+	return f.goneKernel.AttachNetns(ns, path)
+}
+
+// TestNetnsRetryNotStarved: at the end of a sweep the namespaces not
+// attached are tried again, a few at a time. A tenant at its bound of
+// attached namespaces (1 here) holding many more, of lower inode numbers,
+// does not take those few places from another tenant's namespace whose
+// attach failed for a passing reason: that one is attached at the next
+// sweep's end, here the same tick's.
+func TestNetnsRetryNotStarved(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-starve-")
+	var es []membership.Entry
+	var greedy []uint64
+	start := func(project, cg string) uint64 {
+		cmd := exec.Command("sleep", "60")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+		testutil.StartInCgroup(t, cmd, cg)
+		es = append(es, membership.Entry{Member: membership.Member{Project: project, Cgroup: cg}, Source: membership.SourceRegistered})
+		ino, err := netnsscan.Inode(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ino
+	}
+	for i := range 2*podNetnsPerApply + 1 {
+		greedy = append(greedy, start("team-t", testutil.MkCgroup(t, top, fmt.Sprintf("t%02d", i))))
+	}
+	victim := start("team-u", testutil.MkCgroup(t, top, "u"))
+	if victim < slices.Max(greedy) {
+		t.Skipf("the victim's namespace (inode %d) is not above the greedy tenant's (up to %d): the kernel gave a lower number", victim, slices.Max(greedy))
+	}
+	slices.SortFunc(es, membership.Compare)
+	p, _ := goneProjects(t, func(c *config.Config) { c.Connections.MaxNetnsPerProject = 1 })
+	k := &flakyKernel{fail: map[uint64]int{victim: 1}}
+	p.kernel = k
+	p.scan.SetMembers(es)
+	for tick := range 3 {
+		p.netns(time.Now(), true, false)
+		if p.attached[victim].Attached {
+			t.Logf("the victim's namespace attached at tick %d", tick+1)
+			return
+		}
+	}
+	t.Fatalf("the victim's namespace, its first attach failed, is still not attached after 3 sweeps: %+v", p.attached[victim])
+}
+
+// TestPodNetnsRetryNotStarved: the kubernetes source's pods' namespaces
+// refused at a cap are tried again at each apply, a few at a time. A tenant
+// at its bound (1 here) with many pods listed first does not take those few
+// places from another tenant's pod refused once at the node's cap.
+func TestPodNetnsRetryNotStarved(t *testing.T) {
+	testutil.RequireRoot(t)
+	var hints []kube.PodNetns
+	add := func(project string, i int) uint64 {
+		name := fmt.Sprintf("fairshare-starve-%d-%d-%d", os.Getpid(), time.Now().UnixNano(), i)
+		if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+			t.Fatalf("ip netns add: %v\n%s", err, out)
+		}
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+		hints = append(hints, kube.PodNetns{Path: "/run/netns/" + name, Project: project, Pod: project + "/" + name})
+		ino, err := netnsscan.Inode("/run/netns/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ino
+	}
+	for i := range 2*podNetnsPerApply + 1 {
+		add("team-t", i)
+	}
+	victim := add("team-u", 99)
+	p, _ := goneProjects(t, func(c *config.Config) { c.Connections.MaxNetnsPerProject = 1 })
+	k := &flakyKernel{fail: map[uint64]int{victim: 1}, err: errNetnsFull}
+	p.kernel, p.scan = k, nil
+	for apply := range 6 {
+		p.attachPodNetns(time.Now(), hints)
+		if p.attached[victim].Attached {
+			t.Logf("the victim's namespace attached at apply %d", apply+1)
+			return
+		}
+	}
+	t.Fatalf("the victim's namespace, refused once at the node's cap, is still not attached after 6 applies: %+v", p.attached[victim])
 }

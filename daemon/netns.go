@@ -29,6 +29,7 @@ import (
 func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 	live := make(map[uint64]bool, len(hints))
 	budget := podNetnsPerApply
+	held := p.heldLinks() // a pod whose project is at its bound takes no place of the budget
 	for _, h := range hints {
 		f, ino, err := p.openPodNetns(h)
 		if err != nil {
@@ -67,7 +68,8 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 		}
 		// One tried already is tried again only if a cap refused it (the
 		// scan's sweeps retry the others, when there is a scan).
-		if a, ok := p.attached[ino]; ok && (a.Attached || !atACap(a.Error)) || budget == 0 {
+		if a, ok := p.attached[ino]; ok && (a.Attached || !atACap(a.Error) ||
+			p.capped(held, netnsscan.Namespace{Inode: ino, ID: id, Projects: []string{h.Project}})) || budget == 0 {
 			f.Close()
 			continue
 		}
@@ -94,6 +96,7 @@ func (p *projects) attachPodNetns(now time.Time, hints []kube.PodNetns) {
 			a.Attached, a.Cookie = true, info.Cookie
 			p.settleNetns[info.Cookie] = true
 			p.charge(info, id, a.Projects)
+			held = p.heldLinks()
 			p.belowCap(a.Projects)
 			p.log.Info("inbound admission attached in a pod's network namespace", "pod", h.Pod, "project", h.Project,
 				"inode", ino, "cookie", info.Cookie)
@@ -142,9 +145,14 @@ func (p *projects) stepNetns() {
 	// again (a few at a time: an attach loads a program): one refused at
 	// the attach cap is attached once others have gone, one whose process
 	// left is tried by the process the sweep saw last.
+	// One whose projects are all at their bound is not tried (and takes
+	// no place of the few): a tenant holding many such namespaces would
+	// otherwise take every place, at every sweep, from another's that
+	// failed for a passing reason.
 	budget := podNetnsPerApply
+	held := p.heldLinks()
 	for _, n := range p.scan.Namespaces() {
-		if a, ok := p.attached[n.Inode]; ok && a.Attached {
+		if a, ok := p.attached[n.Inode]; ok && a.Attached || p.capped(held, n) {
 			continue
 		}
 		if budget == 0 {
@@ -152,7 +160,47 @@ func (p *projects) stepNetns() {
 		}
 		budget--
 		p.attachFound(n)
+		if p.attached[n.Inode].Attached {
+			held = p.heldLinks()
+		}
 	}
+}
+
+// links is what the kernel side's links are charged to (charged), counted
+// once for a pass over many namespaces.
+type links struct {
+	held   map[string]int      // links by project
+	linked map[uint64][]uint64 // the namespaces with a link: ids by inode
+}
+
+// heldLinks counts the links the kernel side holds (charged).
+func (p *projects) heldLinks() links {
+	l := links{held: map[string]int{}, linked: map[uint64][]uint64{}}
+	for _, c := range p.charged {
+		for _, pr := range c.projects {
+			l.held[pr]++
+		}
+		l.linked[c.inode] = append(l.linked[c.inode], c.id)
+	}
+	return l
+}
+
+// capped says whether projectCap would refuse namespace n, by l: each of
+// its projects holds connections.max_netns_per_project links, none of them
+// n's own.
+func (p *projects) capped(l links, n netnsscan.Namespace) bool {
+	if p.netnsPerProject <= 0 || len(n.Projects) == 0 {
+		return false
+	}
+	if slices.ContainsFunc(l.linked[n.Inode], func(id uint64) bool { return sameNetns(netnsscan.Namespace{Inode: n.Inode, ID: id}, n) }) {
+		return false
+	}
+	for _, pr := range n.Projects {
+		if l.held[pr] < p.netnsPerProject {
+			return false
+		}
+	}
+	return true
 }
 
 // netnsFound attaches inbound admission in the namespaces a read of the scan
