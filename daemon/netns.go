@@ -390,25 +390,11 @@ func (p *projects) charge(info netnsInfo, id uint64, projects []string) {
 // dead namespace's charge, kept until its link is detached, is not the
 // charge of one made since with its inode number.
 func (p *projects) projectCap(projects []string, ino, id uint64) error {
-	if p.netnsPerProject <= 0 || len(projects) == 0 {
+	l := p.heldLinks()
+	if !p.capped(l, netnsscan.Namespace{Inode: ino, ID: id, Projects: projects}) {
 		return nil
 	}
-	held := make(map[string]int, len(projects))
-	for _, c := range p.charged {
-		if sameNetns(netnsscan.Namespace{Inode: c.inode, ID: c.id}, netnsscan.Namespace{Inode: ino, ID: id}) {
-			return nil
-		}
-		for _, pr := range c.projects {
-			if slices.Contains(projects, pr) {
-				held[pr]++
-			}
-		}
-	}
-	for _, pr := range projects {
-		if held[pr] < p.netnsPerProject {
-			return nil
-		}
-	}
+	held := l.held
 	err := fmt.Errorf("%w: %s each %d", errProjectNetnsFull, strings.Join(projects, ", "), p.netnsPerProject)
 	for _, pr := range projects {
 		if !p.projectFull[pr] {
