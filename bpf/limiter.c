@@ -490,8 +490,7 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to,
 	struct fs_project *pt = project_get(to);
 	struct fs_project *pf = project_get(from);
 	if (cfg && n && pt) {
-		if (*(volatile __s64 *)&n->in_use >=
-		    cap_limit(cfg, 0, to, *(volatile __s64 *)&pt->in_use, limit_for(cfg, n, pt, false), cfg->pool))
+		if (*(volatile __s64 *)&n->in_use >= node_limit(cfg, n, to, pt, false))
 			p |= PAST_NODE;
 		seen(cfg, n, pt, CLK_FINE);
 	}
@@ -659,8 +658,7 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 				struct fs_pool *n = node();
 				struct fs_project *p = project_get(id);
 				if (cfg && n && p &&
-				    *(volatile __s64 *)&n->in_use >=
-					    cap_limit(cfg, 0, id, *(volatile __s64 *)&p->in_use, limit_for(cfg, n, p, false), cfg->pool))
+				    *(volatile __s64 *)&n->in_use >= node_limit(cfg, n, id, p, false))
 					rec.past |= PAST_NODE;
 				force(id, CLK_FINE);
 			}
@@ -752,6 +750,7 @@ int fs_adjust(struct fs_adjust_args *a)
 			*(volatile __typeof__(s->floor) *)&s->floor = c->floor;
 			*(volatile __typeof__(s->window_ns) *)&s->window_ns = c->window_ns;
 			*(volatile __typeof__(s->flags) *)&s->flags = c->flags;
+			*(volatile __typeof__(s->fleet_safe) *)&s->fleet_safe = c->fleet_safe;
 			a->result = 1;
 		}
 		return 0;

@@ -120,28 +120,16 @@ func (l *Limiter) putCap(pool, id, v uint32) error {
 	return nil
 }
 
-// setCapsOn writes fs_settings.caps.
-func (l *Limiter) setCapsOn(on bool) error {
-	var cfg limiterFsSettings
-	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("reading config map: %w", err)
-	}
-	cfg.Caps = 0
-	if on {
-		cfg.Caps = 1
-	}
-	if err := l.objs.FsConfig.Put(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("writing config map: %w", err)
-	}
-	return nil
-}
+// setCapsOn writes fs_settings.caps's capsOn.
+func (l *Limiter) setCapsOn(on bool) error { return l.setConfigFlag(capsOn, on) }
 
 // clearCaps zeroes fs_caps when the flag says a daemon before this one
 // may have left caps there (it is set before the first entry is written
 // and cleared after the last is zeroed): a node starts with no caps, as
 // it has no view of the fleet yet. cfg is the config being written.
 func (l *Limiter) clearCaps(cfg *limiterFsSettings) error {
-	if cfg.Caps == 0 {
+	if cfg.Caps&capsOn == 0 {
+		cfg.Caps = 0 // and the fleet's flag: SetFleetSafe sets it again
 		return nil
 	}
 	n := l.objs.FsCaps.MaxEntries()

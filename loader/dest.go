@@ -98,6 +98,9 @@ type destPool struct {
 	cfg     DestPool
 	live    bool // configured; false: removed, its id kept until its in_use is 0
 	floorOf uint32
+	// fleetSafe is its safe slice plus one (SetFleetSafe), 0 for a pool
+	// that is not a fleet pool: kept across SetDestPools.
+	fleetSafe uint32
 }
 
 // DestSnapshot is what the maps say of one destination pool.
@@ -145,7 +148,7 @@ func (l *Limiter) loadDestsLocked() error {
 		if name == "" {
 			continue
 		}
-		l.dests[name] = &destPool{id: id, live: c.Flags&destLive != 0,
+		l.dests[name] = &destPool{id: id, live: c.Flags&destLive != 0, fleetSafe: c.FleetSafe,
 			cfg: DestPool{Name: name, Size: c.Size, Floor: c.Floor, Window: time.Duration(c.WindowNs), DryRun: c.Flags&destDryRun != 0}}
 	}
 	return nil
@@ -271,6 +274,9 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 		}
 		if p.DryRun {
 			c.Flags |= destDryRun
+		}
+		if dp, ok := l.dests[p.Name]; ok {
+			c.FleetSafe = dp.fleetSafe
 		}
 		for i := range min(len(p.Name), len(c.Name)) {
 			c.Name[i] = int8(p.Name[i])

@@ -44,7 +44,8 @@ func (l *Limiter) heartbeat() error {
 	if l.objs.FsLapses == nil {
 		return nil
 	}
-	v := limiterFsLapse{HeartbeatNs: bootNow(), AfterNs: uint64(l.lapse)}
+	v := limiterFsLapse{HeartbeatNs: bootNow(), AfterNs: uint64(l.lapse),
+		FleetAfterMs: uint32(l.fleetAfter / time.Millisecond), NodeSafe: l.nodeSafe}
 	if err := l.objs.FsLapses.Put(lapseSlot, &v); err != nil {
 		return fmt.Errorf("renewing the heartbeat: %w", err)
 	}
@@ -82,7 +83,12 @@ func RenewHeartbeat(pinDir string, after time.Duration) error {
 		return fmt.Errorf("opening the pinned heartbeat in %s: %w", pinDir, err)
 	}
 	defer m.Close()
-	v := limiterFsLapse{HeartbeatNs: bootNow(), AfterNs: uint64(max(after, 0))}
+	// The fleet's fields as the daemon last wrote them (fleetsafe.go).
+	var v limiterFsLapse
+	if err := m.Lookup(lapseSlot, &v); err != nil {
+		return fmt.Errorf("reading the pinned heartbeat in %s: %w", pinDir, err)
+	}
+	v.HeartbeatNs, v.AfterNs = bootNow(), uint64(max(after, 0))
 	if err := m.Put(lapseSlot, &v); err != nil {
 		return fmt.Errorf("renewing the heartbeat in %s: %w", pinDir, err)
 	}
@@ -105,6 +111,12 @@ type Lapse struct {
 	// Admitted counts the refusals admitted because enforcement had
 	// lapsed, ever (on these pins).
 	Admitted uint64
+	// FleetAfter is the fleet's lease_ttl as the last daemon wrote it (0:
+	// no fleet pool in the kernel), and FleetSafe says the kernel's fleet
+	// pools are at their safe slices now, the heartbeat being older
+	// (fleetsafe.go).
+	FleetAfter time.Duration
+	FleetSafe  bool
 }
 
 // Lapse reads the heartbeat and the lapse from the pins.
@@ -124,8 +136,10 @@ func (l *Limiter) Lapse() (Lapse, error) {
 		if now := bootNow(); now > v.HeartbeatNs {
 			out.Age = time.Duration(now - v.HeartbeatNs)
 		}
-		// As the programs judge it (lapse_of).
+		// As the programs judge it (lapse_of, fleet_safe).
 		out.Lapsed = v.AfterNs != 0 && out.Age > out.After
+		out.FleetAfter = time.Duration(v.FleetAfterMs) * time.Millisecond
+		out.FleetSafe = out.FleetAfter != 0 && out.Age > out.FleetAfter
 	}
 	return out, nil
 }

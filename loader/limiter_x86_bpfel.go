@@ -42,13 +42,13 @@ type limiterFsCounters struct {
 }
 
 type limiterFsDestConf struct {
-	_        structs.HostLayout
-	Size     uint32
-	Floor    uint32
-	WindowNs uint64
-	Flags    uint32
-	Pad      uint32
-	Name     [32]int8
+	_         structs.HostLayout
+	Size      uint32
+	Floor     uint32
+	WindowNs  uint64
+	Flags     uint32
+	FleetSafe uint32
+	Name      [32]int8
 }
 
 type limiterFsDestFilter struct {
@@ -77,17 +77,17 @@ type limiterFsDestNet struct {
 }
 
 type limiterFsDestState struct {
-	_        structs.HostLayout
-	InUse    int64
-	Active   int64
-	Size     uint32
-	Floor    uint32
-	WindowNs uint64
-	Flags    uint32
-	Pad      uint32
-	Refused  uint64
-	Would    uint64
-	Pad2     uint64
+	_         structs.HostLayout
+	InUse     int64
+	Active    int64
+	Size      uint32
+	Floor     uint32
+	WindowNs  uint64
+	Flags     uint32
+	FleetSafe uint32
+	Refused   uint64
+	Would     uint64
+	Pad2      uint64
 }
 
 type limiterFsEvcfg struct {
@@ -137,11 +137,12 @@ type limiterFsEvstats struct {
 }
 
 type limiterFsLapse struct {
-	_           structs.HostLayout
-	HeartbeatNs uint64
-	AfterNs     uint64
-	Admitted    uint64
-	Pad         uint64
+	_            structs.HostLayout
+	HeartbeatNs  uint64
+	AfterNs      uint64
+	Admitted     uint64
+	FleetAfterMs uint32
+	NodeSafe     uint32
 }
 
 type limiterFsListenKey struct {

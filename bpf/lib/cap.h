@@ -15,14 +15,82 @@
  *             the projects the row leaves at 0 (those the fleet has not
  *             seen: the node's spare); 0 there: the pool has no caps.
  *
- * fs_settings.caps is nonzero while some pool has caps: without a fleet pool
- * a connect reads nothing but that word, on the line it has loaded already.
+ * fs_settings.caps holds CAPS_ON while some pool has caps, and CAPS_FLEET
+ * while the connections pool is a fleet pool: without a fleet pool a connect
+ * reads nothing but that word, on the line it has loaded already.
+ *
+ * The safe slice without a daemon (fleet_safe): a fleet pool's allotment
+ * holds only while the daemon lives. The other nodes stop counting this one
+ * once its lease expires (or at once, when it stops and revokes it) and
+ * share its part among themselves, while the programs, pinned, keep
+ * enforcing. So once the daemon's heartbeat (fs_lapses) is older than
+ * fleet_after_ms (the fleet's lease_ttl), a fleet pool's size is its safe
+ * slice (the size a node cut off from etcd decays to, package fleet), its
+ * floor at most that, and its caps are dropped: what a live node does when
+ * cut off, done by the programs for a daemon killed or stopped. The safe
+ * slice, plus one (0: not a fleet pool), is fs_lapses slot 0's node_safe
+ * for the connections pool, fs_dest_state.fleet_safe for a destination pool.
  */
+#define CAPS_ON 1    /* some pool has caps in fs_caps */
+#define CAPS_FLEET 2 /* the connections pool is a fleet pool: node_safe holds */
 #pragma once
 
 #include "maps.h"
 
 volatile const __u32 cap_stride = 1; /* entries of fs_projects, set at load */
+
+/*
+ * The daemon's heartbeat and the lapse (loader/lapse.go, events.h), and the
+ * fleet's safe slices without a daemon (above). Slot 0 is the daemon's
+ * (heartbeat_ns, after_ns, fleet_after_ms, node_safe: written whole from
+ * user space), slot 1 the programs' (admitted, an atomic add): a daemon
+ * renewing its heartbeat never writes over a count the programs are making.
+ */
+struct fs_lapse {
+	__u64 heartbeat_ns;   /* CLOCK_BOOTTIME of the daemon's last tick; 0: never (enforce) */
+	__u64 after_ns;       /* lapse_after; 0: never lapse */
+	__u64 admitted;       /* slot 1: refusals admitted because enforcement had lapsed */
+	__u32 fleet_after_ms; /* the fleet's lease_ttl: a heartbeat older puts fleet pools at their safe slice; 0: never */
+	__u32 node_safe;      /* the connections pool's safe slice plus one, with CAPS_FLEET */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2); /* the daemon's slot, the programs' slot */
+	__type(key, __u32);
+	__type(value, struct fs_lapse);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fs_lapses SEC(".maps");
+
+/*
+ * fleet_safe is the safe slice plus one that a fleet pool's size falls to
+ * now, 0 while it does not (not a fleet pool, a heartbeat recent enough, or
+ * a safe slice not below the size): dest_safe, the pool's fleet_safe for a
+ * destination pool, or NULL for the connections pool (node_safe, read only
+ * with CAPS_FLEET).
+ */
+static __always_inline __u32 fleet_safe(struct fs_settings *cfg, const __u32 *dest_safe, __u32 size)
+{
+	__u32 safe = 0;
+	if (dest_safe) {
+		safe = *(volatile const __u32 *)dest_safe;
+		if (!safe)
+			return 0;
+	} else if (!(cfg->caps & CAPS_FLEET)) {
+		return 0;
+	}
+	__u32 zero = 0;
+	struct fs_lapse *l = bpf_map_lookup_elem(&fs_lapses, &zero);
+	if (!l)
+		return 0;
+	if (!dest_safe)
+		safe = *(volatile __u32 *)&l->node_safe;
+	__u64 hb = *(volatile __u64 *)&l->heartbeat_ns, after = *(volatile __u32 *)&l->fleet_after_ms;
+	if (!safe || safe - 1 >= size || !after || !hb)
+		return 0;
+	__u64 now = bpf_ktime_get_boot_ns();
+	return now > hb && now - hb > after * 1000000ULL ? safe : 0;
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -38,7 +106,7 @@ struct {
  */
 static __always_inline __u32 fleet_cap(struct fs_settings *cfg, __u32 pool, __u64 id)
 {
-	if (!cfg->caps || id >= cap_stride)
+	if (!(cfg->caps & CAPS_ON) || id >= cap_stride)
 		return 0;
 	__u32 row = pool * cap_stride;
 	__u32 k = row + (__u32)id;

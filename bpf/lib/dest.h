@@ -475,7 +475,8 @@ static __always_inline __u32 dest_find(const struct fs_settings *cfg, __u32 kind
 static __always_inline struct rule_pool dest_pool(struct dest_view *v)
 {
 	struct rule_pool r = {.size = &v->s->size, .floor = &v->s->floor, .window_ns = &v->s->window_ns,
-			      .active = &v->s->active, .in_use = &v->s->in_use, .cap_pool = v->id, .packed = true};
+			      .active = &v->s->active, .in_use = &v->s->in_use, .cap_pool = v->id, .packed = true,
+			      .fleet_safe = &v->s->fleet_safe};
 	return r;
 }
 
@@ -509,7 +510,7 @@ static __always_inline bool dest_adopt(__u32 pool, __u64 id)
 	struct fs_settings *cfg = settings();
 	struct rule_pool r = dest_pool(&v);
 	bool past = cfg && (v.s->flags & DEST_LIVE) &&
-		    *(volatile __s64 *)&v.s->in_use >= cap_limit(cfg, v.id, id, proj_held(&r, v.p), pool_limit(&r, v.p, false), *r.size);
+		    *(volatile __s64 *)&v.s->in_use >= rule_limit(cfg, &r, id, v.p, false);
 	/* Stamped as an ask, as the node's adoption (force): a newcomer
 	 * counts in the pool's active set now, not at the next Tick. */
 	__u64 clk = 0;

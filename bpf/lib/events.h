@@ -115,27 +115,6 @@ struct fs_evstats {
 	__u64 would_in;  /* SYNs dry-run admitted */
 };
 
-/*
- * The daemon's heartbeat and the lapse (loader/lapse.go). Slot 0 is the
- * daemon's (heartbeat_ns, after_ns: written whole from user space), slot 1
- * the programs' (admitted, an atomic add): a daemon renewing its heartbeat
- * never writes over a count the programs are making.
- */
-struct fs_lapse {
-	__u64 heartbeat_ns; /* CLOCK_BOOTTIME of the daemon's last tick; 0: never (enforce) */
-	__u64 after_ns;     /* lapse_after; 0: never lapse */
-	__u64 admitted;     /* slot 1: refusals admitted because enforcement had lapsed */
-	__u64 _pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2); /* the daemon's slot, the programs' slot */
-	__type(key, __u32);
-	__type(value, struct fs_lapse);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} fs_lapses SEC(".maps");
-
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024); /* 2900 events: a second of a busy node's refusals at 100 per project */

@@ -65,7 +65,7 @@ static __always_inline int would_admit(struct fs_project *p, __u64 id, bool fine
 	if (!cfg || !n || !p)
 		return -1;
 	seen(cfg, n, p, fine);
-	if (*(volatile __s64 *)&n->in_use < cap_limit(cfg, 0, id, *(volatile __s64 *)&p->in_use, limit_for(cfg, n, p, true), cfg->pool))
+	if (*(volatile __s64 *)&n->in_use < node_limit(cfg, n, id, p, true))
 		return 1;
 	return 0; /* the caller counts the refusal, or dry-run's admission */
 }

@@ -7,6 +7,9 @@
  *   pool_seen    a project's ask stamped, a newcomer counted into active
  *   pool_under   whether a project holds less than its share
  *   pool_limit   the in_use a project may take a permit under
+ *   rule_limit   that, or the project's fleet cap, or the rule at the fleet's
+ *                safe slice while the daemon is away (cap.h): what every
+ *                judgment of a permit takes
  *   pool_admit   the permit taken under that limit, or refused
  *   pool_give    a permit given back
  *
@@ -47,6 +50,7 @@ struct rule_pool {
 	__s64 *in_use;          /* permits held (atomics only) */
 	__u32 cap_pool;         /* its row in fs_caps (cap.h): 0 the node's, a destination pool's id */
 	bool packed;            /* its project entries count in one word (PACKED_HELD_BITS) */
+	const __u32 *fleet_safe; /* a destination pool's safe slice plus one (cap.h, fleet_safe); NULL the node's */
 };
 
 /*
@@ -152,6 +156,31 @@ static __always_inline __s64 pool_limit(struct rule_pool *r, struct fs_project *
 	return floor < size ? size - floor : 0;
 }
 
+/*
+ * rule_limit is the in_use of pool r that project id (entry p) may take a
+ * permit under: the rule's limit (pool_limit), or the project's fleet cap
+ * in the pool (cap_limit); for a fleet pool whose daemon's heartbeat is
+ * older than the lease (cap.h, fleet_safe), the rule's limit in the pool at
+ * its safe slice, its floor at most that, and no cap. Every judgment of a
+ * permit (admission, sk_lookup's answer, adoption, a move) takes this one.
+ */
+static __always_inline __s64 rule_limit(struct fs_settings *cfg, struct rule_pool *r, __u64 id, struct fs_project *p, bool in)
+{
+	__u32 size = *r->size;
+	__u32 safe = fleet_safe(cfg, r->fleet_safe, size);
+	if (safe) {
+		__u32 floor = *r->floor;
+		safe--;
+		if (floor > safe)
+			floor = safe;
+		struct rule_pool c = *r;
+		c.size = &safe;
+		c.floor = &floor;
+		return pool_limit(&c, p, in);
+	}
+	return cap_limit(cfg, r->cap_pool, id, proj_held(r, p), pool_limit(r, p, in), size);
+}
+
 #define ADMIT_TRIES 8 /* compare-and-swap attempts on a pool's counter */
 
 /*
@@ -175,7 +204,7 @@ static __always_inline int pool_admit(struct fs_settings *cfg, struct rule_pool 
 					bool fine, bool in, __u64 *clk)
 {
 	pool_seen(r, p, fine, clk);
-	__s64 lim = cap_limit(cfg, r->cap_pool, id, proj_held(r, p), pool_limit(r, p, in), *r->size);
+	__s64 lim = rule_limit(cfg, r, id, p, in);
 	bool ok = false;
 #pragma unroll
 	for (int i = 0; i < ADMIT_TRIES; i++) {
@@ -229,6 +258,13 @@ static __always_inline __s64 rule_active(struct fs_pool *n, bool in)
 {
 	struct rule_pool r = {.active = &n->active};
 	return pool_active(&r, in);
+}
+
+/* node_limit is rule_limit of the node's pool. */
+static __always_inline __s64 node_limit(struct fs_settings *cfg, struct fs_pool *n, __u64 id, struct fs_project *p, bool in)
+{
+	struct rule_pool r = node_pool(cfg, n);
+	return rule_limit(cfg, &r, id, p, in);
 }
 
 /* under_share is pool_under of the node's pool. */

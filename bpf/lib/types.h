@@ -29,7 +29,7 @@ struct fs_settings {
 	 * word or part with a byte of 0xff (all ones: more values than
 	 * lanes) sends the connect to fs_dfilter. */
 	__u64 dest_quick[2];
-	__u32 caps;          /* nonzero while some pool has fleet caps (cap.h); 0: no lookup */
+	__u32 caps;          /* CAPS_ON while some pool has fleet caps, CAPS_FLEET while the connections pool is a fleet pool (cap.h); 0: no lookup */
 	__u32 layout;        /* what the pinned maps' bytes mean: loader.pinLayout of the daemon that wrote them */
 	/* The prefix lengths (bits of the 128-bit address) fs_dnets holds,
 	 * plus one, longest first, 0 past the last (dest.h): of the pools
@@ -328,8 +328,8 @@ struct fs_dest_conf {
 	__u32 size;  /* its POOL */
 	__u32 floor; /* its FLOOR */
 	__u64 window_ns;
-	__u32 flags; /* DEST_LIVE, DEST_DRYRUN */
-	__u32 _pad;
+	__u32 flags;      /* DEST_LIVE, DEST_DRYRUN */
+	__u32 fleet_safe; /* a fleet pool's safe slice plus one, 0 for another pool (cap.h) */
 	char name[32];
 };
 
@@ -347,8 +347,8 @@ struct fs_dest_state {
 	__u32 size;      /* fs_dest_conf's */
 	__u32 floor;     /* fs_dest_conf's */
 	__u64 window_ns; /* fs_dest_conf's */
-	__u32 flags;     /* fs_dest_conf's */
-	__u32 _pad;
+	__u32 flags;      /* fs_dest_conf's */
+	__u32 fleet_safe; /* fs_dest_conf's */
 	__u64 refused; /* (admissions are counted per project: fs_dest_projects) */
 	__u64 would;   /* refusals dry-run admitted */
 	__u64 _pad2;   /* a cache line per pool */

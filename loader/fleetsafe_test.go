@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/testutil"
+)
+
+// TestFleetSafeWithoutDaemon: a fleet pool in the kernel, the connections
+// pool or a destination pool, falls to its safe slice, without its caps,
+// once the daemon's heartbeat is older than the fleet's lease, and comes
+// back to its allotment (and caps) with the next heartbeat. Rounds draw the
+// pool, what the project holds before the heartbeat ages (0-8 of 10), the
+// safe slice (0-5), and whether the project has a cap (which would admit
+// up to 10, or refuse at 1, with the daemon there): the programs admit the
+// project exactly up to the safe slice (the lower of the two once both are
+// fleet pools: a connect to the destination counts in both). A SetDestPools (a reload) keeps a
+// destination pool's safe slice, and so does a restart.
+func TestFleetSafeWithoutDaemon(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 0)
+	ln := sink(t, "tcp4", "127.0.0.1:0")
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	dbPool := destPoolOf(t, "db", 10, 0, "127.0.0.1/32:"+portOf(db))
+	if err := l.SetDestPools([]DestPool{dbPool}); err != nil {
+		t.Fatal(err)
+	}
+	alpha := startHelper(t, mkProject(t, root, "alpha"))
+	syncDir(t, l, root)
+
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	// The connections pool's safe slice once a round has made it a fleet
+	// pool, -1 before: a connect to db counts in both pools, so both
+	// fall to their slices together.
+	nodeSafe := -1
+	for round := range 40 {
+		pool, addr := "", ln.Addr().String()
+		if rng.IntN(2) == 1 {
+			pool, addr = "db", db.Addr().String()
+		}
+		held, safe := rng.IntN(9), rng.IntN(6)
+		var caps map[string]int
+		switch rng.IntN(3) {
+		case 1:
+			caps = map[string]int{"alpha": 10}
+		case 2:
+			caps = map[string]int{"alpha": 1}
+		}
+		what := func() string {
+			return fmt.Sprintf("round %d: pool %q, holding %d, safe slice %d, caps %v", round, pool, held, safe, caps)
+		}
+		// The daemon there (a heartbeat an hour from ageing): the
+		// allotment of 10.
+		if err := l.SetFleetSafe(pool, uint32(safe), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		alpha.dialOK("tcp4", addr, held, what())
+		if err := l.SetCaps(pool, caps, -1); err != nil {
+			t.Fatal(err)
+		}
+		// The daemon gone: the heartbeat older than the lease.
+		if err := l.SetFleetSafe(pool, uint32(safe), time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+		limit := safe
+		if pool == "" {
+			nodeSafe = safe
+		} else if nodeSafe >= 0 {
+			limit = min(limit, nodeSafe)
+		}
+		want := max(limit-held, 0)
+		if r := alpha.dial("tcp4", addr, 6); r.ok != want || r.refused != 6-want {
+			t.Fatalf("%s: without a daemon %+v, want %d admitted and the rest refused", what(), r, want)
+		}
+		if lp, err := l.Lapse(); err != nil || !lp.FleetSafe || lp.FleetAfter != time.Millisecond {
+			t.Fatalf("%s: the lapse as read: %+v, %v", what(), lp, err)
+		}
+		// The daemon back: its allotment, and its caps.
+		if err := l.SetFleetSafe(pool, uint32(safe), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		now := held + want
+		wantBack := 1
+		if c, ok := caps["alpha"]; ok && now >= c || now >= 10 {
+			wantBack = 0
+		}
+		if r := alpha.dial("tcp4", addr, 1); r.ok != wantBack {
+			t.Fatalf("%s: with the daemon back, holding %d: %+v, want %d admitted", what(), now, r, wantBack)
+		}
+		alpha.do("close")
+		if err := l.SetCaps(pool, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		waitInUse(t, l, 0, map[string]int{"alpha": 0})
+	}
+
+	// A reload keeps the destination pool's safe slice; so does a
+	// restart (read back from the pins). The connections pool's slice
+	// is its size: no lower than the allotment, it holds nothing back.
+	if err := l.SetFleetSafe("", 10, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetFleetSafe("db", 2, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetDestPools([]DestPool{dbPool}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if r := alpha.dial("tcp4", db.Addr().String(), 4); r.ok != 2 || r.refused != 2 {
+		t.Fatalf("after a reload, without a daemon: %+v, want 2 admitted", r)
+	}
+	alpha.do("close")
+	waitInUse(t, l, 0, map[string]int{"alpha": 0})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = openLimiter(t, root, pin, 10, 0)
+	if got := l.dests["db"].fleetSafe; got != 3 {
+		t.Fatalf("the safe slice read back at a restart: %d, want 2 + 1", got)
+	}
+}
+
+// TestSetFleetSafeRefusesBadInput: a lease of 0 or past the field, a safe
+// slice past the largest pool, and an unknown destination pool are
+// refused.
+func TestSetFleetSafeRefusesBadInput(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 0)
+	for _, c := range []struct {
+		pool  string
+		safe  uint32
+		after time.Duration
+		want  error
+	}{{"", 1, 0, ErrInvalidOptions}, {"", 1, 1 << 62, ErrInvalidOptions}, {"", 1 << 30, time.Second, ErrInvalidOptions},
+		{"nope", 1, time.Second, ErrNoDestPool}} {
+		if err := l.SetFleetSafe(c.pool, c.safe, c.after); !errors.Is(err, c.want) {
+			t.Errorf("SetFleetSafe(%q, %d, %v): %v, want %v", c.pool, c.safe, c.after, err, c.want)
+		}
+	}
+	if lp, err := l.Lapse(); err != nil || lp.FleetAfter != 0 {
+		t.Fatalf("a refused call wrote the lease: %+v, %v", lp, err)
+	}
+}
