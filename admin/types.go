@@ -199,6 +199,11 @@ type Lapse struct {
 	// Admitted counts the refusals admitted because enforcement had
 	// lapsed (in Admitted too).
 	Admitted uint64 `json:"admitted"`
+	// FleetAfter is the fleet's lease_ttl in seconds when the kernel has
+	// fleet pools (0: none), and FleetSafe says they are held to their
+	// safe slices now, the heartbeat being older (docs/fleet.md).
+	FleetAfter float64 `json:"fleet_after_seconds,omitempty"`
+	FleetSafe  bool    `json:"fleet_safe,omitempty"`
 }
 
 // Fleet is a fleet pool as one node sees it (package fleet).

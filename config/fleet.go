@@ -23,8 +23,10 @@ type Fleet struct {
 	// etcd decays to; 0 is one over the number of nodes it last saw.
 	SafeFraction float64 `yaml:"safe_fraction"`
 	// LeaseTTL is how long a silent node stays in the others' computation,
-	// and how long a node without an answer from etcd waits before it
-	// counts itself cut off; 0 is 5s.
+	// how long a node without an answer from etcd waits before it counts
+	// itself cut off, and how long the kernel's fleet pools keep their
+	// allotment without a daemon before they fall to their safe slices;
+	// 0 is 5s.
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
 	// Period is how often a node publishes what its projects hold and
 	// recomputes its allotment; 0 is 1s. Set, at least 1s (a project's

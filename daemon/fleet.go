@@ -153,6 +153,13 @@ func (kf kernelFleet) SetCaps(caps map[string]int, others int) error {
 	return kf.d.kernel.lim.SetCaps("", caps, others)
 }
 
+// SetSafe is the slice the programs hold the pool to once the daemon's
+// heartbeat is older than the fleet's lease (loader.SetFleetSafe): the
+// other nodes have taken this one's part back by then.
+func (kf kernelFleet) SetSafe(safe int) error {
+	return kf.d.kernel.lim.SetFleetSafe("", uint32(safe), kf.d.fleetLease())
+}
+
 func (kf kernelFleet) Usage() (map[string]fleet.Usage, error) {
 	s, err := kf.d.kernel.lim.Snapshot()
 	if err != nil {
@@ -195,6 +202,16 @@ func (t destFleet) SetSize(size int) error {
 	return nil
 }
 
+// SetSafe is kernelFleet.SetSafe for the destination pool.
+func (t destFleet) SetSafe(safe int) error {
+	t.d.destMu.Lock()
+	defer t.d.destMu.Unlock()
+	if t.d.kernel == nil {
+		return fmt.Errorf("destination pool %s: the kernel side is not open", t.name)
+	}
+	return t.d.kernel.lim.SetFleetSafe(t.name, uint32(safe), t.d.fleetLease())
+}
+
 func (t destFleet) SetCaps(caps map[string]int, others int) error {
 	if t.d.kernel == nil {
 		return fmt.Errorf("destination pool %s: the kernel side is not open", t.name)
@@ -229,6 +246,14 @@ func (t destFleet) Usage() (map[string]fleet.Usage, error) {
 		}
 	}
 	return out, nil
+}
+
+// fleetLease is the fleet's lease_ttl as the Members take it.
+func (d *Daemon) fleetLease() time.Duration {
+	if d.cfg.Fleet.LeaseTTL > 0 {
+		return d.cfg.Fleet.LeaseTTL
+	}
+	return fleet.DefaultLeaseTTL
 }
 
 // memberConfig is what the configuration says of fleet pool name's Member:

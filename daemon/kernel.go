@@ -597,7 +597,8 @@ func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) 
 			Admitted: s.Exempt.Admitted, OverBudget: s.Exempt.OverBudget}
 	}
 	if lp := s.Lapse; !lp.Never {
-		p.Lapse = &admin.Lapse{After: lp.After.Seconds(), HeartbeatAge: lp.Age.Seconds(), Lapsed: lp.Lapsed, Admitted: lp.Admitted}
+		p.Lapse = &admin.Lapse{After: lp.After.Seconds(), HeartbeatAge: lp.Age.Seconds(), Lapsed: lp.Lapsed, Admitted: lp.Admitted,
+			FleetAfter: lp.FleetAfter.Seconds(), FleetSafe: lp.FleetSafe}
 	}
 	p.Admitted, p.Refused, p.RateLimited = forgotten.Admitted, forgotten.Refused, forgotten.RateLimited
 	for _, pc := range s.Projects {

@@ -37,6 +37,16 @@ type Capper interface {
 	SetCaps(caps map[string]int, others int) error
 }
 
+// Safer is a Target that enforces on its own while the daemon is away (the
+// kernel's pools, which stay pinned and enforcing): it takes the safe slice
+// to fall to once this node's lease has lapsed, since the others take the
+// node's part back then. The Member gives it each change of the safe
+// slice, and at a stop holds the pool to its safe slice, without caps,
+// before it revokes the lease (see Run).
+type Safer interface {
+	SetSafe(safe int) error
+}
+
 // Usage is one project's state in the local pool, as the Source reads it.
 type Usage struct {
 	Held int
@@ -141,6 +151,8 @@ type Member struct {
 	plan      Plan
 	applied   Allotment // what SetSize/SetCaps last got
 	haveApply bool
+	safeSent  int    // what Safer.SetSafe last took; -1: nothing yet, or a failed call
+	safeErr   string // its last error, logged once; "" after a success
 	state     string
 	since     time.Time
 	lastOK    time.Time // last answer from etcd
@@ -204,7 +216,7 @@ func New(cfg Config) (*Member, error) {
 	cfg.Floor = pools.EffectiveFloor(cfg.Size, cfg.Floor)
 	dir := strings.TrimSuffix(cfg.Prefix, "/") + "/" + cfg.Pool + "/nodes/"
 	m := &Member{cfg: cfg, dir: dir, key: dir + cfg.Node, view: map[string]Node{}, refused: map[string]uint64{},
-		state: StateWaiting, since: cfg.Clock.Now()}
+		state: StateWaiting, since: cfg.Clock.Now(), safeSent: -1}
 	return m, nil
 }
 
@@ -237,10 +249,15 @@ func (m *Member) safeAmong(n int) int {
 
 // Run publishes, watches and applies until ctx ends; then it revokes the
 // lease (best effort), so the others take this node's allotment back at
-// once rather than after the lease.
+// once rather than after the lease. A pool that goes on enforcing without
+// the daemon (Safer) is first held to its safe slice without caps, as if
+// cut off: the others divide the whole fleet from the revocation on, and
+// the margin is a partition's. If that fails the lease is left to expire,
+// by which time the pool has fallen to the safe slice it was given.
 func (m *Member) Run(ctx context.Context) error {
 	m.mu.Lock()
 	m.applyLocked(Allotment{Size: m.safeLocked()})
+	m.sendSafeLocked()
 	m.mu.Unlock()
 
 	var wg sync.WaitGroup
@@ -259,8 +276,9 @@ func (m *Member) Run(ctx context.Context) error {
 			wg.Wait()
 			m.mu.Lock()
 			lease := m.lease
+			held := m.stopLocked()
 			m.mu.Unlock()
-			if lease != 0 {
+			if lease != 0 && held {
 				rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				_, _ = m.cfg.Client.Revoke(rctx, lease)
 				cancel()
@@ -269,6 +287,53 @@ func (m *Member) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// stopLocked holds a Safer's pool to its safe slice, without caps, for
+// the time the daemon is away, and reports whether it is held there (a
+// Target without Safer stops with the daemon: true).
+func (m *Member) stopLocked() bool {
+	if _, ok := m.cfg.Target.(Safer); !ok {
+		return true
+	}
+	safe := m.safeLocked()
+	size := safe
+	if m.haveApply {
+		size = min(size, m.applied.Size)
+	}
+	m.applyLocked(Allotment{Size: size})
+	if !m.haveApply || m.applied.Size > safe || m.applied.Caps != nil {
+		m.cfg.Log.Error("fleet: the pool could not be held to its safe slice at the stop; the lease is left to expire",
+			"pool", m.cfg.Pool, "allotment", m.applied.Size, "safe", safe)
+		return false
+	}
+	m.cfg.Log.Info("fleet: stopping; the pool is held to its safe slice until the daemon is back", "pool", m.cfg.Pool,
+		"safe", safe)
+	return true
+}
+
+// sendSafeLocked gives a Safer the safe slice when it changed (or the last
+// call failed).
+func (m *Member) sendSafeLocked() {
+	s, ok := m.cfg.Target.(Safer)
+	if !ok {
+		return
+	}
+	safe := m.safeLocked()
+	if safe == m.safeSent {
+		return
+	}
+	if err := s.SetSafe(safe); err != nil {
+		// Once per cause, tried again every period.
+		if e := err.Error(); e != m.safeErr {
+			m.cfg.Log.Error("fleet: setting the safe slice the pool falls to without the daemon; trying again every period",
+				"pool", m.cfg.Pool, "safe", safe, "err", err)
+			m.safeErr = e
+		}
+		m.safeSent = -1
+		return
+	}
+	m.safeSent, m.safeErr = safe, ""
 }
 
 // callTimeout bounds each etcd call: the period, but at least a second
@@ -351,6 +416,7 @@ func (m *Member) tick(ctx context.Context) {
 	m.mu.Lock()
 	m.lease = lease
 	st := m.stepLocked()
+	m.sendSafeLocked()
 	m.mu.Unlock()
 	if st != nil && m.cfg.OnState != nil {
 		m.cfg.OnState(*st)

@@ -62,12 +62,18 @@ type node struct {
 
 func startNode(t *testing.T, e *etcdtest.Etcd, name string, size int, ttl time.Duration) *node {
 	t.Helper()
+	return startNodeAt(t, e, "/test", name, size, ttl)
+}
+
+// startNodeAt is startNode under prefix (one fleet per prefix).
+func startNodeAt(t *testing.T, e *etcdtest.Etcd, prefix, name string, size int, ttl time.Duration) *node {
+	t.Helper()
 	p, err := pools.New(pools.Config{Name: "db", Size: size}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := &node{name: name, pool: p, done: make(chan struct{}), states: make(chan Status, 16)}
-	n.member, err = New(Config{Client: e.Client(t), Prefix: "/test", Pool: "db", Node: name, Size: size,
+	n.member, err = New(Config{Client: e.Client(t), Prefix: prefix, Pool: "db", Node: name, Size: size,
 		LeaseTTL: ttl, Target: PoolTarget{p}, Source: PoolTarget{p},
 		OnState: func(s Status) {
 			select {

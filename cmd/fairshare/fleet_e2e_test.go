@@ -348,6 +348,126 @@ func TestFleetKernelConnections(t *testing.T) {
 	}
 }
 
+// TestFleetDaemonGone: a node whose daemon stops (SIGTERM) or is killed
+// (SIGKILL) keeps enforcing in the kernel, but the others take its part of
+// the fleet back (at once at a stop, which revokes its lease; at the lease's
+// end after a kill). Its programs then hold its connections pool to its
+// safe slice (12 over 2 nodes: 6), without caps, as a live node cut off
+// from etcd would be: alpha, which held a's whole allotment of 12 and let
+// go of 10, gets 4 more on a, not 10, while b's allotment is the whole
+// fleet. A daemon started again on the pins takes the node back into the
+// fleet.
+func TestFleetDaemonGone(t *testing.T) {
+	needRoot(t)
+	e := etcdtest.Start(t)
+	ln := acceptForever(t)
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		t.Run(sig.String(), func(t *testing.T) {
+			var nodes []*node
+			for _, name := range []string{"a", "b"} {
+				n := newNode(t, fmt.Sprintf("fleet: {etcd: [%s], node: %s, prefix: /gone-%d, lease_ttl: 2s}\npools: {connections: {size: 12, fleet: true}}\n",
+					e.Endpoints()[0], name, int(sig)))
+				n.start()
+				nodes = append(nodes, n)
+			}
+			a, b := nodes[0], nodes[1]
+			allot := func(n *node) (int, string) {
+				p := pool(n.status(), "connections")
+				return p.Fleet.Allotment, fmt.Sprintf("%s: %s allotment %d, %d nodes, kernel POOL %d in use %d", p.Fleet.Node, p.Fleet.State,
+					p.Fleet.Allotment, p.Fleet.Nodes, p.Size, p.InUse)
+			}
+			var held []*projectProc
+			defer func() {
+				for _, p := range held {
+					p.close()
+				}
+			}()
+			alphaHeld := func() int {
+				n := 0
+				for _, h := range held {
+					n += h.connected
+				}
+				return n
+			}
+			waitFor(t, 30*time.Second, "alpha holds a's allotment of the whole fleet", func() (bool, string) {
+				held = append(held, a.connectFrom("alpha", ln, 12-alphaHeld()))
+				x, s := allot(a)
+				return x == 12 && alphaHeld() == 12, fmt.Sprintf("alpha holds %d; %s", alphaHeld(), s)
+			})
+			if err := a.stop(sig); (err == nil) != (sig == syscall.SIGTERM) {
+				t.Fatalf("a's daemon on %v: %v", sig, err)
+			}
+			took := waitFor(t, 20*time.Second, "b takes the whole fleet", func() (bool, string) {
+				y, s := allot(b)
+				return y == 12, s
+			})
+			t.Logf("b had the whole fleet %v after a's daemon got %v", took, sig)
+			// Alpha lets go of 10 of its 12 (the programs count the
+			// releases without a daemon), and asks for 10 again: 4 fit
+			// under the safe slice of 6.
+			for _, h := range held {
+				h.close()
+			}
+			held = nil
+			two := a.connectFrom("alpha", ln, 2)
+			held = append(held, two)
+			if sig == syscall.SIGKILL {
+				// The heartbeat may be younger than the lease for a
+				// moment after b took the fleet (b counted from the
+				// lease's last renewal): asked again until it is not.
+				time.Sleep(2 * time.Second)
+			}
+			again := a.connectFrom("alpha", ln, 10)
+			held = append(held, again)
+			// Status without the daemon: the stop set the pool's size; the
+			// kill left it, and the programs hold it to the safe slice.
+			out, _, _ := a.cli("status")
+			if p := pool(a.status(), "connections"); sig == syscall.SIGTERM && p.Size != 6 ||
+				sig == syscall.SIGKILL && (p.Size != 12 || p.Lapse == nil || !p.Lapse.FleetSafe || !strings.Contains(out, "FLEET POOLS AT THEIR SAFE SLICES")) {
+				t.Errorf("status without a's daemon: size %d, %+v\n%s", p.Size, p.Lapse, out)
+			}
+			if two.connected != 2 || again.connected != 4 || again.refused != 6 {
+				t.Fatalf("without a's daemon, alpha asked 2 then 10: %d then %d (%d refused); want 2 then 4 under the safe slice of 6",
+					two.connected, again.connected, again.refused)
+			}
+			// The daemon back: a is in the fleet again.
+			a.start()
+			waitFor(t, 20*time.Second, "a back in the fleet", func() (bool, string) {
+				x, sa := allot(a)
+				y, sb := allot(b)
+				return x+y == 12 && pool(a.status(), "connections").Fleet.State == "connected", sa + "; " + sb
+			})
+		})
+	}
+}
+
+// acceptForever is a loopback listener outside the projects that accepts
+// and holds every connection until the test ends; its address.
+func acceptForever(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	return ln.Addr().String()
+}
+
 // TestFleetDestinationPool: a destination pool marked fleet: true (issue
 // 35's headline: one database's connections shared by every node) across
 // two daemons on one kernel. The allotment is the destination pool's size

@@ -89,6 +89,14 @@ func wouldText(n uint64, dryRun bool) string {
 func lapseText(pool string, lp admin.Lapse) string {
 	age := (time.Duration(lp.HeartbeatAge * float64(time.Second))).Round(time.Second)
 	after := time.Duration(lp.After * float64(time.Second))
+	if lp.FleetSafe && !lp.Lapsed {
+		lapses := "never lapses (lapse_after 0)"
+		if lp.After != 0 {
+			lapses = fmt.Sprintf("lapses after %s without one", after)
+		}
+		return fmt.Sprintf("%s: enforced, FLEET POOLS AT THEIR SAFE SLICES: no daemon heartbeat for %s (fleet lease_ttl %s), "+
+			"the other nodes have taken this node's part; %s", pool, age, time.Duration(lp.FleetAfter*float64(time.Second)), lapses)
+	}
 	switch {
 	case lp.Lapsed:
 		return fmt.Sprintf("%s: ENFORCEMENT LAPSED: no daemon heartbeat for %s (lapse_after %s); the kernel counts and refuses nothing "+

@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/internal/etcdtest"
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// saferTarget is a kernel pool as the Member sees it: a user-space pool
+// (PoolTarget) that also takes the safe slice (Safer), recording what it
+// was given; failStop makes SetSize fail once stopping is set.
+type saferTarget struct {
+	PoolTarget
+	mu       sync.Mutex
+	safes    []int
+	sizes    []int
+	caps     map[string]int
+	stopping bool
+	failStop bool
+}
+
+func (t *saferTarget) SetSize(size int) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopping && t.failStop {
+		return errors.New("the kernel side is gone")
+	}
+	t.sizes = append(t.sizes, size)
+	return t.PoolTarget.SetSize(size)
+}
+
+func (t *saferTarget) SetCaps(caps map[string]int, others int) error {
+	t.mu.Lock()
+	t.caps = caps
+	t.mu.Unlock()
+	return t.PoolTarget.SetCaps(caps, others)
+}
+
+func (t *saferTarget) SetSafe(safe int) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.safes = append(t.safes, safe)
+	return nil
+}
+
+func (t *saferTarget) last() (size, safe int, caps map[string]int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.sizes) > 0 {
+		size = t.sizes[len(t.sizes)-1]
+	}
+	safe = -1
+	if len(t.safes) > 0 {
+		safe = t.safes[len(t.safes)-1]
+	}
+	return size, safe, t.caps
+}
+
+// TestStopHoldsSafeSlice: a pool that enforces without the daemon (Safer)
+// gets the safe slice of each view (12 over 2 nodes: 6), and when its node
+// stops, is held to that slice without caps before the lease is revoked,
+// so the other node, which takes the whole fleet from then on, and this
+// one's pool add up to no more than the fleet's size plus a partition's
+// margin (the safe slice). A stop whose hold fails leaves the lease to
+// expire: the key stays until then.
+func TestStopHoldsSafeSlice(t *testing.T) {
+	e := etcdtest.Start(t)
+	const size, ttl = 12, 2 * time.Second
+	for _, failStop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hold-fails-%v", failStop), func(t *testing.T) {
+			prefix := fmt.Sprintf("/safe-%v", failStop)
+			p, err := pools.New(pools.Config{Name: "db", Size: size}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tgt := &saferTarget{PoolTarget: PoolTarget{p}, failStop: failStop}
+			cli := e.Client(t)
+			a, err := New(Config{Client: cli, Prefix: prefix, Pool: "db", Node: "a", Size: size, LeaseTTL: ttl,
+				Target: tgt, Source: tgt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); _ = a.Run(ctx) }()
+			t.Cleanup(func() { cancel(); <-done })
+			b := startNodeAt(t, e, prefix, "b", size, ttl)
+
+			// Alpha busy on a: a's allotment past the safe slice of 6.
+			w := greedy(p, "alpha", 200*time.Millisecond)
+			defer w.end()
+			eventually(t, 15*time.Second, "a past its safe slice, with the safe slice of two nodes", func() (bool, string) {
+				st := a.Status()
+				sz, safe, _ := tgt.last()
+				return st.State == StateConnected && st.Nodes == 2 && sz > 6 && safe == 6,
+					fmt.Sprintf("%s, %d nodes, size %d, safe %d", st.State, st.Nodes, sz, safe)
+			})
+			tgt.mu.Lock()
+			tgt.stopping = true
+			tgt.mu.Unlock()
+			cancel()
+			<-done
+			sz, _, caps := tgt.last()
+			resp, err := cli.Get(context.Background(), prefix+"/db/nodes/a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if failStop {
+				if len(resp.Kvs) != 1 || sz <= 6 {
+					t.Fatalf("a stop whose hold failed: key %d, size %d; want the key kept (the lease left to expire)", len(resp.Kvs), sz)
+				}
+				return
+			}
+			if sz > 6 || caps != nil || len(resp.Kvs) != 0 {
+				t.Fatalf("after the stop: size %d, caps %v, key %d; want at most 6, no caps, the lease revoked", sz, caps, len(resp.Kvs))
+			}
+			eventually(t, 10*time.Second, "b takes the fleet", func() (bool, string) {
+				st := b.member.Status()
+				return st.Allotment == size, fmt.Sprintf("b: %d nodes, allotment %d", st.Nodes, st.Allotment)
+			})
+		})
+	}
+}
