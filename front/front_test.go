@@ -9,10 +9,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -257,13 +260,96 @@ func TestRouteLookup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for path, want := range map[string]string{"/": "root", "/a": "a", "/a/": "a", "/a/b/c": "ab", "/ab": "root"} {
-		if got := rt.lookup("h", path); got == nil || got.project != want {
-			t.Errorf("lookup(h, %s) = %+v, want %q", path, got, want)
+	for path, want := range map[string]string{"/": "root", "/a": "a", "/a/": "a", "/a/b/c": "ab", "/ab": "root",
+		"//a/x": "a", "/a//b": "ab", "/.a/..b": "root", "/a/.b": "a"} {
+		if got, err := rt.lookup("h", path); err != nil || got == nil || got.project != want {
+			t.Errorf("lookup(h, %s) = %+v, %v, want %q", path, got, err, want)
 		}
 	}
 	if _, err := newRouteTable(map[string]string{"h": "bad name"}); !errors.Is(err, ErrBadProject) {
 		t.Errorf("bad route project: err = %v", err)
+	}
+}
+
+// TestRouteNotLedByDotSegments: a route places a request by the path an
+// upstream that resolves dot segments and merges slashes would serve, or
+// refuses it. Random paths of segments (empty, ".", "..", and the routes'
+// names) from a remote client: each is placed as path.Clean places it
+// (the upstream's reading), or refused as ErrDotSegments when it holds a
+// dot segment; never exempt by the probe route for another path.
+func TestRouteNotLedByDotSegments(t *testing.T) {
+	rt, err := newRouteTable(map[string]string{"h": "root", "h/a": "a", "h/a/b": "ab", "h/healthz": "probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	segs := []string{"", ".", "..", "a", "b", "healthz", "x", ".a", "..."}
+	refused := 0
+	for range 5000 {
+		var b strings.Builder
+		for range 1 + rng.IntN(6) {
+			b.WriteString("/" + segs[rng.IntN(len(segs))])
+		}
+		p := b.String()
+		got, err := rt.lookup("h", p)
+		dots := slices.ContainsFunc(strings.Split(p, "/"), func(s string) bool { return s == "." || s == ".." })
+		if dots {
+			if !errors.Is(err, ErrDotSegments) {
+				t.Fatalf("lookup(%q) = %+v, %v, want ErrDotSegments", p, got, err)
+			}
+			refused++
+			continue
+		}
+		want, werr := rt.lookup("h", path.Clean(p))
+		if err != nil || werr != nil || got == nil || want == nil || got.project != want.project {
+			t.Fatalf("lookup(%q) = %+v, %v; the upstream's path %q: %+v, %v", p, got, err, path.Clean(p), want, werr)
+		}
+	}
+	t.Logf("%d of 5000 refused", refused)
+}
+
+// TestRouteDotSegmentsRefused: through the front, on its fast path and on
+// net/http's (a request with a body that did not come with its head), a
+// routed request whose path holds a dot segment, plain or encoded, is
+// answered 400 and never reaches the upstream; one with doubled slashes
+// goes to the route of its merged path.
+func TestRouteDotSegmentsRefused(t *testing.T) {
+	r := newRig(t, rigOpts{untrusted: true, cfg: Config{Routes: map[string]string{"r.example": "routed", "r.example/healthz": "probe"},
+		ForwardProject: true}}, func(w http.ResponseWriter, req *http.Request) {
+		_, _ = io.WriteString(w, req.Header.Get(DefaultProjectHeader))
+	})
+	addr := strings.TrimPrefix(r.url, "http://")
+	send := func(target string, split bool) string {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		head := "POST " + target + " HTTP/1.1\r\nHost: r.example\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
+		if split {
+			_, _ = io.WriteString(c, head)
+			time.Sleep(20 * time.Millisecond)
+			_, _ = io.WriteString(c, "hi")
+		} else {
+			_, _ = io.WriteString(c, head+"hi")
+		}
+		out, _ := io.ReadAll(c)
+		return string(out)
+	}
+	for _, split := range []bool{false, true} {
+		for _, target := range []string{"/healthz/../v1", "/healthz/%2e%2e/v1", "/healthz/%2E./v1", "/a/./b", "/healthz/.."} {
+			if out := send(target, split); !strings.HasPrefix(out, "HTTP/1.1 400") {
+				t.Errorf("%s (body apart: %v): %q, want 400", target, split, out)
+			}
+		}
+		if out := send("//healthz/x", split); !strings.HasPrefix(out, "HTTP/1.1 200") || !strings.HasSuffix(out, "probe") {
+			t.Errorf("//healthz/x (body apart: %v): %q, want the probe route's", split, out)
+		}
+	}
+	if got := r.hits.Load(); got != 2 {
+		t.Errorf("upstream hits = %d, want 2 (the 400s must not reach it)", got)
 	}
 }
 

@@ -58,7 +58,11 @@ func (f *Front) resolvePeer(r *http.Request, p *peer) (_ who, status int, _ erro
 	name := r.Header.Get(f.cfg.ProjectHeader)
 	trusted := f.trusted(p)
 	if trusted {
-		if rt := f.routes.lookup(r.Host, r.URL.Path); rt != nil {
+		rt, err := f.routes.lookup(r.Host, r.URL.Path)
+		if err != nil {
+			return who{}, http.StatusBadRequest, err
+		}
+		if rt != nil {
 			return who{rt.project, f.exemptRoutes[rt.key] || f.isExempt(rt.project, p)}, 0, nil
 		}
 		if name != "" {
@@ -90,7 +94,11 @@ func (f *Front) resolvePeer(r *http.Request, p *peer) (_ who, status int, _ erro
 		return who{own, f.isExempt(own, p)}, 0, nil
 	}
 	if !trusted {
-		if rt := f.routes.lookup(r.Host, r.URL.Path); rt != nil {
+		rt, err := f.routes.lookup(r.Host, r.URL.Path)
+		if err != nil {
+			return who{}, http.StatusBadRequest, err
+		}
+		if rt != nil {
 			return who{rt.project, f.exemptRoutes[rt.key] || f.isExempt(rt.project, p)}, 0, nil
 		}
 		if name != "" {

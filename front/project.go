@@ -66,19 +66,53 @@ func newRouteTable(m map[string]string) (routeTable, error) {
 	return t, nil
 }
 
-// lookup returns the route for host and path, or nil.
-func (t routeTable) lookup(host, path string) *route {
+// ErrDotSegments refuses a request that a route would place by a path with
+// a "." or ".." segment (decoded: %2e counts): an upstream that resolves
+// them (nginx does) would serve another route's path than the one that
+// placed the request, charged to the wrong project or exempt.
+var ErrDotSegments = errors.New(`a path with "." or ".." segments cannot be placed by a route`)
+
+// lookup returns the route for host and path (decoded), or nil. Runs of
+// slashes count as one, as an upstream that merges them (nginx does) reads
+// the path; a "." or ".." segment is refused (ErrDotSegments).
+func (t routeTable) lookup(host, path string) (*route, error) {
 	if len(t) == 0 {
-		return nil
+		return nil, nil
+	}
+	path, ok := routePath(path)
+	if !ok {
+		return nil, ErrDotSegments
 	}
 	host = strings.ToLower(host)
 	if r := t.match(host, path); r != nil {
-		return r
+		return r, nil
 	}
 	if h, _, err := net.SplitHostPort(host); err == nil {
-		return t.match(h, path)
+		return t.match(h, path), nil
 	}
-	return nil
+	return nil, nil
+}
+
+// routePath is path with runs of slashes merged, and false if a segment
+// is "." or "..".
+func routePath(path string) (string, bool) {
+	if !strings.Contains(path, "//") && !strings.Contains(path, "/.") {
+		return path, true
+	}
+	var b strings.Builder
+	for i := 0; i < len(path); i++ {
+		if path[i] == '/' && i > 0 && path[i-1] == '/' {
+			continue
+		}
+		b.WriteByte(path[i])
+	}
+	merged := b.String()
+	for seg := range strings.SplitSeq(merged, "/") {
+		if seg == "." || seg == ".." {
+			return "", false
+		}
+	}
+	return merged, true
 }
 
 func (t routeTable) match(host, path string) *route {
