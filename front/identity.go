@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -126,16 +127,26 @@ func (f *Front) projectOf(cg uint64) (string, error) {
 }
 
 // trusted reports whether p may name the project in the header or by a
-// route over its own cgroup.
+// route over its own cgroup: by its cgroup (a trusted cgroup), or by its
+// address, unless the kernel places it in a project. A process in a
+// project's cgroup that connects from a trusted address (loopback, for a
+// local edge proxy's sake) is its project's like any other: trusting the
+// address would let every process of the node behind it name any project,
+// which a trusted cgroup holding a project's is refused for. A local
+// client whose cgroup cannot be learned is not trusted by address either.
 func (f *Front) trusted(p *peer) bool {
-	if p.addr.IsValid() {
-		for _, n := range f.id.trustedNets {
-			if n.Contains(p.addr) {
-				return true
-			}
-		}
+	if f.id.trustedCgs != nil && f.id.trustedCgs.lookup(f.cgroupOf(p)) != "" {
+		return true
 	}
-	return f.id.trustedCgs != nil && f.id.trustedCgs.lookup(f.cgroupOf(p)) != ""
+	if !p.addr.IsValid() || !slices.ContainsFunc(f.id.trustedNets, func(n netip.Prefix) bool { return n.Contains(p.addr) }) {
+		return false
+	}
+	cg := f.cgroupOf(p)
+	if !p.local {
+		return true
+	}
+	own, err := f.projectOf(cg)
+	return p.err == nil && err == nil && own == ""
 }
 
 // isExempt reports whether a request of project from p is in the exempt

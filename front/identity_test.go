@@ -238,6 +238,26 @@ func TestCgroupIdentity(t *testing.T) {
 			})
 		}
 	}
+	// Trusted by address (a local edge proxy's loopback): a process of
+	// the node outside every project at that address may name any
+	// project; one in a project's cgroup is its project's all the same.
+	byAddr := newRig(t, rigOpts{untrusted: true, cfg: Config{ForwardProject: true, ProjectsRoot: root,
+		TrustedPeers: []string{"127.0.0.1/32"}}}, echoProject)
+	_, byAddrTCP := byAddr.targets(t)
+	for _, tc := range []struct {
+		name, cgroup, header string
+		status               int
+		body                 string
+	}{
+		{"host process at a trusted address", outside, "billing", 200, "project=billing"},
+		{"project cgroup at a trusted address", web, "", 200, "project=web"},
+		{"project cgroup at a trusted address, spoofed", workers, "billing", 403, "belongs to project web"},
+	} {
+		if status, body := clientIn(t, tc.cgroup, byAddrTCP, tc.header); status != tc.status || !strings.Contains(body, tc.body) {
+			t.Errorf("%s: got %d %q, want %d %q", tc.name, status, body, tc.status, tc.body)
+		}
+	}
+
 	// A project, or a sub-cgroup of one, created just after the index was
 	// built (the connections above rebuilt it) is found at its first
 	// connection: a miss walks the tree at once.
