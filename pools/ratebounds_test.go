@@ -55,3 +55,26 @@ func TestDebtRetrySaturates(t *testing.T) {
 		t.Errorf("a huge debt gives %v, want MaxRateRetry", last)
 	}
 }
+
+// A debt, however large, is repaid by a day of the bucket's own refill: at
+// every work rate a policy accepts, a charge of 1e300 (an upstream's cost
+// header) holds the project back a day, not the years the refill would
+// take, and the retry it is told then holds.
+func TestDebtStopsAtADayOfRefill(t *testing.T) {
+	for _, rate := range []float64{MinRate, 1e-3, 1, 50, 1e6, MaxRate} {
+		clk := newFakeClock()
+		r := NewRates(clk)
+		r.SetLimits("p", Limits{WorkPerSec: rate})
+		for _, work := range []float64{1e300, math.Inf(1), 1e300} {
+			r.Charge("p", work)
+		}
+		ok, retry := r.Allow("p")
+		if ok || retry > MaxRateRetry {
+			t.Errorf("rate %g: ok %v retry %v, want refused for at most a day", rate, ok, retry)
+		}
+		clk.Advance(retry)
+		if ok, again := r.Allow("p"); !ok {
+			t.Errorf("rate %g: refused again %v after the retry of %v", rate, again, retry)
+		}
+	}
+}

@@ -176,7 +176,6 @@ func (r *Rates) charge(project string, work float64, now func() int64) {
 	if math.IsNaN(work) || work <= 0 {
 		return
 	}
-	work = math.Min(work, MaxRate*float64(MaxRateRetry/time.Second)) // a day of debt at the highest rate
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b, ok := r.buckets[project]
@@ -184,7 +183,10 @@ func (r *Rates) charge(project string, work float64, now func() int64) {
 		return
 	}
 	b.refill(now())
-	b.work -= work
+	// The debt stops at what a day of the bucket's own refill repays: a
+	// cost, however large (an upstream's cost header says any number),
+	// holds a project back a day at most, its Retry-After's bound.
+	b.work = math.Max(b.work-work, math.Min(b.work, -b.limits.WorkPerSec*float64(MaxRateRetry/time.Second)))
 }
 
 // State returns one project's buckets, refilled to now. A project without
