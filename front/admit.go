@@ -41,6 +41,10 @@ type exchange struct {
 	n1xx   int
 	// body is the request body with its read deadline, when there is one.
 	body *timedBody
+	// gone: its client went away, as the front heard it (a hang-up while
+	// it waited in the queue, hangup.go; a write or the watch during its
+	// answer, relay) before net/http may have.
+	gone bool
 }
 
 type exchangeKey struct{}
@@ -75,13 +79,19 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// and the permit must still go back exactly once.
 	defer func() {
 		p := recover()
-		f.finish(a, p != nil, p != nil && clientGone(r))
+		f.finish(a, p != nil, p != nil && (clientGone(r) || a.x.gone))
 		if p != nil {
 			panic(p)
 		}
 	}()
 	if a.ticket != nil {
-		class, err := a.ticket.Wait(r.Context())
+		ctx, stop := r.Context(), func() {}
+		if _, ready, _ := a.ticket.TryWait(); !ready && needsHangupWatch(r) {
+			ctx, stop = watchHangup(ctx, peerOf(r))
+		}
+		class, err := a.ticket.Wait(ctx)
+		stop()
+		a.x.gone = errors.Is(context.Cause(ctx), errClientGone)
 		if !f.dispatched(a, class, err) {
 			f.unscheduled(w, r, a.x, err)
 			return

@@ -1019,6 +1019,83 @@ func TestReleaseWhenCanceledInQueue(t *testing.T) {
 	}
 }
 
+// TestQueuedBodyClientHangsUp: a request with a body waiting in the queue
+// on net/http's path (its body apart from its head, chunked, or shorter
+// than it said so far) whose client closes, or half-closes, its connection
+// after a random pause gives its permit and its place back while it still
+// waits, and never reaches the upstream, on the front's own server and on
+// net/http's. net/http itself would hear the client only once the body was
+// read, at dispatch.
+func TestQueuedBodyClientHangsUp(t *testing.T) {
+	entered := make(chan struct{}, 4)
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open)
+	r := newRig(t, rigOpts{cfg: Config{MaxInFlight: 1}}, holdUpstream(entered, release))
+	first := make(chan int, 1)
+	go func() {
+		resp := r.get(t, "alpha", "/")
+		readAll(t, resp)
+		first <- resp.StatusCode
+	}()
+	<-entered
+	// The front's own server, and net/http's serving the front as a
+	// handler (no connection of the front's: the socket as accepted).
+	plain, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := r.front.Server()
+	go func() { _ = srv.Serve(plain) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	addrs := []string{strings.TrimPrefix(r.url, "http://"), plain.Addr().String()}
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	shapes := []struct{ name, head, body string }{
+		{"body apart", "Content-Length: 5\r\n", "hello"},
+		{"chunked, unfinished", "Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n"},
+		{"short of its length", "Content-Length: 100\r\n", "hello"},
+	}
+	const rounds = 24
+	for i := range rounds {
+		shape := shapes[rng.IntN(len(shapes))]
+		half := rng.IntN(2) == 1
+		pause := time.Duration(rng.IntN(200)) * time.Millisecond
+		c, err := net.Dial("tcp", addrs[rng.IntN(2)])
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\n"+DefaultProjectHeader+": alpha\r\n"+shape.head+"\r\n")
+		time.Sleep(10 * time.Millisecond)
+		_, _ = io.WriteString(c, shape.body)
+		waitInUse(t, r.pool, 2)
+		time.Sleep(pause)
+		if half {
+			_ = c.(*net.TCPConn).CloseWrite()
+		} else {
+			c.Close()
+		}
+		waitInUse(t, r.pool, 1)
+		waitOutcome(t, r.front, "alpha", "canceled", float64(i+1))
+		for _, ps := range r.sched.Snapshot().Participants {
+			if ps.Queue != 0 {
+				t.Fatalf("round %d (%s, half-closed %v): %s has %d still queued", i, shape.name, half, ps.Participant, ps.Queue)
+			}
+		}
+		c.Close()
+	}
+	open()
+	if s := <-first; s != 200 {
+		t.Errorf("first request: status %d", s)
+	}
+	waitInUse(t, r.pool, 0)
+	if got := r.hits.Load(); got != 1 {
+		t.Errorf("upstream hits %d, want 1: a request whose client left reached it", got)
+	}
+}
+
 // TestHostileCostHeaderStallsNoOne: an upstream's cost header may say any
 // finite number. A cost of 1e12 or more once drove a participant's debt
 // past what the scheduler's wake-up times hold: the time wrapped into the
