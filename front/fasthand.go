@@ -296,7 +296,7 @@ func (f *Front) serveResumed(w http.ResponseWriter, r *http.Request, res *resume
 	a := res.a
 	defer func() {
 		p := recover()
-		f.finish(a, p != nil, p != nil && clientGone(r))
+		f.finish(a, p != nil, p != nil && (clientGone(r) || a.x.gone))
 		if p != nil {
 			panic(p)
 		}

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -345,6 +346,51 @@ func TestHalfClosedClientNotAnswered(t *testing.T) {
 			t.Errorf("the request holding the slot: %v, %v; want 200", resp, err)
 		}
 		waitInUse(t, r.pool, 0)
+	})
+}
+
+// TestHalfClosedMidStreamNotComplete: a client that half-closes while an
+// answer of unknown length streams to it (its head and a first piece out)
+// never reads an answer that ends well: the front aborts it rather than
+// end it with a last chunk. Random pauses before the half-close, on every
+// path.
+func TestHalfClosedMidStreamNotComplete(t *testing.T) {
+	paths(t, func(t *testing.T, tweak func(*Front)) {
+		r := newRig(t, rigOpts{poolSize: 4, tweak: tweak}, func(w http.ResponseWriter, req *http.Request) {
+			fl := w.(http.Flusher)
+			for i := range 40 {
+				if _, err := fmt.Fprintf(w, "piece %d\n", i); err != nil {
+					return
+				}
+				fl.Flush()
+				select {
+				case <-req.Context().Done():
+					return
+				case <-time.After(25 * time.Millisecond):
+				}
+			}
+		})
+		addr := strings.TrimPrefix(r.url, "http://")
+		for i := range 4 {
+			c := sendGet(t, addr, "/stream")
+			br := bufio.NewReader(c)
+			_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("round %d: the head: %v", i, err)
+			}
+			if _, err := io.ReadFull(resp.Body, make([]byte, len("piece 0\n"))); err != nil {
+				t.Fatalf("round %d: the first piece: %v", i, err)
+			}
+			time.Sleep(time.Duration(i*37%100) * time.Millisecond)
+			_ = c.(*net.TCPConn).CloseWrite()
+			rest, err := io.ReadAll(resp.Body)
+			if err == nil {
+				t.Errorf("round %d: a half-closed client read an answer that ended well (%d more bytes)", i, len(rest))
+			}
+			c.Close()
+			waitInUse(t, r.pool, 0)
+		}
 	})
 }
 

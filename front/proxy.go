@@ -152,8 +152,12 @@ func (f *Front) relay(w http.ResponseWriter, r *http.Request, x *exchange, a upA
 	stream := resp.ContentLength < 0
 	if err := f.copyBody(w, resp.Body, stream); err != nil {
 		if a.watch.clientGone(r.Context()) || errors.Is(err, errClientWrite) {
-			// Nobody reads the rest: the server closes the connection.
-			x.outcome = outcomeCanceled
+			// Nobody reads the rest, or a client that only half-closed
+			// its side does: the answer is aborted, not ended, so that
+			// it cannot read as complete (returning, net/http would end
+			// a chunked answer with its last chunk).
+			x.outcome, x.gone = outcomeCanceled, true
+			noAnswer(w)
 			return
 		}
 		f.log.Debug("upstream answer cut short", "project", x.project, "err", err)
