@@ -101,7 +101,18 @@ type destPool struct {
 	// fleetSafe is its safe slice plus one (SetFleetSafe), 0 for a pool
 	// that is not a fleet pool: kept across SetDestPools.
 	fleetSafe uint32
+	// removed is when it left the tables (zero for a pool found removed
+	// at Open): its id is freed no sooner than destForgetGrace after.
+	removed time.Time
 }
+
+// destForgetGrace is how long a removed pool's id stays its own after its
+// destinations left the tables, however empty it is: a connect that found
+// the pool just before (a program run preempted between its lookup and
+// its admission) takes its permit within that time, and a pool that was
+// forgotten meanwhile would have its count wiped and then given back to
+// the next pool given the id.
+const destForgetGrace = 100 * time.Millisecond
 
 // DestSnapshot is what the maps say of one destination pool.
 type DestSnapshot struct {
@@ -315,7 +326,7 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 		if err := l.putDestConf(dp.id, &c); err != nil {
 			return fmt.Errorf("retiring destination pool %s: %w", name, err)
 		}
-		dp.live = false
+		dp.live, dp.removed = false, time.Now()
 		l.log.Info("destination pool removed; its connections give its permits back as they close", "pool", name, "id", dp.id)
 	}
 	return nil
@@ -502,6 +513,10 @@ func (l *Limiter) freeDestIDsLocked(keep map[string][]destination.Destination) (
 		dp := l.dests[n]
 		if _, ok := keep[n]; ok || dp.live {
 			continue
+		}
+		// A pool removed a moment ago is waited for (destForgetGrace).
+		if wait := destForgetGrace - time.Since(dp.removed); wait > 0 {
+			time.Sleep(wait)
 		}
 		empty, err := l.destEmptyLocked(dp.id)
 		if err != nil {
@@ -1180,7 +1195,7 @@ func (l *Limiter) tickDestsLocked(mono uint64) error {
 		if err := l.objs.FsDpoolState.Lookup(dp.id, &s); err != nil {
 			return fmt.Errorf("reading destination pool %s: %w", name, err)
 		}
-		if !dp.live && s.InUse <= 0 {
+		if !dp.live && s.InUse <= 0 && time.Since(dp.removed) >= destForgetGrace {
 			if err := l.forgetDestLocked(name, dp); err != nil {
 				return err
 			}

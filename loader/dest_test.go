@@ -1379,6 +1379,58 @@ func TestUnpackDest(t *testing.T) {
 	}
 }
 
+// A removed pool keeps its id, empty as it is, for destForgetGrace after
+// its destinations left the tables: a connect that found it just before
+// (its program preempted between the lookup and the admission) takes its
+// permit meanwhile, and a Tick that forgot the pool at once would wipe that
+// count, to be given back later to the next pool given the id. A new pool
+// that needs the id waits out the rest of the grace instead of failing.
+func TestDestPoolForgottenAfterGrace(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100, MaxDestPools: 1, ReservationTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	for round := range 3 {
+		if err := l.SetDestPools([]DestPool{destPoolOf(t, "a", 8, 1, "127.0.0.1/32:"+portOf(db))}); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.SetDestPools(nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Tick(time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if d := destSnap(t, l, "a"); d.Name != "a" || !d.Removed {
+			t.Fatalf("round %d: the pool a Tick after its removal: %+v, want it kept, removed", round, d)
+		}
+		if round == 2 {
+			// A new pool needing the id gets it, past the grace.
+			start := time.Now()
+			if err := l.SetDestPools([]DestPool{destPoolOf(t, "b", 8, 1, "127.0.0.1/32:"+portOf(db))}); err != nil {
+				t.Fatal(err)
+			}
+			if took := time.Since(start); took > 5*time.Second {
+				t.Fatalf("the new pool waited %v", took)
+			}
+			if s := snap(t, l); len(s.Dests) != 1 || s.Dests[0].Name != "b" {
+				t.Fatalf("pools after the grace: %+v", s.Dests)
+			}
+			return
+		}
+		time.Sleep(destForgetGrace + 20*time.Millisecond)
+		if err := l.Tick(time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if s := snap(t, l); len(s.Dests) != 0 {
+			t.Fatalf("round %d: pools a Tick past the grace: %+v, want none", round, s.Dests)
+		}
+	}
+}
+
 // A removed pool's id taken by a new pool (its permits all back, before a
 // Tick forgot it) is the new pool's alone: the next Tick does not forget it
 // with the old name, which zeroed the new pool's settings, so that it
