@@ -652,10 +652,11 @@ static __always_inline int dest_take(struct bpf_sock_addr *ctx, bool v6, __u64 i
  * cgroup walk), near its limit of 1M, and loading the programs took
  * 2.7-3.0 s of CPU (at the default depth); it walks 142k and 153k now
  * (TestVerifierHeadroom), and a load takes 1.0-1.3 s.
- * The call costs a connect past the filter some 45 ns on the AMD EPYC VMs
- * of 2026-12-07, whose kernel returns from a function through a thunk (the
- * SRSO mitigation), while a connect the filter stops is the cheaper for
- * it: docs/measurements-log.md.
+ * A match costs some 45 ns more than inlined on the AMD EPYC VMs of
+ * 2026-12-07, not for the call (a call alone costs some 5 ns there) but
+ * for the code and data lines a match is the first to touch, this
+ * function's first among them; a connect the filter stops is the cheaper
+ * for it: docs/measurements-log.md.
  */
 __noinline int dest_take4(struct bpf_sock_addr *ctx, __u64 id, __u32 kinds, __u64 *clk, __u32 how)
 {
