@@ -10,7 +10,7 @@ import (
 	"github.com/fairshare-dev/fairshare/loader/limits"
 )
 
-// The safe slice without a daemon (bpf/lib/cap.h, fleet_safe). A fleet
+// The safe slice without a daemon (bpf/lib/cap.h, fleet_safe_now). A fleet
 // pool's allotment holds only while the daemon lives: once its lease has
 // expired (or been revoked at a stop) the other nodes share its part among
 // themselves, while the programs, pinned, go on enforcing. So the

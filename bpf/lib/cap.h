@@ -19,7 +19,7 @@
  * while the connections pool is a fleet pool: without a fleet pool a connect
  * reads nothing but that word, on the line it has loaded already.
  *
- * The safe slice without a daemon (fleet_safe): a fleet pool's allotment
+ * The safe slice without a daemon (fleet_safe_now): a fleet pool's allotment
  * holds only while the daemon lives. The other nodes stop counting this one
  * once its lease expires (or at once, when it stops and revokes it) and
  * share its part among themselves, while the programs, pinned, keep
@@ -63,13 +63,13 @@ struct {
 } fs_lapses SEC(".maps");
 
 /*
- * fleet_safe is the safe slice plus one that a fleet pool's size falls to
+ * fleet_safe_now is the safe slice plus one that a fleet pool's size falls to
  * now, 0 while it does not (not a fleet pool, a heartbeat recent enough, or
  * a safe slice not below the size): dest_safe, the pool's fleet_safe for a
  * destination pool, or NULL for the connections pool (node_safe, read only
  * with CAPS_FLEET).
  */
-static __always_inline __u32 fleet_safe(struct fs_settings *cfg, const __u32 *dest_safe, __u32 size)
+static __always_inline __u32 fleet_safe_now(struct fs_settings *cfg, const __u32 *dest_safe, __u32 size)
 {
 	__u32 safe = 0;
 	if (dest_safe) {

@@ -50,7 +50,7 @@ struct rule_pool {
 	__s64 *in_use;          /* permits held (atomics only) */
 	__u32 cap_pool;         /* its row in fs_caps (cap.h): 0 the node's, a destination pool's id */
 	bool packed;            /* its project entries count in one word (PACKED_HELD_BITS) */
-	const __u32 *fleet_safe; /* a destination pool's safe slice plus one (cap.h, fleet_safe); NULL the node's */
+	const __u32 *fleet_safe; /* a destination pool's safe slice plus one (cap.h, fleet_safe_now); NULL the node's */
 };
 
 /*
@@ -160,14 +160,14 @@ static __always_inline __s64 pool_limit(struct rule_pool *r, struct fs_project *
  * rule_limit is the in_use of pool r that project id (entry p) may take a
  * permit under: the rule's limit (pool_limit), or the project's fleet cap
  * in the pool (cap_limit); for a fleet pool whose daemon's heartbeat is
- * older than the lease (cap.h, fleet_safe), the rule's limit in the pool at
+ * older than the lease (cap.h, fleet_safe_now), the rule's limit in the pool at
  * its safe slice, its floor at most that, and no cap. Every judgment of a
  * permit (admission, sk_lookup's answer, adoption, a move) takes this one.
  */
 static __always_inline __s64 rule_limit(struct fs_settings *cfg, struct rule_pool *r, __u64 id, struct fs_project *p, bool in)
 {
 	__u32 size = *r->size;
-	__u32 safe = fleet_safe(cfg, r->fleet_safe, size);
+	__u32 safe = fleet_safe_now(cfg, r->fleet_safe, size);
 	if (safe) {
 		__u32 floor = *r->floor;
 		safe--;
