@@ -113,9 +113,9 @@ func floodListener(t *testing.T, kind string) {
 		listenAddr(t, gamma.do("listen-backlog %s 128 reuseport accept", target))
 	case "cookies":
 		target = netip.MustParseAddrPort(listenAddr(t, gamma.do("listen-backlog 127.0.0.1:0 1")))
-		silence(t, 43200, 43201)
-		sendSYN(t, target, 43200)
-		sendSYN(t, target, 43201)
+		silence(t, 23200, 23201)
+		sendSYN(t, target, 23200)
+		sendSYN(t, target, 23201)
 		waitInUse(t, l, 2, map[string]int{"gamma": 2})
 	}
 	other := sink(t, "tcp4", "127.0.0.1:0")
@@ -210,7 +210,7 @@ func TestInboundClientGoneGivesBack(t *testing.T) {
 	const n = 8
 	mono.hold()
 	for i := range n {
-		sendSYN(t, addr, uint16(42000+i))
+		sendSYN(t, addr, uint16(22000+i))
 	}
 	eventually(t, "request sockets reset", func() (bool, string) {
 		s := snap(t, l)
@@ -268,9 +268,9 @@ func TestInboundSynCookies(t *testing.T) {
 	// backlog 1: the SYN queue takes 2 request sockets, the accept queue 2
 	// children.
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen-backlog 127.0.0.1:0 1")))
-	silence(t, 43000, 43001)
-	sendSYN(t, addr, 43000)
-	sendSYN(t, addr, 43001)
+	silence(t, 23000, 23001)
+	sendSYN(t, addr, 23000)
+	sendSYN(t, addr, 23001)
 	eventually(t, "two request sockets", func() (bool, string) {
 		s := snap(t, l)
 		return s.Reservations == 2 && s.InUse == 2, fmt.Sprintf("%+v", s)
@@ -313,9 +313,9 @@ func TestInboundSynCookieRefused(t *testing.T) {
 	l, _ := openLimiterMono(t, root, pin, 3, 1, limits.MaxReservationTTL)
 	srv := startHelper(t, mkProject(t, root, "srv"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen-backlog 127.0.0.1:0 1")))
-	silence(t, 43100, 43101)
-	sendSYN(t, addr, 43100)
-	sendSYN(t, addr, 43101)
+	silence(t, 23100, 23101)
+	sendSYN(t, addr, 23100)
+	sendSYN(t, addr, 23101)
 	waitInUse(t, l, 2, map[string]int{"srv": 2})
 	_, err := net.DialTimeout("tcp4", addr.String(), 3*time.Second)
 	if !errors.Is(err, syscall.ECONNREFUSED) {
@@ -354,7 +354,7 @@ func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
 	setup := func(t *testing.T) (*Limiter, string) {
 		root, pin := newRoot(t), newPinDir(t)
 		l, _ := openLimiterMono(t, root, pin, pool, floor, limits.MaxReservationTTL)
-		silence(t, 44200, 44200+2*syns-1)
+		silence(t, 24200, 24200+2*syns-1)
 		return l, root
 	}
 	// flood sends syns SYNs from silent ports from lo up to a listener of
@@ -402,7 +402,7 @@ func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
 			t.Fatal(err)
 		}
 		ch := refusals(t, l)
-		_, addr := flood(t, l, root, "beta", 44200)
+		_, addr := flood(t, l, root, "beta", 24200)
 		reserved(t, l, pool-floor, addr)
 		// Alone, beta is under its share: the floor refused it. The
 		// event's share is the one the SYN was judged by, beside a
@@ -427,9 +427,9 @@ func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
 		// past them are reset. The pool fills, never past POOL, and
 		// every request socket holds its permit.
 		l, root := setup(t)
-		_, a := flood(t, l, root, "beta", 44200)
+		_, a := flood(t, l, root, "beta", 24200)
 		reserved(t, l, pool-floor, a)
-		_, b := flood(t, l, root, "gamma", 44200+syns)
+		_, b := flood(t, l, root, "gamma", 24200+syns)
 		reserved(t, l, pool, a, b)
 		waitInUse(t, l, pool, map[string]int{"beta": pool - floor, "gamma": floor})
 	})
@@ -456,7 +456,7 @@ func TestSynFloodLeavesNewcomerItsFloor(t *testing.T) {
 	})
 	t.Run("alone", func(t *testing.T) {
 		l, root := setup(t)
-		beta, addr := flood(t, l, root, "beta", 44200)
+		beta, addr := flood(t, l, root, "beta", 24200)
 		reserved(t, l, pool-floor, addr)
 		other := sink(t, "tcp4", "127.0.0.1:0")
 		if r := beta.dial("tcp4", other.Addr().String(), floor+1); r.ok != floor || r.refused != 1 {

@@ -123,7 +123,7 @@ func TestNonSynSegmentsTakeNothing(t *testing.T) {
 	l, _ := openLimiterMono(t, root, pin, 10, 1, limits.MaxReservationTTL)
 	srv := startHelper(t, mkProject(t, root, "srv"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen-backlog 127.0.0.1:0 16")))
-	const base = 45000
+	const base = 25000
 	for i, c := range mixedFlags {
 		sendSeg(t, addr, uint16(base+i), c.flags, 1000, 0)
 	}
@@ -163,7 +163,7 @@ func TestHandshakeEndsOnlyWithRequestSocket(t *testing.T) {
 	l, mono := openLimiterMono(t, root, pin, 10, 1, ttl)
 	srv := startHelper(t, mkProject(t, root, "srv"))
 	addr := netip.MustParseAddrPort(listenAddr(t, srv.do("listen-backlog 127.0.0.1:0 16")))
-	const base = 48000
+	const base = 28000
 	cases := []struct {
 		name     string
 		flags    byte
@@ -231,7 +231,7 @@ func TestReservationStaysInItsNetns(t *testing.T) {
 	a := startHelper(t, mkProject(t, root, "a"))
 	port := freePort(t)
 	addr := netip.MustParseAddrPort(listenAddr(t, a.do("listen-backlog 127.0.0.1:%d 16", port)))
-	const e1, e2 = 47001, 47002
+	const e1, e2 = 27001, 27002
 	silence(t, e1, e2)
 	sendSYN(t, addr, e1)
 	sendSYN(t, addr, e2)

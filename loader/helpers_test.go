@@ -978,9 +978,15 @@ func listenBacklog(addr string, backlog int, v6only, reuseport bool) (int, strin
 // as a client host that went away does: the resets the kernel sends from
 // those ports (in answer to a SYN-ACK for a bare SYN sent with sendSYN) are
 // dropped, so the server keeps the request sockets and retransmits. Needs
-// nft; the table goes when the test ends.
+// nft; the table goes when the test ends. The ports are below the kernel's
+// ephemeral range: a listener or a client of the test given one of them
+// would have its own resets dropped (a refused SYN then timed out, where
+// a reset was due).
 func silence(t testing.TB, lo, hi uint16) {
 	t.Helper()
+	if lo < 1024 || hi >= 32768 {
+		t.Fatalf("silence(%d, %d): use ports in 1024..32767, below the ephemeral range", lo, hi)
+	}
 	testutil.NftTable(t, fmt.Sprintf(`chain out {
 	type filter hook output priority 0; policy accept;
 	ip saddr 127.0.0.1 tcp sport %d-%d tcp flags & rst == rst meta mark != %d drop

@@ -136,9 +136,9 @@ func TestInboundReservationsBoundAndExpire(t *testing.T) {
 
 	// The kernel would answer the SYN-ACKs with resets (no socket), which
 	// drop the request sockets; silenced, the clients look gone.
-	silence(t, 40000, 40005)
+	silence(t, 30000, 30005)
 	for i := range 6 {
-		sendSYN(t, addr, uint16(40000+i))
+		sendSYN(t, addr, uint16(30000+i))
 	}
 	eventually(t, "reservations", func() (bool, string) {
 		s := snap(t, l)
@@ -187,7 +187,7 @@ func TestInboundReservationsBoundAndExpire(t *testing.T) {
 	}
 	// The clients reset their handshakes: the next Tick gives back.
 	for i := range 3 {
-		resetHandshake(t, addr, uint16(40000+i))
+		resetHandshake(t, addr, uint16(30000+i))
 	}
 	eventually(t, "request sockets gone", func() (bool, string) {
 		n := synRecv(t, addr.Port())
