@@ -199,9 +199,10 @@ type Lapse struct {
 	// Admitted counts the refusals admitted because enforcement had
 	// lapsed (in Admitted too).
 	Admitted uint64 `json:"admitted"`
-	// FleetAfter is the fleet's lease_ttl in seconds when the kernel has
-	// fleet pools (0: none), and FleetSafe says they are held to their
-	// safe slices now, the heartbeat being older (docs/fleet.md).
+	// FleetAfter is, when the kernel has fleet pools (0: none), the time
+	// in seconds from the last heartbeat to the end of their leases as it
+	// wrote it, and FleetSafe says they are held to their safe slices
+	// now, that end being past (docs/fleet.md).
 	FleetAfter float64 `json:"fleet_after_seconds,omitempty"`
 	FleetSafe  bool    `json:"fleet_safe,omitempty"`
 }

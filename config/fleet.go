@@ -24,9 +24,9 @@ type Fleet struct {
 	SafeFraction float64 `yaml:"safe_fraction"`
 	// LeaseTTL is how long a silent node stays in the others' computation,
 	// how long a node without an answer from etcd waits before it counts
-	// itself cut off, and how long the kernel's fleet pools keep their
-	// allotment without a daemon before they fall to their safe slices;
-	// 0 is 5s.
+	// itself cut off, and how long after its last renewal a lease ends,
+	// when the kernel's fleet pools fall to their safe slices unless it
+	// was renewed; 0 is 5s.
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
 	// Period is how often a node publishes what its projects hold and
 	// recomputes its allotment; 0 is 1s. Set, at least 1s (a project's

@@ -36,7 +36,7 @@ func destPoolsOf(cfg config.Config, sizes map[string]int) ([]loader.DestPool, er
 		}
 		p := cfg.Pools[name]
 		dp := loader.DestPool{Name: name, Size: uint32(p.Size), Floor: uint32(p.Floor), Window: p.Window,
-			DryRun: !p.Enforced(), Destinations: ds}
+			DryRun: !p.Enforced(), Fleet: p.Fleet, Destinations: ds}
 		if n, ok := sizes[name]; ok {
 			dp.Size, dp.Floor = uint32(n), 0
 		}

@@ -153,11 +153,11 @@ func (kf kernelFleet) SetCaps(caps map[string]int, others int) error {
 	return kf.d.kernel.lim.SetCaps("", caps, others)
 }
 
-// SetSafe is the slice the programs hold the pool to once the daemon's
-// heartbeat is older than the fleet's lease (loader.SetFleetSafe): the
-// other nodes have taken this one's part back by then.
-func (kf kernelFleet) SetSafe(safe int) error {
-	return kf.d.kernel.lim.SetFleetSafe("", uint32(safe), kf.d.fleetLease())
+// SetSafe is the slice the programs hold the pool to once its lease has
+// ended with no daemon to renew it (loader.SetFleetSafe): the other nodes
+// may have taken this one's part back by then.
+func (kf kernelFleet) SetSafe(safe int, leaseEnd time.Time) error {
+	return kf.d.kernel.lim.SetFleetSafe("", uint32(safe), leaseEnd, kf.d.fleetLease())
 }
 
 func (kf kernelFleet) Usage() (map[string]fleet.Usage, error) {
@@ -203,13 +203,13 @@ func (t destFleet) SetSize(size int) error {
 }
 
 // SetSafe is kernelFleet.SetSafe for the destination pool.
-func (t destFleet) SetSafe(safe int) error {
+func (t destFleet) SetSafe(safe int, leaseEnd time.Time) error {
 	t.d.destMu.Lock()
 	defer t.d.destMu.Unlock()
 	if t.d.kernel == nil {
 		return fmt.Errorf("destination pool %s: the kernel side is not open", t.name)
 	}
-	return t.d.kernel.lim.SetFleetSafe(t.name, uint32(safe), t.d.fleetLease())
+	return t.d.kernel.lim.SetFleetSafe(t.name, uint32(safe), leaseEnd, t.d.fleetLease())
 }
 
 func (t destFleet) SetCaps(caps map[string]int, others int) error {

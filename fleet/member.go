@@ -39,12 +39,14 @@ type Capper interface {
 
 // Safer is a Target that enforces on its own while the daemon is away (the
 // kernel's pools, which stay pinned and enforcing): it takes the safe slice
-// to fall to once this node's lease has lapsed, since the others take the
-// node's part back then. The Member gives it each change of the safe
-// slice, and at a stop holds the pool to its safe slice, without caps,
-// before it revokes the lease (see Run).
+// to fall to once this node's lease has ended with nobody to renew it
+// (leaseEnd: when it ends as last renewed, zero before the first), since
+// the others may stop counting the node from then on. The Member gives it
+// each change of the safe slice and each renewal of the lease, and at a
+// stop holds the pool to its safe slice, without caps, before it revokes
+// the lease (see Run).
 type Safer interface {
-	SetSafe(safe int) error
+	SetSafe(safe int, leaseEnd time.Time) error
 }
 
 // Usage is one project's state in the local pool, as the Source reads it.
@@ -151,8 +153,9 @@ type Member struct {
 	plan      Plan
 	applied   Allotment // what SetSize/SetCaps last got
 	haveApply bool
-	safeSent  int    // what Safer.SetSafe last took; -1: nothing yet, or a failed call
-	safeErr   string // its last error, logged once; "" after a success
+	safeSent  int       // what Safer.SetSafe last took; -1: nothing yet, or a failed call
+	endSent   time.Time // and the lease's end it took
+	safeErr   string    // its last error, logged once; "" after a success
 	state     string
 	since     time.Time
 	lastOK    time.Time // last answer from etcd
@@ -320,10 +323,14 @@ func (m *Member) sendSafeLocked() {
 		return
 	}
 	safe := m.safeLocked()
-	if safe == m.safeSent {
+	var end time.Time
+	if !m.lastRenew.IsZero() {
+		end = m.lastRenew.Add(m.cfg.LeaseTTL)
+	}
+	if safe == m.safeSent && end.Equal(m.endSent) {
 		return
 	}
-	if err := s.SetSafe(safe); err != nil {
+	if err := s.SetSafe(safe, end); err != nil {
 		// Once per cause, tried again every period.
 		if e := err.Error(); e != m.safeErr {
 			m.cfg.Log.Error("fleet: setting the safe slice the pool falls to without the daemon; trying again every period",
@@ -333,7 +340,7 @@ func (m *Member) sendSafeLocked() {
 		m.safeSent = -1
 		return
 	}
-	m.safeSent, m.safeErr = safe, ""
+	m.safeSent, m.endSent, m.safeErr = safe, end, ""
 }
 
 // callTimeout bounds each etcd call: the period, but at least a second
@@ -436,10 +443,12 @@ func (m *Member) keepLease(ctx context.Context, lease *clientv3.LeaseID) bool {
 	}
 	cctx, cancel := context.WithTimeout(ctx, m.callTimeout())
 	defer cancel()
+	// The lease runs from when etcd took the call, after it was sent.
+	sent := m.cfg.Clock.Now()
 	if *lease != 0 {
 		_, err := m.cfg.Client.KeepAliveOnce(cctx, *lease)
 		if err == nil {
-			m.renewed()
+			m.renewed(sent)
 			return true
 		}
 		if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -454,17 +463,18 @@ func (m *Member) keepLease(ctx context.Context, lease *clientv3.LeaseID) bool {
 		return false
 	}
 	*lease = g.ID
-	m.renewed()
+	m.renewed(sent)
 	return true
 }
 
-// renewed records an answer of etcd to the lease: the renewal clock and
+// renewed records an answer of etcd to the lease sent at sent: the renewal
+// clock (from sent: the lease ends no sooner than a lease_ttl after it) and
 // the last answer (only answers count: a tick that had nothing to ask
 // proves nothing about etcd).
-func (m *Member) renewed() {
+func (m *Member) renewed(sent time.Time) {
 	m.mu.Lock()
-	m.lastRenew = m.cfg.Clock.Now()
-	m.lastOK = m.lastRenew
+	m.lastRenew = sent
+	m.lastOK = m.cfg.Clock.Now()
 	m.mu.Unlock()
 }
 

@@ -21,6 +21,7 @@ type saferTarget struct {
 	PoolTarget
 	mu       sync.Mutex
 	safes    []int
+	ends     []time.Time
 	sizes    []int
 	caps     map[string]int
 	stopping bool
@@ -44,10 +45,11 @@ func (t *saferTarget) SetCaps(caps map[string]int, others int) error {
 	return t.PoolTarget.SetCaps(caps, others)
 }
 
-func (t *saferTarget) SetSafe(safe int) error {
+func (t *saferTarget) SetSafe(safe int, leaseEnd time.Time) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.safes = append(t.safes, safe)
+	t.ends = append(t.ends, leaseEnd)
 	return nil
 }
 
@@ -102,6 +104,20 @@ func TestStopHoldsSafeSlice(t *testing.T) {
 				sz, safe, _ := tgt.last()
 				return st.State == StateConnected && st.Nodes == 2 && sz > 6 && safe == 6,
 					fmt.Sprintf("%s, %d nodes, size %d, safe %d", st.State, st.Nodes, sz, safe)
+			})
+			// Each renewal of the lease gave the pool the lease's new
+			// end, a lease_ttl from when the renewal was sent.
+			eventually(t, 10*time.Second, "the lease's end moves on with its renewals", func() (bool, string) {
+				tgt.mu.Lock()
+				defer tgt.mu.Unlock()
+				n := 0
+				for i := 1; i < len(tgt.ends); i++ {
+					if tgt.ends[i].After(tgt.ends[i-1]) && !tgt.ends[i-1].IsZero() {
+						n++
+					}
+				}
+				last := tgt.ends[len(tgt.ends)-1]
+				return n >= 2 && last.After(time.Now()) && !last.After(time.Now().Add(ttl)), fmt.Sprintf("ends %v", tgt.ends)
 			})
 			tgt.mu.Lock()
 			tgt.stopping = true

@@ -88,7 +88,10 @@ type DestPool struct {
 	// Window is its active window; 0 means the node pool's.
 	Window time.Duration
 	// DryRun admits what the rule would refuse and counts it (enforce: false).
-	DryRun       bool
+	DryRun bool
+	// Fleet marks a fleet pool (fleet: true): its safe slice
+	// (SetFleetSafe) is kept across SetDestPools; another pool has none.
+	Fleet        bool
 	Destinations []destination.Destination
 }
 
@@ -286,7 +289,7 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 		if p.DryRun {
 			c.Flags |= destDryRun
 		}
-		if dp, ok := l.dests[p.Name]; ok {
+		if dp, ok := l.dests[p.Name]; ok && p.Fleet {
 			c.FleetSafe = dp.fleetSafe
 		}
 		for i := range min(len(p.Name), len(c.Name)) {
@@ -308,6 +311,10 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 		}
 		dp.cfg, dp.live = p, true
 		dp.cfg.Destinations = slices.Clone(p.Destinations)
+		if !p.Fleet {
+			dp.fleetSafe = 0
+			delete(l.fleetEnd, p.Name)
+		}
 	}
 	if err := l.rewriteDestsLocked(want); err != nil {
 		return err
@@ -327,6 +334,7 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 			return fmt.Errorf("retiring destination pool %s: %w", name, err)
 		}
 		dp.live, dp.removed = false, time.Now()
+		delete(l.fleetEnd, name)
 		l.log.Info("destination pool removed; its connections give its permits back as they close", "pool", name, "id", dp.id)
 	}
 	return nil

@@ -30,14 +30,17 @@ const (
 )
 
 // SetFleetSafe sets the safe slice of fleet pool pool (the connections
-// pool for "", else a destination pool): the size the programs hold it to,
-// without caps, once the daemon's heartbeat is older than after (the
-// fleet's lease_ttl, the same for every fleet pool: the last call's). The
-// daemon calls it with each change of the safe slice; it renews the
-// heartbeat.
-func (l *Limiter) SetFleetSafe(pool string, safe uint32, after time.Duration) error {
-	if after <= 0 || after/time.Millisecond > math.MaxUint32 {
-		return fmt.Errorf("fleet safe slice after %v: %w", after, ErrInvalidOptions)
+// pool for "", else a destination pool marked Fleet): the size the
+// programs hold it to, without caps, once its lease has ended unrenewed.
+// leaseEnd is when the pool's lease ends as this node last renewed it (the
+// others may stop counting the node then), zero before the first; ttl the
+// fleet's lease_ttl, for a pool without a lease yet (a ttl after the last
+// heartbeat). The daemon calls it at each change of the safe slice and
+// each renewal of the lease; it renews the heartbeat, which carries the
+// earliest of the pools' ends (fleetAfterLocked).
+func (l *Limiter) SetFleetSafe(pool string, safe uint32, leaseEnd time.Time, ttl time.Duration) error {
+	if ttl <= 0 || ttl/time.Millisecond > math.MaxUint32 {
+		return fmt.Errorf("fleet safe slice with a lease of %v: %w", ttl, ErrInvalidOptions)
 	}
 	if safe > limits.MaxPoolSize {
 		return fmt.Errorf("fleet safe slice %d, at most %d: %w", safe, limits.MaxPoolSize, ErrInvalidOptions)
@@ -47,25 +50,34 @@ func (l *Limiter) SetFleetSafe(pool string, safe uint32, after time.Duration) er
 	if l.closed {
 		return ErrClosed
 	}
+	var dp *destPool
+	if pool != "" {
+		var ok bool
+		if dp, ok = l.dests[pool]; !ok || !dp.live || !dp.cfg.Fleet {
+			return fmt.Errorf("%q (a destination pool marked fleet): %w", pool, ErrNoDestPool)
+		}
+	}
+	if l.fleetEnd == nil {
+		l.fleetEnd = map[string]time.Time{}
+	}
+	l.fleetTTL, l.fleetEnd[pool] = ttl, leaseEnd
 	if pool == "" {
-		l.fleetAfter, l.nodeSafe = after, safe+1
+		l.nodeSafe = safe + 1
 		// The slice first, then the flag the programs read it by.
 		if err := l.heartbeat(); err != nil {
 			return err
 		}
 		return l.setConfigFlag(capsFleet, true)
 	}
-	dp, ok := l.dests[pool]
-	if !ok || !dp.live {
-		return fmt.Errorf("%q: %w", pool, ErrNoDestPool)
+	if err := l.heartbeat(); err != nil {
+		return err
+	}
+	if dp.fleetSafe == safe+1 {
+		return nil
 	}
 	var c limiterFsDestConf
 	if err := l.objs.FsDpoolConf.Lookup(dp.id, &c); err != nil {
 		return fmt.Errorf("reading destination pool %s: %w", pool, err)
-	}
-	l.fleetAfter = after
-	if err := l.heartbeat(); err != nil {
-		return err
 	}
 	c.FleetSafe = safe + 1
 	if err := l.putDestConf(dp.id, &c); err != nil {
@@ -73,6 +85,26 @@ func (l *Limiter) SetFleetSafe(pool string, safe uint32, after time.Duration) er
 	}
 	dp.fleetSafe = c.FleetSafe
 	return nil
+}
+
+// fleetAfterLocked is the heartbeat's fleet_after at now: the time to the
+// earliest end of the fleet pools' leases, so that the programs hold the
+// pools to their safe slices from when the other nodes may stop counting
+// this one, whether the daemon is gone or its leases ended under it (cut
+// off from etcd: the others count it out all the same); a pool without a
+// lease yet counts as fleetTTL from the heartbeat. 0 without a fleet pool
+// in the kernel.
+func (l *Limiter) fleetAfterLocked(now time.Time) uint32 {
+	if l.fleetTTL <= 0 {
+		return 0
+	}
+	after := l.fleetTTL
+	for _, end := range l.fleetEnd {
+		if !end.IsZero() {
+			after = min(after, max(end.Sub(now), time.Millisecond))
+		}
+	}
+	return uint32(max(after/time.Millisecond, 1))
 }
 
 // setConfigFlag sets or clears flag in fs_settings.caps.

@@ -29,6 +29,29 @@ func TestFleetSafeWithoutDaemon(t *testing.T) {
 	ln := sink(t, "tcp4", "127.0.0.1:0")
 	db := sink(t, "tcp4", "127.0.0.1:0")
 	dbPool := destPoolOf(t, "db", 10, 0, "127.0.0.1/32:"+portOf(db))
+	dbPool.Fleet = true
+	// Both pools are fleet pools, with safe slices by pool ("" the
+	// connections pool). The daemon there: every lease an hour from its
+	// end; gone: pool's lease ended (as one does a moment after its
+	// node's daemon is killed), which puts every fleet pool at its slice.
+	safes := map[string]int{"": 10, "db": 10}
+	there := func(pool string, safe int) {
+		t.Helper()
+		safes[pool] = safe
+		for p, sf := range safes {
+			if err := l.SetFleetSafe(p, uint32(sf), time.Now().Add(time.Hour), time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	gone := func(pool string, safe int) {
+		t.Helper()
+		safes[pool] = safe
+		if err := l.SetFleetSafe(pool, uint32(safe), time.Now().Add(time.Millisecond), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err := l.SetDestPools([]DestPool{dbPool}); err != nil {
 		t.Fatal(err)
 	}
@@ -38,16 +61,12 @@ func TestFleetSafeWithoutDaemon(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	// The connections pool's safe slice once a round has made it a fleet
-	// pool, -1 before: a connect to db counts in both pools, so both
-	// fall to their slices together.
-	nodeSafe := -1
 	for round := range 40 {
 		pool, addr := "", ln.Addr().String()
 		if rng.IntN(2) == 1 {
 			pool, addr = "db", db.Addr().String()
 		}
-		held, safe := rng.IntN(9), rng.IntN(6)
+		held, safe := rng.IntN(9), rng.IntN(13)
 		var caps map[string]int
 		switch rng.IntN(3) {
 		case 1:
@@ -58,37 +77,26 @@ func TestFleetSafeWithoutDaemon(t *testing.T) {
 		what := func() string {
 			return fmt.Sprintf("round %d: pool %q, holding %d, safe slice %d, caps %v", round, pool, held, safe, caps)
 		}
-		// The daemon there (a heartbeat an hour from ageing): the
-		// allotment of 10.
-		if err := l.SetFleetSafe(pool, uint32(safe), time.Hour); err != nil {
-			t.Fatal(err)
-		}
+		// The daemon there: the allotment of 10.
+		there(pool, safe)
 		alpha.dialOK("tcp4", addr, held, what())
 		if err := l.SetCaps(pool, caps, -1); err != nil {
 			t.Fatal(err)
 		}
-		// The daemon gone: the heartbeat older than the lease.
-		if err := l.SetFleetSafe(pool, uint32(safe), time.Millisecond); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(5 * time.Millisecond)
-		limit := safe
-		if pool == "" {
-			nodeSafe = safe
-		} else if nodeSafe >= 0 {
-			limit = min(limit, nodeSafe)
-		}
+		// The daemon gone: the lease ended, no heartbeat since. The
+		// pool has the lower of its size and its slice, and no caps.
+		gone(pool, safe)
+		// A connect to db counts in both pools.
+		limit := min(safe, 10, safes[""])
 		want := max(limit-held, 0)
-		if r := alpha.dial("tcp4", addr, 6); r.ok != want || r.refused != 6-want {
+		if r := alpha.dial("tcp4", addr, 11); r.ok != want || r.refused != 11-want {
 			t.Fatalf("%s: without a daemon %+v, want %d admitted and the rest refused", what(), r, want)
 		}
-		if lp, err := l.Lapse(); err != nil || !lp.FleetSafe || lp.FleetAfter != time.Millisecond {
+		if lp, err := l.Lapse(); err != nil || !lp.FleetSafe || lp.FleetAfter > time.Millisecond {
 			t.Fatalf("%s: the lapse as read: %+v, %v", what(), lp, err)
 		}
 		// The daemon back: its allotment, and its caps.
-		if err := l.SetFleetSafe(pool, uint32(safe), time.Hour); err != nil {
-			t.Fatal(err)
-		}
+		there(pool, safe)
 		now := held + want
 		wantBack := 1
 		if c, ok := caps["alpha"]; ok && now >= c || now >= 10 {
@@ -107,16 +115,11 @@ func TestFleetSafeWithoutDaemon(t *testing.T) {
 	// A reload keeps the destination pool's safe slice; so does a
 	// restart (read back from the pins). The connections pool's slice
 	// is its size: no lower than the allotment, it holds nothing back.
-	if err := l.SetFleetSafe("", 10, time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.SetFleetSafe("db", 2, time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
+	there("", 10)
+	gone("db", 2)
 	if err := l.SetDestPools([]DestPool{dbPool}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Millisecond)
 	if r := alpha.dial("tcp4", db.Addr().String(), 4); r.ok != 2 || r.refused != 2 {
 		t.Fatalf("after a reload, without a daemon: %+v, want 2 admitted", r)
 	}
@@ -128,6 +131,23 @@ func TestFleetSafeWithoutDaemon(t *testing.T) {
 	l = openLimiter(t, root, pin, 10, 0)
 	if got := l.dests["db"].fleetSafe; got != 3 {
 		t.Fatalf("the safe slice read back at a restart: %d, want 2 + 1", got)
+	}
+	// The pool no longer a fleet pool (a restart with fleet: false):
+	// no safe slice, whatever the connections pool's lease says.
+	delete(safes, "db")
+	there("", 10)
+	notFleet := dbPool
+	notFleet.Fleet = false
+	if err := l.SetDestPools([]DestPool{notFleet}); err != nil {
+		t.Fatal(err)
+	}
+	gone("", 10)
+	if r := alpha.dial("tcp4", db.Addr().String(), 4); r.ok != 4 {
+		t.Fatalf("a pool no longer a fleet pool, the daemon gone: %+v, want 4 admitted", r)
+	}
+	alpha.do("close")
+	if err := l.SetFleetSafe("db", 2, time.Now(), time.Hour); !errors.Is(err, ErrNoDestPool) {
+		t.Fatalf("the safe slice of a pool that is not a fleet pool: %v", err)
 	}
 }
 
@@ -145,7 +165,7 @@ func TestSetFleetSafeRefusesBadInput(t *testing.T) {
 		want  error
 	}{{"", 1, 0, ErrInvalidOptions}, {"", 1, 1 << 62, ErrInvalidOptions}, {"", 1 << 30, time.Second, ErrInvalidOptions},
 		{"nope", 1, time.Second, ErrNoDestPool}} {
-		if err := l.SetFleetSafe(c.pool, c.safe, c.after); !errors.Is(err, c.want) {
+		if err := l.SetFleetSafe(c.pool, c.safe, time.Now().Add(time.Hour), c.after); !errors.Is(err, c.want) {
 			t.Errorf("SetFleetSafe(%q, %d, %v): %v, want %v", c.pool, c.safe, c.after, err, c.want)
 		}
 	}

@@ -45,7 +45,7 @@ func (l *Limiter) heartbeat() error {
 		return nil
 	}
 	v := limiterFsLapse{HeartbeatNs: bootNow(), AfterNs: uint64(l.lapse),
-		FleetAfterMs: uint32(l.fleetAfter / time.Millisecond), NodeSafe: l.nodeSafe}
+		FleetAfterMs: l.fleetAfterLocked(time.Now()), NodeSafe: l.nodeSafe}
 	if err := l.objs.FsLapses.Put(lapseSlot, &v); err != nil {
 		return fmt.Errorf("renewing the heartbeat: %w", err)
 	}
@@ -111,10 +111,10 @@ type Lapse struct {
 	// Admitted counts the refusals admitted because enforcement had
 	// lapsed, ever (on these pins).
 	Admitted uint64
-	// FleetAfter is the fleet's lease_ttl as the last daemon wrote it (0:
-	// no fleet pool in the kernel), and FleetSafe says the kernel's fleet
-	// pools are at their safe slices now, the heartbeat being older
-	// (fleetsafe.go).
+	// FleetAfter is the time from the last heartbeat to the end of the
+	// fleet pools' leases as it wrote it (0: no fleet pool in the
+	// kernel), and FleetSafe says the kernel's fleet pools are at their
+	// safe slices now, that end being past (fleetsafe.go).
 	FleetAfter time.Duration
 	FleetSafe  bool
 }

@@ -283,12 +283,13 @@ type Limiter struct {
 	noDest   bool                  // Options.NoDestPools
 	dests    map[string]*destPool  // destination pools by name, removed ones still holding permits included (dest.go)
 	caps     map[uint32]*capRow    // the fleet caps by pool row (caps.go); nil: none
-	// fleetAfter and nodeSafe are what the heartbeat writes beside it
-	// (fleetsafe.go): the heartbeat's age past which the fleet pools fall
-	// to their safe slices, and the connections pool's safe slice plus
-	// one (0: not a fleet pool).
-	fleetAfter time.Duration
-	nodeSafe   uint32
+	// What the heartbeat carries of the fleet pools (fleetsafe.go): their
+	// leases' ends by pool ("" the connections pool), the fleet's
+	// lease_ttl, and the connections pool's safe slice plus one (0: not a
+	// fleet pool).
+	fleetEnd map[string]time.Time
+	fleetTTL time.Duration
+	nodeSafe uint32
 	// projHigh is the highest project id given since Open (or named, or
 	// counting, in the pins at Open): the ids above it have never been
 	// used, so their entries are zero and readProjects reads up to it.

@@ -24,10 +24,11 @@
  * once its lease expires (or at once, when it stops and revokes it) and
  * share its part among themselves, while the programs, pinned, keep
  * enforcing. So once the daemon's heartbeat (fs_lapses) is older than
- * fleet_after_ms (the fleet's lease_ttl), a fleet pool's size is its safe
- * slice (the size a node cut off from etcd decays to, package fleet), its
- * floor at most that, and its caps are dropped: what a live node does when
- * cut off, done by the programs for a daemon killed or stopped. The safe
+ * fleet_after_ms (written with it: the time to the end of the pools'
+ * leases), a fleet pool's size is at most its safe slice (the size a node
+ * cut off from etcd decays to, package fleet), its floor at most that, and
+ * its caps are dropped: what a live node does when cut off, done by the
+ * programs for a daemon killed or stopped. The safe
  * slice, plus one (0: not a fleet pool), is fs_lapses slot 0's node_safe
  * for the connections pool, fs_dest_state.fleet_safe for a destination pool.
  */
@@ -50,7 +51,7 @@ struct fs_lapse {
 	__u64 heartbeat_ns;   /* CLOCK_BOOTTIME of the daemon's last tick; 0: never (enforce) */
 	__u64 after_ns;       /* lapse_after; 0: never lapse */
 	__u64 admitted;       /* slot 1: refusals admitted because enforcement had lapsed */
-	__u32 fleet_after_ms; /* the fleet's lease_ttl: a heartbeat older puts fleet pools at their safe slice; 0: never */
+	__u32 fleet_after_ms; /* to the end of the fleet pools' leases: a heartbeat older puts them at their safe slices; 0: never */
 	__u32 node_safe;      /* the connections pool's safe slice plus one, with CAPS_FLEET */
 };
 
@@ -63,13 +64,14 @@ struct {
 } fs_lapses SEC(".maps");
 
 /*
- * fleet_safe_now is the safe slice plus one that a fleet pool's size falls to
- * now, 0 while it does not (not a fleet pool, a heartbeat recent enough, or
- * a safe slice not below the size): dest_safe, the pool's fleet_safe for a
+ * fleet_safe_now is the safe slice plus one of a fleet pool whose daemon's
+ * heartbeat is older than fleet_after_ms, 0 otherwise (not a fleet pool, or
+ * a heartbeat recent enough): dest_safe, the pool's fleet_safe for a
  * destination pool, or NULL for the connections pool (node_safe, read only
- * with CAPS_FLEET).
+ * with CAPS_FLEET). The pool then has the lower of its size and that
+ * slice, and no caps (rule_limit).
  */
-static __always_inline __u32 fleet_safe_now(struct fs_settings *cfg, const __u32 *dest_safe, __u32 size)
+static __always_inline __u32 fleet_safe_now(struct fs_settings *cfg, const __u32 *dest_safe)
 {
 	__u32 safe = 0;
 	if (dest_safe) {
@@ -86,7 +88,7 @@ static __always_inline __u32 fleet_safe_now(struct fs_settings *cfg, const __u32
 	if (!dest_safe)
 		safe = *(volatile __u32 *)&l->node_safe;
 	__u64 hb = *(volatile __u64 *)&l->heartbeat_ns, after = *(volatile __u32 *)&l->fleet_after_ms;
-	if (!safe || safe - 1 >= size || !after || !hb)
+	if (!safe || !after || !hb)
 		return 0;
 	__u64 now = bpf_ktime_get_boot_ns();
 	return now > hb && now - hb > after * 1000000ULL ? safe : 0;

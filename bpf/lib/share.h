@@ -160,17 +160,20 @@ static __always_inline __s64 pool_limit(struct rule_pool *r, struct fs_project *
  * rule_limit is the in_use of pool r that project id (entry p) may take a
  * permit under: the rule's limit (pool_limit), or the project's fleet cap
  * in the pool (cap_limit); for a fleet pool whose daemon's heartbeat is
- * older than the lease (cap.h, fleet_safe_now), the rule's limit in the pool at
- * its safe slice, its floor at most that, and no cap. Every judgment of a
+ * older than its lease (cap.h, fleet_safe_now), the rule's limit in the
+ * pool at the lower of its size and its safe slice, its floor at most
+ * that, and no cap. Every judgment of a
  * permit (admission, sk_lookup's answer, adoption, a move) takes this one.
  */
 static __always_inline __s64 rule_limit(struct fs_settings *cfg, struct rule_pool *r, __u64 id, struct fs_project *p, bool in)
 {
 	__u32 size = *r->size;
-	__u32 safe = fleet_safe_now(cfg, r->fleet_safe, size);
+	__u32 safe = fleet_safe_now(cfg, r->fleet_safe);
 	if (safe) {
 		__u32 floor = *r->floor;
 		safe--;
+		if (safe > size)
+			safe = size;
 		if (floor > safe)
 			floor = safe;
 		struct rule_pool c = *r;

@@ -353,10 +353,10 @@ func TestFleetKernelConnections(t *testing.T) {
 // the fleet back (at once at a stop, which revokes its lease; at the lease's
 // end after a kill). Its programs then hold its connections pool to its
 // safe slice (12 over 2 nodes: 6), without caps, as a live node cut off
-// from etcd would be: alpha, which held a's whole allotment of 12 and let
-// go of 10, gets 4 more on a, not 10, while b's allotment is the whole
-// fleet. A daemon started again on the pins takes the node back into the
-// fleet.
+// from etcd would be, from before b takes the fleet: alpha, which held a's
+// whole allotment of 12 and let go of 10, gets 4 more on a, not 10, as soon
+// as b's allotment is the whole fleet. A daemon started again on the pins
+// takes the node back into the fleet.
 func TestFleetDaemonGone(t *testing.T) {
 	needRoot(t)
 	e := etcdtest.Start(t)
@@ -411,12 +411,6 @@ func TestFleetDaemonGone(t *testing.T) {
 			held = nil
 			two := a.connectFrom("alpha", ln, 2)
 			held = append(held, two)
-			if sig == syscall.SIGKILL {
-				// The heartbeat may be younger than the lease for a
-				// moment after b took the fleet (b counted from the
-				// lease's last renewal): asked again until it is not.
-				time.Sleep(2 * time.Second)
-			}
 			again := a.connectFrom("alpha", ln, 10)
 			held = append(held, again)
 			// Status without the daemon: the stop set the pool's size; the

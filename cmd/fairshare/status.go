@@ -94,8 +94,9 @@ func lapseText(pool string, lp admin.Lapse) string {
 		if lp.After != 0 {
 			lapses = fmt.Sprintf("lapses after %s without one", after)
 		}
-		return fmt.Sprintf("%s: enforced, FLEET POOLS AT THEIR SAFE SLICES: no daemon heartbeat for %s (fleet lease_ttl %s), "+
-			"the other nodes have taken this node's part; %s", pool, age, time.Duration(lp.FleetAfter*float64(time.Second)), lapses)
+		return fmt.Sprintf("%s: enforced, FLEET POOLS AT THEIR SAFE SLICES: no daemon heartbeat for %s, and the fleet lease "+
+			"ended %s after the last one: the other nodes may have taken this node's part; %s", pool, age,
+			time.Duration(lp.FleetAfter*float64(time.Second)).Round(time.Millisecond), lapses)
 	}
 	switch {
 	case lp.Lapsed:
