@@ -59,7 +59,8 @@ func TestDebtRetrySaturates(t *testing.T) {
 // A debt, however large, is repaid by a day of the bucket's own refill: at
 // every work rate a policy accepts, a charge of 1e300 (an upstream's cost
 // header) holds the project back a day, not the years the refill would
-// take, and the retry it is told then holds.
+// take, and the retry it is told then holds; so does a debt made before
+// the rate was lowered.
 func TestDebtStopsAtADayOfRefill(t *testing.T) {
 	for _, rate := range []float64{MinRate, 1e-3, 1, 50, 1e6, MaxRate} {
 		clk := newFakeClock()
@@ -75,6 +76,17 @@ func TestDebtStopsAtADayOfRefill(t *testing.T) {
 		clk.Advance(retry)
 		if ok, again := r.Allow("p"); !ok {
 			t.Errorf("rate %g: refused again %v after the retry of %v", rate, again, retry)
+		}
+		// A day's debt at this rate, then the rate lowered a
+		// thousandfold (a reload): a day of the new rate's refill.
+		r.Charge("p", math.Inf(1))
+		r.SetLimits("p", Limits{WorkPerSec: max(rate/1000, MinRate)})
+		if _, retry := r.Allow("p"); retry > MaxRateRetry {
+			t.Errorf("rate %g lowered: retry %v", rate, retry)
+		}
+		clk.Advance(MaxRateRetry)
+		if ok, again := r.Allow("p"); !ok {
+			t.Errorf("rate %g lowered a thousandfold: refused again %v after a day", rate, again)
 		}
 	}
 }

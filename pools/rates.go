@@ -100,7 +100,9 @@ func (r *Rates) setLimits(project string, l Limits, n int64) {
 	b.refill(n)
 	b.limits = l
 	b.req = math.Min(b.req, burst(l.RequestsPerSec))
-	b.work = math.Min(b.work, burst(l.WorkPerSec))
+	// A debt made at a higher rate is held to a day of the new one's
+	// refill, as a new charge is (charge).
+	b.work = math.Max(math.Min(b.work, burst(l.WorkPerSec)), -l.WorkPerSec*float64(MaxRateRetry/time.Second))
 }
 
 // refill adds the tokens earned since last. A timestamp older than last (a
