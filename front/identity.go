@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"net/netip"
 	"path/filepath"
@@ -134,12 +135,27 @@ func (f *Front) projectOf(cg uint64) (string, error) {
 // address would let every process of the node behind it name any project,
 // which a trusted cgroup holding a project's is refused for. A local
 // client whose cgroup cannot be learned is not trusted by address either.
+// (A pod of this node in a network namespace of its own connects from its
+// own address, which the front's tables do not hold: it counts as another
+// host's peer, trusted or not by its address.)
 func (f *Front) trusted(p *peer) bool {
 	if f.id.trustedCgs != nil && f.id.trustedCgs.lookup(f.cgroupOf(p)) != "" {
 		return true
 	}
 	if !p.addr.IsValid() || !slices.ContainsFunc(f.id.trustedNets, func(n netip.Prefix) bool { return n.Contains(p.addr) }) {
 		return false
+	}
+	// A peer at an address of another host is trusted without a look at
+	// the kernel's tables (an edge proxy's connections cost no lookup, and
+	// do not depend on one).
+	var reached netip.Addr
+	if p.conn != nil {
+		if ta, ok := p.conn.LocalAddr().(*net.TCPAddr); ok {
+			reached = ta.AddrPort().Addr().Unmap()
+		}
+	}
+	if !isLocalAddr(p.addr, reached) {
+		return true
 	}
 	cg := f.cgroupOf(p)
 	if !p.local {

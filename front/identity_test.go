@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -193,6 +194,17 @@ func TestHeaderTrust(t *testing.T) {
 	trusted := newRig(t, rigOpts{cfg: Config{ForwardProject: true, TrustedPeers: []string{"127.0.0.1/32"}}}, echoProject)
 	if body := readAll(t, trusted.get(t, "alpha", "/")); body != "project=alpha" {
 		t.Errorf("trusted peer: %q, want project=alpha", body)
+	}
+	// The front as a handler of a plain http.Server (no connection of
+	// its own to look at): a trusted address is trusted all the same.
+	plain := httptest.NewServer(trusted.front)
+	t.Cleanup(plain.Close)
+	req, _ = http.NewRequest("GET", plain.URL, nil)
+	req.Header.Set(DefaultProjectHeader, "alpha")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Errorf("trusted peer, the front as a handler: %v", err)
+	} else if body := readAll(t, resp); body != "project=alpha" {
+		t.Errorf("trusted peer, the front as a handler: %q, want project=alpha", body)
 	}
 	other := newRig(t, rigOpts{cfg: Config{TrustedPeers: []string{"10.0.0.0/8"}}}, echoProject)
 	if resp := other.get(t, "alpha", "/"); resp.StatusCode != http.StatusForbidden {
