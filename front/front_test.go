@@ -276,16 +276,18 @@ func TestRouteLookup(t *testing.T) {
 // refuses it. Random paths of segments (empty, ".", "..", and the routes'
 // names) from a remote client: each is placed as path.Clean places it
 // (the upstream's reading), or refused as ErrDotSegments when it holds a
-// dot segment; never exempt by the probe route for another path.
+// dot segment (";" parameters and backslashes count); never exempt by the
+// probe route for another path. A host routed whole is placed whatever
+// the path.
 func TestRouteNotLedByDotSegments(t *testing.T) {
-	rt, err := newRouteTable(map[string]string{"h": "root", "h/a": "a", "h/a/b": "ab", "h/healthz": "probe"})
+	rt, err := newRouteTable(map[string]string{"h": "root", "h/a": "a", "h/a/b": "ab", "h/healthz": "probe", "w": "whole"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	segs := []string{"", ".", "..", "a", "b", "healthz", "x", ".a", "..."}
+	segs := []string{"", ".", "..", "a", "b", "healthz", "x", ".a", "...", "..;p", ".;", "a\\..", "b;c"}
 	refused := 0
 	for range 5000 {
 		var b strings.Builder
@@ -293,8 +295,15 @@ func TestRouteNotLedByDotSegments(t *testing.T) {
 			b.WriteString("/" + segs[rng.IntN(len(segs))])
 		}
 		p := b.String()
+		// A host routed whole is placed whatever the path.
+		if w, err := rt.lookup("w", p); err != nil || w == nil || w.project != "whole" {
+			t.Fatalf("lookup(w, %q) = %+v, %v, want the whole host's route", p, w, err)
+		}
 		got, err := rt.lookup("h", p)
-		dots := slices.ContainsFunc(strings.Split(p, "/"), func(s string) bool { return s == "." || s == ".." })
+		dots := slices.ContainsFunc(strings.FieldsFunc(p, func(r rune) bool { return r == '/' || r == '\\' }), func(s string) bool {
+			s, _, _ = strings.Cut(s, ";")
+			return s == "." || s == ".."
+		})
 		if dots {
 			if !errors.Is(err, ErrDotSegments) {
 				t.Fatalf("lookup(%q) = %+v, %v, want ErrDotSegments", p, got, err)
@@ -339,7 +348,7 @@ func TestRouteDotSegmentsRefused(t *testing.T) {
 		return string(out)
 	}
 	for _, split := range []bool{false, true} {
-		for _, target := range []string{"/healthz/../v1", "/healthz/%2e%2e/v1", "/healthz/%2E./v1", "/a/./b", "/healthz/.."} {
+		for _, target := range []string{"/healthz/../v1", "/healthz/%2e%2e/v1", "/healthz/%2E./v1", "/a/./b", "/healthz/..", "/healthz/..;/v1"} {
 			if out := send(target, split); !strings.HasPrefix(out, "HTTP/1.1 400") {
 				t.Errorf("%s (body apart: %v): %q, want 400", target, split, out)
 			}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strings"
 
@@ -67,36 +68,48 @@ func newRouteTable(m map[string]string) (routeTable, error) {
 }
 
 // ErrDotSegments refuses a request that a route would place by a path with
-// a "." or ".." segment (decoded: %2e counts): an upstream that resolves
-// them (nginx does) would serve another route's path than the one that
-// placed the request, charged to the wrong project or exempt.
+// a "." or ".." segment (decoded: %2e counts; a segment's ";" parameters
+// and a backslash as a separator count too, as some servers read them): an
+// upstream that resolves them (nginx does) would serve another route's
+// path than the one that placed the request, charged to the wrong project
+// or exempt.
 var ErrDotSegments = errors.New(`a path with "." or ".." segments cannot be placed by a route`)
 
 // lookup returns the route for host and path (decoded), or nil. Runs of
 // slashes count as one, as an upstream that merges them (nginx does) reads
-// the path; a "." or ".." segment is refused (ErrDotSegments).
+// the path. A path with a dot segment is refused (ErrDotSegments) where the
+// host has routes by path, whose choice it could lead astray; a host routed
+// whole (or not at all) is placed as the path does not matter.
 func (t routeTable) lookup(host, path string) (*route, error) {
 	if len(t) == 0 {
 		return nil, nil
 	}
+	host = strings.ToLower(host)
+	keys := []string{host}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		keys = append(keys, h)
+	}
 	path, ok := routePath(path)
 	if !ok {
-		return nil, ErrDotSegments
+		for _, k := range keys {
+			if slices.ContainsFunc(t[k], func(r route) bool { return r.prefix != "" }) {
+				return nil, ErrDotSegments
+			}
+		}
 	}
-	host = strings.ToLower(host)
-	if r := t.match(host, path); r != nil {
-		return r, nil
-	}
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		return t.match(h, path), nil
+	for _, k := range keys {
+		if r := t.match(k, path); r != nil {
+			return r, nil
+		}
 	}
 	return nil, nil
 }
 
 // routePath is path with runs of slashes merged, and false if a segment
-// is "." or "..".
+// is "." or ".." (after a ";" cut off, and with a backslash as a separator
+// too).
 func routePath(path string) (string, bool) {
-	if !strings.Contains(path, "//") && !strings.Contains(path, "/.") {
+	if !strings.Contains(path, "//") && !strings.Contains(path, ".") {
 		return path, true
 	}
 	var b strings.Builder
@@ -107,12 +120,14 @@ func routePath(path string) (string, bool) {
 		b.WriteByte(path[i])
 	}
 	merged := b.String()
-	for seg := range strings.SplitSeq(merged, "/") {
+	dots := false
+	for seg := range strings.FieldsFuncSeq(merged, func(r rune) bool { return r == '/' || r == '\\' }) {
+		seg, _, _ = strings.Cut(seg, ";")
 		if seg == "." || seg == ".." {
-			return "", false
+			dots = true
 		}
 	}
-	return merged, true
+	return merged, !dots
 }
 
 func (t routeTable) match(host, path string) *route {
