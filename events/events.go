@@ -66,6 +66,7 @@ const (
 	ReasonResidents   = "too_many_residents" // nothing could be evicted in time
 	ReasonRateLimited = "rate_limited"       // the kernel's per-project connection rate (#20)
 	ReasonFleetCap    = "fleet_cap"          // at its fleet cap on this node: its part of its fleet allocation (the kernel's fleet pools)
+	ReasonFleetSafe   = "fleet_safe"         // a kernel fleet pool held to its safe slice: its lease ended unrenewed (the daemon gone, or cut off)
 )
 
 // Event is one decision that matters to an operator. Fields that do not

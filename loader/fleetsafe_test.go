@@ -57,6 +57,19 @@ func TestFleetSafeWithoutDaemon(t *testing.T) {
 	}
 	alpha := startHelper(t, mkProject(t, root, "alpha"))
 	syncDir(t, l, root)
+	if err := l.SetEvents(1_000_000, false); err != nil {
+		t.Fatal(err)
+	}
+	ch := refusals(t, l)
+	drain := func() {
+		for {
+			select {
+			case <-ch:
+			default:
+				return
+			}
+		}
+	}
 
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
@@ -85,12 +98,20 @@ func TestFleetSafeWithoutDaemon(t *testing.T) {
 		}
 		// The daemon gone: the lease ended, no heartbeat since. The
 		// pool has the lower of its size and its slice, and no caps.
+		time.Sleep(20 * time.Millisecond) // the events of the rounds before, read
+		drain()
 		gone(pool, safe)
 		// A connect to db counts in both pools.
 		limit := min(safe, 10, safes[""])
 		want := max(limit-held, 0)
 		if r := alpha.dial("tcp4", addr, 11); r.ok != want || r.refused != 11-want {
 			t.Fatalf("%s: without a daemon %+v, want %d admitted and the rest refused", what(), r, want)
+		}
+		// The refusals say why: the pool at its safe slice, the slice
+		// the pool that refused had then.
+		if e := nextRefusal(t, ch); e.Reason != ReasonFleetSafe ||
+			e.Pool != uint32(min(safes[e.DestPool], 10)) {
+			t.Fatalf("%s: the first refusal %+v, want reason %s and its pool's slice", what(), e, ReasonFleetSafe)
 		}
 		if lp, err := l.Lapse(); err != nil || !lp.FleetSafe || lp.FleetAfter > time.Millisecond {
 			t.Fatalf("%s: the lapse as read: %+v, %v", what(), lp, err)

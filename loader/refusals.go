@@ -62,10 +62,14 @@ const (
 	// ReasonFleetCap refuses a project that holds its fleet cap in the
 	// pool (SetCaps): the node's part of its fleet allocation.
 	ReasonFleetCap = "fleet_cap"
+	// ReasonFleetSafe refuses in a fleet pool held to its safe slice: its
+	// lease ended with no daemon to renew it (or cut off from etcd), and
+	// the other nodes may have taken this one's part (fleetsafe.go).
+	ReasonFleetSafe = "fleet_safe"
 )
 
 // reasonNames are enum fs_reason's names, by value.
-var reasonNames = map[uint8]string{1: ReasonOverShare, 2: ReasonPoolFull, 3: ReasonExemptBudget, 4: ReasonRateLimited, 5: ReasonFloor, 6: ReasonFleetCap}
+var reasonNames = map[uint8]string{1: ReasonOverShare, 2: ReasonPoolFull, 3: ReasonExemptBudget, 4: ReasonRateLimited, 5: ReasonFloor, 6: ReasonFleetCap, 7: ReasonFleetSafe}
 
 // fsEvWould is FS_EV_WOULD, fsEvLapsed FS_EV_LAPSED.
 const (

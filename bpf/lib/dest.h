@@ -562,12 +562,16 @@ static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64
 	__s64 taken = would ? 1 : 0;
 	__s64 held = packed_held(*(volatile __s64 *)&v->p->in_use) - taken;
 	__u32 size = v->s->size;
+	struct fs_settings *cfg = settings();
+	/* At the safe slice (cap.h): the pool that was divided. */
+	__u32 safe = cfg ? fleet_safe_now(cfg, &v->s->fleet_safe) : 0;
+	if (safe && safe - 1 < size)
+		size = safe - 1;
 	__s64 active = *(volatile __s64 *)&v->s->active;
 	__u32 share = active > 1 ? size / (__u32)active : size;
-	if (share < v->s->floor)
+	if (share < v->s->floor && v->s->floor <= size)
 		share = v->s->floor;
-	struct fs_settings *cfg = settings();
-	__u32 cap = cfg ? fleet_cap(cfg, v->id, id) : 0;
+	__u32 cap = cfg && !safe ? fleet_cap(cfg, v->id, id) : 0;
 	if (cap)
 		share = cap - 1; /* a capped project's bound is its cap */
 	struct fs_tuple t __attribute__((aligned(8))) = {};
@@ -582,8 +586,9 @@ static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64
 	ev->pool = size;
 	ev->dir = FS_DIR_CONNECT;
 	struct rule_pool r = dest_pool(v);
-	ev->reason = cap ? (held >= (__s64)cap - 1 ? FS_REASON_FLEET_CAP : FS_REASON_POOL_FULL)
-			 : pool_under(&r, held, false) ? FS_REASON_POOL_FULL : FS_REASON_OVER_SHARE;
+	ev->reason = safe  ? FS_REASON_FLEET_SAFE
+		     : cap ? (held >= (__s64)cap - 1 ? FS_REASON_FLEET_CAP : FS_REASON_POOL_FULL)
+			   : pool_under(&r, held, false) ? FS_REASON_POOL_FULL : FS_REASON_OVER_SHARE;
 	ev->flags = would ? FS_EV_WOULD | FS_EV_TAKEN : 0;
 	if (would && lapse_of())
 		ev->flags |= FS_EV_LAPSED;

@@ -51,6 +51,7 @@ enum fs_reason {
 	FS_REASON_FLOOR = 5,         /* inbound, under its share but not under the one it would have beside
 				      * a newcomer, in_use >= POOL - FLOOR (rule.h, limit_for) */
 	FS_REASON_FLEET_CAP = 6,     /* holds >= its fleet cap on this node (cap.h) */
+	FS_REASON_FLEET_SAFE = 7,    /* a fleet pool held to its safe slice, its lease ended unrenewed (cap.h) */
 };
 
 #define FS_DIR_CONNECT 1 /* outbound connect() */
@@ -261,6 +262,8 @@ static __always_inline __u8 refusal_reason(__u64 cg, __u64 id, struct fs_project
 		return FS_REASON_POOL_FULL;
 	if (cfg->exempt_max && exempt_listed(cg, id))
 		return FS_REASON_EXEMPT_BUDGET;
+	if (fleet_safe_now(cfg, NULL))
+		return FS_REASON_FLEET_SAFE;
 	__s64 held = p ? *(volatile __s64 *)&p->in_use - (taken ? 1 : 0) : 0;
 	__u32 cap = fleet_cap(cfg, 0, id);
 	if (cap)
@@ -393,8 +396,17 @@ static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 di
 		__u32 cap = reason == FS_REASON_FLEET_CAP ? fleet_cap(cfg, 0, id) : 0;
 		if (cap)
 			share = cap - 1;
+		__u32 size = cfg->pool;
+		/* At the safe slice: the pool that was divided, and its share. */
+		__u32 safe = reason == FS_REASON_FLEET_SAFE ? fleet_safe_now(cfg, NULL) : 0;
+		if (safe && safe - 1 < size) {
+			size = safe - 1;
+			share = active > 1 ? size / (__u32)active : size;
+			if (share < cfg->floor && cfg->floor <= size)
+				share = cfg->floor;
+		}
 		ev->share = share;
-		ev->pool = cfg->pool;
+		ev->pool = size;
 	}
 	ev->dir = dir;
 	ev->reason = reason;
