@@ -982,21 +982,29 @@ func TestMetricsLabelFreesWhenForgotten(t *testing.T) {
 	}
 }
 
-func TestReleaseWhenCanceledInQueue(t *testing.T) {
+// oneSlotHeld is a rig with one upstream slot, held by a request of
+// alpha's until open is called (at the test's end at the latest); first
+// gets that request's status. A second request waits in the scheduler's
+// queue.
+func oneSlotHeld(t *testing.T) (r *rig, open func(), first <-chan int) {
 	entered := make(chan struct{}, 4)
 	release := make(chan struct{})
 	var once sync.Once
-	open := func() { once.Do(func() { close(release) }) }
+	open = func() { once.Do(func() { close(release) }) }
 	t.Cleanup(open)
-	// One upstream slot: the second request waits in the scheduler's queue.
-	r := newRig(t, rigOpts{cfg: Config{MaxInFlight: 1}}, holdUpstream(entered, release))
-	first := make(chan int, 1)
+	r = newRig(t, rigOpts{cfg: Config{MaxInFlight: 1}}, holdUpstream(entered, release))
+	status := make(chan int, 1)
 	go func() {
 		resp := r.get(t, "alpha", "/")
 		readAll(t, resp)
-		first <- resp.StatusCode
+		status <- resp.StatusCode
 	}()
 	<-entered
+	return r, open, status
+}
+
+func TestReleaseWhenCanceledInQueue(t *testing.T) {
+	r, open, first := oneSlotHeld(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "GET", r.url, nil)
 	req.Header.Set(DefaultProjectHeader, "alpha")
@@ -1036,19 +1044,7 @@ func TestReleaseWhenCanceledInQueue(t *testing.T) {
 // net/http's. net/http itself would hear the client only once the body was
 // read, at dispatch.
 func TestQueuedBodyClientHangsUp(t *testing.T) {
-	entered := make(chan struct{}, 4)
-	release := make(chan struct{})
-	var once sync.Once
-	open := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(open)
-	r := newRig(t, rigOpts{cfg: Config{MaxInFlight: 1}}, holdUpstream(entered, release))
-	first := make(chan int, 1)
-	go func() {
-		resp := r.get(t, "alpha", "/")
-		readAll(t, resp)
-		first <- resp.StatusCode
-	}()
-	<-entered
+	r, open, first := oneSlotHeld(t)
 	// The front's own server, and net/http's serving the front as a
 	// handler (no connection of the front's: the socket as accepted).
 	plain, err := net.Listen("tcp", "127.0.0.1:0")

@@ -1379,6 +1379,18 @@ func TestUnpackDest(t *testing.T) {
 	}
 }
 
+// openOneDestPool opens a limiter of pool 100 with room for one
+// destination pool.
+func openOneDestPool(t *testing.T, root, pin string) *Limiter {
+	t.Helper()
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100, MaxDestPools: 1, ReservationTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
 // A removed pool keeps its id, empty as it is, for destForgetGrace after
 // its destinations left the tables: a connect that found it just before
 // (its program preempted between the lookup and the admission) takes its
@@ -1388,11 +1400,7 @@ func TestUnpackDest(t *testing.T) {
 func TestDestPoolForgottenAfterGrace(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100, MaxDestPools: 1, ReservationTTL: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	l := openOneDestPool(t, root, pin)
 	db := sink(t, "tcp4", "127.0.0.1:0")
 	for round := range 3 {
 		if err := l.SetDestPools([]DestPool{destPoolOf(t, "a", 8, 1, "127.0.0.1/32:"+portOf(db))}); err != nil {
@@ -1438,11 +1446,7 @@ func TestDestPoolForgottenAfterGrace(t *testing.T) {
 func TestDestPoolIDReusedBeforeTick(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
-	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100, MaxDestPools: 1, ReservationTTL: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	l := openOneDestPool(t, root, pin)
 	db := sink(t, "tcp4", "127.0.0.1:0")
 	for _, ps := range [][]DestPool{{destPoolOf(t, "a", 8, 1, "127.0.0.1/32:"+portOf(db))}, nil,
 		{destPoolOf(t, "b", 8, 1, "127.0.0.1/32:"+portOf(db))}} {
