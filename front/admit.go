@@ -91,7 +91,7 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		class, err := a.ticket.Wait(ctx)
 		stop()
-		a.x.gone = errors.Is(context.Cause(ctx), errClientGone)
+		a.x.gone = err != nil && errors.Is(context.Cause(ctx), errClientGone)
 		if !f.dispatched(a, class, err) {
 			f.unscheduled(w, r, a.x, err)
 			return
