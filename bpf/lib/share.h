@@ -167,21 +167,19 @@ static __always_inline __s64 pool_limit(struct rule_pool *r, struct fs_project *
  */
 static __always_inline __s64 rule_limit(struct fs_settings *cfg, struct rule_pool *r, __u64 id, struct fs_project *p, bool in)
 {
-	__u32 size = *r->size;
 	__u32 safe = fleet_safe_now(cfg, r->fleet_safe);
-	if (safe) {
-		__u32 floor = *r->floor;
-		safe--;
-		if (safe > size)
-			safe = size;
-		if (floor > safe)
-			floor = safe;
-		struct rule_pool c = *r;
-		c.size = &safe;
-		c.floor = &floor;
-		return pool_limit(&c, p, in);
-	}
-	return cap_limit(cfg, r->cap_pool, id, proj_held(r, p), pool_limit(r, p, in), size);
+	if (!safe)
+		return cap_limit(cfg, r->cap_pool, id, proj_held(r, p), pool_limit(r, p, in), *r->size);
+	/* One way through for any slice (a branch for the clamp multiplied
+	 * the states the verifier walks through the admission after it). */
+	__u32 size = *r->size, floor = *r->floor;
+	safe--;
+	size = size < safe ? size : safe;
+	floor = floor < size ? floor : size;
+	struct rule_pool c = *r;
+	c.size = &size;
+	c.floor = &floor;
+	return pool_limit(&c, p, in);
 }
 
 #define ADMIT_TRIES 8 /* compare-and-swap attempts on a pool's counter */
