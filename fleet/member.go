@@ -304,8 +304,11 @@ func (m *Member) stopLocked() bool {
 	if m.haveApply {
 		size = min(size, m.applied.Size)
 	}
+	// Written whatever was applied before: an empty caps map with no
+	// spare (every project not named capped at 0) counts as equal to none.
+	m.haveApply = false
 	m.applyLocked(Allotment{Size: size})
-	if !m.haveApply || m.applied.Size > safe || m.applied.Caps != nil {
+	if !m.haveApply || m.applied.Size > safe || len(m.applied.Caps) != 0 {
 		m.cfg.Log.Error("fleet: the pool could not be held to its safe slice at the stop; the lease is left to expire",
 			"pool", m.cfg.Pool, "allotment", m.applied.Size, "safe", safe)
 		return false
@@ -392,6 +395,9 @@ func (m *Member) tick(ctx context.Context) {
 	ok := m.keepLease(ctx, &lease)
 	m.mu.Lock()
 	changed = changed || lease != m.pubLease
+	// The renewal's new end to the kernel now, not after the publication
+	// (a slow put would leave the kernel's old end to pass meanwhile).
+	m.sendSafeLocked()
 	m.mu.Unlock()
 	if ok && changed {
 		pctx, cancel := context.WithTimeout(ctx, m.callTimeout())
