@@ -107,11 +107,12 @@ func TestFleetSafeWithoutDaemon(t *testing.T) {
 		if r := alpha.dial("tcp4", addr, 11); r.ok != want || r.refused != 11-want {
 			t.Fatalf("%s: without a daemon %+v, want %d admitted and the rest refused", what(), r, want)
 		}
-		// The refusals say why: the pool at its safe slice, the slice
-		// the pool that refused had then.
-		if e := nextRefusal(t, ch); e.Reason != ReasonFleetSafe ||
-			e.Pool != uint32(min(safes[e.DestPool], 10)) {
-			t.Fatalf("%s: the first refusal %+v, want reason %s and its pool's slice", what(), e, ReasonFleetSafe)
+		// The refusals say why: the pool at its safe slice, where the
+		// slice binds, the slice as the pool; else the rule (no caps).
+		if e := nextRefusal(t, ch); safes[e.DestPool] < 10 && (e.Reason != ReasonFleetSafe || e.Pool != uint32(safes[e.DestPool])) ||
+			safes[e.DestPool] >= 10 && (e.Reason == ReasonFleetSafe || e.Reason == ReasonFleetCap || e.Pool != 10) {
+			t.Fatalf("%s: the first refusal %+v, want reason %s and the slice where it binds, the rule's reason else",
+				what(), e, ReasonFleetSafe)
 		}
 		if lp, err := l.Lapse(); err != nil || !lp.FleetSafe || lp.FleetAfter > time.Millisecond {
 			t.Fatalf("%s: the lapse as read: %+v, %v", what(), lp, err)
@@ -192,5 +193,32 @@ func TestSetFleetSafeRefusesBadInput(t *testing.T) {
 	}
 	if lp, err := l.Lapse(); err != nil || lp.FleetAfter != 0 {
 		t.Fatalf("a refused call wrote the lease: %+v, %v", lp, err)
+	}
+}
+
+// TestRenewHeartbeatKeepsLeaseEnd: a heartbeat renewed from outside the
+// daemon (RenewHeartbeat) keeps the end of the fleet's leases where it was:
+// fleet_after counts from the heartbeat, and carried over as it was it moved
+// the end later by the old heartbeat's age.
+func TestRenewHeartbeatKeepsLeaseEnd(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openLimiter(t, root, pin, 10, 0)
+	if err := l.SetFleetSafe("", 2, time.Now().Add(400*time.Millisecond), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := RenewHeartbeat(pin, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if lp, err := l.Lapse(); err != nil || lp.FleetAfter > 200*time.Millisecond || lp.FleetAfter == 0 {
+		t.Fatalf("the lease's end after a renewal from outside: %+v, %v; want about 100ms from the heartbeat", lp, err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if err := RenewHeartbeat(pin, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if lp, err := l.Lapse(); err != nil || lp.FleetAfter != time.Millisecond {
+		t.Fatalf("an end passed, after a renewal from outside: %+v, %v; want it at once", lp, err)
 	}
 }

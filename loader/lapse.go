@@ -83,12 +83,22 @@ func RenewHeartbeat(pinDir string, after time.Duration) error {
 		return fmt.Errorf("opening the pinned heartbeat in %s: %w", pinDir, err)
 	}
 	defer m.Close()
-	// The fleet's fields as the daemon last wrote them (fleetsafe.go).
+	// The fleet's fields as the daemon last wrote them (fleetsafe.go),
+	// the end of the leases kept where it was: fleet_after counts from
+	// the heartbeat.
 	var v limiterFsLapse
 	if err := m.Lookup(lapseSlot, &v); err != nil {
 		return fmt.Errorf("reading the pinned heartbeat in %s: %w", pinDir, err)
 	}
-	v.HeartbeatNs, v.AfterNs = bootNow(), uint64(max(after, 0))
+	now := bootNow()
+	if v.FleetAfterMs != 0 {
+		end := v.HeartbeatNs + uint64(v.FleetAfterMs)*uint64(time.Millisecond)
+		v.FleetAfterMs = 1 // ended already: at once
+		if end > now {
+			v.FleetAfterMs = uint32(max((end-now)/uint64(time.Millisecond), 1))
+		}
+	}
+	v.HeartbeatNs, v.AfterNs = now, uint64(max(after, 0))
 	if err := m.Put(lapseSlot, &v); err != nil {
 		return fmt.Errorf("renewing the heartbeat in %s: %w", pinDir, err)
 	}

@@ -565,12 +565,14 @@ static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64
 	struct fs_settings *cfg = settings();
 	/* At the safe slice (cap.h): the pool that was divided. */
 	__u32 safe = cfg ? fleet_safe_now(cfg, &v->s->fleet_safe) : 0;
-	if (safe && safe - 1 < size)
+	bool binds = safe && safe - 1 < size;
+	if (binds)
 		size = safe - 1;
 	__s64 active = *(volatile __s64 *)&v->s->active;
 	__u32 share = active > 1 ? size / (__u32)active : size;
-	if (share < v->s->floor && v->s->floor <= size)
-		share = v->s->floor;
+	__u32 floor = v->s->floor < size ? v->s->floor : size;
+	if (share < floor)
+		share = floor;
 	__u32 cap = cfg && !safe ? fleet_cap(cfg, v->id, id) : 0;
 	if (cap)
 		share = cap - 1; /* a capped project's bound is its cap */
@@ -586,7 +588,7 @@ static __always_inline void dest_event(struct bpf_sock_addr *ctx, bool v6, __u64
 	ev->pool = size;
 	ev->dir = FS_DIR_CONNECT;
 	struct rule_pool r = dest_pool(v);
-	ev->reason = safe  ? FS_REASON_FLEET_SAFE
+	ev->reason = binds ? FS_REASON_FLEET_SAFE
 		     : cap ? (held >= (__s64)cap - 1 ? FS_REASON_FLEET_CAP : FS_REASON_POOL_FULL)
 			   : pool_under(&r, held, false) ? FS_REASON_POOL_FULL : FS_REASON_OVER_SHARE;
 	ev->flags = would ? FS_EV_WOULD | FS_EV_TAKEN : 0;

@@ -262,10 +262,12 @@ static __always_inline __u8 refusal_reason(__u64 cg, __u64 id, struct fs_project
 		return FS_REASON_POOL_FULL;
 	if (cfg->exempt_max && exempt_listed(cg, id))
 		return FS_REASON_EXEMPT_BUDGET;
-	if (fleet_node_safe())
+	/* At the safe slice: that, where it binds; no caps in any case. */
+	__u32 safe = fleet_node_safe();
+	if (safe && safe - 1 < cfg->pool)
 		return FS_REASON_FLEET_SAFE;
 	__s64 held = p ? *(volatile __s64 *)&p->in_use - (taken ? 1 : 0) : 0;
-	__u32 cap = fleet_cap(cfg, 0, id);
+	__u32 cap = safe ? 0 : fleet_cap(cfg, 0, id);
 	if (cap)
 		return held >= (__s64)cap - 1 ? FS_REASON_FLEET_CAP : FS_REASON_POOL_FULL;
 	if (!under_share(cfg, n, held, false))
@@ -402,8 +404,9 @@ static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 di
 		if (safe && safe - 1 < size) {
 			size = safe - 1;
 			share = active > 1 ? size / (__u32)active : size;
-			if (share < cfg->floor && cfg->floor <= size)
-				share = cfg->floor;
+			__u32 floor = cfg->floor < size ? cfg->floor : size;
+			if (share < floor)
+				share = floor;
 		}
 		ev->share = share;
 		ev->pool = size;

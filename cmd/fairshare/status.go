@@ -94,9 +94,9 @@ func lapseText(pool string, lp admin.Lapse) string {
 		if lp.After != 0 {
 			lapses = fmt.Sprintf("lapses after %s without one", after)
 		}
-		return fmt.Sprintf("%s: enforced, FLEET POOLS AT THEIR SAFE SLICES: no daemon heartbeat for %s, and the fleet lease "+
-			"ended %s after the last one: the other nodes may have taken this node's part; %s", pool, age,
-			time.Duration(lp.FleetAfter*float64(time.Second)).Round(time.Millisecond), lapses)
+		return fmt.Sprintf("%s: enforced, FLEET POOLS AT THEIR SAFE SLICES: their lease ended unrenewed (the daemon gone, or cut "+
+			"off from etcd), and the other nodes may have taken this node's part; last daemon heartbeat %s ago; %s",
+			pool, age, lapses)
 	}
 	switch {
 	case lp.Lapsed:
