@@ -167,7 +167,10 @@ static __always_inline __s64 pool_limit(struct rule_pool *r, struct fs_project *
  */
 static __always_inline __s64 rule_limit(struct fs_settings *cfg, struct rule_pool *r, __u64 id, struct fs_project *p, bool in)
 {
-	__u32 safe = fleet_safe_now(cfg, r->fleet_safe);
+	/* A pool that is not a fleet pool makes no call: a word of a line
+	 * loaded already says so. */
+	bool fleet = r->fleet_safe ? *(volatile const __u32 *)r->fleet_safe != 0 : (cfg->caps & CAPS_FLEET) != 0;
+	__u32 safe = fleet ? fleet_safe_now(cfg, r->fleet_safe) : 0;
 	if (!safe)
 		return cap_limit(cfg, r->cap_pool, id, proj_held(r, p), pool_limit(r, p, in), *r->size);
 	/* One way through for any slice (a branch for the clamp multiplied
