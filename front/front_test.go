@@ -1003,6 +1003,21 @@ func oneSlotHeld(t *testing.T) (r *rig, open func(), first <-chan int) {
 	return r, open, status
 }
 
+// releaseSlot ends oneSlotHeld's request (open, first) and checks it was
+// answered and that it alone reached the upstream: why names what must not
+// have.
+func releaseSlot(t *testing.T, r *rig, open func(), first <-chan int, why string) {
+	t.Helper()
+	open()
+	if s := <-first; s != 200 {
+		t.Errorf("first request: status %d", s)
+	}
+	waitInUse(t, r.pool, 0)
+	if got := r.hits.Load(); got != 1 {
+		t.Errorf("upstream hits %d, want 1: %s", got, why)
+	}
+}
+
 func TestReleaseWhenCanceledInQueue(t *testing.T) {
 	r, open, first := oneSlotHeld(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -1026,14 +1041,7 @@ func TestReleaseWhenCanceledInQueue(t *testing.T) {
 	}
 	waitInUse(t, r.pool, 1)
 	waitOutcome(t, r.front, "alpha", "canceled", 1)
-	open()
-	if s := <-first; s != 200 {
-		t.Errorf("first request: status %d", s)
-	}
-	waitInUse(t, r.pool, 0)
-	if got := r.hits.Load(); got != 1 {
-		t.Errorf("upstream hits %d, want 1: the withdrawn request reached it", got)
-	}
+	releaseSlot(t, r, open, first, "the withdrawn request reached it")
 }
 
 // TestQueuedBodyClientHangsUp: a request with a body waiting in the queue
@@ -1091,14 +1099,7 @@ func TestQueuedBodyClientHangsUp(t *testing.T) {
 		}
 		c.Close()
 	}
-	open()
-	if s := <-first; s != 200 {
-		t.Errorf("first request: status %d", s)
-	}
-	waitInUse(t, r.pool, 0)
-	if got := r.hits.Load(); got != 1 {
-		t.Errorf("upstream hits %d, want 1: a request whose client left reached it", got)
-	}
+	releaseSlot(t, r, open, first, "a request whose client left reached it")
 }
 
 // TestHostileCostHeaderStallsNoOne: an upstream's cost header may say any

@@ -98,18 +98,6 @@ __noinline __u32 fleet_safe_now(struct fs_settings *cfg, const __u32 *dest_safe)
 	return now > hb && now - hb > after * 1000000ULL ? safe : 0;
 }
 
-/*
- * fleet_node_safe is fleet_safe_now of the connections pool, for the
- * refusals' reports (events.h): a function of its own, verified once rather
- * than in each of their paths (inlined there, it added a quarter to what the
- * verifier walks of connect4). Off the admission's path.
- */
-__noinline __u32 fleet_node_safe(void)
-{
-	struct fs_settings *cfg = settings();
-	return cfg ? fleet_safe_now(cfg, NULL) : 0;
-}
-
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 17); /* set at load: (Options.MaxDestPools + 1) x the entries of fs_projects */

@@ -263,7 +263,7 @@ static __always_inline __u8 refusal_reason(__u64 cg, __u64 id, struct fs_project
 	if (cfg->exempt_max && exempt_listed(cg, id))
 		return FS_REASON_EXEMPT_BUDGET;
 	/* At the safe slice: that, where it binds; no caps in any case. */
-	__u32 safe = fleet_node_safe();
+	__u32 safe = fleet_safe_now(cfg, NULL);
 	if (safe && safe - 1 < cfg->pool)
 		return FS_REASON_FLEET_SAFE;
 	__s64 held = p ? *(volatile __s64 *)&p->in_use - (taken ? 1 : 0) : 0;
@@ -400,7 +400,7 @@ static __always_inline void emit_refusal(__u64 id, struct fs_project *p, __u8 di
 			share = cap - 1;
 		__u32 size = cfg->pool;
 		/* At the safe slice: the pool that was divided, and its share. */
-		__u32 safe = reason == FS_REASON_FLEET_SAFE ? fleet_node_safe() : 0;
+		__u32 safe = reason == FS_REASON_FLEET_SAFE ? fleet_safe_now(cfg, NULL) : 0;
 		if (safe && safe - 1 < size) {
 			size = safe - 1;
 			share = active > 1 ? size / (__u32)active : size;
