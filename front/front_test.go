@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -992,7 +993,10 @@ func oneSlotHeld(t *testing.T) (r *rig, open func(), first <-chan int) {
 	var once sync.Once
 	open = func() { once.Do(func() { close(release) }) }
 	t.Cleanup(open)
-	r = newRig(t, rigOpts{cfg: Config{MaxInFlight: 1}}, holdUpstream(entered, release))
+	// alpha.route: alpha's by the route, for a peer that may not name it
+	// (a unix socket's).
+	r = newRig(t, rigOpts{cfg: Config{MaxInFlight: 1, Routes: map[string]string{"alpha.route": "alpha"}}},
+		holdUpstream(entered, release))
 	status := make(chan int, 1)
 	go func() {
 		resp := r.get(t, "alpha", "/")
@@ -1053,8 +1057,10 @@ func TestReleaseWhenCanceledInQueue(t *testing.T) {
 // read, at dispatch.
 func TestQueuedBodyClientHangsUp(t *testing.T) {
 	r, open, first := oneSlotHeld(t)
-	// The front's own server, and net/http's serving the front as a
-	// handler (no connection of the front's: the socket as accepted).
+	// The front's own server, net/http's serving the front as a handler
+	// (no connection of the front's: the socket as accepted), and the
+	// front's own on a unix socket (net/http's path, named by a route:
+	// such a peer may not send the header).
 	plain, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -1062,7 +1068,19 @@ func TestQueuedBodyClientHangsUp(t *testing.T) {
 	srv := r.front.Server()
 	go func() { _ = srv.Serve(plain) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	addrs := []string{strings.TrimPrefix(r.url, "http://"), plain.Addr().String()}
+	ul, err := net.Listen("unix", filepath.Join(t.TempDir(), "front.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uctx, ucancel := context.WithCancel(context.Background())
+	udone := make(chan struct{})
+	go func() { defer close(udone); _ = r.front.Serve(uctx, ul) }()
+	t.Cleanup(func() { ucancel(); <-udone })
+	servers := []struct{ network, addr, names string }{
+		{"tcp", strings.TrimPrefix(r.url, "http://"), "Host: x\r\n" + DefaultProjectHeader + ": alpha\r\n"},
+		{"tcp", plain.Addr().String(), "Host: x\r\n" + DefaultProjectHeader + ": alpha\r\n"},
+		{"unix", ul.Addr().String(), "Host: alpha.route\r\n"},
+	}
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
@@ -1071,22 +1089,23 @@ func TestQueuedBodyClientHangsUp(t *testing.T) {
 		{"chunked, unfinished", "Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n"},
 		{"short of its length", "Content-Length: 100\r\n", "hello"},
 	}
-	const rounds = 24
+	const rounds = 36
 	for i := range rounds {
 		shape := shapes[rng.IntN(len(shapes))]
 		half := rng.IntN(2) == 1
 		pause := time.Duration(rng.IntN(200)) * time.Millisecond
-		c, err := net.Dial("tcp", addrs[rng.IntN(2)])
+		to := servers[rng.IntN(len(servers))]
+		c, err := net.Dial(to.network, to.addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\n"+DefaultProjectHeader+": alpha\r\n"+shape.head+"\r\n")
+		_, _ = io.WriteString(c, "POST / HTTP/1.1\r\n"+to.names+shape.head+"\r\n")
 		time.Sleep(10 * time.Millisecond)
 		_, _ = io.WriteString(c, shape.body)
 		waitInUse(t, r.pool, 2)
 		time.Sleep(pause)
 		if half {
-			_ = c.(*net.TCPConn).CloseWrite()
+			_ = c.(interface{ CloseWrite() error }).CloseWrite()
 		} else {
 			c.Close()
 		}
@@ -1094,7 +1113,7 @@ func TestQueuedBodyClientHangsUp(t *testing.T) {
 		waitOutcome(t, r.front, "alpha", "canceled", float64(i+1))
 		for _, ps := range r.sched.Snapshot().Participants {
 			if ps.Queue != 0 {
-				t.Fatalf("round %d (%s, half-closed %v): %s has %d still queued", i, shape.name, half, ps.Participant, ps.Queue)
+				t.Fatalf("round %d (%s at %s, half-closed %v): %s has %d still queued", i, shape.name, to.addr, half, ps.Participant, ps.Queue)
 			}
 		}
 		c.Close()
