@@ -42,6 +42,13 @@ var (
 	// ErrDisconnected is returned by calls whose connection dropped before
 	// they were answered.
 	ErrDisconnected = errors.New("permit connection lost")
+	// ErrEvicting is returned by a Spawn of an object the daemon has asked
+	// this runtime to put to sleep while OnEvict has not returned: the
+	// object is being put away, and a spawn sent now could not say whether
+	// before or after. Nothing is sent. Spawn it again once OnEvict has
+	// returned (a runtime that holds its own lock on the object while it
+	// calls Spawn must let go of it first: OnEvict may be waiting for it).
+	ErrEvicting = errors.New("object is being evicted: spawn it again once OnEvict has returned")
 )
 
 // Options configures a Client.
@@ -52,7 +59,9 @@ type Options struct {
 	// the object is asleep; the client then confirms to the daemon, which
 	// lets the waiting spawn proceed. A non-nil error leaves the object
 	// resident (the spawn that needed the room will be refused). Without
-	// OnEvict evictions are confirmed at once.
+	// OnEvict evictions are confirmed at once. While OnEvict runs, a Spawn
+	// of the object fails with ErrEvicting; once it has returned nil, a
+	// Spawn waits for the confirmation and then wakes the object.
 	OnEvict func(Eviction) error
 	// Reconnect makes the client redial after losing its connection and
 	// spawn its resident objects again.
@@ -70,8 +79,15 @@ type Lease struct {
 	Object  string // residents only
 }
 
-// Eviction asks the runtime to put Object (of Project) to sleep.
-type Eviction struct{ Project, Object, Reason string }
+// Eviction asks the runtime to put Object (of Project) to sleep. Lease is
+// the residence being ended (0 from a daemon that does not say): the
+// confirmation releases it, so that a confirmation the object's waking
+// overtook (a Spawn of it answered meanwhile, a residence of its own) ends
+// nothing.
+type Eviction struct {
+	Project, Object, Reason string
+	Lease                   uint64
+}
 
 // Refusal is the pool's account of a refusal.
 type Refusal struct {
@@ -165,8 +181,15 @@ type Client struct {
 	conn    net.Conn
 	pending map[uint64]waiter
 	objects map[string]*objState
-	closed  bool
-	done    chan struct{} // closed by Close
+	// evicting counts, per object, the evict events read whose OnEvict
+	// has not returned; confirming holds the objects put to sleep for an
+	// eviction whose confirmation is on its way, each closed once it is
+	// answered. A Spawn of the object waits for neither: it fails with
+	// ErrEvicting on the first and waits for the second.
+	evicting   map[string]int
+	confirming map[string]chan struct{}
+	closed     bool
+	done       chan struct{} // closed by Close
 }
 
 // Dial connects to the daemon's permit socket.
@@ -174,7 +197,8 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	if opts.Socket == "" {
 		opts.Socket = DefaultSocket
 	}
-	c := &Client{opts: opts, pending: map[uint64]waiter{}, objects: map[string]*objState{}, done: make(chan struct{}), flush: make(chan struct{}, 1)}
+	c := &Client{opts: opts, pending: map[uint64]waiter{}, objects: map[string]*objState{},
+		evicting: map[string]int{}, confirming: map[string]chan struct{}{}, done: make(chan struct{}), flush: make(chan struct{}, 1)}
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -260,7 +284,12 @@ func (c *Client) read(conn net.Conn) {
 		}
 		if rp.Event != "" {
 			if rp.Event == "evict" {
-				go c.evicted(Eviction{Project: rp.Project, Object: rp.Object, Reason: rp.Reason})
+				// Marked here, in the order of the lines read: a
+				// Spawn made from now on is made knowing of it.
+				c.mu.Lock()
+				c.evicting[rp.Object]++
+				c.mu.Unlock()
+				go c.evicted(Eviction{Project: rp.Project, Object: rp.Object, Reason: rp.Reason, Lease: rp.Lease})
 			}
 			continue
 		}
@@ -347,14 +376,45 @@ func (c *Client) reregister() error {
 	return errors.Join(errs...)
 }
 
+// evicted runs OnEvict for ev and confirms. A Spawn of the object made
+// meanwhile (ErrEvicting while OnEvict runs, a wait for the confirmation's
+// answer after: waitConfirmed) is not sent: sent first, the daemon would
+// take it for a call on the object its owner holds, and the confirmation
+// after it would end the residence the runtime then loads.
 func (c *Client) evicted(ev Eviction) {
+	var err error
 	if c.opts.OnEvict != nil {
-		if err := c.opts.OnEvict(ev); err != nil {
-			return
+		err = c.opts.OnEvict(ev)
+	}
+	done := make(chan struct{})
+	c.mu.Lock()
+	if c.evicting[ev.Object]--; c.evicting[ev.Object] <= 0 {
+		delete(c.evicting, ev.Object)
+	}
+	if err != nil {
+		c.mu.Unlock()
+		return
+	}
+	prev := c.confirming[ev.Object]
+	c.confirming[ev.Object] = done
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		if c.confirming[ev.Object] == done {
+			delete(c.confirming, ev.Object)
 		}
+		c.mu.Unlock()
+		close(done)
+	}()
+	if prev != nil {
+		<-prev // an earlier confirmation of the object: in order
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if ev.Lease != 0 {
+		_, _ = c.Release(ctx, Lease{ID: ev.Lease, Pool: "residents", Project: ev.Project, Object: ev.Object})
+		return
+	}
 	c.Sleep(ctx, ev.Object)
 }
 
@@ -503,11 +563,19 @@ func (c *Client) Release(ctx context.Context, l Lease) (bool, error) {
 // waits while the daemon has some runtime put an idle object to sleep, up to
 // a second, then fails with an *Error matching ErrTooManyResidents.
 func (c *Client) Spawn(ctx context.Context, project, object string) (Lease, error) {
+	if err := c.waitConfirmed(ctx, object); err != nil {
+		return Lease{}, err
+	}
 	rp, err := c.call(ctx, request{Op: "spawn", Project: project, Object: object})
 	if err != nil {
 		return Lease{}, err
 	}
 	if err := rp.err(); err != nil {
+		if rp.Code == "TOO_MANY_RESIDENTS" {
+			// Not resident: an object being evicted that this runtime
+			// still held loses its residence all the same.
+			c.setResident(object, "", false)
+		}
 		return Lease{}, err
 	}
 	c.setResident(object, project, true)
@@ -566,6 +634,27 @@ func (c *Client) Ping(ctx context.Context) error {
 		return err
 	}
 	return rp.err()
+}
+
+// waitConfirmed waits until no confirmation of an eviction of object is on
+// its way (evicted); ErrEvicting if an OnEvict of it has not returned.
+func (c *Client) waitConfirmed(ctx context.Context, object string) error {
+	for {
+		c.mu.Lock()
+		ch, running := c.confirming[object], c.evicting[object] > 0
+		c.mu.Unlock()
+		if running {
+			return ErrEvicting
+		}
+		if ch == nil {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 func (c *Client) setResident(object, project string, resident bool) {

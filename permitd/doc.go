@@ -57,8 +57,13 @@
 //
 // The server may also send an event line, which has no id and an "event"
 // field. The only event is "evict": the session owns object and must put it
-// to sleep and then send sleep (or remove) for it; a spawn elsewhere waits for
-// that confirmation. The event is written by a goroutine of its own: an
+// to sleep and then confirm, by releasing the event's lease (the residence
+// being ended) or by sending sleep (or remove) for the object; a spawn
+// elsewhere waits for that confirmation. Until then the object is the
+// owner's, in memory: a spawn of it from the owner is a call, answered
+// "already resident" with the same lease, and ends nothing. So a runtime
+// must not spawn an object again between putting it to sleep and
+// confirming (the Go client waits for its own confirmation first). The event is written by a goroutine of its own: an
 // owner that does not read delays only its own events (and is disconnected
 // after ten seconds of not reading), never the spawn that evicted from it.
 //

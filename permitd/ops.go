@@ -148,7 +148,7 @@ func (s *Server) release(ss *session, rq *request, resp *response) {
 	}
 	if l.pool == nil {
 		// A resident's lease is its residence: releasing it puts it to sleep.
-		s.leaveResidence(ss, l.object, false, resp)
+		s.leaveResidence(ss, l.object, rq.Lease, false, resp)
 		resp.HasReleased, resp.Released = true, resp.OK
 		return
 	}
@@ -177,7 +177,7 @@ func (s *Server) touch(ss *session, rq *request, resp *response) {
 		return
 	case o.evicting:
 		s.mu.Unlock()
-		resp.Code, resp.Error = CodeNotResident, "object "+quote(rq.Object)+" is being evicted; put it to sleep, or spawn to wake it"
+		resp.Code, resp.Error = CodeNotResident, "object "+quote(rq.Object)+" is being evicted; put it to sleep and release its lease"
 		return
 	}
 	o.touched = time.Now()
@@ -195,18 +195,26 @@ func (s *Server) sleep(ss *session, rq *request, resp *response, remove bool) {
 		resp.Code, resp.Error = CodeMissingField, rq.Op+" needs object"
 		return
 	}
-	s.leaveResidence(ss, rq.Object, remove, resp)
+	s.leaveResidence(ss, rq.Object, 0, remove, resp)
 }
 
 // leaveResidence puts an object to sleep (or forgets it when remove) and
-// wakes the spawns waiting for room.
-func (s *Server) leaveResidence(ss *session, name string, remove bool, resp *response) {
+// wakes the spawns waiting for room. lease, if not 0, is the residence to
+// end (a release of it): the object's residence must still be that one.
+func (s *Server) leaveResidence(ss *session, name string, lease uint64, remove bool, resp *response) {
 	s.mu.Lock()
 	o := s.objects[name]
 	switch {
 	case o == nil || o.owner != ss:
 		s.mu.Unlock()
 		resp.Code, resp.Error = CodeUnknownObject, "object "+quote(name)+" is not owned by this session"
+		return
+	case lease != 0 && o.lease != lease:
+		// The session held the lease, so nothing else has ended it; a
+		// guard, logged should it ever differ.
+		s.mu.Unlock()
+		s.log.Error("released residence is not the object's", "object", name, "lease", lease, "current", o.lease)
+		resp.OK, resp.Note = true, "already released"
 		return
 	case o.spawning:
 		s.mu.Unlock()
@@ -235,6 +243,12 @@ func (s *Server) leaveResidence(ss *session, name string, remove bool, resp *res
 		err = s.residents.Remove(name)
 	case poolAwake:
 		err = s.residents.Sleep(name)
+		if errors.Is(err, pools.ErrNotResident) {
+			// Named a victim since s.mu was let go, before the
+			// spawn that named it marked it evicting: asleep all
+			// the same, and that spawn, finding it so, goes on.
+			err = nil
+		}
 	}
 	s.wakeSleepers(name)
 	if err != nil {
@@ -278,24 +292,31 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 		s.mu.Unlock()
 		resp.Code, resp.Error = CodeConflict, "object "+quote(rq.Object)+" has a spawn in progress"
 		return true
-	case o != nil && o.resident && !o.evicting:
-		// Spawning a resident object again is a call on it.
+	case o != nil && o.resident:
+		// Spawning a resident object again is a call on it. One being
+		// evicted is a call too: its owner has not confirmed, so it
+		// holds it still, and the spawn waiting for its room goes on
+		// waiting for the confirmation. (Taking this spawn for a wake
+		// that ends the old residence let that spawn in while the
+		// object was still in memory.) The pool may count an object
+		// asleep that is not marked evicting yet: it has just named it
+		// a victim, and the notice is on its way.
 		o.touched = time.Now()
-		err := s.residents.Touch(rq.Object)
+		var err error
+		if !o.evicting {
+			err = s.residents.Touch(rq.Object)
+		}
+		lease, note := o.lease, "already resident"
+		if o.evicting {
+			note = "already resident; being evicted: confirm by releasing its lease"
+		}
 		s.mu.Unlock()
-		if err != nil {
+		if err != nil && !errors.Is(err, pools.ErrNotResident) {
 			resp.Code, resp.Error = CodeInternal, "touch: "+err.Error()
 			return true
 		}
-		resp.OK, resp.Lease, resp.Note = true, o.lease, "already resident"
+		resp.OK, resp.Lease, resp.Note = true, lease, note
 		return true
-	}
-	var endLease uint64
-	if o != nil && o.evicting {
-		// The owner wakes an object the pool already counts as asleep:
-		// its old residence is over, and the spawn waiting for it may go.
-		endLease = o.lease
-		o.lease, o.resident, o.evicting = 0, false, false
 	}
 	wasSleeping := o != nil
 	if o == nil {
@@ -304,15 +325,13 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 	}
 	o.spawning = true
 	s.mu.Unlock()
-	if endLease != 0 {
-		ss.takeLease(endLease)
-		s.wakeSleepers(rq.Object)
-	}
 	// Room now, or an error, is answered here; only a spawn that must
 	// wait (for room, or for a victim's owner to confirm) takes a waiting
 	// place and a goroutine, so however many places others hold, a spawn
 	// the pool admits at once is admitted.
-	ev, done, err := s.residents.TrySpawn(rq.Project, rq.Object)
+	// Pending (pools.Residents.SpawnPending) until admitted: the pool
+	// never names an object this spawn has not loaded yet as a victim.
+	ev, done, err := s.residents.TrySpawnPending(rq.Project, rq.Object)
 	switch {
 	case done && err != nil:
 		*resp = s.spawnError(ss, rq, o, wasSleeping, err, nil)
@@ -372,7 +391,7 @@ func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool, fi
 	if first != nil {
 		ev = *first
 	} else {
-		ev, err = s.residents.Spawn(ctx, rq.Project, rq.Object)
+		ev, err = s.residents.SpawnPending(ctx, rq.Project, rq.Object)
 	}
 	if err != nil {
 		return s.spawnError(ss, rq, o, wasSleeping, err, ctx)
@@ -519,6 +538,7 @@ func (s *Server) admitted(ss *session, rq *request, o *object, evicted *pools.Ev
 	s.mu.Unlock()
 	if ss.addLease(id, lease{project: rq.Project, object: rq.Object}) {
 		resp.OK, resp.Lease = true, id
+		resp.settle, resp.object = o, rq.Object
 		return resp
 	}
 	// The session closed while the spawn ran; its objects are leaving.
@@ -534,6 +554,25 @@ func (s *Server) admitted(ss *session, rq *request, o *object, evicted *pools.Ev
 	}
 	resp.Code, resp.Error = CodeCanceled, "session closed during spawn"
 	return resp
+}
+
+// settle lets the pool name the object a spawn answered by resp loaded as a
+// victim, once the answer is written: an eviction notice the owner read
+// before the answer would name an object it does not know it holds, and a
+// runtime that confirmed it (nothing to put to sleep) would load it next,
+// beyond the pool's count. Nothing is done if the object has changed since
+// (removed, or being spawned again); it is pending until then, which only
+// keeps it from being a victim.
+func (s *Server) settle(resp *response) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o := resp.settle
+	if s.objects[resp.object] != o || o.spawning || !o.resident || o.evicting {
+		return
+	}
+	if err := s.residents.Settle(resp.object); err != nil {
+		s.log.Error("settling a spawned object", "object", resp.object, "err", err)
+	}
 }
 
 // evict tells the session owning ev.Object to put it to sleep; the pool
@@ -552,7 +591,7 @@ func (s *Server) evict(ev pools.Eviction, spawner string) <-chan struct{} {
 	o.evicting = true
 	s.sleepers[ev.Object] = append(s.sleepers[ev.Object], ch)
 	s.evictions[ev.Reason]++
-	owner := o.owner
+	owner, lease := o.owner, o.lease
 	s.mu.Unlock()
 	s.publish(events.Event{Kind: events.KindEvicted, Pool: ResidentsPool, Project: ev.Project, Reason: ev.Reason,
 		Victim: ev.Object, Owner: peerText(owner), Spawner: spawner})
@@ -562,7 +601,7 @@ func (s *Server) evict(ev pools.Eviction, spawner string) <-chan struct{} {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		owner.sendEvent(&ev)
+		owner.sendEvent(&ev, lease)
 	}()
 	return ch
 }

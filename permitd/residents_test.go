@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,10 +41,19 @@ func newRuntime(t *testing.T, f *fixture, refuse bool) *runtime {
 	return rt
 }
 
+// evictions are the evictions asked of rt, without their leases, each of
+// which must be set (the residence ended).
 func (rt *runtime) evictions() []client.Eviction {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	return append([]client.Eviction(nil), rt.evicted...)
+	evs := append([]client.Eviction(nil), rt.evicted...)
+	for i := range evs {
+		if evs[i].Lease == 0 {
+			panic(fmt.Sprintf("eviction of %s without its lease", evs[i].Object))
+		}
+		evs[i].Lease = 0
+	}
+	return evs
 }
 
 func spawnAll(t *testing.T, c *client.Client, project string, objects ...string) {
@@ -347,3 +358,152 @@ func TestResidentsSurviveDaemonRestart(t *testing.T) {
 		t.Fatalf("evicted %v after restart, want o2 (idlest kept across restart)", fmt.Sprint(evicted))
 	}
 }
+
+// TestResidentsNeverOverfilled: whatever order spawns, sleeps, removals and
+// the owners' answers to evictions come in, the objects the runtimes hold in
+// memory never outnumber the residents pool, and once everything has
+// settled the pool counts exactly those. Four runtimes (two of one project)
+// with two callers each spawn, sleep and remove their objects at random;
+// each eviction is confirmed at once, confirmed late (after some spawn
+// deadlines have passed), or refused; each spawn's deadline is 5-45 ms. A
+// runtime's memory is what the test records: an object is loaded when its
+// spawn is answered, unloaded when its runtime puts it to sleep or removes
+// it (before telling the daemon), or when a spawn of it is refused.
+//
+// Before, two orders overfilled it. A spawn could name as its victim an
+// object whose own spawn was still waiting for a confirmation (nothing
+// loaded to put to sleep): it was admitted at once, one object more than the
+// pool's size for each such round. And a confirmation (a sleep by name)
+// that a spawn of the same object overtook put the new residence to sleep
+// while the runtime held it: confirmations now release the evicted
+// residence's lease.
+func TestResidentsNeverOverfilled(t *testing.T) {
+	const size, runtimes, objects, ops = 3, 4, 4, 150
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	var rngMu sync.Mutex
+	rng := mrand.New(mrand.NewPCG(uint64(seed), 1))
+	intN := func(n int) int {
+		rngMu.Lock()
+		defer rngMu.Unlock()
+		return rng.IntN(n)
+	}
+	deadline := func(time.Duration) (<-chan time.Time, func() bool) {
+		tm := time.NewTimer(time.Duration(5+intN(40)) * time.Millisecond)
+		return tm.C, tm.Stop
+	}
+	f := startWith(t, filepath.Join(t.TempDir(), "permits.sock"), pools.Config{Name: "flights", Size: 4},
+		pools.Config{Name: "residents", Size: size, EvictWait: time.Hour},
+		func(s *permitd.Server) { permitd.SetSpawnTimer(s, deadline) })
+
+	var mu sync.Mutex
+	loaded := map[string]bool{}
+	var over []string
+	// locks[name] is held while an object's runtime changes its memory
+	// and tells the daemon, so that an eviction notice handled on its own
+	// goroutine acts after the spawn it follows was recorded.
+	locks := map[string]*sync.Mutex{}
+	for i := range runtimes {
+		for k := range objects {
+			locks[fmt.Sprintf("r%d-%d", i, k)] = &sync.Mutex{}
+		}
+	}
+	load := func(name string) {
+		mu.Lock()
+		defer mu.Unlock()
+		loaded[name] = true
+		if len(loaded) > size && len(over) < 5 {
+			held := make([]string, 0, len(loaded))
+			for o := range loaded {
+				held = append(held, o)
+			}
+			over = append(over, fmt.Sprint(held))
+		}
+	}
+	unload := func(name string) {
+		mu.Lock()
+		defer mu.Unlock()
+		delete(loaded, name)
+	}
+	var evictions, refusedEv, late, admitted, refused, evicting atomicCounter
+	var wg sync.WaitGroup
+	for i := range runtimes {
+		project := []string{"a", "a", "b", "c"}[i]
+		c := dial(t, f, client.Options{OnEvict: func(ev client.Eviction) error {
+			evictions.add()
+			l := locks[ev.Object]
+			l.Lock()
+			defer l.Unlock()
+			switch intN(3) {
+			case 0:
+				refusedEv.add()
+				return errors.New("busy") // kept in memory
+			case 1:
+				late.add()
+				time.Sleep(time.Duration(intN(60)) * time.Millisecond)
+			}
+			unload(ev.Object)
+			return nil
+		}})
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx := context.Background()
+				for range ops {
+					name := fmt.Sprintf("r%d-%d", i, intN(objects))
+					l := locks[name]
+					l.Lock()
+					switch op := intN(10); {
+					case op < 7:
+						_, err := c.Spawn(ctx, project, name)
+						switch {
+						case err == nil:
+							admitted.add()
+							load(name)
+						case errors.Is(err, client.ErrEvicting):
+							// Still held, being put away.
+							evicting.add()
+						case errors.Is(err, client.ErrTooManyResidents):
+							// Asleep, if it was being evicted
+							// and still held (permitd/doc.go).
+							refused.add()
+							unload(name)
+						default:
+							t.Errorf("spawn %s: %v", name, err)
+						}
+					case op < 9:
+						unload(name)
+						_ = c.Sleep(ctx, name)
+					default:
+						unload(name)
+						_ = c.Remove(ctx, name)
+					}
+					l.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	t.Logf("%d spawns admitted, %d refused, %d of an object being evicted; %d evictions: %d refused by their owners, %d confirmed late",
+		admitted.get(), refused.get(), evicting.get(), evictions.get(), refusedEv.get(), late.get())
+	if len(over) > 0 {
+		t.Fatalf("the runtimes held more than the pool's %d objects, e.g. %v", size, over)
+	}
+	if admitted.get() == 0 || evictions.get() == 0 {
+		t.Fatalf("no contention: %d admitted, %d evictions", admitted.get(), evictions.get())
+	}
+	// Late confirmations still on their way: then the pool counts what is
+	// loaded, neither more (a phantom) nor less (room that is not there).
+	eventually(t, "the pool to count what the runtimes hold", func() bool {
+		mu.Lock()
+		n := len(loaded)
+		mu.Unlock()
+		return f.residents.Snapshot().InUse == n
+	})
+}
+
+type atomicCounter struct{ n atomic.Int64 }
+
+func (c *atomicCounter) add()       { c.n.Add(1) }
+func (c *atomicCounter) get() int64 { return c.n.Load() }

@@ -72,6 +72,7 @@ func (ss *session) run(ctx context.Context) {
 	r := &lineReader{rd: ss.conn}
 	var out []byte
 	var rq request
+	var settle []response // spawns answered in out, settled once it is written
 	for {
 		line, err := r.readLine()
 		if errors.Is(err, errLineTooLong) {
@@ -88,6 +89,9 @@ func (ss *session) run(ctx context.Context) {
 					ss.srv.countCode(resp.Code)
 				}
 				out = appendResponse(out, &resp)
+				if resp.settle != nil {
+					settle = append(settle, resp)
+				}
 			}
 		}
 		if err != nil {
@@ -98,6 +102,11 @@ func (ss *session) run(ctx context.Context) {
 			if !ss.write(out) {
 				return
 			}
+			for i := range settle {
+				ss.srv.settle(&settle[i])
+			}
+			clear(settle)
+			settle = settle[:0]
 			if cap(out) > minReadBuf {
 				out = nil // a burst's answers are not kept for an idle session
 			}
@@ -204,7 +213,9 @@ func (ss *session) answerLate(resp *response) {
 	if resp.Code != "" {
 		ss.srv.countCode(resp.Code)
 	}
-	ss.write(appendResponse(nil, resp))
+	if ss.write(appendResponse(nil, resp)) && resp.settle != nil {
+		ss.srv.settle(resp)
+	}
 }
 
 // handle decodes and runs one request. It returns false when the answer
@@ -282,8 +293,8 @@ func (ss *session) close() map[uint64]lease {
 	return ls
 }
 
-func (ss *session) sendEvent(ev *pools.Eviction) {
-	ss.write(appendEvent(nil, ev))
+func (ss *session) sendEvent(ev *pools.Eviction, lease uint64) {
+	ss.write(appendEvent(nil, ev, lease))
 }
 
 func quote(s string) string {

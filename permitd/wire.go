@@ -94,6 +94,11 @@ type response struct {
 	Session      uint64
 	Server       string
 	Note         string
+
+	// settle, not on the wire: the object a spawn loaded, to be settled
+	// (Server.settle) once this answer is written.
+	settle *object
+	object string
 }
 
 // appendResponse encodes r as one JSON line. It is hand-written because the
@@ -156,11 +161,14 @@ func appendResponse(b []byte, r *response) []byte {
 }
 
 // appendEvent encodes an evict event for the session that owns e.Object.
-func appendEvent(b []byte, e *pools.Eviction) []byte {
+// appendEvent encodes the evict event for e, whose residence is lease.
+func appendEvent(b []byte, e *pools.Eviction, lease uint64) []byte {
 	b = append(b, `{"event":"evict","project":`...)
 	b = wire.AppendString(b, e.Project)
 	b = appendField(b, "object", e.Object)
 	b = appendField(b, "reason", e.Reason)
+	b = append(b, `,"lease":`...)
+	b = strconv.AppendUint(b, lease, 10)
 	return append(b, '}', '\n')
 }
 

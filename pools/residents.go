@@ -54,6 +54,10 @@ type object struct {
 	proj       int32
 	prev, next int32
 	awake      bool
+	// pending: woken by SpawnPending or TrySpawnPending and not settled
+	// yet: its caller has not loaded it, so it cannot be put to sleep,
+	// and it is never named as a victim.
+	pending bool
 }
 
 // resProject is the residents-only part of a project.
@@ -119,6 +123,21 @@ type ResidentsSnapshot struct {
 // then refuses with a *Refusal that matches ErrTooManyResidents. Spawning an
 // object that is already resident only records a call.
 func (r *Residents) Spawn(ctx context.Context, project, object string) (Eviction, error) {
+	return r.spawn(ctx, project, object, false)
+}
+
+// SpawnPending is Spawn for a caller that has more to do before the object
+// is loaded (wait for an eviction's confirmation, answer its client): the
+// object holds its permit but is pending, never named as a victim, until
+// Settle, Sleep, Remove or Unevict. An object still being loaded has
+// nothing to put to sleep: evicting it would hand its permit, or the one
+// its own eviction is waiting on, to a third spawn while both objects stay
+// in memory.
+func (r *Residents) SpawnPending(ctx context.Context, project, object string) (Eviction, error) {
+	return r.spawn(ctx, project, object, true)
+}
+
+func (r *Residents) spawn(ctx context.Context, project, object string, pending bool) (Eviction, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var expired <-chan time.Time
@@ -134,7 +153,7 @@ func (r *Residents) Spawn(ctx context.Context, project, object string) (Eviction
 		}
 	}()
 	for {
-		ev, done, err := r.spawnLocked(project, object)
+		ev, done, err := r.spawnLocked(project, object, pending)
 		if done {
 			return ev, err
 		}
@@ -159,7 +178,7 @@ func (r *Residents) Spawn(ctx context.Context, project, object string) (Eviction
 		r.l.advance(r.ns.Now())
 		if cerr != nil {
 			// One last look: room may have appeared together with the end.
-			if ev, done, err := r.spawnLocked(project, object); done {
+			if ev, done, err := r.spawnLocked(project, object, pending); done {
 				return ev, err
 			}
 			rf := r.l.refusal(r.l.index[project])
@@ -187,11 +206,41 @@ func realAfter(d time.Duration) (<-chan time.Time, func() bool) {
 func (r *Residents) TrySpawn(project, object string) (ev Eviction, done bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.spawnLocked(project, object)
+	return r.spawnLocked(project, object, false)
 }
 
-// spawnLocked tries once. done is false when the spawn must wait.
-func (r *Residents) spawnLocked(project, name string) (ev Eviction, done bool, err error) {
+// TrySpawnPending is TrySpawn for a caller that settles the object later
+// (SpawnPending).
+func (r *Residents) TrySpawnPending(project, object string) (ev Eviction, done bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.spawnLocked(project, object, true)
+}
+
+// Settle ends the pending state of a resident object woken by SpawnPending
+// or TrySpawnPending: it may be named as a victim from now on.
+func (r *Residents) Settle(object string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	oi, ok := r.objects[object]
+	if !ok {
+		return fmt.Errorf("residents %s: settling %q: %w", r.name, object, ErrUnknownObject)
+	}
+	o := &r.objs[oi]
+	if !o.awake {
+		return fmt.Errorf("residents %s: settling %q: %w", r.name, object, ErrNotResident)
+	}
+	if o.pending {
+		o.pending = false
+		// A spawn waiting for a victim may find this one now.
+		r.notifyLocked()
+	}
+	return nil
+}
+
+// spawnLocked tries once. done is false when the spawn must wait. pending:
+// the object woken is pending (SpawnPending).
+func (r *Residents) spawnLocked(project, name string, pending bool) (ev Eviction, done bool, err error) {
 	oi, exists := r.objects[name]
 	if exists {
 		o := &r.objs[oi]
@@ -224,16 +273,18 @@ func (r *Residents) spawnLocked(project, name string) (ev Eviction, done bool, e
 		r.rp[idx].sleeping--
 	}
 	r.wakeLocked(oi)
+	r.objs[oi].pending = pending
 	return ev, true, nil
 }
 
 // victimLocked picks the object to evict for a spawn by project idx that the
 // rule cannot fit: the project's own idlest object when it is at or over its
 // share, else the idlest object of the project holding the most among those
-// at or over their share. It returns -1 when nobody is eligible.
+// at or over their share. Pending objects are passed over. It returns -1
+// when nobody is eligible.
 func (r *Residents) victimLocked(idx int32) (obj int32, reason int) {
 	if r.l.projects[idx].held >= r.l.share {
-		return r.rp[idx].tail, 0
+		return r.idlestLocked(idx), 0
 	}
 	if len(r.heap) == 0 {
 		return -1, 0
@@ -242,7 +293,19 @@ func (r *Residents) victimLocked(idx int32) (obj int32, reason int) {
 	if top == idx || r.l.projects[top].held < r.l.share {
 		return -1, 0
 	}
-	return r.rp[top].tail, 1
+	return r.idlestLocked(top), 1
+}
+
+// idlestLocked is project idx's least recently called resident object that
+// is not pending, -1 if none. Pending objects were woken last, near the
+// head, and there are no more of them than spawns under way.
+func (r *Residents) idlestLocked(idx int32) int32 {
+	for oi := r.rp[idx].tail; oi >= 0; oi = r.objs[oi].prev {
+		if !r.objs[oi].pending {
+			return oi
+		}
+	}
+	return -1
 }
 
 func (r *Residents) growLocked() {
@@ -278,7 +341,7 @@ func (r *Residents) wakeLocked(oi int32) {
 func (r *Residents) sleepLocked(oi int32) {
 	o := &r.objs[oi]
 	r.unlinkLocked(oi)
-	o.awake = false
+	o.awake, o.pending = false, false
 	r.l.give(o.proj)
 	r.rp[o.proj].sleeping++
 	r.heapFixLocked(o.proj)

@@ -446,3 +446,75 @@ func remove(l []string, name string) []string {
 	}
 	return out
 }
+
+// A pending object (woken by SpawnPending, not settled) is never a victim:
+// its caller has not loaded it, so there is nothing to put to sleep. The
+// spawn that would have named it names the project's next idlest, or waits,
+// and a Settle lets it go on.
+func TestResidentsPendingNeverAVictim(t *testing.T) {
+	r := mustResidents(t, Config{Name: "residents", Size: 2, Floor: 1})
+	ctx := context.Background()
+	// alpha's two objects: a0 pending, a1 settled, a0 the idlest.
+	for _, o := range []string{"a0", "a1"} {
+		if _, err := r.SpawnPending(ctx, "alpha", o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Settle("a1"); err != nil {
+		t.Fatal(err)
+	}
+	// alpha is over its share alone: its idlest settled object goes.
+	ev, err := r.Spawn(ctx, "alpha", "a2")
+	if err != nil || ev.Object != "a1" {
+		t.Fatalf("spawn of a2 evicted %+v (%v), want a1, passing over the pending a0", ev, err)
+	}
+	// a2, woken by Spawn, is no pending object: a3 takes its place.
+	if ev, err := r.SpawnPending(ctx, "alpha", "a3"); err != nil || ev.Object != "a2" {
+		t.Fatalf("spawn of a3 evicted %+v (%v), want a2", ev, err)
+	}
+	// Both of alpha's residents are pending now (a0, a3): a spawn of
+	// alpha's waits, and a Settle of a0 lets it in.
+	ev, done, err := r.TrySpawnPending("alpha", "a4")
+	if done || err != nil {
+		t.Fatalf("with only pending residents, a4 = %+v, done %v, %v; want to wait", ev, done, err)
+	}
+	got := make(chan Eviction, 1)
+	go func() {
+		ev, err := r.Spawn(ctx, "alpha", "a4")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- ev
+	}()
+	waitBlocked(t, r)
+	if err := r.Settle("a0"); err != nil {
+		t.Fatal(err)
+	}
+	if ev := <-got; ev.Object != "a0" {
+		t.Fatalf("after a0 settled, a4 evicted %+v, want a0", ev)
+	}
+	if err := r.Settle("a0"); !errors.Is(err, ErrNotResident) {
+		t.Fatalf("settling an evicted object: %v, want ErrNotResident", err)
+	}
+	if err := r.Settle("nope"); !errors.Is(err, ErrUnknownObject) {
+		t.Fatalf("settling an unknown object: %v, want ErrUnknownObject", err)
+	}
+}
+
+// waitBlocked waits until a spawn blocks in r.
+func waitBlocked(t *testing.T, r *Residents) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r.mu.Lock()
+		n := r.blocked
+		r.mu.Unlock()
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no spawn blocked")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
