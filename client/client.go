@@ -34,6 +34,10 @@ var (
 	// had its bound of waiting operations (TOO_MANY_WAITING): retry once
 	// some of the caller's waits have ended.
 	ErrTooManyWaiting = errors.New("too many operations waiting")
+	// ErrTooManyObjects matches an *Error of a spawn of a new object while
+	// the user or the daemon keeps its bound of objects (TOO_MANY_OBJECTS):
+	// remove objects that will not be called again.
+	ErrTooManyObjects = errors.New("too many objects")
 	// ErrBadRequest matches an *Error of a request the daemon could not
 	// take as it was (BAD_REQUEST), for instance an invalid project name.
 	ErrBadRequest = errors.New("bad request")
@@ -119,6 +123,8 @@ func (e *Error) Is(target error) bool {
 		return e.Code == "TOO_MANY_RESIDENTS"
 	case ErrTooManyWaiting:
 		return e.Code == "TOO_MANY_WAITING"
+	case ErrTooManyObjects:
+		return e.Code == "TOO_MANY_OBJECTS"
 	case ErrBadRequest:
 		return e.Code == "BAD_REQUEST"
 	}

@@ -91,6 +91,11 @@
 //	                    (4096); the error says which. Retry when one has ended, or
 //	                    acquire without wait_ms. A spawn the pool admits at once never
 //	                    gets it
+//	TOO_MANY_OBJECTS    spawn of a new object while the peer's user keeps
+//	                    Config.MaxObjectsPerUID objects (resident or asleep) over
+//	                    all its sessions (65536 by default) or the server
+//	                    Config.MaxObjects (262144); the error says which. An object
+//	                    is kept until its owner removes it or its session ends
 //	TOO_MANY_SESSIONS   sent once, with id 0, to a connection past the socket's caps,
 //	                    which is then closed
 //	FORBIDDEN           sent once, with id 0, to a peer that may not use the API,
@@ -109,9 +114,11 @@
 // # Leases
 //
 // acquire takes a permit with TryAcquire (or Acquire with a deadline when
-// wait_ms > 0) and answers a lease id. Lease ids are unique for the life of a
-// server and carry a random per-server epoch in their high bits, so an id from
-// before a daemon restart does not name a lease of the new daemon. release of
+// wait_ms > 0) and answers a lease id. Lease ids carry a random per-server
+// epoch in their high bits, so an id from before a daemon restart does not
+// name a lease of the new daemon, and a count of the server's grants in their
+// low 32: an id comes back only after 2^32 grants, and never while the
+// session given it before still holds it. release of
 // a lease this session holds ends it and answers released=true; release of any
 // other id (already released, ended by a disconnect, from an earlier
 // connection or daemon, or held by another session) answers ok with

@@ -14,3 +14,13 @@ func SetSpawnTimer(s *Server, after func(time.Duration) (<-chan time.Time, func(
 func SetWaitLimits(s *Server, total, perSession int) {
 	s.cfg.MaxWaiting, s.cfg.MaxWaitingPerSession = total, perSession
 }
+
+// SetLeaseCounter sets the count the next lease id is drawn from.
+func SetLeaseCounter(s *Server, n uint64) {
+	s.nextLease.Store(n)
+}
+
+// SetObjectLimits changes the bounds of kept objects before Serve.
+func SetObjectLimits(s *Server, total, perUID int) {
+	s.cfg.MaxObjects, s.cfg.MaxObjectsPerUID = total, perUID
+}

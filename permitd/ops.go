@@ -90,8 +90,8 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 // grant turns a permit into a lease of the session, or gives it back when
 // the session closed meanwhile.
 func (s *Server) grant(ss *session, p *pools.Pool, pm pools.Permit, rq *request, resp *response) {
-	id := s.newLease()
-	if !ss.addLease(id, lease{pool: p, permit: pm, project: rq.Project}) {
+	id, ok := ss.addLease(s.newLease, lease{pool: p, permit: pm, project: rq.Project})
+	if !ok {
 		p.Release(pm)
 		resp.Code, resp.Error = CodeCanceled, "session closed"
 		return
@@ -231,7 +231,7 @@ func (s *Server) leaveResidence(ss *session, name string, lease uint64, remove b
 	poolAwake := o.resident && !o.evicting
 	o.lease, o.resident, o.evicting = 0, false, false
 	if remove {
-		delete(s.objects, name)
+		s.dropObjectLocked(name)
 	}
 	s.mu.Unlock()
 	if leaseID != 0 {
@@ -321,7 +321,11 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 	wasSleeping := o != nil
 	if o == nil {
 		o = &object{project: rq.Project, owner: ss}
-		s.objects[rq.Object] = o
+		if why := s.addObjectLocked(ss, rq.Object, o); why != "" {
+			s.mu.Unlock()
+			resp.Code, resp.Error = CodeTooManyObjects, why
+			return true
+		}
 	}
 	o.spawning = true
 	s.mu.Unlock()
@@ -444,7 +448,7 @@ func (s *Server) evictionUndone(ss *session, rq *request, o *object, wasSleeping
 	o.spawning = false
 	keep := wasSleeping && ss.ctx.Err() == nil
 	if s.objects[rq.Object] == o && !keep {
-		delete(s.objects, rq.Object)
+		s.dropObjectLocked(rq.Object)
 	}
 	err := s.residents.Unevict(ev, rq.Object, !keep)
 	s.mu.Unlock()
@@ -471,7 +475,7 @@ func (s *Server) spawnFailed(ss *session, rq *request, o *object, wasSleeping, a
 	keep := wasSleeping && ss.ctx.Err() == nil
 	mine := s.objects[rq.Object] == o
 	if mine && !keep {
-		delete(s.objects, rq.Object)
+		s.dropObjectLocked(rq.Object)
 	}
 	s.mu.Unlock()
 	var err error
@@ -502,7 +506,7 @@ func (s *Server) evictionFailed(ss *session, rq *request, o *object, wasSleeping
 	keep := wasSleeping && ss.ctx.Err() == nil
 	mine := s.objects[rq.Object] == o
 	if mine && !keep {
-		delete(s.objects, rq.Object)
+		s.dropObjectLocked(rq.Object)
 	}
 	v := s.objects[ev.Object]
 	awake := v != nil && v.evicting // still unconfirmed: nobody put it to sleep
@@ -532,11 +536,11 @@ func (s *Server) evictionFailed(ss *session, rq *request, o *object, wasSleeping
 
 func (s *Server) admitted(ss *session, rq *request, o *object, evicted *pools.Eviction) response {
 	resp := response{ID: rq.ID, Evicted: evicted}
-	id := s.newLease()
+	id, ok := ss.addLease(s.newLease, lease{project: rq.Project, object: rq.Object})
 	s.mu.Lock()
 	o.spawning, o.resident, o.lease, o.touched = false, true, id, time.Now()
 	s.mu.Unlock()
-	if ss.addLease(id, lease{project: rq.Project, object: rq.Object}) {
+	if ok {
 		resp.OK, resp.Lease = true, id
 		resp.settle, resp.object = o, rq.Object
 		return resp
@@ -545,7 +549,7 @@ func (s *Server) admitted(ss *session, rq *request, o *object, evicted *pools.Ev
 	s.mu.Lock()
 	drop := s.objects[rq.Object] == o
 	if drop {
-		delete(s.objects, rq.Object)
+		s.dropObjectLocked(rq.Object)
 	}
 	s.mu.Unlock()
 	if drop {

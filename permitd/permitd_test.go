@@ -720,3 +720,37 @@ func TestRetryHintsHonest(t *testing.T) {
 		t.Errorf("another project's first hint: %v, want about 10ms", err)
 	}
 }
+
+// TestLeaseIDsWrapPastHeldOnes: the count under a lease id wraps after 2^32
+// grants. A lease held through the wrap keeps its id: the grant that would
+// have been given it takes the next one, and releasing either ends that one
+// alone.
+func TestLeaseIDsWrapPastHeldOnes(t *testing.T) {
+	f := start(t, 4, 4)
+	c := dial(t, f, client.Options{})
+	ctx := context.Background()
+	held, err := c.Acquire(ctx, "flights", "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The next grant's count is held's, 2^32 later.
+	permitd.SetLeaseCounter(f.srv, held.ID&(1<<32-1)-1+1<<32)
+	again, err := c.Acquire(ctx, "flights", "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.ID == held.ID {
+		t.Fatalf("a new lease was given the id %#x of one the session holds", held.ID)
+	}
+	if got := f.flights.Snapshot().InUse; got != 2 {
+		t.Fatalf("in use %d, want 2", got)
+	}
+	for _, l := range []client.Lease{held, again} {
+		if ok, err := c.Release(ctx, l); err != nil || !ok {
+			t.Fatalf("release %#x: %v %v", l.ID, ok, err)
+		}
+	}
+	if got := f.flights.Snapshot().InUse; got != 0 {
+		t.Fatalf("in use %d after both releases, want 0 (a lease lost at the wrap)", got)
+	}
+}

@@ -507,3 +507,73 @@ type atomicCounter struct{ n atomic.Int64 }
 
 func (c *atomicCounter) add()       { c.n.Add(1) }
 func (c *atomicCounter) get() int64 { return c.n.Load() }
+
+// TestObjectBounds: a user that spawns and puts to sleep new names without
+// end is stopped at its bound of kept objects (TOO_MANY_OBJECTS), over all
+// its sessions, and the server at its own; a removal or a session's end
+// makes room again, and a spawn of an object already kept is never refused
+// for it.
+func TestObjectBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		total, perUID int
+		want          int
+	}{{"per-user", 100, 6, 6}, {"server", 5, 100, 5}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := startWith(t, filepath.Join(t.TempDir(), "permits.sock"), pools.Config{Name: "flights", Size: 4},
+				pools.Config{Name: "residents", Size: 2}, func(s *permitd.Server) { permitd.SetObjectLimits(s, tc.total, tc.perUID) })
+			ctx := context.Background()
+			a, b := dial(t, f, client.Options{}), dial(t, f, client.Options{})
+			n := 0
+			for i := 0; ; i++ {
+				c := []*client.Client{a, b}[i%2] // one user, two sessions
+				name := fmt.Sprintf("o%d", i)
+				_, err := c.Spawn(ctx, "alpha", name)
+				if errors.Is(err, client.ErrTooManyObjects) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("spawn %s: %v", name, err)
+				}
+				if err := c.Sleep(ctx, name); err != nil {
+					t.Fatal(err)
+				}
+				if n++; n > tc.want {
+					t.Fatalf("%d objects kept past the bound of %d", n, tc.want)
+				}
+			}
+			if n != tc.want {
+				t.Fatalf("refused after %d objects, want %d", n, tc.want)
+			}
+			// Kept already: a wake is no new object.
+			if _, err := a.Spawn(ctx, "alpha", "o0"); err != nil {
+				t.Fatalf("waking a kept object: %v", err)
+			}
+			if err := a.Remove(ctx, "o0"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Spawn(ctx, "alpha", "new"); err != nil {
+				t.Fatalf("spawn after a removal: %v", err)
+			}
+			// b's objects go with its session; a keeps its share of
+			// the first ones, less o0.
+			b.Close()
+			aKept := (tc.want+1)/2 - 1
+			eventually(t, "b's objects to go", func() bool {
+				r := f.srv.Snapshot().Residents
+				return r.Sleeping["alpha"]+r.Resident["alpha"] == aKept
+			})
+			for i := range tc.want - aKept {
+				if _, err := a.Spawn(ctx, "alpha", fmt.Sprintf("later%d", i)); err != nil {
+					t.Fatalf("spawn %d after b closed: %v", i, err)
+				}
+				if err := a.Sleep(ctx, fmt.Sprintf("later%d", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := a.Spawn(ctx, "alpha", "one-too-many"); !errors.Is(err, client.ErrTooManyObjects) {
+				t.Fatalf("spawn past the bound again: %v", err)
+			}
+		})
+	}
+}

@@ -62,6 +62,17 @@ const (
 	DefaultMaxWaitingPerSession = 512
 )
 
+// The objects (resident or asleep) the server keeps at once, over all
+// sessions and per user as the waiting bounds count them: each is kept until
+// its owner removes it or its session ends, so without a bound a member of
+// the permit group that spawns and puts to sleep names without end would
+// grow the daemon until it is killed. Past either, a spawn of a new object
+// answers TOO_MANY_OBJECTS.
+const (
+	DefaultMaxObjects       = 1 << 18
+	DefaultMaxObjectsPerUID = 1 << 16
+)
+
 // MaxWaitMS caps wait_ms: a longer wait is taken as this one (ten minutes).
 const MaxWaitMS = 10 * 60 * 1000
 
@@ -96,6 +107,10 @@ type Config struct {
 	// DefaultMaxWaiting, DefaultMaxWaitingPerUID and
 	// DefaultMaxWaitingPerSession.
 	MaxWaiting, MaxWaitingPerUID, MaxWaitingPerSession int
+	// MaxObjects bounds the objects kept over all sessions,
+	// MaxObjectsPerUID those of one peer; 0 means DefaultMaxObjects and
+	// DefaultMaxObjectsPerUID.
+	MaxObjects, MaxObjectsPerUID int
 	// Events, if set, receives the refusals, would-be refusals (dry-run)
 	// and evictions; it must not block.
 	Events func(events.Event)
@@ -131,6 +146,7 @@ type Server struct {
 	evictions map[string]uint64 // reason -> evict events sent
 	waiting   int               // operations waiting, all sessions
 	waitingBy map[string]int    // operations waiting by peer (session.peer)
+	objectsBy map[string]int    // objects kept by peer (session.peer)
 }
 
 // object is a resident or sleeping object known through this server.
@@ -167,6 +183,12 @@ func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log
 	if cfg.MaxWaitingPerUID <= 0 {
 		cfg.MaxWaitingPerUID = DefaultMaxWaitingPerUID
 	}
+	if cfg.MaxObjects <= 0 {
+		cfg.MaxObjects = DefaultMaxObjects
+	}
+	if cfg.MaxObjectsPerUID <= 0 {
+		cfg.MaxObjectsPerUID = DefaultMaxObjectsPerUID
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -185,6 +207,7 @@ func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log
 		byCode:    map[string]uint64{},
 		evictions: map[string]uint64{},
 		waitingBy: map[string]int{},
+		objectsBy: map[string]int{},
 	}
 	for name, p := range pls {
 		if name == "" || p == nil {
@@ -389,7 +412,8 @@ func (s *Server) allowed(c Cred) bool {
 	return int(c.GID) == s.gid || inGroup(c.PID, s.gid)
 }
 
-// newLease returns a lease id unique for this server's life.
+// newLease returns the next lease id: unique among the leases a session
+// holds (session.addLease), and of this server (its epoch).
 func (s *Server) newLease() uint64 {
 	return s.epoch | s.nextLease.Add(1)&(1<<32-1)
 }
@@ -410,10 +434,10 @@ func (s *Server) endSession(ss *session) {
 	s.mu.Lock()
 	delete(s.sessions, ss.id)
 	var gone []string
-	for name, o := range s.objects {
-		if o.owner == ss && !o.spawning {
+	for name, o := range ss.owned {
+		if !o.spawning {
 			gone = append(gone, name)
-			delete(s.objects, name)
+			s.dropObjectLocked(name)
 		}
 	}
 	s.mu.Unlock()
@@ -436,6 +460,37 @@ func (s *Server) wakeSleepers(object string) {
 	s.mu.Unlock()
 	for _, ch := range ws {
 		close(ch)
+	}
+}
+
+// addObjectLocked records a new object of ss under name, or says why it
+// cannot (the object bounds).
+func (s *Server) addObjectLocked(ss *session, name string, o *object) string {
+	if n := s.objectsBy[ss.peer]; n >= s.cfg.MaxObjectsPerUID {
+		return fmt.Sprintf("your user already keeps %d objects over all its sessions (at most %d); remove some", n, s.cfg.MaxObjectsPerUID)
+	}
+	if n := len(s.objects); n >= s.cfg.MaxObjects {
+		return fmt.Sprintf("the server already keeps %d objects (at most %d); retry later", n, s.cfg.MaxObjects)
+	}
+	s.objects[name] = o
+	ss.owned[name] = o
+	s.objectsBy[ss.peer]++
+	return ""
+}
+
+// dropObjectLocked forgets object name, of whichever session.
+func (s *Server) dropObjectLocked(name string) {
+	o := s.objects[name]
+	if o == nil {
+		return
+	}
+	delete(s.objects, name)
+	ss := o.owner
+	delete(ss.owned, name)
+	if n := s.objectsBy[ss.peer] - 1; n > 0 {
+		s.objectsBy[ss.peer] = n
+	} else {
+		delete(s.objectsBy, ss.peer)
 	}
 }
 

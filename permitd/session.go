@@ -43,6 +43,9 @@ type session struct {
 
 	wmu sync.Mutex // serialises writes of inline answers, late answers and events
 
+	// owned: the objects of this session, guarded by the server's mu.
+	owned map[string]*object
+
 	mu     sync.Mutex       // guards the fields below
 	leases map[uint64]lease // by value: a grant allocates no lease
 	closed bool
@@ -59,6 +62,7 @@ func newSession(s *Server, c net.Conn, cred Cred) *session {
 		ctx:    ctx,
 		cancel: cancel,
 		leases: map[uint64]lease{},
+		owned:  map[string]*object{},
 	}
 }
 
@@ -259,14 +263,25 @@ func (ss *session) handle(line []byte, rq *request, resp *response) bool {
 
 // addLease records a lease unless the session already closed, in which case
 // the caller must give the permit back itself.
-func (ss *session) addLease(id uint64, l lease) bool {
+// addLease records l under a new id drawn from next, one the session does
+// not hold: ids are 32 bits of a counter under the server's epoch, so a
+// session that keeps a lease through 2^32 grants of the server (hours at
+// full speed) would otherwise be given its id again, and lose the first
+// lease. ok is false, and nothing recorded, once the session has closed.
+func (ss *session) addLease(next func() uint64, l lease) (id uint64, ok bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.closed {
-		return false
+		return 0, false
+	}
+	for {
+		id = next()
+		if _, taken := ss.leases[id]; !taken {
+			break
+		}
 	}
 	ss.leases[id] = l
-	return true
+	return id, true
 }
 
 // takeLease removes and returns the lease; ok is false when this session

@@ -31,6 +31,7 @@ const (
 	CodeForbidden        = "FORBIDDEN"
 	CodeTooManyWaiting   = "TOO_MANY_WAITING"
 	CodeTooManySessions  = "TOO_MANY_SESSIONS"
+	CodeTooManyObjects   = "TOO_MANY_OBJECTS"
 )
 
 // ResidentsPool is the pool name under which the residents pool is served to
