@@ -179,12 +179,14 @@ type Client struct {
 	nextID atomic.Uint64
 
 	flush chan struct{} // wakes the flusher; capacity 1, so wakes coalesce
-	wmu   sync.Mutex    // guards bw and werr
+	wmu   sync.Mutex    // guards bw, wconn and werr
 	bw    *bufio.Writer
-	werr  error // the last flush error, reported to the next writers
+	wconn net.Conn // what bw writes to
+	werr  error    // the last flush error, reported to the next writers
 
 	mu      sync.Mutex // guards the fields below
 	conn    net.Conn
+	down    bool // conn has ended (and no other is attached yet): calls fail at once
 	pending map[uint64]waiter
 	objects map[string]*objState
 	// evicting counts, per object, the evict events read whose OnEvict
@@ -196,6 +198,8 @@ type Client struct {
 	confirming map[string]chan struct{}
 	closed     bool
 	done       chan struct{} // closed by Close
+
+	afterDial func() // tests: runs between a reconnect's dial and its attach
 }
 
 // Dial connects to the daemon's permit socket.
@@ -228,8 +232,13 @@ func (c *Client) flusher() {
 		// this turns one write per request into one write per burst.
 		runtime.Gosched()
 		c.wmu.Lock()
-		if err := c.bw.Flush(); err != nil {
+		err := c.bw.Flush()
+		if err != nil {
 			c.werr = err
+			// The calls just written wait for answers that cannot
+			// come: closed, the connection's reader ends and fails
+			// them.
+			c.wconn.Close()
 		}
 		c.wmu.Unlock()
 	}
@@ -244,15 +253,23 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 	return conn, nil
 }
 
-func (c *Client) attach(conn net.Conn) {
+// attach makes conn the session's connection; false, and conn closed, if
+// the client was closed meanwhile (a reconnect racing Close).
+func (c *Client) attach(conn net.Conn) bool {
 	c.wmu.Lock()
-	c.bw = bufio.NewWriterSize(conn, 32<<10)
-	c.werr = nil
-	c.wmu.Unlock()
+	defer c.wmu.Unlock()
 	c.mu.Lock()
-	c.conn = conn
+	if c.closed {
+		c.mu.Unlock()
+		conn.Close()
+		return false
+	}
+	c.bw, c.wconn = bufio.NewWriterSize(conn, 32<<10), conn
+	c.werr = nil
+	c.conn, c.down = conn, false
 	c.mu.Unlock()
 	go c.read(conn)
+	return true
 }
 
 // Close ends the session; the daemon ends all its leases.
@@ -307,8 +324,11 @@ func (c *Client) read(conn net.Conn) {
 		case !ok:
 		case w.ch != nil:
 			w.ch <- rp
-		case rp.OK && rp.Lease != 0 && w.op == "acquire":
-			// The caller gave up before the grant arrived.
+		case rp.OK && rp.Lease != 0 && (w.op == "acquire" || w.op == "spawn" && rp.Note == ""):
+			// The caller gave up before the grant arrived: a permit,
+			// or a residence begun for it (not a call on an object
+			// already resident, whose lease is the runtime's), goes
+			// back. A residence released is an object asleep.
 			go c.call(context.Background(), request{Op: "release", Lease: rp.Lease})
 		}
 	}
@@ -320,6 +340,7 @@ func (c *Client) read(conn net.Conn) {
 	}
 	failed := c.pending
 	c.pending = map[uint64]waiter{}
+	c.down = true
 	reconnect := c.opts.Reconnect && !c.closed
 	c.mu.Unlock()
 	for _, w := range failed {
@@ -345,7 +366,12 @@ func (c *Client) reconnect() {
 			backoff = min(2*backoff, time.Second)
 			continue
 		}
-		c.attach(conn)
+		if c.afterDial != nil {
+			c.afterDial()
+		}
+		if !c.attach(conn) {
+			return
+		}
 		err = c.reregister()
 		if c.opts.OnReconnect != nil {
 			c.opts.OnReconnect(err)
@@ -476,6 +502,13 @@ func (c *Client) call(ctx context.Context, rq request) (reply, error) {
 		c.mu.Unlock()
 		chanPool.Put(ch)
 		return reply{}, ErrClosed
+	}
+	if c.down {
+		// Nothing would answer: the connection has ended, and the
+		// next one (Reconnect) starts from its own buffer.
+		c.mu.Unlock()
+		chanPool.Put(ch)
+		return reply{}, fmt.Errorf("%s: %w", rq.Op, ErrDisconnected)
 	}
 	c.pending[rq.ID] = waiter{ch: ch, op: rq.Op}
 	c.mu.Unlock()

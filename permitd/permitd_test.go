@@ -754,3 +754,56 @@ func TestLeaseIDsWrapPastHeldOnes(t *testing.T) {
 		t.Fatalf("in use %d after both releases, want 0 (a lease lost at the wrap)", got)
 	}
 }
+
+// TestCallsAfterTheConnectionDropsFail: once the daemon is gone, every call
+// fails at once with ErrDisconnected, whatever it is and whether or not the
+// client reconnects. Before, a call made after the connection's end was
+// written into a buffer nobody would send (or a reconnect threw away) and
+// waited for an answer forever. With Reconnect, calls work again once a
+// daemon is back.
+func TestCallsAfterTheConnectionDropsFail(t *testing.T) {
+	for _, reconnect := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reconnect=%v", reconnect), func(t *testing.T) {
+			f := start(t, 4, 4)
+			c := dial(t, f, client.Options{Reconnect: reconnect})
+			ctx := context.Background()
+			held, err := c.Acquire(ctx, "flights", "alpha")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Spawn(ctx, "alpha", "o"); err != nil {
+				t.Fatal(err)
+			}
+			sock := f.sock
+			f.stop()
+			calls := []func() error{
+				func() error { _, err := c.Acquire(ctx, "flights", "alpha"); return err },
+				func() error { _, err := c.AcquireWait(ctx, "flights", "alpha", time.Minute); return err },
+				func() error { _, err := c.Spawn(ctx, "alpha", "p"); return err },
+				func() error { return c.Touch(ctx, "o") },
+				func() error { return c.Sleep(ctx, "o") },
+				func() error { _, err := c.Release(ctx, held); return err },
+			}
+			for i := range 300 {
+				done := make(chan error, 1)
+				go func() { done <- calls[i%len(calls)]() }()
+				select {
+				case err := <-done:
+					if !errors.Is(err, client.ErrDisconnected) {
+						t.Fatalf("call %d after the daemon stopped: %v, want ErrDisconnected", i, err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("call %d after the daemon stopped has not returned in 10s", i)
+				}
+			}
+			if !reconnect {
+				return
+			}
+			startAt(t, sock, 4, 4)
+			eventually(t, "a call to work again", func() bool {
+				_, err := c.Acquire(ctx, "flights", "alpha")
+				return err == nil
+			})
+		})
+	}
+}

@@ -577,3 +577,30 @@ func TestObjectBounds(t *testing.T) {
 		})
 	}
 }
+
+// TestGivenUpSpawnGoesToSleep: a spawn whose caller gave up (its context
+// ended while the victim's owner had not confirmed) and that the daemon then
+// admits is put to sleep by the client: nobody loads the object, so its
+// residence must not hold a permit. Before, only a late acquire was given
+// back, and the object stayed counted resident until evicted.
+func TestGivenUpSpawnGoesToSleep(t *testing.T) {
+	f := start(t, 4, 1)
+	release := make(chan struct{})
+	owner := dial(t, f, client.Options{OnEvict: func(client.Eviction) error { <-release; return nil }})
+	ctx := context.Background()
+	spawnAll(t, owner, "big", "a1")
+	other := dial(t, f, client.Options{})
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { _, err := other.Spawn(sctx, "small", "b1"); done <- err }()
+	eventually(t, "the eviction of a1", func() bool { return f.srv.Snapshot().Residents.Evicting == 1 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("given-up spawn: %v", err)
+	}
+	close(release) // the owner confirms: the daemon admits b1, too late
+	eventually(t, "b1 to be put to sleep", func() bool {
+		r := f.srv.Snapshot().Residents
+		return r.Pool.InUse == 0 && r.Sleeping["small"] == 1 && r.Sleeping["big"] == 1
+	})
+}
