@@ -43,7 +43,7 @@ type Scheme struct {
 
 // Schemes are the systems compared, fairshare first.
 var Schemes = []Scheme{
-	{Name: "fairshare", How: "the rule alone bounds the seats: pools.Pool of the seats' size (a permit is a seat, as in the kernel's connections pool), TryAcquire then scheduler.Submit/Wait; refused: retry after Refusal.RetryAfter", New: newFairshare},
+	{Name: "fairshare", How: "the rule alone bounds the seats: pools.Pool of the seats' size (a permit is a seat), TryAcquire then scheduler.Submit/Wait; refused: retry after exactly Refusal.RetryAfter, the pool's estimate (a connect the kernel refuses gets no such hint)", New: newFairshare},
 	{Name: "fairshare-front", How: "the HTTP front's defaults: the requests pool 6.25 times the seats (pools.requests.size 400, front.max_in_flight 64), then scheduler.Submit/Wait with MaxInFlight = the seats; refused: retry after Refusal.RetryAfter", New: newFairshareFront},
 	{Name: "fairshare-wait", How: "pools.Pool.Acquire (blocking, round-robin over waiting projects)", New: newFairshareWait},
 	{Name: "apf", How: "k8s.io/apiserver v0.37.2 queueset: 64 queues, hand 8, queue length 50, seats = pool; rejected: retry after 1s (the filter's Retry-After)", New: newAPF},
@@ -64,12 +64,12 @@ func SchemeByName(name string) (Scheme, error) {
 // fairshare is the library as the front drives it: the requests pool's
 // TryAcquire (refusal: 429 and Retry-After), then the scheduler's queue
 // with MaxInFlight = the seats. Two shapes: the pool as large as the seats
-// (scheme fairshare: the rule alone decides who holds a seat, as for the
-// kernel's connections, where a permit is the seat), and the pool as many
-// times the seats as the front's defaults make it (fairshare-front: the rule
-// bounds what a project may have admitted, the scheduler's round-robin
-// decides who runs). The pool recomputes once a second, the daemon's
-// default tick.
+// (scheme fairshare: the rule alone decides who holds a seat, and a refused
+// client is told the pool's own estimate, which a connect refused in the
+// kernel is not), and the pool as many times the seats as the front's
+// defaults make it (fairshare-front: the rule bounds what a project may
+// have admitted, the scheduler's round-robin decides who runs). The pool
+// recomputes once a second, the daemon's default tick.
 type fairshare struct {
 	pool   *pools.Pool
 	sched  *scheduler.Scheduler

@@ -64,11 +64,9 @@ func (c *Config) checkValues() error {
 }
 
 func (f *Front) checkValues() error {
-	if !f.Enabled() {
-		return nil
-	}
-	// Signs first, so that a negative max_in_flight is reported as itself
-	// and not through the exempt_max bound that depends on it.
+	// Checked with the front off too (see validate). Signs first, so that
+	// a negative max_in_flight is reported as itself and not through the
+	// exempt_max bound that depends on it.
 	if f.MaxInFlight < 1 {
 		return fmt.Errorf("front.max_in_flight must be >= 1, got %d", f.MaxInFlight)
 	}

@@ -600,15 +600,15 @@ func (c *Config) Validate() error {
 }
 
 func (f *Front) validate() error {
-	// A mistyped upstream is an error even with the front off: the flag
-	// given without --front-listen was otherwise dropped without a word.
+	// Every key is checked with the front off too: a mistyped value given
+	// without --front-listen was otherwise dropped without a word, or
+	// refused only when the daemon built its parts (the scheduler takes
+	// max_in_flight whether or not the front runs), after --print-config
+	// had shown it as valid.
 	if f.Upstream != "" {
 		if u, err := url.Parse(f.Upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("front.upstream must be an http(s) URL, got %q", f.Upstream)
 		}
-	}
-	if !f.Enabled() {
-		return nil
 	}
 	if f.Listen != "" {
 		if err := checkHostPort(f.Listen); err != nil {
@@ -618,7 +618,7 @@ func (f *Front) validate() error {
 	if f.Socket != "" && (!filepath.IsAbs(f.Socket) || len(f.Socket) > MaxSocketPath) {
 		return fmt.Errorf("front.socket must be an absolute path of at most %d bytes, got %q", MaxSocketPath, f.Socket)
 	}
-	if f.Upstream == "" {
+	if f.Enabled() && f.Upstream == "" {
 		return errors.New("front.upstream is required when front.listen or front.socket is set")
 	}
 	for _, p := range f.TrustedPeers {

@@ -123,6 +123,11 @@ func TestParseRejects(t *testing.T) {
 		{"front bad upstream", "front: {listen: '127.0.0.1:1', upstream: 'ftp://x'}", "front.upstream"},
 		{"front off, bad upstream", "front: {upstream: 'http//localhost:1'}", "front.upstream"},
 		{"front in flight", "front: {listen: '127.0.0.1:1', upstream: 'http://x', max_in_flight: 0}", "front.max_in_flight"},
+		// With the front off, every front key is still checked.
+		{"front off, in flight", "front: {max_in_flight: -3}", "front.max_in_flight"},
+		{"front off, cost unit", "front: {cost_unit: 0s}", "front.cost_unit"},
+		{"front off, route", "front: {routes: {'a': '../x'}}", "front.routes"},
+		{"front off, limits", "front: {limits: {informational: 0}}", "front.limits.informational"},
 		{"front cost unit", "front: {listen: '127.0.0.1:1', upstream: 'http://x', cost_unit: 0s}", "front.cost_unit"},
 		{"front route", "front: {listen: '127.0.0.1:1', upstream: 'http://x', routes: {'a': ''}}", "front.routes"},
 		{"front socket", "front: {socket: 'f.sock', upstream: 'http://x'}", "front.socket"},

@@ -134,10 +134,10 @@ fairshare_up 1
 func TestCollectRateLimited(t *testing.T) {
 	c := New(fixed(sample()), 10, nil)
 	want := `
-# HELP fairshare_pool_rate_limited_total Permit requests refused by their project's rate (connections: the policy's connections_per_sec); not in refused_total.
+# HELP fairshare_pool_rate_limited_total Permit requests refused by their project's rate (connections: the policy's connections_per_sec and accepts_per_sec); not in refused_total.
 # TYPE fairshare_pool_rate_limited_total counter
 fairshare_pool_rate_limited_total{pool="connections"} 9
-# HELP fairshare_project_permits_rate_limited_total Permit requests of the project refused by its rate (connections: connections_per_sec); not in refused_total.
+# HELP fairshare_project_permits_rate_limited_total Permit requests of the project refused by its rate (connections: connections_per_sec and accepts_per_sec); not in refused_total.
 # TYPE fairshare_project_permits_rate_limited_total counter
 fairshare_project_permits_rate_limited_total{pool="connections",project="alpha"} 0
 fairshare_project_permits_rate_limited_total{pool="connections",project="beta"} 9

@@ -27,9 +27,6 @@ func cleanupCommand() *cli.Command {
 			Usage: "unpin even while a daemon runs on the pin directory (it stops within a tick, and enforcement ends as it exits)",
 		}},
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return cli.Exit(fmt.Sprintf("cleanup takes no arguments, got %q", c.Args().First()), 2)
-			}
 			cfg, err := loadConfig(c)
 			if err != nil {
 				return err

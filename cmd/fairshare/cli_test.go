@@ -14,6 +14,7 @@ import (
 	"github.com/fairshare-dev/fairshare/admin"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/policy"
+	"github.com/urfave/cli/v2"
 )
 
 // Every invalid value of every policy flag is refused with one clear sentence
@@ -352,5 +353,173 @@ func TestPolicyConnectionsPerSec(t *testing.T) {
 	run("set", "--connections-per-sec", "0", "alpha")
 	if out := run("get", "--json", "alpha"); !strings.Contains(out, `"connections_per_sec": 0`) || !strings.Contains(out, `"requests_per_sec": 7`) {
 		t.Errorf("after --connections-per-sec 0: %s", out)
+	}
+}
+
+// With no daemon and no store yet (a fresh host), the commands that only
+// read answer as from an empty store, and neither they, nor a delete or
+// remove that finds nothing, nor an add refused for its input, create the
+// state directory or the store in it.
+func TestNoStoreWritesNothing(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	flags := []string{"--state-dir", state, "--admin-socket", filepath.Join(dir, "none.sock")}
+	do := func(args ...string) (string, string, int) {
+		t.Helper()
+		return runCLI(t, append(args, flags...)...)
+	}
+	untouched := func(what string) {
+		t.Helper()
+		if _, err := os.Stat(state); !os.IsNotExist(err) {
+			t.Errorf("%s made the state directory %s (%v)", what, state, err)
+			os.RemoveAll(state) // for the next check
+		}
+	}
+	if out, errOut, code := do("policy", "list"); code != 0 || !strings.HasPrefix(out, "PROJECT") || strings.Count(out, "\n") != 1 {
+		t.Errorf("policy list: exit %d, %q, %q; want an empty table", code, out, errOut)
+	}
+	untouched("policy list")
+	if out, errOut, code := do("policy", "list", "--json"); code != 0 || strings.TrimSpace(out) != "[]" {
+		t.Errorf("policy list --json: exit %d, %q, %q; want []", code, out, errOut)
+	}
+	if _, errOut, code := do("policy", "get", "alpha"); code != 1 || !strings.Contains(errOut, "no policy is stored for alpha") {
+		t.Errorf("policy get alpha: exit %d, %q", code, errOut)
+	}
+	untouched("policy get")
+	if _, errOut, code := do("policy", "delete", "alpha"); code != 1 || !strings.Contains(errOut, "no policy is stored for alpha") {
+		t.Errorf("policy delete alpha: exit %d, %q", code, errOut)
+	}
+	untouched("policy delete")
+	if out, errOut, code := do("project", "list"); code != 0 || !strings.Contains(out, "PROJECT") {
+		t.Errorf("project list: exit %d, %q, %q; want an empty table", code, out, errOut)
+	}
+	if out, errOut, code := do("project", "list", "web", "--json"); code != 0 || !strings.Contains(out, `"members": []`) {
+		t.Errorf("project list web --json: exit %d, %q, %q", code, out, errOut)
+	}
+	untouched("project list")
+	if _, errOut, code := do("project", "remove", "web"); code != 1 || !strings.Contains(errOut, "no registered cgroups") {
+		t.Errorf("project remove web: exit %d, %q", code, errOut)
+	}
+	untouched("project remove")
+	mnt := testutil.Cgroup2Mount(t)
+	for _, cg := range []string{filepath.Join(mnt, "cgroup.procs"), filepath.Join(mnt, "fairshare-no-such-cgroup"), mnt} {
+		if _, errOut, code := do("project", "add", "web", "--cgroup", cg); code != 2 {
+			t.Errorf("project add web --cgroup %s: exit %d, %q; want 2", cg, code, errOut)
+		}
+		untouched("project add --cgroup " + cg)
+	}
+	// A write that goes through makes the store, which the reads then
+	// open read-only.
+	if _, errOut, code := do("policy", "set", "alpha", "--shares", "2"); code != 0 {
+		t.Fatalf("policy set: exit %d, %q", code, errOut)
+	}
+	if out, errOut, code := do("policy", "get", "alpha", "--json"); code != 0 || !strings.Contains(out, `"shares": 2`) {
+		t.Errorf("policy get alpha after set: exit %d, %q, %q", code, out, errOut)
+	}
+}
+
+// What run refuses, run --print-config and run --check refuse too, with
+// the same status and the flag or key named: the logger's flags, and the
+// front's keys with the front off (the scheduler takes max_in_flight
+// whether or not the front runs).
+func TestPrintConfigRefusesWhatRunRefuses(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--log-level", "loud"}, "--log-level"},
+		{[]string{"--log-format", "xml"}, "--log-format"},
+		{[]string{"--front-max-in-flight", "-3"}, "front.max_in_flight"},
+		{[]string{"--front-max-in-flight", "0"}, "front.max_in_flight"},
+	} {
+		for _, mode := range []string{"--print-config", "--check"} {
+			args := append([]string{"run", mode, "--no-bpf"}, c.args...)
+			out, errOut, code := runCLI(t, args...)
+			if code != 2 || !strings.Contains(errOut, c.want) || strings.Contains(out, "validated") {
+				t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 2 naming %s", args, code, out, errOut, c.want)
+			}
+		}
+	}
+}
+
+// A command that does not exist is a usage error, exit 2, at every level,
+// and so is no command at all (the help goes to stderr): not urfave's "No
+// help topic" and its exit 3, which is run's status for pins that changed.
+func TestUnknownCommand(t *testing.T) {
+	for _, args := range [][]string{{"bogus"}, {"help"}, {"policy", "bogus"}, {"policy", "help"}, {"project", "bogus"},
+		{"drill", "bogus"}, {"gendocs", "bogus"}} {
+		_, errOut, code := runCLI(t, args...)
+		want := fmt.Sprintf("unknown command %q; see '%s --help'", args[len(args)-1], strings.Join(append([]string{"fairshare"}, args[:len(args)-1]...), " "))
+		if code != 2 || !strings.Contains(errOut, want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", args, code, errOut, want)
+		}
+	}
+	for _, args := range [][]string{{}, {"policy"}, {"project"}} {
+		out, errOut, code := runCLI(t, args...)
+		if code != 2 || out != "" || !strings.Contains(errOut, "USAGE:") || !strings.Contains(errOut, "needs a command: ") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 2 and the help on stderr", args, code, out, errOut)
+		}
+	}
+	// With no help command, "help" is a project name like another.
+	dir := t.TempDir()
+	_, errOut, code := runCLI(t, "policy", "get", "help", "--state-dir", dir, "--admin-socket", filepath.Join(dir, "none.sock"))
+	if code != 1 || !strings.Contains(errOut, "no policy is stored for help") {
+		t.Errorf("policy get help: exit %d, %q", code, errOut)
+	}
+}
+
+// Every command whose usage shows no arguments refuses one, exit 2, before
+// it does anything.
+func TestStrayArguments(t *testing.T) {
+	var walk func(path []string, cs []*cli.Command)
+	walk = func(path []string, cs []*cli.Command) {
+		for _, c := range cs {
+			p := append(path[:len(path):len(path)], c.Name)
+			walk(p, c.Subcommands)
+			if c.ArgsUsage != "" || c.Action == nil || len(c.Subcommands) > 0 {
+				continue
+			}
+			t.Run(strings.Join(p, " "), func(t *testing.T) {
+				_, errOut, code := runCLI(t, append(p, "extra")...)
+				want := fmt.Sprintf("%s takes no arguments, got \"extra\"", strings.Join(p, " "))
+				if code != 2 || !strings.Contains(errOut, want) {
+					t.Errorf("exit %d, stderr %q; want 2 and %q", code, errOut, want)
+				}
+			})
+		}
+	}
+	walk(nil, newApp().Commands)
+}
+
+// Drill flags given a value the drill cannot run with are refused, exit 2,
+// naming the flag, instead of running with the default in their place.
+func TestDrillRefusesBadFlags(t *testing.T) {
+	// A short drill, should a bad value be taken after all.
+	short := []string{"--phase", "50ms", "--slices", "1"}
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{append([]string{"--pool", "0"}, short...), "--pool"},
+		{append([]string{"--pool", "-5"}, short...), "--pool"},
+		{append([]string{"--big", "0"}, short...), "--big"},
+		{append([]string{"--small", "-1"}, short...), "--small"},
+		{[]string{"--phase", "50ms", "--slices", "0"}, "--slices"},
+		{append([]string{"--service", "0s"}, short...), "--service"},
+		{append([]string{"--retry-pause", "-1ms"}, short...), "--retry-pause"},
+		{append([]string{"--target-ratio", "0"}, short...), "--target-ratio"},
+		{append([]string{"--target-ratio", "NaN"}, short...), "--target-ratio"},
+		{[]string{"--phase", "0s", "--slices", "1"}, "--phase"},
+		{[]string{"--phase", "-1s", "--slices", "1"}, "--phase"},
+	} {
+		for _, cmd := range [][]string{{"drill"}, {"drill", "connections"}} {
+			args := append(append([]string{}, cmd...), c.args...)
+			t.Run(strings.Join(args, " "), func(t *testing.T) {
+				out, errOut, code := runCLI(t, args...)
+				if code != 2 || !strings.Contains(errOut, c.flag+" must be") || out != "" {
+					t.Errorf("exit %d, stdout %q, stderr %q; want 2 naming %s", code, out, errOut, c.flag)
+				}
+			})
+		}
 	}
 }

@@ -102,20 +102,13 @@ func completionScript(app *cli.App, shell string) (string, error) {
 }
 
 // mendFish fixes what urfave/cli's fish generator gets wrong: it writes
-// the app's --help and --version lines twice, and offers the help command
-// as two words ('help h', its alias as a second command) after whichever
-// command precedes it in the list (completion) rather than first. A
-// repeated complete line is dropped, and help is offered once, first.
+// the app's --help and --version lines twice. A repeated complete line is
+// dropped. (No command has a help command, newApp hides them all, so none
+// is offered: --help is the way to help.)
 func mendFish(s string) string {
-	const helpAt = "-a 'help h'"
 	seen := map[string]bool{}
 	var out []string
 	for _, line := range strings.Split(s, "\n") {
-		if strings.HasPrefix(line, "complete ") && strings.Contains(line, helpAt) {
-			if _, rest, ok := strings.Cut(line, helpAt); ok {
-				line = "complete -r -c fairshare -n '__fish_fairshare_no_subcommand' -a 'help'" + rest
-			}
-		}
 		if strings.HasPrefix(line, "complete ") {
 			if seen[line] {
 				continue

@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"syscall"
@@ -31,7 +32,24 @@ func drillFlags() []cli.Flag {
 	}
 }
 
-func drillConfig(c *cli.Context) drill.Config {
+// drillConfig is the drill's configuration from the flags. A value given
+// that the drill cannot run with is refused, exit 2, naming the flag: the
+// drill's own defaults (drill.Config) stand only for a flag not given, not
+// for one given as 0 or less.
+func drillConfig(c *cli.Context) (drill.Config, error) {
+	for _, name := range []string{"pool", "big", "small", "slices"} {
+		if n := c.Int(name); n < 1 {
+			return drill.Config{}, cli.Exit(fmt.Sprintf("--%s must be a whole number >= 1, got %d", name, n), exitUsage)
+		}
+	}
+	for _, name := range []string{"phase", "service", "retry-pause"} {
+		if d := c.Duration(name); d <= 0 {
+			return drill.Config{}, cli.Exit(fmt.Sprintf("--%s must be a duration > 0, got %s", name, d), exitUsage)
+		}
+	}
+	if r := c.Float64("target-ratio"); !(r > 0) || math.IsInf(r, 0) {
+		return drill.Config{}, cli.Exit(fmt.Sprintf("--target-ratio must be a number > 0, got %g", r), exitUsage)
+	}
 	errw := c.App.ErrWriter
 	if errw == nil {
 		errw = os.Stderr
@@ -47,7 +65,7 @@ func drillConfig(c *cli.Context) drill.Config {
 		ServiceTime:  c.Duration("service"),
 		RetryPause:   c.Duration("retry-pause"),
 		TargetRatio:  c.Float64("target-ratio"),
-	}
+	}, nil
 }
 
 // drillCommand is `fairshare drill`: the specification's experiment, run on
@@ -69,9 +87,13 @@ func drillCommand() *cli.Command {
 		Flags:           drillFlags(),
 		HideHelpCommand: true,
 		Action: func(c *cli.Context) error {
+			cfg, err := drillConfig(c)
+			if err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			rep, err := drill.Run(ctx, drillConfig(c))
+			rep, err := drill.Run(ctx, cfg)
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("drill: %v", err), 1)
 			}
@@ -88,13 +110,16 @@ func drillCommand() *cli.Command {
 				Flags: append(drillFlags(), &cli.BoolFlag{Name: "to",
 					Usage: "connect to a destination pool's destination: --pool sizes a destination pool whose destination is the drill's server, in a node pool 16 times larger (docs/destination-pools.md)"}),
 				Action: func(c *cli.Context) error {
+					cfg, err := drillConfig(c)
+					if err != nil {
+						return err
+					}
 					ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 					defer stop()
 					self, err := os.Executable()
 					if err != nil {
 						return cli.Exit(fmt.Sprintf("drill: finding own executable: %v", err), 1)
 					}
-					cfg := drillConfig(c)
 					cfg.ToDestination = c.Bool("to")
 					rep, err := drill.RunConnections(ctx, cfg, []string{self, "drill", drillLoopCommand})
 					if err != nil {

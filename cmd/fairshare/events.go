@@ -46,9 +46,6 @@ func eventsCommand() *cli.Command {
 }
 
 func eventsAction(c *cli.Context) error {
-	if c.NArg() > 0 {
-		return cli.Exit(fmt.Sprintf("events takes no arguments, got %q", c.Args().First()), 2)
-	}
 	// Not loadConfig: its --pool is run's (NAME=SIZE).
 	cfg, err := config.Load(c.String(flagConfig))
 	if err != nil {

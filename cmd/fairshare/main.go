@@ -167,7 +167,9 @@ func newApp() *cli.App {
 			"Flags that name files and addresses can also be set with FAIRSHARE_* environment\n" +
 			"variables (shown with each flag) or in the YAML file given with --config; a flag\n" +
 			"beats the environment, which beats the file, which beats the built-in defaults.\n" +
-			"A command's flags may come before or after its arguments.\n\n" +
+			"A command's flags may come before or after its arguments. A command line that cannot\n" +
+			"run (no command, an unknown one, an argument a command does not take, a flag that\n" +
+			"does not parse) exits 2.\n\n" +
 			examples(
 				"fairshare run --check",
 				"fairshare status",
@@ -205,10 +207,25 @@ func newApp() *cli.App {
 	// which urfave returns as a plain error (exit 1: systemd would restart
 	// the daemon in a loop); it is exit 2, like every unusable setting.
 	app.OnUsageError = usageError
+	// So is a command that is not one. urfave's own answer to it, "No help
+	// topic", exits 3, which is run's status for pins that changed.
+	app.Action = needCommand
 	var walk func([]*cli.Command)
 	walk = func(cs []*cli.Command) {
 		for _, c := range cs {
 			c.OnUsageError = usageError
+			// No command has a help command: --help is the one way to
+			// help, and "policy get help" is the policy of project help.
+			c.HideHelpCommand = true
+			switch {
+			case c.Action == nil:
+				// A group of commands (policy, project): it runs one of
+				// them.
+				c.Action = needCommand
+			case c.ArgsUsage == "":
+				// A command whose usage shows no arguments takes none.
+				c.Action = noArguments(c.Action)
+			}
 			walk(c.Subcommands)
 		}
 	}
@@ -216,10 +233,17 @@ func newApp() *cli.App {
 	return app
 }
 
-// exitUsage is the exit status of a flag or variable that does not parse.
+// exitUsage is the exit status of a flag or variable that does not parse,
+// of a command that does not exist and of arguments a command does not take.
 const exitUsage = 2
 
 func usageError(c *cli.Context, err error, _ bool) error {
+	return cli.Exit(fmt.Sprintf("%v (see '%s --help')", err, commandName(c)), exitUsage)
+}
+
+// commandWords are the names of the command c runs, below the program's
+// ("policy", "list").
+func commandWords(c *cli.Context) []string {
 	var words []string
 	if c != nil {
 		for _, cc := range c.Lineage() {
@@ -228,6 +252,56 @@ func usageError(c *cli.Context, err error, _ bool) error {
 			}
 		}
 	}
-	what := strings.Join(append([]string{"fairshare"}, slices.Compact(words)...), " ")
-	return cli.Exit(fmt.Sprintf("%v (see '%s --help')", err, what), exitUsage)
+	return slices.Compact(words)
+}
+
+// commandName is the command c runs as typed, "fairshare policy list".
+func commandName(c *cli.Context) string {
+	return strings.Join(append([]string{"fairshare"}, commandWords(c)...), " ")
+}
+
+// needCommand is the action of the program and of each group of commands
+// (policy, project): the first argument must name one of its commands. With
+// none, the help is shown on stderr and the exit is 2, as for any other
+// incomplete command line.
+func needCommand(c *cli.Context) error {
+	name := commandName(c)
+	if c.NArg() > 0 {
+		return unknownCommand(c)
+	}
+	var names []string
+	if len(commandWords(c)) == 0 {
+		cli.HelpPrinter(c.App.ErrWriter, cli.AppHelpTemplate, c.App)
+		for _, sub := range c.App.VisibleCommands() {
+			names = append(names, sub.Name)
+		}
+	} else {
+		cli.HelpPrinter(c.App.ErrWriter, cli.SubcommandHelpTemplate, c.Command)
+		for _, sub := range c.Command.VisibleCommands() {
+			names = append(names, sub.Name)
+		}
+	}
+	return cli.Exit(fmt.Sprintf("%s needs a command: %s", name, strings.Join(names, ", ")), exitUsage)
+}
+
+// unknownCommand is the error for a first argument that names none of the
+// commands of c.
+func unknownCommand(c *cli.Context) error {
+	return cli.Exit(fmt.Sprintf("unknown command %q; see '%s --help'", c.Args().First(), commandName(c)), exitUsage)
+}
+
+// noArguments wraps the action of a command that takes no arguments: an
+// argument is refused, exit 2, before the command does anything. Where the
+// command has commands of its own (drill), the argument is taken as a
+// mistyped one of them.
+func noArguments(action cli.ActionFunc) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if c.NArg() > 0 {
+			if len(c.Command.Subcommands) > 0 {
+				return unknownCommand(c)
+			}
+			return cli.Exit(fmt.Sprintf("%s takes no arguments, got %q", strings.Join(commandWords(c), " "), c.Args().First()), exitUsage)
+		}
+		return action(c)
+	}
 }

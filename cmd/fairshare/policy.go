@@ -8,7 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -33,7 +36,8 @@ func policyCommand() *cli.Command {
 			"kernel with ECONNREFUSED beyond a burst of one second's worth (0 = unbounded). What a\n" +
 			"project may hold is never configured: that is the fair share.\n" +
 			"The running daemon stores and applies a change before this command returns; with no\n" +
-			"daemon running, the command writes the store in --state-dir itself.\n\n" +
+			"daemon running, set and delete write the store in --state-dir themselves, and get and\n" +
+			"list read it (a store not written yet is empty: they do not create it).\n\n" +
 			examples(
 				"fairshare policy set alpha --tier pro --shares 2 --requests-per-sec 100",
 				"fairshare policy list",
@@ -203,11 +207,37 @@ func (v viaStore) patch(p string, pt policy.Patch) (policy.Policy, error) {
 func (v viaStore) delete(p string) (bool, error) { return v.s.Delete(p) }
 func (v viaStore) close() error                  { return v.s.Close() }
 
-// openPolicies finds the daemon, or opens the store when none answers.
-func openPolicies(c *cli.Context) (policyBackend, error) { return openPoliciesMode(c, false) }
+// noStore is the store of a host where none has been written yet (no
+// daemon has run, no command has stored anything), as the commands that
+// only read or remove see it: empty. It is not created for them.
+type noStore struct{}
 
-// openPoliciesMode is openPolicies, opening the store read-only if asked.
-func openPoliciesMode(c *cli.Context, readOnly bool) (policyBackend, error) {
+func (noStore) get(p string) (policy.Entry, bool, error) { return policy.Entry{Project: p}, false, nil }
+func (noStore) list() ([]policy.Entry, error)            { return nil, nil }
+func (noStore) patch(string, policy.Patch) (policy.Policy, error) {
+	return policy.Policy{}, errors.New("the policy store does not exist, and this command does not create it")
+}
+func (noStore) delete(string) (bool, error) { return false, nil }
+func (noStore) close() error                { return nil }
+
+// storeMode is how a command opens the store when no daemon answers.
+type storeMode int
+
+const (
+	// storeWrite opens it read-write, creating it if need be (set, add).
+	storeWrite storeMode = iota
+	// storeRead opens it read-only (get, list); a store that does not
+	// exist is empty.
+	storeRead
+	// storeExisting opens it read-write if it exists (delete, remove); one
+	// that does not is empty, and stays uncreated.
+	storeExisting
+)
+
+// openPolicies finds the daemon, or opens the store in mode when none
+// answers. Without a daemon, before (if not nil) runs first, and its error
+// is returned before the store is opened: what it refuses writes nothing.
+func openPolicies(c *cli.Context, mode storeMode, before func() error) (policyBackend, error) {
 	cfg, err := loadConfig(c)
 	if err != nil {
 		return nil, err
@@ -220,7 +250,21 @@ func openPoliciesMode(c *cli.Context, readOnly bool) (policyBackend, error) {
 	if !errors.Is(err, admin.ErrNoDaemon) {
 		return nil, cli.Exit(fmt.Sprintf("the daemon at %s did not answer: %v", cfg.AdminSocket, err), 1)
 	}
-	st, err := policy.Open(cfg.StateDir, policy.Options{Timeout: 2 * time.Second, ReadOnly: readOnly})
+	if before != nil {
+		if err := before(); err != nil {
+			return nil, err
+		}
+	}
+	if mode == storeExisting {
+		_, err := os.Stat(filepath.Join(cfg.StateDir, policy.FileName))
+		if errors.Is(err, fs.ErrNotExist) {
+			return noStore{}, nil
+		}
+	}
+	st, err := policy.Open(cfg.StateDir, policy.Options{Timeout: 2 * time.Second, ReadOnly: mode == storeRead})
+	if mode == storeRead && errors.Is(err, fs.ErrNotExist) {
+		return noStore{}, nil
+	}
 	if errors.Is(err, policy.ErrLocked) {
 		return nil, cli.Exit(fmt.Sprintf("the policy store in %s is held by a running daemon whose admin socket %s does not answer; "+
 			"pass that daemon's --admin-socket", cfg.StateDir, cfg.AdminSocket), 1)
@@ -253,7 +297,7 @@ func policySet(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	b, err := openPolicies(c)
+	b, err := openPolicies(c, storeWrite, nil)
 	if err != nil {
 		return err
 	}
@@ -270,7 +314,7 @@ func policyGet(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	b, err := openPolicies(c)
+	b, err := openPolicies(c, storeRead, nil)
 	if err != nil {
 		return err
 	}
@@ -286,10 +330,7 @@ func policyGet(c *cli.Context) error {
 }
 
 func policyList(c *cli.Context) error {
-	if c.NArg() > 0 {
-		return cli.Exit(fmt.Sprintf("policy list takes no arguments, got %q", c.Args().First()), 2)
-	}
-	b, err := openPolicies(c)
+	b, err := openPolicies(c, storeRead, nil)
 	if err != nil {
 		return err
 	}
@@ -306,7 +347,7 @@ func policyDelete(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	b, err := openPolicies(c)
+	b, err := openPolicies(c, storeExisting, nil)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -40,7 +41,8 @@ func projectCommand() *cli.Command {
 			"/proc/<pid>/cgroup shows it (/kubepods/burstable/pod<uid>, /system.slice/web.service).\n\n" +
 			"The running daemon stores a registration and answers once it is in force; with no daemon\n" +
 			"running, add and remove write the store in --state-dir (checked against the registrations\n" +
-			"only; the daemon checks the other sources when it starts) and list shows what is stored.\n\n" +
+			"only; the daemon checks the other sources when it starts) and list shows what is stored\n" +
+			"(nothing where nothing ever was: it creates no store).\n\n" +
 			examples(
 				"fairshare project add web --cgroup /system.slice/web.service",
 				"fairshare project list",
@@ -110,18 +112,15 @@ type projectsViaStore struct {
 }
 
 func (v projectsViaStore) register(project string, cgs []string) (admin.Registration, error) {
+	paths, err := resolveCgroups(v.mount, cgs, true)
+	if err != nil {
+		return admin.Registration{}, err
+	}
 	var ms []membership.Member
-	for _, raw := range cgs {
-		cg := v.mount.Path(raw)
-		if cg == v.mount.Point {
-			return admin.Registration{}, cli.Exit(fmt.Sprintf("%q is the root of the cgroup2 hierarchy, which holds every process of the node", raw), 2)
-		}
-		if err := cgroup.OnCgroup2(cg); err != nil {
-			return admin.Registration{}, cli.Exit(fmt.Sprintf("%q is not a cgroup: %s is not a directory on the cgroup2 mount %s", raw, cg, v.mount.Point), 2)
-		}
+	for _, cg := range paths {
 		ms = append(ms, membership.Member{Project: project, Cgroup: cg})
 	}
-	_, err := v.s.AddMembers(ms, func(stored []membership.Member) error {
+	_, err = v.s.AddMembers(ms, func(stored []membership.Member) error {
 		var es []membership.Entry
 		for _, m := range stored {
 			es = append(es, membership.Entry{Member: m, Source: membership.SourceRegistered})
@@ -142,18 +141,51 @@ func (v projectsViaStore) register(project string, cgs []string) (admin.Registra
 }
 
 func (v projectsViaStore) unregister(project string, cgs []string) (admin.Registration, error) {
-	var paths []string
-	for _, raw := range cgs {
-		paths = append(paths, v.mount.Path(raw))
-	}
-	removed, err := v.s.RemoveMembers(project, paths)
+	paths, err := resolveCgroups(v.mount, cgs, false)
 	if err != nil {
 		return admin.Registration{}, err
+	}
+	var removed []membership.Member
+	if v.s != nil {
+		if removed, err = v.s.RemoveMembers(project, paths); err != nil {
+			return admin.Registration{}, err
+		}
+	} else if len(paths) > 0 {
+		// No store: what an empty one answers.
+		return admin.Registration{}, fmt.Errorf("%w: %s is not registered for project %s", policy.ErrNotRegistered, paths[0], project)
 	}
 	if len(cgs) == 0 && len(removed) == 0 {
 		return admin.Registration{}, fmt.Errorf("%w: project %s has no registered cgroups", policy.ErrNotRegistered, project)
 	}
 	return v.registration(project, nil, removed)
+}
+
+// resolveCgroups turns the cgroups as the operator wrote them into member
+// paths below mount, refusing (exit 2) what the daemon refuses: the root of
+// the hierarchy, a path that is no clean cgroup path, and with exist one
+// that is not a cgroup directory now (a file in one, such as cgroup.procs,
+// or a typo).
+func resolveCgroups(mount cgroup.Mount, cgs []string, exist bool) ([]string, error) {
+	var paths []string
+	for _, raw := range cgs {
+		if strings.TrimSpace(raw) == "" || strings.ContainsRune(raw, 0) {
+			return nil, cli.Exit("an empty cgroup path", 2)
+		}
+		cg := mount.Path(raw)
+		if cg == filepath.Clean(mount.Point) {
+			return nil, cli.Exit(fmt.Sprintf("%q is the root of the cgroup2 hierarchy, which holds every process of the node", raw), 2)
+		}
+		if err := membership.ValidCgroup(cg); err != nil {
+			return nil, cli.Exit(err.Error(), 2)
+		}
+		if exist {
+			if err := cgroup.OnCgroup2(cg); err != nil {
+				return nil, cli.Exit(fmt.Sprintf("%q is not a cgroup: %s is not a directory on the cgroup2 mount %s", raw, cg, mount.Point), 2)
+			}
+		}
+		paths = append(paths, cg)
+	}
+	return paths, nil
 }
 
 func (v projectsViaStore) registration(project string, added, removed []membership.Member) (admin.Registration, error) {
@@ -177,9 +209,12 @@ func (v projectsViaStore) registration(project string, added, removed []membersh
 }
 
 func (v projectsViaStore) list() (admin.Membership, error) {
-	stored, err := v.s.Members()
-	if err != nil {
-		return admin.Membership{}, err
+	var stored []membership.Member
+	if v.s != nil {
+		var err error
+		if stored, err = v.s.Members(); err != nil {
+			return admin.Membership{}, err
+		}
 	}
 	m := admin.Membership{Members: []admin.Member{}, Refused: []admin.Refused{},
 		Sources: []admin.MemberSource{{Name: membership.SourceRegistered, Members: len(stored)}}}
@@ -189,12 +224,28 @@ func (v projectsViaStore) list() (admin.Membership, error) {
 	return m, nil
 }
 
-func (v projectsViaStore) close() error { return v.s.Close() }
+func (v projectsViaStore) close() error {
+	if v.s == nil {
+		return nil
+	}
+	return v.s.Close()
+}
 
-// openProjects finds the daemon, or opens the store when none answers
-// (read-only for list).
-func openProjects(c *cli.Context, readOnly bool) (projectsBackend, bool, error) {
-	pb, err := openPoliciesMode(c, readOnly)
+// openProjects finds the daemon, or opens the store in mode when none
+// answers. Without a daemon, the cgroups given are checked against the
+// cgroup2 mount (with exist, each must be a cgroup now) before the store is
+// opened: a command refused for its input writes nothing.
+func openProjects(c *cli.Context, mode storeMode, cgs []string, exist bool) (projectsBackend, bool, error) {
+	var mount cgroup.Mount
+	pb, err := openPolicies(c, mode, func() error {
+		var err error
+		mount, err = cgroup.FindMount()
+		if err != nil && mode != storeRead {
+			return cli.Exit(fmt.Sprintf("no daemon answers, and registering needs the cgroup2 mount: %v", err), 1)
+		}
+		_, err = resolveCgroups(mount, cgs, exist)
+		return err
+	})
 	if err != nil {
 		return nil, false, err
 	}
@@ -202,13 +253,11 @@ func openProjects(c *cli.Context, readOnly bool) (projectsBackend, bool, error) 
 	case viaDaemon:
 		return projectsViaDaemon{b}, true, nil
 	case viaStore:
-		mount, err := cgroup.FindMount()
-		if err != nil && !readOnly {
-			b.close()
-			return nil, false, cli.Exit(fmt.Sprintf("no daemon answers, and registering needs the cgroup2 mount: %v", err), 1)
-		}
 		return projectsViaStore{s: b.s, mount: mount}, false, nil
+	case noStore:
+		return projectsViaStore{mount: mount}, false, nil
 	}
+	pb.close()
 	return nil, false, fmt.Errorf("unexpected backend %T", pb)
 }
 
@@ -266,7 +315,7 @@ func projectAdd(c *cli.Context) error {
 	if len(cgs) == 0 {
 		return cli.Exit("project add needs at least one --cgroup PATH", 2)
 	}
-	b, daemon, err := openProjects(c, false)
+	b, daemon, err := openProjects(c, storeWrite, cgs, true)
 	if err != nil {
 		return err
 	}
@@ -283,7 +332,7 @@ func projectRemove(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	b, daemon, err := openProjects(c, false)
+	b, daemon, err := openProjects(c, storeExisting, cgs, false)
 	if err != nil {
 		return err
 	}
@@ -331,7 +380,7 @@ func projectList(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	b, daemon, err := openProjects(c, true)
+	b, daemon, err := openProjects(c, storeRead, nil, false)
 	if err != nil {
 		return err
 	}

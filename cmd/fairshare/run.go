@@ -39,7 +39,9 @@ func runCommand() *cli.Command {
 			"Exit status: 2 for an unusable configuration or flag, 3 when the objects pinned in\n" +
 			"--pin-dir changed under the starting daemon (another process at work there: run\n" +
 			"'fairshare cleanup', which drops enforcement and the counts, then start again),\n" +
-			"1 for any other failure.\n\n" +
+			"1 for any other failure. --check exits with the same statuses, 0 when all is well;\n" +
+			"--print-config exits 0, or 2 for a value run would refuse (the sockets and directories\n" +
+			"run makes are checked only as it starts).\n\n" +
 			examples(
 				"fairshare run --check",
 				"fairshare run --print-config --config /etc/fairshare/config.yaml",
@@ -55,17 +57,20 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: flagPermits, Usage: "permit API unix socket `PATH` for runtimes, empty to disable [default from config: /run/fairshare/permits.sock]", EnvVars: env(flagPermits)},
 			&cli.BoolFlag{Name: flagNoBPF, Usage: "do not load BPF: connections are NOT enforced (for hosts without BPF)", EnvVars: env(flagNoBPF)},
 			&cli.BoolFlag{Name: "detach-on-exit", Usage: "detach and unpin the BPF programs on shutdown instead of leaving them enforcing", EnvVars: env("detach-on-exit")},
-			&cli.BoolFlag{Name: "check", Usage: "load, attach and verify the BPF programs (and ask the container runtime for its pods, with the kubernetes source), then exit 0 (ok) or 1"},
+			&cli.BoolFlag{Name: "check", Usage: "load, attach and verify the BPF programs (and ask the container runtime for its pods, with the kubernetes source), then exit 0 (ok), 2 (a configuration or flag run would refuse), 3 (pins changed while loaded against them) or 1 (any other failure)"},
 			&cli.BoolFlag{Name: "print-config", Usage: "check the configuration and print it as the daemon would run it (defaults resolved) as YAML, then exit"},
 			&cli.StringFlag{Name: flagLogLevel, Value: "info", Usage: "`LEVEL`: debug, info, warn or error", EnvVars: env(flagLogLevel)},
 			&cli.StringFlag{Name: flagLogFormat, Value: "text", Usage: "`FORMAT`: text or json", EnvVars: env(flagLogFormat)},
 			&cli.StringFlag{Name: "ready-file", Hidden: true, Usage: "write a JSON file with the bound addresses once serving (tests)"},
 		}, runFlags()...),
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return cli.Exit(fmt.Sprintf("run takes no arguments, got %q", c.Args().First()), 2)
-			}
 			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			// The logger's flags are settings like the others: --check and
+			// --print-config refuse what run refuses.
+			log, err := newLogger(c)
 			if err != nil {
 				return err
 			}
@@ -86,10 +91,6 @@ func runCommand() *cli.Command {
 					fmt.Fprintf(w, "# not resolved: %s\n", strings.ReplaceAll(n, "\n", " "))
 				}
 				_, err = w.Write(out)
-				return err
-			}
-			log, err := newLogger(c)
-			if err != nil {
 				return err
 			}
 			if c.Bool("check") {

@@ -34,9 +34,6 @@ func statusCommand() *cli.Command {
 			&cli.BoolFlag{Name: "watch", Aliases: []string{"w"}, Usage: "redraw every second until interrupted"},
 		),
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return cli.Exit(fmt.Sprintf("status takes no arguments, got %q", c.Args().First()), 2)
-			}
 			cfg, err := loadConfig(c)
 			if err != nil {
 				return err
