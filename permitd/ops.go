@@ -40,7 +40,12 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		return true
 	}
 	var rf pools.Refusal
-	if pm, ok := p.TryAcquireInto(rq.Project, &rf); ok {
+	try := p.TryAcquireInto
+	if rq.WaitMS > 0 {
+		// One ask, one refusal at most: the wait's end counts it.
+		try = p.TryAcquireFirst
+	}
+	if pm, ok := try(rq.Project, &rf); ok {
 		if rf.WouldRefuse {
 			s.refusalEvent(ss, events.KindWouldRefuse, &rf)
 		}
@@ -68,12 +73,9 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		ctx, cancel := context.WithTimeout(ss.ctx, wait)
 		defer cancel()
 		resp := response{ID: rq.ID}
+		// Acquire's end is a last look: a permit, or a refusal (the
+		// ask's one) with the pool's numbers and estimate then.
 		pm, err := p.Acquire(ctx, rq.Project)
-		if err != nil && ss.ctx.Err() == nil {
-			// The wait ran out: one last try gives either a permit or
-			// a refusal with the pool's current numbers and estimate.
-			pm, err = p.TryAcquire(rq.Project)
-		}
 		switch {
 		case err == nil:
 			s.grant(ss, p, pm, &rq, &resp)

@@ -807,3 +807,38 @@ func TestCallsAfterTheConnectionDropsFail(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitedAskIsOneRefusal: an acquire with wait_ms is one ask: refused at
+// the end of its wait, it counts one refusal; admitted during it, none.
+// Before, a refused one counted three (the first try, the wait's end, a last
+// try), which status, the metrics and a fleet pool's demand all read.
+func TestWaitedAskIsOneRefusal(t *testing.T) {
+	f := start(t, 1, 4)
+	c := dial(t, f, client.Options{})
+	ctx := context.Background()
+	held, err := c.Acquire(ctx, "flights", "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := func() int64 { return int64(f.flights.Snapshot().Refused) }
+	before := refused()
+	if _, err := c.AcquireWait(ctx, "flights", "beta", 30*time.Millisecond); !errors.Is(err, client.ErrRefused) {
+		t.Fatalf("a wait on a full pool: %v, want a refusal", err)
+	}
+	if got := refused() - before; got != 1 {
+		t.Fatalf("one refused ask counted %d refusals", got)
+	}
+	before = refused()
+	done := make(chan error, 1)
+	go func() { _, err := c.AcquireWait(ctx, "flights", "beta", time.Minute); done <- err }()
+	eventually(t, "beta to wait", func() bool { return len(f.srv.Snapshot().Sessions) == 1 && f.flights.Snapshot().Active == 2 })
+	if _, err := c.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the waiting ask after a release: %v", err)
+	}
+	if got := refused() - before; got != 0 {
+		t.Fatalf("an ask admitted after waiting counted %d refusals", got)
+	}
+}

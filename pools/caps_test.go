@@ -86,3 +86,48 @@ func TestResizeZero(t *testing.T) {
 	}
 	acquireN(t, p, "a", 2)
 }
+
+// TestCapRetryAfter: a project refused at its cap is told when its own
+// releases let it in, not when the pool's would: its pool has room. Before,
+// a capped project in a pool with room was told 1 ms, and clients that
+// obeyed spun. One refused with the pool full (under its cap) waits for the
+// pool's releases; with no release of its own measured, the estimate is the
+// window's back-off, never the 1 ms floor.
+func TestCapRetryAfter(t *testing.T) {
+	clk := newFakeClock()
+	p := mustPool(t, 100, 0, clk)
+	p.SetCaps(map[string]int{"a": 2}, -1)
+	a := acquireN(t, p, "a", 2)
+	p.Recompute()
+	// a's own releases: 20 in one second (20/s), the pool's the same.
+	for range 20 {
+		if err := p.Release(a[0]); err != nil {
+			t.Fatal(err)
+		}
+		a[0] = acquireN(t, p, "a", 1)[0]
+	}
+	clk.Advance(time.Second)
+	p.Recompute()
+	r := mustRefuse(t, p, "a")
+	if r.Reason != ReasonOverCap {
+		t.Fatalf("refusal %+v, want over its cap", r)
+	}
+	// One release of its own at 20/s: 50 ms.
+	if r.RetryAfter != 50*time.Millisecond {
+		t.Fatalf("a at its cap in a pool with room: retry after %v, want 50ms (its own releases)", r.RetryAfter)
+	}
+	// Capped b, its cap not reached, the pool full: the pool's releases
+	// (20/s, one needed: 50 ms).
+	p.SetCaps(map[string]int{"a": 2, "b": 200}, -1)
+	b := acquireN(t, p, "b", 98)
+	if rb := mustRefuse(t, p, "b"); rb.RetryAfter != 50*time.Millisecond {
+		t.Fatalf("b under its cap in a full pool: retry after %v, want 50ms", rb.RetryAfter)
+	}
+	releaseAll(t, p, b)
+	// c, capped at 1, has released nothing: not 1 ms.
+	p.SetCaps(map[string]int{"c": 1}, -1)
+	acquireN(t, p, "c", 1)
+	if rc := mustRefuse(t, p, "c"); rc.RetryAfter <= time.Millisecond {
+		t.Fatalf("c at its cap, no release of its own yet: retry after %v", rc.RetryAfter)
+	}
+}

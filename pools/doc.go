@@ -109,6 +109,10 @@
 // the room above the shares is not won by whichever project has the most
 // clients retrying. For such a project the estimate is also the time for its
 // own (held - share + 1) releases at its own rate, whichever is sooner.
+// A project held to a cap (fleet pools) is admitted under its cap while the
+// pool has room: at its cap it waits for its own (held - cap + 1) releases
+// at its own rate, however much room the pool has; under it, for the
+// pool's (in_use - POOL + 1).
 // Before the pool has measured a rate (its first period) the pool rate is
 // the releases since the last Recompute over the time since, the one case
 // where a refusal reads the clock (after a release, and on one refusal in

@@ -323,10 +323,9 @@ const (
 	maxRetry = time.Minute
 )
 
-// retryAfter estimates how long until project idx would be admitted; see
-// "Retry estimate" in doc.go.
-func (l *ledger) retryAfter(idx int32, rate float64) time.Duration {
-	pr := &l.projects[idx]
+// shareRetry is retryAfter's estimate, in seconds, for project pr under the
+// rule (no cap); +Inf when no release is expected.
+func (l *ledger) shareRetry(pr *project, rate float64) float64 {
 	est := math.Inf(1)
 	// Path 1: enough releases from anyone bring in_use under the limit that
 	// applies to the project as it stands. A project past its share waits
@@ -335,7 +334,7 @@ func (l *ledger) retryAfter(idx int32, rate float64) time.Duration {
 	// room above the share is not won by whichever project has the most
 	// clients retrying (see "Retry estimate" in doc.go).
 	limit, behind := l.size, 0
-	if pr.cap < 0 && pr.held >= l.share {
+	if pr.held >= l.share {
 		limit, behind = l.size-l.floor, pr.held-l.share
 	}
 	if rate > 0 {
@@ -344,16 +343,53 @@ func (l *ledger) retryAfter(idx int32, rate float64) time.Duration {
 	// Path 2 (over share): the project's own releases bring it under its
 	// share; then it needs in_use < size, which those releases help reach.
 	if pr.held >= l.share && pr.relRate > 0 {
-		own := pr.held - l.share + 1
-		t := float64(own) / pr.relRate
-		if rest := l.inUse - own - l.size + 1; rest > 0 {
-			if rate <= 0 {
-				t = math.Inf(1)
-			} else {
-				t = math.Max(t, float64(rest)/rate)
-			}
+		est = math.Min(est, l.ownRetry(pr, pr.held-l.share+1, rate))
+	}
+	return est
+}
+
+// capRetry is retryAfter's estimate, in seconds, for project pr held to its
+// cap (admitted while held < cap and in_use < size); +Inf when no release
+// is expected. At its cap only its own releases let it in, whatever the
+// pool's rate: answered from the pool's, a capped project whose pool had
+// room was told 1 ms, and clients that obeyed spun (each refusal counting
+// as demand for the fleet's allotment besides).
+func (l *ledger) capRetry(pr *project, rate float64) float64 {
+	if pr.held >= pr.cap {
+		if pr.relRate <= 0 {
+			return math.Inf(1)
 		}
-		est = math.Min(est, t)
+		return l.ownRetry(pr, pr.held-pr.cap+1, rate)
+	}
+	if rate <= 0 {
+		return math.Inf(1)
+	}
+	return float64(l.inUse-l.size+1) / rate
+}
+
+// ownRetry is the time, in seconds, for project pr to release own permits,
+// and for in_use then to be under the size, which those releases help
+// reach.
+func (l *ledger) ownRetry(pr *project, own int, rate float64) float64 {
+	t := float64(own) / pr.relRate
+	if rest := l.inUse - own - l.size + 1; rest > 0 {
+		if rate <= 0 {
+			return math.Inf(1)
+		}
+		t = math.Max(t, float64(rest)/rate)
+	}
+	return t
+}
+
+// retryAfter estimates how long until project idx would be admitted; see
+// "Retry estimate" in doc.go.
+func (l *ledger) retryAfter(idx int32, rate float64) time.Duration {
+	pr := &l.projects[idx]
+	var est float64
+	if pr.cap >= 0 {
+		est = l.capRetry(pr, rate)
+	} else {
+		est = l.shareRetry(pr, rate)
 	}
 	// No release seen lately: nothing we know of frees a permit before the
 	// next recompute, where the share may grow.

@@ -103,8 +103,10 @@ func (p *Pool) TryAcquire(project string) (Permit, error) {
 // Acquire takes a permit, waiting until a release (or a recompute or resize)
 // makes room under the rule, or until ctx is done. Waiters of one project are
 // served in FIFO order. When ctx ends first, the error matches both ctx.Err()
-// and ErrRefused (errors.As gives the *Refusal with its retry estimate). A
-// permit granted while ctx was ending is returned with a nil error.
+// and ErrRefused (errors.As gives the *Refusal with its retry estimate),
+// unless the rule admits the project then (a last look, with no other waiter
+// of the project left before it): a permit granted while ctx was ending is
+// returned with a nil error.
 func (p *Pool) Acquire(ctx context.Context, project string) (Permit, error) {
 	p.mu.Lock()
 	idx := p.l.lookup(project)
@@ -153,6 +155,9 @@ func (p *Pool) Acquire(ctx context.Context, project string) (Permit, error) {
 	}
 	if len(q.ws) == 0 {
 		p.unwaitLocked(idx)
+		if p.l.admits(idx) {
+			return p.grantLocked(idx), nil
+		}
 	}
 	r := p.l.refusal(idx)
 	return Permit{}, fmt.Errorf("%w: %w", r, ctx.Err())

@@ -17,6 +17,18 @@ package pools
 // flag; a non-pointer error value stored in an interface allocates as well.
 // Storage the caller provides is the only sound way to 0 allocs.
 func (p *Pool) TryAcquireInto(project string, rf *Refusal) (pm Permit, ok bool) {
+	return p.tryAcquireInto(project, rf, true)
+}
+
+// TryAcquireFirst is TryAcquireInto for a caller that waits in Acquire when
+// refused: a refusal is neither counted nor written into rf, since the ask
+// is not over (Acquire counts it if it ends refused). An ask is one
+// refusal, however it waits.
+func (p *Pool) TryAcquireFirst(project string, rf *Refusal) (pm Permit, ok bool) {
+	return p.tryAcquireInto(project, rf, false)
+}
+
+func (p *Pool) tryAcquireInto(project string, rf *Refusal, count bool) (pm Permit, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	idx := p.l.lookup(project)
@@ -28,6 +40,8 @@ func (p *Pool) TryAcquireInto(project string, rf *Refusal) (pm Permit, ok bool) 
 		p.l.fillWould(idx, rf)
 		return p.grantLocked(idx), true
 	}
-	p.l.fillRefusal(idx, rf)
+	if count {
+		p.l.fillRefusal(idx, rf)
+	}
 	return Permit{}, false
 }
