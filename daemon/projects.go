@@ -96,7 +96,10 @@ type projects struct {
 	// self is the daemon's own cgroup (a directory below mount), "" if
 	// unknown; podRoots are kubernetes.pod_cgroups.
 	self     string
-	podRoots []string
+	selfHeld bool // holdSelf has made self a member
+	// noPodRootWarned: no pod root was found (logged once).
+	noPodRootWarned bool
+	podRoots        []string
 	// ownNetns is the inode of the daemon's own network namespace, which
 	// the kernel side attaches at Open: no project's.
 	ownNetns uint64
@@ -443,8 +446,11 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 			p.scan.SetMembers(res.Accepted)
 		}
 	}
-	if p.kernel != nil && !hold && (changed || tick) {
+	switch {
+	case p.kernel != nil && !hold && (changed || tick):
 		p.setKernelMembers()
+	case p.kernel != nil && hold:
+		p.holdSelf()
 	}
 	p.regMu.Lock()
 	p.pending = p.pending[covered:]
@@ -705,11 +711,13 @@ func (p *projects) logRefusals(rs []membership.Refusal) {
 func (p *projects) kernelExtras() []membership.Member {
 	var out []membership.Member
 	if p.kube != nil {
+		found := false
 		for _, root := range p.podRoots {
 			dir := filepath.Join(p.mount.Point, root)
 			if _, err := os.Stat(dir); err != nil {
 				continue
 			}
+			found = true
 			out = append(out, membership.Member{Project: loader.Unclassified, Cgroup: dir})
 			for _, qos := range qosChildren(root) {
 				q := filepath.Join(dir, qos)
@@ -721,12 +729,56 @@ func (p *projects) kernelExtras() []membership.Member {
 		for _, cg := range p.kube.NoProject() {
 			out = append(out, membership.Member{Project: loader.NoProject, Cgroup: cg})
 		}
+		if !found && !p.noPodRootWarned {
+			// Pods elsewhere (kubelet's cgroup v1 hierarchy on a hybrid
+			// host, other pod_cgroups) are counted in no project until
+			// the runtime has been read for them: nothing holds them
+			// from their first connect.
+			p.noPodRootWarned = true
+			p.log.Warn("none of kubernetes.pod_cgroups is a directory of the cgroup2 mount: a new pod is not limited until the container runtime has been read for it",
+				"pod_cgroups", p.podRoots, "mount", p.mount.Point)
+		}
 	}
-	if p.self != "" && (p.kube != nil || p.root != "" && strings.HasPrefix(p.self, p.root+"/")) &&
-		!slices.ContainsFunc(out, func(m membership.Member) bool { return m.Cgroup == p.self }) {
-		out = append(out, membership.Member{Project: loader.NoProject, Cgroup: p.self})
+	if self, ok := p.selfMember(); ok && !slices.ContainsFunc(out, func(m membership.Member) bool { return m.Cgroup == p.self }) {
+		out = append(out, self)
 	}
 	return out
+}
+
+// selfMember is the daemon's own cgroup as a no-project member, where it
+// could be counted in a project otherwise (in a pod, or below the projects
+// root): its own connections are never refused.
+func (p *projects) selfMember() (membership.Member, bool) {
+	if p.self != "" && (p.kube != nil || p.root != "" && strings.HasPrefix(p.self, p.root+"/")) {
+		return membership.Member{Project: loader.NoProject, Cgroup: p.self}, true
+	}
+	return membership.Member{}, false
+}
+
+// holdSelf makes the daemon's own cgroup a no-project member of the kernel
+// while the kernel's members are held (a source unread after a restart),
+// once: a daemon started again in a new pod (a rollout) has a cgroup the
+// kernel's members do not name, and until every source has been read (up
+// to unreadHold) its own connections and listeners would otherwise count in
+// the pods' (unclassified) project, and could be refused. The other
+// members stay as they are.
+func (p *projects) holdSelf() {
+	self, ok := p.selfMember()
+	if !ok || p.selfHeld {
+		return
+	}
+	cur, err := p.kernel.Members()
+	if err == nil && !slices.Contains(cur, self) {
+		cur = slices.DeleteFunc(slices.Clone(cur), func(m membership.Member) bool { return m.Cgroup == self.Cgroup })
+		var rep membersReport
+		rep, err = p.kernel.SetMembers(append(cur, self))
+		p.settleChanged(rep.Changed)
+	}
+	if err != nil {
+		p.log.Warn("the daemon's own cgroup could not be taken out of every project while the members are held", "cgroup", self.Cgroup, "err", err)
+		return
+	}
+	p.selfHeld = true
 }
 
 // qosChildren are the QoS cgroups kubelet makes below a pod root: the

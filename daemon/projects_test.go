@@ -738,3 +738,46 @@ func TestNetnsIDs(t *testing.T) {
 		t.Errorf("namespace 1 itself: %v, want no new link", err)
 	}
 }
+
+// TestHeldKernelTakesTheDaemonOut: while the kernel's members are held
+// after a restart (a source not read yet), the daemon's own cgroup, which a
+// restart into a new pod makes new, is made a no-project member at once,
+// the kernel's other members kept as they are. Before, it was only at the
+// first apply after the hold (up to unreadHold, 30 s), and the daemon's own
+// connections counted in the pods' (unclassified) project meanwhile.
+func TestHeldKernelTakesTheDaemonOut(t *testing.T) {
+	testutil.RequireRoot(t)
+	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-projects-")
+	pod := testutil.MkCgroup(t, top, "pod1")
+	self := testutil.MkCgroup(t, top, "daemon")
+	cfg := config.Default()
+	cfg.StateDir = t.TempDir()
+	cfg.Projects.Sources = []string{membership.SourceRegistered}
+	st, err := policy.Open(cfg.StateDir, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	pods := []membership.Member{{Project: "team-k", Cgroup: pod}}
+	src := membership.NewPolled("kubernetes", time.Minute, func(ctx context.Context) (membership.Found, error) {
+		<-ctx.Done()
+		return membership.Found{}, ctx.Err()
+	})
+	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	p.sources = append(p.sources, src)
+	p.closers = append(p.closers, src)
+	p.root, p.self = top, self
+	h := &handOff{seed: pods}
+	p.kernel = h
+	start := time.Now()
+	p.apply(t.Context(), start, false)
+	p.apply(t.Context(), start.Add(time.Second), true)
+	want := append(slices.Clone(pods), membership.Member{Project: loader.NoProject, Cgroup: self})
+	if len(h.sets) != 1 || !slices.Equal(h.sets[0], want) {
+		t.Fatalf("held: SetMembers %v, want once %v (the kernel's members and the daemon out of every project)", h.sets, want)
+	}
+}

@@ -30,6 +30,7 @@ import (
 // what the source makes of them.
 type lyingRuntime struct {
 	rt.UnimplementedRuntimeServiceServer
+	mu   sync.Mutex
 	pods map[string]lyingPod // by sandbox id
 }
 
@@ -44,6 +45,8 @@ func (l *lyingRuntime) Version(context.Context, *rt.VersionRequest) (*rt.Version
 }
 
 func (l *lyingRuntime) ListPodSandbox(context.Context, *rt.ListPodSandboxRequest) (*rt.ListPodSandboxResponse, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	var r rt.ListPodSandboxResponse
 	for id, p := range l.pods {
 		uid := p.uid
@@ -61,7 +64,9 @@ func (l *lyingRuntime) ListPodSandbox(context.Context, *rt.ListPodSandboxRequest
 }
 
 func (l *lyingRuntime) PodSandboxStatus(_ context.Context, req *rt.PodSandboxStatusRequest) (*rt.PodSandboxStatusResponse, error) {
+	l.mu.Lock()
 	p := l.pods[req.PodSandboxId]
+	l.mu.Unlock()
 	var info sandboxInfo
 	info.Config.Linux.CgroupParent = p.cgroupParent
 	info.RuntimeSpec.Linux.CgroupsPath = p.cgroupsPath
@@ -380,6 +385,41 @@ func TestSourcePendingKeepsKnown(t *testing.T) {
 	for _, pod := range []string{"team-a/known", "kube-system/sys", "team-a/fresh"} {
 		if n := strings.Count(logs.String(), "pod="+pod+" "); n != 1 {
 			t.Errorf("%s: %d log lines, want 1:\n%s", pod, n, logs.String())
+		}
+	}
+}
+
+// TestSourceSignalsNoProjectPods: a new pod of a system namespace changes
+// no member and no skipped cgroup, and is signalled all the same, so the
+// daemon takes it out of every project at once rather than at its next
+// tick: until then it counted in the pods' (unclassified) project and could
+// be refused.
+func TestSourceSignalsNoProjectPods(t *testing.T) {
+	liar := &lyingRuntime{pods: map[string]lyingPod{
+		"good": {name: "good", cgroupParent: "/kubepods/burstable/podgood", uid: "good"},
+	}}
+	cri := serveCRI(t, liar)
+	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/mnt", Every: 20 * time.Millisecond})
+	defer s.Close()
+	scanUntil(t, s, "the first poll", read)
+	time.Sleep(100 * time.Millisecond) // later polls: nothing changes
+	for drained := false; !drained; {
+		select {
+		case <-s.Changed():
+		default:
+			drained = true
+		}
+	}
+	liar.mu.Lock()
+	liar.pods["dns"] = lyingPod{name: "dns", namespace: "kube-system", cgroupParent: "/kubepods/burstable/poddns", uid: "dns"}
+	liar.mu.Unlock()
+	want := "/mnt/kubepods/burstable/poddns"
+	deadline := time.After(10 * time.Second)
+	for !slices.Contains(s.NoProject(), want) {
+		select {
+		case <-s.Changed():
+		case <-deadline:
+			t.Fatalf("a new system pod was never signalled: NoProject %v", s.NoProject())
 		}
 	}
 }

@@ -305,9 +305,17 @@ func (s *Source) fetch(ctx context.Context) (membership.Found, error) {
 	}
 	same := slices.Equal(f.Members, s.found.Members) && slices.Equal(f.Skipped, s.found.Skipped) && slices.Equal(netns, s.netns) &&
 		slices.Equal(none, s.none)
+	other := !slices.Equal(netns, s.netns) || !slices.Equal(none, s.none)
 	s.none, s.selfNS = none, selfNS
 	first := !s.polled
 	s.found, s.netns, s.system, s.polled = f, netns, system, true
+	if other {
+		// A new pod of a system namespace, or a pod's new network
+		// namespace: applied now, not at the next tick (the members'
+		// own changes are signalled once this fetch is kept). Under
+		// s.mu, which NoProject and Netns wait for.
+		s.Signal()
+	}
 	if first {
 		version, _ := s.o.CRI.Ping(ctx)
 		s.o.Log.Info("the container runtime answers", "runtime", version, "endpoint", s.o.CRI.Endpoint(),

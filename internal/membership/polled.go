@@ -19,7 +19,9 @@ var ErrNotRead = errors.New("not read yet")
 // container runtime over its API (the Kubernetes source): the caller's
 // Scan, which runs in the daemon's control loop at every tick and every
 // wake, must not wait on it. A goroutine calls fetch at once and then every
-// interval, each call bounded by the interval; Scan returns the last result
+// interval, each call bounded by the interval (or, after calls that ran out
+// of it, by up to twice as long as the last, at most maxFetch: a runtime
+// slower than the interval is still read); Scan returns the last result
 // without waiting, and Changed receives when a fetch found other members
 // than the one before (or succeeded after an error). While fetch fails, Scan
 // returns its error, and the caller keeps the members of the last good
@@ -30,6 +32,7 @@ type Polled struct {
 	every   time.Duration
 	changed chan struct{}
 	kick    chan struct{} // Poke: fetch now
+	limit   time.Duration // the next fetch's bound (run's goroutine only)
 	cancel  context.CancelFunc
 	done    chan struct{}
 
@@ -43,7 +46,7 @@ type Polled struct {
 func NewPolled(name string, every time.Duration, fetch func(context.Context) (Found, error)) *Polled {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Polled{name: name, fetch: fetch, every: every, changed: make(chan struct{}, 1), kick: make(chan struct{}, 1),
-		cancel: cancel, done: make(chan struct{}), err: ErrNotRead}
+		limit: every, cancel: cancel, done: make(chan struct{}), err: ErrNotRead}
 	go p.run(ctx)
 	return p
 }
@@ -75,9 +78,13 @@ func (p *Polled) Poke() {
 	}
 }
 
+// maxFetch bounds a fetch whose bound has grown (Polled).
+const maxFetch = 30 * time.Second
+
 // poll runs one fetch and keeps its result.
 func (p *Polled) poll(ctx context.Context) {
-	fctx, cancel := context.WithTimeout(ctx, p.every)
+	limit := p.limit
+	fctx, cancel := context.WithTimeout(ctx, limit)
 	f, err := p.fetch(fctx)
 	late := errors.Is(fctx.Err(), context.DeadlineExceeded)
 	cancel()
@@ -85,7 +92,12 @@ func (p *Polled) poll(ctx context.Context) {
 		return // closing: the fetch was cut short, not failed
 	}
 	if err != nil && late {
-		err = fmt.Errorf("no answer within %s: %w", p.every, err)
+		err = fmt.Errorf("no answer within %s: %w", limit, err)
+		// A source that answers, but slower than the interval, would
+		// never be read: the next fetch may take twice as long.
+		// Kept once it answers: it would time out again at the
+		// interval.
+		p.limit = min(2*limit, max(maxFetch, p.every))
 	}
 	p.mu.Lock()
 	changed := false
@@ -102,6 +114,17 @@ func (p *Polled) poll(ctx context.Context) {
 		case p.changed <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// Signal notifies Changed's reader now: for a source whose fetch found a
+// change of something besides the members and the skipped cgroups (the
+// kubernetes source's no-project pods and namespaces), which the
+// comparison after the fetch does not see.
+func (p *Polled) Signal() {
+	select {
+	case p.changed <- struct{}{}:
+	default:
 	}
 }
 

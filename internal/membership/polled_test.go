@@ -132,3 +132,31 @@ func TestPolledPoke(t *testing.T) {
 		t.Errorf("%d fetches, want 3", n)
 	}
 }
+
+// TestPolledSlowSource: a source that always answers, but slower than the
+// interval (a busy node's container runtime), is read: each fetch that runs
+// out of its bound lets the next take twice as long. Before, every fetch
+// was cut at the interval and the source was never read.
+func TestPolledSlowSource(t *testing.T) {
+	const every = 20 * time.Millisecond
+	p := NewPolled("kubernetes", every, func(ctx context.Context) (Found, error) {
+		select {
+		case <-time.After(5 * every):
+			return Found{Members: []Member{{Project: "a", Cgroup: "/sys/fs/cgroup/a"}}}, nil
+		case <-ctx.Done():
+			return Found{}, ctx.Err()
+		}
+	})
+	defer p.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		f, err := p.Scan(context.Background())
+		if err == nil && len(f.Members) == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a source answering in 100ms with a 20ms interval was never read: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
