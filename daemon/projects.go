@@ -97,6 +97,9 @@ type projects struct {
 	// unknown; podRoots are kubernetes.pod_cgroups.
 	self     string
 	selfHeld bool // holdSelf has made self a member
+	// podsNone lists the pods of no project (the kubernetes source's
+	// NoProject); nil without the kubernetes source.
+	podsNone func() []string
 	// noPodRootWarned: no pod root was found (logged once).
 	noPodRootWarned bool
 	podRoots        []string
@@ -242,7 +245,7 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 				p.close()
 				return nil, err
 			}
-			p.kube = src
+			p.kube, p.podsNone = src, src.NoProject
 			p.sources = append(p.sources, src)
 			p.closers = append(p.closers, src)
 		}
@@ -921,5 +924,30 @@ func (p *projects) projectOf(id uint64) (string, error) {
 	if e, ok := p.find(path); ok {
 		return e.Project, nil
 	}
+	if p.inPodRoot(path) {
+		return "", fmt.Errorf("cgroup %s: %w", path, errPodUnplaced)
+	}
 	return "", nil
+}
+
+// errPodUnplaced is projectOf's error for a pod's cgroup that is in no
+// project yet (not read from the runtime yet, or refused one): the kernel
+// counts it in (unclassified), and the front refuses it rather than take it
+// for a process of the host, which routes and trusted addresses serve.
+var errPodUnplaced = errors.New("a pod in no project yet (not read from the container runtime, or its project refused)")
+
+// inPodRoot says whether path is below a pod root (kubernetes.pod_cgroups)
+// and neither the daemon's own nor a pod of no project's (a system
+// namespace's).
+func (p *projects) inPodRoot(path string) bool {
+	if p.podsNone == nil {
+		return false
+	}
+	below := func(dir string) bool { return path == dir || strings.HasPrefix(path, dir+"/") }
+	if !slices.ContainsFunc(p.podRoots, func(root string) bool {
+		return strings.HasPrefix(path, filepath.Join(p.mount.Point, root)+"/")
+	}) {
+		return false
+	}
+	return !(p.self != "" && below(p.self)) && !slices.ContainsFunc(p.podsNone(), below)
 }

@@ -781,3 +781,66 @@ func TestHeldKernelTakesTheDaemonOut(t *testing.T) {
 		t.Fatalf("held: SetMembers %v, want once %v (the kernel's members and the daemon out of every project)", h.sets, want)
 	}
 }
+
+// TestUnplacedPodNotAHostProcess: a pod's cgroup that is in no project yet
+// (not read from the runtime, or its project refused) is an error to the
+// front, which refuses it, not a process of the host's, which routes and
+// trusted addresses serve (and which could then name any project). A pod of
+// no project (a system namespace's), the daemon's own cgroup and a process
+// outside the pods stay outside every project.
+func TestUnplacedPodNotAHostProcess(t *testing.T) {
+	testutil.RequireRoot(t)
+	mnt := testutil.Cgroup2Mount(t)
+	top := testutil.TempCgroup(t, mnt, "fairshare-pods-")
+	pods := testutil.MkCgroup(t, top, "kubepods")
+	member := testutil.MkCgroup(t, pods, "podmember")
+	unplaced := testutil.MkCgroup(t, testutil.MkCgroup(t, pods, "podnew"), "ctr")
+	system := testutil.MkCgroup(t, pods, "poddns")
+	self := testutil.MkCgroup(t, pods, "poddaemon")
+	host := testutil.MkCgroup(t, top, "host")
+	cfg := config.Default()
+	cfg.StateDir = t.TempDir()
+	cfg.Projects.Sources = []string{membership.SourceRegistered}
+	st, err := policy.Open(cfg.StateDir, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	src := membership.NewPolled("kubernetes", time.Minute, func(context.Context) (membership.Found, error) {
+		return membership.Found{Members: []membership.Member{{Project: "team-k", Cgroup: member}}}, nil
+	})
+	p.sources = append(p.sources, src)
+	p.closers = append(p.closers, src)
+	rel, err := filepath.Rel(p.mount.Point, pods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.podRoots, p.self = []string{rel}, self
+	p.podsNone = func() []string { return []string{system} }
+	eventually(t, func() error {
+		p.apply(t.Context(), time.Now(), false)
+		if m := p.membership().Members; len(m) != 1 {
+			return fmt.Errorf("members %+v, want the pod's", m)
+		}
+		return nil
+	})
+	for _, tc := range []struct {
+		cg   string
+		want string
+		err  bool
+	}{{member, "team-k", false}, {unplaced, "", true}, {system, "", false}, {self, "", false}, {host, "", false}} {
+		id, err := cgroup.ID(tc.cg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := p.projectOf(id)
+		if got != tc.want || (err != nil) != tc.err || tc.err && !errors.Is(err, errPodUnplaced) {
+			t.Errorf("projectOf(%s) = %q, %v; want %q, error %v", tc.cg, got, err, tc.want, tc.err)
+		}
+	}
+}
