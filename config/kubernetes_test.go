@@ -16,7 +16,7 @@ import (
 
 func TestKubernetesDefaults(t *testing.T) {
 	k := Default().Kubernetes
-	if k.RuntimeEndpoint != kube.DefaultEndpoint || k.ProjectLabel != kube.DefaultProjectLabel || !k.NamespaceProjects ||
+	if k.RuntimeEndpoint != kube.DefaultEndpoint || k.ProjectLabel != kube.DefaultRules(nil).ProjectLabel || !k.NamespaceProjects ||
 		!slices.Equal(k.SystemNamespaces, kube.DefaultSystemNamespaces) || !slices.Equal(k.PodCgroups, kube.DefaultPodCgroups) {
 		t.Errorf("kubernetes defaults %+v disagree with package kube", k)
 	}
@@ -25,7 +25,7 @@ func TestKubernetesDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Kubernetes.Endpoint() != "/run/k3s/containerd/containerd.sock" || len(c.Kubernetes.SystemNamespaces) != 0 ||
-		c.Kubernetes.ProjectLabel != kube.DefaultProjectLabel {
+		c.Kubernetes.ProjectLabel != "" {
 		t.Errorf("overlay: %+v", c.Kubernetes)
 	}
 }

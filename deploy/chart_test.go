@@ -211,7 +211,7 @@ func TestChartDefaults(t *testing.T) {
 		t.Errorf("policies_file %s is not where the ConfigMap is mounted", got)
 	}
 	k, _ := conf["kubernetes"].(map[string]any)
-	if k["runtime_endpoint"] != cri.MountPath+"/containerd.sock" || k["project_label"] != "fairshare.io/project" {
+	if k["runtime_endpoint"] != cri.MountPath+"/containerd.sock" || k["project_label"] != "" {
 		t.Errorf("kubernetes config %v does not match the mounts", k)
 	}
 	// The kubernetes source is on by projects.sources, its one switch

@@ -9,9 +9,10 @@
 // runtime's socket.
 //
 // Rules decide the project: the pod's namespace by default (so a tenant's
-// replicas share one project instead of each taking a share), overridden by
-// the pod label fairshare.io/project; pods of system namespaces (kube-system)
-// are no project and are never limited.
+// replicas share one project instead of each taking a share), overridden,
+// where Rules.ProjectLabel is set (off in DefaultRules: whoever creates a pod
+// labels it), by a pod label such as fairshare.io/project; pods of system
+// namespaces (kube-system) are no project and are never limited.
 //
 // Source is the daemon's kubernetes source of members (projects.sources):
 // a membership.Polled that lists the pods each tick, and at once on each of

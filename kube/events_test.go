@@ -18,7 +18,6 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/crtest"
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
-	"github.com/fairshare-dev/fairshare/policy"
 )
 
 func TestEventsShared(t *testing.T) {
@@ -65,7 +64,7 @@ func sourceOn(t *testing.T, r *crtest.Runtime, every time.Duration) (*Source, *t
 		t.Fatal(err)
 	}
 	logs := &testutil.Buffer{}
-	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: testutil.Cgroup2Mount(t),
+	s := NewSource(SourceOptions{CRI: cri, Rules: labelledRules(), Mount: testutil.Cgroup2Mount(t),
 		Every: every, Log: slog.New(slog.NewTextHandler(logs, nil))})
 	t.Cleanup(func() { s.Close() })
 	if _, err := scanUntil(t, s, "the first poll", read); err != nil {

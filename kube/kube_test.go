@@ -58,7 +58,7 @@ func TestCgroupDir(t *testing.T) {
 }
 
 func TestRulesProject(t *testing.T) {
-	r := DefaultRules(policy.ValidateProject)
+	r := labelledRules()
 	pod := func(ns string, labels map[string]string) Pod { return Pod{Namespace: ns, Name: "p", Labels: labels} }
 	for _, c := range []struct {
 		name    string
@@ -113,7 +113,7 @@ func TestCRIPods(t *testing.T) {
 	for _, p := range pods {
 		byID[p.ID] = p
 	}
-	rules := DefaultRules(policy.ValidateProject)
+	rules := labelledRules()
 	for _, c := range []struct {
 		p       *crtest.Pod
 		project string
@@ -179,5 +179,24 @@ func TestCRIGone(t *testing.T) {
 	}
 	if _, err := c.Ping(ctx); !errors.Is(err, ErrRuntime) {
 		t.Fatalf("Ping without a runtime: %v, want ErrRuntime", err)
+	}
+}
+
+// labelledRules are DefaultRules with the label override on, as the tests
+// of labelled pods need it.
+func labelledRules() Rules {
+	r := DefaultRules(policy.ValidateProject)
+	r.ProjectLabel = DefaultProjectLabel
+	return r
+}
+
+// TestDefaultRulesIgnoreTheLabel: by default a pod's label does not move
+// it out of its namespace's project: whoever may create pods may label
+// them, and with the override on could split a tenant into as many
+// projects, each with its own share, as it has pods.
+func TestDefaultRulesIgnoreTheLabel(t *testing.T) {
+	p := Pod{Namespace: "team-a", Name: "p", Labels: map[string]string{DefaultProjectLabel: "another"}}
+	if got, err := DefaultRules(policy.ValidateProject).Project(p); got != "team-a" || err != nil {
+		t.Fatalf("a labelled pod under the default rules: %q %v, want its namespace's", got, err)
 	}
 }

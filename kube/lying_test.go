@@ -127,7 +127,7 @@ func TestSourceLyingRuntime(t *testing.T) {
 	}}
 	cri := serveCRI(t, liar)
 	var logs testutil.Buffer
-	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/mnt",
+	s := NewSource(SourceOptions{CRI: cri, Rules: labelledRules(), Mount: "/mnt",
 		Every: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	defer s.Close()
 	f, _ := scanUntil(t, s, "the first poll", read)
@@ -306,7 +306,7 @@ func TestSourceStallingSandbox(t *testing.T) {
 	}
 	cri := serveCRI(t, rtm)
 	var logs testutil.Buffer
-	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/mnt",
+	s := NewSource(SourceOptions{CRI: cri, Rules: labelledRules(), Mount: "/mnt",
 		Every: 300 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	defer s.Close()
 	members := func(f membership.Found) map[string]bool {
@@ -354,7 +354,7 @@ func TestSourcePendingKeepsKnown(t *testing.T) {
 		"sys":   {name: "sys", namespace: "kube-system", cgroupParent: "/kubepods/podsys", uid: "sys"},
 	}}}
 	cache := filepath.Join(t.TempDir(), "pods.json")
-	rules := DefaultRules(policy.ValidateProject)
+	rules := labelledRules()
 	s1 := NewSource(SourceOptions{CRI: serveCRI(t, rtm), Rules: rules, Mount: "/mnt", Every: 50 * time.Millisecond, Cache: cache})
 	scanUntil(t, s1, "the first run's poll", func(f membership.Found, err error) bool { return err == nil && len(f.Members) == 1 })
 	if none := s1.NoProject(); !slices.Equal(none, []string{"/mnt/kubepods/podsys"}) {
@@ -399,7 +399,7 @@ func TestSourceSignalsNoProjectPods(t *testing.T) {
 		"good": {name: "good", cgroupParent: "/kubepods/burstable/podgood", uid: "good"},
 	}}
 	cri := serveCRI(t, liar)
-	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/mnt", Every: 20 * time.Millisecond})
+	s := NewSource(SourceOptions{CRI: cri, Rules: labelledRules(), Mount: "/mnt", Every: 20 * time.Millisecond})
 	defer s.Close()
 	scanUntil(t, s, "the first poll", read)
 	time.Sleep(100 * time.Millisecond) // later polls: nothing changes

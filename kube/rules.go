@@ -7,7 +7,9 @@ import (
 	"slices"
 )
 
-// DefaultProjectLabel is the pod label that names a pod's project.
+// DefaultProjectLabel is the usual pod label that names a pod's project,
+// where the override is on (kubernetes.project_label; off by default: a
+// tenant that may label its pods could split them into many projects).
 const DefaultProjectLabel = "fairshare.io/project"
 
 // DefaultSystemNamespaces are namespaces whose pods are never limited.
@@ -33,10 +35,10 @@ type Rules struct {
 	Reserved []string
 }
 
-// DefaultRules: the namespace is the project, the label overrides it,
-// kube-system is never limited.
+// DefaultRules: the namespace is the project, kube-system is never
+// limited, no label overrides the namespace.
 func DefaultRules(validate func(string) error) Rules {
-	return Rules{ProjectLabel: DefaultProjectLabel, Namespaces: true, System: DefaultSystemNamespaces, Validate: validate}
+	return Rules{Namespaces: true, System: DefaultSystemNamespaces, Validate: validate}
 }
 
 // Project is the project p counts for, or "" if it counts for none (a

@@ -57,7 +57,7 @@ func TestSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	cache := filepath.Join(t.TempDir(), "pods.json")
-	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: mount, Every: 50 * time.Millisecond, Cache: cache})
+	s := NewSource(SourceOptions{CRI: cri, Rules: labelledRules(), Mount: mount, Every: 50 * time.Millisecond, Cache: cache})
 	defer s.Close()
 	cg := func(p *crtest.Pod) string { return filepath.Join(mount, p.CgroupParent) }
 	want := []membership.Member{{Project: "team-a", Cgroup: cg(a)}, {Project: "team-b", Cgroup: cg(b)},
@@ -90,7 +90,7 @@ func TestSource(t *testing.T) {
 	if err2 != nil {
 		t.Fatal(err2)
 	}
-	s2 := NewSource(SourceOptions{CRI: cri2, Rules: DefaultRules(policy.ValidateProject), Mount: mount, Cache: cache})
+	s2 := NewSource(SourceOptions{CRI: cri2, Rules: labelledRules(), Mount: mount, Cache: cache})
 	if last, ok := s2.Last(); !ok || !slices.Equal(last.Members, want) {
 		t.Errorf("the next run's Last: %v %v\nwant %v", last.Members, ok, want)
 	}
@@ -120,7 +120,7 @@ func TestSourceAbsent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewSource(SourceOptions{CRI: cri, Rules: DefaultRules(policy.ValidateProject), Mount: "/sys/fs/cgroup"})
+	s := NewSource(SourceOptions{CRI: cri, Rules: labelledRules(), Mount: "/sys/fs/cgroup"})
 	_, err = scanUntil(t, s, "the first poll", func(_ membership.Found, err error) bool { return !errors.Is(err, membership.ErrNotRead) })
 	if !errors.Is(err, ErrRuntime) || !strings.Contains(err.Error(), "no such file or directory") {
 		t.Errorf("first scan: %v", err)

@@ -27,7 +27,7 @@ import (
 // kubeNode is a node whose projects are the pods of the runtime r (and
 // registrations), polled each tick.
 func kubeNode(t *testing.T, r *crtest.Runtime, extra string) *node {
-	return newNode(t, fmt.Sprintf("projects: {sources: [kubernetes, registered]}\nkubernetes: {runtime_endpoint: %s}\n%s", r.Socket, extra))
+	return newNode(t, fmt.Sprintf("projects: {sources: [kubernetes, registered]}\nkubernetes: {runtime_endpoint: %s, project_label: fairshare.io/project}\n%s", r.Socket, extra))
 }
 
 // kubeMembers are the kubernetes source's members: "project cgroup"
