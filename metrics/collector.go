@@ -127,7 +127,7 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 			"Asks the kernel admitted, the rule refusing, because enforcement had lapsed (no daemon heartbeat within connections.lapse_after); in pool_admitted_total too.", "pool"),
 		lapsed: d("pool_enforcement_lapsed", "1 while the kernel's enforcement has lapsed (no daemon heartbeat within connections.lapse_after).", "pool"),
 		heartbeatAge: d("heartbeat_age_seconds",
-			"Seconds since the daemon's control loop last renewed the heartbeat in the pins; past connections.lapse_after the kernel stops refusing.", "pool"),
+			"Seconds since the heartbeat in the pins was last renewed (every tick, by a goroutine of the daemon apart from its control loop); past connections.lapse_after the kernel stops refusing.", "pool"),
 		lnOpen:     d("listener_open_connections", "Connections open through the listener.", "listener"),
 		lnMax:      d("listener_max_connections", "The listener's cap on open connections; 0 is none.", "listener"),
 		lnAccepted: d("listener_accepted_total", "Connections accepted within the caps.", "listener"),
