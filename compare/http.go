@@ -34,7 +34,7 @@ const ProjectHeader = "X-Project"
 // DefaultRetry. They run in real time only (real sockets, real processes).
 var HTTPSchemes = []Scheme{
 	{Name: "http-fairshare", How: "the fairshare front (net/http path) with the requests pool and the scheduler, MaxInFlight = pool; 429 with its Retry-After and Retry-After-Ms", New: newHTTPFairshare},
-	{Name: "http-nginx", How: "nginx limit_conn keyed by the project header at pool/N, and one for the server at the pool; 503 without Retry-After", New: newHTTPNginx},
+	{Name: "http-nginx", How: "nginx limit_conn keyed by the project header at pool/N, and one keyed by $server_port (the whole server) at the pool; 503 without Retry-After", New: newHTTPNginx},
 	{Name: "http-haproxy", How: "HAProxy with maxconn = pool on the upstream server: the rest wait in its queue (FIFO)", New: newHTTPHAProxy},
 }
 
@@ -78,7 +78,12 @@ func (h *httpSystem) bind(hold func(string, int)) {
 	h.mu.Unlock()
 }
 
-// serveUpstream holds a seat for the service time.
+// serveUpstream holds a seat for the service time, or until the proxy
+// drops the request (its client went away: a departing project's writers
+// abandon the requests they are in). nginx and the front then free the
+// request's place at once, and a seat the upstream kept would count
+// against the pool they bound. HAProxy (without abortonclose) keeps the
+// place until the answer, so it does not drop the request.
 func (h *httpSystem) serveUpstream(w http.ResponseWriter, r *http.Request) {
 	project := r.Header.Get(ProjectHeader)
 	h.mu.Lock()
@@ -87,7 +92,12 @@ func (h *httpSystem) serveUpstream(w http.ResponseWriter, r *http.Request) {
 	if hold != nil {
 		hold(project, 1)
 	}
-	time.Sleep(h.service)
+	t := time.NewTimer(h.service)
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		t.Stop()
+	}
 	if hold != nil {
 		hold(project, -1)
 	}
@@ -256,6 +266,11 @@ func newHTTPNginx(o Options, w Workload) (System, error) {
 		return nil, err
 	}
 	c := max(size/max(w.Planned, 1), 1)
+	// nginx counts a request in a limit_conn zone only if the zone's key
+	// is not empty. The server-wide zone is keyed by $server_port, which
+	// every request has: $server_name is empty in a server block without
+	// a server_name, and keyed by it the limit of the pool bounded nothing
+	// (TestProxyServerCap).
 	conf := fmt.Sprintf(`worker_processes 1;
 pid %[1]s/nginx.pid;
 error_log %[1]s/error.log;
@@ -265,7 +280,7 @@ http {
   client_body_temp_path %[1]s/body; proxy_temp_path %[1]s/proxy; fastcgi_temp_path %[1]s/fcgi;
   uwsgi_temp_path %[1]s/uwsgi; scgi_temp_path %[1]s/scgi;
   limit_conn_zone $http_x_project zone=tenant:1m;
-  limit_conn_zone $server_name zone=whole:1m;
+  limit_conn_zone $server_port zone=whole:1m;
   limit_conn_status 503;
   upstream up { server %[2]s; keepalive 256; }
   server {

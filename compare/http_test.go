@@ -3,9 +3,12 @@
 package compare
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os/exec"
+	"sync"
 	"testing"
 	"time"
 
@@ -65,6 +68,91 @@ func TestHTTPSystems(t *testing.T) {
 				if res.Refusals == 0 {
 					t.Error("the front refused nothing: 64 writers of one project past its share")
 				}
+			}
+		})
+	}
+}
+
+// TestProxyServerCap checks that nginx, HAProxy and the front never have
+// more requests at the upstream than the pool: six projects of four
+// clients each ask at once (24 > 8), the per-tenant caps (nginx: 8/2 = 4
+// each) add up to three times the pool, and only the server-wide bound
+// (nginx's limit_conn on the server zone, HAProxy's server maxconn, the
+// front's MaxInFlight) holds them to it. The pool must be reached, or the
+// bound was not tested. nginx does not count a request whose
+// limit_conn_zone key is empty, so a server zone keyed by $server_name in
+// a server block without a server_name bounded nothing: the upstream held
+// 24 at once.
+func TestProxyServerCap(t *testing.T) {
+	for _, name := range []string{"http-nginx", "http-haproxy", "http-fairshare"} {
+		t.Run(name, func(t *testing.T) {
+			s, err := SchemeByName(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const pool, projects, clients = 8, 6, 4
+			o := Options{Pool: pool, Service: 50 * time.Millisecond}
+			sys, err := s.New(o, Workload{Name: "cap", Planned: 2})
+			if errors.Is(err, ErrMissingTool) {
+				t.Skip(err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sys.Close()
+			var mu sync.Mutex
+			inUse, most, counting := 0, 0, true
+			sys.(binder).bind(func(_ string, d int) {
+				mu.Lock()
+				defer mu.Unlock()
+				inUse += d
+				if counting {
+					most = max(most, inUse)
+				}
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			var refused, admitted, failed int
+			for p := range projects {
+				for range clients {
+					wg.Go(func() {
+						for ctx.Err() == nil {
+							ok, _, err := sys.Do(ctx, fmt.Sprintf("p%d", p), nil)
+							mu.Lock()
+							switch {
+							case err != nil && ctx.Err() == nil:
+								failed++
+							case err != nil:
+							case ok:
+								admitted++
+							default:
+								refused++
+							}
+							mu.Unlock()
+							if !ok {
+								time.Sleep(5 * time.Millisecond)
+							}
+						}
+					})
+				}
+			}
+			time.Sleep(1500 * time.Millisecond)
+			// Stop counting before the clients go: a request its client
+			// abandons leaves the proxy before the upstream ends it.
+			mu.Lock()
+			counting = false
+			mu.Unlock()
+			cancel()
+			wg.Wait()
+			t.Logf("most at the upstream at once: %d (pool %d); admitted %d, refused %d, failed %d", most, pool, admitted, refused, failed)
+			if failed > 0 {
+				t.Errorf("%d requests failed", failed)
+			}
+			if most > pool {
+				t.Errorf("the upstream held %d requests at once, past the pool of %d: the server-wide bound does not apply", most, pool)
+			}
+			if most < pool {
+				t.Errorf("the upstream held at most %d at once with %d clients asking: the pool of %d was never reached, so the bound was not tested", most, projects*clients, pool)
 			}
 		})
 	}

@@ -27,6 +27,7 @@ type recorder struct {
 	projects map[string]*projRec
 	order    []string // first-seen order, for stable output
 	inUse    int
+	maxInUse int // the most seats in use at once, over the whole run
 	demand   int
 	// overloaded is the time total demand exceeded the pool, busy the
 	// seat-time in use during it.
@@ -150,6 +151,9 @@ func (r *recorder) hold(project string, d int) {
 	p := r.projLocked(project)
 	p.held += d
 	r.inUse += d
+	if !r.frozen {
+		r.maxInUse = max(r.maxInUse, r.inUse)
+	}
 	if d > 0 && p.pending && p.held >= min(r.floor, p.demand) {
 		p.pending = false
 		if !r.frozen {
@@ -222,8 +226,12 @@ type Result struct {
 	FloorWaits []time.Duration `json:"floor_waits_ns"`
 	Refusals   int             `json:"refusals"`
 	Admits     int             `json:"admits"`
-	Projects   []ProjectResult `json:"projects"`
-	Samples    []Sample        `json:"-"`
+	// MaxInUse is the most seats in use at once until the run's end,
+	// warmup included: over HTTP, the most requests the upstream held at
+	// once.
+	MaxInUse int             `json:"max_in_use"`
+	Projects []ProjectResult `json:"projects"`
+	Samples  []Sample        `json:"-"`
 }
 
 // ProjectResult is one project's share of a run.
@@ -255,7 +263,7 @@ func (r Result) MaxFloorWait() time.Duration {
 func (r *recorder) result() Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	res := Result{Refusals: r.refusals, Admits: r.admits, Samples: r.samples,
+	res := Result{Refusals: r.refusals, Admits: r.admits, MaxInUse: r.maxInUse, Samples: r.samples,
 		FloorWaits: slices.Clone(r.floorWaits), Utilization: -1}
 	var sum, sq float64
 	n := 0

@@ -261,8 +261,8 @@ func Compare(o Options) (*Report, error) {
 					return nil, fmt.Errorf("%s %s seed %d: %w", name, wl, seed, err)
 				}
 				res.Seed = seed
-				progress("%-15s %-9s seed %d: jain %.3f mouse p99 %v util %.3f floor wait %v refusals/admit %.2f",
-					name, wl, seed, res.Jain, res.MouseP99.Round(time.Microsecond), res.Utilization, res.MaxFloorWait().Round(time.Microsecond), res.RefusalsPerAdmit())
+				progress("%-15s %-9s seed %d: jain %.3f mouse p99 %v util %.3f floor wait %v refusals/admit %.2f max in use %d",
+					name, wl, seed, res.Jain, res.MouseP99.Round(time.Microsecond), res.Utilization, res.MaxFloorWait().Round(time.Microsecond), res.RefusalsPerAdmit(), res.MaxInUse)
 				row.Jain = math.Min(row.Jain, res.Jain)
 				row.MouseP99 = max(row.MouseP99, res.MouseP99)
 				if res.Utilization >= 0 && (row.Utilization < 0 || res.Utilization < row.Utilization) {

@@ -46,7 +46,8 @@ var Schemes = []Scheme{
 	{Name: "fairshare", How: "the rule alone bounds the seats: pools.Pool of the seats' size (a permit is a seat), TryAcquire then scheduler.Submit/Wait; refused: retry after exactly Refusal.RetryAfter, the pool's estimate (a connect the kernel refuses gets no such hint)", New: newFairshare},
 	{Name: "fairshare-front", How: "the HTTP front's defaults: the requests pool 6.25 times the seats (pools.requests.size 400, front.max_in_flight 64), then scheduler.Submit/Wait with MaxInFlight = the seats; refused: retry after Refusal.RetryAfter", New: newFairshareFront},
 	{Name: "fairshare-wait", How: "pools.Pool.Acquire (blocking, round-robin over waiting projects)", New: newFairshareWait},
-	{Name: "apf", How: "k8s.io/apiserver v0.37.2 queueset: 64 queues, hand 8, queue length 50, seats = pool; rejected: retry after 1s (the filter's Retry-After)", New: newAPF},
+	{Name: "apf", How: "k8s.io/apiserver v0.37.2 queueset as Kubernetes ships the levels tenant traffic lands in (workload-low, global-default): 128 queues, hand 6, queue length 50, seats = pool; rejected: retry after 1s (the filter's Retry-After)", New: newAPFShipped},
+	{Name: "apf-64x8", How: "the same queueset with the API's field defaults, what a PriorityLevelConfiguration created without queuing values gets: 64 queues, hand 8, queue length 50", New: newAPFFieldDefaults},
 	{Name: "static", How: "a cap of pool/N per project, N fixed ahead (limit_conn per tenant); refused: retry after 10ms", New: newStatic},
 	{Name: "fifo", How: "golang.org/x/sync/semaphore.Weighted(pool), FIFO Acquire", New: newFIFO},
 }
@@ -183,20 +184,37 @@ func (f *fairshareWait) Close() { f.cancel(); f.wg.Wait() }
 // request, a rejected request answered 429 with Retry-After: 1.
 type apf struct{ qs fq.QueueSet }
 
-// APF's defaults (flowcontrol API): queues, hand size, queue length limit.
-const (
-	APFQueues      = 64
-	APFHandSize    = 8
-	APFQueueLength = 50
-	// APFRetryAfter is the Retry-After of the apiserver filter's 429
-	// (k8s.io/apiserver/pkg/server/filters: retryAfter = "1").
-	APFRetryAfter = time.Second
+// APFQueuing is a priority level's queuing: queues, hand size, queue
+// length limit.
+type APFQueuing struct{ Queues, HandSize, QueueLength int }
+
+var (
+	// APFShipped is what Kubernetes ships for the priority levels a
+	// tenant's requests land in: workload-low (flow schema
+	// service-accounts, every service account) and global-default (flow
+	// schema global-default, every other user), both 128 queues, hand 6,
+	// queue length 50 (k8s.io/apiserver/pkg/apis/flowcontrol/bootstrap,
+	// default.go, v0.37.2).
+	APFShipped = APFQueuing{Queues: 128, HandSize: 6, QueueLength: 50}
+	// APFFieldDefaults are the QueuingConfiguration fields' defaults
+	// (k8s.io/api/flowcontrol/v1): what a level created without queuing
+	// values gets. No bootstrap level a tenant lands in uses them.
+	APFFieldDefaults = APFQueuing{Queues: 64, HandSize: 8, QueueLength: 50}
 )
+
+// APFRetryAfter is the Retry-After of the apiserver filter's 429
+// (k8s.io/apiserver/pkg/server/filters: retryAfter = "1").
+const APFRetryAfter = time.Second
 
 var apfMu sync.Mutex // the queueset's metrics are package globals
 
-func newAPF(o Options, _ Workload) (System, error) {
-	size := o.Pool
+func newAPFShipped(o Options, _ Workload) (System, error) { return newAPF(o.Pool, APFShipped) }
+
+func newAPFFieldDefaults(o Options, _ Workload) (System, error) {
+	return newAPF(o.Pool, APFFieldDefaults)
+}
+
+func newAPF(size int, q APFQueuing) (System, error) {
 	apfMu.Lock()
 	defer apfMu.Unlock()
 	clk := eventclock.Real{}
@@ -204,9 +222,9 @@ func newAPF(o Options, _ Workload) (System, error) {
 	labels := []string{"compare"}
 	qsc, err := qsf.BeginConstruction(fq.QueuingConfig{
 		Name:             "compare",
-		DesiredNumQueues: APFQueues,
-		QueueLengthLimit: APFQueueLength,
-		HandSize:         APFHandSize,
+		DesiredNumQueues: q.Queues,
+		QueueLengthLimit: q.QueueLength,
+		HandSize:         q.HandSize,
 	}, metrics.RatioedGaugeVecPhasedElementPair(metrics.PriorityLevelConcurrencyGaugeVec, 1, 1, labels),
 		metrics.PriorityLevelExecutionSeatsGaugeVec.NewForLabelValuesSafe(0, 1, labels),
 		fq.NewNamedIntegrator(clk, "compare"))
