@@ -101,6 +101,9 @@ type Reconcile struct {
 	// refused until back under its limit).
 	MovedTotal     uint64 `json:"moved_total"`
 	MovedPastTotal uint64 `json:"moved_past_rule_total"`
+	// AbortedTotal counts the connections of MovedPastTotal aborted for it
+	// (connections.abort_moved_past).
+	AbortedTotal uint64 `json:"aborted_past_rule_total"`
 	// Unadopted is the number of project sockets holding no permit that
 	// the last pass could not adopt: the held-permit tables were full.
 	// They count nowhere until a pass finds room.

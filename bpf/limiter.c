@@ -571,6 +571,21 @@ static __always_inline __u32 dest_adoptable(struct sock *sk, __u64 id)
  * counted listener missing from the dump is gone (OP_UNLISTEN), and so is
  * the socket of a held permit.
  */
+/*
+ * abort_moved_past, set at load (loader.Options.AbortMovedPast): a socket
+ * whose permit a pass moves from (unclassified) to its pod's project past
+ * that project's rule (MOVED_PAST) is aborted, as if the connect had been
+ * refused then (its peer gets a reset, its process ECONNABORTED), and its
+ * permit goes back at its TCP_CLOSE. Without it a tenant at its limit could
+ * start pod after pod whose first connects, made before each was
+ * classified, took the (unclassified) project's share and were then moved
+ * to it, without bound. A socket adopted past the rule (one older than the
+ * programs) is never aborted.
+ */
+volatile const __u32 abort_moved_past;
+
+extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
+
 SEC("iter/tcp")
 int fs_dump(struct bpf_iter__tcp *ctx)
 {
@@ -682,6 +697,8 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 				rec.adopted = moved;
 				rec.dest = v.dest;
 			}
+			if (moved == MOVED_PAST && abort_moved_past && bpf_sock_destroy(skc) == 0)
+				rec.adopted = MOVED_ABORTED;
 			s = held_find(rec.cookie, true);
 		}
 		if (s) {

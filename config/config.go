@@ -132,6 +132,10 @@ type Connections struct {
 	// count and stop refusing (loader.Options.LapseAfter). 0 enforces
 	// forever; otherwise at least MinLapseAfter(tick).
 	LapseAfter time.Duration `yaml:"lapse_after"`
+	// AbortMovedPast aborts the connections a pod opened before it was
+	// classified whose permits a reconcile pass moves to its project past
+	// the rule (loader.Options.AbortMovedPast).
+	AbortMovedPast bool `yaml:"abort_moved_past"`
 }
 
 // minLapseAfter is the least connections.lapse_after besides three ticks.

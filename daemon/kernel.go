@@ -165,7 +165,7 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 		Logger: log,
 		Exempt: exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
 		ReservationTTL: cfg.Connections.ReservationTTL, MaxNetns: cfg.Connections.MaxNetns,
-		LapseAfter:   cfg.Connections.LapseAfter,
+		LapseAfter: cfg.Connections.LapseAfter, AbortMovedPast: cfg.Connections.AbortMovedPast,
 		MaxDestPools: uint32(cfg.Connections.MaxDestinationPools), DestPools: dests,
 		// No destination pool and no room asked for: the tables are made
 		// for none (8 MiB less); a pool added by SIGHUP then needs a
@@ -431,6 +431,10 @@ func (k *kernelSide) publishRepairs(rep loader.ReconcileReport) {
 		"adopted past the rule: the sockets exist, so they count, and in_use may exceed the pool until they end")
 	pubPast(events.KindMovedPast, rep.MovedPastIn,
 		"permits taken while its pod was unclassified moved to it past the rule: they count, and the project is refused until back under its limit")
+	for _, p := range slices.Sorted(maps.Keys(rep.Aborted)) {
+		pub(events.KindAbortedPast, p, rep.Aborted[p],
+			"connections its pod opened before it was classified, moved to it past the rule, aborted (connections.abort_moved_past): as if refused then")
+	}
 	for _, p := range slices.Sorted(maps.Keys(rep.Unadopted)) {
 		pub(events.KindUnadopted, p, rep.Unadopted[p],
 			"sockets that hold no permit not adopted: the held-permit table has no room; they count nowhere until a pass finds room (repeated at every pass while they last)")
@@ -460,6 +464,9 @@ func (k *kernelSide) addFound(rep loader.ReconcileReport) {
 	}
 	for _, n := range rep.MovedPast {
 		k.rec.MovedPastTotal += uint64(n)
+	}
+	for _, n := range rep.Aborted {
+		k.rec.AbortedTotal += uint64(n)
 	}
 }
 

@@ -42,6 +42,10 @@ const (
 	// count, and the project is refused there until it is back under its
 	// limit. One per pool and project, as KindAdoptedPast.
 	KindMovedPast = "moved_past_rule"
+	// KindAbortedPast: of KindMovedPast's connections, those reconcile
+	// aborted (connections.abort_moved_past): Count says how many, in the
+	// connections pool; their permits go back as they close.
+	KindAbortedPast = "aborted_past_rule"
 	// KindUnadopted: reconcile found project sockets holding no permit
 	// that it could not adopt, the held-permit table having no room (only
 	// a flood of connections older than the daemon fills it): Count says

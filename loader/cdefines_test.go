@@ -29,6 +29,7 @@ func TestGoMirrorsCDefines(t *testing.T) {
 		"MOVED":           moved,
 		"MOVED_PAST":      movedPast,
 		"NOT_ADOPTED":     notAdopted,
+		"MOVED_ABORTED":   movedAborted,
 		"PAST_NODE":       pastNode,
 		"PAST_DEST":       pastDest,
 		"KIND_EXEMPT_OUT": kindExemptOut,

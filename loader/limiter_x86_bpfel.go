@@ -380,6 +380,7 @@ const (
 	limiterProgFsSkLookup     = "fs_sk_lookup"
 	limiterProgFsSockRelease  = "fs_sock_release"
 	limiterProgFsSockops      = "fs_sockops"
+	limiterVarAbortMovedPast  = "abort_moved_past"
 	limiterVarBaseLevel       = "base_level"
 	limiterVarCapStride       = "cap_stride"
 	limiterVarDestStride      = "dest_stride"
@@ -489,6 +490,7 @@ type limiterMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type limiterVariableSpecs struct {
+	AbortMovedPast *ebpf.VariableSpec `ebpf:"abort_moved_past"`
 	BaseLevel      *ebpf.VariableSpec `ebpf:"base_level"`
 	CapStride      *ebpf.VariableSpec `ebpf:"cap_stride"`
 	DestStride     *ebpf.VariableSpec `ebpf:"dest_stride"`
@@ -597,6 +599,7 @@ func (m *limiterMaps) Close() error {
 //
 // It can be passed to loadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type limiterVariables struct {
+	AbortMovedPast *ebpf.Variable `ebpf:"abort_moved_past"`
 	BaseLevel      *ebpf.Variable `ebpf:"base_level"`
 	CapStride      *ebpf.Variable `ebpf:"cap_stride"`
 	DestStride     *ebpf.Variable `ebpf:"dest_stride"`

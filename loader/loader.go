@@ -194,6 +194,12 @@ type Options struct {
 	// every Tick) may grow before the programs stop refusing (they keep
 	// counting; see Lapse); 0 never lapses.
 	LapseAfter time.Duration
+	// AbortMovedPast aborts the sockets whose permits a reconcile pass
+	// moves from Unclassified to their pod's project past its rule
+	// (ReconcileReport.Aborted): as if their connects, made before the pod
+	// was classified, had been refused then. Off, they are counted past the
+	// rule and the project is refused until it is back under its limit.
+	AbortMovedPast bool
 
 	// MaxDestPools sizes the destination pool tables (dest.go): pools
 	// configured at once, removed ones still holding permits included; 0
@@ -228,16 +234,18 @@ type Limiter struct {
 	evWindow time.Duration // Options.eventWindow, 0: a second
 	ttl      time.Duration
 	lapse    time.Duration // Options.LapseAfter
-	clock    clock.Clock
-	mono     func() uint64 // CLOCK_MONOTONIC in ns (Options.Monotonic)
-	objs     limiterObjects
-	links    []link.Link
-	netns    uint64 // the cookie of the daemon's own network namespace
-	netnsIno uint64 // and its inode
-	reused   bool
-	pinLock  *os.File   // Options.PinLock
-	unlock   func()     // releases the lock taken for a migration; nil: none taken
-	mig      *migration // the pins of another layout Open replaces; nil: none
+	// abortPast: Options.AbortMovedPast
+	abortPast bool
+	clock     clock.Clock
+	mono      func() uint64 // CLOCK_MONOTONIC in ns (Options.Monotonic)
+	objs      limiterObjects
+	links     []link.Link
+	netns     uint64 // the cookie of the daemon's own network namespace
+	netnsIno  uint64 // and its inode
+	reused    bool
+	pinLock   *os.File   // Options.PinLock
+	unlock    func()     // releases the lock taken for a migration; nil: none taken
+	mig       *migration // the pins of another layout Open replaces; nil: none
 	// migNetns are, during a migration, the network namespaces of the
 	// host's processes other than the daemon's, by inode (otherNetns):
 	// the migration's passes count their connections too.
@@ -453,7 +461,7 @@ func Open(opts Options) (*Limiter, error) {
 		root: root, mnt: mnt, base: opts.BaseLevel, depth: opts.MaxDepth,
 		maxProj: opts.MaxProjects, maxMemb: opts.MaxMembers, maxNetns: opts.MaxNetns, pinDir: opts.PinDir,
 		log: opts.Logger, window: opts.Window, evWindow: opts.eventWindow, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
-		netns: cookie, size: opts.PoolSize, floor: opts.Floor, capacity: opts.PoolCapacity, lapse: opts.LapseAfter, maxDest: opts.MaxDestPools, noDest: opts.NoDestPools,
+		netns: cookie, size: opts.PoolSize, floor: opts.Floor, capacity: opts.PoolCapacity, lapse: opts.LapseAfter, abortPast: opts.AbortMovedPast, maxDest: opts.MaxDestPools, noDest: opts.NoDestPools,
 		pinLock: opts.PinLock,
 	}
 	defer func() {
@@ -637,6 +645,9 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	// The old destinations and the new at once, while SetDestPools
 	// changes them (rewriteDestsLocked).
 	spec.Maps["fs_dests"].MaxEntries = 2 * MaxDestinations
+	if err := spec.Variables["abort_moved_past"].Set(boolU32(l.abortPast)); err != nil {
+		return nil, fmt.Errorf("setting abort_moved_past: %w", err)
+	}
 	if err := spec.Variables["dest_stride"].Set(l.maxProj); err != nil {
 		return nil, fmt.Errorf("setting dest_stride: %w", err)
 	}
@@ -1053,4 +1064,12 @@ func cleanup(pinDir string, rmdir bool) error {
 		errs = append(errs, fmt.Errorf("removing pin directory: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// boolU32 is b as a C flag.
+func boolU32(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
 }

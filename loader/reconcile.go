@@ -50,6 +50,11 @@ type ReconcileReport struct {
 	// as AdoptedPast is (a warning, the daemon's moved_past_rule event).
 	// The pools' in_use does not change.
 	Moved, MovedPast map[string]int
+	// Aborted counts, by project, the sockets of MovedPast that the pass
+	// aborted (Options.AbortMovedPast): their permits go back as they
+	// close, and the project is held to its limit as if their connects had
+	// been refused.
+	Aborted map[string]int
 	// AdoptedPastIn and MovedPastIn break AdoptedPast and MovedPast down
 	// by the pool whose rule the socket was past, pool -> project ->
 	// sockets: ConnectionsPool is the node's pool, any other a destination
@@ -190,12 +195,14 @@ const sockRecordSize = 40
 // moved, its permit moved from a weak member's project (unclassified) to its
 // cgroup's project now; movedPast, moved while the rule would have refused
 // that project a permit; notAdopted, holding none and not adopted, the
-// held-permit tables having no room for it.
+// held-permit tables having no room for it; movedAborted, movedPast and
+// aborted for it (Options.AbortMovedPast).
 const (
-	adoptedPast = 2
-	moved       = 3
-	movedPast   = 4
-	notAdopted  = 5
+	adoptedPast  = 2
+	moved        = 3
+	movedPast    = 4
+	notAdopted   = 5
+	movedAborted = 6
 )
 
 // Values of fs_sock_record.past (bpf/lib/types.h): the pools whose rule a
@@ -297,6 +304,7 @@ func (r *ReconcileReport) addRepairs(o ReconcileReport) {
 	r.AdoptedPast = addNamed(r.AdoptedPast, o.AdoptedPast)
 	r.Moved = addNamed(r.Moved, o.Moved)
 	r.MovedPast = addNamed(r.MovedPast, o.MovedPast)
+	r.Aborted = addNamed(r.Aborted, o.Aborted)
 	r.Repaired = addNamed(r.Repaired, o.Repaired)
 	r.AdoptedPastIn = addByPool(r.AdoptedPastIn, o.AdoptedPastIn)
 	r.MovedPastIn = addByPool(r.MovedPastIn, o.MovedPastIn)
@@ -414,7 +422,7 @@ type pass struct {
 	// moved counts the permits moved from (unclassified) to the project
 	// of their cgroup now, by that project's id; movedPast those the rule
 	// would have refused it.
-	moved, movedPast map[uint64]int
+	moved, movedPast, aborted map[uint64]int
 	// pastIn and movedPastIn break past and movedPast down by the pool
 	// whose rule it was (pool 0: the node's), a socket past both in each.
 	pastIn, movedPastIn map[destPair]int
@@ -436,6 +444,7 @@ func (p *pass) addFound(q pass) {
 	addCounts(p.past, q.past)
 	addCounts(p.moved, q.moved)
 	addCounts(p.movedPast, q.movedPast)
+	addCounts(p.aborted, q.aborted)
 	addCounts(p.pastIn, q.pastIn)
 	addCounts(p.movedPastIn, q.movedPastIn)
 }
@@ -449,7 +458,7 @@ func addCounts[K comparable](to, from map[K]int) {
 
 func newPass() pass {
 	return pass{held: map[uint64]int{}, orphans: map[uint64]uint64{}, checked: map[uint64]bool{}, skipped: map[uint64]string{},
-		past: map[uint64]int{}, moved: map[uint64]int{}, movedPast: map[uint64]int{}, destHeld: map[destPair]int{},
+		past: map[uint64]int{}, moved: map[uint64]int{}, movedPast: map[uint64]int{}, aborted: map[uint64]int{}, destHeld: map[destPair]int{},
 		pastIn: map[destPair]int{}, movedPastIn: map[destPair]int{}, unadopted: map[uint64]int{}}
 }
 
@@ -580,10 +589,13 @@ func (l *Limiter) dump(targets []dumpTarget, p *pass) error {
 				countPast(p.pastIn, r)
 			case moved:
 				p.moved[r.Project]++
-			case movedPast:
+			case movedPast, movedAborted:
 				p.moved[r.Project]++
 				p.movedPast[r.Project]++
 				countPast(p.movedPastIn, r)
+				if r.Adopted == movedAborted {
+					p.aborted[r.Project]++
+				}
 			case notAdopted:
 				p.unadopted[r.Project]++
 			}
@@ -637,6 +649,14 @@ func (l *Limiter) reportFound(rep *ReconcileReport, found pass, unadopted map[ui
 	}
 	l.warnPast("moved permits taken as unclassified to their project past the rule: they exist, so they count, "+
 		"and the rule refuses the project in that pool until it is back under its limit", rep.MovedPastIn)
+	for id, n := range found.aborted {
+		if rep.Aborted == nil {
+			rep.Aborted = map[string]int{}
+		}
+		rep.Aborted[name(id)] += n
+		l.log.Warn("aborted connections made before their pod was classified, past its project's limit: as if their connects had been refused",
+			"project", name(id), "count", n)
+	}
 	for id, n := range unadopted {
 		if rep.Unadopted == nil {
 			rep.Unadopted = map[string]int{}

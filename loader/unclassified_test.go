@@ -25,6 +25,13 @@ import (
 // children down, as the daemon's does from the cgroup2 root's.
 func kubeLayout(t *testing.T, root, pin string, pool uint32, lapse time.Duration) (*Limiter, string) {
 	t.Helper()
+	return kubeLayoutWith(t, root, pin, Options{PoolSize: pool, LapseAfter: lapse})
+}
+
+// kubeLayoutWith is kubeLayout with more of the options (o's PinDir and
+// BaseLevel are set here).
+func kubeLayoutWith(t *testing.T, root, pin string, o Options) (*Limiter, string) {
+	t.Helper()
 	kp := mkdirs(t, root, "kubepods", "kubepods/burstable", "kubepods/besteffort")[0]
 	mnt, err := cgroup.FindMount()
 	if err != nil {
@@ -34,7 +41,8 @@ func kubeLayout(t *testing.T, root, pin string, pool uint32, lapse time.Duration
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := Open(Options{PinDir: pin, PoolSize: pool, BaseLevel: level + 1, LapseAfter: lapse})
+	o.PinDir, o.BaseLevel = pin, level+1
+	l, err := Open(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,6 +246,72 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 	a.do("close")
 	waitInUse(t, l, 0, map[string]int{"team-a": 0, Unclassified: 0, "team-b": 0})
 	waitDest(t, l, "db", 0, map[string]int{"team-a": 0, Unclassified: 0, "team-b": 0})
+}
+
+// TestUnclassifiedMovedPastAborted: with AbortMovedPast, the sockets a pod
+// connected before it was classified whose permits move to its project
+// past the rule are aborted (their permits given back as they close), as if
+// their connects had been refused: the project holds no more than the rule
+// let it take, however many pods it starts. Those the rule has room for
+// move and stay open.
+func TestUnclassifiedMovedPastAborted(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	const pool = 12
+	l, kp := kubeLayoutWith(t, root, pin, Options{PoolSize: pool, AbortMovedPast: true})
+	dirs := mkdirs(t, kp, "burstable/podA", "burstable/podA/ctr", "burstable/podB", "burstable/podB/ctr", "podC", "podC/ctr")
+	podA, podACtr, podB, podBCtr, podC, podCCtr := dirs[0], dirs[1], dirs[2], dirs[3], dirs[4], dirs[5]
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}))
+	dst := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	reconcile := func() ReconcileReport {
+		t.Helper()
+		rep, err := l.Reconcile(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	// podC, unclassified, then classified into team-c, which has room:
+	// moved, not aborted.
+	c := startHelper(t, podCCtr)
+	c.dialOK("tcp4", dst, 2, "unclassified podC")
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-c", Cgroup: podC}))
+	if rep := reconcile(); rep.Moved["team-c"] != 2 || len(rep.MovedPast) != 0 || len(rep.Aborted) != 0 {
+		t.Fatalf("podC's move into team-c, under its share: moved %v past %v aborted %v", rep.Moved, rep.MovedPast, rep.Aborted)
+	}
+	// podB connects while unclassified; team-a then takes what the rule
+	// lets it; podB becomes team-a's: its permits are past the rule.
+	b := startHelper(t, podBCtr)
+	b.dialOK("tcp4", dst, 3, "unclassified podB")
+	a := startHelper(t, podACtr)
+	if r := a.dial("tcp4", dst, pool); r.refused == 0 {
+		t.Fatalf("team-a was not refused: %+v", r)
+	}
+	held := project(snap(t, l), "team-a").InUse
+	before := snap(t, l).InUse
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-c", Cgroup: podC},
+		Member{Project: "team-a", Cgroup: podB}))
+	// The pool is at POOL - FLOOR, where an over-share team-a is refused:
+	// the first move is past the rule and aborted; the room its close
+	// makes is the rule's to give (team-a may take the pool up to POOL -
+	// FLOOR over its share), so the moves after it may be within it.
+	rep := reconcile()
+	aborted := rep.Aborted["team-a"]
+	if rep.Moved["team-a"] != 3 || aborted < 1 || rep.MovedPast["team-a"] != aborted {
+		t.Fatalf("podB's move into team-a past the rule: moved %v past %v aborted %v", rep.Moved, rep.MovedPast, rep.Aborted)
+	}
+	// Aborted: given back as they close.
+	waitInUse(t, l, before-aborted, map[string]int{"team-a": held + 3 - aborted, Unclassified: 0, "team-c": 2})
+	if s := snap(t, l); s.InUse > pool-1 {
+		t.Fatalf("after the pass in_use %d, past POOL - FLOOR", s.InUse)
+	}
+	if rep := reconcile(); len(rep.Moved) != 0 || len(rep.Aborted) != 0 || rep.Held["team-a"] != held+3-aborted {
+		t.Fatalf("a second pass: moved %v aborted %v held %v", rep.Moved, rep.Aborted, rep.Held)
+	}
+	a.do("close")
+	b.do("close")
+	c.do("close")
+	waitInUse(t, l, 0, map[string]int{"team-a": 0, Unclassified: 0, "team-c": 0})
 }
 
 // A move past a destination pool's rule, the node's pool far from full, is

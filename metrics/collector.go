@@ -44,7 +44,7 @@ type Collector struct {
 	recLast, recSockets, recHeld              *prometheus.Desc
 	recAdoptedPast, lapseAdmitted, lapsed     *prometheus.Desc
 	recUnadopted                              *prometheus.Desc
-	recMoved, recMovedPast                    *prometheus.Desc
+	recMoved, recMovedPast, recAborted        *prometheus.Desc
 	heartbeatAge                              *prometheus.Desc
 	lnOpen, lnMax, lnAccepted, lnRefused      *prometheus.Desc
 	lnErrors                                  *prometheus.Desc
@@ -121,6 +121,8 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 			"Project sockets holding no permit that the last reconcile pass could not adopt, the held-permit table having no room: they count nowhere until a pass finds room."),
 		recMoved: d("reconcile_moved_total",
 			"Permits taken while a pod was unclassified that reconcile passes moved to the project it is classified in."),
+		recAborted: d("reconcile_aborted_past_rule_total",
+			"Of reconcile_moved_past_rule_total, the connections aborted for it (connections.abort_moved_past): opened before their pod was classified, with no room under its project's limit."),
 		recMovedPast: d("reconcile_moved_past_rule_total",
 			"Of reconcile_moved_total, the permits moved although the rule or a fleet cap would have refused the project (that pool refuses it, or in dry-run would, until it is back under its limit)."),
 		lapseAdmitted: d("pool_lapsed_admitted_total",
@@ -176,7 +178,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.poolActive, c.poolAdmitted, c.poolRefused, c.poolRateLimited, c.permitsRateLimited, c.held, c.admitted, c.refused, c.sleeping, c.evictions,
 		c.rateLimited, c.workTokens, c.inFlight, c.queue, c.dispatched, c.wait,
 		c.exemptMax, c.exemptInUse, c.exemptAdmitted, c.exemptOver,
-		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld, c.recAdoptedPast, c.recUnadopted, c.recMoved, c.recMovedPast, c.lapseAdmitted, c.lapsed, c.heartbeatAge,
+		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld, c.recAdoptedPast, c.recUnadopted, c.recMoved, c.recMovedPast, c.recAborted, c.lapseAdmitted, c.lapsed, c.heartbeatAge,
 		c.lnOpen, c.lnMax, c.lnAccepted, c.lnRefused, c.lnErrors,
 		c.memMembers, c.memRefused, c.memSourceUp, c.nsFound, c.nsAttached, c.nsSweeps, c.nsSweep, c.nsErrors,
 
@@ -216,6 +218,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.recAdoptedPast, prometheus.CounterValue, float64(r.AdoptedPastTotal))
 		ch <- prometheus.MustNewConstMetric(c.recMoved, prometheus.CounterValue, float64(r.MovedTotal))
 		ch <- prometheus.MustNewConstMetric(c.recMovedPast, prometheus.CounterValue, float64(r.MovedPastTotal))
+		ch <- prometheus.MustNewConstMetric(c.recAborted, prometheus.CounterValue, float64(r.AbortedTotal))
 		ch <- prometheus.MustNewConstMetric(c.recFailures, prometheus.CounterValue, float64(r.Failures))
 		ch <- prometheus.MustNewConstMetric(c.recRepairs, prometheus.CounterValue, float64(r.RepairsTotal))
 		ch <- prometheus.MustNewConstMetric(c.recLast, prometheus.GaugeValue, float64(r.Time.UnixNano())/1e9)

@@ -266,6 +266,10 @@ struct fs_sock_record {
  * socket's permit, the spill table full); it counts nowhere until a pass
  * finds room. */
 #define NOT_ADOPTED 5
+/* fs_sock_record.adopted: MOVED_PAST, and the socket aborted for it
+ * (abort_moved_past, limiter.c): it held its permit only for having
+ * connected before its pod was classified. */
+#define MOVED_ABORTED 6
 /* fs_sock_record.past: the pools whose rule it was adopted or moved past:
  * the node's connections pool, the destination pool it holds (dest). */
 #define PAST_NODE 1
