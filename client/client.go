@@ -163,6 +163,11 @@ func (r *reply) err() error {
 type waiter struct {
 	ch chan reply
 	op string
+	// object and seq, for a spawn: its object, and its place among the
+	// spawns of it (Client.spawns), so that a late grant given up on is
+	// released only if no spawn of the object came after it.
+	object string
+	seq    uint64
 }
 
 // objState is what the client remembers of an object so it can register it
@@ -196,8 +201,10 @@ type Client struct {
 	// ErrEvicting on the first and waits for the second.
 	evicting   map[string]int
 	confirming map[string]chan struct{}
-	closed     bool
-	done       chan struct{} // closed by Close
+	// spawns counts the spawns of each object made (waiter.seq).
+	spawns map[string]uint64
+	closed bool
+	done   chan struct{} // closed by Close
 
 	afterDial func() // tests: runs between a reconnect's dial and its attach
 }
@@ -208,7 +215,8 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 		opts.Socket = DefaultSocket
 	}
 	c := &Client{opts: opts, pending: map[uint64]waiter{}, objects: map[string]*objState{},
-		evicting: map[string]int{}, confirming: map[string]chan struct{}{}, done: make(chan struct{}), flush: make(chan struct{}, 1)}
+		evicting: map[string]int{}, confirming: map[string]chan struct{}{}, spawns: map[string]uint64{},
+		done: make(chan struct{}), flush: make(chan struct{}, 1)}
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -267,6 +275,9 @@ func (c *Client) attach(conn net.Conn) bool {
 	c.bw, c.wconn = bufio.NewWriterSize(conn, 32<<10), conn
 	c.werr = nil
 	c.conn, c.down = conn, false
+	// The evictions of the connection before are no more: the objects'
+	// spawns on this one (reregister) must not fail with ErrEvicting.
+	c.evicting = map[string]int{}
 	c.mu.Unlock()
 	go c.read(conn)
 	return true
@@ -324,12 +335,14 @@ func (c *Client) read(conn net.Conn) {
 		case !ok:
 		case w.ch != nil:
 			w.ch <- rp
-		case rp.OK && rp.Lease != 0 && (w.op == "acquire" || w.op == "spawn" && rp.Note == ""):
-			// The caller gave up before the grant arrived: a permit,
-			// or a residence begun for it (not a call on an object
-			// already resident, whose lease is the runtime's), goes
-			// back. A residence released is an object asleep.
+		case rp.OK && rp.Lease != 0 && w.op == "acquire":
+			// The caller gave up before the grant arrived.
 			go c.call(context.Background(), request{Op: "release", Lease: rp.Lease})
+		case rp.OK && rp.Lease != 0 && w.op == "spawn" && rp.Note == "":
+			// Likewise a residence begun for it (not a call on an object
+			// already resident, whose lease is the runtime's): a
+			// residence released is an object asleep.
+			c.giveBack(w, rp.Lease)
 		}
 	}
 	conn.Close()
@@ -510,15 +523,29 @@ func (c *Client) call(ctx context.Context, rq request) (reply, error) {
 		chanPool.Put(ch)
 		return reply{}, fmt.Errorf("%s: %w", rq.Op, ErrDisconnected)
 	}
-	c.pending[rq.ID] = waiter{ch: ch, op: rq.Op}
+	w := waiter{ch: ch, op: rq.Op}
+	if rq.Op == "spawn" {
+		c.spawns[rq.Object]++
+		w.object, w.seq = rq.Object, c.spawns[rq.Object]
+	}
+	c.pending[rq.ID] = w
+	conn := c.conn
 	c.mu.Unlock()
 
 	c.wmu.Lock()
-	// Encoding into the writer's free space copies nothing and allocates
-	// nothing unless the line is longer than that space.
-	_, err := c.bw.Write(rq.appendTo(c.bw.AvailableBuffer()))
-	if err == nil {
-		err = c.werr
+	var err error
+	if c.wconn != conn {
+		// The connection it was registered on ended meanwhile (its
+		// calls failed with it), and another is attached: sent there, it
+		// would be answered to nobody.
+		err = errors.New("the connection was replaced")
+	} else {
+		// Encoding into the writer's free space copies nothing and
+		// allocates nothing unless the line is longer than that space.
+		_, err = c.bw.Write(rq.appendTo(c.bw.AvailableBuffer()))
+		if err == nil {
+			err = c.werr
+		}
 	}
 	c.wmu.Unlock()
 	select {
@@ -539,7 +566,8 @@ func (c *Client) call(ctx context.Context, rq request) (reply, error) {
 	case <-ctx.Done():
 		c.mu.Lock()
 		if _, ok := c.pending[rq.ID]; ok {
-			c.pending[rq.ID] = waiter{op: rq.Op}
+			w.ch = nil
+			c.pending[rq.ID] = w
 			c.mu.Unlock()
 			return reply{}, ctx.Err()
 		}
@@ -673,6 +701,39 @@ func (c *Client) Ping(ctx context.Context) error {
 		return err
 	}
 	return rp.err()
+}
+
+// giveBack releases lease, the residence of w's spawn, which its caller
+// gave up on, unless a spawn of the object came after it: answered
+// "already resident" with this lease, that one's caller holds the object.
+// A spawn made from now on waits for the release's answer (waitConfirmed),
+// so the release cannot end the residence it would begin.
+func (c *Client) giveBack(w waiter, lease uint64) {
+	done := make(chan struct{})
+	c.mu.Lock()
+	if c.spawns[w.object] != w.seq {
+		c.mu.Unlock()
+		return
+	}
+	prev := c.confirming[w.object]
+	c.confirming[w.object] = done
+	c.mu.Unlock()
+	go func() {
+		defer func() {
+			c.mu.Lock()
+			if c.confirming[w.object] == done {
+				delete(c.confirming, w.object)
+			}
+			c.mu.Unlock()
+			close(done)
+		}()
+		if prev != nil {
+			<-prev
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c.call(ctx, request{Op: "release", Lease: lease})
+	}()
 }
 
 // waitConfirmed waits until no confirmation of an eviction of object is on

@@ -538,11 +538,16 @@ func (s *Server) evictionFailed(ss *session, rq *request, o *object, wasSleeping
 
 func (s *Server) admitted(ss *session, rq *request, o *object, evicted *pools.Eviction) response {
 	resp := response{ID: rq.ID, Evicted: evicted}
-	id, ok := ss.addLease(s.newLease, lease{project: rq.Project, object: rq.Object})
+	// The object stops spawning before its lease is the session's: a
+	// session closing in between then finds it not spawning and takes it
+	// out (endSession), or has closed first and putLease fails. The other
+	// order let a close skip it as spawning after the lease was recorded,
+	// and the object stayed for good, holding its permit.
+	id := ss.freshLease(s.newLease)
 	s.mu.Lock()
 	o.spawning, o.resident, o.lease, o.touched = false, true, id, time.Now()
 	s.mu.Unlock()
-	if ok {
+	if ss.putLease(id, lease{project: rq.Project, object: rq.Object}) {
 		resp.OK, resp.Lease = true, id
 		resp.settle, resp.object = o, rq.Object
 		return resp
@@ -573,7 +578,8 @@ func (s *Server) settle(resp *response) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o := resp.settle
-	if s.objects[resp.object] != o || o.spawning || !o.resident || o.evicting {
+	// The same residence, not only the same object: a wake reuses it.
+	if s.objects[resp.object] != o || o.spawning || !o.resident || o.evicting || o.lease != resp.Lease {
 		return
 	}
 	if err := s.residents.Settle(resp.object); err != nil {

@@ -274,14 +274,39 @@ func (ss *session) addLease(next func() uint64, l lease) (id uint64, ok bool) {
 	if ss.closed {
 		return 0, false
 	}
-	for {
-		id = next()
-		if _, taken := ss.leases[id]; !taken {
-			break
-		}
-	}
+	id = ss.freshLocked(next)
 	ss.leases[id] = l
 	return id, true
+}
+
+// freshLease is a lease id drawn from next that the session does not hold,
+// for putLease: a residence's id is the object's before its lease is the
+// session's (Server.admitted). Another grant meanwhile draws another count.
+func (ss *session) freshLease(next func() uint64) uint64 {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.freshLocked(next)
+}
+
+func (ss *session) freshLocked(next func() uint64) uint64 {
+	for {
+		id := next()
+		if _, taken := ss.leases[id]; !taken {
+			return id
+		}
+	}
+}
+
+// putLease records l under id (freshLease's); false, nothing recorded,
+// once the session has closed.
+func (ss *session) putLease(id uint64, l lease) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return false
+	}
+	ss.leases[id] = l
+	return true
 }
 
 // takeLease removes and returns the lease; ok is false when this session

@@ -452,7 +452,9 @@ func remove(l []string, name string) []string {
 // spawn that would have named it names the project's next idlest, or waits,
 // and a Settle lets it go on.
 func TestResidentsPendingNeverAVictim(t *testing.T) {
-	r := mustResidents(t, Config{Name: "residents", Size: 2, Floor: 1})
+	// An eviction wait of an hour: the blocked spawn below waits for the
+	// Settle however slow the machine.
+	r := mustResidents(t, Config{Name: "residents", Size: 2, Floor: 1, EvictWait: time.Hour})
 	ctx := context.Background()
 	// alpha's two objects: a0 pending, a1 settled, a0 the idlest.
 	for _, o := range []string{"a0", "a1"} {
