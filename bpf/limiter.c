@@ -478,7 +478,7 @@ static __always_inline bool weak_above(struct cgroup *c, __u64 id)
  * at TCP_CLOSE, which every socket reaches after its close: counted
  * exactly, at worst until the FIN exchange ends.
  */
-static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to, __u32 *past)
+static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to, __u32 *past, bool *over)
 {
 	__u64 from = 0;
 	__u32 kind = 0, dest = 0, p = 0;
@@ -490,8 +490,12 @@ static __always_inline __u32 move_held(__u64 cookie, struct fs_sock v, __u64 to,
 	struct fs_project *pt = project_get(to);
 	struct fs_project *pf = project_get(from);
 	if (cfg && n && pt) {
-		if (*(volatile __s64 *)&n->in_use >= node_limit(cfg, n, to, pt, false))
+		__s64 used = *(volatile __s64 *)&n->in_use, lim = node_limit(cfg, n, to, pt, false);
+		if (used >= lim)
 			p |= PAST_NODE;
+		/* in_use counts this permit: a connect of the project now,
+		 * itself not counted, would be refused. */
+		*over = used > lim;
 		seen(cfg, n, pt, CLK_FINE);
 	}
 	if (pt)
@@ -572,19 +576,33 @@ static __always_inline __u32 dest_adoptable(struct sock *sk, __u64 id)
  * the socket of a held permit.
  */
 /*
- * abort_moved_past, set at load (loader.Options.AbortMovedPast): a socket
- * whose permit a pass moves from (unclassified) to its pod's project past
- * that project's rule (MOVED_PAST) is aborted, as if the connect had been
- * refused then (its peer gets a reset, its process ECONNABORTED), and its
- * permit goes back at its TCP_CLOSE. Without it a tenant at its limit could
- * start pod after pod whose first connects, made before each was
- * classified, took the (unclassified) project's share and were then moved
- * to it, without bound. A socket adopted past the rule (one older than the
- * programs) is never aborted.
+ * abort_moved_past, set at load (loader.Options.AbortMovedPast): a
+ * connection a pod opened (KIND_OUT) before it was classified, whose permit
+ * a pass moves from (unclassified) to the pod's project where the node's
+ * rule would refuse a connect of the project now (itself not counted), is
+ * aborted as if that connect had been refused (its peer gets a reset, its
+ * process ECONNABORTED), and its permit goes back at its TCP_CLOSE. Without
+ * it a tenant at its limit could start pod after pod whose first connects,
+ * made before each was classified, took the (unclassified) project's share
+ * and were then moved to it, without bound. Not aborted: a socket adopted
+ * by a dump (older than the programs, KIND_ADOPTED), an accepted one, one
+ * past a destination pool's rule only, and any while the project is not
+ * enforced (dry-run, its own or the pool's, or a lapse). bpf_sock_destroy
+ * came with Linux 6.5: weak, and looked for, so that the programs load on
+ * an older kernel, where nothing is aborted.
  */
 volatile const __u32 abort_moved_past;
 
-extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
+extern int bpf_sock_destroy(struct sock_common *sk) __weak __ksym;
+
+/* enforced says whether a refusal of project id would be one: no dry-run
+ * (the pool's or the project's) and no lapse. dry_run's test, without its
+ * count of a lapse's admissions. */
+static __always_inline bool enforced(__u64 id)
+{
+	struct fs_evcfg *c = evcfg();
+	return !(c && c->dry_run) && !bpf_map_lookup_elem(&fs_dryrun, &id) && !lapse_of();
+}
 
 SEC("iter/tcp")
 int fs_dump(struct bpf_iter__tcp *ctx)
@@ -692,12 +710,14 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		if (s && id && s->project != id && !KIND_IS_EXEMPT(s->kind) &&
 		    weak_above(sk->sk_cgrp_data.cgroup, s->project)) {
 			struct fs_sock v = *s;
-			__u32 moved = move_held(rec.cookie, v, id, &rec.past);
+			bool over = false;
+			__u32 moved = move_held(rec.cookie, v, id, &rec.past, &over);
 			if (moved) {
 				rec.adopted = moved;
 				rec.dest = v.dest;
 			}
-			if (moved == MOVED_PAST && abort_moved_past && bpf_sock_destroy(skc) == 0)
+			if (moved == MOVED_PAST && over && v.kind == KIND_OUT && abort_moved_past && enforced(id) &&
+			    bpf_sock_destroy && bpf_sock_destroy(skc) == 0)
 				rec.adopted = MOVED_ABORTED;
 			s = held_find(rec.cookie, true);
 		}

@@ -98,8 +98,11 @@ type projects struct {
 	self     string
 	selfHeld bool // holdSelf has made self a member
 	// podsNone lists the pods of no project (the kubernetes source's
-	// NoProject); nil without the kubernetes source.
+	// NoProject); nil without the kubernetes source. none is that list as
+	// the last apply read it: what the kernel's extras and the front's
+	// placing (inPodRoot) use, so that neither waits on the source.
 	podsNone func() []string
+	none     atomic.Pointer[[]string]
 	// noPodRootWarned: no pod root was found (logged once).
 	noPodRootWarned bool
 	podRoots        []string
@@ -357,6 +360,15 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 
 	p.applyMu.Lock()
 	defer p.applyMu.Unlock()
+	// A new pod of no project (a system namespace's) changes no member:
+	// the kernel's extras are written again for it at once all the same.
+	noneChanged := false
+	if p.podsNone != nil {
+		if cur := p.podsNone(); p.none.Load() == nil || !slices.Equal(cur, *p.none.Load()) {
+			p.none.Store(&cur)
+			noneChanged = true
+		}
+	}
 	changed := !p.applied
 	if !p.applied && p.kernel != nil {
 		// After a restart the kernel's members are the ones in force: a
@@ -450,7 +462,7 @@ func (p *projects) apply(ctx context.Context, now time.Time, tick bool) {
 		}
 	}
 	switch {
-	case p.kernel != nil && !hold && (changed || tick):
+	case p.kernel != nil && !hold && (changed || tick || noneChanged):
 		p.setKernelMembers()
 	case p.kernel != nil && hold:
 		p.holdSelf()
@@ -713,7 +725,7 @@ func (p *projects) logRefusals(rs []membership.Refusal) {
 //     listeners (/metrics, /healthz, the front) are never refused.
 func (p *projects) kernelExtras() []membership.Member {
 	var out []membership.Member
-	if p.kube != nil {
+	if p.podsNone != nil {
 		found := false
 		for _, root := range p.podRoots {
 			dir := filepath.Join(p.mount.Point, root)
@@ -729,7 +741,7 @@ func (p *projects) kernelExtras() []membership.Member {
 				}
 			}
 		}
-		for _, cg := range p.kube.NoProject() {
+		for _, cg := range p.noneList() {
 			out = append(out, membership.Member{Project: loader.NoProject, Cgroup: cg})
 		}
 		if !found && !p.noPodRootWarned {
@@ -764,7 +776,9 @@ func (p *projects) selfMember() (membership.Member, bool) {
 // kernel's members do not name, and until every source has been read (up
 // to unreadHold) its own connections and listeners would otherwise count in
 // the pods' (unclassified) project, and could be refused. The other
-// members stay as they are.
+// members stay as they are, but for those of cgroups gone since (the
+// kernel lists them by id, and they are written no more). Tried once: a
+// failure is logged, and the apply after the hold writes every member.
 func (p *projects) holdSelf() {
 	self, ok := p.selfMember()
 	if !ok || p.selfHeld {
@@ -777,11 +791,10 @@ func (p *projects) holdSelf() {
 		rep, err = p.kernel.SetMembers(append(cur, self))
 		p.settleChanged(rep.Changed)
 	}
+	p.selfHeld = true
 	if err != nil {
 		p.log.Warn("the daemon's own cgroup could not be taken out of every project while the members are held", "cgroup", self.Cgroup, "err", err)
-		return
 	}
-	p.selfHeld = true
 }
 
 // qosChildren are the QoS cgroups kubelet makes below a pod root: the
@@ -949,5 +962,13 @@ func (p *projects) inPodRoot(path string) bool {
 	}) {
 		return false
 	}
-	return !(p.self != "" && below(p.self)) && !slices.ContainsFunc(p.podsNone(), below)
+	return !(p.self != "" && below(p.self)) && !slices.ContainsFunc(p.noneList(), below)
+}
+
+// noneList is the pods of no project as the last apply read them.
+func (p *projects) noneList() []string {
+	if l := p.none.Load(); l != nil {
+		return *l
+	}
+	return nil
 }

@@ -844,3 +844,67 @@ func TestUnplacedPodNotAHostProcess(t *testing.T) {
 		}
 	}
 }
+
+// TestNoProjectPodReachesKernelAtOnce: a new pod of no project (a system
+// namespace's) changes no member, and is written to the kernel at the apply
+// the kubernetes source's signal brings, not at the next tick: until then
+// the pod counted in (unclassified) and could be refused.
+func TestNoProjectPodReachesKernelAtOnce(t *testing.T) {
+	testutil.RequireRoot(t)
+	mnt := testutil.Cgroup2Mount(t)
+	top := testutil.TempCgroup(t, mnt, "fairshare-pods-")
+	pods := testutil.MkCgroup(t, top, "kubepods")
+	member := testutil.MkCgroup(t, pods, "podmember")
+	dns := testutil.MkCgroup(t, pods, "poddns")
+	cfg := config.Default()
+	cfg.StateDir = t.TempDir()
+	cfg.Projects.Sources = []string{membership.SourceRegistered}
+	st, err := policy.Open(cfg.StateDir, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	src := membership.NewPolled("kubernetes", time.Minute, func(context.Context) (membership.Found, error) {
+		return membership.Found{Members: []membership.Member{{Project: "team-k", Cgroup: member}}}, nil
+	})
+	p.sources = append(p.sources, src)
+	p.closers = append(p.closers, src)
+	rel, err := filepath.Rel(p.mount.Point, pods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.podRoots = []string{rel}
+	var mu sync.Mutex
+	var none []string
+	p.podsNone = func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(none)
+	}
+	h := &handOff{}
+	p.kernel = h
+	eventually(t, func() error {
+		p.apply(t.Context(), time.Now(), false)
+		if m := p.membership().Members; len(m) != 1 {
+			return fmt.Errorf("members %+v, want the pod's", m)
+		}
+		return nil
+	})
+	h.mu.Lock()
+	sets := len(h.sets)
+	h.mu.Unlock()
+	mu.Lock()
+	none = []string{dns}
+	mu.Unlock()
+	p.apply(t.Context(), time.Now(), false) // the source's signal: no tick
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.sets) != sets+1 || !slices.Contains(h.sets[len(h.sets)-1], membership.Member{Project: loader.NoProject, Cgroup: dns}) {
+		t.Fatalf("after a new pod of no project, at an apply with no tick: SetMembers %v", h.sets[sets:])
+	}
+}

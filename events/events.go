@@ -43,8 +43,8 @@ const (
 	// limit. One per pool and project, as KindAdoptedPast.
 	KindMovedPast = "moved_past_rule"
 	// KindAbortedPast: of KindMovedPast's connections, those reconcile
-	// aborted (connections.abort_moved_past): Count says how many, in the
-	// connections pool; their permits go back as they close.
+	// aborted (connections.abort_moved_past): Count says how many, past
+	// the connections pool's rule; their permits go back as they close.
 	KindAbortedPast = "aborted_past_rule"
 	// KindUnadopted: reconcile found project sockets holding no permit
 	// that it could not adopt, the held-permit table having no room (only

@@ -68,7 +68,7 @@ func Check(opts Options) (CheckReport, error) {
 	}
 	l := &Limiter{root: mi.Point, mnt: mi, base: opts.BaseLevel, depth: opts.MaxDepth, maxProj: opts.MaxProjects,
 		maxMemb: opts.MaxMembers, pinDir: opts.PinDir, size: opts.PoolSize, floor: opts.Floor, capacity: opts.PoolCapacity, log: opts.Logger, maxDest: opts.MaxDestPools,
-		noDest: opts.NoDestPools}
+		noDest: opts.NoDestPools, abortPast: opts.AbortMovedPast}
 	if _, err := os.Stat(filepath.Join(opts.PinDir, "fs_config")); err == nil {
 		rep.Pinned = true
 		if err := l.checkPinned(&rep); err != nil {
@@ -210,7 +210,8 @@ func (l *Limiter) probeAttach(mi cgroup.Mount, rep *CheckReport) error {
 		return fmt.Errorf("probe cgroup %w", err)
 	}
 	p := &Limiter{root: dir, mnt: mi, base: l.base, depth: l.depth, maxProj: l.maxProj, maxMemb: l.maxMemb,
-		pinDir: filepath.Join(os.TempDir(), "fairshare-no-pins"), size: l.size, floor: l.floor, capacity: l.capacity, maxDest: l.maxDest, noDest: l.noDest}
+		pinDir: filepath.Join(os.TempDir(), "fairshare-no-pins"), size: l.size, floor: l.floor, capacity: l.capacity, maxDest: l.maxDest, noDest: l.noDest,
+		abortPast: l.abortPast}
 	spec, err := p.spec()
 	if err != nil {
 		return err

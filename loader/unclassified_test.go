@@ -256,12 +256,22 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 // move and stay open.
 func TestUnclassifiedMovedPastAborted(t *testing.T) {
 	testutil.RequireRoot(t)
+	for _, dry := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dry-run=%v", dry), func(t *testing.T) { movedPastAborted(t, dry) })
+	}
+}
+
+// movedPastAborted is TestUnclassifiedMovedPastAborted, team-a in dry-run
+// from its classification if dry: then nothing is aborted (it would not be
+// refused either).
+func movedPastAborted(t *testing.T, dry bool) {
 	root, pin := newRoot(t), newPinDir(t)
 	const pool = 12
 	l, kp := kubeLayoutWith(t, root, pin, Options{PoolSize: pool, AbortMovedPast: true})
-	dirs := mkdirs(t, kp, "burstable/podA", "burstable/podA/ctr", "burstable/podB", "burstable/podB/ctr", "podC", "podC/ctr")
-	podA, podACtr, podB, podBCtr, podC, podCCtr := dirs[0], dirs[1], dirs[2], dirs[3], dirs[4], dirs[5]
-	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}))
+	dirs := mkdirs(t, kp, "burstable/podA", "burstable/podA/ctr", "burstable/podB", "burstable/podB/ctr", "podC", "podC/ctr",
+		"podD", "podD/ctr")
+	podA, podACtr, podB, podBCtr, podC, podCCtr, podD, podDCtr := dirs[0], dirs[1], dirs[2], dirs[3], dirs[4], dirs[5], dirs[6], dirs[7]
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-d", Cgroup: podD}))
 	dst := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
 	reconcile := func() ReconcileReport {
 		t.Helper()
@@ -275,34 +285,50 @@ func TestUnclassifiedMovedPastAborted(t *testing.T) {
 	// moved, not aborted.
 	c := startHelper(t, podCCtr)
 	c.dialOK("tcp4", dst, 2, "unclassified podC")
-	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-c", Cgroup: podC}))
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-d", Cgroup: podD},
+		Member{Project: "team-c", Cgroup: podC}))
 	if rep := reconcile(); rep.Moved["team-c"] != 2 || len(rep.MovedPast) != 0 || len(rep.Aborted) != 0 {
 		t.Fatalf("podC's move into team-c, under its share: moved %v past %v aborted %v", rep.Moved, rep.MovedPast, rep.Aborted)
 	}
 	// podB connects while unclassified; team-a then takes what the rule
-	// lets it; podB becomes team-a's: its permits are past the rule.
+	// lets it (the pool to POOL - FLOOR, over its share), and team-d,
+	// under its share, the last permit.
 	b := startHelper(t, podBCtr)
 	b.dialOK("tcp4", dst, 3, "unclassified podB")
 	a := startHelper(t, podACtr)
 	if r := a.dial("tcp4", dst, pool); r.refused == 0 {
 		t.Fatalf("team-a was not refused: %+v", r)
 	}
+	d := startHelper(t, podDCtr)
+	d.dialOK("tcp4", dst, 1, "team-d")
 	held := project(snap(t, l), "team-a").InUse
 	before := snap(t, l).InUse
-	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-c", Cgroup: podC},
-		Member{Project: "team-a", Cgroup: podB}))
-	// The pool is at POOL - FLOOR, where an over-share team-a is refused:
-	// the first move is past the rule and aborted; the room its close
-	// makes is the rule's to give (team-a may take the pool up to POOL -
-	// FLOOR over its share), so the moves after it may be within it.
+	if before != pool {
+		t.Fatalf("in_use %d, want the pool full", before)
+	}
+	// podB becomes team-a's. The first permit moved finds the pool full,
+	// past team-a's limit (POOL - FLOOR) even without itself: aborted.
+	// Its close leaves the pool at the limit, where each of the other two,
+	// itself not counted, would be admitted: moved, reported past the rule
+	// (team-a is refused from then on), and kept.
+	if dry {
+		if err := l.SetDryRunProjects(map[string]bool{"team-a": true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-d", Cgroup: podD},
+		Member{Project: "team-c", Cgroup: podC}, Member{Project: "team-a", Cgroup: podB}))
 	rep := reconcile()
-	aborted := rep.Aborted["team-a"]
-	if rep.Moved["team-a"] != 3 || aborted < 1 || rep.MovedPast["team-a"] != aborted {
+	aborted, want := rep.Aborted["team-a"], 1
+	if dry {
+		want = 0
+	}
+	if rep.Moved["team-a"] != 3 || aborted != want || rep.MovedPast["team-a"] < 1 {
 		t.Fatalf("podB's move into team-a past the rule: moved %v past %v aborted %v", rep.Moved, rep.MovedPast, rep.Aborted)
 	}
 	// Aborted: given back as they close.
-	waitInUse(t, l, before-aborted, map[string]int{"team-a": held + 3 - aborted, Unclassified: 0, "team-c": 2})
-	if s := snap(t, l); s.InUse > pool-1 {
+	waitInUse(t, l, before-aborted, map[string]int{"team-a": held + 3 - aborted, Unclassified: 0, "team-c": 2, "team-d": 1})
+	if s := snap(t, l); !dry && s.InUse > pool-1 {
 		t.Fatalf("after the pass in_use %d, past POOL - FLOOR", s.InUse)
 	}
 	if rep := reconcile(); len(rep.Moved) != 0 || len(rep.Aborted) != 0 || rep.Held["team-a"] != held+3-aborted {
@@ -311,7 +337,8 @@ func TestUnclassifiedMovedPastAborted(t *testing.T) {
 	a.do("close")
 	b.do("close")
 	c.do("close")
-	waitInUse(t, l, 0, map[string]int{"team-a": 0, Unclassified: 0, "team-c": 0})
+	d.do("close")
+	waitInUse(t, l, 0, map[string]int{"team-a": 0, Unclassified: 0, "team-c": 0, "team-d": 0})
 }
 
 // A move past a destination pool's rule, the node's pool far from full, is

@@ -189,7 +189,8 @@ func check(c *cli.Context, cfg config.Config) error {
 	}
 	conn := cfg.Pools[config.PoolConnections]
 	rep, err := loader.Check(loader.Options{PinDir: cfg.PinDir,
-		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window})
+		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window,
+		AbortMovedPast: cfg.Connections.AbortMovedPast})
 	if errors.Is(err, loader.ErrPinnedMismatch) {
 		return cli.Exit(fmt.Sprintf("check failed: pins in %s are from another configuration; run 'fairshare cleanup' (%v)", cfg.PinDir, err), exitStalePins)
 	}

@@ -85,19 +85,25 @@ const maxFetch = 30 * time.Second
 func (p *Polled) poll(ctx context.Context) {
 	limit := p.limit
 	fctx, cancel := context.WithTimeout(ctx, limit)
+	began := time.Now()
 	f, err := p.fetch(fctx)
+	took := time.Since(began)
 	late := errors.Is(fctx.Err(), context.DeadlineExceeded)
 	cancel()
 	if ctx.Err() != nil {
 		return // closing: the fetch was cut short, not failed
 	}
-	if err != nil && late {
+	switch {
+	case err != nil && late:
 		err = fmt.Errorf("no answer within %s: %w", limit, err)
 		// A source that answers, but slower than the interval, would
 		// never be read: the next fetch may take twice as long.
-		// Kept once it answers: it would time out again at the
-		// interval.
 		p.limit = min(2*limit, max(maxFetch, p.every))
+	case err == nil:
+		// Twice what this one took, and the interval at least: back to
+		// the interval once the source is quick again, so that a hung
+		// call is cut as soon as before.
+		p.limit = min(max(2*took, p.every), max(maxFetch, p.every))
 	}
 	p.mu.Lock()
 	changed := false
