@@ -431,7 +431,6 @@ func (c *Client) evicted(ev Eviction) {
 	if c.opts.OnEvict != nil {
 		err = c.opts.OnEvict(ev)
 	}
-	done := make(chan struct{})
 	c.mu.Lock()
 	if c.evicting[ev.Object]--; c.evicting[ev.Object] <= 0 {
 		delete(c.evicting, ev.Object)
@@ -440,27 +439,43 @@ func (c *Client) evicted(ev Eviction) {
 		c.mu.Unlock()
 		return
 	}
-	prev := c.confirming[ev.Object]
-	c.confirming[ev.Object] = done
+	done, prev := c.confirmingLocked(ev.Object)
 	c.mu.Unlock()
+	c.confirm(ev.Object, done, prev, func(ctx context.Context) {
+		if ev.Lease != 0 {
+			_, _ = c.Release(ctx, Lease{ID: ev.Lease, Pool: "residents", Project: ev.Project, Object: ev.Object})
+			return
+		}
+		c.Sleep(ctx, ev.Object)
+	})
+}
+
+// confirmingLocked marks object as having a confirmation on its way, which
+// a spawn of it made from now on waits for (waitConfirmed): done, closed by
+// confirm; prev, the one before it, if any. c.mu is held.
+func (c *Client) confirmingLocked(object string) (done, prev chan struct{}) {
+	done, prev = make(chan struct{}), c.confirming[object]
+	c.confirming[object] = done
+	return done, prev
+}
+
+// confirm sends object's confirmation once prev's is answered (in order),
+// within five seconds, and then ends its mark.
+func (c *Client) confirm(object string, done, prev chan struct{}, send func(context.Context)) {
 	defer func() {
 		c.mu.Lock()
-		if c.confirming[ev.Object] == done {
-			delete(c.confirming, ev.Object)
+		if c.confirming[object] == done {
+			delete(c.confirming, object)
 		}
 		c.mu.Unlock()
 		close(done)
 	}()
 	if prev != nil {
-		<-prev // an earlier confirmation of the object: in order
+		<-prev
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if ev.Lease != 0 {
-		_, _ = c.Release(ctx, Lease{ID: ev.Lease, Pool: "residents", Project: ev.Project, Object: ev.Object})
-		return
-	}
-	c.Sleep(ctx, ev.Object)
+	send(ctx)
 }
 
 // request is one line to the server.
@@ -709,31 +724,16 @@ func (c *Client) Ping(ctx context.Context) error {
 // A spawn made from now on waits for the release's answer (waitConfirmed),
 // so the release cannot end the residence it would begin.
 func (c *Client) giveBack(w waiter, lease uint64) {
-	done := make(chan struct{})
 	c.mu.Lock()
 	if c.spawns[w.object] != w.seq {
 		c.mu.Unlock()
 		return
 	}
-	prev := c.confirming[w.object]
-	c.confirming[w.object] = done
+	done, prev := c.confirmingLocked(w.object)
 	c.mu.Unlock()
-	go func() {
-		defer func() {
-			c.mu.Lock()
-			if c.confirming[w.object] == done {
-				delete(c.confirming, w.object)
-			}
-			c.mu.Unlock()
-			close(done)
-		}()
-		if prev != nil {
-			<-prev
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
+	go c.confirm(w.object, done, prev, func(ctx context.Context) {
 		c.call(ctx, request{Op: "release", Lease: lease})
-	}()
+	})
 }
 
 // waitConfirmed waits until no confirmation of an eviction of object is on

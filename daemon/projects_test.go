@@ -750,24 +750,12 @@ func TestHeldKernelTakesTheDaemonOut(t *testing.T) {
 	top := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-projects-")
 	pod := testutil.MkCgroup(t, top, "pod1")
 	self := testutil.MkCgroup(t, top, "daemon")
-	cfg := config.Default()
-	cfg.StateDir = t.TempDir()
-	cfg.Projects.Sources = []string{membership.SourceRegistered}
-	st, err := policy.Open(cfg.StateDir, policy.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	pods := []membership.Member{{Project: "team-k", Cgroup: pod}}
 	src := membership.NewPolled("kubernetes", time.Minute, func(ctx context.Context) (membership.Found, error) {
 		<-ctx.Done()
 		return membership.Found{}, ctx.Err()
 	})
-	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
+	p := newTestProjects(t)
 	p.sources = append(p.sources, src)
 	p.closers = append(p.closers, src)
 	p.root, p.self = top, self
@@ -798,37 +786,9 @@ func TestUnplacedPodNotAHostProcess(t *testing.T) {
 	system := testutil.MkCgroup(t, pods, "poddns")
 	self := testutil.MkCgroup(t, pods, "poddaemon")
 	host := testutil.MkCgroup(t, top, "host")
-	cfg := config.Default()
-	cfg.StateDir = t.TempDir()
-	cfg.Projects.Sources = []string{membership.SourceRegistered}
-	st, err := policy.Open(cfg.StateDir, policy.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
-	src := membership.NewPolled("kubernetes", time.Minute, func(context.Context) (membership.Found, error) {
-		return membership.Found{Members: []membership.Member{{Project: "team-k", Cgroup: member}}}, nil
-	})
-	p.sources = append(p.sources, src)
-	p.closers = append(p.closers, src)
-	rel, err := filepath.Rel(p.mount.Point, pods)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.podRoots, p.self = []string{rel}, self
-	p.podsNone = func() []string { return []string{system} }
-	eventually(t, func() error {
-		p.apply(t.Context(), time.Now(), false)
-		if m := p.membership().Members; len(m) != 1 {
-			return fmt.Errorf("members %+v, want the pod's", m)
-		}
-		return nil
-	})
+	p := podProjects(t, pods, member, func() []string { return []string{system} })
+	p.self = self
+	applyRead(t, p)
 	for _, tc := range []struct {
 		cg   string
 		want string
@@ -856,45 +816,16 @@ func TestNoProjectPodReachesKernelAtOnce(t *testing.T) {
 	pods := testutil.MkCgroup(t, top, "kubepods")
 	member := testutil.MkCgroup(t, pods, "podmember")
 	dns := testutil.MkCgroup(t, pods, "poddns")
-	cfg := config.Default()
-	cfg.StateDir = t.TempDir()
-	cfg.Projects.Sources = []string{membership.SourceRegistered}
-	st, err := policy.Open(cfg.StateDir, policy.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
-	src := membership.NewPolled("kubernetes", time.Minute, func(context.Context) (membership.Found, error) {
-		return membership.Found{Members: []membership.Member{{Project: "team-k", Cgroup: member}}}, nil
-	})
-	p.sources = append(p.sources, src)
-	p.closers = append(p.closers, src)
-	rel, err := filepath.Rel(p.mount.Point, pods)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.podRoots = []string{rel}
 	var mu sync.Mutex
 	var none []string
-	p.podsNone = func() []string {
+	p := podProjects(t, pods, member, func() []string {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Clone(none)
-	}
+	})
 	h := &handOff{}
 	p.kernel = h
-	eventually(t, func() error {
-		p.apply(t.Context(), time.Now(), false)
-		if m := p.membership().Members; len(m) != 1 {
-			return fmt.Errorf("members %+v, want the pod's", m)
-		}
-		return nil
-	})
+	applyRead(t, p)
 	h.mu.Lock()
 	sets := len(h.sets)
 	h.mu.Unlock()
@@ -907,4 +838,55 @@ func TestNoProjectPodReachesKernelAtOnce(t *testing.T) {
 	if len(h.sets) != sets+1 || !slices.Contains(h.sets[len(h.sets)-1], membership.Member{Project: loader.NoProject, Cgroup: dns}) {
 		t.Fatalf("after a new pod of no project, at an apply with no tick: SetMembers %v", h.sets[sets:])
 	}
+}
+
+// podProjects are projects whose kubernetes source (a polled source, no
+// runtime) has one member, team-k's pod at member, below the pod root pods,
+// with the pods of no project none gives, read by an apply.
+func podProjects(t *testing.T, pods, member string, none func() []string) *projects {
+	t.Helper()
+	p := newTestProjects(t)
+	src := membership.NewPolled("kubernetes", time.Minute, func(context.Context) (membership.Found, error) {
+		return membership.Found{Members: []membership.Member{{Project: "team-k", Cgroup: member}}}, nil
+	})
+	p.sources = append(p.sources, src)
+	p.closers = append(p.closers, src)
+	rel, err := filepath.Rel(p.mount.Point, pods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.podRoots, p.podsNone = []string{rel}, none
+	return p
+}
+
+// applyRead applies until the source's member is in force.
+func applyRead(t *testing.T, p *projects) {
+	t.Helper()
+	eventually(t, func() error {
+		p.apply(t.Context(), time.Now(), false)
+		if m := p.membership().Members; len(m) != 1 {
+			return fmt.Errorf("members %+v, want the pod's", m)
+		}
+		return nil
+	})
+}
+
+// newTestProjects are the projects of the default configuration with the
+// registered source alone, a store of the test's, closed when it ends.
+func newTestProjects(t *testing.T) *projects {
+	t.Helper()
+	cfg := config.Default()
+	cfg.StateDir = t.TempDir()
+	cfg.Projects.Sources = []string{membership.SourceRegistered}
+	st, err := policy.Open(cfg.StateDir, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	p, err := newProjects(cfg, st, false, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.close() })
+	return p
 }

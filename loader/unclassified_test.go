@@ -176,14 +176,7 @@ func TestUnclassifiedPermitsMoveAtReconcile(t *testing.T) {
 	if err := l.SetDestPools([]DestPool{destPoolOf(t, "db", 100, 1, strings.Replace(dst, ":", "/32:", 1))}); err != nil {
 		t.Fatal(err)
 	}
-	reconcile := func() ReconcileReport {
-		t.Helper()
-		rep, err := l.Reconcile(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rep
-	}
+	reconcile := func() ReconcileReport { return reconcileOK(t, l) }
 
 	a := startHelper(t, podACtr)
 	a.dialOK("tcp4", dst, 4, "team-a")
@@ -273,14 +266,7 @@ func movedPastAborted(t *testing.T, dry bool) {
 	podA, podACtr, podB, podBCtr, podC, podCCtr, podD, podDCtr := dirs[0], dirs[1], dirs[2], dirs[3], dirs[4], dirs[5], dirs[6], dirs[7]
 	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-d", Cgroup: podD}))
 	dst := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
-	reconcile := func() ReconcileReport {
-		t.Helper()
-		rep, err := l.Reconcile(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rep
-	}
+	reconcile := func() ReconcileReport { return reconcileOK(t, l) }
 	// podC, unclassified, then classified into team-c, which has room:
 	// moved, not aborted.
 	c := startHelper(t, podCCtr)
@@ -654,4 +640,14 @@ func TestUnclassifiedListener(t *testing.T) {
 	dial(addrB)
 	dial(addrS)
 	waitInUse(t, l, 2, map[string]int{Unclassified: 0, "team-b": 2})
+}
+
+// reconcileOK is a Reconcile pass of l that must not fail.
+func reconcileOK(t *testing.T, l *Limiter) ReconcileReport {
+	t.Helper()
+	rep, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }
