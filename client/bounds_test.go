@@ -3,8 +3,12 @@
 package client_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -101,5 +105,92 @@ func TestCloseDuringReconnectLeavesNoSession(t *testing.T) {
 			t.Fatalf("after Close: %d sessions open on the new daemon, %d residents", len(srv.Snapshot().Sessions), residents.Snapshot().InUse)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestStaleEvictionIgnored: an evict event of a residence that has ended
+// (the runtime put the object to sleep and spawned it again since: a new
+// lease) is not handed to OnEvict, where a runtime that obeyed would unload
+// the live residence; one of the live residence is. A daemon of the test's
+// writes the lines in that order.
+func TestStaleEvictionIgnored(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "permits.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	released := make(chan uint64, 4)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		r := bufio.NewReader(conn)
+		lease := uint64(10)
+		for {
+			line, err := r.ReadBytes('\n')
+			if err != nil {
+				return
+			}
+			var rq struct {
+				ID    uint64 `json:"id"`
+				Op    string `json:"op"`
+				Lease uint64 `json:"lease"`
+			}
+			if json.Unmarshal(line, &rq) != nil {
+				return
+			}
+			switch rq.Op {
+			case "spawn":
+				lease++
+				fmt.Fprintf(conn, `{"id":%d,"ok":true,"lease":%d}`+"\n", rq.ID, lease)
+				if lease == 12 {
+					// The second residence: an event of the first
+					// (stale), then one of this one.
+					fmt.Fprintf(conn, `{"event":"evict","project":"p","object":"x","reason":"own-idlest","lease":11}`+"\n")
+					fmt.Fprintf(conn, `{"event":"evict","project":"p","object":"x","reason":"own-idlest","lease":12}`+"\n")
+				}
+			case "release":
+				released <- rq.Lease
+				fmt.Fprintf(conn, `{"id":%d,"ok":true,"released":true}`+"\n", rq.ID)
+			default:
+				fmt.Fprintf(conn, `{"id":%d,"ok":true}`+"\n", rq.ID)
+			}
+		}
+	}()
+	evicted := make(chan uint64, 4)
+	c, err := client.Dial(context.Background(), client.Options{Socket: sock,
+		OnEvict: func(ev client.Eviction) error { evicted <- ev.Lease; return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.Spawn(ctx, "p", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Sleep(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Spawn(ctx, "p", "x"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l := <-evicted:
+		if l != 12 {
+			t.Fatalf("OnEvict called for residence %d, which had ended", l)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the live residence's eviction never reached OnEvict")
+	}
+	if l := <-released; l != 12 {
+		t.Fatalf("confirmed residence %d, want 12", l)
+	}
+	select {
+	case l := <-evicted:
+		t.Fatalf("OnEvict called again, for residence %d", l)
+	case <-time.After(100 * time.Millisecond):
 	}
 }

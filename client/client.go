@@ -165,7 +165,8 @@ type waiter struct {
 	op string
 	// object and seq, for a spawn: its object, and its place among the
 	// spawns of it (Client.spawns), so that a late grant given up on is
-	// released only if no spawn of the object came after it.
+	// released only if no spawn of the object came after it; object, for
+	// a sleep or a remove (Client.leases).
 	object string
 	seq    uint64
 }
@@ -203,6 +204,11 @@ type Client struct {
 	confirming map[string]chan struct{}
 	// spawns counts the spawns of each object made (waiter.seq).
 	spawns map[string]uint64
+	// leases is each object's residence as the answers read so far name
+	// it (in the order of the connection's lines): an evict event of
+	// another is of one that has ended (the runtime put it to sleep and
+	// spawned it again since), and is not handed to OnEvict.
+	leases map[string]uint64
 	closed bool
 	done   chan struct{} // closed by Close
 
@@ -215,7 +221,7 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 		opts.Socket = DefaultSocket
 	}
 	c := &Client{opts: opts, pending: map[uint64]waiter{}, objects: map[string]*objState{},
-		evicting: map[string]int{}, confirming: map[string]chan struct{}{}, spawns: map[string]uint64{},
+		evicting: map[string]int{}, confirming: map[string]chan struct{}{}, spawns: map[string]uint64{}, leases: map[string]uint64{},
 		done: make(chan struct{}), flush: make(chan struct{}, 1)}
 	conn, err := c.dial(ctx)
 	if err != nil {
@@ -276,8 +282,9 @@ func (c *Client) attach(conn net.Conn) bool {
 	c.werr = nil
 	c.conn, c.down = conn, false
 	// The evictions of the connection before are no more: the objects'
-	// spawns on this one (reregister) must not fail with ErrEvicting.
-	c.evicting = map[string]int{}
+	// spawns on this one (reregister) must not fail with ErrEvicting. Nor
+	// are its residences.
+	c.evicting, c.leases = map[string]int{}, map[string]uint64{}
 	c.mu.Unlock()
 	go c.read(conn)
 	return true
@@ -321,15 +328,28 @@ func (c *Client) read(conn net.Conn) {
 				// Marked here, in the order of the lines read: a
 				// Spawn made from now on is made knowing of it.
 				c.mu.Lock()
-				c.evicting[rp.Object]++
+				stale := rp.Lease != 0 && c.leases[rp.Object] != 0 && c.leases[rp.Object] != rp.Lease
+				if !stale {
+					c.evicting[rp.Object]++
+				}
 				c.mu.Unlock()
-				go c.evicted(Eviction{Project: rp.Project, Object: rp.Object, Reason: rp.Reason, Lease: rp.Lease})
+				if !stale {
+					go c.evicted(Eviction{Project: rp.Project, Object: rp.Object, Reason: rp.Reason, Lease: rp.Lease})
+				}
 			}
 			continue
 		}
 		c.mu.Lock()
 		w, ok := c.pending[rp.ID]
 		delete(c.pending, rp.ID)
+		if ok && rp.OK && w.object != "" {
+			switch {
+			case w.op == "spawn" && rp.Lease != 0:
+				c.leases[w.object] = rp.Lease
+			case w.op == "sleep" || w.op == "remove":
+				delete(c.leases, w.object)
+			}
+		}
 		c.mu.Unlock()
 		switch {
 		case !ok:
@@ -539,9 +559,12 @@ func (c *Client) call(ctx context.Context, rq request) (reply, error) {
 		return reply{}, fmt.Errorf("%s: %w", rq.Op, ErrDisconnected)
 	}
 	w := waiter{ch: ch, op: rq.Op}
-	if rq.Op == "spawn" {
+	switch rq.Op {
+	case "spawn":
 		c.spawns[rq.Object]++
 		w.object, w.seq = rq.Object, c.spawns[rq.Object]
+	case "sleep", "remove":
+		w.object = rq.Object
 	}
 	c.pending[rq.ID] = w
 	conn := c.conn

@@ -58,6 +58,12 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		return true
 	}
 	if why := s.startWait(ss); why != "" {
+		// The ask ends here: its one try that counts (a permit, if one
+		// came free meanwhile; else the pool's refusal, counted).
+		if pm, ok := p.TryAcquireInto(rq.Project, &rf); ok {
+			s.grant(ss, p, pm, rq, resp)
+			return true
+		}
 		s.publish(events.Event{Kind: events.KindRefused, Pool: rq.Pool, Project: rq.Project,
 			Reason: events.ReasonWaiting, Remote: peerText(ss), Detail: why})
 		resp.Code, resp.Error = CodeTooManyWaiting, why

@@ -842,3 +842,54 @@ func TestWaitedAskIsOneRefusal(t *testing.T) {
 		t.Fatalf("an ask admitted after waiting counted %d refusals", got)
 	}
 }
+
+// TestTooManyWaitingIsOneRefusal: an acquire with wait_ms refused for the
+// bound of waiting operations is one refused ask in the pool's counts (it
+// was none: its first try does not count, the wait never began). With one
+// waiting place, a holds it with a long wait (started again whenever it
+// found the place taken) while b asks with 1 ms waits until the bound
+// refuses it; then a's session closes. Each ask must count once.
+func TestTooManyWaitingIsOneRefusal(t *testing.T) {
+	f := startWith(t, filepath.Join(t.TempDir(), "permits.sock"), pools.Config{Name: "flights", Size: 1},
+		pools.Config{Name: "residents", Size: 1}, func(s *permitd.Server) { permitd.SetWaitLimits(s, 1, 1) })
+	a, b := dial(t, f, client.Options{}), dial(t, f, client.Options{})
+	ctx := context.Background()
+	if _, err := b.Acquire(ctx, "flights", "alpha"); err != nil {
+		t.Fatal(err)
+	}
+	before := f.flights.Snapshot().Refused
+	var aAsks atomic.Int64
+	aDone := make(chan struct{})
+	go func() {
+		defer close(aDone)
+		for {
+			_, err := a.AcquireWait(ctx, "flights", "gamma", time.Minute)
+			if errors.Is(err, client.ErrClosed) {
+				return // not sent
+			}
+			aAsks.Add(1)
+			if !errors.Is(err, client.ErrTooManyWaiting) {
+				return // it had the place: ended by its session's close
+			}
+		}
+	}()
+	var bAsks uint64
+	for {
+		bAsks++
+		_, err := b.AcquireWait(ctx, "flights", "beta", time.Millisecond)
+		if errors.Is(err, client.ErrTooManyWaiting) {
+			break
+		}
+		if !errors.Is(err, client.ErrRefused) {
+			t.Fatalf("a wait on a full pool: %v", err)
+		}
+	}
+	a.Close()
+	<-aDone
+	want := bAsks + uint64(aAsks.Load())
+	eventually(t, "every ask counted", func() bool { return f.flights.Snapshot().Refused-before == want })
+	time.Sleep(50 * time.Millisecond)
+	if got := f.flights.Snapshot().Refused - before; got != want {
+		t.Fatalf("%d asks refused counted %d refusals", want, got)
+	}
+}

@@ -293,7 +293,23 @@ func (r *Residents) victimLocked(idx int32) (obj int32, reason int) {
 	if top == idx || r.l.projects[top].held < r.l.share {
 		return -1, 0
 	}
-	return r.idlestLocked(top), 1
+	if v := r.idlestLocked(top); v >= 0 {
+		return v, 1
+	}
+	// Every resident of the project furthest over its share is pending
+	// (a rare moment: each is a spawn under way): the next furthest over
+	// it that has one to give, found by a walk of the heap.
+	best, bestHeld := int32(-1), 0
+	for _, p := range r.heap[1:] {
+		held := r.l.projects[p].held
+		if p == idx || held < r.l.share || held <= bestHeld {
+			continue
+		}
+		if v := r.idlestLocked(p); v >= 0 {
+			best, bestHeld = v, held
+		}
+	}
+	return best, 1
 }
 
 // idlestLocked is project idx's least recently called resident object that

@@ -520,3 +520,23 @@ func waitBlocked(t *testing.T, r *Residents) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// When every resident of the project furthest over its share is pending,
+// a spawn under its share evicts from the next project over its share
+// rather than waiting.
+func TestResidentsVictimPastPendingProject(t *testing.T) {
+	r := mustResidents(t, Config{Name: "residents", Size: 6, Floor: 1, EvictWait: time.Hour})
+	ctx := context.Background()
+	// big: 3, all pending; mid: 2, settled; small arrives (share 2).
+	for i := range 3 {
+		if _, err := r.SpawnPending(ctx, "big", fmt.Sprintf("b%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spawnN(t, r, "mid", 2)
+	spawnN(t, r, "small", 1)
+	ev, done, err := r.TrySpawnPending("small", "s1")
+	if !done || err != nil || ev.Project != "mid" {
+		t.Fatalf("small's spawn with big all pending: %+v done %v %v; want mid's idlest evicted", ev, done, err)
+	}
+}
