@@ -109,10 +109,11 @@ func TestCloseDuringReconnectLeavesNoSession(t *testing.T) {
 }
 
 // TestStaleEvictionIgnored: an evict event of a residence that has ended
-// (the runtime put the object to sleep and spawned it again since: a new
-// lease) is not handed to OnEvict, where a runtime that obeyed would unload
-// the live residence; one of the live residence is. A daemon of the test's
-// writes the lines in that order.
+// (the runtime put the object to sleep, and spawned it again, since) is not
+// handed to OnEvict, where a runtime that obeyed would unload the live
+// residence; one of the live residence is. A daemon of the test's writes
+// the lines in that order: the first residence's event after its sleep's
+// answer, and again after the second's spawn answer.
 func TestStaleEvictionIgnored(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "permits.sock")
 	ln, err := net.Listen("unix", sock)
@@ -155,6 +156,10 @@ func TestStaleEvictionIgnored(t *testing.T) {
 			case "release":
 				released <- rq.Lease
 				fmt.Fprintf(conn, `{"id":%d,"ok":true,"released":true}`+"\n", rq.ID)
+			case "sleep":
+				// The first residence's eviction, after its sleep.
+				fmt.Fprintf(conn, `{"id":%d,"ok":true}`+"\n", rq.ID)
+				fmt.Fprintf(conn, `{"event":"evict","project":"p","object":"x","reason":"own-idlest","lease":11}`+"\n")
 			default:
 				fmt.Fprintf(conn, `{"id":%d,"ok":true}`+"\n", rq.ID)
 			}
@@ -185,8 +190,13 @@ func TestStaleEvictionIgnored(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the live residence's eviction never reached OnEvict")
 	}
-	if l := <-released; l != 12 {
-		t.Fatalf("confirmed residence %d, want 12", l)
+	select {
+	case l := <-released:
+		if l != 12 {
+			t.Fatalf("confirmed residence %d, want 12", l)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the live residence's eviction was never confirmed")
 	}
 	select {
 	case l := <-evicted:

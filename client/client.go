@@ -202,13 +202,10 @@ type Client struct {
 	// ErrEvicting on the first and waits for the second.
 	evicting   map[string]int
 	confirming map[string]chan struct{}
-	// spawns counts the spawns of each object made (waiter.seq).
-	spawns map[string]uint64
-	// leases is each object's residence as the answers read so far name
-	// it (in the order of the connection's lines): an evict event of
-	// another is of one that has ended (the runtime put it to sleep and
-	// spawned it again since), and is not handed to OnEvict.
-	leases map[string]uint64
+	// books are the objects' spawns and residences as this connection's
+	// answers tell them (spawnBook); an object removed with no spawn of it
+	// under way has none.
+	books  map[string]*spawnBook
 	closed bool
 	done   chan struct{} // closed by Close
 
@@ -221,7 +218,7 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 		opts.Socket = DefaultSocket
 	}
 	c := &Client{opts: opts, pending: map[uint64]waiter{}, objects: map[string]*objState{},
-		evicting: map[string]int{}, confirming: map[string]chan struct{}{}, spawns: map[string]uint64{}, leases: map[string]uint64{},
+		evicting: map[string]int{}, confirming: map[string]chan struct{}{}, books: map[string]*spawnBook{},
 		done: make(chan struct{}), flush: make(chan struct{}, 1)}
 	conn, err := c.dial(ctx)
 	if err != nil {
@@ -281,10 +278,14 @@ func (c *Client) attach(conn net.Conn) bool {
 	c.bw, c.wconn = bufio.NewWriterSize(conn, 32<<10), conn
 	c.werr = nil
 	c.conn, c.down = conn, false
-	// The evictions of the connection before are no more: the objects'
-	// spawns on this one (reregister) must not fail with ErrEvicting. Nor
-	// are its residences.
-	c.evicting, c.leases = map[string]int{}, map[string]uint64{}
+	// The residences of the connection before are no more, nor the late
+	// grants held for a spawn's answer (their marks end here).
+	for obj, b := range c.books {
+		if b.back != nil {
+			c.endMarkLocked(obj, b.back.done)
+		}
+	}
+	c.books = map[string]*spawnBook{}
 	c.mu.Unlock()
 	go c.read(conn)
 	return true
@@ -328,7 +329,8 @@ func (c *Client) read(conn net.Conn) {
 				// Marked here, in the order of the lines read: a
 				// Spawn made from now on is made knowing of it.
 				c.mu.Lock()
-				stale := rp.Lease != 0 && c.leases[rp.Object] != 0 && c.leases[rp.Object] != rp.Lease
+				b := c.books[rp.Object]
+				stale := rp.Lease != 0 && b != nil && b.lease != 0 && b.lease != rp.Lease
 				if !stale {
 					c.evicting[rp.Object]++
 				}
@@ -342,13 +344,8 @@ func (c *Client) read(conn net.Conn) {
 		c.mu.Lock()
 		w, ok := c.pending[rp.ID]
 		delete(c.pending, rp.ID)
-		if ok && rp.OK && w.object != "" {
-			switch {
-			case w.op == "spawn" && rp.Lease != 0:
-				c.leases[w.object] = rp.Lease
-			case w.op == "sleep" || w.op == "remove":
-				delete(c.leases, w.object)
-			}
+		if ok && w.object != "" {
+			c.bookLocked(w, &rp)
 		}
 		c.mu.Unlock()
 		switch {
@@ -358,11 +355,6 @@ func (c *Client) read(conn net.Conn) {
 		case rp.OK && rp.Lease != 0 && w.op == "acquire":
 			// The caller gave up before the grant arrived.
 			go c.call(context.Background(), request{Op: "release", Lease: rp.Lease})
-		case rp.OK && rp.Lease != 0 && w.op == "spawn" && rp.Note == "":
-			// Likewise a residence begun for it (not a call on an object
-			// already resident, whose lease is the runtime's): a
-			// residence released is an object asleep.
-			c.giveBack(w, rp.Lease)
 		}
 	}
 	conn.Close()
@@ -434,6 +426,9 @@ func (c *Client) reregister() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := c.Spawn(ctx, it.project, it.name)
 		cancel()
+		if errors.Is(err, ErrEvicting) {
+			continue // being put away (an eviction of the connection before): asleep
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("re-registering %s: %w", it.name, err))
 		}
@@ -470,6 +465,14 @@ func (c *Client) evicted(ev Eviction) {
 	})
 }
 
+// endMarkLocked ends the confirmation mark done of object. c.mu is held.
+func (c *Client) endMarkLocked(object string, done chan struct{}) {
+	if c.confirming[object] == done {
+		delete(c.confirming, object)
+	}
+	close(done)
+}
+
 // confirmingLocked marks object as having a confirmation on its way, which
 // a spawn of it made from now on waits for (waitConfirmed): done, closed by
 // confirm; prev, the one before it, if any. c.mu is held.
@@ -484,11 +487,8 @@ func (c *Client) confirmingLocked(object string) (done, prev chan struct{}) {
 func (c *Client) confirm(object string, done, prev chan struct{}, send func(context.Context)) {
 	defer func() {
 		c.mu.Lock()
-		if c.confirming[object] == done {
-			delete(c.confirming, object)
-		}
+		c.endMarkLocked(object, done)
 		c.mu.Unlock()
-		close(done)
 	}()
 	if prev != nil {
 		<-prev
@@ -561,8 +561,13 @@ func (c *Client) call(ctx context.Context, rq request) (reply, error) {
 	w := waiter{ch: ch, op: rq.Op}
 	switch rq.Op {
 	case "spawn":
-		c.spawns[rq.Object]++
-		w.object, w.seq = rq.Object, c.spawns[rq.Object]
+		b := c.books[rq.Object]
+		if b == nil {
+			b = &spawnBook{}
+			c.books[rq.Object] = b
+		}
+		b.seq++
+		w.object, w.seq = rq.Object, b.seq
 	case "sleep", "remove":
 		w.object = rq.Object
 	}
@@ -741,22 +746,108 @@ func (c *Client) Ping(ctx context.Context) error {
 	return rp.err()
 }
 
-// giveBack releases lease, the residence of w's spawn, which its caller
-// gave up on, unless a spawn of the object came after it: answered
-// "already resident" with this lease, that one's caller holds the object.
-// A spawn made from now on waits for the release's answer (waitConfirmed),
-// so the release cannot end the residence it would begin.
-func (c *Client) giveBack(w waiter, lease uint64) {
-	c.mu.Lock()
-	if c.spawns[w.object] != w.seq {
-		c.mu.Unlock()
+// spawnBook is what the answers read so far tell of an object's spawns
+// and residence (Client.books), in the order of the connection's lines.
+type spawnBook struct {
+	seq      uint64 // spawns of it made (waiter.seq)
+	answered uint64 // the latest of them answered, whatever the answer
+	ok       uint64 // the latest of them answered with a residence to a caller still there
+	// lease is its residence, as the answer of its latest spawn names it;
+	// asleep once a sleep of it is answered, 0 if unknown. An evict event
+	// of another lease is of one that has ended (the runtime put it to
+	// sleep, or spawned it again, since): it is not handed to OnEvict,
+	// which would unload the live residence.
+	lease uint64
+	// back is a residence granted to a spawn given up on, kept while a
+	// later spawn of the object is unanswered (giveBack).
+	back *heldBack
+}
+
+// asleep is spawnBook.lease once a sleep is answered: every lease is another.
+const asleep = ^uint64(0)
+
+type heldBack struct {
+	lease, seq uint64
+	done, prev chan struct{} // its confirmation's mark (confirmingLocked)
+}
+
+// bookLocked keeps rp, the answer of w (a spawn, sleep or remove of an
+// object), in the object's book, and gives back the residence of a spawn
+// given up on (giveBackLocked). c.mu is held.
+func (c *Client) bookLocked(w waiter, rp *reply) {
+	b := c.books[w.object]
+	if b == nil {
+		if w.op != "sleep" {
+			return // removed, its book gone: nothing to keep
+		}
+		b = &spawnBook{}
+		c.books[w.object] = b
+	}
+	switch w.op {
+	case "spawn":
+		b.answered = max(b.answered, w.seq)
+		if rp.OK && rp.Lease != 0 {
+			if w.ch == nil && rp.Note == "" {
+				c.giveBackLocked(w.object, b, w.seq, rp.Lease)
+			}
+			if w.ch != nil {
+				// Its caller has the answer (one given up holds
+				// nothing, "already resident" or not).
+				b.ok = max(b.ok, w.seq)
+			}
+			if w.seq == b.seq {
+				b.lease = rp.Lease
+			}
+		}
+		if h := b.back; h != nil && h.seq != w.seq {
+			switch {
+			case b.ok > h.seq:
+				// A later spawn was answered with the residence: its
+				// caller holds the object.
+				b.back = nil
+				c.endMarkLocked(w.object, h.done)
+			case b.answered >= b.seq:
+				// Every later spawn failed: nobody holds it.
+				b.back = nil
+				go c.confirm(w.object, h.done, h.prev, c.releaser(h.lease))
+			}
+		}
+	case "sleep":
+		if rp.OK {
+			b.lease = asleep
+		}
+	case "remove":
+		if rp.OK && b.answered == b.seq && b.back == nil {
+			delete(c.books, w.object)
+		}
+	}
+}
+
+// giveBackLocked releases lease, the residence of spawn seq of object,
+// whose caller gave up on it: at once if no spawn of the object came after
+// it, or once every later one is answered, none with the residence; not at
+// all if one is (its caller holds the object: "already resident", with
+// this lease). A spawn made from now until then waits (waitConfirmed), so
+// the release cannot end a residence it would begin. c.mu is held.
+func (c *Client) giveBackLocked(object string, b *spawnBook, seq, lease uint64) {
+	if b.ok > seq {
 		return
 	}
-	done, prev := c.confirmingLocked(w.object)
-	c.mu.Unlock()
-	go c.confirm(w.object, done, prev, func(ctx context.Context) {
-		c.call(ctx, request{Op: "release", Lease: lease})
-	})
+	done, prev := c.confirmingLocked(object)
+	if b.seq == seq || b.answered >= b.seq {
+		go c.confirm(object, done, prev, c.releaser(lease))
+		return
+	}
+	if b.back != nil {
+		// An older one still waiting: this one, as late, takes its place.
+		c.endMarkLocked(object, b.back.done)
+	}
+	b.back = &heldBack{lease: lease, seq: seq, done: done, prev: prev}
+}
+
+// releaser is a confirmation that releases lease (confirm's send).
+func (c *Client) releaser(lease uint64) func(context.Context) {
+	return func(ctx context.Context) { c.call(ctx, request{Op: "release", Lease: lease}) }
 }
 
 // waitConfirmed waits until no confirmation of an eviction of object is on

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
@@ -469,6 +470,9 @@ func Open(opts Options) (*Limiter, error) {
 			l.unlock()
 		}
 	}()
+	if l.abortPast && !kernelHasFunc("bpf_sock_destroy") {
+		l.log.Warn("connections.abort_moved_past is on, but this kernel has no bpf_sock_destroy (Linux 6.5): connections a pod opened before it was classified are counted past the rule, not aborted")
+	}
 	if err := l.load(); err != nil {
 		l.closeFDs()
 		l.discardStaged()
@@ -1064,6 +1068,18 @@ func cleanup(pinDir string, rmdir bool) error {
 		errs = append(errs, fmt.Errorf("removing pin directory: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// kernelHasFunc says whether the running kernel's BTF has the function
+// name (a kfunc the programs call only if it is there); false if its BTF
+// cannot be read either.
+func kernelHasFunc(name string) bool {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false
+	}
+	var fn *btf.Func
+	return spec.TypeByName(name, &fn) == nil
 }
 
 // boolU32 is b as a C flag.

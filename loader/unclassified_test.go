@@ -17,6 +17,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // kubeLayout lays out a kubelet's cgroupfs tree below root with mkdir:
@@ -650,4 +651,24 @@ func reconcileOK(t *testing.T, l *Limiter) ReconcileReport {
 		t.Fatal(err)
 	}
 	return rep
+}
+
+// The programs' abort needs bpf_sock_destroy: this kernel has it (a
+// kernel without it would log that nothing is aborted, and load).
+func TestKernelHasSockDestroy(t *testing.T) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	var major, minor int
+	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor)
+	if major < 6 || major == 6 && minor < 5 {
+		t.Skipf("Linux %d.%d: bpf_sock_destroy came with 6.5", major, minor)
+	}
+	if !kernelHasFunc("bpf_sock_destroy") {
+		t.Fatal("bpf_sock_destroy not found in the kernel's BTF (Linux 6.5 has it)")
+	}
+	if kernelHasFunc("fairshare_no_such_function") {
+		t.Fatal("a function that is not there was found")
+	}
 }

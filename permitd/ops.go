@@ -61,6 +61,9 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		// The ask ends here: its one try that counts (a permit, if one
 		// came free meanwhile; else the pool's refusal, counted).
 		if pm, ok := p.TryAcquireInto(rq.Project, &rf); ok {
+			if rf.WouldRefuse {
+				s.refusalEvent(ss, events.KindWouldRefuse, &rf)
+			}
 			s.grant(ss, p, pm, rq, resp)
 			return true
 		}

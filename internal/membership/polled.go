@@ -20,8 +20,9 @@ var ErrNotRead = errors.New("not read yet")
 // Scan, which runs in the daemon's control loop at every tick and every
 // wake, must not wait on it. A goroutine calls fetch at once and then every
 // interval, each call bounded by the interval (or, after calls that ran out
-// of it, by up to twice as long as the last, at most maxFetch: a runtime
-// slower than the interval is still read); Scan returns the last result
+// of it, by up to twice as long as the last, at most maxFetch, coming back
+// by halves once the source answers quickly: a runtime slower than the
+// interval is still read); Scan returns the last result
 // without waiting, and Changed receives when a fetch found other members
 // than the one before (or succeeded after an error). While fetch fails, Scan
 // returns its error, and the caller keeps the members of the last good
@@ -100,10 +101,12 @@ func (p *Polled) poll(ctx context.Context) {
 		// never be read: the next fetch may take twice as long.
 		p.limit = min(2*limit, max(maxFetch, p.every))
 	case err == nil:
-		// Twice what this one took, and the interval at least: back to
-		// the interval once the source is quick again, so that a hung
-		// call is cut as soon as before.
-		p.limit = min(max(2*took, p.every), max(maxFetch, p.every))
+		// Twice what this one took, and the interval at least, coming
+		// down at most by half a fetch: back to the interval once the
+		// source is quick again (a hung call cut as soon as before),
+		// without cutting the next slow answer of a source whose
+		// answers come slow and quick in turn.
+		p.limit = min(max(2*took, limit/2, p.every), max(maxFetch, p.every))
 	}
 	p.mu.Lock()
 	changed := false
