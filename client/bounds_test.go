@@ -182,25 +182,27 @@ func TestStaleEvictionIgnored(t *testing.T) {
 	if _, err := c.Spawn(ctx, "p", "x"); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case l := <-evicted:
-		if l != 12 {
-			t.Fatalf("OnEvict called for residence %d, which had ended", l)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the live residence's eviction never reached OnEvict")
+	if l := leaseFrom(t, evicted, "OnEvict"); l != 12 {
+		t.Fatalf("OnEvict called for residence %d, which had ended", l)
 	}
-	select {
-	case l := <-released:
-		if l != 12 {
-			t.Fatalf("confirmed residence %d, want 12", l)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the live residence's eviction was never confirmed")
+	if l := leaseFrom(t, released, "the confirmation"); l != 12 {
+		t.Fatalf("confirmed residence %d, want 12", l)
 	}
 	select {
 	case l := <-evicted:
 		t.Fatalf("OnEvict called again, for residence %d", l)
 	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// leaseFrom is the next lease on ch, what names it (failing after 10 s).
+func leaseFrom(t *testing.T, ch <-chan uint64, what string) uint64 {
+	t.Helper()
+	select {
+	case l := <-ch:
+		return l
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s never came for the live residence", what)
+		return 0
 	}
 }

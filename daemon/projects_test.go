@@ -777,11 +777,7 @@ func TestHeldKernelTakesTheDaemonOut(t *testing.T) {
 // no project (a system namespace's), the daemon's own cgroup and a process
 // outside the pods stay outside every project.
 func TestUnplacedPodNotAHostProcess(t *testing.T) {
-	testutil.RequireRoot(t)
-	mnt := testutil.Cgroup2Mount(t)
-	top := testutil.TempCgroup(t, mnt, "fairshare-pods-")
-	pods := testutil.MkCgroup(t, top, "kubepods")
-	member := testutil.MkCgroup(t, pods, "podmember")
+	top, pods, member := podLayout(t)
 	unplaced := testutil.MkCgroup(t, testutil.MkCgroup(t, pods, "podnew"), "ctr")
 	system := testutil.MkCgroup(t, pods, "poddns")
 	self := testutil.MkCgroup(t, pods, "poddaemon")
@@ -810,11 +806,7 @@ func TestUnplacedPodNotAHostProcess(t *testing.T) {
 // the kubernetes source's signal brings, not at the next tick: until then
 // the pod counted in (unclassified) and could be refused.
 func TestNoProjectPodReachesKernelAtOnce(t *testing.T) {
-	testutil.RequireRoot(t)
-	mnt := testutil.Cgroup2Mount(t)
-	top := testutil.TempCgroup(t, mnt, "fairshare-pods-")
-	pods := testutil.MkCgroup(t, top, "kubepods")
-	member := testutil.MkCgroup(t, pods, "podmember")
+	_, pods, member := podLayout(t)
 	dns := testutil.MkCgroup(t, pods, "poddns")
 	var mu sync.Mutex
 	var none []string
@@ -889,4 +881,14 @@ func newTestProjects(t *testing.T) *projects {
 	}
 	t.Cleanup(func() { p.close() })
 	return p
+}
+
+// podLayout makes a test's cgroup top (removed at its end), a pod root
+// below it, and a pod of project team-k below that (podProjects' member).
+func podLayout(t *testing.T) (top, pods, member string) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	top = testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-pods-")
+	pods = testutil.MkCgroup(t, top, "kubepods")
+	return top, pods, testutil.MkCgroup(t, pods, "podmember")
 }

@@ -228,11 +228,7 @@ func TestCgroupIdentity(t *testing.T) {
 		TrustedPeers: []string{edge}}}, echoProject)
 	sock, tcp := r.targets(t)
 
-	for _, tc := range []struct {
-		name, cgroup, header string
-		status               int
-		body                 string
-	}{
+	for _, tc := range []identityCase{
 		{"project cgroup", web, "", 200, "project=web"},
 		{"nested cgroup", workers, "", 200, "project=web"},
 		{"own name in header", web, "web", 200, "project=web"},
@@ -256,11 +252,7 @@ func TestCgroupIdentity(t *testing.T) {
 	byAddr := newRig(t, rigOpts{untrusted: true, cfg: Config{ForwardProject: true, ProjectsRoot: root,
 		TrustedPeers: []string{"127.0.0.1/32"}}}, echoProject)
 	_, byAddrTCP := byAddr.targets(t)
-	for _, tc := range []struct {
-		name, cgroup, header string
-		status               int
-		body                 string
-	}{
+	for _, tc := range []identityCase{
 		{"host process at a trusted address", outside, "billing", 200, "project=billing"},
 		{"project cgroup at a trusted address", web, "", 200, "project=web"},
 		{"project cgroup at a trusted address, spoofed", workers, "billing", 403, "belongs to project web"},
@@ -530,4 +522,12 @@ func TestNodeAddrsKept(t *testing.T) {
 	if !c.at.After(read) {
 		t.Error("not read again after the second")
 	}
+}
+
+// identityCase is a request from a process in cgroup, sending header as
+// its project, and the answer expected: status, and a part of its body.
+type identityCase struct {
+	name, cgroup, header string
+	status               int
+	body                 string
 }
