@@ -565,17 +565,6 @@ static __always_inline __u32 dest_adoptable(struct sock *sk, __u64 id)
 }
 
 /*
- * fs_dump walks the TCP sockets of the caller's netns. A socket of a project
- * that holds no permit and is past its handshake is adopted (it predates the
- * programs, or was left unaccounted); a permit held under a weak member's
- * project (unclassified) moves to its cgroup's project now (move_held);
- * every project socket is written out for
- * the reconcile report, and so is every socket that holds a permit (its
- * member removed since) and every listening socket, project or not: a
- * counted listener missing from the dump is gone (OP_UNLISTEN), and so is
- * the socket of a held permit.
- */
-/*
  * abort_moved_past, set at load (loader.Options.AbortMovedPast): a
  * connection a pod opened (KIND_OUT) before it was classified, whose permit
  * a pass moves from (unclassified) to the pod's project where the node's
@@ -604,6 +593,17 @@ static __always_inline bool enforced(__u64 id)
 	return !(c && c->dry_run) && !bpf_map_lookup_elem(&fs_dryrun, &id) && !lapse_of();
 }
 
+/*
+ * fs_dump walks the TCP sockets of the caller's netns. A socket of a project
+ * that holds no permit and is past its handshake is adopted (it predates the
+ * programs, or was left unaccounted); a permit held under a weak member's
+ * project (unclassified) moves to its cgroup's project now (move_held);
+ * every project socket is written out for
+ * the reconcile report, and so is every socket that holds a permit (its
+ * member removed since) and every listening socket, project or not: a
+ * counted listener missing from the dump is gone (OP_UNLISTEN), and so is
+ * the socket of a held permit.
+ */
 SEC("iter/tcp")
 int fs_dump(struct bpf_iter__tcp *ctx)
 {

@@ -164,9 +164,9 @@ type waiter struct {
 	ch chan reply
 	op string
 	// object and seq, for a spawn: its object, and its place among the
-	// spawns of it (Client.spawns), so that a late grant given up on is
-	// released only if no spawn of the object came after it; object, for
-	// a sleep or a remove (Client.leases).
+	// spawns of it (spawnBook.seq), so that a late grant given up on is
+	// given back only if no later spawn's caller holds it; object, for a
+	// sleep or a remove (the object's book).
 	object string
 	seq    uint64
 }

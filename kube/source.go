@@ -303,9 +303,8 @@ func (s *Source) fetch(ctx context.Context) (membership.Found, error) {
 	if selfNS != s.selfNS && selfNS != "" {
 		s.o.Log.Info("the daemon runs in a pod: its namespace is never limited, like a system namespace", "namespace", selfNS)
 	}
-	same := slices.Equal(f.Members, s.found.Members) && slices.Equal(f.Skipped, s.found.Skipped) && slices.Equal(netns, s.netns) &&
-		slices.Equal(none, s.none)
 	other := !slices.Equal(netns, s.netns) || !slices.Equal(none, s.none)
+	same := !other && slices.Equal(f.Members, s.found.Members) && slices.Equal(f.Skipped, s.found.Skipped)
 	s.none, s.selfNS = none, selfNS
 	first := !s.polled
 	s.found, s.netns, s.system, s.polled = f, netns, system, true

@@ -62,9 +62,11 @@ func (l *Limiter) SetFleetSafe(pool string, safe uint32, leaseEnd time.Time, ttl
 	}
 	l.fleetTTL, l.fleetEnd[pool] = ttl, leaseEnd
 	if pool == "" {
+		first := l.nodeSafe == 0
 		l.nodeSafe = safe + 1
-		// The slice first, then the flag the programs read it by.
-		if err := l.heartbeat(); err != nil {
+		// The slice first, then the flag the programs read it by, once
+		// (not at every renewal).
+		if err := l.heartbeat(); err != nil || !first {
 			return err
 		}
 		return l.setConfigFlag(capsFleet, true)

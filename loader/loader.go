@@ -237,16 +237,19 @@ type Limiter struct {
 	lapse    time.Duration // Options.LapseAfter
 	// abortPast: Options.AbortMovedPast
 	abortPast bool
-	clock     clock.Clock
-	mono      func() uint64 // CLOCK_MONOTONIC in ns (Options.Monotonic)
-	objs      limiterObjects
-	links     []link.Link
-	netns     uint64 // the cookie of the daemon's own network namespace
-	netnsIno  uint64 // and its inode
-	reused    bool
-	pinLock   *os.File   // Options.PinLock
-	unlock    func()     // releases the lock taken for a migration; nil: none taken
-	mig       *migration // the pins of another layout Open replaces; nil: none
+	// btf caches the kernel's BTF for Open's check and load (nil: the
+	// load decodes its own).
+	btf      *btf.Cache
+	clock    clock.Clock
+	mono     func() uint64 // CLOCK_MONOTONIC in ns (Options.Monotonic)
+	objs     limiterObjects
+	links    []link.Link
+	netns    uint64 // the cookie of the daemon's own network namespace
+	netnsIno uint64 // and its inode
+	reused   bool
+	pinLock  *os.File   // Options.PinLock
+	unlock   func()     // releases the lock taken for a migration; nil: none taken
+	mig      *migration // the pins of another layout Open replaces; nil: none
 	// migNetns are, during a migration, the network namespaces of the
 	// host's processes other than the daemon's, by inode (otherNetns):
 	// the migration's passes count their connections too.
@@ -470,7 +473,8 @@ func Open(opts Options) (*Limiter, error) {
 			l.unlock()
 		}
 	}()
-	if l.abortPast && !kernelHasFunc("bpf_sock_destroy") {
+	l.btf = btf.NewCache()
+	if l.abortPast && !kernelHasFunc(l.btf, "bpf_sock_destroy") {
 		l.log.Warn("connections.abort_moved_past is on, but this kernel has no bpf_sock_destroy (Linux 6.5): connections a pod opened before it was classified are counted past the rule, not aborted")
 	}
 	if err := l.load(); err != nil {
@@ -720,7 +724,7 @@ func (l *Limiter) load() error {
 	if _, err := os.Stat(filepath.Join(l.pinDir, "fs_config")); err == nil {
 		l.reused = true
 	}
-	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.pinDir}})
+	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.pinDir}, Cache: l.btf})
 	return l.loadError(err)
 }
 
@@ -1070,11 +1074,11 @@ func cleanup(pinDir string, rmdir bool) error {
 	return errors.Join(errs...)
 }
 
-// kernelHasFunc says whether the running kernel's BTF has the function
-// name (a kfunc the programs call only if it is there); false if its BTF
-// cannot be read either.
-func kernelHasFunc(name string) bool {
-	spec, err := btf.LoadKernelSpec()
+// kernelHasFunc says whether the running kernel's BTF (read through cache,
+// which the load then shares) has the function name (a kfunc the programs
+// call only if it is there); false if its BTF cannot be read either.
+func kernelHasFunc(cache *btf.Cache, name string) bool {
+	spec, err := cache.Kernel()
 	if err != nil {
 		return false
 	}

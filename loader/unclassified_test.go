@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf/btf"
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"golang.org/x/sys/unix"
@@ -665,10 +666,10 @@ func TestKernelHasSockDestroy(t *testing.T) {
 	if major < 6 || major == 6 && minor < 5 {
 		t.Skipf("Linux %d.%d: bpf_sock_destroy came with 6.5", major, minor)
 	}
-	if !kernelHasFunc("bpf_sock_destroy") {
+	if !kernelHasFunc(btf.NewCache(), "bpf_sock_destroy") {
 		t.Fatal("bpf_sock_destroy not found in the kernel's BTF (Linux 6.5 has it)")
 	}
-	if kernelHasFunc("fairshare_no_such_function") {
+	if kernelHasFunc(btf.NewCache(), "fairshare_no_such_function") {
 		t.Fatal("a function that is not there was found")
 	}
 }

@@ -45,11 +45,7 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		// One ask, one refusal at most: the wait's end counts it.
 		try = p.TryAcquireFirst
 	}
-	if pm, ok := try(rq.Project, &rf); ok {
-		if rf.WouldRefuse {
-			s.refusalEvent(ss, events.KindWouldRefuse, &rf)
-		}
-		s.grant(ss, p, pm, rq, resp)
+	if s.tryGrant(ss, p, try, rq, &rf, resp) {
 		return true
 	}
 	if rq.WaitMS <= 0 {
@@ -60,11 +56,7 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 	if why := s.startWait(ss); why != "" {
 		// The ask ends here: its one try that counts (a permit, if one
 		// came free meanwhile; else the pool's refusal, counted).
-		if pm, ok := p.TryAcquireInto(rq.Project, &rf); ok {
-			if rf.WouldRefuse {
-				s.refusalEvent(ss, events.KindWouldRefuse, &rf)
-			}
-			s.grant(ss, p, pm, rq, resp)
+		if s.tryGrant(ss, p, p.TryAcquireInto, rq, &rf, resp) {
 			return true
 		}
 		s.publish(events.Event{Kind: events.KindRefused, Pool: rq.Pool, Project: rq.Project,
@@ -96,6 +88,22 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		ss.answerLate(&resp)
 	}(*rq)
 	return false
+}
+
+// tryGrant grants rq a permit of p if try (TryAcquireInto or
+// TryAcquireFirst) admits it, its dry-run refusal reported; rf holds the
+// refusal otherwise.
+func (s *Server) tryGrant(ss *session, p *pools.Pool, try func(string, *pools.Refusal) (pools.Permit, bool),
+	rq *request, rf *pools.Refusal, resp *response) bool {
+	pm, ok := try(rq.Project, rf)
+	if !ok {
+		return false
+	}
+	if rf.WouldRefuse {
+		s.refusalEvent(ss, events.KindWouldRefuse, rf)
+	}
+	s.grant(ss, p, pm, rq, resp)
+	return true
 }
 
 // grant turns a permit into a lease of the session, or gives it back when
@@ -598,7 +606,8 @@ func (s *Server) settle(resp *response) {
 
 // evict tells the session owning ev.Object to put it to sleep; the pool
 // already counts it asleep. The returned channel is closed when the owner
-// confirms (sleep or remove), or at once when there is nobody to ask.
+// confirms (a release of the residence's lease, a sleep or a remove), or at
+// once when there is nobody to ask.
 func (s *Server) evict(ev pools.Eviction, spawner string) <-chan struct{} {
 	ch := make(chan struct{})
 	s.mu.Lock()

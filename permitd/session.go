@@ -261,8 +261,6 @@ func (ss *session) handle(line []byte, rq *request, resp *response) bool {
 	return true
 }
 
-// addLease records a lease unless the session already closed, in which case
-// the caller must give the permit back itself.
 // addLease records l under a new id drawn from next, one the session does
 // not hold: ids are 32 bits of a counter under the server's epoch, so a
 // session that keeps a lease through 2^32 grants of the server (hours at

@@ -161,7 +161,6 @@ func appendResponse(b []byte, r *response) []byte {
 	return append(b, '}', '\n')
 }
 
-// appendEvent encodes an evict event for the session that owns e.Object.
 // appendEvent encodes the evict event for e, whose residence is lease.
 func appendEvent(b []byte, e *pools.Eviction, lease uint64) []byte {
 	b = append(b, `{"event":"evict","project":`...)

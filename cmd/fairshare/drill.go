@@ -84,8 +84,7 @@ func drillCommand() *cli.Command {
 				"fairshare drill --phase 2s --svg drill.svg",
 				"fairshare drill connections",
 			),
-		Flags:           drillFlags(),
-		HideHelpCommand: true,
+		Flags: drillFlags(),
 		Action: func(c *cli.Context) error {
 			cfg, err := drillConfig(c)
 			if err != nil {

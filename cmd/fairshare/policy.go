@@ -29,7 +29,6 @@ func policyCommand() *cli.Command {
 		Name:  "policy",
 		Usage: "set, show or delete a project's policy (tier, shares, rates)",
 		// As at the top level: --help is the one way to get help.
-		HideHelpCommand: true,
 		Description: "A policy says what a project bought: its tier (pro, lite or none) and shares decide its\n" +
 			"request-class buckets, requests/s and work units/s bound what it may spend in the HTTP\n" +
 			"front, and connections/s the new TCP connections it may open or accept, refused in the\n" +

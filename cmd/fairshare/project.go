@@ -27,9 +27,8 @@ func projectCommand() *cli.Command {
 		return &cli.StringSliceFlag{Name: "cgroup", Usage: usage}
 	}
 	return &cli.Command{
-		Name:            "project",
-		Usage:           "register cgroups to projects, remove them, list every project's cgroups",
-		HideHelpCommand: true,
+		Name:  "project",
+		Usage: "register cgroups to projects, remove them, list every project's cgroups",
 		Description: "A project is a name; its members are cgroups, and every process in a member or in a cgroup\n" +
 			"below it belongs to the project. Members come from the sources in projects.sources: the\n" +
 			"children of projects_root (directory), the fairshare-<name>.slice slices of a systemd slice\n" +

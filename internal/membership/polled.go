@@ -119,10 +119,7 @@ func (p *Polled) poll(ctx context.Context) {
 	}
 	p.mu.Unlock()
 	if changed {
-		select {
-		case p.changed <- struct{}{}:
-		default:
-		}
+		p.Signal()
 	}
 }
 
