@@ -270,6 +270,13 @@ func TestRouteLookup(t *testing.T) {
 	if _, err := newRouteTable(map[string]string{"h": "bad name"}); !errors.Is(err, ErrBadProject) {
 		t.Errorf("bad route project: err = %v", err)
 	}
+	// A lookup is on every routed request's path: it allocates nothing
+	// unless slashes need merging.
+	for _, path := range []string{"/a/b/c", "/a/file.txt", "/x.y/z", "/ab"} {
+		if n := testing.AllocsPerRun(100, func() { _, _ = rt.lookup("h:8080", path) }); n != 0 {
+			t.Errorf("lookup(h:8080, %s): %v allocations, want 0", path, n)
+		}
+	}
 }
 
 // TestRouteNotLedByDotSegments: a route places a request by the path an

@@ -58,7 +58,8 @@ func (f *Front) resolve(r *http.Request) (_ who, status int, _ error) {
 // resolvePeer is resolve for a request from peer p.
 func (f *Front) resolvePeer(r *http.Request, p *peer) (_ who, status int, _ error) {
 	name := r.Header.Get(f.cfg.ProjectHeader)
-	trusted := f.trusted(p)
+	var pl placement
+	trusted := f.trusted(p, &pl)
 	if trusted {
 		rt, err := f.routes.lookup(r.Host, r.URL.Path)
 		if err != nil {
@@ -82,7 +83,7 @@ func (f *Front) resolvePeer(r *http.Request, p *peer) (_ who, status int, _ erro
 		// outside every project, whom routes would serve.
 		return who{}, http.StatusForbidden, fmt.Errorf("%w: %w", ErrUnknownPeer, p.err)
 	}
-	own, err := f.projectOf(cg)
+	own, err := pl.of(f, cg)
 	if err != nil && p.local {
 		return who{}, http.StatusForbidden, fmt.Errorf("%w: %w", ErrUnknownPeer, err)
 	}
@@ -127,6 +128,24 @@ func (f *Front) projectOf(cg uint64) (string, error) {
 	return "", nil
 }
 
+// placement is a peer's project as one request (or one accepted
+// connection's class) found it: trusted and resolvePeer ask once between
+// them.
+type placement struct {
+	looked bool
+	own    string
+	err    error
+}
+
+// of is the project of cgroup cg (projectOf), asked at the first call.
+func (pl *placement) of(f *Front, cg uint64) (string, error) {
+	if !pl.looked {
+		pl.own, pl.err = f.projectOf(cg)
+		pl.looked = true
+	}
+	return pl.own, pl.err
+}
+
 // trusted reports whether p may name the project in the header or by a
 // route over its own cgroup: by its cgroup (a trusted cgroup), or by its
 // address, unless the kernel places it in a project. A process in a
@@ -138,7 +157,7 @@ func (f *Front) projectOf(cg uint64) (string, error) {
 // (A pod of this node in a network namespace of its own connects from its
 // own address, which the front's tables do not hold: it counts as another
 // host's peer, trusted or not by its address.)
-func (f *Front) trusted(p *peer) bool {
+func (f *Front) trusted(p *peer, pl *placement) bool {
 	if f.id.trustedCgs != nil && f.id.trustedCgs.lookup(f.cgroupOf(p)) != "" {
 		return true
 	}
@@ -161,7 +180,7 @@ func (f *Front) trusted(p *peer) bool {
 	if !p.local {
 		return true
 	}
-	own, err := f.projectOf(cg)
+	own, err := pl.of(f, cg)
 	return p.err == nil && err == nil && own == ""
 }
 

@@ -241,8 +241,9 @@ func (f *Front) PeerClass(c net.Conn, cgroupID uint64) (project string, trusted 
 	if cgroupID != 0 {
 		p.once.Do(func() { p.cgroup = cgroupID })
 	}
-	project, _ = f.projectOf(f.cgroupOf(p))
-	return project, f.trusted(p)
+	var pl placement
+	project, _ = pl.of(f, f.cgroupOf(p))
+	return project, f.trusted(p, &pl)
 }
 
 // CheckIdentity checks cfg's projects root, trusted peers and exempt

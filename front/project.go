@@ -85,7 +85,8 @@ func (t routeTable) lookup(host, path string) (*route, error) {
 		return nil, nil
 	}
 	host = strings.ToLower(host)
-	keys := []string{host}
+	var buf [2]string
+	keys := append(buf[:0], host)
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		keys = append(keys, h)
 	}
@@ -109,32 +110,35 @@ func (t routeTable) lookup(host, path string) (*route, error) {
 // is "." or ".." (after a ";" cut off, and with a backslash as a separator
 // too).
 func routePath(path string) (string, bool) {
-	if !strings.Contains(path, "//") && !strings.Contains(path, ".") {
-		return path, true
-	}
-	var b strings.Builder
-	for i := 0; i < len(path); i++ {
-		if path[i] == '/' && i > 0 && path[i-1] == '/' {
-			continue
+	merged := path
+	if strings.Contains(path, "//") {
+		var b strings.Builder
+		b.Grow(len(path))
+		for i := 0; i < len(path); i++ {
+			if path[i] == '/' && i > 0 && path[i-1] == '/' {
+				continue
+			}
+			b.WriteByte(path[i])
 		}
-		b.WriteByte(path[i])
+		merged = b.String()
 	}
-	merged := b.String()
-	dots := false
+	if !strings.Contains(merged, ".") {
+		return merged, true
+	}
 	for seg := range strings.FieldsFuncSeq(merged, func(r rune) bool { return r == '/' || r == '\\' }) {
 		seg, _, _ = strings.Cut(seg, ";")
 		if seg == "." || seg == ".." {
-			dots = true
+			return merged, false
 		}
 	}
-	return merged, !dots
+	return merged, true
 }
 
 func (t routeTable) match(host, path string) *route {
 	rs := t[host]
 	for i := range rs {
 		r := &rs[i]
-		if r.prefix == "" || path == r.prefix || strings.HasPrefix(path, r.prefix+"/") {
+		if r.prefix == "" || strings.HasPrefix(path, r.prefix) && (len(path) == len(r.prefix) || path[len(r.prefix)] == '/') {
 			return r
 		}
 	}
