@@ -117,6 +117,10 @@ type destPool struct {
 // the next pool given the id.
 const destForgetGrace = 100 * time.Millisecond
 
+// graceSleep waits out the rest of a removed pool's destForgetGrace (a
+// test's hook).
+var graceSleep = time.Sleep
+
 // DestSnapshot is what the maps say of one destination pool.
 type DestSnapshot struct {
 	Name                     string
@@ -240,10 +244,6 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 	}
 	// Ids: a pool keeps its own; a new one takes a free id, else one of a
 	// removed pool whose permits all came back.
-	free, err := l.freeDestIDsLocked(byName)
-	if err != nil {
-		return err
-	}
 	ids := map[string]uint32{}
 	var newOnes []string
 	for _, p := range dps {
@@ -252,6 +252,10 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 		} else {
 			newOnes = append(newOnes, p.Name)
 		}
+	}
+	free, err := l.freeDestIDsLocked(byName, len(newOnes))
+	if err != nil {
+		return err
 	}
 	if len(newOnes) > 0 && l.objs.FsDpoolConf.MaxEntries() <= 1 {
 		return fmt.Errorf("no destination pool was configured when the kernel's destination pool tables were made, "+
@@ -499,9 +503,11 @@ func sortDestKeys(keys map[limiterFsDestKey]uint32, drop bool) []limiterFsDestKe
 }
 
 // freeDestIDsLocked lists the ids a new pool may take, lowest first: those
-// no pool names, then those of removed pools (not in keep) holding nothing,
-// which are forgotten here.
-func (l *Limiter) freeDestIDsLocked(keep map[string][]destination.Destination) ([]uint32, error) {
+// no pool names, then those of removed pools (not in keep) holding nothing.
+// A pool removed less than destForgetGrace ago is waited for (under the
+// lock, so at most that long) only when need, the number of new pools,
+// is more than the ids free without it.
+func (l *Limiter) freeDestIDsLocked(keep map[string][]destination.Destination, need int) ([]uint32, error) {
 	used := map[uint32]bool{}
 	for _, dp := range l.dests {
 		used[dp.id] = true
@@ -512,19 +518,19 @@ func (l *Limiter) freeDestIDsLocked(keep map[string][]destination.Destination) (
 			free = append(free, id)
 		}
 	}
-	names := make([]string, 0, len(l.dests))
-	for n := range l.dests {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		dp := l.dests[n]
-		if _, ok := keep[n]; ok || dp.live {
-			continue
+	var removed []*destPool
+	for n, dp := range l.dests {
+		if _, ok := keep[n]; !ok && !dp.live {
+			removed = append(removed, dp)
 		}
-		// A pool removed a moment ago is waited for (destForgetGrace).
+	}
+	slices.SortFunc(removed, func(a, b *destPool) int { return a.removed.Compare(b.removed) })
+	for _, dp := range removed {
+		if len(free) >= need {
+			break
+		}
 		if wait := destForgetGrace - time.Since(dp.removed); wait > 0 {
-			time.Sleep(wait)
+			graceSleep(wait)
 		}
 		empty, err := l.destEmptyLocked(dp.id)
 		if err != nil {

@@ -323,6 +323,7 @@ func TestDestPoolRemovedWhileHeld(t *testing.T) {
 	if d := destSnap(t, l, "db2"); d.InUse != 2 {
 		t.Fatalf("the old pool's releases moved the new one: %+v", d)
 	}
+	time.Sleep(destForgetGrace) // its id is kept that long after its removal
 	if err := l.Tick(time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -1436,6 +1437,46 @@ func TestDestPoolForgottenAfterGrace(t *testing.T) {
 		if s := snap(t, l); len(s.Dests) != 0 {
 			t.Fatalf("round %d: pools a Tick past the grace: %+v, want none", round, s.Dests)
 		}
+	}
+}
+
+// A new pool takes an id no pool holds without waiting for a pool removed
+// a moment ago (the wait holds the limiter's lock, and every call behind
+// it); only a new pool that needs the removed pool's id waits for it.
+func TestDestPoolGraceWaitedOnlyForItsID(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100, MaxDestPools: 2, ReservationTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	var slept []time.Duration
+	graceSleep = func(d time.Duration) { slept = append(slept, d); time.Sleep(d) }
+	t.Cleanup(func() { graceSleep = time.Sleep })
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	pool := func(name, host string) DestPool { return destPoolOf(t, name, 8, 1, host+"/32:"+portOf(db)) }
+	for _, ps := range [][]DestPool{{pool("a", "127.0.0.1")}, nil, {pool("b", "127.0.0.1")}} {
+		if err := l.SetDestPools(ps); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(slept) != 0 {
+		t.Fatalf("pool b waited %v for removed pool a, with an id free", slept)
+	}
+	if a, b := destSnap(t, l, "a"), destSnap(t, l, "b"); !a.Removed || a.ID != 1 || b.ID != 2 {
+		t.Fatalf("after b's add: a %+v, b %+v; want a removed with id 1, b with id 2", a, b)
+	}
+	// c needs a's id: it is given once the grace is out, and a is
+	// forgotten then.
+	if err := l.SetDestPools([]DestPool{pool("b", "127.0.0.1"), pool("c", "127.0.0.2")}); err != nil {
+		t.Fatal(err)
+	}
+	if c := destSnap(t, l, "c"); c.ID != 1 {
+		t.Fatalf("pool c: %+v, want a's id 1", c)
+	}
+	if s := snap(t, l); len(s.Dests) != 2 {
+		t.Fatalf("pools: %+v, want b and c", s.Dests)
 	}
 }
 
