@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
+	"github.com/fairshare-dev/fairshare/internal/listen"
 	"github.com/fairshare-dev/fairshare/internal/proxyclaim"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/pools"
@@ -259,6 +260,48 @@ func TestCgroupIdentity(t *testing.T) {
 	} {
 		if status, body := clientIn(t, tc.cgroup, byAddrTCP, tc.header); status != tc.status || !strings.Contains(body, tc.body) {
 			t.Errorf("%s: got %d %q, want %d %q", tc.name, status, body, tc.status, tc.body)
+		}
+	}
+	// The same through the daemon's listener (internal/listen), which
+	// finds a loopback client's cgroup itself and hands it over: on both
+	// paths the client is still a process of this node, its project's,
+	// and the listener's class of it is not trusted.
+	for _, fast := range []bool{false, true} {
+		wr := newRig(t, rigOpts{untrusted: true, cfg: Config{ForwardProject: true, ProjectsRoot: root, FastPath: fast,
+			TrustedPeers: []string{"127.0.0.1/32"}}}, echoProject)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		type class struct {
+			project string
+			trusted bool
+		}
+		classes := make(chan class, 8)
+		wl := listen.Wrap(ln, listen.Options{Name: "front", Classify: func(c net.Conn, p *listen.Peer) {
+			project, trusted := wr.front.PeerClass(c, p.Cgroup)
+			classes <- class{project, trusted}
+		}})
+		ctx, cancel := context.WithCancel(context.Background())
+		served := make(chan struct{})
+		go func() { defer close(served); _ = wr.front.Serve(ctx, wl) }()
+		t.Cleanup(func() { cancel(); _ = wl.Close(); <-served })
+		for _, tc := range []identityCase{
+			{"host process at a trusted address", outside, "billing", 200, "project=billing"},
+			{"project cgroup at a trusted address", web, "", 200, "project=web"},
+			{"project cgroup at a trusted address, spoofed", workers, "billing", 403, "belongs to project web"},
+		} {
+			status, body := clientIn(t, tc.cgroup, "tcp:"+ln.Addr().String(), tc.header)
+			if status != tc.status || !strings.Contains(body, tc.body) {
+				t.Errorf("fast path %v, the daemon's listener, %s: got %d %q, want %d %q", fast, tc.name, status, body, tc.status, tc.body)
+			}
+			want := class{"web", false}
+			if tc.cgroup == outside {
+				want = class{"", true}
+			}
+			if got := <-classes; got != want {
+				t.Errorf("fast path %v, %s: the listener's class %+v, want %+v", fast, tc.name, got, want)
+			}
 		}
 	}
 

@@ -67,9 +67,7 @@ func (f *Front) newPeer(c net.Conn) *peer {
 	// have looked a loopback client's socket up already: its cgroup is
 	// taken from there rather than asked for again.
 	if lc, ok := c.(interface{ PeerCgroup() uint64 }); ok {
-		if id := lc.PeerCgroup(); id != 0 {
-			p.once.Do(func() { p.cgroup = id })
-		}
+		p.found(lc.PeerCgroup())
 	}
 	// The socket the peer lookups need is behind NetConn.
 	p.conn = peercred.Unwrap(c)
@@ -77,6 +75,16 @@ func (f *Front) newPeer(c net.Conn) *peer {
 		p.addr = ta.AddrPort().Addr().Unmap()
 	}
 	return p
+}
+
+// found records the cgroup id a listener found for the client's socket in
+// this kernel's tables (0: it found none, and cgroupOf looks itself): the
+// client is a process of this node, whatever its address, and is placed
+// as one (trusted.local, resolvePeer's unknown local peer).
+func (p *peer) found(id uint64) {
+	if id != 0 {
+		p.once.Do(func() { p.cgroup, p.local = id, true })
+	}
 }
 
 // peerOf returns the request's peer. A request served without the front's own
@@ -238,9 +246,7 @@ func (f *Front) PeerClass(c net.Conn, cgroupID uint64) (project string, trusted 
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		p.addr = ta.AddrPort().Addr().Unmap()
 	}
-	if cgroupID != 0 {
-		p.once.Do(func() { p.cgroup = cgroupID })
-	}
+	p.found(cgroupID)
 	var pl placement
 	project, _ = pl.of(f, f.cgroupOf(p))
 	return project, f.trusted(p, &pl)
