@@ -302,10 +302,10 @@
 // idle connections for reuse, each for one project's requests (see "What
 // the upstream may not do").
 //
-// Every request but a tunnel (Upgrade, CONNECT), to a plain HTTP/1.1
-// upstream (http://, no base path), takes the direct path: the request is
-// written and the answer read on the handler's own goroutine over a
-// kept-alive connection the front owns. A request body goes upstream on a
+// Every request but a tunnel (a WebSocket upgrade, CONNECT), to a plain
+// HTTP/1.1 upstream (http://, no base path), takes the direct path: the
+// request is written and the answer read on the handler's own goroutine
+// over a kept-alive connection the front owns. A request body goes upstream on a
 // goroutine of its own while the answer is read, each piece as the client
 // sends it (an upstream may answer before it read all of it) and within
 // WriteTimeout (an upstream that takes none for that long has the
@@ -320,10 +320,14 @@
 // all of it in the first read) is parsed straight into the client's header;
 // any other by http.ReadResponse. A client that goes away aborts the
 // exchange: under Front.Serve, HTTP/1 clients are heard from their own
-// connection (net/http's read of it fails); HTTP/2 streams and connections
-// of another server through the request's context. A client that
-// half-closes its connection after its request (shuts down its sending
-// side) is taken as gone too, as nginx takes it unless
+// connection (net/http's read of it fails, or, while the request waits in
+// the queue, a look at the connection finds it shut: see hangup.go);
+// HTTP/2 streams and connections of another server through the request's
+// context. A client that pipelined the start of its next request and then
+// left is heard once out of the queue only when its answer is written, as
+// net/http's read stops at that byte. A client that half-closes its
+// connection after its request (shuts down its sending side) is taken as
+// gone too, as nginx takes it unless
 // proxy_ignore_client_abort is on (499) and as net/http's server does:
 // the end of its stream cannot be told from a client that closed its
 // socket and left, whose permit would otherwise be held until the upstream
@@ -341,6 +345,19 @@
 // request (113 µs). Tunnels, an h2c or https upstream and an upstream with a
 // base path go through httputil.ReverseProxy (the fallback); over HTTP/1 it
 // opens a connection per request (see "What the upstream may not do").
+//
+// Of upgrades the front tunnels WebSocket alone (tunnelUpgrade): an
+// HTTP/1.1 request with upgrade in Connection and websocket among the
+// protocols of Upgrade goes upstream offering websocket and nothing else,
+// and its tunnel holds the request's permit until it ends, at TunnelTimeout
+// at the latest. Any other upgrade is ignored, as RFC 9110 7.8 lets a
+// server do: Upgrade and HTTP2-Settings are dropped and the request is
+// served as the plain HTTP/1.1 request it also is, which an h2c client
+// follows in HTTP/1.1 (RFC 7540 3.2). An h2c upgrade passed on, once the
+// upstream took it, left the client speaking HTTP/2 to the upstream: any
+// number of requests on one permit, past the rate buckets and the
+// scheduler, their fields (the project header, X-Forwarded-For) as the
+// client wrote them.
 //
 // # Fast path
 //

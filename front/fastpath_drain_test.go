@@ -672,7 +672,7 @@ func TestFastPathDrainUpgradeKept(t *testing.T) {
 		if _, err := http.ReadRequest(br); err != nil {
 			return
 		}
-		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
 		_, _ = io.Copy(c, br) // echo
 	})
 	r := serveDrain(t, ul.Addr().String(), Config{FastPath: true}, nil, 300*time.Millisecond)
@@ -688,7 +688,7 @@ func TestFastPathDrainUpgradeKept(t *testing.T) {
 	stopped := make(chan struct{})
 	go func() { defer close(stopped); r.stop() }()
 	time.Sleep(50 * time.Millisecond)
-	if _, err := io.WriteString(c, "Fairshare-Project: alpha\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(c, "Fairshare-Project: alpha\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
 	_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))

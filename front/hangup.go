@@ -14,27 +14,32 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/peercred"
 )
 
-// A request with a body that waits in the scheduler's queue on net/http's
-// path would not hear its client hang up: net/http reads the connection in
-// the background, and cancels the request's context when that read fails,
-// only once the handler has read the body to its end, which the front does
-// at dispatch. So a client that sent a body and left would keep its permit
-// and its place in the queue until dispatch, and then have its request sent
-// upstream with nobody to read the answer. Such a request's connection is
-// looked at while it waits (hangupEvery): a peer that shut its side
-// (POLLRDHUP, whatever data is still unread before it; the front takes a
-// half-closed client for a gone one everywhere), or an error on it, ends the
-// wait as if the context were cancelled. The fast path hears the hang-up
-// itself.
+// A request that waits in the scheduler's queue on net/http's path does not
+// always hear its client hang up. net/http reads the connection in the
+// background, and cancels the request's context when that read fails, but
+// for a request with a body only once the handler has read the body to its
+// end, which the front does at dispatch; and the read is of one byte, which
+// ends it when it comes: a client that sends the start of its next request
+// (pipelining) and hangs up has that byte taken and its hang-up unheard. So
+// a client that left would keep its permit and its place in the queue until
+// dispatch, and then have its request sent upstream with nobody to read the
+// answer. Every HTTP/1 request that has to wait has its connection looked at
+// while it waits (hangupEvery): a peer that shut its side (POLLRDHUP,
+// whatever data is still unread before it; the front takes a half-closed
+// client for a gone one everywhere), or an error on it, ends the wait as if
+// the context were cancelled. The watch ends at dispatch: a client that
+// pipelined before it left is heard after that only when its answer is
+// written, its exchange bounded by UpstreamHeadTimeout and WriteTimeout as
+// any other (a watch for every request sent upstream would cost each one a
+// goroutine and a timer). The fast path hears the hang-up itself, and an
+// HTTP/2 stream through its context.
 
 // hangupEvery is how often a queued request's connection is looked at.
 const hangupEvery = 100 * time.Millisecond
 
-// needsHangupWatch says whether r's context would not end when its client
-// hangs up while it waits: an HTTP/1 request with a body not read yet.
-func needsHangupWatch(r *http.Request) bool {
-	return r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody
-}
+// needsHangupWatch says whether r's context may not end when its client
+// hangs up while it waits: any HTTP/1 request (see above).
+func needsHangupWatch(r *http.Request) bool { return r.ProtoMajor == 1 }
 
 // watchHangup is ctx, cancelled once the client of p hangs up; stop ends
 // the watch.

@@ -74,12 +74,13 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		defer x.body.Close()
 		r.Body = x.body
 	}
+	tunnel := r.Header["Upgrade"] != nil && tunnelUpgrade(r)
 	if f.up != nil && f.up.takes(r) {
 		f.serveDirect(w, r, x)
 		return
 	}
 	ctx := context.WithValue(r.Context(), exchangeKey{}, x)
-	if r.Header["Upgrade"] != nil {
+	if tunnel {
 		// A tunnel holds its request's permit while it lasts: it is
 		// closed, both ends, after Config.TunnelTimeout (ReverseProxy
 		// closes the upstream end when the request's context ends).
@@ -98,6 +99,37 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		},
 	})
 	f.proxy.ServeHTTP(&proxyWriter{w, f, r, ctx}, r.WithContext(ctx))
+}
+
+// tunnelUpgrade settles the upgrade r asks for (it has an Upgrade field)
+// and reports whether r is to be a tunnel. The front tunnels WebSocket
+// alone: an HTTP/1.1 request that lists upgrade in Connection and websocket
+// among the protocols of Upgrade keeps that one protocol in Upgrade, as the
+// client spelled it, so that the upstream can switch to nothing else. Any
+// other upgrade (h2c, a protocol the front does not know, one asked for
+// without Connection: upgrade or over HTTP/1.0) is ignored, as RFC 9110 7.8
+// lets a server do: Upgrade and HTTP2-Settings are deleted and r goes
+// upstream as the plain request it also is, which an h2c client then
+// follows in HTTP/1.1 (RFC 7540 3.2). Passed on, an h2c upgrade the
+// upstream took made the client's connection an HTTP/2 one straight to the
+// upstream for up to TunnelTimeout: its requests skipped the rate buckets
+// and the scheduler, on one permit, and their fields (the project header,
+// the client's X-Forwarded-For) went upstream as the client wrote them.
+func tunnelUpgrade(r *http.Request) bool {
+	h := r.Header
+	delete(h, "Http2-Settings")
+	if r.ProtoMajor == 1 && r.ProtoMinor >= 1 && hasToken(h["Connection"], "upgrade") {
+		for _, v := range h["Upgrade"] {
+			for p := range strings.SplitSeq(v, ",") {
+				if p = textproto.TrimString(p); strings.EqualFold(p, "websocket") {
+					h["Upgrade"] = []string{p}
+					return true
+				}
+			}
+		}
+	}
+	delete(h, "Upgrade")
+	return false
 }
 
 // serveDirect proxies r on the direct path.

@@ -203,11 +203,11 @@ func TestUpstreamHeadTimeout(t *testing.T) {
 }
 
 // TestTunnelBounded: an upgraded connection (the upstream switches
-// protocols and echoes) holds its request's permit for TunnelTimeout at
+// to WebSocket and echoes) holds its request's permit for TunnelTimeout at
 // most, then both ends are closed and the permit goes back.
 func TestTunnelBounded(t *testing.T) {
 	r := newRig(t, rigOpts{cfg: Config{TunnelTimeout: 400 * time.Millisecond}}, func(w http.ResponseWriter, req *http.Request) {
-		if req.Header.Get("Upgrade") != "echo" {
+		if req.Header.Get("Upgrade") != "websocket" {
 			http.Error(w, "no", http.StatusBadRequest)
 			return
 		}
@@ -216,7 +216,7 @@ func TestTunnelBounded(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
 		_, _ = io.Copy(c, brw)
 	})
 	c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
@@ -225,7 +225,7 @@ func TestTunnelBounded(t *testing.T) {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(limitsDeadline))
-	_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
 	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
@@ -342,8 +342,8 @@ func tunnelSilentClient(t *testing.T, tweak func(*Front)) {
 			return
 		}
 		defer c.Close()
-		fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: %s\r\nConnection: Upgrade\r\n\r\n", req.Header.Get("Upgrade"))
-		if req.Header.Get("Upgrade") == "closer" {
+		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		if req.URL.Path == "/closer" {
 			// Answers one line, then closes.
 			if line, err := brw.ReadString('\n'); err == nil {
 				_, _ = io.WriteString(c, line)
@@ -352,13 +352,13 @@ func tunnelSilentClient(t *testing.T, tweak func(*Front)) {
 		}
 		_, _ = io.Copy(c, brw)
 	})
-	for _, tc := range []struct{ upgrade, say string }{{"echo", ""}, {"echo", "hi\n"}, {"closer", "bye\n"}} {
+	for _, tc := range []struct{ path, say string }{{"/echo", ""}, {"/echo", "hi\n"}, {"/closer", "bye\n"}} {
 		c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		_ = c.SetDeadline(time.Now().Add(limitsDeadline))
-		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n", tc.upgrade)
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", tc.path)
 		br := bufio.NewReader(c)
 		resp, err := http.ReadResponse(br, nil)
 		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {

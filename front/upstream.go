@@ -37,7 +37,7 @@ var errStaleConn = errors.New("reused upstream connection failed before the answ
 // it to the client. http.Transport, under httputil.ReverseProxy, spends two goroutine hand-offs
 // per request (its write and read loops), a deep copy of the request and its
 // header map, and its connection bookkeeping; for the front's commonest
-// request that was a fifth of its CPU. Tunnels (Upgrade, CONNECT), h2c or
+// request that was a fifth of its CPU. Tunnels (WebSocket, CONNECT), h2c or
 // https to the upstream and an upstream base path keep going through
 // ReverseProxy.
 //
@@ -427,9 +427,10 @@ func (d *directUpstream) closeIdle() {
 }
 
 // takes reports whether r can take the direct path: any request but a
-// tunnel (Upgrade, CONNECT), whose bytes after the head are not HTTP, and
-// an opaque request URI. (The front uses the direct path only for an
-// upstream that is plain HTTP/1.1 with no base path.)
+// tunnel (CONNECT, or an Upgrade field, which forward has left only on a
+// WebSocket handshake: see tunnelUpgrade), whose bytes after the head are
+// not HTTP, and an opaque request URI. (The front uses the direct path
+// only for an upstream that is plain HTTP/1.1 with no base path.)
 func (d *directUpstream) takes(r *http.Request) bool {
 	return r.Method != http.MethodConnect && r.Header["Upgrade"] == nil && r.URL.Opaque == ""
 }
