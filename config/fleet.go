@@ -26,7 +26,8 @@ type Fleet struct {
 	// how long a node without an answer from etcd waits before it counts
 	// itself cut off, and how long after its last renewal a lease ends,
 	// when the kernel's fleet pools fall to their safe slices unless it
-	// was renewed; 0 is 5s.
+	// was renewed; 0 is 5s. Set, 4s (four of the shortest period: see
+	// Period) to 1h.
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
 	// Period is how often a node publishes what its projects hold and
 	// recomputes its allotment; 0 is 1s. Set, at least 1s (a project's
@@ -49,9 +50,11 @@ type FleetTLS struct {
 	Key  string `yaml:"key"`
 }
 
-// Bounds of fleet.lease_ttl and fleet.period, and their values for 0.
+// Bounds of fleet.lease_ttl and fleet.period, and their values for 0. The
+// shortest lease holds four of the shortest period, which is the default
+// one: a period of 0 fits every lease_ttl allowed.
 const (
-	MinFleetLeaseTTL     = 2 * time.Second
+	MinFleetLeaseTTL     = 4 * MinFleetPeriod
 	MaxFleetLeaseTTL     = time.Hour
 	DefaultFleetLeaseTTL = 5 * time.Second
 	MinFleetPeriod       = time.Second
@@ -74,9 +77,8 @@ func (c *Config) FleetPools() []string {
 func (c *Config) checkFleet() error {
 	f := c.Fleet
 	pools := c.FleetPools()
-	if len(pools) > 0 && len(f.Etcd) == 0 {
-		return fmt.Errorf("pools.%s.fleet is true but fleet.etcd lists no endpoint", pools[0])
-	}
+	// The pools first, so that one that cannot be a fleet pool says so
+	// whether fleet.etcd is set or not.
 	for _, n := range pools {
 		switch n {
 		case PoolResidents:
@@ -92,6 +94,9 @@ func (c *Config) checkFleet() error {
 				return fmt.Errorf("pools.%s.fleet: true needs bpf: true (a destination pool is enforced by the kernel side only)", n)
 			}
 		}
+	}
+	if len(pools) > 0 && len(f.Etcd) == 0 {
+		return fmt.Errorf("pools.%s.fleet is true but fleet.etcd lists no endpoint", pools[0])
 	}
 	for i, e := range f.Etcd {
 		u, err := url.Parse(e)
@@ -109,7 +114,8 @@ func (c *Config) checkFleet() error {
 		return fmt.Errorf("fleet.safe_fraction must be in [0, 1] (0: one over the nodes last seen), got %v", f.SafeFraction)
 	}
 	if t := f.LeaseTTL; t != 0 && (t < MinFleetLeaseTTL || t > MaxFleetLeaseTTL) {
-		return fmt.Errorf("fleet.lease_ttl must be 0 (5s) or between %v and %v, got %v", MinFleetLeaseTTL, MaxFleetLeaseTTL, t)
+		return fmt.Errorf("fleet.lease_ttl must be 0 (5s) or between %v (four periods of %v) and %v, got %v",
+			MinFleetLeaseTTL, MinFleetPeriod, MaxFleetLeaseTTL, t)
 	}
 	ttl := f.LeaseTTL
 	if ttl == 0 {

@@ -11,7 +11,7 @@ import (
 
 func TestFleetKeys(t *testing.T) {
 	c := Default()
-	good := "fleet: {etcd: [http://127.0.0.1:2379, https://etcd-1:2379], node: n1, prefix: /fs, safe_fraction: 0.25, lease_ttl: 3s}\n" +
+	good := "fleet: {etcd: [http://127.0.0.1:2379, https://etcd-1:2379], node: n1, prefix: /fs, safe_fraction: 0.25, lease_ttl: 4s}\n" +
 		"pools: {db: {size: 12, fleet: true}, requests: {size: 10, fleet: true}}\n"
 	if err := Parse(strings.NewReader(good), &c); err != nil {
 		t.Fatal(err)
@@ -30,7 +30,7 @@ func TestFleetKeys(t *testing.T) {
 	if got := dc.FleetPools(); len(got) != 1 || got[0] != "db" || !dc.Pools["db"].IsDestination() {
 		t.Fatalf("fleet pools %v", got)
 	}
-	for _, ok := range []string{"fleet: {period: 1s}", "fleet: {lease_ttl: 2s}", "fleet: {lease_ttl: 8s, period: 2s}", "fleet: {lease_ttl: 1h, period: 15m}"} {
+	for _, ok := range []string{"fleet: {period: 1s}", "fleet: {lease_ttl: 4s}", "fleet: {lease_ttl: 4s, period: 1s}", "fleet: {lease_ttl: 8s, period: 2s}", "fleet: {lease_ttl: 1h, period: 15m}"} {
 		c := Default()
 		if err := Parse(strings.NewReader(ok), &c); err != nil {
 			t.Errorf("%q: %v", ok, err)
@@ -43,6 +43,8 @@ func TestFleetKeys(t *testing.T) {
 	for _, tt := range []struct{ in, want string }{
 		{"pools: {db: {size: 12, fleet: true}}", "fleet.etcd lists no endpoint"},
 		{"fleet: {etcd: [http://e:2379]}\npools: {residents: {size: 12, fleet: true}}", "pools.residents.fleet"},
+		// Not supported says so before the missing etcd does.
+		{"pools: {residents: {size: 12, fleet: true}}", "pools.residents.fleet: true is not supported"},
 		{"bpf: false\nfleet: {etcd: [http://e:2379]}\npools: {connections: {size: 12, fleet: true}}", "needs bpf: true"},
 		{"bpf: false\nfleet: {etcd: [http://e:2379]}\npools: {db: {size: 12, destinations: [10.0.0.5/32:5432], fleet: true}}", "pools.db.fleet: true needs bpf: true"},
 		{"fleet: {etcd: [etcd-0:2379]}", "fleet.etcd[0]"},
@@ -53,9 +55,13 @@ func TestFleetKeys(t *testing.T) {
 		{"fleet: {safe_fraction: 1.5}", "fleet.safe_fraction"},
 		{"fleet: {safe_fraction: -0.1}", "fleet.safe_fraction"},
 		{"fleet: {lease_ttl: 1s}", "fleet.lease_ttl"},
+		// Under four periods of 1s, the default period among them, no
+		// period fits the lease.
+		{"fleet: {lease_ttl: 2s}", "fleet.lease_ttl must be 0 (5s) or between 4s (four periods of 1s) and 1h0m0s, got 2s"},
+		{"fleet: {lease_ttl: 3999ms}", "fleet.lease_ttl"},
 		{"fleet: {period: 500ms}", "fleet.period"},
 		{"fleet: {period: 2s}", "a quarter of fleet.lease_ttl (1.25s at lease_ttl 5s)"},
-		{"fleet: {lease_ttl: 3s, period: 1s}", "fleet.period"},
+		{"fleet: {lease_ttl: 7s, period: 2s}", "a quarter of fleet.lease_ttl (1.75s at lease_ttl 7s)"},
 		{"fleet: {tls: {cert: /x}}", "fleet.tls.cert and fleet.tls.key"},
 		{"fleet: {tls: {ca: " + missing + "}}", "fleet.tls.ca"},
 		{"fleet: {etcdd: []}", "etcdd"},

@@ -85,13 +85,18 @@ func (d *Daemon) buildFleet() error {
 			return err
 		}
 		f.members[name] = m
+		// The pool starts at the Member's safe slice rather than at the
+		// fleet's size: until its first computation a node knows nothing
+		// of the others, and the fleet's size on every node would let the
+		// fleet hold nodes × size. The kernel side, opened after this,
+		// opens its pools there; a user-space pool is resized here, as the
+		// front and the permit API serve before the Members run (a
+		// restart's backlog would be admitted at the fleet's size).
+		safe := m.Status().Safe
 		if pc.IsDestination() || name == config.PoolConnections {
-			// The kernel side, opened after this, starts the pool at the
-			// Member's safe slice rather than at the fleet's size: until
-			// its first computation a node knows nothing of the others,
-			// and the fleet's size on every node would let the fleet
-			// hold nodes × size.
-			d.fleetSizes[name] = m.Status().Safe
+			d.fleetSizes[name] = safe
+		} else if err := target.SetSize(safe); err != nil {
+			return fmt.Errorf("pool %s: %w", name, err)
 		}
 	}
 	log.Info("fleet pools", "pools", names, "node", node, "prefix", fc.Prefix, "etcd", fc.Etcd)

@@ -3,6 +3,7 @@
 package daemon
 
 import (
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -56,6 +57,55 @@ func TestFleetConnectionsOpenAtSafeSlice(t *testing.T) {
 	// The allotment can still reach the fleet's size.
 	if err := d.kernel.lim.SetPool(400, 0); err != nil {
 		t.Errorf("raising the pool to the fleet's size: %v", err)
+	}
+}
+
+// TestFleetUserPoolsStartAtSafeSlice: a user-space fleet pool (requests,
+// flights, a permit pool) is served from the moment Run starts the front
+// and the permit API, before its Member has run, let alone reached etcd: it
+// must be at its safe slice by then, as the kernel's fleet pools are, not
+// at the fleet's size. Here etcd is never reached (nothing listens at its
+// endpoint): with safe_fraction the slice is size × safe_fraction, without
+// it the pool's floor.
+func TestFleetUserPoolsStartAtSafeSlice(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcd := "http://" + ln.Addr().String()
+	ln.Close()
+	for _, tc := range []struct {
+		fraction float64
+		want     map[string]int // by pool
+	}{
+		{0.25, map[string]int{config.PoolRequests: 10, config.PoolFlights: 5, "db": 3}},
+		{0, map[string]int{config.PoolRequests: 2, config.PoolFlights: 4, "db": 1}},
+	} {
+		d, _, _ := newTestDaemon(t, func(c *config.Config) {
+			c.Pools[config.PoolRequests] = config.Pool{Size: 40, Window: time.Second, Fleet: true}
+			c.Pools[config.PoolFlights] = config.Pool{Size: 20, Floor: 4, Window: time.Second, Fleet: true}
+			c.Pools["db"] = config.Pool{Size: 12, Window: time.Second, Fleet: true}
+			c.Fleet.Etcd, c.Fleet.Node, c.Fleet.SafeFraction = []string{etcd}, "a", tc.fraction
+		})
+		st := status(t, d)
+		for name, want := range tc.want {
+			p := poolOf(t, st, name)
+			if p.Size != want || p.Fleet == nil || p.Fleet.Safe != want {
+				t.Errorf("safe_fraction %v: pool %s is %d before its Member ran (fleet view %+v), want its safe slice %d, not the fleet's size",
+					tc.fraction, name, p.Size, p.Fleet, want)
+			}
+		}
+		// What the front would admit of a backlog: no more than the slice.
+		n := 0
+		for range 40 {
+			if _, err := d.requests.TryAcquire("p"); err == nil {
+				n++
+			}
+		}
+		if want := tc.want[config.PoolRequests]; n != want {
+			t.Errorf("safe_fraction %v: one project got %d of the requests pool before its Member ran, want the safe slice %d",
+				tc.fraction, n, want)
+		}
 	}
 }
 

@@ -110,11 +110,12 @@ type kernelSide struct {
 }
 
 // openKernel loads and attaches the BPF programs for the connections pool
-// of cfg (Open reconciles once) and reads the entries they keep. The
-// destination pools named in sizes (the fleet ones: their start allotment)
-// start at that size with the default floor rather than at the configured
-// (fleet) size. (The connections pool opens at its configured size, which
-// sizes the permit maps; its Member lowers it when it starts.)
+// of cfg (Open reconciles once) and reads the entries they keep. The pools
+// named in sizes (the fleet ones, at their safe slice) open at that size
+// with the default floor rather than at the configured (fleet) size: the
+// destination pools, and the connections pool when it is a fleet pool,
+// whose permit maps are still sized for the configured size, the most its
+// allotment can reach.
 //
 // pinLock is the daemon's lock on the pin directory (nil if it did not
 // exist yet): the loader migrates pins of another layout under it.

@@ -30,10 +30,20 @@ func (d Demand) want(limit int) int {
 	return int(min(w, uint64(limit)))
 }
 
-// Node is one node's publication: its name and its projects' demands.
+// Node is one node's publication: its name, the pool's size and floor as
+// configured on it, and its projects' demands.
 type Node struct {
-	Name     string            `json:"-"`
+	Name string `json:"-"`
+	// Size and Floor are the node's configured S and F (0: not published,
+	// a node of an older release): the fleet divides the smallest size
+	// published (see Member).
+	Size     int               `json:"s,omitempty"`
+	Floor    int               `json:"f,omitempty"`
 	Projects map[string]Demand `json:"p"`
+	// lease is the etcd lease the key was written under (not published:
+	// etcd's own record), which tells a node its own key from one another
+	// daemon wrote under the same name.
+	lease int64
 }
 
 // Plan is the fleet's division of one pool: what Compute returns.

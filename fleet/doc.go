@@ -118,14 +118,23 @@
 //     guaranteed at fleet scope on every node.
 //   - A node whose lease expired is not in the computation: its projects'
 //     wants are gone and its allotment is handed to the others.
-//   - A node that cannot reach etcd for a lease period keeps its last
-//     allotment and lowers it, linearly over the next lease period, toward
-//     its safe slice, dropping the caps (its rule divides the allotment):
-//     floor(S · safe_fraction), safe_fraction defaulting to one over the
-//     number of nodes it last saw. It never raises them while cut off. The
-//     others drop it once its lease expires, so during a partition the
-//     fleet may hold up to S plus the cut-off nodes' safe slices; that is
-//     the price of every node keeping working without etcd.
+//   - The others stop counting a node when its lease ends, a lease_ttl
+//     after its last renewal was sent at the soonest. So a node whose
+//     renewals fail lowers its allotment linearly over the lease's last
+//     third and is at its safe slice when it ends: floor(S · safe_fraction),
+//     safe_fraction defaulting to one over the number of nodes it last saw.
+//     Past a lease period with no answer from etcd it counts itself cut
+//     off and drops its caps (its rule divides the safe slice). It never
+//     raises them while cut off, and after a new lease it applies the plan
+//     only once its view holds its publication under that lease. During a
+//     partition the fleet may hold up to S plus the cut-off nodes' safe
+//     slices; that is the price of every node keeping working without etcd.
+//   - Each node publishes its configured S and F; all divide the smallest
+//     S and the largest F published, so a resize rolled out node by node
+//     never lets the fleet hold more than the smallest.
+//   - A node's key written under a lease the node never held is another
+//     daemon's of the same name: the node holds its safe slice and
+//     publishes nothing until that key is gone.
 //
 // # Cost
 //

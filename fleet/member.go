@@ -10,12 +10,15 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/clock"
 	"github.com/fairshare-dev/fairshare/pools"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -107,8 +110,13 @@ const (
 	// StateConnected: the allotment follows the fleet.
 	StateConnected = "connected"
 	// StateCutOff: no etcd member answered for a lease period; the
-	// allotment decays toward the safe slice.
-	StateCutOff = "cut off from etcd: decaying to the safe slice"
+	// allotment is at most the safe slice (see Member.leaseBoundLocked).
+	StateCutOff = "cut off from etcd: holding the safe slice"
+	// StateConflict: another daemon publishes under this node's name (its
+	// key is under a lease this Member never held); this one holds its
+	// safe slice, counting itself apart, and publishes nothing until that
+	// key is gone.
+	StateConflict = "another daemon publishes under this node's name: holding the safe slice (give each node its own fleet.node)"
 )
 
 // Status is a Member's view, for status and metrics.
@@ -160,12 +168,27 @@ type Member struct {
 	since     time.Time
 	lastOK    time.Time // last answer from etcd
 	lastRenew time.Time // last lease grant or renewal
-	decayFrom Allotment // the allotment when cut off began
 	lastSeen  int       // nodes in the last view, for the default safe slice
 	usage     map[string]Usage
 	writes    uint64
 	refused   map[string]uint64 // running refusal counts at the last publication
+	// baselined: the Source was read once. A kernel pool's refusal
+	// counts outlive the daemon (pinned): the first reading is the base
+	// the next publications count from, not refusals of the last period.
+	baselined bool
 	published []byte
+	// size and floor are the fleet's S and F as divided: the smallest size
+	// any node of the view publishes (this node's own included) and the
+	// largest floor among them, so that every node divides the same S in
+	// a rolling resize; mismatch is the last such difference logged.
+	size, floor int
+	mismatch    string
+	// ours are the leases this Member published under lately (the current
+	// one and the few before), to tell its own key, left by an expired
+	// lease of its own, from another daemon's under the same name.
+	ours     []clientv3.LeaseID
+	getErr   string // the last read's error, logged once; "" after a success
+	leaseErr string // the last lease call's error, logged once; "" after a success
 	// computeTook is how long the last computation took (the watch's
 	// coalescing gap follows it).
 	computeTook time.Duration
@@ -219,7 +242,7 @@ func New(cfg Config) (*Member, error) {
 	cfg.Floor = pools.EffectiveFloor(cfg.Size, cfg.Floor)
 	dir := strings.TrimSuffix(cfg.Prefix, "/") + "/" + cfg.Pool + "/nodes/"
 	m := &Member{cfg: cfg, dir: dir, key: dir + cfg.Node, view: map[string]Node{}, refused: map[string]uint64{},
-		state: StateWaiting, since: cfg.Clock.Now(), safeSent: -1}
+		state: StateWaiting, since: cfg.Clock.Now(), safeSent: -1, size: cfg.Size, floor: cfg.Floor}
 	return m, nil
 }
 
@@ -238,15 +261,16 @@ func (m *Member) safeWithSelfLocked() int {
 // last seen; before any view, with no SafeFraction, the fleet's floor.
 func (m *Member) safeLocked() int { return m.safeAmong(m.lastSeen) }
 
-// safeAmong is the safe slice among n nodes (0: none seen yet).
+// safeAmong is the safe slice among n nodes (0: none seen yet), of the
+// size the fleet divides.
 func (m *Member) safeAmong(n int) int {
 	switch {
 	case m.cfg.SafeFraction > 0:
-		return int(float64(m.cfg.Size) * m.cfg.SafeFraction)
+		return int(float64(m.size) * m.cfg.SafeFraction)
 	case n > 0:
-		return m.cfg.Size / n
+		return m.size / n
 	default:
-		return m.cfg.Floor
+		return min(m.floor, m.size)
 	}
 }
 
@@ -364,8 +388,14 @@ func (m *Member) tick(ctx context.Context) {
 	m.mu.Lock()
 	if err == nil {
 		m.usage = usage
+		if !m.baselined {
+			for p, u := range usage {
+				m.refused[p] = u.Refused
+			}
+			m.baselined = true
+		}
 	}
-	node := Node{Name: m.cfg.Node, Projects: map[string]Demand{}}
+	node := Node{Name: m.cfg.Node, Size: m.cfg.Size, Floor: m.cfg.Floor, Projects: map[string]Demand{}}
 	next := map[string]uint64{}
 	for p, u := range m.usage {
 		d := Demand{Held: u.Held, Active: u.Active}
@@ -387,9 +417,13 @@ func (m *Member) tick(ctx context.Context) {
 	// published (deleted by hand, or gone with a lease etcd dropped before
 	// the renewal noticed): else nothing changed and it stayed away.
 	// (A period after the put: the watch brings it back a moment after.)
-	_, seen := m.view[m.cfg.Node]
+	mine, seen := m.view[m.cfg.Node]
 	lost := m.published != nil && !seen && m.cfg.Clock.Now().Sub(m.pubAt) >= m.cfg.Period
 	changed := !bytes.Equal(body, m.published) || lost
+	// Another daemon's key under this node's name: not written over
+	// (each would take the key from the other at every change); once it
+	// is gone (lost), this node publishes again.
+	foreign := m.published != nil && seen && !m.oursLocked(mine.lease)
 	m.mu.Unlock()
 
 	ok := m.keepLease(ctx, &lease)
@@ -399,13 +433,19 @@ func (m *Member) tick(ctx context.Context) {
 	// (a slow put would leave the kernel's old end to pass meanwhile).
 	m.sendSafeLocked()
 	m.mu.Unlock()
-	if ok && changed {
+	if ok && changed && !foreign {
 		pctx, cancel := context.WithTimeout(ctx, m.callTimeout())
 		_, err := m.cfg.Client.Put(pctx, m.key, string(body), clientv3.WithLease(lease))
 		cancel()
 		if err == nil {
 			m.mu.Lock()
 			m.published, m.refused, m.writes, m.pubLease = body, next, m.writes+1, lease
+			if !m.oursLocked(int64(lease)) {
+				m.ours = append(m.ours, lease)
+				if len(m.ours) > 4 {
+					m.ours = m.ours[1:]
+				}
+			}
 			m.lastOK = m.cfg.Clock.Now()
 			m.pubAt = m.lastOK
 			if m.putErr != "" {
@@ -420,8 +460,13 @@ func (m *Member) tick(ctx context.Context) {
 			// with no compaction) keeps every node connected to a view
 			// that no longer moves.
 			if e := err.Error(); e != m.putErr {
-				m.cfg.Log.Warn("fleet: publishing this node's demand failed; the fleet divides by what it last published",
-					"pool", m.cfg.Pool, "err", err)
+				if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+					m.cfg.Log.Warn("fleet: this node's lease ended before its publication; it is out of the fleet until it publishes under a new one",
+						"pool", m.cfg.Pool)
+				} else {
+					m.cfg.Log.Warn("fleet: publishing this node's demand failed; the fleet divides by what it last published",
+						"pool", m.cfg.Pool, "err", err)
+				}
 				m.putErr = e
 			}
 		}
@@ -458,19 +503,37 @@ func (m *Member) keepLease(ctx context.Context, lease *clientv3.LeaseID) bool {
 			return true
 		}
 		if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			m.cfg.Log.Debug("fleet: renewing the lease", "pool", m.cfg.Pool, "err", err)
+			m.leaseFailed("renewing this node's lease", err)
 			return false
 		}
 		m.cfg.Log.Warn("fleet: the lease expired; this node dropped out of the fleet until it publishes again", "pool", m.cfg.Pool)
 	}
 	g, err := m.cfg.Client.Grant(cctx, int64((m.cfg.LeaseTTL+time.Second-1)/time.Second))
 	if err != nil {
-		m.cfg.Log.Debug("fleet: granting a lease", "pool", m.cfg.Pool, "err", err)
+		m.leaseFailed("granting this node a lease", err)
 		return false
 	}
 	*lease = g.ID
 	m.renewed(sent)
 	return true
+}
+
+// leaseFailed logs a failed lease call, once per cause: a wrong endpoint,
+// CA or certificate fails every call the same way, and the node stays at
+// its safe slice meanwhile.
+func (m *Member) leaseFailed(what string, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := err.Error(); e != m.leaseErr {
+		m.cfg.Log.Warn("fleet: "+what+" failed; the pool holds at most its safe slice once the lease runs out; trying again every period",
+			"pool", m.cfg.Pool, "err", err)
+		m.leaseErr = e
+	}
+}
+
+// oursLocked says whether lease is one this Member published under lately.
+func (m *Member) oursLocked(lease int64) bool {
+	return slices.Contains(m.ours, clientv3.LeaseID(lease))
 }
 
 // renewed records an answer of etcd to the lease sent at sent: the renewal
@@ -481,52 +544,73 @@ func (m *Member) renewed(sent time.Time) {
 	m.mu.Lock()
 	m.lastRenew = sent
 	m.lastOK = m.cfg.Clock.Now()
+	if m.leaseErr != "" {
+		m.cfg.Log.Info("fleet: the lease is kept again", "pool", m.cfg.Pool)
+		m.leaseErr = ""
+	}
 	m.mu.Unlock()
 }
 
-// stepLocked moves the state on (connected, cut off) and applies the
-// allotment: the plan's while connected, the decaying one when cut off. It
-// returns the status when the state changed.
+// stepLocked moves the state on (connected, cut off, in conflict) and
+// applies the allotment: the plan's while connected and the view holds
+// this node's key as last published, at most the safe slice otherwise,
+// all within the lease's bound (leaseBoundLocked). It returns the status
+// when the state changed.
 func (m *Member) stepLocked() *Status {
 	now := m.cfg.Clock.Now()
 	old := m.state
 	cut := m.lastOK.IsZero() || now.Sub(m.lastOK) > m.cfg.LeaseTTL
+	mine, seen := m.view[m.cfg.Node]
+	// own: the view holds this node's last publication (under the lease
+	// it was put with). After a new lease the view may still hold the
+	// key of the old one, and its plan the node's part from before,
+	// which the others may have shared out since: not applied until the
+	// view holds the new publication.
+	own := seen && m.pubLease != 0 && mine.lease == int64(m.pubLease)
+	foreign := seen && m.published != nil && !m.oursLocked(mine.lease)
 	switch {
-	case !cut && m.state != StateConnected:
-		if _, mine := m.view[m.cfg.Node]; mine {
-			m.state = StateConnected
+	case cut:
+		if m.state != StateWaiting {
+			m.state = StateCutOff
 		}
-	case cut && m.state == StateConnected:
-		m.state = StateCutOff
-		m.decayFrom = m.applied
+	case foreign:
+		m.state = StateConflict
+	case own:
+		m.state = StateConnected
+	case m.state == StateConflict:
+		// The other daemon's key is gone: this node publishes again.
+		m.state = StateWaiting
 	}
+	var a Allotment
 	switch m.state {
 	case StateConnected:
-		// A plan without this node (its key gone from the view for a
-		// moment): its zero value refused every permit of the pool until
-		// the key came back. The others divide the fleet as if this node
-		// were gone, so it holds what it applied but no more than its
-		// safe slice (counting itself among the nodes), the margin a
-		// partition allows, with its caps, until its key is back.
-		if a, ok := m.plan.Nodes[m.cfg.Node]; ok {
-			m.applyLocked(a)
-		} else if safe := m.safeWithSelfLocked(); m.haveApply && m.applied.Size > safe {
-			m.applyLocked(Allotment{Size: safe, Caps: m.applied.Caps, Spare: min(m.applied.Spare, safe)})
+		// A plan without this node's publication (its key gone from the
+		// view for a moment, or still the old lease's): the others divide
+		// the fleet without it, so it holds what it applied but no more
+		// than its safe slice (counting itself among the nodes), the
+		// margin a partition allows, with its caps, until its key is back.
+		if pa, ok := m.plan.Nodes[m.cfg.Node]; ok && own {
+			a = pa
+		} else {
+			a = m.applied
+			if safe := m.safeWithSelfLocked(); !m.haveApply || a.Size > safe {
+				a = Allotment{Size: safe, Caps: a.Caps, Spare: min(a.Spare, safe)}
+			}
 		}
-	case StateCutOff:
-		// Linearly from the last allotment down to the safe slice over one
-		// lease period; never up.
-		safe := m.safeLocked()
-		from := m.decayFrom.Size
-		size := from
-		if from > safe {
-			f := min(1, float64(now.Sub(m.lastOK)-m.cfg.LeaseTTL)/float64(m.cfg.LeaseTTL))
-			size = from - int(f*float64(from-safe))
+	case StateCutOff, StateConflict:
+		// No caps: they came from a view going stale (or another
+		// daemon's), and a project new here would never get one. The
+		// node's rule divides what is left; never up.
+		a = Allotment{Size: m.applied.Size}
+		if m.state == StateConflict {
+			// The other daemon is the node in the view: this one is a
+			// node more.
+			a.Size = min(a.Size, m.safeAmong(max(m.lastSeen, 1)+1))
 		}
-		// No caps: they came from a view going stale, and a project new
-		// here would never get one. The node's rule divides what is left.
-		m.applyLocked(Allotment{Size: min(size, m.applied.Size)})
+	default:
+		a = m.applied
 	}
+	m.applyLocked(m.leaseBoundLocked(now, a))
 	if m.state == old {
 		return nil
 	}
@@ -535,6 +619,37 @@ func (m *Member) stepLocked() *Status {
 		"safe", m.safeLocked(), "nodes_last_seen", m.lastSeen)
 	st := m.statusLocked()
 	return &st
+}
+
+// leaseBoundLocked bounds a by the lease: the others stop counting this
+// node when its lease ends (no sooner than a lease_ttl after the last
+// renewal was sent) and share its part out, so by then it must be at its
+// safe slice. Over the lease's last third (renewals are due every third,
+// so a healthy node never gets there) the bound falls linearly from a's
+// size to the safe slice, and stays there until a renewal. Before the
+// first lease there is nothing to bound: the node is at its safe slice.
+func (m *Member) leaseBoundLocked(now time.Time, a Allotment) Allotment {
+	if m.lastRenew.IsZero() {
+		return a
+	}
+	safe := m.safeWithSelfLocked()
+	if a.Size <= safe {
+		return a
+	}
+	end := m.lastRenew.Add(m.cfg.LeaseTTL)
+	third := m.cfg.LeaseTTL / 3
+	left := end.Sub(now)
+	if left >= third {
+		return a
+	}
+	bound := safe
+	if left > 0 {
+		bound = safe + int(float64(a.Size-safe)*float64(left)/float64(third))
+	}
+	if a.Size <= bound {
+		return a
+	}
+	return Allotment{Size: bound, Caps: a.Caps, Spare: min(a.Spare, bound)}
 }
 
 // applyLocked sets the local pool when the allotment changed.
@@ -566,6 +681,7 @@ func (m *Member) watchLoop(ctx context.Context) {
 		gctx, cancel := context.WithTimeout(ctx, m.callTimeout())
 		resp, err := m.cfg.Client.Get(gctx, m.dir, clientv3.WithPrefix())
 		cancel()
+		m.readDone(err)
 		if err != nil {
 			select {
 			case <-ctx.Done():
@@ -576,7 +692,7 @@ func (m *Member) watchLoop(ctx context.Context) {
 		}
 		view := map[string]Node{}
 		for _, kv := range resp.Kvs {
-			if n, ok := m.decode(kv.Key, kv.Value); ok {
+			if n, ok := m.decode(kv); ok {
 				view[n.Name] = n
 			}
 		}
@@ -596,7 +712,7 @@ func (m *Member) watchLoop(ctx context.Context) {
 					name := strings.TrimPrefix(string(ev.Kv.Key), m.dir)
 					if ev.Type == clientv3.EventTypeDelete {
 						delete(next, name)
-					} else if n, ok := m.decode(ev.Kv.Key, ev.Kv.Value); ok {
+					} else if n, ok := m.decode(ev.Kv); ok {
 						next[n.Name] = n
 					}
 				}
@@ -650,7 +766,7 @@ func (m *Member) sharedLoop(ctx context.Context) {
 			return
 		case v := <-m.shared:
 			plan := v.fleet.forNode(m.cfg.Node)
-			if v.fleet.size != m.cfg.Size || plan.Floor != m.cfg.Floor {
+			if size, floor := m.divided(v.view); v.fleet.size != size || plan.Floor != floor {
 				// Another pool's view: compute from scratch.
 				m.setView(v.view)
 				continue
@@ -660,15 +776,33 @@ func (m *Member) sharedLoop(ctx context.Context) {
 	}
 }
 
-func (m *Member) decode(key, value []byte) (Node, bool) {
-	name := strings.TrimPrefix(string(key), m.dir)
+// decode reads one node's key: its publication and the lease it is under.
+func (m *Member) decode(kv *mvccpb.KeyValue) (Node, bool) {
+	name := strings.TrimPrefix(string(kv.Key), m.dir)
 	var n Node
-	if name == "" || strings.Contains(name, "/") || json.Unmarshal(value, &n) != nil {
-		m.cfg.Log.Warn("fleet: ignoring a malformed key", "key", string(key))
+	if name == "" || strings.Contains(name, "/") || json.Unmarshal(kv.Value, &n) != nil {
+		m.cfg.Log.Warn("fleet: ignoring a malformed key", "key", string(kv.Key))
 		return n, false
 	}
-	n.Name = name
+	n.Name, n.lease = name, kv.Lease
 	return n, true
+}
+
+// readDone logs a failed read of the fleet's keys once per cause (and
+// the first success after): a node that cannot read them divides by
+// what it read last, or holds its safe slice before its first view.
+func (m *Member) readDone(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case err != nil && err.Error() != m.getErr:
+		m.cfg.Log.Warn("fleet: reading the fleet's publications failed; trying again every half period",
+			"pool", m.cfg.Pool, "prefix", m.dir, "err", err)
+		m.getErr = err.Error()
+	case err == nil && m.getErr != "":
+		m.cfg.Log.Info("fleet: reading the fleet's publications again", "pool", m.cfg.Pool)
+		m.getErr = ""
+	}
 }
 
 // setView recomputes the plan from a new view and applies it.
@@ -677,15 +811,52 @@ func (m *Member) setView(view map[string]Node) {
 	for _, n := range view {
 		nodes = append(nodes, n)
 	}
+	size, floor := m.divided(view)
 	t0 := time.Now()
-	plan := ComputeFor(m.cfg.Size, m.cfg.Floor, nodes, m.cfg.Node)
+	plan := ComputeFor(size, floor, nodes, m.cfg.Node)
 	m.applyView(view, plan, time.Since(t0))
+}
+
+// divided is the size and floor the fleet divides in view: the smallest
+// size published (this node's own among them) and the largest floor, at
+// most that size. Nodes configured alike divide their own; in a rolling
+// resize (or with a node's size mistyped) every node divides the smallest
+// until all agree, and a node whose own differs says so once.
+func (m *Member) divided(view map[string]Node) (size, floor int) {
+	size, floor = m.cfg.Size, m.cfg.Floor
+	var other string
+	for _, n := range view {
+		if n.Size <= 0 {
+			continue // not published (an older release)
+		}
+		if n.Size != m.cfg.Size || (n.Floor > 0 && n.Floor != m.cfg.Floor) {
+			other = n.Name
+		}
+		size = min(size, n.Size)
+		floor = max(floor, n.Floor)
+	}
+	floor = min(floor, size)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if other == "" {
+		m.mismatch = ""
+		return size, floor
+	}
+	if d := strconv.Itoa(size) + "/" + strconv.Itoa(floor); d != m.mismatch {
+		o := view[other]
+		m.cfg.Log.Warn("fleet: nodes publish different sizes or floors for this pool; the fleet divides the smallest size and the largest floor until they agree",
+			"pool", m.cfg.Pool, "size", m.cfg.Size, "floor", m.cfg.Floor, "node", other, "their_size", o.Size,
+			"their_floor", o.Floor, "divided_size", size, "divided_floor", floor)
+		m.mismatch = d
+	}
+	return size, floor
 }
 
 // applyView installs a view and its plan, and applies the allotment.
 func (m *Member) applyView(view map[string]Node, plan Plan, took time.Duration) {
 	m.mu.Lock()
 	m.view, m.plan, m.computeTook = view, plan, took
+	m.size, m.floor = plan.Size, plan.Floor
 	if len(view) > 0 {
 		m.lastSeen = len(view)
 	}
@@ -705,11 +876,11 @@ func (m *Member) Status() Status {
 }
 
 func (m *Member) statusLocked() Status {
-	st := Status{Pool: m.cfg.Pool, Node: m.cfg.Node, State: m.state, Size: m.cfg.Size, Floor: m.cfg.Floor,
+	st := Status{Pool: m.cfg.Pool, Node: m.cfg.Node, State: m.state, Size: m.size, Floor: m.floor,
 		Active: m.plan.Active, Share: m.plan.Share, Allotment: m.applied.Size, Spare: m.applied.Spare,
 		Safe: m.safeLocked(), Nodes: len(m.view), Since: m.since, Writes: m.writes, Projects: map[string]ProjectStatus{}}
 	if st.Share == 0 {
-		st.Share = m.cfg.Size
+		st.Share = m.size
 	}
 	for p, pp := range m.plan.Projects {
 		c, ok := m.applied.Caps[p]

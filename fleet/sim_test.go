@@ -22,6 +22,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/internal/etcdtest"
 	"github.com/fairshare-dev/fairshare/pools"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -116,13 +117,13 @@ func (f *simFeed) publish(view map[string]Node) time.Duration {
 	return took
 }
 
-func (f *simFeed) decode(key, value []byte) (Node, bool) {
-	name := strings.TrimPrefix(string(key), f.dir)
+func (f *simFeed) decode(kv *mvccpb.KeyValue) (Node, bool) {
+	name := strings.TrimPrefix(string(kv.Key), f.dir)
 	var n Node
-	if name == "" || strings.Contains(name, "/") || json.Unmarshal(value, &n) != nil {
+	if name == "" || strings.Contains(name, "/") || json.Unmarshal(kv.Value, &n) != nil {
 		return n, false
 	}
-	n.Name = name
+	n.Name, n.lease = name, kv.Lease
 	return n, true
 }
 
@@ -142,7 +143,7 @@ func (f *simFeed) run(ctx context.Context) {
 		}
 		view := map[string]Node{}
 		for _, kv := range resp.Kvs {
-			if n, ok := f.decode(kv.Key, kv.Value); ok {
+			if n, ok := f.decode(kv); ok {
 				view[n.Name] = n
 			}
 		}
@@ -161,7 +162,7 @@ func (f *simFeed) run(ctx context.Context) {
 					name := strings.TrimPrefix(string(ev.Kv.Key), f.dir)
 					if ev.Type == clientv3.EventTypeDelete {
 						delete(next, name)
-					} else if n, ok := f.decode(ev.Kv.Key, ev.Kv.Value); ok {
+					} else if n, ok := f.decode(ev.Kv); ok {
 						next[n.Name] = n
 					}
 				}

@@ -113,7 +113,7 @@ func TestFleetThreeDaemons(t *testing.T) {
 	const size = 12
 	var nodes []*node
 	for _, name := range []string{"a", "b", "c"} {
-		n := newNode(t, fmt.Sprintf("bpf: false\nfleet: {etcd: [%s], node: %s, prefix: /e2e, lease_ttl: 2s}\npools: {db: {size: %d, fleet: true}}\n",
+		n := newNode(t, fmt.Sprintf("bpf: false\nfleet: {etcd: [%s], node: %s, prefix: /e2e, lease_ttl: 4s}\npools: {db: {size: %d, fleet: true}}\n",
 			e.Endpoints()[0], name, size))
 		n.start()
 		nodes = append(nodes, n)
@@ -200,7 +200,7 @@ func TestFleetThreeDaemons(t *testing.T) {
 	}
 
 	// Gamma on c takes its part (12/3 = 4); then kill -9 c: its lease
-	// expires (2s) and a and b take its part back.
+	// expires (4s) and a and b take its part back.
 	startFleetWorker(t, c.r.Permits, "db", "gamma", 300*time.Millisecond)
 	waitFor(t, 20*time.Second, "gamma gets its share on c", func() (bool, string) {
 		p, f := fleetOf(t, c)
@@ -273,7 +273,7 @@ func TestFleetKernelConnections(t *testing.T) {
 	}()
 	var nodes []*node
 	for _, name := range []string{"a", "b"} {
-		n := newNode(t, fmt.Sprintf("fleet: {etcd: [%s], node: %s, prefix: /kernel, lease_ttl: 2s}\npools: {connections: {size: 12, fleet: true}}\n",
+		n := newNode(t, fmt.Sprintf("fleet: {etcd: [%s], node: %s, prefix: /kernel, lease_ttl: 4s}\npools: {connections: {size: 12, fleet: true}}\n",
 			e.Endpoints()[0], name))
 		n.start()
 		nodes = append(nodes, n)
@@ -365,7 +365,7 @@ func TestFleetDaemonGone(t *testing.T) {
 		t.Run(sig.String(), func(t *testing.T) {
 			var nodes []*node
 			for _, name := range []string{"a", "b"} {
-				n := newNode(t, fmt.Sprintf("fleet: {etcd: [%s], node: %s, prefix: /gone-%d, lease_ttl: 2s}\npools: {connections: {size: 12, fleet: true}}\n",
+				n := newNode(t, fmt.Sprintf("fleet: {etcd: [%s], node: %s, prefix: /gone-%d, lease_ttl: 4s}\npools: {connections: {size: 12, fleet: true}}\n",
 					e.Endpoints()[0], name, int(sig)))
 				n.start()
 				nodes = append(nodes, n)
@@ -489,7 +489,7 @@ func TestFleetDestinationPool(t *testing.T) {
 	}
 	var nodes []*node
 	for _, name := range []string{"a", "b"} {
-		n := newNode(t, fmt.Sprintf("fleet: {etcd: [%s], node: %s, prefix: /dest, lease_ttl: 2s}\n%s", e.Endpoints()[0], name, dbPools(8)))
+		n := newNode(t, fmt.Sprintf("fleet: {etcd: [%s], node: %s, prefix: /dest, lease_ttl: 4s}\n%s", e.Endpoints()[0], name, dbPools(8)))
 		n.start()
 		nodes = append(nodes, n)
 	}
@@ -624,7 +624,7 @@ func TestFleetKernelCaps(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var nodes []*node
 			for _, name := range []string{"a", "b"} {
-				n := newNode(t, fmt.Sprintf("fleet: {etcd: [%s], node: %s, prefix: /caps-%s, lease_ttl: 2s}\n%s\n",
+				n := newNode(t, fmt.Sprintf("fleet: {etcd: [%s], node: %s, prefix: /caps-%s, lease_ttl: 4s}\n%s\n",
 					e.Endpoints()[0], name, tc.name, tc.pools))
 				n.start()
 				nodes = append(nodes, n)
