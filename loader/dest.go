@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -68,8 +69,8 @@ const (
 )
 
 // ErrDestPoolsFull means every destination pool id of the pinned maps is
-// configured, or held by a removed pool whose connections still hold its
-// permits.
+// configured, or held by a removed pool (or one the change removes) whose
+// connections still hold its permits.
 var ErrDestPoolsFull = errors.New("no free destination pool id")
 
 // ErrBadDestPool reports a destination pool SetDestPools cannot use.
@@ -212,8 +213,19 @@ func confName(c limiterFsDestConf) string {
 // counts, and a removed one stops matching new connects while those that
 // hold its permits give them back as they close (its id is reused only
 // once they have). A pool keeps its id and counts across calls and
-// restarts by name. Nothing is changed if pools do not validate, overlap
-// (destination.Check) or need more ids than Options.MaxDestPools.
+// restarts by name.
+//
+// A new pool that finds no free id takes that of a pool this call removes
+// and no connection holds a permit of (a pool renamed with every id of
+// Options.MaxDestPools in use): that pool's destinations leave the tables
+// first, and the call waits destForgetGrace (under the lock) before the
+// id is given, so connects to them meanwhile are counted in no destination
+// pool. Nothing is changed if pools do not validate, overlap
+// (destination.Check) or need more ids than are free, counting those of
+// removed pools and pools being removed that hold no permit
+// (ErrDestPoolsFull, naming those that do); a pool being removed that
+// takes a permit during the wait (a connect that found it just before) is
+// put back as it was, and the call refused so.
 func (l *Limiter) SetDestPools(dps []DestPool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -243,7 +255,8 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 		return fmt.Errorf("%d destinations, at most %d: %w", total, MaxDestinations, ErrBadDestPool)
 	}
 	// Ids: a pool keeps its own; a new one takes a free id, else one of a
-	// removed pool whose permits all came back.
+	// removed pool whose permits all came back, else one of a pool this
+	// call removes that holds none.
 	ids := map[string]uint32{}
 	var newOnes []string
 	for _, p := range dps {
@@ -253,18 +266,32 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 			newOnes = append(newOnes, p.Name)
 		}
 	}
-	free, err := l.freeDestIDsLocked(byName, len(newOnes))
-	if err != nil {
-		return err
-	}
 	if len(newOnes) > 0 && l.objs.FsDpoolConf.MaxEntries() <= 1 {
 		return fmt.Errorf("no destination pool was configured when the kernel's destination pool tables were made, "+
 			"so they have no room for one (their size is fixed then, see connections.max_destination_pools); restart "+
 			"with the pool in the configuration (the connection counts are kept): %w", ErrDestPoolsFull)
 	}
+	free, err := l.freeDestIDsLocked(byName, len(newOnes))
+	if err != nil {
+		return err
+	}
+	var busy []string
 	if len(newOnes) > len(free) {
-		return fmt.Errorf("%d new destination pools, %d ids free of %d (removed pools keep theirs while their connections last): %w",
-			len(newOnes), len(free), l.objs.FsDpoolConf.MaxEntries()-1, ErrDestPoolsFull)
+		// Then the ids of pools this call removes that hold nothing,
+		// retired here, before anything below is written.
+		more, held, err := l.retireForIDsLocked(byName, len(newOnes)-len(free))
+		if err != nil {
+			return err
+		}
+		free, busy = append(free, more...), held
+	}
+	if len(newOnes) > len(free) {
+		why := "removed pools keep theirs while their connections last"
+		if len(busy) > 0 {
+			why += "; pools this change removes hold permits: " + strings.Join(busy, ", ")
+		}
+		return fmt.Errorf("%d new destination pools, %d ids free of %d (%s): %w",
+			len(newOnes), len(free), l.objs.FsDpoolConf.MaxEntries()-1, why, ErrDestPoolsFull)
 	}
 	for i, n := range newOnes {
 		ids[n] = free[i]
@@ -329,13 +356,8 @@ func (l *Limiter) setDestPoolsLocked(dps []DestPool) error {
 		if _, ok := byName[name]; ok || !dp.live {
 			continue
 		}
-		var c limiterFsDestConf
-		if err := l.objs.FsDpoolConf.Lookup(dp.id, &c); err != nil {
-			return fmt.Errorf("reading destination pool %s: %w", name, err)
-		}
-		c.Flags &^= destLive
-		if err := l.putDestConf(dp.id, &c); err != nil {
-			return fmt.Errorf("retiring destination pool %s: %w", name, err)
+		if err := l.markDestLive(name, dp, false); err != nil {
+			return err
 		}
 		dp.live, dp.removed = false, time.Now()
 		delete(l.fleetEnd, name)
@@ -532,24 +554,137 @@ func (l *Limiter) freeDestIDsLocked(keep map[string][]destination.Destination, n
 		if wait := destForgetGrace - time.Since(dp.removed); wait > 0 {
 			graceSleep(wait)
 		}
-		empty, err := l.destEmptyLocked(dp.id)
+		held, err := l.destInUseLocked(dp.id)
 		if err != nil {
 			return nil, err
 		}
-		if empty {
+		if held <= 0 {
 			free = append(free, dp.id)
 		}
 	}
 	return free, nil
 }
 
-// destEmptyLocked says whether no permit of pool id is held.
-func (l *Limiter) destEmptyLocked(id uint32) (bool, error) {
+// retireForIDsLocked frees the ids of need pools this change removes (live,
+// not in keep) that no connection holds a permit of, for new pools no other
+// id is left for: their destinations leave the tables, they are marked
+// removed, and once destForgetGrace is out (a connect that found one just
+// before takes its permit within it) their ids are returned, still named
+// (setDestPoolsLocked forgets them). If fewer than need hold nothing, it
+// returns no id and busy, the pools being removed that hold permits, with
+// everything as it was: before any write when they are too few to begin
+// with, else (one took a permit during the grace) with the tables and the
+// flags written back. An error from a write leaves the change half-made,
+// the pools still named: the next call makes the tables what it wants from
+// what they hold.
+func (l *Limiter) retireForIDsLocked(keep map[string][]destination.Destination, need int) (ids []uint32, busy []string, err error) {
+	var empty []string
+	for name, dp := range l.dests {
+		if _, ok := keep[name]; ok || !dp.live {
+			continue
+		}
+		held, err := l.destInUseLocked(dp.id)
+		if err != nil {
+			return nil, nil, err
+		}
+		if held > 0 {
+			busy = append(busy, fmt.Sprintf("%s (%d held)", name, held))
+		} else {
+			empty = append(empty, name)
+		}
+	}
+	slices.Sort(busy)
+	if len(empty) < need {
+		return nil, busy, nil
+	}
+	slices.SortFunc(empty, func(a, b string) int { return cmp.Compare(l.dests[a].id, l.dests[b].id) })
+	empty = empty[:need]
+	retiring := map[uint32]bool{}
+	for _, name := range empty {
+		retiring[l.dests[name].id] = true
+	}
+	// The destinations in force but the retiring pools'.
+	trie, nets, err := l.destKeys()
+	if err != nil {
+		return nil, nil, err
+	}
+	inForce := maps.Clone(trie)
+	maps.Copy(inForce, nets)
+	rest := maps.Clone(inForce)
+	maps.DeleteFunc(rest, func(_ limiterFsDestKey, id uint32) bool { return retiring[id] })
+	if err := l.rewriteDestsLocked(rest); err != nil {
+		return nil, nil, err
+	}
+	removed := time.Now()
+	for _, name := range empty {
+		dp := l.dests[name]
+		if err := l.markDestLive(name, dp, false); err != nil {
+			return nil, nil, err
+		}
+		dp.live, dp.removed = false, removed
+	}
+	if wait := destForgetGrace - time.Since(removed); wait > 0 {
+		graceSleep(wait)
+	}
+	var late []string
+	for _, name := range empty {
+		held, err := l.destInUseLocked(l.dests[name].id)
+		if err != nil {
+			return nil, nil, err
+		}
+		if held > 0 {
+			late = append(late, fmt.Sprintf("%s (%d held, taken as it was being removed)", name, held))
+		}
+	}
+	if len(late) == 0 {
+		for _, name := range empty {
+			dp := l.dests[name]
+			ids = append(ids, dp.id)
+			delete(l.fleetEnd, name)
+			l.log.Info("destination pool removed; its id, free, goes to a new pool", "pool", name, "id", dp.id)
+		}
+		return ids, nil, nil
+	}
+	for _, name := range empty {
+		dp := l.dests[name]
+		if err := l.markDestLive(name, dp, true); err != nil {
+			return nil, nil, err
+		}
+		dp.live, dp.removed = true, time.Time{}
+	}
+	if err := l.rewriteDestsLocked(inForce); err != nil {
+		return nil, nil, err
+	}
+	busy = append(busy, late...)
+	slices.Sort(busy)
+	return nil, busy, nil
+}
+
+// markDestLive sets or clears pool dp's DEST_LIVE flag in the maps.
+func (l *Limiter) markDestLive(name string, dp *destPool, live bool) error {
+	var c limiterFsDestConf
+	if err := l.objs.FsDpoolConf.Lookup(dp.id, &c); err != nil {
+		return fmt.Errorf("reading destination pool %s: %w", name, err)
+	}
+	what := "retiring"
+	c.Flags &^= destLive
+	if live {
+		what = "restoring"
+		c.Flags |= destLive
+	}
+	if err := l.putDestConf(dp.id, &c); err != nil {
+		return fmt.Errorf("%s destination pool %s: %w", what, name, err)
+	}
+	return nil
+}
+
+// destInUseLocked is the permits of pool id held.
+func (l *Limiter) destInUseLocked(id uint32) (int64, error) {
 	var s limiterFsDestState
 	if err := l.objs.FsDpoolState.Lookup(id, &s); err != nil {
-		return false, fmt.Errorf("reading destination pool %d: %w", id, err)
+		return 0, fmt.Errorf("reading destination pool %d: %w", id, err)
 	}
-	return s.InUse <= 0, nil
+	return s.InUse, nil
 }
 
 // forgetDestLocked frees pool dp's id: its name and per-project entries

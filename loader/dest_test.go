@@ -1508,6 +1508,164 @@ func TestDestPoolIDReusedBeforeTick(t *testing.T) {
 	}
 }
 
+// A pool renamed with every id in use (MaxDestPools 1) takes the id of the
+// pool it replaces, which holds nothing: the change succeeds, by
+// SetDestPools and at a start over pins holding the old name, and the new
+// pool counts the connects. (The old pool, still live when the ids were
+// counted, was never a candidate: the change was refused for ever, and so
+// was every start.)
+func TestDestPoolRenameAtFull(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	pool := func(name string) DestPool { return destPoolOf(t, name, 2, 1, "127.0.0.1/32:"+portOf(db)) }
+	a := startHelper(t, mkProject(t, root, "a"))
+	l := openOneDestPool(t, root, pin)
+	for _, name := range []string{"a", "b"} {
+		if err := l.SetDestPools([]DestPool{pool(name)}); err != nil {
+			t.Fatalf("pools [%s]: %v", name, err)
+		}
+	}
+	if s := snap(t, l); len(s.Dests) != 1 || s.Dests[0].Name != "b" || s.Dests[0].ID != 1 || s.Dests[0].Removed {
+		t.Fatalf("pools after the rename: %+v, want b alone, id 1", s.Dests)
+	}
+	if r := a.dial("tcp4", db.Addr().String(), 3); r.ok != 2 || r.refused != 1 {
+		t.Fatalf("pool b of 2: %+v", r)
+	}
+	waitDest(t, l, "b", 2, map[string]int{"a": 2})
+	a.do("close")
+	waitDest(t, l, "b", 0, map[string]int{"a": 0})
+	l.Close()
+
+	// A start over pins that hold c's predecessor.
+	opts := func(name string) Options {
+		return Options{PinDir: pin, PoolSize: 100, MaxDestPools: 1, ReservationTTL: 2 * time.Second, DestPools: []DestPool{pool(name)}}
+	}
+	for _, name := range []string{"c", "d"} {
+		l, err := openRoot(t, root, opts(name))
+		if err != nil {
+			t.Fatalf("start with pools [%s] over pins holding another: %v", name, err)
+		}
+		if s := snap(t, l); len(s.Dests) != 1 || s.Dests[0].Name != name || s.Dests[0].ID != 1 {
+			l.Close()
+			t.Fatalf("pools after a start with [%s]: %+v", name, s.Dests)
+		}
+		r := a.dial("tcp4", db.Addr().String(), 3)
+		d := destSnap(t, l, name)
+		a.do("close")
+		waitDest(t, l, name, 0, nil)
+		l.Close()
+		if r.ok != 2 || r.refused != 1 || d.InUse != 2 {
+			t.Fatalf("pool %s of 2 after the start: %+v, %+v", name, r, d)
+		}
+	}
+}
+
+// A rename with every id in use while the old pool holds a permit is
+// refused, saying so, and the old pool stays as it was: configured,
+// counting and refusing past its size; once its connections close the
+// rename goes through. A permit taken during the wait for the id (a
+// connect that found the pool as it left the tables) puts it back as well.
+func TestDestPoolRenameAtFullHeld(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l := openOneDestPool(t, root, pin)
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	pool := func(name string) DestPool { return destPoolOf(t, name, 3, 1, "127.0.0.1/32:"+portOf(db)) }
+	if err := l.SetDestPools([]DestPool{pool("a")}); err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	a.dialOK("tcp4", db.Addr().String(), 1, "a")
+	waitDest(t, l, "a", 1, map[string]int{"a": 1})
+	// The waits for the grace, and the writes to what a lookup reads; a
+	// permit is taken during a wait when take says so, and during runs
+	// in it.
+	var slept, writes int
+	var take bool
+	var during func()
+	graceSleep = func(d time.Duration) {
+		slept++
+		if during != nil {
+			during()
+		}
+		if take {
+			var s limiterFsDestState
+			if err := l.objs.FsDpoolState.Lookup(uint32(1), &s); err != nil {
+				t.Error(err)
+			}
+			s.InUse++
+			if err := l.objs.FsDpoolState.Put(uint32(1), &s); err != nil {
+				t.Error(err)
+			}
+		}
+		time.Sleep(d)
+	}
+	destWriteHook = func(*Limiter, string) { writes++ }
+	t.Cleanup(func() { graceSleep, destWriteHook = time.Sleep, nil })
+	err := l.SetDestPools([]DestPool{pool("b")})
+	if !errors.Is(err, ErrDestPoolsFull) || !strings.Contains(err.Error(), "a (1 held)") {
+		t.Fatalf("rename while a holds a permit: %v, want ErrDestPoolsFull naming a", err)
+	}
+	if slept != 0 || writes != 0 {
+		t.Fatalf("the refused rename waited %d times and wrote %d times to the tables, want none", slept, writes)
+	}
+	// As it was: a counts and refuses past its size of 3; closed holds
+	// what is left once a's connections close.
+	check := func(when string, held, closed int) {
+		t.Helper()
+		if s := snap(t, l); len(s.Dests) != 1 || s.Dests[0].Name != "a" || s.Dests[0].Removed || s.Dests[0].InUse != held {
+			t.Fatalf("%s: pools %+v, want a alone, configured, %d held", when, s.Dests, held)
+		}
+		if r := a.dial("tcp4", db.Addr().String(), 4-held); r.ok != 3-held || r.refused != 1 {
+			t.Fatalf("%s: pool a of 3 holding %d: %+v", when, held, r)
+		}
+		waitDest(t, l, "a", 3, nil)
+		a.do("close")
+		waitDest(t, l, "a", closed, nil)
+	}
+	check("after the refused rename", 1, 0)
+
+	// The pool takes a permit while the rename waits out the grace (as
+	// a connect that found it just before would): put back.
+	take = true
+	err = l.SetDestPools([]DestPool{pool("b")})
+	if slept != 1 || !errors.Is(err, ErrDestPoolsFull) || !strings.Contains(err.Error(), "a (1 held") {
+		t.Fatalf("rename with a permit taken in the grace (%d waits): %v, want ErrDestPoolsFull naming a", slept, err)
+	}
+	take = false
+	check("after the rename put back", 1, 1)
+	var s limiterFsDestState
+	if err := l.objs.FsDpoolState.Lookup(uint32(1), &s); err != nil {
+		t.Fatal(err)
+	}
+	s.InUse--
+	if err := l.objs.FsDpoolState.Put(uint32(1), &s); err != nil {
+		t.Fatal(err)
+	}
+
+	// Nothing held: the rename goes through. a's destinations left the
+	// tables before the wait: a connect in it is counted in no pool, and
+	// gives nothing back to b, which took a's id, when it closes.
+	during = func() {
+		a.dialOK("tcp4", db.Addr().String(), 1, "a")
+		var s limiterFsDestState
+		if err := l.objs.FsDpoolState.Lookup(uint32(1), &s); err != nil || s.InUse != 0 {
+			t.Errorf("a connect while a's id is waited for: a holds %d (%v), want 0", s.InUse, err)
+		}
+	}
+	if err := l.SetDestPools([]DestPool{pool("b")}); err != nil {
+		t.Fatal(err)
+	}
+	if s := snap(t, l); len(s.Dests) != 1 || s.Dests[0].Name != "b" || s.Dests[0].InUse != 0 {
+		t.Fatalf("pools after the rename: %+v, want b alone, holding nothing", s.Dests)
+	}
+	a.dialOK("tcp4", db.Addr().String(), 1, "a")
+	waitDest(t, l, "b", 1, map[string]int{"a": 1})
+	a.do("close")
+	waitDest(t, l, "b", 0, map[string]int{"a": 0})
+}
+
 // The trie holds the old destinations and the new at once while the pools
 // change: a change from 604 destinations (600 of them in the trie, a fifth
 // prefix length) to 1,000 hosts, both within MaxDestinations, succeeds and

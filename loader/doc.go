@@ -397,9 +397,15 @@
 // across calls and restarts (the name is in fs_dpool_conf). A pool removed
 // while its permits are held leaves the trie at once and keeps its id and
 // counts until Tick sees its in_use at 0; only then can another pool take
-// the id, starting from zero. Tick recounts each pool's active projects as
-// it does the node's; a project's id is not freed while it holds a
-// destination permit (an exempt socket's, which holds none of the node's).
+// the id, starting from zero. A new pool that finds no other id takes that
+// of a pool the same call removes and that holds nothing (a rename with
+// every id in use): its destinations leave the tables first, and the id
+// is given destForgetGrace later (connects to them meanwhile are in no
+// pool), or the call is refused with everything put back if a permit was
+// taken meanwhile (TestDestPoolRenameAtFull, TestDestPoolRenameAtFullHeld).
+// Tick recounts each pool's active projects as it does the node's; a
+// project's id is not freed while it holds a destination permit (an exempt
+// socket's, which holds none of the node's).
 // fs_settings.dest_kinds says what the trie and the table hold (port,
 // every port) in its low bits: 0, with no pool configured, and connect does
 // no lookup at all; they are widened before the tables change and narrowed

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -80,6 +82,59 @@ func TestGoCLayoutsAgree(t *testing.T) {
 	}
 	if rec.Size != sockRecordSize {
 		t.Errorf("sockRecordSize %d, C %d", sockRecordSize, rec.Size)
+	}
+}
+
+// asProjects finds the maps bpf/lib sizes "as fs_projects": their
+// max_entries comment says so.
+var asProjects = regexp.MustCompile(`struct \{\n[^{}]*__uint\(max_entries, \d+\); /\*[^*]*\bas fs_projects\b[^{}]*\n\} (\w+) SEC\("\.maps"\);`)
+
+// Every map the headers size "as fs_projects" (an entry per project id) has
+// fs_projects' entries in the spec Open loads, at the default and at other
+// counts of projects. (The rates, the dry-run projects and the refusal
+// events' projects kept the headers' 4096 whatever the projects table
+// held: past 4096 projects, SetRates failed for the others, their rates
+// unenforced, and SetDryRunProjects failed at each tick.)
+func TestPerProjectMapsSizedAsProjects(t *testing.T) {
+	files, err := filepath.Glob("../bpf/lib/*.h")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no headers: %v", err)
+	}
+	var names []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range asProjects.FindAllStringSubmatch(string(b), -1) {
+			names = append(names, m[1])
+		}
+	}
+	for _, want := range []string{"fs_names", "fs_rates", "fs_dryrun", "fs_ev_projects"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("%s not found sized as fs_projects in bpf/lib (found %v)", want, names)
+		}
+	}
+	for _, n := range []uint32{0, 2, 5000, 1 << 20} {
+		o, err := Options{PinDir: t.TempDir(), PoolSize: 100, MaxProjects: n}.normalize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := &Limiter{base: o.BaseLevel, depth: o.MaxDepth, maxProj: o.MaxProjects, maxMemb: o.MaxMembers, pinDir: o.PinDir,
+			capacity: o.PoolCapacity, maxDest: o.MaxDestPools}
+		spec, err := l.spec()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := spec.Maps["fs_projects"].MaxEntries
+		if want != o.MaxProjects {
+			t.Fatalf("MaxProjects %d: fs_projects of %d entries", o.MaxProjects, want)
+		}
+		for _, name := range names {
+			if got := spec.Maps[name].MaxEntries; got != want {
+				t.Errorf("MaxProjects %d: %s of %d entries, fs_projects of %d", o.MaxProjects, name, got, want)
+			}
+		}
 	}
 }
 

@@ -128,7 +128,8 @@ const (
 // Options configures Open.
 type Options struct {
 	// MaxProjects sizes the projects table: ids 1..MaxProjects-1; 0 means
-	// DefaultMaxProjects. A pinned table keeps its size.
+	// DefaultMaxProjects. A pinned table keeps its size, and the tables of
+	// an entry per project (rates, dry-run, refused projects) take it.
 	MaxProjects uint32
 	// MaxMembers sizes the membership table (registered cgroups); 0 means
 	// DefaultMaxMembers. A pinned table keeps its size.
@@ -634,6 +635,10 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 		}
 	}
 	l.maxProj = min(spec.Maps["fs_projects"].MaxEntries, spec.Maps["fs_names"].MaxEntries)
+	// The tables of an entry per project, keyed by its id: as many.
+	for _, name := range []string{"fs_rates", "fs_dryrun", "fs_ev_projects"} {
+		spec.Maps[name].MaxEntries = l.maxProj
+	}
 	// Destination pools: ids 1..maxDest, and a row of the projects' ids per
 	// pool; pinned tables keep their sizes (the stride is the pinned
 	// projects table's).

@@ -562,3 +562,33 @@ func TestRateLeftoverSockets(t *testing.T) {
 	a.do("close")
 	waitInUse(t, l, 0, map[string]int{"a": 0})
 }
+
+// With more projects than the headers' 4096, every project id can have a
+// rate (the kernel's fs_rate_set makes its bucket) and be in dry-run: the
+// tables of an entry per project are as large as the projects table. (They
+// kept 4096 entries: the bucket of the 4097th project with a rate was
+// refused, "the rate map is full", and its rate not enforced, and
+// SetDryRunProjects failed at each tick.)
+func TestRatesPastDefaultTables(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	const projects = 5000
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 100, MaxProjects: projects, ReservationTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id := uint64(1); id < projects; id++ {
+		if _, err := l.rateSetLocked(Rates{Out: 10, In: 10}.args(id)); err != nil {
+			t.Fatalf("the rate of project id %d: %v", id, err)
+		}
+		if err := l.objs.FsDryrun.Put(id, uint32(1)); err != nil {
+			t.Fatalf("project id %d in dry-run: %v", id, err)
+		}
+	}
+	if n := l.objs.FsEvProjects.MaxEntries(); n != projects {
+		t.Errorf("fs_ev_projects of %d entries, want %d", n, projects)
+	}
+}

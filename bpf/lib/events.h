@@ -132,7 +132,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096); /* as fs_projects */
+	__uint(max_entries, 16384); /* set at load: as fs_projects */
 	__type(key, __u64);
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -140,7 +140,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096); /* as fs_projects: the projects that were refused lately */
+	__uint(max_entries, 16384); /* set at load: as fs_projects (the projects refused lately) */
 	__type(key, __u64);
 	__type(value, struct fs_evproj);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

@@ -103,7 +103,7 @@ struct fs_rate_args {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096); /* as fs_projects: one bucket per project with a rate */
+	__uint(max_entries, 16384); /* set at load: as fs_projects (one bucket per project with a rate) */
 	__type(key, __u64);
 	__type(value, struct fs_rate);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
