@@ -157,10 +157,19 @@ func New(opts Options) (*Daemon, error) {
 	var pinLock *os.File
 	if cfg.BPF {
 		// Before anything is made: a second daemon on these pins is
-		// refused here, leaving the first's untouched.
+		// refused here, leaving the first's untouched (and one that
+		// starts beside another on a node with no pins yet waits for
+		// that one's start to be over: see lockForStart).
+		var startLock *os.File
 		var err error
-		if pinLock, err = lockPins(cfg.PinDir); err != nil {
+		if pinLock, startLock, err = lockForStart(cfg.PinDir); err != nil {
 			return nil, err
+		}
+		if startLock != nil {
+			// Released as New returns: after the kernel side locked
+			// the directory it made, or after the rollback below
+			// (deferred later, so run first) removed it.
+			defer startLock.Close()
 		}
 	}
 	log := opts.Log
@@ -268,7 +277,11 @@ func New(opts Options) (*Daemon, error) {
 	}
 
 	// The kernel side last: nothing after it can fail, so a pin directory
-	// a running configuration left is changed only by a start that goes on.
+	// a running configuration left is changed only by a start that goes on
+	// (the loader checks what the pins may refuse, a change of destination
+	// pools, before it writes the pool's settings; only the kernel refusing
+	// a map write or an attach midway leaves part of this configuration
+	// written).
 	if cfg.BPF {
 		pins := listPins(cfg.PinDir)
 		undo.add(func() {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/internal/listen"
@@ -24,7 +25,9 @@ import (
 // check without creating anything (preflight), then builds the parts in an
 // order that leaves the BPF programs last: the TCP listeners, the events
 // log, the store, the pools, the scheduler, the front, the unix sockets, and
-// only then the kernel side. Whatever it created before a failure is undone
+// only then the kernel side. (A first start on a node waits for another
+// daemon's start on the same pins to end, lockForStart, so that none
+// writes over or removes the other's.) Whatever it created before a failure is undone
 // (rollback): sockets closed and removed, a store file or a state, socket or
 // projects-root directory it made removed, pins it added to the pin
 // directory removed. Pins a running configuration left (a daemon stopped
@@ -286,6 +289,57 @@ func lockPinsOnce(dir string) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// lockForStart takes the pin directory's lock (lockPins) for a daemon that
+// starts. While the directory does not exist yet there is nothing to lock,
+// and two daemons starting at once would both go on, the second to write
+// over the first's pins and, refused at last, to remove them with its
+// rollback. So a start that finds no directory first takes startLock, an
+// exclusive lock on the directory's parent (waiting up to startLockWait for
+// another start to finish), then looks again: a daemon that made the
+// directory meanwhile holds its lock, and this start is refused
+// (ErrPinsInUse). The caller holds startLock until its kernel side has made
+// and locked the directory, or its rollback has removed what it made.
+// startLock is nil when the directory exists, or its parent does not (the
+// loader refuses such a pin directory).
+func lockForStart(dir string) (pinLock, startLock *os.File, err error) {
+	if pinLock, err = lockPins(dir); err != nil || pinLock != nil {
+		return pinLock, nil, err
+	}
+	parent := filepath.Dir(dir)
+	f, err := os.Open(parent)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening the pin directory's parent %s: %w", parent, err)
+	}
+	for deadline := time.Now().Add(startLockWait); ; {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, nil, fmt.Errorf("locking the pin directory's parent %s: %w", parent, err)
+		}
+		if time.Now().After(deadline) {
+			pid := lockHolder(f)
+			f.Close()
+			return nil, nil, fmt.Errorf("another process (pid %d) has held %s's lock for %v: a fairshare daemon still starting on %s? %w",
+				pid, parent, startLockWait, dir, ErrPinsInUse)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if pinLock, err = lockPins(dir); err != nil || pinLock != nil {
+		f.Close()
+		return pinLock, nil, err
+	}
+	return nil, f, nil
+}
+
+// startLockWait bounds lockForStart's wait for another daemon's start.
+const startLockWait = 2 * time.Minute
 
 // LockPins takes the pin directory's lock, as a daemon does for its life,
 // for a command that changes the pins under it (cleanup): it fails with

@@ -1480,6 +1480,45 @@ func TestDestPoolGraceWaitedOnlyForItsID(t *testing.T) {
 	}
 }
 
+// A start the pins refuse (a rename that needs the id of a pool whose
+// connections still hold it) writes nothing: the programs, pinned, go on
+// enforcing the last daemon's pool size and destination pools, not the
+// refused configuration's size beside the old pools.
+func TestRefusedStartWritesNothing(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	pool := func(name string) DestPool { return destPoolOf(t, name, 3, 1, "127.0.0.1/32:"+portOf(db)) }
+	l, err := openRoot(t, root, Options{PinDir: pin, PoolSize: 10, MaxDestPools: 1, DestPools: []DestPool{pool("a")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, mkProject(t, root, "a"))
+	a.dialOK("tcp4", db.Addr().String(), 1, "a")
+	waitDest(t, l, "a", 1, map[string]int{"a": 1})
+	l.Close()
+	_, err = openRoot(t, root, Options{PinDir: pin, PoolSize: 20, MaxDestPools: 1, DestPools: []DestPool{pool("b")}})
+	if !errors.Is(err, ErrDestPoolsFull) {
+		t.Fatalf("a start renaming a held pool at full: %v, want ErrDestPoolsFull", err)
+	}
+	ro, err := OpenReadOnly(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	s, err := ro.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Size != 10 || len(s.Dests) != 1 || s.Dests[0].Name != "a" || s.Dests[0].Removed || s.Dests[0].InUse != 1 {
+		t.Fatalf("after the refused start: size %d, pools %+v; want 10 and a, configured, holding 1", s.Size, s.Dests)
+	}
+	// Still enforced: a of 3 holding 1 admits 2 more, then refuses.
+	if r := a.dial("tcp4", db.Addr().String(), 3); r.ok != 2 || r.refused != 1 {
+		t.Fatalf("pool a after the refused start: %+v, want 2 admitted and 1 refused", r)
+	}
+}
+
 // A removed pool's id taken by a new pool (its permits all back, before a
 // Tick forgot it) is the new pool's alone: the next Tick does not forget it
 // with the old name, which zeroed the new pool's settings, so that it

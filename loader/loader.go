@@ -524,9 +524,6 @@ func Open(opts Options) (*Limiter, error) {
 // migrate.go).
 func (l *Limiter) setUp(opts Options) (ReconcileReport, error) {
 	var rep ReconcileReport
-	if err := l.checkAndWriteConfig(); err != nil {
-		return rep, err
-	}
 	if err := l.loadMembership(); err != nil {
 		return rep, err
 	}
@@ -536,7 +533,14 @@ func (l *Limiter) setUp(opts Options) (ReconcileReport, error) {
 	if err := l.syncDestConfsLocked(); err != nil {
 		return rep, err
 	}
+	// The destination pools before the node pool's settings: a change of
+	// them the pins cannot take (ErrDestPoolsFull) refuses the start with
+	// nothing written, and the programs go on enforcing what the last
+	// daemon left, not this one's pool size beside its old pools.
 	if err := l.setDestPoolsLocked(opts.DestPools); err != nil {
+		return rep, err
+	}
+	if err := l.checkAndWriteConfig(); err != nil {
 		return rep, err
 	}
 	// Before attaching: a reused pin keeps enforcing the old set until now.
