@@ -106,6 +106,9 @@ type projects struct {
 	// noPodRootWarned: no pod root was found (logged once).
 	noPodRootWarned bool
 	podRoots        []string
+	podRootDirs     []string // podRoots below the mount's point, as paths
+	podRootsBelow   []string // podRootDirs each with a trailing '/'
+
 	// ownNetns is the inode of the daemon's own network namespace, which
 	// the kernel side attaches at Open: no project's.
 	ownNetns uint64
@@ -242,7 +245,7 @@ func newProjects(cfg config.Config, store *policy.Store, create bool, log *slog.
 			if mount.Point == "" {
 				continue
 			}
-			p.podRoots = cfg.Kubernetes.PodCgroups
+			p.setPodRoots(cfg.Kubernetes.PodCgroups)
 			src, err := newKube(cfg, mount, p.self, p.log)
 			if err != nil {
 				p.close()
@@ -727,8 +730,8 @@ func (p *projects) kernelExtras() []membership.Member {
 	var out []membership.Member
 	if p.podsNone != nil {
 		found := false
-		for _, root := range p.podRoots {
-			dir := filepath.Join(p.mount.Point, root)
+		for i, root := range p.podRoots {
+			dir := p.podRootDirs[i]
 			if _, err := os.Stat(dir); err != nil {
 				continue
 			}
@@ -957,12 +960,21 @@ func (p *projects) inPodRoot(path string) bool {
 		return false
 	}
 	below := func(dir string) bool { return path == dir || strings.HasPrefix(path, dir+"/") }
-	if !slices.ContainsFunc(p.podRoots, func(root string) bool {
-		return strings.HasPrefix(path, filepath.Join(p.mount.Point, root)+"/")
-	}) {
+	if !slices.ContainsFunc(p.podRootsBelow, func(root string) bool { return strings.HasPrefix(path, root) }) {
 		return false
 	}
 	return !(p.self != "" && below(p.self)) && !slices.ContainsFunc(p.noneList(), below)
+}
+
+// setPodRoots sets the pod roots (kubernetes.pod_cgroups, relative to the
+// mount) and their paths.
+func (p *projects) setPodRoots(roots []string) {
+	p.podRoots, p.podRootDirs, p.podRootsBelow = roots, nil, nil
+	for _, root := range roots {
+		dir := filepath.Join(p.mount.Point, root)
+		p.podRootDirs = append(p.podRootDirs, dir)
+		p.podRootsBelow = append(p.podRootsBelow, dir+"/")
+	}
 }
 
 // noneList is the pods of no project as the last apply read them.

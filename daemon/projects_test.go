@@ -847,7 +847,8 @@ func podProjects(t *testing.T, pods, member string, none func() []string) *proje
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.podRoots, p.podsNone = []string{rel}, none
+	p.setPodRoots([]string{rel})
+	p.podsNone = none
 	return p
 }
 
