@@ -40,10 +40,11 @@ type Node struct {
 	Size     int               `json:"s,omitempty"`
 	Floor    int               `json:"f,omitempty"`
 	Projects map[string]Demand `json:"p"`
-	// lease is the etcd lease the key was written under (not published:
-	// etcd's own record), which tells a node its own key from one another
-	// daemon wrote under the same name.
-	lease int64
+	// lease and rev are the etcd lease the key was written under and the
+	// revision of that write (not published: etcd's own record), which
+	// tell a node its own key from one another daemon wrote under the
+	// same name.
+	lease, rev int64
 }
 
 // Plan is the fleet's division of one pool: what Compute returns.

@@ -121,7 +121,7 @@
 //   - The others stop counting a node when its lease ends, a lease_ttl
 //     after its last renewal was sent at the soonest. So a node whose
 //     renewals fail lowers its allotment linearly over the lease's last
-//     third and is at its safe slice when it ends: floor(S · safe_fraction),
+//     quarter and is at its safe slice when it ends: floor(S · safe_fraction),
 //     safe_fraction defaulting to one over the number of nodes it last saw.
 //     Past a lease period with no answer from etcd it counts itself cut
 //     off and drops its caps (its rule divides the safe slice). It never
@@ -132,9 +132,10 @@
 //   - Each node publishes its configured S and F; all divide the smallest
 //     S and the largest F published, so a resize rolled out node by node
 //     never lets the fleet hold more than the smallest.
-//   - A node's key written under a lease the node never held is another
-//     daemon's of the same name: the node holds its safe slice and
-//     publishes nothing until that key is gone.
+//   - A node's key written after the node's last publication, under a
+//     lease the node was never granted, is another daemon's of the same
+//     name: the node holds its safe slice and publishes nothing until that
+//     key is gone.
 //
 // # Cost
 //

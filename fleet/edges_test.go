@@ -33,19 +33,26 @@ func offline(t *testing.T, clk *fixedClock) (*Member, *pools.Pool) {
 	return m, p
 }
 
-// published records a's publication under lease, as tick does after a put.
-func (m *Member) publishedAt(lease clientv3.LeaseID, at time.Time) {
-	m.published, m.pubLease, m.pubAt = []byte("{}"), lease, at
+// granted records a lease granted to a, as keepLease does.
+func (m *Member) granted(lease clientv3.LeaseID) {
+	m.lease = lease
 	if !m.oursLocked(int64(lease)) {
 		m.ours = append(m.ours, lease)
 	}
 }
 
-// view3 is a view of nodes a (its key under lease), b and c, and a plan
-// giving a 10 of the 12.
-func view3(lease int64) (map[string]Node, Plan) {
-	v := map[string]Node{"a": {Name: "a", Size: 12, lease: lease}, "b": {Name: "b", Size: 12, lease: 99},
-		"c": {Name: "c", Size: 12, lease: 98}}
+// publishedAt records a's publication under lease at etcd revision rev, as
+// tick does after a put.
+func (m *Member) publishedAt(lease clientv3.LeaseID, rev int64, at time.Time) {
+	m.granted(lease)
+	m.published, m.pubLease, m.pubRev, m.pubAt = []byte("{}"), lease, rev, at
+}
+
+// view3 is a view of nodes a (its key under lease, written at revision
+// rev), b and c, and a plan giving a 10 of the 12.
+func view3(lease, rev int64) (map[string]Node, Plan) {
+	v := map[string]Node{"a": {Name: "a", Size: 12, lease: lease, rev: rev}, "b": {Name: "b", Size: 12, lease: 99, rev: 1},
+		"c": {Name: "c", Size: 12, lease: 98, rev: 2}}
 	return v, Plan{Size: 12, Floor: 1, Nodes: map[string]Allotment{"a": {Size: 10}, "b": {Size: 1}, "c": {Size: 1}}}
 }
 
@@ -61,10 +68,10 @@ func TestLeaseEndBoundsTheAllotment(t *testing.T) {
 	m, p := offline(t, clk)
 	ttl := m.cfg.LeaseTTL
 	m.mu.Lock()
-	m.publishedAt(7, t0)
+	m.publishedAt(7, 10, t0)
 	m.lastRenew = t0
 	m.mu.Unlock()
-	v, plan := view3(7)
+	v, plan := view3(7, 10)
 	prev := 11
 	for _, at := range []time.Duration{0, ttl / 2, ttl * 2 / 3, ttl * 3 / 4, ttl * 5 / 6, ttl * 11 / 12, ttl, ttl + time.Millisecond, 3 * ttl} {
 		clk.t = t0.Add(at)
@@ -102,10 +109,10 @@ func TestNewLeaseWaitsForItsPublication(t *testing.T) {
 	clk := &fixedClock{t0}
 	m, p := offline(t, clk)
 	m.mu.Lock()
-	m.publishedAt(7, t0)
+	m.publishedAt(7, 10, t0)
 	m.lastRenew = t0
 	m.mu.Unlock()
-	v, plan := view3(7)
+	v, plan := view3(7, 10)
 	m.applyView(v, plan, 0)
 	if size := p.Snapshot().Size; size != 10 {
 		t.Fatalf("connected: size %d, want 10", size)
@@ -122,13 +129,13 @@ func TestNewLeaseWaitsForItsPublication(t *testing.T) {
 	// old one (its watch not caught up).
 	m.mu.Lock()
 	m.lastRenew, m.lastOK = clk.t, clk.t
-	m.publishedAt(8, clk.t)
+	m.publishedAt(8, 20, clk.t)
 	m.stepLocked()
 	m.mu.Unlock()
 	if size := p.Snapshot().Size; size > 4 {
 		t.Fatalf("a new lease, the view stale: size %d, want at most 4", size)
 	}
-	v, plan = view3(8)
+	v, plan = view3(8, 20)
 	m.applyView(v, plan, 0)
 	if st := m.Status(); st.State != StateConnected || p.Snapshot().Size != 10 {
 		t.Fatalf("the view holds the new publication: %q size %d, want connected at 10", st.State, p.Snapshot().Size)
@@ -144,12 +151,12 @@ func TestSameNodeNameTwice(t *testing.T) {
 	clk := &fixedClock{t0}
 	m, p := offline(t, clk)
 	m.mu.Lock()
-	m.publishedAt(7, t0)
+	m.publishedAt(7, 10, t0)
 	m.lastRenew = t0
 	m.mu.Unlock()
-	v, plan := view3(7)
+	v, plan := view3(7, 10)
 	m.applyView(v, plan, 0)
-	v, plan = view3(50) // the other daemon's put
+	v, plan = view3(50, 11) // the other daemon's put
 	m.applyView(v, plan, 0)
 	if st := m.Status(); st.State != StateConflict || p.Snapshot().Size > 3 {
 		t.Fatalf("another daemon's key: %q size %d, want %q at most 12/4", st.State, p.Snapshot().Size, StateConflict)
@@ -161,13 +168,85 @@ func TestSameNodeNameTwice(t *testing.T) {
 		t.Fatalf("the other's key gone: %q size %d", st.State, p.Snapshot().Size)
 	}
 	m.mu.Lock()
-	m.publishedAt(9, clk.t)
+	m.publishedAt(9, 12, clk.t)
 	m.mu.Unlock()
-	v, plan = view3(9)
+	v, plan = view3(9, 12)
 	m.applyView(v, plan, 0)
 	if st := m.Status(); st.State != StateConnected || p.Snapshot().Size != 10 {
 		t.Fatalf("own key back: %q size %d", st.State, p.Snapshot().Size)
 	}
+}
+
+// view is a view3 with no computation time, as applyView takes it.
+func view(v map[string]Node, p Plan) (map[string]Node, Plan, time.Duration) { return v, p, 0 }
+
+// Keys that are this node's own though not its last publication are not
+// another daemon's: a put under its new lease whose answer was lost (it
+// follows the fleet once the view shows it), a key a previous run left (a
+// view behind this run's first put holds it), a key written by hand under
+// no lease. And after a new lease whose put failed, a view that still
+// holds the old lease's key gives no plan: the node holds its safe slice.
+func TestOwnKeysNotAnotherDaemons(t *testing.T) {
+	t0 := time.Unix(1e9, 0)
+	check := func(t *testing.T, m *Member, p *pools.Pool, state string, maxSize int) {
+		t.Helper()
+		if st := m.Status(); st.State != state || p.Snapshot().Size > maxSize {
+			t.Fatalf("%q size %d, want %q at most %d", st.State, p.Snapshot().Size, state, maxSize)
+		}
+	}
+	connected := func(t *testing.T) (*Member, *pools.Pool, *fixedClock) {
+		clk := &fixedClock{t0}
+		m, p := offline(t, clk)
+		m.mu.Lock()
+		m.publishedAt(7, 10, t0)
+		m.lastRenew = t0
+		m.mu.Unlock()
+		m.applyView(view(view3(7, 10)))
+		check(t, m, p, StateConnected, 10)
+		// Cut off past the lease, then back with a new lease.
+		clk.t = t0.Add(3 * m.cfg.LeaseTTL)
+		m.mu.Lock()
+		m.stepLocked()
+		m.granted(8)
+		m.lastRenew, m.lastOK = clk.t, clk.t
+		m.mu.Unlock()
+		return m, p, clk
+	}
+	t.Run("lost answer", func(t *testing.T) {
+		m, p, _ := connected(t)
+		m.applyView(view(view3(8, 30))) // the put under 8 committed
+		check(t, m, p, StateConnected, 10)
+		if p.Snapshot().Size != 10 {
+			t.Fatalf("size %d, want the plan's 10", p.Snapshot().Size)
+		}
+	})
+	t.Run("failed put, stale view", func(t *testing.T) {
+		m, p, _ := connected(t)
+		m.applyView(view(view3(7, 10))) // the watch not caught up: the old lease's key
+		check(t, m, p, StateCutOff, 4)
+	})
+	t.Run("a previous run's key", func(t *testing.T) {
+		clk := &fixedClock{t0}
+		m, p := offline(t, clk)
+		m.mu.Lock()
+		m.publishedAt(8, 30, t0)
+		m.lastRenew = t0
+		m.mu.Unlock()
+		m.applyView(view(view3(5, 20)))
+		check(t, m, p, StateWaiting, 4)
+		m.applyView(view(view3(8, 30)))
+		check(t, m, p, StateConnected, 10)
+	})
+	t.Run("written by hand", func(t *testing.T) {
+		clk := &fixedClock{t0}
+		m, p := offline(t, clk)
+		m.mu.Lock()
+		m.publishedAt(8, 30, t0)
+		m.lastRenew = t0
+		m.mu.Unlock()
+		m.applyView(view(view3(0, 40)))
+		check(t, m, p, StateWaiting, 4)
+	})
 }
 
 // Nodes that publish different sizes (a rolling resize, a mistyped size)
@@ -232,6 +311,14 @@ func TestRefusalsCountFromTheStart(t *testing.T) {
 	})
 	if first.Projects["old"].Refused != 0 || first.Size != 12 {
 		t.Fatalf("first publication %+v: want no refusal of before the start, and size 12", first)
+	}
+	// The lease it was granted is its own (a put under it whose answer is
+	// lost is not taken for another daemon's).
+	m.mu.Lock()
+	mine := m.lease != 0 && m.oursLocked(int64(m.lease))
+	m.mu.Unlock()
+	if !mine {
+		t.Fatal("the lease the node was granted is not among its own")
 	}
 	// Every publication after it, until one counts the refusals since.
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -81,8 +81,9 @@ type Config struct {
 	Prefix, Pool, Node string
 	// Size and Floor are the fleet's S and F (Floor 0: the default).
 	Size, Floor int
-	// SafeFraction is the part of Size a node cut off from etcd decays to;
-	// 0 means one over the number of nodes it last saw.
+	// SafeFraction is the part of Size a node falls to by the end of a
+	// lease it could not renew (and holds while cut off from etcd); 0
+	// means one over the number of nodes it last saw.
 	SafeFraction float64
 	// Period is the publication period (DefaultPeriod): at most one write
 	// per Period. A project's refusals count in its want for one Period
@@ -113,9 +114,9 @@ const (
 	// allotment is at most the safe slice (see Member.leaseBoundLocked).
 	StateCutOff = "cut off from etcd: holding the safe slice"
 	// StateConflict: another daemon publishes under this node's name (its
-	// key is under a lease this Member never held); this one holds its
-	// safe slice, counting itself apart, and publishes nothing until that
-	// key is gone.
+	// key was written after this Member's last publication, under a lease
+	// it was never granted); this one holds its safe slice, counting
+	// itself apart, and publishes nothing until that key is gone.
 	StateConflict = "another daemon publishes under this node's name: holding the safe slice (give each node its own fleet.node)"
 )
 
@@ -124,7 +125,7 @@ type Status struct {
 	Pool, Node, State string
 	// Size, Floor, Active and Share are the fleet's (see Plan).
 	Size, Floor, Active, Share int
-	// Allotment is this node's POOL as applied (decayed, when cut off);
+	// Allotment is this node's POOL as applied (bounded by its lease);
 	// Spare its part nobody was allocated; Safe the safe slice.
 	Allotment, Spare, Safe int
 	// Nodes is the number of live nodes in the last view.
@@ -183,9 +184,9 @@ type Member struct {
 	// a rolling resize; mismatch is the last such difference logged.
 	size, floor int
 	mismatch    string
-	// ours are the leases this Member published under lately (the current
-	// one and the few before), to tell its own key, left by an expired
-	// lease of its own, from another daemon's under the same name.
+	// ours are the leases this Member was granted lately (the current one
+	// and the few before), to tell its own key, left by an expired lease
+	// of its own, from another daemon's under the same name.
 	ours     []clientv3.LeaseID
 	getErr   string // the last read's error, logged once; "" after a success
 	leaseErr string // the last lease call's error, logged once; "" after a success
@@ -194,6 +195,7 @@ type Member struct {
 	computeTook time.Duration
 	lease       clientv3.LeaseID
 	pubLease    clientv3.LeaseID // the lease of the last publication
+	pubRev      int64            // and the etcd revision it made
 
 	// shared, when set before Run, replaces the node's own read and watch
 	// of the fleet's keys and most of its computation: the views come
@@ -422,12 +424,19 @@ func (m *Member) tick(ctx context.Context) {
 	changed := !bytes.Equal(body, m.published) || lost
 	// Another daemon's key under this node's name: not written over
 	// (each would take the key from the other at every change); once it
-	// is gone (lost), this node publishes again.
-	foreign := m.published != nil && seen && !m.oursLocked(mine.lease)
+	// is gone (lost), this node publishes again. Its refusals meanwhile
+	// are not kept for a burst of demand then. A key written by hand
+	// (under no lease) is written over.
+	foreign := m.foreignLocked(mine, seen)
+	if foreign {
+		m.refused = next
+	}
+	changed = changed || seen && mine.lease == 0 && mine.rev > m.pubRev
 	m.mu.Unlock()
 
 	ok := m.keepLease(ctx, &lease)
 	m.mu.Lock()
+	m.lease = lease
 	changed = changed || lease != m.pubLease
 	// The renewal's new end to the kernel now, not after the publication
 	// (a slow put would leave the kernel's old end to pass meanwhile).
@@ -435,17 +444,12 @@ func (m *Member) tick(ctx context.Context) {
 	m.mu.Unlock()
 	if ok && changed && !foreign {
 		pctx, cancel := context.WithTimeout(ctx, m.callTimeout())
-		_, err := m.cfg.Client.Put(pctx, m.key, string(body), clientv3.WithLease(lease))
+		resp, err := m.cfg.Client.Put(pctx, m.key, string(body), clientv3.WithLease(lease))
 		cancel()
 		if err == nil {
 			m.mu.Lock()
 			m.published, m.refused, m.writes, m.pubLease = body, next, m.writes+1, lease
-			if !m.oursLocked(int64(lease)) {
-				m.ours = append(m.ours, lease)
-				if len(m.ours) > 4 {
-					m.ours = m.ours[1:]
-				}
-			}
+			m.pubRev = max(m.pubRev, resp.Header.Revision)
 			m.lastOK = m.cfg.Clock.Now()
 			m.pubAt = m.lastOK
 			if m.putErr != "" {
@@ -472,7 +476,6 @@ func (m *Member) tick(ctx context.Context) {
 		}
 	}
 	m.mu.Lock()
-	m.lease = lease
 	st := m.stepLocked()
 	m.sendSafeLocked()
 	m.mu.Unlock()
@@ -514,6 +517,14 @@ func (m *Member) keepLease(ctx context.Context, lease *clientv3.LeaseID) bool {
 		return false
 	}
 	*lease = g.ID
+	m.mu.Lock()
+	if !m.oursLocked(int64(g.ID)) {
+		m.ours = append(m.ours, g.ID)
+		if len(m.ours) > 4 {
+			m.ours = m.ours[1:]
+		}
+	}
+	m.mu.Unlock()
 	m.renewed(sent)
 	return true
 }
@@ -531,9 +542,19 @@ func (m *Member) leaseFailed(what string, err error) {
 	}
 }
 
-// oursLocked says whether lease is one this Member published under lately.
+// oursLocked says whether lease is one this Member was granted lately.
 func (m *Member) oursLocked(lease int64) bool {
 	return slices.Contains(m.ours, clientv3.LeaseID(lease))
+}
+
+// foreignLocked says whether mine, this node's key as the view holds it
+// (seen: it does), is another daemon's: written after this node's last
+// publication (a view that lags behind it shows an older key of this
+// node's, a previous run's too), under a lease this node was never
+// granted (its own lease's put whose answer was lost is its own), and
+// under a lease at all (a daemon always writes under one).
+func (m *Member) foreignLocked(mine Node, seen bool) bool {
+	return seen && m.published != nil && mine.rev > m.pubRev && mine.lease != 0 && !m.oursLocked(mine.lease)
 }
 
 // renewed records an answer of etcd to the lease sent at sent: the renewal
@@ -561,13 +582,14 @@ func (m *Member) stepLocked() *Status {
 	old := m.state
 	cut := m.lastOK.IsZero() || now.Sub(m.lastOK) > m.cfg.LeaseTTL
 	mine, seen := m.view[m.cfg.Node]
-	// own: the view holds this node's last publication (under the lease
-	// it was put with). After a new lease the view may still hold the
-	// key of the old one, and its plan the node's part from before,
-	// which the others may have shared out since: not applied until the
-	// view holds the new publication.
-	own := seen && m.pubLease != 0 && mine.lease == int64(m.pubLease)
-	foreign := seen && m.published != nil && !m.oursLocked(mine.lease)
+	// own: the view holds a publication of this node under its current
+	// lease. After a new lease the view may still hold the key of the old
+	// one (or of a previous run), and its plan the node's part from
+	// before, which the others may have shared out since: not applied
+	// until the view holds a publication under the new lease (a put whose
+	// answer was lost counts once the view shows it).
+	own := seen && m.lease != 0 && mine.lease == int64(m.lease)
+	foreign := m.foreignLocked(mine, seen)
 	switch {
 	case cut:
 		if m.state != StateWaiting {
@@ -624,10 +646,13 @@ func (m *Member) stepLocked() *Status {
 // leaseBoundLocked bounds a by the lease: the others stop counting this
 // node when its lease ends (no sooner than a lease_ttl after the last
 // renewal was sent) and share its part out, so by then it must be at its
-// safe slice. Over the lease's last third (renewals are due every third,
-// so a healthy node never gets there) the bound falls linearly from a's
-// size to the safe slice, and stays there until a renewal. Before the
-// first lease there is nothing to bound: the node is at its safe slice.
+// safe slice. Over the lease's last quarter the bound falls linearly from
+// a's size to the safe slice, and stays there until a renewal. A renewal
+// is sent at the first tick past a third of the lease, a period at most
+// after it (a period is at most a quarter of the lease): a healthy node
+// renews with a sixth of the lease to spare, less the renewal's round
+// trip. Before the first lease there is nothing to bound: the node is at
+// its safe slice.
 func (m *Member) leaseBoundLocked(now time.Time, a Allotment) Allotment {
 	if m.lastRenew.IsZero() {
 		return a
@@ -637,14 +662,14 @@ func (m *Member) leaseBoundLocked(now time.Time, a Allotment) Allotment {
 		return a
 	}
 	end := m.lastRenew.Add(m.cfg.LeaseTTL)
-	third := m.cfg.LeaseTTL / 3
+	fall := m.cfg.LeaseTTL / 4
 	left := end.Sub(now)
-	if left >= third {
+	if left >= fall {
 		return a
 	}
 	bound := safe
 	if left > 0 {
-		bound = safe + int(float64(a.Size-safe)*float64(left)/float64(third))
+		bound = safe + int(float64(a.Size-safe)*float64(left)/float64(fall))
 	}
 	if a.Size <= bound {
 		return a
@@ -784,7 +809,7 @@ func (m *Member) decode(kv *mvccpb.KeyValue) (Node, bool) {
 		m.cfg.Log.Warn("fleet: ignoring a malformed key", "key", string(kv.Key))
 		return n, false
 	}
-	n.Name, n.lease = name, kv.Lease
+	n.Name, n.lease, n.rev = name, kv.Lease, kv.ModRevision
 	return n, true
 }
 

@@ -123,7 +123,7 @@ func (f *simFeed) decode(kv *mvccpb.KeyValue) (Node, bool) {
 	if name == "" || strings.Contains(name, "/") || json.Unmarshal(kv.Value, &n) != nil {
 		return n, false
 	}
-	n.Name, n.lease = name, kv.Lease
+	n.Name, n.lease, n.rev = name, kv.Lease, kv.ModRevision
 	return n, true
 }
 
