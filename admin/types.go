@@ -177,6 +177,9 @@ type Pool struct {
 	// Lapse is the kernel's pool's heartbeat and lapse
 	// (connections.lapse_after), if the pins have one.
 	Lapse *Lapse `json:"lapse,omitempty"`
+	// KernelEvents are the BPF programs' node-wide event counters (the
+	// kernel's pool only).
+	KernelEvents *KernelEvents `json:"kernel_events,omitempty"`
 	// Fleet is the pool's fleet view, when it is a fleet pool: then Size is
 	// this node's allotment, and Fleet.Size the fleet's.
 	Fleet *Fleet `json:"fleet,omitempty"`
@@ -208,6 +211,29 @@ type Lapse struct {
 	// now, that end being past (docs/fleet.md).
 	FleetAfter float64 `json:"fleet_after_seconds,omitempty"`
 	FleetSafe  bool    `json:"fleet_safe,omitempty"`
+}
+
+// KernelEvents are the BPF programs' node-wide counters of what they did
+// beside admitting and refusing, ever on these pins (a migration to maps
+// of another layout starts them again at zero).
+type KernelEvents struct {
+	// Adopted counts the sockets reconcile passes found holding no permit
+	// and counted.
+	Adopted uint64 `json:"adopted"`
+	// Late counts the children established without a reservation (a SYN
+	// cookie's, or one whose reservation was given back), put under the
+	// rule then; Unaccounted the children the rule refused once
+	// established, which are up and hold no permit.
+	Late        uint64 `json:"late"`
+	Unaccounted uint64 `json:"unaccounted"`
+	// Expired counts the reservations given back past
+	// connections.reservation_ttl: their request socket was gone.
+	Expired uint64 `json:"expired"`
+	// MapFull counts what a full kernel table left uncounted: a connection
+	// holding no permit, or a project's listener whose inbound connections
+	// the rule neither counts nor refuses (counted again at every
+	// reconcile pass while the table stays full).
+	MapFull uint64 `json:"map_full"`
 }
 
 // Fleet is a fleet pool as one node sees it (package fleet).

@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -107,6 +108,10 @@ type kernelSide struct {
 	// project id, and the ring buffer's), for the sink's dropped notices.
 	dropped map[uint64]uint64
 	lost    uint64
+
+	// full is what warnFull keeps of the kernel's map_full counter (the
+	// control loop's, not guarded by mu).
+	full fullWatch
 }
 
 // openKernel loads and attaches the BPF programs for the connections pool
@@ -195,6 +200,8 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 		// Before the first Tick may forget an entry, so its counts are
 		// kept (see kernelBook).
 		k.note(s)
+		// What the pins counted before this start is not warned of.
+		k.warnFull(s.Events.MapFull, time.Now())
 	}
 	log.Info("connections enforced in the kernel", "projects_root", root, "pin_dir", cfg.PinDir,
 		"size", size, "floor", floor)
@@ -333,6 +340,11 @@ func (k *kernelSide) maintain(ctx context.Context, now time.Time) {
 	if _, err := k.refusalStats(); err != nil {
 		k.log.Warn("reading the kernel's event counters", "err", err)
 	}
+	if e, err := k.lim.Events(); err != nil {
+		k.log.Warn("reading the kernel's node-wide counters", "err", err)
+	} else {
+		k.warnFull(e.MapFull, now)
+	}
 	// The loader forgets a removed project's entry after a minute idle;
 	// reading them more often than that keeps their final counts.
 	if read {
@@ -341,6 +353,39 @@ func (k *kernelSide) maintain(ctx context.Context, now time.Time) {
 			k.book.note(s)
 			k.mu.Unlock()
 		}
+	}
+}
+
+// fullWarnEvery is the least time between two warnings of warnFull.
+const fullWarnEvery = time.Minute
+
+// fullWatch is what warnFull keeps of the kernel's map_full counter.
+type fullWatch struct {
+	known  bool      // last was read
+	last   uint64    // map_full at the last warning, or at the first read
+	warned time.Time // the last warning; zero: none yet
+}
+
+// warnFull warns when the kernel's map_full counter (loader.Events.MapFull)
+// has grown, at most once per fullWarnEvery, with the growth since the last
+// warning: a kernel table had no room, so a connection holds no permit or a
+// project's listener is not counted (its inbound connections are neither
+// counted nor refused). The first reading (at openKernel) is only noted.
+// Called by openKernel, then by the control loop only.
+func (k *kernelSide) warnFull(mapFull uint64, now time.Time) {
+	w := &k.full
+	switch {
+	case !w.known || mapFull < w.last: // the first reading, or new maps
+		w.known, w.last = true, mapFull
+	case mapFull > w.last && (w.warned.IsZero() || now.Sub(w.warned) >= fullWarnEvery):
+		k.log.Warn("a kernel table is full: connections or project listeners went uncounted (map_full): such a connection holds "+
+			"no permit; such a listener's inbound connections are neither counted nor refused until a reconcile pass adopts them. "+
+			"pools.connections.size sizes the held-permit and reservation tables (twice it rounded up to a power of two, at least 1024; "+
+			"a larger size takes effect at the next start); the listener tables hold "+strconv.Itoa(loader.MaxListeners)+
+			" project listening sockets, set by no option: find the project with the most listeners and have it close some "+
+			"(docs/troubleshooting.md, map_full)",
+			"grew", mapFull-w.last, "map_full_total", mapFull, "pin_dir", k.pinDir)
+		w.last, w.warned = mapFull, now
 	}
 }
 
@@ -604,6 +649,9 @@ func KernelPool(s loader.Snapshot, kernelActive int, forgotten admin.Forgotten) 
 		p.Exempt = &admin.Exempt{Members: s.Exempt.Paths, Missing: s.Exempt.Missing, Max: s.Exempt.Max, InUse: s.Exempt.InUse,
 			Admitted: s.Exempt.Admitted, OverBudget: s.Exempt.OverBudget}
 	}
+	e := s.Events
+	p.KernelEvents = &admin.KernelEvents{Adopted: e.Adopted, Late: e.Late, Unaccounted: e.Unaccounted,
+		Expired: e.Expired, MapFull: e.MapFull}
 	if lp := s.Lapse; !lp.Never {
 		p.Lapse = &admin.Lapse{After: lp.After.Seconds(), HeartbeatAge: lp.Age.Seconds(), Lapsed: lp.Lapsed, Admitted: lp.Admitted,
 			FleetAfter: lp.FleetAfter.Seconds(), FleetSafe: lp.FleetSafe}

@@ -69,10 +69,17 @@ type Events struct {
 	Adopted                 uint64 // existing sockets counted by reconcile
 	Expired                 uint64 // reservations given back after the TTL: their request socket was gone
 	Unaccounted             uint64 // late handshakes refused: connection up, no permit
-	MapFull                 uint64 // a map was full: connection not counted
 	ExemptAdmitted          uint64 // exempt permits taken
 	ExemptOver              uint64 // exempt sockets over the exempt budget, put under the rule
 	ExemptReleased          uint64 // exempt permits given back
+	// MapFull counts what a full kernel table left uncounted: a connection
+	// that holds no permit (the project, held-permit or reservation
+	// table), or a project's listener (fs_listen_socks, fs_listeners),
+	// whose inbound connections the rule then neither counts nor refuses
+	// until a reconcile pass adopts them. An uncounted listener is counted
+	// at its listen and again at every reconcile pass that finds the table
+	// still full.
+	MapFull uint64
 	// Late counts children established without a reservation, admitted
 	// by the rule at ESTABLISHED: their handshake left no request socket
 	// (a SYN cookie's), or began before the programs, or its reservation
@@ -382,6 +389,17 @@ func (l *Limiter) readEvents() (Events, error) {
 	}
 	e.AdoptedPast = l.adoptedPast // l.mu is held (Snapshot)
 	return e, nil
+}
+
+// Events reads the node-wide event counters alone, without the rest of
+// Snapshot: cheap enough for every tick.
+func (l *Limiter) Events() (Events, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return Events{}, ErrClosed
+	}
+	return l.readEvents()
 }
 
 // Snapshot reads the maps.

@@ -85,6 +85,20 @@ func TestGoCLayoutsAgree(t *testing.T) {
 	}
 }
 
+// The listener tables have the size MaxListeners says (the daemon's
+// warning of a full table names it).
+func TestListenerTablesSize(t *testing.T) {
+	spec, err := loadLimiter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"fs_listen_socks", "fs_listeners"} {
+		if n := spec.Maps[name].MaxEntries; n != MaxListeners {
+			t.Errorf("%s has %d entries, MaxListeners is %d", name, n, MaxListeners)
+		}
+	}
+}
+
 // asProjects finds the maps bpf/lib sizes "as fs_projects": their
 // max_entries comment says so.
 var asProjects = regexp.MustCompile(`struct \{\n[^{}]*__uint\(max_entries, \d+\); /\*[^*]*\bas fs_projects\b[^{}]*\n\} (\w+) SEC\("\.maps"\);`)

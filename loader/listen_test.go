@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader/limits"
 )
@@ -450,4 +452,62 @@ func ownerCheck(sk, cookie, id, cg uint64) uint64 {
 	h = (h ^ (h >> 31) ^ id) * 0x94d049bb133111eb
 	h = (h ^ (h >> 29) ^ cg) * 0x9e3779b97f4a7c15
 	return h ^ (h >> 32)
+}
+
+// A project's listener that finds a listener table full goes uncounted: no
+// port entry, so the rule neither counts nor refuses its inbound
+// connections. The programs count it in Events.MapFull (which the daemon
+// exports and warns of), at its listen and again at a reconcile pass that
+// finds the table still full. fs_listen_socks (an entry per listening
+// socket) fills first; fs_listeners (one per address) is shrunk alone too.
+func TestListenerTableFullCounted(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, table := range []string{"fs_listen_socks", "fs_listeners"} {
+		t.Run(table, func(t *testing.T) {
+			specEdit = func(s *ebpf.CollectionSpec) { s.Maps[table].MaxEntries = 2 }
+			t.Cleanup(func() { specEdit = nil })
+			root, pin := newRoot(t), newPinDir(t)
+			l := openLimiter(t, root, pin, 4, 1)
+			specEdit = nil
+			m := map[string]*ebpf.Map{"fs_listen_socks": l.objs.FsListenSocks, "fs_listeners": l.objs.FsListeners}[table]
+			if n := m.MaxEntries(); n != 2 {
+				t.Fatalf("%s has %d entries, want 2 (specEdit)", table, n)
+			}
+			srv := startHelper(t, mkProject(t, root, "many"))
+			listened := func(port uint16) bool {
+				var p limiterFsPort
+				if err := l.objs.FsPorts.Lookup(uint32(port), &p); err != nil {
+					t.Fatal(err)
+				}
+				return p.Specific+p.Wildcard > 0
+			}
+			for range 2 {
+				a := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
+				if !listened(a.Port()) {
+					t.Fatalf("listener %s uncounted with room in the tables", a)
+				}
+			}
+			if e := snap(t, l).Events; e.MapFull != 0 {
+				t.Fatalf("map_full %d with room in the tables", e.MapFull)
+			}
+			a := netip.MustParseAddrPort(listenAddr(t, srv.do("listen 127.0.0.1:0")))
+			if listened(a.Port()) {
+				t.Fatalf("listener %s counted in a full %s", a, table)
+			}
+			eventually(t, "the uncounted listener counted as map_full", func() (bool, string) {
+				e := snap(t, l).Events
+				return e.MapFull == 1, fmt.Sprintf("map_full %d, want 1", e.MapFull)
+			})
+			// The pass sees it again and tries again: the table is still full.
+			if _, err := l.Reconcile(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if e, err := l.Events(); err != nil || e.MapFull != 2 {
+				t.Fatalf("after a reconcile pass: map_full %d (%v), want 2", e.MapFull, err)
+			}
+			if listened(a.Port()) {
+				t.Fatalf("listener %s counted in a full %s after a reconcile pass", a, table)
+			}
+		})
+	}
 }

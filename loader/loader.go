@@ -123,6 +123,11 @@ const (
 	DefaultMaxNetns = limits.DefaultMaxNetns
 	// MaxDepth bounds Options.MaxDepth (MAX_DEPTH in bpf/lib/project.h).
 	MaxDepth = 16
+	// MaxListeners is the entries of the listener tables (fs_listen_socks,
+	// fs_listeners in bpf/lib/maps.h), which no option sizes: the project
+	// listening sockets the programs count at most. One more is left
+	// uncounted and counted as Events.MapFull.
+	MaxListeners = 16384
 )
 
 // Options configures Open.

@@ -45,7 +45,7 @@ type Collector struct {
 	recAdoptedPast, lapseAdmitted, lapsed     *prometheus.Desc
 	recUnadopted                              *prometheus.Desc
 	recMoved, recMovedPast, recAborted        *prometheus.Desc
-	heartbeatAge                              *prometheus.Desc
+	heartbeatAge, kernelEvents                *prometheus.Desc
 	lnOpen, lnMax, lnAccepted, lnRefused      *prometheus.Desc
 	lnErrors                                  *prometheus.Desc
 	memMembers, memRefused, memSourceUp       *prometheus.Desc
@@ -130,6 +130,11 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 		lapsed: d("pool_enforcement_lapsed", "1 while the kernel's enforcement has lapsed (no daemon heartbeat within connections.lapse_after).", "pool"),
 		heartbeatAge: d("heartbeat_age_seconds",
 			"Seconds since the heartbeat in the pins was last renewed (every tick, by a goroutine of the daemon apart from its control loop); past connections.lapse_after the kernel stops refusing.", "pool"),
+		kernelEvents: d("kernel_events_total",
+			"Node-wide events of the BPF programs, by event: adopted (sockets a reconcile pass found holding no permit and counted), "+
+				"late (children established without a reservation, put under the rule then), unaccounted (children the rule refused "+
+				"once established: up, holding no permit), expired (reservations given back past connections.reservation_ttl), "+
+				"map_full (a full kernel table left a connection or a project's listener uncounted).", "event"),
 		lnOpen:     d("listener_open_connections", "Connections open through the listener.", "listener"),
 		lnMax:      d("listener_max_connections", "The listener's cap on open connections; 0 is none.", "listener"),
 		lnAccepted: d("listener_accepted_total", "Connections accepted within the caps.", "listener"),
@@ -178,7 +183,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.poolActive, c.poolAdmitted, c.poolRefused, c.poolRateLimited, c.permitsRateLimited, c.held, c.admitted, c.refused, c.sleeping, c.evictions,
 		c.rateLimited, c.workTokens, c.inFlight, c.queue, c.dispatched, c.wait,
 		c.exemptMax, c.exemptInUse, c.exemptAdmitted, c.exemptOver,
-		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld, c.recAdoptedPast, c.recUnadopted, c.recMoved, c.recMovedPast, c.recAborted, c.lapseAdmitted, c.lapsed, c.heartbeatAge,
+		c.recPasses, c.recFailures, c.recRepairs, c.recLast, c.recSockets, c.recHeld, c.recAdoptedPast, c.recUnadopted, c.recMoved, c.recMovedPast, c.recAborted, c.lapseAdmitted, c.lapsed, c.heartbeatAge, c.kernelEvents,
 		c.lnOpen, c.lnMax, c.lnAccepted, c.lnRefused, c.lnErrors,
 		c.memMembers, c.memRefused, c.memSourceUp, c.nsFound, c.nsAttached, c.nsSweeps, c.nsSweep, c.nsErrors,
 
@@ -285,6 +290,16 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 		counter(c.lapseAdmitted, float64(lp.Admitted), p.Name)
 		gauge(c.lapsed, b2f(lp.Lapsed), p.Name)
 		gauge(c.heartbeatAge, lp.HeartbeatAge, p.Name)
+	}
+	// Node-wide, so without a pool label: only the kernel's connections
+	// pool carries them.
+	if e := p.KernelEvents; e != nil {
+		for _, ev := range []struct {
+			name string
+			n    uint64
+		}{{"adopted", e.Adopted}, {"late", e.Late}, {"unaccounted", e.Unaccounted}, {"expired", e.Expired}, {"map_full", e.MapFull}} {
+			counter(c.kernelEvents, float64(ev.n), ev.name)
+		}
 	}
 	if e := p.Exempt; e != nil {
 		gauge(c.exemptMax, float64(e.Max), p.Name)

@@ -426,6 +426,34 @@ fairshare_pool_in_use{pool="residents"} 4
 	}
 }
 
+// The kernel's node-wide event counters are one family by event, from the
+// kernel pool's KernelEvents; a pool without them (a destination pool, the
+// user-space ones) adds none.
+func TestCollectKernelEvents(t *testing.T) {
+	st := sample()
+	st.Pools[0].KernelEvents = &admin.KernelEvents{Adopted: 5, Late: 4, Unaccounted: 3, Expired: 2, MapFull: 7}
+	st.Pools = append(st.Pools, admin.Pool{Name: "db", Enforcer: "kernel", Size: 4, Floor: 1, Projects: []admin.Project{}})
+	c := New(fixed(st), 10, nil)
+	want := `
+# HELP fairshare_kernel_events_total Node-wide events of the BPF programs, by event: adopted (sockets a reconcile pass found holding no permit and counted), late (children established without a reservation, put under the rule then), unaccounted (children the rule refused once established: up, holding no permit), expired (reservations given back past connections.reservation_ttl), map_full (a full kernel table left a connection or a project's listener uncounted).
+# TYPE fairshare_kernel_events_total counter
+fairshare_kernel_events_total{event="adopted"} 5
+fairshare_kernel_events_total{event="expired"} 2
+fairshare_kernel_events_total{event="late"} 4
+fairshare_kernel_events_total{event="map_full"} 7
+fairshare_kernel_events_total{event="unaccounted"} 3
+`
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "fairshare_kernel_events_total"); err != nil {
+		t.Error(err)
+	}
+	lint(t, c)
+	if n := testutil.CollectAndCount(New(fixed(sample()), 10, nil), "fairshare_kernel_events_total"); n != 0 {
+		t.Errorf("%d kernel event series without the kernel's counters", n)
+	}
+}
+
 func TestCollectMembership(t *testing.T) {
 	st := sample()
 	ref := func(src, by string) admin.Refused {

@@ -30,6 +30,8 @@
 //	fairshare_reconcile_passes_total|failures_total|repairs_total
 //	fairshare_reconcile_last_pass_timestamp_seconds
 //	fairshare_reconcile_sockets|held                      at the last pass
+//	fairshare_kernel_events_total{event}                  the BPF programs' node-wide counters: adopted,
+//	                                                      late, unaccounted, expired, map_full
 //	fairshare_listener_open_connections|max_connections{listener}
 //	fairshare_listener_accepted_total|accept_errors_total{listener}
 //	fairshare_listener_refused_total{listener,reason}     reason: listener_full, peer_full

@@ -145,6 +145,11 @@ static __always_inline void port_change(struct fs_listen_key *k, int d)
  * (see unlisten), it is put back. A socket is counted once however often it
  * is seen, and uncounted once: only the close whose delete from
  * fs_listen_socks succeeds drops a ref.
+ *
+ * A listener that finds fs_listen_socks or fs_listeners full goes
+ * uncounted: the rule neither counts nor refuses its inbound connections.
+ * That is counted as map_full, at its listen and again at every reconcile
+ * pass that sees it while the table has no room (the pass tries again).
  */
 static __noinline void on_listen(struct sock *sk)
 {
@@ -156,18 +161,32 @@ static __noinline void on_listen(struct sock *sk)
 	listen_key_of(sk, &k);
 	__u64 cookie = bpf_get_socket_cookie(sk);
 	struct fs_listener nl = {.project = id, .cgroup = cg, .sk = (__u64)sk, .cookie = cookie, .refs = 1};
+	long err;
 	if (bpf_map_update_elem(&fs_listen_socks, &cookie, &k, BPF_NOEXIST)) {
-		if (!bpf_map_lookup_elem(&fs_listen_socks, &cookie))
-			return; /* map full: the listener goes uncounted */
-		if (!bpf_map_lookup_elem(&fs_listeners, &k) &&
-		    bpf_map_update_elem(&fs_listeners, &k, &nl, BPF_NOEXIST) == 0)
-			port_change(&k, 1);
+		if (!bpf_map_lookup_elem(&fs_listen_socks, &cookie)) {
+			COUNT(map_full); /* the listener goes uncounted */
+			return;
+		}
+		if (!bpf_map_lookup_elem(&fs_listeners, &k)) {
+			err = bpf_map_update_elem(&fs_listeners, &k, &nl, BPF_NOEXIST);
+			if (err == 0)
+				port_change(&k, 1);
+			else if (err != -EEXIST)
+				COUNT(map_full);
+		}
 		return;
 	}
 	struct fs_listener *l = bpf_map_lookup_elem(&fs_listeners, &k);
 	if (!l) {
-		if (bpf_map_update_elem(&fs_listeners, &k, &nl, BPF_NOEXIST) == 0) {
+		err = bpf_map_update_elem(&fs_listeners, &k, &nl, BPF_NOEXIST);
+		if (err == 0) {
 			port_change(&k, 1);
+			return;
+		}
+		if (err != -EEXIST) {
+			/* Counted in fs_listen_socks only: the next reconcile
+			 * pass puts the address in if there is room then. */
+			COUNT(map_full);
 			return;
 		}
 		/* Another socket of the address won the insert. */

@@ -122,7 +122,7 @@ struct {
 /* Listening addresses of the projects (listen.h). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384); /* listening addresses of all projects */
+	__uint(max_entries, 16384); /* listening addresses of all projects (loader.MaxListeners) */
 	__type(key, struct fs_listen_key);
 	__type(value, struct fs_listener);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

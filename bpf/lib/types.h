@@ -82,7 +82,8 @@ struct fs_counters {
 	__u64 adopted;        /* pre-existing sockets counted by iter/tcp */
 	__u64 expired;        /* reservations given back past the TTL: their request socket was gone */
 	__u64 unaccounted;    /* children admitted late and refused: not held */
-	__u64 map_full;       /* project or reservation map full: not held */
+	__u64 map_full;       /* a table full: a permit not held (project, held or reservation
+			       * table) or a listener not counted (fs_listen_socks, fs_listeners) */
 	__u64 exempt_admitted; /* exempt permits taken (either direction) */
 	__u64 exempt_over;     /* exempt sockets over the budget: put under the rule */
 	__u64 exempt_released;

@@ -5,9 +5,12 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -297,6 +300,27 @@ func TestStatusUnadopted(t *testing.T) {
 	}
 }
 
+// TestStatusKernelEvents: status shows the kernel's event counters under
+// the kernel's pool, and warns when a full kernel table left connections or
+// listeners uncounted.
+func TestStatusKernelEvents(t *testing.T) {
+	for _, full := range []uint64{0, 12} {
+		st := admin.Status{Kernel: true, Pools: []admin.Pool{{Name: "connections", Enforcer: "kernel", Projects: []admin.Project{},
+			KernelEvents: &admin.KernelEvents{Adopted: 3, Late: 2, Unaccounted: 1, Expired: 4, MapFull: full}}}}
+		var buf strings.Builder
+		if err := printStatus(&buf, st); err != nil {
+			t.Fatal(err)
+		}
+		out := buf.String()
+		if want := fmt.Sprintf("connections: kernel events, ever on these pins: adopted 3, late 2, unaccounted 1, expired 4, map_full %d\n", full); !strings.Contains(out, want) {
+			t.Errorf("map_full %d: no line %q in\n%s", full, want, out)
+		}
+		if warned := strings.Contains(out, "a kernel table had no room"); warned != (full > 0) {
+			t.Errorf("map_full %d: warned %v:\n%s", full, warned, out)
+		}
+	}
+}
+
 // TestPolicyEnforce: 'policy set --enforce=false' stores a dry-run that
 // 'policy list' shows, and --enforce=true takes it back (through the store,
 // with no daemon).
@@ -415,6 +439,85 @@ func TestNoStoreWritesNothing(t *testing.T) {
 	}
 	if out, errOut, code := do("policy", "get", "alpha", "--json"); code != 0 || !strings.Contains(out, `"shares": 2`) {
 		t.Errorf("policy get alpha after set: exit %d, %q, %q", code, out, errOut)
+	}
+}
+
+// With no daemon answering, the policy commands read the policies file
+// (config policies_file) as the daemon does: set and delete refuse a project
+// it names, with the daemon's sentence and exit status, and write nothing;
+// get and list show the file's policy. The offline set went through before,
+// and the daemon then put the file's policy over it at start.
+func TestPolicyFileOwnsWithoutDaemon(t *testing.T) {
+	dir := t.TempDir()
+	state, file, conf := filepath.Join(dir, "state"), filepath.Join(dir, "policies.yaml"), filepath.Join(dir, "fairshare.yaml")
+	for path, text := range map[string]string{file: "alpha: {tier: pro, shares: 2}\n", conf: "policies_file: " + file + "\n"} {
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	do := func(args ...string) (string, string, int) {
+		t.Helper()
+		return runCLI(t, append(args, "--config", conf, "--state-dir", state, "--admin-socket", filepath.Join(dir, "none.sock"))...)
+	}
+	refused := policy.FromFile(file, "alpha").Error()
+	for _, args := range [][]string{{"policy", "set", "--shares", "5", "alpha"}, {"policy", "delete", "alpha"}} {
+		if out, errOut, code := do(args...); code != 1 || !strings.Contains(errOut, refused) {
+			t.Errorf("%v: exit %d, %q, %q; want 1 and %q", args, code, out, errOut, refused)
+		}
+		if _, err := os.Stat(state); !os.IsNotExist(err) {
+			t.Fatalf("%v made the state directory (%v)", args, err)
+		}
+	}
+	if _, errOut, code := do("policy", "set", "--shares", "3", "beta"); code != 0 {
+		t.Fatalf("policy set beta: exit %d, %q", code, errOut)
+	}
+	if _, errOut, code := do("policy", "set", "--shares", "5", "alpha"); code != 1 || !strings.Contains(errOut, refused) {
+		t.Errorf("policy set alpha with a store: exit %d, %q", code, errOut)
+	}
+	out, errOut, code := do("policy", "list", "--json")
+	var list []policy.Entry
+	if code != 0 || json.Unmarshal([]byte(out), &list) != nil || len(list) != 2 ||
+		list[0] != (policy.Entry{Project: "alpha", Policy: policy.Policy{Tier: "pro", Shares: 2}, Source: policy.SourceFile}) ||
+		list[1] != (policy.Entry{Project: "beta", Policy: policy.Policy{Tier: "none", Shares: 3}}) {
+		t.Errorf("policy list --json: exit %d, %s %s", code, out, errOut)
+	}
+	if out, errOut, code := do("policy", "get", "--json", "alpha"); code != 0 || !strings.Contains(out, `"source": "file"`) {
+		t.Errorf("policy get alpha: exit %d, %s %s", code, out, errOut)
+	}
+	// A file that does not validate owns no project, as for a daemon that
+	// starts with it: a warning, and the store is written.
+	if err := os.WriteFile(file, []byte("alpha: {shares: -1}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := do("policy", "set", "--shares", "5", "alpha"); code != 0 || !strings.Contains(errOut, "warning: policies file "+file+" refused") {
+		t.Errorf("policy set alpha with a refused file: exit %d, %q", code, errOut)
+	}
+}
+
+// An admin socket that turns the user away says so, not that the daemon
+// did not answer: 403 from the API, EACCES from the socket's mode.
+func TestPolicyAdminSocketDenied(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "admin.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		fmt.Fprint(w, `{"error": "the admin api accepts only root"}`)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	for _, args := range [][]string{{"policy", "list"}, {"policy", "set", "--shares", "2", "alpha"}} {
+		_, errOut, code := runCLI(t, append(args, "--admin-socket", sock, "--state-dir", filepath.Join(dir, "state"))...)
+		if code != 1 || !strings.Contains(errOut, "permission denied (the admin API needs root)") || strings.Contains(errOut, "did not answer") {
+			t.Errorf("%v: exit %d, %q; want 1 and permission denied", args, code, errOut)
+		}
+	}
+	if !denied(&net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("connect", syscall.EACCES)}) {
+		t.Error("EACCES from connect is not taken as permission denied")
 	}
 }
 

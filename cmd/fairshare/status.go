@@ -181,6 +181,17 @@ func printStatus(w io.Writer, st admin.Status) error {
 			fmt.Fprintln(tw)
 			fmt.Fprintln(tw, lapseText(p.Name, *lp))
 		}
+		if e := p.KernelEvents; e != nil {
+			if p.Lapse == nil {
+				fmt.Fprintln(tw)
+			}
+			fmt.Fprintf(tw, "%s: kernel events, ever on these pins: adopted %d, late %d, unaccounted %d, expired %d, map_full %d\n",
+				p.Name, e.Adopted, e.Late, e.Unaccounted, e.Expired, e.MapFull)
+			if e.MapFull > 0 {
+				fmt.Fprintf(tw, "%s: a kernel table had no room: connections or project listeners went uncounted (map_full %d); "+
+					"see map_full in docs/troubleshooting.md\n", p.Name, e.MapFull)
+			}
+		}
 		if e := p.Exempt; e != nil && len(e.Missing) > 0 {
 			fmt.Fprintln(tw)
 			fmt.Fprintf(tw, "%s: exempt cgroups not made yet (exempt once they are): %s\n", p.Name, strings.Join(e.Missing, ", "))
