@@ -23,6 +23,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/destination"
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/proxyclaim"
+	"github.com/fairshare-dev/fairshare/policy"
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/net/http/httpguts"
 
@@ -679,20 +680,31 @@ func (f *Front) validate() error {
 // scheduler package applies the same bound.
 const MinBurst = 1
 
+// MaxSchedulerRate and MaxBurst bound a scheduler class's rate and burst
+// (per share), as the scheduler package does (scheduler.MaxRate and
+// MaxBurst): far above what a node dispatches. A burst of 1e308 times a
+// project's shares made a bucket of +Inf, and the daemon's status could not
+// be encoded.
+const (
+	MaxSchedulerRate = 1e6
+	MaxBurst         = 1e6
+)
+
 func (s *Scheduler) validate() error {
 	// The same bounds as scheduler.New, so a file that validates here also
-	// starts the daemon: a rate is > 0, a burst >= MinBurst. Zero is refused
-	// too: scheduler.New would read it as "use the default", which a file
-	// that names the key did not ask for.
+	// starts the daemon: a rate is > 0, a burst >= MinBurst, both at most
+	// their maximum. Zero is refused too: scheduler.New would read it as
+	// "use the default", which a file that names the key did not ask for.
 	for _, v := range []struct {
-		name     string
-		val, min float64
-	}{{"p1_rate", s.P1Rate, 0}, {"p1_burst", s.P1Burst, MinBurst}, {"p2_rate", s.P2Rate, 0}, {"p2_burst", s.P2Burst, MinBurst}} {
-		if math.IsNaN(v.val) || math.IsInf(v.val, 0) || v.val < v.min || (v.min == 0 && v.val <= 0) {
+		name          string
+		val, min, max float64
+	}{{"p1_rate", s.P1Rate, 0, MaxSchedulerRate}, {"p1_burst", s.P1Burst, MinBurst, MaxBurst},
+		{"p2_rate", s.P2Rate, 0, MaxSchedulerRate}, {"p2_burst", s.P2Burst, MinBurst, MaxBurst}} {
+		if math.IsNaN(v.val) || v.val < v.min || (v.min == 0 && v.val <= 0) || v.val > v.max {
 			if v.min == 0 {
-				return fmt.Errorf("scheduler.%s must be a number > 0, got %g", v.name, v.val)
+				return fmt.Errorf("scheduler.%s must be a number > 0 and at most %g, got %g", v.name, v.max, v.val)
 			}
-			return fmt.Errorf("scheduler.%s must be a number >= %g, got %g", v.name, v.min, v.val)
+			return fmt.Errorf("scheduler.%s must be a number from %g to %g, got %g", v.name, v.min, v.max, v.val)
 		}
 	}
 	if s.Poll < 0 {
@@ -703,8 +715,10 @@ func (s *Scheduler) validate() error {
 	default:
 		return fmt.Errorf("scheduler.default_tier must be pro, lite or none, got %q", s.DefaultTier)
 	}
-	if s.DefaultShares < 1 {
-		return fmt.Errorf("scheduler.default_shares must be >= 1, got %d", s.DefaultShares)
+	if s.DefaultShares < 1 || s.DefaultShares > policy.MaxShares {
+		// A policy's bound: the default is where a policy set without
+		// shares starts, which the store would refuse above it.
+		return fmt.Errorf("scheduler.default_shares must be a whole number from 1 to %d, got %d", policy.MaxShares, s.DefaultShares)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/fairshare-dev/fairshare/front"
 	"github.com/fairshare-dev/fairshare/loader/limits"
+	"github.com/fairshare-dev/fairshare/policy"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
 )
@@ -157,6 +159,13 @@ func TestParseRejects(t *testing.T) {
 		{"zero rate", "scheduler: {p2_rate: 0}", "scheduler.p2_rate"},
 		{"burst below one credit", "scheduler: {p2_burst: 0.5}", "scheduler.p2_burst"},
 		{"nan burst", "scheduler: {p1_burst: .nan}", "scheduler.p1_burst"},
+		// A burst of 1e308 times a project's shares made a bucket of +Inf,
+		// and the daemon's status failed to encode (an empty 200).
+		{"huge burst", "scheduler: {p1_burst: 1e308}", "scheduler.p1_burst"},
+		{"burst past the maximum", "scheduler: {p2_burst: 1000001}", "scheduler.p2_burst"},
+		{"huge rate", "scheduler: {p1_rate: 1e308}", "scheduler.p1_rate"},
+		{"infinite rate", "scheduler: {p2_rate: .inf}", "scheduler.p2_rate"},
+		{"shares past a policy's", "scheduler: {default_shares: 1000001}", "scheduler.default_shares"},
 		{"wrong type", "pools: {requests: {size: many}}", "line 1"},
 	}
 	for _, tt := range tests {
@@ -285,7 +294,7 @@ func TestDefaultsAgreeWithPackages(t *testing.T) {
 // and the other way round for the values a file can state (zero is the
 // package's "use the default" and is refused here, see validate).
 func TestSchedulerBoundsAgreeWithScheduler(t *testing.T) {
-	values := []float64{math.Inf(-1), -1, 0, 1e-9, 0.5, 0.999, 1, 1.5, 40, 1e6, math.Inf(1), math.NaN()}
+	values := []float64{math.Inf(-1), -1, 0, 1e-9, 0.5, 0.999, 1, 1.5, 40, 1e6, 1e6 + 1, 1e308, math.Inf(1), math.NaN()}
 	for _, field := range []string{"p1_rate", "p1_burst", "p2_rate", "p2_burst"} {
 		for _, v := range values {
 			c := Default()
@@ -316,6 +325,42 @@ func TestSchedulerBoundsAgreeWithScheduler(t *testing.T) {
 				t.Errorf("%s = %g: error %q does not name the field", field, v, cfgErr)
 			}
 		}
+	}
+}
+
+// The largest rates and bursts the configuration accepts, times the most
+// shares a policy may have (or the scheduler takes), keep every balance
+// finite: the daemon's status, which shows them, then encodes. A burst of
+// 1e308 made a bucket of +Inf and the status an empty answer.
+func TestSchedulerBoundsKeepBalancesFinite(t *testing.T) {
+	c := Default()
+	c.Scheduler.P1Rate, c.Scheduler.P1Burst = MaxSchedulerRate, MaxBurst
+	c.Scheduler.P2Rate, c.Scheduler.P2Burst = MaxSchedulerRate, MaxBurst
+	c.Scheduler.DefaultShares = policy.MaxShares
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := scheduler.New(scheduler.Config{P1Rate: c.Scheduler.P1Rate, P1Burst: c.Scheduler.P1Burst,
+		P2Rate: c.Scheduler.P2Rate, P2Burst: c.Scheduler.P2Burst}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetPolicy("policy", scheduler.Policy{Tier: scheduler.TierPro, Shares: policy.MaxShares})
+	s.SetPolicy("most", scheduler.Policy{Tier: scheduler.TierPro, Shares: math.MaxInt})
+	for _, p := range []string{"policy", "most"} {
+		s.Submit(p).Done(1)
+	}
+	snap := s.Snapshot()
+	if len(snap.Participants) != 2 {
+		t.Fatalf("participants %+v", snap.Participants)
+	}
+	for _, p := range snap.Participants {
+		if math.IsInf(p.P1, 0) || math.IsInf(p.P2, 0) || p.P1 < MaxBurst {
+			t.Errorf("%s: balances %v and %v", p.Participant, p.P1, p.P2)
+		}
+	}
+	if _, err := json.Marshal(snap); err != nil {
+		t.Errorf("status does not encode: %v", err)
 	}
 }
 

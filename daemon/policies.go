@@ -3,8 +3,6 @@
 package daemon
 
 import (
-	"fmt"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -70,7 +68,7 @@ func (pf *policyFile) refuse(project string) error {
 	if _, ok := pf.owns(project); !ok {
 		return nil
 	}
-	return fmt.Errorf("%w %s: %s's policy is set there; edit the file to change it", policy.ErrFromFile, pf.f.Path(), project)
+	return policy.FromFile(pf.f.Path(), project)
 }
 
 // merge returns the stored list with the file's policies in place of the
@@ -81,17 +79,7 @@ func (pf *policyFile) merge(stored []policy.Entry) []policy.Entry {
 	}
 	pf.mu.Lock()
 	defer pf.mu.Unlock()
-	out := make([]policy.Entry, 0, len(stored)+len(pf.owned))
-	for _, e := range stored {
-		if _, ok := pf.owned[e.Project]; !ok {
-			out = append(out, e)
-		}
-	}
-	for name, p := range pf.owned {
-		out = append(out, policy.Entry{Project: name, Policy: p, Source: policy.SourceFile})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Project < out[j].Project })
-	return out
+	return policy.Merge(stored, pf.owned)
 }
 
 // status says what the file holds, for admin.Status.

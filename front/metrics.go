@@ -34,16 +34,24 @@ var outcomeNames = [numOutcomes]string{"ok", "refused_rate", "refused_debt", "re
 var latencyBounds = [...]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 // histogram counts observations per bucket (not cumulative); the last count
-// is the +Inf bucket. The sum is in nanoseconds, a count like the others.
+// is the +Inf bucket. The sum is in whole microseconds, a count like the
+// others, with the nanoseconds not yet a microsecond kept aside. In
+// nanoseconds it wrapped after 585 years of summed time, days for a series
+// with thousands of requests always in flight or queued (Other sums many
+// projects), and the exported sum went backwards; microseconds last a
+// thousand times longer.
 type histogram struct {
 	counts [len(latencyBounds) + 1]uint64
-	sumNs  uint64
+	sumUs  uint64
+	restNs uint64 // below 1000
 }
 
 func (h *histogram) observe(d time.Duration) {
 	i := sort.SearchFloat64s(latencyBounds[:], d.Seconds())
 	h.counts[i]++
-	h.sumNs += uint64(max(d, 0))
+	ns := uint64(max(d, 0)) + h.restNs
+	h.sumUs += ns / 1000
+	h.restNs = ns % 1000
 }
 
 // count hands the histogram's counts to the label set as counters named
@@ -52,7 +60,7 @@ func (h *histogram) count(ls *labels.Set, project string, keys *histogramKeys) {
 	for i, n := range h.counts {
 		ls.Count(project, keys.buckets[i], n)
 	}
-	ls.Count(project, keys.sum, h.sumNs)
+	ls.Count(project, keys.sum, h.sumUs)
 }
 
 // histogramKeys name a histogram's counts in a label set.
@@ -80,7 +88,7 @@ func constHistogram(d *prometheus.Desc, ls *labels.Set, label string, keys *hist
 		cum[b] = n
 	}
 	n += ls.Total(label, keys.buckets[len(latencyBounds)])
-	return prometheus.MustNewConstHistogram(d, n, float64(ls.Total(label, keys.sum))/1e9, cum, label)
+	return prometheus.MustNewConstHistogram(d, n, float64(ls.Total(label, keys.sum))/1e6, cum, label)
 }
 
 type projectStats struct {

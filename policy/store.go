@@ -61,6 +61,29 @@ const SourceFile = "file"
 // owns it: change it there.
 var ErrFromFile = errors.New("the project's policy comes from the policies file")
 
+// FromFile is the refusal of a change to project, which the policies file
+// at path names: the daemon's, and the CLI's when no daemon answers.
+func FromFile(path, project string) error {
+	return fmt.Errorf("%w %s: %s's policy is set there; edit the file to change it", ErrFromFile, path, project)
+}
+
+// Merge returns the policies in force: stored, with the policies file's
+// (file) in place of the stored ones of the projects it names, sorted by
+// project.
+func Merge(stored []Entry, file map[string]Policy) []Entry {
+	out := make([]Entry, 0, len(stored)+len(file))
+	for _, e := range stored {
+		if _, ok := file[e.Project]; !ok {
+			out = append(out, e)
+		}
+	}
+	for name, p := range file {
+		out = append(out, Entry{Project: name, Policy: p, Source: SourceFile})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Project < out[j].Project })
+	return out
+}
+
 // Open opens (creating if needed) the store in dir.
 func Open(dir string, opts Options) (*Store, error) {
 	if opts.Timeout == 0 {

@@ -223,6 +223,14 @@ func (l *ledger) take(idx int32) {
 	l.inUse++
 }
 
+// hold counts a permit held again by project idx without counting an ask:
+// one given back to the object it was taken from (Residents.Unevict), whose
+// holding was counted admitted when it began.
+func (l *ledger) hold(idx int32) {
+	l.projects[idx].held++
+	l.inUse++
+}
+
 func (l *ledger) give(idx int32) {
 	pr := &l.projects[idx]
 	pr.held--

@@ -77,8 +77,9 @@ func NewRates(clk clock.Clock) *Rates {
 func burst(rate float64) float64 { return math.Max(rate, 1) }
 
 // SetLimits sets a project's limits. Both zero removes the project's
-// buckets (unbounded). A new bucket starts full; a changed one keeps its
-// balance, capped at the new burst.
+// buckets (unbounded). A new bucket starts full, a rate added to a project
+// that had only the other included; a changed one keeps its balance, capped
+// at the new burst.
 func (r *Rates) SetLimits(project string, l Limits) {
 	r.setLimits(project, l, r.ns.Now())
 }
@@ -98,11 +99,22 @@ func (r *Rates) setLimits(project string, l Limits, n int64) {
 		return
 	}
 	b.refill(n)
+	was := b.limits
 	b.limits = l
-	b.req = math.Min(b.req, burst(l.RequestsPerSec))
-	// A debt made at a higher rate is held to a day of the new one's
-	// refill, as a new charge is (charge).
-	b.work = math.Max(math.Min(b.work, burst(l.WorkPerSec)), -l.WorkPerSec*float64(MaxRateRetry/time.Second))
+	// A rate added to a project with only the other is a new bucket too:
+	// its balance was never refilled (a bucket without a rate is not).
+	if was.RequestsPerSec == 0 {
+		b.req = burst(l.RequestsPerSec)
+	} else {
+		b.req = math.Min(b.req, burst(l.RequestsPerSec))
+	}
+	if was.WorkPerSec == 0 {
+		b.work = burst(l.WorkPerSec)
+	} else {
+		// A debt made at a higher rate is held to a day of the new one's
+		// refill, as a new charge is (charge).
+		b.work = math.Max(math.Min(b.work, burst(l.WorkPerSec)), -l.WorkPerSec*float64(MaxRateRetry/time.Second))
+	}
 }
 
 // refill adds the tokens earned since last. A timestamp older than last (a

@@ -118,6 +118,39 @@ func TestRatesDebt(t *testing.T) {
 	}
 }
 
+// A rate added to a project that had only the other starts full, as a new
+// bucket does. It started with the one token a bucket without a rate holds:
+// after work 50/s, requests 100/s admitted one request at once, not 100, and
+// the other order started the work bucket at 1.
+func TestRatesAddedRateStartsFull(t *testing.T) {
+	r := NewRates(newFakeClock())
+	r.SetLimits("p", Limits{WorkPerSec: 50})
+	r.SetLimits("p", Limits{RequestsPerSec: 100, WorkPerSec: 50})
+	if st := r.State("p"); st.RequestTokens != 100 || st.WorkTokens != 50 {
+		t.Errorf("requests added to work: %v request and %v work tokens, want 100 and 50", st.RequestTokens, st.WorkTokens)
+	}
+	for i := range 100 {
+		if ok, _ := r.Allow("p"); !ok {
+			t.Errorf("request %d of the burst of 100 refused", i+1)
+			break
+		}
+	}
+	r.SetLimits("q", Limits{RequestsPerSec: 100})
+	r.SetLimits("q", Limits{RequestsPerSec: 100, WorkPerSec: 50})
+	if st := r.State("q"); st.RequestTokens != 100 || st.WorkTokens != 50 {
+		t.Errorf("work added to requests: %v request and %v work tokens, want 100 and 50", st.RequestTokens, st.WorkTokens)
+	}
+	r.Charge("q", 50) // the work burst, down to zero: no debt
+	if ok, _ := r.Allow("q"); !ok {
+		t.Error("refused after charging the work bucket's burst")
+	}
+	// A rate changed, not added, keeps its balance.
+	r.SetLimits("q", Limits{RequestsPerSec: 200, WorkPerSec: 50})
+	if st := r.State("q"); st.RequestTokens != 99 || st.WorkTokens != 0 {
+		t.Errorf("changed rate: %v request and %v work tokens, want 99 and 0", st.RequestTokens, st.WorkTokens)
+	}
+}
+
 // TestRatesOutOfOrderTimestamps is the regression test for golang/go#71360:
 // timestamps read before the lock arrive out of order; an older one must not
 // move the bucket's time back and pay the same interval twice.

@@ -520,8 +520,10 @@ func (r *Residents) Unevict(ev Eviction, object string, forget bool) error {
 	}
 	// The victim goes back as its project's idlest: it was chosen for
 	// being the least recently called, and nothing has called it since.
+	// Its permit is held again, not admitted again: the undone spawn
+	// counted the one admission.
 	v.awake = true
-	r.l.take(v.proj)
+	r.l.hold(v.proj)
 	r.pushBackLocked(vi)
 	r.heapFixLocked(v.proj)
 	return nil

@@ -55,6 +55,16 @@ func checkCounts(t testing.TB, r *Residents, inUse int, held map[string]int, sle
 	}
 }
 
+// admittedOf is project's admitted count in s, 0 without state.
+func admittedOf(s Snapshot, project string) uint64 {
+	for _, ps := range s.Projects {
+		if ps.Project == project {
+			return ps.Admitted
+		}
+	}
+	return 0
+}
+
 func TestResidentsNothingEvictedWithRoom(t *testing.T) {
 	r := mustResidents(t, Config{Name: "residents", Size: 20})
 	spawnN(t, r, "a", 10)
@@ -253,6 +263,12 @@ func TestResidentsUnevict(t *testing.T) {
 	}
 	if n := r.Snapshot().Evictions["big"][ev.Reason]; n != 0 {
 		t.Fatalf("undone eviction still counted: %d", n)
+	}
+	// The undone spawn is one admission (small's), not two: the victim's
+	// permit is held again, not admitted again.
+	if s := r.Snapshot(); s.Admitted != 5 || admittedOf(s.Snapshot, "big") != 4 || admittedOf(s.Snapshot, "small") != 1 {
+		t.Fatalf("admitted %d (big %d, small %d) after 4 spawns of big and one undone of small; want 5 (4, 1)",
+			s.Admitted, admittedOf(s.Snapshot, "big"), admittedOf(s.Snapshot, "small"))
 	}
 	// The victim went back as its project's idlest: the next spawn names it
 	// again (it was touched above, so big/2 is idlest now).

@@ -639,6 +639,7 @@ func TestSnapshotReportsQueuesBalancesClassesAndWaits(t *testing.T) {
 func TestNewRejectsBadConfig(t *testing.T) {
 	for _, cfg := range []Config{
 		{P1Rate: -1}, {P2Rate: math.NaN()}, {P1Burst: 0.5}, {P2Burst: math.Inf(1)},
+		{P1Burst: MaxBurst * 2}, {P2Rate: MaxRate * 2}, {P1Burst: math.MaxFloat64},
 		{MaxInFlight: -1}, {Poll: -time.Second}, {DefaultPolicy: Policy{Tier: 7}},
 	} {
 		if _, err := New(cfg, nil); !errors.Is(err, ErrInvalidConfig) {

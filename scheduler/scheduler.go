@@ -139,13 +139,13 @@ func New(cfg Config, clk clock.Clock) (*Scheduler, error) {
 		cfg.Keep = DefaultKeep
 	}
 	for _, f := range []struct {
-		name string
-		v    float64
-		min  float64
-	}{{"P1Rate", cfg.P1Rate, 0}, {"P2Rate", cfg.P2Rate, 0}, {"P1Burst", cfg.P1Burst, 1}, {"P2Burst", cfg.P2Burst, 1}} {
+		name     string
+		v        float64
+		min, max float64
+	}{{"P1Rate", cfg.P1Rate, 0, MaxRate}, {"P2Rate", cfg.P2Rate, 0, MaxRate}, {"P1Burst", cfg.P1Burst, 1, MaxBurst}, {"P2Burst", cfg.P2Burst, 1, MaxBurst}} {
 		// A rate must be positive or a parked queue would never climb; a
 		// burst below one credit could never pay for a dispatch.
-		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < f.min || (f.min == 0 && f.v <= 0) {
+		if math.IsNaN(f.v) || f.v < f.min || (f.min == 0 && f.v <= 0) || f.v > f.max {
 			return nil, fmt.Errorf("%s %v out of range: %w", f.name, f.v, ErrInvalidConfig)
 		}
 	}

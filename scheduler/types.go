@@ -115,6 +115,16 @@ const (
 	DefaultKeep    = 50 * time.Millisecond
 )
 
+// MaxRate and MaxBurst bound the rates and bursts (per share) New accepts:
+// far above what a node dispatches, a larger value is a typo. Times the
+// most shares (1<<24) a burst stays a whole number of credits a float64
+// counts exactly, and a day of refill stays finite: a burst of 1e308 made
+// a bucket of +Inf, which the daemon's status could not encode.
+const (
+	MaxRate  = 1e6
+	MaxBurst = 1e6
+)
+
 // Config tunes a Scheduler. Zero fields take the documented defaults.
 type Config struct {
 	P1Rate, P1Burst float64 // credits/s and bucket size per share

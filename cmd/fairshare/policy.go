@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -36,7 +37,9 @@ func policyCommand() *cli.Command {
 			"project may hold is never configured: that is the fair share.\n" +
 			"The running daemon stores and applies a change before this command returns; with no\n" +
 			"daemon running, set and delete write the store in --state-dir themselves, and get and\n" +
-			"list read it (a store not written yet is empty: they do not create it).\n\n" +
+			"list read it (a store not written yet is empty: they do not create it). The projects the\n" +
+			"policies file names (config policies_file) take its policies, and set and delete refuse\n" +
+			"them, with or without the daemon: change them in the file.\n\n" +
 			examples(
 				"fairshare policy set alpha --tier pro --shares 2 --requests-per-sec 100",
 				"fairshare policy list",
@@ -70,7 +73,7 @@ func policyCommand() *cli.Command {
 				Flags:       append(policyFlags(), jsonFlag), Action: policyGet,
 			},
 			{
-				Name: "list", Usage: "list every stored policy",
+				Name: "list", Usage: "list the policies in force: the stored ones and the policies file's",
 				Description: examples("fairshare policy list", "fairshare policy list --json"),
 				Flags:       append(policyFlags(), jsonFlag), Action: policyList,
 			},
@@ -236,7 +239,7 @@ const (
 // openPolicies finds the daemon, or opens the store in mode when none
 // answers. Without a daemon, before (if not nil) runs first, and its error
 // is returned before the store is opened: what it refuses writes nothing.
-func openPolicies(c *cli.Context, mode storeMode, before func() error) (policyBackend, error) {
+func openPolicies(c *cli.Context, mode storeMode, before func(config.Config) error) (policyBackend, error) {
 	cfg, err := loadConfig(c)
 	if err != nil {
 		return nil, err
@@ -246,11 +249,16 @@ func openPolicies(c *cli.Context, mode storeMode, before func() error) (policyBa
 	if err == nil {
 		return viaDaemon{ctx: c.Context, c: cl}, nil
 	}
+	if denied(err) {
+		// The daemon is there: the socket's mode (connect) or the API
+		// (403) turned this user away.
+		return nil, cli.Exit(fmt.Sprintf("the daemon at %s refused this user: permission denied (the admin API needs root)", cfg.AdminSocket), 1)
+	}
 	if !errors.Is(err, admin.ErrNoDaemon) {
 		return nil, cli.Exit(fmt.Sprintf("the daemon at %s did not answer: %v", cfg.AdminSocket, err), 1)
 	}
 	if before != nil {
-		if err := before(); err != nil {
+		if err := before(cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -272,6 +280,86 @@ func openPolicies(c *cli.Context, mode storeMode, before func() error) (policyBa
 		return nil, cli.Exit(fmt.Sprintf("no daemon answers and the policy store could not be opened: %v", err), 1)
 	}
 	return viaStore{s: st, def: defaultPolicy(cfg)}, nil
+}
+
+// denied says whether err is the admin socket refusing this user.
+func denied(err error) bool {
+	var apiErr *admin.APIError
+	return errors.Is(err, fs.ErrPermission) || (errors.As(err, &apiErr) && apiErr.Code == http.StatusForbidden)
+}
+
+// openPolicyCommands is openPolicies for the policy commands. Without a
+// daemon, the policies file (config policies_file) is read as the daemon
+// reads it at start: its projects show with the file's policies, and a set
+// or delete of one of them (write; "" for a read) is refused as the daemon
+// refuses it, before the store is opened. The daemon would put the file's
+// policy in force over a stored one when it starts.
+func openPolicyCommands(c *cli.Context, mode storeMode, write string) (policyBackend, error) {
+	var owned map[string]policy.Policy
+	b, err := openPolicies(c, mode, func(cfg config.Config) error {
+		var err error
+		if owned, err = policiesFile(c, cfg, write); err != nil {
+			return err
+		}
+		if _, ok := owned[write]; ok && write != "" {
+			return policyErr(policy.FromFile(cfg.PoliciesFile, write))
+		}
+		return nil
+	})
+	if err != nil || len(owned) == 0 {
+		return b, err
+	}
+	return fileBackend{policyBackend: b, owned: owned}, nil
+}
+
+// policiesFile reads the policies file cfg names, if any, for a command
+// that writes project's policy (write) or only reads. A missing file owns
+// no project. One that does not validate owns none either, as for a daemon
+// starting with it; a warning says so. One that cannot be read is a warning
+// for a read, and refuses a write: whether it names the project is not
+// known.
+func policiesFile(c *cli.Context, cfg config.Config, write string) (map[string]policy.Policy, error) {
+	if cfg.PoliciesFile == "" {
+		return nil, nil
+	}
+	dir := ""
+	if f := c.String(flagConfig); f != "" {
+		dir = filepath.Dir(f)
+	}
+	owned, _, err := policy.NewFile(cfg.PoliciesFile, defaultPolicy(cfg), dir).Poll()
+	switch {
+	case err == nil:
+		return owned, nil
+	case errors.Is(err, policy.ErrInvalid):
+		fmt.Fprintf(c.App.ErrWriter, "warning: %v; until it validates it owns no project\n", err)
+	case write != "":
+		return nil, cli.Exit(fmt.Sprintf("%v: whether it names %s is not known, so nothing was written", err, write), 1)
+	default:
+		fmt.Fprintf(c.App.ErrWriter, "warning: %v; its policies are not shown\n", err)
+	}
+	return nil, nil
+}
+
+// fileBackend is the store as the daemon shows it: with the policies
+// file's policies in place of the stored ones of the projects it names.
+type fileBackend struct {
+	policyBackend
+	owned map[string]policy.Policy
+}
+
+func (f fileBackend) get(p string) (policy.Entry, bool, error) {
+	if pol, ok := f.owned[p]; ok {
+		return policy.Entry{Project: p, Policy: pol, Source: policy.SourceFile}, true, nil
+	}
+	return f.policyBackend.get(p)
+}
+
+func (f fileBackend) list() ([]policy.Entry, error) {
+	stored, err := f.policyBackend.list()
+	if err != nil {
+		return nil, err
+	}
+	return policy.Merge(stored, f.owned), nil
 }
 
 func defaultPolicy(cfg config.Config) policy.Policy {
@@ -296,7 +384,7 @@ func policySet(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	b, err := openPolicies(c, storeWrite, nil)
+	b, err := openPolicyCommands(c, storeWrite, project)
 	if err != nil {
 		return err
 	}
@@ -313,7 +401,7 @@ func policyGet(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	b, err := openPolicies(c, storeRead, nil)
+	b, err := openPolicyCommands(c, storeRead, "")
 	if err != nil {
 		return err
 	}
@@ -329,7 +417,7 @@ func policyGet(c *cli.Context) error {
 }
 
 func policyList(c *cli.Context) error {
-	b, err := openPolicies(c, storeRead, nil)
+	b, err := openPolicyCommands(c, storeRead, "")
 	if err != nil {
 		return err
 	}
@@ -346,7 +434,7 @@ func policyDelete(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	b, err := openPolicies(c, storeExisting, nil)
+	b, err := openPolicyCommands(c, storeExisting, project)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/admin"
+	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	projectname "github.com/fairshare-dev/fairshare/internal/project"
@@ -236,7 +237,7 @@ func (v projectsViaStore) close() error {
 // opened: a command refused for its input writes nothing.
 func openProjects(c *cli.Context, mode storeMode, cgs []string, exist bool) (projectsBackend, bool, error) {
 	var mount cgroup.Mount
-	pb, err := openPolicies(c, mode, func() error {
+	pb, err := openPolicies(c, mode, func(config.Config) error {
 		var err error
 		mount, err = cgroup.FindMount()
 		if err != nil && mode != storeRead {
