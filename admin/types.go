@@ -20,7 +20,8 @@ type Status struct {
 	Pools     []Pool     `json:"pools"`
 	Rates     []Rate     `json:"rates"`
 	Scheduler *Scheduler `json:"scheduler,omitempty"`
-	// Policies lists every stored policy. A project not listed runs on
+	// Policies lists the policies in force: the stored ones, with the policies
+	// file's in place of those it names. A project not listed runs on
 	// DefaultPolicy. Tier and shares of a project are read here, not from
 	// Scheduler.Participants, which lists only projects with recent requests.
 	Policies      []Entry       `json:"policies"`
