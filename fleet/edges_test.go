@@ -225,25 +225,24 @@ func TestOwnKeysNotAnotherDaemons(t *testing.T) {
 		m.applyView(view(view3(7, 10))) // the watch not caught up: the old lease's key
 		check(t, m, p, StateCutOff, 4)
 	})
-	t.Run("a previous run's key", func(t *testing.T) {
-		clk := &fixedClock{t0}
-		m, p := offline(t, clk)
+	// A first publication under 8, at revision 30.
+	first := func(t *testing.T) (*Member, *pools.Pool) {
+		m, p := offline(t, &fixedClock{t0})
 		m.mu.Lock()
 		m.publishedAt(8, 30, t0)
 		m.lastRenew = t0
 		m.mu.Unlock()
+		return m, p
+	}
+	t.Run("a previous run's key", func(t *testing.T) {
+		m, p := first(t)
 		m.applyView(view(view3(5, 20)))
 		check(t, m, p, StateWaiting, 4)
 		m.applyView(view(view3(8, 30)))
 		check(t, m, p, StateConnected, 10)
 	})
 	t.Run("written by hand", func(t *testing.T) {
-		clk := &fixedClock{t0}
-		m, p := offline(t, clk)
-		m.mu.Lock()
-		m.publishedAt(8, 30, t0)
-		m.lastRenew = t0
-		m.mu.Unlock()
+		m, p := first(t)
 		m.applyView(view(view3(0, 40)))
 		check(t, m, p, StateWaiting, 4)
 	})

@@ -876,8 +876,9 @@ func TestNewValidates(t *testing.T) {
 	}
 }
 
-// outcomeCount reads fairshare_front_requests_total for project and outcome.
-func outcomeCount(t *testing.T, f *Front, project, oc string) float64 {
+// series gathers the front's metrics (through a pedantic registry) and
+// returns the series of family name.
+func series(t *testing.T, f *Front, name string) []*dto.Metric {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(f.Collector())
@@ -886,13 +887,19 @@ func outcomeCount(t *testing.T, f *Front, project, oc string) float64 {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "fairshare_front_requests_total" {
-			continue
+		if mf.GetName() == name {
+			return mf.GetMetric()
 		}
-		for _, m := range mf.GetMetric() {
-			if labelsAre(m, project, oc) {
-				return m.GetCounter().GetValue()
-			}
+	}
+	return nil
+}
+
+// outcomeCount reads fairshare_front_requests_total for project and outcome.
+func outcomeCount(t *testing.T, f *Front, project, oc string) float64 {
+	t.Helper()
+	for _, m := range series(t, f, "fairshare_front_requests_total") {
+		if labelsAre(m, project, oc) {
+			return m.GetCounter().GetValue()
 		}
 	}
 	return 0

@@ -20,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
@@ -464,24 +463,14 @@ func TestIdentityUnclaimable(t *testing.T) {
 // metricValue reads an unlabelled counter or gauge of the front.
 func metricValue(t *testing.T, f *Front, name string) float64 {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(f.Collector())
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	ms := series(t, f, name)
+	if len(ms) != 1 {
+		t.Fatalf("metric %s: %d series, want 1", name, len(ms))
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name || len(mf.GetMetric()) != 1 {
-			continue
-		}
-		m := mf.GetMetric()[0]
-		if c := m.GetCounter(); c != nil {
-			return c.GetValue()
-		}
-		return m.GetGauge().GetValue()
+	if c := ms[0].GetCounter(); c != nil {
+		return c.GetValue()
 	}
-	t.Fatalf("no metric %s", name)
-	return 0
+	return ms[0].GetGauge().GetValue()
 }
 
 // BenchmarkPeerIdentity is the per-connection cost of naming a local

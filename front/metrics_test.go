@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // The front's histogram sums outlive 2^64 nanoseconds of summed time (585
@@ -44,21 +43,10 @@ func TestMetricsHistogramSumDoesNotWrap(t *testing.T) {
 // histogramSum is the sum of project's series of the histogram name.
 func histogramSum(t *testing.T, f *Front, name, project string) float64 {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(f.Collector())
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "project" && l.GetValue() == project {
-					return m.GetHistogram().GetSampleSum()
-				}
+	for _, m := range series(t, f, name) {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "project" && l.GetValue() == project {
+				return m.GetHistogram().GetSampleSum()
 			}
 		}
 	}
