@@ -115,9 +115,11 @@ func (d *Daemon) destStatus(st *admin.Status) error {
 // logged and left. So do the fleet destination pools: their Members are
 // made at start, so such a pool keeps the definition it started with (and
 // its allotment), and a pool that becomes one is not added (or keeps the
-// definition in force, if it was a destination pool). A cfg that does
-// not validate, or destination pools the kernel side refuses, change
-// nothing.
+// definition in force, if it was a destination pool). So does a pool
+// that changes kind: a destination pool without destinations keeps the
+// definition in force, and a pool of another kind given destinations stays
+// as it started. A cfg that does not validate, or destination pools the
+// kernel side refuses, change nothing.
 func (d *Daemon) Reload(cfg config.Config) error {
 	read := cfg
 	if err := cfg.Validate(); err != nil {
@@ -145,20 +147,46 @@ func (d *Daemon) Reload(cfg config.Config) error {
 	if err != nil {
 		return err
 	}
+	d.mu.Lock()
+	inForce := maps.Clone(d.destCfg)
+	d.mu.Unlock()
 	mine := config.Config{Pools: map[string]config.Pool{}}
+	// A pool that changes kind (a destination pool in force whose
+	// destinations are gone, a pool of another kind given some) needs a
+	// restart: the destination pools are the kernel's, the others
+	// user-space ones, made at start. Such a pool keeps what is in force:
+	// dropped from the kernel's pools, a destination pool's limit went
+	// with it; added to them, a user-space pool was listed twice (and
+	// every scrape of /metrics failed on the repeated series).
+	changed := map[string]bool{}
 	for _, name := range cfg.PoolNames() {
 		p := cfg.Pools[name]
-		if !p.IsDestination() {
+		o, dest := inForce[name]
+		switch {
+		case dest && !p.IsDestination():
+			if _, fleet := started.Pools[name]; fleet {
+				continue // the fleet's own warning below
+			}
+			d.log.Warn("reload: making a destination pool a pool of another kind needs a restart; it keeps the definition in force", "pool", name)
+			mine.Pools[name], changed[name] = o, true
+		case !dest && p.IsDestination():
+			if op, ok := old.Pools[name]; ok && !op.IsDestination() {
+				d.log.Warn("reload: making a pool a destination pool needs a restart; it is not applied", "pool", name)
+				changed[name] = true
+			}
+		}
+	}
+	for _, name := range cfg.PoolNames() {
+		p := cfg.Pools[name]
+		if !p.IsDestination() || changed[name] {
 			continue
 		}
 		if _, ok := started.Pools[name]; ok {
 			continue
 		}
 		if p.Fleet {
-			d.mu.Lock()
-			o, inForce := d.destCfg[name]
-			d.mu.Unlock()
-			if !inForce {
+			o, ok := inForce[name]
+			if !ok {
 				d.log.Warn("reload: a new fleet destination pool needs a restart; it is not added", "pool", name)
 				continue
 			}
@@ -180,7 +208,7 @@ func (d *Daemon) Reload(cfg config.Config) error {
 	next = append(next, kept...)
 	sort.Slice(next, func(i, j int) bool { return next[i].Name < next[j].Name })
 	for _, name := range cfg.PoolNames() {
-		if cfg.Pools[name].IsDestination() {
+		if cfg.Pools[name].IsDestination() || changed[name] {
 			continue
 		}
 		if o, ok := old.Pools[name]; !ok || o.Size != cfg.Pools[name].Size || o.Floor != cfg.Pools[name].Floor ||
