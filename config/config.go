@@ -23,7 +23,6 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/destination"
 	"github.com/fairshare-dev/fairshare/internal/membership"
 	"github.com/fairshare-dev/fairshare/internal/proxyclaim"
-	"github.com/fairshare-dev/fairshare/policy"
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/net/http/httpguts"
 
@@ -690,6 +689,11 @@ const (
 	MaxBurst         = 1e6
 )
 
+// MaxShares bounds scheduler.default_shares as package policy bounds a
+// policy's shares (policy.MaxShares; a test keeps them equal): a policy set
+// without --shares takes the default, which must validate.
+const MaxShares = 1_000_000
+
 func (s *Scheduler) validate() error {
 	// The same bounds as scheduler.New, so a file that validates here also
 	// starts the daemon: a rate is > 0, a burst >= MinBurst, both at most
@@ -715,10 +719,10 @@ func (s *Scheduler) validate() error {
 	default:
 		return fmt.Errorf("scheduler.default_tier must be pro, lite or none, got %q", s.DefaultTier)
 	}
-	if s.DefaultShares < 1 || s.DefaultShares > policy.MaxShares {
+	if s.DefaultShares < 1 || s.DefaultShares > MaxShares {
 		// A policy's bound: the default is where a policy set without
 		// shares starts, which the store would refuse above it.
-		return fmt.Errorf("scheduler.default_shares must be a whole number from 1 to %d, got %d", policy.MaxShares, s.DefaultShares)
+		return fmt.Errorf("scheduler.default_shares must be a whole number from 1 to %d, got %d", MaxShares, s.DefaultShares)
 	}
 	return nil
 }

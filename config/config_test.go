@@ -336,7 +336,10 @@ func TestSchedulerBoundsKeepBalancesFinite(t *testing.T) {
 	c := Default()
 	c.Scheduler.P1Rate, c.Scheduler.P1Burst = MaxSchedulerRate, MaxBurst
 	c.Scheduler.P2Rate, c.Scheduler.P2Burst = MaxSchedulerRate, MaxBurst
-	c.Scheduler.DefaultShares = policy.MaxShares
+	if MaxShares != policy.MaxShares {
+		t.Fatalf("config.MaxShares %d, policy.MaxShares %d: a default the policies refuse", MaxShares, policy.MaxShares)
+	}
+	c.Scheduler.DefaultShares = MaxShares
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
