@@ -73,6 +73,8 @@ type Daemon struct {
 	// pinLock holds the pin directory's lock (lockPins) for the daemon's
 	// life; nil without BPF.
 	pinLock *os.File
+	// storeClosed: closeParts closed the store (it keeps d.store).
+	storeClosed bool
 	// pinsGone is set once the pin directory is found removed or replaced
 	// (watchPins): nothing of it is the daemon's to unpin as it exits.
 	pinsGone  atomic.Bool
@@ -803,15 +805,23 @@ func (d *Daemon) closeParts() error {
 				gone = d.pinLock
 			}
 		}
-		errs = append(errs, d.kernel.close(d.opts.DetachOnExit, gone))
+		// Under destMu: a reload (SIGHUP) under way uses the kernel side
+		// until it is done, and one after finds none.
+		d.destMu.Lock()
+		k := d.kernel
 		d.kernel = nil
+		d.destMu.Unlock()
+		errs = append(errs, k.close(d.opts.DetachOnExit, gone))
 	}
 	if d.projects != nil {
 		errs = append(errs, d.projects.close())
 	}
-	if d.store != nil {
+	if d.store != nil && !d.storeClosed {
+		// The store stays named: an admin call still finishing past the
+		// shutdown's grace gets the store's "closed" error, not a nil
+		// store.
 		errs = append(errs, d.store.Close())
-		d.store = nil
+		d.storeClosed = true
 	}
 	if d.events != nil {
 		// Left in place: a part still finishing may publish; the log then

@@ -216,8 +216,11 @@ func (d *Daemon) Reload(cfg config.Config) error {
 			d.log.Warn("reload: a change to a pool that is not a destination pool needs a restart; it is not applied", "pool", name)
 		}
 	}
-	if d.kernel != nil {
-		if err := d.kernel.lim.SetDestPools(next); err != nil {
+	// d.kernel is read under destMu, which closeParts takes to end it: a
+	// SIGHUP that comes as the daemon stops applies to a kernel side
+	// still open, or to none.
+	if k := d.kernel; k != nil {
+		if err := k.lim.SetDestPools(next); err != nil {
 			return fmt.Errorf("%w: %w", config.ErrInvalid, err)
 		}
 	}
