@@ -62,7 +62,7 @@ func TestCheckLeavesRunningDaemonAlone(t *testing.T) {
 	}
 }
 
-// A projects root outside the cgroup2 mount stops run with exit status 2;
+// A projects root outside the cgroup2 mount stops run with exit status 78;
 // run --check said "ok" for it and named the root as the projects' (found
 // by following the README on a host whose cgroup2 is at
 // /sys/fs/cgroup/unified). It must refuse what run refuses, with run's
@@ -81,7 +81,7 @@ func TestCheckRefusesWhatRunRefuses(t *testing.T) {
 	args := []string{"--projects-root", outside, "--pin-dir", pins, "--admin-socket", filepath.Join(dir, "admin.sock"),
 		"--state-dir", filepath.Join(dir, "state")}
 	out, errOut, code := runCLI(t, append([]string{"run", "--check"}, args...)...)
-	if code != 2 || !strings.Contains(errOut, "projects_root") {
+	if code != 78 || !strings.Contains(errOut, "projects_root") {
 		t.Fatalf("run --check with a projects root outside the cgroup2 mount: exit %d\n%s%s", code, out, errOut)
 	}
 	if strings.Contains(out, "ok:") {

@@ -195,17 +195,23 @@ func TestConfigErrors(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("pools: {requests: {size: 0}}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{
-		{"run", "--config", bad, "--print-config"},
-		{"run", "--config", filepath.Join(dir, "missing.yaml"), "--print-config"},
-		{"run", "--metrics-listen", "nohostport", "--print-config"},
-		{"run", "--pin-dir", "relative", "--print-config"},
-		{"status", "--admin-socket", "relative.sock"},
-		{"run", "--log-level", "loud", "--no-bpf", "--state-dir", dir},
+	// run's status for a configuration it cannot use is 78; the other
+	// commands' is 2.
+	for _, tt := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"run", "--config", bad, "--print-config"}, 78},
+		{[]string{"run", "--config", filepath.Join(dir, "missing.yaml"), "--print-config"}, 78},
+		{[]string{"run", "--metrics-listen", "nohostport", "--print-config"}, 78},
+		{[]string{"run", "--pin-dir", "relative", "--print-config"}, 78},
+		{[]string{"status", "--admin-socket", "relative.sock"}, 2},
+		{[]string{"cleanup", "--pin-dir", "relative"}, 2},
+		{[]string{"run", "--log-level", "loud", "--no-bpf", "--state-dir", dir}, 78},
 	} {
-		_, errOut, code := runCLI(t, args...)
-		if code != 2 || strings.Count(strings.TrimSpace(errOut), "\n") > 1 {
-			t.Errorf("%v: exit %d, stderr %q; want exit 2 and a short message", args, code, errOut)
+		_, errOut, code := runCLI(t, tt.args...)
+		if code != tt.code || strings.Count(strings.TrimSpace(errOut), "\n") > 1 {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d and a short message", tt.args, code, errOut, tt.code)
 		}
 	}
 	out, errOut, code := runCLI(t, "run", "--print-config", "--metrics-listen", "127.0.0.1:9999", "--no-bpf")
@@ -522,7 +528,7 @@ func TestPolicyAdminSocketDenied(t *testing.T) {
 }
 
 // What run refuses, run --print-config and run --check refuse too, with
-// the same status and the flag or key named: the logger's flags, and the
+// the same status (78) and the flag or key named: the logger's flags, and the
 // front's keys with the front off (the scheduler takes max_in_flight
 // whether or not the front runs).
 func TestPrintConfigRefusesWhatRunRefuses(t *testing.T) {
@@ -538,8 +544,8 @@ func TestPrintConfigRefusesWhatRunRefuses(t *testing.T) {
 		for _, mode := range []string{"--print-config", "--check"} {
 			args := append([]string{"run", mode, "--no-bpf"}, c.args...)
 			out, errOut, code := runCLI(t, args...)
-			if code != 2 || !strings.Contains(errOut, c.want) || strings.Contains(out, "validated") {
-				t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 2 naming %s", args, code, out, errOut, c.want)
+			if code != 78 || !strings.Contains(errOut, c.want) || strings.Contains(out, "validated") {
+				t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 78 naming %s", args, code, out, errOut, c.want)
 			}
 		}
 	}

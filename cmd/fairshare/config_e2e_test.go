@@ -198,7 +198,7 @@ func runFor(t *testing.T, d time.Duration, args ...string) (string, int) {
 }
 
 // A socket path that holds anything but a socket is never removed: the
-// daemon refuses to start, naming the file, with exit status 2 (a restart
+// daemon refuses to start, naming the file, with exit status 78 (a restart
 // cannot fix it). Before, --admin-socket pointed at a regular file deleted
 // the file.
 func TestSocketPathKeepsOtherFiles(t *testing.T) {
@@ -216,7 +216,7 @@ func TestSocketPathKeepsOtherFiles(t *testing.T) {
 			args = append(args, "--front-upstream", "http://127.0.0.1:1")
 		}
 		out, code := runFor(t, 10*time.Second, args...)
-		if code != 2 || !strings.Contains(out, file) || !strings.Contains(out, "not a socket") {
+		if code != 78 || !strings.Contains(out, file) || !strings.Contains(out, "not a socket") {
 			t.Errorf("%s at a regular file: exit %d: %s", flag, code, out)
 		}
 		if b, err := os.ReadFile(file); err != nil || string(b) != "precious" {
@@ -270,33 +270,40 @@ func TestPrintConfigIsEffective(t *testing.T) {
 			}
 		}
 	}
-	// Invalid values exit 2 naming the key or flag.
+	// Invalid values exit 78 naming the key or flag; a value that does not
+	// parse as its flag's type is a command line that does not parse, 2.
 	for _, tt := range []struct {
 		args []string
+		code int
 		want string
 	}{
-		{[]string{"--pool", "connections=many"}, "--pool connections=many"},
-		{[]string{"--pool", "requests=0"}, "pools.requests.size"},
-		{[]string{"--front-listen", "127.0.0.1:1", "--front-upstream", "http://x", "--front-max-in-flight", "-1"}, "front.max_in_flight must be >= 1"},
-		{[]string{"--max-conns", "-3"}, "listeners.max_conns"},
+		{[]string{"--pool", "connections=many"}, 78, "--pool connections=many"},
+		{[]string{"--pool", "requests=0"}, 78, "pools.requests.size"},
+		{[]string{"--front-listen", "127.0.0.1:1", "--front-upstream", "http://x", "--front-max-in-flight", "-1"}, 78, "front.max_in_flight must be >= 1"},
+		{[]string{"--max-conns", "-3"}, 78, "listeners.max_conns"},
 		// Values that do not parse, and values found bad only when bound,
 		// exited 1 before (and systemd restarted the daemon in a loop).
-		{[]string{"--max-conns", "abc"}, `invalid value "abc" for flag -max-conns`},
-		{[]string{"--reconcile", "soon"}, "-reconcile"},
-		{[]string{"--metrics-listen", "127.0.0.1:99999"}, "metrics.listen"},
-		{[]string{"--permits-socket", "/run/" + strings.Repeat("p", 110)}, "permits.socket is 115 bytes"},
+		{[]string{"--max-conns", "abc"}, 2, `invalid value "abc" for flag -max-conns`},
+		{[]string{"--reconcile", "soon"}, 2, "-reconcile"},
+		{[]string{"--metrics-listen", "127.0.0.1:99999"}, 78, "metrics.listen"},
+		{[]string{"--permits-socket", "/run/" + strings.Repeat("p", 110)}, 78, "permits.socket is 115 bytes"},
 		// What run refuses when it builds its parts, print-config refuses.
-		{[]string{"--permits-group", "no-such-group-fs14"}, "permits.group"},
+		{[]string{"--permits-group", "no-such-group-fs14"}, 78, "permits.group"},
 	} {
 		_, errOut, code := runCLI(t, append([]string{"run", "--print-config"}, tt.args...)...)
-		if code != 2 || !strings.Contains(errOut, tt.want) {
-			t.Errorf("%v: exit %d %q, want 2 naming %q", tt.args, code, errOut, tt.want)
+		if code != tt.code || !strings.Contains(errOut, tt.want) {
+			t.Errorf("%v: exit %d %q, want %d naming %q", tt.args, code, errOut, tt.code, tt.want)
 		}
 	}
 	cmd := exec.Command(binary, "run", "--print-config")
 	cmd.Env = append(cleanEnv(), "FAIRSHARE_MAX_CONNS=abc")
 	if out, err := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "FAIRSHARE_MAX_CONNS") {
 		t.Errorf("FAIRSHARE_MAX_CONNS=abc: exit %d (%v): %s", cmd.ProcessState.ExitCode(), err, out)
+	}
+	cmd = exec.Command(binary, "run", "--print-config")
+	cmd.Env = append(cleanEnv(), "FAIRSHARE_POOL=requests=0")
+	if out, err := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 78 || !strings.Contains(string(out), "pools.requests.size") {
+		t.Errorf("FAIRSHARE_POOL=requests=0: exit %d (%v): %s", cmd.ProcessState.ExitCode(), err, out)
 	}
 	// What it prints is true: fed back as the file, it runs the same (with
 	// --front-max-in-flight 2 it printed exempt_max 4, which the file then

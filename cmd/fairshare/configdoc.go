@@ -68,7 +68,7 @@ The daemon starts from built-in defaults. A file given with ` + "`--config FILE`
 ` + "`FAIRSHARE_CONFIG`" + `) needs only the keys it changes. A ` + "`FAIRSHARE_*`" + ` variable beats the
 file, and a flag beats the variable. ` + "`fairshare run --print-config`" + ` prints what the
 daemon would run with, every default resolved. A value outside its bound stops
-` + "`fairshare run`" + ` with exit status 2 and a message that names the key.
+` + "`fairshare run`" + ` with exit status 78 and a message that names the key.
 
 The "bound" column is what the daemon says when the key is given a value it
 refuses. "-" means any value of the key's type is taken.

@@ -18,7 +18,7 @@ import (
 // is enforced by the daemon's kernel side (refusal with ECONNREFUSED, an
 // event naming the pool, status and metrics), and SIGHUP with an edited file
 // resizes it, adds one and removes one without losing counts; an
-// overlapping file is refused at start with status 2 and on SIGHUP with the
+// overlapping file is refused at start with status 78 and on SIGHUP with the
 // pools in force kept.
 func TestDestinationPoolThroughDaemon(t *testing.T) {
 	db, err := net.Listen("tcp4", "127.0.0.1:0")
@@ -92,7 +92,7 @@ func TestDestinationPoolThroughDaemon(t *testing.T) {
 	}
 	// An overlapping file is refused; the pools in force stay.
 	n.rewrite(pools(5, fmt.Sprintf("  dup: {size: 4, destinations: [\"[::ffff:127.0.0.1]/128:%d\"]}\n", port)))
-	if _, stderr, code := n.cli("run", "--print-config"); code != 2 || !strings.Contains(stderr, "pools.db and pools.dup overlap") {
+	if _, stderr, code := n.cli("run", "--print-config"); code != 78 || !strings.Contains(stderr, "pools.db and pools.dup overlap") {
 		t.Errorf("print-config of an overlapping file: status %d, %s", code, stderr)
 	}
 	n.cmd.Process.Signal(syscall.SIGHUP)

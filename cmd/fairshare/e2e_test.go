@@ -38,6 +38,9 @@ var binary string
 const connectEnv = "FAIRSHARE_E2E_CONNECT"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(panicEnv) != "" {
+		panic("a daemon's bug")
+	}
 	if spec := os.Getenv(connectEnv); spec != "" {
 		connectHelper(spec)
 		return

@@ -204,8 +204,9 @@ func newApp() *cli.App {
 		},
 	}
 	// A flag or FAIRSHARE_* value that does not parse is a usage error,
-	// which urfave returns as a plain error (exit 1: systemd would restart
-	// the daemon in a loop); it is exit 2, like every unusable setting.
+	// which urfave returns as a plain error (exit 1); it is exit 2, like
+	// every command line that cannot run. A value that parses and that run
+	// refuses is the configuration's error, exit 78 (exitConfig).
 	app.OnUsageError = usageError
 	// So is a command that is not one. urfave's own answer to it, "No help
 	// topic", exits 3, which is run's status for pins that changed.

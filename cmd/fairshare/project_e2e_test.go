@@ -133,11 +133,11 @@ func TestProjectCommands(t *testing.T) {
 }
 
 // TestProjectSourcesFlag: a bad --project-sources is the configuration's
-// error (exit 2, naming the key); a good one is what the daemon runs on.
+// error (exit 78, naming the key); a good one is what the daemon runs on.
 func TestProjectSourcesFlag(t *testing.T) {
 	for _, bad := range []string{"kube", "directory,systemd", "registered,registered"} {
 		_, errOut, code := runCLI(t, "run", "--print-config", "--project-sources", bad)
-		if code != 2 || !strings.Contains(errOut, "projects.sources") {
+		if code != 78 || !strings.Contains(errOut, "projects.sources") {
 			t.Errorf("--project-sources %s: exit %d %q", bad, code, errOut)
 		}
 	}

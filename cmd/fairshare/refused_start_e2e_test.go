@@ -77,11 +77,11 @@ func refusedStarts(t *testing.T, left bool) {
 		readOnly   bool // the state directory is mounted read-only
 		says       string
 	}{
-		{"front socket is a regular file", "metrics: {listen: '127.0.0.1:0'}\nfront: {socket: " + frontFile + ", " + upstream + "}\n", 2, false, "not a socket"},
-		{"exempt cgroup outside the cgroup2 mount", "metrics: {listen: '127.0.0.1:0'}\nconnections: {exempt: [" + cfgDir + "]}\n", 2, false, "connections.exempt"},
+		{"front socket is a regular file", "metrics: {listen: '127.0.0.1:0'}\nfront: {socket: " + frontFile + ", " + upstream + "}\n", 78, false, "not a socket"},
+		{"exempt cgroup outside the cgroup2 mount", "metrics: {listen: '127.0.0.1:0'}\nconnections: {exempt: [" + cfgDir + "]}\n", 78, false, "connections.exempt"},
 		{"busy front port", "metrics: {listen: '127.0.0.1:0'}\nfront: {listen: '" + busy.Addr().String() + "', " + upstream + "}\n", 1, false, "address already in use"},
 		{"busy metrics port", "metrics: {listen: '" + busy.Addr().String() + "'}\n", 1, false, "address already in use"},
-		{"unwritable state dir", "metrics: {listen: '127.0.0.1:0'}\n", 2, true, "state_dir"},
+		{"unwritable state dir", "metrics: {listen: '127.0.0.1:0'}\n", 78, true, "state_dir"},
 	}
 	before := nodeListing(t, n)
 	if !left && (before.pins != "" || before.root != "") {

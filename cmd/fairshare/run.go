@@ -20,11 +20,36 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
+// exitConfig is run's exit status for a configuration it cannot use (a
+// value of the file, of a FAIRSHARE_* variable or of a flag that it
+// refuses), from --check and --print-config too: EX_CONFIG of sysexits.h.
+// Not 2: the Go runtime exits 2 on a panic or a fatal error (concurrent map
+// writes, out of memory), as does every command given a command line it
+// cannot parse. dist/fairshare.service does not restart on exitConfig, and
+// must restart a daemon that crashed.
+const exitConfig = 78
+
 // exitStalePins is run's exit status when the pins changed layout while
 // the daemon loaded (daemon.ErrStalePins: another process at work on the
 // pin directory; pins of another layout found at the start are migrated);
-// dist/fairshare.service does not restart on it.
+// dist/fairshare.service does not restart on it. Go never exits 3.
 const exitStalePins = 3
+
+// notUsable is run's error for a configuration it cannot use.
+func notUsable(err error) error {
+	return cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), exitConfig)
+}
+
+// configStatus gives an error of loadConfig or newLogger, which exit 2 for
+// a configuration the other commands cannot use, run's status for it. Any
+// other status is left as it is.
+func configStatus(err error) error {
+	var ec cli.ExitCoder
+	if errors.As(err, &ec) && ec.ExitCode() == 2 {
+		return cli.Exit(err.Error(), exitConfig)
+	}
+	return err
+}
 
 func runCommand() *cli.Command {
 	return &cli.Command{
@@ -36,12 +61,15 @@ func runCommand() *cli.Command {
 			"so a restart loses neither counts nor enforcement.\n\n" +
 			"Pins of another layout (a new version's maps, a larger pool) are migrated at start,\n" +
 			"with no moment unenforced (docs/install.md, Upgrade).\n\n" +
-			"Exit status: 2 for an unusable configuration or flag, 3 when the objects pinned in\n" +
-			"--pin-dir changed under the starting daemon (another process at work there: run\n" +
-			"'fairshare cleanup', which drops enforcement and the counts, then start again),\n" +
-			"1 for any other failure. --check exits with the same statuses, 0 when all is well;\n" +
-			"--print-config exits 0, or 2 for a value run would refuse (the sockets and directories\n" +
-			"run makes are checked only as it starts).\n\n" +
+			"Exit status: 78 for an unusable configuration (a value of the file, a FAIRSHARE_*\n" +
+			"variable or a flag that run refuses), 3 when the objects pinned in --pin-dir changed\n" +
+			"under the starting daemon (another process at work there: run 'fairshare cleanup',\n" +
+			"which drops enforcement and the counts, then start again), 1 for any other failure.\n" +
+			"2 is a command line (or a FAIRSHARE_* value) that does not parse, or a crash: Go exits 2\n" +
+			"on a panic or a fatal runtime error.\n" +
+			"--check exits with the same statuses, 0 when all is well; --print-config exits 0,\n" +
+			"or 78 for a value run would refuse (the sockets and directories run makes are checked\n" +
+			"only as it starts).\n\n" +
 			examples(
 				"fairshare run --check",
 				"fairshare run --print-config --config /etc/fairshare/config.yaml",
@@ -57,7 +85,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: flagPermits, Usage: "permit API unix socket `PATH` for runtimes, empty to disable [default from config: /run/fairshare/permits.sock]", EnvVars: env(flagPermits)},
 			&cli.BoolFlag{Name: flagNoBPF, Usage: "do not load BPF: connections are NOT enforced (for hosts without BPF)", EnvVars: env(flagNoBPF)},
 			&cli.BoolFlag{Name: "detach-on-exit", Usage: "detach and unpin the BPF programs on shutdown instead of leaving them enforcing", EnvVars: env("detach-on-exit")},
-			&cli.BoolFlag{Name: "check", Usage: "load, attach and verify the BPF programs (and ask the container runtime for its pods, with the kubernetes source), then exit 0 (ok), 2 (a configuration or flag run would refuse), 3 (pins changed while loaded against them) or 1 (any other failure)"},
+			&cli.BoolFlag{Name: "check", Usage: "load, attach and verify the BPF programs (and ask the container runtime for its pods, with the kubernetes source), then exit 0 (ok), 78 (a configuration or flag value run would refuse), 3 (pins changed while loaded against them) or 1 (any other failure)"},
 			&cli.BoolFlag{Name: "print-config", Usage: "check the configuration and print it as the daemon would run it (defaults resolved) as YAML, then exit"},
 			&cli.StringFlag{Name: flagLogLevel, Value: "info", Usage: "`LEVEL`: debug, info, warn or error", EnvVars: env(flagLogLevel)},
 			&cli.StringFlag{Name: flagLogFormat, Value: "text", Usage: "`FORMAT`: text or json", EnvVars: env(flagLogFormat)},
@@ -66,19 +94,19 @@ func runCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c)
 			if err != nil {
-				return err
+				return configStatus(err)
 			}
 			// The logger's flags are settings like the others: --check and
 			// --print-config refuse what run refuses.
 			log, err := newLogger(c)
 			if err != nil {
-				return err
+				return configStatus(err)
 			}
 			if c.Bool("print-config") {
 				// What run would refuse when it builds its parts is refused
 				// here too, with the same status.
 				if err := daemon.CheckHost(cfg); err != nil {
-					return cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), 2)
+					return notUsable(err)
 				}
 				eff, notes := daemon.Effective(cfg)
 				out, err := eff.Marshal()
@@ -117,7 +145,7 @@ func runCommand() *cli.Command {
 			if errors.Is(err, config.ErrInvalid) {
 				// Found only when the parts were built (a group that does not
 				// exist, a cgroup outside the mount): still the configuration.
-				return cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), 2)
+				return notUsable(err)
 			}
 			if errors.Is(err, daemon.ErrStalePins) {
 				// A restart cannot fix it (systemd's unit stops retrying on
@@ -145,7 +173,7 @@ func runCommand() *cli.Command {
 			}()
 			if err := d.Run(ctx); err != nil {
 				if errors.Is(err, config.ErrInvalid) {
-					return cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), 2)
+					return notUsable(err)
 				}
 				return cli.Exit(fmt.Sprintf("the daemon stopped with an error: %v", err), 1)
 			}
@@ -162,9 +190,9 @@ func check(c *cli.Context, cfg config.Config) error {
 	// What run would refuse before it loads anything (a projects root
 	// outside the cgroup2 mount, a permits.group that does not exist) is
 	// refused here too, with run's status: a check that passes must not
-	// be followed by a start that stops with exit status 2.
+	// be followed by a start that stops with exit status 78.
 	if err := daemon.CheckHost(cfg); err != nil {
-		return cli.Exit(fmt.Sprintf("the configuration is not usable: %v", err), 2)
+		return notUsable(err)
 	}
 	if cfg.Projects.Has(membership.SourceKubernetes) {
 		// Not a failure: the daemon runs without the runtime, and reads the
