@@ -22,7 +22,10 @@
 // The same file holds the operator's registrations of cgroups to projects
 // ('fairshare project add'), the "registered" source of package
 // internal/membership: a bucket keyed by cgroup path, so a cgroup is
-// registered once; AddMembers writes a batch all or nothing.
+// registered once; AddMembers writes a batch all or nothing. A bucket of its
+// own keeps the policies file's content the daemon last put in force
+// (SaveAccepted), so that a daemon starting with a file that does not
+// validate keeps the file's policies.
 //
 // Every write bumps a version counter in the same transaction, so a reader can
 // tell cheaply whether anything changed.

@@ -207,6 +207,14 @@ func decodeStrict(n *yaml.Node, p *Policy) error {
 // daemon's pod. Poll reads it again only when what the path resolves to has
 // changed (kubelet updates a ConfigMap by swapping a symlink, so the path
 // then names another file) and its content differs.
+//
+// A content that differs from the one last put in force (or refused) is a
+// change only once two Polls in a row read it the same (the same file, size
+// and modification time, and the same checksum): an editor that saves in
+// place truncates the file and then writes it, and a Poll between the two,
+// or in the middle of the write, would read an empty file or a part of one.
+// A file removed to be replaced (a save by rename) is the same: a missing
+// file holds no policies, once the next Poll finds it missing still.
 type File struct {
 	path string
 	def  Policy
@@ -215,11 +223,24 @@ type File struct {
 	// operator's policies file, and its error says only that.
 	dir string
 
-	// what the last Poll saw
-	stat    os.FileInfo
-	sum     [sha256.Size]byte
-	read    bool
-	lastErr string
+	// the content last put in force or refused (read: there is one); stat
+	// is nil when it was not read by this File (Resume) or the last Poll
+	// could not read the file
+	stat     os.FileInfo
+	sum      [sha256.Size]byte
+	read     bool
+	accepted []byte // the content last put in force
+	lastErr  string
+	// pending is a content that differs from the one above, as the last
+	// Poll read it: it is put in force (or refused) when the next Poll
+	// reads it the same.
+	pending *seen
+}
+
+// seen is a content as one Poll read it.
+type seen struct {
+	stat os.FileInfo // nil: no file
+	sum  [sha256.Size]byte
 }
 
 // NewFile follows the policies file at path; def fills fields a policy
@@ -230,6 +251,23 @@ type File struct {
 func NewFile(path string, def Policy, configDir string) *File {
 	return &File{path: path, def: def, dir: configDir}
 }
+
+// Resume makes content, put in force from this file before (by an earlier
+// run of the daemon), the content the next Poll compares with: the same
+// content is no change, and another one is a change as for any Poll but
+// the first, put in force once a second Poll reads it the same.
+func (f *File) Resume(content []byte) {
+	f.stat, f.sum, f.read, f.lastErr, f.pending = nil, sha256.Sum256(content), true, "", nil
+	f.accepted = bytes.Clone(content)
+}
+
+// Accepted is the content last put in force: what the last Poll that
+// returned changed read, or what Resume was given.
+func (f *File) Accepted() []byte { return f.accepted }
+
+// Pending says whether the last Poll read a change it has not put in force
+// yet: the next Poll will, if it reads the same.
+func (f *File) Pending() bool { return f.pending != nil }
 
 // foreign says whether path is outside dir (always, without a dir).
 func foreign(path, dir string) bool {
@@ -251,51 +289,80 @@ func foreign(path, dir string) bool {
 // Path is the file's path.
 func (f *File) Path() string { return f.path }
 
+// sameStat says whether a and b (nil: no file) are the same file, of the
+// same size and modification time.
+func sameStat(a, b os.FileInfo) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return os.SameFile(a, b) && a.ModTime().Equal(b.ModTime()) && a.Size() == b.Size()
+}
+
 // Poll returns the file's policies when they changed since the last Poll
-// (changed true), or changed false. A file that cannot be read or does not
-// validate is an error, once per distinct error and content: the caller
-// keeps the policies it has. A missing file holds no policies.
+// (changed true), or changed false. The first Poll returns what it reads;
+// a later one returns a change only when the Poll before read the same
+// content (see File), and until then changed is false. A file that cannot
+// be read or does not validate is an error, once per distinct error and
+// content: the caller keeps the policies it has. A missing file holds no
+// policies.
 func (f *File) Poll() (policies map[string]Policy, changed bool, err error) {
 	st, err := os.Stat(f.path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return f.fail(fmt.Errorf("policies file %s: %w", f.path, err))
+		return f.failRead(fmt.Errorf("policies file %s: %w", f.path, err))
 	}
-	if st != nil && f.stat != nil && f.read && os.SameFile(st, f.stat) &&
-		st.ModTime().Equal(f.stat.ModTime()) && st.Size() == f.stat.Size() {
+	if st != nil && f.stat != nil && f.read && f.pending == nil && sameStat(st, f.stat) {
 		return nil, false, nil
 	}
 	var b []byte
 	if st != nil {
 		if !st.Mode().IsRegular() {
-			return f.fail(fmt.Errorf("policies file %s is not a regular file", f.path))
+			return f.failRead(fmt.Errorf("policies file %s is not a regular file", f.path))
 		}
 		r, err := os.Open(f.path)
 		if err != nil {
-			return f.fail(fmt.Errorf("policies file %s: %w", f.path, err))
+			return f.failRead(fmt.Errorf("policies file %s: %w", f.path, err))
 		}
 		b, err = io.ReadAll(io.LimitReader(r, MaxFileSize+1))
 		r.Close()
 		if err != nil {
-			return f.fail(fmt.Errorf("policies file %s: %w", f.path, err))
+			return f.failRead(fmt.Errorf("policies file %s: %w", f.path, err))
 		}
 	}
 	sum := sha256.Sum256(b)
-	if f.read && sum == f.sum && f.lastErr == "" {
-		f.stat = st
-		return nil, false, nil
+	if f.read && sum == f.sum {
+		f.stat, f.pending = st, nil
+		if f.lastErr == "" {
+			return nil, false, nil
+		}
+		// The content of the last error: read again, as the error may
+		// have been the reading's.
+	} else if f.read {
+		// A change: put in force once the next Poll reads it the same.
+		if p := f.pending; p == nil || p.sum != sum || !sameStat(st, p.stat) {
+			f.pending = &seen{stat: st, sum: sum}
+			return nil, false, nil
+		}
+		f.pending = nil
 	}
 	p, err := ParseFile(b, f.def)
-	f.stat, f.sum = st, sum
+	f.stat, f.sum, f.read = st, sum, true
 	if err != nil {
-		f.read = true
 		var fe *FileError
 		if errors.As(err, &fe) && fe.Shape && fe.Line <= 1 && foreign(f.path, f.dir) {
 			return f.fail(fmt.Errorf("policies file %s refused, the previous policies stay: not a policies file: %w", f.path, ErrInvalid))
 		}
 		return f.fail(fmt.Errorf("policies file %s refused, the previous policies stay: %w", f.path, err))
 	}
-	f.read, f.lastErr = true, ""
+	f.lastErr, f.accepted = "", b
 	return p, true, nil
+}
+
+// failRead is fail for a file that could not be read: the next Poll reads
+// it again whatever its stat says, and a change read before it waits for
+// two Polls in a row again.
+func (f *File) failRead(err error) (map[string]Policy, bool, error) {
+	f.stat, f.pending = nil, nil
+	return f.fail(err)
 }
 
 // fail returns err the first time it is seen for the current content.

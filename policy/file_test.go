@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
@@ -66,6 +67,7 @@ func TestParseFile(t *testing.T) {
 
 // TestFileFollowsConfigMap: Poll sees kubelet's atomic swap, keeps quiet
 // while nothing changed, refuses a bad file once and sees the next good one.
+// A change is put in force (or refused) at the second Poll that reads it.
 func TestFileFollowsConfigMap(t *testing.T) {
 	cm := testutil.NewConfigMapDir(t)
 	f := NewFile(cm.Path("policies.yaml"), Default(), "")
@@ -76,17 +78,23 @@ func TestFileFollowsConfigMap(t *testing.T) {
 		t.Fatalf("missing file: %v %v %v; want no policies, changed", p, changed, err)
 	}
 	write("a: {tier: pro}\n")
-	if p, changed, err = f.Poll(); err != nil || !changed || p["a"].Tier != "pro" {
+	if _, changed, err = f.Poll(); err != nil || changed || !f.Pending() {
+		t.Fatalf("first version, first read: changed %v, %v, pending %v; want it pending", changed, err, f.Pending())
+	}
+	if p, changed, err = f.Poll(); err != nil || !changed || p["a"].Tier != "pro" || f.Pending() {
 		t.Fatalf("first version: %v %v %v", p, changed, err)
 	}
 	if _, changed, err = f.Poll(); err != nil || changed {
 		t.Fatalf("unchanged: changed %v, %v", changed, err)
 	}
 	write("a: {tier: pro}\n") // new files, same content
-	if _, changed, err = f.Poll(); err != nil || changed {
-		t.Fatalf("same content rewritten: changed %v, %v", changed, err)
+	if _, changed, err = f.Poll(); err != nil || changed || f.Pending() {
+		t.Fatalf("same content rewritten: changed %v, %v, pending %v", changed, err, f.Pending())
 	}
 	write("a: {tier: gold}\n")
+	if _, changed, err = f.Poll(); err != nil || changed {
+		t.Fatalf("bad file, first read: changed %v, %v; want nothing yet", changed, err)
+	}
 	if _, changed, err = f.Poll(); err == nil || changed || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("bad file: changed %v, %v", changed, err)
 	}
@@ -94,8 +102,153 @@ func TestFileFollowsConfigMap(t *testing.T) {
 		t.Fatalf("bad file again: reported twice (%v) or changed %v", err, changed)
 	}
 	write("a: {tier: lite}\nb: {shares: 3}\n")
+	f.Poll()
 	if p, changed, err = f.Poll(); err != nil || !changed || p["a"].Tier != "lite" || p["b"].Shares != 3 {
 		t.Fatalf("fixed file: %v %v %v", p, changed, err)
+	}
+	if got := string(f.Accepted()); got != "a: {tier: lite}\nb: {shares: 3}\n" {
+		t.Fatalf("Accepted() = %q, want the fixed file", got)
+	}
+}
+
+// TestPollWaitsForStableFile: an editor that saves in place truncates the
+// file, then writes it. A Poll between the two read an empty file and
+// released every project; one in the middle of the write read
+// "requests_per_sec: 100" as 1. Now a content is put in force only once two
+// Polls in a row read it the same: a truncated or half-written file keeps
+// the policies in force, and so does a file removed to be replaced, until
+// the next Poll finds it the same.
+func TestPollWaitsForStableFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policies.yaml")
+	if err := os.WriteFile(path, []byte("a: {tier: pro, requests_per_sec: 50}\nb: {shares: 2}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := NewFile(path, Default(), "")
+	if p, changed, err := f.Poll(); err != nil || !changed || len(p) != 2 {
+		t.Fatalf("first Poll: %v %v %v; want the file at once", p, changed, err)
+	}
+	// The editor saves in place: truncate, then write.
+	full := "a: {tier: pro, requests_per_sec: 100}\nb: {shares: 3}\n"
+	half := "a: {tier: pro, requests_per_sec: 1"
+	w, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if p, changed, err := f.Poll(); err != nil || changed || p != nil {
+		t.Fatalf("truncated: %v %v %v; want no change, the policies in force kept", p, changed, err)
+	}
+	if _, err := w.WriteString(half); err != nil {
+		t.Fatal(err)
+	}
+	if p, changed, err := f.Poll(); err != nil || changed || p != nil {
+		t.Fatalf("half written: %v %v %v; want no change", p, changed, err)
+	}
+	if _, err := w.WriteString(full[len(half):]); err != nil {
+		t.Fatal(err)
+	}
+	if p, changed, err := f.Poll(); err != nil || changed || p != nil {
+		t.Fatalf("written, first Poll: %v %v %v; want none yet", p, changed, err)
+	}
+	p, changed, err := f.Poll()
+	if err != nil || !changed || len(p) != 2 || p["a"].RequestsPerSec != 100 || p["b"].Shares != 3 {
+		t.Fatalf("written, second Poll: %v %v %v; want the full set", p, changed, err)
+	}
+	// Truncated and written back as it was: no change at all.
+	if err := w.Truncate(0); err != nil {
+		t.Fatal(err)
+	}
+	if _, changed, err := f.Poll(); err != nil || changed {
+		t.Fatalf("truncated again: changed %v, %v", changed, err)
+	}
+	if _, err := w.WriteAt([]byte(full), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, changed, err := f.Poll(); err != nil || changed || f.Pending() {
+		t.Fatalf("the same content written back: changed %v, %v, pending %v", changed, err, f.Pending())
+	}
+
+	// A save by rename that removes the file first: missing for a moment,
+	// then the same content; then another content renamed into place.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if p, changed, err := f.Poll(); err != nil || changed || p != nil {
+		t.Fatalf("missing: %v %v %v; want no change yet, the policies in force kept", p, changed, err)
+	}
+	rename := func(content string) {
+		t.Helper()
+		if err := os.WriteFile(path+".tmp", []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rename(full)
+	if _, changed, err := f.Poll(); err != nil || changed || f.Pending() {
+		t.Fatalf("back in place: changed %v, %v, pending %v; want no change", changed, err, f.Pending())
+	}
+	rename("a: {requests_per_sec: 7}\n")
+	if _, changed, err := f.Poll(); err != nil || changed {
+		t.Fatalf("renamed into place, first Poll: changed %v, %v", changed, err)
+	}
+	if p, changed, err := f.Poll(); err != nil || !changed || len(p) != 1 || p["a"].RequestsPerSec != 7 {
+		t.Fatalf("renamed into place: %v %v %v", p, changed, err)
+	}
+	// Missing at two Polls in a row: no policies.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	f.Poll()
+	if p, changed, err := f.Poll(); err != nil || !changed || len(p) != 0 {
+		t.Fatalf("missing at two Polls: %v %v %v; want no policies", p, changed, err)
+	}
+}
+
+// Resume makes a content read by an earlier run what the first Poll
+// compares with: the same file is no change, another one waits for a
+// second Poll.
+func TestFileResume(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policies.yaml")
+	if err := os.WriteFile(path, []byte("a: {tier: pro}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := NewFile(path, Default(), "")
+	f.Resume([]byte("a: {tier: pro}\n"))
+	if _, changed, err := f.Poll(); err != nil || changed || f.Pending() {
+		t.Fatalf("the content resumed: changed %v, %v, pending %v; want no change", changed, err, f.Pending())
+	}
+	f = NewFile(path, Default(), "")
+	f.Resume([]byte("a: {tier: lite}\n"))
+	if _, changed, err := f.Poll(); err != nil || changed || !f.Pending() {
+		t.Fatalf("another content: changed %v, %v, pending %v; want it pending", changed, err, f.Pending())
+	}
+	if p, changed, err := f.Poll(); err != nil || !changed || p["a"].Tier != "pro" {
+		t.Fatalf("another content, second Poll: %v %v %v", p, changed, err)
+	}
+}
+
+// The policies file's content kept in the store: none at first, the last
+// saved after.
+func TestStoreAccepted(t *testing.T) {
+	s, err := Open(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, found, err := s.LoadAccepted(); err != nil || found {
+		t.Fatalf("empty store: found %v, %v", found, err)
+	}
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, c := range []string{"a: {tier: pro}\n", ""} {
+		if err := s.SaveAccepted(Accepted{Path: "/etc/p.yaml", Content: []byte(c), At: at}); err != nil {
+			t.Fatal(err)
+		}
+		a, found, err := s.LoadAccepted()
+		if err != nil || !found || a.Path != "/etc/p.yaml" || string(a.Content) != c || !a.At.Equal(at) {
+			t.Fatalf("saved %q: %+v %v %v", c, a, found, err)
+		}
 	}
 }
 

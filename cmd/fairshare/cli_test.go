@@ -490,13 +490,17 @@ func TestPolicyFileOwnsWithoutDaemon(t *testing.T) {
 	if out, errOut, code := do("policy", "get", "--json", "alpha"); code != 0 || !strings.Contains(out, `"source": "file"`) {
 		t.Errorf("policy get alpha: exit %d, %s %s", code, out, errOut)
 	}
-	// A file that does not validate owns no project, as for a daemon that
-	// starts with it: a warning, and the store is written.
+	// A file that does not validate may still name the project (a daemon
+	// that starts with it keeps the policies it read from it last): a
+	// write is refused, a read warns.
 	if err := os.WriteFile(file, []byte("alpha: {shares: -1}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, errOut, code := do("policy", "set", "--shares", "5", "alpha"); code != 0 || !strings.Contains(errOut, "warning: policies file "+file+" refused") {
+	if _, errOut, code := do("policy", "set", "--shares", "5", "alpha"); code != 1 || !strings.Contains(errOut, "whether it names alpha is not known, so nothing was written") {
 		t.Errorf("policy set alpha with a refused file: exit %d, %q", code, errOut)
+	}
+	if _, errOut, code := do("policy", "list"); code != 0 || !strings.Contains(errOut, "warning: policies file "+file+" refused") {
+		t.Errorf("policy list with a refused file: exit %d, %q", code, errOut)
 	}
 }
 

@@ -314,10 +314,10 @@ func openPolicyCommands(c *cli.Context, mode storeMode, write string) (policyBac
 
 // policiesFile reads the policies file cfg names, if any, for a command
 // that writes project's policy (write) or only reads. A missing file owns
-// no project. One that does not validate owns none either, as for a daemon
-// starting with it; a warning says so. One that cannot be read is a warning
+// no project. One that does not validate, or cannot be read, is a warning
 // for a read, and refuses a write: whether it names the project is not
-// known.
+// known (a daemon starting with a file that does not validate keeps the
+// policies it last read from it, kept in the store).
 func policiesFile(c *cli.Context, cfg config.Config, write string) (map[string]policy.Policy, error) {
 	if cfg.PoliciesFile == "" {
 		return nil, nil
@@ -330,8 +330,6 @@ func policiesFile(c *cli.Context, cfg config.Config, write string) (map[string]p
 	switch {
 	case err == nil:
 		return owned, nil
-	case errors.Is(err, policy.ErrInvalid):
-		fmt.Fprintf(c.App.ErrWriter, "warning: %v; until it validates it owns no project\n", err)
 	case write != "":
 		return nil, cli.Exit(fmt.Sprintf("%v: whether it names %s is not known, so nothing was written", err, write), 1)
 	default:

@@ -221,16 +221,16 @@ func TestConnectionRateFromPoliciesFile(t *testing.T) {
 	write("alpha: {connections_per_sec: 20}\n")
 	w := loop.until(t, swapped, "the first refusal after the file gave a rate", func(w rateWindow) bool { return w.refused > 0 })
 	t.Logf("the file's rate took effect %v after the swap", w.at.Sub(swapped).Round(time.Millisecond))
-	if lag := w.at.Sub(swapped); lag > 2*time.Second {
-		t.Errorf("the file's rate took effect %v after the swap; want within a tick and the file's poll (2s)", lag)
+	if lag := w.at.Sub(swapped); lag > 3*time.Second {
+		t.Errorf("the file's rate took effect %v after the swap; want within the file's two reads, a tick apart (2s), and a margin", lag)
 	}
 
 	swapped = time.Now()
 	write("{}\n")
 	w = loop.until(t, swapped, "a window without refusals after the file dropped the rate", func(w rateWindow) bool { return w.refused == 0 && w.ok > 0 })
 	t.Logf("the rate the file dropped was gone %v after the swap", w.at.Sub(swapped).Round(time.Millisecond))
-	if lag := w.at.Sub(swapped); lag > 2*time.Second {
-		t.Errorf("the rate the file dropped was gone %v after the swap; want within 2s", lag)
+	if lag := w.at.Sub(swapped); lag > 3*time.Second {
+		t.Errorf("the rate the file dropped was gone %v after the swap; want within two reads (2s) and a margin", lag)
 	}
 }
 
