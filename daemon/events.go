@@ -16,9 +16,11 @@ import (
 // eventSink is where every part of the daemon sends its events: it bounds
 // each project's events per second (config events.per_sec; the kernel's are
 // bounded by the programs), numbers them, keeps the most recent for 'fairshare events' without
-// --follow, appends them to events.log if configured, and fans them out
+// --follow, queues them for events.log if configured, and fans them out
 // through the Hub to the streams of the admin API. Publishing never blocks
-// and never fails the decision that made the event.
+// and never fails the decision that made the event: neither the Hub nor the
+// log waits for a reader or for the file (a log whose file does not keep
+// up drops events and counts them).
 type eventSink struct {
 	hub    *events.Hub
 	file   *events.Log // nil: no events.log
@@ -39,6 +41,8 @@ type eventSink struct {
 	// bound since the last notice (flush).
 	dropped map[[2]string]uint64
 	stats   admin.Events
+	// toldClosed: a write refused by the closed log was logged (once).
+	toldClosed bool
 }
 
 func newEventSink(cfg config.Events, log *slog.Logger) (*eventSink, error) {
@@ -47,7 +51,7 @@ func newEventSink(cfg config.Events, log *slog.Logger) (*eventSink, error) {
 		ring: make([]events.Event, cfg.Recent), counts: map[string]int{}, dropped: map[[2]string]uint64{},
 	}
 	if cfg.Log != "" {
-		f, err := events.OpenLog(cfg.Log, cfg.LogMaxBytes, cfg.LogKeep)
+		f, err := events.OpenLog(cfg.Log, events.LogOptions{MaxBytes: cfg.LogMaxBytes, Keep: cfg.LogKeep, Logger: log})
 		if err != nil {
 			return nil, pathError("events.log", err)
 		}
@@ -93,15 +97,18 @@ func (s *eventSink) publish(e events.Event) {
 	// it has seen by Seq, and events published out of order were lost
 	// (195 of 160,000 from 8 goroutines before).
 	s.hub.Publish(e)
-	s.mu.Unlock()
+	// Queued in Seq order too, without waiting for the file; the log
+	// refuses only once closed (a part still finishing at shutdown).
 	if s.file != nil {
 		if err := s.file.Write(e); err != nil {
-			s.mu.Lock()
 			s.stats.LogErrors++
-			s.mu.Unlock()
-			s.log.Error("events.log: event not written", "err", err)
+			if !s.toldClosed {
+				s.toldClosed = true
+				s.log.Warn("events.log: events published after it closed are not written", "err", err)
+			}
 		}
 	}
+	s.mu.Unlock()
 }
 
 // countKernelDropped adds the refusal events the BPF programs dropped over
@@ -117,8 +124,9 @@ func (s *eventSink) countKernelDropped(project string, n uint64) {
 }
 
 // flush, at each tick of the control loop, publishes one dropped notice
-// per source and project that lost events to the bound, and writes the
-// log's buffer to its file.
+// per source and project that lost events to the bound, and asks the log
+// to write its buffer and to try again a rotation that failed (without
+// waiting for the file).
 func (s *eventSink) flush() {
 	if s == nil {
 		return
@@ -142,9 +150,7 @@ func (s *eventSink) flush() {
 		s.publish(e)
 	}
 	if s.file != nil {
-		if err := s.file.Flush(); err != nil {
-			s.log.Error("events.log: flush", "err", err)
-		}
+		s.file.Flush()
 	}
 }
 
@@ -162,7 +168,9 @@ func (s *eventSink) recent(f events.Filter) []events.Event {
 	return out
 }
 
-// status is the sink's counters.
+// status is the sink's counters. LogErrors counts the events events.log
+// did not write: lost to failed writes, dropped for a file that did not
+// keep up, or published after it closed.
 func (s *eventSink) status() *admin.Events {
 	if s == nil {
 		return nil
@@ -172,6 +180,10 @@ func (s *eventSink) status() *admin.Events {
 	s.mu.Unlock()
 	hs := s.hub.Stats()
 	st.StreamLost, st.Subscribers = hs.Lost, hs.Subscribers
+	if s.file != nil {
+		ls := s.file.Stats()
+		st.LogErrors += ls.Failed + ls.Dropped
+	}
 	return &st
 }
 

@@ -4,11 +4,16 @@ package daemon
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/events"
@@ -177,4 +182,105 @@ func TestEventSinkInOrder(t *testing.T) {
 	if out != 0 {
 		t.Fatalf("%d of %d events out of order", out, writers*each)
 	}
+}
+
+// TestPublishDoesNotBlockOnAHungFile: with events.log on a file system
+// that does not take writes (frozen, an NFS server gone), publishing and
+// the tick's flush return at once; the log drops what its queue cannot
+// hold and counts it, and the ring and the streams keep every event.
+func TestPublishDoesNotBlockOnAHungFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "events.log")
+	cfg := config.Default().Events
+	cfg.Log = path
+	s, err := newEventSink(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The log's descriptor is made to lead to a FIFO nobody reads: its
+	// writes block once the pipe is full, as on a hung file system.
+	r := hangFile(t, path, filepath.Join(dir, "fifo"))
+	const n = 20000
+	sub := s.hub.Subscribe(events.Filter{}, n)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range n {
+			s.publish(events.Event{Source: events.SourceKernel, Kind: events.KindRefused, Project: "alpha",
+				Count: uint64(i), Detail: strings.Repeat("x", 100)})
+		}
+		s.flush()
+	}()
+	t.Cleanup(func() {
+		// Read the FIFO so that the writer ends, then close.
+		read := make(chan struct{})
+		go func() {
+			io.Copy(io.Discard, r)
+			close(read)
+		}()
+		<-done
+		if err := s.close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+		<-read
+		r.Close()
+	})
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("publish waited for a file that does not take writes")
+	}
+	st := s.status()
+	ls := s.file.Stats()
+	if st.Published != n || len(sub.C) != n {
+		t.Fatalf("published %d, %d on the stream; want %d", st.Published, len(sub.C), n)
+	}
+	if ls.Dropped == 0 || st.LogErrors != ls.Dropped+ls.Failed {
+		t.Fatalf("the log's drops not counted: status %+v, log %+v", st, ls)
+	}
+	if r := s.recent(events.Filter{}); len(r) != cfg.Recent || r[len(r)-1].Count != n-1 {
+		t.Fatalf("the ring: %d events, the last %+v", len(r), r[len(r)-1])
+	}
+}
+
+// hangFile points this process's descriptor of path to the FIFO fifo
+// (made here) and returns the FIFO's reading end, not read until the test
+// reads it.
+func hangFile(t *testing.T, path, fifo string) *os.File {
+	t.Helper()
+	want, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := -1
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && l == want {
+			if _, err := fmt.Sscan(e.Name(), &fd); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if fd < 0 {
+		t.Fatalf("no descriptor of %s", want)
+	}
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := os.OpenFile(fifo, os.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := unix.Open(fifo, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(w)
+	if err := unix.Dup3(w, fd, unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

@@ -10,7 +10,9 @@
 // `fairshare events`). Publishing never blocks the decision that made the
 // event: a subscriber that falls behind loses events and receives a
 // KindDropped event with the count as soon as it has room. A Log keeps them
-// as JSON lines in a file rotated by size.
+// as JSON lines in a file rotated by size, written by a goroutine of its
+// own: a file that is slow, full or hung loses events (counted) and never
+// holds up the decision.
 //
 // Events are for diagnosis, not accounting: the counters in the metrics are
 // exact, events may be dropped under a flood (the kernel limits their rate

@@ -88,7 +88,7 @@ func TestHubSlowSubscriber(t *testing.T) {
 
 func TestLogRotates(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "events.log")
-	l, err := OpenLog(path, 400, 2)
+	l, err := OpenLog(path, LogOptions{MaxBytes: 400, Keep: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestLogRotates(t *testing.T) {
 	if len(counts) == 0 || counts[len(counts)-1] != 39 {
 		t.Fatalf("newest event missing: %v", counts)
 	}
-	if _, err := OpenLog(t.TempDir(), 0, 0); err == nil {
+	if _, err := OpenLog(t.TempDir(), LogOptions{}); err == nil {
 		t.Fatal("a directory taken as the log file")
 	}
 }
