@@ -113,6 +113,8 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
+		case <-s.stopping:
+			return
 		case now := <-tick.C:
 			if len(sub.C) > 0 {
 				continue

@@ -130,3 +130,33 @@ func TestEventsStream(t *testing.T) {
 	fcancel()
 	wg.Wait()
 }
+
+// A follower's stream ends when the server shuts down: it held the
+// shutdown for its grace, and the daemon stopped with an error (exit 1)
+// whenever `fairshare events -f` was open.
+func TestShutdownEndsFollowers(t *testing.T) {
+	sock, sb := startServer(t)
+	b := &eventBackend{storeBackend: sb, hub: events.NewHub(nil)}
+	sock = filepath.Join(filepath.Dir(sock), "events.sock")
+	ln, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- NewServer(b, nil).Serve(ctx, ln) }()
+	c := NewClient(sock)
+	followed := make(chan error, 1)
+	go func() {
+		followed <- c.Events(context.Background(), events.Filter{}, true, func(events.Event) error { return nil })
+	}()
+	for b.hub.Stats().Subscribers == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("shutdown with a follower: %v, want nil", err)
+	}
+	<-followed
+}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -76,6 +77,11 @@ type Server struct {
 	mux *http.ServeMux
 
 	streams atomic.Int32 // open streams of GET /v1/events
+	// stopping is closed when Serve begins to shut down: a stream that
+	// follows the events ends then, rather than hold the shutdown for its
+	// grace and fail it.
+	stopping chan struct{}
+	stopOnce sync.Once
 }
 
 // NewServer returns the API handler for b.
@@ -83,7 +89,7 @@ func NewServer(b Backend, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{b: b, log: log, mux: http.NewServeMux()}
+	s := &Server{b: b, log: log, mux: http.NewServeMux(), stopping: make(chan struct{})}
 	s.mux.HandleFunc("GET /v1/health", s.health)
 	s.mux.HandleFunc("GET /v1/status", s.status)
 	s.mux.HandleFunc("GET /v1/policies", s.listPolicies)
@@ -129,6 +135,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		},
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
+	hs.RegisterOnShutdown(func() { s.stopOnce.Do(func() { close(s.stopping) }) })
 	if err := listen.ServeHTTP(ctx, hs, ln, 2*time.Second); err != nil {
 		return fmt.Errorf("admin api: %w", err)
 	}

@@ -595,6 +595,10 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	// Alive from the start: the first tick is a period away.
 	d.health.beat(time.Now())
 	g, gctx := errgroup.WithContext(ctx)
+	// No apply comes once the loop stops: a registration waiting for one
+	// returns then (stored, pending) rather than hold the admin API's
+	// shutdown past its grace.
+	d.projects.applies = gctx.Done()
 	g.Go(func() error { return admin.NewServer(d, d.log.With("part", "admin")).Serve(gctx, adminLn) })
 	if metricsLn != nil {
 		reg := metrics.NewRegistry(metrics.New(d.Status, d.cfg.Metrics.MaxProjects, d.log))

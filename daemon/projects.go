@@ -102,6 +102,9 @@ type projects struct {
 	// the last apply read it: what the kernel's extras and the front's
 	// placing (inPodRoot) use, so that neither waits on the source.
 	podsNone func() []string
+	// applies is closed (done) once the control loop, which applies,
+	// stops (set by Daemon.Run before the admin API serves); nil before.
+	applies <-chan struct{}
 	none     atomic.Pointer[[]string]
 	// noPodRootWarned: no pod root was found (logged once).
 	noPodRootWarned bool

@@ -179,6 +179,7 @@ func (p *projects) waitApply(ctx context.Context) bool {
 		return true
 	case <-t.C:
 	case <-ctx.Done():
+	case <-p.applies:
 	}
 	return false
 }
