@@ -327,7 +327,7 @@ func eventually(t *testing.T, f func() error) {
 }
 
 // A problem found only when the parts are built is still the configuration's:
-// the daemon reports it as config.ErrInvalid (exit 2), naming the key.
+// the daemon reports it as config.ErrInvalid (run exits 78), naming the key.
 func TestPartErrorsAreConfigErrors(t *testing.T) {
 	dir := t.TempDir()
 	base := func() config.Config {
