@@ -105,7 +105,7 @@ type projects struct {
 	// applies is closed (done) once the control loop, which applies,
 	// stops (set by Daemon.Run before the admin API serves); nil before.
 	applies <-chan struct{}
-	none     atomic.Pointer[[]string]
+	none    atomic.Pointer[[]string]
 	// noPodRootWarned: no pod root was found (logged once).
 	noPodRootWarned bool
 	podRoots        []string
