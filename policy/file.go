@@ -337,8 +337,10 @@ func (f *File) Poll() (policies map[string]Policy, changed bool, err error) {
 		// The content of the last error: read again, as the error may
 		// have been the reading's.
 	} else if f.read {
-		// A change: put in force once the next Poll reads it the same.
-		if p := f.pending; p == nil || p.sum != sum || !sameStat(st, p.stat) {
+		// A change: put in force once the next Poll reads the same
+		// content (the file's times may differ: a file written again at
+		// every tick with the same content is applied).
+		if p := f.pending; p == nil || p.sum != sum || (st == nil) != (p.stat == nil) {
 			f.pending = &seen{stat: st, sum: sum}
 			return nil, false, nil
 		}

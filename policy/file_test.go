@@ -318,3 +318,45 @@ func TestFileNotAPoliciesFile(t *testing.T) {
 		t.Errorf("a bad value outside the config dir: %v", err)
 	}
 }
+
+// A file written again at every poll with the same new content (an agent
+// that renders it each time) is applied at the second read: its times
+// differ between the reads, not its content.
+func TestPollAppliesContentRewrittenEachTime(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policies.yaml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path+".tmp", []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("alpha: {shares: 2}\n")
+	f := NewFile(path, Policy{Tier: "none", Shares: 1}, "")
+	if _, changed, err := f.Poll(); err != nil || !changed {
+		t.Fatalf("first poll: %v %v", changed, err)
+	}
+	applied := false
+	for i := range 3 {
+		write("alpha: {shares: 3}\n") // a new inode and time each time
+		p, changed, err := f.Poll()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if changed {
+			if p["alpha"].Shares != 3 {
+				t.Fatalf("applied %+v", p)
+			}
+			applied = true
+			if i != 1 {
+				t.Fatalf("applied at read %d, want the second", i+1)
+			}
+			break
+		}
+	}
+	if !applied {
+		t.Fatal("content rewritten at every poll was never applied")
+	}
+}
