@@ -199,5 +199,14 @@ func (c *Client) Events(ctx context.Context, f events.Filter, follow bool, fn fu
 	if err := sc.Err(); err != nil && ctx.Err() == nil {
 		return fmt.Errorf("reading events: %w", err)
 	}
+	if follow && ctx.Err() == nil {
+		// A followed stream ends only with ctx, or with the daemon (it
+		// stopped): the caller should hear of the latter.
+		return ErrStreamEnded
+	}
 	return nil
 }
+
+// ErrStreamEnded is Events' error when the daemon ended a followed stream
+// (it stopped or restarted): a forwarder should connect again.
+var ErrStreamEnded = errors.New("the daemon ended the event stream (it stopped or restarted)")

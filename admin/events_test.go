@@ -158,5 +158,7 @@ func TestShutdownEndsFollowers(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("shutdown with a follower: %v, want nil", err)
 	}
-	<-followed
+	if err := <-followed; !errors.Is(err, ErrStreamEnded) {
+		t.Fatalf("the follower: %v, want ErrStreamEnded (a forwarder must hear the daemon stopped)", err)
+	}
 }

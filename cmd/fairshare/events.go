@@ -24,7 +24,8 @@ func eventsCommand() *cli.Command {
 		Usage: "show what was refused (or would have been, in dry-run), evicted or repaired, and why",
 		Description: "Asks the running daemon over its admin socket for its recent events (kernel refusals of\n" +
 			"connect and SYN, the front's and the permit API's refusals, evictions, reconcile's\n" +
-			"repairs), then exits; with --follow it keeps printing new ones until interrupted.\n" +
+			"repairs), then exits; with --follow it keeps printing new ones until interrupted, or\n" +
+			"until the daemon stops (exit 1, so that a forwarder under a supervisor reconnects).\n" +
 			"Each project's events are bounded per second (events.per_sec), in the kernel too:\n" +
 			"what is over the bound is dropped and a 'dropped' event says how many. A stream that\n" +
 			"cannot keep up is told the same way. Counters in /metrics are exact; events are for\n" +
@@ -39,7 +40,7 @@ func eventsCommand() *cli.Command {
 			// No environment variable: FAIRSHARE_POOL is run's --pool.
 			&cli.StringFlag{Name: "pool", Usage: "only the events of pool `NAME` (connections, requests, flights, residents, ...)"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per event and line"},
-			&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing new events until interrupted"},
+			&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing new events until interrupted (exit 0) or the daemon stops (exit 1)"},
 		},
 		Action: eventsAction,
 	}
