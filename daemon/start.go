@@ -291,25 +291,24 @@ func lockPinsOnce(dir string) (*os.File, error) {
 }
 
 // lockForStart takes the pin directory's lock (lockPins) for a daemon that
-// starts. While the directory does not exist yet there is nothing to lock,
-// and two daemons starting at once would both go on, the second to write
-// over the first's pins and, refused at last, to remove them with its
-// rollback. So a start that finds no directory first takes startLock, an
-// exclusive lock on the directory's parent (waiting up to startLockWait for
-// another start to finish), then looks again: a daemon that made the
-// directory meanwhile holds its lock, and this start is refused
-// (ErrPinsInUse). The caller holds startLock until its kernel side has made
-// and locked the directory, or its rollback has removed what it made.
-// startLock is nil when the directory exists, or its parent does not (the
-// loader refuses such a pin directory).
+// starts, under startLock, an exclusive lock on the directory's parent that
+// every start takes first (waiting up to startLockWait for another start to
+// finish) and holds until its kernel side has made and locked the
+// directory, or its rollback has removed what it made. Without it two
+// daemons starting at once on a node with no pins yet (or while the first
+// has made the directory and not locked it yet) would both go on, the
+// second to write over the first's pins and, refused at last, to remove
+// them with its rollback. pinLock is nil while the directory does not
+// exist; startLock is nil only when the parent does not exist (the loader
+// refuses such a pin directory). The lock is on the parent as it is: on a
+// node where bpffs is not mounted yet, a start mounts it over the parent,
+// and a start after that locks the mount's root.
 func lockForStart(dir string) (pinLock, startLock *os.File, err error) {
-	if pinLock, err = lockPins(dir); err != nil || pinLock != nil {
-		return pinLock, nil, err
-	}
 	parent := filepath.Dir(dir)
 	f, err := os.Open(parent)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, nil
+		pinLock, err = lockPins(dir)
+		return pinLock, nil, err
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening the pin directory's parent %s: %w", parent, err)
@@ -331,11 +330,11 @@ func lockForStart(dir string) (pinLock, startLock *os.File, err error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if pinLock, err = lockPins(dir); err != nil || pinLock != nil {
+	if pinLock, err = lockPins(dir); err != nil {
 		f.Close()
-		return pinLock, nil, err
+		return nil, nil, err
 	}
-	return nil, f, nil
+	return pinLock, f, nil
 }
 
 // startLockWait bounds lockForStart's wait for another daemon's start.

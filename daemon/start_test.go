@@ -128,49 +128,67 @@ func TestPinsReplaced(t *testing.T) {
 
 // TestStartsSerialisedOnAFreshNode: two daemons starting at once on a node
 // with no pin directory yet. The second waits for the first's start to be
-// over, then is refused if the first made and locked the directory (it
-// would have written over the first's pins, and its rollback removed
-// them), or goes on if the first's start failed and left none.
+// over, whether or not the first has made the directory yet (its loader
+// makes it long before the daemon locks it), then is refused if the first
+// made and locked the directory (it would have written over the first's
+// pins, and its rollback removed them), or goes on if the first's start
+// failed and left none.
 func TestStartsSerialisedOnAFreshNode(t *testing.T) {
-	for _, firstMakesPins := range []bool{true, false} {
-		dir := filepath.Join(t.TempDir(), "pins")
-		pinA, startA, err := lockForStart(dir)
-		if err != nil || pinA != nil || startA == nil {
-			t.Fatalf("the first start: %v %v %v, want a start lock alone", pinA, startA, err)
-		}
-		type result struct {
-			pin, start *os.File
-			err        error
-		}
-		second := make(chan result, 1)
-		go func() {
-			p, s, err := lockForStart(dir)
-			second <- result{p, s, err}
-		}()
-		select {
-		case r := <-second:
-			t.Fatalf("the second start went on during the first's: %+v", r)
-		case <-time.After(300 * time.Millisecond):
-		}
-		if firstMakesPins {
-			if err := os.Mkdir(dir, 0o700); err != nil {
-				t.Fatal(err)
+	for _, tc := range []struct {
+		name                 string
+		madeEarly, makesPins bool
+	}{{"first makes its pins", false, true}, {"first made the directory before the second came", true, true},
+		{"first fails", false, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "pins")
+			pinA, startA, err := lockForStart(dir)
+			if err != nil || pinA != nil || startA == nil {
+				t.Fatalf("the first start: %v %v %v, want a start lock alone", pinA, startA, err)
 			}
-			if pinA, err = lockPins(dir); err != nil || pinA == nil {
-				t.Fatalf("the first start's lock on its pins: %v %v", pinA, err)
+			if tc.madeEarly {
+				if err := os.Mkdir(dir, 0o700); err != nil {
+					t.Fatal(err)
+				}
 			}
-			defer pinA.Close()
-		}
-		startA.Close()
-		r := <-second
-		switch {
-		case firstMakesPins && !errors.Is(r.err, ErrPinsInUse):
-			t.Fatalf("the second start beside a running first: %+v, want ErrPinsInUse", r)
-		case !firstMakesPins && (r.err != nil || r.pin != nil || r.start == nil):
-			t.Fatalf("the second start after a failed first: %+v, want a start lock", r)
-		}
-		if r.start != nil {
-			r.start.Close()
-		}
+			type result struct {
+				pin, start *os.File
+				err        error
+			}
+			second := make(chan result, 1)
+			go func() {
+				p, s, err := lockForStart(dir)
+				second <- result{p, s, err}
+			}()
+			select {
+			case r := <-second:
+				t.Fatalf("the second start went on during the first's: %+v", r)
+			case <-time.After(300 * time.Millisecond):
+			}
+			if tc.makesPins {
+				if !tc.madeEarly {
+					if err := os.Mkdir(dir, 0o700); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if pinA, err = lockPins(dir); err != nil || pinA == nil {
+					t.Fatalf("the first start's lock on its pins: %v %v", pinA, err)
+				}
+				defer pinA.Close()
+			}
+			startA.Close()
+			r := <-second
+			switch {
+			case tc.makesPins && !errors.Is(r.err, ErrPinsInUse):
+				t.Fatalf("the second start beside a running first: %+v, want ErrPinsInUse", r)
+			case !tc.makesPins && (r.err != nil || r.pin != nil || r.start == nil):
+				t.Fatalf("the second start after a failed first: %+v, want a start lock", r)
+			}
+			if r.start != nil {
+				r.start.Close()
+			}
+			if r.pin != nil {
+				r.pin.Close()
+			}
+		})
 	}
 }
