@@ -101,6 +101,7 @@ type Log struct {
 	ends       []int  // where each event's line ends in buf
 	owe        bool   // the file ends mid-line: a newline goes first
 	moved      bool   // the file was renamed path.1 and the new one is not open yet
+	shifted    bool   // the older files were moved up for the rotation under way
 	rotating   bool   // a rotation failed and is to be tried again
 	nextRotate time.Time
 	writeErr   string // the cause of failed writes last told, "" when writing
@@ -338,8 +339,12 @@ func (l *Log) flush() {
 	n, err := l.f.Write(l.buf)
 	kept := n
 	if err != nil && n > 0 && l.buf[n-1] != '\n' {
+		// The fragment is the file's last n-k bytes (it is appended to):
+		// cut from the file's size as it is, not as counted here, which a
+		// copytruncate makes larger (a truncate to it would pad the file
+		// with zeros).
 		k := bytes.LastIndexByte(l.buf[:n], '\n') + 1
-		if l.f.Truncate(l.fileSize+int64(k)) == nil {
+		if st, serr := l.f.Stat(); serr == nil && st.Size() >= int64(n-k) && l.f.Truncate(st.Size()-int64(n-k)) == nil {
 			kept = k
 		}
 	}
@@ -398,12 +403,21 @@ func (l *Log) rotate() {
 	}
 }
 
+// rename is os.Rename (a test's hook).
+var rename = os.Rename
+
 func (l *Log) rotateFile() error {
 	if !l.moved {
-		for i := l.keep - 1; i >= 1; i-- {
-			_ = os.Rename(l.path+"."+strconv.Itoa(i), l.path+"."+strconv.Itoa(i+1))
+		// The older files move once per rotation, not at each retry of
+		// a rotation whose last rename fails (each retry would push one
+		// more of them out).
+		if !l.shifted {
+			for i := l.keep - 1; i >= 1; i-- {
+				_ = rename(l.path+"."+strconv.Itoa(i), l.path+"."+strconv.Itoa(i+1))
+			}
+			l.shifted = true
 		}
-		if err := os.Rename(l.path, l.path+".1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := rename(l.path, l.path+".1"); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("events log: %w", err)
 		}
 		l.moved = true
@@ -413,7 +427,7 @@ func (l *Log) rotateFile() error {
 		return err
 	}
 	old := l.f
-	l.f, l.fileSize, l.owe, l.moved = f, size, owe, false
+	l.f, l.fileSize, l.owe, l.moved, l.shifted = f, size, owe, false, false
 	if err := old.Close(); err != nil {
 		l.log.Warn("events.log: closing the rotated file", "path", l.path+".1", "err", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -478,4 +479,48 @@ func hangFile(t *testing.T, path, fifo string) *os.File {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// A rotation whose last rename fails is tried again without moving the
+// older files up again at each try: with keep 3, the files path.1 and path.2
+// held become path.2 and path.3 once, whatever the retries (each retry
+// pushed one more of them out).
+func TestLogRotateRetryKeepsOlderFiles(t *testing.T) {
+	defer func(d time.Duration) { rotateRetry = d }(rotateRetry)
+	rotateRetry = 10 * time.Millisecond
+	path := filepath.Join(t.TempDir(), "events.log")
+	for i, c := range []string{"one\n", "two\n"} {
+		if err := os.WriteFile(path+"."+strconv.Itoa(i+1), []byte(c), 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var fails atomic.Int32
+	fails.Store(5)
+	defer func() { rename = os.Rename }()
+	rename = func(from, to string) error {
+		if from == path && fails.Add(-1) >= 0 {
+			return errors.New("in the way")
+		}
+		return os.Rename(from, to)
+	}
+	l, err := OpenLog(path, LogOptions{MaxBytes: 200, Keep: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for n := 0; fails.Load() >= 0 || l.Stats().Err != ""; n++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("rotation not done: %+v", l.Stats())
+		}
+		l.Write(numbered(n))
+		l.sync()
+		time.Sleep(5 * time.Millisecond)
+		l.Flush()
+	}
+	for i, want := range map[int]string{2: "one\n", 3: "two\n"} {
+		if b, err := os.ReadFile(path + "." + strconv.Itoa(i)); err != nil || string(b) != want {
+			t.Errorf("%s.%d: %q %v, want %q", path, i, b, err, want)
+		}
+	}
 }
