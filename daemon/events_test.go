@@ -6,17 +6,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/events"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader"
 )
 
@@ -199,7 +197,7 @@ func TestPublishDoesNotBlockOnAHungFile(t *testing.T) {
 	}
 	// The log's descriptor is made to lead to a FIFO nobody reads: its
 	// writes block once the pipe is full, as on a hung file system.
-	r := hangFile(t, path, filepath.Join(dir, "fifo"))
+	r := testutil.HangFile(t, path, filepath.Join(dir, "fifo"))
 	const n = 20000
 	sub := s.hub.Subscribe(events.Filter{}, n)
 	done := make(chan struct{})
@@ -241,46 +239,4 @@ func TestPublishDoesNotBlockOnAHungFile(t *testing.T) {
 	if r := s.recent(events.Filter{}); len(r) != cfg.Recent || r[len(r)-1].Count != n-1 {
 		t.Fatalf("the ring: %d events, the last %+v", len(r), r[len(r)-1])
 	}
-}
-
-// hangFile points this process's descriptor of path to the FIFO fifo
-// (made here) and returns the FIFO's reading end, not read until the test
-// reads it.
-func hangFile(t *testing.T, path, fifo string) *os.File {
-	t.Helper()
-	want, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd := -1
-	for _, e := range ents {
-		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && l == want {
-			if _, err := fmt.Sscan(e.Name(), &fd); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if fd < 0 {
-		t.Fatalf("no descriptor of %s", want)
-	}
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r, err := os.OpenFile(fifo, os.O_RDONLY|unix.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := unix.Open(fifo, unix.O_WRONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(w)
-	if err := unix.Dup3(w, fd, unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	return r
 }

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // lockedBuffer is a log's output, read by the test while the writer may
@@ -369,7 +369,7 @@ func TestLogCloseBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := hangFile(t, path, filepath.Join(dir, "fifo"))
+	r := testutil.HangFile(t, path, filepath.Join(dir, "fifo"))
 	defer r.Close()
 	// Some events through, then a burst: the 4 KiB pipe fills and the
 	// writer hangs in a write.
@@ -433,52 +433,6 @@ func TestLogCloseBounded(t *testing.T) {
 	if st := l.Stats(); st.Written+st.Dropped != n || st.Failed != 0 {
 		t.Errorf("%+v: written and dropped do not make %d", st, n)
 	}
-}
-
-// hangFile points this process's descriptor of path to the FIFO fifo
-// (made here, its pipe 4 KiB) and returns the FIFO's reading end, not read
-// until the test reads it: the writes to path block once the pipe is
-// full, as on a hung file system.
-func hangFile(t *testing.T, path, fifo string) *os.File {
-	t.Helper()
-	want, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd := -1
-	for _, e := range ents {
-		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && l == want {
-			if fd, err = strconv.Atoi(e.Name()); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if fd < 0 {
-		t.Fatalf("no descriptor of %s", want)
-	}
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r, err := os.OpenFile(fifo, os.O_RDONLY|unix.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := unix.Open(fifo, unix.O_WRONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(w)
-	if _, err := unix.FcntlInt(uintptr(w), unix.F_SETPIPE_SZ, 4096); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Dup3(w, fd, unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	return r
 }
 
 // A rotation whose last rename fails is tried again without moving the
