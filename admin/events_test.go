@@ -47,21 +47,28 @@ func (b *eventBackend) publish(e events.Event) {
 	b.hub.Publish(e)
 }
 
-// TestEventsStream: GET /v1/events filters the kept events, streams new
-// ones with follow, bounds the streams open at once (so followers leave the
-// admin socket to the CLI) and refuses a bad filter naming it.
-func TestEventsStream(t *testing.T) {
+// startEventServer serves an eventBackend (over startServer's store) on a
+// socket of its own until cancel; done then gets Serve's error.
+func startEventServer(t *testing.T) (sock string, b *eventBackend, cancel func(), done chan error) {
+	t.Helper()
 	sock, sb := startServer(t)
-	// Another server on another socket, over the same store, with events.
-	b := &eventBackend{storeBackend: sb, hub: events.NewHub(nil)}
+	b = &eventBackend{storeBackend: sb, hub: events.NewHub(nil)}
 	sock = filepath.Join(filepath.Dir(sock), "events.sock")
 	ln, err := Listen(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	done = make(chan error, 1)
 	go func() { done <- NewServer(b, nil).Serve(ctx, ln) }()
+	return sock, b, cancel, done
+}
+
+// TestEventsStream: GET /v1/events filters the kept events, streams new
+// ones with follow, bounds the streams open at once (so followers leave the
+// admin socket to the CLI) and refuses a bad filter naming it.
+func TestEventsStream(t *testing.T) {
+	sock, b, cancel, done := startEventServer(t)
 	defer func() { cancel(); <-done }()
 	b.publish(events.Event{Kind: events.KindRefused, Project: "alpha", Pool: "requests"})
 	b.publish(events.Event{Kind: events.KindRefused, Project: "beta", Pool: "requests"})
@@ -82,7 +89,7 @@ func TestEventsStream(t *testing.T) {
 		t.Fatalf("alpha in connections: %+v", got)
 	}
 	var apiErr *APIError
-	err = c.Events(context.Background(), events.Filter{Project: "../x"}, false, func(events.Event) error { return nil })
+	err := c.Events(context.Background(), events.Filter{Project: "../x"}, false, func(events.Event) error { return nil })
 	if !errors.As(err, &apiErr) || apiErr.Code != http.StatusBadRequest {
 		t.Fatalf("bad project: %v", err)
 	}
@@ -135,17 +142,8 @@ func TestEventsStream(t *testing.T) {
 // shutdown for its grace, and the daemon stopped with an error (exit 1)
 // whenever `fairshare events -f` was open.
 func TestShutdownEndsFollowers(t *testing.T) {
-	sock, sb := startServer(t)
-	b := &eventBackend{storeBackend: sb, hub: events.NewHub(nil)}
-	sock = filepath.Join(filepath.Dir(sock), "events.sock")
-	ln, err := Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
+	sock, b, cancel, done := startEventServer(t)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- NewServer(b, nil).Serve(ctx, ln) }()
 	c := NewClient(sock)
 	followed := make(chan error, 1)
 	go func() {

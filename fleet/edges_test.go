@@ -48,6 +48,18 @@ func (m *Member) publishedAt(lease clientv3.LeaseID, rev int64, at time.Time) {
 	m.published, m.pubLease, m.pubRev, m.pubAt = []byte("{}"), lease, rev, at
 }
 
+// publishedNode is offline's Member, published under lease at revision
+// rev and renewed at the clock's time.
+func publishedNode(t *testing.T, clk *fixedClock, lease clientv3.LeaseID, rev int64) (*Member, *pools.Pool) {
+	t.Helper()
+	m, p := offline(t, clk)
+	m.mu.Lock()
+	m.publishedAt(lease, rev, clk.t)
+	m.lastRenew = clk.t
+	m.mu.Unlock()
+	return m, p
+}
+
 // view3 is a view of nodes a (its key under lease, written at revision
 // rev), b and c, and a plan giving a 10 of the 12.
 func view3(lease, rev int64) (map[string]Node, Plan) {
@@ -59,18 +71,14 @@ func view3(lease, rev int64) (map[string]Node, Plan) {
 // The others share a node's part out once its lease ends, a lease_ttl
 // after its last renewal was sent, however recently etcd answered it
 // otherwise (a watch's events, a put): by then the node is at its safe
-// slice, falling to it over the lease's last third, and connected as it
+// slice, falling to it over the lease's last quarter, and connected as it
 // may still be. (It used to decay from a lease_ttl after the last answer
 // of any kind, a lease later: the fleet held its allotment twice.)
 func TestLeaseEndBoundsTheAllotment(t *testing.T) {
 	t0 := time.Unix(1e9, 0)
 	clk := &fixedClock{t0}
-	m, p := offline(t, clk)
+	m, p := publishedNode(t, clk, 7, 10)
 	ttl := m.cfg.LeaseTTL
-	m.mu.Lock()
-	m.publishedAt(7, 10, t0)
-	m.lastRenew = t0
-	m.mu.Unlock()
 	v, plan := view3(7, 10)
 	prev := 11
 	for _, at := range []time.Duration{0, ttl / 2, ttl * 2 / 3, ttl * 3 / 4, ttl * 5 / 6, ttl * 11 / 12, ttl, ttl + time.Millisecond, 3 * ttl} {
@@ -107,11 +115,7 @@ func TestLeaseEndBoundsTheAllotment(t *testing.T) {
 func TestNewLeaseWaitsForItsPublication(t *testing.T) {
 	t0 := time.Unix(1e9, 0)
 	clk := &fixedClock{t0}
-	m, p := offline(t, clk)
-	m.mu.Lock()
-	m.publishedAt(7, 10, t0)
-	m.lastRenew = t0
-	m.mu.Unlock()
+	m, p := publishedNode(t, clk, 7, 10)
 	v, plan := view3(7, 10)
 	m.applyView(v, plan, 0)
 	if size := p.Snapshot().Size; size != 10 {
@@ -149,11 +153,7 @@ func TestNewLeaseWaitsForItsPublication(t *testing.T) {
 func TestSameNodeNameTwice(t *testing.T) {
 	t0 := time.Unix(1e9, 0)
 	clk := &fixedClock{t0}
-	m, p := offline(t, clk)
-	m.mu.Lock()
-	m.publishedAt(7, 10, t0)
-	m.lastRenew = t0
-	m.mu.Unlock()
+	m, p := publishedNode(t, clk, 7, 10)
 	v, plan := view3(7, 10)
 	m.applyView(v, plan, 0)
 	v, plan = view3(50, 11) // the other daemon's put
@@ -196,11 +196,7 @@ func TestOwnKeysNotAnotherDaemons(t *testing.T) {
 	}
 	connected := func(t *testing.T) (*Member, *pools.Pool, *fixedClock) {
 		clk := &fixedClock{t0}
-		m, p := offline(t, clk)
-		m.mu.Lock()
-		m.publishedAt(7, 10, t0)
-		m.lastRenew = t0
-		m.mu.Unlock()
+		m, p := publishedNode(t, clk, 7, 10)
 		m.applyView(view(view3(7, 10)))
 		check(t, m, p, StateConnected, 10)
 		// Cut off past the lease, then back with a new lease.
@@ -226,14 +222,7 @@ func TestOwnKeysNotAnotherDaemons(t *testing.T) {
 		check(t, m, p, StateCutOff, 4)
 	})
 	// A first publication under 8, at revision 30.
-	first := func(t *testing.T) (*Member, *pools.Pool) {
-		m, p := offline(t, &fixedClock{t0})
-		m.mu.Lock()
-		m.publishedAt(8, 30, t0)
-		m.lastRenew = t0
-		m.mu.Unlock()
-		return m, p
-	}
+	first := func(t *testing.T) (*Member, *pools.Pool) { return publishedNode(t, &fixedClock{t0}, 8, 30) }
 	t.Run("a previous run's key", func(t *testing.T) {
 		m, p := first(t)
 		m.applyView(view(view3(5, 20)))

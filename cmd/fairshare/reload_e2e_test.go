@@ -5,13 +5,11 @@ package main
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"syscall"
 	"testing"
-
-	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // TestReloadKindChangeKeepsPools: a SIGHUP whose file changes a pool's
@@ -22,26 +20,17 @@ import (
 // not made a second pool of its name (status listed it twice, and every
 // scrape of /metrics failed on the repeated series).
 func TestReloadKindChangeKeepsPools(t *testing.T) {
-	db, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.Sink(t, db)
-	other, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.Sink(t, other)
+	db, other := netip.MustParseAddrPort(sink(t)), netip.MustParseAddrPort(sink(t))
 	n := newNode(t, fmt.Sprintf("pools:\n  connections: {size: 100}\n  db: {size: 3, floor: 1, destinations: [\"127.0.0.1/32:%d\"]}\n  jobs: {size: 8}\n",
-		db.Addr().(*net.TCPAddr).Port))
+		db.Port()))
 	n.start()
-	a := n.connectFrom("alpha", db.Addr().String(), 3)
+	a := n.connectFrom("alpha", db.String(), 3)
 	defer a.close()
 	if a.connected != 3 {
 		t.Fatalf("alpha to db: %+v", a)
 	}
 	n.rewrite(fmt.Sprintf("pools:\n  connections: {size: 100}\n  db: {size: 3, floor: 1}\n  jobs: {size: 8, destinations: [\"127.0.0.1/32:%d\"]}\n",
-		other.Addr().(*net.TCPAddr).Port))
+		other.Port()))
 	if err := n.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +52,7 @@ func TestReloadKindChangeKeepsPools(t *testing.T) {
 	if dbp := pool(st, "db"); jobs != 1 || dbp.Enforcer != "kernel" || len(dbp.Destinations) != 1 || dbp.InUse != 3 {
 		t.Fatalf("after the reload: %d pools named jobs, db %+v; want one, and db limiting its destination", jobs, dbp)
 	}
-	if a2 := n.connectFrom("beta", db.Addr().String(), 1); a2.refused != 1 {
+	if a2 := n.connectFrom("beta", db.String(), 1); a2.refused != 1 {
 		a2.close()
 		t.Fatalf("beta to db, full: %+v, want refused", a2)
 	} else {
