@@ -160,7 +160,9 @@ func NewSource(o SourceOptions) *Source {
 			}
 		}
 	}
-	s.Polled = membership.NewPolled(membership.SourceKubernetes, o.Every, s.fetch)
+	// Stored before the first fetch, which signals through it.
+	s.Polled = membership.PreparePolled(membership.SourceKubernetes, o.Every, s.fetch)
+	s.Start()
 	ctx, stop := context.WithCancel(context.Background())
 	s.stop, s.followDone = stop, make(chan struct{})
 	go s.follow(ctx)

@@ -45,11 +45,24 @@ type Polled struct {
 // NewPolled starts polling fetch every interval for the source named name;
 // Close stops it.
 func NewPolled(name string, every time.Duration, fetch func(context.Context) (Found, error)) *Polled {
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &Polled{name: name, fetch: fetch, every: every, changed: make(chan struct{}, 1), kick: make(chan struct{}, 1),
-		limit: every, cancel: cancel, done: make(chan struct{}), err: ErrNotRead}
-	go p.run(ctx)
+	p := PreparePolled(name, every, fetch)
+	p.Start()
 	return p
+}
+
+// PreparePolled is NewPolled without the start: for a source whose fetch
+// calls the Polled itself (Signal), which must be stored where fetch finds
+// it before the first fetch runs. Start begins the polling, once.
+func PreparePolled(name string, every time.Duration, fetch func(context.Context) (Found, error)) *Polled {
+	return &Polled{name: name, fetch: fetch, every: every, changed: make(chan struct{}, 1), kick: make(chan struct{}, 1),
+		limit: every, done: make(chan struct{}), err: ErrNotRead}
+}
+
+// Start begins polling: the first fetch at once, then one every interval.
+func (p *Polled) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	go p.run(ctx)
 }
 
 func (p *Polled) run(ctx context.Context) {
