@@ -56,9 +56,15 @@ type Events struct {
 	KernelDropped uint64 `json:"kernel_dropped"`
 	StreamLost    uint64 `json:"stream_lost"`
 	Subscribers   int    `json:"subscribers"`
-	// Log is events.log, if configured, and LogErrors its failed writes.
-	Log       string `json:"log,omitempty"`
-	LogErrors uint64 `json:"log_errors"`
+	// Log is events.log, if configured, and LogErrors the events it did
+	// not write: the sum of LogFailed (lost to failed writes), LogDropped
+	// (dropped while its queue was full: a file that did not keep up) and
+	// LogClosed (published after it closed, at shutdown).
+	Log        string `json:"log,omitempty"`
+	LogErrors  uint64 `json:"log_errors"`
+	LogFailed  uint64 `json:"log_failed"`
+	LogDropped uint64 `json:"log_dropped"`
+	LogClosed  uint64 `json:"log_closed"`
 }
 
 // PoliciesFile is what the daemon's policies file holds.

@@ -101,7 +101,7 @@ func (s *eventSink) publish(e events.Event) {
 	// refuses only once closed (a part still finishing at shutdown).
 	if s.file != nil {
 		if err := s.file.Write(e); err != nil {
-			s.stats.LogErrors++
+			s.stats.LogClosed++
 			if !s.toldClosed {
 				s.toldClosed = true
 				s.log.Warn("events.log: events published after it closed are not written", "err", err)
@@ -182,7 +182,8 @@ func (s *eventSink) status() *admin.Events {
 	st.StreamLost, st.Subscribers = hs.Lost, hs.Subscribers
 	if s.file != nil {
 		ls := s.file.Stats()
-		st.LogErrors += ls.Failed + ls.Dropped
+		st.LogFailed, st.LogDropped = ls.Failed, ls.Dropped
+		st.LogErrors = st.LogFailed + st.LogDropped + st.LogClosed
 	}
 	return &st
 }

@@ -233,7 +233,7 @@ func TestPublishDoesNotBlockOnAHungFile(t *testing.T) {
 	if st.Published != n || len(sub.C) != n {
 		t.Fatalf("published %d, %d on the stream; want %d", st.Published, len(sub.C), n)
 	}
-	if ls.Dropped == 0 || st.LogErrors != ls.Dropped+ls.Failed {
+	if ls.Dropped == 0 || st.LogDropped != ls.Dropped || st.LogFailed != ls.Failed || st.LogErrors != ls.Dropped+ls.Failed {
 		t.Fatalf("the log's drops not counted: status %+v, log %+v", st, ls)
 	}
 	if r := s.recent(events.Filter{}); len(r) != cfg.Recent || r[len(r)-1].Count != n-1 {

@@ -52,7 +52,7 @@ type Collector struct {
 	nsFound, nsAttached, nsSweeps, nsSweep    *prometheus.Desc
 	nsErrors                                  *prometheus.Desc
 	poolWould, poolEnforced, would            *prometheus.Desc
-	evPublished, evDropped, evLost            *prometheus.Desc
+	evPublished, evDropped, evLost, evLogLost *prometheus.Desc
 	polRefused, polRefusals, polRefusedAt     *prometheus.Desc
 	polLoadedAt, polProjects                  *prometheus.Desc
 	fleetSize, fleetAllot, fleetSafe          *prometheus.Desc
@@ -157,6 +157,8 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 		evDropped: d("events_dropped_total",
 			"Events dropped over the per-project bound (events.per_sec), where: kernel (in the BPF programs) or daemon.", "where"),
 		evLost: d("events_stream_lost_total", "Events lost by 'fairshare events' streams that did not keep up."),
+		evLogLost: d("events_log_lost_total",
+			"Events events.log did not write, by reason: failed (a write failed, e.g. a full disk), dropped (its queue was full: the file did not keep up), closed (published after it closed).", "reason"),
 		polRefused: d("policies_file_refused",
 			"Whether the policies file's current content is refused (the policies read before stay in force)."),
 		polRefusals:  d("policies_file_refusals_total", "Contents of the policies file refused (each content counted once)."),
@@ -187,7 +189,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.lnOpen, c.lnMax, c.lnAccepted, c.lnRefused, c.lnErrors,
 		c.memMembers, c.memRefused, c.memSourceUp, c.nsFound, c.nsAttached, c.nsSweeps, c.nsSweep, c.nsErrors,
 
-		c.poolWould, c.poolEnforced, c.would, c.evPublished, c.evDropped, c.evLost,
+		c.poolWould, c.poolEnforced, c.would, c.evPublished, c.evDropped, c.evLost, c.evLogLost,
 		c.polRefused, c.polRefusals, c.polRefusedAt, c.polLoadedAt, c.polProjects,
 		c.fleetSize, c.fleetAllot, c.fleetSafe, c.fleetShare, c.fleetActive, c.fleetNodes, c.fleetConnected, c.fleetWrites,
 		c.fleetAlloc, c.fleetHeld} {
@@ -239,6 +241,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.evDropped, prometheus.CounterValue, float64(e.Dropped), "daemon")
 		ch <- prometheus.MustNewConstMetric(c.evDropped, prometheus.CounterValue, float64(e.KernelDropped), "kernel")
 		ch <- prometheus.MustNewConstMetric(c.evLost, prometheus.CounterValue, float64(e.StreamLost))
+		if e.Log != "" {
+			ch <- prometheus.MustNewConstMetric(c.evLogLost, prometheus.CounterValue, float64(e.LogFailed), "failed")
+			ch <- prometheus.MustNewConstMetric(c.evLogLost, prometheus.CounterValue, float64(e.LogDropped), "dropped")
+			ch <- prometheus.MustNewConstMetric(c.evLogLost, prometheus.CounterValue, float64(e.LogClosed), "closed")
+		}
 	}
 	if f := st.PoliciesFile; f != nil {
 		// Only with a policies file configured; the timestamps once there

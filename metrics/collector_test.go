@@ -454,6 +454,31 @@ fairshare_kernel_events_total{event="unaccounted"} 3
 	}
 }
 
+// TestCollectEventsLog: the events events.log did not write, by reason,
+// only with a log configured.
+func TestCollectEventsLog(t *testing.T) {
+	st := sample()
+	st.Events = &admin.Events{Published: 9, Log: "/var/log/fairshare/events.log", LogErrors: 6, LogFailed: 1, LogDropped: 2, LogClosed: 3}
+	c := New(fixed(st), 10, nil)
+	want := `
+# HELP fairshare_events_log_lost_total Events events.log did not write, by reason: failed (a write failed, e.g. a full disk), dropped (its queue was full: the file did not keep up), closed (published after it closed).
+# TYPE fairshare_events_log_lost_total counter
+fairshare_events_log_lost_total{reason="closed"} 3
+fairshare_events_log_lost_total{reason="dropped"} 2
+fairshare_events_log_lost_total{reason="failed"} 1
+`
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "fairshare_events_log_lost_total"); err != nil {
+		t.Error(err)
+	}
+	lint(t, c)
+	st.Events.Log = ""
+	if n := testutil.CollectAndCount(New(fixed(st), 10, nil), "fairshare_events_log_lost_total"); n != 0 {
+		t.Errorf("%d events.log series without events.log", n)
+	}
+}
+
 func TestCollectMembership(t *testing.T) {
 	st := sample()
 	ref := func(src, by string) admin.Refused {
