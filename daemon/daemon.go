@@ -332,6 +332,12 @@ func New(opts Options) (*Daemon, error) {
 	if cfg.PoliciesFile != "" {
 		d.file = newPolicyFile(cfg.PoliciesFile, d.defPolicy, opts.ConfigDir)
 		d.followPolicies()
+	} else if err := d.store.ClearAccepted(); err != nil {
+		// Without a policies file none of its policies is in force: the
+		// content an earlier run kept must not come back, stale, at a
+		// later start that names the file again and finds it refused.
+		log.Warn("the policies file's content an earlier run kept could not be cleared from the policy store; "+
+			"a later start with policies_file set and the file refused would put it in force again", "err", err)
 	}
 	ok = true
 	return d, nil

@@ -232,6 +232,42 @@ func TestPoliciesFileKeptAcrossRestart(t *testing.T) {
 	}
 }
 
+// TestPoliciesFileUnsetForgetsItsContent: a start without a policies file
+// forgets the content an earlier run kept, so that a later start naming the
+// file again, and refusing it, puts none of that old content in force.
+func TestPoliciesFileUnsetForgetsItsContent(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	path := filepath.Join(t.TempDir(), "policies.yaml")
+	if err := os.WriteFile(path, []byte("alpha: {requests_per_sec: 50}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, _, _ := newTestDaemon(t, func(c *config.Config) { c.StateDir, c.PoliciesFile = state, path })
+	if l := d.rates.State("alpha").Limits; l.RequestsPerSec != 50 {
+		t.Fatalf("alpha's rate %v, want the file's 50", l.RequestsPerSec)
+	}
+	d.Close()
+
+	d, _, _ = newTestDaemon(t, func(c *config.Config) { c.StateDir = state })
+	if l := d.rates.State("alpha").Limits; l.RequestsPerSec != 0 {
+		t.Fatalf("alpha's rate %v without a policies file, want none", l.RequestsPerSec)
+	}
+	if _, found, err := d.store.LoadAccepted(); err != nil || found {
+		t.Fatalf("the file's content still kept (%v, %v) after a start without the file", found, err)
+	}
+	d.Close()
+
+	if err := os.WriteFile(path, []byte("alpha: {tier: gold}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, _, _ = newTestDaemon(t, func(c *config.Config) { c.StateDir, c.PoliciesFile = state, path })
+	if l := d.rates.State("alpha").Limits; l.RequestsPerSec != 0 {
+		t.Fatalf("alpha's rate %v with the file refused at start, want none: the old content came back", l.RequestsPerSec)
+	}
+	if st := d.file.status(); st.Error == "" || strings.Contains(st.Error, "STALE") {
+		t.Fatalf("status %+v, want the refusal, not stale", st)
+	}
+}
+
 // Keeping the file's content in the store may fail: the daemon starts and
 // follows the file all the same, says so once, and keeps it at a later
 // poll.

@@ -51,6 +51,26 @@ func (s *Store) SaveAccepted(a Accepted) error {
 	return nil
 }
 
+// ClearAccepted forgets the policies file's content stored before, if any:
+// for a daemon that runs without a policies file, whose policies are then
+// in force no longer.
+func (s *Store) ClearAccepted() error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketFile)
+		if b == nil || b.Get(keyAccepted) == nil {
+			return nil
+		}
+		if err := b.Delete(keyAccepted); err != nil {
+			return err
+		}
+		return bumpVersion(tx)
+	})
+	if err != nil {
+		return fmt.Errorf("clearing the policies file's content: %w", err)
+	}
+	return nil
+}
+
 // LoadAccepted returns the policies file's content stored last, and
 // whether there is one.
 func (s *Store) LoadAccepted() (Accepted, bool, error) {
