@@ -82,6 +82,9 @@ type PoliciesFile struct {
 	// the last was.
 	Refusals  uint64    `json:"refusals"`
 	RefusedAt time.Time `json:"refused_at,omitzero"`
+	// Pending is set while the last poll read a change not yet in force:
+	// the next poll puts it in force if it reads the same content.
+	Pending bool `json:"pending,omitempty"`
 }
 
 // Reconcile describes the reconcile passes: the last one's findings, and

@@ -51,6 +51,8 @@ type policyFile struct {
 	// again; storedAt is when that run read it.
 	stale    bool
 	storedAt time.Time
+	// pending is the file's Pending after the last poll.
+	pending bool
 
 	// Under the daemon's polMu:
 	// started is set once the first poll (in New) has run.
@@ -105,7 +107,7 @@ func (pf *policyFile) status() *admin.PoliciesFile {
 	pf.mu.Lock()
 	defer pf.mu.Unlock()
 	return &admin.PoliciesFile{Path: pf.f.Path(), Projects: len(pf.owned), LoadedAt: pf.loadedAt, Error: pf.lastErr,
-		Refusals: pf.refusals, RefusedAt: pf.refusedAt}
+		Refusals: pf.refusals, RefusedAt: pf.refusedAt, Pending: pf.pending}
 }
 
 // staleNote is what a refusal adds while the policies in force are the
@@ -138,6 +140,9 @@ func (d *Daemon) followPolicies() {
 	}
 	d.retryReleases()
 	next, changed, err := pf.f.Poll()
+	pf.mu.Lock()
+	pf.pending = pf.f.Pending()
+	pf.mu.Unlock()
 	if err != nil {
 		pf.mu.Lock()
 		pf.lastErr = err.Error()

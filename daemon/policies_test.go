@@ -150,6 +150,9 @@ func TestPoliciesFileHalfWritten(t *testing.T) {
 	if l := d.rates.State("alpha").Limits; l.RequestsPerSec != 100 {
 		t.Fatalf("alpha's rate %v with the file half written, want the file's 100 kept", l.RequestsPerSec)
 	}
+	if !d.file.status().Pending {
+		t.Errorf("status does not show the change read and not yet in force")
+	}
 	if _, err := w.WriteString("50}\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -157,6 +160,9 @@ func TestPoliciesFileHalfWritten(t *testing.T) {
 	d.followPolicies()
 	if l := d.rates.State("alpha").Limits; l.RequestsPerSec != 150 {
 		t.Fatalf("alpha's rate %v once written, want 150", l.RequestsPerSec)
+	}
+	if d.file.status().Pending {
+		t.Errorf("status shows a change pending once it is in force")
 	}
 }
 

@@ -231,6 +231,9 @@ func printStatus(w io.Writer, st admin.Status) error {
 			fmt.Fprintf(tw, "; its current content is REFUSED since %s (%s), the policies read before stay in force",
 				f.RefusedAt.Format(time.RFC3339), f.Error)
 		}
+		if f.Pending {
+			fmt.Fprintf(tw, "; a change is read, in force at the next poll if the file still reads the same")
+		}
 		if f.Refusals > 0 {
 			fmt.Fprintf(tw, "; %d contents refused since the daemon started", f.Refusals)
 		}
