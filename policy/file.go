@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fairshare-dev/fairshare/internal/project"
 	"go.yaml.in/yaml/v3"
@@ -235,6 +236,8 @@ type File struct {
 	// Poll read it: it is put in force (or refused) when the next Poll
 	// reads it the same.
 	pending *seen
+	// settle is the wait between the first Poll's reads.
+	settle time.Duration
 }
 
 // seen is a content as one Poll read it.
@@ -249,7 +252,7 @@ type seen struct {
 // shaped as a policies file (not YAML, not a mapping of project names to
 // mappings) is refused as "not a policies file", with no detail at all.
 func NewFile(path string, def Policy, configDir string) *File {
-	return &File{path: path, def: def, dir: configDir}
+	return &File{path: path, def: def, dir: configDir, settle: 50 * time.Millisecond}
 }
 
 // Resume makes content, put in force from this file before (by an earlier
@@ -299,8 +302,8 @@ func sameStat(a, b os.FileInfo) bool {
 }
 
 // Poll returns the file's policies when they changed since the last Poll
-// (changed true), or changed false. The first Poll returns what it reads;
-// a later one returns a change only when the Poll before read the same
+// (changed true), or changed false. The first Poll returns what it reads
+// once two reads a moment apart (settle) agree; a later one returns a change only when the Poll before read the same
 // content (see File), and until then changed is false. A file that cannot
 // be read or does not validate is an error, once per distinct error and
 // content: the caller keeps the policies it has. A missing file holds no
@@ -313,22 +316,30 @@ func (f *File) Poll() (policies map[string]Policy, changed bool, err error) {
 	if st != nil && f.stat != nil && f.read && f.pending == nil && sameStat(st, f.stat) {
 		return nil, false, nil
 	}
-	var b []byte
-	if st != nil {
-		if !st.Mode().IsRegular() {
-			return f.failRead(fmt.Errorf("policies file %s is not a regular file", f.path))
-		}
-		r, err := os.Open(f.path)
-		if err != nil {
-			return f.failRead(fmt.Errorf("policies file %s: %w", f.path, err))
-		}
-		b, err = io.ReadAll(io.LimitReader(r, MaxFileSize+1))
-		r.Close()
-		if err != nil {
-			return f.failRead(fmt.Errorf("policies file %s: %w", f.path, err))
-		}
+	st, b, err := f.readAt(st)
+	if err != nil {
+		return f.failRead(err)
 	}
 	sum := sha256.Sum256(b)
+	// The first read has no Poll before it to agree with: it is read
+	// again a moment later, until two reads agree (a file being written
+	// in place at the daemon's start is not put in force half-written).
+	for i := 0; !f.read && i < firstReads; i++ {
+		time.Sleep(f.settle)
+		st2, err := os.Stat(f.path)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return f.failRead(fmt.Errorf("policies file %s: %w", f.path, err))
+		}
+		st2, b2, err := f.readAt(st2)
+		if err != nil {
+			return f.failRead(err)
+		}
+		sum2 := sha256.Sum256(b2)
+		if sum2 == sum && (st2 == nil) == (st == nil) {
+			break
+		}
+		st, b, sum = st2, b2, sum2
+	}
 	if f.read && sum == f.sum {
 		f.stat, f.pending = st, nil
 		if f.lastErr == "" {
@@ -357,6 +368,29 @@ func (f *File) Poll() (policies map[string]Policy, changed bool, err error) {
 	}
 	f.lastErr, f.accepted = "", b
 	return p, true, nil
+}
+
+// firstReads bounds the reads again of the first Poll (File.settle apart).
+const firstReads = 20
+
+// readAt reads the file that st (nil: none) describes: no file holds nothing.
+func (f *File) readAt(st os.FileInfo) (os.FileInfo, []byte, error) {
+	if st == nil {
+		return nil, nil, nil
+	}
+	if !st.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("policies file %s is not a regular file", f.path)
+	}
+	r, err := os.Open(f.path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("policies file %s: %w", f.path, err)
+	}
+	defer r.Close()
+	b, err := io.ReadAll(io.LimitReader(r, MaxFileSize+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("policies file %s: %w", f.path, err)
+	}
+	return st, b, nil
 }
 
 // failRead is fail for a file that could not be read: the next Poll reads

@@ -209,6 +209,43 @@ func TestPollWaitsForStableFile(t *testing.T) {
 // Resume makes a content read by an earlier run what the first Poll
 // compares with: the same file is no change, another one waits for a
 // second Poll.
+// TestFirstPollWaitsForStableFile: the first Poll has no Poll before it to
+// agree with; a file written in place while it reads (truncated, half
+// written, then finished) is read again until two reads agree, and the
+// finished content is what it returns, in every order of the writer's
+// steps and the reads.
+func TestFirstPollWaitsForStableFile(t *testing.T) {
+	full := "a: {tier: pro, requests_per_sec: 150}\n"
+	for round := range 16 {
+		path := filepath.Join(t.TempDir(), "policies.yaml")
+		if err := os.WriteFile(path, []byte(full), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		f := NewFile(path, Default(), "")
+		f.settle = 250 * time.Millisecond
+		w, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.WriteString("a: {tier: pro, requests_per_sec: 1"); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			defer w.Close()
+			// The rest comes within a settle, at any moment in it.
+			time.Sleep(time.Duration(round%4) * 30 * time.Millisecond)
+			w.WriteString("50}\n")
+		}()
+		p, changed, err := f.Poll()
+		<-done
+		if err != nil || !changed || p["a"].RequestsPerSec != 150 {
+			t.Fatalf("round %d: first Poll %v %v %v; want the finished file's 150", round, p, changed, err)
+		}
+	}
+}
+
 func TestFileResume(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "policies.yaml")
 	if err := os.WriteFile(path, []byte("a: {tier: pro}\n"), 0o644); err != nil {
