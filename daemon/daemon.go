@@ -75,6 +75,13 @@ type Daemon struct {
 	pinLock *os.File
 	// storeClosed: closeParts closed the store (it keeps d.store).
 	storeClosed bool
+	// kernelClosed and fleetClosed: closeParts closed them. It keeps
+	// d.kernel and d.fleet named: an admin call or a scrape still
+	// finishing past the shutdown's grace (which http.Server.Close does
+	// not wait for) reads them without a lock, and gets the limiter's
+	// ErrClosed rather than a nil pointer. kernelClosed is guarded by
+	// destMu, which a reload holds while it uses the kernel side.
+	kernelClosed, fleetClosed bool
 	// pinsGone is set once the pin directory is found removed or replaced
 	// (watchPins): nothing of it is the daemon's to unpin as it exits.
 	pinsGone  atomic.Bool
@@ -802,11 +809,11 @@ func (d *Daemon) closeParts() error {
 	if d.front != nil {
 		d.front.CloseIdle()
 	}
-	if d.fleet != nil {
+	if d.fleet != nil && !d.fleetClosed {
 		errs = append(errs, d.fleet.close())
-		d.fleet = nil
+		d.fleetClosed = true
 	}
-	if d.kernel != nil {
+	if d.kernel != nil && !d.kernelClosed {
 		// Checked again here: a stop that came before the watcher's next
 		// tick must not clean a directory another daemon made since.
 		var gone *os.File
@@ -816,12 +823,11 @@ func (d *Daemon) closeParts() error {
 			}
 		}
 		// Under destMu: a reload (SIGHUP) under way uses the kernel side
-		// until it is done, and one after finds none.
+		// until it is done, and one after finds it closed.
 		d.destMu.Lock()
-		k := d.kernel
-		d.kernel = nil
+		d.kernelClosed = true
+		errs = append(errs, d.kernel.close(d.opts.DetachOnExit, gone))
 		d.destMu.Unlock()
-		errs = append(errs, k.close(d.opts.DetachOnExit, gone))
 	}
 	if d.projects != nil {
 		errs = append(errs, d.projects.close())

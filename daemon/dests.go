@@ -3,6 +3,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"reflect"
@@ -108,6 +109,10 @@ func (d *Daemon) destStatus(st *admin.Status) error {
 	sort.SliceStable(st.Pools, func(i, j int) bool { return st.Pools[i].Name < st.Pools[j].Name })
 	return nil
 }
+
+// errStopping is Reload's answer once the daemon has closed its kernel
+// side: nothing is applied, as the daemon is stopping.
+var errStopping = errors.New("the daemon is stopping")
 
 // Reload applies cfg, read again from the same sources on SIGHUP: its
 // destination pools, at once and keeping their counts (added, resized,
@@ -216,9 +221,12 @@ func (d *Daemon) Reload(cfg config.Config) error {
 			d.log.Warn("reload: a change to a pool that is not a destination pool needs a restart; it is not applied", "pool", name)
 		}
 	}
-	// d.kernel is read under destMu, which closeParts takes to end it: a
+	// Under destMu, which closeParts takes to close the kernel side: a
 	// SIGHUP that comes as the daemon stops applies to a kernel side
 	// still open, or to none.
+	if d.kernelClosed {
+		return errStopping
+	}
 	if k := d.kernel; k != nil {
 		if err := k.lim.SetDestPools(next); err != nil {
 			return fmt.Errorf("%w: %w", config.ErrInvalid, err)

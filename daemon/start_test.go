@@ -8,13 +8,16 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 
+	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader"
+	"github.com/fairshare-dev/fairshare/policy"
 )
 
 // restorePins removes, on real bpffs, exactly what a failed start added:
@@ -190,5 +193,106 @@ func TestStartsSerialisedOnAFreshNode(t *testing.T) {
 				r.pin.Close()
 			}
 		})
+	}
+}
+
+// TestCallsPastCloseFindItClosed: an admin call or a scrape still running
+// when the daemon closes (http.Server.Close does not wait for handlers past
+// the shutdown's grace) reads the kernel side and the store while they
+// close, in every order: each gets an error or an answer, never a nil
+// pointer, and a reload after the close applies nothing.
+func TestCallsPastCloseFindItClosed(t *testing.T) {
+	testutil.RequireRoot(t)
+	for round := range 5 {
+		root := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-pastclose-")
+		pin := filepath.Join("/sys/fs/bpf", filepath.Base(root))
+		t.Cleanup(func() { loader.Cleanup(pin) })
+		var cfg config.Config
+		d, _, _ := newTestDaemon(t, func(c *config.Config) {
+			c.BPF, c.PinDir, c.ProjectsRoot, c.Tick = true, pin, root, time.Minute
+			c.Projects.Sources = []string{"directory"}
+			c.Pools["db"] = config.Pool{Size: 4, Destinations: []string{"127.0.0.1/32:15432"}}
+			cfg = *c
+		})
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					d.Status(t.Context())
+					d.apply("alpha", policy.Policy{Shares: 1, RequestsPerSec: 10})
+					select {
+					case <-stop:
+						return
+					default:
+					}
+				}
+			}()
+		}
+		time.Sleep(time.Duration(round) * time.Millisecond)
+		if err := d.Close(); err != nil {
+			t.Fatalf("round %d: close: %v", round, err)
+		}
+		close(stop)
+		wg.Wait()
+		if _, err := d.Status(t.Context()); err == nil {
+			t.Errorf("round %d: status of a closed daemon answered", round)
+		}
+		if err := d.Reload(cfg); !errors.Is(err, errStopping) {
+			t.Errorf("round %d: reload after close: %v, want %v", round, err, errStopping)
+		}
+	}
+}
+
+// TestDryRunSetsNeverGoBack: policies changing a project's dry-run from
+// several goroutines at once (admin calls, the control loop's tick) leave
+// the kernel's dry-run set equal to the last one asked for, in every
+// order: a write of an older copy of the set after a newer one put a
+// project back as it was.
+func TestDryRunSetsNeverGoBack(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-dryrun-")
+	pin := filepath.Join("/sys/fs/bpf", filepath.Base(root))
+	t.Cleanup(func() { loader.Cleanup(pin) })
+	projects := []string{"p0", "p1", "p2", "p3", "p4", "p5"}
+	for _, p := range projects {
+		if err := os.Mkdir(filepath.Join(root, p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, _, _ := newTestDaemon(t, func(c *config.Config) {
+		c.BPF, c.PinDir, c.ProjectsRoot, c.Tick = true, pin, root, time.Minute
+		c.Projects.Sources = []string{"directory"}
+	})
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pin, "fs_dryrun"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for round := range 200 {
+		var wg sync.WaitGroup
+		for i, p := range projects {
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				d.kernel.setDryRun(p, (round+i)%2 == 0)
+			}()
+			go func() {
+				defer wg.Done()
+				d.kernel.syncDryRun() // the tick's
+			}()
+		}
+		wg.Wait()
+		var id uint64
+		var v uint32
+		n := 0
+		for it := m.Iterate(); it.Next(&id, &v); {
+			n++
+		}
+		if want := len(d.kernel.dry); n != want {
+			t.Fatalf("round %d: %d projects in dry-run in the kernel, %d asked for", round, n, want)
+		}
 	}
 }

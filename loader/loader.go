@@ -994,6 +994,10 @@ func (l *Limiter) closeFDs() {
 // Close closes the limiter's file descriptors. The pinned maps and links
 // stay, so the kernel keeps counting and refusing; a later Open reuses them.
 func (l *Limiter) Close() error {
+	// A pass under way (onePass) reads the maps without mu: it ends
+	// before their descriptors close.
+	l.passM.Lock()
+	defer l.passM.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {

@@ -151,8 +151,12 @@ func (r *ReadOnly) Close() error {
 // while a daemon runs and indefinitely while none does. Reported with the
 // share, it is the pair the kernel enforces.
 func (l *Limiter) KernelActive() (int, error) {
-	if err := l.checkOpen(); err != nil {
-		return 0, err
+	// Under mu: Close closes the maps' descriptors under it, and a status
+	// call may still run as the daemon stops.
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return 0, ErrClosed
 	}
 	var node limiterFsPool
 	if err := l.objs.FsNode.Lookup(uint32(0), &node); err != nil {

@@ -352,11 +352,13 @@ func (l *Limiter) Reconcile(ctx context.Context) (ReconcileReport, error) {
 // onePass runs f, a pass or a walk, once no other runs, if l is open and
 // ctx not done.
 func (l *Limiter) onePass(ctx context.Context, f func() (ReconcileReport, error)) (ReconcileReport, error) {
+	l.passM.Lock()
+	defer l.passM.Unlock()
+	// Checked under passM, which Close takes: a pass never reads maps
+	// closed under it.
 	if err := l.checkOpen(); err != nil {
 		return ReconcileReport{}, err
 	}
-	l.passM.Lock()
-	defer l.passM.Unlock()
 	if err := ctx.Err(); err != nil {
 		return ReconcileReport{}, err
 	}
