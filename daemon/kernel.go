@@ -90,9 +90,14 @@ type kernelSide struct {
 	dryPool   bool // the pool is in dry-run (pools.connections.enforce: false)
 	exempt    bool // connections.exempt names cgroups: followed every tick (refreshExempt)
 
-	mu   sync.Mutex // guards the fields below
-	book kernelBook
-	rec  admin.Reconcile
+	// syncMu serialises syncDryRun's copy and write: a write of an older
+	// copy after a newer one put the set back as it was (a project just
+	// put in dry-run refused, one just put back admitted past the rule,
+	// until the next tick).
+	syncMu sync.Mutex
+	mu     sync.Mutex // guards the fields below
+	book   kernelBook
+	rec    admin.Reconcile
 	// settleErr is the last settle's error, logged once ("": it worked).
 	settleErr string
 	// When the loop last reconciled and read the entries; zero: never.

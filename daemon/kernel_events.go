@@ -37,6 +37,8 @@ func (k *kernelSide) setDryRun(project string, on bool) {
 }
 
 func (k *kernelSide) syncDryRun() {
+	k.syncMu.Lock()
+	defer k.syncMu.Unlock()
 	k.mu.Lock()
 	dry := maps.Clone(k.dry)
 	k.mu.Unlock()
