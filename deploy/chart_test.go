@@ -5,8 +5,10 @@ package deploy
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -41,6 +43,28 @@ const (
 	staticNamespace = "fairshare-system"
 )
 
+// minKube is the oldest Kubernetes the chart supports, from Chart.yaml's
+// kubeVersion (">=1.28.0-0"): the static manifests are rendered for it, so
+// that they hold no field an older API server would refuse.
+func minKube(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(ChartDir, "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta struct {
+		KubeVersion string `json:"kubeVersion"`
+	}
+	if err := sigyaml.Unmarshal(b, &meta); err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`^>=\s*v?([0-9]+\.[0-9]+\.[0-9]+)(-0)?$`).FindStringSubmatch(meta.KubeVersion)
+	if m == nil {
+		t.Fatalf("Chart.yaml kubeVersion %q: not >=X.Y.Z, the test cannot tell the oldest version", meta.KubeVersion)
+	}
+	return m[1]
+}
+
 // objects is a rendered chart decoded into the Kubernetes API types.
 type objects struct {
 	daemonSet       *appsv1.DaemonSet
@@ -49,6 +73,7 @@ type objects struct {
 	namespaces      []*corev1.Namespace
 	serviceMonitors []*monitoringv1.ServiceMonitor
 	rules           []*monitoringv1.PrometheusRule
+	quotas          []*corev1.ResourceQuota
 }
 
 var codecs = func() serializer.CodecFactory {
@@ -91,6 +116,8 @@ func decode(t *testing.T, stream string) objects {
 			o.serviceMonitors = append(o.serviceMonitors, v)
 		case *monitoringv1.PrometheusRule:
 			o.rules = append(o.rules, v)
+		case *corev1.ResourceQuota:
+			o.quotas = append(o.quotas, v)
 		default:
 			t.Fatalf("unexpected kind %s", gvk)
 		}
@@ -244,6 +271,9 @@ func TestChartDefaults(t *testing.T) {
 	if a := ds.Spec.Template.Annotations["container.apparmor.security.beta.kubernetes.io/fairshare"]; a != "" {
 		t.Errorf("the AppArmor annotation on a cluster that reads appArmorProfile: %q", a)
 	}
+	if p := sc.AppArmorProfile; p == nil || p.Type != corev1.AppArmorProfileTypeUnconfined {
+		t.Errorf("appArmorProfile %+v, want Unconfined", p)
+	}
 }
 
 // TestChartPoolKeysChecked: a pool's window without its unit, an enforce
@@ -290,9 +320,12 @@ func TestChartPoolKeysChecked(t *testing.T) {
 
 // TestChartOldKubernetes: before Kubernetes 1.30 the container's
 // appArmorProfile is not read, and only the annotation keeps the runtime's
-// default profile (which denies pinning below /sys/fs/bpf) off the daemon.
+// default profile (which denies pinning below /sys/fs/bpf) off the daemon;
+// nor is it known, so kubectl apply's strict validation (and Helm's, on
+// install) refuses the field: there the chart renders the annotation alone,
+// from 1.30 on the field alone.
 func TestChartOldKubernetes(t *testing.T) {
-	for kube, want := range map[string]string{"1.28.3": "unconfined", "v1.29.9-gke.100": "unconfined", "1.30.0": "", "1.33.1": ""} {
+	for kube, want := range map[string]string{"1.28.3": "unconfined", "v1.29.9-gke.100": "unconfined", "1.30.0": "", "1.31.2": "", "1.33.1": ""} {
 		s, err := RenderFor(ChartDir, "fs", "ops", kube, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -301,6 +334,93 @@ func TestChartOldKubernetes(t *testing.T) {
 		if a := ds.Spec.Template.Annotations["container.apparmor.security.beta.kubernetes.io/fairshare"]; a != want {
 			t.Errorf("Kubernetes %s: AppArmor annotation %q, want %q", kube, a, want)
 		}
+		field := container(t, ds).SecurityContext.AppArmorProfile
+		if want != "" && field != nil {
+			t.Errorf("Kubernetes %s: appArmorProfile %+v, a field this API server does not know", kube, field)
+		}
+		if want == "" && (field == nil || field.Type != corev1.AppArmorProfileTypeUnconfined) {
+			t.Errorf("Kubernetes %s: appArmorProfile %+v, want Unconfined", kube, field)
+		}
+	}
+}
+
+// TestChartPriorityQuota: outside kube-system, a ResourceQuota scoped to the
+// DaemonSet's critical priority class admits its pods where the ResourceQuota
+// admission limits those classes to kube-system (GKE's default); none in
+// kube-system, none when turned off, none for a priority class of another
+// kind.
+func TestChartPriorityQuota(t *testing.T) {
+	o := render(t, nil)
+	if len(o.quotas) != 1 {
+		t.Fatalf("%d ResourceQuotas, want 1", len(o.quotas))
+	}
+	q := o.quotas[0]
+	pods := q.Spec.Hard[corev1.ResourcePods]
+	if q.Namespace != "ops" || pods.Value() < 100000 {
+		t.Errorf("quota %s/%s pods %s: want one in the release namespace, far above any node count", q.Namespace, q.Name, pods.String())
+	}
+	want := []corev1.ScopedResourceSelectorRequirement{{ScopeName: corev1.ResourceQuotaScopePriorityClass,
+		Operator: corev1.ScopeSelectorOpIn, Values: []string{o.daemonSet.Spec.Template.Spec.PriorityClassName}}}
+	if q.Spec.ScopeSelector == nil || !reflect.DeepEqual(q.Spec.ScopeSelector.MatchExpressions, want) || len(q.Spec.Scopes) != 0 {
+		t.Errorf("quota scope %+v, want %+v", q.Spec.ScopeSelector, want)
+	}
+	if want[0].Values[0] != "system-node-critical" {
+		t.Errorf("the DaemonSet's priority class %s", want[0].Values[0])
+	}
+	o = render(t, map[string]any{"priorityClassName": "system-cluster-critical", "priorityClassQuota": map[string]any{"pods": "10k"}})
+	if len(o.quotas) != 1 || o.quotas[0].Spec.ScopeSelector.MatchExpressions[0].Values[0] != "system-cluster-critical" ||
+		o.quotas[0].Spec.Hard.Pods().String() != "10k" {
+		t.Errorf("system-cluster-critical, pods 10k: quotas %+v", o.quotas)
+	}
+	s, err := RenderFor(ChartDir, "fs", "kube-system", "1.33.0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(decode(t, s).quotas); n != 0 {
+		t.Errorf("%d ResourceQuotas in kube-system, where the critical classes need none", n)
+	}
+	for _, v := range []map[string]any{
+		{"priorityClassQuota": map[string]any{"enabled": false}},
+		{"priorityClassQuota": map[string]any{"enabled": "false"}},
+		{"priorityClassName": "fairshare-high"},
+		{"priorityClassName": ""},
+	} {
+		if n := len(render(t, v).quotas); n != 0 {
+			t.Errorf("values %v: %d ResourceQuotas, want none", v, n)
+		}
+	}
+}
+
+// TestChartRefusesSharedNamespace: the daemon exempts its own namespace's
+// pods, so a release in default (or in a namespace the policies name as a
+// project) would leave that namespace's tenants unlimited: refused at render,
+// naming the value that accepts it.
+func TestChartRefusesSharedNamespace(t *testing.T) {
+	for ns, v := range map[string]map[string]any{
+		"default": nil,
+		"team-a":  {"policies": map[string]any{"team-a": map[string]any{"tier": "pro"}}},
+	} {
+		_, err := RenderFor(ChartDir, "fs", ns, "1.33.0", v)
+		if err == nil || !strings.Contains(err.Error(), "allowSharedNamespace") || !strings.Contains(err.Error(), ns) {
+			t.Errorf("namespace %s: %v, want a refusal naming allowSharedNamespace", ns, err)
+		}
+		v = maps.Clone(v)
+		if v == nil {
+			v = map[string]any{}
+		}
+		v["allowSharedNamespace"] = true
+		if _, err := RenderFor(ChartDir, "fs", ns, "1.33.0", v); err != nil {
+			t.Errorf("namespace %s with allowSharedNamespace: %v", ns, err)
+		}
+	}
+	if _, err := RenderFor(ChartDir, "fs", "default", "1.33.0", map[string]any{"allowSharedNamespace": "false"}); err == nil {
+		t.Error(`namespace default with allowSharedNamespace "false" (--set-string): accepted`)
+	}
+	// Labelled pods only: no policy names a namespace.
+	if _, err := RenderFor(ChartDir, "fs", "team-a", "1.33.0", map[string]any{
+		"kubernetes": map[string]any{"projectLabel": "fairshare.io/project", "namespaceProjects": false},
+		"policies":   map[string]any{"team-a": map[string]any{"tier": "pro"}}}); err != nil {
+		t.Errorf("labelled projects only, a policy named like the release namespace: %v", err)
 	}
 }
 
@@ -405,13 +525,15 @@ func TestChartValues(t *testing.T) {
 // TestStaticManifests: kubernetes/fairshare.yaml is the chart rendered with
 // its defaults (run with -update to rewrite it).
 func TestStaticManifests(t *testing.T) {
-	s, err := Render(ChartDir, staticName, staticNamespace, staticValues)
+	kube := minKube(t)
+	s, err := RenderFor(ChartDir, staticName, staticNamespace, kube, staticValues)
 	if err != nil {
 		t.Fatal(err)
 	}
 	head := fmt.Sprintf("# fairshare for kubectl apply: the Helm chart in deploy/helm/fairshare rendered\n"+
-		"# with its default values and its namespace (release %q in namespace %q).\n"+
-		"# Regenerate from the repository's root: %s\n", staticName, staticNamespace, regenerate)
+		"# with its default values and its namespace (release %q in namespace %q),\n"+
+		"# for Kubernetes %s, the oldest it supports: they apply on every later one.\n"+
+		"# Regenerate from the repository's root: %s\n", staticName, staticNamespace, kube, regenerate)
 	want := head + s
 	if *update {
 		if err := os.WriteFile(staticManifests, []byte(want), 0o644); err != nil {
@@ -430,9 +552,23 @@ func TestStaticManifests(t *testing.T) {
 		o.namespaces[0].Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
 		t.Errorf("the manifests' namespace %+v: want %s, labelled for the privileged Pod Security level", o.namespaces, staticNamespace)
 	}
-	// kubectl apply creates in the file's order: the namespace first.
+	// kubectl apply creates in the file's order: the namespace first, then
+	// the quota that admits the DaemonSet's critical pods.
 	if i := strings.Index(want, "kind: "); !strings.HasPrefix(want[i:], "kind: Namespace") {
 		t.Error("the namespace is not the manifests' first object")
+	}
+	if len(o.quotas) != 1 || strings.Index(want, "kind: ResourceQuota") > strings.Index(want, "kind: DaemonSet") {
+		t.Errorf("%d ResourceQuotas: want one, before the DaemonSet", len(o.quotas))
+	}
+	// What an API server of every supported version takes: before 1.30 the
+	// container's appArmorProfile is an unknown field that kubectl apply
+	// refuses; the annotation is read by all (from 1.30 on the API server
+	// copies it into the field as it creates the pod).
+	if a := o.daemonSet.Spec.Template.Annotations["container.apparmor.security.beta.kubernetes.io/fairshare"]; a != "unconfined" {
+		t.Errorf("the manifests' AppArmor annotation %q, want unconfined", a)
+	}
+	if p := container(t, o.daemonSet).SecurityContext.AppArmorProfile; p != nil {
+		t.Errorf("the manifests' container has appArmorProfile %+v, which Kubernetes 1.28 and 1.29 refuse", p)
 	}
 	// The command deploy/doc.go gives is the one this test names.
 	doc, err := os.ReadFile("doc.go")

@@ -267,7 +267,22 @@ func (k *kubelet) container(tpl corev1.PodTemplateSpec, sc *rt.PodSandboxConfig)
 		return nil, ""
 	}
 	lsc.Seccomp, lsc.SeccompProfilePath = profile("seccomp", s.SeccompProfile, nil)
-	lsc.Apparmor, lsc.ApparmorProfile = profile("AppArmor", nil, s.AppArmorProfile)
+	// kubelet reads the container's field, else the pod's deprecated
+	// annotation (the chart's form before Kubernetes 1.30, and the static
+	// manifests'), as its apparmor.GetProfile does.
+	aa := s.AppArmorProfile
+	if aa == nil {
+		switch a, ok := tpl.Annotations[corev1.DeprecatedAppArmorBetaContainerAnnotationKeyPrefix+c.Name]; {
+		case !ok:
+		case a == corev1.DeprecatedAppArmorBetaProfileNameUnconfined:
+			aa = &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined}
+		case a == corev1.DeprecatedAppArmorBetaProfileRuntimeDefault:
+			aa = &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeRuntimeDefault}
+		default:
+			t.Fatalf("AppArmor annotation %q: the test's kubelet does not know it", a)
+		}
+	}
+	lsc.Apparmor, lsc.ApparmorProfile = profile("AppArmor", nil, aa)
 	if !lsc.Privileged {
 		lsc.MaskedPaths, lsc.ReadonlyPaths = maskedPaths, readonlyPaths
 	}

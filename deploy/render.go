@@ -56,11 +56,19 @@ func renderFor(dir, name, namespace string, values map[string]any, caps *common.
 			names = append(names, n)
 		}
 	}
-	// The namespace first: kubectl apply creates in the stream's order.
+	// kubectl apply creates in the stream's order: the namespace first, then
+	// the quota that admits the DaemonSet's pods (created before it, they
+	// would be refused until the controller's next try), as Helm orders them.
+	first := map[string]int{"namespace.yaml": 1, "resourcequota.yaml": 2}
+	rank := func(n string) int {
+		if r, ok := first[filepath.Base(n)]; ok {
+			return r
+		}
+		return len(first) + 1
+	}
 	sort.Slice(names, func(i, j int) bool {
-		ni, nj := filepath.Base(names[i]) == "namespace.yaml", filepath.Base(names[j]) == "namespace.yaml"
-		if ni != nj {
-			return ni
+		if ri, rj := rank(names[i]), rank(names[j]); ri != rj {
+			return ri < rj
 		}
 		return names[i] < names[j]
 	})
