@@ -575,8 +575,10 @@ static __always_inline __u32 dest_adoptable(struct sock *sk, __u64 id)
  * made before each was classified, took the (unclassified) project's share
  * and were then moved to it, without bound. Not aborted: a socket adopted
  * by a dump (older than the programs, KIND_ADOPTED), an accepted one, one
- * past a destination pool's rule only, and any while the project is not
- * enforced (dry-run, its own or the pool's, or a lapse). bpf_sock_destroy
+ * past a destination pool's rule only, any while the project is not
+ * enforced (dry-run, its own or the pool's, or a lapse), and one taken past
+ * the rule while it was not enforced (KIND_OUT_LAX: a connection a lapse
+ * admitted is not reset when the daemon comes back). bpf_sock_destroy
  * came with Linux 6.5: weak, and looked for, so that the programs load on
  * an older kernel, where nothing is aborted.
  */

@@ -517,11 +517,12 @@ func (l *Limiter) reservationsByProject() (map[uint64]int, error) {
 	return out, nil
 }
 
-// kindExemptOut is the first of the exempt kinds of fs_sock and fs_resv
-// (KIND_EXEMPT_OUT in bpf/lib/types.h).
-const kindExemptOut = 4
+// kindExemptOut and kindExemptAdopted are the first and last of the exempt
+// kinds of fs_sock and fs_resv (KIND_EXEMPT_OUT and KIND_EXEMPT_ADOPTED in
+// bpf/lib/types.h; KIND_OUT_LAX, after them, is not one).
+const kindExemptOut, kindExemptAdopted = 4, 6
 
-func isExemptKind(k uint32) bool { return k >= kindExemptOut }
+func isExemptKind(k uint32) bool { return k >= kindExemptOut && k <= kindExemptAdopted }
 
 // SetPool changes POOL and FLOOR in force (floor 0: the default for size),
 // as a fleet pool's allotment moves (package fleet). Size 0 admits nobody.

@@ -256,6 +256,56 @@ func TestUnclassifiedMovedPastAborted(t *testing.T) {
 	}
 }
 
+// TestLapseAdmittedNotAborted: connections a pod opened while unclassified
+// and while enforcement lapsed (no daemon), past the rule, are moved to the
+// pod's project when the daemon is back and classifies it, past the rule,
+// and kept: nothing refused them when they were made, so the daemon's
+// return resets none of them. The same pod's connections made once the
+// daemon is back, in the unclassified share, are still aborted when the move
+// takes them past the rule (TestUnclassifiedMovedPastAborted).
+func TestLapseAdmittedNotAborted(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	const pool, lapse, long = 6, 2 * time.Second, time.Hour
+	l, kp := kubeLayoutWith(t, root, pin, Options{PoolSize: pool, AbortMovedPast: true, LapseAfter: long})
+	dirs := mkdirs(t, kp, "burstable/podA", "burstable/podA/ctr", "burstable/podB", "burstable/podB/ctr")
+	podA, podACtr, podB, podBCtr := dirs[0], dirs[1], dirs[2], dirs[3]
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}))
+	dst := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	a := startHelper(t, podACtr)
+	if r := a.dial("tcp4", dst, pool+1); r.refused == 0 {
+		t.Fatalf("team-a was not refused: %+v", r)
+	}
+	// The daemon goes: its last heartbeat with a short lapse, then none.
+	if err := RenewHeartbeat(pin, lapse); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "lapsed", func() (bool, string) {
+		lp, err := l.Lapse()
+		return err == nil && lp.Lapsed, "not lapsed"
+	})
+	b := startHelper(t, podBCtr)
+	b.dialOK("tcp4", dst, pool, "unclassified podB in a lapse")
+	// The daemon is back: the heartbeat first, then podB is team-a's.
+	if err := RenewHeartbeat(pin, long); err != nil {
+		t.Fatal(err)
+	}
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: "team-a", Cgroup: podB}))
+	rep := reconcileOK(t, l)
+	if rep.Moved["team-a"] == 0 || rep.MovedPast["team-a"] == 0 || len(rep.Aborted) != 0 {
+		t.Fatalf("podB's lapse-admitted connections moved into team-a: moved %v past %v aborted %v", rep.Moved, rep.MovedPast, rep.Aborted)
+	}
+	if r := b.dial("tcp4", dst, 1); r.refused != 1 {
+		t.Fatalf("team-a admitted past the rule once the daemon was back: %+v", r)
+	}
+	if rep := reconcileOK(t, l); len(rep.Aborted) != 0 {
+		t.Fatalf("a second pass aborted %v", rep.Aborted)
+	}
+	a.do("close")
+	b.do("close")
+	waitInUse(t, l, 0, map[string]int{"team-a": 0, Unclassified: 0})
+}
+
 // movedPastAborted is TestUnclassifiedMovedPastAborted, team-a in dry-run
 // from its classification if dry: then nothing is aborted (it would not be
 // refused either).

@@ -257,7 +257,7 @@ __noinline int connect_stale(__u64 cookie);
  */
 static __always_inline int take_permit(int at, bool fine, struct holder *h, __u64 id, struct fs_project *p, __u64 cg, __u32 moved)
 {
-	bool ex = false, would = false, stale = false;
+	bool ex = false, would = false, stale = false, lax = false;
 	/* The clock reading is shared with the destination pool's (h->clk)
 	 * at a connect only: elsewhere each use reads its own, as before
 	 * (at is a constant, so the code there is what it was). */
@@ -291,6 +291,7 @@ again:
 			if (dry_run(id)) {
 				take_past_rule(p);
 				would = at != AT_SYN;
+				lax = true;
 				goto kind;
 			}
 			/* A request socket exists already, whatever the rule
@@ -309,7 +310,7 @@ again:
 	}
 	__u32 kind;
 kind:
-	kind = at == AT_CONNECT ? (ex ? KIND_EXEMPT_OUT : KIND_OUT) : (ex ? KIND_EXEMPT_IN : KIND_IN);
+	kind = at == AT_CONNECT ? (ex ? KIND_EXEMPT_OUT : lax ? KIND_OUT_LAX : KIND_OUT) : (ex ? KIND_EXEMPT_IN : KIND_IN);
 keep:
 	if (moved)
 		kind = moved;

@@ -100,9 +100,14 @@ enum sock_kind {
 	KIND_EXEMPT_OUT = 4,
 	KIND_EXEMPT_IN = 5,
 	KIND_EXEMPT_ADOPTED = 6,
+	/* An outbound permit taken past the rule while it was not enforced
+	 * for its project (dry-run, or a lapse: the daemon away): a KIND_OUT
+	 * in all but one thing, that a move past the rule never aborts it
+	 * (fs_dump), since nothing refused it when it was made. */
+	KIND_OUT_LAX = 7,
 };
 
-#define KIND_IS_EXEMPT(k) ((k) >= KIND_EXEMPT_OUT)
+#define KIND_IS_EXEMPT(k) ((k) >= KIND_EXEMPT_OUT && (k) <= KIND_EXEMPT_ADOPTED)
 
 /*
  * A permit held by a socket, keyed by its cookie (held.h). The entry exists
