@@ -246,9 +246,19 @@ func TestFastPathDrainHandedHeadAnswered(t *testing.T) {
 	}
 	defer c.Close()
 	_, _ = io.WriteString(c, "POST /up HTTP/1.1\r\nHost: x\r\n")
-	time.Sleep(100 * time.Millisecond) // read: the head has begun
+	loopUntil(t, r.front, "the loop to have the head's start", headBegun)
+	fs := r.front.fast.Load()
 	go func() {
-		time.Sleep(200 * time.Millisecond) // the drain has begun
+		// The rest comes once the drain has begun and net/http's server
+		// takes no more connections (else the test fails on no answer).
+		if !loopWait(r.front, draining) {
+			return
+		}
+		select {
+		case <-fs.closed:
+		case <-time.After(limitsDeadline):
+			return
+		}
 		_, _ = io.WriteString(c, "Fairshare-Project: alpha\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
 	}()
 	if got := answerDuringStop(t, r, c); got != "200 OK hello" {
@@ -559,6 +569,43 @@ func onLoop(f *Front, fn func(lp *loop)) {
 	<-done
 }
 
+// loopUntil waits, looking on the fast path's first loop, until cond holds
+// there; the test fails after limitsDeadline, saying what it waited for.
+func loopUntil(t *testing.T, f *Front, what string, cond func(lp *loop) bool) {
+	t.Helper()
+	if !loopWait(f, cond) {
+		t.Fatalf("waiting for %s: not within %v", what, limitsDeadline)
+	}
+}
+
+// loopWait is loopUntil for any goroutine: false after limitsDeadline.
+func loopWait(f *Front, cond func(lp *loop) bool) bool {
+	for deadline := time.Now().Add(limitsDeadline); ; time.Sleep(2 * time.Millisecond) {
+		ok := false
+		onLoop(f, func(lp *loop) { ok = cond(lp) })
+		if ok {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
+// headBegun: a client's head has begun in the loop (it is served during
+// a drain; an idle client is closed at the drain's start).
+func headBegun(lp *loop) bool {
+	for _, fc := range lp.clients {
+		if fc.state == csHead {
+			return true
+		}
+	}
+	return false
+}
+
+// draining: the loop has begun to drain.
+func draining(lp *loop) bool { return !lp.drainBy.IsZero() }
+
 // TestFastPathDrainClosesAfterAnswerInFlight: a client whose last answer
 // is still being written when Serve is told to stop (it reads slowly)
 // gets that answer, and then its connection is closed, as net/http's
@@ -608,7 +655,9 @@ func TestFastPathDrainClosesAfterAnswerInFlight(t *testing.T) {
 	start := time.Now()
 	stopped := make(chan struct{})
 	go func() { defer close(stopped); r.stop() }()
-	time.Sleep(50 * time.Millisecond) // the loop drains
+	// The loop drains before the client takes the rest of its answer:
+	// else it would be idle, not draining, when it sends the next request.
+	loopUntil(t, r.front, "the loop to drain", draining)
 	_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
 	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, nil)
@@ -675,7 +724,10 @@ func TestFastPathDrainUpgradeKept(t *testing.T) {
 		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
 		_, _ = io.Copy(c, br) // echo
 	})
-	r := serveDrain(t, ul.Addr().String(), Config{FastPath: true}, nil, 300*time.Millisecond)
+	// Long enough for the hand-over, the upstream's dial and its 101 on a
+	// busy machine: a drain that ended first would close the connection
+	// before the upgrade, and the test would fail for that.
+	r := serveDrain(t, ul.Addr().String(), Config{FastPath: true}, nil, 2*time.Second)
 	c, err := net.Dial("tcp", r.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -684,10 +736,21 @@ func TestFastPathDrainUpgradeKept(t *testing.T) {
 	if _, err := io.WriteString(c, "GET /echo HTTP/1.1\r\nHost: x\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond) // the loop has the head's start
+	// A client idle at the stop is closed at once: its head must have
+	// begun in the loop.
+	loopUntil(t, r.front, "the loop to have the head's start", headBegun)
+	fs := r.front.fast.Load()
 	stopped := make(chan struct{})
 	go func() { defer close(stopped); r.stop() }()
-	time.Sleep(50 * time.Millisecond)
+	// The rest of the head comes once the loop drains and net/http's
+	// server takes no more connections: the upgrade is served during the
+	// drain, by a server of its own (serveLate).
+	loopUntil(t, r.front, "the loop to drain", draining)
+	select {
+	case <-fs.closed:
+	case <-time.After(limitsDeadline):
+		t.Fatal("net/http's server still takes connections after the stop")
+	}
 	if _, err := io.WriteString(c, "Fairshare-Project: alpha\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -701,7 +764,9 @@ func TestFastPathDrainUpgradeKept(t *testing.T) {
 		t.Fatalf("answer %s, want 101", resp.Status)
 	}
 	<-stopped
-	time.Sleep(100 * time.Millisecond) // past the drain's end
+	// Past the drain's end (Serve may return before it).
+	end := time.Now().Add(time.Duration(fs.stopAt.Load() - monoNanos.Now()))
+	time.Sleep(time.Until(end) + 100*time.Millisecond)
 	if _, err := io.WriteString(c, "ping"); err != nil {
 		t.Fatal(err)
 	}

@@ -122,6 +122,7 @@ func TestEventsContainerd2(t *testing.T) {
 	}
 	defer cri.Close()
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	evs := make(chan *rt.ContainerEventResponse, 64)
 	streamed := make(chan error, 1)
 	go func() {
@@ -132,41 +133,77 @@ func TestEventsContainerd2(t *testing.T) {
 			}
 		})
 	}()
-	time.Sleep(200 * time.Millisecond) // subscribed (an event before is not sent)
-	p := r.RunPod(t, crtest.PodSpec{Namespace: "team-a", Name: "a", HostNetwork: true})
-	seen := map[string]bool{}
-	for deadline := time.After(10 * time.Second); !seen["sandbox CONTAINER_STARTED_EVENT"] || !seen["container CONTAINER_STARTED_EVENT"]; {
-		select {
-		case ev := <-evs:
-			switch ev.ContainerId {
-			case p.ID:
-				seen["sandbox "+ev.ContainerEventType.String()] = true
-				if ev.PodSandboxStatus.GetMetadata().GetNamespace() != "team-a" {
-					t.Errorf("the sandbox's event carries %+v", ev.PodSandboxStatus.GetMetadata())
-				}
-			case p.ContainerID:
-				seen["container "+ev.ContainerEventType.String()] = true
+	// Nothing says when containerd has subscribed the stream (the events
+	// before are not sent): pods are run until one is seen whole, its
+	// sandbox's events and its container's.
+	pods := map[string]*crtest.Pod{}     // by the sandbox's id
+	seen := map[string]map[string]bool{} // by the sandbox's id
+	whole := func(id string) bool {
+		return seen[id]["sandbox CONTAINER_STARTED_EVENT"] && seen[id]["container CONTAINER_STARTED_EVENT"]
+	}
+	var p *crtest.Pod
+	for deadline := time.Now().Add(30 * time.Second); p == nil; {
+		q := r.RunPod(t, crtest.PodSpec{Namespace: "team-a", Name: fmt.Sprint("a", len(pods)), HostNetwork: true})
+		pods[q.ID], seen[q.ID] = q, map[string]bool{}
+		for next := time.After(3 * time.Second); p == nil; {
+			var ev *rt.ContainerEventResponse
+			select {
+			case ev = <-evs:
+			case err := <-streamed:
+				t.Fatalf("%s: the stream ended: %v", v, err)
+			case <-next:
 			}
-		case <-deadline:
-			t.Fatalf("%s: events of a new pod within 10s: %v", v, seen)
+			if ev == nil {
+				break // another pod
+			}
+			for id, pp := range pods {
+				switch ev.ContainerId {
+				case pp.ID:
+					seen[id]["sandbox "+ev.ContainerEventType.String()] = true
+					if ev.PodSandboxStatus.GetMetadata().GetNamespace() != "team-a" {
+						t.Errorf("the sandbox's event carries %+v", ev.PodSandboxStatus.GetMetadata())
+					}
+				case pp.ContainerID:
+					seen[id]["container "+ev.ContainerEventType.String()] = true
+				}
+				if whole(id) {
+					p = pp
+				}
+			}
+		}
+		if p == nil && time.Now().After(deadline) {
+			t.Fatalf("%s: the events of no new pod within 30s (%d pods run): %v", v, len(pods), seen)
 		}
 	}
+	t.Logf("%s: the events of a new pod were seen whole (pods run: %d)", v, len(pods))
 	cancel()
 	if err := <-streamed; err != nil {
 		t.Errorf("the stream, cancelled: %v", err)
 	}
 
 	s, logs := sourceOn(t, r, time.Hour)
-	if !strings.Contains(logs.String(), "following the container runtime's events") {
-		t.Errorf("%s: the source does not say it follows the events:\n%s", v, logs)
+	// The source says it follows the events (on a goroutine of its own,
+	// not by the first poll) before it asks for them.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "following the container runtime's events"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the source does not say it follows the events:\n%s", v, logs)
+		}
 	}
 	mount := testutil.Cgroup2Mount(t)
-	q := r.RunPod(t, crtest.PodSpec{Namespace: "team-b", Name: "b", HostNetwork: true})
-	took, ok := memberWithin(t, s, filepath.Join(mount, q.CgroupParent), 10*time.Second)
-	if !ok {
-		t.Fatalf("%s: a new pod was no member within 10s, polling once an hour:\n%s", v, logs)
+	// Pods are run until one is a member: the stream may not be open yet
+	// for the first (polls once an hour: found by the events alone).
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; ; i++ {
+		q := r.RunPod(t, crtest.PodSpec{Namespace: "team-b", Name: fmt.Sprint("b", i), HostNetwork: true})
+		took, ok := memberWithin(t, s, filepath.Join(mount, q.CgroupParent), 3*time.Second)
+		if ok {
+			t.Logf("%s: a new pod was a member %s after RunPod returned (by the events; polls once an hour; pods run: %d)", v, took.Round(time.Millisecond), i+1)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no new pod was a member within 30s (%d pods run), polling once an hour:\n%s", v, i+1, logs)
+		}
 	}
-	t.Logf("%s: a new pod was a member %s after RunPod returned (by the events; polls once an hour)", v, took.Round(time.Millisecond))
 
 	// containerd restarts: the stream breaks, is said once, and is
 	// followed again.
@@ -174,7 +211,7 @@ func TestEventsContainerd2(t *testing.T) {
 	r.Up(t)
 	// A pod run before the source subscribed again is found with the
 	// next one's events.
-	deadline := time.Now().Add(30 * time.Second)
+	deadline = time.Now().Add(30 * time.Second)
 	for i := 0; ; i++ {
 		c := r.RunPod(t, crtest.PodSpec{Namespace: "team-c", Name: fmt.Sprint("c", i), HostNetwork: true})
 		if _, ok := memberWithin(t, s, filepath.Join(mount, c.CgroupParent), 3*time.Second); ok {

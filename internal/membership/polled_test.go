@@ -5,11 +5,14 @@ package membership
 import (
 	"context"
 	"errors"
-	"strings"
+	"regexp"
 	"sync/atomic"
 	"testing"
 	"time"
 )
+
+// cutShape is the error of a fetch cut at its bound.
+var cutShape = regexp.MustCompile(`^no answer within ([0-9.]+[a-zµ]+): context deadline exceeded$`)
 
 // TestPolled: a polled source (the shape of the Kubernetes source) answers
 // Scan without waiting on its fetch, says "not read yet" before the first,
@@ -43,7 +46,7 @@ func TestPolled(t *testing.T) {
 		select {
 		case <-p.Changed():
 			return true
-		case <-time.After(time.Second):
+		case <-time.After(10 * time.Second):
 			return false
 		}
 	}
@@ -62,15 +65,23 @@ func TestPolled(t *testing.T) {
 		t.Error("a change reported for the same members")
 	default:
 	}
-	steps <- step{err: errors.New("connection refused")}
+	// The fetch's own error (wrapped as not answered when the test was
+	// slower than the fetch's bound to give it).
+	refused := errors.New("connection refused")
+	steps <- step{err: refused}
 	<-began
-	if _, err := p.Scan(context.Background()); err == nil || err.Error() != "connection refused" {
+	if _, err := p.Scan(context.Background()); !errors.Is(err, refused) {
 		t.Errorf("Scan after a failed fetch: %v", err)
 	}
 	steps <- step{hang: true}
 	<-began
-	if _, err := p.Scan(context.Background()); err == nil || !strings.Contains(err.Error(), "no answer within 100ms") {
+	// Cut at its bound: the interval, or more when the test took longer
+	// than half of it to answer an earlier fetch (the bound is twice what
+	// the last one took).
+	if _, err := p.Scan(context.Background()); !errors.Is(err, context.DeadlineExceeded) || !cutShape.MatchString(err.Error()) {
 		t.Errorf("Scan after a fetch that did not answer: %v", err)
+	} else if d, _ := time.ParseDuration(cutShape.FindStringSubmatch(err.Error())[1]); d < 100*time.Millisecond {
+		t.Errorf("a fetch cut %v after it began, before the interval (100ms): %v", d, err)
 	}
 	steps <- step{found: a}
 	if !changed() {
