@@ -34,7 +34,8 @@ type Polled struct {
 	changed chan struct{}
 	kick    chan struct{} // Poke: fetch now
 	limit   time.Duration // the next fetch's bound (run's goroutine only)
-	cancel  context.CancelFunc
+	start   sync.Once
+	cancel  context.CancelFunc // set by Start
 	done    chan struct{}
 
 	mu    sync.Mutex // guards the fields below
@@ -59,10 +60,13 @@ func PreparePolled(name string, every time.Duration, fetch func(context.Context)
 }
 
 // Start begins polling: the first fetch at once, then one every interval.
+// Only the first call starts it.
 func (p *Polled) Start() {
-	ctx, cancel := context.WithCancel(context.Background())
-	p.cancel = cancel
-	go p.run(ctx)
+	p.start.Do(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		p.cancel = cancel
+		go p.run(ctx)
+	})
 }
 
 func (p *Polled) run(ctx context.Context) {
@@ -165,7 +169,12 @@ func (p *Polled) Changed() <-chan struct{} { return p.changed }
 
 // Close stops polling, cancelling a fetch under way, and waits for it.
 func (p *Polled) Close() error {
-	p.cancel()
+	// A Polled never started has nothing to stop, and is never started
+	// from here on.
+	p.start.Do(func() { close(p.done) })
+	if p.cancel != nil {
+		p.cancel()
+	}
 	<-p.done
 	return nil
 }

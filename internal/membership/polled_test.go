@@ -171,3 +171,24 @@ func TestPolledSlowSource(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestPolledStartOnceCloseBeforeStart: a second Start starts nothing more,
+// and a Polled closed before it started closes (and starts no more).
+func TestPolledStartOnceCloseBeforeStart(t *testing.T) {
+	var fetches atomic.Int32
+	fetch := func(context.Context) (Found, error) { fetches.Add(1); return Found{}, nil }
+	p := PreparePolled("kubernetes", time.Hour, fetch)
+	p.Start()
+	p.Start()
+	p.Close()
+	if n := fetches.Load(); n != 1 {
+		t.Errorf("%d fetches from two Starts, want 1", n)
+	}
+	q := PreparePolled("kubernetes", time.Hour, fetch)
+	q.Close()
+	q.Start()
+	q.Close()
+	if n := fetches.Load(); n != 1 {
+		t.Errorf("a Polled closed before it started fetched")
+	}
+}
