@@ -136,6 +136,11 @@ type Connections struct {
 	// classified whose permits a reconcile pass moves to its project past
 	// the rule (loader.Options.AbortMovedPast).
 	AbortMovedPast bool `yaml:"abort_moved_past"`
+	// LimitHostNetworkPods limits a pod in the host's network namespace as
+	// unclassified before it is classified, as any other pod
+	// (loader.Options.LimitHostNetwork); off, it counts from its
+	// classification on.
+	LimitHostNetworkPods bool `yaml:"limit_host_network_pods"`
 }
 
 // minLapseAfter is the least connections.lapse_after besides three ticks.

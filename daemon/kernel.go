@@ -177,7 +177,8 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 		Exempt: exempt, ExemptMax: uint32(cfg.Connections.ExemptMax),
 		ReservationTTL: cfg.Connections.ReservationTTL, MaxNetns: cfg.Connections.MaxNetns,
 		LapseAfter: cfg.Connections.LapseAfter, AbortMovedPast: cfg.Connections.AbortMovedPast,
-		MaxDestPools: uint32(cfg.Connections.MaxDestinationPools), DestPools: dests,
+		LimitHostNetwork: cfg.Connections.LimitHostNetworkPods,
+		MaxDestPools:     uint32(cfg.Connections.MaxDestinationPools), DestPools: dests,
 		// No destination pool and no room asked for: the tables are made
 		// for none (8 MiB less); a pool added by SIGHUP then needs a
 		// restart, which grows them (docs/destination-pools.md).

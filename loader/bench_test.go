@@ -1119,7 +1119,9 @@ func BenchmarkConnectUnclassified(b *testing.B) {
 	defer pinCPU(b)()
 	lfd, sa := benchListener(b, false) // outside the projects
 	moveSelf(b, leaf)
-	o := rootOptions(b, root, Options{PinDir: pin, PoolSize: benchPool})
+	// The benchmark's process is in the host's network namespace, where
+	// only LimitHostNetwork puts a pod under a weak member.
+	o := rootOptions(b, root, Options{PinDir: pin, PoolSize: benchPool, LimitHostNetwork: true})
 	o.MaxDepth = DefaultMaxDepth
 	l, err := Open(o)
 	if err != nil {

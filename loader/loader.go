@@ -207,6 +207,13 @@ type Options struct {
 	// was classified, had been refused then. Off, they are counted past the
 	// rule and the project is refused until it is back under its limit.
 	AbortMovedPast bool
+	// LimitHostNetwork puts the sockets of the host's network namespace
+	// (the daemon's own) under a weak member's project (Unclassified) too.
+	// Off, a pod there (hostNetwork: kube-proxy, a CNI agent, the control
+	// plane's static pods) counts only once it is classified, and a
+	// reconcile pass adopts what it opened before: a system pod is never
+	// refused while unclassified, nor while no daemon runs.
+	LimitHostNetwork bool
 
 	// MaxDestPools sizes the destination pool tables (dest.go): pools
 	// configured at once, removed ones still holding permits included; 0
@@ -243,6 +250,8 @@ type Limiter struct {
 	lapse    time.Duration // Options.LapseAfter
 	// abortPast: Options.AbortMovedPast
 	abortPast bool
+	// hostLax: not Options.LimitHostNetwork
+	hostLax bool
 	// btf caches the kernel's BTF for Open's check and load (nil: the
 	// load decodes its own).
 	btf      *btf.Cache
@@ -471,7 +480,7 @@ func Open(opts Options) (*Limiter, error) {
 		root: root, mnt: mnt, base: opts.BaseLevel, depth: opts.MaxDepth,
 		maxProj: opts.MaxProjects, maxMemb: opts.MaxMembers, maxNetns: opts.MaxNetns, pinDir: opts.PinDir,
 		log: opts.Logger, window: opts.Window, evWindow: opts.eventWindow, ttl: opts.ReservationTTL, clock: opts.Clock, mono: mono,
-		netns: cookie, size: opts.PoolSize, floor: opts.Floor, capacity: opts.PoolCapacity, lapse: opts.LapseAfter, abortPast: opts.AbortMovedPast, maxDest: opts.MaxDestPools, noDest: opts.NoDestPools,
+		netns: cookie, size: opts.PoolSize, floor: opts.Floor, capacity: opts.PoolCapacity, lapse: opts.LapseAfter, abortPast: opts.AbortMovedPast, hostLax: !opts.LimitHostNetwork, maxDest: opts.MaxDestPools, noDest: opts.NoDestPools,
 		pinLock: opts.PinLock,
 	}
 	defer func() {
@@ -628,6 +637,14 @@ func (l *Limiter) spec() (*ebpf.CollectionSpec, error) {
 	}
 	if err := spec.Variables["lookup_netns"].Set(l.netns); err != nil {
 		return nil, fmt.Errorf("setting lookup_netns: %w", err)
+	}
+	// The daemon runs in the host's network namespace (the chart's
+	// hostNetwork, or systemd's): a pod there is not limited as
+	// unclassified (bpf/lib/project.h), unless LimitHostNetwork.
+	if l.hostLax {
+		if err := spec.Variables["host_netns"].Set(l.netns); err != nil {
+			return nil, fmt.Errorf("setting host_netns: %w", err)
+		}
 	}
 	if l.evWindow > 0 {
 		if err := spec.Variables["ev_window_ns"].Set(uint64(l.evWindow)); err != nil {

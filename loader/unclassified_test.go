@@ -32,7 +32,19 @@ func kubeLayout(t *testing.T, root, pin string, pool uint32, lapse time.Duration
 
 // kubeLayoutWith is kubeLayout with more of the options (o's PinDir and
 // BaseLevel are set here).
+//
+// The tests' pods are cgroups whose processes run in the test's own network
+// namespace, the host's: LimitHostNetwork puts them under the weak members
+// as pods in namespaces of their own are (TestHostNetworkPodsCountOnceClassified
+// has the default).
 func kubeLayoutWith(t *testing.T, root, pin string, o Options) (*Limiter, string) {
+	t.Helper()
+	o.LimitHostNetwork = true
+	return kubeLayoutOpts(t, root, pin, o)
+}
+
+// kubeLayoutOpts is kubeLayoutWith with o as given.
+func kubeLayoutOpts(t *testing.T, root, pin string, o Options) (*Limiter, string) {
 	t.Helper()
 	kp := mkdirs(t, root, "kubepods", "kubepods/burstable", "kubepods/besteffort")[0]
 	mnt, err := cgroup.FindMount()
@@ -692,6 +704,77 @@ func TestUnclassifiedListener(t *testing.T) {
 	dial(addrB)
 	dial(addrS)
 	waitInUse(t, l, 2, map[string]int{Unclassified: 0, "team-b": 2})
+}
+
+// TestHostNetworkPodsCountOnceClassified: by default (no LimitHostNetwork)
+// a pod in the host's network namespace is not limited as unclassified:
+// with the pool full, its connects and the SYNs to its listener go through,
+// uncounted, while the daemon runs and while none does; once classified, a
+// system namespace's pod stays uncounted, and a tenant's is counted from
+// the next pass on (its connections adopted, past the rule if they are).
+func TestHostNetworkPodsCountOnceClassified(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	const pool = 4
+	l, kp := kubeLayoutOpts(t, root, pin, Options{PoolSize: pool})
+	dirs := mkdirs(t, kp, "burstable/podA", "burstable/podA/ctr", "burstable/podS", "burstable/podS/ctr",
+		"besteffort/podT", "besteffort/podT/ctr", "besteffort/podO", "besteffort/podO/ctr")
+	podA, podACtr, podS, podSCtr, podT, podTCtr := dirs[0], dirs[1], dirs[2], dirs[3], dirs[4], dirs[5]
+	ownCtr := dirs[7]
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}))
+	dst := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	a := startHelper(t, podACtr)
+	if r := a.dial("tcp4", dst, pool+1); r.ok != pool || r.refused != 1 {
+		t.Fatalf("team-a: %+v, want the pool and one refused", r)
+	}
+	// A new system pod (the API server, say) with the pool full.
+	sp := startHelper(t, podSCtr)
+	sp.dialOK("tcp4", dst, 3, "an unclassified pod of the host's network namespace")
+	addrS := listenAddr(t, sp.do("listen 127.0.0.1:0"))
+	for range 3 {
+		c, err := dialOutside(addrS)
+		if err != nil {
+			t.Fatalf("a SYN to its listener, the pool full: %v", err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	waitInUse(t, l, pool, map[string]int{"team-a": pool, Unclassified: 0})
+	// A pod with a network namespace of its own is under the rule as
+	// before: nothing past the full pool (its loopback listener's accepted
+	// connections would count as inbound; it dials its own).
+	own := startHelperNS(t, ownCtr, true)
+	addrOwn := listenAddr(t, own.do("listen 127.0.0.1:0"))
+	if r := own.dial("tcp4", addrOwn, 1); r.refused != 1 {
+		t.Fatalf("an unclassified pod of its own network namespace, the pool full: %+v, want refused", r)
+	}
+	own.do("close")
+	// And while no daemon runs (the limiter closed, the programs pinned).
+	l.Close()
+	tp := startHelper(t, podTCtr)
+	tp.dialOK("tcp4", dst, 2, "an unclassified pod of the host's network namespace, no daemon")
+	o := rootOptions(t, root, Options{PinDir: pin, PoolSize: pool})
+	o.MaxDepth = 0 // kubeLayoutOpts's
+	l, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	// podS is kube-system's, podT team-t's: podT's two are adopted, past
+	// the rule (the pool is full), podS's stay uncounted.
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: NoProject, Cgroup: podS},
+		Member{Project: "team-t", Cgroup: podT}))
+	rep := reconcileOK(t, l)
+	if rep.Adopted != 2 || rep.AdoptedPast["team-t"] != 2 || len(rep.Moved) != 0 {
+		t.Fatalf("adopted %d (past %v), moved %v; want podT's 2, past the rule", rep.Adopted, rep.AdoptedPast, rep.Moved)
+	}
+	waitInUse(t, l, pool+2, map[string]int{"team-a": pool, "team-t": 2, Unclassified: 0})
+	if r := tp.dial("tcp4", dst, 1); r.refused != 1 {
+		t.Fatalf("team-t once classified, past its share: %+v, want refused", r)
+	}
+	a.do("close")
+	sp.do("close")
+	tp.do("close")
+	waitInUse(t, l, 0, map[string]int{"team-a": 0, "team-t": 0, Unclassified: 0})
 }
 
 // reconcileOK is a Reconcile pass of l that must not fail.

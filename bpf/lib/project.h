@@ -22,6 +22,13 @@
  *     namespaces, the daemon's own cgroup) ends the walk with no project:
  *     it may sit below a weak one and makes its sockets uncounted.
  *
+ * A weak registration does not hold for a socket of the host's network
+ * namespace (host_netns): a pod there (hostNetwork: kube-proxy, a CNI
+ * agent, the control plane's static pods) is one that Pod Security's
+ * baseline keeps from tenants, and is far likelier a system pod, which must
+ * never be refused, than a tenant's. Its sockets count from its
+ * classification on (a reconcile pass adopts those opened before it).
+ *
  * The walk's answer is remembered per CPU (fs_member_memo, guarded by
  * fs_member_gen, which the loader bumps at every change of fs_members): the
  * sockets of one cgroup come in runs, and a hit costs no hash lookup.
@@ -39,6 +46,9 @@
 /* Fixed when the programs are loaded (loader.Options): where the walk runs. */
 volatile const __u32 base_level = 1; /* cgroup level of the walk's first step */
 volatile const __u32 max_depth = 8;  /* levels walked, 1..MAX_DEPTH */
+/* The host's network namespace cookie (the daemon's own, which runs there),
+ * 0 unknown: a weak registration does not hold for its sockets (above). */
+volatile const __u64 host_netns;
 
 #define MAX_DEPTH 16 /* loader.MaxDepth */
 
@@ -68,7 +78,7 @@ static __always_inline struct cgroup *cgroup_ancestor(struct cgroup *cg, __u32 l
  * the registered cgroup when that one is exempt: the exempt check (rule.h)
  * is then one lookup.
  */
-static __always_inline __u64 cgroup_walk(struct cgroup *c, __u64 own, __u64 *cg)
+static __always_inline __u64 cgroup_walk(struct cgroup *c, __u64 own, __u64 *cg, __u64 *weakp)
 {
 	int level = c->level;
 	if (level < (int)base_level || level > 255)
@@ -101,6 +111,7 @@ static __always_inline __u64 cgroup_walk(struct cgroup *c, __u64 own, __u64 *cg)
 	}
 	if (weak)
 		*cg = wcg;
+	*weakp = weak != 0;
 	return weak;
 }
 
@@ -132,6 +143,7 @@ struct fs_member_memo {
 	__u64 gen;     /* fs_member_gen when the answer was found */
 	__u64 project; /* the answer: its project, 0 none */
 	__u64 cg;      /* and *cg */
+	__u64 weak;    /* and whether it is a weak registration's */
 };
 
 struct {
@@ -150,11 +162,12 @@ struct {
 } fs_member_memo SEC(".maps"); /* not pinned: a cache of the programs loaded with it */
 
 /*
- * cgroup_project is the project of cgroup c, 0 if none, and *cg as
- * cgroup_walk's: the memo's answer while it is current, else the walk's.
+ * cgroup_project is the project of cgroup c, 0 if none, and *cg and *weak
+ * as cgroup_walk's: the memo's answer while it is current, else the walk's.
  */
-static __always_inline __u64 cgroup_project(struct cgroup *c, __u64 *cg)
+static __always_inline __u64 cgroup_project(struct cgroup *c, __u64 *cg, __u64 *weak)
 {
+	*weak = 0;
 	if (!c)
 		return 0;
 	/* Read before the walk: a select between it and aid in the walk
@@ -165,25 +178,27 @@ static __always_inline __u64 cgroup_project(struct cgroup *c, __u64 *cg)
 	__u64 *genp = bpf_map_lookup_elem(&fs_member_gen, &zero);
 	struct fs_member_memo *m = bpf_map_lookup_elem(&fs_member_memo, &zero);
 	if (!genp || !m)
-		return cgroup_walk(c, own, cg);
+		return cgroup_walk(c, own, cg, weak);
 	__u64 gen = *(volatile __u64 *)genp;
 	__u64 s = *(volatile __u64 *)&m->seq;
 	if (!(s & 1) && m->cgroup == own && m->gen == gen) {
-		__u64 id = m->project, mcg = m->cg;
+		__u64 id = m->project, mcg = m->cg, mweak = m->weak;
 		asm volatile("" ::: "memory");
 		if (*(volatile __u64 *)&m->seq == s) {
 			if (id)
 				*cg = mcg;
+			*weak = mweak;
 			return id;
 		}
 	}
 	asm volatile("" ::: "memory");
-	__u64 id = cgroup_walk(c, own, cg);
+	__u64 id = cgroup_walk(c, own, cg, weak);
 	if (!(s & 1) && __sync_val_compare_and_swap(&m->seq, s, s + 1) == s) {
 		m->cgroup = own;
 		m->gen = gen;
 		m->project = id;
 		m->cg = id ? *cg : 0;
+		m->weak = *weak;
 		publish(&m->seq, s + 2);
 	}
 	return id;
@@ -191,11 +206,17 @@ static __always_inline __u64 cgroup_project(struct cgroup *c, __u64 *cg)
 
 /*
  * sock_project is the project of socket sk (the project of the cgroup it was
- * created in; an accepted child's is its listener's), 0 if none.
+ * created in; an accepted child's is its listener's), 0 if none: none for a
+ * socket of the host's network namespace whose project is a weak
+ * registration's (above).
  */
 static __always_inline __u64 sock_project(struct sock *sk, __u64 *cg)
 {
-	return cgroup_project(sk->sk_cgrp_data.cgroup, cg);
+	__u64 weak;
+	__u64 id = cgroup_project(sk->sk_cgrp_data.cgroup, cg, &weak);
+	if (weak && host_netns && sk->__sk_common.skc_net.net->net_cookie == host_netns)
+		return 0;
+	return id;
 }
 
 /* project_get is project id's entry (NULL for an id out of range). */

@@ -90,7 +90,10 @@ func TestKubernetesUnclassifiedPods(t *testing.T) {
 	h := hold(t)
 	a := r.RunPod(t, crtest.PodSpec{Namespace: "team-a", Name: "a", HostNetwork: true})
 	const size, floor = 12, 1
-	n := kubeNode(t, r, fmt.Sprintf("pools: {connections: {size: %d, floor: %d}}\n", size, floor))
+	// The tenants' pods run in the host's network namespace here (no CNI
+	// needed): limit_host_network_pods limits them as pods of their own
+	// namespaces are by default.
+	n := kubeNode(t, r, fmt.Sprintf("pools: {connections: {size: %d, floor: %d}}\nconnections: {limit_host_network_pods: true}\n", size, floor))
 	n.start()
 	eventually(t, func() error {
 		if m := n.members().Members; len(m) != 1 {
@@ -195,6 +198,56 @@ func TestKubernetesUnclassifiedPods(t *testing.T) {
 	check("restart", w, u2)
 }
 
+// TestKubernetesHostNetworkSystemPodNeverRefused: with the defaults, a new
+// pod of the host's network namespace (the API server's static pod, a CNI
+// agent) is never refused before it is classified: a tenant holds the whole
+// pool and the daemon is SIGKILLed (nobody classifies anything), and every
+// connection a new kube-system hostNetwork pod opens goes through. A
+// restarted daemon classifies it as a system pod: none of them counts.
+func TestKubernetesHostNetworkSystemPodNeverRefused(t *testing.T) {
+	r := crtest.Start(t)
+	h := hold(t)
+	a := r.RunPod(t, crtest.PodSpec{Namespace: "team-a", Name: "a", HostNetwork: true})
+	const size = 4
+	n := kubeNode(t, r, fmt.Sprintf("pools: {connections: {size: %d, floor: 1}}\n", size))
+	n.start()
+	eventually(t, func() error {
+		if m := n.members().Members; len(m) != 1 {
+			return fmt.Errorf("members %+v, want team-a's pod", m)
+		}
+		return nil
+	})
+	podConnect(t, r, a, "127.0.0.1", h.port(), size+2)
+	eventually(t, func() error {
+		if p := project(pool(n.status(), "connections"), "team-a"); p.Held != size {
+			return fmt.Errorf("team-a holds %d, want the pool's %d", p.Held, size)
+		}
+		return nil
+	})
+	n.stop(syscall.SIGKILL)
+	before := h.accepted.Load()
+	sys := r.RunPod(t, crtest.PodSpec{Namespace: "kube-system", Name: "kube-apiserver-node", HostNetwork: true,
+		Command: burst(h.port(), 10)})
+	eventually(t, func() error {
+		if got := h.accepted.Load() - before; got != 10 {
+			return fmt.Errorf("%d of the system pod's 10 connections accepted, the pool full and no daemon", got)
+		}
+		return nil
+	})
+	n.start()
+	eventually(t, func() error {
+		st := n.status()
+		if p := project(pool(st, "connections"), "team-a"); p.Held != size {
+			return fmt.Errorf("team-a holds %d, want %d", p.Held, size)
+		}
+		if in := pool(st, "connections").InUse; in != size {
+			return fmt.Errorf("in_use %d, want team-a's %d alone: the system pod's are no project's", in, size)
+		}
+		return nil
+	})
+	r.RemovePod(t, sys)
+}
+
 // TestKubernetesDaemonNeverRefused runs the daemon inside a pod of
 // namespace fairshare-system (a real containerd's pod, the daemon's process
 // started in a cgroup below the pod's, where the chart's container would
@@ -217,8 +270,11 @@ func TestKubernetesDaemonNeverRefused(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "up") }))
 	defer up.Close()
 	const size = 12
+	// limit_host_network_pods: the daemon's pod, in the host's network
+	// namespace, is never refused because it is the daemon's, not because
+	// it is there.
 	n := kubeNode(t, r, fmt.Sprintf("pools: {connections: {size: %d, floor: 1}}\n"+
-		"front: {listen: '127.0.0.1:0', upstream: %q, trusted_peers: ['127.0.0.1']}\n", size, up.URL))
+		"front: {listen: '127.0.0.1:0', upstream: %q, trusted_peers: ['127.0.0.1']}\nconnections: {limit_host_network_pods: true}\n", size, up.URL))
 	n.cgroup = dir
 	n.start()
 	eventually(t, func() error {
