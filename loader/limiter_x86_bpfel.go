@@ -176,6 +176,7 @@ type limiterFsMemberMemo struct {
 	Gen     uint64
 	Project uint64
 	Cg      uint64
+	Weak    uint64
 }
 
 type limiterFsName struct {
@@ -386,6 +387,7 @@ const (
 	limiterVarDestStride      = "dest_stride"
 	limiterVarEvWindowNs      = "ev_window_ns"
 	limiterVarFsRecordLayout  = "fs_record_layout"
+	limiterVarHostNetns       = "host_netns"
 	limiterVarLookupNetns     = "lookup_netns"
 	limiterVarMaxDepth        = "max_depth"
 	limiterVarSlotMask        = "slot_mask"
@@ -496,6 +498,7 @@ type limiterVariableSpecs struct {
 	DestStride     *ebpf.VariableSpec `ebpf:"dest_stride"`
 	EvWindowNs     *ebpf.VariableSpec `ebpf:"ev_window_ns"`
 	FsRecordLayout *ebpf.VariableSpec `ebpf:"fs_record_layout"`
+	HostNetns      *ebpf.VariableSpec `ebpf:"host_netns"`
 	LookupNetns    *ebpf.VariableSpec `ebpf:"lookup_netns"`
 	MaxDepth       *ebpf.VariableSpec `ebpf:"max_depth"`
 	SlotMask       *ebpf.VariableSpec `ebpf:"slot_mask"`
@@ -605,6 +608,7 @@ type limiterVariables struct {
 	DestStride     *ebpf.Variable `ebpf:"dest_stride"`
 	EvWindowNs     *ebpf.Variable `ebpf:"ev_window_ns"`
 	FsRecordLayout *ebpf.Variable `ebpf:"fs_record_layout"`
+	HostNetns      *ebpf.Variable `ebpf:"host_netns"`
 	LookupNetns    *ebpf.Variable `ebpf:"lookup_netns"`
 	MaxDepth       *ebpf.Variable `ebpf:"max_depth"`
 	SlotMask       *ebpf.Variable `ebpf:"slot_mask"`
