@@ -42,11 +42,13 @@ type loopSpec struct {
 	RetryPause time.Duration `json:"retry_pause"`
 }
 
-// loopResult is one connection as the load generator saw it.
+// loopResult is one connection as the load generator saw it: a result
+// (its fields as there) on the wire.
 type loopResult struct {
-	Sent    int64  `json:"t"` // unix ns
-	Latency int64  `json:"l"` // ns
-	Status  status `json:"s"`
+	Sent     int64  `json:"t"` // unix ns
+	Latency  int64  `json:"l"` // ns
+	Status   status `json:"s"`
+	Refusals int    `json:"r,omitempty"`
 }
 
 // RunConnections runs the connections drill: the same phases as Run, but the
@@ -275,7 +277,8 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 			return nil, fmt.Errorf("%s load generator output: %w", project, err)
 		}
 		for _, r := range lr {
-			res[project] = append(res[project], result{sent: time.Unix(0, r.Sent), latency: time.Duration(r.Latency), status: r.Status})
+			res[project] = append(res[project], result{sent: time.Unix(0, r.Sent), latency: time.Duration(r.Latency),
+				status: r.Status, refusals: r.Refusals})
 		}
 	}
 	cancel()
@@ -402,10 +405,12 @@ func ConnectLoop(ctx context.Context, in io.Reader, out io.Writer) error {
 					return
 				}
 				stop := time.Unix(0, iv[1])
+				var ch chain // as in startWriters
 				for ctx.Err() == nil && time.Now().Before(stop) {
 					t0 := time.Now()
 					st := exchange(ctx, &d, spec.Addr)
-					mine = append(mine, loopResult{Sent: t0.UnixNano(), Latency: int64(time.Since(t0)), Status: st})
+					r := ch.record(t0, time.Since(t0), st)
+					mine = append(mine, loopResult{Sent: r.sent.UnixNano(), Latency: int64(r.latency), Status: r.status, Refusals: r.refusals})
 					if st != statusOK {
 						sleepUntil(ctx, time.Now().Add(spec.RetryPause))
 					}

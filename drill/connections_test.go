@@ -3,13 +3,17 @@
 package drill
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,4 +132,68 @@ func TestRemoveStale(t *testing.T) {
 			t.Errorf("a running drill's %s was removed: %v", p, err)
 		}
 	}
+}
+
+// TestConnectLoopChains: the connections drill's load generator reports a
+// connection refused before it got in as the drill's writers report a
+// request: latency from the first attempt, refusals counted. Nothing
+// listens on the port for the first 200 ms, then a server that answers at
+// once does.
+func TestConnectLoopChains(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	start := time.Now()
+	pause := 10 * time.Millisecond
+	spec, _ := json.Marshal(loopSpec{Addr: addr, Writers: 1, RetryPause: pause,
+		Sends: [][2]int64{{start.UnixNano(), start.Add(time.Second).UnixNano()}}})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // before wg.Wait: the server stops with ctx
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		time.Sleep(200 * time.Millisecond)
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("listening again on %s: %v", addr, err)
+			cancel()
+			return
+		}
+		go func() { <-ctx.Done(); l.Close() }()
+		serveHold(ctx, l, time.Millisecond, &wg)
+	}()
+	var out bytes.Buffer
+	if err := ConnectLoop(ctx, bytes.NewReader(spec), &out); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	var res []loopResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res) == 0 || res[0].Status != statusRefused {
+		t.Skipf("the load generator's first connection was not refused (it started after the server, on a loaded machine): %+v", res)
+	}
+	refused := 0
+	for _, r := range res {
+		switch r.Status {
+		case statusRefused:
+			refused++
+		case statusOK:
+			lat := time.Duration(r.Latency)
+			if r.Refusals != refused || lat < time.Duration(refused)*pause || r.Sent != res[0].Sent {
+				t.Errorf("first connection in: refusals %d (seen %d), latency %v, sent +%v (first attempt +%v); want the chain from the first attempt",
+					r.Refusals, refused, lat, time.Unix(0, r.Sent).Sub(start), time.Unix(0, res[0].Sent).Sub(start))
+			}
+			return
+		default:
+			t.Fatalf("connection failed: %+v", r)
+		}
+	}
+	t.Fatalf("no connection got in: %+v", res)
 }

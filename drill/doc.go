@@ -26,11 +26,17 @@
 // is small alone.
 //
 // A writer that is refused (429) pauses briefly (Config.RetryPause) and
-// tries again. It does not wait for Retry-After: the drill is about what the
-// admitted work holds and how fast it completes, and a writer sleeping a whole
+// tries again. It does not wait for Retry-After: a writer sleeping a whole
 // second per refusal would only hide the pressure the rule is meant to
-// withstand. Latencies are those of admitted requests, measured by the writer
-// from sending the request to reading the end of the response.
+// withstand. A request's latency is what its writer waited for it: from its
+// first ask to the end of the response, every refusal and pause on the way
+// included, as the project's own client would see it. Measuring from the
+// admitted ask alone would say nothing: the upstream's service time is fixed
+// and the front admits no more than it can send at once, so admitted work
+// never queues, and a scheme that refused small again and again would show
+// it as fast as the rule does. Each phase also counts the refused asks, the
+// admitted requests that were refused first (retried) and the most refusals
+// one request had.
 //
 // Permits held per project are sampled from the pool's snapshots every
 // Config.Sample, so a peak shorter than that can be missed (the rule itself is
@@ -40,10 +46,19 @@
 //
 //   - small's p99 in "both" is within 3x its "solo" p99 (the specification's
 //     bound) and within Config.TargetRatio (2x by default, our own goal);
+//   - small is refused rarely in "both": at most SmallRefusalLimit refused
+//     asks per admitted request. Below its share, small is refused only on
+//     a full pool and gets the next permit released; where big may take
+//     every permit released, small is refused again and again;
 //   - big is refused (429) in "both" and never holds more than POOL - FLOOR
 //     there, while small is active;
 //   - big holds the whole pool at some point in "big-alone", once small has
 //     left the active set (one active window plus one recompute period).
+//
+// The latency verdicts are timing targets: the machine's other load moves
+// them. The others count what was admitted and refused, and the tests run
+// the drill with the rule replaced (first come, first served; a static cap
+// per project) to show that each such scheme fails them.
 //
 // The connections drill (RunConnections) is the same experiment one level
 // down: the connection pool enforced by the BPF programs of package loader,

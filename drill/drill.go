@@ -64,7 +64,25 @@ type Config struct {
 	// destNodeFactor times larger that never fills.
 	ToDestination bool
 	Log           *slog.Logger
+
+	// admission is how the HTTP drill's pool admits: by the rule, or by a
+	// baseline the verdicts must fail (the tests run both).
+	admission admission
 }
+
+// admission is a way for the requests pool to admit.
+type admission int
+
+const (
+	// admitRule is the fair-share rule: what the drill is for.
+	admitRule admission = iota
+	// admitFIFO is first come, first served: every project may take the
+	// whole pool (a plain semaphore, what a node has without the rule).
+	admitFIFO
+	// admitStaticCap caps every project at POOL - FLOOR, whatever else is
+	// there: a static per-tenant cap as tight as the rule's at the floor.
+	admitStaticCap
+)
 
 func (c Config) withDefaults() Config {
 	def := func(v *time.Duration, d time.Duration) {
@@ -225,11 +243,41 @@ func (tl timeline) sends(project string) []interval {
 	return out
 }
 
-// result is one request (or connection) as a writer saw it.
+// result is one ask as a writer saw it. A refused ask is one result; an
+// admitted one closes its chain, the asks a writer made for one request
+// (refused, paused, asked again), and carries the chain: sent is its first
+// ask, latency runs from there to the end of the response, and refusals
+// counts the refused asks before it. An error ends a chain.
 type result struct {
-	sent    time.Time
-	latency time.Duration
-	status  status
+	sent     time.Time
+	latency  time.Duration
+	status   status
+	refusals int
+}
+
+// chain follows one writer's asks for one request.
+type chain struct {
+	first    time.Time
+	refusals int
+}
+
+// record adds the ask sent at sent, which took lat and ended with st, to
+// the chain and returns its result.
+func (c *chain) record(sent time.Time, lat time.Duration, st status) result {
+	if c.refusals == 0 {
+		c.first = sent
+	}
+	switch st {
+	case statusOK:
+		r := result{sent: c.first, latency: sent.Add(lat).Sub(c.first), status: st, refusals: c.refusals}
+		*c = chain{}
+		return r
+	case statusRefused:
+		c.refusals++
+	default:
+		*c = chain{}
+	}
+	return result{sent: sent, latency: lat, status: st}
 }
 
 type status int
@@ -371,6 +419,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("requests pool: %w", err)
 	}
+	// A cap in place of the rule (pools.Pool.SetCaps): a project under its
+	// cap is admitted while in_use < POOL, first come, first served.
+	switch cfg.admission {
+	case admitFIFO:
+		pool.SetCaps(map[string]int{}, cfg.PoolSize)
+	case admitStaticCap:
+		pool.SetCaps(map[string]int{}, cfg.PoolSize-pool.Snapshot().Floor)
+	}
 	sched, err := scheduler.New(scheduler.Config{MaxInFlight: cfg.PoolSize}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
@@ -507,13 +563,16 @@ func startWriters(ctx context.Context, cfg Config, project string, n int, when [
 				if !sleepUntil(ctx, iv.from) {
 					return
 				}
+				// A chain still refused when the interval ends is
+				// dropped: its refusals count, it has no latency.
+				var ch chain
 				for ctx.Err() == nil && time.Now().Before(iv.to) {
 					now := time.Now()
 					lat, st, err := send(client, project)
 					if ctx.Err() != nil {
 						return
 					}
-					mine = append(mine, result{sent: now, latency: lat, status: st})
+					mine = append(mine, ch.record(now, lat, st))
 					if st != statusOK {
 						if err != nil {
 							cfg.Log.Debug("drill request failed", "project", project, "err", err)

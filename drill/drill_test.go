@@ -46,6 +46,59 @@ func TestDrill(t *testing.T) {
 	checkOutputs(t, rep)
 }
 
+// TestDrillWithoutTheRule runs the drill with the rule off, so that its
+// verdicts are shown to fail where the rule is missing: first come, first
+// served (big may take the whole pool), and a static cap per project at
+// POOL - FLOOR. In both, small is refused far more often than the rule
+// allows (TestDrill has the rule pass the same verdict), and the run fails.
+// The latency verdicts fail too, but they are timing targets: asserted only
+// with FAIRSHARE_DRILL_STRICT=1, as in assertVerdicts.
+func TestDrillWithoutTheRule(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for about 10 seconds")
+	}
+	for _, tc := range []struct {
+		name string
+		adm  admission
+		also string // a verdict about big that fails too
+	}{
+		{"first come first served", admitFIFO, VerdictBigAtFloor},
+		{"static cap", admitStaticCap, VerdictBigAlone},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep, err := Run(context.Background(), Config{Phase: 1500 * time.Millisecond, Slices: 3,
+				Warmup: 300 * time.Millisecond, admission: tc.adm})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var table bytes.Buffer
+			if err := rep.WriteTable(&table); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("\n%s", table.String())
+			if rep.Pass {
+				t.Error("the run passed without the rule")
+			}
+			names := []string{VerdictSmallRarely, tc.also}
+			if os.Getenv(strictEnv) == "1" {
+				names = append(names, VerdictSeedRatio)
+			}
+			for _, name := range names {
+				if v := rep.Verdict(name); v == nil || v.Pass {
+					t.Errorf("verdict %q passed without the rule: %+v", name, v)
+				}
+			}
+			// Small's latency runs from its first ask: a request refused
+			// k times waited k pauses at least.
+			both := rep.Result(PhaseBoth, Small)
+			if both.MaxRefusals < 1 || both.MaxMs < float64(both.MaxRefusals)*rep.RetryPauseMs {
+				t.Errorf("small's longest request took %.1fms after at most %d refusals of %.0fms pauses each",
+					both.MaxMs, both.MaxRefusals, rep.RetryPauseMs)
+			}
+		})
+	}
+}
+
 // strictEnv makes the tests assert the latency verdicts too.
 const strictEnv = "FAIRSHARE_DRILL_STRICT"
 
@@ -67,14 +120,15 @@ func assertReport(t *testing.T, rep *Report) {
 }
 
 // assertVerdicts fails on the verdicts about what the rule admits, which hold
-// on any machine. The latency verdicts (small's p99 against its solo p99) are
+// on any machine (small refused rarely among them: it counts refusals, and
+// TestDrillWithoutTheRule shows it fails where the rule is off). The latency verdicts (small's p99 against its solo p99) are
 // timing targets: on a shared, busy machine they measure the neighbours, so
 // they are logged, and asserted only with FAIRSHARE_DRILL_STRICT=1 (the
 // `fairshare drill` command always exits non-zero when one fails, and
 // BenchmarkDrill reports the ratio).
 func assertVerdicts(t *testing.T, rep *Report) {
 	t.Helper()
-	for _, name := range []string{VerdictBigAtFloor, VerdictBigAlone, VerdictSeedRatio, VerdictTargetRatio} {
+	for _, name := range []string{VerdictBigAtFloor, VerdictBigAlone, VerdictSmallRarely, VerdictSeedRatio, VerdictTargetRatio} {
 		v := rep.Verdict(name)
 		switch {
 		case v == nil:
@@ -164,6 +218,58 @@ func checkHeld(t *testing.T, rep *Report) {
 	}
 	if most[PhaseSolo][Small] == 0 || most[PhaseSolo][Big] != 0 {
 		t.Errorf("held series in %s: %v", PhaseSolo, most[PhaseSolo])
+	}
+}
+
+// TestChain: a writer's admitted request carries its chain, from its first
+// ask to the end of its response, refusals and pauses included; an error
+// starts the next chain afresh.
+func TestChain(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	ms := time.Millisecond
+	var c chain
+	for i, tc := range []struct {
+		at, lat  time.Duration // the ask
+		st       status
+		sent     time.Duration // the result
+		latency  time.Duration
+		refusals int
+	}{
+		{0, 1 * ms, statusRefused, 0, 1 * ms, 0},
+		{11 * ms, 1 * ms, statusRefused, 11 * ms, 1 * ms, 0},
+		{22 * ms, 20 * ms, statusOK, 0, 42 * ms, 2},
+		{50 * ms, 20 * ms, statusOK, 50 * ms, 20 * ms, 0},
+		{80 * ms, 1 * ms, statusRefused, 80 * ms, 1 * ms, 0},
+		{90 * ms, 2 * ms, statusError, 90 * ms, 2 * ms, 0},
+		{100 * ms, 20 * ms, statusOK, 100 * ms, 20 * ms, 0},
+	} {
+		got := c.record(t0.Add(tc.at), tc.lat, tc.st)
+		if got.sent.Sub(t0) != tc.sent || got.latency != tc.latency || got.status != tc.st || got.refusals != tc.refusals {
+			t.Errorf("ask %d at +%v: got sent +%v latency %v status %d refusals %d, want +%v %v %d %d",
+				i, tc.at, got.sent.Sub(t0), got.latency, got.status, got.refusals, tc.sent, tc.latency, tc.st, tc.refusals)
+		}
+	}
+}
+
+// TestLogTicks: the latency panel's scale is marked at 1, 2 and 5 times
+// each power of ten between its ends, which are such values themselves.
+func TestLogTicks(t *testing.T) {
+	for _, tc := range []struct {
+		lo, hi float64
+		want   string
+	}{
+		{10, 1000, "[10 20 50 100 200 500 1000]"},
+		{0.2, 5, "[0.2 0.5 1 2 5]"},
+		{20, 200, "[20 50 100 200]"},
+	} {
+		if got := fmt.Sprint(logTicks(tc.lo, tc.hi)); got != tc.want {
+			t.Errorf("logTicks(%g, %g) = %s, want %s", tc.lo, tc.hi, got, tc.want)
+		}
+	}
+	for v, want := range map[float64]float64{19.9: 10, 20: 20, 49: 20, 51: 50, 0.7: 0.5, 1000: 1000} {
+		if got := niceFloor(v); got != want {
+			t.Errorf("niceFloor(%g) = %g, want %g", v, got, want)
+		}
 	}
 }
 
@@ -285,10 +391,11 @@ func TestHeldSamplesAcrossSlices(t *testing.T) {
 // TestVerdicts feeds the judge made-up numbers: it must fail what breaks the
 // rule, not only pass what keeps it.
 func TestVerdicts(t *testing.T) {
+	smallRefused := 0
 	mk := func(soloP99, bothP99 float64, bigRefused, bigHeldBoth, bigHeldAlone int) *Report {
 		r := &Report{PoolSize: 8, Floor: 1, Phases: []Phase{
 			{Name: PhaseSolo, Projects: []ProjectResult{{Project: Small, OK: 10, P99Ms: soloP99}}},
-			{Name: PhaseBoth, Projects: []ProjectResult{{Project: Small, OK: 10, P99Ms: bothP99},
+			{Name: PhaseBoth, Projects: []ProjectResult{{Project: Small, OK: 100, Refused: smallRefused, P99Ms: bothP99},
 				{Project: Big, OK: 10, Refused: bigRefused, MaxHeld: bigHeldBoth}}},
 			{Name: PhaseBigAlone, Projects: []ProjectResult{{Project: Big, OK: 10, MaxHeld: bigHeldAlone}}},
 		}}
@@ -311,6 +418,18 @@ func TestVerdicts(t *testing.T) {
 	if r := mk(20, 30, 0, 7, 8); r.Verdict(VerdictBigAtFloor).Pass {
 		t.Error("big never refused still passed")
 	}
+	// Small refused on a quarter of its requests passes; more, with every
+	// other verdict passing, fails the run.
+	for _, tc := range []struct {
+		refused int
+		pass    bool
+	}{{0, true}, {25, true}, {26, false}, {150, false}} {
+		smallRefused = tc.refused
+		if r := mk(20, 30, 5, 7, 8); r.Verdict(VerdictSmallRarely).Pass != tc.pass || r.Pass != tc.pass {
+			t.Errorf("small refused %d for 100 admitted: pass %v, want %v: %+v", tc.refused, r.Pass, tc.pass, r.Verdicts)
+		}
+	}
+	smallRefused = 0
 	var buf strings.Builder
 	if err := mk(20, 61, 5, 7, 8).WriteTable(&buf); err != nil || !strings.Contains(buf.String(), "FAIL") {
 		t.Errorf("table does not show the failure: %q", buf.String())

@@ -68,11 +68,12 @@ func runDrill(t *testing.T, bin string, args ...string) (*Report, string) {
 }
 
 // assertSeed fails on any of the specification's verdicts: small's p99 within
-// 3x solo, big refused at the floor, big alone holding the pool. Our own 2x
-// target is reported only.
+// 3x solo, small refused rarely (under its share, it gets the next permit
+// released), big refused at the floor, big alone holding the pool. Our own
+// 2x target is reported only.
 func assertSeed(t *testing.T, rep *Report) {
 	t.Helper()
-	for _, name := range []string{VerdictSeedRatio, VerdictBigAtFloor, VerdictBigAlone} {
+	for _, name := range []string{VerdictSeedRatio, VerdictSmallRarely, VerdictBigAtFloor, VerdictBigAlone} {
 		switch v := rep.Verdict(name); {
 		case v == nil:
 			t.Errorf("%s drill: no verdict %q", rep.Scenario, name)

@@ -24,8 +24,11 @@ const (
 var svgColors = map[string]string{Small: "#1f77b4", Big: "#d62728"}
 
 // WriteSVG draws two panels over the same time axis. The first has the
-// latency of every admitted request, per project, with a line for each
-// project's p99 per quarter second and the phase boundaries. The second has
+// latency of every admitted request, from its first ask (refusals and
+// retries included), per project, on a log scale: the small project's tens
+// of milliseconds and the big one's waits of up to seconds both show. A line
+// follows each project's p99 per quarter second, and the phase boundaries
+// are marked. The second has
 // the permits each project held, with lines at POOL and POOL - FLOOR: the
 // rule's claim made visible, the big project stopping one floor short of
 // the pool while the small one is active and taking all of it once alone.
@@ -33,28 +36,37 @@ var svgColors = map[string]string{Small: "#1f77b4", Big: "#d62728"}
 func (r *Report) WriteSVG(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	total := 3 * r.PhaseSeconds
-	maxMs := 1.0
+	minMs, maxMs := math.Inf(1), 1.0
 	for _, p := range r.points {
+		minMs = math.Min(minMs, ms(p.latency))
 		maxMs = math.Max(maxMs, ms(p.latency))
 	}
+	if len(r.points) == 0 {
+		minMs = 1
+	}
 	maxMs = niceCeil(maxMs)
+	// The scale starts at a 1, 2 or 5 at or below the fastest, at least a
+	// decade below the top.
+	lo := math.Min(niceFloor(math.Max(minMs, 0.1)), maxMs/10)
 	unit := "requests"
 	if r.Scenario == "connections" {
 		unit = "connections"
 	}
 	x := func(s float64) float64 { return padL + s/total*plotW }
-	y := func(v float64) float64 { return padT + plotH - v/maxMs*plotH }
+	y := func(v float64) float64 {
+		f := math.Log(math.Max(v, lo)/lo) / math.Log(maxMs/lo)
+		return padT + plotH - f*plotH
+	}
 
 	fmt.Fprintf(bw, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", svgW, svgH, svgW, svgH)
 	fmt.Fprintf(bw, `<rect width="%d" height="%d" fill="white"/>`+"\n", svgW, svgH)
-	fmt.Fprintf(bw, `<text x="%d" y="20" font-size="14">fair-share drill (%s): latency of admitted work, pool %d</text>`+"\n", padL, r.Scenario, r.PoolSize)
-	// Axes and grid.
-	for i := 0; i <= 5; i++ {
-		v := maxMs * float64(i) / 5
+	fmt.Fprintf(bw, `<text x="%d" y="20" font-size="14">fair-share drill (%s): latency from the first ask, retries included, pool %d</text>`+"\n", padL, r.Scenario, r.PoolSize)
+	// Axes and grid: 1, 2 and 5 times each power of ten.
+	for _, v := range logTicks(lo, maxMs) {
 		fmt.Fprintf(bw, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", padL, padL+plotW, y(v), y(v))
 		fmt.Fprintf(bw, `<text x="%d" y="%.1f" text-anchor="end">%g</text>`+"\n", padL-6, y(v)+4, v)
 	}
-	fmt.Fprintf(bw, `<text x="16" y="%d" transform="rotate(-90 16 %d)" text-anchor="middle">latency (ms)</text>`+"\n", padT+plotH/2, padT+plotH/2)
+	fmt.Fprintf(bw, `<text x="16" y="%d" transform="rotate(-90 16 %d)" text-anchor="middle">latency (ms, log scale)</text>`+"\n", padT+plotH/2, padT+plotH/2)
 	// Phases: "both" slices shaded, a dashed line where each phase (or run
 	// of slices) begins, the phase named over it when there is room.
 	for _, sp := range r.Spans {
@@ -161,6 +173,31 @@ func (r *Report) writeHeldPanel(bw *bufio.Writer, x func(float64) float64) {
 		fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle">%gs</text>`+"\n", x(s), heldT+heldH+18, s)
 	}
 	fmt.Fprintf(bw, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#444"/>`+"\n", padL, heldT, plotW, heldH)
+}
+
+// niceFloor rounds v (> 0) down to 1, 2 or 5 times a power of ten.
+func niceFloor(v float64) float64 {
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{5, 2, 1} {
+		if v >= m*p {
+			return m * p
+		}
+	}
+	return p
+}
+
+// logTicks are the values 1, 2 and 5 times a power of ten from lo to hi.
+func logTicks(lo, hi float64) []float64 {
+	var out []float64
+	for e := math.Floor(math.Log10(lo)); math.Pow(10, e) <= hi*(1+1e-9); e++ {
+		p := math.Pow(10, e)
+		for _, m := range []float64{1, 2, 5} {
+			if v := m * p; v >= lo*(1-1e-9) && v <= hi*(1+1e-9) {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
 }
 
 // niceCeil rounds v up to 1, 2 or 5 times a power of ten.

@@ -3,11 +3,16 @@
 package main
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -32,23 +37,97 @@ func drillFlags() []cli.Flag {
 	}
 }
 
-// drillConfig is the drill's configuration from the flags. A value given
-// that the drill cannot run with is refused, exit 2, naming the flag: the
-// drill's own defaults (drill.Config) stand only for a flag not given, not
-// for one given as 0 or less.
+// Exit statuses of the drill, besides exitUsage for a command line it
+// cannot run with (a bad flag value, an output file it could not write).
+const (
+	// exitDrillError: the drill could not run (or was interrupted), or its
+	// report could not be written.
+	exitDrillError = 1
+	// exitVerdict: the drill ran to the end and a verdict failed; the
+	// report is printed and written as asked.
+	exitVerdict = 3
+)
+
+// drillExitHelp says what the drill's exit statuses mean, for --help.
+const drillExitHelp = "Exit status: 0 when every verdict passed; 3 when the drill ran and a verdict failed (the\n" +
+	"report is printed, and written to --json and --svg); 1 when the drill could not run, was\n" +
+	"interrupted or could not write its report; 2 for a command line it cannot run with, such as\n" +
+	"a flag value out of range or a --json or --svg file whose directory is missing or not writable.\n\n"
+
+// drillFlagsFrom returns, for each drill flag, the context its value is read
+// from. The flags of 'drill' may be given before a subcommand's name: 'drill
+// --pool 4 connections' runs connections with a pool of 4, as 'drill
+// connections --pool 4' does. A flag given on both sides is refused, exit 2,
+// and so is any for a subcommand without these flags (the hidden
+// connect-loop): urfave/cli would otherwise read the subcommand's default
+// and drop the value given.
+func drillFlagsFrom(c *cli.Context) (func(name string) *cli.Context, error) {
+	own := func(string) *cli.Context { return c }
+	lineage := c.Lineage()
+	if len(lineage) < 2 || lineage[1].Command == nil || lineage[1].Command.Name != "drill" {
+		return own, nil // c is the drill command itself
+	}
+	parent := lineage[1]
+	from := map[string]*cli.Context{}
+	for _, f := range drillFlags() {
+		name := f.Names()[0]
+		if !parent.IsSet(name) {
+			continue
+		}
+		switch {
+		case !hasFlag(c.Command.Flags, name):
+			return nil, cli.Exit(fmt.Sprintf("--%s is a flag of 'fairshare drill', which 'drill %s' does not take", name, c.Command.Name), exitUsage)
+		case c.IsSet(name):
+			return nil, cli.Exit(fmt.Sprintf("--%s is given both before and after '%s'; give it once", name, c.Command.Name), exitUsage)
+		}
+		from[name] = parent
+	}
+	return func(name string) *cli.Context {
+		if p, ok := from[name]; ok {
+			return p
+		}
+		return c
+	}, nil
+}
+
+// hasFlag says whether flags has one named name.
+func hasFlag(flags []cli.Flag, name string) bool {
+	for _, f := range flags {
+		if f.Names()[0] == name {
+			return true
+		}
+	}
+	return false
+}
+
+// drillConfig is the drill's configuration from the flags (drillFlagsFrom
+// says where each is read). A value given that the drill cannot run with is
+// refused, exit 2, naming the flag: the drill's own defaults (drill.Config)
+// stand only for a flag not given, not for one given as 0 or less. So is a
+// --json or --svg file that cannot be written (checkOutput): before the
+// drill runs, not after.
 func drillConfig(c *cli.Context) (drill.Config, error) {
+	from, err := drillFlagsFrom(c)
+	if err != nil {
+		return drill.Config{}, err
+	}
 	for _, name := range []string{"pool", "big", "small", "slices"} {
-		if n := c.Int(name); n < 1 {
+		if n := from(name).Int(name); n < 1 {
 			return drill.Config{}, cli.Exit(fmt.Sprintf("--%s must be a whole number >= 1, got %d", name, n), exitUsage)
 		}
 	}
 	for _, name := range []string{"phase", "service", "retry-pause"} {
-		if d := c.Duration(name); d <= 0 {
+		if d := from(name).Duration(name); d <= 0 {
 			return drill.Config{}, cli.Exit(fmt.Sprintf("--%s must be a duration > 0, got %s", name, d), exitUsage)
 		}
 	}
-	if r := c.Float64("target-ratio"); !(r > 0) || math.IsInf(r, 0) {
+	if r := from("target-ratio").Float64("target-ratio"); !(r > 0) || math.IsInf(r, 0) {
 		return drill.Config{}, cli.Exit(fmt.Sprintf("--target-ratio must be a number > 0, got %g", r), exitUsage)
+	}
+	for _, name := range []string{"json", "svg"} {
+		if err := checkOutput(from(name).String(name)); err != nil {
+			return drill.Config{}, cli.Exit(fmt.Sprintf("--%s: %v", name, err), exitUsage)
+		}
 	}
 	errw := c.App.ErrWriter
 	if errw == nil {
@@ -57,15 +136,77 @@ func drillConfig(c *cli.Context) (drill.Config, error) {
 	return drill.Config{
 		// Warnings only: what a killed drill left behind and was removed.
 		Log:          slog.New(slog.NewTextHandler(errw, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		PoolSize:     c.Int("pool"),
-		BigWriters:   c.Int("big"),
-		SmallWriters: c.Int("small"),
-		Phase:        c.Duration("phase"),
-		Slices:       c.Int("slices"),
-		ServiceTime:  c.Duration("service"),
-		RetryPause:   c.Duration("retry-pause"),
-		TargetRatio:  c.Float64("target-ratio"),
+		PoolSize:     from("pool").Int("pool"),
+		BigWriters:   from("big").Int("big"),
+		SmallWriters: from("small").Int("small"),
+		Phase:        from("phase").Duration("phase"),
+		Slices:       from("slices").Int("slices"),
+		ServiceTime:  from("service").Duration("service"),
+		RetryPause:   from("retry-pause").Duration("retry-pause"),
+		TargetRatio:  from("target-ratio").Float64("target-ratio"),
 	}, nil
+}
+
+// checkOutput makes sure the report can be written to path ("" is none)
+// once the drill is done: path is not a directory, and its directory exists
+// and takes a new file (one is created there and removed, which is what
+// writeAtomic does at the end).
+func checkOutput(path string) error {
+	if path == "" {
+		return nil
+	}
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return fmt.Errorf("%s is a directory", path)
+	}
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return fmt.Errorf("cannot write %s: creating a file in %s: %w", path, dir, err)
+	}
+	name := f.Name()
+	f.Close()
+	if err := os.Remove(name); err != nil {
+		return fmt.Errorf("cannot write %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeAtomic writes path with fn through a temporary file in its directory,
+// renamed over path once complete: a write that fails leaves path as it was
+// (absent, or the previous report), never half a report.
+func writeAtomic(path string, fn func(io.Writer) error) (err error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	bw := bufio.NewWriter(f)
+	if err := fn(bw); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	// CreateTemp makes the file 0600; a report is for anyone to read.
+	if err := f.Chmod(0o644); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
 }
 
 // drillCommand is `fairshare drill`: the specification's experiment, run on
@@ -76,9 +217,11 @@ func drillCommand() *cli.Command {
 		Usage: "run the fair-share drill on this host (two projects, a small pool) and print what it measured",
 		Description: "Starts an upstream, a requests pool of 8, the scheduler and the front on loopback, then a\n" +
 			"small project (2 writers) alone and together with a big one (16 writers), taking turns in\n" +
-			"slices, and the big one alone. Prints latency, refusals and permits held per phase and\n" +
-			"project, and the verdicts; exits non-zero when a verdict fails. 'fairshare drill connections'\n" +
-			"does the same through the BPF connection pool (root).\n\n" +
+			"slices, and the big one alone. Prints latency (from a request's first ask to its answer,\n" +
+			"refusals and retries included), refusals and permits held per phase and project, and the\n" +
+			"verdicts. 'fairshare drill connections' does the same through the BPF connection pool\n" +
+			"(root); the flags of 'drill' may also be given before 'connections'.\n\n" +
+			drillExitHelp +
 			examples(
 				"fairshare drill",
 				"fairshare drill --phase 2s --svg drill.svg",
@@ -94,7 +237,7 @@ func drillCommand() *cli.Command {
 			defer stop()
 			rep, err := drill.Run(ctx, cfg)
 			if err != nil {
-				return cli.Exit(fmt.Sprintf("drill: %v", err), 1)
+				return cli.Exit(fmt.Sprintf("drill: %v", err), exitDrillError)
 			}
 			return finishDrill(c, rep)
 		},
@@ -105,6 +248,7 @@ func drillCommand() *cli.Command {
 				Description: "Two project cgroups open and hold connections in loops against a small connection pool,\n" +
 					"counted and refused by the BPF programs. --to: the pool is a destination pool whose\n" +
 					"destination is the drill's server (docs/destination-pools.md).\n\n" +
+					drillExitHelp +
 					examples("fairshare drill connections", "fairshare drill connections --json drill.json", "fairshare drill connections --to"),
 				Flags: append(drillFlags(), &cli.BoolFlag{Name: "to",
 					Usage: "connect to a destination pool's destination: --pool sizes a destination pool whose destination is the drill's server, in a node pool 16 times larger (docs/destination-pools.md)"}),
@@ -117,12 +261,12 @@ func drillCommand() *cli.Command {
 					defer stop()
 					self, err := os.Executable()
 					if err != nil {
-						return cli.Exit(fmt.Sprintf("drill: finding own executable: %v", err), 1)
+						return cli.Exit(fmt.Sprintf("drill: finding own executable: %v", err), exitDrillError)
 					}
 					cfg.ToDestination = c.Bool("to")
 					rep, err := drill.RunConnections(ctx, cfg, []string{self, "drill", drillLoopCommand})
 					if err != nil {
-						return cli.Exit(fmt.Sprintf("drill connections: %v", err), 1)
+						return cli.Exit(fmt.Sprintf("drill connections: %v", err), exitDrillError)
 					}
 					return finishDrill(c, rep)
 				},
@@ -132,6 +276,9 @@ func drillCommand() *cli.Command {
 				Hidden: true,
 				Usage:  "load generator of the connections drill (started by it inside a project's cgroup)",
 				Action: func(c *cli.Context) error {
+					if _, err := drillFlagsFrom(c); err != nil {
+						return err
+					}
 					ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 					defer stop()
 					return drill.ConnectLoop(ctx, os.Stdin, c.App.Writer)
@@ -144,35 +291,31 @@ func drillCommand() *cli.Command {
 // drillLoopCommand is the hidden subcommand the connections drill re-executes.
 const drillLoopCommand = "connect-loop"
 
+// finishDrill prints the report, writes it where --json and --svg say
+// (read as drillConfig reads them) and turns a failed verdict into its exit
+// status.
 func finishDrill(c *cli.Context, rep *drill.Report) error {
 	if err := rep.WriteTable(c.App.Writer); err != nil {
+		return cli.Exit(fmt.Sprintf("drill: printing the report: %v", err), exitDrillError)
+	}
+	from, err := drillFlagsFrom(c)
+	if err != nil {
 		return err
 	}
-	write := func(path string, fn func(*os.File) error) error {
+	for _, out := range []struct {
+		flag  string
+		write func(io.Writer) error
+	}{{"json", rep.WriteJSON}, {"svg", rep.WriteSVG}} {
+		path := from(out.flag).String(out.flag)
 		if path == "" {
-			return nil
+			continue
 		}
-		f, err := os.Create(path)
-		if err != nil {
-			return cli.Exit(fmt.Sprintf("drill: %v", err), 1)
+		if err := writeAtomic(path, out.write); err != nil {
+			return cli.Exit(fmt.Sprintf("drill: writing %s: %v", path, err), exitDrillError)
 		}
-		if err := fn(f); err != nil {
-			f.Close()
-			return cli.Exit(fmt.Sprintf("drill: writing %s: %v", path, err), 1)
-		}
-		if err := f.Close(); err != nil {
-			return cli.Exit(fmt.Sprintf("drill: writing %s: %v", path, err), 1)
-		}
-		return nil
-	}
-	if err := write(c.String("json"), func(f *os.File) error { return rep.WriteJSON(f) }); err != nil {
-		return err
-	}
-	if err := write(c.String("svg"), func(f *os.File) error { return rep.WriteSVG(f) }); err != nil {
-		return err
 	}
 	if !rep.Pass {
-		return cli.Exit(fmt.Sprintf("drill: %v", drill.ErrVerdict), 1)
+		return cli.Exit(fmt.Sprintf("drill: %v", drill.ErrVerdict), exitVerdict)
 	}
 	return nil
 }

@@ -1,0 +1,212 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// drillJSON reads the report the drill wrote to path: its pool, phase and
+// verdict.
+func drillJSON(t *testing.T, path string) (pool int, phaseS float64, pass bool) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the drill wrote no report: %v", err)
+	}
+	var rep struct {
+		PoolSize     int     `json:"pool_size"`
+		PhaseSeconds float64 `json:"phase_seconds"`
+		Pass         bool    `json:"pass"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatalf("report %s: %v", path, err)
+	}
+	return rep.PoolSize, rep.PhaseSeconds, rep.Pass
+}
+
+// The flags of 'drill' given before a subcommand's name count for it, or are
+// refused: urfave/cli read the subcommand's own default instead, so 'drill
+// --pool 4 connections' ran with a pool of 8 and 'drill --json F connections'
+// wrote nothing, exit 0.
+func TestDrillFlagsBeforeSubcommand(t *testing.T) {
+	// The phases are short where the drill would run should the flags
+	// before the subcommand be dropped.
+	short := []string{"--phase", "50ms", "--slices", "1"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		// The value given before is read, and checked.
+		{append([]string{"drill", "--pool", "0", "connections"}, short...), "--pool must be a whole number >= 1, got 0"},
+		{append([]string{"drill", "--retry-pause", "0s", "connections"}, short...), "--retry-pause must be"},
+		{append([]string{"drill", "--json", filepath.Join(t.TempDir(), "no", "such", "r.json"), "connections"}, short...), "--json: cannot write"},
+		// Given on both sides: which one was meant is not guessed.
+		{append([]string{"drill", "--pool", "4", "connections", "--pool", "6"}, short...), "--pool is given both before and after 'connections'"},
+		// The load generator takes none of them.
+		{[]string{"drill", "--pool", "4", "connect-loop"}, "--pool is a flag of 'fairshare drill', which 'drill connect-loop' does not take"},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			out, errOut, code := runCLI(t, c.args...)
+			if code != exitUsage || !strings.Contains(errOut, c.want) || out != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want %d and %q", code, out, errOut, exitUsage, c.want)
+			}
+		})
+	}
+	if os.Geteuid() != 0 {
+		t.Log("not root: the connections drill is not run")
+		return
+	}
+	// As root the drill runs with them: a pool of 4 and 300 ms phases,
+	// its report written where --json said.
+	js := filepath.Join(t.TempDir(), "r.json")
+	out, errOut, code := runCLI(t, "drill", "--pool", "4", "--phase", "300ms", "--json", js, "connections", "--slices", "1")
+	if code != 0 && code != exitVerdict {
+		t.Fatalf("exit %d: %s%s", code, out, errOut)
+	}
+	if pool, phase, _ := drillJSON(t, js); pool != 4 || phase != 0.3 {
+		t.Errorf("the drill ran with pool %d and %gs phases, want 4 and 0.3s:\n%s", pool, phase, out)
+	}
+	if !strings.Contains(out, "pool 4,") {
+		t.Errorf("the table does not show pool 4:\n%s", out)
+	}
+}
+
+// The --json and --svg files are checked before the drill runs: a directory
+// that does not exist, or a path that is one, is refused at once, exit 2,
+// with nothing run (the drill ran for its whole length and only then failed,
+// exit 1).
+func TestDrillChecksOutputsFirst(t *testing.T) {
+	dir := t.TempDir()
+	short := []string{"--phase", "50ms", "--slices", "1"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--json", filepath.Join(dir, "missing", "r.json")}, "--json: cannot write " + filepath.Join(dir, "missing", "r.json")},
+		{[]string{"--svg", filepath.Join(dir, "missing", "r.svg")}, "--svg: cannot write"},
+		{[]string{"--svg", dir}, "--svg: " + dir + " is a directory"},
+	} {
+		args := append(append([]string{"drill"}, c.args...), short...)
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			out, errOut, code := runCLI(t, args...)
+			if code != exitUsage || !strings.Contains(errOut, c.want) || out != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want %d, %q and no report", code, out, errOut, exitUsage, c.want)
+			}
+		})
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("the checks left files behind: %v", ents)
+	}
+}
+
+// writeAtomic leaves the file as it was when the write fails half-way, and
+// no temporary file; a write that succeeds replaces it whole, readable by all.
+func TestWriteAtomic(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "drill.json")
+	boom := errors.New("boom")
+	half := func(w io.Writer) error {
+		_, _ = io.WriteString(w, `{"half":`)
+		return boom
+	}
+	// No file before: still none.
+	if err := writeAtomic(path, half); !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want boom", err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("a failed write left %s: %v", path, err)
+	}
+	// A report before: kept whole.
+	if err := os.WriteFile(path, []byte("previous report\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeAtomic(path, half); !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want boom", err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "previous report\n" {
+		t.Errorf("a failed write changed the file to %q", b)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("a failed write left a temporary file: %v", ents)
+	}
+	if err := writeAtomic(path, func(w io.Writer) error { _, err := io.WriteString(w, "new report\n"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	fi, err := os.Stat(path)
+	if err != nil || string(b) != "new report\n" || fi.Mode().Perm() != 0o644 {
+		t.Errorf("after a write: %q, %v, %v; want the new report, 0644", b, fi.Mode(), err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("a write left a temporary file: %v", ents)
+	}
+}
+
+// A drill that ran and failed a verdict exits 3, its report printed and
+// written; a drill that could not run to the end (interrupted here) exits 1
+// and writes nothing. Both exited 1.
+func TestDrillExitStatus(t *testing.T) {
+	// 300 ms phases: the big project cannot hold the whole pool alone, since
+	// the small one stays in the active set for a second after it stopped.
+	js := filepath.Join(t.TempDir(), "r.json")
+	out, errOut, code := runCLI(t, "drill", "--phase", "300ms", "--slices", "1", "--json", js)
+	if code != 3 || !strings.Contains(out, "FAIL  big alone holds the pool") || !strings.Contains(errOut, "drill verdict failed") {
+		t.Errorf("a failed verdict: exit %d, stdout %q, stderr %q; want %d and the report", code, out, errOut, exitVerdict)
+	}
+	if _, _, pass := drillJSON(t, js); pass {
+		t.Error("the report written says pass")
+	}
+
+	js = filepath.Join(t.TempDir(), "r.json")
+	cmd := exec.Command(binary, "drill", "--json", js)
+	cmd.Env = cleanEnv()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Interrupt once the drill runs: it has opened its listeners, after
+	// it started catching the signal.
+	deadline := time.Now().Add(20 * time.Second)
+	for !hasSocket(cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatal("the drill opened no socket within 20s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || stdout.Len() != 0 || !strings.Contains(stderr.String(), "drill interrupted") {
+		t.Errorf("an interrupted drill: %v, stdout %q, stderr %q; want exit %d and no report", err, stdout.String(), stderr.String(), exitDrillError)
+	}
+	if _, err := os.Stat(js); !os.IsNotExist(err) {
+		t.Errorf("an interrupted drill wrote %s: %v", js, err)
+	}
+}
+
+// hasSocket says whether process pid has a socket open.
+func hasSocket(pid int) bool {
+	fds, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "fd", "*"))
+	for _, fd := range fds {
+		if l, err := os.Readlink(fd); err == nil && strings.HasPrefix(l, "socket:") {
+			return true
+		}
+	}
+	return false
+}
