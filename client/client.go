@@ -46,6 +46,9 @@ var (
 	// ErrDisconnected is returned by calls whose connection dropped before
 	// they were answered.
 	ErrDisconnected = errors.New("permit connection lost")
+	// ErrLeasesLost matches the *LostLeasesError given to OnReconnect when
+	// acquire leases held by callers ended with the connection.
+	ErrLeasesLost = errors.New("leases ended with the connection")
 	// ErrEvicting is returned by a Spawn of an object the daemon has asked
 	// this runtime to put to sleep while OnEvict has not returned: the
 	// object is being put away, and a spawn sent now could not say whether
@@ -66,14 +69,40 @@ type Options struct {
 	// OnEvict evictions are confirmed at once. While OnEvict runs, a Spawn
 	// of the object fails with ErrEvicting; once it has returned nil, a
 	// Spawn waits for the confirmation and then wakes the object.
+	//
+	// An eviction left unconfirmed counts against the runtime: after
+	// permitd.MaxUnconfirmed (3) in a row of one project's objects,
+	// whether OnEvict failed, hung or was never called, the daemon stops
+	// waiting for it and ends those residences itself. OnEvict is then
+	// called once more for each, with Reason ReasonDropped: the object
+	// holds no permit any more and must be put to sleep; nothing is
+	// confirmed and the error is ignored.
 	OnEvict func(Eviction) error
 	// Reconnect makes the client redial after losing its connection and
 	// spawn its resident objects again.
 	Reconnect bool
 	// OnReconnect, if set, is called after a redial and re-registration,
-	// with the error of the re-registration (nil when all went back).
+	// with the error of the re-registration joined with a
+	// *LostLeasesError (matching ErrLeasesLost) for the acquire leases
+	// callers held when the connection dropped: the daemon ended them,
+	// and the new one does not know them (releasing one is harmless and
+	// releases nothing). nil when every resident went back and no lease
+	// was held.
 	OnReconnect func(error)
 }
+
+// LostLeasesError lists the acquire leases, held by callers and not
+// released, that ended with a connection (Options.OnReconnect).
+type LostLeasesError struct {
+	Leases []Lease // by id
+}
+
+func (e *LostLeasesError) Error() string {
+	return fmt.Sprintf("%d acquire leases ended with the connection", len(e.Leases))
+}
+
+// Is makes errors.Is(err, ErrLeasesLost) match.
+func (e *LostLeasesError) Is(target error) bool { return target == ErrLeasesLost }
 
 // Lease is a permit held by this client's session.
 type Lease struct {
@@ -82,6 +111,10 @@ type Lease struct {
 	Project string
 	Object  string // residents only
 }
+
+// ReasonDropped is the Reason of an Eviction the daemon has already carried
+// out: the runtime left evictions unconfirmed (Options.OnEvict).
+const ReasonDropped = "unconfirmed"
 
 // Eviction asks the runtime to put Object (of Project) to sleep. Lease is
 // the residence being ended (0 from a daemon that does not say): the
@@ -169,6 +202,8 @@ type waiter struct {
 	// sleep or a remove (the object's book).
 	object string
 	seq    uint64
+	// pool and project, for an acquire: the lease it grants (Client.leases).
+	pool, project string
 }
 
 // objState is what the client remembers of an object so it can register it
@@ -185,10 +220,19 @@ type Client struct {
 	nextID atomic.Uint64
 
 	flush chan struct{} // wakes the flusher; capacity 1, so wakes coalesce
-	wmu   sync.Mutex    // guards bw, wconn and werr
-	bw    *bufio.Writer
-	wconn net.Conn // what bw writes to
-	werr  error    // the last flush error, reported to the next writers
+	// wmu guards the fields below. It is never held across a write: a
+	// daemon that stops reading holds up the flusher only, and each call
+	// still ends with its context (it used to wait for wmu, which the
+	// flusher held while blocked in a write without a deadline).
+	wmu   sync.Mutex
+	wbuf  []byte   // requests for wconn the flusher has not taken yet
+	spare []byte   // the flusher's other buffer, nil while it writes
+	wconn net.Conn // the connection wbuf is for
+	werr  error    // the last write error on wconn, reported to the next callers
+	// drained is closed (and replaced) when the flusher takes wbuf while
+	// roomWaiters calls wait for wbuf to go under maxPending.
+	drained     chan struct{}
+	roomWaiters int
 
 	mu      sync.Mutex // guards the fields below
 	conn    net.Conn
@@ -205,7 +249,12 @@ type Client struct {
 	// books are the objects' spawns and residences as this connection's
 	// answers tell them (spawnBook); an object removed with no spawn of it
 	// under way has none.
-	books  map[string]*spawnBook
+	books map[string]*spawnBook
+	// leases are the acquire leases of this connection handed to callers
+	// and not released; lost, those of connections that ended, until a
+	// reconnect reports them (OnReconnect).
+	leases map[uint64]Lease
+	lost   []Lease
 	closed bool
 	done   chan struct{} // closed by Close
 
@@ -219,7 +268,7 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	}
 	c := &Client{opts: opts, pending: map[uint64]waiter{}, objects: map[string]*objState{},
 		evicting: map[string]int{}, confirming: map[string]chan struct{}{}, books: map[string]*spawnBook{},
-		done: make(chan struct{}), flush: make(chan struct{}, 1)}
+		leases: map[uint64]Lease{}, done: make(chan struct{}), flush: make(chan struct{}, 1), drained: make(chan struct{})}
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -229,8 +278,23 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	return c, nil
 }
 
+// Bounds of the client's writes.
+const (
+	// writeTimeout bounds one write to the daemon (the daemon's own bound
+	// on its writes): a daemon that reads nothing for that long is taken
+	// for hung, and the connection is closed (and, with Reconnect,
+	// dialled again).
+	writeTimeout = 10 * time.Second
+	// maxPending bounds the requests buffered while the flusher writes;
+	// past it a call waits for room, or for its context.
+	maxPending = 256 << 10
+	// maxKeptBuf is the largest buffer kept for the next burst: a buffer
+	// grown by a burst is not kept for an idle client.
+	maxKeptBuf = 64 << 10
+)
+
 // flusher writes buffered requests out. Callers only append and wake it, so
-// while it runs more callers append: under load one write carries a whole
+// while it writes more callers append: under load one write carries a whole
 // burst, which is what makes pipelining cheap for both ends.
 func (c *Client) flusher() {
 	for {
@@ -243,16 +307,66 @@ func (c *Client) flusher() {
 		// this turns one write per request into one write per burst.
 		runtime.Gosched()
 		c.wmu.Lock()
-		err := c.bw.Flush()
-		if err != nil {
+		buf, conn := c.wbuf, c.wconn
+		c.wbuf, c.spare = c.spare[:0], nil
+		if c.roomWaiters > 0 {
+			close(c.drained)
+			c.drained = make(chan struct{})
+		}
+		c.wmu.Unlock()
+		var err error
+		if len(buf) > 0 {
+			conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+			_, err = conn.Write(buf)
+		}
+		c.wmu.Lock()
+		if cap(buf) <= maxKeptBuf {
+			c.spare = buf[:0]
+		}
+		if err != nil && c.wconn == conn {
 			c.werr = err
 			// The calls just written wait for answers that cannot
 			// come: closed, the connection's reader ends and fails
 			// them.
-			c.wconn.Close()
+			conn.Close()
 		}
 		c.wmu.Unlock()
 	}
+}
+
+// wake wakes the flusher.
+func (c *Client) wake() {
+	select {
+	case c.flush <- struct{}{}:
+	default:
+	}
+}
+
+// lockRoom takes wmu once the buffer has room for a request, or returns
+// ctx's error (wmu not held) if ctx ends first.
+func (c *Client) lockRoom(ctx context.Context) error {
+	c.wmu.Lock()
+	for len(c.wbuf) >= maxPending && c.werr == nil {
+		drained := c.drained
+		c.roomWaiters++
+		c.wmu.Unlock()
+		c.wake()
+		var err error
+		select {
+		case <-drained:
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-c.done:
+			err = ErrClosed
+		}
+		c.wmu.Lock()
+		c.roomWaiters--
+		if err != nil {
+			c.wmu.Unlock()
+			return err
+		}
+	}
+	return nil
 }
 
 func (c *Client) dial(ctx context.Context) (net.Conn, error) {
@@ -275,8 +389,13 @@ func (c *Client) attach(conn net.Conn) bool {
 		conn.Close()
 		return false
 	}
-	c.bw, c.wconn = bufio.NewWriterSize(conn, 32<<10), conn
-	c.werr = nil
+	// Requests for the connection before are not sent on this one: their
+	// calls failed with it.
+	c.wbuf, c.wconn, c.werr = c.wbuf[:0], conn, nil
+	if c.roomWaiters > 0 {
+		close(c.drained)
+		c.drained = make(chan struct{})
+	}
 	c.conn, c.down = conn, false
 	// The residences of the connection before are no more, nor the late
 	// grants held for a spawn's answer (their marks end here).
@@ -325,7 +444,7 @@ func (c *Client) read(conn net.Conn) {
 			rp = *slow
 		}
 		if rp.Event != "" {
-			if rp.Event == "evict" {
+			if rp.Event == "evict" || rp.Event == "dropped" {
 				// Marked here, in the order of the lines read: a
 				// Spawn made from now on is made knowing of it.
 				c.mu.Lock()
@@ -336,7 +455,8 @@ func (c *Client) read(conn net.Conn) {
 				}
 				c.mu.Unlock()
 				if !stale {
-					go c.evicted(Eviction{Project: rp.Project, Object: rp.Object, Reason: rp.Reason, Lease: rp.Lease})
+					go c.evicted(Eviction{Project: rp.Project, Object: rp.Object, Reason: rp.Reason, Lease: rp.Lease},
+						rp.Event == "dropped")
 				}
 			}
 			continue
@@ -346,6 +466,11 @@ func (c *Client) read(conn net.Conn) {
 		delete(c.pending, rp.ID)
 		if ok && w.object != "" {
 			c.bookLocked(w, &rp)
+		}
+		if ok && w.ch != nil && w.op == "acquire" && rp.OK && rp.Lease != 0 {
+			// Its caller takes it: the answer is sent to it whether or
+			// not it gives up meanwhile (call).
+			c.leases[rp.Lease] = Lease{ID: rp.Lease, Pool: w.pool, Project: w.project}
 		}
 		c.mu.Unlock()
 		switch {
@@ -366,6 +491,11 @@ func (c *Client) read(conn net.Conn) {
 	failed := c.pending
 	c.pending = map[uint64]waiter{}
 	c.down = true
+	// The daemon ended this connection's leases with it.
+	for _, l := range c.leases {
+		c.lost = append(c.lost, l)
+	}
+	clear(c.leases)
 	reconnect := c.opts.Reconnect && !c.closed
 	c.mu.Unlock()
 	for _, w := range failed {
@@ -398,6 +528,14 @@ func (c *Client) reconnect() {
 			return
 		}
 		err = c.reregister()
+		c.mu.Lock()
+		lost := c.lost
+		c.lost = nil
+		c.mu.Unlock()
+		if len(lost) > 0 {
+			sort.Slice(lost, func(i, j int) bool { return lost[i].ID < lost[j].ID })
+			err = errors.Join(err, &LostLeasesError{Leases: lost})
+		}
 		if c.opts.OnReconnect != nil {
 			c.opts.OnReconnect(err)
 		}
@@ -441,7 +579,11 @@ func (c *Client) reregister() error {
 // answer after: waitConfirmed) is not sent: sent first, the daemon would
 // take it for a call on the object its owner holds, and the confirmation
 // after it would end the residence the runtime then loads.
-func (c *Client) evicted(ev Eviction) {
+//
+// dropped: the daemon ended the residence itself (ReasonDropped); there is
+// nothing to confirm, and the object is no longer resident here either
+// (unless a spawn answered since gave it a residence of its own).
+func (c *Client) evicted(ev Eviction, dropped bool) {
 	var err error
 	if c.opts.OnEvict != nil {
 		err = c.opts.OnEvict(ev)
@@ -449,6 +591,14 @@ func (c *Client) evicted(ev Eviction) {
 	c.mu.Lock()
 	if c.evicting[ev.Object]--; c.evicting[ev.Object] <= 0 {
 		delete(c.evicting, ev.Object)
+	}
+	if dropped {
+		b := c.books[ev.Object]
+		if o := c.objects[ev.Object]; o != nil && (b == nil || b.lease == ev.Lease || b.lease == 0) {
+			o.resident = false
+		}
+		c.mu.Unlock()
+		return
 	}
 	if err != nil {
 		c.mu.Unlock()
@@ -541,21 +691,31 @@ var chanPool = sync.Pool{New: func() any { return make(chan reply, 1) }}
 
 // call sends rq and waits for its answer. Concurrent callers share writes
 // through the flusher, so pipelined calls cost one syscall per burst rather
-// than one per call.
+// than one per call. It does no I/O itself: it ends with ctx whatever the
+// daemon reads.
 func (c *Client) call(ctx context.Context, rq request) (reply, error) {
+	if err := ctx.Err(); err != nil {
+		return reply{}, err
+	}
 	rq.ID = c.nextID.Add(1)
+	// Room first, then the registration: a call given up while it waits
+	// for room leaves nothing behind. wmu, then mu: the order attach
+	// takes them in, so the two see one connection.
+	if err := c.lockRoom(ctx); err != nil {
+		return reply{}, err
+	}
 	ch := chanPool.Get().(chan reply)
 	c.mu.Lock()
-	if c.closed {
+	if c.closed || c.down {
+		closed := c.closed
 		c.mu.Unlock()
+		c.wmu.Unlock()
 		chanPool.Put(ch)
-		return reply{}, ErrClosed
-	}
-	if c.down {
+		if closed {
+			return reply{}, ErrClosed
+		}
 		// Nothing would answer: the connection has ended, and the
 		// next one (Reconnect) starts from its own buffer.
-		c.mu.Unlock()
-		chanPool.Put(ch)
 		return reply{}, fmt.Errorf("%s: %w", rq.Op, ErrDisconnected)
 	}
 	w := waiter{ch: ch, op: rq.Op}
@@ -570,35 +730,24 @@ func (c *Client) call(ctx context.Context, rq request) (reply, error) {
 		w.object, w.seq = rq.Object, b.seq
 	case "sleep", "remove":
 		w.object = rq.Object
+	case "acquire":
+		w.pool, w.project = rq.Pool, rq.Project
 	}
 	c.pending[rq.ID] = w
-	conn := c.conn
 	c.mu.Unlock()
-
-	c.wmu.Lock()
-	var err error
-	if c.wconn != conn {
-		// The connection it was registered on ended meanwhile (its
-		// calls failed with it), and another is attached: sent there, it
-		// would be answered to nobody.
-		err = errors.New("the connection was replaced")
-	} else {
-		// Encoding into the writer's free space copies nothing and
+	err := c.werr
+	if err == nil {
+		// Encoding into the buffer's free space copies nothing and
 		// allocates nothing unless the line is longer than that space.
-		_, err = c.bw.Write(rq.appendTo(c.bw.AvailableBuffer()))
-		if err == nil {
-			err = c.werr
-		}
+		c.wbuf = rq.appendTo(c.wbuf)
 	}
 	c.wmu.Unlock()
-	select {
-	case c.flush <- struct{}{}:
-	default:
-	}
 	if err != nil {
 		c.forget(rq.ID)
+		chanPool.Put(ch)
 		return reply{}, fmt.Errorf("sending %s: %w: %w", rq.Op, ErrDisconnected, err)
 	}
+	c.wake()
 	select {
 	case rp := <-ch:
 		chanPool.Put(ch)
@@ -656,6 +805,9 @@ func (c *Client) AcquireWait(ctx context.Context, pool, project string, wait tim
 // the lease had already ended (released before, or its connection dropped).
 // A resident's lease is released by putting the object to sleep.
 func (c *Client) Release(ctx context.Context, l Lease) (bool, error) {
+	c.mu.Lock()
+	delete(c.leases, l.ID) // given up by its caller, whatever the answer
+	c.mu.Unlock()
 	rp, err := c.call(ctx, request{Op: "release", Lease: l.ID})
 	if err != nil {
 		return false, err

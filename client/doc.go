@@ -14,6 +14,12 @@
 // With Options.Reconnect the client redials after losing the daemon (a
 // daemon restart drops every connection) and spawns its resident objects
 // again, oldest call first, which is how the daemon rebuilds its view of what
-// is resident. Leases of flights are not carried over: a call that was in
-// flight across the restart simply finishes without one.
+// is resident. Leases of flights and other pools are not carried over: the
+// daemon ended them with the connection, and OnReconnect is given a
+// *LostLeasesError listing those callers held and had not released, so that
+// the runtime can take new ones or stop what they covered.
+//
+// Calls do no I/O of their own: a flusher writes the buffered requests, so a
+// daemon that stops reading holds up no call past its context. A write the
+// daemon has not taken within ten seconds closes the connection.
 package client

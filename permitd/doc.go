@@ -21,7 +21,10 @@
 // running out of descriptors is waited out rather than ending the server.
 // Sessions have no idle timeout: a session's leases end with it, so only the
 // client decides when it is over. An idle session holds a 4 KiB read buffer;
-// it grows, up to 64 KiB, only while a longer line is read.
+// it grows, up to 64 KiB, only while a longer line is read. Its table of the
+// names it repeats keeps only names that are valid (a known op, a served
+// pool, a valid project name, an object name) and at most 8 KiB of them, so
+// no stream of made-up names makes an idle session hold more.
 //
 // # Framing
 //
@@ -56,7 +59,7 @@
 // server (hello).
 //
 // The server may also send an event line, which has no id and an "event"
-// field. The only event is "evict": the session owns object and must put it
+// field: "evict" or "dropped". "evict": the session owns object and must put it
 // to sleep and then confirm, by releasing the event's lease (the residence
 // being ended) or by sending sleep (or remove) for the object; a spawn
 // elsewhere waits for that confirmation. Until then the object is the
@@ -66,6 +69,11 @@
 // confirming (the Go client waits for its own confirmation first). The event is written by a goroutine of its own: an
 // owner that does not read delays only its own events (and is disconnected
 // after ten seconds of not reading), never the spawn that evicted from it.
+// "dropped" (same fields, reason "unconfirmed"): the server ended the
+// residence lease of object without its owner, which left evictions
+// unconfirmed (see Residents); the object no longer holds a permit and must
+// be put to sleep, with nothing to confirm (a release of the lease or a
+// sleep of the object is answered, and ends nothing).
 //
 // # Error codes
 //
@@ -88,9 +96,11 @@
 //	                    the session already has Config.MaxWaitingPerSession operations
 //	                    waiting (512 by default), the peer's user over all its sessions
 //	                    Config.MaxWaitingPerUID (512), or the server Config.MaxWaiting
-//	                    (4096); the error says which. Retry when one has ended, or
-//	                    acquire without wait_ms. A spawn the pool admits at once never
-//	                    gets it
+//	                    (4096), of which acquires may take three quarters (3072): the
+//	                    last quarter is kept for spawns, whose waits last a second
+//	                    where an acquire's may last ten minutes. The error says which.
+//	                    Retry when one has ended, or acquire without wait_ms. A spawn
+//	                    the pool admits at once never gets it
 //	TOO_MANY_OBJECTS    spawn of a new object while the peer's user keeps
 //	                    Config.MaxObjectsPerUID objects (resident or asleep) over
 //	                    all its sessions (65536 by default) or the server
@@ -144,7 +154,27 @@
 // memory, so the object is counted resident again and the spawner's permit
 // goes back; a confirmation that comes later is taken as an ordinary sleep.
 // (Ending the owner's session instead would end its leases in every pool
-// while the runtime may still be using them.) touch records a call on a resident object (idleness is the time since
+// while the runtime may still be using them.) The object goes back as its
+// project's most recently called, so the next spawns name the project's
+// other objects first.
+//
+// An owner that leaves evictions unconfirmed (it does not act on the events,
+// its OnEvict fails or hangs) would otherwise keep its project over its
+// share for ever. So once a session has left MaxUnconfirmed (3) evictions of
+// one project's objects unconfirmed in a row, the server stops waiting for
+// it: at the third, the victim's residence is ended without its owner, it
+// stays asleep, and the spawn is admitted; the session's other objects of
+// that project left unconfirmed are put to sleep with it, their permits
+// freed. Each such object is counted (the residents pool's evictions for
+// reason "unconfirmed", and ResidentsStat.Dropped), published as an
+// eviction with reason "unconfirmed", logged, and its owner is sent a
+// "dropped" event; its lease is ended, and the object is asleep for the
+// server (a spawn wakes it, under the rule). Until the session confirms an
+// eviction of the project again (in time, or late: a sleep of an object
+// whose eviction went unconfirmed), each further unconfirmed eviction is
+// dropped at once. A runtime that honours the dropped events puts those
+// objects away; one that does not holds them in memory uncounted, which
+// is its own doing: the pool never counts more than its size. touch records a call on a resident object (idleness is the time since
 // the last call). sleep frees the object's permit and keeps it known as
 // sleeping; remove forgets it. Releasing a resident's lease is a sleep.
 //
@@ -155,7 +185,7 @@
 // of its objects are in memory, so after a daemon restart (which drops every
 // connection) the runtime reconnects and spawns its resident objects again,
 // oldest call first so that idleness order is kept; package client does this
-// on its own when reconnecting. The re-registration goes through the same rule
+// on its own when reconnecting (and reports the acquire leases that ended). The re-registration goes through the same rule
 // as any spawn, so a pool that shrank across the restart evicts rather than
 // over-admits.
 //

@@ -2,7 +2,11 @@
 
 package permitd
 
-import "time"
+import (
+	"time"
+
+	"github.com/fairshare-dev/fairshare/events"
+)
 
 // SetSpawnTimer replaces the timer that starts each spawn's deadline, so
 // that tests decide when a deadline passes instead of waiting for it.
@@ -23,4 +27,14 @@ func SetLeaseCounter(s *Server, n uint64) {
 // SetObjectLimits changes the bounds of kept objects before Serve.
 func SetObjectLimits(s *Server, total, perUID int) {
 	s.cfg.MaxObjects, s.cfg.MaxObjectsPerUID = total, perUID
+}
+
+// SetUnconfirmedLimit changes MaxUnconfirmed before Serve; 0 never drops.
+func SetUnconfirmedLimit(s *Server, n int) {
+	s.maxUnconfirmed = n
+}
+
+// SetEvents sets Config.Events before Serve.
+func SetEvents(s *Server, f func(events.Event)) {
+	s.cfg.Events = f
 }

@@ -2,7 +2,10 @@
 
 package permitd
 
-import "github.com/fairshare-dev/fairshare/internal/wire"
+import (
+	"github.com/fairshare-dev/fairshare/internal/project"
+	"github.com/fairshare-dev/fairshare/internal/wire"
+)
 
 // The request line is parsed by hand on the common path because
 // encoding/json (reflection, a validating pre-scan and one string allocation
@@ -20,35 +23,90 @@ import "github.com/fairshare-dev/fairshare/internal/wire"
 
 // Bounds of the per-session string table.
 const (
-	internMax    = 4096 // entries
-	internMaxLen = 256  // bytes of one entry
+	// internMaxBytes bounds what the table holds, counted as internCost
+	// per name: with the 4 KiB read buffer and the rest of an idle
+	// session, well inside the 16 KiB a connection is budgeted
+	// (docs/security.md). It holds the few names a runtime repeats; past
+	// it a name is allocated as usual, which costs time, not memory.
+	internMaxBytes = 8 << 10
+	internMaxLen   = 256 // bytes of one name: a longer one is not worth a place
+	// internOverhead is a name's cost beyond its bytes: the map's key and
+	// value headers, its control bytes and free slots, the allocation's
+	// rounding.
+	internOverhead = 64
 )
+
+// internCost is what keeping s costs the session, as internMaxBytes counts.
+func internCost(s string) int { return len(s) + internOverhead }
 
 // interner turns the names a session sends again and again (pools, projects,
 // objects) into strings without allocating each time. It belongs to one
-// session's reader goroutine and is bounded: past internMax entries, or for
-// long names, a name is allocated as usual.
-type interner struct{ m map[string]string }
+// session's reader goroutine and is bounded: it keeps only names that mean
+// something to the server (a known op or a served pool, which come from
+// tables of the server and take no room; a valid project name; an object
+// name), and only up to internMaxBytes. It used to keep any name, valid or
+// not, before the request was checked, up to 4096 of 256 bytes: a session
+// sending made-up op names held 1.3 MB for its whole life.
+type interner struct {
+	m     map[string]string
+	bytes int               // kept in m, as internCost counts
+	pools map[string]string // the server's served pool names, read only
+}
 
-func (in *interner) str(b []byte) string {
+// keep returns s, kept for the next time if there is room.
+func (in *interner) keep(s string) string {
+	if len(s) > internMaxLen || in.bytes+internCost(s) > internMaxBytes {
+		return s
+	}
+	if in.m == nil {
+		in.m = make(map[string]string)
+	}
+	in.m[s] = s
+	in.bytes += internCost(s)
+	return s
+}
+
+// object returns an object name.
+func (in *interner) object(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
 	if s, ok := in.m[string(b)]; ok { // the conversion in a map index does not allocate
 		return s
 	}
-	s := string(b)
-	if len(b) <= internMaxLen && len(in.m) < internMax {
-		if in.m == nil {
-			in.m = make(map[string]string)
-		}
-		in.m[s] = s
+	return in.keep(string(b))
+}
+
+// project returns a project name; only a valid one is kept (an invalid one
+// is refused by the operation).
+func (in *interner) project(b []byte) string {
+	if len(b) == 0 {
+		return ""
 	}
-	return s
+	if s, ok := in.m[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if project.Validate(s) != nil {
+		return s
+	}
+	return in.keep(s)
+}
+
+// pool returns the server's string for a served pool; any other name is
+// allocated and not kept.
+func (in *interner) pool(b []byte) string {
+	if s, ok := in.pools[string(b)]; ok {
+		return s
+	}
+	if len(b) == 0 {
+		return ""
+	}
+	return string(b)
 }
 
 // opName returns the constant for a known op so that matching and storing
-// it costs no allocation; an unknown op is interned like any name.
+// it costs no allocation; an unknown op is allocated and not kept.
 func (in *interner) opName(b []byte) string {
 	switch string(b) {
 	case "acquire":
@@ -67,8 +125,10 @@ func (in *interner) opName(b []byte) string {
 		return "hello"
 	case "ping":
 		return "ping"
+	case "":
+		return ""
 	}
-	return in.str(b)
+	return string(b)
 }
 
 // parseFast fills rq from line when line is in the subset described above.
@@ -103,11 +163,11 @@ func (in *interner) parseFast(line []byte, rq *request) bool {
 			case "op":
 				rq.Op = in.opName(s)
 			case "pool":
-				rq.Pool = in.str(s)
+				rq.Pool = in.pool(s)
 			case "project":
-				rq.Project = in.str(s)
+				rq.Project = in.project(s)
 			default:
-				rq.Object = in.str(s)
+				rq.Object = in.object(s)
 			}
 			return k, true
 		}

@@ -53,7 +53,7 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 		s.refuse(ss, resp, &r)
 		return true
 	}
-	if why := s.startWait(ss); why != "" {
+	if why := s.startWait(ss, waitAcquire); why != "" {
 		// The ask ends here: its one try that counts (a permit, if one
 		// came free meanwhile; else the pool's refusal, counted).
 		if s.tryGrant(ss, p, p.TryAcquireInto, rq, &rf, resp) {
@@ -70,7 +70,7 @@ func (s *Server) acquire(ss *session, rq *request, resp *response) bool {
 	s.wg.Add(1)
 	go func(rq request) {
 		defer s.wg.Done()
-		defer s.endWait(ss)
+		defer s.endWait(ss, waitAcquire)
 		ctx, cancel := context.WithTimeout(ss.ctx, wait)
 		defer cancel()
 		resp := response{ID: rq.ID}
@@ -246,8 +246,11 @@ func (s *Server) leaveResidence(ss *session, name string, lease uint64, remove b
 	}
 	leaseID := o.lease
 	// An evicted object is already asleep in the pool's accounting; this
-	// is its owner's confirmation.
+	// is its owner's confirmation. One whose deadline passed is resident
+	// again, and this is its owner's late confirmation: either way the
+	// owner does confirm.
 	poolAwake := o.resident && !o.evicting
+	s.confirmedLocked(name, o, o.evicting || o.unconfirmed)
 	o.lease, o.resident, o.evicting = 0, false, false
 	if remove {
 		s.dropObjectLocked(name)
@@ -363,7 +366,7 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 		*resp = s.admitted(ss, rq, o, nil)
 		return true
 	}
-	if why := s.startWait(ss); why != "" {
+	if why := s.startWait(ss, waitSpawn); why != "" {
 		if done {
 			s.evictionUndone(ss, rq, o, wasSleeping, ev)
 		} else {
@@ -375,7 +378,7 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 	s.wg.Add(1)
 	go func(rq request) {
 		defer s.wg.Done()
-		defer s.endWait(ss)
+		defer s.endWait(ss, waitSpawn)
 		var first *pools.Eviction
 		if done {
 			first = &ev
@@ -428,7 +431,11 @@ func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool, fi
 		return s.admitted(ss, rq, o, &ev)
 	case <-ctx.Done():
 	}
-	s.evictionFailed(ss, rq, o, wasSleeping, ev)
+	if s.evictionFailed(ss, rq, o, wasSleeping, ev, errors.Is(context.Cause(ctx), errSpawnDeadline)) {
+		// The owner left too many evictions unconfirmed: the victim
+		// was dropped, and its permit is this spawn's.
+		return s.admitted(ss, rq, o, &ev)
+	}
 	resp.Evicted = &ev
 	if ss.ctx.Err() != nil {
 		resp.Code, resp.Error = CodeCanceled, "session closed during spawn"
@@ -511,24 +518,59 @@ func (s *Server) spawnFailed(ss *session, rq *request, o *object, wasSleeping, a
 }
 
 // evictionFailed undoes a spawn that the pool admitted by evicting ev when
-// ev's owner did not confirm in time. The owner was asked and did not answer,
-// so as far as anyone knows the victim is still in memory: it is counted
-// resident again (and the spawner not), so the pool's count stays exact.
+// ev's owner did not confirm in time (deadline: the spawn's second passed;
+// else the spawner's session closed first). The owner was asked and did not
+// answer, so as far as anyone knows the victim is still in memory: it is
+// counted resident again (and the spawner not), so the pool's count stays
+// exact, as its project's most recently called object, so that the next
+// spawns name the project's other objects first.
+//
+// That trust has a limit. An owner that leaves MaxUnconfirmed evictions of a
+// project's objects in a row unconfirmed (by not reading, an OnEvict that
+// fails or hangs, or on purpose) would keep its project over its share for
+// ever, every spawn that names one of its objects refused. So at that count
+// the victim is dropped instead: its residence ends without its owner (the
+// owner is told so, with a dropped event), it stays asleep in the pool, and
+// admit is true: the spawn goes on with its permit. The owner's other
+// objects of the project left unconfirmed are dropped with it, which frees
+// their permits; until the owner confirms an eviction again, each further
+// unconfirmed eviction of the project is dropped at once. An owner that
+// confirms late (a sleep of an object whose deadline passed) starts the
+// count over, as one that confirms in time does.
 //
 // Why not end the owner's session instead: that would end every lease of the
 // session, in every pool, while the runtime may still be using them (a slow
 // runtime is not a dead one), so those pools would undercount. An owner that
 // confirms late is handled as a sleep of a resident object.
-func (s *Server) evictionFailed(ss *session, rq *request, o *object, wasSleeping bool, ev pools.Eviction) {
+func (s *Server) evictionFailed(ss *session, rq *request, o *object, wasSleeping bool, ev pools.Eviction, deadline bool) (admit bool) {
 	s.mu.Lock()
+	mine := s.objects[rq.Object] == o
+	v := s.objects[ev.Object]
+	awake := v != nil && v.evicting // still unconfirmed: nobody put it to sleep
+	var st *strikes
+	if deadline && mine && awake {
+		// The owner had the whole second.
+		st = v.owner.strikes[v.project]
+		if st == nil {
+			if v.owner.strikes == nil {
+				v.owner.strikes = map[string]*strikes{}
+			}
+			st = &strikes{objects: map[string]*object{}}
+			v.owner.strikes[v.project] = st
+		}
+		st.n++
+		if s.maxUnconfirmed > 0 && st.n >= s.maxUnconfirmed {
+			owner, n, drops := v.owner, st.n, s.dropLocked(ev, st)
+			s.mu.Unlock()
+			s.announceDrops(owner, drops, ev.Project, rq.Project, n)
+			return true
+		}
+	}
 	o.spawning = false
 	keep := wasSleeping && ss.ctx.Err() == nil
-	mine := s.objects[rq.Object] == o
 	if mine && !keep {
 		s.dropObjectLocked(rq.Object)
 	}
-	v := s.objects[ev.Object]
-	awake := v != nil && v.evicting // still unconfirmed: nobody put it to sleep
 	var err error
 	switch {
 	case mine && awake:
@@ -537,7 +579,15 @@ func (s *Server) evictionFailed(ss *session, rq *request, o *object, wasSleeping
 		// false): the two cannot both count it.
 		v.evicting = false
 		delete(s.sleepers, ev.Object) // this spawn was the only one waiting
-		err = s.residents.Unevict(ev, rq.Object, !keep)
+		if st != nil {
+			v.unconfirmed = true
+			st.objects[ev.Object] = v
+			err = s.residents.Unconfirmed(ev, rq.Object, !keep)
+		} else {
+			// The spawner left before the owner's second was over:
+			// nothing is held against the owner.
+			err = s.residents.Unevict(ev, rq.Object, !keep)
+		}
 	case mine && !keep:
 		err = s.residents.Remove(rq.Object)
 	case mine:
@@ -550,6 +600,94 @@ func (s *Server) evictionFailed(ss *session, rq *request, o *object, wasSleeping
 	s.mu.Unlock()
 	if err != nil {
 		s.log.Error("undoing a spawn whose eviction was not confirmed", "object", rq.Object, "victim", ev.Object, "err", err)
+	}
+	return false
+}
+
+// dropped is a residence the server ended without its owner.
+type dropped struct {
+	object string
+	lease  uint64
+}
+
+// dropLocked ends, without their owner, the residence of ev's victim (which
+// the pool already counts asleep) and those of the objects in st, which the
+// owner left unconfirmed before and which are still resident as it last
+// said. Their leases are taken from the owner's session, so that a late
+// release or sleep of them ends nothing. An object being evicted again or
+// spawned is left to that operation.
+func (s *Server) dropLocked(ev pools.Eviction, st *strikes) []dropped {
+	v := s.objects[ev.Object]
+	drops := []dropped{{ev.Object, v.lease}}
+	s.endResidenceLocked(ev.Object, v)
+	delete(s.sleepers, ev.Object) // this spawn was the only one waiting
+	if err := s.residents.Dropped(ev); err != nil {
+		s.log.Error("dropping an unconfirmed victim", "object", ev.Object, "err", err)
+	}
+	for name, u := range st.objects {
+		delete(st.objects, name)
+		if s.objects[name] != u || !u.unconfirmed || !u.resident || u.evicting || u.spawning {
+			continue
+		}
+		drops = append(drops, dropped{name, u.lease})
+		s.endResidenceLocked(name, u)
+		// ErrNotResident: a spawn has just named it a victim and not
+		// marked it evicting yet; asleep all the same, and that spawn,
+		// finding it so, goes on (evict).
+		if err := s.residents.Drop(name); err != nil && !errors.Is(err, pools.ErrNotResident) {
+			s.log.Error("dropping an unconfirmed object", "object", name, "err", err)
+		}
+	}
+	s.dropped[ev.Project] += uint64(len(drops))
+	return drops
+}
+
+// endResidenceLocked makes o asleep for the server and its owner's session.
+func (s *Server) endResidenceLocked(name string, o *object) {
+	if o.lease != 0 {
+		o.owner.takeLease(o.lease)
+	}
+	o.lease, o.resident, o.evicting = 0, false, false
+	s.confirmedLocked(name, o, false)
+}
+
+// announceDrops publishes the objects of project dropped for a spawn of
+// spawner and tells their owner, each notice on a goroutine of its own (as
+// evict does): an owner that does not read holds up nothing.
+func (s *Server) announceDrops(owner *session, drops []dropped, project, spawner string, strikes int) {
+	detail := "its owner left " + strconv.Itoa(strikes) + " evictions of the project in a row unconfirmed; put to sleep without it"
+	for _, d := range drops {
+		s.publish(events.Event{Kind: events.KindEvicted, Pool: ResidentsPool, Project: project, Reason: pools.EvictUnconfirmed,
+			Victim: d.object, Owner: peerText(owner), Spawner: spawner, Detail: detail})
+		s.log.Warn("object dropped from the residents pool: its owner leaves evictions unconfirmed", "object", d.object,
+			"project", project, "session", owner.id, "unconfirmed", strikes)
+		ev := pools.Eviction{Project: project, Object: d.object, Reason: pools.EvictUnconfirmed}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			owner.sendEvent(EventDropped, &ev, d.lease)
+		}()
+	}
+}
+
+// confirmedLocked ends o's unconfirmed mark; byOwner (its owner put it to
+// sleep after being asked to) starts the owner's count of unconfirmed
+// evictions of the project over.
+func (s *Server) confirmedLocked(name string, o *object, byOwner bool) {
+	marked := o.unconfirmed
+	o.unconfirmed = false
+	st := o.owner.strikes[o.project]
+	if st == nil {
+		return
+	}
+	if marked {
+		delete(st.objects, name)
+	}
+	if byOwner {
+		st.n = 0
+	}
+	if st.n == 0 && len(st.objects) == 0 {
+		delete(o.owner.strikes, o.project)
 	}
 }
 
@@ -631,7 +769,7 @@ func (s *Server) evict(ev pools.Eviction, spawner string) <-chan struct{} {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		owner.sendEvent(&ev, lease)
+		owner.sendEvent(EventEvict, &ev, lease)
 	}()
 	return ch
 }

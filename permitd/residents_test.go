@@ -8,6 +8,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -336,8 +337,11 @@ func TestResidentsSurviveDaemonRestart(t *testing.T) {
 	sock := f.sock
 	f.stop()
 	f2 := startAt(t, sock, 4, 3)
-	if err := <-reconnected; err != nil {
-		t.Fatalf("re-registration: %v", err)
+	// Every resident went back; the flight lease held is reported lost.
+	var lost *client.LostLeasesError
+	if err := <-reconnected; !errors.As(err, &lost) || len(lost.Leases) != 1 || lost.Leases[0] != flight ||
+		strings.Contains(err.Error(), "re-registering") {
+		t.Fatalf("re-registration: %v, want only the flight lease lost", err)
 	}
 	s := f2.srv.Snapshot()
 	if s.Residents.Resident["p"] != 3 || s.Residents.Pool.InUse != 3 {
@@ -403,9 +407,20 @@ func neverOverfilled(t *testing.T, giveUps bool) {
 		tm := time.NewTimer(time.Duration(5+intN(40)) * time.Millisecond)
 		return tm.C, tm.Stop
 	}
+	// The runtimes here leave evictions unconfirmed at random, a third of
+	// them: the daemon's limit on that (permitd.MaxUnconfirmed) is off.
+	// Past it the daemon puts their objects to sleep without them, and
+	// admits a spawn while the owner still holds the victim, until the
+	// owner reads the dropped event: the runtimes together then hold more
+	// than the pool by design. This test is of the orders in which
+	// cooperating runtimes and the daemon can meet; the limit's own test
+	// is TestUnconfirmingOwnerCannotHoldThePool.
 	f := startWith(t, filepath.Join(t.TempDir(), "permits.sock"), pools.Config{Name: "flights", Size: 4},
 		pools.Config{Name: "residents", Size: size, EvictWait: time.Hour},
-		func(s *permitd.Server) { permitd.SetSpawnTimer(s, deadline) })
+		func(s *permitd.Server) {
+			permitd.SetSpawnTimer(s, deadline)
+			permitd.SetUnconfirmedLimit(s, 0)
+		})
 
 	var mu sync.Mutex
 	loaded := map[string]bool{}

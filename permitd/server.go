@@ -40,6 +40,14 @@ const DefaultMode os.FileMode = 0o660
 // before the pool refuses with TOO_MANY_RESIDENTS (the seed's one second).
 const EvictionWait = time.Second
 
+// MaxUnconfirmed is how many evictions in a row an owner may leave
+// unconfirmed, of one project's objects, before the server puts that
+// project's unconfirmed objects of the session to sleep without it
+// (Server.evictionFailed). A runtime that is slow or busy now and then
+// confirms most evictions; one that never does would otherwise keep its
+// project over its share for ever, every other spawn refused.
+const MaxUnconfirmed = 3
+
 // maxRetry caps a retry hint: a project whose clients keep asking without
 // waiting pushes its own return slots out, but not past this.
 const maxRetry = time.Minute
@@ -122,6 +130,7 @@ type Server struct {
 	gid       int // group allowed to connect; -1 when none
 	uid       int // the daemon's own uid, always allowed
 	pools     map[string]*pools.Pool
+	poolNames map[string]string // the names served, residents too: every session's interner reads it
 	residents *pools.Residents
 	log       *slog.Logger
 	epoch     uint64 // high bits of every lease id, random per server
@@ -129,6 +138,8 @@ type Server struct {
 	// after starts a spawn's deadline; tests replace it with a timer they
 	// fire themselves.
 	after func(time.Duration) (<-chan time.Time, func() bool)
+	// maxUnconfirmed is MaxUnconfirmed; 0 never drops (tests).
+	maxUnconfirmed int
 
 	nextLease   atomic.Uint64
 	nextSession atomic.Uint64
@@ -144,9 +155,12 @@ type Server struct {
 	counters  Counters
 	byCode    map[string]uint64
 	evictions map[string]uint64 // reason -> evict events sent
+	dropped   map[string]uint64 // project -> objects put to sleep without their owner (MaxUnconfirmed)
 	waiting   int               // operations waiting, all sessions
-	waitingBy map[string]int    // operations waiting by peer (session.peer)
-	objectsBy map[string]int    // objects kept by peer (session.peer)
+	// waitingAcquires: of waiting, the acquires (spawnReserve).
+	waitingAcquires int
+	waitingBy       map[string]int // operations waiting by peer (session.peer)
+	objectsBy       map[string]int // objects kept by peer (session.peer)
 }
 
 // object is a resident or sleeping object known through this server.
@@ -157,7 +171,11 @@ type object struct {
 	resident bool   // resident as far as its owner knows
 	evicting bool   // the pool counts it asleep; its owner was asked to confirm
 	spawning bool
-	touched  time.Time
+	// unconfirmed: its owner was asked to put it to sleep and did not
+	// confirm in time; it is resident again, in its owner's
+	// session.strikes, until it leaves residence.
+	unconfirmed bool
+	touched     time.Time
 }
 
 // New builds a server over the given pools. residents may be nil when the
@@ -193,21 +211,23 @@ func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
-		cfg:       cfg,
-		gid:       -1,
-		uid:       os.Geteuid(),
-		pools:     make(map[string]*pools.Pool, len(pls)),
-		residents: residents,
-		log:       log,
-		pacer:     pace.New(maxRetry),
-		after:     realAfter,
-		sessions:  map[uint64]*session{},
-		objects:   map[string]*object{},
-		sleepers:  map[string][]chan struct{}{},
-		byCode:    map[string]uint64{},
-		evictions: map[string]uint64{},
-		waitingBy: map[string]int{},
-		objectsBy: map[string]int{},
+		cfg:            cfg,
+		gid:            -1,
+		uid:            os.Geteuid(),
+		pools:          make(map[string]*pools.Pool, len(pls)),
+		residents:      residents,
+		log:            log,
+		pacer:          pace.New(maxRetry),
+		after:          realAfter,
+		maxUnconfirmed: MaxUnconfirmed,
+		sessions:       map[uint64]*session{},
+		objects:        map[string]*object{},
+		sleepers:       map[string][]chan struct{}{},
+		byCode:         map[string]uint64{},
+		evictions:      map[string]uint64{},
+		dropped:        map[string]uint64{},
+		waitingBy:      map[string]int{},
+		objectsBy:      map[string]int{},
 	}
 	for name, p := range pls {
 		if name == "" || p == nil {
@@ -217,6 +237,13 @@ func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log
 			return nil, fmt.Errorf("pool %q: name is reserved for the residents pool", name)
 		}
 		s.pools[name] = p
+	}
+	s.poolNames = make(map[string]string, len(s.pools)+1)
+	for name := range s.pools {
+		s.poolNames[name] = name
+	}
+	if residents != nil {
+		s.poolNames[ResidentsPool] = ResidentsPool
 	}
 	if cfg.Group != "" {
 		gid, err := LookupGroup(cfg.Group)
@@ -487,6 +514,7 @@ func (s *Server) dropObjectLocked(name string) {
 	delete(s.objects, name)
 	ss := o.owner
 	delete(ss.owned, name)
+	s.confirmedLocked(name, o, false)
 	if n := s.objectsBy[ss.peer] - 1; n > 0 {
 		s.objectsBy[ss.peer] = n
 	} else {
@@ -494,9 +522,22 @@ func (s *Server) dropObjectLocked(name string) {
 	}
 }
 
-// startWait takes a place for a waiting operation of ss, or says why there
-// is none.
-func (s *Server) startWait(ss *session) string {
+// Kinds of waiting operations (startWait).
+const (
+	waitAcquire = false
+	waitSpawn   = true
+)
+
+// spawnReserve is the part of the server's bound of waiting operations
+// (Config.MaxWaiting) that only spawns may take: a quarter. An acquire may
+// wait ten minutes and a spawn at most a second, so without it a flood of
+// acquire waits held every place, and every spawn that had to wait for a
+// victim's owner was refused TOO_MANY_WAITING, evictions and all.
+func spawnReserve(maxWaiting int) int { return maxWaiting / 4 }
+
+// startWait takes a place for a waiting operation of ss (waitAcquire or
+// waitSpawn), or says why there is none.
+func (s *Server) startWait(ss *session, spawn bool) string {
 	if n := ss.waiting.Add(1); n > int64(s.cfg.MaxWaitingPerSession) {
 		ss.waiting.Add(-1)
 		return fmt.Sprintf("this session already has %d operations waiting (at most %d); retry when one has ended",
@@ -513,17 +554,28 @@ func (s *Server) startWait(ss *session) string {
 		ss.waiting.Add(-1)
 		return fmt.Sprintf("the server already has %d operations waiting (at most %d); retry later", s.waiting, s.cfg.MaxWaiting)
 	}
+	if limit := s.cfg.MaxWaiting - spawnReserve(s.cfg.MaxWaiting); !spawn && s.waitingAcquires >= limit {
+		ss.waiting.Add(-1)
+		return fmt.Sprintf("the server already has %d acquires waiting (at most %d, the rest of its %d places being kept for spawns); retry later",
+			s.waitingAcquires, limit, s.cfg.MaxWaiting)
+	}
 	s.waitingBy[ss.peer]++
 	s.waiting++
+	if !spawn {
+		s.waitingAcquires++
+	}
 	return ""
 }
 
-// endWait gives back a place taken by startWait.
-func (s *Server) endWait(ss *session) {
+// endWait gives back a place taken by startWait for the same kind.
+func (s *Server) endWait(ss *session, spawn bool) {
 	ss.waiting.Add(-1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.waiting--
+	if !spawn {
+		s.waitingAcquires--
+	}
 	if n := s.waitingBy[ss.peer] - 1; n > 0 {
 		s.waitingBy[ss.peer] = n
 	} else {

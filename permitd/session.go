@@ -45,6 +45,11 @@ type session struct {
 
 	// owned: the objects of this session, guarded by the server's mu.
 	owned map[string]*object
+	// strikes: per project, the evictions of this session's objects left
+	// unconfirmed since it last confirmed one, and the objects they left
+	// resident (MaxUnconfirmed); guarded by the server's mu, nil until
+	// one is left unconfirmed.
+	strikes map[string]*strikes
 
 	mu     sync.Mutex       // guards the fields below
 	leases map[uint64]lease // by value: a grant allocates no lease
@@ -63,6 +68,7 @@ func newSession(s *Server, c net.Conn, cred Cred) *session {
 		cancel: cancel,
 		leases: map[uint64]lease{},
 		owned:  map[string]*object{},
+		names:  interner{pools: s.poolNames},
 	}
 }
 
@@ -331,8 +337,14 @@ func (ss *session) close() map[uint64]lease {
 	return ls
 }
 
-func (ss *session) sendEvent(ev *pools.Eviction, lease uint64) {
-	ss.write(appendEvent(nil, ev, lease))
+// strikes are one project's evictions left unconfirmed by a session.
+type strikes struct {
+	n       int                // in a row: a confirmation starts over
+	objects map[string]*object // marked unconfirmed, still resident as far as is known
+}
+
+func (ss *session) sendEvent(kind string, ev *pools.Eviction, lease uint64) {
+	ss.write(appendEvent(nil, kind, ev, lease))
 }
 
 func quote(s string) string {

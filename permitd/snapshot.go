@@ -43,7 +43,11 @@ type ResidentsStat struct {
 	Spawning  int            // spawns in progress (waiting for room or a confirmation)
 	Evicting  int            // objects asked to sleep, not yet confirmed by their owner
 	EvictSent map[string]uint64
-	Pool      pools.ResidentsSnapshot // the pool's own counts, evictions by reason
+	// Dropped counts, per project, the objects put to sleep without
+	// their owner, which left MaxUnconfirmed evictions in a row
+	// unconfirmed.
+	Dropped map[string]uint64
+	Pool    pools.ResidentsSnapshot // the pool's own counts, evictions by reason
 }
 
 // Counters are totals since the server started.
@@ -80,7 +84,8 @@ func (s *Server) Snapshot() Snapshot {
 	objs := map[*session]int{}
 	var rs *ResidentsStat
 	if s.residents != nil {
-		rs = &ResidentsStat{Resident: map[string]int{}, Sleeping: map[string]int{}, EvictSent: map[string]uint64{}}
+		rs = &ResidentsStat{Resident: map[string]int{}, Sleeping: map[string]int{}, EvictSent: map[string]uint64{},
+			Dropped: map[string]uint64{}}
 		for _, o := range s.objects {
 			objs[o.owner]++
 			switch {
@@ -96,6 +101,9 @@ func (s *Server) Snapshot() Snapshot {
 		}
 		for k, v := range s.evictions {
 			rs.EvictSent[k] = v
+		}
+		for k, v := range s.dropped {
+			rs.Dropped[k] = v
 		}
 	}
 	s.mu.Unlock()

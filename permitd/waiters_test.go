@@ -20,7 +20,7 @@ func TestWaitersBoundedPerUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{MaxWaiting: 40, MaxWaitingPerUID: 16, MaxWaitingPerSession: 8}, map[string]*pools.Pool{"flights": p}, nil, nil)
+	s, err := New(Config{MaxWaiting: 48, MaxWaitingPerUID: 16, MaxWaitingPerSession: 8}, map[string]*pools.Pool{"flights": p}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestWaitersBoundedPerUser(t *testing.T) {
 	}
 	take := func(ss *session, n int) (got int, why string) {
 		for range n {
-			if why = s.startWait(ss); why != "" {
+			if why = s.startWait(ss, waitAcquire); why != "" {
 				return got, why
 			}
 			got++
@@ -59,18 +59,18 @@ func TestWaitersBoundedPerUser(t *testing.T) {
 		t.Fatalf("a third user's session: %d places (%s)", n, why)
 	}
 	// Places given back are the user's again.
-	s.endWait(hostile[0])
+	s.endWait(hostile[0], waitAcquire)
 	again := newPeer("uid:65534")
 	hostile = append(hostile, again)
-	if why := s.startWait(again); why != "" {
+	if why := s.startWait(again, waitAcquire); why != "" {
 		t.Fatalf("after one ended: %s", why)
 	}
-	if why := s.startWait(again); !strings.Contains(why, "your user") {
+	if why := s.startWait(again, waitAcquire); !strings.Contains(why, "your user") {
 		t.Fatalf("the user's 17th: %q", why)
 	}
 	for _, ss := range hostile {
 		for ss.waiting.Load() > 0 {
-			s.endWait(ss)
+			s.endWait(ss, waitAcquire)
 		}
 	}
 	if _, ok := s.waitingBy["uid:65534"]; ok || s.waiting != 16 {

@@ -161,9 +161,22 @@ func appendResponse(b []byte, r *response) []byte {
 	return append(b, '}', '\n')
 }
 
-// appendEvent encodes the evict event for e, whose residence is lease.
-func appendEvent(b []byte, e *pools.Eviction, lease uint64) []byte {
-	b = append(b, `{"event":"evict","project":`...)
+// Events the server sends to the owner of an object.
+const (
+	// EventEvict asks the owner to put the object to sleep and confirm.
+	EventEvict = "evict"
+	// EventDropped tells the owner that the server ended the object's
+	// residence without it (MaxUnconfirmed): the object no longer holds a
+	// permit, and must be put to sleep; there is nothing to confirm.
+	EventDropped = "dropped"
+)
+
+// appendEvent encodes event kind (EventEvict, EventDropped) for e, whose
+// residence is lease.
+func appendEvent(b []byte, kind string, e *pools.Eviction, lease uint64) []byte {
+	b = append(b, `{"event":`...)
+	b = wire.AppendString(b, kind)
+	b = append(b, `,"project":`...)
 	b = wire.AppendString(b, e.Project)
 	b = appendField(b, "object", e.Object)
 	b = appendField(b, "reason", e.Reason)

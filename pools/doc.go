@@ -160,6 +160,11 @@
 // Recompute), honouring its context, then refuses with a *Refusal matching
 // ErrTooManyResidents. Nothing is evicted while the rule admits. The victim is
 // counted as asleep when Spawn returns; the caller must put it to sleep.
+// A caller whose victim's owner did not confirm gives it back with
+// Unconfirmed (resident again, as its project's most recently called, so
+// the project's other objects are named first), or keeps it asleep without
+// its owner with Dropped; Drop puts another resident object to sleep that
+// way (reason "unconfirmed").
 // Touch, Sleep and Remove keep held and sleeping counts exact; Touch does
 // not read the clock. Victim choice is O(log projects) (a max-heap on held)
 // and each project's objects form an LRU list.

@@ -66,7 +66,7 @@ type resProject struct {
 	heapPos    int32 // -1 when not in the heap
 	sleeping   int
 	waiting    int       // spawns blocked in Spawn
-	evicted    [2]uint64 // victims by reason: own-idlest, furthest-over-share
+	evicted    [3]uint64 // victims by reason: own-idlest, furthest-over-share, unconfirmed
 }
 
 func newResProject() resProject { return resProject{head: -1, tail: -1, heapPos: -1} }
@@ -100,9 +100,22 @@ type Eviction struct{ Project, Object, Reason string }
 const (
 	EvictOwnIdlest         = "own-idlest"
 	EvictFurthestOverShare = "furthest-over-share"
+	// EvictUnconfirmed: the caller put the object to sleep without its
+	// owner, which had left evictions unconfirmed (Drop, Dropped).
+	EvictUnconfirmed = "unconfirmed"
 )
 
-var evictReasons = [2]string{EvictOwnIdlest, EvictFurthestOverShare}
+var evictReasons = [3]string{EvictOwnIdlest, EvictFurthestOverShare, EvictUnconfirmed}
+
+// reasonIndex is reason's place in evictReasons, -1 if none.
+func reasonIndex(reason string) int {
+	for i, r := range evictReasons {
+		if r == reason {
+			return i
+		}
+	}
+	return -1
+}
 
 // ResidentsSnapshot is a Snapshot with the residents' own counters.
 type ResidentsSnapshot struct {
@@ -482,13 +495,30 @@ func (r *Residents) removeLocked(oi int32) {
 // again, as its project's idlest. Both happen under one lock, so no other
 // spawn can take the permit in between and in_use does not change.
 //
-// The caller uses it when the victim's owner did not put ev.Object to sleep:
-// the object is still awake, and counting it asleep would let the pool hold
-// more than its size. The victim's eviction is no longer counted. When the
-// victim is no longer an asleep object of ev.Project (it was woken or removed
+// The caller uses it when ev.Object's owner was never asked to put it to
+// sleep (the spawn could not wait): the victim is as idle as it was, and
+// is the next one named. When the owner was asked and did not confirm, use
+// Unconfirmed. The victim's eviction is no longer counted. When the victim
+// is no longer an asleep object of ev.Project (it was woken or removed
 // meanwhile), only object's residence is undone and ErrNotResident or
 // ErrUnknownObject is returned with it.
 func (r *Residents) Unevict(ev Eviction, object string, forget bool) error {
+	return r.unevict(ev, object, forget, false)
+}
+
+// Unconfirmed is Unevict for a victim whose owner was asked to put it to
+// sleep and did not confirm: as far as anyone knows it is still in memory,
+// so it is counted resident again, but as its project's most recently
+// called object. Put back as the idlest, it was named again by the next
+// spawn, and an owner that never confirms kept its project over its share
+// for good, every other spawn refused; now the project's other objects are
+// named first, and the caller can tell whether their owner confirms (and
+// Drop what it leaves unconfirmed).
+func (r *Residents) Unconfirmed(ev Eviction, object string, forget bool) error {
+	return r.unevict(ev, object, forget, true)
+}
+
+func (r *Residents) unevict(ev Eviction, object string, forget, recent bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	oi, ok := r.objects[object]
@@ -503,29 +533,79 @@ func (r *Residents) Unevict(ev Eviction, object string, forget bool) error {
 	} else {
 		r.sleepLocked(oi)
 	}
-	vi, ok := r.objects[ev.Object]
-	switch {
-	case !ok:
-		return fmt.Errorf("residents %s: unevicting %q: %w", r.name, ev.Object, ErrUnknownObject)
-	case r.objs[vi].awake || r.l.projects[r.objs[vi].proj].name != ev.Project:
-		return fmt.Errorf("residents %s: unevicting %q: %w", r.name, ev.Object, ErrNotResident)
+	vi, err := r.evictedLocked(ev, "unevicting")
+	if err != nil {
+		return err
 	}
 	v := &r.objs[vi]
 	rp := &r.rp[v.proj]
 	rp.sleeping--
-	for i, reason := range evictReasons {
-		if reason == ev.Reason && rp.evicted[i] > 0 {
-			rp.evicted[i]--
-		}
+	if i := reasonIndex(ev.Reason); i >= 0 && rp.evicted[i] > 0 {
+		rp.evicted[i]--
 	}
-	// The victim goes back as its project's idlest: it was chosen for
-	// being the least recently called, and nothing has called it since.
 	// Its permit is held again, not admitted again: the undone spawn
 	// counted the one admission.
 	v.awake = true
 	r.l.hold(v.proj)
-	r.pushBackLocked(vi)
+	if recent {
+		r.pushFrontLocked(vi)
+	} else {
+		// It was chosen for being the least recently called, and
+		// nothing has called it since.
+		r.pushBackLocked(vi)
+	}
 	r.heapFixLocked(v.proj)
+	return nil
+}
+
+// evictedLocked is the object ev named, if it is still an asleep object of
+// ev.Project.
+func (r *Residents) evictedLocked(ev Eviction, doing string) (int32, error) {
+	vi, ok := r.objects[ev.Object]
+	switch {
+	case !ok:
+		return -1, fmt.Errorf("residents %s: %s %q: %w", r.name, doing, ev.Object, ErrUnknownObject)
+	case r.objs[vi].awake || r.l.projects[r.objs[vi].proj].name != ev.Project:
+		return -1, fmt.Errorf("residents %s: %s %q: %w", r.name, doing, ev.Object, ErrNotResident)
+	}
+	return vi, nil
+}
+
+// Drop puts a resident object to sleep without its owner, and counts it as
+// an eviction for EvictUnconfirmed: the caller asked the owner to put its
+// objects to sleep, and the owner left the evictions unconfirmed. Its
+// permit is free at once.
+func (r *Residents) Drop(object string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	oi, ok := r.objects[object]
+	if !ok {
+		return fmt.Errorf("residents %s: dropping %q: %w", r.name, object, ErrUnknownObject)
+	}
+	if !r.objs[oi].awake {
+		return fmt.Errorf("residents %s: dropping %q: %w", r.name, object, ErrNotResident)
+	}
+	r.rp[r.objs[oi].proj].evicted[reasonIndex(EvictUnconfirmed)]++
+	r.sleepLocked(oi)
+	return nil
+}
+
+// Dropped recounts ev, whose victim the pool has counted asleep since the
+// Spawn that named it, as an eviction for EvictUnconfirmed: its owner did
+// not confirm, and the caller keeps it asleep all the same (see Drop).
+// Nothing else changes.
+func (r *Residents) Dropped(ev Eviction) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	vi, err := r.evictedLocked(ev, "dropping")
+	if err != nil {
+		return err
+	}
+	rp := &r.rp[r.objs[vi].proj]
+	if i := reasonIndex(ev.Reason); i >= 0 && rp.evicted[i] > 0 {
+		rp.evicted[i]--
+	}
+	rp.evicted[reasonIndex(EvictUnconfirmed)]++
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -554,5 +555,86 @@ func TestResidentsVictimPastPendingProject(t *testing.T) {
 	ev, done, err := r.TrySpawnPending("small", "s1")
 	if !done || err != nil || ev.Project != "mid" {
 		t.Fatalf("small's spawn with big all pending: %+v done %v %v; want mid's idlest evicted", ev, done, err)
+	}
+}
+
+// A victim whose owner did not confirm goes back as its project's most
+// recently called object: the next spawns name the project's other objects
+// first, and it again only once every other one has been named. Before, it
+// went back as the idlest and was named by every spawn, so an owner that
+// never confirmed kept its project over its share for good.
+func TestResidentsUnconfirmedNamedLast(t *testing.T) {
+	for seed := range 50 {
+		rng := rand.New(rand.NewPCG(uint64(seed), 7))
+		size := 4 + rng.IntN(12)
+		r := mustResidents(t, Config{Name: "residents", Size: size, Floor: 1})
+		big := spawnN(t, r, "big", size)
+		// Random calls give big a random idleness order.
+		for range 3 * size {
+			if err := r.Touch(big[rng.IntN(size)]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		named := map[string]int{}
+		for round := range 3 * size {
+			ev, err := r.Spawn(context.Background(), "small", "small/0")
+			if err != nil {
+				t.Fatalf("seed %d round %d: %v", seed, round, err)
+			}
+			if ev.Project != "big" {
+				t.Fatalf("seed %d round %d: eviction %+v", seed, round, ev)
+			}
+			// Every object is named once before any is named twice.
+			if named[ev.Object] != round/size {
+				t.Fatalf("seed %d round %d: %s named %d times before, while others were named %d times",
+					seed, round, ev.Object, named[ev.Object], round/size)
+			}
+			named[ev.Object]++
+			if err := r.Unconfirmed(ev, "small/0", rng.IntN(2) == 0); err != nil {
+				t.Fatal(err)
+			}
+			if s := r.Snapshot(); s.InUse != size || s.Evictions["big"] != nil {
+				t.Fatalf("seed %d round %d: in use %d evictions %v after the undo", seed, round, s.InUse, s.Evictions)
+			}
+			// Settle reads residence without calling the object.
+			if err := r.Settle(ev.Object); err != nil {
+				t.Fatalf("seed %d: the unconfirmed victim is not resident again: %v", seed, err)
+			}
+		}
+	}
+}
+
+// Drop puts an unconfirmed object to sleep without its owner and Dropped
+// keeps a named victim asleep; both count under EvictUnconfirmed, and the
+// permits they free go to the next spawn.
+func TestResidentsDrop(t *testing.T) {
+	r := mustResidents(t, Config{Name: "residents", Size: 3, Floor: 1})
+	big := spawnN(t, r, "big", 3)
+	ev, err := r.Spawn(context.Background(), "small", "s0")
+	if err != nil || ev.Object != big[0] || ev.Reason != EvictFurthestOverShare {
+		t.Fatalf("eviction %+v, %v", ev, err)
+	}
+	if err := r.Dropped(ev); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Drop(big[1]); err != nil {
+		t.Fatal(err)
+	}
+	checkCounts(t, r, 2, map[string]int{"big": 1, "small": 1}, map[string]int{"big": 2})
+	if got := r.Snapshot().Evictions["big"]; got[EvictUnconfirmed] != 2 || got[EvictFurthestOverShare] != 0 {
+		t.Fatalf("evictions of big %v, want 2 unconfirmed", got)
+	}
+	// The dropped permit is room: a newcomer spawns without evicting.
+	if ev, err := r.Spawn(context.Background(), "new", "n0"); err != nil || ev != (Eviction{}) {
+		t.Fatalf("spawn after the drops: %+v, %v", ev, err)
+	}
+	if err := r.Drop(big[1]); !errors.Is(err, ErrNotResident) {
+		t.Fatalf("dropping an asleep object: %v", err)
+	}
+	if err := r.Drop("nope"); !errors.Is(err, ErrUnknownObject) {
+		t.Fatalf("dropping an unknown object: %v", err)
+	}
+	if err := r.Dropped(Eviction{Project: "big", Object: big[2], Reason: EvictOwnIdlest}); !errors.Is(err, ErrNotResident) {
+		t.Fatalf("Dropped of an awake object: %v", err)
 	}
 }
