@@ -45,7 +45,10 @@
 // The verdicts, each pass or fail:
 //
 //   - small's p99 in "both" is within 3x its "solo" p99 (the specification's
-//     bound) and within Config.TargetRatio (2x by default, our own goal);
+//     bound). Within Config.TargetRatio (2x by default) is our own goal,
+//     reported as met or missed without failing the run: a request's latency
+//     runs from its first ask, so small's retries on a pool big has filled
+//     count, and a loaded host alone can take the ratio past 2x;
 //   - small is refused rarely in "both": at most SmallRefusalLimit refused
 //     asks per admitted request. Below its share, small is refused only on
 //     a full pool and gets the next permit released; where big may take

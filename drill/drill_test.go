@@ -406,13 +406,21 @@ func TestVerdicts(t *testing.T) {
 		t.Errorf("good run failed: %+v", r.Verdicts)
 	}
 	for name, r := range map[string]*Report{
-		VerdictSeedRatio:   mk(20, 61, 5, 7, 8),
-		VerdictTargetRatio: mk(20, 41, 5, 7, 8),
-		VerdictBigAtFloor:  mk(20, 30, 5, 8, 8),
-		VerdictBigAlone:    mk(20, 30, 5, 7, 7),
+		VerdictSeedRatio:  mk(20, 61, 5, 7, 8),
+		VerdictBigAtFloor: mk(20, 30, 5, 8, 8),
+		VerdictBigAlone:   mk(20, 30, 5, 7, 7),
 	} {
 		if r.Pass || r.Verdict(name).Pass {
 			t.Errorf("%s: passed a run that breaks it", name)
+		}
+	}
+	// Our own goal, missed: reported, and the run passes.
+	if r := mk(20, 41, 5, 7, 8); !r.Pass || r.Verdict(VerdictTargetRatio).Pass {
+		t.Errorf("target missed: run pass %v, goal %+v; want the run to pass, the goal missed", r.Pass, r.Verdict(VerdictTargetRatio))
+	} else {
+		var buf strings.Builder
+		if err := r.WriteTable(&buf); err != nil || !strings.Contains(buf.String(), "MISS  "+VerdictTargetRatio) || strings.Contains(buf.String(), "FAIL") {
+			t.Errorf("table of a missed goal: %q", buf.String())
 		}
 	}
 	if r := mk(20, 30, 0, 7, 8); r.Verdict(VerdictBigAtFloor).Pass {
