@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -421,5 +422,68 @@ func TestSourceSignalsNoProjectPods(t *testing.T) {
 		case <-deadline:
 			t.Fatalf("a new system pod was never signalled: NoProject %v", s.NoProject())
 		}
+	}
+}
+
+// versionHangingRuntime answers the pod list but not its version until
+// released.
+type versionHangingRuntime struct {
+	lyingRuntime
+	asked    chan struct{} // closed at the first Version
+	once     sync.Once
+	release  chan struct{}
+	returned atomic.Bool // a Version has returned
+}
+
+func (v *versionHangingRuntime) Version(ctx context.Context, req *rt.VersionRequest) (*rt.VersionResponse, error) {
+	v.once.Do(func() { close(v.asked) })
+	defer v.returned.Store(true)
+	select {
+	case <-v.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return v.lyingRuntime.Version(ctx, req)
+}
+
+// TestSlowVersionDoesNotHoldTheSource: a runtime that answers the pod list
+// and hangs on its version (asked once, at the first good poll) keeps
+// NoProject and Netns, which the daemon's control loop calls every tick,
+// answering: the source's lock is not held across the call.
+func TestSlowVersionDoesNotHoldTheSource(t *testing.T) {
+	rtm := &versionHangingRuntime{lyingRuntime: lyingRuntime{pods: map[string]lyingPod{
+		"sys": {name: "sys", namespace: "kube-system", cgroupParent: "/kubepods/podsys", uid: "sys"},
+	}}, asked: make(chan struct{}), release: make(chan struct{})}
+	s := NewSource(SourceOptions{CRI: serveCRI(t, rtm), Rules: labelledRules(), Mount: "/mnt", Every: time.Hour,
+		Cache: filepath.Join(t.TempDir(), "pods.json")})
+	defer s.Close()
+	defer close(rtm.release)
+	select {
+	case <-rtm.asked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the source never asked the runtime's version")
+	}
+	// The poll's pods are kept before the version is asked: NoProject
+	// gives them while the version hangs.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			s.Netns()
+			if slices.Equal(s.NoProject(), []string{"/mnt/kubepods/podsys"}) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	select {
+	case <-done:
+		// CRI.Ping bounds the call (2 s): answered before any version
+		// call ended, or it waited for one.
+		if rtm.returned.Load() {
+			t.Fatal("NoProject answered only once the runtime's version call ended")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("NoProject waited for the runtime's version")
 	}
 }

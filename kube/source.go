@@ -300,7 +300,6 @@ func (s *Source) fetch(ctx context.Context) (membership.Found, error) {
 		return membership.Found{}, s.runtimeError(err)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	f, netns, system, none, selfNS := s.members(pods)
 	if selfNS != s.selfNS && selfNS != "" {
 		s.o.Log.Info("the daemon runs in a pod: its namespace is never limited, like a system namespace", "namespace", selfNS)
@@ -317,13 +316,24 @@ func (s *Source) fetch(ctx context.Context) (membership.Found, error) {
 		// s.mu, which NoProject and Netns wait for.
 		s.Signal()
 	}
+	keep := s.o.Cache != "" && (first || !same)
+	var kept cached
+	if keep {
+		kept = cached{Found: s.found, Netns: s.netns, None: s.none}
+	}
+	s.mu.Unlock()
+	// The runtime's version and the cache file are asked for and written
+	// past s.mu: NoProject and Netns, which the control loop calls, wait
+	// for it, and a runtime that answers the pod list but hangs on its
+	// version (or a slow disk) would stall the loop for the fetch's bound.
+	// fetch runs one at a time (Polled), so keepFailed needs no lock.
 	if first {
 		version, _ := s.o.CRI.Ping(ctx)
 		s.o.Log.Info("the container runtime answers", "runtime", version, "endpoint", s.o.CRI.Endpoint(),
 			"pods_in_projects", len(f.Members), "pods_of_system_namespaces", system)
 	}
-	if s.o.Cache != "" && (first || !same) {
-		err := s.keep()
+	if keep {
+		err := s.keep(kept)
 		if err != nil && !s.keepFailed {
 			s.o.Log.Warn("the pods could not be kept for a restart while the runtime is away", "file", s.o.Cache, "err", err)
 		}
@@ -332,10 +342,10 @@ func (s *Source) fetch(ctx context.Context) (membership.Found, error) {
 	return f, nil
 }
 
-// keep writes the last good poll to the cache file (a new file renamed
-// over the old, so a crash leaves one or the other). Called with s.mu held.
-func (s *Source) keep() error {
-	raw, err := json.Marshal(cached{Found: s.found, Netns: s.netns, None: s.none})
+// keep writes c, a good poll, to the cache file (a new file renamed over
+// the old, so a crash leaves one or the other).
+func (s *Source) keep(c cached) error {
+	raw, err := json.Marshal(c)
 	if err != nil {
 		return err
 	}
