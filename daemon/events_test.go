@@ -240,3 +240,26 @@ func TestPublishDoesNotBlockOnAHungFile(t *testing.T) {
 		t.Fatalf("the ring: %d events, the last %+v", len(r), r[len(r)-1])
 	}
 }
+
+// TestStopWithEventsLogStuck: a daemon whose events.log cannot take its
+// last events at stop (a hung file system here; a full disk alike) closes
+// cleanly, saying what was lost: the file is for diagnosis, and an exit
+// status of failure at every stop on a full disk would mark the unit
+// failed.
+func TestStopWithEventsLogStuck(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "events.log")
+	d, _, logs := newTestDaemon(t, func(c *config.Config) { c.Events.Log = path })
+	r := testutil.HangFile(t, path, filepath.Join(dir, "fifo"))
+	t.Cleanup(func() { r.Close() })
+	for i := range 5000 {
+		d.events.publish(events.Event{Source: events.SourceKernel, Kind: events.KindRefused, Project: "alpha",
+			Count: uint64(i), Detail: strings.Repeat("x", 100)})
+	}
+	if err := d.Close(); err != nil {
+		t.Fatalf("close with events.log stuck: %v, want a clean stop", err)
+	}
+	if logged(logs, "events.log: the last events were not all written at stop") != 1 {
+		t.Error("the lost events were not logged at stop")
+	}
+}
