@@ -139,19 +139,39 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
+/*
+ * connect_kind is the kind a connect's permit takes (holder.kind_out), by
+ * its project's registration (weak: sock_project_of's). An unclassified
+ * pod's connect (a weak registration's, project.h) made in a lapse is never
+ * aborted when the pod is classified (nothing would have refused it), and
+ * one of the host's network namespace is never refused. Only these pay the
+ * lapse's clock. A global function, verified once: its answer is any
+ * scalar to the verifier, so the connect's paths are not walked again for
+ * each kind.
+ */
+__noinline __u32 connect_kind(__u64 weak)
+{
+	if (!weak)
+		return KIND_OUT;
+	if (lapse_of())
+		return KIND_OUT_LAX;
+	return weak == WEAK_HOST ? KIND_OUT_HOST : KIND_OUT;
+}
+
 static __always_inline int connect_common(struct bpf_sock_addr *ctx, bool v6)
 {
 	/* Cheapest filter first: UDP connect runs this hook too. */
 	if (ctx->type != SOCK_STREAM)
 		return 1;
 	struct bpf_sock *bs = ctx->sk;
-	__u64 id = 0, cg = 0;
-	struct fs_project *p = task_project(bs, &id, &cg);
+	__u64 id = 0, cg = 0, weak = 0;
+	struct fs_project *p = task_project(bs, &id, &cg, &weak);
 	if (!id)
 		return 1;
 	/* The socket's netns is read from the socket itself (record): two
 	 * loads where the helper is a call. */
 	struct holder h = {.cookie = bpf_get_socket_cookie(ctx), .sk = bs ? CAST(struct sock, bs) : NULL};
+	h.kind_out = connect_kind(weak);
 	/* The project's rate first (rate.h): a refusal by it never touches
 	 * the pool's counters, and its token goes back unless a permit is
 	 * taken. */
@@ -617,8 +637,14 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		return 0; /* TIME_WAIT and request socks: hold nothing */
 	struct sock *sk = (struct sock *)tp;
 	__u32 state = sk->__sk_common.skc_state;
-	__u64 cg = 0;
-	__u64 id = sock_project(sk, &cg);
+	__u64 cg = 0, weak = 0;
+	__u64 id = sock_project_of(sk, &cg, &weak);
+	/* An unclassified pod of the host's network namespace (project.h,
+	 * WEAK_HOST) is in no project here: its listeners are not counted, its
+	 * sockets not adopted; its connects' permits (KIND_OUT_HOST) are kept
+	 * below, live, until it is classified. */
+	if (weak == WEAK_HOST)
+		id = 0;
 	if (!id && state != TCP_LISTEN) {
 		/* A socket of no project may still hold the permit it took
 		 * while its cgroup was a member (removed since, or moved to
@@ -632,7 +658,7 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 		 * field spares the others the generation of one. */
 		__u64 c = sk->__sk_common.skc_cookie.counter;
 		struct fs_sock *s = c ? held_find(c, true) : NULL;
-		if (!s || weak_above(sk->sk_cgrp_data.cgroup, s->project))
+		if (!s || (weak != WEAK_HOST && weak_above(sk->sk_cgrp_data.cgroup, s->project)))
 			return 0;
 		struct fs_sock_record rec = {.cookie = c, .project = s->project, .state = state,
 					     .held = 1, .kind = s->kind, .dest = s->dest};
@@ -718,7 +744,7 @@ int fs_dump(struct bpf_iter__tcp *ctx)
 				rec.adopted = moved;
 				rec.dest = v.dest;
 			}
-			if (moved == MOVED_PAST && over && v.kind == KIND_OUT && abort_moved_past && enforced(id) &&
+			if (moved == MOVED_PAST && over && (v.kind == KIND_OUT || v.kind == KIND_OUT_HOST) && abort_moved_past && enforced(id) &&
 			    bpf_sock_destroy && bpf_sock_destroy(skc) == 0)
 				rec.adopted = MOVED_ABORTED;
 			s = held_find(rec.cookie, true);

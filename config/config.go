@@ -138,8 +138,8 @@ type Connections struct {
 	AbortMovedPast bool `yaml:"abort_moved_past"`
 	// LimitHostNetworkPods limits a pod in the host's network namespace as
 	// unclassified before it is classified, as any other pod
-	// (loader.Options.LimitHostNetwork); off, it counts from its
-	// classification on.
+	// (loader.Options.LimitHostNetwork); off, such a pod is counted but
+	// never refused until it is classified.
 	LimitHostNetworkPods bool `yaml:"limit_host_network_pods"`
 }
 

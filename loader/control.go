@@ -519,7 +519,7 @@ func (l *Limiter) reservationsByProject() (map[uint64]int, error) {
 
 // kindExemptOut and kindExemptAdopted are the first and last of the exempt
 // kinds of fs_sock and fs_resv (KIND_EXEMPT_OUT and KIND_EXEMPT_ADOPTED in
-// bpf/lib/types.h; KIND_OUT_LAX, after them, is not one).
+// bpf/lib/types.h; KIND_OUT_LAX and KIND_OUT_HOST, after them, are not).
 const kindExemptOut, kindExemptAdopted = 4, 6
 
 func isExemptKind(k uint32) bool { return k >= kindExemptOut && k <= kindExemptAdopted }

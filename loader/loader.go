@@ -66,7 +66,11 @@ const forgetAfter = time.Minute
 //	5: the first quick word's lanes may hold a host's fingerprint (its
 //	   address and port, dest_fp) in place of its port: programs of
 //	   layout 4 reading it would stop every connect to such a host
-const pinLayout = 5
+//	6: held permits may be of kinds KIND_OUT_LAX (7) and KIND_OUT_HOST
+//	   (8), past the exempt ones: programs of layout 5 took them for
+//	   exempt permits (KIND_IS_EXEMPT was k >= 4) and gave them back to
+//	   the exempt budget, never to the pool
+const pinLayout = 6
 
 // addedMaps are pinned maps a pin directory of an earlier version lacks and
 // that the programs may find empty beside the others (they hold nothing the
@@ -208,11 +212,13 @@ type Options struct {
 	// rule and the project is refused until it is back under its limit.
 	AbortMovedPast bool
 	// LimitHostNetwork puts the sockets of the host's network namespace
-	// (the daemon's own) under a weak member's project (Unclassified) too.
-	// Off, a pod there (hostNetwork: kube-proxy, a CNI agent, the control
-	// plane's static pods) counts only once it is classified, and a
-	// reconcile pass adopts what it opened before: a system pod is never
-	// refused while unclassified, nor while no daemon runs.
+	// (the daemon's own) under a weak member's rule too. Off, a pod there
+	// (hostNetwork: kube-proxy, a CNI agent, the control plane's static
+	// pods) is never refused while unclassified, nor while no daemon runs:
+	// its connects count for Unclassified, past the rule if need be, and
+	// its listeners only once it is classified. Its classification then
+	// releases those permits (a system pod's) or moves them to its project
+	// (a tenant's), where AbortMovedPast aborts those past the rule.
 	LimitHostNetwork bool
 
 	// MaxDestPools sizes the destination pool tables (dest.go): pools

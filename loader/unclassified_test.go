@@ -269,10 +269,10 @@ func TestUnclassifiedMovedPastAborted(t *testing.T) {
 }
 
 // TestLapseAdmittedNotAborted: connections a pod opened while unclassified
-// and while enforcement lapsed (no daemon), past the rule, are moved to the
-// pod's project when the daemon is back and classifies it, past the rule,
-// and kept: nothing refused them when they were made, so the daemon's
-// return resets none of them. The same pod's connections made once the
+// and while enforcement lapsed (no daemon), the first within the rule, the
+// rest past it, are moved to the pod's project when the daemon is back and
+// classifies it, past the rule, and kept: nothing refused them when they
+// were made, so the daemon's return resets none of them. The same pod's connections made once the
 // daemon is back, in the unclassified share, are still aborted when the move
 // takes them past the rule (TestUnclassifiedMovedPastAborted).
 func TestLapseAdmittedNotAborted(t *testing.T) {
@@ -285,9 +285,7 @@ func TestLapseAdmittedNotAborted(t *testing.T) {
 	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}))
 	dst := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
 	a := startHelper(t, podACtr)
-	if r := a.dial("tcp4", dst, pool+1); r.refused == 0 {
-		t.Fatalf("team-a was not refused: %+v", r)
-	}
+	a.dialOK("tcp4", dst, 2, "team-a")
 	// The daemon goes: its last heartbeat with a short lapse, then none.
 	if err := RenewHeartbeat(pin, lapse); err != nil {
 		t.Fatal(err)
@@ -707,11 +705,14 @@ func TestUnclassifiedListener(t *testing.T) {
 }
 
 // TestHostNetworkPodsCountOnceClassified: by default (no LimitHostNetwork)
-// a pod in the host's network namespace is not limited as unclassified:
-// with the pool full, its connects and the SYNs to its listener go through,
-// uncounted, while the daemon runs and while none does; once classified, a
-// system namespace's pod stays uncounted, and a tenant's is counted from
-// the next pass on (its connections adopted, past the rule if they are).
+// a pod in the host's network namespace is never refused while it is
+// unclassified: with the pool full, its connects go through, counted for
+// (unclassified) past the rule, and the SYNs to its listener go through,
+// uncounted, while the daemon runs and while none does. A pod with a
+// network namespace of its own is refused as before. Once classified, a
+// system namespace's pod's permits are released, and a tenant's move to its
+// project, where a move past the rule aborts them as any unclassified
+// connect's.
 func TestHostNetworkPodsCountOnceClassified(t *testing.T) {
 	testutil.RequireRoot(t)
 	root, pin := newRoot(t), newPinDir(t)
@@ -738,10 +739,17 @@ func TestHostNetworkPodsCountOnceClassified(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 	}
-	waitInUse(t, l, pool, map[string]int{"team-a": pool, Unclassified: 0})
+	waitInUse(t, l, pool+3, map[string]int{"team-a": pool, Unclassified: 3})
+	// Passes keep them while the pod is unclassified (a gone socket's
+	// permit goes at the second read).
+	for range 2 {
+		if rep := reconcileOK(t, l); rep.Adopted != 0 || len(rep.Moved) != 0 {
+			t.Fatalf("a pass before the pod is classified: adopted %d, moved %v", rep.Adopted, rep.Moved)
+		}
+	}
+	waitInUse(t, l, pool+3, map[string]int{"team-a": pool, Unclassified: 3})
 	// A pod with a network namespace of its own is under the rule as
-	// before: nothing past the full pool (its loopback listener's accepted
-	// connections would count as inbound; it dials its own).
+	// before: nothing past the full pool (it dials its own loopback).
 	own := startHelperNS(t, ownCtr, true)
 	addrOwn := listenAddr(t, own.do("listen 127.0.0.1:0"))
 	if r := own.dial("tcp4", addrOwn, 1); r.refused != 1 {
@@ -752,22 +760,25 @@ func TestHostNetworkPodsCountOnceClassified(t *testing.T) {
 	l.Close()
 	tp := startHelper(t, podTCtr)
 	tp.dialOK("tcp4", dst, 2, "an unclassified pod of the host's network namespace, no daemon")
-	o := rootOptions(t, root, Options{PinDir: pin, PoolSize: pool})
+	o := rootOptions(t, root, Options{PinDir: pin, PoolSize: pool, AbortMovedPast: true})
 	o.MaxDepth = 0 // kubeLayoutOpts's
 	l, err := Open(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	// podS is kube-system's, podT team-t's: podT's two are adopted, past
-	// the rule (the pool is full), podS's stay uncounted.
+	// podS is kube-system's, podT team-t's: podS's three are released,
+	// podT's two move to team-t, past the rule (the pool is full), and are
+	// aborted.
 	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}, Member{Project: NoProject, Cgroup: podS},
 		Member{Project: "team-t", Cgroup: podT}))
 	rep := reconcileOK(t, l)
-	if rep.Adopted != 2 || rep.AdoptedPast["team-t"] != 2 || len(rep.Moved) != 0 {
-		t.Fatalf("adopted %d (past %v), moved %v; want podT's 2, past the rule", rep.Adopted, rep.AdoptedPast, rep.Moved)
+	if rep.Moved["team-t"] != 2 || rep.Aborted["team-t"] == 0 || rep.Adopted != 0 {
+		t.Fatalf("moved %v, aborted %v, adopted %d; want podT's 2 moved into team-t and aborted", rep.Moved, rep.Aborted, rep.Adopted)
 	}
-	waitInUse(t, l, pool+2, map[string]int{"team-a": pool, "team-t": 2, Unclassified: 0})
+	reconcileOK(t, l) // a gone socket's permit goes at the second read
+	reconcileOK(t, l)
+	waitInUse(t, l, pool+2-rep.Aborted["team-t"], map[string]int{"team-a": pool, "team-t": 2 - rep.Aborted["team-t"], Unclassified: 0})
 	if r := tp.dial("tcp4", dst, 1); r.refused != 1 {
 		t.Fatalf("team-t once classified, past its share: %+v, want refused", r)
 	}

@@ -22,12 +22,15 @@
  *     namespaces, the daemon's own cgroup) ends the walk with no project:
  *     it may sit below a weak one and makes its sockets uncounted.
  *
- * A weak registration does not hold for a socket of the host's network
- * namespace (host_netns): a pod there (hostNetwork: kube-proxy, a CNI
- * agent, the control plane's static pods) is one that Pod Security's
- * baseline keeps from tenants, and is far likelier a system pod, which must
- * never be refused, than a tenant's. Its sockets count from its
- * classification on (a reconcile pass adopts those opened before it).
+ * A weak registration counts a socket of the host's network namespace
+ * (host_netns) but never refuses it: a pod there (hostNetwork: kube-proxy,
+ * a CNI agent, the control plane's static pods) is far likelier a system
+ * pod, which must never be refused, than a tenant's (Pod Security's
+ * baseline keeps hostNetwork from tenants). Its connects take their permits
+ * past the rule (KIND_OUT_HOST), which its classification then releases (a
+ * system pod's) or moves to its project, where a move past the rule aborts
+ * them as any unclassified connect's (limiter.c fs_dump); its listeners are
+ * counted only once it is classified.
  *
  * The walk's answer is remembered per CPU (fs_member_memo, guarded by
  * fs_member_gen, which the loader bumps at every change of fs_members): the
@@ -181,6 +184,9 @@ static __always_inline __u64 cgroup_project(struct cgroup *c, __u64 *cg, __u64 *
 		return cgroup_walk(c, own, cg, weak);
 	__u64 gen = *(volatile __u64 *)genp;
 	__u64 s = *(volatile __u64 *)&m->seq;
+	/* The fields are plain loads: nothing else keeps the compiler from
+	 * reading them before the count. */
+	asm volatile("" ::: "memory");
 	if (!(s & 1) && m->cgroup == own && m->gen == gen) {
 		__u64 id = m->project, mcg = m->cg, mweak = m->weak;
 		asm volatile("" ::: "memory");
@@ -205,18 +211,30 @@ static __always_inline __u64 cgroup_project(struct cgroup *c, __u64 *cg, __u64 *
 }
 
 /*
- * sock_project is the project of socket sk (the project of the cgroup it was
- * created in; an accepted child's is its listener's), 0 if none: none for a
- * socket of the host's network namespace whose project is a weak
- * registration's (above).
+ * sock_project_of is the project of socket sk (the project of the cgroup it
+ * was created in; an accepted child's is its listener's), 0 if none, and in
+ * *weak whether it is a weak registration's: 1, or 2 for a socket of the
+ * host's network namespace (WEAK_HOST: counted, never refused; above).
+ */
+#define WEAK_HOST 2
+static __always_inline __u64 sock_project_of(struct sock *sk, __u64 *cg, __u64 *weak)
+{
+	__u64 id = cgroup_project(sk->sk_cgrp_data.cgroup, cg, weak);
+	if (*weak && host_netns && sk->__sk_common.skc_net.net->net_cookie == host_netns)
+		*weak = WEAK_HOST;
+	return id;
+}
+
+/*
+ * sock_project is sock_project_of for the paths that do not take a
+ * connect's permit (listeners, accepted children): a socket of the host's
+ * network namespace under a weak registration is in no project there.
  */
 static __always_inline __u64 sock_project(struct sock *sk, __u64 *cg)
 {
 	__u64 weak;
-	__u64 id = cgroup_project(sk->sk_cgrp_data.cgroup, cg, &weak);
-	if (weak && host_netns && sk->__sk_common.skc_net.net->net_cookie == host_netns)
-		return 0;
-	return id;
+	__u64 id = sock_project_of(sk, cg, &weak);
+	return weak == WEAK_HOST ? 0 : id;
 }
 
 /* project_get is project id's entry (NULL for an id out of range). */
@@ -228,15 +246,16 @@ static __always_inline struct fs_project *project_get(__u64 id)
 
 /*
  * task_project finds the project of a connecting socket bs (its cgroup is
- * that of the task that made it): its id in *id (0: none), *cg as
- * sock_project's, and its entry.
+ * that of the task that made it): its id in *id (0: none), *cg and *weak as
+ * sock_project_of's, and its entry.
  */
-static __always_inline struct fs_project *task_project(struct bpf_sock *bs, __u64 *id, __u64 *cg)
+static __always_inline struct fs_project *task_project(struct bpf_sock *bs, __u64 *id, __u64 *cg, __u64 *weak)
 {
 	*id = 0;
+	*weak = 0;
 	if (!bs)
 		return NULL;
-	*id = sock_project(CAST(struct sock, bs), cg);
+	*id = sock_project_of(CAST(struct sock, bs), cg, weak);
 	if (!*id)
 		return NULL;
 	return project_get(*id);

@@ -184,6 +184,10 @@ struct holder {
 			  * caller took (dest.h), kept with the permit */
 	__u64 clk;       /* the run's clock reading, 0 until read (clock_ns):
 			  * the destination pool's and the node's stamps share it */
+	__u32 kind_out;  /* AT_CONNECT: the kind its permit takes, KIND_OUT, or
+			  * for an unclassified pod's (project.h) KIND_OUT_LAX
+			  * (in a lapse) or KIND_OUT_HOST (never refused):
+			  * connect_kind's */
 };
 
 /* Outcomes of take_permit. */
@@ -294,6 +298,13 @@ again:
 				lax = true;
 				goto kind;
 			}
+			/* An unclassified pod of the host's network namespace
+			 * is never refused (project.h): past the rule, no
+			 * would-be refusal reported. */
+			if (at == AT_CONNECT && h->kind_out == KIND_OUT_HOST) {
+				take_past_rule(p);
+				goto kind;
+			}
 			/* A request socket exists already, whatever the rule
 			 * says now (sk_lookup admitted its SYN a moment ago):
 			 * nothing is refused, its child is judged when it is
@@ -310,7 +321,7 @@ again:
 	}
 	__u32 kind;
 kind:
-	kind = at == AT_CONNECT ? (ex ? KIND_EXEMPT_OUT : lax ? KIND_OUT_LAX : KIND_OUT) : (ex ? KIND_EXEMPT_IN : KIND_IN);
+	kind = at == AT_CONNECT ? (ex ? KIND_EXEMPT_OUT : lax ? KIND_OUT_LAX : h->kind_out) : (ex ? KIND_EXEMPT_IN : KIND_IN);
 keep:
 	if (moved)
 		kind = moved;

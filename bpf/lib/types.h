@@ -105,6 +105,11 @@ enum sock_kind {
 	 * in all but one thing, that a move past the rule never aborts it
 	 * (fs_dump), since nothing refused it when it was made. */
 	KIND_OUT_LAX = 7,
+	/* An outbound permit of an unclassified pod of the host's network
+	 * namespace (project.h, WEAK_HOST): taken past the rule if need be,
+	 * never refused; a KIND_OUT otherwise (a move past the rule aborts
+	 * it). */
+	KIND_OUT_HOST = 8,
 };
 
 #define KIND_IS_EXEMPT(k) ((k) >= KIND_EXEMPT_OUT && (k) <= KIND_EXEMPT_ADOPTED)
