@@ -153,9 +153,13 @@ func entry(uid int, network, addr string, n int) string {
 
 // With waitFloodEnv set to "SOCK SESSIONS PER", the test binary opens
 // SESSIONS permit sessions and sends PER waiting acquires (ten minutes each)
-// of the project hog on each, at once, then counts the answers that came
-// within a second: "granted G toomany T". It holds everything until its
-// stdin closes. It is a group member flooding the waiting places.
+// of the project hog on each, at once, then a ping, and counts the answers
+// that came before the ping's: "granted G toomany T". A session answers its
+// requests in order, those that do not wait at once, so the ping's answer
+// comes after every acquire's that did not wait, however loaded the
+// machine (a second and 200 ms of quiet missed some on a loaded one). It
+// holds everything until its stdin closes. It is a group member flooding
+// the waiting places.
 const waitFloodEnv = "FAIRSHARE_E2E_WAITFLOOD"
 
 func waitFloodHelper(spec string) {
@@ -174,16 +178,20 @@ func waitFloodHelper(spec string) {
 		for i := range per {
 			fmt.Fprintf(w, `{"id":%d,"op":"acquire","pool":"flights","project":"hog","wait_ms":600000}`+"\n", i+1)
 		}
+		fmt.Fprintf(w, `{"id":%d,"op":"ping"}`+"\n", per+1)
 		w.Flush()
 	}
-	time.Sleep(time.Second)
 	granted, tooMany := 0, 0
+	// The deadline only stops a daemon that never answers the ping from
+	// hanging the test; the answers then missing fail it.
+	deadline := time.Now().Add(time.Minute)
+	pong := fmt.Sprintf(`{"id":%d,`, per+1)
 	for _, c := range conns {
 		r := bufio.NewReader(c)
+		c.SetReadDeadline(deadline)
 		for {
-			c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 			line, err := r.ReadString('\n')
-			if err != nil {
+			if err != nil || strings.HasPrefix(line, pong) {
 				break
 			}
 			switch {
