@@ -158,6 +158,14 @@ func checkOutput(path string) error {
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		return fmt.Errorf("%s is a directory", path)
 	}
+	if direct(path) {
+		// Written in place (writeAtomic): it must open for writing.
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return fmt.Errorf("cannot write %s: %w", path, err)
+		}
+		return f.Close()
+	}
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
 	if err != nil {
@@ -175,10 +183,36 @@ func checkOutput(path string) error {
 	return nil
 }
 
+// direct says whether path is written in place rather than renamed over: a
+// symbolic link (/dev/stdout, a report linked elsewhere), or anything but a
+// regular file (a pipe, a terminal). A rename would put a file where the
+// link or the device was (as root, /dev/stdout for every process).
+func direct(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && !fi.Mode().IsRegular()
+}
+
 // writeAtomic writes path with fn through a temporary file in its directory,
 // renamed over path once complete: a write that fails leaves path as it was
-// (absent, or the previous report), never half a report.
+// (absent, or the previous report), never half a report. A path that is a
+// link or not a regular file is written in place (direct).
 func writeAtomic(path string, fn func(io.Writer) error) (err error) {
+	if direct(path) {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			return err
+		}
+		bw := bufio.NewWriter(f)
+		if err := fn(bw); err != nil {
+			f.Close()
+			return err
+		}
+		if err := bw.Flush(); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -150,6 +151,46 @@ func TestWriteAtomic(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
 		t.Errorf("a write left a temporary file: %v", ents)
+	}
+	// A link (as /dev/stdout is) is written through, not replaced, and a
+	// FIFO (a shell's >(jq .)) is written in place.
+	target := filepath.Join(dir, "target.json")
+	link := filepath.Join(dir, "link.json")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(target, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkOutput(link); err != nil {
+		t.Fatalf("checkOutput of a link: %v", err)
+	}
+	if err := writeAtomic(link, func(w io.Writer) error { _, err := io.WriteString(w, "through\n"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("the link was replaced: %v %v", fi.Mode(), err)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "through\n" {
+		t.Errorf("the link's target holds %q", b)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string)
+	go func() {
+		b, _ := os.ReadFile(fifo)
+		got <- string(b)
+	}()
+	if err := checkOutput(fifo); err != nil {
+		t.Fatalf("checkOutput of a FIFO: %v", err)
+	}
+	if err := writeAtomic(fifo, func(w io.Writer) error { _, err := io.WriteString(w, "piped\n"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-got; !strings.Contains(b, "piped\n") {
+		t.Errorf("the FIFO's reader got %q", b)
 	}
 }
 
