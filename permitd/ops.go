@@ -401,6 +401,7 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 // is the eviction the pool already made for this spawn (TrySpawn).
 func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool, first *pools.Eviction) response {
 	resp := response{ID: rq.ID}
+	began := time.Now()
 	expired, stop := s.after(EvictionWait)
 	defer stop()
 	ctx, cancel := context.WithCancelCause(ss.ctx)
@@ -425,13 +426,20 @@ func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool, fi
 	if ev.Object == "" {
 		return s.admitted(ss, rq, o, nil)
 	}
+	// The owner's time to confirm is what is left of the second when it
+	// is asked: the pool may have named the victim late (its last look at
+	// the deadline names one with no time left). An owner asked past the
+	// first half of the second is not held to have left it unconfirmed
+	// (no strike, evictionFailed): a crowd of spawns that waited on the
+	// pool would otherwise drop a healthy owner's objects.
+	fair := ctx.Err() == nil && time.Since(began) <= EvictionWait/2
 	confirmed := s.evict(ev, rq.Project)
 	select {
 	case <-confirmed:
 		return s.admitted(ss, rq, o, &ev)
 	case <-ctx.Done():
 	}
-	if s.evictionFailed(ss, rq, o, wasSleeping, ev, errors.Is(context.Cause(ctx), errSpawnDeadline)) {
+	if s.evictionFailed(ss, rq, o, wasSleeping, ev, fair && errors.Is(context.Cause(ctx), errSpawnDeadline)) {
 		// The owner left too many evictions unconfirmed: the victim
 		// was dropped, and its permit is this spawn's.
 		return s.admitted(ss, rq, o, &ev)
@@ -518,8 +526,10 @@ func (s *Server) spawnFailed(ss *session, rq *request, o *object, wasSleeping, a
 }
 
 // evictionFailed undoes a spawn that the pool admitted by evicting ev when
-// ev's owner did not confirm in time (deadline: the spawn's second passed;
-// else the spawner's session closed first). The owner was asked and did not
+// ev's owner did not confirm in time (deadline: the spawn's second passed,
+// the owner asked within its first half; else the spawner's session closed
+// first, or the owner was asked too late to be held to it). The owner was
+// asked and did not
 // answer, so as far as anyone knows the victim is still in memory: it is
 // counted resident again (and the spawner not), so the pool's count stays
 // exact, as its project's most recently called object, so that the next
@@ -549,7 +559,7 @@ func (s *Server) evictionFailed(ss *session, rq *request, o *object, wasSleeping
 	awake := v != nil && v.evicting // still unconfirmed: nobody put it to sleep
 	var st *strikes
 	if deadline && mine && awake {
-		// The owner had the whole second.
+		// The owner had at least half the second (spawn).
 		st = v.owner.strikes[v.project]
 		if st == nil {
 			if v.owner.strikes == nil {
