@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/fairshare-dev/fairshare/drill"
 )
@@ -159,12 +160,13 @@ func checkOutput(path string) error {
 		return fmt.Errorf("%s is a directory", path)
 	}
 	if direct(path) {
-		// Written in place (writeAtomic): it must open for writing.
-		f, err := os.OpenFile(path, os.O_WRONLY, 0)
-		if err != nil {
+		// Written in place (writeAtomic): it must be writable. Not
+		// opened: an open and close of a pipe (>(jq .)) would end its
+		// reader's input before the report.
+		if err := unix.Access(path, unix.W_OK); err != nil {
 			return fmt.Errorf("cannot write %s: %w", path, err)
 		}
-		return f.Close()
+		return nil
 	}
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
