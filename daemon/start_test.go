@@ -5,6 +5,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -287,12 +288,27 @@ func TestDryRunSetsNeverGoBack(t *testing.T) {
 		wg.Wait()
 		var id uint64
 		var v uint32
-		n := 0
+		in := map[uint64]bool{}
 		for it := m.Iterate(); it.Next(&id, &v); {
-			n++
+			in[id] = true
 		}
-		if want := len(d.kernel.dry); n != want {
-			t.Fatalf("round %d: %d projects in dry-run in the kernel, %d asked for", round, n, want)
+		snap, err := d.kernel.lim.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := map[string]uint64{}
+		for _, p := range snap.Projects {
+			ids[p.Project] = uint64(p.ID)
+		}
+		want := map[uint64]bool{}
+		for p := range d.kernel.dry {
+			if ids[p] == 0 {
+				t.Fatalf("no id for project %s in %+v", p, snap.Projects)
+			}
+			want[ids[p]] = true
+		}
+		if !maps.Equal(in, want) {
+			t.Fatalf("round %d: the kernel's dry-run set %v, asked for %v (%v)", round, in, want, d.kernel.dry)
 		}
 	}
 }

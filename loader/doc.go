@@ -44,7 +44,10 @@
 // found wins, and the weak one counts only for a socket below no other.
 // So an unclassified pod is one project under the rule from its first
 // connect and its first SYN, and a classified pod's own cgroup, deeper,
-// counts for its project. The levels below a weak hit are walked as a
+// counts for its project. A pod of the host's network namespace is the
+// exception (Options.LimitHostNetwork off, the default): its connects count
+// for Unclassified past the rule if need be (KIND_OUT_HOST), its listeners
+// only once it is classified; a destination pool's rule still applies. The levels below a weak hit are walked as a
 // cgroup of no member walks them, so the fallback costs nothing more than
 // before (BenchmarkConnectUnclassified against BenchmarkConnectDepth; on a
 // quiet machine, 5 rounds alternating with the build before the weak
@@ -65,7 +68,9 @@
 // ReconcileReport.Moved, and MovedPast when the project was past the rule,
 // which counts it all the same). Until then the pod has at most the
 // unclassified project's share plus its own; the pool's in_use never passes
-// POOL (TestUnclassifiedPods, TestUnclassifiedPermitsMoveAtReconcile). With the daemon's tick at 1s a pod is
+// POOL (TestUnclassifiedPods, TestUnclassifiedPermitsMoveAtReconcile), but
+// for a pod of the host's network namespace's connects, which may take it
+// past until the pod is classified (TestHostNetworkPodsCountOnceClassified). With the daemon's tick at 1s a pod is
 // classified within about a poll of its sandbox starting. A listener opened
 // before its pod was classified is counted under Unclassified until the
 // next Settle or Reconcile, whose dump counts it again under its pod's
@@ -85,7 +90,9 @@
 // or of a rate is admitted as dry-run admits it: the permit is taken past
 // the rule and counted, the event carries Refusal.Lapsed, and
 // Lapse.Admitted (Events.LapsedAdmitted) counts it. The clock is read on
-// the refusal path only, so the admitted path costs the same. A daemon
+// the refusal path, and on an unclassified pod's connect (so that one made
+// in a lapse is never aborted when its pod is classified: KIND_OUT_LAX);
+// a classified project's admitted path costs the same. A daemon
 // that comes back refuses again from its Open (TestLapse). LapseAfter 0
 // never lapses.
 //
