@@ -384,6 +384,9 @@ func TestChartPriorityQuota(t *testing.T) {
 		{"priorityClassQuota": map[string]any{"enabled": "false"}},
 		{"priorityClassName": "fairshare-high"},
 		{"priorityClassName": ""},
+		// A namespace shared with tenants: the quota would give each of
+		// their pods the critical class.
+		{"allowSharedNamespace": true},
 	} {
 		if n := len(render(t, v).quotas); n != 0 {
 			t.Errorf("values %v: %d ResourceQuotas, want none", v, n)

@@ -415,7 +415,8 @@ func TestVerdicts(t *testing.T) {
 		}
 	}
 	// Our own goal, missed: reported, and the run passes.
-	if r := mk(20, 41, 5, 7, 8); !r.Pass || r.Verdict(VerdictTargetRatio).Pass {
+	if r := mk(20, 41, 5, 7, 8); !r.Pass || r.Verdict(VerdictTargetRatio).Pass || r.Verdict(VerdictTargetRatio).Status != "miss" ||
+		r.Verdict(VerdictSeedRatio).Status != "pass" {
 		t.Errorf("target missed: run pass %v, goal %+v; want the run to pass, the goal missed", r.Pass, r.Verdict(VerdictTargetRatio))
 	} else {
 		var buf strings.Builder

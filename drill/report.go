@@ -97,6 +97,11 @@ type Verdict struct {
 	// first ask, small's p99 beside big is 1.0x to 1.9x its solo p99 on an
 	// idle 2-CPU machine: a host's load alone can take it past 2x.
 	Goal bool `json:"goal,omitempty"`
+	// Status is the verdict in one word, as the table prints it: pass or
+	// fail, or for a goal met or miss (which fails nothing). A tool
+	// reading the JSON should read this, or skip goals: a missed goal's
+	// pass is false while the run passes.
+	Status string `json:"status"`
 }
 
 // Bin is one project's latency over one slice of the run.
@@ -294,8 +299,19 @@ func (r *Report) judge(cfg Config) {
 	target.Goal = true
 	r.Verdicts = []Verdict{ratio(SeedRatio, VerdictSeedRatio), target, rarely, atFloor, alone}
 	r.Pass = true
-	for _, v := range r.Verdicts {
+	for i := range r.Verdicts {
+		v := &r.Verdicts[i]
 		r.Pass = r.Pass && (v.Pass || v.Goal)
+		switch {
+		case v.Goal && v.Pass:
+			v.Status = "met"
+		case v.Goal:
+			v.Status = "miss"
+		case v.Pass:
+			v.Status = "pass"
+		default:
+			v.Status = "fail"
+		}
 	}
 }
 
@@ -328,14 +344,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	for _, v := range r.Verdicts {
-		mark := "PASS"
-		switch {
-		case v.Goal && v.Pass:
+		mark := strings.ToUpper(v.Status)
+		if mark == "MET" {
 			mark = "MET "
-		case v.Goal:
-			mark = "MISS"
-		case !v.Pass:
-			mark = "FAIL"
 		}
 		fmt.Fprintf(w, "%s  %s: %s\n", mark, v.Name, v.Detail)
 	}
