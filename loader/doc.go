@@ -47,7 +47,8 @@
 // counts for its project. A pod of the host's network namespace is the
 // exception (Options.LimitHostNetwork off, the default): its connects count
 // for Unclassified past the rule if need be (KIND_OUT_HOST), its listeners
-// only once it is classified; a destination pool's rule still applies. The levels below a weak hit are walked as a
+// only once it is classified; a destination pool takes it past its rule
+// too (TestHostNetworkPodPastDestPool). The levels below a weak hit are walked as a
 // cgroup of no member walks them, so the fallback costs nothing more than
 // before (BenchmarkConnectUnclassified against BenchmarkConnectDepth; on a
 // quiet machine, 5 rounds alternating with the build before the weak

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
+	"github.com/fairshare-dev/fairshare/internal/destination"
 	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -786,6 +787,43 @@ func TestHostNetworkPodsCountOnceClassified(t *testing.T) {
 	sp.do("close")
 	tp.do("close")
 	waitInUse(t, l, 0, map[string]int{"team-a": 0, "team-t": 0, Unclassified: 0})
+}
+
+// TestHostNetworkPodPastDestPool: a destination pool does not refuse an
+// unclassified pod of the host's network namespace either (its connect
+// takes the pool's permit past the rule), while it refuses the project
+// that filled it, and a pod of its own namespace would be refused there as
+// in the node's pool (TestHostNetworkPodsCountOnceClassified).
+func TestHostNetworkPodPastDestPool(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	l, kp := kubeLayoutOpts(t, root, pin, Options{PoolSize: 16})
+	dirs := mkdirs(t, kp, "burstable/podA", "burstable/podA/ctr", "burstable/podS", "burstable/podS/ctr")
+	podA, podACtr, podSCtr := dirs[0], dirs[1], dirs[3]
+	setMembers(t, l, append(podRoots(kp), Member{Project: "team-a", Cgroup: podA}))
+	dst := sink(t, "tcp4", "127.0.0.1:0").Addr().String()
+	ds, err := destination.ParseAll([]string{"127.0.0.1/32:" + dst[strings.LastIndex(dst, ":")+1:]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetDestPools([]DestPool{{Name: "db", Size: 2, Destinations: ds}}); err != nil {
+		t.Fatal(err)
+	}
+	a := startHelper(t, podACtr)
+	if r := a.dial("tcp4", dst, 3); r.ok != 2 || r.refused != 1 {
+		t.Fatalf("team-a: %+v, want the destination pool's 2 and one refused", r)
+	}
+	sp := startHelper(t, podSCtr)
+	sp.dialOK("tcp4", dst, 2, "an unclassified pod of the host's network namespace, the destination pool full")
+	a.do("close")
+	sp.do("close")
+	waitInUse(t, l, 0, map[string]int{"team-a": 0, Unclassified: 0})
+	s := snap(t, l)
+	for _, d := range s.Dests {
+		if d.InUse != 0 {
+			t.Errorf("destination pool %s holds %d once every connection closed", d.Name, d.InUse)
+		}
+	}
 }
 
 // reconcileOK is a Reconcile pass of l that must not fail.

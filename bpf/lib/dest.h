@@ -615,6 +615,21 @@ static __always_inline void dest_addr(struct bpf_sock_addr *ctx, bool v6, __u8 *
 }
 
 /*
+ * connect_host says whether the connecting socket is an unclassified pod's
+ * of the host's network namespace (project.h, WEAK_HOST), which no pool
+ * refuses. Asked on the refusal path only: the member walk's memo answers.
+ */
+static __always_inline bool connect_host(struct bpf_sock_addr *ctx)
+{
+	struct bpf_sock *bs = ctx->sk;
+	if (!bs)
+		return false;
+	__u64 cg = 0, weak = 0;
+	sock_project_of(CAST(struct sock, bs), &cg, &weak);
+	return weak == WEAK_HOST;
+}
+
+/*
  * dest_take is dest_connect past the filter (how, as for dest_try): the
  * pool looked up, the rule applied, a refusal counted and reported. The
  * pool's id if a permit was taken in it, minus it if the pool refused, 0
@@ -642,6 +657,12 @@ static __always_inline int dest_take(struct bpf_sock_addr *ctx, bool v6, __u64 i
 		dest_take_past(&v);
 		__sync_fetch_and_add(&v.s->would, 1);
 		dest_event(ctx, v6, id, &v, true);
+		return pool;
+	}
+	/* An unclassified pod of the host's network namespace: past the rule,
+	 * as the node's pool takes it (KIND_OUT_HOST), nothing reported. */
+	if (connect_host(ctx)) {
+		dest_take_past(&v);
 		return pool;
 	}
 	__sync_fetch_and_add(&v.p->refused, 1);
