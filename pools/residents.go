@@ -235,14 +235,11 @@ func (r *Residents) TrySpawnPending(project, object string) (ev Eviction, done b
 func (r *Residents) Settle(object string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	oi, ok := r.objects[object]
-	if !ok {
-		return fmt.Errorf("residents %s: settling %q: %w", r.name, object, ErrUnknownObject)
+	oi, err := r.residentLocked(object, "settling")
+	if err != nil {
+		return err
 	}
 	o := &r.objs[oi]
-	if !o.awake {
-		return fmt.Errorf("residents %s: settling %q: %w", r.name, object, ErrNotResident)
-	}
 	if o.pending {
 		o.pending = false
 		// A spawn waiting for a victim may find this one now.
@@ -440,12 +437,9 @@ func (r *Residents) toFrontLocked(oi int32) {
 func (r *Residents) Touch(object string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	oi, ok := r.objects[object]
-	if !ok {
-		return fmt.Errorf("residents %s: touching %q: %w", r.name, object, ErrUnknownObject)
-	}
-	if !r.objs[oi].awake {
-		return fmt.Errorf("residents %s: touching %q: %w", r.name, object, ErrNotResident)
+	oi, err := r.residentLocked(object, "touching")
+	if err != nil {
+		return err
 	}
 	r.l.seen(r.objs[oi].proj)
 	r.toFrontLocked(oi)
@@ -456,12 +450,9 @@ func (r *Residents) Touch(object string) error {
 func (r *Residents) Sleep(object string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	oi, ok := r.objects[object]
-	if !ok {
-		return fmt.Errorf("residents %s: sleeping %q: %w", r.name, object, ErrUnknownObject)
-	}
-	if !r.objs[oi].awake {
-		return fmt.Errorf("residents %s: sleeping %q: %w", r.name, object, ErrNotResident)
+	oi, err := r.residentLocked(object, "sleeping")
+	if err != nil {
+		return err
 	}
 	r.sleepLocked(oi)
 	return nil
@@ -571,6 +562,19 @@ func (r *Residents) evictedLocked(ev Eviction, doing string) (int32, error) {
 	return vi, nil
 }
 
+// residentLocked is the index of object, an awake object of the pool; doing
+// names the caller's act in the error.
+func (r *Residents) residentLocked(object, doing string) (int32, error) {
+	oi, ok := r.objects[object]
+	switch {
+	case !ok:
+		return -1, fmt.Errorf("residents %s: %s %q: %w", r.name, doing, object, ErrUnknownObject)
+	case !r.objs[oi].awake:
+		return -1, fmt.Errorf("residents %s: %s %q: %w", r.name, doing, object, ErrNotResident)
+	}
+	return oi, nil
+}
+
 // Drop puts a resident object to sleep without its owner, and counts it as
 // an eviction for EvictUnconfirmed: the caller asked the owner to put its
 // objects to sleep, and the owner left the evictions unconfirmed. Its
@@ -578,12 +582,9 @@ func (r *Residents) evictedLocked(ev Eviction, doing string) (int32, error) {
 func (r *Residents) Drop(object string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	oi, ok := r.objects[object]
-	if !ok {
-		return fmt.Errorf("residents %s: dropping %q: %w", r.name, object, ErrUnknownObject)
-	}
-	if !r.objs[oi].awake {
-		return fmt.Errorf("residents %s: dropping %q: %w", r.name, object, ErrNotResident)
+	oi, err := r.residentLocked(object, "dropping")
+	if err != nil {
+		return err
 	}
 	r.rp[r.objs[oi].proj].evicted[reasonIndex(EvictUnconfirmed)]++
 	r.sleepLocked(oi)

@@ -211,19 +211,7 @@ func TestKubernetesHostNetworkSystemPodNeverRefused(t *testing.T) {
 	const size = 4
 	n := kubeNode(t, r, fmt.Sprintf("pools: {connections: {size: %d, floor: 1}}\n", size))
 	n.start()
-	eventually(t, func() error {
-		if m := n.members().Members; len(m) != 1 {
-			return fmt.Errorf("members %+v, want team-a's pod", m)
-		}
-		return nil
-	})
-	podConnect(t, r, a, "127.0.0.1", h.port(), size+2)
-	eventually(t, func() error {
-		if p := project(pool(n.status(), "connections"), "team-a"); p.Held != size {
-			return fmt.Errorf("team-a holds %d, want the pool's %d", p.Held, size)
-		}
-		return nil
-	})
+	teamAFillsPool(t, r, n, a, h, size)
 	n.stop(syscall.SIGKILL)
 	before := h.accepted.Load()
 	sys := r.RunPod(t, crtest.PodSpec{Namespace: "kube-system", Name: "kube-apiserver-node", HostNetwork: true,
@@ -277,19 +265,7 @@ func TestKubernetesDaemonNeverRefused(t *testing.T) {
 		"front: {listen: '127.0.0.1:0', upstream: %q, trusted_peers: ['127.0.0.1']}\nconnections: {limit_host_network_pods: true}\n", size, up.URL))
 	n.cgroup = dir
 	n.start()
-	eventually(t, func() error {
-		if m := n.members().Members; len(m) != 1 || m[0].Project != "team-a" {
-			return fmt.Errorf("members %+v, want team-a's pod alone", m)
-		}
-		return nil
-	})
-	podConnect(t, r, a, "127.0.0.1", h.port(), size+2)
-	eventually(t, func() error {
-		if p := project(pool(n.status(), "connections"), "team-a"); p.Held != size {
-			return fmt.Errorf("team-a holds %d, want the pool's %d", p.Held, size)
-		}
-		return nil
-	})
+	teamAFillsPool(t, r, n, a, h, size)
 	cl := &http.Client{Timeout: 5 * time.Second}
 	for i := range 20 {
 		resp, err := cl.Get("http://" + n.r.Metrics + "/metrics")
@@ -389,4 +365,24 @@ func TestLapseAfterDaemonKilled(t *testing.T) {
 	if lp := pool(n.status(), "connections").Lapse; lp == nil || lp.Lapsed {
 		t.Errorf("after the restart: %+v", lp)
 	}
+}
+
+// teamAFillsPool waits for team-a's pod a to be the daemon's one member,
+// then has it connect past the pool of size and waits until it holds the
+// whole pool.
+func teamAFillsPool(t *testing.T, r *crtest.Runtime, n *node, a *crtest.Pod, h *holdListener, size int) {
+	t.Helper()
+	eventually(t, func() error {
+		if m := n.members().Members; len(m) != 1 || m[0].Project != "team-a" {
+			return fmt.Errorf("members %+v, want team-a's pod alone", m)
+		}
+		return nil
+	})
+	podConnect(t, r, a, "127.0.0.1", h.port(), size+2)
+	eventually(t, func() error {
+		if p := project(pool(n.status(), "connections"), "team-a"); p.Held != size {
+			return fmt.Errorf("team-a holds %d, want the pool's %d", p.Held, size)
+		}
+		return nil
+	})
 }
