@@ -71,17 +71,8 @@ func TestCloseDuringReconnectLeavesNoSession(t *testing.T) {
 	start := func() (*permitd.Server, *pools.Residents, func()) {
 		flights, _ := pools.New(pools.Config{Name: "flights", Size: 2}, nil)
 		residents, _ := pools.NewResidents(pools.Config{Name: "residents", Size: 2}, nil)
-		srv, err := permitd.New(permitd.Config{Socket: sock}, map[string]*pools.Pool{"flights": flights}, residents, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := srv.Listen(); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { srv.Serve(ctx); close(done) }()
-		return srv, residents, func() { cancel(); <-done }
+		srv, stop := servePermits(t, sock, map[string]*pools.Pool{"flights": flights}, residents)
+		return srv, residents, stop
 	}
 	_, _, stop := start()
 	ctx := context.Background()
@@ -205,4 +196,21 @@ func leaseFrom(t *testing.T, ch <-chan uint64, what string) uint64 {
 		t.Fatalf("%s never came for the live residence", what)
 		return 0
 	}
+}
+
+// servePermits serves the pools and residents on a permit socket at sock
+// until the returned stop, which waits for the server to end.
+func servePermits(t *testing.T, sock string, ps map[string]*pools.Pool, residents *pools.Residents) (*permitd.Server, func()) {
+	t.Helper()
+	srv, err := permitd.New(permitd.Config{Socket: sock}, ps, residents, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { srv.Serve(ctx); close(done) }()
+	return srv, func() { cancel(); <-done }
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/fairshare-dev/fairshare/client"
-	"github.com/fairshare-dev/fairshare/permitd"
 	"github.com/fairshare-dev/fairshare/pools"
 )
 
@@ -116,17 +115,8 @@ func TestReconnectReportsLostLeases(t *testing.T) {
 		flights, _ := pools.New(pools.Config{Name: "flights", Size: 8}, nil)
 		uploads, _ := pools.New(pools.Config{Name: "uploads", Size: 8}, nil)
 		residents, _ := pools.NewResidents(pools.Config{Name: "residents", Size: 2}, nil)
-		srv, err := permitd.New(permitd.Config{Socket: sock}, map[string]*pools.Pool{"flights": flights, "uploads": uploads}, residents, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := srv.Listen(); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { srv.Serve(ctx); close(done) }()
-		return func() { cancel(); <-done }
+		_, stop := servePermits(t, sock, map[string]*pools.Pool{"flights": flights, "uploads": uploads}, residents)
+		return stop
 	}
 	stop := start()
 	reconnected := make(chan error, 1)
