@@ -300,8 +300,10 @@ again:
 			}
 			/* An unclassified pod of the host's network namespace
 			 * is never refused (project.h): past the rule, no
-			 * would-be refusal reported. */
-			if (at == AT_CONNECT && h->kind_out == KIND_OUT_HOST) {
+			 * would-be refusal reported. Nor is one whose connect
+			 * began in a lapse (KIND_OUT_LAX) that ended since: a
+			 * host pod's among them. */
+			if (at == AT_CONNECT && (h->kind_out == KIND_OUT_HOST || h->kind_out == KIND_OUT_LAX)) {
 				take_past_rule(p);
 				goto kind;
 			}
