@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -168,6 +169,7 @@ func checkOutput(path string) error {
 		}
 		return nil
 	}
+	path = target(path)
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
 	if err != nil {
@@ -185,13 +187,49 @@ func checkOutput(path string) error {
 	return nil
 }
 
-// direct says whether path is written in place rather than renamed over: a
-// symbolic link (/dev/stdout, a report linked elsewhere), or anything but a
-// regular file (a pipe, a terminal). A rename would put a file where the
-// link or the device was (as root, /dev/stdout for every process).
+// direct says whether path is written in place, appended to, rather than
+// renamed over: anything but a regular file (a pipe, a terminal), and a
+// link into /dev or /proc (/dev/stdout, /proc/self/fd/1), which may lead to
+// the drill's own output (a rename would put a file where /dev/stdout was,
+// as root for every process; a truncation would cut the table printed
+// before). Another link is resolved, and its target written whole
+// (target).
 func direct(path string) bool {
 	fi, err := os.Lstat(path)
-	return err == nil && !fi.Mode().IsRegular()
+	switch {
+	case err != nil:
+		return false
+	case fi.Mode()&os.ModeSymlink != 0:
+		// Each step of the chain: /proc/self/fd/1 reads as the file's
+		// own path, past which the link's nature is lost.
+		for p, i := path, 0; i < 40; i++ {
+			next, err := os.Readlink(p)
+			if err != nil {
+				break
+			}
+			if !filepath.IsAbs(next) {
+				next = filepath.Join(filepath.Dir(p), next)
+			}
+			if strings.HasPrefix(next, "/dev/") || strings.HasPrefix(next, "/proc/") {
+				return true
+			}
+			p = next
+		}
+		fi, err = os.Stat(path)
+		return err == nil && !fi.Mode().IsRegular()
+	}
+	return !fi.Mode().IsRegular()
+}
+
+// target is where writeAtomic renames a report to: path, or the file a
+// link at path leads to (the link kept).
+func target(path string) string {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		if real, err := filepath.EvalSymlinks(path); err == nil {
+			return real
+		}
+	}
+	return path
 }
 
 // writeAtomic writes path with fn through a temporary file in its directory,
@@ -200,7 +238,7 @@ func direct(path string) bool {
 // link or not a regular file is written in place (direct).
 func writeAtomic(path string, fn func(io.Writer) error) (err error) {
 	if direct(path) {
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
 		if err != nil {
 			return err
 		}
@@ -215,6 +253,7 @@ func writeAtomic(path string, fn func(io.Writer) error) (err error) {
 		}
 		return f.Close()
 	}
+	path = target(path)
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -173,6 +174,32 @@ func TestWriteAtomic(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(target); string(b) != "through\n" {
 		t.Errorf("the link's target holds %q", b)
+	}
+	// A link into /proc (as /dev/stdout is, to /proc/self/fd/1) whose file
+	// holds the drill's table: the report follows it, nothing cut.
+	out, err := os.OpenFile(filepath.Join(dir, "out.txt"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if _, err := io.WriteString(out, "table\n"); err != nil {
+		t.Fatal(err)
+	}
+	stdout := filepath.Join(dir, "stdout")
+	if err := os.Symlink(fmt.Sprintf("/proc/self/fd/%d", out.Fd()), stdout); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkOutput(stdout); err != nil {
+		t.Fatalf("checkOutput of a link to an open file: %v", err)
+	}
+	if err := writeAtomic(stdout, func(w io.Writer) error { _, err := io.WriteString(w, "report\n"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "out.txt")); string(b) != "table\nreport\n" {
+		t.Errorf("the output behind a /proc link holds %q, want the table then the report", b)
+	}
+	if fi, err := os.Lstat(stdout); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("the /proc link was replaced: %v %v", fi.Mode(), err)
 	}
 	fifo := filepath.Join(dir, "fifo")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
