@@ -206,15 +206,7 @@ func TestLogRotateFailureNotFatal(t *testing.T) {
 	if err := os.RemoveAll(path + ".1"); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for l.Stats().Err != "" {
-		if time.Now().After(deadline) {
-			t.Fatalf("rotation not tried again: %+v", l.Stats())
-		}
-		time.Sleep(20 * time.Millisecond)
-		l.Flush()
-		l.sync()
-	}
+	waitRotated(t, l)
 	if fi, err := os.Stat(path + ".1"); err != nil || !fi.Mode().IsRegular() {
 		t.Fatalf("path.1 after the rotation: %v %v", fi, err)
 	}
@@ -304,15 +296,7 @@ func TestLogRotateReopenFails(t *testing.T) {
 	if st.Written != 8 || st.Failed != 0 || !strings.Contains(st.Err, "too many open files") {
 		t.Fatalf("out of descriptors: %+v, want 8 written and the open's error", st)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for l.Stats().Err != "" {
-		if time.Now().After(deadline) {
-			t.Fatalf("rotation not tried again: %+v", l.Stats())
-		}
-		time.Sleep(20 * time.Millisecond)
-		l.Flush()
-		l.sync()
-	}
+	waitRotated(t, l)
 	rotated := n
 	l.Write(numbered(n))
 	n++
@@ -476,5 +460,20 @@ func TestLogRotateRetryKeepsOlderFiles(t *testing.T) {
 		if b, err := os.ReadFile(path + "." + strconv.Itoa(i)); err != nil || string(b) != want {
 			t.Errorf("%s.%d: %q %v, want %q", path, i, b, err, want)
 		}
+	}
+}
+
+// waitRotated waits until l's failed rotation, tried again every
+// rotateRetry, has gone through (its error cleared).
+func waitRotated(t *testing.T, l *Log) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for l.Stats().Err != "" {
+		if time.Now().After(deadline) {
+			t.Fatalf("rotation not tried again: %+v", l.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+		l.Flush()
+		l.sync()
 	}
 }

@@ -176,15 +176,7 @@ func TestPollWaitsForStableFile(t *testing.T) {
 	if p, changed, err := f.Poll(); err != nil || changed || p != nil {
 		t.Fatalf("missing: %v %v %v; want no change yet, the policies in force kept", p, changed, err)
 	}
-	rename := func(content string) {
-		t.Helper()
-		if err := os.WriteFile(path+".tmp", []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(path+".tmp", path); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rename := func(content string) { t.Helper(); renameInto(t, path, content) }
 	rename(full)
 	if _, changed, err := f.Poll(); err != nil || changed || f.Pending() {
 		t.Fatalf("back in place: changed %v, %v, pending %v; want no change", changed, err, f.Pending())
@@ -361,15 +353,7 @@ func TestFileNotAPoliciesFile(t *testing.T) {
 // differ between the reads, not its content.
 func TestPollAppliesContentRewrittenEachTime(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "policies.yaml")
-	write := func(s string) {
-		t.Helper()
-		if err := os.WriteFile(path+".tmp", []byte(s), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(path+".tmp", path); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(s string) { t.Helper(); renameInto(t, path, s) }
 	write("alpha: {shares: 2}\n")
 	f := NewFile(path, Policy{Tier: "none", Shares: 1}, "")
 	if _, changed, err := f.Poll(); err != nil || !changed {
@@ -395,5 +379,17 @@ func TestPollAppliesContentRewrittenEachTime(t *testing.T) {
 	}
 	if !applied {
 		t.Fatal("content rewritten at every poll was never applied")
+	}
+}
+
+// renameInto writes content to path as a save by rename does: a new file
+// renamed over it.
+func renameInto(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path+".tmp", []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
 	}
 }
