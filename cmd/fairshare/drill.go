@@ -187,15 +187,29 @@ func checkOutput(path string) error {
 	return nil
 }
 
+// ownOutputs are the files the drill prints to: a report to one of them by
+// another name (drill --json out.txt > out.txt) follows the table rather
+// than replacing it. A variable for the tests.
+var ownOutputs = func() []*os.File { return []*os.File{os.Stdout, os.Stderr} }
+
 // direct says whether path is written in place, appended to, rather than
-// renamed over: anything but a regular file (a pipe, a terminal), and a
-// link into /dev or /proc (/dev/stdout, /proc/self/fd/1), which may lead to
-// the drill's own output (a rename would put a file where /dev/stdout was,
-// as root for every process; a truncation would cut the table printed
-// before). Another link is resolved, and its target written whole
-// (target).
+// renamed over: anything but a regular file (a pipe, a terminal), a link
+// into /dev or /proc (/dev/stdout, /proc/self/fd/1), which may lead to the
+// drill's own output (a rename would put a file where /dev/stdout was, as
+// root for every process; a truncation would cut the table printed
+// before), and the file the drill's output goes to, by whatever name.
+// Another link is resolved, and its target written whole (target).
 func direct(path string) bool {
 	fi, err := os.Lstat(path)
+	if err == nil {
+		if st, err := os.Stat(path); err == nil {
+			for _, f := range ownOutputs() {
+				if own, err := f.Stat(); err == nil && os.SameFile(st, own) {
+					return true
+				}
+			}
+		}
+	}
 	switch {
 	case err != nil:
 		return false

@@ -201,6 +201,27 @@ func TestWriteAtomic(t *testing.T) {
 	if fi, err := os.Lstat(stdout); err != nil || fi.Mode()&os.ModeSymlink == 0 {
 		t.Errorf("the /proc link was replaced: %v %v", fi.Mode(), err)
 	}
+	// The drill's own output by its name (drill --json out.txt > out.txt):
+	// the report follows the table there too.
+	own := filepath.Join(dir, "own.txt")
+	ownOut, err := os.OpenFile(own, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ownOut.Close()
+	if _, err := io.WriteString(ownOut, "table\n"); err != nil {
+		t.Fatal(err)
+	}
+	saved := ownOutputs
+	ownOutputs = func() []*os.File { return []*os.File{ownOut} }
+	err = writeAtomic(own, func(w io.Writer) error { _, err := io.WriteString(w, "report\n"); return err })
+	ownOutputs = saved
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(own); string(b) != "table\nreport\n" {
+		t.Errorf("the drill's own output, named, holds %q, want the table then the report", b)
+	}
 	fifo := filepath.Join(dir, "fifo")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
