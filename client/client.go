@@ -803,13 +803,20 @@ func (c *Client) AcquireWait(ctx context.Context, pool, project string, wait tim
 
 // Release ends a lease. It reports whether this call ended it: false means
 // the lease had already ended (released before, or its connection dropped).
-// A resident's lease is released by putting the object to sleep.
+// A resident's lease is released by putting the object to sleep. A release
+// whose ctx ends first (a handler's request context, cancelled as its
+// client went away) returns ctx's error and is sent all the same, in the
+// background: a lease its caller gave up is never left held for the rest
+// of the session.
 func (c *Client) Release(ctx context.Context, l Lease) (bool, error) {
 	c.mu.Lock()
 	delete(c.leases, l.ID) // given up by its caller, whatever the answer
 	c.mu.Unlock()
 	rp, err := c.call(ctx, request{Op: "release", Lease: l.ID})
 	if err != nil {
+		if ctx.Err() != nil && !errors.Is(err, ErrClosed) && !errors.Is(err, ErrDisconnected) {
+			go c.releaseLate(l)
+		}
 		return false, err
 	}
 	if err := rp.err(); err != nil {
@@ -819,6 +826,30 @@ func (c *Client) Release(ctx context.Context, l Lease) (bool, error) {
 		c.setResident(l.Object, "", false)
 	}
 	return rp.Released, nil
+}
+
+// lateRelease bounds the wait for a release sent past its caller's context
+// (releaseLate): a daemon that reads but never answers is not waited on for
+// ever.
+const lateRelease = time.Minute
+
+// releaseLate sends l's release for a Release whose context ended before the
+// answer, perhaps before the request was sent. A second release of a lease
+// is answered "already released", so sending it twice is harmless. A
+// resident is marked asleep only if it still holds l (Spawn may have made it
+// resident again since).
+func (c *Client) releaseLate(l Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), lateRelease)
+	defer cancel()
+	rp, err := c.call(ctx, request{Op: "release", Lease: l.ID})
+	if err != nil || rp.err() != nil || !rp.Released || l.Object == "" {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if b, o := c.books[l.Object], c.objects[l.Object]; b != nil && b.lease == l.ID && o != nil {
+		o.resident = false
+	}
 }
 
 // Spawn makes object resident (a wake is a spawn). When the pool is full it
