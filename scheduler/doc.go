@@ -158,7 +158,10 @@
 // that enters a ring having had no turn for a full round is served next,
 // after any that entered the same way before it (a sparse participant is
 // not stuck behind a whole round); one that just had a turn enters behind
-// everyone.
+// everyone. The sparse ones go first only while the head of the others has
+// not itself waited a round, so a stream of sparse queues (many light
+// participants, or a new name per request) cannot keep a backlogged queue
+// from its turn: it waits a round of the ring's members at most.
 //
 // At 100k participants the cost of a decision is cache misses, not
 // instructions, so the layout counts them. What a decision reads and

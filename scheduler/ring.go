@@ -105,12 +105,44 @@ func (f *fifo[T]) take() T {
 	return v
 }
 
-// serving is the fifo the next turn of r comes from.
+// serving is the fifo the next turn of r most likely comes from (for
+// prefetching; pickLocked asks turnFifoLocked), and the one the reserved
+// places' pass (pickReservedLocked) pops from: front first, so that the
+// pass, which pops each member once and puts those it passes over at
+// back's tail, meets every member once.
 func (r *ring) serving() *fifo[int32] {
 	if r.front.live > 0 {
 		return &r.front
 	}
 	return &r.back
+}
+
+// turnFifoLocked is the fifo a turn of r comes from (pickLocked): front,
+// the sparse queues, unless back's head has waited a round (it has not had
+// a turn since every current member could have had one, as linkLocked
+// asks of a queue entering). A name is sparse until its first turn: with
+// front served before back without that bound, a steady stream of sparse
+// queues (light participants whose requests together kept up with
+// dispatch, or names made up one per request) kept back's queues from ever
+// being served. Now a queue of back waits at most a round of the ring's
+// members, as in plain round robin.
+func (s *Scheduler) turnFifoLocked(r *ring) *fifo[int32] {
+	if r.front.live == 0 {
+		return &r.back
+	}
+	if r.back.live == 0 {
+		return &r.front
+	}
+	b := &r.back
+	m := b.mask()
+	for b.buf[b.head&m] == gone {
+		b.head++
+		s.skips++
+	}
+	if uint64(uint32(s.seq)-s.hot[b.buf[b.head&m]].lastSeq) >= uint64(r.n) {
+		return &r.back
+	}
+	return &r.front
 }
 
 // pushLocked appends pid at f's tail and returns its position.

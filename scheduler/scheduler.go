@@ -498,7 +498,7 @@ func (s *Scheduler) pickLocked(now int64) (int32, Class) {
 	s.visits++
 	// The queue stays a member, entry-less, until placeLocked pushes it
 	// back at the tail or moves it.
-	pid := s.popLocked(s.rings[c].serving())
+	pid := s.popLocked(s.turnFifoLocked(&s.rings[c]))
 	s.hot[pid].where = inNone
 	return pid, c
 }
