@@ -90,3 +90,47 @@ func TestDryRun(t *testing.T) {
 	}
 	take("big", true, true) // a newcomer again, and still in dry-run
 }
+
+// TestDryRunAdmitsWaiters: waiters blocked in Acquire when their project (or
+// the pool) goes into dry-run are admitted then, in their order, each
+// counted as the rule has it. Before, they kept waiting while the project's
+// later asks, admitted at once, overtook them, and those asks counted as
+// would-refused even when the rule admitted them.
+func TestDryRunAdmitsWaiters(t *testing.T) {
+	for _, scope := range []string{"", "a"} {
+		clk := newFakeClock()
+		p, err := New(Config{Name: "requests", Size: 1, Floor: 1}, clk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, err := p.TryAcquire("a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan int, 3)
+		for i := range 3 {
+			go func() {
+				pm, err := p.Acquire(context.Background(), "a")
+				if err != nil || !pm.Valid() {
+					t.Errorf("waiter %d: %v", i, err)
+				}
+				got <- i
+			}()
+			for p.waiters() != i+1 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		p.SetDryRun(scope, true)
+		for i := range 3 {
+			select {
+			case <-got:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("dry-run of %q: waiter %d of 3 still waiting", scope, i)
+			}
+		}
+		if s := p.Snapshot(); s.InUse != 4 || s.WouldRefuse != 3 {
+			t.Errorf("dry-run of %q: in use %d, would-refuse %d; want 4 and 3", scope, s.InUse, s.WouldRefuse)
+		}
+		_ = p.Release(held)
+	}
+}

@@ -303,12 +303,39 @@ func (p *Pool) SetCaps(caps map[string]int, others int) {
 // SetDryRun puts the pool (project "") or one project in dry-run (on) or
 // back under enforcement: in dry-run an ask the rule refuses is admitted
 // and counted in WouldRefuse. A project's setting is kept while the pool
-// forgets its state. Waiters already blocked in Acquire keep waiting for
-// the rule.
+// forgets its state. Waiters already blocked in Acquire are admitted at
+// once as their project goes into dry-run, in their order, counted as the
+// rule has them: a later ask, admitted at once, would otherwise overtake
+// them.
 func (p *Pool) SetDryRun(project string, on bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.l.setDryRun(project, on)
+	if on {
+		p.admitDryWaitersLocked()
+	}
+}
+
+// admitDryWaitersLocked grants every waiter of a project in dry-run, each
+// counted in WouldRefuse if the rule refuses it.
+func (p *Pool) admitDryWaitersLocked() {
+	for i := 0; i < len(p.waiting); {
+		idx := p.waiting[i]
+		if !p.l.dry(idx) {
+			i++
+			continue
+		}
+		for _, w := range p.queues[idx].ws {
+			if !p.l.admits(idx) {
+				var rf Refusal
+				p.l.fillWould(idx, &rf)
+			}
+			w.pm = p.grantLocked(idx)
+			w.granted = true
+			close(w.ch)
+		}
+		p.unwaitLocked(idx) // p.waiting[i] is the next project now
+	}
 }
 
 // Recompute settles the active set and the share at the clock's now; the
