@@ -15,7 +15,10 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/fairshare-dev/fairshare/events"
 	"github.com/fairshare-dev/fairshare/pools"
@@ -70,6 +73,11 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer sw.close()
 		w = sw
 	}
+	if err := wellFormed(r); err != nil {
+		f.stats.badRequest(http.StatusBadRequest)
+		http.Error(w, "fairshare: "+err.Error(), http.StatusBadRequest)
+		return
+	}
 	a := f.admit(w, r, peerOf(r))
 	if a == nil {
 		return
@@ -100,6 +108,30 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.dispatched(a, 0, nil)
 	}
 	f.forward(w, r, a.x)
+}
+
+// wellFormed refuses a request whose head the front could not pass on as
+// written: a method that is not a token, a query holding a space or a
+// control byte, a Host that is not a host. net/http's HTTP/1 server
+// refuses these before a handler runs; its HTTP/2 server passes them on
+// (it checks :method and :path for control bytes only). Written into the
+// upstream's request line, "GET /v1/x /healthz" routed and charged as
+// /healthz (perhaps exempt) and served as /v1/x by a lenient upstream, and
+// "HEAD " (a HEAD to the upstream, not to the front) held its permit and
+// place waiting for a body the answer never had.
+func wellFormed(r *http.Request) error {
+	if r.Method == "" || strings.IndexFunc(r.Method, func(c rune) bool { return !httpguts.IsTokenRune(c) }) >= 0 {
+		return fmt.Errorf("bad method %q", r.Method)
+	}
+	for i := 0; i < len(r.URL.RawQuery); i++ {
+		if c := r.URL.RawQuery[i]; c <= ' ' || c == 0x7f {
+			return fmt.Errorf("bad query: byte %#02x", c)
+		}
+	}
+	if !httpguts.ValidHostHeader(r.Host) {
+		return fmt.Errorf("bad host %q", r.Host)
+	}
+	return nil
 }
 
 // admission is an admitted request: what finish needs to account for it.
