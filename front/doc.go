@@ -107,12 +107,12 @@
 //
 // # Order of checks
 //
-// For each request, each step before any upstream work:
+// For each request, each step before any upstream work, after the head's
+// own check: a head the front could not pass on as written (a method that
+// is not a token, a space or control byte in the query, a Host that is not
+// a host: net/http's HTTP/2 server hands such heads over) is answered 400
+// (wellFormed) before the peer's identity is looked at.
 //
-//  -. A head the front could not pass on as written (a method that is not
-//     a token, a space or control byte in the query, a Host that is not a
-//     host: net/http's HTTP/2 server hands such heads over) is answered 400
-//     (wellFormed), before the peer's identity is looked at.
 //  0. The exempt class, within its budget, skips the steps below.
 //  1. pools.Rates.Allow: the project's requests/s bucket and its work-units
 //     debt. Refused: 429, Retry-After (and Retry-After-Ms), "Fairshare-Refused: rate" or "debt".
