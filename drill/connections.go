@@ -415,6 +415,9 @@ func ConnectLoop(ctx context.Context, in io.Reader, out io.Writer) error {
 						sleepUntil(ctx, time.Now().Add(spec.RetryPause))
 					}
 				}
+				if r, ok := ch.cut(time.Now()); ok {
+					mine = append(mine, loopResult{Sent: r.sent.UnixNano(), Latency: int64(r.latency), Status: r.status, Refusals: r.refusals})
+				}
 			}
 		}()
 	}

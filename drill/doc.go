@@ -36,7 +36,10 @@
 // never queues, and a scheme that refused small again and again would show
 // it as fast as the rule does. Each phase also counts the refused asks, the
 // admitted requests that were refused first (retried) and the most refusals
-// one request had.
+// one request had. A request still refused when its writer's phase ends is
+// counted cut (JSON "cut"), and in the latencies from its first ask to that
+// end, a lower bound: a scheme that kept small refused to the end of a
+// phase does not leave those requests out of its p99.
 //
 // Permits held per project are sampled from the pool's snapshots every
 // Config.Sample, so a peak shorter than that can be missed (the rule itself is

@@ -280,12 +280,28 @@ func (c *chain) record(sent time.Time, lat time.Duration, st status) result {
 	return result{sent: sent, latency: lat, status: st}
 }
 
+// cut is the chain's result when its writer's interval ends while its
+// request is still refused: a request that never got in, whose latency is
+// at least from its first ask to end. Counted in the latencies as that
+// lower bound, so that a scheme that keeps a project refused to the end of
+// a phase does not leave those requests out of its p99; false if the chain
+// holds no refusal.
+func (c *chain) cut(end time.Time) (result, bool) {
+	if c.refusals == 0 {
+		return result{}, false
+	}
+	r := result{sent: c.first, latency: end.Sub(c.first), status: statusCut, refusals: c.refusals}
+	*c = chain{}
+	return r, true
+}
+
 type status int
 
 const (
 	statusOK status = iota
 	statusRefused
 	statusError
+	statusCut // a request still refused at its interval's end (chain.cut)
 )
 
 // holdings is the sampler's record of the pool. Samples are kept and sorted
@@ -564,7 +580,7 @@ func startWriters(ctx context.Context, cfg Config, project string, n int, when [
 					return
 				}
 				// A chain still refused when the interval ends is
-				// dropped: its refusals count, it has no latency.
+				// counted cut (chain.cut), its refusals counted too.
 				var ch chain
 				for ctx.Err() == nil && time.Now().Before(iv.to) {
 					now := time.Now()
@@ -579,6 +595,9 @@ func startWriters(ctx context.Context, cfg Config, project string, n int, when [
 						}
 						sleepUntil(ctx, time.Now().Add(cfg.RetryPause))
 					}
+				}
+				if r, ok := ch.cut(time.Now()); ok {
+					mine = append(mine, r)
 				}
 			}
 		}()

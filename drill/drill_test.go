@@ -251,6 +251,41 @@ func TestChain(t *testing.T) {
 	}
 }
 
+// TestCutCountsInP99: a request still refused when its writer's phase ends
+// (a scheme that keeps small refused to the end) counts in small's
+// latencies from its first ask to that end, and in the phase's cut count;
+// before, it had no latency and the phase's p99 held only the admitted.
+func TestCutCountsInP99(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	ms := time.Millisecond
+	var c chain
+	if _, ok := c.cut(t0); ok {
+		t.Fatal("an empty chain was cut")
+	}
+	c.record(t0.Add(1100*ms), ms, statusRefused)
+	c.record(t0.Add(1150*ms), ms, statusRefused)
+	cut, ok := c.cut(t0.Add(1900 * ms))
+	if !ok || cut.status != statusCut || cut.sent != t0.Add(1100*ms) || cut.latency != 800*ms || cut.refusals != 2 {
+		t.Fatalf("cut %+v %v, want sent +1.1s, 800ms, 2 refusals", cut, ok)
+	}
+	if _, ok := c.cut(t0.Add(2 * time.Second)); ok {
+		t.Fatal("a chain cut twice")
+	}
+	// Solo [1s,3s): 98 requests of 10ms, the 2 refusals and the cut one.
+	tl := newTimeline(t0, time.Second, 2*time.Second, 1)
+	var res []result
+	for i := range 98 {
+		res = append(res, result{sent: t0.Add(time.Second + time.Duration(i)*10*ms), latency: 10 * ms, status: statusOK})
+	}
+	res = append(res, result{sent: t0.Add(1100 * ms), latency: ms, status: statusRefused},
+		result{sent: t0.Add(1150 * ms), latency: ms, status: statusRefused}, cut)
+	rep := buildReport("requests", Config{PoolSize: 8}, tl, newHoldings(), map[string][]result{Small: res})
+	pr := rep.Result(PhaseSolo, Small)
+	if pr.Cut != 1 || pr.OK != 98 || pr.Refused != 2 || pr.P99Ms != 800 || pr.MaxRefusals != 2 {
+		t.Errorf("solo: %+v; want 1 cut, 98 ok, 2 refused, p99 800ms", pr)
+	}
+}
+
 // TestLogTicks: the latency panel's scale is marked at 1, 2 and 5 times
 // each power of ten between its ends, which are such values themselves.
 func TestLogTicks(t *testing.T) {

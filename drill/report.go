@@ -79,6 +79,10 @@ type ProjectResult struct {
 	// first; MaxRefusals the most refusals one admitted request had.
 	Retried     int `json:"retried"`
 	MaxRefusals int `json:"max_refusals"`
+	// Cut counts requests still refused when their writer's phase ended:
+	// never admitted, they are in the latencies from their first ask to
+	// that end (a lower bound of what they would have waited).
+	Cut int `json:"cut"`
 	// The latencies run from a request's first ask to the end of its
 	// response: refusals and the pauses after them included.
 	P50Ms   float64 `json:"p50_ms"`
@@ -206,6 +210,10 @@ func buildReport(scenario string, cfg Config, tl timeline, hold *holdings, res m
 					if r.refusals > 0 {
 						pr.Retried++
 					}
+					pr.MaxRefusals = max(pr.MaxRefusals, r.refusals)
+				case statusCut:
+					pr.Cut++
+					lats = append(lats, r.latency)
 					pr.MaxRefusals = max(pr.MaxRefusals, r.refusals)
 				case statusRefused:
 					pr.Refused++
