@@ -72,6 +72,23 @@ func (c *Config) FleetPools() []string {
 	return out
 }
 
+// LapsingFleetPools are the fleet pools the kernel enforces (connections,
+// destination pools) when enforcement lapses without a daemon
+// (connections.lapse_after not 0): past it the node admits everything in
+// them, whatever the fleet's size. The daemon warns of them at start.
+func (c *Config) LapsingFleetPools() []string {
+	if !c.BPF || c.Connections.LapseAfter == 0 {
+		return nil
+	}
+	var out []string
+	for _, n := range c.FleetPools() {
+		if n == PoolConnections || c.Pools[n].IsDestination() {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // checkFleet checks the fleet keys and the pools marked fleet, each error
 // naming its key.
 func (c *Config) checkFleet() error {

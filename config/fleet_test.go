@@ -5,6 +5,7 @@ package config
 import (
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -70,6 +71,32 @@ func TestFleetKeys(t *testing.T) {
 		err := Parse(strings.NewReader(tt.in), &c)
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%q: %v, want ErrInvalid naming %q", tt.in, err, tt.want)
+		}
+	}
+}
+
+// TestLapsingFleetPools: the fleet pools the kernel enforces lapse with the
+// rest when connections.lapse_after is not 0 (the daemon warns of them);
+// with lapse_after 0, without bpf or for a pool of user space, none do.
+func TestLapsingFleetPools(t *testing.T) {
+	const fleet = "fleet: {etcd: [http://127.0.0.1:2379]}\n"
+	const all = "pools: {db: {size: 1000, destinations: [10.0.0.5/32:5432], fleet: true}, requests: {size: 10, fleet: true}, connections: {size: 100, fleet: true}}\n"
+	for _, tc := range []struct {
+		conf, want string
+	}{
+		{fleet + all, "connections,db"},
+		{fleet + all + "connections: {lapse_after: 0s}\n", ""},
+		{fleet + "bpf: false\npools: {requests: {size: 10, fleet: true}}\n", ""},
+		{fleet + "pools: {requests: {size: 10, fleet: true}}\n", ""},
+	} {
+		c := Default()
+		if err := Parse(strings.NewReader(tc.conf), &c); err != nil {
+			t.Fatalf("%q: %v", tc.conf, err)
+		}
+		got := c.LapsingFleetPools()
+		slices.Sort(got)
+		if strings.Join(got, ",") != tc.want {
+			t.Errorf("%q: lapsing %v, want %q", tc.conf, got, tc.want)
 		}
 	}
 }

@@ -325,6 +325,11 @@ func New(opts Options) (*Daemon, error) {
 				"pool", name)
 		}
 	}
+	if lapsing := cfg.LapsingFleetPools(); len(lapsing) > 0 {
+		log.Warn("fleet pools enforced in the kernel lapse with the rest: past connections.lapse_after without a daemon, "+
+			"this node admits everything in them whatever the fleet's size; lapse_after: 0 holds them (docs/fleet.md)",
+			"pools", lapsing, "lapse_after", cfg.Connections.LapseAfter)
+	}
 	if !cfg.Front.Enabled() && cfg.Front.Upstream != "" {
 		// --front-upstream without --front-listen or --front-socket.
 		log.Warn("front.upstream is set but the front is off (no front.listen or front.socket): no request reaches it through fairshare",
