@@ -142,8 +142,10 @@ func TestFastPathSameAsNetHTTP(t *testing.T) {
 		"expect":     "POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n",
 		"head":       "HEAD / HTTP/1.1\r\nHost: x\r\n",
 		"connhdr":    "GET / HTTP/1.1\r\nHost: x\r\nConnection: X-Drop\r\nX-Drop: 1\r\n",
-		"pipe":       "GET /1 HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nX-Case: pipe\r\n\r\nGET /2 HTTP/1.0\r\nHost: x\r\n",
-		"pipe2":      "GET /1 HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nFairshare-Project: alpha\r\nX-Case: pipe2\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\n",
+		"framing": "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer_Encoding: chunked\r\nContent_Length: 99\r\n" +
+			"keep_alive: 5\r\nCONNECTION_: x\r\nProxy_Connection: close\r\nTrailer_: x\r\nx_te: 1\r\nUpgrade_: h2c\r\nExpect_: 100-continue\r\nHost_: y\r\n",
+		"pipe":  "GET /1 HTTP/1.1\r\nHost: x\r\nFairshare-Project: alpha\r\nX-Case: pipe\r\n\r\nGET /2 HTTP/1.0\r\nHost: x\r\n",
+		"pipe2": "GET /1 HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nFairshare-Project: alpha\r\nX-Case: pipe2\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\n",
 	}
 	// All at once: each waits out its answers' read deadline.
 	var wg sync.WaitGroup
@@ -160,7 +162,7 @@ func exchangeBoth(t *testing.T, name, head string, fast, slow *rig, mu *sync.Mut
 		switch name {
 		case "getbody":
 			body = "abc"
-		case "obsbody", "expect":
+		case "obsbody", "expect", "framing":
 			body = "zz"
 		}
 		proj := "Fairshare-Project: alpha\r\n"
@@ -183,8 +185,22 @@ func exchangeBoth(t *testing.T, name, head string, fast, slow *rig, mu *sync.Mut
 		} else if len(s) != 2 && len(s) != 0 && len(s) != 4 {
 			t.Errorf("%s: upstream saw %d requests", name, len(s))
 		}
-		// Equal is not enough for the claims: both paths must drop them.
+		// Equal is not enough for the claims: both paths must drop them,
+		// and framing fields spelt with '_' (an upstream reading them as
+		// the fields would frame the request by the client's word).
 		for _, d := range s {
+			if name == "framing" {
+				for _, k := range []string{"transfer_encoding", "content_length", "keep_alive", "proxy_connection"} {
+					if strings.Contains(strings.ToLower(d), k) {
+						t.Errorf("%s: the upstream got %s:\n%s", name, k, d)
+					}
+				}
+				for _, k := range []string{"x_te", "connection_", "trailer_", "upgrade_", "expect_", "host_"} {
+					if !strings.Contains(strings.ToLower(d), k) {
+						t.Errorf("%s: the upstream did not get %s, which frames nothing:\n%s", name, k, d)
+					}
+				}
+			}
 			for _, v := range map[string][]string{"claims": {"1.2.3.4", "9.9.9.9", "evil", "beta"},
 				"claims2": {"6.6.6.6", "https", ": on", "443"}}[name] {
 				if strings.Contains(d, v) {

@@ -2,6 +2,8 @@
 
 package proxyclaim
 
+import "strings"
+
 // names are the claims besides every X-Forwarded-* (For, Host, Proto,
 // Port, Scheme, Ssl, Prefix and the rest), as Fold folds them: those read by
 // gorilla/handlers, Rack, werkzeug's ProxyFix, Tornado, Express, IIS and the
@@ -57,4 +59,26 @@ func fold(b byte) byte {
 		return b + 'a' - 'A'
 	}
 	return b
+}
+
+// framing are the fields that frame a request or its connection, as Fold
+// folds them.
+var framing = []string{"content-length", "transfer-encoding", "connection", "keep-alive", "proxy-connection",
+	"te", "trailer", "upgrade", "host", "expect"}
+
+// FramingAlias reports whether request header k spells a field that frames
+// the request with a '_' for a '-' (Transfer_Encoding, Content_Length). A
+// proxy drops these: it frames the request it sends itself, and an upstream
+// that reads '_' as '-' (as CGI-style variables do) would frame it by the
+// client's word, a second request smuggled past the proxy's limits.
+func FramingAlias(k string) bool {
+	if !strings.Contains(k, "_") {
+		return false
+	}
+	for _, c := range framing {
+		if FoldEq(k, c) {
+			return true
+		}
+	}
+	return false
 }

@@ -41,3 +41,20 @@ func TestIsAllocatesNothing(t *testing.T) {
 		t.Errorf("Is allocates %v times", n)
 	}
 }
+
+func TestFramingAlias(t *testing.T) {
+	for k, want := range map[string]bool{
+		"Transfer_Encoding": true, "content_length": true, "CONTENT_LENGTH": true, "Keep_Alive": true,
+		"Proxy_Connection": true, "proxy_connection": true,
+		// The fields themselves are the proxy's to handle; near names frame nothing.
+		"Transfer-Encoding": false, "Content-Length": false, "Connection": false, "Content_Length_": false,
+		"X_Content_Length": false, "Content_Type": false, "_": false, "": false,
+	} {
+		if got := FramingAlias(k); got != want {
+			t.Errorf("FramingAlias(%q) = %v, want %v", k, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = FramingAlias("Transfer_Encoding") || FramingAlias("Accept_Encoding") }); n != 0 {
+		t.Errorf("FramingAlias allocates %v times", n)
+	}
+}
