@@ -376,6 +376,26 @@ func (f *Front) stripOwn(h http.Header) {
 	}
 }
 
+// stripHop removes from an informational answer's fields h those of the
+// upstream's connection: the hop-by-hop fields, those its Connection field
+// names, and the body's framing (an informational answer has no body). A
+// final answer's are removed by ReverseProxy and by the direct path's
+// relay; an informational one's were passed on as the upstream wrote them.
+func stripHop(h http.Header) {
+	for _, k := range h["Connection"] {
+		for f := range strings.SplitSeq(k, ",") {
+			if f = textproto.TrimString(f); f != "" {
+				h.Del(f)
+			}
+		}
+	}
+	for k := range h {
+		if answerfield.IsHopByHop(k) || k == "Content-Length" {
+			delete(h, k)
+		}
+	}
+}
+
 // own reports whether canonical key k is a field the front sets itself or
 // consumes: its class, queue wait and refusal, and the cost header.
 func (f *Front) own(k string) bool {
@@ -420,6 +440,7 @@ func (w *proxyWriter) WriteHeader(code int) {
 			return
 		}
 		w.f.stripOwn(w.Header())
+		stripHop(w.Header())
 	}
 	w.ResponseWriter.WriteHeader(code)
 }

@@ -964,6 +964,7 @@ func (d *directUpstream) readAnswer(uc *upConn, r *http.Request, x *exchange, re
 			continue
 		}
 		d.stripOwn(resp.Header)
+		stripHop(resp.Header)
 		h := x.w.Header()
 		for k, vv := range resp.Header {
 			h[k] = vv

@@ -675,10 +675,14 @@ func TestInformationalAnswers(t *testing.T) {
 			w.Header().Set("Link", "</style.css>; rel=preload")
 			w.Header().Set(HeaderClass, "forged")
 			w.Header().Set(HeaderQueueWait, "forged")
+			// Hop-by-hop fields are the upstream's connection's, not
+			// the client's.
+			w.Header().Set("Keep-Alive", "timeout=1")
+			w.Header().Set("Proxy-Connection", "close")
+			w.Header().Set("Connection", "X-Hop")
+			w.Header().Set("X-Hop", "hop")
 			w.WriteHeader(http.StatusEarlyHints)
-			w.Header().Del("Link")
-			w.Header().Del(HeaderClass)
-			w.Header().Del(HeaderQueueWait)
+			clear(w.Header())
 			_, _ = io.WriteString(w, "ok\n")
 		})
 		addr := strings.TrimPrefix(r.url, "http://")
@@ -693,6 +697,11 @@ func TestInformationalAnswers(t *testing.T) {
 		}
 		if strings.Contains(got, "forged") || !strings.Contains(final, "HTTP/1.1 200") {
 			t.Errorf("the upstream's front fields reached the client: %q", got)
+		}
+		for _, hop := range []string{"Keep-Alive", "Proxy-Connection", "X-Hop", "timeout=1"} {
+			if strings.Contains(hints, hop) {
+				t.Errorf("the 103's hop-by-hop field %s reached the client: %q", hop, hints)
+			}
 		}
 	})
 }
