@@ -14,6 +14,7 @@ import (
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/events"
 	"github.com/fairshare-dev/fairshare/fleet"
+	"github.com/fairshare-dev/fairshare/loader"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -60,6 +61,15 @@ func (d *Daemon) buildFleet() error {
 	f := &fleetSide{client: client, node: node, members: map[string]*fleet.Member{}}
 	d.fleet = f
 	log := d.log.With("part", "fleet")
+	var pinned map[string]int
+	if d.cfg.BPF {
+		// Before the kernel side opens: it may not get as far as setting
+		// its own (loader.PinnedFleetSafes).
+		var err error
+		if pinned, err = loader.PinnedFleetSafes(d.cfg.PinDir); err != nil {
+			log.Warn("fleet: reading the safe slices the pins kept", "err", err)
+		}
+	}
 	for _, name := range names {
 		pc := d.cfg.Pools[name]
 		var target fleet.Target
@@ -80,6 +90,17 @@ func (d *Daemon) buildFleet() error {
 		}
 		mc := memberConfig(fc, name, pc, node)
 		mc.Client, mc.Target, mc.Source, mc.Log, mc.Clock, mc.OnState = client, target, source, log, d.opts.Clock, d.fleetState
+		// A kernel pool's pins keep the safe slice the last run gave it:
+		// the Member starts at no more than that (fleet.Config.LastSafe).
+		// A user-space pool has nothing of the last run: it starts at the
+		// floor (or size × safe_fraction).
+		pinKey := name
+		if name == config.PoolConnections {
+			pinKey = ""
+		}
+		if n, ok := pinned[pinKey]; ok && (pc.IsDestination() || name == config.PoolConnections) {
+			mc.LastSafe, mc.HasLastSafe = n, true
+		}
 		m, err := fleet.New(mc)
 		if err != nil {
 			return err
@@ -93,6 +114,9 @@ func (d *Daemon) buildFleet() error {
 		// front and the permit API serve before the Members run (a
 		// restart's backlog would be admitted at the fleet's size).
 		safe := m.Status().Safe
+		if mc.HasLastSafe {
+			log.Info("fleet pool starts at no more than the safe slice its pins kept", "pool", name, "pinned_safe", mc.LastSafe, "safe", safe)
+		}
 		if pc.IsDestination() || name == config.PoolConnections {
 			d.fleetSizes[name] = safe
 		} else if err := target.SetSize(safe); err != nil {

@@ -3,6 +3,8 @@
 package daemon
 
 import (
+	"context"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -57,6 +59,112 @@ func TestFleetConnectionsOpenAtSafeSlice(t *testing.T) {
 	// The allotment can still reach the fleet's size.
 	if err := d.kernel.lim.SetPool(400, 0); err != nil {
 		t.Errorf("raising the pool to the fleet's size: %v", err)
+	}
+}
+
+// TestFleetKernelPoolsStartAtPinnedSafe: the kernel's fleet pools keep, in
+// the pins, the safe slice the last daemon gave them (the size over the
+// nodes it last saw). A daemon restarted while etcd is down started them
+// at the floor, 5% of the size, having no view yet: a pool held to
+// size/200 by 200 nodes went to size/20 on each, and a rolling restart
+// took the fleet from its size to ten times it. Now each starts at no
+// more than its pinned slice (5 of 1,000 here), in the kernel before its
+// Member runs and after, and keeps it as the slice it falls to.
+func TestFleetKernelPoolsStartAtPinnedSafe(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := testutil.TempCgroup(t, testutil.Cgroup2Mount(t), "fairshare-fp-")
+	pin := filepath.Join("/sys/fs/bpf", filepath.Base(root))
+	t.Cleanup(func() { loader.Cleanup(pin) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcd := "http://" + ln.Addr().String()
+	ln.Close()
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.StateDir, cfg.AdminSocket = filepath.Join(dir, "state"), filepath.Join(dir, "admin.sock")
+	cfg.Permits.Socket, cfg.Metrics.Listen = "", ""
+	cfg.ProjectsRoot, cfg.PinDir = root, pin
+	cfg.Pools[config.PoolConnections] = config.Pool{Size: 1000, Window: time.Second, Fleet: true}
+	cfg.Pools["pg"] = config.Pool{Size: 1000, Window: time.Second, Destinations: []string{"10.0.0.5/32:5432"}, Fleet: true}
+	cfg.Fleet = config.Fleet{Etcd: []string{etcd}, Node: "a", Prefix: "/pinned"}
+	// sizes reads the two pools' sizes in the kernel.
+	sizes := func() (conn, pg int) {
+		t.Helper()
+		ro, err := loader.OpenReadOnly(pin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ro.Close()
+		s, err := ro.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pg = -1
+		for _, dp := range s.Dests {
+			if dp.Name == "pg" {
+				pg = dp.Size
+			}
+		}
+		return s.Size, pg
+	}
+
+	// A first run, which gave the pools the safe slices of 200 nodes.
+	d, err := New(Options{Config: cfg, Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pool := range []string{"", "pg"} {
+		if err := d.kernel.lim.SetFleetSafe(pool, 5, time.Time{}, fleet.DefaultLeaseTTL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.Close()
+	pinned := func() map[string]int {
+		t.Helper()
+		got, err := loader.PinnedFleetSafes(pin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := pinned(); got[""] != 5 || got["pg"] != 5 {
+		t.Fatalf("the pins keep the safe slices %v, want 5 for both", got)
+	}
+
+	// Restarted with etcd down: no view yet.
+	d, err = New(Options{Config: cfg, Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if conn, pg := sizes(); conn > 5 || pg > 5 {
+		t.Fatalf("before the Members ran: the kernel's pools at %d and %d, want at most the pinned 5, not the floor 50", conn, pg)
+	}
+	// The kernel side's Open kept them: a daemon that stops before its
+	// Members set them again leaves them to the next start.
+	if got := pinned(); got[""] != 5 || got["pg"] != 5 {
+		t.Fatalf("after the kernel side opened, the pins keep the safe slices %v, want 5 for both", got)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.fleet.run(ctx) }()
+	defer func() { cancel(); <-done }()
+	eventually(t, func() error {
+		got := pinned()
+		for _, name := range []string{config.PoolConnections, "pg"} {
+			if st := d.fleet.members[name].Status(); st.Safe != 5 || st.Allotment > 5 || st.State != fleet.StateWaiting {
+				return fmt.Errorf("pool %s: %q allotment %d safe %d, want waiting at no more than the pinned 5", name, st.State, st.Allotment, st.Safe)
+			}
+		}
+		if got[""] != 5 || got["pg"] != 5 {
+			return fmt.Errorf("the pins keep the safe slices %v, want 5 for both", got)
+		}
+		return nil
+	})
+	if conn, pg := sizes(); conn > 5 || pg > 5 {
+		t.Fatalf("the Members running, etcd down: the kernel's pools at %d and %d, want at most the pinned 5, not the floor 50", conn, pg)
 	}
 }
 

@@ -122,13 +122,25 @@
 //     after its last renewal was sent at the soonest. So a node whose
 //     renewals fail lowers its allotment linearly over the lease's last
 //     quarter and is at its safe slice when it ends: floor(S · safe_fraction),
-//     safe_fraction defaulting to one over the number of nodes it last saw.
+//     safe_fraction defaulting to one over the number of nodes it last saw
+//     (before its first view, F, or for a kernel pool the safe slice its
+//     pins kept from the daemon's last run if lower: Config.LastSafe).
 //     Past a lease period with no answer from etcd it counts itself cut
 //     off and drops its caps (its rule divides the safe slice). It never
 //     raises them while cut off, and after a new lease it applies the plan
 //     only once its view holds its publication under that lease. During a
 //     partition the fleet may hold up to S plus the cut-off nodes' safe
 //     slices; that is the price of every node keeping working without etcd.
+//   - A view counts only while it shows the node's own puts. A node whose
+//     view stops (a watch stalled, or ended while its reads fail; etcd
+//     restored from a snapshot without --bump-revision, silent) while etcd
+//     takes its puts and renewals is not cut off, but the others divide by
+//     its publications since, and the view's plan may give it what they
+//     gave away. So once the view lacks a put of its own (by revision)
+//     answered more than two periods ago, the node holds at most its safe
+//     slice, without caps (state stale), and reads the view again. A put
+//     answered with a revision at most the previous put's is of another
+//     history of etcd's: no view read before it shows it.
 //   - Each node publishes its configured S and F; all divide the smallest
 //     S and the largest F published, so a resize rolled out node by node
 //     never lets the fleet hold more than the smallest.

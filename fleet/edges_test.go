@@ -41,11 +41,12 @@ func (m *Member) granted(lease clientv3.LeaseID) {
 	}
 }
 
-// publishedAt records a's publication under lease at etcd revision rev, as
-// tick does after a put.
-func (m *Member) publishedAt(lease clientv3.LeaseID, rev int64, at time.Time) {
+// publishedAt records a's publication under lease at etcd revision rev, at
+// the clock's time, as tick does after a put.
+func (m *Member) publishedAt(lease clientv3.LeaseID, rev int64) {
 	m.granted(lease)
-	m.published, m.pubLease, m.pubRev, m.pubAt = []byte("{}"), lease, rev, at
+	m.published = []byte("{}")
+	m.putDoneLocked(lease, rev)
 }
 
 // publishedNode is offline's Member, published under lease at revision
@@ -54,7 +55,7 @@ func publishedNode(t *testing.T, clk *fixedClock, lease clientv3.LeaseID, rev in
 	t.Helper()
 	m, p := offline(t, clk)
 	m.mu.Lock()
-	m.publishedAt(lease, rev, clk.t)
+	m.publishedAt(lease, rev)
 	m.lastRenew = clk.t
 	m.mu.Unlock()
 	return m, p
@@ -133,7 +134,7 @@ func TestNewLeaseWaitsForItsPublication(t *testing.T) {
 	// old one (its watch not caught up).
 	m.mu.Lock()
 	m.lastRenew, m.lastOK = clk.t, clk.t
-	m.publishedAt(8, 20, clk.t)
+	m.publishedAt(8, 20)
 	m.stepLocked()
 	m.mu.Unlock()
 	if size := p.Snapshot().Size; size > 4 {
@@ -168,7 +169,7 @@ func TestSameNodeNameTwice(t *testing.T) {
 		t.Fatalf("the other's key gone: %q size %d", st.State, p.Snapshot().Size)
 	}
 	m.mu.Lock()
-	m.publishedAt(9, 12, clk.t)
+	m.publishedAt(9, 12)
 	m.mu.Unlock()
 	v, plan = view3(9, 12)
 	m.applyView(v, plan, 0)

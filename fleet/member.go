@@ -101,6 +101,15 @@ type Config struct {
 	// OnState, if set, is called on each change of State (connected, cut
 	// off, back), outside the Member's lock.
 	OnState func(Status)
+	// LastSafe, when HasLastSafe, is the safe slice a previous run of this
+	// node left where it outlives the daemon (a kernel pool's pins hold
+	// the one the programs fall to). Before its first view of the fleet,
+	// with no SafeFraction, the node's safe slice is at most it: the node
+	// remembers nothing else of the number of nodes, and the floor alone
+	// would raise a pool held to size/nodes (a rolling restart while etcd
+	// is down would take a fleet of 200 nodes to 10 times its size).
+	LastSafe    int
+	HasLastSafe bool
 }
 
 // States of a Member.
@@ -113,6 +122,14 @@ const (
 	// StateCutOff: no etcd member answered for a lease period; the
 	// allotment is at most the safe slice (see Member.leaseBoundLocked).
 	StateCutOff = "cut off from etcd: holding the safe slice"
+	// StateStale: the view of the fleet does not show this node's own
+	// publication of more than two periods ago (a watch that stalled or
+	// ended while its read fails, an etcd restored from a snapshot that
+	// stays silent), though etcd takes its puts and renewals: the others
+	// divide the fleet by what it published since, so its plan may give it
+	// a part they have shared out. It holds at most its safe slice, with
+	// no caps, and reads the view again, until the view shows it.
+	StateStale = "the view of the fleet lags this node's publications: holding the safe slice"
 	// StateConflict: another daemon publishes under this node's name (its
 	// key was written after this Member's last publication, under a lease
 	// it was never granted); this one holds its safe slice, counting
@@ -196,6 +213,18 @@ type Member struct {
 	lease       clientv3.LeaseID
 	pubLease    clientv3.LeaseID // the lease of the last publication
 	pubRev      int64            // and the etcd revision it made
+	// unseen are this node's puts the view does not show yet (their
+	// revisions and when they were answered), oldest first; the view is
+	// stale once the oldest is two periods old (see stepLocked).
+	unseen []putMark
+	// history counts the times etcd's revisions went back (a put answered
+	// with a revision at most the previous put's: etcd restored from a
+	// snapshot, another cluster): a view read before tells nothing of the
+	// puts since. viewHistory is the history the view was read in.
+	history, viewHistory int
+	// reget asks watchLoop to drop its watch and read the view again: the
+	// view is stale, and its watch may never bring what it lacks.
+	reget chan struct{}
 
 	// shared, when set before Run, replaces the node's own read and watch
 	// of the fleet's keys and most of its computation: the views come
@@ -207,6 +236,22 @@ type Member struct {
 	// test sets it: a real node always watches and computes itself.
 	shared <-chan *sharedView
 }
+
+// putMark is one put of this node's publication: the revision etcd
+// answered and when.
+type putMark struct {
+	rev int64
+	at  time.Time
+}
+
+// maxUnseen bounds Member.unseen: past it the oldest puts are forgotten
+// (those left are as old, and keep the view stale as long).
+const maxUnseen = 16
+
+// staleAfter is how many periods a put may be missing from the view before
+// the view counts as stale: a watch event comes in a moment, and the watch
+// coalesces for at most a period.
+const staleAfter = 2
 
 // sharedView is one view of the fleet shared read-only among in-process
 // Members (see Member.shared): the publications by node name, the
@@ -244,7 +289,8 @@ func New(cfg Config) (*Member, error) {
 	cfg.Floor = pools.EffectiveFloor(cfg.Size, cfg.Floor)
 	dir := strings.TrimSuffix(cfg.Prefix, "/") + "/" + cfg.Pool + "/nodes/"
 	m := &Member{cfg: cfg, dir: dir, key: dir + cfg.Node, view: map[string]Node{}, refused: map[string]uint64{},
-		state: StateWaiting, since: cfg.Clock.Now(), safeSent: -1, size: cfg.Size, floor: cfg.Floor}
+		state: StateWaiting, since: cfg.Clock.Now(), safeSent: -1, size: cfg.Size, floor: cfg.Floor,
+		reget: make(chan struct{}, 1)}
 	return m, nil
 }
 
@@ -260,7 +306,8 @@ func (m *Member) safeWithSelfLocked() int {
 }
 
 // safeLocked is the safe slice: Size·SafeFraction, or Size over the nodes
-// last seen; before any view, with no SafeFraction, the fleet's floor.
+// last seen; before any view, with no SafeFraction, the fleet's floor, or
+// the last run's safe slice if lower (Config.LastSafe).
 func (m *Member) safeLocked() int { return m.safeAmong(m.lastSeen) }
 
 // safeAmong is the safe slice among n nodes (0: none seen yet), of the
@@ -271,6 +318,8 @@ func (m *Member) safeAmong(n int) int {
 		return int(float64(m.size) * m.cfg.SafeFraction)
 	case n > 0:
 		return m.size / n
+	case m.cfg.HasLastSafe:
+		return max(min(m.floor, m.size, m.cfg.LastSafe), 0)
 	default:
 		return min(m.floor, m.size)
 	}
@@ -448,10 +497,8 @@ func (m *Member) tick(ctx context.Context) {
 		cancel()
 		if err == nil {
 			m.mu.Lock()
-			m.published, m.refused, m.writes, m.pubLease = body, next, m.writes+1, lease
-			m.pubRev = max(m.pubRev, resp.Header.Revision)
-			m.lastOK = m.cfg.Clock.Now()
-			m.pubAt = m.lastOK
+			m.published, m.refused, m.writes = body, next, m.writes+1
+			m.putDoneLocked(lease, resp.Header.Revision)
 			if m.putErr != "" {
 				m.cfg.Log.Info("fleet: publishing again", "pool", m.cfg.Pool)
 				m.putErr = ""
@@ -482,6 +529,43 @@ func (m *Member) tick(ctx context.Context) {
 	if st != nil && m.cfg.OnState != nil {
 		m.cfg.OnState(*st)
 	}
+}
+
+// putDoneLocked records a put of this node's publication under lease,
+// answered with etcd's revision rev: an answer of etcd, and a put the view
+// must show within staleAfter periods. A revision at most the previous
+// put's is another history of etcd's (restored from a snapshot without
+// --bump-revision, say): the revisions of the view, read before, cannot
+// tell whether it shows the puts since, so none counts as shown until
+// the view is read again.
+func (m *Member) putDoneLocked(lease clientv3.LeaseID, rev int64) {
+	now := m.cfg.Clock.Now()
+	if m.pubRev > 0 && rev <= m.pubRev {
+		m.cfg.Log.Warn("fleet: etcd's revisions went back (restored from a snapshot?); this node holds at most its safe slice until it reads the fleet again",
+			"pool", m.cfg.Pool, "revision", rev, "previous", m.pubRev)
+		m.history++
+		m.unseen = m.unseen[:0]
+		m.pubRev = rev
+	}
+	m.pubLease, m.pubRev, m.lastOK, m.pubAt = lease, max(m.pubRev, rev), now, now
+	if len(m.unseen) == maxUnseen {
+		m.unseen = append(m.unseen[:0], m.unseen[1:]...)
+	}
+	m.unseen = append(m.unseen, putMark{rev: rev, at: now})
+}
+
+// staleLocked forgets the puts the view shows (mine, this node's key in
+// it; seen: it holds one) and says whether one it does not show is more
+// than staleAfter periods old.
+func (m *Member) staleLocked(now time.Time, mine Node, seen bool) bool {
+	if seen && m.viewHistory == m.history {
+		n := 0
+		for n < len(m.unseen) && m.unseen[n].rev <= mine.rev {
+			n++
+		}
+		m.unseen = append(m.unseen[:0], m.unseen[n:]...)
+	}
+	return len(m.unseen) > 0 && now.Sub(m.unseen[0].at) > staleAfter*m.cfg.Period
 }
 
 // keepLease renews the node's lease (granting one when it has none or etcd
@@ -572,8 +656,8 @@ func (m *Member) renewed(sent time.Time) {
 	m.mu.Unlock()
 }
 
-// stepLocked moves the state on (connected, cut off, in conflict) and
-// applies the allotment: the plan's while connected and the view holds
+// stepLocked moves the state on (connected, cut off, stale, in conflict)
+// and applies the allotment: the plan's while connected and the view holds
 // this node's key as last published, at most the safe slice otherwise,
 // all within the lease's bound (leaseBoundLocked). It returns the status
 // when the state changed.
@@ -582,6 +666,20 @@ func (m *Member) stepLocked() *Status {
 	old := m.state
 	cut := m.lastOK.IsZero() || now.Sub(m.lastOK) > m.cfg.LeaseTTL
 	mine, seen := m.view[m.cfg.Node]
+	// stale: the view lacks a put of this node's that etcd answered more
+	// than staleAfter periods ago. etcd answers (puts, renewals), so the
+	// node is not cut off, but its view stopped following the fleet: the
+	// others compute from its publications since, and the plan of this
+	// view may give it what they gave away. Read again (the watch may
+	// never bring it: stalled, or waiting for a revision a restored etcd
+	// has not reached).
+	stale := m.staleLocked(now, mine, seen)
+	if stale {
+		select {
+		case m.reget <- struct{}{}:
+		default:
+		}
+	}
 	// own: the view holds a publication of this node under its current
 	// lease. After a new lease the view may still hold the key of the old
 	// one (or of a previous run), and its plan the node's part from
@@ -597,6 +695,8 @@ func (m *Member) stepLocked() *Status {
 		}
 	case foreign:
 		m.state = StateConflict
+	case stale:
+		m.state = StateStale
 	case own:
 		m.state = StateConnected
 	case m.state == StateConflict:
@@ -619,11 +719,16 @@ func (m *Member) stepLocked() *Status {
 				a = Allotment{Size: safe, Caps: a.Caps, Spare: min(a.Spare, safe)}
 			}
 		}
-	case StateCutOff, StateConflict:
+	case StateCutOff, StateConflict, StateStale:
 		// No caps: they came from a view going stale (or another
 		// daemon's), and a project new here would never get one. The
 		// node's rule divides what is left; never up.
 		a = Allotment{Size: m.applied.Size}
+		if m.state == StateStale {
+			// Cut off as good as: the others may have shared out
+			// the part its plan gives it.
+			a.Size = min(a.Size, m.safeWithSelfLocked())
+		}
 		if m.state == StateConflict {
 			// The other daemon is the node in the view: this one is a
 			// node more.
@@ -700,9 +805,17 @@ func (m *Member) applyLocked(a Allotment) {
 
 // watchLoop keeps the view: a read of the pool's nodes, then a watch from
 // the revision after it; it starts again when the watch ends (compaction,
-// a lost member).
+// a lost member) or the view is stale (stepLocked asks on reget).
 func (m *Member) watchLoop(ctx context.Context) {
 	for ctx.Err() == nil {
+		// A read asked for before this one is this one.
+		select {
+		case <-m.reget:
+		default:
+		}
+		m.mu.Lock()
+		history := m.history
+		m.mu.Unlock()
 		gctx, cancel := context.WithTimeout(ctx, m.callTimeout())
 		resp, err := m.cfg.Client.Get(gctx, m.dir, clientv3.WithPrefix())
 		cancel()
@@ -721,12 +834,18 @@ func (m *Member) watchLoop(ctx context.Context) {
 				view[n.Name] = n
 			}
 		}
-		m.setView(view)
+		m.setViewOf(view, history)
 		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		var lastCompute time.Time
 		wch := m.cfg.Client.Watch(wctx, m.dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-		for wr := range wch {
-			if wr.Err() != nil {
+		for {
+			var wr clientv3.WatchResponse
+			ok := false
+			select {
+			case wr, ok = <-wch:
+			case <-m.reget:
+			}
+			if !ok || wr.Err() != nil {
 				break
 			}
 			m.mu.Lock()
@@ -771,7 +890,7 @@ func (m *Member) watchLoop(ctx context.Context) {
 				}
 			}
 			gap.Stop()
-			m.setView(next)
+			m.setViewOf(next, history)
 			lastCompute = time.Now()
 			if failed {
 				break
@@ -831,7 +950,11 @@ func (m *Member) readDone(err error) {
 }
 
 // setView recomputes the plan from a new view and applies it.
-func (m *Member) setView(view map[string]Node) {
+func (m *Member) setView(view map[string]Node) { m.setViewOf(view, -1) }
+
+// setViewOf is setView for a view read in etcd's history number history
+// (Member.history when the read began; -1: the current one).
+func (m *Member) setViewOf(view map[string]Node, history int) {
 	nodes := make([]Node, 0, len(view))
 	for _, n := range view {
 		nodes = append(nodes, n)
@@ -839,7 +962,7 @@ func (m *Member) setView(view map[string]Node) {
 	size, floor := m.divided(view)
 	t0 := time.Now()
 	plan := ComputeFor(size, floor, nodes, m.cfg.Node)
-	m.applyView(view, plan, time.Since(t0))
+	m.applyViewOf(view, plan, time.Since(t0), history)
 }
 
 // divided is the size and floor the fleet divides in view: the smallest
@@ -879,8 +1002,17 @@ func (m *Member) divided(view map[string]Node) (size, floor int) {
 
 // applyView installs a view and its plan, and applies the allotment.
 func (m *Member) applyView(view map[string]Node, plan Plan, took time.Duration) {
+	m.applyViewOf(view, plan, took, -1)
+}
+
+// applyViewOf is applyView for a view read in etcd's history number
+// history (-1: the current one).
+func (m *Member) applyViewOf(view map[string]Node, plan Plan, took time.Duration, history int) {
 	m.mu.Lock()
-	m.view, m.plan, m.computeTook = view, plan, took
+	if history < 0 {
+		history = m.history
+	}
+	m.view, m.plan, m.computeTook, m.viewHistory = view, plan, took, history
 	m.size, m.floor = plan.Size, plan.Floor
 	if len(view) > 0 {
 		m.lastSeen = len(view)

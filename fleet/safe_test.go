@@ -6,9 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/fairshare-dev/fairshare/internal/etcdtest"
 	"github.com/fairshare-dev/fairshare/pools"
@@ -143,5 +147,93 @@ func TestStopHoldsSafeSlice(t *testing.T) {
 				return st.Allotment == size, fmt.Sprintf("b: %d nodes, allotment %d", st.Nodes, st.Allotment)
 			})
 		})
+	}
+}
+
+// A kernel pool's pins keep the safe slice the node's last run gave it (the
+// size over the nodes it last saw). A node restarted while etcd is down
+// started at the floor instead, 5% of the size, having no view: a pool held
+// to size/200 by 200 nodes went to size/20 on each, the fleet from its size
+// to ten times it over a rolling restart. Now, with no safe_fraction, the
+// Member starts at no more than the last run's slice (Config.LastSafe),
+// applies nothing above it and gives the pool that slice to hold without
+// the daemon, until its first view.
+func TestStartHoldsLastSafe(t *testing.T) {
+	const size = 1000
+	for _, tc := range []struct {
+		name     string
+		cfg      Config
+		wantSafe int
+	}{
+		{"no pinned slice: the floor", Config{}, 50},
+		{"a pinned slice under the floor", Config{LastSafe: 5, HasLastSafe: true}, 5},
+		{"a pinned slice of 0", Config{LastSafe: 0, HasLastSafe: true}, 0},
+		{"a pinned slice above the floor", Config{LastSafe: 80, HasLastSafe: true}, 50},
+		{"safe_fraction rules", Config{LastSafe: 5, HasLastSafe: true, SafeFraction: 0.1}, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.cfg
+			c.Client, c.Prefix, c.Pool, c.Node, c.Size = &clientv3.Client{}, "/t", "db", "a", size
+			p, err := pools.New(pools.Config{Name: "db", Size: size}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Target, c.Source = PoolTarget{p}, PoolTarget{p}
+			m, err := New(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := m.Status(); st.Safe != tc.wantSafe {
+				t.Fatalf("safe slice before the first view %d, want %d", st.Safe, tc.wantSafe)
+			}
+		})
+	}
+
+	// Run with no etcd to reach: what the kernel pool is given.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + addr}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	p, err := pools.New(pools.Config{Name: "db", Size: size}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tgt := &saferTarget{PoolTarget: PoolTarget{p}}
+	m, err := New(Config{Client: cli, Prefix: "/t", Pool: "db", Node: "a", Size: size, Period: 100 * time.Millisecond,
+		Target: tgt, Source: tgt, LastSafe: 5, HasLastSafe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = m.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	// A tick ran, its lease call failed.
+	eventually(t, 15*time.Second, "a failed lease call", func() (bool, string) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.leaseErr != "" && len(tgt.safes) > 0, fmt.Sprintf("lease error %q, safes %v", m.leaseErr, tgt.safes)
+	})
+	if st := m.Status(); st.State != StateWaiting || st.Allotment > 5 || st.Safe != 5 {
+		t.Fatalf("etcd unreachable: %q allotment %d safe %d, want waiting at no more than the pinned 5", st.State, st.Allotment, st.Safe)
+	}
+	tgt.mu.Lock()
+	defer tgt.mu.Unlock()
+	for _, s := range tgt.sizes {
+		if s > 5 {
+			t.Fatalf("the pool was given sizes %v, want none past the pinned slice 5", tgt.sizes)
+		}
+	}
+	for _, s := range tgt.safes {
+		if s != 5 {
+			t.Fatalf("the pool was given safe slices %v, want the pinned 5", tgt.safes)
+		}
 	}
 }

@@ -3,9 +3,15 @@
 package loader
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/fairshare-dev/fairshare/loader/limits"
 )
@@ -87,6 +93,58 @@ func (l *Limiter) SetFleetSafe(pool string, safe uint32, leaseEnd time.Time, ttl
 	}
 	dp.fleetSafe = c.FleetSafe
 	return nil
+}
+
+// PinnedFleetSafes reads, from the pins in pinDir ("" for DefaultPinDir),
+// the safe slices the last daemon gave the kernel's fleet pools
+// (SetFleetSafe): the connections pool's under "", a destination pool's
+// under its name. A daemon reads them before it opens the limiter, to
+// start no higher (package fleet, Config.LastSafe). Pins that are not
+// there, or of another layout, hold none: an empty map and no error.
+func PinnedFleetSafes(pinDir string) (map[string]int, error) {
+	if pinDir == "" {
+		pinDir = DefaultPinDir
+	}
+	out := map[string]int{}
+	open := func(name string, size int) (*ebpf.Map, error) {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("opening the pinned %s in %s: %w", name, pinDir, err)
+		}
+		if m.ValueSize() != uint32(size) {
+			m.Close()
+			return nil, nil
+		}
+		return m, nil
+	}
+	m, err := open("fs_lapses", binary.Size(limiterFsLapse{}))
+	if err != nil {
+		return out, err
+	}
+	if m != nil {
+		var v limiterFsLapse
+		if err := m.Lookup(lapseSlot, &v); err == nil && v.NodeSafe > 0 {
+			out[""] = int(v.NodeSafe - 1)
+		}
+		m.Close()
+	}
+	if m, err = open("fs_dpool_conf", binary.Size(limiterFsDestConf{})); err != nil || m == nil {
+		return out, err
+	}
+	defer m.Close()
+	for id := uint32(1); id < m.MaxEntries(); id++ {
+		var c limiterFsDestConf
+		if err := m.Lookup(id, &c); err != nil || c.FleetSafe == 0 {
+			continue
+		}
+		if name := confName(c); name != "" {
+			out[name] = int(c.FleetSafe - 1)
+		}
+	}
+	return out, nil
 }
 
 // fleetAfterLocked is the heartbeat's fleet_after at now: the time to the

@@ -513,6 +513,15 @@ func Open(opts Options) (*Limiter, error) {
 		}
 		return nil, err
 	}
+	// The connections pool's safe slice as the last daemon set it is kept
+	// until this one sets its own (SetFleetSafe): a daemon that stops
+	// before then leaves it for the next start (PinnedFleetSafes).
+	if l.objs.FsLapses != nil {
+		var v limiterFsLapse
+		if l.objs.FsLapses.Lookup(lapseSlot, &v) == nil {
+			l.nodeSafe = v.NodeSafe
+		}
+	}
 	// Once nothing can fail: a daemon that comes back after enforcement
 	// lapsed makes the programs refuse again from here, and an Open that
 	// fails (a start refused, a crash loop that never gets this far) leaves
