@@ -3,8 +3,9 @@
 package daemon
 
 import (
+	"cmp"
 	"log/slog"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,9 +38,10 @@ type eventSink struct {
 	// project in it (so memory is the projects of one second).
 	sec    int64
 	counts map[string]int
-	// dropped counts, per source and project, events over the per-second
-	// bound since the last notice (flush).
-	dropped map[[2]string]uint64
+	// dropped counts, per source, pool and project, events over the
+	// per-second bound since the last notice (flush). The kernel's are per
+	// project only (its pool "": any of its pools).
+	dropped map[[3]string]uint64
 	stats   admin.Events
 	// toldClosed: a write refused by the closed log was logged (once).
 	toldClosed bool
@@ -48,7 +50,7 @@ type eventSink struct {
 func newEventSink(cfg config.Events, log *slog.Logger) (*eventSink, error) {
 	s := &eventSink{
 		hub: events.NewHub(nil), perSec: cfg.PerSec, log: log,
-		ring: make([]events.Event, cfg.Recent), counts: map[string]int{}, dropped: map[[2]string]uint64{},
+		ring: make([]events.Event, cfg.Recent), counts: map[string]int{}, dropped: map[[3]string]uint64{},
 	}
 	if cfg.Log != "" {
 		f, err := events.OpenLog(cfg.Log, events.LogOptions{MaxBytes: cfg.LogMaxBytes, Keep: cfg.LogKeep, Logger: log})
@@ -77,7 +79,7 @@ func (s *eventSink) publish(e events.Event) {
 			clear(s.counts)
 		}
 		if s.counts[e.Project] >= s.perSec {
-			s.dropped[[2]string{e.Source, e.Project}]++
+			s.dropped[[3]string{e.Source, e.Pool, e.Project}]++
 			s.stats.Dropped++
 			s.mu.Unlock()
 			return
@@ -118,13 +120,13 @@ func (s *eventSink) countKernelDropped(project string, n uint64) {
 		return
 	}
 	s.mu.Lock()
-	s.dropped[[2]string{events.SourceKernel, project}] += n
+	s.dropped[[3]string{events.SourceKernel, "", project}] += n
 	s.stats.KernelDropped += n
 	s.mu.Unlock()
 }
 
 // flush, at each tick of the control loop, publishes one dropped notice
-// per source and project that lost events to the bound, and asks the log
+// per source, pool and project that lost events to the bound, and asks the log
 // to write its buffer and to try again a rotation that failed (without
 // waiting for the file).
 func (s *eventSink) flush() {
@@ -132,16 +134,16 @@ func (s *eventSink) flush() {
 		return
 	}
 	s.mu.Lock()
-	keys := make([][2]string, 0, len(s.dropped))
+	keys := make([][3]string, 0, len(s.dropped))
 	for k := range s.dropped {
 		keys = append(keys, k)
 	}
-	sort.Slice(keys, func(i, j int) bool {
-		return keys[i][0] < keys[j][0] || keys[i][0] == keys[j][0] && keys[i][1] < keys[j][1]
+	slices.SortFunc(keys, func(a, b [3]string) int {
+		return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1]), cmp.Compare(a[2], b[2]))
 	})
 	notices := make([]events.Event, 0, len(keys))
 	for _, k := range keys {
-		notices = append(notices, events.Event{Source: k[0], Kind: events.KindDropped, Project: k[1], Count: s.dropped[k],
+		notices = append(notices, events.Event{Source: k[0], Kind: events.KindDropped, Pool: k[1], Project: k[2], Count: s.dropped[k],
 			Detail: "over the bound of events per project and second (events.per_sec)"})
 	}
 	clear(s.dropped)

@@ -68,6 +68,56 @@ func TestEventSinkBounds(t *testing.T) {
 	}
 }
 
+// TestDroppedNoticesFollowTheirFilter: a dropped notice names the pool and
+// project whose events it stands for, and passes the filters those events
+// would have passed: --pool requests shows alpha's lost requests events,
+// --project beta does not show the loss of events of no project, and the
+// kernel's notices (counted per project, no pool) pass any pool of their
+// project. Before, the notices named no pool: one of a project was in no
+// --pool view, and one of no project was in every --project view.
+func TestDroppedNoticesFollowTheirFilter(t *testing.T) {
+	cfg := config.Default().Events
+	cfg.PerSec = 5
+	s, err := newEventSink(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1000, 0)
+	for range 20 {
+		s.publish(events.Event{Time: at, Source: events.SourceFront, Kind: events.KindRefused, Pool: "requests", Project: "alpha"})
+		s.publish(events.Event{Time: at, Source: events.SourceFront, Kind: events.KindRefused, Pool: "requests"})
+	}
+	s.countKernelDropped("alpha", 7)
+	s.flush()
+	notices := func(f events.Filter) map[string]uint64 {
+		out := map[string]uint64{}
+		for _, e := range s.recent(f) {
+			if e.Kind == events.KindDropped {
+				out[e.Source+"/"+e.Pool+"/"+e.Project] = e.Count
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		f    events.Filter
+		want string
+	}{
+		{events.Filter{Pool: "requests"}, "map[front/requests/:15 front/requests/alpha:15 kernel//alpha:7]"},
+		{events.Filter{Pool: "connections"}, "map[kernel//alpha:7]"},
+		{events.Filter{Project: "alpha"}, "map[front/requests/alpha:15 kernel//alpha:7]"},
+		{events.Filter{Project: "alpha", Pool: "requests"}, "map[front/requests/alpha:15 kernel//alpha:7]"},
+		{events.Filter{Project: "beta"}, "map[]"},
+	} {
+		if got := fmt.Sprint(notices(tc.f)); got != tc.want {
+			t.Errorf("filter %+v: dropped notices %s, want %s", tc.f, got, tc.want)
+		}
+	}
+	// A stream's own notice passes every filter.
+	if !(events.Filter{Project: "beta", Pool: "x"}).Match(events.Event{Source: events.SourceEvents, Kind: events.KindDropped, Count: 3}) {
+		t.Error("a stream's own dropped notice was filtered out")
+	}
+}
+
 // TestReconcileEvents: each repair of a reconcile pass is an event:
 // adoptions, those past the rule and moves past it (one per pool and
 // project, the pool named: gamma's socket past both pools is in each),

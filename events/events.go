@@ -15,6 +15,7 @@ const (
 	SourceFront     = "front"     // the HTTP front
 	SourcePermits   = "permits"   // the permit API (flights, residents, named pools)
 	SourceReconcile = "reconcile" // the daemon's comparison of the kernel's counts with its socket table
+	SourceEvents    = "events"    // a stream's own notice that it fell behind (dropped)
 )
 
 // Kinds of events.
@@ -115,10 +116,16 @@ type Filter struct {
 }
 
 // Match reports whether e passes f. Dropped notices of the stream itself
-// always pass: a reader must learn that it missed events.
+// (source "events") always pass: a reader must learn that it missed
+// events. Another dropped notice passes for its project, and for its pool
+// or, if it names none (the kernel's, counted per project), for any pool:
+// it may stand for events the filter would have passed.
 func (f Filter) Match(e Event) bool {
-	if e.Kind == KindDropped && e.Project == "" {
-		return true
+	if e.Kind == KindDropped {
+		if e.Source == SourceEvents {
+			return true
+		}
+		return (f.Project == "" || f.Project == e.Project) && (f.Pool == "" || e.Pool == "" || f.Pool == e.Pool)
 	}
 	return (f.Project == "" || f.Project == e.Project) && (f.Pool == "" || f.Pool == e.Pool)
 }
@@ -188,7 +195,7 @@ func (s *Sub) TakeLost() uint64 {
 
 // DroppedNotice is the event that tells a stream it lost n events.
 func DroppedNotice(t time.Time, n uint64) Event {
-	return Event{Time: t, Source: "events", Kind: KindDropped, Count: n, Detail: "this stream fell behind and lost events"}
+	return Event{Time: t, Source: SourceEvents, Kind: KindDropped, Count: n, Detail: "this stream fell behind and lost events"}
 }
 
 // Publish sends e to every subscriber whose filter matches.
