@@ -433,3 +433,41 @@ func TestUpstreamWithFrontOffWarns(t *testing.T) {
 		t.Errorf("front on: warned %q", msg)
 	}
 }
+
+// TestReloadNamesWhatNeedsARestart: a reload applies the destination pools
+// only; a change to any other setting is named in one warning, so that the
+// operator does not believe it applied. An unchanged configuration, read
+// again, warns of nothing. Before, only pools were compared, and a changed
+// policies_file or events.per_sec was left without a word.
+func TestReloadNamesWhatNeedsARestart(t *testing.T) {
+	var start config.Config
+	d, _, logs := newTestDaemon(t, func(c *config.Config) { start = *c })
+	const msg = "reload: a change to these settings needs a restart; they are not applied"
+	if err := d.Reload(start); err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.find(msg); len(got) != 0 {
+		t.Fatalf("an unchanged configuration warned: %v", got[0])
+	}
+	next := start
+	next.PoliciesFile = filepath.Join(t.TempDir(), "policies.yaml")
+	next.Events.PerSec = start.Events.PerSec + 1
+	next.Tick = 2 * start.Tick
+	if err := d.Reload(next); err != nil {
+		t.Fatal(err)
+	}
+	got := logs.find(msg)
+	if len(got) != 1 {
+		t.Fatalf("%d warnings, want one naming the settings", len(got))
+	}
+	var keys string
+	got[0].Attrs(func(a slog.Attr) bool {
+		if a.Key == "keys" {
+			keys = a.Value.String()
+		}
+		return true
+	})
+	if keys != "[events.per_sec policies_file tick]" {
+		t.Errorf("the warning names %s, want [events.per_sec policies_file tick]", keys)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/fairshare-dev/fairshare/config"
 	"github.com/fairshare-dev/fairshare/loader"
 	"github.com/fairshare-dev/fairshare/pools"
+	"go.yaml.in/yaml/v3"
 )
 
 // Destination pools (docs/destination-pools.md): pools of the configuration
@@ -137,6 +138,9 @@ func (d *Daemon) Reload(cfg config.Config) error {
 	// windows, the projects root), so an unchanged file compares equal.
 	cfg, _ = Effective(cfg)
 	old := d.cfg // the configuration started with: only the destination pools change
+	if keys := restartKeys(old, cfg); len(keys) > 0 {
+		d.log.Warn("reload: a change to these settings needs a restart; they are not applied", "keys", keys)
+	}
 	// The fleet destination pools as started, each with its allotment,
 	// under destMu until SetDestPools is done: a Member resizing in between
 	// would be written over.
@@ -249,4 +253,49 @@ func destOnly(cfg config.Config) map[string]config.Pool {
 		}
 	}
 	return out
+}
+
+// restartKeys lists the settings, as keys of the configuration file
+// ("events.per_sec"), on which next differs from old, pools apart (Reload
+// applies the destination pools and warns of the others one by one): a
+// reload leaves them as they are, and says so rather than let the operator
+// believe them applied. Two levels deep: a change below (a route of the
+// front) names its section's key ("front.routes").
+func restartKeys(old, next config.Config) []string {
+	flat := func(c config.Config) map[string]any {
+		c.Pools = nil
+		b, err := yaml.Marshal(c)
+		if err != nil {
+			return nil
+		}
+		var m map[string]any
+		if yaml.Unmarshal(b, &m) != nil {
+			return nil
+		}
+		out := map[string]any{}
+		for k, v := range m {
+			if sub, ok := v.(map[string]any); ok {
+				for k2, v2 := range sub {
+					out[k+"."+k2] = v2
+				}
+				continue
+			}
+			out[k] = v
+		}
+		return out
+	}
+	a, b := flat(old), flat(next)
+	var keys []string
+	for k, v := range a {
+		if w, ok := b[k]; !ok || !reflect.DeepEqual(v, w) {
+			keys = append(keys, k)
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys
 }
