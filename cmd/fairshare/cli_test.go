@@ -263,7 +263,8 @@ func TestHelpMatchesBehaviour(t *testing.T) {
 // projects; live columns say "-" for a project that is not live.
 func TestStatusProjectTableJoinsPolicies(t *testing.T) {
 	st := admin.Status{
-		Policies:      []admin.Entry{{Project: "quiet", Policy: policy.Policy{Tier: "pro", Shares: 4, RequestsPerSec: 5, ConnectionsPerSec: 40}}},
+		Policies: []admin.Entry{{Project: "quiet", Policy: policy.Policy{Tier: "pro", Shares: 4, RequestsPerSec: 5, ConnectionsPerSec: 40}},
+			{Project: "filed", Policy: policy.Policy{Tier: "lite", Shares: 2}, Source: policy.SourceFile}},
 		DefaultPolicy: policy.Policy{Tier: "none", Shares: 1},
 		Rates:         []admin.Rate{{Project: "quiet", RequestsPerSec: 5, RequestTokens: 5, Limited: 7}},
 		Scheduler: &admin.Scheduler{Dispatched: map[string]uint64{}, Participants: []admin.Participant{
@@ -283,6 +284,8 @@ func TestStatusProjectTableJoinsPolicies(t *testing.T) {
 		"PROJECT": "PROJECT POLICY TIER SHARES REQUESTS/S WORK/S CONNECTIONS/S ACCEPTS/S REQ_TOKENS WORK_TOKENS LIMITED QUEUE P1 P2 CLASS",
 		"quiet":   "quiet stored pro 4 5 unbounded 40 unbounded 5.0 0.0 7 - - - -",
 		"busy":    "busy default none 1 unbounded unbounded unbounded unbounded - - 0 2 0.0 0.0 P3",
+		// As policy list says: the policies file's, which policy set refuses.
+		"filed": "filed file lite 2 unbounded unbounded unbounded unbounded - - 0 - - - -",
 	}
 	for k, w := range want {
 		if got := strings.Join(rows[k], " "); got != w {

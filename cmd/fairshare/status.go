@@ -16,6 +16,7 @@ import (
 	"github.com/fairshare-dev/fairshare/daemon"
 	projectname "github.com/fairshare-dev/fairshare/internal/project"
 	"github.com/fairshare-dev/fairshare/loader"
+	"github.com/fairshare-dev/fairshare/policy"
 	"github.com/urfave/cli/v2"
 )
 
@@ -326,6 +327,9 @@ func printProjects(tw io.Writer, st admin.Status) {
 		pol, source := st.DefaultPolicy, "default"
 		if e, ok := stored[n]; ok {
 			pol, source = e.Policy, "stored"
+			if e.Source == policy.SourceFile {
+				source = "file" // as policy list says: set in the policies file, not with the CLI
+			}
 		}
 		r, hasRate := rates[n]
 		reqTok, workTok := "-", "-"
