@@ -151,7 +151,7 @@ func New(src Source, maxProjects int, log *slog.Logger) *Collector {
 		nsErrors:    d("netns_scan_errors_total", "Cgroups or processes the namespace scan could not read (other than gone)."),
 		poolWould: d("pool_would_refuse_total",
 			"Asks admitted in dry-run (the pool's or the project's enforce: false) that the rule refused; in pool_admitted_total too.", "pool"),
-		poolEnforced: d("pool_enforced", "1 while the pool enforces its rule, 0 while it is in dry-run (enforce: false).", "pool"),
+		poolEnforced: d("pool_enforced", "1 while the pool enforces its rule, 0 while it is in dry-run (enforce: false) or nothing enforces it (the connections pool with bpf: false).", "pool"),
 		would:        d("project_would_refuse_total", "Asks of the project admitted in dry-run that the rule refused.", "pool", "project"),
 		evPublished:  d("events_published_total", "Events published (refusals, would-be refusals, evictions, repairs)."),
 		evDropped: d("events_dropped_total",
@@ -286,7 +286,9 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p admin.Pool) {
 	counter(c.poolAdmitted, float64(p.Admitted), p.Name)
 	counter(c.poolRefused, float64(p.Refused), p.Name)
 	counter(c.poolWould, float64(p.WouldRefuse), p.Name)
-	gauge(c.poolEnforced, b2f(!p.DryRun), p.Name)
+	// A pool nothing enforces (the connections pool with bpf off) is not
+	// enforced, dry-run or not: an alert on enforced == 0 must see it.
+	gauge(c.poolEnforced, b2f(!p.DryRun && p.Enforcer != "off"), p.Name)
 	// Only the kernel's pool has rates per project: the family is left
 	// out for the others rather than a column of zeros.
 	rated := p.Enforcer == "kernel"

@@ -155,6 +155,28 @@ fairshare_project_permits_rate_limited_total{pool="connections",project="beta"} 
 	}
 }
 
+// TestEnforcedFollowsTheEnforcer: a pool nothing enforces (the connections
+// pool with bpf off: enforcer "off") is reported not enforced, as is one in
+// dry-run; it read 1 before, and an alert on enforced == 0 missed a node
+// that refused nothing.
+func TestEnforcedFollowsTheEnforcer(t *testing.T) {
+	st := admin.Status{Pools: []admin.Pool{
+		{Name: "connections", Enforcer: "off", Size: 20, Floor: 1},
+		{Name: "requests", Enforcer: "daemon", Size: 8, Floor: 1},
+		{Name: "flights", Enforcer: "daemon", Size: 8, Floor: 1, DryRun: true},
+	}}
+	want := `
+# HELP fairshare_pool_enforced 1 while the pool enforces its rule, 0 while it is in dry-run (enforce: false) or nothing enforces it (the connections pool with bpf: false).
+# TYPE fairshare_pool_enforced gauge
+fairshare_pool_enforced{pool="connections"} 0
+fairshare_pool_enforced{pool="flights"} 0
+fairshare_pool_enforced{pool="requests"} 1
+`
+	if err := testutil.CollectAndCompare(New(fixed(st), 10, nil), strings.NewReader(want), "fairshare_pool_enforced"); err != nil {
+		t.Error(err)
+	}
+}
+
 func TestCollectSourceError(t *testing.T) {
 	c := New(func(context.Context) (admin.Status, error) { return admin.Status{}, errors.New("daemon busy") }, 10, nil)
 	if n := testutil.CollectAndCount(c); n != 1 {
