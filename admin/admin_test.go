@@ -212,6 +212,46 @@ func TestAPI(t *testing.T) {
 	}
 }
 
+// TestPatchBodiesRefused: the admin API refuses, with 400 and nothing
+// stored, what the CLI never sends: an empty patch ({} or null, which
+// stored a copy of the default that no longer followed
+// scheduler.default_tier), anything after the JSON value (ignored before),
+// and a body past 64 KiB (a bare "unexpected EOF" before, now named).
+func TestPatchBodiesRefused(t *testing.T) {
+	sock, b := startServer(t)
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	patch := func(body string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPatch, "http://fairshare/v1/policies/alpha", strings.NewReader(body))
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		msg, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(msg)
+	}
+	for body, why := range map[string]string{
+		"{}":                          "sets nothing",
+		"null":                        "sets nothing",
+		`{"tier":"pro"} garbage{`:     "more after",
+		`{"tier":"pro"}{}`:            "more after",
+		`{"tier":"pro"} {"shares":9}`: "more after",
+		`{"tier":"pro","x":"` + strings.Repeat("a", 70<<10) + `"}`: "longer than 65536 bytes",
+	} {
+		if code, msg := patch(body); code != http.StatusBadRequest || !strings.Contains(msg, why) {
+			t.Errorf("PATCH %.40q: %d %q, want 400 saying %q", body, code, msg, why)
+		}
+	}
+	if _, ok := b.applied["alpha"]; ok {
+		t.Fatalf("a refused patch was applied: %+v", b.applied["alpha"])
+	}
+	if code, msg := patch("{\"tier\":\"pro\"}\n"); code != http.StatusOK {
+		t.Fatalf("a good patch: %d %q", code, msg)
+	}
+}
+
 func TestNoDaemon(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "none.sock")
 	if err := NewClient(sock).Health(context.Background()); !errors.Is(err, ErrNoDaemon) {

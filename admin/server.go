@@ -3,6 +3,7 @@
 package admin
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -190,13 +191,40 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, e)
 }
 
+// decodeBody decodes the JSON value that is the whole of body, at most
+// limit bytes, into v, refusing fields v does not have. A body past limit,
+// and anything after the value, is refused, rather than decoded in part
+// ("unexpected EOF") or ignored.
+func decodeBody(body io.Reader, limit int64, v any) error {
+	b, err := io.ReadAll(io.LimitReader(body, limit+1))
+	if err != nil {
+		return err
+	}
+	if int64(len(b)) > limit {
+		return fmt.Errorf("longer than %d bytes", limit)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("more after the JSON value")
+	}
+	return nil
+}
+
 func (s *Server) patchPolicy(w http.ResponseWriter, r *http.Request) {
 	project := r.PathValue("project")
 	var pt policy.Patch
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&pt); err != nil {
+	if err := decodeBody(r.Body, 1<<16, &pt); err != nil {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("the request body is not a policy patch: %v", err))
+		return
+	}
+	if pt.Empty() {
+		// Stored, it would be a copy of the default in force, which then
+		// no longer followed scheduler.default_tier.
+		writeError(w, http.StatusBadRequest, "the policy patch sets nothing")
 		return
 	}
 	p, err := s.b.PatchPolicy(project, pt)
@@ -236,9 +264,7 @@ func (s *Server) projects(w http.ResponseWriter, r *http.Request) {
 func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	project := r.PathValue("project")
 	var req RegisterRequest
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := decodeBody(r.Body, 1<<20, &req); err != nil {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("the request body is not a registration: %v", err))
 		return
 	}
