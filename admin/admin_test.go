@@ -103,6 +103,57 @@ func (b *storeBackend) Unregister(_ context.Context, p string, cgs []string) (Re
 	return reg, err
 }
 
+// brokenStatus is a backend whose status read fails (a map the kernel will
+// not read, say), with or without a version of its own (Versioner).
+type brokenStatus struct {
+	*storeBackend
+}
+
+func (brokenStatus) Status(context.Context) (Status, error) {
+	return Status{}, errors.New("reading the bpf maps: bad file descriptor")
+}
+
+type brokenStatusVersioned struct{ brokenStatus }
+
+func (brokenStatusVersioned) Version() string { return "test" }
+
+// TestHealthWithoutStatus: the health check of a backend that knows its
+// version reads no status, so a failing status read (answered 500 on
+// /v1/status) does not take the daemon for one that does not answer: the
+// CLI's policy commands, which ask the health check first, still reach it.
+// A backend without a version is checked by its status, as before.
+func TestHealthWithoutStatus(t *testing.T) {
+	sock, b := startServer(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		b      Backend
+		health bool
+	}{{brokenStatusVersioned{brokenStatus{b}}, true}, {brokenStatus{b}, false}} {
+		ln, err := Listen(sock + "2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- NewServer(tc.b, nil).Serve(sctx, ln) }()
+		c := NewClient(sock + "2")
+		err = c.Health(ctx)
+		if (err == nil) != tc.health {
+			t.Errorf("%T: health %v, want ok %v", tc.b, err, tc.health)
+		}
+		if _, err := c.Status(ctx); err == nil {
+			t.Errorf("%T: the status read did not fail", tc.b)
+		}
+		if _, err := c.PatchPolicy(ctx, "alpha", policy.Patch{Shares: ptr(2)}); err != nil {
+			t.Errorf("%T: a policy write: %v", tc.b, err)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func startServer(t *testing.T) (string, *storeBackend) {
 	t.Helper()
 	if os.Geteuid() != 0 {

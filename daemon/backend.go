@@ -14,6 +14,12 @@ import (
 	"github.com/fairshare-dev/fairshare/scheduler"
 )
 
+// Version is the daemon's version, for the admin API's health check
+// (admin.Versioner).
+func (d *Daemon) Version() string { return d.opts.Version }
+
+var _ admin.Versioner = (*Daemon)(nil)
+
 // Status implements admin.Backend: the whole node, read now.
 func (d *Daemon) Status(context.Context) (admin.Status, error) {
 	st := admin.Status{Version: d.opts.Version, Time: time.Now(), Kernel: d.kernel != nil, Source: "daemon",

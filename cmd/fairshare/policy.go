@@ -254,6 +254,10 @@ func openPolicies(c *cli.Context, mode storeMode, before func(config.Config) err
 		// (403) turned this user away.
 		return nil, cli.Exit(fmt.Sprintf("the daemon at %s refused this user: permission denied (the admin API needs root)", cfg.AdminSocket), 1)
 	}
+	var apiErr *admin.APIError
+	if errors.As(err, &apiErr) {
+		return nil, cli.Exit(fmt.Sprintf("the daemon at %s answered its health check with an error: %v", cfg.AdminSocket, err), 1)
+	}
 	if !errors.Is(err, admin.ErrNoDaemon) {
 		return nil, cli.Exit(fmt.Sprintf("the daemon at %s did not answer: %v", cfg.AdminSocket, err), 1)
 	}
