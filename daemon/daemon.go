@@ -31,6 +31,7 @@ import (
 	"github.com/fairshare-dev/fairshare/policy"
 	"github.com/fairshare-dev/fairshare/pools"
 	"github.com/fairshare-dev/fairshare/scheduler"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 )
@@ -625,7 +626,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/healthz", d.health.handler(d.cfg.Tick))
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}))
+		mux.Handle("/metrics", metricsHandler(reg, d.log))
 		g.Go(func() error { return serveMetrics(gctx, metricsLn, mux) })
 	}
 	if frontLn != nil {
@@ -859,6 +860,18 @@ func (d *Daemon) closeParts() error {
 		d.pinLock = nil
 	}
 	return errors.Join(errs...)
+}
+
+// maxScrapes bounds the scrapes of /metrics served at once; past it a
+// scrape is answered 503. Each reads the whole node (the kernel's maps,
+// under the lock the control loop and the heartbeat take): a Prometheus
+// scrapes one at a time, an HA pair two, and any local user may connect.
+const maxScrapes = 4
+
+// metricsHandler serves reg's metrics, maxScrapes at a time.
+func metricsHandler(reg prometheus.Gatherer, log *slog.Logger) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		MaxRequestsInFlight: maxScrapes})
 }
 
 func serveMetrics(ctx context.Context, ln net.Listener, h http.Handler) error {
