@@ -126,11 +126,28 @@ func runFlags() []cli.Flag {
 		&cli.StringSliceFlag{Name: flagPool, Usage: "resize or add a pool: `NAME=SIZE[/FLOOR]`, repeatable (FAIRSHARE_POOL takes a comma-separated list)", EnvVars: env(flagPool)},
 		&cli.StringFlag{Name: flagPermitsGroup, Usage: "`GROUP` (name or gid) that may use the permit socket besides root [default from config: none]", EnvVars: env(flagPermitsGroup)},
 		&cli.StringFlag{Name: flagFrontSocket, Usage: "unix socket `PATH` the HTTP front also listens on [default from config: none]", EnvVars: env(flagFrontSocket)},
-		&cli.IntFlag{Name: flagMaxInFlight, Usage: "`N` requests at most in flight to the upstream [default from config: 64]", EnvVars: env(flagMaxInFlight)},
-		&cli.DurationFlag{Name: flagReconcile, Usage: "period `D` of the reconcile pass, 0 for only the one at start [default from config: 1m]", EnvVars: env(flagReconcile)},
+		&cli.IntFlag{Name: flagMaxInFlight, Usage: maxInFlightUsage, DefaultText: fromConfig(maxInFlightUsage), EnvVars: env(flagMaxInFlight)},
+		&cli.DurationFlag{Name: flagReconcile, Usage: reconcileUsage, DefaultText: fromConfig(reconcileUsage), EnvVars: env(flagReconcile)},
 		&cli.StringSliceFlag{Name: flagSources, Usage: "sources of project membership, earlier first in a conflict: `SOURCE` is directory, systemd, registered or kubernetes; repeatable or comma-separated [default from config: directory,registered]", EnvVars: env(flagSources)},
-		&cli.IntFlag{Name: flagMaxConns, Usage: "connections `N` at most per listener (0: from the open-files limit) [default from config: 0]", EnvVars: env(flagMaxConns)},
+		&cli.IntFlag{Name: flagMaxConns, Usage: maxConnsUsage, DefaultText: fromConfig(maxConnsUsage), EnvVars: env(flagMaxConns)},
 	}
+}
+
+// The usages of run's number and duration flags whose default comes from
+// the configuration. urfave/cli prints such a flag's own default after the
+// usage, "(default: 0)" for a flag whose Go default is zero, which is not
+// what the daemon runs with: fromConfig gives it the usage's instead.
+const (
+	maxInFlightUsage = "`N` requests at most in flight to the upstream [default from config: 64]"
+	reconcileUsage   = "period `D` of the reconcile pass, 0 for only the one at start [default from config: 1m]"
+	maxConnsUsage    = "connections `N` at most per listener (0: from the open-files limit) [default from config: 0]"
+)
+
+// fromConfig is the default a usage names in "[default from config: X]".
+func fromConfig(usage string) string {
+	_, rest, _ := strings.Cut(usage, "[default from config: ")
+	def, _, _ := strings.Cut(rest, "]")
+	return def
 }
 
 func newLogger(c *cli.Context) (*slog.Logger, error) {

@@ -55,16 +55,18 @@ func runCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "run",
 		Usage: "run the daemon: attach the BPF programs, serve the admin API, /metrics and the HTTP front",
-		Description: "Needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_PERFMON). SIGINT or SIGTERM stops it;\n" +
+		Description: "Needs root with the capabilities docs/install.md lists (Requirements; the unit in\n" +
+			"dist/fairshare.service keeps the same). SIGINT or SIGTERM stops it;\n" +
 			"SIGHUP reads the configuration again and applies its destination pools (the rest needs a restart);\n" +
 			"the BPF programs stay pinned and keep enforcing unless --detach-on-exit is given,\n" +
 			"so a restart loses neither counts nor enforcement.\n\n" +
 			"Pins of another layout (a new version's maps, a larger pool) are migrated at start,\n" +
 			"with no moment unenforced (docs/install.md, Upgrade).\n\n" +
 			"Exit status: 78 for an unusable configuration (a value of the file, a FAIRSHARE_*\n" +
-			"variable or a flag that run refuses), 3 when the objects pinned in --pin-dir changed\n" +
-			"under the starting daemon (another process at work there: run 'fairshare cleanup',\n" +
-			"which drops enforcement and the counts, then start again), 1 for any other failure.\n" +
+			"variable or a flag that run refuses), 3 when the objects pinned in --pin-dir changed layout\n" +
+			"while the starting daemon loaded against them (another process at work there: start\n" +
+			"again once it is done; the start then reuses or migrates what is pinned), 1 for any\n" +
+			"other failure.\n" +
 			"2 is a command line (or a FAIRSHARE_* value) that does not parse, or a crash: Go exits 2\n" +
 			"on a panic or a fatal runtime error.\n" +
 			"--check exits with the same statuses, 0 when all is well; --print-config exits 0,\n" +
@@ -150,7 +152,9 @@ func runCommand() *cli.Command {
 			if errors.Is(err, daemon.ErrStalePins) {
 				// A restart cannot fix it (systemd's unit stops retrying on
 				// this status), and the sentence names the remedy.
-				return cli.Exit(fmt.Sprintf("the daemon could not start: %v", err), exitStalePins)
+				return cli.Exit(fmt.Sprintf("the daemon could not start: the maps pinned in %s changed layout while it loaded "+
+					"the programs against them (another process at work on the pin directory); start it again once that is done: "+
+					"the start then reuses or migrates what is pinned (%v)", cfg.PinDir, loaderCause(err)), exitStalePins)
 			}
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("the daemon could not start: %v", err), 1)
@@ -180,6 +184,26 @@ func runCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// loaderCause is the loader's error inside daemon.ErrStalePins's, without
+// the daemon's sentence around it (which names cleanup as the remedy; a
+// start once the other process is done is the one a migration needs).
+func loaderCause(err error) error {
+	if err == daemon.ErrStalePins || !errors.Is(err, daemon.ErrStalePins) {
+		return err
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return loaderCause(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if e != daemon.ErrStalePins && errors.Is(e, loader.ErrPinnedMismatch) {
+				return loaderCause(e)
+			}
+		}
+	}
+	return err
 }
 
 // check runs loader.Check: the programs pass the verifier and every hook
@@ -220,7 +244,11 @@ func check(c *cli.Context, cfg config.Config) error {
 		PoolSize: uint32(conn.Size), Floor: uint32(conn.Floor), Window: conn.Window,
 		AbortMovedPast: cfg.Connections.AbortMovedPast})
 	if errors.Is(err, loader.ErrPinnedMismatch) {
-		return cli.Exit(fmt.Sprintf("check failed: pins in %s are from another configuration; run 'fairshare cleanup' (%v)", cfg.PinDir, err), exitStalePins)
+		// Pins of another layout are no failure (rep.Migrate, below): this
+		// is pins that changed while the check loaded against them.
+		return cli.Exit(fmt.Sprintf("check failed: the maps pinned in %s changed layout while the check loaded the programs against them "+
+			"(another process at work on the pin directory, such as a daemon migrating them as it starts); run the check again once "+
+			"it is done: pins of another layout are migrated when the daemon starts, not refused (%v)", cfg.PinDir, err), exitStalePins)
 	}
 	if err != nil {
 		return cli.Exit(fmt.Sprintf("check failed: %+v", err), 1)
