@@ -14,6 +14,13 @@ func SetSpawnTimer(s *Server, after func(time.Duration) (<-chan time.Time, func(
 	s.after = after
 }
 
+// SetClock replaces the clock a spawn reads to tell whether the victim's
+// owner was asked within the first half of the spawn's second, so that
+// tests decide how late a victim is named instead of waiting for it.
+func SetClock(s *Server, now func() time.Time) {
+	s.now = now
+}
+
 // SetWaitLimits changes the bounds of waiting operations before Serve.
 func SetWaitLimits(s *Server, total, perSession int) {
 	s.cfg.MaxWaiting, s.cfg.MaxWaitingPerSession = total, perSession

@@ -401,7 +401,7 @@ func (s *Server) startSpawn(ss *session, rq *request, resp *response) bool {
 // is the eviction the pool already made for this spawn (TrySpawn).
 func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool, first *pools.Eviction) response {
 	resp := response{ID: rq.ID}
-	began := time.Now()
+	began := s.now()
 	expired, stop := s.after(EvictionWait)
 	defer stop()
 	ctx, cancel := context.WithCancelCause(ss.ctx)
@@ -432,7 +432,7 @@ func (s *Server) spawn(ss *session, rq *request, o *object, wasSleeping bool, fi
 	// first half of the second is not held to have left it unconfirmed
 	// (no strike, evictionFailed): a crowd of spawns that waited on the
 	// pool would otherwise drop a healthy owner's objects.
-	fair := ctx.Err() == nil && time.Since(began) <= EvictionWait/2
+	fair := ctx.Err() == nil && s.now().Sub(began) <= EvictionWait/2
 	confirmed := s.evict(ev, rq.Project)
 	select {
 	case <-confirmed:

@@ -138,6 +138,9 @@ type Server struct {
 	// after starts a spawn's deadline; tests replace it with a timer they
 	// fire themselves.
 	after func(time.Duration) (<-chan time.Time, func() bool)
+	// now is the clock a spawn reads to tell how much of its second had
+	// passed when the victim's owner was asked (spawn); tests replace it.
+	now func() time.Time
 	// maxUnconfirmed is MaxUnconfirmed; 0 never drops (tests).
 	maxUnconfirmed int
 
@@ -219,6 +222,7 @@ func New(cfg Config, pls map[string]*pools.Pool, residents *pools.Residents, log
 		log:            log,
 		pacer:          pace.New(maxRetry),
 		after:          realAfter,
+		now:            time.Now,
 		maxUnconfirmed: MaxUnconfirmed,
 		sessions:       map[uint64]*session{},
 		objects:        map[string]*object{},
