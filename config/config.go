@@ -295,6 +295,9 @@ type FrontLimits struct {
 	BodyMinRate         int64         `yaml:"body_min_rate"`
 	WriteTimeout        time.Duration `yaml:"write_timeout"`
 	UpstreamHeadTimeout time.Duration `yaml:"upstream_head_timeout"`
+	// UpstreamReadTimeout bounds each read of an upstream answer's body
+	// (front.Config.UpstreamReadTimeout); 0: no bound.
+	UpstreamReadTimeout time.Duration `yaml:"upstream_read_timeout"`
 	TunnelTimeout       time.Duration `yaml:"tunnel_timeout"`
 	// UpstreamIdlePerProject bounds the idle upstream connections kept for
 	// one project (front.Config.UpstreamIdlePerProject).
@@ -333,6 +336,10 @@ func (l *FrontLimits) validate() error {
 		if v.val < v.min || v.val > v.max {
 			return fmt.Errorf("front.limits.%s must be between %s and %s, got %s", v.name, v.min, v.max, v.val)
 		}
+	}
+	if d := l.UpstreamReadTimeout; d != 0 && (d < 100*time.Millisecond || d > time.Hour) {
+		return fmt.Errorf("front.limits.upstream_read_timeout must be 0 (no bound) or between %s and %s, got %s",
+			100*time.Millisecond, time.Hour, d)
 	}
 	return nil
 }

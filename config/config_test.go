@@ -76,11 +76,18 @@ front:
   routes: {"status.example": ops}
   exempt: {projects: [probe], routes: [status.example], cgroups: [ops/probes]}
   exempt_max: 2
+  limits: {upstream_read_timeout: 0s}
 `
 	if err := Parse(strings.NewReader(in), &c); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("upstream_read_timeout 0 (no bound): %v", err)
+	}
 	f := c.Front
+	if f.Limits.UpstreamReadTimeout != 0 || f.Limits.UpstreamHeadTimeout != time.Minute {
+		t.Errorf("front.limits = %+v, want upstream_read_timeout 0 and the others kept", f.Limits)
+	}
 	if !f.Enabled() || f.FastPath || f.IOURing || f.Socket != "/run/fairshare/front.sock" || len(f.TrustedPeers) != 3 || f.ExemptMax != 2 ||
 		f.Exempt.Projects[0] != "probe" || f.Exempt.Routes[0] != "status.example" || f.Exempt.Cgroups[0] != "ops/probes" {
 		t.Errorf("front = %+v", f)
@@ -151,6 +158,9 @@ func TestParseRejects(t *testing.T) {
 		{"front body read timeout", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {body_read_timeout: 0s}}", "front.limits.body_read_timeout"},
 		{"front write timeout", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {write_timeout: 11m}}", "front.limits.write_timeout"},
 		{"front upstream head timeout", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {upstream_head_timeout: 1ms}}", "front.limits.upstream_head_timeout"},
+		{"front upstream read timeout short", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {upstream_read_timeout: 1ms}}", "front.limits.upstream_read_timeout"},
+		{"front upstream read timeout long", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {upstream_read_timeout: 2h}}", "front.limits.upstream_read_timeout"},
+		{"front upstream read timeout negative", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {upstream_read_timeout: -1s}}", "front.limits.upstream_read_timeout"},
 		{"front tunnel timeout", "front: {listen: '127.0.0.1:1', upstream: 'http://x', limits: {tunnel_timeout: 25h}}", "front.limits.tunnel_timeout"},
 		{"front limits key", "front: {limits: {head: 1}}", "head"},
 		{"tier", "scheduler: {default_tier: gold}", "scheduler.default_tier"},
@@ -282,7 +292,7 @@ func TestDefaultsAgreeWithPackages(t *testing.T) {
 	if l := c.Front.Limits; l.UpstreamHeadBytes != front.DefaultMaxUpstreamHead || l.Informational != front.DefaultMaxInformational ||
 		l.RequestHeadBytes != front.DefaultMaxRequestHead || l.ReadHeaderTimeout != front.DefaultReadHeaderTimeout ||
 		l.IdleTimeout != front.DefaultIdleTimeout || l.UpstreamIdleTimeout != front.DefaultUpstreamIdleTimeout ||
-		l.UpstreamIdlePerProject != front.DefaultUpstreamIdlePerProject {
+		l.UpstreamIdlePerProject != front.DefaultUpstreamIdlePerProject || l.UpstreamReadTimeout != front.DefaultUpstreamReadTimeout {
 		t.Errorf("front.limits %+v disagree with package front's defaults", l)
 	}
 	if c.Metrics.MaxProjects != front.DefaultMaxProjects {

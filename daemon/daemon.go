@@ -452,10 +452,21 @@ func frontConfig(cfg config.Config, projectsRoot string) front.Config {
 		MaxRequestHead: lim.RequestHeadBytes, ReadHeaderTimeout: lim.ReadHeaderTimeout,
 		IdleTimeout: lim.IdleTimeout, UpstreamIdleTimeout: lim.UpstreamIdleTimeout,
 		BodyReadTimeout: lim.BodyReadTimeout, BodyMinRate: lim.BodyMinRate, WriteTimeout: lim.WriteTimeout,
-		UpstreamHeadTimeout: lim.UpstreamHeadTimeout, TunnelTimeout: lim.TunnelTimeout,
+		UpstreamHeadTimeout: lim.UpstreamHeadTimeout, UpstreamReadTimeout: upstreamReadTimeout(lim.UpstreamReadTimeout),
+		TunnelTimeout:          lim.TunnelTimeout,
 		UpstreamIdlePerProject: lim.UpstreamIdlePerProject,
 		FastPath:               fc.FastPath, PlainSends: !fc.IOURing,
 	}
+}
+
+// upstreamReadTimeout is front.limits.upstream_read_timeout as the front
+// takes it: 0 turns the bound off, which the front spells below 0 (its 0
+// is the default).
+func upstreamReadTimeout(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // buildPermits builds the permit API over the flights, residents and extra

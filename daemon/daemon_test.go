@@ -390,6 +390,11 @@ func TestFrontConfigCopiesEveryKey(t *testing.T) {
 	if !frontConfig(cfg, "").PlainSends {
 		t.Error("front.io_uring false: the fast path sends with its io_uring")
 	}
+	// 0 is no bound, which the front spells below 0 (its 0 is the default).
+	cfg.Front.Limits.UpstreamReadTimeout = 0
+	if d := frontConfig(cfg, "").UpstreamReadTimeout; d >= 0 {
+		t.Errorf("front.limits.upstream_read_timeout 0: the front's is %v, want below 0 (no bound)", d)
+	}
 }
 
 // fill sets every field of v, recursively, to a value that is not zero.

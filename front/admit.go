@@ -44,6 +44,10 @@ type exchange struct {
 	n1xx   int
 	// body is the request body with its read deadline, when there is one.
 	body *timedBody
+	// stopUp, on the ReverseProxy path, cancels the upstream request: an
+	// answer's body stalled (see stallBody). Nil for a tunnel, or with no
+	// UpstreamReadTimeout.
+	stopUp context.CancelCauseFunc
 	// gone: its client went away, as the front heard it (a hang-up while
 	// it waited in the queue, hangup.go; a write or the watch during its
 	// answer, relay) before net/http may have.

@@ -637,6 +637,40 @@ func BenchmarkRequest(b *testing.B) {
 	}
 }
 
+// BenchmarkRequestLargeAnswer is BenchmarkRequest with an answer of 1 MiB
+// (Content-Length and Content-Type: one the fast path relays itself), on
+// each path: the cost of reading an answer's body, each of whose reads is
+// bounded by UpstreamReadTimeout.
+func BenchmarkRequestLargeAnswer(b *testing.B) {
+	body := bytes.Repeat([]byte("a"), 1<<20)
+	for _, path := range []struct {
+		name  string
+		tweak func(*Front)
+	}{
+		{"direct", nil},
+		{"fast", func(f *Front) { f.cfg.FastPath = true }},
+		{"fallback", func(f *Front) { f.up = nil }},
+	} {
+		b.Run(path.name, func(b *testing.B) {
+			r := newRig(b, rigOpts{poolSize: 1024, tweak: path.tweak}, func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "application/octet-stream")
+				w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+				_, _ = w.Write(body)
+			})
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				resp := r.get(b, "bench", "/")
+				n, err := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if err != nil || n != int64(len(body)) {
+					b.Fatalf("answer of %d bytes: %v", n, err)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkRequestBody is BenchmarkRequest with a POST of 1 KiB, which the
 // upstream reads: the path of requests with bodies.
 func BenchmarkRequestBody(b *testing.B) {

@@ -188,14 +188,37 @@
 //	                            (HTTP/2: its stream reset, the window not opened counting as not taken);
 //	                            a piece of a request body the upstream does not take: 504, or its answer cut off
 //	UpstreamHeadTimeout  1m     no answer head this long after the whole request went out: 504
+//	UpstreamReadTimeout  1m     one read of an answer's body waiting this long for the upstream (up to
+//	                            an eighth more): the answer cut off, the upstream connection closed;
+//	                            below 0: no bound
 //	TunnelTimeout        10m    an upgraded connection (a tunnel) this old: both ends closed
 //
-// The last four bound how long an admitted request holds its permit against
-// a client or an upstream that stops: a request whose peers keep moving is
-// not cut short (a long download, a slow upload, a long poll), but one that
-// waits on a silent peer gives its permit back within the bound. A tunnel
-// is cut at TunnelTimeout whether it is busy or not, as one admission
-// could otherwise carry any number of requests over it.
+// The last five bound how long an admitted request holds its permit, and
+// its place among the scheduler's MaxInFlight (which projects share),
+// against a client or an upstream that stops: a request whose peers keep
+// moving is not cut short (a long download, a slow upload, a long poll, a
+// stream of events that sends more often than UpstreamReadTimeout), but
+// one that waits on a silent peer gives its permit back within the bound.
+// A tunnel is cut at TunnelTimeout whether it is busy or not, as one
+// admission could otherwise carry any number of requests over it, and
+// UpstreamReadTimeout does not concern it.
+//
+// UpstreamReadTimeout is nginx's proxy_read_timeout for the body (its
+// default too): the wait is counted only while the front reads, not while
+// the client has yet to take what came before (WriteTimeout bounds that).
+// An answer cut so ends as one the upstream broke off (see "What the
+// upstream may not do"), counted an error: HTTP/1.1, the client's
+// connection is closed before the body's end (a chunked body without its
+// last chunk); HTTP/2, its stream is reset. On the direct path a read
+// deadline bounds each read of the body from the connection (upConn.Read;
+// the deadline, a runtime timer, is moved only when it would give the read
+// less than the bound, to an eighth past it, so a stream moves it once
+// every eighth of the bound at most, and an answer that came whole with its
+// head sets none); the fast path's loop arms a deadline of its own at each
+// piece it relays; the ReverseProxy path, whose http.Transport bounds no
+// read of a body, watches each read with a timer and cancels the upstream
+// request (the HTTP/1 connection closed, the HTTP/2 stream reset) when one
+// has waited the bound (stallBody).
 //
 // UpstreamIdlePerProject (default 32) bounds the idle upstream connections
 // kept for one project's requests; past it the project's least recently
@@ -428,7 +451,9 @@
 // again), and for a later one from its first byte; IdleTimeout between
 // requests, WriteTimeout on a client that does not take its answer and on
 // an upstream that does not take the request (504), UpstreamHeadTimeout
-// once the request is out (504), 5s to connect (504
+// once the request is out (504), UpstreamReadTimeout from each piece of
+// the answer's body relayed (or from when the client took the last one)
+// to the next (the answer cut off), 5s to connect (504
 // as on net/http's path; a refused connection is 502), UpstreamIdleTimeout
 // in the pool. A client that goes away
 // (hang-up or error event, a half-close included, see Serving) aborts its

@@ -323,7 +323,7 @@ func (d *directUpstream) resume(r *http.Request, x *exchange, res *resumed) (upA
 	cc := peerOf(r).cc
 	w := clientWatch{cc: cc}
 	cc.watch(uc)
-	uc.awaiting = true
+	uc.begin(true)
 	var send *bodySend
 	switch {
 	case len(res.rest) > 0:
@@ -335,7 +335,7 @@ func (d *directUpstream) resume(r *http.Request, x *exchange, res *resumed) (upA
 		uc.sent(res.headWait(d.headFor))
 	}
 	resp, err := d.readAnswer(uc, r, x, res.reused)
-	uc.gotHead()
+	uc.gotHead(d.readFor)
 	if err != nil {
 		fired := !w.end()
 		if send != nil {

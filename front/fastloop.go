@@ -35,6 +35,7 @@ const (
 	dlAnswer
 	dlUpIdle
 	dlSend // the upstream takes no more of the request
+	dlBody // the upstream sends no more of the answer's body (see armBody)
 )
 
 // loop is one event loop: an epoll instance, its clients and its idle
@@ -522,6 +523,16 @@ func (lp *loop) expire() {
 			lp.upFailed(u, fmt.Errorf("reading upstream answer: %w", os.ErrDeadlineExceeded))
 		case dlSend:
 			lp.upFailed(u, lp.d.stalled(os.ErrDeadlineExceeded))
+		case dlBody:
+			if c := u.owner; c != nil && len(c.out) > 0 {
+				// The loop does not read while the client has not
+				// taken the last piece (WriteTimeout bounds that): the
+				// upstream is not waited on.
+				lp.armBody(u)
+				continue
+			}
+			lp.upFailed(u, fmt.Errorf("reading upstream answer: %w: no byte for %v: %w",
+				errAnswerStalled, lp.d.readFor, os.ErrDeadlineExceeded))
 		}
 	}
 	if !lp.drainBy.IsZero() {

@@ -150,7 +150,11 @@ func (lp *loop) flushUp(u *fupstream, wrote bool) {
 	if u.owner != nil && u.owner.state == csUp {
 		u.setDeadline(lp, dlAnswer, lp.now.Add(lp.d.headFor))
 	} else if u.dl == dlSend {
-		u.setDeadline(lp, dlNone, time.Time{})
+		if u.owner != nil && u.owner.state == csBody {
+			lp.armBody(u) // the answer came early: its body's wait goes on
+		} else {
+			u.setDeadline(lp, dlNone, time.Time{})
+		}
 	}
 	if hungUp {
 		lp.readUp(u)
@@ -246,6 +250,10 @@ func (lp *loop) flushClient(c *fclient) {
 		}
 		lp.serveClient(c)
 		return
+	}
+	if c.state == csBody && c.up != nil && c.up.dl == dlBody {
+		// The loop waits on the upstream again (see armBody).
+		lp.armBody(c.up)
 	}
 	if c.state == csBody && c.up != nil && c.up.readable {
 		if lp.sending {

@@ -329,7 +329,7 @@ func (lp *loop) answerHead(c *fclient, u *fupstream) {
 		lp.resume(c, u)
 		return
 	}
-	u.setDeadline(lp, dlNone, time.Time{})
+	lp.armBody(u)
 	x := c.a.x
 	cost, _ := fs.get(lp.f.costKey)
 	lp.f.answered(x, cost)
@@ -361,9 +361,25 @@ func (lp *loop) relayBody(c *fclient, u *fupstream, b []byte) {
 		u.early = true
 	}
 	c.left -= int64(len(b))
+	lp.armBody(u)
 	lp.writeClient(c, b)
 	if !c.closed && c.left == 0 {
 		lp.endExchange(c)
+	}
+}
+
+// armBody bounds the loop's wait for the next piece of the answer's body
+// on u by UpstreamReadTimeout from now, as each read of it is bounded on
+// net/http's path (upConn.armRead): an upstream that stops sending fails
+// the exchange then, the answer cut off, rather than hold its permit and
+// its place for as long as the client waits. The wait begins anew with
+// each piece, and when the client has taken the last one (flushClient):
+// while it has not, the loop does not read.
+func (lp *loop) armBody(u *fupstream) {
+	if lp.d.readFor > 0 {
+		u.setDeadline(lp, dlBody, lp.now.Add(lp.d.readFor))
+	} else if u.dl != dlNone {
+		u.setDeadline(lp, dlNone, time.Time{})
 	}
 }
 

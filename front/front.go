@@ -49,6 +49,7 @@ const (
 	DefaultBodyReadTimeout     = 30 * time.Second
 	DefaultWriteTimeout        = 30 * time.Second
 	DefaultUpstreamHeadTimeout = time.Minute
+	DefaultUpstreamReadTimeout = time.Minute
 	DefaultTunnelTimeout       = 10 * time.Minute
 
 	// DefaultUpstreamIdlePerProject is nginx's keepalive of its upstream
@@ -135,6 +136,7 @@ type Config struct {
 	BodyMinRate         int64         // bytes/s a request body must average after BodyReadTimeout: slower 408; 0 off
 	WriteTimeout        time.Duration // each write to a client: past it the connection is closed; and each piece of a request body the upstream does not take: past it the exchange is aborted
 	UpstreamHeadTimeout time.Duration // the upstream's answer head, from when the request is all out: past it 504
+	UpstreamReadTimeout time.Duration // each read of the upstream's answer body: past it the answer is cut off; less than 0: no bound
 	TunnelTimeout       time.Duration // an upgraded connection (a tunnel) holding its request's permit
 
 	// UpstreamIdlePerProject bounds the idle upstream connections kept
@@ -294,6 +296,9 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	setDefault(&cfg.BodyReadTimeout, DefaultBodyReadTimeout)
 	setDefault(&cfg.WriteTimeout, DefaultWriteTimeout)
 	setDefault(&cfg.UpstreamHeadTimeout, DefaultUpstreamHeadTimeout)
+	if cfg.UpstreamReadTimeout == 0 {
+		cfg.UpstreamReadTimeout = DefaultUpstreamReadTimeout
+	}
 	setDefault(&cfg.TunnelTimeout, DefaultTunnelTimeout)
 	u, err := url.Parse(cfg.Upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -341,6 +346,7 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		f.up = &directUpstream{addr: host, dial: dialer.DialContext, maxIdle: idle, maxIdlePer: cfg.UpstreamIdlePerProject,
 			idleFor: cfg.UpstreamIdleTimeout,
 			maxHead: cfg.MaxUpstreamHead, max1xx: cfg.MaxInformational, headFor: cfg.UpstreamHeadTimeout, sendFor: cfg.WriteTimeout,
+			readFor: cfg.readFor(),
 			unasked: f.unasked, stripOwn: f.stripOwn, bufs: f.bufs,
 			host: u.Host, projectKey: f.projectKey, forwardProject: cfg.ForwardProject, isClaim: f.isClaim}
 	}
@@ -385,6 +391,10 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	}
 	return f, nil
 }
+
+// readFor is how long one read of an upstream answer's body may wait
+// (Config.UpstreamReadTimeout); 0: no bound.
+func (cfg *Config) readFor() time.Duration { return max(cfg.UpstreamReadTimeout, 0) }
 
 // fastPathAlways turns Config.FastPath on in every front (the tests run
 // their suites on both paths with it).

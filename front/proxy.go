@@ -87,6 +87,14 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, f.cfg.TunnelTimeout)
 		defer cancel()
+	} else if f.cfg.readFor() > 0 {
+		// The answer's body is read under UpstreamReadTimeout (see
+		// stallBody), which stops the upstream request when a read
+		// waits that long.
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		x.stopUp = cancel
 	}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(i httptrace.GotConnInfo) { x.upConn = i.Conn },
@@ -286,6 +294,9 @@ func (f *Front) modifyResponse(resp *http.Response) error {
 	}
 	if x != nil {
 		f.annotate(x, resp.Header)
+		if x.stopUp != nil && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != http.NoBody {
+			resp.Body = newStallBody(resp.Body, f.cfg.readFor(), x.stopUp)
+		}
 	}
 	if len(resp.Trailer) > 0 {
 		f.stripOwn(resp.Trailer) // not announced
@@ -448,6 +459,79 @@ func (w *proxyWriter) WriteHeader(code int) {
 // Unwrap lets http.ResponseController (ReverseProxy's flushes, hijacks
 // and deadlines) reach the server's writer.
 func (w *proxyWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// stallBody is an upstream answer's body on the fallback path, each read
+// of which may wait d at most, as on the direct path (upConn.armRead):
+// http.Transport bounds no read of a body, and the connection cannot carry
+// the bound as a deadline (an HTTP/2 one carries other streams, and
+// http.Transport reads an HTTP/1 one from its own goroutine too). A timer
+// looks at the read in progress; one that has waited d stops the upstream
+// request (stop cancels its context: http.Transport closes the HTTP/1
+// connection, or resets the HTTP/2 stream), which ends the read with an
+// error, and ReverseProxy aborts the client's answer as for an upstream
+// that broke off. Per read it costs two atomic stores and a clock reading;
+// the timer fires once every d at most.
+type stallBody struct {
+	io.ReadCloser
+	d    time.Duration
+	stop context.CancelCauseFunc
+	base time.Time
+	// since is when the read in progress began, in nanoseconds after
+	// base; -1 when none is.
+	since  atomic.Int64
+	fired  atomic.Bool
+	closed atomic.Bool
+	mu     sync.Mutex // guards t
+	t      *time.Timer
+}
+
+func newStallBody(rc io.ReadCloser, d time.Duration, stop context.CancelCauseFunc) *stallBody {
+	b := &stallBody{ReadCloser: rc, d: d, stop: stop, base: time.Now()}
+	b.since.Store(-1)
+	b.mu.Lock()
+	b.t = time.AfterFunc(d, b.check)
+	b.mu.Unlock()
+	return b
+}
+
+func (b *stallBody) Read(p []byte) (int, error) {
+	b.since.Store(int64(time.Since(b.base)))
+	n, err := b.ReadCloser.Read(p)
+	b.since.Store(-1)
+	if err != nil && err != io.EOF && b.fired.Load() && !errors.Is(err, errAnswerStalled) {
+		err = fmt.Errorf("%w: no byte for %v: %w", errAnswerStalled, b.d, err)
+	}
+	return n, err
+}
+
+// check stops the exchange when the read in progress has waited d, and
+// otherwise comes back when it would have.
+func (b *stallBody) check() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return
+	}
+	wait := b.d
+	if s := b.since.Load(); s >= 0 {
+		waited := time.Since(b.base) - time.Duration(s)
+		if waited >= b.d {
+			b.fired.Store(true)
+			b.stop(fmt.Errorf("%w: no byte for %v", errAnswerStalled, b.d))
+			return
+		}
+		wait = b.d - waited
+	}
+	b.t.Reset(wait)
+}
+
+func (b *stallBody) Close() error {
+	b.closed.Store(true)
+	b.mu.Lock()
+	b.t.Stop()
+	b.mu.Unlock()
+	return b.ReadCloser.Close()
+}
 
 // ownTrailer removes the front's own fields from an answer's trailer when
 // its body ends: the values only come then, and would be passed on by

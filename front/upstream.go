@@ -68,7 +68,10 @@ type directUpstream struct {
 	headFor time.Duration
 	// sendFor bounds each piece of a request body the upstream does not
 	// take (Config.WriteTimeout): see armSend.
-	sendFor  time.Duration
+	sendFor time.Duration
+	// readFor bounds each read of an answer's body (Config.
+	// UpstreamReadTimeout; 0: no bound): see upConn.armRead.
+	readFor  time.Duration
 	unasked  func(why string)
 	stripOwn func(http.Header) // Front.stripOwn
 	bufs     *bufferPool       // for request bodies
@@ -151,6 +154,50 @@ type upConn struct {
 	// the read deadline bounds the wait for the head once the request is
 	// all out, and is lifted when the head comes.
 	awaiting bool
+
+	// Once the head came (gotHead), until the next exchange (begin), on
+	// the goroutine that reads the answer: bodyFor bounds each read of the
+	// body (directUpstream.readFor; 0: none), and readBy is the read
+	// deadline armRead set for it (zero: none set).
+	bodyFor time.Duration
+	readBy  time.Time
+}
+
+// readSlack is the part of bodyFor by which a read deadline armRead sets
+// goes past the bound: a read may wait up to bodyFor*(1+1/readSlack), and
+// on a connection that keeps reading the deadline (a runtime timer) is
+// moved once every bodyFor/readSlack at most, not at every read.
+const readSlack = 8
+
+// errAnswerStalled: a read of an answer's body waited
+// Config.UpstreamReadTimeout for the upstream.
+var errAnswerStalled = errors.New("the upstream stopped sending its answer")
+
+// begin starts an exchange on uc, on the goroutine that reads its answer:
+// the head is awaited, and the bound on the last answer's body reads is
+// lifted. body: the request has a body, whose sender reads the answer's
+// head before the request is all out (without a deadline); a request
+// without one has its deadline set (sent) before any read.
+func (uc *upConn) begin(body bool) {
+	uc.awaiting = true
+	uc.bodyFor = 0
+	if !uc.readBy.IsZero() {
+		uc.readBy = time.Time{}
+		if body {
+			uc.setReadDeadline(time.Time{})
+		}
+	}
+}
+
+// armRead bounds the read of an answer's body about to be made by
+// bodyFor from now: the deadline already set is kept when it gives the
+// read as long, else it is moved bodyFor/readSlack past the bound.
+func (uc *upConn) armRead() {
+	by := time.Now().Add(uc.bodyFor)
+	if uc.readBy.Before(by) {
+		uc.readBy = by.Add(uc.bodyFor / readSlack)
+		uc.setReadDeadline(uc.readBy)
+	}
 }
 
 // abort ends whatever waits on the connection, for good: the exchange on it
@@ -188,12 +235,19 @@ func (uc *upConn) sent(d time.Duration) {
 	uc.headMu.Unlock()
 }
 
-// gotHead ends the wait for the head: the body of the answer is read
-// without a deadline (it may be a long stream).
-func (uc *upConn) gotHead() {
+// gotHead ends the wait for the head. The body of the answer may be a long
+// stream: the whole of it is not bounded, but each read of it is, by
+// bodyFor (Config.UpstreamReadTimeout; 0: none), so that an upstream that
+// stops sending does not hold the request, its permit and its place, for
+// as long as the client waits (see armRead).
+//
+// The bound is set by the first read of the body from the connection: an
+// answer that came whole with its head (the commonest) costs no timer.
+func (uc *upConn) gotHead(bodyFor time.Duration) {
 	uc.headMu.Lock()
 	if uc.awaiting {
 		uc.awaiting = false
+		uc.bodyFor = bodyFor
 		uc.setReadDeadline(time.Time{})
 	}
 	uc.headMu.Unlock()
@@ -210,8 +264,14 @@ func (uc *upConn) Read(p []byte) (int, error) {
 		if int64(len(p)) > uc.headLeft {
 			p = p[:uc.headLeft]
 		}
+	} else if uc.bodyFor > 0 {
+		uc.armRead()
 	}
 	n, err := uc.c.Read(p)
+	if err != nil && uc.bodyFor > 0 && errors.Is(err, os.ErrDeadlineExceeded) && !uc.aborted.Load() {
+		// Not an abort (its deadline is the past too): the bound.
+		err = fmt.Errorf("%w: no byte for %v: %w", errAnswerStalled, uc.bodyFor, err)
+	}
 	if uc.headLeft >= 0 {
 		uc.headLeft -= int64(n)
 		if uc.rec != nil {
@@ -635,7 +695,7 @@ func (d *directUpstream) roundTrip(r *http.Request, x *exchange) (upAnswer, erro
 		} else {
 			w.stop = context.AfterFunc(ctx, uc.abort)
 		}
-		uc.awaiting = true
+		uc.begin(hasBody(r))
 		d.writeHead(uc.bw, r, x)
 		var send *bodySend
 		if hasBody(r) {
@@ -654,7 +714,7 @@ func (d *directUpstream) roundTrip(r *http.Request, x *exchange) (upAnswer, erro
 		if err == nil {
 			resp, err = d.readAnswer(uc, r, x, reused)
 		}
-		uc.gotHead()
+		uc.gotHead(d.readFor)
 		if err == nil {
 			return upAnswer{Response: resp, conn: uc, watch: w, send: send}, nil
 		}
