@@ -597,7 +597,7 @@ func (c *Config) Validate() error {
 		c.Connections.LapseAfter = least
 	}
 	if ttl := c.Connections.ReservationTTL; ttl != 0 && (ttl < limits.MinReservationTTL || ttl > limits.MaxReservationTTL) {
-		return bad("connections.reservation_ttl must be 0 (the default) or between %s and %s, got %s",
+		return bad("connections.reservation_ttl must be 0 (the kernel side's default, 3s) or between %s and %s, got %s",
 			limits.MinReservationTTL, limits.MaxReservationTTL, ttl)
 	}
 	if err := c.Front.validate(); err != nil {
