@@ -68,14 +68,20 @@ func (l *Limiter) SetFleetSafe(pool string, safe uint32, leaseEnd time.Time, ttl
 	}
 	l.fleetTTL, l.fleetEnd[pool] = ttl, leaseEnd
 	if pool == "" {
-		first := l.nodeSafe == 0
+		// The flag once per Open (not at every renewal): Open clears it
+		// (clearCaps), though it keeps the pinned slice (nodeSafe).
+		first := !l.fleetFlag
 		l.nodeSafe = safe + 1
 		// The slice first, then the flag the programs read it by, once
 		// (not at every renewal).
 		if err := l.heartbeat(); err != nil || !first {
 			return err
 		}
-		return l.setConfigFlag(capsFleet, true)
+		if err := l.setConfigFlag(capsFleet, true); err != nil {
+			return err
+		}
+		l.fleetFlag = true
+		return nil
 	}
 	if err := l.heartbeat(); err != nil {
 		return err

@@ -152,6 +152,22 @@ func TestFleetSafeWithoutDaemon(t *testing.T) {
 	if got := l.dests["db"].fleetSafe; got != 3 {
 		t.Fatalf("the safe slice read back at a restart: %d, want 2 + 1", got)
 	}
+	// After the restart the connections pool is held to its slice again
+	// once its lease ends. Open keeps the pinned slice but clears the flag
+	// the programs read it by; the first SetFleetSafe took the kept slice
+	// for a flag already set, and the pool stayed at its size.
+	// (db is no pool of this limiter until SetDestPools below.)
+	if err := l.SetFleetSafe("", 2, time.Now().Add(time.Hour), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	gone("", 2)
+	// At most the slice of 2 (1 where the rule counts another project
+	// active in the window, as the restart's first pass may).
+	if r := alpha.dial("tcp4", ln.Addr().String(), 4); r.ok < 1 || r.ok > 2 || r.ok+r.refused != 4 {
+		t.Fatalf("after a restart, the daemon gone: %+v, want at most the safe slice of 2 admitted", r)
+	}
+	alpha.do("close")
+	waitInUse(t, l, 0, map[string]int{"alpha": 0})
 	// The pool no longer a fleet pool (a restart with fleet: false):
 	// no safe slice, whatever the connections pool's lease says.
 	delete(safes, "db")

@@ -323,6 +323,9 @@ type Limiter struct {
 	fleetEnd map[string]time.Time
 	fleetTTL time.Duration
 	nodeSafe uint32
+	// fleetFlag: this limiter set capsFleet (SetFleetSafe), which Open
+	// clears: the programs read nodeSafe only once it is set.
+	fleetFlag bool
 	// projHigh is the highest project id given since Open (or named, or
 	// counting, in the pins at Open): the ids above it have never been
 	// used, so their entries are zero and readProjects reads up to it.
