@@ -376,6 +376,12 @@ func (lp *loop) relayBody(c *fclient, u *fupstream, b []byte) {
 // each piece, and when the client has taken the last one (flushClient):
 // while it has not, the loop does not read.
 func (lp *loop) armBody(u *fupstream) {
+	if len(u.out) > 0 && u.dl == dlSend {
+		// The request still goes out (an answer that came early): one
+		// deadline at a time, and the send's (WriteTimeout) holds until
+		// flushUp has sent it all, which then arms this one.
+		return
+	}
 	if lp.d.readFor > 0 {
 		u.setDeadline(lp, dlBody, lp.now.Add(lp.d.readFor))
 	} else if u.dl != dlNone {

@@ -271,7 +271,7 @@ func TestUpstreamReadTimeout(t *testing.T) {
 }
 
 // TestUpstreamReadTimeoutTrickle: an upstream that sends its body slowly,
-// a byte every third of UpstreamReadTimeout, is never waited on that long:
+// a byte every sixth of UpstreamReadTimeout, is never waited on that long:
 // its answers, Content-Length and chunked, reach the client whole, however
 // long they take together. On every path.
 func TestUpstreamReadTimeoutTrickle(t *testing.T) {
@@ -279,11 +279,11 @@ func TestUpstreamReadTimeoutTrickle(t *testing.T) {
 		up := newAnswerUpstream(t)
 		r := newRig(t, rigOpts{tweak: tweak, cfg: Config{UpstreamReadTimeout: readTimeout}}, up.serve)
 		r.client.Timeout = 3 * limitsDeadline
-		const n = 15 // at 100ms a byte, 1.5s: five timeouts
+		const n = 30 // at 50ms a byte, 1.5s: five timeouts, with room for a loaded machine's stalls
 		var wg sync.WaitGroup
 		for _, framing := range []string{"cl", "chunked"} {
 			wg.Go(func() {
-				spec := fmt.Sprintf("trickle %s %d %v", framing, n, readTimeout/3)
+				spec := fmt.Sprintf("trickle %s %d %v", framing, n, readTimeout/6)
 				body, err, d := answerGet(r.url, r.client, "beta", spec)
 				if err != nil || body != strings.Repeat("b", n) {
 					t.Errorf("%s: %q %v after %v, want the whole answer", spec, body, err, d)
@@ -296,6 +296,54 @@ func TestUpstreamReadTimeoutTrickle(t *testing.T) {
 			t.Errorf("%v errors counted", got)
 		}
 	})
+}
+
+// TestEarlyAnswerKeepsTheSendBound: an upstream that answers at once (its
+// head and a byte of a longer body), never reads the rest of a large
+// request body, and then says nothing, is bounded by WriteTimeout, the
+// bound of the request's send, whether UpstreamReadTimeout is on or off:
+// the permit comes back. On the fast path the body's wait took the loop's
+// one deadline from the send's: with the read bound off, nothing bounded
+// the exchange any more. On the direct path and the fast path; the
+// fallback (http.Transport) bounds no send of a request body (http-front.md).
+func TestEarlyAnswerKeepsTheSendBound(t *testing.T) {
+	for _, read := range []time.Duration{-1, 10 * time.Second} {
+		t.Run(fmt.Sprintf("read=%v", read), func(t *testing.T) {
+			paths(t, func(t *testing.T, tweak func(*Front)) {
+				if strings.HasSuffix(t.Name(), "/fallback") {
+					t.Skip("the fallback path bounds no send of a request body to the upstream")
+				}
+				done := make(chan struct{})
+				t.Cleanup(func() { close(done) })
+				r := newRig(t, rigOpts{tweak: tweak, cfg: Config{UpstreamReadTimeout: read, WriteTimeout: readTimeout}},
+					func(w http.ResponseWriter, _ *http.Request) {
+						c, _, err := http.NewResponseController(w).Hijack()
+						if err != nil {
+							return
+						}
+						defer c.Close()
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\nx")
+						<-done // reads nothing more, sends nothing more
+					})
+				const size = 32 << 20 // past what the sockets' buffers hold
+				c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				go func() {
+					_, _ = fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\n%s: beta\r\nContent-Length: %d\r\n\r\n", DefaultProjectHeader, size)
+					_, _ = c.Write(make([]byte, size))
+				}()
+				waitInUse(t, r.pool, 1)
+				start := time.Now()
+				waitInUse(t, r.pool, 0)
+				if d := time.Since(start); d > limitsDeadline/2 {
+					t.Errorf("the exchange held its permit %v, want about WriteTimeout (%v)", d, readTimeout)
+				}
+			})
+		})
+	}
 }
 
 // TestUpstreamReadTimeoutOff: UpstreamReadTimeout below 0 bounds no read:
