@@ -88,7 +88,7 @@ func (d *Daemon) buildFleet() error {
 			pt := fleet.PoolTarget{Pool: d.others[name]}
 			target, source = pt, pt
 		}
-		mc := memberConfig(fc, name, pc, node)
+		mc := memberConfig(fc, name, pc, node, d.cfg.Connections.LapseAfter)
 		mc.Client, mc.Target, mc.Source, mc.Log, mc.Clock, mc.OnState = client, target, source, log, d.opts.Clock, d.fleetState
 		// A kernel pool's pins keep the safe slice the last run gave it:
 		// the Member starts at no more than that (fleet.Config.LastSafe).
@@ -287,8 +287,16 @@ func (d *Daemon) fleetLease() time.Duration {
 
 // memberConfig is what the configuration says of fleet pool name's Member:
 // its keys, the fleet's size and floor, the safe fraction, the lease and
-// the period.
-func memberConfig(fc config.Fleet, name string, pc config.Pool, node string) fleet.Config {
-	return fleet.Config{Prefix: fc.Prefix, Pool: name, Node: node, Size: pc.Size, Floor: pc.Floor,
+// the period; for a kernel pool (connections, a destination pool), how
+// long a departed node's holdings stay counted: lapseAfter
+// (connections.lapse_after), the time its kernel enforces without a
+// daemon (0, for ever: the fleet's default, fleet.DefaultDepartedTTL,
+// bounds it). A user-space pool's target is no Safer: it writes no record.
+func memberConfig(fc config.Fleet, name string, pc config.Pool, node string, lapseAfter time.Duration) fleet.Config {
+	c := fleet.Config{Prefix: fc.Prefix, Pool: name, Node: node, Size: pc.Size, Floor: pc.Floor,
 		SafeFraction: fc.SafeFraction, LeaseTTL: fc.LeaseTTL, Period: fc.Period}
+	if name == config.PoolConnections || pc.IsDestination() {
+		c.DepartedTTL = lapseAfter
+	}
+	return c
 }

@@ -226,10 +226,19 @@ func TestFleetMemberConfig(t *testing.T) {
 		"pools: {db: {size: 12, floor: 2, fleet: true}}\n"), &c); err != nil {
 		t.Fatal(err)
 	}
-	got := memberConfig(c.Fleet, "db", c.Pools["db"], "n1")
+	got := memberConfig(c.Fleet, "db", c.Pools["db"], "n1", 7*time.Minute)
 	if got.Prefix != "/fs" || got.Pool != "db" || got.Node != "n1" || got.Size != 12 || got.Floor != 2 ||
-		got.SafeFraction != 0.25 || got.LeaseTTL != 8*time.Second || got.Period != 2*time.Second {
+		got.SafeFraction != 0.25 || got.LeaseTTL != 8*time.Second || got.Period != 2*time.Second || got.DepartedTTL != 0 {
 		t.Fatalf("member config %+v", got)
+	}
+	// A kernel pool's departed holdings count for connections.lapse_after
+	// (its kernel enforces that long without a daemon); 0 is the fleet's
+	// bounded default.
+	if got := memberConfig(c.Fleet, config.PoolConnections, c.Pools["db"], "n1", 7*time.Minute); got.DepartedTTL != 7*time.Minute {
+		t.Errorf("connections pool: departed TTL %v, want lapse_after's 7m", got.DepartedTTL)
+	}
+	if got := memberConfig(c.Fleet, config.PoolConnections, c.Pools["db"], "n1", 0); got.DepartedTTL != 0 || fleet.DefaultDepartedTTL != time.Hour {
+		t.Errorf("lapse_after 0: departed TTL %v (the fleet's default %v), want 0 (an hour)", got.DepartedTTL, fleet.DefaultDepartedTTL)
 	}
 	if config.DefaultFleetPeriod != fleet.DefaultPeriod || config.DefaultFleetLeaseTTL != fleet.DefaultLeaseTTL {
 		t.Errorf("defaults for 0: configuration period %v lease %v, the fleet's %v and %v",

@@ -51,6 +51,9 @@ type Node struct {
 type Plan struct {
 	// Size and Floor are the fleet's S and F.
 	Size, Floor int
+	// Departed is what the departed nodes are counted as holding (see
+	// ComputeDeparted): the live nodes divide Size - Departed.
+	Departed int
 	// Active is the number of projects active on any node; Share the fleet
 	// share, max(F, S/Active).
 	Active, Share int
@@ -95,6 +98,24 @@ func Compute(size, floor int, nodes []Node) Plan { return compute(size, floor, n
 // the other nodes, which cost a map per node, are not made.
 func ComputeFor(size, floor int, nodes []Node, self string) Plan {
 	return compute(size, floor, nodes, self, false)
+}
+
+// ComputeDeparted is Compute (all) or ComputeFor(..., self) with departed
+// permits held outside the live nodes (nodes gone whose holdings still
+// count, see Member): the live nodes divide size - departed, departed
+// clamped to [0, size], so their allotments and departed sum to size. The
+// plan's Size and Floor stay the fleet's; its Share and allocations are of
+// what the live nodes divide, with the floor at most that.
+func ComputeDeparted(size, floor, departed int, nodes []Node, self string, all bool) Plan {
+	departed = min(max(departed, 0), size)
+	if departed == 0 {
+		return compute(size, floor, nodes, self, all)
+	}
+	floor = pools.EffectiveFloor(size, floor)
+	avail := size - departed
+	plan := compute(avail, max(min(floor, avail), 1), nodes, self, all)
+	plan.Size, plan.Floor, plan.Departed = size, floor, departed
+	return plan
 }
 
 // compute is Compute for every node (all) or for node self alone. Its cost

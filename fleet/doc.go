@@ -52,8 +52,9 @@
 //
 // # Guarantees
 //
-//   - The allotments of the live nodes sum to S exactly: there is no slack,
-//     U is handed out as spare. (Each node computes from what it read of
+//   - The allotments of the live nodes sum to S exactly, less what the
+//     departed nodes are counted as holding (Edges): there is no slack, U
+//     is handed out as spare. (Each node computes from what it read of
 //     etcd; two nodes may read two different revisions for the time a
 //     publication takes to reach both, well under a second.)
 //   - A project holds at most a(p) on the fleet, plus what it took as a
@@ -117,7 +118,8 @@
 //     waits for that cycle: the immediate floor of a node's rule is not
 //     guaranteed at fleet scope on every node.
 //   - A node whose lease expired is not in the computation: its projects'
-//     wants are gone and its allotment is handed to the others.
+//     wants are gone and its allotment is handed to the others. What it
+//     held is not: see departed nodes, below.
 //   - The others stop counting a node when its lease ends, a lease_ttl
 //     after its last renewal was sent at the soonest. So a node whose
 //     renewals fail lowers its allotment linearly over the lease's last
@@ -130,7 +132,34 @@
 //     raises them while cut off, and after a new lease it applies the plan
 //     only once its view holds its publication under that lease. During a
 //     partition the fleet may hold up to S plus the cut-off nodes' safe
-//     slices; that is the price of every node keeping working without etcd.
+//     slices (less, once their keys are gone, the holdings counted for
+//     them as departed nodes); that is the price of every node keeping
+//     working without etcd.
+//   - A departed node (its key gone: revoked at a clean stop, expired) whose
+//     pool outlives the daemon (the kernel's, a Safer) keeps holding what
+//     it held: its connections stay open. Its holdings stay counted for
+//     Config.DepartedTTL (connections.lapse_after, the time its kernel
+//     enforces without a daemon; an hour if that is 0): the live nodes
+//     divide S - sum of the departed nodes' holdings, each its record's,
+//     clamped to [0, S] (ComputeDeparted), so their allotments and those
+//     holdings sum to S. The record is etcd's key Prefix/Pool/departed/Node
+//     ({"h": held, "t": unix time, "by": writer}) under a lease of that
+//     TTL: a node writes its own at a clean stop, before it revokes its
+//     lease, with what its pool holds then; when a key expires, every
+//     node that saw it go counts it at once as holding its last published
+//     holdings or, if more, its allotment less its safe slice (a killed
+//     daemon leaves its kernel pool at its allotment until the lease ends,
+//     and may have taken more than it last published), and writes the
+//     record on its behalf, in a transaction that creates it only if
+//     neither it nor the node's key exists (one writer wins); a node that
+//     publishes again deletes its own (its publication carries its
+//     holdings; a record of a node whose key is there is not counted).
+//     While a node is away its pool holds at most its safe slice past its
+//     record, so the fleet holds at most S plus the safe slices of the
+//     nodes cut off or away, for DepartedTTL; past it, what a departed
+//     node still holds is past S until it is released.
+//     User-space pools stop with the daemon and hold nothing: they write
+//     no record, and count those they read.
 //   - A view counts only while it shows the node's own puts. A node whose
 //     view stops (a watch stalled, or ended while its reads fail; etcd
 //     restored from a snapshot without --bump-revision, silent) while etcd

@@ -70,6 +70,10 @@ type Source interface {
 const (
 	DefaultPeriod   = time.Second
 	DefaultLeaseTTL = 5 * time.Second
+	// DefaultDepartedTTL is Config.DepartedTTL for 0: how long a departed
+	// node's holdings stay counted when its kernel enforces without a
+	// daemon for ever (connections.lapse_after: 0).
+	DefaultDepartedTTL = time.Hour
 )
 
 // Config configures a Member.
@@ -110,6 +114,13 @@ type Config struct {
 	// is down would take a fleet of 200 nodes to 10 times its size).
 	LastSafe    int
 	HasLastSafe bool
+	// DepartedTTL is how long a departed node's holdings stay counted
+	// (DefaultDepartedTTL for 0): the time its pool goes on enforcing, and
+	// its permits stay held, without a daemon (the kernel's
+	// connections.lapse_after). Only a pool that does (a Safer: the
+	// kernel's pools) writes and counts departure records of its own
+	// accord; every Member counts the records it reads. See departed.go.
+	DepartedTTL time.Duration
 }
 
 // States of a Member.
@@ -145,8 +156,9 @@ type Status struct {
 	// Allotment is this node's POOL as applied (bounded by its lease);
 	// Spare its part nobody was allocated; Safe the safe slice.
 	Allotment, Spare, Safe int
-	// Nodes is the number of live nodes in the last view.
-	Nodes int
+	// Nodes is the number of live nodes in the last view; Departed what
+	// the departed nodes are counted as holding (Plan.Departed).
+	Nodes, Departed int
 	// Since is when State last changed.
 	Since time.Time
 	// Writes counts this node's publications (etcd puts).
@@ -170,10 +182,22 @@ type Member struct {
 	cfg Config
 	key string
 	dir string // Prefix/Pool/nodes/
+	// base is Prefix/Pool/, which the Member reads and watches: the
+	// nodes' keys (dir) and the departed nodes' records (ddir, dkey this
+	// node's).
+	base, ddir, dkey string
 
 	mu sync.Mutex // guards the fields below
 	// view is each live node's last publication, by node name.
-	view      map[string]Node
+	view map[string]Node
+	// departed is each departed node's record in the view (what it is
+	// counted as holding), by node name; gone the departures this Member
+	// saw that have no record in the view yet (see departed.go); cleared
+	// is the lease under whose publication this node deleted its own
+	// record.
+	departed  map[string]int
+	gone      map[string]*goneNode
+	cleared   clientv3.LeaseID
 	pubAt     time.Time // when the last publication was put
 	putErr    string    // the last publication's error, logged once; "" after a success
 	plan      Plan
@@ -286,9 +310,15 @@ func New(cfg Config) (*Member, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	cfg.Clock = clock.Or(cfg.Clock)
+	if cfg.DepartedTTL <= 0 {
+		cfg.DepartedTTL = DefaultDepartedTTL
+	}
 	cfg.Floor = pools.EffectiveFloor(cfg.Size, cfg.Floor)
-	dir := strings.TrimSuffix(cfg.Prefix, "/") + "/" + cfg.Pool + "/nodes/"
-	m := &Member{cfg: cfg, dir: dir, key: dir + cfg.Node, view: map[string]Node{}, refused: map[string]uint64{},
+	base := strings.TrimSuffix(cfg.Prefix, "/") + "/" + cfg.Pool + "/"
+	dir := base + "nodes/"
+	m := &Member{cfg: cfg, dir: dir, key: dir + cfg.Node, base: base, ddir: base + "departed/",
+		dkey: base + "departed/" + cfg.Node, view: map[string]Node{}, departed: map[string]int{},
+		gone: map[string]*goneNode{}, refused: map[string]uint64{},
 		state: StateWaiting, since: cfg.Clock.Now(), safeSent: -1, size: cfg.Size, floor: cfg.Floor,
 		reget: make(chan struct{}, 1)}
 	return m, nil
@@ -356,6 +386,11 @@ func (m *Member) Run(ctx context.Context) error {
 			lease := m.lease
 			held := m.stopLocked()
 			m.mu.Unlock()
+			if lease != 0 && m.departs() {
+				// Before the revocation: the others count what this
+				// node holds from the moment its key is gone.
+				m.writeOwnRecord()
+			}
 			if lease != 0 && held {
 				rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				_, _ = m.cfg.Client.Revoke(rctx, lease)
@@ -521,6 +556,9 @@ func (m *Member) tick(ctx context.Context) {
 				m.putErr = e
 			}
 		}
+	}
+	if ok {
+		m.tickDepartures(ctx)
 	}
 	m.mu.Lock()
 	st := m.stepLocked()
@@ -817,7 +855,7 @@ func (m *Member) watchLoop(ctx context.Context) {
 		history := m.history
 		m.mu.Unlock()
 		gctx, cancel := context.WithTimeout(ctx, m.callTimeout())
-		resp, err := m.cfg.Client.Get(gctx, m.dir, clientv3.WithPrefix())
+		resp, err := m.cfg.Client.Get(gctx, m.base, clientv3.WithPrefix())
 		cancel()
 		m.readDone(err)
 		if err != nil {
@@ -828,16 +866,14 @@ func (m *Member) watchLoop(ctx context.Context) {
 			}
 			continue
 		}
-		view := map[string]Node{}
+		view, departed := map[string]Node{}, map[string]int{}
 		for _, kv := range resp.Kvs {
-			if n, ok := m.decode(kv); ok {
-				view[n.Name] = n
-			}
+			m.take(view, departed, kv, false)
 		}
-		m.setViewOf(view, history)
+		m.setViewOf(view, departed, history)
 		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		var lastCompute time.Time
-		wch := m.cfg.Client.Watch(wctx, m.dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		wch := m.cfg.Client.Watch(wctx, m.base, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 		for {
 			var wr clientv3.WatchResponse
 			ok := false
@@ -849,16 +885,11 @@ func (m *Member) watchLoop(ctx context.Context) {
 				break
 			}
 			m.mu.Lock()
-			next := maps.Clone(m.view)
+			next, dnext := maps.Clone(m.view), maps.Clone(m.departed)
 			m.mu.Unlock()
 			apply := func(wr clientv3.WatchResponse) {
 				for _, ev := range wr.Events {
-					name := strings.TrimPrefix(string(ev.Kv.Key), m.dir)
-					if ev.Type == clientv3.EventTypeDelete {
-						delete(next, name)
-					} else if n, ok := m.decode(ev.Kv); ok {
-						next[n.Name] = n
-					}
+					m.take(next, dnext, ev.Kv, ev.Type == clientv3.EventTypeDelete)
 				}
 			}
 			apply(wr)
@@ -890,7 +921,7 @@ func (m *Member) watchLoop(ctx context.Context) {
 				}
 			}
 			gap.Stop()
-			m.setViewOf(next, history)
+			m.setViewOf(next, dnext, history)
 			lastCompute = time.Now()
 			if failed {
 				break
@@ -949,19 +980,24 @@ func (m *Member) readDone(err error) {
 	}
 }
 
-// setView recomputes the plan from a new view and applies it.
-func (m *Member) setView(view map[string]Node) { m.setViewOf(view, -1) }
+// setView recomputes the plan from a new view (no departed node's record)
+// and applies it.
+func (m *Member) setView(view map[string]Node) { m.setViewOf(view, map[string]int{}, -1) }
 
 // setViewOf is setView for a view read in etcd's history number history
-// (Member.history when the read began; -1: the current one).
-func (m *Member) setViewOf(view map[string]Node, history int) {
+// (Member.history when the read began; -1: the current one), with the
+// departed nodes' records departed.
+func (m *Member) setViewOf(view map[string]Node, departed map[string]int, history int) {
 	nodes := make([]Node, 0, len(view))
 	for _, n := range view {
 		nodes = append(nodes, n)
 	}
 	size, floor := m.divided(view)
+	m.mu.Lock()
+	out := m.departuresLocked(view, departed, size)
+	m.mu.Unlock()
 	t0 := time.Now()
-	plan := ComputeFor(size, floor, nodes, m.cfg.Node)
+	plan := ComputeDeparted(size, floor, out, nodes, m.cfg.Node, false)
 	m.applyViewOf(view, plan, time.Since(t0), history)
 }
 
@@ -1035,7 +1071,7 @@ func (m *Member) Status() Status {
 func (m *Member) statusLocked() Status {
 	st := Status{Pool: m.cfg.Pool, Node: m.cfg.Node, State: m.state, Size: m.size, Floor: m.floor,
 		Active: m.plan.Active, Share: m.plan.Share, Allotment: m.applied.Size, Spare: m.applied.Spare,
-		Safe: m.safeLocked(), Nodes: len(m.view), Since: m.since, Writes: m.writes, Projects: map[string]ProjectStatus{}}
+		Safe: m.safeLocked(), Nodes: len(m.view), Departed: m.plan.Departed, Since: m.since, Writes: m.writes, Projects: map[string]ProjectStatus{}}
 	if st.Share == 0 {
 		st.Share = m.size
 	}
