@@ -8,9 +8,10 @@
 // scheme and workload, Jain's fairness index of the seat-time the projects
 // held against their max-min fair share given their demands, the small
 // projects' p99 latency against their p99 alone, the pool's utilization
-// while demand exceeds it, the newcomers' wait for their floor, and
-// refusals per admitted request. docs/compare.md has the results and what
-// they mean.
+// while demand exceeds it, the newcomers' wait for their share of a full
+// pool, and refusals per admitted request; for the workload with mixed
+// service times, each project's share of the seat-time and of the
+// requests. docs/compare.md has the results and what they mean.
 //
 // The code sleeps and reads the clock as any program does; which clock
 // that is depends on the caller. `make compare` and the package's tests run

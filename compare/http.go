@@ -26,6 +26,12 @@ import (
 // ProjectHeader names a request's project to every HTTP system.
 const ProjectHeader = "X-Project"
 
+// ServiceHeader tells the upstream how long to hold the request (a Go
+// duration): the writer's service time, which differs between the
+// projects of the heavy workload. Without it the upstream holds the run's
+// Options.Service.
+const ServiceHeader = "X-Service"
+
 // HTTPSchemes are the systems over HTTP: each a proxy in front of one Go
 // upstream that holds every request its service time and counts the seats
 // in use per project; the writers are HTTP clients with keep-alive that
@@ -33,9 +39,12 @@ const ProjectHeader = "X-Project"
 // Retry-After (whole seconds), and otherwise retry a 429 or 503 after
 // DefaultRetry. They run in real time only (real sockets, real processes).
 var HTTPSchemes = []Scheme{
-	{Name: "http-fairshare", How: "the fairshare front (net/http path) with the requests pool and the scheduler, MaxInFlight = pool; 429 with its Retry-After and Retry-After-Ms", New: newHTTPFairshare},
-	{Name: "http-nginx", How: "nginx limit_conn keyed by the project header at pool/N, and one keyed by $server_port (the whole server) at the pool; 503 without Retry-After", New: newHTTPNginx},
-	{Name: "http-haproxy", How: "HAProxy with maxconn = pool on the upstream server: the rest wait in its queue (FIFO)", New: newHTTPHAProxy},
+	{Name: "http-fairshare", How: "the fairshare front (net/http path) with the requests pool and the scheduler, MaxInFlight = pool; 429 with its Retry-After and Retry-After-Ms",
+		Retry: "429: retries after Retry-After-Ms (the slot, to the millisecond)", New: newHTTPFairshare},
+	{Name: "http-nginx", How: "nginx limit_conn keyed by the project header at pool/N, and one keyed by $server_port (the whole server) at the pool; 503 without Retry-After",
+		Retry: "503 without a hint: retries after 10ms", New: newHTTPNginx},
+	{Name: "http-haproxy", How: "HAProxy with maxconn = pool on the upstream server: the rest wait in its queue (FIFO)",
+		Retry: "never refused here: waits in HAProxy's queue", New: newHTTPHAProxy},
 }
 
 // binder is a System whose seats are counted elsewhere (the upstream):
@@ -92,7 +101,11 @@ func (h *httpSystem) serveUpstream(w http.ResponseWriter, r *http.Request) {
 	if hold != nil {
 		hold(project, 1)
 	}
-	t := time.NewTimer(h.service)
+	service := h.service
+	if d, err := time.ParseDuration(r.Header.Get(ServiceHeader)); err == nil && d > 0 {
+		service = d
+	}
+	t := time.NewTimer(service)
 	select {
 	case <-t.C:
 	case <-r.Context().Done():
@@ -110,6 +123,9 @@ func (h *httpSystem) Do(ctx context.Context, project string, _ func()) (bool, ti
 		return false, 0, err
 	}
 	req.Header.Set(ProjectHeader, project)
+	if d, ok := ServiceOf(ctx); ok {
+		req.Header.Set(ServiceHeader, d.String())
+	}
 	resp, err := h.client.Do(req)
 	if err != nil {
 		return false, 0, err

@@ -34,6 +34,7 @@ type recorder struct {
 	overloaded, busy float64
 	mouseLat         []time.Duration
 	floorWaits       []time.Duration
+	shareWaits       []time.Duration
 	refusals, admits int
 	samples          []Sample
 }
@@ -44,10 +45,34 @@ type projRec struct {
 	heldInt      float64 // seat-seconds held
 	fairInt      float64 // seat-seconds max-min would give
 	done         int
-	// arrived is when a newcomer arrived (after the start) and waits for
-	// its floor; pending until it holds the floor.
+	// arrived is when a newcomer arrived (after the start, with the pool
+	// already wanted whole by the others) and waits for its share; pending
+	// until it holds it; want is its writers, all of which must have
+	// asked before its share is judged.
 	arrived time.Duration
 	pending bool
+	want    int
+	// floorFrom is when a newcomer (any, full pool or not) arrived;
+	// floorPending until it holds the floor (its first seat, with
+	// FLOOR = 1).
+	floorFrom    time.Duration
+	floorPending bool
+}
+
+// shareTargetLocked is the seats newcomer p must hold to have its share:
+// an equal split of the pool over the projects with writers alive,
+// rounded down (at least one), or all its writers if it has fewer. Every
+// scheme here protects at least that much (the rule's POOL/active, APF's
+// equal division between flows, a static cap of pool/N with N right);
+// what max-min adds above it is Jain's business.
+func (r *recorder) shareTargetLocked(p *projRec) int {
+	present := 0
+	for _, q := range r.projects {
+		if q.demand > 0 {
+			present++
+		}
+	}
+	return max(1, min(p.want, r.pool/max(present, 1)))
 }
 
 // Sample is the seats each project held at one moment (for the plot).
@@ -113,19 +138,39 @@ func (r *recorder) refairLocked() {
 	}
 }
 
-// arrive adds writers to project's demand; a newcomer (arriving after the
-// start) is timed until it holds the floor.
-func (r *recorder) arrive(project string, writers int, newcomer bool) {
+// arrive adds writers to project's demand. A newcomer (arriving after the
+// start) that finds the writers alive already wanting every seat is timed
+// from its first writer's ask until it holds its share (shareTarget), once
+// all want of its writers have asked.
+func (r *recorder) arrive(project string, writers int, newcomer bool, want int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.advanceLocked()
 	p := r.projLocked(project)
 	if p.demand == 0 && newcomer && now >= r.warmup && !r.frozen {
-		p.arrived, p.pending = now, true
+		p.floorFrom, p.floorPending = now, true
+		if r.demand >= r.pool {
+			p.arrived, p.pending, p.want = now, true, want
+		}
 	}
 	p.demand += writers
 	r.demand += writers
 	r.refairLocked()
+	r.checkSharesLocked(now)
+}
+
+// checkSharesLocked ends the wait of every pending newcomer that holds its
+// share, now that the holdings or the shares have changed.
+func (r *recorder) checkSharesLocked(now time.Duration) {
+	if r.frozen {
+		return
+	}
+	for _, p := range r.projects {
+		if p.pending && p.demand >= p.want && p.held >= r.shareTargetLocked(p) {
+			p.pending = false
+			r.shareWaits = append(r.shareWaits, now-p.arrived)
+		}
+	}
 }
 
 func (r *recorder) leave(project string, writers int) {
@@ -136,11 +181,16 @@ func (r *recorder) leave(project string, writers int) {
 	p.demand -= writers
 	r.demand -= writers
 	if p.demand == 0 && p.pending && !r.frozen {
-		// Left without reaching its floor: count its whole life.
+		// Left without reaching its share: count its whole life.
 		p.pending = false
-		r.floorWaits = append(r.floorWaits, now-p.arrived)
+		r.shareWaits = append(r.shareWaits, now-p.arrived)
+	}
+	if p.demand == 0 && p.floorPending && !r.frozen {
+		p.floorPending = false
+		r.floorWaits = append(r.floorWaits, now-p.floorFrom)
 	}
 	r.refairLocked()
+	r.checkSharesLocked(now)
 }
 
 // hold records a seat taken (+1) or given back (-1) by project.
@@ -154,11 +204,14 @@ func (r *recorder) hold(project string, d int) {
 	if !r.frozen {
 		r.maxInUse = max(r.maxInUse, r.inUse)
 	}
-	if d > 0 && p.pending && p.held >= min(r.floor, p.demand) {
-		p.pending = false
+	if d > 0 && p.floorPending && p.held >= min(r.floor, p.demand) {
+		p.floorPending = false
 		if !r.frozen {
-			r.floorWaits = append(r.floorWaits, now-p.arrived)
+			r.floorWaits = append(r.floorWaits, now-p.floorFrom)
 		}
+	}
+	if d > 0 && p.pending {
+		r.checkSharesLocked(now)
 	}
 }
 
@@ -199,11 +252,23 @@ func (r *recorder) sample() {
 	r.samples = append(r.samples, s)
 }
 
-// freeze ends the integrals at the run's end.
+// freeze ends the integrals at the run's end. A newcomer still waiting
+// for its share or its floor counts its wait until then.
 func (r *recorder) freeze() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.advanceLocked()
+	now := r.advanceLocked()
+	for _, name := range r.order {
+		p := r.projects[name]
+		if p.pending {
+			p.pending = false
+			r.shareWaits = append(r.shareWaits, now-p.arrived)
+		}
+		if p.floorPending {
+			p.floorPending = false
+			r.floorWaits = append(r.floorWaits, now-p.floorFrom)
+		}
+	}
 	r.frozen = true
 }
 
@@ -221,8 +286,13 @@ type Result struct {
 	// Utilization is the seat-time in use over the pool's seat-time while
 	// the writers alive outnumbered the pool; -1 if they never did.
 	Utilization float64 `json:"utilization"`
-	// FloorWaits are the times newcomers (projects arriving after the
-	// start) waited to hold the floor (or left without it).
+	// ShareWaits are the times newcomers (projects arriving after the
+	// start while the writers alive wanted every seat) waited to hold
+	// their max-min share (rounded down, at least one seat), counted from
+	// their first ask, or their whole life if they left without it.
+	ShareWaits []time.Duration `json:"share_waits_ns"`
+	// FloorWaits are the times every newcomer waited to hold the floor
+	// (FLOOR = 1 seat of 32: its first seat), full pool or not.
 	FloorWaits []time.Duration `json:"floor_waits_ns"`
 	Refusals   int             `json:"refusals"`
 	Admits     int             `json:"admits"`
@@ -251,8 +321,8 @@ func (r Result) RefusalsPerAdmit() float64 {
 	return float64(r.Refusals) / float64(r.Admits)
 }
 
-// MaxFloorWait is the longest newcomer wait for its floor; -1 without
-// newcomers.
+// MaxFloorWait is the longest newcomer wait for its first seat; -1
+// without newcomers.
 func (r Result) MaxFloorWait() time.Duration {
 	if len(r.FloorWaits) == 0 {
 		return -1
@@ -260,11 +330,20 @@ func (r Result) MaxFloorWait() time.Duration {
 	return slices.Max(r.FloorWaits)
 }
 
+// MaxShareWait is the longest newcomer wait for its share; -1 without
+// newcomers into a full pool.
+func (r Result) MaxShareWait() time.Duration {
+	if len(r.ShareWaits) == 0 {
+		return -1
+	}
+	return slices.Max(r.ShareWaits)
+}
+
 func (r *recorder) result() Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	res := Result{Refusals: r.refusals, Admits: r.admits, MaxInUse: r.maxInUse, Samples: r.samples,
-		FloorWaits: slices.Clone(r.floorWaits), Utilization: -1}
+		ShareWaits: slices.Clone(r.shareWaits), FloorWaits: slices.Clone(r.floorWaits), Utilization: -1}
 	var sum, sq float64
 	n := 0
 	for _, name := range r.order {

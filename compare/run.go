@@ -3,6 +3,7 @@
 package compare
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -75,10 +76,11 @@ func Run(s Scheme, w Workload, seed uint64, o Options) (Result, error) {
 	for i, ep := range w.Episodes {
 		offs[i] = make([]time.Duration, ep.Writers)
 		for j := 1; j < ep.Writers; j++ {
-			offs[i][j] = time.Duration(rng.Int64N(int64(o.Service)))
+			offs[i][j] = time.Duration(rng.Int64N(int64(cmp.Or(ep.Service, o.Service))))
 		}
 	}
 	for i, ep := range w.Episodes {
+		service := cmp.Or(ep.Service, o.Service)
 		wg.Go(func() {
 			if !sleepUntil(ctx, start.Add(ep.Start)) {
 				return
@@ -94,11 +96,11 @@ func Run(s Scheme, w Workload, seed uint64, o Options) (Result, error) {
 					// A writer wants a seat from its first ask until it
 					// stops, after the request it was in at the end: the
 					// seat it still holds then is demand, not excess.
-					rec.arrive(ep.Project, 1, ep.Start > 0)
+					rec.arrive(ep.Project, 1, ep.Start > 0, ep.Writers)
 					defer rec.leave(ep.Project, 1)
-					if err := writer(ectx, sys, rec, ep.Project, ep.Writers == MouseWriters, o.Service); err != nil {
+					if err := writer(ectx, sys, rec, ep.Project, ep.Writers == MouseWriters, service); err != nil {
 						errMu.Lock()
-						firstErr = cmp(firstErr, err)
+						firstErr = cmp.Or(firstErr, err)
 						errMu.Unlock()
 					}
 				})
@@ -130,16 +132,22 @@ func Run(s Scheme, w Workload, seed uint64, o Options) (Result, error) {
 	return res, firstErr
 }
 
-func cmp(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
+// serviceKey is the context key of a request's service time (see
+// ServiceOf).
+type serviceKey struct{}
+
+// ServiceOf is the service time the writer that made ctx asks for: what
+// its request holds its seat for. A system whose seats are held elsewhere
+// (the HTTP upstream) passes it on; the others run the work they are given.
+func ServiceOf(ctx context.Context) (time.Duration, bool) {
+	d, ok := ctx.Value(serviceKey{}).(time.Duration)
+	return d, ok
 }
 
 // writer is one closed-loop client. It returns when ctx ends; an error
 // means the system failed a request for another reason.
 func writer(ctx context.Context, sys System, rec *recorder, project string, mouse bool, service time.Duration) error {
+	ctx = context.WithValue(ctx, serviceKey{}, service)
 	work := func() {
 		rec.hold(project, 1)
 		time.Sleep(service)
@@ -192,14 +200,15 @@ type Row struct {
 	System   string `json:"system"`
 	Workload string `json:"workload"`
 	// The worst seed of each column (min Jain and utilization, max p99
-	// ratio and floor wait), and the mean refusals per admitted request.
-	// Utilization and FloorWait are -1 where no run had overload or
-	// newcomers.
+	// ratio, share wait and floor wait), and the mean refusals per
+	// admitted request. Utilization, ShareWait and FloorWait are -1 where
+	// no run had overload or newcomers (into a full pool, for ShareWait).
 	Jain          float64       `json:"jain_min"`
 	MouseP99      time.Duration `json:"mouse_p99_max_ns"`
 	SoloP99       time.Duration `json:"solo_p99_ns"`
 	MouseRatio    float64       `json:"mouse_p99_over_solo_max"`
 	Utilization   float64       `json:"utilization_min"`
+	ShareWait     time.Duration `json:"share_wait_max_ns"`
 	FloorWait     time.Duration `json:"floor_wait_max_ns"`
 	RefusalsPerOK float64       `json:"refusals_per_admit"`
 	Runs          []Result      `json:"runs"`
@@ -247,9 +256,9 @@ func Compare(o Options) (*Report, error) {
 		}
 		solo.Samples = nil
 		rep.Solo = append(rep.Solo, solo)
-		progress("%-15s %-9s p99 %v", name, "solo", solo.MouseP99.Round(time.Microsecond))
+		progress("%-20s %-9s p99 %v", name, "solo", solo.MouseP99.Round(time.Microsecond))
 		for _, wl := range loads {
-			row := Row{System: name, Workload: wl, SoloP99: solo.MouseP99, Jain: math.Inf(1), Utilization: -1, FloorWait: -1}
+			row := Row{System: name, Workload: wl, SoloP99: solo.MouseP99, Jain: math.Inf(1), Utilization: -1, ShareWait: -1, FloorWait: -1}
 			var refusals, admits int
 			for _, seed := range o.Seeds {
 				w, err := Build(wl, o.Duration, seed)
@@ -261,13 +270,15 @@ func Compare(o Options) (*Report, error) {
 					return nil, fmt.Errorf("%s %s seed %d: %w", name, wl, seed, err)
 				}
 				res.Seed = seed
-				progress("%-15s %-9s seed %d: jain %.3f mouse p99 %v util %.3f floor wait %v refusals/admit %.2f max in use %d",
-					name, wl, seed, res.Jain, res.MouseP99.Round(time.Microsecond), res.Utilization, res.MaxFloorWait().Round(time.Microsecond), res.RefusalsPerAdmit(), res.MaxInUse)
+				progress("%-20s %-9s seed %d: jain %.3f mouse p99 %v util %.3f share wait %s floor wait %s refusals/admit %.2f max in use %d",
+					name, wl, seed, res.Jain, res.MouseP99.Round(time.Microsecond), res.Utilization, waitText(res.MaxShareWait()),
+					waitText(res.MaxFloorWait()), res.RefusalsPerAdmit(), res.MaxInUse)
 				row.Jain = math.Min(row.Jain, res.Jain)
 				row.MouseP99 = max(row.MouseP99, res.MouseP99)
 				if res.Utilization >= 0 && (row.Utilization < 0 || res.Utilization < row.Utilization) {
 					row.Utilization = res.Utilization
 				}
+				row.ShareWait = max(row.ShareWait, res.MaxShareWait())
 				row.FloorWait = max(row.FloorWait, res.MaxFloorWait())
 				refusals += res.Refusals
 				admits += res.Admits
@@ -306,7 +317,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "pool %d, service %v, %v per run, seeds %v; each cell the worst seed (mean for refusals)\n\n",
 		r.Pool, r.Service, r.Duration, r.Seeds)
-	fmt.Fprintln(w, "| workload | system | Jain | mice p99 (x solo) | utilization | newcomer floor wait | refusals/admit |")
+	fmt.Fprintln(w, "| workload | system | Jain | mice p99 (x solo) | utilization | newcomer share wait | refusals/admit |")
 	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|")
 	var loads []string
 	for _, row := range r.Rows {
@@ -328,8 +339,8 @@ func (r *Report) WriteTable(w io.Writer) error {
 				util = fmt.Sprintf("%.3f", row.Utilization)
 			}
 			fw := "-"
-			if row.FloorWait >= 0 {
-				fw = fmt.Sprintf("%.1fms", ms(row.FloorWait))
+			if row.ShareWait >= 0 {
+				fw = fmt.Sprintf("%.1fms", ms(row.ShareWait))
 			}
 			fmt.Fprintf(w, "| %s | %s | %.3f | %s | %s | %s | %.2f |\n", wl, row.System, row.Jain, p99, util, fw, row.RefusalsPerOK)
 		}
@@ -338,7 +349,25 @@ func (r *Report) WriteTable(w io.Writer) error {
 	for _, s := range r.Solo {
 		fmt.Fprintf(w, "solo p99 %s: %.1fms\n", s.System, ms(s.MouseP99))
 	}
+	fmt.Fprintln(w)
+	for _, s := range r.Solo {
+		if sc, err := SchemeByName(s.System); err == nil && sc.Retry != "" {
+			fmt.Fprintf(w, "retry %s: %s\n", s.System, sc.Retry)
+		}
+	}
+	if slices.Contains(loads, "heavy") {
+		fmt.Fprintln(w)
+		r.writeShares(w, "heavy")
+	}
 	return nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// waitText is a wait for the progress lines: "-" for none measured (-1).
+func waitText(d time.Duration) string {
+	if d < 0 {
+		return "-"
+	}
+	return d.Round(time.Microsecond).String()
+}

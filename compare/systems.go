@@ -36,20 +36,41 @@ type System interface {
 // Scheme names a System and builds a fresh one for each run.
 type Scheme struct {
 	Name string
-	// How says in a line how its users drive it (printed under the table).
+	// How says in a line how its users drive it.
 	How string
-	New func(o Options, w Workload) (System, error)
+	// Retry says in a line what its clients do when refused (printed
+	// under the table): the hints differ between the systems, and so does
+	// what a refusal costs a client.
+	Retry string
+	New   func(o Options, w Workload) (System, error)
 }
 
 // Schemes are the systems compared, fairshare first.
 var Schemes = []Scheme{
-	{Name: "fairshare", How: "the rule alone bounds the seats: pools.Pool of the seats' size (a permit is a seat), TryAcquire then scheduler.Submit/Wait; refused: retry after exactly Refusal.RetryAfter, the pool's estimate (a connect the kernel refuses gets no such hint)", New: newFairshare},
-	{Name: "fairshare-front", How: "the HTTP front's defaults: the requests pool 6.25 times the seats (pools.requests.size 400, front.max_in_flight 64), then scheduler.Submit/Wait with MaxInFlight = the seats; refused: retry after Refusal.RetryAfter", New: newFairshareFront},
-	{Name: "fairshare-wait", How: "pools.Pool.Acquire (blocking, round-robin over waiting projects)", New: newFairshareWait},
-	{Name: "apf", How: "k8s.io/apiserver v0.37.2 queueset as Kubernetes ships the levels tenant traffic lands in (workload-low, global-default): 128 queues, hand 6, queue length 50, seats = pool; rejected: retry after 1s (the filter's Retry-After)", New: newAPFShipped},
-	{Name: "apf-64x8", How: "the same queueset with the API's field defaults, what a PriorityLevelConfiguration created without queuing values gets: 64 queues, hand 8, queue length 50", New: newAPFFieldDefaults},
-	{Name: "static", How: "a cap of pool/N per project, N fixed ahead (limit_conn per tenant); refused: retry after 10ms", New: newStatic},
-	{Name: "fifo", How: "golang.org/x/sync/semaphore.Weighted(pool), FIFO Acquire", New: newFIFO},
+	{Name: "fairshare", How: "the rule alone bounds the seats: pools.Pool of the seats' size (a permit is a seat), TryAcquire then scheduler.Submit/Wait",
+		Retry: "refused, retries after exactly Refusal.RetryAfter, the pool's own estimate passed in-process (usually under a millisecond); a connect the kernel refuses gets no hint",
+		New:   newFairshare},
+	{Name: "fairshare-front", How: "the HTTP front's defaults: the requests pool 6.25 times the seats (pools.requests.size 400, front.max_in_flight 64), then scheduler.Submit/Wait with MaxInFlight = the seats",
+		Retry: "as fairshare (exact Refusal.RetryAfter); waits in the scheduler's queue once admitted to the pool",
+		New:   newFairshareFront},
+	{Name: "fairshare-front-cost", How: "fairshare-front with front.cost_from_time: each request is charged its service time in front.cost_unit (10ms) by Ticket.Done, every project tier pro with 1 share at the scheduler's default rates (p1 10/s, p2 40/s)",
+		Retry: "as fairshare-front",
+		New:   newFairshareFrontCost},
+	{Name: "fairshare-wait", How: "pools.Pool.Acquire (blocking, round-robin over waiting projects)",
+		Retry: "never refused: blocks in Acquire",
+		New:   newFairshareWait},
+	{Name: "apf", How: "k8s.io/apiserver v0.37.2 queueset as Kubernetes ships the levels tenant traffic lands in (workload-low, global-default): 128 queues, hand 6, queue length 50, seats = pool",
+		Retry: "waits in its queue; rejected (queue full), retries after 1s, the filter's Retry-After",
+		New:   newAPFShipped},
+	{Name: "apf-64x8", How: "the same queueset with the API's field defaults, what a PriorityLevelConfiguration created without queuing values gets: 64 queues, hand 8, queue length 50",
+		Retry: "as apf",
+		New:   newAPFFieldDefaults},
+	{Name: "static", How: "a cap of pool/N per project, N fixed ahead (limit_conn per tenant)",
+		Retry: "refused without a hint (nginx's 503), retries after 10ms",
+		New:   newStatic},
+	{Name: "fifo", How: "golang.org/x/sync/semaphore.Weighted(pool), FIFO Acquire",
+		Retry: "never refused: blocks in Acquire, in arrival order",
+		New:   newFIFO},
 }
 
 // SchemeByName finds a scheme in Schemes or HTTPSchemes.
@@ -72,18 +93,30 @@ func SchemeByName(name string) (Scheme, error) {
 // have admitted, the scheduler's round-robin decides who runs). The pool
 // recomputes once a second, the daemon's default tick.
 type fairshare struct {
-	pool   *pools.Pool
-	sched  *scheduler.Scheduler
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	pool  *pools.Pool
+	sched *scheduler.Scheduler
+	// costUnit, when set, charges each request its service time in these
+	// units on Ticket.Done, as the front does with front.cost_from_time
+	// (Front.cost); 0 charges 1, the front's default.
+	costUnit time.Duration
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
 }
 
 func newFairshare(o Options, _ Workload) (System, error) {
-	return newFairshareSized(o.Pool, o.Pool)
+	return newFairshareSized(o.Pool, o.Pool, 0, scheduler.Policy{})
 }
 
 func newFairshareFront(o Options, _ Workload) (System, error) {
-	return newFairshareSized(FrontPoolFor(o.Pool), o.Pool)
+	return newFairshareSized(FrontPoolFor(o.Pool), o.Pool, 0, scheduler.Policy{})
+}
+
+// newFairshareFrontCost is the front's shape with front.cost_from_time at
+// the default front.cost_unit, and every project on tier pro with one
+// share: the scheduler charges a request's cost only to the bucket that
+// admitted it, so under the default tier (none) the cost changes nothing.
+func newFairshareFrontCost(o Options, _ Workload) (System, error) {
+	return newFairshareSized(FrontPoolFor(o.Pool), o.Pool, config.Default().Front.CostUnit, scheduler.Policy{Tier: scheduler.TierPro, Shares: 1})
 }
 
 // FrontPoolFor is the requests pool the front's defaults give a service of
@@ -97,17 +130,19 @@ func FrontPoolFor(seats int) int {
 
 // newFairshareSized is a requests pool of poolSize permits in front of a
 // scheduler that dispatches at most seats at once.
-func newFairshareSized(poolSize, seats int) (System, error) {
+func newFairshareSized(poolSize, seats int, costUnit time.Duration, policy scheduler.Policy) (System, error) {
 	p, err := pools.New(pools.Config{Name: "requests", Size: poolSize}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("fairshare pool: %w", err)
 	}
-	s, err := scheduler.New(scheduler.Config{MaxInFlight: seats}, nil)
+	d := config.Default().Scheduler
+	s, err := scheduler.New(scheduler.Config{MaxInFlight: seats, DefaultPolicy: policy,
+		P1Rate: d.P1Rate, P1Burst: d.P1Burst, P2Rate: d.P2Rate, P2Burst: d.P2Burst}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("fairshare scheduler: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &fairshare{pool: p, sched: s, cancel: cancel}
+	f := &fairshare{pool: p, sched: s, costUnit: costUnit, cancel: cancel}
 	f.wg.Add(2)
 	go func() { defer f.wg.Done(); _ = s.Run(ctx) }()
 	go func() { defer f.wg.Done(); recomputeEverySecond(ctx, p) }()
@@ -138,8 +173,13 @@ func (f *fairshare) Do(ctx context.Context, project string, work func()) (bool, 
 	if _, err := t.Wait(ctx); err != nil {
 		return false, 0, fmt.Errorf("scheduler: %w", err)
 	}
+	cost := 1.0
+	began := time.Now()
 	work()
-	t.Done(1)
+	if f.costUnit > 0 {
+		cost = float64(time.Since(began)) / float64(f.costUnit)
+	}
+	t.Done(cost)
 	return true, 0, nil
 }
 

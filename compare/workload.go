@@ -9,11 +9,13 @@ import (
 )
 
 // Episode is one stretch of a project's life: Writers closed-loop writers
-// from Start to End (offsets from the run's start).
+// from Start to End (offsets from the run's start), each request holding
+// its seat for Service (0: the run's Options.Service).
 type Episode struct {
 	Project    string
 	Writers    int
 	Start, End time.Duration
+	Service    time.Duration
 }
 
 // Workload is what the writers do in one run.
@@ -30,7 +32,11 @@ type Workload struct {
 const MouseWriters = 2
 
 // Workloads are the names Build accepts, in table order.
-var Workloads = []string{"elephant", "newcomer", "churn", "onoff"}
+var Workloads = []string{"elephant", "newcomer", "churn", "onoff", "heavy"}
+
+// HeavyService is what a request of the heavy workload's heavy project
+// holds its seat for: ten times the default service.
+const HeavyService = 200 * time.Millisecond
 
 // Build returns workload name for a run of duration d with seed.
 //
@@ -42,24 +48,31 @@ var Workloads = []string{"elephant", "newcomer", "churn", "onoff"}
 //     four are there at the start. Planned = 4, the mean number present.
 //   - onoff: the elephant of 64 writers on for 1s, off for 1s, beside
 //     nine mice of 2 that run throughout.
+//   - heavy: mixed service times. One project of 16 writers whose
+//     requests hold a seat HeavyService (200ms) beside three of 16 and two
+//     mice of 2 whose requests hold it the run's service (20ms), all run
+//     long. Max-min gives the mice 2 seats each and the four others 7
+//     each, whatever their requests' length: a project that holds each
+//     seat ten times longer gets as many seats, so a tenth of the
+//     requests.
 func Build(name string, d time.Duration, seed uint64) (Workload, error) {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	switch name {
 	case "elephant":
 		w := Workload{Name: name, Planned: 10}
-		w.Episodes = append(w.Episodes, Episode{"elephant", 64, 0, d})
+		w.Episodes = append(w.Episodes, Episode{Project: "elephant", Writers: 64, End: d})
 		for i := range 9 {
-			w.Episodes = append(w.Episodes, Episode{fmt.Sprintf("mouse%d", i+1), MouseWriters, 0, d})
+			w.Episodes = append(w.Episodes, Episode{Project: fmt.Sprintf("mouse%d", i+1), Writers: MouseWriters, End: d})
 		}
 		return w, nil
 	case "newcomer":
 		w := Workload{Name: name, Planned: 5}
 		for i := range 3 {
-			w.Episodes = append(w.Episodes, Episode{fmt.Sprintf("busy%d", i+1), 16, 0, d})
+			w.Episodes = append(w.Episodes, Episode{Project: fmt.Sprintf("busy%d", i+1), Writers: 16, End: d})
 		}
 		w.Episodes = append(w.Episodes,
-			Episode{"newmouse", MouseWriters, d / 2, d},
-			Episode{"newbig", 16, 3 * d / 4, d})
+			Episode{Project: "newmouse", Writers: MouseWriters, Start: d / 2, End: d},
+			Episode{Project: "newbig", Writers: 16, Start: 3 * d / 4, End: d})
 		return w, nil
 	case "churn":
 		const rate, life = 2.0, 2 * time.Second
@@ -70,7 +83,7 @@ func Build(name string, d time.Duration, seed uint64) (Workload, error) {
 			n++
 			l := time.Duration(rng.ExpFloat64() * float64(life))
 			end := min(start+l, d)
-			w.Episodes = append(w.Episodes, Episode{fmt.Sprintf("p%d", n), sizes[rng.IntN(len(sizes))], start, end})
+			w.Episodes = append(w.Episodes, Episode{Project: fmt.Sprintf("p%d", n), Writers: sizes[rng.IntN(len(sizes))], Start: start, End: end})
 		}
 		for range 4 {
 			add(0)
@@ -82,10 +95,20 @@ func Build(name string, d time.Duration, seed uint64) (Workload, error) {
 	case "onoff":
 		w := Workload{Name: name, Planned: 10}
 		for t := time.Duration(0); t < d; t += 2 * time.Second {
-			w.Episodes = append(w.Episodes, Episode{"elephant", 64, t, min(t+time.Second, d)})
+			w.Episodes = append(w.Episodes, Episode{Project: "elephant", Writers: 64, Start: t, End: min(t+time.Second, d)})
 		}
 		for i := range 9 {
-			w.Episodes = append(w.Episodes, Episode{fmt.Sprintf("mouse%d", i+1), MouseWriters, 0, d})
+			w.Episodes = append(w.Episodes, Episode{Project: fmt.Sprintf("mouse%d", i+1), Writers: MouseWriters, End: d})
+		}
+		return w, nil
+	case "heavy":
+		w := Workload{Name: name, Planned: 6}
+		w.Episodes = append(w.Episodes, Episode{Project: "heavy", Writers: 16, End: d, Service: HeavyService})
+		for i := range 3 {
+			w.Episodes = append(w.Episodes, Episode{Project: fmt.Sprintf("light%d", i+1), Writers: 16, End: d})
+		}
+		for i := range 2 {
+			w.Episodes = append(w.Episodes, Episode{Project: fmt.Sprintf("mouse%d", i+1), Writers: MouseWriters, End: d})
 		}
 		return w, nil
 	}
@@ -94,5 +117,5 @@ func Build(name string, d time.Duration, seed uint64) (Workload, error) {
 
 // Solo is one mouse alone, for its p99 alone.
 func Solo(d time.Duration) Workload {
-	return Workload{Name: "solo", Planned: 1, Episodes: []Episode{{"mouse1", MouseWriters, 0, d}}}
+	return Workload{Name: "solo", Planned: 1, Episodes: []Episode{{Project: "mouse1", Writers: MouseWriters, End: d}}}
 }
