@@ -127,6 +127,13 @@ func answerGet(url string, client *http.Client, project, spec string) (string, e
 		req.Header.Set("X-Answer", spec)
 	}
 	resp, err := client.Do(req)
+	return readAnswer(resp, err, start)
+}
+
+// readAnswer reads resp's body (err: the request's error) for answerGet
+// and rawGet: the body, the error the client met reading it or a status
+// other than 200, and the time since start.
+func readAnswer(resp *http.Response, err error, start time.Time) (string, error, time.Duration) {
 	if err != nil {
 		return "", err, time.Since(start)
 	}
@@ -152,15 +159,7 @@ func rawGet(url, project, spec string) (string, error, time.Duration) {
 	_ = c.SetDeadline(start.Add(limitsDeadline))
 	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n%s: %s\r\nX-Answer: %s\r\n\r\n", DefaultProjectHeader, project, spec)
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		return "", err, time.Since(start)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("status %d", resp.StatusCode)
-	}
-	return string(b), err, time.Since(start)
+	return readAnswer(resp, err, start)
 }
 
 // TestUpstreamReadTimeout (the review's case): an upstream that sends an

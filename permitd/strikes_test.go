@@ -8,33 +8,14 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fairshare-dev/fairshare/client"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/permitd"
 	"github.com/fairshare-dev/fairshare/pools"
 )
-
-// fakeClock is a server's spawn clock (permitd.SetClock): it moves only
-// when the test advances it.
-type fakeClock struct {
-	mu sync.Mutex // guards t
-	t  time.Time
-}
-
-func (c *fakeClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // await receives from ch; like eventually, its deadline only bounds a
 // failure.
@@ -110,13 +91,13 @@ func TestStrikesOnlyWhenAskedInTime(t *testing.T) {
 // once.
 func strikesOnlyInTime(t *testing.T, ds []time.Duration) {
 	half := permitd.EvictionWait / 2
-	clk := &fakeClock{t: time.Unix(1<<30, 0)}
+	clk := testutil.NewFakeClock()
 	timers, log := &spawnTimers{}, &eventLog{}
 	f := startWith(t, filepath.Join(t.TempDir(), "permits.sock"), pools.Config{Name: "flights", Size: 4},
 		pools.Config{Name: "residents", Size: 3, EvictWait: time.Hour},
 		func(s *permitd.Server) {
 			permitd.SetSpawnTimer(s, timers.after)
-			permitd.SetClock(s, clk.now)
+			permitd.SetClock(s, clk.Now)
 			permitd.SetEvents(s, log.add)
 		})
 	ctx := context.Background()
@@ -200,7 +181,7 @@ func strikesOnlyInTime(t *testing.T, ds []time.Duration) {
 		// and found no victim: owner's object is pending until helper
 		// confirms.
 		eventually(t, "spawner's spawn to start", func() bool { return timers.count() == n+2 })
-		clk.advance(d)
+		clk.Advance(d)
 		before := len(owner.evictions())
 		release <- struct{}{}
 		if err := await(t, "owner's spawn", spawned); err != nil {
