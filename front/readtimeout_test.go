@@ -262,6 +262,10 @@ func TestUpstreamReadTimeout(t *testing.T) {
 			if stalled, next := addrs[before], addrs[before+1]; stalled == next {
 				t.Errorf("round %d: beta's next request went on the stalled connection %s", round, stalled)
 			}
+			// Its permit comes back a moment after the client has read
+			// the answer: the next round's stall must not be refused
+			// for it (beta at its share of the pool of 2).
+			waitInUse(t, r.pool, 0)
 		}
 		if logs := r.logs.String(); !strings.Contains(logs, errAnswerStalled.Error()) {
 			t.Errorf("the stalls were not logged as such:\n%s", logs)
