@@ -3,11 +3,13 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -879,11 +881,41 @@ func (d *Daemon) closeParts() error {
 // scrapes one at a time, an HA pair two, and any local user may connect.
 const maxScrapes = 4
 
-// metricsHandler serves reg's metrics, maxScrapes at a time.
+// metricsHandler serves reg's metrics, maxScrapes at a time. A scrape
+// holds its place while it reads the node and encodes the answer into
+// memory, not while the answer is written: a client that asks and never
+// reads would otherwise hold a place for the server's write timeout, and
+// four of them every place.
 func metricsHandler(reg prometheus.Gatherer, log *slog.Logger) http.Handler {
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		MaxRequestsInFlight: maxScrapes})
+	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)})
+	places := make(chan struct{}, maxScrapes)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case places <- struct{}{}:
+		default:
+			http.Error(w, "fairshare: too many scrapes of /metrics at once", http.StatusServiceUnavailable)
+			return
+		}
+		rec := &bufferedAnswer{header: http.Header{}, code: http.StatusOK}
+		h.ServeHTTP(rec, r)
+		<-places
+		maps.Copy(w.Header(), rec.header)
+		w.WriteHeader(rec.code)
+		_, _ = w.Write(rec.body.Bytes())
+	})
 }
+
+// bufferedAnswer is an http.ResponseWriter that keeps the answer in memory
+// (metricsHandler).
+type bufferedAnswer struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (b *bufferedAnswer) Header() http.Header         { return b.header }
+func (b *bufferedAnswer) WriteHeader(code int)        { b.code = code }
+func (b *bufferedAnswer) Write(p []byte) (int, error) { return b.body.Write(p) }
 
 func serveMetrics(ctx context.Context, ln net.Listener, h http.Handler) error {
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: 2 * time.Second, ReadTimeout: 10 * time.Second,
