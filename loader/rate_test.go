@@ -133,14 +133,20 @@ func checkRate(t *testing.T, what string, r churnResult) {
 const testRate, testBurst, testTol = 50, 50, 3
 
 // checkUnlimited checks the unlimited project's churn beside a limited one:
-// nothing refused or failed, and more admitted than the limit checkRate
-// checks would have let through in the same 3 s, so a limit applied to it
-// too would show. (It was "more than 300": a loaded machine's dialer, which
-// must make 53 a second for checkRate, sometimes made fewer than 100.)
+// nothing refused or failed. A limit applied to it too would refuse it
+// once its dialer made more than the limit lets through in the same 3 s;
+// a loaded machine's dialer sometimes makes fewer (176 in 3 s, under CI
+// with two busy loops beside it), and then nothing could show a limit:
+// that is logged, not failed. (It was "more than 300", then "more than
+// the limit's 203": both failed on a loaded machine.)
 func checkUnlimited(t *testing.T, what string, r churnResult) {
 	t.Helper()
-	if r.refused != 0 || r.other != 0 || r.ok() <= testRate*3+testBurst+testTol {
-		t.Errorf("%s: %v; want nothing refused, and more than the limit's %d admitted", what, r, testRate*3+testBurst+testTol)
+	if r.refused != 0 || r.other != 0 {
+		t.Errorf("%s: %v; want nothing refused or failed", what, r)
+	}
+	if limit := testRate*3 + testBurst + testTol; r.ok() <= limit {
+		t.Logf("%s: the dialer made %d in 3 s, no more than a limit would let through (%d): this run cannot tell a limit from none",
+			what, r.ok(), limit)
 	}
 }
 
