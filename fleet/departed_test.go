@@ -40,10 +40,7 @@ func depNode(t *testing.T, e *etcdtest.Etcd, cli *clientv3.Client, prefix, name 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	n.cancel = cancel
-	go func() { defer close(n.done); _ = n.member.Run(ctx) }()
-	t.Cleanup(n.stop)
+	n.run(t)
 	return n
 }
 

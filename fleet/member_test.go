@@ -60,6 +60,14 @@ type node struct {
 	states chan Status
 }
 
+// run runs n's Member until n.stop, which the test's end calls.
+func (n *node) run(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	go func() { defer close(n.done); _ = n.member.Run(ctx) }()
+	t.Cleanup(n.stop)
+}
+
 func startNode(t *testing.T, e *etcdtest.Etcd, name string, size int, ttl time.Duration) *node {
 	t.Helper()
 	return startNodeAt(t, e, "/test", name, size, ttl)
@@ -84,10 +92,7 @@ func startNodeAt(t *testing.T, e *etcdtest.Etcd, prefix, name string, size int, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	n.cancel = cancel
-	go func() { defer close(n.done); _ = n.member.Run(ctx) }()
-	t.Cleanup(n.stop)
+	n.run(t)
 	return n
 }
 

@@ -133,13 +133,7 @@ func (s *Scheduler) turnFifoLocked(r *ring) *fifo[int32] {
 	if r.back.live == 0 {
 		return &r.front
 	}
-	b := &r.back
-	m := b.mask()
-	for b.buf[b.head&m] == gone {
-		b.head++
-		s.skips++
-	}
-	if uint64(uint32(s.seq)-s.hot[b.buf[b.head&m]].lastSeq) >= uint64(r.n) {
+	if uint64(uint32(s.seq)-s.hot[s.headLocked(&r.back)].lastSeq) >= uint64(r.n) {
 		return &r.back
 	}
 	return &r.front
@@ -179,12 +173,19 @@ func (s *Scheduler) makeRoomLocked(f *fifo[int32]) {
 
 // popLocked takes the live entry nearest f's head; f must hold one.
 func (s *Scheduler) popLocked(f *fifo[int32]) int32 {
+	s.headLocked(f)
+	return f.take()
+}
+
+// headLocked moves f's head past its tombstones and returns the live entry
+// there; f must hold one.
+func (s *Scheduler) headLocked(f *fifo[int32]) int32 {
 	m := f.mask()
 	for f.buf[f.head&m] == gone {
 		f.head++
 		s.skips++
 	}
-	return f.take()
+	return f.buf[f.head&m]
 }
 
 // drop turns the entry at p of a ring's fifo into a tombstone.
