@@ -330,8 +330,8 @@ func TestStatusListsStoredPoliciesOfIdleProjects(t *testing.T) {
 	}
 }
 
-// The loader's "pins from another configuration" errors become one
-// sentence naming the directory and the remedy, told apart with
+// The loader's "pins changed layout while loading" errors become one
+// sentence naming the directory and the remedy (a start again, not cleanup), told apart with
 // ErrStalePins; other load errors keep their full text.
 func TestLoadError(t *testing.T) {
 	for _, sentinel := range []error{loader.ErrPinnedMismatch} {
@@ -339,7 +339,8 @@ func TestLoadError(t *testing.T) {
 		if !errors.Is(err, ErrStalePins) || !errors.Is(err, sentinel) {
 			t.Errorf("%v: not ErrStalePins and %v", err, sentinel)
 		}
-		if !strings.HasPrefix(err.Error(), "pins in /sys/fs/bpf/fs are from another configuration; run 'fairshare cleanup'") {
+		if !strings.HasPrefix(err.Error(), "the maps pinned in /sys/fs/bpf/fs changed layout while the daemon loaded the programs "+
+			"against them (another process at work on the pin directory); start it again once that is done") {
 			t.Errorf("message %q", err)
 		}
 	}

@@ -104,8 +104,8 @@
 // all at once at start. Pins of another layout are migrated by loader.Open
 // under the daemon's lock on the pin directory (Options.PinLock); an Open
 // that finds them changed while it loads (another process at work there)
-// fails with ErrStalePins, one sentence naming the pin directory and
-// 'fairshare cleanup'. There is no other writer while the daemon
+// fails with ErrStalePins, one sentence naming the pin directory and the
+// remedy (a start again once that process is done). There is no other writer while the daemon
 // runs, because bbolt's file lock keeps the CLI out of the store.
 //
 // Events: the daemon owns one eventSink (events.go) that every part

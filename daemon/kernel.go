@@ -34,17 +34,21 @@ const kernelReadEvery = 15 * time.Second
 // it loaded (loader.ErrPinnedMismatch: another process at work on the pin
 // directory). Pins of another layout found at the start, a larger pool's
 // included, are migrated by the loader, not refused.
-var ErrStalePins = errors.New("pinned bpf objects are from another configuration")
+var ErrStalePins = errors.New("the pinned maps changed layout while the programs loaded")
 
 // stalePinsError names the pin directory and the remedy in one sentence and
-// keeps the loader's error for errors.Is.
+// keeps the loader's error for errors.Is. The remedy is a start once the
+// other process is done, not cleanup: cleanup would drop enforcement and
+// the counts that the next start migrates.
 type stalePinsError struct {
 	dir string
 	err error
 }
 
 func (e *stalePinsError) Error() string {
-	return fmt.Sprintf("pins in %s are from another configuration; run 'fairshare cleanup' (%v)", e.dir, e.err)
+	return fmt.Sprintf("the maps pinned in %s changed layout while the daemon loaded the programs against them "+
+		"(another process at work on the pin directory); start it again once that is done: "+
+		"the start then reuses or migrates what is pinned (%v)", e.dir, e.err)
 }
 
 func (e *stalePinsError) Unwrap() []error { return []error{ErrStalePins, e.err} }

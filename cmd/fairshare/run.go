@@ -152,9 +152,7 @@ func runCommand() *cli.Command {
 			if errors.Is(err, daemon.ErrStalePins) {
 				// A restart cannot fix it (systemd's unit stops retrying on
 				// this status), and the sentence names the remedy.
-				return cli.Exit(fmt.Sprintf("the daemon could not start: the maps pinned in %s changed layout while it loaded "+
-					"the programs against them (another process at work on the pin directory); start it again once that is done: "+
-					"the start then reuses or migrates what is pinned (%v)", cfg.PinDir, loaderCause(err)), exitStalePins)
+				return cli.Exit(fmt.Sprintf("the daemon could not start: %v", err), exitStalePins)
 			}
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("the daemon could not start: %v", err), 1)
@@ -184,26 +182,6 @@ func runCommand() *cli.Command {
 			return nil
 		},
 	}
-}
-
-// loaderCause is the loader's error inside daemon.ErrStalePins's, without
-// the daemon's sentence around it (which names cleanup as the remedy; a
-// start once the other process is done is the one a migration needs).
-func loaderCause(err error) error {
-	if err == daemon.ErrStalePins || !errors.Is(err, daemon.ErrStalePins) {
-		return err
-	}
-	switch u := err.(type) {
-	case interface{ Unwrap() error }:
-		return loaderCause(u.Unwrap())
-	case interface{ Unwrap() []error }:
-		for _, e := range u.Unwrap() {
-			if e != daemon.ErrStalePins && errors.Is(e, loader.ErrPinnedMismatch) {
-				return loaderCause(e)
-			}
-		}
-	}
-	return err
 }
 
 // check runs loader.Check: the programs pass the verifier and every hook
