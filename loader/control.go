@@ -147,6 +147,52 @@ func (l *Limiter) activeLocked(p limiterFsProject, mono uint64) bool {
 	return p.InUse > 0 || (p.LastSeenNs != 0 && mono-p.LastSeenNs < uint64(l.window))
 }
 
+// recountLocked brings the node's active count, which the programs only
+// ever add to, to the projects active now (in_use or a stamp within the
+// window), and returns the projects' entries it read and the time it
+// judged them at. Tick runs it, and so does Open: the count in the pins is
+// the last daemon's, with every project that left the window since (no
+// Tick took it out) still in it, and such a project's next ask is counted
+// again as a newcomer's; kept until the first Tick, it would halve a lone
+// project's share after a restart.
+func (l *Limiter) recountLocked() ([]projectEntry, uint64, error) {
+	// The count is read before the projects: a newcomer the programs add
+	// in between is then in both, counted twice until the next Tick (a
+	// smaller share, the safe side), never missed.
+	var node limiterFsPool
+	if err := l.objs.FsNode.Lookup(uint32(0), &node); err != nil {
+		return nil, 0, fmt.Errorf("reading node map: %w", err)
+	}
+	projs, err := l.readProjects(l.memb.names)
+	if err != nil {
+		return nil, 0, err
+	}
+	mono := l.mono()
+	active := 0
+	for _, p := range projs {
+		if l.activeLocked(p.val, mono) {
+			active++
+		}
+	}
+	// An add, not a store: bumps made since the read above are kept.
+	if d := int64(active) - node.Active; d != 0 {
+		if _, err := l.adjust(limiterFsAdjustArgs{Op: opActive, Delta: d}); err != nil {
+			return nil, 0, fmt.Errorf("recounting active projects: %w", err)
+		}
+	}
+	return projs, mono, nil
+}
+
+// recountActiveLocked recounts the node's active projects and each
+// destination pool's (Open).
+func (l *Limiter) recountActiveLocked() error {
+	_, mono, err := l.recountLocked()
+	if err != nil {
+		return err
+	}
+	return l.recountDestsLocked(mono)
+}
+
 // Tick is one step of the control loop, meant to run once a second: it
 // recounts the active projects (the programs only ever add newcomers to the
 // count; projects that left the window are taken out here), writes POOL and
@@ -169,29 +215,9 @@ func (l *Limiter) Tick(now time.Time) (err error) {
 	if err := l.heartbeat(); err != nil {
 		return err
 	}
-	// The count is read before the projects: a newcomer the programs add
-	// in between is then in both, counted twice until the next Tick (a
-	// smaller share, the safe side), never missed.
-	var node limiterFsPool
-	if err := l.objs.FsNode.Lookup(uint32(0), &node); err != nil {
-		return fmt.Errorf("reading node map: %w", err)
-	}
-	projs, err := l.readProjects(l.memb.names)
+	projs, mono, err := l.recountLocked()
 	if err != nil {
 		return err
-	}
-	mono := l.mono()
-	active := 0
-	for _, p := range projs {
-		if l.activeLocked(p.val, mono) {
-			active++
-		}
-	}
-	// An add, not a store: bumps made since the read above are kept.
-	if d := int64(active) - node.Active; d != 0 {
-		if _, err := l.adjust(limiterFsAdjustArgs{Op: opActive, Delta: d}); err != nil {
-			return fmt.Errorf("recounting active projects: %w", err)
-		}
 	}
 	var cfg limiterFsSettings
 	if err := l.objs.FsConfig.Lookup(uint32(0), &cfg); err != nil {

@@ -1350,24 +1350,50 @@ func (l *Limiter) tickDestsLocked(mono uint64) error {
 			}
 			continue
 		}
-		window := uint64(l.window)
-		if dp.cfg.Window > 0 {
-			window = uint64(dp.cfg.Window)
+		if err := l.recountDestLocked(name, dp, s.Active, mono); err != nil {
+			return err
 		}
-		active := int64(0)
-		for pid := uint32(1); pid <= l.projHigh && pid < l.maxProj; pid++ {
-			v, err := l.destProject(dp.id, pid)
-			if err != nil {
-				return err
-			}
-			if v.InUse > 0 || (v.LastSeenNs != 0 && mono-v.LastSeenNs < window) {
-				active++
-			}
+	}
+	return nil
+}
+
+// recountDestsLocked recounts each destination pool's active projects, as
+// recountLocked does the node's (Open: the pinned counts are the last
+// daemon's).
+func (l *Limiter) recountDestsLocked(mono uint64) error {
+	for name, dp := range l.dests {
+		var s limiterFsDestState
+		if err := l.objs.FsDpoolState.Lookup(dp.id, &s); err != nil {
+			return fmt.Errorf("reading destination pool %s: %w", name, err)
 		}
-		if d := active - s.Active; d != 0 {
-			if _, err := l.adjust(limiterFsAdjustArgs{Op: opDestActive, SinceNs: uint64(dp.id), Delta: d}); err != nil {
-				return fmt.Errorf("recounting active projects of destination pool %s: %w", name, err)
-			}
+		if err := l.recountDestLocked(name, dp, s.Active, mono); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recountDestLocked brings pool dp's active count, read as was (before its
+// projects: a newcomer added in between is counted twice until the next
+// Tick, never missed), to its projects active at mono.
+func (l *Limiter) recountDestLocked(name string, dp *destPool, was int64, mono uint64) error {
+	window := uint64(l.window)
+	if dp.cfg.Window > 0 {
+		window = uint64(dp.cfg.Window)
+	}
+	active := int64(0)
+	for pid := uint32(1); pid <= l.projHigh && pid < l.maxProj; pid++ {
+		v, err := l.destProject(dp.id, pid)
+		if err != nil {
+			return err
+		}
+		if v.InUse > 0 || (v.LastSeenNs != 0 && mono-v.LastSeenNs < window) {
+			active++
+		}
+	}
+	if d := active - was; d != 0 {
+		if _, err := l.adjust(limiterFsAdjustArgs{Op: opDestActive, SinceNs: uint64(dp.id), Delta: d}); err != nil {
+			return fmt.Errorf("recounting active projects of destination pool %s: %w", name, err)
 		}
 	}
 	return nil

@@ -291,7 +291,11 @@
 // While no control loop runs, the active count can only grow (newcomers are
 // added, nobody is taken out), so the share can only shrink: a full node
 // still keeps a floor free and a node with room refuses nothing, but expired
-// reservations are not given back until Tick runs again. Open moves pinned
+// reservations are not given back until Tick runs again. Open recounts the
+// active projects (the node's and each destination pool's) as Tick does: a
+// project that left the window while no Tick ran is still in the pinned
+// count, and its next ask, counted as a newcomer's, would count it twice
+// until the first Tick (TestRestartRecountsActive). Open moves pinned
 // links to the programs it loaded, so a new version's programs take effect
 // on restart. Links of programs a version no longer has (link_send_reset,
 // link_drop) are detached on the next Open.

@@ -62,6 +62,62 @@ func TestRestartKeepsCountsAndEnforcement(t *testing.T) {
 	waitInUse(t, l2, 0, map[string]int{"r": 0})
 }
 
+// TestRestartRecountsActive: the daemon dies (no Tick runs) while a
+// project is active, and comes back once the project has left the window.
+// The pinned active counts, the node's and a destination pool's, still
+// count the project, which nothing took out; Open recounts them, so the
+// project's next ask counts it once, as the lone project it is, and it gets
+// the whole pool. Kept as pinned until the first Tick, the count was 2 at
+// that ask: a share of half the pool, the project refused past 3 of 4.
+func TestRestartRecountsActive(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, pin := newRoot(t), newPinDir(t)
+	db := sink(t, "tcp4", "127.0.0.1:0")
+	const window = 300 * time.Millisecond
+	opts := Options{PinDir: pin, PoolSize: 4, Window: window, ReservationTTL: 2 * time.Second,
+		DestPools: []DestPool{destPoolOf(t, "db", 4, 0, "127.0.0.1/32:"+portOf(db))}}
+	l1, err := openRoot(t, root, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l1.Close() })
+	h := startHelper(t, mkProject(t, root, "r"))
+	if r := h.dial("tcp4", db.Addr().String(), 1); r.ok != 1 {
+		t.Fatalf("r's first connect: %+v", r)
+	}
+	h.do("close")
+	waitInUse(t, l1, 0, map[string]int{"r": 0})
+	waitDest(t, l1, "db", 0, map[string]int{"r": 0})
+	if a, err := l1.KernelActive(); err != nil || a != 1 || destSnap(t, l1, "db").KernelActive != 1 {
+		t.Fatalf("before the restart: kernel active %d (%v), db's %d; want 1 and 1", a, err, destSnap(t, l1, "db").KernelActive)
+	}
+	if err := l1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon down past the window: r has left it, and no Tick took it
+	// out of the counts.
+	time.Sleep(window + 100*time.Millisecond)
+	l2, err := openRoot(t, root, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l2.Close() })
+	if a, err := l2.KernelActive(); err != nil || a != 0 || destSnap(t, l2, "db").KernelActive != 0 {
+		t.Fatalf("after the restart: kernel active %d (%v), db's %d; want 0 and 0 (r left the window)",
+			a, err, destSnap(t, l2, "db").KernelActive)
+	}
+	// r alone: the whole of both pools (a connect to db counts in both).
+	if r := h.dial("tcp4", db.Addr().String(), 5); r.ok != 4 || r.refused != 1 {
+		t.Fatalf("r alone after the restart: %+v, want 4 admitted (the whole pool) and 1 refused", r)
+	}
+	if a, err := l2.KernelActive(); err != nil || a != 1 || destSnap(t, l2, "db").KernelActive != 1 {
+		t.Fatalf("r back: kernel active %d (%v), db's %d; want 1 and 1", a, err, destSnap(t, l2, "db").KernelActive)
+	}
+	h.do("close")
+	waitInUse(t, l2, 0, map[string]int{"r": 0})
+	waitDest(t, l2, "db", 0, map[string]int{"r": 0})
+}
+
 // Connections and listeners that predate the programs are adopted by the
 // first reconcile, and drift in the maps is repaired.
 func TestAdoptAndRepair(t *testing.T) {

@@ -516,6 +516,15 @@ func Open(opts Options) (*Limiter, error) {
 		}
 		return nil, err
 	}
+	// The active counts as the pins hold them are the last daemon's: a
+	// project that left its window since (no Tick took it out) is still
+	// in them, and its next ask would count it again, as a newcomer's,
+	// until the first Tick. Recounted now, after the first pass (its
+	// adoptions stamp their projects).
+	if err := l.recountActiveLocked(); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
 	// The connections pool's safe slice as the last daemon set it is kept
 	// until this one sets its own (SetFleetSafe): a daemon that stops
 	// before then leaves it for the next start (PinnedFleetSafes).
