@@ -12,10 +12,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -48,6 +50,9 @@ type exchange struct {
 	// answer's body stalled (see stallBody). Nil for a tunnel, or with no
 	// UpstreamReadTimeout.
 	stopUp context.CancelCauseFunc
+	// upBody, on the ReverseProxy path, is the upstream answer's body as
+	// http.Transport gave it, once it has: the stops close it.
+	upBody atomic.Pointer[io.ReadCloser]
 	// gone: its client went away, as the front heard it (a hang-up while
 	// it waited in the queue, hangup.go; a write or the watch during its
 	// answer, relay) before net/http may have.

@@ -220,6 +220,16 @@
 // request (the HTTP/1 connection closed, the HTTP/2 stream reset) when one
 // has waited the bound (stallBody).
 //
+// WriteTimeout bounds, besides a client that does not take its answer, an
+// upstream that does not take the request: no piece of its body taken for
+// that long aborts the exchange (504, or the answer cut off if it had
+// begun), on every path. The ReverseProxy path times the wait from each
+// piece http.Transport takes from the body to its next ask (sendBody), so
+// the client's own pace is not counted, and stops the upstream request
+// when one has waited the bound; an HTTP/2 stream that waits for a
+// flow-control window once its answer's head is in sees no context end, so
+// the stop closes the answer's body too, which resets the stream.
+//
 // UpstreamIdlePerProject (default 32) bounds the idle upstream connections
 // kept for one project's requests; past it the project's least recently
 // used one is closed (see "What the upstream may not do").

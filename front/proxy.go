@@ -87,14 +87,33 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, f.cfg.TunnelTimeout)
 		defer cancel()
-	} else if f.cfg.readFor() > 0 {
+	} else if f.cfg.readFor() > 0 || (x.body != nil && f.cfg.WriteTimeout > 0) {
 		// The answer's body is read under UpstreamReadTimeout (see
-		// stallBody), which stops the upstream request when a read
-		// waits that long.
+		// stallBody), and the request's sent under WriteTimeout (see
+		// sendBody), either of which stops the upstream request when a
+		// read or a piece of the body waits that long.
 		var cancel context.CancelCauseFunc
 		ctx, cancel = context.WithCancelCause(ctx)
 		defer cancel(nil)
-		x.stopUp = cancel
+		stop := func(err error) {
+			cancel(err)
+			// An HTTP/2 stream whose request body waits for a
+			// flow-control window does not see its context end once
+			// the answer's head is in (http.Transport waits on the
+			// connection alone there): closing the answer's body
+			// resets the stream, which wakes it.
+			if b := x.upBody.Load(); b != nil {
+				_ = (*b).Close()
+			}
+		}
+		if f.cfg.readFor() > 0 {
+			x.stopUp = stop
+		}
+		if x.body != nil && f.cfg.WriteTimeout > 0 {
+			sb := newSendBody(r.Body, f.cfg.WriteTimeout, stop)
+			defer sb.w.close()
+			r.Body = sb
+		}
 	}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(i httptrace.GotConnInfo) { x.upConn = i.Conn },
@@ -294,6 +313,10 @@ func (f *Front) modifyResponse(resp *http.Response) error {
 	}
 	if x != nil {
 		f.annotate(x, resp.Header)
+		if resp.Body != http.NoBody {
+			body := resp.Body
+			x.upBody.Store(&body)
+		}
 		if x.stopUp != nil && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != http.NoBody {
 			resp.Body = newStallBody(resp.Body, f.cfg.readFor(), x.stopUp)
 		}
@@ -460,23 +483,22 @@ func (w *proxyWriter) WriteHeader(code int) {
 // and deadlines) reach the server's writer.
 func (w *proxyWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// stallBody is an upstream answer's body on the fallback path, each read
-// of which may wait d at most, as on the direct path (upConn.armRead):
-// http.Transport bounds no read of a body, and the connection cannot carry
-// the bound as a deadline (an HTTP/2 one carries other streams, and
-// http.Transport reads an HTTP/1 one from its own goroutine too). A timer
-// looks at the read in progress; one that has waited d stops the upstream
-// request (stop cancels its context: http.Transport closes the HTTP/1
-// connection, or resets the HTTP/2 stream), which ends the read with an
-// error, and ReverseProxy aborts the client's answer as for an upstream
-// that broke off. Per read it costs two atomic stores and a clock reading;
-// the timer fires once every d at most.
-type stallBody struct {
-	io.ReadCloser
-	d    time.Duration
-	stop context.CancelCauseFunc
-	base time.Time
-	// since is when the read in progress began, in nanoseconds after
+// waitWatch bounds waits on the fallback path, where http.Transport does
+// the reads and writes and the connection cannot carry the bound as a
+// deadline (an HTTP/2 one carries other streams, and http.Transport reads
+// and writes an HTTP/1 one from goroutines of its own): a wait begins and
+// ends around what the transport does, and a timer looks at the wait in
+// progress; one that has lasted d stops the upstream request (stop cancels
+// its context with the cause: http.Transport closes the HTTP/1 connection
+// or resets the HTTP/2 stream), which ends the wait with an error. Per wait
+// it costs two atomic stores and a clock reading; the timer fires once
+// every d at most.
+type waitWatch struct {
+	d     time.Duration
+	stop  context.CancelCauseFunc
+	cause error // what stop is given
+	base  time.Time
+	// since is when the wait in progress began, in nanoseconds after
 	// base; -1 when none is.
 	since  atomic.Int64
 	fired  atomic.Bool
@@ -485,51 +507,110 @@ type stallBody struct {
 	t      *time.Timer
 }
 
+func (w *waitWatch) init(d time.Duration, stop context.CancelCauseFunc, cause error) {
+	w.d, w.stop, w.cause, w.base = d, stop, cause, time.Now()
+	w.since.Store(-1)
+	w.mu.Lock()
+	w.t = time.AfterFunc(d, w.check)
+	w.mu.Unlock()
+}
+
+func (w *waitWatch) begin() { w.since.Store(int64(time.Since(w.base))) }
+func (w *waitWatch) end()   { w.since.Store(-1) }
+
+// check stops the exchange when the wait in progress has lasted d, and
+// otherwise comes back when it would have.
+func (w *waitWatch) check() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed.Load() {
+		return
+	}
+	wait := w.d
+	if s := w.since.Load(); s >= 0 {
+		waited := time.Since(w.base) - time.Duration(s)
+		if waited >= w.d {
+			w.fired.Store(true)
+			w.stop(w.cause)
+			return
+		}
+		wait = w.d - waited
+	}
+	w.t.Reset(wait)
+}
+
+func (w *waitWatch) close() {
+	w.closed.Store(true)
+	w.mu.Lock()
+	w.t.Stop()
+	w.mu.Unlock()
+}
+
+// stallBody is an upstream answer's body on the fallback path, each read
+// of which may wait d at most, as on the direct path (upConn.armRead):
+// http.Transport bounds no read of a body. A read that waits d stops the
+// upstream request, and ReverseProxy aborts the client's answer as for an
+// upstream that broke off.
+type stallBody struct {
+	io.ReadCloser
+	w waitWatch
+}
+
 func newStallBody(rc io.ReadCloser, d time.Duration, stop context.CancelCauseFunc) *stallBody {
-	b := &stallBody{ReadCloser: rc, d: d, stop: stop, base: time.Now()}
-	b.since.Store(-1)
-	b.mu.Lock()
-	b.t = time.AfterFunc(d, b.check)
-	b.mu.Unlock()
+	b := &stallBody{ReadCloser: rc}
+	b.w.init(d, stop, fmt.Errorf("%w: no byte for %v", errAnswerStalled, d))
 	return b
 }
 
 func (b *stallBody) Read(p []byte) (int, error) {
-	b.since.Store(int64(time.Since(b.base)))
+	b.w.begin()
 	n, err := b.ReadCloser.Read(p)
-	b.since.Store(-1)
-	if err != nil && err != io.EOF && b.fired.Load() && !errors.Is(err, errAnswerStalled) {
-		err = fmt.Errorf("%w: no byte for %v: %w", errAnswerStalled, b.d, err)
+	b.w.end()
+	if err != nil && err != io.EOF && b.w.fired.Load() && !errors.Is(err, errAnswerStalled) {
+		err = fmt.Errorf("%w: no byte for %v: %w", errAnswerStalled, b.w.d, err)
 	}
 	return n, err
 }
 
-// check stops the exchange when the read in progress has waited d, and
-// otherwise comes back when it would have.
-func (b *stallBody) check() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed.Load() {
-		return
-	}
-	wait := b.d
-	if s := b.since.Load(); s >= 0 {
-		waited := time.Since(b.base) - time.Duration(s)
-		if waited >= b.d {
-			b.fired.Store(true)
-			b.stop(fmt.Errorf("%w: no byte for %v", errAnswerStalled, b.d))
-			return
-		}
-		wait = b.d - waited
-	}
-	b.t.Reset(wait)
+func (b *stallBody) Close() error {
+	b.w.close()
+	return b.ReadCloser.Close()
 }
 
-func (b *stallBody) Close() error {
-	b.closed.Store(true)
-	b.mu.Lock()
-	b.t.Stop()
-	b.mu.Unlock()
+// sendBody is a request body on the fallback path, each piece of which the
+// upstream must take within d (Config.WriteTimeout), as on the direct path
+// (directUpstream.armSend): http.Transport bounds no write of a request
+// body, and an upstream that stops reading it (having answered early, or
+// not at all) held the request, its permit and its place for as long as it
+// kept the connection open. A piece is out when http.Transport asks for the
+// next one: the wait runs from a Read's return to the next Read, so the
+// client's own pace (the Read itself, bounded by timedBody) is not counted.
+// It ends with the body: what http.Transport does after the last piece (wait
+// for the answer, which may be long) is not a send.
+type sendBody struct {
+	io.ReadCloser
+	w waitWatch
+}
+
+func newSendBody(rc io.ReadCloser, d time.Duration, stop context.CancelCauseFunc) *sendBody {
+	b := &sendBody{ReadCloser: rc}
+	// os.ErrDeadlineExceeded: a timeout, answered 504 as on the direct path.
+	b.w.init(d, stop, fmt.Errorf("writing upstream request body: %w: no piece of it taken for %v: %w",
+		errSendStalled, d, os.ErrDeadlineExceeded))
+	return b
+}
+
+func (b *sendBody) Read(p []byte) (int, error) {
+	b.w.end()
+	n, err := b.ReadCloser.Read(p)
+	if err == nil {
+		b.w.begin()
+	}
+	return n, err
+}
+
+func (b *sendBody) Close() error {
+	b.w.close()
 	return b.ReadCloser.Close()
 }
 
@@ -569,7 +650,11 @@ func (f *Front) upstreamFailed(w http.ResponseWriter, r *http.Request, x *exchan
 		http.Error(w, "fairshare: the request body stalled", http.StatusRequestTimeout)
 		return
 	}
-	if r.Context().Err() != nil || errors.Is(err, errClientGone) {
+	if c := context.Cause(r.Context()); errors.Is(c, errSendStalled) {
+		// The fallback stopped the request (sendBody): the upstream's
+		// stall, not the client's leaving.
+		err = c
+	} else if r.Context().Err() != nil || errors.Is(err, errClientGone) {
 		// The client went away; there is nobody to answer.
 		if x != nil {
 			x.outcome = outcomeCanceled

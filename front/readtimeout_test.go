@@ -307,15 +307,12 @@ func TestUpstreamReadTimeoutTrickle(t *testing.T) {
 // bound of the request's send, whether UpstreamReadTimeout is on or off:
 // the permit comes back. On the fast path the body's wait took the loop's
 // one deadline from the send's: with the read bound off, nothing bounded
-// the exchange any more. On the direct path and the fast path; the
-// fallback (http.Transport) bounds no send of a request body (http-front.md).
+// the exchange any more. On every path: the fallback's http.Transport
+// bounded no send of a request body at all (sendBody).
 func TestEarlyAnswerKeepsTheSendBound(t *testing.T) {
 	for _, read := range []time.Duration{-1, 10 * time.Second} {
 		t.Run(fmt.Sprintf("read=%v", read), func(t *testing.T) {
 			paths(t, func(t *testing.T, tweak func(*Front)) {
-				if strings.HasSuffix(t.Name(), "/fallback") {
-					t.Skip("the fallback path bounds no send of a request body to the upstream")
-				}
 				done := make(chan struct{})
 				t.Cleanup(func() { close(done) })
 				r := newRig(t, rigOpts{tweak: tweak, cfg: Config{UpstreamReadTimeout: read, WriteTimeout: readTimeout}},

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package front
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fairshare-dev/fairshare/pools"
+)
+
+// fallbackRig is a front on the fallback path (http.Transport) to an
+// upstream over HTTP/1.1 or h2c, served as the daemon serves it.
+type fallbackRig struct {
+	addr string
+	pool *pools.Pool
+	f    *Front
+}
+
+func newFallbackRig(t *testing.T, h2c bool, cfg Config, upstream http.HandlerFunc) *fallbackRig {
+	t.Helper()
+	up := httptest.NewUnstartedServer(upstream)
+	if h2c {
+		up.Config.Protocols = new(http.Protocols)
+		up.Config.Protocols.SetHTTP1(true)
+		up.Config.Protocols.SetUnencryptedHTTP2(true)
+	}
+	up.Start()
+	t.Cleanup(up.Close)
+	r := &fallbackRig{}
+	var err error
+	if r.pool, err = pools.New(pools.Config{Name: "requests", Size: 4}, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Upstream = up.URL
+	cfg.UpstreamH2C = h2c
+	cfg.TrustedPeers = []string{"127.0.0.0/8"}
+	logs := &logBuffer{}
+	if r.f, err = New(cfg, Deps{Requests: r.pool, Log: logs.logger()}); err != nil {
+		t.Fatal(err)
+	}
+	r.f.up = nil // HTTP/1.1 too goes through http.Transport
+	t.Cleanup(r.f.CloseIdle)
+	srv := httptest.NewServer(r.f)
+	t.Cleanup(srv.Close)
+	r.addr = strings.TrimPrefix(srv.URL, "http://")
+	return r
+}
+
+// TestFallbackSendBound: on the fallback path, an upstream that stops
+// taking a request body is bounded by WriteTimeout, as on the direct path
+// and the fast path: one that never answers gets the client a 504, one
+// that answered early has the answer cut, and the permit comes back
+// either way, over HTTP/1.1 and over h2c (where the upstream stops by
+// granting no flow-control window). Random body sizes past what the
+// sockets' buffers and the h2c windows hold, with UpstreamReadTimeout off
+// so that only the send's bound can end the exchange. Before, http.Transport
+// wrote the body with no bound at all: the exchange held its permit and
+// its place for as long as the upstream kept the connection open.
+func TestFallbackSendBound(t *testing.T) {
+	const bound = 300 * time.Millisecond
+	for _, h2c := range []bool{false, true} {
+		for _, early := range []bool{false, true} {
+			t.Run(fmt.Sprintf("h2c=%v/early=%v", h2c, early), func(t *testing.T) {
+				done := make(chan struct{})
+				r := newFallbackRig(t, h2c, Config{WriteTimeout: bound, UpstreamReadTimeout: -1},
+					func(w http.ResponseWriter, _ *http.Request) {
+						if early {
+							w.Header().Set("Content-Length", "100")
+							w.WriteHeader(http.StatusOK)
+							_, _ = io.WriteString(w, "x")
+							_ = http.NewResponseController(w).Flush()
+						}
+						<-done // reads nothing of the body, sends nothing more
+					})
+				t.Cleanup(func() { close(done) }) // before the upstream's Close waits for its handlers
+				for round := range 3 {
+					size := 8<<20 + rand.IntN(8<<20)
+					c, err := net.Dial("tcp", r.addr)
+					if err != nil {
+						t.Fatal(err)
+					}
+					go func() {
+						_, _ = fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\n%s: beta\r\nContent-Length: %d\r\n\r\n", DefaultProjectHeader, size)
+						_, _ = c.Write(make([]byte, size))
+					}()
+					waitInUse(t, r.pool, 1)
+					start := time.Now()
+					waitInUse(t, r.pool, 0)
+					if d := time.Since(start); d > limitsDeadline/2 {
+						t.Errorf("round %d: the exchange held its permit %v, want about WriteTimeout (%v)", round, d, bound)
+					}
+					_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+					resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+					switch {
+					case err != nil && !early:
+						t.Errorf("round %d: no answer: %v", round, err)
+					case err != nil:
+						// Cut before its head reached the client (HTTP/1.1's
+						// is buffered): nothing, or a reset, to read.
+					case !early && resp.StatusCode != http.StatusGatewayTimeout:
+						t.Errorf("round %d: status %d, want 504", round, resp.StatusCode)
+					case early:
+						if n, err := io.Copy(io.Discard, resp.Body); err == nil || n >= 100 {
+							t.Errorf("round %d: the early answer was not cut: %d bytes, %v", round, n, err)
+						}
+					}
+					c.Close()
+					if n := outcomeCount(t, r.f, "beta", "error"); n != float64(round+1) {
+						t.Errorf("round %d: %v errors counted, want %d (the upstream's stall, not the client's)", round, n, round+1)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestFallbackSlowClientBodyNotBlamed: the send's bound counts only the
+// upstream's time: a client that pauses twice WriteTimeout between pieces
+// of its body (within BodyReadTimeout) has its request served whole on the
+// fallback path, over HTTP/1.1 and h2c.
+func TestFallbackSlowClientBodyNotBlamed(t *testing.T) {
+	const bound = 200 * time.Millisecond
+	for _, h2c := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2c=%v", h2c), func(t *testing.T) {
+			r := newFallbackRig(t, h2c, Config{WriteTimeout: bound, BodyReadTimeout: 20 * bound},
+				func(w http.ResponseWriter, req *http.Request) {
+					n, err := io.Copy(io.Discard, req.Body)
+					fmt.Fprintf(w, "%d %v", n, err)
+				})
+			const pieces, piece = 4, 1000
+			c, err := net.Dial("tcp", r.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\n%s: beta\r\nContent-Length: %d\r\n\r\n", DefaultProjectHeader, pieces*piece)
+			for range pieces {
+				time.Sleep(2 * bound)
+				if _, err := c.Write(make([]byte, piece)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if want := fmt.Sprintf("%d <nil>", pieces*piece); resp.StatusCode != http.StatusOK || string(b) != want {
+				t.Errorf("a slow client got %d %q, want 200 %q", resp.StatusCode, b, want)
+			}
+			waitInUse(t, r.pool, 0)
+		})
+	}
+}
