@@ -31,6 +31,10 @@ func TestPolicyBadInput(t *testing.T) {
 	}
 	if _, errOut, code := set("--tier", "lite", "--shares", "2", "alpha"); code != 0 {
 		t.Fatalf("a good set failed: %s", errOut)
+	} else if !strings.Contains(errOut, "no daemon answers at "+flags[3]) || !strings.Contains(errOut, "when it starts") {
+		// Stored, not in force: a mistyped --admin-socket or a daemon
+		// that is down must not look like a change in force.
+		t.Errorf("a set with no daemon said %q, want a note that it is only stored", errOut)
 	}
 	list := func() string {
 		out, errOut, code := runCLI(t, append([]string{"policy", "list", "--json"}, flags...)...)
@@ -208,6 +212,7 @@ func TestConfigErrors(t *testing.T) {
 		{[]string{"status", "--admin-socket", "relative.sock"}, 2},
 		{[]string{"cleanup", "--pin-dir", "relative"}, 2},
 		{[]string{"run", "--log-level", "loud", "--no-bpf", "--state-dir", dir}, 78},
+		{[]string{"run", "--print-config", "--check", "--no-bpf"}, 2}, // --check was skipped silently
 	} {
 		_, errOut, code := runCLI(t, tt.args...)
 		if code != tt.code || strings.Count(strings.TrimSpace(errOut), "\n") > 1 {

@@ -427,6 +427,8 @@ func TestEndToEnd(t *testing.T) {
 	// A policy through the CLI, which goes through the admin API.
 	if out, errOut, code := n.cli("policy", "set", "--tier", "pro", "--shares", "3", "--requests-per-sec", "50", "alpha"); code != 0 {
 		t.Fatalf("policy set: %d %s %s", code, out, errOut)
+	} else if strings.Contains(errOut, "no daemon answers") {
+		t.Errorf("policy set through the daemon noted it was only stored: %q", errOut)
 	}
 
 	addr := sink(t)

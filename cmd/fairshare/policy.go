@@ -196,6 +196,24 @@ func (viaDaemon) close() error { return nil }
 type viaStore struct {
 	s   *policy.Store
 	def policy.Policy
+	// socket is the admin socket that did not answer.
+	socket string
+}
+
+// storedOnly is the note for a write that went to the store because no
+// daemon answered (b a viaStore, maybe within a fileBackend): it is in
+// force only from the daemon's next start, or nowhere if the socket named
+// is not the running daemon's. "" for a write the daemon made.
+func storedOnly(b policyBackend) string {
+	if f, ok := b.(fileBackend); ok {
+		b = f.policyBackend
+	}
+	v, ok := b.(viaStore)
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("note: no daemon answers at %s: the change is stored in %s, and a daemon puts it in force when it starts "+
+		"(a daemon running with another admin socket does not see it until then)\n", v.socket, v.s.Path())
 }
 
 func (v viaStore) get(p string) (policy.Entry, bool, error) {
@@ -283,7 +301,7 @@ func openPolicies(c *cli.Context, mode storeMode, before func(config.Config) err
 	if err != nil {
 		return nil, cli.Exit(fmt.Sprintf("no daemon answers and the policy store could not be opened: %v", err), 1)
 	}
-	return viaStore{s: st, def: defaultPolicy(cfg)}, nil
+	return viaStore{s: st, def: defaultPolicy(cfg), socket: cfg.AdminSocket}, nil
 }
 
 // denied says whether err is the admin socket refusing this user.
@@ -395,6 +413,7 @@ func policySet(c *cli.Context) error {
 	if err != nil {
 		return policyErr(err)
 	}
+	fmt.Fprint(c.App.ErrWriter, storedOnly(b))
 	return printPolicies(c, []policy.Entry{{Project: project, Policy: p}}, false)
 }
 
@@ -448,6 +467,7 @@ func policyDelete(c *cli.Context) error {
 	if !found {
 		return cli.Exit(fmt.Sprintf("no policy is stored for %s", project), 1)
 	}
+	fmt.Fprint(c.App.ErrWriter, storedOnly(b))
 	fmt.Fprintf(c.App.Writer, "deleted the policy of %s\n", project)
 	return nil
 }
