@@ -104,6 +104,9 @@ func runCommand() *cli.Command {
 			if err != nil {
 				return configStatus(err)
 			}
+			if c.Bool("print-config") && c.Bool("check") {
+				return cli.Exit("--print-config and --check are two runs: give one of them", 2)
+			}
 			if c.Bool("print-config") {
 				// What run would refuse when it builds its parts is refused
 				// here too, with the same status.
