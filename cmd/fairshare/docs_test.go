@@ -196,6 +196,10 @@ func TestCompletion(t *testing.T) {
 		"policy ":         {"set", "get", "list", "delete"},
 		"status --js":     {"--json"},
 		"project add --c": {"--cgroup"},
+		// After the arguments, as every example writes it: the partial
+		// flag moved before them was refused as undefined.
+		"project add web --c":   {"--cgroup"},
+		"policy set alpha --ti": {"--tier"},
 	} {
 		w := append([]string{"fairshare"}, strings.Fields(words)...)
 		if strings.HasSuffix(words, " ") || words == "" {

@@ -51,8 +51,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 // has none after the arguments (it is last, or another of the command's
 // flags follows) is an error: moved before the arguments it would take the
 // first of them as its value.
+//
+// A completion request (urfave/cli's --generate-bash-completion, last) is
+// left as written: urfave/cli finds it only last, completes from the word
+// before it, and a partial flag after the arguments ("policy set alpha
+// --ti") moved before them was refused as a flag not defined.
 func flagsFirst(app *cli.App, args []string) ([]string, error) {
-	if len(args) < 2 {
+	if len(args) < 2 || args[len(args)-1] == "--generate-bash-completion" {
 		return args, nil
 	}
 	out := []string{args[0]}
