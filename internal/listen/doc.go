@@ -35,9 +35,11 @@
 // about itself (Peer):
 //
 //   - on a unix socket, the uid from SO_PEERCRED;
-//   - on TCP from loopback, the owner of the client's socket, looked up in
-//     the kernel's socket table (sock_diag) when the connection is
-//     accepted;
+//   - on TCP from loopback, or from the address the connection reached
+//     (a process of this host connecting to the host's own address, as
+//     kubelet probes a host-network pod), the owner of the client's
+//     socket, looked up in the kernel's socket table (sock_diag) when the
+//     connection is accepted;
 //   - on TCP from elsewhere, the address (an IPv6 address's /64).
 //
 // A uid is folded onto its owner when it lies in a subordinate range of

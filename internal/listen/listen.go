@@ -248,10 +248,15 @@ func (l *Listener) identify(c net.Conn) Peer {
 			break
 		}
 		addr := ra.AddrPort().Addr().Unmap()
-		if !addr.IsLoopback() {
+		if !addr.IsLoopback() && addr != la.AddrPort().Addr().Unmap() {
 			p.Key = "net:" + remoteKey(addr)
 			break
 		}
+		// Loopback, or the host's own address at both ends: a process of
+		// this host (kubelet probing a host-network pod at the node's
+		// address comes so), which sock_diag names as on loopback. Taken
+		// for a remote address, root's probes shared the places with
+		// every pod that reaches the node's address.
 		// The client's socket has our ends the other way round; the
 		// kernel knows who made it.
 		if s, err := sockdiag.Lookup(ra.AddrPort(), la.AddrPort()); err == nil {

@@ -3,13 +3,20 @@
 package listen
 
 import (
+	"bufio"
 	"io"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/fairshare-dev/fairshare/internal/peercred"
 )
@@ -100,5 +107,86 @@ func TestRemoteKey(t *testing.T) {
 		if got := remoteKey(netip.MustParseAddr(in)); got != want {
 			t.Errorf("remoteKey(%s) = %s, want %s", in, got, want)
 		}
+	}
+}
+
+// hostAddrEnv runs TestHostAddressTCPPeers's body: the test binary re-run
+// in a network namespace of its own.
+const hostAddrEnv = "LISTEN_TEST_HOST_ADDR"
+
+// A client of this host that connects to the host's own address (not
+// loopback: kubelet probing a host-network pod at the node's address) is
+// named by sock_diag as on loopback: root gets the reserve, a local user its
+// per-peer cap. Before, it was a remote address, and root's probes shared
+// the places with every pod that reaches the node's address; a tenant
+// holding them failed the daemon's probes and had it restarted. A client
+// from another address of the same host is still an address. In a network
+// namespace of the test's own.
+func TestHostAddressTCPPeers(t *testing.T) {
+	needRoot(t)
+	if os.Getenv(hostAddrEnv) == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHostAddressTCPPeers$", "-test.count=1")
+		cmd.Env = append(os.Environ(), hostAddrEnv+"=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+		if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "PASS") {
+			t.Fatalf("in a network namespace of its own: %v\n%s", err, out)
+		}
+		return
+	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		t.Fatal(err)
+	}
+	// Two addresses of the host that are not loopback ones (on lo: no
+	// interface to make, which a kernel without the dummy driver refuses).
+	for _, a := range []string{"10.200.0.1/32", "10.200.0.2/32"} {
+		addr, _ := netlink.ParseAddr(a)
+		if err := netlink.AddrAdd(lo, addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tl, err := net.Listen("tcp4", "10.200.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var got []Peer
+	l := Wrap(tl, Options{Name: "tcp", MaxConns: 6, Reserve: 2, MaxPerPeer: 2,
+		Privileged: func(uid uint32) bool { return uid == 0 }, Refuse: refuseLine,
+		Classify: func(c net.Conn, p *Peer) { mu.Lock(); got = append(got, *p); mu.Unlock() }})
+	defer l.Close()
+	serve(l)
+	addr := tl.Addr().String()
+	if h := dialNetAs(t, "tcp4", addr, 4, 65534); h.count("open") != 2 || h.count("refused peer_full") != 2 {
+		t.Fatalf("nobody: %q; want 2 open, 2 refused peer_full", h.lines)
+	}
+	if h := dialNetAs(t, "tcp4", addr, 3, 65533); h.count("open") != 2 || h.count("refused listener_full") != 1 {
+		t.Fatalf("uid 65533: %q; want 2 open, then the listener full but for root", h.lines)
+	}
+	if h := dialNetAs(t, "tcp4", addr, 3, 0); h.count("open") != 2 || h.count("refused listener_full") != 1 {
+		t.Fatalf("root at the host's address: %q; want the 2 reserved places", h.lines)
+	}
+	mu.Lock()
+	for _, p := range got {
+		if !p.HasUID || p.Key != "uid:"+itoa(p.UID) || p.Cgroup == 0 || p.Privileged != (p.UID == 0) {
+			t.Errorf("peer %+v: want its uid and cgroup from sock_diag", p)
+		}
+	}
+	got = nil
+	mu.Unlock()
+	// From the host's other address: an address, as a remote peer.
+	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("10.200.0.2")}}).Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = bufio.NewReader(c).ReadString('\n')
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || got[0].HasUID || got[0].Key != "net:10.200.0.2" {
+		t.Errorf("a client from another address: %+v, want the address's peer", got)
 	}
 }
