@@ -105,7 +105,7 @@ func TestRemoveStale(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer m.Close()
-		if err := m.Pin(filepath.Join(pinDir, "some_map")); err != nil {
+		if err := m.Pin(filepath.Join(pinDir, "fs_some_map")); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.MkdirAll(filepath.Join(cg, Small), 0o755); err != nil {

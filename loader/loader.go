@@ -97,8 +97,8 @@ var (
 	// the programs were loaded against them although Open had found them
 	// reusable a moment before: another process changed the pins
 	// meanwhile (pins of another layout found at the start are migrated,
-	// doc.go "Upgrades"). Run Cleanup.
-	ErrPinnedMismatch = errors.New("pinned objects do not match; run cleanup")
+	// doc.go "Upgrades"); each error wrapping it names the remedy.
+	ErrPinnedMismatch = errors.New("the pinned maps do not match this version's programs")
 	// ErrInvalidOptions reports options Open cannot work with.
 	ErrInvalidOptions = errors.New("invalid loader options")
 	// ErrClosed is returned by methods of a closed Limiter.
@@ -1052,9 +1052,13 @@ func (l *Limiter) Close() error {
 	return nil
 }
 
-// Cleanup detaches and unpins everything under pinDir ("" means
+// Cleanup detaches and unpins the loader's pins under pinDir ("" means
 // DefaultPinDir) and removes the directory. Enforcement stops once no
-// process holds the links open. A missing directory is not an error.
+// process holds the links open. A missing directory is not an error
+// (CleanupPinDir tells it apart). A directory that is not a pin directory
+// of the loader's (not on bpffs, bpffs's root, or holding anything the
+// loader does not make: cleanupguard.go) is refused with an error wrapping
+// ErrNotPinDir, and nothing in it is removed.
 func Cleanup(pinDir string) error {
 	if pinDir == "" {
 		pinDir = DefaultPinDir
@@ -1092,12 +1096,12 @@ func CleanupOpened(dir *os.File) error {
 }
 
 func cleanup(pinDir string, rmdir bool) error {
-	ents, err := os.ReadDir(pinDir)
-	if errors.Is(err, os.ErrNotExist) {
+	ents, err := guardPinDir(pinDir, !rmdir)
+	if errors.Is(err, errNoPinDir) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("reading pin directory: %w", err)
+		return err
 	}
 	errs := []error{cleanupNetns(pinDir)}
 	for _, e := range ents {

@@ -120,6 +120,11 @@ func TestCleanupForceStopsDaemon(t *testing.T) {
 		} else {
 			a.close()
 		}
+		// The marker is no pin of fairshare's: cleanup would refuse the
+		// directory with it.
+		if err := os.RemoveAll(marker); err != nil {
+			t.Fatal(err)
+		}
 		if err := loader.Cleanup(n.pin); err != nil {
 			t.Fatal(err)
 		}
