@@ -127,7 +127,8 @@
 // Dry-run: a pool's enforce: false (configuration) or a project's (its
 // policy, live) puts the user-space pools in dry-run (pools.Pool.SetDryRun),
 // the front's rate checks for the project (dryRun), and the kernel: the
-// pool's flag and the projects' set go into the maps (SetEvents at start,
+// pool's flag and the projects' set go into the maps (loader.Options.Events
+// at start, before the programs are attached,
 // SetDryRunProjects when a policy changes and every tick, for a project
 // whose cgroup came later). What the rule would refuse is admitted, counted
 // as would_refuse and published as such.

@@ -187,16 +187,21 @@ func openKernel(cfg config.Config, log *slog.Logger, sink *eventSink, sizes map[
 		// for none (8 MiB less); a pool added by SIGHUP then needs a
 		// restart, which grows them (docs/destination-pools.md).
 		NoDestPools: len(dests) == 0 && cfg.Connections.MaxDestinationPools == 0,
+		// The events' bound and the pool's dry-run, written by Open
+		// before its programs run (a pool in dry-run is never refused
+		// by them) and before its heartbeat, its last step: nothing
+		// after Open fails a start on pins a daemon left (New's
+		// lockPins after it runs only on a pin directory this start
+		// made), so a start that fails renews no heartbeat and a crash
+		// loop lets enforcement lapse.
+		Events: &loader.EventSettings{PerSec: uint32(cfg.Events.PerSec), DryRun: !conn.Enforced()},
 	})
 	if err != nil {
 		return nil, loadError(cfg.PinDir, err)
 	}
 	k := &kernelSide{lim: lim, root: root, pinDir: cfg.PinDir, reconcile: cfg.Reconcile, log: log, events: sink,
-		book: kernelBook{last: map[uint32]kernelCounts{}}, dry: map[string]bool{}, dropped: map[uint64]uint64{}}
-	if err := k.setEvents(cfg); err != nil {
-		lim.Close()
-		return nil, err
-	}
+		book: kernelBook{last: map[uint32]kernelCounts{}}, dry: map[string]bool{}, dropped: map[uint64]uint64{},
+		dryPool: !conn.Enforced()}
 	// Open's own pass: at a restart on pins with members, or a
 	// migration, it is the one that adopts (and repairs), so its
 	// findings become events and a pass of the record as the daemon's

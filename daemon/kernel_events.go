@@ -14,15 +14,6 @@ import (
 	"github.com/fairshare-dev/fairshare/loader"
 )
 
-// setEvents writes the events bound and the pool's dry-run into the maps.
-func (k *kernelSide) setEvents(cfg config.Config) error {
-	k.dryPool = !cfg.Pools[config.PoolConnections].Enforced()
-	if err := k.lim.SetEvents(uint32(cfg.Events.PerSec), k.dryPool); err != nil {
-		return fmt.Errorf("bpf events settings (pin dir %s): %w", k.pinDir, err)
-	}
-	return nil
-}
-
 // setDryRun puts a project in dry-run in the kernel, or back (written at
 // once, and again at each tick for projects whose cgroup came later).
 func (k *kernelSide) setDryRun(project string, on bool) {

@@ -69,7 +69,13 @@ func Check(opts Options) (CheckReport, error) {
 	l := &Limiter{root: mi.Point, mnt: mi, base: opts.BaseLevel, depth: opts.MaxDepth, maxProj: opts.MaxProjects,
 		maxMemb: opts.MaxMembers, pinDir: opts.PinDir, size: opts.PoolSize, floor: opts.Floor, capacity: opts.PoolCapacity, log: opts.Logger, maxDest: opts.MaxDestPools,
 		noDest: opts.NoDestPools, abortPast: opts.AbortMovedPast}
-	if _, err := os.Stat(filepath.Join(opts.PinDir, "fs_config")); err == nil {
+	// An interrupted cleanup's leftovers (no fs_config) are migrated by
+	// Open, and said so (incompatible).
+	left, err := leftoverPins(opts.PinDir)
+	if err != nil {
+		return rep, err
+	}
+	if len(left) > 0 {
 		rep.Pinned = true
 		if err := l.checkPinned(&rep); err != nil {
 			return rep, err

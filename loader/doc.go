@@ -86,7 +86,9 @@
 //
 // Options.LapseAfter (connections.lapse_after) bounds how long the pins
 // enforce without a daemon. Open renews a heartbeat in fs_lapses
-// (CLOCK_BOOTTIME) first thing once the maps are there, and every Tick
+// (CLOCK_BOOTTIME) as its last step, once nothing can fail the start (a
+// start refused renews nothing, so a crash loop lapses; maps that never
+// had one get one before the programs are attached), and every Tick
 // renews it; once it is older than LapseAfter, every refusal of the rule
 // or of a rate is admitted as dry-run admits it: the permit is taken past
 // the rule and counted, the event carries Refusal.Lapsed, and
@@ -302,13 +304,20 @@
 //
 // # Upgrades
 //
-// Maps of another layout (a value that grew, flags that changed), or a
-// directory missing a map the others must agree with, are migrated by Open
+// Maps of another layout (a value that grew, flags that changed), a
+// directory missing a map the others must agree with, or one holding pins
+// but no fs_config (an interrupted cleanup's leftovers), are migrated by Open
 // (migrate.go), under the pin directory's lock (Options.PinLock, or one it
 // takes; ErrPinsLocked while another process holds it): fresh maps pinned
 // in <pin dir>/migrating, configured as at a first start with the members
 // and project names copied over (as bytes, when their entries have the
-// same size); the new programs attached beside the old ones (a connect is
+// same size; the members only with the names), and what has the old
+// programs admit past the rule, which the daemon writes only after Open:
+// the events' settings and the pool's dry-run (unless Options.Events
+// gives them), the projects in dry-run, and the heartbeat with its
+// lapse_after (carryOver), so that the new programs admit what the old
+// admit while both run, and lapse when they do after a crash that leaves
+// them attached; the new programs attached beside the old ones (a connect is
 // refused if either refuses) and the live sockets counted into the new
 // maps by a reconcile pass, which enters every network namespace a process
 // of the host is in (otherNetns), not only the daemon's; the directory renamed to "migrated", the

@@ -42,17 +42,46 @@ func (l *Limiter) SetExempt(paths []string, max uint32) error {
 	if l.closed {
 		return ErrClosed
 	}
+	x, err := l.resolveExemptLocked(paths, max)
+	if err != nil {
+		return err
+	}
+	return l.setExemptLocked(x)
+}
+
+// exemptSet is an exempt set resolved, nothing written yet (SetExempt):
+// the paths as given, their cgroups' ids, the absolute paths of those where
+// none exists yet, and the budget.
+type exemptSet struct {
+	paths   []string
+	ids     map[uint64]string
+	missing []string
+	max     uint32
+}
+
+// resolveExemptLocked checks and resolves an exempt set (SetExempt's
+// arguments) without writing anything: Open does it before it writes the
+// rest of the configuration, so that a bad set refuses the start with
+// nothing written.
+func (l *Limiter) resolveExemptLocked(paths []string, max uint32) (exemptSet, error) {
 	if max == 0 {
 		max = l.floor
 	}
 	if len(paths) > limits.ExemptCap {
-		return fmt.Errorf("%d exempt cgroups, at most %d: %w", len(paths), limits.ExemptCap, ErrBadExempt)
+		return exemptSet{}, fmt.Errorf("%d exempt cgroups, at most %d: %w", len(paths), limits.ExemptCap, ErrBadExempt)
 	}
 	ids, missing, err := l.exemptIDsOf(paths)
 	if err != nil {
-		return err
+		return exemptSet{}, err
 	}
-	l.exemptWant, l.exemptMissing = slices.Clone(paths), missing
+	return exemptSet{paths: slices.Clone(paths), ids: ids, missing: missing, max: max}, nil
+}
+
+// setExemptLocked writes the resolved exempt set x: the map, the budget and
+// the members' flags.
+func (l *Limiter) setExemptLocked(x exemptSet) error {
+	ids, max := x.ids, x.max
+	l.exemptWant, l.exemptMissing = x.paths, x.missing
 	var stale []uint64 // entries of the old set (a restart's too) not in the new
 	var id uint64
 	var v uint32

@@ -16,7 +16,10 @@ import (
 
 // The lapse (bpf/lib/events.h, fs_lapses): the daemon renews a heartbeat in
 // the pins at the end of an Open that succeeded (a start that fails leaves
-// it as it was) and at every Tick.
+// it as it was: Open's is the last step that can fail, the daemon's
+// settings that the programs read written before it, Options.Events) and
+// at every Tick. Maps that never had one get one before the programs are
+// attached (startLapse), and a migration carries the old pins' over.
 // Once the heartbeat is older than Options.LapseAfter the programs stop
 // refusing: every refusal is admitted as dry-run admits it (counted, its
 // permit taken past the rule, its event flagged Lapsed), so a node whose
@@ -48,6 +51,32 @@ func (l *Limiter) heartbeat() error {
 		FleetAfterMs: l.fleetAfterLocked(time.Now()), NodeSafe: l.nodeSafe}
 	if err := l.objs.FsLapses.Put(lapseSlot, &v); err != nil {
 		return fmt.Errorf("renewing the heartbeat: %w", err)
+	}
+	return nil
+}
+
+// startLapse starts the lapse's clock in maps that never had a heartbeat
+// (0: the programs never lapse), before the programs are attached: a first
+// start's, or a migration's whose old pins had none to carry over
+// (carryOver). So programs a start leaves attached without getting through
+// it (a daemon killed before its Open returned) lapse after LapseAfter like
+// any others, not never. A heartbeat the maps hold (the last daemon's,
+// or the one a migration carried over from the old pins) is left as it is:
+// only a start that succeeds renews it.
+func (l *Limiter) startLapse() error {
+	if l.objs.FsLapses == nil {
+		return nil
+	}
+	var v limiterFsLapse
+	if err := l.objs.FsLapses.Lookup(lapseSlot, &v); err != nil {
+		return fmt.Errorf("reading the heartbeat: %w", err)
+	}
+	if v.HeartbeatNs != 0 {
+		return nil
+	}
+	v.HeartbeatNs, v.AfterNs = bootNow(), uint64(l.lapse)
+	if err := l.objs.FsLapses.Put(lapseSlot, &v); err != nil {
+		return fmt.Errorf("starting the heartbeat: %w", err)
 	}
 	return nil
 }

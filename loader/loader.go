@@ -236,6 +236,13 @@ type Options struct {
 	NoDestPools bool
 	// DestPools are the destination pools Open applies (SetDestPools).
 	DestPools []DestPool
+	// Events, if not nil, are the refusal events' bound and the pool's
+	// dry-run, which Open writes (SetEvents) before the programs are
+	// attached: they admit what the configuration says from their first
+	// connect, and nothing the start could still fail on comes after
+	// Open's heartbeat. nil leaves them as the pins hold them (a
+	// migration's: as the old pins held them).
+	Events *EventSettings
 }
 
 // Limiter is a loaded, attached connection limiter. Its maps and links are
@@ -271,6 +278,9 @@ type Limiter struct {
 	pinLock  *os.File   // Options.PinLock
 	unlock   func()     // releases the lock taken for a migration; nil: none taken
 	mig      *migration // the pins of another layout Open replaces; nil: none
+	// prior is what Open's setUp overwrote of reused pins' configuration,
+	// put back if the start fails (prior.go); nil: nothing to put back.
+	prior *priorConfig
 	// migNetns are, during a migration, the network namespaces of the
 	// host's processes other than the daemon's, by inode (otherNetns):
 	// the migration's passes count their connections too.
@@ -508,6 +518,7 @@ func Open(opts Options) (*Limiter, error) {
 	}
 	rep, err := l.setUp(opts)
 	if err != nil {
+		l.restorePrior()
 		l.closeFDs()
 		// Before its commit a failed migration leaves the old pins as
 		// they were, enforcing; after it, the next Open installs the new.
@@ -522,6 +533,7 @@ func Open(opts Options) (*Limiter, error) {
 	// until the first Tick. Recounted now, after the first pass (its
 	// adoptions stamp their projects).
 	if err := l.recountActiveLocked(); err != nil {
+		l.restorePrior()
 		l.closeFDs()
 		return nil, err
 	}
@@ -539,9 +551,11 @@ func Open(opts Options) (*Limiter, error) {
 	// fails (a start refused, a crash loop that never gets this far) leaves
 	// the heartbeat as it was, so such a node still lapses.
 	if err := l.heartbeat(); err != nil {
+		l.restorePrior()
 		l.closeFDs()
 		return nil, err
 	}
+	l.prior = nil
 	l.started = rep
 	if l.mig != nil {
 		past := 0
@@ -562,7 +576,9 @@ func Open(opts Options) (*Limiter, error) {
 // setUp configures the loaded maps as Options say, attaches the programs and
 // reconciles once. In a migration the new programs are attached beside the
 // old and count the live sockets before the old ones are detached (see
-// migrate.go).
+// migrate.go). On reused pins, what it overwrites of the configuration the
+// running programs enforce is kept in l.prior, for Open to put back if the
+// start fails (prior.go).
 func (l *Limiter) setUp(opts Options) (ReconcileReport, error) {
 	var rep ReconcileReport
 	if err := l.loadMembership(); err != nil {
@@ -574,6 +590,24 @@ func (l *Limiter) setUp(opts Options) (ReconcileReport, error) {
 	if err := l.syncDestConfsLocked(); err != nil {
 		return rep, err
 	}
+	// What can be refused without writing first: the exempt set.
+	l.mu.Lock()
+	exempt, xerr := l.resolveExemptLocked(opts.Exempt, opts.ExemptMax)
+	l.mu.Unlock()
+	if xerr != nil {
+		return rep, xerr
+	}
+	// On reused pins the programs that run go on with what is written
+	// below: what they enforce now is read first, and put back if the
+	// start fails past here (Open), so that they go on enforcing the last
+	// daemon's configuration, not half of the refused one's.
+	if l.reused && l.mig == nil {
+		prior, err := l.readPrior()
+		if err != nil {
+			return rep, err
+		}
+		l.prior = prior
+	}
 	// The destination pools before the node pool's settings: a change of
 	// them the pins cannot take (ErrDestPoolsFull) refuses the start with
 	// nothing written, and the programs go on enforcing what the last
@@ -584,8 +618,19 @@ func (l *Limiter) setUp(opts Options) (ReconcileReport, error) {
 	if err := l.checkAndWriteConfig(); err != nil {
 		return rep, err
 	}
+	if opts.Events != nil {
+		if err := l.setEvents(*opts.Events); err != nil {
+			return rep, err
+		}
+	}
 	// Before attaching: a reused pin keeps enforcing the old set until now.
-	if err := l.SetExempt(opts.Exempt, opts.ExemptMax); err != nil {
+	l.mu.Lock()
+	xerr = l.setExemptLocked(exempt)
+	l.mu.Unlock()
+	if xerr != nil {
+		return rep, xerr
+	}
+	if err := l.startLapse(); err != nil {
 		return rep, err
 	}
 	if l.mig == nil {

@@ -132,7 +132,19 @@ func (l *Limiter) resumeMigration() error {
 // permit tables too small for the pool's capacity.
 func (l *Limiter) incompatible(spec *ebpf.CollectionSpec) (string, error) {
 	if _, err := os.Stat(filepath.Join(l.pinDir, "fs_config")); err != nil {
-		return "", nil // nothing pinned: a fresh start
+		// Nothing pinned is a fresh start. Other pins without fs_config
+		// are what an interrupted cleanup leaves (it unpins in the
+		// directory's order, fs_config among the first): maps that may
+		// no longer agree with one another (fs_held gone, the counts
+		// kept) and the links still running the old programs. Not a
+		// fresh start beside them: migrated, the counts rebuilt from
+		// the live sockets and the leftovers replaced.
+		left, err := leftoverPins(l.pinDir)
+		if err != nil || len(left) == 0 {
+			return "", err
+		}
+		return fmt.Sprintf("fs_config missing beside %d other pins (%s): an interrupted cleanup's leftovers",
+			len(left), strings.Join(left[:min(len(left), 4)], ", ")), nil
 	}
 	names := make([]string, 0, len(spec.Maps))
 	for name := range spec.Maps {
@@ -182,6 +194,25 @@ func (l *Limiter) incompatible(spec *ebpf.CollectionSpec) (string, error) {
 	return strings.Join(why, "; "), nil
 }
 
+// leftoverPins names the pins of fairshare's at the top of pinDir (maps
+// and links: "fs_" and "link_" names), sorted.
+func leftoverPins(pinDir string) ([]string, error) {
+	ents, err := os.ReadDir(pinDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the pin directory %s: %w", pinDir, err)
+	}
+	var out []string
+	for _, e := range ents {
+		if n := e.Name(); !e.IsDir() && (strings.HasPrefix(n, "fs_") || strings.HasPrefix(n, "link_")) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
 // pinnedLayout is fs_settings.layout of the pins in pinDir, whose fs_config
 // has this version's value size (0: pins of a version before the word).
 func pinnedLayout(pinDir string) (uint32, error) {
@@ -212,21 +243,44 @@ func (l *Limiter) loadStaged(spec *ebpf.CollectionSpec, reason string) error {
 	if err != nil {
 		return l.loadError(err)
 	}
-	return l.carryMembership()
+	return l.carryOver()
 }
 
 // carriedMaps are the pinned maps whose contents a migration copies to the
-// new ones: who is a member of which project, and the projects' names by
-// id (the ids the members name). They are definitions, not counts, and the
-// new programs must classify sockets from the moment they run (the daemon
-// sets the members again only after Open). Copied entry by entry, as
-// bytes, only when the old and new entries have the same size.
-var carriedMaps = []string{"fs_names", "fs_members"}
+// new ones before the new programs run beside the old (attachStaged):
+//
+//   - who is a member of which project, and the projects' names by id (the
+//     ids the members name). They are definitions, not counts, and the new
+//     programs must classify sockets from the moment they run (the daemon
+//     sets the members again only after Open);
+//   - what makes the old programs admit what the rule refuses, which the
+//     daemon writes only after Open: the pool's dry-run and the events'
+//     bound (fs_ev_config: the new programs report their refusals), the
+//     projects in dry-run (fs_dryrun, by project id: carried with the
+//     names only), and the lapse (fs_lapses: the last daemon's heartbeat
+//     and lapse_after, so that the new programs lapse when the old ones do,
+//     also after a crash that leaves them attached).
+//
+// Copied entry by entry, as bytes, only when the old and new entries have
+// the same size (fs_lapses: the fields both have, which only ever grew at
+// the end). A map that cannot be carried starts as at a first start, but
+// the members never without the names (their ids would be given to other
+// projects).
+var carriedMaps = []string{"fs_names", "fs_members", "fs_dryrun", "fs_ev_config", "fs_lapses"}
 
-// carryMembership copies carriedMaps from the old pins to the new maps.
-func (l *Limiter) carryMembership() error {
+// carryOver copies carriedMaps from the old pins to the new maps.
+func (l *Limiter) carryOver() error {
+	dsts := map[string]*ebpf.Map{"fs_names": l.objs.FsNames, "fs_members": l.objs.FsMembers,
+		"fs_dryrun": l.objs.FsDryrun, "fs_ev_config": l.objs.FsEvConfig, "fs_lapses": l.objs.FsLapses}
+	named := false // fs_names was carried: the ids mean what they meant
 	for _, name := range carriedMaps {
-		dst := map[string]*ebpf.Map{"fs_names": l.objs.FsNames, "fs_members": l.objs.FsMembers}[name]
+		if (name == "fs_members" || name == "fs_dryrun") && !named {
+			if _, err := os.Stat(filepath.Join(l.pinDir, name)); err == nil {
+				l.log.Error("not carried over by the migration, the project names were not: projects are not recognised until the daemon sets the members",
+					"map", name)
+			}
+			continue
+		}
 		src, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, name), nil)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
@@ -234,18 +288,52 @@ func (l *Limiter) carryMembership() error {
 		if err != nil {
 			return fmt.Errorf("reading the old pinned map %s: %w", name, err)
 		}
-		n, err := copyEntries(src, dst)
+		var n int
+		if name == "fs_lapses" {
+			n, err = copyPrefix(src, dsts[name])
+		} else {
+			n, err = copyEntries(src, dsts[name])
+		}
 		src.Close()
 		if err != nil {
 			// Not a refusal: the daemon sets the members right after
-			// Open; until then the new programs see no project.
-			l.log.Error("the members could not be carried over by the migration: projects are not recognised until the daemon sets them",
+			// Open; until then the new programs see no project (and
+			// the old ones still run, and refuse or not, beside them).
+			l.log.Error("a map could not be carried over by the migration: the new programs start without it until the daemon writes it",
 				"map", name, "err", err)
 			continue
 		}
+		named = named || name == "fs_names"
 		l.log.Debug("carried over by the migration", "map", name, "entries", n)
 	}
 	return nil
+}
+
+// copyPrefix copies the entries of the array src into the array dst as
+// copyEntries does, each value's bytes that both sizes have (the rest
+// zero): for a value whose fields were only ever added at its end.
+func copyPrefix(src, dst *ebpf.Map) (int, error) {
+	if src.ValueSize() == dst.ValueSize() {
+		return copyEntries(src, dst)
+	}
+	if src.KeySize() != 4 || dst.KeySize() != 4 || src.Type() != ebpf.Array {
+		return 0, fmt.Errorf("entries of %d+%d bytes, this version's %d+%d",
+			src.KeySize(), src.ValueSize(), dst.KeySize(), dst.ValueSize())
+	}
+	v := make([]byte, src.ValueSize())
+	n := 0
+	for k := uint32(0); k < min(src.MaxEntries(), dst.MaxEntries()); k++ {
+		if err := src.Lookup(k, v); err != nil {
+			return n, err
+		}
+		w := make([]byte, dst.ValueSize())
+		copy(w, v)
+		if err := dst.Put(k, w); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
 
 // copyEntries copies every non-zero entry of src into dst, as bytes.

@@ -84,6 +84,22 @@ const eventSize = 88
 // writes none) and the pool's dry-run: while on, the programs admit what
 // the rule refuses and count it as would-refuse.
 func (l *Limiter) SetEvents(perSec uint32, dryRun bool) error {
+	return l.setEvents(EventSettings{PerSec: perSec, DryRun: dryRun})
+}
+
+// EventSettings are the refusal events' bound and the pool's dry-run, as
+// SetEvents writes them (Options.Events).
+type EventSettings struct {
+	// PerSec bounds the events each project writes a second; 0 writes
+	// none.
+	PerSec uint32
+	// DryRun puts the pool in dry-run: the programs admit what the rule
+	// refuses, and count it.
+	DryRun bool
+}
+
+func (l *Limiter) setEvents(e EventSettings) error {
+	perSec, dryRun := e.PerSec, e.DryRun
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {

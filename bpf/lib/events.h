@@ -16,8 +16,10 @@
  * racing at a second's start cannot pass the bound (a reset of the count
  * apart from the second's change let each racing CPU write one more).
  *
- * Dry-run (enforce: false, the pool's in fs_ev_config, a project's in
- * fs_dryrun, both written by the control loop): take_permit (rule.h) asks
+ * Dry-run (enforce: false, the pool's in fs_ev_config, written by
+ * loader.Open before the programs are attached, a project's in fs_dryrun,
+ * written by the control loop; both carried over by a migration):
+ * take_permit (rule.h) asks
  * dry_run on its refusal branch only, and takes the permit past the rule
  * instead, counting it as would_refuse; the caller then emits the event
  * with FS_EV_WOULD and admits.
@@ -26,8 +28,12 @@
  * tick; once it is older than after_ns (connections.lapse_after; 0 never),
  * dry_run says yes to every refusal, so the programs go on counting and stop
  * refusing, and each refusal admitted so is counted (admitted) and its event
- * flagged FS_EV_LAPSED. A daemon that comes back renews the heartbeat first
- * thing (loader.Open), and the next refusal is one again. The clock is read
+ * flagged FS_EV_LAPSED. A daemon that comes back renews the heartbeat once
+ * its start can no longer fail (the last step of loader.Open: a start that
+ * fails renews nothing), and the next refusal is one again. Maps that never
+ * had a heartbeat (0: never lapse) get one before the programs are attached,
+ * and a migration's new maps the old pins' (loader/migrate.go, carryOver),
+ * so programs a killed start leaves attached lapse too. The clock is read
  * on the refusal path only: the admitted path never reaches dry_run.
  *
  * The API other refusals use (issue #20's rate limit): emit_refusal with a
