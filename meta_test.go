@@ -94,12 +94,12 @@ func TestSPDXHeaders(t *testing.T) {
 // make demo runs the kernel's drills too when it can (as root: to the node's
 // pool, then to a destination pool), and says
 // plainly that it skipped it otherwise. As root the drills are the real
-// ones, run by a binary built here with 3s phases (make's own build is
+// ones, run by a binary built here with 3.5 s phases (the least the drill takes) (make's own build is
 // taken as done, so nothing is written to the tree), and the connections
 // drill must report connections the kernel refused. (Before, the drills
 // were replaced by echo in both cases: the kernel path never ran.) The
 // requests drill's latency verdicts are the drill package's to check, with
-// its phases: here, with 3 s phases on a loaded host, they may fail, and
+// its phases: here, with 3.5 s phases on a loaded host, they may fail, and
 // make demo still runs the kernel's drills before it fails.
 func TestMakeDemo(t *testing.T) {
 	if _, err := exec.LookPath("make"); err != nil {
@@ -112,7 +112,7 @@ func TestMakeDemo(t *testing.T) {
 	demo := func(run, uid string) string {
 		t.Helper()
 		out, err := exec.Command("make", "--no-print-directory", "-o", "build", "demo", "DEMO_RUN="+run,
-			"DEMO_FLAGS=--phase 3s --slices 2", "DEMO_UID="+uid).CombinedOutput()
+			"DEMO_FLAGS=--phase 3.5s --slices 2", "DEMO_UID="+uid).CombinedOutput()
 		if err != nil {
 			t.Logf("make demo (uid %s): %v", uid, err)
 		}

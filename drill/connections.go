@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/fairshare-dev/fairshare/internal/cgroup"
 	"github.com/fairshare-dev/fairshare/internal/destination"
 	"github.com/fairshare-dev/fairshare/loader"
+	"github.com/fairshare-dev/fairshare/loader/limits"
 )
 
 // LoopEnv is set in the environment of the load generator processes the
@@ -115,7 +117,13 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 	// The projects are the root's children: the walk looks at that level only.
 	nodeSize := cfg.PoolSize
 	if cfg.ToDestination {
+		if nodeSize > limits.MaxPoolSize/destNodeFactor {
+			return nil, fmt.Errorf("destination pool of %d: the node's pool around it, %d times larger, holds at most %d permits", cfg.PoolSize, destNodeFactor, limits.MaxPoolSize)
+		}
 		nodeSize *= destNodeFactor
+	}
+	if nodeSize > limits.MaxPoolSize {
+		return nil, fmt.Errorf("pool of %d: the kernel's connection pool holds at most %d permits", nodeSize, limits.MaxPoolSize)
 	}
 	lim, err := loader.Open(loader.Options{PinDir: pinDir, PoolSize: uint32(nodeSize), Logger: cfg.Log,
 		BaseLevel: level + 1, MaxDepth: 1, MaxProjects: 16, MaxDestPools: 1})
@@ -171,6 +179,10 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 	// requests pool: the floor is judged from the first sample.
 	tl := newTimeline(time.Now().Add(200*time.Millisecond), cfg.Warmup, cfg.Phase, cfg.Slices)
 	hold := newHoldings()
+	// The maps are read entry by entry while the programs change them, and
+	// a project's count is read before its permit is added: it may pass its
+	// share by CPUs - 1 (bpf/limiter.c).
+	hold.torn, hold.slack = true, runtime.NumCPU()-1
 	if s, err := lim.Snapshot(); err == nil {
 		hold.floor = s.Floor
 		if cfg.ToDestination && len(s.Dests) == 1 {
@@ -255,20 +267,27 @@ func RunConnections(ctx context.Context, cfg Config, loopCmd []string) (rep *Rep
 				return
 			}
 			held := make(map[string]int, len(s.Projects))
+			admitted := make(map[string]uint64, len(s.Projects))
 			inUse, projs := s.InUse, s.Projects
 			if cfg.ToDestination && len(s.Dests) == 1 {
 				inUse, projs = s.Dests[0].InUse, s.Dests[0].Projects
 			}
 			for _, p := range projs {
 				held[p.Project] += p.InUse
+				admitted[p.Project] += p.Admitted
 			}
-			hold.observe(at, time.Now(), inUse, held)
+			hold.observe(at, time.Now(), inUse, held, admitted)
 		})
 	}()
 	res := map[string][]result{}
 	for _, project := range []string{Small, Big} {
 		p := procs[project]
 		p.wg.Wait()
+		// Interrupted, the load generators are killed (or stop on the
+		// signal themselves): that is the error, not how they ended.
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("drill interrupted: %w", context.Cause(ctx))
+		}
 		if p.err != nil {
 			return nil, fmt.Errorf("%s load generator: %w", project, p.err)
 		}
@@ -422,6 +441,10 @@ func ConnectLoop(ctx context.Context, in io.Reader, out io.Writer) error {
 		}()
 	}
 	wg.Wait()
+	if ctx.Err() != nil {
+		// Stopped before its intervals ended: what it has is no run.
+		return fmt.Errorf("interrupted: %w", context.Cause(ctx))
+	}
 	bw := bufio.NewWriter(out)
 	if err := json.NewEncoder(bw).Encode(all); err != nil {
 		return fmt.Errorf("writing results: %w", err)

@@ -58,13 +58,43 @@
 //     every permit released, small is refused again and again;
 //   - big is refused (429) in "both" and never holds more than POOL - FLOOR
 //     there, while small is active;
+//   - big, past its share beside small, is admitted only while
+//     in_use < POOL - FLOOR: in the samples taken right after such an
+//     admission, before small was admitted again, big and small hold
+//     POOL - FLOOR together at most (small, under its share, may take the
+//     last FLOOR permits afterwards, so the most big holds alone cannot tell
+//     this: an admission at in_use == POOL - FLOOR leaves big no higher
+//     whenever small held a permit then). Each sample records every
+//     project's admitted count beside its holding, which says whether
+//     small was admitted in between;
 //   - big holds the whole pool at some point in "big-alone", once small has
-//     left the active set (one active window plus one recompute period).
+//     left the active set: package pools drops a project at a recompute at
+//     least one active window after the recompute that followed its last
+//     ask or release, so between W and W + 2P after it (W the window, 1s;
+//     P the recompute period, Config.Recompute, 1s); the kernel stamps the
+//     ask itself, so between W and W + P. Small's last request ends a
+//     service time into "big-alone", and the drill stops recomputing and
+//     sampling when the phase ends: phases of W + 2P (3s; the kernel 2s)
+//     plus a service time and a retry pause or shorter fail this verdict
+//     whatever the host does, and Config.Check refuses them;
+//   - no sample sees more permits in use than the pool has;
+//   - no ask ended in an error (a 503, a reset, a connect failing otherwise
+//     than with ECONNREFUSED): such an ask is neither admitted nor refused,
+//     so it is in no latency and no refusal count, and would let the
+//     verdicts above pass on what was left.
 //
 // The latency verdicts are timing targets: the machine's other load moves
 // them. The others count what was admitted and refused, and the tests run
 // the drill with the rule replaced (first come, first served; a static cap
 // per project) to show that each such scheme fails them.
+//
+// Config.Check refuses the other knobs with which a verdict cannot pass: a
+// pool larger than big's writers (a writer holds one permit at a time, so
+// big alone never holds the pool), a pool of 1 (POOL - FLOOR is 0, and big
+// still gets its share beside small), more small writers than small's share
+// beside big (those past it are refused whenever big holds POOL - FLOOR),
+// and, to bound the work, slices past MaxSlices or shorter than ten service
+// times.
 //
 // The connections drill (RunConnections) is the same experiment one level
 // down: the connection pool enforced by the BPF programs of package loader,

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sort"
 	"sync"
 	"time"
 
@@ -193,15 +194,15 @@ func (tl timeline) settleGaps(big []result) {
 }
 
 // spanAt returns the span t is in (counting small's requests from its count
-// time), or nil during warm-up, in a gap and after the end.
+// time), or nil during warm-up, in a gap and after the end. The spans follow
+// each other, each ending where the next begins: a binary search, so that
+// sorting every result and sample into spans stays O(n log spans).
 func (tl timeline) spanAt(t time.Time) *span {
-	for i := range tl.spans {
-		sp := &tl.spans[i]
-		if !t.Before(sp.count) && t.Before(sp.to) {
-			return sp
-		}
+	i := sort.Search(len(tl.spans), func(i int) bool { return t.Before(tl.spans[i].to) })
+	if i == len(tl.spans) || t.Before(tl.spans[i].count) {
+		return nil
 	}
-	return nil
+	return &tl.spans[i]
 }
 
 // phaseAt returns the phase index (0 solo, 1 both, 2 big-alone) of t, or -1
@@ -308,6 +309,16 @@ const (
 // into phases with the results, once the timeline's gaps are known.
 type holdings struct {
 	floor int
+	// torn says that a read is not one instant of the pool: the kernel's
+	// maps are read entry by entry while the programs change them, and a
+	// project's held permits may be read before or after its admitted
+	// count took the same admission. The pools package's snapshot is taken
+	// under the pool's lock: all of it at one instant.
+	torn bool
+	// slack is how far past its share a project may be admitted while the
+	// pool has room: 0 in package pools; in the kernel, CPUs - 1 (its
+	// count is read before and added after, bpf/limiter.c).
+	slack int
 
 	mu      sync.Mutex // guards the fields below
 	samples []sample
@@ -316,11 +327,15 @@ type holdings struct {
 // sample is the pool as one read saw it, begun at at and ended at end: a
 // read takes from microseconds to, on a loaded machine, milliseconds (a
 // tick holding the limiter's lock, the sampler descheduled), and what it
-// returns is the pool at some instant in between.
+// returns is the pool at some instant in between (or, torn, its parts at
+// instants in between).
 type sample struct {
 	at, end time.Time
 	inUse   int
 	held    map[string]int
+	// admitted is each project's count of admissions so far: where it
+	// moved between two reads, the project was admitted in between.
+	admitted map[string]uint64
 }
 
 // holdingsByPhase is the samples sorted into phases.
@@ -331,10 +346,92 @@ type holdingsByPhase struct {
 
 func newHoldings() *holdings { return &holdings{} }
 
-func (h *holdings) observe(at, end time.Time, inUse int, held map[string]int) {
+func (h *holdings) observe(at, end time.Time, inUse int, held map[string]int, admitted map[string]uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.samples = append(h.samples, sample{at: at, end: end, inUse: inUse, held: held})
+	h.samples = append(h.samples, sample{at: at, end: end, inUse: inUse, held: held, admitted: admitted})
+}
+
+// mostInUse is the most permits in use in any sample, whenever it was
+// taken: the rule never lets in_use pass POOL, in a phase or between.
+func (h *holdings) mostInUse() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	most := 0
+	for _, s := range h.samples {
+		most = max(most, s.inUse)
+	}
+	return most
+}
+
+// beside judges big's admissions past its share while small was there
+// (VerdictBigBeside). The rule admits a project holding its share or more
+// only while in_use < POOL - FLOOR, so right after such an admission big and
+// small hold POOL - FLOOR together at most. Then small may still take
+// permits up to POOL (it is under its share), and big only gives back: at
+// any later moment big holds no more than it did, and small no less, as
+// long as small was not admitted since. So a sample in "both" where big
+// holds more than its share and small was not admitted since big's last
+// admission must show big and small together at most POOL - FLOOR; where
+// big was admitted at in_use == POOL - FLOOR (an off-by-one), they show
+// one more, which the most big ever held alone (POOL - FLOOR) misses
+// whenever small held a permit then.
+//
+// The samples say when: big's admitted count moved between sample jb-1 and
+// jb (its last admission is in between) and stayed to sample k; small's
+// did not move from jb-1 to k. Torn reads (the kernel, where an admitted
+// count is added an instant after the holding it goes with, and a read may
+// fall in between) need the next sample too: a count that trailed its
+// holding in sample k has caught up there, so neither count may move up to
+// k+1 either. share is big's share beside small; big is judged only above
+// share + slack.
+func (h *holdings) beside(tl timeline, share int) Beside {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ss := h.samples
+	lag := 0
+	if h.torn {
+		lag = 1
+	}
+	bd := Beside{Share: share, Slack: h.slack}
+	// lastB[i] (lastS[i]) is the latest sample at or before i where big's
+	// (small's) admitted count differs from the sample before, 0 for none.
+	lastB, lastS := make([]int, len(ss)), make([]int, len(ss))
+	for i := 1; i < len(ss); i++ {
+		lastB[i], lastS[i] = lastB[i-1], lastS[i-1]
+		if ss[i].admitted[Big] != ss[i-1].admitted[Big] {
+			lastB[i] = i
+		}
+		if ss[i].admitted[Small] != ss[i-1].admitted[Small] {
+			lastS[i] = i
+		}
+	}
+	for k := range ss {
+		end := k + lag
+		if end >= len(ss) {
+			break
+		}
+		if sp := tl.spanOf(ss[k]); sp == nil || sp.phase != 1 {
+			continue
+		}
+		jb := lastB[end]
+		if jb == 0 || jb > k || ss[jb].admitted[Big] < ss[jb-1].admitted[Big] {
+			continue // no admission of big seen, or one after k, or a reset
+		}
+		if lastS[end] > jb-1 {
+			continue // small admitted since
+		}
+		b, sm := ss[k].held[Big], ss[k].held[Small]
+		if b <= share+h.slack {
+			continue
+		}
+		bd.Checked++
+		if b+sm > bd.Together {
+			bd.Together, bd.Big, bd.Small = b+sm, b, sm
+			bd.AtS = ss[k].at.Sub(tl.soloAt).Seconds()
+		}
+	}
+	return bd
 }
 
 // spanOf is the span sample s was read in, nil if none: a read begun in
@@ -483,10 +580,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			at := time.Now()
 			s := pool.Snapshot()
 			held := make(map[string]int, len(s.Projects))
+			admitted := make(map[string]uint64, len(s.Projects))
 			for _, p := range s.Projects {
 				held[p.Project] = p.Held
+				admitted[p.Project] = p.Admitted
 			}
-			hold.observe(at, time.Now(), s.InUse, held)
+			hold.observe(at, time.Now(), s.InUse, held, admitted)
 		})
 	}()
 

@@ -13,14 +13,16 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // TestDrill runs the HTTP drill end to end with short phases and checks the
 // specification's verdicts. Phases stay longer than three seconds: small
 // leaves the active set at most one window plus two recompute periods (1 s
-// each) after it stops (pools never drops a project early, so a recompute
-// that comes a hair under a window after the last one keeps it once more), and
-// only then may big take the whole pool.
+// each) after its last request ends (pools never drops a project early, so a
+// recompute that comes a hair under a window after the last one keeps it once
+// more), and only then may big take the whole pool (Config.Check).
 func TestDrill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for about 11 seconds")
@@ -28,7 +30,11 @@ func TestDrill(t *testing.T) {
 	// Refused writers pause 50ms (not 10ms as in the CLI): under -race, every
 	// refusal costs the shared cores several times what it costs in the
 	// binary, and that cost, not the rule, would set small's p99.
-	rep, err := Run(context.Background(), Config{Phase: 3500 * time.Millisecond, Warmup: 300 * time.Millisecond, RetryPause: 50 * time.Millisecond})
+	cfg := Config{Phase: 3500 * time.Millisecond, Warmup: 300 * time.Millisecond, RetryPause: 50 * time.Millisecond}
+	if err := cfg.Check(false); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,13 +63,18 @@ func TestDrillWithoutTheRule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for about 10 seconds")
 	}
+	// Both let big be admitted past its share at in_use >= POOL - FLOOR,
+	// which the samples taken right after show (VerdictBigBeside). The
+	// static cap, at POOL - FLOOR, keeps big's own holding there: "big
+	// refused at the floor" passes, that verdict does not. (Its "big alone
+	// holds the pool" fails by the cap, and by these short phases too.)
 	for _, tc := range []struct {
 		name string
 		adm  admission
-		also string // a verdict about big that fails too
+		also []string // verdicts about big that fail too
 	}{
-		{"first come first served", admitFIFO, VerdictBigAtFloor},
-		{"static cap", admitStaticCap, VerdictBigAlone},
+		{"first come first served", admitFIFO, []string{VerdictBigAtFloor, VerdictBigBeside}},
+		{"static cap", admitStaticCap, []string{VerdictBigBeside, VerdictBigAlone}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep, err := Run(context.Background(), Config{Phase: 1500 * time.Millisecond, Slices: 3,
@@ -79,7 +90,7 @@ func TestDrillWithoutTheRule(t *testing.T) {
 			if rep.Pass {
 				t.Error("the run passed without the rule")
 			}
-			names := []string{VerdictSmallRarely, tc.also}
+			names := append([]string{VerdictSmallRarely}, tc.also...)
 			if os.Getenv(strictEnv) == "1" {
 				names = append(names, VerdictSeedRatio)
 			}
@@ -128,7 +139,8 @@ func assertReport(t *testing.T, rep *Report) {
 // BenchmarkDrill reports the ratio).
 func assertVerdicts(t *testing.T, rep *Report) {
 	t.Helper()
-	for _, name := range []string{VerdictBigAtFloor, VerdictBigAlone, VerdictSmallRarely, VerdictSeedRatio, VerdictTargetRatio} {
+	for _, name := range []string{VerdictBigAtFloor, VerdictBigBeside, VerdictBigAlone, VerdictSmallRarely, VerdictInUse, VerdictNoErrors,
+		VerdictSeedRatio, VerdictTargetRatio} {
 		v := rep.Verdict(name)
 		switch {
 		case v == nil:
@@ -400,7 +412,7 @@ func TestHeldSamplesAcrossSlices(t *testing.T) {
 	tl := newTimeline(t0, 0, 500*ms, 2)
 	h := newHoldings()
 	read := func(from, to time.Duration, held map[string]int) {
-		h.observe(t0.Add(from), t0.Add(to), held[Small]+held[Big], held)
+		h.observe(t0.Add(from), t0.Add(to), held[Small]+held[Big], held, nil)
 	}
 	read(100*ms, 101*ms, map[string]int{Small: 2})
 	read(240*ms, 260*ms, map[string]int{Small: 2, Big: 5}) // solo into both
@@ -427,13 +439,17 @@ func TestHeldSamplesAcrossSlices(t *testing.T) {
 // rule, not only pass what keeps it.
 func TestVerdicts(t *testing.T) {
 	smallRefused := 0
+	var edit func(*Report) // applied before judging, if set
 	mk := func(soloP99, bothP99 float64, bigRefused, bigHeldBoth, bigHeldAlone int) *Report {
-		r := &Report{PoolSize: 8, Floor: 1, Phases: []Phase{
-			{Name: PhaseSolo, Projects: []ProjectResult{{Project: Small, OK: 10, P99Ms: soloP99}}},
-			{Name: PhaseBoth, Projects: []ProjectResult{{Project: Small, OK: 100, Refused: smallRefused, P99Ms: bothP99},
+		r := &Report{PoolSize: 8, Floor: 1, MaxInUse: 8, Phases: []Phase{
+			{Name: PhaseSolo, MaxInUse: 2, Projects: []ProjectResult{{Project: Small, OK: 10, P99Ms: soloP99}}},
+			{Name: PhaseBoth, MaxInUse: 8, Projects: []ProjectResult{{Project: Small, OK: 100, Refused: smallRefused, P99Ms: bothP99},
 				{Project: Big, OK: 10, Refused: bigRefused, MaxHeld: bigHeldBoth}}},
-			{Name: PhaseBigAlone, Projects: []ProjectResult{{Project: Big, OK: 10, MaxHeld: bigHeldAlone}}},
-		}}
+			{Name: PhaseBigAlone, MaxInUse: 8, Projects: []ProjectResult{{Project: Big, OK: 10, MaxHeld: bigHeldAlone}}},
+		}, Beside: Beside{Share: 4, Checked: 100, Together: 7, Big: 6, Small: 1}}
+		if edit != nil {
+			edit(r)
+		}
 		r.judge(Config{TargetRatio: 2})
 		return r
 	}
@@ -477,6 +493,154 @@ func TestVerdicts(t *testing.T) {
 	var buf strings.Builder
 	if err := mk(20, 61, 5, 7, 8).WriteTable(&buf); err != nil || !strings.Contains(buf.String(), "FAIL") {
 		t.Errorf("table does not show the failure: %q", buf.String())
+	}
+
+	// The verdicts added after a review found runs that broke the rule and
+	// passed: each fails its violation, alone among the verdicts, and the
+	// run with it. Before, nothing looked at these numbers.
+	for _, tc := range []struct {
+		name, verdict string
+		edit          func(*Report)
+	}{
+		// Sampled: one more in use than the pool, in a phase or between.
+		{"in use past the pool in big-alone", VerdictInUse, func(r *Report) { r.Phases[2].MaxInUse, r.MaxInUse = 9, 9 }},
+		{"in use past the pool in a gap", VerdictInUse, func(r *Report) { r.MaxInUse = 9 }},
+		// Asks that were neither admitted nor refused: small's refusals
+		// and p99 leave them out.
+		{"small's asks failing in both", VerdictNoErrors, func(r *Report) { r.Phases[1].Projects[0].Errors, r.Errors = 40, 40 }},
+		{"big's ask failing in big-alone", VerdictNoErrors, func(r *Report) { r.Phases[2].Projects[0].Errors, r.Errors = 1, 1 }},
+		{"an ask failing in warm-up", VerdictNoErrors, func(r *Report) { r.Errors = 1 }},
+		// An admission at in_use == POOL - FLOOR: big at 6 (never past
+		// POOL - FLOOR alone), small holding 2 since.
+		{"big admitted at POOL - FLOOR", VerdictBigBeside, func(r *Report) { r.Beside.Together, r.Beside.Big, r.Beside.Small = 8, 6, 2 }},
+	} {
+		edit = tc.edit
+		r := mk(20, 30, 5, 7, 8)
+		edit = nil
+		if r.Pass {
+			t.Errorf("%s: the run passed", tc.name)
+		}
+		for _, v := range r.Verdicts {
+			if v.Pass == (v.Name == tc.verdict) {
+				t.Errorf("%s: verdict %q pass=%v: %s", tc.name, v.Name, v.Pass, v.Detail)
+			}
+		}
+	}
+	// Nothing to judge beside small (big never past its share with small
+	// not admitted since): passes, and says so.
+	edit = func(r *Report) { r.Beside = Beside{Share: 4} }
+	if r := mk(20, 30, 5, 7, 8); !r.Pass || !strings.Contains(r.Verdict(VerdictBigBeside).Detail, "no sample to judge") {
+		t.Errorf("nothing to judge beside small: %+v", r.Verdict(VerdictBigBeside))
+	}
+	edit = nil
+}
+
+// beSample is one read of the pool in TestBeside: what big and small held
+// and their admitted counts.
+type beSample struct {
+	big    int
+	bigAdm uint64
+	small  int
+	smAdm  uint64
+}
+
+// besideOf feeds holdings the reads seq, 1ms apart from 1.1s into the
+// timeline (solo [0,1s), both [1s,2s), big-alone [2s,3s)), each read taken
+// each times in a row, and judges them.
+func besideOf(seq []beSample, torn bool, slack, each int) Beside {
+	t0 := time.Unix(100, 0)
+	tl := newTimeline(t0, 0, time.Second, 1)
+	h := newHoldings()
+	h.floor, h.torn, h.slack = 1, torn, slack
+	at := t0.Add(1100 * time.Millisecond)
+	for _, s := range seq {
+		for range each {
+			h.observe(at, at.Add(10*time.Microsecond), s.big+s.small, map[string]int{Big: s.big, Small: s.small},
+				map[string]uint64{Big: s.bigAdm, Small: s.smAdm})
+			at = at.Add(time.Millisecond)
+		}
+	}
+	return h.beside(tl, pools.Share(8, 1, 2))
+}
+
+// TestBeside: pool 8, floor 1, share 4 beside small. The rule admits big
+// past its share while in_use < 7; small may then take the pool's last
+// permits, so big 6 and small 2 together is the rule's state as long as
+// small was admitted after big. An off-by-one admitting big at in_use == 7
+// shows big 6 and small 2 with small admitted before: caught, though big
+// never held more than POOL - FLOOR.
+func TestBeside(t *testing.T) {
+	rule := []beSample{
+		{5, 100, 2, 50},
+		{4, 100, 2, 50}, // big released one: in_use 6
+		{5, 101, 2, 50}, // admitted at 6 < 7
+		{5, 101, 1, 50}, // small released one
+		{6, 102, 1, 50}, // admitted at 6 < 7: 7 together
+		{6, 102, 2, 51}, // small admitted at 7 < 8: 8 together, small after big
+		{6, 102, 2, 51},
+		{5, 102, 2, 51}, // big released: in_use 7 = POOL - FLOOR, big refused
+		{5, 102, 2, 51},
+	}
+	offByOne := append(append([]beSample{}, rule...),
+		beSample{6, 103, 2, 51}, // admitted at in_use 7: 8 together, small before
+		beSample{6, 103, 2, 51},
+		beSample{6, 103, 2, 51},
+	)
+	// The kernel's read, torn: small's holding took an admission its
+	// count shows only in the next read.
+	trailing := []beSample{
+		{5, 100, 1, 50},
+		{6, 101, 1, 50}, // admitted at 6 < 7
+		{6, 101, 2, 50}, // small admitted at 7 < 8, its count not yet added
+		{6, 101, 2, 51},
+		{6, 101, 2, 51},
+	}
+	for _, tc := range []struct {
+		name        string
+		seq         []beSample
+		torn        bool
+		slack, each int
+		pass        bool
+	}{
+		{"rule", rule, false, 0, 1, true},
+		{"off by one", offByOne, false, 0, 1, false},
+		// Torn reads, each taken twice or once, big judged past its share
+		// plus one (two CPUs).
+		{"rule, torn", rule, true, 1, 2, true},
+		{"off by one, torn", offByOne, true, 1, 2, false},
+		{"off by one, torn, read once", offByOne, true, 1, 1, false},
+		{"count trailing, torn", trailing, true, 1, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bd := besideOf(tc.seq, tc.torn, tc.slack, tc.each)
+			r := &Report{PoolSize: 8, Floor: 1, Beside: bd, Phases: []Phase{
+				{Name: PhaseSolo, Projects: []ProjectResult{{Project: Small, OK: 10, P99Ms: 20}}},
+				{Name: PhaseBoth, Projects: []ProjectResult{{Project: Small, OK: 10, P99Ms: 20}, {Project: Big, OK: 10, Refused: 5, MaxHeld: 6}}},
+				{Name: PhaseBigAlone, Projects: []ProjectResult{{Project: Big, OK: 10, MaxHeld: 8}}},
+			}}
+			r.judge(Config{TargetRatio: 2})
+			v := r.Verdict(VerdictBigBeside)
+			if bd.Checked == 0 || v.Pass != tc.pass {
+				t.Errorf("%+v: pass %v, want %v: %s", bd, v.Pass, tc.pass, v.Detail)
+			}
+		})
+	}
+	// Read as one instant, the trailing count would be judged: 8.
+	if bd := besideOf(trailing, false, 1, 1); bd.Together != 8 {
+		t.Errorf("the trailing count, not torn: %+v, want 8 together judged", bd)
+	}
+	// The same off-by-one read with small admitted in between the
+	// samples: nothing says whether big's admission came first, so it is
+	// not judged.
+	mixed := append(append([]beSample{}, rule...), beSample{6, 103, 2, 52}, beSample{6, 103, 2, 52})
+	if bd := besideOf(mixed, false, 0, 1); bd.Together > 7 {
+		t.Errorf("judged a sample where small was admitted beside big: %+v", bd)
+	}
+	// A count that went down (a project forgotten, its counts begun
+	// afresh) is no admission.
+	reset := []beSample{{5, 100, 2, 50}, {4, 100, 2, 50}, {6, 3, 2, 50}, {6, 3, 2, 50}}
+	if bd := besideOf(reset, false, 0, 1); bd.Checked != 0 {
+		t.Errorf("judged after a reset: %+v", bd)
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/fairshare-dev/fairshare/pools"
 )
 
 // Report is what a drill measured, and its verdicts.
@@ -34,6 +36,17 @@ type Report struct {
 	// Held is the permits each project held over the run, the most seen
 	// in each heldBin, in time order.
 	Held []HeldBin `json:"held"`
+	// MaxInUse is the most permits in use in any sample of the run,
+	// warm-up and gaps between slices included (VerdictInUse).
+	MaxInUse int `json:"max_in_use"`
+	// Errors counts the asks of the whole run, both projects, warm-up and
+	// gaps included, that ended in an error: neither admitted nor refused
+	// (a 503, a reset, a connect failing otherwise than ECONNREFUSED). The
+	// phases' errors columns count those of their own time.
+	Errors int `json:"errors"`
+	// Beside is the sampler's check of big admitted past its share beside
+	// small (VerdictBigBeside).
+	Beside Beside `json:"beside"`
 
 	points []point // every admitted request, for the SVG
 }
@@ -89,6 +102,26 @@ type ProjectResult struct {
 	P99Ms   float64 `json:"p99_ms"`
 	MaxMs   float64 `json:"max_ms"`
 	MaxHeld int     `json:"max_held"` // sampled from pool snapshots
+}
+
+// Beside is what the samples of "both" say of big's admissions past its
+// share (holdings.beside): in the samples taken after such an admission and
+// before small was admitted again, big and small held POOL - FLOOR together
+// at most, if the rule held.
+type Beside struct {
+	Share int `json:"share"` // big's share beside small: max(FLOOR, POOL/2)
+	// Slack is how far past its share big may be admitted while the pool
+	// has room (the kernel: CPUs - 1); only holdings above Share + Slack
+	// are judged.
+	Slack   int `json:"slack"`
+	Checked int `json:"checked"` // samples judged
+	// Together is the most big and small held together in a judged sample
+	// (Big and Small each), AtS when, in seconds since the first solo
+	// slice began.
+	Together int     `json:"together"`
+	Big      int     `json:"big"`
+	Small    int     `json:"small"`
+	AtS      float64 `json:"at_s"`
 }
 
 // Verdict is one pass/fail check.
@@ -155,6 +188,14 @@ const (
 	VerdictBigAtFloor  = "big refused at the floor"
 	VerdictBigAlone    = "big alone holds the pool"
 	VerdictSmallRarely = "small refused rarely"
+	// VerdictBigBeside: big, admitted past its share beside small, was
+	// admitted only while in_use < POOL - FLOOR (Report.Beside).
+	VerdictBigBeside = "big past its share admitted below POOL - FLOOR"
+	// VerdictInUse: no sample saw more permits in use than the pool has.
+	VerdictInUse = "in use within the pool"
+	// VerdictNoErrors: every ask was admitted or refused, none failed
+	// otherwise; an error is in no latency and no refusal count.
+	VerdictNoErrors = "no errors"
 )
 
 // SmallRefusalLimit is the most refused asks per admitted request small may
@@ -238,6 +279,15 @@ func buildReport(scenario string, cfg Config, tl timeline, hold *holdings, res m
 			}
 		}
 	}
+	for _, project := range []string{Small, Big} {
+		for _, r := range res[project] {
+			if r.status == statusError {
+				rep.Errors++
+			}
+		}
+	}
+	rep.MaxInUse = hold.mostInUse()
+	rep.Beside = hold.beside(tl, pools.Share(cfg.PoolSize, hold.floor, 2))
 	rep.Timeline = bins(rep.points, 250*time.Millisecond)
 	rep.Held = hold.bins(tl, heldBin, []string{Small, Big})
 	rep.judge(cfg)
@@ -303,9 +353,42 @@ func (r *Report) judge(cfg Config) {
 		rarely.Detail = fmt.Sprintf("%d refused asks for %d admitted requests = %.2f per request (limit %.2f), at most %d before one got in",
 			both.Refused, both.OK, q, SmallRefusalLimit, both.MaxRefusals)
 	}
+	beside := Verdict{Name: VerdictBigBeside}
+	past := fmt.Sprintf("its share (%d)", r.Beside.Share)
+	if r.Beside.Slack > 0 {
+		past = fmt.Sprintf("its share (%d) plus the kernel's slack (%d)", r.Beside.Share, r.Beside.Slack)
+	}
+	if r.Beside.Checked == 0 {
+		beside.Pass = true
+		beside.Detail = fmt.Sprintf("no sample to judge: big never seen past %s after an admission of its own with none of small's since", past)
+	} else {
+		beside.Pass = r.Beside.Together <= limit
+		beside.Detail = fmt.Sprintf("in %d samples after big was admitted past %s and before small was again, big and small held at most %d together (big %d, small %d; POOL - FLOOR = %d)",
+			r.Beside.Checked, past, r.Beside.Together, r.Beside.Big, r.Beside.Small, limit)
+	}
+	inUse := Verdict{Name: VerdictInUse}
+	most := r.MaxInUse
+	for _, ph := range r.Phases {
+		most = max(most, ph.MaxInUse)
+	}
+	inUse.Pass = most <= r.PoolSize
+	inUse.Detail = fmt.Sprintf("at most %d in use of %d (sampled)", most, r.PoolSize)
+	noErrors := Verdict{Name: VerdictNoErrors}
+	errs := 0
+	for _, ph := range r.Phases {
+		for _, p := range ph.Projects {
+			errs += p.Errors
+		}
+	}
+	errs = max(errs, r.Errors)
+	noErrors.Pass = errs == 0
+	noErrors.Detail = "every ask was admitted or refused"
+	if errs > 0 {
+		noErrors.Detail = fmt.Sprintf("%d asks ended in an error, neither admitted nor refused: they are in no latency and no refusal count", errs)
+	}
 	target := ratio(cfg.TargetRatio, VerdictTargetRatio)
 	target.Goal = true
-	r.Verdicts = []Verdict{ratio(SeedRatio, VerdictSeedRatio), target, rarely, atFloor, alone}
+	r.Verdicts = []Verdict{ratio(SeedRatio, VerdictSeedRatio), target, rarely, atFloor, beside, alone, inUse, noErrors}
 	r.Pass = true
 	for i := range r.Verdicts {
 		v := &r.Verdicts[i]

@@ -26,11 +26,11 @@ import (
 // drillFlags are shared by both drill scenarios.
 func drillFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.DurationFlag{Name: "phase", Value: 5 * time.Second, Usage: "length of each of the three phases"},
-		&cli.IntFlag{Name: "slices", Value: 10, Usage: "turns solo and both take, alternating, so other load on the host weighs on both alike (1: one after the other)"},
-		&cli.IntFlag{Name: "pool", Value: 8, Usage: "pool size the drill cuts the pool to"},
-		&cli.IntFlag{Name: "big", Value: 16, Usage: "writers of the big project"},
-		&cli.IntFlag{Name: "small", Value: 2, Usage: "writers of the small project"},
+		&cli.DurationFlag{Name: "phase", Value: 5 * time.Second, Usage: "length of each of the three phases; longer than 3s (connections: 2s) plus --service and --retry-pause, so that big alone outlasts small's stay in the active set"},
+		&cli.IntFlag{Name: "slices", Value: 10, Usage: "turns solo and both take, alternating, so other load on the host weighs on both alike (1: one after the other; at most 1000, each slice 10 service times or longer)"},
+		&cli.IntFlag{Name: "pool", Value: 8, Usage: "pool size the drill cuts the pool to (2 or more, and at most --big)"},
+		&cli.IntFlag{Name: "big", Value: 16, Usage: "writers of the big project (at least --pool: alone, it must be able to hold the pool)"},
+		&cli.IntFlag{Name: "small", Value: 2, Usage: "writers of the small project (at most its share beside big, max(FLOOR, POOL/2))"},
 		&cli.DurationFlag{Name: "service", Value: 20 * time.Millisecond, Usage: "fixed service time per request (hold time per connection)"},
 		&cli.DurationFlag{Name: "retry-pause", Value: 10 * time.Millisecond, Usage: "pause of a refused writer before it tries again (Retry-After is not obeyed, on purpose)"},
 		&cli.Float64Flag{Name: "target-ratio", Value: 2, Usage: "our goal for small's p99 under contention, as a multiple of its solo p99: reported met or missed, it fails nothing (the specification's bound, 3x, is always checked)"},
@@ -54,7 +54,9 @@ const (
 const drillExitHelp = "Exit status: 0 when every verdict passed; 3 when the drill ran and a verdict failed (the\n" +
 	"report is printed, and written to --json and --svg); 1 when the drill could not run, was\n" +
 	"interrupted or could not write its report; 2 for a command line it cannot run with, such as\n" +
-	"a flag value out of range or a --json or --svg file whose directory is missing or not writable.\n\n"
+	"a flag value out of range, flags with which a verdict could not pass (phases too short for big\n" +
+	"to be alone, a pool larger than big's writers) or a --json or --svg file whose directory is\n" +
+	"missing or not writable, or both naming one file.\n\n"
 
 // drillFlagsFrom returns, for each drill flag, the context its value is read
 // from. The flags of 'drill' may be given before a subcommand's name: 'drill
@@ -103,12 +105,16 @@ func hasFlag(flags []cli.Flag, name string) bool {
 }
 
 // drillConfig is the drill's configuration from the flags (drillFlagsFrom
-// says where each is read). A value given that the drill cannot run with is
-// refused, exit 2, naming the flag: the drill's own defaults (drill.Config)
-// stand only for a flag not given, not for one given as 0 or less. So is a
-// --json or --svg file that cannot be written (checkOutput): before the
-// drill runs, not after.
-func drillConfig(c *cli.Context) (drill.Config, error) {
+// says where each is read), for the connections drill when connections is
+// set (--to read). A value given that the drill cannot run with is refused,
+// exit 2, naming the flag: the drill's own defaults (drill.Config) stand
+// only for a flag not given, not for one given as 0 or less. So is a --json
+// or --svg file that cannot be written (checkOutput), --json and --svg
+// naming one file (the second report would replace the first), and values
+// with which a verdict could not pass (drill.Config.Check: phases too short
+// for small to leave the active set before big-alone ends, a pool larger
+// than big's writers, and so on): before the drill runs, not after.
+func drillConfig(c *cli.Context, connections bool) (drill.Config, error) {
 	from, err := drillFlagsFrom(c)
 	if err != nil {
 		return drill.Config{}, err
@@ -131,22 +137,58 @@ func drillConfig(c *cli.Context) (drill.Config, error) {
 			return drill.Config{}, cli.Exit(fmt.Sprintf("--%s: %v", name, err), exitUsage)
 		}
 	}
+	if js, svg := from("json").String("json"), from("svg").String("svg"); sameFile(js, svg) {
+		return drill.Config{}, cli.Exit(fmt.Sprintf("--json %s and --svg %s name the same file: the SVG would replace the JSON report; give two files", js, svg), exitUsage)
+	}
 	errw := c.App.ErrWriter
 	if errw == nil {
 		errw = os.Stderr
 	}
-	return drill.Config{
+	cfg := drill.Config{
 		// Warnings only: what a killed drill left behind and was removed.
-		Log:          slog.New(slog.NewTextHandler(errw, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		PoolSize:     from("pool").Int("pool"),
-		BigWriters:   from("big").Int("big"),
-		SmallWriters: from("small").Int("small"),
-		Phase:        from("phase").Duration("phase"),
-		Slices:       from("slices").Int("slices"),
-		ServiceTime:  from("service").Duration("service"),
-		RetryPause:   from("retry-pause").Duration("retry-pause"),
-		TargetRatio:  from("target-ratio").Float64("target-ratio"),
-	}, nil
+		Log:           slog.New(slog.NewTextHandler(errw, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		PoolSize:      from("pool").Int("pool"),
+		BigWriters:    from("big").Int("big"),
+		SmallWriters:  from("small").Int("small"),
+		Phase:         from("phase").Duration("phase"),
+		Slices:        from("slices").Int("slices"),
+		ServiceTime:   from("service").Duration("service"),
+		RetryPause:    from("retry-pause").Duration("retry-pause"),
+		TargetRatio:   from("target-ratio").Float64("target-ratio"),
+		ToDestination: connections && c.Bool("to"),
+	}
+	if err := cfg.Check(connections); err != nil {
+		return drill.Config{}, cli.Exit(err.Error(), exitUsage)
+	}
+	return cfg, nil
+}
+
+// sameFile says whether the report paths a and b name one file: the same
+// name, links to one file, or the names of one existing file (/dev/stdout
+// and /proc/self/fd/1).
+func sameFile(a, b string) bool {
+	if a == "" || b == "" {
+		return false
+	}
+	if resolved(a) == resolved(b) {
+		return true
+	}
+	fa, errA := os.Stat(a)
+	fb, errB := os.Stat(b)
+	return errA == nil && errB == nil && os.SameFile(fa, fb)
+}
+
+// resolved is path as written to (target), absolute, its directory's links
+// resolved: two names of a file not yet created resolve alike.
+func resolved(path string) string {
+	path = target(path)
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(path)); err == nil {
+		path = filepath.Join(dir, filepath.Base(path))
+	}
+	return path
 }
 
 // checkOutput makes sure the report can be written to path ("" is none)
@@ -313,12 +355,12 @@ func drillCommand() *cli.Command {
 			drillExitHelp +
 			examples(
 				"fairshare drill",
-				"fairshare drill --phase 2s --svg drill.svg",
+				"fairshare drill --phase 4s --svg drill.svg",
 				"fairshare drill connections",
 			),
 		Flags: drillFlags(),
 		Action: func(c *cli.Context) error {
-			cfg, err := drillConfig(c)
+			cfg, err := drillConfig(c, false)
 			if err != nil {
 				return err
 			}
@@ -342,7 +384,7 @@ func drillCommand() *cli.Command {
 				Flags: append(drillFlags(), &cli.BoolFlag{Name: "to",
 					Usage: "connect to a destination pool's destination: --pool sizes a destination pool whose destination is the drill's server, in a node pool 16 times larger (docs/destination-pools.md)"}),
 				Action: func(c *cli.Context) error {
-					cfg, err := drillConfig(c)
+					cfg, err := drillConfig(c, true)
 					if err != nil {
 						return err
 					}
@@ -352,7 +394,6 @@ func drillCommand() *cli.Command {
 					if err != nil {
 						return cli.Exit(fmt.Sprintf("drill: finding own executable: %v", err), exitDrillError)
 					}
-					cfg.ToDestination = c.Bool("to")
 					rep, err := drill.RunConnections(ctx, cfg, []string{self, "drill", drillLoopCommand})
 					if err != nil {
 						return cli.Exit(fmt.Sprintf("drill connections: %v", err), exitDrillError)

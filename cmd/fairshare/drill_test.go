@@ -16,6 +16,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/fairshare-dev/fairshare/drill"
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 )
 
 // drillJSON reads the report the drill wrote to path: its pool, phase and
@@ -69,15 +74,17 @@ func TestDrillFlagsBeforeSubcommand(t *testing.T) {
 		t.Log("not root: the connections drill is not run")
 		return
 	}
-	// As root the drill runs with them: a pool of 4 and 300 ms phases,
-	// its report written where --json said.
+	// As root the drill runs with them: a pool of 4 and 2.1 s phases (the
+	// shortest the connections drill takes are past 2.03 s: the active
+	// window, a recompute period, a service time and a retry pause), its
+	// report written where --json said.
 	js := filepath.Join(t.TempDir(), "r.json")
-	out, errOut, code := runCLI(t, "drill", "--pool", "4", "--phase", "300ms", "--json", js, "connections", "--slices", "1")
+	out, errOut, code := runCLI(t, "drill", "--pool", "4", "--phase", "2.1s", "--json", js, "connections", "--slices", "1")
 	if code != 0 && code != exitVerdict {
 		t.Fatalf("exit %d: %s%s", code, out, errOut)
 	}
-	if pool, phase, _ := drillJSON(t, js); pool != 4 || phase != 0.3 {
-		t.Errorf("the drill ran with pool %d and %gs phases, want 4 and 0.3s:\n%s", pool, phase, out)
+	if pool, phase, _ := drillJSON(t, js); pool != 4 || phase != 2.1 {
+		t.Errorf("the drill ran with pool %d and %gs phases, want 4 and 2.1s:\n%s", pool, phase, out)
 	}
 	if !strings.Contains(out, "pool 4,") {
 		t.Errorf("the table does not show pool 4:\n%s", out)
@@ -252,12 +259,23 @@ func TestWriteAtomic(t *testing.T) {
 // written; a drill that could not run to the end (interrupted here) exits 1
 // and writes nothing. Both exited 1.
 func TestDrillExitStatus(t *testing.T) {
-	// 300 ms phases: the big project cannot hold the whole pool alone, since
-	// the small one stays in the active set for a second after it stopped.
+	// A report that failed a verdict, as finishDrill gets it from a drill
+	// run to the end. (No flags make a run fail for sure any more: those
+	// are refused, exit 2, TestDrillRefusesUnpassable.)
+	rep := &drill.Report{Scenario: "requests", PoolSize: 8, Floor: 1, ServiceMs: 20, PhaseSeconds: 5, RetryPauseMs: 10, Slices: 1,
+		Verdicts: []drill.Verdict{
+			{Name: drill.VerdictSmallRarely, Pass: true, Status: "pass", Detail: "0 refused asks"},
+			{Name: drill.VerdictBigAlone, Status: "fail", Detail: "big held at most 7 of 8"},
+		}}
 	js := filepath.Join(t.TempDir(), "r.json")
-	out, errOut, code := runCLI(t, "drill", "--phase", "300ms", "--slices", "1", "--json", js)
-	if code != 3 || !strings.Contains(out, "FAIL  big alone holds the pool") || !strings.Contains(errOut, "drill verdict failed") {
-		t.Errorf("a failed verdict: exit %d, stdout %q, stderr %q; want %d and the report", code, out, errOut, exitVerdict)
+	var out, errOut bytes.Buffer
+	app := &cli.App{Name: "fairshare", Writer: &out, ErrWriter: &errOut, ExitErrHandler: func(*cli.Context, error) {},
+		Commands: []*cli.Command{{Name: "drill", Flags: drillFlags(), Action: func(c *cli.Context) error { return finishDrill(c, rep) }}}}
+	err := app.Run([]string{"fairshare", "drill", "--json", js})
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != exitVerdict || !strings.Contains(err.Error(), "drill verdict failed") ||
+		!strings.Contains(out.String(), "FAIL  big alone holds the pool") {
+		t.Errorf("a failed verdict: %v, stdout %q; want exit %d and the report", err, out.String(), exitVerdict)
 	}
 	if _, _, pass := drillJSON(t, js); pass {
 		t.Error("the report written says pass")
@@ -285,7 +303,7 @@ func TestDrillExitStatus(t *testing.T) {
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
-	err := cmd.Wait()
+	err = cmd.Wait()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 || stdout.Len() != 0 || !strings.Contains(stderr.String(), "drill interrupted") {
 		t.Errorf("an interrupted drill: %v, stdout %q, stderr %q; want exit %d and no report", err, stdout.String(), stderr.String(), exitDrillError)
@@ -304,4 +322,105 @@ func hasSocket(pid int) bool {
 		}
 	}
 	return false
+}
+
+// Flags with which a verdict cannot pass, whatever the host, are refused
+// before the drill runs, exit 2, naming the flag and the bound. Before, only
+// values below 1 were: --phase 2s (the example of --help) failed "big alone
+// holds the pool" or passed by luck, --pool 17 and --pool 1 always failed a
+// verdict about big, --pool 2 "small refused rarely", after the whole run.
+// --json and --svg naming one file wrote the SVG over the JSON.
+func TestDrillRefusesUnpassable(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Symlink(dir, filepath.Join(dir, "same")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"drill", "--phase", "2s"}, "--phase 2s: small stays in the active set up to 3s after its last request ends"},
+		{[]string{"drill", "--phase", "2.5s"}, "give --phase longer than 3.03s"},
+		{[]string{"drill", "--phase", "3s", "--service", "5ms", "--retry-pause", "5ms"}, "give --phase longer than 3.01s"},
+		{[]string{"drill", "connections", "--phase", "2s"}, "give --phase longer than 2.03s"},
+		{[]string{"drill", "--phase", "2s", "connections"}, "give --phase longer than 2.03s"},
+		{[]string{"drill", "--pool", "17"}, "--pool 17 with --big 16: a writer holds one permit at a time"},
+		{[]string{"drill", "connections", "--pool", "19"}, "'big alone holds the pool' cannot pass"},
+		{[]string{"drill", "--pool", "4", "--big", "3"}, "give --big 4 or more, or --pool 3 or less"},
+		{[]string{"drill", "--pool", "1"}, "--pool 1: the floor is 1"},
+		{[]string{"drill", "--pool", "2"}, "--small 2 with --pool 2: beside big, small's share is 1"},
+		{[]string{"drill", "--small", "5"}, "small's share is 4"},
+		{[]string{"drill", "--slices", "1001"}, "--slices 1001: at most 1000"},
+		{[]string{"drill", "--slices", "26"}, "shorter than 10 service times (200ms)"},
+		{[]string{"drill", "connections", "--pool", "300000", "--big", "300000"}, "--pool 300000: the kernel's connection pool holds at most 262144"},
+		// 268435456 * 16 is 2^32, a node pool of 0 as a uint32.
+		{[]string{"drill", "connections", "--to", "--pool", "268435456", "--big", "268435456"}, "give --pool 16384 or less"},
+		{[]string{"drill", "--json", filepath.Join(dir, "r"), "--svg", filepath.Join(dir, "r")}, "name the same file"},
+		{[]string{"drill", "--json", filepath.Join(dir, "r"), "--svg", filepath.Join(dir, "same", "r")}, "name the same file"},
+		{[]string{"drill", "--json", filepath.Join(dir, "r"), "connections", "--svg", filepath.Join(dir, ".", "r")}, "name the same file"},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			out, errOut, code := runCLI(t, c.args...)
+			if code != exitUsage || !strings.Contains(errOut, c.want) || out != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want %d and %q", code, out, errOut, exitUsage, c.want)
+			}
+		})
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("the checks left files behind: %v", ents)
+	}
+	// --help's example is one the drill takes.
+	out, _, code := runCLI(t, "drill", "--help")
+	if code != 0 || !strings.Contains(out, "fairshare drill --phase 4s --svg drill.svg") {
+		t.Errorf("drill --help: exit %d:\n%s", code, out)
+	}
+}
+
+// An interrupted connections drill says so, exit 1, writes nothing and
+// leaves nothing behind. It said "small load generator: context canceled":
+// the load generators it killed on the signal were reported as failing.
+func TestDrillConnectionsInterrupted(t *testing.T) {
+	needRoot(t)
+	mount := testutil.Cgroup2Mount(t)
+	js := filepath.Join(t.TempDir(), "r.json")
+	cmd := exec.Command(binary, "drill", "connections", "--json", js)
+	cmd.Env = cleanEnv()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(mount, fmt.Sprintf("fairshare-drill-%d", cmd.Process.Pid))
+	// Interrupt once both load generators run in their cgroups.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		small, _ := os.ReadFile(filepath.Join(root, "small", "cgroup.procs"))
+		big, _ := os.ReadFile(filepath.Join(root, "big", "cgroup.procs"))
+		if len(bytes.TrimSpace(small)) > 0 && len(bytes.TrimSpace(big)) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("no load generators in %s within 20s", root)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitDrillError || stdout.Len() != 0 ||
+		!strings.Contains(stderr.String(), "drill interrupted") || strings.Contains(stderr.String(), "load generator") {
+		t.Errorf("an interrupted connections drill: %v, stdout %q, stderr %q; want exit %d, \"drill interrupted\" and no report",
+			err, stdout.String(), stderr.String(), exitDrillError)
+	}
+	if _, err := os.Stat(js); !os.IsNotExist(err) {
+		t.Errorf("an interrupted drill wrote %s: %v", js, err)
+	}
+	if _, err := os.Stat(root); !os.IsNotExist(err) {
+		t.Errorf("an interrupted drill left %s: %v", root, err)
+	}
 }
