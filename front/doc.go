@@ -224,11 +224,15 @@
 // upstream that does not take the request: no piece of its body taken for
 // that long aborts the exchange (504, or the answer cut off if it had
 // begun), on every path. The ReverseProxy path times the wait from each
-// piece http.Transport takes from the body to its next ask (sendBody), so
-// the client's own pace is not counted, and stops the upstream request
-// when one has waited the bound; an HTTP/2 stream that waits for a
-// flow-control window once its answer's head is in sees no context end, so
-// the stop closes the answer's body too, which resets the stream.
+// piece http.Transport takes from the body (32 KiB at most, as the direct
+// path's) to its next ask, or to the trace's WroteRequest (the body out, or
+// dropped by an HTTP/2 answer of 300 or more), so neither the client's own
+// pace nor the wait for the answer is counted (sendBody), and stops the
+// upstream request when one has waited the bound; an HTTP/2 stream that
+// waits for a flow-control window once its answer's head is in sees no
+// context end, so the stop closes the answer's body too (once, whoever
+// closes it first), which resets the stream, and a frame write that waits
+// the bound closes an h2c connection (WriteByteTimeout).
 //
 // UpstreamIdlePerProject (default 32) bounds the idle upstream connections
 // kept for one project's requests; past it the project's least recently

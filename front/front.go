@@ -362,6 +362,13 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	if cfg.UpstreamH2C {
 		f.tr.Protocols = new(http.Protocols)
 		f.tr.Protocols.SetUnencryptedHTTP2(true)
+		if cfg.WriteTimeout > 0 {
+			// A frame whose write to the connection waits this long
+			// (an upstream that stopped reading its socket) closes the
+			// connection: the bound on every send (sendBody) cannot
+			// otherwise reach a write that holds the connection's writer.
+			f.tr.HTTP2 = &http.HTTP2Config{WriteByteTimeout: cfg.WriteTimeout}
+		}
 	} else {
 		// http.Transport looks for bytes the upstream sent unasked in a
 		// background read that races the next request on the connection:

@@ -80,6 +80,7 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		return
 	}
 	ctx := context.WithValue(r.Context(), exchangeKey{}, x)
+	var sb *sendBody
 	if tunnel {
 		// A tunnel holds its request's permit while it lasts: it is
 		// closed, both ends, after Config.TunnelTimeout (ReverseProxy
@@ -110,13 +111,18 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			x.stopUp = stop
 		}
 		if x.body != nil && f.cfg.WriteTimeout > 0 {
-			sb := newSendBody(r.Body, f.cfg.WriteTimeout, stop)
-			defer sb.w.close()
+			sb = newSendBody(r.Body, f.cfg.WriteTimeout, stop)
+			defer sb.done()
 			r.Body = sb
 		}
 	}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(i httptrace.GotConnInfo) { x.upConn = i.Conn },
+		WroteRequest: func(httptrace.WroteRequestInfo) {
+			if sb != nil {
+				sb.done()
+			}
+		},
 		Got1xxResponse: func(int, textproto.MIMEHeader) error {
 			// ReverseProxy has passed it on by now; the next is refused.
 			if x.n1xx++; x.n1xx > f.cfg.MaxInformational {
@@ -313,9 +319,21 @@ func (f *Front) modifyResponse(resp *http.Response) error {
 	}
 	if x != nil {
 		f.annotate(x, resp.Header)
-		if resp.Body != http.NoBody {
-			body := resp.Body
+		if resp.Body != http.NoBody && resp.StatusCode != http.StatusSwitchingProtocols {
+			// Closed once, whoever closes it first: a second Close of an
+			// HTTP/2 answer's body gives its unread bytes back to the
+			// connection's window again. (A 101's body is the tunnel's
+			// connection, which ReverseProxy needs writable, and no stop
+			// watches it.)
+			oc := &onceCloser{ReadCloser: resp.Body}
+			resp.Body = oc
+			var body io.ReadCloser = oc
 			x.upBody.Store(&body)
+			// A stop that came before the Store found no body to close.
+			if c := context.Cause(resp.Request.Context()); errors.Is(c, errSendStalled) || errors.Is(c, errAnswerStalled) {
+				_ = oc.Close()
+				return c
+			}
 		}
 		if x.stopUp != nil && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != http.NoBody {
 			resp.Body = newStallBody(resp.Body, f.cfg.readFor(), x.stopUp)
@@ -522,8 +540,8 @@ func (w *waitWatch) end()   { w.since.Store(-1) }
 // otherwise comes back when it would have.
 func (w *waitWatch) check() {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if w.closed.Load() {
+		w.mu.Unlock()
 		return
 	}
 	wait := w.d
@@ -531,12 +549,17 @@ func (w *waitWatch) check() {
 		waited := time.Since(w.base) - time.Duration(s)
 		if waited >= w.d {
 			w.fired.Store(true)
+			w.mu.Unlock()
+			// Past the lock: the stop closes the answer's body, which
+			// may wait for the connection's writer, and close must not
+			// wait for that.
 			w.stop(w.cause)
 			return
 		}
 		wait = w.d - waited
 	}
 	w.t.Reset(wait)
+	w.mu.Unlock()
 }
 
 func (w *waitWatch) close() {
@@ -583,14 +606,24 @@ func (b *stallBody) Close() error {
 // body, and an upstream that stops reading it (having answered early, or
 // not at all) held the request, its permit and its place for as long as it
 // kept the connection open. A piece is out when http.Transport asks for the
-// next one: the wait runs from a Read's return to the next Read, so the
-// client's own pace (the Read itself, bounded by timedBody) is not counted.
-// It ends with the body: what http.Transport does after the last piece (wait
-// for the answer, which may be long) is not a send.
+// next one, or says the request is written (done, from the trace's
+// WroteRequest: both transports call it once the body is out or dropped,
+// an HTTP/2 answer of 300 or more dropping it): the wait runs from a Read's
+// return, the last one's (io.EOF) included, to the next Read or to done, so
+// the client's own pace (the Read itself, bounded by timedBody) is not
+// counted, and what comes after the request (the wait for the answer, which
+// may be long) is not a send. A Read is given at most bodyPiece bytes: the
+// HTTP/2 transport takes up to 512 KiB at once and counts it out only when
+// the whole has a window, which asked an upstream reading steadily for 17
+// KiB/s at the default bound, where the direct path asks 1 KiB/s.
 type sendBody struct {
 	io.ReadCloser
 	w waitWatch
 }
+
+// bodyPiece is the most a sendBody's Read gives at once: the direct path's
+// buffer.
+const bodyPiece = 32 << 10
 
 func newSendBody(rc io.ReadCloser, d time.Duration, stop context.CancelCauseFunc) *sendBody {
 	b := &sendBody{ReadCloser: rc}
@@ -602,16 +635,33 @@ func newSendBody(rc io.ReadCloser, d time.Duration, stop context.CancelCauseFunc
 
 func (b *sendBody) Read(p []byte) (int, error) {
 	b.w.end()
-	n, err := b.ReadCloser.Read(p)
-	if err == nil {
+	n, err := b.ReadCloser.Read(p[:min(len(p), bodyPiece)])
+	if err == nil || err == io.EOF {
 		b.w.begin()
 	}
 	return n, err
 }
 
+// done stops the watch: the request is out, or dropped.
+func (b *sendBody) done() { b.w.close() }
+
+// Close stops the watch too, though ReverseProxy hands http.Transport the
+// body behind a Close that does nothing (done is what ends it).
 func (b *sendBody) Close() error {
 	b.w.close()
 	return b.ReadCloser.Close()
+}
+
+// onceCloser closes what it wraps once, whoever asks first.
+type onceCloser struct {
+	io.ReadCloser
+	once sync.Once
+	err  error
+}
+
+func (c *onceCloser) Close() error {
+	c.once.Do(func() { c.err = c.ReadCloser.Close() })
+	return c.err
 }
 
 // ownTrailer removes the front's own fields from an answer's trailer when

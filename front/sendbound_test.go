@@ -82,8 +82,14 @@ func TestFallbackSendBound(t *testing.T) {
 						<-done // reads nothing of the body, sends nothing more
 					})
 				t.Cleanup(func() { close(done) }) // before the upstream's Close waits for its handlers
-				for round := range 3 {
+				for round := range 4 {
+					// Past the sockets' buffers; over h2c also just past
+					// the upstream's window (1 MiB), where the last piece
+					// is what waits (it went untimed).
 					size := 8<<20 + rand.IntN(8<<20)
+					if h2c && round%2 == 1 {
+						size = 1<<20 + 1 + rand.IntN(64<<10)
+					}
 					c, err := net.Dial("tcp", r.addr)
 					if err != nil {
 						t.Fatal(err)
@@ -161,4 +167,93 @@ func TestFallbackSlowClientBodyNotBlamed(t *testing.T) {
 			waitInUse(t, r.pool, 0)
 		})
 	}
+}
+
+// TestFallbackH2EarlyRefusalNotCut: an h2c upstream that refuses at once
+// (403) without reading a large request body, and sends its answer slowly,
+// over longer than WriteTimeout: http.Transport drops the body (an answer
+// of 300 or more), so the request is out and its bound over; the answer is
+// relayed whole. (The watch stayed armed, behind ReverseProxy's Close that
+// does nothing, and cut the answer at WriteTimeout.)
+func TestFallbackH2EarlyRefusalNotCut(t *testing.T) {
+	const bound = 300 * time.Millisecond
+	r := newFallbackRig(t, true, Config{WriteTimeout: bound, UpstreamReadTimeout: -1},
+		func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Length", "20")
+			w.WriteHeader(http.StatusForbidden)
+			for range 20 {
+				_, _ = io.WriteString(w, "x")
+				_ = http.NewResponseController(w).Flush()
+				time.Sleep(3 * bound / 20 * 2)
+			}
+		})
+	for round := range 2 {
+		size := 8<<20 + rand.IntN(8<<20)
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			_, _ = fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\n%s: beta\r\nContent-Length: %d\r\n\r\n", DefaultProjectHeader, size)
+			_, _ = c.Write(make([]byte, size))
+		}()
+		_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusForbidden || len(b) != 20 || err != nil {
+			t.Errorf("round %d: %d, %d bytes of 20, %v; want the refusal whole", round, resp.StatusCode, len(b), err)
+		}
+		c.Close()
+		waitInUse(t, r.pool, 0)
+	}
+}
+
+// TestFallbackH2SlowSteadyUpstream: an h2c upstream that reads a request
+// body slowly but steadily (32 KiB every 50 ms, each piece well within
+// WriteTimeout) is served, on a connection whose SETTINGS let the
+// transport take 512 KiB pieces of the body at once: each counted out only
+// once the whole had a window, which took longer than WriteTimeout and was
+// a 504.
+func TestFallbackH2SlowSteadyUpstream(t *testing.T) {
+	const bound = 300 * time.Millisecond
+	r := newFallbackRig(t, true, Config{WriteTimeout: bound, UpstreamReadTimeout: -1},
+		func(w http.ResponseWriter, req *http.Request) {
+			n, buf := 0, make([]byte, 32<<10)
+			for {
+				m, err := io.ReadFull(req.Body, buf)
+				n += m
+				if err != nil {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			fmt.Fprintf(w, "%d", n)
+		})
+	post := func(size int) (int, string) {
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		go func() {
+			_, _ = fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\n%s: beta\r\nContent-Length: %d\r\n\r\n", DefaultProjectHeader, size)
+			_, _ = c.Write(make([]byte, size))
+		}()
+		_ = c.SetReadDeadline(time.Now().Add(3 * limitsDeadline))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	post(1) // the connection up, its SETTINGS in
+	size := 3<<19 + rand.IntN(64<<10)
+	if code, body := post(size); code != http.StatusOK || body != fmt.Sprint(size) {
+		t.Errorf("a slow, steady upstream: %d %q, want 200 %d", code, body, size)
+	}
+	waitInUse(t, r.pool, 0)
 }
