@@ -33,9 +33,11 @@ import (
 // directory removed. Pins a running configuration left (a daemon stopped
 // or killed) are not touched by a start that fails before the kernel side,
 // so they keep enforcing exactly as before; one refused inside it
-// (loader.Open) puts back what it had written of the configuration they
-// enforce (the pool's settings, the destination pools, the exempt set, the
-// fleet caps, the events' settings), and renews no heartbeat.
+// (loader.Open) puts back what it had written of the configuration in
+// their maps (the pool's settings, the destination pools, the exempt set,
+// the fleet caps, the events' settings), and renews no heartbeat; refused
+// past its attach, it leaves its own programs running on those maps, with
+// what they were loaded with (loader/prior.go).
 
 // preflight checks, without creating anything, what would refuse the start
 // later: the host's names (CheckHost), every unix socket path, the state

@@ -133,8 +133,8 @@ func (l *Limiter) resumeMigration() error {
 func (l *Limiter) incompatible(spec *ebpf.CollectionSpec) (string, error) {
 	if _, err := os.Stat(filepath.Join(l.pinDir, "fs_config")); err != nil {
 		// Nothing pinned is a fresh start. Other pins without fs_config
-		// are what an interrupted cleanup leaves (it unpins in the
-		// directory's order, fs_config among the first): maps that may
+		// are what an interrupted cleanup leaves (it unpins in the order
+		// the directory lists, which puts fs_config anywhere): maps that may
 		// no longer agree with one another (fs_held gone, the counts
 		// kept) and the links still running the old programs. Not a
 		// fresh start beside them: migrated, the counts rebuilt from

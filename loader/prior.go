@@ -14,9 +14,14 @@ import (
 // the pool's dry-run, the exempt set), read before it writes. A start
 // refused past that (an attach, a netns link, the first reconcile pass)
 // puts it back (restorePrior): the programs, the old ones or this start's
-// on the same maps, go on enforcing the last daemon's configuration, not
-// half of the refused one's. The counts are not put back: what the
-// programs and the reconcile pass counted meanwhile is true.
+// on the same maps, go on enforcing the last daemon's configuration in the
+// maps, not half of the refused one's. Not put back: the counts (what the
+// programs and the reconcile pass counted meanwhile is true), and, once
+// the links were moved to this start's programs (attach), what those were
+// loaded with (the cgroup walk's base level and depth from the project
+// sources, limit_host_network_pods, abort_moved_past, the events'
+// window): a start refused past its attach leaves its programs running
+// with those, on the last daemon's maps.
 type priorConfig struct {
 	cfg    limiterFsSettings
 	events limiterFsEvcfg
