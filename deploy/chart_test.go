@@ -3,6 +3,9 @@
 package deploy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"maps"
@@ -529,23 +532,35 @@ func TestChartValues(t *testing.T) {
 // its defaults (run with -update to rewrite it).
 func TestStaticManifests(t *testing.T) {
 	kube := minKube(t)
-	s, err := RenderFor(ChartDir, staticName, staticNamespace, kube, staticValues)
+	rendered, err := RenderFor(ChartDir, staticName, staticNamespace, kube, staticValues)
 	if err != nil {
 		t.Fatal(err)
 	}
+	s := KubectlManifests(rendered)
+	stamp := chartStampOf(t)
 	head := fmt.Sprintf("# fairshare for kubectl apply: the Helm chart in deploy/helm/fairshare rendered\n"+
 		"# with its default values and its namespace (release %q in namespace %q),\n"+
 		"# for Kubernetes %s, the oldest it supports: they apply on every later one.\n"+
-		"# Regenerate from the repository's root: %s\n", staticName, staticNamespace, kube, regenerate)
+		"%s"+
+		"# Regenerate from the repository's root: %s\n", staticName, staticNamespace, kube, stamp.line(), regenerate)
 	want := head + s
-	if *update {
-		if err := os.WriteFile(staticManifests, []byte(want), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	got, err := os.ReadFile(staticManifests)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if *update {
+		// A default changed with the chart's version and values layout
+		// as they were: helm upgrade --reuse-values from the release
+		// before would keep the old default, and nothing would say so.
+		if old, ok := parseChartStamp(string(got)); ok && old.defaults != stamp.defaults && (old.version == stamp.version || old.layout == stamp.layout) {
+			t.Fatalf("values.yaml's defaults changed since %s was written (chart %s, values layout %s), but not both the chart's version (%s) and its values layout (%s): "+
+				"bump Chart.yaml's version, and valuesVersion in values.yaml with fairshare.valuesVersion in _helpers.tpl, then run %s again",
+				staticManifests, old.version, old.layout, stamp.version, stamp.layout, regenerate)
+		}
+		if err := os.WriteFile(staticManifests, []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got = []byte(want)
 	}
 	if string(got) != want {
 		t.Fatalf("%s differs from the chart rendered with its defaults; run %s", staticManifests, regenerate)
@@ -581,9 +596,64 @@ func TestStaticManifests(t *testing.T) {
 	if !strings.Contains(string(doc), "\t"+regenerate+"\n") {
 		t.Errorf("deploy/doc.go does not give the regenerate command %q", regenerate)
 	}
-	if strings.Contains(want, "helm.sh/chart") && strings.Contains(want, "Release") {
+	if strings.Contains(want, "{{") || strings.Contains(want, ".Release") {
 		t.Fatal("template text left in the manifests")
 	}
+	// No Helm release manages what kubectl applies: none of its labels.
+	for _, l := range []string{"app.kubernetes.io/managed-by", "helm.sh/chart"} {
+		if strings.Contains(s, l) {
+			t.Errorf("the manifests for kubectl carry the Helm label %s", l)
+		}
+	}
+	if !strings.Contains(rendered, "helm.sh/chart: fairshare-"+stamp.version) {
+		t.Errorf("the chart (for helm) lacks its helm.sh/chart label")
+	}
+}
+
+// chartStamp is what the static manifests' header says of the chart they
+// were rendered from: its version, its values layout (valuesVersion) and a
+// digest of its defaults.
+type chartStamp struct{ version, layout, defaults string }
+
+func (c chartStamp) line() string {
+	return fmt.Sprintf("# Chart version %s, values layout %s, defaults %s.\n", c.version, c.layout, c.defaults)
+}
+
+var stampLine = regexp.MustCompile(`(?m)^# Chart version (\S+), values layout (\S+), defaults (\S+)\.$`)
+
+func parseChartStamp(manifests string) (chartStamp, bool) {
+	m := stampLine.FindStringSubmatch(manifests)
+	if m == nil {
+		return chartStamp{}, false
+	}
+	return chartStamp{m[1], m[2], m[3]}, true
+}
+
+func chartStampOf(t *testing.T) chartStamp {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(ChartDir, "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta struct{ Version string }
+	if err := sigyaml.Unmarshal(b, &meta); err != nil || meta.Version == "" {
+		t.Fatalf("Chart.yaml version: %v", err)
+	}
+	if b, err = os.ReadFile(filepath.Join(ChartDir, "values.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	var vals map[string]any
+	if err := sigyaml.Unmarshal(b, &vals); err != nil {
+		t.Fatal(err)
+	}
+	layout := fmt.Sprint(vals["valuesVersion"])
+	delete(vals, "valuesVersion")
+	canon, err := json.Marshal(vals) // map keys sorted: comments and order do not count
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(canon)
+	return chartStamp{version: meta.Version, layout: layout, defaults: "sha256:" + hex.EncodeToString(sum[:8])}
 }
 
 // TestChartRefusesNoProjects: values under which no pod would be in a
@@ -735,7 +805,8 @@ var pendingMetrics = map[string]string{}
 // TestChartMonitoring: the ServiceMonitor scrapes the metrics Service's
 // port with each target named by its node; the PrometheusRule has the five
 // alerts on the daemon's metrics, and every metric their expressions name is one the daemon exports
-// (and two on its scrape: a daemon down exports nothing)
+// (and two on its scrape: a daemon down exports nothing, and one on
+// kube-state-metrics: a pod that never started has no scrape target)
 // (read from the daemon's sources: a renamed metric fails here).
 func TestChartMonitoring(t *testing.T) {
 	o := render(t, map[string]any{"metrics": map[string]any{
@@ -790,6 +861,13 @@ func TestChartMonitoring(t *testing.T) {
 	up := `up{job="fs-metrics", namespace="ops"}`
 	if svc.Name != "fs-metrics" || alerts["FairshareDaemonDown"] != up+" == 0" || alerts["FairshareDaemonsAbsent"] != "absent("+up+")" {
 		t.Errorf("the alerts of a daemon down (Service %s): %q, %q", svc.Name, alerts["FairshareDaemonDown"], alerts["FairshareDaemonsAbsent"])
+	}
+	// A node whose pod never started has no scrape target: kube-state-
+	// metrics' DaemonSet series of this release's DaemonSet see it.
+	ksm := `namespace="ops", daemonset="fs"`
+	if want := "kube_daemonset_status_desired_number_scheduled{" + ksm + "} - kube_daemonset_status_number_ready{" + ksm + "} > 0"; alerts["FairshareDaemonSetNotReady"] != want ||
+		o.daemonSet.Name != "fs" || o.daemonSet.Namespace != "ops" {
+		t.Errorf("FairshareDaemonSetNotReady %q, want %q", alerts["FairshareDaemonSetNotReady"], want)
 	}
 	if !strings.Contains(alerts["FairshareProjectRefusals"], "> 5") {
 		t.Errorf("refusalsPerSecond does not reach the alert: %s", alerts["FairshareProjectRefusals"])

@@ -47,7 +47,7 @@ type kubelet struct {
 var (
 	podFields = []string{"hostNetwork", "hostPID", "containers", "volumes", "priorityClassName",
 		"automountServiceAccountToken", "terminationGracePeriodSeconds",
-		"dnsPolicy", "tolerations", "nodeSelector"} // the last three: no cluster DNS, no scheduler
+		"dnsPolicy", "tolerations", "nodeSelector", "affinity"} // the last four: no cluster DNS, no scheduler
 	containerFields = []string{"name", "image", "command", "args", "env", "ports", "securityContext", "resources",
 		"volumeMounts", "terminationMessagePolicy",
 		"imagePullPolicy", "startupProbe", "livenessProbe", "readinessProbe"} // the image is imported; the test probes

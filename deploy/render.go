@@ -5,11 +5,13 @@ package deploy
 import (
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 
 	"helm.sh/helm/v4/pkg/chart/common"
 	"helm.sh/helm/v4/pkg/chart/common/util"
+	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"helm.sh/helm/v4/pkg/engine"
 )
@@ -40,6 +42,13 @@ func renderFor(dir, name, namespace string, values map[string]any, caps *common.
 	if err != nil {
 		return "", fmt.Errorf("loading chart %s: %w", dir, err)
 	}
+	return renderChart(ch, name, namespace, values, caps)
+}
+
+// renderChart is Render of a loaded chart, whose Values may have been
+// replaced (as helm upgrade --reuse-values replaces them).
+func renderChart(ch *chart.Chart, name, namespace string, values map[string]any, caps *common.Capabilities) (string, error) {
+	dir := ch.Name()
 	vals, err := util.ToRenderValues(ch, values, common.ReleaseOptions{
 		Name: name, Namespace: namespace, Revision: 1, IsInstall: true,
 	}, caps)
@@ -83,4 +92,16 @@ func renderFor(dir, name, namespace string, values map[string]any, caps *common.
 		}
 	}
 	return b.String(), nil
+}
+
+// helmLabels are the labels that say Helm manages an object and which
+// chart made it: the manifests for kubectl apply carry neither, since no
+// Helm release manages them (tools and people that select on
+// app.kubernetes.io/managed-by=Helm would take them for one).
+var helmLabels = regexp.MustCompile(`(?m)^[ \t]*(app\.kubernetes\.io/managed-by: Helm|helm\.sh/chart: \S+)\n`)
+
+// KubectlManifests is a rendered chart (Render) as the manifests for
+// kubectl apply: without the labels of a Helm release.
+func KubectlManifests(rendered string) string {
+	return helmLabels.ReplaceAllString(rendered, "")
 }
