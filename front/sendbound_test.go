@@ -55,6 +55,22 @@ func newFallbackRig(t *testing.T, h2c bool, cfg Config, upstream http.HandlerFun
 	return r
 }
 
+// postBody connects to addr and sends, from a goroutine of its own, a POST
+// of beta's with a body of size zero bytes, which the other end may never
+// take.
+func postBody(t *testing.T, addr string, size int) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_, _ = fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\n%s: beta\r\nContent-Length: %d\r\n\r\n", DefaultProjectHeader, size)
+		_, _ = c.Write(make([]byte, size))
+	}()
+	return c
+}
+
 // TestFallbackSendBound: on the fallback path, an upstream that stops
 // taking a request body is bounded by WriteTimeout, as on the direct path
 // and the fast path: one that never answers gets the client a 504, one
@@ -90,14 +106,7 @@ func TestFallbackSendBound(t *testing.T) {
 					if h2c && round%2 == 1 {
 						size = 1<<20 + 1 + rand.IntN(64<<10)
 					}
-					c, err := net.Dial("tcp", r.addr)
-					if err != nil {
-						t.Fatal(err)
-					}
-					go func() {
-						_, _ = fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\n%s: beta\r\nContent-Length: %d\r\n\r\n", DefaultProjectHeader, size)
-						_, _ = c.Write(make([]byte, size))
-					}()
+					c := postBody(t, r.addr, size)
 					waitInUse(t, r.pool, 1)
 					start := time.Now()
 					waitInUse(t, r.pool, 0)
@@ -189,14 +198,7 @@ func TestFallbackH2EarlyRefusalNotCut(t *testing.T) {
 		})
 	for round := range 2 {
 		size := 8<<20 + rand.IntN(8<<20)
-		c, err := net.Dial("tcp", r.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			_, _ = fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\n%s: beta\r\nContent-Length: %d\r\n\r\n", DefaultProjectHeader, size)
-			_, _ = c.Write(make([]byte, size))
-		}()
+		c := postBody(t, r.addr, size)
 		_ = c.SetReadDeadline(time.Now().Add(limitsDeadline))
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
@@ -233,15 +235,8 @@ func TestFallbackH2SlowSteadyUpstream(t *testing.T) {
 			fmt.Fprintf(w, "%d", n)
 		})
 	post := func(size int) (int, string) {
-		c, err := net.Dial("tcp", r.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := postBody(t, r.addr, size)
 		defer c.Close()
-		go func() {
-			_, _ = fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\n%s: beta\r\nContent-Length: %d\r\n\r\n", DefaultProjectHeader, size)
-			_, _ = c.Write(make([]byte, size))
-		}()
 		_ = c.SetReadDeadline(time.Now().Add(3 * limitsDeadline))
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {

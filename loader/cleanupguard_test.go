@@ -5,7 +5,6 @@ package loader
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,43 +33,6 @@ func newPinDirSure(t *testing.T) string {
 	return dir
 }
 
-// pinTestMap pins a new small map at path.
-func pinTestMap(t *testing.T, path string) {
-	t.Helper()
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if err := m.Pin(path); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// treeOf lists what is under dir, relative, directories ending in "/"
-// (and a line saying so if it cannot be listed).
-func treeOf(t *testing.T, dir string) []string {
-	t.Helper()
-	var out []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if d.IsDir() {
-			rel += "/"
-		}
-		out = append(out, rel)
-		return nil
-	})
-	if err != nil {
-		// Not fatal: the caller compares, and goes on to its other cases.
-		out = append(out, fmt.Sprintf("(listing failed: %v)", err))
-	}
-	slices.Sort(out)
-	return out
-}
-
 // privateBPFFS mounts a bpf file system of the test's own (an instance
 // apart from /sys/fs/bpf's: what is pinned in one is not in the other),
 // unmounted at the end.
@@ -92,7 +54,7 @@ func privateBPFFS(t *testing.T) string {
 // message containing each of says, and that nothing under it changed.
 func wantRefused(t *testing.T, dir string, says ...string) {
 	t.Helper()
-	before := treeOf(t, dir)
+	before := testutil.Tree(t, dir)
 	err := Cleanup(dir)
 	_, err2 := CleanupPinDir(dir)
 	for _, err := range []error{err, err2} {
@@ -106,7 +68,7 @@ func wantRefused(t *testing.T, dir string, says ...string) {
 			}
 		}
 	}
-	if after := treeOf(t, dir); !slices.Equal(before, after) {
+	if after := testutil.Tree(t, dir); !slices.Equal(before, after) {
 		t.Errorf("the refused cleanup of %s changed it:\nbefore %v\nafter  %v", dir, before, after)
 	}
 }
@@ -133,7 +95,7 @@ func TestCleanupRefusesPlainDirectory(t *testing.T) {
 
 	testutil.RequireRoot(t)
 	pin := newPinDirSure(t)
-	pinTestMap(t, filepath.Join(pin, "fs_config"))
+	testutil.PinMap(t, filepath.Join(pin, "fs_config"))
 	ln := filepath.Join(t.TempDir(), "pins")
 	if err := os.Symlink(pin, ln); err != nil {
 		t.Fatal(err)
@@ -152,12 +114,12 @@ func TestCleanupRefusesBPFFSRoot(t *testing.T) {
 	testutil.RequireRoot(t)
 	root := privateBPFFS(t)
 	wantRefused(t, root, "root of a bpf file system")
-	pinTestMap(t, filepath.Join(root, "tool_map"))
-	pinTestMap(t, filepath.Join(root, "fs_config"))
+	testutil.PinMap(t, filepath.Join(root, "tool_map"))
+	testutil.PinMap(t, filepath.Join(root, "fs_config"))
 	if err := os.Mkdir(filepath.Join(root, "tc"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	pinTestMap(t, filepath.Join(root, "tc", "globals_map"))
+	testutil.PinMap(t, filepath.Join(root, "tc", "globals_map"))
 	wantRefused(t, root, "root of a bpf file system")
 	// And by a path with a trailing slash or "." in it.
 	wantRefused(t, root+"/", "root of a bpf file system")
@@ -196,8 +158,8 @@ func TestCleanupRealPinDir(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(pin, stagingDir), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	pinTestMap(t, filepath.Join(pin, stagingDir, "fs_config"))
-	tree := treeOf(t, pin)
+	testutil.PinMap(t, filepath.Join(pin, stagingDir, "fs_config"))
+	tree := testutil.Tree(t, pin)
 	pins := 0
 	for _, p := range tree {
 		if !strings.HasSuffix(p, "/") {
@@ -226,7 +188,7 @@ func TestCleanupRealPinDir(t *testing.T) {
 func TestCleanupMissingPinDir(t *testing.T) {
 	testutil.RequireRoot(t)
 	pin := newPinDirSure(t)
-	pinTestMap(t, filepath.Join(pin, "fs_config"))
+	testutil.PinMap(t, filepath.Join(pin, "fs_config"))
 	typo := pin + "-typo"
 	if err := Cleanup(typo); err != nil {
 		t.Errorf("Cleanup of a missing directory: %v", err)
@@ -259,7 +221,7 @@ func TestCleanupRefusesStrangers(t *testing.T) {
 			os.RemoveAll(filepath.Join(pin, s))
 		}
 	})
-	pinTestMap(t, filepath.Join(pin, "tool_map"))
+	testutil.PinMap(t, filepath.Join(pin, "tool_map"))
 	wantRefused(t, pin, "tool_map", "fairshare never makes")
 	if err := os.Mkdir(filepath.Join(pin, "tc"), 0o700); err != nil {
 		t.Fatal(err)
@@ -267,7 +229,7 @@ func TestCleanupRefusesStrangers(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(pin, netnsDir), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	pinTestMap(t, filepath.Join(pin, netnsDir, "tool_link"))
+	testutil.PinMap(t, filepath.Join(pin, netnsDir, "tool_link"))
 	wantRefused(t, pin, "tool_map", "tc/", "netns/tool_link")
 	if _, err := ebpf.LoadPinnedMap(filepath.Join(pin, "fs_config"), nil); err != nil {
 		t.Errorf("fairshare's own pin went with the refusal: %v", err)
@@ -279,7 +241,7 @@ func TestCleanupRefusesStrangers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(other) })
-	pinTestMap(t, filepath.Join(other, "tool_map"))
+	testutil.PinMap(t, filepath.Join(other, "tool_map"))
 	wantRefused(t, other, "holds no fairshare pins but tool_map")
 
 	for _, s := range strangers {

@@ -117,14 +117,7 @@ func TestRefusedStartKeepsPinnedConfig(t *testing.T) {
 			if err := os.Remove(path); err != nil {
 				t.Fatal(err)
 			}
-			m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
-			if err := m.Pin(path); err != nil {
-				t.Fatal(err)
-			}
+			testutil.PinMap(t, path)
 			t.Cleanup(func() { os.Remove(path) }) // before the pin directory's Cleanup
 		}},
 	} {

@@ -4,16 +4,15 @@ package main
 
 import (
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/fairshare-dev/fairshare/internal/testutil"
 	"github.com/fairshare-dev/fairshare/loader"
 )
 
@@ -24,43 +23,6 @@ func cleanupPinDir(t *testing.T, tag string) string {
 	dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("fairshare-cleanup-%s-%d", tag, os.Getpid()))
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
-}
-
-// pinMapAt pins a new small map at path.
-func pinMapAt(t *testing.T, path string) {
-	t.Helper()
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if err := m.Pin(path); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// listTree lists what is under dir, relative, directories ending in "/"
-// (and a line saying so if it cannot be listed).
-func listTree(t *testing.T, dir string) []string {
-	t.Helper()
-	var out []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if d.IsDir() {
-			rel += "/"
-		}
-		out = append(out, rel)
-		return nil
-	})
-	if err != nil {
-		// Not fatal: the caller compares, and goes on to its other cases.
-		out = append(out, fmt.Sprintf("(listing failed: %v)", err))
-	}
-	slices.Sort(out)
-	return out
 }
 
 // The reported cases, by the command an uninstall runs: 'cleanup
@@ -82,27 +44,27 @@ func TestCleanupCommandRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
-	pinMapAt(t, filepath.Join(root, "tool_map"))
-	pinMapAt(t, filepath.Join(root, "fs_config"))
+	testutil.PinMap(t, filepath.Join(root, "tool_map"))
+	testutil.PinMap(t, filepath.Join(root, "fs_config"))
 	shared := cleanupPinDir(t, "shared")
 	if err := os.Mkdir(shared, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	pinMapAt(t, filepath.Join(shared, "fs_config"))
-	pinMapAt(t, filepath.Join(shared, "link_connect4"))
-	pinMapAt(t, filepath.Join(shared, "tool_map"))
+	testutil.PinMap(t, filepath.Join(shared, "fs_config"))
+	testutil.PinMap(t, filepath.Join(shared, "link_connect4"))
+	testutil.PinMap(t, filepath.Join(shared, "tool_map"))
 
 	for _, tc := range []struct{ dir, says string }{
 		{plain, "is not on a bpf file system"},
 		{root, "is the root of a bpf file system mount"},
 		{shared, "entries fairshare never makes: tool_map"},
 	} {
-		before := listTree(t, tc.dir)
+		before := testutil.Tree(t, tc.dir)
 		out, errOut, code := runCLI(t, "cleanup", "--pin-dir", tc.dir)
 		if code != 1 || !strings.Contains(errOut, "cleanup refused: "+tc.dir) || !strings.Contains(errOut, tc.says) {
 			t.Errorf("cleanup --pin-dir %s: exit %d, stdout %q, stderr %q; want 1 and %q", tc.dir, code, out, errOut, tc.says)
 		}
-		if after := listTree(t, tc.dir); !slices.Equal(before, after) {
+		if after := testutil.Tree(t, tc.dir); !slices.Equal(before, after) {
 			t.Errorf("the refused cleanup of %s changed it:\nbefore %v\nafter  %v", tc.dir, before, after)
 		}
 	}
@@ -149,7 +111,7 @@ func TestCleanupCommandMissingPinDir(t *testing.T) {
 	if err := os.Mkdir(pin, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	pinMapAt(t, filepath.Join(pin, "fs_config"))
+	testutil.PinMap(t, filepath.Join(pin, "fs_config"))
 	typo := pin + "-typo"
 	out, errOut, code := runCLI(t, "cleanup", "--pin-dir", typo)
 	if code != 0 || out != "nothing is pinned in "+typo+": it does not exist\n" ||

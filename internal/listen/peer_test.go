@@ -71,11 +71,27 @@ func TestLoopbackTCPPeers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []Peer
+	checkLocalTCPPeers(t, tl)
+}
+
+// localPeers are the peers checkLocalTCPPeers's listener accepted.
+type localPeers struct {
+	mu  sync.Mutex
+	got []Peer
+}
+
+// checkLocalTCPPeers wraps tl with caps of 6 places, 2 of them root's, 2 a
+// peer, and checks that local
+// users connecting to it are told apart by sock_diag: nobody is held to its
+// per-peer cap, another user has its own, and root alone gets the reserve.
+// It returns the peers recorded, emptied, for more checks.
+func checkLocalTCPPeers(t *testing.T, tl net.Listener) *localPeers {
+	t.Helper()
+	lp := &localPeers{}
 	l := Wrap(tl, Options{Name: "tcp", MaxConns: 6, Reserve: 2, MaxPerPeer: 2,
 		Privileged: func(uid uint32) bool { return uid == 0 }, Refuse: refuseLine,
-		Classify: func(c net.Conn, p *Peer) { got = append(got, *p) }})
-	defer l.Close()
+		Classify: func(c net.Conn, p *Peer) { lp.mu.Lock(); lp.got = append(lp.got, *p); lp.mu.Unlock() }})
+	t.Cleanup(func() { l.Close() })
 	serve(l)
 	addr := tl.Addr().String()
 	if h := dialNetAs(t, "tcp4", addr, 4, 65534); h.count("open") != 2 || h.count("refused peer_full") != 2 {
@@ -87,11 +103,15 @@ func TestLoopbackTCPPeers(t *testing.T) {
 	if h := dialNetAs(t, "tcp4", addr, 3, 0); h.count("open") != 2 || h.count("refused listener_full") != 1 {
 		t.Fatalf("root: %q; want the 2 reserved places", h.lines)
 	}
-	for _, p := range got {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	for _, p := range lp.got {
 		if !p.HasUID || p.Key != "uid:"+itoa(p.UID) || p.Cgroup == 0 || p.Privileged != (p.UID == 0) {
 			t.Errorf("peer %+v: want its uid and cgroup from sock_diag", p)
 		}
 	}
+	lp.got = nil
+	return lp
 }
 
 func itoa(u uint32) string { return strconv.FormatUint(uint64(u), 10) }
@@ -152,41 +172,17 @@ func TestHostAddressTCPPeers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var got []Peer
-	l := Wrap(tl, Options{Name: "tcp", MaxConns: 6, Reserve: 2, MaxPerPeer: 2,
-		Privileged: func(uid uint32) bool { return uid == 0 }, Refuse: refuseLine,
-		Classify: func(c net.Conn, p *Peer) { mu.Lock(); got = append(got, *p); mu.Unlock() }})
-	defer l.Close()
-	serve(l)
-	addr := tl.Addr().String()
-	if h := dialNetAs(t, "tcp4", addr, 4, 65534); h.count("open") != 2 || h.count("refused peer_full") != 2 {
-		t.Fatalf("nobody: %q; want 2 open, 2 refused peer_full", h.lines)
-	}
-	if h := dialNetAs(t, "tcp4", addr, 3, 65533); h.count("open") != 2 || h.count("refused listener_full") != 1 {
-		t.Fatalf("uid 65533: %q; want 2 open, then the listener full but for root", h.lines)
-	}
-	if h := dialNetAs(t, "tcp4", addr, 3, 0); h.count("open") != 2 || h.count("refused listener_full") != 1 {
-		t.Fatalf("root at the host's address: %q; want the 2 reserved places", h.lines)
-	}
-	mu.Lock()
-	for _, p := range got {
-		if !p.HasUID || p.Key != "uid:"+itoa(p.UID) || p.Cgroup == 0 || p.Privileged != (p.UID == 0) {
-			t.Errorf("peer %+v: want its uid and cgroup from sock_diag", p)
-		}
-	}
-	got = nil
-	mu.Unlock()
+	lp := checkLocalTCPPeers(t, tl)
 	// From the host's other address: an address, as a remote peer.
-	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("10.200.0.2")}}).Dial("tcp4", addr)
+	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("10.200.0.2")}}).Dial("tcp4", tl.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	_, _ = bufio.NewReader(c).ReadString('\n')
-	mu.Lock()
-	defer mu.Unlock()
-	if len(got) != 1 || got[0].HasUID || got[0].Key != "net:10.200.0.2" {
-		t.Errorf("a client from another address: %+v, want the address's peer", got)
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	if len(lp.got) != 1 || lp.got[0].HasUID || lp.got[0].Key != "net:10.200.0.2" {
+		t.Errorf("a client from another address: %+v, want the address's peer", lp.got)
 	}
 }
