@@ -752,6 +752,13 @@ type timedBody struct {
 	mu  sync.Mutex
 	eof bool // a Read returned io.EOF
 	h2  bool // an HTTP/2 stream's body
+	// closed: Close ran. A Read after it (http.Transport's writer reads
+	// the body past the handler's end, as long as its connection takes
+	// it) touches neither the body nor its deadline: the server's
+	// stream is gone by then, and an HTTP/2 one's deadline setter
+	// dereferenced its freed state (a nil pointer panic that killed the
+	// process, seen in CI).
+	closed atomic.Bool
 }
 
 func (f *Front) timedBody(w http.ResponseWriter, r *http.Request) *timedBody {
@@ -778,6 +785,9 @@ func (b *timedBody) setDeadline(t time.Time) {
 func (b *timedBody) Read(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return 0, http.ErrBodyReadAfterClose
+	}
 	start := time.Now()
 	deadline := start.Add(b.d)
 	if b.minRate > 0 {
@@ -810,7 +820,7 @@ func (b *timedBody) Read(p []byte) (int, error) {
 // Read keeps its deadline in the past; one read to its end has nothing to
 // wait for.
 func (b *timedBody) Close() error {
-	if b.h2 {
+	if b.h2 && !b.closed.Load() {
 		// HTTP/2: a Read in
 		// progress (ReverseProxy's sender, waiting on a client that
 		// says nothing) ends now rather than at its deadline, which held
@@ -820,6 +830,9 @@ func (b *timedBody) Close() error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.closed.Swap(true) {
+		return nil
+	}
 	if b.eof || b.timedOut.Load() {
 		return b.ReadCloser.Close()
 	}

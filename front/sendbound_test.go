@@ -252,3 +252,38 @@ func TestFallbackH2SlowSteadyUpstream(t *testing.T) {
 	}
 	waitInUse(t, r.pool, 0)
 }
+
+// deadlineConn records its read deadlines' settings.
+type deadlineConn struct {
+	net.Conn
+	sets int
+}
+
+func (c *deadlineConn) SetReadDeadline(time.Time) error { c.sets++; return nil }
+
+// TestTimedBodyReadAfterClose: http.Transport's writer goes on reading a
+// request body past the handler's end while its connection takes it. A
+// Read after the handler closed the body touches neither the body nor the
+// server's deadline (an HTTP/2 stream's deadline setter, its state freed
+// with the handler, panicked on a nil pointer and killed the process: CI,
+// under the fallback path's send bound), and a second Close does nothing.
+func TestTimedBodyReadAfterClose(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		c := &deadlineConn{}
+		b := &timedBody{ReadCloser: io.NopCloser(strings.NewReader("some body")), d: time.Second, start: time.Now(), conn: c, h2: h2}
+		if n, err := b.Read(make([]byte, 4)); n != 4 || err != nil {
+			t.Fatalf("h2 %v: read before Close: %d %v", h2, n, err)
+		}
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		sets := c.sets
+		if n, err := b.Read(make([]byte, 4)); n != 0 || err != http.ErrBodyReadAfterClose {
+			t.Errorf("h2 %v: read after Close: %d %v, want 0 and ErrBodyReadAfterClose", h2, n, err)
+		}
+		_ = b.Close()
+		if c.sets != sets {
+			t.Errorf("h2 %v: the deadline was set %d times after Close", h2, c.sets-sets)
+		}
+	}
+}
